@@ -1,0 +1,26 @@
+"""Typed errors.  The CLI maps `PlannerInputError` to exit status 2 with its message, no traceback."""
+
+
+class PlannerInputError(ValueError):
+    """Bad user input: names the field (flag, key, option) and what is allowed."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class MissingProfileError(KeyError):
+    """A profile lookup that missed; names the missing key."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want plain text
+        return str(self.args[0]) if self.args else "missing profile entry"
+
+
+class InfeasibleError(RuntimeError):
+    """No plan fits.  `reason` says which stage is short and by how much; `hints` what would help."""
+
+    def __init__(self, reason: str, hints: list[str] | None = None):
+        self.reason = reason
+        self.hints = hints or []
+        text = reason + ("".join(f"\n  - {h}" for h in self.hints) if self.hints else "")
+        super().__init__(text)

@@ -1,0 +1,78 @@
+"""ClusterSpec: node groups of one device type each, and the links between groups."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class NodeGroup(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device_type: str = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
+    num_nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    intra_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
+    inter_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+class CrossTypeLink(BaseModel):
+    """How two device types talk (pipeline point-to-point only crosses types)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    between: tuple[str, str]
+    kind: str = Field(description="e.g. host-memory, ethernet, infiniband")
+    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction")
+    latency_us: float = Field(20.0, ge=0)
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "cluster"
+    groups: tuple[NodeGroup, ...]
+    links: tuple[CrossTypeLink, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSpec":
+        if not self.groups:
+            raise ValueError("a cluster needs at least one node group")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.num_gpus for g in self.groups)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        """Device types in the order the cluster lists them, each once."""
+        seen: list[str] = []
+        for g in self.groups:
+            if g.device_type not in seen:
+                seen.append(g.device_type)
+        return tuple(seen)
+
+    def gpus_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.groups:
+            out[g.device_type] = out.get(g.device_type, 0) + g.num_gpus
+        return out
+
+    def group_of(self, device_type: str) -> NodeGroup:
+        for g in self.groups:
+            if g.device_type == device_type:
+                return g
+        raise KeyError(device_type)
+
+    def cross_link(self, a: str, b: str) -> CrossTypeLink | None:
+        for link in self.links:
+            if set(link.between) == {a, b}:
+                return link
+        return None
+
+    def describe(self) -> str:
+        return ",".join(f"{t}:{n}" for t, n in self.gpus_by_type().items())

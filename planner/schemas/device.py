@@ -1,0 +1,98 @@
+"""DeviceProfile: the typed form of one file in profiles/devices/.
+
+The contract (columns, units, provenance) is written out in profiles/README.md.  Every table
+carries a `provenance` saying whether its numbers are `measured`, `datasheet-derived` or
+`calibrated`, and from what source.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ProvenanceKind = Literal["measured", "datasheet-derived", "calibrated"]
+CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
+
+
+class Provenance(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ProvenanceKind
+    source: str = Field(min_length=1, description="where the numbers come from")
+
+
+class EfficiencyPoint(BaseModel):
+    """Achieved fraction of peak at a work size.  `size` is GEMM FLOP per call for GEMMs,
+    tokens per expert for grouped GEMMs, message bytes for collectives."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: float = Field(gt=0)
+    efficiency: float = Field(gt=0, le=1.2)
+
+
+class EfficiencyCurve(BaseModel):
+    """Piecewise-linear in log(size); clamped at both ends."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    points: tuple[EfficiencyPoint, ...] = Field(min_length=1)
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _sorted(self) -> "EfficiencyCurve":
+        sizes = [p.size for p in self.points]
+        if sizes != sorted(sizes) or len(set(sizes)) != len(sizes):
+            raise ValueError("efficiency points must have strictly increasing size")
+        return self
+
+
+class LinkProfile(BaseModel):
+    """One link kind as seen by one GPU: bandwidth per direction, latency, and the fraction of
+    that bandwidth each collective achieves (bus bandwidth / link bandwidth, size-dependent)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, host-memory")
+    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction, GB/s (10^9 bytes)")
+    latency_us: float = Field(ge=0)
+    efficiency: dict[str, EfficiencyCurve] = Field(
+        description="per collective name (all_reduce, all_gather, reduce_scatter, all_to_all, p2p)"
+    )
+    provenance: Provenance
+
+
+class DeviceProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="canonical name, e.g. H800")
+    aliases: tuple[str, ...] = ()
+    vendor: str
+    memory_gib: float = Field(gt=0, description="device memory as the framework sees it, GiB")
+    memory_overhead_gib: float = Field(
+        ge=0, description="context, communication buffers, allocator fragmentation, GiB"
+    )
+    peak_tflops: dict[str, float] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32")
+    hbm_bandwidth_tb_per_s: float = Field(gt=0)
+    hbm_efficiency: float = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
+    gpus_per_node: int = Field(gt=0)
+    gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
+    attention_efficiency: EfficiencyCurve = Field(description="flash attention fwd+bwd, size = FLOP per call")
+    grouped_gemm_efficiency: EfficiencyCurve = Field(
+        description="multiplier on gemm efficiency for expert GEMMs, size = tokens per expert"
+    )
+    intra_node: LinkProfile
+    inter_node: LinkProfile
+    datasheet: Provenance
+
+    def peak_flop_per_s(self, precision: str) -> float:
+        from planner.errors import MissingProfileError
+
+        key = "bf16" if precision == "fp32" and "fp32" not in self.peak_tflops else precision
+        if key not in self.peak_tflops:
+            raise MissingProfileError(
+                f"device {self.name} has no peak for precision {precision!r}; "
+                f"it lists {sorted(self.peak_tflops)}"
+            )
+        return self.peak_tflops[key] * 1e12

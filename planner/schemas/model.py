@@ -1,0 +1,163 @@
+"""ModelSpec: the transformer's shape, in Megatron-LM's own terms.
+
+Field names follow Megatron's argument names (`num_layers`, `hidden_size`, ...), so a flag
+`--foo-bar` maps to the field `foo_bar`.  Defaults follow Megatron's defaults
+(reference/megatron.md section 1.7): ffn size 4h (or int(8h/3/64)*64 with SwiGLU), kv-channels
+h/heads, query groups = heads unless group-query attention is on, vocab padded to a multiple
+of 128*TP.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DispatcherName = Literal["allgather", "alltoall", "flex"]
+
+
+class ModelSpec(BaseModel):
+    """A GPT-style (dense or MoE) decoder as Megatron-LM builds it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field("custom", description="preset or file name, for reports")
+    num_layers: int = Field(gt=0, description="decoder layers (--num-layers)")
+    hidden_size: int = Field(gt=0, description="--hidden-size")
+    ffn_hidden_size: int | None = Field(None, gt=0, description="dense MLP size; None: Megatron default")
+    num_attention_heads: int = Field(gt=0)
+    num_query_groups: int | None = Field(None, gt=0, description="GQA groups; None: = heads (MHA)")
+    kv_channels: int | None = Field(None, gt=0, description="head dim; None: hidden/heads")
+    vocab_size: int = Field(gt=0, description="unpadded vocabulary")
+    make_vocab_size_divisible_by: int = Field(128, gt=0)
+    seq_length: int = Field(4096, gt=0)
+    max_position_embeddings: int | None = Field(None, gt=0)
+    swiglu: bool = False
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    qk_layernorm: bool = False
+    # Multi-latent attention (DeepSeek-V2/V3)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = Field(None, gt=0)
+    kv_lora_rank: int = Field(512, gt=0)
+    qk_head_dim: int = Field(128, gt=0)
+    qk_pos_emb_head_dim: int = Field(64, ge=0)
+    v_head_dim: int = Field(128, gt=0)
+    # Mixture of experts
+    num_experts: int | None = Field(None, gt=0, description="None: dense model")
+    moe_router_topk: int = Field(2, gt=0)
+    moe_ffn_hidden_size: int | None = Field(None, gt=0, description="None: = ffn_hidden_size")
+    moe_shared_expert_intermediate_size: int | None = Field(None, gt=0)
+    moe_layer_pattern: tuple[int, ...] | None = Field(
+        None, description="1 = MoE layer, 0 = dense, one per layer; None: every layer is MoE"
+    )
+    moe_expert_capacity_factor: float | None = Field(None, gt=0)
+    moe_token_dispatcher_type: DispatcherName = "allgather"
+    moe_grouped_gemm: bool = False
+    moe_router_force_load_balancing: bool = False
+    mtp_num_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads}) when kv_channels is unset"
+            )
+        g = self.num_query_groups
+        if g is not None and self.num_attention_heads % g:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_query_groups ({g})"
+            )
+        if self.num_experts is not None:
+            if self.moe_router_topk > self.num_experts:
+                raise ValueError(
+                    f"moe_router_topk ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})"
+                )
+        if self.moe_layer_pattern is not None:
+            if len(self.moe_layer_pattern) != self.num_layers:
+                raise ValueError(
+                    f"moe_layer_pattern has {len(self.moe_layer_pattern)} entries, expected "
+                    f"num_layers={self.num_layers}"
+                )
+            if any(v not in (0, 1) for v in self.moe_layer_pattern):
+                raise ValueError("moe_layer_pattern entries must be 0 (dense) or 1 (MoE)")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
+            raise ValueError(
+                f"max_position_embeddings ({self.max_position_embeddings}) must be >= "
+                f"seq_length ({self.seq_length})"
+            )
+        return self
+
+    # ---- derived quantities (Megatron's defaults) ----
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def ffn_size(self) -> int:
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.swiglu:
+            return int(8 * self.hidden_size / 3 / 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def moe_ffn_size(self) -> int:
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_size
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups if self.num_query_groups is not None else self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def layer_is_moe(self) -> tuple[bool, ...]:
+        """Per decoder layer: True where the MLP is a routed-expert layer."""
+        if not self.is_moe:
+            return (False,) * self.num_layers
+        if self.moe_layer_pattern is None:
+            return (True,) * self.num_layers
+        return tuple(bool(v) for v in self.moe_layer_pattern)
+
+    def padded_vocab_size(self, tp: int) -> int:
+        """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * TP."""
+        multiple = self.make_vocab_size_divisible_by * tp
+        return int(math.ceil(self.vocab_size / multiple) * multiple)
+
+
+def moe_pattern_from_freq(freq: int | str | list[int], num_layers: int) -> tuple[int, ...]:
+    """Megatron's --moe-layer-freq: int N (layer i is MoE when i % N == 0) or a list expression
+    such as "([0]+[1]*23)" (only the characters ,digits[]()+* are allowed)."""
+    if isinstance(freq, int):
+        if freq <= 0:
+            raise ValueError(f"moe-layer-freq must be positive, got {freq}")
+        return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
+    if isinstance(freq, list):
+        pattern = freq
+    else:
+        text = str(freq).strip()
+        if text.isdigit():
+            return moe_pattern_from_freq(int(text), num_layers)
+        if not text or any(c not in ",0123456789[]()+*" for c in text):
+            raise ValueError(
+                f"moe-layer-freq {text!r}: expected an int or a list expression like ([0]+[1]*23) "
+                "using only the characters ,digits[]()+*"
+            )
+        try:
+            pattern = eval(text, {"__builtins__": {}}, {})  # noqa: S307 - characters restricted above
+        except Exception as exc:  # SyntaxError, TypeError
+            raise ValueError(f"moe-layer-freq {text!r} is not a valid list expression: {exc}") from None
+        if not isinstance(pattern, list):
+            raise ValueError(f"moe-layer-freq {text!r} does not evaluate to a list")
+    if len(pattern) != num_layers:
+        raise ValueError(
+            f"moe-layer-freq list has {len(pattern)} entries, expected num_layers={num_layers}"
+        )
+    return tuple(int(v) for v in pattern)

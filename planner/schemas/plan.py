@@ -1,0 +1,142 @@
+"""Plan: what every search backend returns and every consumer (cost model, launcher, checker) reads.
+
+Conventions: stages are 0-based and ordered along the pipeline; `num_layers` counts decoder
+layers on that pipeline rank (all its virtual chunks together); the embedding sits on stage 0
+and the output layer / loss on the last stage.  Degrees use Megatron's short names, defined
+in the README glossary: tp, cp, ep, etp (expert tensor parallel), dp, pp, vpp.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RuntimeName = Literal["megatron", "flagscale"]
+
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "shared_experts",
+)
+
+
+class Recompute(BaseModel):
+    """Megatron's recompute knobs for one pipeline stage.
+
+    granularity none: keep every activation; selective: recompute `modules`;
+    full + uniform: recompute every layer, checkpointing each chunk of `num_layers` layers;
+    full + block: recompute the first `num_layers` layers of the stage, keep the rest.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    granularity: Literal["none", "selective", "full"] = "none"
+    method: Literal["uniform", "block"] | None = None
+    num_layers: int | None = Field(None, ge=0)
+    modules: tuple[str, ...] = ("core_attn",)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recompute":
+        if self.granularity == "full":
+            if self.method is None or self.num_layers is None:
+                raise ValueError(
+                    "recompute granularity full needs a method (uniform|block) and num_layers"
+                )
+        elif self.method is not None or self.num_layers is not None:
+            raise ValueError(f"recompute method/num_layers are only allowed with granularity full, not {self.granularity}")
+        bad = [m for m in self.modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise ValueError(f"unknown recompute modules {bad}; allowed: {', '.join(RECOMPUTE_MODULES)}")
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.granularity == "none":
+            return "none"
+        if self.granularity == "selective":
+            return "selective:" + "+".join(self.modules)
+        return f"full:{self.method}:{self.num_layers}"
+
+    @classmethod
+    def none(cls) -> "Recompute":
+        return cls()
+
+    @classmethod
+    def selective(cls, modules: tuple[str, ...] = ("core_attn",)) -> "Recompute":
+        return cls(granularity="selective", modules=tuple(modules))
+
+    @classmethod
+    def full(cls, method: str = "uniform", num_layers: int = 1) -> "Recompute":
+        return cls(granularity="full", method=method, num_layers=num_layers)
+
+
+class StagePlan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device_type: str
+    num_layers: int = Field(ge=0, description="decoder layers on this pipeline rank")
+    dp: int = Field(1, gt=0, description="data-parallel size of this stage")
+    recompute: Recompute = Recompute()
+
+
+class Plan(BaseModel):
+    """A complete parallel plan: global degrees plus one entry per pipeline stage."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: RuntimeName = "megatron"
+    tp: int = Field(1, gt=0)
+    cp: int = Field(1, gt=0)
+    ep: int = Field(1, gt=0)
+    etp: int = Field(1, gt=0)
+    vpp: int = Field(1, gt=0, description="virtual pipeline chunks per rank (interleaving)")
+    mbs: int = Field(1, gt=0, description="micro-batch size (per DP rank of stage 0)")
+    gbs: int = Field(gt=0)
+    sequence_parallel: bool = True
+    stages: tuple[StagePlan, ...]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Plan":
+        if not self.stages:
+            raise ValueError("a plan needs at least one stage")
+        return self
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def dp0(self) -> int:
+        return self.stages[0].dp
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.tp * self.cp * s.dp for s in self.stages)
+
+    @property
+    def num_microbatches(self) -> int:
+        """GBS / (mbs * DP of stage 0); every stage sees the same count (FlagScale rule)."""
+        return self.gbs // (self.mbs * self.dp0)
+
+    def stage_mbs(self, i: int) -> int:
+        """Samples per micro-batch on one DP rank of stage i (FlagScale: DP0*mbs/DP_i)."""
+        return self.mbs * self.dp0 // self.stages[i].dp
+
+    def layer_ranges(self) -> list[tuple[int, int]]:
+        """Half-open [start, end) decoder-layer range of every stage."""
+        out, start = [], 0
+        for s in self.stages:
+            out.append((start, start + s.num_layers))
+            start += s.num_layers
+        return out
+
+    def gpus_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stages:
+            out[s.device_type] = out.get(s.device_type, 0) + self.tp * self.cp * s.dp
+        return out
