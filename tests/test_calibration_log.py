@@ -1,0 +1,129 @@
+"""Megatron log parsing and router statistics (formats from reference/megatron.md section 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.calibration.megatron_log import parse_megatron_log, parse_megatron_log_text
+from planner.calibration.router_stats import load_router_stats
+from planner.errors import PlannerInputError
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def test_core018_iteration_lines_and_steady_median():
+    """Iteration lines parse; the first two are skipped; median of 1500, 1490, 1502 ms is 1.500 s."""
+    log = parse_megatron_log(LOGS / "megatron_core018_minmax.log")
+    assert [r.iteration for r in log.iterations] == [1, 10, 20, 30, 40]
+    assert log.iterations[0].fields["lm loss"] == "7.500000E+00"
+    assert log.iterations[0].fields["load_balancing_loss"] == "1.02"
+    assert log.iterations[0].global_batch_size == 64
+    assert log.median_iteration_time_s(skip=2) == pytest.approx(1.500)
+    assert log.median_iteration_time_s(skip=0) == pytest.approx(1.502)
+    assert log.median_throughput_tflops(skip=2) == pytest.approx(120.0, abs=0.2)
+    assert log.first_timestamp == "2025-03-04 10:00:00.000000"
+
+
+def test_core018_memory_per_rank_takes_latest_peak():
+    """Memory lines from ranks 0,1,4,5 parse in MB (1024^2 bytes); the later report wins."""
+    log = parse_megatron_log(LOGS / "megatron_core018_minmax.log")
+    peaks = log.peak_memory_by_rank()
+    assert sorted(peaks) == [0, 1, 4, 5]
+    assert peaks[0].iteration == 10
+    assert peaks[0].max_reserved_bytes == pytest.approx(37500.0 * 1024**2)
+    assert peaks[4].max_allocated_bytes == pytest.approx(30000.0 * 1024**2)
+
+
+def test_minmax_timers_after_skip():
+    """(min, max) timer blocks parse; steady blocks are those after the skipped iteration lines."""
+    log = parse_megatron_log(LOGS / "megatron_core018_minmax.log")
+    assert len(log.timers) == 5
+    assert log.timers[0].minmax_ms["all-grads-sync"] == (40.0, 45.0)
+    steady = log.steady_timers(skip=2)
+    assert [b.after_iteration for b in steady] == [20, 30, 40]
+    # forward-backward max = 0.92 * elapsed: median of 0.92*(1500, 1490, 1502)
+    assert log.median_timer_ms("forward-backward", skip=2) == pytest.approx(0.92 * 1500.0, abs=0.01)
+
+
+def test_garbled_and_truncated_lines_are_reported_not_fatal():
+    """The fixture's truncated iteration line, garbled memory line and garbled iteration line are
+    counted as problems while every good line still parses."""
+    log = parse_megatron_log(LOGS / "megatron_core018_minmax.log")
+    kinds = sorted(p.kind for p in log.problems)
+    assert kinds == ["iteration", "iteration", "memory"]
+    assert all(p.line_no > 0 for p in log.problems)
+    assert log.summary()["problems"] == 3
+
+
+def test_core015_all_option_with_info_prefix():
+    """`times across ranks` blocks behind the INFO:megatron.core.timers: prefix give per-rank values;
+    timestamps without fractions parse; memory lines with the device-memory field parse."""
+    log = parse_megatron_log(LOGS / "megatron_core015_all_timers.log")
+    assert [r.iteration for r in log.iterations] == [1, 5, 10, 15]
+    assert log.iterations[1].throughput_tflops is None
+    assert len(log.timers) == 4 and log.timers[0].option == "all"
+    per_rank = log.median_timer_by_rank_ms("backward-compute", skip=2)
+    # steady blocks are k=2,3: rank r value = 500 + 10 r + k -> median 500 + 10 r + 2.5
+    assert per_rank == pytest.approx({0: 502.5, 1: 512.5, 2: 522.5, 3: 532.5})
+    assert log.problems == []
+    assert sorted(log.peak_memory_by_rank()) == [0, 2]
+
+
+def test_cut_off_log_and_noise():
+    """A log cut off mid-line and full of unrelated text parses to what is complete."""
+    text = (
+        "some banner\n"
+        " [2025-01-01 00:00:00] iteration        1/      10 | consumed samples:            8 | "
+        "elapsed time per iteration (ms): 100.0 | global batch size:     8 |\n"
+        "> building dataset: iterations requested\n"
+        " [2025-01-01 00:00:01] iteration        2/      10 | consumed samples:           16 | "
+        "elapsed time per iteration (ms): 50.0 |\n"
+        " [2025-01-01 00:00:02] iteration        3/      10 | consumed sam"
+    )
+    log = parse_megatron_log_text(text)
+    assert [r.iteration for r in log.iterations] == [1, 2]
+    assert len(log.problems) == 1
+    assert log.median_iteration_time_s(skip=1) == pytest.approx(0.05)
+    assert log.median_iteration_time_s(skip=5) is None
+
+
+def test_missing_log_names_flag(tmp_path):
+    """A missing log file raises PlannerInputError naming --megatron-log."""
+    with pytest.raises(PlannerInputError, match="--megatron-log"):
+        parse_megatron_log(tmp_path / "nope.log")
+
+
+def test_router_imbalance_hand_computed(tmp_path):
+    """Two ranks' counts are summed per expert: layer 0 -> [10,30,20,20] (max/mean 1.5), layer 1 ->
+    [25]*4 (1.0); the factor is their mean, 1.25."""
+    (tmp_path / "router_stats_rank0.csv").write_text(
+        "layer,expert,tokens\n0,0,10\n0,1,10\n0,2,0\n0,3,10\n1,0,10\n1,1,15\n1,2,5\n1,3,20\n"
+    )
+    (tmp_path / "router_stats_rank1.csv").write_text(
+        "layer,expert,tokens\n0,0,0\n0,1,20\n0,2,20\n0,3,10\n1,0,15\n1,1,10\n1,2,20\n1,3,5\n"
+    )
+    stats = load_router_stats(tmp_path)
+    assert stats.layers == [0, 1]
+    assert stats.imbalance_factor() == pytest.approx(1.25)
+
+
+def test_router_csv_with_iterations_and_idle_experts(tmp_path):
+    """Per-iteration rows are kept apart; an expert absent from the file counts as 0 tokens when
+    num_experts is given: [30, 10, 0, 0] -> max/mean = 30/10 = 3; iteration 2: [20,20,0,0] -> 2."""
+    f = tmp_path / "r.csv"
+    f.write_text("iteration,layer,expert,tokens\n1,0,0,30\n1,0,1,10\n2,0,0,20\n2,0,1,20\n")
+    assert load_router_stats(f).imbalance_factor() == pytest.approx((1.5 + 1.0) / 2)
+    assert load_router_stats(f, num_experts=4).imbalance_factor() == pytest.approx((3.0 + 2.0) / 2)
+
+
+def test_router_bad_csv(tmp_path):
+    """Missing columns and non-numeric cells raise PlannerInputError naming --router-stats."""
+    f = tmp_path / "bad.csv"
+    f.write_text("layer,tokens\n0,5\n")
+    with pytest.raises(PlannerInputError, match="--router-stats.*missing columns"):
+        load_router_stats(f)
+    f.write_text("layer,expert,tokens\n0,x,5\n")
+    with pytest.raises(PlannerInputError, match="--router-stats"):
+        load_router_stats(f)
