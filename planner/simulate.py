@@ -14,7 +14,7 @@ Sends are modelled as non-blocking (the sender moves on at once; the receiver se
 Data-parallel gradient reduction and the optimizer step are not part of the schedule and not simulated.
 
 The analytic comparison `analytic_1f1b_s` is the textbook form the cost model uses
-(DESIGN.md §4): T = sum_i t_i + (m - 1) * max_i t_i, t_i the forward+backward time of stage i per
+(DESIGN.md §3): T = sum_i t_i + (m - 1) * max_i t_i, t_i the forward+backward time of stage i per
 micro-batch with its p2p included.
 """
 
@@ -286,7 +286,7 @@ def analytic_1f1b_s(
 ) -> float:
     """Textbook 1F1B time: sum_i t_i + (m - 1) * max_i t_i, t_i = f_i + b_i + p2p_s[i-1] + p2p_s[i].
 
-    This is the form the cost model uses for the pipeline part of the iteration (DESIGN.md §4), with stage i
+    This is the form the cost model uses for the pipeline part of the iteration (DESIGN.md §3), with stage i
     charged both of its neighbouring links once per micro-batch (it receives an activation and sends one, sends
     a gradient and receives one; the first/last stage have one neighbour).  Then sum_i t_i is exactly the
     first micro-batch's round trip, every link crossed once each way.  For uniform stages the simulated steady
