@@ -1,0 +1,60 @@
+"""Click options shared by estimate, solve, compare and friends, and the input resolution they share."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+MODEL_OPTIONS = [
+    click.option("--model", "model", default=None, metavar="PRESET|FILE",
+                 help="model preset name (e.g. mixtral-s), a YAML file, or a HuggingFace config.json"),
+    click.option("--megatron-args", default=None, metavar='"FLAGS"', help="Megatron-LM flags for pretrain_gpt.py"),
+    click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+                 help="a bash launcher script that runs pretrain_gpt.py"),
+]
+CLUSTER_OPTIONS = [
+    click.option("--cluster", required=True, metavar="SPEC",
+                 help="TYPE:COUNT[,TYPE:COUNT...] (e.g. H800:16,MI300X:16,910B:16), a preset name, or a YAML file"),
+    click.option("--profiles", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
+                 help="directory of measured profiles / corrections (overrides shipped ones; repeatable)"),
+]
+TRAINING_OVERRIDES = [
+    click.option("--mbs", type=click.IntRange(min=1), default=None, help="micro-batch size"),
+    click.option("--gbs", type=click.IntRange(min=1), default=None, help="global batch size"),
+    click.option("--seq", type=click.IntRange(min=1), default=None, help="sequence length"),
+]
+PARALLEL_OVERRIDES = [
+    click.option("--tp", type=click.IntRange(min=1), default=None),
+    click.option("--pp", type=click.IntRange(min=1), default=None),
+    click.option("--cp", type=click.IntRange(min=1), default=None),
+    click.option("--ep", type=click.IntRange(min=1), default=None),
+    click.option("--etp", type=click.IntRange(min=1), default=None),
+    click.option("--vpp", type=click.IntRange(min=1), default=None, help="virtual stages per pipeline rank"),
+    click.option("--layout", default=None, help="pipeline layout string, Megatron grammar (E|t*4|...|L)"),
+    click.option("--recompute", default=None,
+                 help="none | selective | full | full-block:K | full-uniform:K"),
+]
+
+
+def apply_options(options: list) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(options):
+            fn = opt(fn)
+        return fn
+
+    return deco
+
+
+def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict):
+    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options."""
+    from planner.inputs.cluster import parse_cluster
+    from planner.inputs.resolve import resolve_run
+    from planner.profile_tables import ProfileSet
+
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    cluster_spec = parse_cluster(cluster, profiles)
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                      world_size=cluster_spec.world_size, overrides=clean)
+    return run, cluster_spec, profiles

@@ -1,0 +1,81 @@
+"""Price one given Megatron configuration (no search): MegatronRun + cluster -> Plan -> PlanCost."""
+
+from __future__ import annotations
+
+from planner.cost.model import CostModel, PlanCost
+from planner.errors import PlannerInputError
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan, StagePlan
+
+
+def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Plan, list[str]]:
+    """The Plan Megatron would run for these flags on this cluster.
+
+    DP = world / (TP*PP*CP).  Under the default rank order stage s owns ranks
+    [s*TP*CP*DP, (s+1)*TP*CP*DP); ranks follow the cluster's node groups in the order given, so
+    each stage gets the device type of its ranks.  A stage that straddles two types is priced on
+    the slower one, with a note.
+    """
+    par, model, tr = run.parallel, run.model, run.training
+    world = cluster.world_size
+    denom = par.tp * par.pp * par.cp
+    if world % denom:
+        raise PlannerInputError(
+            "--cluster",
+            f"world size {world} ({cluster.describe()}) is not divisible by TP*PP*CP = "
+            f"{par.tp}*{par.pp}*{par.cp} = {denom}",
+        )
+    dp = world // denom
+    try:
+        layers = par.stage_layers(model.num_layers)
+    except ValueError as exc:
+        raise PlannerInputError("--pipeline-model-parallel-layout", str(exc)) from None
+    if tr.global_batch_size % (tr.micro_batch_size * dp):
+        raise PlannerInputError(
+            "--global-batch-size",
+            f"global batch size ({tr.global_batch_size}) is not divisible by micro batch size "
+            f"({tr.micro_batch_size}) times data parallel size ({dp})",
+        )
+    # rank -> device type, in cluster order
+    bounds: list[tuple[int, str]] = []
+    acc = 0
+    for grp in cluster.groups:
+        acc += grp.num_gpus
+        bounds.append((acc, grp.device_type))
+
+    def type_of(rank: int) -> str:
+        for end, t in bounds:
+            if rank < end:
+                return t
+        return bounds[-1][1]
+
+    notes: list[str] = []
+    stage_size = par.tp * par.cp * dp
+    stages = []
+    for s in range(par.pp):
+        first, last = type_of(s * stage_size), type_of((s + 1) * stage_size - 1)
+        dev_type = first
+        if first != last:
+            slower = min((first, last), key=lambda t: profiles.device(t).peak_flop_per_s(tr.precision))
+            notes.append(f"stage {s} spans {first} and {last}; priced on the slower {slower}")
+            dev_type = slower
+        stages.append(StagePlan(device_type=dev_type, num_layers=layers[s], dp=dp, recompute=par.recompute))
+    vpp = par.virtual_size(model.num_layers)
+    plan = Plan(
+        runtime="megatron", tp=par.tp, cp=par.cp, ep=par.ep, etp=par.expert_tp, vpp=vpp,
+        mbs=tr.micro_batch_size, gbs=tr.global_batch_size,
+        sequence_parallel=par.sequence_parallel or (model.is_moe and par.tp > 1), stages=tuple(stages),
+    )
+    return plan, notes
+
+
+def estimate_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> PlanCost:
+    """Price the configuration a Megatron flag list describes on `cluster`."""
+    plan, notes = plan_from_run(run, cluster, profiles)
+    cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
+    if notes:
+        from dataclasses import replace
+
+        cost = replace(cost, notes=tuple(notes))
+    return cost

@@ -1,0 +1,133 @@
+"""Megatron-LM's FLOP accounting, per layer and per iteration.
+
+Megatron reports TFLOP/s/GPU as `num_floating_point_operations(args, batch) / (t_iter * 1e12 * world)`
+(megatron/training/training.py; reference/megatron.md section 4).  Its formula counts, per token:
+  attention (GQA/MHA): 12*h^2*(1 + g/a + s/(2h)) * (a*d/h)     (fwd+bwd, causal half of the core)
+  attention (MLA):     6 * (q term + kv term + rope + out proj + core/2)   (see `_mla_fwd_flop_per_token`)
+  dense MLP:           12*h*ffn*glu                      (glu = 3/2 with SwiGLU)
+  MoE layer:           12*h*(moe_ffn*topk + shared)*glu
+  logits:              6*h*V_padded
+The factor 3 is forward + two backward GEMMs; we keep the forward part per layer and multiply by 3
+for the iteration, so predicted TFLOP/s/GPU means what Megatron prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.schemas.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOP of one decoder layer for one token (whole layer, before any parallel split)."""
+
+    attn_proj_flop: float  # QKV (or MLA projections) + output projection GEMMs
+    attn_core_flop: float  # QK^T and AV, causal half (Megatron's count)
+    mlp_flop: float  # dense MLP GEMMs (0 on MoE layers)
+    expert_flop: float  # routed experts: topk * per-expert MLP (0 on dense layers)
+    shared_expert_flop: float  # shared experts (MoE layers only)
+
+    @property
+    def total_flop(self) -> float:
+        return (
+            self.attn_proj_flop + self.attn_core_flop + self.mlp_flop + self.expert_flop + self.shared_expert_flop
+        )
+
+
+def _glu(model: ModelSpec) -> float:
+    return 1.5 if model.swiglu else 1.0
+
+
+def _mla_fwd_flop_per_token(model: ModelSpec, seq_length: int) -> tuple[float, float]:
+    """(projection FLOP, core FLOP) per token, forward, for multi-latent attention."""
+    a, h = model.num_attention_heads, model.hidden_size
+    qk = model.qk_head_dim + model.qk_pos_emb_head_dim
+    if model.q_lora_rank is None:
+        q_term = h * a * qk
+    else:
+        q_term = model.q_lora_rank * (h + a * qk + 1)
+    kv_term = model.kv_lora_rank * (h + a * (model.qk_head_dim + model.v_head_dim) + 1)
+    rope_term = h * model.qk_pos_emb_head_dim
+    out_term = a * model.v_head_dim * h
+    core = seq_length * a * qk / 2 + seq_length * a * model.v_head_dim / 2
+    return 2.0 * (q_term + kv_term + rope_term + out_term), 2.0 * core
+
+
+def layer_flops(model: ModelSpec, *, is_moe: bool, seq_length: int | None = None) -> LayerFlops:
+    """Forward FLOP per token of one decoder layer, Megatron's accounting."""
+    s = seq_length or model.seq_length
+    h = model.hidden_size
+    if model.multi_latent_attention:
+        proj, core = _mla_fwd_flop_per_token(model, s)
+    else:
+        q = model.num_attention_heads * model.head_dim
+        kv = model.query_groups * model.head_dim
+        proj = 2.0 * h * (q + 2 * kv) + 2.0 * q * h
+        core = 2.0 * s * q  # 2*(2*s*q) for QK^T and AV, halved for causal masking
+    glu = _glu(model)
+    if is_moe:
+        shared = model.moe_shared_expert_intermediate_size or 0
+        return LayerFlops(
+            attn_proj_flop=proj,
+            attn_core_flop=core,
+            mlp_flop=0.0,
+            expert_flop=4.0 * h * model.moe_ffn_size * model.moe_router_topk * glu,
+            shared_expert_flop=4.0 * h * shared * glu,
+        )
+    return LayerFlops(
+        attn_proj_flop=proj, attn_core_flop=core, mlp_flop=4.0 * h * model.ffn_size * glu,
+        expert_flop=0.0, shared_expert_flop=0.0,
+    )
+
+
+def logits_fwd_flop_per_token(model: ModelSpec, tp: int) -> float:
+    return 2.0 * model.hidden_size * model.padded_vocab_size(tp)
+
+
+def model_flop_per_iteration(model: ModelSpec, *, global_batch_size: int, tp: int, seq_length: int | None = None) -> float:
+    """Megatron's `num_floating_point_operations` for one iteration (fwd + bwd = 3x fwd)."""
+    s = seq_length or model.seq_length
+    per_token_fwd = sum(layer_flops(model, is_moe=m, seq_length=s).total_flop for m in model.layer_is_moe)
+    if model.mtp_num_layers:
+        last_moe = model.layer_is_moe[-1]
+        per_token_fwd += model.mtp_num_layers * (
+            layer_flops(model, is_moe=last_moe, seq_length=s).total_flop + 2.0 * 2 * model.hidden_size**2
+        )
+    per_token_fwd += logits_fwd_flop_per_token(model, tp) * (1 + model.mtp_num_layers)
+    return 3.0 * per_token_fwd * global_batch_size * s
+
+
+def parameter_counts(model: ModelSpec) -> dict[str, float]:
+    """Parameter counts (whole model, unsharded): attention, dense MLP, experts, shared, embedding."""
+    h = model.hidden_size
+    glu_mats = 3 if model.swiglu else 2
+    bias = 1 if model.add_bias_linear else 0
+    if model.multi_latent_attention:
+        a = model.num_attention_heads
+        qk = model.qk_head_dim + model.qk_pos_emb_head_dim
+        q = h * a * qk if model.q_lora_rank is None else model.q_lora_rank * (h + a * qk)
+        kv = h * (model.kv_lora_rank + model.qk_pos_emb_head_dim) + model.kv_lora_rank * a * (
+            model.qk_head_dim + model.v_head_dim
+        )
+        attn = q + kv + a * model.v_head_dim * h
+    else:
+        qd = model.num_attention_heads * model.head_dim
+        kvd = model.query_groups * model.head_dim
+        attn = h * (qd + 2 * kvd) + qd * h + bias * (qd + 2 * kvd + h)
+    norms = 2 * h * (2 if model.normalization == "LayerNorm" else 1)
+    dense_mlp = glu_mats * h * model.ffn_size + bias * (model.ffn_size + h)
+    expert = glu_mats * h * model.moe_ffn_size
+    shared = glu_mats * h * (model.moe_shared_expert_intermediate_size or 0)
+    n_moe = sum(model.layer_is_moe)
+    n_dense = model.num_layers - n_moe
+    num_experts = model.num_experts or 0
+    embedding = model.vocab_size * h
+    return {
+        "attention": (attn + norms) * model.num_layers,
+        "dense_mlp": dense_mlp * n_dense,
+        "experts": expert * num_experts * n_moe,
+        "shared_experts": shared * n_moe,
+        "router": h * num_experts * n_moe,
+        "embedding": embedding * (2 if model.untie_embeddings_and_output_weights else 1),
+    }

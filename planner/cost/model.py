@@ -1,0 +1,517 @@
+"""The one evaluator: prices a whole Plan (every stage, the pipeline schedule, gradient sync,
+optimizer step, memory) from the model, training settings, cluster and device profiles.
+
+Iteration time (1F1B, DESIGN section 3), with t_i the per-micro-batch forward+backward time of
+stage i including its pipeline sends, m micro-batches and v virtual chunks per rank:
+    T = sum_i t_i / v + (m - 1/v) * max_i t_i + max_i (exposed DP sync_i + optimizer step_i)
+For v = 1 this is sum_i t_i + (m-1) * max_i t_i; for uniform stages it is (m + (PP-1)/v) * t,
+the interleaved schedule's bubble.  planner/simulate.py checks the formula by simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
+from planner.cost.layer import GEMM_BWD_OVER_FWD, LayerCost, LayerShape, layer_cost
+from planner.cost.links import LinkChoice, collective_s, stage_group_links
+from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES, grad_bytes
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.device import DeviceProfile
+from planner.schemas.model import ModelSpec
+from planner.schemas.plan import Plan, Recompute
+from planner.schemas.training import TrainingSpec
+from planner.units import GIB_BYTES
+
+CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound", "all_reduce", "all_gather",
+                    "reduce_scatter", "all_to_all", "p2p")
+OPTIMIZER_BYTES_MOVED_PER_PARAM = 32  # Adam step: read p32, g, m, v; write p32, m, v, p16
+DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share stays exposed (assumption)
+DEFAULT_MOE_IMBALANCE = 1.1  # max/mean tokens per expert with aux-loss balancing, absent router stats
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One pipeline stage: per-micro-batch times, per-iteration sync, per-GPU memory."""
+
+    index: int
+    device_type: str
+    num_layers: int
+    dp: int
+    recompute: str
+    micro_batch_size: int
+    forward_s: float
+    backward_s: float  # includes recompute
+    compute_s: float  # fwd + bwd + recompute compute, per micro-batch
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float  # exposed, per iteration
+    optimizer_s: float  # per iteration
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    capacity_bytes: float
+    inflight_microbatches: float
+
+    @property
+    def time_s(self) -> float:
+        """Per-micro-batch forward + backward (the t_i of the schedule formula)."""
+        return self.forward_s + self.backward_s
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.other_bytes
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB_BYTES
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+    def to_json(self) -> dict:
+        g = GIB_BYTES
+        return {
+            "index": self.index,
+            "device_type": self.device_type,
+            "num_layers": self.num_layers,
+            "dp": self.dp,
+            "recompute": self.recompute,
+            "micro_batch_size": self.micro_batch_size,
+            "time_s": self.time_s,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "compute_s": self.compute_s,
+            "recompute_s": self.recompute_s,
+            "tp_comm_s": self.tp_comm_s,
+            "cp_comm_s": self.cp_comm_s,
+            "ep_comm_s": self.ep_comm_s,
+            "pp_comm_s": self.pp_comm_s,
+            "dp_comm_s": self.dp_comm_s,
+            "optimizer_s": self.optimizer_s,
+            "memory_gib": self.memory_gib,
+            "weights_gib": self.weights_bytes / g,
+            "grads_gib": self.grads_bytes / g,
+            "optimizer_gib": self.optimizer_bytes / g,
+            "activations_gib": self.activations_bytes / g,
+            "other_gib": self.other_bytes / g,
+            "capacity_gib": self.capacity_bytes / g,
+            "inflight_microbatches": self.inflight_microbatches,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    iteration_time_s: float
+    pipeline_s: float
+    bubble_s: float
+    sync_s: float
+    num_microbatches: int
+    world_size: int
+    model_flop_per_iteration: float
+    peak_flop_per_s_total: float
+    stages: tuple[StageCost, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.model_flop_per_iteration / (self.iteration_time_s * 1e12 * self.world_size)
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs over the peak of every GPU in the plan (weighted by each device's peak)."""
+        return self.model_flop_per_iteration / (self.iteration_time_s * self.peak_flop_per_s_total)
+
+    @property
+    def max_memory_gib(self) -> float:
+        return max(s.memory_gib for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+    @property
+    def overflow_stages(self) -> list[int]:
+        return [s.index for s in self.stages if not s.fits]
+
+    def to_json(self) -> dict:
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "max_memory_gib": self.max_memory_gib,
+            "fits": self.fits,
+            "overflow_stages": self.overflow_stages,
+            "world_size": self.world_size,
+            "num_microbatches": self.num_microbatches,
+            "pipeline_s": self.pipeline_s,
+            "bubble_s": self.bubble_s,
+            "sync_s": self.sync_s,
+            "model_flop_per_iteration": self.model_flop_per_iteration,
+            "stages": [s.to_json() for s in self.stages],
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# context shared by every stage of one plan (and by the search's cost tables)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GlobalShape:
+    """The plan-wide choices that fix per-layer costs (everything but per-stage options)."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int
+    mbs: int
+    gbs: int
+    dp0: int
+    pp: int
+    sequence_parallel: bool
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.gbs // (self.mbs * self.dp0)
+
+    @classmethod
+    def of(cls, plan: Plan) -> "GlobalShape":
+        return cls(tp=plan.tp, cp=plan.cp, ep=plan.ep, etp=plan.etp, vpp=plan.vpp, mbs=plan.mbs, gbs=plan.gbs,
+                   dp0=plan.dp0, pp=plan.pp, sequence_parallel=plan.sequence_parallel)
+
+
+class CostModel:
+    """Binds model, training, cluster and profiles; prices stages and plans.
+
+    Per-layer costs are memoised by (device, DP, micro-batch, layer kind, global shape): the search
+    tabulates them once and composes stages from them, exactly as `evaluate` does.
+    """
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles) -> None:
+        self.model = model
+        self.training = training
+        self.cluster = cluster
+        self.profiles = profiles
+        self._layer_cache: dict = {}
+        counts = parameter_counts(model)
+        n_moe = sum(model.layer_is_moe)
+        n_dense = model.num_layers - n_moe
+        self._attn_params = counts["attention"] / model.num_layers
+        self._dense_mlp_params = counts["dense_mlp"] / n_dense if n_dense else 0.0
+        self._expert_params = counts["experts"] / n_moe if n_moe else 0.0  # all experts of one layer
+        self._shared_params = counts["shared_experts"] / n_moe if n_moe else 0.0
+        self._router_params = counts["router"] / n_moe if n_moe else 0.0
+        self._layer_is_moe = model.layer_is_moe
+        self._moe_prefix = [0]
+        for m in self._layer_is_moe:
+            self._moe_prefix.append(self._moe_prefix[-1] + int(m))
+
+    # ---- lookups ----
+    @property
+    def imbalance(self) -> float:
+        if not self.model.is_moe:
+            return 1.0
+        if self.training.moe_imbalance_factor is not None:
+            imb = self.training.moe_imbalance_factor
+        elif self.model.moe_router_force_load_balancing:
+            imb = 1.0
+        else:
+            imb = self._profile_imbalance() or DEFAULT_MOE_IMBALANCE
+        if self.model.moe_expert_capacity_factor is not None:
+            imb = min(imb, self.model.moe_expert_capacity_factor)
+        return imb
+
+    def _profile_imbalance(self) -> float | None:
+        getter = getattr(self.profiles, "moe_imbalance_factor", None)
+        return getter() if callable(getter) else None
+
+    def device(self, name: str) -> DeviceProfile:
+        return self.profiles.device(name)
+
+    def corrections(self, device: str) -> dict[str, float]:
+        return {k: self.profiles.correction(device, k) for k in CORRECTION_KINDS}
+
+    def _links(self, device_type: str):
+        dev = self.device(device_type)
+        intra, inter = dev.intra_node, dev.inter_node
+        try:
+            group = self.cluster.group_of(device_type)
+        except KeyError:
+            group = None
+        gpn = dev.gpus_per_node
+        if group is not None:
+            gpn = group.gpus_per_node
+            if group.intra_node_bandwidth_gb_per_s:
+                intra = intra.model_copy(update={"bandwidth_gb_per_s": group.intra_node_bandwidth_gb_per_s})
+            if group.inter_node_bandwidth_gb_per_s:
+                inter = inter.model_copy(update={"bandwidth_gb_per_s": group.inter_node_bandwidth_gb_per_s})
+        return intra, inter, gpn
+
+    def gpus_per_node(self, device_type: str) -> int:
+        return self._links(device_type)[2]
+
+    def layer(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_moe: bool) -> LayerCost:
+        key = (g.tp, g.cp, g.ep, g.etp, g.sequence_parallel, device_type, dp, stage_mbs, is_moe)
+        hit = self._layer_cache.get(key)
+        if hit is not None:
+            return hit
+        intra, inter, gpn = self._links(device_type)
+        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=g.tp, cp=g.cp, dp=dp,
+                                  ep=g.ep, etp=g.etp)
+        shape = LayerShape(
+            tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, micro_batch_size=stage_mbs, seq_length=self.model.seq_length,
+            sequence_parallel=g.sequence_parallel and g.tp > 1, precision=self.training.precision,
+            tp_comm_overlap=self.training.tp_comm_overlap, imbalance=self.imbalance,
+            dispatcher=self.model.moe_token_dispatcher_type,
+        )
+        cost = layer_cost(self.model, is_moe=is_moe, shape=shape, device=self.device(device_type), links=links,
+                          corrections=self.corrections(device_type))
+        self._layer_cache[key] = cost
+        return cost
+
+    def pp_link(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str) -> LinkChoice:
+        """The link a pipeline send between stage a (type a_type) and the next (b_type) uses."""
+        if a_type != b_type:
+            link = self.profiles.cross_link(a_type, b_type, self.cluster)
+            return LinkChoice(intra=link, inter=None, ranks_per_node=1)
+        intra, inter, gpn = self._links(a_type)
+        if g.tp * g.cp * a_dp >= gpn:
+            return LinkChoice(intra=inter, inter=None, ranks_per_node=1)
+        return LinkChoice(intra=intra, inter=None, ranks_per_node=1)
+
+    # ---- a stage ----
+    def stage(
+        self, g: GlobalShape, *, index: int, device_type: str, start: int, end: int, dp: int,
+        recompute: Recompute, prev_type: str | None, next_type: str | None, prev_dp: int | None = None,
+    ) -> StageCost:
+        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`."""
+        model = self.model
+        dev = self.device(device_type)
+        corr = self.corrections(device_type)
+        stage_mbs = g.mbs * g.dp0 // dp if g.dp0 % dp == 0 or (g.mbs * g.dp0) % dp == 0 else g.mbs
+        n = end - start
+        n_moe = self._moe_prefix[end] - self._moe_prefix[start]
+        n_dense = n - n_moe
+        kinds = self._layer_is_moe[start:end]
+        lc = {False: self.layer(g, device_type, dp, stage_mbs, False) if n_dense else None,
+              True: self.layer(g, device_type, dp, stage_mbs, True) if n_moe else None}
+        act_b = 1 if self.training.precision == "fp8" else 2
+        m = g.num_microbatches
+        v = g.vpp
+
+        # forward/backward of every layer, plus what recompute re-runs and what each layer keeps
+        fwd = bwd = comp = rec_s = tp_s = cp_s = ep_s = 0.0
+        layer_acts: list[float] = []
+        full_layers = _recomputed_full_layers(recompute, n, v)
+        for j, is_moe in enumerate(kinds):
+            c = lc[is_moe]
+            fwd += c.fwd_s
+            bwd += c.bwd_s
+            comp += c.fwd_compute_s + c.bwd_compute_s
+            tp_s += c.tp_fwd_s + c.tp_bwd_s
+            cp_s += c.cp_fwd_s + c.cp_bwd_s
+            ep_s += c.ep_fwd_s + c.ep_bwd_s
+            if j in full_layers:
+                rec_s += c.fwd_s
+                comp += c.fwd_compute_s
+                tp_s += c.tp_fwd_s
+                cp_s += c.cp_fwd_s
+                ep_s += c.ep_fwd_s
+                layer_acts.append(c.act_bytes(c.activations.layer_input))
+            elif recompute.granularity == "selective":
+                extra = sum(c.module_fwd_s.get(mod, 0.0) for mod in recompute.modules)
+                rec_s += extra
+                comp += extra
+                layer_acts.append(c.act_bytes(c.activations.after_selective(recompute.modules)))
+            else:
+                layer_acts.append(c.act_bytes(c.activations.total))
+        bwd += rec_s
+
+        # embedding (first stage) and output layer + loss (last stage)
+        any_c = lc[True] or lc[False]
+        t_g = stage_mbs * model.seq_length / g.cp
+        hbm = dev.hbm_bandwidth_tb_per_s * 1e12 * dev.hbm_efficiency / corr["memory_bound"]
+        extra_act = 0.0
+        if index == 0:
+            emb = 4 * t_g / (g.tp if g.sequence_parallel and g.tp > 1 else 1) * model.hidden_size * act_b / hbm
+            fwd += emb
+            bwd += emb
+            comp += 2 * emb
+        if next_type is None:
+            from planner.profile_tables import interpolate_efficiency
+
+            flop = t_g * logits_fwd_flop_per_token(model, g.tp) / g.tp
+            eff = interpolate_efficiency(dev.gemm_efficiency, flop)
+            logit_s = flop / (dev.peak_flop_per_s(self.training.precision) * eff) * corr["gemm"]
+            vocab_local = model.padded_vocab_size(g.tp) / g.tp
+            ce_s = t_g * vocab_local * (act_b + 4 + 4) / hbm  # logits, fp32 softmax, grad
+            fwd += logit_s + ce_s
+            bwd += GEMM_BWD_OVER_FWD * logit_s + ce_s
+            comp += (1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s
+            extra_act += t_g * vocab_local * (act_b + 4)  # logits + fp32 copy, one micro-batch
+        # pipeline sends: activations forward to the next stage, gradients backward to the previous
+        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
+        p2p_bytes = t_g / sp * model.hidden_size * act_b
+        pp_s = 0.0
+        if next_type is not None:
+            pp_s += v * collective_s(self.pp_link(g, device_type, dp, next_type), "p2p", p2p_bytes, 2)
+        if prev_type is not None:
+            pp_s += v * collective_s(self.pp_link(g, prev_type, prev_dp or dp, device_type), "p2p", p2p_bytes, 2)
+        fwd += pp_s / 2
+        bwd += pp_s / 2
+
+        # parameters held by one GPU of this stage
+        tp, ep, etp = g.tp, g.ep, g.etp
+        edp = max(1, tp * g.cp * dp // (etp * ep))
+        dense_params = n * self._attn_params / tp + n_dense * self._dense_mlp_params / tp
+        dense_params += n_moe * (self._shared_params / tp + self._router_params)
+        expert_params = n_moe * self._expert_params / (ep * etp)
+        h = model.hidden_size
+        vocab_local = model.padded_vocab_size(tp) * h / tp
+        if index == 0:
+            dense_params += vocab_local
+        if next_type is None and (model.untie_embeddings_and_output_weights or g.pp > 1):
+            dense_params += vocab_local
+        total_params = dense_params + expert_params
+        gb = grad_bytes(self.training.precision)
+        weights = total_params * WEIGHT_BYTES
+        grads = total_params * gb
+        if self.training.use_distributed_optimizer:
+            opt = dense_params * OPTIMIZER_BYTES / dp + expert_params * OPTIMIZER_BYTES / edp
+            shard_params = dense_params / dp + expert_params / edp
+        else:
+            opt = total_params * OPTIMIZER_BYTES
+            shard_params = total_params
+
+        # gradient sync over DP (dense) and expert-DP (experts), exposed part only
+        intra, inter, gpn = self._links(device_type)
+        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp)
+        if self.training.use_distributed_optimizer:
+            rs = collective_s(links.dp, "reduce_scatter", dense_params * gb, dp) + collective_s(
+                links.edp, "reduce_scatter", expert_params * gb, edp)
+            ag = collective_s(links.dp, "all_gather", dense_params * WEIGHT_BYTES, dp) + collective_s(
+                links.edp, "all_gather", expert_params * WEIGHT_BYTES, edp)
+        else:
+            rs = collective_s(links.dp, "all_reduce", dense_params * gb, dp) + collective_s(
+                links.edp, "all_reduce", expert_params * gb, edp)
+            ag = 0.0
+        last_bwd = bwd
+        first_fwd = fwd
+        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - last_bwd) if self.training.overlap_grad_reduce else rs
+        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - first_fwd) if self.training.overlap_param_gather else ag
+        dp_s = rs_exposed + ag_exposed
+        if (index == 0 or next_type is None) and g.pp > 1 and not model.untie_embeddings_and_output_weights:
+            other = next_type if index == 0 else None
+            link = self.pp_link(g, device_type, dp, other or device_type) if other else LinkChoice(inter, None, 1)
+            dp_s += collective_s(link, "all_reduce", vocab_local * gb, 2)
+        optimizer_s = shard_params * OPTIMIZER_BYTES_MOVED_PER_PARAM / hbm
+
+        # activations: in-flight micro-batches under 1F1B (interleaved: in-flight chunks)
+        if v == 1:
+            inflight = float(min(g.pp - index, m))
+            acts = inflight * sum(layer_acts)
+        else:
+            chunks = min((g.pp - index - 1) * 2 + (v - 1) * g.pp + 1, m * v)
+            inflight = chunks / v
+            acts = inflight * sum(layer_acts)
+        acts += _recompute_transient_bytes(recompute, lc, kinds)
+        if index == 0:
+            acts += t_g / sp * h * act_b * min(g.pp, m)  # embedding output kept per in-flight micro-batch
+        acts += extra_act
+        other_bytes = _memory_overhead_gib(self.profiles, dev) * GIB_BYTES
+        return StageCost(
+            index=index, device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label,
+            micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=comp, recompute_s=rec_s,
+            tp_comm_s=tp_s, cp_comm_s=cp_s, ep_comm_s=ep_s, pp_comm_s=pp_s, dp_comm_s=dp_s,
+            optimizer_s=optimizer_s, weights_bytes=weights, grads_bytes=grads, optimizer_bytes=opt,
+            activations_bytes=acts, other_bytes=other_bytes, capacity_bytes=dev.memory_gib * GIB_BYTES,
+            inflight_microbatches=inflight,
+        )
+
+    # ---- a plan ----
+    def evaluate(self, plan: Plan) -> PlanCost:
+        g = GlobalShape.of(plan)
+        stages = []
+        for i, (sp, (start, end)) in enumerate(zip(plan.stages, plan.layer_ranges())):
+            stages.append(self.stage(
+                g, index=i, device_type=sp.device_type, start=start, end=end, dp=sp.dp,
+                recompute=sp.recompute,
+                prev_type=plan.stages[i - 1].device_type if i > 0 else None,
+                next_type=plan.stages[i + 1].device_type if i + 1 < plan.pp else None,
+                prev_dp=plan.stages[i - 1].dp if i > 0 else None,
+            ))
+        return self.combine(plan, stages)
+
+    def combine(self, plan: Plan, stages: list[StageCost]) -> PlanCost:
+        m = plan.num_microbatches
+        v = plan.vpp
+        times = [s.time_s for s in stages]
+        pipeline = sum(times) / v + (m - 1.0 / v) * max(times)
+        busy = m * max(times)
+        sync = max(s.dp_comm_s + s.optimizer_s for s in stages)
+        flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
+        peak_total = sum(
+            self.tp_cp(plan) * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.precision)
+            for s in stages
+        )
+        return PlanCost(
+            iteration_time_s=pipeline + sync, pipeline_s=pipeline, bubble_s=pipeline - busy, sync_s=sync,
+            num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
+            peak_flop_per_s_total=peak_total, stages=tuple(stages),
+        )
+
+    @staticmethod
+    def tp_cp(plan: Plan) -> int:
+        return plan.tp * plan.cp
+
+
+def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:
+    """The device's fixed overhead plus a calibrated additive correction, if any."""
+    extra = getattr(profiles, "memory_overhead_extra_gib", None)
+    return dev.memory_overhead_gib + (extra(dev.name) if callable(extra) else 0.0)
+
+
+def _recomputed_full_layers(recompute: Recompute, n: int, v: int) -> set[int]:
+    """Indices (within the stage) of layers that full recompute re-runs."""
+    if recompute.granularity != "full":
+        return set()
+    if recompute.method == "uniform":
+        return set(range(n))
+    k = recompute.num_layers or 0
+    if v <= 1:
+        return set(range(min(k, n)))
+    chunk = max(1, math.ceil(n / v))
+    return {j for j in range(n) if (j % chunk) < k}
+
+
+def _recompute_transient_bytes(recompute: Recompute, lc: dict, kinds: tuple[bool, ...]) -> float:
+    """During a recomputed chunk's backward its layers' full activations exist at once."""
+    if recompute.granularity != "full" or not kinds:
+        return 0.0
+    chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
+    worst = max(lc[k].act_bytes(lc[k].activations.total) for k in set(kinds))
+    return chunk * worst
+
+
+@lru_cache(maxsize=1)
+def _default_profiles():
+    from planner.profile_tables import ProfileSet
+
+    return ProfileSet.load()
+
+
+def evaluate_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, plan: Plan, profiles=None) -> PlanCost:
+    """Price a plan (the one evaluator)."""
+    return CostModel(model, training, cluster, profiles or _default_profiles()).evaluate(plan)
