@@ -1,0 +1,239 @@
+"""HuggingFace `config.json` -> ModelSpec, for the families the planner knows.
+
+Field meanings follow the transformers configuration classes (LlamaConfig, MixtralConfig,
+Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config).  Megatron-side choices
+that a HF config does not state (token dispatcher, grouped GEMM) get the usual Megatron MoE
+recipe values: alltoall dispatcher and grouped GEMM on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from planner.errors import PlannerInputError
+from planner.schemas.model import ModelSpec
+
+DEFAULT_SEQ_LENGTH = 4096  # training sequence when the caller gives none (capped by the model's context)
+
+
+def _get(cfg: dict[str, Any], key: str, default: Any = ...) -> Any:
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if default is ...:
+        raise PlannerInputError(f"config.json:{key}", "missing; the HuggingFace config must give it")
+    return default
+
+
+def _int(cfg: dict[str, Any], key: str, default: Any = ...) -> Any:
+    value = _get(cfg, key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlannerInputError(f"config.json:{key}", f"expected an integer, got {value!r}")
+    return value
+
+
+def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """Fields every supported family shares: shape, vocabulary, GQA, RMSNorm + SwiGLU, no biases."""
+    heads = _int(cfg, "num_attention_heads")
+    kv_heads = _int(cfg, "num_key_value_heads", heads)
+    max_pos = _int(cfg, "max_position_embeddings", None)
+    seq = min(DEFAULT_SEQ_LENGTH, max_pos) if max_pos else DEFAULT_SEQ_LENGTH
+    out: dict[str, Any] = {
+        "name": name,
+        "num_layers": _int(cfg, "num_hidden_layers"),
+        "hidden_size": _int(cfg, "hidden_size"),
+        "ffn_hidden_size": _int(cfg, "intermediate_size"),
+        "num_attention_heads": heads,
+        "num_query_groups": kv_heads if kv_heads != heads else None,
+        "vocab_size": _int(cfg, "vocab_size"),
+        "seq_length": seq,
+        "max_position_embeddings": max_pos,
+        "swiglu": True,
+        "normalization": "RMSNorm",
+        "untie_embeddings_and_output_weights": not bool(cfg.get("tie_word_embeddings", False)),
+        "add_bias_linear": False,
+    }
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim != out["hidden_size"] // heads:
+        out["kv_channels"] = _int(cfg, "head_dim")
+    elif out["hidden_size"] % heads:
+        out["kv_channels"] = _int(cfg, "head_dim")
+    return out
+
+
+def _moe_recipe(out: dict[str, Any]) -> dict[str, Any]:
+    out["moe_token_dispatcher_type"] = "alltoall"
+    out["moe_grouped_gemm"] = True
+    return out
+
+
+def _llama(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    return _common(cfg, name)
+
+
+def _mixtral(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    out = _common(cfg, name)
+    out["num_experts"] = _int(cfg, "num_local_experts")
+    out["moe_router_topk"] = _int(cfg, "num_experts_per_tok", 2)
+    out["moe_ffn_hidden_size"] = out["ffn_hidden_size"]
+    return _moe_recipe(out)
+
+
+def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] | None:
+    """Qwen2/3-MoE: layer i is sparse unless listed in mlp_only_layers, when
+    (i + 1) % decoder_sparse_step == 0."""
+    step = _int(cfg, "decoder_sparse_step", 1)
+    if step <= 0:
+        raise PlannerInputError("config.json:decoder_sparse_step", f"must be positive, got {step}")
+    dense_only = set(cfg.get("mlp_only_layers") or [])
+    pattern = tuple(
+        1 if (i not in dense_only and (i + 1) % step == 0) else 0 for i in range(num_layers)
+    )
+    return None if all(pattern) else pattern
+
+
+def _qwen2_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    out = _common(cfg, name)
+    out["num_experts"] = _int(cfg, "num_experts")
+    out["moe_router_topk"] = _int(cfg, "num_experts_per_tok")
+    out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
+    shared = _int(cfg, "shared_expert_intermediate_size", 0)
+    out["moe_shared_expert_intermediate_size"] = shared or None
+    out["moe_layer_pattern"] = _qwen_moe_pattern(cfg, out["num_layers"])
+    return _moe_recipe(out)
+
+
+def _qwen3_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    out = _qwen2_moe(cfg, name)
+    out["qk_layernorm"] = True
+    if "head_dim" in cfg:
+        out["kv_channels"] = _int(cfg, "head_dim")
+    return out
+
+
+def _qwen3(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    out = _common(cfg, name)
+    out["qk_layernorm"] = True
+    if "head_dim" in cfg:
+        out["kv_channels"] = _int(cfg, "head_dim")
+    return out
+
+
+def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3: multi-latent attention, routed + shared experts, first k layers dense."""
+    out = _common(cfg, name)
+    out["num_query_groups"] = None  # MLA has no GQA groups
+    out.pop("kv_channels", None)
+    out["multi_latent_attention"] = True
+    out["q_lora_rank"] = _int(cfg, "q_lora_rank", None)
+    out["kv_lora_rank"] = _int(cfg, "kv_lora_rank")
+    out["qk_head_dim"] = _int(cfg, "qk_nope_head_dim")
+    out["qk_pos_emb_head_dim"] = _int(cfg, "qk_rope_head_dim")
+    out["v_head_dim"] = _int(cfg, "v_head_dim")
+    experts = _int(cfg, "n_routed_experts", None)
+    if experts:
+        num_layers = out["num_layers"]
+        out["num_experts"] = experts
+        out["moe_router_topk"] = _int(cfg, "num_experts_per_tok")
+        out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
+        shared = _int(cfg, "n_shared_experts", 0)
+        out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"] if shared else None
+        first_dense = _int(cfg, "first_k_dense_replace", 0)
+        freq = _int(cfg, "moe_layer_freq", 1)
+        if freq <= 0:
+            raise PlannerInputError("config.json:moe_layer_freq", f"must be positive, got {freq}")
+        pattern = tuple(1 if (i >= first_dense and i % freq == 0) else 0 for i in range(num_layers))
+        out["moe_layer_pattern"] = None if all(pattern) else pattern
+        _moe_recipe(out)
+    mtp = _int(cfg, "num_nextn_predict_layers", 0)
+    if mtp:
+        out["mtp_num_layers"] = mtp
+    return out
+
+
+_FAMILIES: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "qwen2": _llama,
+    "qwen3": _qwen3,
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen2_moe,
+    "qwen3_moe": _qwen3_moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+}
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+}
+SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str) and model_type in _FAMILIES:
+        return model_type
+    for arch in cfg.get("architectures") or []:
+        if isinstance(arch, str) and arch in _ARCHITECTURES:
+            return _ARCHITECTURES[arch]
+    shown = model_type or (cfg.get("architectures") or ["(none)"])
+    raise PlannerInputError(
+        "config.json:model_type",
+        f"unsupported architecture {shown!r}; supported model_type values: "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)} (architectures {', '.join(_ARCHITECTURES)})",
+    )
+
+
+def model_fields_from_hf_config(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """ModelSpec field values for a HuggingFace config dict (not yet validated)."""
+    if not isinstance(cfg, dict):
+        raise PlannerInputError("config.json", "expected a JSON object")
+    if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    fields = _FAMILIES[_family(cfg)](cfg, name)
+    return {k: v for k, v in fields.items() if v is not None or k in ("num_query_groups",)}
+
+
+def model_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """Build a ModelSpec from a HuggingFace config dict; unsupported families raise
+    PlannerInputError listing the supported ones."""
+    fields = model_fields_from_hf_config(cfg, name)
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "model"
+        raise PlannerInputError(f"config.json ({loc})", str(err.get("msg"))) from None
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """Load a config.json (or the config.json inside a model directory)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PlannerInputError("--model", f"file not found: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise PlannerInputError("--model", f"{p} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlannerInputError("--model", f"{p} does not hold a JSON object")
+    return data
+
+
+def looks_like_hf_config(data: Any) -> bool:
+    """True when a loaded JSON/YAML document is a HuggingFace config rather than a ModelSpec."""
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data or "num_hidden_layers" in data)

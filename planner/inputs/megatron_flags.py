@@ -1,0 +1,729 @@
+"""Read a Megatron-LM flag list (what `pretrain_gpt.py` receives) into a `MegatronRun`.
+
+Parsing mirrors argparse as Megatron configures it (no abbreviations, last occurrence wins,
+`--flag value` and `--flag=value`, store_true flags, nargs+ lists).  Flags the planner reads
+are listed in `FLAGS`; every other token is kept verbatim, in order, in `passthrough`.
+
+Two steps, so that callers can change things in between (see planner/inputs/resolve.py):
+`parse_megatron_draft(argv)` -> `RunDraft` (plain dicts of ModelSpec / TrainingSpec /
+ParallelConfig fields), then `build_run(draft)` -> validated `MegatronRun`.
+`parse_megatron_flags(argv)` does both.
+
+Also the pipeline layout grammar of `--pipeline-model-parallel-layout`
+(Megatron's `PipelineParallelLayerLayout.parse_str_to_list`): `parse_layout`, `format_layout`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+from planner.errors import PlannerInputError
+from planner.schemas.model import ModelSpec, moe_pattern_from_freq
+from planner.schemas.parallel import MegatronRun, ParallelConfig
+from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
+from planner.schemas.training import TrainingSpec
+
+LAYOUT_FLAG = "--pipeline-model-parallel-layout"
+_MAX_LAYOUT_CHARS = 200_000  # guard against "t*99999999999"
+
+
+# --------------------------------------------------------------------------------------------
+# Flag table
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One Megatron flag the planner reads.  kind: int | float | str | true | false | list."""
+
+    dest: str
+    kind: str
+    choices: tuple[str, ...] = ()
+    min_value: float | None = None
+
+
+def _i(dest: str, min_value: int = 1) -> FlagSpec:
+    return FlagSpec(dest, "int", min_value=min_value)
+
+
+FLAGS: dict[str, FlagSpec] = {
+    # model shape (reference/megatron.md 1.7)
+    "--num-layers": _i("num_layers"),
+    "--hidden-size": _i("hidden_size"),
+    "--ffn-hidden-size": _i("ffn_hidden_size"),
+    "--num-attention-heads": _i("num_attention_heads"),
+    "--group-query-attention": FlagSpec("group_query_attention", "true"),
+    "--num-query-groups": _i("num_query_groups"),
+    "--kv-channels": _i("kv_channels"),
+    "--vocab-size": _i("vocab_size"),
+    "--make-vocab-size-divisible-by": _i("make_vocab_size_divisible_by"),
+    "--seq-length": _i("seq_length"),
+    "--max-position-embeddings": _i("max_position_embeddings"),
+    "--swiglu": FlagSpec("swiglu", "true"),
+    "--normalization": FlagSpec("normalization", "str", choices=("LayerNorm", "RMSNorm")),
+    "--untie-embeddings-and-output-weights": FlagSpec("untie_embeddings_and_output_weights", "true"),
+    "--disable-bias-linear": FlagSpec("add_bias_linear", "false"),
+    "--qk-layernorm": FlagSpec("qk_layernorm", "true"),
+    # multi-latent attention
+    "--multi-latent-attention": FlagSpec("multi_latent_attention", "true"),
+    "--q-lora-rank": _i("q_lora_rank"),
+    "--kv-lora-rank": _i("kv_lora_rank"),
+    "--qk-head-dim": _i("qk_head_dim"),
+    "--qk-pos-emb-head-dim": _i("qk_pos_emb_head_dim", 0),
+    "--v-head-dim": _i("v_head_dim"),
+    # mixture of experts (1.4)
+    "--num-experts": _i("num_experts", 0),
+    "--moe-router-topk": _i("moe_router_topk"),
+    "--moe-ffn-hidden-size": _i("moe_ffn_hidden_size"),
+    "--moe-shared-expert-intermediate-size": _i("moe_shared_expert_intermediate_size"),
+    "--moe-layer-freq": FlagSpec("moe_layer_freq", "str"),
+    "--moe-expert-capacity-factor": FlagSpec("moe_expert_capacity_factor", "float"),
+    "--moe-token-dispatcher-type": FlagSpec(
+        "moe_token_dispatcher_type", "str", choices=("allgather", "alltoall", "flex")
+    ),
+    "--moe-grouped-gemm": FlagSpec("moe_grouped_gemm", "true"),
+    "--moe-router-force-load-balancing": FlagSpec("moe_router_force_load_balancing", "true"),
+    "--mtp-num-layers": _i("mtp_num_layers", 0),
+    # batch, precision, optimizer (1.5, 1.6, 1.8)
+    "--micro-batch-size": _i("micro_batch_size"),
+    "--global-batch-size": _i("global_batch_size"),
+    "--bf16": FlagSpec("bf16", "true"),
+    "--fp16": FlagSpec("fp16", "true"),
+    "--fp8-format": FlagSpec("fp8", "str", choices=("e4m3", "hybrid")),
+    "--use-distributed-optimizer": FlagSpec("use_distributed_optimizer", "true"),
+    "--overlap-grad-reduce": FlagSpec("overlap_grad_reduce", "true"),
+    "--overlap-param-gather": FlagSpec("overlap_param_gather", "true"),
+    "--tp-comm-overlap": FlagSpec("tp_comm_overlap", "true"),
+    # parallel sizes and pipeline split (1.1, 1.2)
+    "--tensor-model-parallel-size": _i("tensor_model_parallel_size"),
+    "--pipeline-model-parallel-size": _i("pipeline_model_parallel_size"),
+    "--context-parallel-size": _i("context_parallel_size"),
+    "--expert-model-parallel-size": _i("expert_model_parallel_size"),
+    "--expert-tensor-parallel-size": _i("expert_tensor_parallel_size"),
+    "--num-layers-per-virtual-pipeline-stage": _i("num_layers_per_virtual_pipeline_stage"),
+    "--num-virtual-stages-per-pipeline-rank": _i("num_virtual_stages_per_pipeline_rank"),
+    LAYOUT_FLAG: FlagSpec("pipeline_model_parallel_layout", "str"),
+    "--decoder-first-pipeline-num-layers": _i("decoder_first_pipeline_num_layers"),
+    "--decoder-last-pipeline-num-layers": _i("decoder_last_pipeline_num_layers"),
+    "--account-for-embedding-in-pipeline-split": FlagSpec("account_for_embedding_in_pipeline_split", "true"),
+    "--account-for-loss-in-pipeline-split": FlagSpec("account_for_loss_in_pipeline_split", "true"),
+    "--sequence-parallel": FlagSpec("sequence_parallel", "true"),
+    # recompute (1.3)
+    "--recompute-granularity": FlagSpec("recompute_granularity", "str", choices=("full", "selective")),
+    "--recompute-method": FlagSpec("recompute_method", "str", choices=("uniform", "block")),
+    "--recompute-num-layers": _i("recompute_num_layers", 0),
+    "--recompute-modules": FlagSpec("recompute_modules", "list", choices=RECOMPUTE_MODULES),
+    "--recompute-activations": FlagSpec("recompute_activations", "true"),
+}
+
+_DEST_FLAG = {spec.dest: name for name, spec in FLAGS.items()}
+
+# schema field -> the flag that sets it (for error messages)
+MODEL_FIELD_FLAGS: dict[str, str] = {
+    **{
+        f: "--" + f.replace("_", "-")
+        for f in ModelSpec.model_fields
+        if "--" + f.replace("_", "-") in FLAGS
+    },
+    "add_bias_linear": "--disable-bias-linear",
+    "moe_layer_pattern": "--moe-layer-freq",
+    "name": "model name",
+}
+TRAINING_FIELD_FLAGS = {
+    "micro_batch_size": "--micro-batch-size",
+    "global_batch_size": "--global-batch-size",
+    "precision": "--bf16/--fp16/--fp8-format",
+    "use_distributed_optimizer": "--use-distributed-optimizer",
+    "overlap_grad_reduce": "--overlap-grad-reduce",
+    "overlap_param_gather": "--overlap-param-gather",
+    "tp_comm_overlap": "--tp-comm-overlap",
+}
+PARALLEL_FIELD_FLAGS = {
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "cp": "--context-parallel-size",
+    "ep": "--expert-model-parallel-size",
+    "etp": "--expert-tensor-parallel-size",
+    "vpp": "--num-virtual-stages-per-pipeline-rank",
+    "num_layers_per_virtual_stage": "--num-layers-per-virtual-pipeline-stage",
+    "layout": LAYOUT_FLAG,
+    "first_stage_layers": "--decoder-first-pipeline-num-layers",
+    "last_stage_layers": "--decoder-last-pipeline-num-layers",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
+    "sequence_parallel": "--sequence-parallel",
+    "recompute": "--recompute-granularity",
+}
+
+REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
+
+
+# --------------------------------------------------------------------------------------------
+# Tokens -> namespace (argparse semantics)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_flag(tok: str) -> bool:
+    """True for an option token (`--x`, `-x`); negative numbers are values, as in argparse."""
+    return tok.startswith("-") and len(tok) > 1 and not _is_number(tok)
+
+
+def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
+    """Convert one raw value of flag `name`; raise PlannerInputError saying what is allowed."""
+    if spec.choices:
+        if raw not in spec.choices:
+            raise PlannerInputError(name, f"invalid choice {raw!r}; allowed: {', '.join(spec.choices)}")
+        return raw
+    if spec.kind == "int":
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise PlannerInputError(name, f"expected an integer, got {raw!r}") from None
+        if spec.min_value is not None and value < spec.min_value:
+            raise PlannerInputError(name, f"must be an integer >= {int(spec.min_value)}, got {value}")
+        return value
+    if spec.kind == "float":
+        try:
+            value_f = float(raw.strip())
+        except ValueError:
+            raise PlannerInputError(name, f"expected a number, got {raw!r}") from None
+        if value_f != value_f or value_f in (float("inf"), float("-inf")):
+            raise PlannerInputError(name, f"expected a finite number, got {raw!r}")
+        return value_f
+    if not raw:
+        raise PlannerInputError(name, "expected a non-empty value")
+    return raw
+
+
+def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """Split `argv` into {dest: value} for the flags in FLAGS and the verbatim passthrough tokens.
+
+    Values that follow an unknown flag belong to it and pass through; a value after a known flag
+    that takes none (or already has its value) is an error, as argparse would report it.
+    """
+    ns: dict[str, Any] = {}
+    passthrough: list[str] = []
+    prev_unknown = False
+    last_flag = ""
+    i = 0
+    n = len(argv)
+    while i < n:
+        tok = argv[i]
+        if not isinstance(tok, str):
+            raise PlannerInputError("megatron args", f"every token must be a string, got {tok!r}")
+        if not _is_flag(tok):
+            if prev_unknown:
+                passthrough.append(tok)
+                i += 1
+                continue
+            where = f"after {last_flag}" if last_flag else "before any flag"
+            raise PlannerInputError(
+                last_flag or "megatron args",
+                f"unexpected value {tok!r} {where}; pretrain_gpt.py takes no positional arguments",
+            )
+        name, eq, explicit = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+        spec = FLAGS.get(name)
+        i += 1
+        if spec is None:
+            passthrough.append(tok)
+            prev_unknown = True
+            last_flag = name
+            continue
+        prev_unknown = False
+        last_flag = name
+        if spec.kind in ("true", "false"):
+            if eq:
+                raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
+            ns[spec.dest] = spec.kind == "true"
+            continue
+        if spec.kind == "list":
+            values = [explicit] if eq else []
+            while not eq and i < n and isinstance(argv[i], str) and not _is_flag(argv[i]):
+                values.append(argv[i])
+                i += 1
+            if not values:
+                raise PlannerInputError(
+                    name, f"expects one or more values; allowed: {', '.join(spec.choices)}"
+                )
+            ns[spec.dest] = [_convert(name, spec, v) for v in values]
+            continue
+        if eq:
+            raw = explicit
+        else:
+            if i >= n or not isinstance(argv[i], str) or _is_flag(argv[i]):
+                allowed = f"one of {', '.join(spec.choices)}" if spec.choices else f"a {spec.kind} value"
+                raise PlannerInputError(name, f"expects {allowed}, but no value was given")
+            raw = argv[i]
+            i += 1
+        ns[spec.dest] = _convert(name, spec, raw)
+    return ns, passthrough
+
+
+# --------------------------------------------------------------------------------------------
+# Layout grammar
+# --------------------------------------------------------------------------------------------
+
+_LAYOUT_SYMBOLS = "EtmL"
+_GROUP_RE = re.compile(r"\(([^)]+)\)\*([0-9]+)")
+_CHAR_RE = re.compile(r"(.)\*([0-9]+)")
+
+
+def _unroll(pattern: re.Pattern[str], text: str) -> str:
+    """One left-to-right pass of `pattern` replacing `X*n` by X repeated n times (Megatron's re.sub)."""
+    out: list[str] = []
+    total = 0
+    pos = 0
+    for m in pattern.finditer(text):
+        count = int(m.group(2))
+        total += (m.start() - pos) + len(m.group(1)) * count
+        if total > _MAX_LAYOUT_CHARS:
+            raise PlannerInputError(LAYOUT_FLAG, f"expands to more than {_MAX_LAYOUT_CHARS} symbols")
+        piece = m.group(1) * count
+        out.append(text[pos : m.start()])
+        out.append(piece)
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def layout_stages(text: str) -> list[str]:
+    """Expand a layout string into one symbol string per virtual stage, in layout order.
+
+    Grammar (Megatron's `parse_str_to_list`): commas are dropped, then `(...)*n` is unrolled in
+    one pass, then `x*n`; `|` separates stages; symbols E (embedding), t (decoder layer),
+    m (MTP layer), L (loss).  Checked as `validate_layer_layout` does: E first and L last in the
+    flattened order, each exactly once; every t before every m.  Stricter than Megatron: E must
+    be in the first stage and L in the last, as the planner assumes.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise PlannerInputError(LAYOUT_FLAG, "expected a layout such as 'Et*3|(tt|)*29,m|L'")
+    expanded = _unroll(_CHAR_RE, _unroll(_GROUP_RE, text.replace(",", "")))
+    bad = sorted({c for c in expanded if c not in _LAYOUT_SYMBOLS + "|"})
+    if bad:
+        raise PlannerInputError(
+            LAYOUT_FLAG,
+            f"invalid character(s) {''.join(bad)!r} in {text!r}; allowed: E t m L, '|' between "
+            "stages, ',' (ignored), (...)*n and x*n repetition",
+        )
+    stages = expanded.split("|")
+    flat = "".join(stages)
+    if flat.count("E") != 1 or flat.count("L") != 1:
+        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: E and L must each appear exactly once")
+    if not stages[0].startswith("E"):
+        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: the first stage must start with E (embedding)")
+    if not stages[-1].endswith("L"):
+        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: the last stage must end with L (loss)")
+    if "m" in flat and "t" in flat[flat.index("m") :]:
+        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: every decoder layer t must come before every MTP layer m")
+    return stages
+
+
+def parse_layout(text: str) -> list[int]:
+    """Decoder layers (`t`) per virtual stage of a Megatron layout string, in layout order
+    (stage i runs on pipeline rank i % PP, virtual chunk i // PP)."""
+    return [s.count("t") for s in layout_stages(text)]
+
+
+def _t_run(n: int) -> str:
+    """n decoder layers, as `ttt` or `t*n`, whichever is shorter (ties: the literal)."""
+    literal = "t" * n
+    short = f"t*{n}"
+    return short if len(short) < len(literal) else literal
+
+
+def format_layout(per_virtual_stage: Sequence[int], *, mtp_num_layers: int = 0) -> str:
+    """A Megatron layout string for the given decoder layers per virtual stage (layout order).
+
+    E opens the first stage, L closes the last (after `mtp_num_layers` m symbols, which sit in
+    the last stage); runs of equal middle stages are compressed as `(t*n|)*k`.
+    Inverse of `parse_layout`.
+    """
+    counts = [int(c) for c in per_virtual_stage]
+    if not counts or any(c < 0 for c in counts):
+        raise PlannerInputError(LAYOUT_FLAG, f"need at least one stage and no negative counts, got {counts}")
+    if mtp_num_layers < 0:
+        raise PlannerInputError("--mtp-num-layers", f"must be >= 0, got {mtp_num_layers}")
+    tail = "m" * mtp_num_layers + "L"
+    if len(counts) == 1:
+        return "E" + _t_run(counts[0]) + tail
+    parts = ["E" + _t_run(counts[0]) + "|"]
+    middle = counts[1:-1]
+    j = 0
+    while j < len(middle):
+        k = j
+        while k < len(middle) and middle[k] == middle[j]:
+            k += 1
+        body = _t_run(middle[j]) + "|"
+        reps = k - j
+        literal = body * reps
+        grouped = f"({body})*{reps}"
+        parts.append(grouped if reps > 1 and len(grouped) < len(literal) else literal)
+        j = k
+    parts.append(_t_run(counts[-1]) + tail)
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Namespace -> draft -> MegatronRun
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunDraft:
+    """Field dicts for ModelSpec, TrainingSpec and ParallelConfig before validation.
+
+    `parallel["layout"]` holds the layout *string* (or None) until `build_run` parses it;
+    `parallel["recompute"]` holds a Recompute.
+    """
+
+    model: dict[str, Any]
+    training: dict[str, Any]
+    parallel: dict[str, Any]
+    passthrough: list[str] = field(default_factory=list)
+
+
+def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
+    """Megatron's recompute flags as one Recompute (granularity None means no recompute)."""
+    granularity = ns.get("recompute_granularity")
+    if ns.get("recompute_activations"):
+        granularity = "selective"  # args.py: --recompute-activations sets selective
+    method = ns.get("recompute_method")
+    num_layers = ns.get("recompute_num_layers")
+    modules = tuple(ns.get("recompute_modules") or ("core_attn",))
+    if granularity is None:
+        return Recompute()
+    if granularity == "selective":
+        if method is not None:
+            raise PlannerInputError(
+                "--recompute-method", "is not allowed with --recompute-granularity selective"
+            )
+        if num_layers is not None:
+            raise PlannerInputError(
+                "--recompute-num-layers", "is not allowed with --recompute-granularity selective"
+            )
+        return Recompute.selective(modules)
+    if method is None:
+        raise PlannerInputError(
+            "--recompute-method", "--recompute-granularity full needs --recompute-method uniform|block"
+        )
+    if num_layers is None:
+        raise PlannerInputError(
+            "--recompute-num-layers", "--recompute-granularity full needs --recompute-num-layers N"
+        )
+    if method == "uniform" and num_layers < 1:
+        raise PlannerInputError("--recompute-num-layers", "must be >= 1 with --recompute-method uniform")
+    return Recompute.full(method, num_layers)
+
+
+def _precision_from_ns(ns: dict[str, Any]) -> str:
+    if ns.get("bf16") and ns.get("fp16"):
+        raise PlannerInputError("--bf16/--fp16", "are mutually exclusive; give one")
+    if ns.get("fp8"):
+        return "fp8"
+    if ns.get("bf16"):
+        return "bf16"
+    if ns.get("fp16"):
+        return "fp16"
+    return "fp32"
+
+
+_MODEL_COPY = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+    "vocab_size", "make_vocab_size_divisible_by", "seq_length", "max_position_embeddings",
+    "swiglu", "normalization", "untie_embeddings_and_output_weights", "add_bias_linear",
+    "qk_layernorm", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+    "qk_pos_emb_head_dim", "v_head_dim", "moe_router_topk", "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
+    "moe_router_force_load_balancing", "mtp_num_layers",
+)  # fmt: skip
+_TRAINING_COPY = (
+    "micro_batch_size", "global_batch_size", "use_distributed_optimizer", "overlap_grad_reduce",
+    "overlap_param_gather", "tp_comm_overlap",
+)  # fmt: skip
+_PARALLEL_COPY = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "num_virtual_stages_per_pipeline_rank": "vpp",
+    "num_layers_per_virtual_pipeline_stage": "num_layers_per_virtual_stage",
+    "pipeline_model_parallel_layout": "layout",
+    "decoder_first_pipeline_num_layers": "first_stage_layers",
+    "decoder_last_pipeline_num_layers": "last_stage_layers",
+    "account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
+    "sequence_parallel": "sequence_parallel",
+}
+
+
+def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: str = "custom") -> RunDraft:
+    """Interpret Megatron's parsed arguments the way args.py does, as schema field dicts."""
+    missing = [f for f in REQUIRED_FLAGS if FLAGS[f].dest not in ns]
+    if missing:
+        raise PlannerInputError(", ".join(missing), "required model shape flag(s) missing")
+    if "vocab_size" not in ns:
+        raise PlannerInputError(
+            "--vocab-size",
+            "missing; the planner cannot read the tokenizer, so give the (unpadded) vocabulary size",
+        )
+    model: dict[str, Any] = {"name": name}
+    model.update({k: ns[k] for k in _MODEL_COPY if k in ns})
+    if ns.get("group_query_attention"):
+        model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
+    num_experts = ns.get("num_experts")
+    model["num_experts"] = num_experts or None  # 0 means dense
+    cf = ns.get("moe_expert_capacity_factor")
+    model["moe_expert_capacity_factor"] = cf if cf is not None and cf > 0 else None
+    if "seq_length" not in ns:
+        max_pos = ns.get("max_position_embeddings")
+        default_seq = ModelSpec.model_fields["seq_length"].default
+        if max_pos is not None and max_pos < default_seq:
+            model["seq_length"] = max_pos
+    freq = ns.get("moe_layer_freq")
+    if freq is not None and model["num_experts"] is not None:
+        try:
+            pattern = moe_pattern_from_freq(freq, ns["num_layers"])
+        except ValueError as exc:
+            raise PlannerInputError("--moe-layer-freq", str(exc)) from None
+        model["moe_layer_pattern"] = None if all(pattern) else pattern
+
+    training: dict[str, Any] = {k: ns[k] for k in _TRAINING_COPY if k in ns}
+    training["precision"] = _precision_from_ns(ns)
+
+    parallel: dict[str, Any] = {dst: ns[src] for src, dst in _PARALLEL_COPY.items() if src in ns}
+    parallel["recompute"] = _recompute_from_ns(ns)
+    return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough))
+
+
+def parse_megatron_draft(argv: Sequence[str], *, name: str = "custom") -> RunDraft:
+    """Parse a flag list into a RunDraft (not yet validated as a whole)."""
+    ns, passthrough = parse_flag_namespace(list(argv))
+    return draft_from_namespace(ns, passthrough, name=name)
+
+
+def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], section: str) -> PlannerInputError:
+    """Name the flag behind the first pydantic error."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    key = loc[0] if loc else ""
+    where = flags.get(key, f"{section}.{key}" if key else section)
+    msg = str(err.get("msg", exc)).removeprefix("Value error, ")
+    return PlannerInputError(where, msg)
+
+
+def _check_pipeline(parallel: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
+    """Megatron's pipeline-split rules (reference/megatron.md 2.3, rules 20-26); returns the
+    parallel dict with the layout string replaced by decoder layers per virtual stage."""
+    p = dict(parallel)
+    pp = p.get("pp", 1)
+    layout_text = p.get("layout")
+    vpp_ways = [
+        f
+        for f, key in (
+            ("--num-layers-per-virtual-pipeline-stage", "num_layers_per_virtual_stage"),
+            ("--num-virtual-stages-per-pipeline-rank", "vpp"),
+            (LAYOUT_FLAG, "layout"),
+        )
+        if p.get(key) is not None
+    ]
+    if len(vpp_ways) > 1:
+        raise PlannerInputError(" / ".join(vpp_ways), "no more than one of these can be set at the same time")
+    first, last = p.get("first_stage_layers"), p.get("last_stage_layers")
+    accounted = p.get("account_for_embedding_in_pipeline_split") or p.get("account_for_loss_in_pipeline_split")
+    if layout_text is not None:
+        if first is not None or last is not None or accounted:
+            raise PlannerInputError(
+                LAYOUT_FLAG,
+                "cannot be set with --decoder-first/last-pipeline-num-layers or --account-for-*-in-pipeline-split",
+            )
+        if isinstance(layout_text, str):
+            stages = layout_stages(layout_text)
+        else:  # already a sequence of counts (e.g. a draft built from a plan)
+            stages = list(layout_stages(format_layout(list(layout_text), mtp_num_layers=model.mtp_num_layers)))
+        counts = [s.count("t") for s in stages]
+        if len(stages) % pp:
+            raise PlannerInputError(
+                LAYOUT_FLAG,
+                f"has {len(stages)} stages, not a multiple of --pipeline-model-parallel-size {pp}",
+            )
+        if sum(counts) != model.num_layers:
+            raise PlannerInputError(
+                LAYOUT_FLAG, f"places {sum(counts)} decoder layers (t) but --num-layers is {model.num_layers}"
+            )
+        mtp = sum(s.count("m") for s in stages)
+        if mtp != model.mtp_num_layers:
+            raise PlannerInputError(
+                LAYOUT_FLAG, f"places {mtp} MTP layers (m) but --mtp-num-layers is {model.mtp_num_layers}"
+            )
+        vpp_layout = len(stages) // pp
+        for idx, s in enumerate(stages):
+            if "m" in s and idx // pp != vpp_layout - 1:
+                raise PlannerInputError(
+                    LAYOUT_FLAG, f"MTP layers must sit in the last virtual stage of their pipeline rank (stage {idx})"
+                )
+        p["layout"] = tuple(counts)
+        if vpp_layout > 1 and pp == 1:
+            raise PlannerInputError(LAYOUT_FLAG, "virtual stages (more stages than PP) need --pipeline-model-parallel-size > 1")
+        return p
+    if p.get("vpp") == 1:
+        p["vpp"] = None  # Megatron: VPP 1 is no interleaving
+    nlpv = p.get("num_layers_per_virtual_stage")
+    if nlpv is not None and (first is not None or last is not None):
+        raise PlannerInputError(
+            "--num-layers-per-virtual-pipeline-stage",
+            "use --num-virtual-stages-per-pipeline-rank with --decoder-first/last-pipeline-num-layers",
+        )
+    if accounted and (first is not None or last is not None):
+        raise PlannerInputError(
+            "--decoder-first/last-pipeline-num-layers",
+            "cannot be set together with --account-for-embedding/loss-in-pipeline-split",
+        )
+    try:
+        per_rank = ParallelConfig(
+            pp=pp,
+            first_stage_layers=first,
+            last_stage_layers=last,
+            account_for_embedding_in_pipeline_split=bool(p.get("account_for_embedding_in_pipeline_split")),
+            account_for_loss_in_pipeline_split=bool(p.get("account_for_loss_in_pipeline_split")),
+        ).stage_layers(model.num_layers)
+    except ValidationError as exc:
+        raise _validation_to_input_error(exc, PARALLEL_FIELD_FLAGS, "parallel") from None
+    except ValueError as exc:
+        raise PlannerInputError("--pipeline-model-parallel-size", str(exc)) from None
+    if nlpv is not None:
+        extra = int(bool(p.get("account_for_embedding_in_pipeline_split"))) + int(
+            bool(p.get("account_for_loss_in_pipeline_split"))
+        )
+        per_stage = (model.num_layers + extra) // pp
+        if per_stage % nlpv:
+            raise PlannerInputError(
+                "--num-layers-per-virtual-pipeline-stage",
+                f"{per_stage} layers per pipeline stage are not divisible by {nlpv}",
+            )
+        vpp = per_stage // nlpv
+        if vpp == 1:
+            p["num_layers_per_virtual_stage"] = None
+        elif pp == 1:
+            raise PlannerInputError(
+                "--num-layers-per-virtual-pipeline-stage", "interleaving needs --pipeline-model-parallel-size > 1"
+            )
+    vpp = p.get("vpp")
+    if vpp is not None:
+        if pp == 1:
+            raise PlannerInputError(
+                "--num-virtual-stages-per-pipeline-rank", "interleaving needs --pipeline-model-parallel-size > 1"
+            )
+        if any(n % vpp for n in per_rank):
+            raise PlannerInputError(
+                "--num-virtual-stages-per-pipeline-rank",
+                f"decoder layers per pipeline rank {per_rank} must each be divisible by {vpp}",
+            )
+    return p
+
+
+def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any]) -> dict[str, Any]:
+    """World-size-free consistency rules Megatron enforces (reference/megatron.md 2.1, 2.2)."""
+    p = dict(parallel)
+    tp = p.get("tp", 1)
+    ep = p.get("ep", 1)
+    cp = p.get("cp", 1)
+    if model.num_attention_heads % tp:
+        raise PlannerInputError(
+            "--tensor-model-parallel-size",
+            f"num_attention_heads ({model.num_attention_heads}) must be a multiple of TP ({tp})",
+        )
+    groups = model.query_groups
+    if not model.multi_latent_attention and groups % tp and tp % groups:
+        raise PlannerInputError(
+            "--tensor-model-parallel-size",
+            f"num_query_groups ({groups}) must be a multiple or divisor of TP ({tp})",
+        )
+    if ep > 1 and not model.is_moe:
+        raise PlannerInputError("--expert-model-parallel-size", "EP > 1 needs --num-experts")
+    if model.is_moe and model.num_experts % ep:
+        raise PlannerInputError(
+            "--expert-model-parallel-size",
+            f"--num-experts {model.num_experts} must be a multiple of EP ({ep})",
+        )
+    etp = p.get("etp") or tp
+    if model.is_moe and etp > 1 and model.add_bias_linear:
+        raise PlannerInputError(
+            "--disable-bias-linear",
+            f"MoE with expert tensor parallel size {etp} > 1 needs --disable-bias-linear (Megatron supports "
+            "expert biases only with ETP 1)",
+        )
+    if cp > 1 and model.seq_length % (2 * cp):
+        raise PlannerInputError(
+            "--context-parallel-size",
+            f"--seq-length {model.seq_length} must be a multiple of 2*CP ({2 * cp})",
+        )
+    if tp == 1:
+        p["sequence_parallel"] = False  # Megatron switches SP off when TP == 1
+    return p
+
+
+def build_run(draft: RunDraft, *, world_size: int | None = None) -> MegatronRun:
+    """Validate a draft as a whole and return the MegatronRun.
+
+    A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known
+    (DP = world / (TP*PP*CP)); otherwise it is an error naming --global-batch-size.
+    """
+    try:
+        model = ModelSpec(**draft.model)
+    except ValidationError as exc:
+        raise _validation_to_input_error(exc, MODEL_FIELD_FLAGS, "model") from None
+    except TypeError as exc:
+        raise PlannerInputError("model", str(exc)) from None
+    parallel = _check_parallel_rules(model, _check_pipeline(draft.parallel, model))
+    training = dict(draft.training)
+    if training.get("global_batch_size") is None:
+        training.pop("global_batch_size", None)
+        if world_size is None:
+            raise PlannerInputError(
+                "--global-batch-size",
+                "missing; give it, or a world size so that Megatron's default micro-batch*DP applies",
+            )
+        model_parallel = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
+        if world_size <= 0 or world_size % model_parallel:
+            raise PlannerInputError(
+                "world size",
+                f"{world_size} is not divisible by TP*PP*CP = {model_parallel}",
+            )
+        training["global_batch_size"] = training.get("micro_batch_size", 1) * (world_size // model_parallel)
+    try:
+        training_spec = TrainingSpec(**training)
+    except ValidationError as exc:
+        raise _validation_to_input_error(exc, TRAINING_FIELD_FLAGS, "training") from None
+    if training_spec.overlap_param_gather and not (
+        training_spec.use_distributed_optimizer and training_spec.overlap_grad_reduce
+    ):
+        raise PlannerInputError(
+            "--overlap-param-gather", "needs --use-distributed-optimizer and --overlap-grad-reduce"
+        )
+    try:
+        parallel_cfg = ParallelConfig(**parallel)
+        return MegatronRun(
+            model=model, training=training_spec, parallel=parallel_cfg, passthrough=tuple(draft.passthrough)
+        )
+    except ValidationError as exc:
+        raise _validation_to_input_error(exc, PARALLEL_FIELD_FLAGS, "parallel") from None
+
+
+def parse_megatron_flags(
+    argv: Sequence[str], *, world_size: int | None = None, name: str = "custom"
+) -> MegatronRun:
+    """Parse pretrain_gpt.py's flag list into a validated MegatronRun (see module docstring)."""
+    return build_run(parse_megatron_draft(argv, name=name), world_size=world_size)
