@@ -1,0 +1,558 @@
+"""Device profiles, link kinds and correction factors: loading, lookup, and the collective cost formula.
+
+`ProfileSet.load()` reads the shipped tables under `profiles/` (devices/*.yaml, links.yaml) and any
+directories the user passes with `--profiles DIR`; a device file there replaces or extends a shipped
+device, a `corrections.yaml` there adds calibrated time multipliers.  The contract for every file is
+written out in profiles/README.md.
+
+Two pure functions are the numeric core used by the cost model:
+
+* `interpolate_efficiency(curve, size)`: piecewise linear in log(size), clamped at both ends.
+* `collective_time_s(link, collective, message_bytes, num_ranks)`: alpha-beta ring cost, see its docstring.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.errors import MissingProfileError, PlannerInputError
+from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
+from planner.schemas.device import DeviceProfile, EfficiencyCurve, LinkProfile, Provenance
+from planner.units import GB_BYTES, US_S
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+"""The shipped profiles: devices/, links.yaml, clusters/ (see profiles/README.md)."""
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+TIME_CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound") + COLLECTIVES
+ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)
+CORRECTION_KINDS = TIME_CORRECTION_KINDS + ADDITIVE_CORRECTION_KINDS
+
+MESH_LINK_KINDS = frozenset({"xgmi", "hccs", "roce-mesh"})
+"""Intra-node links wired as a full mesh: `bandwidth_gb_per_s` is the sum over all peer links."""
+MESH_PEERS = 7
+"""Peers of one device in an 8-device full mesh (MI300X xGMI, 910B HCCS, Gaudi2 on-chip RoCE)."""
+
+SLOWER_NIC = "slower-nic"
+"""links.yaml default meaning: use the inter-node link of whichever of the two types has the slower NIC."""
+
+
+# --------------------------------------------------------------------------------------------- numeric core
+
+
+def interpolate_efficiency(curve: EfficiencyCurve, size: float) -> float:
+    """Efficiency at `size`: piecewise linear in log(size) between the curve's points, clamped to the
+    first/last point outside their range (and for size <= 0)."""
+    if math.isnan(size):
+        raise ValueError("interpolate_efficiency: size is NaN")
+    pts = curve.points
+    if size <= pts[0].size:
+        return pts[0].efficiency
+    if size >= pts[-1].size:
+        return pts[-1].efficiency
+    sizes = [p.size for p in pts]
+    i = bisect_right(sizes, size)  # pts[i-1].size <= size < pts[i].size
+    lo, hi = pts[i - 1], pts[i]
+    t = (math.log(size) - math.log(lo.size)) / (math.log(hi.size) - math.log(lo.size))
+    return lo.efficiency + t * (hi.efficiency - lo.efficiency)
+
+
+_VOLUME_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "p2p": lambda n: 1.0,
+}
+_LATENCY_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "all_gather": lambda n: n - 1,
+    "reduce_scatter": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1,
+    "p2p": lambda n: 1,
+}
+
+
+def link_bandwidth_share(link: LinkProfile, collective: str, num_ranks: int) -> float:
+    """Fraction of `link.bandwidth_gb_per_s` a collective over `num_ranks` ranks can use.
+
+    1.0 except on full-mesh links (MESH_LINK_KINDS), whose bandwidth is the sum over 7 peer links:
+    a p2p uses one of them (1/7) and a collective over n ranks of one node uses n-1 of them."""
+    if link.kind not in MESH_LINK_KINDS:
+        return 1.0
+    if collective == "p2p":
+        return 1.0 / MESH_PEERS
+    return min(1.0, max(num_ranks - 1, 1) / MESH_PEERS)
+
+
+def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, num_ranks: int) -> float:
+    """Seconds for one collective on `link` (alpha-beta, ring algorithm).
+
+        time = steps(n) * latency + volume(n) * message_bytes / busbw
+        busbw = bandwidth * share(n) * efficiency[collective](message_bytes)
+
+    with n = num_ranks and, following nccl-tests' bus-bandwidth convention,
+
+        all_reduce:                  volume 2(n-1)/n, steps 2(n-1)
+        all_gather, reduce_scatter:  volume  (n-1)/n, steps  (n-1)
+        all_to_all:                  volume  (n-1)/n, steps  (n-1)
+        p2p:                         volume 1,        steps 1
+
+    `message_bytes` is the full buffer: the all-reduced tensor, the gathered output, the
+    reduce-scatter input, the per-rank all-to-all send buffer (own chunk included), the p2p message.
+    `share(n)` is `link_bandwidth_share` (1 except on full-mesh links).  The shipped efficiency curves
+    are bandwidth-only (the latency term was subtracted when they were fitted), so the two terms do not
+    double count.  Returns 0.0 for one rank or an empty message.
+    """
+    if collective not in _VOLUME_FACTOR:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    if message_bytes < 0 or math.isnan(message_bytes):
+        raise ValueError(f"message_bytes must be >= 0, got {message_bytes}")
+    if num_ranks == 1 or message_bytes == 0:
+        return 0.0
+    curve = link.efficiency.get(collective)
+    if curve is None:
+        raise MissingProfileError(
+            f"link kind {link.kind!r} has no efficiency curve for {collective!r}; it lists {sorted(link.efficiency)}"
+        )
+    n = num_ranks
+    busbw_bytes_per_s = (
+        link.bandwidth_gb_per_s * GB_BYTES * link_bandwidth_share(link, collective, n)
+        * interpolate_efficiency(curve, message_bytes)
+    )
+    latency_s = _LATENCY_STEPS[collective](n) * link.latency_us * US_S
+    return latency_s + _VOLUME_FACTOR[collective](n) * message_bytes / busbw_bytes_per_s
+
+
+# --------------------------------------------------------------------------------------------- file formats
+
+
+class CorrectionEntry(BaseModel):
+    """One row of corrections.yaml: a time multiplier (or, for memory_overhead_gib, GiB added)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str = Field(min_length=1, description="device name or alias, or * for every device")
+    kind: str
+    factor: float
+    provenance: Provenance
+
+
+class LinksFile(BaseModel):
+    """profiles/links.yaml: cross-type link kinds and the default kind per vendor pair."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kinds: dict[str, dict[str, Any]] = {}
+    same_vendor: str | None = None
+    different_vendor: str | None = None
+    vendor_pairs: list[dict[str, Any]] = []
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file that contributed to the loaded set, with its content hash."""
+
+    path: str
+    sha256: str
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _display(path: Path) -> str:
+    """Repository-relative path for shipped files, absolute otherwise."""
+    try:
+        return str(path.resolve().relative_to(PROFILES_DIR.parent))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _read_yaml(path: Path, field_name: str) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PlannerInputError(field_name, f"{path}: not valid YAML: {exc}") from exc
+
+
+def _validation_text(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err.get('loc', ())) or '(top)'}: {err.get('msg')}" for err in exc.errors()
+    )
+
+
+def name_key(name: str) -> str:
+    """Lookup key for device names: case-insensitive, ignoring '-', '_' and spaces."""
+    return "".join(ch for ch in name.strip().lower() if ch not in "-_ ")
+
+
+def _merge_device(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Overlay a (possibly partial) device file on a full one: top-level keys replace, except
+    intra_node/inter_node, which merge key by key, their `efficiency` per collective."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if key in ("intra_node", "inter_node") and isinstance(value, dict) and isinstance(out.get(key), dict):
+            link = out[key]
+            for lkey, lvalue in value.items():
+                if lkey == "efficiency" and isinstance(lvalue, dict) and isinstance(link.get("efficiency"), dict):
+                    link["efficiency"].update(copy.deepcopy(lvalue))
+                else:
+                    link[lkey] = copy.deepcopy(lvalue)
+        else:
+            out[key] = copy.deepcopy(value)
+    out["name"] = base["name"]
+    return out
+
+
+def _provenance_kinds(obj: Any) -> set[str]:
+    """Every provenance kind found anywhere inside a profile model."""
+    kinds: set[str] = set()
+    if isinstance(obj, Provenance):
+        kinds.add(obj.kind)
+    elif isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            kinds |= _provenance_kinds(getattr(obj, name))
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            kinds |= _provenance_kinds(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            kinds |= _provenance_kinds(value)
+    return kinds
+
+
+# --------------------------------------------------------------------------------------------- the set
+
+
+@dataclass
+class _Builder:
+    """Mutable state while files are read; frozen into a ProfileSet at the end."""
+
+    raw_devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # canonical -> raw dict
+    device_files: dict[str, list[FileRecord]] = field(default_factory=dict)
+    link_kinds: dict[str, LinkProfile] = field(default_factory=dict)
+    link_files: list[FileRecord] = field(default_factory=list)
+    same_vendor: str = SLOWER_NIC
+    different_vendor: str = "host-memory"
+    vendor_pairs: dict[frozenset[str], str] = field(default_factory=dict)
+    corrections: dict[tuple[str, str], CorrectionEntry] = field(default_factory=dict)
+    correction_files: list[FileRecord] = field(default_factory=list)
+    cluster_dirs: list[Path] = field(default_factory=list)
+
+    def _index(self) -> dict[str, str]:
+        index: dict[str, str] = {}
+        for canonical, raw in self.raw_devices.items():
+            for n in [canonical, *raw.get("aliases", [])]:
+                index[name_key(str(n))] = canonical
+        return index
+
+    def add_device_file(self, path: Path, field_name: str) -> None:
+        raw = _read_yaml(path, field_name)
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise PlannerInputError(field_name, f"{path}: a device file is a mapping with at least `name:`")
+        known = self._index().get(name_key(raw["name"]))
+        if known is not None:
+            merged = _merge_device(self.raw_devices[known], raw)
+            canonical = known
+        else:
+            merged, canonical = raw, raw["name"]
+        try:
+            profile = DeviceProfile.model_validate(merged)
+        except ValidationError as exc:
+            what = "overlay on " + known if known else "new device (a complete profile is needed)"
+            raise PlannerInputError(field_name, f"{path} ({what}): {_validation_text(exc)}") from exc
+        index = self._index()
+        for alias in profile.aliases:
+            other = index.get(name_key(alias))
+            if other is not None and other != canonical:
+                raise PlannerInputError(field_name, f"{path}: alias {alias!r} already names device {other}")
+        self.raw_devices[canonical] = merged
+        self.device_files.setdefault(canonical, []).append(FileRecord(_display(path), _sha256(path)))
+
+    def add_links_file(self, path: Path, field_name: str) -> None:
+        raw = _read_yaml(path, field_name) or {}
+        try:
+            parsed = LinksFile.model_validate(raw)
+            for kind, body in parsed.kinds.items():
+                self.link_kinds[kind] = LinkProfile.model_validate({"kind": kind, **body})
+        except ValidationError as exc:
+            raise PlannerInputError(field_name, f"{path}: {_validation_text(exc)}") from exc
+        if parsed.same_vendor:
+            self.same_vendor = parsed.same_vendor
+        if parsed.different_vendor:
+            self.different_vendor = parsed.different_vendor
+        for row in parsed.vendor_pairs:
+            between, kind = row.get("between"), row.get("kind")
+            if not (isinstance(between, list) and len(between) == 2 and isinstance(kind, str)):
+                raise PlannerInputError(field_name, f"{path}: vendor_pairs rows are {{between: [VENDOR, VENDOR], kind: KIND}}")
+            self.vendor_pairs[frozenset(v.lower() for v in between)] = kind
+        for kind in [self.same_vendor, self.different_vendor, *self.vendor_pairs.values()]:
+            if kind != SLOWER_NIC and kind not in self.link_kinds:
+                raise PlannerInputError(field_name, f"{path}: default kind {kind!r} is not defined under `kinds`")
+        self.link_files.append(FileRecord(_display(path), _sha256(path)))
+
+    def add_corrections_file(self, path: Path, field_name: str) -> None:
+        raw = _read_yaml(path, field_name) or []
+        if isinstance(raw, dict):
+            raw = raw.get("corrections", [])
+        if not isinstance(raw, list):
+            raise PlannerInputError(field_name, f"{path}: corrections.yaml is a list of {{device, kind, factor, provenance}}")
+        index = self._index()
+        seen: set[tuple[str, str]] = set()
+        for i, row in enumerate(raw):
+            try:
+                entry = CorrectionEntry.model_validate(row)
+            except ValidationError as exc:
+                raise PlannerInputError(field_name, f"{path} entry {i}: {_validation_text(exc)}") from exc
+            if entry.kind not in CORRECTION_KINDS:
+                raise PlannerInputError(
+                    field_name, f"{path} entry {i}: unknown kind {entry.kind!r}; allowed: {', '.join(CORRECTION_KINDS)}"
+                )
+            if entry.kind in TIME_CORRECTION_KINDS and entry.factor <= 0:
+                raise PlannerInputError(field_name, f"{path} entry {i}: factor must be > 0 for {entry.kind}")
+            device = "*" if entry.device == "*" else index.get(name_key(entry.device))
+            if device is None:
+                raise PlannerInputError(
+                    field_name, f"{path} entry {i}: unknown device {entry.device!r}; known: {', '.join(sorted(self.raw_devices))}"
+                )
+            key = (device, entry.kind)
+            if key in seen:
+                raise PlannerInputError(field_name, f"{path} entry {i}: duplicate correction for {device} {entry.kind}")
+            seen.add(key)
+            self.corrections[key] = entry
+        self.correction_files.append(FileRecord(_display(path), _sha256(path)))
+
+    def add_dir(self, root: Path, field_name: str) -> None:
+        """Read one profiles directory: devices/*.yaml (and *.yaml at its top), links.yaml, corrections.yaml."""
+        if not root.is_dir():
+            raise PlannerInputError(field_name, f"{root} is not a directory")
+        special = {"links.yaml", "corrections.yaml"}
+        files = sorted((root / "devices").glob("*.yaml")) if (root / "devices").is_dir() else []
+        files += [p for p in sorted(root.glob("*.yaml")) if p.name not in special]
+        for path in files:
+            self.add_device_file(path, field_name)
+        if (root / "links.yaml").is_file():
+            self.add_links_file(root / "links.yaml", field_name)
+        if (root / "corrections.yaml").is_file():
+            self.add_corrections_file(root / "corrections.yaml", field_name)
+        if (root / "clusters").is_dir():
+            self.cluster_dirs.append(root / "clusters")
+
+
+class ProfileSet:
+    """Every known device profile, link kind and correction factor.  Build with `ProfileSet.load()`."""
+
+    def __init__(self, builder: _Builder):
+        self._devices: dict[str, DeviceProfile] = {
+            name: DeviceProfile.model_validate(raw) for name, raw in builder.raw_devices.items()
+        }
+        self._index = builder._index()
+        self._device_files = {k: tuple(v) for k, v in builder.device_files.items()}
+        self._link_kinds = dict(builder.link_kinds)
+        self._link_files = tuple(builder.link_files)
+        self._same_vendor = builder.same_vendor
+        self._different_vendor = builder.different_vendor
+        self._vendor_pairs = dict(builder.vendor_pairs)
+        self._corrections = dict(builder.corrections)
+        self._correction_files = tuple(builder.correction_files)
+        self.cluster_dirs: tuple[Path, ...] = tuple(builder.cluster_dirs)
+
+    # ---- loading
+
+    @classmethod
+    def load(cls, extra_dirs: Iterable[str | Path] = ()) -> "ProfileSet":
+        """The shipped profiles (cached), overlaid with each `--profiles DIR` in order (later wins)."""
+        extra = tuple(Path(d) for d in extra_dirs)
+        if not extra:
+            return _load_shipped()
+        builder = _shipped_builder()
+        for root in extra:
+            builder.add_dir(root, "--profiles")
+        return cls(builder)
+
+    # ---- devices
+
+    def names(self) -> list[str]:
+        """Canonical device names, sorted."""
+        return sorted(self._devices)
+
+    def canonical_name(self, name: str) -> str:
+        """The canonical name for a device name or alias (case-insensitive; '-', '_', spaces ignored)."""
+        canonical = self._index.get(name_key(name))
+        if canonical is None:
+            raise PlannerInputError(
+                "device",
+                f"unknown device {name!r}; known: {', '.join(self.names())} (case-insensitive; aliases accepted)",
+            )
+        return canonical
+
+    def device(self, name: str) -> DeviceProfile:
+        return self._devices[self.canonical_name(name)]
+
+    def group_links(self, group: NodeGroup) -> tuple[LinkProfile, LinkProfile]:
+        """(intra_node, inter_node) links of a node group, with the group's bandwidth overrides applied."""
+        dev = self.device(group.device_type)
+        intra, inter = dev.intra_node, dev.inter_node
+        if group.intra_node_bandwidth_gb_per_s is not None:
+            intra = intra.model_copy(update={"bandwidth_gb_per_s": group.intra_node_bandwidth_gb_per_s})
+        if group.inter_node_bandwidth_gb_per_s is not None:
+            inter = inter.model_copy(update={"bandwidth_gb_per_s": group.inter_node_bandwidth_gb_per_s})
+        return intra, inter
+
+    # ---- links
+
+    def link_kind(self, kind: str) -> LinkProfile:
+        """A cross-type link kind from links.yaml (host-memory, ethernet, ...)."""
+        if kind not in self._link_kinds:
+            raise MissingProfileError(f"unknown link kind {kind!r}; links.yaml defines {sorted(self._link_kinds)}")
+        return self._link_kinds[kind]
+
+    def link_kinds(self) -> list[str]:
+        return sorted(self._link_kinds)
+
+    def cross_link(self, type_a: str, type_b: str, cluster: ClusterSpec | None = None) -> LinkProfile:
+        """The link pipeline activations cross between two device types.
+
+        A cluster's explicit CrossTypeLink wins (its bandwidth/latency, with the efficiency curves of
+        the links.yaml kind of the same name, or of the slower device's inter-node link otherwise).
+        Else links.yaml: an explicit vendor pair, then `same_vendor` (default `slower-nic`: the
+        inter-node link of the type with the slower NIC) or `different_vendor` (default host-memory).
+        The same type on both sides gets its own inter-node link."""
+        a, b = self.canonical_name(type_a), self.canonical_name(type_b)
+        nic_a, nic_b = self._nic(a, cluster), self._nic(b, cluster)
+        slower = nic_a if nic_a.bandwidth_gb_per_s <= nic_b.bandwidth_gb_per_s else nic_b
+        if cluster is not None:
+            explicit = self._explicit_link(a, b, cluster)
+            if explicit is not None:
+                template = self._link_kinds.get(explicit.kind, slower)
+                return LinkProfile(
+                    kind=explicit.kind,
+                    bandwidth_gb_per_s=explicit.bandwidth_gb_per_s,
+                    latency_us=explicit.latency_us,
+                    efficiency=template.efficiency,
+                    provenance=Provenance(
+                        kind="datasheet-derived",
+                        source=f"cluster {cluster.name!r}: declared {a}<->{b} link ({explicit.kind}, "
+                        f"{explicit.bandwidth_gb_per_s:g} GB/s, {explicit.latency_us:g} us); efficiency curves from "
+                        f"{template.kind!r}: {template.provenance.source}",
+                    ),
+                )
+        if a == b:
+            return nic_a
+        va, vb = self._devices[a].vendor.lower(), self._devices[b].vendor.lower()
+        kind = self._vendor_pairs.get(frozenset({va, vb}))
+        if kind is None:
+            kind = self._same_vendor if va == vb else self._different_vendor
+        return slower if kind == SLOWER_NIC else self.link_kind(kind)
+
+    def _nic(self, canonical: str, cluster: ClusterSpec | None) -> LinkProfile:
+        if cluster is not None:
+            for group in cluster.groups:
+                if name_key(group.device_type) == name_key(canonical) or self._index.get(
+                    name_key(group.device_type)
+                ) == canonical:
+                    return self.group_links(group)[1]
+        return self._devices[canonical].inter_node
+
+    def _explicit_link(self, a: str, b: str, cluster: ClusterSpec) -> CrossTypeLink | None:
+        for link in cluster.links:
+            ends = {self._index.get(name_key(n), n) for n in link.between}
+            if ends == {a, b}:
+                return link
+        return None
+
+    # ---- corrections
+
+    def correction(self, device: str, kind: str) -> float:
+        """Time multiplier for `kind` on `device` from the loaded corrections (1.0 when none);
+        for `memory_overhead_gib` the GiB to add (0.0 when none).  A device-specific entry beats `*`."""
+        if kind not in CORRECTION_KINDS:
+            raise PlannerInputError("correction", f"unknown kind {kind!r}; allowed: {', '.join(CORRECTION_KINDS)}")
+        canonical = self.canonical_name(device)
+        entry = self._corrections.get((canonical, kind)) or self._corrections.get(("*", kind))
+        if entry is None:
+            return 0.0 if kind in ADDITIVE_CORRECTION_KINDS else 1.0
+        return entry.factor
+
+    def corrections_for(self, device: str) -> dict[str, float]:
+        """Every correction kind for one device (defaults filled in)."""
+        return {kind: self.correction(device, kind) for kind in CORRECTION_KINDS}
+
+    # ---- provenance
+
+    def provenance_manifest(self) -> list[dict[str, Any]]:
+        """Where every loaded table came from: one row per device, link kind set and corrections file,
+        with the effective file, its sha256, every layered file in order, and the provenance kinds."""
+        rows: list[dict[str, Any]] = []
+        for name in self.names():
+            files = self._device_files.get(name, ())
+            rows.append(
+                {
+                    "item": "device",
+                    "name": name,
+                    "file": files[-1].path if files else None,
+                    "sha256": files[-1].sha256 if files else None,
+                    "layers": [{"file": f.path, "sha256": f.sha256} for f in files],
+                    "provenance_kinds": sorted(_provenance_kinds(self._devices[name])),
+                }
+            )
+        for f in self._link_files:
+            rows.append(
+                {
+                    "item": "links",
+                    "name": "cross-type link kinds",
+                    "file": f.path,
+                    "sha256": f.sha256,
+                    "layers": [{"file": f.path, "sha256": f.sha256}],
+                    "provenance_kinds": sorted(_provenance_kinds(self._link_kinds)),
+                }
+            )
+        for f in self._correction_files:
+            rows.append(
+                {
+                    "item": "corrections",
+                    "name": "correction factors",
+                    "file": f.path,
+                    "sha256": f.sha256,
+                    "layers": [{"file": f.path, "sha256": f.sha256}],
+                    "provenance_kinds": sorted({e.provenance.kind for e in self._corrections.values()}),
+                }
+            )
+        return rows
+
+
+@lru_cache(maxsize=1)
+def _shipped_builder_cached() -> _Builder:
+    builder = _Builder()
+    root = PROFILES_DIR
+    for path in sorted((root / "devices").glob("*.yaml")):
+        builder.add_device_file(path, "profiles")
+    if (root / "links.yaml").is_file():
+        builder.add_links_file(root / "links.yaml", "profiles")
+    if (root / "corrections.yaml").is_file():
+        builder.add_corrections_file(root / "corrections.yaml", "profiles")
+    builder.cluster_dirs.append(root / "clusters")
+    return builder
+
+
+def _shipped_builder() -> _Builder:
+    """A private copy of the shipped builder, safe to extend."""
+    return copy.deepcopy(_shipped_builder_cached())
+
+
+@lru_cache(maxsize=1)
+def _load_shipped() -> ProfileSet:
+    return ProfileSet(_shipped_builder_cached())
