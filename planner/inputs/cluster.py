@@ -1,0 +1,199 @@
+"""`--cluster`: a preset name, a YAML file, or the shorthand TYPE:COUNT[,TYPE:COUNT...] -> ClusterSpec.
+
+Device types are canonicalised through the ProfileSet (case-insensitive, aliases accepted), so every
+ClusterSpec this module returns names devices exactly as `ProfileSet.device()` does.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from planner.errors import PlannerInputError
+from planner.profile_tables import ProfileSet
+from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
+
+FIELD = "--cluster"
+FORMS = (
+    "accepted forms: a preset name ({presets}); a YAML file (groups: [{{device_type, num_nodes, gpus_per_node}}], "
+    "links: [{{between: [A, B], kind, bandwidth_gb_per_s, latency_us}}]); or TYPE:COUNT[,TYPE:COUNT...] "
+    "such as H800:16,MI300X:16,910B:16 (COUNT may also be NODESxGPUS, e.g. H800:2x8)"
+)
+_ITEM = re.compile(r"^\s*([^:\s][^:]*?)\s*:\s*(\S+)\s*$")
+_NODES_X_GPUS = re.compile(r"^(\d+)[xX*](\d+)$")
+_GROUP_KEYS = {"device_type", "num_nodes", "gpus_per_node", "num_gpus",
+               "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"}
+_TOP_KEYS = {"name", "groups", "links"}
+_LINK_KEYS = {"between", "kind", "bandwidth_gb_per_s", "latency_us"}
+
+
+def preset_paths(profiles: ProfileSet) -> dict[str, Path]:
+    """Preset name (lower case) -> file, from the shipped clusters/ and any --profiles DIR/clusters/ (later wins)."""
+    found: dict[str, Path] = {}
+    for directory in profiles.cluster_dirs:
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.yaml")):
+                found[path.stem.lower()] = path
+    return found
+
+
+def _forms(profiles: ProfileSet) -> str:
+    return FORMS.format(presets=", ".join(sorted(preset_paths(profiles))) or "none shipped")
+
+
+def parse_cluster(text: str, profiles: ProfileSet) -> ClusterSpec:
+    """Parse `--cluster`: a preset name, a YAML file path, or TYPE:COUNT[,TYPE:COUNT...]."""
+    spec = (text or "").strip()
+    if not spec:
+        raise PlannerInputError(FIELD, f"empty; {_forms(profiles)}")
+    presets = preset_paths(profiles)
+    if spec.lower() in presets:
+        return load_cluster_file(presets[spec.lower()], profiles)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return load_cluster_file(path, profiles)
+    if spec.lower().endswith((".yaml", ".yml", ".json")):
+        raise PlannerInputError(FIELD, f"file not found: {spec}; {_forms(profiles)}")
+    if ":" in spec:
+        return parse_shorthand(spec, profiles)
+    raise PlannerInputError(FIELD, f"{spec!r} is not a preset, a file, or TYPE:COUNT; {_forms(profiles)}")
+
+
+def _group_for(device_type: str, count_text: str, profiles: ProfileSet, item: str) -> NodeGroup:
+    """One shorthand item -> NodeGroup with the device's usual GPUs per node."""
+    canonical = _canonical(device_type, profiles)
+    node_size = profiles.device(canonical).gpus_per_node
+    m = _NODES_X_GPUS.match(count_text)
+    if m:
+        nodes, per_node = int(m.group(1)), int(m.group(2))
+        if nodes < 1 or per_node < 1:
+            raise PlannerInputError(FIELD, f"{item!r}: NODESxGPUS must both be >= 1")
+        return NodeGroup(device_type=canonical, num_nodes=nodes, gpus_per_node=per_node)
+    if not count_text.isdigit() or int(count_text) < 1:
+        raise PlannerInputError(FIELD, f"{item!r}: COUNT must be a positive integer (or NODESxGPUS, e.g. 2x8)")
+    count = int(count_text)
+    if count < node_size:
+        return NodeGroup(device_type=canonical, num_nodes=1, gpus_per_node=count)
+    if count % node_size:
+        raise PlannerInputError(
+            FIELD,
+            f"{item!r}: {count} {canonical} is not a multiple of its {node_size} GPUs per node; "
+            f"use a multiple of {node_size}, a count below {node_size} (one partial node), or NODESxGPUS",
+        )
+    return NodeGroup(device_type=canonical, num_nodes=count // node_size, gpus_per_node=node_size)
+
+
+def _canonical(device_type: str, profiles: ProfileSet) -> str:
+    try:
+        return profiles.canonical_name(device_type)
+    except PlannerInputError as exc:
+        raise PlannerInputError(FIELD, str(exc).split(": ", 1)[-1]) from exc
+
+
+def parse_shorthand(spec: str, profiles: ProfileSet) -> ClusterSpec:
+    """TYPE:COUNT[,TYPE:COUNT...] -> ClusterSpec, one node group per type, in the order given."""
+    groups: list[NodeGroup] = []
+    for item in spec.split(","):
+        if not item.strip():
+            raise PlannerInputError(FIELD, f"empty item in {spec!r}; {_forms(profiles)}")
+        m = _ITEM.match(item)
+        if not m:
+            raise PlannerInputError(FIELD, f"{item.strip()!r} is not TYPE:COUNT; {_forms(profiles)}")
+        group = _group_for(m.group(1), m.group(2), profiles, item.strip())
+        if any(g.device_type == group.device_type for g in groups):
+            raise PlannerInputError(FIELD, f"device type {group.device_type} is listed twice in {spec!r}; give one total")
+        groups.append(group)
+    cluster = ClusterSpec(name="cluster", groups=tuple(groups))
+    return cluster.model_copy(update={"name": cluster.describe()})
+
+
+def load_cluster_file(path: Path, profiles: ProfileSet) -> ClusterSpec:
+    """A cluster YAML file -> ClusterSpec (see profiles/README.md, "Cluster files")."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise PlannerInputError(FIELD, f"{path}: not valid YAML: {exc}") from exc
+    return cluster_from_dict(raw, profiles, source=str(path), default_name=Path(path).stem)
+
+
+def cluster_from_dict(raw: Any, profiles: ProfileSet, *, source: str = "cluster", default_name: str = "cluster") -> ClusterSpec:
+    """A cluster mapping -> ClusterSpec: groups with device_type, num_nodes (or num_gpus), optional
+    gpus_per_node (default: the device's) and bandwidth overrides; links between groups, where a link
+    without bandwidth/latency takes them from the links.yaml kind of the same name."""
+    where = f"{source}"
+    if not isinstance(raw, dict):
+        raise PlannerInputError(FIELD, f"{where}: a cluster file is a mapping with `groups:`; {_forms(profiles)}")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise PlannerInputError(FIELD, f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    rows = raw.get("groups")
+    if not isinstance(rows, list) or not rows:
+        raise PlannerInputError(FIELD, f"{where}: `groups` must be a non-empty list")
+    groups = [_group_from_row(row, i, profiles, where) for i, row in enumerate(rows)]
+    links = [_link_from_row(row, i, profiles, where) for i, row in enumerate(raw.get("links") or [])]
+    try:
+        return ClusterSpec(name=str(raw.get("name") or default_name), groups=tuple(groups), links=tuple(links))
+    except ValidationError as exc:
+        raise PlannerInputError(FIELD, f"{where}: {exc.errors()[0].get('msg')}") from exc
+
+
+def _group_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> NodeGroup:
+    at = f"{where}: groups[{i}]"
+    if not isinstance(row, dict) or "device_type" not in row:
+        raise PlannerInputError(FIELD, f"{at}: needs device_type and num_nodes (or num_gpus)")
+    unknown = set(row) - _GROUP_KEYS
+    if unknown:
+        raise PlannerInputError(FIELD, f"{at}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_GROUP_KEYS)}")
+    body = dict(row)
+    canonical = _canonical(str(body.pop("device_type")), profiles)
+    body.setdefault("gpus_per_node", profiles.device(canonical).gpus_per_node)
+    if "num_gpus" in body:
+        num_gpus = body.pop("num_gpus")
+        gpn = body["gpus_per_node"]
+        if "num_nodes" in body:
+            raise PlannerInputError(FIELD, f"{at}: give num_nodes or num_gpus, not both")
+        if not isinstance(num_gpus, int) or not isinstance(gpn, int) or num_gpus < 1 or gpn < 1 or num_gpus % gpn:
+            raise PlannerInputError(FIELD, f"{at}: num_gpus {num_gpus!r} must be a positive multiple of gpus_per_node {gpn!r}")
+        body["num_nodes"] = num_gpus // gpn
+    try:
+        return NodeGroup(device_type=canonical, **body)
+    except ValidationError as exc:
+        raise PlannerInputError(FIELD, f"{at}: {_errors(exc)}") from exc
+
+
+def _link_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> CrossTypeLink:
+    at = f"{where}: links[{i}]"
+    if not isinstance(row, dict):
+        raise PlannerInputError(FIELD, f"{at}: a link is {{between: [A, B], kind, bandwidth_gb_per_s, latency_us}}")
+    unknown = set(row) - _LINK_KEYS
+    if unknown:
+        raise PlannerInputError(FIELD, f"{at}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_LINK_KEYS)}")
+    between = row.get("between")
+    if not (isinstance(between, (list, tuple)) and len(between) == 2):
+        raise PlannerInputError(FIELD, f"{at}: `between` must list two device types")
+    body = dict(row)
+    body["between"] = tuple(_canonical(str(t), profiles) for t in between)
+    kind = body.get("kind")
+    if not isinstance(kind, str):
+        raise PlannerInputError(FIELD, f"{at}: `kind` is required (e.g. {', '.join(profiles.link_kinds())})")
+    if "bandwidth_gb_per_s" not in body or "latency_us" not in body:
+        if kind not in profiles.link_kinds():
+            raise PlannerInputError(
+                FIELD, f"{at}: kind {kind!r} has no default in links.yaml ({', '.join(profiles.link_kinds())}); "
+                "give bandwidth_gb_per_s and latency_us",
+            )
+        template = profiles.link_kind(kind)
+        body.setdefault("bandwidth_gb_per_s", template.bandwidth_gb_per_s)
+        body.setdefault("latency_us", template.latency_us)
+    try:
+        return CrossTypeLink(**body)
+    except ValidationError as exc:
+        raise PlannerInputError(FIELD, f"{at}: {_errors(exc)}") from exc
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
