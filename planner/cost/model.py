@@ -110,6 +110,45 @@ class StageCost:
 
 
 @dataclass(frozen=True)
+class StageCore:
+    """The neighbour- and index-independent part of a stage (see CostModel.stage_core)."""
+
+    device_type: str
+    num_layers: int
+    dp: int
+    recompute: str
+    micro_batch_size: int
+    forward_s: float
+    backward_s: float
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    act_per_microbatch_bytes: float
+    fixed_act_bytes: float
+    other_bytes: float
+    capacity_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def static_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes + self.other_bytes
+
+    @property
+    def sync_s(self) -> float:
+        return self.dp_comm_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
 class PlanCost:
     iteration_time_s: float
     pipeline_s: float
@@ -205,6 +244,7 @@ class CostModel:
         self.cluster = cluster
         self.profiles = profiles
         self._layer_cache: dict = {}
+        self._core_cache: dict = {}
         counts = parameter_counts(model)
         n_moe = sum(model.layer_is_moe)
         n_dense = model.num_layers - n_moe
@@ -292,28 +332,44 @@ class CostModel:
         return LinkChoice(intra=intra, inter=None, ranks_per_node=1)
 
     # ---- a stage ----
-    def stage(
-        self, g: GlobalShape, *, index: int, device_type: str, start: int, end: int, dp: int,
-        recompute: Recompute, prev_type: str | None, next_type: str | None, prev_dp: int | None = None,
-    ) -> StageCost:
-        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`."""
+    def stage_core(
+        self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,
+        is_first: bool, is_last: bool,
+    ) -> "StageCore":
+        """Everything about a stage that does not depend on its neighbours or its index:
+        per-micro-batch forward/backward (no pipeline sends), per-iteration sync and optimizer,
+        static memory and activation bytes per in-flight micro-batch.  Memoised by the layer kinds
+        of the range, so the search tables and `evaluate` share the work and the numbers."""
+        kinds = self._layer_is_moe[start:end]
+        key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.sequence_parallel, g.pp > 1,
+               device_type, dp, recompute, kinds, is_first, is_last)
+        hit = self._core_cache.get(key)
+        if hit is None:
+            hit = self._stage_core(g, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute,
+                                   is_first=is_first, is_last=is_last)
+            self._core_cache[key] = hit
+        return hit
+
+    def stage_mbs(self, g: GlobalShape, dp: int) -> int:
+        """Samples per micro-batch on one DP rank of a stage with `dp` (FlagScale: DP0*mbs/DP_i)."""
+        return max(1, g.mbs * g.dp0 // dp)
+
+    def _stage_core(self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int,
+                    recompute: Recompute, is_first: bool, is_last: bool) -> "StageCore":
         model = self.model
         dev = self.device(device_type)
         corr = self.corrections(device_type)
-        stage_mbs = g.mbs * g.dp0 // dp if g.dp0 % dp == 0 or (g.mbs * g.dp0) % dp == 0 else g.mbs
-        n = end - start
-        n_moe = self._moe_prefix[end] - self._moe_prefix[start]
+        stage_mbs = self.stage_mbs(g, dp)
+        n = len(kinds)
+        n_moe = sum(kinds)
         n_dense = n - n_moe
-        kinds = self._layer_is_moe[start:end]
         lc = {False: self.layer(g, device_type, dp, stage_mbs, False) if n_dense else None,
               True: self.layer(g, device_type, dp, stage_mbs, True) if n_moe else None}
         act_b = 1 if self.training.precision == "fp8" else 2
-        m = g.num_microbatches
         v = g.vpp
 
-        # forward/backward of every layer, plus what recompute re-runs and what each layer keeps
         fwd = bwd = comp = rec_s = tp_s = cp_s = ep_s = 0.0
-        layer_acts: list[float] = []
+        act_per_mb = 0.0
         full_layers = _recomputed_full_layers(recompute, n, v)
         for j, is_moe in enumerate(kinds):
             c = lc[is_moe]
@@ -329,27 +385,29 @@ class CostModel:
                 tp_s += c.tp_fwd_s
                 cp_s += c.cp_fwd_s
                 ep_s += c.ep_fwd_s
-                layer_acts.append(c.act_bytes(c.activations.layer_input))
+                act_per_mb += c.act_bytes(c.activations.layer_input)
             elif recompute.granularity == "selective":
                 extra = sum(c.module_fwd_s.get(mod, 0.0) for mod in recompute.modules)
                 rec_s += extra
                 comp += extra
-                layer_acts.append(c.act_bytes(c.activations.after_selective(recompute.modules)))
+                act_per_mb += c.act_bytes(c.activations.after_selective(recompute.modules))
             else:
-                layer_acts.append(c.act_bytes(c.activations.total))
+                act_per_mb += c.act_bytes(c.activations.total)
         bwd += rec_s
 
         # embedding (first stage) and output layer + loss (last stage)
-        any_c = lc[True] or lc[False]
         t_g = stage_mbs * model.seq_length / g.cp
+        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         hbm = dev.hbm_bandwidth_tb_per_s * 1e12 * dev.hbm_efficiency / corr["memory_bound"]
-        extra_act = 0.0
-        if index == 0:
-            emb = 4 * t_g / (g.tp if g.sequence_parallel and g.tp > 1 else 1) * model.hidden_size * act_b / hbm
+        fixed_act = _recompute_transient_bytes(recompute, lc, kinds)
+        h = model.hidden_size
+        if is_first:
+            emb = 4 * t_g / sp * h * act_b / hbm
             fwd += emb
             bwd += emb
             comp += 2 * emb
-        if next_type is None:
+            act_per_mb += t_g / sp * h * act_b  # embedding output kept per in-flight micro-batch
+        if is_last:
             from planner.profile_tables import interpolate_efficiency
 
             flop = t_g * logits_fwd_flop_per_token(model, g.tp) / g.tp
@@ -360,17 +418,7 @@ class CostModel:
             fwd += logit_s + ce_s
             bwd += GEMM_BWD_OVER_FWD * logit_s + ce_s
             comp += (1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s
-            extra_act += t_g * vocab_local * (act_b + 4)  # logits + fp32 copy, one micro-batch
-        # pipeline sends: activations forward to the next stage, gradients backward to the previous
-        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
-        p2p_bytes = t_g / sp * model.hidden_size * act_b
-        pp_s = 0.0
-        if next_type is not None:
-            pp_s += v * collective_s(self.pp_link(g, device_type, dp, next_type), "p2p", p2p_bytes, 2)
-        if prev_type is not None:
-            pp_s += v * collective_s(self.pp_link(g, prev_type, prev_dp or dp, device_type), "p2p", p2p_bytes, 2)
-        fwd += pp_s / 2
-        bwd += pp_s / 2
+            fixed_act += t_g * vocab_local * (act_b + 4)  # logits + fp32 copy of one micro-batch
 
         # parameters held by one GPU of this stage
         tp, ep, etp = g.tp, g.ep, g.etp
@@ -378,12 +426,12 @@ class CostModel:
         dense_params = n * self._attn_params / tp + n_dense * self._dense_mlp_params / tp
         dense_params += n_moe * (self._shared_params / tp + self._router_params)
         expert_params = n_moe * self._expert_params / (ep * etp)
-        h = model.hidden_size
-        vocab_local = model.padded_vocab_size(tp) * h / tp
-        if index == 0:
-            dense_params += vocab_local
-        if next_type is None and (model.untie_embeddings_and_output_weights or g.pp > 1):
-            dense_params += vocab_local
+        emb_local = model.padded_vocab_size(tp) * h / tp
+        if is_first:
+            dense_params += emb_local
+        tied_copy = is_last and not is_first and not model.untie_embeddings_and_output_weights
+        if is_last and (model.untie_embeddings_and_output_weights or tied_copy):
+            dense_params += emb_local
         total_params = dense_params + expert_params
         gb = grad_bytes(self.training.precision)
         weights = total_params * WEIGHT_BYTES
@@ -395,7 +443,7 @@ class CostModel:
             opt = total_params * OPTIMIZER_BYTES
             shard_params = total_params
 
-        # gradient sync over DP (dense) and expert-DP (experts), exposed part only
+        # gradient sync over DP (dense) and expert-DP (experts); only the exposed part counts
         intra, inter, gpn = self._links(device_type)
         links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp)
         if self.training.use_distributed_optimizer:
@@ -407,37 +455,65 @@ class CostModel:
             rs = collective_s(links.dp, "all_reduce", dense_params * gb, dp) + collective_s(
                 links.edp, "all_reduce", expert_params * gb, edp)
             ag = 0.0
-        last_bwd = bwd
-        first_fwd = fwd
-        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - last_bwd) if self.training.overlap_grad_reduce else rs
-        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - first_fwd) if self.training.overlap_param_gather else ag
+        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd) if self.training.overlap_grad_reduce else rs
+        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd) if self.training.overlap_param_gather else ag
         dp_s = rs_exposed + ag_exposed
-        if (index == 0 or next_type is None) and g.pp > 1 and not model.untie_embeddings_and_output_weights:
-            other = next_type if index == 0 else None
-            link = self.pp_link(g, device_type, dp, other or device_type) if other else LinkChoice(inter, None, 1)
-            dp_s += collective_s(link, "all_reduce", vocab_local * gb, 2)
+        if (is_first or is_last) and g.pp > 1 and not model.untie_embeddings_and_output_weights:
+            # tied embedding: first and last stage all-reduce the word-embedding gradient
+            dp_s += collective_s(LinkChoice(inter, None, 1), "all_reduce", emb_local * gb, 2)
         optimizer_s = shard_params * OPTIMIZER_BYTES_MOVED_PER_PARAM / hbm
+        return StageCore(
+            device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label, micro_batch_size=stage_mbs,
+            forward_s=fwd, backward_s=bwd, compute_s=comp, recompute_s=rec_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
+            ep_comm_s=ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s, weights_bytes=weights, grads_bytes=grads,
+            optimizer_bytes=opt, act_per_microbatch_bytes=act_per_mb, fixed_act_bytes=fixed_act,
+            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
+            capacity_bytes=dev.memory_gib * GIB_BYTES,
+        )
 
-        # activations: in-flight micro-batches under 1F1B (interleaved: in-flight chunks)
-        if v == 1:
-            inflight = float(min(g.pp - index, m))
-            acts = inflight * sum(layer_acts)
-        else:
-            chunks = min((g.pp - index - 1) * 2 + (v - 1) * g.pp + 1, m * v)
-            inflight = chunks / v
-            acts = inflight * sum(layer_acts)
-        acts += _recompute_transient_bytes(recompute, lc, kinds)
-        if index == 0:
-            acts += t_g / sp * h * act_b * min(g.pp, m)  # embedding output kept per in-flight micro-batch
-        acts += extra_act
-        other_bytes = _memory_overhead_gib(self.profiles, dev) * GIB_BYTES
+    def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
+        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b."""
+        model = self.model
+        act_b = 1 if self.training.precision == "fp8" else 2
+        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
+        mbs = self.stage_mbs(g, a_dp)
+        p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * act_b
+        return g.vpp * collective_s(self.pp_link(g, a_type, a_dp, b_type), "p2p", p2p_bytes, 2)
+
+    @staticmethod
+    def inflight_microbatches(g: GlobalShape, index: int) -> float:
+        """Micro-batches whose activations stage `index` holds at its peak under 1F1B (interleaved:
+        in-flight virtual chunks / vpp, as Megatron's warm-up counts them)."""
+        m = g.num_microbatches
+        if g.vpp == 1:
+            return float(min(g.pp - index, m))
+        chunks = min((g.pp - index - 1) * 2 + (g.vpp - 1) * g.pp + 1, m * g.vpp)
+        return chunks / g.vpp
+
+    def stage(
+        self, g: GlobalShape, *, index: int, device_type: str, start: int, end: int, dp: int,
+        recompute: Recompute, prev_type: str | None, next_type: str | None, prev_dp: int | None = None,
+        next_dp: int | None = None,
+    ) -> StageCost:
+        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`.
+        Its time includes the sends on both of its pipeline links (t_i of the schedule formula)."""
+        core = self.stage_core(g, device_type=device_type, start=start, end=end, dp=dp, recompute=recompute,
+                               is_first=prev_type is None, is_last=next_type is None)
+        pp_s = 0.0
+        if next_type is not None:
+            pp_s += self.p2p_s(g, device_type, dp, next_type, next_dp or dp)
+        if prev_type is not None:
+            pp_s += self.p2p_s(g, prev_type, prev_dp or dp, device_type, dp)
+        inflight = self.inflight_microbatches(g, index)
+        acts = inflight * core.act_per_microbatch_bytes + core.fixed_act_bytes
         return StageCost(
-            index=index, device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label,
-            micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=comp, recompute_s=rec_s,
-            tp_comm_s=tp_s, cp_comm_s=cp_s, ep_comm_s=ep_s, pp_comm_s=pp_s, dp_comm_s=dp_s,
-            optimizer_s=optimizer_s, weights_bytes=weights, grads_bytes=grads, optimizer_bytes=opt,
-            activations_bytes=acts, other_bytes=other_bytes, capacity_bytes=dev.memory_gib * GIB_BYTES,
-            inflight_microbatches=inflight,
+            index=index, device_type=device_type, num_layers=core.num_layers, dp=dp, recompute=core.recompute,
+            micro_batch_size=core.micro_batch_size, forward_s=core.forward_s + pp_s / 2,
+            backward_s=core.backward_s + pp_s / 2, compute_s=core.compute_s, recompute_s=core.recompute_s,
+            tp_comm_s=core.tp_comm_s, cp_comm_s=core.cp_comm_s, ep_comm_s=core.ep_comm_s, pp_comm_s=pp_s,
+            dp_comm_s=core.dp_comm_s, optimizer_s=core.optimizer_s, weights_bytes=core.weights_bytes,
+            grads_bytes=core.grads_bytes, optimizer_bytes=core.optimizer_bytes, activations_bytes=acts,
+            other_bytes=core.other_bytes, capacity_bytes=core.capacity_bytes, inflight_microbatches=inflight,
         )
 
     # ---- a plan ----
@@ -451,6 +527,7 @@ class CostModel:
                 prev_type=plan.stages[i - 1].device_type if i > 0 else None,
                 next_type=plan.stages[i + 1].device_type if i + 1 < plan.pp else None,
                 prev_dp=plan.stages[i - 1].dp if i > 0 else None,
+                next_dp=plan.stages[i + 1].dp if i + 1 < plan.pp else None,
             ))
         return self.combine(plan, stages)
 
@@ -479,8 +556,7 @@ class CostModel:
 
 def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:
     """The device's fixed overhead plus a calibrated additive correction, if any."""
-    extra = getattr(profiles, "memory_overhead_extra_gib", None)
-    return dev.memory_overhead_gib + (extra(dev.name) if callable(extra) else 0.0)
+    return dev.memory_overhead_gib + profiles.correction(dev.name, "memory_overhead_gib")
 
 
 def _recomputed_full_layers(recompute: Recompute, n: int, v: int) -> set[int]:
