@@ -12,6 +12,7 @@ import click
 # Each module defines a click command named `command`; the order here is the order in --help.
 COMMAND_MODULES = [
     "planner.commands.estimate",
+    "planner.commands.profile",
 ]
 
 

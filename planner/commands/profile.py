@@ -1,0 +1,78 @@
+"""`cli.py profile`: measure a device with torch micro-benchmarks at the model's own shapes."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from planner.cli_common import handle_errors
+from planner.errors import PlannerInputError
+
+TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
+
+
+def _int_list(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PlannerInputError(flag, f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise PlannerInputError(flag, f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+@click.command("profile")
+@click.option("--model", required=True, metavar="PRESET|FILE", help="model preset or YAML whose shapes are timed")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), required=True, help="what to measure")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="output directory: devices/<name>.yaml + profile_report.json (pass it as --profiles)")
+@click.option("--quick", is_flag=True, help="tiny shapes and few repeats (a smoke run; CPU: well under a minute)")
+@click.option("--tp-list", default=None, help="TP sizes to time, e.g. 1,2,4,8 (default 1,2 quick/CPU, 1,2,4,8 GPU)")
+@click.option("--ep-list", default=None, help="EP sizes for expert GEMMs (default: divisors of the expert count <= 8)")
+@click.option("--etp-list", default=None, help="expert-TP sizes (default 1)")
+@click.option("--mbs-list", default=None, help="micro-batch sizes (default 1, or 1,2 without --quick)")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
+              help="kernel precision (default bf16 on GPU, fp32 on CPU)")
+@click.option("--repeats", type=click.IntRange(min=1), default=None, help="timed runs per kernel (median)")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="untimed runs per kernel")
+@click.option("--skip-collectives", is_flag=True, help="do not time collectives (GPU: take links from the shipped profile)")
+@handle_errors
+def command(model, device, out_dir, quick, tp_list, ep_list, etp_list, mbs_list, dtype, repeats, warmup,
+            skip_collectives):
+    """Measure kernels and collectives with torch; write a DeviceProfile (provenance measured).
+
+    \b
+    python cli.py profile --model mixtral-s --device cpu --quick --out prof/
+    python cli.py estimate --model mixtral-s --cluster CPU-xxxxxx:2 --profiles prof/
+    """
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        click.echo(f"error: torch is not installed; {TORCH_MISSING}", err=True)
+        sys.exit(2)
+    from planner.inputs.presets import load_model_preset
+    from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
+
+    spec, _training = load_model_preset(model)
+    gpu = device == "cuda"
+    opts = ProfileOptions(
+        model=spec, device=device, quick=quick,
+        tp_list=_int_list("--tp-list", tp_list) or ([1, 2, 4, 8] if gpu and not quick else [1, 2]),
+        ep_list=_int_list("--ep-list", ep_list) or default_ep_list(spec, 2 if quick else 8),
+        etp_list=_int_list("--etp-list", etp_list) or [1],
+        micro_batch_sizes=_int_list("--mbs-list", mbs_list) or ([1] if quick else [1, 2]),
+        dtype=dtype, warmup=warmup, repeats=repeats, skip_collectives=skip_collectives,
+    )
+    start = time.perf_counter()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
+
+    outcome = run_profile(opts, progress)
+    paths = write_profile(outcome, out_dir)
+    click.echo(f"wrote {paths[0]} (device {outcome.profile.name}, provenance measured) and {paths[1]}")
+    click.echo(f"use it: --cluster {outcome.profile.name}:{outcome.profile.gpus_per_node} --profiles {out_dir}")
