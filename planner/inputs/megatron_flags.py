@@ -15,6 +15,7 @@ Also the pipeline layout grammar of `--pipeline-model-parallel-layout`
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -44,15 +45,20 @@ class FlagSpec:
     kind: str
     choices: tuple[str, ...] = ()
     min_value: float | None = None
+    max_value: float | None = None
 
 
-def _i(dest: str, min_value: int = 1) -> FlagSpec:
-    return FlagSpec(dest, "int", min_value=min_value)
+MAX_COUNT = 100_000  # layers / pipeline stages: far above any real model, keeps per-layer lists small
+MAX_SIZE = 1 << 40
+
+
+def _i(dest: str, min_value: int = 1, max_value: int = MAX_SIZE) -> FlagSpec:
+    return FlagSpec(dest, "int", min_value=min_value, max_value=max_value)
 
 
 FLAGS: dict[str, FlagSpec] = {
     # model shape (reference/megatron.md 1.7)
-    "--num-layers": _i("num_layers"),
+    "--num-layers": _i("num_layers", 1, MAX_COUNT),
     "--hidden-size": _i("hidden_size"),
     "--ffn-hidden-size": _i("ffn_hidden_size"),
     "--num-attention-heads": _i("num_attention_heads"),
@@ -87,7 +93,7 @@ FLAGS: dict[str, FlagSpec] = {
     ),
     "--moe-grouped-gemm": FlagSpec("moe_grouped_gemm", "true"),
     "--moe-router-force-load-balancing": FlagSpec("moe_router_force_load_balancing", "true"),
-    "--mtp-num-layers": _i("mtp_num_layers", 0),
+    "--mtp-num-layers": _i("mtp_num_layers", 0, MAX_COUNT),
     # batch, precision, optimizer (1.5, 1.6, 1.8)
     "--micro-batch-size": _i("micro_batch_size"),
     "--global-batch-size": _i("global_batch_size"),
@@ -100,12 +106,12 @@ FLAGS: dict[str, FlagSpec] = {
     "--tp-comm-overlap": FlagSpec("tp_comm_overlap", "true"),
     # parallel sizes and pipeline split (1.1, 1.2)
     "--tensor-model-parallel-size": _i("tensor_model_parallel_size"),
-    "--pipeline-model-parallel-size": _i("pipeline_model_parallel_size"),
+    "--pipeline-model-parallel-size": _i("pipeline_model_parallel_size", 1, MAX_COUNT),
     "--context-parallel-size": _i("context_parallel_size"),
     "--expert-model-parallel-size": _i("expert_model_parallel_size"),
     "--expert-tensor-parallel-size": _i("expert_tensor_parallel_size"),
     "--num-layers-per-virtual-pipeline-stage": _i("num_layers_per_virtual_pipeline_stage"),
-    "--num-virtual-stages-per-pipeline-rank": _i("num_virtual_stages_per_pipeline_rank"),
+    "--num-virtual-stages-per-pipeline-rank": _i("num_virtual_stages_per_pipeline_rank", 1, MAX_COUNT),
     LAYOUT_FLAG: FlagSpec("pipeline_model_parallel_layout", "str"),
     "--decoder-first-pipeline-num-layers": _i("decoder_first_pipeline_num_layers"),
     "--decoder-last-pipeline-num-layers": _i("decoder_last_pipeline_num_layers"),
@@ -193,6 +199,8 @@ def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
             raise PlannerInputError(name, f"expected an integer, got {raw!r}") from None
         if spec.min_value is not None and value < spec.min_value:
             raise PlannerInputError(name, f"must be an integer >= {int(spec.min_value)}, got {value}")
+        if spec.max_value is not None and value > spec.max_value:
+            raise PlannerInputError(name, f"must be an integer <= {int(spec.max_value)}, got {value}")
         return value
     if spec.kind == "float":
         try:
@@ -272,6 +280,56 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
 
 
 # --------------------------------------------------------------------------------------------
+# --moe-layer-freq
+# --------------------------------------------------------------------------------------------
+
+_FREQ_CHARS = set(",0123456789[]()+*")
+
+
+def _eval_freq(node: ast.AST, limit: int) -> int | list[int]:
+    """Evaluate ints, int lists, list + list and list * int, refusing anything longer than `limit`."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_eval_freq(e, limit) for e in node.elts]
+        if not all(isinstance(v, int) for v in items):
+            raise ValueError("list items must be integers")
+        return items  # type: ignore[return-value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _eval_freq(node.left, limit), _eval_freq(node.right, limit)
+        if isinstance(node.op, ast.Add):
+            if isinstance(left, list) and isinstance(right, list) and len(left) + len(right) <= limit:
+                return left + right
+            raise ValueError("'+' joins two lists")
+        if isinstance(left, int) and isinstance(right, list):
+            left, right = right, left
+        if isinstance(left, list) and isinstance(right, int):
+            if len(left) * max(right, 0) > limit:
+                raise ValueError(f"the list would have more than {limit} entries")
+            return left * right
+        raise ValueError("'*' repeats a list by an integer")
+    raise ValueError("only integers, [lists], '+' and '*' are allowed")
+
+
+def moe_pattern_from_flag(freq: int | str, num_layers: int) -> tuple[int, ...]:
+    """Megatron's --moe-layer-freq (int N, or a list expression such as `([0]*3+[1]*58)`) as a
+    per-layer 0/1 tuple.  Evaluated without `eval`, so huge or hostile expressions are refused."""
+    text = str(freq)
+    if text.strip().isdigit() and len(text.strip()) <= 7:
+        return moe_pattern_from_freq(int(text), num_layers)
+    if not text or any(c not in _FREQ_CHARS for c in text):
+        raise ValueError(
+            f"moe-layer-freq {text!r}: expected an int or a list expression like ([0]+[1]*23) "
+            "using only the characters ,digits[]()+* (no spaces)"
+        )
+    try:
+        value = _eval_freq(ast.parse(text, mode="eval").body, max(num_layers, 1))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"moe-layer-freq {text!r} is not a valid list expression: {exc}") from None
+    return moe_pattern_from_freq(value, num_layers)
+
+
+# --------------------------------------------------------------------------------------------
 # Layout grammar
 # --------------------------------------------------------------------------------------------
 
@@ -286,6 +344,8 @@ def _unroll(pattern: re.Pattern[str], text: str) -> str:
     total = 0
     pos = 0
     for m in pattern.finditer(text):
+        if len(m.group(2)) > 7:
+            raise PlannerInputError(LAYOUT_FLAG, f"repetition count {m.group(2)[:12]}... is too large")
         count = int(m.group(2))
         total += (m.start() - pos) + len(m.group(1)) * count
         if total > _MAX_LAYOUT_CHARS:
@@ -495,7 +555,7 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     freq = ns.get("moe_layer_freq")
     if freq is not None and model["num_experts"] is not None:
         try:
-            pattern = moe_pattern_from_freq(freq, ns["num_layers"])
+            pattern = moe_pattern_from_flag(freq, ns["num_layers"])
         except ValueError as exc:
             raise PlannerInputError("--moe-layer-freq", str(exc)) from None
         model["moe_layer_pattern"] = None if all(pattern) else pattern
@@ -519,8 +579,12 @@ def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], sect
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ())]
     key = loc[0] if loc else ""
-    where = flags.get(key, f"{section}.{key}" if key else section)
     msg = str(err.get("msg", exc)).removeprefix("Value error, ")
+    if key:
+        where = flags.get(key, f"{section}.{key}")
+    else:  # a whole-model rule: name the flags its message mentions
+        named = [flag for f, flag in flags.items() if re.search(rf"\b{f}\b", msg)]
+        where = "/".join(dict.fromkeys(named)) or section
     return PlannerInputError(where, msg)
 
 

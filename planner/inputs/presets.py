@@ -20,7 +20,8 @@ import yaml
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
-from planner.schemas.model import ModelSpec, moe_pattern_from_freq
+from planner.inputs.megatron_flags import moe_pattern_from_flag
+from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
@@ -64,7 +65,7 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
         if "num_layers" not in fields:
             raise PlannerInputError(f"{where}:num_layers", "missing")
         try:
-            pattern = moe_pattern_from_freq(freq, fields["num_layers"])
+            pattern = moe_pattern_from_flag(freq, fields["num_layers"])
         except (ValueError, TypeError) as exc:
             raise PlannerInputError(f"{where}:moe_layer_freq", str(exc)) from None
         fields["moe_layer_pattern"] = None if all(pattern) else pattern

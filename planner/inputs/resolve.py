@@ -12,6 +12,8 @@ from planner.errors import PlannerInputError
 from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
 from planner.inputs.megatron_flags import (
     LAYOUT_FLAG,
+    MAX_COUNT,
+    MAX_SIZE,
     RunDraft,
     build_run,
     parse_megatron_draft,
@@ -65,14 +67,14 @@ def parse_recompute(value: Any) -> Recompute:
     raise PlannerInputError("--recompute", f"expected {RECOMPUTE_FORMS}, got {value!r}")
 
 
-def _positive_int(key: str, value: Any) -> int:
+def _positive_int(key: str, value: Any, max_value: int = MAX_SIZE) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
-        else:
+        text = value.strip() if isinstance(value, str) else ""
+        if not (text.isdigit() and len(text) <= 15):
             raise PlannerInputError(f"--{key}", f"expected a positive integer, got {value!r}")
-    if value <= 0:
-        raise PlannerInputError(f"--{key}", f"expected a positive integer, got {value}")
+        value = int(text)
+    if not 0 < value <= max_value:
+        raise PlannerInputError(f"--{key}", f"expected an integer in 1..{max_value}, got {value}")
     return value
 
 
@@ -90,13 +92,13 @@ def apply_overrides(draft: RunDraft, overrides: Mapping[str, Any]) -> RunDraft:
     par, train, model = draft.parallel, draft.training, draft.model
     for key, field in _INT_OVERRIDES.items():
         if key in ov:
-            value = _positive_int(key, ov[key])
+            value = _positive_int(key, ov[key], MAX_COUNT if key == "pp" else MAX_SIZE)
             if key == "pp" and value != par.get("pp", 1) and "layout" not in ov:
                 for stale in ("layout", "first_stage_layers", "last_stage_layers"):
                     par.pop(stale, None)
             par[field] = value
     if "vpp" in ov:
-        vpp = _positive_int("vpp", ov["vpp"])
+        vpp = _positive_int("vpp", ov["vpp"], MAX_COUNT)
         par.pop("num_layers_per_virtual_stage", None)
         par.pop("layout", None)
         par["vpp"] = vpp if vpp > 1 else None

@@ -1,0 +1,431 @@
+"""Megatron flag parsing: values, passthrough, layouts, malformed input (planner/inputs/megatron_flags.py)."""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.errors import PlannerInputError
+from planner.inputs.megatron_flags import (
+    FLAGS,
+    format_layout,
+    layout_stages,
+    parse_layout,
+    parse_megatron_flags,
+)
+
+CSV_PATH = Path(__file__).resolve().parents[1] / ".." / "shared" / "calibration" / "measured_runs.csv"
+
+BASE = [
+    "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--vocab-size", "1000", "--seq-length", "128", "--max-position-embeddings", "128",
+    "--micro-batch-size", "1", "--global-batch-size", "8",
+]  # fmt: skip
+
+
+def run_of(*extra: str, base: list[str] | None = None, **kw):
+    return parse_megatron_flags([*(BASE if base is None else base), *extra], **kw)
+
+
+def measured_rows() -> list[dict[str, str]]:
+    if not CSV_PATH.is_file():
+        pytest.skip("shared/calibration/measured_runs.csv not present")
+    with CSV_PATH.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+# ---------------------------------------------------------------- values
+
+
+def test_shape_and_training_values_are_read():
+    """Every model/training/parallel flag lands in the matching schema field."""
+    r = run_of(
+        "--ffn-hidden-size", "256", "--swiglu", "--normalization", "RMSNorm",
+        "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--qk-layernorm",
+        "--kv-channels", "32", "--make-vocab-size-divisible-by", "64",
+        "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+        "--context-parallel-size", "2", "--sequence-parallel", "--bf16",
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+    )  # fmt: skip
+    m, t, p = r.model, r.training, r.parallel
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == (4, 64, 4, 1000)
+    assert (m.ffn_hidden_size, m.kv_channels, m.make_vocab_size_divisible_by) == (256, 32, 64)
+    assert m.swiglu and m.normalization == "RMSNorm" and m.untie_embeddings_and_output_weights
+    assert m.add_bias_linear is False and m.qk_layernorm
+    assert (p.tp, p.pp, p.cp, p.sequence_parallel) == (2, 2, 2, True)
+    assert (t.micro_batch_size, t.global_batch_size, t.precision) == (1, 8, "bf16")
+    assert t.use_distributed_optimizer and t.overlap_grad_reduce and t.overlap_param_gather and t.tp_comm_overlap
+    assert r.passthrough == ()
+
+
+def test_equals_form_matches_space_form():
+    """`--flag=value` and `--flag value` parse to the same run."""
+    spaced = run_of("--tensor-model-parallel-size", "2", "--recompute-modules", "core_attn")
+    eq = parse_megatron_flags(
+        [f"{a}={b}" for a, b in zip(BASE[::2], BASE[1::2])]
+        + ["--tensor-model-parallel-size=2", "--recompute-modules=core_attn"]
+    )
+    assert spaced == eq
+
+
+def test_passthrough_keeps_unknown_flags_verbatim_in_order():
+    """Unused flags and their values (nargs included) pass through unchanged and in order."""
+    argv = [
+        "--lr", "1e-4", "--num-layers", "4", "--data-path", "0.5", "/d/a", "0.5", "/d/b",
+        "--hidden-size", "64", "--tokenizer-type", "NullTokenizer", "--no-rope-fusion",
+        "--num-attention-heads", "4", "--min-lr=1e-5", "--vocab-size", "1000",
+        "--global-batch-size", "8", "--moe-aux-loss-coeff", "-1e-3", "-x",
+    ]  # fmt: skip
+    r = parse_megatron_flags(argv)
+    assert r.passthrough == (
+        "--lr", "1e-4", "--data-path", "0.5", "/d/a", "0.5", "/d/b", "--tokenizer-type",
+        "NullTokenizer", "--no-rope-fusion", "--min-lr=1e-5", "--moe-aux-loss-coeff", "-1e-3", "-x",
+    )  # fmt: skip
+
+
+def test_last_occurrence_wins_like_argparse():
+    """A repeated flag takes its last value (the CSV's long-context rows repeat --max-position-embeddings)."""
+    r = run_of("--max-position-embeddings", "4096", "--seq-length", "4096")
+    assert r.model.max_position_embeddings == 4096 and r.model.seq_length == 4096
+
+
+def test_query_groups_need_group_query_attention():
+    """--num-query-groups is ignored unless --group-query-attention is set; GQA alone means 1 group."""
+    assert run_of("--num-query-groups", "2").model.query_groups == 4
+    assert run_of("--group-query-attention", "--num-query-groups", "2").model.query_groups == 2
+    assert run_of("--group-query-attention").model.query_groups == 1
+
+
+def test_moe_flags():
+    """MoE flags: experts, top-k, sizes, layer pattern, capacity, dispatcher; 0 experts = dense."""
+    r = run_of(
+        "--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96",
+        "--moe-shared-expert-intermediate-size", "128", "--moe-layer-freq", "([0]+[1]*3)",
+        "--moe-expert-capacity-factor", "1.25", "--moe-token-dispatcher-type", "alltoall",
+        "--moe-grouped-gemm", "--moe-router-force-load-balancing", "--mtp-num-layers", "1",
+        "--disable-bias-linear",
+    )  # fmt: skip
+    m = r.model
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size) == (8, 2, 96)
+    assert m.moe_shared_expert_intermediate_size == 128
+    assert m.layer_is_moe == (False, True, True, True)
+    assert m.moe_expert_capacity_factor == 1.25 and m.moe_token_dispatcher_type == "alltoall"
+    assert m.moe_grouped_gemm and m.moe_router_force_load_balancing and m.mtp_num_layers == 1
+    assert run_of("--num-experts", "4", "--moe-layer-freq", "2").model.layer_is_moe == (True, False, True, False)
+    assert run_of("--num-experts", "0").model.is_moe is False
+    assert run_of("--num-experts", "4", "--moe-expert-capacity-factor", "-1").model.moe_expert_capacity_factor is None
+
+
+def test_mla_flags():
+    """Multi-latent attention ranks and head dims are read."""
+    m = run_of(
+        "--multi-latent-attention", "--q-lora-rank", "96", "--kv-lora-rank", "32",
+        "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+    ).model  # fmt: skip
+    assert m.multi_latent_attention
+    assert (m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim) == (96, 32, 16, 8, 16)
+
+
+def test_precision():
+    """--bf16/--fp16/--fp8-format choose the precision; none is fp32; bf16+fp16 is refused."""
+    assert run_of("--fp16").training.precision == "fp16"
+    assert run_of("--bf16", "--fp8-format", "hybrid").training.precision == "fp8"
+    assert run_of().training.precision == "fp32"
+    with pytest.raises(PlannerInputError, match="--bf16/--fp16"):
+        run_of("--bf16", "--fp16")
+
+
+def test_recompute_flags():
+    """Recompute flags map to Recompute; --recompute-activations means selective."""
+    r = run_of("--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act",
+               "--lr", "1")
+    assert r.parallel.recompute.granularity == "selective"
+    assert r.parallel.recompute.modules == ("layernorm", "moe_act")
+    assert r.passthrough == ("--lr", "1")  # nargs+ stops at the next flag
+    full = run_of("--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2")
+    assert full.parallel.recompute.label == "full:block:2"
+    assert run_of("--recompute-activations").parallel.recompute.granularity == "selective"
+    assert run_of().parallel.recompute.granularity == "none"
+    with pytest.raises(PlannerInputError, match="--recompute-method"):
+        run_of("--recompute-granularity", "full", "--recompute-num-layers", "1")
+    with pytest.raises(PlannerInputError, match="--recompute-num-layers"):
+        run_of("--recompute-granularity", "selective", "--recompute-num-layers", "1")
+    with pytest.raises(PlannerInputError, match="--recompute-modules"):
+        run_of("--recompute-granularity", "selective", "--recompute-modules", "everything")
+
+
+def test_sequence_parallel_off_at_tp1():
+    """Megatron switches sequence parallelism off when TP is 1."""
+    assert run_of("--sequence-parallel").parallel.sequence_parallel is False
+
+
+def test_global_batch_default_needs_world_size():
+    """Without --global-batch-size the default mbs*DP needs a world size; with one it is derived."""
+    base = BASE[:-2]
+    with pytest.raises(PlannerInputError, match="--global-batch-size"):
+        parse_megatron_flags(base)
+    r = parse_megatron_flags(
+        [*base, "--micro-batch-size", "2", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+        world_size=16,
+    )
+    assert r.training.global_batch_size == 2 * 4  # mbs 2 x DP (16 / (2*2))
+    with pytest.raises(PlannerInputError, match="world size"):
+        parse_megatron_flags([*base, "--tensor-model-parallel-size", "4"], world_size=6)
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def test_every_measured_run_parses():
+    """Every megatron_args row of shared/calibration/measured_runs.csv parses (Megatron accepted them)."""
+    rows = measured_rows()
+    assert rows
+    for row in rows:
+        r = parse_megatron_flags(shlex.split(row["megatron_args"]))
+        assert sum(r.parallel.stage_layers(r.model.num_layers)) == r.model.num_layers, row["id"]
+
+
+def test_measured_qwen3_layouts():
+    """The CSV's layouts give the stage split their grammar spells out."""
+    rows = {r["megatron_args"] for r in measured_rows()}
+    by_layout = {}
+    for args in rows:
+        r = parse_megatron_flags(shlex.split(args))
+        if r.parallel.layout is not None:
+            by_layout[(r.parallel.pp, r.parallel.layout)] = r
+    one_per = (0,) + (1,) * 94 + (0,)
+    assert (32, one_per) in by_layout  # E|(t|)*94L at PP 32: 96 virtual stages, VPP 3
+    r = by_layout[(32, one_per)]
+    assert r.parallel.virtual_size(94) == 3
+    assert r.parallel.stage_layers(94)[:2] == [2, 3] and r.parallel.stage_layers(94)[-1] == 2
+    split = (2,) + (3,) * 30 + (2,)
+    assert (8, split) in by_layout  # Et*2|(t*3|)*30t*2L at PP 8: VPP 4
+    assert by_layout[(8, split)].parallel.stage_layers(94) == [11, 12, 12, 12, 12, 12, 12, 11]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Ettt|(tt|)*29,m|L", [3] + [2] * 29 + [0, 0]),  # megatron.md 1.2 (from the source)
+        ("E|(t|)*3,m|m||L", [0, 1, 1, 1, 0, 0, 0, 0]),
+        ("Et*3|(tt|)*29,m|L", [3] + [2] * 29 + [0, 0]),  # docs' DeepSeek-V3 example
+        ("E||t|L", [0, 0, 1, 0]),  # empty stages are allowed
+        ("E|(t|)*94L", [0] + [1] * 94 + [0]),
+        ("Et*2|(t*3|)*30t*2L", [2] + [3] * 30 + [2]),
+        ("EtL", [1]),
+    ],
+)
+def test_parse_layout_examples(text, expected):
+    """Layout strings from megatron.md and the CSV expand to the right decoder layers per stage."""
+    assert parse_layout(text) == expected
+
+
+def test_deepseek_layout_in_flags():
+    """Docs example: 61 layers + 1 MTP, PP16, layout Et*3|(tt|)*29,m|L: rank 0 holds 3+2, rank 14/15 hold 2."""
+    r = parse_megatron_flags([
+        "--num-layers", "61", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "100",
+        "--global-batch-size", "32", "--mtp-num-layers", "1", "--pipeline-model-parallel-size", "16",
+        "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L",
+    ])  # fmt: skip
+    per_rank = r.parallel.stage_layers(61)
+    assert per_rank[0] == 5 and per_rank[1:14] == [4] * 13 and per_rank[14:] == [2, 2]
+    assert r.parallel.virtual_size(61) == 2
+
+
+def test_format_layout_matches_hand_written_strings():
+    """format_layout writes the compact forms used in the CSV (written against Megatron's validator)."""
+    assert format_layout([0] + [1] * 94 + [0]) == "E|(t|)*94L"
+    assert format_layout([5]) == "Et*5L"
+    assert format_layout([1, 1]) == "Et|tL"
+    assert format_layout([3, 2, 2, 0], mtp_num_layers=1) == "Ettt|tt|tt|mL"
+    assert layout_stages(format_layout([2] + [3] * 30 + [2]))[1] == "ttt"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=40), st.integers(0, 2))
+def test_format_parse_roundtrip(counts, mtp):
+    """parse_layout(format_layout(x)) == x for any non-negative counts; m's land in the last stage."""
+    text = format_layout(counts, mtp_num_layers=mtp)
+    assert parse_layout(text) == counts
+    stages = layout_stages(text)
+    assert stages[-1].count("m") == mtp and stages[0].startswith("E") and stages[-1].endswith("L")
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("E|x|L", "invalid character"),
+        ("E t|L", "invalid character"),
+        ("E|t|E|L", "exactly once"),
+        ("t|E|L", "first stage"),
+        ("E|L|t", "last stage"),
+        ("E|mt|L", "before every MTP"),
+        ("E|t(", "invalid character"),
+        ("", "expected a layout"),
+        ("E|t*999999|L", "more than"),
+        ("E|t*99999999|L", "too large"),
+    ],
+)
+def test_bad_layouts(text, words):
+    """Malformed layouts raise PlannerInputError naming the flag and the rule."""
+    with pytest.raises(PlannerInputError, match=words) as exc:
+        parse_layout(text)
+    assert exc.value.field == "--pipeline-model-parallel-layout"
+
+
+def test_layout_consistency_with_other_flags():
+    """Layout must match --num-layers, --mtp-num-layers and PP, and excludes the other split flags."""
+    lay = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout"]
+    assert run_of(*lay, "Ett|ttL").parallel.layout == (2, 2)
+    for extra, words in [
+        (("Ett|tL",), "--num-layers is 4"),
+        (("Ett|t|tL",), "not a multiple"),
+        (("Ett|ttmL",), "MTP"),
+        (("Ett|ttL", "--decoder-first-pipeline-num-layers", "2"), "cannot be set"),
+        (("Ett|ttL", "--num-virtual-stages-per-pipeline-rank", "2"), "no more than one"),
+    ]:
+        with pytest.raises(PlannerInputError, match=words):
+            run_of(*lay, *extra)
+
+
+def test_virtual_and_uneven_pipeline_flags():
+    """VPP flags and first/last-stage flags follow Megatron's divisibility rules."""
+    r = run_of("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")
+    assert r.parallel.virtual_size(4) == 2
+    r = run_of("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2")
+    assert r.parallel.vpp == 2
+    with pytest.raises(PlannerInputError, match="divisible"):
+        run_of("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "4")
+    with pytest.raises(PlannerInputError, match="> 1"):
+        run_of("--num-virtual-stages-per-pipeline-rank", "2")
+    base6 = ["--num-layers", "6", *BASE[2:]]
+    r = parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3",
+                              "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "1"])
+    assert r.parallel.stage_layers(6) == [2, 3, 1]
+    with pytest.raises(PlannerInputError, match="divide evenly"):
+        parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "1"])
+    with pytest.raises(PlannerInputError, match="divisible by 2"):
+        parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "2",
+                              "--decoder-last-pipeline-num-layers", "1", "--num-virtual-stages-per-pipeline-rank", "2"])
+    with pytest.raises(PlannerInputError):
+        parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "4"])
+    r = parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "4",
+                              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"])
+    assert r.parallel.stage_layers(6) == [1, 2, 2, 1]
+
+
+# ---------------------------------------------------------------- malformed input
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--num-layers", "abc"], "--num-layers"),
+        (["--num-layers"], "--num-layers"),
+        (["--num-layers", "--hidden-size", "64"], "--num-layers"),
+        (["--num-layers", "0"], "--num-layers"),
+        (["--normalization", "BatchNorm"], "--normalization"),
+        (["--moe-token-dispatcher-type", "magic"], "--moe-token-dispatcher-type"),
+        (["--bf16=yes"], "--bf16"),
+        (["--bf16", "stray"], "--bf16"),
+        (["--recompute-modules"], "--recompute-modules"),
+        (["--moe-expert-capacity-factor", "nan"], "--moe-expert-capacity-factor"),
+        (["--num-experts", "4", "--moe-layer-freq", "[1]*3"], "--moe-layer-freq"),
+        (["--num-experts", "4", "--moe-layer-freq", "[1, 1, 1, 1]"], "--moe-layer-freq"),
+        (["--tensor-model-parallel-size", "3"], "--tensor-model-parallel-size"),
+        (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size"),
+        (["--num-experts", "6", "--expert-model-parallel-size", "4"], "--expert-model-parallel-size"),
+        (["--num-experts", "4", "--tensor-model-parallel-size", "2"], "--disable-bias-linear"),
+        (["--overlap-param-gather"], "--overlap-param-gather"),
+        (["--seq-length", "256"], "--max-position-embeddings"),
+        (["--context-parallel-size", "3"], "--context-parallel-size"),
+    ],
+)
+def test_malformed_values_name_the_flag(argv, field):
+    """Bad values raise PlannerInputError whose field is the offending flag."""
+    with pytest.raises(PlannerInputError) as exc:
+        run_of(*argv)
+    assert field in exc.value.field
+
+
+def test_missing_required_flags_are_named_together():
+    """All missing shape flags are listed in one error; a missing vocabulary is named too."""
+    with pytest.raises(PlannerInputError) as exc:
+        parse_megatron_flags(["--hidden-size", "64", "--lr", "1"])
+    assert "--num-layers" in exc.value.field and "--num-attention-heads" in exc.value.field
+    assert "--hidden-size" not in exc.value.field
+    with pytest.raises(PlannerInputError, match="--vocab-size"):
+        parse_megatron_flags(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"])
+
+
+def test_positional_before_flags_is_refused():
+    """A bare value before any flag is an error, not silently dropped."""
+    with pytest.raises(PlannerInputError, match="positional"):
+        parse_megatron_flags(["pretrain_gpt.py", *BASE])
+
+
+_KNOWN = sorted(FLAGS)
+_VALUES = st.one_of(
+    st.sampled_from(["1", "2", "0", "-1", "8", "abc", "", "1.5", "E|t|L", "Ett|ttL", "([0]+[1]*3)", "RMSNorm",
+                     "full", "selective", "uniform", "block", "core_attn", "alltoall", "hybrid", "nan", "1e9"]),
+    st.text(max_size=6),
+)
+_TOKEN = st.one_of(
+    st.sampled_from(_KNOWN),
+    st.sampled_from(["--lr", "--data-path", "-x", "--", "--foo=bar"]),
+    st.builds(lambda f, v: f"{f}={v}", st.sampled_from(_KNOWN), _VALUES),
+    _VALUES,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TOKEN, max_size=30), st.booleans())
+def test_random_flag_lists_raise_only_planner_input_errors(tokens, with_base):
+    """Arbitrary token lists either parse or raise PlannerInputError, never another exception."""
+    argv = (BASE if with_base else []) + tokens
+    try:
+        run = parse_megatron_flags(argv)
+    except PlannerInputError as exc:
+        assert exc.field  # names something
+    else:
+        assert run.model.num_layers > 0
+
+
+_LAYOUT_TEXT = st.text(alphabet="EtmL|()*,0123456789x ", max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_LAYOUT_TEXT)
+def test_random_layout_text_raises_only_planner_input_errors(text):
+    """Arbitrary layout-like text either parses (E first, L last) or raises PlannerInputError."""
+    try:
+        stages = layout_stages(text)
+    except PlannerInputError as exc:
+        assert exc.field == "--pipeline-model-parallel-layout"
+    else:
+        assert stages[0].startswith("E") and stages[-1].endswith("L")
+
+
+@pytest.mark.parametrize(
+    "expr", ["[1]*9**99", "([1]*1000)*1000*1000", "[1]*" + "9" * 5000, "(1)+[1]", "[[1]]*4", "[0]*2+[1]*2 "]
+)
+def test_hostile_moe_layer_freq_is_refused_quickly(expr):
+    """List expressions that would explode or are not 0/1 lists are refused without evaluating them."""
+    with pytest.raises(PlannerInputError) as exc:
+        run_of("--num-experts", "4", "--moe-layer-freq", expr)
+    assert exc.value.field == "--moe-layer-freq"
+
+
+def test_huge_counts_are_refused():
+    """Layer and stage counts far beyond any model are refused before anything is allocated."""
+    with pytest.raises(PlannerInputError, match="--pipeline-model-parallel-size"):
+        run_of("--pipeline-model-parallel-size", "99999999999")
+    with pytest.raises(PlannerInputError, match="--num-layers"):
+        parse_megatron_flags(["--num-layers", "1" * 5000, *BASE[2:]])
+    with pytest.raises(PlannerInputError, match="too large"):
+        parse_layout("E|t*" + "9" * 5000 + "|L")

@@ -1,0 +1,231 @@
+"""Model presets (profiles/models/*.yaml) and HuggingFace config.json conversion."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import PlannerInputError
+from planner.inputs.hf_config import model_from_hf_config
+from planner.inputs.presets import list_model_presets, load_model_preset
+from planner.schemas.model import ModelSpec
+
+# Published totals (model cards / papers), in billions of parameters.
+PUBLISHED_TOTAL_B = {
+    "llama2-7b": 6.74,  # Llama-2-7b-hf: 6,738,415,616
+    "llama2-13b": 13.02,  # Llama-2-13b-hf: 13,015,864,320
+    "llama2-70b": 68.98,  # Llama-2-70b-hf: 68,976,648,192
+    "llama3-8b": 8.03,  # Meta-Llama-3-8B: 8,030,261,248
+    "llama3-70b": 70.55,  # Meta-Llama-3-70B: 70,553,706,496
+    "mixtral-s": 46.7,  # Mixtral paper: 47B total (46.7B)
+    "mixtral-l": 141.0,  # Mixtral 8x22B card: 141B total
+    "qwen2-57b-a14b": 57.4,  # Qwen2 report: 57B total
+    "qwen3-30b-a3b": 30.5,  # Qwen3-30B-A3B card: 30.5B
+    "qwen3-235b-a22b": 235.0,  # Qwen3-235B-A22B card: 235B
+    "deepseek-v2-lite": 15.7,  # DeepSeek-V2-Lite card: 15.7B (16B)
+    "deepseek-v3": 671.0,  # DeepSeek-V3 report: 671B main model (MTP module excluded)
+}
+# Activated parameters per token, where the card publishes them.
+PUBLISHED_ACTIVE_B = {"mixtral-s": 12.9, "qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22.0, "deepseek-v3": 37.0}
+
+
+def attention_params(m: ModelSpec) -> int:
+    """Weights of one attention block (no biases), written from the architecture, not from planner code."""
+    h, heads = m.hidden_size, m.num_attention_heads
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk
+        else:
+            q = h * heads * qk
+        kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank + m.kv_lora_rank * heads * (
+            m.qk_head_dim + m.v_head_dim
+        )
+        return q + kv + heads * m.v_head_dim * h
+    d = m.kv_channels or h // heads
+    groups = m.num_query_groups or heads
+    out = h * heads * d + 2 * h * groups * d + heads * d * h
+    return out + (2 * d if m.qk_layernorm else 0)
+
+
+def mlp_params(m: ModelSpec, size: int) -> int:
+    return (3 if m.swiglu else 2) * m.hidden_size * size
+
+
+def param_counts(m: ModelSpec) -> tuple[int, int]:
+    """(total, activated) parameters of the decoder (no MTP), from the spec's fields."""
+    total = active = 0
+    moe_layers = m.moe_layer_pattern or (1,) * m.num_layers
+    for i in range(m.num_layers):
+        common = attention_params(m) + 2 * m.hidden_size
+        if m.num_experts and moe_layers[i]:
+            shared = mlp_params(m, m.moe_shared_expert_intermediate_size or 0) if m.moe_shared_expert_intermediate_size else 0
+            expert = mlp_params(m, m.moe_ffn_hidden_size)
+            router = m.hidden_size * m.num_experts
+            total += common + router + shared + m.num_experts * expert
+            active += common + router + shared + m.moe_router_topk * expert
+        else:
+            dense = mlp_params(m, m.ffn_hidden_size)
+            total += common + dense
+            active += common + dense
+    embed = m.vocab_size * m.hidden_size * (2 if m.untie_embeddings_and_output_weights else 1) + m.hidden_size
+    return total + embed, active + embed
+
+
+def test_all_required_presets_exist():
+    """Every preset the brief names is bundled."""
+    assert set(PUBLISHED_TOTAL_B) <= set(list_model_presets())
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_TOTAL_B))
+def test_preset_parameter_count_matches_published(name):
+    """Each preset's parameter count, computed from its fields, is within 2% of the published total."""
+    spec, training = load_model_preset(name)
+    total, active = param_counts(spec)
+    assert total / 1e9 == pytest.approx(PUBLISHED_TOTAL_B[name], rel=0.02)
+    if name in PUBLISHED_ACTIVE_B:
+        assert active / 1e9 == pytest.approx(PUBLISHED_ACTIVE_B[name], rel=0.05)
+    assert spec.name == name
+    assert training["micro_batch_size"] == 1 and training["global_batch_size"] > 0
+    assert spec.seq_length == training["seq_length"] == 4096
+
+
+def test_preset_names_are_case_insensitive_and_unknown_lists_known():
+    """Preset lookup ignores case; an unknown name lists the known ones."""
+    assert load_model_preset("Mixtral-S")[0] == load_model_preset("mixtral-s")[0]
+    with pytest.raises(PlannerInputError) as exc:
+        load_model_preset("gpt-5")
+    assert exc.value.field == "--model" and "mixtral-s" in str(exc.value) and "llama2-7b" in str(exc.value)
+
+
+def test_preset_yaml_path_and_errors(tmp_path):
+    """A YAML path in preset format loads; bad keys are named."""
+    f = tmp_path / "tiny.yaml"
+    f.write_text(
+        "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 100\n"
+        "num_experts: 4\nmoe_layer_freq: '([0]+[1]*3)'\ntraining:\n  global_batch_size: 16\n  seq_length: 512\n"
+    )
+    spec, training = load_model_preset(str(f))
+    assert spec.name == "tiny" and spec.seq_length == 512 and spec.layer_is_moe == (False, True, True, True)
+    assert training == {"global_batch_size": 16, "seq_length": 512}
+    f.write_text("num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 100\ntraining:\n  lr: 1\n")
+    with pytest.raises(PlannerInputError, match="lr"):
+        load_model_preset(str(f))
+    f.write_text("num_layers: 4\nhidden_size: 63\nnum_attention_heads: 4\nvocab_size: 100\n")
+    with pytest.raises(PlannerInputError, match="divisible"):
+        load_model_preset(str(f))
+    with pytest.raises(PlannerInputError, match="not found"):
+        load_model_preset(str(tmp_path / "missing.yaml"))
+
+
+# ---------------------------------------------------------------- HuggingFace configs
+# Small dicts copied from the published config.json files (only the fields that matter).
+
+LLAMA2_7B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+LLAMA3_70B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "vocab_size": 32000, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+}  # fmt: skip
+QWEN2_57B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 3584,
+    "intermediate_size": 18944, "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
+    "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "vocab_size": 151936, "max_position_embeddings": 32768,
+    "decoder_sparse_step": 1, "tie_word_embeddings": False,
+}  # fmt: skip
+QWEN3_30B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+}  # fmt: skip
+DSV2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": None, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+    "num_experts_per_tok": 6, "n_shared_experts": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "vocab_size": 102400, "max_position_embeddings": 163840, "tie_word_embeddings": False,
+}  # fmt: skip
+DSV3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+    "num_nextn_predict_layers": 1, "vocab_size": 129280, "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cfg, preset",
+    [
+        (LLAMA2_7B, "llama2-7b"),
+        (LLAMA3_70B, "llama3-70b"),
+        (MIXTRAL_8X7B, "mixtral-s"),
+        (QWEN2_57B, "qwen2-57b-a14b"),
+        (QWEN3_30B, "qwen3-30b-a3b"),
+        (DSV2_LITE, "deepseek-v2-lite"),
+        (DSV3, "deepseek-v3"),
+    ],
+)
+def test_hf_config_agrees_with_preset(cfg, preset):
+    """Converting the published config.json gives the same ModelSpec as the hand-written preset."""
+    from_hf = model_from_hf_config(cfg, preset)
+    spec, _ = load_model_preset(preset)
+    assert from_hf.model_dump() == spec.model_dump()
+
+
+def test_hf_family_details():
+    """Family-specific fields: GQA groups, shared experts, QK-norm/head_dim, MLA ranks, dense-first layers, MTP."""
+    assert model_from_hf_config(LLAMA2_7B, "x").num_query_groups is None
+    assert model_from_hf_config(LLAMA3_70B, "x").query_groups == 8
+    q2 = model_from_hf_config(QWEN2_57B, "q2")
+    assert q2.moe_shared_expert_intermediate_size == 20480 and q2.moe_ffn_size == 2560 and q2.moe_router_topk == 8
+    q3 = model_from_hf_config(QWEN3_30B, "q3")
+    assert q3.qk_layernorm and q3.head_dim == 128 and q3.num_experts == 128
+    v2 = model_from_hf_config(DSV2_LITE, "v2")
+    assert v2.multi_latent_attention and v2.q_lora_rank is None and v2.kv_lora_rank == 512
+    assert v2.layer_is_moe[:2] == (False, True) and v2.moe_shared_expert_intermediate_size == 2 * 1408
+    v3 = model_from_hf_config(DSV3, "v3")
+    assert v3.layer_is_moe.count(False) == 3 and v3.mtp_num_layers == 1 and v3.q_lora_rank == 1536
+
+
+def test_hf_sparse_step_and_dense_only_layers():
+    """Qwen3-MoE's decoder_sparse_step / mlp_only_layers and DeepSeek's moe_layer_freq pick the MoE layers."""
+    cfg = {**QWEN3_30B, "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
+    assert model_from_hf_config(cfg, "x").layer_is_moe == (False, True, False, False, False, True)
+    ds = {**DSV2_LITE, "num_hidden_layers": 6, "first_k_dense_replace": 1, "moe_layer_freq": 2}
+    assert model_from_hf_config(ds, "x").layer_is_moe == (False, False, True, False, True, False)
+
+
+def test_hf_unknown_architecture_lists_supported():
+    """An unsupported architecture is refused with the supported list."""
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "x")
+    for fam in ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"):
+        assert fam in str(exc.value)
+
+
+def test_hf_missing_or_bad_fields_are_named():
+    """A missing or mistyped config key is named in the error."""
+    cfg = dict(LLAMA2_7B)
+    del cfg["hidden_size"]
+    with pytest.raises(PlannerInputError, match="hidden_size"):
+        model_from_hf_config(cfg, "x")
+    with pytest.raises(PlannerInputError, match="num_hidden_layers"):
+        model_from_hf_config({**LLAMA2_7B, "num_hidden_layers": "32"}, "x")
