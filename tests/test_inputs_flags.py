@@ -383,11 +383,14 @@ _TOKEN = st.one_of(
 )
 
 
+_PAIR = st.tuples(st.sampled_from(_KNOWN), _VALUES).map(list)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_TOKEN, max_size=30), st.booleans())
-def test_random_flag_lists_raise_only_planner_input_errors(tokens, with_base):
+@given(st.lists(st.one_of(_TOKEN.map(lambda t: [t]), _PAIR), max_size=20), st.booleans())
+def test_random_flag_lists_raise_only_planner_input_errors(chunks, with_base):
     """Arbitrary token lists either parse or raise PlannerInputError, never another exception."""
-    argv = (BASE if with_base else []) + tokens
+    argv = (BASE if with_base else []) + [tok for chunk in chunks for tok in chunk]
     try:
         run = parse_megatron_flags(argv)
     except PlannerInputError as exc:
