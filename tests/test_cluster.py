@@ -1,0 +1,131 @@
+"""--cluster parsing: presets, YAML files, and the TYPE:COUNT shorthand."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from planner.errors import PlannerInputError
+from planner.inputs.cluster import parse_cluster, preset_paths
+from planner.profile_tables import PROFILES_DIR, ProfileSet
+
+
+@pytest.fixture(scope="module")
+def ps() -> ProfileSet:
+    return ProfileSet.load()
+
+
+def test_shorthand_canonicalises_types_and_keeps_order(ps):
+    """H800:16,mi300x:16,ascend910b:16 gives three groups of 2x8 in the order given, canonical names."""
+    c = parse_cluster("H800:16,mi300x:16,ascend910b:16", ps)
+    assert [(g.device_type, g.num_nodes, g.gpus_per_node) for g in c.groups] == [
+        ("H800", 2, 8), ("MI300X", 2, 8), ("910B", 2, 8)]
+    assert c.world_size == 48
+    assert c.device_types == ("H800", "MI300X", "910B")
+    assert c.links == ()
+
+
+def test_shorthand_partial_node_and_nodes_by_gpus(ps):
+    """A count below one node is one node of that many GPUs; NODESxGPUS sets both; spaces are fine."""
+    c = parse_cluster(" A100 : 4 , H100:3x4 ", ps)
+    assert [(g.device_type, g.num_nodes, g.gpus_per_node) for g in c.groups] == [("A100", 1, 4), ("H100", 3, 4)]
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("H800:12", ["H800:12", "multiple", "8"]),
+    ("H800:0", ["H800:0", "positive"]),
+    ("H800:abc", ["H800:abc", "positive"]),
+    ("TPU:8", ["unknown device", "H800", "MI300X"]),
+    ("H800:8,h800:8", ["twice"]),
+    ("H800:8,", ["empty item"]),
+    ("not-a-cluster", ["accepted forms", "TYPE:COUNT", "h800-mi300x"]),
+    ("missing.yaml", ["file not found", "missing.yaml"]),
+    ("", ["empty"]),
+])
+def test_bad_cluster_text_names_the_flag(ps, text, needles):
+    """Each bad --cluster value raises PlannerInputError on `--cluster` explaining what is wrong."""
+    with pytest.raises(PlannerInputError) as info:
+        parse_cluster(text, ps)
+    assert info.value.field == "--cluster"
+    for needle in needles:
+        assert needle in str(info.value), needle
+
+
+PAPER = {
+    "a100-910b": {"A100": 16, "910B": 16},
+    "h800-16": {"H800": 16},
+    "mi300x-16": {"MI300X": 16},
+    "910b-16": {"910B": 16},
+    "h800-mi300x": {"H800": 16, "MI300X": 16},
+    "h800-910b": {"H800": 16, "910B": 16},
+    "mi300x-910b": {"MI300X": 16, "910B": 16},
+    "h800-mi300x-910b": {"H800": 16, "MI300X": 16, "910B": 16},
+}
+
+
+@pytest.mark.parametrize("name,counts", sorted(PAPER.items()))
+def test_paper_presets(ps, name, counts):
+    """The paper's cluster settings are presets with the stated GPUs per type (case-insensitive name)."""
+    c = parse_cluster(name.upper(), ps)
+    assert c.gpus_by_type() == counts and c.name == name
+
+
+@pytest.mark.parametrize("path", sorted((PROFILES_DIR / "clusters").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_loads_with_known_devices(ps, path):
+    """Every shipped preset parses, names itself after its file, and uses known devices in whole nodes."""
+    c = parse_cluster(path.stem, ps)
+    assert c.name == path.stem
+    for g in c.groups:
+        assert ps.canonical_name(g.device_type) == g.device_type
+        assert g.gpus_per_node == ps.device(g.device_type).gpus_per_node
+    assert path.stem in preset_paths(ps)
+
+
+def test_yaml_file_with_overrides_and_links(ps, tmp_path):
+    """A cluster file canonicalises names, defaults gpus_per_node, keeps overrides, fills link defaults."""
+    f = tmp_path / "mine.yaml"
+    f.write_text(yaml.safe_dump({
+        "groups": [
+            {"device_type": "h800", "num_nodes": 2, "inter_node_bandwidth_gb_per_s": 25.0},
+            {"device_type": "Ascend-910B", "num_gpus": 16},
+        ],
+        "links": [{"between": ["H800", "ascend910b"], "kind": "ethernet"}],
+    }))
+    c = parse_cluster(str(f), ps)
+    assert c.name == "mine"
+    assert [(g.device_type, g.num_nodes, g.gpus_per_node) for g in c.groups] == [("H800", 2, 8), ("910B", 2, 8)]
+    assert c.groups[0].inter_node_bandwidth_gb_per_s == 25.0
+    link = c.cross_link("910B", "H800")
+    eth = ps.link_kind("ethernet")
+    assert link is not None and (link.bandwidth_gb_per_s, link.latency_us) == (eth.bandwidth_gb_per_s, eth.latency_us)
+    resolved = ps.cross_link("H800", "910B", c)
+    assert resolved.kind == "ethernet"
+    assert ps.cross_link("H800", "910B").kind == "host-memory"  # without the cluster: the vendor default
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"groups": [{"device_type": "H800", "num_nodes": 2, "colour": "red"}]}, "colour"),
+    ({"groups": []}, "groups"),
+    ({"groupz": [{"device_type": "H800", "num_nodes": 2}]}, "groupz"),
+    ({"groups": [{"device_type": "H800", "num_gpus": 12}]}, "num_gpus"),
+    ({"groups": [{"device_type": "H800", "num_nodes": 0}]}, "num_nodes"),
+    ({"groups": [{"device_type": "H800", "num_nodes": 1}], "links": [{"between": ["H800"], "kind": "roce"}]}, "between"),
+    ({"groups": [{"device_type": "H800", "num_nodes": 1}],
+      "links": [{"between": ["H800", "MI300X"], "kind": "carrier-pigeon"}]}, "carrier-pigeon"),
+])
+def test_bad_cluster_file_names_the_key(ps, tmp_path, body, needle):
+    """A bad cluster file raises PlannerInputError on --cluster naming the offending key."""
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(body))
+    with pytest.raises(PlannerInputError) as info:
+        parse_cluster(str(f), ps)
+    assert info.value.field == "--cluster" and needle in str(info.value)
+
+
+def test_presets_from_profiles_dir(tmp_path):
+    """A --profiles DIR/clusters/*.yaml file becomes a preset name."""
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "lab.yaml").write_text(yaml.safe_dump(
+        {"name": "lab", "groups": [{"device_type": "A800", "num_nodes": 1}]}))
+    ps = ProfileSet.load([tmp_path])
+    assert parse_cluster("lab", ps).gpus_by_type() == {"A800": 8}
