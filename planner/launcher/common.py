@@ -1,0 +1,763 @@
+"""Pieces both launchers share: flag items, the model/training flags, grouping into bash arrays,
+quoting, node placement (stage s on its device type), launch.sh and the host file.
+
+Terms.  A *flag item* is one option with its values, e.g. ("--num-layers", ["32"]).  An *agent*
+is one torchrun process (a launcher "node"): it runs `nproc` ranks; global rank =
+node_rank * nproc + local_rank (torchrun, static rendezvous).  Usually an agent is one host;
+when the plan needs smaller blocks than a host has GPUs, several agents share a host, each
+with its own CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from planner.errors import PlannerInputError
+from planner.inputs.script import LauncherScript
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.model import ModelSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan, Recompute
+from planner.schemas.training import TrainingSpec
+
+DEFAULT_MASTER_PORT = 6000
+MEGATRON_ENTRY = "pretrain_gpt.py"
+
+
+# --------------------------------------------------------------------------------------------
+# Flag items
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FlagItem:
+    """One option and its values; `array` is the bash array it goes to in launch.sh."""
+
+    name: str
+    values: list[str] = field(default_factory=list)
+    array: str = ""
+    inline: bool = False  # written as `--name=value` in the input
+
+    def tokens(self) -> list[str]:
+        if self.inline:
+            return [f"{self.name}={self.values[0]}"]
+        return [self.name, *self.values]
+
+
+def is_flag_token(tok: str) -> bool:
+    """An option token (`--x`, `-x`); negative numbers are values, as argparse treats them."""
+    if not tok.startswith("-") or len(tok) < 2:
+        return False
+    try:
+        float(tok)
+    except ValueError:
+        return True
+    return False
+
+
+def group_flag_items(tokens: Sequence[str]) -> list[FlagItem]:
+    """Split a flat flag list into items: each option with the values that follow it."""
+    items: list[FlagItem] = []
+    for tok in tokens:
+        if is_flag_token(tok):
+            if tok.startswith("--") and "=" in tok:
+                name, _, value = tok.partition("=")
+                items.append(FlagItem(name, [value], inline=True))
+            else:
+                items.append(FlagItem(tok))
+        elif items and not items[-1].inline:
+            items[-1].values.append(tok)
+        else:
+            items.append(FlagItem(tok))  # a stray value: kept verbatim, in place
+    return items
+
+
+def flatten(items: Iterable[FlagItem]) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        out.extend(item.tokens())
+    return out
+
+
+# Flags the plan decides: removed from the user's flags and written from the plan.
+PLAN_DECIDED_FLAGS = frozenset(
+    {
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--context-parallel-size",
+        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",
+        "--sequence-parallel",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--virtual-pipeline-model-parallel-size",
+        "--pipeline-model-parallel-layout",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split",
+        "--microbatch-group-size-per-virtual-pipeline-stage",
+        "--use-tp-pp-dp-mapping",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--recompute-num-layers",
+        "--recompute-modules",
+        "--recompute-activations",
+        "--moe-layer-recompute",
+        "--micro-batch-size",
+        "--global-batch-size",
+        # FlagScale's heterogeneous flags
+        "--enable-hetero",
+        "--hetero-process-meshes",
+        "--hetero-device-types",
+        "--hetero-current-device-type",
+        "--hetero-pipeline-layer-split",
+        "--expert-tensor-parallel-size-per-process-mesh",
+        "--recompute-granularity-per-stage-micro-batch",
+        "--recompute-method-per-stage-micro-batch",
+        "--recompute-num-layers-per-stage-micro-batch",
+        "--use-partial-reduce-for-shared-embedding",
+        "--standalone-embedding-stage",
+    }
+)
+
+_PARALLEL_EXTRA = {
+    "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    "--overlap-param-gather-with-optimizer-step",
+    "--tp-comm-overlap",
+    "--distributed-backend",
+    "--num-distributed-optimizer-instances",
+    "--hetero-use-cpu-communication",
+    "--cp-comm-type",
+    "--hierarchical-context-parallel-sizes",
+}
+_MODEL_FLAGS = {
+    "--use-mcore-models",
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--group-query-attention",
+    "--num-query-groups",
+    "--kv-channels",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--make-vocab-size-divisible-by",
+    "--swiglu",
+    "--normalization",
+    "--norm-epsilon",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--qk-layernorm",
+    "--position-embedding-type",
+    "--rotary-base",
+    "--rotary-percent",
+    "--no-position-embedding",
+    "--use-rotary-position-embeddings",
+    "--init-method-std",
+    "--attention-dropout",
+    "--hidden-dropout",
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+    "--mtp-num-layers",
+    "--transformer-impl",
+}
+_DATA_PREFIXES = ("--data-", "--tokenizer-", "--train-data", "--valid-data", "--test-data")
+_DATA_FLAGS = {"--mock-data", "--split", "--vocab-file", "--merge-file", "--vocab-size", "--num-workers"}
+_LOG_PREFIXES = ("--log-", "--tensorboard", "--wandb-", "--eval-", "--save", "--load", "--ckpt-")
+_LOG_FLAGS = {"--no-load-optim", "--no-load-rng", "--finetune", "--timing-log-level", "--timing-log-option"}
+
+# default concern arrays, in launch.sh order
+CONCERN_ORDER = (
+    "MODEL_ARGS",
+    "MOE_ARGS",
+    "DATA_ARGS",
+    "TRAINING_ARGS",
+    "MODEL_PARALLEL_ARGS",
+    "EVAL_AND_LOGGING_ARGS",
+    "OTHER_ARGS",
+)
+
+
+def concern_of(name: str) -> str:
+    """The default bash array (concern) of a Megatron flag."""
+    if name.startswith("--recompute") or name in (
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--moe-layer-recompute",
+        "--distribute-saved-activations",
+    ):
+        return "TRAINING_ARGS"
+    if name in PLAN_DECIDED_FLAGS or name in _PARALLEL_EXTRA:
+        return "MODEL_PARALLEL_ARGS"
+    if name == "--num-experts" or name.startswith("--moe-"):
+        return "MOE_ARGS"
+    if name in _MODEL_FLAGS:
+        return "MODEL_ARGS"
+    if name in _DATA_FLAGS or name.startswith(_DATA_PREFIXES):
+        return "DATA_ARGS"
+    if name in _LOG_FLAGS or name.startswith(_LOG_PREFIXES):
+        return "EVAL_AND_LOGGING_ARGS"
+    if name.startswith("-"):
+        return "TRAINING_ARGS"
+    return "OTHER_ARGS"
+
+
+# --------------------------------------------------------------------------------------------
+# Model and training flags (the run's settings the plan does not decide)
+# --------------------------------------------------------------------------------------------
+def moe_layer_freq_text(pattern: Sequence[int]) -> str:
+    """--moe-layer-freq as a list expression with runs compressed, e.g. ([0]*3+[1]*21); only the
+    characters Megatron allows (,digits[]()+*)."""
+    runs: list[tuple[int, int]] = []
+    for v in pattern:
+        if runs and runs[-1][0] == v:
+            runs[-1] = (v, runs[-1][1] + 1)
+        else:
+            runs.append((v, 1))
+    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
+
+
+def model_flag_items(model: ModelSpec) -> list[FlagItem]:
+    """The flags that give Megatron this ModelSpec (Megatron defaults left out where safe)."""
+    items: list[FlagItem] = []
+
+    def add(name: str, *values: object) -> None:
+        items.append(FlagItem(name, [str(v) for v in values]))
+
+    add("--num-layers", model.num_layers)
+    add("--hidden-size", model.hidden_size)
+    if model.ffn_hidden_size is not None:
+        add("--ffn-hidden-size", model.ffn_hidden_size)
+    add("--num-attention-heads", model.num_attention_heads)
+    if model.num_query_groups is not None:
+        add("--group-query-attention")
+        add("--num-query-groups", model.num_query_groups)
+    if model.kv_channels is not None:
+        add("--kv-channels", model.kv_channels)
+    add("--seq-length", model.seq_length)
+    add("--max-position-embeddings", model.max_position_embeddings or model.seq_length)
+    add("--vocab-size", model.vocab_size)
+    if model.make_vocab_size_divisible_by != 128:
+        add("--make-vocab-size-divisible-by", model.make_vocab_size_divisible_by)
+    if model.swiglu:
+        add("--swiglu")
+    if model.normalization != "LayerNorm":
+        add("--normalization", model.normalization)
+    if model.untie_embeddings_and_output_weights:
+        add("--untie-embeddings-and-output-weights")
+    if not model.add_bias_linear:
+        add("--disable-bias-linear")
+    if model.qk_layernorm:
+        add("--qk-layernorm")
+    if model.multi_latent_attention:
+        add("--multi-latent-attention")
+        if model.q_lora_rank is not None:
+            add("--q-lora-rank", model.q_lora_rank)
+        add("--kv-lora-rank", model.kv_lora_rank)
+        add("--qk-head-dim", model.qk_head_dim)
+        add("--qk-pos-emb-head-dim", model.qk_pos_emb_head_dim)
+        add("--v-head-dim", model.v_head_dim)
+    if model.mtp_num_layers:
+        add("--mtp-num-layers", model.mtp_num_layers)
+    if model.is_moe:
+        add("--num-experts", model.num_experts)
+        add("--moe-router-topk", model.moe_router_topk)
+        if model.moe_ffn_hidden_size is not None:
+            add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
+        if model.moe_shared_expert_intermediate_size is not None:
+            add("--moe-shared-expert-intermediate-size", model.moe_shared_expert_intermediate_size)
+        if model.moe_layer_pattern is not None:
+            add("--moe-layer-freq", moe_layer_freq_text(model.moe_layer_pattern))
+        if model.moe_expert_capacity_factor is not None:
+            add("--moe-expert-capacity-factor", model.moe_expert_capacity_factor)
+        add("--moe-token-dispatcher-type", model.moe_token_dispatcher_type)
+        if model.moe_grouped_gemm:
+            add("--moe-grouped-gemm")
+        if model.moe_router_force_load_balancing:
+            add("--moe-router-force-load-balancing")
+    return items
+
+
+_PRECISION_FLAGS = {"--bf16", "--fp16", "--fp8-format"}
+
+
+def training_flag_items(training: TrainingSpec) -> list[FlagItem]:
+    """Precision and optimizer/overlap flags of a TrainingSpec (batch sizes come from the plan)."""
+    items: list[FlagItem] = []
+    if training.precision == "bf16":
+        items.append(FlagItem("--bf16"))
+    elif training.precision == "fp16":
+        items.append(FlagItem("--fp16"))
+    elif training.precision == "fp8":
+        items += [FlagItem("--bf16"), FlagItem("--fp8-format", ["hybrid"])]
+    for on, name in (
+        (training.use_distributed_optimizer, "--use-distributed-optimizer"),
+        (training.overlap_grad_reduce, "--overlap-grad-reduce"),
+        (training.overlap_param_gather, "--overlap-param-gather"),
+        (training.tp_comm_overlap, "--tp-comm-overlap"),
+    ):
+        if on:
+            items.append(FlagItem(name))
+    return items
+
+
+def recompute_flag_items(r: Recompute) -> list[FlagItem]:
+    """Megatron's global recompute flags for one Recompute."""
+    if r.granularity == "none":
+        return []
+    if r.granularity == "selective":
+        return [FlagItem("--recompute-granularity", ["selective"]), FlagItem("--recompute-modules", list(r.modules))]
+    return [
+        FlagItem("--recompute-granularity", ["full"]),
+        FlagItem("--recompute-method", [str(r.method)]),
+        FlagItem("--recompute-num-layers", [str(r.num_layers)]),
+    ]
+
+
+def data_default_items(passthrough_names: set[str]) -> list[FlagItem]:
+    """Mock data and a NullTokenizer when the user's flags name no data or tokenizer, so the
+    emitted flags are complete; a real run replaces them in DATA_ARGS."""
+    items: list[FlagItem] = []
+    data_flags = {"--data-path", "--mock-data", "--train-data-path", "--data-args-path", "--per-split-data-args-path"}
+    if not passthrough_names & data_flags:
+        items.append(FlagItem("--mock-data"))
+    if "--tokenizer-type" not in passthrough_names:
+        items.append(FlagItem("--tokenizer-type", ["NullTokenizer"]))
+    return items
+
+
+def effective_model(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, list[str]]:
+    """The model as the launcher runs it: MoE with ETP > 1 gets --disable-bias-linear
+    (Megatron: "Bias in Moe is only supported when ETP==1").  Returns notes for launch.sh."""
+    if model.is_moe and plan.etp > 1 and model.add_bias_linear:
+        return model.model_copy(update={"add_bias_linear": False}), [
+            "--disable-bias-linear added: Megatron supports bias in MoE layers only with ETP == 1"
+        ]
+    return model, []
+
+
+def assemble_flags(
+    run: MegatronRun,
+    model: ModelSpec,
+    plan_items: list[FlagItem],
+    script: LauncherScript | None,
+) -> tuple[list[FlagItem], list[str]]:
+    """All flags for the entry script: the user's passthrough flags unchanged (minus the ones the
+    plan decides), the model/training flags the passthrough does not already give, and the
+    plan's flags; each item gets its bash array.  Returns (items, notes)."""
+    notes: list[str] = []
+    passthrough = group_flag_items(run.passthrough)
+    kept: list[FlagItem] = []
+    for item in passthrough:
+        if item.name in PLAN_DECIDED_FLAGS:
+            notes.append(f"{' '.join(item.tokens())} replaced by the plan")
+            continue
+        kept.append(item)
+    names = {item.name for item in kept}
+    generated: list[FlagItem] = []
+    for item in model_flag_items(model):
+        if item.name not in names:
+            generated.append(item)
+    training_items = training_flag_items(run.training)
+    if names & _PRECISION_FLAGS:
+        training_items = [i for i in training_items if i.name not in _PRECISION_FLAGS]
+    generated += [i for i in training_items if i.name not in names]
+    generated += data_default_items(names)
+    items = generated + kept + plan_items
+    origins = _script_origins(script)
+    for item in items:
+        item.array = origins.get(item.name) or concern_of(item.name)
+    return _order_items(items, script), notes
+
+
+def _script_origins(script: LauncherScript | None) -> dict[str, str]:
+    """flag name -> the user's bash array that held it (first occurrence)."""
+    out: dict[str, str] = {}
+    if script is None:
+        return out
+    for tok, origin in zip(script.megatron_flags, script.flag_arrays):
+        if origin and is_flag_token(tok):
+            name = tok.partition("=")[0] if tok.startswith("--") else tok
+            out.setdefault(name, origin)
+    return out
+
+
+def array_order(items: list[FlagItem], script: LauncherScript | None) -> list[str]:
+    """Arrays in launch.sh order: the user's (as the launch command used them), then ours."""
+    order: list[str] = []
+    if script is not None:
+        order += [a for a in script.launch_arrays if a != "DISTRIBUTED_ARGS"]
+    order += [a for a in CONCERN_ORDER if a not in order]
+    used = {i.array for i in items}
+    order += sorted(a for a in used if a not in order)
+    return [a for a in order if a in used]
+
+
+def _order_items(items: list[FlagItem], script: LauncherScript | None) -> list[FlagItem]:
+    order = array_order(items, script)
+    rank = {a: k for k, a in enumerate(order)}
+    return sorted(items, key=lambda i: rank[i.array])  # stable: keeps order inside an array
+
+
+def arrays_of(items: list[FlagItem], script: LauncherScript | None) -> dict[str, list[FlagItem]]:
+    out: dict[str, list[FlagItem]] = {a: [] for a in array_order(items, script)}
+    for item in items:
+        out[item.array].append(item)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Quoting
+# --------------------------------------------------------------------------------------------
+def bash_value(value: str, live_refs: Sequence[str] = ()) -> str:
+    """A value in double quotes.  Texts in `live_refs` (what the input script left for bash to
+    expand: `${DATA_PATH}`, `$1`, `$(date)`) stay live; everything else is escaped."""
+    refs = sorted((r for r in live_refs if r and r in value), key=len, reverse=True)
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        for ref in refs:
+            if value.startswith(ref, i):
+                out.append(ref)
+                i += len(ref)
+                break
+        else:
+            c = value[i]
+            out.append("\\" + c if c in '\\"$`' else c)
+            i += 1
+    return '"' + "".join(out) + '"'
+
+
+def bash_item(item: FlagItem, live_refs: Sequence[str] = ()) -> str:
+    """One flag item for a bash array line: the option bare, every value double-quoted."""
+    if item.inline:
+        return item.name + "=" + bash_value(item.values[0], live_refs)
+    head = item.name if is_flag_token(item.name) else bash_value(item.name, live_refs)
+    return " ".join([head, *(bash_value(v, live_refs) for v in item.values)])
+
+
+def args_file_text(items: Iterable[FlagItem]) -> str:
+    """megatron_args.txt: one flag per line, shell-quoted; shlex.split of the file gives the
+    exact argv back."""
+    return "\n".join(" ".join(shlex.quote(t) for t in item.tokens()) for item in items) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Placement: stage s -> ranks -> agents -> hosts
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Agent:
+    """One torchrun process: node rank, host, device type, ranks, the GPUs it uses."""
+
+    node_rank: int
+    host: str
+    device_type: str
+    first_rank: int
+    nproc: int
+    stages: list[int]
+    gpu_ids: list[int]
+    host_gpus: int
+
+
+def stage_rank_ranges(plan: Plan) -> list[tuple[int, int]]:
+    """Global rank range [start, end) of every stage: TP*CP*DP_s consecutive ranks, in stage
+    order (Megatron's default order tp-cp-ep-dp-pp, and FlagScale's mesh order)."""
+    out, start = [], 0
+    for s in plan.stages:
+        size = plan.tp * plan.cp * s.dp
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def _host_name(device_type: str, k: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", device_type.lower()).strip("-") or "node"
+    return f"{slug}-node{k}"
+
+
+def place_agents(plan: Plan, cluster: ClusterSpec) -> list[Agent]:
+    """Agents in node-rank order so that stage s lands on its device type.
+
+    nproc (equal on every agent, as torchrun requires) is the largest block that divides every
+    run of consecutive same-type ranks and every used host's GPU count.  Raises
+    PlannerInputError("--cluster") when a device type is missing or short of GPUs."""
+    ranges = stage_rank_ranges(plan)
+    runs: list[tuple[str, int, int, list[int]]] = []  # type, start, end, stages
+    for i, (stage, (a, b)) in enumerate(zip(plan.stages, ranges)):
+        if runs and runs[-1][0] == stage.device_type:
+            t, start, _, stages = runs[-1]
+            runs[-1] = (t, start, b, stages + [i])
+        else:
+            runs.append((stage.device_type, a, b, [i]))
+    need = plan.gpus_by_type()
+    have = cluster.gpus_by_type()
+    for t, n in need.items():
+        if t not in have:
+            raise PlannerInputError(
+                "--cluster", f"the plan places stages on {t}, which the cluster does not have "
+                f"(it has {', '.join(have) or 'nothing'})"
+            )
+        if n > have[t]:
+            raise PlannerInputError("--cluster", f"the plan needs {n} {t} GPUs, the cluster has {have[t]}")
+    hosts: dict[str, list[tuple[str, int]]] = {}
+    for t in need:
+        k = 0
+        for g in cluster.groups:
+            if g.device_type != t:
+                continue
+            for _ in range(g.num_nodes):
+                hosts.setdefault(t, []).append((_host_name(t, k), g.gpus_per_node))
+                k += 1
+    sizes = [b - a for _, a, b, _ in runs]
+    sizes += [gpn for t in need for _, gpn in hosts[t]]
+    nproc = 0
+    for s in sizes:
+        nproc = math.gcd(nproc, s)
+    # free agent slots per type: (host, gpu ids, host gpus), consumed in order
+    slots: dict[str, list[tuple[str, list[int], int]]] = {}
+    for t in need:
+        for host, gpn in hosts[t]:
+            for j in range(gpn // nproc):
+                slots.setdefault(t, []).append((host, list(range(j * nproc, (j + 1) * nproc)), gpn))
+    agents: list[Agent] = []
+    for t, a, b, _stages in runs:
+        for first in range(a, b, nproc):
+            if not slots.get(t):
+                raise PlannerInputError(
+                    "--cluster",
+                    f"not enough {t} nodes: with {nproc} GPUs per torchrun agent the plan needs "
+                    f"more {t} agents than the cluster's nodes provide",
+                )
+            host, gpus, gpn = slots[t].pop(0)
+            stage_ids = [i for i, (sa, sb) in enumerate(ranges) if sa < first + nproc and sb > first]
+            agents.append(Agent(len(agents), host, t, first, nproc, stage_ids, gpus, gpn))
+    return agents
+
+
+def hostfile_text(agents: list[Agent]) -> str:
+    """One line per host, in node-rank order: `host slots=N type=T`."""
+    lines: list[str] = []
+    seen: dict[str, int] = {}
+    order: list[str] = []
+    types: dict[str, str] = {}
+    for ag in agents:
+        if ag.host not in seen:
+            order.append(ag.host)
+            seen[ag.host] = 0
+            types[ag.host] = ag.device_type
+        seen[ag.host] += ag.nproc
+    for host in order:
+        lines.append(f"{host} slots={seen[host]} type={types[host]}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# launch.sh
+# --------------------------------------------------------------------------------------------
+_DIST_LAUNCHER_OPTS = re.compile(
+    r"^--(nproc[-_]per[-_]node|nnodes|node[-_]rank|master[-_]addr|master[-_]port|rdzv[-_].*|standalone)$"
+)
+
+
+def user_launcher_items(script: LauncherScript | None) -> list[FlagItem]:
+    """The input script's own torchrun options that do not decide placement (e.g. --log-dir)."""
+    if script is None:
+        return []
+    out: list[FlagItem] = []
+    for item in group_flag_items(script.launcher_args):
+        if not _DIST_LAUNCHER_OPTS.match(item.name):
+            out.append(item)
+    return out
+
+
+def launcher_words(script: LauncherScript | None) -> list[str]:
+    """The input's launcher when it is torchrun or `python -m torch.distributed.run`, else torchrun."""
+    if script is not None and (
+        script.launcher[0].rsplit("/", 1)[-1] == "torchrun" or "-m" in script.launcher
+    ):
+        return list(script.launcher)
+    return ["torchrun"]
+
+
+def default_master_port(script: LauncherScript | None) -> str:
+    if script is not None:
+        port = script.env.get("MASTER_PORT", "")
+        if port.isdigit():
+            return port
+    return str(DEFAULT_MASTER_PORT)
+
+
+def _preamble(script: LauncherScript, moved_blocks: list[tuple[int, int]]) -> list[str]:
+    """The input script's lines before its launch command, minus the array assignments the
+    planner rebuilds and the conditional blocks it replays after its arrays."""
+    lines = script.lines
+    offset = 1 if lines and lines[0].startswith("#!") else 0
+    drop: dict[int, str] = {}
+    for a, b, name in script.array_statements:
+        for ln in range(a, b + 1):
+            drop[ln] = ""
+        drop[a] = f"# [hapmoe] {name} (input lines {a}-{b}) is rebuilt from the plan below"
+    for a, b in moved_blocks:
+        for ln in range(a, b + 1):
+            drop[ln] = ""
+        drop[a] = f"# [hapmoe] conditional block (input lines {a}-{b}) moved after the planner's arrays"
+    out: list[str] = []
+    for ln in range(1 + offset, script.launch_start_line):
+        if ln in drop:
+            if drop[ln]:
+                out.append(drop[ln])
+            continue
+        out.append(lines[ln - 1])
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+@dataclass
+class LaunchSpec:
+    """Everything launch.sh needs beyond the flag arrays."""
+
+    runtime: str
+    entry_script: str
+    header: list[str]
+    notes: list[str]
+    needs_max_connections: bool
+    per_agent_items: dict[int, list[FlagItem]] = field(default_factory=dict)
+
+
+def launch_sh_text(
+    items: list[FlagItem],
+    agents: list[Agent],
+    spec: LaunchSpec,
+    script: LauncherScript | None,
+) -> str:
+    """The bash launcher: the input script's preamble, flag arrays per concern, and one torchrun
+    line per agent (explicit --nnodes/--node-rank/--master-addr/--master-port, static rendezvous)."""
+    live = list(script.unresolved) if script is not None else []
+    nproc = agents[0].nproc
+    out: list[str] = ["#!/bin/bash"]
+    out += ["# " + line if line else "#" for line in spec.header]
+    if spec.notes:
+        out.append("#")
+        out += [f"# note: {n}" for n in spec.notes]
+    out.append("")
+    moved: list[tuple[int, int]] = []
+    replay: list[str] = []
+    if script is not None:
+        used = set(script.launch_arrays)
+        for blk in script.conditional_blocks:
+            if set(blk.arrays) & used:
+                moved.append((blk.start_line, blk.end_line))
+                replay += script.lines[blk.start_line - 1 : blk.end_line]
+        pre = _preamble(script, moved)
+        if pre:
+            out.append("# ---- from the input launcher (paths, environment, data, checkpoints) ----")
+            out += pre
+            out.append("")
+        for k, v in script.launch_env.items():
+            out.append(f"export {k}={bash_value(v, live)}")
+    if spec.needs_max_connections:
+        out.append("# Megatron needs this with tensor or context parallelism (pre-Blackwell GPUs)")
+        out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    out.append("")
+    out.append(f'HAPMOE_MASTER_ADDR="${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}"')
+    out.append(f'HAPMOE_MASTER_PORT="${{HAPMOE_MASTER_PORT:-{default_master_port(script)}}}"')
+    out.append("")
+    dist = [
+        FlagItem("--nproc-per-node", [str(nproc)]),
+        FlagItem("--nnodes", [str(len(agents))]),
+        FlagItem("--master-addr", ["${HAPMOE_MASTER_ADDR}"]),
+        FlagItem("--master-port", ["${HAPMOE_MASTER_PORT}"]),
+        FlagItem("--rdzv-backend", ["static"]),
+        *user_launcher_items(script),
+    ]
+    dist_live = live + ["${HAPMOE_MASTER_ADDR}", "${HAPMOE_MASTER_PORT}"]
+    out.append("DISTRIBUTED_ARGS=(")
+    out += [f"    {bash_item(i, dist_live)}" for i in dist]
+    out.append(")")
+    arrays = arrays_of(items, script)
+    for name, arr_items in arrays.items():
+        out.append("")
+        out.append(f"{name}=(")
+        out += [f"    {bash_item(i, live)}" for i in arr_items]
+        out.append(")")
+    if replay:
+        out.append("")
+        out.append("# ---- conditional additions from the input launcher, replayed as written ----")
+        out += replay
+    out.append("")
+    launcher = launcher_words(script)
+    arrays_ref = " ".join(f'"${{{n}[@]}}"' for n in arrays)
+    out.append("# One torchrun agent per line; agent k runs global ranks [k*nproc, (k+1)*nproc).")
+    out.append("run_agent() {")
+    out.append('    case "$1" in')
+    for ag in agents:
+        extra = " ".join(bash_item(i) for i in spec.per_agent_items.get(ag.node_rank, []))
+        env = ""
+        if ag.nproc < ag.host_gpus:
+            env = f'CUDA_VISIBLE_DEVICES="{",".join(map(str, ag.gpu_ids))}" '
+        stages = ",".join(map(str, ag.stages))
+        out.append(
+            f"        {ag.node_rank})  # {ag.host} {ag.device_type}: ranks "
+            f"{ag.first_rank}-{ag.first_rank + ag.nproc - 1}, stage(s) {stages}"
+        )
+        line = (
+            f"            {env}{' '.join(launcher)} \"${{DISTRIBUTED_ARGS[@]}}\" --node-rank \"{ag.node_rank}\" "
+            f"{bash_value(spec.entry_script, live)} {arrays_ref}"
+        )
+        if extra:
+            line += " " + extra
+        out.append(line + " ;;")
+    out.append('        *) echo "launch.sh: no agent $1 (0-' + str(len(agents) - 1) + ')" >&2; return 2 ;;')
+    out.append("    esac")
+    out.append("}")
+    out.append("")
+    out.append("# Run on every host listed in hostfile.  HAPMOE_NODE_RANK picks one agent explicitly;")
+    out.append("# otherwise the host name selects the agent(s) of this host.")
+    out.append('if [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then')
+    out.append('    run_agent "${HAPMOE_NODE_RANK}"')
+    out.append("    exit $?")
+    out.append("fi")
+    out.append('case "${HAPMOE_HOST:-$(hostname -s)}" in')
+    by_host: dict[str, list[int]] = {}
+    for ag in agents:
+        by_host.setdefault(ag.host, []).append(ag.node_rank)
+    for host, ranks in by_host.items():
+        if len(ranks) == 1:
+            out.append(f"    {host}) run_agent {ranks[0]} ;;")
+        else:
+            body = " & ".join(f"run_agent {r}" for r in ranks)
+            out.append(f"    {host}) {body} & wait ;;")
+    out.append(
+        '    *) echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or '
+        'HAPMOE_HOST" >&2; exit 2 ;;'
+    )
+    out.append("esac")
+    return "\n".join(out) + "\n"
+
+
+def plan_header(plan: Plan, model: ModelSpec, agents: list[Agent]) -> list[str]:
+    """Comment lines describing the plan: degrees and one line per stage with its agents."""
+    ranges = stage_rank_ranges(plan)
+    lines = [
+        f"Generated by hapmoe for the {plan.runtime} runtime: {model.name}, {model.num_layers} layers, "
+        f"world size {plan.world_size}",
+        f"TP={plan.tp} CP={plan.cp} EP={plan.ep} ETP={plan.etp} PP={plan.pp} VPP={plan.vpp} "
+        f"mbs={plan.mbs} gbs={plan.gbs} micro-batches={plan.num_microbatches}",
+    ]
+    for i, (s, (a, b)) in enumerate(zip(plan.stages, ranges)):
+        nodes = sorted({ag.node_rank for ag in agents if i in ag.stages})
+        lines.append(
+            f"stage {i}: {s.device_type}, {s.num_layers} layers, DP={s.dp}, recompute "
+            f"{s.recompute.label}, ranks {a}-{b - 1}, agents {','.join(map(str, nodes))}"
+        )
+    return lines

@@ -1,0 +1,299 @@
+"""FlagScale heterogeneous launcher: the train YAML, the experiment YAML, megatron_args.txt,
+launch.sh and a host file with `type=` per node (reference/megatron.md section 6).
+
+Each process mesh is a run of consecutive stages on one device type with the same DP; it is
+written as `TP CP EP DP PP` in `hetero_process_meshes`.  Mesh i runs micro-batches of
+DP0*mbs/DP_i samples per DP rank, so `--micro-batch-size` is the plan's mbs (stated for mesh 0).
+Per-stage recompute becomes FlagScale's `recompute_*_per_stage_micro_batch` lists, whose entries
+are `[n_stages, n_microbatches, value]` (granularity 1/0 = full recompute on/off; method
+0 = uniform, 1 = block; num_layers k).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from planner.errors import PlannerInputError
+from planner.inputs.script import LauncherScript
+from planner.launcher.common import (
+    FlagItem,
+    LaunchSpec,
+    args_file_text,
+    assemble_flags,
+    concern_of,
+    effective_model,
+    hostfile_text,
+    launch_sh_text,
+    place_agents,
+    plan_header,
+    recompute_flag_items,
+)
+from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.model import ModelSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan, Recompute
+
+FLAGSCALE_ENTRY = "flagscale/train/train_gpt.py"
+TRAIN_CONFIG_NAME = "hapmoe"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One FlagScale process mesh: consecutive stages of one device type with equal DP."""
+
+    device_type: str
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    etp: int
+    first_stage: int
+
+    def numbers(self) -> list[int]:
+        """The five numbers of --hetero-process-meshes: TP CP EP DP PP."""
+        return [self.tp, self.cp, self.ep, self.dp, self.pp]
+
+
+def process_meshes(plan: Plan) -> list[Mesh]:
+    """Group consecutive stages with the same device type and DP into meshes."""
+    meshes: list[Mesh] = []
+    for i, s in enumerate(plan.stages):
+        last = meshes[-1] if meshes else None
+        if last is not None and last.device_type == s.device_type and last.dp == s.dp:
+            meshes[-1] = Mesh(last.device_type, last.tp, last.cp, last.ep, last.dp, last.pp + 1, last.etp, last.first_stage)
+        else:
+            meshes.append(Mesh(s.device_type, plan.tp, plan.cp, plan.ep, s.dp, 1, plan.etp, i))
+    return meshes
+
+
+def _runs(values: list[int]) -> list[tuple[int, int]]:
+    """Consecutive equal values as (count, value)."""
+    out: list[tuple[int, int]] = []
+    for v in values:
+        if out and out[-1][1] == v:
+            out[-1] = (out[-1][0] + 1, v)
+        else:
+            out.append((1, v))
+    return out
+
+
+def per_stage_recompute(plan: Plan) -> tuple[list[FlagItem], dict[str, list[list[int]]]]:
+    """Recompute flags: the global flags when every stage agrees; otherwise full recompute
+    globally plus FlagScale's per-stage lists (entries [n_stages, n_microbatches, value])."""
+    recomputes = [s.recompute for s in plan.stages]
+    if len({r.label for r in recomputes}) == 1:
+        return recompute_flag_items(recomputes[0]), {}
+    fulls = [r for r in recomputes if r.granularity == "full"]
+    base: Recompute = fulls[0]
+    m = plan.num_microbatches
+    on = [1 if r.granularity == "full" else 0 for r in recomputes]
+    method = [1 if r.granularity == "full" and r.method == "block" else 0 for r in recomputes]
+    layers = [int(r.num_layers or 0) if r.granularity == "full" else 0 for r in recomputes]
+    lists = {
+        "recompute_granularity_per_stage_micro_batch": [[n, m, v] for n, v in _runs(on)],
+        "recompute_method_per_stage_micro_batch": [[n, m, v] for n, v in _runs(method)],
+        "recompute_num_layers_per_stage_micro_batch": [[n, m, v] for n, v in _runs(layers)],
+    }
+    items = recompute_flag_items(base)
+    for key, entries in lists.items():
+        flag = "--" + key.replace("_", "-")
+        items.append(FlagItem(flag, [str(e) for e in entries]))
+    return items, lists
+
+
+def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tuple[list[FlagItem], dict[str, Any]]:
+    """The flags the plan decides for FlagScale, and the same as YAML sections (system.hetero,
+    system.recompute)."""
+    tied = not model.untie_embeddings_and_output_weights or model.mtp_num_layers > 0
+    hetero: dict[str, Any] = {
+        "enable_hetero": True,
+        "hetero_process_meshes": [n for mesh in meshes for n in mesh.numbers()],
+        "hetero_pipeline_layer_split": [s.num_layers for s in plan.stages],
+        "hetero_device_types": [mesh.device_type for mesh in meshes],
+        "hetero_current_device_type": meshes[0].device_type,
+    }
+    if model.is_moe:
+        hetero["expert_tensor_parallel_size_per_process_mesh"] = [mesh.etp for mesh in meshes]
+    if tied and meshes[0].dp != meshes[-1].dp:
+        hetero["use_partial_reduce_for_shared_embedding"] = True
+    items = [
+        FlagItem("--tensor-model-parallel-size", [str(plan.tp)]),
+        FlagItem("--pipeline-model-parallel-size", [str(plan.pp)]),
+    ]
+    if model.is_moe:
+        items.append(FlagItem("--expert-model-parallel-size", [str(plan.ep)]))
+        items.append(FlagItem("--expert-tensor-parallel-size", [str(plan.etp)]))
+    if plan.tp > 1 and plan.sequence_parallel:
+        items.append(FlagItem("--sequence-parallel"))
+    for key, value in hetero.items():
+        if key == "hetero_current_device_type":
+            continue  # per host, in launch.sh
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            items.append(FlagItem(flag))
+        else:
+            items.append(FlagItem(flag, [str(v) for v in value]))
+    items.append(FlagItem("--micro-batch-size", [str(plan.mbs)]))
+    items.append(FlagItem("--global-batch-size", [str(plan.gbs)]))
+    recompute_items, lists = per_stage_recompute(plan)
+    items += recompute_items
+    recompute: dict[str, Any] = {}
+    for item in recompute_items:
+        key = item.name[2:].replace("-", "_")
+        if key in lists:
+            recompute[key] = lists[key]
+        elif key == "recompute_modules":
+            recompute[key] = list(item.values)
+        else:
+            recompute[key] = _yaml_scalar(item.values[0])
+    return items, {"hetero": hetero, "recompute": recompute}
+
+
+# --------------------------------------------------------------------------------------------
+# YAML
+# --------------------------------------------------------------------------------------------
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z_0-9]*)\}")
+
+
+def _yaml_scalar(value: str) -> Any:
+    """Integers as ints, `${NAME}` as OmegaConf's env resolver, the rest as text."""
+    if re.fullmatch(r"-?\d+", value):
+        return int(value)
+    return _ENV_REF.sub(lambda m: "${oc.env:" + m.group(1) + "}", value)
+
+
+def _yaml_value(item: FlagItem) -> Any:
+    if not item.values:
+        return True
+    values = [_yaml_scalar(v) for v in item.values]
+    return values[0] if len(values) == 1 else values
+
+
+_SECTION = {
+    "MODEL_PARALLEL_ARGS": ("system",),
+    "EVAL_AND_LOGGING_ARGS": ("system", "logging"),
+    "OTHER_ARGS": ("system",),
+    "MODEL_ARGS": ("model",),
+    "MOE_ARGS": ("model",),
+    "TRAINING_ARGS": ("model",),
+    "DATA_ARGS": ("data",),
+}
+
+
+def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any]:
+    """FlagScale's train config (system / model / data); every key becomes `--key-name` again
+    through FlagScale's flatten_dict_to_args."""
+    cfg: dict[str, Any] = {"system": {}, "model": {}, "data": {}}
+    plan_keys = set(sections["hetero"]) | set(sections["recompute"])
+    for item in items:
+        key = item.name.lstrip("-").replace("-", "_")
+        if key in plan_keys:
+            continue
+        if item.inline or not item.name.startswith("--"):
+            path: tuple[str, ...] = ("system",)
+        else:
+            path = _SECTION[concern_of(item.name)]
+        node = cfg
+        for part in path:
+            node = node.setdefault(part, {})
+        node[key] = _yaml_value(item)
+    cfg["system"]["hetero"] = sections["hetero"]
+    if sections["recompute"]:
+        cfg["system"]["recompute"] = sections["recompute"]
+    return cfg
+
+
+def experiment_yaml(entry: str, nnodes: int, nproc: int, needs_max_connections: bool) -> dict[str, Any]:
+    """FlagScale's experiment config: runner, host file and environment."""
+    envs: dict[str, Any] = {}
+    if needs_max_connections:
+        envs["CUDA_DEVICE_MAX_CONNECTIONS"] = 1
+    return {
+        "defaults": [{"train": TRAIN_CONFIG_NAME}, "_self_"],
+        "experiment": {
+            "exp_name": "hapmoe",
+            "exp_dir": "./outputs_hapmoe",
+            "task": {"type": "train", "backend": "megatron", "entrypoint": entry},
+            "runner": {
+                "backend": "torchrun",
+                "nnodes": nnodes,
+                "nproc_per_node": nproc,
+                "hostfile": "hostfile",
+            },
+            "envs": envs,
+        },
+        "action": "run",
+        "hydra": {"run": {"dir": "${experiment.exp_dir}/hydra"}},
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for mappings, flow style ([1, 2, 3]) for lists of scalars."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(not isinstance(v, (list, dict)) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def _dump(header: str, data: dict[str, Any]) -> str:
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    return "".join(f"# {line}\n" for line in header.splitlines()) + body
+
+
+def flagscale_files(
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+) -> dict[str, str]:
+    """{relative path: text} for the flagscale runtime; refuses (PlannerInputError) a plan
+    FlagScale cannot run, with the reason."""
+    refusals = check_runtime_expressible(plan, run.model)
+    if refusals:
+        raise PlannerInputError(
+            "--runtime", "FlagScale cannot run this plan: " + format_violations(refusals)
+        )
+    model, notes = effective_model(run.model, plan)
+    assert_plan_ok(model, plan, run.training)
+    meshes = process_meshes(plan)
+    agents = place_agents(plan, cluster)
+    plan_items, sections = flagscale_plan_items(plan, model, meshes)
+    items, more_notes = assemble_flags(run, model, plan_items, script)
+    notes = notes + more_notes + (script.warnings if script is not None else [])
+    entry = FLAGSCALE_ENTRY
+    if script is not None and not script.entry_script.endswith("pretrain_gpt.py"):
+        entry = script.entry_script
+    elif script is not None:
+        notes.append(f"entry {script.entry_script} replaced by FlagScale's {FLAGSCALE_ENTRY}")
+    per_agent = {
+        ag.node_rank: [FlagItem("--hetero-current-device-type", [ag.device_type])] for ag in agents
+    }
+    needs_conn = plan.tp > 1 or plan.cp > 1
+    spec = LaunchSpec(
+        runtime="flagscale",
+        entry_script=entry,
+        header=plan_header(plan, model, agents)
+        + [f"FlagScale meshes (TP CP EP DP PP): {[m.numbers() for m in meshes]}"],
+        notes=notes,
+        needs_max_connections=needs_conn,
+        per_agent_items=per_agent,
+    )
+    header = "\n".join(plan_header(plan, model, agents))
+    train = train_yaml(items, sections)
+    return {
+        "megatron_args.txt": args_file_text(items),
+        "launch.sh": launch_sh_text(items, agents, spec, script),
+        "hostfile": hostfile_text(agents),
+        f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
+        "flagscale/conf/config.yaml": _dump(
+            header + "\nRun: python run.py --config-path <this dir> --config-name config",
+            experiment_yaml(entry, len(agents), agents[0].nproc, needs_conn),
+        ),
+    }

@@ -1,0 +1,120 @@
+"""Upstream Megatron-LM launcher: megatron_args.txt, launch.sh and hostfile from a Plan.
+
+Upstream Megatron has one (TP, CP, DP, EP, ETP) and one recompute setting for the job; layers
+per stage are free through `--pipeline-model-parallel-layout` (or the first/last-stage flags
+when only the end stages differ); the device type of stage s is fixed by host order, since
+stage s owns global ranks [s*TP*CP*DP, (s+1)*TP*CP*DP) (reference/megatron.md sections 1-3, 8).
+"""
+
+from __future__ import annotations
+
+from planner.errors import PlannerInputError
+from planner.inputs.megatron_flags import format_layout
+from planner.inputs.script import LauncherScript
+from planner.launcher.common import (
+    MEGATRON_ENTRY,
+    FlagItem,
+    LaunchSpec,
+    args_file_text,
+    assemble_flags,
+    effective_model,
+    hostfile_text,
+    launch_sh_text,
+    place_agents,
+    plan_header,
+    recompute_flag_items,
+)
+from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.model import ModelSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan
+
+
+def virtual_stage_layers(stage_layers: list[int], vpp: int) -> list[int]:
+    """Decoder layers per virtual stage in layout order: stage index i runs on pipeline rank
+    i % PP as virtual chunk i // PP.  Each rank's layers are split over its vpp chunks as evenly
+    as possible, earlier chunks taking the remainder."""
+    pp = len(stage_layers)
+    out = [0] * (pp * vpp)
+    for rank, n in enumerate(stage_layers):
+        base, extra = divmod(n, vpp)
+        for chunk in range(vpp):
+            out[chunk * pp + rank] = base + (1 if chunk < extra else 0)
+    return out
+
+
+def layout_flag_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
+    """The pipeline split flags: nothing when uniform, the first/last-stage flags when only the
+    end stages differ, else --pipeline-model-parallel-layout (always with interleaving)."""
+    counts = [s.num_layers for s in plan.stages]
+    pp = len(counts)
+    if plan.vpp > 1:
+        layout = format_layout(virtual_stage_layers(counts, plan.vpp), mtp_num_layers=model.mtp_num_layers)
+        return [FlagItem("--pipeline-model-parallel-layout", [layout])]
+    if pp == 1 or len(set(counts)) == 1:
+        return []
+    middle = counts[1:-1]
+    if 0 not in counts and len(set(middle)) <= 1:
+        if not middle:  # PP == 2: the first-stage count fixes the last
+            return [FlagItem("--decoder-first-pipeline-num-layers", [str(counts[0])])]
+        mid = middle[0]
+        items: list[FlagItem] = []
+        if counts[0] != mid:
+            items.append(FlagItem("--decoder-first-pipeline-num-layers", [str(counts[0])]))
+        if counts[-1] != mid:
+            items.append(FlagItem("--decoder-last-pipeline-num-layers", [str(counts[-1])]))
+        return items
+    layout = format_layout(counts, mtp_num_layers=model.mtp_num_layers)
+    return [FlagItem("--pipeline-model-parallel-layout", [layout])]
+
+
+def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
+    """The flags the plan decides: parallel sizes, sequence parallel, layout, batch, recompute."""
+    items = [
+        FlagItem("--tensor-model-parallel-size", [str(plan.tp)]),
+        FlagItem("--pipeline-model-parallel-size", [str(plan.pp)]),
+        FlagItem("--context-parallel-size", [str(plan.cp)]),
+    ]
+    if model.is_moe:
+        items.append(FlagItem("--expert-model-parallel-size", [str(plan.ep)]))
+        items.append(FlagItem("--expert-tensor-parallel-size", [str(plan.etp)]))
+    if plan.tp > 1 and plan.sequence_parallel:
+        items.append(FlagItem("--sequence-parallel"))
+    items += layout_flag_items(plan, model)
+    items.append(FlagItem("--micro-batch-size", [str(plan.mbs)]))
+    items.append(FlagItem("--global-batch-size", [str(plan.gbs)]))
+    items += recompute_flag_items(plan.stages[0].recompute)
+    return items
+
+
+def megatron_files(
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+) -> dict[str, str]:
+    """{file name: text} for the megatron runtime; refuses (PlannerInputError) a plan upstream
+    Megatron cannot run, with the reason."""
+    refusals = check_runtime_expressible(plan)
+    if refusals:
+        raise PlannerInputError(
+            "--runtime",
+            "upstream Megatron-LM cannot run this plan: " + format_violations(refusals),
+        )
+    model, notes = effective_model(run.model, plan)
+    assert_plan_ok(model, plan, run.training)
+    agents = place_agents(plan, cluster)
+    plan_items = megatron_plan_items(plan, model)
+    items, more_notes = assemble_flags(run, model, plan_items, script)
+    notes = notes + more_notes + (script.warnings if script is not None else [])
+    entry = script.entry_script if script is not None else MEGATRON_ENTRY
+    spec = LaunchSpec(
+        runtime="megatron",
+        entry_script=entry,
+        header=plan_header(plan, model, agents),
+        notes=notes,
+        needs_max_connections=plan.tp > 1 or plan.cp > 1,
+    )
+    return {
+        "megatron_args.txt": args_file_text(items),
+        "launch.sh": launch_sh_text(items, agents, spec, script),
+        "hostfile": hostfile_text(agents),
+    }
