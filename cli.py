@@ -13,6 +13,7 @@ import click
 COMMAND_MODULES = [
     "planner.commands.estimate",
     "planner.commands.profile",
+    "planner.commands.calibrate",
 ]
 
 

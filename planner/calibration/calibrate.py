@@ -1,0 +1,319 @@
+"""Compare what a run measured with the cost model's prediction and derive corrections.
+
+Method (documented in the report):
+1. Per device type, when the log has per-rank compute timers (`--timing-log-level 2
+   --timing-log-option all`: forward-compute + backward-compute), the ratio measured / predicted
+   per-iteration stage compute (m x (fwd+bwd - pipeline sends) per micro-batch) averaged over that
+   device's stages becomes a device factor on every time kind of that device.
+2. The iteration time left unexplained after step 1 (measured / re-predicted) is a global
+   factor on every time kind of every device in the run.  With only iteration lines, step 1 is
+   skipped and this single factor carries everything: it reproduces this run exactly and
+   transfers to other runs to the extent the mismatch is proportional in every kernel kind.
+3. Memory: per stage, the largest `max reserved` among its ranks (rank -> stage by Megatron's
+   default order, stage = rank // (TP*CP*DP)) against the predicted memory; the mean excess per
+   device becomes `memory_overhead_gib` (added; never negative, so calibration cannot make the
+   planner optimistic about memory; a negative difference is reported only).
+4. Router statistics give the MoE imbalance factor (max/mean tokens per expert, mean over layers).
+Existing corrections (from --profiles) are composed: new factor = old factor x fitted ratio.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.calibration.megatron_log import ParsedLog
+from planner.calibration.router_stats import RouterStats
+from planner.errors import PlannerInputError
+from planner.units import GIB_BYTES
+
+TIME_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound", "all_reduce", "all_gather",
+              "reduce_scatter", "all_to_all", "p2p")
+MEMORY_KIND = "memory_overhead_gib"
+IMBALANCE_KIND = "moe_imbalance_factor"
+GLOBAL_FIT_ITERATIONS = 8
+
+
+@dataclass
+class Measurement:
+    """What a real run measured (seconds, bytes)."""
+
+    source: str
+    date: str
+    iteration_time_s: float
+    per_rank_compute_s: dict[int, float] = field(default_factory=dict)  # fwd+bwd compute per iteration
+    per_rank_peak_bytes: dict[int, float] = field(default_factory=dict)  # max reserved (or allocated)
+    forward_backward_s: float | None = None
+    throughput_tflops: float | None = None
+    steady_iterations: int = 0
+    problems: int = 0
+    global_batch_size: int | None = None
+
+
+def measurement_from_log(log: ParsedLog, skip: int = 2) -> Measurement:
+    """Median steady iteration time, per-rank compute timers (option all) and per-rank peaks."""
+    t = log.median_iteration_time_s(skip)
+    if t is None:
+        raise PlannerInputError(
+            "--megatron-log",
+            f"{log.source}: no iteration line with an elapsed time after skipping {skip} "
+            f"({len(log.iterations)} iteration lines, {len(log.problems)} unreadable)",
+        )
+    fwd = log.median_timer_by_rank_ms("forward-compute", skip)
+    bwd = log.median_timer_by_rank_ms("backward-compute", skip)
+    compute = {r: (fwd[r] + bwd[r]) / 1e3 for r in fwd if r in bwd}
+    peaks = {r: rec.max_reserved_bytes for r, rec in log.peak_memory_by_rank().items()}
+    fb = log.median_timer_ms("forward-backward", skip)
+    date = (log.first_timestamp or "").split(" ")[0] or "undated"
+    return Measurement(
+        source=log.source, date=date, iteration_time_s=t, per_rank_compute_s=compute, per_rank_peak_bytes=peaks,
+        forward_backward_s=fb / 1e3 if fb is not None else None, throughput_tflops=log.median_throughput_tflops(skip),
+        steady_iterations=len(log.steady_iterations(skip)), problems=len(log.problems),
+        global_batch_size=next((r.global_batch_size for r in log.steady_iterations(skip)
+                                if r.global_batch_size is not None), None),
+    )
+
+
+def measurement_from_instrument(directory: str | Path) -> Measurement:
+    """Iteration time (median over recorded iterations of the slowest rank) and per-rank peak
+    memory from `planner.instrument` output (instrument_rank*.json)."""
+    d = Path(directory)
+    files = sorted(d.glob("instrument_rank*.json"))
+    if not files:
+        raise PlannerInputError("--instrument-dir", f"{d}: no instrument_rank*.json files")
+    per_rank_time: dict[int, float] = {}
+    peaks: dict[int, float] = {}
+    for f in files:
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+            rank = int(data["rank"])
+            times = [float(r["time_s"]) for r in data["iterations"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlannerInputError("--instrument-dir", f"{f.name}: unreadable ({exc})") from None
+        if times:
+            per_rank_time[rank] = statistics.median(times)
+        peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
+        if peak:
+            peaks[rank] = float(peak)
+    if not per_rank_time:
+        raise PlannerInputError("--instrument-dir", f"{d}: no recorded iterations")
+    return Measurement(source=d.name, date=_dt.date.today().isoformat(),
+                       iteration_time_s=max(per_rank_time.values()), per_rank_peak_bytes=peaks,
+                       steady_iterations=min(len(files), 1))
+
+
+@dataclass
+class CalibrationResult:
+    corrections: list[dict[str, Any]]
+    report: dict[str, Any]
+
+
+def stage_of_rank(rank: int, ranks_per_stage: int, num_stages: int) -> int | None:
+    """Megatron's default order (tp-cp-ep-dp-pp): stage s owns ranks [s*TP*CP*DP, (s+1)*TP*CP*DP)."""
+    stage = rank // ranks_per_stage
+    return stage if 0 <= stage < num_stages else None
+
+
+def _evaluate(run: Any, cluster: Any, profiles: Any) -> tuple[Any, Any]:
+    from planner.cost.estimate import plan_from_run
+    from planner.cost.model import CostModel
+
+    plan, _notes = plan_from_run(run, cluster, profiles)
+    return plan, CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
+
+
+class _Overlay:
+    """A ProfileSet view with extra time multipliers (device -> factor on every time kind)."""
+
+    def __init__(self, base: Any, device_factors: dict[str, float], global_factor: float = 1.0):
+        self._base = base
+        self._factors = device_factors
+        self._global = global_factor
+
+    def correction(self, device: str, kind: str) -> float:
+        value = self._base.correction(device, kind)
+        if kind in TIME_KINDS:
+            return value * self._factors.get(self._base.canonical_name(device), 1.0) * self._global
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+def calibrate(
+    measurement: Measurement, run: Any, cluster: Any, profiles: Any, router: RouterStats | None = None,
+) -> CalibrationResult:
+    """Fit corrections so that the cost model reproduces `measurement` (see the module docstring)."""
+    plan, before = _evaluate(run, cluster, profiles)
+    m = before.num_microbatches
+    ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
+    devices = sorted({s.device_type for s in before.stages})
+    canonical = {d: profiles.canonical_name(d) for d in devices}
+
+    # 1. per-device compute factor from per-rank compute timers
+    stage_rows = []
+    device_ratios: dict[str, list[float]] = {}
+    for st in before.stages:
+        ranks = [r for r in measurement.per_rank_compute_s
+                 if stage_of_rank(r, ranks_per_stage, len(before.stages)) == st.index]
+        predicted_compute_s = m * (st.time_s - st.pp_comm_s)
+        row: dict[str, Any] = {"stage": st.index, "device": st.device_type, "layers": st.num_layers,
+                               "predicted_compute_s_per_iteration": predicted_compute_s}
+        if ranks and predicted_compute_s > 0:
+            measured = statistics.median(measurement.per_rank_compute_s[r] for r in ranks)
+            row["measured_compute_s_per_iteration"] = measured
+            row["compute_ratio"] = measured / predicted_compute_s
+            device_ratios.setdefault(canonical[st.device_type], []).append(measured / predicted_compute_s)
+        stage_rows.append(row)
+    device_factors = {d: statistics.fmean(v) for d, v in device_ratios.items()}
+
+    # 2. global residual on iteration time
+    # (fixed-point: a few parts of the iteration are not under any correction kind, so one ratio
+    # does not land exactly; iterate g <- g * measured / predicted(g))
+    global_factor = 1.0
+    after = before
+    for _ in range(GLOBAL_FIT_ITERATIONS):
+        _, after = _evaluate(run, cluster, _Overlay(profiles, device_factors, global_factor))
+        step = measurement.iteration_time_s / after.iteration_time_s
+        global_factor *= step
+        if abs(step - 1.0) < 1e-4:
+            break
+    _, after = _evaluate(run, cluster, _Overlay(profiles, device_factors, global_factor))
+
+    # 3. memory per stage
+    mem_diff: dict[str, list[float]] = {}
+    for st, row in zip(before.stages, stage_rows):
+        row["predicted_memory_gib"] = st.memory_gib
+        ranks = [r for r in measurement.per_rank_peak_bytes
+                 if stage_of_rank(r, ranks_per_stage, len(before.stages)) == st.index]
+        if ranks:
+            measured_gib = max(measurement.per_rank_peak_bytes[r] for r in ranks) / GIB_BYTES
+            row["measured_max_reserved_gib"] = measured_gib
+            row["memory_difference_gib"] = measured_gib - st.memory_gib
+            mem_diff.setdefault(canonical[st.device_type], []).append(measured_gib - st.memory_gib)
+
+    provenance = {"kind": "calibrated",
+                  "source": f"cli.py calibrate on {measurement.source} ({measurement.date}), "
+                            f"{measurement.steady_iterations} steady iterations, "
+                            f"run {run.model.name} on {cluster.describe()}"}
+    corrections: list[dict[str, Any]] = []
+    for dev in devices:
+        name = canonical[dev]
+        ratio = device_factors.get(name, 1.0) * global_factor
+        for kind in TIME_KINDS:
+            corrections.append({"device": name, "kind": kind,
+                                "factor": round(profiles.correction(name, kind) * ratio, 6),
+                                "provenance": dict(provenance)})
+        if name in mem_diff:
+            extra = max(0.0, statistics.fmean(mem_diff[name]))
+            corrections.append({"device": name, "kind": MEMORY_KIND,
+                                "factor": round(profiles.correction(name, MEMORY_KIND) + extra, 4),
+                                "provenance": dict(provenance)})
+    imbalance = None
+    if router is not None:
+        imbalance = router.imbalance_factor()
+        corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
+                            "provenance": {"kind": "calibrated",
+                                           "source": f"router statistics {router.source}: max/mean tokens per "
+                                                     f"expert, mean over {len(router.layer_imbalance())} "
+                                                     "(iteration, layer) samples"}})
+
+    warnings = []
+    gbs = measurement.global_batch_size
+    if gbs is not None and gbs != run.training.global_batch_size:
+        warnings.append(f"the log's global batch size {gbs} differs from the run's {run.training.global_batch_size}; "
+                        "pass the flags the logged run used")
+    if measurement.per_rank_peak_bytes and not mem_diff:
+        warnings.append("memory lines name ranks outside every stage of this configuration")
+    report = {
+        "warnings": warnings,
+        "measured": {
+            "source": measurement.source, "date": measurement.date,
+            "iteration_time_s": measurement.iteration_time_s,
+            "throughput_tflops_per_gpu": measurement.throughput_tflops,
+            "forward_backward_s": measurement.forward_backward_s,
+            "steady_iterations": measurement.steady_iterations, "unreadable_lines": measurement.problems,
+        },
+        "predicted_before": {"iteration_time_s": before.iteration_time_s, "tflops_per_gpu": before.tflops_per_gpu,
+                             "error": before.iteration_time_s / measurement.iteration_time_s - 1.0},
+        "predicted_after": {"iteration_time_s": after.iteration_time_s, "tflops_per_gpu": after.tflops_per_gpu,
+                            "error": after.iteration_time_s / measurement.iteration_time_s - 1.0},
+        "device_factors": device_factors,
+        "global_factor": global_factor,
+        "moe_imbalance_factor": imbalance,
+        "stages": stage_rows,
+        "method": "per-device compute factor from per-rank compute timers when present, then one global factor "
+                  "on the remaining iteration time; memory: mean positive excess of max reserved per device",
+    }
+    return CalibrationResult(corrections=corrections, report=report)
+
+
+def loader_accepts(kind: str) -> bool:
+    """Whether planner.profile_tables accepts this kind in corrections.yaml."""
+    try:
+        from planner.profile_tables import CORRECTION_KINDS
+    except ImportError:
+        return False
+    return kind in CORRECTION_KINDS
+
+
+def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Path]:
+    """Write DIR/corrections.yaml (entries of other devices already there are kept),
+    DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
+    factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "corrections.yaml"
+    keep: list[dict[str, Any]] = []
+    new_keys = {(c["device"], c["kind"]) for c in result.corrections}
+    if path.is_file():
+        old = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        if isinstance(old, dict):
+            old = old.get("corrections", [])
+        keep = [c for c in old if isinstance(c, dict) and (c.get("device"), c.get("kind")) not in new_keys]
+    accepted = [c for c in result.corrections if loader_accepts(c["kind"])]
+    held = [c for c in result.corrections if not loader_accepts(c["kind"])]
+    header = ("# Calibrated corrections written by `cli.py calibrate` (contract: profiles/README.md).\n"
+              "# Time kinds multiply the modelled time; memory_overhead_gib adds GiB per GPU.\n")
+    path.write_text(header + yaml.safe_dump(keep + accepted, sort_keys=False, width=120), encoding="utf-8")
+    written = [path]
+    if held:
+        held_path = out / "moe_imbalance.yaml"
+        held_path.write_text(
+            "# Entries the profile loader does not accept yet; pass the factor as\n"
+            "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
+            + yaml.safe_dump(held, sort_keys=False, width=120), encoding="utf-8")
+        written.append(held_path)
+    report_path = out / "calibration_report.json"
+    report_path.write_text(json.dumps(result.report, indent=2, default=str), encoding="utf-8")
+    written.append(report_path)
+    return written
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """A short human summary of a calibration report."""
+    meas, before, after = report["measured"], report["predicted_before"], report["predicted_after"]
+    lines = [f"warning: {w}" for w in report.get("warnings", [])] + [
+        f"measured   {meas['iteration_time_s']:.4f} s/iteration over {meas['steady_iterations']} steady iterations "
+        f"({meas['source']}, {meas['unreadable_lines']} unreadable lines)",
+        f"predicted  {before['iteration_time_s']:.4f} s before ({before['error']:+.1%}), "
+        f"{after['iteration_time_s']:.4f} s after calibration ({after['error']:+.1%})",
+        f"factors    global x{report['global_factor']:.4f}"
+        + "".join(f", {d} compute x{f:.4f}" for d, f in report["device_factors"].items()),
+    ]
+    if report.get("moe_imbalance_factor") is not None:
+        lines.append(f"MoE imbalance factor {report['moe_imbalance_factor']:.4f} (max/mean tokens per expert)")
+    for row in report["stages"]:
+        text = f"stage {row['stage']:>2} {row['device']:<10} {row['layers']:>3} layers  predicted {row['predicted_memory_gib']:.2f} GiB"
+        if "measured_max_reserved_gib" in row:
+            text += f", measured max reserved {row['measured_max_reserved_gib']:.2f} GiB"
+        if "compute_ratio" in row:
+            text += f", compute measured/predicted {row['compute_ratio']:.3f}"
+        lines.append(text)
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""`cli.py calibrate`: fit cost-model corrections from a real Megatron run's log."""
+
+from __future__ import annotations
+
+import click
+
+from planner.cli_common import echo_json, handle_errors
+from planner.commands.options import (
+    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, load_inputs,
+)
+from planner.errors import PlannerInputError
+
+
+@click.command("calibrate")
+@click.option("--megatron-log", type=click.Path(dir_okay=False), default=None, help="the run's stdout log")
+@click.option("--instrument-dir", type=click.Path(file_okay=False), default=None,
+              help="output of python -m planner.instrument.megatron_wrapper (instead of, or beside, the log)")
+@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + PARALLEL_OVERRIDES + TRAINING_OVERRIDES)
+@click.option("--router-stats", type=click.Path(), default=None,
+              help="CSV layer,expert,tokens[,iteration,rank] or an instrumentation directory")
+@click.option("--skip-iterations", type=click.IntRange(min=0), default=2, show_default=True,
+              help="iteration lines ignored at the start (they include start-up time)")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="directory for corrections.yaml and calibration_report.json (pass it as --profiles)")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@handle_errors
+def command(megatron_log, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs, router_stats,
+            skip_iterations, out_dir, as_json, **overrides):
+    """Compare a real run with the cost model and write corrections (provenance calibrated).
+
+    \b
+    python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/
+    python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
+    """
+    from planner.calibration.calibrate import (
+        calibrate, measurement_from_instrument, measurement_from_log, render_report, write_corrections,
+    )
+    from planner.calibration.megatron_log import parse_megatron_log
+    from planner.calibration.router_stats import load_router_stats
+
+    if megatron_log is None and instrument_dir is None:
+        raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir)")
+    run, cluster_spec, profiles = load_inputs(
+        model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
+        profile_dirs=profile_dirs, overrides=overrides,
+    )
+    if megatron_log is not None:
+        parsed = parse_megatron_log(megatron_log)
+        measurement = measurement_from_log(parsed, skip_iterations)
+        if instrument_dir is not None:  # memory per rank from the instrumentation when the log has none
+            extra = measurement_from_instrument(instrument_dir)
+            if not measurement.per_rank_peak_bytes:
+                measurement.per_rank_peak_bytes = extra.per_rank_peak_bytes
+        for problem in parsed.problems[:10]:
+            click.echo(f"warning: {parsed.source} line {problem.line_no} ({problem.kind}): {problem.reason}", err=True)
+        if len(parsed.problems) > 10:
+            click.echo(f"warning: {len(parsed.problems) - 10} more unreadable lines", err=True)
+    else:
+        measurement = measurement_from_instrument(instrument_dir)
+    router = None
+    if router_stats is not None:
+        router = load_router_stats(router_stats, num_experts=run.model.num_experts)
+    elif instrument_dir is not None:
+        try:
+            router = load_router_stats(instrument_dir, num_experts=run.model.num_experts)
+        except PlannerInputError:
+            router = None
+    result = calibrate(measurement, run, cluster_spec, profiles, router)
+    paths = write_corrections(result, out_dir)
+    if as_json:
+        echo_json({**result.report, "written": [str(p) for p in paths]})
+    else:
+        click.echo(render_report(result.report))
+        click.echo("wrote " + ", ".join(str(p) for p in paths))
