@@ -36,7 +36,9 @@ PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 TIME_CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound") + COLLECTIVES
 ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)
-CORRECTION_KINDS = TIME_CORRECTION_KINDS + ADDITIVE_CORRECTION_KINDS
+IMBALANCE_KIND = "moe_imbalance_factor"
+"""Measured MoE router imbalance (max/mean tokens per expert, >= 1); written by `cli.py calibrate` for device *."""
+CORRECTION_KINDS = TIME_CORRECTION_KINDS + ADDITIVE_CORRECTION_KINDS + (IMBALANCE_KIND,)
 
 MESH_LINK_KINDS = frozenset({"xgmi", "hccs", "roce-mesh"})
 """Intra-node links wired as a full mesh: `bandwidth_gb_per_s` is the sum over all peer links."""
@@ -323,6 +325,8 @@ class _Builder:
                 )
             if entry.kind in TIME_CORRECTION_KINDS and entry.factor <= 0:
                 raise PlannerInputError(field_name, f"{path} entry {i}: factor must be > 0 for {entry.kind}")
+            if entry.kind == IMBALANCE_KIND and entry.factor < 1:
+                raise PlannerInputError(field_name, f"{path} entry {i}: {IMBALANCE_KIND} is max/mean, so >= 1")
             device = "*" if entry.device == "*" else index.get(name_key(entry.device))
             if device is None:
                 raise PlannerInputError(
@@ -336,12 +340,11 @@ class _Builder:
         self.correction_files.append(FileRecord(_display(path), _sha256(path)))
 
     def add_dir(self, root: Path, field_name: str) -> None:
-        """Read one profiles directory: devices/*.yaml (and *.yaml at its top), links.yaml, corrections.yaml."""
+        """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/.  Other
+        files (profile_report.json, calibration_report.json, ...) are not read."""
         if not root.is_dir():
             raise PlannerInputError(field_name, f"{root} is not a directory")
-        special = {"links.yaml", "corrections.yaml"}
         files = sorted((root / "devices").glob("*.yaml")) if (root / "devices").is_dir() else []
-        files += [p for p in sorted(root.glob("*.yaml")) if p.name not in special]
         for path in files:
             self.add_device_file(path, field_name)
         if (root / "links.yaml").is_file():
@@ -478,7 +481,9 @@ class ProfileSet:
 
     def correction(self, device: str, kind: str) -> float:
         """Time multiplier for `kind` on `device` from the loaded corrections (1.0 when none);
-        for `memory_overhead_gib` the GiB to add (0.0 when none).  A device-specific entry beats `*`."""
+        for `memory_overhead_gib` the GiB to add (0.0 when none); for `moe_imbalance_factor` the
+        max/mean tokens per expert (1.0 when none; see also `moe_imbalance_factor()`).  A
+        device-specific entry beats `*`."""
         if kind not in CORRECTION_KINDS:
             raise PlannerInputError("correction", f"unknown kind {kind!r}; allowed: {', '.join(CORRECTION_KINDS)}")
         canonical = self.canonical_name(device)
@@ -486,6 +491,12 @@ class ProfileSet:
         if entry is None:
             return 0.0 if kind in ADDITIVE_CORRECTION_KINDS else 1.0
         return entry.factor
+
+    def moe_imbalance_factor(self) -> float | None:
+        """The calibrated MoE imbalance factor (corrections row `device: "*"`, kind moe_imbalance_factor),
+        or None when no corrections file gives one."""
+        entry = self._corrections.get(("*", IMBALANCE_KIND))
+        return entry.factor if entry is not None else None
 
     def corrections_for(self, device: str) -> dict[str, float]:
         """Every correction kind for one device (defaults filled in)."""

@@ -242,6 +242,7 @@ def test_corrections_round_trip(tmp_path):
         {"device": "*", "kind": "all_to_all", "factor": 1.3, "provenance": {"kind": "calibrated", "source": "run 2"}},
         {"device": "MI300X", "kind": "all_to_all", "factor": 1.6, "provenance": {"kind": "calibrated", "source": "run 3"}},
         {"device": "910B", "kind": "memory_overhead_gib", "factor": 2.5, "provenance": {"kind": "measured", "source": "x"}},
+        {"device": "*", "kind": "moe_imbalance_factor", "factor": 1.3, "provenance": {"kind": "calibrated", "source": "r"}},
     ]))
     ps = ProfileSet.load([tmp_path])
     assert ps.correction("H800", "gemm") == 1.15
@@ -251,6 +252,7 @@ def test_corrections_round_trip(tmp_path):
     assert ps.correction("Ascend910B", "memory_overhead_gib") == 2.5
     assert ps.correction("H800", "memory_overhead_gib") == 0.0
     assert ps.corrections_for("H800")["gemm"] == 1.15
+    assert ps.moe_imbalance_factor() == 1.3 and ProfileSet.load().moe_imbalance_factor() is None
     assert any(r["item"] == "corrections" and r["provenance_kinds"] == ["calibrated", "measured"]
                for r in ps.provenance_manifest())
     assert ProfileSet.load().correction("H800", "gemm") == 1.0  # the shipped set is untouched
@@ -263,6 +265,8 @@ def test_corrections_round_trip(tmp_path):
     ({"device": "Z9", "kind": "gemm", "factor": 1.1, "provenance": {"kind": "calibrated", "source": "s"}}, "Z9"),
     ({"device": "H800", "kind": "gemm", "factor": 0.0, "provenance": {"kind": "calibrated", "source": "s"}}, "> 0"),
     ({"device": "H800", "kind": "gemm", "factor": 1.1}, "provenance"),
+    ({"device": "*", "kind": "moe_imbalance_factor", "factor": 0.9, "provenance": {"kind": "calibrated", "source": "s"}},
+     ">= 1"),
 ])
 def test_bad_corrections_are_rejected(tmp_path, row, needle):
     """Bad corrections rows raise PlannerInputError on --profiles naming what is wrong."""
@@ -297,10 +301,12 @@ def test_new_device_from_profiles_dir(tmp_path):
     """A complete device file with a new name adds a device; an incomplete one names the missing fields."""
     raw = yaml.safe_load((PROFILES_DIR / "devices" / "H800.yaml").read_text())
     raw.update(name="X1", aliases=["x-one"])
-    (tmp_path / "X1.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "devices" / "X1.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "profile_report.json").write_text("{}")  # written beside by cli.py profile; not read
     ps = ProfileSet.load([tmp_path])
     assert ps.canonical_name("X-ONE") == "X1" and "X1" in ps.names()
-    (tmp_path / "X1.yaml").write_text(yaml.safe_dump({"name": "X1", "vendor": "Acme"}))
+    (tmp_path / "devices" / "X1.yaml").write_text(yaml.safe_dump({"name": "X1", "vendor": "Acme"}))
     with pytest.raises(PlannerInputError) as info:
         ProfileSet.load([tmp_path])
     assert "memory_gib" in str(info.value)
