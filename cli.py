@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "planner.commands.estimate",
     "planner.commands.profile",
     "planner.commands.calibrate",
+    "planner.commands.emit",
 ]
 
 

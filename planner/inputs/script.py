@@ -75,6 +75,25 @@ class LauncherScript:
     def lines(self) -> list[str]:
         return self.text.splitlines()
 
+    @property
+    def world_size(self) -> int | None:
+        """nnodes * nproc-per-node from the launcher's own arguments, when both are plain
+        integers (torchrun defaults: 1 node, 1 process); None when unknown."""
+        if self.launcher and self.launcher[0].rsplit("/", 1)[-1].startswith("python") and "-m" not in self.launcher:
+            return 1
+        values: dict[str, str] = {}
+        args = self.launcher_args
+        for i, tok in enumerate(args):
+            name, eq, val = tok.partition("=")
+            key = name.lstrip("-").replace("_", "-")
+            if key in ("nproc-per-node", "nnodes"):
+                values[key] = val if eq else (args[i + 1] if i + 1 < len(args) else "")
+        nproc = values.get("nproc-per-node", "1")
+        nnodes = values.get("nnodes", "1")
+        if not (nproc.isdigit() and nnodes.isdigit()):
+            return None
+        return int(nproc) * int(nnodes)
+
 
 # --------------------------------------------------------------------------------------------
 # Lexer: words made of parts
