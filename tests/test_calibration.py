@@ -1,0 +1,160 @@
+"""Calibration against the cost model: corrections round-trip, per-device factors, and profile scaling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("planner.cost.estimate")
+
+from planner.calibration.calibrate import calibrate, measurement_from_log, write_corrections  # noqa: E402
+from planner.calibration.megatron_log import parse_megatron_log, parse_megatron_log_text  # noqa: E402
+from planner.calibration.router_stats import load_router_stats  # noqa: E402
+from planner.cost.estimate import estimate_run  # noqa: E402
+from planner.inputs.cluster import parse_cluster  # noqa: E402
+from planner.inputs.resolve import resolve_run  # noqa: E402
+from planner.profile_tables import ProfileSet  # noqa: E402
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def _inputs(cluster: str, profiles: ProfileSet, **overrides):
+    spec = parse_cluster(cluster, profiles)
+    run = resolve_run(model=overrides.pop("model", "llama2-7b"), world_size=spec.world_size, overrides=overrides)
+    return run, spec
+
+
+def test_log_calibration_round_trip(tmp_path):
+    """Corrections fitted on the fixture log (1.500 s/iteration, TP2 PP2 DP2 on 8 H100) load with
+    --profiles and make the cost model reproduce the measured iteration time and stage memory."""
+    base = ProfileSet.load()
+    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=64)
+    meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"), skip=2)
+    result = calibrate(meas, run, cluster, base)
+    assert result.report["warnings"] == []
+    write_corrections(result, tmp_path)
+    loaded = ProfileSet.load(extra_dirs=[tmp_path])
+    assert loaded.correction("H100", "gemm") == pytest.approx(result.report["global_factor"], rel=1e-5)
+    cost = estimate_run(run, cluster, loaded)
+    assert cost.iteration_time_s == pytest.approx(1.500, rel=1e-3)
+    # memory: the mean excess of max reserved over the prediction is added (both stages under-predicted here)
+    before = estimate_run(run, cluster, base)
+    measured_gib = [37510.0 / 1024, 32505.0 / 1024]  # largest max reserved of ranks {0,1} and {4,5}
+    diffs = [m - s.memory_gib for m, s in zip(measured_gib, before.stages)]
+    if all(d > 0 for d in diffs):
+        expected = sum(diffs) / 2
+        assert loaded.correction("H100", "memory_overhead_gib") == pytest.approx(expected, abs=1e-3)
+        assert [s.memory_gib for s in cost.stages] == pytest.approx([s.memory_gib + expected for s in before.stages],
+                                                                    abs=1e-3)
+    assert all(e["provenance"]["kind"] == "calibrated" for e in result.corrections)
+    assert "megatron_core018_minmax.log (2025-03-04)" in result.corrections[0]["provenance"]["source"]
+
+
+def test_gbs_mismatch_is_reported():
+    """A run whose GBS differs from the log's is calibrated anyway, with a warning naming both."""
+    base = ProfileSet.load()
+    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=128)
+    meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
+    assert any("64" in w and "128" in w for w in calibrate(meas, run, cluster, base).report["warnings"])
+
+
+# ------------------------------------------------------------------------------------------------
+# synthetic measurements: the cost model with known perturbations plays the real cluster
+
+
+def _render_log(cost, ranks_per_stage: int, fwd_share: float = 0.4) -> str:
+    """A Megatron log (reference/megatron.md section 4 formats) of a run that took `cost`: 5 iteration
+    lines, per-rank compute timers (option all), memory lines from the first rank of every stage."""
+    lines = []
+    m = cost.num_microbatches
+    for k, it in enumerate((1, 10, 20, 30, 40)):
+        ms = cost.iteration_time_s * 1e3 * (3.0 if it == 1 else 1.0)
+        lines.append(f" [2026-01-0{1 + k % 5} 00:00:00.000000] iteration {it:8d}/{40:8d} | consumed samples: "
+                     f"{it:12d} | elapsed time per iteration (ms): {ms:.1f} | global batch size: {1:5d} | "
+                     f"lm loss: {1.0:.6E} | loss scale: {1.0:.1f} | number of skipped iterations: {0:3d} | "
+                     f"number of nan iterations: {0:3d} |")
+        lines.append("INFO:megatron.core.timers:times across ranks (ms):")
+        for name, share in (("forward-compute", fwd_share), ("backward-compute", 1 - fwd_share)):
+            lines.append(f"  {name}:")
+            for st in cost.stages:
+                for r in range(st.index * ranks_per_stage, (st.index + 1) * ranks_per_stage):
+                    lines.append(f"     rank {r:2d}: {m * (st.time_s - st.pp_comm_s) * share * 1e3:.3f}")
+        if it == 10:
+            for st in cost.stages:
+                mb = st.memory_gib * 1024
+                lines.append(f"[Rank {st.index * ranks_per_stage}] (after {it} iterations) memory (MB) | allocated: "
+                             f"{mb:.2f} | max allocated: {mb:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def _truth_dir(tmp_path: Path, factors: dict[tuple[str, str], float]) -> Path:
+    """A --profiles dir whose corrections are the 'real' hardware's deviation from the shipped tables."""
+    import yaml
+
+    d = tmp_path / "truth"
+    d.mkdir()
+    rows = [{"device": dev, "kind": kind, "factor": f, "provenance": {"kind": "calibrated", "source": "synthetic"}}
+            for (dev, kind), f in factors.items()]
+    (d / "corrections.yaml").write_text(yaml.safe_dump(rows))
+    return d
+
+
+SCALING_CASES = {
+    # homogeneous: 4 nodes of H800 -> 16 nodes; the real GPUs run GEMMs 25% slower, all-to-all 60% slower,
+    # memory overhead 2 GiB higher than the shipped profile says
+    "homogeneous": ("H800:32", "H800:128", {("H800", "gemm"): 1.25, ("H800", "grouped_gemm"): 1.25,
+                                            ("H800", "all_to_all"): 1.6, ("H800", "memory_overhead_gib"): 2.0}),
+    # heterogeneous: 2+2 nodes -> 8+8 nodes; each type off by its own amount
+    "heterogeneous": ("H800:16,MI300X:16", "H800:64,MI300X:64",
+                      {("H800", "gemm"): 1.3, ("H800", "grouped_gemm"): 1.3, ("MI300X", "gemm"): 1.1,
+                       ("MI300X", "attention"): 1.5, ("MI300X", "all_to_all"): 1.4}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALING_CASES))
+def test_profile_scaling_4_to_16_nodes(tmp_path, case):
+    """Corrections calibrated on a 4-node run predict the 16-node run within 10% (the paper's claim,
+    checked inside the cost model): the 'measurement' is the cost model with known per-kernel
+    perturbations; calibration sees only its rendered Megatron log.  This proves the log -> fit ->
+    corrections.yaml -> --profiles chain is consistent and that per-kind rate errors learnt at small
+    scale transfer when the kernel mix changes with scale; it says nothing about real-hardware error."""
+    small, large, factors = SCALING_CASES[case]
+    shipped = ProfileSet.load()
+    truth = ProfileSet.load(extra_dirs=[_truth_dir(tmp_path, factors)])
+    knobs = dict(model="mixtral-s", tp=2, pp=2, ep=4)
+    run_s, cl_s = _inputs(small, shipped, gbs=256, **dict(knobs))
+    run_l, cl_l = _inputs(large, shipped, gbs=1024, **dict(knobs))
+    measured_small = estimate_run(run_s, cl_s, truth)
+    rps = run_s.parallel.tp * run_s.parallel.cp * (cl_s.world_size // (run_s.parallel.tp * run_s.parallel.pp))
+    log = parse_megatron_log_text(_render_log(measured_small, rps), source=f"synthetic-{case}.log")
+    assert log.problems == []
+    result = calibrate(measurement_from_log(log), run_s, cl_s, shipped)
+    out = tmp_path / "calib"
+    write_corrections(result, out)
+    calibrated = ProfileSet.load(extra_dirs=[out])
+    true_large = estimate_run(run_l, cl_l, truth).iteration_time_s
+    raw_error = abs(estimate_run(run_l, cl_l, shipped).iteration_time_s / true_large - 1)
+    cal_error = abs(estimate_run(run_l, cl_l, calibrated).iteration_time_s / true_large - 1)
+    assert result.report["predicted_after"]["error"] == pytest.approx(0.0, abs=1e-3)  # fits the small run
+    assert cal_error < 0.10, (case, cal_error, raw_error)
+    assert cal_error < raw_error  # calibration helped
+    if ("H800", "memory_overhead_gib") in factors:
+        assert calibrated.correction("H800", "memory_overhead_gib") == pytest.approx(2.0, abs=0.01)
+
+
+def test_router_stats_become_an_entry(tmp_path):
+    """Router statistics add a moe_imbalance_factor entry (hand example: 1.25), written where the
+    loader can take it (corrections.yaml if it accepts the kind, moe_imbalance.yaml otherwise)."""
+    f = tmp_path / "router.csv"
+    f.write_text("layer,expert,tokens\n0,0,10\n0,1,30\n0,2,20\n0,3,20\n1,0,25\n1,1,25\n1,2,25\n1,3,25\n")
+    base = ProfileSet.load()
+    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=64)
+    meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
+    result = calibrate(meas, run, cluster, base, load_router_stats(f))
+    entry = [e for e in result.corrections if e["kind"] == "moe_imbalance_factor"]
+    assert len(entry) == 1 and entry[0]["factor"] == pytest.approx(1.25)
+    paths = write_corrections(result, tmp_path / "out")
+    text = "".join(p.read_text() for p in paths if p.suffix == ".yaml")
+    assert "moe_imbalance_factor" in text
+    ProfileSet.load(extra_dirs=[tmp_path / "out"])  # still loads
