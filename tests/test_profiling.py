@@ -1,0 +1,109 @@
+"""Profiling: fits and table conversion (no torch needed) and `profile --quick` on CPU end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.profiling.collectives import CollectiveSample, bus_factor, fit_latency_bandwidth
+from planner.profiling.kernels import KernelResult
+from planner.profiling.tables import build_device_profile, interpolate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bus_factors_follow_nccl_tests():
+    """nccl-tests bus bandwidth factors: all-reduce 2(n-1)/n, gather/scatter/all-to-all (n-1)/n, p2p 1."""
+    assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert bus_factor("all_gather", 2) == pytest.approx(0.5)
+    assert bus_factor("p2p", 2) == 1.0
+    with pytest.raises(ValueError):
+        bus_factor("broadcast", 2)
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    """Samples made as 20 us + bus_bytes / 5 GB/s fit back to exactly those numbers."""
+    samples = [CollectiveSample("all_reduce", size, 20e-6 + size * 1.0 / 5e9, 2, "native")
+               for size in (1 << 12, 1 << 16, 1 << 20, 1 << 24)]  # bus factor 1 for n=2 all-reduce
+    fit = fit_latency_bandwidth(samples)
+    assert fit.latency_us == pytest.approx(20.0, rel=1e-6)
+    assert fit.bandwidth_gb_per_s == pytest.approx(5.0, rel=1e-6)
+
+
+def test_interpolate_log_linear_and_clamped():
+    """Midpoint in log space between (10, 0.2) and (1000, 0.6) is 100 -> 0.4; ends clamp."""
+    pts = [(10.0, 0.2), (1000.0, 0.6)]
+    assert interpolate(pts, 100.0) == pytest.approx(0.4)
+    assert interpolate(pts, 1.0) == 0.2 and interpolate(pts, 1e6) == 0.6
+
+
+def test_build_profile_from_synthetic_results():
+    """With no reference the peak is the best GEMM rate (4 TFLOP/s here), so a 2 TFLOP/s GEMM has
+    efficiency 0.5; attention efficiency = 3.5 x fwd FLOP / (fwd+bwd time x peak); a grouped GEMM
+    at 1 TFLOP/s over a dense curve of 0.5 at its per-expert FLOP gives multiplier 0.5."""
+    k = [
+        KernelResult("gemm", "a", 1.0, flop=2e12, flop_per_call=2e12),
+        KernelResult("gemm", "b", 1.0, flop=4e12, flop_per_call=4e12),
+        KernelResult("attention_fwd_bwd", "att", 1.0, flop=0.4e12, flop_per_call=0.4e12),
+        KernelResult("grouped_gemm", "g", 1.0, flop=1e12, tokens_per_expert=64, flop_per_call=1e9),
+        KernelResult("elementwise", "e", 1.0, bytes_moved=10e9),
+        KernelResult("copy", "c", 1.0, bytes_moved=40e9),
+    ]
+    coll = [CollectiveSample(c, s, 1e-5 * (2 if c == "all_reduce" else 1) + s / 2e9, 2, "native")
+            for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p") for s in (1 << 16, 1 << 22)]
+    prof = build_device_profile(name="CPU-test", vendor="cpu", memory_gib=8, memory_overhead_gib=0.2,
+                                gpus_per_node=2, dtype="fp32", kernels=k, collectives=coll, source="unit test",
+                                link_kind="host-memory")
+    assert prof.peak_tflops == {"fp32": 4.0, "bf16": 4.0}
+    assert [(p.size, p.efficiency) for p in prof.gemm_efficiency.points] == [(2e12, 0.5), (4e12, 1.0)]
+    assert prof.attention_efficiency.points[0].efficiency == pytest.approx(3.5 * 0.4 / 4.0)
+    assert prof.grouped_gemm_efficiency.points[0].efficiency == pytest.approx(0.25 / 0.5)
+    assert prof.hbm_bandwidth_tb_per_s == pytest.approx(0.04) and prof.hbm_efficiency == pytest.approx(0.25)
+    assert prof.gemm_efficiency.provenance.kind == "measured"
+    assert prof.intra_node.latency_us == pytest.approx(10.0, rel=0.05)
+    p2p = prof.intra_node.efficiency["p2p"].points
+    # bus bandwidth after removing latency is 2 GB/s for p2p at every size: efficiency = 2 / link bandwidth
+    assert all(pt.efficiency == pytest.approx(2.0 / prof.intra_node.bandwidth_gb_per_s, rel=0.05) for pt in p2p)
+
+
+def test_profile_without_torch_exits_2(monkeypatch):
+    """Without torch the command exits 2 and names the extra to install."""
+    import cli
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result = CliRunner().invoke(cli.main, ["profile", "--model", "mixtral-s", "--device", "cpu", "--out", "x"])
+    assert result.exit_code == 2
+    assert "pip install -e '.[profile]'" in result.output
+
+
+def test_profile_quick_cpu_end_to_end(tmp_path):
+    """`profile --quick --device cpu` runs (two gloo processes), writes a measured DeviceProfile the
+    ProfileSet loads and validates, and `estimate --profiles` prices a run on it."""
+    pytest.importorskip("torch")
+    from planner.profile_tables import ProfileSet
+
+    out = tmp_path / "prof"
+    proc = subprocess.run([sys.executable, "cli.py", "profile", "--model", "mixtral-s", "--device", "cpu", "--quick",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "collectives on 2 local processes (gloo)" in proc.stderr
+    files = list((out / "devices").glob("CPU-*.yaml"))
+    assert len(files) == 1
+    name = files[0].stem
+    prof = ProfileSet.load(extra_dirs=[out]).device(name)
+    assert prof.gpus_per_node == 2
+    assert prof.datasheet.kind == "measured" and "torch " in prof.datasheet.source
+    assert set(prof.intra_node.efficiency) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"}
+    report = json.loads((out / "profile_report.json").read_text())
+    assert report["layer_memory"]["saved_activation_bytes_per_token"] > 0
+    pytest.importorskip("planner.cost.estimate")
+    est = subprocess.run([sys.executable, "cli.py", "estimate", "--model", "mixtral-s", "--cluster", f"{name}:2",
+                          "--profiles", str(out), "--json", "--gbs", "2", "--seq", "256"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert est.returncode == 0, est.stderr[-2000:]
+    assert json.loads(est.stdout)["iteration_time_s"] > 0
