@@ -55,7 +55,7 @@ def _dense_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
             )
         )
     groups = model.query_groups
-    if groups % tp and tp % groups:
+    if model.num_query_groups is not None and groups % tp and tp % groups:
         out.append(
             RuleViolation(
                 "query_groups_tp",
