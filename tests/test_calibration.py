@@ -158,3 +158,22 @@ def test_router_stats_become_an_entry(tmp_path):
     text = "".join(p.read_text() for p in paths if p.suffix == ".yaml")
     assert "moe_imbalance_factor" in text
     ProfileSet.load(extra_dirs=[tmp_path / "out"])  # still loads
+
+
+def test_calibrate_cli(tmp_path):
+    """`cli.py calibrate` on the fixture log prints the comparison, warns about the unreadable lines
+    and writes corrections.yaml + calibration_report.json; a missing log names --megatron-log."""
+    from click.testing import CliRunner
+
+    import cli
+
+    out = tmp_path / "calib"
+    args = ["calibrate", "--megatron-log", str(LOGS / "megatron_core018_minmax.log"), "--model", "llama2-7b",
+            "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out)]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    assert "after calibration (+0.0%)" in result.output
+    assert "line 27 (memory)" in result.output
+    assert (out / "corrections.yaml").is_file() and (out / "calibration_report.json").is_file()
+    bad = CliRunner().invoke(cli.main, args[:1] + ["--megatron-log", str(tmp_path / "none.log")] + args[3:])
+    assert bad.exit_code == 2 and "--megatron-log" in bad.output
