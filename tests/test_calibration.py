@@ -157,7 +157,18 @@ def test_router_stats_become_an_entry(tmp_path):
     paths = write_corrections(result, tmp_path / "out")
     text = "".join(p.read_text() for p in paths if p.suffix == ".yaml")
     assert "moe_imbalance_factor" in text
-    ProfileSet.load(extra_dirs=[tmp_path / "out"])  # still loads
+    loaded = ProfileSet.load(extra_dirs=[tmp_path / "out"])  # still loads
+    if callable(getattr(loaded, "moe_imbalance_factor", None)) and "moe_imbalance_factor" in (
+        (tmp_path / "out" / "corrections.yaml").read_text()
+    ):
+        # time factors were fitted with the measured imbalance in place: a MoE run reproduces its
+        # measured time with both loaded
+        moe_run, moe_cluster = _inputs("H800:16", base, model="mixtral-s", tp=2, pp=2, ep=4, gbs=64)
+        res = calibrate(meas, moe_run, moe_cluster, base, load_router_stats(f))
+        write_corrections(res, tmp_path / "moe")
+        both = ProfileSet.load(extra_dirs=[tmp_path / "moe"])
+        assert both.moe_imbalance_factor() == pytest.approx(1.25)
+        assert estimate_run(moe_run, moe_cluster, both).iteration_time_s == pytest.approx(1.5, rel=1e-3)
 
 
 def test_calibrate_cli(tmp_path):

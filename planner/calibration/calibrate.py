@@ -131,10 +131,19 @@ def _evaluate(run: Any, cluster: Any, profiles: Any) -> tuple[Any, Any]:
 class _Overlay:
     """A ProfileSet view with extra time multipliers (device -> factor on every time kind)."""
 
-    def __init__(self, base: Any, device_factors: dict[str, float], global_factor: float = 1.0):
+    def __init__(self, base: Any, device_factors: dict[str, float], global_factor: float = 1.0,
+                 imbalance: float | None = None):
         self._base = base
         self._factors = device_factors
         self._global = global_factor
+        self._imbalance = imbalance
+
+    def moe_imbalance_factor(self) -> float | None:
+        """The router statistics' factor when given (so time factors are fitted under it)."""
+        if self._imbalance is not None:
+            return self._imbalance
+        getter = getattr(self._base, "moe_imbalance_factor", None)
+        return getter() if callable(getter) else None
 
     def correction(self, device: str, kind: str) -> float:
         value = self._base.correction(device, kind)
@@ -150,6 +159,9 @@ def calibrate(
     measurement: Measurement, run: Any, cluster: Any, profiles: Any, router: RouterStats | None = None,
 ) -> CalibrationResult:
     """Fit corrections so that the cost model reproduces `measurement` (see the module docstring)."""
+    imbalance = router.imbalance_factor() if router is not None else None
+    if imbalance is not None:  # fit the time factors with the measured imbalance already in place
+        profiles = _Overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
     m = before.num_microbatches
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
@@ -174,17 +186,25 @@ def calibrate(
     device_factors = {d: statistics.fmean(v) for d, v in device_ratios.items()}
 
     # 2. global residual on iteration time
-    # (fixed-point: a few parts of the iteration are not under any correction kind, so one ratio
-    # does not land exactly; iterate g <- g * measured / predicted(g))
-    global_factor = 1.0
-    after = before
+    # Some parts of the iteration are under no correction kind, so T(g) = a*g + c: solve
+    # T(g) = measured by the secant method (T is increasing in g).
+    target = measurement.iteration_time_s
+
+    def predicted(g: float) -> float:
+        return _evaluate(run, cluster, _Overlay(profiles, device_factors, g, imbalance))[1].iteration_time_s
+
+    g0, t0 = 1.0, predicted(1.0)
+    g1 = target / t0
+    t1 = predicted(g1)
     for _ in range(GLOBAL_FIT_ITERATIONS):
-        _, after = _evaluate(run, cluster, _Overlay(profiles, device_factors, global_factor))
-        step = measurement.iteration_time_s / after.iteration_time_s
-        global_factor *= step
-        if abs(step - 1.0) < 1e-4:
+        if abs(t1 / target - 1.0) < 1e-6 or t1 == t0:
             break
-    _, after = _evaluate(run, cluster, _Overlay(profiles, device_factors, global_factor))
+        g2 = g1 + (target - t1) * (g1 - g0) / (t1 - t0)
+        if g2 <= 0:
+            g2 = g1 * target / t1
+        g0, t0, g1, t1 = g1, t1, g2, predicted(g2)
+    global_factor = g1
+    _, after = _evaluate(run, cluster, _Overlay(profiles, device_factors, global_factor, imbalance))
 
     # 3. memory per stage
     mem_diff: dict[str, list[float]] = {}
@@ -215,9 +235,7 @@ def calibrate(
             corrections.append({"device": name, "kind": MEMORY_KIND,
                                 "factor": round(profiles.correction(name, MEMORY_KIND) + extra, 4),
                                 "provenance": dict(provenance)})
-    imbalance = None
-    if router is not None:
-        imbalance = router.imbalance_factor()
+    if router is not None and imbalance is not None:
         corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
                             "provenance": {"kind": "calibrated",
                                            "source": f"router statistics {router.source}: max/mean tokens per "
