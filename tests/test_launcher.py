@@ -1,0 +1,599 @@
+"""Tests for planner.launcher: megatron_args.txt, launch.sh, hostfile and FlagScale's YAML.
+
+Golden files live in tests/golden/<case>/; regenerate them with HAPMOE_UPDATE_GOLDEN=1 after a
+deliberate change, and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.errors import PlannerInputError
+from planner.inputs.megatron_flags import parse_layout, parse_megatron_flags
+from planner.inputs.script import parse_launcher_script
+from planner.launcher import render_launch_files, write_launch_files
+from planner.launcher.common import group_flag_items
+from planner.launcher.megatron import virtual_stage_layers
+from planner.schemas import ClusterSpec, ModelSpec, NodeGroup, Plan, Recompute, StagePlan, TrainingSpec
+from planner.schemas.parallel import MegatronRun, ParallelConfig
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("HAPMOE_UPDATE_GOLDEN") == "1"
+
+SCRIPT = r"""#!/bin/bash
+# Mixtral-style launcher, as Megatron's examples write them
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPUS_PER_NODE=8
+MASTER_PORT=${MASTER_PORT:-"6001"}
+NNODES=${SLURM_NNODES:-"4"}
+CHECKPOINT_PATH=$1
+TOKENIZER_MODEL=$2
+DATA_PATH=$3
+
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NNODES
+    --master_port $MASTER_PORT
+)
+
+MODEL_ARGS=(
+    --use-mcore-models
+    --disable-bias-linear
+    --seq-length 4096
+    --max-position-embeddings 32768
+    --num-layers 16
+    --hidden-size 1024
+    --ffn-hidden-size 3584
+    --num-attention-heads 16
+    --group-query-attention
+    --num-query-groups 4
+    --normalization RMSNorm
+    --swiglu
+    --untie-embeddings-and-output-weights
+    --vocab-size 32000
+)
+
+MOE_ARGS=(
+    --num-experts 8
+    --moe-router-topk 2
+    --moe-aux-loss-coeff 1e-2
+    --moe-token-dispatcher-type alltoall
+    --moe-grouped-gemm
+)
+
+DATA_ARGS=(
+    --tokenizer-type Llama2Tokenizer
+    --tokenizer-model ${TOKENIZER_MODEL}
+    --data-path $DATA_PATH
+    --split 99990,8,2
+)
+
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 128
+    --lr 1e-4
+    --train-iters 500000
+    --bf16
+)
+
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 2
+    --expert-model-parallel-size 8
+    --use-distributed-optimizer
+    --sequence-parallel
+)
+
+LOGGING_ARGS=(
+    --log-interval 1
+    --save "$CHECKPOINT_PATH"
+    --load "$CHECKPOINT_PATH"
+    --tensorboard-dir "${CHECKPOINT_PATH}/tensorboard"
+)
+
+if [ -n "${WANDB_API_KEY}" ]; then
+    LOGGING_ARGS+=(
+        --wandb-project ${WANDB_PROJECT:-"Mixtral"}
+    )
+fi
+
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \
+    ${MODEL_ARGS[@]} \
+    ${MOE_ARGS[@]} \
+    ${DATA_ARGS[@]} \
+    ${TRAINING_ARGS[@]} \
+    ${MODEL_PARALLEL_ARGS[@]} \
+    ${LOGGING_ARGS[@]}
+"""
+
+DENSE = ModelSpec(
+    name="dense-22l", num_layers=22, hidden_size=2048, num_attention_heads=16, vocab_size=32000,
+    seq_length=2048, swiglu=True, normalization="RMSNorm",
+)  # fmt: skip
+
+
+def _cluster(*groups: tuple[str, int]) -> ClusterSpec:
+    return ClusterSpec(groups=tuple(NodeGroup(device_type=t, num_nodes=n, gpus_per_node=8) for t, n in groups))
+
+
+def _stages(*rows: tuple[str, int, int, Recompute]) -> tuple[StagePlan, ...]:
+    return tuple(StagePlan(device_type=t, num_layers=n, dp=dp, recompute=r) for t, n, dp, r in rows)
+
+
+def _script_run() -> tuple[MegatronRun, object]:
+    script = parse_launcher_script(SCRIPT)
+    return parse_megatron_flags(script.megatron_flags), script
+
+
+def case(name: str):
+    """(run, plan, cluster, script) of one golden case."""
+    none = Recompute.none()
+    if name == "dense_megatron":
+        run = MegatronRun(
+            model=DENSE, training=TrainingSpec(global_batch_size=16, use_distributed_optimizer=True),
+            parallel=ParallelConfig(), passthrough=("--lr", "3e-4", "--train-iters", "100", "--save", "/ckpt/dense run"),
+        )  # fmt: skip
+        full = Recompute.full("uniform", 1)
+        plan = Plan(
+            tp=2, vpp=2, mbs=1, gbs=16,
+            stages=_stages(("A100", 6, 2, full), ("A100", 6, 2, full), ("910B", 5, 2, full), ("910B", 5, 2, full)),
+        )  # fmt: skip
+        return run, plan, _cluster(("A100", 1), ("910B", 1)), None
+    if name == "dense_flagscale":
+        run = MegatronRun(
+            model=DENSE.model_copy(update={"num_layers": 8, "name": "dense-8l"}),
+            training=TrainingSpec(global_batch_size=32, use_distributed_optimizer=True),
+            parallel=ParallelConfig(), passthrough=("--lr", "3e-4", "--train-iters", "100"),
+        )  # fmt: skip
+        block = Recompute.full("block", 1)
+        plan = Plan(
+            runtime="flagscale", tp=2, mbs=1, gbs=32,
+            stages=_stages(("A100", 5, 4, none), ("910B", 2, 2, block), ("910B", 1, 2, block)),
+        )  # fmt: skip
+        return run, plan, _cluster(("A100", 1), ("910B", 1)), None
+    run, script = _script_run()
+    if name == "moe_megatron":
+        sel = Recompute.selective(("core_attn", "moe_act"))
+        plan = Plan(
+            tp=2, ep=4, etp=1, mbs=1, gbs=128,
+            stages=_stages(("H800", 5, 4, sel), ("H800", 5, 4, sel), ("MI300X", 3, 4, sel), ("MI300X", 3, 4, sel)),
+        )  # fmt: skip
+        return run, plan, _cluster(("H800", 2), ("MI300X", 2)), script
+    if name == "moe_flagscale":
+        full = Recompute.full("block", 2)
+        plan = Plan(
+            runtime="flagscale", tp=2, ep=4, etp=1, mbs=1, gbs=128,
+            stages=_stages(("H800", 6, 4, full), ("H800", 5, 4, none), ("MI300X", 5, 4, none)),
+        )  # fmt: skip
+        return run, plan, _cluster(("H800", 2), ("MI300X", 1)), script
+    raise KeyError(name)
+
+
+CASES = ["dense_megatron", "moe_megatron", "dense_flagscale", "moe_flagscale"]
+MEGATRON_CASES = [c for c in CASES if c.endswith("megatron")]
+
+
+def render(name: str) -> dict[str, str]:
+    run, plan, cluster, script = case(name)
+    return render_launch_files(run, plan, cluster, script)
+
+
+def args_of(files: dict[str, str]) -> list[str]:
+    return shlex.split(files["megatron_args.txt"])
+
+
+# --------------------------------------------------------------------------------------------
+# Golden files
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", CASES)
+def test_golden_files(name):
+    """The emitted files equal the reviewed golden copies (dense and MoE, both runtimes)."""
+    files = render(name)
+    root = GOLDEN / name
+    if UPDATE:
+        shutil.rmtree(root, ignore_errors=True)
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    expected = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert sorted(expected) == sorted(files)
+    for rel, text in files.items():
+        assert text == expected[rel], f"{name}/{rel} differs from the golden file"
+
+
+# --------------------------------------------------------------------------------------------
+# megatron_args.txt gives the plan back
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", MEGATRON_CASES)
+def test_args_reparse_to_the_plan(name):
+    """shlex.split + the flag parser on megatron_args.txt give the plan's degrees, layout,
+    batch and recompute back."""
+    run, plan, _, _ = case(name)
+    back = parse_megatron_flags(args_of(render(name)))
+    par = back.parallel
+    assert (par.tp, par.pp, par.cp) == (plan.tp, plan.pp, plan.cp)
+    if run.model.is_moe:
+        assert (par.ep, par.expert_tp) == (plan.ep, plan.etp)
+        assert par.sequence_parallel is True
+    assert par.stage_layers(back.model.num_layers) == [s.num_layers for s in plan.stages]
+    assert par.virtual_size(back.model.num_layers) == plan.vpp
+    assert (back.training.micro_batch_size, back.training.global_batch_size) == (plan.mbs, plan.gbs)
+    assert par.recompute == plan.stages[0].recompute
+    skip = {"name", "max_position_embeddings"}  # None means seq_length; Megatron requires the flag
+    assert back.model.model_dump(exclude=skip) == run.model.model_dump(exclude=skip)
+    assert back.model.max_position_embeddings == (run.model.max_position_embeddings or run.model.seq_length)
+
+
+def test_user_flags_pass_through_unchanged():
+    """Flags the plan does not decide keep their values and order; decided ones are replaced."""
+    run, plan, cluster, script = case("moe_megatron")
+    argv = args_of(render_launch_files(run, plan, cluster, script))
+    items = {i.name: i.values for i in group_flag_items(argv)}
+    assert items["--lr"] == ["1e-4"] and items["--moe-aux-loss-coeff"] == ["1e-2"]
+    assert items["--data-path"] == ["${DATA_PATH}"] and items["--split"] == ["99990,8,2"]
+    assert items["--tensor-model-parallel-size"] == ["2"]  # the script said 4; the plan decides
+    assert argv.count("--tensor-model-parallel-size") == 1
+    kept = [t for t in argv if t in ("--lr", "--train-iters", "--log-interval", "--save", "--load")]
+    assert kept == ["--lr", "--train-iters", "--log-interval", "--save", "--load"]
+
+
+def _dense_plan(counts, vpp=1, **kw) -> tuple[MegatronRun, Plan, ClusterSpec]:
+    model = DENSE.model_copy(update={"num_layers": sum(counts)})
+    run = MegatronRun(model=model, training=TrainingSpec(global_batch_size=64), parallel=ParallelConfig())
+    plan = Plan(gbs=64, vpp=vpp, stages=tuple(StagePlan(device_type="A100", num_layers=n, dp=1) for n in counts), **kw)
+    return run, plan, _cluster(("A100", 1))
+
+
+@pytest.mark.parametrize(
+    "counts, expect",
+    [
+        ([4, 4, 4, 4], set()),
+        ([3, 5, 5, 5], {"--decoder-first-pipeline-num-layers"}),
+        ([5, 5, 5, 2], {"--decoder-last-pipeline-num-layers"}),
+        ([3, 6, 6, 7], {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}),
+        ([7, 9], {"--decoder-first-pipeline-num-layers"}),
+        ([6, 4, 5, 7], {"--pipeline-model-parallel-layout"}),
+        ([8, 0, 8], {"--pipeline-model-parallel-layout"}),
+    ],
+)
+def test_pipeline_split_flags(counts, expect):
+    """Uniform: no split flag; only the end stages differ: first/last flags; else a layout.
+    Whatever is emitted, Megatron's split (as the flag parser computes it) equals the plan's."""
+    run, plan, cluster = _dense_plan(counts)
+    argv = args_of(render_launch_files(run, plan, cluster))
+    split_flags = {
+        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
+    }  # fmt: skip
+    assert {t for t in argv if t in split_flags} == expect
+    back = parse_megatron_flags(argv)
+    assert back.parallel.stage_layers(sum(counts)) == counts
+
+
+def test_interleaved_layout_maps_stage_i_to_rank_i_mod_pp():
+    """With vpp > 1 the layout lists virtual stages; stage i belongs to pipeline rank i % PP,
+    and each rank's chunks add up to its layers."""
+    counts = [7, 6, 5, 4]
+    run, plan, cluster = _dense_plan(counts, vpp=3)
+    argv = args_of(render_launch_files(run, plan, cluster))
+    per_virtual = parse_layout(argv[argv.index("--pipeline-model-parallel-layout") + 1])
+    assert len(per_virtual) == 12
+    for rank, n in enumerate(counts):
+        chunks = [per_virtual[i] for i in range(len(per_virtual)) if i % 4 == rank]
+        assert sum(chunks) == n and max(chunks) - min(chunks) <= 1
+    assert virtual_stage_layers([3, 1], 2) == [2, 1, 1, 0]
+
+
+# --------------------------------------------------------------------------------------------
+# Placement, hostfile and launch.sh
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", CASES)
+def test_hostfile_puts_every_stage_on_its_device_type(name):
+    """Node k (nproc ranks each, hostfile order) holds ranks whose stage runs on the node's type."""
+    _, plan, _, _ = case(name)
+    files = render(name)
+    lines = files["hostfile"].split()
+    hosts = [lines[i : i + 3] for i in range(0, len(lines), 3)]
+    stage_of_rank: list[int] = []
+    for s, st in enumerate(plan.stages):
+        stage_of_rank += [s] * (plan.tp * plan.cp * st.dp)
+    rank = 0
+    for host, slots, typ in hosts:
+        n = int(slots.removeprefix("slots="))
+        for r in range(rank, rank + n):
+            assert typ == "type=" + plan.stages[stage_of_rank[r]].device_type, (host, r)
+        rank += n
+    assert rank == plan.world_size
+
+
+def _fake_torchrun(tmp_path: Path) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "torchrun"
+    fake.write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$HAPMOE_ARGS_OUT"\n')
+    fake.chmod(0o755)
+    return bindir
+
+
+def _run_agent(launch: Path, tmp_path: Path, agent: int, args=(), env=None) -> list[str]:
+    bindir = tmp_path / "bin"
+    out = tmp_path / f"args{agent}"
+    environ = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "HAPMOE_NODE_RANK": str(agent),
+        "HAPMOE_ARGS_OUT": str(out),
+        **(env or {}),
+    }
+    subprocess.run(["bash", str(launch), *args], check=True, env=environ, cwd=tmp_path, timeout=30)
+    return out.read_bytes().decode().split("\0")[:-1]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("name", ["dense_megatron", "dense_flagscale"])
+def test_launch_sh_passes_exactly_the_args_file(name, tmp_path):
+    """Running launch.sh (with a fake torchrun) passes static-rendezvous placement flags and
+    exactly the flags of megatron_args.txt, for every agent."""
+    run, plan, cluster, script = case(name)
+    paths = write_launch_files(run, plan, cluster, tmp_path / "out", script)
+    launch = tmp_path / "out" / "launch.sh"
+    assert launch in paths and os.stat(launch).st_mode & stat.S_IXUSR
+    _fake_torchrun(tmp_path)
+    expected = shlex.split((tmp_path / "out" / "megatron_args.txt").read_text())
+    hosts = (tmp_path / "out" / "hostfile").read_text().splitlines()
+    for agent in range(len(hosts)):
+        got = _run_agent(launch, tmp_path, agent)
+        entry = got.index("pretrain_gpt.py" if plan.runtime == "megatron" else "flagscale/train/train_gpt.py")
+        head = got[:entry]
+        assert head[head.index("--node-rank") + 1] == str(agent)
+        assert head[head.index("--nnodes") + 1] == str(len(hosts))
+        assert head[head.index("--nproc-per-node") + 1] == "8"
+        assert head[head.index("--rdzv-backend") + 1] == "static"
+        assert head[head.index("--master-addr") + 1] == hosts[0].split()[0]
+        tail = got[entry + 1 :]
+        if plan.runtime == "flagscale":
+            assert tail[-2:] == ["--hetero-current-device-type", hosts[agent].split()[2].removeprefix("type=")]
+            tail = tail[:-2]
+        assert tail == expected
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_launch_sh_keeps_the_input_scripts_settings(tmp_path):
+    """With the user's script: its positional paths, variables and conditional additions still
+    work in the emitted launcher, and the input file is left untouched."""
+    run, plan, cluster, script = case("moe_megatron")
+    src = tmp_path / "train.sh"
+    src.write_text(SCRIPT)
+    write_launch_files(run, plan, cluster, tmp_path / "out", script)
+    assert src.read_text() == SCRIPT
+    _fake_torchrun(tmp_path)
+    got = _run_agent(
+        tmp_path / "out" / "launch.sh", tmp_path, 3, args=("/ckpt", "/tok.model", "/data/text"),
+        env={"WANDB_API_KEY": "k"},
+    )  # fmt: skip
+    items = {i.name: i.values for i in group_flag_items(got[got.index("pretrain_gpt.py") + 1 :])}
+    assert items["--data-path"] == ["/data/text"]
+    assert items["--tokenizer-model"] == ["/tok.model"]
+    assert items["--tensorboard-dir"] == ["/ckpt/tensorboard"]
+    assert items["--wandb-project"] == ["Mixtral"]  # the if-block, replayed after the arrays
+    assert got[got.index("--master-port") + 1] == "6001"  # the script's MASTER_PORT default
+
+
+def test_cuda_device_max_connections_only_with_tp_or_cp():
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
+    run, plan, cluster = _dense_plan([4, 4])
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render_launch_files(run, plan, cluster)["launch.sh"]
+    tp2 = plan.model_copy(update={"tp": 2})
+    cluster2 = _cluster(("A100", 1))
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in render_launch_files(run, tp2, cluster2)["launch.sh"]
+
+
+def test_small_blocks_share_a_host():
+    """A stage smaller than a node: agents of 4 GPUs share 8-GPU hosts with CUDA_VISIBLE_DEVICES."""
+    run, plan, cluster = _dense_plan([4, 4, 4])
+    plan = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 4}) for s in plan.stages)})
+    files = render_launch_files(run, plan, _cluster(("A100", 2)))
+    assert files["hostfile"] == "a100-node0 slots=8 type=A100\na100-node1 slots=4 type=A100\n"
+    assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in files["launch.sh"]
+    assert "--nproc-per-node \"4\"" in files["launch.sh"]
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals
+# --------------------------------------------------------------------------------------------
+def test_megatron_runtime_refuses_per_stage_dp():
+    """Upstream Megatron cannot run different DP per stage: refused, naming the runtime."""
+    run, plan, cluster, _ = case("dense_flagscale")
+    with pytest.raises(PlannerInputError) as err:
+        render_launch_files(run, plan.model_copy(update={"runtime": "megatron"}), cluster)
+    assert err.value.field == "--runtime" and "data-parallel" in str(err.value)
+
+
+def test_flagscale_refuses_interleaving_and_cp():
+    """FlagScale cannot interleave or use CP: refused with FlagScale's own words."""
+    run, plan, cluster, _ = case("dense_megatron")
+    fs = plan.model_copy(update={"runtime": "flagscale"})
+    with pytest.raises(PlannerInputError) as err:
+        render_launch_files(run, fs, cluster)
+    assert "virtual pipeline not support now!" in str(err.value)
+
+
+def test_rule_violation_is_refused_before_writing(tmp_path):
+    """A plan that breaks a Megatron rule writes nothing and names the rule."""
+    run, plan, cluster = _dense_plan([4, 4])
+    bad = plan.model_copy(update={"gbs": 63, "mbs": 2})
+    with pytest.raises(PlannerInputError) as err:
+        write_launch_files(run, bad, cluster, tmp_path / "out")
+    assert "global batch size (63) is not divisible" in str(err.value)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_cluster_too_small_or_missing_type():
+    """A plan that needs more GPUs of a type than the cluster has, or an absent type, is refused."""
+    run, plan, _ = _dense_plan([4, 4])
+    with pytest.raises(PlannerInputError) as err:
+        render_launch_files(run, plan, _cluster(("H800", 1)))
+    assert err.value.field == "--cluster" and "A100" in str(err.value)
+    wide = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 8}) for s in plan.stages)})
+    with pytest.raises(PlannerInputError) as err:
+        render_launch_files(run, wide, _cluster(("A100", 1)))
+    assert "16 A100" in str(err.value)
+
+
+def test_moe_with_etp_gets_disable_bias_linear():
+    """MoE with ETP > 1 and biases on: --disable-bias-linear is added, with a note."""
+    model = ModelSpec(num_layers=4, hidden_size=512, num_attention_heads=8, vocab_size=1000, num_experts=4)
+    run = MegatronRun(model=model, training=TrainingSpec(global_batch_size=8), parallel=ParallelConfig())
+    plan = Plan(tp=2, ep=2, etp=2, gbs=8, stages=(StagePlan(device_type="A100", num_layers=4, dp=4),))
+    files = render_launch_files(run, plan, _cluster(("A100", 1)))
+    assert "--disable-bias-linear" in args_of(files)
+    assert "Bias in Moe" not in files["launch.sh"] and "--disable-bias-linear added" in files["launch.sh"]
+
+
+# --------------------------------------------------------------------------------------------
+# FlagScale YAML
+# --------------------------------------------------------------------------------------------
+def test_flagscale_yaml_meshes_and_recompute_lists():
+    """Meshes are TP CP EP DP PP per run of same-type, same-DP stages; recompute lists are
+    [n_stages, n_microbatches, value] (granularity on/off, method 1 = block, layers)."""
+    files = render("dense_flagscale")
+    train = yaml.safe_load(files["flagscale/conf/train/hapmoe.yaml"])
+    hetero = train["system"]["hetero"]
+    # stages: A100 dp4 | 910B dp2 | 910B dp2, TP 2  ->  meshes [2,1,1,4,1] and [2,1,1,2,2]
+    assert hetero["hetero_process_meshes"] == [2, 1, 1, 4, 1, 2, 1, 1, 2, 2]
+    assert hetero["hetero_device_types"] == ["A100", "910B"]
+    assert hetero["hetero_pipeline_layer_split"] == [5, 2, 1]
+    assert hetero["use_partial_reduce_for_shared_embedding"] is True  # tied, DP 4 -> 2
+    m = 32 // (1 * 4)
+    rec = train["system"]["recompute"]
+    assert rec["recompute_granularity"] == "full" and rec["recompute_method"] == "block"
+    assert rec["recompute_granularity_per_stage_micro_batch"] == [[1, m, 0], [2, m, 1]]
+    assert rec["recompute_method_per_stage_micro_batch"] == [[1, m, 0], [2, m, 1]]
+    assert rec["recompute_num_layers_per_stage_micro_batch"] == [[1, m, 0], [2, m, 1]]
+    exp = yaml.safe_load(files["flagscale/conf/config.yaml"])
+    assert exp["experiment"]["runner"]["nnodes"] == 2 and exp["experiment"]["runner"]["hostfile"] == "hostfile"
+
+
+def _flatten(node: dict, out: list[str]) -> None:
+    """FlagScale's flatten_dict_to_args, as megatron.md 6.4 describes it."""
+    for key, value in node.items():
+        if isinstance(value, dict):
+            _flatten(value, out)
+        elif value is True:
+            out.append("--" + key.replace("_", "-"))
+        elif isinstance(value, list):
+            out.append("--" + key.replace("_", "-"))
+            out += [str(v) for v in value]
+        elif value is not False and value is not None:
+            out += ["--" + key.replace("_", "-"), str(value)]
+
+
+@pytest.mark.parametrize("name", ["dense_flagscale", "moe_flagscale"])
+def test_flagscale_yaml_says_what_megatron_args_says(name):
+    """Flattening the train YAML gives the same options and values as megatron_args.txt
+    (plus the per-host current device type)."""
+    files = render(name)
+    flat: list[str] = []
+    _flatten(yaml.safe_load(files["flagscale/conf/train/hapmoe.yaml"]), flat)
+    from_yaml = {i.name: i.values for i in group_flag_items(flat)}
+    from_args = {i.name: i.values for i in group_flag_items(args_of(files))}
+    assert from_yaml.pop("--hetero-current-device-type")
+    for key in list(from_yaml):
+        if key.endswith("-per-stage-micro-batch"):
+            assert [json.loads(v) for v in from_args.pop(key)] == [
+                json.loads(v.replace("'", '"')) for v in from_yaml.pop(key)
+            ]
+    norm = {k: [v.replace("${oc.env:", "${") for v in vals] for k, vals in from_yaml.items()}
+    assert norm == from_args
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+def test_emit_command_writes_the_files(tmp_path):
+    """`cli.py emit --plan plan.json --out DIR` writes the launcher; a bad plan exits 2 cleanly."""
+    from click.testing import CliRunner
+
+    from cli import main
+
+    run, plan, cluster, _ = case("dense_megatron")
+    doc = {"plan": plan.model_dump(mode="json"), "inputs": {"run": run.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")}}
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    result = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "o" / "launch.sh").exists() and (tmp_path / "o" / "megatron_args.txt").exists()
+    assert (tmp_path / "o" / "megatron_args.txt").read_text() == render("dense_megatron")["megatron_args.txt"]
+    doc["plan"]["gbs"] = 15
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    result = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "bad.json"), "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "global batch size (15)" in result.output
+    assert "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron's own validator (reference/megatron.md section 5): needs megatron-core >= 0.17
+# (Python >= 3.12); skipped elsewhere.
+# --------------------------------------------------------------------------------------------
+def _megatron_arguments():
+    pytest.importorskip("torch")
+    core = pytest.importorskip("megatron.core")
+    from packaging.version import Version
+
+    version = getattr(getattr(core, "package_info", None), "__version__", "0")
+    if Version(version) < Version("0.17"):
+        pytest.skip(f"megatron-core {version} < 0.17 has no megatron.training")
+    return pytest.importorskip("megatron.training.arguments")
+
+
+@pytest.mark.parametrize("name", MEGATRON_CASES)
+def test_megatron_validator_accepts_emitted_flags(name, monkeypatch):
+    """parse_args, validate_args, core_transformer_config_from_args, the microbatch calculator and
+    initialize_model_parallel on a fake process group accept the emitted flags."""
+    arguments = _megatron_arguments()
+    import sys
+
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+
+    try:
+        from megatron.training.argument_utils import core_transformer_config_from_args
+    except ImportError:
+        core_transformer_config_from_args = arguments.core_transformer_config_from_args
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    run, plan, cluster, script = case(name)
+    argv = args_of(render_launch_files(run, plan, cluster, script))
+    argv = [a.replace("${", "/tmp/").replace("}", "") for a in argv]  # unresolved paths: any path
+    argv += ["--no-rope-fusion", "--transformer-impl", "local"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setattr(arguments, "get_device_arch_version", lambda: 9, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", str(plan.world_size))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
+    args = arguments.parse_args()
+    arguments.validate_args(args)
+    core_transformer_config_from_args(args)
+    init_num_microbatches_calculator(0, None, args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False)
+    torch.distributed.init_process_group(backend="fake", rank=0, world_size=plan.world_size, store=FakeStore())
+    try:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=plan.tp,
+            pipeline_model_parallel_size=plan.pp,
+            virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
+            context_parallel_size=plan.cp,
+            expert_model_parallel_size=plan.ep,
+            expert_tensor_parallel_size=plan.etp,
+            create_gloo_process_groups=False,
+        )
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
