@@ -246,3 +246,13 @@ def test_arbitrary_text_never_crashes(text):
     except PlannerInputError:
         return
     assert isinstance(s.megatron_flags, list)
+
+
+def test_launch_inside_a_block_cuts_the_preamble_before_the_block():
+    """A torchrun inside an if-block is found; the preamble ends before the block (no dangling `if`)."""
+    text = "A=1\nif [ -n \"$X\" ]; then\n  torchrun pretrain_gpt.py --a $A\nfi\n"
+    s = parse_launcher_script(text)
+    assert s.megatron_flags == ["--a", "1"]
+    assert s.preamble_lines == ["A=1"]
+    assert s.launch_start_line == 2
+    assert any("block" in w for w in s.warnings)

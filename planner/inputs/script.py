@@ -790,6 +790,13 @@ def parse_launcher_script(text: str) -> LauncherScript:
                 shell.vars = saved
                 prefix_env[m.group(1)] = value or ""
         start, after, entry = split
+        # a launch command inside an if/for block: the preamble stops before that block
+        cut = st.block_start if st.depth > 0 and st.block_start else st.line
+        if cut != st.line:
+            warnings.append(
+                f"line {st.line}: the launch command sits in a block starting at line {cut}; "
+                "the emitted launcher keeps only the lines before that block"
+            )
         launch = LauncherScript(
             text=text,
             megatron_flags=fields[entry + 1 :],
@@ -799,8 +806,8 @@ def parse_launcher_script(text: str) -> LauncherScript:
             launcher_args=fields[after:entry],
             env={},
             exported=[],
-            preamble_lines=lines[: st.line - 1],
-            launch_start_line=st.line,
+            preamble_lines=lines[: cut - 1],
+            launch_start_line=cut,
             launch_end_line=st.end_line,
             launch_env=prefix_env,
             launch_arrays=used_arrays,
