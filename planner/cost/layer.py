@@ -23,6 +23,23 @@ TP_COMM_OVERLAP_EXPOSED = 0.3  # fraction of TP traffic left exposed with --tp-c
 CP_OVERLAP = 1.0  # fraction of attention-core time that can hide the CP ring exchange
 
 
+def expected_destination_ranks(num_experts: int, ep: int, topk: int) -> float:
+    """Expected number of distinct EP ranks one token's top-k experts live on, for uniform routing
+    over `num_experts` experts split evenly over `ep` ranks: ep * (1 - C(E - E/ep, k) / C(E, k)).
+
+    Megatron's `flex` dispatcher (DeepEP / HybridEP) sends a token once to every rank that hosts
+    at least one of its experts (DeepEP `get_dispatch_layout`: `is_token_in_rank`), while the
+    `alltoall` dispatcher permutes first and sends one copy per selected expert (k copies)."""
+    if ep <= 1 or num_experts <= 0:
+        return 1.0
+    k = min(topk, num_experts)
+    per_rank = num_experts / ep
+    p_miss = 1.0
+    for i in range(k):
+        p_miss *= max(num_experts - per_rank - i, 0.0) / (num_experts - i)
+    return ep * (1.0 - p_miss)
+
+
 @dataclass(frozen=True)
 class LayerShape:
     """The parallel shape a layer runs at on one GPU."""
@@ -135,6 +152,10 @@ def layer_cost(
         f = model.moe_ffn_size
         act_elems = 3 * f * model.moe_router_topk * shape.imbalance
         act_elems += 4 * h * model.moe_router_topk * etp  # permute + unpermute, read + write
+        if shape.dispatcher == "alltoall" and ep > 1 and (model.num_experts or 1) > ep:
+            # MoEAlltoAllTokenDispatcher re-sorts the received chunks by local expert after the
+            # dispatch all-to-all and back before the combine (sort_chunks_by_idxs): 2 more copies
+            act_elems += 4 * h * model.moe_router_topk * etp
     else:
         act_elems = 3 * model.ffn_size * tp_region
     to_s = t_l * act_b / hbm_bytes_per_s
@@ -189,7 +210,10 @@ def layer_cost(
             )
             ep_fwd = one * shape.imbalance
         else:
-            send = t_l * k * h * act_b
+            copies = float(k)
+            if shape.dispatcher == "flex":
+                copies = min(float(k), expected_destination_ranks(model.num_experts or 1, ep, k))
+            send = t_l * copies * h * act_b
             one = collective_s(links.ep, "all_to_all", send, ep)
             ep_fwd = 2 * one * shape.imbalance
     ep_bwd = ep_fwd
