@@ -1,7 +1,7 @@
 """Cost of one decoder layer for one micro-batch on one GPU of a pipeline stage.
 
 Everything a stage costs is a sum of these per-layer pieces plus the stage's extras (embedding,
-logits, pipeline sends, gradient sync, optimizer), composed in planner/cost/stage.py.  The search
+logits, pipeline sends, gradient sync, optimizer), composed in planner/cost/model.py (CostModel.stage_core).  The search
 backends tabulate these pieces once per (device type, DP, micro-batch) and compose stages from them,
 so the solvers and `estimate` read the very same numbers.
 """
