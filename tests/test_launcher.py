@@ -95,6 +95,7 @@ MODEL_PARALLEL_ARGS=(
 
 LOGGING_ARGS=(
     --log-interval 1
+    --save-interval 1000
     --save "$CHECKPOINT_PATH"
     --load "$CHECKPOINT_PATH"
     --tensorboard-dir "${CHECKPOINT_PATH}/tensorboard"
@@ -140,7 +141,7 @@ def case(name: str):
     if name == "dense_megatron":
         run = MegatronRun(
             model=DENSE, training=TrainingSpec(global_batch_size=16, use_distributed_optimizer=True),
-            parallel=ParallelConfig(), passthrough=("--lr", "3e-4", "--train-iters", "100", "--save", "/ckpt/dense run"),
+            parallel=ParallelConfig(), passthrough=("--lr", "3e-4", "--train-iters", "100", "--save", "/ckpt/dense run", "--save-interval", "50"),
         )  # fmt: skip
         full = Recompute.full("uniform", 1)
         plan = Plan(
@@ -242,8 +243,8 @@ def test_user_flags_pass_through_unchanged():
     assert items["--data-path"] == ["${DATA_PATH}"] and items["--split"] == ["99990,8,2"]
     assert items["--tensor-model-parallel-size"] == ["2"]  # the script said 4; the plan decides
     assert argv.count("--tensor-model-parallel-size") == 1
-    kept = [t for t in argv if t in ("--lr", "--train-iters", "--log-interval", "--save", "--load")]
-    assert kept == ["--lr", "--train-iters", "--log-interval", "--save", "--load"]
+    kept = [t for t in argv if t in ("--lr", "--train-iters", "--log-interval", "--save-interval", "--save", "--load")]
+    assert kept == ["--lr", "--train-iters", "--log-interval", "--save-interval", "--save", "--load"]
 
 
 def _dense_plan(counts, vpp=1, **kw) -> tuple[MegatronRun, Plan, ClusterSpec]:
@@ -561,7 +562,10 @@ def test_megatron_validator_accepts_emitted_flags(name, monkeypatch):
 
     import torch
     from megatron.core import parallel_state
-    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
 
     try:
         from megatron.training.argument_utils import core_transformer_config_from_args
@@ -582,7 +586,9 @@ def test_megatron_validator_accepts_emitted_flags(name, monkeypatch):
     args = arguments.parse_args()
     arguments.validate_args(args)
     core_transformer_config_from_args(args)
+    destroy_num_microbatches_calculator()  # validate_args may have set it up already
     init_num_microbatches_calculator(0, None, args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False)
+    destroy_num_microbatches_calculator()
     torch.distributed.init_process_group(backend="fake", rank=0, world_size=plan.world_size, store=FakeStore())
     try:
         parallel_state.initialize_model_parallel(

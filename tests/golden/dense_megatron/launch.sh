@@ -58,6 +58,7 @@ MODEL_PARALLEL_ARGS=(
 
 EVAL_AND_LOGGING_ARGS=(
     --save "/ckpt/dense run"
+    --save-interval "50"
 )
 
 # One torchrun agent per line; agent k runs global ranks [k*nproc, (k+1)*nproc).

@@ -6,7 +6,7 @@
 # stage 2: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 16-23, agents 2
 # stage 3: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 24-31, agents 3
 #
-# note: lines 72-76: conditional block not evaluated (modifies LOGGING_ARGS); it is kept in the emitted launcher
+# note: lines 73-77: conditional block not evaluated (modifies LOGGING_ARGS); it is kept in the emitted launcher
 # note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3, ${TOKENIZER_MODEL}, ${DATA_PATH}, ${CHECKPOINT_PATH}
 
 # ---- from the input launcher (paths, environment, data, checkpoints) ----
@@ -31,9 +31,9 @@ DATA_PATH=$3
 
 # [hapmoe] MODEL_PARALLEL_ARGS (input lines 57-63) is rebuilt from the plan below
 
-# [hapmoe] LOGGING_ARGS (input lines 65-70) is rebuilt from the plan below
+# [hapmoe] LOGGING_ARGS (input lines 65-71) is rebuilt from the plan below
 
-# [hapmoe] conditional block (input lines 72-76) moved after the planner's arrays
+# [hapmoe] conditional block (input lines 73-77) moved after the planner's arrays
 
 # Megatron needs this with tensor or context parallelism (pre-Blackwell GPUs)
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -104,6 +104,7 @@ MODEL_PARALLEL_ARGS=(
 
 LOGGING_ARGS=(
     --log-interval "1"
+    --save-interval "1000"
     --save "${CHECKPOINT_PATH}"
     --load "${CHECKPOINT_PATH}"
     --tensorboard-dir "${CHECKPOINT_PATH}/tensorboard"
