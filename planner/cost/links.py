@@ -20,6 +20,13 @@ class LinkChoice:
     intra: LinkProfile
     inter: LinkProfile | None
     ranks_per_node: int
+    factors: tuple[tuple[str, float], ...] = ()  # calibrated time multipliers per collective
+
+    def factor(self, collective: str) -> float:
+        for name, f in self.factors:
+            if name == collective:
+                return f
+        return 1.0
 
 
 @dataclass(frozen=True)
@@ -32,27 +39,31 @@ class GroupLinks:
     edp: LinkChoice
 
 
-def _choice(intra: LinkProfile, inter: LinkProfile, span_ranks: int, gpus_per_node: int, stride: int) -> LinkChoice:
+def _choice(intra: LinkProfile, inter: LinkProfile, span_ranks: int, gpus_per_node: int, stride: int,
+            factors: tuple = ()) -> LinkChoice:
     """A group of `span_ranks` consecutive-block ranks with member stride `stride`."""
     if span_ranks <= gpus_per_node:
-        return LinkChoice(intra=intra, inter=None, ranks_per_node=span_ranks // max(stride, 1))
+        return LinkChoice(intra=intra, inter=None, ranks_per_node=span_ranks // max(stride, 1), factors=factors)
     members_per_node = max(1, gpus_per_node // max(stride, 1))
-    return LinkChoice(intra=intra, inter=inter, ranks_per_node=members_per_node)
+    return LinkChoice(intra=intra, inter=inter, ranks_per_node=members_per_node, factors=factors)
 
 
 def stage_group_links(
-    *, intra: LinkProfile, inter: LinkProfile, gpus_per_node: int, tp: int, cp: int, dp: int, ep: int, etp: int
+    *, intra: LinkProfile, inter: LinkProfile, gpus_per_node: int, tp: int, cp: int, dp: int, ep: int, etp: int,
+    factors: dict[str, float] | None = None,
 ) -> GroupLinks:
-    """Links of every group inside one stage (block of tp*cp*dp ranks)."""
+    """Links of every group inside one stage (block of tp*cp*dp ranks).  `factors` are the
+    device's calibrated collective corrections (time multipliers)."""
     gpn = gpus_per_node
     edp = max(1, tp * cp * dp // (etp * ep))
+    f = tuple(sorted((factors or {}).items()))
     return GroupLinks(
-        tp=_choice(intra, inter, tp, gpn, 1),
-        cp=_choice(intra, inter, tp * cp, gpn, tp),
-        ep=_choice(intra, inter, etp * ep, gpn, etp),
-        etp=_choice(intra, inter, etp, gpn, 1),
-        dp=_choice(intra, inter, tp * cp * dp, gpn, tp * cp),
-        edp=_choice(intra, inter, etp * ep * edp, gpn, etp * ep),
+        tp=_choice(intra, inter, tp, gpn, 1, f),
+        cp=_choice(intra, inter, tp * cp, gpn, tp, f),
+        ep=_choice(intra, inter, etp * ep, gpn, etp, f),
+        etp=_choice(intra, inter, etp, gpn, 1, f),
+        dp=_choice(intra, inter, tp * cp * dp, gpn, tp * cp, f),
+        edp=_choice(intra, inter, etp * ep * edp, gpn, etp * ep, f),
     )
 
 
@@ -64,6 +75,12 @@ def collective_s(link: LinkChoice, collective: str, message_bytes: float, num_ra
 
     if num_ranks <= 1 or message_bytes <= 0:
         return 0.0
+    return link.factor(collective) * _collective_s(link, collective, message_bytes, num_ranks)
+
+
+def _collective_s(link: LinkChoice, collective: str, message_bytes: float, num_ranks: int) -> float:
+    from planner.profile_tables import collective_time_s
+
     if link.inter is None:
         return collective_time_s(link.intra, collective, message_bytes, num_ranks)
     if collective == "all_to_all":
@@ -74,4 +91,10 @@ def collective_s(link: LinkChoice, collective: str, message_bytes: float, num_ra
         intra_t = collective_time_s(link.intra, collective, message_bytes, num_ranks) * local * share
         inter_t = collective_time_s(link.inter, collective, message_bytes, num_ranks) * remote * share
         return max(intra_t, inter_t)
+    if link.ranks_per_node > 1:
+        # NCCL drives every member's NIC: r members per node give about r x NIC, capped by the
+        # intra-node link that feeds them
+        bw = min(link.inter.bandwidth_gb_per_s * link.ranks_per_node, link.intra.bandwidth_gb_per_s)
+        return collective_time_s(link.inter.model_copy(update={"bandwidth_gb_per_s": bw}), collective,
+                                 message_bytes, num_ranks)
     return collective_time_s(link.inter, collective, message_bytes, num_ranks)

@@ -245,6 +245,8 @@ class CostModel:
         self.profiles = profiles
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
+        self._corr_cache: dict = {}
+        self._link_cache: dict = {}
         counts = parameter_counts(model)
         n_moe = sum(model.layer_is_moe)
         n_dense = model.num_layers - n_moe
@@ -281,9 +283,19 @@ class CostModel:
         return self.profiles.device(name)
 
     def corrections(self, device: str) -> dict[str, float]:
-        return {k: self.profiles.correction(device, k) for k in CORRECTION_KINDS}
+        hit = self._corr_cache.get(device)
+        if hit is None:
+            hit = {k: self.profiles.correction(device, k) for k in CORRECTION_KINDS}
+            self._corr_cache[device] = hit
+        return hit
 
     def _links(self, device_type: str):
+        hit = self._link_cache.get(device_type)
+        if hit is None:
+            hit = self._link_cache[device_type] = self._links_uncached(device_type)
+        return hit
+
+    def _links_uncached(self, device_type: str):
         dev = self.device(device_type)
         intra, inter = dev.intra_node, dev.inter_node
         try:
@@ -309,7 +321,7 @@ class CostModel:
             return hit
         intra, inter, gpn = self._links(device_type)
         links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=g.tp, cp=g.cp, dp=dp,
-                                  ep=g.ep, etp=g.etp)
+                                  ep=g.ep, etp=g.etp, factors=self.corrections(device_type))
         shape = LayerShape(
             tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, micro_batch_size=stage_mbs, seq_length=self.model.seq_length,
             sequence_parallel=g.sequence_parallel and g.tp > 1, precision=self.training.precision,
@@ -323,13 +335,14 @@ class CostModel:
 
     def pp_link(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str) -> LinkChoice:
         """The link a pipeline send between stage a (type a_type) and the next (b_type) uses."""
+        factors = tuple(sorted(self.corrections(a_type).items()))
         if a_type != b_type:
             link = self.profiles.cross_link(a_type, b_type, self.cluster)
-            return LinkChoice(intra=link, inter=None, ranks_per_node=1)
+            return LinkChoice(intra=link, inter=None, ranks_per_node=1, factors=factors)
         intra, inter, gpn = self._links(a_type)
         if g.tp * g.cp * a_dp >= gpn:
-            return LinkChoice(intra=inter, inter=None, ranks_per_node=1)
-        return LinkChoice(intra=intra, inter=None, ranks_per_node=1)
+            return LinkChoice(intra=inter, inter=None, ranks_per_node=1, factors=factors)
+        return LinkChoice(intra=intra, inter=None, ranks_per_node=1, factors=factors)
 
     # ---- a stage ----
     def stage_core(
@@ -445,7 +458,8 @@ class CostModel:
 
         # gradient sync over DP (dense) and expert-DP (experts); only the exposed part counts
         intra, inter, gpn = self._links(device_type)
-        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp)
+        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp,
+                                  factors=corr)
         if self.training.use_distributed_optimizer:
             rs = collective_s(links.dp, "reduce_scatter", dense_params * gb, dp) + collective_s(
                 links.edp, "reduce_scatter", expert_params * gb, edp)
@@ -460,7 +474,7 @@ class CostModel:
         dp_s = rs_exposed + ag_exposed
         if (is_first or is_last) and g.pp > 1 and not model.untie_embeddings_and_output_weights:
             # tied embedding: first and last stage all-reduce the word-embedding gradient
-            dp_s += collective_s(LinkChoice(inter, None, 1), "all_reduce", emb_local * gb, 2)
+            dp_s += collective_s(LinkChoice(inter, None, 1, links.dp.factors), "all_reduce", emb_local * gb, 2)
         optimizer_s = shard_params * OPTIMIZER_BYTES_MOVED_PER_PARAM / hbm
         return StageCore(
             device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label, micro_batch_size=stage_mbs,

@@ -578,7 +578,7 @@ class _Shell:
         flush()
         return fields
 
-    def assign(self, text: str, line_words: list[_Word], word: _Word) -> None:
+    def assign(self, word: _Word) -> None:
         """`NAME=value` or `NAME+=value` (a word)."""
         m = _ASSIGN_RE.match(word.raw)
         assert m is not None
@@ -698,7 +698,8 @@ def _launch_split(fields: list[str]) -> tuple[int, int, int] | None:
     return None
 
 
-def _conditional_blocks(stmts: list[_Stmt], lines: list[str]) -> list[ConditionalBlock]:
+def _conditional_blocks(stmts: list[_Stmt]) -> list[ConditionalBlock]:
+    """The compound blocks (if/for/while/case) with the arrays their statements assign."""
     blocks: dict[int, ConditionalBlock] = {}
     for st in stmts:
         if st.block_start:
@@ -742,7 +743,7 @@ def parse_launcher_script(text: str) -> LauncherScript:
         rest = st.tokens[k:]
         if not rest:
             for tok in assigns:
-                _do_assign(shell, tok, text, array_statements, st)
+                _do_assign(shell, tok, array_statements, st)
             continue
         head = rest[0]
         if isinstance(head, _Word) and head.raw in _DECLARE_WORDS:
@@ -752,7 +753,7 @@ def parse_launcher_script(text: str) -> LauncherScript:
                     exporting = exporting or "x" in tok.raw
                     continue
                 if isinstance(tok, _ArrayAssign) or _ASSIGN_RE.match(tok.raw):
-                    _do_assign(shell, tok, text, array_statements, st)
+                    _do_assign(shell, tok, array_statements, st)
                     name = tok.name if isinstance(tok, _ArrayAssign) else _ASSIGN_RE.match(tok.raw).group(1)
                 elif _NAME_RE.fullmatch(tok.raw):
                     name = tok.raw
@@ -785,7 +786,7 @@ def parse_launcher_script(text: str) -> LauncherScript:
                 m = _ASSIGN_RE.match(tok.raw)
                 assert m is not None
                 saved = dict(shell.vars)
-                shell.assign(text, [], tok)
+                shell.assign(tok)
                 value, _ = shell.scalar(m.group(1))
                 shell.vars = saved
                 prefix_env[m.group(1)] = value or ""
@@ -845,7 +846,7 @@ def parse_launcher_script(text: str) -> LauncherScript:
     ]
     blocks = [
         blk
-        for blk in _conditional_blocks(stmts, lines)
+        for blk in _conditional_blocks(stmts)
         if blk.end_line < launch.launch_start_line
     ]
     launch.conditional_blocks = blocks
@@ -877,16 +878,16 @@ def _would_launch(shell: _Shell, st: _Stmt) -> bool:
 def _do_assign(
     shell: _Shell,
     tok: _Word | _ArrayAssign,
-    text: str,
     array_statements: list[tuple[int, int, str]],
     st: _Stmt,
 ) -> None:
+    """Run one assignment; remember where top-level array assignments are."""
     if isinstance(tok, _ArrayAssign):
         shell.assign_array(tok)
         if st.depth == 0:
             array_statements.append((tok.line, tok.end_line, tok.name))
     else:
-        shell.assign(text, [], tok)
+        shell.assign(tok)
 
 
 def read_launcher_script(path: str | Path) -> LauncherScript:

@@ -145,7 +145,7 @@ def moe_pattern_from_freq(freq: int | str | list[int], num_layers: int) -> tuple
         text = str(freq).strip()
         if text.isdigit():
             return moe_pattern_from_freq(int(text), num_layers)
-        if not text or any(c not in ",0123456789[]()+*" for c in text):
+        if not text or "**" in text or any(c not in ",0123456789[]()+*" for c in text):
             raise ValueError(
                 f"moe-layer-freq {text!r}: expected an int or a list expression like ([0]+[1]*23) "
                 "using only the characters ,digits[]()+*"

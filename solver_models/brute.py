@@ -1,0 +1,70 @@
+"""Brute force over one global choice: every option sequence and every layer split.  The oracle
+the tests hold HS-DP and CP-SAT to; exponential, for small cases only."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from solver_models.scaling import INF_US
+from solver_models.tables import StageTables, position
+
+
+@dataclass
+class BruteSolution:
+    objective_us: int
+    stages: list[tuple[int, int, int]]
+    count: int  # plans enumerated
+
+
+def compositions(n: int, k: int):
+    """Every way to write n as an ordered sum of k positive integers."""
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        prev = 0
+        out = []
+        for c in cuts + (n,):
+            out.append(c - prev)
+            prev = c
+        yield out
+
+
+def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | None:
+    pp, N, O = t.pp, t.num_layers, t.num_options
+    best: BruteSolution | None = None
+    count = 0
+    for opts in itertools.product(range(O), repeat=pp):
+        if t.options[opts[0]].dp != t.g.dp0:
+            continue
+        used = [0] * len(t.types)
+        for o in opts:
+            used[t.option_type[o]] += t.option_gpus[o]
+        if any(u > b for u, b in zip(used, t.budget)):
+            continue
+        for split in compositions(N, pp):
+            count += 1
+            if count > limit:
+                raise RuntimeError(f"brute force exceeded {limit} plans")
+            start = 0
+            total = mx = sy = 0
+            ok = True
+            for i, (o, n) in enumerate(zip(opts, split)):
+                if t.core_us[o, position(i, pp), start, n] >= INF_US or not t.fits(o, i, start, n):
+                    ok = False
+                    break
+                ti = t.stage_us(opts[i - 1] if i else None, o, opts[i + 1] if i + 1 < pp else None, i, start, n)
+                total += ti
+                mx = max(mx, ti)
+                sy = max(sy, int(t.sync_us[o, position(i, pp), start, n]))
+                start += n
+            if not ok:
+                continue
+            obj = t.objective_us(total, mx, sy)
+            if best is None or obj < best.objective_us:
+                stages, s0 = [], 0
+                for o, n in zip(opts, split):
+                    stages.append((o, s0, n))
+                    s0 += n
+                best = BruteSolution(obj, stages, 0)
+    if best is not None:
+        best.count = count
+    return best

@@ -1,0 +1,239 @@
+"""HS-DP: the paper's heterogeneity-sensitive dynamic program (section 3.4), exact when pruning is off.
+
+For one global choice G (fixed PP, micro-batches m, virtual chunks v) it minimises
+    v * T = sum_i t_i + (m*v - 1) * max_i t_i + v * max_i sync_i
+over the stage sequence (option o_i, layer count n_i), with GPUs per device type as a budget and
+every stage fitting in memory.
+
+Bottleneck search (Alpa's stage construction, bounded): for a cap c on max_i t_i, a DP over stages
+with state (layers placed, GPUs used per type, previous option, current option) keeps, per state,
+the Pareto set of (sum of t_i, max sync_i).  G(c) = min over plans with every t_i <= c of
+sum + v*sync is non-increasing in c, and a DP solution whose actual bottleneck is a <= c settles
+every cap in [a, c].  Caps are explored by interval bisection with the lower bound
+(m*v-1)*c_lo + G(c_hi); the candidate caps are every value a stage time can take, so the search is
+exact.
+
+Pruning (switchable): load balance, n_i within [(1-delta), (1+delta)] x w_i x N with w_i the stage's
+share of the cluster's profiled compute (per-layer speed of its option x its GPUs); memory (the
+least recompute that fits) is applied when options are generated (planner/search).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver_models.scaling import INF_US
+from solver_models.tables import StageTables, position
+
+
+@dataclass
+class DPSolution:
+    objective_us: int  # v x iteration time, integer us
+    max_us: int
+    sum_us: int
+    sync_us: int
+    stages: list[tuple[int, int, int]]  # (option, start, n)
+
+
+@dataclass
+class DPStats:
+    dp_calls: int = 0
+    states: int = 0
+    caps_pruned: int = 0
+
+
+@dataclass
+class _Label:
+    sum_us: int
+    sync_us: int
+    parent: object = field(default=None, repr=False)  # (_Label of previous stage) or None
+    stage: tuple[int, int, int] | None = None  # (option, start, n) of the stage this label added
+
+
+def _balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:
+    """[O, 2] inclusive (lo, hi) layer counts per option under load-balance pruning."""
+    if delta is None:
+        return None
+    N = t.num_layers
+    speed = 1.0 / np.maximum(t.min_layer_us.astype(float), 1.0)  # layers per us of one stage of option o
+    # cluster throughput if every GPU of each type ran stages of that type's best option
+    total = 0.0
+    for ti in range(len(t.types)):
+        mask = t.option_type == ti
+        if not mask.any():
+            continue
+        best = max(speed[o] / t.option_gpus[o] for o in np.nonzero(mask)[0])  # per GPU
+        total += best * t.budget[ti]
+    w = speed / total
+    lo = np.floor((1 - delta) * w * N).astype(int)
+    hi = np.ceil((1 + delta) * w * N).astype(int)
+    return np.stack([np.maximum(lo, 1), np.maximum(hi, 1)], axis=1)
+
+
+def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats) -> tuple[int, _Label, int] | None:
+    """Min over plans with every stage time <= cap of (sum + v*max sync); returns
+    (value, final label, actual max stage time) or None when nothing fits under the cap."""
+    stats.dp_calls += 1
+    pp, N, O = t.pp, t.num_layers, t.num_options
+    v = t.g.vpp
+    first_ok = [o for o in range(O) if t.options[o].dp == t.g.dp0]
+    n_types = len(t.types)
+    core, sync, p2p = t.core_us, t.sync_us, t.p2p_us
+    # state: (layers placed, used GPUs per type, prev option, current option) -> Pareto labels
+    states: dict[tuple, list[_Label]] = {}
+    for o in first_ok:
+        used = [0] * n_types
+        used[t.option_type[o]] += t.option_gpus[o]
+        if used[t.option_type[o]] <= t.budget[t.option_type[o]]:
+            states[(0, tuple(used), -1, o)] = [_Label(0, 0)]
+    finals: list[_Label] = []
+    for i in range(pp):
+        pos = position(i, pp)
+        last = i == pp - 1
+        nxt: dict[tuple, list[_Label]] = {}
+        stats.states += len(states)
+        for (ell, used, op, oc), labels in states.items():
+            in_link = int(p2p[op, oc]) if op >= 0 else 0
+            remaining_stages = pp - 1 - i
+            n_lo, n_hi = 1, N - ell - remaining_stages
+            if last:
+                n_lo = n_hi = N - ell
+            if windows is not None:
+                n_lo, n_hi = max(n_lo, windows[oc, 0]), min(n_hi, windows[oc, 1])
+            row = core[oc, pos, ell]
+            next_opts: list[tuple[int, int, tuple]] = []
+            if not last:
+                for on in range(O):
+                    ty = t.option_type[on]
+                    if used[ty] + t.option_gpus[on] > t.budget[ty]:
+                        continue
+                    u = list(used)
+                    u[ty] += t.option_gpus[on]
+                    next_opts.append((on, int(p2p[oc, on]), tuple(u)))
+                if not next_opts:
+                    continue
+            min_out = min((x[1] for x in next_opts), default=0)
+            for n in range(n_lo, n_hi + 1):
+                c = int(row[n])
+                if c >= INF_US or c + in_link + min_out > cap:
+                    break  # stage time grows with n
+                if not t.fits(oc, i, ell, n):
+                    break  # memory grows with n
+                s_i = int(sync[oc, pos, ell, n])
+                if last:
+                    tt = c + in_link
+                    for lab in labels:
+                        finals.append(_Label(lab.sum_us + tt, max(lab.sync_us, s_i), lab, (oc, ell, n)))
+                    continue
+                for on, out_link, u in next_opts:
+                    tt = c + in_link + out_link
+                    if tt > cap:
+                        continue
+                    key = (ell + n, u, oc, on)
+                    bucket = nxt.setdefault(key, [])
+                    for lab in labels:
+                        _add_pareto(bucket, _Label(lab.sum_us + tt, max(lab.sync_us, s_i), lab, (oc, ell, n)))
+        if last:
+            break
+        states = nxt
+        if not states:
+            return None
+    if not finals:
+        return None
+    best = min(finals, key=lambda L: L.sum_us + v * L.sync_us)
+    # actual bottleneck of the chosen plan
+    stages = _unwind(best)
+    actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < len(stages) else None,
+                            k, s, n) for k, (o, s, n) in enumerate(stages))
+    return best.sum_us + v * best.sync_us, best, actual
+
+
+def _add_pareto(bucket: list[_Label], lab: _Label) -> None:
+    for other in bucket:
+        if other.sum_us <= lab.sum_us and other.sync_us <= lab.sync_us:
+            return
+    bucket[:] = [o for o in bucket if not (lab.sum_us <= o.sum_us and lab.sync_us <= o.sync_us)]
+    bucket.append(lab)
+
+
+def _unwind(lab: _Label) -> list[tuple[int, int, int]]:
+    out = []
+    while lab is not None and lab.stage is not None:
+        out.append(lab.stage)
+        lab = lab.parent
+    return out[::-1]
+
+
+def candidate_caps(t: StageTables) -> np.ndarray:
+    """Every value a stage time can take (core + the p2p links its position can have), sorted."""
+    pp, O = t.pp, t.num_options
+    vals = []
+    for o in range(O):
+        for pos in range(4):
+            core = t.core_us[o, pos]
+            finite = np.unique(core[core < INF_US])
+            if finite.size == 0:
+                continue
+            if pos == 3:
+                offsets = {0}
+            elif pos == 1:
+                offsets = {int(t.p2p_us[o, b]) for b in range(O)}
+            elif pos == 2:
+                offsets = {int(t.p2p_us[a, o]) for a in range(O)}
+            else:
+                offsets = {int(t.p2p_us[a, o] + t.p2p_us[o, b]) for a in range(O) for b in range(O)}
+            for off in offsets:
+                vals.append(finite + off)
+    if not vals:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(vals))
+
+
+def solve_hsdp(
+    t: StageTables, *, delta: float | None = None, upper_bound_us: int | None = None,
+    stats: DPStats | None = None,
+) -> DPSolution | None:
+    """Best plan for G under the tables (None if nothing fits, or nothing beats upper_bound_us)."""
+    stats = stats or DPStats()
+    windows = _balance_windows(t, delta)
+    caps = candidate_caps(t)
+    if caps.size == 0:
+        return None
+    mv1 = t.num_microbatches * t.g.vpp - 1
+    n_layers = t.num_layers
+    sum_lb = int(n_layers * int(t.min_layer_us.min()))
+    best_obj = upper_bound_us if upper_bound_us is not None else math.inf
+    best: DPSolution | None = None
+    # intervals of cap indices with a known lower bound on G over them
+    stack: list[tuple[int, int, int]] = [(0, caps.size - 1, sum_lb)]
+    while stack:
+        lo, hi, g_lb = stack.pop()
+        if lo > hi:
+            continue
+        if mv1 * int(caps[lo]) + g_lb >= best_obj:
+            stats.caps_pruned += 1
+            continue
+        res = _dp(t, int(caps[hi]), windows, stats)
+        if res is None:
+            continue  # nothing with every stage <= caps[hi]: the whole interval is empty
+        g_val, lab, actual = res
+        obj = mv1 * actual + g_val
+        if obj < best_obj:
+            best_obj = obj
+            stages = _unwind(lab)
+            best = DPSolution(objective_us=obj, max_us=actual, sum_us=lab.sum_us, sync_us=lab.sync_us,
+                              stages=stages)
+        a_idx = int(np.searchsorted(caps, actual, side="left"))
+        new_hi = a_idx - 1
+        if new_hi < lo:
+            continue
+        if new_hi - lo > 8:
+            mid = (lo + new_hi) // 2
+            stack.append((mid + 1, new_hi, g_val))  # processed after the lower half
+            stack.append((lo, mid, g_val))
+        else:
+            stack.append((lo, new_hi, g_val))
+    return best

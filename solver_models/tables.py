@@ -1,0 +1,164 @@
+"""Integer cost tables for one global choice G, built once from the cost model and read by every
+backend (HS-DP, CP-SAT, brute force).  Neither backend calls the cost model.
+
+Index convention: [option o, position p, start layer, layer count n], with position
+0 = middle stage, 1 = first stage, 2 = last stage, 3 = the only stage (PP = 1).  A stage's
+per-micro-batch time is core[o, p, start, n] + p2p[o_prev, o] + p2p[o, o_next] (both pipeline
+links, as the evaluator charges them); it fits in memory when
+static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost.model import CostModel, GlobalShape
+from planner.search.space import GlobalChoice, StageOption
+from solver_models.scaling import INF_US, to_us
+
+MID, FIRST, LAST, ONLY = 0, 1, 2, 3
+
+
+def position(i: int, pp: int) -> int:
+    if pp == 1:
+        return ONLY
+    if i == 0:
+        return FIRST
+    if i == pp - 1:
+        return LAST
+    return MID
+
+
+@dataclass
+class StageTables:
+    g: GlobalChoice
+    options: list[StageOption]
+    num_layers: int
+    num_microbatches: int
+    core_us: np.ndarray  # int64 [O, 4, N+1, N+1]; INF_US where not applicable
+    sync_us: np.ndarray  # int64 [O, 4, N+1, N+1]  exposed DP sync + optimizer step, per iteration
+    static_bytes: np.ndarray  # float [O, 4, N+1, N+1]
+    act_bytes: np.ndarray  # float [O, 4, N+1, N+1]  per in-flight micro-batch
+    capacity_bytes: np.ndarray  # float [O]
+    p2p_us: np.ndarray  # int64 [O, O]  one pipeline link, both directions' share as charged per stage
+    inflight: np.ndarray  # float [PP]
+    option_type: np.ndarray  # int [O]  index into `types`
+    option_gpus: np.ndarray  # int [O]
+    types: list[str]
+    budget: np.ndarray  # int [num types]  GPUs available per type
+    min_layer_us: np.ndarray  # int [O]  least per-layer time of option o (for bounds)
+
+    @property
+    def pp(self) -> int:
+        return self.g.pp
+
+    @property
+    def num_options(self) -> int:
+        return len(self.options)
+
+    def fits(self, o: int, i: int, start: int, n: int) -> bool:
+        p = position(i, self.pp)
+        return bool(self.static_bytes[o, p, start, n] + self.inflight[i] * self.act_bytes[o, p, start, n]
+                     <= self.capacity_bytes[o])
+
+    def stage_us(self, o_prev: int | None, o: int, o_next: int | None, i: int, start: int, n: int) -> int:
+        t = int(self.core_us[o, position(i, self.pp), start, n])
+        if o_prev is not None:
+            t += int(self.p2p_us[o_prev, o])
+        if o_next is not None:
+            t += int(self.p2p_us[o, o_next])
+        return t
+
+    def objective_us(self, sum_us: int, max_us: int, max_sync_us: int) -> int:
+        """v x iteration time in integer us: sum t_i + (m*v - 1) * max t_i + v * max sync_i."""
+        v = self.g.vpp
+        return sum_us + (self.num_microbatches * v - 1) * max_us + v * max_sync_us
+
+
+class TableBuilder:
+    """Builds StageTables for many global choices, sharing per-layer and per-stage work."""
+
+    def __init__(self, cost: CostModel):
+        self.cost = cost
+        self._cache: dict = {}
+
+    def shape(self, g: GlobalChoice) -> GlobalShape:
+        return GlobalShape(tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, vpp=g.vpp, mbs=g.mbs,
+                           gbs=self.cost.training.global_batch_size, dp0=g.dp0, pp=g.pp,
+                           sequence_parallel=g.tp > 1)
+
+    def build(self, g: GlobalChoice, options: list[StageOption]) -> StageTables:
+        cost = self.cost
+        n_layers = cost.model.num_layers
+        gs = self.shape(g)
+        key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.pp > 1, tuple(options))
+        arrays = self._cache.get(key)
+        if arrays is None:
+            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1)
+            self._cache[key] = arrays
+        core, sync, static, act, cap, p2p, min_layer = arrays
+        types = list(cost.cluster.gpus_by_type().keys())
+        budget = np.array([cost.cluster.gpus_by_type()[t] for t in types], dtype=np.int64)
+        inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
+        return StageTables(
+            g=g, options=list(options), num_layers=n_layers, num_microbatches=gs.num_microbatches,
+            core_us=core, sync_us=sync, static_bytes=static, act_bytes=act, capacity_bytes=cap, p2p_us=p2p,
+            inflight=inflight,
+            option_type=np.array([types.index(o.device_type) for o in options], dtype=np.int64),
+            option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
+            types=types, budget=budget, min_layer_us=min_layer,
+        )
+
+    def _build_arrays(self, gs: GlobalShape, options: list[StageOption], n_layers: int, multi_stage: bool):
+        cost = self.cost
+        num_o = len(options)
+        shape = (num_o, 4, n_layers + 1, n_layers + 1)
+        core = np.full(shape, INF_US, dtype=np.int64)
+        sync = np.full(shape, INF_US, dtype=np.int64)
+        static = np.full(shape, np.inf)
+        act = np.full(shape, np.inf)
+        cap = np.zeros(num_o)
+        min_layer = np.zeros(num_o, dtype=np.int64)
+        N = n_layers
+        for o, opt in enumerate(options):
+            def put(p: int, start: int, n: int) -> None:
+                c = cost.stage_core(gs, device_type=opt.device_type, start=start, end=start + n, dp=opt.dp,
+                                    recompute=opt.recompute, is_first=p in (FIRST, ONLY), is_last=p in (LAST, ONLY))
+                core[o, p, start, n] = to_us(c.time_s)
+                sync[o, p, start, n] = to_us(c.sync_s)
+                static[o, p, start, n] = c.static_bytes
+                act[o, p, start, n] = c.act_per_microbatch_bytes
+                cap[o] = c.capacity_bytes
+
+            if not multi_stage:
+                put(ONLY, 0, N)
+            else:
+                for n in range(1, N):
+                    put(FIRST, 0, n)
+                    put(LAST, N - n, n)
+                for start in range(1, N - 1):
+                    for n in range(1, N - start):
+                        put(MID, start, n)
+            # least per-layer time (for lower bounds): a one-layer middle stage without recompute,
+            # which no layer of this option can undercut (recompute and stage extras only add)
+            from planner.schemas.plan import Recompute
+
+            per = [cost.stage_core(gs, device_type=opt.device_type, start=j, end=j + 1, dp=opt.dp,
+                                   recompute=Recompute.none(), is_first=False, is_last=False).time_s
+                   for j in _distinct_layer_starts(cost)]
+            min_layer[o] = to_us(min(per))
+        p2p = np.zeros((num_o, num_o), dtype=np.int64)
+        for a, oa in enumerate(options):
+            for b, ob in enumerate(options):
+                p2p[a, b] = to_us(cost.p2p_s(gs, oa.device_type, oa.dp, ob.device_type, ob.dp))
+        return core, sync, static, act, cap, p2p, min_layer
+
+
+def _distinct_layer_starts(cost: CostModel) -> list[int]:
+    """One representative layer index per layer kind (dense, MoE)."""
+    seen: dict[bool, int] = {}
+    for j, k in enumerate(cost.model.layer_is_moe):
+        seen.setdefault(k, j)
+    return sorted(seen.values())
