@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.cost.model import CostModel, GlobalShape
 from planner.search.space import GlobalChoice, StageOption
-from solver_models.scaling import INF_US, to_us
+from solver_models.scaling import INF_US, QUANTUM_S, to_us
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3
 
@@ -111,40 +111,68 @@ class TableBuilder:
             types=types, budget=budget, min_layer_us=min_layer,
         )
 
+    def _signatures(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """sig[start, n]: an id per distinct layer-kind sequence of the range [start, start+n),
+        with one representative (start, n) per id.  Stage costs depend on the range only through
+        its layer kinds, so each id is priced once and broadcast."""
+        if not hasattr(self, "_sig"):
+            kinds = self.cost.model.layer_is_moe
+            N = len(kinds)
+            sig = np.full((N + 1, N + 1), -1, dtype=np.int64)
+            ids: dict[tuple, int] = {}
+            reps: list[tuple[int, int]] = []
+            for start in range(N):
+                for n in range(1, N - start + 1):
+                    key = kinds[start:start + n]
+                    k = ids.get(key)
+                    if k is None:
+                        k = ids[key] = len(reps)
+                        reps.append((start, n))
+                    sig[start, n] = k
+            self._sig = (sig, reps)
+        return self._sig
+
     def _build_arrays(self, gs: GlobalShape, options: list[StageOption], n_layers: int, multi_stage: bool):
         cost = self.cost
         num_o = len(options)
-        shape = (num_o, 4, n_layers + 1, n_layers + 1)
+        N = n_layers
+        shape = (num_o, 4, N + 1, N + 1)
         core = np.full(shape, INF_US, dtype=np.int64)
         sync = np.full(shape, INF_US, dtype=np.int64)
         static = np.full(shape, np.inf)
         act = np.full(shape, np.inf)
         cap = np.zeros(num_o)
         min_layer = np.zeros(num_o, dtype=np.int64)
-        N = n_layers
-        for o, opt in enumerate(options):
-            def put(p: int, start: int, n: int) -> None:
-                c = cost.stage_core(gs, device_type=opt.device_type, start=start, end=start + n, dp=opt.dp,
-                                    recompute=opt.recompute, is_first=p in (FIRST, ONLY), is_last=p in (LAST, ONLY))
-                core[o, p, start, n] = to_us(c.time_s)
-                sync[o, p, start, n] = to_us(c.sync_s)
-                static[o, p, start, n] = c.static_bytes
-                act[o, p, start, n] = c.act_per_microbatch_bytes
-                cap[o] = c.capacity_bytes
+        sig, reps = self._signatures()
+        # which (start, n) cells each position uses
+        starts = np.arange(N + 1)[:, None]
+        ns = np.arange(N + 1)[None, :]
+        valid = (ns >= 1) & (starts + ns <= N)
+        if multi_stage:
+            regions = {FIRST: valid & (starts == 0) & (ns < N), LAST: valid & (starts + ns == N) & (starts > 0),
+                       MID: valid & (starts > 0) & (starts + ns < N)}
+        else:
+            regions = {ONLY: valid & (starts == 0) & (ns == N)}
+        from planner.schemas.plan import Recompute
 
-            if not multi_stage:
-                put(ONLY, 0, N)
-            else:
-                for n in range(1, N):
-                    put(FIRST, 0, n)
-                    put(LAST, N - n, n)
-                for start in range(1, N - 1):
-                    for n in range(1, N - start):
-                        put(MID, start, n)
+        for o, opt in enumerate(options):
+            for p, mask in regions.items():
+                ids = np.unique(sig[mask])
+                vals = np.zeros((len(reps), 4))
+                for k in ids:
+                    st, n = reps[k]
+                    c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
+                                        recompute=opt.recompute, is_first=p in (FIRST, ONLY),
+                                        is_last=p in (LAST, ONLY))
+                    vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes)
+                    cap[o] = c.capacity_bytes
+                cells = sig[mask]
+                core[o, p][mask] = np.rint(vals[cells, 0] / QUANTUM_S).astype(np.int64)
+                sync[o, p][mask] = np.rint(vals[cells, 1] / QUANTUM_S).astype(np.int64)
+                static[o, p][mask] = vals[cells, 2]
+                act[o, p][mask] = vals[cells, 3]
             # least per-layer time (for lower bounds): a one-layer middle stage without recompute,
             # which no layer of this option can undercut (recompute and stage extras only add)
-            from planner.schemas.plan import Recompute
-
             per = [cost.stage_core(gs, device_type=opt.device_type, start=j, end=j + 1, dp=opt.dp,
                                    recompute=Recompute.none(), is_first=False, is_last=False).time_s
                    for j in _distinct_layer_starts(cost)]
