@@ -1,0 +1,136 @@
+"""The (start, layer count) cells each stage may use under each option, read from StageTables.
+
+A cell (o, i, start, n) is allowed when the table has a finite core time for stage i's position
+there, the stage fits in memory (tables.fits, vectorised with the same float expression), and the
+cell leaves at least one layer for every other stage.  For each (stage, option) pair the cells are
+kept both as a 1-D map n -> (core, sync) when the values do not depend on the start (always so for
+the first and last stage, and for a model whose layers are all of one kind), and as the full
+(start, n, core, sync) list otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver_models.scaling import INF_US
+from solver_models.tables import StageTables, position
+
+
+@dataclass(frozen=True)
+class StageOptionCells:
+    """Allowed cells of one option at one stage."""
+
+    stage: int
+    option: int
+    start_lo: int  # least start layer stage i can have (every earlier stage holds >= 1 layer)
+    start_hi: int  # largest start layer (every later stage holds >= 1 layer)
+    cells: tuple[tuple[int, int, int, int], ...]  # (start, n, core_us, sync_us), n >= 1
+    by_n: dict[int, tuple[int, int]] | None  # n -> (core_us, sync_us) when start-independent, else None
+
+    @property
+    def empty(self) -> bool:
+        return not self.cells
+
+    def counts(self) -> list[int]:
+        """Layer counts that some allowed cell uses, ascending."""
+        return sorted({n for _, n, _, _ in self.cells})
+
+    def least_by_n(self, which: int) -> dict[int, int]:
+        """n -> least core (which=2) or sync (which=3) over the allowed starts: a lower bound valid
+        for every start."""
+        out: dict[int, int] = {}
+        for cell in self.cells:
+            n, val = cell[1], cell[which]
+            if n not in out or val < out[n]:
+                out[n] = val
+        return out
+
+
+def start_range(i: int, pp: int, num_layers: int) -> tuple[int, int]:
+    """Inclusive range of stage i's start layer when every stage holds at least one layer."""
+    if i == 0:
+        return 0, 0
+    return i, num_layers - (pp - i)
+
+
+def stage_option_cells(t: StageTables, i: int, o: int) -> StageOptionCells:
+    """Allowed cells of option o at stage i (see the module docstring)."""
+    pp, N = t.pp, t.num_layers
+    p = position(i, pp)
+    s_lo, s_hi = start_range(i, pp, N)
+    later = pp - 1 - i  # stages after i, each needing >= 1 layer
+    starts = np.arange(s_lo, s_hi + 1)[:, None]
+    ns = np.arange(N + 1)[None, :]
+    structural = (ns >= 1) & (starts + ns <= N - later)
+    if i == pp - 1:
+        structural &= starts + ns == N
+    core = t.core_us[o, p, s_lo:s_hi + 1, :]
+    sync = t.sync_us[o, p, s_lo:s_hi + 1, :]
+    # the same float expression as StageTables.fits, elementwise
+    fits = (t.static_bytes[o, p, s_lo:s_hi + 1, :] + t.inflight[i] * t.act_bytes[o, p, s_lo:s_hi + 1, :]
+            <= t.capacity_bytes[o])
+    ok = structural & (core < INF_US) & fits
+    rows, cols = np.nonzero(ok)
+    cells = tuple((int(s_lo + r), int(c), int(core[r, c]), int(sync[r, c])) for r, c in zip(rows, cols))
+    by_n = _start_independent(ok, structural, core, sync)
+    return StageOptionCells(stage=i, option=o, start_lo=s_lo, start_hi=s_hi, cells=cells, by_n=by_n)
+
+
+def _start_independent(ok: np.ndarray, structural: np.ndarray, core: np.ndarray, sync: np.ndarray
+                       ) -> dict[int, tuple[int, int]] | None:
+    """n -> (core, sync) if, for every n, all structurally possible starts agree on whether the
+    cell is allowed and on its values; None otherwise."""
+    out: dict[int, tuple[int, int]] = {}
+    for n in range(1, ok.shape[1]):
+        rows = np.nonzero(structural[:, n])[0]
+        if rows.size == 0:
+            continue
+        allowed = ok[rows, n]
+        if not allowed.any():
+            continue
+        if not allowed.all():
+            return None
+        c, s = core[rows, n], sync[rows, n]
+        if (c != c[0]).any() or (s != s[0]).any():
+            return None
+        out[n] = (int(c[0]), int(s[0]))
+    return out
+
+
+def all_cells(t: StageTables) -> dict[tuple[int, int], StageOptionCells]:
+    """Allowed cells for every (stage, option); stage 0 keeps only options with dp == g.dp0."""
+    out = {}
+    for i in range(t.pp):
+        for o in range(t.num_options):
+            if i == 0 and t.options[o].dp != t.g.dp0:
+                continue
+            cell = stage_option_cells(t, i, o)
+            if not cell.empty:
+                out[(i, o)] = cell
+    return out
+
+
+def lower_hull(points: dict[int, int]) -> list[tuple[int, int, int]]:
+    """Integer lines d*value >= a*n + b (d > 0) that hold at every point (n, value): the facets of
+    the lower convex hull of the points, as (d, a, b).  Used for the cuts
+    d*value_io >= a*n_io + b*x_io, which also hold (0 >= 0) for an unchosen option."""
+    pts = sorted(points.items())
+    hull: list[tuple[int, int]] = []
+    for p in pts:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            # drop hull[-1] when it lies on or above the segment hull[-2] -> p
+            if (y2 - y1) * (p[0] - x1) >= (p[1] - y1) * (x2 - x1):
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    if len(hull) == 1:
+        return [(1, 0, hull[0][1])]
+    lines = []
+    for (x1, y1), (x2, y2) in zip(hull, hull[1:]):
+        d, a = x2 - x1, y2 - y1
+        lines.append((d, a, d * y1 - a * x1))
+    return lines

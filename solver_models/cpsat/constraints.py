@@ -1,0 +1,172 @@
+"""The constraint families of the stage model, one function each; the rule is in the docstring.
+
+Every function takes the model, the tables, the cells and the variables and adds its family.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from solver_models.cpsat.cells import StageOptionCells, lower_hull
+from solver_models.cpsat.variables import StageVars
+from solver_models.tables import StageTables
+
+Cells = dict[tuple[int, int], StageOptionCells]
+
+
+def add_one_option_per_stage(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
+    """Each stage runs exactly one option (stage 0 only options with DP == g.dp0: cells.py leaves
+    the others out)."""
+    for i in range(t.pp):
+        model.add_exactly_one(v.x[i, o] for o in v.options_of(i))
+
+
+def add_layer_counts(model: cp_model.CpModel, t: StageTables, cells: Cells, v: StageVars) -> None:
+    """n[i, o] is 0 unless x[i, o], and within the option's allowed counts when chosen; the stage's
+    layers are the sum over its options; starts chain (start[0] = 0, start[i+1] = start[i] +
+    layers[i]) and the stages cover all N layers.  Layer counts per option rather than one count
+    per stage with big-M links: the LP sees n[i, o] <= n_max * x[i, o] directly."""
+    pp, N = t.pp, t.num_layers
+    for (i, o), c in cells.items():
+        counts = c.counts()
+        model.add(v.n[i, o] <= counts[-1] * v.x[i, o])
+        model.add(v.n[i, o] >= counts[0] * v.x[i, o])
+    for i in range(pp):
+        model.add(v.layers[i] == sum(v.n[i, o] for o in v.options_of(i)))
+    model.add(v.start[0] == 0)
+    for i in range(pp - 1):
+        model.add(v.start[i + 1] == v.start[i] + v.layers[i])
+    model.add(v.start[pp - 1] + v.layers[pp - 1] == N)
+    model.add(sum(v.layers) == N)  # redundant, gives the LP the total directly
+
+
+def add_stage_costs(model: cp_model.CpModel, cells: Cells, v: StageVars) -> dict[str, int]:
+    """core[i, o] and sync[i, o] are the table's values at the stage's (start, n) cell, 0 when the
+    option is not chosen (n = 0).  Only allowed cells (memory fits, the position's region) exist,
+    so memory is enforced here.  Where the values do not depend on the start (first and last
+    stage, single-kind models) an element over n, whose index domain is small and whose
+    propagation is exact; otherwise a table over (start, n, core, sync), which propagates between
+    the start and the count in both directions (a flattened start*(N+1)+n element would not).
+    Returns how many of each form were used."""
+    used = {"element": 0, "table": 0}
+    for (i, o), c in cells.items():
+        if c.by_n is not None:
+            size = max(c.by_n) + 1
+            core_vals = [0] * size
+            sync_vals = [0] * size
+            for n, (core, sync) in c.by_n.items():
+                core_vals[n], sync_vals[n] = core, sync
+            model.add_element(v.n[i, o], core_vals, v.core[i, o])
+            model.add_element(v.n[i, o], sync_vals, v.sync[i, o])
+            used["element"] += 1
+        else:
+            rows = [list(cell) for cell in c.cells]
+            rows += [[s, 0, 0, 0] for s in range(c.start_lo, c.start_hi + 1)]
+            model.add_allowed_assignments([v.start[i], v.n[i, o], v.core[i, o], v.sync[i, o]], rows)
+            used["table"] += 1
+    return used
+
+
+def add_relaxation_cuts(model: cp_model.CpModel, cells: Cells, v: StageVars) -> int:
+    """Redundant linear cuts for the LP: d*core[i, o] >= a*n[i, o] + b*x[i, o] for each facet of the
+    lower convex hull of n -> least core over starts (likewise for sync).  They hold for every
+    allowed cell and for an unchosen option (0 >= 0), and give the LP a per-layer cost per option,
+    which is what bounds the bottleneck.  Returns the number of cuts."""
+    count = 0
+    for (i, o), c in cells.items():
+        for which, var in ((2, v.core[i, o]), (3, v.sync[i, o])):
+            for d, a, b in lower_hull(c.least_by_n(which)):
+                if a == 0 and b <= 0:
+                    continue  # trivially true
+                model.add(d * var >= a * v.n[i, o] + b * v.x[i, o])
+                count += 1
+    return count
+
+
+def link_classes(t: StageTables) -> list[int]:
+    """Class id per option: options with equal p2p rows and columns share a class, so links need
+    one Boolean per class pair rather than per option pair (recompute variants collapse)."""
+    keys: dict[tuple, int] = {}
+    out = []
+    for o in range(t.num_options):
+        key = (tuple(int(x) for x in t.p2p_us[o, :]), tuple(int(x) for x in t.p2p_us[:, o]))
+        out.append(keys.setdefault(key, len(keys)))
+    return out
+
+
+def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, classes: list[int]) -> None:
+    """y[i, a, b] = [stage i in class a and stage i+1 in class b], as a transportation polytope
+    (row sums are stage i's class indicators, column sums stage i+1's), which is integral in the
+    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the time of the link between stages i and i+1."""
+    ids = sorted(set(classes))
+    rep = {c: classes.index(c) for c in ids}
+    for i in range(t.pp - 1):
+        for a in ids:
+            model.add(sum(v.y[i, a, b] for b in ids)
+                      == sum(v.x[i, o] for o in v.options_of(i) if classes[o] == a))
+        for b in ids:
+            model.add(sum(v.y[i, a, b] for a in ids)
+                      == sum(v.x[i + 1, o] for o in v.options_of(i + 1) if classes[o] == b))
+        model.add(v.link[i] == sum(int(t.p2p_us[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids))
+
+
+def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
+    """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them)."""
+    pp = t.pp
+    for i in range(pp):
+        expr = sum(v.core[i, o] for o in v.options_of(i))
+        if i > 0:
+            expr += v.link[i - 1]
+        if i < pp - 1:
+            expr += v.link[i]
+        model.add(v.t[i] == expr)
+
+
+def add_gpu_budget(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
+    """Per device type, the GPUs of all stages on it stay within the cluster's count."""
+    for ty in range(len(t.types)):
+        terms = [int(t.option_gpus[o]) * x for (i, o), x in v.x.items() if t.option_type[o] == ty]
+        if terms:
+            model.add(sum(terms) <= int(t.budget[ty]))
+
+
+def add_bottleneck(model: cp_model.CpModel, t: StageTables, v: StageVars, *, max_equality: bool) -> None:
+    """t_max is the slowest stage and sync_max the largest per-stage sync.  With max_equality,
+    AddMaxEquality; otherwise only t_max >= t[i] (the objective pushes it down), which keeps the
+    LP rows simple."""
+    if max_equality:
+        model.add_max_equality(v.t_max, v.t)
+    else:
+        for ti in v.t:
+            model.add(v.t_max >= ti)
+    for key, s in v.sync.items():
+        model.add(v.sync_max >= s)
+
+
+def add_load_balance(model: cp_model.CpModel, cells: Cells, v: StageVars, windows: np.ndarray | None) -> int:
+    """The paper's load-balance pruning (switchable): a chosen option holds between windows[o, 0]
+    and windows[o, 1] layers (HS-DP's windows, solver_models.hsdp._balance_windows).  Returns the
+    number of constraints added (0 when off)."""
+    if windows is None:
+        return 0
+    count = 0
+    for (i, o) in cells:
+        lo, hi = int(windows[o, 0]), int(windows[o, 1])
+        model.add(v.n[i, o] >= lo * v.x[i, o])
+        model.add(v.n[i, o] <= hi * v.x[i, o])
+        count += 2
+    return count
+
+
+def objective_expr(t: StageTables, v: StageVars) -> cp_model.LinearExpr:
+    """v x iteration time: sum t_i + (m*v - 1) * t_max + v * sync_max (StageTables.objective_us)."""
+    vpp = t.g.vpp
+    return sum(v.t) + (t.num_microbatches * vpp - 1) * v.t_max + vpp * v.sync_max
+
+
+def add_upper_bound(model: cp_model.CpModel, objective: cp_model.LinearExpr, upper_bound_us: int | None) -> None:
+    """Only plans strictly better than upper_bound_us (the best plan of another configuration):
+    lets CP-SAT prove "nothing better here" without finding the configuration's own optimum."""
+    if upper_bound_us is not None:
+        model.add(objective <= upper_bound_us - 1)

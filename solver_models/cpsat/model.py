@@ -1,0 +1,159 @@
+"""CP-SAT over one global configuration's integer tables: the problem HS-DP solves (see
+solver_models/hsdp.py), as a model CP-SAT can prove optimal.
+
+    minimise  sum_i t_i + (m*v - 1) * max_i t_i + v * max_i sync_i
+    over      one option and a layer count per stage, layers in order and covering all N,
+              GPUs per device type within the budget, every stage fitting in memory,
+              optionally the load-balance windows and objective < upper bound.
+
+Order as in OR-Tools' samples: data (cells.py) -> variables (variables.py) -> constraints
+(constraints.py) -> objective -> hint (HS-DP's plan) -> solve -> solution -> statistics.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from solver_models import Solution
+from solver_models.cpsat import constraints as cons
+from solver_models.cpsat.cells import all_cells
+from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, stage_values
+from solver_models.hsdp import _balance_windows, solve_hsdp
+from solver_models.tables import StageTables
+
+# Instances whose option sequences x layer splits are at most this many are solved without the
+# HS-DP hint (CP-SAT needs no help there and the DP's cost would dominate).
+TINY_PLANS = 2_000
+
+# Statistics of the latest solve_cpsat call (also when it returns None); mutated in place so
+# `from solver_models.cpsat import last_stats` stays current.
+last_stats: dict[str, Any] = {}
+
+
+@dataclass
+class CpSatSolution(Solution):
+    """A Solution plus CP-SAT's statistics (wall time, branches, conflicts, model size, hint)."""
+
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class CpSatStageModel:
+    """The CP-SAT model of one configuration; build once, then solve."""
+
+    def __init__(self, tables: StageTables, *, delta: float | None, upper_bound_us: int | None,
+                 max_equality: bool = False):
+        t0 = time.perf_counter()
+        self.tables = tables
+        self.delta = delta
+        self.upper_bound_us = upper_bound_us
+        self.model = cp_model.CpModel()
+        self.cells = all_cells(tables)
+        self.stats: dict[str, Any] = {}
+        self.infeasible_reason: str | None = None
+        self.classes = cons.link_classes(tables)
+        missing = [i for i in range(tables.pp) if not any(k[0] == i for k in self.cells)]
+        if missing:
+            # a stage with no allowed cell: nothing to build
+            self.infeasible_reason = f"stage {missing[0]} has no option that fits"
+            self.vars = None
+            self.stats["build_s"] = time.perf_counter() - t0
+            return
+        m, t, c = self.model, tables, self.cells
+        self.vars = v = create_vars(m, t, c, self.classes)
+        cons.add_one_option_per_stage(m, t, v)
+        cons.add_layer_counts(m, t, c, v)
+        forms = cons.add_stage_costs(m, c, v)
+        cuts = cons.add_relaxation_cuts(m, c, v)
+        cons.add_pipeline_links(m, t, v, self.classes)
+        cons.add_stage_times(m, t, v)
+        cons.add_gpu_budget(m, t, v)
+        cons.add_bottleneck(m, t, v, max_equality=max_equality)
+        windows = _balance_windows(t, delta)
+        balance = cons.add_load_balance(m, c, v, windows)
+        self.objective = cons.objective_expr(t, v)
+        cons.add_upper_bound(m, self.objective, upper_bound_us)
+        m.minimize(self.objective)
+        self.stats.update(build_s=time.perf_counter() - t0, cost_forms=forms, cuts=cuts,
+                          balance_constraints=balance, options=len(c), link_classes=len(set(self.classes)))
+
+    def hint(self, stages: list[tuple[int, int, int]]) -> None:
+        """Hint every variable with a known plan [(option, start, n)]."""
+        if self.vars is not None:
+            hint_plan(self.model, self.vars, self.tables, stages, self.classes)
+
+    def solve(self, *, time_limit_s: float, num_workers: int, log: bool = False) -> CpSatSolution | None:
+        """Solve; None when no plan exists (or none beats the upper bound) or, without a hint,
+        when the time limit ends before any plan is found (stats["status"] says which)."""
+        t = self.tables
+        if self.vars is None:
+            self.stats.update(status="INFEASIBLE", reason=self.infeasible_reason, wall_s=0.0)
+            return None
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = float(time_limit_s)
+        solver.parameters.num_workers = int(num_workers)
+        solver.parameters.log_search_progress = log
+        status = solver.solve(self.model)
+        self.stats.update(status=solver.status_name(status), wall_s=solver.wall_time,
+                          branches=solver.num_branches, conflicts=solver.num_conflicts,
+                          booleans=solver.num_booleans)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+            self.stats["bound_us"] = math.ceil(solver.best_objective_bound - 1e-6)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
+        stages = extract_plan(solver, self.vars, t.pp)
+        _, syncs, times = stage_values(t, stages)
+        objective_us = t.objective_us(sum(times), max(times), max(syncs))
+        if objective_us != int(round(solver.objective_value)):
+            raise AssertionError(f"CP-SAT objective {solver.objective_value} != tables' {objective_us}")
+        bound_us = min(objective_us, self.stats["bound_us"])
+        self.stats.update(objective_us=objective_us, bound_us=bound_us)
+        optimal = status == cp_model.OPTIMAL
+        return CpSatSolution(objective_us=objective_us, bound_us=objective_us if optimal else bound_us,
+                             stages=stages, status="OPTIMAL" if optimal else "FEASIBLE",
+                             exact=optimal and self.delta is None, stats=dict(self.stats))
+
+
+def plan_count(t: StageTables) -> int:
+    """Option sequences x layer splits (what brute force would enumerate)."""
+    return t.num_options ** t.pp * math.comb(t.num_layers - 1, t.pp - 1)
+
+
+def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int | None, settings,
+                hint: bool | None = None, max_equality: bool = False, log: bool = False) -> CpSatSolution | None:
+    """Best plan for the configuration (None if nothing fits or nothing beats upper_bound_us).
+
+    settings: time_limit_s, num_workers.  hint: None = hint with HS-DP's plan unless the instance
+    is tiny, True/False to force.  The returned objective is recomputed from the tables; status is
+    OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no load-balance pruning."""
+    t0 = time.perf_counter()
+    last_stats.clear()
+    if hint is None:
+        hint = plan_count(tables) > TINY_PLANS
+    dp_plan = None
+    hint_s = 0.0
+    if hint:
+        h0 = time.perf_counter()
+        dp = solve_hsdp(tables, delta=delta)
+        hint_s = time.perf_counter() - h0
+        if dp is not None and (upper_bound_us is None or dp.objective_us < upper_bound_us):
+            dp_plan = dp
+    m = CpSatStageModel(tables, delta=delta, upper_bound_us=upper_bound_us, max_equality=max_equality)
+    if dp_plan is not None:
+        m.hint(dp_plan.stages)
+    sol = m.solve(time_limit_s=settings.time_limit_s, num_workers=settings.num_workers, log=log)
+    if sol is None and dp_plan is not None and m.stats.get("status") == "UNKNOWN":
+        # CP-SAT found nothing in time, but HS-DP's plan is feasible: report it, unproven
+        bound_us = min(dp_plan.objective_us, max(0, int(m.stats.get("bound_us", 0))))
+        sol = CpSatSolution(objective_us=dp_plan.objective_us, bound_us=bound_us, stages=list(dp_plan.stages),
+                            status="FEASIBLE", exact=False)
+    m.stats.update(hinted=dp_plan is not None, hint_s=hint_s, hint_objective_us=dp_plan.objective_us if dp_plan else None,
+                   total_s=time.perf_counter() - t0)
+    last_stats.update(m.stats)
+    if sol is not None:
+        sol.stats = dict(m.stats)
+    return sol

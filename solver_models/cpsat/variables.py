@@ -1,0 +1,124 @@
+"""The CP-SAT decision variables of one global configuration, with hinting and extraction.
+
+Per stage i and allowed option o (see cells.py):
+  x[i, o]     Boolean, stage i runs option o;
+  n[i, o]     layers stage i holds under option o (0 unless x[i, o]);
+  core[i, o]  core time of stage i under option o, integer us (0 unless x[i, o]);
+  sync[i, o]  exposed DP sync + optimizer time (0 unless x[i, o]);
+Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time.
+Per link between stages i and i+1 and option classes (a, b) with equal p2p rows/columns:
+  y[i, a, b]  Boolean, stage i is in class a and stage i+1 in class b.
+Global: t_max (bottleneck stage time), sync_max.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from solver_models.cpsat.cells import StageOptionCells, start_range
+from solver_models.tables import StageTables
+
+
+@dataclass
+class StageVars:
+    """Variables of the stage model, keyed by index tuples."""
+
+    x: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    n: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    core: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    sync: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    start: list[cp_model.IntVar] = field(default_factory=list)
+    layers: list[cp_model.IntVar] = field(default_factory=list)
+    t: list[cp_model.IntVar] = field(default_factory=list)
+    link: list[cp_model.IntVar] = field(default_factory=list)  # time of the link after stage i
+    y: dict[tuple[int, int, int], cp_model.IntVar] = field(default_factory=dict)
+    t_max: cp_model.IntVar | None = None
+    sync_max: cp_model.IntVar | None = None
+
+    def options_of(self, i: int) -> list[int]:
+        """Options stage i may take, ascending."""
+        return sorted(o for (s, o) in self.x if s == i)
+
+
+def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, int], StageOptionCells],
+                link_classes: list[int]) -> StageVars:
+    """Create every variable with the tightest domain the cells give."""
+    pp, N = t.pp, t.num_layers
+    v = StageVars()
+    for (i, o), c in sorted(cells.items()):
+        counts = c.counts()
+        cores = [cell[2] for cell in c.cells]
+        syncs = [cell[3] for cell in c.cells]
+        v.x[i, o] = model.new_bool_var(f"x_{i}_{o}")
+        v.n[i, o] = model.new_int_var_from_domain(cp_model.Domain.from_values([0] + counts), f"n_{i}_{o}")
+        v.core[i, o] = model.new_int_var(0, max(cores), f"core_{i}_{o}")
+        v.sync[i, o] = model.new_int_var(0, max(syncs), f"sync_{i}_{o}")
+    max_core = max((max(cell[2] for cell in c.cells) for c in cells.values()), default=0)
+    max_sync = max((max(cell[3] for cell in c.cells) for c in cells.values()), default=0)
+    max_link = int(t.p2p_us.max()) if t.p2p_us.size else 0
+    for i in range(pp):
+        s_lo, s_hi = start_range(i, pp, N)
+        v.start.append(model.new_int_var(s_lo, s_hi, f"start_{i}"))
+        v.layers.append(model.new_int_var(1, N - (pp - 1), f"layers_{i}"))
+        v.t.append(model.new_int_var(0, max_core + 2 * max_link, f"t_{i}"))
+    for i in range(pp - 1):
+        v.link.append(model.new_int_var(0, max_link, f"link_{i}"))
+        classes = sorted(set(link_classes))
+        for a in classes:
+            for b in classes:
+                v.y[i, a, b] = model.new_bool_var(f"y_{i}_{a}_{b}")
+    v.t_max = model.new_int_var(0, max_core + 2 * max_link, "t_max")
+    v.sync_max = model.new_int_var(0, max_sync, "sync_max")
+    return v
+
+
+def stage_values(t: StageTables, stages: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
+    """Per stage (core, sync, time) of a plan [(option, start, n)], read from the tables."""
+    from solver_models.tables import position
+
+    pp = t.pp
+    cores, syncs, times = [], [], []
+    for i, (o, s, n) in enumerate(stages):
+        p = position(i, pp)
+        cores.append(int(t.core_us[o, p, s, n]))
+        syncs.append(int(t.sync_us[o, p, s, n]))
+        times.append(t.stage_us(stages[i - 1][0] if i else None, o, stages[i + 1][0] if i + 1 < pp else None,
+                                i, s, n))
+    return cores, syncs, times
+
+
+def hint_plan(model: cp_model.CpModel, v: StageVars, t: StageTables, stages: list[tuple[int, int, int]],
+              link_classes: list[int]) -> None:
+    """Hint every variable with a known plan [(option, start, n)] (a complete hint)."""
+    pp = t.pp
+    cores, syncs, times = stage_values(t, stages)
+    chosen = {i: o for i, (o, _, _) in enumerate(stages)}
+    for (i, o), x in v.x.items():
+        on = chosen[i] == o
+        model.add_hint(x, on)
+        model.add_hint(v.n[i, o], stages[i][2] if on else 0)
+        model.add_hint(v.core[i, o], cores[i] if on else 0)
+        model.add_hint(v.sync[i, o], syncs[i] if on else 0)
+    for i, (o, s, n) in enumerate(stages):
+        model.add_hint(v.start[i], s)
+        model.add_hint(v.layers[i], n)
+        model.add_hint(v.t[i], times[i])
+    for i in range(pp - 1):
+        a, b = link_classes[chosen[i]], link_classes[chosen[i + 1]]
+        model.add_hint(v.link[i], int(t.p2p_us[chosen[i], chosen[i + 1]]))
+        for (k, ca, cb), y in v.y.items():
+            if k == i:
+                model.add_hint(y, ca == a and cb == b)
+    model.add_hint(v.t_max, max(times))
+    model.add_hint(v.sync_max, max(syncs))
+
+
+def extract_plan(solver: cp_model.CpSolver, v: StageVars, pp: int) -> list[tuple[int, int, int]]:
+    """The plan [(option, start, n)] of the solver's current solution."""
+    stages = []
+    for i in range(pp):
+        o = next(o for o in v.options_of(i) if solver.boolean_value(v.x[i, o]))
+        stages.append((o, int(solver.value(v.start[i])), int(solver.value(v.n[i, o]))))
+    return stages
