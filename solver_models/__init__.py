@@ -21,12 +21,18 @@ class HSDPBackend:
     name = "hsdp"
 
     def solve(self, tables, *, delta, upper_bound_us, settings) -> Solution | None:
-        from solver_models.hsdp import solve_hsdp
+        from solver_models.hsdp import DPStats, solve_hsdp
 
-        sol = solve_hsdp(tables, delta=delta, upper_bound_us=upper_bound_us)
+        stats = DPStats()
+        deadline = getattr(settings, "deadline", None) or float("inf")
+        sol = solve_hsdp(tables, delta=delta, upper_bound_us=upper_bound_us, stats=stats, deadline=deadline)
         if sol is None:
+            if not stats.complete:
+                return Solution(0, 0, [], "UNKNOWN", exact=False)
             return None
-        return Solution(sol.objective_us, sol.objective_us, sol.stages, "OPTIMAL", exact=delta is None)
+        status = "OPTIMAL" if stats.complete else "FEASIBLE"
+        return Solution(sol.objective_us, sol.objective_us if stats.complete else 0, sol.stages, status,
+                        exact=stats.complete and delta is None)
 
 
 class BruteBackend:

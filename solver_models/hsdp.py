@@ -21,6 +21,7 @@ least recompute that fits) is applied when options are generated (planner/search
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,11 @@ class DPStats:
     dp_calls: int = 0
     states: int = 0
     caps_pruned: int = 0
+    complete: bool = True  # False when a state or time budget cut the search short
+
+
+class _Budget(Exception):
+    """Raised inside the DP when the state or time budget is spent."""
 
 
 @dataclass
@@ -73,7 +79,8 @@ def _balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:
     return np.stack([np.maximum(lo, 1), np.maximum(hi, 1)], axis=1)
 
 
-def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats) -> tuple[int, _Label, int] | None:
+def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, max_states: int = 10**9,
+        deadline: float = math.inf, prune_above: float = math.inf) -> tuple[int, _Label, int] | None:
     """Min over plans with every stage time <= cap of (sum + v*max sync); returns
     (value, final label, actual max stage time) or None when nothing fits under the cap."""
     stats.dp_calls += 1
@@ -81,61 +88,97 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats) ->
     v = t.g.vpp
     first_ok = [o for o in range(O) if t.options[o].dp == t.g.dp0]
     n_types = len(t.types)
-    core, sync, p2p = t.core_us, t.sync_us, t.p2p_us
+    core, sync, p2p, fits = t.as_lists()
+    min_layer = int(t.min_layer_us.min())
+    option_type = t.option_type.tolist()
+    option_gpus = t.option_gpus.tolist()
+    budget = t.budget.tolist()
     # state: (layers placed, used GPUs per type, prev option, current option) -> Pareto labels
+    # `used` is the GPUs used per type; with the contiguity rule it is instead
+    # (bitmask of finished types, GPUs used by the current type's block)
+    contiguous = t.contiguous_types
     states: dict[tuple, list[_Label]] = {}
     for o in first_ok:
-        used = [0] * n_types
-        used[t.option_type[o]] += t.option_gpus[o]
-        if used[t.option_type[o]] <= t.budget[t.option_type[o]]:
-            states[(0, tuple(used), -1, o)] = [_Label(0, 0)]
+        ty = option_type[o]
+        if option_gpus[o] > budget[ty]:
+            continue
+        if contiguous:
+            used: tuple = (0, option_gpus[o])
+        else:
+            u = [0] * n_types
+            u[ty] = option_gpus[o]
+            used = tuple(u)
+        states[(0, used, -1, o)] = [_Label(0, 0)]
     finals: list[_Label] = []
     for i in range(pp):
         pos = position(i, pp)
         last = i == pp - 1
         nxt: dict[tuple, list[_Label]] = {}
         stats.states += len(states)
+        if stats.states > max_states or time.perf_counter() > deadline:
+            raise _Budget()
         for (ell, used, op, oc), labels in states.items():
-            in_link = int(p2p[op, oc]) if op >= 0 else 0
+            in_link = p2p[op][oc] if op >= 0 else 0
             remaining_stages = pp - 1 - i
             n_lo, n_hi = 1, N - ell - remaining_stages
             if last:
                 n_lo = n_hi = N - ell
             if windows is not None:
                 n_lo, n_hi = max(n_lo, windows[oc, 0]), min(n_hi, windows[oc, 1])
-            row = core[oc, pos, ell]
+            row = core[oc][pos][ell]
+            fit_row = fits[oc][i][ell]
             next_opts: list[tuple[int, int, tuple]] = []
             if not last:
+                cur_ty = option_type[oc]
                 for on in range(O):
-                    ty = t.option_type[on]
-                    if used[ty] + t.option_gpus[on] > t.budget[ty]:
-                        continue
-                    u = list(used)
-                    u[ty] += t.option_gpus[on]
-                    next_opts.append((on, int(p2p[oc, on]), tuple(u)))
+                    ty = option_type[on]
+                    if contiguous:
+                        mask, cur_used = used
+                        if ty == cur_ty:
+                            if cur_used + option_gpus[on] > budget[ty]:
+                                continue
+                            u = (mask, cur_used + option_gpus[on])
+                        else:
+                            if (mask >> ty) & 1 or option_gpus[on] > budget[ty]:
+                                continue
+                            u = (mask | (1 << cur_ty), option_gpus[on])
+                    else:
+                        if used[ty] + option_gpus[on] > budget[ty]:
+                            continue
+                        lst = list(used)
+                        lst[ty] += option_gpus[on]
+                        u = tuple(lst)
+                    next_opts.append((on, p2p[oc][on], u))
                 if not next_opts:
                     continue
             min_out = min((x[1] for x in next_opts), default=0)
             for n in range(n_lo, n_hi + 1):
-                c = int(row[n])
+                c = row[n]
                 if c >= INF_US or c + in_link + min_out > cap:
                     break  # stage time grows with n
-                if not t.fits(oc, i, ell, n):
+                if not fit_row[n]:
                     break  # memory grows with n
-                s_i = int(sync[oc, pos, ell, n])
+                s_i = sync[oc][pos][ell][n]
                 if last:
                     tt = c + in_link
                     for lab in labels:
                         finals.append(_Label(lab.sum_us + tt, max(lab.sync_us, s_i), lab, (oc, ell, n)))
                     continue
+                rest_lb = (N - ell - n) * min_layer
                 for on, out_link, u in next_opts:
                     tt = c + in_link + out_link
                     if tt > cap:
                         continue
                     key = (ell + n, u, oc, on)
-                    bucket = nxt.setdefault(key, [])
+                    bucket = None
                     for lab in labels:
-                        _add_pareto(bucket, _Label(lab.sum_us + tt, max(lab.sync_us, s_i), lab, (oc, ell, n)))
+                        new_sum = lab.sum_us + tt
+                        new_sync = max(lab.sync_us, s_i)
+                        if new_sum + rest_lb + v * new_sync >= prune_above:
+                            continue  # cannot beat the best plan known
+                        if bucket is None:
+                            bucket = nxt.setdefault(key, [])
+                        _add_pareto(bucket, _Label(new_sum, new_sync, lab, (oc, ell, n)))
         if last:
             break
         states = nxt
@@ -194,10 +237,13 @@ def candidate_caps(t: StageTables) -> np.ndarray:
 
 def solve_hsdp(
     t: StageTables, *, delta: float | None = None, upper_bound_us: int | None = None,
-    stats: DPStats | None = None,
+    stats: DPStats | None = None, max_states: int = 2_000_000, deadline: float = math.inf,
 ) -> DPSolution | None:
-    """Best plan for G under the tables (None if nothing fits, or nothing beats upper_bound_us)."""
-    stats = stats or DPStats()
+    """Best plan for G under the tables (None if nothing fits, or nothing beats upper_bound_us).
+
+    If `max_states` DP states or the `deadline` (time.perf_counter() value) is reached, the best
+    plan found so far is returned and `stats.complete` is False: the result is then not proven."""
+    stats = stats if stats is not None else DPStats()
     windows = _balance_windows(t, delta)
     caps = candidate_caps(t)
     if caps.size == 0:
@@ -208,7 +254,12 @@ def solve_hsdp(
     best_obj = upper_bound_us if upper_bound_us is not None else math.inf
     best: DPSolution | None = None
     # intervals of cap indices with a known lower bound on G over them
-    stack: list[tuple[int, int, int]] = [(0, caps.size - 1, sum_lb)]
+    top = caps.size - 1
+    if math.isfinite(best_obj) and mv1 > 0:
+        # a plan that beats the bound has max t_i < (bound - sum lower bound) / (m*v - 1)
+        limit = (best_obj - sum_lb) / mv1
+        top = int(np.searchsorted(caps, limit, side="left")) - 1
+    stack: list[tuple[int, int, int]] = [(0, top, sum_lb)]
     while stack:
         lo, hi, g_lb = stack.pop()
         if lo > hi:
@@ -216,7 +267,12 @@ def solve_hsdp(
         if mv1 * int(caps[lo]) + g_lb >= best_obj:
             stats.caps_pruned += 1
             continue
-        res = _dp(t, int(caps[hi]), windows, stats)
+        try:
+            res = _dp(t, int(caps[hi]), windows, stats, max_states=max_states, deadline=deadline,
+                      prune_above=best_obj - mv1 * int(caps[lo]))
+        except _Budget:
+            stats.complete = False
+            break
         if res is None:
             continue  # nothing with every stage <= caps[hi]: the whole interval is empty
         g_val, lab, actual = res

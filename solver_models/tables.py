@@ -6,6 +6,11 @@ Index convention: [option o, position p, start layer, layer count n], with posit
 per-micro-batch time is core[o, p, start, n] + p2p[o_prev, o] + p2p[o, o_next] (both pipeline
 links, as the evaluator charges them); it fits in memory when
 static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
+
+Search-space rule carried with the tables (every backend applies it): with `contiguous_types` the
+stages of one device type form one contiguous block of the pipeline.  FlagScale requires it of its
+meshes; on upstream Megatron it only rules out pipelines that cross between device types more than
+once, each crossing paying the slowest link.
 """
 
 from __future__ import annotations
@@ -49,6 +54,21 @@ class StageTables:
     types: list[str]
     budget: np.ndarray  # int [num types]  GPUs available per type
     min_layer_us: np.ndarray  # int [O]  least per-layer time of option o (for bounds)
+    contiguous_types: bool = True  # rule: each device type's stages form one contiguous block
+
+    def type_sequence_ok(self, opts: list[int] | tuple[int, ...]) -> bool:
+        """The contiguity rule on a full option sequence (each type appears in one block)."""
+        if not self.contiguous_types:
+            return True
+        seen, prev = set(), None
+        for o in opts:
+            ty = int(self.option_type[o])
+            if ty != prev:
+                if ty in seen:
+                    return False
+                seen.add(ty)
+                prev = ty
+        return True
 
     @property
     def pp(self) -> int:
@@ -59,9 +79,27 @@ class StageTables:
         return len(self.options)
 
     def fits(self, o: int, i: int, start: int, n: int) -> bool:
-        p = position(i, self.pp)
-        return bool(self.static_bytes[o, p, start, n] + self.inflight[i] * self.act_bytes[o, p, start, n]
-                     <= self.capacity_bytes[o])
+        return bool(self.fits_table[o, i, start, n])
+
+    @property
+    def fits_table(self) -> np.ndarray:
+        """bool [O, PP, N+1, N+1]: stage i on option o holding [start, start+n) fits in memory."""
+        ft = getattr(self, "_fits", None)
+        if ft is None:
+            pos = np.array([position(i, self.pp) for i in range(self.pp)])
+            need = self.static_bytes[:, pos] + self.inflight[None, :, None, None] * self.act_bytes[:, pos]
+            ft = need <= self.capacity_bytes[:, None, None, None]
+            self._fits = ft
+        return ft
+
+    def as_lists(self) -> tuple:
+        """(core, sync, p2p, fits) as nested Python lists, cached: the DP's inner loop indexes
+        lists much faster than numpy scalars."""
+        cached = getattr(self, "_lists", None)
+        if cached is None:
+            cached = (self.core_us.tolist(), self.sync_us.tolist(), self.p2p_us.tolist(), self.fits_table.tolist())
+            self._lists = cached
+        return cached
 
     def stage_us(self, o_prev: int | None, o: int, o_next: int | None, i: int, start: int, n: int) -> int:
         t = int(self.core_us[o, position(i, self.pp), start, n])

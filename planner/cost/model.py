@@ -355,7 +355,7 @@ class CostModel:
         of the range, so the search tables and `evaluate` share the work and the numbers."""
         kinds = self._layer_is_moe[start:end]
         key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.sequence_parallel, g.pp > 1,
-               device_type, dp, recompute, kinds, is_first, is_last)
+               device_type, dp, recompute.label, kinds, is_first, is_last)
         hit = self._core_cache.get(key)
         if hit is None:
             hit = self._stage_core(g, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute,
@@ -381,31 +381,37 @@ class CostModel:
         act_b = 1 if self.training.precision == "fp8" else 2
         v = g.vpp
 
+        # Sum per-layer pieces by kind: full recompute re-runs layers in `full_layers`, selective
+        # re-runs the named modules of every layer; counts per kind make this O(1) in the layers.
+        full_layers = _recomputed_full_layers(recompute, n, v)
+        n_full = {False: 0, True: 0}
+        for j in full_layers:
+            n_full[kinds[j]] += 1
+        counts = {False: n_dense, True: n_moe}
         fwd = bwd = comp = rec_s = tp_s = cp_s = ep_s = 0.0
         act_per_mb = 0.0
-        full_layers = _recomputed_full_layers(recompute, n, v)
-        for j, is_moe in enumerate(kinds):
-            c = lc[is_moe]
-            fwd += c.fwd_s
-            bwd += c.bwd_s
-            comp += c.fwd_compute_s + c.bwd_compute_s
-            tp_s += c.tp_fwd_s + c.tp_bwd_s
-            cp_s += c.cp_fwd_s + c.cp_bwd_s
-            ep_s += c.ep_fwd_s + c.ep_bwd_s
-            if j in full_layers:
-                rec_s += c.fwd_s
-                comp += c.fwd_compute_s
-                tp_s += c.tp_fwd_s
-                cp_s += c.cp_fwd_s
-                ep_s += c.ep_fwd_s
-                act_per_mb += c.act_bytes(c.activations.layer_input)
-            elif recompute.granularity == "selective":
+        for kind in (False, True):
+            cnt = counts[kind]
+            if not cnt:
+                continue
+            c = lc[kind]
+            nf = n_full[kind]
+            fwd += cnt * c.fwd_s
+            bwd += cnt * c.bwd_s
+            comp += cnt * (c.fwd_compute_s + c.bwd_compute_s) + nf * c.fwd_compute_s
+            tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
+            cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
+            ep_s += cnt * (c.ep_fwd_s + c.ep_bwd_s) + nf * c.ep_fwd_s
+            rec_s += nf * c.fwd_s
+            act_per_mb += nf * c.act_bytes(c.activations.layer_input)
+            rest = cnt - nf
+            if recompute.granularity == "selective":
                 extra = sum(c.module_fwd_s.get(mod, 0.0) for mod in recompute.modules)
-                rec_s += extra
-                comp += extra
-                act_per_mb += c.act_bytes(c.activations.after_selective(recompute.modules))
+                rec_s += rest * extra
+                comp += rest * extra
+                act_per_mb += rest * c.act_bytes(c.activations.after_selective(recompute.modules))
             else:
-                act_per_mb += c.act_bytes(c.activations.total)
+                act_per_mb += rest * c.act_bytes(c.activations.total)
         bwd += rec_s
 
         # embedding (first stage) and output layer + loss (last stage)

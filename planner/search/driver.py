@@ -35,6 +35,7 @@ class SearchSettings:
     top_k: int = 1
     num_workers: int = 2
     cpsat_top_configs: int = 3  # CP-SAT proves the best few configurations (hinted with HS-DP)
+    deadline: float | None = None  # time.perf_counter() value; set by `search` from time_limit_s
 
 
 @dataclass
@@ -67,27 +68,96 @@ class SearchResult:
 ProgressFn = Callable[[dict], None]
 
 
-def _lower_bound_s(t_min_layer: dict[StageOption, float], g: GlobalChoice, options: list[StageOption],
-                   budget: dict[str, int], n_layers: int, m: int) -> float:
-    taus = [t_min_layer[o] for o in options]
-    if not taus:
+@dataclass(frozen=True)
+class OptionBound:
+    """Per-option figures for the lower bound: least per-layer time (s) and memory per layer."""
+
+    layer_s: float
+    layer_static_bytes: float
+    layer_act_bytes: float
+    free_bytes: float  # capacity minus the fixed overhead
+
+
+def _lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],
+                   budget: dict[str, int], n_layers: int, m: int, inflight: list[float], tight: bool = True) -> float:
+    """A lower bound on this choice's iteration time (math.inf when it cannot fit):
+    sum_i t_i >= N * min tau; max_i t_i >= both (a) N over the summed layer rates of the PP fastest
+    stage slots the GPU budget allows (fluid), and (b) the least c for which the stages, each
+    holding at most min(floor(c / tau), layers that fit in memory at its position) layers, can
+    hold all N layers (integral, with memory; per position the best option, ignoring budgets)."""
+    if not options:
         return math.inf
-    sum_lb = n_layers * min(taus)
-    # fastest pp stage slots: per type, as many stages as its GPUs allow, at its best option's rate
+    sum_lb = n_layers * min(ob[o].layer_s for o in options)
     slots: list[float] = []
     for h, n in budget.items():
         own = [o for o in options if o.device_type == h]
         if not own:
             continue
-        best = min(own, key=lambda o: t_min_layer[o] * (g.tp * g.cp * o.dp))
+        best = min(own, key=lambda o: ob[o].layer_s * (g.tp * g.cp * o.dp))
         count = n // (g.tp * g.cp * best.dp)
-        slots += [1.0 / t_min_layer[best]] * count
+        slots += [1.0 / ob[best].layer_s] * count
     slots.sort(reverse=True)
     if len(slots) < g.pp:
         return math.inf
-    rate = sum(slots[: g.pp])
+    fluid = n_layers / sum(slots[: g.pp])
+    # (b): layers that fit per position and option (vectorised over positions x options)
+    import numpy as np
+
+    tau = np.array([ob[o].layer_s for o in options])
+    static = np.array([ob[o].layer_static_bytes for o in options])
+    act = np.array([ob[o].layer_act_bytes for o in options])
+    free = np.array([ob[o].free_bytes for o in options])
+    per = static[None, :] + np.asarray(inflight)[:, None] * act[None, :]
+    nmem = np.where(per > 0, np.floor(np.maximum(free[None, :], 0) / np.maximum(per, 1e-30)), n_layers)
+    nmem = np.minimum(nmem, n_layers)
+    if nmem.max(axis=1).sum() < n_layers:
+        return math.inf  # cannot fit even with every stage on its roomiest option
+    cands = np.unique((np.arange(1, n_layers + 1)[:, None] * tau[None, :]).ravel())
+    # placeable(c) for every candidate at once: [C, PP, O] is small (C <= N*O)
+    cap_time = np.floor(cands[:, None] / tau[None, :] * (1 + 1e-12))  # [C, O]
+    per_cell = np.minimum(cap_time[:, None, :], nmem[None, :, :])  # [C, PP, O]
+    placeable = per_cell.max(axis=2).sum(axis=1)
+    ok = np.nonzero(placeable >= n_layers)[0]
+    if ok.size == 0:
+        return math.inf
+    lo = int(ok[0])
+    # tighter, when small: respect how many stages each device type can host (an assignment of
+    # positions to types, by a DP over positions with stages-used-per-type as state)
+    types = sorted({o.device_type for o in options})
+    stage_cap = [max(budget[h] // (g.tp * g.cp * min(o.dp for o in options if o.device_type == h)), 0) for h in types]
+    if tight and math.prod(k + 1 for k in stage_cap) <= 400:
+        type_cols = [[j for j, o in enumerate(options) if o.device_type == h] for h in types]
+
+        def assignable(ci: int) -> bool:
+            cell = per_cell[ci]
+            best_by_type = np.stack([cell[:, cols].max(axis=1) for cols in type_cols], axis=1)  # [PP, T]
+            states = {tuple(0 for _ in types): 0.0}
+            for i in range(g.pp):
+                nxt: dict = {}
+                for used, val in states.items():
+                    for ti in range(len(types)):
+                        if used[ti] < stage_cap[ti]:
+                            u = used[:ti] + (used[ti] + 1,) + used[ti + 1:]
+                            v2 = val + best_by_type[i, ti]
+                            if v2 > nxt.get(u, -1):
+                                nxt[u] = v2
+                states = nxt
+            return bool(states) and max(states.values()) >= n_layers
+
+        hi_i = len(cands) - 1
+        if not assignable(hi_i):
+            return math.inf
+        lo_i = lo
+        while lo_i < hi_i:
+            mid = (lo_i + hi_i) // 2
+            if assignable(mid):
+                hi_i = mid
+            else:
+                lo_i = mid + 1
+        lo = lo_i
+    tmax_lb = max(fluid, cands[lo])
     v = g.vpp
-    return (sum_lb + (m * v - 1) * n_layers / rate) / v
+    return (sum_lb + (m * v - 1) * tmax_lb) / v
 
 
 def plan_from_solution(g: GlobalChoice, t: StageTables, stages: list[tuple[int, int, int]], gbs: int) -> Plan:
@@ -105,6 +175,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     from solver_models import get_backend
 
     t0 = time.perf_counter()
+    settings.deadline = t0 + settings.time_limit_s
     model, training, cluster = cost.model, cost.training, cost.cluster
     budget = cluster.gpus_by_type()
     gpn = {h: cost.gpus_per_node(h) for h in budget}
@@ -113,42 +184,74 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     notes: list[str] = []
 
     # 1. enumerate + bound
+    ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute))}
     entries = []
     layer_min: dict = {}
+    fitted_keys: set = set()
     for g in enumerate_globals(model, training, cluster, space, gpn):
+        gkey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
+        if settings.memory_prune and gkey in fitted_keys:
+            continue  # a lesser recompute of this configuration already fits (ladder order)
         options = stage_options(g, model, training, cluster, space, gpn)
         if not options:
             continue
         gs = builder.shape(g)
         for o in options:
-            key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o.device_type, o.dp)
+            key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o)
             if key not in layer_min:
-                layer_min[key] = _min_layer_s(cost, gs, o)
-        tmin = {o: layer_min[(g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o.device_type, o.dp)] for o in options}
+                layer_min[key] = _option_bound(cost, gs, o)
+        obs = {o: layer_min[(g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o)] for o in options}
         m = training.global_batch_size // (g.mbs * g.dp0)
-        lb = _lower_bound_s(tmin, g, options, budget, model.num_layers, m)
+        inflight = [cost.inflight_microbatches(gs, i) for i in range(g.pp)]
+        lb = _lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False)
         if math.isfinite(lb):
-            ladder = recompute_ladder(model, space.recompute)
-            rank = ladder.index(g.recompute) if g.recompute in ladder else 0
-            entries.append((lb, rank, g, options))
-    entries.sort(key=lambda e: (e[0], e[1]))
+            rank = ladder_rank.get(g.recompute.label, 0) if g.recompute is not None else 0
+            entries.append((lb, rank, g, options, (obs, m, inflight)))
+            fitted_keys.add(gkey)
+    if settings.memory_prune:
+        # the paper's memory pruning: per configuration keep only the least recompute whose memory
+        # bound admits every layer (more recompute only costs time)
+        least: dict = {}
+        for lb, rank, g, *_ in entries:
+            key = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
+            least[key] = min(least.get(key, rank), rank)
+        kept = [e for e in entries
+                if e[1] == least[(e[2].runtime, e[2].tp, e[2].cp, e[2].ep, e[2].etp, e[2].mbs, e[2].dp0,
+                                  e[2].pp, e[2].vpp)]]
+        pruned_mem_count = len(entries) - len(kept)
+        entries = kept
+    else:
+        pruned_mem_count = 0
+    import heapq
+
     total = len(entries)
+    # a heap of (bound, recompute rank, tie, tightened?, entry): cheap bounds first, the tight
+    # (assignment) bound computed only when an entry reaches the top
+    heap = [(e[0], e[1], k, False, e) for k, e in enumerate(entries)]
+    heapq.heapify(heap)
 
     # 2. solve in bound order
     cands: list[Candidate] = []
-    solved = bounded = infeasible = pruned_mem = 0
-    feasible_keys: set = set()
+    solved = bounded = infeasible = 0
+    pruned_mem = pruned_mem_count
     all_exact = True
     last_report = 0.0
-    for idx, (lb, rank, g, options) in enumerate(entries):
+    idx = 0
+    while heap:
+        lb, rank, tie, tightened, entry = heapq.heappop(heap)
+        g, options, (obs, m_mb, inflight) = entry[2], entry[3], entry[4]
         kth = sorted(c.objective_s for c in cands)[settings.top_k - 1] if len(cands) >= settings.top_k else math.inf
         if lb >= kth:
-            bounded += total - idx
+            bounded += 1 + len(heap)
             break
-        key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
-        if settings.memory_prune and g.runtime == "megatron" and rank > 0 and key in feasible_keys:
-            pruned_mem += 1
+        if not tightened:
+            lb2 = _lower_bound_s(obs, g, options, budget, model.num_layers, m_mb, inflight, tight=True)
+            if not math.isfinite(lb2):
+                infeasible += 1
+                continue
+            heapq.heappush(heap, (max(lb, lb2), rank, tie, True, entry))
             continue
+        idx += 1
         tables = builder.build(g, options)
         ub_us = int(kth * g.vpp / 1e-6) if math.isfinite(kth) else None
         sol = backend.solve(tables, delta=settings.delta, upper_bound_us=ub_us, settings=settings)
@@ -156,9 +259,11 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         if sol is None:
             infeasible += 1
             continue
+        if not sol.stages:  # budget ran out before any plan: this choice stays unproven
+            all_exact = False
+            continue
         if not sol.exact:
             all_exact = False
-        feasible_keys.add(key)
         plan = plan_from_solution(g, tables, sol.stages, training.global_batch_size)
         cands.append(Candidate(g=g, objective_s=from_us(sol.objective_us) / g.vpp, plan=plan,
                                backend=settings.backend, status=sol.status,
@@ -168,10 +273,10 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         now = time.perf_counter()
         if progress and now - last_report > 0.2:
             last_report = now
-            progress({"tried": idx + 1, "total": total, "solved": solved, "best_s": cands[0].objective_s,
+            progress({"tried": idx, "total": total, "solved": solved, "best_s": cands[0].objective_s,
                       "config": g.label()})
         if now - t0 > settings.time_limit_s:
-            notes.append(f"time limit {settings.time_limit_s:.0f} s reached after {idx + 1} of {total} configurations")
+            notes.append(f"time limit {settings.time_limit_s:.0f} s reached after {idx} of {total} configurations")
             all_exact = False
             break
     if progress:
@@ -184,7 +289,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     costs = [cost.evaluate(c.plan) for c in best]
     pruning = settings.delta is not None or settings.memory_prune
     certified = all_exact and not pruning and not any("time limit" in n for n in notes)
-    lower = min([best[0].bound_s] + [e[0] for e in entries[solved + bounded:]] if False else [best[0].bound_s])
+    lower = best[0].bound_s
     status = "OPTIMAL" if certified else "FEASIBLE"
     return SearchResult(
         best=best, costs=costs, configs_total=total, configs_solved=solved, configs_bounded=bounded,
@@ -194,15 +299,29 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     )
 
 
-def _min_layer_s(cost: CostModel, gs, o: StageOption) -> float:
+def _option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
+    """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss).
+    Time: without recompute for block recompute (it spares some layers), with it otherwise (every
+    layer pays it).  Memory: weights, grads and optimizer state per layer, activations per layer."""
     from planner.schemas.plan import Recompute
 
-    kinds = {}
+    kinds: dict[bool, int] = {}
     for j, k in enumerate(cost.model.layer_is_moe):
         kinds.setdefault(k, j)
-    return min(cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
-                               recompute=Recompute.none(), is_first=False, is_last=False).time_s
-               for j in kinds.values())
+    timing = o.recompute if (o.recompute.granularity == "selective" or o.recompute.method == "uniform") \
+        else Recompute.none()
+    times, statics, acts, free = [], [], [], 0.0
+    for j in kinds.values():
+        c = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=timing,
+                            is_first=False, is_last=False)
+        m = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                            is_first=False, is_last=False)
+        times.append(c.time_s)
+        statics.append(m.weights_bytes + m.grads_bytes + m.optimizer_bytes)
+        acts.append(m.act_per_microbatch_bytes)
+        free = m.capacity_bytes - m.other_bytes
+    return OptionBound(layer_s=min(times), layer_static_bytes=min(statics), layer_act_bytes=min(acts),
+                       free_bytes=free)
 
 
 def _infeasible(cost: CostModel, space: SearchSpace, entries) -> InfeasibleError:

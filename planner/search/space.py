@@ -23,7 +23,11 @@ class StageOption:
 
     device_type: str
     dp: int
-    recompute: Recompute
+    recompute: Recompute = field(compare=False)
+    recompute_label: str = ""  # identity of the recompute setting (cheap to hash)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute_label", self.recompute.label)
 
 
 @dataclass(frozen=True)
