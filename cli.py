@@ -11,6 +11,7 @@ import click
 
 # Each module defines a click command named `command`; the order here is the order in --help.
 COMMAND_MODULES = [
+    "planner.commands.solve",
     "planner.commands.estimate",
     "planner.commands.profile",
     "planner.commands.calibrate",

@@ -99,3 +99,97 @@ def render_estimate(payload: dict) -> None:
               f"{o['short_gib']:.1f} GiB short")
     for n in payload.get("notes", []):
         print(f"note: {n}")
+
+
+def solve_json(outcome, settings, runtime: str) -> dict[str, Any]:
+    """The `solve --json` object (also plan.json).  Public keys: status, iteration_time_s,
+    tflops_per_gpu, mfu, search_time_s, lower_bound_s, gap, world_size, plan (with stages)."""
+    r = outcome.result
+    best, cost = r.best[0], outcome.costs[0]
+    it = cost.iteration_time_s
+    lower = r.lower_bound_s
+    out: dict[str, Any] = {
+        "status": r.status,
+        "backend": r.backend,
+        "runtime": runtime,
+        "model": outcome.run.model.name,
+        "cluster": outcome.cluster.describe(),
+        "iteration_time_s": it,
+        "tflops_per_gpu": cost.tflops_per_gpu,
+        "mfu": cost.mfu,
+        "max_memory_gib": cost.max_memory_gib,
+        "fits": cost.fits,
+        "world_size": outcome.plans[0].world_size,
+        "cluster_gpus": outcome.cluster.world_size,
+        "search_time_s": r.search_time_s,
+        "lower_bound_s": lower,
+        "gap": max(0.0, (best.objective_s - lower) / best.objective_s) if lower else None,
+        "certified_optimal": r.certified_optimal,
+        "configs_total": r.configs_total,
+        "configs_solved": r.configs_solved,
+        "configs_bounded": r.configs_bounded,
+        "configs_infeasible": r.configs_infeasible,
+        "configs_pruned_memory": r.configs_pruned_memory,
+        "pruning": {"load_balance_delta": settings.delta, "memory": settings.memory_prune},
+        "solver_objective_s": best.objective_s,
+        "plan": plan_json(outcome.plans[0]),
+        "stages": cost.to_json()["stages"],
+        "num_microbatches": cost.num_microbatches,
+        "problems": outcome.problems[0],
+        "notes": list(r.notes),
+    }
+    if len(outcome.plans) > 1:
+        out["alternatives"] = [
+            {"iteration_time_s": c.iteration_time_s, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
+             "plan": plan_json(p)}
+            for p, c in zip(outcome.plans[1:], outcome.costs[1:])
+        ]
+    return out
+
+
+def render_solve(payload: dict) -> None:
+    print(f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend {payload['backend']})")
+    print("plan: " + degrees_line(payload["plan"]))
+    render_stage_table(payload, "per stage")
+    print(headline(payload))
+    gap = payload.get("gap")
+    gap_txt = f", gap {gap * 100:.2f}%" if gap is not None else ""
+    print(f"search: {payload['status']}{gap_txt}, lower bound {payload['lower_bound_s']:.3f} s, "
+          f"{payload['search_time_s']:.1f} s; {payload['configs_solved']} configurations solved, "
+          f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
+          f"{payload['configs_pruned_memory']} pruned by memory"
+          + (" (certified optimal)" if payload["certified_optimal"] else ""))
+    p = payload["pruning"]
+    if p["load_balance_delta"] is not None or p["memory"]:
+        print(f"pruning on (load balance delta={p['load_balance_delta']}, memory={p['memory']}): the plan is the best "
+              "of the pruned space; --no-prune searches the whole space and certifies the optimum")
+    for prob in payload["problems"]:
+        print(f"PROBLEM: {prob}")
+    for n in payload["notes"]:
+        print(f"note: {n}")
+
+
+def summary_markdown(payload: dict) -> str:
+    lines = [
+        f"# Plan: {payload['model']} on {payload['cluster']}",
+        "",
+        f"- runtime: {payload['runtime']}; backend: {payload['backend']}; status: {payload['status']}"
+        + (" (certified optimal)" if payload["certified_optimal"] else ""),
+        f"- degrees: {degrees_line(payload['plan'])}",
+        f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
+        f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
+        f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
+        f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}",
+        f"- search: {payload['search_time_s']:.1f} s, lower bound {payload['lower_bound_s']:.3f} s, "
+        f"{payload['configs_solved']} solved / {payload['configs_bounded']} bounded / {payload['configs_total']} total",
+        "",
+        "| stage | device | layers | DP | recompute | time/micro-batch (ms) | memory (GiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in payload["stages"]:
+        lines.append(f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
+                     f"{s['time_s'] * 1e3:.1f} | {s['memory_gib']:.1f} |")
+    lines += ["", "Times come from the float cost model (planner/cost), not from the solver's scaled objective."]
+    for n in payload.get("notes", []):
+        lines.append(f"- note: {n}")
+    return "\n".join(lines) + "\n"

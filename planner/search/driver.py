@@ -188,9 +188,11 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     entries = []
     layer_min: dict = {}
     fitted_keys: set = set()
+    pruned_early = 0
     for g in enumerate_globals(model, training, cluster, space, gpn):
         gkey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
         if settings.memory_prune and gkey in fitted_keys:
+            pruned_early += 1
             continue  # a lesser recompute of this configuration already fits (ladder order)
         options = stage_options(g, model, training, cluster, space, gpn)
         if not options:
@@ -233,7 +235,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     # 2. solve in bound order
     cands: list[Candidate] = []
     solved = bounded = infeasible = 0
-    pruned_mem = pruned_mem_count
+    pruned_mem = pruned_mem_count + pruned_early
     all_exact = True
     last_report = 0.0
     idx = 0

@@ -1,0 +1,40 @@
+"""An independent plan checker: knows no solver.  Every plan a backend returns passes through it.
+
+Checks: decoder layers covered exactly once and in order (every stage holds at least one), GPUs
+per device type within the cluster, memory fits on every stage (the float cost model), and every
+Megatron / runtime rule (planner/rules.py).  It also recomputes the plan's cost, so a solver's
+scaled objective is never what gets reported.
+"""
+
+from __future__ import annotations
+
+from planner.cost.model import CostModel, PlanCost
+from planner.rules import check_plan
+from planner.schemas.plan import Plan
+
+
+def plan_problems(cost_model: CostModel, plan: Plan) -> tuple[list[str], PlanCost]:
+    """Every problem with `plan` (empty list: valid) and its float cost."""
+    model, cluster = cost_model.model, cost_model.cluster
+    problems: list[str] = []
+    total = sum(s.num_layers for s in plan.stages)
+    if total != model.num_layers:
+        problems.append(f"stages hold {total} decoder layers, the model has {model.num_layers}")
+    for i, s in enumerate(plan.stages):
+        if s.num_layers < 1:
+            problems.append(f"stage {i} holds no layers")
+    have = cluster.gpus_by_type()
+    for h, n in plan.gpus_by_type().items():
+        if h not in have:
+            problems.append(f"plan uses {h}, which the cluster does not have ({cluster.describe()})")
+        elif n > have[h]:
+            problems.append(f"plan uses {n} {h} GPUs, the cluster has {have[h]}")
+    for v in check_plan(model, plan, cost_model.training):
+        problems.append(f"rule {v.rule}: {v.message}")
+    cost = cost_model.evaluate(plan)
+    for s in cost.stages:
+        if not s.fits:
+            problems.append(
+                f"stage {s.index} ({s.device_type}) needs {s.memory_gib:.1f} GiB, has {s.capacity_bytes / 2**30:.0f} GiB"
+            )
+    return problems, cost
