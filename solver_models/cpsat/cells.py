@@ -10,7 +10,7 @@ the first and last stage, and for a model whose layers are all of one kind), and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -99,8 +99,10 @@ def _start_independent(ok: np.ndarray, structural: np.ndarray, core: np.ndarray,
     return out
 
 
-def all_cells(t: StageTables) -> dict[tuple[int, int], StageOptionCells]:
-    """Allowed cells for every (stage, option); stage 0 keeps only options with dp == g.dp0."""
+def all_cells(t: StageTables, *, drop_dominated: bool = True) -> dict[tuple[int, int], StageOptionCells]:
+    """Allowed cells for every (stage, option); stage 0 keeps only options with dp == g.dp0.
+    With drop_dominated, cells another interchangeable option does at least as well are removed
+    (see drop_dominated_cells); the optimum is unchanged."""
     out = {}
     for i in range(t.pp):
         for o in range(t.num_options):
@@ -109,6 +111,88 @@ def all_cells(t: StageTables) -> dict[tuple[int, int], StageOptionCells]:
             cell = stage_option_cells(t, i, o)
             if not cell.empty:
                 out[(i, o)] = cell
+    if drop_dominated:
+        out = drop_dominated_cells(t, out)
+    return out
+
+
+def interchangeable_key(t: StageTables, o: int) -> tuple:
+    """Options with equal keys differ only in their stage cost tables (in practice: recompute):
+    same device type, GPUs, DP, pipeline links (p2p row and column) and load-balance weight."""
+    return (int(t.option_type[o]), int(t.option_gpus[o]), t.options[o].dp, int(t.min_layer_us[o]),
+            tuple(int(x) for x in t.p2p_us[o, :]), tuple(int(x) for x in t.p2p_us[:, o]))
+
+
+def drop_dominated_cells(t: StageTables, cells: dict[tuple[int, int], StageOptionCells]
+                         ) -> dict[tuple[int, int], StageOptionCells]:
+    """Remove cell (s, n) of option o at stage i when an interchangeable option o' has the same
+    cell allowed with core' <= core and sync' <= sync (ties kept by the lower index).  Exact: in
+    any plan using the removed cell, switching that stage to o' keeps GPUs, links, layers and
+    load-balance windows and raises no stage time or sync."""
+    groups: dict[tuple, list[int]] = {}
+    for o in range(t.num_options):
+        groups.setdefault(interchangeable_key(t, o), []).append(o)
+    out = dict(cells)
+    for members in groups.values():
+        for i in range(t.pp):
+            present = [o for o in members if (i, o) in cells]
+            if len(present) < 2:
+                continue
+            value = {o: {(s, n): (core, sync) for s, n, core, sync in cells[i, o].cells} for o in present}
+            for o in present:
+                keep = [cell for cell in cells[i, o].cells
+                        if not any(_dominates(value[o2].get(cell[:2]), o2, (cell[2], cell[3]), o)
+                                   for o2 in present if o2 != o)]
+                if not keep:
+                    del out[i, o]
+                elif len(keep) < len(cells[i, o].cells):
+                    out[i, o] = replace(cells[i, o], cells=tuple(keep),
+                                        by_n=_restrict(cells[i, o], keep))
+    return out
+
+
+def _dominates(rival: tuple[int, int] | None, o2: int, mine: tuple[int, int], o: int) -> bool:
+    """Whether option o2's (core, sync) at a cell beats option o's there (ties: lower index)."""
+    if rival is None:
+        return False
+    if rival == mine:
+        return o2 < o
+    return rival[0] <= mine[0] and rival[1] <= mine[1]
+
+
+def _restrict(c: StageOptionCells, keep: list[tuple[int, int, int, int]]) -> dict[int, tuple[int, int]] | None:
+    """c.by_n limited to the kept counts, or None (a table is needed) when some count keeps only
+    part of its starts."""
+    if c.by_n is None:
+        return None
+    before: dict[int, int] = {}
+    after: dict[int, int] = {}
+    for _, n, _, _ in c.cells:
+        before[n] = before.get(n, 0) + 1
+    for _, n, _, _ in keep:
+        after[n] = after.get(n, 0) + 1
+    if any(after[n] != before[n] for n in after):
+        return None
+    return {n: val for n, val in c.by_n.items() if n in after}
+
+
+def canonical_plan(t: StageTables, cells: dict[tuple[int, int], StageOptionCells],
+                   stages: list[tuple[int, int, int]]) -> list[tuple[int, int, int]] | None:
+    """The plan with each stage whose cell was dropped as dominated moved to the interchangeable
+    option that kept it (no stage time or sync rises); None if some cell is not allowed at all."""
+    out = []
+    for i, (o, s, n) in enumerate(stages):
+        key = interchangeable_key(t, o)
+        best = None
+        for o2 in range(t.num_options):
+            if (i, o2) not in cells or interchangeable_key(t, o2) != key:
+                continue
+            for s2, n2, core, sync in cells[i, o2].cells:
+                if (s2, n2) == (s, n) and (best is None or (core, sync, o2) < best):
+                    best = (core, sync, o2)
+        if best is None:
+            return None
+        out.append((best[2], s, n))
     return out
 
 

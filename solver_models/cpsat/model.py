@@ -21,7 +21,7 @@ from ortools.sat.python import cp_model
 
 from solver_models import Solution
 from solver_models.cpsat import constraints as cons
-from solver_models.cpsat.cells import all_cells
+from solver_models.cpsat.cells import all_cells, canonical_plan
 from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, stage_values
 from solver_models.hsdp import _balance_windows, solve_hsdp
 from solver_models.tables import StageTables
@@ -29,6 +29,8 @@ from solver_models.tables import StageTables
 # Instances whose option sequences x layer splits are at most this many are solved without the
 # HS-DP hint (CP-SAT needs no help there and the DP's cost would dominate).
 TINY_PLANS = 2_000
+# Above this many options per stage the HS-DP hint costs more than it saves (see wants_dp_hint).
+HINT_MAX_OPTIONS = 8
 
 # Statistics of the latest solve_cpsat call (also when it returns None); mutated in place so
 # `from solver_models.cpsat import last_stats` stays current.
@@ -46,13 +48,13 @@ class CpSatStageModel:
     """The CP-SAT model of one configuration; build once, then solve."""
 
     def __init__(self, tables: StageTables, *, delta: float | None, upper_bound_us: int | None,
-                 max_equality: bool = False):
+                 max_equality: bool = False, drop_dominated: bool = True):
         t0 = time.perf_counter()
         self.tables = tables
         self.delta = delta
         self.upper_bound_us = upper_bound_us
         self.model = cp_model.CpModel()
-        self.cells = all_cells(tables)
+        self.cells = all_cells(tables, drop_dominated=drop_dominated)
         self.stats: dict[str, Any] = {}
         self.infeasible_reason: str | None = None
         self.classes = cons.link_classes(tables)
@@ -81,10 +83,16 @@ class CpSatStageModel:
         self.stats.update(build_s=time.perf_counter() - t0, cost_forms=forms, cuts=cuts,
                           balance_constraints=balance, options=len(c), link_classes=len(set(self.classes)))
 
-    def hint(self, stages: list[tuple[int, int, int]]) -> None:
-        """Hint every variable with a known plan [(option, start, n)]."""
-        if self.vars is not None:
-            hint_plan(self.model, self.vars, self.tables, stages, self.classes)
+    def hint(self, stages: list[tuple[int, int, int]]) -> bool:
+        """Hint every variable with a known plan [(option, start, n)] (moved off dominated cells);
+        False if the plan is not one of the model's."""
+        if self.vars is None:
+            return False
+        plan = canonical_plan(self.tables, self.cells, stages)
+        if plan is None:
+            return False
+        hint_plan(self.model, self.vars, self.tables, plan, self.classes)
+        return True
 
     def solve(self, *, time_limit_s: float, num_workers: int, log: bool = False) -> CpSatSolution | None:
         """Solve; None when no plan exists (or none beats the upper bound) or, without a hint,
@@ -123,35 +131,49 @@ def plan_count(t: StageTables) -> int:
     return t.num_options ** t.pp * math.comb(t.num_layers - 1, t.pp - 1)
 
 
+def wants_dp_hint(t: StageTables) -> bool:
+    """Whether computing HS-DP's plan as a hint pays: not for tiny instances (CP-SAT needs no
+    help) nor for many options per stage (HS-DP's cost grows with options^2 x GPU states; measured
+    74 s of HS-DP against 14 s of unhinted CP-SAT on a 21-option flagscale configuration)."""
+    return plan_count(t) > TINY_PLANS and t.num_options <= HINT_MAX_OPTIONS
+
+
 def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int | None, settings,
-                hint: bool | None = None, max_equality: bool = False, log: bool = False) -> CpSatSolution | None:
+                hint: bool | None = None, hint_stages: list[tuple[int, int, int]] | None = None,
+                max_equality: bool = False, drop_dominated: bool = True, log: bool = False
+                ) -> CpSatSolution | None:
     """Best plan for the configuration (None if nothing fits or nothing beats upper_bound_us).
 
-    settings: time_limit_s, num_workers.  hint: None = hint with HS-DP's plan unless the instance
-    is tiny, True/False to force.  The returned objective is recomputed from the tables; status is
-    OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no load-balance pruning."""
+    settings: time_limit_s, num_workers.  Hint: hint_stages (a plan [(option, start, n)] the
+    caller already has, e.g. from HS-DP) is used as given; otherwise hint=None computes HS-DP's
+    plan when wants_dp_hint(tables), True/False force it.  The returned objective is recomputed
+    from the tables; status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no
+    load-balance pruning.  Statistics: .stats on the result, and last_stats (also after None)."""
     t0 = time.perf_counter()
     last_stats.clear()
-    if hint is None:
-        hint = plan_count(tables) > TINY_PLANS
-    dp_plan = None
     hint_s = 0.0
-    if hint:
+    hint_obj: int | None = None
+    if hint_stages is None and (wants_dp_hint(tables) if hint is None else hint):
         h0 = time.perf_counter()
         dp = solve_hsdp(tables, delta=delta)
         hint_s = time.perf_counter() - h0
-        if dp is not None and (upper_bound_us is None or dp.objective_us < upper_bound_us):
-            dp_plan = dp
-    m = CpSatStageModel(tables, delta=delta, upper_bound_us=upper_bound_us, max_equality=max_equality)
-    if dp_plan is not None:
-        m.hint(dp_plan.stages)
+        if dp is not None:
+            hint_stages, hint_obj = dp.stages, dp.objective_us
+    if hint_stages is not None and hint_obj is None:
+        _, syncs, times = stage_values(tables, hint_stages)
+        hint_obj = tables.objective_us(sum(times), max(times), max(syncs))
+    if hint_obj is not None and upper_bound_us is not None and hint_obj >= upper_bound_us:
+        hint_stages = hint_obj = None  # it cannot satisfy objective < upper bound
+    m = CpSatStageModel(tables, delta=delta, upper_bound_us=upper_bound_us, max_equality=max_equality,
+                        drop_dominated=drop_dominated)
+    hinted = hint_stages is not None and m.hint(hint_stages)
     sol = m.solve(time_limit_s=settings.time_limit_s, num_workers=settings.num_workers, log=log)
-    if sol is None and dp_plan is not None and m.stats.get("status") == "UNKNOWN":
-        # CP-SAT found nothing in time, but HS-DP's plan is feasible: report it, unproven
-        bound_us = min(dp_plan.objective_us, max(0, int(m.stats.get("bound_us", 0))))
-        sol = CpSatSolution(objective_us=dp_plan.objective_us, bound_us=bound_us, stages=list(dp_plan.stages),
+    if sol is None and hinted and m.stats.get("status") == "UNKNOWN":
+        # CP-SAT found nothing in time, but the hinted plan is feasible: report it, unproven
+        bound_us = min(hint_obj, max(0, int(m.stats.get("bound_us", 0))))
+        sol = CpSatSolution(objective_us=hint_obj, bound_us=bound_us, stages=list(hint_stages),
                             status="FEASIBLE", exact=False)
-    m.stats.update(hinted=dp_plan is not None, hint_s=hint_s, hint_objective_us=dp_plan.objective_us if dp_plan else None,
+    m.stats.update(hinted=hinted, hint_s=hint_s, hint_objective_us=hint_obj if hinted else None,
                    total_s=time.perf_counter() - t0)
     last_stats.update(m.stats)
     if sol is not None:
