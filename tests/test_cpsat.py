@@ -1,0 +1,201 @@
+"""CP-SAT backend micro tests on hand-made tables: each constraint family with a feasible and an
+infeasible (or binding) case, objectives worked out by hand in the comments."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from planner.schemas.plan import Recompute
+from planner.search.space import GlobalChoice, StageOption
+from solver_models.brute import solve_brute
+from solver_models.cpsat import last_stats, solve_cpsat
+from solver_models.cpsat.cells import all_cells, lower_hull
+from solver_models.hsdp import solve_hsdp
+from solver_models.scaling import INF_US
+from solver_models.tables import FIRST, StageTables
+
+SETTINGS = SimpleNamespace(time_limit_s=10.0, num_workers=2)
+
+
+def make_tables(layer_us: list[list[int]], *, pp: int = 2, m: int = 4, vpp: int = 1,
+                option_type: list[int] | None = None, budget: list[int] | None = None,
+                p2p_us: int | list[list[int]] = 0, first_extra_us: int = 0, cap_layers: list[float] | None = None,
+                sync_per_layer_us: list[int] | None = None, dps: list[int] | None = None,
+                recomputes: list[Recompute] | None = None, min_layer_us: list[int] | None = None) -> StageTables:
+    """Tables where option o's stage core time is the sum of layer_us[o][j] over its layers (+
+    first_extra_us on the first stage), memory is one unit per layer against cap_layers[o]."""
+    num_o, n_layers = len(layer_us), len(layer_us[0])
+    option_type = option_type or list(range(num_o))
+    n_types = max(option_type) + 1
+    budget = budget or [1] * n_types
+    dps = dps or [1] * num_o
+    recomputes = recomputes or [Recompute.none()] * num_o
+    cap_layers = cap_layers or [float(n_layers)] * num_o
+    sync_per_layer_us = sync_per_layer_us or [0] * num_o
+    shape = (num_o, 4, n_layers + 1, n_layers + 1)
+    core = np.full(shape, INF_US, dtype=np.int64)
+    sync = np.full(shape, INF_US, dtype=np.int64)
+    static = np.full(shape, np.inf)
+    for o in range(num_o):
+        for p in range(4):
+            for s in range(n_layers):
+                for n in range(1, n_layers - s + 1):
+                    core[o, p, s, n] = sum(layer_us[o][s:s + n]) + (first_extra_us if p == FIRST else 0)
+                    sync[o, p, s, n] = sync_per_layer_us[o] * n
+                    static[o, p, s, n] = float(n)
+    if isinstance(p2p_us, int):
+        p2p_us = [[p2p_us] * num_o for _ in range(num_o)]
+    types = [f"T{k}" for k in range(n_types)]
+    g = GlobalChoice("flagscale", 1, 1, 1, 1, 1, pp, vpp, dps[0], None)
+    return StageTables(
+        g=g, options=[StageOption(types[option_type[o]], dps[o], recomputes[o]) for o in range(num_o)],
+        num_layers=n_layers, num_microbatches=m, core_us=core, sync_us=sync, static_bytes=static,
+        act_bytes=np.zeros(shape), capacity_bytes=np.array(cap_layers, dtype=float),
+        p2p_us=np.array(p2p_us, dtype=np.int64), inflight=np.zeros(pp),
+        option_type=np.array(option_type, dtype=np.int64), option_gpus=np.array(dps, dtype=np.int64),
+        types=types, budget=np.array(budget, dtype=np.int64),
+        min_layer_us=np.array(min_layer_us or [min(r) for r in layer_us], dtype=np.int64),
+    )
+
+
+def solve(t: StageTables, **kw):
+    kw.setdefault("delta", None)
+    kw.setdefault("upper_bound_us", None)
+    return solve_cpsat(t, settings=SETTINGS, **kw)
+
+
+# Two options on two device types, one GPU each; A = 10 us/layer, B = 20 us/layer, N = 4, m = 4:
+# objective = t1 + t2 + 3 * max.  Best: 3 layers on A, 1 on B: 30 + 20 + 3*30 = 140.
+AB = [[10] * 4, [20] * 4]
+
+
+def test_basic_optimum_by_hand():
+    """Two types, one GPU each: the 3/1 split on the fast/slow option, objective 140, OPTIMAL."""
+    sol = solve(make_tables(AB))
+    assert sol is not None and sol.objective_us == 140 and sol.status == "OPTIMAL" and sol.exact
+    assert sol.bound_us == 140
+    assert sorted((n, o) for o, _, n in sol.stages) == [(1, 1), (3, 0)]
+    assert [s for _, s, _ in sol.stages] == [0, sol.stages[0][2]]
+
+
+def test_gpu_budget_binds_and_infeasible():
+    """Budget: two GPUs of type A allow A,A (2+2: 20+20+3*20 = 100); no type-B GPU and one A -> None."""
+    sol = solve(make_tables(AB, budget=[2, 1]))
+    assert sol.objective_us == 100 and [o for o, _, _ in sol.stages] == [0, 0]
+    assert solve(make_tables(AB, budget=[1, 0])) is None
+    assert last_stats["status"] == "INFEASIBLE"
+
+
+def test_memory_binds_and_infeasible():
+    """Memory: A holds at most 2 layers -> 2/2 split, 20+40+3*40 = 180; nothing holds a layer -> None."""
+    sol = solve(make_tables(AB, cap_layers=[2.0, 4.0]))
+    assert sol.objective_us == 180
+    assert solve(make_tables(AB, cap_layers=[0.5, 0.5])) is None
+
+
+def test_pipeline_links_charged_on_both_stages():
+    """A 5 us link adds 5 to both stages: A2+B2 = 25+45 -> 70 + 3*45 = 205 when A holds <= 2 layers."""
+    sol = solve(make_tables(AB, cap_layers=[2.0, 4.0], p2p_us=5))
+    assert sol.objective_us == 205
+
+
+def test_asymmetric_links_pick_the_order():
+    """p2p[A][B] = 0, p2p[B][A] = 50: A must come first; same 140 as without links."""
+    sol = solve(make_tables(AB, p2p_us=[[0, 0], [50, 0]]))
+    assert sol.objective_us == 140 and sol.stages[0][0] == 0
+
+
+def test_stage0_only_dp0_options():
+    """Stage 0 needs DP == dp0: B (DP 2, 2 GPUs) cannot lead, so A leads; 140 still reachable."""
+    t = make_tables(AB, dps=[1, 2], budget=[1, 2])
+    sol = solve(t)
+    assert sol.stages[0][0] == 0 and sol.objective_us == 140
+    t2 = make_tables(AB, dps=[2, 1], budget=[2, 1], cap_layers=[0.5, 4.0])  # the dp0 option fits nowhere
+    assert solve(t2) is None
+
+
+def test_sync_term_and_virtual_chunks():
+    """Objective = sum + (m*v - 1)*max + v*max sync: sync 1 us/layer, v = 2 -> A3/B1 gives
+    50 + 7*30 + 2*3 = 266 (A2/B2: 60 + 7*40 + 4 = 344)."""
+    sol = solve(make_tables(AB, vpp=2, sync_per_layer_us=[1, 1]))
+    assert sol.objective_us == 266
+
+
+def test_upper_bound_is_strict():
+    """objective < upper bound: bound = optimum -> None; bound = optimum + 1 -> the optimum."""
+    t = make_tables(AB)
+    assert solve(t, upper_bound_us=140) is None
+    sol = solve(t, upper_bound_us=141)
+    assert sol.objective_us == 140
+
+
+def test_load_balance_switchable():
+    """A holds <= 1 layer: unpruned A1/B3 = 10+60+3*60 = 250; with delta = 0 A's window is [2, 3]
+    (w_A = 2/3 of N = 4), so nothing is left; HS-DP agrees."""
+    t = make_tables(AB, cap_layers=[1.0, 4.0])
+    assert solve(t).objective_us == 250
+    assert solve(t, delta=0.0) is None and solve_hsdp(t, delta=0.0) is None
+    assert last_stats["balance_constraints"] > 0
+
+
+def test_start_dependent_costs_use_a_table_and_match_brute():
+    """Layers of two kinds (cheap first half, dear second half) make a middle stage's cost depend
+    on its start: the model uses a table there and still equals brute force."""
+    layer_us = [[10, 10, 10, 40, 40, 40], [15, 15, 15, 20, 20, 20], [12, 12, 30, 30, 30, 30]]
+    t = make_tables(layer_us, pp=3, option_type=[0, 1, 2], budget=[1, 1, 1], p2p_us=3, first_extra_us=7)
+    sol = solve(t, hint=False)
+    assert sol.stats["cost_forms"]["table"] > 0
+    assert sol.objective_us == solve_brute(t).objective_us
+
+
+def test_dominated_cells_dropped_optimum_kept():
+    """Two recompute variants of one type (no recompute: fast, 2 layers of memory; full: slower,
+    any count) collapse to one cell per count; the optimum equals brute force's."""
+    t = make_tables([[10] * 6, [13] * 6, [20] * 6], pp=3, option_type=[0, 0, 1], budget=[2, 1],
+                    cap_layers=[2.0, 6.0, 6.0], min_layer_us=[10, 10, 20],
+                    recomputes=[Recompute.none(), Recompute.full("uniform", 1), Recompute.none()])
+    cells = all_cells(t)
+    full = all_cells(t, drop_dominated=False)
+    assert sum(len(c.cells) for c in cells.values()) < sum(len(c.cells) for c in full.values())
+    for (i, o), c in cells.items():
+        if o == 1:
+            assert all(n > 2 for _, n, _, _ in c.cells)  # counts <= 2 go to the faster variant
+    assert solve(t).objective_us == solve_brute(t).objective_us
+
+
+def test_hint_and_statistics():
+    """A plan given as hint_stages is used; stats carry wall time, branches and conflicts."""
+    t = make_tables(AB, p2p_us=2)
+    plan = solve_brute(t).stages
+    sol = solve(t, hint_stages=plan)
+    assert sol.stats["hinted"] is True and sol.objective_us == solve_brute(t).objective_us
+    for key in ("wall_s", "branches", "conflicts", "status", "build_s", "total_s"):
+        assert key in sol.stats
+    assert solve(t, hint=True).stats["hinted"] is True  # HS-DP's plan
+    assert solve(t, hint=False).stats["hinted"] is False
+
+
+def test_lower_hull_lines_under_points():
+    """Every hull line lies on or under every point and touches the hull's vertices."""
+    pts = {1: 30, 2: 45, 3: 50, 4: 70, 6: 80}
+    lines = lower_hull(pts)
+    for d, a, b in lines:
+        assert all(d * v >= a * n + b for n, v in pts.items())
+    # (1,30), (3,50), (6,80) lie on one line of slope 10, the others above it
+    assert any(all(d * pts[n] == a * n + b for n in (1, 3, 6)) for d, a, b in lines)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_pipeline_depths_match_brute(pp):
+    """PP = 1 (only stage), 2 and 4 with three options and links: CP-SAT = brute force = HS-DP."""
+    layer_us = [[11, 12, 13, 14, 15, 16], [20, 19, 18, 17, 16, 15], [14] * 6]
+    p2p = [[0, 4, 6], [4, 0, 2], [6, 2, 0]]
+    t = make_tables(layer_us, pp=pp, m=6, budget=[2, 1, 2], p2p_us=p2p, first_extra_us=9,
+                    sync_per_layer_us=[2, 1, 3], cap_layers=[3.0, 6.0, 4.0])
+    b = solve_brute(t)
+    sol = solve(t)
+    assert b is not None and sol.objective_us == b.objective_us == solve_hsdp(t).objective_us
+    assert sol.status == "OPTIMAL"
