@@ -199,3 +199,35 @@ def test_pipeline_depths_match_brute(pp):
     sol = solve(t)
     assert b is not None and sol.objective_us == b.objective_us == solve_hsdp(t).objective_us
     assert sol.status == "OPTIMAL"
+
+
+def test_contiguous_types_rule():
+    """Types A (2 GPUs) and B (1), one layer per stage, A->A link 100 us, A<->B free, m = 4:
+    A,B,A gives 30 + 3*10 = 60, but with each type in one block A,A,B costs
+    (110 + 110 + 10) + 3*110 = 560; brute force agrees in both settings."""
+    p2p = [[100, 0], [0, 100]]
+    t = make_tables([[10] * 3, [10] * 3], pp=3, budget=[2, 1], p2p_us=p2p)
+    assert t.contiguous_types
+    sol = solve(t)
+    assert sol.objective_us == 560 == solve_brute(t).objective_us
+    assert t.type_sequence_ok([o for o, _, _ in sol.stages])
+    t.contiguous_types = False
+    sol = solve(t)
+    assert sol.objective_us == 60 == solve_brute(t).objective_us
+    assert [o for o, _, _ in sol.stages] == [0, 1, 0]
+
+
+def test_deadline_passed_reports_unknown():
+    """A deadline already passed: status UNKNOWN with no stages (the driver's "unproven"), not None."""
+    import time
+
+    settings = SimpleNamespace(time_limit_s=10.0, num_workers=2, deadline=time.perf_counter() - 1.0)
+    sol = solve_cpsat(make_tables(AB), delta=None, upper_bound_us=None, settings=settings)
+    assert sol is not None and sol.status == "UNKNOWN" and sol.stages == [] and not sol.exact
+
+
+def test_hint_breaking_a_rule_is_not_used():
+    """A hinted plan over the GPU budget is refused as a hint; the solve is still optimal."""
+    t = make_tables(AB)
+    sol = solve(t, hint_stages=[(0, 0, 2), (0, 2, 2)])  # two A stages, one A GPU
+    assert sol.stats["hinted"] is False and sol.objective_us == 140

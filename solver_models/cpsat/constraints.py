@@ -131,6 +131,24 @@ def add_gpu_budget(model: cp_model.CpModel, t: StageTables, v: StageVars) -> Non
             model.add(sum(terms) <= int(t.budget[ty]))
 
 
+def add_contiguous_types(model: cp_model.CpModel, t: StageTables, v: StageVars) -> int:
+    """With tables.contiguous_types, each device type's stages form one contiguous block: a block
+    starts at stage i where the stage runs the type and stage i-1 does not
+    (block_start[i, ty] >= on[i, ty] - on[i-1, ty]), and each type starts at most one block.
+    Returns the number of types constrained (0 when the rule is off)."""
+    if not v.block_start:
+        return 0
+    types = sorted({ty for (_, ty) in v.block_start})
+    for ty in types:
+        def on(i: int):
+            return sum(x for (s, o), x in v.x.items() if s == i and int(t.option_type[o]) == ty)
+        for i in range(t.pp):
+            prev = on(i - 1) if i > 0 else 0
+            model.add(v.block_start[i, ty] >= on(i) - prev)
+        model.add(sum(v.block_start[i, ty] for i in range(t.pp)) <= 1)
+    return len(types)
+
+
 def add_bottleneck(model: cp_model.CpModel, t: StageTables, v: StageVars, *, max_equality: bool) -> None:
     """t_max is the slowest stage and sync_max the largest per-stage sync.  With max_equality,
     AddMaxEquality; otherwise only t_max >= t[i] (the objective pushes it down), which keeps the

@@ -63,6 +63,7 @@ class CpSatStageModel:
             # a stage with no allowed cell: nothing to build
             self.infeasible_reason = f"stage {missing[0]} has no option that fits"
             self.vars = None
+            self.windows = None
             self.stats["build_s"] = time.perf_counter() - t0
             return
         m, t, c = self.model, tables, self.cells
@@ -74,14 +75,15 @@ class CpSatStageModel:
         cons.add_pipeline_links(m, t, v, self.classes)
         cons.add_stage_times(m, t, v)
         cons.add_gpu_budget(m, t, v)
+        blocks = cons.add_contiguous_types(m, t, v)
         cons.add_bottleneck(m, t, v, max_equality=max_equality)
-        windows = _balance_windows(t, delta)
+        self.windows = windows = _balance_windows(t, delta)
         balance = cons.add_load_balance(m, c, v, windows)
         self.objective = cons.objective_expr(t, v)
         cons.add_upper_bound(m, self.objective, upper_bound_us)
         m.minimize(self.objective)
         self.stats.update(build_s=time.perf_counter() - t0, cost_forms=forms, cuts=cuts,
-                          balance_constraints=balance, options=len(c), link_classes=len(set(self.classes)))
+                          balance_constraints=balance, contiguous_types=blocks, options=len(c), link_classes=len(set(self.classes)))
 
     def hint(self, stages: list[tuple[int, int, int]]) -> bool:
         """Hint every variable with a known plan [(option, start, n)] (moved off dominated cells);
@@ -89,14 +91,30 @@ class CpSatStageModel:
         if self.vars is None:
             return False
         plan = canonical_plan(self.tables, self.cells, stages)
-        if plan is None:
+        if plan is None or not self.allows(plan):
             return False
         hint_plan(self.model, self.vars, self.tables, plan, self.classes)
         return True
 
+    def allows(self, stages: list[tuple[int, int, int]]) -> bool:
+        """Whether a plan on allowed cells also keeps the GPU budget, the contiguity rule and the
+        load-balance windows (the families a hint could break)."""
+        t = self.tables
+        used = [0] * len(t.types)
+        for o, _, _ in stages:
+            used[int(t.option_type[o])] += int(t.option_gpus[o])
+        if any(u > b for u, b in zip(used, t.budget)):
+            return False
+        if hasattr(t, "type_sequence_ok") and not t.type_sequence_ok([o for o, _, _ in stages]):
+            return False
+        if self.windows is not None and any(not self.windows[o, 0] <= n <= self.windows[o, 1]
+                                            for o, _, n in stages):
+            return False
+        return True
+
     def solve(self, *, time_limit_s: float, num_workers: int, log: bool = False) -> CpSatSolution | None:
-        """Solve; None when no plan exists (or none beats the upper bound) or, without a hint,
-        when the time limit ends before any plan is found (stats["status"] says which)."""
+        """Solve; None when no plan exists (or none beats the upper bound) or when the time limit
+        ends before any plan is found (stats["status"]: INFEASIBLE or UNKNOWN)."""
         t = self.tables
         if self.vars is None:
             self.stats.update(status="INFEASIBLE", reason=self.infeasible_reason, wall_s=0.0)
@@ -126,6 +144,11 @@ class CpSatStageModel:
                              exact=optimal and self.delta is None, stats=dict(self.stats))
 
 
+def _unknown(stats: dict[str, Any]) -> CpSatSolution:
+    """No plan and no proof within the time limit: the driver's "unproven" marker (no stages)."""
+    return CpSatSolution(objective_us=0, bound_us=0, stages=[], status="UNKNOWN", exact=False, stats=stats)
+
+
 def plan_count(t: StageTables) -> int:
     """Option sequences x layer splits (what brute force would enumerate)."""
     return t.num_options ** t.pp * math.comb(t.num_layers - 1, t.pp - 1)
@@ -144,19 +167,27 @@ def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int
                 ) -> CpSatSolution | None:
     """Best plan for the configuration (None if nothing fits or nothing beats upper_bound_us).
 
-    settings: time_limit_s, num_workers.  Hint: hint_stages (a plan [(option, start, n)] the
-    caller already has, e.g. from HS-DP) is used as given; otherwise hint=None computes HS-DP's
-    plan when wants_dp_hint(tables), True/False force it.  The returned objective is recomputed
+    settings: time_limit_s, num_workers, optionally deadline (a time.perf_counter() value; the
+    limit is cut to it).  When time runs out with no plan and no proof: a solution with status
+    UNKNOWN and no stages (as HS-DP's backend reports it).  Hint: hint_stages (a plan
+    [(option, start, n)] the caller already has, e.g. from HS-DP) is used as given; otherwise
+    hint=None computes HS-DP's plan when wants_dp_hint(tables), True/False force it.  The returned objective is recomputed
     from the tables; status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no
     load-balance pruning.  Statistics: .stats on the result, and last_stats (also after None)."""
     t0 = time.perf_counter()
     last_stats.clear()
+    limit_s = float(settings.time_limit_s)
+    deadline = getattr(settings, "deadline", None)
+    if deadline is not None:
+        limit_s = min(limit_s, deadline - t0)
+    if limit_s <= 0:
+        last_stats.update(status="UNKNOWN", reason="deadline passed before solving")
+        return _unknown(dict(last_stats))
     hint_s = 0.0
     hint_obj: int | None = None
     if hint_stages is None and (wants_dp_hint(tables) if hint is None else hint):
-        h0 = time.perf_counter()
-        dp = solve_hsdp(tables, delta=delta)
-        hint_s = time.perf_counter() - h0
+        dp = solve_hsdp(tables, delta=delta, deadline=t0 + limit_s)
+        hint_s = time.perf_counter() - t0
         if dp is not None:
             hint_stages, hint_obj = dp.stages, dp.objective_us
     if hint_stages is not None and hint_obj is None:
@@ -167,12 +198,16 @@ def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int
     m = CpSatStageModel(tables, delta=delta, upper_bound_us=upper_bound_us, max_equality=max_equality,
                         drop_dominated=drop_dominated)
     hinted = hint_stages is not None and m.hint(hint_stages)
-    sol = m.solve(time_limit_s=settings.time_limit_s, num_workers=settings.num_workers, log=log)
-    if sol is None and hinted and m.stats.get("status") == "UNKNOWN":
-        # CP-SAT found nothing in time, but the hinted plan is feasible: report it, unproven
-        bound_us = min(hint_obj, max(0, int(m.stats.get("bound_us", 0))))
-        sol = CpSatSolution(objective_us=hint_obj, bound_us=bound_us, stages=list(hint_stages),
-                            status="FEASIBLE", exact=False)
+    remaining_s = max(0.01, limit_s - (time.perf_counter() - t0))
+    sol = m.solve(time_limit_s=remaining_s, num_workers=settings.num_workers, log=log)
+    if sol is None and m.stats.get("status") == "UNKNOWN":
+        if hinted:
+            # CP-SAT found nothing in time, but the hinted plan is feasible: report it, unproven
+            bound_us = min(hint_obj, max(0, int(m.stats.get("bound_us", 0))))
+            sol = CpSatSolution(objective_us=hint_obj, bound_us=bound_us, stages=list(hint_stages),
+                                status="FEASIBLE", exact=False)
+        else:
+            sol = _unknown({})
     m.stats.update(hinted=hinted, hint_s=hint_s, hint_objective_us=hint_obj if hinted else None,
                    total_s=time.perf_counter() - t0)
     last_stats.update(m.stats)

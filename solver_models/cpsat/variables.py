@@ -8,6 +8,8 @@ Per stage i and allowed option o (see cells.py):
 Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time.
 Per link between stages i and i+1 and option classes (a, b) with equal p2p rows/columns:
   y[i, a, b]  Boolean, stage i is in class a and stage i+1 in class b.
+Per stage and device type, when the tables carry the contiguity rule:
+  block_start[i, ty]  Boolean, stage i runs type ty and stage i-1 does not.
 Global: t_max (bottleneck stage time), sync_max.
 """
 
@@ -34,6 +36,7 @@ class StageVars:
     t: list[cp_model.IntVar] = field(default_factory=list)
     link: list[cp_model.IntVar] = field(default_factory=list)  # time of the link after stage i
     y: dict[tuple[int, int, int], cp_model.IntVar] = field(default_factory=dict)
+    block_start: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     t_max: cp_model.IntVar | None = None
     sync_max: cp_model.IntVar | None = None
 
@@ -69,9 +72,18 @@ def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, 
         for a in classes:
             for b in classes:
                 v.y[i, a, b] = model.new_bool_var(f"y_{i}_{a}_{b}")
+    if contiguous(t):
+        for ty in sorted({int(t.option_type[o]) for (_, o) in cells}):
+            for i in range(pp):
+                v.block_start[i, ty] = model.new_bool_var(f"block_start_{i}_{ty}")
     v.t_max = model.new_int_var(0, max_core + 2 * max_link, "t_max")
     v.sync_max = model.new_int_var(0, max_sync, "sync_max")
     return v
+
+
+def contiguous(t: StageTables) -> bool:
+    """Whether the tables carry the rule that each device type's stages form one block."""
+    return bool(getattr(t, "contiguous_types", False))
 
 
 def stage_values(t: StageTables, stages: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
@@ -111,6 +123,9 @@ def hint_plan(model: cp_model.CpModel, v: StageVars, t: StageTables, stages: lis
         for (k, ca, cb), y in v.y.items():
             if k == i:
                 model.add_hint(y, ca == a and cb == b)
+    types = [int(t.option_type[chosen[i]]) for i in range(pp)]
+    for (i, ty), b in v.block_start.items():
+        model.add_hint(b, types[i] == ty and (i == 0 or types[i - 1] != ty))
     model.add_hint(v.t_max, max(times))
     model.add_hint(v.sync_max, max(syncs))
 
