@@ -31,6 +31,8 @@ from solver_models.tables import StageTables
 TINY_PLANS = 2_000
 # Above this many options per stage the HS-DP hint costs more than it saves (see wants_dp_hint).
 HINT_MAX_OPTIONS = 8
+# The HS-DP hint may use at most this share of the time limit (its plan so far is used after).
+HINT_TIME_SHARE = 0.25
 
 # Statistics of the latest solve_cpsat call (also when it returns None); mutated in place so
 # `from solver_models.cpsat import last_stats` stays current.
@@ -83,7 +85,8 @@ class CpSatStageModel:
         cons.add_upper_bound(m, self.objective, upper_bound_us)
         m.minimize(self.objective)
         self.stats.update(build_s=time.perf_counter() - t0, cost_forms=forms, cuts=cuts,
-                          balance_constraints=balance, contiguous_types=blocks, options=len(c), link_classes=len(set(self.classes)))
+                          balance_constraints=balance, contiguous_types=blocks, options=len(c),
+                          link_classes=len(set(self.classes)))
 
     def hint(self, stages: list[tuple[int, int, int]]) -> bool:
         """Hint every variable with a known plan [(option, start, n)] (moved off dominated cells);
@@ -156,8 +159,9 @@ def plan_count(t: StageTables) -> int:
 
 def wants_dp_hint(t: StageTables) -> bool:
     """Whether computing HS-DP's plan as a hint pays: not for tiny instances (CP-SAT needs no
-    help) nor for many options per stage (HS-DP's cost grows with options^2 x GPU states; measured
-    74 s of HS-DP against 14 s of unhinted CP-SAT on a 21-option flagscale configuration)."""
+    help) nor for many options per stage (HS-DP's cost grows with options^2 x GPU states; on
+    mixtral-l, H800:16,MI300X:16,910B:16, flagscale tp2 ep8 dp4 pp6 with 21 options, HS-DP took
+    75-130 s where unhinted CP-SAT proved the optimum in about 1 s)."""
     return plan_count(t) > TINY_PLANS and t.num_options <= HINT_MAX_OPTIONS
 
 
@@ -171,9 +175,10 @@ def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int
     limit is cut to it).  When time runs out with no plan and no proof: a solution with status
     UNKNOWN and no stages (as HS-DP's backend reports it).  Hint: hint_stages (a plan
     [(option, start, n)] the caller already has, e.g. from HS-DP) is used as given; otherwise
-    hint=None computes HS-DP's plan when wants_dp_hint(tables), True/False force it.  The returned objective is recomputed
-    from the tables; status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no
-    load-balance pruning.  Statistics: .stats on the result, and last_stats (also after None)."""
+    hint=None computes HS-DP's plan when wants_dp_hint(tables), True/False force it (HS-DP gets at
+    most HINT_TIME_SHARE of the limit).  The returned objective is recomputed from the tables;
+    status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no load-balance pruning.
+    Statistics: .stats on the result, and last_stats (also after None)."""
     t0 = time.perf_counter()
     last_stats.clear()
     limit_s = float(settings.time_limit_s)
@@ -186,7 +191,7 @@ def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int
     hint_s = 0.0
     hint_obj: int | None = None
     if hint_stages is None and (wants_dp_hint(tables) if hint is None else hint):
-        dp = solve_hsdp(tables, delta=delta, deadline=t0 + limit_s)
+        dp = solve_hsdp(tables, delta=delta, deadline=t0 + HINT_TIME_SHARE * limit_s)
         hint_s = time.perf_counter() - t0
         if dp is not None:
             hint_stages, hint_obj = dp.stages, dp.objective_us
