@@ -189,6 +189,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     layer_min: dict = {}
     fitted_keys: set = set()
     pruned_early = 0
+    n_enumerated = 0
     for g in enumerate_globals(model, training, cluster, space, gpn):
         gkey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
         if settings.memory_prune and gkey in fitted_keys:
@@ -197,6 +198,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         options = stage_options(g, model, training, cluster, space, gpn)
         if not options:
             continue
+        n_enumerated += 1
         gs = builder.shape(g)
         for o in options:
             key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o)
@@ -285,7 +287,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         progress({"tried": total, "total": total, "solved": solved,
                   "best_s": cands[0].objective_s if cands else None, "config": "done"})
     if not cands:
-        raise _infeasible(cost, space, entries)
+        raise _infeasible(cost, space, n_enumerated)
 
     best = cands[: settings.top_k]
     costs = [cost.evaluate(c.plan) for c in best]
@@ -326,13 +328,13 @@ def _option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
                        free_bytes=free)
 
 
-def _infeasible(cost: CostModel, space: SearchSpace, entries) -> InfeasibleError:
+def _infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -> InfeasibleError:
     """Explain why nothing fits: the least memory any stage needs under the most recompute."""
     from planner.schemas.plan import Recompute
 
     model = cost.model
     budget = cost.cluster.gpus_by_type()
-    if not entries:
+    if not n_enumerated:
         return InfeasibleError(
             f"no parallel configuration of {model.name} satisfies Megatron's rules on {cost.cluster.describe()}",
             ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],

@@ -1,0 +1,181 @@
+"""Search: HS-DP against a brute-force oracle, the driver end to end, bounds, and the plan checker.
+
+The oracle (solver_models/brute.py) enumerates every option sequence and layer split over the same
+integer tables; a second oracle prices every plan with the float evaluator directly, so the tables
+themselves are checked against the cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from planner.checker import plan_problems
+from planner.cost.model import CostModel
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.resolve import resolve_run
+from planner.profile_tables import ProfileSet
+from planner.schemas.plan import Plan, StagePlan
+from planner.search.driver import SearchSettings, search
+from planner.search.space import SearchSpace, enumerate_globals, stage_options
+from solver_models.brute import solve_brute
+from solver_models.hsdp import solve_hsdp
+from solver_models.tables import TableBuilder
+
+PROFILES = ProfileSet.load()
+
+# (model preset, layers kept, cluster, global batch)
+SCENARIOS = [
+    ("llama2-7b", 6, "A100:8,910B:8", 32),
+    ("mixtral-s", 8, "H800:8,MI300X:8", 32),
+    ("mixtral-s", 6, "H800:8,MI300X:8,910B:8", 48),
+    ("qwen3-30b-a3b", 6, "H100:16", 32),
+    ("llama2-7b", 8, "A100:16,910B:16", 64),
+]
+SMALL_SPACE = SearchSpace(tp=(1, 2, 4, 8), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp=4)
+
+
+def _setup(preset: str, layers: int, cluster: str, gbs: int):
+    cl = parse_cluster(cluster, PROFILES)
+    run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
+    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": None})
+    return CostModel(model, run.training, cl, PROFILES)
+
+
+def _globals(cm: CostModel, space: SearchSpace):
+    gpn = {h: cm.gpus_per_node(h) for h in cm.cluster.gpus_by_type()}
+    for g in enumerate_globals(cm.model, cm.training, cm.cluster, space, gpn):
+        opts = stage_options(g, cm.model, cm.training, cm.cluster, space, gpn)
+        if opts:
+            yield g, opts
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[f"{s[0]}-{s[2]}" for s in SCENARIOS])
+def test_hsdp_equals_brute_force_per_configuration(scenario):
+    """Without pruning, HS-DP's optimum equals brute force on every sampled global configuration."""
+    cm = _setup(*scenario)
+    tb = TableBuilder(cm)
+    checked = 0
+    for g, opts in itertools.islice(_globals(cm, SMALL_SPACE), 0, None, 7):
+        if g.pp > 3:
+            continue
+        t = tb.build(g, opts)
+        brute = solve_brute(t)
+        dp = solve_hsdp(t, delta=None)
+        assert (brute is None) == (dp is None), g.label()
+        if brute is not None:
+            assert dp.objective_us == brute.objective_us, g.label()
+            checked += 1
+        if checked >= 12:
+            break
+    assert checked >= 3
+
+
+def _float_objective(cm: CostModel, g, t, stages) -> float:
+    plan = Plan(runtime=g.runtime, tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, vpp=g.vpp, mbs=g.mbs,
+                gbs=cm.training.global_batch_size, sequence_parallel=g.tp > 1,
+                stages=tuple(StagePlan(device_type=t.options[o].device_type, num_layers=n, dp=t.options[o].dp,
+                                       recompute=t.options[o].recompute) for o, _, n in stages))
+    return cm.evaluate(plan).iteration_time_s
+
+
+def test_tables_price_plans_like_the_evaluator():
+    """The integer tables' objective of a plan equals the float evaluator's iteration time (to rounding)."""
+    cm = _setup("mixtral-s", 8, "H800:8,MI300X:8,910B:8", 48)
+    tb = TableBuilder(cm)
+    seen = 0
+    for g, opts in itertools.islice(_globals(cm, SMALL_SPACE), 0, None, 5):
+        t = tb.build(g, opts)
+        sol = solve_brute(t)
+        if sol is None:
+            continue
+        table_s = sol.objective_us * 1e-6 / g.vpp
+        assert table_s == pytest.approx(_float_objective(cm, g, t, sol.stages), rel=1e-5, abs=1e-5)
+        seen += 1
+        if seen >= 8:
+            break
+    assert seen >= 3
+
+
+def test_lower_bounds_never_exceed_the_optimum():
+    """The driver's cheap and tight bounds are below each configuration's exact optimum."""
+    from planner.search.driver import _lower_bound_s, _option_bound
+
+    cm = _setup("llama2-7b", 6, "A100:8,910B:8", 32)
+    tb = TableBuilder(cm)
+    budget = cm.cluster.gpus_by_type()
+    checked = 0
+    for g, opts in itertools.islice(_globals(cm, SMALL_SPACE), 0, None, 3):
+        t = tb.build(g, opts)
+        sol = solve_hsdp(t, delta=None)
+        gs = tb.shape(g)
+        obs = {o: _option_bound(cm, gs, o) for o in opts}
+        inflight = [cm.inflight_microbatches(gs, i) for i in range(g.pp)]
+        lb = _lower_bound_s(obs, g, opts, budget, cm.model.num_layers, gs.num_microbatches, inflight, tight=True)
+        if sol is None:
+            continue
+        assert lb <= sol.objective_us * 1e-6 / g.vpp + 1e-6, g.label()
+        checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS[:3], ids=[f"{s[0]}-{s[2]}" for s in SCENARIOS[:3]])
+def test_search_without_pruning_equals_brute_force_search(scenario):
+    """The whole search (every configuration) with HS-DP equals the same search with brute force,
+    and is reported as certified optimal; with pruning on, the gap to that optimum is printed."""
+    cm = _setup(*scenario)
+    exact = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp", delta=None, memory_prune=False))
+    oracle = search(cm, SMALL_SPACE, SearchSettings(backend="brute", delta=None, memory_prune=False))
+    assert exact.best[0].objective_s == pytest.approx(oracle.best[0].objective_s, rel=1e-9)
+    assert exact.certified_optimal
+    pruned = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp", delta=0.2, memory_prune=True))
+    gap = pruned.best[0].objective_s / exact.best[0].objective_s - 1
+    print(f"{scenario[0]} on {scenario[2]}: optimum {exact.best[0].objective_s:.4f} s, pruned "
+          f"{pruned.best[0].objective_s:.4f} s, gap {gap * 100:.2f}%")
+    assert gap >= -1e-9  # pruning can only lose
+
+
+def test_returned_plans_pass_the_checker():
+    """Every plan the search returns covers the layers once, fits, and keeps every rule."""
+    for scenario in SCENARIOS:
+        cm = _setup(*scenario)
+        res = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp", top_k=3))
+        for cand in res.best:
+            problems, cost = plan_problems(cm, cand.plan)
+            assert problems == [], problems
+            # tables round each stage to 1 us and t_max counts m-1 times: allow that, no more
+            m = cand.plan.num_microbatches * cand.plan.vpp
+            assert cost.iteration_time_s == pytest.approx(cand.objective_s, abs=1e-6 * (m + cand.plan.pp + 2))
+
+
+def test_checker_catches_broken_plans():
+    """The checker reports a plan with missing layers, too many GPUs, and one that does not fit."""
+    cm = _setup("llama2-7b", 6, "A100:8,910B:8", 32)
+    ok = Plan(tp=2, gbs=32, mbs=1, stages=(StagePlan(device_type="A100", num_layers=3, dp=4),
+                                          StagePlan(device_type="910B", num_layers=3, dp=4)))
+    assert plan_problems(cm, ok)[0] == []
+    short = ok.model_copy(update={"stages": (StagePlan(device_type="A100", num_layers=2, dp=4),
+                                              StagePlan(device_type="910B", num_layers=3, dp=4))})
+    assert any("decoder layers" in p for p in plan_problems(cm, short)[0])
+    greedy = ok.model_copy(update={"stages": (StagePlan(device_type="A100", num_layers=3, dp=8),
+                                               StagePlan(device_type="910B", num_layers=3, dp=8))})
+    assert any("GPUs" in p for p in plan_problems(cm, greedy)[0])
+    big = _setup("llama2-70b", 80, "A100:8", 8)
+    huge = Plan(tp=1, gbs=8, mbs=1, stages=(StagePlan(device_type="A100", num_layers=80, dp=1),))
+    assert any("needs" in p for p in plan_problems(big, huge)[0])
+
+
+def test_infeasible_request_says_why():
+    """A model that fits nowhere gets an InfeasibleError naming the stage, the shortfall and remedies."""
+    from planner.errors import InfeasibleError
+
+    cl = parse_cluster("V100:2", PROFILES)
+    run = resolve_run(model="llama2-70b", world_size=2, overrides={"gbs": 8})
+    cm = CostModel(run.model.model_copy(update={}), run.training.model_copy(update={"precision": "fp16"}), cl,
+                   PROFILES)
+    with pytest.raises(InfeasibleError) as err:
+        search(cm, SearchSpace(), SearchSettings(backend="hsdp"))
+    text = str(err.value)
+    assert "GiB" in text and "short" in text and "more GPUs" in text
