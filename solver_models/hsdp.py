@@ -13,7 +13,7 @@ every cap in [a, c].  Caps are explored by interval bisection with the lower bou
 (m*v-1)*c_lo + G(c_hi); the candidate caps are every value a stage time can take, so the search is
 exact.
 
-Pruning (switchable): load balance, n_i within [(1-delta), (1+delta)] x w_i x N with w_i the stage's
+Pruning (switchable; with it on, each DP state keeps one label instead of the Pareto set): load balance, n_i within [(1-delta), (1+delta)] x w_i x N with w_i the stage's
 share of the cluster's profiled compute (per-layer speed of its option x its GPUs); memory (the
 least recompute that fits) is applied when options are generated (planner/search).
 """
@@ -80,7 +80,8 @@ def _balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:
 
 
 def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, max_states: int = 10**9,
-        deadline: float = math.inf, prune_above: float = math.inf) -> tuple[int, _Label, int] | None:
+        deadline: float = math.inf, prune_above: float = math.inf, pareto: bool = True
+        ) -> tuple[int, _Label, int] | None:
     """Min over plans with every stage time <= cap of (sum + v*max sync); returns
     (value, final label, actual max stage time) or None when nothing fits under the cap."""
     stats.dp_calls += 1
@@ -88,7 +89,9 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     v = t.g.vpp
     first_ok = [o for o in range(O) if t.options[o].dp == t.g.dp0]
     n_types = len(t.types)
-    core, sync, p2p, fits = t.as_lists()
+    core, sync, p2p, fits, fits_raw = t.as_lists()
+    if fits_raw is None:
+        fits_raw = fits
     min_layer = int(t.min_layer_us.min())
     option_type = t.option_type.tolist()
     option_gpus = t.option_gpus.tolist()
@@ -127,6 +130,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                 n_lo, n_hi = max(n_lo, windows[oc, 0]), min(n_hi, windows[oc, 1])
             row = core[oc][pos][ell]
             fit_row = fits[oc][i][ell]
+            raw_row = fits_raw[oc][i][ell]
             next_opts: list[tuple[int, int, tuple]] = []
             if not last:
                 cur_ty = option_type[oc]
@@ -156,8 +160,10 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                 c = row[n]
                 if c >= INF_US or c + in_link + min_out > cap:
                     break  # stage time grows with n
-                if not fit_row[n]:
+                if not raw_row[n]:
                     break  # memory grows with n
+                if not fit_row[n]:
+                    continue  # memory pruning: a lesser recompute fits here
                 s_i = sync[oc][pos][ell][n]
                 if last:
                     tt = c + in_link
@@ -178,7 +184,10 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                             continue  # cannot beat the best plan known
                         if bucket is None:
                             bucket = nxt.setdefault(key, [])
-                        _add_pareto(bucket, _Label(new_sum, new_sync, lab, (oc, ell, n)))
+                        if pareto:
+                            _add_pareto(bucket, _Label(new_sum, new_sync, lab, (oc, ell, n)))
+                        elif not bucket or new_sum + v * new_sync < bucket[0].sum_us + v * bucket[0].sync_us:
+                            bucket[:] = [_Label(new_sum, new_sync, lab, (oc, ell, n))]
         if last:
             break
         states = nxt
@@ -238,12 +247,18 @@ def candidate_caps(t: StageTables) -> np.ndarray:
 def solve_hsdp(
     t: StageTables, *, delta: float | None = None, upper_bound_us: int | None = None,
     stats: DPStats | None = None, max_states: int = 2_000_000, deadline: float = math.inf,
+    exact_sync: bool | None = None,
 ) -> DPSolution | None:
     """Best plan for G under the tables (None if nothing fits, or nothing beats upper_bound_us).
 
     If `max_states` DP states or the `deadline` (time.perf_counter() value) is reached, the best
     plan found so far is returned and `stats.complete` is False: the result is then not proven."""
     stats = stats if stats is not None else DPStats()
+    if exact_sync is None:
+        # Pareto labels (sum, max sync) make the DP exact; with pruning on, one label per state
+        # (least sum + v*sync) is kept instead: much faster, and exact whenever sync ties do not
+        # decide the plan
+        exact_sync = delta is None and not t.memory_prune
     windows = _balance_windows(t, delta)
     caps = candidate_caps(t)
     if caps.size == 0:
@@ -269,7 +284,7 @@ def solve_hsdp(
             continue
         try:
             res = _dp(t, int(caps[hi]), windows, stats, max_states=max_states, deadline=deadline,
-                      prune_above=best_obj - mv1 * int(caps[lo]))
+                      prune_above=best_obj - mv1 * int(caps[lo]), pareto=exact_sync)
         except _Budget:
             stats.complete = False
             break

@@ -55,6 +55,7 @@ class StageTables:
     budget: np.ndarray  # int [num types]  GPUs available per type
     min_layer_us: np.ndarray  # int [O]  least per-layer time of option o (for bounds)
     contiguous_types: bool = True  # rule: each device type's stages form one contiguous block
+    memory_prune: bool = False  # paper's pruning 2: a stage takes the least recompute that fits
 
     def type_sequence_ok(self, opts: list[int] | tuple[int, ...]) -> bool:
         """The contiguity rule on a full option sequence (each type appears in one block)."""
@@ -82,13 +83,37 @@ class StageTables:
         return bool(self.fits_table[o, i, start, n])
 
     @property
-    def fits_table(self) -> np.ndarray:
-        """bool [O, PP, N+1, N+1]: stage i on option o holding [start, start+n) fits in memory."""
-        ft = getattr(self, "_fits", None)
+    def fits_raw_table(self) -> np.ndarray:
+        """bool [O, PP, N+1, N+1]: stage i on option o holding [start, start+n) fits in memory
+        (monotone: once a range does not fit, longer ones do not either)."""
+        ft = getattr(self, "_fits_raw", None)
         if ft is None:
             pos = np.array([position(i, self.pp) for i in range(self.pp)])
             need = self.static_bytes[:, pos] + self.inflight[None, :, None, None] * self.act_bytes[:, pos]
             ft = need <= self.capacity_bytes[:, None, None, None]
+            self._fits_raw = ft
+        return ft
+
+    @property
+    def fits_table(self) -> np.ndarray:
+        """bool [O, PP, N+1, N+1]: the cells a stage may use.  With memory pruning an option is
+        allowed only where no option of the same device type and DP with less recompute fits
+        (options of one (type, DP) are listed in recompute-ladder order)."""
+        ft = getattr(self, "_fits", None)
+        if ft is None:
+            ft = self.fits_raw_table
+            if self.memory_prune:
+                ft = ft.copy()
+                seen: dict[tuple, np.ndarray] = {}
+                for o, opt in enumerate(self.options):
+                    key = (opt.device_type, opt.dp)
+                    lesser = seen.get(key)
+                    raw = self.fits_raw_table[o]
+                    if lesser is not None:
+                        ft[o] = raw & ~lesser
+                        seen[key] = lesser | raw
+                    else:
+                        seen[key] = raw.copy()
             self._fits = ft
         return ft
 
@@ -97,7 +122,8 @@ class StageTables:
         lists much faster than numpy scalars."""
         cached = getattr(self, "_lists", None)
         if cached is None:
-            cached = (self.core_us.tolist(), self.sync_us.tolist(), self.p2p_us.tolist(), self.fits_table.tolist())
+            cached = (self.core_us.tolist(), self.sync_us.tolist(), self.p2p_us.tolist(), self.fits_table.tolist(),
+                      self.fits_raw_table.tolist() if self.memory_prune else None)
             self._lists = cached
         return cached
 

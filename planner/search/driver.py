@@ -257,6 +257,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             continue
         idx += 1
         tables = builder.build(g, options)
+        tables.memory_prune = settings.memory_prune and g.runtime == "flagscale"
         ub_us = int(kth * g.vpp / 1e-6) if math.isfinite(kth) else None
         sol = backend.solve(tables, delta=settings.delta, upper_bound_us=ub_us, settings=settings)
         solved += 1

@@ -66,6 +66,8 @@ class SearchSpace:
     vpp: tuple[int, ...] = (1, 2)
     max_pp: int | None = None
     recompute: tuple[Recompute, ...] = field(default_factory=lambda: RECOMPUTE_LADDER)
+    # flagscale: the per-stage recompute choices (a shorter ladder keeps the per-stage options few)
+    stage_recompute: tuple[Recompute, ...] = field(default_factory=lambda: STAGE_RECOMPUTE_LADDER)
     min_seq_per_cp: int = 2048  # CP only pays off for long sequences
 
     def with_(self, **kw) -> "SearchSpace":
@@ -82,6 +84,13 @@ RECOMPUTE_LADDER: tuple[Recompute, ...] = (
     Recompute.full("block", 1),
     Recompute.full("block", 2),
     Recompute.full("block", 4),
+    Recompute.full("uniform", 1),
+)
+
+
+STAGE_RECOMPUTE_LADDER: tuple[Recompute, ...] = (
+    Recompute.none(),
+    Recompute.selective(("core_attn", "layernorm", "moe_act")),
     Recompute.full("uniform", 1),
 )
 
@@ -181,6 +190,6 @@ def stage_options(
                 continue  # FlagScale: (DP0*mbs) % DP_i == 0
             if (g.tp * g.cp * dp) % (g.etp * g.ep):
                 continue
-            for rc in recompute_ladder(model, space.recompute):
+            for rc in recompute_ladder(model, space.stage_recompute):
                 out.append(StageOption(h, dp, rc))
     return out
