@@ -46,6 +46,8 @@ class Candidate:
     backend: str
     status: str  # OPTIMAL | FEASIBLE
     bound_s: float  # lower bound on this G's optimum
+    options: list = field(default_factory=list)
+    stages: list = field(default_factory=list)  # solver's (option, start, n)
 
 
 @dataclass
@@ -180,7 +182,10 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     budget = cluster.gpus_by_type()
     gpn = {h: cost.gpus_per_node(h) for h in budget}
     builder = TableBuilder(cost)
-    backend = get_backend(settings.backend)
+    # cpsat: HS-DP screens every configuration, then CP-SAT proves the best few (hinted with the
+    # DP's plan); CP-SAT on every configuration left many unproven on the prototype (issue 3)
+    screening = "hsdp" if settings.backend == "cpsat" else settings.backend
+    backend = get_backend(screening)
     notes: list[str] = []
 
     # 1. enumerate + bound
@@ -271,8 +276,8 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             all_exact = False
         plan = plan_from_solution(g, tables, sol.stages, training.global_batch_size)
         cands.append(Candidate(g=g, objective_s=from_us(sol.objective_us) / g.vpp, plan=plan,
-                               backend=settings.backend, status=sol.status,
-                               bound_s=from_us(sol.bound_us) / g.vpp))
+                               backend=screening, status=sol.status,
+                               bound_s=from_us(sol.bound_us) / g.vpp, options=options, stages=sol.stages))
         cands.sort(key=lambda c: c.objective_s)
         del cands[settings.top_k * 4:]
         now = time.perf_counter()
@@ -290,18 +295,64 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     if not cands:
         raise _infeasible(cost, space, n_enumerated)
 
-    best = cands[: settings.top_k]
-    costs = [cost.evaluate(c.plan) for c in best]
     pruning = settings.delta is not None or settings.memory_prune
     certified = all_exact and not pruning and not any("time limit" in n for n in notes)
-    lower = best[0].bound_s
     status = "OPTIMAL" if certified else "FEASIBLE"
+    lower = cands[0].bound_s
+    if settings.backend == "cpsat":
+        status, lower = _prove_with_cpsat(builder, cands, settings, notes, training.global_batch_size)
+        certified = certified and status == "OPTIMAL"
+    best = cands[: settings.top_k]
+    costs = [cost.evaluate(c.plan) for c in best]
     return SearchResult(
         best=best, costs=costs, configs_total=total, configs_solved=solved, configs_bounded=bounded,
         configs_infeasible=infeasible, configs_pruned_memory=pruned_mem, lower_bound_s=lower,
         certified_optimal=certified, search_time_s=time.perf_counter() - t0, backend=settings.backend,
         status=status, notes=notes,
     )
+
+
+def _prove_with_cpsat(builder: TableBuilder, cands: list[Candidate], settings: SearchSettings, notes: list[str],
+                      gbs: int) -> tuple[str, float]:
+    """CP-SAT on the best few configurations, hinted with HS-DP's plans.  Updates the candidates in
+    place (CP-SAT may improve a plan when HS-DP ran out of budget) and returns (status of the best
+    configuration, lower bound): the bound is the least of CP-SAT's best bounds on the proven
+    configurations and the screened objectives of the others (each exact for its configuration)."""
+    from solver_models.cpsat import solve_cpsat
+
+    seen: set = set()
+    proven: list[Candidate] = []
+    for c in list(cands):
+        if len(proven) >= settings.cpsat_top_configs:
+            break
+        if c.g in seen:
+            continue
+        seen.add(c.g)
+        tables = builder.build(c.g, c.options)
+        tables.memory_prune = settings.memory_prune and c.g.runtime == "flagscale"
+        remaining = (settings.deadline or math.inf) - time.perf_counter()
+        if remaining <= 0.5:
+            notes.append("no time left for CP-SAT; reporting HS-DP's result")
+            break
+        sol = solve_cpsat(tables, delta=settings.delta, upper_bound_us=None, settings=settings,
+                          hint_stages=c.stages)
+        if sol is None or not sol.stages:
+            continue
+        obj_s = from_us(sol.objective_us) / c.g.vpp
+        c.bound_s = from_us(sol.bound_us) / c.g.vpp
+        c.status = sol.status
+        c.backend = "cpsat"
+        if obj_s < c.objective_s - 1e-9:
+            c.objective_s = obj_s
+            c.stages = sol.stages
+            c.plan = plan_from_solution(c.g, tables, sol.stages, gbs)
+        proven.append(c)
+    cands.sort(key=lambda c: c.objective_s)
+    if not proven:
+        return "FEASIBLE", cands[0].bound_s
+    best = cands[0]
+    lower = min([p.bound_s for p in proven] + [c.objective_s for c in cands if c not in proven])
+    return (best.status if best in proven else "FEASIBLE"), lower
 
 
 def _option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
