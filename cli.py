@@ -13,6 +13,7 @@ import click
 COMMAND_MODULES = [
     "planner.commands.solve",
     "planner.commands.estimate",
+    "planner.commands.compare",
     "planner.commands.profile",
     "planner.commands.calibrate",
     "planner.commands.emit",
