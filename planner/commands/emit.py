@@ -44,7 +44,7 @@ def resolve_emit_inputs(
     raw_plan = data.get("plan", data)
     inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
     try:
-        plan = Plan.model_validate(raw_plan)
+        plan = Plan.from_json(raw_plan) if isinstance(raw_plan, dict) else Plan.model_validate(raw_plan)
     except ValidationError as exc:
         raise PlannerInputError("--plan", f"not a plan: {format_validation_error(exc)}") from None
 

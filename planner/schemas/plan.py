@@ -8,7 +8,7 @@ in the README glossary: tp, cp, ep, etp (expert tensor parallel), dp, pp, vpp.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -105,6 +105,19 @@ class Plan(BaseModel):
         if not self.stages:
             raise ValueError("a plan needs at least one stage")
         return self
+
+    DERIVED_KEYS: ClassVar[tuple[str, ...]] = ("pp", "dp", "num_microbatches", "world_size")
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        """Read a plan as `solve` writes it: derived keys (pp, dp, world_size, ...) are ignored."""
+        clean = {k: v for k, v in data.items() if k not in cls.DERIVED_KEYS}
+        if isinstance(clean.get("stages"), list):
+            clean["stages"] = [
+                {k: v for k, v in st.items() if k != "recompute_label"} if isinstance(st, dict) else st
+                for st in clean["stages"]
+            ]
+        return cls.model_validate(clean)
 
     @property
     def pp(self) -> int:

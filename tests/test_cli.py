@@ -1,0 +1,129 @@
+"""The command line as users and scripts call it: help, JSON keys, exit codes, output files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cli import main
+
+RUNNER = CliRunner()
+SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]
+
+
+def run(args: list[str]):
+    return RUNNER.invoke(main, args, catch_exceptions=True)
+
+
+def test_every_command_has_help():
+    """`--help` works for the group and every command."""
+    res = run(["--help"])
+    assert res.exit_code == 0
+    for name in main.commands:
+        r = run([name, "--help"])
+        assert r.exit_code == 0, (name, r.output)
+        assert "Usage" in r.output
+
+
+def test_estimate_json_has_the_public_keys():
+    """estimate --json prints one object with the documented keys, per-stage entries included."""
+    res = run(["estimate", "--model", "mixtral-s", "--cluster", "H800:32", "--tp", "2", "--pp", "4", "--ep", "4",
+               "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    for key in ("iteration_time_s", "tflops_per_gpu", "mfu", "max_memory_gib", "fits", "world_size", "stages"):
+        assert key in d
+    assert d["world_size"] == 32
+    assert len(d["stages"]) == 4
+    for s in d["stages"]:
+        for key in ("device_type", "num_layers", "time_s", "memory_gib"):
+            assert key in s
+    assert sum(s["num_layers"] for s in d["stages"]) == 32
+
+
+def test_estimate_reports_overflow_instead_of_failing():
+    """A configuration that does not fit still gets its estimate, with fits false and the short stage."""
+    res = run(["estimate", "--model", "mixtral-l", "--cluster", "H800:8", "--tp", "1", "--pp", "1", "--ep", "1",
+               "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["fits"] is False
+    assert d["overflow"]["short_gib"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["estimate", "--model", "nosuchmodel", "--cluster", "H800:8"], "model"),
+        (["estimate", "--model", "mixtral-s", "--cluster", "XPU:8"], "XPU"),
+        (["estimate", "--model", "mixtral-s", "--cluster", "H800:8", "--tp", "3"], "tensor"),
+        (["estimate", "--model", "mixtral-s", "--cluster", "H800:8", "--ep", "3"], "expert"),
+        (["estimate", "--model", "mixtral-s", "--cluster", "H800:8", "--pp", "3"], "3"),
+        (["estimate", "--megatron-args", "--num-layers abc --hidden-size 64", "--cluster", "H800:8"], "--num-layers"),
+        (["solve", "--model", "mixtral-s", "--cluster", "H800:8", "--gbs", "0"], "gbs"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_and_no_traceback(args, field):
+    """Bad input: exit status 2, one clear message naming the field, no traceback."""
+    res = run(args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert field.lower() in res.output.lower()
+
+
+def test_solve_json_and_out_dir(tmp_path):
+    """solve --json has the public keys; --out writes plan.json, summary.md and a launcher that emit
+    regenerates identically from plan.json."""
+    out = tmp_path / "plan"
+    res = RUNNER.invoke(main, ["solve", *SMALL, "--backend", "hsdp", "--json", "--quiet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    for key in ("status", "iteration_time_s", "tflops_per_gpu", "mfu", "search_time_s", "lower_bound_s",
+                "world_size", "plan"):
+        assert key in d
+    assert d["status"] in ("OPTIMAL", "FEASIBLE")
+    assert sum(s["num_layers"] for s in d["plan"]["stages"]) == 32
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["world_size"] == d["world_size"]
+    assert (out / "summary.md").read_text().startswith("# Plan")
+    args_txt = (out / "launch" / "megatron_args.txt").read_text()
+    assert "--expert-model-parallel-size" in args_txt
+    again = tmp_path / "again"
+    r2 = run(["emit", "--plan", str(out / "plan.json"), "--out", str(again)])
+    assert r2.exit_code == 0, r2.output
+    assert (again / "megatron_args.txt").read_text() == args_txt
+
+
+def test_solve_cpsat_reports_bound_and_gap():
+    """The default backend reports CP-SAT's status, a lower bound no higher than the plan, and a gap."""
+    res = RUNNER.invoke(main, ["solve", *SMALL, "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["backend"] == "cpsat"
+    assert d["lower_bound_s"] <= d["solver_objective_s"] * (1 + 1e-9)
+    assert 0 <= d["gap"] < 1
+
+
+def test_infeasible_solve_exits_2_and_says_why(tmp_path):
+    """A model that fits nowhere: exit 2, the stage, the shortfall, remedies, and no output written."""
+    out = tmp_path / "nothing"
+    res = run(["solve", "--model", "deepseek-v3", "--cluster", "H800:8", "--quiet", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "GiB" in res.output and "short" in res.output
+    assert not out.exists()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.integers(0, 9), pp=st.integers(0, 9), ep=st.integers(0, 9), mbs=st.integers(0, 5),
+       gbs=st.integers(0, 300))
+def test_estimate_never_crashes_on_random_degrees(tp, pp, ep, mbs, gbs):
+    """Random valid and invalid degrees: estimate answers (exit 0) or refuses cleanly (exit 2)."""
+    res = run(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", str(tp), "--pp", str(pp),
+               "--ep", str(ep), "--mbs", str(mbs), "--gbs", str(gbs), "--json"])
+    assert res.exit_code in (0, 2), res.output
+    assert "Traceback" not in res.output
+    if res.exit_code == 0:
+        assert json.loads(res.output)["iteration_time_s"] > 0
