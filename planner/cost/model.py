@@ -296,19 +296,14 @@ class CostModel:
         return hit
 
     def _links_uncached(self, device_type: str):
-        dev = self.device(device_type)
-        intra, inter = dev.intra_node, dev.inter_node
+        """(intra-node link, inter-node link, GPUs per node) of a type, with the cluster's overrides."""
         try:
             group = self.cluster.group_of(device_type)
         except KeyError:
-            group = None
-        gpn = dev.gpus_per_node
-        if group is not None:
-            gpn = group.gpus_per_node
-            if group.intra_node_bandwidth_gb_per_s:
-                intra = intra.model_copy(update={"bandwidth_gb_per_s": group.intra_node_bandwidth_gb_per_s})
-            if group.inter_node_bandwidth_gb_per_s:
-                inter = inter.model_copy(update={"bandwidth_gb_per_s": group.inter_node_bandwidth_gb_per_s})
+            dev = self.device(device_type)
+            return dev.intra_node, dev.inter_node, dev.gpus_per_node
+        intra, inter = self.profiles.group_links(group)
+        gpn = group.gpus_per_node
         return intra, inter, gpn
 
     def gpus_per_node(self, device_type: str) -> int:
