@@ -1,0 +1,196 @@
+"""HAPMoE itself (the planner's own search) and its ablation with non-uniform PP/DP switched off.
+
+HAPMoE: planner.api.solve with the HS-DP backend on the megatron runtime (per-stage device type and
+layer count) and on the flagscale runtime (per-stage DP and recompute too: the paper's non-uniform
+PP/DP); the faster plan wins.  Each search runs in a child process under a hard wall-clock limit, since
+a search's own time limit is only checked between configurations.
+
+Ablation ("non-uniform PP/DP disabled"): megatron runtime and every stage holding the same number of
+layers.  The search cannot be told "uniform layers", so without touching planner/search the ablation
+is the better of
+  (a) HAPMoE's megatron configuration with its layers re-split evenly (same degrees and device types,
+      the least recompute that then fits), and
+  (b) every configuration the search space enumerates (planner.search.space.enumerate_globals) whose
+      layers divide evenly over PP x VPP, evaluated with an even split, stage slots filled fastest
+      device type first, the least recompute that fits per configuration.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+
+from planner.baselines.common import (
+    PricedPlan, better, build_plan, cost_model, even_split, least_recompute, rule_problems, types_by_speed,
+)
+from planner.errors import InfeasibleError
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan
+
+HAPMOE_RUNTIMES = ("megatron", "flagscale")
+
+
+@dataclass(frozen=True)
+class SearchRun:
+    """One HAPMoE search: its plan (None: infeasible or out of time), wall time and why."""
+
+    runtime: str
+    plan: Plan | None
+    search_time_s: float
+    status: str  # ok | infeasible | timeout | error
+    detail: str = ""
+
+
+def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_s: float) -> None:
+    """Child-process body: run the search and send back (plan, detail)."""
+    from planner.api import make_space, solve
+    from planner.search.driver import SearchSettings
+
+    try:
+        out = solve(run, cluster, profiles, settings=SearchSettings(backend=backend, time_limit_s=time_limit_s),
+                    space=make_space(run, runtime))
+        conn.send(("ok", out.plans[0], "; ".join(out.result.notes)))
+    except InfeasibleError as exc:
+        conn.send(("infeasible", None, str(exc)))
+    except Exception as exc:  # reported, never hidden
+        conn.send(("error", None, f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def solve_with_limit(run: MegatronRun, cluster: ClusterSpec, profiles, *, runtime: str, backend: str = "hsdp",
+                     hard_limit_s: float = 60.0) -> SearchRun:
+    """planner.api.solve in a forked child, killed after `hard_limit_s` seconds of wall time (the
+    search's own soft limit is set a little lower)."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    t0 = time.perf_counter()
+    soft = max(0.5, 0.8 * hard_limit_s)
+    proc = ctx.Process(target=_child, args=(child, run, cluster, profiles, runtime, backend, soft), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        if parent.poll(hard_limit_s):
+            status, plan, detail = parent.recv()
+        else:
+            status, plan, detail = "timeout", None, f"no plan within {hard_limit_s:.0f} s"
+    except EOFError:
+        status, plan, detail = "error", None, "search process ended without a result"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    return SearchRun(runtime=runtime, plan=plan, search_time_s=time.perf_counter() - t0, status=status,
+                     detail=detail)
+
+
+def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
+                  time_limit_s: float = 60.0, runtimes: tuple[str, ...] = HAPMOE_RUNTIMES,
+                  runs_out: list[SearchRun] | None = None, **_ignored) -> PricedPlan | None:
+    """The faster of HAPMoE's megatron- and flagscale-runtime plans (each under `time_limit_s`)."""
+    cost = cost_model(run, cluster, profiles)
+    best: PricedPlan | None = None
+    for rt in runtimes:
+        sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=time_limit_s)
+        if runs_out is not None:
+            runs_out.append(sr)
+        if notes is not None:
+            notes.append(f"HAPMoE {rt}: {sr.status} in {sr.search_time_s:.1f} s" + (f" ({sr.detail})" if sr.detail else ""))
+        if sr.plan is not None:
+            pc = cost.evaluate(sr.plan)
+            if pc.fits:
+                best = better(best, PricedPlan(plan=sr.plan, cost=pc))
+    return best
+
+
+def plan_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, **kw) -> Plan | None:
+    """HAPMoE's plan (best of both runtimes), or None."""
+    priced = search_hapmoe(run, cluster, profiles, **kw)
+    return priced.plan if priced else None
+
+
+# --------------------------------------------------------------------------------------------
+# the ablation
+# --------------------------------------------------------------------------------------------
+
+
+def uniform_resplit(run: MegatronRun, cluster: ClusterSpec, profiles, plan: Plan) -> PricedPlan | None:
+    """(a) `plan`'s degrees and stage device types with an even layer split (Megatron's first/last
+    flags when PP does not divide the layers) and the least recompute that fits; megatron runtime."""
+    cost = cost_model(run, cluster, profiles)
+    layers = even_split(run.model.num_layers, plan.pp)
+    if layers is None:
+        return None
+    dp = plan.dp0  # a flagscale plan keeps stage 0's DP everywhere (uniform DP)
+    types = [s.device_type for s in plan.stages]
+    have = cluster.gpus_by_type()
+    use: dict[str, int] = {}
+    for h in types:
+        use[h] = use.get(h, 0) + plan.tp * plan.cp * dp
+    if any(n > have.get(h, 0) for h, n in use.items()):
+        return None
+    return least_recompute(cost, run, lambda rc: build_plan(tp=plan.tp, cp=plan.cp, ep=plan.ep, etp=plan.etp,
+                                                            mbs=plan.mbs, gbs=plan.gbs, dp=dp, types=types,
+                                                            layers=layers, recompute=rc, vpp=plan.vpp),
+                           [(h,) for h in types])
+
+
+def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles) -> PricedPlan | None:
+    """(b) the best even-split plan over every global configuration of the search space."""
+    from planner.search.space import SearchSpace, enumerate_globals
+
+    cost = cost_model(run, cluster, profiles)
+    model, training = run.model, run.training
+    budget = cluster.gpus_by_type()
+    gpn = {h: cost.gpus_per_node(h) for h in budget}
+    order = types_by_speed(cost)
+    best: PricedPlan | None = None
+    fitted: set = set()
+    for g in enumerate_globals(model, training, cluster, SearchSpace(runtime="megatron"), gpn):
+        key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
+        if key in fitted or model.num_layers % (g.pp * g.vpp):
+            continue
+        s = g.stage_gpus
+        types: list[str] = []
+        for h in order:
+            if g.tp <= gpn[h]:
+                types += [h] * (budget[h] // s)
+        if len(types) < g.pp:
+            continue
+        types = types[: g.pp]
+        plan = build_plan(tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, mbs=g.mbs, gbs=training.global_batch_size, dp=g.dp0,
+                          types=types, layers=[model.num_layers // g.pp] * g.pp, recompute=g.recompute, vpp=g.vpp)
+        if rule_problems(model, plan, run):
+            fitted.add(key)
+            continue
+        pc = cost.evaluate(plan)
+        if pc.fits:
+            fitted.add(key)  # more recompute of this configuration only costs time
+            best = better(best, PricedPlan(plan=plan, cost=pc))
+    return best
+
+
+def search_ablation(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
+                    hapmoe_plan: Plan | None = None, time_limit_s: float = 60.0, **_ignored) -> PricedPlan | None:
+    """HAPMoE with non-uniform PP/DP off: best of (a) the re-split HAPMoE megatron plan and (b) the
+    even-split enumeration (module docstring)."""
+    if hapmoe_plan is None or hapmoe_plan.runtime != "megatron":
+        sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=time_limit_s)
+        hapmoe_plan = sr.plan
+    a = uniform_resplit(run, cluster, profiles, hapmoe_plan) if hapmoe_plan is not None else None
+    b = uniform_enumeration(run, cluster, profiles)
+    best = better(a, b)
+    if notes is not None:
+        which = "none fits" if best is None else ("re-split of HAPMoE's megatron plan" if best is a else
+                                                 "even-split enumeration of the search space")
+        notes.append(f"ablation (uniform PP/DP): best of re-split and enumeration: {which}")
+    return best
+
+
+def plan_ablation(run: MegatronRun, cluster: ClusterSpec, profiles, **kw) -> Plan | None:
+    """HAPMoE with non-uniform PP/DP disabled (megatron runtime, even layer split), or None."""
+    priced = search_ablation(run, cluster, profiles, **kw)
+    return priced.plan if priced else None

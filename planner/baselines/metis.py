@@ -1,0 +1,56 @@
+"""Metis-style: heterogeneity-aware PP/DP/TP/CP placement with the MoE degrees fixed beforehand.
+
+Following the paper's adaptation: EP and ETP come from homogeneous profiling, i.e. the best plan on a
+cluster of the same size made only of the fastest device type; then the heterogeneous placement search
+(planner.api.solve, megatron runtime: per-stage device type and layer count, one DP) runs on the real
+cluster with SearchSpace(ep=(EP,), etp=(ETP,)).  Nothing else about MoE is taken into account beyond
+what the shared cost model prices.
+"""
+
+from __future__ import annotations
+
+from planner.baselines.common import PricedPlan, cost_model, homogeneous_cluster, types_by_speed
+from planner.errors import InfeasibleError
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan
+
+
+def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
+                 time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
+    """EP/ETP from a homogeneous fastest-type search, then placement search on the real cluster."""
+    from planner.api import make_space, solve
+    from planner.search.driver import SearchSettings
+
+    cost = cost_model(run, cluster, profiles)
+    space = make_space(run, "megatron")
+    fixed = ""
+    if run.model.is_moe:
+        fastest = types_by_speed(cost)[0]
+        homo = homogeneous_cluster(cluster, fastest, profiles)
+        try:
+            first = solve(run, homo, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
+                          space=space)
+        except InfeasibleError:
+            if notes is not None:
+                notes.append(f"Metis-style: no homogeneous {fastest} plan to take EP/ETP from")
+            return None
+        ep, etp = first.plans[0].ep, first.plans[0].etp
+        space = space.with_(ep=(ep,), etp=(etp,))
+        fixed = f"EP={ep} ETP={etp} from a homogeneous {fastest}:{cluster.world_size} search; "
+    try:
+        outcome = solve(run, cluster, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
+                        space=space)
+    except InfeasibleError:
+        if notes is not None:
+            notes.append(f"Metis-style: {fixed}no placement fits")
+        return None
+    if notes is not None:
+        notes.append(f"Metis-style: {fixed}heterogeneous placement searched on the real cluster")
+    return PricedPlan(plan=outcome.plans[0], cost=outcome.costs[0])
+
+
+def plan_metis(run: MegatronRun, cluster: ClusterSpec, profiles, **kw) -> Plan | None:
+    """Metis-style plan, or None."""
+    priced = search_metis(run, cluster, profiles, **kw)
+    return priced.plan if priced else None
