@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "planner.commands.profile",
     "planner.commands.calibrate",
     "planner.commands.emit",
+    "planner.commands.bench",
 ]
 
 

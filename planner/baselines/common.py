@@ -152,9 +152,33 @@ def rule_problems(model: ModelSpec, plan: Plan, run: MegatronRun) -> list[str]:
     return [f"{v.rule}: {v.message}" for v in check_plan(model, plan, run.training)]
 
 
+def mixed_cluster(cluster: ClusterSpec, profiles, mixed_types: set[str]) -> ClusterSpec:
+    """`cluster` with the inter-node bandwidth of every type in `mixed_types` capped at the slowest
+    cross-type link among them: a DP ring that spans device types runs at its slowest hop."""
+    types = sorted(mixed_types)
+    cross = [profiles.cross_link(a, b, cluster).bandwidth_gb_per_s for i, a in enumerate(types) for b in types[i + 1:]]
+    if not cross:
+        return cluster
+    cap = min(cross)
+    groups = []
+    for g in cluster.groups:
+        if g.device_type in mixed_types:
+            own = profiles.group_links(g)[1].bandwidth_gb_per_s
+            g = g.model_copy(update={"inter_node_bandwidth_gb_per_s": min(own, cap)})
+        groups.append(g)
+    return cluster.model_copy(update={"groups": tuple(groups)})
+
+
 def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -> PricedPlan | None:
-    """Price `plan` whose stage i spans the device types `members[i]`: a mixed stage takes its slowest
-    member type for time; every stage must fit on every member type.  None when memory overflows."""
+    """Price `plan` whose stage i spans the device types `members[i]`.  A mixed stage takes its slowest
+    member type for compute, its DP traffic crosses the slowest cross-type link (the cluster's inter-node
+    bandwidth of those types is capped at it, see mixed_cluster), and it must fit in memory on every
+    member type.  None when memory overflows."""
+    mixed = tuple(i for i, ms in enumerate(members) if len(ms) > 1)
+    if mixed:
+        mixed_types = {h for i in mixed for h in members[i]}
+        cost = CostModel(cost.model, cost.training, mixed_cluster(cost.cluster, cost.profiles, mixed_types),
+                         cost.profiles)
     speed = {h: layer_time_s(cost, h) for ms in members for h in ms}
     slow = [max(ms, key=lambda h: speed[h]) for ms in members]
     priced = plan.model_copy(update={"stages": tuple(s.model_copy(update={"device_type": slow[i]})
@@ -162,7 +186,6 @@ def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -
     pc = cost.evaluate(priced)
     if not pc.fits:
         return None
-    mixed = tuple(i for i, ms in enumerate(members) if len(ms) > 1)
     for h in {h for i in mixed for h in members[i]}:
         variant = priced.model_copy(update={"stages": tuple(
             s.model_copy(update={"device_type": h}) if (i in mixed and h in members[i]) else s
@@ -170,7 +193,8 @@ def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -
         vc = cost.evaluate(variant)
         if any(not vc.stages[i].fits for i in mixed if h in members[i]):
             return None
-    notes = (f"stages {list(mixed)} span several device types; priced as their slowest member",) if mixed else ()
+    notes = (f"stages {list(mixed)} span several device types; priced as their slowest member, DP over the "
+             "slowest cross-type link",) if mixed else ()
     return PricedPlan(plan=priced, cost=pc, mixed_stages=mixed, notes=notes)
 
 

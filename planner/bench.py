@@ -1,0 +1,566 @@
+"""The evaluation suite behind `cli.py bench` (paper section 5; DESIGN section 7).
+
+Scenarios like the paper's: dense LLaMA-2 7B/13B on 2x8 A100 + 2x8 910B; Mixtral-S and Mixtral-L on
+homogeneous H800, MI300X and 910B clusters (16 each), on each mix of two and on all three.  Every
+planner of planner.baselines runs on every scenario under the same cost model; the global batch size
+scales with the cluster (GBS_PER_GPU x GPUs), sequence length 4096, micro-batch searched.
+
+Metrics (all predicted by the cost model):
+* throughput_tflops_per_gpu: model FLOPs per iteration / (iteration time x the cluster's GPUs), so a
+  plan that leaves GPUs idle is charged for them (the paper's TFLOP/s/device of the cluster);
+* mfu: model FLOPs per iteration / (iteration time x the summed peak of the cluster's GPUs);
+* iteration_time_s, peak_memory_gib (the fullest GPU), search_time_s (wall time of the planner).
+With a fixed GBS per scenario, throughput and MFU ratios between planners are the inverse of their
+latency ratio.
+
+Library code: no printing; progress goes to a callback taking one line of text.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
+from planner.cost.model import CostModel
+
+GBS_PER_GPU = 16
+SEQ_LENGTH = 4096
+PAPER_TABLE2 = {"mixtral-s": {"throughput": 1.67, "latency": 0.56}, "mixtral-l": {"throughput": 1.78, "latency": 0.58}}
+SCALING_SIZES = (48, 96, 192, 384, 768, 1024)
+SCALING_TYPES = ("H800", "MI300X", "910B")
+SCALING_MODEL = "mixtral-l"
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One model on one cluster; `kind` is dense-hetero, moe-homo or moe-hetero."""
+
+    model: str
+    cluster: str
+    kind: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}@{self.cluster}"
+
+
+MOE_CLUSTERS_HOMO = ("h800-16", "mi300x-16", "910b-16")
+MOE_CLUSTERS_HETERO = ("h800-mi300x", "h800-910b", "mi300x-910b", "h800-mi300x-910b")
+
+SUITE: tuple[Scenario, ...] = (
+    tuple(Scenario(m, "a100-910b", "dense-hetero") for m in ("llama2-7b", "llama2-13b"))
+    + tuple(Scenario(m, c, "moe-homo") for m in ("mixtral-s", "mixtral-l") for c in MOE_CLUSTERS_HOMO)
+    + tuple(Scenario(m, c, "moe-hetero") for m in ("mixtral-s", "mixtral-l") for c in MOE_CLUSTERS_HETERO)
+)
+QUICK_SUITE: tuple[Scenario, ...] = (
+    Scenario("llama2-7b", "a100-910b", "dense-hetero"),
+    Scenario("mixtral-s", "h800-16", "moe-homo"),
+    Scenario("mixtral-s", "h800-910b", "moe-hetero"),
+)
+
+
+@dataclass
+class BenchSettings:
+    """How much time the searches get; `quick` shrinks the suite for tests."""
+
+    quick: bool = False
+    time_limit_s: float = 60.0  # per HAPMoE / baseline search (hard limit for HAPMoE's child processes)
+    flagscale_time_limit_s: float = 30.0  # HAPMoE's flagscale-runtime search (0: skip it)
+    scaling_time_limit_s: float = 60.0
+    scaling_sizes: tuple[int, ...] = SCALING_SIZES
+    planners: tuple[str, ...] = tuple(PLANNERS)
+    scenario_filter: str | None = None
+
+    @classmethod
+    def for_quick(cls) -> "BenchSettings":
+        return cls(quick=True, time_limit_s=15.0, flagscale_time_limit_s=0.0, scaling_time_limit_s=8.0,
+                   scaling_sizes=(48, 96))
+
+
+@dataclass
+class Row:
+    """One planner on one scenario (a line of results.csv)."""
+
+    scenario: str
+    kind: str
+    model: str
+    cluster: str
+    gpus: int
+    gbs: int
+    planner: str
+    status: str  # ok | none
+    throughput_tflops_per_gpu: float = float("nan")
+    mfu: float = float("nan")
+    iteration_time_s: float = float("nan")
+    peak_memory_gib: float = float("nan")
+    search_time_s: float = float("nan")
+    gpus_used: int = 0
+    plan: str = ""
+    notes: str = ""
+
+
+def plan_summary(plan) -> str:
+    """A one-line description of a plan: degrees, then device:layers(dp,recompute) per stage."""
+    head = (f"{plan.runtime} tp{plan.tp} cp{plan.cp} ep{plan.ep} etp{plan.etp} pp{plan.pp} vpp{plan.vpp} "
+            f"mbs{plan.mbs}")
+    stages = " ".join(f"{s.device_type}:{s.num_layers}(dp{s.dp},{s.recompute.label})" for s in plan.stages)
+    return f"{head} | {stages}"
+
+
+def resolve_scenario(sc: Scenario, profiles):
+    """(run, cluster) of a scenario: GBS = GBS_PER_GPU x GPUs, seq SEQ_LENGTH."""
+    from planner.inputs.cluster import parse_cluster
+    from planner.inputs.resolve import resolve_run
+
+    cluster = parse_cluster(sc.cluster, profiles)
+    run = resolve_run(model=sc.model, world_size=cluster.world_size,
+                      overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
+    return run, cluster
+
+
+def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult) -> Row:
+    """Price a planner's result on the scenario's whole cluster."""
+    row = Row(scenario=sc.name, kind=sc.kind, model=sc.model, cluster=sc.cluster, gpus=cluster.world_size,
+              gbs=run.training.global_batch_size, planner=res.name, status="none", search_time_s=res.search_time_s,
+              notes="; ".join(res.notes))
+    if res.priced is None:
+        return row
+    pc = res.priced.cost
+    cost = CostModel(run.model, run.training, cluster, profiles)
+    peak_total = sum(g.num_gpus * cost.device(g.device_type).peak_flop_per_s(run.training.precision)
+                     for g in cluster.groups)
+    row.status = "ok"
+    row.iteration_time_s = pc.iteration_time_s
+    row.throughput_tflops_per_gpu = pc.model_flop_per_iteration / (pc.iteration_time_s * 1e12 * cluster.world_size)
+    row.mfu = pc.model_flop_per_iteration / (pc.iteration_time_s * peak_total)
+    row.peak_memory_gib = pc.max_memory_gib
+    row.gpus_used = res.priced.plan.world_size
+    row.plan = plan_summary(res.priced.plan)
+    return row
+
+
+def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Progress | None = None,
+                 plans_out: dict | None = None) -> list[Row]:
+    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan)."""
+    run, cluster = resolve_scenario(sc, profiles)
+    names = [n for n in ("hapmoe",) + tuple(n for n in PLANNERS if n != "hapmoe") if n in settings.planners]
+    rows: list[Row] = []
+    hapmoe_megatron = None
+    for name in names:
+        opts: dict = {"time_limit_s": settings.time_limit_s}
+        if name == "hapmoe":
+            runtimes = ("megatron", "flagscale") if settings.flagscale_time_limit_s > 0 else ("megatron",)
+            runs: list = []
+            res = _run_hapmoe(run, cluster, profiles, settings, runtimes, runs)
+            hapmoe_megatron = next((r.plan for r in runs if r.runtime == "megatron"), None)
+        else:
+            if name == "ablation":
+                opts["hapmoe_plan"] = hapmoe_megatron
+            res = run_planner(name, run, cluster, profiles, **opts)
+        row = make_row(sc, run, cluster, profiles, res)
+        rows.append(row)
+        if plans_out is not None and res.priced is not None:
+            plans_out[(sc.name, name)] = res.priced
+        if progress:
+            what = (f"{row.throughput_tflops_per_gpu:.1f} TFLOP/s/GPU, {row.iteration_time_s:.2f} s/iter"
+                    if row.status == "ok" else "no plan")
+            progress(f"  {PLANNERS[name].label:28s} {what} ({row.search_time_s:.1f} s)")
+    return rows
+
+
+def _run_hapmoe(run, cluster, profiles, settings: BenchSettings, runtimes, runs: list) -> PlannerResult:
+    """HAPMoE on both runtimes, each under its own limit; the better plan."""
+    from planner.baselines.common import PricedPlan, better
+
+    cost = CostModel(run.model, run.training, cluster, profiles)
+    notes: list[str] = []
+    best = None
+    t0 = time.perf_counter()
+    for rt in runtimes:
+        limit = settings.time_limit_s if rt == "megatron" else settings.flagscale_time_limit_s
+        sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=limit)
+        runs.append(sr)
+        notes.append(f"{rt}: {sr.status} in {sr.search_time_s:.1f} s" + (f" ({sr.detail})" if sr.detail else ""))
+        if sr.plan is not None:
+            pc = cost.evaluate(sr.plan)
+            if pc.fits:
+                best = better(best, PricedPlan(plan=sr.plan, cost=pc))
+    if "flagscale" not in runtimes:
+        notes.append("flagscale runtime not searched (quick mode or --flagscale-time-limit 0)")
+    return PlannerResult(name="hapmoe", priced=best, search_time_s=time.perf_counter() - t0, notes=notes)
+
+
+def run_suite(profiles, settings: BenchSettings, progress: Progress | None = None,
+              plans_out: dict | None = None) -> list[Row]:
+    """Every scenario of the (quick) suite."""
+    suite = QUICK_SUITE if settings.quick else SUITE
+    if settings.scenario_filter:
+        suite = tuple(s for s in suite if settings.scenario_filter in s.name)
+    rows: list[Row] = []
+    for i, sc in enumerate(suite, 1):
+        if progress:
+            progress(f"[{i}/{len(suite)}] {sc.name} ({sc.kind})")
+        rows += run_scenario(sc, profiles, settings, progress, plans_out)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# summaries and tables
+# --------------------------------------------------------------------------------------------
+
+
+def _by(rows: list[Row]) -> dict[str, dict[str, Row]]:
+    out: dict[str, dict[str, Row]] = {}
+    for r in rows:
+        out.setdefault(r.scenario, {})[r.planner] = r
+    return out
+
+
+def _ok(r: Row | None) -> bool:
+    return r is not None and r.status == "ok"
+
+
+def summarize(rows: list[Row]) -> dict:
+    """summary.json: HAPMoE over MI (geometric mean over heterogeneous MoE scenarios, overall and per
+    model), HAPMoE over the best baseline (worst scenario), and every scenario where HAPMoE loses."""
+    by = _by(rows)
+    hetero = [s for s, d in by.items() if next(iter(d.values())).kind == "moe-hetero"]
+    speed = {s: by[s]["hapmoe"].throughput_tflops_per_gpu / by[s]["mi"].throughput_tflops_per_gpu
+             for s in hetero if _ok(by[s].get("hapmoe")) and _ok(by[s].get("mi"))}
+    per_model: dict[str, float] = {}
+    for model in sorted({by[s]["hapmoe"].model for s in speed}):
+        per_model[model] = geomean([v for s, v in speed.items() if by[s]["hapmoe"].model == model])
+    ratios: dict[str, dict] = {}
+    losses = []
+    for s, d in by.items():
+        h = d.get("hapmoe")
+        base = [d[n] for n in BASELINE_NAMES if _ok(d.get(n))]
+        if not _ok(h) or not base:
+            continue
+        best = max(base, key=lambda r: r.throughput_tflops_per_gpu)
+        ratio = h.throughput_tflops_per_gpu / best.throughput_tflops_per_gpu
+        ratios[s] = {"ratio": ratio, "best_baseline": best.planner}
+        if ratio < 1 - 1e-9:
+            losses.append({"scenario": s, "ratio": ratio, "baseline": best.planner, "baseline_plan": best.plan,
+                           "hapmoe_plan": h.plan, "why": explain_loss(h, best)})
+    worst = min(ratios.items(), key=lambda kv: kv[1]["ratio"]) if ratios else None
+    no_plan = sorted(f"{r.scenario}:{r.planner}" for r in rows if r.status != "ok")
+    return {
+        "geomean_speedup_vs_mi": geomean(list(speed.values())) if speed else None,
+        "geomean_speedup_vs_mi_by_model": per_model,
+        "speedup_vs_mi_by_scenario": speed,
+        "paper_table2_throughput_vs_mi": {m: v["throughput"] for m, v in PAPER_TABLE2.items()},
+        "min_ratio_vs_best_baseline": worst[1]["ratio"] if worst else None,
+        "min_ratio_scenario": worst[0] if worst else None,
+        "ratio_vs_best_baseline_by_scenario": ratios,
+        "hapmoe_slower_than_a_baseline": losses,
+        "no_plan": no_plan,
+        "metrics": "throughput and MFU over all GPUs of the cluster; predicted by the cost model",
+    }
+
+
+def explain_loss(h: Row, b: Row) -> str:
+    """Why HAPMoE's plan can be slower than a baseline's (both predicted by the one cost model)."""
+    reasons = []
+    if "mixed" in b.notes or "span several device types" in b.notes:
+        reasons.append("the baseline's plan has stages spanning device types (outside HAPMoE's space; "
+                       "priced as the slowest member, which may be optimistic)")
+    if "time limit" in h.notes or "timeout" in h.notes:
+        reasons.append("HAPMoE's search hit its time limit")
+    reasons.append("HAPMoE prunes with the load-balance window (delta=0.2) and the least-recompute rule, "
+                   "so plans outside the window (e.g. near-even splits) are not searched")
+    return "; ".join(reasons)
+
+
+TABLE2_PLANNERS = ("mi", "alpa", "metis", "hetermoe", "deepspeed", "hapmoe")
+
+
+def table2_markdown(rows: list[Row]) -> str:
+    """Paper Table 2: geometric means over the heterogeneous MoE scenarios, normalised to MI."""
+    by = _by(rows)
+    lines = ["# Table 2: geometric mean on heterogeneous MoE clusters, normalised to MI", "",
+             "Higher is better for throughput and MFU, lower for latency. Predicted by the cost model; "
+             "throughput/MFU over all GPUs of the cluster. n = scenarios where both MI and the planner have a plan.",
+             "", "| model | metric | " + " | ".join(PLANNERS[p].label for p in TABLE2_PLANNERS) + " | paper HAPMoE |",
+             "|---|---|" + "---|" * (len(TABLE2_PLANNERS) + 1)]
+    models = sorted({r.model for r in rows if r.kind == "moe-hetero"})
+    for model in models:
+        scen = [s for s, d in by.items() if any(r.kind == "moe-hetero" and r.model == model for r in d.values())]
+        for metric, attr, paper_key in (("throughput", "throughput_tflops_per_gpu", "throughput"),
+                                        ("MFU", "mfu", None), ("latency", "iteration_time_s", "latency")):
+            cells = []
+            for p in TABLE2_PLANNERS:
+                vals = [getattr(by[s][p], attr) / getattr(by[s]["mi"], attr)
+                        for s in scen if _ok(by[s].get(p)) and _ok(by[s].get("mi"))]
+                cells.append(f"{geomean(vals):.2f}x (n={len(vals)})" if vals else "n/a")
+            paper = PAPER_TABLE2.get(model, {}).get(paper_key) if paper_key else None
+            lines.append(f"| {model} | {metric} | " + " | ".join(cells) + f" | {paper if paper else '-'} |")
+    if not models:
+        lines.append("| (no heterogeneous MoE scenario in this run) |")
+    return "\n".join(lines) + "\n"
+
+
+def table3_markdown(rows: list[Row]) -> str:
+    """Paper Table 3: change ratios when non-uniform PP/DP is disabled (ablation / HAPMoE)."""
+    by = _by(rows)
+    lines = ["# Table 3: performance change ratio by disabling non-uniform PP/DP", "",
+             "Ablation (megatron runtime, every stage the same number of layers) over HAPMoE. "
+             "Throughput/MFU < 1 and latency > 1 mean the ablation is worse.", "",
+             "| scenario | kind | throughput | MFU | latency | HAPMoE plan | ablation plan |", "|---|---|---|---|---|---|---|"]
+    for s, d in by.items():
+        h, a = d.get("hapmoe"), d.get("ablation")
+        if not (_ok(h) and _ok(a)):
+            if h is not None and a is not None:
+                lines.append(f"| {s} | {h.kind} | n/a | n/a | n/a | {h.plan or 'none'} | {a.plan or 'none'} |")
+            continue
+        lines.append(f"| {s} | {h.kind} | {a.throughput_tflops_per_gpu / h.throughput_tflops_per_gpu:.2f} | "
+                     f"{a.mfu / h.mfu:.2f} | {a.iteration_time_s / h.iteration_time_s:.2f} | {h.plan} | {a.plan} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# search time against cluster size
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScalingRow:
+    gpus: int
+    cluster: str
+    status: str
+    search_time_s: float
+    iteration_time_s: float = float("nan")
+    throughput_tflops_per_gpu: float = float("nan")
+    detail: str = ""
+
+
+def three_type_cluster(total: int, types: tuple[str, ...] = SCALING_TYPES, node: int = 8) -> str:
+    """TYPE:COUNT shorthand splitting `total` GPUs over `types` in whole nodes, as evenly as possible."""
+    nodes = total // node
+    base, extra = divmod(nodes, len(types))
+    counts = [(base + (1 if i < extra else 0)) * node for i in range(len(types))]
+    return ",".join(f"{t}:{c}" for t, c in zip(types, counts) if c)
+
+
+def scaling_study(profiles, settings: BenchSettings, progress: Progress | None = None) -> list[ScalingRow]:
+    """HAPMoE (HS-DP, megatron runtime) search time on Mixtral-L over growing three-type clusters."""
+    from planner.inputs.cluster import parse_cluster
+    from planner.inputs.resolve import resolve_run
+
+    out = []
+    for n in settings.scaling_sizes:
+        spec = three_type_cluster(n)
+        cluster = parse_cluster(spec, profiles)
+        run = resolve_run(model=SCALING_MODEL, world_size=cluster.world_size,
+                          overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
+        sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=settings.scaling_time_limit_s)
+        row = ScalingRow(gpus=cluster.world_size, cluster=spec, status=sr.status, search_time_s=sr.search_time_s,
+                         detail=sr.detail)
+        if sr.plan is not None:
+            pc = CostModel(run.model, run.training, cluster, profiles).evaluate(sr.plan)
+            row.iteration_time_s = pc.iteration_time_s
+            row.throughput_tflops_per_gpu = pc.model_flop_per_iteration / (
+                pc.iteration_time_s * 1e12 * cluster.world_size)
+        out.append(row)
+        if progress:
+            progress(f"  scaling {cluster.world_size:5d} GPUs ({spec}): {row.status} in {row.search_time_s:.1f} s")
+    return out
+
+
+def scaling_markdown(rows: list[ScalingRow], limit_s: float) -> str:
+    lines = [f"# Search time against cluster size ({SCALING_MODEL}, HS-DP, megatron runtime, "
+             f"limit {limit_s:.0f} s per run)", "",
+             "| GPUs | cluster | status | search time (s) | iteration (s) | TFLOP/s/GPU | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.gpus} | {r.cluster} | {r.status} | {r.search_time_s:.1f} | {r.iteration_time_s:.2f} | "
+                     f"{r.throughput_tflops_per_gpu:.1f} | {r.detail} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# outputs
+# --------------------------------------------------------------------------------------------
+
+
+def write_csv(rows: list, path: Path) -> None:
+    """Dataclass rows -> CSV with a header."""
+    if not rows:
+        path.write_text("")
+        return
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(asdict(rows[0])))
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+
+
+def json_clean(x):
+    """Replace non-finite floats (nan, inf) by None, recursively, so the JSON is standard."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_clean(v) for v in x]
+    return x
+
+
+def plot_throughput(rows: list[Row], path: Path) -> None:
+    """Grouped bars: each planner's throughput over MI's, per scenario."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by = _by(rows)
+    scen = [s for s in by if _ok(by[s].get("mi"))]
+    planners = [p for p in TABLE2_PLANNERS if any(_ok(by[s].get(p)) for s in scen)]
+    fig = Figure(figsize=(max(8, 1.1 * len(scen)), 5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / max(len(planners), 1)
+    for k, p in enumerate(planners):
+        vals = [(by[s][p].throughput_tflops_per_gpu / by[s]["mi"].throughput_tflops_per_gpu)
+                if _ok(by[s].get(p)) else 0.0 for s in scen]
+        ax.bar([i + k * width for i in range(len(scen))], vals, width, label=PLANNERS[p].label)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scen))])
+    ax.set_xticklabels(scen, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("throughput / MI (predicted)")
+    ax.set_title("Throughput normalised to MI (0 = no plan)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def plot_ablation(rows: list[Row], path: Path) -> None:
+    """Bars: ablation latency over HAPMoE's, per scenario."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by = _by(rows)
+    scen = [s for s, d in by.items() if _ok(d.get("hapmoe")) and _ok(d.get("ablation"))]
+    fig = Figure(figsize=(max(6, 0.9 * len(scen)), 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.bar(range(len(scen)), [by[s]["ablation"].iteration_time_s / by[s]["hapmoe"].iteration_time_s for s in scen],
+           color="#C44E52")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(scen)))
+    ax.set_xticklabels(scen, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("latency, uniform PP/DP / HAPMoE")
+    ax.set_title("Disabling non-uniform PP/DP (Table 3)")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def plot_scaling(rows: list[ScalingRow], path: Path) -> None:
+    """Search time against cluster size (log-log); timeouts drawn as crosses at the limit."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ok = [r for r in rows if r.status == "ok"]
+    bad = [r for r in rows if r.status != "ok"]
+    ax.plot([r.gpus for r in ok], [r.search_time_s for r in ok], "o-", label="plan found")
+    if bad:
+        ax.plot([r.gpus for r in bad], [r.search_time_s for r in bad], "x", color="red", label="timeout / none")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs (H800 + MI300X + 910B)")
+    ax.set_ylabel("search time (s)")
+    ax.set_title(f"HAPMoE search time, {SCALING_MODEL}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def pipeline_inputs(pc) -> tuple[list[float], list[float], list[float]]:
+    """Per-stage forward/backward seconds without pipeline sends, and per-boundary send seconds, from a
+    PlanCost: the cost model charges stage i the sends on both its links (pp_comm_s, half to forward,
+    half to backward), so boundary b's send is stage 0's pp_comm_s, then stage b's minus boundary b-1's."""
+    p2p: list[float] = []
+    for i, st in enumerate(pc.stages[:-1]):
+        p2p.append(max(0.0, st.pp_comm_s - (p2p[i - 1] if i > 0 else 0.0)))
+    fwd = [st.forward_s - st.pp_comm_s / 2 for st in pc.stages]
+    bwd = [st.backward_s - st.pp_comm_s / 2 for st in pc.stages]
+    return fwd, bwd, p2p
+
+
+def plot_best_timeline(rows: list[Row], plans: dict, out_dir: Path) -> Path | None:
+    """Simulate HAPMoE's plan on the last heterogeneous MoE scenario (1F1B plans only) and draw the
+    pipeline timeline, titled with the simulated and the formula's pipeline time."""
+    from planner.simulate import plot_timeline, simulate_pipeline
+
+    cands = [r.scenario for r in rows if r.planner == "hapmoe" and r.kind == "moe-hetero"
+             and (r.scenario, "hapmoe") in plans and plans[(r.scenario, "hapmoe")].plan.vpp == 1]
+    if not cands:
+        return None
+    s = cands[-1]
+    pc = plans[(s, "hapmoe")].cost
+    fwd, bwd, p2p = pipeline_inputs(pc)
+    sim = simulate_pipeline(fwd, bwd, pc.num_microbatches, p2p_s=p2p)
+    return plot_timeline(sim, out_dir / "timeline_hapmoe.png",
+                         title=f"HAPMoE on {s}: simulated {sim.iteration_time_s:.2f} s, formula {pc.pipeline_s:.2f} s")
+
+
+def write_outputs(out_dir: Path, rows: list[Row], scaling: list[ScalingRow], settings: BenchSettings,
+                  profiles=None, wall_s: float = 0.0) -> dict:
+    """results.csv, scaling.csv, summary.json, table2.md, table3.md, search_time.md and PNG plots."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out_dir / "results.csv")
+    write_csv(scaling, out_dir / "scaling.csv")
+    summary = summarize(rows)
+    summary["search_time_by_gpus"] = {str(r.gpus): {"status": r.status, "search_time_s": r.search_time_s}
+                                      for r in scaling}
+    summary["settings"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(settings).items()}
+    summary["gbs_per_gpu"] = GBS_PER_GPU
+    summary["seq_length"] = SEQ_LENGTH
+    summary["bench_wall_s"] = wall_s
+    t2, t3 = table2_markdown(rows), table3_markdown(rows)
+    ts = scaling_markdown(scaling, settings.scaling_time_limit_s)
+    (out_dir / "table2.md").write_text(t2)
+    (out_dir / "table3.md").write_text(t3)
+    (out_dir / "search_time.md").write_text(ts)
+    (out_dir / "summary.json").write_text(json.dumps(json_clean(summary), indent=2, default=str))
+    plot_throughput(rows, out_dir / "throughput_vs_mi.png")
+    plot_ablation(rows, out_dir / "ablation.png")
+    if scaling:
+        plot_scaling(scaling, out_dir / "search_time.png")
+    return summary
+
+
+@dataclass
+class BenchReport:
+    rows: list[Row]
+    scaling: list[ScalingRow]
+    summary: dict
+    out_dir: Path
+    files: list[str] = field(default_factory=list)
+
+
+def run_bench(out_dir: Path, profiles, settings: BenchSettings, progress: Progress | None = None,
+              scaling: bool = True, timeline: bool = True) -> BenchReport:
+    """The whole bench: suite, scaling study, outputs."""
+    t0 = time.perf_counter()
+    plans: dict = {}
+    rows = run_suite(profiles, settings, progress, plans)
+    scal: list[ScalingRow] = []
+    if scaling and settings.scaling_sizes:
+        if progress:
+            progress("search time against cluster size")
+        scal = scaling_study(profiles, settings, progress)
+    summary = write_outputs(out_dir, rows, scal, settings, profiles, wall_s=time.perf_counter() - t0)
+    if timeline:
+        plot_best_timeline(rows, plans, Path(out_dir))
+    files = sorted(p.name for p in Path(out_dir).iterdir() if p.is_file())
+    return BenchReport(rows=rows, scaling=scal, summary=summary, out_dir=Path(out_dir), files=files)

@@ -1,0 +1,87 @@
+"""`cli.py bench`: HAPMoE against the baselines on the paper's scenario suite (all under the cost model)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from planner.cli_common import handle_errors
+
+
+@click.command("bench")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True,
+              help="directory for results.csv, summary.json, table2.md, table3.md, search_time.md and PNG plots")
+@click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, megatron runtime, 2 cluster sizes)")
+@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=1.0), default=None,
+              help="seconds per search (default 60; 15 with --quick)")
+@click.option("--flagscale-time-limit", "flagscale_time_limit_s", type=click.FloatRange(min=0.0), default=None,
+              help="seconds for HAPMoE's flagscale-runtime search, 0 to skip (default 30; 0 with --quick)")
+@click.option("--scaling-time-limit", "scaling_time_limit_s", type=click.FloatRange(min=1.0), default=None,
+              help="seconds per search of the cluster-size study (default 60; 8 with --quick)")
+@click.option("--scaling-sizes", default=None, metavar="N,N,...",
+              help="GPU counts of the search-time study (default 48,96,192,384,768,1024; '' to skip)")
+@click.option("--planners", default=None, metavar="NAME,...",
+              help="planners to run (default all: mi,alpa,metis,hetermoe,deepspeed,ablation,hapmoe)")
+@click.option("--scenario", "scenario_filter", default=None, help="run only scenarios whose name contains this")
+@click.option("--quiet", is_flag=True, help="no progress on stderr")
+@handle_errors
+def command(out_dir, quick, time_limit_s, flagscale_time_limit_s, scaling_time_limit_s, scaling_sizes, planners,
+            scenario_filter, quiet):
+    """Run every planner on the scenario suite and write the paper's comparisons.
+
+    \b
+    python cli.py bench --out bench-results
+    python cli.py bench --quick --out /tmp/bench
+    """
+    from planner.baselines import PLANNERS
+    from planner.bench import BenchSettings, run_bench
+    from planner.errors import PlannerInputError
+    from planner.profile_tables import ProfileSet
+
+    settings = BenchSettings.for_quick() if quick else BenchSettings()
+    if time_limit_s is not None:
+        settings.time_limit_s = time_limit_s
+    if flagscale_time_limit_s is not None:
+        settings.flagscale_time_limit_s = flagscale_time_limit_s
+    if scaling_time_limit_s is not None:
+        settings.scaling_time_limit_s = scaling_time_limit_s
+    if scaling_sizes is not None:
+        try:
+            settings.scaling_sizes = tuple(int(x) for x in scaling_sizes.split(",") if x.strip())
+        except ValueError:
+            raise PlannerInputError("--scaling-sizes", f"expected comma-separated GPU counts, got {scaling_sizes!r}")
+        if any(n < 24 or n % 8 for n in settings.scaling_sizes):
+            raise PlannerInputError("--scaling-sizes", "each size must be a multiple of 8 and at least 24 "
+                                                        "(three device types in whole 8-GPU nodes)")
+    if planners is not None:
+        names = tuple(p.strip() for p in planners.split(",") if p.strip())
+        bad = [p for p in names if p not in PLANNERS]
+        if bad:
+            raise PlannerInputError("--planners", f"unknown {bad}; known: {', '.join(PLANNERS)}")
+        if "ablation" in names and "hapmoe" not in names:
+            names = names + ("hapmoe",)
+        settings.planners = names
+    settings.scenario_filter = scenario_filter
+
+    def progress(line: str) -> None:
+        if not quiet:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    report = run_bench(Path(out_dir), ProfileSet.load(), settings, progress=progress)
+    s = report.summary
+    gm = s.get("geomean_speedup_vs_mi")
+    mr = s.get("min_ratio_vs_best_baseline")
+    click.echo(f"wrote {len(report.files)} files to {out_dir}: {', '.join(report.files)}")
+    click.echo(f"geomean speedup vs MI (heterogeneous MoE): {gm:.2f}x" if gm else
+               "geomean speedup vs MI: n/a (no heterogeneous MoE scenario)")
+    if mr is not None:
+        click.echo(f"HAPMoE / best baseline, worst scenario: {mr:.3f} ({s.get('min_ratio_scenario')})")
+    for loss in s.get("hapmoe_slower_than_a_baseline", []):
+        click.echo(f"HAPMoE slower than {loss['baseline']} on {loss['scenario']} ({loss['ratio']:.3f}): {loss['why']}")
+    click.echo("")
+    click.echo((Path(out_dir) / "table2.md").read_text())
+    click.echo((Path(out_dir) / "table3.md").read_text())
+    click.echo((Path(out_dir) / "search_time.md").read_text())
