@@ -1,0 +1,213 @@
+"""Baseline planners (planner/baselines): recipes, mappings, validity of their plans, and HAPMoE against them."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.baselines import (
+    PLANNERS, get_planner, plan_deepspeed, plan_mi, run_planner, search_ablation, search_alpa, search_deepspeed,
+    search_hapmoe, search_hetermoe, search_metis, search_mi, solve_with_limit,
+)
+from planner.baselines.common import (
+    build_plan, cost_model, even_split, homogeneous_cluster, mixed_cluster, price_members, stage_members,
+    types_by_speed,
+)
+from planner.checker import plan_problems
+from planner.errors import PlannerInputError
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.resolve import resolve_run
+from planner.profile_tables import ProfileSet
+from planner.schemas.plan import Recompute
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return ProfileSet.load()
+
+
+def scenario(profiles, model, cluster_name):
+    cluster = parse_cluster(cluster_name, profiles)
+    run = resolve_run(model=model, world_size=cluster.world_size, overrides={"gbs": 16 * cluster.world_size})
+    return run, cluster
+
+
+@pytest.fixture(scope="module")
+def hetero(profiles):
+    return scenario(profiles, "mixtral-s", "h800-910b")
+
+
+@pytest.fixture(scope="module")
+def homo(profiles):
+    return scenario(profiles, "mixtral-s", "h800-16")
+
+
+@pytest.fixture(scope="module")
+def hapmoe_hetero(profiles, hetero):
+    run, cluster = hetero
+    return search_hapmoe(run, cluster, profiles, runtimes=("megatron",), time_limit_s=60)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers,pp,expected", [
+    (32, 4, [8, 8, 8, 8]),
+    (56, 8, [7] * 8),
+    (56, 6, [10, 9, 9, 9, 9, 10]),  # 9 per middle stage, the 20 left split 10/10 by the first/last flags
+    (32, 3, [11, 10, 11]),
+    (7, 2, [3, 4]),
+])
+def test_even_split_follows_megatron(layers, pp, expected):
+    """Even when PP divides the layers; otherwise equal middle stages and the rest on the first and last."""
+    assert even_split(layers, pp) == expected
+
+
+def test_even_split_refuses_empty_stages():
+    """A stage without a layer is no plan."""
+    assert even_split(3, 4) is None
+
+
+def test_stage_members_follow_cluster_order(profiles):
+    """Stages take GPUs group by group in the listed order; a stage over the boundary spans both types."""
+    cluster = parse_cluster("a100-910b", profiles)
+    assert stage_members(cluster, 16, 2) == [("A100",), ("910B",)]
+    assert stage_members(cluster, 32, 1) == [("A100", "910B")]
+    assert stage_members(cluster, 8, 4) == [("A100",), ("A100",), ("910B",), ("910B",)]
+    assert stage_members(cluster, 32, 2) is None
+
+
+def test_homogeneous_cluster_keeps_size(profiles):
+    """The Alpa/Metis helper cluster has as many GPUs as the real one, all of the asked type."""
+    cluster = parse_cluster("h800-mi300x-910b", profiles)
+    fake = homogeneous_cluster(cluster, "910B", profiles)
+    assert fake.world_size == 48 and fake.gpus_by_type() == {"910B": 48}
+
+
+def test_types_by_speed_puts_910b_last(profiles, hetero):
+    """The 910B (about 280 bf16 TFLOP/s) is slower per layer than the H800 (about 990)."""
+    run, cluster = hetero
+    assert types_by_speed(cost_model(run, cluster, profiles)) == ["H800", "910B"]
+
+
+def test_mixed_stage_pays_slowest_member_and_cross_link(profiles):
+    """A stage spanning A100 and 910B is priced no faster than the same stage on its slower type alone (its
+    compute is that type's and its DP traffic crosses the slower cross-type link)."""
+    run, cluster = scenario(profiles, "llama2-7b", "a100-910b")
+    cost = cost_model(run, cluster, profiles)
+    slow = types_by_speed(cost)[-1]
+    plan = build_plan(tp=1, cp=1, ep=1, etp=1, mbs=1, gbs=run.training.global_batch_size, dp=32, types=["A100"],
+                      layers=[32], recompute=Recompute.full("uniform", 1))
+    priced = price_members(cost, plan, [("A100", "910B")])
+    assert priced is not None and priced.mixed_stages == (0,)
+    assert priced.plan.stages[0].device_type == slow
+    pure = cost.evaluate(plan.model_copy(update={"stages": (plan.stages[0].model_copy(
+        update={"device_type": slow}),)}))
+    assert priced.cost.iteration_time_s >= pure.iteration_time_s * (1 - 1e-12)
+    assert priced.cost.sync_s > pure.sync_s  # the gradient sync crosses the slower cross-type link
+    capped = mixed_cluster(cluster, profiles, {"A100", "910B"})
+    cross = profiles.cross_link("A100", "910B", cluster).bandwidth_gb_per_s
+    assert all(g.inter_node_bandwidth_gb_per_s <= cross for g in capped.groups)
+
+
+# ---- the baselines ------------------------------------------------------------------------
+
+
+def test_mi_is_uniform_megatron(profiles, homo):
+    """MI: even split, one DP and recompute, TP and EP inside a node, a valid plan that fits."""
+    run, cluster = homo
+    plan = plan_mi(run, cluster, profiles)
+    assert plan is not None and plan.runtime == "megatron" and plan.vpp == 1 and plan.cp == 1
+    assert [s.num_layers for s in plan.stages] == even_split(32, plan.pp)
+    assert plan.tp <= 8 and plan.ep * plan.etp <= 8
+    assert len({(s.dp, s.recompute.label) for s in plan.stages}) == 1
+    problems, _ = plan_problems(cost_model(run, cluster, profiles), plan)
+    assert problems == []
+
+
+@pytest.mark.parametrize("search", [search_alpa, search_metis])
+def test_alpa_and_metis_equal_hapmoe_megatron_on_one_type(profiles, homo, search):
+    """On a homogeneous cluster 'as if the slowest type' and 'EP/ETP from the fastest type' change nothing:
+    both baselines find HAPMoE's megatron-runtime optimum."""
+    run, cluster = homo
+    ours = search_hapmoe(run, cluster, profiles, runtimes=("megatron",), time_limit_s=60)
+    theirs = search(run, cluster, profiles, time_limit_s=60)
+    assert theirs.cost.iteration_time_s == pytest.approx(ours.cost.iteration_time_s, rel=1e-9)
+
+
+def test_metis_fixes_ep_from_homogeneous_search(profiles, hetero):
+    """Metis-style uses the EP/ETP of the fastest type's homogeneous plan and places stages on both types."""
+    run, cluster = hetero
+    notes: list[str] = []
+    priced = search_metis(run, cluster, profiles, notes=notes, time_limit_s=60)
+    assert priced is not None
+    assert f"EP={priced.plan.ep} ETP={priced.plan.etp} from a homogeneous H800:32" in notes[0]
+    assert plan_problems(cost_model(run, cluster, profiles), priced.plan)[0] == []
+
+
+def test_hetermoe_gives_slower_gpus_fewer_layers(profiles, hetero):
+    """HeterMoE-style: fastest type first, and a 910B stage holds fewer layers than an H800 stage of the same size."""
+    run, cluster = hetero
+    priced = search_hetermoe(run, cluster, profiles)
+    assert priced is not None
+    stages = priced.plan.stages
+    assert stages[0].device_type == "H800"
+    h800 = min(s.num_layers for s in stages if s.device_type == "H800")
+    ascend = [s.num_layers for s in stages if s.device_type == "910B"]
+    assert ascend and max(ascend) < h800
+    assert plan_problems(cost_model(run, cluster, profiles), priced.plan)[0] == []
+
+
+def test_deepspeed_is_expert_and_data_parallel(profiles, homo):
+    """DeepSpeed-MoE/Tutel-style: TP=ETP=1, EP = the 8 experts, DP over every GPU of a stage."""
+    run, cluster = homo
+    plan = plan_deepspeed(run, cluster, profiles)
+    assert plan is not None
+    assert (plan.tp, plan.etp, plan.ep, plan.cp) == (1, 1, 8, 1)
+    assert plan.dp0 * plan.pp == cluster.world_size
+
+
+def test_deepspeed_not_for_dense(profiles):
+    """Expert parallelism has nothing to do on a dense model."""
+    run, cluster = scenario(profiles, "llama2-7b", "a100-910b")
+    notes: list[str] = []
+    assert search_deepspeed(run, cluster, profiles, notes=notes) is None
+    assert "not applicable" in notes[0]
+
+
+def test_ablation_is_uniform(profiles, hetero, hapmoe_hetero):
+    """The ablation keeps one DP and gives every stage the same number of layers."""
+    run, cluster = hetero
+    priced = search_ablation(run, cluster, profiles, hapmoe_plan=hapmoe_hetero.plan)
+    assert priced is not None and priced.plan.runtime == "megatron"
+    assert len({s.num_layers for s in priced.plan.stages}) == 1
+    assert len({s.dp for s in priced.plan.stages}) == 1
+    assert priced.cost.fits
+
+
+def test_hapmoe_beats_every_baseline_on_mixed_cluster(profiles, hetero, hapmoe_hetero):
+    """Target: on H800+910B HAPMoE's plan is at least as fast as each baseline's and clearly faster than MI's."""
+    run, cluster = hetero
+    ours = hapmoe_hetero.cost.iteration_time_s
+    for search in (search_mi, search_hetermoe, search_deepspeed):
+        theirs = search(run, cluster, profiles)
+        if theirs is not None:
+            assert ours <= theirs.cost.iteration_time_s * (1 + 1e-9), search.__name__
+    assert ours * 1.5 < search_mi(run, cluster, profiles).cost.iteration_time_s
+
+
+def test_solve_with_limit_times_out(profiles, hetero):
+    """A search that cannot finish within the hard limit comes back as a timeout without a plan."""
+    run, cluster = hetero
+    sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=0.01)
+    assert sr.status == "timeout" and sr.plan is None
+    assert sr.search_time_s < 10
+
+
+def test_registry(profiles, homo):
+    """Every planner is registered; an unknown name is refused naming the known ones; run_planner times it."""
+    assert {"mi", "alpa", "metis", "hetermoe", "deepspeed", "ablation", "hapmoe"} <= set(PLANNERS)
+    with pytest.raises(PlannerInputError, match="known: mi"):
+        get_planner("nope")
+    run, cluster = homo
+    res = run_planner("mi", run, cluster, profiles)
+    assert res.priced is not None and res.search_time_s >= 0 and res.notes

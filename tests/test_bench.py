@@ -1,0 +1,115 @@
+"""`cli.py bench` and planner/bench.py: summaries, tables, cluster sizes, and the quick suite end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from planner.bench import (
+    QUICK_SUITE, SUITE, Row, json_clean, summarize, table2_markdown, table3_markdown, three_type_cluster,
+)
+
+
+def row(scenario, planner, tput, kind="moe-hetero", model="mixtral-s", plan="p"):
+    """A results row whose latency is the inverse of its throughput (fixed GBS)."""
+    return Row(scenario=scenario, kind=kind, model=model, cluster=scenario.split("@")[1], gpus=32, gbs=512,
+               planner=planner, status="ok", throughput_tflops_per_gpu=tput, mfu=tput / 1000,
+               iteration_time_s=100.0 / tput, peak_memory_gib=50.0, search_time_s=1.0, gpus_used=32, plan=plan)
+
+
+SYNTH = [
+    row("mixtral-s@a", "mi", 100.0), row("mixtral-s@a", "metis", 150.0), row("mixtral-s@a", "hapmoe", 200.0),
+    row("mixtral-s@a", "ablation", 100.0),
+    row("mixtral-s@b", "mi", 100.0), row("mixtral-s@b", "metis", 900.0), row("mixtral-s@b", "hapmoe", 800.0),
+    row("mixtral-s@b", "ablation", 400.0),
+    # homogeneous scenarios do not enter the geometric mean over MI
+    row("mixtral-s@c", "mi", 100.0, kind="moe-homo"), row("mixtral-s@c", "hapmoe", 1000.0, kind="moe-homo"),
+]
+
+
+def test_summary_geomean_and_worst_ratio():
+    """Speedups 2x and 8x over MI give a geometric mean of 4x; the worst HAPMoE/best-baseline ratio is 800/900."""
+    s = summarize(SYNTH)
+    assert s["geomean_speedup_vs_mi"] == pytest.approx(4.0)
+    assert s["geomean_speedup_vs_mi_by_model"] == {"mixtral-s": pytest.approx(4.0)}
+    assert s["min_ratio_vs_best_baseline"] == pytest.approx(800 / 900)
+    assert s["min_ratio_scenario"] == "mixtral-s@b"
+    losses = s["hapmoe_slower_than_a_baseline"]
+    assert [(x["scenario"], x["baseline"]) for x in losses] == [("mixtral-s@b", "metis")]
+
+
+def test_table2_normalises_to_mi():
+    """Table 2: HAPMoE's throughput geomean 4.00x, latency 0.25x; Metis sqrt(1.5*9) = 3.67x."""
+    md = table2_markdown(SYNTH)
+    hap_col = md.splitlines()[4].split(" | ").index("HAPMoE")
+    lines = {ln.split(" | ")[1]: ln.split(" | ") for ln in md.splitlines() if ln.startswith("| mixtral-s")}
+    assert lines["throughput"][hap_col].startswith("4.00x (n=2)")
+    assert lines["latency"][hap_col].startswith("0.25x")
+    assert f"{math.sqrt(1.5 * 9):.2f}x" in " ".join(lines["throughput"])
+
+
+def test_table3_change_ratios():
+    """Table 3: the ablation over HAPMoE, 0.50 throughput and 2.00 latency on both scenarios."""
+    md = table3_markdown(SYNTH)
+    body = [ln for ln in md.splitlines() if ln.startswith("| mixtral-s@a") or ln.startswith("| mixtral-s@b")]
+    assert len(body) == 2
+    for ln in body:
+        cells = ln.split(" | ")
+        assert cells[2:5] == ["0.50", "0.50", "2.00"]
+
+
+@pytest.mark.parametrize("total", [48, 96, 192, 384, 768, 1024])
+def test_three_type_cluster_sizes(total):
+    """Cluster-size study: three types in whole 8-GPU nodes, adding up to the asked total, near-equal shares."""
+    spec = three_type_cluster(total)
+    counts = [int(item.split(":")[1]) for item in spec.split(",")]
+    assert [item.split(":")[0] for item in spec.split(",")] == ["H800", "MI300X", "910B"]
+    assert sum(counts) == total and all(c % 8 == 0 for c in counts)
+    assert max(counts) - min(counts) <= 8
+
+
+def test_suite_matches_the_paper():
+    """Two dense scenarios on A100+910B and Mixtral-S/L on 3 homogeneous and 4 mixed clusters (16 in all)."""
+    assert len(SUITE) == 16
+    assert sum(s.kind == "moe-hetero" for s in SUITE) == 8 and sum(s.kind == "moe-homo" for s in SUITE) == 6
+    assert {s.cluster for s in SUITE if s.kind == "dense-hetero"} == {"a100-910b"}
+    assert any(s.kind == "moe-hetero" for s in QUICK_SUITE)
+
+
+def test_json_clean_drops_nan():
+    """NaN and infinity are not JSON: they become null."""
+    assert json.dumps(json_clean({"a": float("nan"), "b": [1.0, float("inf")]})) == '{"a": null, "b": [1.0, null]}'
+
+
+def test_bench_rejects_bad_planner():
+    """An unknown planner name exits with status 2 naming the known ones."""
+    from cli import main
+
+    res = CliRunner().invoke(main, ["bench", "--quick", "--planners", "mi,nope", "--out", "/tmp/unused-bench"])
+    assert res.exit_code == 2
+    assert "known: mi" in res.output
+
+
+def test_bench_quick_end_to_end(tmp_path):
+    """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline and beats MI on the mix."""
+    from cli import main
+
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", "--quick", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    for name in ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md", "scaling.csv",
+                 "throughput_vs_mi.png", "ablation.png", "search_time.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 7 * len(QUICK_SUITE)
+    for r in rows:
+        if r["status"] == "ok":
+            assert float(r["peak_memory_gib"]) > 0 and float(r["iteration_time_s"]) > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["geomean_speedup_vs_mi"] > 1.2
+    assert summary["min_ratio_vs_best_baseline"] >= 1 - 1e-6
+    assert "Table 2" in res.output and "Table 3" in res.output
