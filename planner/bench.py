@@ -156,15 +156,14 @@ def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Prog
     hapmoe_megatron = None
     for name in names:
         opts: dict = {"time_limit_s": settings.time_limit_s}
+        runs: list = []
         if name == "hapmoe":
-            runtimes = ("megatron", "flagscale") if settings.flagscale_time_limit_s > 0 else ("megatron",)
-            runs: list = []
-            res = _run_hapmoe(run, cluster, profiles, settings, runtimes, runs)
+            opts.update(flagscale_time_limit_s=settings.flagscale_time_limit_s, runs_out=runs)
+        if name == "ablation":
+            opts["hapmoe_plan"] = hapmoe_megatron
+        res = run_planner(name, run, cluster, profiles, **opts)
+        if name == "hapmoe":
             hapmoe_megatron = next((r.plan for r in runs if r.runtime == "megatron"), None)
-        else:
-            if name == "ablation":
-                opts["hapmoe_plan"] = hapmoe_megatron
-            res = run_planner(name, run, cluster, profiles, **opts)
         row = make_row(sc, run, cluster, profiles, res)
         rows.append(row)
         if plans_out is not None and res.priced is not None:
@@ -174,28 +173,6 @@ def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Prog
                     if row.status == "ok" else "no plan")
             progress(f"  {PLANNERS[name].label:28s} {what} ({row.search_time_s:.1f} s)")
     return rows
-
-
-def _run_hapmoe(run, cluster, profiles, settings: BenchSettings, runtimes, runs: list) -> PlannerResult:
-    """HAPMoE on both runtimes, each under its own limit; the better plan."""
-    from planner.baselines.common import PricedPlan, better
-
-    cost = CostModel(run.model, run.training, cluster, profiles)
-    notes: list[str] = []
-    best = None
-    t0 = time.perf_counter()
-    for rt in runtimes:
-        limit = settings.time_limit_s if rt == "megatron" else settings.flagscale_time_limit_s
-        sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=limit)
-        runs.append(sr)
-        notes.append(f"{rt}: {sr.status} in {sr.search_time_s:.1f} s" + (f" ({sr.detail})" if sr.detail else ""))
-        if sr.plan is not None:
-            pc = cost.evaluate(sr.plan)
-            if pc.fits:
-                best = better(best, PricedPlan(plan=sr.plan, cost=pc))
-    if "flagscale" not in runtimes:
-        notes.append("flagscale runtime not searched (quick mode or --flagscale-time-limit 0)")
-    return PlannerResult(name="hapmoe", priced=best, search_time_s=time.perf_counter() - t0, notes=notes)
 
 
 def run_suite(profiles, settings: BenchSettings, progress: Progress | None = None,

@@ -33,7 +33,7 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | No
     best: BruteSolution | None = None
     count = 0
     for opts in itertools.product(range(O), repeat=pp):
-        if t.options[opts[0]].dp != t.g.dp0 or not t.type_sequence_ok(opts):
+        if not t.first_stage_ok(opts[0]) or not t.type_sequence_ok(opts):
             continue
         used = [0] * len(t.types)
         for o in opts:

@@ -6,7 +6,7 @@ over the stage sequence (option o_i, layer count n_i), with GPUs per device type
 every stage fitting in memory.
 
 Bottleneck search (Alpa's stage construction, bounded): for a cap c on max_i t_i, a DP over stages
-with state (layers placed, GPUs used per type, previous option, current option) keeps, per state,
+with state (layers placed, GPUs used per type, time of the link in, current option) keeps, per state,
 the Pareto set of (sum of t_i, max sync_i).  G(c) = min over plans with every t_i <= c of
 sum + v*sync is non-increasing in c, and a DP solution whose actual bottleneck is a <= c settles
 every cap in [a, c].  Caps are explored by interval bisection with the lower bound
@@ -87,7 +87,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     stats.dp_calls += 1
     pp, N, O = t.pp, t.num_layers, t.num_options
     v = t.g.vpp
-    first_ok = [o for o in range(O) if t.options[o].dp == t.g.dp0]
+    first_ok = [o for o in range(O) if t.first_stage_ok(o)]
     n_types = len(t.types)
     core, sync, p2p, fits, fits_raw = t.as_lists()
     if fits_raw is None:
@@ -111,7 +111,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
             u = [0] * n_types
             u[ty] = option_gpus[o]
             used = tuple(u)
-        states[(0, used, -1, o)] = [_Label(0, 0)]
+        states[(0, used, 0, o)] = [_Label(0, 0)]
     finals: list[_Label] = []
     for i in range(pp):
         pos = position(i, pp)
@@ -120,8 +120,9 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
         stats.states += len(states)
         if stats.states > max_states or time.perf_counter() > deadline:
             raise _Budget()
-        for (ell, used, op, oc), labels in states.items():
-            in_link = p2p[op][oc] if op >= 0 else 0
+        # the previous option matters only through the link into the current stage, so states
+        # carry that link's time instead of the option (merging equivalent predecessors)
+        for (ell, used, in_link, oc), labels in states.items():
             remaining_stages = pp - 1 - i
             n_lo, n_hi = 1, N - ell - remaining_stages
             if last:
@@ -175,7 +176,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                     tt = c + in_link + out_link
                     if tt > cap:
                         continue
-                    key = (ell + n, u, oc, on)
+                    key = (ell + n, u, out_link, on)
                     bucket = None
                     for lab in labels:
                         new_sum = lab.sum_us + tt

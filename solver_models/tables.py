@@ -57,6 +57,12 @@ class StageTables:
     contiguous_types: bool = True  # rule: each device type's stages form one contiguous block
     memory_prune: bool = False  # paper's pruning 2: a stage takes the least recompute that fits
 
+    def first_stage_ok(self, o: int) -> bool:
+        """Options stage 0 may take.  megatron: every stage has the global DP.  flagscale: G fixes
+        the samples per micro-batch B = DP0 * mbs (carried as g.mbs with g.dp0 = 1), so stage 0 may
+        take any DP dividing B and its micro-batch is B / DP."""
+        return self.g.runtime == "flagscale" or self.options[o].dp == self.g.dp0
+
     def type_sequence_ok(self, opts: list[int] | tuple[int, ...]) -> bool:
         """The contiguity rule on a full option sequence (each type appears in one block)."""
         if not self.contiguous_types:

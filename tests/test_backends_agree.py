@@ -116,7 +116,7 @@ def check_plan(t, stages) -> int:
     assert stages[0][1] == 0 and sum(n for _, _, n in stages) == t.num_layers
     for (o, s, n), (_, s_next, _) in zip(stages, stages[1:]):
         assert s + n == s_next and n >= 1
-    assert t.options[stages[0][0]].dp == t.g.dp0
+    assert t.first_stage_ok(stages[0][0])
     used = [0] * len(t.types)
     for o, _, _ in stages:
         used[t.option_type[o]] += t.option_gpus[o]

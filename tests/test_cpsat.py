@@ -108,13 +108,24 @@ def test_asymmetric_links_pick_the_order():
     assert sol.objective_us == 140 and sol.stages[0][0] == 0
 
 
+def _megatron(t):
+    """The same tables under the megatron runtime, where stage 0 must have the global DP (dp0)."""
+    from dataclasses import replace
+
+    t.g = replace(t.g, runtime="megatron")
+    return t
+
+
 def test_stage0_only_dp0_options():
-    """Stage 0 needs DP == dp0: B (DP 2, 2 GPUs) cannot lead, so A leads; 140 still reachable."""
-    t = make_tables(AB, dps=[1, 2], budget=[1, 2])
+    """megatron runtime: stage 0 needs DP == dp0: B (DP 2, 2 GPUs) cannot lead, so A leads; 140
+    still reachable.  flagscale: stage 0's DP is free (G fixes DP0*mbs instead)."""
+    t = _megatron(make_tables(AB, dps=[1, 2], budget=[1, 2]))
     sol = solve(t)
     assert sol.stages[0][0] == 0 and sol.objective_us == 140
-    t2 = make_tables(AB, dps=[2, 1], budget=[2, 1], cap_layers=[0.5, 4.0])  # the dp0 option fits nowhere
+    t2 = _megatron(make_tables(AB, dps=[2, 1], budget=[2, 1], cap_layers=[0.5, 4.0]))  # dp0 option fits nowhere
     assert solve(t2) is None
+    t3 = make_tables(AB, dps=[1, 2], budget=[1, 2], cap_layers=[4.0, 4.0])  # flagscale: B (DP 2) may lead
+    assert all(t3.first_stage_ok(o) for o in range(2))
 
 
 def test_sync_term_and_virtual_chunks():

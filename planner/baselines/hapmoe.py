@@ -88,13 +88,20 @@ def solve_with_limit(run: MegatronRun, cluster: ClusterSpec, profiles, *, runtim
 
 
 def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-                  time_limit_s: float = 60.0, runtimes: tuple[str, ...] = HAPMOE_RUNTIMES,
-                  runs_out: list[SearchRun] | None = None, **_ignored) -> PricedPlan | None:
-    """The faster of HAPMoE's megatron- and flagscale-runtime plans (each under `time_limit_s`)."""
+                  time_limit_s: float = 60.0, flagscale_time_limit_s: float | None = None,
+                  runtimes: tuple[str, ...] = HAPMOE_RUNTIMES, runs_out: list[SearchRun] | None = None,
+                  **_ignored) -> PricedPlan | None:
+    """The faster of HAPMoE's megatron- and flagscale-runtime plans, each search under its own hard
+    limit (`time_limit_s`; the flagscale one `flagscale_time_limit_s` if given, 0 skips it)."""
     cost = cost_model(run, cluster, profiles)
     best: PricedPlan | None = None
     for rt in runtimes:
-        sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=time_limit_s)
+        limit = flagscale_time_limit_s if (rt == "flagscale" and flagscale_time_limit_s is not None) else time_limit_s
+        if limit <= 0:
+            if notes is not None:
+                notes.append(f"HAPMoE {rt}: not searched (time limit 0)")
+            continue
+        sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=limit)
         if runs_out is not None:
             runs_out.append(sr)
         if notes is not None:

@@ -163,8 +163,10 @@ def _lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options:
 
 
 def plan_from_solution(g: GlobalChoice, t: StageTables, stages: list[tuple[int, int, int]], gbs: int) -> Plan:
+    samples = g.mbs * g.dp0  # per micro-batch, all DP ranks of a stage together
+    mbs = samples // t.options[stages[0][0]].dp
     return Plan(
-        runtime=g.runtime, tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, vpp=g.vpp, mbs=g.mbs, gbs=gbs,
+        runtime=g.runtime, tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, vpp=g.vpp, mbs=mbs, gbs=gbs,
         sequence_parallel=g.tp > 1,
         stages=tuple(StagePlan(device_type=t.options[o].device_type, num_layers=n, dp=t.options[o].dp,
                                recompute=t.options[o].recompute) for o, _, n in stages),

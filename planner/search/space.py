@@ -44,6 +44,9 @@ class GlobalChoice:
     recompute: Recompute | None  # megatron: the global setting; flagscale: None (per stage)
 
     def label(self) -> str:
+        if self.runtime == "flagscale":
+            return (f"tp{self.tp} cp{self.cp} ep{self.ep} etp{self.etp} samples/micro-batch {self.mbs * self.dp0} "
+                    f"pp{self.pp} dp,rc=per-stage")
         rec = self.recompute.label if self.recompute else "per-stage"
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} etp{self.etp} dp{self.dp0} mbs{self.mbs} pp{self.pp} "
                 f"vpp{self.vpp} rc={rec}")
@@ -148,6 +151,18 @@ def enumerate_globals(
                         continue
                     if etp * ep > total:
                         continue
+                    if space.runtime == "flagscale":
+                        # G fixes B = DP0 * mbs (samples per micro-batch); stage 0's DP is a
+                        # per-stage choice.  Carried as mbs=B, dp0=1 (see StageTables.first_stage_ok).
+                        max_b = (total // (tp * cp)) * max(space.mbs)
+                        for b in range(1, max_b + 1):
+                            if gbs % b or not any(b % d == 0 and b // d in space.mbs
+                                                  for d in _divisors(total // (tp * cp))):
+                                continue
+                            max_pp = min(model.num_layers, total // (tp * cp), space.max_pp or 10**9)
+                            for pp in range(1, max_pp + 1):
+                                yield GlobalChoice("flagscale", tp, cp, ep, etp, b, pp, 1, 1, None)
+                        continue
                     for mbs in space.mbs:
                         for dp0 in _divisors(total // (tp * cp)):
                             if gbs % (mbs * dp0):
@@ -186,8 +201,8 @@ def stage_options(
                 out.append(StageOption(h, g.dp0, g.recompute))
             continue
         for dp in _divisors(n // (g.tp * g.cp)):
-            if (g.dp0 * g.mbs) % dp:
-                continue  # FlagScale: (DP0*mbs) % DP_i == 0
+            if (g.dp0 * g.mbs) % dp or (g.dp0 * g.mbs) // dp not in space.mbs:
+                continue  # FlagScale: (DP0*mbs) % DP_i == 0; a rank's micro-batch within the space
             if (g.tp * g.cp * dp) % (g.etp * g.ep):
                 continue
             for rc in recompute_ladder(model, space.stage_recompute):

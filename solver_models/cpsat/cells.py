@@ -106,7 +106,7 @@ def all_cells(t: StageTables, *, drop_dominated: bool = True) -> dict[tuple[int,
     out = {}
     for i in range(t.pp):
         for o in range(t.num_options):
-            if i == 0 and t.options[o].dp != t.g.dp0:
+            if i == 0 and not t.first_stage_ok(o):
                 continue
             cell = stage_option_cells(t, i, o)
             if not cell.empty:
