@@ -211,3 +211,12 @@ def test_registry(profiles, homo):
     run, cluster = homo
     res = run_planner("mi", run, cluster, profiles)
     assert res.priced is not None and res.search_time_s >= 0 and res.notes
+
+
+def test_metis_falls_back_to_next_type_when_fastest_cannot_hold_model(profiles):
+    """Mixtral-L (141B parameters) does not fit on 32 H800 alone; Metis-style then takes EP/ETP from MI300X."""
+    run, cluster = scenario(profiles, "mixtral-l", "h800-mi300x")
+    notes: list[str] = []
+    priced = search_metis(run, cluster, profiles, notes=notes, time_limit_s=60)
+    assert any("does not fit on a homogeneous H800:32" in n for n in notes)
+    assert priced is not None and any("from a homogeneous MI300X:32" in n for n in notes)

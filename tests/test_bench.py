@@ -99,7 +99,7 @@ def test_bench_quick_end_to_end(tmp_path):
     from cli import main
 
     out = tmp_path / "bench"
-    res = CliRunner().invoke(main, ["bench", "--quick", "--out", str(out), "--quiet"])
+    res = CliRunner().invoke(main, ["bench", "--quick", "--scaling-sizes", "48", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     for name in ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md", "scaling.csv",
                  "throughput_vs_mi.png", "ablation.png", "search_time.png"):

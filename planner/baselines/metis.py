@@ -1,7 +1,8 @@
 """Metis-style: heterogeneity-aware PP/DP/TP/CP placement with the MoE degrees fixed beforehand.
 
 Following the paper's adaptation: EP and ETP come from homogeneous profiling, i.e. the best plan on a
-cluster of the same size made only of the fastest device type; then the heterogeneous placement search
+cluster of the same size made only of the fastest device type (the next fastest if the model does not
+fit there: "the best feasible configuration"); then the heterogeneous placement search
 (planner.api.solve, megatron runtime: per-stage device type and layer count, one DP) runs on the real
 cluster with SearchSpace(ep=(EP,), etp=(ETP,)).  Nothing else about MoE is taken into account beyond
 what the shared cost model prices.
@@ -26,18 +27,23 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
     space = make_space(run, "megatron")
     fixed = ""
     if run.model.is_moe:
-        fastest = types_by_speed(cost)[0]
-        homo = homogeneous_cluster(cluster, fastest, profiles)
-        try:
-            first = solve(run, homo, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
-                          space=space)
-        except InfeasibleError:
+        first, profiled = None, None
+        for h in types_by_speed(cost):  # the fastest type whose homogeneous cluster holds the model
+            try:
+                first = solve(run, homogeneous_cluster(cluster, h, profiles),
+                              profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s), space=space)
+                profiled = h
+                break
+            except InfeasibleError:
+                if notes is not None:
+                    notes.append(f"Metis-style: the model does not fit on a homogeneous {h}:{cluster.world_size}")
+        if first is None:
             if notes is not None:
-                notes.append(f"Metis-style: no homogeneous {fastest} plan to take EP/ETP from")
+                notes.append("Metis-style: no homogeneous plan to take EP/ETP from")
             return None
         ep, etp = first.plans[0].ep, first.plans[0].etp
         space = space.with_(ep=(ep,), etp=(etp,))
-        fixed = f"EP={ep} ETP={etp} from a homogeneous {fastest}:{cluster.world_size} search; "
+        fixed = f"EP={ep} ETP={etp} from a homogeneous {profiled}:{cluster.world_size} search; "
     try:
         outcome = solve(run, cluster, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
                         space=space)
