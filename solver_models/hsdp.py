@@ -89,9 +89,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     v = t.g.vpp
     first_ok = [o for o in range(O) if t.first_stage_ok(o)]
     n_types = len(t.types)
-    core, sync, p2p, fits, fits_raw = t.as_lists()
-    if fits_raw is None:
-        fits_raw = fits
+    core, sync, p2p, fit_lo, fit_hi = t.as_lists()
     min_layer = int(t.min_layer_us.min())
     option_type = t.option_type.tolist()
     option_gpus = t.option_gpus.tolist()
@@ -130,8 +128,9 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
             if windows is not None:
                 n_lo, n_hi = max(n_lo, windows[oc, 0]), min(n_hi, windows[oc, 1])
             row = core[oc][pos][ell]
-            fit_row = fits[oc][i][ell]
-            raw_row = fits_raw[oc][i][ell]
+            # memory: n must lie in [fit_lo, fit_hi] (fits grow monotone; pruning sets fit_lo)
+            n_lo = max(n_lo, fit_lo[oc][i][ell])
+            n_hi = min(n_hi, fit_hi[oc][i][ell])
             next_opts: list[tuple[int, int, tuple]] = []
             if not last:
                 cur_ty = option_type[oc]
@@ -161,10 +160,6 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                 c = row[n]
                 if c >= INF_US or c + in_link + min_out > cap:
                     break  # stage time grows with n
-                if not raw_row[n]:
-                    break  # memory grows with n
-                if not fit_row[n]:
-                    continue  # memory pruning: a lesser recompute fits here
                 s_i = sync[oc][pos][ell][n]
                 if last:
                     tt = c + in_link

@@ -15,7 +15,7 @@ once, each crossing paying the slowest link.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,6 +56,7 @@ class StageTables:
     min_layer_us: np.ndarray  # int [O]  least per-layer time of option o (for bounds)
     contiguous_types: bool = True  # rule: each device type's stages form one contiguous block
     memory_prune: bool = False  # paper's pruning 2: a stage takes the least recompute that fits
+    shared: dict = field(default_factory=dict)  # per-array-set caches shared across global choices
 
     def first_stage_ok(self, o: int) -> bool:
         """Options stage 0 may take.  megatron: every stage has the global DP.  flagscale: G fixes
@@ -86,50 +87,61 @@ class StageTables:
         return len(self.options)
 
     def fits(self, o: int, i: int, start: int, n: int) -> bool:
-        return bool(self.fits_table[o, i, start, n])
-
-    @property
-    def fits_raw_table(self) -> np.ndarray:
-        """bool [O, PP, N+1, N+1]: stage i on option o holding [start, start+n) fits in memory
-        (monotone: once a range does not fit, longer ones do not either)."""
-        ft = getattr(self, "_fits_raw", None)
-        if ft is None:
-            pos = np.array([position(i, self.pp) for i in range(self.pp)])
-            need = self.static_bytes[:, pos] + self.inflight[None, :, None, None] * self.act_bytes[:, pos]
-            ft = need <= self.capacity_bytes[:, None, None, None]
-            self._fits_raw = ft
-        return ft
+        lo, hi = self.fit_range()
+        return bool(lo[o, i, start] <= n <= hi[o, i, start])
 
     @property
     def fits_table(self) -> np.ndarray:
-        """bool [O, PP, N+1, N+1]: the cells a stage may use.  With memory pruning an option is
-        allowed only where no option of the same device type and DP with less recompute fits
-        (options of one (type, DP) are listed in recompute-ladder order)."""
-        ft = getattr(self, "_fits", None)
-        if ft is None:
-            ft = self.fits_raw_table
+        """bool [O, PP, N+1, N+1]: the cells a stage may use (memory fits; with memory pruning, no
+        lesser recompute of the same device type and DP fits there)."""
+        lo, hi = self.fit_range()
+        n = np.arange(self.num_layers + 1)[None, None, None, :]
+        return (n >= lo[..., None]) & (n <= hi[..., None])
+
+    def fit_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) int [O, PP, N+1]: stage i on option o starting at `start` may hold n layers
+        exactly for lo <= n <= hi (and n >= VPP, one layer per virtual chunk).  Memory grows with
+        n, so the fitting n form an interval; with
+        memory pruning, an option starts where every lesser-recompute option of the same (type,
+        DP) stops fitting (lo = their hi + 1).  Equivalent to fits_table, without materialising it."""
+        cached = getattr(self, "_fit_range", None)
+        if cached is None:
+            pos = np.array([position(i, self.pp) for i in range(self.pp)])
+            need = self.static_bytes[:, pos] + self.inflight[None, :, None, None] * self.act_bytes[:, pos]
+            ok = need <= self.capacity_bytes[:, None, None, None]
+            # fitting cells of one (o, i, start) form an interval of n: valid cells are contiguous
+            # (any n for middle stages, one n for the last) and memory grows with n
+            n_idx = np.arange(self.num_layers + 1)
+            any_ok = ok.any(axis=3)
+            hi = np.where(any_ok, np.where(ok, n_idx, -1).max(axis=3), 0).astype(np.int64)
+            lo = np.where(any_ok, np.where(ok, n_idx, 10**9).min(axis=3), 1).astype(np.int64)
+            lo = np.maximum(lo, self.g.vpp)  # each virtual chunk holds at least one layer
             if self.memory_prune:
-                ft = ft.copy()
                 seen: dict[tuple, np.ndarray] = {}
                 for o, opt in enumerate(self.options):
                     key = (opt.device_type, opt.dp)
-                    lesser = seen.get(key)
-                    raw = self.fits_raw_table[o]
-                    if lesser is not None:
-                        ft[o] = raw & ~lesser
-                        seen[key] = lesser | raw
+                    if key in seen:
+                        lo[o] = seen[key] + 1
+                        seen[key] = np.maximum(seen[key], hi[o])
                     else:
-                        seen[key] = raw.copy()
-            self._fits = ft
-        return ft
+                        seen[key] = hi[o].copy()
+            cached = (lo, hi)
+            self._fit_range = cached
+        return cached
 
     def as_lists(self) -> tuple:
-        """(core, sync, p2p, fits) as nested Python lists, cached: the DP's inner loop indexes
-        lists much faster than numpy scalars."""
+        """(core, sync, p2p, fit_lo, fit_hi) as nested Python lists: the DP's inner loop indexes
+        lists much faster than numpy scalars.  Core/sync/p2p lists are shared by every G that
+        shares these arrays (see TableBuilder)."""
         cached = getattr(self, "_lists", None)
         if cached is None:
-            cached = (self.core_us.tolist(), self.sync_us.tolist(), self.p2p_us.tolist(), self.fits_table.tolist(),
-                      self.fits_raw_table.tolist() if self.memory_prune else None)
+            shared = self.shared
+            if "core" not in shared:
+                shared["core"] = self.core_us.tolist()
+                shared["sync"] = self.sync_us.tolist()
+                shared["p2p"] = self.p2p_us.tolist()
+            lo, hi = self.fit_range()
+            cached = (shared["core"], shared["sync"], shared["p2p"], lo.tolist(), hi.tolist())
             self._lists = cached
         return cached
 
@@ -166,9 +178,9 @@ class TableBuilder:
         key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.pp > 1, tuple(options))
         arrays = self._cache.get(key)
         if arrays is None:
-            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1)
+            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1) + ({},)
             self._cache[key] = arrays
-        core, sync, static, act, cap, p2p, min_layer = arrays
+        core, sync, static, act, cap, p2p, min_layer, shared = arrays
         types = list(cost.cluster.gpus_by_type().keys())
         budget = np.array([cost.cluster.gpus_by_type()[t] for t in types], dtype=np.int64)
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
@@ -178,7 +190,7 @@ class TableBuilder:
             inflight=inflight,
             option_type=np.array([types.index(o.device_type) for o in options], dtype=np.int64),
             option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
-            types=types, budget=budget, min_layer_us=min_layer,
+            types=types, budget=budget, min_layer_us=min_layer, shared=shared,
         )
 
     def _signatures(self) -> tuple[np.ndarray, list[tuple[int, int]]]:

@@ -68,9 +68,9 @@ def stage_option_cells(t: StageTables, i: int, o: int) -> StageOptionCells:
         structural &= starts + ns == N
     core = t.core_us[o, p, s_lo:s_hi + 1, :]
     sync = t.sync_us[o, p, s_lo:s_hi + 1, :]
-    # the same float expression as StageTables.fits, elementwise
-    fits = (t.static_bytes[o, p, s_lo:s_hi + 1, :] + t.inflight[i] * t.act_bytes[o, p, s_lo:s_hi + 1, :]
-            <= t.capacity_bytes[o])
+    # StageTables' own fit ranges (memory, and the memory-pruning rule when it is on)
+    lo, hi = t.fit_range()
+    fits = (ns >= lo[o, i, s_lo:s_hi + 1][:, None]) & (ns <= hi[o, i, s_lo:s_hi + 1][:, None])
     ok = structural & (core < INF_US) & fits
     rows, cols = np.nonzero(ok)
     cells = tuple((int(s_lo + r), int(c), int(core[r, c]), int(sync[r, c])) for r, c in zip(rows, cols))
