@@ -249,6 +249,10 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     last_report = 0.0
     idx = 0
     while heap:
+        if time.perf_counter() > settings.deadline:
+            notes.append(f"time limit {settings.time_limit_s:.0f} s reached after {idx} of {total} configurations")
+            all_exact = False
+            break
         lb, rank, tie, tightened, entry = heapq.heappop(heap)
         g, options, (obs, m_mb, inflight) = entry[2], entry[3], entry[4]
         kth = sorted(c.objective_s for c in cands)[settings.top_k - 1] if len(cands) >= settings.top_k else math.inf
@@ -287,10 +291,6 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             last_report = now
             progress({"tried": idx, "total": total, "solved": solved, "best_s": cands[0].objective_s,
                       "config": g.label()})
-        if now - t0 > settings.time_limit_s:
-            notes.append(f"time limit {settings.time_limit_s:.0f} s reached after {idx} of {total} configurations")
-            all_exact = False
-            break
     if progress:
         progress({"tried": total, "total": total, "solved": solved,
                   "best_s": cands[0].objective_s if cands else None, "config": "done"})
