@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.cost.model import CostModel, PlanCost
@@ -102,6 +102,22 @@ def _lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options:
     if len(slots) < g.pp:
         return math.inf
     fluid = n_layers / sum(slots[: g.pp])
+    v = g.vpp
+    if not tight:
+        # cheap form (every configuration): fluid bound plus the memory test alone, in plain Python
+        room = 0
+        for i in range(g.pp):
+            best_n = 0
+            for o in options:
+                b = ob[o]
+                per = b.layer_static_bytes + inflight[i] * b.layer_act_bytes
+                best_n = max(best_n, int(max(b.free_bytes, 0.0) // per) if per > 0 else n_layers)
+            room += min(best_n, n_layers)
+            if room >= n_layers:
+                break
+        if room < n_layers:
+            return math.inf
+        return (sum_lb + (m * v - 1) * fluid) / v
     # (b): layers that fit per position and option (vectorised over positions x options)
     import numpy as np
 
@@ -207,11 +223,15 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             continue
         n_enumerated += 1
         gs = builder.shape(g)
+        # a one-layer middle stage does not depend on PP or VPP: share the bound across them
+        gs1 = replace(gs, vpp=1, pp=2)
+        obs = {}
         for o in options:
-            key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o)
-            if key not in layer_min:
-                layer_min[key] = _option_bound(cost, gs, o)
-        obs = {o: layer_min[(g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.vpp, o)] for o in options}
+            key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, o)
+            ob = layer_min.get(key)
+            if ob is None:
+                ob = layer_min[key] = _option_bound(cost, gs1, o)
+            obs[o] = ob
         m = training.global_batch_size // (g.mbs * g.dp0)
         inflight = [cost.inflight_microbatches(gs, i) for i in range(g.pp)]
         lb = _lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False)
