@@ -111,6 +111,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
             used = tuple(u)
         states[(0, used, 0, o)] = [_Label(0, 0)]
     finals: list[_Label] = []
+    next_cache: dict = {}
     for i in range(pp):
         pos = position(i, pp)
         last = i == pp - 1
@@ -131,31 +132,17 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
             # memory: n must lie in [fit_lo, fit_hi] (fits grow monotone; pruning sets fit_lo)
             n_lo = max(n_lo, fit_lo[oc][i][ell])
             n_hi = min(n_hi, fit_hi[oc][i][ell])
-            next_opts: list[tuple[int, int, tuple]] = []
-            if not last:
-                cur_ty = option_type[oc]
-                for on in range(O):
-                    ty = option_type[on]
-                    if contiguous:
-                        mask, cur_used = used
-                        if ty == cur_ty:
-                            if cur_used + option_gpus[on] > budget[ty]:
-                                continue
-                            u = (mask, cur_used + option_gpus[on])
-                        else:
-                            if (mask >> ty) & 1 or option_gpus[on] > budget[ty]:
-                                continue
-                            u = (mask | (1 << cur_ty), option_gpus[on])
-                    else:
-                        if used[ty] + option_gpus[on] > budget[ty]:
-                            continue
-                        lst = list(used)
-                        lst[ty] += option_gpus[on]
-                        u = tuple(lst)
-                    next_opts.append((on, p2p[oc][on], u))
+            if last:
+                next_opts, min_out = [], 0
+            else:
+                nk = (oc, used)
+                hit = next_cache.get(nk)
+                if hit is None:
+                    hit = next_cache[nk] = _next_options(oc, used, O, option_type, option_gpus, budget, p2p,
+                                                         contiguous)
+                next_opts, min_out = hit
                 if not next_opts:
                     continue
-            min_out = min((x[1] for x in next_opts), default=0)
             for n in range(n_lo, n_hi + 1):
                 c = row[n]
                 if c >= INF_US or c + in_link + min_out > cap:
@@ -197,6 +184,33 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < len(stages) else None,
                             k, s, n) for k, (o, s, n) in enumerate(stages))
     return best.sum_us + v * best.sync_us, best, actual
+
+
+def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget, p2p, contiguous: bool):
+    """Options the next stage may take after option `oc` with GPUs `used` (budget and contiguity),
+    as (option, link time oc -> option, new used), and the least link time."""
+    out = []
+    cur_ty = option_type[oc]
+    for on in range(O):
+        ty = option_type[on]
+        if contiguous:
+            mask, cur_used = used
+            if ty == cur_ty:
+                if cur_used + option_gpus[on] > budget[ty]:
+                    continue
+                u = (mask, cur_used + option_gpus[on])
+            else:
+                if (mask >> ty) & 1 or option_gpus[on] > budget[ty]:
+                    continue
+                u = (mask | (1 << cur_ty), option_gpus[on])
+        else:
+            if used[ty] + option_gpus[on] > budget[ty]:
+                continue
+            lst = list(used)
+            lst[ty] += option_gpus[on]
+            u = tuple(lst)
+        out.append((on, p2p[oc][on], u))
+    return out, min((x[1] for x in out), default=0)
 
 
 def _add_pareto(bucket: list[_Label], lab: _Label) -> None:

@@ -36,6 +36,7 @@ class SearchSettings:
     num_workers: int = 2
     cpsat_top_configs: int = 3  # CP-SAT proves the best few configurations (hinted with HS-DP)
     deadline: float | None = None  # time.perf_counter() value; set by `search` from time_limit_s
+    warm_start: bool = True  # flagscale: start from the best uniform-DP plan (a fast megatron-space search)
 
 
 @dataclass
@@ -263,6 +264,8 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
 
     # 2. solve in bound order
     cands: list[Candidate] = []
+    if space.runtime == "flagscale" and settings.warm_start:
+        cands += _flagscale_warm_start(cost, space, settings, progress)
     solved = bounded = infeasible = 0
     pruned_mem = pruned_mem_count + pruned_early
     all_exact = True
@@ -332,6 +335,29 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         certified_optimal=certified, search_time_s=time.perf_counter() - t0, backend=settings.backend,
         status=status, notes=notes,
     )
+
+
+def _flagscale_warm_start(cost: CostModel, space: SearchSpace, settings: SearchSettings,
+                          progress: ProgressFn | None) -> list[Candidate]:
+    """An incumbent for the flagscale search: the best plan with one DP and one recompute for
+    every stage (the megatron space without CP and interleaving, recompute from the per-stage
+    ladder), which FlagScale can run as-is.  Every flagscale configuration whose bound cannot beat
+    it is then bounded out without solving."""
+    from dataclasses import replace as dc_replace
+
+    uniform = space.with_(runtime="megatron", cp=(1,), vpp=(1,), recompute=space.stage_recompute)
+    sub = dc_replace(settings, backend="hsdp", warm_start=False, top_k=1,
+                     time_limit_s=max(1.0, settings.time_limit_s / 4))
+    try:
+        res = search(cost, uniform, sub, progress=None)
+    except InfeasibleError:
+        return []
+    out = []
+    for c in res.best:
+        plan = c.plan.model_copy(update={"runtime": "flagscale"})
+        out.append(Candidate(g=c.g, objective_s=c.objective_s, plan=plan, backend="hsdp",
+                             status="FEASIBLE", bound_s=c.bound_s, options=c.options, stages=c.stages))
+    return out
 
 
 def _prove_with_cpsat(builder: TableBuilder, cands: list[Candidate], settings: SearchSettings, notes: list[str],
