@@ -87,14 +87,29 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     stats.dp_calls += 1
     pp, N, O = t.pp, t.num_layers, t.num_options
     v = t.g.vpp
-    first_ok = [o for o in range(O) if t.first_stage_ok(o)]
     n_types = len(t.types)
-    core, sync, p2p, fit_lo, fit_hi = t.as_lists()
+    core, sync, p2p_o, fit_lo, fit_hi = t.as_lists()
     min_layer = int(t.min_layer_us.min())
-    option_type = t.option_type.tolist()
-    option_gpus = t.option_gpus.tolist()
+    # Units the DP chooses between.  With memory pruning, the recompute variants of one (type, DP)
+    # have disjoint fitting ranges (the least recompute that fits), so they collapse into one unit
+    # and the layer count picks the variant: the DP sees a third of the options.
+    if t.memory_prune:
+        by_key: dict[tuple, list[int]] = {}
+        for o, opt in enumerate(t.options):
+            by_key.setdefault((opt.device_type, opt.dp), []).append(o)
+        units = list(by_key.values())
+    else:
+        units = [[o] for o in range(O)]
+    U = len(units)
+    lead = [m[0] for m in units]
+    option_type = [int(t.option_type[m]) for m in lead]
+    option_gpus = [int(t.option_gpus[m]) for m in lead]
     budget = t.budget.tolist()
-    # state: (layers placed, used GPUs per type, prev option, current option) -> Pareto labels
+    p2p = [[p2p_o[a][b] for b in lead] for a in lead]
+    first_ok = [u for u in range(U) if t.first_stage_ok(lead[u])]
+    if windows is not None:
+        windows = windows[lead]
+    # state: (layers placed, GPUs used, time of the link in, current unit) -> Pareto labels.
     # `used` is the GPUs used per type; with the contiguity rule it is instead
     # (bitmask of finished types, GPUs used by the current type's block)
     contiguous = t.contiguous_types
@@ -128,30 +143,40 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                 n_lo = n_hi = N - ell
             if windows is not None:
                 n_lo, n_hi = max(n_lo, windows[oc, 0]), min(n_hi, windows[oc, 1])
-            row = core[oc][pos][ell]
-            # memory: n must lie in [fit_lo, fit_hi] (fits grow monotone; pruning sets fit_lo)
-            n_lo = max(n_lo, fit_lo[oc][i][ell])
-            n_hi = min(n_hi, fit_hi[oc][i][ell])
+            members = units[oc]
+            # memory: n must lie in a member's [fit_lo, fit_hi] (fits grow monotone with n;
+            # pruning makes the members' ranges disjoint)
+            n_lo = max(n_lo, min(fit_lo[o][i][ell] for o in members))
+            n_hi = min(n_hi, max(fit_hi[o][i][ell] for o in members))
             if last:
                 next_opts, min_out = [], 0
             else:
                 nk = (oc, used)
                 hit = next_cache.get(nk)
                 if hit is None:
-                    hit = next_cache[nk] = _next_options(oc, used, O, option_type, option_gpus, budget, p2p,
+                    hit = next_cache[nk] = _next_options(oc, used, U, option_type, option_gpus, budget, p2p,
                                                          contiguous)
                 next_opts, min_out = hit
                 if not next_opts:
                     continue
             for n in range(n_lo, n_hi + 1):
-                c = row[n]
+                o = members[0]
+                if len(members) > 1:
+                    for o in members:
+                        if fit_lo[o][i][ell] <= n <= fit_hi[o][i][ell]:
+                            break
+                    else:
+                        continue
+                elif not fit_lo[o][i][ell] <= n:
+                    continue
+                c = core[o][pos][ell][n]
                 if c >= INF_US or c + in_link + min_out > cap:
                     break  # stage time grows with n
-                s_i = sync[oc][pos][ell][n]
+                s_i = sync[o][pos][ell][n]
                 if last:
                     tt = c + in_link
                     for lab in labels:
-                        finals.append(_Label(lab.sum_us + tt, max(lab.sync_us, s_i), lab, (oc, ell, n)))
+                        finals.append(_Label(lab.sum_us + tt, max(lab.sync_us, s_i), lab, (o, ell, n)))
                     continue
                 rest_lb = (N - ell - n) * min_layer
                 for on, out_link, u in next_opts:
@@ -168,9 +193,9 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                         if bucket is None:
                             bucket = nxt.setdefault(key, [])
                         if pareto:
-                            _add_pareto(bucket, _Label(new_sum, new_sync, lab, (oc, ell, n)))
+                            _add_pareto(bucket, _Label(new_sum, new_sync, lab, (o, ell, n)))
                         elif not bucket or new_sum + v * new_sync < bucket[0].sum_us + v * bucket[0].sync_us:
-                            bucket[:] = [_Label(new_sum, new_sync, lab, (oc, ell, n))]
+                            bucket[:] = [_Label(new_sum, new_sync, lab, (o, ell, n))]
         if last:
             break
         states = nxt
