@@ -26,7 +26,7 @@ from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, divisors, ep_degrees, ladder, min_bottleneck_split, num_nodes,
     rule_problems, stage_members, tp_degrees, types_by_speed,
 )
-from planner.baselines.mi import MI_MBS
+from planner.baselines.mi import manual_degrees
 from planner.schemas.cluster import ClusterSpec, NodeGroup
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -59,35 +59,23 @@ def search_hetermoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: 
         if members is None or any(len(m) > 1 for m in members):
             continue  # the point is to put each stage on one device type
         types = [m[0] for m in members]
-        for tp in tp_degrees(model, node_gpus):
-            if stage_gpus % tp:
-                continue
-            dp = stage_gpus // tp
-            for ep in ep_degrees(model, node_gpus):
-                for etp in sorted({1, tp}) if model.is_moe else [tp]:
-                    if ep * etp > node_gpus or stage_gpus % (ep * etp):
-                        continue
-                    if model.is_moe and etp > 1 and model.add_bias_linear:
-                        continue
-                    for mbs in MI_MBS:
-                        if gbs % (mbs * dp):
-                            continue
-                        for rc in ladder(model):
-                            start = [model.num_layers // pp] * pp
-                            start[-1] += model.num_layers - sum(start)
-                            template = build_plan(tp=tp, cp=1, ep=ep, etp=etp, mbs=mbs, gbs=gbs, dp=dp, types=types,
-                                                  layers=start, recompute=rc)
-                            if rule_problems(model, template, run):
-                                break
-                            layers = min_bottleneck_split(cost, template)
-                            if layers is None:
-                                continue
-                            plan = template.model_copy(update={"stages": tuple(
-                                s.model_copy(update={"num_layers": n}) for s, n in zip(template.stages, layers))})
-                            pc = cost.evaluate(plan)
-                            if pc.fits and not rule_problems(model, plan, run):
-                                best = better(best, PricedPlan(plan=plan, cost=pc, notes=(APPROXIMATION_NOTE,)))
-                                break
+        for tp, dp, ep, etp, mbs in manual_degrees(model, node_gpus, stage_gpus, gbs):
+            for rc in ladder(model):
+                start = [model.num_layers // pp] * pp
+                start[-1] += model.num_layers - sum(start)
+                template = build_plan(tp=tp, cp=1, ep=ep, etp=etp, mbs=mbs, gbs=gbs, dp=dp, types=types,
+                                      layers=start, recompute=rc)
+                if rule_problems(model, template, run):
+                    break
+                layers = min_bottleneck_split(cost, template)
+                if layers is None:
+                    continue
+                plan = template.model_copy(update={"stages": tuple(
+                    s.model_copy(update={"num_layers": n}) for s, n in zip(template.stages, layers))})
+                pc = cost.evaluate(plan)
+                if pc.fits and not rule_problems(model, plan, run):
+                    best = better(best, PricedPlan(plan=plan, cost=pc, notes=(APPROXIMATION_NOTE,)))
+                    break
     if notes is not None:
         notes.append(APPROXIMATION_NOTE)
     return best

@@ -34,35 +34,41 @@ def search_mi(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[s
         if layers is None or world % pp:
             continue
         stage_gpus = world // pp
-        for tp in tp_degrees(model, node_gpus):
-            if stage_gpus % tp:
-                continue
-            dp = stage_gpus // tp
-            for ep in ep_degrees(model, node_gpus):
-                for etp in sorted({1, tp}) if model.is_moe else [tp]:
-                    if ep * etp > node_gpus or stage_gpus % (ep * etp):
-                        continue
-                    if model.is_moe and etp > 1 and model.add_bias_linear:
-                        continue
-                    for mbs in MI_MBS:
-                        if gbs % (mbs * dp):
-                            continue
-                        members = stage_members(cluster, stage_gpus, pp)
-                        if members is None:
-                            continue
-                        tried += 1
-                        types = [m[0] for m in members]
-                        priced = least_recompute(
-                            cost, run,
-                            lambda rc: build_plan(tp=tp, cp=1, ep=ep, etp=etp, mbs=mbs, gbs=gbs, dp=dp, types=types,
-                                                  layers=layers, recompute=rc),
-                            members)
-                        best = better(best, priced)
+        members = stage_members(cluster, stage_gpus, pp)
+        if members is None:
+            continue
+        types = [m[0] for m in members]
+        for tp, dp, ep, etp, mbs in manual_degrees(model, node_gpus, stage_gpus, gbs):
+            tried += 1
+            priced = least_recompute(
+                cost, run,
+                lambda rc: build_plan(tp=tp, cp=1, ep=ep, etp=etp, mbs=mbs, gbs=gbs, dp=dp, types=types,
+                                      layers=layers, recompute=rc),
+                members)
+            best = better(best, priced)
     if notes is not None:
         notes.append(f"MI: {tried} manual recipes tried")
         if best is not None:
             notes.extend(best.notes)
     return best
+
+
+def manual_degrees(model, node_gpus: int, stage_gpus: int, gbs: int):
+    """The manual recipe grid: TP, EP and ETP inside a node, DP filling the stage, micro-batch from
+    MI_MBS; yields (tp, dp, ep, etp, mbs) that Megatron accepts."""
+    for tp in tp_degrees(model, node_gpus):
+        if stage_gpus % tp:
+            continue
+        dp = stage_gpus // tp
+        for ep in ep_degrees(model, node_gpus):
+            for etp in sorted({1, tp}) if model.is_moe else [tp]:
+                if ep * etp > node_gpus or stage_gpus % (ep * etp):
+                    continue
+                if model.is_moe and etp > 1 and model.add_bias_linear:
+                    continue
+                for mbs in MI_MBS:
+                    if gbs % (mbs * dp) == 0:
+                        yield tp, dp, ep, etp, mbs
 
 
 def plan_mi(run: MegatronRun, cluster: ClusterSpec, profiles, **kw) -> Plan | None:
