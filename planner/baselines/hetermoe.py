@@ -23,8 +23,8 @@ cross-type all-to-all they would cost); the bench output says so next to this ba
 from __future__ import annotations
 
 from planner.baselines.common import (
-    PricedPlan, better, build_plan, cost_model, divisors, ep_degrees, ladder, min_bottleneck_split, num_nodes,
-    rule_problems, stage_members, tp_degrees, types_by_speed,
+    PricedPlan, better, build_plan, cost_model, divisors, ladder, min_bottleneck_split, num_nodes,
+    rule_problems, stage_members, types_by_speed,
 )
 from planner.baselines.mi import manual_degrees
 from planner.schemas.cluster import ClusterSpec, NodeGroup
