@@ -198,6 +198,8 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                             bucket[:] = [_Label(new_sum, new_sync, lab, (o, ell, n))]
         if last:
             break
+        if contiguous and not pareto:
+            nxt = _drop_dominated_states(nxt, v)
         states = nxt
         if not states:
             return None
@@ -209,6 +211,29 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < len(stages) else None,
                             k, s, n) for k, (o, s, n) in enumerate(stages))
     return best.sum_us + v * best.sync_us, best, actual
+
+
+def _drop_dominated_states(states: dict, v: int) -> dict:
+    """Single-label mode: a state is dominated by one with the same (layers, finished types, link
+    in, unit) that has used no more GPUs of the current type and has a label at least as good
+    (sum and sync both no worse): whatever the first can still do, the second can too."""
+    groups: dict[tuple, list] = {}
+    for key, labels in states.items():
+        ell, (mask, cur_used), in_link, unit = key
+        groups.setdefault((ell, mask, in_link, unit), []).append((cur_used, key, labels[0]))
+    out = {}
+    for items in groups.values():
+        if len(items) == 1:
+            out[items[0][1]] = [items[0][2]]
+            continue
+        items.sort(key=lambda x: x[0])
+        kept: list = []
+        for cur_used, key, lab in items:
+            if any(k.sum_us <= lab.sum_us and k.sync_us <= lab.sync_us for k in kept):
+                continue
+            kept.append(lab)
+            out[key] = [lab]
+    return out
 
 
 def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget, p2p, contiguous: bool):
