@@ -23,10 +23,6 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     return d
 
 
-def cost_json(cost: PlanCost) -> dict[str, Any]:
-    return cost.to_json()
-
-
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str]) -> dict:
     out = cost.to_json()
     out["model"] = run.model.name

@@ -555,7 +555,7 @@ class CostModel:
         sync = max(s.dp_comm_s + s.optimizer_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
         peak_total = sum(
-            self.tp_cp(plan) * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.precision)
+            plan.tp * plan.cp * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.precision)
             for s in stages
         )
         return PlanCost(
@@ -563,10 +563,6 @@ class CostModel:
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
             peak_flop_per_s_total=peak_total, stages=tuple(stages),
         )
-
-    @staticmethod
-    def tp_cp(plan: Plan) -> int:
-        return plan.tp * plan.cp
 
 
 def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:

@@ -3,7 +3,7 @@ and MegatronRun: everything read from a Megatron flag list."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
@@ -111,7 +111,3 @@ class MegatronRun(BaseModel):
     training: TrainingSpec
     parallel: ParallelConfig
     passthrough: tuple[str, ...] = Field((), description="flags the planner does not decide, in order")
-
-    @model_validator(mode="after")
-    def _check(self) -> "MegatronRun":
-        return self
