@@ -101,7 +101,7 @@ def test_tables_price_plans_like_the_evaluator():
 
 def test_lower_bounds_never_exceed_the_optimum():
     """The driver's cheap and tight bounds are below each configuration's exact optimum."""
-    from planner.search.driver import _lower_bound_s, _option_bound
+    from planner.search.bounds import lower_bound_s as _lower_bound_s, option_bound as _option_bound
 
     cm = _setup("llama2-7b", 6, "A100:8,910B:8", 32)
     tb = TableBuilder(cm)

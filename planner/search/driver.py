@@ -1,9 +1,9 @@
-"""The search driver: enumerates global choices, orders them by a cheap lower bound, solves each
-with a backend over the shared integer tables, and keeps the best plan.
+"""The search driver: enumerates global choices, orders them by a lower bound
+(planner/search/bounds.py), solves each with a backend over the shared integer tables, and keeps
+the best plan.
 
-Lower bound of G (no solving): with tau_o the least per-layer time of option o,
-sum_i t_i >= N * min_o tau_o and max_i t_i >= N / (sum of the PP fastest stage slots' layer rates),
-so v*T >= N*min tau + (m*v - 1) * N / rate.  Choices are visited in increasing bound; once the
+Every choice gets the cheap bound; the tight one (integral layers, memory, GPU budgets) is computed
+when a choice reaches the top of the queue.  Choices are visited in increasing bound; once the
 bound reaches the best plan found, every remaining choice is bounded out.  When each choice is
 either solved exactly (HS-DP or CP-SAT proving optimality, pruning off) or bounded out, the best
 plan is a certificate of optimality under the cost model.
@@ -19,6 +19,7 @@ from typing import Callable
 from planner.cost.model import CostModel, PlanCost
 from planner.errors import InfeasibleError
 from planner.schemas.plan import Plan, StagePlan
+from planner.search.bounds import lower_bound_s, option_bound
 from planner.search.space import (
     GlobalChoice, SearchSpace, StageOption, enumerate_globals, recompute_ladder, stage_options,
 )
@@ -69,114 +70,6 @@ class SearchResult:
 
 
 ProgressFn = Callable[[dict], None]
-
-
-@dataclass(frozen=True)
-class OptionBound:
-    """Per-option figures for the lower bound: least per-layer time (s) and memory per layer."""
-
-    layer_s: float
-    layer_static_bytes: float
-    layer_act_bytes: float
-    free_bytes: float  # capacity minus the fixed overhead
-
-
-def _lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],
-                   budget: dict[str, int], n_layers: int, m: int, inflight: list[float], tight: bool = True) -> float:
-    """A lower bound on this choice's iteration time (math.inf when it cannot fit):
-    sum_i t_i >= N * min tau; max_i t_i >= both (a) N over the summed layer rates of the PP fastest
-    stage slots the GPU budget allows (fluid), and (b) the least c for which the stages, each
-    holding at most min(floor(c / tau), layers that fit in memory at its position) layers, can
-    hold all N layers (integral, with memory; per position the best option, ignoring budgets)."""
-    if not options:
-        return math.inf
-    sum_lb = n_layers * min(ob[o].layer_s for o in options)
-    slots: list[float] = []
-    for h, n in budget.items():
-        own = [o for o in options if o.device_type == h]
-        if not own:
-            continue
-        best = min(own, key=lambda o: ob[o].layer_s * (g.tp * g.cp * o.dp))
-        count = n // (g.tp * g.cp * best.dp)
-        slots += [1.0 / ob[best].layer_s] * count
-    slots.sort(reverse=True)
-    if len(slots) < g.pp:
-        return math.inf
-    fluid = n_layers / sum(slots[: g.pp])
-    v = g.vpp
-    if not tight:
-        # cheap form (every configuration): fluid bound plus the memory test alone, in plain Python
-        room = 0
-        for i in range(g.pp):
-            best_n = 0
-            for o in options:
-                b = ob[o]
-                per = b.layer_static_bytes + inflight[i] * b.layer_act_bytes
-                best_n = max(best_n, int(max(b.free_bytes, 0.0) // per) if per > 0 else n_layers)
-            room += min(best_n, n_layers)
-            if room >= n_layers:
-                break
-        if room < n_layers:
-            return math.inf
-        return (sum_lb + (m * v - 1) * fluid) / v
-    # (b): layers that fit per position and option (vectorised over positions x options)
-    import numpy as np
-
-    tau = np.array([ob[o].layer_s for o in options])
-    static = np.array([ob[o].layer_static_bytes for o in options])
-    act = np.array([ob[o].layer_act_bytes for o in options])
-    free = np.array([ob[o].free_bytes for o in options])
-    per = static[None, :] + np.asarray(inflight)[:, None] * act[None, :]
-    nmem = np.where(per > 0, np.floor(np.maximum(free[None, :], 0) / np.maximum(per, 1e-30)), n_layers)
-    nmem = np.minimum(nmem, n_layers)
-    if nmem.max(axis=1).sum() < n_layers:
-        return math.inf  # cannot fit even with every stage on its roomiest option
-    cands = np.unique((np.arange(1, n_layers + 1)[:, None] * tau[None, :]).ravel())
-    # placeable(c) for every candidate at once: [C, PP, O] is small (C <= N*O)
-    cap_time = np.floor(cands[:, None] / tau[None, :] * (1 + 1e-12))  # [C, O]
-    per_cell = np.minimum(cap_time[:, None, :], nmem[None, :, :])  # [C, PP, O]
-    placeable = per_cell.max(axis=2).sum(axis=1)
-    ok = np.nonzero(placeable >= n_layers)[0]
-    if ok.size == 0:
-        return math.inf
-    lo = int(ok[0])
-    # tighter, when small: respect how many stages each device type can host (an assignment of
-    # positions to types, by a DP over positions with stages-used-per-type as state)
-    types = sorted({o.device_type for o in options})
-    stage_cap = [max(budget[h] // (g.tp * g.cp * min(o.dp for o in options if o.device_type == h)), 0) for h in types]
-    if tight and math.prod(k + 1 for k in stage_cap) <= 400:
-        type_cols = [[j for j, o in enumerate(options) if o.device_type == h] for h in types]
-
-        def assignable(ci: int) -> bool:
-            cell = per_cell[ci]
-            best_by_type = np.stack([cell[:, cols].max(axis=1) for cols in type_cols], axis=1)  # [PP, T]
-            states = {tuple(0 for _ in types): 0.0}
-            for i in range(g.pp):
-                nxt: dict = {}
-                for used, val in states.items():
-                    for ti in range(len(types)):
-                        if used[ti] < stage_cap[ti]:
-                            u = used[:ti] + (used[ti] + 1,) + used[ti + 1:]
-                            v2 = val + best_by_type[i, ti]
-                            if v2 > nxt.get(u, -1):
-                                nxt[u] = v2
-                states = nxt
-            return bool(states) and max(states.values()) >= n_layers
-
-        hi_i = len(cands) - 1
-        if not assignable(hi_i):
-            return math.inf
-        lo_i = lo
-        while lo_i < hi_i:
-            mid = (lo_i + hi_i) // 2
-            if assignable(mid):
-                hi_i = mid
-            else:
-                lo_i = mid + 1
-        lo = lo_i
-    tmax_lb = max(fluid, cands[lo])
-    v = g.vpp
-    return (sum_lb + (m * v - 1) * tmax_lb) / v
 
 
 def plan_from_solution(g: GlobalChoice, t: StageTables, stages: list[tuple[int, int, int]], gbs: int) -> Plan:
@@ -231,11 +124,11 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, o)
             ob = layer_min.get(key)
             if ob is None:
-                ob = layer_min[key] = _option_bound(cost, gs1, o)
+                ob = layer_min[key] = option_bound(cost, gs1, o)
             obs[o] = ob
         m = training.global_batch_size // (g.mbs * g.dp0)
         inflight = [cost.inflight_microbatches(gs, i) for i in range(g.pp)]
-        lb = _lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False)
+        lb = lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False)
         if math.isfinite(lb):
             rank = ladder_rank.get(g.recompute.label, 0) if g.recompute is not None else 0
             entries.append((lb, rank, g, options, (obs, m, inflight)))
@@ -283,7 +176,8 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             bounded += 1 + len(heap)
             break
         if not tightened:
-            lb2 = _lower_bound_s(obs, g, options, budget, model.num_layers, m_mb, inflight, tight=True)
+            lb2 = lower_bound_s(obs, g, options, budget, model.num_layers, m_mb, inflight, tight=True,
+                                 beat_s=kth)
             if not math.isfinite(lb2):
                 infeasible += 1
                 continue
@@ -401,31 +295,6 @@ def _prove_with_cpsat(builder: TableBuilder, cands: list[Candidate], settings: S
     best = cands[0]
     lower = min([p.bound_s for p in proven] + [c.objective_s for c in cands if c not in proven])
     return (best.status if best in proven else "FEASIBLE"), lower
-
-
-def _option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
-    """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss).
-    Time: without recompute for block recompute (it spares some layers), with it otherwise (every
-    layer pays it).  Memory: weights, grads and optimizer state per layer, activations per layer."""
-    from planner.schemas.plan import Recompute
-
-    kinds: dict[bool, int] = {}
-    for j, k in enumerate(cost.model.layer_is_moe):
-        kinds.setdefault(k, j)
-    timing = o.recompute if (o.recompute.granularity == "selective" or o.recompute.method == "uniform") \
-        else Recompute.none()
-    times, statics, acts, free = [], [], [], 0.0
-    for j in kinds.values():
-        c = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=timing,
-                            is_first=False, is_last=False)
-        m = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
-                            is_first=False, is_last=False)
-        times.append(c.time_s)
-        statics.append(m.weights_bytes + m.grads_bytes + m.optimizer_bytes)
-        acts.append(m.act_per_microbatch_bytes)
-        free = m.capacity_bytes - m.other_bytes
-    return OptionBound(layer_s=min(times), layer_static_bytes=min(statics), layer_act_bytes=min(acts),
-                       free_bytes=free)
 
 
 def _infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -> InfeasibleError:

@@ -1,0 +1,205 @@
+"""Lower bounds on one global choice's iteration time, computed without solving it.
+
+The driver visits global choices in increasing bound and stops once the bound reaches the best
+plan found, so every choice bounded out here is a choice no backend has to solve.  The bounds
+must never exceed a choice's exact optimum (tests/test_search.py checks this against HS-DP and
+brute force); they read per-layer figures of each stage option (OptionBound), never the tables.
+
+For v x T = sum_i t_i + (m*v - 1) * max_i t_i + v * max sync_i:
+  - sum_i t_i >= N * min_o tau_o, with tau_o the least per-layer time of option o;
+  - max_i t_i >= the fluid bound: N over the summed layer rates of the PP fastest stage slots the
+    GPU budget allows;
+  - max_i t_i >= the least cap c for which PP stages, stage i on some option o holding at most
+    min(floor(c / tau_o), layers of o that fit in memory at position i) layers, can hold all N
+    layers while the GPUs each device type lends to its stages stay within its budget.  That last
+    test is a small DP over positions with GPUs-used-per-type as state (numpy, one array per
+    position); when the state space is too large it drops the budget and lets every position
+    take its best option.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import reduce
+
+import numpy as np
+
+from planner.cost.model import CostModel
+from planner.search.space import GlobalChoice, StageOption
+
+# largest GPUs-used-per-type state space the budget test builds (cells of one numpy array)
+MAX_BUDGET_STATES = 65_536
+
+
+@dataclass(frozen=True)
+class OptionBound:
+    """Per-option figures for the bounds: least per-layer time (s) and memory per layer."""
+
+    layer_s: float
+    layer_static_bytes: float
+    layer_act_bytes: float
+    free_bytes: float  # capacity minus the fixed overhead
+
+
+def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
+    """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss).
+    Time: without recompute for block recompute (it spares some layers), with it otherwise (every
+    layer pays it).  Memory: weights, grads and optimizer state per layer, activations per layer."""
+    from planner.schemas.plan import Recompute
+
+    kinds: dict[bool, int] = {}
+    for j, k in enumerate(cost.model.layer_is_moe):
+        kinds.setdefault(k, j)
+    timing = o.recompute if (o.recompute.granularity == "selective" or o.recompute.method == "uniform") \
+        else Recompute.none()
+    times, statics, acts, free = [], [], [], 0.0
+    for j in kinds.values():
+        c = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=timing,
+                            is_first=False, is_last=False)
+        m = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                            is_first=False, is_last=False)
+        times.append(c.time_s)
+        statics.append(m.weights_bytes + m.grads_bytes + m.optimizer_bytes)
+        acts.append(m.act_per_microbatch_bytes)
+        free = m.capacity_bytes - m.other_bytes
+    return OptionBound(layer_s=min(times), layer_static_bytes=min(statics), layer_act_bytes=min(acts),
+                       free_bytes=free)
+
+
+def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],
+                  budget: dict[str, int], n_layers: int, m: int, inflight: list[float], tight: bool = True,
+                  beat_s: float = math.inf) -> float:
+    """A lower bound on this choice's iteration time, math.inf when it cannot fit.
+
+    cheap (tight=False): sum and fluid bounds plus a memory test, plain Python, for every choice.
+    tight: adds the integral cap bound with memory and GPU budgets.  With `beat_s` (the plan to
+    beat) the cap search stops as soon as it proves the bound reaches beat_s, and then returns
+    beat_s (a valid bound: the true one is at least that)."""
+    if not options:
+        return math.inf
+    v = g.vpp
+    sum_lb = n_layers * min(ob[o].layer_s for o in options)
+    fluid = _fluid_tmax_s(ob, g, options, budget, n_layers)
+    if not math.isfinite(fluid):
+        return math.inf
+    if not tight:
+        if _room(ob, options, n_layers, inflight) < n_layers:
+            return math.inf
+        return (sum_lb + (m * v - 1) * fluid) / v
+
+    tau = np.array([ob[o].layer_s for o in options])
+    static = np.array([ob[o].layer_static_bytes for o in options])
+    act = np.array([ob[o].layer_act_bytes for o in options])
+    free = np.array([ob[o].free_bytes for o in options])
+    per = static[None, :] + np.asarray(inflight)[:, None] * act[None, :]
+    nmem = np.where(per > 0, np.floor(np.maximum(free[None, :], 0) / np.maximum(per, 1e-30)), n_layers)
+    nmem = np.minimum(nmem, n_layers)  # [PP, O] layers option o holds in memory at position i
+    if nmem.max(axis=1).sum() < n_layers:
+        return math.inf  # cannot fit even with every stage on its roomiest option
+    cands = np.unique((np.arange(1, n_layers + 1)[:, None] * tau[None, :]).ravel())  # every cap that matters
+    cap_layers = np.floor(cands[:, None] / tau[None, :] * (1 + 1e-12))  # [C, O]
+    per_cell = np.minimum(cap_layers[:, None, :], nmem[None, :, :]).astype(np.int64)  # [C, PP, O]
+    # budget-free: each position takes its best option
+    ok = np.nonzero(per_cell.max(axis=2).sum(axis=1) >= n_layers)[0]
+    if ok.size == 0:
+        return math.inf
+    lo, hi = int(ok[0]), len(cands) - 1
+
+    def value(tmax: float) -> float:
+        return (sum_lb + (m * v - 1) * max(fluid, tmax)) / v
+
+    if value(cands[lo]) >= beat_s:
+        return value(cands[lo])
+    test = _budget_test(g, options, budget)
+    if test is not None:
+        if math.isfinite(beat_s) and m * v > 1:
+            # the largest cap a plan beating beat_s could have: if even that cannot hold the
+            # layers, the bound reaches beat_s
+            c_star = (beat_s * v - sum_lb) / (m * v - 1)
+            hi_beat = int(np.searchsorted(cands, c_star, side="right")) - 1
+            if hi_beat < lo or not test(per_cell[hi_beat], n_layers):
+                return max(beat_s, value(cands[lo]))
+            hi = hi_beat
+        elif not test(per_cell[hi], n_layers):
+            return math.inf
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if test(per_cell[mid], n_layers):
+                hi = mid
+            else:
+                lo = mid + 1
+    return value(cands[lo])
+
+
+def _fluid_tmax_s(ob, g: GlobalChoice, options, budget: dict[str, int], n_layers: int) -> float:
+    """N over the summed layer rates of the PP fastest stage slots (each type's most efficient
+    option per GPU, as many slots as its GPUs allow); math.inf with fewer than PP slots."""
+    slots: list[float] = []
+    for h, n in budget.items():
+        own = [o for o in options if o.device_type == h]
+        if not own:
+            continue
+        best = min(own, key=lambda o: ob[o].layer_s * (g.tp * g.cp * o.dp))
+        slots += [1.0 / ob[best].layer_s] * (n // (g.tp * g.cp * best.dp))
+    if len(slots) < g.pp:
+        return math.inf
+    slots.sort(reverse=True)
+    return n_layers / sum(slots[: g.pp])
+
+
+def _room(ob, options, n_layers: int, inflight: list[float]) -> int:
+    """Layers the stages can hold in memory at best (each position on its roomiest option)."""
+    room = 0
+    for load in inflight:
+        best_n = 0
+        for o in options:
+            b = ob[o]
+            per = b.layer_static_bytes + load * b.layer_act_bytes
+            best_n = max(best_n, int(max(b.free_bytes, 0.0) // per) if per > 0 else n_layers)
+        room += min(best_n, n_layers)
+        if room >= n_layers:
+            break
+    return room
+
+
+def _budget_test(g: GlobalChoice, options: list[StageOption], budget: dict[str, int]):
+    """A function (layers [PP, O] per position and option, N) -> bool: can PP stages, each on an
+    option holding at most its cell's layers (and at least one), hold N layers with every device
+    type's GPUs within budget?  None when the state space exceeds MAX_BUDGET_STATES."""
+    types = sorted({o.device_type for o in options})
+    gpus = [g.tp * g.cp * o.dp for o in options]
+    unit = reduce(math.gcd, gpus)
+    dims = tuple(budget[h] // unit + 1 for h in types)
+    if math.prod(dims) > MAX_BUDGET_STATES:
+        return None
+    # options sharing (type, GPUs) shift the state alike: one move each, taking the most layers
+    moves: dict[tuple[int, int], list[int]] = {}
+    for j, o in enumerate(options):
+        moves.setdefault((types.index(o.device_type), gpus[j] // unit), []).append(j)
+    moves_list = [(ti, k, np.array(cols)) for (ti, k), cols in moves.items() if k < dims[ti]]
+    origin = (0,) * len(dims)
+
+    def test(cell: np.ndarray, n_layers: int) -> bool:
+        best = np.full(dims, -1, dtype=np.int64)  # most layers placed so far per GPUs-used state
+        best[origin] = 0
+        for i in range(cell.shape[0]):
+            nxt = np.full(dims, -1, dtype=np.int64)
+            row = cell[i]
+            for ti, k, cols in moves_list:
+                layers = int(row[cols].max())
+                if layers <= 0:
+                    continue
+                src = [slice(None)] * len(dims)
+                dst = [slice(None)] * len(dims)
+                src[ti] = slice(0, dims[ti] - k)
+                dst[ti] = slice(k, None)
+                prev = best[tuple(src)]
+                view = nxt[tuple(dst)]
+                np.maximum(view, np.where(prev >= 0, prev + layers, -1), out=view)
+            best = nxt
+            if best.max() < 0:
+                return False
+        return bool(best.max() >= n_layers)
+
+    return test
