@@ -7,8 +7,8 @@ brute force); they read per-layer figures of each stage option (OptionBound), ne
 
 For v x T = sum_i t_i + (m*v - 1) * max_i t_i + v * max sync_i:
   - sum_i t_i >= N * min_o tau_o, with tau_o the least per-layer time of option o;
-  - max_i t_i >= the fluid bound: N over the summed layer rates of the PP fastest stage slots the
-    GPU budget allows;
+  - max_i t_i >= the fluid bound: N over the largest summed layer rate of PP stages whose GPUs
+    stay within each device type's budget;
   - max_i t_i >= the least cap c for which PP stages, stage i on some option o holding at most
     min(floor(c / tau_o), layers of o that fit in memory at position i) layers, can hold all N
     layers while the GPUs each device type lends to its stages stay within its budget.  That last
@@ -69,18 +69,19 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
 
 def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],
                   budget: dict[str, int], n_layers: int, m: int, inflight: list[float], tight: bool = True,
-                  beat_s: float = math.inf) -> float:
+                  beat_s: float = math.inf, cache: dict | None = None) -> float:
     """A lower bound on this choice's iteration time, math.inf when it cannot fit.
 
     cheap (tight=False): sum and fluid bounds plus a memory test, plain Python, for every choice.
     tight: adds the integral cap bound with memory and GPU budgets.  With `beat_s` (the plan to
     beat) the cap search stops as soon as it proves the bound reaches beat_s, and then returns
-    beat_s (a valid bound: the true one is at least that)."""
+    beat_s (a valid bound: the true one is at least that).  `cache`: any dict the caller
+    keeps across calls (work shared across PP)."""
     if not options:
         return math.inf
     v = g.vpp
     sum_lb = n_layers * min(ob[o].layer_s for o in options)
-    fluid = _fluid_tmax_s(ob, g, options, budget, n_layers)
+    fluid = _fluid_tmax_s(ob, g, options, budget, n_layers, cache)
     if not math.isfinite(fluid):
         return math.inf
     if not tight:
@@ -132,20 +133,63 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
     return value(cands[lo])
 
 
-def _fluid_tmax_s(ob, g: GlobalChoice, options, budget: dict[str, int], n_layers: int) -> float:
-    """N over the summed layer rates of the PP fastest stage slots (each type's most efficient
-    option per GPU, as many slots as its GPUs allow); math.inf with fewer than PP slots."""
-    slots: list[float] = []
-    for h, n in budget.items():
-        own = [o for o in options if o.device_type == h]
-        if not own:
-            continue
-        best = min(own, key=lambda o: ob[o].layer_s * (g.tp * g.cp * o.dp))
-        slots += [1.0 / ob[best].layer_s] * (n // (g.tp * g.cp * best.dp))
-    if len(slots) < g.pp:
+def _fluid_tmax_s(ob, g: GlobalChoice, options, budget: dict[str, int], n_layers: int,
+                  cache: dict | None = None) -> float:
+    """N over the largest summed layer rate PP stages can have with each device type's GPUs within
+    budget (a stage on option o runs 1 / tau_o layers per second and takes TP*CP*DP_o GPUs);
+    math.inf when no PP stages fit the budget.  The rates per stage count do not depend on PP:
+    `cache` keeps them across PP."""
+    key = (tuple((o.device_type, g.tp * g.cp * o.dp, ob[o].layer_s) for o in options), tuple(budget.items()))
+    rates = cache.get(key) if cache is not None else None
+    if rates is None:
+        rates = _max_rates(ob, g, options, budget, n_layers)
+        if cache is not None:
+            cache[key] = rates
+    if g.pp >= len(rates) or not rates[g.pp] > 0:
         return math.inf
-    slots.sort(reverse=True)
-    return n_layers / sum(slots[: g.pp])
+    return n_layers / rates[g.pp]
+
+
+def _max_rates(ob, g: GlobalChoice, options, budget: dict[str, int], max_stages: int) -> np.ndarray:
+    """rates[k] = the largest summed layer rate of exactly k stages within the GPU budgets
+    (-inf where k stages do not fit), by a knapsack per device type and a max-plus merge."""
+    total = np.array([0.0])
+    for h, n in budget.items():
+        # per GPU count, the fastest option of this type
+        items: dict[int, float] = {}
+        for o in options:
+            if o.device_type == h:
+                gpus = g.tp * g.cp * o.dp
+                items[gpus] = max(items.get(gpus, 0.0), 1.0 / ob[o].layer_s)
+        if not items:
+            continue
+        if len(items) == 1:  # one GPU count (the megatron runtime): k stages at the best rate
+            (gpus, rate), = items.items()
+            own = rate * np.arange(min(n // gpus, max_stages) + 1)
+        else:
+            own = _knapsack_rates(items, n, max_stages)
+        merged = np.full(len(total) + len(own) - 1, -np.inf)
+        for k, r in enumerate(own):
+            np.maximum(merged[k:k + len(total)], total + r, out=merged[k:k + len(total)])
+        total = merged
+    return total
+
+
+def _knapsack_rates(items: dict[int, float], n: int, max_stages: int) -> np.ndarray:
+    """[k] = the largest summed rate of k stages of one type (item: GPUs -> rate) within n GPUs."""
+    best = np.full(n + 1, -np.inf)  # best[c]: largest rate of k stages using exactly c GPUs
+    best[0] = 0.0
+    per_k = [0.0]
+    while len(per_k) <= max_stages:
+        nxt = np.full(n + 1, -np.inf)
+        for gpus, rate in items.items():
+            if gpus <= n:
+                np.maximum(nxt[gpus:], best[: n + 1 - gpus] + rate, out=nxt[gpus:])
+        if not np.isfinite(nxt).any():
+            break
+        per_k.append(float(nxt.max()))
+        best = nxt
+    return np.array(per_k)
 
 
 def _room(ob, options, n_layers: int, inflight: list[float]) -> int:
@@ -178,25 +222,83 @@ def _budget_test(g: GlobalChoice, options: list[StageOption], budget: dict[str, 
     for j, o in enumerate(options):
         moves.setdefault((types.index(o.device_type), gpus[j] // unit), []).append(j)
     moves_list = [(ti, k, np.array(cols)) for (ti, k), cols in moves.items() if k < dims[ti]]
-    origin = (0,) * len(dims)
+
+    if all(k == 1 for _, k, _ in moves_list) and len(moves_list) == len(dims):
+        return _stage_count_test(moves_list, dims)
+    step = [max((k for ti2, k, _ in moves_list if ti2 == ti), default=0) for ti in range(len(dims))]
+    cols_list = [cols for _, _, cols in moves_list]
 
     def test(cell: np.ndarray, n_layers: int) -> bool:
-        best = np.full(dims, -1, dtype=np.int64)  # most layers placed so far per GPUs-used state
-        best[origin] = 0
+        # best[u] = most layers placed so far with GPUs used u (-1: unreachable); the array grows
+        # with the states reachable after i stages instead of spanning the budget from the start
+        best = np.zeros((1,) * len(dims), dtype=np.int64)
         for i in range(cell.shape[0]):
-            nxt = np.full(dims, -1, dtype=np.int64)
             row = cell[i]
-            for ti, k, cols in moves_list:
+            shape = tuple(min(d, s + k) for d, s, k in zip(dims, best.shape, step))
+            nxt = np.full(shape, -1, dtype=np.int64)
+            for (ti, k, _), cols in zip(moves_list, cols_list):
                 layers = int(row[cols].max())
                 if layers <= 0:
                     continue
+                width = min(best.shape[ti], shape[ti] - k)
+                if width <= 0:
+                    continue
                 src = [slice(None)] * len(dims)
-                dst = [slice(None)] * len(dims)
-                src[ti] = slice(0, dims[ti] - k)
-                dst[ti] = slice(k, None)
+                dst = [slice(0, s) for s in best.shape]
+                src[ti] = slice(0, width)
+                dst[ti] = slice(k, k + width)
                 prev = best[tuple(src)]
                 view = nxt[tuple(dst)]
                 np.maximum(view, np.where(prev >= 0, prev + layers, -1), out=view)
+            best = nxt
+            if best.max() < 0:
+                return False
+        return bool(best.max() >= n_layers)
+
+    return test
+
+
+def _stage_count_test(moves_list, dims: tuple[int, ...]):
+    """The budget test when every option of a type uses the same GPUs (the megatron runtime): the
+    state is the stages per type, and after i stages the last type's count is i minus the others,
+    so the DP runs over one dimension fewer."""
+    order = sorted(moves_list, key=lambda x: x[0])
+    cols_by_type = [cols for _, _, cols in order]
+    caps = [d - 1 for d in dims]  # stages each type can host
+    explicit = len(dims) - 1
+
+    def test(cell: np.ndarray, n_layers: int) -> bool:
+        pp = cell.shape[0]
+        if pp > sum(caps):
+            return False
+        per_type = np.stack([cell[:, cols].max(axis=1) for cols in cols_by_type], axis=1)  # [PP, T]
+        if explicit == 0:
+            return bool((per_type[:, 0] >= 1).all() and per_type[:, 0].sum() >= n_layers)
+        best = np.zeros((1,) * explicit, dtype=np.int64)
+        for i in range(pp):
+            row = per_type[i]
+            shape = tuple(min(caps[t] + 1, best.shape[t] + 1) for t in range(explicit))
+            nxt = np.full(shape, -1, dtype=np.int64)
+            here = tuple(slice(0, s) for s in best.shape)
+            for t in range(len(dims)):
+                layers = int(row[t])
+                if layers <= 0:
+                    continue
+                src = [slice(None)] * explicit
+                dst = list(here)
+                if t < explicit:  # an explicit type: its count (index) grows by one
+                    width = min(best.shape[t], shape[t] - 1)
+                    if width <= 0:
+                        continue
+                    src[t] = slice(0, width)
+                    dst[t] = slice(1, 1 + width)
+                prev = best[tuple(src)]
+                gain = np.where(prev >= 0, prev + layers, -1)
+                if t == explicit:  # the implicit type: its count i - sum(index) must stay within cap
+                    idx_sum = sum(np.indices(prev.shape))
+                    gain = np.where(i - idx_sum + 1 <= caps[t], gain, -1)
+                view = nxt[tuple(dst)]
+                np.maximum(view, gain, out=view)
             best = nxt
             if best.max() < 0:
                 return False

@@ -104,6 +104,8 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute))}
     entries = []
     layer_min: dict = {}
+    options_by_key: dict = {}
+    bound_cache: dict = {}
     fitted_keys: set = set()
     pruned_early = 0
     n_enumerated = 0
@@ -112,23 +114,26 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         if settings.memory_prune and gkey in fitted_keys:
             pruned_early += 1
             continue  # a lesser recompute of this configuration already fits (ladder order)
-        options = stage_options(g, model, training, cluster, space, gpn)
+        okey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.recompute.label if g.recompute else None)
+        options = options_by_key.get(okey)
+        if options is None:  # the options do not depend on PP or VPP
+            options = options_by_key[okey] = stage_options(g, model, training, cluster, space, gpn)
         if not options:
             continue
         n_enumerated += 1
         gs = builder.shape(g)
-        # a one-layer middle stage does not depend on PP or VPP: share the bound across them
-        gs1 = replace(gs, vpp=1, pp=2)
         obs = {}
         for o in options:
             key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, o)
             ob = layer_min.get(key)
             if ob is None:
-                ob = layer_min[key] = option_bound(cost, gs1, o)
+                # a one-layer middle stage does not depend on PP or VPP: share the bound across them
+                ob = layer_min[key] = option_bound(cost, replace(gs, vpp=1, pp=2), o)
             obs[o] = ob
         m = training.global_batch_size // (g.mbs * g.dp0)
         inflight = [cost.inflight_microbatches(gs, i) for i in range(g.pp)]
-        lb = lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False)
+        lb = lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False,
+                           cache=bound_cache)
         if math.isfinite(lb):
             rank = ladder_rank.get(g.recompute.label, 0) if g.recompute is not None else 0
             entries.append((lb, rank, g, options, (obs, m, inflight)))
@@ -177,7 +182,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             break
         if not tightened:
             lb2 = lower_bound_s(obs, g, options, budget, model.num_layers, m_mb, inflight, tight=True,
-                                 beat_s=kth)
+                                 beat_s=kth, cache=bound_cache)
             if not math.isfinite(lb2):
                 infeasible += 1
                 continue

@@ -127,6 +127,7 @@ def enumerate_globals(
     gbs = training.global_batch_size
     n_by_type = cluster.gpus_by_type()
     total = sum(n_by_type.values())
+    ladder = recompute_ladder(model, space.recompute)
     max_gpn = max(gpus_per_node.values())
     num_experts = model.num_experts or 1
     eps = space.ep or tuple(e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if num_experts % e == 0)
@@ -180,7 +181,7 @@ def enumerate_globals(
                                                     or model.num_layers < pp * vpp):
                                         continue
                                     if space.runtime == "megatron":
-                                        for rc in recompute_ladder(model, space.recompute):
+                                        for rc in ladder:
                                             yield GlobalChoice("megatron", tp, cp, ep, etp, mbs, pp, vpp, dp0, rc)
                                     else:
                                         yield GlobalChoice("flagscale", tp, cp, ep, etp, mbs, pp, 1, dp0, None)

@@ -1,0 +1,151 @@
+"""The search's lower bounds (planner/search/bounds.py): the GPU-budget test against brute-force
+enumeration, and the whole bound against each configuration's exact optimum (brute force over the
+integer tables) in both runtimes, with and without a plan to beat."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner.cost.model import CostModel
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.resolve import resolve_run
+from planner.profile_tables import ProfileSet
+from planner.schemas.plan import Recompute
+from planner.search.bounds import _budget_test, lower_bound_s, option_bound
+from planner.search.space import GlobalChoice, SearchSpace, StageOption, enumerate_globals, stage_options
+from solver_models.brute import solve_brute
+from solver_models.tables import TableBuilder
+
+TYPES = ("H800", "MI300X", "910B")
+
+
+def _brute_max_layers(cell: np.ndarray, options, budget: dict[str, int], tp: int) -> int:
+    """Most layers PP stages can hold (each on an option with >= 1 layer in its cell, GPUs per type
+    within budget), by enumerating every option sequence; -1 when no sequence is valid."""
+    best = -1
+    pp = cell.shape[0]
+    for seq in itertools.product(range(len(options)), repeat=pp):
+        if any(cell[i, o] < 1 for i, o in enumerate(seq)):
+            continue
+        used: dict[str, int] = {}
+        for o in seq:
+            used[options[o].device_type] = used.get(options[o].device_type, 0) + tp * options[o].dp
+        if any(used[h] > budget[h] for h in used):
+            continue
+        best = max(best, int(sum(cell[i, o] for i, o in enumerate(seq))))
+    return best
+
+
+@pytest.mark.parametrize("uniform_dp", [False, True], ids=["per-stage-dp", "one-dp"])
+def test_budget_test_matches_enumeration(uniform_dp):
+    """The budget DP answers 'can these stages hold N layers?' exactly as enumeration does: yes at
+    the enumerated maximum, no one layer above it (per-stage DP: the general DP; one DP for all
+    options: the stage-count DP the megatron runtime uses)."""
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(60):
+        n_types = rng.randint(1, 3)
+        types = TYPES[:n_types]
+        tp = rng.choice((1, 2))
+        dps = [rng.choice((1, 2))] if uniform_dp else [1, 2, 4]
+        options = [StageOption(h, dp, Recompute.none()) for h in types for dp in dps if rng.random() < 0.8]
+        if not options:
+            continue
+        budget = {h: tp * rng.randint(1, 6) for h in types}
+        pp = rng.randint(1, 4)
+        cell = np.array([[rng.randint(0, 5) for _ in options] for _ in range(pp)], dtype=np.int64)
+        g = GlobalChoice("flagscale", tp, 1, 1, 1, 4, pp, 1, 1, None)
+        test = _budget_test(g, options, budget)
+        assert test is not None
+        most = _brute_max_layers(cell, options, budget, tp)
+        if most < 0:
+            assert not test(cell, 1)
+            continue
+        assert test(cell, most), (cell.tolist(), options, budget)
+        assert not test(cell, most + 1), (cell.tolist(), options, budget)
+        checked += 1
+    assert checked >= 25
+
+
+CASES = [
+    # (model preset, layers kept, cluster, global batch, runtime)
+    ("mixtral-s", 6, "H800:8,MI300X:8,910B:8", 48, "flagscale"),
+    ("llama2-7b", 8, "H800:8,A100:8,910B:8", 32, "flagscale"),
+    ("mixtral-s", 6, "H800:8,MI300X:8,910B:8", 48, "megatron"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[4]}" for c in CASES])
+def test_bound_never_exceeds_the_exact_optimum(case):
+    """For sampled configurations with PP 2..4: the tight bound is at most brute force's optimum;
+    given a plan to beat, it is unchanged when below it and at least that plan when not."""
+    preset, layers, cluster, gbs, runtime = case
+    profiles = ProfileSet.load()
+    cl = parse_cluster(cluster, profiles)
+    run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
+    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": None})
+    cm = CostModel(model, run.training, cl, profiles)
+    space = SearchSpace(runtime=runtime, mbs=(1, 2), recompute=(Recompute.none(), Recompute.full("uniform", 1)),
+                        stage_recompute=(Recompute.none(), Recompute.full("uniform", 1)))
+    gpn = {h: cm.gpus_per_node(h) for h in cl.gpus_by_type()}
+    tb = TableBuilder(cm)
+    budget = cl.gpus_by_type()
+    configs = [g for g in enumerate_globals(model, run.training, cl, space, gpn) if 2 <= g.pp <= 4]
+    checked = 0
+    for g in configs[:: max(1, len(configs) // 24)]:
+        opts = stage_options(g, model, run.training, cl, space, gpn)
+        if not opts or len(opts) ** g.pp > 20_000:
+            continue
+        t = tb.build(g, opts)
+        sol = solve_brute(t)
+        gs = tb.shape(g)
+        obs = {o: option_bound(cm, replace(gs, vpp=1, pp=2), o) for o in opts}
+        inflight = [cm.inflight_microbatches(gs, i) for i in range(g.pp)]
+        m = gs.num_microbatches
+        lb = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True)
+        if sol is None:
+            continue
+        opt_s = sol.objective_us * 1e-6 / g.vpp
+        slack_s = (m * g.vpp + g.pp) * 1e-6  # the tables round each stage time to 1 us
+        assert lb <= opt_s + slack_s, g.label()
+        for beat in (opt_s, 0.5 * (lb + opt_s), 0.99 * lb, 1.5 * opt_s):
+            lb_beat = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True, beat_s=beat)
+            assert lb_beat <= max(opt_s + slack_s, beat), g.label()
+            if lb < beat:
+                assert lb_beat == pytest.approx(lb, rel=1e-12), g.label()
+            else:
+                assert lb_beat >= beat or math.isclose(lb_beat, beat), g.label()
+        checked += 1
+    assert checked >= 5
+
+
+def test_max_rates_match_enumeration():
+    """The fluid bound's largest summed rate of exactly k stages within each type's GPU budget
+    equals enumeration over every multiset of stage options."""
+    from planner.search.bounds import OptionBound, _max_rates
+
+    rng = random.Random(11)
+    for _ in range(40):
+        types = TYPES[: rng.randint(1, 3)]
+        options = [StageOption(h, dp, Recompute.none()) for h in types for dp in (1, 2, 4) if rng.random() < 0.7]
+        if not options:
+            continue
+        ob = {o: OptionBound(layer_s=rng.uniform(0.01, 0.1) / o.dp ** rng.uniform(0.7, 1.0), layer_static_bytes=1.0,
+                             layer_act_bytes=1.0, free_bytes=1.0) for o in options}
+        budget = {h: rng.randint(1, 7) for h in types}
+        g = GlobalChoice("flagscale", 1, 1, 1, 1, 4, 1, 1, 1, None)
+        rates = _max_rates(ob, g, options, budget, max_stages=6)
+        for k in range(0, 7):
+            best = -math.inf
+            for combo in itertools.combinations_with_replacement(options, k):
+                used = {h: sum(o.dp for o in combo if o.device_type == h) for h in types}
+                if all(used[h] <= budget[h] for h in types):
+                    best = max(best, sum(1.0 / ob[o].layer_s for o in combo))
+            got = rates[k] if k < len(rates) else -math.inf
+            assert got == pytest.approx(best) if math.isfinite(best) else got == -math.inf, (k, budget, options)
