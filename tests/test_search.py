@@ -179,3 +179,24 @@ def test_infeasible_request_says_why():
         search(cm, SearchSpace(), SearchSettings(backend="hsdp"))
     text = str(err.value)
     assert "GiB" in text and "short" in text and "more GPUs" in text
+
+
+@pytest.mark.parametrize("cluster,gbs", [("H800:4,MI300X:4", 16), ("H800:4,MI300X:4,910B:4", 24)])
+def test_flagscale_search_without_pruning_equals_exhaustive_brute_force(cluster, gbs):
+    """The per-stage-DP (flagscale) search without pruning, bounds and warm start included, finds
+    the optimum of brute force run on every configuration (no bounding), and says it is certified."""
+    from planner.schemas.plan import Recompute
+
+    cm = _setup("mixtral-s", 4, cluster, gbs)
+    short = (Recompute.none(), Recompute.full("uniform", 1))
+    space = SearchSpace(runtime="flagscale", tp=(1, 2), mbs=(1, 2), max_pp=3, stage_recompute=short)
+    tb = TableBuilder(cm)
+    truth = math.inf
+    for g, opts in _globals(cm, space):
+        sol = solve_brute(tb.build(g, opts))
+        if sol is not None:
+            truth = min(truth, sol.objective_us * 1e-6 / g.vpp)
+    assert math.isfinite(truth)
+    res = search(cm, space, SearchSettings(backend="hsdp", delta=None, memory_prune=False))
+    assert res.best[0].objective_s == pytest.approx(truth, rel=1e-9)
+    assert res.certified_optimal and res.configs_bounded > 0
