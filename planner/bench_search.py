@@ -17,6 +17,7 @@ SCENARIOS = [
     ("48 GPUs megatron hsdp", "mixtral-l", "H800:16,MI300X:16,910B:16", "hsdp", "megatron", True, 60),
     ("48 GPUs flagscale hsdp", "mixtral-l", "H800:16,MI300X:16,910B:16", "hsdp", "flagscale", True, 120),
     ("48 GPUs megatron cpsat certified", "mixtral-l", "H800:16,MI300X:16,910B:16", "cpsat", "megatron", False, 120),
+    ("48 GPUs flagscale hsdp certified", "mixtral-l", "H800:16,MI300X:16,910B:16", "hsdp", "flagscale", False, 120),
     ("1024 GPUs megatron hsdp", "mixtral-l", "H800:344,MI300X:344,910B:336", "hsdp", "megatron", True, 120),
     ("4096 GPUs megatron hsdp", "mixtral-l", "H800:1368,MI300X:1368,910B:1360", "hsdp", "megatron", True, 180),
 ]

@@ -30,6 +30,7 @@ from planner.search.space import GlobalChoice, StageOption
 
 # largest GPUs-used-per-type state space the budget test builds (cells of one numpy array)
 MAX_BUDGET_STATES = 65_536
+_UNREACHABLE = -(1 << 40)  # a budget-DP state no stage sequence reaches; stays negative when layers are added
 
 
 @dataclass(frozen=True)
@@ -229,13 +230,13 @@ def _budget_test(g: GlobalChoice, options: list[StageOption], budget: dict[str, 
     cols_list = [cols for _, _, cols in moves_list]
 
     def test(cell: np.ndarray, n_layers: int) -> bool:
-        # best[u] = most layers placed so far with GPUs used u (-1: unreachable); the array grows
+        # best[u] = most layers placed so far with GPUs used u (< 0: unreachable); the array grows
         # with the states reachable after i stages instead of spanning the budget from the start
         best = np.zeros((1,) * len(dims), dtype=np.int64)
         for i in range(cell.shape[0]):
             row = cell[i]
             shape = tuple(min(d, s + k) for d, s, k in zip(dims, best.shape, step))
-            nxt = np.full(shape, -1, dtype=np.int64)
+            nxt = np.full(shape, _UNREACHABLE, dtype=np.int64)
             for (ti, k, _), cols in zip(moves_list, cols_list):
                 layers = int(row[cols].max())
                 if layers <= 0:
@@ -249,7 +250,7 @@ def _budget_test(g: GlobalChoice, options: list[StageOption], budget: dict[str, 
                 dst[ti] = slice(k, k + width)
                 prev = best[tuple(src)]
                 view = nxt[tuple(dst)]
-                np.maximum(view, np.where(prev >= 0, prev + layers, -1), out=view)
+                np.maximum(view, prev + layers, out=view)
             best = nxt
             if best.max() < 0:
                 return False
@@ -266,6 +267,8 @@ def _stage_count_test(moves_list, dims: tuple[int, ...]):
     cols_by_type = [cols for _, _, cols in order]
     caps = [d - 1 for d in dims]  # stages each type can host
     explicit = len(dims) - 1
+    # stages placed on the explicit types, per state (for the implicit type's count)
+    idx_sum = sum(np.indices(tuple(c + 1 for c in caps[:explicit]))) if explicit else None
 
     def test(cell: np.ndarray, n_layers: int) -> bool:
         pp = cell.shape[0]
@@ -276,28 +279,27 @@ def _stage_count_test(moves_list, dims: tuple[int, ...]):
             return bool((per_type[:, 0] >= 1).all() and per_type[:, 0].sum() >= n_layers)
         best = np.zeros((1,) * explicit, dtype=np.int64)
         for i in range(pp):
-            row = per_type[i]
+            row = per_type[i].tolist()
             shape = tuple(min(caps[t] + 1, best.shape[t] + 1) for t in range(explicit))
-            nxt = np.full(shape, -1, dtype=np.int64)
+            nxt = np.full(shape, _UNREACHABLE, dtype=np.int64)
             here = tuple(slice(0, s) for s in best.shape)
             for t in range(len(dims)):
-                layers = int(row[t])
+                layers = row[t]
                 if layers <= 0:
                     continue
-                src = [slice(None)] * explicit
-                dst = list(here)
                 if t < explicit:  # an explicit type: its count (index) grows by one
                     width = min(best.shape[t], shape[t] - 1)
                     if width <= 0:
                         continue
+                    src = [slice(None)] * explicit
+                    dst = list(here)
                     src[t] = slice(0, width)
                     dst[t] = slice(1, 1 + width)
-                prev = best[tuple(src)]
-                gain = np.where(prev >= 0, prev + layers, -1)
-                if t == explicit:  # the implicit type: its count i - sum(index) must stay within cap
-                    idx_sum = sum(np.indices(prev.shape))
-                    gain = np.where(i - idx_sum + 1 <= caps[t], gain, -1)
-                view = nxt[tuple(dst)]
+                    gain = best[tuple(src)] + layers
+                    view = nxt[tuple(dst)]
+                else:  # the implicit type: its count i + 1 - (explicit stages) must stay within cap
+                    gain = np.where(idx_sum[here] >= i + 1 - caps[t], best + layers, _UNREACHABLE)
+                    view = nxt[here]
                 np.maximum(view, gain, out=view)
             best = nxt
             if best.max() < 0:
