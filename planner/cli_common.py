@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 from pydantic import ValidationError
 
-from planner.errors import InfeasibleError, MissingProfileError, PlannerInputError
+from planner.errors import InfeasibleError, MissingProfileError, PlannerInputError, SearchTimeLimitError
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -27,7 +27,8 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the planner's typed errors into one clear line on stderr and exit status 2."""
+    """Turn the planner's typed errors into one clear line on stderr and exit status 2 (3 when the
+    search's time limit ran out before any plan was found)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -41,6 +42,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc))
         except InfeasibleError as exc:
             fail(f"infeasible: {exc}")
+        except SearchTimeLimitError as exc:
+            fail(f"time limit: {exc}", code=3)
         except FileNotFoundError as exc:
             fail(f"file not found: {exc.filename or exc}")
         except (ValueError, KeyError) as exc:

@@ -24,3 +24,7 @@ class InfeasibleError(RuntimeError):
         self.hints = hints or []
         text = reason + ("".join(f"\n  - {h}" for h in self.hints) if self.hints else "")
         super().__init__(text)
+
+
+class SearchTimeLimitError(RuntimeError):
+    """The search's time limit ran out before any plan was found (not a statement about feasibility)."""

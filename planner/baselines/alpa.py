@@ -14,7 +14,7 @@ from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, homogeneous_cluster, ladder, least_recompute, stage_members,
     types_by_speed,
 )
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -34,9 +34,10 @@ def search_alpa(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list
     settings = SearchSettings(backend="hsdp", time_limit_s=time_limit_s, top_k=ALPA_TOP_K)
     try:
         outcome = solve(run, fake, profiles, settings=settings, space=make_space(run, "megatron"))
-    except InfeasibleError:
+    except (InfeasibleError, SearchTimeLimitError) as exc:
         if notes is not None:
-            notes.append(f"Alpa-style: nothing fits when every GPU is a {slowest}")
+            why = "the search ran out of time" if isinstance(exc, SearchTimeLimitError) else "nothing fits"
+            notes.append(f"Alpa-style: {why} when every GPU is a {slowest}")
         return None
     rank = {r.label: k for k, r in enumerate(ladder(run.model))}
     best: PricedPlan | None = None

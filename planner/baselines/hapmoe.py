@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, even_split, least_recompute, rule_problems, types_by_speed,
 )
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -54,6 +54,8 @@ def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_
         conn.send(("ok", out.plans[0], "; ".join(out.result.notes)))
     except InfeasibleError as exc:
         conn.send(("infeasible", None, str(exc)))
+    except SearchTimeLimitError as exc:
+        conn.send(("timeout", None, str(exc)))
     except Exception as exc:  # reported, never hidden
         conn.send(("error", None, f"{type(exc).__name__}: {exc}"))
     finally:

@@ -11,7 +11,7 @@ what the shared cost model prices.
 from __future__ import annotations
 
 from planner.baselines.common import PricedPlan, cost_model, homogeneous_cluster, types_by_speed
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -34,9 +34,11 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
                               profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s), space=space)
                 profiled = h
                 break
-            except InfeasibleError:
+            except (InfeasibleError, SearchTimeLimitError) as exc:
                 if notes is not None:
-                    notes.append(f"Metis-style: the model does not fit on a homogeneous {h}:{cluster.world_size}")
+                    why = ("its search ran out of time" if isinstance(exc, SearchTimeLimitError)
+                           else "the model does not fit")
+                    notes.append(f"Metis-style: {why} on a homogeneous {h}:{cluster.world_size}")
         if first is None:
             if notes is not None:
                 notes.append("Metis-style: no homogeneous plan to take EP/ETP from")
@@ -47,9 +49,10 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
     try:
         outcome = solve(run, cluster, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
                         space=space)
-    except InfeasibleError:
+    except (InfeasibleError, SearchTimeLimitError) as exc:
         if notes is not None:
-            notes.append(f"Metis-style: {fixed}no placement fits")
+            why = "the search ran out of time" if isinstance(exc, SearchTimeLimitError) else "no placement fits"
+            notes.append(f"Metis-style: {fixed}{why}")
         return None
     if notes is not None:
         notes.append(f"Metis-style: {fixed}heterogeneous placement searched on the real cluster")

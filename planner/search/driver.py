@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.cost.model import CostModel, PlanCost
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.plan import Plan, StagePlan
 from planner.search.bounds import lower_bound_s, option_bound
 from planner.search.space import (
@@ -214,9 +214,14 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             progress({"tried": idx, "total": total, "solved": solved, "best_s": cands[0].objective_s,
                       "config": g.label()})
     if progress:
-        progress({"tried": total, "total": total, "solved": solved,
+        timed_out = any("time limit" in n for n in notes)
+        progress({"tried": idx if timed_out else total, "total": total, "solved": solved,
                   "best_s": cands[0].objective_s if cands else None, "config": "done"})
     if not cands:
+        if any("time limit" in n for n in notes):
+            raise SearchTimeLimitError(
+                f"no plan found within the {settings.time_limit_s:g} s time limit ({solved} of {total} "
+                f"configurations solved after {time.perf_counter() - t0:.1f} s); raise --time-limit")
         raise _infeasible(cost, space, n_enumerated)
 
     pruning = settings.delta is not None or settings.memory_prune
@@ -249,7 +254,7 @@ def _flagscale_warm_start(cost: CostModel, space: SearchSpace, settings: SearchS
                      time_limit_s=max(1.0, settings.time_limit_s / 4))
     try:
         res = search(cost, uniform, sub, progress=None)
-    except InfeasibleError:
+    except (InfeasibleError, SearchTimeLimitError):
         return []
     out = []
     for c in res.best:
