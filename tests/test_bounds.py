@@ -74,22 +74,26 @@ def test_budget_test_matches_enumeration(uniform_dp):
 
 
 CASES = [
-    # (model preset, layers kept, cluster, global batch, runtime)
-    ("mixtral-s", 6, "H800:8,MI300X:8,910B:8", 48, "flagscale"),
-    ("llama2-7b", 8, "H800:8,A100:8,910B:8", 32, "flagscale"),
-    ("mixtral-s", 6, "H800:8,MI300X:8,910B:8", 48, "megatron"),
+    # (model preset, layers kept, MoE pattern or None, cluster, global batch, runtime)
+    ("mixtral-s", 6, None, "H800:8,MI300X:8,910B:8", 48, "flagscale"),
+    ("llama2-7b", 8, None, "H800:8,A100:8,910B:8", 32, "flagscale"),
+    ("mixtral-s", 6, None, "H800:8,MI300X:8,910B:8", 48, "megatron"),
+    ("deepseek-v2-lite", 6, (0, 1, 1, 0, 1, 1), "H800:8,MI300X:8", 32, "megatron"),
+    ("deepseek-v2-lite", 5, (0, 0, 1, 1, 1), "H800:8,MI300X:8,910B:8", 48, "flagscale"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[4]}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[5]}-{len(c[3].split(','))}types" for c in CASES])
 def test_bound_never_exceeds_the_exact_optimum(case):
-    """For sampled configurations with PP 2..4: the tight bound is at most brute force's optimum;
-    given a plan to beat, it is unchanged when below it and at least that plan when not."""
-    preset, layers, cluster, gbs, runtime = case
+    """For sampled configurations with PP 2..4 (dense, MoE, and mixed dense/MoE layers): the tight
+    bound is at most brute force's optimum; given a plan to beat, it is unchanged when below it and
+    at least that plan when not."""
+    preset, layers, pattern, cluster, gbs, runtime = case
     profiles = ProfileSet.load()
     cl = parse_cluster(cluster, profiles)
     run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": None})
+    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": pattern})
+    kinds = {k: model.layer_is_moe.count(k) for k in (False, True)}
     cm = CostModel(model, run.training, cl, profiles)
     space = SearchSpace(runtime=runtime, mbs=(1, 2), recompute=(Recompute.none(), Recompute.full("uniform", 1)),
                         stage_recompute=(Recompute.none(), Recompute.full("uniform", 1)))
@@ -108,14 +112,15 @@ def test_bound_never_exceeds_the_exact_optimum(case):
         obs = {o: option_bound(cm, replace(gs, vpp=1, pp=2), o) for o in opts}
         inflight = [cm.inflight_microbatches(gs, i) for i in range(g.pp)]
         m = gs.num_microbatches
-        lb = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True)
+        lb = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True, kind_counts=kinds)
         if sol is None:
             continue
         opt_s = sol.objective_us * 1e-6 / g.vpp
         slack_s = (m * g.vpp + g.pp) * 1e-6  # the tables round each stage time to 1 us
         assert lb <= opt_s + slack_s, g.label()
         for beat in (opt_s, 0.5 * (lb + opt_s), 0.99 * lb, 1.5 * opt_s):
-            lb_beat = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True, beat_s=beat)
+            lb_beat = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True, beat_s=beat,
+                                    kind_counts=kinds)
             assert lb_beat <= max(opt_s + slack_s, beat), g.label()
             if lb < beat:
                 assert lb_beat == pytest.approx(lb, rel=1e-12), g.label()
@@ -140,7 +145,7 @@ def test_max_rates_match_enumeration():
                              layer_act_bytes=1.0, free_bytes=1.0) for o in options}
         budget = {h: rng.randint(1, 7) for h in types}
         g = GlobalChoice("flagscale", 1, 1, 1, 1, 4, 1, 1, 1, None)
-        rates = _max_rates(ob, g, options, budget, max_stages=6)
+        rates = _max_rates(g, options, tuple(ob[o].layer_s for o in options), budget, max_stages=6)
         for k in range(0, 7):
             best = -math.inf
             for combo in itertools.combinations_with_replacement(options, k):

@@ -35,12 +35,15 @@ _UNREACHABLE = -(1 << 40)  # a budget-DP state no stage sequence reaches; stays 
 
 @dataclass(frozen=True)
 class OptionBound:
-    """Per-option figures for the bounds: least per-layer time (s) and memory per layer."""
+    """Per-option figures for the bounds: least per-layer time (s) and memory per layer over the
+    model's layer kinds, and the same per kind (dense or MoE) in `kinds`."""
 
     layer_s: float
     layer_static_bytes: float
     layer_act_bytes: float
     free_bytes: float  # capacity minus the fixed overhead
+    # (is_moe, layer_s, static bytes, activation bytes) per layer kind present in the model
+    kinds: tuple[tuple[bool, float, float, float], ...] = ()
 
 
 def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
@@ -54,114 +57,168 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
         kinds.setdefault(k, j)
     timing = o.recompute if (o.recompute.granularity == "selective" or o.recompute.method == "uniform") \
         else Recompute.none()
-    times, statics, acts, free = [], [], [], 0.0
-    for j in kinds.values():
+    per_kind, free = [], 0.0
+    for kind, j in sorted(kinds.items()):
         c = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=timing,
                             is_first=False, is_last=False)
         m = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
                             is_first=False, is_last=False)
-        times.append(c.time_s)
-        statics.append(m.weights_bytes + m.grads_bytes + m.optimizer_bytes)
-        acts.append(m.act_per_microbatch_bytes)
+        per_kind.append((kind, c.time_s, m.weights_bytes + m.grads_bytes + m.optimizer_bytes,
+                         m.act_per_microbatch_bytes))
         free = m.capacity_bytes - m.other_bytes
-    return OptionBound(layer_s=min(times), layer_static_bytes=min(statics), layer_act_bytes=min(acts),
-                       free_bytes=free)
+    return OptionBound(layer_s=min(k[1] for k in per_kind), layer_static_bytes=min(k[2] for k in per_kind),
+                       layer_act_bytes=min(k[3] for k in per_kind), free_bytes=free, kinds=tuple(per_kind))
+
+
+@dataclass(frozen=True)
+class _LayerGroup:
+    """Layers every plan must place, with per-option figures that bound each of them: all N
+    layers with the least figures over kinds, or the layers of one kind with that kind's."""
+
+    count: int
+    tau_s: tuple[float, ...]  # per option: least time per layer
+    static_bytes: tuple[float, ...]
+    act_bytes: tuple[float, ...]
+
+
+def _layer_groups(ob, options, n_layers: int, kind_counts: dict[bool, int] | None) -> list[_LayerGroup]:
+    groups = [_LayerGroup(n_layers, tuple(ob[o].layer_s for o in options),
+                          tuple(ob[o].layer_static_bytes for o in options),
+                          tuple(ob[o].layer_act_bytes for o in options))]
+    if kind_counts and sum(1 for c in kind_counts.values() if c > 0) > 1:
+        for kind, count in sorted(kind_counts.items()):
+            if count <= 0:
+                continue
+            figs = [next(f for f in ob[o].kinds if f[0] == kind) for o in options]
+            groups.append(_LayerGroup(count, tuple(f[1] for f in figs), tuple(f[2] for f in figs),
+                                      tuple(f[3] for f in figs)))
+    return groups
 
 
 def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],
                   budget: dict[str, int], n_layers: int, m: int, inflight: list[float], tight: bool = True,
-                  beat_s: float = math.inf, cache: dict | None = None) -> float:
+                  beat_s: float = math.inf, cache: dict | None = None,
+                  kind_counts: dict[bool, int] | None = None) -> float:
     """A lower bound on this choice's iteration time, math.inf when it cannot fit.
 
     cheap (tight=False): sum and fluid bounds plus a memory test, plain Python, for every choice.
     tight: adds the integral cap bound with memory and GPU budgets.  With `beat_s` (the plan to
     beat) the cap search stops as soon as it proves the bound reaches beat_s, and then returns
     beat_s (a valid bound: the true one is at least that).  `cache`: any dict the caller
-    keeps across calls (work shared across PP)."""
+    keeps across calls (work shared across PP).  `kind_counts` (layers per kind, dense/MoE): each
+    kind's layers are also bounded with that kind's own figures (tighter on mixed models)."""
     if not options:
         return math.inf
     v = g.vpp
-    sum_lb = n_layers * min(ob[o].layer_s for o in options)
-    fluid = _fluid_tmax_s(ob, g, options, budget, n_layers, cache)
+    groups = _layer_groups(ob, options, n_layers, kind_counts)
+    if len(groups) > 1:
+        sum_lb = sum(grp.count * min(grp.tau_s) for grp in groups[1:])
+    else:
+        sum_lb = n_layers * min(groups[0].tau_s)
+    fluid = max(_fluid_tmax_s(g, options, grp.tau_s, budget, grp.count, n_layers, cache) for grp in groups)
     if not math.isfinite(fluid):
         return math.inf
     if not tight:
-        if _room(ob, options, n_layers, inflight) < n_layers:
+        if any(_room(grp, n_layers, ob, options, inflight) < grp.count for grp in groups):
             return math.inf
         return (sum_lb + (m * v - 1) * fluid) / v
-
-    tau = np.array([ob[o].layer_s for o in options])
-    static = np.array([ob[o].layer_static_bytes for o in options])
-    act = np.array([ob[o].layer_act_bytes for o in options])
-    free = np.array([ob[o].free_bytes for o in options])
-    per = static[None, :] + np.asarray(inflight)[:, None] * act[None, :]
-    nmem = np.where(per > 0, np.floor(np.maximum(free[None, :], 0) / np.maximum(per, 1e-30)), n_layers)
-    nmem = np.minimum(nmem, n_layers)  # [PP, O] layers option o holds in memory at position i
-    if nmem.max(axis=1).sum() < n_layers:
-        return math.inf  # cannot fit even with every stage on its roomiest option
-    cands = np.unique((np.arange(1, n_layers + 1)[:, None] * tau[None, :]).ravel())  # every cap that matters
-    cap_layers = np.floor(cands[:, None] / tau[None, :] * (1 + 1e-12))  # [C, O]
-    per_cell = np.minimum(cap_layers[:, None, :], nmem[None, :, :]).astype(np.int64)  # [C, PP, O]
-    # budget-free: each position takes its best option
-    ok = np.nonzero(per_cell.max(axis=2).sum(axis=1) >= n_layers)[0]
-    if ok.size == 0:
-        return math.inf
-    lo, hi = int(ok[0]), len(cands) - 1
 
     def value(tmax: float) -> float:
         return (sum_lb + (m * v - 1) * max(fluid, tmax)) / v
 
-    if value(cands[lo]) >= beat_s:
-        return value(cands[lo])
+    # the largest cap a plan beating beat_s could have
+    c_star = (beat_s * v - sum_lb) / (m * v - 1) if math.isfinite(beat_s) and m * v > 1 else math.inf
+    free = np.array([ob[o].free_bytes for o in options])
     test = _budget_test(g, options, budget)
-    if test is not None:
-        if math.isfinite(beat_s) and m * v > 1:
-            # the largest cap a plan beating beat_s could have: if even that cannot hold the
-            # layers, the bound reaches beat_s
-            c_star = (beat_s * v - sum_lb) / (m * v - 1)
-            hi_beat = int(np.searchsorted(cands, c_star, side="right")) - 1
-            if hi_beat < lo or not test(per_cell[hi_beat], n_layers):
-                return max(beat_s, value(cands[lo]))
-            hi = hi_beat
-        elif not test(per_cell[hi], n_layers):
+    tmax = 0.0
+    for k, grp in enumerate(groups):
+        cap, above = _least_cap(grp, free, inflight, test, c_star, every_stage_holds_one=k == 0)
+        if not math.isfinite(cap):
             return math.inf
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if test(per_cell[mid], n_layers):
-                hi = mid
-            else:
-                lo = mid + 1
-    return value(cands[lo])
+        tmax = max(tmax, cap)
+        if above:
+            return max(beat_s, value(tmax))
+    return value(tmax)
 
 
-def _fluid_tmax_s(ob, g: GlobalChoice, options, budget: dict[str, int], n_layers: int,
-                  cache: dict | None = None) -> float:
-    """N over the largest summed layer rate PP stages can have with each device type's GPUs within
-    budget (a stage on option o runs 1 / tau_o layers per second and takes TP*CP*DP_o GPUs);
-    math.inf when no PP stages fit the budget.  The rates per stage count do not depend on PP:
-    `cache` keeps them across PP."""
-    key = (tuple((o.device_type, g.tp * g.cp * o.dp, ob[o].layer_s) for o in options), tuple(budget.items()))
+def _least_cap(grp: _LayerGroup, free: np.ndarray, inflight: list[float], test, c_star: float,
+               every_stage_holds_one: bool) -> tuple[float, bool]:
+    """(cap, above): the least cap c on stage time for which PP stages, each on an option holding at
+    most min(floor(c / tau_o), layers that fit in memory) of the group's layers, can hold them all
+    (math.inf: not even with unbounded time); above=True when that cap is proven to exceed c_star
+    (then `cap` is only a lower bound on it).  Every stage holds at least one layer, but not
+    necessarily one of a given kind: without `every_stage_holds_one` a stage may hold none of
+    the group's layers."""
+    count = grp.count
+    if not every_stage_holds_one and test is not None:
+        # the budget test wants >= 1 layer per stage: give every stage one free slot and ask for
+        # PP more layers (holds N + PP with the extra slot iff it holds N without)
+        inner, pp = test, len(inflight)
+
+        def test(cell, n, inner=inner, pp=pp):
+            return inner(cell + 1, n + pp)
+    tau = np.array(grp.tau_s)
+    per = np.array(grp.static_bytes)[None, :] + np.asarray(inflight)[:, None] * np.array(grp.act_bytes)[None, :]
+    nmem = np.where(per > 0, np.floor(np.maximum(free[None, :], 0) / np.maximum(per, 1e-30)), count)
+    nmem = np.minimum(nmem, count)  # [PP, O] the group's layers option o holds in memory at position i
+    if nmem.max(axis=1).sum() < count:
+        return math.inf, False  # cannot fit even with every stage on its roomiest option
+    cands = np.unique((np.arange(1, count + 1)[:, None] * tau[None, :]).ravel())  # every cap that matters
+    cap_layers = np.floor(cands[:, None] / tau[None, :] * (1 + 1e-12))  # [C, O]
+    per_cell = np.minimum(cap_layers[:, None, :], nmem[None, :, :]).astype(np.int64)  # [C, PP, O]
+    # budget-free: each position takes its best option
+    ok = np.nonzero(per_cell.max(axis=2).sum(axis=1) >= count)[0]
+    if ok.size == 0:
+        return math.inf, False
+    lo, hi = int(ok[0]), len(cands) - 1
+    if cands[lo] > c_star:
+        return float(cands[lo]), True
+    if test is None:
+        return float(cands[lo]), False
+    if math.isfinite(c_star):
+        hi_beat = int(np.searchsorted(cands, c_star, side="right")) - 1
+        if not test(per_cell[hi_beat], count):
+            return float(cands[lo]), True
+        hi = hi_beat
+    elif not test(per_cell[hi], count):
+        return math.inf, False
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if test(per_cell[mid], count):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(cands[lo]), False
+
+
+def _fluid_tmax_s(g: GlobalChoice, options, tau_s: tuple[float, ...], budget: dict[str, int], count: int,
+                  max_stages: int, cache: dict | None = None) -> float:
+    """`count` layers over the largest summed layer rate PP stages can have with each device type's
+    GPUs within budget (a stage on option o runs 1 / tau_o layers per second and takes TP*CP*DP_o
+    GPUs); math.inf when no PP stages fit the budget.  The rates per stage count do not depend on
+    PP: `cache` keeps them across PP."""
+    key = (tuple((o.device_type, g.tp * g.cp * o.dp, t) for o, t in zip(options, tau_s)), tuple(budget.items()))
     rates = cache.get(key) if cache is not None else None
     if rates is None:
-        rates = _max_rates(ob, g, options, budget, n_layers)
+        rates = _max_rates(g, options, tau_s, budget, max_stages)
         if cache is not None:
             cache[key] = rates
     if g.pp >= len(rates) or not rates[g.pp] > 0:
         return math.inf
-    return n_layers / rates[g.pp]
+    return count / rates[g.pp]
 
 
-def _max_rates(ob, g: GlobalChoice, options, budget: dict[str, int], max_stages: int) -> np.ndarray:
+def _max_rates(g: GlobalChoice, options, tau_s, budget: dict[str, int], max_stages: int) -> np.ndarray:
     """rates[k] = the largest summed layer rate of exactly k stages within the GPU budgets
     (-inf where k stages do not fit), by a knapsack per device type and a max-plus merge."""
     total = np.array([0.0])
     for h, n in budget.items():
         # per GPU count, the fastest option of this type
         items: dict[int, float] = {}
-        for o in options:
+        for o, tau in zip(options, tau_s):
             if o.device_type == h:
                 gpus = g.tp * g.cp * o.dp
-                items[gpus] = max(items.get(gpus, 0.0), 1.0 / ob[o].layer_s)
+                items[gpus] = max(items.get(gpus, 0.0), 1.0 / tau)
         if not items:
             continue
         if len(items) == 1:  # one GPU count (the megatron runtime): k stages at the best rate
@@ -193,17 +250,16 @@ def _knapsack_rates(items: dict[int, float], n: int, max_stages: int) -> np.ndar
     return np.array(per_k)
 
 
-def _room(ob, options, n_layers: int, inflight: list[float]) -> int:
-    """Layers the stages can hold in memory at best (each position on its roomiest option)."""
+def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float]) -> int:
+    """The group's layers the stages can hold in memory at best (each position on its roomiest option)."""
     room = 0
     for load in inflight:
         best_n = 0
-        for o in options:
-            b = ob[o]
-            per = b.layer_static_bytes + load * b.layer_act_bytes
-            best_n = max(best_n, int(max(b.free_bytes, 0.0) // per) if per > 0 else n_layers)
-        room += min(best_n, n_layers)
-        if room >= n_layers:
+        for j, o in enumerate(options):
+            per = grp.static_bytes[j] + load * grp.act_bytes[j]
+            best_n = max(best_n, int(max(ob[o].free_bytes, 0.0) // per) if per > 0 else n_layers)
+        room += min(best_n, grp.count)
+        if room >= grp.count:
             break
     return room
 

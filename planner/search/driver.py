@@ -106,6 +106,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     layer_min: dict = {}
     options_by_key: dict = {}
     bound_cache: dict = {}
+    kind_counts = {k: model.layer_is_moe.count(k) for k in (False, True)}
     fitted_keys: set = set()
     pruned_early = 0
     n_enumerated = 0
@@ -133,7 +134,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         m = training.global_batch_size // (g.mbs * g.dp0)
         inflight = [cost.inflight_microbatches(gs, i) for i in range(g.pp)]
         lb = lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False,
-                           cache=bound_cache)
+                           cache=bound_cache, kind_counts=kind_counts)
         if math.isfinite(lb):
             rank = ladder_rank.get(g.recompute.label, 0) if g.recompute is not None else 0
             entries.append((lb, rank, g, options, (obs, m, inflight)))
@@ -182,7 +183,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             break
         if not tightened:
             lb2 = lower_bound_s(obs, g, options, budget, model.num_layers, m_mb, inflight, tight=True,
-                                 beat_s=kth, cache=bound_cache)
+                                 beat_s=kth, cache=bound_cache, kind_counts=kind_counts)
             if not math.isfinite(lb2):
                 infeasible += 1
                 continue
