@@ -263,6 +263,51 @@ def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget
     return out, min((x[1] for x in out), default=0)
 
 
+def has_fitting_layout(t: StageTables) -> bool:
+    """Whether any layout fits at all, time aside: layers split over the PP stages with every stage
+    in memory, GPUs per type within budget and the contiguity rule (a reachability DP over
+    (layers placed, GPUs used, option of the current stage)).  The memory-pruning rule asks this of
+    a lesser recompute before it prunes a greater one."""
+    pp, N, O = t.pp, t.num_layers, t.num_options
+    lo, hi = t.fit_range()
+    option_type = t.option_type.tolist()
+    option_gpus = t.option_gpus.tolist()
+    budget = t.budget.tolist()
+    zero = [[0] * O for _ in range(O)]
+    states = set()
+    for o in range(O):
+        if t.first_stage_ok(o) and option_gpus[o] <= budget[option_type[o]]:
+            if t.contiguous_types:
+                states.add((0, (0, option_gpus[o]), o))
+            else:
+                used = [0] * len(budget)
+                used[option_type[o]] = option_gpus[o]
+                states.add((0, tuple(used), o))
+    cache: dict = {}
+    for i in range(pp):
+        last = i == pp - 1
+        nxt = set()
+        for ell, used, o in states:
+            a, b = int(lo[o, i, ell]), int(hi[o, i, ell])
+            if last:
+                if a <= N - ell <= b:
+                    return True
+                continue
+            b = min(b, N - ell - (pp - 1 - i))
+            if a > b:
+                continue
+            key = (o, used)
+            if key not in cache:
+                cache[key] = _next_options(o, used, O, option_type, option_gpus, budget, zero, t.contiguous_types)[0]
+            for on, _, u in cache[key]:
+                for n in range(a, b + 1):
+                    nxt.add((ell + n, u, on))
+        states = nxt
+        if not states:
+            return False
+    return False
+
+
 def _add_pareto(bucket: list[_Label], lab: _Label) -> None:
     for other in bucket:
         if other.sum_us <= lab.sum_us and other.sync_us <= lab.sync_us:

@@ -245,6 +245,7 @@ class CostModel:
         self.profiles = profiles
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
+        self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _stage_core)
         self._corr_cache: dict = {}
         self._link_cache: dict = {}
         counts = parameter_counts(model)
@@ -457,9 +458,37 @@ class CostModel:
             opt = total_params * OPTIMIZER_BYTES
             shard_params = total_params
 
-        # gradient sync over DP (dense) and expert-DP (experts); only the exposed part counts
+        # gradient sync over DP (dense) and expert-DP (experts); only the exposed part counts.  The
+        # raw collective times depend on the parameter counts and groups, not on recompute or the
+        # micro-batch: memoised (the search prices many recompute and micro-batch variants)
+        sync_key = (device_type, tp, g.cp, dp, ep, etp, n_dense, n_moe, is_first, is_last, g.pp > 1)
+        raw = self._sync_cache.get(sync_key)
+        if raw is None:
+            raw = self._sync_cache[sync_key] = self._raw_sync_s(
+                device_type, corr, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp, edp=edp, dense_params=dense_params,
+                expert_params=expert_params, tied_emb_params=emb_local if (is_first or is_last) and g.pp > 1
+                and not model.untie_embeddings_and_output_weights else 0.0)
+        rs, ag, tied_s = raw
+        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd) if self.training.overlap_grad_reduce else rs
+        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd) if self.training.overlap_param_gather else ag
+        dp_s = rs_exposed + ag_exposed + tied_s
+        optimizer_s = shard_params * OPTIMIZER_BYTES_MOVED_PER_PARAM / hbm
+        return StageCore(
+            device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label, micro_batch_size=stage_mbs,
+            forward_s=fwd, backward_s=bwd, compute_s=comp, recompute_s=rec_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
+            ep_comm_s=ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s, weights_bytes=weights, grads_bytes=grads,
+            optimizer_bytes=opt, act_per_microbatch_bytes=act_per_mb, fixed_act_bytes=fixed_act,
+            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
+            capacity_bytes=dev.memory_gib * GIB_BYTES,
+        )
+
+    def _raw_sync_s(self, device_type: str, corr: dict, *, tp: int, cp: int, dp: int, ep: int, etp: int, edp: int,
+                    dense_params: float, expert_params: float, tied_emb_params: float) -> tuple[float, float, float]:
+        """(gradient reduce, parameter gather, tied-embedding all-reduce) seconds per iteration for
+        one stage, before any overlap with compute."""
+        gb = grad_bytes(self.training.precision)
         intra, inter, gpn = self._links(device_type)
-        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp,
+        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
                                   factors=corr)
         if self.training.use_distributed_optimizer:
             rs = collective_s(links.dp, "reduce_scatter", dense_params * gb, dp) + collective_s(
@@ -470,21 +499,10 @@ class CostModel:
             rs = collective_s(links.dp, "all_reduce", dense_params * gb, dp) + collective_s(
                 links.edp, "all_reduce", expert_params * gb, edp)
             ag = 0.0
-        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd) if self.training.overlap_grad_reduce else rs
-        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd) if self.training.overlap_param_gather else ag
-        dp_s = rs_exposed + ag_exposed
-        if (is_first or is_last) and g.pp > 1 and not model.untie_embeddings_and_output_weights:
-            # tied embedding: first and last stage all-reduce the word-embedding gradient
-            dp_s += collective_s(LinkChoice(inter, None, 1, links.dp.factors), "all_reduce", emb_local * gb, 2)
-        optimizer_s = shard_params * OPTIMIZER_BYTES_MOVED_PER_PARAM / hbm
-        return StageCore(
-            device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label, micro_batch_size=stage_mbs,
-            forward_s=fwd, backward_s=bwd, compute_s=comp, recompute_s=rec_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
-            ep_comm_s=ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s, weights_bytes=weights, grads_bytes=grads,
-            optimizer_bytes=opt, act_per_microbatch_bytes=act_per_mb, fixed_act_bytes=fixed_act,
-            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
-            capacity_bytes=dev.memory_gib * GIB_BYTES,
-        )
+        # tied embedding: first and last stage all-reduce the word-embedding gradient
+        tied = collective_s(LinkChoice(inter, None, 1, links.dp.factors), "all_reduce", tied_emb_params * gb, 2) \
+            if tied_emb_params else 0.0
+        return rs, ag, tied
 
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
         """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b."""

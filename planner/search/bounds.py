@@ -70,6 +70,32 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
                        layer_act_bytes=min(k[3] for k in per_kind), free_bytes=free, kinds=tuple(per_kind))
 
 
+def stage_free_bytes(cost: CostModel, gs, o: StageOption) -> tuple[float, float, float, float]:
+    """Bytes option o has for its layers' own weights, grads, optimizer state and activations at
+    each position (middle, first, last, only stage): capacity minus everything a one-layer stage
+    there holds besides its layer (framework overhead, transient recompute buffers, and the
+    embedding on the first stage, the output layer and logits on the last).  The most over the
+    layer kinds, so it never understates the room."""
+    kinds: dict[bool, int] = {}
+    for j, k in enumerate(cost.model.layer_is_moe):
+        kinds.setdefault(k, j)
+
+    def core(j: int, first: bool, last: bool):
+        return cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                               is_first=first, is_last=last)
+
+    out = []
+    for first, last in ((False, False), (True, False), (False, True), (True, True)):
+        room = -math.inf
+        for j in kinds.values():
+            layer = core(j, False, False)
+            layer_own = layer.weights_bytes + layer.grads_bytes + layer.optimizer_bytes
+            c = core(j, first, last)
+            room = max(room, c.capacity_bytes - (c.static_bytes - layer_own))
+        out.append(room)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class _LayerGroup:
     """Layers every plan must place, with per-option figures that bound each of them: all N
@@ -98,7 +124,8 @@ def _layer_groups(ob, options, n_layers: int, kind_counts: dict[bool, int] | Non
 def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],
                   budget: dict[str, int], n_layers: int, m: int, inflight: list[float], tight: bool = True,
                   beat_s: float = math.inf, cache: dict | None = None,
-                  kind_counts: dict[bool, int] | None = None) -> float:
+                  kind_counts: dict[bool, int] | None = None,
+                  free_at: dict[StageOption, tuple[float, float, float, float]] | None = None) -> float:
     """A lower bound on this choice's iteration time, math.inf when it cannot fit.
 
     cheap (tight=False): sum and fluid bounds plus a memory test, plain Python, for every choice.
@@ -106,7 +133,9 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
     beat) the cap search stops as soon as it proves the bound reaches beat_s, and then returns
     beat_s (a valid bound: the true one is at least that).  `cache`: any dict the caller
     keeps across calls (work shared across PP).  `kind_counts` (layers per kind, dense/MoE): each
-    kind's layers are also bounded with that kind's own figures (tighter on mixed models)."""
+    kind's layers are also bounded with that kind's own figures (tighter on mixed models).
+    `free_at` (tight only; stage_free_bytes per option): the room per position, counting the
+    embedding, output layer and transients; without it every position gets the middle one's."""
     if not options:
         return math.inf
     v = g.vpp
@@ -128,7 +157,11 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
 
     # the largest cap a plan beating beat_s could have
     c_star = (beat_s * v - sum_lb) / (m * v - 1) if math.isfinite(beat_s) and m * v > 1 else math.inf
-    free = np.array([ob[o].free_bytes for o in options])
+    if free_at is None:
+        free = np.array([[ob[o].free_bytes for o in options]] * g.pp)
+    else:
+        slot = [3] if g.pp == 1 else [1] + [0] * (g.pp - 2) + [2]  # only, or first, middles, last
+        free = np.array([[free_at[o][k] for o in options] for k in slot])  # [PP, O]
     test = _budget_test(g, options, budget)
     tmax = 0.0
     for k, grp in enumerate(groups):
@@ -159,7 +192,7 @@ def _least_cap(grp: _LayerGroup, free: np.ndarray, inflight: list[float], test, 
             return inner(cell + 1, n + pp)
     tau = np.array(grp.tau_s)
     per = np.array(grp.static_bytes)[None, :] + np.asarray(inflight)[:, None] * np.array(grp.act_bytes)[None, :]
-    nmem = np.where(per > 0, np.floor(np.maximum(free[None, :], 0) / np.maximum(per, 1e-30)), count)
+    nmem = np.where(per > 0, np.floor(np.maximum(free, 0) / np.maximum(per, 1e-30)), count)
     nmem = np.minimum(nmem, count)  # [PP, O] the group's layers option o holds in memory at position i
     if nmem.max(axis=1).sum() < count:
         return math.inf, False  # cannot fit even with every stage on its roomiest option

@@ -19,10 +19,12 @@ from typing import Callable
 from planner.cost.model import CostModel, PlanCost
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.plan import Plan, StagePlan
-from planner.search.bounds import lower_bound_s, option_bound
+from planner.search.bounds import lower_bound_s, option_bound, stage_free_bytes
+from planner.search.explain import explain_infeasible
 from planner.search.space import (
     GlobalChoice, SearchSpace, StageOption, enumerate_globals, recompute_ladder, stage_options,
 )
+from solver_models.hsdp import has_fitting_layout
 from solver_models.scaling import from_us
 from solver_models.tables import StageTables, TableBuilder
 
@@ -72,6 +74,11 @@ class SearchResult:
 ProgressFn = Callable[[dict], None]
 
 
+def _config_key(g: GlobalChoice) -> tuple:
+    """A global choice without its recompute setting (the memory-pruning ladder runs over this)."""
+    return (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
+
+
 def plan_from_solution(g: GlobalChoice, t: StageTables, stages: list[tuple[int, int, int]], gbs: int) -> Plan:
     samples = g.mbs * g.dp0  # per micro-batch, all DP ranks of a stage together
     mbs = samples // t.options[stages[0][0]].dp
@@ -107,21 +114,18 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     options_by_key: dict = {}
     bound_cache: dict = {}
     kind_counts = {k: model.layer_is_moe.count(k) for k in (False, True)}
-    fitted_keys: set = set()
-    pruned_early = 0
-    n_enumerated = 0
-    for g in enumerate_globals(model, training, cluster, space, gpn):
-        gkey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
-        if settings.memory_prune and gkey in fitted_keys:
-            pruned_early += 1
-            continue  # a lesser recompute of this configuration already fits (ladder order)
+    # memory pruning (megatron runtime, recompute one global knob): per configuration only the least
+    # recompute whose bound admits it enters the queue; the greater ones wait in `deferred` (in
+    # ladder order) and enter only if that one turns out not to fit (see push_next)
+    deferred: dict[tuple, list[GlobalChoice]] = {}
+    def make_entry(g: GlobalChoice):
+        """(cheap bound, recompute rank, G, options, bound inputs), or None when G has no stage option."""
         okey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.recompute.label if g.recompute else None)
         options = options_by_key.get(okey)
         if options is None:  # the options do not depend on PP or VPP
             options = options_by_key[okey] = stage_options(g, model, training, cluster, space, gpn)
         if not options:
-            continue
-        n_enumerated += 1
+            return None
         gs = builder.shape(g)
         obs = {}
         for o in options:
@@ -135,24 +139,22 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         inflight = [cost.inflight_microbatches(gs, i) for i in range(g.pp)]
         lb = lower_bound_s(obs, g, options, budget, model.num_layers, m, inflight, tight=False,
                            cache=bound_cache, kind_counts=kind_counts)
-        if math.isfinite(lb):
-            rank = ladder_rank.get(g.recompute.label, 0) if g.recompute is not None else 0
-            entries.append((lb, rank, g, options, (obs, m, inflight)))
-            fitted_keys.add(gkey)
-    if settings.memory_prune:
-        # the paper's memory pruning: per configuration keep only the least recompute whose memory
-        # bound admits every layer (more recompute only costs time)
-        least: dict = {}
-        for lb, rank, g, *_ in entries:
-            key = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
-            least[key] = min(least.get(key, rank), rank)
-        kept = [e for e in entries
-                if e[1] == least[(e[2].runtime, e[2].tp, e[2].cp, e[2].ep, e[2].etp, e[2].mbs, e[2].dp0,
-                                  e[2].pp, e[2].vpp)]]
-        pruned_mem_count = len(entries) - len(kept)
-        entries = kept
-    else:
-        pruned_mem_count = 0
+        rank = ladder_rank.get(g.recompute.label, 0) if g.recompute is not None else 0
+        return (lb, rank, g, options, (obs, m, inflight))
+
+    n_enumerated = 0
+    for g in enumerate_globals(model, training, cluster, space, gpn):
+        ckey = _config_key(g)
+        if settings.memory_prune and ckey in deferred:
+            deferred[ckey].append(g)
+            continue
+        entry = make_entry(g)
+        if entry is None:
+            continue
+        n_enumerated += 1
+        if math.isfinite(entry[0]):
+            entries.append(entry)
+            deferred[ckey] = []
     import heapq
 
     total = len(entries)
@@ -165,8 +167,25 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     cands: list[Candidate] = []
     if space.runtime == "flagscale" and settings.warm_start:
         cands += _flagscale_warm_start(cost, space, settings, progress)
-    solved = bounded = infeasible = 0
-    pruned_mem = pruned_mem_count + pruned_early
+    solved = bounded = infeasible = pruned_mem = 0
+    tie_counter = len(entries)
+
+    def push_next(ckey: tuple) -> None:
+        """The least recompute of this configuration that entered does not fit after all: let the
+        next one on the ladder whose bound admits it enter (memory pruning keeps only the least
+        recompute that fits)."""
+        nonlocal total, tie_counter
+        waiting = deferred.get(ckey) or []
+        while waiting:
+            e = make_entry(waiting.pop(0))
+            if e is not None and math.isfinite(e[0]):
+                tie_counter += 1
+                total += 1
+                heapq.heappush(heap, (e[0], e[1], tie_counter, False, e))
+                return
+
+    room_by_option: dict = {}  # per-position room of each stage option (tight bound)
+    delta_fallbacks = 0
     all_exact = True
     last_report = 0.0
     idx = 0
@@ -182,10 +201,17 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             bounded += 1 + len(heap)
             break
         if not tightened:
+            free_at = {}
+            for o in options:
+                key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, o)
+                if key not in room_by_option:
+                    room_by_option[key] = stage_free_bytes(cost, replace(builder.shape(g), vpp=1, pp=2), o)
+                free_at[o] = room_by_option[key]
             lb2 = lower_bound_s(obs, g, options, budget, model.num_layers, m_mb, inflight, tight=True,
-                                 beat_s=kth, cache=bound_cache, kind_counts=kind_counts)
+                                beat_s=kth, cache=bound_cache, kind_counts=kind_counts, free_at=free_at)
             if not math.isfinite(lb2):
                 infeasible += 1
+                push_next(_config_key(g))
                 continue
             heapq.heappush(heap, (max(lb, lb2), rank, tie, True, entry))
             continue
@@ -195,8 +221,17 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         ub_us = int(kth * g.vpp / 1e-6) if math.isfinite(kth) else None
         sol = backend.solve(tables, delta=settings.delta, upper_bound_us=ub_us, settings=settings)
         solved += 1
+        if sol is None and ub_us is None and settings.delta is not None and has_fitting_layout(tables):
+            # load-balance pruning can rule out every layout that fits in memory: with no plan yet,
+            # solve this configuration without it rather than report nothing
+            sol = backend.solve(tables, delta=None, upper_bound_us=None, settings=settings)
+            if sol is not None and sol.stages:
+                delta_fallbacks += 1
+                sol.exact = False
         if sol is None:
             infeasible += 1
+            if not has_fitting_layout(tables):
+                push_next(_config_key(g))
             continue
         if not sol.stages:  # budget ran out before any plan: this choice stays unproven
             all_exact = False
@@ -214,6 +249,10 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             last_report = now
             progress({"tried": idx, "total": total, "solved": solved, "best_s": cands[0].objective_s,
                       "config": g.label()})
+    pruned_mem = sum(len(w) for w in deferred.values())
+    if delta_fallbacks:
+        notes.append(f"load-balance pruning (delta {settings.delta:g}) left no layout that fits in memory for "
+                     f"{delta_fallbacks} configuration(s); those were solved without it")
     if progress:
         timed_out = any("time limit" in n for n in notes)
         progress({"tried": idx if timed_out else total, "total": total, "solved": solved,
@@ -223,7 +262,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
             raise SearchTimeLimitError(
                 f"no plan found within the {settings.time_limit_s:g} s time limit ({solved} of {total} "
                 f"configurations solved after {time.perf_counter() - t0:.1f} s); raise --time-limit")
-        raise _infeasible(cost, space, n_enumerated)
+        raise explain_infeasible(cost, space, n_enumerated)
 
     pruning = settings.delta is not None or settings.memory_prune
     certified = all_exact and not pruning and not any("time limit" in n for n in notes)
@@ -306,44 +345,3 @@ def _prove_with_cpsat(builder: TableBuilder, cands: list[Candidate], settings: S
     best = cands[0]
     lower = min([p.bound_s for p in proven] + [c.objective_s for c in cands if c not in proven])
     return (best.status if best in proven else "FEASIBLE"), lower
-
-
-def _infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -> InfeasibleError:
-    """Explain why nothing fits: the least memory any stage needs under the most recompute."""
-    from planner.schemas.plan import Recompute
-
-    model = cost.model
-    budget = cost.cluster.gpus_by_type()
-    if not n_enumerated:
-        return InfeasibleError(
-            f"no parallel configuration of {model.name} satisfies Megatron's rules on {cost.cluster.describe()}",
-            ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],
-        )
-    # the most memory-friendly shape: max TP, max EP, most stages, full recompute, mbs 1
-    worst_short = None
-    for h, n in budget.items():
-        dev = cost.device(h)
-        gpn = cost.gpus_per_node(h)
-        tp = max(t for t in space.tp if t <= gpn and model.num_attention_heads % t == 0)
-        ep = max(e for e in (space.ep or (1, 2, 4, 8, 16, 32, 64)) if (model.num_experts or 1) % e == 0)
-        from planner.cost.model import GlobalShape
-
-        pp = max(1, min(model.num_layers, sum(budget.values()) // tp))
-        gs = GlobalShape(tp=tp, cp=1, ep=min(ep, tp), etp=1, vpp=1, mbs=1, gbs=cost.training.global_batch_size,
-                         dp0=1, pp=pp, sequence_parallel=tp > 1)
-        per_stage = max(1, math.ceil(model.num_layers / pp))
-        core = cost.stage_core(gs, device_type=h, start=0, end=per_stage, dp=1, recompute=Recompute.full("uniform", 1),
-                               is_first=True, is_last=False)
-        need = core.static_bytes + cost.inflight_microbatches(gs, 0) * core.act_per_microbatch_bytes
-        short = (need - core.capacity_bytes) / 2**30
-        if worst_short is None or short < worst_short[1]:
-            worst_short = (h, short, need / 2**30, core.capacity_bytes / 2**30, tp, pp, per_stage)
-    h, short, need, cap, tp, pp, per_stage = worst_short
-    return InfeasibleError(
-        f"{model.name} fits nowhere on {cost.cluster.describe()}: even stage 0 on {h} with TP={tp}, "
-        f"{per_stage} layers, full recompute and micro-batch 1 needs {need:.1f} GiB of {cap:.0f} GiB "
-        f"({max(short, 0):.1f} GiB short)",
-        ["more GPUs (more pipeline stages or a larger DP for the distributed optimizer)",
-         "more pipeline stages / expert parallelism to spread the weights",
-         "full recompute and a smaller micro-batch", "a smaller global batch or sequence length"],
-    )

@@ -1,0 +1,107 @@
+"""Why nothing fits: the message a user gets when the search finds no plan that fits in memory.
+
+It prices the most memory-friendly layout the rules allow, one stage per TP group of GPUs on every
+device type (DP 1, so no weight or optimizer state is replicated), the largest TP and EP, full
+recompute and micro-batch 1, with the roomiest device types first (stage 0 holds the most
+micro-batches in flight).  Stages are filled in order, each with as many layers as fit; the last
+stage takes what is left.  The message names the first stage that is short and by how much, from
+the cost model's own memory figures, and says how many more GPUs would hold the rest.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.cost.model import CostModel, GlobalShape
+from planner.errors import InfeasibleError
+from planner.schemas.plan import Recompute
+from planner.search.space import SearchSpace, tp_ok
+
+GIB = 2**30
+
+
+def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -> InfeasibleError:
+    model = cost.model
+    cluster = cost.cluster.describe()
+    budget = cost.cluster.gpus_by_type()
+    if not n_enumerated:
+        return InfeasibleError(
+            f"no parallel configuration of {model.name} satisfies Megatron's rules on {cluster}",
+            ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],
+        )
+    gpn = min(cost.gpus_per_node(h) for h in budget)
+    tps = [t for t in space.tp if t <= gpn and tp_ok(model, t) and any(n >= t for n in budget.values())]
+    tp = max(tps) if tps else 1
+    experts = model.num_experts or 1
+    ep = max(e for e in range(1, tp + 1) if experts % e == 0 and tp % e == 0) if model.is_moe else 1
+    full = Recompute.full("uniform", 1)
+    # stage slots, roomiest device type first
+    types = sorted(budget, key=lambda h: -cost.device(h).memory_gib)
+    slots = [h for h in types for _ in range(budget[h] // tp)]
+    n_layers = model.num_layers
+    pp = min(len(slots), n_layers)
+    slots = slots[:pp]
+    gs = GlobalShape(tp=tp, cp=1, ep=ep, etp=1, vpp=1, mbs=1, gbs=cost.training.global_batch_size, dp0=1, pp=pp,
+                     sequence_parallel=tp > 1)
+    layout = (f"TP={tp}, EP={ep}, DP=1, full recompute, micro-batch 1, {pp} stages: "
+              + ", ".join(f"{slots.count(h)} {h}" for h in types if h in slots))
+
+    def need_bytes(i: int, start: int, end: int) -> tuple[float, float]:
+        core = cost.stage_core(gs, device_type=slots[i], start=start, end=end, dp=1, recompute=full,
+                               is_first=i == 0, is_last=i == pp - 1)
+        return core.static_bytes + cost.inflight_microbatches(gs, i) * core.act_per_microbatch_bytes, \
+            core.capacity_bytes
+
+    start = 0
+    for i, h in enumerate(slots):
+        last = i == pp - 1
+        if last:
+            end = n_layers
+        else:
+            # as many layers as fit, leaving at least one for each later stage
+            end = start
+            while end < n_layers - (pp - 1 - i):
+                need, cap = need_bytes(i, start, end + 1)
+                if need > cap:
+                    break
+                end += 1
+            end = max(end, start + 1)
+        need, cap = need_bytes(i, start, end)
+        if need > cap:
+            short = (need - cap) / GIB
+            held = end - start
+            msg = (f"{model.name} fits nowhere on {cluster}: even the most memory-friendly layout ({layout}) "
+                   f"leaves stage {i} ({h}) with {held} layer{'s' if held != 1 else ''} needing "
+                   f"{need / GIB:.1f} GiB of {cap / GIB:.0f} GiB ({short:.1f} GiB short)")
+            return InfeasibleError(msg, _hints(cost, gs, slots, types, tp, full, n_layers - start, i))
+        start = end
+    return InfeasibleError(
+        f"no plan for {model.name} on {cluster} fits: the most memory-friendly layout ({layout}) fits in memory "
+        f"by itself, but no configuration passing the search space's rules does",
+        ["widen the search space (--mbs, the allowed TP/EP, more pipeline stages)", "use more GPUs"],
+    )
+
+
+def _hints(cost: CostModel, gs: GlobalShape, slots: list[str], types: list[str], tp: int, full: Recompute,
+           layers_left: int, index: int) -> list[str]:
+    """What would help, with the number of GPUs it takes where that can be counted."""
+    hints = []
+    # layers one more middle stage of the roomiest type holds (one micro-batch in flight at best)
+    h = types[0]
+    per_stage = 0
+    while per_stage < layers_left:
+        core = cost.stage_core(gs, device_type=h, start=0, end=per_stage + 1, dp=1, recompute=full,
+                               is_first=False, is_last=False)
+        if core.static_bytes + core.act_per_microbatch_bytes > core.capacity_bytes:
+            break
+        per_stage += 1
+    remaining_stages = len(slots) - index
+    if per_stage:
+        extra = max(1, math.ceil(layers_left / per_stage) - remaining_stages)
+        hints.append(f"more GPUs: about {extra * tp} more {h} ({extra} more pipeline stage(s) of TP={tp}, "
+                     f"up to {per_stage} layers each)")
+    else:
+        hints.append(f"more memory per GPU: one layer does not fit on a {h} even with TP={tp}")
+    hints += ["more tensor or expert parallelism, where the rules allow it",
+              "a shorter sequence, or a smaller model"]
+    return hints
