@@ -214,8 +214,9 @@ def test_registry(profiles, homo):
 
 
 def test_metis_falls_back_to_next_type_when_fastest_cannot_hold_model(profiles):
-    """Mixtral-L (141B parameters) does not fit on 32 H800 alone; Metis-style then takes EP/ETP from MI300X."""
-    run, cluster = scenario(profiles, "mixtral-l", "h800-mi300x")
+    """Qwen3-235B-A22B does not fit on 32 H800 alone (its weights, grads and optimizer state need
+    about 235e9 x 18 bytes = 4.2 TB, the GPUs have 2.5 TB); Metis-style then takes EP/ETP from MI300X."""
+    run, cluster = scenario(profiles, "qwen3-235b-a22b", "h800-mi300x")
     notes: list[str] = []
     priced = search_metis(run, cluster, profiles, notes=notes, time_limit_s=60)
     assert any("does not fit on a homogeneous H800:32" in n for n in notes)

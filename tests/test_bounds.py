@@ -98,7 +98,9 @@ def test_bound_never_exceeds_the_exact_optimum(case):
     model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": pattern})
     kinds = {k: model.layer_is_moe.count(k) for k in (False, True)}
     cm = CostModel(model, run.training, cl, profiles)
-    space = SearchSpace(runtime=runtime, mbs=(1, 2), recompute=(Recompute.none(), Recompute.full("uniform", 1)),
+    ladder = (Recompute.none(), Recompute.selective(("core_attn",)), Recompute.full("block", 1),
+              Recompute.full("block", 2), Recompute.full("uniform", 1))
+    space = SearchSpace(runtime=runtime, mbs=(1, 2), recompute=ladder,
                         stage_recompute=(Recompute.none(), Recompute.full("uniform", 1)))
     gpn = {h: cm.gpus_per_node(h) for h in cl.gpus_by_type()}
     tb = TableBuilder(cm)

@@ -44,30 +44,46 @@ class OptionBound:
     free_bytes: float  # capacity minus the fixed overhead
     # (is_moe, layer_s, static bytes, activation bytes) per layer kind present in the model
     kinds: tuple[tuple[bool, float, float, float], ...] = ()
+    # full block recompute of k layers per virtual chunk: a stage pays at least one layer's
+    # recompute (`stage_extra_s`), its layers keep full activations (the figures above) except at
+    # most k*VPP of them, each sparing at most `act_saved_bytes` per in-flight micro-batch
+    block_layers: int = 0
+    stage_extra_s: float = 0.0
+    act_saved_bytes: float = 0.0
 
 
 def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
     """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss).
-    Time: without recompute for block recompute (it spares some layers), with it otherwise (every
-    layer pays it).  Memory: weights, grads and optimizer state per layer, activations per layer."""
+    Selective and full uniform recompute: every layer pays it and keeps the reduced activations.
+    Full block recompute: layers are priced without recompute and with full activations, and the
+    recompute enters as a per-stage time and a bounded memory saving (OptionBound.block_layers)."""
     from planner.schemas.plan import Recompute
 
     kinds: dict[bool, int] = {}
     for j, k in enumerate(cost.model.layer_is_moe):
         kinds.setdefault(k, j)
-    timing = o.recompute if (o.recompute.granularity == "selective" or o.recompute.method == "uniform") \
-        else Recompute.none()
-    per_kind, free = [], 0.0
+    block = o.recompute.granularity == "full" and o.recompute.method == "block"
+    per_layer = Recompute.none() if block else o.recompute
+
+    def core(j: int, rec: Recompute):
+        return cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=rec,
+                               is_first=False, is_last=False)
+
+    per_kind, free, extra, saved = [], 0.0, [], []
     for kind, j in sorted(kinds.items()):
-        c = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=timing,
-                            is_first=False, is_last=False)
-        m = cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
-                            is_first=False, is_last=False)
-        per_kind.append((kind, c.time_s, m.weights_bytes + m.grads_bytes + m.optimizer_bytes,
-                         m.act_per_microbatch_bytes))
-        free = m.capacity_bytes - m.other_bytes
+        c = core(j, per_layer)
+        per_kind.append((kind, c.time_s, c.weights_bytes + c.grads_bytes + c.optimizer_bytes,
+                         c.act_per_microbatch_bytes))
+        free = c.capacity_bytes - c.other_bytes
+        if block:
+            rec = core(j, Recompute.full("uniform", 1))
+            extra.append(rec.time_s - c.time_s)
+            saved.append(c.act_per_microbatch_bytes - rec.act_per_microbatch_bytes)
     return OptionBound(layer_s=min(k[1] for k in per_kind), layer_static_bytes=min(k[2] for k in per_kind),
-                       layer_act_bytes=min(k[3] for k in per_kind), free_bytes=free, kinds=tuple(per_kind))
+                       layer_act_bytes=min(k[3] for k in per_kind), free_bytes=free, kinds=tuple(per_kind),
+                       block_layers=(o.recompute.num_layers or 0) if block else 0,
+                       stage_extra_s=max(0.0, min(extra)) if block else 0.0,
+                       act_saved_bytes=max(0.0, max(saved)) if block else 0.0)
 
 
 def stage_free_bytes(cost: CostModel, gs, o: StageOption) -> tuple[float, float, float, float]:
@@ -148,7 +164,7 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
     if not math.isfinite(fluid):
         return math.inf
     if not tight:
-        if any(_room(grp, n_layers, ob, options, inflight) < grp.count for grp in groups):
+        if any(_room(grp, n_layers, ob, options, inflight, v) < grp.count for grp in groups):
             return math.inf
         return (sum_lb + (m * v - 1) * fluid) / v
 
@@ -162,10 +178,13 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
     else:
         slot = [3] if g.pp == 1 else [1] + [0] * (g.pp - 2) + [2]  # only, or first, middles, last
         free = np.array([[free_at[o][k] for o in options] for k in slot])  # [PP, O]
+    offset_s = np.array([ob[o].stage_extra_s for o in options])  # [O] per-stage recompute time
+    saved_bytes = np.array([ob[o].block_layers * v * ob[o].act_saved_bytes for o in options])  # per in-flight mb
     test = _budget_test(g, options, budget)
     tmax = 0.0
     for k, grp in enumerate(groups):
-        cap, above = _least_cap(grp, free, inflight, test, c_star, every_stage_holds_one=k == 0)
+        cap, above = _least_cap(grp, free, inflight, test, c_star, every_stage_holds_one=k == 0,
+                                offset_s=offset_s, saved_bytes=saved_bytes)
         if not math.isfinite(cap):
             return math.inf
         tmax = max(tmax, cap)
@@ -175,7 +194,7 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
 
 
 def _least_cap(grp: _LayerGroup, free: np.ndarray, inflight: list[float], test, c_star: float,
-               every_stage_holds_one: bool) -> tuple[float, bool]:
+               every_stage_holds_one: bool, offset_s: np.ndarray, saved_bytes: np.ndarray) -> tuple[float, bool]:
     """(cap, above): the least cap c on stage time for which PP stages, each on an option holding at
     most min(floor(c / tau_o), layers that fit in memory) of the group's layers, can hold them all
     (math.inf: not even with unbounded time); above=True when that cap is proven to exceed c_star
@@ -191,13 +210,16 @@ def _least_cap(grp: _LayerGroup, free: np.ndarray, inflight: list[float], test, 
         def test(cell, n, inner=inner, pp=pp):
             return inner(cell + 1, n + pp)
     tau = np.array(grp.tau_s)
-    per = np.array(grp.static_bytes)[None, :] + np.asarray(inflight)[:, None] * np.array(grp.act_bytes)[None, :]
-    nmem = np.where(per > 0, np.floor(np.maximum(free, 0) / np.maximum(per, 1e-30)), count)
+    load = np.asarray(inflight)[:, None]
+    per = np.array(grp.static_bytes)[None, :] + load * np.array(grp.act_bytes)[None, :]
+    room = free + load * saved_bytes[None, :]  # block recompute spares some activations per stage
+    nmem = np.where(per > 0, np.floor(np.maximum(room, 0) / np.maximum(per, 1e-30)), count)
     nmem = np.minimum(nmem, count)  # [PP, O] the group's layers option o holds in memory at position i
     if nmem.max(axis=1).sum() < count:
         return math.inf, False  # cannot fit even with every stage on its roomiest option
-    cands = np.unique((np.arange(1, count + 1)[:, None] * tau[None, :]).ravel())  # every cap that matters
-    cap_layers = np.floor(cands[:, None] / tau[None, :] * (1 + 1e-12))  # [C, O]
+    # every cap that matters: n layers plus the option's per-stage time
+    cands = np.unique((np.arange(1, count + 1)[:, None] * tau[None, :] + offset_s[None, :]).ravel())
+    cap_layers = np.maximum(np.floor((cands[:, None] - offset_s[None, :]) / tau[None, :] * (1 + 1e-12)), 0)  # [C, O]
     per_cell = np.minimum(cap_layers[:, None, :], nmem[None, :, :]).astype(np.int64)  # [C, PP, O]
     # budget-free: each position takes its best option
     ok = np.nonzero(per_cell.max(axis=2).sum(axis=1) >= count)[0]
@@ -283,14 +305,16 @@ def _knapsack_rates(items: dict[int, float], n: int, max_stages: int) -> np.ndar
     return np.array(per_k)
 
 
-def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float]) -> int:
+def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float], vpp: int) -> int:
     """The group's layers the stages can hold in memory at best (each position on its roomiest option)."""
     room = 0
     for load in inflight:
         best_n = 0
         for j, o in enumerate(options):
             per = grp.static_bytes[j] + load * grp.act_bytes[j]
-            best_n = max(best_n, int(max(ob[o].free_bytes, 0.0) // per) if per > 0 else n_layers)
+            b = ob[o]
+            room_bytes = b.free_bytes + load * b.block_layers * vpp * b.act_saved_bytes
+            best_n = max(best_n, int(max(room_bytes, 0.0) // per) if per > 0 else n_layers)
         room += min(best_n, grp.count)
         if room >= grp.count:
             break
