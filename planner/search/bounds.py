@@ -123,7 +123,19 @@ class _LayerGroup:
     act_bytes: tuple[float, ...]
 
 
-def _layer_groups(ob, options, n_layers: int, kind_counts: dict[bool, int] | None) -> list[_LayerGroup]:
+def _layer_groups(ob, options, n_layers: int, kind_counts: dict[bool, int] | None,
+                  cache: dict | None) -> list[_LayerGroup]:
+    if cache is None:
+        return _make_layer_groups(ob, options, n_layers, kind_counts)
+    key = ("groups", tuple(ob[o] for o in options), n_layers,
+           tuple(sorted(kind_counts.items())) if kind_counts else ())
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = _make_layer_groups(ob, options, n_layers, kind_counts)
+    return hit
+
+
+def _make_layer_groups(ob, options, n_layers: int, kind_counts: dict[bool, int] | None) -> list[_LayerGroup]:
     groups = [_LayerGroup(n_layers, tuple(ob[o].layer_s for o in options),
                           tuple(ob[o].layer_static_bytes for o in options),
                           tuple(ob[o].layer_act_bytes for o in options))]
@@ -155,7 +167,9 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
     if not options:
         return math.inf
     v = g.vpp
-    groups = _layer_groups(ob, options, n_layers, kind_counts)
+    groups = _layer_groups(ob, options, n_layers, kind_counts, cache)
+    if not tight and any(_room(grp, n_layers, ob, options, inflight, v) < grp.count for grp in groups):
+        return math.inf  # checked first: most choices that fail, fail here
     if len(groups) > 1:
         sum_lb = sum(grp.count * min(grp.tau_s) for grp in groups[1:])
     else:
@@ -164,8 +178,6 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
     if not math.isfinite(fluid):
         return math.inf
     if not tight:
-        if any(_room(grp, n_layers, ob, options, inflight, v) < grp.count for grp in groups):
-            return math.inf
         return (sum_lb + (m * v - 1) * fluid) / v
 
     def value(tmax: float) -> float:
@@ -390,6 +402,8 @@ def _stage_count_test(moves_list, dims: tuple[int, ...]):
         per_type = np.stack([cell[:, cols].max(axis=1) for cols in cols_by_type], axis=1)  # [PP, T]
         if explicit == 0:
             return bool((per_type[:, 0] >= 1).all() and per_type[:, 0].sum() >= n_layers)
+        if _greedy_holds(per_type.tolist(), caps, n_layers):
+            return True  # a valid assignment already holds them: no need for the DP
         best = np.zeros((1,) * explicit, dtype=np.int64)
         for i in range(pp):
             row = per_type[i].tolist()
@@ -420,3 +434,20 @@ def _stage_count_test(moves_list, dims: tuple[int, ...]):
         return bool(best.max() >= n_layers)
 
     return test
+
+
+def _greedy_holds(rows: list[list[int]], caps: list[int], n_layers: int) -> bool:
+    """A quick sufficient test: positions take, in order, the type holding the most layers among
+    those with stages left (a valid assignment, so a yes is exact; a no proves nothing)."""
+    left = list(caps)
+    total = 0
+    for row in rows:
+        best_t, best = -1, 0
+        for t, layers in enumerate(row):
+            if left[t] > 0 and layers > best:
+                best_t, best = t, layers
+        if best_t < 0:
+            return False
+        left[best_t] -= 1
+        total += best
+    return total >= n_layers
