@@ -168,7 +168,9 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
         return math.inf
     v = g.vpp
     groups = _layer_groups(ob, options, n_layers, kind_counts, cache)
-    if not tight and any(_room(grp, n_layers, ob, options, inflight, v) < grp.count for grp in groups):
+    if not tight and any(_room(grp, n_layers, ob, options, inflight, v,
+                               cache.setdefault(("room", id(grp), v), {}) if cache is not None else None)
+                         < grp.count for grp in groups):
         return math.inf  # checked first: most choices that fail, fail here
     if len(groups) > 1:
         sum_lb = sum(grp.count * min(grp.tau_s) for grp in groups[1:])
@@ -317,17 +319,25 @@ def _knapsack_rates(items: dict[int, float], n: int, max_stages: int) -> np.ndar
     return np.array(per_k)
 
 
-def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float], vpp: int) -> int:
-    """The group's layers the stages can hold in memory at best (each position on its roomiest option)."""
+def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float], vpp: int,
+          per_load: dict | None = None) -> int:
+    """The group's layers the stages can hold in memory at best (each position on its roomiest
+    option).  `per_load` memoises the layers one position holds per in-flight load (loads repeat
+    across PP)."""
     room = 0
     for load in inflight:
-        best_n = 0
-        for j, o in enumerate(options):
-            per = grp.static_bytes[j] + load * grp.act_bytes[j]
-            b = ob[o]
-            room_bytes = b.free_bytes + load * b.block_layers * vpp * b.act_saved_bytes
-            best_n = max(best_n, int(max(room_bytes, 0.0) // per) if per > 0 else n_layers)
-        room += min(best_n, grp.count)
+        best_n = per_load.get(load) if per_load is not None else None
+        if best_n is None:
+            best_n = 0
+            for j, o in enumerate(options):
+                per = grp.static_bytes[j] + load * grp.act_bytes[j]
+                b = ob[o]
+                room_bytes = b.free_bytes + load * b.block_layers * vpp * b.act_saved_bytes
+                best_n = max(best_n, int(max(room_bytes, 0.0) // per) if per > 0 else n_layers)
+            best_n = min(best_n, grp.count)
+            if per_load is not None:
+                per_load[load] = best_n
+        room += best_n
         if room >= grp.count:
             break
     return room
