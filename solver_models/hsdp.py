@@ -265,46 +265,66 @@ def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget
 
 def has_fitting_layout(t: StageTables) -> bool:
     """Whether any layout fits at all, time aside: layers split over the PP stages with every stage
-    in memory, GPUs per type within budget and the contiguity rule (a reachability DP over
-    (layers placed, GPUs used, option of the current stage)).  The memory-pruning rule asks this of
-    a lesser recompute before it prunes a greater one."""
+    in memory, GPUs per type within budget and the contiguity rule.  A reachability DP over stages
+    with state (layers placed, GPUs used) after each stage; with the contiguity rule the state is
+    (layers placed, finished types, current type) and keeps only the fewest GPUs used of the
+    current type (fewer never hurts).  The memory-pruning rule asks this of a lesser recompute."""
     pp, N, O = t.pp, t.num_layers, t.num_options
     lo, hi = t.fit_range()
+    lo, hi = lo.tolist(), hi.tolist()
     option_type = t.option_type.tolist()
     option_gpus = t.option_gpus.tolist()
     budget = t.budget.tolist()
-    zero = [[0] * O for _ in range(O)]
-    states = set()
-    for o in range(O):
-        if t.first_stage_ok(o) and option_gpus[o] <= budget[option_type[o]]:
-            if t.contiguous_types:
-                states.add((0, (0, option_gpus[o]), o))
-            else:
-                used = [0] * len(budget)
-                used[option_type[o]] = option_gpus[o]
-                states.add((0, tuple(used), o))
-    cache: dict = {}
+    contiguous = t.contiguous_types
+    # states before stage i: key -> least GPUs of the current type used (contiguous), or a set of
+    # used-per-type tuples (otherwise).  Stage 0 starts from nothing placed.
+    states: dict = {(0, 0, -1): 0} if contiguous else {0: {tuple(0 for _ in budget)}}
     for i in range(pp):
         last = i == pp - 1
-        nxt = set()
-        for ell, used, o in states:
-            a, b = int(lo[o, i, ell]), int(hi[o, i, ell])
-            if last:
-                if a <= N - ell <= b:
-                    return True
-                continue
-            b = min(b, N - ell - (pp - 1 - i))
-            if a > b:
-                continue
-            key = (o, used)
-            if key not in cache:
-                cache[key] = _next_options(o, used, O, option_type, option_gpus, budget, zero, t.contiguous_types)[0]
-            for on, _, u in cache[key]:
-                for n in range(a, b + 1):
-                    nxt.add((ell + n, u, on))
-        states = nxt
-        if not states:
+        nxt: dict = {}
+        if contiguous:
+            for (ell, mask, cur), cur_used in states.items():
+                for o in range(O):
+                    if i == 0 and not t.first_stage_ok(o):
+                        continue
+                    ty, gpus = option_type[o], option_gpus[o]
+                    if ty == cur:
+                        used, new_mask = cur_used + gpus, mask
+                    elif (mask >> ty) & 1:
+                        continue
+                    else:
+                        used, new_mask = gpus, mask | (1 << cur) if cur >= 0 else mask
+                    if used > budget[ty]:
+                        continue
+                    a, b = lo[o][i][ell], min(hi[o][i][ell], N - ell - (pp - 1 - i))
+                    if last:
+                        if a <= N - ell <= hi[o][i][ell]:
+                            return True
+                        continue
+                    for n in range(a, b + 1):
+                        key = (ell + n, new_mask, ty)
+                        if used < nxt.get(key, 1 << 60):
+                            nxt[key] = used
+        else:
+            for ell, useds in states.items():
+                for used in useds:
+                    for o in range(O):
+                        if i == 0 and not t.first_stage_ok(o):
+                            continue
+                        ty = option_type[o]
+                        if used[ty] + option_gpus[o] > budget[ty]:
+                            continue
+                        a, b = lo[o][i][ell], min(hi[o][i][ell], N - ell - (pp - 1 - i))
+                        if last:
+                            if a <= N - ell <= hi[o][i][ell]:
+                                return True
+                            continue
+                        u = used[:ty] + (used[ty] + option_gpus[o],) + used[ty + 1:]
+                        for n in range(a, b + 1):
+                            nxt.setdefault(ell + n, set()).add(u)
+        if not nxt:
             return False
+        states = nxt
     return False
 
 

@@ -20,6 +20,7 @@ from planner.schemas.plan import Recompute
 from planner.search.bounds import _budget_test, lower_bound_s, option_bound, stage_free_bytes
 from planner.search.space import GlobalChoice, SearchSpace, StageOption, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
+from solver_models.hsdp import has_fitting_layout
 from solver_models.tables import TableBuilder
 
 TYPES = ("H800", "MI300X", "910B")
@@ -90,7 +91,8 @@ CASES = [
 def test_bound_never_exceeds_the_exact_optimum(case):
     """For sampled configurations with PP 2..4 (dense, MoE, and mixed dense/MoE layers): the tight
     bound is at most brute force's optimum; given a plan to beat, it is unchanged when below it and
-    at least that plan when not."""
+    at least that plan when not; and has_fitting_layout says a layout fits exactly when brute force
+    finds one."""
     preset, layers, pattern, cluster, gbs, runtime = case
     profiles = ProfileSet.load()
     cl = parse_cluster(cluster, profiles)
@@ -106,7 +108,7 @@ def test_bound_never_exceeds_the_exact_optimum(case):
     tb = TableBuilder(cm)
     budget = cl.gpus_by_type()
     configs = [g for g in enumerate_globals(model, run.training, cl, space, gpn) if 2 <= g.pp <= 4]
-    checked = 0
+    checked = fit_checked = 0  # fit_checked: configurations where nothing fits
     # memory-tight cases: every configuration (the bound's memory side decides many of them)
     step = 1 if preset.startswith("qwen3-235b") else max(1, len(configs) // 24)
     for g in configs[::step]:
@@ -115,6 +117,9 @@ def test_bound_never_exceeds_the_exact_optimum(case):
             continue
         t = tb.build(g, opts)
         sol = solve_brute(t)
+        # the memory-pruning rule's feasibility test agrees with brute force on every configuration
+        assert has_fitting_layout(t) == (sol is not None), g.label()
+        fit_checked += sol is None
         gs = tb.shape(g)
         obs = {o: option_bound(cm, replace(gs, vpp=1, pp=2), o) for o in opts}
         room = {o: stage_free_bytes(cm, replace(gs, vpp=1, pp=2), o) for o in opts}
@@ -136,6 +141,8 @@ def test_bound_never_exceeds_the_exact_optimum(case):
                 assert lb_beat >= beat or math.isclose(lb_beat, beat), g.label()
         checked += 1
     assert checked >= 5
+    if preset.startswith("qwen3-235b"):
+        assert fit_checked >= 5  # the memory-tight cases do exercise "nothing fits"
 
 
 def test_max_rates_match_enumeration():

@@ -230,7 +230,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
                 sol.exact = False
         if sol is None:
             infeasible += 1
-            if not has_fitting_layout(tables):
+            if deferred.get(_config_key(g)) and not has_fitting_layout(tables):
                 push_next(_config_key(g))
             continue
         if not sol.stages:  # budget ran out before any plan: this choice stays unproven
