@@ -276,6 +276,13 @@ def has_fitting_layout(t: StageTables) -> bool:
     option_gpus = t.option_gpus.tolist()
     budget = t.budget.tolist()
     contiguous = t.contiguous_types
+    def counts(o: int, i: int, ell: int) -> range:
+        """Layer counts stage i may hold on option o from layer ell (the last stage takes the rest)."""
+        a, b = lo[o][i][ell], hi[o][i][ell]
+        if i == pp - 1:
+            return range(N - ell, N - ell + 1) if a <= N - ell <= b else range(0)
+        return range(a, min(b, N - ell - (pp - 1 - i)) + 1)
+
     # states before stage i: key -> least GPUs of the current type used (contiguous), or a set of
     # used-per-type tuples (otherwise).  Stage 0 starts from nothing placed.
     states: dict = {(0, 0, -1): 0} if contiguous else {0: {tuple(0 for _ in budget)}}
@@ -296,12 +303,12 @@ def has_fitting_layout(t: StageTables) -> bool:
                         used, new_mask = gpus, mask | (1 << cur) if cur >= 0 else mask
                     if used > budget[ty]:
                         continue
-                    a, b = lo[o][i][ell], min(hi[o][i][ell], N - ell - (pp - 1 - i))
+                    ns = counts(o, i, ell)
                     if last:
-                        if a <= N - ell <= hi[o][i][ell]:
+                        if ns:
                             return True
                         continue
-                    for n in range(a, b + 1):
+                    for n in ns:
                         key = (ell + n, new_mask, ty)
                         if used < nxt.get(key, 1 << 60):
                             nxt[key] = used
@@ -314,13 +321,13 @@ def has_fitting_layout(t: StageTables) -> bool:
                         ty = option_type[o]
                         if used[ty] + option_gpus[o] > budget[ty]:
                             continue
-                        a, b = lo[o][i][ell], min(hi[o][i][ell], N - ell - (pp - 1 - i))
+                        ns = counts(o, i, ell)
                         if last:
-                            if a <= N - ell <= hi[o][i][ell]:
+                            if ns:
                                 return True
                             continue
                         u = used[:ty] + (used[ty] + option_gpus[o],) + used[ty + 1:]
-                        for n in range(a, b + 1):
+                        for n in ns:
                             nxt.setdefault(ell + n, set()).add(u)
         if not nxt:
             return False
