@@ -2,19 +2,22 @@
 
 The driver visits global choices in increasing bound and stops once the bound reaches the best
 plan found, so every choice bounded out here is a choice no backend has to solve.  The bounds
-must never exceed a choice's exact optimum (tests/test_search.py checks this against HS-DP and
-brute force); they read per-layer figures of each stage option (OptionBound), never the tables.
+must never exceed a choice's exact optimum (tests/test_bounds.py checks them against brute force,
+tests/test_search.py against HS-DP); they read per-layer figures of each stage option
+(OptionBound, stage_free_bytes), never the tables.
 
 For v x T = sum_i t_i + (m*v - 1) * max_i t_i + v * max sync_i:
-  - sum_i t_i >= N * min_o tau_o, with tau_o the least per-layer time of option o;
+  - sum_i t_i >= N * min_o tau_o, with tau_o the least per-layer time of option o (per layer
+    kind on models that mix dense and MoE layers);
   - max_i t_i >= the fluid bound: N over the largest summed layer rate of PP stages whose GPUs
-    stay within each device type's budget;
+    stay within each device type's budget (a knapsack per type);
   - max_i t_i >= the least cap c for which PP stages, stage i on some option o holding at most
-    min(floor(c / tau_o), layers of o that fit in memory at position i) layers, can hold all N
-    layers while the GPUs each device type lends to its stages stay within its budget.  That last
-    test is a small DP over positions with GPUs-used-per-type as state (numpy, one array per
-    position); when the state space is too large it drops the budget and lets every position
-    take its best option.
+    min(floor((c - extra_o) / tau_o), layers of o that fit in memory at position i) layers, can
+    hold all N layers while the GPUs each device type lends to its stages stay within its budget
+    (extra_o: the per-stage recompute of full block recompute).  That test is a small DP over
+    positions with GPUs-used-per-type as state (numpy, one array per position); when the state
+    space is too large it drops the budget and lets every position take its best option.  Each
+    layer kind's layers are tested on their own too.
 """
 
 from __future__ import annotations
