@@ -118,6 +118,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     # recompute whose bound admits it enters the queue; the greater ones wait in `deferred` (in
     # ladder order) and enter only if that one turns out not to fit (see push_next)
     deferred: dict[tuple, list[GlobalChoice]] = {}
+
     def make_entry(g: GlobalChoice):
         """(cheap bound, recompute rank, G, options, bound inputs), or None when G has no stage option."""
         okey = (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.recompute.label if g.recompute else None)
@@ -167,7 +168,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     cands: list[Candidate] = []
     if space.runtime == "flagscale" and settings.warm_start:
         cands += _flagscale_warm_start(cost, space, settings, progress)
-    solved = bounded = infeasible = pruned_mem = 0
+    solved = bounded = infeasible = 0
     tie_counter = len(entries)
 
     def push_next(ckey: tuple) -> None:
