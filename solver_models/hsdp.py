@@ -266,9 +266,10 @@ def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget
 def has_fitting_layout(t: StageTables) -> bool:
     """Whether any layout fits at all, time aside: layers split over the PP stages with every stage
     in memory, GPUs per type within budget and the contiguity rule.  A reachability DP over stages
-    with state (layers placed, GPUs used) after each stage; with the contiguity rule the state is
-    (layers placed, finished types, current type) and keeps only the fewest GPUs used of the
-    current type (fewer never hurts).  The memory-pruning rule asks this of a lesser recompute."""
+    whose state after each stage is (layers placed, GPU use) -> a count kept at its least.  With
+    the contiguity rule the GPU use is (finished types, current type) with the count the GPUs of
+    the current type (fewer never hurts); without it, the GPUs used per type, count unused.  The
+    memory-pruning rule asks this of a lesser recompute."""
     pp, N, O = t.pp, t.num_layers, t.num_options
     lo, hi = t.fit_range()
     lo, hi = lo.tolist(), hi.tolist()
@@ -276,6 +277,7 @@ def has_fitting_layout(t: StageTables) -> bool:
     option_gpus = t.option_gpus.tolist()
     budget = t.budget.tolist()
     contiguous = t.contiguous_types
+
     def counts(o: int, i: int, ell: int) -> range:
         """Layer counts stage i may hold on option o from layer ell (the last stage takes the rest)."""
         a, b = lo[o][i][ell], hi[o][i][ell]
@@ -283,52 +285,43 @@ def has_fitting_layout(t: StageTables) -> bool:
             return range(N - ell, N - ell + 1) if a <= N - ell <= b else range(0)
         return range(a, min(b, N - ell - (pp - 1 - i)) + 1)
 
-    # states before stage i: key -> least GPUs of the current type used (contiguous), or a set of
-    # used-per-type tuples (otherwise).  Stage 0 starts from nothing placed.
-    states: dict = {(0, 0, -1): 0} if contiguous else {0: {tuple(0 for _ in budget)}}
-    for i in range(pp):
-        last = i == pp - 1
-        nxt: dict = {}
+    def advance(use: tuple, count: int, o: int):
+        """GPU use after a stage on option o, or None when the budget or the contiguity rule forbids it."""
+        ty, gpus = option_type[o], option_gpus[o]
         if contiguous:
-            for (ell, mask, cur), cur_used in states.items():
-                for o in range(O):
-                    if i == 0 and not t.first_stage_ok(o):
-                        continue
-                    ty, gpus = option_type[o], option_gpus[o]
-                    if ty == cur:
-                        used, new_mask = cur_used + gpus, mask
-                    elif (mask >> ty) & 1:
-                        continue
-                    else:
-                        used, new_mask = gpus, mask | (1 << cur) if cur >= 0 else mask
-                    if used > budget[ty]:
-                        continue
-                    ns = counts(o, i, ell)
-                    if last:
-                        if ns:
-                            return True
-                        continue
-                    for n in ns:
-                        key = (ell + n, new_mask, ty)
-                        if used < nxt.get(key, 1 << 60):
-                            nxt[key] = used
-        else:
-            for ell, useds in states.items():
-                for used in useds:
-                    for o in range(O):
-                        if i == 0 and not t.first_stage_ok(o):
-                            continue
-                        ty = option_type[o]
-                        if used[ty] + option_gpus[o] > budget[ty]:
-                            continue
-                        ns = counts(o, i, ell)
-                        if last:
-                            if ns:
-                                return True
-                            continue
-                        u = used[:ty] + (used[ty] + option_gpus[o],) + used[ty + 1:]
-                        for n in ns:
-                            nxt.setdefault(ell + n, set()).add(u)
+            mask, cur = use
+            if ty == cur:
+                new_use, new_count = use, count + gpus
+            elif (mask >> ty) & 1:
+                return None
+            else:
+                new_use, new_count = (mask | (1 << cur) if cur >= 0 else mask, ty), gpus
+            return (new_use, new_count) if new_count <= budget[ty] else None
+        if use[ty] + gpus > budget[ty]:
+            return None
+        return use[:ty] + (use[ty] + gpus,) + use[ty + 1:], 0
+
+    start = (0, -1) if contiguous else tuple(0 for _ in budget)
+    states: dict = {(0, start): 0}
+    for i in range(pp):
+        nxt: dict = {}
+        for (ell, use), count in states.items():
+            for o in range(O):
+                if i == 0 and not t.first_stage_ok(o):
+                    continue
+                step = advance(use, count, o)
+                if step is None:
+                    continue
+                ns = counts(o, i, ell)
+                if i == pp - 1:
+                    if ns:
+                        return True
+                    continue
+                new_use, new_count = step
+                for n in ns:
+                    key = (ell + n, new_use)
+                    if new_count < nxt.get(key, 1 << 60):
+                        nxt[key] = new_count
         if not nxt:
             return False
         states = nxt
