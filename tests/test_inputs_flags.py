@@ -79,12 +79,12 @@ def test_passthrough_keeps_unknown_flags_verbatim_in_order():
         "--lr", "1e-4", "--num-layers", "4", "--data-path", "0.5", "/d/a", "0.5", "/d/b",
         "--hidden-size", "64", "--tokenizer-type", "NullTokenizer", "--no-rope-fusion",
         "--num-attention-heads", "4", "--min-lr=1e-5", "--vocab-size", "1000",
-        "--global-batch-size", "8", "--moe-aux-loss-coeff", "-1e-3", "-x",
+        "--global-batch-size", "8", "--init-method-std", "-1e-3", "-x",
     ]  # fmt: skip
     r = parse_megatron_flags(argv)
     assert r.passthrough == (
         "--lr", "1e-4", "--data-path", "0.5", "/d/a", "0.5", "/d/b", "--tokenizer-type",
-        "NullTokenizer", "--no-rope-fusion", "--min-lr=1e-5", "--moe-aux-loss-coeff", "-1e-3", "-x",
+        "NullTokenizer", "--no-rope-fusion", "--min-lr=1e-5", "--init-method-std", "-1e-3", "-x",
     )  # fmt: skip
 
 

@@ -39,13 +39,22 @@ _MAX_LAYOUT_CHARS = 200_000  # guard against "t*99999999999"
 
 @dataclass(frozen=True)
 class FlagSpec:
-    """One Megatron flag the planner reads.  kind: int | float | str | true | false | list."""
+    """One Megatron flag the planner reads.  kind: int | float | floats | str | true | false | list.
+
+    `observe`: the planner reads the value (it changes time or memory) but never decides it, so the
+    user's own tokens also stay in `passthrough`, verbatim, and reach the launcher unchanged."""
 
     dest: str
     kind: str
     choices: tuple[str, ...] = ()
     min_value: float | None = None
     max_value: float | None = None
+    observe: bool = False
+
+
+def _o(dest: str, kind: str, choices: tuple[str, ...] = (), min_value: float | None = None) -> FlagSpec:
+    """An observed flag (see FlagSpec.observe)."""
+    return FlagSpec(dest, kind, choices=choices, min_value=min_value, observe=True)
 
 
 MAX_COUNT = 100_000  # layers / pipeline stages: far above any real model, keeps per-layer lists small
@@ -94,12 +103,30 @@ FLAGS: dict[str, FlagSpec] = {
     "--moe-grouped-gemm": FlagSpec("moe_grouped_gemm", "true"),
     "--moe-router-force-load-balancing": FlagSpec("moe_router_force_load_balancing", "true"),
     "--mtp-num-layers": _i("mtp_num_layers", 0, MAX_COUNT),
+    "--moe-flex-dispatcher-backend": _o("moe_flex_dispatcher_backend", "str", ("deepep", "hybridep")),
+    "--moe-enable-deepep": _o("moe_enable_deepep", "true"),
+    "--moe-pad-expert-input-to-capacity": _o("moe_pad_expert_input_to_capacity", "true"),
+    "--moe-router-load-balancing-type": _o(
+        "moe_router_load_balancing_type", "list", ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+    ),
+    "--moe-aux-loss-coeff": _o("moe_aux_loss_coeff", "floats", min_value=0.0),
     # batch, precision, optimizer (1.5, 1.6, 1.8)
     "--micro-batch-size": _i("micro_batch_size"),
     "--global-batch-size": _i("global_batch_size"),
     "--bf16": FlagSpec("bf16", "true"),
     "--fp16": FlagSpec("fp16", "true"),
     "--fp8-format": FlagSpec("fp8", "str", choices=("e4m3", "hybrid")),
+    "--fp8-recipe": _o("fp8_recipe", "str", ("delayed", "tensorwise", "blockwise", "mxfp8")),
+    "--fp8-param-gather": _o("fp8_param_gather", "true"),
+    "--grad-reduce-in-bf16": _o("grad_reduce_in_bf16", "true"),
+    "--use-precision-aware-optimizer": _o("use_precision_aware_optimizer", "true"),
+    "--main-params-dtype": _o("main_params_dtype", "str", ("fp32", "fp16")),
+    "--exp-avg-dtype": _o("exp_avg_dtype", "str", ("fp32", "fp16", "bf16", "fp8")),
+    "--exp-avg-sq-dtype": _o("exp_avg_sq_dtype", "str", ("fp32", "fp16", "bf16", "fp8")),
+    "--overlap-moe-expert-parallel-comm": _o("overlap_moe_expert_parallel_comm", "true"),
+    "--delay-wgrad-compute": _o("delay_wgrad_compute", "true"),
+    "--moe-shared-expert-overlap": _o("moe_shared_expert_overlap", "true"),
+    "--cp-comm-type": _o("cp_comm_type", "list", ("p2p", "a2a", "allgather", "a2a+p2p")),
     "--use-distributed-optimizer": FlagSpec("use_distributed_optimizer", "true"),
     "--overlap-grad-reduce": FlagSpec("overlap_grad_reduce", "true"),
     "--overlap-param-gather": FlagSpec("overlap_param_gather", "true"),
@@ -147,6 +174,9 @@ TRAINING_FIELD_FLAGS = {
     "overlap_grad_reduce": "--overlap-grad-reduce",
     "overlap_param_gather": "--overlap-param-gather",
     "tp_comm_overlap": "--tp-comm-overlap",
+    **{f: "--" + f.replace("_", "-") for f in TrainingSpec.model_fields
+       if "--" + f.replace("_", "-") in FLAGS and f not in ("micro_batch_size", "global_batch_size")},
+    "cp_comm_type": "--cp-comm-type",
 }
 PARALLEL_FIELD_FLAGS = {
     "tp": "--tensor-model-parallel-size",
@@ -202,13 +232,15 @@ def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
         if spec.max_value is not None and value > spec.max_value:
             raise PlannerInputError(name, f"must be an integer <= {int(spec.max_value)}, got {value}")
         return value
-    if spec.kind == "float":
+    if spec.kind in ("float", "floats"):
         try:
             value_f = float(raw.strip())
         except ValueError:
             raise PlannerInputError(name, f"expected a number, got {raw!r}") from None
         if value_f != value_f or value_f in (float("inf"), float("-inf")):
             raise PlannerInputError(name, f"expected a finite number, got {raw!r}")
+        if spec.min_value is not None and value_f < spec.min_value:
+            raise PlannerInputError(name, f"must be >= {spec.min_value:g}, got {value_f:g}")
         return value_f
     if not raw:
         raise PlannerInputError(name, "expected a non-empty value")
@@ -251,32 +283,43 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
             continue
         prev_unknown = False
         last_flag = name
-        if spec.kind in ("true", "false"):
-            if eq:
-                raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
-            ns[spec.dest] = spec.kind == "true"
-            continue
-        if spec.kind == "list":
-            values = [explicit] if eq else []
-            while not eq and i < n and isinstance(argv[i], str) and not _is_flag(argv[i]):
-                values.append(argv[i])
-                i += 1
-            if not values:
-                raise PlannerInputError(
-                    name, f"expects one or more values; allowed: {', '.join(spec.choices)}"
-                )
-            ns[spec.dest] = [_convert(name, spec, v) for v in values]
-            continue
-        if eq:
-            raw = explicit
-        else:
-            if i >= n or not isinstance(argv[i], str) or _is_flag(argv[i]):
-                allowed = f"one of {', '.join(spec.choices)}" if spec.choices else f"a {spec.kind} value"
-                raise PlannerInputError(name, f"expects {allowed}, but no value was given")
-            raw = argv[i]
-            i += 1
-        ns[spec.dest] = _convert(name, spec, raw)
+        start = i - 1
+        i = _read_flag(name, spec, eq, explicit, argv, i, ns)
+        if spec.observe:
+            passthrough.extend(argv[start:i])
     return ns, passthrough
+
+
+def _read_flag(name: str, spec: FlagSpec, eq: str, explicit: str, argv: Sequence[str], i: int,
+               ns: dict[str, Any]) -> int:
+    """Read the value(s) of one known flag whose values start at argv[i] into `ns`; return the index
+    of the next token."""
+    n = len(argv)
+    if spec.kind in ("true", "false"):
+        if eq:
+            raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
+        ns[spec.dest] = spec.kind == "true"
+        return i
+    if spec.kind in ("list", "floats"):
+        values = [explicit] if eq else []
+        while not eq and i < n and isinstance(argv[i], str) and not _is_flag(argv[i]):
+            values.append(argv[i])
+            i += 1
+        if not values:
+            allowed = ", ".join(spec.choices) if spec.choices else "numbers"
+            raise PlannerInputError(name, f"expects one or more values; allowed: {allowed}")
+        ns[spec.dest] = [_convert(name, spec, v) for v in values]
+        return i
+    if eq:
+        raw = explicit
+    else:
+        if i >= n or not isinstance(argv[i], str) or _is_flag(argv[i]):
+            allowed = f"one of {', '.join(spec.choices)}" if spec.choices else f"a {spec.kind} value"
+            raise PlannerInputError(name, f"expects {allowed}, but no value was given")
+        raw = argv[i]
+        i += 1
+    ns[spec.dest] = _convert(name, spec, raw)
+    return i
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,11 +549,14 @@ _MODEL_COPY = (
     "qk_layernorm", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
     "qk_pos_emb_head_dim", "v_head_dim", "moe_router_topk", "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
-    "moe_router_force_load_balancing", "mtp_num_layers",
+    "moe_router_force_load_balancing", "mtp_num_layers", "moe_flex_dispatcher_backend",
+    "moe_pad_expert_input_to_capacity",
 )  # fmt: skip
 _TRAINING_COPY = (
     "micro_batch_size", "global_batch_size", "use_distributed_optimizer", "overlap_grad_reduce",
-    "overlap_param_gather", "tp_comm_overlap",
+    "overlap_param_gather", "tp_comm_overlap", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_bf16",
+    "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap",
 )  # fmt: skip
 _PARALLEL_COPY = {
     "tensor_model_parallel_size": "tp",
@@ -545,6 +591,15 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")
     model["num_experts"] = num_experts or None  # 0 means dense
+    if ns.get("moe_enable_deepep"):  # the older spelling of --moe-token-dispatcher-type flex (DeepEP)
+        model["moe_token_dispatcher_type"] = "flex"
+        model["moe_flex_dispatcher_backend"] = "deepep"
+    lb_types = ns.get("moe_router_load_balancing_type")
+    if lb_types:
+        model["moe_router_load_balancing_type"] = lb_types[0]
+    coeffs = ns.get("moe_aux_loss_coeff")
+    if coeffs:
+        model["moe_aux_loss_coeff"] = sum(coeffs)  # one coefficient per balancing type; their sum is the pull
     cf = ns.get("moe_expert_capacity_factor")
     model["moe_expert_capacity_factor"] = cf if cf is not None and cf > 0 else None
     if "seq_length" not in ns:
@@ -562,6 +617,9 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
 
     training: dict[str, Any] = {k: ns[k] for k in _TRAINING_COPY if k in ns}
     training["precision"] = _precision_from_ns(ns)
+    cp_types = ns.get("cp_comm_type")
+    if cp_types:
+        training["cp_comm_type"] = cp_types[0]
 
     parallel: dict[str, Any] = {dst: ns[src] for src, dst in _PARALLEL_COPY.items() if src in ns}
     parallel["recompute"] = _recompute_from_ns(ns)

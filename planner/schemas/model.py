@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DispatcherName = Literal["allgather", "alltoall", "flex"]
+FlexBackend = Literal["deepep", "hybridep"]
+LoadBalancingType = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
 
 
 class ModelSpec(BaseModel):
@@ -55,6 +57,12 @@ class ModelSpec(BaseModel):
     )
     moe_expert_capacity_factor: float | None = Field(None, gt=0)
     moe_token_dispatcher_type: DispatcherName = "allgather"
+    moe_flex_dispatcher_backend: FlexBackend = Field("deepep", description="--moe-flex-dispatcher-backend")
+    moe_pad_expert_input_to_capacity: bool = Field(
+        False, description="--moe-pad-expert-input-to-capacity: every expert computes its full capacity"
+    )
+    moe_router_load_balancing_type: LoadBalancingType = "aux_loss"
+    moe_aux_loss_coeff: float = Field(0.0, ge=0.0, description="--moe-aux-loss-coeff (Megatron's default 0.0)")
     moe_grouped_gemm: bool = False
     moe_router_force_load_balancing: bool = False
     mtp_num_layers: int = Field(0, ge=0)

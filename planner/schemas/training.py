@@ -1,4 +1,9 @@
-"""TrainingSpec: batch, precision and optimizer/overlap settings of the run."""
+"""TrainingSpec: batch, precision and optimizer/overlap settings of the run.
+
+Field names follow Megatron-LM's argument names where one exists (`--fp8-recipe` -> `fp8_recipe`).
+Every field here changes time or memory in the cost model (planner/cost/); flags that change
+time or memory but are not modelled are named in planner/cost/notes.py instead.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
+OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
+"""Megatron's `--fp8-recipe` choices the cost model prices (its default is `delayed`)."""
 
 
 class TrainingSpec(BaseModel):
@@ -15,13 +26,41 @@ class TrainingSpec(BaseModel):
     micro_batch_size: int = Field(1, gt=0, description="--micro-batch-size (per DP rank of stage 0)")
     global_batch_size: int = Field(gt=0, description="--global-batch-size")
     precision: Precision = "bf16"
+    fp8_recipe: Fp8Recipe = Field(
+        "delayed", description="--fp8-recipe; only read when precision is fp8 (FP8 GEMMs, BF16 everything else)"
+    )
+    fp8_param_gather: bool = Field(False, description="--fp8-param-gather: FP8 weights, FP8 parameter all-gather")
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
+    grad_reduce_in_bf16: bool = Field(False, description="--grad-reduce-in-bf16: BF16 gradient buffer and reduce")
+    use_precision_aware_optimizer: bool = False
+    main_params_dtype: Literal["fp32", "fp16"] = Field(
+        "fp32", description="--main-params-dtype (read only with --use-precision-aware-optimizer, as Megatron does)"
+    )
+    exp_avg_dtype: OptimizerStateDtype = Field("fp32", description="--exp-avg-dtype (Adam first moment)")
+    exp_avg_sq_dtype: OptimizerStateDtype = Field("fp32", description="--exp-avg-sq-dtype (Adam second moment)")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False, description="--overlap-moe-expert-parallel-comm: EP all-to-all hidden behind another micro-batch"
+    )
+    delay_wgrad_compute: bool = Field(False, description="--delay-wgrad-compute (widens the EP overlap window)")
+    moe_shared_expert_overlap: bool = Field(False, description="--moe-shared-expert-overlap")
+    cp_comm_type: CpCommType = Field("p2p", description="--cp-comm-type: p2p (ring), a2a (Ulysses), allgather")
     moe_imbalance_factor: float | None = Field(
         None,
         ge=1.0,
         description="max tokens per expert over the mean; None: 1.0 with forced balancing, else the"
-        " profile default",
+        " routing model's value (planner/cost/dispatch.py)",
     )
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: BF16/FP16 (FP8 training keeps activations and communication
+        in BF16; only GEMM inputs are cast), FP32 for fp32 runs."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype of everything that is not an FP8 GEMM (attention core, logits, elementwise)."""
+        return "bf16" if self.precision == "fp8" else self.precision
