@@ -386,6 +386,29 @@ class ProfileSet:
             builder.add_dir(root, "--profiles")
         return cls(builder)
 
+    @classmethod
+    def uncalibrated(cls) -> "ProfileSet":
+        """The shipped device and link tables without profiles/corrections.yaml: the datasheet-derived
+        model the calibration fit (planner/calibration/fit.py) starts from."""
+        return _load_shipped_uncalibrated()
+
+    def with_corrections(self, factors: dict[tuple[str, str], float], provenance: Provenance) -> "ProfileSet":
+        """A copy whose corrections are these {(device or "*", kind): factor} on top of this set's
+        (same precedence: a device-specific entry beats "*")."""
+        out = copy.copy(self)
+        out._corrections = dict(self._corrections)
+        for (device, kind), factor in factors.items():
+            if kind not in CORRECTION_KINDS:
+                raise ValueError(f"unknown correction kind {kind!r}; allowed: {', '.join(CORRECTION_KINDS)}")
+            canonical = "*" if device == "*" else self.canonical_name(device)
+            out._corrections[(canonical, kind)] = CorrectionEntry(
+                device=canonical, kind=kind, factor=factor, provenance=provenance)
+        return out
+
+    def correction_entries(self) -> list[CorrectionEntry]:
+        """Every loaded correction, sorted by device and kind."""
+        return [self._corrections[k] for k in sorted(self._corrections)]
+
     # ---- devices
 
     def names(self) -> list[str]:
@@ -567,3 +590,11 @@ def _shipped_builder() -> _Builder:
 @lru_cache(maxsize=1)
 def _load_shipped() -> ProfileSet:
     return ProfileSet(_shipped_builder_cached())
+
+
+@lru_cache(maxsize=1)
+def _load_shipped_uncalibrated() -> ProfileSet:
+    builder = copy.copy(_shipped_builder_cached())
+    builder.corrections = {}
+    builder.correction_files = []
+    return ProfileSet(builder)

@@ -1,0 +1,186 @@
+"""Fit the cost model's correction factors to the published runs, one factor per mechanism.
+
+A `FitParam` is one mechanism's constant: a correction kind (a kernel kind such as `grouped_gemm`, a
+dispatcher, an FP8 recipe, the router imbalance) shared by a device family (SM90: H100/H800/H200/H20,
+which run the same kernels) or by every device (`*`).  Never one constant per row: each parameter is fitted
+jointly on every row whose prediction it changes.
+
+Method: the uncalibrated (datasheet-derived) profiles are the start; the loss is the sum over rows of
+squared log errors of the predicted seconds per iteration, log(predicted / measured), with a soft-L1 tail
+beyond 15 % so that one odd row cannot drag a shared constant; coordinate descent in log(factor), a golden
+section search per coordinate inside [lo, hi], until a sweep moves no factor by more than 0.1 %.
+
+`leave_one_out` refits, for each row, the parameters that row touches with that row removed (the others
+keep their full-fit values), and predicts the row again: that is the error to expect on an unseen run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner.calibration.runs import CalibrationCase
+from planner.profile_tables import ProfileSet
+from planner.schemas.device import Provenance
+
+SM90 = ("H100", "H800", "H200", "H20")
+"""Hopper parts: same SM90 tensor cores and kernels (cuBLAS, FlashAttention, TE), so one factor each."""
+GA100 = ("A100", "A100-40GB", "A800")
+
+
+@dataclass(frozen=True)
+class FitParam:
+    """One calibrated constant: correction `kind` on every device of `devices` (or "*")."""
+
+    kind: str
+    devices: tuple[str, ...]
+    lo: float = 0.5
+    hi: float = 2.0
+    why: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}@{'/'.join(self.devices)}"
+
+    def entries(self, factor: float) -> dict[tuple[str, str], float]:
+        return {(d, self.kind): factor for d in self.devices}
+
+
+FIT_PARAMS: tuple[FitParam, ...] = (
+    FitParam("gemm", SM90, why="dense GEMMs (cuBLAS) on SM90 against the MAMF-derived curve"),
+    FitParam("attention", SM90, 0.3, 2.0, why="fused attention (cuDNN/FA3-class) on SM90 against the FA2 curve"),
+    FitParam("grouped_gemm", SM90, why="grouped expert GEMMs on SM90"),
+    FitParam("gemm", GA100, 0.5, 3.0, why="dense GEMMs on GA100 with 2020-2022 software"),
+    FitParam("gemm", ("V100",), 0.5, 3.0, why="dense GEMMs on V100 with 2020 software"),
+)
+
+HUBER_DELTA = 0.15  # log-error beyond which the loss grows linearly (soft L1)
+TOLERANCE = 1e-3
+
+
+def _loss(e: float) -> float:
+    a = abs(e)
+    return a * a if a <= HUBER_DELTA else HUBER_DELTA * (2 * a - HUBER_DELTA)
+
+
+@dataclass
+class Fit:
+    """Fitted factors, with the rows each parameter was fitted on."""
+
+    factors: dict[str, float]
+    rows: dict[str, tuple[str, ...]]
+    params: tuple[FitParam, ...]
+    base: ProfileSet = field(repr=False)
+
+    def profiles(self, provenance: Provenance | None = None) -> ProfileSet:
+        return apply_factors(self.base, self.params, self.factors, provenance)
+
+
+def apply_factors(base: ProfileSet, params: tuple[FitParam, ...], factors: dict[str, float],
+                  provenance: Provenance | None = None) -> ProfileSet:
+    entries: dict[tuple[str, str], float] = {}
+    for p in params:
+        if p.name in factors:
+            entries.update(p.entries(factors[p.name]))
+    prov = provenance or Provenance(kind="calibrated", source="planner.calibration.fit (in-memory)")
+    return base.with_corrections(entries, prov)
+
+
+class _Evaluator:
+    """Predicted seconds per iteration of each case under given factors, memoised by the factors of
+    the parameters that touch the case."""
+
+    def __init__(self, cases: list[CalibrationCase], base: ProfileSet, params: tuple[FitParam, ...]):
+        self.cases = {c.id: c for c in cases}
+        self.base = base
+        self.params = params
+        self.measured = {c.id: c.seconds_per_iteration() for c in cases}
+        self._cache: dict[tuple, float] = {}
+        self.touches: dict[str, set[str]] = {}
+        ones = {p.name: 1.0 for p in params}
+        base_t = {cid: self._time(cid, ones) for cid in self.cases}
+        for p in params:
+            probe = {**ones, p.name: 1.5}
+            self.touches[p.name] = {cid for cid in self.cases
+                                    if abs(self._time(cid, probe) - base_t[cid]) > 1e-9 * base_t[cid]}
+
+    def _time(self, cid: str, factors: dict[str, float]) -> float:
+        relevant = tuple(sorted((k, round(v, 9)) for k, v in factors.items()
+                                if cid in self.touches.get(k, self.cases.keys())))
+        key = (cid, relevant)
+        hit = self._cache.get(key)
+        if hit is None:
+            profiles = apply_factors(self.base, self.params, factors)
+            hit = self._cache[key] = self.cases[cid].price(profiles).iteration_time_s
+        return hit
+
+    def log_error(self, cid: str, factors: dict[str, float]) -> float:
+        return math.log(self._time(cid, factors) / self.measured[cid])
+
+    def loss(self, rows: set[str], factors: dict[str, float]) -> float:
+        return sum(_loss(self.log_error(cid, factors)) for cid in rows)
+
+
+def _golden(f, lo: float, hi: float, tol: float = 1e-3) -> float:
+    """Minimise f over [lo, hi] (log-space bounds) by golden-section search."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def _descend(ev: _Evaluator, free: list[FitParam], factors: dict[str, float], rows: set[str],
+             max_sweeps: int = 12) -> dict[str, float]:
+    factors = dict(factors)
+    for _ in range(max_sweeps):
+        moved = 0.0
+        for p in free:
+            fit_rows = ev.touches[p.name] & rows
+            if not fit_rows:
+                continue
+
+            def f(x: float, p: FitParam = p, fit_rows: set[str] = fit_rows) -> float:
+                return ev.loss(fit_rows, {**factors, p.name: math.exp(x)})
+
+            x = _golden(f, math.log(p.lo), math.log(p.hi))
+            moved = max(moved, abs(math.exp(x) / factors[p.name] - 1))
+            factors[p.name] = math.exp(x)
+        if moved < TOLERANCE:
+            break
+    return factors
+
+
+def fit(cases: list[CalibrationCase], params: tuple[FitParam, ...] = FIT_PARAMS,
+        base: ProfileSet | None = None) -> tuple[Fit, _Evaluator]:
+    """Fit every parameter jointly on all rows."""
+    base = base or ProfileSet.uncalibrated()
+    ev = _Evaluator(cases, base, params)
+    start = {p.name: 1.0 for p in params}
+    factors = _descend(ev, list(params), start, set(ev.cases))
+    rows = {p.name: tuple(sorted(ev.touches[p.name])) for p in params}
+    return Fit(factors=factors, rows=rows, params=params, base=base), ev
+
+
+def leave_one_out(result: Fit, ev: _Evaluator) -> dict[str, float]:
+    """Per row: the predicted seconds per iteration with that row left out of the fit."""
+    out: dict[str, float] = {}
+    everything = set(ev.cases)
+    for cid in ev.cases:
+        free = [p for p in result.params if cid in ev.touches[p.name]]
+        start = dict(result.factors)
+        for p in free:
+            if not ev.touches[p.name] - {cid}:
+                start[p.name] = 1.0  # no other row calibrates it: the datasheet-derived value
+        factors = _descend(ev, free, start, everything - {cid}) if free else start
+        out[cid] = ev._time(cid, factors)
+    return out

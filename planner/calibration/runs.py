@@ -1,0 +1,130 @@
+"""The published measured runs: loading, parsing into planner inputs, and pricing.
+
+`load_runs()` reads the shipped table (planner/calibration/published/measured_runs.csv) and, when it is
+there, `../shared/calibration/measured_runs.csv` beside the repository (rows there replace shipped rows
+with the same id; new ids are appended).  `cases()` turns each row into a `CalibrationCase`: the parsed
+`MegatronRun`, the cluster, the plan Megatron runs for those flags, and the measurement.
+"""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.cost.estimate import plan_from_run
+from planner.cost.model import CostModel, PlanCost
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan
+
+PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
+SHIPPED_RUNS_CSV = PUBLISHED_DIR / "measured_runs.csv"
+ANNOTATIONS_CSV = PUBLISHED_DIR / "annotations.csv"
+SHARED_RUNS_CSV = Path(__file__).resolve().parents[3] / "shared" / "calibration" / "measured_runs.csv"
+"""../shared/calibration/measured_runs.csv next to the repository root (read when present)."""
+
+METRICS = ("iteration_time_s", "tflops_per_gpu")
+REQUIRED_COLUMNS = ("id", "source", "cluster", "megatron_args", "metric", "value")
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        return [dict(r) for r in reader]
+
+
+def load_runs(*, shared: Path | None = SHARED_RUNS_CSV, shipped: Path = SHIPPED_RUNS_CSV) -> list[dict[str, str]]:
+    """Every measured run, shipped rows first (in file order), each carrying `origin` (the file it came from)."""
+    rows: dict[str, dict[str, str]] = {}
+    for path in (shipped, shared):
+        if path is None or not path.is_file():
+            continue
+        for row in _read_csv(path):
+            rows[row["id"]] = {**row, "origin": str(path)}
+    return list(rows.values())
+
+
+def load_annotations(path: Path = ANNOTATIONS_CSV) -> dict[str, dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return {r["id"]: r for r in csv.DictReader(fh)}
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    """One measured run, parsed: what Megatron ran and what was measured."""
+
+    id: str
+    metric: str
+    measured: float
+    run: MegatronRun
+    cluster: ClusterSpec
+    plan: Plan
+    plan_notes: tuple[str, ...]
+    memory_settings: str  # known | unknown | unclassified
+    source: str
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        return tuple(sorted({s.device_type for s in self.plan.stages}))
+
+    @property
+    def group(self) -> tuple:
+        """Rows with the same group ran the same model on the same cluster with the same batch and
+        sequence: they differ only in plan, dispatcher, routing or precision, so their order matters."""
+        m = self.run.model
+        shape = m.model_dump(exclude={"name", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
+                                      "moe_router_force_load_balancing", "moe_grouped_gemm",
+                                      "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+                                      "moe_router_load_balancing_type", "moe_aux_loss_coeff",
+                                      "max_position_embeddings"})
+        return (self.cluster.describe(), tuple(sorted(shape.items())), self.run.training.global_batch_size)
+
+    def price(self, profiles) -> PlanCost:
+        return CostModel(self.run.model, self.run.training, self.cluster, profiles).evaluate(self.plan)
+
+    def predicted(self, cost: PlanCost) -> float:
+        """The prediction in the row's own metric."""
+        return cost.iteration_time_s if self.metric == "iteration_time_s" else cost.tflops_per_gpu
+
+    def seconds_per_iteration(self, cost: PlanCost | None = None) -> float:
+        """Measured (cost None) or predicted seconds per iteration."""
+        if cost is not None:
+            return cost.iteration_time_s
+        if self.metric == "iteration_time_s":
+            return self.measured
+        return self.model_flop / (self.measured * 1e12 * self.cluster.world_size)
+
+    @property
+    def model_flop(self) -> float:
+        from planner.cost.flops import model_flop_per_iteration
+
+        return model_flop_per_iteration(self.run.model, global_batch_size=self.run.training.global_batch_size,
+                                        tp=self.plan.tp)
+
+
+def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str, str]]) -> CalibrationCase:
+    metric = row["metric"]
+    if metric not in METRICS:
+        raise ValueError(f"row {row['id']}: unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    cluster = parse_cluster(row["cluster"], profiles)
+    run = parse_megatron_flags(shlex.split(row["megatron_args"]), world_size=cluster.world_size)
+    plan, notes = plan_from_run(run, cluster, profiles)
+    ann = annotations.get(row["id"])
+    return CalibrationCase(
+        id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
+        plan_notes=tuple(notes), memory_settings=ann["memory_settings"] if ann else "unclassified",
+        source=row.get("source", ""),
+    )
+
+
+def cases(profiles, rows: list[dict[str, str]] | None = None) -> list[CalibrationCase]:
+    """Every measured run as a CalibrationCase (see `load_runs` for where rows come from)."""
+    annotations = load_annotations()
+    return [case_from_row(r, profiles, annotations) for r in (rows if rows is not None else load_runs())]
