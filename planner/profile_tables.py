@@ -34,7 +34,12 @@ PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 """The shipped profiles: devices/, links.yaml, clusters/ (see profiles/README.md)."""
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
-TIME_CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound") + COLLECTIVES
+KERNEL_CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound")
+DISPATCH_CORRECTION_KINDS = ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather")
+"""Time multipliers on MoE token dispatch + combine, per Megatron dispatcher (planner/cost/dispatch.py)."""
+FP8_CORRECTION_KINDS = ("fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8")
+"""Time multipliers on FP8 GEMMs, per recipe family (planner/cost/kernels.py FP8_CORRECTION_KIND)."""
+TIME_CORRECTION_KINDS = KERNEL_CORRECTION_KINDS + COLLECTIVES + DISPATCH_CORRECTION_KINDS + FP8_CORRECTION_KINDS
 ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)
 IMBALANCE_KIND = "moe_imbalance_factor"
 """Measured MoE router imbalance (max/mean tokens per expert, >= 1); written by `cli.py calibrate` for device *."""

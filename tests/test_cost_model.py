@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.cost.estimate import estimate_run, plan_from_run
 from planner.cost.flops import model_flop_per_iteration, parameter_counts
-from planner.cost.layer import expected_destination_ranks
+from planner.cost.dispatch import expected_destination_ranks
 from planner.cost.model import CostModel, GlobalShape
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster

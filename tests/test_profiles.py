@@ -245,17 +245,18 @@ def test_corrections_round_trip(tmp_path):
         {"device": "*", "kind": "moe_imbalance_factor", "factor": 1.3, "provenance": {"kind": "calibrated", "source": "r"}},
     ]))
     ps = ProfileSet.load([tmp_path])
+    shipped = ProfileSet.load()
     assert ps.correction("H800", "gemm") == 1.15
-    assert ps.correction("H100", "gemm") == 1.0
+    assert ps.correction("H100", "gemm") == shipped.correction("H100", "gemm")  # the shipped calibration stays
     assert ps.correction("H100", "all_to_all") == 1.3
     assert ps.correction("mi300x", "all_to_all") == 1.6
     assert ps.correction("Ascend910B", "memory_overhead_gib") == 2.5
     assert ps.correction("H800", "memory_overhead_gib") == 0.0
     assert ps.corrections_for("H800")["gemm"] == 1.15
-    assert ps.moe_imbalance_factor() == 1.3 and ProfileSet.load().moe_imbalance_factor() is None
+    assert ps.moe_imbalance_factor() == 1.3 and ProfileSet.uncalibrated().moe_imbalance_factor() is None
     assert any(r["item"] == "corrections" and r["provenance_kinds"] == ["calibrated", "measured"]
                for r in ps.provenance_manifest())
-    assert ProfileSet.load().correction("H800", "gemm") == 1.0  # the shipped set is untouched
+    assert ProfileSet.load().correction("H800", "gemm") == shipped.correction("H800", "gemm") != 1.15
     with pytest.raises(PlannerInputError):
         ps.correction("H800", "flops")
 

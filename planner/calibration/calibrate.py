@@ -33,10 +33,11 @@ from planner.calibration.router_stats import RouterStats
 from planner.errors import PlannerInputError
 from planner.units import GIB_BYTES
 
-TIME_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound", "all_reduce", "all_gather",
-              "reduce_scatter", "all_to_all", "p2p")
+from planner.profile_tables import CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, ProfileSet
+from planner.schemas.device import Provenance
+
+TIME_KINDS = TIME_CORRECTION_KINDS
 MEMORY_KIND = "memory_overhead_gib"
-IMBALANCE_KIND = "moe_imbalance_factor"
 GLOBAL_FIT_ITERATIONS = 8
 
 
@@ -128,31 +129,18 @@ def _evaluate(run: Any, cluster: Any, profiles: Any) -> tuple[Any, Any]:
     return plan, CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
 
 
-class _Overlay:
-    """A ProfileSet view with extra time multipliers (device -> factor on every time kind)."""
-
-    def __init__(self, base: Any, device_factors: dict[str, float], global_factor: float = 1.0,
-                 imbalance: float | None = None):
-        self._base = base
-        self._factors = device_factors
-        self._global = global_factor
-        self._imbalance = imbalance
-
-    def moe_imbalance_factor(self) -> float | None:
-        """The router statistics' factor when given (so time factors are fitted under it)."""
-        if self._imbalance is not None:
-            return self._imbalance
-        getter = getattr(self._base, "moe_imbalance_factor", None)
-        return getter() if callable(getter) else None
-
-    def correction(self, device: str, kind: str) -> float:
-        value = self._base.correction(device, kind)
-        if kind in TIME_KINDS:
-            return value * self._factors.get(self._base.canonical_name(device), 1.0) * self._global
-        return value
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
+def _overlay(base: ProfileSet, device_factors: dict[str, float], global_factor: float = 1.0,
+             imbalance: float | None = None) -> ProfileSet:
+    """`base` with every time kind of each device multiplied by its factor and by `global_factor`, and the
+    router statistics' imbalance in place (so time factors are fitted under it)."""
+    factors: dict[tuple[str, str], float] = {}
+    for name in base.names():
+        ratio = device_factors.get(name, 1.0) * global_factor
+        if ratio != 1.0:
+            factors.update({(name, kind): base.correction(name, kind) * ratio for kind in TIME_KINDS})
+    if imbalance is not None:
+        factors[("*", IMBALANCE_KIND)] = imbalance
+    return base.with_corrections(factors, Provenance(kind="calibrated", source="cli.py calibrate (fitting)"))
 
 
 def calibrate(
@@ -161,7 +149,7 @@ def calibrate(
     """Fit corrections so that the cost model reproduces `measurement` (see the module docstring)."""
     imbalance = router.imbalance_factor() if router is not None else None
     if imbalance is not None:  # fit the time factors with the measured imbalance already in place
-        profiles = _Overlay(profiles, {}, 1.0, imbalance)
+        profiles = _overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
     m = before.num_microbatches
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
@@ -191,7 +179,7 @@ def calibrate(
     target = measurement.iteration_time_s
 
     def predicted(g: float) -> float:
-        return _evaluate(run, cluster, _Overlay(profiles, device_factors, g, imbalance))[1].iteration_time_s
+        return _evaluate(run, cluster, _overlay(profiles, device_factors, g, imbalance))[1].iteration_time_s
 
     g0, t0 = 1.0, predicted(1.0)
     g1 = target / t0
@@ -204,7 +192,7 @@ def calibrate(
             g2 = g1 * target / t1
         g0, t0, g1, t1 = g1, t1, g2, predicted(g2)
     global_factor = g1
-    _, after = _evaluate(run, cluster, _Overlay(profiles, device_factors, global_factor, imbalance))
+    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
 
     # 3. memory per stage
     mem_diff: dict[str, list[float]] = {}
@@ -274,10 +262,6 @@ def calibrate(
 
 def loader_accepts(kind: str) -> bool:
     """Whether planner.profile_tables accepts this kind in corrections.yaml."""
-    try:
-        from planner.profile_tables import CORRECTION_KINDS
-    except ImportError:
-        return False
     return kind in CORRECTION_KINDS
 
 
@@ -321,7 +305,7 @@ def render_report(report: dict[str, Any]) -> str:
         f"measured   {meas['iteration_time_s']:.4f} s/iteration over {meas['steady_iterations']} steady iterations "
         f"({meas['source']}, {meas['unreadable_lines']} unreadable lines)",
         f"predicted  {before['iteration_time_s']:.4f} s before ({before['error']:+.1%}), "
-        f"{after['iteration_time_s']:.4f} s after calibration ({after['error']:+.1%})",
+        f"{after['iteration_time_s']:.4f} s after calibration ({round(after['error'], 4) + 0.0:+.1%})",
         f"factors    global x{report['global_factor']:.4f}"
         + "".join(f", {d} compute x{f:.4f}" for d, f in report["device_factors"].items()),
     ]

@@ -37,6 +37,8 @@ class FitParam:
     lo: float = 0.5
     hi: float = 2.0
     why: str = ""
+    default: float = 1.0  # the uncalibrated value (what a row alone on this parameter is predicted with)
+    fit_on: str = "all"  # all | dense | moe: which of the rows it changes it is fitted on
 
     @property
     def name(self) -> str:
@@ -47,11 +49,19 @@ class FitParam:
 
 
 FIT_PARAMS: tuple[FitParam, ...] = (
-    FitParam("gemm", SM90, why="dense GEMMs (cuBLAS) on SM90 against the MAMF-derived curve"),
-    FitParam("attention", SM90, 0.3, 2.0, why="fused attention (cuDNN/FA3-class) on SM90 against the FA2 curve"),
+    FitParam("gemm", SM90, fit_on="dense", why="dense GEMMs (cuBLAS) on SM90 against the MAMF-derived curve"),
+    FitParam("attention", SM90, 0.3, 2.0,
+             why="fused attention (cuDNN/FA3-class) on SM90 against the FA2 curve"),
     FitParam("grouped_gemm", SM90, why="grouped expert GEMMs on SM90"),
+    FitParam("dispatch_alltoall", SM90, 0.3, 3.0, why="alltoall token dispatcher (NCCL all-to-all) on SM90 nodes"),
+    FitParam("dispatch_flex", SM90, 0.3, 3.0, why="flex token dispatcher (DeepEP/HybridEP) on SM90 nodes"),
+    FitParam("fp8_tensorwise", SM90, 0.5, 3.0, why="per-tensor FP8 recipes (delayed, tensorwise) on SM90"),
+    FitParam("fp8_blockwise", SM90, 0.5, 3.0, why="blockwise FP8 recipe on SM90"),
+    FitParam("moe_imbalance_factor", ("*",), 1.0, 3.0, default=1.1,
+             why="busiest EP rank over the mean under dropless aux-loss routing at coefficient 1e-3"),
     FitParam("gemm", GA100, 0.5, 3.0, why="dense GEMMs on GA100 with 2020-2022 software"),
     FitParam("gemm", ("V100",), 0.5, 3.0, why="dense GEMMs on V100 with 2020 software"),
+    FitParam("gemm", ("910B",), 0.5, 3.0, why="GEMMs (CANN) on Ascend 910B"),
 )
 
 HUBER_DELTA = 0.15  # log-error beyond which the loss grows linearly (soft L1)
@@ -97,12 +107,15 @@ class _Evaluator:
         self.measured = {c.id: c.seconds_per_iteration() for c in cases}
         self._cache: dict[tuple, float] = {}
         self.touches: dict[str, set[str]] = {}
-        ones = {p.name: 1.0 for p in params}
+        ones = {p.name: p.default for p in params}
         base_t = {cid: self._time(cid, ones) for cid in self.cases}
         for p in params:
-            probe = {**ones, p.name: 1.5}
+            probe = {**ones, p.name: p.default * 1.5}
             self.touches[p.name] = {cid for cid in self.cases
                                     if abs(self._time(cid, probe) - base_t[cid]) > 1e-9 * base_t[cid]}
+        self.fit_rows = {p.name: {cid for cid in self.touches[p.name]
+                                  if p.fit_on == "all" or (p.fit_on == "moe") == self.cases[cid].run.model.is_moe}
+                         for p in params}
 
     def _time(self, cid: str, factors: dict[str, float]) -> float:
         relevant = tuple(sorted((k, round(v, 9)) for k, v in factors.items()
@@ -145,7 +158,7 @@ def _descend(ev: _Evaluator, free: list[FitParam], factors: dict[str, float], ro
     for _ in range(max_sweeps):
         moved = 0.0
         for p in free:
-            fit_rows = ev.touches[p.name] & rows
+            fit_rows = ev.fit_rows[p.name] & rows
             if not fit_rows:
                 continue
 
@@ -165,9 +178,9 @@ def fit(cases: list[CalibrationCase], params: tuple[FitParam, ...] = FIT_PARAMS,
     """Fit every parameter jointly on all rows."""
     base = base or ProfileSet.uncalibrated()
     ev = _Evaluator(cases, base, params)
-    start = {p.name: 1.0 for p in params}
+    start = {p.name: p.default for p in params}
     factors = _descend(ev, list(params), start, set(ev.cases))
-    rows = {p.name: tuple(sorted(ev.touches[p.name])) for p in params}
+    rows = {p.name: tuple(sorted(ev.fit_rows[p.name])) for p in params}
     return Fit(factors=factors, rows=rows, params=params, base=base), ev
 
 
@@ -176,11 +189,11 @@ def leave_one_out(result: Fit, ev: _Evaluator) -> dict[str, float]:
     out: dict[str, float] = {}
     everything = set(ev.cases)
     for cid in ev.cases:
-        free = [p for p in result.params if cid in ev.touches[p.name]]
+        free = [p for p in result.params if cid in ev.fit_rows[p.name]]
         start = dict(result.factors)
         for p in free:
-            if not ev.touches[p.name] - {cid}:
-                start[p.name] = 1.0  # no other row calibrates it: the datasheet-derived value
+            if not ev.fit_rows[p.name] - {cid}:
+                start[p.name] = p.default  # no other row calibrates it: the uncalibrated value
         factors = _descend(ev, free, start, everything - {cid}) if free else start
         out[cid] = ev._time(cid, factors)
     return out

@@ -219,7 +219,14 @@ class Report:
 
 
 def shipped_factors(profiles: ProfileSet, params=FIT_PARAMS) -> dict[str, float]:
-    return {p.name: profiles.correction(p.devices[0], p.kind) for p in params}
+    out = {}
+    for p in params:
+        if p.devices == ("*",):
+            value = profiles.moe_imbalance_factor() if p.kind == "moe_imbalance_factor" else None
+            out[p.name] = value if value is not None else p.default
+        else:
+            out[p.name] = profiles.correction(p.devices[0], p.kind)
+    return out
 
 
 def build_report(*, loo: bool = False, refit: bool = False) -> tuple[Report, Fit]:

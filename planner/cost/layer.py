@@ -1,43 +1,31 @@
 """Cost of one decoder layer for one micro-batch on one GPU of a pipeline stage.
 
-Everything a stage costs is a sum of these per-layer pieces plus the stage's extras (embedding,
-logits, pipeline sends, gradient sync, optimizer), composed in planner/cost/model.py (CostModel.stage_core).  The search
-backends tabulate these pieces once per (device type, DP, micro-batch) and compose stages from them,
-so the solvers and `estimate` read the very same numbers.
+Every part of a layer's time is named, the way Vidur names the parts of a stage (`LayerCost.parts`):
+attention projections, the attention core, the dense MLP or the experts, shared experts, the router and
+token permutation, FP8 quantisation, other memory-bound work (norms, residual adds, RoPE, activations),
+and the communication of tensor, context and expert parallelism.  A stage is a sum of these per-layer
+pieces plus its extras (embedding, logits, MTP, pipeline sends, gradient sync, optimizer), composed in
+planner/cost/model.py.  The search backends tabulate these pieces once per (device type, DP, micro-batch)
+and compose stages from them, so the solvers and `estimate` read the very same numbers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from planner.cost.dispatch import moe_dispatch
 from planner.cost.flops import layer_flops
+from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.links import GroupLinks, collective_s
 from planner.cost.memory import ActivationModules, activation_bytes_per_token
-from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
+from planner.schemas.training import TrainingSpec
 
-ATTENTION_BWD_OVER_FWD = 2.5  # flash attention backward recomputes S: ~2.5x forward time (FA2 paper)
-GEMM_BWD_OVER_FWD = 2.0  # dgrad + wgrad
-ELEMENTWISE_BWD_OVER_FWD = 2.0
 TP_COMM_OVERLAP_EXPOSED = 0.3  # fraction of TP traffic left exposed with --tp-comm-overlap (assumption)
 CP_OVERLAP = 1.0  # fraction of attention-core time that can hide the CP ring exchange
-
-
-def expected_destination_ranks(num_experts: int, ep: int, topk: int) -> float:
-    """Expected number of distinct EP ranks one token's top-k experts live on, for uniform routing
-    over `num_experts` experts split evenly over `ep` ranks: ep * (1 - C(E - E/ep, k) / C(E, k)).
-
-    Megatron's `flex` dispatcher (DeepEP / HybridEP) sends a token once to every rank that hosts
-    at least one of its experts (DeepEP `get_dispatch_layout`: `is_token_in_rank`), while the
-    `alltoall` dispatcher permutes first and sends one copy per selected expert (k copies)."""
-    if ep <= 1 or num_experts <= 0:
-        return 1.0
-    k = min(topk, num_experts)
-    per_rank = num_experts / ep
-    p_miss = 1.0
-    for i in range(k):
-        p_miss *= max(num_experts - per_rank - i, 0.0) / (num_experts - i)
-    return ep * (1.0 - p_miss)
+EP_OVERLAP_MIN_EXPOSED = 0.1
+"""With --overlap-moe-expert-parallel-comm, the part of the EP all-to-all never hidden (the first and last
+micro-batch of a schedule have no partner to overlap with; assumption)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +39,7 @@ class LayerShape:
     micro_batch_size: int  # samples per micro-batch on this GPU's DP rank
     seq_length: int
     sequence_parallel: bool
-    precision: str
-    tp_comm_overlap: bool
-    imbalance: float  # busiest expert's tokens over the mean
-    dispatcher: str
+    imbalance: float  # busiest EP rank's tokens over the mean (planner/cost/dispatch.py `routing`)
 
     @property
     def gathered_tokens(self) -> float:
@@ -80,10 +65,11 @@ class LayerCost:
     cp_bwd_s: float
     ep_fwd_s: float
     ep_bwd_s: float
-    # forward pieces that selective recompute re-runs, by module name
-    module_fwd_s: dict
+    module_fwd_s: dict  # forward pieces that selective recompute re-runs, by module name
     activations: ActivationModules  # bytes per local token
     local_tokens: float
+    parts: dict = field(default_factory=dict)  # forward + backward seconds by named part
+    transient_bytes: float = 0.0  # buffers alive only while the layer runs (dispatch buffers)
 
     @property
     def fwd_s(self) -> float:
@@ -97,142 +83,164 @@ class LayerCost:
         return kept_per_token * self.local_tokens
 
 
-def _gemm_s(device: DeviceProfile, flop: float, call_flop: float, precision: str, corr: float) -> float:
-    from planner.profile_tables import interpolate_efficiency
-
-    if flop <= 0:
-        return 0.0
-    eff = interpolate_efficiency(device.gemm_efficiency, max(call_flop, 1.0))
-    return flop / (device.peak_flop_per_s(precision) * eff) * corr
+def _mla_up_proj_flop(model: ModelSpec) -> float:
+    """Forward FLOP per token of MLA's up-projections (latent -> per-head Q, K, V)."""
+    a = model.num_attention_heads
+    q_up = (model.q_lora_rank or 0) * a * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+    kv_up = model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim)
+    return 2.0 * (q_up + kv_up)
 
 
 def layer_cost(
-    model: ModelSpec, *, is_moe: bool, shape: LayerShape, device: DeviceProfile, links: GroupLinks,
-    corrections: dict[str, float],
+    model: ModelSpec, training: TrainingSpec, *, is_moe: bool, shape: LayerShape, kernels: Kernels,
+    links: GroupLinks, tp_comm_overlap: bool,
 ) -> LayerCost:
     """Price one decoder layer (dense or MoE) for one micro-batch on one GPU."""
-    from planner.profile_tables import interpolate_efficiency
-
     fl = layer_flops(model, is_moe=is_moe, seq_length=shape.seq_length)
     tp, etp, ep = shape.tp, shape.etp, shape.ep
     t_g, t_l = shape.gathered_tokens, shape.local_tokens
-    prec = shape.precision
-    act_b = 1 if prec == "fp8" else 2
-    c = corrections
+    sp = t_g / t_l
+    act = training.activation_bytes
+    fp8 = training.precision == "fp8"
     h = model.hidden_size
+    k = kernels
 
-    # --- compute: GEMMs at their per-call sizes ---
-    attn_proj_flop = t_g * fl.attn_proj_flop / tp
-    attn_proj_s = _gemm_s(device, attn_proj_flop, attn_proj_flop / 2, prec, c["gemm"])
-    core_flop = t_g * fl.attn_core_flop / tp
-    att_eff = interpolate_efficiency(device.attention_efficiency, max(core_flop, 1.0))
-    core_s = core_flop / (device.peak_flop_per_s("bf16" if prec == "fp8" else prec) * att_eff) * c["attention"]
-    mlp_s = _gemm_s(device, t_g * fl.mlp_flop / tp, t_g * fl.mlp_flop / tp / 2, prec, c["gemm"])
-    shared_s = _gemm_s(
-        device, t_g * fl.shared_expert_flop / tp, t_g * fl.shared_expert_flop / tp / 2, prec, c["gemm"]
-    )
+    # --- GEMMs and attention, forward ---
+    attn_flop = t_g * fl.attn_proj_flop / tp
+    attn_proj_s = k.gemm_s(attn_flop, attn_flop / 2, fp8=fp8)
+    up_proj_s = attn_proj_s * _mla_up_proj_flop(model) / fl.attn_proj_flop if model.multi_latent_attention else 0.0
+    core_s = k.attention_s(t_g * fl.attn_core_flop / tp)
+    mlp_flop = t_g * fl.mlp_flop / tp
+    mlp_s = k.gemm_s(mlp_flop, mlp_flop / 2, fp8=fp8)
+    shared_flop = t_g * fl.shared_expert_flop / tp
+    shared_s = k.gemm_s(shared_flop, shared_flop / 2, fp8=fp8)
     experts_s = 0.0
+    dispatch = None
     if is_moe:
-        n_exp = model.num_experts or 1
-        k = model.moe_router_topk
-        tokens_per_expert = ep * etp * t_l * k / n_exp
-        expert_flop = t_l * fl.expert_flop * shape.imbalance
-        per_expert_call = 2.0 * tokens_per_expert * h * model.moe_ffn_size / etp
-        base = interpolate_efficiency(device.gemm_efficiency, max(per_expert_call, 1.0))
-        mult = interpolate_efficiency(device.grouped_gemm_efficiency, max(tokens_per_expert, 1.0))
-        experts_s = expert_flop / (device.peak_flop_per_s(prec) * base * mult) * c["grouped_gemm"]
+        dispatch = moe_dispatch(model, kernels=k, links=links, local_tokens=t_l, ep=ep, etp=etp,
+                                imbalance=shape.imbalance, act_bytes=act)
+        per_copy_flop = fl.expert_flop / model.moe_router_topk / etp
+        local_experts = max(1, (model.num_experts or 1) // ep)
+        experts_s = k.grouped_gemm_s(
+            t_l * dispatch.copies_per_token * per_copy_flop, tokens_per_expert=dispatch.tokens_per_expert,
+            local_experts=local_experts, call_flop=dispatch.tokens_per_expert * per_copy_flop / 2,
+            grouped=model.moe_grouped_gemm, fp8=fp8)
 
-    # --- memory-bound elementwise work (norms, residuals, rope, activation, permutation) ---
-    hbm_bytes_per_s = device.hbm_bandwidth_tb_per_s * 1e12 * device.hbm_efficiency / c["memory_bound"]
-    tp_region = (tp if shape.sequence_parallel else 1) / tp
+    # --- memory-bound work per local token (elements read + written) ---
     qkv = model.num_attention_heads * model.head_dim + 2 * model.query_groups * model.head_dim
+    tp_region = sp / tp
     norm_elems = 4 * h  # two norms, read + write
-    other_elems = 6 * h + 2 * qkv * tp_region  # residual adds, rope on q/k
+    other_elems = 6 * h + 2 * qkv * tp_region  # two residual adds, RoPE on Q and K
+    glu = 2 if model.swiglu else 1
     if is_moe:
-        f = model.moe_ffn_size
-        act_elems = 3 * f * model.moe_router_topk * shape.imbalance
-        act_elems += 4 * h * model.moe_router_topk * etp  # permute + unpermute, read + write
-        if shape.dispatcher == "alltoall" and ep > 1 and (model.num_experts or 1) > ep:
-            # MoEAlltoAllTokenDispatcher re-sorts the received chunks by local expert after the
-            # dispatch all-to-all and back before the combine (sort_chunks_by_idxs): 2 more copies
-            act_elems += 4 * h * model.moe_router_topk * etp
+        f = model.moe_ffn_size / etp
+        act_elems = (glu + 1) * f * dispatch.copies_per_token
+        s_f = model.moe_shared_expert_intermediate_size or 0
+        act_elems += (glu + 1) * s_f * tp_region
     else:
-        act_elems = 3 * model.ffn_size * tp_region
-    to_s = t_l * act_b / hbm_bytes_per_s
-    norm_s, act_s, other_s = norm_elems * to_s, act_elems * to_s, other_elems * to_s
+        act_elems = (glu + 1) * model.ffn_size * tp_region
+    norm_s = k.memory_s(norm_elems * t_l * act)
+    act_s = k.memory_s(act_elems * t_l * act)
+    other_s = k.memory_s(other_elems * t_l * act)
 
-    fwd_compute = attn_proj_s + core_s + mlp_s + shared_s + experts_s + norm_s + act_s + other_s
-    bwd_compute = (
-        GEMM_BWD_OVER_FWD * (attn_proj_s + mlp_s + shared_s + experts_s)
-        + ATTENTION_BWD_OVER_FWD * core_s
-        + ELEMENTWISE_BWD_OVER_FWD * (norm_s + act_s + other_s)
-    )
+    # --- FP8 quantisation of every FP8 GEMM's input (forward) and output gradient (backward) ---
+    cast_fwd = cast_bwd = 0.0
+    if fp8:
+        o_dim = model.num_attention_heads * (model.v_head_dim if model.multi_latent_attention else model.head_dim)
+        cast_fwd = (h * sp + o_dim / tp * sp) * t_l  # QKV input, projection input
+        cast_bwd = (qkv / tp * sp + h * sp) * t_l
+        if is_moe:
+            c = dispatch.copies_per_token
+            cast_fwd += c * (h + model.moe_ffn_size / etp) * t_l
+            cast_bwd += c * (glu * model.moe_ffn_size / etp + h) * t_l
+            s_f = model.moe_shared_expert_intermediate_size or 0
+            cast_fwd += (h + s_f / tp) * sp * t_l if s_f else 0.0
+            cast_bwd += (glu * s_f / tp + h) * sp * t_l if s_f else 0.0
+        else:
+            cast_fwd += (h + model.ffn_size / tp) * sp * t_l
+            cast_bwd += (glu * model.ffn_size / tp + h) * sp * t_l
+    cast_fwd_s, cast_bwd_s = k.fp8_cast_s(cast_fwd), k.fp8_cast_s(cast_bwd)
 
-    # --- tensor parallel (sequence parallel: all-gather + reduce-scatter per block) ---
-    tp_fwd = 0.0
-    mlp_tp = 0.0
+    route_s = (dispatch.router_s + dispatch.permute_s) if dispatch else 0.0
+    gemm_fwd = attn_proj_s + mlp_s + shared_s + experts_s
+    elementwise_fwd = norm_s + act_s + other_s + route_s
+    fwd_compute = gemm_fwd + core_s + elementwise_fwd + cast_fwd_s
+    bwd_compute = (GEMM_BWD_OVER_FWD * gemm_fwd + ATTENTION_BWD_OVER_FWD * core_s
+                   + ELEMENTWISE_BWD_OVER_FWD * elementwise_fwd + cast_bwd_s)
+
+    # --- tensor parallel (sequence parallel: all-gather + reduce-scatter around each TP block) ---
+    tp_fwd = mlp_tp = 0.0
     if tp > 1:
-        full = t_g * h * act_b
+        full = t_g * h * act
         attn_tp = collective_s(links.tp, "all_gather", full, tp) + collective_s(links.tp, "reduce_scatter", full, tp)
-        if not is_moe:
-            mlp_tp = attn_tp
-        elif model.moe_shared_expert_intermediate_size:
-            mlp_tp = attn_tp
+        if not is_moe or model.moe_shared_expert_intermediate_size:
+            mlp_tp = attn_tp  # the dense MLP, or the shared experts, are a TP block of their own
         tp_fwd = attn_tp + mlp_tp
-    etp_fwd = 0.0
-    if is_moe and etp > 1:
-        gathered = etp * t_l * model.moe_router_topk * h * act_b
-        etp_fwd = collective_s(links.etp, "all_gather", gathered, etp) + collective_s(
-            links.etp, "reduce_scatter", gathered, etp
-        )
+    etp_fwd = dispatch.etp_s if dispatch else 0.0
     tp_fwd += etp_fwd
-    if shape.tp_comm_overlap:
+    if tp_comm_overlap:
         tp_fwd *= TP_COMM_OVERLAP_EXPOSED
     tp_bwd = tp_fwd
 
-    # --- context parallel: ring exchange of K/V chunks, hidden under attention core ---
+    # --- context parallel ---
     cp_fwd = cp_bwd = 0.0
     if shape.cp > 1:
-        kv_bytes = 2 * t_g * model.query_groups * model.head_dim / min(tp, model.query_groups) * act_b
-        step = collective_s(links.cp, "p2p", kv_bytes, 2)
-        ring = (shape.cp - 1) * step
-        cp_fwd = max(0.0, ring - CP_OVERLAP * core_s)
-        cp_bwd = max(0.0, 2 * ring - CP_OVERLAP * ATTENTION_BWD_OVER_FWD * core_s)
+        kv_bytes = 2 * t_g * model.query_groups * model.head_dim / min(tp, model.query_groups) * act
+        if training.cp_comm_type in ("p2p", "a2a+p2p"):
+            ring = (shape.cp - 1) * collective_s(links.cp, "p2p", kv_bytes, 2)
+            cp_fwd = max(0.0, ring - CP_OVERLAP * core_s)
+            cp_bwd = max(0.0, 2 * ring - CP_OVERLAP * ATTENTION_BWD_OVER_FWD * core_s)
+        elif training.cp_comm_type == "a2a":  # Ulysses: Q, K, V in and O out, head-scattered
+            q_bytes = t_g * model.num_attention_heads * model.head_dim / tp * act
+            moved = 2 * q_bytes + kv_bytes
+            cp_fwd = cp_bwd = collective_s(links.cp, "all_to_all", moved, shape.cp)
+        else:  # allgather of K and V
+            cp_fwd = collective_s(links.cp, "all_gather", kv_bytes * shape.cp, shape.cp)
+            cp_bwd = cp_fwd + collective_s(links.cp, "reduce_scatter", kv_bytes * shape.cp, shape.cp)
 
-    # --- expert parallel: dispatch + combine ---
-    ep_fwd = 0.0
-    if is_moe and ep > 1:
-        k = model.moe_router_topk
-        if shape.dispatcher == "allgather":
-            gathered = t_l * h * act_b * ep
-            one = collective_s(links.ep, "all_gather", gathered, ep) + collective_s(
-                links.ep, "reduce_scatter", gathered, ep
-            )
-            ep_fwd = one * shape.imbalance
-        else:
-            copies = float(k)
-            if shape.dispatcher == "flex":
-                copies = min(float(k), expected_destination_ranks(model.num_experts or 1, ep, k))
-            send = t_l * copies * h * act_b
-            one = collective_s(links.ep, "all_to_all", send, ep)
-            ep_fwd = 2 * one * shape.imbalance
-    ep_bwd = ep_fwd
+    # --- expert parallel: dispatch + combine, each way ---
+    ep_fwd = ep_bwd = dispatch.comm_s if dispatch else 0.0
+    if dispatch and training.overlap_moe_expert_parallel_comm:
+        hide = fwd_compute + bwd_compute  # the other micro-batch's forward and backward run meanwhile
+        total = ep_fwd + ep_bwd
+        exposed = max(EP_OVERLAP_MIN_EXPOSED * total, total - hide)
+        ep_fwd = ep_bwd = exposed / 2
+    if dispatch and training.moe_shared_expert_overlap and shared_s:
+        ep_fwd = max(0.0, ep_fwd - shared_s)
+        ep_bwd = max(0.0, ep_bwd - GEMM_BWD_OVER_FWD * shared_s)
 
     acts = activation_bytes_per_token(
-        model, is_moe=is_moe, tp=tp, etp=etp, ep=ep, sequence_parallel=shape.sequence_parallel,
-        act_bytes=act_b, imbalance=shape.imbalance,
+        model, training, is_moe=is_moe, tp=tp, etp=etp, sequence_parallel=shape.sequence_parallel,
+        copies_per_token=dispatch.copies_per_token if dispatch else 0.0,
     )
     module_fwd = {
         "core_attn": core_s,
         "layernorm": norm_s,
         "moe_act": act_s if is_moe else 0.0,
         "mlp": (mlp_s + act_s + mlp_tp) if not is_moe else 0.0,
-        "moe": (experts_s + act_s + ep_fwd + etp_fwd) if is_moe else 0.0,
+        "moe": (experts_s + act_s + dispatch.total_s) if is_moe else 0.0,
         "shared_experts": shared_s,
-        "mla_up_proj": attn_proj_s * 0.3 if model.multi_latent_attention else 0.0,
+        "mla_up_proj": up_proj_s,
     }
+    b = GEMM_BWD_OVER_FWD + 1
+    parts = {
+        "attention_gemm": b * attn_proj_s,
+        "attention_core": (1 + ATTENTION_BWD_OVER_FWD) * core_s,
+        "mlp_gemm": b * mlp_s,
+        "expert_gemm": b * experts_s,
+        "shared_expert_gemm": b * shared_s,
+        "router_permute": (1 + ELEMENTWISE_BWD_OVER_FWD) * route_s,
+        "fp8_cast": cast_fwd_s + cast_bwd_s,
+        "elementwise": (1 + ELEMENTWISE_BWD_OVER_FWD) * (norm_s + act_s + other_s),
+        "tp_comm": tp_fwd + tp_bwd,
+        "cp_comm": cp_fwd + cp_bwd,
+        "ep_comm": ep_fwd + ep_bwd,
+    }
+    transient = 0.0
+    if dispatch:  # receive buffer + permuted copy of this GPU's expert tokens, alive during the layer
+        transient = 2 * t_l * dispatch.copies_per_token * h * act
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, module_fwd_s=module_fwd,
-        activations=acts, local_tokens=t_l,
+        activations=acts, local_tokens=t_l, parts=parts, transient_bytes=transient,
     )

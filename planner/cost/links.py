@@ -37,6 +37,7 @@ class GroupLinks:
     etp: LinkChoice
     dp: LinkChoice
     edp: LinkChoice
+    expert_group: LinkChoice  # the ETPxEP ranks of one expert group, contiguous (allgather dispatcher)
 
 
 def _choice(intra: LinkProfile, inter: LinkProfile, span_ranks: int, gpus_per_node: int, stride: int,
@@ -64,6 +65,7 @@ def stage_group_links(
         etp=_choice(intra, inter, etp, gpn, 1, f),
         dp=_choice(intra, inter, tp * cp * dp, gpn, tp * cp, f),
         edp=_choice(intra, inter, etp * ep * edp, gpn, etp * ep, f),
+        expert_group=_choice(intra, inter, etp * ep, gpn, 1, f),
     )
 
 

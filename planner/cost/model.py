@@ -14,10 +14,13 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
-from planner.cost.layer import GEMM_BWD_OVER_FWD, LayerCost, LayerShape, layer_cost
-from planner.cost.links import LinkChoice, collective_s, stage_group_links
-from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES, grad_bytes
+from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
+from planner.cost.layer import LayerCost, LayerShape, layer_cost
+from planner.cost.links import GroupLinks, LinkChoice, collective_s, stage_group_links
+from planner.cost.memory import ParamBytes
+from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
@@ -25,11 +28,7 @@ from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
 from planner.units import GIB_BYTES
 
-CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound", "all_reduce", "all_gather",
-                    "reduce_scatter", "all_to_all", "p2p")
-OPTIMIZER_BYTES_MOVED_PER_PARAM = 32  # Adam step: read p32, g, m, v; write p32, m, v, p16
 DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share stays exposed (assumption)
-DEFAULT_MOE_IMBALANCE = 1.1  # max/mean tokens per expert with aux-loss balancing, absent router stats
 
 
 @dataclass(frozen=True)
@@ -238,16 +237,17 @@ class CostModel:
     tabulates them once and composes stages from them, exactly as `evaluate` does.
     """
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles) -> None:
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet) -> None:
         self.model = model
         self.training = training
         self.cluster = cluster
-        self.profiles = profiles
+        self.profiles: ProfileSet = profiles
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
-        self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _stage_core)
+        self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
         self._corr_cache: dict = {}
         self._link_cache: dict = {}
+        self.param_bytes = ParamBytes.of(training)
         counts = parameter_counts(model)
         n_moe = sum(model.layer_is_moe)
         n_dense = model.num_layers - n_moe
@@ -257,28 +257,12 @@ class CostModel:
         self._shared_params = counts["shared_experts"] / n_moe if n_moe else 0.0
         self._router_params = counts["router"] / n_moe if n_moe else 0.0
         self._layer_is_moe = model.layer_is_moe
-        self._moe_prefix = [0]
-        for m in self._layer_is_moe:
-            self._moe_prefix.append(self._moe_prefix[-1] + int(m))
+        self.routing = routing(model, training.moe_imbalance_factor, profiles.moe_imbalance_factor())
 
     # ---- lookups ----
-    @property
-    def imbalance(self) -> float:
-        if not self.model.is_moe:
-            return 1.0
-        if self.training.moe_imbalance_factor is not None:
-            imb = self.training.moe_imbalance_factor
-        elif self.model.moe_router_force_load_balancing:
-            imb = 1.0
-        else:
-            imb = self._profile_imbalance() or DEFAULT_MOE_IMBALANCE
-        if self.model.moe_expert_capacity_factor is not None:
-            imb = min(imb, self.model.moe_expert_capacity_factor)
-        return imb
-
-    def _profile_imbalance(self) -> float | None:
-        getter = getattr(self.profiles, "moe_imbalance_factor", None)
-        return getter() if callable(getter) else None
+    def imbalance(self, ep: int) -> float:
+        """The busiest EP rank's tokens over the mean (planner/cost/dispatch.py `Routing`)."""
+        return self.routing.imbalance(ep)
 
     def device(self, name: str) -> DeviceProfile:
         return self.profiles.device(name)
@@ -286,9 +270,14 @@ class CostModel:
     def corrections(self, device: str) -> dict[str, float]:
         hit = self._corr_cache.get(device)
         if hit is None:
-            hit = {k: self.profiles.correction(device, k) for k in CORRECTION_KINDS}
+            hit = {k: self.profiles.correction(device, k) for k in TIME_CORRECTION_KINDS}
             self._corr_cache[device] = hit
         return hit
+
+    def kernels(self, device_type: str) -> Kernels:
+        tr = self.training
+        return Kernels(self.device(device_type), self.corrections(device_type), tr.compute_dtype,
+                       tr.fp8_recipe if tr.precision == "fp8" else None)
 
     def _links(self, device_type: str):
         hit = self._link_cache.get(device_type)
@@ -310,22 +299,23 @@ class CostModel:
     def gpus_per_node(self, device_type: str) -> int:
         return self._links(device_type)[2]
 
+    def group_links(self, device_type: str, *, tp: int, cp: int, dp: int, ep: int, etp: int) -> GroupLinks:
+        intra, inter, gpn = self._links(device_type)
+        return stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
+                                 factors=self.corrections(device_type))
+
     def layer(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_moe: bool) -> LayerCost:
         key = (g.tp, g.cp, g.ep, g.etp, g.sequence_parallel, device_type, dp, stage_mbs, is_moe)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
-        intra, inter, gpn = self._links(device_type)
-        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=g.tp, cp=g.cp, dp=dp,
-                                  ep=g.ep, etp=g.etp, factors=self.corrections(device_type))
         shape = LayerShape(
             tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, micro_batch_size=stage_mbs, seq_length=self.model.seq_length,
-            sequence_parallel=g.sequence_parallel and g.tp > 1, precision=self.training.precision,
-            tp_comm_overlap=self.training.tp_comm_overlap, imbalance=self.imbalance,
-            dispatcher=self.model.moe_token_dispatcher_type,
+            sequence_parallel=g.sequence_parallel and g.tp > 1, imbalance=self.imbalance(g.ep),
         )
-        cost = layer_cost(self.model, is_moe=is_moe, shape=shape, device=self.device(device_type), links=links,
-                          corrections=self.corrections(device_type))
+        cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=self.kernels(device_type),
+                          links=self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp),
+                          tp_comm_overlap=self.training.tp_comm_overlap)
         self._layer_cache[key] = cost
         return cost
 
@@ -365,152 +355,186 @@ class CostModel:
 
     def _stage_core(self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int,
                     recompute: Recompute, is_first: bool, is_last: bool) -> "StageCore":
-        model = self.model
+        """A stage = its decoder layers (with recompute) + its ends (embedding; logits, loss and MTP)
+        + the parameters it holds (memory, gradient sync, optimizer step)."""
         dev = self.device(device_type)
-        corr = self.corrections(device_type)
         stage_mbs = self.stage_mbs(g, dp)
-        n = len(kinds)
-        n_moe = sum(kinds)
-        n_dense = n - n_moe
-        lc = {False: self.layer(g, device_type, dp, stage_mbs, False) if n_dense else None,
-              True: self.layer(g, device_type, dp, stage_mbs, True) if n_moe else None}
-        act_b = 1 if self.training.precision == "fp8" else 2
-        v = g.vpp
+        lay = self._stage_layers(g, device_type, dp, stage_mbs, kinds, recompute)
+        ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
+        params = self._stage_params(g, kinds, dp, is_first, is_last)
+        fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
+        dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
+        pb = self.param_bytes
+        optimizer_s = self.kernels(device_type).memory_s(params.shard * pb.optimizer_step_moved)
+        return StageCore(
+            device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
+            micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
+            recompute_s=lay.recompute_s, tp_comm_s=lay.tp_s + ends.tp_s, cp_comm_s=lay.cp_s + ends.cp_s,
+            ep_comm_s=lay.ep_s + ends.ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s,
+            weights_bytes=params.weights_bytes(pb), grads_bytes=params.total * pb.grad,
+            optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
+            fixed_act_bytes=lay.transient + ends.transient,
+            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES, capacity_bytes=dev.memory_gib * GIB_BYTES,
+        )
 
-        # Sum per-layer pieces by kind: full recompute re-runs layers in `full_layers`, selective
-        # re-runs the named modules of every layer; counts per kind make this O(1) in the layers.
-        full_layers = _recomputed_full_layers(recompute, n, v)
+    def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
+                      recompute: Recompute) -> "_Part":
+        """The stage's decoder layers, per micro-batch: forward, backward with recompute, and the
+        activations each in-flight micro-batch keeps.  Counts per layer kind make this O(1) in the layers."""
+        n = len(kinds)
+        counts = {False: n - sum(kinds), True: sum(kinds)}
+        full = _recomputed_full_layers(recompute, n, g.vpp)
         n_full = {False: 0, True: 0}
-        for j in full_layers:
+        for j in full:
             n_full[kinds[j]] += 1
-        counts = {False: n_dense, True: n_moe}
-        fwd = bwd = comp = rec_s = tp_s = cp_s = ep_s = 0.0
-        act_per_mb = 0.0
+        out = _Part()
         for kind in (False, True):
             cnt = counts[kind]
             if not cnt:
                 continue
-            c = lc[kind]
-            nf = n_full[kind]
-            fwd += cnt * c.fwd_s
-            bwd += cnt * c.bwd_s
-            comp += cnt * (c.fwd_compute_s + c.bwd_compute_s) + nf * c.fwd_compute_s
-            tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
-            cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
-            ep_s += cnt * (c.ep_fwd_s + c.ep_bwd_s) + nf * c.ep_fwd_s
-            rec_s += nf * c.fwd_s
-            act_per_mb += nf * c.act_bytes(c.activations.layer_input)
-            rest = cnt - nf
+            c = self.layer(g, device_type, dp, stage_mbs, kind)
+            nf, rest = n_full[kind], cnt - n_full[kind]
+            out.fwd_s += cnt * c.fwd_s
+            out.bwd_s += cnt * c.bwd_s
+            out.compute_s += cnt * (c.fwd_compute_s + c.bwd_compute_s) + nf * c.fwd_compute_s
+            out.tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
+            out.cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
+            out.ep_s += cnt * (c.ep_fwd_s + c.ep_bwd_s) + nf * c.ep_fwd_s
+            out.recompute_s += nf * c.fwd_s
+            out.act_per_mb += nf * c.act_bytes(c.activations.layer_input)
+            out.transient = max(out.transient, c.transient_bytes)
             if recompute.granularity == "selective":
                 extra = sum(c.module_fwd_s.get(mod, 0.0) for mod in recompute.modules)
-                rec_s += rest * extra
-                comp += rest * extra
-                act_per_mb += rest * c.act_bytes(c.activations.after_selective(recompute.modules))
+                out.recompute_s += rest * extra
+                out.compute_s += rest * extra
+                out.act_per_mb += rest * c.act_bytes(c.activations.after_selective(recompute.modules))
             else:
-                act_per_mb += rest * c.act_bytes(c.activations.total)
-        bwd += rec_s
+                out.act_per_mb += rest * c.act_bytes(c.activations.total)
+        out.bwd_s += out.recompute_s
+        if recompute.granularity == "full" and kinds:
+            # during a recomputed chunk's backward its layers' full activations exist at once
+            chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
+            worst = max(self.layer(g, device_type, dp, stage_mbs, kd).act_bytes(
+                self.layer(g, device_type, dp, stage_mbs, kd).activations.total) for kd in set(kinds))
+            out.transient += chunk * worst
+        return out
 
-        # embedding (first stage) and output layer + loss (last stage)
+    def _stage_ends(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_first: bool,
+                    is_last: bool) -> "_Part":
+        """The embedding on the first stage; the output layer, loss and MTP layers on the last."""
+        model = self.model
+        k = self.kernels(device_type)
+        act = self.training.activation_bytes
         t_g = stage_mbs * model.seq_length / g.cp
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
-        hbm = dev.hbm_bandwidth_tb_per_s * 1e12 * dev.hbm_efficiency / corr["memory_bound"]
-        fixed_act = _recompute_transient_bytes(recompute, lc, kinds)
         h = model.hidden_size
+        out = _Part()
         if is_first:
-            emb = 4 * t_g / sp * h * act_b / hbm
-            fwd += emb
-            bwd += emb
-            comp += 2 * emb
-            act_per_mb += t_g / sp * h * act_b  # embedding output kept per in-flight micro-batch
-        if is_last:
-            from planner.profile_tables import interpolate_efficiency
+            emb = k.memory_s(4 * t_g / sp * h * act)  # gather rows, write, and the backward scatter
+            out.fwd_s += emb
+            out.bwd_s += emb
+            out.compute_s += 2 * emb
+            out.act_per_mb += t_g / sp * h * act  # embedding output kept per in-flight micro-batch
+        if not is_last:
+            return out
+        vocab_local = model.padded_vocab_size(g.tp) / g.tp
+        logit_flop = t_g * logits_fwd_flop_per_token(model, g.tp) / g.tp
+        logit_s = k.gemm_s(logit_flop, logit_flop)  # the output layer stays in the compute dtype
+        ce_s = k.memory_s(t_g * vocab_local * (act + 4 + 4))  # logits, FP32 softmax, gradient
+        heads = 1 + model.mtp_num_layers
+        out.fwd_s += heads * (logit_s + ce_s)
+        out.bwd_s += heads * (GEMM_BWD_OVER_FWD * logit_s + ce_s)
+        out.compute_s += heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s)
+        out.transient += t_g * vocab_local * (act + 4)  # logits + FP32 copy of one micro-batch
+        if model.mtp_num_layers:
+            # each MTP depth: one more decoder layer (of the last layer's kind) and a 2h -> h projection
+            mtp = self.layer(g, device_type, dp, stage_mbs, self._layer_is_moe[-1])
+            proj_flop = t_g * 2.0 * 2 * h * h / g.tp
+            proj_s = k.gemm_s(proj_flop, proj_flop)
+            d = model.mtp_num_layers
+            out.fwd_s += d * (mtp.fwd_s + proj_s)
+            out.bwd_s += d * (mtp.bwd_s + GEMM_BWD_OVER_FWD * proj_s)
+            out.compute_s += d * (mtp.fwd_compute_s + mtp.bwd_compute_s + (1 + GEMM_BWD_OVER_FWD) * proj_s)
+            out.tp_s += d * (mtp.tp_fwd_s + mtp.tp_bwd_s)
+            out.cp_s += d * (mtp.cp_fwd_s + mtp.cp_bwd_s)
+            out.ep_s += d * (mtp.ep_fwd_s + mtp.ep_bwd_s)
+            out.act_per_mb += d * (mtp.act_bytes(mtp.activations.total) + 2 * t_g / sp * h * act)
+        return out
 
-            flop = t_g * logits_fwd_flop_per_token(model, g.tp) / g.tp
-            eff = interpolate_efficiency(dev.gemm_efficiency, flop)
-            logit_s = flop / (dev.peak_flop_per_s(self.training.precision) * eff) * corr["gemm"]
-            vocab_local = model.padded_vocab_size(g.tp) / g.tp
-            ce_s = t_g * vocab_local * (act_b + 4 + 4) / hbm  # logits, fp32 softmax, grad
-            fwd += logit_s + ce_s
-            bwd += GEMM_BWD_OVER_FWD * logit_s + ce_s
-            comp += (1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s
-            fixed_act += t_g * vocab_local * (act_b + 4)  # logits + fp32 copy of one micro-batch
-
-        # parameters held by one GPU of this stage
+    def _stage_params(self, g: GlobalShape, kinds: tuple[bool, ...], dp: int, is_first: bool,
+                      is_last: bool) -> "_Params":
+        """Parameters one GPU of this stage holds: dense ones (sharded by the optimizer over DPxCP),
+        expert ones (over expert-DP), and the word embeddings (on the first and last stage)."""
+        model = self.model
         tp, ep, etp = g.tp, g.ep, g.etp
+        n, n_moe = len(kinds), sum(kinds)
         edp = max(1, tp * g.cp * dp // (etp * ep))
-        dense_params = n * self._attn_params / tp + n_dense * self._dense_mlp_params / tp
-        dense_params += n_moe * (self._shared_params / tp + self._router_params)
-        expert_params = n_moe * self._expert_params / (ep * etp)
-        emb_local = model.padded_vocab_size(tp) * h / tp
-        if is_first:
-            dense_params += emb_local
+        dense = n * self._attn_params / tp + (n - n_moe) * self._dense_mlp_params / tp
+        dense += n_moe * (self._shared_params / tp + self._router_params)
+        experts = n_moe * self._expert_params / (ep * etp)
+        emb_local = model.padded_vocab_size(tp) * model.hidden_size / tp
+        embedding = emb_local if is_first else 0.0
         tied_copy = is_last and not is_first and not model.untie_embeddings_and_output_weights
         if is_last and (model.untie_embeddings_and_output_weights or tied_copy):
-            dense_params += emb_local
-        total_params = dense_params + expert_params
-        gb = grad_bytes(self.training.precision)
-        weights = total_params * WEIGHT_BYTES
-        grads = total_params * gb
-        if self.training.use_distributed_optimizer:
-            opt = dense_params * OPTIMIZER_BYTES / dp + expert_params * OPTIMIZER_BYTES / edp
-            shard_params = dense_params / dp + expert_params / edp
-        else:
-            opt = total_params * OPTIMIZER_BYTES
-            shard_params = total_params
+            embedding += emb_local
+        if is_last and model.mtp_num_layers:
+            last_moe = self._layer_is_moe[-1]
+            per = (self._attn_params / tp + (self._dense_mlp_params / tp if not last_moe else
+                   self._shared_params / tp + self._router_params) + 2 * model.hidden_size ** 2 / tp)
+            dense += model.mtp_num_layers * per
+            experts += model.mtp_num_layers * (self._expert_params / (ep * etp) if last_moe else 0.0)
+        tied = emb_local if (is_first or is_last) and g.pp > 1 and not model.untie_embeddings_and_output_weights \
+            else 0.0
+        dist = self.training.use_distributed_optimizer
+        return _Params(dense=dense, experts=experts, embedding=embedding, tied=tied,
+                       dense_shards=dp * g.cp if dist else 1, expert_shards=edp if dist else 1, edp=edp)
 
-        # gradient sync over DP (dense) and expert-DP (experts); only the exposed part counts.  The
-        # raw collective times depend on the parameter counts and groups, not on recompute or the
-        # micro-batch: memoised (the search prices many recompute and micro-batch variants)
-        sync_key = (device_type, tp, g.cp, dp, ep, etp, n_dense, n_moe, is_first, is_last, g.pp > 1)
-        raw = self._sync_cache.get(sync_key)
+    def _dp_sync_s(self, device_type: str, g: GlobalShape, dp: int, params: "_Params", kinds: tuple[bool, ...],
+                   is_first: bool, is_last: bool, *, fwd_s: float, bwd_s: float) -> float:
+        """Exposed gradient reduction + parameter gather per iteration.  With overlap, a bucket's
+        collective runs during the last micro-batch's backward (reduce) or the first micro-batch's
+        forward (gather); only what exceeds that window, or the last bucket's share, stays exposed.
+        The raw collective times depend on the parameter counts and groups, not on recompute or the
+        micro-batch: memoised (the search prices many recompute and micro-batch variants)."""
+        key = (device_type, g.tp, g.cp, dp, g.ep, g.etp, len(kinds), sum(kinds), is_first, is_last, g.pp > 1)
+        raw = self._sync_cache.get(key)
         if raw is None:
-            raw = self._sync_cache[sync_key] = self._raw_sync_s(
-                device_type, corr, tp=tp, cp=g.cp, dp=dp, ep=ep, etp=etp, edp=edp, dense_params=dense_params,
-                expert_params=expert_params, tied_emb_params=emb_local if (is_first or is_last) and g.pp > 1
-                and not model.untie_embeddings_and_output_weights else 0.0)
+            raw = self._sync_cache[key] = self._raw_sync_s(device_type, g, dp, params)
         rs, ag, tied_s = raw
-        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd) if self.training.overlap_grad_reduce else rs
-        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd) if self.training.overlap_param_gather else ag
-        dp_s = rs_exposed + ag_exposed + tied_s
-        optimizer_s = shard_params * OPTIMIZER_BYTES_MOVED_PER_PARAM / hbm
-        return StageCore(
-            device_type=device_type, num_layers=n, dp=dp, recompute=recompute.label, micro_batch_size=stage_mbs,
-            forward_s=fwd, backward_s=bwd, compute_s=comp, recompute_s=rec_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
-            ep_comm_s=ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s, weights_bytes=weights, grads_bytes=grads,
-            optimizer_bytes=opt, act_per_microbatch_bytes=act_per_mb, fixed_act_bytes=fixed_act,
-            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
-            capacity_bytes=dev.memory_gib * GIB_BYTES,
-        )
+        tr = self.training
+        rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd_s) if tr.overlap_grad_reduce else rs
+        ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd_s) if tr.overlap_param_gather else ag
+        return rs_exposed + ag_exposed + tied_s
 
-    def _raw_sync_s(self, device_type: str, corr: dict, *, tp: int, cp: int, dp: int, ep: int, etp: int, edp: int,
-                    dense_params: float, expert_params: float, tied_emb_params: float) -> tuple[float, float, float]:
+    def _raw_sync_s(self, device_type: str, g: GlobalShape, dp: int, params: "_Params") -> tuple[float, float, float]:
         """(gradient reduce, parameter gather, tied-embedding all-reduce) seconds per iteration for
         one stage, before any overlap with compute."""
-        gb = grad_bytes(self.training.precision)
-        intra, inter, gpn = self._links(device_type)
-        links = stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
-                                  factors=corr)
-        if self.training.use_distributed_optimizer:
-            rs = collective_s(links.dp, "reduce_scatter", dense_params * gb, dp) + collective_s(
-                links.edp, "reduce_scatter", expert_params * gb, edp)
-            ag = collective_s(links.dp, "all_gather", dense_params * WEIGHT_BYTES, dp) + collective_s(
-                links.edp, "all_gather", expert_params * WEIGHT_BYTES, edp)
+        pb = self.param_bytes
+        tr = self.training
+        links = self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp)
+        dense = params.dense + params.embedding
+        n_dense, n_exp = dp * g.cp, params.edp
+        gather_bytes = 1.0 if tr.precision == "fp8" and tr.fp8_param_gather else pb.weight
+        if tr.use_distributed_optimizer:
+            rs = collective_s(links.dp, "reduce_scatter", dense * pb.grad, n_dense) + collective_s(
+                links.edp, "reduce_scatter", params.experts * pb.grad, n_exp)
+            ag = collective_s(links.dp, "all_gather", dense * gather_bytes, n_dense) + collective_s(
+                links.edp, "all_gather", params.experts * gather_bytes, n_exp)
         else:
-            rs = collective_s(links.dp, "all_reduce", dense_params * gb, dp) + collective_s(
-                links.edp, "all_reduce", expert_params * gb, edp)
+            rs = collective_s(links.dp, "all_reduce", dense * pb.grad, n_dense) + collective_s(
+                links.edp, "all_reduce", params.experts * pb.grad, n_exp)
             ag = 0.0
         # tied embedding: first and last stage all-reduce the word-embedding gradient
-        tied = collective_s(LinkChoice(inter, None, 1, links.dp.factors), "all_reduce", tied_emb_params * gb, 2) \
-            if tied_emb_params else 0.0
+        tied = collective_s(LinkChoice(links.dp.inter or links.dp.intra, None, 1, links.dp.factors), "all_reduce",
+                            params.tied * pb.grad, 2) if params.tied else 0.0
         return rs, ag, tied
 
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
         """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b."""
         model = self.model
-        act_b = 1 if self.training.precision == "fp8" else 2
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         mbs = self.stage_mbs(g, a_dp)
-        p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * act_b
+        p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * self.training.activation_bytes
         return g.vpp * collective_s(self.pp_link(g, a_type, a_dp, b_type), "p2p", p2p_bytes, 2)
 
     @staticmethod
@@ -573,7 +597,7 @@ class CostModel:
         sync = max(s.dp_comm_s + s.optimizer_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
         peak_total = sum(
-            plan.tp * plan.cp * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.precision)
+            plan.tp * plan.cp * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.compute_dtype)
             for s in stages
         )
         return PlanCost(
@@ -581,6 +605,49 @@ class CostModel:
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
             peak_flop_per_s_total=peak_total, stages=tuple(stages),
         )
+
+
+@dataclass
+class _Part:
+    """Seconds per micro-batch and activation bytes of a piece of a stage (layers, or its ends)."""
+
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    tp_s: float = 0.0
+    cp_s: float = 0.0
+    ep_s: float = 0.0
+    act_per_mb: float = 0.0
+    transient: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Params:
+    """Parameters one GPU of a stage holds, and over how many GPUs the optimizer shards them."""
+
+    dense: float
+    experts: float
+    embedding: float
+    tied: float  # tied word-embedding parameters whose gradient the first and last stage all-reduce
+    dense_shards: int
+    expert_shards: int
+    edp: int
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.experts + self.embedding
+
+    @property
+    def shard(self) -> float:
+        """Parameters whose optimizer state this GPU holds."""
+        return (self.dense + self.embedding) / self.dense_shards + self.experts / self.expert_shards
+
+    def weights_bytes(self, pb: ParamBytes) -> float:
+        return (self.dense + self.experts) * pb.linear_weight + self.embedding * pb.weight
+
+    def optimizer_bytes(self, pb: ParamBytes) -> float:
+        return self.shard * pb.optimizer
 
 
 def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:
@@ -599,15 +666,6 @@ def _recomputed_full_layers(recompute: Recompute, n: int, v: int) -> set[int]:
         return set(range(min(k, n)))
     chunk = max(1, math.ceil(n / v))
     return {j for j in range(n) if (j % chunk) < k}
-
-
-def _recompute_transient_bytes(recompute: Recompute, lc: dict, kinds: tuple[bool, ...]) -> float:
-    """During a recomputed chunk's backward its layers' full activations exist at once."""
-    if recompute.granularity != "full" or not kinds:
-        return 0.0
-    chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
-    worst = max(lc[k].act_bytes(lc[k].activations.total) for k in set(kinds))
-    return chunk * worst
 
 
 @lru_cache(maxsize=1)

@@ -80,7 +80,13 @@ class DeviceProfile(BaseModel):
     gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
     attention_efficiency: EfficiencyCurve = Field(description="flash attention fwd+bwd, size = FLOP per call")
     grouped_gemm_efficiency: EfficiencyCurve = Field(
-        description="multiplier on gemm efficiency for expert GEMMs, size = tokens per expert"
+        description="multiplier on gemm efficiency (at the whole grouped call's FLOP) for grouped expert GEMMs,"
+        " beyond tile padding; size = tokens per expert"
+    )
+    fp8_gemm_efficiency_ratio: float = Field(
+        1.0, gt=0, le=1.2,
+        description="FP8 GEMM efficiency over BF16 GEMM efficiency, each against its own peak (FP8 MAMF/FP8 peak"
+        " over BF16 MAMF/BF16 peak); the source is in `datasheet`",
     )
     intra_node: LinkProfile
     inter_node: LinkProfile
