@@ -6,8 +6,7 @@ which run the same kernels) or by every device (`*`).  Never one constant per ro
 jointly on every row whose prediction it changes.
 
 Method: the uncalibrated (datasheet-derived) profiles are the start; the loss is the sum over rows of
-squared log errors of the predicted seconds per iteration, log(predicted / measured), with a soft-L1 tail
-beyond 15 % so that one odd row cannot drag a shared constant; coordinate descent in log(factor), a golden
+squared log errors of the predicted seconds per iteration, log(predicted / measured); coordinate descent in log(factor), a golden
 section search per coordinate inside [lo, hi], until a sweep moves no factor by more than 0.1 %.
 
 `leave_one_out` refits, for each row, the parameters that row touches with that row removed (the others
@@ -64,13 +63,11 @@ FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("gemm", ("910B",), 0.5, 3.0, why="GEMMs (CANN) on Ascend 910B"),
 )
 
-HUBER_DELTA = 0.15  # log-error beyond which the loss grows linearly (soft L1)
 TOLERANCE = 1e-3
 
 
 def _loss(e: float) -> float:
-    a = abs(e)
-    return a * a if a <= HUBER_DELTA else HUBER_DELTA * (2 * a - HUBER_DELTA)
+    return e * e
 
 
 @dataclass
@@ -184,8 +181,10 @@ def fit(cases: list[CalibrationCase], params: tuple[FitParam, ...] = FIT_PARAMS,
     return Fit(factors=factors, rows=rows, params=params, base=base), ev
 
 
-def leave_one_out(result: Fit, ev: _Evaluator) -> dict[str, float]:
-    """Per row: the predicted seconds per iteration with that row left out of the fit."""
+def leave_one_out(result: Fit, ev: _Evaluator, factors_out: dict[str, dict[str, float]] | None = None
+                  ) -> dict[str, float]:
+    """Per row: the predicted seconds per iteration with that row left out of the fit (and, in
+    `factors_out` when given, the factors that prediction used)."""
     out: dict[str, float] = {}
     everything = set(ev.cases)
     for cid in ev.cases:
@@ -196,4 +195,6 @@ def leave_one_out(result: Fit, ev: _Evaluator) -> dict[str, float]:
                 start[p.name] = p.default  # no other row calibrates it: the uncalibrated value
         factors = _descend(ev, free, start, everything - {cid}) if free else start
         out[cid] = ev._time(cid, factors)
+        if factors_out is not None:
+            factors_out[cid] = factors
     return out

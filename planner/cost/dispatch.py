@@ -45,8 +45,12 @@ AUX_LOSS_REFERENCE = 1e-3
 AUX_LOSS_ASSUMED = 1e-2
 """Coefficient assumed when a run balances with an auxiliary loss but sets no --moe-aux-loss-coeff
 (Megatron's default is 0.0; Megatron-LM's MoE examples use 1e-2).  Reported as an assumption."""
-AUX_LOSS_MAX_PULL = 10.0
+AUX_LOSS_MAX_PULL = 3.0
 """Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none')."""
+EXPERT_BIAS_PULL = 0.1
+"""Auxiliary-loss-free balancing (`--moe-router-enable-expert-bias`, DeepSeek-V3) adjusts a per-expert bias
+every step toward balance; assumed to keep loads as close to the mean as an auxiliary loss ten times the
+reference coefficient (assumption: no published rank-level imbalance figure)."""
 ROUTER_PASSES = 4
 """FP32 router passes over tokens x experts: logits write, softmax read + write, top-k read."""
 
@@ -62,6 +66,32 @@ def p_group_hit(num_experts: int, groups: int, topk: int) -> float:
     for i in range(k):
         miss *= max(num_experts - per - i, 0.0) / (num_experts - i)
     return 1.0 - miss
+
+
+def p_node_hit(model: ModelSpec, nodes: int) -> float:
+    """Probability that a token's experts include one on a given node, experts split evenly over `nodes`.
+    With group-limited routing (`--moe-router-num-groups G --moe-router-group-topk g`, DeepSeek-V3's
+    node-limited routing) a token picks its k experts among the experts of g of the G groups; when groups
+    are no finer than nodes, a node is used only if one of its groups is picked."""
+    e, k = model.num_experts or 1, model.moe_router_topk
+    groups, picked = model.moe_router_num_groups, model.moe_router_group_topk
+    if not groups or not picked or groups % nodes or picked >= groups:
+        return p_group_hit(e, nodes, k)
+    per_node = groups // nodes  # groups on one node
+    # P(at least one of the node's groups is among the g picked of G), then a uniform top-k inside them
+    p_node_picked = 1.0 - _comb_ratio(groups - per_node, groups, picked)
+    picked_experts = picked * e // groups
+    node_experts = min(per_node, picked) * e // groups
+    p_expert_on_node = 1.0 - _comb_ratio(picked_experts - node_experts, picked_experts, k)
+    return p_node_picked * p_expert_on_node
+
+
+def _comb_ratio(a: float, b: float, k: int) -> float:
+    """C(a, k) / C(b, k) for a <= b."""
+    out = 1.0
+    for i in range(k):
+        out *= max(a - i, 0.0) / (b - i)
+    return out
 
 
 def expected_destination_ranks(num_experts: int, ep: int, topk: int) -> float:
@@ -117,11 +147,13 @@ def routing(model: ModelSpec, given: float | None, calibrated: float | None) -> 
         pull = AUX_LOSS_MAX_PULL
     else:
         coeff = model.moe_aux_loss_coeff
-        if coeff <= 0:
+        if coeff <= 0 and not model.moe_router_enable_expert_bias:
             coeff = AUX_LOSS_ASSUMED
             assumed = (f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed for {lb} routing imbalance "
                        "(the flag is unset; Megatron's default 0.0 would mean no balancing)")
-        pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff)
+        pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff) if coeff > 0 else AUX_LOSS_MAX_PULL
+    if model.moe_router_enable_expert_bias:
+        pull = min(pull, EXPERT_BIAS_PULL)
     return Routing("capacity" if cf is not None else "dropless", excess_ref * pull, cap=cf, assumed=assumed)
 
 
@@ -159,7 +191,7 @@ def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: i
     if links.inter is None:
         return nvl_s * links.factor("all_to_all")
     nodes = max(1, round(ep / max(links.ranks_per_node, 1)))
-    remote_nodes = nodes * p_group_hit(e, nodes, k) - p_group_hit(e, nodes, k)
+    remote_nodes = (nodes - 1) * p_node_hit(model, nodes)
     rdma_s = _stream_s(links.inter, local_tokens * token_bytes * remote_nodes)
     return max(nvl_s, rdma_s) * links.factor("all_to_all")
 

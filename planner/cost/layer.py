@@ -176,10 +176,11 @@ def layer_cost(
         if not is_moe or model.moe_shared_expert_intermediate_size:
             mlp_tp = attn_tp  # the dense MLP, or the shared experts, are a TP block of their own
         tp_fwd = attn_tp + mlp_tp
-    etp_fwd = dispatch.etp_s if dispatch else 0.0
-    tp_fwd += etp_fwd
-    if tp_comm_overlap:
+        if tp_comm_overlap:
+            mlp_tp *= TP_COMM_OVERLAP_EXPOSED
+    if tp_comm_overlap:  # userbuffers overlap the TP linear layers' collectives, not the dispatcher's
         tp_fwd *= TP_COMM_OVERLAP_EXPOSED
+    tp_fwd += dispatch.etp_s if dispatch else 0.0
     tp_bwd = tp_fwd
 
     # --- context parallel ---

@@ -110,6 +110,9 @@ FLAGS: dict[str, FlagSpec] = {
         "moe_router_load_balancing_type", "list", ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
     ),
     "--moe-aux-loss-coeff": _o("moe_aux_loss_coeff", "floats", min_value=0.0),
+    "--moe-router-enable-expert-bias": _o("moe_router_enable_expert_bias", "true"),
+    "--moe-router-num-groups": FlagSpec("moe_router_num_groups", "int", min_value=1, max_value=MAX_COUNT, observe=True),
+    "--moe-router-group-topk": FlagSpec("moe_router_group_topk", "int", min_value=1, max_value=MAX_COUNT, observe=True),
     # batch, precision, optimizer (1.5, 1.6, 1.8)
     "--micro-batch-size": _i("micro_batch_size"),
     "--global-batch-size": _i("global_batch_size"),
@@ -550,7 +553,8 @@ _MODEL_COPY = (
     "qk_pos_emb_head_dim", "v_head_dim", "moe_router_topk", "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
     "moe_router_force_load_balancing", "mtp_num_layers", "moe_flex_dispatcher_backend",
-    "moe_pad_expert_input_to_capacity",
+    "moe_pad_expert_input_to_capacity", "moe_router_enable_expert_bias", "moe_router_num_groups",
+    "moe_router_group_topk",
 )  # fmt: skip
 _TRAINING_COPY = (
     "micro_batch_size", "global_batch_size", "use_distributed_optimizer", "overlap_grad_reduce",

@@ -63,6 +63,11 @@ class ModelSpec(BaseModel):
     )
     moe_router_load_balancing_type: LoadBalancingType = "aux_loss"
     moe_aux_loss_coeff: float = Field(0.0, ge=0.0, description="--moe-aux-loss-coeff (Megatron's default 0.0)")
+    moe_router_num_groups: int | None = Field(None, gt=0, description="--moe-router-num-groups (group-limited routing)")
+    moe_router_group_topk: int | None = Field(None, gt=0, description="--moe-router-group-topk: groups a token may use")
+    moe_router_enable_expert_bias: bool = Field(
+        False, description="--moe-router-enable-expert-bias: auxiliary-loss-free balancing (DeepSeek-V3)"
+    )
     moe_grouped_gemm: bool = False
     moe_router_force_load_balancing: bool = False
     mtp_num_layers: int = Field(0, ge=0)
