@@ -43,7 +43,7 @@ class SearchProgress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            console = Console(file=self.stream, stderr=self.stream is sys.stderr)
+            console = Console(file=self.stream, stderr=self.stream is sys.stderr, force_terminal=True)
             self._progress = Progress(
                 TextColumn("searching"), BarColumn(bar_width=30), MofNCompleteColumn(), TextColumn("configurations"),
                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[best]}"),
@@ -83,7 +83,7 @@ class SearchProgress:
         if best is None:
             return "no plan yet"
         gap = self.gap()
-        return f"best {best:.3f} s" + (f", gap {gap * 100:.1f}%" if gap is not None else "")
+        return f"best {best:.3f} s" + (f", gap {gap * 100:.2f}%" if gap is not None else "")
 
     def eta_text(self) -> str:
         """At most the time limit left; the rate over configurations tried so far when it says less

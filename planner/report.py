@@ -355,7 +355,7 @@ def _render_assumed(console, payload: dict) -> None:
               collapse_padding=True, pad_edge=False, show_edge=False, show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", no_wrap=True, justify="right")
-    t.add_column("set with", overflow="fold")
+    t.add_column("set with", no_wrap=True)
     t.add_column("because", overflow="fold", style="dim")
     for name, value, source, flag in rows:
         t.add_row(name, value, flag, source)
@@ -399,8 +399,8 @@ def _render_user_plan(console, payload: dict) -> None:
     t.add_column("yours", overflow="fold")
     t.add_column("planner", overflow="fold")
     t.add_row("plan", degrees_short(u["plan"]), degrees_short(payload["plan"]))
-    t.add_row("stages", " ".join(f"{s['device_type']}:{s['num_layers']}" for s in u["plan"]["stages"]),
-              " ".join(f"{s['device_type']}:{s['num_layers']}" for s in payload["plan"]["stages"]))
+    t.add_row("layers/stage", ", ".join(f"{s['num_layers']} {s['device_type']}" for s in u["plan"]["stages"]),
+              ", ".join(f"{s['num_layers']} {s['device_type']}" for s in payload["plan"]["stages"]))
     t.add_row("iteration", f"{u['iteration_time_s']:.3f} s", f"{payload['iteration_time_s']:.3f} s")
     t.add_row("TFLOP/s/GPU", f"{u['tflops_per_gpu']:.1f}", f"{payload['tflops_per_gpu']:.1f}")
     t.add_row("MFU", f"{u['mfu'] * 100:.1f}%", f"{payload['mfu'] * 100:.1f}%")
@@ -437,9 +437,10 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     gap = payload.get("gap")
     gap_txt = f" (gap {gap * 100:.2f}%)" if gap is not None else ""
     _say(console, f"search: {status}, {why}")
-    _say(console, f"  {payload['search_time_s']:.1f} s, lower bound {payload['lower_bound_s']:.3f} s{gap_txt}; "
-         f"{payload['configs_solved']} solved, {payload['configs_bounded']} bounded out, "
-         f"{payload['configs_infeasible']} infeasible, {payload['configs_pruned_memory']} memory-pruned")
+    _say(console, f"  lower bound {payload['lower_bound_s']:.3f} s{gap_txt}; searched for {payload['search_time_s']:.1f} s")
+    _say(console, f"  configurations: {payload['configs_total']} in all, {payload['configs_solved']} solved, "
+         f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
+         f"{payload['configs_pruned_memory']} memory-pruned")
     if hint:
         _say(console, f"  {hint}")
     _render_user_plan(console, payload)
