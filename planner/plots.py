@@ -121,8 +121,9 @@ def placement_data(plan: Plan, cluster: ClusterSpec, *, rank_order: bool = False
 def _stage_caption(s: dict[str, Any], vpp: int) -> str:
     layers = (f"layers {s['first_layer']}-{s['last_layer']}" if s["num_layers"] and vpp == 1
               else f"{s['num_layers']} layers" + (f" in {vpp} chunks" if vpp > 1 else ""))
-    mixed = f" (spans {'+'.join(s['mixed_types'])})" if s["mixed_types"] else ""
-    return (f"S{s['index']} {s['device_type']}{mixed}: {layers}, TP{s['tp']} CP{s['cp']} DP{s['dp']} "
+    where = (f"{'+'.join(s['mixed_types'])}, priced as {s['device_type']}" if s["mixed_types"]
+             else s["device_type"])
+    return (f"S{s['index']} {where}: {layers}, TP{s['tp']} CP{s['cp']} DP{s['dp']} "
             f"EP{s['ep']}" + (f" ETP{s['etp']}" if s["etp"] != 1 else ""))
 
 

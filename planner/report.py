@@ -261,6 +261,20 @@ def _gib(x: float) -> str:
 _DROP_ORDER = ("compute\nms", "DP sync\nms/iter", "fits", "comm\nms", "layers")
 
 
+def _field(key: str, fmt):
+    return lambda s: fmt(s[key])
+
+
+# --wide: (header, stage key, format), after the time per micro-batch and compute
+_WIDE_COLUMNS = (
+    ("recomp\nms", "recompute_s", _ms), ("TP\nms", "tp_comm_s", _ms), ("CP\nms", "cp_comm_s", _ms),
+    ("EP\nms", "ep_comm_s", _ms), ("PP\nms", "pp_comm_s", _ms), ("DP sync\nms/iter", "dp_comm_s", _ms),
+    ("optim\nms/iter", "optimizer_s", _ms), ("weights\nGiB", "weights_gib", _gib), ("grads\nGiB", "grads_gib", _gib),
+    ("optim\nGiB", "optimizer_gib", _gib), ("activ\nGiB", "activations_gib", _gib), ("other\nGiB", "other_gib", _gib),
+    ("in-flight\nmb", "inflight_microbatches", lambda x: f"{x:.1f}"),
+)
+
+
 def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
     def fits(s: dict) -> str:
         return "yes" if s["fits"] else "NO"
@@ -275,21 +289,7 @@ def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
         ("compute\nms", lambda s: _ms(s["compute_s"]), False),
     ]
     if wide:
-        cols += [
-            ("recomp\nms", lambda s: _ms(s["recompute_s"]), False),
-            ("TP\nms", lambda s: _ms(s["tp_comm_s"]), False),
-            ("CP\nms", lambda s: _ms(s["cp_comm_s"]), False),
-            ("EP\nms", lambda s: _ms(s["ep_comm_s"]), False),
-            ("PP\nms", lambda s: _ms(s["pp_comm_s"]), False),
-            ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"]), False),
-            ("optim\nms/iter", lambda s: _ms(s["optimizer_s"]), False),
-            ("weights\nGiB", lambda s: _gib(s["weights_gib"]), False),
-            ("grads\nGiB", lambda s: _gib(s["grads_gib"]), False),
-            ("optim\nGiB", lambda s: _gib(s["optimizer_gib"]), False),
-            ("activ\nGiB", lambda s: _gib(s["activations_gib"]), False),
-            ("other\nGiB", lambda s: _gib(s["other_gib"]), False),
-            ("in-flight\nmb", lambda s: f"{s['inflight_microbatches']:.1f}", False),
-        ]
+        cols += [(header, _field(key, fmt), False) for header, key, fmt in _WIDE_COLUMNS]
     else:
         cols += [
             ("comm\nms", lambda s: _ms(s["time_s"] - s["compute_s"]), False),
