@@ -127,25 +127,27 @@ def _stage_caption(s: dict[str, Any], vpp: int) -> str:
             f"EP{s['ep']}" + (f" ETP{s['etp']}" if s["etp"] != 1 else ""))
 
 
-_LABEL_IN = 1.4  # inches left of the nodes for the device-type label
+_LABEL_IN = 1.7  # inches left of the nodes for the device-type label
 _ROW_CELLS = 1.9  # a row of nodes: 1 cell of GPUs, its "node k" caption and a gap
 
 
-def _placement_layout(data: dict[str, Any]) -> dict[str, Any]:
-    """Nodes per row, rows per device type and the size in GPU cells of one placement panel."""
+def _placement_layout(data: dict[str, Any], min_group_cells: float = 0.0) -> dict[str, Any]:
+    """Nodes per row, rows per device type and the size in GPU cells of one placement panel; each
+    device type's block is at least `min_group_cells` tall (room for its two-line label)."""
     nodes = data["nodes"]
     gpn = max(len(n["gpus"]) for n in nodes)
     count: dict[str, int] = {}
     for n in nodes:
         count[n["device_type"]] = count.get(n["device_type"], 0) + 1
-    limit = max(1, 64 // gpn) if len(nodes) <= 32 else max(1, 128 // gpn)
+    limit = max(1, 64 // gpn) if len(nodes) <= 32 else max(1, 100 // (gpn + 1))
     per_row = max(1, min(limit, max(count.values())))
     rows = {t: (c + per_row - 1) // per_row for t, c in count.items()}
+    group_h = {t: max(r * _ROW_CELLS, min_group_cells) for t, r in rows.items()}
     width = per_row * (gpn + 1.0)
-    height = sum(r * _ROW_CELLS for r in rows.values()) + 0.6 * len(rows)
+    height = sum(group_h.values()) + 0.6 * len(rows)
     n_leg = len(data["stages"]) + (1 if data["unused_gpus"] else 0)
     ncol = 1 if n_leg <= 4 else 2 if n_leg <= 16 else 3
-    return {"gpn": gpn, "per_row": per_row, "rows": rows, "width": width, "height": height,
+    return {"gpn": gpn, "per_row": per_row, "rows": rows, "group_h": group_h, "width": width, "height": height,
             "legend_rows": (n_leg + ncol - 1) // ncol, "legend_cols": ncol}
 
 
@@ -162,8 +164,7 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
         by_type.setdefault(n["device_type"], []).append(n)
     y = 0.0
     for dtype, group in by_type.items():
-        rows = lay["rows"][dtype]
-        ax.text(0.0, -(y + rows * _ROW_CELLS / 2) + 0.3, f"{dtype}\n{len(group)} node{'s' if len(group) > 1 else ''}"
+        ax.text(0.0, -(y + lay["group_h"][dtype] / 2) + 0.3, f"{dtype}\n{len(group)} node{'s' if len(group) > 1 else ''}"
                 f" x {len(group[0]['gpus'])} GPUs", ha="left", va="center", fontsize=9, fontweight="bold")
         for k, n in enumerate(group):
             r, c = divmod(k, per_row)
@@ -175,10 +176,10 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
                 cell_cols.append(colours[owner] if owner is not None else _UNUSED_COLOUR)
                 if owner is not None:
                     texts.append((x0 + i + 0.5, y0 + 0.5, str(owner)))
-            if cell_px * gpn >= 40:
+            if cell_px >= 14:  # room for the caption between rows of nodes
                 ax.text(x0 + len(n["gpus"]) / 2, y0 + 1.2, f"node {n['node']}", ha="center", va="bottom",
                         fontsize=6, color="#555555")
-        y += rows * _ROW_CELLS + 0.6
+        y += lay["group_h"][dtype] + 0.6
     ax.add_collection(PatchCollection(frames, facecolor="white", edgecolor="#999999", linewidth=0.8))
     ax.add_collection(PatchCollection(cell_rects, facecolor=cell_cols, edgecolor="none"))
     ax.set_xlim(0, label_w + lay["width"])
@@ -197,9 +198,9 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
 
 def draw_placement(panels: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
     """One panel per (title, placement_data), stacked vertically; returns `path`."""
-    lays = [_placement_layout(d) for _, d in panels]
-    cells_w = max(lay["width"] for lay in lays)
+    cells_w = max(_placement_layout(d)["width"] for _, d in panels)
     cell_in = min(0.3, (14.0 - _LABEL_IN - 0.2) / cells_w)
+    lays = [_placement_layout(d, min_group_cells=0.5 / cell_in) for _, d in panels]
     width_in = cells_w * cell_in + _LABEL_IN + 0.2
     label_w = _LABEL_IN / cell_in
     title_in, legend_row_in = 0.45, 0.19

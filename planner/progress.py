@@ -45,12 +45,13 @@ class SearchProgress:
 
             console = Console(file=self.stream, stderr=self.stream is sys.stderr, force_terminal=True)
             self._progress = Progress(
-                TextColumn("searching"), BarColumn(bar_width=30), MofNCompleteColumn(), TextColumn("configurations"),
+                TextColumn("{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn(), TextColumn("configurations"),
                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[best]}"),
                 console=console, transient=True,
             )
             self._progress.start()
-            self._task = self._progress.add_task("search", total=None, eta="", best="")
+            self._task = self._progress.add_task("preparing (enumerating and bounding configurations)", total=None,
+                                                 eta="", best="")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -65,8 +66,8 @@ class SearchProgress:
             self.best_bound_s = d["bound_s"]
         if self._progress is None:
             return
-        self._progress.update(self._task, completed=d.get("tried", 0), total=d.get("total") or None,
-                              eta=self.eta_text(), best=self.best_text())
+        self._progress.update(self._task, description="searching", completed=d.get("tried", 0),
+                              total=d.get("total") or None, eta=self.eta_text(), best=self.best_text())
 
     # -- text --
     def elapsed_s(self) -> float:
@@ -89,6 +90,8 @@ class SearchProgress:
         """At most the time limit left; the rate over configurations tried so far when it says less
         (the search usually stops early, once the lower bound reaches the best plan)."""
         tried, total = self.last.get("tried", 0), self.last.get("total", 0)
+        if self.last.get("config") == "done" or (total and tried >= total):
+            return ""
         elapsed = self.elapsed_s()
         left = []
         if tried and total and tried < total:
