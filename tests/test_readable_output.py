@@ -350,3 +350,15 @@ def test_script_plan_that_does_not_fit_or_breaks_a_rule_or_cannot_run_says_so(tm
     r = invoke(["solve", "--megatron-script", str(bad), "--cluster", "H800:24", "--backend", "hsdp", "--quiet"])
     assert r.exit_code == 0, r.output
     assert "cannot run on this cluster" in r.stdout and "16" in r.stdout
+
+
+def test_own_calibration_states_the_imbalance(tmp_path):
+    """A router imbalance from the user's own --profiles calibration is not an assumption."""
+    (tmp_path / "corrections.yaml").write_text(
+        "- device: '*'\n  kind: moe_imbalance_factor\n  factor: 1.3\n"
+        "  provenance:\n    kind: measured\n    source: router statistics of my run\n")
+    args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--json"]
+    mine = json.loads(invoke(args + ["--profiles", str(tmp_path)]).stdout)
+    assert "MoE imbalance" not in {a["name"] for a in mine["assumed"]}
+    shipped = json.loads(invoke(args).stdout)
+    assert "MoE imbalance" in {a["name"] for a in shipped["assumed"]}

@@ -96,5 +96,5 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     if moe_imbalance is not None:
         run = run.model_copy(update={"training": run.training.model_copy(
             update={"moe_imbalance_factor": float(moe_imbalance)})})
-    run = imbalance_assumption(run, cluster_spec, profiles)
+    run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
     return run, cluster_spec, profiles

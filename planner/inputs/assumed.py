@@ -13,8 +13,9 @@ What counts as assumed, by source:
 * Megatron flags (`--megatron-args`, `--megatron-script`): any of --global-batch-size,
   --seq-length, --vocab-size, --moe-token-dispatcher-type the flags leave out;
 * a model YAML of your own: the global batch when its training block has none;
-* every MoE model: the router imbalance, unless --moe-imbalance, forced balancing or a
-  calibration gives it.
+* every MoE model: the router imbalance, unless --moe-imbalance, forced balancing (or padding
+  to a capacity factor) or the user's own calibration (`--profiles DIR`) gives it; the shipped
+  calibration, fitted on published runs, is still an assumption about the user's router.
 A CLI override (--gbs, --seq) states the value.
 """
 
@@ -79,20 +80,43 @@ def input_assumptions(
     return tuple(out)
 
 
-def imbalance_assumption(run: MegatronRun, cluster, profiles) -> MegatronRun:
-    """The run with the MoE router imbalance added to `assumed` when nothing states it (no
-    --moe-imbalance, no forced balancing, no calibrated value); unchanged otherwise."""
+def _calibrated_imbalance(profiles) -> float | None:
+    getter = getattr(profiles, "moe_imbalance_factor", None)
+    return getter() if callable(getter) else None
+
+
+def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False) -> MegatronRun:
+    """The run with the MoE router imbalance (the busiest EP rank's tokens over the mean) added to
+    `assumed` unless something states it: --moe-imbalance, forced balancing or a capacity factor
+    with padding (the cost model's routing regime), or a calibration from the user's own --profiles
+    (`user_profiles`).  The shipped calibration (published runs) is an assumption about your router."""
     from planner.cost.model import CostModel
 
     model, training = run.model, run.training
     if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
         return run
-    getter = getattr(profiles, "moe_imbalance_factor", None)
-    if callable(getter) and getter() is not None:
-        return run
-    value = CostModel(model, training, cluster, profiles).imbalance
-    source = "planner default (aux-loss balancing)"
+    calibrated = _calibrated_imbalance(profiles)
+    if user_profiles and calibrated is not None:
+        from planner.profile_tables import ProfileSet
+
+        if calibrated != _calibrated_imbalance(ProfileSet.load()):
+            return run  # the user's own calibration states it
+    cm = CostModel(model, training, cluster, profiles)
+    routing = getattr(cm, "routing", None)  # the cost model's routing regime, where it has one
+    notes = []
+    if routing is not None:
+        if routing.regime not in ("dropless", "capacity"):
+            return run
+        value = routing.imbalance(2)  # any EP > 1
+        if routing.assumed:
+            notes.append(routing.assumed)
+    else:
+        imbalance = cm.imbalance
+        value = imbalance(2) if callable(imbalance) else imbalance
+    source = ("shipped calibration (published runs)" if calibrated is not None
+              else "planner default (aux-loss balancing)")
     if model.moe_expert_capacity_factor is not None and value == model.moe_expert_capacity_factor:
         source += ", capped by --moe-expert-capacity-factor"
+    source = "; ".join([source] + notes)
     extra = Assumption(name="MoE imbalance", value=round(value, 4), flag=IMBALANCE_FLAG, source=source)
     return run.model_copy(update={"assumed": tuple(run.assumed) + (extra,)})
