@@ -1,7 +1,15 @@
-"""Human and machine output: JSON payloads, rich tables on the terminal, summary.md."""
+"""Human and machine output: JSON payloads, tables on the terminal, summary.md.
+
+Terminal output fits the terminal: the default stage table fits 100 columns (columns are dropped,
+least important first, below that); `--wide` adds the communication and memory breakdown.  When
+stdout is not a terminal the width is $COLUMNS, or 100.  Both backends' statuses read the same:
+OPTIMAL only when the optimum is certified over the whole search space, FEASIBLE otherwise, with
+the reason (pruning, time limit) spelled out.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -9,6 +17,13 @@ from planner.cost.model import PlanCost
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+
+DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
+WIDE_MIN_WIDTH = 200  # --wide never squeezes its table below this
+
+
+# ------------------------------------------------------------------------------------------------
+# JSON payloads
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -23,83 +38,64 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     return d
 
 
+def assumed_json(run: MegatronRun) -> list[dict[str, Any]]:
+    """The run's assumed values: [{name, value, flag, source}]."""
+    return [a.model_dump(mode="json") for a in run.assumed]
+
+
+def _overflow(cost: PlanCost) -> dict[str, Any] | None:
+    if cost.fits:
+        return None
+    worst = max(cost.stages, key=lambda s: s.memory_bytes - s.capacity_bytes)
+    return {
+        "stage": worst.index,
+        "device_type": worst.device_type,
+        "memory_gib": worst.memory_gib,
+        "capacity_gib": worst.capacity_bytes / 2**30,
+        "short_gib": (worst.memory_bytes - worst.capacity_bytes) / 2**30,
+    }
+
+
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str]) -> dict:
     out = cost.to_json()
     out["model"] = run.model.name
     out["cluster"] = cluster.describe()
     out["plan"] = plan_json(plan)
+    out["assumed"] = assumed_json(run)
     out["notes"] = list(cost.notes) + list(notes)
-    if not cost.fits:
-        worst = max(cost.stages, key=lambda s: s.memory_bytes - s.capacity_bytes)
-        out["overflow"] = {
-            "stage": worst.index,
-            "device_type": worst.device_type,
-            "memory_gib": worst.memory_gib,
-            "capacity_gib": worst.capacity_bytes / 2**30,
-            "short_gib": (worst.memory_bytes - worst.capacity_bytes) / 2**30,
-        }
+    overflow = _overflow(cost)
+    if overflow is not None:
+        out["overflow"] = overflow
     return out
 
 
-def _fmt_ms(x: float) -> str:
-    return f"{x * 1e3:.1f}"
+def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
+    """The `user_plan` block of solve's JSON (planner.user_plan.UserPlan against our cost)."""
+    if user.cost is None:
+        return {"source": user.source, "priced": False, "error": user.error}
+    c = user.cost
+    return {
+        "source": user.source,
+        "priced": True,
+        "plan": plan_json(user.plan),
+        "iteration_time_s": c.iteration_time_s,
+        "tflops_per_gpu": c.tflops_per_gpu,
+        "mfu": c.mfu,
+        "max_memory_gib": c.max_memory_gib,
+        "fits": c.fits,
+        "overflow": _overflow(c),
+        "violations": [{"rule": v.rule, "message": v.message, "hint": v.hint} for v in user.violations],
+        "runs": user.runs,
+        "notes": list(user.notes),
+        "speedup": c.iteration_time_s / ours.iteration_time_s if ours.iteration_time_s > 0 else None,
+        "stages": c.to_json()["stages"],
+    }
 
 
-def render_stage_table(payload: dict, title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=sys.stdout, width=160)
-    t = Table(title=title, title_justify="left")
-    for col in ["stage", "device", "layers", "dp", "recompute", "t/mb ms", "compute", "TP", "CP", "EP", "PP",
-                "DP/iter", "mem GiB", "weights", "grads", "optim", "activ", "other", "cap GiB"]:
-        t.add_column(col, justify="right")
-    for s in payload["stages"]:
-        mem_style = "" if s["fits"] else "bold red"
-        t.add_row(
-            str(s["index"]), s["device_type"], str(s["num_layers"]), str(s["dp"]), s["recompute"],
-            _fmt_ms(s["time_s"]), _fmt_ms(s["compute_s"]), _fmt_ms(s["tp_comm_s"]), _fmt_ms(s["cp_comm_s"]),
-            _fmt_ms(s["ep_comm_s"]), _fmt_ms(s["pp_comm_s"]), _fmt_ms(s["dp_comm_s"]),
-            f"[{mem_style}]{s['memory_gib']:.1f}[/]" if mem_style else f"{s['memory_gib']:.1f}",
-            f"{s['weights_gib']:.1f}", f"{s['grads_gib']:.1f}", f"{s['optimizer_gib']:.1f}",
-            f"{s['activations_gib']:.1f}", f"{s['other_gib']:.1f}", f"{s['capacity_gib']:.0f}",
-        )
-    console.print(t)
-    console.print("times per micro-batch in ms (compute includes recompute); DP/iter is the exposed gradient "
-                  "sync per iteration; memory per GPU in GiB")
-
-
-def headline(payload: dict) -> str:
-    fits = "fits" if payload["fits"] else "DOES NOT FIT"
-    return (
-        f"iteration {payload['iteration_time_s']:.3f} s | {payload['tflops_per_gpu']:.1f} TFLOP/s/GPU | "
-        f"MFU {payload['mfu'] * 100:.1f}% | max memory {payload['max_memory_gib']:.1f} GiB ({fits}) | "
-        f"{payload['world_size']} GPUs, {payload['num_microbatches']} micro-batches"
-    )
-
-
-def degrees_line(plan: dict) -> str:
-    dps = sorted(set(plan["dp"]))
-    dp = str(dps[0]) if len(dps) == 1 else "/".join(str(d) for d in plan["dp"])
-    return (f"TP={plan['tp']} PP={plan['pp']} CP={plan['cp']} EP={plan['ep']} ETP={plan['etp']} DP={dp} "
-            f"VPP={plan['vpp']} mbs={plan['mbs']} gbs={plan['gbs']} runtime={plan['runtime']}")
-
-
-def render_estimate(payload: dict) -> None:
-    print(f"{payload['model']} on {payload['cluster']}: {degrees_line(payload['plan'])}")
-    render_stage_table(payload, "per stage")
-    print(headline(payload))
-    if not payload["fits"]:
-        o = payload["overflow"]
-        print(f"stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB of {o['capacity_gib']:.0f} GiB: "
-              f"{o['short_gib']:.1f} GiB short")
-    for n in payload.get("notes", []):
-        print(f"note: {n}")
-
-
-def solve_json(outcome, settings, runtime: str) -> dict[str, Any]:
+def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
     """The `solve --json` object (also plan.json).  Public keys: status, iteration_time_s,
-    tflops_per_gpu, mfu, search_time_s, lower_bound_s, gap, world_size, plan (with stages)."""
+    tflops_per_gpu, mfu, search_time_s, lower_bound_s, gap, world_size, plan (with stages);
+    also assumed, and user_plan when the input's flags hold a plan of their own."""
     r = outcome.result
     best, cost = r.best[0], outcome.costs[0]
     it = cost.iteration_time_s
@@ -131,9 +127,15 @@ def solve_json(outcome, settings, runtime: str) -> dict[str, Any]:
         "plan": plan_json(outcome.plans[0]),
         "stages": cost.to_json()["stages"],
         "num_microbatches": cost.num_microbatches,
+        "pipeline_s": cost.pipeline_s,
+        "bubble_s": cost.bubble_s,
+        "sync_s": cost.sync_s,
+        "assumed": assumed_json(outcome.run),
         "problems": outcome.problems[0],
         "notes": list(r.notes),
     }
+    if user is not None:
+        out["user_plan"] = user_plan_json(user, cost)
     if len(outcome.plans) > 1:
         out["alternatives"] = [
             {"iteration_time_s": c.iteration_time_s, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
@@ -143,49 +145,445 @@ def solve_json(outcome, settings, runtime: str) -> dict[str, Any]:
     return out
 
 
-def render_solve(payload: dict) -> None:
-    print(f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend {payload['backend']})")
-    print("plan: " + degrees_line(payload["plan"]))
-    render_stage_table(payload, "per stage")
-    print(headline(payload))
-    gap = payload.get("gap")
-    gap_txt = f", gap {gap * 100:.2f}%" if gap is not None else ""
-    print(f"search: {payload['status']}{gap_txt}, lower bound {payload['lower_bound_s']:.3f} s, "
-          f"{payload['search_time_s']:.1f} s; {payload['configs_solved']} configurations solved, "
-          f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
-          f"{payload['configs_pruned_memory']} pruned by memory"
-          + (" (certified optimal)" if payload["certified_optimal"] else ""))
+# ------------------------------------------------------------------------------------------------
+# Words shared by the terminal and summary.md
+
+
+def search_status(payload: dict) -> tuple[str, str, str]:
+    """(status, why, hint), read the same for every backend: OPTIMAL only when certified over the
+    whole search space; otherwise FEASIBLE, why it is not certified, and what would certify it."""
+    if payload["certified_optimal"]:
+        return "OPTIMAL", "certified over the whole search space under the cost model", ""
+    reasons, hints = [], []
     p = payload["pruning"]
     if p["load_balance_delta"] is not None or p["memory"]:
-        print(f"pruning on (load balance delta={p['load_balance_delta']}, memory={p['memory']}): the plan is the best "
-              "of the pruned space; --no-prune searches the whole space and certifies the optimum")
+        gap = payload.get("gap")
+        best = "optimum of the pruned space" if gap is not None and gap <= 1e-9 else "best plan of the pruned space"
+        on = [f"load-balance delta {p['load_balance_delta']}"] if p["load_balance_delta"] is not None else []
+        on += ["memory pruning"] if p["memory"] else []
+        reasons.append(f"{best} ({', '.join(on)})")
+        hints.append("--no-prune searches the whole space and certifies the optimum")
+    if any("time limit" in n for n in payload.get("notes", [])):
+        reasons.append("the time limit ended the search")
+        hints.append("raise --time-limit")
+    return "FEASIBLE", "; ".join(reasons) or "not certified optimal", "; ".join(hints)
+
+
+def recompute_short(label: str) -> str:
+    """A Recompute.label in the CLI's --recompute form, short enough for a table column."""
+    if label.startswith("selective"):
+        return "selective"
+    if label.startswith("full:"):
+        _, method, k = label.split(":")
+        return f"full-{method}:{k}"
+    return label
+
+
+def degrees_line(plan: dict) -> str:
+    dps = sorted(set(plan["dp"]))
+    dp = str(dps[0]) if len(dps) == 1 else "/".join(str(d) for d in plan["dp"])
+    return (f"TP={plan['tp']} PP={plan['pp']} CP={plan['cp']} EP={plan['ep']} ETP={plan['etp']} DP={dp} "
+            f"VPP={plan['vpp']} mbs={plan['mbs']} gbs={plan['gbs']} runtime={plan['runtime']}")
+
+
+def degrees_short(plan: dict) -> str:
+    dps = sorted(set(plan["dp"]))
+    dp = str(dps[0]) if len(dps) == 1 else "/".join(str(d) for d in plan["dp"])
+    rec = sorted({recompute_short(s["recompute_label"]) for s in plan["stages"]})
+    return (f"TP{plan['tp']} PP{plan['pp']} CP{plan['cp']} EP{plan['ep']} ETP{plan['etp']} DP{dp} "
+            f"VPP{plan['vpp']} mbs{plan['mbs']} " + "/".join(rec))
+
+
+def headline(payload: dict) -> str:
+    fits = "fits" if payload["fits"] else "DOES NOT FIT"
+    return (
+        f"iteration {payload['iteration_time_s']:.3f} s | {payload['tflops_per_gpu']:.1f} TFLOP/s/GPU | "
+        f"MFU {payload['mfu'] * 100:.1f}% | peak memory {payload['max_memory_gib']:.1f} GiB ({fits})"
+    )
+
+
+def shape_line(payload: dict) -> str:
+    """GPUs, micro-batches, and how the iteration splits into pipeline (with its bubble) and sync."""
+    used = f"{payload['world_size']} of {payload['cluster_gpus']} GPUs" if "cluster_gpus" in payload \
+        else f"{payload['world_size']} GPUs"
+    line = f"{used}, {payload['num_microbatches']} micro-batches"
+    if "pipeline_s" in payload:
+        pipe = payload["pipeline_s"]
+        bubble = payload["bubble_s"] / pipe * 100 if pipe > 0 else 0.0
+        line += f"; pipeline {pipe:.3f} s (bubble {bubble:.1f}%) + DP sync/optimizer {payload['sync_s']:.3f} s"
+    return line
+
+
+def _assumed_rows(payload: dict) -> list[tuple[str, str, str, str]]:
+    return [(a["name"], str(a["value"]), a["source"], a["flag"]) for a in payload.get("assumed", [])]
+
+
+# ------------------------------------------------------------------------------------------------
+# Terminal
+
+
+def terminal_width(wide: bool = False) -> int:
+    """The width to render for: the terminal's, else $COLUMNS, else DEFAULT_WIDTH; --wide at least
+    WIDE_MIN_WIDTH."""
+    import shutil
+
+    width = 0
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        width = int(env)
+    elif sys.stdout.isatty():
+        width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    width = width or DEFAULT_WIDTH
+    return max(width, WIDE_MIN_WIDTH) if wide else width
+
+
+def _console(wide: bool = False):
+    from rich.console import Console
+
+    return Console(file=sys.stdout, width=terminal_width(wide), highlight=False, soft_wrap=False)
+
+
+def _say(console, text: str, style: str | None = None) -> None:
+    """Plain text (no markup), wrapped at the console width."""
+    console.print(text, markup=False, highlight=False, style=style)
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def _gib(x: float) -> str:
+    return f"{x:.1f}"
+
+
+# (header, cell function, left-aligned?) per column; the default table's columns in the order they
+# are dropped when the terminal is too narrow, least important first
+_DROP_ORDER = ("compute\nms", "DP sync\nms/iter", "fits", "comm\nms", "layers")
+
+
+def _field(key: str, fmt):
+    return lambda s: fmt(s[key])
+
+
+# --wide: (header, stage key, format), after the time per micro-batch and compute
+_WIDE_COLUMNS = (
+    ("recomp\nms", "recompute_s", _ms), ("TP\nms", "tp_comm_s", _ms), ("CP\nms", "cp_comm_s", _ms),
+    ("EP\nms", "ep_comm_s", _ms), ("PP\nms", "pp_comm_s", _ms), ("DP sync\nms/iter", "dp_comm_s", _ms),
+    ("optim\nms/iter", "optimizer_s", _ms), ("weights\nGiB", "weights_gib", _gib), ("grads\nGiB", "grads_gib", _gib),
+    ("optim\nGiB", "optimizer_gib", _gib), ("activ\nGiB", "activations_gib", _gib), ("other\nGiB", "other_gib", _gib),
+    ("in-flight\nmb", "inflight_microbatches", lambda x: f"{x:.1f}"),
+)
+
+
+def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
+    def fits(s: dict) -> str:
+        return "yes" if s["fits"] else "NO"
+
+    cols: list[tuple[str, Any, bool]] = [
+        ("stage", lambda s: str(s["index"]), False),
+        ("device", lambda s: s["device_type"], True),
+        ("layers", lambda s: str(s["num_layers"]), False),
+        ("DP", lambda s: str(s["dp"]), False),
+        ("recompute", (lambda s: s["recompute"]) if wide else (lambda s: recompute_short(s["recompute"])), True),
+        ("t/mb\nms", lambda s: _ms(s["time_s"]), False),
+        ("compute\nms", lambda s: _ms(s["compute_s"]), False),
+    ]
+    if wide:
+        cols += [(header, _field(key, fmt), False) for header, key, fmt in _WIDE_COLUMNS]
+    else:
+        cols += [
+            ("comm\nms", lambda s: _ms(s["time_s"] - s["compute_s"]), False),
+            ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"]), False),
+        ]
+    cols += [
+        ("memory\nGiB", lambda s: _gib(s["memory_gib"]), False),
+        ("cap\nGiB", lambda s: f"{s['capacity_gib']:.0f}", False),
+        ("fits", fits, False),
+    ]
+    return cols
+
+
+def stage_table(stages: list[dict], *, wide: bool, width: int, title: str = "per stage"):
+    """The per-stage rich Table, no wider than `width` unless that would drop every optional column."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = _columns(wide)
+    measure = Console(width=10_000, file=open(os.devnull, "w"))
+
+    def build(columns):
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                  show_edge=False)
+        for header, _, left in columns:
+            t.add_column(header, justify="left" if left else "right", no_wrap=True)
+        for s in stages:
+            cells = [fn(s) for _, fn, _ in columns]
+            t.add_row(*cells, style=None if s["fits"] else "bold red")
+        return t
+
+    table = build(cols)
+    if not wide:
+        for name in _DROP_ORDER:
+            if measure.measure(table).maximum <= width:
+                break
+            cols = [c for c in cols if c[0] != name]
+            table = build(cols)
+    return table
+
+
+def _render_stage_table(console, payload: dict, wide: bool) -> None:
+    console.print(stage_table(payload["stages"], wide=wide, width=console.width))
+    legend = ["t/mb: forward + backward per micro-batch (compute includes recompute; comm: TP/CP/EP/PP)",
+              "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)"]
+    if wide:
+        legend = ["t/mb: forward + backward per micro-batch; compute includes recomp; TP/CP/EP/PP: communication "
+                  "per micro-batch; DP sync and optim: per iteration",
+                  "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak"]
+    for line in legend:
+        _say(console, line, style="dim")
+
+
+def _render_assumed(console, payload: dict) -> None:
+    rows = _assumed_rows(payload)
+    if not rows:
+        return
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="assumed (the input does not state these)", title_justify="left", box=box.SIMPLE_HEAD,
+              collapse_padding=True, pad_edge=False, show_edge=False, show_header=False)
+    t.add_column("what", no_wrap=True)
+    t.add_column("value", no_wrap=True, justify="right")
+    t.add_column("set with", no_wrap=True)
+    t.add_column("because", overflow="fold", style="dim")
+    for name, value, source, flag in rows:
+        t.add_row(name, value, flag, source)
+    console.print(t)
+
+
+def _render_overflow(console, o: dict) -> None:
+    _say(console, f"stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB of "
+         f"{o['capacity_gib']:.0f} GiB: {o['short_gib']:.1f} GiB short", style="bold red")
+
+
+def render_estimate(payload: dict, wide: bool = False) -> None:
+    console = _console(wide)
+    _say(console, f"{payload['model']} on {payload['cluster']}: {degrees_line(payload['plan'])}")
+    _render_stage_table(console, payload, wide)
+    _say(console, headline(payload))
+    _say(console, shape_line(payload))
+    if not payload["fits"]:
+        _render_overflow(console, payload["overflow"])
+    _render_assumed(console, payload)
+    for n in payload.get("notes", []):
+        _say(console, f"note: {n}")
+
+
+def _render_user_plan(console, payload: dict) -> None:
+    u = payload.get("user_plan")
+    if not u:
+        return
+    if not u["priced"]:
+        _say(console, f"your plan ({u['source']}) cannot run on this cluster: {u['error']}", style="bold")
+        return
+    from rich import box
+    from rich.table import Table
+
+    def fit(d: dict) -> str:
+        return f"{d['max_memory_gib']:.1f} GiB " + ("(fits)" if d["fits"] else "(DOES NOT FIT)")
+
+    t = Table(title=f"your plan ({u['source']}) against the planner's, same cluster and batch", title_justify="left",
+              box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    t.add_column("")
+    t.add_column("yours", overflow="fold")
+    t.add_column("planner", overflow="fold")
+    t.add_row("plan", degrees_short(u["plan"]), degrees_short(payload["plan"]))
+    t.add_row("layers/stage", ", ".join(f"{s['num_layers']} {s['device_type']}" for s in u["plan"]["stages"]),
+              ", ".join(f"{s['num_layers']} {s['device_type']}" for s in payload["plan"]["stages"]))
+    t.add_row("iteration", f"{u['iteration_time_s']:.3f} s", f"{payload['iteration_time_s']:.3f} s")
+    t.add_row("TFLOP/s/GPU", f"{u['tflops_per_gpu']:.1f}", f"{payload['tflops_per_gpu']:.1f}")
+    t.add_row("MFU", f"{u['mfu'] * 100:.1f}%", f"{payload['mfu'] * 100:.1f}%")
+    t.add_row("peak memory", fit(u), fit(payload))
+    t.add_row("rules", "ok" if not u["violations"] else f"breaks {len(u['violations'])}", "ok")
+    console.print(t)
+    speed = u["speedup"]
+    verdict = f"speed-up: {speed:.2f}x (the planner's plan against yours, per iteration)"
+    if not u["runs"]:
+        why = []
+        if not u["fits"]:
+            o = u["overflow"]
+            why.append(f"does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} of "
+                       f"{o['capacity_gib']:.0f} GiB")
+        if u["violations"]:
+            why.append(f"breaks {len(u['violations'])} rule(s) Megatron checks")
+        verdict += "; your plan " + " and ".join(why) + ", so it would not run as is"
+    _say(console, verdict, style="bold")
+    for v in u["violations"]:
+        _say(console, f"  your plan, rule {v['rule']}: {v['message']} ({v['hint']})")
+    for n in u["notes"]:
+        _say(console, f"  your plan: {n}")
+
+
+def render_solve(payload: dict, wide: bool = False) -> None:
+    console = _console(wide)
+    _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
+         f"{payload['backend']})")
+    _say(console, "plan: " + degrees_line(payload["plan"]))
+    _render_stage_table(console, payload, wide)
+    _say(console, headline(payload))
+    _say(console, shape_line(payload))
+    status, why, hint = search_status(payload)
+    gap = payload.get("gap")
+    gap_txt = f" (gap {gap * 100:.2f}%)" if gap is not None else ""
+    _say(console, f"search: {status}, {why}")
+    _say(console, f"  lower bound {payload['lower_bound_s']:.3f} s{gap_txt}; searched for {payload['search_time_s']:.1f} s")
+    _say(console, f"  configurations: {payload['configs_total']} in all, {payload['configs_solved']} solved, "
+         f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
+         f"{payload['configs_pruned_memory']} memory-pruned")
+    if hint:
+        _say(console, f"  {hint}")
+    _render_user_plan(console, payload)
+    _render_assumed(console, payload)
     for prob in payload["problems"]:
-        print(f"PROBLEM: {prob}")
+        _say(console, f"PROBLEM: {prob}", style="bold red")
     for n in payload["notes"]:
-        print(f"note: {n}")
+        _say(console, f"note: {n}")
+    if payload.get("plots_dir"):
+        _say(console, f"plots: {payload['plots_dir']}")
 
 
-def summary_markdown(payload: dict) -> str:
+# ------------------------------------------------------------------------------------------------
+# summary.md
+
+
+def _md_stage_table(stages: list[dict]) -> list[str]:
+    lines = [
+        "| stage | device | layers | DP | recompute | time/micro-batch (ms) | of which comm (ms) | memory (GiB) "
+        "| weights | grads | optimizer | activations | other | capacity (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in stages:
+        mem = f"{s['memory_gib']:.1f}" if s["fits"] else f"**{s['memory_gib']:.1f} (over)**"
+        lines.append(
+            f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
+            f"{s['time_s'] * 1e3:.1f} | {(s['time_s'] - s['compute_s']) * 1e3:.1f} | {mem} | "
+            f"{s['weights_gib']:.1f} | {s['grads_gib']:.1f} | {s['optimizer_gib']:.1f} | {s['activations_gib']:.1f} | "
+            f"{s['other_gib']:.1f} | {s['capacity_gib']:.0f} |")
+    return lines
+
+
+def _md_assumed(payload: dict) -> list[str]:
+    rows = _assumed_rows(payload)
+    if not rows:
+        return []
+    lines = ["", "## Assumed values", "", "The input does not state these; the planner assumed them.", "",
+             "| value | assumed | why | set with |", "|---|---|---|---|"]
+    lines += [f"| {n} | {v} | {s} | `{f}` |" for n, v, s, f in rows]
+    return lines
+
+
+_PLOT_CAPTIONS = {
+    "placement": "Placement: every GPU coloured by the pipeline stage it holds",
+    "timeline": "One iteration of the pipeline schedule (simulated from the cost model's stage times)",
+    "memory": "Memory per GPU by stage against the device's capacity",
+    "placement_vs_yours": "Your plan's placement and the planner's",
+}
+
+
+def _md_images(images: dict[str, str]) -> list[str]:
+    lines = []
+    for name, rel in images.items():
+        lines += ["", f"### {_PLOT_CAPTIONS.get(name, name)}", "", f"![{name}]({rel})"]
+    return lines
+
+
+def _md_user_plan(payload: dict) -> list[str]:
+    u = payload.get("user_plan")
+    if not u:
+        return []
+    lines = ["", "## Your plan against the planner's", ""]
+    if not u["priced"]:
+        return lines + [f"Your plan ({u['source']}) cannot run on this cluster: {u['error']}"]
+    rules = "ok" if not u["violations"] else f"breaks {len(u['violations'])}"
+    lines += [
+        f"Your plan is what {u['source']} runs, priced on the same cluster and batch with the same cost model.", "",
+        "| | yours | planner |", "|---|---|---|",
+        f"| plan | {degrees_short(u['plan'])} | {degrees_short(payload['plan'])} |",
+        f"| iteration (s) | {u['iteration_time_s']:.3f} | {payload['iteration_time_s']:.3f} |",
+        f"| TFLOP/s/GPU | {u['tflops_per_gpu']:.1f} | {payload['tflops_per_gpu']:.1f} |",
+        f"| MFU | {u['mfu'] * 100:.1f}% | {payload['mfu'] * 100:.1f}% |",
+        f"| peak memory (GiB) | {u['max_memory_gib']:.1f}{'' if u['fits'] else ' (does not fit)'} | "
+        f"{payload['max_memory_gib']:.1f} |",
+        f"| rules | {rules} | ok |",
+        "",
+        f"Speed-up: **{u['speedup']:.2f}x** per iteration.",
+    ]
+    if not u["fits"]:
+        o = u["overflow"]
+        lines.append(f"Your plan does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB "
+                     f"of {o['capacity_gib']:.0f} GiB.")
+    for v in u["violations"]:
+        lines.append(f"- rule `{v['rule']}`: {v['message']} ({v['hint']})")
+    for n in u["notes"]:
+        lines.append(f"- note: {n}")
+    return lines
+
+
+def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str:
+    """summary.md of a solve: the plan, the search status, assumed values, your plan against
+    ours, and the pictures (`images`: plot name -> path relative to summary.md)."""
+    status, why, hint = search_status(payload)
+    gap = payload.get("gap")
     lines = [
         f"# Plan: {payload['model']} on {payload['cluster']}",
         "",
-        f"- runtime: {payload['runtime']}; backend: {payload['backend']}; status: {payload['status']}"
-        + (" (certified optimal)" if payload["certified_optimal"] else ""),
+        f"- runtime: {payload['runtime']}; backend: {payload['backend']}",
+        f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
         f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
         f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
-        f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}",
-        f"- search: {payload['search_time_s']:.1f} s, lower bound {payload['lower_bound_s']:.3f} s, "
-        f"{payload['configs_solved']} solved / {payload['configs_bounded']} bounded / {payload['configs_total']} total",
+        f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}; {payload['num_microbatches']} "
+        "micro-batches per iteration",
+        f"- search: {payload['search_time_s']:.1f} s, lower bound {payload['lower_bound_s']:.3f} s"
+        + (f" (gap {gap * 100:.2f}%)" if gap is not None else "")
+        + f", {payload['configs_solved']} solved / {payload['configs_bounded']} bounded / "
+        f"{payload['configs_total']} total",
         "",
-        "| stage | device | layers | DP | recompute | time/micro-batch (ms) | memory (GiB) |",
-        "|---|---|---|---|---|---|---|",
+        "## Stages",
+        "",
+        *_md_stage_table(payload["stages"]),
+        "",
+        "Times come from the float cost model (planner/cost), not from the solver's scaled objective.",
     ]
-    for s in payload["stages"]:
-        lines.append(f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
-                     f"{s['time_s'] * 1e3:.1f} | {s['memory_gib']:.1f} |")
-    lines += ["", "Times come from the float cost model (planner/cost), not from the solver's scaled objective."]
-    for n in payload.get("notes", []):
-        lines.append(f"- note: {n}")
+    lines += _md_user_plan(payload)
+    lines += _md_assumed(payload)
+    if images:
+        lines += ["", "## Pictures"] + _md_images(images)
+    notes = list(payload.get("notes", [])) + [f"PROBLEM: {p}" for p in payload.get("problems", [])]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def estimate_summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str:
+    """summary.md of an estimate (written next to its plots)."""
+    lines = [
+        f"# Estimate: {payload['model']} on {payload['cluster']}",
+        "",
+        f"- degrees: {degrees_line(payload['plan'])}",
+        f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
+        f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
+        f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
+        "",
+        "## Stages",
+        "",
+        *_md_stage_table(payload["stages"]),
+    ]
+    lines += _md_assumed(payload)
+    if images:
+        lines += ["", "## Pictures"] + _md_images(images)
+    if payload.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in payload["notes"]]
     return "\n".join(lines) + "\n"

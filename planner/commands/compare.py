@@ -57,6 +57,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     click.echo(f"{'backend':8s} {'status':9s} {'objective s':>12s} {'bound s':>12s} {'gap':>7s} {'vs best':>8s} "
                f"{'time s':>8s} {'solved':>7s}  configuration")
     for row in rows:
-        click.echo(f"{row['backend']:8s} {row['status']:9s} {row['objective_s']:12.4f} {row['lower_bound_s']:12.4f} "
+        status = "OPTIMAL" if row["certified_optimal"] else "FEASIBLE"  # one vocabulary (planner.report)
+        click.echo(f"{row['backend']:8s} {status:9s} {row['objective_s']:12.4f} {row['lower_bound_s']:12.4f} "
                    f"{row['gap'] * 100:6.2f}% {row['vs_best'] * 100:7.2f}% {row['search_time_s']:8.2f} "
                    f"{row['configs_solved']:7d}  {row['plan']}")

@@ -2,32 +2,64 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, load_inputs,
+    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES,
+    apply_options, check_plot_dir, load_inputs,
 )
 
 
+def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
+    """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
+    written all-or-nothing into `plot_dir`."""
+    import shutil
+    import tempfile
+
+    from planner.commands.solve import _move_into
+    from planner.plots import write_plots
+    from planner.report import estimate_summary_markdown
+
+    plot_dir = Path(plot_dir)
+    plot_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=plot_dir.parent))
+    try:
+        images, notes = write_plots(tmp, plan, cost, cluster, title=f"{payload['model']} on {payload['cluster']}",
+                                    rank_order=True)
+        payload["notes"] = list(payload["notes"]) + notes
+        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
+        (tmp / "summary.md").write_text(estimate_summary_markdown(payload, images))
+        return _move_into(tmp, plot_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @click.command("estimate")
-@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + PARALLEL_OVERRIDES + TRAINING_OVERRIDES)
+@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + PARALLEL_OVERRIDES + TRAINING_OVERRIDES + ASSUMPTION_OPTIONS
+               + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
+@click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no 'wrote N files')")
 @handle_errors
-def command(model, megatron_args, megatron_script, cluster, profile_dirs, as_json, **overrides):
+def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_imbalance, plot_dir, wide, as_json,
+            quiet, **overrides):
     """Price one configuration: iteration time, TFLOP/s/GPU, MFU and memory per stage.
 
     \b
     python cli.py estimate --megatron-args "--num-layers 32 ... --tensor-model-parallel-size 2" --cluster H100:96
     python cli.py estimate --model mixtral-s --cluster H800:32 --tp 2 --pp 4 --ep 4 --recompute selective
+    python cli.py estimate --model mixtral-s --cluster H800:32 --tp 2 --pp 4 --ep 4 --plot plots/mixtral
     """
     from planner.cost.estimate import plan_from_run
     from planner.cost.model import CostModel
     from planner.report import estimate_json, render_estimate
 
+    plot_dir = check_plot_dir(plot_dir, None)
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides=overrides,
+        profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance,
     )
     plan, notes = plan_from_run(run, cluster_spec, profiles)
     from planner.rules import check_plan
@@ -35,7 +67,11 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, as_jso
     violations = check_plan(run.model, plan)
     cost = CostModel(run.model, run.training, cluster_spec, profiles).evaluate(plan)
     payload = estimate_json(run, cluster_spec, plan, cost, notes=notes + [f"rule {v.rule}: {v.message}" for v in violations])
+    if plot_dir:
+        written = write_estimate_plots(Path(plot_dir), payload, plan, cost, cluster_spec)
+        if not quiet:
+            click.echo(f"wrote {len(written)} files to {plot_dir}", err=True)
     if as_json:
         echo_json(payload)
     else:
-        render_estimate(payload)
+        render_estimate(payload, wide=wide)

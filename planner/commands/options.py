@@ -24,6 +24,18 @@ TRAINING_OVERRIDES = [
     click.option("--gbs", type=click.IntRange(min=1), default=None, help="global batch size"),
     click.option("--seq", type=click.IntRange(min=1), default=None, help="sequence length"),
 ]
+ASSUMPTION_OPTIONS = [
+    click.option("--moe-imbalance", "moe_imbalance", type=float, default=None, metavar="FACTOR",
+                 help="MoE router imbalance: max/mean tokens per expert (>= 1; default: a calibration from "
+                      "--profiles, else 1.1)"),
+]
+DEFAULT_PLOT_DIR = "plots"
+DISPLAY_OPTIONS = [
+    click.option("--plot", "plot_dir", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+                 help=f"draw the placement, a pipeline timeline and memory per stage (PNG + JSON data + "
+                      f"summary.md) into DIR (default ./{DEFAULT_PLOT_DIR}); with --out they always go to OUT/plots"),
+    click.option("--wide", is_flag=True, help="a wider table: communication and memory broken down per stage"),
+]
 PARALLEL_OVERRIDES = [
     click.option("--tp", type=click.IntRange(min=1), default=None),
     click.option("--pp", type=click.IntRange(min=1), default=None),
@@ -46,15 +58,43 @@ def apply_options(options: list) -> Callable[[Callable[..., Any]], Callable[...,
     return deco
 
 
-def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict):
-    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options."""
+def check_plot_dir(plot_dir: str | None, out_dir: str | None) -> str | None:
+    """Where --plot writes when there is no --out (None: no plots); with --out the plots always go
+    to OUT/plots, so a --plot DIR there is refused rather than ignored."""
+    from planner.errors import PlannerInputError
+
+    if plot_dir is None:
+        return None
+    if out_dir is not None:
+        if plot_dir:
+            raise PlannerInputError("--plot", f"with --out the plots go to {out_dir}/plots; give --plot without a "
+                                    "directory, or drop --out")
+        return None
+    return plot_dir or DEFAULT_PLOT_DIR
+
+
+def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict,
+                moe_imbalance: float | None = None):
+    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options.  The run lists in `assumed`
+    the values no input stated (planner/inputs/assumed.py)."""
+    import math
+
+    from planner.errors import PlannerInputError
+    from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
     from planner.inputs.cluster import parse_cluster
     from planner.inputs.resolve import resolve_run
     from planner.profile_tables import ProfileSet
 
+    if moe_imbalance is not None and not (math.isfinite(moe_imbalance) and moe_imbalance >= 1.0):
+        raise PlannerInputError(IMBALANCE_FLAG, f"expected a finite number >= 1 (max/mean tokens per expert), "
+                                f"got {moe_imbalance}")
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     cluster_spec = parse_cluster(cluster, profiles)
     clean = {k: v for k, v in overrides.items() if v is not None}
     run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
                       world_size=cluster_spec.world_size, overrides=clean)
+    if moe_imbalance is not None:
+        run = run.model_copy(update={"training": run.training.model_copy(
+            update={"moe_imbalance_factor": float(moe_imbalance)})})
+    run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
     return run, cluster_spec, profiles

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 
 import click
 
 from planner.cli_common import echo_json, handle_errors
-from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, load_inputs
+from planner.commands.options import (
+    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options,
+    check_plot_dir, load_inputs,
+)
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
@@ -26,33 +27,36 @@ SEARCH_OPTIONS = [
 ]
 
 
-def progress_printer(quiet: bool):
-    """Progress on stderr: one updating line on a terminal, a line every few seconds otherwise."""
-    tty = sys.stderr.isatty()
-    state = {"last": 0.0}
+def _move_into(tmp: Path, dest: Path) -> list[Path]:
+    """Move every file under `tmp` to the same place under `dest`; returns the moved paths."""
+    import shutil
 
-    def show(d: dict) -> None:
-        if quiet:
-            return
-        now = time.monotonic()
-        done = d.get("config") == "done"
-        if not tty and not done and now - state["last"] < 3.0:
-            return
-        state["last"] = now
-        best = d.get("best_s")
-        msg = (f"searching: {d['tried']}/{d['total']} configurations tried, {d['solved']} solved, best "
-               f"{best:.3f} s" if best is not None else f"searching: {d['tried']}/{d['total']} configurations tried")
-        if tty:
-            sys.stderr.write("\r" + msg[:150].ljust(150) + ("\n" if done else ""))
-        else:
-            sys.stderr.write(msg + "\n")
-        sys.stderr.flush()
-
-    return show
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for item in sorted(tmp.rglob("*")):
+        if item.is_file():
+            target = dest / item.relative_to(tmp)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(item), target)
+            written.append(target)
+    return written
 
 
-def write_outputs(out_dir: Path, payload: dict, outcome) -> list[Path]:
-    """plan.json, inputs.json, summary.md and the launcher files, written all-or-nothing."""
+def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> dict[str, str]:
+    """Draw the plan's pictures into `tmp`; returns {plot name: path relative to summary.md} (and
+    adds notes for plots that could not be drawn to the payload)."""
+    from planner.plots import write_plots
+
+    title = f"{payload['model']} on {payload['cluster']}"
+    mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
+    images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine)
+    payload["notes"] = list(payload["notes"]) + notes
+    return {name: prefix + rel for name, rel in images.items()}
+
+
+def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
+    """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files, written
+    all-or-nothing."""
     import shutil
     import tempfile
 
@@ -62,25 +66,38 @@ def write_outputs(out_dir: Path, payload: dict, outcome) -> list[Path]:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=out_dir.parent))
     try:
+        images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/")
+        payload["plots"] = images
         plan_doc = dict(payload)
         plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
                               "cluster": outcome.cluster.model_dump(mode="json")}
         (tmp / "plan.json").write_text(json.dumps(plan_doc, indent=2, default=str))
         (tmp / "inputs.json").write_text(json.dumps(plan_doc["inputs"], indent=2, default=str))
-        (tmp / "summary.md").write_text(summary_markdown(payload))
+        (tmp / "summary.md").write_text(summary_markdown(payload, images))
         from planner.launcher import write_launch_files
 
         write_launch_files(outcome.run, outcome.plans[0], outcome.cluster, tmp / "launch",
                            script=getattr(outcome, "script", None))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = []
-        for item in sorted(tmp.rglob("*")):
-            if item.is_file():
-                dest = out_dir / item.relative_to(tmp)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(item), dest)
-                written.append(dest)
-        return written
+        return _move_into(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
+    """`--plot DIR` without --out: the pictures, their data and a summary.md that shows them."""
+    import shutil
+    import tempfile
+
+    from planner.report import summary_markdown
+
+    plot_dir = Path(plot_dir)
+    plot_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=plot_dir.parent))
+    try:
+        images = plot_files(tmp, payload, outcome, user)
+        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
+        (tmp / "summary.md").write_text(summary_markdown(payload, images))
+        return _move_into(tmp, plot_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -89,11 +106,12 @@ def write_outputs(out_dir: Path, payload: dict, outcome) -> list[Path]:
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="write plan.json, inputs.json, summary.md and the launcher (launch/) here")
+@apply_options(ASSUMPTION_OPTIONS + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
-@click.option("--quiet", is_flag=True, help="no progress on stderr")
+@click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, top_k, out_dir, as_json, quiet):
+            time_limit_s, delta, no_prune, top_k, out_dir, moe_imbalance, plot_dir, wide, as_json, quiet):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -101,27 +119,41 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     python cli.py solve --model mixtral-s --cluster h800-mi300x --backend hsdp --runtime flagscale --json
     """
     from planner.api import make_space, solve
+    from planner.progress import SearchProgress
     from planner.report import render_solve, solve_json
     from planner.search.driver import SearchSettings
 
+    plot_dir = check_plot_dir(plot_dir, out_dir)
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs},
+        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, moe_imbalance=moe_imbalance,
     )
     settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
                               time_limit_s=time_limit_s, top_k=top_k)
     space = make_space(run, runtime, mbs=mbs)
-    outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress_printer(quiet))
+    with SearchProgress(quiet=quiet, time_limit_s=time_limit_s) as progress:
+        outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
+    progress.finish(best_s=outcome.result.best[0].objective_s, lower_bound_s=outcome.result.lower_bound_s)
     if megatron_script:
         from planner.inputs.script import read_launcher_script
 
         outcome.script = read_launcher_script(megatron_script)
-    payload = solve_json(outcome, settings, runtime)
+    user = None
+    if megatron_script or megatron_args:
+        from planner.user_plan import price_user_plan
+
+        source = f"--megatron-script {Path(megatron_script).name}" if megatron_script else "--megatron-args"
+        user = price_user_plan(run, cluster_spec, profiles, source)
+    payload = solve_json(outcome, settings, runtime, user=user)
+    written: list[Path] = []
+    where = out_dir or plot_dir
     if out_dir:
-        written = write_outputs(Path(out_dir), payload, outcome)
-        if not as_json:
-            click.echo(f"wrote {len(written)} files to {out_dir}", err=True)
+        written = write_outputs(Path(out_dir), payload, outcome, user)
+    elif plot_dir:
+        written = write_plot_dir(Path(plot_dir), payload, outcome, user)
+    if written and not quiet:
+        click.echo(f"wrote {len(written)} files to {where}", err=True)
     if as_json:
         echo_json(payload)
     else:
-        render_solve(payload)
+        render_solve(payload, wide=wide)

@@ -18,7 +18,8 @@ from planner.inputs.megatron_flags import (
     build_run,
     parse_megatron_draft,
 )
-from planner.inputs.presets import load_model_preset, model_from_mapping
+from planner.inputs.assumed import input_assumptions
+from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
@@ -146,8 +147,9 @@ def _draft_from_spec(spec: ModelSpec, training: Mapping[str, Any], passthrough: 
     )
 
 
-def _draft_from_model(model: str) -> RunDraft:
-    """A preset name, a preset-format YAML/JSON file, a HF config.json or a model directory."""
+def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
+    """A preset name, a preset-format YAML/JSON file, a HF config.json or a model directory.
+    Returns the draft, its source kind (planner.inputs.assumed.SOURCES) and its name."""
     path = Path(model).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix.lower() == ".json"):
         data = read_hf_config(path)
@@ -158,11 +160,12 @@ def _draft_from_model(model: str) -> RunDraft:
         else:
             name = path.stem
         if looks_like_hf_config(data):
-            return _draft_from_spec(model_from_hf_config(data, name), {})
+            return _draft_from_spec(model_from_hf_config(data, name), {}), "hf-config", str(path)
         spec, training = model_from_mapping(data, name=name, where=str(path))
-        return _draft_from_spec(spec, training)
+        return _draft_from_spec(spec, training), "model-file", str(path)
     spec, training = load_model_preset(model)
-    return _draft_from_spec(spec, training)
+    is_preset = model.strip().lower() in list_model_presets()
+    return _draft_from_spec(spec, training), ("preset" if is_preset else "model-file"), (spec.name if is_preset else model)
 
 
 def _script_flags(megatron_script: str) -> tuple[list[str], str, int | None]:
@@ -199,8 +202,9 @@ def resolve_run(
         )
     if world_size is not None:
         world_size = _positive_int("world-size", world_size)
+    flags: list[str] = []
     if model is not None:
-        draft = _draft_from_model(model)
+        draft, source, source_name = _draft_from_model(model)
     elif megatron_args is not None:
         if isinstance(megatron_args, str):
             try:
@@ -210,13 +214,19 @@ def resolve_run(
         else:
             argv = list(megatron_args)
         draft = parse_megatron_draft(argv, name="megatron-args")
+        flags, source, source_name = argv, "flags", "--megatron-args"
     else:
         flags, name, script_ws = _script_flags(megatron_script)  # type: ignore[arg-type]
         draft = parse_megatron_draft(flags, name=name)
+        source, source_name = "flags", str(megatron_script)
         world_size = world_size if world_size is not None else script_ws
     apply_overrides(draft, overrides or {})
     _require_sp_for_moe(draft, explicit=(overrides or {}).get("sequence_parallel"))
-    return build_run(draft, world_size=world_size)
+    stated_training, stated_model = dict(draft.training), dict(draft.model)
+    run = build_run(draft, world_size=world_size)
+    assumed = input_assumptions(run, source=source, source_name=source_name, stated_training=stated_training,
+                                stated_model=stated_model, flags=flags, overrides=overrides)
+    return run.model_copy(update={"assumed": assumed})
 
 
 def _require_sp_for_moe(draft: RunDraft, *, explicit: Any) -> None:

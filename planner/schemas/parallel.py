@@ -102,6 +102,17 @@ class ParallelConfig(BaseModel):
         return out
 
 
+class Assumption(BaseModel):
+    """A value the input did not state, which the planner filled in (printed as "assumed")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="what was assumed, e.g. 'global batch size'")
+    value: str | int | float
+    flag: str = Field(description="the option (or key) that sets it")
+    source: str = Field(description="where the assumed value comes from, e.g. 'preset mixtral-s'")
+
+
 class MegatronRun(BaseModel):
     """Everything the planner reads from a Megatron flag list, plus the flags it does not use."""
 
@@ -111,3 +122,4 @@ class MegatronRun(BaseModel):
     training: TrainingSpec
     parallel: ParallelConfig
     passthrough: tuple[str, ...] = Field((), description="flags the planner does not decide, in order")
+    assumed: tuple[Assumption, ...] = Field((), description="values the input did not state (see Assumption)")

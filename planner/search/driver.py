@@ -249,7 +249,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
         if progress and now - last_report > 0.2:
             last_report = now
             progress({"tried": idx, "total": total, "solved": solved, "best_s": cands[0].objective_s,
-                      "config": g.label()})
+                      "bound_s": lb, "config": g.label()})  # lb: configurations are visited by increasing bound
     pruned_mem = sum(len(w) for w in deferred.values())
     if delta_fallbacks:
         notes.append(f"load-balance pruning (delta {settings.delta:g}) left no layout that fits in memory for "

@@ -1,0 +1,122 @@
+"""Values the input did not state, which the planner filled in: listed on the run as `assumed`.
+
+Each one is printed as "assumed" with the option that sets it (terminal, JSON `assumed`, summary.md).
+Two moments: `input_assumptions` runs when the run is resolved (planner/inputs/resolve.py) and sees
+what the source stated; `imbalance_assumption` runs once the profiles are known, because a
+calibration (`--profiles DIR`) may state the MoE imbalance.
+
+What counts as assumed, by source:
+* preset (`--model mixtral-s`): its global batch and sequence length, and for MoE its token
+  dispatcher (presets state the usual Megatron MoE recipe, not your run);
+* HF config.json: the global batch (Megatron's default micro-batch x DP), the sequence length
+  (the planner's default, capped by the model's context) and the dispatcher (the MoE recipe);
+* Megatron flags (`--megatron-args`, `--megatron-script`): any of --global-batch-size,
+  --seq-length, --vocab-size, --moe-token-dispatcher-type the flags leave out;
+* a model YAML of your own: the global batch when its training block has none;
+* every MoE model: the router imbalance, unless --moe-imbalance, forced balancing (or padding
+  to a capacity factor) or the user's own calibration (`--profiles DIR`) gives it; the shipped
+  calibration, fitted on published runs, is still an assumption about the user's router.
+A CLI override (--gbs, --seq) states the value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from planner.schemas.parallel import Assumption, MegatronRun
+
+DISPATCHER_FLAG = "--moe-token-dispatcher-type"
+IMBALANCE_FLAG = "--moe-imbalance"
+
+SOURCES = ("preset", "model-file", "hf-config", "flags")
+
+
+def _given(flags: Sequence[str], flag: str) -> bool:
+    return any(tok == flag or tok.startswith(flag + "=") for tok in flags)
+
+
+def input_assumptions(
+    run: MegatronRun,
+    *,
+    source: str,
+    source_name: str,
+    stated_training: Mapping[str, Any],
+    stated_model: Mapping[str, Any],
+    flags: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Assumption, ...]:
+    """The assumptions of a resolved run.  `source` is one of SOURCES; `stated_training` /
+    `stated_model` are the fields the source itself gave (before defaults were filled in);
+    `flags` the Megatron flags for source "flags"; `overrides` the CLI overrides applied."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; allowed: {', '.join(SOURCES)}")
+    ov = {k for k, v in (overrides or {}).items() if v is not None}
+    model, training = run.model, run.training
+    out: list[Assumption] = []
+    where = {"preset": f"preset {source_name}", "hf-config": "not in config.json",
+             "model-file": f"not in {source_name}", "flags": "not in the flags"}[source]
+
+    if "gbs" not in ov:
+        if source == "preset":
+            out.append(Assumption(name="global batch size", value=training.global_batch_size, flag="--gbs",
+                                  source=where))
+        elif "global_batch_size" not in stated_training:
+            out.append(Assumption(name="global batch size", value=training.global_batch_size, flag="--gbs",
+                                  source=f"{where}; Megatron's default micro-batch x DP"))
+    if "seq" not in ov:
+        if source in ("preset", "hf-config"):
+            out.append(Assumption(name="sequence length", value=model.seq_length, flag="--seq", source=where))
+        elif source == "flags" and "seq_length" not in stated_model:
+            out.append(Assumption(name="sequence length", value=model.seq_length, flag="--seq", source=where))
+    if source == "flags" and not _given(flags, "--vocab-size"):
+        out.append(Assumption(name="vocabulary", value=model.vocab_size, flag="--vocab-size", source=where))
+    if model.is_moe:
+        if source in ("preset", "hf-config"):
+            out.append(Assumption(name="token dispatcher", value=model.moe_token_dispatcher_type,
+                                  flag=DISPATCHER_FLAG, source=f"{where} (usual MoE recipe)"))
+        elif source == "flags" and "moe_token_dispatcher_type" not in stated_model:
+            out.append(Assumption(name="token dispatcher", value=model.moe_token_dispatcher_type,
+                                  flag=DISPATCHER_FLAG, source=f"{where}; Megatron's default"))
+    return tuple(out)
+
+
+def _calibrated_imbalance(profiles) -> float | None:
+    getter = getattr(profiles, "moe_imbalance_factor", None)
+    return getter() if callable(getter) else None
+
+
+def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False) -> MegatronRun:
+    """The run with the MoE router imbalance (the busiest EP rank's tokens over the mean) added to
+    `assumed` unless something states it: --moe-imbalance, forced balancing or a capacity factor
+    with padding (the cost model's routing regime), or a calibration from the user's own --profiles
+    (`user_profiles`).  The shipped calibration (published runs) is an assumption about your router."""
+    from planner.cost.model import CostModel
+
+    model, training = run.model, run.training
+    if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
+        return run
+    calibrated = _calibrated_imbalance(profiles)
+    if user_profiles and calibrated is not None:
+        from planner.profile_tables import ProfileSet
+
+        if calibrated != _calibrated_imbalance(ProfileSet.load()):
+            return run  # the user's own calibration states it
+    cm = CostModel(model, training, cluster, profiles)
+    routing = getattr(cm, "routing", None)  # the cost model's routing regime, where it has one
+    notes = []
+    if routing is not None:
+        if routing.regime not in ("dropless", "capacity"):
+            return run
+        value = routing.imbalance(2)  # any EP > 1
+        if routing.assumed:
+            notes.append(routing.assumed)
+    else:
+        imbalance = cm.imbalance
+        value = imbalance(2) if callable(imbalance) else imbalance
+    source = ("shipped calibration (published runs)" if calibrated is not None
+              else "planner default (aux-loss balancing)")
+    if model.moe_expert_capacity_factor is not None and value == model.moe_expert_capacity_factor:
+        source += ", capped by --moe-expert-capacity-factor"
+    source = "; ".join([source] + notes)
+    extra = Assumption(name="MoE imbalance", value=round(value, 4), flag=IMBALANCE_FLAG, source=source)
+    return run.model_copy(update={"assumed": tuple(run.assumed) + (extra,)})

@@ -1,0 +1,482 @@
+"""Pictures of a plan, each with the data behind it: placement, pipeline timeline, memory per stage.
+
+Three plots, each written as NAME.png plus NAME.json (the numbers drawn, so tests and scripts can
+read them without looking at pixels):
+
+* placement: the cluster's nodes by device type, every GPU coloured by the pipeline stage it holds,
+  with each stage's layers, TP, CP, DP and EP in the legend.  `placement_vs_yours` puts the plan the
+  user's flags describe and the planner's plan in one picture.
+* timeline: one iteration of the pipeline schedule (1F1B, or interleaved 1F1B with VPP > 1), simulated
+  by planner/simulate.py from the cost model's per-stage forward and backward times.  Each box is one
+  micro-batch's forward or backward; its darker end is the communication inside it (TP, CP, EP and
+  the pipeline sends, as the cost model charges them); grey is idle time (the bubble); the green bar
+  after the pipeline is the exposed DP gradient sync and the optimizer step.
+* memory: per-GPU memory of each stage as stacked bars (weights, gradients, optimizer states,
+  activations, other) against the device's capacity.
+
+Everything is computed from the public PlanCost / StageCost fields; nothing here prices anything.
+Drawing uses the Agg canvas directly, so the global matplotlib backend is left alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from planner.cost.model import PlanCost
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.plan import Plan
+
+GIB = float(1 << 30)
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "other")
+_PART_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer states",
+                "activations": "activations", "other": "other (buffers, workspace)"}
+_PART_COLOURS = {"weights": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#DD8452",
+                 "other": "#8C8C8C"}
+_KIND_COLOURS = {"F": ("#4C72B0", "#8FAADC"), "B": ("#DD8452", "#F2B48A")}  # (even chunk, odd chunk)
+_COMM_COLOURS = {"F": "#1F3A66", "B": "#8C4A1C"}  # the communication part of a forward / backward box
+_SYNC_COLOUR = "#55A868"
+_IDLE_COLOUR = "#E6E6E6"
+_UNUSED_COLOUR = "#F2F2F2"
+_MAX_TIMELINE_LABELS = 3000
+
+
+def _stage_colours(n: int) -> list:
+    from matplotlib import colormaps
+
+    base = list(colormaps["tab20"].colors) + list(colormaps["tab20b"].colors)
+    # tab20 pairs a strong and a light shade: take the strong ones first so neighbours differ
+    order = base[0:20:2] + base[1:20:2] + base[20:]
+    return [order[i % len(order)] for i in range(n)]
+
+
+def _new_figure(width_in: float, height_in: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# Placement
+
+
+def placement_data(plan: Plan, cluster: ClusterSpec, *, rank_order: bool = False) -> dict[str, Any]:
+    """Which stage every GPU of the cluster holds.
+
+    rank_order=False: the planner's launcher order (planner/launcher): each stage takes the next free
+    GPUs of its own device type, nodes in the cluster's order.  rank_order=True: Megatron's default
+    rank order on the nodes as the cluster lists them (rank r on the r-th GPU), which is how a user's
+    own script runs; a stage may then straddle two device types (`mixed_types` in its entry).
+    """
+    nodes: list[dict[str, Any]] = []
+    for g in cluster.groups:
+        k = sum(1 for n in nodes if n["device_type"] == g.device_type)
+        for j in range(g.num_nodes):
+            nodes.append({"device_type": g.device_type, "node": k + j, "gpus": [None] * g.gpus_per_node})
+    stage_gpus = [plan.tp * plan.cp * s.dp for s in plan.stages]
+    placed = [0] * plan.pp
+    types_of: list[set[str]] = [set() for _ in plan.stages]
+    if rank_order:
+        slots = [(n, i) for n in nodes for i in range(len(n["gpus"]))]
+        pos = 0
+        for s, count in enumerate(stage_gpus):
+            for n, i in slots[pos:pos + count]:
+                n["gpus"][i] = s
+                types_of[s].add(n["device_type"])
+                placed[s] += 1
+            pos += count
+    else:
+        free: dict[str, list[tuple[dict, int]]] = {}
+        for n in nodes:
+            free.setdefault(n["device_type"], []).extend((n, i) for i in range(len(n["gpus"])))
+        for s, (stage, count) in enumerate(zip(plan.stages, stage_gpus)):
+            queue = free.get(stage.device_type, [])
+            for n, i in queue[:count]:
+                n["gpus"][i] = s
+                types_of[s].add(n["device_type"])
+                placed[s] += 1
+            del queue[:count]
+    stages = []
+    for s, ((start, end), st) in enumerate(zip(plan.layer_ranges(), plan.stages)):
+        stages.append({
+            "index": s, "device_type": st.device_type, "first_layer": start, "last_layer": end - 1,
+            "num_layers": st.num_layers, "tp": plan.tp, "cp": plan.cp, "dp": st.dp, "ep": plan.ep, "etp": plan.etp,
+            "recompute": st.recompute.label, "gpus": stage_gpus[s], "gpus_placed": placed[s],
+            "mixed_types": sorted(types_of[s]) if len(types_of[s]) > 1 else [],
+        })
+    return {
+        "order": "rank" if rank_order else "launcher",
+        "vpp": plan.vpp,
+        "nodes": nodes,
+        "stages": stages,
+        "unused_gpus": sum(1 for n in nodes for x in n["gpus"] if x is None),
+    }
+
+
+def _stage_caption(s: dict[str, Any], vpp: int) -> str:
+    layers = (f"layers {s['first_layer']}-{s['last_layer']}" if s["num_layers"] and vpp == 1
+              else f"{s['num_layers']} layers" + (f" in {vpp} chunks" if vpp > 1 else ""))
+    where = (f"{'+'.join(s['mixed_types'])}, priced as {s['device_type']}" if s["mixed_types"]
+             else s["device_type"])
+    return (f"S{s['index']} {where}: {layers}, TP{s['tp']} CP{s['cp']} DP{s['dp']} "
+            f"EP{s['ep']}" + (f" ETP{s['etp']}" if s["etp"] != 1 else ""))
+
+
+_LABEL_IN = 1.7  # inches left of the nodes for the device-type label
+_ROW_CELLS = 1.9  # a row of nodes: 1 cell of GPUs, its "node k" caption and a gap
+
+
+def _placement_layout(data: dict[str, Any], min_group_cells: float = 0.0) -> dict[str, Any]:
+    """Nodes per row, rows per device type and the size in GPU cells of one placement panel; each
+    device type's block is at least `min_group_cells` tall (room for its two-line label)."""
+    nodes = data["nodes"]
+    gpn = max(len(n["gpus"]) for n in nodes)
+    count: dict[str, int] = {}
+    for n in nodes:
+        count[n["device_type"]] = count.get(n["device_type"], 0) + 1
+    limit = max(1, 64 // gpn) if len(nodes) <= 32 else max(1, 100 // (gpn + 1))
+    per_row = max(1, min(limit, max(count.values())))
+    rows = {t: (c + per_row - 1) // per_row for t, c in count.items()}
+    group_h = {t: max(r * _ROW_CELLS, min_group_cells) for t, r in rows.items()}
+    width = per_row * (gpn + 1.0)
+    height = sum(group_h.values()) + 0.6 * len(rows)
+    n_leg = len(data["stages"]) + (1 if data["unused_gpus"] else 0)
+    ncol = 1 if n_leg <= 4 else 2 if n_leg <= 16 else 3
+    return {"gpn": gpn, "per_row": per_row, "rows": rows, "group_h": group_h, "width": width, "height": height,
+            "legend_rows": (n_leg + ncol - 1) // ncol, "legend_cols": ncol}
+
+
+def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w: float, cell_px: float,
+                          title: str, colours: list) -> None:
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Patch, Rectangle
+
+    nodes = data["nodes"]
+    gpn, per_row = lay["gpn"], lay["per_row"]
+    cell_rects, cell_cols, frames, texts = [], [], [], []
+    by_type: dict[str, list[dict]] = {}
+    for n in nodes:
+        by_type.setdefault(n["device_type"], []).append(n)
+    y = 0.0
+    for dtype, group in by_type.items():
+        ax.text(0.0, -(y + lay["group_h"][dtype] / 2) + 0.3, f"{dtype}\n{len(group)} node{'s' if len(group) > 1 else ''}"
+                f" x {len(group[0]['gpus'])} GPUs", ha="left", va="center", fontsize=9, fontweight="bold")
+        for k, n in enumerate(group):
+            r, c = divmod(k, per_row)
+            x0 = label_w + c * (gpn + 1.0)
+            y0 = -(y + r * _ROW_CELLS) - 1.0
+            frames.append(Rectangle((x0 - 0.12, y0 - 0.12), len(n["gpus"]) + 0.24, 1.24))
+            for i, owner in enumerate(n["gpus"]):
+                cell_rects.append(Rectangle((x0 + i + 0.06, y0 + 0.06), 0.88, 0.88))
+                cell_cols.append(colours[owner] if owner is not None else _UNUSED_COLOUR)
+                if owner is not None:
+                    texts.append((x0 + i + 0.5, y0 + 0.5, str(owner)))
+            if cell_px >= 14:  # room for the caption between rows of nodes
+                ax.text(x0 + len(n["gpus"]) / 2, y0 + 1.2, f"node {n['node']}", ha="center", va="bottom",
+                        fontsize=6, color="#555555")
+        y += lay["group_h"][dtype] + 0.6
+    ax.add_collection(PatchCollection(frames, facecolor="white", edgecolor="#999999", linewidth=0.8))
+    ax.add_collection(PatchCollection(cell_rects, facecolor=cell_cols, edgecolor="none"))
+    ax.set_xlim(0, label_w + lay["width"])
+    ax.set_ylim(-y, 0.4)
+    ax.axis("off")
+    if cell_px >= 11:  # stage numbers inside cells large enough to hold them
+        for x, yy, t in texts:
+            ax.text(x, yy, t, ha="center", va="center", fontsize=min(8.0, cell_px * 0.4), color="white")
+    ax.set_title(title, fontsize=10, loc="left")
+    handles = [Patch(color=colours[s["index"]], label=_stage_caption(s, data["vpp"])) for s in data["stages"]]
+    if data["unused_gpus"]:
+        handles.append(Patch(facecolor=_UNUSED_COLOUR, edgecolor="#999999", label=f"unused ({data['unused_gpus']} GPUs)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.01), ncol=lay["legend_cols"], fontsize=8,
+              frameon=False, borderaxespad=0.0)
+
+
+def draw_placement(panels: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
+    """One panel per (title, placement_data), stacked vertically; returns `path`."""
+    cells_w = max(_placement_layout(d)["width"] for _, d in panels)
+    cell_in = min(0.3, (14.0 - _LABEL_IN - 0.2) / cells_w)
+    lays = [_placement_layout(d, min_group_cells=0.5 / cell_in) for _, d in panels]
+    width_in = cells_w * cell_in + _LABEL_IN + 0.2
+    label_w = _LABEL_IN / cell_in
+    title_in, legend_row_in = 0.45, 0.19
+    heights = [title_in + lay["height"] * cell_in + lay["legend_rows"] * legend_row_in + 0.25 for lay in lays]
+    total_in = sum(heights)
+    fig = _new_figure(width_in, total_in)
+    colours = _stage_colours(max(len(d["stages"]) for _, d in panels))
+    top_in = total_in
+    for (title, data), lay, h in zip(panels, lays, heights):
+        body_in = lay["height"] * cell_in
+        bottom_in = top_in - title_in - body_in
+        ax = fig.add_axes((0.1 / width_in, bottom_in / total_in, (label_w + lay["width"]) * cell_in / width_in,
+                           body_in / total_in))
+        _draw_placement_panel(ax, data, lay, label_w, cell_in * fig.dpi, title, colours)
+        top_in -= h
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.15)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Timeline
+
+
+def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
+    """One simulated iteration: per-stage busy, communication, idle and sync seconds, and every
+    forward/backward event.  Stage times are the cost model's (pipeline sends included, as the cost
+    model charges them), so the simulated pipeline matches PlanCost.pipeline_s up to the formula's
+    approximation for non-uniform stages."""
+    from planner.simulate import simulate_pipeline
+
+    schedule = "interleaved" if plan.vpp > 1 else "1f1b"
+    sim = simulate_pipeline([s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
+                            cost.num_microbatches, schedule=schedule, vpp=plan.vpp)
+    makespan = sim.iteration_time_s
+    stages = []
+    for st, busy in zip(cost.stages, sim.busy_s):
+        comm_share = max(0.0, st.time_s - st.compute_s) / st.time_s if st.time_s > 0 else 0.0
+        sync = st.dp_comm_s + st.optimizer_s
+        stages.append({
+            "index": st.index, "device_type": st.device_type, "forward_s": st.forward_s,
+            "backward_s": st.backward_s, "comm_share": comm_share, "busy_s": busy, "compute_s": busy * (1 - comm_share),
+            "comm_s": busy * comm_share, "bubble_s": makespan - busy,
+            "bubble_fraction": (makespan - busy) / makespan if makespan > 0 else 0.0, "sync_s": sync,
+        })
+    return {
+        "schedule": schedule, "num_stages": plan.pp, "num_microbatches": cost.num_microbatches, "vpp": plan.vpp,
+        "simulated_pipeline_s": makespan, "model_pipeline_s": cost.pipeline_s, "sync_s": cost.sync_s,
+        "iteration_time_s": cost.iteration_time_s, "mean_bubble_fraction": sim.mean_bubble_fraction,
+        "stages": stages,
+        "event_fields": ["stage", "kind", "microbatch", "chunk", "start_s", "end_s"],
+        "events": [[e.stage, e.kind, e.microbatch, e.chunk, e.start_s, e.end_s] for e in sim.events],
+    }
+
+
+_TIMELINE_AXES_PX = 14.0 * 100 * 0.82  # drawing width of the timeline axes, in pixels
+
+
+def _timeline_zoom_end_s(data: dict[str, Any]) -> float:
+    """End of the zoomed view: the last stage's backward of micro-batch 2*PP (warm-up and a few
+    steady-state micro-batches on every stage)."""
+    n, m = data["num_stages"], data["num_microbatches"]
+    k = min(m - 1, 2 * n)
+    ends = [e[5] for e in data["events"] if e[0] == n - 1 and e[1] == "B" and e[2] == k]
+    return max(ends) if ends else data["simulated_pipeline_s"]
+
+
+def _draw_timeline_axes(ax, data: dict[str, Any], x_end_s: float, *, full: bool) -> None:
+    """Stage rows from 0 to x_end_s: idle background, boxes, their communication ends, sync, labels."""
+    n = data["num_stages"]
+    makespan = data["simulated_pipeline_s"]
+    bar_h = 0.76
+    for s in data["stages"]:
+        ax.broken_barh([(0.0, makespan)], (s["index"] - bar_h / 2, bar_h), facecolors=_IDLE_COLOUR)
+        if s["sync_s"] > 0:
+            ax.broken_barh([(makespan, s["sync_s"])], (s["index"] - bar_h / 2, bar_h), facecolors=_SYNC_COLOUR)
+    share = [s["comm_share"] for s in data["stages"]]
+    shown = [e for e in data["events"] if e[4] < x_end_s]
+    boxes: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
+    comm: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for stage, kind, _mb, chunk, start, end in shown:
+        boxes.setdefault((stage, kind, chunk % 2), []).append((start, end - start))
+        c = (end - start) * share[stage]
+        if c > 0:
+            comm.setdefault((stage, kind), []).append((end - c, c))
+    px_per_s = _TIMELINE_AXES_PX / x_end_s if x_end_s > 0 else 0.0
+    narrowest_px = min(((e[5] - e[4]) * px_per_s for e in shown), default=0.0)
+    sparse = narrowest_px >= 5  # white separators and anti-aliasing only where boxes are wide enough
+    for (stage, kind, shade), bxs in boxes.items():
+        ax.broken_barh(bxs, (stage - bar_h / 2, bar_h), facecolors=_KIND_COLOURS[kind][shade],
+                       edgecolors="white", linewidth=0.4 if sparse else 0.0, antialiased=sparse)
+    for (stage, kind), bxs in comm.items():
+        ax.broken_barh(bxs, (stage - bar_h / 2 + 0.06, bar_h - 0.12), facecolors=_COMM_COLOURS[kind],
+                       edgecolors="none", linewidth=0, antialiased=sparse)
+    if len(shown) <= _MAX_TIMELINE_LABELS:  # micro-batch numbers in boxes wide enough to hold them
+        for stage, _kind, mb, _chunk, start, end in shown:
+            text = str(mb)
+            if (min(end, x_end_s) - start) * px_per_s >= 6.5 * len(text) + 4:
+                ax.text((start + min(end, x_end_s)) / 2, stage, text, ha="center", va="center", fontsize=7,
+                        color="white", clip_on=True)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"S{s['index']} {s['device_type']}" for s in data["stages"]], fontsize=9 if n <= 16 else 7)
+    ax.set_xlim(0, x_end_s * (1.005 if full else 1.0))
+
+
+def draw_timeline(data: dict[str, Any], path: Path, title: str = "") -> Path:
+    """Gantt chart of one iteration: forward/backward boxes with their communication darker, idle
+    time grey, DP sync + optimizer green.  When the whole iteration is too dense to read single
+    micro-batches, a second panel zooms into its start (warm-up and early steady state).  Returns
+    `path`."""
+    from matplotlib.patches import Patch, Rectangle
+
+    n = data["num_stages"]
+    makespan = data["simulated_pipeline_s"]
+    end_s = makespan + max((s["sync_s"] for s in data["stages"]), default=0.0)
+    if end_s <= 0:
+        end_s = 1.0
+    events_px = [(e[5] - e[4]) / end_s * _TIMELINE_AXES_PX for e in data["events"]]
+    zoom_s = _timeline_zoom_end_s(data)
+    zoom = bool(events_px) and sorted(events_px)[len(events_px) // 2] < 12 and zoom_s < 0.6 * makespan
+    row_in = max(0.28, min(0.5, 6.0 / n))
+    panel_in = max(1.4, row_in * n + 0.3)
+    gap_in, top_in, bottom_in = 0.85, 0.75, 0.6  # between panels (x label), title, last x label
+    height_in = (2 * panel_in + gap_in if zoom else panel_in) + top_in + bottom_in
+    fig = _new_figure(14.0, height_in)
+    axes = fig.subplots(2, 1) if zoom else [fig.add_subplot(1, 1, 1)]
+    fig.subplots_adjust(left=1.3 / 14.0, right=1 - 0.1 / 14.0, top=1 - top_in / height_in, bottom=bottom_in / height_in,
+                        hspace=gap_in / panel_in)
+    _draw_timeline_axes(axes[0], data, end_s, full=True)
+    axes[0].set_xlabel("time in one iteration (s)")
+    if zoom:
+        _draw_timeline_axes(axes[1], data, zoom_s, full=False)
+        axes[1].set_xlabel("time (s): the start of the iteration (dashed box above), zoomed")
+        axes[0].add_patch(Rectangle((0, -0.5), zoom_s, n, fill=False, edgecolor="black", linewidth=1.0,
+                                    linestyle="--"))
+    sched = "interleaved 1F1B" if data["schedule"] == "interleaved" else "1F1B"
+    default = (f"{sched}, PP={n}, {data['num_microbatches']} micro-batches"
+               + (f", VPP={data['vpp']}" if data["vpp"] > 1 else "")
+               + f": pipeline {makespan:.3g} s simulated ({data['model_pipeline_s']:.3g} s cost model), "
+               f"bubble {data['mean_bubble_fraction']:.1%}, + sync {data['sync_s']:.3g} s")
+    axes[0].set_title(title + ("\n" if title else "") + default, fontsize=10, loc="left")
+    handles = [Patch(color=_KIND_COLOURS["F"][0], label="forward"), Patch(color=_KIND_COLOURS["B"][0], label="backward")]
+    if data["vpp"] > 1:
+        handles += [Patch(color=_KIND_COLOURS["F"][1], label="forward, odd chunk"),
+                    Patch(color=_KIND_COLOURS["B"][1], label="backward, odd chunk")]
+    handles += [Patch(color=_COMM_COLOURS["F"], label="forward: communication"),
+                Patch(color=_COMM_COLOURS["B"], label="backward: communication (TP/CP/EP/PP)"),
+                Patch(color=_IDLE_COLOUR, label="idle (bubble)"),
+                Patch(color=_SYNC_COLOUR, label="DP sync + optimizer")]
+    last = axes[-1]
+    axes_h_in = last.get_position().height * fig.get_figheight()
+    last.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.5 / axes_h_in),
+                ncol=len(handles) if len(handles) <= 6 else 4, fontsize=8, frameon=False)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.15)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory
+
+
+def memory_data(cost: PlanCost) -> dict[str, Any]:
+    """Per-GPU memory of every stage, by part, and the device's capacity, in GiB."""
+    stages = []
+    for st in cost.stages:
+        parts = {"weights": st.weights_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes,
+                 "activations": st.activations_bytes, "other": st.other_bytes}
+        stages.append({"index": st.index, "device_type": st.device_type,
+                       **{f"{k}_gib": v / GIB for k, v in parts.items()},
+                       "total_gib": st.memory_bytes / GIB, "capacity_gib": st.capacity_bytes / GIB,
+                       "fits": st.fits})
+    return {"parts": list(MEMORY_PARTS), "stages": stages}
+
+
+def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
+    """Stacked bars per stage against the device's capacity; returns `path`."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    stages = data["stages"]
+    n = len(stages)
+    fig = _new_figure(max(7.0, min(18.0, 3.0 + 1.0 * n)), 5.2)
+    ax = fig.add_subplot(1, 1, 1)
+    xs = list(range(n))
+    bottom = [0.0] * n
+    for part in MEMORY_PARTS:
+        vals = [s[f"{part}_gib"] for s in stages]
+        ax.bar(xs, vals, 0.6, bottom=bottom, color=_PART_COLOURS[part], label=_PART_LABELS[part])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    top = max(max(s["total_gib"], s["capacity_gib"]) for s in stages) if stages else 1.0
+    for x, s in zip(xs, stages):
+        cap, total = s["capacity_gib"], s["total_gib"]
+        ax.hlines(cap, x - 0.42, x + 0.42, colors="black", linewidth=2.0)
+        colour = "black" if s["fits"] else "#C00000"
+        pct = total / cap * 100 if cap else 0.0
+        label = f"{total:.1f} GiB\n{pct:.0f}% of {cap:.0f}" if n <= 14 else f"{pct:.0f}%"
+        near = abs(total - cap) < 0.09 * top  # the label would sit on the capacity line: put it above both
+        ax.text(x, (max(total, cap) if near else total) + 0.01 * top, label, ha="center", va="bottom", fontsize=7,
+                color=colour, fontweight="normal" if s["fits"] else "bold")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"S{s['index']}\n{s['device_type']}" for s in stages], fontsize=8 if n <= 16 else 6)
+    ax.set_ylabel("memory per GPU (GiB)")
+    ax.set_ylim(0, top * 1.18)
+    ax.set_xlim(-0.6, n - 0.4)
+    fits = all(s["fits"] for s in stages)
+    ax.set_title((title + "\n" if title else "") + ("memory per GPU by stage: fits" if fits else
+                 "memory per GPU by stage: DOES NOT FIT (red)"), fontsize=10, loc="left")
+    handles = [Patch(color=_PART_COLOURS[p], label=_PART_LABELS[p]) for p in MEMORY_PARTS]
+    handles.append(Line2D([0], [0], color="black", linewidth=2.0, label="device capacity"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="y", color="#DDDDDD", linewidth=0.6)
+    ax.set_axisbelow(True)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# All plots of a plan
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=None if len(data.get("events", ())) > 2000 else 1))
+
+
+def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec, *, title: str,
+                user: tuple[Plan, PlanCost, str] | None = None, rank_order: bool = False
+                ) -> tuple[dict[str, str], list[str]]:
+    """Write placement, timeline and memory (PNG + JSON; the timeline's events also as CSV) into
+    `out_dir`; with `user` = (plan, cost, label) also placement_vs_yours.  `rank_order`: place the
+    plan as Megatron's default rank order would (see placement_data).  Returns ({plot name: PNG file
+    name}, notes on plots that could not be drawn)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images: dict[str, str] = {}
+    notes: list[str] = []
+
+    place = placement_data(plan, cluster, rank_order=rank_order)
+    _write_json(out_dir / "placement.json", place)
+    draw_placement([(f"{title}: placement", place)], out_dir / "placement.png")
+    images["placement"] = "placement.png"
+
+    try:
+        tl = timeline_data(plan, cost)
+    except ValueError as exc:  # e.g. interleaving with a micro-batch count Megatron refuses
+        notes.append(f"no timeline: {exc}")
+    else:
+        _write_json(out_dir / "timeline.json", tl)
+        with open(out_dir / "timeline.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(tl["event_fields"])
+            w.writerows(tl["events"])
+        draw_timeline(tl, out_dir / "timeline.png", title=title)
+        images["timeline"] = "timeline.png"
+
+    mem = memory_data(cost)
+    _write_json(out_dir / "memory.json", mem)
+    draw_memory(mem, out_dir / "memory.png", title=title)
+    images["memory"] = "memory.png"
+
+    if user is not None:
+        u_plan, u_cost, u_label = user
+        u_place = placement_data(u_plan, cluster, rank_order=True)
+        both = {"yours": u_place, "planner": place}
+        _write_json(out_dir / "placement_vs_yours.json", both)
+        speed = u_cost.iteration_time_s / cost.iteration_time_s if cost.iteration_time_s > 0 else float("nan")
+        fit = "" if u_cost.fits else ", DOES NOT FIT"
+        draw_placement([
+            (f"your plan ({u_label}): {u_cost.iteration_time_s:.3f} s per iteration{fit}", u_place),
+            (f"planner's plan: {cost.iteration_time_s:.3f} s per iteration, {speed:.2f}x the speed of yours", place),
+        ], out_dir / "placement_vs_yours.png")
+        images["placement_vs_yours"] = "placement_vs_yours.png"
+    return images, notes

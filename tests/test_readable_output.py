@@ -1,0 +1,364 @@
+"""Output a person can read (issue 14): the terminal table fits, --wide, --quiet, progress, assumed
+values, plots with the data behind them, and the user's own plan against the planner's."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+
+SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]
+TINY_FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --vocab-size 32000 --seq-length 1024 "
+              "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 32 --bf16")
+MIXTRAL_FLAGS = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+                 "--group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 32768 "
+                 "--vocab-size 32000 --normalization RMSNorm --swiglu --disable-bias-linear "
+                 "--untie-embeddings-and-output-weights --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm "
+                 "--moe-token-dispatcher-type alltoall --bf16 --use-distributed-optimizer")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def invoke(args: list[str], columns: int | None = 100):
+    env = {"COLUMNS": str(columns)} if columns else {"COLUMNS": None}
+    return CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+
+
+def write_script(tmp_path: Path, parallel: str, batch: str = "--micro-batch-size 1 --global-batch-size 256") -> Path:
+    """A launcher in the style of Megatron-LM's examples: arrays per concern, torchrun pretrain_gpt.py."""
+    path = tmp_path / "train_mixtral.sh"
+    path.write_text(
+        "#!/bin/bash\n"
+        "GPUS_PER_NODE=8\n"
+        f"MODEL_ARGS=({MIXTRAL_FLAGS})\n"
+        f"TRAINING_ARGS=({batch})\n"
+        f"PARALLEL_ARGS=({parallel})\n"
+        "torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} "
+        "${PARALLEL_ARGS[@]} --data-path /data/x\n"
+    )
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Terminal
+
+
+@pytest.fixture(scope="module")
+def solved_out(tmp_path_factory):
+    """One solve with --out (plots always written there); the result object and the directory."""
+    out = tmp_path_factory.mktemp("solve") / "plan"
+    res = invoke(["solve", *SMALL, "--backend", "hsdp", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return res, out
+
+
+def test_default_table_fits_100_columns_and_wide_shows_the_memory_breakdown():
+    """At COLUMNS=100 every line of the default output fits; --wide adds the memory parts and the
+    communication split; at 80 columns the table still fits by dropping its least important columns."""
+    res = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--tp", "2", "--pp", "2",
+                  "--ep", "4", "--recompute", "full-block:2"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    header = "\n".join(lines[:6])
+    assert "recompute" in header and "recompu…" not in res.stdout
+    assert "full-block:2" in res.stdout
+    assert "weights" not in res.stdout
+    wide = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--tp", "2", "--pp", "2",
+                   "--ep", "4", "--wide"])
+    for col in ("weights", "grads", "optim", "activ", "other", "TP", "EP", "PP"):
+        assert col in wide.stdout, col
+    narrow = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2",
+                     "--ep", "4"], columns=80)
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    narrow_header = narrow.stdout.split("per stage")[1].split("───")[0]
+    assert "memory" in narrow_header and " compute " not in narrow_header  # the least important column went
+
+
+def test_wide_terminal_keeps_the_default_table(solved_out):
+    """A wide terminal does not switch columns on by itself: --wide does."""
+    res = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4"],
+                 columns=250)
+    assert "weights" not in res.stdout and "DP sync" in res.stdout
+
+
+def test_solve_terminal_output_and_final_progress_line(solved_out):
+    """Without a terminal, stderr holds exactly the final search line and the files line; stdout the
+    plan, the status in the shared vocabulary, and the assumed values with their flags."""
+    res, out = solved_out
+    err = res.stderr.splitlines()
+    assert len(err) == 2, res.stderr
+    assert err[0].startswith("search: ") and "configurations" in err[0] and "best" in err[0]
+    assert err[1].startswith("wrote ") and str(out) in err[1]
+    assert max(len(line) for line in res.stdout.splitlines()) <= 100
+    assert "search: FEASIBLE" in res.stdout  # pruning is on by default: never called OPTIMAL
+    assert "assumed" in res.stdout and "--moe-imbalance" in res.stdout and "--seq" in res.stdout
+
+
+def test_quiet_is_quiet(tmp_path):
+    """--quiet: nothing at all on stderr, even with --out (no 'wrote N files')."""
+    res = invoke(["solve", *SMALL, "--backend", "hsdp", "--quiet", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    assert (tmp_path / "p" / "plan.json").exists()
+    est = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--quiet", "--plot",
+                  str(tmp_path / "e")])
+    assert est.exit_code == 0 and est.stderr == ""
+
+
+def test_statuses_read_the_same_for_both_backends():
+    """Exact search on a tiny model: both backends print OPTIMAL (certified); with pruning on both
+    print FEASIBLE with the same reason, whatever status string the backend itself returned."""
+    from planner.report import search_status
+
+    for prune, word in (([], "FEASIBLE"), (["--no-prune"], "OPTIMAL")):
+        texts = []
+        for backend in ("hsdp", "cpsat"):
+            res = invoke(["solve", "--megatron-args", TINY_FLAGS, "--cluster", "H800:8,MI300X:8", "--backend",
+                          backend, "--quiet", *prune])
+            assert res.exit_code == 0, res.output
+            line = next(x for x in res.stdout.splitlines() if x.startswith("search: "))
+            assert line.startswith(f"search: {word}")
+            texts.append(line)
+        assert texts[0] == texts[1]
+    payload = {"certified_optimal": False, "status": "OPTIMAL", "gap": 0.0, "notes": [],
+               "pruning": {"load_balance_delta": 0.2, "memory": True}}
+    assert search_status(payload)[0] == "FEASIBLE"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Progress
+
+
+def test_progress_is_silent_off_a_terminal_except_the_final_line():
+    """Off a terminal the callback prints nothing; finish() leaves one line with the result's best
+    and gap; under --quiet not even that."""
+    from planner.progress import SearchProgress
+
+    stream = io.StringIO()
+    with SearchProgress(quiet=False, time_limit_s=60, stream=stream) as p:
+        for k in range(1, 6):
+            p({"tried": k, "total": 10, "solved": k, "best_s": 3.0, "bound_s": 2.5, "config": "x"})
+        assert stream.getvalue() == ""
+        assert abs(p.gap() - (3.0 - 2.5) / 3.0) < 1e-12
+        assert "left" in p.eta_text()
+    p.finish(best_s=3.0, lower_bound_s=3.0)
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and "5/10 configurations" in text and "best 3.000 s" in text
+    assert "gap 0.00%" in text
+    quiet = io.StringIO()
+    with SearchProgress(quiet=True, stream=quiet) as q:
+        q({"tried": 1, "total": 2, "solved": 1, "best_s": 1.0})
+    q.finish()
+    assert quiet.getvalue() == ""
+
+
+def test_live_progress_draws_a_bar_with_best_and_gap():
+    """On a terminal (forced here) the rich bar shows configurations, elapsed time, an estimate and
+    the best plan with its gap, and is cleared before the final line."""
+    from planner.progress import SearchProgress
+
+    stream = io.StringIO()
+    with SearchProgress(quiet=False, time_limit_s=60, stream=stream, live=True) as p:
+        p({"tried": 3, "total": 10, "solved": 2, "best_s": 4.0, "bound_s": 3.0, "config": "x"})
+        p._progress.refresh()
+        shown = stream.getvalue()
+        assert "3/10" in shown and "best 4.000 s, gap 25.00%" in shown and "left" in shown
+    p.finish()
+    last = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", stream.getvalue().rstrip().splitlines()[-1])  # the bar's erase codes
+    assert last.startswith("search: 3/10 configurations")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plots and the data behind them
+
+
+def _png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5000, path
+
+
+def test_out_writes_plots_with_their_data_and_summary_shows_them(solved_out):
+    """--out always writes placement, timeline and memory (PNG + JSON); the data agree with plan.json
+    and with each other; summary.md embeds every picture by a path that exists."""
+    _, out = solved_out
+    plan = json.loads((out / "plan.json").read_text())
+    plots = out / "plots"
+    for name in ("placement", "timeline", "memory"):
+        _png(plots / f"{name}.png")
+        assert plan["plots"][name] == f"plots/{name}.png"
+    summary = (out / "summary.md").read_text()
+    for name, rel in plan["plots"].items():
+        assert f"![{name}]({rel})" in summary and (out / rel).exists()
+
+    # placement: every stage holds TP*CP*DP GPUs, all of its own device type; the rest are unused
+    place = json.loads((plots / "placement.json").read_text())
+    p = plan["plan"]
+    owners: dict[int, list[str]] = {}
+    for node in place["nodes"]:
+        for owner in node["gpus"]:
+            if owner is not None:
+                owners.setdefault(owner, []).append(node["device_type"])
+    for i, st in enumerate(p["stages"]):
+        assert len(owners[i]) == p["tp"] * p["cp"] * st["dp"]
+        assert set(owners[i]) == {st["device_type"]}
+        assert place["stages"][i]["num_layers"] == st["num_layers"]
+    assert place["unused_gpus"] == plan["cluster_gpus"] - plan["world_size"]
+
+    # memory: the parts add up to each stage's memory; capacities are the stages'
+    mem = json.loads((plots / "memory.json").read_text())
+    for m, st in zip(mem["stages"], plan["stages"]):
+        parts = sum(m[f"{k}_gib"] for k in mem["parts"])
+        assert math.isclose(parts, st["memory_gib"], rel_tol=1e-9)
+        assert math.isclose(m["capacity_gib"], st["capacity_gib"]) and m["fits"] == st["fits"]
+
+    # timeline: every micro-batch's forward and backward on every stage (and chunk); each stage busy
+    # for m * its per-micro-batch time, idle for the rest of the simulated pipeline
+    tl = json.loads((plots / "timeline.json").read_text())
+    m, vpp, pp = plan["num_microbatches"], p["vpp"], p["pp"]
+    assert tl["num_microbatches"] == m and tl["vpp"] == vpp
+    assert len(tl["events"]) == 2 * m * pp * vpp
+    assert tl["schedule"] == ("interleaved" if vpp > 1 else "1f1b")
+    span = tl["simulated_pipeline_s"]
+    for s, st in zip(tl["stages"], plan["stages"]):
+        own = [e for e in tl["events"] if e[0] == s["index"]]
+        busy = sum(e[5] - e[4] for e in own)
+        assert math.isclose(busy, m * st["time_s"], rel_tol=1e-9)
+        assert math.isclose(s["busy_s"] + s["bubble_s"], span, rel_tol=1e-9)
+        assert all(0 <= e[4] <= e[5] <= span * (1 + 1e-12) for e in own)
+    assert (plots / "timeline.csv").read_text().count("\n") == len(tl["events"]) + 1
+
+
+def test_estimate_plot_interleaved_and_plot_dir_rules(tmp_path):
+    """estimate --plot DIR draws an interleaved schedule (VPP 2): one event per micro-batch, chunk and
+    direction on every stage, chunks 0 and 1 both present; --plot DIR together with --out is refused."""
+    d = tmp_path / "pics"
+    res = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4",
+                  "--vpp", "2", "--gbs", "64", "--plot", str(d), "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    tl = json.loads((d / "timeline.json").read_text())
+    assert tl["schedule"] == "interleaved" and tl["vpp"] == 2
+    m = payload["num_microbatches"]
+    assert len(tl["events"]) == 2 * m * 2 * 2
+    assert {e[3] for e in tl["events"]} == {0, 1}
+    for name in ("placement", "timeline", "memory"):
+        _png(d / f"{name}.png")
+    assert "![timeline](timeline.png)" in (d / "summary.md").read_text()
+    bad = invoke(["solve", *SMALL, "--out", str(tmp_path / "o"), "--plot", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--plot" in bad.output and not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Assumed values
+
+
+def test_preset_assumptions_are_listed_with_their_flags():
+    """A preset: global batch, sequence, dispatcher and MoE imbalance are assumed, each with its flag;
+    an override states the value; --moe-imbalance is applied (EP time grows with it)."""
+    base = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4", "--json"]
+    d = json.loads(invoke(base).stdout)
+    assumed = {a["name"]: a for a in d["assumed"]}
+    assert set(assumed) == {"global batch size", "sequence length", "token dispatcher", "MoE imbalance"}
+    assert assumed["global batch size"]["flag"] == "--gbs" and assumed["global batch size"]["value"] == d["plan"]["gbs"]
+    assert assumed["MoE imbalance"]["flag"] == "--moe-imbalance"
+    assert assumed["token dispatcher"]["value"] == "alltoall"
+    d2 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048", "--moe-imbalance", "2.0"]).stdout)
+    assert {a["name"] for a in d2["assumed"]} == {"token dispatcher"}
+    d3 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048"]).stdout)
+    assert sum(s["ep_comm_s"] for s in d2["stages"]) > sum(s["ep_comm_s"] for s in d3["stages"])
+    for bad in ("0.5", "nan", "inf"):
+        r = invoke(base + ["--moe-imbalance", bad])
+        assert r.exit_code == 2 and "--moe-imbalance" in r.output
+
+
+def test_flag_and_hf_assumptions(tmp_path):
+    """Megatron flags: what they leave out (global batch, dispatcher) is assumed, what they state is not;
+    an HF config: global batch, sequence and dispatcher are assumed."""
+    flags = MIXTRAL_FLAGS.replace("--moe-token-dispatcher-type alltoall", "") + " --micro-batch-size 1"
+    d = json.loads(invoke(["estimate", "--megatron-args", flags, "--cluster", "H800:16", "--json"]).stdout)
+    names = {a["name"]: a for a in d["assumed"]}
+    assert names["global batch size"]["value"] == 16  # Megatron's default: mbs * DP
+    assert "Megatron" in names["token dispatcher"]["source"]
+    assert "sequence length" not in names and "vocabulary" not in names
+    stated = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
+                                "--global-batch-size 64", "--cluster", "H800:16", "--json"]).stdout)
+    assert {a["name"] for a in stated["assumed"]} == {"MoE imbalance"}
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 1024,
+        "intermediate_size": 3584, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "vocab_size": 32000, "max_position_embeddings": 4096, "num_local_experts": 4, "num_experts_per_tok": 2}))
+    h = json.loads(invoke(["estimate", "--model", str(cfg), "--cluster", "H800:8", "--json"]).stdout)
+    assert {a["name"] for a in h["assumed"]} == {"global batch size", "sequence length", "token dispatcher",
+                                                "MoE imbalance"}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Your plan against ours
+
+
+def test_script_plan_is_priced_against_the_planners(tmp_path):
+    """solve --megatron-script prices the script's own plan on the same cluster: the same numbers
+    estimate gives for that script, the speed-up is the ratio of iteration times, and both
+    placements are drawn in one picture whose data hold each plan's stages."""
+    script = write_script(tmp_path, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                                    "--expert-model-parallel-size 2 --sequence-parallel")
+    cluster = ["--cluster", "H800:8,MI300X:8"]
+    out = tmp_path / "o"
+    res = invoke(["solve", "--megatron-script", str(script), *cluster, "--backend", "hsdp", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((out / "plan.json").read_text())
+    u = plan["user_plan"]
+    est = json.loads(invoke(["estimate", "--megatron-script", str(script), *cluster, "--json"]).stdout)
+    assert u["priced"] and math.isclose(u["iteration_time_s"], est["iteration_time_s"], rel_tol=1e-12)
+    assert u["plan"]["tp"] == 2 and u["plan"]["pp"] == 2 and u["plan"]["ep"] == 2
+    assert math.isclose(u["speedup"], u["iteration_time_s"] / plan["iteration_time_s"], rel_tol=1e-12)
+    assert u["fits"] == est["fits"] and u["runs"] == (est["fits"] and not u["violations"])
+    assert "your plan" in res.stdout and "speed-up" in res.stdout
+    both = json.loads((out / "plots" / "placement_vs_yours.json").read_text())
+    assert [s["num_layers"] for s in both["yours"]["stages"]] == [s["num_layers"] for s in u["plan"]["stages"]]
+    assert [s["num_layers"] for s in both["planner"]["stages"]] == [s["num_layers"] for s in plan["plan"]["stages"]]
+    assert both["yours"]["order"] == "rank"
+    _png(out / "plots" / "placement_vs_yours.png")
+    assert "## Your plan against the planner's" in (out / "summary.md").read_text()
+
+
+def test_script_plan_that_does_not_fit_or_breaks_a_rule_or_cannot_run_says_so(tmp_path):
+    """No model parallelism for Mixtral on 16 H800: does not fit.  VPP with too few micro-batches:
+    breaks Megatron's rule.  TP*PP*CP not dividing the cluster: cannot run, and says why."""
+    cluster = ["--cluster", "H800:16", "--backend", "hsdp", "--quiet"]
+    oom = write_script(tmp_path, "--tensor-model-parallel-size 1")
+    r = invoke(["solve", "--megatron-script", str(oom), *cluster, "--json"])
+    u = json.loads(r.stdout)["user_plan"]
+    assert u["fits"] is False and u["overflow"]["short_gib"] > 0 and u["runs"] is False
+    text = invoke(["solve", "--megatron-script", str(oom), *cluster]).stdout
+    assert "does not fit" in text
+    vpp = write_script(tmp_path, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+                                 "--num-layers-per-virtual-pipeline-stage 4 --expert-model-parallel-size 2 "
+                                 "--sequence-parallel", batch="--micro-batch-size 1 --global-batch-size 12")
+    u = json.loads(invoke(["solve", "--megatron-script", str(vpp), *cluster, "--json"]).stdout)["user_plan"]
+    assert [v["rule"] for v in u["violations"]] == ["vpp_microbatches"] and u["runs"] is False
+    bad = write_script(tmp_path, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+                                 "--context-parallel-size 2 --sequence-parallel")
+    r = invoke(["solve", "--megatron-script", str(bad), "--cluster", "H800:24", "--backend", "hsdp", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "cannot run on this cluster" in r.stdout and "16" in r.stdout
+
+
+def test_own_calibration_states_the_imbalance(tmp_path):
+    """A router imbalance from the user's own --profiles calibration is not an assumption."""
+    (tmp_path / "corrections.yaml").write_text(
+        "- device: '*'\n  kind: moe_imbalance_factor\n  factor: 1.3\n"
+        "  provenance:\n    kind: measured\n    source: router statistics of my run\n")
+    args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--json"]
+    mine = json.loads(invoke(args + ["--profiles", str(tmp_path)]).stdout)
+    assert "MoE imbalance" not in {a["name"] for a in mine["assumed"]}
+    shipped = json.loads(invoke(args).stdout)
+    assert "MoE imbalance" in {a["name"] for a in shipped["assumed"]}
