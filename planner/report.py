@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from planner.cost.model import PlanCost
+from planner.cost.notes import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -132,7 +133,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "sync_s": cost.sync_s,
         "assumed": assumed_json(outcome.run),
         "problems": outcome.problems[0],
-        "notes": list(r.notes),
+        "notes": list(r.notes) + unmodelled_notes(outcome.run.passthrough),
     }
     if user is not None:
         out["user_plan"] = user_plan_json(user, cost)

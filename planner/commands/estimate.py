@@ -66,7 +66,10 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
 
     violations = check_plan(run.model, plan)
     cost = CostModel(run.model, run.training, cluster_spec, profiles).evaluate(plan)
-    payload = estimate_json(run, cluster_spec, plan, cost, notes=notes + [f"rule {v.rule}: {v.message}" for v in violations])
+    from planner.cost.notes import unmodelled_notes
+
+    notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
+    payload = estimate_json(run, cluster_spec, plan, cost, notes=notes)
     if plot_dir:
         written = write_estimate_plots(Path(plot_dir), payload, plan, cost, cluster_spec)
         if not quiet:

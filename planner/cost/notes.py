@@ -28,7 +28,6 @@ UNMODELLED_FLAGS: dict[str, str] = {
     "--cross-entropy-loss-fusion": "fused cross-entropy: less logits memory and time than priced",
     "--moe-upcycling-granularity": "upcycled experts: expert shapes differ from --moe-ffn-hidden-size",
     "--moe-latent-size": "latent MoE: expert inputs projected to a smaller size",
-    "--recompute-num-layers": None,  # priced (with --recompute-granularity full)
     "--swap-attention": "MindSpeed: swaps attention activations to host memory",
     "--use-mc2": "MindSpeed: fuses TP communication into compute (mc2): TP time lower than priced",
     "--moe-alltoall-overlap-comm": "MindSpeed: overlaps the EP all-to-all with compute",
@@ -44,7 +43,7 @@ UNMODELLED_FLAGS: dict[str, str] = {
     "--window-size": "sliding-window attention: attention work lower than the full causal count priced",
     "--delay-param-gather": "parameter gather scheduling differs from the priced overlap",
 }
-"""Flag -> what it changes.  A None value marks a flag that is priced (kept here to document the name)."""
+"""Flag -> what it changes and the prediction does not include."""
 
 
 def unmodelled_notes(passthrough: Iterable[str]) -> list[str]:
@@ -53,6 +52,6 @@ def unmodelled_notes(passthrough: Iterable[str]) -> list[str]:
     seen: list[str] = []
     for tok in passthrough:
         name = tok.split("=", 1)[0]
-        if name in UNMODELLED_FLAGS and UNMODELLED_FLAGS[name] and name not in seen:
+        if name in UNMODELLED_FLAGS and name not in seen:
             seen.append(name)
     return [f"{name} is not modelled: {UNMODELLED_FLAGS[name]}; the prediction ignores it" for name in seen]

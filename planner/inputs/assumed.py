@@ -80,11 +80,6 @@ def input_assumptions(
     return tuple(out)
 
 
-def _calibrated_imbalance(profiles) -> float | None:
-    getter = getattr(profiles, "moe_imbalance_factor", None)
-    return getter() if callable(getter) else None
-
-
 def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False) -> MegatronRun:
     """The run with the MoE router imbalance (the busiest EP rank's tokens over the mean) added to
     `assumed` unless something states it: --moe-imbalance, forced balancing or a capacity factor
@@ -95,24 +90,17 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
     model, training = run.model, run.training
     if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
         return run
-    calibrated = _calibrated_imbalance(profiles)
+    calibrated = profiles.moe_imbalance_factor()
     if user_profiles and calibrated is not None:
         from planner.profile_tables import ProfileSet
 
-        if calibrated != _calibrated_imbalance(ProfileSet.load()):
+        if calibrated != ProfileSet.load().moe_imbalance_factor():
             return run  # the user's own calibration states it
-    cm = CostModel(model, training, cluster, profiles)
-    routing = getattr(cm, "routing", None)  # the cost model's routing regime, where it has one
-    notes = []
-    if routing is not None:
-        if routing.regime not in ("dropless", "capacity"):
-            return run
-        value = routing.imbalance(2)  # any EP > 1
-        if routing.assumed:
-            notes.append(routing.assumed)
-    else:
-        imbalance = cm.imbalance
-        value = imbalance(2) if callable(imbalance) else imbalance
+    routing = CostModel(model, training, cluster, profiles).routing
+    if routing.regime not in ("dropless", "capacity"):
+        return run
+    value = routing.imbalance(2)  # any EP > 1
+    notes = [routing.assumed] if routing.assumed else []
     source = ("shipped calibration (published runs)" if calibrated is not None
               else "planner default (aux-loss balancing)")
     if model.moe_expert_capacity_factor is not None and value == model.moe_expert_capacity_factor:

@@ -1,0 +1,251 @@
+"""One test per priced mechanism of the cost model (dispatchers, routing, FP8 recipes, optimizer dtypes,
+recompute modules, overlap, CP flavours, MTP), each against a hand-computed value or an independent
+enumeration, plus the notes for flags the model does not price."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shlex
+from math import comb
+
+import pytest
+
+from planner.cost.dispatch import (
+    AUX_LOSS_MAX_PULL, DROPLESS_IMBALANCE_DEFAULT, expected_destination_ranks, p_group_hit, p_node_hit, routing,
+)
+from planner.cost.estimate import estimate_run, plan_from_run
+from planner.cost.memory import ParamBytes, activation_bytes_per_token
+from planner.cost.model import CostModel, GlobalShape
+from planner.cost.notes import unmodelled_notes
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.profile_tables import ProfileSet
+from planner.schemas.model import ModelSpec
+from planner.schemas.training import TrainingSpec
+
+PROFILES = ProfileSet.load()
+
+MOE = ("--num-layers 4 --hidden-size 4096 --ffn-hidden-size 12288 --moe-ffn-hidden-size 1536 "
+       "--num-attention-heads 32 --group-query-attention --num-query-groups 4 --kv-channels 128 --swiglu "
+       "--normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 151936 "
+       "--seq-length 4096 --max-position-embeddings 4096 --num-experts 128 --moe-router-topk 8 --moe-grouped-gemm "
+       "--moe-router-force-load-balancing --bf16 --use-distributed-optimizer")
+DENSE = ("--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+         "--group-query-attention --num-query-groups 8 --kv-channels 128 --swiglu --normalization RMSNorm "
+         "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 --seq-length 8192 "
+         "--max-position-embeddings 8192 --bf16 --use-distributed-optimizer")
+
+
+def _cost(flags: str, cluster: str, *, gbs: int = 64):
+    cl = parse_cluster(cluster, PROFILES)
+    run = parse_megatron_flags(shlex.split(f"{flags} --global-batch-size {gbs}"), world_size=cl.world_size)
+    plan, _ = plan_from_run(run, cl, PROFILES)
+    cm = CostModel(run.model, run.training, cl, PROFILES)
+    return cm, plan, cm.evaluate(plan)
+
+
+def _layer(flags: str, cluster: str, **kw):
+    cm, plan, _ = _cost(flags, cluster, **kw)
+    g = GlobalShape.of(plan)
+    return cm.layer(g, plan.stages[0].device_type, plan.stages[0].dp, cm.stage_mbs(g, plan.stages[0].dp),
+                    is_moe=cm.model.is_moe)
+
+
+# ------------------------------------------------------------------ expected destinations, by enumeration
+
+
+@pytest.mark.parametrize("experts,groups,k", [(8, 4, 2), (8, 2, 3), (12, 3, 4), (16, 8, 2)])
+def test_group_hit_probability_matches_enumeration(experts, groups, k):
+    """P(a token's top-k experts touch a given group) over every k-subset of experts, uniform routing."""
+    per = experts // groups
+    subsets = list(itertools.combinations(range(experts), k))
+    hit = sum(1 for s in subsets if any(e < per for e in s)) / len(subsets)
+    assert p_group_hit(experts, groups, k) == pytest.approx(hit)
+    ranks = sum(len({e // per for e in s}) for s in subsets) / len(subsets)
+    assert expected_destination_ranks(experts, groups, k) == pytest.approx(ranks)
+
+
+def test_group_limited_routing_matches_enumeration():
+    """--moe-router-num-groups 4 --moe-router-group-topk 2 with one group per node: a token picks 2 of 4
+    groups uniformly, then k experts uniformly among the picked groups' experts."""
+    e, k, groups, picked = 16, 3, 4, 2
+    model = ModelSpec(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=100, num_experts=e,
+                      moe_router_topk=k, moe_router_num_groups=groups, moe_router_group_topk=picked)
+    per = e // groups
+    total = hits = 0
+    for chosen in itertools.combinations(range(groups), picked):
+        pool = [x for g in chosen for x in range(g * per, (g + 1) * per)]
+        for s in itertools.combinations(pool, k):
+            total += 1
+            hits += any(x < per for x in s)  # node 0 holds group 0
+    assert p_node_hit(model, nodes=groups) == pytest.approx(hits / total)
+    assert p_node_hit(model, nodes=groups) < p_group_hit(e, groups, k)  # fewer nodes than uniform routing
+
+
+# ------------------------------------------------------------------ dispatchers
+
+
+def test_flex_sends_a_token_once_per_node_not_once_per_expert():
+    """EP32 over 4 nodes: DeepEP moves each token once per remote node over RDMA, the alltoall dispatcher
+    once per selected expert, so flex dispatch is cheaper on the same plan."""
+    par = ("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 32 "
+           "--expert-tensor-parallel-size 1 --micro-batch-size 1")
+    a2a = _layer(f"{MOE} {par} --moe-token-dispatcher-type alltoall", "H100:64")
+    flex = _layer(f"{MOE} {par} --moe-token-dispatcher-type flex", "H100:64")
+    assert 0 < flex.ep_fwd_s < 0.5 * a2a.ep_fwd_s
+    # the RDMA bytes of one flex dispatch: local tokens x hidden x 2 bytes x expected remote nodes hit
+    remote_nodes = 3 * p_group_hit(128, 4, 8)
+    assert remote_nodes == pytest.approx(3 * (1 - comb(96, 8) / comb(128, 8)))
+
+
+def test_allgather_dispatcher_gathers_over_tp_and_ep_even_with_ep1():
+    """MoEAllGatherTokenDispatcher gathers over the TPxEP group: with EP 1 and ETP 8 it still moves tokens."""
+    layer = _layer(f"{MOE} --tensor-model-parallel-size 8 --sequence-parallel --expert-model-parallel-size 1 "
+                   "--expert-tensor-parallel-size 8 --moe-token-dispatcher-type allgather", "H100:8")
+    assert layer.ep_fwd_s > 0
+
+
+def test_ep_overlap_hides_dispatch_but_never_all_of_it():
+    par = ("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 32 "
+           "--moe-token-dispatcher-type alltoall --micro-batch-size 1")
+    plain = _layer(f"{MOE} {par}", "H100:64")
+    hidden = _layer(f"{MOE} {par} --overlap-moe-expert-parallel-comm --delay-wgrad-compute", "H100:64")
+    assert hidden.ep_fwd_s < plain.ep_fwd_s
+    assert hidden.ep_fwd_s + hidden.ep_bwd_s >= 0.1 * (plain.ep_fwd_s + plain.ep_bwd_s) - 1e-12
+
+
+# ------------------------------------------------------------------ routing
+
+
+def _moe_model(**kw) -> ModelSpec:
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100, num_experts=8,
+                moe_router_topk=2)
+    return ModelSpec(**{**base, **kw})
+
+
+def test_routing_regimes():
+    assert routing(_moe_model(moe_router_force_load_balancing=True), None, 1.4).imbalance(8) == 1.0
+    padded = _moe_model(moe_expert_capacity_factor=1.25, moe_pad_expert_input_to_capacity=True)
+    assert routing(padded, None, 1.4).imbalance(8) == pytest.approx(1.25)
+    r = routing(_moe_model(moe_aux_loss_coeff=1e-3), None, 1.4)
+    assert r.imbalance(1) == 1.0  # one EP rank: nobody is busier
+    assert r.imbalance(8) == pytest.approx(1.4)  # the calibrated value at the reference coefficient
+    # ten times the pull: a tenth of the excess; weak pull capped
+    assert routing(_moe_model(moe_aux_loss_coeff=1e-2), None, 1.4).imbalance(8) == pytest.approx(1.04)
+    assert routing(_moe_model(moe_aux_loss_coeff=1e-6), None, 1.4).imbalance(8) == pytest.approx(
+        1 + 0.4 * AUX_LOSS_MAX_PULL)
+    capped = routing(_moe_model(moe_aux_loss_coeff=1e-3, moe_expert_capacity_factor=1.2), None, 1.4)
+    assert capped.imbalance(8) == pytest.approx(1.2)
+    unset = routing(_moe_model(), None, None)
+    assert unset.assumed and "--moe-aux-loss-coeff" in unset.assumed
+    assert unset.imbalance(8) == pytest.approx(1 + (DROPLESS_IMBALANCE_DEFAULT - 1) * 0.1)
+    assert routing(_moe_model(), 1.7, 1.4).imbalance(8) == pytest.approx(1.7)  # --moe-imbalance
+
+
+def test_dropless_routing_is_slower_than_forced_balance():
+    par = ("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 8 "
+           "--moe-token-dispatcher-type alltoall --micro-batch-size 1")
+    forced = _cost(f"{MOE} {par}", "H100:16")[2].iteration_time_s
+    dropless = _cost(f"{MOE.replace('--moe-router-force-load-balancing', '--moe-aux-loss-coeff 1e-3')} {par}",
+                     "H100:16")[2].iteration_time_s
+    assert dropless > forced
+
+
+# ------------------------------------------------------------------ FP8
+
+
+def test_fp8_speeds_up_gemms_only():
+    """FP8 runs the linear layers' GEMMs in FP8: attention, and the activation bytes of everything but
+    GEMM inputs, stay as in BF16; the whole layer is faster, but by less than 2x."""
+    par = "--micro-batch-size 1"
+    bf16 = _layer(f"{DENSE} {par}", "H100:8")
+    fp8 = _layer(f"{DENSE} {par} --fp8-format hybrid --fp8-recipe tensorwise", "H100:8")
+    assert fp8.module_fwd_s["core_attn"] == pytest.approx(bf16.module_fwd_s["core_attn"])
+    assert fp8.parts["attention_core"] == pytest.approx(bf16.parts["attention_core"])
+    assert fp8.parts["mlp_gemm"] < 0.7 * bf16.parts["mlp_gemm"]
+    assert fp8.parts["fp8_cast"] > 0 == bf16.parts["fp8_cast"]
+    assert 1.0 < (bf16.fwd_s + bf16.bwd_s) / (fp8.fwd_s + fp8.bwd_s) < 2.0
+    # the layer input that full recompute keeps is BF16 in both
+    assert fp8.activations.layer_input == bf16.activations.layer_input
+
+
+def test_blockwise_quantises_more_than_delayed():
+    base = f"{DENSE} --micro-batch-size 1 --fp8-format e4m3"
+    delayed = _layer(f"{base} --fp8-recipe delayed", "H100:8")
+    blockwise = _layer(f"{base} --fp8-recipe blockwise", "H100:8")
+    assert blockwise.parts["fp8_cast"] > delayed.parts["fp8_cast"]
+
+
+# ------------------------------------------------------------------ memory, component by component
+
+
+def test_param_bytes_by_setting():
+    """Bytes per parameter, hand-counted: BF16 weight 2, FP32 main grad 4, Adam 4+4+4."""
+    assert ParamBytes.of(TrainingSpec(global_batch_size=8)).__dict__ == pytest.approx(
+        dict(weight=2, linear_weight=2, grad=4, optimizer=12, optimizer_step_moved=2 * 4 + 4 + 8 + 8 + 2))
+    pa = ParamBytes.of(TrainingSpec(global_batch_size=8, use_precision_aware_optimizer=True,
+                                    exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16", grad_reduce_in_bf16=True))
+    assert (pa.grad, pa.optimizer) == (2, 4 + 2 + 2)
+    assert ParamBytes.of(TrainingSpec(global_batch_size=8, exp_avg_dtype="bf16")).optimizer == 12  # needs the flag
+    fp8 = ParamBytes.of(TrainingSpec(global_batch_size=8, precision="fp8"))
+    fp8_gather = ParamBytes.of(TrainingSpec(global_batch_size=8, precision="fp8", fp8_param_gather=True))
+    assert (fp8.linear_weight, fp8_gather.linear_weight) == (4, 2)  # BF16 + FP8 copy + transpose, or FP8 + transpose
+
+
+def test_mla_up_proj_recompute_drops_the_up_projected_qkv():
+    model = ModelSpec(num_layers=1, hidden_size=7168, num_attention_heads=128, vocab_size=1000,
+                      multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
+                      qk_pos_emb_head_dim=64, v_head_dim=128)
+    acts = activation_bytes_per_token(model, TrainingSpec(global_batch_size=8), is_moe=False, tp=2, etp=1,
+                                      sequence_parallel=True)
+    # Q and K of (128 + 64) and V of 128 per head, over TP 2 inside the TP region (sp/tp = 1), BF16
+    assert acts.mla_up_proj == pytest.approx(2 * 128 * (2 * 192 + 128))
+    assert acts.after_selective(("mla_up_proj",)) == pytest.approx(acts.total - acts.mla_up_proj)
+
+
+def test_llama3_8b_fp8_example_fits_on_8_h100():
+    """Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh (TP1, seq 8192, FP8 hybrid with
+    --fp8-param-gather, --grad-reduce-in-bf16, distributed optimizer) runs on 8 H100 80GB."""
+    flags = (f"{DENSE.replace('--num-layers 4', '--num-layers 32')} --micro-batch-size 1 --fp8-format hybrid "
+             "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather --grad-reduce-in-bf16 "
+             "--overlap-grad-reduce --overlap-param-gather")
+    cl = parse_cluster("H100:8", PROFILES)
+    run = parse_megatron_flags(shlex.split(flags + " --global-batch-size 128"), world_size=8)
+    cost = estimate_run(run, cl, PROFILES)
+    assert cost.fits, cost.max_memory_gib
+
+
+def test_mtp_layers_cost_time_and_parameters_on_the_last_stage_only():
+    flags = f"{MOE} --pipeline-model-parallel-size 2 --expert-model-parallel-size 8 --micro-batch-size 1"
+    _, _, plain = _cost(flags, "H100:16")
+    _, _, mtp = _cost(flags + " --mtp-num-layers 1", "H100:16")
+    assert mtp.stages[0].time_s == pytest.approx(plain.stages[0].time_s)
+    assert mtp.stages[0].weights_bytes == pytest.approx(plain.stages[0].weights_bytes)
+    assert mtp.stages[1].time_s > plain.stages[1].time_s
+    assert mtp.stages[1].weights_bytes > plain.stages[1].weights_bytes
+
+
+# ------------------------------------------------------------------ context parallel flavours
+
+
+def test_cp_comm_types_differ():
+    base = f"{DENSE} --context-parallel-size 4 --micro-batch-size 1"
+    ring = _layer(base, "H100:8")
+    ulysses = _layer(base + " --cp-comm-type a2a", "H100:8")
+    assert ring.cp_fwd_s != ulysses.cp_fwd_s and ulysses.cp_fwd_s > 0
+
+
+# ------------------------------------------------------------------ flags the model does not price
+
+
+def test_unmodelled_flags_are_named_in_the_notes():
+    notes = unmodelled_notes(["--use-megatron-fsdp", "--lr", "1e-4", "--cuda-graph-impl=local",
+                              "--use-megatron-fsdp"])
+    assert len(notes) == 2
+    assert notes[0].startswith("--use-megatron-fsdp is not modelled") and "--cuda-graph-impl" in notes[1]
+    cl = parse_cluster("H100:8", PROFILES)
+    run = parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8 --fine-grained-activation-offloading"),
+                               world_size=8)
+    assert any("--fine-grained-activation-offloading" in n for n in estimate_run(run, cl, PROFILES).notes)
+    assert math.isfinite(estimate_run(run, cl, PROFILES).iteration_time_s)
