@@ -62,32 +62,45 @@ def interpolate_efficiency(curve: EfficiencyCurve, size: float) -> float:
     first/last point outside their range (and for size <= 0)."""
     if math.isnan(size):
         raise ValueError("interpolate_efficiency: size is NaN")
-    pts = curve.points
-    if size <= pts[0].size:
-        return pts[0].efficiency
-    if size >= pts[-1].size:
-        return pts[-1].efficiency
-    sizes = [p.size for p in pts]
-    i = bisect_right(sizes, size)  # pts[i-1].size <= size < pts[i].size
-    lo, hi = pts[i - 1], pts[i]
-    t = (math.log(size) - math.log(lo.size)) / (math.log(hi.size) - math.log(lo.size))
-    return lo.efficiency + t * (hi.efficiency - lo.efficiency)
+    return interpolate_points([(p.size, p.efficiency) for p in curve.points], size)
 
 
-_VOLUME_FACTOR = {
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "p2p": lambda n: 1.0,
-}
-_LATENCY_STEPS = {
-    "all_reduce": lambda n: 2 * (n - 1),
-    "all_gather": lambda n: n - 1,
-    "reduce_scatter": lambda n: n - 1,
-    "all_to_all": lambda n: n - 1,
-    "p2p": lambda n: 1,
-}
+def interpolate_points(points: list[tuple[float, float]], size: float) -> float:
+    """`interpolate_efficiency` on bare (size, efficiency) pairs (sorted by size)."""
+    if size <= points[0][0]:
+        return points[0][1]
+    if size >= points[-1][0]:
+        return points[-1][1]
+    i = bisect_right([p[0] for p in points], size)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    t = (math.log(size) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + t * (y1 - y0)
+
+
+def volume_factor(collective: str, num_ranks: int) -> float:
+    """Bytes each rank moves per byte of `message_bytes` (nccl-tests' bus factor): 2(n-1)/n for
+    all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for point-to-point."""
+    n = num_ranks
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if collective == "p2p":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+
+def latency_steps(collective: str, num_ranks: int) -> int:
+    """Latency terms one collective pays (ring algorithms): 2(n-1) for all-reduce, n-1 for all-gather,
+    reduce-scatter and all-to-all, 1 for point-to-point."""
+    n = num_ranks
+    if collective == "all_reduce":
+        return 2 * (n - 1)
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return n - 1
+    if collective == "p2p":
+        return 1
+    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
 
 
 def link_bandwidth_share(link: LinkProfile, collective: str, num_ranks: int) -> float:
@@ -121,7 +134,7 @@ def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, 
     are bandwidth-only (the latency term was subtracted when they were fitted), so the two terms do not
     double count.  Returns 0.0 for one rank or an empty message.
     """
-    if collective not in _VOLUME_FACTOR:
+    if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     if num_ranks < 1:
         raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
@@ -139,8 +152,8 @@ def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, 
         link.bandwidth_gb_per_s * GB_BYTES * link_bandwidth_share(link, collective, n)
         * interpolate_efficiency(curve, message_bytes)
     )
-    latency_s = _LATENCY_STEPS[collective](n) * link.latency_us * US_S
-    return latency_s + _VOLUME_FACTOR[collective](n) * message_bytes / busbw_bytes_per_s
+    latency_s = latency_steps(collective, n) * link.latency_us * US_S
+    return latency_s + volume_factor(collective, n) * message_bytes / busbw_bytes_per_s
 
 
 # --------------------------------------------------------------------------------------------- file formats

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planner.profiling.collectives import CollectiveSample, bus_factor, fit_latency_bandwidth
+from planner.profile_tables import interpolate_points as interpolate, volume_factor as bus_factor
+from planner.profiling.collectives import CollectiveSample, fit_latency_bandwidth
 from planner.profiling.kernels import KernelResult
-from planner.profiling.tables import build_device_profile, interpolate
+from planner.profiling.tables import build_device_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,8 @@ def test_interpolate_log_linear_and_clamped():
 def test_build_profile_from_synthetic_results():
     """With no reference the peak is the best GEMM rate (4 TFLOP/s here), so a 2 TFLOP/s GEMM has
     efficiency 0.5; attention efficiency = 3.5 x fwd FLOP / (fwd+bwd time x peak); a grouped GEMM
-    at 1 TFLOP/s over a dense curve of 0.5 at its per-expert FLOP gives multiplier 0.5."""
+    at 1 TFLOP/s (0.25 of peak) over a dense curve of 0.5 at the whole call's FLOP, with 64 tokens per
+    expert padded to a 128-row tile (0.5), gives multiplier 0.25 / (0.5 x 0.5) = 1.0."""
     k = [
         KernelResult("gemm", "a", 1.0, flop=2e12, flop_per_call=2e12),
         KernelResult("gemm", "b", 1.0, flop=4e12, flop_per_call=4e12),
@@ -62,7 +64,7 @@ def test_build_profile_from_synthetic_results():
     assert prof.peak_tflops == {"fp32": 4.0, "bf16": 4.0}
     assert [(p.size, p.efficiency) for p in prof.gemm_efficiency.points] == [(2e12, 0.5), (4e12, 1.0)]
     assert prof.attention_efficiency.points[0].efficiency == pytest.approx(3.5 * 0.4 / 4.0)
-    assert prof.grouped_gemm_efficiency.points[0].efficiency == pytest.approx(0.25 / 0.5)
+    assert prof.grouped_gemm_efficiency.points[0].efficiency == pytest.approx(0.25 / (0.5 * 0.5))
     assert prof.hbm_bandwidth_tb_per_s == pytest.approx(0.04) and prof.hbm_efficiency == pytest.approx(0.25)
     assert prof.gemm_efficiency.provenance.kind == "measured"
     assert prof.intra_node.latency_us == pytest.approx(10.0, rel=0.05)

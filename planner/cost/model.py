@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
@@ -666,15 +665,3 @@ def _recomputed_full_layers(recompute: Recompute, n: int, v: int) -> set[int]:
         return set(range(min(k, n)))
     chunk = max(1, math.ceil(n / v))
     return {j for j in range(n) if (j % chunk) < k}
-
-
-@lru_cache(maxsize=1)
-def _default_profiles():
-    from planner.profile_tables import ProfileSet
-
-    return ProfileSet.load()
-
-
-def evaluate_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, plan: Plan, profiles=None) -> PlanCost:
-    """Price a plan (the one evaluator)."""
-    return CostModel(model, training, cluster, profiles or _default_profiles()).evaluate(plan)

@@ -22,19 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
-
-
-def bus_factor(collective: str, num_ranks: int) -> float:
-    """nccl-tests bus bandwidth over algorithm bandwidth."""
-    n = num_ranks
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if collective == "p2p":
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+from planner.profile_tables import COLLECTIVES, volume_factor
 
 
 @dataclass(frozen=True)
@@ -47,7 +35,7 @@ class CollectiveSample:
 
     @property
     def bus_gb_per_s(self) -> float:
-        return self.message_bytes / self.time_s * bus_factor(self.collective, self.num_ranks) / 1e9
+        return self.message_bytes / self.time_s * volume_factor(self.collective, self.num_ranks) / 1e9
 
 
 @dataclass(frozen=True)
@@ -65,7 +53,7 @@ def fit_latency_bandwidth(samples: list[CollectiveSample]) -> LinkFit:
     for a non-positive slope, the best measured bus bandwidth)."""
     if not samples:
         raise ValueError("no samples to fit")
-    xs = [s.message_bytes * bus_factor(s.collective, s.num_ranks) for s in samples]
+    xs = [s.message_bytes * volume_factor(s.collective, s.num_ranks) for s in samples]
     ys = [s.time_s for s in samples]
     best_gb_per_s = max(s.bus_gb_per_s for s in samples)
     if len(samples) < 2 or len(set(xs)) < 2:

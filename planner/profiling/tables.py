@@ -6,7 +6,8 @@ Conventions (the ones the cost model reads, planner/cost/layer.py and profile_ta
   model prices backward as ATTENTION_BWD_OVER_FWD x forward, so efficiency is set from the measured
   forward+backward time: (1 + ratio) x forward FLOP / (time x peak).
 - grouped_gemm_efficiency: size = tokens per expert, value = a multiplier on gemm_efficiency at the
-  per-expert GEMM FLOP (measured grouped efficiency / the measured dense curve there).
+  whole grouped call's FLOP, beyond its tile padding (measured grouped efficiency / (the measured dense
+  curve there x padding)), as planner/cost/kernels.py `grouped_gemm_s` reads it.
 - peak: for GPUs with a shipped profile, the datasheet peak (so efficiencies are achieved/datasheet);
   otherwise (CPU, unknown devices) the best GEMM rate measured in this run, said in the source.
 - links: bandwidth per GPU per direction (GB/s); efficiency per collective = nccl-tests bus
@@ -21,56 +22,18 @@ import statistics
 from collections import defaultdict
 from typing import Callable
 
-from planner.profiling.collectives import CollectiveSample, bus_factor, fit_latency_bandwidth
+from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, GROUPED_GEMM_TILE_ROWS
+from planner.profile_tables import interpolate_points, latency_steps, volume_factor
+from planner.profiling.collectives import CollectiveSample, fit_latency_bandwidth
 from planner.profiling.kernels import KernelResult
 from planner.schemas.device import DeviceProfile, EfficiencyCurve, EfficiencyPoint, LinkProfile, Provenance
 
 MIN_EFFICIENCY = 1e-4
 MAX_EFFICIENCY = 1.2
-ATTENTION_BWD_OVER_FWD_DEFAULT = 2.5
-
-
-def attention_bwd_over_fwd() -> float:
-    """The cost model's backward/forward ratio for the attention core (planner.cost.layer)."""
-    try:
-        from planner.cost.layer import ATTENTION_BWD_OVER_FWD
-    except ImportError:
-        return ATTENTION_BWD_OVER_FWD_DEFAULT
-    return float(ATTENTION_BWD_OVER_FWD)
-
-
-def latency_steps(collective: str, num_ranks: int) -> int:
-    """Latency terms one collective pays (ring algorithms): 2(n-1) for all-reduce, n-1 for
-    all-gather, reduce-scatter and all-to-all, 1 for point-to-point."""
-    try:
-        from planner.profile_tables import latency_steps as shared_steps  # the cost model's own rule
-    except ImportError:
-        shared_steps = None
-    if shared_steps is not None:
-        return int(shared_steps(collective, num_ranks))
-    if collective == "all_reduce":
-        return 2 * (num_ranks - 1)
-    if collective == "p2p":
-        return 1
-    return num_ranks - 1
 
 
 def _clamp(value: float) -> float:
     return min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, value))
-
-
-def interpolate(points: list[tuple[float, float]], size: float) -> float:
-    """Piecewise-linear in log(size), clamped at both ends (the EfficiencyCurve contract)."""
-    pts = sorted(points)
-    if size <= pts[0][0]:
-        return pts[0][1]
-    if size >= pts[-1][0]:
-        return pts[-1][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= size <= x1:
-            w = (math.log(size) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return y0 + w * (y1 - y0)
-    return pts[-1][1]
 
 
 def _curve(by_size: dict[float, list[float]], source: str) -> EfficiencyCurve:
@@ -98,7 +61,7 @@ def gemm_curve(results: list[KernelResult], peak_flop_per_s: float, source: str)
 
 
 def attention_curve(results: list[KernelResult], peak_flop_per_s: float, source: str) -> EfficiencyCurve:
-    ratio = attention_bwd_over_fwd()
+    ratio = ATTENTION_BWD_OVER_FWD
     by_size: dict[float, list[float]] = defaultdict(list)
     for r in results:
         if r.kind == "attention_fwd_bwd":
@@ -113,7 +76,10 @@ def grouped_curve(results: list[KernelResult], gemm: EfficiencyCurve, peak_flop_
     for r in results:
         if r.kind == "grouped_gemm":
             grouped_eff = r.flop_per_s / peak_flop_per_s
-            by_size[float(r.tokens_per_expert)].append(grouped_eff / interpolate(dense, r.flop_per_call))
+            m = max(r.tokens_per_expert, 1)
+            padding = m / (math.ceil(m / GROUPED_GEMM_TILE_ROWS) * GROUPED_GEMM_TILE_ROWS)
+            # relative to a dense GEMM of the whole grouped call's FLOP, tile padding taken out (cost model)
+            by_size[float(m)].append(grouped_eff / (interpolate_points(dense, r.flop) * padding))
     return _curve(by_size, source) if by_size else None
 
 
@@ -150,7 +116,7 @@ def link_profile(samples: list[CollectiveSample], kind: str, reference_gb_per_s:
         for s in group:
             lat_s = step_latency_s * latency_steps(name, s.num_ranks)
             t_bw = max(s.time_s - lat_s, s.time_s * 0.05)
-            busbw = s.message_bytes * bus_factor(name, s.num_ranks) / t_bw / 1e9
+            busbw = s.message_bytes * volume_factor(name, s.num_ranks) / t_bw / 1e9
             by_size[float(s.message_bytes)].append(busbw / bandwidth)
         methods = sorted({s.method for s in group})
         curves[name] = _curve(by_size, f"{source}; {name} via {'/'.join(methods)} on {group[0].num_ranks} ranks")
