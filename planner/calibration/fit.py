@@ -25,6 +25,9 @@ from planner.schemas.device import Provenance
 SM90 = ("H100", "H800", "H200", "H20")
 """Hopper parts: same SM90 tensor cores and kernels (cuBLAS, FlashAttention, TE), so one factor each."""
 GA100 = ("A100", "A100-40GB", "A800")
+NCCL_NODES = SM90 + ("B200",) + GA100
+"""NVIDIA nodes (NVSwitch inside, InfiniBand/RoCE across): token dispatch runs NCCL (alltoall) or DeepEP (flex) on
+the same kind of fabric, so the dispatchers' constants are shared by these parts."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,10 @@ FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("attention", SM90, 0.3, 2.0,
              why="fused attention (cuDNN/FA3-class) on SM90 against the FA2 curve"),
     FitParam("grouped_gemm", SM90, why="grouped expert GEMMs on SM90"),
-    FitParam("dispatch_alltoall", SM90, 0.3, 3.0, why="alltoall token dispatcher (NCCL all-to-all) on SM90 nodes"),
-    FitParam("dispatch_flex", SM90, 0.3, 3.0, why="flex token dispatcher (DeepEP/HybridEP) on SM90 nodes"),
+    FitParam("dispatch_alltoall", NCCL_NODES, 0.3, 3.0,
+             why="alltoall token dispatcher (NCCL all-to-all) on NVIDIA NVSwitch + InfiniBand nodes"),
+    FitParam("dispatch_flex", NCCL_NODES, 0.3, 3.0,
+             why="flex token dispatcher (DeepEP/HybridEP) on NVIDIA NVSwitch + InfiniBand nodes"),
     FitParam("fp8_tensorwise", SM90, 0.5, 3.0, why="per-tensor FP8 recipes (delayed, tensorwise) on SM90"),
     FitParam("fp8_blockwise", SM90, 0.5, 3.0, why="blockwise FP8 recipe on SM90"),
     FitParam("moe_imbalance_factor", ("*",), 1.0, 3.0, default=1.1,
