@@ -246,6 +246,7 @@ class CostModel:
         self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
         self._corr_cache: dict = {}
         self._link_cache: dict = {}
+        self._kernel_cache: dict[str, Kernels] = {}
         self.param_bytes = ParamBytes.of(training)
         counts = parameter_counts(model)
         n_moe = sum(model.layer_is_moe)
@@ -274,9 +275,13 @@ class CostModel:
         return hit
 
     def kernels(self, device_type: str) -> Kernels:
-        tr = self.training
-        return Kernels(self.device(device_type), self.corrections(device_type), tr.compute_dtype,
-                       tr.fp8_recipe if tr.precision == "fp8" else None)
+        hit = self._kernel_cache.get(device_type)
+        if hit is None:
+            tr = self.training
+            hit = self._kernel_cache[device_type] = Kernels(
+                self.device(device_type), self.corrections(device_type), tr.compute_dtype,
+                tr.fp8_recipe if tr.precision == "fp8" else None)
+        return hit
 
     def _links(self, device_type: str):
         hit = self._link_cache.get(device_type)
@@ -413,8 +418,8 @@ class CostModel:
         if recompute.granularity == "full" and kinds:
             # during a recomputed chunk's backward its layers' full activations exist at once
             chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
-            worst = max(self.layer(g, device_type, dp, stage_mbs, kd).act_bytes(
-                self.layer(g, device_type, dp, stage_mbs, kd).activations.total) for kd in set(kinds))
+            layers = [self.layer(g, device_type, dp, stage_mbs, kd) for kd in set(kinds)]
+            worst = max(c.act_bytes(c.activations.total) for c in layers)
             out.transient += chunk * worst
         return out
 
