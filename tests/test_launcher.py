@@ -240,7 +240,7 @@ def test_user_flags_pass_through_unchanged():
     argv = args_of(render_launch_files(run, plan, cluster, script))
     items = {i.name: i.values for i in group_flag_items(argv)}
     assert items["--lr"] == ["1e-4"] and items["--moe-aux-loss-coeff"] == ["1e-2"]
-    assert items["--data-path"] == ["${DATA_PATH}"] and items["--split"] == ["99990,8,2"]
+    assert items["--data-path"] == ["$3"] and items["--split"] == ["99990,8,2"]
     assert items["--tensor-model-parallel-size"] == ["2"]  # the script said 4; the plan decides
     assert argv.count("--tensor-model-parallel-size") == 1
     kept = [t for t in argv if t in ("--lr", "--train-iters", "--log-interval", "--save-interval", "--save", "--load")]
@@ -384,7 +384,8 @@ def test_launch_sh_keeps_the_input_scripts_settings(tmp_path):
     assert items["--tokenizer-model"] == ["/tok.model"]
     assert items["--tensorboard-dir"] == ["/ckpt/tensorboard"]
     assert items["--wandb-project"] == ["Mixtral"]  # the if-block, replayed after the arrays
-    assert got[got.index("--master-port") + 1] == "6001"  # the script's MASTER_PORT default
+    assert got[got.index("--master_port") + 1] == "6001"  # the script's own master port option, kept
+    assert "--master-port" not in got and got[got.index("--node-rank") + 1] == "3"
 
 
 def test_cuda_device_max_connections_only_with_tp_or_cp():
@@ -402,8 +403,8 @@ def test_small_blocks_share_a_host():
     plan = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 4}) for s in plan.stages)})
     files = render_launch_files(run, plan, _cluster(("A100", 2)))
     assert files["hostfile"] == "a100-node0 slots=8 type=A100\na100-node1 slots=4 type=A100\n"
-    assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in files["launch.sh"]
-    assert "--nproc-per-node \"4\"" in files["launch.sh"]
+    assert 'HAPMOE_A_CVD="4,5,6,7"' in files["launch.sh"]
+    assert "--nproc-per-node 4 " in files["launch.sh"]
 
 
 # --------------------------------------------------------------------------------------------
