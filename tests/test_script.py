@@ -143,7 +143,7 @@ def test_unresolvable_parts_stay_literal():
     # the array element is one word; the launch line's unquoted ${LOGGING_ARGS[@]} splits it, as bash does
     assert "mixtral run $(date +%s)" in s.arrays["LOGGING_ARGS"]
     i = f.index("--wandb-exp-name")
-    assert f[i + 1 : i + 4] == ["mixtral", "run", "$(date +%s)"]
+    assert f[i + 1 : i + 5] == ["mixtral", "run", "$(date", "+%s)"]  # unquoted: split as bash does
     assert s.env["STAMP"] == "run $(date +%s)"
     assert s.env["CHECKPOINT_PATH"] == "$1"
     assert "$(date +%s)" in s.unresolved and "$3" in s.unresolved
