@@ -105,7 +105,9 @@ def test_hf_config_path_and_directory(tmp_path):
     run = resolve_run(model=str(d / "config.json"), overrides={"gbs": 32})
     assert run.model.name == "tiny-mixtral" and run.model.num_experts == 4 and run.model.seq_length == 2048
     assert run.training.global_batch_size == 32 and run.training.micro_batch_size == 1
-    assert resolve_run(model=str(d), world_size=8).training.global_batch_size == 8
+    notes: list[str] = []
+    assert resolve_run(model=str(d), world_size=8, notes=notes).training.global_batch_size == 1024
+    assert any("assumed 1024" in n for n in notes)  # a HF config states no batch: the default, said so
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(PlannerInputError, match="not valid JSON"):
         resolve_run(model=str(tmp_path / "bad.json"))

@@ -216,7 +216,14 @@ def test_script_flags_feed_the_flag_parser():
     from planner.inputs.megatron_flags import parse_megatron_flags
 
     s = parse_launcher_script(EXAMPLE)
-    run = parse_megatron_flags(s.megatron_flags + ["--vocab-size", "32000"])
+    flags = s.megatron_flags
+    with pytest.raises(PlannerInputError, match="unexpected value 'run'"):  # split as bash splits it
+        parse_megatron_flags(flags)
+    k = flags.index("--wandb-exp-name")
+    tail = flags[flags.index("--tensor-model-parallel-size") :]
+    with pytest.raises(PlannerInputError, match="unknown flag"):  # --extra and --ws are no Megatron flags
+        parse_megatron_flags(flags[:k] + tail)
+    run = parse_megatron_flags(flags[:k] + tail[:2] + ["--vocab-size", "32000"])
     assert run.model.num_layers == 32 and run.model.num_experts == 8
     assert run.model.add_bias_linear is False
     assert run.parallel.tp == 2

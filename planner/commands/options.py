@@ -11,8 +11,11 @@ MODEL_OPTIONS = [
                  help="model preset name (e.g. mixtral-s), a YAML file, or a HuggingFace config.json"),
     click.option("--megatron-args", default=None, metavar='"FLAGS"', help="Megatron-LM flags for pretrain_gpt.py"),
     click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
-                 help="a bash launcher script that runs pretrain_gpt.py"),
+                 help="a bash launcher script that runs pretrain_gpt.py; its own arguments go after `--`; "
+                      "with --megatron-args, those flags override the script's"),
 ]
+# `cli.py solve --megatron-script train.sh -- /ckpt /data`: the script's own arguments
+SCRIPT_ARGS = [click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")]
 CLUSTER_OPTIONS = [
     click.option("--cluster", required=True, metavar="SPEC",
                  help="TYPE:COUNT[,TYPE:COUNT...] (e.g. H800:16,MI300X:16,910B:16), a preset name, or a YAML file"),
@@ -46,8 +49,10 @@ def apply_options(options: list) -> Callable[[Callable[..., Any]], Callable[...,
     return deco
 
 
-def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict):
-    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options."""
+def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict, script_args=(),
+                quiet: bool = False):
+    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options.  What the input reader
+    assumed or did not model is printed on stderr, one `note:` line each."""
     from planner.inputs.cluster import parse_cluster
     from planner.inputs.resolve import resolve_run
     from planner.profile_tables import ProfileSet
@@ -55,6 +60,11 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     cluster_spec = parse_cluster(cluster, profiles)
     clean = {k: v for k, v in overrides.items() if v is not None}
+    notes: list[str] = []
     run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                      world_size=cluster_spec.world_size, overrides=clean)
+                      script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
+                      notes=notes)
+    if not quiet:
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
     return run, cluster_spec, profiles

@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from planner.cli_common import echo_json, handle_errors
-from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, load_inputs
+from planner.commands.options import (
+    CLUSTER_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, load_inputs,
+)
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
@@ -65,6 +67,10 @@ def write_outputs(out_dir: Path, payload: dict, outcome) -> list[Path]:
         plan_doc = dict(payload)
         plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
                               "cluster": outcome.cluster.model_dump(mode="json")}
+        script = getattr(outcome, "script", None)
+        if script is not None:  # emit rebuilds the launcher from this, without the file
+            plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
+                                            "extra_flags": list(script.extra_flags), "text": script.text}
         (tmp / "plan.json").write_text(json.dumps(plan_doc, indent=2, default=str))
         (tmp / "inputs.json").write_text(json.dumps(plan_doc["inputs"], indent=2, default=str))
         (tmp / "summary.md").write_text(summary_markdown(payload))
@@ -86,19 +92,20 @@ def write_outputs(out_dir: Path, payload: dict, outcome) -> list[Path]:
 
 
 @click.command("solve")
-@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS)
+@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS + SCRIPT_ARGS)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="write plan.json, inputs.json, summary.md and the launcher (launch/) here")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="no progress on stderr")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, top_k, out_dir, as_json, quiet):
+            time_limit_s, delta, no_prune, top_k, out_dir, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
     python cli.py solve --model mixtral-l --cluster H800:16,MI300X:16,910B:16
     python cli.py solve --model mixtral-s --cluster h800-mi300x --backend hsdp --runtime flagscale --json
+    python cli.py solve --megatron-script train.sh --cluster H800:16 --out plan/ -- /ckpt /tokenizer /data
     """
     from planner.api import make_space, solve
     from planner.report import render_solve, solve_json
@@ -106,16 +113,18 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
 
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs},
+        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, script_args=script_args,
     )
     settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
                               time_limit_s=time_limit_s, top_k=top_k)
     space = make_space(run, runtime, mbs=mbs)
     outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress_printer(quiet))
     if megatron_script:
-        from planner.inputs.script import read_launcher_script
+        from planner.inputs.resolve import read_script, script_override_flags
 
-        outcome.script = read_launcher_script(megatron_script)
+        outcome.script = read_script(megatron_script, script_args,
+                                     script_override_flags(megatron_args, {"seq": seq},
+                                                           run.model.max_position_embeddings))
     payload = solve_json(outcome, settings, runtime)
     if out_dir:
         written = write_outputs(Path(out_dir), payload, outcome)

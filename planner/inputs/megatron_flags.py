@@ -16,8 +16,12 @@ Also the pipeline layout grammar of `--pipeline-model-parallel-layout`
 from __future__ import annotations
 
 import ast
+import difflib
+import functools
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from pydantic import ValidationError
@@ -215,24 +219,69 @@ def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
     return raw
 
 
+@dataclass(frozen=True)
+class KnownFlag:
+    """A flag some parser accepts: its argparse nargs ("0" for a switch, "1", "?", "*", "+") and
+    where it comes from ("megatron" or a fork's name)."""
+
+    nargs: str
+    source: str
+
+
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+MEGATRON_FLAGS_FILE = _DATA_DIR / "megatron_flags.tsv"  # tools/dump_megatron_flags.py writes it
+FORK_FLAGS_FILE = _DATA_DIR / "fork_flags.tsv"
+
+
+@functools.lru_cache(maxsize=1)
+def known_flags() -> dict[str, KnownFlag]:
+    """Every option string of Megatron-LM's parser (megatron-core 0.19.2), plus the flags of the
+    usual forks (MindSpeed, Pai-Megatron-Patch) that upstream does not know."""
+    out: dict[str, KnownFlag] = {}
+    for path, fixed in ((FORK_FLAGS_FILE, None), (MEGATRON_FLAGS_FILE, "megatron")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("--"):
+                continue
+            flag, nargs, third = (line.split("\t") + ["", ""])[:3]
+            out[flag] = KnownFlag(nargs, fixed or third)
+    return out
+
+
+def unknown_flag_error(name: str) -> PlannerInputError:
+    """Megatron's parser refuses a flag it does not know (no abbreviations): say so, with the
+    closest known flag."""
+    close = difflib.get_close_matches(name, list(known_flags()), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return PlannerInputError(
+        name, f"unknown flag: Megatron-LM's parser (megatron-core 0.19.2) does not accept it, nor abbreviations{hint}"
+    )
+
+
+def _unresolved(tok: str) -> bool:
+    """Text the script reader left for bash (`${EXTRA_ARGS}`, `$1`, `$(cmd)`)."""
+    return tok.startswith("$") or tok.startswith("`")
+
+
 def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """Split `argv` into {dest: value} for the flags in FLAGS and the verbatim passthrough tokens.
 
-    Values that follow an unknown flag belong to it and pass through; a value after a known flag
-    that takes none (or already has its value) is an error, as argparse would report it.
+    As Megatron's argparse parser: a flag must be one it knows, spelled in full (fork flags are
+    accepted and passed through); every flag takes the values its nargs says; a value no flag
+    takes is an error.  Text the script reader could not resolve (`${EXTRA}`) passes through.
     """
     ns: dict[str, Any] = {}
     passthrough: list[str] = []
-    prev_unknown = False
     last_flag = ""
+    open_values = False  # the last passthrough flag may take more values (nargs ? * +)
     i = 0
     n = len(argv)
+    table = known_flags()
     while i < n:
         tok = argv[i]
         if not isinstance(tok, str):
             raise PlannerInputError("megatron args", f"every token must be a string, got {tok!r}")
         if not _is_flag(tok):
-            if prev_unknown:
+            if open_values or _unresolved(tok):
                 passthrough.append(tok)
                 i += 1
                 continue
@@ -244,13 +293,25 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
         name, eq, explicit = tok.partition("=") if tok.startswith("--") else (tok, "", "")
         spec = FLAGS.get(name)
         i += 1
-        if spec is None:
-            passthrough.append(tok)
-            prev_unknown = True
-            last_flag = name
-            continue
-        prev_unknown = False
         last_flag = name
+        open_values = False
+        if spec is None:
+            known = table.get(name)
+            if known is None:
+                raise unknown_flag_error(name)
+            passthrough.append(tok)
+            if eq:
+                if known.nargs == "0":
+                    raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
+                continue
+            if known.nargs == "1":
+                if i >= n or (_is_flag(argv[i]) and not _is_number(argv[i])):
+                    raise PlannerInputError(name, "expects a value, but none was given")
+                passthrough.append(argv[i])
+                i += 1
+            elif known.nargs != "0":
+                open_values = True
+            continue
         if spec.kind in ("true", "false"):
             if eq:
                 raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
@@ -277,6 +338,19 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
             i += 1
         ns[spec.dest] = _convert(name, spec, raw)
     return ns, passthrough
+
+
+def fork_flags_in(passthrough: Sequence[str]) -> dict[str, list[str]]:
+    """{fork: [flags]} of the passthrough flags that only a fork of Megatron-LM knows."""
+    table = known_flags()
+    out: dict[str, list[str]] = {}
+    for tok in passthrough:
+        if _is_flag(tok):
+            name = tok.partition("=")[0]
+            known = table.get(name)
+            if known is not None and known.source != "megatron" and name not in out.get(known.source, []):
+                out.setdefault(known.source, []).append(name)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,6 +510,99 @@ def format_layout(per_virtual_stage: Sequence[int], *, mtp_num_layers: int = 0) 
 
 
 # --------------------------------------------------------------------------------------------
+# Vocabulary size when --vocab-size is not given
+# --------------------------------------------------------------------------------------------
+DEFAULT_VOCAB_SIZE = 32000
+# Unpadded vocabulary of well-known tokenizers: `vocab_size` in each model's HuggingFace
+# config.json (GPT-2: the 50257 entries of its vocab.json).  Matched, in this order, against the
+# tokenizer type, then the tokenizer path and the run's name (lower case).
+_TOKENIZER_TYPE_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+_NAME_VOCAB: tuple[tuple[str, int], ...] = (
+    ("gpt-oss", 201088), ("gptoss", 201088),
+    ("deepseek-v3", 129280), ("deepseek_v3", 129280), ("deepseekv3", 129280), ("deepseek-r1", 129280),
+    ("deepseek-v2", 102400), ("deepseek_v2", 102400), ("deepseekv2", 102400),
+    ("qwen", 151936),
+    ("llama-3", 128256), ("llama3", 128256), ("llama_3", 128256),
+    ("llama-2", 32000), ("llama2", 32000), ("llama_2", 32000),
+    ("mixtral-8x22b", 32768), ("mixtral_8x22b", 32768), ("8x22b", 32768),
+    ("mixtral", 32000), ("mistral", 32000),
+    ("gpt2", 50257), ("gpt-2", 50257),
+)  # fmt: skip
+
+
+def _flag_value(tokens: Sequence[str], flag: str) -> str | None:
+    value = None
+    for k, tok in enumerate(tokens):
+        if tok == flag and k + 1 < len(tokens):
+            value = tokens[k + 1]
+        elif tok.startswith(flag + "="):
+            value = tok.split("=", 1)[1]
+    return value
+
+
+def _tokenizer_file_vocab(path_text: str) -> tuple[int, str] | None:
+    """Entries of a readable tokenizer.json (model vocab plus added tokens) or vocab file."""
+    if not path_text or _unresolved(path_text):
+        return None
+    path = Path(path_text).expanduser()
+    candidates = [path / "tokenizer.json", path / "vocab.json"] if path.is_dir() else [path]
+    for cand in candidates:
+        try:
+            if not cand.is_file() or cand.stat().st_size > 64 << 20:
+                continue
+            text = cand.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            if lines and cand.suffix in (".txt", ".vocab"):
+                return len(lines), f"from the {len(lines)} lines of {cand}"
+            continue
+        if isinstance(data, dict) and isinstance(data.get("model"), dict) and isinstance(data["model"].get("vocab"), (dict, list)):
+            vocab = data["model"]["vocab"]
+            ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+            ids |= {t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+            return len(ids), f"from the tokens of {cand}"
+        if isinstance(data, dict) and data and all(isinstance(v, int) for v in data.values()):
+            return len(data), f"from the {len(data)} entries of {cand}"
+    return None
+
+
+def infer_vocab_size(passthrough: Sequence[str], name: str = "") -> tuple[int, str]:
+    """(vocab size, how it was found) from the tokenizer flags, in this order: a readable
+    tokenizer (tokenizer.json, or the vocab file's entries); --padded-vocab-size; the tokenizer
+    type or a known model name in the tokenizer path or the run's name; a HF config.json next to
+    the tokenizer; else DEFAULT_VOCAB_SIZE.  The plan barely depends on it."""
+    model_path = _flag_value(passthrough, "--tokenizer-model") or ""
+    for path_text in (model_path, _flag_value(passthrough, "--vocab-file") or ""):
+        found = _tokenizer_file_vocab(path_text)
+        if found is not None:
+            return found
+    padded = _flag_value(passthrough, "--padded-vocab-size")
+    if padded and padded.isdigit() and int(padded) > 0:
+        return int(padded), "from --padded-vocab-size"
+    ttype = _flag_value(passthrough, "--tokenizer-type") or ""
+    if ttype in _TOKENIZER_TYPE_VOCAB:
+        return _TOKENIZER_TYPE_VOCAB[ttype], f"assumed for --tokenizer-type {ttype}"
+    for where, text in (("the tokenizer path", model_path), ("the run's name", name)):
+        low = text.lower()
+        for key, vocab in _NAME_VOCAB:
+            if key in low:
+                return vocab, f"assumed from {where} ({key!r} in {text!r})"
+    if model_path and not _unresolved(model_path):
+        cfg = Path(model_path).expanduser() / "config.json"
+        try:
+            data = json.loads(cfg.read_text(encoding="utf-8")) if cfg.is_file() else None
+        except (OSError, ValueError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("vocab_size"), int) and data["vocab_size"] > 0:
+            return data["vocab_size"], f"from {cfg}"
+    return DEFAULT_VOCAB_SIZE, "assumed (no readable tokenizer or known model name; give --vocab-size to set it)"
+
+
+# --------------------------------------------------------------------------------------------
 # Namespace -> draft -> MegatronRun
 # --------------------------------------------------------------------------------------------
 
@@ -452,6 +619,7 @@ class RunDraft:
     training: dict[str, Any]
     parallel: dict[str, Any]
     passthrough: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was assumed or not modelled, for the user
 
 
 def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
@@ -534,13 +702,14 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     missing = [f for f in REQUIRED_FLAGS if FLAGS[f].dest not in ns]
     if missing:
         raise PlannerInputError(", ".join(missing), "required model shape flag(s) missing")
-    if "vocab_size" not in ns:
-        raise PlannerInputError(
-            "--vocab-size",
-            "missing; the planner cannot read the tokenizer, so give the (unpadded) vocabulary size",
-        )
+    notes: list[str] = []
     model: dict[str, Any] = {"name": name}
     model.update({k: ns[k] for k in _MODEL_COPY if k in ns})
+    if "vocab_size" not in ns:
+        model["vocab_size"], how = infer_vocab_size(passthrough, name)
+        notes.append(f"--vocab-size not given: {model['vocab_size']} {how}")
+    for fork, flags in fork_flags_in(passthrough).items():
+        notes.append(f"{fork} flags passed through, not modelled: {' '.join(flags)}")
     if ns.get("group_query_attention"):
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")
@@ -565,7 +734,7 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
 
     parallel: dict[str, Any] = {dst: ns[src] for src, dst in _PARALLEL_COPY.items() if src in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
-    return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough))
+    return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
 
 
 def parse_megatron_draft(argv: Sequence[str], *, name: str = "custom") -> RunDraft:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
@@ -28,6 +28,7 @@ _INT_OVERRIDES = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp"}
 RECOMPUTE_FORMS = "none | selective[:mod+mod] | full (= full-uniform:1) | full-block:K | full-uniform:K"
 
 # Training defaults for inputs that carry none (HF config.json): the paper's setup
+DEFAULT_GLOBAL_BATCH = 1024  # for a HF config.json, which states no batch (the presets use the same)
 DEFAULT_TRAINING: dict[str, Any] = {"micro_batch_size": 1, "precision": "bf16", "use_distributed_optimizer": True}
 
 
@@ -158,26 +159,48 @@ def _draft_from_model(model: str) -> RunDraft:
         else:
             name = path.stem
         if looks_like_hf_config(data):
-            return _draft_from_spec(model_from_hf_config(data, name), {})
+            draft = _draft_from_spec(model_from_hf_config(data, name), {"global_batch_size": DEFAULT_GLOBAL_BATCH})
+            draft.notes.append(
+                f"global batch size: a HuggingFace config gives none; assumed {DEFAULT_GLOBAL_BATCH} "
+                "(the presets' default); give --gbs to set it"
+            )
+            return draft
         spec, training = model_from_mapping(data, name=name, where=str(path))
         return _draft_from_spec(spec, training)
     spec, training = load_model_preset(model)
     return _draft_from_spec(spec, training)
 
 
-def _script_flags(megatron_script: str) -> tuple[list[str], str, int | None]:
-    """Flags given to pretrain_gpt.py in a bash launcher (via planner.inputs.script)."""
-    from planner.inputs.script import parse_launcher_script  # lazy: written by another helper
+def read_script(megatron_script: str, script_args: Sequence[str] | None = None, extra_flags: Sequence[str] = ()):
+    """The launcher script evaluated with its own arguments (planner.inputs.script); the
+    --megatron-args overrides it was combined with ride along as `extra_flags`."""
+    from planner.inputs.script import read_launcher_script
 
-    path = Path(megatron_script).expanduser()
-    try:
-        text = path.read_text()
-    except (FileNotFoundError, IsADirectoryError):
-        raise PlannerInputError("--megatron-script", f"file not found: {path}") from None
-    script = parse_launcher_script(text)
-    flags = list(getattr(script, "megatron_flags"))
-    ws = getattr(script, "world_size", None)
-    return flags, path.stem, ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+    script = read_launcher_script(Path(megatron_script).expanduser(), args=list(script_args or []))
+    script.extra_flags = list(extra_flags)
+    return script
+
+
+def script_override_flags(megatron_args: str | list[str] | None, overrides: Mapping[str, Any] | None = None,
+                          max_position_embeddings: int | None = None) -> list[str]:
+    """Flags the launcher applies on top of a script's own: the --megatron-args given with it,
+    and --seq-length for a --seq override (batch sizes and degrees are the plan's anyway)."""
+    flags = _split_args(megatron_args) if megatron_args is not None else []
+    seq = (overrides or {}).get("seq")
+    if seq is not None:
+        flags += ["--seq-length", str(seq)]
+        if max_position_embeddings is not None and max_position_embeddings >= int(seq):
+            flags += ["--max-position-embeddings", str(max_position_embeddings)]
+    return flags
+
+
+def _split_args(megatron_args: str | list[str]) -> list[str]:
+    if isinstance(megatron_args, str):
+        try:
+            return shlex.split(megatron_args, comments=False)
+        except ValueError as exc:
+            raise PlannerInputError("--megatron-args", f"cannot split the flag string: {exc}") from None
+    return list(megatron_args)
 
 
 def resolve_run(
@@ -185,38 +208,56 @@ def resolve_run(
     model: str | None = None,
     megatron_args: str | list[str] | None = None,
     megatron_script: str | None = None,
+    script_args: Sequence[str] | None = None,
     world_size: int | None = None,
     overrides: Mapping[str, Any] | None = None,
+    notes: list[str] | None = None,
 ) -> MegatronRun:
-    """Read the run from exactly one source, apply `overrides` (keys: OVERRIDE_KEYS), and
-    validate.  A missing global batch size becomes mbs*DP when `world_size` is known; a MoE
-    model with TP>1 gets sequence parallelism (Megatron requires it)."""
-    given = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
-    if len(given) != 1:
+    """Read the run from one source (--model, --megatron-args, or --megatron-script with
+    --megatron-args as overrides on top), apply `overrides` (keys: OVERRIDE_KEYS), and validate.
+
+    A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known; a
+    MoE model with TP>1 gets sequence parallelism (Megatron requires it).  What was assumed or
+    not modelled (the vocabulary, the global batch, fork flags, undecided script branches) is
+    appended to `notes`, one line each, for the caller to print."""
+    sources = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
+    combined = sources == ["--megatron-args", "--megatron-script"]
+    if len(sources) != 1 and not combined:
         raise PlannerInputError(
             "--model / --megatron-args / --megatron-script",
-            f"give exactly one of them ({'none' if not given else ', '.join(given)} given)",
+            f"give exactly one of them, or --megatron-script with --megatron-args overrides "
+            f"({'none' if not sources else ', '.join(sources)} given)",
         )
+    if script_args and megatron_script is None:
+        raise PlannerInputError("script arguments", "arguments after `--` are passed to --megatron-script; give the script")
     if world_size is not None:
         world_size = _positive_int("world-size", world_size)
+    sink = notes if notes is not None else []
     if model is not None:
         draft = _draft_from_model(model)
-    elif megatron_args is not None:
-        if isinstance(megatron_args, str):
-            try:
-                argv = shlex.split(megatron_args, comments=False)
-            except ValueError as exc:
-                raise PlannerInputError("--megatron-args", f"cannot split the flag string: {exc}") from None
-        else:
-            argv = list(megatron_args)
-        draft = parse_megatron_draft(argv, name="megatron-args")
+    elif megatron_script is None:
+        draft = parse_megatron_draft(_split_args(megatron_args), name="megatron-args")  # type: ignore[arg-type]
     else:
-        flags, name, script_ws = _script_flags(megatron_script)  # type: ignore[arg-type]
-        draft = parse_megatron_draft(flags, name=name)
-        world_size = world_size if world_size is not None else script_ws
+        extra = _split_args(megatron_args) if megatron_args is not None else []
+        script = read_script(megatron_script, script_args, extra)
+        sink.extend(script.warnings)
+        draft = parse_megatron_draft(list(script.megatron_flags) + extra, name=Path(megatron_script).stem)
+        ws = script.world_size
+        if world_size is None and isinstance(ws, int) and ws > 0:
+            world_size = ws
+    if (overrides or {}).get("gbs") is not None:
+        draft.notes = [n for n in draft.notes if not n.startswith("global batch size")]
+    sink.extend(draft.notes)
     apply_overrides(draft, overrides or {})
     _require_sp_for_moe(draft, explicit=(overrides or {}).get("sequence_parallel"))
-    return build_run(draft, world_size=world_size)
+    had_gbs = draft.training.get("global_batch_size") is not None
+    run = build_run(draft, world_size=world_size)
+    if not had_gbs:
+        sink.append(
+            f"global batch size not given: assumed {run.training.global_batch_size} = micro-batch "
+            f"{run.training.micro_batch_size} x data-parallel size (Megatron's default); give --gbs to set it"
+        )
+    return run
 
 
 def _require_sp_for_moe(draft: RunDraft, *, explicit: Any) -> None:

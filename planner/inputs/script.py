@@ -127,6 +127,7 @@ class LauncherScript:
     exported: list[str] = field(default_factory=list)
     launch_env: dict[str, str] = field(default_factory=dict)  # VAR=value before the launcher word
     site: LaunchSite | None = None
+    extra_flags: list[str] = field(default_factory=list)  # --megatron-args given on top of the script
     decisions: list[BranchDecision] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
