@@ -374,15 +374,15 @@ def test_virtual_and_uneven_pipeline_flags():
     assert r.parallel.vpp == 2
     with pytest.raises(PlannerInputError, match="divisible"):
         run_of("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "4")
-    with pytest.raises(PlannerInputError, match="> 1"):
+    with pytest.raises(PlannerInputError, match="greater than 1"):
         run_of("--num-virtual-stages-per-pipeline-rank", "2")
     base6 = ["--num-layers", "6", *BASE[2:]]
     r = parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3",
                               "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "1"])
     assert r.parallel.stage_layers(6) == [2, 3, 1]
-    with pytest.raises(PlannerInputError, match="divide evenly"):
+    with pytest.raises(PlannerInputError, match="middle stage: 5 must be divisible"):
         parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "1"])
-    with pytest.raises(PlannerInputError, match="divisible by 2"):
+    with pytest.raises(PlannerInputError, match="last stage: 1must be divisible by virtual"):
         parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "2",
                               "--decoder-last-pipeline-num-layers", "1", "--num-virtual-stages-per-pipeline-rank", "2"])
     with pytest.raises(PlannerInputError):
@@ -506,3 +506,32 @@ def test_huge_counts_are_refused():
         parse_megatron_flags(["--num-layers", "1" * 5000, *BASE[2:]])
     with pytest.raises(PlannerInputError, match="too large"):
         parse_layout("E|t*" + "9" * 5000 + "|L")
+
+
+def test_vpp_counts_the_accounted_embedding_and_loss_as_layers():
+    """Qwen3-235B on 256 GPUs, TP2 PP8 VPP4 with --account-for-embedding/loss-in-pipeline-split:
+    Megatron counts the embedding and the loss as layers, (94 + 2) / 8 = 12 per rank, which VPP 4
+    divides (transformer_config.py, megatron-core 0.19).  Without the flags, 94 / 8 does not split."""
+    base = ["--num-layers", "94", "--hidden-size", "4096", "--num-attention-heads", "64", "--group-query-attention",
+            "--num-query-groups", "4", "--vocab-size", "151936", "--seq-length", "4096", "--max-position-embeddings",
+            "4096", "--global-batch-size", "1024", "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "8", "--num-virtual-stages-per-pipeline-rank", "4"]  # fmt: skip
+    run = parse_megatron_flags(base + ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"])
+    assert run.parallel.stage_layers(94) == [11] + [12] * 6 + [11] and run.parallel.vpp == 4
+    with pytest.raises(PlannerInputError, match="Number of layers should be divisible"):
+        parse_megatron_flags(base)
+    with pytest.raises(PlannerInputError, match=r"each pipeline rank: 12\(after enable .* byvirtual_pipeline_model_parallel_size5"):
+        parse_megatron_flags(base[:-1] + ["5", "--account-for-embedding-in-pipeline-split",
+                                          "--account-for-loss-in-pipeline-split"])
+
+
+def test_allow_invalid_keeps_megatrons_refusal_as_a_note():
+    """Degrees Megatron would refuse raise by default; allow_invalid turns them into notes."""
+    from planner.inputs.megatron_flags import build_run, parse_megatron_draft
+
+    argv = [*BASE, "--tensor-model-parallel-size", "3"]
+    with pytest.raises(PlannerInputError, match=r"num_attention_heads \(4\) must be a multiple of tensor_model_parallel_size \(3\)"):
+        parse_megatron_flags(argv)
+    draft = parse_megatron_draft(argv)
+    run = build_run(draft, allow_invalid=True)
+    assert run.parallel.tp == 3 and any("heads_tp" in n for n in draft.notes)

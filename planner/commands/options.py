@@ -50,7 +50,7 @@ def apply_options(options: list) -> Callable[[Callable[..., Any]], Callable[...,
 
 
 def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict, script_args=(),
-                quiet: bool = False):
+                quiet: bool = False, allow_invalid: bool = False):
     """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options.  What the input reader
     assumed or did not model is printed on stderr, one `note:` line each."""
     from planner.inputs.cluster import parse_cluster
@@ -63,7 +63,7 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     notes: list[str] = []
     run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
                       script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
-                      notes=notes)
+                      notes=notes, allow_invalid=allow_invalid)
     if not quiet:
         for note in notes:
             click.echo(f"note: {note}", err=True)

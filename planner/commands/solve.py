@@ -114,6 +114,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, script_args=script_args,
+        allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
     )
     settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
                               time_limit_s=time_limit_s, top_k=top_k)

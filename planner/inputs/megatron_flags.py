@@ -27,6 +27,7 @@ from typing import Any, Sequence
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
+from planner.rules import cp_violations, expert_violations, pipeline_split_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
@@ -757,7 +758,7 @@ def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], sect
     return PlannerInputError(where, msg)
 
 
-def _check_pipeline(parallel: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
+def _check_pipeline(parallel: dict[str, Any], model: ModelSpec, deferred: list) -> dict[str, Any]:
     """Megatron's pipeline-split rules (reference/megatron.md 2.3, rules 20-26); returns the
     parallel dict with the layout string replaced by decoder layers per virtual stage."""
     p = dict(parallel)
@@ -817,99 +818,71 @@ def _check_pipeline(parallel: dict[str, Any], model: ModelSpec) -> dict[str, Any
     if nlpv is not None and (first is not None or last is not None):
         raise PlannerInputError(
             "--num-layers-per-virtual-pipeline-stage",
-            "use --num-virtual-stages-per-pipeline-rank with --decoder-first/last-pipeline-num-layers",
+            "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline parallel degree when "
+            "enable uneven pipeline parallelism",
         )
-    if accounted and (first is not None or last is not None):
-        raise PlannerInputError(
-            "--decoder-first/last-pipeline-num-layers",
-            "cannot be set together with --account-for-embedding/loss-in-pipeline-split",
-        )
-    try:
-        per_rank = ParallelConfig(
-            pp=pp,
-            first_stage_layers=first,
-            last_stage_layers=last,
-            account_for_embedding_in_pipeline_split=bool(p.get("account_for_embedding_in_pipeline_split")),
-            account_for_loss_in_pipeline_split=bool(p.get("account_for_loss_in_pipeline_split")),
-        ).stage_layers(model.num_layers)
-    except ValidationError as exc:
-        raise _validation_to_input_error(exc, PARALLEL_FIELD_FLAGS, "parallel") from None
-    except ValueError as exc:
-        raise PlannerInputError("--pipeline-model-parallel-size", str(exc)) from None
+    embed = bool(p.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(p.get("account_for_loss_in_pipeline_split"))
+    extra = int(embed) + int(loss)
+    vpp = p.get("vpp") or 1
     if nlpv is not None:
-        extra = int(bool(p.get("account_for_embedding_in_pipeline_split"))) + int(
-            bool(p.get("account_for_loss_in_pipeline_split"))
-        )
+        if (model.num_layers + extra) % pp:
+            raise PlannerInputError("--pipeline-model-parallel-size",
+                                    "number of layers of the model must be divisible pipeline model parallel size")
         per_stage = (model.num_layers + extra) // pp
         if per_stage % nlpv:
             raise PlannerInputError(
                 "--num-layers-per-virtual-pipeline-stage",
-                f"{per_stage} layers per pipeline stage are not divisible by {nlpv}",
+                "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage "
+                f"({per_stage} layers per stage, {nlpv} per virtual stage)",
             )
         vpp = per_stage // nlpv
         if vpp == 1:
             p["num_layers_per_virtual_stage"] = None
-        elif pp == 1:
-            raise PlannerInputError(
-                "--num-layers-per-virtual-pipeline-stage", "interleaving needs --pipeline-model-parallel-size > 1"
-            )
-    vpp = p.get("vpp")
-    if vpp is not None:
-        if pp == 1:
-            raise PlannerInputError(
-                "--num-virtual-stages-per-pipeline-rank", "interleaving needs --pipeline-model-parallel-size > 1"
-            )
-        if any(n % vpp for n in per_rank):
-            raise PlannerInputError(
-                "--num-virtual-stages-per-pipeline-rank",
-                f"decoder layers per pipeline rank {per_rank} must each be divisible by {vpp}",
-            )
+    if vpp > 1 and pp == 1:
+        flag = "--num-layers-per-virtual-pipeline-stage" if nlpv is not None else "--num-virtual-stages-per-pipeline-rank"
+        raise PlannerInputError(flag, "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1")
+    for v in pipeline_split_violations(model.num_layers, pp, vpp, first=first, last=last,
+                                       account_for_embedding=embed, account_for_loss=loss):
+        if v.rule != "pipeline_split_vpp":  # the layers cannot be placed at all
+            flag = "--decoder-first/last-pipeline-num-layers" if first is not None or last is not None else "--pipeline-model-parallel-size"
+            raise PlannerInputError(flag, f"{v.message} ({v.hint})")
+        deferred.append((_VPP_FLAG_OF[nlpv is not None], v))
     return p
 
 
-def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any]) -> dict[str, Any]:
-    """World-size-free consistency rules Megatron enforces (reference/megatron.md 2.1, 2.2)."""
+_VPP_FLAG_OF = {True: "--num-layers-per-virtual-pipeline-stage", False: "--num-virtual-stages-per-pipeline-rank"}
+_RULE_FLAG = {
+    "heads_tp": "--tensor-model-parallel-size", "query_groups_tp": "--tensor-model-parallel-size",
+    "seq_cp": "--context-parallel-size", "ep_needs_experts": "--expert-model-parallel-size",
+    "experts_ep": "--expert-model-parallel-size", "moe_etp_bias": "--disable-bias-linear",
+    "expert_folding": "--expert-model-parallel-size", "moe_tp_sequence_parallel": "--sequence-parallel",
+}  # fmt: skip
+
+
+def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any], deferred: list) -> dict[str, Any]:
+    """The world-size-free rules of planner/rules.py for the flags' degrees (added to
+    `deferred` as (flag, violation)); Megatron switches SP off when TP == 1."""
     p = dict(parallel)
-    tp = p.get("tp", 1)
-    ep = p.get("ep", 1)
-    cp = p.get("cp", 1)
-    if model.num_attention_heads % tp:
-        raise PlannerInputError(
-            "--tensor-model-parallel-size",
-            f"num_attention_heads ({model.num_attention_heads}) must be a multiple of TP ({tp})",
-        )
-    groups = model.query_groups
-    if not model.multi_latent_attention and groups % tp and tp % groups:
-        raise PlannerInputError(
-            "--tensor-model-parallel-size",
-            f"num_query_groups ({groups}) must be a multiple or divisor of TP ({tp})",
-        )
-    if ep > 1 and not model.is_moe:
-        raise PlannerInputError("--expert-model-parallel-size", "EP > 1 needs --num-experts")
-    if model.is_moe and model.num_experts % ep:
-        raise PlannerInputError(
-            "--expert-model-parallel-size",
-            f"--num-experts {model.num_experts} must be a multiple of EP ({ep})",
-        )
+    tp, ep, cp = p.get("tp", 1), p.get("ep", 1), p.get("cp", 1)
     etp = p.get("etp") or tp
-    if model.is_moe and etp > 1 and model.add_bias_linear:
-        raise PlannerInputError(
-            "--disable-bias-linear",
-            f"MoE with expert tensor parallel size {etp} > 1 needs --disable-bias-linear (Megatron supports "
-            "expert biases only with ETP 1)",
-        )
-    if cp > 1 and model.seq_length % (2 * cp):
-        raise PlannerInputError(
-            "--context-parallel-size",
-            f"--seq-length {model.seq_length} must be a multiple of 2*CP ({2 * cp})",
-        )
+    found = tp_violations(model, tp) + cp_violations(model, cp)
+    found += [v for v in expert_violations(model, tp=tp, cp=cp, dp=etp * ep, ep=ep, etp=etp,
+                                           sequence_parallel=bool(p.get("sequence_parallel")) or tp == 1)
+              if v.rule in ("ep_needs_experts", "experts_ep", "moe_etp_bias")]
+    deferred.extend((_RULE_FLAG[v.rule], v) for v in found)
     if tp == 1:
         p["sequence_parallel"] = False  # Megatron switches SP off when TP == 1
     return p
 
 
-def build_run(draft: RunDraft, *, world_size: int | None = None) -> MegatronRun:
+def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: bool = False) -> MegatronRun:
     """Validate a draft as a whole and return the MegatronRun.
+
+    Flags that cannot describe a run at all (a layout that does not add up, layers that cannot be
+    placed) raise PlannerInputError.  Degrees Megatron would refuse (planner/rules.py: heads and
+    query groups over TP, experts over EP, VPP over each rank's layers, ...) raise it too, with
+    Megatron's message, unless `allow_invalid`: then they are added to `draft.notes`.
 
     A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known
     (DP = world / (TP*PP*CP)); otherwise it is an error naming --global-batch-size.
@@ -920,7 +893,12 @@ def build_run(draft: RunDraft, *, world_size: int | None = None) -> MegatronRun:
         raise _validation_to_input_error(exc, MODEL_FIELD_FLAGS, "model") from None
     except TypeError as exc:
         raise PlannerInputError("model", str(exc)) from None
-    parallel = _check_parallel_rules(model, _check_pipeline(draft.parallel, model))
+    deferred: list[tuple[str, Any]] = []
+    parallel = _check_parallel_rules(model, _check_pipeline(draft.parallel, model, deferred), deferred)
+    for flag, violation in deferred:
+        if not allow_invalid:
+            raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")
+        draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
     training = dict(draft.training)
     if training.get("global_batch_size") is None:
         training.pop("global_batch_size", None)

@@ -212,6 +212,7 @@ def resolve_run(
     world_size: int | None = None,
     overrides: Mapping[str, Any] | None = None,
     notes: list[str] | None = None,
+    allow_invalid: bool = False,
 ) -> MegatronRun:
     """Read the run from one source (--model, --megatron-args, or --megatron-script with
     --megatron-args as overrides on top), apply `overrides` (keys: OVERRIDE_KEYS), and validate.
@@ -219,7 +220,8 @@ def resolve_run(
     A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known; a
     MoE model with TP>1 gets sequence parallelism (Megatron requires it).  What was assumed or
     not modelled (the vocabulary, the global batch, fork flags, undecided script branches) is
-    appended to `notes`, one line each, for the caller to print."""
+    appended to `notes`, one line each, for the caller to print.  Degrees Megatron would refuse
+    raise PlannerInputError with Megatron's message, unless `allow_invalid` (then: a note)."""
     sources = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
     combined = sources == ["--megatron-args", "--megatron-script"]
     if len(sources) != 1 and not combined:
@@ -251,7 +253,8 @@ def resolve_run(
     apply_overrides(draft, overrides or {})
     _require_sp_for_moe(draft, explicit=(overrides or {}).get("sequence_parallel"))
     had_gbs = draft.training.get("global_batch_size") is not None
-    run = build_run(draft, world_size=world_size)
+    run = build_run(draft, world_size=world_size, allow_invalid=allow_invalid)
+    sink.extend(n for n in draft.notes if n not in sink)
     if not had_gbs:
         sink.append(
             f"global batch size not given: assumed {run.training.global_batch_size} = micro-batch "
