@@ -587,7 +587,10 @@ def infer_vocab_size(passthrough: Sequence[str], name: str = "") -> tuple[int, s
     ttype = _flag_value(passthrough, "--tokenizer-type") or ""
     if ttype in _TOKENIZER_TYPE_VOCAB:
         return _TOKENIZER_TYPE_VOCAB[ttype], f"assumed for --tokenizer-type {ttype}"
-    for where, text in (("the tokenizer path", model_path), ("the run's name", name)):
+    named = (("the tokenizer path", model_path), ("the vocab file", _flag_value(passthrough, "--vocab-file") or ""),
+             ("--patch-tokenizer-type", _flag_value(passthrough, "--patch-tokenizer-type") or ""),
+             ("the run's name", name))
+    for where, text in named:
         low = text.lower()
         for key, vocab in _NAME_VOCAB:
             if key in low:

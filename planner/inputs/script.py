@@ -102,7 +102,8 @@ class LaunchSite:
     """Where the launch happens in the script text: the statement the emitted launcher wraps.
 
     via: "direct" (the statement itself runs the launcher, possibly behind srun/mpirun), "eval"
-    (`eval "$cmd"`), or "string" (a `bash -c "..."` string, e.g. given to srun)."""
+    (`eval "$cmd"`), "string" (a `bash -c "..."` string, e.g. given to srun), "source" (a sourced
+    file) or "function" (a function defined elsewhere runs it)."""
 
     line: int
     offset: int  # character offset of the statement's command word in the script text
@@ -128,6 +129,8 @@ class LauncherScript:
     launch_env: dict[str, str] = field(default_factory=dict)  # VAR=value before the launcher word
     site: LaunchSite | None = None
     extra_flags: list[str] = field(default_factory=list)  # --megatron-args given on top of the script
+    sourced: dict[str, str] = field(default_factory=dict)  # files it sources from its own directory: path -> text
+    self_relative: bool = False  # it locates files from its own directory ($(dirname "$0"), BASH_SOURCE)
     decisions: list[BranchDecision] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -1025,6 +1028,8 @@ def _arith_value(node: ast.AST) -> int:
             return _wrap64(~v)
         if isinstance(node.op, ast.Not):
             return int(not v)
+    if isinstance(node, ast.IfExp):
+        return _arith_value(node.body) if _arith_value(node.test) else _arith_value(node.orelse)
     if isinstance(node, ast.BoolOp):
         vals = node.values
         if isinstance(node.op, ast.And):
@@ -1074,10 +1079,14 @@ def eval_arith(expr: str) -> int:
     text = expr.strip()
     if not text:
         return 0
+    if text.count("?") == 1 and text.count(":") == 1 and text.index("?") < text.index(":"):
+        cond, rest = text.split("?")
+        yes, no = rest.split(":")  # a ? b : c (one level, as launch scripts use it)
+        text = f"(({yes}) if ({cond}) else ({no}))"
     text = re.sub(r"&&", " and ", text)
     text = re.sub(r"\|\|", " or ", text)
     text = re.sub(r"!(?!=)", " not ", text)
-    if re.search(r"[^\s0-9A-Za-z_+\-*/%<>=!&|^~()]", text):
+    if re.search(r"[^\s0-9A-Za-z_+\-*/%<>=!&|^~()]", text) or re.search(r"\b(?!and\b|or\b|not\b|if\b|else\b)[A-Za-z_]\w*", re.sub(r"\b0x[0-9a-fA-F]+", "", text)):
         raise ValueError("unsupported arithmetic")
     text = re.sub(r"\b0x[0-9a-fA-F]+\b", lambda m: str(int(m.group(0), 16)), text)
     text = re.sub(r"\b0([0-7]+)\b", lambda m: str(int(m.group(1), 8)), text)
@@ -1173,6 +1182,8 @@ class _Interp:
         self.found: _Found | None = None
         self.skipped_launches: list[str] = []
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
+        self.self_relative = False  # the script locates files from its own directory ($0, BASH_SOURCE)
+        self.sourced: list[Path] = []  # files it sourced
         # names the script assigns somewhere: unset at a given point, they are empty (as in bash);
         # names it never assigns come from the environment and stay literal in flag values
         self.assigned: set[str] = set(_ASSIGNED_NAME.findall(text))
@@ -1294,6 +1305,8 @@ class _Interp:
         if self.script_dir is None:
             return None
         body = raw[2:-1] if raw.startswith("$(") else raw[1:-1]
+        if re.search(r"\$\{?(0|BASH_SOURCE)\b", body):
+            self.self_relative = True
         if re.fullmatch(r"\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*", body):
             return self.script_dir
         if re.fullmatch(r"\s*cd\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*(&&|;)\s*pwd(\s+-P)?\s*", body):
@@ -1982,6 +1995,7 @@ class _Interp:
                 raise PlannerInputError(str(path), f"cannot read: {exc}") from None
             src = len(self.sources)
             self.sources.append((str(path), text))
+            self.sourced.append(path)
             body = _parse(text, str(path), src)
             saved_pos = self.positional
             saved_vars = dict(self.vars) if child else None
@@ -2035,6 +2049,8 @@ class _Interp:
         if self.site is not None:
             site_node = self.site
             via = self.via[self.site_depth] if len(self.via) > self.site_depth else "direct"
+            if via == "direct" and site_node is not node:
+                via = "function"  # e.g. a function from a sourced file: the launcher is reached inside it
             words = site_node.words
             w = words[0] if words else None
             if w is not None:
@@ -2239,7 +2255,18 @@ def parse_launcher_script(
         warnings.append(
             "kept as literal text (bash expands them when the launcher runs): " + ", ".join(interp.unresolved)
         )
+    sourced: dict[str, str] = {}
+    if interp.script_dir is not None:
+        base = Path(interp.script_dir)
+        for f in interp.sourced:
+            try:
+                rel = f.resolve().relative_to(base)
+            except ValueError:
+                continue  # outside the script's directory: it is the cluster's (e.g. set_env.sh)
+            sourced[str(rel)] = f.read_text(encoding="utf-8")
     return LauncherScript(
+        sourced=sourced,
+        self_relative=interp.self_relative,
         text=text,
         megatron_flags=found.flags,
         entry_script=found.entry,

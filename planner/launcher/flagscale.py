@@ -32,7 +32,7 @@ from planner.launcher.common import (
     recompute_flag_items,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
-from planner.launcher.megatron import _master_port
+from planner.launcher.megatron import _master_port, self_relative_notes, sourced_files
 from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -270,6 +270,7 @@ def flagscale_files(
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
+    notes += self_relative_notes(script)
     entry = FLAGSCALE_ENTRY
     if script is not None and not script.entry_script.endswith("pretrain_gpt.py"):
         entry = script.entry_script
@@ -306,4 +307,5 @@ def flagscale_files(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",
             experiment_yaml(entry, len(agents), agents[0].nproc, needs_conn),
         ),
+        **sourced_files(script),
     }

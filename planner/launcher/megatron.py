@@ -106,6 +106,7 @@ def megatron_files(
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
+    notes += self_relative_notes(script)
     needs_conn = plan.tp > 1 or plan.cp > 1
     if needs_conn:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
@@ -125,7 +126,23 @@ def megatron_files(
         "megatron_args.txt": args_file_text(group_flag_items(flags.final)),
         "launch.sh": launch,
         "hostfile": hostfile_text(agents),
+        **sourced_files(script),
     }
+
+
+def sourced_files(script: LauncherScript | None) -> dict[str, str]:
+    """The files the input script sources from its own directory, copied next to launch.sh at the
+    same relative paths, so `source "$(dirname "$0")/common.sh"` works from there too."""
+    return dict(script.sourced) if script is not None else {}
+
+
+def self_relative_notes(script: LauncherScript | None) -> list[str]:
+    """What the user must know when the input script finds files from its own directory."""
+    if script is None or not script.self_relative:
+        return []
+    copied = f" ({', '.join(sorted(script.sourced))} copied next to it)" if script.sourced else ""
+    return [f"the input script finds files from its own directory ($0 / BASH_SOURCE): launch.sh does the same "
+            f"from where it lies{copied}; put it next to the input script if other files are looked up there"]
 
 
 def _master_port(script: LauncherScript | None) -> str:
