@@ -176,7 +176,9 @@ def pipeline_split_violations(
     """How --num-layers splits over PP ranks without an explicit layout (VA and TC, megatron-core
     0.19): first/last-stage overrides and the account-for flags exclude each other; the count
     (num_layers + 1 per accounted embedding/loss) divides over the ranks; with VPP each rank's
-    count divides by VPP.  With the account-for flags Megatron counts the embedding and the loss
+    count divides by VPP (without the account-for flags validate_args does not check this with
+    VPP; the model build does, in transformer_block.get_num_layers_to_build, and its message is
+    used).  With the account-for flags Megatron counts the embedding and the loss
     as layers here: Qwen3-235B's 94 layers on PP 8 with VPP 4 are (94 + 2) / 8 = 12 per rank, which
     4 divides."""
     out: list[RuleViolation] = []
@@ -228,6 +230,8 @@ def pipeline_split_violations(
                        f"account_for_loss_in_pipeline_split must be divisibleby pipeline_model_parallel_size {pp}")
         elif accounted:
             message = f"number of middle layers: {total} must be divisible by middle pipeline_model_parallel_size {pp}"
+        elif v:  # validate_args lets it pass; the model build refuses (transformer_block.get_num_layers_to_build)
+            message = f"num_layers={total} should be divisible by config.pipeline_model_parallel_size={pp}"
         else:
             message = "Number of layers should be divisible by the pipeline-model-parallel size"
         return [RuleViolation("pipeline_split", message,
@@ -239,8 +243,8 @@ def pipeline_split_violations(
             message = (f"number of layers on each pipeline rank: {per_rank}(after enable account_for_embedding_in_"
                        "pipeline_split or account_for_loss_in_pipeline_split) must be divisible by"
                        f"virtual_pipeline_model_parallel_size{v}")
-        else:
-            message = f"number of layers per pipeline stage ({per_rank}) must be divisible by the virtual pipeline size {v}"
+        else:  # the model build (transformer_block.get_num_layers_to_build)
+            message = f"num_layers_per_pipeline_rank {per_rank}             should be divisible by vp_size {v}"
         out.append(RuleViolation("pipeline_split_vpp", message, f"each rank's {per_rank} layers must be a multiple of VPP {v}"))
     return out
 

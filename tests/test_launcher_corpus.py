@@ -10,6 +10,7 @@ never modified.  (Megatron's own validator checks the same files in test_megatro
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -53,13 +55,18 @@ def entry(name: str) -> dict:
     return next(c for c in CORPUS if c["script"] == name)
 
 
+_SOLVED_ROOT = Path(tempfile.mkdtemp(prefix="hapmoe-corpus-"))
+atexit.register(shutil.rmtree, _SOLVED_ROOT, True)
+
+
 @lru_cache(maxsize=None)
-def solved(name: str, root: str, runtime: str = "megatron") -> Path:
-    """Run `solve` on one corpus script (once per session) and return its --out directory."""
+def solved(name: str, runtime: str = "megatron") -> Path:
+    """Run `solve` on one corpus script (once per test session, shared with the validator tests)
+    and return its --out directory."""
     from cli import main
 
     c = entry(name)
-    out = Path(root) / f"{name}-{runtime}"
+    out = _SOLVED_ROOT / f"{name}-{runtime}"
     args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", c["cluster"], "--backend", "hsdp",
             "--runtime", runtime, "--time-limit", "30", "--quiet", "--out", str(out), "--", *c["args"]]
     result = CliRunner().invoke(main, args)
@@ -144,7 +151,7 @@ def test_emitted_launcher_is_the_users_command_with_the_plan(name, workdir):
     c = entry(name)
     src = CORPUS_DIR / name
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
-    out = solved(name, str(workdir))
+    out = solved(name)
     script = read_launcher_script(src, args=c["args"])
     entry_name = script.entry_script.rsplit("/", 1)[-1]
     files = tuple(c.get("needs_files", ()))
@@ -201,7 +208,7 @@ def _applied_count(out: Path) -> int:
 def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
     """`launch.sh --dry-run ARGS` prints one command per node (torchrun) and launches nothing."""
     c = entry(name)
-    out = solved(name, str(workdir))
+    out = solved(name)
     rec = workdir / f"dry-{name}"
     rec.unlink(missing_ok=True)
     env = {"PATH": f"{workdir / 'bin'}:{os.environ['PATH']}", "HOME": str(workdir), "HAPMOE_ARGS_OUT": str(rec),
@@ -225,7 +232,7 @@ def test_flagscale_yaml_keeps_the_users_flags(name, workdir):
     """With --runtime flagscale the train YAML holds every flag of the user's command that the
     plan does not decide, with its value (FlagScale turns the keys back into flags)."""
     c = entry(name)
-    out = solved(name, str(workdir), "flagscale")
+    out = solved(name, "flagscale")
     script = read_launcher_script(CORPUS_DIR / name, args=c["args"])
     train = yaml.safe_load((out / "launch" / "flagscale" / "conf" / "train" / "hapmoe.yaml").read_text())
     flat: dict[str, object] = {}

@@ -32,7 +32,7 @@ from planner.launcher.common import (
     recompute_flag_items,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
-from planner.launcher.megatron import _master_port, self_relative_notes, sourced_files
+from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
 from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -279,7 +279,7 @@ def flagscale_files(
     per_agent = {
         ag.node_rank: [FlagItem("--hetero-current-device-type", [ag.device_type])] for ag in agents
     }
-    needs_conn = plan.tp > 1 or plan.cp > 1
+    needs_conn = needs_max_connections(plan, flags.final)
     if needs_conn:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
     spec = LaunchSpec(

@@ -107,7 +107,7 @@ def megatron_files(
                            for i in rule_items]
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script)
-    needs_conn = plan.tp > 1 or plan.cp > 1
+    needs_conn = needs_max_connections(plan, flags.final)
     if needs_conn:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
     spec = LaunchSpec(
@@ -134,6 +134,12 @@ def sourced_files(script: LauncherScript | None) -> dict[str, str]:
     """The files the input script sources from its own directory, copied next to launch.sh at the
     same relative paths, so `source "$(dirname "$0")/common.sh"` works from there too."""
     return dict(script.sourced) if script is not None else {}
+
+
+def needs_max_connections(plan: Plan, final_flags: list[str]) -> bool:
+    """Megatron wants CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1, except under Megatron-FSDP,
+    which refuses it ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", args.py)."""
+    return (plan.tp > 1 or plan.cp > 1) and "--use-megatron-fsdp" not in final_flags
 
 
 def self_relative_notes(script: LauncherScript | None) -> list[str]:

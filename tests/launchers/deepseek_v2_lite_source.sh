@@ -11,4 +11,4 @@ CKPT=${1:-/ckpt/dsv2-lite}
 launch --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 \
     --micro-batch-size 1 --global-batch-size 256 --bf16 --use-distributed-optimizer \
     --tokenizer-type HuggingFaceTokenizer --tokenizer-model deepseek-ai/DeepSeek-V2-Lite --mock-data \
-    --lr 1e-4 --train-iters 100 --log-interval 1 --save "$CKPT"
+    --lr 1e-4 --train-iters 100 --log-interval 1 --save "$CKPT" --save-interval 50

@@ -40,7 +40,7 @@ TRAIN_ARGS="--micro-batch-size $MBS --global-batch-size $GBS --train-iters 1000 
 
 PARALLEL_ARGS="--tensor-model-parallel-size $TP --pipeline-model-parallel-size $PP --expert-model-parallel-size $EP"
 
-OUTPUT_ARGS="--save $CHECKPOINT_PATH --load $CHECKPOINT_PATH --tensorboard-dir $TENSORBOARD_DIR --log-interval 10"
+OUTPUT_ARGS="--save $CHECKPOINT_PATH --load $CHECKPOINT_PATH --tensorboard-dir $TENSORBOARD_DIR --log-interval 10 --save-interval 500"
 
 torchrun --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NUM_NODES" --node_rank "$NODE_RANK" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \

@@ -30,7 +30,7 @@ case "${RECOMPUTE}" in
   none) ;;
 esac
 ARGS="$ARGS --tokenizer-type Llama2Tokenizer --tokenizer-model /models/llama-2-13b/tokenizer.model"
-ARGS="$ARGS --mock-data --lr 3e-4 --train-iters 100 --log-interval 1 --save ${RESULTS}/ckpt"
+ARGS="$ARGS --mock-data --lr 3e-4 --train-iters 100 --log-interval 1 --save ${RESULTS}/ckpt --save-interval 50"
 
 python -m torch.distributed.run --nnodes=${NUM_NODES} --nproc-per-node=${GPUS_PER_NODE} \
     --rdzv-backend=c10d --rdzv-endpoint=${MASTER_ADDR:-localhost}:29500 \

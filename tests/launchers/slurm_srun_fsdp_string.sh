@@ -26,7 +26,7 @@ TRAIN_ARGS=(
     --micro-batch-size 1 --global-batch-size 128 --lr 3e-4 --train-iters 200 --bf16
     --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
     --use-distributed-optimizer --ckpt-format fsdp_dtensor
-    --mock-data --log-interval 1 --save ${OUTPUT}/ckpt
+    --mock-data --log-interval 1 --save ${OUTPUT}/ckpt --save-interval 100
 )
 
 CMD="cd ${MEGATRON_PATH} && torchrun ${DISTRIBUTED_ARGS} pretrain_gpt.py ${MODEL_ARGS[*]} ${TRAIN_ARGS[*]}"
