@@ -388,3 +388,9 @@ def test_long_lines_and_long_arrays_are_read():
     assert len(s.megatron_flags[1]) == 2_000_000
     text = "\n".join(f"A+=(--x{i})" for i in range(20_000)) + '\ntorchrun train.py "${A[@]}"\n'
     assert len(parse_launcher_script(text).megatron_flags) == 20_000
+
+
+def test_break_and_continue_in_loops():
+    """`continue` skips the rest of an iteration, `break` ends the loop (also from a nested if)."""
+    text = "A=()\nfor i in 1 2 3 4; do\n  if [ $i = 2 ]; then continue; fi\n  A+=(--x$i)\n  if [ $i = 3 ]; then break; fi\ndone\ntorchrun train.py \"${A[@]}\"\n"
+    assert parse_launcher_script(text).megatron_flags == ["--x1", "--x3"]

@@ -1125,10 +1125,11 @@ class _Return(Exception):
 
 
 class _Exit(Exception):
-    def __init__(self, status: int | None, line: int, src: int):
+    def __init__(self, status: int | None, line: int, src: int, message: str = ""):
         self.status = status
         self.line = line
         self.src = src
+        self.message = message
 
 
 class _Launched(Exception):
@@ -1177,6 +1178,7 @@ class _Interp:
         self.via: list[str] = []  # eval / string / source nesting of the statement being run
         self.site_depth = 0  # len(self.via) when `site` was set
         self.last_unknown = "cannot be decided from the script"
+        self.cur = (1, 0)  # (line, source) of the statement being run
         self.decisions: list[BranchDecision] = []
         self.warnings: list[str] = []
         self.found: _Found | None = None
@@ -1336,7 +1338,10 @@ class _Interp:
                 return (self.expand_text(part.arg)[0] if present else ""), split
             if not present:
                 if op.endswith("?"):
-                    return self._note(ref), False
+                    if name.isdigit() or name in self.assigned:  # bash stops the script here
+                        message, _ = self.expand_text(part.arg)
+                        raise _Exit(1, *self.cur, message=f"{ref}: {message or 'parameter null or not set'}")
+                    return self._note(ref), False  # an environment variable: set where it runs
                 arg_text, arg_ok = self.expand_text(part.arg)
                 if op.endswith("=") and is_name:
                     self.vars[name] = _Var(arg_text, arg_ok)
@@ -1745,15 +1750,9 @@ class _Interp:
                         break
                     self.set_scalar(node.var, items[k])  # type: ignore[arg-type]
                     k += 1
-                try:
-                    status = self.run_list(node.body)
-                except _Break as b:
-                    if b.n > 1:
-                        raise _Break(b.n - 1) from None
+                status, stop = self._body(node.body)
+                if stop:
                     break
-                except _Continue as c:
-                    if c.n > 1:
-                        raise _Continue(c.n - 1) from None
                 if node.kind == "cfor":
                     try:
                         if stepx.strip():
@@ -1772,16 +1771,23 @@ class _Interp:
                 break
             if (cond_status == 0) != (node.kind == "while"):
                 break
-            try:
-                status = self.run_list(node.body)
-            except _Break as b:
-                if b.n > 1:
-                    raise _Break(b.n - 1) from None
+            status, stop = self._body(node.body)
+            if stop:
                 break
-            except _Continue as c:
-                if c.n > 1:
-                    raise _Continue(c.n - 1) from None
         return status
+
+    def _body(self, body: list) -> tuple[int | None, bool]:
+        """Run a loop body once: (its status, whether `break` ended the loop)."""
+        try:
+            return self.run_list(body), False
+        except _Break as b:
+            if b.n > 1:
+                raise _Break(b.n - 1) from None
+            return 0, True
+        except _Continue as c:
+            if c.n > 1:
+                raise _Continue(c.n - 1) from None
+            return 0, False
 
     def case(self, node: _Case) -> int | None:
         self.step(node.line, 0)
@@ -1813,6 +1819,7 @@ class _Interp:
     # -- simple commands ------------------------------------------------------------------------
     def simple(self, node: _Simple) -> int | None:
         self.step(node.line, node.src)
+        self.cur = (node.line, node.src)
         if node.src == 0:
             self.site = node
             self.site_depth = len(self.via)
@@ -2234,8 +2241,9 @@ def parse_launcher_script(
         if interp.found is None:
             where = interp.where(exc.line, exc.src)
             hint = "" if given else "; pass the script's own arguments after `--`"
+            why = f" ({exc.message})" if exc.message else ""
             raise PlannerInputError(
-                where, f"the script exits here (status {exc.status}) before it runs a launch command{hint}"
+                where, f"the script exits here (status {exc.status}){why} before it runs a launch command{hint}"
             ) from None
     except (_Break, _Continue, _Return):
         pass
