@@ -394,3 +394,11 @@ def test_break_and_continue_in_loops():
     """`continue` skips the rest of an iteration, `break` ends the loop (also from a nested if)."""
     text = "A=()\nfor i in 1 2 3 4; do\n  if [ $i = 2 ]; then continue; fi\n  A+=(--x$i)\n  if [ $i = 3 ]; then break; fi\ndone\ntorchrun train.py \"${A[@]}\"\n"
     assert parse_launcher_script(text).megatron_flags == ["--x1", "--x3"]
+
+
+def test_getopts_option_loop():
+    """`while getopts "t:p:f" opt; do case $opt in ...` reads the options like bash."""
+    text = ('TP=1; PP=1; F=\nwhile getopts "t:p:f" opt; do\n  case $opt in\n    t) TP=$OPTARG ;;\n    p) PP=$OPTARG ;;\n'
+            '    f) F=--fp16 ;;\n  esac\ndone\nshift $((OPTIND-1))\ntorchrun train.py --tp $TP --pp $PP $F "$@"\n')
+    s = parse_launcher_script(text, args=["-t", "4", "-p2", "-f", "--", "--extra", "1"])
+    assert s.megatron_flags == ["--tp", "4", "--pp", "2", "--fp16", "--extra", "1"]

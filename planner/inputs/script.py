@@ -11,7 +11,8 @@ What it evaluates:
     arrays (`A=(...)`, `A+=(...)`, `"${A[@]}"`, `${#A[@]}`), `export`/`declare`/`local`/`unset`;
   * the script's own arguments (`$1`, `"$@"`, `$#`, `shift`, `set --`), given by the caller;
   * `if`/`elif`/`else`, `case`, `for`, `while`/`until` (also `while [[ $# -gt 0 ]]; do case $1 in
-    ...; esac; shift; done` option loops), `&&`/`||`, `[ ]`, `[[ ]]`, `test`, `(( ))`, functions;
+    ...; esac; shift; done` and `while getopts ...` option loops), `&&`/`||`, `[ ]`, `[[ ]]`,
+    `test`, `(( ))`, functions;
   * `source FILE` / `. FILE` (read relative to the script), `eval`, and `bash -c STRING`.
 
 What it cannot know (a command's output `$(...)`, an environment variable the script never sets,
@@ -35,6 +36,7 @@ import ast
 import bisect
 import fnmatch
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -1091,7 +1093,9 @@ def eval_arith(expr: str) -> int:
     text = re.sub(r"\b0x[0-9a-fA-F]+\b", lambda m: str(int(m.group(0), 16)), text)
     text = re.sub(r"\b0([0-7]+)\b", lambda m: str(int(m.group(1), 8)), text)
     try:
-        tree = ast.parse(text, mode="eval")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "1a" and friends: a SyntaxWarning before the error
+            tree = ast.parse(text, mode="eval")
     except (SyntaxError, RecursionError, MemoryError, ValueError):
         raise ValueError("unsupported arithmetic") from None
     try:
@@ -1931,12 +1935,48 @@ class _Interp:
             return 0
         if name == "false":
             return 1
+        if name == "getopts":
+            return self.getopts(fields[1:])
         if name in _ALWAYS_OK:
             return 0
         if name == "read":
             return None
         self.last_unknown = f"depends on the exit status of `{name}`"
         return None
+
+    def getopts(self, words: list[str]) -> int:
+        """`getopts OPTSTRING NAME [ARG...]`, one option per word (`-n 4`, `-n4`), with OPTIND."""
+        if len(words) < 2:
+            return 2
+        spec, var, args = words[0], words[1], words[2:] or list(self.positional)
+        index = int(self.scalar("OPTIND")[0] or "1") if (self.scalar("OPTIND")[0] or "1").isdigit() else 1
+        if index > len(args) or not args[index - 1].startswith("-") or args[index - 1] in ("-", "--"):
+            if index <= len(args) and args[index - 1] == "--":
+                self.set_scalar("OPTIND", str(index + 1))
+            self.set_scalar(var, "?")
+            return 1
+        word = args[index - 1]
+        opt = word[1]
+        at = spec.find(opt)
+        if at < 0 or opt == ":":
+            self.set_scalar(var, "?")
+            self.set_scalar("OPTIND", str(index + 1))
+            return 0
+        self.set_scalar(var, opt)
+        if spec[at + 1 : at + 2] == ":":
+            if len(word) > 2:
+                self.set_scalar("OPTARG", word[2:])
+                index += 1
+            elif index < len(args):
+                self.set_scalar("OPTARG", args[index])
+                index += 2
+            else:
+                self.set_scalar(var, "?")
+                index += 1
+        else:
+            index += 1
+        self.set_scalar("OPTIND", str(index))
+        return 0
 
     def call(self, name: str, args: list[str], node: _Simple) -> int | None:
         self.depth += 1
