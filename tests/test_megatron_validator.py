@@ -75,6 +75,10 @@ CONTROLS: dict[str, tuple[list[str], int]] = {
 }
 
 
+PIPELINE_SPLITS = [((4, 4, 4, 4), 1), ((3, 5, 5, 5), 1), ((5, 5, 5, 2), 1), ((3, 6, 6, 7), 1), ((7, 9), 1),
+                   ((6, 4, 5, 7), 1), ((8, 0, 8), 1), ((7, 6, 5, 4), 3), ((4, 4), 2)]
+
+
 def _concrete(argv: list[str]) -> list[str]:
     """Text the planner left for bash (`$1`, `${DATA}`, `$(cmd)`) replaced by a path: the
     validator checks flags, not files."""
@@ -129,6 +133,14 @@ def results() -> dict[str, dict]:
         world = json.loads((out / "plan.json").read_text())["plan"]["world_size"]
         cases.append({"name": f"corpus/{c['script']}", "argv": _concrete(argv), "world_size": world,
                       "env": _exported(out / "launch" / "launch.sh")})
+    from test_launcher import _dense_plan, args_of
+
+    from planner.launcher import render_launch_files
+
+    for counts, vpp in PIPELINE_SPLITS:  # the pipeline split flags test_launcher.py emits
+        run, plan, cluster = _dense_plan(list(counts), vpp=vpp)
+        cases.append({"name": f"split/{counts}/vpp{vpp}", "argv": args_of(render_launch_files(run, plan, cluster)),
+                      "world_size": plan.world_size})
     for name, (argv, world) in CONTROLS.items():
         cases.append({"name": f"control/{name}", "argv": argv, "world_size": world,
                       "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
@@ -157,6 +169,14 @@ def test_every_emitted_corpus_launcher_passes_megatrons_validator(name):
     Megatron's parser, validate_args, the config classes, the micro-batch calculator and the
     process-group setup."""
     r = results()[f"corpus/{name}"]
+    assert r["ok"], r["error"]
+
+
+@pytest.mark.parametrize("counts, vpp", PIPELINE_SPLITS)
+def test_emitted_pipeline_splits_pass_megatrons_validator(counts, vpp):
+    """Uniform, first/last-stage and layout splits (with interleaving too), as the launcher emits
+    them, are accepted by Megatron, layout checks of TransformerConfig included."""
+    r = results()[f"split/{counts}/vpp{vpp}"]
     assert r["ok"], r["error"]
 
 

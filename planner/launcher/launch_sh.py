@@ -15,8 +15,9 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
     Python, which writes megatron_args.txt);
   * for torchrun (or `python -m torch.distributed.run`): replaces the placement options
     (nproc-per-node, nnodes, node-rank, rdzv-*) with static rendezvous and an explicit node rank,
-    picking this host's agent(s) by HAPMOE_NODE_RANK or the host name (hostfile order puts each
-    stage on its device type); master address and port stay the script's when it gives them;
+    picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
+    stage on its device type) or, under srun, SLURM_NODEID; master address and port stay the
+    script's when it gives them;
   * behind srun/mpirun (or plain python) the launcher's own options are kept: the scheduler
     places ranks, so its host order must follow the hostfile;
   * with `launch.sh --dry-run ARGS...` prints the command every node would run and exits.
@@ -211,7 +212,8 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     for host, ranks in by_host.items():
         lines.append(f"            {host}) agents=({' '.join(map(str, ranks))}) ;;")
     lines += [
-        "            *) echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2 ;;",
+        "            *) if [[ -n \"${SLURM_NODEID:-}\" ]]; then agents=(\"$SLURM_NODEID\")  # srun: the allocation's node order",
+        "               else echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2; fi ;;",
         "        esac",
         "    fi",
         "    local k status=0",

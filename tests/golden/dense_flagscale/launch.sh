@@ -94,7 +94,8 @@ hapmoe_launch() {
         case "${HAPMOE_HOST:-$(hostname -s)}" in
             a100-node0) agents=(0) ;;
             910b-node0) agents=(1) ;;
-            *) echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
+            *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
+               else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
         esac
     fi
     local k status=0

@@ -99,7 +99,8 @@ hapmoe_launch() {
             h800-node1) agents=(1) ;;
             mi300x-node0) agents=(2) ;;
             mi300x-node1) agents=(3) ;;
-            *) echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
+            *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
+               else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
         esac
     fi
     local k status=0
