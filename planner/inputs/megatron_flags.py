@@ -186,9 +186,16 @@ def _is_number(tok: str) -> bool:
     return True
 
 
-def _is_flag(tok: str) -> bool:
-    """True for an option token (`--x`, `-x`); negative numbers are values, as in argparse."""
-    return tok.startswith("-") and len(tok) > 1 and not _is_number(tok)
+_NEGATIVE_NUMBER = re.compile(r"-[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?")
+
+
+def is_flag_token(tok: str) -> bool:
+    """True for an option token (`--x`, `-x`); negative numbers are values, as in argparse.
+    (launch.sh's bash applies the same test, so both split flags from values alike.)"""
+    return tok.startswith("-") and len(tok) > 1 and not _NEGATIVE_NUMBER.fullmatch(tok)
+
+
+_is_flag = is_flag_token
 
 
 def _convert(name: str, spec: FlagSpec, raw: str) -> Any:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.errors import PlannerInputError
+from planner.inputs.megatron_flags import is_flag_token
 from planner.inputs.script import LauncherScript
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -45,15 +46,6 @@ class FlagItem:
         if self.inline:
             return [f"{self.name}={self.values[0]}"]
         return [self.name, *self.values]
-
-
-_NUMBER_RE = re.compile(r"-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?")
-
-
-def is_flag_token(tok: str) -> bool:
-    """An option token (`--x`, `-x`); negative numbers are values, as argparse treats them.
-    (The same test as launch.sh's bash, so both split flags from values alike.)"""
-    return tok.startswith("-") and len(tok) > 1 and not _NUMBER_RE.fullmatch(tok)
 
 
 def group_flag_items(tokens: Sequence[str]) -> list[FlagItem]:
@@ -410,7 +402,7 @@ def _order_items(items: list[FlagItem]) -> list[FlagItem]:
     return sorted(items, key=lambda i: rank[i.array])  # stable: keeps order inside an array
 
 
-def arrays_of(items: list[FlagItem], script: LauncherScript | None = None) -> dict[str, list[FlagItem]]:
+def arrays_of(items: list[FlagItem]) -> dict[str, list[FlagItem]]:
     out: dict[str, list[FlagItem]] = {a: [] for a in array_order(items)}
     for item in items:
         out[item.array].append(item)

@@ -158,7 +158,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
         "            torch=1; after=1; launcher+=(\"$tok\"); continue",
         "        fi",
         "        if ((torch)); then",
-        f"            case \"${{tok%%=*}}\" in",
+        "            case \"${{tok%%=*}}\" in",
         f"                {switches}) continue ;;",
         f"                {placement}) [[ \"$tok\" == *=* ]] || ((i++)); continue ;;",
         "            esac",
@@ -300,7 +300,7 @@ def generated_launch_sh(items: list[FlagItem], spec: LaunchSpec, launcher: Seque
     for ref in live:
         name = ref[2:-1]
         out.append(f': "${{{name}:?launch.sh: set {name} (the run\'s flags refer to it)}}"')
-    arrays = arrays_of(items, None)
+    arrays = arrays_of(items)
     for name, arr_items in arrays.items():
         out.append(f"{name}=(")
         out += [f"    {bash_item(i, live)}" for i in arr_items]
