@@ -158,7 +158,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
         "            torch=1; after=1; launcher+=(\"$tok\"); continue",
         "        fi",
         "        if ((torch)); then",
-        "            case \"${{tok%%=*}}\" in",
+        "            case \"${tok%%=*}\" in",
         f"                {switches}) continue ;;",
         f"                {placement}) [[ \"$tok\" == *=* ]] || ((i++)); continue ;;",
         "            esac",
