@@ -384,7 +384,7 @@ def launch_flags(
         generated = _order_items(generated)
         user_argv = flatten(generated)
     final = apply_plan(user_argv, applied, decided)
-    changes = plan_changes(user_argv, applied)
+    changes = plan_changes(user_argv, applied, decided)
     if changes:
         notes.insert(0, "the plan sets: " + "; ".join(changes))
     return LaunchFlags(user_argv, applied, decided, final, notes, generated)

@@ -69,12 +69,14 @@ def apply_plan(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: I
     return out
 
 
-def plan_changes(user_argv: Sequence[str], applied: Sequence[FlagItem]) -> list[str]:
-    """Human-readable notes: which of the user's flags the plan changes, adds or keeps."""
+def plan_changes(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str] = ()) -> list[str]:
+    """Human-readable notes: which of the user's flags the plan changes, adds or removes."""
     from planner.launcher.common import group_flag_items
 
     given = {i.name: i for i in group_flag_items(list(user_argv)) if is_flag_token(i.name)}
-    notes: list[str] = []
+    applied_names = {i.name for i in applied}
+    notes = [f"removed {' '.join(item.tokens())}" for name, item in given.items()
+             if name in set(decided) and name not in applied_names]
     for item in applied:
         old = given.get(item.name)
         new = " ".join(item.tokens())
