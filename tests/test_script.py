@@ -367,6 +367,12 @@ def test_preprocessing_before_training_is_not_the_launch():
         ("while true; do X=1; done\ntorchrun train.py", "never ends"),
         ('A="abc\ntorchrun train.py', 'unterminated "'),
         ("echo $(( 1 + \ntorchrun train.py", "unbalanced $("),
+        ('A=' + '$("' * 500 + 'x' + '")' * 500 + "\ntorchrun train.py", "nested more than"),
+        ("{ " * 500 + "x; " + "} " * 500 + "\ntorchrun train.py", "nested more than"),
+        ("if true; then " * 500 + "x; " + "fi; " * 500 + "\ntorchrun train.py", "nested more than"),
+        ("if [ " + "! " * 500 + "a ]; then x; fi\ntorchrun train.py", "nested more than"),
+        ("f() { f; }; f\ntorchrun train.py", "nested more than"),
+        ('A="eval \\"\\$A\\""; eval "$A"\ntorchrun train.py', "nested more than"),
     ],
 )
 def test_hostile_scripts_are_refused_with_file_and_line(text, words):

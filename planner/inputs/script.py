@@ -147,7 +147,10 @@ def parse_launcher_script(
     given = list(args) if args is not None else []
     if len(text) > MAX_SCRIPT_BYTES:
         raise PlannerInputError(path_text or FIELD, f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
-    body = parse(text, path_text, 0)
+    try:
+        body = parse(text, path_text, 0)
+    except RecursionError:  # a last guard; the nesting limits refuse such scripts first
+        raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
     interp = Interp(text, path_text, given)
     try:
         interp.run_list(body)
@@ -163,6 +166,8 @@ def parse_launcher_script(
             ) from None
     except (Break, Continue, Return):
         pass
+    except RecursionError:  # a last guard; the nesting limits above refuse such scripts first
+        raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
     found = interp.found
     if found is None:
         extra = f" (not a training entry: {', '.join(interp.skipped_launches)})" if interp.skipped_launches else ""

@@ -1087,6 +1087,7 @@ class _TestEval:
         self.i = 0
         self.interp = interp
         self.double = double
+        self.depth = 0
 
     def run(self) -> bool:
         if not self.args:
@@ -1129,10 +1130,16 @@ class _TestEval:
         return left
 
     def expr_not(self) -> bool:
-        if self.peek() == "!" and self.i + 1 < len(self.args):
-            self.i += 1
-            return not self.expr_not()
-        return self.primary()
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise PlannerInputError(self.interp.where(*self.interp.cur), f"a test nested more than {MAX_DEPTH} deep")
+            if self.peek() == "!" and self.i + 1 < len(self.args):
+                self.i += 1
+                return not self.expr_not()
+            return self.primary()
+        finally:
+            self.depth -= 1
 
     def primary(self) -> bool:
         tok = self.peek()

@@ -84,6 +84,7 @@ class Lexer:
         self.pos = 0
         self.newlines = [i for i, c in enumerate(text) if c == "\n"]
         self.depth = 0
+        self.scan_depth = 0
         self.heredocs: list[tuple[str, bool]] = []
         self.warnings: list[str] = []
 
@@ -172,6 +173,15 @@ class Lexer:
     def _match_close(self, start: int, open_ch: str, close_ch: str) -> int:
         """Index of the bracket closing the one just before `start` (quotes and nesting aware),
         -1 when there is none."""
+        self.scan_depth += 1  # quotes and brackets nest through _skip_dquote too
+        try:
+            if self.scan_depth > MAX_NESTING:
+                raise self.fail(start, f"quotes and brackets nested more than {MAX_NESTING} deep")
+            return self._scan_close(start, open_ch, close_ch)
+        finally:
+            self.scan_depth -= 1
+
+    def _scan_close(self, start: int, open_ch: str, close_ch: str) -> int:
         depth, i, text = 1, start, self.text
         n = len(text)
         while i < n:

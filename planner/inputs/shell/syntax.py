@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from planner.errors import PlannerInputError
 from planner.inputs.shell.lexer import (
-    ASSIGN_RE, NAME_RE, ArithCmd, ArrayAssign, Lexer, Op, Token, Word, location,
+    ASSIGN_RE, MAX_NESTING, NAME_RE, ArithCmd, ArrayAssign, Lexer, Op, Token, Word, location,
 )
 
 RESERVED_END = {"then", "elif", "else", "fi", "do", "done", "esac", "}"}
@@ -98,6 +98,7 @@ class Parser:
     def __init__(self, tokens: list[Token], path: str | None, src: int, text: str):
         self.toks = tokens
         self.i = 0
+        self.nesting = 0
         self.path = path
         self.src = src
         self.text = text
@@ -190,6 +191,17 @@ class Parser:
             return
 
     def command(self):
+        """One command; compound commands (if, loops, groups, functions) nest at most MAX_NESTING deep."""
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_NESTING:
+                tok = self.peek()
+                raise self.fail(getattr(tok, "line", 1), f"commands nested more than {MAX_NESTING} deep")
+            return self._command()
+        finally:
+            self.nesting -= 1
+
+    def _command(self):
         tok = self.peek()
         if tok is None:
             raise self.fail(self.toks[-1].line if self.toks else 1, "syntax error: unexpected end of script")
