@@ -1,7 +1,8 @@
 #!/bin/bash
 
-# GPT-3 175B on many nodes, in the style of Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh
-# (positional paths for checkpoints, tensorboard, vocab, merges and data; GPT2 BPE tokenizer).
+# A GPT-3-175B-shaped dense model on 16 nodes, written for the planner's corpus in the structure of
+# Megatron-LM's gpt3 example: five positional paths (checkpoints, tensorboard, GPT-2 vocab and
+# merges, data prefix), fp16, and the batch ramp-up.
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
@@ -12,11 +13,11 @@ NUM_NODES=16
 NODE_RANK=0
 WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
 
-CHECKPOINT_PATH=$1 #<Specify path>
-TENSORBOARD_LOGS_PATH=$2 #<Specify path>
-VOCAB_FILE=$3 #<Specify path to file>/gpt2-vocab.json
-MERGE_FILE=$4 #<Specify path to file>/gpt2-merges.txt
-DATA_PATH=$5 #<Specify path and file prefix>_text_document
+CHECKPOINT_PATH=$1
+TENSORBOARD_LOGS_PATH=$2
+VOCAB_FILE=$3      # gpt2-vocab.json
+MERGE_FILE=$4      # gpt2-merges.txt
+DATA_PATH=$5       # a prefix ending in _text_document
 
 DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE
@@ -31,7 +32,7 @@ GPT_MODEL_ARGS=(
     --num-attention-heads 96
     --seq-length 2048
     --max-position-embeddings 2048
-    --attention-backend auto # Can use (flash/fused/unfused/local)
+    --attention-backend auto
 )
 
 TRAINING_ARGS=(

@@ -1,22 +1,20 @@
 #!/bin/bash
 
-# Llama-3 8B with FP8 on H100, in the style of Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh:
-# defaults from positional arguments, mock data unless a tokenizer and data are given, and the FP8
-# flags added in an if block.
+# An 8B Llama-3-shaped model trained in FP8 on one H100 node.  Written for the planner's corpus
+# in the structure of Megatron-LM's llama FP8 example: four optional positional arguments with
+# defaults, synthetic data when no tokenizer/data is given, and the FP8 options switched on by a
+# precision variable inside an if block (as quoted multi-word array elements).
 
-# Environment variables for performance tuning
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 
-CHECKPOINT_PATH=${1:-"checkpoints/llama3_8b_fp8"}
+CHECKPOINT_PATH=${1:-"checkpoints/llama3_8b_fp8"}   # where checkpoints go
 TENSORBOARD_LOGS_PATH=${2:-"tensorboard_logs/llama3_8b_fp8"}
-TOKENIZER_ARG=${3:-"MOCK"} # Path to tokenizer model, or "MOCK"
-DATA_ARG=${4:-"MOCK"}     # Data prefix, or "MOCK"
+TOKENIZER_ARG=${3:-"MOCK"}   # a HF tokenizer, or MOCK for synthetic data
+DATA_ARG=${4:-"MOCK"}        # a data prefix, or MOCK
 
-# Create directories if they don't exist
-mkdir -p "$(dirname "$CHECKPOINT_PATH")"
-mkdir -p "$(dirname "$TENSORBOARD_LOGS_PATH")"
+mkdir -p "$(dirname "$CHECKPOINT_PATH")" "$(dirname "$TENSORBOARD_LOGS_PATH")"
 
-# Distributed training setup
+# one node of 8 GPUs
 GPUS_PER_NODE=8
 NUM_NODES=1
 MASTER_ADDR=${MASTER_ADDR:-localhost}
@@ -24,10 +22,9 @@ MASTER_PORT=${MASTER_PORT:-6000}
 NODE_RANK=${NODE_RANK:-0}
 WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
 
-# Path to the pretrain_gpt.py script, assuming this script is run from the root of the Megatron-LM repository
-PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"
+PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"   # run from a Megatron-LM checkout
 
-# Fixed model and training parameters
+# model shape and batch
 TP_SIZE=1
 CP_SIZE=1
 PP_SIZE=1
@@ -38,7 +35,6 @@ DTYPE="fp8"
 SEQ_LENGTH=8192
 MAX_POSITION_EMBEDDINGS=8192
 
-# Data cache path (useful for both mock and real data)
 DATA_CACHE_PATH="${PWD}/benchmark_cache_llama3_8b_fp8"
 mkdir -p "$DATA_CACHE_PATH"
 
@@ -97,7 +93,7 @@ TRAINING_ARGS=(
     --exit-duration-in-mins 235
 )
 
-# Conditional arguments based on DTYPE (FP8)
+# precision: FP8 options only when DTYPE says so
 DTYPE_ARGS=()
 if [[ $DTYPE == "fp8" ]]; then
     DTYPE_ARGS+=(
@@ -108,14 +104,12 @@ if [[ $DTYPE == "fp8" ]]; then
     )
 fi
 
-# Model parallelism arguments
 MODEL_PARALLEL_ARGS=(
     --tensor-model-parallel-size $TP_SIZE
     --context-parallel-size $CP_SIZE
     --sequence-parallel
 )
 
-# Distributed Data Parallel (DDP) arguments
 DDP_ARGS=(
     --use-distributed-optimizer
     --overlap-grad-reduce
@@ -123,7 +117,7 @@ DDP_ARGS=(
 )
 TRAINING_ARGS+=("${DDP_ARGS[@]}")
 
-# Data arguments (conditional for mock vs real data)
+# synthetic data unless both a tokenizer and a data prefix were given
 DATA_ARGS_LIST=()
 if [[ "$TOKENIZER_ARG" == "MOCK" ]] || [[ "$DATA_ARG" == "MOCK" ]] || [[ -z "$TOKENIZER_ARG" ]]; then
     DATA_ARGS_LIST+=(
@@ -138,7 +132,6 @@ if [[ "$TOKENIZER_ARG" == "MOCK" ]] || [[ "$DATA_ARG" == "MOCK" ]] || [[ -z "$TO
         "--num-workers 1"
     )
 else
-    # Settings for real data
     DATA_ARGS_LIST+=(
         "--data-path $DATA_ARG"
         "--tokenizer-type HuggingFaceTokenizer"
@@ -148,7 +141,6 @@ else
         "--no-create-attention-mask-in-dataloader"
         "--no-mmap-bin-files"
         "--num-workers 1"
-        # Note: --vocab-size might be inferred by HuggingFaceTokenizer or might need to be explicit.
         "--vocab-size 128256"
     )
 fi
@@ -169,14 +161,11 @@ EVAL_AND_LOGGING_ARGS=(
     --tensorboard-dir "$TENSORBOARD_LOGS_PATH"
 )
 
-# Ensure pretrain_gpt.py is found
 if [ ! -f "$PRETRAIN_SCRIPT_PATH" ]; then
-    echo "Error: pretrain_gpt.py not found at $PRETRAIN_SCRIPT_PATH"
-    echo "Please ensure you are running this script from the root of the Megatron-LM repository."
+    echo "cannot find $PRETRAIN_SCRIPT_PATH: start this from a Megatron-LM checkout" >&2
     exit 1
 fi
 
-# Run the training command
 torchrun ${DISTRIBUTED_ARGS[@]} \
     "$PRETRAIN_SCRIPT_PATH" \
     ${MODEL_ARGS[@]} \

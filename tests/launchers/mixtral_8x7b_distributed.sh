@@ -1,12 +1,12 @@
 #!/bin/bash
 
-# Runs a Mixtral 8x7B-style MoE model on several nodes (written in the style of Megatron-LM's
-# examples/mixtral/train_mixtral_8x7b_distributed.sh: one bash array per concern).
+# A Mixtral-8x7B-shaped MoE run over several nodes, written for the planner's corpus in the
+# structure of Megatron-LM's mixtral example: three positional paths and one bash array per concern.
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 GPUS_PER_NODE=8
-# Change for multinode config
+# the node count and rank come from Slurm or the environment when set
 MASTER_ADDR=${MASTER_ADDR:-"localhost"}
 MASTER_PORT=${MASTER_PORT:-"6000"}
 NNODES=${SLURM_NNODES:-"1"}
