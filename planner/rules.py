@@ -1,4 +1,16 @@
-"""The planner's own checks of Megatron-LM's (and FlagScale's) rules on a Plan.
+"""Megatron-LM's (and FlagScale's) consistency rules, in one place.
+
+Everything that decides whether Megatron would accept a configuration lives here and is used by
+the flag reader (planner/inputs/megatron_flags.py), the search (planner/search/space.py), the plan
+checker (planner/checker.py), `estimate` and the launchers:
+
+  * predicates on degrees, pure functions of a model and integers, each returning the violated
+    rules (empty list: fine): `tp_violations`, `cp_violations`, `expert_violations`,
+    `batch_violations`, `pipeline_split_violations`, `world_violations`;
+  * the same as booleans for a search that enumerates degrees: `tp_ok`, `cp_ok`, `ep_ok`,
+    `etp_ok`, `folding_ok`, `microbatches_ok`, `uniform_split_ok`, and `valid_degrees`, which
+    yields every (TP, CP, EP, ETP, DP, PP, VPP, mbs) Megatron accepts for a model and world size;
+  * `check_plan` on a Plan (uses the predicates above), plus the runtime rules.
 
 Megatron checks several of these only when it initialises the process groups or at the first
 step (reference/megatron.md sections 2 and 8), i.e. after a job has been queued and started;
@@ -9,6 +21,7 @@ Megatron (or FlagScale) has its own message, `RuleViolation.message` uses that e
 Rule names (stable, used by tests and reports):
   heads_tp, query_groups_tp, ep_needs_experts, experts_ep, expert_folding, seq_cp,
   moe_tp_sequence_parallel, moe_etp_bias, gbs_microbatch, vpp_needs_pp, vpp_microbatches,
+  world_size, pipeline_split, pipeline_split_vpp,
   layout_layers, layout_stage_count, tp_comm_overlap_sp, overlap_param_gather,
   megatron_uniform_dp, megatron_global_recompute,
   flagscale_cp, flagscale_vpp, flagscale_stage_mbs, flagscale_tied_tp,
@@ -18,6 +31,7 @@ Rule names (stable, used by tests and reports):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator, NamedTuple, Sequence
 
 from planner.errors import PlannerInputError
 from planner.schemas.model import ModelSpec
@@ -40,141 +54,314 @@ class RuleViolation:
 
 
 # --------------------------------------------------------------------------------------------
-# Megatron's rules (reference/megatron.md section 2)
+# Predicates on degrees (reference/megatron.md section 2).  Pure: a model and integers in, the
+# violated rules out, with Megatron's own messages.
 # --------------------------------------------------------------------------------------------
-def _dense_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
+def tp_violations(model: ModelSpec, tp: int) -> list[RuleViolation]:
+    """TC: heads % TP == 0; query groups a multiple or divisor of TP (megatron-core >= 0.16).
+    Groups are the heads when group-query attention is off (and under MLA)."""
     out: list[RuleViolation] = []
-    tp, cp = plan.tp, plan.cp
     heads = model.num_attention_heads
     if heads % tp:
-        out.append(
-            RuleViolation(
-                "heads_tp",
-                f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp}).",
-                f"choose a TP that divides {heads}",
-            )
-        )
+        out.append(RuleViolation(
+            "heads_tp",
+            f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp}).",
+            f"choose a TP that divides {heads}",
+        ))
     groups = model.query_groups
-    if model.num_query_groups is not None and groups % tp and tp % groups:
-        out.append(
-            RuleViolation(
-                "query_groups_tp",
-                f"num_query_groups ({groups}) must be a multiple or divisor of "
-                f"tensor_model_parallel_size ({tp}).",
-                f"choose a TP that divides {groups} or is a multiple of it "
-                "(megatron-core <= 0.15 needs TP to divide it)",
-            )
-        )
-    if cp > 1 and model.seq_length % (2 * cp):
-        out.append(
-            RuleViolation(
-                "seq_cp",
-                "seq-length should be a multiple of 2 * context-parallel-size if "
-                "context-parallel-size > 1.",
-                f"seq_length {model.seq_length} is not a multiple of 2*CP = {2 * cp}",
-            )
-        )
+    if groups % tp and tp % groups:
+        out.append(RuleViolation(
+            "query_groups_tp",
+            f"num_query_groups ({groups}) must be a multiple or divisor of tensor_model_parallel_size ({tp}).",
+            f"choose a TP that divides {groups} or is a multiple of it (megatron-core <= 0.15 needs TP to divide it)",
+        ))
     return out
+
+
+def cp_violations(model: ModelSpec, cp: int) -> list[RuleViolation]:
+    """VA: with CP > 1 the sequence is a multiple of 2*CP."""
+    if cp > 1 and model.seq_length % (2 * cp):
+        return [RuleViolation(
+            "seq_cp",
+            "seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1.",
+            f"seq_length {model.seq_length} is not a multiple of 2*CP = {2 * cp}",
+        )]
+    return []
+
+
+def expert_violations(
+    model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int, pp: int = 1,
+    sequence_parallel: bool = True,
+) -> list[RuleViolation]:
+    """EP needs experts and divides them (VA); parallel folding (TP*CP*DP) % (ETP*EP) == 0 (PS:
+    "world_size ... expert_tensor_model_pipeline_parallel size", with world = TP*CP*DP*PP); MoE
+    with TP > 1 needs sequence parallelism (RT); MoE with ETP > 1 needs biases off (TC)."""
+    out: list[RuleViolation] = []
+    if ep > 1 and not model.is_moe:
+        out.append(RuleViolation("ep_needs_experts", "num_experts must be non None to use expert model parallelism",
+                                 "a dense model needs EP = 1"))
+    if model.is_moe and model.num_experts % ep:
+        out.append(RuleViolation("experts_ep",
+                                 "Number of experts should be a multiple of expert model parallel_size.",
+                                 f"num_experts {model.num_experts} is not a multiple of EP {ep}"))
+    world = tp * cp * dp
+    if world % (etp * ep):
+        out.append(RuleViolation(
+            "expert_folding",
+            f"world_size ({world * pp}) is not divisible by expert_tensor_model_pipeline_parallel size ({etp * ep * pp})",
+            f"TP*CP*DP = {world} must be a multiple of ETP*EP = {etp * ep}",
+        ))
+    if model.is_moe and tp > 1 and not sequence_parallel:
+        out.append(RuleViolation(
+            "moe_tp_sequence_parallel",
+            "During training, performance may degrade if MoE and tensor parallelismare enabled without also "
+            "enabling sequence parallelism.",
+            "MoE with TP > 1 needs --sequence-parallel (Megatron raises this in MoELayer.forward)",
+        ))
+    if model.is_moe and etp > 1 and model.add_bias_linear:
+        out.append(RuleViolation("moe_etp_bias", "Bias in Moe is only supported when ETP==1",
+                                 "add --disable-bias-linear, or use ETP = 1"))
+    return out
+
+
+def world_violations(world_size: int, *, tp: int, pp: int, cp: int) -> list[RuleViolation]:
+    """VA: the world is a multiple of TP*PP*CP."""
+    size = tp * pp * cp
+    if world_size % size:
+        return [RuleViolation("world_size",
+                              f"world size ({world_size}) is not divisible by total_model_size (total_model_size={size})",
+                              "choose TP*PP*CP dividing the number of GPUs")]
+    return []
+
+
+def batch_violations(gbs: int, *, mbs: int, dp: int, pp: int, vpp: int) -> list[RuleViolation]:
+    """MB: GBS % (mbs*DP) == 0.  Interleaving (VPP > 1): PP > 1 (VA) and, with the default
+    micro-batch group size PP, M >= PP and M % PP == 0 (SCH)."""
+    out: list[RuleViolation] = []
+    if gbs % (mbs * dp):
+        out.append(RuleViolation(
+            "gbs_microbatch",
+            f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times data parallel size ({dp})",
+            "choose a global batch that is a multiple of mbs * DP",
+        ))
+    if vpp > 1:
+        if pp < 2:
+            out.append(RuleViolation("vpp_needs_pp",
+                                     "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1",
+                                     "use vpp = 1 with a single pipeline stage"))
+        m = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
+        if m is not None and pp > 1:
+            if m < pp:
+                out.append(RuleViolation(
+                    "vpp_microbatches",
+                    f"The number of contiguous micro-batches in a virtual pipeline stageshould range in [PP={pp} , M={m}]",
+                    f"the interleaved schedule needs at least PP = {pp} micro-batches, got {m}",
+                ))
+            elif m % pp:
+                out.append(RuleViolation(
+                    "vpp_microbatches",
+                    "The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
+                    "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel "
+                    f"size, but it is {m % pp}. Otherwise, it introduces dependency bubbles in the pipeline and "
+                    "reduces throughput.",
+                    f"micro-batches M = {m} must be a multiple of PP = {pp} with interleaving",
+                ))
+    return out
+
+
+def pipeline_split_violations(
+    num_layers: int, pp: int, vpp: int = 1, *, first: int | None = None, last: int | None = None,
+    account_for_embedding: bool = False, account_for_loss: bool = False,
+) -> list[RuleViolation]:
+    """How --num-layers splits over PP ranks without an explicit layout (VA and TC, megatron-core
+    0.19): first/last-stage overrides and the account-for flags exclude each other; the count
+    (num_layers + 1 per accounted embedding/loss) divides over the ranks; with VPP each rank's
+    count divides by VPP (without the account-for flags validate_args does not check this with
+    VPP; the model build does, in transformer_block.get_num_layers_to_build, and its message is
+    used).  With the account-for flags Megatron counts the embedding and the loss
+    as layers here: Qwen3-235B's 94 layers on PP 8 with VPP 4 are (94 + 2) / 8 = 12 per rank, which
+    4 divides."""
+    out: list[RuleViolation] = []
+    accounted = int(account_for_embedding) + int(account_for_loss)
+    if (first is not None or last is not None) and accounted:
+        return [RuleViolation(
+            "pipeline_split",
+            "num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot beset at the same "
+            "time with account_for_embedding_in_pipeline_splitand account_for_loss_in_pipeline_split",
+            "give either --decoder-first/last-pipeline-num-layers or the --account-for-* flags",
+        )]
+    v = vpp if vpp > 1 else None
+    if first is not None or last is not None:
+        layers, ranks = num_layers, pp
+        for which, n in (("first", first), ("last", last)):
+            if n is None:
+                continue
+            if n <= 0:
+                out.append(RuleViolation("pipeline_split", f"num_layers_in_{which}_pipeline_stage must be larger than 0",
+                                         f"give the {which} stage at least one layer"))
+                return out
+            if v and n % v:
+                out.append(RuleViolation(
+                    "pipeline_split_vpp",
+                    f"number of layers at {which} stage: {n}must be divisible by virtual pipelineparallel degree {v}",
+                    f"the {which} stage's layers must be a multiple of VPP {v}"))
+            layers -= n
+            ranks -= 1
+        if bool(layers) != bool(ranks):
+            out.append(RuleViolation("pipeline_split",
+                                     f"Mismatch: {layers} middle layers remaining but {ranks} middle PP stages available.",
+                                     "first + last must leave layers for the middle stages, or none"))
+        elif ranks and layers % ranks:
+            out.append(RuleViolation(
+                "pipeline_split",
+                f"number of layers at middle stage: {layers} must be divisible bythe middle pipeline model parallel size {ranks}",
+                "the middle stages must share the remaining layers evenly"))
+        elif ranks and v and (layers // ranks) % v:
+            out.append(RuleViolation(
+                "pipeline_split_vpp",
+                f"number of layers on each middle pipeline rank:{layers // ranks} must be divisible by virtual"
+                f"pipeline parallel degree {v}",
+                f"each middle rank's layers must be a multiple of VPP {v}"))
+        return out
+    total = num_layers + accounted
+    if total % pp:
+        if accounted and v:
+            message = (f"num_layers: {total} after enableaccount_for_embedding_in_pipeline_split or "
+                       f"account_for_loss_in_pipeline_split must be divisibleby pipeline_model_parallel_size {pp}")
+        elif accounted:
+            message = f"number of middle layers: {total} must be divisible by middle pipeline_model_parallel_size {pp}"
+        elif v:  # validate_args lets it pass; the model build refuses (transformer_block.get_num_layers_to_build)
+            message = f"num_layers={total} should be divisible by config.pipeline_model_parallel_size={pp}"
+        else:
+            message = "Number of layers should be divisible by the pipeline-model-parallel size"
+        return [RuleViolation("pipeline_split", message,
+                              f"--num-layers {num_layers}{f' + {accounted} accounted' if accounted else ''} over PP {pp}; "
+                              "give --pipeline-model-parallel-layout or --decoder-first/last-pipeline-num-layers")]
+    per_rank = total // pp
+    if v and per_rank % v:
+        if accounted:
+            message = (f"number of layers on each pipeline rank: {per_rank}(after enable account_for_embedding_in_"
+                       "pipeline_split or account_for_loss_in_pipeline_split) must be divisible by"
+                       f"virtual_pipeline_model_parallel_size{v}")
+        else:  # the model build (transformer_block.get_num_layers_to_build)
+            message = f"num_layers_per_pipeline_rank {per_rank}             should be divisible by vp_size {v}"
+        out.append(RuleViolation("pipeline_split_vpp", message, f"each rank's {per_rank} layers must be a multiple of VPP {v}"))
+    return out
+
+
+# -- booleans for a search that enumerates degrees ------------------------------------------
+def tp_ok(model: ModelSpec, tp: int) -> bool:
+    """TP divides the heads, and the query groups divide or are divided by TP."""
+    return not tp_violations(model, tp)
+
+
+def cp_ok(model: ModelSpec, cp: int) -> bool:
+    """The sequence is a multiple of 2*CP (CP > 1)."""
+    return not cp_violations(model, cp)
+
+
+def ep_ok(model: ModelSpec, ep: int) -> bool:
+    """EP = 1 for a dense model; EP divides the experts of a MoE model."""
+    return ep == 1 or (model.is_moe and model.num_experts % ep == 0)
+
+
+def etp_ok(model: ModelSpec, etp: int) -> bool:
+    """ETP > 1 only for a model without linear biases (Megatron: bias in MoE only with ETP 1)."""
+    return etp == 1 or not model.is_moe or not model.add_bias_linear
+
+
+def folding_ok(*, tp: int, cp: int, dp: int, ep: int, etp: int) -> bool:
+    """(TP*CP*DP) % (ETP*EP) == 0: each stage's ranks hold whole expert groups."""
+    return (tp * cp * dp) % (etp * ep) == 0
+
+
+def microbatches_ok(gbs: int, *, mbs: int, dp: int, pp: int, vpp: int) -> bool:
+    """GBS % (mbs*DP) == 0, and with VPP > 1: PP > 1, M >= PP and M % PP == 0."""
+    return not batch_violations(gbs, mbs=mbs, dp=dp, pp=pp, vpp=vpp)
+
+
+def uniform_split_ok(num_layers: int, pp: int, vpp: int = 1, *, account_for_embedding: bool = False,
+                     account_for_loss: bool = False) -> bool:
+    """Megatron's own even split (no layout flag) works: (L + accounted) % PP == 0 and each
+    rank's count divides by VPP.  A layout string (--pipeline-model-parallel-layout) places any
+    count per stage, so a search that emits layouts only needs L >= PP*VPP."""
+    return not pipeline_split_violations(num_layers, pp, vpp, account_for_embedding=account_for_embedding,
+                                         account_for_loss=account_for_loss)
+
+
+class Degrees(NamedTuple):
+    """One global parallel configuration: DP = world / (TP*CP*PP)."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    pp: int
+    vpp: int
+    mbs: int
+
+
+def valid_degrees(
+    model: ModelSpec, world_size: int, gbs: int, *, tps: Sequence[int] = (1, 2, 4, 8), cps: Sequence[int] = (1, 2, 4),
+    eps: Sequence[int] | None = None, etps: Sequence[int] | None = None, pps: Sequence[int] | None = None,
+    vpps: Sequence[int] = (1, 2), mbss: Sequence[int] = (1, 2, 4), uniform_split: bool = False,
+) -> Iterator[Degrees]:
+    """Every uniform (upstream Megatron) configuration of `world_size` GPUs that Megatron
+    accepts for this model and global batch: the world divides by TP*CP*PP, and every predicate
+    above holds (with sequence parallelism on for MoE with TP > 1, as the launcher emits).
+    eps default: the divisors of the expert count; etps: 1 and TP; pps: 1..num_layers.
+    `uniform_split=True` also asks Megatron's even layer split (no layout string) to work."""
+    experts = model.num_experts or 1
+    for tp in tps:
+        if not tp_ok(model, tp):
+            continue
+        for cp in cps:
+            if not cp_ok(model, cp):
+                continue
+            for pp in (pps if pps is not None else range(1, model.num_layers + 1)):
+                if world_size % (tp * cp * pp):
+                    continue
+                dp = world_size // (tp * cp * pp)
+                for ep in (eps if eps is not None else [e for e in range(1, experts + 1) if experts % e == 0]):
+                    if not ep_ok(model, ep):
+                        continue
+                    for etp in (etps if etps is not None else sorted({1, tp})):
+                        if not etp_ok(model, etp) or not folding_ok(tp=tp, cp=cp, dp=dp, ep=ep, etp=etp):
+                            continue
+                        for vpp in vpps:
+                            if vpp > 1 and model.num_layers < pp * vpp:
+                                continue
+                            if uniform_split and not uniform_split_ok(model.num_layers, pp, vpp):
+                                continue
+                            for mbs in mbss:
+                                if microbatches_ok(gbs, mbs=mbs, dp=dp, pp=pp, vpp=vpp):
+                                    yield Degrees(tp, cp, ep, etp, dp, pp, vpp, mbs)
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron's rules on a Plan
+# --------------------------------------------------------------------------------------------
+def _dense_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
+    return tp_violations(model, plan.tp) + cp_violations(model, plan.cp)
 
 
 def _moe_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
     out: list[RuleViolation] = []
-    tp, cp, ep, etp = plan.tp, plan.cp, plan.ep, plan.etp
-    if ep > 1 and not model.is_moe:
-        out.append(
-            RuleViolation(
-                "ep_needs_experts",
-                "num_experts must be non None to use expert model parallelism",
-                "a dense model needs EP = 1",
-            )
-        )
-    if model.is_moe and model.num_experts % ep:
-        out.append(
-            RuleViolation(
-                "experts_ep",
-                "Number of experts should be a multiple of expert model parallel_size.",
-                f"num_experts {model.num_experts} is not a multiple of EP {ep}",
-            )
-        )
-    # parallel folding: every stage's (TP*CP*DP) ranks must hold whole ETP*EP expert groups
-    for i, stage in enumerate(plan.stages):
-        world = tp * cp * stage.dp
-        expert = etp * ep
-        if world % expert:
-            pp = plan.pp if plan.runtime == "megatron" else 1
-            out.append(
-                RuleViolation(
-                    "expert_folding",
-                    f"world_size ({world * pp}) is not divisible by "
-                    f"expert_tensor_model_pipeline_parallel size ({expert * pp})",
-                    f"stage {i}: TP*CP*DP = {world} must be a multiple of ETP*EP = {expert}",
-                )
-            )
-    if model.is_moe and tp > 1 and not plan.sequence_parallel:
-        out.append(
-            RuleViolation(
-                "moe_tp_sequence_parallel",
-                "During training, performance may degrade if MoE and tensor parallelismare "
-                "enabled without also enabling sequence parallelism.",
-                "MoE with TP > 1 needs --sequence-parallel (Megatron raises this in MoELayer.forward)",
-            )
-        )
-    if model.is_moe and etp > 1 and model.add_bias_linear:
-        out.append(
-            RuleViolation(
-                "moe_etp_bias",
-                "Bias in Moe is only supported when ETP==1",
-                "add --disable-bias-linear, or use ETP = 1",
-            )
-        )
+    pp = plan.pp if plan.runtime == "megatron" else 1
+    for i, stage in enumerate(plan.stages):  # every stage's ranks must hold whole expert groups
+        for v in expert_violations(model, tp=plan.tp, cp=plan.cp, dp=stage.dp, ep=plan.ep, etp=plan.etp, pp=pp,
+                                   sequence_parallel=plan.sequence_parallel):
+            if any((v.rule, v.message) == (o.rule, o.message) for o in out):
+                continue  # the same refusal on several stages is said once
+            if v.rule == "expert_folding" and len({s.dp for s in plan.stages}) > 1:
+                v = RuleViolation(v.rule, v.message, f"stage {i}: {v.hint}")
+            out.append(v)
     return out
 
 
 def _batch_rules(plan: Plan) -> list[RuleViolation]:
-    out: list[RuleViolation] = []
-    dp0 = plan.dp0
-    if plan.gbs % (plan.mbs * dp0):
-        out.append(
-            RuleViolation(
-                "gbs_microbatch",
-                f"global batch size ({plan.gbs}) is not divisible by micro batch size "
-                f"({plan.mbs}) times data parallel size ({dp0})",
-                "choose a global batch that is a multiple of mbs * DP",
-            )
-        )
-    if plan.vpp > 1:
-        if plan.pp < 2:
-            out.append(
-                RuleViolation(
-                    "vpp_needs_pp",
-                    "pipeline-model-parallel size should be greater than 1 with interleaved schedule",
-                    "use vpp = 1 with a single pipeline stage",
-                )
-            )
-        m = plan.gbs // (plan.mbs * dp0) if plan.gbs % (plan.mbs * dp0) == 0 else None
-        if m is not None and plan.pp > 1:
-            if m < plan.pp:
-                out.append(
-                    RuleViolation(
-                        "vpp_microbatches",
-                        "The number of contiguous micro-batches in a virtual pipeline stage"
-                        f"should range in [PP={plan.pp} , M={m}]",
-                        f"the interleaved schedule needs at least PP = {plan.pp} micro-batches, got {m}",
-                    )
-                )
-            elif m % plan.pp:
-                out.append(
-                    RuleViolation(
-                        "vpp_microbatches",
-                        "The remainder of M (the total micro-batches) divided by N (number of "
-                        "contiguous micro-batches in a virtual pipeline stage) should be 0, or "
-                        "larger than or equal to the pipeline-parallel size, but it is "
-                        f"{m % plan.pp}. Otherwise, it introduces dependency bubbles in the "
-                        "pipeline and reduces throughput.",
-                        f"micro-batches M = {m} must be a multiple of PP = {plan.pp} with interleaving",
-                    )
-                )
-    return out
+    return batch_violations(plan.gbs, mbs=plan.mbs, dp=plan.dp0, pp=plan.pp, vpp=plan.vpp)
 
 
 def _layout_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:

@@ -6,6 +6,8 @@ import csv
 import shlex
 from pathlib import Path
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,13 +81,84 @@ def test_passthrough_keeps_unknown_flags_verbatim_in_order():
         "--lr", "1e-4", "--num-layers", "4", "--data-path", "0.5", "/d/a", "0.5", "/d/b",
         "--hidden-size", "64", "--tokenizer-type", "NullTokenizer", "--no-rope-fusion",
         "--num-attention-heads", "4", "--min-lr=1e-5", "--vocab-size", "1000",
-        "--global-batch-size", "8", "--init-method-std", "-1e-3", "-x",
+        "--global-batch-size", "8", "--init-method-std", "-1e-3", "--use-fused-rmsnorm",
     ]  # fmt: skip
     r = parse_megatron_flags(argv)
     assert r.passthrough == (
         "--lr", "1e-4", "--data-path", "0.5", "/d/a", "0.5", "/d/b", "--tokenizer-type",
-        "NullTokenizer", "--no-rope-fusion", "--min-lr=1e-5", "--init-method-std", "-1e-3", "-x",
+        "NullTokenizer", "--no-rope-fusion", "--min-lr=1e-5", "--init-method-std", "-1e-3", "--use-fused-rmsnorm",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flag, suggestion",
+    [("--num-expert", "--num-experts"), ("--tensor-parallel-size", "--tensor-model-parallel-size"),
+     ("--seq-len", None), ("--bogus-flag", None)],
+)  # fmt: skip
+def test_unknown_flags_are_refused_like_megatrons_parser(flag, suggestion):
+    """A flag Megatron's parser does not know (abbreviations included) is an error naming it,
+    with the closest known flag when there is one; a typo no longer plans a dense model."""
+    with pytest.raises(PlannerInputError) as exc:
+        run_of(flag, "8")
+    assert exc.value.field == flag and "unknown flag" in str(exc.value)
+    if suggestion:
+        assert f"did you mean {suggestion}?" in str(exc.value)
+
+
+def test_fork_flags_pass_through_and_are_listed_as_not_modelled():
+    """MindSpeed (910B) and Pai-Megatron-Patch flags are accepted, kept, and named in the notes."""
+    from planner.inputs.megatron_flags import parse_megatron_draft
+
+    draft = parse_megatron_draft([*BASE, "--use-fused-swiglu", "--patch-tokenizer-type", "Qwen2Tokenizer",
+                                  "--swap-attention", "--n-shared-experts", "2"])  # fmt: skip
+    assert draft.passthrough[-6:] == ["--use-fused-swiglu", "--patch-tokenizer-type", "Qwen2Tokenizer",
+                                      "--swap-attention", "--n-shared-experts", "2"]  # fmt: skip
+    assert any(n.startswith("MindSpeed flags") and "--swap-attention" in n for n in draft.notes)
+    assert any(n.startswith("Pai-Megatron-Patch flags") and "--patch-tokenizer-type" in n for n in draft.notes)
+
+
+def test_switches_take_no_values_and_valued_flags_need_one():
+    """Megatron's nargs: a switch followed by a value is an error; a valued flag needs its value."""
+    with pytest.raises(PlannerInputError, match="unexpected value"):
+        run_of("--no-rope-fusion", "yes")
+    with pytest.raises(PlannerInputError, match="expects a value"):
+        run_of("--lr")
+
+
+@pytest.mark.parametrize(
+    "extra, vocab, how",
+    [
+        (["--tokenizer-type", "GPT2BPETokenizer"], 50257, "GPT2BPETokenizer"),
+        (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/m/Meta-Llama-3-8B"], 128256, "llama-3"),
+        (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "deepseek-ai/DeepSeek-V3"], 129280, "deepseek-v3"),
+        (["--padded-vocab-size", "50304", "--tokenizer-type", "GPT2BPETokenizer"], 50304, "--padded-vocab-size"),
+        (["--tokenizer-type", "NullTokenizer"], 32000, "assumed"),
+    ],
+)  # fmt: skip
+def test_vocabulary_is_inferred_when_not_given(extra, vocab, how):
+    """No --vocab-size: a readable tokenizer, --padded-vocab-size, the tokenizer type or a known
+    model name give it, else a stated default; the note says which."""
+    from planner.inputs.megatron_flags import parse_megatron_draft
+
+    argv = [a for a in BASE if True]
+    k = argv.index("--vocab-size")
+    del argv[k : k + 2]
+    draft = parse_megatron_draft(argv + extra)
+    assert draft.model["vocab_size"] == vocab
+    assert any(n.startswith("--vocab-size not given") and how in n for n in draft.notes)
+
+
+def test_vocabulary_from_a_readable_tokenizer_file(tmp_path):
+    """A tokenizer.json next to --tokenizer-model is counted (vocab entries plus added tokens)."""
+    from planner.inputs.megatron_flags import parse_megatron_draft
+
+    tok = {"model": {"vocab": {f"t{i}": i for i in range(1000)}}, "added_tokens": [{"id": 1000}, {"id": 1001}, {"id": 5}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    argv = [a for a in BASE]
+    k = argv.index("--vocab-size")
+    del argv[k : k + 2]
+    draft = parse_megatron_draft(argv + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path)])
+    assert draft.model["vocab_size"] == 1002
 
 
 def test_last_occurrence_wins_like_argparse():
@@ -301,15 +374,15 @@ def test_virtual_and_uneven_pipeline_flags():
     assert r.parallel.vpp == 2
     with pytest.raises(PlannerInputError, match="divisible"):
         run_of("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "4")
-    with pytest.raises(PlannerInputError, match="> 1"):
+    with pytest.raises(PlannerInputError, match="greater than 1"):
         run_of("--num-virtual-stages-per-pipeline-rank", "2")
     base6 = ["--num-layers", "6", *BASE[2:]]
     r = parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3",
                               "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "1"])
     assert r.parallel.stage_layers(6) == [2, 3, 1]
-    with pytest.raises(PlannerInputError, match="divide evenly"):
+    with pytest.raises(PlannerInputError, match="middle stage: 5 must be divisible"):
         parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "1"])
-    with pytest.raises(PlannerInputError, match="divisible by 2"):
+    with pytest.raises(PlannerInputError, match="last stage: 1must be divisible by virtual"):
         parse_megatron_flags([*base6, "--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "2",
                               "--decoder-last-pipeline-num-layers", "1", "--num-virtual-stages-per-pipeline-rank", "2"])
     with pytest.raises(PlannerInputError):
@@ -359,8 +432,9 @@ def test_missing_required_flags_are_named_together():
         parse_megatron_flags(["--hidden-size", "64", "--lr", "1"])
     assert "--num-layers" in exc.value.field and "--num-attention-heads" in exc.value.field
     assert "--hidden-size" not in exc.value.field
-    with pytest.raises(PlannerInputError, match="--vocab-size"):
-        parse_megatron_flags(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"])
+    run = parse_megatron_flags(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                "--global-batch-size", "8"])  # fmt: skip
+    assert run.model.vocab_size == 32000  # no tokenizer to read: the stated default
 
 
 def test_positional_before_flags_is_refused():
@@ -432,3 +506,32 @@ def test_huge_counts_are_refused():
         parse_megatron_flags(["--num-layers", "1" * 5000, *BASE[2:]])
     with pytest.raises(PlannerInputError, match="too large"):
         parse_layout("E|t*" + "9" * 5000 + "|L")
+
+
+def test_vpp_counts_the_accounted_embedding_and_loss_as_layers():
+    """Qwen3-235B on 256 GPUs, TP2 PP8 VPP4 with --account-for-embedding/loss-in-pipeline-split:
+    Megatron counts the embedding and the loss as layers, (94 + 2) / 8 = 12 per rank, which VPP 4
+    divides (transformer_config.py, megatron-core 0.19).  Without the flags, 94 / 8 does not split."""
+    base = ["--num-layers", "94", "--hidden-size", "4096", "--num-attention-heads", "64", "--group-query-attention",
+            "--num-query-groups", "4", "--vocab-size", "151936", "--seq-length", "4096", "--max-position-embeddings",
+            "4096", "--global-batch-size", "1024", "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "8", "--num-virtual-stages-per-pipeline-rank", "4"]  # fmt: skip
+    run = parse_megatron_flags(base + ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"])
+    assert run.parallel.stage_layers(94) == [11] + [12] * 6 + [11] and run.parallel.vpp == 4
+    with pytest.raises(PlannerInputError, match="num_layers=94 should be divisible"):  # the model build's assert
+        parse_megatron_flags(base)
+    with pytest.raises(PlannerInputError, match=r"each pipeline rank: 12\(after enable .* byvirtual_pipeline_model_parallel_size5"):
+        parse_megatron_flags(base[:-1] + ["5", "--account-for-embedding-in-pipeline-split",
+                                          "--account-for-loss-in-pipeline-split"])
+
+
+def test_allow_invalid_keeps_megatrons_refusal_as_a_note():
+    """Degrees Megatron would refuse raise by default; allow_invalid turns them into notes."""
+    from planner.inputs.megatron_flags import build_run, parse_megatron_draft
+
+    argv = [*BASE, "--tensor-model-parallel-size", "3"]
+    with pytest.raises(PlannerInputError, match=r"num_attention_heads \(4\) must be a multiple of tensor_model_parallel_size \(3\)"):
+        parse_megatron_flags(argv)
+    draft = parse_megatron_draft(argv)
+    run = build_run(draft, allow_invalid=True)
+    assert run.parallel.tp == 3 and any("heads_tp" in n for n in draft.notes)

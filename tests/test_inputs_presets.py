@@ -229,3 +229,35 @@ def test_hf_missing_or_bad_fields_are_named():
         model_from_hf_config(cfg, "x")
     with pytest.raises(PlannerInputError, match="num_hidden_layers"):
         model_from_hf_config({**LLAMA2_7B, "num_hidden_layers": "32"}, "x")
+
+
+@pytest.mark.parametrize(
+    "rename",
+    [
+        {"n_routed_experts": "num_routed_experts"},
+        {"n_routed_experts": "num_local_experts"},
+        {"n_routed_experts": "num_experts", "n_shared_experts": "num_shared_experts"},
+    ],
+)
+def test_hf_expert_key_variants_read_the_same_model(rename):
+    """DeepSeek-V3 written with another family's expert keys is the same MoE model, never dense."""
+    cfg = {rename.get(k, k): v for k, v in DSV3.items()}
+    spec, _ = load_model_preset("deepseek-v3")
+    assert model_from_hf_config(cfg, "deepseek-v3").model_dump() == spec.model_dump()
+
+
+def test_hf_experts_in_a_family_read_as_dense_are_read():
+    """A llama-type config that names experts (num_local_experts) is read as MoE with them."""
+    cfg = {**LLAMA2_7B, "num_local_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 2048,
+           "n_shared_experts": 1}  # fmt: skip
+    m = model_from_hf_config(cfg, "x")
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size, m.moe_shared_expert_intermediate_size) == (8, 2, 2048, 2048)
+
+
+def test_hf_unknown_expert_keys_are_refused():
+    """An expert setting the reader does not know is refused, naming the key, not planned as dense."""
+    cfg = {**LLAMA2_7B, "num_experts_total": 64, "experts_topk": 4}
+    with pytest.raises(PlannerInputError) as err:
+        model_from_hf_config(cfg, "x")
+    assert err.value.field in ("config.json:num_experts_total", "config.json:experts_topk")
+    assert "does not understand" in str(err.value)

@@ -105,7 +105,10 @@ def test_hf_config_path_and_directory(tmp_path):
     run = resolve_run(model=str(d / "config.json"), overrides={"gbs": 32})
     assert run.model.name == "tiny-mixtral" and run.model.num_experts == 4 and run.model.seq_length == 2048
     assert run.training.global_batch_size == 32 and run.training.micro_batch_size == 1
-    assert resolve_run(model=str(d), world_size=8).training.global_batch_size == 8
+    run = resolve_run(model=str(d), world_size=8)
+    assert run.training.global_batch_size == 1024
+    # a HF config states no batch: the default, printed as assumed with the flag that sets it
+    assert any(a.name == "global batch size" and a.value == 1024 and a.flag == "--gbs" for a in run.assumed)
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(PlannerInputError, match="not valid JSON"):
         resolve_run(model=str(tmp_path / "bad.json"))

@@ -98,8 +98,8 @@ def test_interleaving_needs_pipeline_parallelism():
     """Rule 23 (PS): VPP needs PP > 1."""
     plan = _plan(stages=((8, 8),), types=("A100",), vpp=2)
     assert _rules(DENSE, plan)["vpp_needs_pp"] == (
-        "pipeline-model-parallel size should be greater than 1 with interleaved schedule"
-    )
+        "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1"
+    )  # args.py, megatron-core 0.19
 
 
 def test_interleaving_microbatch_count():
@@ -197,3 +197,28 @@ def test_assert_plan_ok_lists_every_violation():
     assert err.value.field == "plan"
     assert "num_attention_heads (12)" in text and "global batch size (30)" in text
     assert_plan_ok(DENSE, _plan(tp=2))  # no exception
+
+
+def test_valid_degrees_are_exactly_the_uniform_plans_check_plan_accepts():
+    """valid_degrees (what the search may import) against brute force: every (TP, CP, EP, ETP,
+    PP, VPP, mbs) on 16 GPUs, built as a uniform Plan and judged by check_plan."""
+    from itertools import product
+
+    from planner.rules import valid_degrees
+
+    model = MOE.model_copy(update={"num_layers": 12, "num_query_groups": 4})
+    world, gbs = 16, 64
+    got = set(valid_degrees(model, world, gbs, tps=(1, 2, 4, 8), cps=(1, 2), eps=(1, 2, 4, 8), etps=(1, 2, 4),
+                            pps=(1, 2, 3, 4), vpps=(1, 2, 3), mbss=(1, 2, 4)))
+    want = set()
+    for tp, cp, ep, etp, pp, vpp, mbs in product((1, 2, 4, 8), (1, 2), (1, 2, 4, 8), (1, 2, 4), (1, 2, 3, 4), (1, 2, 3),
+                                                 (1, 2, 4)):
+        if world % (tp * cp * pp) or model.num_layers < pp * vpp:
+            continue
+        dp = world // (tp * cp * pp)
+        base, extra = divmod(model.num_layers, pp)
+        stages = tuple(StagePlan(device_type="A100", num_layers=base + (i < extra), dp=dp) for i in range(pp))
+        plan = Plan(tp=tp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, stages=stages, sequence_parallel=tp > 1)
+        if not check_plan(model, plan):
+            want.add((tp, cp, ep, etp, dp, pp, vpp, mbs))
+    assert got == want and len(got) > 20

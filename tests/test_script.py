@@ -128,47 +128,36 @@ def test_example_script_launcher_args_env_and_preamble():
     assert s.env["WORLD_SIZE"] == "16"
     assert "CUDA_DEVICE_MAX_CONNECTIONS" in s.exported and "HEADS" in s.exported
     assert "GPUS_PER_NODE" not in s.exported
-    assert s.preamble_lines[0] == ""  # the shebang is dropped, the rest kept as written
-    assert "CHECKPOINT_PATH=$1" in s.preamble_lines
-    assert s.lines[s.launch_start_line - 1].startswith("torchrun ")
-    assert s.launch_arrays[0] == "DISTRIBUTED_ARGS"
-    assert s.flag_arrays[s.megatron_flags.index("--num-layers")] == "MODEL_ARGS"
-    assert s.flag_arrays[s.megatron_flags.index("--tensor-model-parallel-size")] is None
+    assert s.site is not None and s.site.via == "direct" and s.site.word == "torchrun"
+    assert s.lines[s.site.line - 1].startswith("torchrun ")
+    assert s.text[s.site.offset :].startswith("torchrun ${DISTRIBUTED_ARGS[@]}")
 
 
 def test_unresolvable_parts_stay_literal():
     """Positional parameters and $(cmd) stay as text naming the variable, and are reported."""
     s = parse_launcher_script(EXAMPLE)
     f = s.megatron_flags
-    assert _flag_value(f, "--data-path") == "${DATA_PATH}"
-    assert _flag_value(f, "--tokenizer-model") == "${TOKENIZER_MODEL}"
-    assert _flag_value(f, "--save") == "${CHECKPOINT_PATH}"
+    assert _flag_value(f, "--data-path") == "$3"  # DATA_PATH=$3, and no arguments were given
+    assert _flag_value(f, "--tokenizer-model") == "$2"
+    assert _flag_value(f, "--save") == "$1"
     # the array element is one word; the launch line's unquoted ${LOGGING_ARGS[@]} splits it, as bash does
-    assert "mixtral ${STAMP}" in s.arrays["LOGGING_ARGS"]
+    assert "mixtral run $(date +%s)" in s.arrays["LOGGING_ARGS"]
     i = f.index("--wandb-exp-name")
-    assert f[i + 1 : i + 3] == ["mixtral", "${STAMP}"]
+    assert f[i + 1 : i + 5] == ["mixtral", "run", "$(date", "+%s)"]  # unquoted: split as bash does
     assert s.env["STAMP"] == "run $(date +%s)"
     assert s.env["CHECKPOINT_PATH"] == "$1"
-    assert "$(date +%s)" in s.unresolved and "${DATA_PATH}" in s.unresolved
+    assert "$(date +%s)" in s.unresolved and "$3" in s.unresolved
     assert any("literal" in w for w in s.warnings)
 
 
-def test_conditional_block_not_evaluated_but_recorded():
-    """Flags appended inside an if-block are not in the flag list; the block is recorded."""
-    s = parse_launcher_script(EXAMPLE)
+def test_conditional_block_is_evaluated_and_undecided_reading_reported():
+    """The if-block tests a variable the script never sets: read as unset, the block is skipped,
+    and the report names the line, the reading and the flags it holds."""
+    s = parse_launcher_script(EXAMPLE, path="train.sh")
     assert "--wandb-project" not in s.megatron_flags
-    (blk,) = s.conditional_blocks
-    assert blk.arrays == ["LOGGING_ARGS"]
-    assert s.lines[blk.start_line - 1].startswith("if [")
-    assert s.lines[blk.end_line - 1].strip() == "fi"
-
-
-def test_array_statements_are_located():
-    """Top-level assignments of the arrays the launch command uses are found with line spans."""
-    s = parse_launcher_script(EXAMPLE)
-    spans = {name: (a, b) for a, b, name in s.array_statements if name == "MODEL_ARGS"}
-    a, b = spans["MODEL_ARGS"]
-    assert s.lines[a - 1] == "MODEL_ARGS=(" and s.lines[b - 1] == ")"
+    (d,) = s.decisions
+    assert d.flags_skipped == ["--wandb-project"] and "WANDB_API_KEY" in d.reason
+    assert any(w.startswith("train.sh:") and "--wandb-project" in w and "read as false" in w for w in s.warnings)
 
 
 def test_python_m_torch_distributed_run_and_inline_flags():
@@ -227,7 +216,14 @@ def test_script_flags_feed_the_flag_parser():
     from planner.inputs.megatron_flags import parse_megatron_flags
 
     s = parse_launcher_script(EXAMPLE)
-    run = parse_megatron_flags(s.megatron_flags + ["--vocab-size", "32000"])
+    flags = s.megatron_flags
+    with pytest.raises(PlannerInputError, match="unexpected value 'run'"):  # split as bash splits it
+        parse_megatron_flags(flags)
+    k = flags.index("--wandb-exp-name")
+    tail = flags[flags.index("--tensor-model-parallel-size") :]
+    with pytest.raises(PlannerInputError, match="unknown flag"):  # --extra and --ws are no Megatron flags
+        parse_megatron_flags(flags[:k] + tail)
+    run = parse_megatron_flags(flags[:k] + tail[:2] + ["--vocab-size", "32000"])
     assert run.model.num_layers == 32 and run.model.num_experts == 8
     assert run.model.add_bias_linear is False
     assert run.parallel.tp == 2
@@ -248,11 +244,167 @@ def test_arbitrary_text_never_crashes(text):
     assert isinstance(s.megatron_flags, list)
 
 
-def test_launch_inside_a_block_cuts_the_preamble_before_the_block():
-    """A torchrun inside an if-block is found; the preamble ends before the block (no dangling `if`)."""
-    text = "A=1\nif [ -n \"$X\" ]; then\n  torchrun pretrain_gpt.py --a $A\nfi\n"
+def test_launch_inside_a_block_is_found_where_it_runs():
+    """A torchrun inside an if-block runs when the condition holds; the site is that statement."""
+    text = "A=1\nif [ \"$A\" = 1 ]; then\n  torchrun pretrain_gpt.py --a $A\nfi\n"
     s = parse_launcher_script(text)
     assert s.megatron_flags == ["--a", "1"]
-    assert s.preamble_lines == ["A=1"]
-    assert s.launch_start_line == 2
-    assert any("block" in w for w in s.warnings)
+    assert s.site.line == 3 and s.decisions == []
+
+
+# --------------------------------------------------------------------------------------------
+# What bash would run: arguments, conditionals, loops, eval, srun strings, source
+# --------------------------------------------------------------------------------------------
+OPTIONS = r"""#!/bin/bash
+TP=1
+PP=1
+DTYPE=bf16
+CKPT=${1:-/ckpt/default}
+shift || true
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --tp) TP="$2"; shift 2 ;;
+    --pp=*) PP="${1#*=}"; shift ;;
+    --fp8) DTYPE=fp8; shift ;;
+    *) echo "unknown option $1"; exit 1 ;;
+  esac
+done
+PREC=(--bf16)
+if [[ "$DTYPE" == fp8 ]]; then
+  PREC+=(--fp8-format hybrid --fp8-amax-history-len 1024)
+elif [ "$DTYPE" = fp16 ]; then
+  PREC=(--fp16)
+fi
+for extra in --use-flash-attn --no-masked-softmax-fusion; do FLAGS="$FLAGS $extra"; done
+torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size $TP \
+  --pipeline-model-parallel-size $PP "${PREC[@]}" $FLAGS --save "$CKPT"
+"""
+
+
+def test_arguments_case_loop_and_if_blocks_follow_bash():
+    """`-- ARG...` reaches $1 / "$@"; the case loop over options and the if/elif read them."""
+    s = parse_launcher_script(OPTIONS, args=["/my/ckpt", "--tp", "4", "--pp=2", "--fp8"])
+    assert s.megatron_flags == [
+        "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "2",
+        "--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
+        "--use-flash-attn", "--no-masked-softmax-fusion", "--save", "/my/ckpt",
+    ]  # fmt: skip
+    default = parse_launcher_script(OPTIONS)
+    assert default.megatron_flags[:4] == ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]
+    assert "--fp8-format" not in default.megatron_flags and default.megatron_flags[-1] == "/ckpt/default"
+
+
+def test_exit_before_launch_names_the_line():
+    """An option the script refuses makes it exit: the error names the file and line."""
+    with pytest.raises(PlannerInputError) as err:
+        parse_launcher_script(OPTIONS, args=["/c", "--bogus"], path="opts.sh")
+    assert err.value.field == "opts.sh:12" and "exits here" in str(err.value)
+
+
+def test_eval_of_a_command_string():
+    """Pai-Megatron-Patch style: the command is built as a string and run by eval."""
+    text = 'A=2\nrun_cmd="torchrun --nnodes $A --nproc_per_node 8 pretrain_gpt.py --x 1 ${EXTRA}"\necho ${run_cmd}\neval ${run_cmd}\n'
+    s = parse_launcher_script(text)
+    assert s.megatron_flags == ["--x", "1", "${EXTRA}"]
+    assert s.site.via == "eval" and s.site.word == "eval" and s.site.line == 4
+    assert s.world_size == 16
+
+
+def test_srun_bash_c_string_and_world_size():
+    """srun runs a string through bash -c: the flags inside are read; srun's task counts give
+    the world size."""
+    text = (
+        'CMD="python pretrain_gpt.py --x 1 --y \\"a b\\""\n'
+        'srun -N 2 --ntasks-per-node 8 bash -c "cd /work; $CMD"\n'
+    )
+    s = parse_launcher_script(text)
+    assert s.megatron_flags == ["--x", "1", "--y", "a b"]
+    assert s.wrapper[:1] == ["srun"] and s.world_size == 16
+    assert s.site.via == "string" and s.site.line == 2
+
+
+def test_source_of_a_file_next_to_the_script(tmp_path):
+    """`source common.sh` reads the file next to the script (also through $(dirname $0))."""
+    (tmp_path / "common.sh").write_text("MODEL=(--num-layers 4 --hidden-size 64)\nexport NCCL_DEBUG=WARN\n")
+    script = tmp_path / "train.sh"
+    script.write_text('DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)\nsource "$DIR/common.sh"\n'
+                      'torchrun pretrain_gpt.py "${MODEL[@]}"\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4", "--hidden-size", "64"]
+    assert "NCCL_DEBUG" in s.exported
+
+
+def test_functions_and_python_m_torch_distributed_run():
+    """A function that launches, called with arguments; python -m torch.distributed.run."""
+    text = 'go() {\n  python -m torch.distributed.run --nproc_per_node 4 train.py --lr "$1" "${@:2}"\n}\ngo 0.1 --a b\n'
+    s = parse_launcher_script(text)
+    assert s.launcher == ["python", "-m", "torch.distributed.run"] and s.entry_script == "train.py"
+    assert s.megatron_flags[:2] == ["--lr", "0.1"]
+
+
+def test_undecidable_file_test_is_skipped_and_reported():
+    """`[ -f ... ] && X=...` cannot be decided here: the guarded assignment is skipped, said so."""
+    text = 'CK=/c\nLOAD=""\n[ -f "$CK/latest" ] && LOAD="--load $CK"\ntorchrun pretrain_gpt.py $LOAD --x 1\n'
+    s = parse_launcher_script(text)
+    assert s.megatron_flags == ["--x", "1"]
+    assert s.decisions[0].flags_skipped == ["--load"] and "file" in s.decisions[0].reason
+
+
+def test_preprocessing_before_training_is_not_the_launch():
+    """A data-preparation python call before torchrun is not mistaken for the training launch."""
+    text = "python tools/preprocess_data.py --input x\ntorchrun --nproc_per_node 2 pretrain_gpt.py --y 2\n"
+    s = parse_launcher_script(text)
+    assert s.megatron_flags == ["--y", "2"]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("X=${X:-" * 200 + "}" * 200 + "\ntorchrun train.py", "nested more than"),
+        ("x=((\ntorchrun train.py", "syntax error"),
+        ("(( 1 + \ntorchrun train.py", "unbalanced"),
+        ("( echo\ntorchrun train.py", "not closed"),
+        ("while true; do X=1; done\ntorchrun train.py", "never ends"),
+        ('A="abc\ntorchrun train.py', 'unterminated "'),
+        ("echo $(( 1 + \ntorchrun train.py", "unbalanced $("),
+        ('A=' + '$("' * 500 + 'x' + '")' * 500 + "\ntorchrun train.py", "nested more than"),
+        ("{ " * 500 + "x; " + "} " * 500 + "\ntorchrun train.py", "nested more than"),
+        ("if true; then " * 500 + "x; " + "fi; " * 500 + "\ntorchrun train.py", "nested more than"),
+        ("if [ " + "! " * 500 + "a ]; then x; fi\ntorchrun train.py", "nested more than"),
+        ("f() { f; }; f\ntorchrun train.py", "nested more than"),
+        ('A="eval \\"\\$A\\""; eval "$A"\ntorchrun train.py', "nested more than"),
+    ],
+)
+def test_hostile_scripts_are_refused_with_file_and_line(text, words):
+    """Deep nesting, unbalanced brackets and endless loops: one error naming file:line, no hang."""
+    with pytest.raises(PlannerInputError) as err:
+        parse_launcher_script(text, path="bad.sh")
+    assert err.value.field.startswith("bad.sh:") and words in str(err.value)
+
+
+def test_huge_arithmetic_wraps_like_bash():
+    """$((9**9**9)) is 64-bit arithmetic in bash: evaluated at once, wrapped, not a hang."""
+    s = parse_launcher_script("torchrun train.py --a $((9**9**9)) --b $(( (1<<62) * 4 )) --c $((7/-2)) --d $((-7%3))\n")
+    assert s.megatron_flags == ["--a", "-2123029214124047543", "--b", "0", "--c", "-3", "--d", "-1"]
+
+
+def test_long_lines_and_long_arrays_are_read():
+    """A 2 MB line and an array built over 20,000 lines are read (linear-time lexing/evaluation)."""
+    s = parse_launcher_script('A="' + "a" * 2_000_000 + '"\ntorchrun train.py --x "$A"\n')
+    assert len(s.megatron_flags[1]) == 2_000_000
+    text = "\n".join(f"A+=(--x{i})" for i in range(20_000)) + '\ntorchrun train.py "${A[@]}"\n'
+    assert len(parse_launcher_script(text).megatron_flags) == 20_000
+
+
+def test_break_and_continue_in_loops():
+    """`continue` skips the rest of an iteration, `break` ends the loop (also from a nested if)."""
+    text = "A=()\nfor i in 1 2 3 4; do\n  if [ $i = 2 ]; then continue; fi\n  A+=(--x$i)\n  if [ $i = 3 ]; then break; fi\ndone\ntorchrun train.py \"${A[@]}\"\n"
+    assert parse_launcher_script(text).megatron_flags == ["--x1", "--x3"]
+
+
+def test_getopts_option_loop():
+    """`while getopts "t:p:f" opt; do case $opt in ...` reads the options like bash."""
+    text = ('TP=1; PP=1; F=\nwhile getopts "t:p:f" opt; do\n  case $opt in\n    t) TP=$OPTARG ;;\n    p) PP=$OPTARG ;;\n'
+            '    f) F=--fp16 ;;\n  esac\ndone\nshift $((OPTIND-1))\ntorchrun train.py --tp $TP --pp $PP $F "$@"\n')
+    s = parse_launcher_script(text, args=["-t", "4", "-p2", "-f", "--", "--extra", "1"])
+    assert s.megatron_flags == ["--tp", "4", "--pp", "2", "--fp16", "--extra", "1"]

@@ -84,36 +84,54 @@ def resolve_emit_inputs(
     return run, plan, cluster_spec
 
 
+def script_from_plan(data: dict[str, Any], megatron_script: str | None, script_args: tuple[str, ...]):
+    """The input launcher: the --megatron-script file (read with the arguments after `--`), or
+    the script `solve --out` saved in plan.json's inputs.script, or None."""
+    from planner.inputs.script import parse_launcher_script
+
+    inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
+    saved = inputs.get("script") if isinstance(inputs.get("script"), dict) else None
+    if megatron_script is not None:
+        from planner.inputs.resolve import read_script
+
+        extra = saved.get("extra_flags", []) if saved else []
+        return read_script(megatron_script, script_args or (saved or {}).get("args", []), extra)
+    if saved is None:
+        return None
+    text, args = saved.get("text"), saved.get("args", [])
+    if not isinstance(text, str) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise PlannerInputError("--plan", "inputs.script must hold the script's text and its arguments")
+    script = parse_launcher_script(text, args=args, path=saved.get("path"))
+    script.extra_flags = [str(f) for f in saved.get("extra_flags", [])]
+    return script
+
+
 @click.command("emit")
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), metavar="PLAN.JSON",
               help="plan.json as `solve --out` writes it (or a bare Plan with --model/--cluster)")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
               help="directory for the launcher files (created if needed)")
 @click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
-              help="the user's launcher: its paths, environment, data and checkpoint settings carry over")
+              help="the user's launcher (default: the one plan.json saved); launch.sh is it with the plan applied")
 @click.option("--model", default=None, metavar="PRESET|FILE", help="model, when the plan file has no inputs.run")
 @click.option("--megatron-args", default=None, metavar='"FLAGS"', help="Megatron flags, when the plan file has no inputs.run")
 @click.option("--cluster", default=None, metavar="SPEC", help="cluster, when the plan file has no inputs.cluster")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")
 @handle_errors
-def command(plan_path, out_dir, megatron_script, model, megatron_args, cluster):
+def command(plan_path, out_dir, megatron_script, model, megatron_args, cluster, script_args):
     """Write megatron_args.txt, launch.sh and hostfile (plus FlagScale's YAML for the flagscale
     runtime) for a plan.  The input script is never modified.
 
     \b
     python cli.py emit --plan out/plan.json --out launch/ --megatron-script train.sh
     """
-    from planner.inputs.megatron_flags import parse_flag_namespace
-    from planner.inputs.script import read_launcher_script
     from planner.launcher import write_launch_files
 
     data = _load_plan_file(Path(plan_path))
     run, plan, cluster_spec = resolve_emit_inputs(
         data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
     )
-    script = read_launcher_script(megatron_script) if megatron_script else None
-    if script is not None and not run.passthrough:
-        _, passthrough = parse_flag_namespace(script.megatron_flags)
-        run = run.model_copy(update={"passthrough": tuple(passthrough)})
+    script = script_from_plan(data, megatron_script, tuple(script_args))
     paths = write_launch_files(run, plan, cluster_spec, Path(out_dir), script)
     for p in paths:
         click.echo(str(p))

@@ -8,9 +8,10 @@ import click
 
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES,
-    apply_options, check_plot_dir, load_inputs,
+    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, SCRIPT_ARGS,
+    TRAINING_OVERRIDES, apply_options, check_plot_dir, load_inputs,
 )
+from planner.errors import PlannerInputError
 
 
 def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
@@ -39,12 +40,14 @@ def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> 
 
 @click.command("estimate")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + PARALLEL_OVERRIDES + TRAINING_OVERRIDES + ASSUMPTION_OPTIONS
-               + DISPLAY_OPTIONS)
+               + DISPLAY_OPTIONS + SCRIPT_ARGS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no 'wrote N files')")
+@click.option("--allow-invalid", is_flag=True,
+              help="price a configuration Megatron would refuse (its refusal is printed as a note)")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_imbalance, plot_dir, wide, as_json,
-            quiet, **overrides):
+            quiet, allow_invalid, script_args, **overrides):
     """Price one configuration: iteration time, TFLOP/s/GPU, MFU and memory per stage.
 
     \b
@@ -59,12 +62,18 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     plot_dir = check_plot_dir(plot_dir, None)
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance,
+        profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
+        allow_invalid=allow_invalid,
     )
     plan, notes = plan_from_run(run, cluster_spec, profiles)
-    from planner.rules import check_plan
+    from planner.rules import check_plan, format_violations
 
-    violations = check_plan(run.model, plan)
+    violations = check_plan(run.model, plan, run.training)
+    if violations and not allow_invalid:
+        raise PlannerInputError(
+            "configuration", "Megatron would refuse it: " + format_violations(violations)
+            + "; --allow-invalid prices it anyway",
+        )
     cost = CostModel(run.model, run.training, cluster_spec, profiles).evaluate(plan)
     from planner.cost.notes import unmodelled_notes
 

@@ -11,8 +11,11 @@ MODEL_OPTIONS = [
                  help="model preset name (e.g. mixtral-s), a YAML file, or a HuggingFace config.json"),
     click.option("--megatron-args", default=None, metavar='"FLAGS"', help="Megatron-LM flags for pretrain_gpt.py"),
     click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
-                 help="a bash launcher script that runs pretrain_gpt.py"),
+                 help="a bash launcher script that runs pretrain_gpt.py; its own arguments go after `--`; "
+                      "with --megatron-args, those flags override the script's"),
 ]
+# `cli.py solve --megatron-script train.sh -- /ckpt /data`: the script's own arguments
+SCRIPT_ARGS = [click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")]
 CLUSTER_OPTIONS = [
     click.option("--cluster", required=True, metavar="SPEC",
                  help="TYPE:COUNT[,TYPE:COUNT...] (e.g. H800:16,MI300X:16,910B:16), a preset name, or a YAML file"),
@@ -74,9 +77,10 @@ def check_plot_dir(plot_dir: str | None, out_dir: str | None) -> str | None:
 
 
 def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict,
-                moe_imbalance: float | None = None):
+                moe_imbalance: float | None = None, script_args=(), quiet: bool = False, allow_invalid: bool = False):
     """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options.  The run lists in `assumed`
-    the values no input stated (planner/inputs/assumed.py)."""
+    the values no input stated (planner/inputs/assumed.py); what the input reader did not model is
+    printed on stderr, one `note:` line each."""
     import math
 
     from planner.errors import PlannerInputError
@@ -91,8 +95,13 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     cluster_spec = parse_cluster(cluster, profiles)
     clean = {k: v for k, v in overrides.items() if v is not None}
+    notes: list[str] = []
     run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                      world_size=cluster_spec.world_size, overrides=clean)
+                      script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
+                      notes=notes, allow_invalid=allow_invalid)
+    if not quiet:
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
     if moe_imbalance is not None:
         run = run.model_copy(update={"training": run.training.model_copy(
             update={"moe_imbalance_factor": float(moe_imbalance)})})

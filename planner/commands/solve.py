@@ -9,8 +9,8 @@ import click
 
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options,
-    check_plot_dir, load_inputs,
+    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
+    apply_options, check_plot_dir, load_inputs,
 )
 
 SEARCH_OPTIONS = [
@@ -71,6 +71,10 @@ def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path
         plan_doc = dict(payload)
         plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
                               "cluster": outcome.cluster.model_dump(mode="json")}
+        script = getattr(outcome, "script", None)
+        if script is not None:  # emit rebuilds the launcher from this, without the file
+            plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
+                                            "extra_flags": list(script.extra_flags), "text": script.text}
         (tmp / "plan.json").write_text(json.dumps(plan_doc, indent=2, default=str))
         (tmp / "inputs.json").write_text(json.dumps(plan_doc["inputs"], indent=2, default=str))
         (tmp / "summary.md").write_text(summary_markdown(payload, images))
@@ -103,7 +107,7 @@ def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Pa
 
 
 @click.command("solve")
-@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS)
+@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS + SCRIPT_ARGS)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="write plan.json, inputs.json, summary.md and the launcher (launch/) here")
 @apply_options(ASSUMPTION_OPTIONS + DISPLAY_OPTIONS)
@@ -111,12 +115,13 @@ def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Pa
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, top_k, out_dir, moe_imbalance, plot_dir, wide, as_json, quiet):
+            time_limit_s, delta, no_prune, top_k, out_dir, moe_imbalance, plot_dir, wide, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
     python cli.py solve --model mixtral-l --cluster H800:16,MI300X:16,910B:16
     python cli.py solve --model mixtral-s --cluster h800-mi300x --backend hsdp --runtime flagscale --json
+    python cli.py solve --megatron-script train.sh --cluster H800:16 --out plan/ -- /ckpt /tokenizer /data
     """
     from planner.api import make_space, solve
     from planner.progress import SearchProgress
@@ -127,6 +132,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, moe_imbalance=moe_imbalance,
+        script_args=script_args, quiet=quiet,
+        allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
     )
     settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
                               time_limit_s=time_limit_s, top_k=top_k)
@@ -135,9 +142,11 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
     progress.finish(best_s=outcome.result.best[0].objective_s, lower_bound_s=outcome.result.lower_bound_s)
     if megatron_script:
-        from planner.inputs.script import read_launcher_script
+        from planner.inputs.resolve import read_script, script_override_flags
 
-        outcome.script = read_launcher_script(megatron_script)
+        outcome.script = read_script(megatron_script, script_args,
+                                     script_override_flags(megatron_args, {"seq": seq},
+                                                           run.model.max_position_embeddings))
     user = None
     if megatron_script or megatron_args:
         from planner.user_plan import price_user_plan

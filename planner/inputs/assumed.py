@@ -57,7 +57,7 @@ def input_assumptions(
              "model-file": f"not in {source_name}", "flags": "not in the flags"}[source]
 
     if "gbs" not in ov:
-        if source == "preset":
+        if source in ("preset", "hf-config"):  # neither states your batch
             out.append(Assumption(name="global batch size", value=training.global_batch_size, flag="--gbs",
                                   source=where))
         elif "global_batch_size" not in stated_training:

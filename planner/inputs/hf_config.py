@@ -66,6 +66,64 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+# Expert settings, under the names the model families use (transformers' configuration
+# classes): the expert count is `num_local_experts` (Mixtral), `num_experts` (Qwen-MoE),
+# `n_routed_experts` (DeepSeek) or `num_routed_experts` (some DeepSeek-V3 exports).
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_routed_experts")
+EXPERT_TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+SHARED_COUNT_KEYS = ("n_shared_experts", "num_shared_experts")
+KNOWN_EXPERT_KEYS = frozenset({
+    *EXPERT_COUNT_KEYS, *EXPERT_TOPK_KEYS, *SHARED_COUNT_KEYS, "moe_intermediate_size",
+    "shared_expert_intermediate_size", "moe_layer_freq", "first_k_dense_replace", "decoder_sparse_step",
+    "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "aux_loss_alpha", "seq_aux",
+    "ep_size", "moe_router_dtype", "shared_expert_gate",
+})  # fmt: skip
+
+
+def check_expert_keys(cfg: dict[str, Any]) -> None:
+    """Refuse a config with expert settings the reader does not understand, rather than plan the
+    model as dense: any key naming experts or starting with moe_ must be a known one."""
+    for key in cfg:
+        if not isinstance(key, str) or key in KNOWN_EXPERT_KEYS:
+            continue
+        low = key.lower()
+        if "expert" in low or low.startswith("moe_"):
+            raise PlannerInputError(
+                f"config.json:{key}",
+                "an expert setting the planner does not understand, so it cannot tell how the experts are "
+                f"laid out; known expert keys: {', '.join(sorted(KNOWN_EXPERT_KEYS))}",
+            )
+
+
+def _first_int(cfg: dict[str, Any], keys: tuple[str, ...], default: Any = ...) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return _int(cfg, key)
+    if default is ...:
+        raise PlannerInputError(f"config.json:{keys[0]}", f"missing; the config must give one of {', '.join(keys)}")
+    return default
+
+
+def expert_count(cfg: dict[str, Any]) -> int | None:
+    """The routed-expert count under any of EXPERT_COUNT_KEYS (None or 0: dense)."""
+    return _first_int(cfg, EXPERT_COUNT_KEYS, None) or None
+
+
+def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """Routed and shared experts, whatever the family calls them."""
+    out["num_experts"] = expert_count(cfg)
+    out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, 2)
+    out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size", out.get("ffn_hidden_size"))
+    shared = _first_int(cfg, SHARED_COUNT_KEYS, 0)
+    shared_size = _int(cfg, "shared_expert_intermediate_size", 0)
+    if shared:
+        out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"]
+    elif shared_size:
+        out["moe_shared_expert_intermediate_size"] = shared_size
+    return _moe_recipe(out)
+
+
 def _moe_recipe(out: dict[str, Any]) -> dict[str, Any]:
     out["moe_token_dispatcher_type"] = "alltoall"
     out["moe_grouped_gemm"] = True
@@ -78,10 +136,10 @@ def _llama(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _mixtral(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out = _common(cfg, name)
-    out["num_experts"] = _int(cfg, "num_local_experts")
-    out["moe_router_topk"] = _int(cfg, "num_experts_per_tok", 2)
-    out["moe_ffn_hidden_size"] = out["ffn_hidden_size"]
-    return _moe_recipe(out)
+    _experts(cfg, out)
+    if out["num_experts"] is None:
+        raise PlannerInputError("config.json:num_local_experts", "missing; a Mixtral config must give its experts")
+    return out
 
 
 def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] | None:
@@ -98,14 +156,13 @@ def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] |
 
 
 def _qwen2_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    out = _common(cfg, name)
-    out["num_experts"] = _int(cfg, "num_experts")
-    out["moe_router_topk"] = _int(cfg, "num_experts_per_tok")
+    out = _experts(cfg, _common(cfg, name))
+    if out["num_experts"] is None:
+        raise PlannerInputError("config.json:num_experts", "missing; a Qwen-MoE config must give its experts")
+    out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS)
     out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
-    shared = _int(cfg, "shared_expert_intermediate_size", 0)
-    out["moe_shared_expert_intermediate_size"] = shared or None
     out["moe_layer_pattern"] = _qwen_moe_pattern(cfg, out["num_layers"])
-    return _moe_recipe(out)
+    return out
 
 
 def _qwen3_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
@@ -135,13 +192,13 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out["qk_head_dim"] = _int(cfg, "qk_nope_head_dim")
     out["qk_pos_emb_head_dim"] = _int(cfg, "qk_rope_head_dim")
     out["v_head_dim"] = _int(cfg, "v_head_dim")
-    experts = _int(cfg, "n_routed_experts", None)
+    experts = expert_count(cfg)
     if experts:
         num_layers = out["num_layers"]
-        out["num_experts"] = experts
-        out["moe_router_topk"] = _int(cfg, "num_experts_per_tok")
+        _experts(cfg, out)
+        out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS)
         out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
-        shared = _int(cfg, "n_shared_experts", 0)
+        shared = _first_int(cfg, SHARED_COUNT_KEYS, 0)
         out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"] if shared else None
         first_dense = _int(cfg, "first_k_dense_replace", 0)
         freq = _int(cfg, "moe_layer_freq", 1)
@@ -202,7 +259,10 @@ def model_fields_from_hf_config(cfg: dict[str, Any], name: str) -> dict[str, Any
         raise PlannerInputError("config.json", "expected a JSON object")
     if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    check_expert_keys(cfg)
     fields = _FAMILIES[_family(cfg)](cfg, name)
+    if fields.get("num_experts") is None and expert_count(cfg):
+        _experts(cfg, fields)  # a family read as dense whose config names experts: read them
     return {k: v for k, v in fields.items() if v is not None or k in ("num_query_groups",)}
 
 

@@ -16,13 +16,18 @@ Also the pipeline layout grammar of `--pipeline-model-parallel-layout`
 from __future__ import annotations
 
 import ast
+import difflib
+import functools
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
+from planner.rules import cp_violations, expert_violations, pipeline_split_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
@@ -214,9 +219,16 @@ def _is_number(tok: str) -> bool:
     return True
 
 
-def _is_flag(tok: str) -> bool:
-    """True for an option token (`--x`, `-x`); negative numbers are values, as in argparse."""
-    return tok.startswith("-") and len(tok) > 1 and not _is_number(tok)
+_NEGATIVE_NUMBER = re.compile(r"-[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?")
+
+
+def is_flag_token(tok: str) -> bool:
+    """True for an option token (`--x`, `-x`); negative numbers are values, as in argparse.
+    (launch.sh's bash applies the same test, so both split flags from values alike.)"""
+    return tok.startswith("-") and len(tok) > 1 and not _NEGATIVE_NUMBER.fullmatch(tok)
+
+
+_is_flag = is_flag_token
 
 
 def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
@@ -250,24 +262,69 @@ def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
     return raw
 
 
+@dataclass(frozen=True)
+class KnownFlag:
+    """A flag some parser accepts: its argparse nargs ("0" for a switch, "1", "?", "*", "+") and
+    where it comes from ("megatron" or a fork's name)."""
+
+    nargs: str
+    source: str
+
+
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+MEGATRON_FLAGS_FILE = _DATA_DIR / "megatron_flags.tsv"  # tools/dump_megatron_flags.py writes it
+FORK_FLAGS_FILE = _DATA_DIR / "fork_flags.tsv"
+
+
+@functools.lru_cache(maxsize=1)
+def known_flags() -> dict[str, KnownFlag]:
+    """Every option string of Megatron-LM's parser (megatron-core 0.19.2), plus the flags of the
+    usual forks (MindSpeed, Pai-Megatron-Patch) that upstream does not know."""
+    out: dict[str, KnownFlag] = {}
+    for path, fixed in ((FORK_FLAGS_FILE, None), (MEGATRON_FLAGS_FILE, "megatron")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("--"):
+                continue
+            flag, nargs, third = (line.split("\t") + ["", ""])[:3]
+            out[flag] = KnownFlag(nargs, fixed or third)
+    return out
+
+
+def unknown_flag_error(name: str) -> PlannerInputError:
+    """Megatron's parser refuses a flag it does not know (no abbreviations): say so, with the
+    closest known flag."""
+    close = difflib.get_close_matches(name, list(known_flags()), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return PlannerInputError(
+        name, f"unknown flag: Megatron-LM's parser (megatron-core 0.19.2) does not accept it, nor abbreviations{hint}"
+    )
+
+
+def _unresolved(tok: str) -> bool:
+    """Text the script reader left for bash (`${EXTRA_ARGS}`, `$1`, `$(cmd)`)."""
+    return tok.startswith("$") or tok.startswith("`")
+
+
 def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """Split `argv` into {dest: value} for the flags in FLAGS and the verbatim passthrough tokens.
 
-    Values that follow an unknown flag belong to it and pass through; a value after a known flag
-    that takes none (or already has its value) is an error, as argparse would report it.
+    As Megatron's argparse parser: a flag must be one it knows, spelled in full (fork flags are
+    accepted and passed through); every flag takes the values its nargs says; a value no flag
+    takes is an error.  Text the script reader could not resolve (`${EXTRA}`) passes through.
     """
     ns: dict[str, Any] = {}
     passthrough: list[str] = []
-    prev_unknown = False
     last_flag = ""
+    open_values = False  # the last passthrough flag may take more values (nargs ? * +)
     i = 0
     n = len(argv)
+    table = known_flags()
     while i < n:
         tok = argv[i]
         if not isinstance(tok, str):
             raise PlannerInputError("megatron args", f"every token must be a string, got {tok!r}")
         if not _is_flag(tok):
-            if prev_unknown:
+            if open_values or _unresolved(tok):
                 passthrough.append(tok)
                 i += 1
                 continue
@@ -279,13 +336,25 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
         name, eq, explicit = tok.partition("=") if tok.startswith("--") else (tok, "", "")
         spec = FLAGS.get(name)
         i += 1
-        if spec is None:
-            passthrough.append(tok)
-            prev_unknown = True
-            last_flag = name
-            continue
-        prev_unknown = False
         last_flag = name
+        open_values = False
+        if spec is None:
+            known = table.get(name)
+            if known is None:
+                raise unknown_flag_error(name)
+            passthrough.append(tok)
+            if eq:
+                if known.nargs == "0":
+                    raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
+                continue
+            if known.nargs == "1":
+                if i >= n or (_is_flag(argv[i]) and not _is_number(argv[i])):
+                    raise PlannerInputError(name, "expects a value, but none was given")
+                passthrough.append(argv[i])
+                i += 1
+            elif known.nargs != "0":
+                open_values = True
+            continue
         start = i - 1
         i = _read_flag(name, spec, eq, explicit, argv, i, ns)
         if spec.observe:
@@ -323,6 +392,19 @@ def _read_flag(name: str, spec: FlagSpec, eq: str, explicit: str, argv: Sequence
         i += 1
     ns[spec.dest] = _convert(name, spec, raw)
     return i
+
+
+def fork_flags_in(passthrough: Sequence[str]) -> dict[str, list[str]]:
+    """{fork: [flags]} of the passthrough flags that only a fork of Megatron-LM knows."""
+    table = known_flags()
+    out: dict[str, list[str]] = {}
+    for tok in passthrough:
+        if _is_flag(tok):
+            name = tok.partition("=")[0]
+            known = table.get(name)
+            if known is not None and known.source != "megatron" and name not in out.get(known.source, []):
+                out.setdefault(known.source, []).append(name)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,6 +564,102 @@ def format_layout(per_virtual_stage: Sequence[int], *, mtp_num_layers: int = 0) 
 
 
 # --------------------------------------------------------------------------------------------
+# Vocabulary size when --vocab-size is not given
+# --------------------------------------------------------------------------------------------
+DEFAULT_VOCAB_SIZE = 32000
+# Unpadded vocabulary of well-known tokenizers: `vocab_size` in each model's HuggingFace
+# config.json (GPT-2: the 50257 entries of its vocab.json).  Matched, in this order, against the
+# tokenizer type, then the tokenizer path and the run's name (lower case).
+_TOKENIZER_TYPE_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+_NAME_VOCAB: tuple[tuple[str, int], ...] = (
+    ("gpt-oss", 201088), ("gptoss", 201088),
+    ("deepseek-v3", 129280), ("deepseek_v3", 129280), ("deepseekv3", 129280), ("deepseek-r1", 129280),
+    ("deepseek-v2", 102400), ("deepseek_v2", 102400), ("deepseekv2", 102400),
+    ("qwen", 151936),
+    ("llama-3", 128256), ("llama3", 128256), ("llama_3", 128256),
+    ("llama-2", 32000), ("llama2", 32000), ("llama_2", 32000),
+    ("mixtral-8x22b", 32768), ("mixtral_8x22b", 32768), ("8x22b", 32768),
+    ("mixtral", 32000), ("mistral", 32000),
+    ("gpt2", 50257), ("gpt-2", 50257),
+)  # fmt: skip
+
+
+def _flag_value(tokens: Sequence[str], flag: str) -> str | None:
+    value = None
+    for k, tok in enumerate(tokens):
+        if tok == flag and k + 1 < len(tokens):
+            value = tokens[k + 1]
+        elif tok.startswith(flag + "="):
+            value = tok.split("=", 1)[1]
+    return value
+
+
+def _tokenizer_file_vocab(path_text: str) -> tuple[int, str] | None:
+    """Entries of a readable tokenizer.json (model vocab plus added tokens) or vocab file."""
+    if not path_text or _unresolved(path_text):
+        return None
+    path = Path(path_text).expanduser()
+    candidates = [path / "tokenizer.json", path / "vocab.json"] if path.is_dir() else [path]
+    for cand in candidates:
+        try:
+            if not cand.is_file() or cand.stat().st_size > 64 << 20:
+                continue
+            text = cand.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            if lines and cand.suffix in (".txt", ".vocab"):
+                return len(lines), f"from the {len(lines)} lines of {cand}"
+            continue
+        if isinstance(data, dict) and isinstance(data.get("model"), dict) and isinstance(data["model"].get("vocab"), (dict, list)):
+            vocab = data["model"]["vocab"]
+            ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+            ids |= {t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+            return len(ids), f"from the tokens of {cand}"
+        if isinstance(data, dict) and data and all(isinstance(v, int) for v in data.values()):
+            return len(data), f"from the {len(data)} entries of {cand}"
+    return None
+
+
+def infer_vocab_size(passthrough: Sequence[str], name: str = "") -> tuple[int, str]:
+    """(vocab size, how it was found) from the tokenizer flags, in this order: a readable
+    tokenizer (tokenizer.json, or the vocab file's entries); --padded-vocab-size; the tokenizer
+    type or a known model name in the tokenizer path or the run's name; a HF config.json next to
+    the tokenizer; else DEFAULT_VOCAB_SIZE.  The plan barely depends on it."""
+    model_path = _flag_value(passthrough, "--tokenizer-model") or ""
+    for path_text in (model_path, _flag_value(passthrough, "--vocab-file") or ""):
+        found = _tokenizer_file_vocab(path_text)
+        if found is not None:
+            return found
+    padded = _flag_value(passthrough, "--padded-vocab-size")
+    if padded and padded.isdigit() and int(padded) > 0:
+        return int(padded), "from --padded-vocab-size"
+    ttype = _flag_value(passthrough, "--tokenizer-type") or ""
+    if ttype in _TOKENIZER_TYPE_VOCAB:
+        return _TOKENIZER_TYPE_VOCAB[ttype], f"assumed for --tokenizer-type {ttype}"
+    named = (("the tokenizer path", model_path), ("the vocab file", _flag_value(passthrough, "--vocab-file") or ""),
+             ("--patch-tokenizer-type", _flag_value(passthrough, "--patch-tokenizer-type") or ""),
+             ("the run's name", name))
+    for where, text in named:
+        low = text.lower()
+        for key, vocab in _NAME_VOCAB:
+            if key in low:
+                return vocab, f"assumed from {where} ({key!r} in {text!r})"
+    if model_path and not _unresolved(model_path):
+        cfg = Path(model_path).expanduser() / "config.json"
+        try:
+            data = json.loads(cfg.read_text(encoding="utf-8")) if cfg.is_file() else None
+        except (OSError, ValueError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("vocab_size"), int) and data["vocab_size"] > 0:
+            return data["vocab_size"], f"from {cfg}"
+    return DEFAULT_VOCAB_SIZE, "assumed (no readable tokenizer or known model name; give --vocab-size to set it)"
+
+
+# --------------------------------------------------------------------------------------------
 # Namespace -> draft -> MegatronRun
 # --------------------------------------------------------------------------------------------
 
@@ -498,6 +676,7 @@ class RunDraft:
     training: dict[str, Any]
     parallel: dict[str, Any]
     passthrough: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was assumed or not modelled, for the user
 
 
 def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
@@ -584,13 +763,14 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     missing = [f for f in REQUIRED_FLAGS if FLAGS[f].dest not in ns]
     if missing:
         raise PlannerInputError(", ".join(missing), "required model shape flag(s) missing")
-    if "vocab_size" not in ns:
-        raise PlannerInputError(
-            "--vocab-size",
-            "missing; the planner cannot read the tokenizer, so give the (unpadded) vocabulary size",
-        )
+    notes: list[str] = []
     model: dict[str, Any] = {"name": name}
     model.update({k: ns[k] for k in _MODEL_COPY if k in ns})
+    if "vocab_size" not in ns:
+        model["vocab_size"], how = infer_vocab_size(passthrough, name)
+        notes.append(f"--vocab-size not given: {model['vocab_size']} {how}")
+    for fork, flags in fork_flags_in(passthrough).items():
+        notes.append(f"{fork} flags passed through, not modelled: {' '.join(flags)}")
     if ns.get("group_query_attention"):
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")
@@ -627,7 +807,7 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
 
     parallel: dict[str, Any] = {dst: ns[src] for src, dst in _PARALLEL_COPY.items() if src in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
-    return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough))
+    return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
 
 
 def parse_megatron_draft(argv: Sequence[str], *, name: str = "custom") -> RunDraft:
@@ -650,7 +830,7 @@ def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], sect
     return PlannerInputError(where, msg)
 
 
-def _check_pipeline(parallel: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
+def _check_pipeline(parallel: dict[str, Any], model: ModelSpec, deferred: list) -> dict[str, Any]:
     """Megatron's pipeline-split rules (reference/megatron.md 2.3, rules 20-26); returns the
     parallel dict with the layout string replaced by decoder layers per virtual stage."""
     p = dict(parallel)
@@ -710,99 +890,71 @@ def _check_pipeline(parallel: dict[str, Any], model: ModelSpec) -> dict[str, Any
     if nlpv is not None and (first is not None or last is not None):
         raise PlannerInputError(
             "--num-layers-per-virtual-pipeline-stage",
-            "use --num-virtual-stages-per-pipeline-rank with --decoder-first/last-pipeline-num-layers",
+            "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline parallel degree when "
+            "enable uneven pipeline parallelism",
         )
-    if accounted and (first is not None or last is not None):
-        raise PlannerInputError(
-            "--decoder-first/last-pipeline-num-layers",
-            "cannot be set together with --account-for-embedding/loss-in-pipeline-split",
-        )
-    try:
-        per_rank = ParallelConfig(
-            pp=pp,
-            first_stage_layers=first,
-            last_stage_layers=last,
-            account_for_embedding_in_pipeline_split=bool(p.get("account_for_embedding_in_pipeline_split")),
-            account_for_loss_in_pipeline_split=bool(p.get("account_for_loss_in_pipeline_split")),
-        ).stage_layers(model.num_layers)
-    except ValidationError as exc:
-        raise _validation_to_input_error(exc, PARALLEL_FIELD_FLAGS, "parallel") from None
-    except ValueError as exc:
-        raise PlannerInputError("--pipeline-model-parallel-size", str(exc)) from None
+    embed = bool(p.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(p.get("account_for_loss_in_pipeline_split"))
+    extra = int(embed) + int(loss)
+    vpp = p.get("vpp") or 1
     if nlpv is not None:
-        extra = int(bool(p.get("account_for_embedding_in_pipeline_split"))) + int(
-            bool(p.get("account_for_loss_in_pipeline_split"))
-        )
+        if (model.num_layers + extra) % pp:
+            raise PlannerInputError("--pipeline-model-parallel-size",
+                                    "number of layers of the model must be divisible pipeline model parallel size")
         per_stage = (model.num_layers + extra) // pp
         if per_stage % nlpv:
             raise PlannerInputError(
                 "--num-layers-per-virtual-pipeline-stage",
-                f"{per_stage} layers per pipeline stage are not divisible by {nlpv}",
+                "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage "
+                f"({per_stage} layers per stage, {nlpv} per virtual stage)",
             )
         vpp = per_stage // nlpv
         if vpp == 1:
             p["num_layers_per_virtual_stage"] = None
-        elif pp == 1:
-            raise PlannerInputError(
-                "--num-layers-per-virtual-pipeline-stage", "interleaving needs --pipeline-model-parallel-size > 1"
-            )
-    vpp = p.get("vpp")
-    if vpp is not None:
-        if pp == 1:
-            raise PlannerInputError(
-                "--num-virtual-stages-per-pipeline-rank", "interleaving needs --pipeline-model-parallel-size > 1"
-            )
-        if any(n % vpp for n in per_rank):
-            raise PlannerInputError(
-                "--num-virtual-stages-per-pipeline-rank",
-                f"decoder layers per pipeline rank {per_rank} must each be divisible by {vpp}",
-            )
+    if vpp > 1 and pp == 1:
+        flag = "--num-layers-per-virtual-pipeline-stage" if nlpv is not None else "--num-virtual-stages-per-pipeline-rank"
+        raise PlannerInputError(flag, "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1")
+    for v in pipeline_split_violations(model.num_layers, pp, vpp, first=first, last=last,
+                                       account_for_embedding=embed, account_for_loss=loss):
+        if v.rule != "pipeline_split_vpp":  # the layers cannot be placed at all
+            flag = "--decoder-first/last-pipeline-num-layers" if first is not None or last is not None else "--pipeline-model-parallel-size"
+            raise PlannerInputError(flag, f"{v.message} ({v.hint})")
+        deferred.append((_VPP_FLAG_OF[nlpv is not None], v))
     return p
 
 
-def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any]) -> dict[str, Any]:
-    """World-size-free consistency rules Megatron enforces (reference/megatron.md 2.1, 2.2)."""
+_VPP_FLAG_OF = {True: "--num-layers-per-virtual-pipeline-stage", False: "--num-virtual-stages-per-pipeline-rank"}
+_RULE_FLAG = {
+    "heads_tp": "--tensor-model-parallel-size", "query_groups_tp": "--tensor-model-parallel-size",
+    "seq_cp": "--context-parallel-size", "ep_needs_experts": "--expert-model-parallel-size",
+    "experts_ep": "--expert-model-parallel-size", "moe_etp_bias": "--disable-bias-linear",
+    "expert_folding": "--expert-model-parallel-size", "moe_tp_sequence_parallel": "--sequence-parallel",
+}  # fmt: skip
+
+
+def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any], deferred: list) -> dict[str, Any]:
+    """The world-size-free rules of planner/rules.py for the flags' degrees (added to
+    `deferred` as (flag, violation)); Megatron switches SP off when TP == 1."""
     p = dict(parallel)
-    tp = p.get("tp", 1)
-    ep = p.get("ep", 1)
-    cp = p.get("cp", 1)
-    if model.num_attention_heads % tp:
-        raise PlannerInputError(
-            "--tensor-model-parallel-size",
-            f"num_attention_heads ({model.num_attention_heads}) must be a multiple of TP ({tp})",
-        )
-    groups = model.query_groups
-    if not model.multi_latent_attention and groups % tp and tp % groups:
-        raise PlannerInputError(
-            "--tensor-model-parallel-size",
-            f"num_query_groups ({groups}) must be a multiple or divisor of TP ({tp})",
-        )
-    if ep > 1 and not model.is_moe:
-        raise PlannerInputError("--expert-model-parallel-size", "EP > 1 needs --num-experts")
-    if model.is_moe and model.num_experts % ep:
-        raise PlannerInputError(
-            "--expert-model-parallel-size",
-            f"--num-experts {model.num_experts} must be a multiple of EP ({ep})",
-        )
+    tp, ep, cp = p.get("tp", 1), p.get("ep", 1), p.get("cp", 1)
     etp = p.get("etp") or tp
-    if model.is_moe and etp > 1 and model.add_bias_linear:
-        raise PlannerInputError(
-            "--disable-bias-linear",
-            f"MoE with expert tensor parallel size {etp} > 1 needs --disable-bias-linear (Megatron supports "
-            "expert biases only with ETP 1)",
-        )
-    if cp > 1 and model.seq_length % (2 * cp):
-        raise PlannerInputError(
-            "--context-parallel-size",
-            f"--seq-length {model.seq_length} must be a multiple of 2*CP ({2 * cp})",
-        )
+    found = tp_violations(model, tp) + cp_violations(model, cp)
+    found += [v for v in expert_violations(model, tp=tp, cp=cp, dp=etp * ep, ep=ep, etp=etp,
+                                           sequence_parallel=bool(p.get("sequence_parallel")) or tp == 1)
+              if v.rule in ("ep_needs_experts", "experts_ep", "moe_etp_bias")]
+    deferred.extend((_RULE_FLAG[v.rule], v) for v in found)
     if tp == 1:
         p["sequence_parallel"] = False  # Megatron switches SP off when TP == 1
     return p
 
 
-def build_run(draft: RunDraft, *, world_size: int | None = None) -> MegatronRun:
+def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: bool = False) -> MegatronRun:
     """Validate a draft as a whole and return the MegatronRun.
+
+    Flags that cannot describe a run at all (a layout that does not add up, layers that cannot be
+    placed) raise PlannerInputError.  Degrees Megatron would refuse (planner/rules.py: heads and
+    query groups over TP, experts over EP, VPP over each rank's layers, ...) raise it too, with
+    Megatron's message, unless `allow_invalid`: then they are added to `draft.notes`.
 
     A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known
     (DP = world / (TP*PP*CP)); otherwise it is an error naming --global-batch-size.
@@ -813,7 +965,12 @@ def build_run(draft: RunDraft, *, world_size: int | None = None) -> MegatronRun:
         raise _validation_to_input_error(exc, MODEL_FIELD_FLAGS, "model") from None
     except TypeError as exc:
         raise PlannerInputError("model", str(exc)) from None
-    parallel = _check_parallel_rules(model, _check_pipeline(draft.parallel, model))
+    deferred: list[tuple[str, Any]] = []
+    parallel = _check_parallel_rules(model, _check_pipeline(draft.parallel, model, deferred), deferred)
+    for flag, violation in deferred:
+        if not allow_invalid:
+            raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")
+        draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
     training = dict(draft.training)
     if training.get("global_batch_size") is None:
         training.pop("global_batch_size", None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
@@ -29,6 +29,7 @@ _INT_OVERRIDES = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp"}
 RECOMPUTE_FORMS = "none | selective[:mod+mod] | full (= full-uniform:1) | full-block:K | full-uniform:K"
 
 # Training defaults for inputs that carry none (HF config.json): the paper's setup
+DEFAULT_GLOBAL_BATCH = 1024  # for a HF config.json, which states no batch (the presets use the same)
 DEFAULT_TRAINING: dict[str, Any] = {"micro_batch_size": 1, "precision": "bf16", "use_distributed_optimizer": True}
 
 
@@ -160,7 +161,8 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
         else:
             name = path.stem
         if looks_like_hf_config(data):
-            return _draft_from_spec(model_from_hf_config(data, name), {}), "hf-config", str(path)
+            draft = _draft_from_spec(model_from_hf_config(data, name), {"global_batch_size": DEFAULT_GLOBAL_BATCH})
+            return draft, "hf-config", str(path)  # the batch is printed as assumed (planner/inputs/assumed.py)
         spec, training = model_from_mapping(data, name=name, where=str(path))
         return _draft_from_spec(spec, training), "model-file", str(path)
     spec, training = load_model_preset(model)
@@ -168,19 +170,36 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
     return _draft_from_spec(spec, training), ("preset" if is_preset else "model-file"), (spec.name if is_preset else model)
 
 
-def _script_flags(megatron_script: str) -> tuple[list[str], str, int | None]:
-    """Flags given to pretrain_gpt.py in a bash launcher (via planner.inputs.script)."""
-    from planner.inputs.script import parse_launcher_script  # lazy: written by another helper
+def read_script(megatron_script: str, script_args: Sequence[str] | None = None, extra_flags: Sequence[str] = ()):
+    """The launcher script evaluated with its own arguments (planner.inputs.script); the
+    --megatron-args overrides it was combined with ride along as `extra_flags`."""
+    from planner.inputs.script import read_launcher_script
 
-    path = Path(megatron_script).expanduser()
-    try:
-        text = path.read_text()
-    except (FileNotFoundError, IsADirectoryError):
-        raise PlannerInputError("--megatron-script", f"file not found: {path}") from None
-    script = parse_launcher_script(text)
-    flags = list(getattr(script, "megatron_flags"))
-    ws = getattr(script, "world_size", None)
-    return flags, path.stem, ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+    script = read_launcher_script(Path(megatron_script).expanduser(), args=list(script_args or []))
+    script.extra_flags = list(extra_flags)
+    return script
+
+
+def script_override_flags(megatron_args: str | list[str] | None, overrides: Mapping[str, Any] | None = None,
+                          max_position_embeddings: int | None = None) -> list[str]:
+    """Flags the launcher applies on top of a script's own: the --megatron-args given with it,
+    and --seq-length for a --seq override (batch sizes and degrees are the plan's anyway)."""
+    flags = _split_args(megatron_args) if megatron_args is not None else []
+    seq = (overrides or {}).get("seq")
+    if seq is not None:
+        flags += ["--seq-length", str(seq)]
+        if max_position_embeddings is not None and max_position_embeddings >= int(seq):
+            flags += ["--max-position-embeddings", str(max_position_embeddings)]
+    return flags
+
+
+def _split_args(megatron_args: str | list[str]) -> list[str]:
+    if isinstance(megatron_args, str):
+        try:
+            return shlex.split(megatron_args, comments=False)
+        except ValueError as exc:
+            raise PlannerInputError("--megatron-args", f"cannot split the flag string: {exc}") from None
+    return list(megatron_args)
 
 
 def resolve_run(
@@ -188,42 +207,56 @@ def resolve_run(
     model: str | None = None,
     megatron_args: str | list[str] | None = None,
     megatron_script: str | None = None,
+    script_args: Sequence[str] | None = None,
     world_size: int | None = None,
     overrides: Mapping[str, Any] | None = None,
+    notes: list[str] | None = None,
+    allow_invalid: bool = False,
 ) -> MegatronRun:
-    """Read the run from exactly one source, apply `overrides` (keys: OVERRIDE_KEYS), and
-    validate.  A missing global batch size becomes mbs*DP when `world_size` is known; a MoE
-    model with TP>1 gets sequence parallelism (Megatron requires it)."""
-    given = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
-    if len(given) != 1:
+    """Read the run from one source (--model, --megatron-args, or --megatron-script with
+    --megatron-args as overrides on top), apply `overrides` (keys: OVERRIDE_KEYS), and validate.
+
+    A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known; a
+    MoE model with TP>1 gets sequence parallelism (Megatron requires it).  What was assumed or
+    not modelled (the vocabulary, the global batch, fork flags, undecided script branches) is
+    appended to `notes`, one line each, for the caller to print.  Degrees Megatron would refuse
+    raise PlannerInputError with Megatron's message, unless `allow_invalid` (then: a note)."""
+    sources = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
+    combined = sources == ["--megatron-args", "--megatron-script"]
+    if len(sources) != 1 and not combined:
         raise PlannerInputError(
             "--model / --megatron-args / --megatron-script",
-            f"give exactly one of them ({'none' if not given else ', '.join(given)} given)",
+            f"give exactly one of them, or --megatron-script with --megatron-args overrides "
+            f"({'none' if not sources else ', '.join(sources)} given)",
         )
+    if script_args and megatron_script is None:
+        raise PlannerInputError("script arguments", "arguments after `--` are passed to --megatron-script; give the script")
     if world_size is not None:
         world_size = _positive_int("world-size", world_size)
+    sink = notes if notes is not None else []
     flags: list[str] = []
     if model is not None:
         draft, source, source_name = _draft_from_model(model)
-    elif megatron_args is not None:
-        if isinstance(megatron_args, str):
-            try:
-                argv = shlex.split(megatron_args, comments=False)
-            except ValueError as exc:
-                raise PlannerInputError("--megatron-args", f"cannot split the flag string: {exc}") from None
-        else:
-            argv = list(megatron_args)
-        draft = parse_megatron_draft(argv, name="megatron-args")
-        flags, source, source_name = argv, "flags", "--megatron-args"
+    elif megatron_script is None:
+        flags = _split_args(megatron_args)  # type: ignore[arg-type]
+        draft = parse_megatron_draft(flags, name="megatron-args")
+        source, source_name = "flags", "--megatron-args"
     else:
-        flags, name, script_ws = _script_flags(megatron_script)  # type: ignore[arg-type]
-        draft = parse_megatron_draft(flags, name=name)
+        extra = _split_args(megatron_args) if megatron_args is not None else []
+        script = read_script(megatron_script, script_args, extra)
+        sink.extend(script.warnings)
+        flags = list(script.megatron_flags) + extra
+        draft = parse_megatron_draft(flags, name=Path(megatron_script).stem)
         source, source_name = "flags", str(megatron_script)
-        world_size = world_size if world_size is not None else script_ws
+        ws = script.world_size
+        if world_size is None and isinstance(ws, int) and ws > 0:
+            world_size = ws
+    sink.extend(draft.notes)
     apply_overrides(draft, overrides or {})
     _require_sp_for_moe(draft, explicit=(overrides or {}).get("sequence_parallel"))
     stated_training, stated_model = dict(draft.training), dict(draft.model)
-    run = build_run(draft, world_size=world_size)
+    run = build_run(draft, world_size=world_size, allow_invalid=allow_invalid)
+    sink.extend(n for n in draft.notes if n not in sink)
     assumed = input_assumptions(run, source=source, source_name=source_name, stated_training=stated_training,
                                 stated_model=stated_model, flags=flags, overrides=overrides)
     return run.model_copy(update={"assumed": assumed})

@@ -1,5 +1,6 @@
-"""Pieces both launchers share: flag items, the model/training flags, grouping into bash arrays,
-quoting, node placement (stage s on its device type), launch.sh and the host file.
+"""Pieces both launchers share: flag items, the model/training flags, which flags a launch passes
+(`launch_flags`), quoting, node placement (stage s on its device type) and the host file.
+launch.sh itself is written by planner/launcher/launch_sh.py.
 
 Terms.  A *flag item* is one option with its values, e.g. ("--num-layers", ["32"]).  An *agent*
 is one torchrun process (a launcher "node"): it runs `nproc` ranks; global rank =
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.errors import PlannerInputError
+from planner.inputs.megatron_flags import is_flag_token
 from planner.inputs.script import LauncherScript
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -44,17 +46,6 @@ class FlagItem:
         if self.inline:
             return [f"{self.name}={self.values[0]}"]
         return [self.name, *self.values]
-
-
-def is_flag_token(tok: str) -> bool:
-    """An option token (`--x`, `-x`); negative numbers are values, as argparse treats them."""
-    if not tok.startswith("-") or len(tok) < 2:
-        return False
-    try:
-        float(tok)
-    except ValueError:
-        return True
-    return False
 
 
 def group_flag_items(tokens: Sequence[str]) -> list[FlagItem]:
@@ -324,8 +315,8 @@ def recompute_flag_items(r: Recompute) -> list[FlagItem]:
 
 
 def data_default_items(passthrough_names: set[str]) -> list[FlagItem]:
-    """Mock data and a NullTokenizer when the user's flags name no data or tokenizer, so the
-    emitted flags are complete; a real run replaces them in DATA_ARGS."""
+    """Mock data and a NullTokenizer when a run that came without a script names no data or
+    tokenizer, so the emitted flags are complete (launch.sh names them in a note)."""
     items: list[FlagItem] = []
     data_flags = {"--data-path", "--mock-data", "--train-data-path", "--data-args-path", "--per-split-data-args-path"}
     if not passthrough_names & data_flags:
@@ -335,81 +326,84 @@ def data_default_items(passthrough_names: set[str]) -> list[FlagItem]:
     return items
 
 
-def effective_model(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, list[str]]:
+def effective_model(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, list[FlagItem]]:
     """The model as the launcher runs it: MoE with ETP > 1 gets --disable-bias-linear
-    (Megatron: "Bias in Moe is only supported when ETP==1").  Returns notes for launch.sh."""
+    (Megatron: "Bias in Moe is only supported when ETP==1").  Returns the flags that adds."""
     if model.is_moe and plan.etp > 1 and model.add_bias_linear:
-        return model.model_copy(update={"add_bias_linear": False}), [
-            "--disable-bias-linear added: Megatron supports bias in MoE layers only with ETP == 1"
-        ]
+        return model.model_copy(update={"add_bias_linear": False}), [FlagItem("--disable-bias-linear")]
     return model, []
 
 
-def assemble_flags(
+@dataclass
+class LaunchFlags:
+    """The flags of a launch: what the user's command passes (`user_argv`), what the plan applies
+    on top (`applied`: the plan's flags, CLI overrides, flags a rule needs), the flag names
+    removed from the user's flags (`decided`), and the result (`final`, megatron_args.txt)."""
+
+    user_argv: list[str]
+    applied: list[FlagItem]
+    decided: frozenset[str]
+    final: list[str]
+    notes: list[str]
+    generated: list[FlagItem]  # without a script: the run's flags for the generated arrays
+
+
+def launch_flags(
     run: MegatronRun,
     model: ModelSpec,
     plan_items: list[FlagItem],
     script: LauncherScript | None,
-) -> tuple[list[FlagItem], list[str]]:
-    """All flags for the entry script: the user's passthrough flags unchanged (minus the ones the
-    plan decides), the model/training flags the passthrough does not already give, and the
-    plan's flags; each item gets its bash array.  Returns (items, notes)."""
+    extra_items: Sequence[FlagItem] = (),
+) -> LaunchFlags:
+    """All flags for the entry script.  With a script: the script's own flags (plus the CLI
+    overrides it was planned with), minus the flags the plan decides, plus the plan's flags.
+    Without: the run's model/training flags and its passthrough flags, then the plan's."""
+    from planner.launcher.launch_sh import apply_plan, plan_changes
+
     notes: list[str] = []
-    passthrough = group_flag_items(run.passthrough)
-    kept: list[FlagItem] = []
-    for item in passthrough:
-        if item.name in PLAN_DECIDED_FLAGS:
-            notes.append(f"{' '.join(item.tokens())} replaced by the plan")
-            continue
-        kept.append(item)
-    names = {item.name for item in kept}
+    overrides = group_flag_items(list(getattr(script, "extra_flags", []) or [])) if script is not None else []
+    applied = [*overrides, *extra_items, *plan_items]
+    decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied})
     generated: list[FlagItem] = []
-    for item in model_flag_items(model):
-        if item.name not in names:
-            generated.append(item)
-    training_items = training_flag_items(run.training)
-    if names & _PRECISION_FLAGS:
-        training_items = [i for i in training_items if i.name not in _PRECISION_FLAGS]
-    generated += [i for i in training_items if i.name not in names]
-    generated += data_default_items(names)
-    items = generated + kept + plan_items
-    origins = _script_origins(script)
-    for item in items:
-        item.array = origins.get(item.name) or concern_of(item.name)
-    return _order_items(items, script), notes
-
-
-def _script_origins(script: LauncherScript | None) -> dict[str, str]:
-    """flag name -> the user's bash array that held it (first occurrence)."""
-    out: dict[str, str] = {}
-    if script is None:
-        return out
-    for tok, origin in zip(script.megatron_flags, script.flag_arrays):
-        if origin and is_flag_token(tok):
-            name = tok.partition("=")[0] if tok.startswith("--") else tok
-            out.setdefault(name, origin)
-    return out
-
-
-def array_order(items: list[FlagItem], script: LauncherScript | None) -> list[str]:
-    """Arrays in launch.sh order: the user's (as the launch command used them), then ours."""
-    order: list[str] = []
     if script is not None:
-        order += [a for a in script.launch_arrays if a != "DISTRIBUTED_ARGS"]
-    order += [a for a in CONCERN_ORDER if a not in order]
+        user_argv = list(script.megatron_flags)
+    else:
+        passthrough = group_flag_items(run.passthrough)
+        names = {item.name for item in passthrough}
+        generated = [i for i in model_flag_items(model) if i.name not in names]
+        training_items = training_flag_items(run.training)
+        if names & _PRECISION_FLAGS:
+            training_items = [i for i in training_items if i.name not in _PRECISION_FLAGS]
+        generated += [i for i in training_items if i.name not in names]
+        defaults = data_default_items(names | {i.name for i in generated})
+        for item in defaults:
+            notes.append(f"{' '.join(item.tokens())} added: the run names no data or tokenizer; replace it for a real run")
+        generated += [i for i in passthrough if i.name not in decided] + defaults
+        for item in generated:
+            item.array = concern_of(item.name)
+        generated = _order_items(generated)
+        user_argv = flatten(generated)
+    final = apply_plan(user_argv, applied, decided)
+    changes = plan_changes(user_argv, applied, decided)
+    if changes:
+        notes.insert(0, "the plan sets: " + "; ".join(changes))
+    return LaunchFlags(user_argv, applied, decided, final, notes, generated)
+
+
+def array_order(items: list[FlagItem]) -> list[str]:
+    """Arrays in launch.sh order (concerns as Megatron's examples write them)."""
     used = {i.array for i in items}
-    order += sorted(a for a in used if a not in order)
-    return [a for a in order if a in used]
+    order = [a for a in CONCERN_ORDER if a in used]
+    return order + sorted(a for a in used if a not in order)
 
 
-def _order_items(items: list[FlagItem], script: LauncherScript | None) -> list[FlagItem]:
-    order = array_order(items, script)
-    rank = {a: k for k, a in enumerate(order)}
+def _order_items(items: list[FlagItem]) -> list[FlagItem]:
+    rank = {a: k for k, a in enumerate(array_order(items))}
     return sorted(items, key=lambda i: rank[i.array])  # stable: keeps order inside an array
 
 
-def arrays_of(items: list[FlagItem], script: LauncherScript | None) -> dict[str, list[FlagItem]]:
-    out: dict[str, list[FlagItem]] = {a: [] for a in array_order(items, script)}
+def arrays_of(items: list[FlagItem]) -> dict[str, list[FlagItem]]:
+    out: dict[str, list[FlagItem]] = {a: [] for a in array_order(items)}
     for item in items:
         out[item.array].append(item)
     return out
@@ -558,191 +552,6 @@ def hostfile_text(agents: list[Agent]) -> str:
     for host in order:
         lines.append(f"{host} slots={seen[host]} type={types[host]}")
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
-# launch.sh
-# --------------------------------------------------------------------------------------------
-_DIST_LAUNCHER_OPTS = re.compile(
-    r"^--(nproc[-_]per[-_]node|nnodes|node[-_]rank|master[-_]addr|master[-_]port|rdzv[-_].*|standalone)$"
-)
-
-
-def user_launcher_items(script: LauncherScript | None) -> list[FlagItem]:
-    """The input script's own torchrun options that do not decide placement (e.g. --log-dir)."""
-    if script is None:
-        return []
-    out: list[FlagItem] = []
-    for item in group_flag_items(script.launcher_args):
-        if not _DIST_LAUNCHER_OPTS.match(item.name):
-            out.append(item)
-    return out
-
-
-def launcher_words(script: LauncherScript | None) -> list[str]:
-    """The input's launcher when it is torchrun or `python -m torch.distributed.run`, else torchrun."""
-    if script is not None and (
-        script.launcher[0].rsplit("/", 1)[-1] == "torchrun" or "-m" in script.launcher
-    ):
-        return list(script.launcher)
-    return ["torchrun"]
-
-
-def default_master_port(script: LauncherScript | None) -> str:
-    if script is not None:
-        port = script.env.get("MASTER_PORT", "")
-        if port.isdigit():
-            return port
-    return str(DEFAULT_MASTER_PORT)
-
-
-def _preamble(script: LauncherScript, moved_blocks: list[tuple[int, int]]) -> list[str]:
-    """The input script's lines before its launch command, minus the array assignments the
-    planner rebuilds and the conditional blocks it replays after its arrays."""
-    lines = script.lines
-    offset = 1 if lines and lines[0].startswith("#!") else 0
-    drop: dict[int, str] = {}
-    for a, b, name in script.array_statements:
-        for ln in range(a, b + 1):
-            drop[ln] = ""
-        drop[a] = f"# [hapmoe] {name} (input lines {a}-{b}) is rebuilt from the plan below"
-    for a, b in moved_blocks:
-        for ln in range(a, b + 1):
-            drop[ln] = ""
-        drop[a] = f"# [hapmoe] conditional block (input lines {a}-{b}) moved after the planner's arrays"
-    out: list[str] = []
-    for ln in range(1 + offset, script.launch_start_line):
-        if ln in drop:
-            if drop[ln]:
-                out.append(drop[ln])
-            continue
-        out.append(lines[ln - 1])
-    while out and not out[-1].strip():
-        out.pop()
-    return out
-
-
-@dataclass
-class LaunchSpec:
-    """Everything launch.sh needs beyond the flag arrays."""
-
-    runtime: str
-    entry_script: str
-    header: list[str]
-    notes: list[str]
-    needs_max_connections: bool
-    per_agent_items: dict[int, list[FlagItem]] = field(default_factory=dict)
-
-
-def launch_sh_text(
-    items: list[FlagItem],
-    agents: list[Agent],
-    spec: LaunchSpec,
-    script: LauncherScript | None,
-) -> str:
-    """The bash launcher: the input script's preamble, flag arrays per concern, and one torchrun
-    line per agent (explicit --nnodes/--node-rank/--master-addr/--master-port, static rendezvous)."""
-    live = list(script.unresolved) if script is not None else []
-    nproc = agents[0].nproc
-    out: list[str] = ["#!/bin/bash"]
-    out += ["# " + line if line else "#" for line in spec.header]
-    if spec.notes:
-        out.append("#")
-        out += [f"# note: {n}" for n in spec.notes]
-    out.append("")
-    moved: list[tuple[int, int]] = []
-    replay: list[str] = []
-    if script is not None:
-        used = set(script.launch_arrays)
-        for blk in script.conditional_blocks:
-            if set(blk.arrays) & used:
-                moved.append((blk.start_line, blk.end_line))
-                replay += script.lines[blk.start_line - 1 : blk.end_line]
-        pre = _preamble(script, moved)
-        if pre:
-            out.append("# ---- from the input launcher (paths, environment, data, checkpoints) ----")
-            out += pre
-            out.append("")
-        for k, v in script.launch_env.items():
-            out.append(f"export {k}={bash_value(v, live)}")
-    if spec.needs_max_connections:
-        out.append("# Megatron needs this with tensor or context parallelism (pre-Blackwell GPUs)")
-        out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
-    out.append("")
-    out.append(f'HAPMOE_MASTER_ADDR="${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}"')
-    out.append(f'HAPMOE_MASTER_PORT="${{HAPMOE_MASTER_PORT:-{default_master_port(script)}}}"')
-    out.append("")
-    dist = [
-        FlagItem("--nproc-per-node", [str(nproc)]),
-        FlagItem("--nnodes", [str(len(agents))]),
-        FlagItem("--master-addr", ["${HAPMOE_MASTER_ADDR}"]),
-        FlagItem("--master-port", ["${HAPMOE_MASTER_PORT}"]),
-        FlagItem("--rdzv-backend", ["static"]),
-        *user_launcher_items(script),
-    ]
-    dist_live = live + ["${HAPMOE_MASTER_ADDR}", "${HAPMOE_MASTER_PORT}"]
-    out.append("DISTRIBUTED_ARGS=(")
-    out += [f"    {bash_item(i, dist_live)}" for i in dist]
-    out.append(")")
-    arrays = arrays_of(items, script)
-    for name, arr_items in arrays.items():
-        out.append("")
-        out.append(f"{name}=(")
-        out += [f"    {bash_item(i, live)}" for i in arr_items]
-        out.append(")")
-    if replay:
-        out.append("")
-        out.append("# ---- conditional additions from the input launcher, replayed as written ----")
-        out += replay
-    out.append("")
-    launcher = launcher_words(script)
-    arrays_ref = " ".join(f'"${{{n}[@]}}"' for n in arrays)
-    out.append("# One torchrun agent per line; agent k runs global ranks [k*nproc, (k+1)*nproc).")
-    out.append("run_agent() {")
-    out.append('    case "$1" in')
-    for ag in agents:
-        extra = " ".join(bash_item(i) for i in spec.per_agent_items.get(ag.node_rank, []))
-        env = ""
-        if ag.nproc < ag.host_gpus:
-            env = f'CUDA_VISIBLE_DEVICES="{",".join(map(str, ag.gpu_ids))}" '
-        stages = ",".join(map(str, ag.stages))
-        out.append(
-            f"        {ag.node_rank})  # {ag.host} {ag.device_type}: ranks "
-            f"{ag.first_rank}-{ag.first_rank + ag.nproc - 1}, stage(s) {stages}"
-        )
-        line = (
-            f"            {env}{' '.join(launcher)} \"${{DISTRIBUTED_ARGS[@]}}\" --node-rank \"{ag.node_rank}\" "
-            f"{bash_value(spec.entry_script, live)} {arrays_ref}"
-        )
-        if extra:
-            line += " " + extra
-        out.append(line + " ;;")
-    out.append('        *) echo "launch.sh: no agent $1 (0-' + str(len(agents) - 1) + ')" >&2; return 2 ;;')
-    out.append("    esac")
-    out.append("}")
-    out.append("")
-    out.append("# Run on every host listed in hostfile.  HAPMOE_NODE_RANK picks one agent explicitly;")
-    out.append("# otherwise the host name selects the agent(s) of this host.")
-    out.append('if [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then')
-    out.append('    run_agent "${HAPMOE_NODE_RANK}"')
-    out.append("    exit $?")
-    out.append("fi")
-    out.append('case "${HAPMOE_HOST:-$(hostname -s)}" in')
-    by_host: dict[str, list[int]] = {}
-    for ag in agents:
-        by_host.setdefault(ag.host, []).append(ag.node_rank)
-    for host, ranks in by_host.items():
-        if len(ranks) == 1:
-            out.append(f"    {host}) run_agent {ranks[0]} ;;")
-        else:
-            body = " & ".join(f"run_agent {r}" for r in ranks)
-            out.append(f"    {host}) {body} & wait ;;")
-    out.append(
-        '    *) echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or '
-        'HAPMOE_HOST" >&2; exit 2 ;;'
-    )
-    out.append("esac")
-    return "\n".join(out) + "\n"
 
 
 def plan_header(plan: Plan, model: ModelSpec, agents: list[Agent]) -> list[str]:

@@ -21,17 +21,18 @@ from planner.errors import PlannerInputError
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     FlagItem,
-    LaunchSpec,
     args_file_text,
-    assemble_flags,
     concern_of,
     effective_model,
+    group_flag_items,
     hostfile_text,
-    launch_sh_text,
+    launch_flags,
     place_agents,
     plan_header,
     recompute_flag_items,
 )
+from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
+from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
 from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -260,13 +261,16 @@ def flagscale_files(
         raise PlannerInputError(
             "--runtime", "FlagScale cannot run this plan: " + format_violations(refusals)
         )
-    model, notes = effective_model(run.model, plan)
+    model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     meshes = process_meshes(plan)
     agents = place_agents(plan, cluster)
     plan_items, sections = flagscale_plan_items(plan, model, meshes)
-    items, more_notes = assemble_flags(run, model, plan_items, script)
-    notes = notes + more_notes + (script.warnings if script is not None else [])
+    flags = launch_flags(run, model, plan_items + rule_items, script)
+    notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
+                           for i in rule_items]
+    notes += script.warnings if script is not None else []
+    notes += self_relative_notes(script)
     entry = FLAGSCALE_ENTRY
     if script is not None and not script.entry_script.endswith("pretrain_gpt.py"):
         entry = script.entry_script
@@ -275,7 +279,9 @@ def flagscale_files(
     per_agent = {
         ag.node_rank: [FlagItem("--hetero-current-device-type", [ag.device_type])] for ag in agents
     }
-    needs_conn = plan.tp > 1 or plan.cp > 1
+    needs_conn = needs_max_connections(plan, flags.final)
+    if needs_conn:
+        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
     spec = LaunchSpec(
         runtime="flagscale",
         entry_script=entry,
@@ -283,17 +289,23 @@ def flagscale_files(
         + [f"FlagScale meshes (TP CP EP DP PP): {[m.numbers() for m in meshes]}"],
         notes=notes,
         needs_max_connections=needs_conn,
+        applied=flags.applied,
+        decided=flags.decided | {"--hetero-current-device-type"},
+        agents=agents,
         per_agent_items=per_agent,
+        master_port=_master_port(script),
     )
+    items = group_flag_items(flags.final)
     header = "\n".join(plan_header(plan, model, agents))
     train = train_yaml(items, sections)
     return {
         "megatron_args.txt": args_file_text(items),
-        "launch.sh": launch_sh_text(items, agents, spec, script),
+        "launch.sh": script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec),
         "hostfile": hostfile_text(agents),
         f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
         "flagscale/conf/config.yaml": _dump(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",
             experiment_yaml(entry, len(agents), agents[0].nproc, needs_conn),
         ),
+        **sourced_files(script),
     }

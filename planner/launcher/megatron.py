@@ -14,16 +14,16 @@ from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     MEGATRON_ENTRY,
     FlagItem,
-    LaunchSpec,
     args_file_text,
-    assemble_flags,
     effective_model,
+    group_flag_items,
     hostfile_text,
-    launch_sh_text,
+    launch_flags,
     place_agents,
     plan_header,
     recompute_flag_items,
 )
+from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
 from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -99,22 +99,59 @@ def megatron_files(
             "--runtime",
             "upstream Megatron-LM cannot run this plan: " + format_violations(refusals),
         )
-    model, notes = effective_model(run.model, plan)
+    model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     agents = place_agents(plan, cluster)
-    plan_items = megatron_plan_items(plan, model)
-    items, more_notes = assemble_flags(run, model, plan_items, script)
-    notes = notes + more_notes + (script.warnings if script is not None else [])
-    entry = script.entry_script if script is not None else MEGATRON_ENTRY
+    flags = launch_flags(run, model, megatron_plan_items(plan, model) + rule_items, script)
+    notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
+                           for i in rule_items]
+    notes += script.warnings if script is not None else []
+    notes += self_relative_notes(script)
+    needs_conn = needs_max_connections(plan, flags.final)
+    if needs_conn:
+        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
     spec = LaunchSpec(
         runtime="megatron",
-        entry_script=entry,
+        entry_script=script.entry_script if script is not None else MEGATRON_ENTRY,
         header=plan_header(plan, model, agents),
         notes=notes,
-        needs_max_connections=plan.tp > 1 or plan.cp > 1,
+        needs_max_connections=needs_conn,
+        applied=flags.applied,
+        decided=flags.decided,
+        agents=agents,
+        master_port=_master_port(script),
     )
+    launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)
     return {
-        "megatron_args.txt": args_file_text(items),
-        "launch.sh": launch_sh_text(items, agents, spec, script),
+        "megatron_args.txt": args_file_text(group_flag_items(flags.final)),
+        "launch.sh": launch,
         "hostfile": hostfile_text(agents),
+        **sourced_files(script),
     }
+
+
+def sourced_files(script: LauncherScript | None) -> dict[str, str]:
+    """The files the input script sources from its own directory, copied next to launch.sh at the
+    same relative paths, so `source "$(dirname "$0")/common.sh"` works from there too."""
+    return dict(script.sourced) if script is not None else {}
+
+
+def needs_max_connections(plan: Plan, final_flags: list[str]) -> bool:
+    """Megatron wants CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1, except under Megatron-FSDP,
+    which refuses it ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", args.py)."""
+    return (plan.tp > 1 or plan.cp > 1) and "--use-megatron-fsdp" not in final_flags
+
+
+def self_relative_notes(script: LauncherScript | None) -> list[str]:
+    """What the user must know when the input script finds files from its own directory."""
+    if script is None or not script.self_relative:
+        return []
+    copied = f" ({', '.join(sorted(script.sourced))} copied next to it)" if script.sourced else ""
+    return [f"the input script finds files from its own directory ($0 / BASH_SOURCE): launch.sh does the same "
+            f"from where it lies{copied}; put it next to the input script if other files are looked up there"]
+
+
+def _master_port(script: LauncherScript | None) -> str:
+    """The script's MASTER_PORT when it sets a number, else torchrun's usual 6000."""
+    port = script.env.get("MASTER_PORT", "") if script is not None else ""
+    return port if port.isdigit() else "6000"

@@ -5,20 +5,122 @@
 # stage 1: A100, 6 layers, DP=2, recompute full:uniform:1, ranks 4-7, agents 0
 # stage 2: 910B, 5 layers, DP=2, recompute full:uniform:1, ranks 8-11, agents 1
 # stage 3: 910B, 5 layers, DP=2, recompute full:uniform:1, ranks 12-15, agents 1
+#
+# Run it on every host of the hostfile (or set HAPMOE_NODE_RANK); `launch.sh --dry-run`
+# prints the command every node would run.
+#
+# note: the plan sets: added --tensor-model-parallel-size 2; added --pipeline-model-parallel-size 4; added --context-parallel-size 1; added --sequence-parallel; added --pipeline-model-parallel-layout Ettt|(ttt|)*5tt|ttL; added --micro-batch-size 1; added --global-batch-size 16; added --recompute-granularity full; added --recompute-method uniform; added --recompute-num-layers 1
+# note: --mock-data added: the run names no data or tokenizer; replace it for a real run
+# note: --tokenizer-type NullTokenizer added: the run names no data or tokenizer; replace it for a real run
+# note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
+# ---- hapmoe: the plan, applied where the script launches training ----
+HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
+if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
+export HAPMOE_DRY_RUN
 
-# Megatron needs this with tensor or context parallelism (pre-Blackwell GPUs)
-export CUDA_DEVICE_MAX_CONNECTIONS=1
+# Flags the plan decides: removed (with their values) from what the script passes.
+hapmoe_is_decided() {
+    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
+    return 1
+}
 
-HAPMOE_MASTER_ADDR="${HAPMOE_MASTER_ADDR:-a100-node0}"
-HAPMOE_MASTER_PORT="${HAPMOE_MASTER_PORT:-6000}"
+# Agent k of the plan: its host, its GPUs, its own extra flags.
+hapmoe_agent() {
+    HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
+    case "$1" in
+        0) HAPMOE_A_HOST=a100-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # A100: ranks 0-7, stage(s) 0,1
+        1) HAPMOE_A_HOST=910b-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # 910B: ranks 8-15, stage(s) 2,3
+        *) return 1 ;;
+    esac
+}
 
-DISTRIBUTED_ARGS=(
-    --nproc-per-node "8"
-    --nnodes "2"
-    --master-addr "${HAPMOE_MASTER_ADDR}"
-    --master-port "${HAPMOE_MASTER_PORT}"
-    --rdzv-backend "static"
-)
+# hapmoe_launch WORDS...: run the script's launch command with the plan applied.
+hapmoe_launch() {
+    local -a words=("$@") launcher=() args=() plan=(--tensor-model-parallel-size "2" --pipeline-model-parallel-size "4" --context-parallel-size "1" --sequence-parallel --pipeline-model-parallel-layout "Ettt|(ttt|)*5tt|ttL" --micro-batch-size "1" --global-batch-size "16" --recompute-granularity "full" --recompute-method "uniform" --recompute-num-layers "1")
+    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
+    for ((i = 0; i < n; i++)); do
+        if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
+    done
+    if ((entry < 0)); then command "$@"; return; fi  # not the training launch
+    for ((i = 0; i < entry; i++)); do
+        tok=${words[i]}
+        if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
+        if ((after == 0)) && [[ "$tok" == torch.distributed.run || "$tok" == torch.distributed.launch ]]; then
+            torch=1; after=1; launcher+=("$tok"); continue
+        fi
+        if ((torch)); then
+            case "${tok%%=*}" in
+                --standalone|--standalone) continue ;;
+                --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* ]] || ((i++)); continue ;;
+            esac
+        fi
+        launcher+=("$tok")
+    done
+    for tok in "${words[@]:entry+1}"; do
+        if [[ "$tok" == -?* && ! "$tok" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then
+            name=${tok%%=*}
+            if hapmoe_is_decided "$name"; then
+                if [[ "$tok" == *=* ]]; then skip=0; else skip=1; fi
+                continue
+            fi
+            skip=0
+        elif ((skip)); then
+            continue
+        fi
+        args+=("$tok")
+    done
+    local entry_word=${words[entry]}
+    export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
+        if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+            printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo
+            exit 0
+        fi
+        command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
+        return
+    fi
+    local master=() has_addr=0 has_port=0  # the script's master address/port win
+    for tok in "${launcher[@]}"; do
+        case "${tok%%=*}" in --master-addr|--master_addr) has_addr=1 ;; --master-port|--master_port) has_port=1 ;; esac
+    done
+    ((has_addr)) || master+=(--master-addr "${HAPMOE_MASTER_ADDR:-a100-node0}")
+    ((has_port)) || master+=(--master-port "${HAPMOE_MASTER_PORT:-6000}")
+    local -a agents=()
+    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+        agents=(0 1)
+    elif [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then
+        agents=("$HAPMOE_NODE_RANK")
+    else
+        case "${HAPMOE_HOST:-$(hostname -s)}" in
+            a100-node0) agents=(0) ;;
+            910b-node0) agents=(1) ;;
+            *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
+               else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
+        esac
+    fi
+    local k status=0
+    for k in "${agents[@]}"; do
+        hapmoe_agent "$k" || { echo "launch.sh: no agent $k (0-1)" >&2; exit 2; }
+        local -a cmd=("${launcher[@]}" --nproc-per-node 8 --nnodes 2 --node-rank "$k"
+            --rdzv-backend static "${master[@]}" "$entry_word" "${args[@]}" "${plan[@]}" "${HAPMOE_A_EXTRA[@]}")
+        if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+            echo "# node $k ($HAPMOE_A_HOST)"
+            [[ -n "$HAPMOE_A_CVD" ]] && printf 'CUDA_VISIBLE_DEVICES=%s ' "$HAPMOE_A_CVD"
+            printf '%q ' "${cmd[@]}"; echo
+        elif ((${#agents[@]} > 1)); then
+            CUDA_VISIBLE_DEVICES=${HAPMOE_A_CVD:-${CUDA_VISIBLE_DEVICES:-}} command "${cmd[@]}" &
+        elif [[ -n "$HAPMOE_A_CVD" ]]; then
+            CUDA_VISIBLE_DEVICES=$HAPMOE_A_CVD command "${cmd[@]}" || status=$?
+        else
+            command "${cmd[@]}" || status=$?
+        fi
+    done
+    [[ "$HAPMOE_DRY_RUN" == 1 ]] && exit 0
+    if ((${#agents[@]} > 1)); then wait || status=$?; fi
+    return $status
+}
+hapmoe_eval() { eval "hapmoe_launch $*"; }
+# ---- end of hapmoe block ----
 
 MODEL_ARGS=(
     --num-layers "22"
@@ -29,57 +131,22 @@ MODEL_ARGS=(
     --swiglu
     --normalization "RMSNorm"
 )
-
 DATA_ARGS=(
     --vocab-size "32000"
     --mock-data
     --tokenizer-type "NullTokenizer"
 )
-
 TRAINING_ARGS=(
     --bf16
     --lr "3e-4"
     --train-iters "100"
-    --micro-batch-size "1"
-    --global-batch-size "16"
-    --recompute-granularity "full"
-    --recompute-method "uniform"
-    --recompute-num-layers "1"
 )
-
 MODEL_PARALLEL_ARGS=(
     --use-distributed-optimizer
-    --tensor-model-parallel-size "2"
-    --pipeline-model-parallel-size "4"
-    --context-parallel-size "1"
-    --sequence-parallel
-    --pipeline-model-parallel-layout "Ettt|(ttt|)*5tt|ttL"
 )
-
 EVAL_AND_LOGGING_ARGS=(
     --save "/ckpt/dense run"
     --save-interval "50"
 )
 
-# One torchrun agent per line; agent k runs global ranks [k*nproc, (k+1)*nproc).
-run_agent() {
-    case "$1" in
-        0)  # a100-node0 A100: ranks 0-7, stage(s) 0,1
-            torchrun "${DISTRIBUTED_ARGS[@]}" --node-rank "0" "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${EVAL_AND_LOGGING_ARGS[@]}" ;;
-        1)  # 910b-node0 910B: ranks 8-15, stage(s) 2,3
-            torchrun "${DISTRIBUTED_ARGS[@]}" --node-rank "1" "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${EVAL_AND_LOGGING_ARGS[@]}" ;;
-        *) echo "launch.sh: no agent $1 (0-1)" >&2; return 2 ;;
-    esac
-}
-
-# Run on every host listed in hostfile.  HAPMOE_NODE_RANK picks one agent explicitly;
-# otherwise the host name selects the agent(s) of this host.
-if [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then
-    run_agent "${HAPMOE_NODE_RANK}"
-    exit $?
-fi
-case "${HAPMOE_HOST:-$(hostname -s)}" in
-    a100-node0) run_agent 0 ;;
-    910b-node0) run_agent 1 ;;
-    *) echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
-esac
+hapmoe_launch torchrun "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${EVAL_AND_LOGGING_ARGS[@]}"

@@ -6,10 +6,126 @@
 # stage 2: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 16-23, agents 2
 # stage 3: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 24-31, agents 3
 #
-# note: lines 73-77: conditional block not evaluated (modifies LOGGING_ARGS); it is kept in the emitted launcher
-# note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3, ${TOKENIZER_MODEL}, ${DATA_PATH}, ${CHECKPOINT_PATH}
+# This is the input script with the plan applied: `hapmoe_launch` inserted before `torchrun` on line 79.
+# Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the
+# command every node would run.
+#
+# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 4; added --context-parallel-size 1; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --pipeline-model-parallel-layout Et*5|t*5|ttt|tttL; added --recompute-granularity selective; added --recompute-modules core_attn moe_act
+# note: script:73: `if [ -n "${WANDB_API_KEY}" ]; then` depends on WANDB_API_KEY, which the script does not set (read as unset); read as false: its branch was skipped (skipped flags --wandb-project)
+# note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3
+# note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
+# ---- hapmoe: the plan, applied where the script launches training ----
+HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
+if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
+export HAPMOE_DRY_RUN
 
-# ---- from the input launcher (paths, environment, data, checkpoints) ----
+# Flags the plan decides: removed (with their values) from what the script passes.
+hapmoe_is_decided() {
+    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
+    return 1
+}
+
+# Agent k of the plan: its host, its GPUs, its own extra flags.
+hapmoe_agent() {
+    HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
+    case "$1" in
+        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 0-7, stage(s) 0
+        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 8-15, stage(s) 1
+        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # MI300X: ranks 16-23, stage(s) 2
+        3) HAPMOE_A_HOST=mi300x-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # MI300X: ranks 24-31, stage(s) 3
+        *) return 1 ;;
+    esac
+}
+
+# hapmoe_launch WORDS...: run the script's launch command with the plan applied.
+hapmoe_launch() {
+    local -a words=("$@") launcher=() args=() plan=(--tensor-model-parallel-size "2" --pipeline-model-parallel-size "4" --context-parallel-size "1" --expert-model-parallel-size "4" --expert-tensor-parallel-size "1" --sequence-parallel --pipeline-model-parallel-layout "Et*5|t*5|ttt|tttL" --micro-batch-size "1" --global-batch-size "128" --recompute-granularity "selective" --recompute-modules "core_attn" "moe_act")
+    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
+    for ((i = 0; i < n; i++)); do
+        if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
+    done
+    if ((entry < 0)); then command "$@"; return; fi  # not the training launch
+    for ((i = 0; i < entry; i++)); do
+        tok=${words[i]}
+        if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
+        if ((after == 0)) && [[ "$tok" == torch.distributed.run || "$tok" == torch.distributed.launch ]]; then
+            torch=1; after=1; launcher+=("$tok"); continue
+        fi
+        if ((torch)); then
+            case "${tok%%=*}" in
+                --standalone|--standalone) continue ;;
+                --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* ]] || ((i++)); continue ;;
+            esac
+        fi
+        launcher+=("$tok")
+    done
+    for tok in "${words[@]:entry+1}"; do
+        if [[ "$tok" == -?* && ! "$tok" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then
+            name=${tok%%=*}
+            if hapmoe_is_decided "$name"; then
+                if [[ "$tok" == *=* ]]; then skip=0; else skip=1; fi
+                continue
+            fi
+            skip=0
+        elif ((skip)); then
+            continue
+        fi
+        args+=("$tok")
+    done
+    local entry_word=${words[entry]}
+    export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
+        if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+            printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo
+            exit 0
+        fi
+        command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
+        return
+    fi
+    local master=() has_addr=0 has_port=0  # the script's master address/port win
+    for tok in "${launcher[@]}"; do
+        case "${tok%%=*}" in --master-addr|--master_addr) has_addr=1 ;; --master-port|--master_port) has_port=1 ;; esac
+    done
+    ((has_addr)) || master+=(--master-addr "${HAPMOE_MASTER_ADDR:-h800-node0}")
+    ((has_port)) || master+=(--master-port "${HAPMOE_MASTER_PORT:-6001}")
+    local -a agents=()
+    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+        agents=(0 1 2 3)
+    elif [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then
+        agents=("$HAPMOE_NODE_RANK")
+    else
+        case "${HAPMOE_HOST:-$(hostname -s)}" in
+            h800-node0) agents=(0) ;;
+            h800-node1) agents=(1) ;;
+            mi300x-node0) agents=(2) ;;
+            mi300x-node1) agents=(3) ;;
+            *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
+               else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
+        esac
+    fi
+    local k status=0
+    for k in "${agents[@]}"; do
+        hapmoe_agent "$k" || { echo "launch.sh: no agent $k (0-3)" >&2; exit 2; }
+        local -a cmd=("${launcher[@]}" --nproc-per-node 8 --nnodes 4 --node-rank "$k"
+            --rdzv-backend static "${master[@]}" "$entry_word" "${args[@]}" "${plan[@]}" "${HAPMOE_A_EXTRA[@]}")
+        if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+            echo "# node $k ($HAPMOE_A_HOST)"
+            [[ -n "$HAPMOE_A_CVD" ]] && printf 'CUDA_VISIBLE_DEVICES=%s ' "$HAPMOE_A_CVD"
+            printf '%q ' "${cmd[@]}"; echo
+        elif ((${#agents[@]} > 1)); then
+            CUDA_VISIBLE_DEVICES=${HAPMOE_A_CVD:-${CUDA_VISIBLE_DEVICES:-}} command "${cmd[@]}" &
+        elif [[ -n "$HAPMOE_A_CVD" ]]; then
+            CUDA_VISIBLE_DEVICES=$HAPMOE_A_CVD command "${cmd[@]}" || status=$?
+        else
+            command "${cmd[@]}" || status=$?
+        fi
+    done
+    [[ "$HAPMOE_DRY_RUN" == 1 ]] && exit 0
+    if ((${#agents[@]} > 1)); then wait || status=$?; fi
+    return $status
+}
+hapmoe_eval() { eval "hapmoe_launch $*"; }
+# ---- end of hapmoe block ----
 # Mixtral-style launcher, as Megatron's examples write them
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 GPUS_PER_NODE=8
@@ -19,129 +135,78 @@ CHECKPOINT_PATH=$1
 TOKENIZER_MODEL=$2
 DATA_PATH=$3
 
-# [hapmoe] DISTRIBUTED_ARGS (input lines 11-15) is rebuilt from the plan below
-
-# [hapmoe] MODEL_ARGS (input lines 17-32) is rebuilt from the plan below
-
-# [hapmoe] MOE_ARGS (input lines 34-40) is rebuilt from the plan below
-
-# [hapmoe] DATA_ARGS (input lines 42-47) is rebuilt from the plan below
-
-# [hapmoe] TRAINING_ARGS (input lines 49-55) is rebuilt from the plan below
-
-# [hapmoe] MODEL_PARALLEL_ARGS (input lines 57-63) is rebuilt from the plan below
-
-# [hapmoe] LOGGING_ARGS (input lines 65-71) is rebuilt from the plan below
-
-# [hapmoe] conditional block (input lines 73-77) moved after the planner's arrays
-
-# Megatron needs this with tensor or context parallelism (pre-Blackwell GPUs)
-export CUDA_DEVICE_MAX_CONNECTIONS=1
-
-HAPMOE_MASTER_ADDR="${HAPMOE_MASTER_ADDR:-h800-node0}"
-HAPMOE_MASTER_PORT="${HAPMOE_MASTER_PORT:-6001}"
-
 DISTRIBUTED_ARGS=(
-    --nproc-per-node "8"
-    --nnodes "4"
-    --master-addr "${HAPMOE_MASTER_ADDR}"
-    --master-port "${HAPMOE_MASTER_PORT}"
-    --rdzv-backend "static"
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NNODES
+    --master_port $MASTER_PORT
 )
 
 MODEL_ARGS=(
-    --num-layers "16"
-    --hidden-size "1024"
-    --ffn-hidden-size "3584"
-    --num-attention-heads "16"
-    --group-query-attention
-    --num-query-groups "4"
-    --seq-length "4096"
-    --max-position-embeddings "32768"
-    --vocab-size "32000"
-    --swiglu
-    --normalization "RMSNorm"
-    --untie-embeddings-and-output-weights
-    --disable-bias-linear
     --use-mcore-models
+    --disable-bias-linear
+    --seq-length 4096
+    --max-position-embeddings 32768
+    --num-layers 16
+    --hidden-size 1024
+    --ffn-hidden-size 3584
+    --num-attention-heads 16
+    --group-query-attention
+    --num-query-groups 4
+    --normalization RMSNorm
+    --swiglu
+    --untie-embeddings-and-output-weights
+    --vocab-size 32000
 )
 
 MOE_ARGS=(
-    --num-experts "8"
-    --moe-router-topk "2"
-    --moe-token-dispatcher-type "alltoall"
+    --num-experts 8
+    --moe-router-topk 2
+    --moe-aux-loss-coeff 1e-2
+    --moe-token-dispatcher-type alltoall
     --moe-grouped-gemm
-    --moe-aux-loss-coeff "1e-2"
 )
 
 DATA_ARGS=(
-    --tokenizer-type "Llama2Tokenizer"
-    --tokenizer-model "${TOKENIZER_MODEL}"
-    --data-path "${DATA_PATH}"
-    --split "99990,8,2"
+    --tokenizer-type Llama2Tokenizer
+    --tokenizer-model ${TOKENIZER_MODEL}
+    --data-path $DATA_PATH
+    --split 99990,8,2
 )
 
 TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 128
+    --lr 1e-4
+    --train-iters 500000
     --bf16
-    --lr "1e-4"
-    --train-iters "500000"
-    --micro-batch-size "1"
-    --global-batch-size "128"
-    --recompute-granularity "selective"
-    --recompute-modules "core_attn" "moe_act"
 )
 
 MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 2
+    --expert-model-parallel-size 8
     --use-distributed-optimizer
-    --tensor-model-parallel-size "2"
-    --pipeline-model-parallel-size "4"
-    --context-parallel-size "1"
-    --expert-model-parallel-size "4"
-    --expert-tensor-parallel-size "1"
     --sequence-parallel
-    --pipeline-model-parallel-layout "Et*5|t*5|ttt|tttL"
 )
 
 LOGGING_ARGS=(
-    --log-interval "1"
-    --save-interval "1000"
-    --save "${CHECKPOINT_PATH}"
-    --load "${CHECKPOINT_PATH}"
+    --log-interval 1
+    --save-interval 1000
+    --save "$CHECKPOINT_PATH"
+    --load "$CHECKPOINT_PATH"
     --tensorboard-dir "${CHECKPOINT_PATH}/tensorboard"
 )
 
-# ---- conditional additions from the input launcher, replayed as written ----
 if [ -n "${WANDB_API_KEY}" ]; then
     LOGGING_ARGS+=(
         --wandb-project ${WANDB_PROJECT:-"Mixtral"}
     )
 fi
 
-# One torchrun agent per line; agent k runs global ranks [k*nproc, (k+1)*nproc).
-run_agent() {
-    case "$1" in
-        0)  # h800-node0 H800: ranks 0-7, stage(s) 0
-            torchrun "${DISTRIBUTED_ARGS[@]}" --node-rank "0" "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}" ;;
-        1)  # h800-node1 H800: ranks 8-15, stage(s) 1
-            torchrun "${DISTRIBUTED_ARGS[@]}" --node-rank "1" "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}" ;;
-        2)  # mi300x-node0 MI300X: ranks 16-23, stage(s) 2
-            torchrun "${DISTRIBUTED_ARGS[@]}" --node-rank "2" "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}" ;;
-        3)  # mi300x-node1 MI300X: ranks 24-31, stage(s) 3
-            torchrun "${DISTRIBUTED_ARGS[@]}" --node-rank "3" "pretrain_gpt.py" "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}" ;;
-        *) echo "launch.sh: no agent $1 (0-3)" >&2; return 2 ;;
-    esac
-}
-
-# Run on every host listed in hostfile.  HAPMOE_NODE_RANK picks one agent explicitly;
-# otherwise the host name selects the agent(s) of this host.
-if [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then
-    run_agent "${HAPMOE_NODE_RANK}"
-    exit $?
-fi
-case "${HAPMOE_HOST:-$(hostname -s)}" in
-    h800-node0) run_agent 0 ;;
-    h800-node1) run_agent 1 ;;
-    mi300x-node0) run_agent 2 ;;
-    mi300x-node1) run_agent 3 ;;
-    *) echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
-esac
+hapmoe_launch torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \
+    ${MODEL_ARGS[@]} \
+    ${MOE_ARGS[@]} \
+    ${DATA_ARGS[@]} \
+    ${TRAINING_ARGS[@]} \
+    ${MODEL_PARALLEL_ARGS[@]} \
+    ${LOGGING_ARGS[@]}

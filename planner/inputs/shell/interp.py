@@ -1,0 +1,1222 @@
+"""The evaluator of the launcher-script reader: variables, arguments, expansions, control flow,
+functions, eval / bash -c / source, tests, and the detection of the statement that starts
+training.  Run by planner/inputs/script.py (see its docstring for what is evaluated and how what
+cannot be known is read)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from planner.errors import PlannerInputError
+from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
+from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Op, Part, Word, location
+from planner.inputs.shell.syntax import AndOr, Arith, Case, Cond, Func, Group, If, Loop, Pipe, Simple, parse
+
+MAX_STEPS = 1_000_000  # statements evaluated
+MAX_DEPTH = 64  # nested eval / source / bash -c / function calls
+MAX_SCRIPT_BYTES = 64 << 20
+_DECLARE_WORDS = {"export", "declare", "typeset", "local", "readonly"}
+_TORCH_LAUNCH_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+_WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
+             "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys"}
+_ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set", "ulimit", "trap", "shopt", "umask",
+              "alias", "hash", "wait", "sleep", "touch", "cp", "mv", "rm", "ln", "chmod", "tee", "cat", "date",
+              "module", "conda", "ml", "pip", "nvidia-smi", "hostname", "ls", "sync"}
+_TRAIN_ENTRY = re.compile(r"(pretrain|train|finetune|sft)", re.IGNORECASE)
+_ASSIGNED_NAME = re.compile(r"(?:^|[\s;(&|])(?:(?:export|declare|local|typeset|readonly)(?:\s+-\w+)*\s+)?([A-Za-z_][A-Za-z_0-9]*)(?:\[[^\]]*\])?\+?=", re.M)
+_FLAG_TEXT = re.compile(r"(?<![\w-])(--[A-Za-z][A-Za-z0-9_-]*)")
+
+
+# --------------------------------------------------------------------------------------------
+# Result
+# --------------------------------------------------------------------------------------------
+@dataclass
+class BranchDecision:
+    """A condition that could not be decided from the script alone, and how it was read."""
+
+    line: int
+    condition: str
+    reading: str  # what the planner did, e.g. "false: skipped lines 40-44"
+    reason: str  # why it could not be decided
+    flags_skipped: list[str] = field(default_factory=list)
+    flags_taken: list[str] = field(default_factory=list)
+
+    def message(self, path: str | None) -> str:
+        held = []
+        if self.flags_skipped:
+            held.append("skipped flags " + " ".join(self.flags_skipped))
+        if self.flags_taken:
+            held.append("kept flags " + " ".join(self.flags_taken))
+        detail = f" ({'; '.join(held)})" if held else ""
+        return f"{location(path, self.line)}: `{self.condition}` {self.reason}; read as {self.reading}{detail}"
+
+
+@dataclass
+class LaunchSite:
+    """Where the launch happens in the script text: the statement the emitted launcher wraps.
+
+    via: "direct" (the statement itself runs the launcher, possibly behind srun/mpirun), "eval"
+    (`eval "$cmd"`), "string" (a `bash -c "..."` string, e.g. given to srun), "source" (a sourced
+    file) or "function" (a function defined elsewhere runs it)."""
+
+    line: int
+    offset: int  # character offset of the statement's command word in the script text
+    word: str  # that word as written
+    via: str
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+@dataclass
+class _Var:
+    value: str | list[str]
+    resolved: bool = True
+
+
+class Break(Exception):
+    def __init__(self, n: int):
+        self.n = n
+
+
+class Continue(Exception):
+    def __init__(self, n: int):
+        self.n = n
+
+
+class Return(Exception):
+    def __init__(self, status: int | None):
+        self.status = status
+
+
+class ScriptExit(Exception):
+    def __init__(self, status: int | None, line: int, src: int, message: str = ""):
+        self.status = status
+        self.line = line
+        self.src = src
+        self.message = message
+
+
+class Launched(Exception):
+    pass
+
+
+@dataclass
+class Found:
+    fields: list[str]
+    wrapper: list[str]
+    launcher: list[str]
+    launcher_args: list[str]
+    entry: str
+    flags: list[str]
+    prefix_env: dict[str, str]
+    site: LaunchSite | None
+    line: int
+
+
+class _Unknown(Exception):
+    """A test that cannot be decided."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class Interp:
+    """Variables, positional parameters, functions and the statement evaluator."""
+
+    def __init__(self, text: str, path: str | None, args: list[str]):
+        self.text = text
+        self.path = path
+        self.script_dir = str(Path(path).resolve().parent) if path else None
+        self.vars: dict[str, _Var] = {}
+        self.positional: list[str] = list(args)
+        self.functions: dict[str, list] = {}
+        self.exported: list[str] = []
+        self.unresolved: list[str] = []
+        self.misses = 0
+        self.assumed: set[str] = set()  # env variables a condition read as unset
+        self.test_mode = False
+        self.steps = 0
+        self.depth = 0
+        self.sources: list[tuple[str | None, str]] = [(path, text)]  # src id -> (path, text)
+        self.site: Simple | None = None
+        self.via: list[str] = []  # eval / string / source nesting of the statement being run
+        self.site_depth = 0  # len(self.via) when `site` was set
+        self.last_unknown = "cannot be decided from the script"
+        self.cur = (1, 0)  # (line, source) of the statement being run
+        self.decisions: list[BranchDecision] = []
+        self.warnings: list[str] = []
+        self.found: Found | None = None
+        self.skipped_launches: list[str] = []
+        self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
+        self.self_relative = False  # the script locates files from its own directory ($0, BASH_SOURCE)
+        self.sourced: list[Path] = []  # files it sourced
+        # names the script assigns somewhere: unset at a given point, they are empty (as in bash);
+        # names it never assigns come from the environment and stay literal in flag values
+        self.assigned: set[str] = set(_ASSIGNED_NAME.findall(text))
+
+    # -- errors / bookkeeping ------------------------------------------------------------------
+    def where(self, line: int, src: int = 0) -> str:
+        return location(self.sources[src][0] if src < len(self.sources) else self.path, line)
+
+    def step(self, line: int, src: int) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise PlannerInputError(
+                self.where(line, src),
+                f"the script runs more than {MAX_STEPS} statements before it launches training "
+                "(a loop that never ends?)",
+            )
+
+    def _note(self, raw: str) -> str:
+        self.misses += 1
+        if not self.test_mode and raw not in self.unresolved:
+            self.unresolved.append(raw)
+        return raw
+
+    # -- variables ------------------------------------------------------------------------------
+    def scalar(self, name: str) -> tuple[str | None, bool]:
+        """(value, resolved) of a variable or special parameter; None when unset."""
+        if name.isdigit():
+            k = int(name)
+            if k == 0:
+                return (self.path or "script.sh"), True
+            if k <= len(self.positional):
+                return self.positional[k - 1], True
+            return None, True
+        if name == "#":
+            return str(len(self.positional)), True
+        if name in ("@", "*"):
+            return " ".join(self.positional), True
+        if name == "?":
+            return "0", True
+        if name == "BASH_SOURCE":
+            return (self.path or "script.sh"), True
+        var = self.vars.get(name)
+        if var is None:
+            return None, True
+        if isinstance(var.value, list):
+            return (var.value[0] if var.value else ""), var.resolved
+        return var.value, var.resolved
+
+    def set_scalar(self, name: str, value: str, resolved: bool = True) -> None:
+        self.vars[name] = _Var(value, resolved)
+
+    # -- expansion ------------------------------------------------------------------------------
+    def expand_part(self, part: Part) -> tuple[list[str] | str, bool]:
+        """One part: a string or a list (array elements / "$@"), and whether it may be
+        word-split (an unquoted expansion)."""
+        split = not part.quoted
+        kind = part.kind
+        if kind == "lit":
+            return part.text, False
+        if kind == "raw":
+            special = self._known_substitution(part.text)
+            if special is not None:
+                return special, split
+            if self.test_mode:
+                raise _Unknown(f"depends on the output of {part.text}")
+            return self._note(part.text), False
+        if kind == "arith":
+            try:
+                return str(self.arith(part.text)), False
+            except ValueError:
+                if self.test_mode:
+                    raise _Unknown(f"cannot evaluate $(({part.text}))") from None
+                return self._note(f"$(({part.text}))"), False
+        if kind == "arr":
+            if part.text in ("@", "*"):
+                return list(self.positional), split
+            var = self.vars.get(part.text)
+            if var is None:
+                if self.test_mode or part.text in self.assigned:
+                    if part.text not in self.assigned:
+                        self.assumed.add(part.text)
+                    return [], split
+                return self._note("${" + part.text + "[" + part.op + "]}"), False
+            values = var.value if isinstance(var.value, list) else [var.value]
+            if part.op == "*" and part.quoted:
+                return " ".join(values), False
+            return list(values), split
+        if kind == "alen":
+            var = self.vars.get(part.text)
+            values = [] if var is None else (var.value if isinstance(var.value, list) else [var.value])
+            return str(len(values)), False
+        if kind == "idx":
+            var = self.vars.get(part.text)
+            index_text, _ = self.expand_text(part.arg)
+            if var is None:
+                return self._note("${" + part.text + "[" + index_text + "]}"), False
+            values = var.value if isinstance(var.value, list) else [var.value]
+            try:
+                i = self.arith(index_text)
+            except ValueError:
+                return self._note("${" + part.text + "[" + index_text + "]}"), False
+            if i < 0:
+                i += len(values)
+            return (values[i] if 0 <= i < len(values) else ""), split
+        if kind == "len":
+            if part.text in ("@", "*", "#"):
+                return str(len(self.positional)), False
+            value, resolved = self.scalar(part.text)
+            if value is None:
+                return "0", False
+            if not resolved:
+                return self._note("${#" + part.text + "}"), False
+            return str(len(value)), False
+        return self._expand_var(part, split)
+
+    def _known_substitution(self, raw: str) -> str | None:
+        """$(dirname "$0"), $(cd "$(dirname ...)" && pwd), $(basename ...) and friends: the
+        script's own directory, which is known."""
+        if self.script_dir is None:
+            return None
+        body = raw[2:-1] if raw.startswith("$(") else raw[1:-1]
+        if re.search(r"\$\{?(0|BASH_SOURCE)\b", body):
+            self.self_relative = True
+        if re.fullmatch(r"\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*", body):
+            return self.script_dir
+        if re.fullmatch(r"\s*cd\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*(&&|;)\s*pwd(\s+-P)?\s*", body):
+            return self.script_dir
+        if re.fullmatch(r"\s*realpath\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*", body):
+            return self.script_dir
+        return None
+
+    def _expand_var(self, part: Part, split: bool) -> tuple[list[str] | str, bool]:
+        name = part.text
+        if name in ("@", "*") and not part.op:
+            if part.quoted and name == "@":
+                return list(self.positional), False
+            return " ".join(self.positional), split
+        is_name = bool(NAME_RE.fullmatch(name))
+        ref = "${" + name + "}" if is_name else "$" + name
+        value, resolved = self.scalar(name)
+        op = part.op
+        if value is None and is_name and name not in self.assigned and self.test_mode:
+            self.assumed.add(name)
+        if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
+            is_set = value is not None
+            present = (is_set and value != "") if op.startswith(":") else is_set
+            if op in (":+", "+"):
+                if is_set and not resolved:
+                    return self._note(ref), False
+                return (self.expand_text(part.arg)[0] if present else ""), split
+            if not present:
+                if op.endswith("?"):
+                    if name.isdigit() or name in self.assigned:  # bash stops the script here
+                        message, _ = self.expand_text(part.arg)
+                        raise ScriptExit(1, *self.cur, message=f"{ref}: {message or 'parameter null or not set'}")
+                    return self._note(ref), False  # an environment variable: set where it runs
+                arg_text, arg_ok = self.expand_text(part.arg)
+                if op.endswith("=") and is_name:
+                    self.vars[name] = _Var(arg_text, arg_ok)
+                return arg_text, split
+        if value is None:
+            if self.test_mode or (is_name and name in self.assigned):
+                return "", split
+            return self._note(ref), False
+        if not resolved:
+            if self.test_mode:
+                raise _Unknown(f"depends on {ref}, which holds text the planner cannot evaluate")
+            self.misses += 1  # the value holds literal text (e.g. $(date)): expanded as that text
+        if op and op not in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
+            return self._string_op(value, part), split
+        return value, split
+
+    def _string_op(self, value: str, part: Part) -> str:
+        op = part.op
+        if op in ("^^", "^"):
+            return value.upper() if op == "^^" else value[:1].upper() + value[1:]
+        if op in (",,", ","):
+            return value.lower() if op == ",," else value[:1].lower() + value[1:]
+        if op == ":":
+            try:
+                off = self.arith(self.expand_text(part.arg)[0])
+                if part.arg2 is not None:
+                    length = self.arith(self.expand_text(part.arg2)[0])
+                    return value[off:][:length] if length >= 0 else value[off:length]
+                return value[off:]
+            except ValueError:
+                return self._note("${" + part.text + ":...}")
+        pattern, _ = self.expand_text(part.arg)
+        regex = fnmatch.translate(pattern)[:-2]  # drop the \Z anchor  (Python's "(?s:...)\Z")
+        if op in ("#", "##"):
+            best = None
+            for k in range(len(value) + 1):
+                if re.fullmatch(regex, value[:k]):
+                    best = k
+                    if op == "#":
+                        break
+            return value[best:] if best is not None else value
+        if op in ("%", "%%"):
+            best = None
+            for k in range(len(value), -1, -1):
+                if re.fullmatch(regex, value[k:]):
+                    best = k
+                    if op == "%":
+                        break
+            return value[:best] if best is not None else value
+        if op in ("/", "//"):
+            rep, _ = self.expand_text(part.arg2)
+            if not pattern:
+                return value
+            try:
+                return re.sub(regex, lambda m: rep, value, count=0 if op == "//" else 1)
+            except re.error:
+                return value
+        return value
+
+    def arith(self, expr: str) -> int:
+        """$((...)): variables replaced by their integer values (unset: 0), then evaluated."""
+        if len(expr) > MAX_ARITH_CHARS:
+            raise ValueError(f"arithmetic longer than {MAX_ARITH_CHARS} characters")
+
+        def name_value(m: re.Match[str]) -> str:
+            name = m.group(1) or m.group(2)
+            if name.isdigit():
+                value, resolved = self.scalar(name)
+            else:
+                value, resolved = self.scalar(name)
+            if value is None:
+                if name not in self.vars:
+                    self.assumed.add(name)
+                return "0"
+            if not resolved:
+                raise ValueError(f"{name} is not known")
+            v = value.strip()
+            if re.fullmatch(r"-?\d+", v):
+                return f"({v})"
+            if v == "":
+                return "0"
+            if len(v) < 200 and NAME_RE.fullmatch(v):  # one level of indirection, as bash
+                inner, ok = self.scalar(v)
+                if inner is not None and ok and re.fullmatch(r"\s*-?\d+\s*", inner):
+                    return f"({inner.strip()})"
+            raise ValueError(f"{name}={value!r} is not an integer")
+
+        text = re.sub(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?|\b(?<!0x)([A-Za-z_][A-Za-z_0-9]*)\b", name_value, expr)
+        return eval_arith(text)
+
+    def expand_text(self, word: Word | None) -> tuple[str, bool]:
+        """A word expanded without field splitting (as on the right of `X=`), and whether every
+        part resolved."""
+        if word is None:
+            return "", True
+        before = self.misses
+        out: list[str] = []
+        for part in word.parts:
+            value, _ = self.expand_part(part)
+            out.append(" ".join(value) if isinstance(value, list) else value)
+        return "".join(out), self.misses == before
+
+    def expand_fields(self, word: Word) -> list[str]:
+        """A command word expanded to fields (word splitting of unquoted expansions, arrays)."""
+        fields: list[str] = []
+        current: list[str] = []
+        has_content = False
+
+        def flush() -> None:
+            nonlocal current, has_content
+            if has_content:
+                fields.append("".join(current))
+            current, has_content = [], False
+
+        for part in word.parts:
+            value, split = self.expand_part(part)
+            if part.kind == "lit" and part.quoted:
+                has_content = True
+            if isinstance(value, list):
+                pieces: list[str] = []
+                for v in value:
+                    pieces.extend(v.split() if split else [v])
+                for k, piece in enumerate(pieces):
+                    if k > 0:
+                        flush()
+                    current.append(piece)
+                    has_content = True
+                continue
+            if split and value:
+                chunks = value.split()
+                if not chunks:
+                    continue
+                if value[0].isspace():
+                    flush()
+                for k, chunk in enumerate(chunks):
+                    if k > 0:
+                        flush()
+                    current.append(chunk)
+                    has_content = True
+                if value[-1].isspace():
+                    flush()
+                continue
+            if value or part.quoted:
+                current.append(value)
+                has_content = has_content or bool(value) or part.quoted
+        flush()
+        return fields
+
+    # -- assignments ----------------------------------------------------------------------------
+    def assign(self, tok: Word | ArrayAssign) -> str:
+        """`NAME=value`, `NAME+=value`, `NAME[i]=value`, `NAME=(...)`, `NAME+=(...)`; returns NAME."""
+        if isinstance(tok, ArrayAssign):
+            values: list[str] = []
+            for w in tok.words:
+                values.extend(self.expand_fields(w))
+            old = self.vars.get(tok.name)
+            if tok.append and old is not None:
+                if isinstance(old.value, list):
+                    old.value.extend(values)  # in place: appending stays linear
+                else:
+                    self.vars[tok.name] = _Var([old.value, *values], old.resolved)
+            else:
+                self.vars[tok.name] = _Var(values)
+            return tok.name
+        m = ASSIGN_RE.match(tok.raw)
+        assert m is not None
+        name, index, append = m.group(1), m.group(2), bool(m.group(3))
+        prefix_len = m.end()
+        parts = list(tok.parts)
+        first = parts[0]
+        value_parts = [Part(first.kind, first.text[prefix_len:], first.quoted)] + parts[1:]
+        value, resolved = self.expand_text(Word(value_parts, tok.raw[prefix_len:], tok.line, tok.pos))
+        old = self.vars.get(name)
+        if index:
+            try:
+                i = self.arith(index[1:-1])
+            except ValueError:
+                return name
+            arr = list(old.value) if old is not None and isinstance(old.value, list) else ([old.value] if old else [])
+            while len(arr) <= i:
+                arr.append("")
+            arr[i] = (arr[i] + value) if append else value
+            self.vars[name] = _Var(arr, resolved and (old.resolved if old else True))
+            return name
+        if append and old is not None:
+            if isinstance(old.value, list):
+                old.value.append(value)
+            else:
+                self.vars[name] = _Var(old.value + value, old.resolved and resolved)
+        else:
+            self.vars[name] = _Var(value, resolved)
+        return name
+
+    # -- statements -----------------------------------------------------------------------------
+    def run_list(self, nodes: list) -> int | None:
+        status: int | None = 0
+        for node in nodes:
+            status = self.run(node)
+        return status
+
+    def run(self, node) -> int | None:
+        if isinstance(node, Simple):
+            return self.simple(node)
+        if isinstance(node, AndOr):
+            return self.and_or(node)
+        if isinstance(node, Pipe):
+            status = None
+            for cmd in node.cmds:
+                status = self.run(cmd)
+            if node.negate:
+                return None if status is None else int(status == 0)
+            return status
+        if isinstance(node, If):
+            return self.run_if(node)
+        if isinstance(node, Loop):
+            return self.loop(node)
+        if isinstance(node, Case):
+            return self.case(node)
+        if isinstance(node, Group):
+            if node.subshell:
+                saved = (dict(self.vars), list(self.positional))
+                try:
+                    return self.run_list(node.body)
+                except ScriptExit as exc:
+                    return exc.status
+                finally:
+                    if self.found is None:
+                        self.vars, self.positional = saved
+            return self.run_list(node.body)
+        if isinstance(node, Func):
+            self.functions[node.name] = node.body
+            return 0
+        if isinstance(node, Arith):
+            self.step(node.line, 0)
+            try:
+                return 0 if self.arith_command(node.expr) != 0 else 1
+            except ValueError:
+                return None
+        if isinstance(node, Cond):
+            return self.condition_status(lambda: self.cond_words(node.words))
+        raise AssertionError(node)
+
+    def arith_command(self, expr: str) -> int:
+        """(( ... )): also the assignments i++, ++i, i--, i+=n, i=n (comma-separated)."""
+        result = 0
+        for piece in expr.split(","):
+            piece = piece.strip()
+            m = re.fullmatch(r"([A-Za-z_]\w*)\s*(\+\+|--)|(\+\+|--)\s*([A-Za-z_]\w*)", piece)
+            if m:
+                name = m.group(1) or m.group(4)
+                old = self.arith(name)
+                new = old + (1 if "+" in (m.group(2) or m.group(3)) else -1)
+                self.set_scalar(name, str(new))
+                result = old if m.group(1) else new
+                continue
+            m = re.fullmatch(r"([A-Za-z_]\w*)\s*([-+*/%]?)=(?!=)\s*(.+)", piece)
+            if m:
+                name, op, rhs = m.groups()
+                value = self.arith(f"{name} {op} ({rhs})" if op else rhs)
+                self.set_scalar(name, str(value))
+                result = value
+                continue
+            result = self.arith(piece)
+        return result
+
+    def condition_status(self, fn: Callable[[], bool]) -> int | None:
+        """Run a test in test mode: 0/1, or None when it cannot be decided."""
+        saved = self.test_mode
+        self.test_mode = True
+        try:
+            return 0 if fn() else 1
+        except _Unknown as exc:
+            self.last_unknown = exc.reason
+            return None
+        finally:
+            self.test_mode = saved
+
+    def and_or(self, node: AndOr) -> int | None:
+        status = self.run(node.first)
+        for op, rhs in node.rest:
+            if status is None:
+                # cannot tell: the guarded command is skipped (`[ -f x ] || exit 1`, `[ -d d ] && X=...`)
+                self._record_guard(node, op, rhs)
+                status = 0 if op == "||" else 1
+                continue
+            if (op == "&&" and status == 0) or (op == "||" and status != 0):
+                status = self.run(rhs)
+        return status
+
+    def _record_guard(self, node: AndOr, op: str, rhs) -> None:
+        flags = self._flags_in([rhs])
+        if flags:
+            self.decisions.append(
+                BranchDecision(node.line, self._src_text(node.line), f"skipping the command after {op}",
+                               self._unknown_reason(), flags_skipped=flags)
+            )
+
+    def _unknown_reason(self) -> str:
+        return getattr(self, "last_unknown", "cannot be decided from the script")
+
+    def _src_text(self, line: int) -> str:
+        lines = self.text.splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else "?"
+
+    def _flags_in(self, nodes: Iterable) -> list[str]:
+        """The --flags written in a block's source (for reports)."""
+        words: list[str] = []
+
+        def visit(n) -> None:
+            if isinstance(n, list):
+                for x in n:
+                    visit(x)
+            elif isinstance(n, Simple):
+                for w in [*n.assigns, *n.words]:
+                    words.append(w.raw)
+            elif isinstance(n, (If,)):
+                for c, b in n.arms:
+                    visit(c)
+                    visit(b)
+                if n.orelse:
+                    visit(n.orelse)
+            elif isinstance(n, Loop):
+                visit(n.body)
+            elif isinstance(n, Case):
+                for _, b in n.arms:
+                    visit(b)
+            elif isinstance(n, (Group, Func)):
+                visit(n.body)
+            elif isinstance(n, AndOr):
+                visit(n.first)
+                for _, r in n.rest:
+                    visit(r)
+            elif isinstance(n, Pipe):
+                visit(n.cmds)
+
+        visit(list(nodes))
+        found: list[str] = []
+        for w in words:
+            for m in _FLAG_TEXT.finditer(w):
+                if m.group(1) not in found:
+                    found.append(m.group(1))
+        return found
+
+    def _cond_status(self, cond: list) -> tuple[int | None, set[str]]:
+        self.assumed = set()
+        self.last_unknown = "cannot be decided from the script"
+        status = self.run_list(cond)
+        return status, set(self.assumed)
+
+    def run_if(self, node: If) -> int | None:
+        for k, (cond, body) in enumerate(node.arms):
+            status, assumed = self._cond_status(cond)
+            others = [b for j, (_, b) in enumerate(node.arms) if j != k] + ([node.orelse] if node.orelse else [])
+            cond_text = self._src_text(cond[0].line if cond and hasattr(cond[0], "line") else node.line)
+            if status is None:
+                skipped = self._flags_in([body])
+                if skipped or self._flags_in(others):
+                    self.decisions.append(BranchDecision(
+                        getattr(cond[0], "line", node.line) if cond else node.line, cond_text,
+                        "false: its branch was skipped", self._unknown_reason(), flags_skipped=skipped))
+                continue
+            if assumed and (self._flags_in([body]) or self._flags_in(others)):
+                names = ", ".join(sorted(assumed))
+                taken = status == 0
+                reading = "true: its branch was taken" if taken else "false: its branch was skipped"
+                self.decisions.append(BranchDecision(
+                    getattr(cond[0], "line", node.line) if cond else node.line, cond_text, reading,
+                    f"depends on {names}, which the script does not set (read as unset)",
+                    flags_skipped=[] if taken else self._flags_in([body]),
+                    flags_taken=self._flags_in([body]) if taken else []))
+            if status == 0:
+                return self.run_list(body)
+        if node.orelse is not None:
+            return self.run_list(node.orelse)
+        return 0
+
+    def loop(self, node: Loop) -> int | None:
+        status: int | None = 0
+        if node.kind == "for" or node.kind == "cfor":
+            if node.kind == "cfor":
+                init, cond, stepx = node.arith  # type: ignore[misc]
+                try:
+                    if init.strip():
+                        self.arith_command(init)
+                except ValueError:
+                    return None
+                items = None
+            else:
+                items = []
+                if node.items is None:
+                    items = list(self.positional)
+                else:
+                    for w in node.items:
+                        items.extend(self.expand_fields(w))
+            k = 0
+            while True:
+                self.step(node.line, 0)
+                if node.kind == "cfor":
+                    try:
+                        if cond.strip() and self.arith_command(cond) == 0:
+                            break
+                    except ValueError:
+                        break
+                else:
+                    if k >= len(items):
+                        break
+                    self.set_scalar(node.var, items[k])  # type: ignore[arg-type]
+                    k += 1
+                status, stop = self._body(node.body)
+                if stop:
+                    break
+                if node.kind == "cfor":
+                    try:
+                        if stepx.strip():
+                            self.arith_command(stepx)
+                    except ValueError:
+                        break
+            return status
+        while True:
+            self.step(node.line, 0)
+            cond_status, assumed = self._cond_status(node.cond or [])
+            if cond_status is None:
+                if self._flags_in([node.body]):
+                    self.decisions.append(BranchDecision(node.line, self._src_text(node.line),
+                                                         "false: the loop stopped", self._unknown_reason(),
+                                                         flags_skipped=self._flags_in([node.body])))
+                break
+            if (cond_status == 0) != (node.kind == "while"):
+                break
+            status, stop = self._body(node.body)
+            if stop:
+                break
+        return status
+
+    def _body(self, body: list) -> tuple[int | None, bool]:
+        """Run a loop body once: (its status, whether `break` ended the loop)."""
+        try:
+            return self.run_list(body), False
+        except Break as b:
+            if b.n > 1:
+                raise Break(b.n - 1) from None
+            return 0, True
+        except Continue as c:
+            if c.n > 1:
+                raise Continue(c.n - 1) from None
+            return 0, False
+
+    def case(self, node: Case) -> int | None:
+        self.step(node.line, 0)
+        saved = self.test_mode
+        self.test_mode = True  # an unset variable is empty here, as in bash
+        try:
+            value, ok = self.expand_text(node.word), True
+            value = value[0]
+        except _Unknown:
+            value, ok = "", False
+        finally:
+            self.test_mode = saved
+        for patterns, body in node.arms:
+            for p in patterns:
+                pat, _ = self.expand_text(p)
+                if not ok:
+                    if pat == "*":
+                        return self.run_list(body)
+                    continue
+                if fnmatch.fnmatchcase(value, pat):
+                    return self.run_list(body)
+        if not ok:
+            flags = self._flags_in([b for _, b in node.arms])
+            if flags:
+                self.decisions.append(BranchDecision(node.line, self._src_text(node.line), "no pattern matched",
+                                                     f"the word {node.word.raw} is not known", flags_skipped=flags))
+        return 0
+
+    # -- simple commands ------------------------------------------------------------------------
+    def simple(self, node: Simple) -> int | None:
+        self.step(node.line, node.src)
+        self.cur = (node.line, node.src)
+        if node.src == 0:
+            self.site = node
+            self.site_depth = len(self.via)
+        if not node.words:
+            for tok in node.assigns:
+                self.assign(tok)
+            return 0
+        head = node.words[0]
+        if isinstance(head, Word) and head.raw in _DECLARE_WORDS:
+            return self.declare(head.raw, node.words[1:])
+        if isinstance(head, Word) and head.raw in ("[", "test"):
+            return self.condition_status(lambda: self.test_words(head.raw, node.words[1:]))
+        fields: list[str] = []
+        for tok in node.words:
+            if isinstance(tok, ArrayAssign):
+                fields.append(tok.raw)
+            else:
+                fields.extend(self.expand_fields(tok))
+        if not fields:
+            for tok in node.assigns:
+                self.assign(tok)
+            return 0
+        prefix_env: dict[str, str] = {}
+        if node.assigns:
+            saved = dict(self.vars)
+            for tok in node.assigns:
+                name = self.assign(tok)
+                prefix_env[name] = self.scalar(name)[0] or ""
+            self.vars = saved
+        return self.command(fields, node, prefix_env)
+
+    def declare(self, word: str, rest: list) -> int:
+        exporting = word == "export"
+        for tok in rest:
+            if isinstance(tok, Word) and tok.raw.startswith(("-", "+")) and not ASSIGN_RE.match(tok.raw):
+                exporting = exporting or "x" in tok.raw
+                continue
+            if isinstance(tok, ArrayAssign) or ASSIGN_RE.match(tok.raw):
+                name = self.assign(tok)
+            elif NAME_RE.fullmatch(tok.raw):
+                name = tok.raw
+            else:
+                continue
+            if exporting and name not in self.exported:
+                self.exported.append(name)
+        return 0
+
+    def command(self, fields: list[str], node: Simple, prefix_env: dict[str, str]) -> int | None:
+        name = fields[0]
+        base = name.rsplit("/", 1)[-1]
+        if self.found is None:
+            split = launch_split(fields)
+            if split is not None and (split[0] == 0 or base in _WRAPPERS):
+                start, after, entry = split
+                if _TRAIN_ENTRY.search(fields[entry].rsplit("/", 1)[-1]) or after > start + 1 or fields[start].endswith("torchrun"):
+                    self.found = self._found(fields, split, node, prefix_env)
+                    raise Launched()
+                self.skipped_launches.append(f"{self.where(node.line, node.src)}: {fields[entry]}")
+        if name in self.functions:
+            return self.call(name, fields[1:], node)
+        if base in ("bash", "sh") or (base in _WRAPPERS and ("bash" in fields or "sh" in fields)):
+            idx = next((i for i, f in enumerate(fields) if f.rsplit("/", 1)[-1] in ("bash", "sh")), None)
+            if idx is not None and "-c" in fields[idx + 1 : idx + 3]:
+                c = fields.index("-c", idx)
+                if c + 1 < len(fields):
+                    saved_outer = self.outer_wrapper
+                    self.outer_wrapper = saved_outer + fields[:idx]
+                    try:
+                        return self.run_string(fields[c + 1], node, "string", args=fields[c + 2 :])
+                    finally:
+                        if self.found is None:
+                            self.outer_wrapper = saved_outer
+            if idx is not None and idx + 1 < len(fields) and not fields[idx + 1].startswith("-"):
+                return self.source(fields[idx + 1], fields[idx + 2 :], node, child=True)
+            return None
+        if name == "eval":
+            return self.run_string(" ".join(fields[1:]), node, "eval")
+        if name in ("source", "."):
+            if len(fields) < 2:
+                return 1
+            return self.source(fields[1], fields[2:], node)
+        if name == "shift":
+            try:
+                n = int(fields[1]) if len(fields) > 1 else 1
+            except ValueError:
+                return 1
+            if n > len(self.positional):
+                return 1
+            self.positional = self.positional[n:]
+            return 0
+        if name == "set":
+            if "--" in fields:
+                self.positional = fields[fields.index("--") + 1 :]
+            return 0
+        if name == "unset":
+            for f in fields[1:]:
+                if not f.startswith("-"):
+                    self.vars.pop(f, None)
+            return 0
+        if name in ("exit", "return"):
+            status = int(fields[1]) if len(fields) > 1 and fields[1].lstrip("-").isdigit() else 0
+            if name == "return" and self.depth > 0:
+                raise Return(status)
+            raise ScriptExit(status, node.line, node.src)
+        if name in ("break", "continue"):
+            n = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 1
+            raise (Break(n) if name == "break" else Continue(n))
+        if name in ("true", ":"):
+            return 0
+        if name == "false":
+            return 1
+        if name == "getopts":
+            return self.getopts(fields[1:])
+        if name in _ALWAYS_OK:
+            return 0
+        if name == "read":
+            return None
+        self.last_unknown = f"depends on the exit status of `{name}`"
+        return None
+
+    def getopts(self, words: list[str]) -> int:
+        """`getopts OPTSTRING NAME [ARG...]`, one option per word (`-n 4`, `-n4`), with OPTIND."""
+        if len(words) < 2:
+            return 2
+        spec, var, args = words[0], words[1], words[2:] or list(self.positional)
+        index = int(self.scalar("OPTIND")[0] or "1") if (self.scalar("OPTIND")[0] or "1").isdigit() else 1
+        if index > len(args) or not args[index - 1].startswith("-") or args[index - 1] in ("-", "--"):
+            if index <= len(args) and args[index - 1] == "--":
+                self.set_scalar("OPTIND", str(index + 1))
+            self.set_scalar(var, "?")
+            return 1
+        word = args[index - 1]
+        opt = word[1]
+        at = spec.find(opt)
+        if at < 0 or opt == ":":
+            self.set_scalar(var, "?")
+            self.set_scalar("OPTIND", str(index + 1))
+            return 0
+        self.set_scalar(var, opt)
+        if spec[at + 1 : at + 2] == ":":
+            if len(word) > 2:
+                self.set_scalar("OPTARG", word[2:])
+                index += 1
+            elif index < len(args):
+                self.set_scalar("OPTARG", args[index])
+                index += 2
+            else:
+                self.set_scalar(var, "?")
+                index += 1
+        else:
+            index += 1
+        self.set_scalar("OPTIND", str(index))
+        return 0
+
+    def call(self, name: str, args: list[str], node: Simple) -> int | None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise PlannerInputError(self.where(node.line, node.src), f"function calls nested more than {MAX_DEPTH} deep")
+        saved = self.positional
+        self.positional = list(args)
+        try:
+            return self.run_list(self.functions[name])
+        except Return as r:
+            return r.status
+        finally:
+            self.positional = saved
+            self.depth -= 1
+
+    def run_string(self, text: str, node: Simple, via: str, args: list[str] | None = None) -> int | None:
+        """eval / bash -c: parse and run a string in the current shell (bash -c: a copy)."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise PlannerInputError(self.where(node.line, node.src), f"eval / bash -c nested more than {MAX_DEPTH} deep")
+        src = len(self.sources)
+        self.sources.append((self.sources[node.src][0] if node.src < len(self.sources) else self.path, text))
+        try:
+            body = parse(text, self.sources[node.src][0], src, line_offset=node.line - 1)
+        except PlannerInputError as exc:
+            self.depth -= 1
+            raise PlannerInputError(exc.field, f"in the string given to {via}: {str(exc).split(': ', 1)[-1]}") from None
+        saved = (dict(self.vars), list(self.positional)) if via == "string" else None
+        if via == "string" and args is not None:
+            self.positional = list(args[1:]) if args else []
+        self.via.append(via)
+        try:
+            return self.run_list(body)
+        except ScriptExit as exc:
+            if via == "string":
+                return exc.status
+            raise
+        finally:
+            self.via.pop()
+            self.depth -= 1
+            if saved is not None and self.found is None:
+                self.vars, self.positional = saved
+
+    def source(self, target: str, args: list[str], node: Simple, child: bool = False) -> int | None:
+        """source FILE (relative to the script's directory, then the current one)."""
+        candidates = [Path(target)]
+        if self.script_dir and not Path(target).is_absolute():
+            candidates.insert(0, Path(self.script_dir) / target)
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            if not child:
+                self.warnings.append(f"{self.where(node.line, node.src)}: `source {target}`: file not found here; skipped")
+            return None
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise PlannerInputError(self.where(node.line, node.src), f"source nested more than {MAX_DEPTH} deep")
+        try:
+            try:
+                if path.stat().st_size > MAX_SCRIPT_BYTES:
+                    raise PlannerInputError(str(path), f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise PlannerInputError(str(path), f"cannot read: {exc}") from None
+            src = len(self.sources)
+            self.sources.append((str(path), text))
+            self.sourced.append(path)
+            body = parse(text, str(path), src)
+            saved_pos = self.positional
+            saved_vars = dict(self.vars) if child else None
+            if args or child:
+                self.positional = list(args)
+            self.via.append("source")
+            try:
+                return self.run_list(body)
+            except Return as r:
+                return r.status
+            except ScriptExit as exc:
+                if child:
+                    return exc.status
+                raise
+            finally:
+                self.via.pop()
+                if self.found is None:
+                    self.positional = saved_pos
+                    if saved_vars is not None:
+                        self.vars = saved_vars
+        finally:
+            self.depth -= 1
+
+    # -- tests ----------------------------------------------------------------------------------
+    def test_words(self, name: str, words: list[Word]) -> bool:
+        """`[ ... ]` / `test ...`: words expanded as bash does (unset variables are empty)."""
+        args = [f for w in words for f in self.expand_fields(w)]
+        if name == "[":
+            if not args or args[-1] != "]":
+                raise _Unknown("`[` without a closing `]`")
+            args = args[:-1]
+        return _TestEval(args, self, double=False).run()
+
+    def cond_words(self, items: list) -> bool:
+        """`[[ ... ]]`: expanded without word splitting; && || ( ) ! inside."""
+        args: list[str] = []
+        for tok in items:
+            if isinstance(tok, Op):
+                args.append(tok.text)
+            else:
+                text, _ = self.expand_text(tok)
+                if tok.raw in ("!", "(", ")", "&&", "||") and all(p.kind == "lit" and not p.quoted for p in tok.parts):
+                    args.append(tok.raw)
+                else:
+                    args.append(_Quoted(text) if any(p.quoted for p in tok.parts) else text)
+        return _TestEval(args, self, double=True).run()
+
+    def _found(self, fields: list[str], split: tuple[int, int, int], node: Simple, prefix_env: dict[str, str]) -> Found:
+        start, after, entry = split
+        site = None
+        if self.site is not None:
+            site_node = self.site
+            via = self.via[self.site_depth] if len(self.via) > self.site_depth else "direct"
+            if via == "direct" and site_node is not node:
+                via = "function"  # e.g. a function from a sourced file: the launcher is reached inside it
+            words = site_node.words
+            w = words[0] if words else None
+            if w is not None:
+                site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
+        return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
+                      fields[entry + 1 :], prefix_env, site, node.line)
+
+
+class _Quoted(str):
+    """A [[ ]] operand that was quoted: matched literally, not as a pattern."""
+
+
+_UNARY_FILE = {"-e", "-f", "-d", "-r", "-w", "-x", "-s", "-L", "-h", "-p", "-S", "-b", "-c", "-g", "-u", "-k", "-O", "-G", "-N"}
+_BINARY = {"=", "==", "!=", "-eq", "-ne", "-lt", "-le", "-gt", "-ge", "=~", "<", ">", "-nt", "-ot", "-ef"}
+
+
+class _TestEval:
+    """test / [ ] / [[ ]] expressions; raises _Unknown when a part cannot be decided."""
+
+    def __init__(self, args: list[str], interp: Interp, double: bool):
+        self.args = args
+        self.i = 0
+        self.interp = interp
+        self.double = double
+        self.depth = 0
+
+    def run(self) -> bool:
+        if not self.args:
+            return False
+        value = self.expr_or()
+        if self.i < len(self.args):
+            raise _Unknown(f"cannot read the test near `{self.args[self.i]}`")
+        return value
+
+    def peek(self) -> str | None:
+        return self.args[self.i] if self.i < len(self.args) else None
+
+    def expr_or(self) -> bool:
+        left = self.expr_and()
+        while self.peek() in (("||",) if self.double else ("-o",)):
+            self.i += 1
+            right_unknown = None
+            try:
+                right = self.expr_and()
+            except _Unknown as exc:
+                right, right_unknown = None, exc
+            if left:
+                continue
+            if right_unknown is not None:
+                raise right_unknown
+            left = bool(right)
+        return left
+
+    def expr_and(self) -> bool:
+        left = self.expr_not()
+        while self.peek() in (("&&",) if self.double else ("-a",)):
+            self.i += 1
+            try:
+                right = self.expr_not()
+            except _Unknown:
+                if not left:
+                    continue
+                raise
+            left = left and right
+        return left
+
+    def expr_not(self) -> bool:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise PlannerInputError(self.interp.where(*self.interp.cur), f"a test nested more than {MAX_DEPTH} deep")
+            if self.peek() == "!" and self.i + 1 < len(self.args):
+                self.i += 1
+                return not self.expr_not()
+            return self.primary()
+        finally:
+            self.depth -= 1
+
+    def primary(self) -> bool:
+        tok = self.peek()
+        if tok is None:
+            raise _Unknown("an incomplete test")
+        if tok == "(" and not isinstance(tok, _Quoted):
+            self.i += 1
+            value = self.expr_or()
+            if self.peek() != ")":
+                raise _Unknown("unbalanced ( in a test")
+            self.i += 1
+            return value
+        nxt = self.args[self.i + 1] if self.i + 1 < len(self.args) else None
+        if nxt in _BINARY and not isinstance(nxt, _Quoted) and self.i + 2 < len(self.args):
+            a, b = tok, self.args[self.i + 2]
+            self.i += 3
+            return self.binary(a, nxt, b)
+        if tok in ("-z", "-n") and nxt is not None:
+            self.i += 2
+            return (nxt == "") if tok == "-z" else (nxt != "")
+        if tok in _UNARY_FILE and nxt is not None:
+            self.i += 2
+            raise _Unknown(f"tests a file on the machine that runs the script ({tok} {nxt})")
+        if tok == "-v" and nxt is not None:
+            self.i += 2
+            return nxt in self.interp.vars
+        self.i += 1
+        return tok != ""
+
+    def binary(self, a: str, op: str, b: str) -> bool:
+        if op in ("=", "=="):
+            if self.double and not isinstance(b, _Quoted):
+                return fnmatch.fnmatchcase(a, b)
+            return a == b
+        if op == "!=":
+            if self.double and not isinstance(b, _Quoted):
+                return not fnmatch.fnmatchcase(a, b)
+            return a != b
+        if op == "=~":
+            try:
+                return re.search(b, a) is not None
+            except re.error:
+                raise _Unknown(f"cannot read the regular expression {b!r}") from None
+        if op in ("<", ">"):
+            return a < b if op == "<" else a > b
+        if op in ("-nt", "-ot", "-ef"):
+            raise _Unknown("compares files on the machine that runs the script")
+        try:
+            x, y = (self.interp.arith(a) if self.double else int(a.strip())), (self.interp.arith(b) if self.double else int(b.strip()))
+        except ValueError:
+            raise _Unknown(f"compares {a!r} and {b!r} as integers") from None
+        return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
+
+
+# --------------------------------------------------------------------------------------------
+# Launch detection
+# --------------------------------------------------------------------------------------------
+def launch_split(fields: list[str]) -> tuple[int, int, int] | None:
+    """(launcher start, launcher end, entry index) when the fields run a Python entry script."""
+    for i, f in enumerate(fields):
+        base = f.rsplit("/", 1)[-1]
+        if base == "torchrun":
+            start, after = i, i + 1
+        elif re.fullmatch(r"python[0-9.]*", base):
+            start = i
+            if fields[i + 1 : i + 2] == ["-m"] and i + 2 < len(fields):
+                if fields[i + 2] not in _TORCH_LAUNCH_MODULES:
+                    return None
+                after = i + 3
+            else:
+                after = i + 1
+                while after < len(fields) and fields[after] in ("-u", "-O", "-B", "-W", "-X"):
+                    after += 1
+        else:
+            continue
+        for j in range(after, len(fields)):
+            if fields[j].endswith(".py") and not fields[j].startswith("-"):
+                return start, after, j
+        return None
+    return None

@@ -1,0 +1,79 @@
+"""The command line around scripts and rules: `-- ARG...`, --megatron-script with --megatron-args,
+emit from plan.json alone, estimate's refusal of what Megatron refuses, notes on stderr."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from cli import main
+
+SCRIPT = """#!/bin/bash
+CKPT=${1:?usage: train.sh CKPT}
+ARGS=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048
+      --micro-batch-size 1 --global-batch-size 64 --lr 1e-4 --bf16 --tokenizer-type GPT2BPETokenizer
+      --vocab-file /v.json --merge-file /m.txt --data-path /d --save "$CKPT" --save-interval 10)
+torchrun --nproc_per_node 8 pretrain_gpt.py "${ARGS[@]}" --tensor-model-parallel-size 2
+"""
+
+
+def _solve(tmp_path: Path, *extra: str) -> tuple[int, str, Path]:
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), "--cluster", "H100:8", "--backend",
+                                    "hsdp", "--quiet", "--out", str(out), *extra])
+    return res.exit_code, res.output, out
+
+
+def test_script_arguments_after_double_dash_and_megatron_args_overrides(tmp_path):
+    """`-- /ckpt` reaches $1; --megatron-args flags override the script's in the run and in the
+    emitted flags; the inferred vocabulary is printed as assumed."""
+    code, output, out = _solve(tmp_path, "--megatron-args", "--lr 3e-4 --seq-length 1024", "--", "/my/ckpt")
+    assert code == 0, output
+    # --quiet keeps stderr quiet; the inferred vocabulary is in the result's "assumed" lines
+    assert any("vocabulary" in ln and "50257" in ln and "--vocab-size" in ln for ln in output.splitlines())
+    argv = shlex.split((out / "launch" / "megatron_args.txt").read_text())
+    assert argv[argv.index("--save") + 1] == "/my/ckpt"
+    assert argv.count("--lr") == 1 and argv[argv.index("--lr") + 1] == "3e-4"
+    assert argv[argv.index("--seq-length") + 1] == "1024"
+    run = json.loads((out / "plan.json").read_text())["inputs"]["run"]
+    assert run["model"]["seq_length"] == 1024
+
+
+def test_a_script_that_needs_its_arguments_says_so(tmp_path):
+    """Without the argument `${1:?usage}` requires, the script would stop: refused with its line."""
+    code, output, _ = _solve(tmp_path)
+    assert code == 2 and "train.sh:2" in output and "Traceback" not in output
+
+
+def test_emit_rebuilds_the_launcher_from_plan_json_alone(tmp_path):
+    """plan.json keeps the script and its arguments: emit without --megatron-script writes the
+    same launch.sh (no literal ${CHECKPOINT_PATH}, nothing baked in)."""
+    code, output, out = _solve(tmp_path, "--", "/my/ckpt")
+    assert code == 0, output
+    res = CliRunner().invoke(main, ["emit", "--plan", str(out / "plan.json"), "--out", str(tmp_path / "again")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "again" / "launch.sh").read_text() == (out / "launch" / "launch.sh").read_text()
+    assert '"$CKPT"' in (out / "launch" / "launch.sh").read_text()  # the script's own variable, live
+
+
+def test_estimate_refuses_what_megatron_refuses_unless_allowed():
+    """PP4 x EP8 on 8 GPUs: exit 2 with Megatron's message; --allow-invalid prices it."""
+    args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:8", "--pp", "4", "--ep", "8"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2
+    assert "world_size (8) is not divisible by expert_tensor_model_pipeline_parallel size (32)" in res.output
+    assert "--allow-invalid" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(main, [*args, "--allow-invalid", "--json"])
+    assert res.exit_code == 0, res.output
+
+
+def test_unknown_flag_in_a_script_is_refused_with_a_suggestion(tmp_path):
+    script = tmp_path / "t.sh"
+    script.write_text(SCRIPT.replace("--lr 1e-4", "--lr 1e-4 --num-expert 8"))
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), "--cluster", "H100:8", "--", "/c"])
+    assert res.exit_code == 2 and "--num-expert: unknown flag" in res.output and "did you mean --num-experts?" in res.output

@@ -1,0 +1,226 @@
+"""Megatron-LM's own validator on what the planner emits and on the rules it claims.
+
+The validator needs megatron-core >= 0.17 (megatron.training), which needs Python >= 3.12, so it
+runs in a separate environment that `.ci/megatron_env.sh` builds once outside the clone
+(~/.cache/hapmoe/megatron-venv).  tools/megatron_validate.py runs parse_args, validate_args,
+core_transformer_config_from_args, the micro-batch calculator and initialize_model_parallel on a
+fake process group (reference/megatron.md section 5) for a batch of flag lists in one process.
+Without that environment every test here skips, saying why.
+
+Checked: every golden launcher and every launcher the corpus tests emit (fork-only flags, which
+upstream's parser does not know, are removed first and listed); and controls that Megatron must
+refuse (or accept) exactly where the planner's own rules and flag reader do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PlannerInputError
+from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_megatron_flags
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+VALIDATE = ROOT / "tools" / "megatron_validate.py"
+DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
+
+
+def megatron_python() -> str | None:
+    """The validator environment's python: $HAPMOE_MEGATRON_PYTHON, or the default environment
+    when .ci/megatron_env.sh finished building it."""
+    explicit = os.environ.get("HAPMOE_MEGATRON_PYTHON")
+    if explicit:
+        return explicit if Path(explicit).exists() else None
+    if (DEFAULT_ENV / ".hapmoe-ready").exists() and (DEFAULT_ENV / "bin" / "python").exists():
+        return str(DEFAULT_ENV / "bin" / "python")
+    return None
+
+
+PYTHON = megatron_python()
+pytestmark = pytest.mark.skipif(
+    PYTHON is None,
+    reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh builds it: Python 3.12, "
+    "megatron-core 0.19.2, torch); set HAPMOE_MEGATRON_PYTHON to use another",
+)
+
+BASE = ("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+        "--micro-batch-size 1 --global-batch-size 16 --vocab-size 1000 --tokenizer-type NullTokenizer --mock-data "
+        "--bf16").split()  # fmt: skip
+QWEN3_235B = (
+    "--num-layers 94 --hidden-size 4096 --num-attention-heads 64 --group-query-attention --num-query-groups 4 "
+    "--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 1024 "
+    "--vocab-size 151936 --tokenizer-type NullTokenizer --mock-data --bf16 --tensor-model-parallel-size 2 "
+    "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 4 --num-experts 128 --moe-router-topk 8 "
+    "--expert-model-parallel-size 8 --sequence-parallel --disable-bias-linear"
+).split()
+ACCOUNT = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+
+# name -> (argv, world size): controls with a known answer
+CONTROLS: dict[str, tuple[list[str], int]] = {
+    "typo --num-expert": (BASE + ["--num-expert", "8"], 8),
+    "PP4 x EP8 on 8 GPUs": (BASE + "--num-experts 8 --disable-bias-linear --pipeline-model-parallel-size 4 "
+                            "--expert-model-parallel-size 8".split(), 8),
+    "Qwen3-235B TP2 PP8 VPP4 accounted": (QWEN3_235B + ACCOUNT, 256),
+    "Qwen3-235B TP2 PP8 VPP4 not accounted": (QWEN3_235B, 256),
+    "heads over TP": (BASE + ["--tensor-model-parallel-size", "3"], 3),
+}
+
+
+PIPELINE_SPLITS = [((4, 4, 4, 4), 1), ((3, 5, 5, 5), 1), ((5, 5, 5, 2), 1), ((3, 6, 6, 7), 1), ((7, 9), 1),
+                   ((6, 4, 5, 7), 1), ((8, 0, 8), 1), ((7, 6, 5, 4), 3), ((4, 4), 2)]
+
+
+def _concrete(argv: list[str]) -> list[str]:
+    """Text the planner left for bash (`$1`, `${DATA}`, `$(cmd)`) replaced by a path: the
+    validator checks flags, not files."""
+    return [re.sub(r"\$\([^)]*\)|\$\{[^}]*\}|\$\w+", "/tmp/x", a) if "$" in a else a for a in argv]
+
+
+def _upstream_only(argv: list[str]) -> tuple[list[str], list[str]]:
+    """argv without the flags only a fork knows (and their values), and those flags."""
+    table = known_flags()
+    out, dropped, skip = [], [], False
+    for tok in argv:
+        name = tok.partition("=")[0]
+        if tok.startswith("--") and name in table:
+            skip = table[name].source != "megatron"
+            if skip:
+                dropped.append(name)
+                continue
+        elif tok.startswith("--"):
+            skip = False
+        elif skip:
+            continue
+        out.append(tok)
+    return out, dropped
+
+
+def _exported(launch_sh: Path) -> dict[str, str]:
+    """CUDA_DEVICE_MAX_CONNECTIONS as launch.sh sets it (or the input script it wraps)."""
+    m = re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=\$?\{?[A-Z_]*:?-?(\d+)", launch_sh.read_text())
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": m[-1]} if m else {}
+
+
+def _world(launch_sh: Path) -> int:
+    m = re.search(r"world size (\d+)", launch_sh.read_text())
+    assert m, launch_sh
+    return int(m.group(1))
+
+
+@lru_cache(maxsize=1)
+def results() -> dict[str, dict]:
+    """Every case through Megatron's validator in one subprocess (one import of Megatron)."""
+    from test_launcher_corpus import CORPUS, solved
+
+    cases = []
+    for golden in ("dense_megatron", "moe_megatron"):
+        d = HERE / "golden" / golden
+        argv = shlex.split((d / "megatron_args.txt").read_text())
+        cases.append({"name": f"golden/{golden}", "argv": _concrete(argv), "world_size": _world(d / "launch.sh"),
+                      "env": _exported(d / "launch.sh")})
+    for c in CORPUS:
+        out = solved(c["script"])
+        argv, _ = _upstream_only(shlex.split((out / "launch" / "megatron_args.txt").read_text()))
+        world = json.loads((out / "plan.json").read_text())["plan"]["world_size"]
+        cases.append({"name": f"corpus/{c['script']}", "argv": _concrete(argv), "world_size": world,
+                      "env": _exported(out / "launch" / "launch.sh")})
+    from test_launcher import _dense_plan, args_of
+
+    from planner.launcher import render_launch_files
+
+    for counts, vpp in PIPELINE_SPLITS:  # the pipeline split flags test_launcher.py emits
+        run, plan, cluster = _dense_plan(list(counts), vpp=vpp)
+        cases.append({"name": f"split/{counts}/vpp{vpp}", "argv": args_of(render_launch_files(run, plan, cluster)),
+                      "world_size": plan.world_size})
+    for name, (argv, world) in CONTROLS.items():
+        cases.append({"name": f"control/{name}", "argv": argv, "world_size": world,
+                      "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
+    proc = subprocess.run([PYTHON, str(VALIDATE)], input=json.dumps(cases), capture_output=True, text=True,
+                          timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["name"]: r for r in json.loads(proc.stdout)}
+
+
+@pytest.mark.parametrize("golden", ["dense_megatron", "moe_megatron"])
+def test_golden_launchers_pass_megatrons_validator(golden):
+    r = results()[f"golden/{golden}"]
+    assert r["ok"], r["error"]
+
+
+def _corpus_names() -> list[str]:
+    sys.path.insert(0, str(HERE))
+    from test_launcher_corpus import NAMES
+
+    return NAMES
+
+
+@pytest.mark.parametrize("name", _corpus_names())
+def test_every_emitted_corpus_launcher_passes_megatrons_validator(name):
+    """The flags launch.sh passes (megatron_args.txt), fork-only flags aside, are accepted by
+    Megatron's parser, validate_args, the config classes, the micro-batch calculator and the
+    process-group setup."""
+    r = results()[f"corpus/{name}"]
+    assert r["ok"], r["error"]
+
+
+@pytest.mark.parametrize("counts, vpp", PIPELINE_SPLITS)
+def test_emitted_pipeline_splits_pass_megatrons_validator(counts, vpp):
+    """Uniform, first/last-stage and layout splits (with interleaving too), as the launcher emits
+    them, are accepted by Megatron, layout checks of TransformerConfig included."""
+    r = results()[f"split/{counts}/vpp{vpp}"]
+    assert r["ok"], r["error"]
+
+
+def test_megatron_refuses_a_typo_and_so_does_the_planner():
+    r = results()["control/typo --num-expert"]
+    assert not r["ok"] and "unrecognized arguments: --num-expert" in r["error"]
+    with pytest.raises(PlannerInputError, match="did you mean --num-experts"):
+        parse_megatron_flags(CONTROLS["typo --num-expert"][0])
+
+
+def test_megatron_refuses_bad_expert_folding_with_the_planners_message():
+    """PP4 x EP8 on 8 GPUs: refused by Megatron's process-group setup with the message the
+    planner's rule gives."""
+    from planner.rules import expert_violations
+
+    r = results()["control/PP4 x EP8 on 8 GPUs"]
+    run = parse_megatron_flags(CONTROLS["PP4 x EP8 on 8 GPUs"][0])
+    (violation,) = expert_violations(run.model, tp=1, cp=1, dp=2, ep=8, etp=1, pp=4)
+    assert not r["ok"] and violation.message in r["error"]
+
+
+def test_megatron_and_the_planner_agree_on_the_accounted_vpp_split():
+    """Qwen3-235B, TP2 PP8 VPP4 with --account-for-embedding/loss-in-pipeline-split: Megatron
+    accepts it (96 / 8 / 4) and so does the planner.  Without the flags validate_args lets it
+    pass, but Megatron's model build asserts 94 % 8 == 0 (transformer_block.py); the planner
+    refuses it before launch with that assertion's message."""
+    assert results()["control/Qwen3-235B TP2 PP8 VPP4 accounted"]["ok"]
+    parse_megatron_flags(QWEN3_235B + ACCOUNT)
+    assert results()["control/Qwen3-235B TP2 PP8 VPP4 not accounted"]["ok"]  # validation only
+    with pytest.raises(PlannerInputError, match="num_layers=94 should be divisible by config.pipeline_model_parallel_size=8"):
+        parse_megatron_flags(QWEN3_235B)
+
+
+def test_megatron_refuses_heads_over_tp_with_the_planners_message():
+    r = results()["control/heads over TP"]
+    assert not r["ok"] and "num_attention_heads (8) must be a multiple of tensor_model_parallel_size (3)" in r["error"]
+    with pytest.raises(PlannerInputError, match=re.escape("num_attention_heads (8) must be a multiple of tensor_model_parallel_size (3)")):
+        parse_megatron_flags(CONTROLS["heads over TP"][0])
+
+
+def test_fork_flags_are_the_only_ones_removed_before_validation():
+    """Only flags a fork's parser knows are dropped for upstream's validator (and the planner
+    names them as not modelled)."""
+    argv = ["--use-fused-rmsnorm", "--patch-tokenizer-type", "Qwen2Tokenizer", "--lr", "1e-4"]
+    kept, dropped = _upstream_only(argv)
+    assert kept == ["--lr", "1e-4"] and dropped == ["--use-fused-rmsnorm", "--patch-tokenizer-type"]
+    assert set(fork_flags_in(argv)) == {"MindSpeed", "Pai-Megatron-Patch"}
