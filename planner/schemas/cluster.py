@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.schemas.types import MAX_GPUS, MAX_GPUS_PER_NODE, StrictFloat, StrictInt
+
 
 class NodeGroup(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device_type: str = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
-    num_nodes: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
-    intra_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
-    inter_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
+    num_nodes: StrictInt = Field(gt=0, le=MAX_GPUS)
+    gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
+    intra_node_bandwidth_gb_per_s: StrictFloat | None = Field(None, gt=0, description="override, per GPU per direction")
+    inter_node_bandwidth_gb_per_s: StrictFloat | None = Field(None, gt=0, description="override, per GPU per direction")
 
     @property
     def num_gpus(self) -> int:
@@ -26,8 +28,8 @@ class CrossTypeLink(BaseModel):
 
     between: tuple[str, str]
     kind: str = Field(description="e.g. host-memory, ethernet, infiniband")
-    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction")
-    latency_us: float = Field(20.0, ge=0)
+    bandwidth_gb_per_s: StrictFloat = Field(gt=0, description="per GPU per direction")
+    latency_us: StrictFloat = Field(20.0, ge=0)
 
 
 class ClusterSpec(BaseModel):
@@ -41,6 +43,8 @@ class ClusterSpec(BaseModel):
     def _check(self) -> "ClusterSpec":
         if not self.groups:
             raise ValueError("a cluster needs at least one node group")
+        if self.world_size > MAX_GPUS:
+            raise ValueError(f"the cluster has {self.world_size} GPUs; the planner handles at most {MAX_GPUS}")
         return self
 
     @property

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.schemas.types import MAX_GPUS_PER_NODE, StrictFloat, StrictInt
+
 ProvenanceKind = Literal["measured", "datasheet-derived", "calibrated"]
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
@@ -28,8 +30,8 @@ class EfficiencyPoint(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    size: float = Field(gt=0)
-    efficiency: float = Field(gt=0, le=1.2)
+    size: StrictFloat = Field(gt=0)
+    efficiency: StrictFloat = Field(gt=0, le=1.2)
 
 
 class EfficiencyCurve(BaseModel):
@@ -55,8 +57,8 @@ class LinkProfile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, host-memory")
-    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction, GB/s (10^9 bytes)")
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: StrictFloat = Field(gt=0, description="per GPU per direction, GB/s (10^9 bytes)")
+    latency_us: StrictFloat = Field(ge=0)
     efficiency: dict[str, EfficiencyCurve] = Field(
         description="per collective name (all_reduce, all_gather, reduce_scatter, all_to_all, p2p)"
     )
@@ -69,14 +71,14 @@ class DeviceProfile(BaseModel):
     name: str = Field(description="canonical name, e.g. H800")
     aliases: tuple[str, ...] = ()
     vendor: str
-    memory_gib: float = Field(gt=0, description="device memory as the framework sees it, GiB")
-    memory_overhead_gib: float = Field(
+    memory_gib: StrictFloat = Field(gt=0, description="device memory as the framework sees it, GiB")
+    memory_overhead_gib: StrictFloat = Field(
         ge=0, description="context, communication buffers, allocator fragmentation, GiB"
     )
-    peak_tflops: dict[str, float] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32")
-    hbm_bandwidth_tb_per_s: float = Field(gt=0)
-    hbm_efficiency: float = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
-    gpus_per_node: int = Field(gt=0)
+    peak_tflops: dict[str, StrictFloat] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32")
+    hbm_bandwidth_tb_per_s: StrictFloat = Field(gt=0)
+    hbm_efficiency: StrictFloat = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
+    gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
     gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
     attention_efficiency: EfficiencyCurve = Field(description="flash attention fwd+bwd, size = FLOP per call")
     grouped_gemm_efficiency: EfficiencyCurve = Field(
