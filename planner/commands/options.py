@@ -57,4 +57,22 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     clean = {k: v for k, v in overrides.items() if v is not None}
     run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
                       world_size=cluster_spec.world_size, overrides=clean)
+    check_precision(run.training.precision, cluster_spec, profiles)
     return run, cluster_spec, profiles
+
+
+def check_precision(precision: str, cluster_spec, profiles) -> None:
+    """Every device of the cluster must run the run's precision (a V100 has no bf16)."""
+    from planner.errors import MissingProfileError, PlannerInputError
+
+    for device_type in cluster_spec.device_types:
+        device = profiles.device(device_type)
+        try:
+            device.peak_flop_per_s(precision)
+        except MissingProfileError:
+            supported = ", ".join(sorted(device.peak_tflops))
+            raise PlannerInputError(
+                "--cluster",
+                f"{device_type} does not run {precision} (it runs {supported}); choose other devices, or a "
+                f"precision it runs (--fp16 in --megatron-args, or precision: in the model file's training block)",
+            ) from None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import path_kind, read_text
 from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
 from planner.inputs.megatron_flags import (
     LAYOUT_FLAG,
@@ -149,7 +150,8 @@ def _draft_from_spec(spec: ModelSpec, training: Mapping[str, Any], passthrough: 
 def _draft_from_model(model: str) -> RunDraft:
     """A preset name, a preset-format YAML/JSON file, a HF config.json or a model directory."""
     path = Path(model).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".json"):
+    kind = path_kind(path, "--model")
+    if kind == "dir" or (kind != "missing" and path.suffix.lower() == ".json"):
         data = read_hf_config(path)
         if path.is_dir():
             name = path.resolve().name
@@ -170,11 +172,7 @@ def _script_flags(megatron_script: str) -> tuple[list[str], str, int | None]:
     from planner.inputs.script import parse_launcher_script  # lazy: written by another helper
 
     path = Path(megatron_script).expanduser()
-    try:
-        text = path.read_text()
-    except (FileNotFoundError, IsADirectoryError):
-        raise PlannerInputError("--megatron-script", f"file not found: {path}") from None
-    script = parse_launcher_script(text)
+    script = parse_launcher_script(read_text(path, "--megatron-script"))
     flags = list(getattr(script, "megatron_flags"))
     ws = getattr(script, "world_size", None)
     return flags, path.stem, ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
