@@ -38,9 +38,13 @@ def format_validation_error(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
+MAX_WORD_CHARS = 160  # a longer value or path in a message is shortened (a 5,000-digit number, say)
+
+
 def one_line(message: str) -> str:
-    """Collapse newlines and runs of spaces, so that an error is one line."""
-    return " ".join(str(message).split())
+    """Collapse newlines and runs of spaces, so that an error is one line; shorten huge words."""
+    words = str(message).split()
+    return " ".join(w if len(w) <= MAX_WORD_CHARS else f"{w[:60]}...({len(w)} characters)...{w[-20:]}" for w in words)
 
 
 def fail(message: str, code: int = 2) -> None:

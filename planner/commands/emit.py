@@ -158,7 +158,7 @@ def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cl
     """
     check_out_dir(out_dir, "--out", LAUNCHER_OUTPUT, force=force)
     from planner.inputs.megatron_flags import parse_flag_namespace
-    from planner.inputs.script import read_launcher_script
+    from planner.inputs.resolve import load_launcher_script
     from planner.launcher import render_launch_files
 
     data = _load_plan_file(Path(plan_path))
@@ -166,7 +166,7 @@ def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cl
         data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
     )
     check_plan_document(data, plan, run, cluster_spec)
-    script = read_launcher_script(megatron_script) if megatron_script else None
+    script = load_launcher_script(megatron_script) if megatron_script else None
     if script is not None and not run.passthrough:
         _, passthrough = parse_flag_namespace(script.megatron_flags)
         run = run.model_copy(update={"passthrough": tuple(passthrough)})

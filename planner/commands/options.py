@@ -6,6 +6,8 @@ from typing import Any, Callable
 
 import click
 
+from planner.errors import PlannerInputError
+
 MODEL_OPTIONS = [
     click.option("--model", "model", default=None, metavar="PRESET|FILE",
                  help="model preset name (e.g. mixtral-s), a YAML file, or a HuggingFace config.json"),
@@ -55,15 +57,38 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     cluster_spec = parse_cluster(cluster, profiles)
     clean = {k: v for k, v in overrides.items() if v is not None}
-    run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                      world_size=cluster_spec.world_size, overrides=clean)
+    try:
+        run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                          world_size=cluster_spec.world_size, overrides=clean)
+    except PlannerInputError as exc:
+        raise _in_override_terms(exc, clean) from None
     check_precision(run.training.precision, cluster_spec, profiles)
     return run, cluster_spec, profiles
 
 
+# The Megatron flag each CLI override sets (errors from the flag layer name the Megatron flag).
+OVERRIDE_FLAGS = {
+    "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
+    "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
+    "vpp": "--num-virtual-stages-per-pipeline-rank", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
+    "seq": "--seq-length", "layout": "--pipeline-model-parallel-layout", "recompute": "--recompute-granularity",
+}
+
+
+def _in_override_terms(exc, overrides: dict):
+    """An error about a Megatron flag that a CLI override set names the override too (`--ep`, not only
+    `--expert-model-parallel-size`)."""
+    field = getattr(exc, "field", "")
+    for key, flag in OVERRIDE_FLAGS.items():
+        if key in overrides and field == flag:
+            message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
+            return PlannerInputError(f"--{key} ({flag})", message)
+    return exc
+
+
 def check_precision(precision: str, cluster_spec, profiles) -> None:
     """Every device of the cluster must run the run's precision (a V100 has no bf16)."""
-    from planner.errors import MissingProfileError, PlannerInputError
+    from planner.errors import MissingProfileError
 
     for device_type in cluster_spec.device_types:
         device = profiles.device(device_type)

@@ -105,9 +105,9 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     for rank, cost in enumerate(outcome.costs):
         check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
     if megatron_script:
-        from planner.inputs.script import read_launcher_script
+        from planner.inputs.resolve import load_launcher_script
 
-        outcome.script = read_launcher_script(megatron_script)
+        outcome.script = load_launcher_script(megatron_script)
     payload = solve_json(outcome, settings, runtime)
     if out_dir is not None:
         written = write_outputs(Path(out_dir), payload, outcome)

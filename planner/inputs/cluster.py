@@ -156,7 +156,8 @@ def cluster_from_dict(raw: Any, profiles: ProfileSet, *, source: str = "cluster"
     links_raw = raw.get("links") or []
     if not isinstance(links_raw, list):
         raise PlannerInputError(FIELD, f"{where}: `links` must be a list")
-    name = raw.get("name") or default_name
+    name = raw.get("name")
+    name = default_name if name is None or name == "" else name
     if not isinstance(name, str):
         raise PlannerInputError(FIELD, f"{where}: `name` must be a string, got {name!r}")
     groups = [_group_from_row(row, i, profiles, where) for i, row in enumerate(rows)]

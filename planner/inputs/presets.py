@@ -62,6 +62,7 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
         raise PlannerInputError(
             f"{where}:training", f"unknown key(s) {unknown}; allowed: {', '.join(sorted(TRAINING_KEYS))}"
         )
+    _check_training(training, where)
     fields.setdefault("name", name)
     if "moe_layer_freq" in fields:
         if "moe_layer_pattern" in fields:
@@ -81,6 +82,20 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
         msg = str(err.get("msg")).removeprefix("Value error, ")
         raise PlannerInputError(f"{where}:{key}" if key else where, msg) from None
     return model, dict(training)
+
+
+def _check_training(training: dict[str, Any], where: str) -> None:
+    """The training block's values, checked against TrainingSpec here so that an error names the file
+    and the key (the values are applied later, under the names of the Megatron flags)."""
+    values = {k: v for k, v in training.items() if k != "seq_length"}
+    values.setdefault("global_batch_size", 1)  # required by TrainingSpec; the preset may leave it to --gbs
+    try:
+        TrainingSpec(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg")).removeprefix("Value error, ")
+        raise PlannerInputError(f"{where}:training.{key}", msg) from None
 
 
 def _pattern_from_freq(freq: Any, num_layers: int, where: str) -> tuple[int, ...] | None:

@@ -167,12 +167,26 @@ def _draft_from_model(model: str) -> RunDraft:
     return _draft_from_spec(spec, training)
 
 
-def _script_flags(megatron_script: str) -> tuple[list[str], str, int | None]:
-    """Flags given to pretrain_gpt.py in a bash launcher (via planner.inputs.script)."""
+def load_launcher_script(megatron_script: str | Path):
+    """Read and parse a launcher script (planner.inputs.script).  Every reading problem is one
+    PlannerInputError naming --megatron-script; so is a construct nested too deeply for the
+    interpreter's recursion or an expression too large for Python's parser."""
     from planner.inputs.script import parse_launcher_script  # lazy: written by another helper
 
     path = Path(megatron_script).expanduser()
-    script = parse_launcher_script(read_text(path, "--megatron-script"))
+    text = read_text(path, "--megatron-script")
+    try:
+        return parse_launcher_script(text)
+    except (RecursionError, MemoryError):
+        raise PlannerInputError(
+            "--megatron-script", f"{path}: a construct is nested too deeply, or an expression is too large, to read"
+        ) from None
+
+
+def _script_flags(megatron_script: str) -> tuple[list[str], str, int | None]:
+    """Flags given to pretrain_gpt.py in a bash launcher (via planner.inputs.script)."""
+    path = Path(megatron_script).expanduser()
+    script = load_launcher_script(path)
     flags = list(getattr(script, "megatron_flags"))
     ws = getattr(script, "world_size", None)
     return flags, path.stem, ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None

@@ -418,9 +418,19 @@ def _eval_int_expr(node: ast.AST) -> int:
             raise ValueError("division by zero")
         if isinstance(node.op, (ast.Div, ast.FloorDiv)):
             q = abs(left) // abs(right)
-            return q if (left >= 0) == (right >= 0) else -q  # bash truncates toward zero
-        return _ARITH_OPS[type(node.op)](left, right)
+            return _int64(q if (left >= 0) == (right >= 0) else -q)  # bash truncates toward zero
+        if isinstance(node.op, ast.Pow):
+            if right < 0:
+                raise ValueError("exponent less than 0")
+            return _int64(pow(left, right, 1 << 64))  # bash wraps at 64 bits; never builds 9**9**9
+        return _int64(_ARITH_OPS[type(node.op)](left, right))
     raise ValueError("unsupported arithmetic")
+
+
+def _int64(value: int) -> int:
+    """Bash arithmetic is signed 64-bit and wraps on overflow."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 class _Shell:
@@ -467,7 +477,7 @@ class _Shell:
             )
             try:
                 return str(_eval_int_expr(ast.parse(expr.strip(), mode="eval"))), False
-            except (SyntaxError, ValueError, TypeError, RecursionError):
+            except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
                 return self._note(f"$(({part.text}))"), False
         if part.kind == "arr":
             var = self.vars.get(part.text)

@@ -1,0 +1,1041 @@
+"""Fuzz cases: one generator per input kind, each a valid input with one mutation.
+
+A case is a command line (`argv`, where `{d}` stands for the case's own directory) plus the files
+it names.  `expect="reject"` means the input is certainly invalid: the command must exit with status
+2 and one `error:` line that names one of `names` (a flag, a field or a file).  `expect="any"` means
+the input may or may not be valid (a divisor that happens to break a rule, say): any exit status
+0, 2 or 3 is fine, but never a traceback or a hang.
+
+Case `i` of seed `s` is always the same case (`make_case(s, i)`), so every finding has a reproducer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shlex
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import yaml
+
+from planner.schemas.types import MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LENGTH, MAX_SIZE
+
+NAN, INF = float("nan"), float("inf")
+BIG_INT = "__FUZZ_BIG_INT__"  # replaced by a 5,000-digit integer in the serialized text
+BIG_DIGITS = "9" * 5000
+
+
+@dataclass(frozen=True)
+class Case:
+    index: int
+    kind: str
+    what: str
+    argv: tuple[str, ...]
+    files: tuple[tuple[str, bytes], ...] = ()  # relative path -> content; a path ending in "/" is a directory
+    expect: str = "any"  # "reject" or "any"
+    names: tuple[str, ...] = ()
+    out: str | None = None  # relative path of the command's --out, checked for half-written output
+    timeout_s: float = 30.0
+
+    def command_line(self) -> str:
+        """The command as a person would type it (files are listed separately)."""
+        return "python cli.py " + " ".join(shlex.quote(_short(a.replace("{d}", "$D"))) for a in self.argv)
+
+    def describe(self) -> str:
+        files = ", ".join(f"{p} ({len(b)} bytes)" for p, b in self.files)
+        return f"#{self.index} [{self.kind}] {self.what}: {self.command_line()}" + (f"  files: {files}" if files else "")
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[:60]}...<{len(text)} chars>...{text[-30:]}"
+
+
+# --------------------------------------------------------------------------------------------
+# Valid bases
+# --------------------------------------------------------------------------------------------
+
+TINY_MODEL: dict[str, Any] = {
+    "name": "tiny-moe",
+    "num_layers": 4,
+    "hidden_size": 256,
+    "ffn_hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_query_groups": 4,
+    "vocab_size": 1024,
+    "swiglu": True,
+    "normalization": "RMSNorm",
+    "add_bias_linear": False,
+    "num_experts": 8,
+    "moe_router_topk": 2,
+    "moe_token_dispatcher_type": "alltoall",
+    "moe_grouped_gemm": True,
+    "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 1024, "precision": "bf16",
+                 "use_distributed_optimizer": True},
+}
+TINY_FLAGS = ("--num-layers 4 --hidden-size 256 --ffn-hidden-size 512 --num-attention-heads 8 --group-query-attention "
+              "--num-query-groups 4 --vocab-size 1024 --seq-length 1024 --max-position-embeddings 1024 --swiglu "
+              "--normalization RMSNorm --disable-bias-linear --num-experts 8 --moe-router-topk 2 "
+              "--moe-token-dispatcher-type alltoall --moe-grouped-gemm --micro-batch-size 1 --global-batch-size 64 "
+              "--bf16 --use-distributed-optimizer")
+TINY_CLUSTER: dict[str, Any] = {
+    "name": "fuzz-cluster",
+    "groups": [{"device_type": "H800", "num_nodes": 1, "gpus_per_node": 8},
+               {"device_type": "MI300X", "num_nodes": 1, "gpus_per_node": 8}],
+    "links": [{"between": ["H800", "MI300X"], "kind": "host-memory"}],
+}
+HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "vocab_size": 1024, "max_position_embeddings": 2048, "tie_word_embeddings": False},
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 256,
+                "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "vocab_size": 1024, "max_position_embeddings": 2048, "num_local_experts": 8,
+                "num_experts_per_tok": 2},
+    "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 256,
+                  "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+                  "num_key_value_heads": 4, "vocab_size": 1024, "max_position_embeddings": 2048, "num_experts": 8,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [0], "tie_word_embeddings": False},
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256,
+                    "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 1024,
+                    "max_position_embeddings": 2048, "q_lora_rank": 128, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                    "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 128, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "moe_layer_freq": 1, "num_nextn_predict_layers": 1},
+}
+SCRIPT = """#!/bin/bash
+# a launcher as people write them
+set -euo pipefail
+GPUS_PER_NODE=${{GPUS_PER_NODE:-8}}
+NNODES=${{NNODES:-1}}
+CHECKPOINT_PATH=/ckpt/tiny
+{extra}
+MODEL_ARGS=(
+    --num-layers {layers}
+    --hidden-size 256
+    --ffn-hidden-size 512
+    --num-attention-heads 8
+    --group-query-attention
+    --num-query-groups 4
+    --vocab-size 1024
+    --seq-length 1024
+    --max-position-embeddings 1024
+    --swiglu
+    --normalization RMSNorm
+    --disable-bias-linear
+)
+MOE_ARGS=(--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-grouped-gemm)
+TRAIN_ARGS=(--micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer)
+torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py \\
+    "${{MODEL_ARGS[@]}}" "${{MOE_ARGS[@]}}" "${{TRAIN_ARGS[@]}}" \\
+    --save $CHECKPOINT_PATH
+"""
+LOG_LINE = (" [2024-11-20 08:{minute:02d}:00] iteration {it:>8}/{total:>8} | consumed samples: {samples:>12} | "
+            "elapsed time per iteration (ms): {elapsed} | throughput per GPU (TFLOP/s/GPU): 12.0 | "
+            "learning rate: 1.000000E-04 | global batch size: {gbs:>5} | lm loss: 8.000000E+00 |")
+MEMORY_LINE = ("[Rank {rank}] (after {it} iterations) memory (MB) | allocated: {a} | max allocated: {a} | "
+               "reserved: {r} | max reserved: {r}")
+
+DEVICES = ("H800", "MI300X", "910B", "A100", "H100", "h800", "mi300x", "V100", "A40", "Gaudi2")
+BAD_DEVICES = ("XPU", "", "H8OO", "H800 H800", "Ｈ800", "\u200bH800", "-", "*")
+
+# (value, label) pairs that fit an int / float / bool / text field of the wrong kind or range
+INT_VALUES: tuple[tuple[Any, str], ...] = (
+    (True, "true"), (False, "false"), ("8", "the string '8'"), ("abc", "text"), (2.5, "2.5"), (4.0, "4.0"),
+    (-1, "-1"), (0, "0"), (10**9, "10^9"), (10**30, "10^30"), (BIG_INT, "a 5,000-digit integer"), (None, "null"),
+    ([4], "a list"), ({"a": 1}, "a mapping"), (NAN, "NaN"), (INF, "infinity"), ("", "an empty string"),
+    ("²", "a superscript digit"), (3, "3"), (2, "2"), (16, "16"), (7, "7"), (12345, "12345"),
+)
+FLOAT_VALUES: tuple[tuple[Any, str], ...] = (
+    (True, "true"), ("1.5", "the string '1.5'"), ("abc", "text"), (-1.0, "-1.0"), (0.0, "0.0"), (NAN, "NaN"),
+    (INF, "infinity"), (-INF, "-infinity"), (1e308, "1e308"), (BIG_INT, "a 5,000-digit integer"), (None, "null"),
+    ([1.0], "a list"), (1e-300, "1e-300"), (2, "2"), (1.25, "1.25"),
+)
+BOOL_VALUES: tuple[tuple[Any, str], ...] = (
+    ("no", "the string 'no'"), ("yes", "the string 'yes'"), ("true", "the string 'true'"), (1, "1"), (0, "0"),
+    (None, "null"), ([], "a list"), (2.0, "2.0"),
+)
+TEXT_VALUES: tuple[tuple[Any, str], ...] = (
+    ("bogus", "an unknown name"), (5, "5"), (None, "null"), ("", "an empty string"), (True, "true"), ([], "a list"),
+)
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What a field accepts: kind int/float/bool/choice/text, a range, optional (null allowed)."""
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    optional: bool = False
+    low_open: bool = False  # float fields with gt (not ge)
+    choices: tuple[str, ...] = ()
+
+    def values(self) -> tuple[tuple[Any, str], ...]:
+        return {"int": INT_VALUES, "float": FLOAT_VALUES, "bool": BOOL_VALUES}.get(self.kind, TEXT_VALUES)
+
+    def accepts(self, value: Any) -> bool | None:
+        """True/False when certain, None when the value has the right kind and range (it may still be
+        refused by a rule between fields)."""
+        if value is None:
+            return None if self.optional else False
+        if value == BIG_INT:
+            return False
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                return False
+            return None if self._in_range(value) else False
+        if self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return False
+            return None if self._in_range(value) else False
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else False
+        if self.kind == "choice":
+            return None if value in self.choices else False
+        return None if isinstance(value, str) else False
+
+    def _in_range(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or value <= self.high
+
+
+MODEL_FIELDS: dict[str, FieldRule] = {
+    "num_layers": FieldRule("int", 1, MAX_LAYERS),
+    "hidden_size": FieldRule("int", 1, MAX_SIZE),
+    "ffn_hidden_size": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "num_attention_heads": FieldRule("int", 1, MAX_SIZE),
+    "num_query_groups": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "kv_channels": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "vocab_size": FieldRule("int", 1, MAX_SIZE),
+    "num_experts": FieldRule("int", 1, MAX_EXPERTS, optional=True),
+    "moe_router_topk": FieldRule("int", 1, MAX_EXPERTS),
+    "moe_ffn_hidden_size": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "mtp_num_layers": FieldRule("int", 0, MAX_LAYERS),
+    "qk_pos_emb_head_dim": FieldRule("int", 0, MAX_SIZE),
+    "moe_expert_capacity_factor": FieldRule("float", 0, MAX_EXPERTS, optional=True, low_open=True),
+    "swiglu": FieldRule("bool"),
+    "add_bias_linear": FieldRule("bool"),
+    "moe_grouped_gemm": FieldRule("bool"),
+    "qk_layernorm": FieldRule("bool"),
+    "untie_embeddings_and_output_weights": FieldRule("bool"),
+    "normalization": FieldRule("choice", choices=("LayerNorm", "RMSNorm")),
+    "moe_token_dispatcher_type": FieldRule("choice", choices=("allgather", "alltoall", "flex")),
+    "name": FieldRule("text"),
+}
+REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "groups")
+TRAINING_FIELDS: dict[str, FieldRule] = {
+    "micro_batch_size": FieldRule("int", 1, MAX_BATCH),
+    "global_batch_size": FieldRule("int", 1, MAX_BATCH),
+    "seq_length": FieldRule("int", 1, MAX_SEQ_LENGTH),
+    "precision": FieldRule("choice", choices=("bf16", "fp16", "fp8", "fp32")),
+    "use_distributed_optimizer": FieldRule("bool"),
+}
+GROUP_FIELDS: dict[str, FieldRule] = {
+    "num_nodes": FieldRule("int", 1, MAX_GPUS),
+    "gpus_per_node": FieldRule("int", 1, 1024),
+    "intra_node_bandwidth_gb_per_s": FieldRule("float", 0, None, optional=True, low_open=True),
+    "inter_node_bandwidth_gb_per_s": FieldRule("float", 0, None, optional=True, low_open=True),
+    "device_type": FieldRule("text"),
+}
+LINK_FIELDS: dict[str, FieldRule] = {
+    "bandwidth_gb_per_s": FieldRule("float", 0, None, low_open=True),
+    "latency_us": FieldRule("float", 0, None),
+    "kind": FieldRule("text"),
+}
+HF_INT_KEYS: dict[str, FieldRule] = {
+    "hidden_size": FieldRule("int", 1, MAX_SIZE),
+    "intermediate_size": FieldRule("int", 1, MAX_SIZE),
+    "num_hidden_layers": FieldRule("int", 1, MAX_LAYERS),
+    "num_attention_heads": FieldRule("int", 1, MAX_SIZE),
+    "num_key_value_heads": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "vocab_size": FieldRule("int", 1, MAX_SIZE),
+    "max_position_embeddings": FieldRule("int", 1, MAX_SEQ_LENGTH, optional=True),
+    "num_local_experts": FieldRule("int", 1, MAX_EXPERTS),
+    "num_experts": FieldRule("int", 1, MAX_EXPERTS),
+    "num_experts_per_tok": FieldRule("int", 1, MAX_EXPERTS),
+    "moe_intermediate_size": FieldRule("int", 1, MAX_SIZE),
+    "shared_expert_intermediate_size": FieldRule("int", 0, MAX_SIZE, optional=True),
+    "decoder_sparse_step": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "q_lora_rank": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "kv_lora_rank": FieldRule("int", 1, MAX_SIZE),
+    "qk_nope_head_dim": FieldRule("int", 1, MAX_SIZE),
+    "qk_rope_head_dim": FieldRule("int", 0, MAX_SIZE),
+    "v_head_dim": FieldRule("int", 1, MAX_SIZE),
+    "n_routed_experts": FieldRule("int", 0, MAX_EXPERTS, optional=True),
+    "n_shared_experts": FieldRule("int", 0, MAX_EXPERTS, optional=True),
+    "first_k_dense_replace": FieldRule("int", 0, 4, optional=True),
+    "moe_layer_freq": FieldRule("int", 1, MAX_SIZE, optional=True),
+    "num_nextn_predict_layers": FieldRule("int", 0, MAX_LAYERS, optional=True),
+    "tie_word_embeddings": FieldRule("bool", optional=True),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Serializing documents (with the few values JSON/YAML cannot spell directly)
+# --------------------------------------------------------------------------------------------
+
+
+def to_json(doc: Any) -> bytes:
+    text = json.dumps(doc, indent=1, allow_nan=True)
+    return text.replace(f'"{BIG_INT}"', BIG_DIGITS).encode()
+
+
+def to_yaml(doc: Any) -> bytes:
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=1 << 20)
+    return text.replace(BIG_INT, BIG_DIGITS).encode("utf-8")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _alias_bomb(levels: int = 9, width: int = 9) -> bytes:
+    lines = ['a0: &a0 ["lol"]']
+    for i in range(1, levels + 1):
+        refs = ", ".join([f"*a{i - 1}"] * width)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _raw_nested(depth: int, style: str) -> bytes:
+    if style == "json":
+        return ("[" * depth + "1" + "]" * depth).encode()
+    if style == "flow":
+        return ("x: " + "[" * depth + "1" + "]" * depth + "\n").encode()
+    return ("x:\n" + "".join("  " * i + "- \n" for i in range(min(depth, 3000)))).encode()
+
+
+def document_mutations(rng: random.Random, doc: dict[str, Any], fmt: str, rules: dict[str, FieldRule],
+                       *, strict_keys: bool = True) -> tuple[bytes, str, bool | None, tuple[str, ...]]:
+    """(file bytes, what, valid?, names) for one mutation of a mapping document.  valid is False when
+    the result is certainly invalid, None when it may be valid."""
+    dump = to_json if fmt == "json" else to_yaml
+    choice = rng.random()
+    if choice < 0.55 and rules:  # one field, one value
+        key = rng.choice(sorted(rules))
+        value, label = rng.choice(rules[key].values())
+        mutated = json.loads(json.dumps(doc, allow_nan=True))
+        mutated[key] = value
+        valid = rules[key].accepts(value)
+        return dump(mutated), f"{key} = {label}", valid, (key,)
+    structural = [
+        "unknown key", "integer key", "duplicate key", "deep nesting", "deep raw nesting", "alias bomb",
+        "truncated", "non-UTF-8 byte", "empty", "BOM", "NUL byte", "top-level list", "oversized", "comment only",
+        "missing key",
+    ]
+    what = rng.choice(structural)
+    base = dump(doc)
+    if what == "unknown key":
+        mutated = dict(doc, nmu_layers=4)
+        return dump(mutated), what, False if strict_keys else None, ("nmu_layers", "unknown")
+    if what == "integer key":
+        if fmt == "json":
+            return base, "unchanged", None, ()
+        return base + b"5: 3\n", what, False if strict_keys else None, ("key 5", "5")
+    if what == "duplicate key":
+        key = next(iter(doc))
+        if fmt == "json":
+            text = base.decode().rstrip().rstrip("}") + f', "{key}": {json.dumps(doc[key])}}}'
+            return text.encode(), what, False, (key, "twice")
+        return base + f"{key}: {json.dumps(doc[key])}\n".encode(), what, False, (key, "twice")
+    if what == "deep nesting":
+        key = rng.choice(sorted(doc))
+        depth = rng.choice((65, 200, 900, 2000))
+        mutated = dict(doc, **{key: _nested(depth)})
+        try:
+            return dump(mutated), f"{key} nested {depth} deep", False, ("nested", "deep")
+        except RecursionError:
+            return _raw_nested(depth, fmt if fmt == "json" else "flow"), f"nested {depth} deep", False, ("nested",)
+    if what == "deep raw nesting":
+        depth = rng.choice((100, 5000, 50000))
+        style = "json" if fmt == "json" else rng.choice(("flow", "block"))
+        return _raw_nested(depth, style), f"{style} nested {depth} deep", False, ("nested", "deep")
+    if what == "alias bomb":
+        if fmt == "json":
+            return base, "unchanged", None, ()
+        return _alias_bomb(), what, False, ("values", "aliases")
+    if what == "truncated":
+        cut = rng.randrange(1, max(2, len(base) - 1))
+        return base[:cut], f"truncated at {cut}", False if fmt == "json" else None, ("json", "yaml", "valid")
+    if what == "non-UTF-8 byte":
+        pos = rng.randrange(len(base))
+        return base[:pos] + bytes([rng.choice((0xA5, 0xFF, 0xC3, 0x80))]) + base[pos:], what, False, ("UTF-8",)
+    if what == "empty":
+        return b"", what, False, ("expected", "mapping", "object", "json")
+    if what == "BOM":
+        return b"\xef\xbb\xbf" + base, what, None, ()
+    if what == "NUL byte":
+        pos = rng.randrange(len(base))
+        return base[:pos] + b"\x00" + base[pos:], what, False, ("valid", "character", "control")
+    if what == "top-level list":
+        return dump([doc]), what, False, ("mapping", "object", "expected")
+    if what == "oversized":
+        pad = b"#" * (1 << 20) if fmt != "json" else b" " * (1 << 20)
+        return base + b"\n" + pad + b"\n", what, False, ("larger",)
+    if what == "comment only":
+        return (b"# nothing here\n" if fmt != "json" else b"null"), what, False, ("mapping", "expected", "object")
+    key = rng.choice(sorted(doc))
+    mutated = {k: v for k, v in doc.items() if k != key}
+    return dump(mutated), f"without {key}", False if key in REQUIRED_KEYS else None, (key,)
+
+
+# --------------------------------------------------------------------------------------------
+# Generators, one per input kind
+# --------------------------------------------------------------------------------------------
+
+CaseParts = tuple[str, tuple[str, ...], dict[str, bytes], bool | None, tuple[str, ...], str | None]
+Generator = Callable[[random.Random], CaseParts]
+TINY_FILE = "tiny.yaml"
+TINY_ARGS = ("--model", "{d}/" + TINY_FILE)
+
+
+def _with_tiny(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {TINY_FILE: to_yaml(TINY_MODEL), **files}
+
+
+def gen_flags(rng: random.Random) -> CaseParts:
+    """CLI options of estimate/solve/compare: degrees, batch, recompute, layout, time limit, delta."""
+    int_bad = ("0", "-1", "abc", "2.5", "nan", "inf", "", "²", "1e3", "9" * 30, "9" * 5000, "0x10", " 2", "+4")
+    cluster = rng.choice(("H800:8", "H800:16", "H800:8,MI300X:8"))
+    base = ["estimate", *TINY_ARGS, "--cluster", cluster]
+    r = rng.random()
+    if r < 0.45:
+        opt = rng.choice(("--tp", "--pp", "--cp", "--ep", "--etp", "--vpp", "--mbs", "--gbs", "--seq"))
+        if rng.random() < 0.5:
+            value = rng.choice(int_bad)
+            # click's int accepts surrounding spaces and a plus sign; "9"*30 is a valid int that a limit refuses
+            valid = None if value in (" 2", "+4") else False
+            return "flags", (*base, opt, value), _with_tiny({}), valid, (opt,), None
+        value = str(rng.choice((1, 2, 3, 4, 8, 16, 32, 64, 7, 1024, 10**6)))
+        certain = {("--tp", "3"), ("--ep", "3"), ("--pp", "3"), ("--tp", "16"), ("--tp", "32"), ("--cp", "3"),
+                   ("--ep", "7"), ("--pp", "7"), ("--tp", "7")}
+        return "flags", (*base, opt, value), _with_tiny({}), False if (opt, value) in certain else None, (opt,), None
+    if r < 0.6:
+        value = rng.choice(("none", "selective", "full", "full-block:1", "full-uniform:2", "selective:moe_act",
+                            "bogus", "full-block:-1", "full-uniform:0", "selective:nosuch", "full:", "", "full-block:x",
+                            "full-block:" + "9" * 5000))
+        valid = None if value in ("none", "selective", "full", "full-block:1", "full-uniform:2", "selective:moe_act",
+                                  "") else False
+        return "flags", (*base, "--recompute", value), _with_tiny({}), valid, ("--recompute",), None
+    if r < 0.7:
+        value = rng.choice(("E|t*4|L", "Et*2|t*2L", "t*99999999999", "(t|)*100000", "bogus", "E|t|t|t|t|L", "",
+                            "Et*4L", "|" * 1000, "E" + "t" * 4 + "L"))
+        return "flags", (*base, "--pp", rng.choice(("1", "2")), "--layout", value), _with_tiny({}), None, \
+            ("--layout", "layout"), None
+    if r < 0.85:
+        opt, bad_values, good_values = rng.choice((
+            ("--time-limit", ("nan", "inf", "-1", "0", "abc", "", "1e309", "-inf"), ("0.5", "1", "2.5")),
+            ("--delta", ("nan", "2", "-0.1", "inf", "x"), ("0", "0.2", "1")),
+            ("--top", ("0", "-1", "x", "nan"), ("1", "3")),
+            ("--backend", ("bogus", "", "CPSAT"), ("hsdp",)),
+            ("--runtime", ("bogus", "megatron2"), ("flagscale",)),
+        ))
+        bad = rng.random() < 0.6
+        value = rng.choice(bad_values if bad else good_values)
+        argv = ("solve", *TINY_ARGS, "--cluster", cluster, "--quiet", "--time-limit", "2", opt, value)
+        return "flags", argv, _with_tiny({}), False if bad else None, (opt,), None
+    form = rng.choice(("unknown option", "missing value", "missing cluster", "two models", "no model", "extra argument"))
+    if form == "unknown option":
+        argv, names = (*base, "--tpp", "2"), ("--tpp",)
+    elif form == "missing value":
+        argv, names = (*base, rng.choice(("--tp", "--gbs", "--recompute"))), ("requires an argument", "--")
+    elif form == "missing cluster":
+        argv, names = ("estimate", *TINY_ARGS), ("--cluster",)
+    elif form == "two models":
+        argv, names = (*base, "--megatron-args", TINY_FLAGS), ("--model", "--megatron-args")
+    elif form == "no model":
+        argv, names = ("estimate", "--cluster", cluster), ("--model",)
+    else:
+        argv, names = (*base, "stray"), ("stray", "argument")
+    return "flags", argv, _with_tiny({}), False, names, None
+
+
+MEGATRON_INT_FLAGS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+                      "--vocab-size", "--seq-length", "--max-position-embeddings", "--num-experts", "--moe-router-topk",
+                      "--micro-batch-size", "--global-batch-size")
+
+
+def gen_megatron_args(rng: random.Random) -> CaseParts:
+    """--megatron-args: Megatron's flags with one value or flag changed."""
+    tokens = TINY_FLAGS.split()
+    cluster = rng.choice(("H800:8", "H800:16"))
+    r = rng.random()
+    names: tuple[str, ...]
+    if r < 0.45:
+        flag = rng.choice(MEGATRON_INT_FLAGS)
+        value = rng.choice(("abc", "-4", "0", "2.5", "nan", "", "9" * 5000, "1e3", "²", "10000000000000", "true"))
+        i = tokens.index(flag)
+        tokens[i + 1] = value
+        valid: bool | None = False
+        if flag == "--num-experts" and value == "0":
+            valid = None  # Megatron's 0 experts is a dense model
+        what, names = f"{flag} {value[:20]}", (flag,)
+    elif r < 0.6:
+        value = rng.choice(("-1", "nan", "inf", "abc", "0", "1.25", "2"))
+        tokens += ["--moe-expert-capacity-factor", value]
+        # Megatron turns a negative (or, in the planner, zero) factor into None: dropless
+        valid = None if value in ("1.25", "2", "-1", "0") else False
+        what, names = f"--moe-expert-capacity-factor {value}", ("--moe-expert-capacity-factor", "capacity")
+    elif r < 0.75:
+        deg_flag = rng.choice(("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                               "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                               "--context-parallel-size"))
+        value = rng.choice(("1", "2", "3", "4", "8", "16", "32", "0", "-2", "x"))
+        tokens += [deg_flag, value]
+        valid = False if value in ("0", "-2", "x", "3") or (value in ("16", "32") and cluster == "H800:8"
+                                                             and deg_flag != "--expert-tensor-parallel-size") else None
+        what, names = f"{deg_flag} {value}", (deg_flag, "parallel", "world", "divisible")
+    else:
+        form = rng.choice(("drop --num-layers", "dangling flag", "positional", "unbalanced quote", "switch with value",
+                           "unknown flag", "duplicate flag", "bad choice"))
+        what = form
+        if form == "drop --num-layers":
+            i = tokens.index("--num-layers")
+            del tokens[i:i + 2]
+            valid, names = False, ("--num-layers",)
+        elif form == "dangling flag":
+            tokens.append("--seq-length")
+            valid, names = False, ("--seq-length",)
+        elif form == "positional":
+            tokens.insert(0, "stray")
+            valid, names = False, ("stray",)
+        elif form == "unbalanced quote":
+            tokens.append('"--foo')
+            valid, names = False, ("--megatron-args", "quot")
+        elif form == "switch with value":
+            tokens.append("--swiglu=1")
+            valid, names = False, ("--swiglu",)
+        elif form == "unknown flag":
+            tokens += ["--no-such-flag", "3"]
+            valid, names = None, ("--no-such-flag",)
+        elif form == "duplicate flag":
+            tokens += ["--num-layers", "8"]
+            valid, names = None, ("--num-layers",)
+        else:
+            i = tokens.index("--normalization")
+            tokens[i + 1] = "BatchNorm"
+            valid, names = False, ("--normalization",)
+    args = " ".join(shlex.quote(t) if t and '"' not in t else (t or "''") for t in tokens)
+    argv = ("estimate", "--megatron-args", args, "--cluster", cluster)
+    return "megatron-args:" + what, argv, {}, valid, names, None
+
+
+def gen_cluster(rng: random.Random) -> CaseParts:
+    """--cluster: the shorthand, a preset name, or a cluster YAML file."""
+    r = rng.random()
+    base = ("estimate", *TINY_ARGS)
+    if r < 0.45:
+        items = []
+        valid: bool | None = None
+        names: tuple[str, ...] = ("--cluster",)
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            if rng.random() < 0.2:
+                dev = rng.choice(BAD_DEVICES)
+                valid = False
+            else:
+                dev = rng.choice(DEVICES)
+            if rng.random() < 0.3:
+                count = rng.choice(("0", "-8", "abc", "²", "8.0", "9" * 300, "1e3", "", "8x0", "0x8", "2x2x2",
+                                    "1000000x8", "131073", "12", "3x1025"))
+                valid = False if count not in ("12",) else valid
+            else:
+                count = rng.choice(("8", "16", "4", "2x8", "1x4", "32"))
+            items.append(f"{dev}:{count}")
+        spec = ",".join(items)
+        if rng.random() < 0.1:
+            spec, valid = spec + ",", False
+        if rng.random() < 0.05:
+            spec, valid = f"{items[0]},{items[0]}", False
+        if rng.random() < 0.05:
+            spec, valid = "", False
+        if valid is None and any(d.strip() in ("V100",) for d in (i.split(":")[0] for i in items)):
+            valid = False  # V100 has no bf16
+        return "cluster:shorthand", (*base, "--cluster", spec), _with_tiny({}), valid, names, None
+    if r < 0.5:
+        spec = rng.choice(("h800-mi300x", "H800-MI300X", "nosuch-preset", "h800-mi300x.yaml", "/nonexistent/c.yaml",
+                           "x" * 300 + ".yaml", "/" + "a/" * 2100 + "c.yaml"))
+        valid = None if spec.lower() == "h800-mi300x" else False
+        return "cluster:preset", (*base, "--cluster", spec), _with_tiny({}), valid, ("--cluster",), None
+    doc = json.loads(json.dumps(TINY_CLUSTER))
+    fmt = "yaml"
+    if r < 0.75:
+        where = rng.choice(("group", "link"))
+        if where == "group":
+            key = rng.choice(sorted(GROUP_FIELDS))
+            value, label = rng.choice(GROUP_FIELDS[key].values() if key != "device_type" else
+                                      tuple((d, d) for d in BAD_DEVICES + DEVICES) + TEXT_VALUES)
+            doc["groups"][0][key] = value
+            valid = GROUP_FIELDS[key].accepts(value)
+            if key == "device_type":
+                valid = None if isinstance(value, str) and value.strip() in DEVICES else False
+                if isinstance(value, str) and value.strip().upper() == "V100":
+                    valid = False
+            if key == "num_nodes" and valid is None:
+                valid = None if value * 8 + 8 <= MAX_GPUS else False
+            body, what = to_yaml(doc), f"groups[0].{key} = {label}"
+        else:
+            key = rng.choice(sorted(LINK_FIELDS))
+            value, label = rng.choice(LINK_FIELDS[key].values())
+            doc["links"][0][key] = value
+            if key != "kind":
+                doc["links"][0].setdefault("bandwidth_gb_per_s", 25.0)
+                doc["links"][0].setdefault("latency_us", 10.0)
+            valid = LINK_FIELDS[key].accepts(value)
+            if key == "kind":
+                valid = None if value == "host-memory" else False
+            body, what = to_yaml(doc), f"links[0].{key} = {label}"
+        names = ("--cluster", key)
+    else:
+        body, what, valid, names = document_mutations(rng, doc, fmt, {"name": FieldRule("text", optional=True)})
+        names = ("--cluster",) + names
+    return "cluster:" + what, (*base, "--cluster", "{d}/cluster.yaml"), _with_tiny({"cluster.yaml": body}), valid, \
+        ("--cluster",), None
+
+
+def gen_model_file(rng: random.Random) -> CaseParts:
+    """--model FILE: a ModelSpec as YAML or JSON with one mutation."""
+    fmt = rng.choice(("yaml", "yaml", "json"))
+    name = f"model.{fmt}"
+    doc = json.loads(json.dumps(TINY_MODEL))
+    r = rng.random()
+    names: tuple[str, ...]
+    if r < 0.2:
+        key = rng.choice(sorted(TRAINING_FIELDS))
+        value, label = rng.choice(TRAINING_FIELDS[key].values() if TRAINING_FIELDS[key].kind != "choice" else
+                                  TEXT_VALUES)
+        doc["training"][key] = value
+        body = (to_json if fmt == "json" else to_yaml)(doc)
+        valid, what, names = TRAINING_FIELDS[key].accepts(value), f"training.{key} = {label}", (key,)
+    elif r < 0.3:
+        value = rng.choice((1, 2, "([0]+[1]*3)", "[1]*1000000000", "[0]*3+[1]", [0, 1, 1, 1], [0, 1], True, -1,
+                            "abc", "9**9", 0, [0, 2, 1, 1], "([1]*4)*999999999"))
+        doc["moe_layer_freq"] = value
+        body = (to_json if fmt == "json" else to_yaml)(doc)
+        valid = None if value in (1, 2, "([0]+[1]*3)", "[0]*3+[1]") or value == [0, 1, 1, 1] else False
+        if value is True:
+            valid = False
+        what, names = f"moe_layer_freq = {value!r}", ("moe_layer_freq",)
+    elif r < 0.35:
+        doc["mtp_num_layers"] = rng.choice((1, 4, 100, 10000, 100000))
+        body = (to_json if fmt == "json" else to_yaml)(doc)
+        valid = False if doc["mtp_num_layers"] > MAX_LAYERS else None
+        what, names = f"mtp_num_layers = {doc['mtp_num_layers']}", ("mtp_num_layers", "prediction")
+    else:
+        body, what, valid, names = document_mutations(rng, doc, fmt, MODEL_FIELDS)
+    names = names + (name, "--model")
+    files = {name: body}
+    argv = ("estimate", "--model", "{d}/" + name, "--cluster", rng.choice(("H800:8", "H800:8,MI300X:8")))
+    if rng.random() < 0.05:
+        files = {name + "/": b""}
+        valid, what, names = False, "the model path is a directory", ("--model",)
+    return "model-file:" + what, argv, files, valid, names, None
+
+
+def gen_hf_config(rng: random.Random) -> CaseParts:
+    """--model config.json: a HuggingFace config of one family with one key changed."""
+    family = rng.choice(sorted(HF_CONFIGS))
+    doc = json.loads(json.dumps(HF_CONFIGS[family]))
+    r = rng.random()
+    rules = {k: v for k, v in HF_INT_KEYS.items() if k in doc}
+    names: tuple[str, ...]
+    if r < 0.6:
+        key = rng.choice(sorted(rules))
+        value, label = rng.choice(rules[key].values())
+        doc[key] = value
+        valid = rules[key].accepts(value)
+        if value is None and key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
+                                     "intermediate_size"):
+            valid = False
+        body, what, names = to_json(doc), f"{family}.{key} = {label}", (key,)
+    elif r < 0.75:
+        key, value, label = rng.choice((
+            ("architectures", 5, "5"), ("architectures", "LlamaForCausalLM", "a string"), ("architectures", [5], "[5]"),
+            ("model_type", 5, "5"), ("model_type", "gpt_neox", "an unsupported family"), ("model_type", None, "null"),
+            ("mlp_only_layers", 5, "5"), ("mlp_only_layers", [[1]], "[[1]]"), ("mlp_only_layers", [-1], "[-1]"),
+            ("mlp_only_layers", [99], "[99]"), ("mlp_only_layers", [True], "[true]"), ("mlp_only_layers", [1, 2], "[1, 2]"),
+            ("first_k_dense_replace", -1, "-1"), ("first_k_dense_replace", 99, "99"), ("head_dim", 0, "0"),
+            ("head_dim", "64", "'64'"), ("head_dim", 48, "48"), ("text_config", 5, "5"),
+            ("tie_word_embeddings", "no", "'no'"), ("rope_theta", NAN, "NaN"),
+        ))
+        doc[key] = value
+        body = to_json(doc)
+        valid = None if (key, label) in (("mlp_only_layers", "[1, 2]"), ("head_dim", "48"), ("text_config", "5"),
+                                         ("model_type", "null"), ("model_type", "an unsupported family"),
+                                         ("rope_theta", "NaN")) else False
+        if (key, label) == ("rope_theta", "NaN"):
+            valid = False  # NaN is not JSON
+        if key == "mlp_only_layers" and family != "qwen2_moe":
+            valid = None  # other families ignore the key
+        if key == "first_k_dense_replace" and family != "deepseek_v3":
+            valid = None
+        what, names = f"{family}.{key} = {label}", (key,)
+    else:
+        body, what, valid, names = document_mutations(rng, doc, "json", {}, strict_keys=False)
+    files = {"hf/config.json": body}
+    target = rng.choice(("{d}/hf/config.json", "{d}/hf"))
+    if rng.random() < 0.05:
+        files = {"hf/config.json/": b""}
+        valid, what, names = False, "config.json is a directory", ("config.json",)
+    argv = ("estimate", "--model", target, "--cluster", "H800:8")
+    return "hf-config:" + what, argv, files, valid, names + ("config.json", "--model"), None
+
+
+HOSTILE_SCRIPT_LINES = (
+    ("X=${X:-" * 5000 + "1" + "}" * 5000, "${X:-...} nested 5,000 deep"),
+    ("Y=$((" + "-" * 50000 + "1))", "$(( followed by 50,000 minus signs"),
+    ("Y=$((9**9**9))", "$((9**9**9))"),
+    ("Y=$((2**62*4))", "$((2**62*4))"),
+    ("((", "an unbalanced (("),
+    ("(", "an unbalanced ("),
+    ("Y=$(( 1 + ", "an unterminated $(("),
+    ("Y='unterminated", "an unterminated quote"),
+    ('Y="$(echo "$(echo hi)")"', "nested command substitution"),
+    ("A=(" + " x" * 200000 + ")", "a 200,000-element array"),
+    ("Z=" + "a" * 2_000_000, "a 2 MB line"),
+    ("Z=" + "a" * 200_000, "a 200 KB line"),
+    ("\n".join(f"A[{i}]=x" for i in range(20000)), "20,000 array assignments"),
+    ("cat <<EOF\n" + "x\n" * 100 + "EOF", "a heredoc"),
+    ("eval \"$(echo torchrun)\"", "eval"),
+    ("source ./other.sh", "source"),
+    ("Y=${#" * 100 + "X" + "}" * 100, "${# nested"),
+    ("if [ 1 ]; then\n" * 200 + "fi\n" * 200, "200 nested ifs"),
+    ("$(" * 2000 + ")" * 2000, "$( nested 2,000 deep"),
+    ("Y=$((1/0))", "division by zero"),
+    ("Y=$((10#99999999999999999999999999))", "an arithmetic number with 26 digits"),
+    ("B=(${A[@]:" + "9" * 5000 + "})", "a slice with a 5,000-digit offset"),
+    ("Y=${X:" + "9" * 5000 + "}", "a substring with a 5,000-digit offset"),
+)
+
+
+def gen_script(rng: random.Random) -> CaseParts:
+    """--megatron-script: a bash launcher with one hostile construct or changed flag."""
+    r = rng.random()
+    layers = "4"
+    extra = ""
+    valid: bool | None = None
+    names: tuple[str, ...] = ("--megatron-script",)
+    if r < 0.55:
+        extra, what = rng.choice(HOSTILE_SCRIPT_LINES)
+    elif r < 0.7:
+        layers = rng.choice(("abc", "-1", "0", "2.5", "${UNSET}", "9" * 5000, "$((1<<70))", "8", "$((2+2))"))
+        what = f"--num-layers {layers[:20]}"
+        valid = None if layers in ("8", "$((2+2))", "${UNSET}", "$((1<<70))") else False
+        names = ("--num-layers", "--megatron-script")
+    else:
+        what = rng.choice(("no launch line", "non-UTF-8 byte", "empty", "NUL byte", "oversized", "BOM"))
+    text = SCRIPT.format(extra=extra, layers=layers).encode()
+    if what == "no launch line":
+        text = b"\n".join(line for line in text.split(b"\n") if b"torchrun" not in line and b'"${' not in line
+                          and b"--save" not in line)
+        valid = False
+    elif what == "non-UTF-8 byte":
+        pos = rng.randrange(len(text))
+        text, valid = text[:pos] + b"\xa5" + text[pos:], False
+        names = ("--megatron-script", "UTF-8")
+    elif what == "empty":
+        text, valid = b"", False
+    elif what == "NUL byte":
+        text = text.replace(b"CHECKPOINT_PATH=/ckpt", b"CHECKPOINT_PATH=/ck\x00pt")
+    elif what == "oversized":
+        text, valid = text + b"#" * (2 << 20), False
+    elif what == "BOM":
+        text = b"\xef\xbb\xbf" + text
+    cmd = rng.choice(("estimate", "estimate", "solve"))
+    argv: tuple[str, ...] = (cmd, "--megatron-script", "{d}/train.sh", "--cluster", "H800:8")
+    if cmd == "solve":
+        argv += ("--time-limit", "2", "--quiet")
+    return "script:" + what, argv, {"train.sh": text}, valid, names, None
+
+
+_PLAN_CACHE: dict[str, Any] = {}
+
+
+def base_plan_document() -> dict[str, Any]:
+    """A valid plan.json for the tiny model on H800:8 (EP 8, DP 8), built with the planner's own types."""
+    if "doc" not in _PLAN_CACHE:
+        import os
+        import tempfile
+
+        from planner.inputs.resolve import resolve_run
+        from planner.report import plan_json
+        from planner.schemas.cluster import ClusterSpec, NodeGroup
+        from planner.schemas.plan import Plan, StagePlan
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, TINY_FILE)
+            with open(path, "wb") as fh:
+                fh.write(to_yaml(TINY_MODEL))
+            run = resolve_run(model=path, world_size=8)
+        cluster = ClusterSpec(name="H800:8", groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
+        plan = Plan(runtime="megatron", tp=1, cp=1, ep=8, etp=1, vpp=1, mbs=1, gbs=64, sequence_parallel=False,
+                    stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
+        _PLAN_CACHE["doc"] = {
+            "status": "OPTIMAL", "runtime": "megatron", "model": run.model.name, "cluster": "H800:8",
+            "world_size": 8, "cluster_gpus": 8, "num_microbatches": plan.num_microbatches, "plan": plan_json(plan),
+            "inputs": {"run": run.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")},
+        }
+    return json.loads(json.dumps(_PLAN_CACHE["doc"]))
+
+
+def gen_plan(rng: random.Random) -> CaseParts:
+    """emit --plan plan.json: a solved plan with one field changed."""
+    doc = base_plan_document()
+    r = rng.random()
+    names: tuple[str, ...] = ("--plan",)
+    valid: bool | None
+    if r < 0.25:
+        where, key, value = rng.choice((
+            ("plan", "pp", 2), ("plan", "dp", [4]), ("plan", "dp", 4), ("plan", "num_microbatches", 3),
+            ("plan", "world_size", 16), ("top", "world_size", 4), ("top", "num_microbatches", 1),
+            ("top", "runtime", "flagscale"), ("top", "cluster", "H800:16"), ("top", "cluster_gpus", 7),
+            ("plan", "gbs", 32), ("plan", "gbs", 63), ("plan", "mbs", 3),
+        ))
+        (doc["plan"] if where == "plan" else doc)[key] = value
+        valid, what = False, f"{where}.{key} = {value!r} contradicts the stages"
+    elif r < 0.55:
+        key = rng.choice(("tp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "sequence_parallel", "runtime"))
+        rule = {"sequence_parallel": FieldRule("bool"),
+                "runtime": FieldRule("choice", choices=("megatron", "flagscale"))}.get(key, FieldRule("int", 1, 2**17))
+        value, label = rng.choice(rule.values())
+        doc["plan"][key] = value
+        valid = rule.accepts(value)
+        what = f"plan.{key} = {label}"
+    elif r < 0.7:
+        key, value = rng.choice((
+            ("num_layers", -1), ("num_layers", "4"), ("num_layers", 3), ("dp", 0), ("dp", True), ("dp", 16),
+            ("device_type", "XPU"), ("device_type", "MI300X"), ("device_type", 5), ("recompute", {"granularity": "x"}),
+            ("recompute", {"granularity": "full"}), ("recompute", "none"), ("extra", 1),
+        ))
+        doc["plan"]["stages"][0][key] = value
+        valid, what = False, f"plan.stages[0].{key} = {value!r}"
+    elif r < 0.8:
+        key, value = rng.choice((
+            ("num_nodes", 10**6), ("num_nodes", True), ("gpus_per_node", 0), ("device_type", "XPU"),
+            ("intra_node_bandwidth_gb_per_s", -1.0), ("intra_node_bandwidth_gb_per_s", "fast"), ("num_nodes", 2),
+        ))
+        doc["inputs"]["cluster"]["groups"][0][key] = value
+        valid = None if (key, value) == ("num_nodes", 2) else False
+        what = f"inputs.cluster.groups[0].{key} = {value!r}"
+    elif r < 0.85:
+        key, value = rng.choice((("num_layers", 8), ("num_layers", True), ("hidden_size", "256"),
+                                 ("num_attention_heads", 0), ("vocab_size", 10**30)))
+        doc["inputs"]["run"]["model"][key] = value
+        valid, what = False, f"inputs.run.model.{key} = {value!r}"
+    else:
+        body, what, valid, extra = document_mutations(rng, doc, "json", {}, strict_keys=False)
+        if what == "unknown key" or what == "missing key":
+            valid = None
+        return "plan:" + what, ("emit", "--plan", "{d}/plan.json", "--out", "{d}/launch"), {"plan.json": body}, \
+            valid, ("--plan",), "launch"
+    return "plan:" + what, ("emit", "--plan", "{d}/plan.json", "--out", "{d}/launch"), {"plan.json": to_json(doc)}, \
+        valid, names, "launch"
+
+
+def _log_text(elapsed: list[str], *, gbs: int = 64, memory: bool = True, timers: str = "") -> bytes:
+    lines = []
+    for i, value in enumerate(elapsed, 1):
+        lines.append(LOG_LINE.format(minute=i % 60, it=i, total=len(elapsed), samples=i * gbs, elapsed=value, gbs=gbs))
+        if memory and i == 1:
+            lines += [MEMORY_LINE.format(rank=r, it=i, a="1000.00", r="1200.00") for r in (0, 4)]
+        if timers and i == 3:
+            lines.append(timers)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def gen_log(rng: random.Random) -> CaseParts:
+    """calibrate --megatron-log: a Megatron log with bad numbers, plus router statistics."""
+    n = 8
+    values = ["12.0"] * n
+    files: dict[str, bytes] = {}
+    extra: tuple[str, ...] = ()
+    r = rng.random()
+    valid: bool | None = None
+    names: tuple[str, ...] = ("--megatron-log",)
+    timers = ""
+    bad = ("inf", "nan", "-5.0", "0.0", "1e300", "abc", "", "-inf", "1e12", "NaN", "1.2.3")
+    if r < 0.3:
+        value = rng.choice(bad)
+        values = [value] * n
+        valid, what = False, f"every elapsed time = {value!r}"
+    elif r < 0.45:
+        for i in rng.sample(range(n), rng.randrange(1, n - 3)):
+            values[i] = rng.choice(bad)
+        what = "some elapsed times unreadable"
+    elif r < 0.55:
+        timers, what = rng.choice((
+            ("INFO:megatron.core.timers:(min, max) time across ranks (ms):\n    forward-backward ...: (1.2.3, 4)",
+             "a garbled timer"),
+            ("INFO:megatron.core.timers:times across ranks (ms):\n  forward-compute:\n     rank  0: 1e400",
+             "a timer of 1e400"),
+            ("INFO:megatron.core.timers:(min, max) time across ranks (ms):\n    forward-backward ...: (" + "9" * 400
+             + ", 5)", "a 400-digit timer"),
+            ("INFO:megatron.core.timers:times across ranks (ms):\n  forward-compute:\n     rank  " + "9" * 5000
+             + ": 1.0", "a 5,000-digit rank"),
+        ))
+    elif r < 0.62:
+        text = _log_text(values).decode().replace("iteration        1/", "iteration " + "9" * 5000 + "/")
+        files["run.log"] = text.replace("allocated: 1000.00", "allocated: " + "9" * 400).encode()
+        what = "a 5,000-digit iteration number and a 400-digit memory figure"
+    elif r < 0.72:
+        rows, what, valid = rng.choice((
+            ("layer,expert,tokens\n0,0,10\n0,1,nan\n", "router tokens NaN", False),
+            ("layer,expert,tokens\n0,0,10\n0,1,-3\n", "router tokens negative", False),
+            ("layer,expert,tokens\n0,0,10\n0,99,3\n", "router expert 99 of 8", False),
+            ("layer,expert\n0,0\n", "router CSV without tokens", False),
+            ("layer,expert,tokens\n0,0,inf\n0,1,1\n", "router tokens inf", False),
+            ("layer,expert,tokens\n0,0,10\n0,1,12\n", "router statistics", None),
+            ("layer,expert,tokens\n0,0,1" + "0" * 5000 + "\n", "router tokens with 5,000 digits", None),
+        ))
+        files["router.csv"] = rows.encode()
+        names = ("--router-stats",)
+        extra = ("--router-stats", "{d}/router.csv")
+    elif r < 0.8:
+        what = rng.choice(("an empty log", "a non-UTF-8 log", "a directory", "a missing log", "skip everything"))
+        if what == "an empty log":
+            files["run.log"], valid = b"", False
+        elif what == "a non-UTF-8 log":
+            files["run.log"] = _log_text(values).replace(b"lm loss", b"lm \xa5loss")
+        elif what == "a directory":
+            files["run.log/"], valid = b"", False
+        elif what == "a missing log":
+            files["run.log/"], valid = b"", False  # placeholder, removed below: no run.log at all
+        else:
+            extra, valid = ("--skip-iterations", "8"), False
+    else:
+        what = "a valid log"
+    if "run.log" not in files and "run.log/" not in files:
+        files["run.log"] = _log_text(values, timers=timers)
+    if what == "a missing log":
+        del files["run.log/"]
+    argv = ("calibrate", "--megatron-log", "{d}/run.log", *TINY_ARGS, "--cluster", "H800:8", "--out", "{d}/cal", *extra)
+    return "log:" + what, argv, _with_tiny(files), valid, names, "cal"
+
+
+def gen_out_dir(rng: random.Random) -> CaseParts:
+    """--out of solve, emit and calibrate: empty, under a file, unwritable, too long, non-empty."""
+    cmd = rng.choice(("solve", "emit", "calibrate"))
+    form = rng.choice(("empty", "under a file", "/proc", "long name", "long path", "non-empty", "earlier output",
+                       "existing file", "new", "NUL"))
+    files: dict[str, bytes] = {"regular": b"x"}
+    out = {"empty": "", "under a file": "{d}/regular/out", "/proc": "/proc/hapmoe-fuzz/out", "long name": "{d}/" + "o" * 300,
+           "long path": "{d}/" + "o/" * 2100, "non-empty": "{d}/full", "earlier output": "{d}/earlier",
+           "existing file": "{d}/regular", "new": "{d}/new/deeper", "NUL": "{d}/a\x00b"}[form]
+    if form == "non-empty":
+        files["full/notes.txt"] = b"mine"
+    if form == "earlier output":
+        marker = {"solve": "plan.json", "emit": "launch.sh", "calibrate": "corrections.yaml"}[cmd]
+        files[f"earlier/{marker}"] = b"[]\n" if cmd == "calibrate" else b"old\n"
+        files["earlier/notes.txt"] = b"mine"
+    valid = None if form in ("earlier output", "new") else False
+    if cmd == "solve":
+        argv = ("solve", *TINY_ARGS, "--cluster", "H800:8", "--time-limit", "2", "--quiet", "--out", out)
+    elif cmd == "emit":
+        files["plan.json"] = to_json(base_plan_document())
+        argv = ("emit", "--plan", "{d}/plan.json", "--out", out)
+    else:
+        files["run.log"] = _log_text(["12.0"] * 8)
+        argv = ("calibrate", "--megatron-log", "{d}/run.log", *TINY_ARGS, "--cluster", "H800:8", "--out", out)
+    rel = out.replace("{d}/", "") if out.startswith("{d}/") and form in ("non-empty", "earlier output", "new") else None
+    return f"out:{cmd} {form}", argv, _with_tiny(files), valid, ("--out",), rel
+
+
+def gen_solve(rng: random.Random) -> CaseParts:
+    """solve and compare on small inputs, with sizes that stress the time limit."""
+    cmd = rng.choice(("solve", "solve", "solve", "compare"))
+    cluster = rng.choice(("H800:8", "H800:8,MI300X:8", "H800:16,910B:16", "A100:8,910B:8", "H800:4"))
+    doc = json.loads(json.dumps(TINY_MODEL))
+    doc["num_layers"] = rng.choice((1, 2, 3, 4, 8, 12, 24))
+    if rng.random() < 0.3:
+        doc["num_experts"] = rng.choice((1, 2, 16, 64))
+        doc["moe_router_topk"] = 1
+    argv: tuple[str, ...] = (cmd, "--model", "{d}/model.yaml", "--cluster", cluster, "--time-limit",
+                             rng.choice(("1", "2", "3")))
+    if cmd == "solve":
+        argv += ("--quiet", "--backend", rng.choice(("cpsat", "hsdp")), "--runtime", rng.choice(("megatron", "flagscale")))
+        if rng.random() < 0.2:
+            argv += ("--no-prune",)
+    elif rng.random() < 0.3:
+        argv += ("--brute",)
+    what = f"{cmd} {doc['num_layers']} layers, {doc['num_experts']} experts on {cluster}"
+    return "solve:" + what, argv, {"model.yaml": to_yaml(doc)}, None, (), None
+
+
+def gen_misc(rng: random.Random) -> CaseParts:
+    """profile and bench argument checks (never a real measurement or bench run), --profiles, --help."""
+    form = rng.choice(("profile bad list", "profile bad model", "profile bad out", "bench no match",
+                       "bench bad sizes", "bench bad time", "bench bad planner", "profiles dir missing",
+                       "profiles dir file", "help"))
+    base_profile = ("profile", "--model", "mixtral-s", "--device", "cpu", "--quick", "--out", "{d}/prof")
+    if form == "profile bad list":
+        flag = rng.choice(("--tp-list", "--ep-list", "--mbs-list"))
+        value = rng.choice(("0", "a,b", "-1", "", "9" * 5000, "1,,x", "99999"))
+        return "misc:" + form, (*base_profile, flag, value), {}, False, (flag,), "prof"
+    if form == "profile bad model":
+        return "misc:" + form, ("profile", "--model", "nosuch", "--device", "cpu", "--out", "{d}/prof"), {}, False, \
+            ("--model",), "prof"
+    if form == "profile bad out":
+        return "misc:" + form, ("profile", "--model", "mixtral-s", "--device", "cpu", "--out", ""), {}, False, \
+            ("--out",), None
+    if form == "bench no match":
+        return "misc:" + form, ("bench", "--quick", "--scenario", "nomatch", "--out", "{d}/b"), {}, False, \
+            ("--scenario",), "b"
+    if form == "bench bad sizes":
+        value = rng.choice(("abc", "7", "48,x", "9" * 5000, "999999999"))
+        return "misc:" + form, ("bench", "--quick", "--scaling-sizes", value, "--out", "{d}/b"), {}, False, \
+            ("--scaling-sizes",), "b"
+    if form == "bench bad time":
+        value = rng.choice(("nan", "inf", "0", "-1"))
+        return "misc:" + form, ("bench", "--quick", "--time-limit", value, "--out", "{d}/b"), {}, False, \
+            ("--time-limit",), "b"
+    if form == "bench bad planner":
+        return "misc:" + form, ("bench", "--quick", "--planners", "nosuch", "--out", "{d}/b"), {}, False, \
+            ("--planners",), "b"
+    if form == "profiles dir missing":
+        return "misc:" + form, ("estimate", *TINY_ARGS, "--cluster", "H800:8", "--profiles", "{d}/nope"), \
+            _with_tiny({}), False, ("--profiles", "nope"), None
+    if form == "profiles dir file":
+        return "misc:" + form, ("estimate", *TINY_ARGS, "--cluster", "H800:8", "--profiles", "{d}/" + TINY_FILE), \
+            _with_tiny({}), False, ("--profiles",), None
+    return "misc:" + form, (rng.choice(("solve", "estimate", "emit", "calibrate", "profile", "bench", "compare")),
+                            "--help"), {}, None, (), None
+
+
+GENERATORS: dict[str, tuple[Generator, float]] = {
+    "flags": (gen_flags, 0.16),
+    "megatron-args": (gen_megatron_args, 0.10),
+    "cluster": (gen_cluster, 0.12),
+    "model-file": (gen_model_file, 0.14),
+    "hf-config": (gen_hf_config, 0.12),
+    "script": (gen_script, 0.08),
+    "plan": (gen_plan, 0.10),
+    "log": (gen_log, 0.07),
+    "out-dir": (gen_out_dir, 0.04),
+    "solve": (gen_solve, 0.03),
+    "misc": (gen_misc, 0.04),
+}
+KINDS = tuple(GENERATORS)
+
+
+def make_case(seed: int, index: int, kinds: tuple[str, ...] = KINDS) -> Case:
+    """Case `index` of the stream for `seed` (deterministic)."""
+    rng = random.Random(f"{seed}:{index}")
+    names = [k for k in KINDS if k in kinds]
+    weights = [GENERATORS[k][1] for k in names]
+    kind = rng.choices(names, weights)[0]
+    label, argv, files, valid, err_names, out = GENERATORS[kind][0](rng)
+    heavy = kind == "solve" or any(a in ("solve", "compare") for a in argv[:1])
+    return Case(
+        index=index, kind=kind, what=label.split(":", 1)[-1], argv=tuple(argv),
+        files=tuple(sorted(files.items())), expect="reject" if valid is False else "any",
+        names=tuple(n for n in err_names if n), out=out, timeout_s=60.0 if heavy else 30.0,
+    )
+
+
+__all__ = ["Case", "GENERATORS", "KINDS", "base_plan_document", "make_case"]
