@@ -74,6 +74,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(one_line(f"time limit: {exc}"), code=3)
         except FileNotFoundError as exc:
             fail(one_line(f"file not found: {exc.filename or exc}"))
+        except OSError as exc:  # the file system refused (permissions, a full disk): not a bug, not a traceback
+            fail(one_line(f"{exc.filename or 'file system'}: {exc.strerror or exc}"))
         except (ValueError, KeyError) as exc:
             fail(one_line(str(exc).strip("'\"")))
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):

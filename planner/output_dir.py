@@ -59,7 +59,10 @@ def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, 
     if found == "file" or found == "other":
         raise PlannerInputError(flag, f"{text} exists and is not a directory")
     if found == "dir":
-        entries = os.listdir(text)
+        try:
+            entries = os.listdir(text)
+        except OSError as exc:
+            raise PlannerInputError(flag, f"cannot list {text}: {exc.strerror or exc}") from None
         earlier = [e for e in entries if e in kind.markers]
         if entries and not earlier and not force:
             raise PlannerInputError(

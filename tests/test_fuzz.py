@@ -7,6 +7,7 @@ checks that the harness itself can tell a hang, a traceback and a silent accept 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from planner.fuzz.cases import KINDS, Case, make_case
@@ -14,12 +15,13 @@ from planner.fuzz.runner import classify, run_cases
 
 CI_SEED = 13
 CI_CASES = 400
+CI_KINDS = tuple(k for k in KINDS if k != "solve-large")  # presets on 1,000s of GPUs: seconds each, benchmark only
 
 
 def test_a_few_hundred_cases_of_every_kind_are_refused_cleanly_or_accepted():
-    cases = [make_case(CI_SEED, i) for i in range(CI_CASES)]
+    cases = [make_case(CI_SEED, i, CI_KINDS) for i in range(CI_CASES)]
     kinds = Counter(c.kind for c in cases)
-    assert set(kinds) == set(KINDS), kinds  # every input kind is exercised
+    assert set(kinds) == set(CI_KINDS), kinds  # every input kind is exercised
     assert sum(c.expect == "reject" for c in cases) > CI_CASES // 2
     summary = run_cases(cases, jobs=2)
     assert len(summary.outcomes) == CI_CASES
@@ -33,10 +35,15 @@ def test_cases_are_reproducible():
 
 
 def test_the_harness_sees_hangs_tracebacks_and_silent_accepts():
-    solve = Case(index=0, kind="solve", what="a search", argv=("solve", "--model", "mixtral-s", "--cluster",
-                                                                "H800:8,MI300X:8", "--time-limit", "30", "--quiet"))
-    hung = run_cases([solve], jobs=1, timeout_s=0.5)
-    assert [o.verdict for o in hung.outcomes] == ["hang"]
+    cases = [Case(index=i, kind="flags", what="", argv=("--help",)) for i in range(3)]
+
+    def stuck_on_the_second(case: Case):
+        if case.index == 1:
+            time.sleep(600)
+        return 0, "", "", 0.0, False
+
+    hung = run_cases(cases, jobs=1, timeout_s=1.0, executor=stuck_on_the_second)
+    assert [o.verdict for o in hung.outcomes] == ["ok", "hang", "ok"]  # the worker was replaced
     bad = Case(index=1, kind="flags", what="invalid", argv=("--help",), expect="reject", names=("--tp",))
     assert classify(bad, 0, "", "", False)[0] == "silent_accept"
     assert classify(bad, 1, "error: internal error (KeyError: 'x')", "", False)[0] == "traceback"

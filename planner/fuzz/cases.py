@@ -653,6 +653,8 @@ def gen_hf_config(rng: random.Random) -> CaseParts:
         if value is None and key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
                                      "intermediate_size"):
             valid = False
+        if value is None and (family, key) == ("mixtral", "num_experts_per_tok"):
+            valid = None  # MixtralConfig's default, 2
         body, what, names = to_json(doc), f"{family}.{key} = {label}", (key,)
     elif r < 0.75:
         key, value, label = rng.choice((
@@ -951,7 +953,7 @@ def gen_solve(rng: random.Random) -> CaseParts:
     cmd = rng.choice(("solve", "solve", "solve", "compare"))
     cluster = rng.choice(("H800:8", "H800:8,MI300X:8", "H800:16,910B:16", "A100:8,910B:8", "H800:4"))
     doc = json.loads(json.dumps(TINY_MODEL))
-    doc["num_layers"] = rng.choice((1, 2, 3, 4, 8, 12, 24))
+    doc["num_layers"] = rng.choice((1, 2, 3, 4, 8, 12, 24, 1, 2, 3, 4, 8, 12, 24, 256, 1024))
     if rng.random() < 0.3:
         doc["num_experts"] = rng.choice((1, 2, 16, 64))
         doc["moe_router_topk"] = 1
@@ -965,6 +967,19 @@ def gen_solve(rng: random.Random) -> CaseParts:
         argv += ("--brute",)
     what = f"{cmd} {doc['num_layers']} layers, {doc['num_experts']} experts on {cluster}"
     return "solve:" + what, argv, {"model.yaml": to_yaml(doc)}, None, (), None
+
+
+def gen_solve_large(rng: random.Random) -> CaseParts:
+    """solve and compare on presets and large clusters: a search must stop near --time-limit."""
+    model = rng.choice(("mixtral-s", "mixtral-l", "qwen3-235b-a22b", "deepseek-v3", "llama2-70b"))
+    nodes = rng.choice((16, 64, 128, 384))
+    cluster = rng.choice((f"H800:{8 * nodes}", f"H800:{8 * nodes},MI300X:{8 * nodes}",
+                          f"H800:{8 * nodes},MI300X:{8 * nodes},910B:{8 * nodes}"))
+    limit = rng.choice(("2", "5"))
+    cmd = rng.choice(("solve", "solve", "compare"))
+    argv: tuple[str, ...] = (cmd, "--model", model, "--cluster", cluster, "--time-limit", limit)
+    argv += ("--quiet",) if cmd == "solve" else (("--brute",) if rng.random() < 0.5 else ())
+    return f"solve-large:{cmd} {model} on {cluster}, --time-limit {limit}", argv, {}, None, (), None
 
 
 def gen_misc(rng: random.Random) -> CaseParts:
@@ -1018,6 +1033,7 @@ GENERATORS: dict[str, tuple[Generator, float]] = {
     "log": (gen_log, 0.07),
     "out-dir": (gen_out_dir, 0.04),
     "solve": (gen_solve, 0.03),
+    "solve-large": (gen_solve_large, 0.003),
     "misc": (gen_misc, 0.04),
 }
 KINDS = tuple(GENERATORS)
@@ -1030,7 +1046,7 @@ def make_case(seed: int, index: int, kinds: tuple[str, ...] = KINDS) -> Case:
     weights = [GENERATORS[k][1] for k in names]
     kind = rng.choices(names, weights)[0]
     label, argv, files, valid, err_names, out = GENERATORS[kind][0](rng)
-    heavy = kind == "solve" or any(a in ("solve", "compare") for a in argv[:1])
+    heavy = kind.startswith("solve") or any(a in ("solve", "compare") for a in argv[:1])
     return Case(
         index=index, kind=kind, what=label.split(":", 1)[-1], argv=tuple(argv),
         files=tuple(sorted(files.items())), expect="reject" if valid is False else "any",

@@ -164,7 +164,10 @@ def classify(case: Case, exit_code: int | None, output: str, error: str, half: b
 # --------------------------------------------------------------------------------------------
 
 
-def _worker(conn: Connection) -> None:
+Executor = Callable[[Case], tuple[int | None, str, str, float, bool]]
+
+
+def _worker(conn: Connection, executor: Executor) -> None:
     try:
         import resource
 
@@ -181,7 +184,7 @@ def _worker(conn: Connection) -> None:
         if case is None:
             return
         try:
-            exit_code, output, error, seconds, half = execute(case)
+            exit_code, output, error, seconds, half = executor(case)
         except BaseException as exc:  # the harness itself: report, keep going
             exit_code, output, error, seconds, half = None, "", f"harness: {exc!r}", 0.0, False
         if len(output) > 8000:
@@ -192,9 +195,9 @@ def _worker(conn: Connection) -> None:
 class _Slot:
     """One worker process and the case it is running."""
 
-    def __init__(self, ctx: mp.context.BaseContext):
+    def __init__(self, ctx: mp.context.BaseContext, executor: Executor):
         self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, executor), daemon=True)  # forked: not pickled
         self.proc.start()
         child.close()
         self.case: Case | None = None
@@ -223,15 +226,15 @@ class _Slot:
 
 
 def run_cases(cases: Iterable[Case], *, jobs: int = 2, timeout_s: float | None = None,
-              progress: Callable[[int, Outcome], None] | None = None) -> Summary:
+              progress: Callable[[int, Outcome], None] | None = None, executor: Executor = execute) -> Summary:
     """Run every case on `jobs` forked workers; a case past its limit (`timeout_s` or the case's own)
-    is a hang and its worker is replaced."""
+    is a hang and its worker is replaced.  `executor` runs one case in a worker (tests replace it)."""
     ctx = mp.get_context("fork")
     pending = list(cases)
     pending.reverse()
     summary = Summary()
     start = time.monotonic()
-    slots = [_Slot(ctx) for _ in range(max(1, min(jobs, len(pending) or 1)))]
+    slots = [_Slot(ctx, executor) for _ in range(max(1, min(jobs, len(pending) or 1)))]
     for slot in slots:
         if pending:
             slot.give(pending.pop())
@@ -251,13 +254,13 @@ def run_cases(cases: Iterable[Case], *, jobs: int = 2, timeout_s: float | None =
                     except (EOFError, OSError):  # the worker died (memory limit, a signal)
                         exit_code, output, error, seconds, half = None, "", "worker died", now - slot.started, False
                         slot.kill()
-                        slots[i] = slot = _Slot(ctx)
+                        slots[i] = slot = _Slot(ctx, executor)
                     verdict, detail = classify(case, exit_code, output, error, half)
                     outcome = Outcome(case, verdict, exit_code, seconds, detail)
                 elif now - slot.started > limit:
                     elapsed = now - slot.started
                     slot.kill()
-                    slots[i] = slot = _Slot(ctx)
+                    slots[i] = slot = _Slot(ctx, executor)
                     outcome = Outcome(case, "hang", None, elapsed, f"killed after {limit:.0f} s")
                 else:
                     continue

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator
 
 # ---- limits (each is far above what a real run uses; the message names the limit) ----
-MAX_LAYERS = 10_000  # decoder layers (DeepSeek-V3: 61, LLaMA-3-405B: 126)
+MAX_LAYERS = 1_024  # decoder layers (DeepSeek-V3: 61, LLaMA-3-405B: 126); the search's tables grow with its square
 MAX_EXPERTS = 65_536  # routed experts per MoE layer (DeepSeek-V3: 256)
 MAX_GPUS = 131_072  # GPUs in one cluster or plan (2^17; the largest published training runs use ~10^5)
 MAX_GPUS_PER_NODE = 1_024  # GPUs per node (NVL72 racks are 72)
