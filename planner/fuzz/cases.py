@@ -285,7 +285,8 @@ def to_json(doc: Any) -> bytes:
 
 
 def to_yaml(doc: Any) -> bytes:
-    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=1 << 20)
+    text = yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, allow_unicode=True,
+                     width=1 << 20)
     return text.replace(BIG_INT, BIG_DIGITS).encode("utf-8")
 
 
@@ -756,7 +757,8 @@ def gen_script(rng: random.Random) -> CaseParts:
     return "script:" + what, argv, {"train.sh": text}, valid, names, None
 
 
-_PLAN_CACHE: dict[str, Any] = {}
+_PLAN_CACHE: dict[str, Any] = {}  # documents built once per process: the base plan, the H800 profile
+_FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def base_plan_document() -> dict[str, Any]:
@@ -982,6 +984,68 @@ def gen_solve_large(rng: random.Random) -> CaseParts:
     return f"solve-large:{cmd} {model} on {cluster}, --time-limit {limit}", argv, {}, None, (), None
 
 
+DEVICE_FIELDS: dict[str, FieldRule] = {
+    "memory_gib": FieldRule("float", 0, None, low_open=True),
+    "memory_overhead_gib": FieldRule("float", 0, None),
+    "hbm_bandwidth_tb_per_s": FieldRule("float", 0, None, low_open=True),
+    "hbm_efficiency": FieldRule("float", 0, 1, low_open=True),
+    "gpus_per_node": FieldRule("int", 1, 1024),
+}
+
+
+def gen_profiles(rng: random.Random) -> CaseParts:
+    """--profiles DIR: a corrections.yaml or a device file with one mutation."""
+    from pathlib import Path
+
+    names: tuple[str, ...] = ("--profiles",)
+    files: dict[str, bytes] = {}
+    if rng.random() < 0.6:
+        row = {"device": "H800", "kind": "gemm", "factor": 1.1,
+               "provenance": {"kind": "calibrated", "source": "fuzz"}}
+        r = rng.random()
+        if r < 0.5:
+            value, label = rng.choice(FLOAT_VALUES)
+            row["factor"] = value
+            valid = FieldRule("float", 0, None, low_open=True).accepts(value)
+            body, what = to_yaml([row]), f"corrections factor = {label}"
+        elif r < 0.7:
+            key, value = rng.choice((("kind", "bogus"), ("device", "XPU"), ("device", ""), ("kind", 5),
+                                     ("provenance", {"kind": "guessed", "source": "x"}), ("extra", 1)))
+            row[key] = value
+            body, what, valid = to_yaml([row]), f"corrections {key} = {value!r}", False
+        elif r < 0.8:
+            body, what, valid = to_yaml([row, row]), "a correction given twice", False
+        else:
+            body, what, valid, _ = document_mutations(rng, {"corrections": [row]}, "yaml", {}, strict_keys=False)
+            if what in ("unknown key", "missing key", "comment only", "empty"):
+                valid = None
+        files["prof/corrections.yaml"] = body
+    else:
+        if "device" not in _PLAN_CACHE:
+            source = Path(__file__).resolve().parents[2] / "profiles" / "devices" / "H800.yaml"
+            _PLAN_CACHE["device"] = yaml.load(source.read_text(encoding="utf-8"), Loader=_FastLoader)
+        doc = json.loads(json.dumps(_PLAN_CACHE["device"]))
+        r = rng.random()
+        if r < 0.6:
+            key = rng.choice(sorted(DEVICE_FIELDS))
+            value, label = rng.choice(DEVICE_FIELDS[key].values())
+            doc[key] = value
+            valid, what = DEVICE_FIELDS[key].accepts(value), f"device {key} = {label}"
+        elif r < 0.8:
+            value, label = rng.choice(FLOAT_VALUES)
+            doc["peak_tflops"]["bf16"] = value
+            valid = FieldRule("float", 0, None).accepts(value)
+            what = f"device peak_tflops.bf16 = {label}"
+        else:
+            value, label = rng.choice(FLOAT_VALUES)
+            doc["gemm_efficiency"]["points"][0]["efficiency"] = value
+            valid = FieldRule("float", 0, 1.2, low_open=True).accepts(value)
+            what = f"device gemm efficiency = {label}"
+        files["prof/devices/H800.yaml"] = to_yaml(doc)
+    argv = ("estimate", *TINY_ARGS, "--cluster", "H800:8", "--profiles", "{d}/prof")
+    return "profiles:" + what, argv, _with_tiny(files), valid, names, None
+
+
 def gen_misc(rng: random.Random) -> CaseParts:
     """profile and bench argument checks (never a real measurement or bench run), --profiles, --help."""
     form = rng.choice(("profile bad list", "profile bad model", "profile bad out", "bench no match",
@@ -1034,6 +1098,7 @@ GENERATORS: dict[str, tuple[Generator, float]] = {
     "out-dir": (gen_out_dir, 0.04),
     "solve": (gen_solve, 0.03),
     "solve-large": (gen_solve_large, 0.003),
+    "profiles": (gen_profiles, 0.04),
     "misc": (gen_misc, 0.04),
 }
 KINDS = tuple(GENERATORS)

@@ -7,7 +7,7 @@ carries a `provenance` saying whether its numbers are `measured`, `datasheet-der
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -75,7 +75,9 @@ class DeviceProfile(BaseModel):
     memory_overhead_gib: StrictFloat = Field(
         ge=0, description="context, communication buffers, allocator fragmentation, GiB"
     )
-    peak_tflops: dict[str, StrictFloat] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32")
+    peak_tflops: dict[str, Annotated[StrictFloat, Field(gt=0)]] = Field(
+        description="dense peak per precision: bf16, fp16, fp8, fp32"
+    )
     hbm_bandwidth_tb_per_s: StrictFloat = Field(gt=0)
     hbm_efficiency: StrictFloat = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
     gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
