@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from planner.errors import MissingProfileError, PlannerInputError
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
 from planner.schemas.device import DeviceProfile, EfficiencyCurve, LinkProfile, Provenance
-from planner.schemas.types import StrictFloat
+from planner.schemas.types import StrictModel
 from planner.units import GB_BYTES, US_S
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -141,14 +141,14 @@ def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, 
 # --------------------------------------------------------------------------------------------- file formats
 
 
-class CorrectionEntry(BaseModel):
+class CorrectionEntry(StrictModel):
     """One row of corrections.yaml: a time multiplier (or, for memory_overhead_gib, GiB added)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device: str = Field(min_length=1, description="device name or alias, or * for every device")
     kind: str
-    factor: StrictFloat  # finite, not a bool or a string
+    factor: float
     provenance: Provenance
 
 

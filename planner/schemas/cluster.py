@@ -2,37 +2,37 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import MAX_GPUS, MAX_GPUS_PER_NODE, StrictFloat, StrictInt
+from planner.schemas.types import MAX_GPUS, StrictModel
 
 
-class NodeGroup(BaseModel):
+class NodeGroup(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device_type: str = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
-    num_nodes: StrictInt = Field(gt=0, le=MAX_GPUS)
-    gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
-    intra_node_bandwidth_gb_per_s: StrictFloat | None = Field(None, gt=0, description="override, per GPU per direction")
-    inter_node_bandwidth_gb_per_s: StrictFloat | None = Field(None, gt=0, description="override, per GPU per direction")
+    num_nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    intra_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
+    inter_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
 
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
 
-class CrossTypeLink(BaseModel):
+class CrossTypeLink(StrictModel):
     """How two device types talk (pipeline point-to-point only crosses types)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     between: tuple[str, str]
     kind: str = Field(description="e.g. host-memory, ethernet, infiniband")
-    bandwidth_gb_per_s: StrictFloat = Field(gt=0, description="per GPU per direction")
-    latency_us: StrictFloat = Field(20.0, ge=0)
+    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction")
+    latency_us: float = Field(20.0, ge=0)
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "cluster"

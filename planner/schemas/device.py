@@ -9,32 +9,32 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import MAX_GPUS_PER_NODE, StrictFloat, StrictInt
+from planner.schemas.types import StrictModel
 
 ProvenanceKind = Literal["measured", "datasheet-derived", "calibrated"]
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
 
-class Provenance(BaseModel):
+class Provenance(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: ProvenanceKind
     source: str = Field(min_length=1, description="where the numbers come from")
 
 
-class EfficiencyPoint(BaseModel):
+class EfficiencyPoint(StrictModel):
     """Achieved fraction of peak at a work size.  `size` is GEMM FLOP per call for GEMMs,
     tokens per expert for grouped GEMMs, message bytes for collectives."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    size: StrictFloat = Field(gt=0)
-    efficiency: StrictFloat = Field(gt=0, le=1.2)
+    size: float = Field(gt=0)
+    efficiency: float = Field(gt=0, le=1.2)
 
 
-class EfficiencyCurve(BaseModel):
+class EfficiencyCurve(StrictModel):
     """Piecewise-linear in log(size); clamped at both ends."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,37 +50,37 @@ class EfficiencyCurve(BaseModel):
         return self
 
 
-class LinkProfile(BaseModel):
+class LinkProfile(StrictModel):
     """One link kind as seen by one GPU: bandwidth per direction, latency, and the fraction of
     that bandwidth each collective achieves (bus bandwidth / link bandwidth, size-dependent)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, host-memory")
-    bandwidth_gb_per_s: StrictFloat = Field(gt=0, description="per GPU per direction, GB/s (10^9 bytes)")
-    latency_us: StrictFloat = Field(ge=0)
+    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction, GB/s (10^9 bytes)")
+    latency_us: float = Field(ge=0)
     efficiency: dict[str, EfficiencyCurve] = Field(
         description="per collective name (all_reduce, all_gather, reduce_scatter, all_to_all, p2p)"
     )
     provenance: Provenance
 
 
-class DeviceProfile(BaseModel):
+class DeviceProfile(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="canonical name, e.g. H800")
     aliases: tuple[str, ...] = ()
     vendor: str
-    memory_gib: StrictFloat = Field(gt=0, description="device memory as the framework sees it, GiB")
-    memory_overhead_gib: StrictFloat = Field(
+    memory_gib: float = Field(gt=0, description="device memory as the framework sees it, GiB")
+    memory_overhead_gib: float = Field(
         ge=0, description="context, communication buffers, allocator fragmentation, GiB"
     )
-    peak_tflops: dict[str, Annotated[StrictFloat, Field(gt=0)]] = Field(
+    peak_tflops: dict[str, Annotated[float, Field(gt=0)]] = Field(
         description="dense peak per precision: bf16, fp16, fp8, fp32"
     )
-    hbm_bandwidth_tb_per_s: StrictFloat = Field(gt=0)
-    hbm_efficiency: StrictFloat = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
-    gpus_per_node: StrictInt = Field(gt=0, le=MAX_GPUS_PER_NODE)
+    hbm_bandwidth_tb_per_s: float = Field(gt=0)
+    hbm_efficiency: float = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
+    gpus_per_node: int = Field(gt=0)
     gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
     attention_efficiency: EfficiencyCurve = Field(description="flash attention fwd+bwd, size = FLOP per call")
     grouped_gemm_efficiency: EfficiencyCurve = Field(

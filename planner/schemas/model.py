@@ -12,56 +12,54 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import (
-    MAX_EXPERTS, MAX_LAYERS, MAX_SEQ_LENGTH, MAX_SIZE, StrictBool, StrictFloat, StrictInt,
-)
+from planner.schemas.types import StrictModel
 
 DispatcherName = Literal["allgather", "alltoall", "flex"]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(StrictModel):
     """A GPT-style (dense or MoE) decoder as Megatron-LM builds it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field("custom", description="preset or file name, for reports")
-    num_layers: StrictInt = Field(gt=0, le=MAX_LAYERS, description="decoder layers (--num-layers)")
-    hidden_size: StrictInt = Field(gt=0, le=MAX_SIZE, description="--hidden-size")
-    ffn_hidden_size: StrictInt | None = Field(None, gt=0, le=MAX_SIZE, description="dense MLP size; None: Megatron default")
-    num_attention_heads: StrictInt = Field(gt=0, le=MAX_SIZE)
-    num_query_groups: StrictInt | None = Field(None, gt=0, le=MAX_SIZE, description="GQA groups; None: = heads (MHA)")
-    kv_channels: StrictInt | None = Field(None, gt=0, le=MAX_SIZE, description="head dim; None: hidden/heads")
-    vocab_size: StrictInt = Field(gt=0, le=MAX_SIZE, description="unpadded vocabulary")
-    make_vocab_size_divisible_by: StrictInt = Field(128, gt=0, le=MAX_SIZE)
-    seq_length: StrictInt = Field(4096, gt=0, le=MAX_SEQ_LENGTH)
-    max_position_embeddings: StrictInt | None = Field(None, gt=0, le=MAX_SEQ_LENGTH)
-    swiglu: StrictBool = False
+    num_layers: int = Field(gt=0, description="decoder layers (--num-layers)")
+    hidden_size: int = Field(gt=0, description="--hidden-size")
+    ffn_hidden_size: int | None = Field(None, gt=0, description="dense MLP size; None: Megatron default")
+    num_attention_heads: int = Field(gt=0)
+    num_query_groups: int | None = Field(None, gt=0, description="GQA groups; None: = heads (MHA)")
+    kv_channels: int | None = Field(None, gt=0, description="head dim; None: hidden/heads")
+    vocab_size: int = Field(gt=0, description="unpadded vocabulary")
+    make_vocab_size_divisible_by: int = Field(128, gt=0)
+    seq_length: int = Field(4096, gt=0)
+    max_position_embeddings: int | None = Field(None, gt=0)
+    swiglu: bool = False
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
-    untie_embeddings_and_output_weights: StrictBool = False
-    add_bias_linear: StrictBool = True
-    qk_layernorm: StrictBool = False
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    qk_layernorm: bool = False
     # Multi-latent attention (DeepSeek-V2/V3)
-    multi_latent_attention: StrictBool = False
-    q_lora_rank: StrictInt | None = Field(None, gt=0, le=MAX_SIZE)
-    kv_lora_rank: StrictInt = Field(512, gt=0, le=MAX_SIZE)
-    qk_head_dim: StrictInt = Field(128, gt=0, le=MAX_SIZE)
-    qk_pos_emb_head_dim: StrictInt = Field(64, ge=0, le=MAX_SIZE)
-    v_head_dim: StrictInt = Field(128, gt=0, le=MAX_SIZE)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = Field(None, gt=0)
+    kv_lora_rank: int = Field(512, gt=0)
+    qk_head_dim: int = Field(128, gt=0)
+    qk_pos_emb_head_dim: int = Field(64, ge=0)
+    v_head_dim: int = Field(128, gt=0)
     # Mixture of experts
-    num_experts: StrictInt | None = Field(None, gt=0, le=MAX_EXPERTS, description="None: dense model")
-    moe_router_topk: StrictInt = Field(2, gt=0, le=MAX_EXPERTS)
-    moe_ffn_hidden_size: StrictInt | None = Field(None, gt=0, le=MAX_SIZE, description="None: = ffn_hidden_size")
-    moe_shared_expert_intermediate_size: StrictInt | None = Field(None, gt=0, le=MAX_SIZE)
-    moe_layer_pattern: tuple[StrictInt, ...] | None = Field(
+    num_experts: int | None = Field(None, gt=0, description="None: dense model")
+    moe_router_topk: int = Field(2, gt=0)
+    moe_ffn_hidden_size: int | None = Field(None, gt=0, description="None: = ffn_hidden_size")
+    moe_shared_expert_intermediate_size: int | None = Field(None, gt=0)
+    moe_layer_pattern: tuple[int, ...] | None = Field(
         None, description="1 = MoE layer, 0 = dense, one per layer; None: every layer is MoE"
     )
-    moe_expert_capacity_factor: StrictFloat | None = Field(None, gt=0, le=MAX_EXPERTS)
+    moe_expert_capacity_factor: float | None = Field(None, gt=0)
     moe_token_dispatcher_type: DispatcherName = "allgather"
-    moe_grouped_gemm: StrictBool = False
-    moe_router_force_load_balancing: StrictBool = False
-    mtp_num_layers: StrictInt = Field(0, ge=0, le=MAX_LAYERS)
+    moe_grouped_gemm: bool = False
+    moe_router_force_load_balancing: bool = False
+    mtp_num_layers: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

@@ -3,35 +3,34 @@ and MegatronRun: everything read from a Megatron flag list."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from planner.schemas.types import MAX_DEGREE, MAX_LAYERS, StrictBool, StrictInt
+from pydantic import ConfigDict, Field
 
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
 from planner.schemas.training import TrainingSpec
+from planner.schemas.types import StrictModel
 
 
-class ParallelConfig(BaseModel):
+class ParallelConfig(StrictModel):
     """Megatron's global degrees and pipeline layout.  DP is derived from the world size."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp: StrictInt = Field(1, gt=0, le=MAX_DEGREE, description="--tensor-model-parallel-size")
-    pp: StrictInt = Field(1, gt=0, le=MAX_DEGREE, description="--pipeline-model-parallel-size")
-    cp: StrictInt = Field(1, gt=0, le=MAX_DEGREE, description="--context-parallel-size")
-    ep: StrictInt = Field(1, gt=0, le=MAX_DEGREE, description="--expert-model-parallel-size")
-    etp: StrictInt | None = Field(None, gt=0, le=MAX_DEGREE, description="--expert-tensor-parallel-size; None: = tp")
-    vpp: StrictInt | None = Field(None, gt=0, le=MAX_LAYERS, description="virtual stages per pipeline rank")
-    num_layers_per_virtual_stage: StrictInt | None = Field(None, gt=0, le=MAX_LAYERS)
-    layout: tuple[StrictInt, ...] | None = Field(
+    tp: int = Field(1, gt=0, description="--tensor-model-parallel-size")
+    pp: int = Field(1, gt=0, description="--pipeline-model-parallel-size")
+    cp: int = Field(1, gt=0, description="--context-parallel-size")
+    ep: int = Field(1, gt=0, description="--expert-model-parallel-size")
+    etp: int | None = Field(None, gt=0, description="--expert-tensor-parallel-size; None: = tp")
+    vpp: int | None = Field(None, gt=0, description="virtual stages per pipeline rank")
+    num_layers_per_virtual_stage: int | None = Field(None, gt=0)
+    layout: tuple[int, ...] | None = Field(
         None, description="decoder layers per virtual stage, in layout order (length pp*vpp)"
     )
-    first_stage_layers: StrictInt | None = Field(None, gt=0, le=MAX_LAYERS)
-    last_stage_layers: StrictInt | None = Field(None, gt=0, le=MAX_LAYERS)
-    account_for_embedding_in_pipeline_split: StrictBool = False
-    account_for_loss_in_pipeline_split: StrictBool = False
-    sequence_parallel: StrictBool = False
+    first_stage_layers: int | None = Field(None, gt=0)
+    last_stage_layers: int | None = Field(None, gt=0)
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    sequence_parallel: bool = False
     recompute: Recompute = Recompute()
 
     @property
@@ -104,7 +103,7 @@ class ParallelConfig(BaseModel):
         return out
 
 
-class MegatronRun(BaseModel):
+class MegatronRun(StrictModel):
     """Everything the planner reads from a Megatron flag list, plus the flags it does not use."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

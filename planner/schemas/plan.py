@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import MAX_BATCH, MAX_DEGREE, MAX_LAYERS, StrictBool, StrictInt
+from planner.schemas.types import MAX_GPUS, MAX_LAYERS, StrictModel
 
 RuntimeName = Literal["megatron", "flagscale"]
 
@@ -27,7 +27,7 @@ RECOMPUTE_MODULES = (
 )
 
 
-class Recompute(BaseModel):
+class Recompute(StrictModel):
     """Megatron's recompute knobs for one pipeline stage.
 
     granularity none: keep every activation; selective: recompute `modules`;
@@ -39,7 +39,7 @@ class Recompute(BaseModel):
 
     granularity: Literal["none", "selective", "full"] = "none"
     method: Literal["uniform", "block"] | None = None
-    num_layers: StrictInt | None = Field(None, ge=0, le=MAX_LAYERS)
+    num_layers: int | None = Field(None, ge=0)
     modules: tuple[str, ...] = ("core_attn",)
 
     @model_validator(mode="after")
@@ -77,29 +77,29 @@ class Recompute(BaseModel):
         return cls(granularity="full", method=method, num_layers=num_layers)
 
 
-class StagePlan(BaseModel):
+class StagePlan(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device_type: str
-    num_layers: StrictInt = Field(ge=0, le=MAX_LAYERS, description="decoder layers on this pipeline rank")
-    dp: StrictInt = Field(1, gt=0, le=MAX_DEGREE, description="data-parallel size of this stage")
+    num_layers: int = Field(ge=0, description="decoder layers on this pipeline rank")
+    dp: int = Field(1, gt=0, description="data-parallel size of this stage")
     recompute: Recompute = Recompute()
 
 
-class Plan(BaseModel):
+class Plan(StrictModel):
     """A complete parallel plan: global degrees plus one entry per pipeline stage."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     runtime: RuntimeName = "megatron"
-    tp: StrictInt = Field(1, gt=0, le=MAX_DEGREE)
-    cp: StrictInt = Field(1, gt=0, le=MAX_DEGREE)
-    ep: StrictInt = Field(1, gt=0, le=MAX_DEGREE)
-    etp: StrictInt = Field(1, gt=0, le=MAX_DEGREE)
-    vpp: StrictInt = Field(1, gt=0, le=MAX_LAYERS, description="virtual pipeline chunks per rank (interleaving)")
-    mbs: StrictInt = Field(1, gt=0, le=MAX_BATCH, description="micro-batch size (per DP rank of stage 0)")
-    gbs: StrictInt = Field(gt=0, le=MAX_BATCH)
-    sequence_parallel: StrictBool = True
+    tp: int = Field(1, gt=0)
+    cp: int = Field(1, gt=0)
+    ep: int = Field(1, gt=0)
+    etp: int = Field(1, gt=0)
+    vpp: int = Field(1, gt=0, description="virtual pipeline chunks per rank (interleaving)")
+    mbs: int = Field(1, gt=0, description="micro-batch size (per DP rank of stage 0)")
+    gbs: int = Field(gt=0)
+    sequence_parallel: bool = True
     stages: tuple[StagePlan, ...]
 
     @model_validator(mode="after")
@@ -108,8 +108,8 @@ class Plan(BaseModel):
             raise ValueError("a plan needs at least one stage")
         if len(self.stages) > MAX_LAYERS:
             raise ValueError(f"the plan has {len(self.stages)} pipeline stages; at most {MAX_LAYERS} are allowed")
-        if self.world_size > MAX_DEGREE:
-            raise ValueError(f"the plan uses {self.world_size} GPUs; the planner handles at most {MAX_DEGREE}")
+        if self.world_size > MAX_GPUS:
+            raise ValueError(f"the plan uses {self.world_size} GPUs; the planner handles at most {MAX_GPUS}")
         return self
 
     DERIVED_KEYS: ClassVar[tuple[str, ...]] = ("pp", "dp", "num_microbatches", "world_size")

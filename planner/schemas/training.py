@@ -4,27 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from planner.schemas.types import MAX_BATCH, MAX_EXPERTS, StrictBool, StrictFloat, StrictInt
+from planner.schemas.types import StrictModel
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
-class TrainingSpec(BaseModel):
+class TrainingSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    micro_batch_size: StrictInt = Field(1, gt=0, le=MAX_BATCH, description="--micro-batch-size (per DP rank of stage 0)")
-    global_batch_size: StrictInt = Field(gt=0, le=MAX_BATCH, description="--global-batch-size")
+    micro_batch_size: int = Field(1, gt=0, description="--micro-batch-size (per DP rank of stage 0)")
+    global_batch_size: int = Field(gt=0, description="--global-batch-size")
     precision: Precision = "bf16"
-    use_distributed_optimizer: StrictBool = False
-    overlap_grad_reduce: StrictBool = False
-    overlap_param_gather: StrictBool = False
-    tp_comm_overlap: StrictBool = False
-    moe_imbalance_factor: StrictFloat | None = Field(
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    moe_imbalance_factor: float | None = Field(
         None,
         ge=1.0,
-        le=MAX_EXPERTS,
         description="max tokens per expert over the mean; None: 1.0 with forced balancing, else the"
         " profile default",
     )
