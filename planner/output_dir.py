@@ -7,10 +7,10 @@ imported).  It refuses, in one line naming the flag:
 - an existing non-empty directory that holds no earlier output of the same command, unless
   `--force` is given.  An earlier output (`OutputKind.markers`) is replaced by the new one.
 
-`write_files` renders nothing itself: it takes {relative path: text}, writes it into a temporary
-directory beside DIR, and then either renames that directory to DIR (when DIR does not exist) or
-swaps the command's own entries in (the earlier ones are kept aside until the new ones are in
-place, and put back if anything fails).  Other files in DIR are never touched.
+`StagedOutput` gives a temporary directory beside DIR to fill; when it is complete it either becomes
+DIR (a rename, when DIR does not exist) or its entries are swapped in (the command's earlier entries
+are kept aside until the new ones are in place, and put back if anything fails).  Other files in DIR
+are never touched.  `write_files` does this for {relative path: text or bytes}.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from planner.errors import PlannerInputError
-from planner.inputs.files import MAX_PATH_CHARS, path_kind
+from planner.inputs.files import path_kind
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class OutputKind:
 
 
 PLAN_OUTPUT = OutputKind("plan", ("plan.json", "inputs.json", "summary.md", "launch"),
-                         owned=("plan.json", "inputs.json", "summary.md", "launch"))
+                         owned=("plan.json", "inputs.json", "summary.md", "launch", "plots"))
 LAUNCHER_OUTPUT = OutputKind("launcher files", ("launch.sh", "megatron_args.txt", "hostfile"),
                              owned=("launch.sh", "megatron_args.txt", "hostfile", "flagscale"))
 PROFILES_OUTPUT = OutputKind(  # profile and calibrate write into one profiles directory, each its own files
@@ -92,38 +92,72 @@ def _probe_writable(directory: Path, flag: str, target: str | None = None) -> No
         raise PlannerInputError(flag, f"cannot {what}: {exc.strerror or exc} (in {directory})") from None
 
 
+class StagedOutput:
+    """A temporary directory beside DIR to fill (text, pictures, anything); on a normal exit it is published
+    into DIR all-or-nothing, and on an error it is removed and DIR is left as it was.
+
+        staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
+        with staged as tmp:
+            (tmp / "plan.json").write_text(...)
+        written = staged.written
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str], flag: str, kind: OutputKind):
+        self.out, self.flag, self.kind = Path(out_dir), flag, kind
+        self.written: list[Path] = []
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> Path:
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self._tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=self.out.parent))
+            self._tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; DIR gets the mode mkdir would give it
+        except OSError as exc:
+            raise PlannerInputError(self.flag, f"cannot create {self.out}: {exc.strerror or exc}") from None
+        return self._tmp
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        tmp = self._tmp
+        assert tmp is not None
+        try:
+            if exc_type is None:
+                relative = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+                if not self.out.exists():
+                    os.rename(tmp, self.out)
+                else:
+                    _swap_in(tmp, self.out, self.kind)
+                self.written = [self.out / rel for rel in relative]
+        except OSError as err:
+            raise PlannerInputError(self.flag, f"cannot write {self.out}: {err.strerror or err}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return False
+
+
 def write_files(
     out_dir: str | os.PathLike[str],
-    files: Mapping[str, str],
+    files: Mapping[str, str | bytes],
     flag: str,
     kind: OutputKind,
     *,
     executable: tuple[str, ...] = (".sh",),
 ) -> list[Path]:
-    """Write {relative path: text} into `out_dir`, all-or-nothing; return the written paths in order."""
-    out = Path(out_dir)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=out.parent))
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; DIR gets the mode mkdir would give it
-    except OSError as exc:
-        raise PlannerInputError(flag, f"cannot create {out}: {exc.strerror or exc}") from None
-    try:
-        for rel, text in files.items():
-            dest = tmp / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text, encoding="utf-8")
-            if dest.name.endswith(executable):
-                dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        if not out.exists():
-            os.rename(tmp, out)
-        else:
-            _swap_in(tmp, out, kind)
-    except OSError as exc:
-        raise PlannerInputError(flag, f"cannot write {out}: {exc.strerror or exc}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return [out / rel for rel in files]
+    """Write {relative path: text or bytes} into `out_dir`, all-or-nothing; return the paths in the order given."""
+    staged = StagedOutput(out_dir, flag, kind)
+    with staged as tmp:
+        try:
+            for rel, content in files.items():
+                dest = tmp / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(content, bytes):
+                    dest.write_bytes(content)
+                else:
+                    dest.write_text(content, encoding="utf-8")
+                if dest.name.endswith(executable):
+                    dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        except OSError as exc:
+            raise PlannerInputError(flag, f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    return [Path(out_dir) / rel for rel in files]
 
 
 def _swap_in(tmp: Path, out: Path, kind: OutputKind) -> None:
@@ -165,6 +199,6 @@ def _remove(path: Path) -> None:
 
 
 __all__ = [
-    "BENCH_OUTPUT", "LAUNCHER_OUTPUT", "MAX_PATH_CHARS", "OutputKind", "PLAN_OUTPUT", "PROFILES_OUTPUT",
+    "BENCH_OUTPUT", "LAUNCHER_OUTPUT", "OutputKind", "PLAN_OUTPUT", "PROFILES_OUTPUT", "StagedOutput",
     "check_out_dir", "write_files",
 ]
