@@ -6,6 +6,7 @@ import click
 
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, load_inputs
+from planner.errors import PlannerInputError
 
 BRUTE_MAX_LAYERS = 12
 BRUTE_MAX_GPUS = 32
@@ -32,6 +33,12 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     from planner.search.driver import SearchSettings
 
     small = run.model.num_layers <= BRUTE_MAX_LAYERS and cluster_spec.world_size <= BRUTE_MAX_GPUS
+    if brute and not small:
+        raise PlannerInputError(
+            "--brute", f"brute force enumerates every plan and is for small cases (at most {BRUTE_MAX_LAYERS} layers "
+                       f"and {BRUTE_MAX_GPUS} GPUs); this one has {run.model.num_layers} layers on "
+                       f"{cluster_spec.world_size} GPUs: drop --brute",
+        )
     backends = ["hsdp", "cpsat"] + (["brute"] if (brute if brute is not None else small) else [])
     space = make_space(run, runtime, mbs=mbs)
     rows = []

@@ -12,19 +12,20 @@ Case `i` of seed `s` is always the same case (`make_case(s, i)`), so every findi
 from __future__ import annotations
 
 import json
-import math
 import random
 import shlex
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-import yaml
-
-from planner.schemas.types import MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LENGTH, MAX_SIZE
-
-NAN, INF = float("nan"), float("inf")
-BIG_INT = "__FUZZ_BIG_INT__"  # replaced by a 5,000-digit integer in the serialized text
-BIG_DIGITS = "9" * 5000
+from planner.fuzz.inputs import (
+    BAD_DEVICES, DEVICES, HF_CONFIGS, SCRIPT, TINY_CLUSTER, TINY_FILE, TINY_FLAGS, TINY_MODEL, base_plan_document,
+    h800_profile_document, log_text,
+)
+from planner.fuzz.mutations import (
+    DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_INT_KEYS, LINK_FIELDS, MODEL_FIELDS, NAN, TEXT_VALUES,
+    TRAINING_FIELDS, FieldRule, document_mutations, to_json, to_yaml,
+)
+from planner.schemas.types import MAX_GPUS, MAX_LAYERS
 
 
 @dataclass(frozen=True)
@@ -51,349 +52,12 @@ class Case:
 def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:60]}...<{len(text)} chars>...{text[-30:]}"
 
-
-# --------------------------------------------------------------------------------------------
-# Valid bases
-# --------------------------------------------------------------------------------------------
-
-TINY_MODEL: dict[str, Any] = {
-    "name": "tiny-moe",
-    "num_layers": 4,
-    "hidden_size": 256,
-    "ffn_hidden_size": 512,
-    "num_attention_heads": 8,
-    "num_query_groups": 4,
-    "vocab_size": 1024,
-    "swiglu": True,
-    "normalization": "RMSNorm",
-    "add_bias_linear": False,
-    "num_experts": 8,
-    "moe_router_topk": 2,
-    "moe_token_dispatcher_type": "alltoall",
-    "moe_grouped_gemm": True,
-    "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 1024, "precision": "bf16",
-                 "use_distributed_optimizer": True},
-}
-TINY_FLAGS = ("--num-layers 4 --hidden-size 256 --ffn-hidden-size 512 --num-attention-heads 8 --group-query-attention "
-              "--num-query-groups 4 --vocab-size 1024 --seq-length 1024 --max-position-embeddings 1024 --swiglu "
-              "--normalization RMSNorm --disable-bias-linear --num-experts 8 --moe-router-topk 2 "
-              "--moe-token-dispatcher-type alltoall --moe-grouped-gemm --micro-batch-size 1 --global-batch-size 64 "
-              "--bf16 --use-distributed-optimizer")
-TINY_CLUSTER: dict[str, Any] = {
-    "name": "fuzz-cluster",
-    "groups": [{"device_type": "H800", "num_nodes": 1, "gpus_per_node": 8},
-               {"device_type": "MI300X", "num_nodes": 1, "gpus_per_node": 8}],
-    "links": [{"between": ["H800", "MI300X"], "kind": "host-memory"}],
-}
-HF_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-              "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
-              "vocab_size": 1024, "max_position_embeddings": 2048, "tie_word_embeddings": False},
-    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 256,
-                "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "vocab_size": 1024, "max_position_embeddings": 2048, "num_local_experts": 8,
-                "num_experts_per_tok": 2},
-    "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 256,
-                  "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-                  "num_key_value_heads": 4, "vocab_size": 1024, "max_position_embeddings": 2048, "num_experts": 8,
-                  "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
-                  "decoder_sparse_step": 1, "mlp_only_layers": [0], "tie_word_embeddings": False},
-    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256,
-                    "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 1024,
-                    "max_position_embeddings": 2048, "q_lora_rank": 128, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
-                    "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
-                    "moe_intermediate_size": 128, "n_shared_experts": 1, "first_k_dense_replace": 1,
-                    "moe_layer_freq": 1, "num_nextn_predict_layers": 1},
-}
-SCRIPT = """#!/bin/bash
-# a launcher as people write them
-set -euo pipefail
-GPUS_PER_NODE=${{GPUS_PER_NODE:-8}}
-NNODES=${{NNODES:-1}}
-CHECKPOINT_PATH=/ckpt/tiny
-{extra}
-MODEL_ARGS=(
-    --num-layers {layers}
-    --hidden-size 256
-    --ffn-hidden-size 512
-    --num-attention-heads 8
-    --group-query-attention
-    --num-query-groups 4
-    --vocab-size 1024
-    --seq-length 1024
-    --max-position-embeddings 1024
-    --swiglu
-    --normalization RMSNorm
-    --disable-bias-linear
-)
-MOE_ARGS=(--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-grouped-gemm)
-TRAIN_ARGS=(--micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer)
-torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py \\
-    "${{MODEL_ARGS[@]}}" "${{MOE_ARGS[@]}}" "${{TRAIN_ARGS[@]}}" \\
-    --save $CHECKPOINT_PATH
-"""
-LOG_LINE = (" [2024-11-20 08:{minute:02d}:00] iteration {it:>8}/{total:>8} | consumed samples: {samples:>12} | "
-            "elapsed time per iteration (ms): {elapsed} | throughput per GPU (TFLOP/s/GPU): 12.0 | "
-            "learning rate: 1.000000E-04 | global batch size: {gbs:>5} | lm loss: 8.000000E+00 |")
-MEMORY_LINE = ("[Rank {rank}] (after {it} iterations) memory (MB) | allocated: {a} | max allocated: {a} | "
-               "reserved: {r} | max reserved: {r}")
-
-DEVICES = ("H800", "MI300X", "910B", "A100", "H100", "h800", "mi300x", "V100", "A40", "Gaudi2")
-BAD_DEVICES = ("XPU", "", "H8OO", "H800 H800", "Ｈ800", "\u200bH800", "-", "*")
-
-# (value, label) pairs that fit an int / float / bool / text field of the wrong kind or range
-INT_VALUES: tuple[tuple[Any, str], ...] = (
-    (True, "true"), (False, "false"), ("8", "the string '8'"), ("abc", "text"), (2.5, "2.5"), (4.0, "4.0"),
-    (-1, "-1"), (0, "0"), (10**9, "10^9"), (10**30, "10^30"), (BIG_INT, "a 5,000-digit integer"), (None, "null"),
-    ([4], "a list"), ({"a": 1}, "a mapping"), (NAN, "NaN"), (INF, "infinity"), ("", "an empty string"),
-    ("²", "a superscript digit"), (3, "3"), (2, "2"), (16, "16"), (7, "7"), (12345, "12345"),
-)
-FLOAT_VALUES: tuple[tuple[Any, str], ...] = (
-    (True, "true"), ("1.5", "the string '1.5'"), ("abc", "text"), (-1.0, "-1.0"), (0.0, "0.0"), (NAN, "NaN"),
-    (INF, "infinity"), (-INF, "-infinity"), (1e308, "1e308"), (BIG_INT, "a 5,000-digit integer"), (None, "null"),
-    ([1.0], "a list"), (1e-300, "1e-300"), (2, "2"), (1.25, "1.25"),
-)
-BOOL_VALUES: tuple[tuple[Any, str], ...] = (
-    ("no", "the string 'no'"), ("yes", "the string 'yes'"), ("true", "the string 'true'"), (1, "1"), (0, "0"),
-    (None, "null"), ([], "a list"), (2.0, "2.0"),
-)
-TEXT_VALUES: tuple[tuple[Any, str], ...] = (
-    ("bogus", "an unknown name"), (5, "5"), (None, "null"), ("", "an empty string"), (True, "true"), ([], "a list"),
-)
-
-
-@dataclass(frozen=True)
-class FieldRule:
-    """What a field accepts: kind int/float/bool/choice/text, a range, optional (null allowed)."""
-
-    kind: str
-    low: float | None = None
-    high: float | None = None
-    optional: bool = False
-    low_open: bool = False  # float fields with gt (not ge)
-    choices: tuple[str, ...] = ()
-
-    def values(self) -> tuple[tuple[Any, str], ...]:
-        return {"int": INT_VALUES, "float": FLOAT_VALUES, "bool": BOOL_VALUES}.get(self.kind, TEXT_VALUES)
-
-    def accepts(self, value: Any) -> bool | None:
-        """True/False when certain, None when the value has the right kind and range (it may still be
-        refused by a rule between fields)."""
-        if value is None:
-            return None if self.optional else False
-        if value == BIG_INT:
-            return False
-        if self.kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
-                return False
-            return None if self._in_range(value) else False
-        if self.kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                return False
-            return None if self._in_range(value) else False
-        if self.kind == "bool":
-            return None if isinstance(value, bool) else False
-        if self.kind == "choice":
-            return None if value in self.choices else False
-        return None if isinstance(value, str) else False
-
-    def _in_range(self, value: float) -> bool:
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return False
-        return self.high is None or value <= self.high
-
-
-MODEL_FIELDS: dict[str, FieldRule] = {
-    "num_layers": FieldRule("int", 1, MAX_LAYERS),
-    "hidden_size": FieldRule("int", 1, MAX_SIZE),
-    "ffn_hidden_size": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "num_attention_heads": FieldRule("int", 1, MAX_SIZE),
-    "num_query_groups": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "kv_channels": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "vocab_size": FieldRule("int", 1, MAX_SIZE),
-    "num_experts": FieldRule("int", 1, MAX_EXPERTS, optional=True),
-    "moe_router_topk": FieldRule("int", 1, MAX_EXPERTS),
-    "moe_ffn_hidden_size": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "mtp_num_layers": FieldRule("int", 0, MAX_LAYERS),
-    "qk_pos_emb_head_dim": FieldRule("int", 0, MAX_SIZE),
-    "moe_expert_capacity_factor": FieldRule("float", 0, MAX_EXPERTS, optional=True, low_open=True),
-    "swiglu": FieldRule("bool"),
-    "add_bias_linear": FieldRule("bool"),
-    "moe_grouped_gemm": FieldRule("bool"),
-    "qk_layernorm": FieldRule("bool"),
-    "untie_embeddings_and_output_weights": FieldRule("bool"),
-    "normalization": FieldRule("choice", choices=("LayerNorm", "RMSNorm")),
-    "moe_token_dispatcher_type": FieldRule("choice", choices=("allgather", "alltoall", "flex")),
-    "name": FieldRule("text"),
-}
-REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "groups")
-TRAINING_FIELDS: dict[str, FieldRule] = {
-    "micro_batch_size": FieldRule("int", 1, MAX_BATCH),
-    "global_batch_size": FieldRule("int", 1, MAX_BATCH),
-    "seq_length": FieldRule("int", 1, MAX_SEQ_LENGTH),
-    "precision": FieldRule("choice", choices=("bf16", "fp16", "fp8", "fp32")),
-    "use_distributed_optimizer": FieldRule("bool"),
-}
-GROUP_FIELDS: dict[str, FieldRule] = {
-    "num_nodes": FieldRule("int", 1, MAX_GPUS),
-    "gpus_per_node": FieldRule("int", 1, 1024),
-    "intra_node_bandwidth_gb_per_s": FieldRule("float", 0, None, optional=True, low_open=True),
-    "inter_node_bandwidth_gb_per_s": FieldRule("float", 0, None, optional=True, low_open=True),
-    "device_type": FieldRule("text"),
-}
-LINK_FIELDS: dict[str, FieldRule] = {
-    "bandwidth_gb_per_s": FieldRule("float", 0, None, low_open=True),
-    "latency_us": FieldRule("float", 0, None),
-    "kind": FieldRule("text"),
-}
-HF_INT_KEYS: dict[str, FieldRule] = {
-    "hidden_size": FieldRule("int", 1, MAX_SIZE),
-    "intermediate_size": FieldRule("int", 1, MAX_SIZE),
-    "num_hidden_layers": FieldRule("int", 1, MAX_LAYERS),
-    "num_attention_heads": FieldRule("int", 1, MAX_SIZE),
-    "num_key_value_heads": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "vocab_size": FieldRule("int", 1, MAX_SIZE),
-    "max_position_embeddings": FieldRule("int", 1, MAX_SEQ_LENGTH, optional=True),
-    "num_local_experts": FieldRule("int", 1, MAX_EXPERTS),
-    "num_experts": FieldRule("int", 1, MAX_EXPERTS),
-    "num_experts_per_tok": FieldRule("int", 1, MAX_EXPERTS),
-    "moe_intermediate_size": FieldRule("int", 1, MAX_SIZE),
-    "shared_expert_intermediate_size": FieldRule("int", 0, MAX_SIZE, optional=True),
-    "decoder_sparse_step": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "q_lora_rank": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "kv_lora_rank": FieldRule("int", 1, MAX_SIZE),
-    "qk_nope_head_dim": FieldRule("int", 1, MAX_SIZE),
-    "qk_rope_head_dim": FieldRule("int", 0, MAX_SIZE),
-    "v_head_dim": FieldRule("int", 1, MAX_SIZE),
-    "n_routed_experts": FieldRule("int", 0, MAX_EXPERTS, optional=True),
-    "n_shared_experts": FieldRule("int", 0, MAX_EXPERTS, optional=True),
-    "first_k_dense_replace": FieldRule("int", 0, 4, optional=True),
-    "moe_layer_freq": FieldRule("int", 1, MAX_SIZE, optional=True),
-    "num_nextn_predict_layers": FieldRule("int", 0, MAX_LAYERS, optional=True),
-    "tie_word_embeddings": FieldRule("bool", optional=True),
-}
-
-
-# --------------------------------------------------------------------------------------------
-# Serializing documents (with the few values JSON/YAML cannot spell directly)
-# --------------------------------------------------------------------------------------------
-
-
-def to_json(doc: Any) -> bytes:
-    text = json.dumps(doc, indent=1, allow_nan=True)
-    return text.replace(f'"{BIG_INT}"', BIG_DIGITS).encode()
-
-
-def to_yaml(doc: Any) -> bytes:
-    text = yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, allow_unicode=True,
-                     width=1 << 20)
-    return text.replace(BIG_INT, BIG_DIGITS).encode("utf-8")
-
-
-def _nested(depth: int) -> Any:
-    value: Any = 1
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-def _alias_bomb(levels: int = 9, width: int = 9) -> bytes:
-    lines = ['a0: &a0 ["lol"]']
-    for i in range(1, levels + 1):
-        refs = ", ".join([f"*a{i - 1}"] * width)
-        lines.append(f"a{i}: &a{i} [{refs}]")
-    return ("\n".join(lines) + "\n").encode()
-
-
-def _raw_nested(depth: int, style: str) -> bytes:
-    if style == "json":
-        return ("[" * depth + "1" + "]" * depth).encode()
-    if style == "flow":
-        return ("x: " + "[" * depth + "1" + "]" * depth + "\n").encode()
-    return ("x:\n" + "".join("  " * i + "- \n" for i in range(min(depth, 3000)))).encode()
-
-
-def document_mutations(rng: random.Random, doc: dict[str, Any], fmt: str, rules: dict[str, FieldRule],
-                       *, strict_keys: bool = True) -> tuple[bytes, str, bool | None, tuple[str, ...]]:
-    """(file bytes, what, valid?, names) for one mutation of a mapping document.  valid is False when
-    the result is certainly invalid, None when it may be valid."""
-    dump = to_json if fmt == "json" else to_yaml
-    choice = rng.random()
-    if choice < 0.55 and rules:  # one field, one value
-        key = rng.choice(sorted(rules))
-        value, label = rng.choice(rules[key].values())
-        mutated = json.loads(json.dumps(doc, allow_nan=True))
-        mutated[key] = value
-        valid = rules[key].accepts(value)
-        return dump(mutated), f"{key} = {label}", valid, (key,)
-    structural = [
-        "unknown key", "integer key", "duplicate key", "deep nesting", "deep raw nesting", "alias bomb",
-        "truncated", "non-UTF-8 byte", "empty", "BOM", "NUL byte", "top-level list", "oversized", "comment only",
-        "missing key",
-    ]
-    what = rng.choice(structural)
-    base = dump(doc)
-    if what == "unknown key":
-        mutated = dict(doc, nmu_layers=4)
-        return dump(mutated), what, False if strict_keys else None, ("nmu_layers", "unknown")
-    if what == "integer key":
-        if fmt == "json":
-            return base, "unchanged", None, ()
-        return base + b"5: 3\n", what, False if strict_keys else None, ("key 5", "5")
-    if what == "duplicate key":
-        key = next(iter(doc))
-        if fmt == "json":
-            text = base.decode().rstrip().rstrip("}") + f', "{key}": {json.dumps(doc[key])}}}'
-            return text.encode(), what, False, (key, "twice")
-        return base + f"{key}: {json.dumps(doc[key])}\n".encode(), what, False, (key, "twice")
-    if what == "deep nesting":
-        key = rng.choice(sorted(doc))
-        depth = rng.choice((65, 200, 900, 2000))
-        mutated = dict(doc, **{key: _nested(depth)})
-        try:
-            return dump(mutated), f"{key} nested {depth} deep", False, ("nested", "deep")
-        except RecursionError:
-            return _raw_nested(depth, fmt if fmt == "json" else "flow"), f"nested {depth} deep", False, ("nested",)
-    if what == "deep raw nesting":
-        depth = rng.choice((100, 5000, 50000))
-        style = "json" if fmt == "json" else rng.choice(("flow", "block"))
-        return _raw_nested(depth, style), f"{style} nested {depth} deep", False, ("nested", "deep")
-    if what == "alias bomb":
-        if fmt == "json":
-            return base, "unchanged", None, ()
-        return _alias_bomb(), what, False, ("values", "aliases")
-    if what == "truncated":
-        cut = rng.randrange(1, max(2, len(base) - 1))
-        return base[:cut], f"truncated at {cut}", False if fmt == "json" else None, ("json", "yaml", "valid")
-    if what == "non-UTF-8 byte":
-        pos = rng.randrange(len(base))
-        return base[:pos] + bytes([rng.choice((0xA5, 0xFF, 0xC3, 0x80))]) + base[pos:], what, False, ("UTF-8",)
-    if what == "empty":
-        return b"", what, False, ("expected", "mapping", "object", "json")
-    if what == "BOM":
-        return b"\xef\xbb\xbf" + base, what, None, ()
-    if what == "NUL byte":
-        pos = rng.randrange(len(base))
-        return base[:pos] + b"\x00" + base[pos:], what, False, ("valid", "character", "control")
-    if what == "top-level list":
-        return dump([doc]), what, False, ("mapping", "object", "expected")
-    if what == "oversized":
-        pad = b"#" * (1 << 20) if fmt != "json" else b" " * (1 << 20)
-        return base + b"\n" + pad + b"\n", what, False, ("larger",)
-    if what == "comment only":
-        return (b"# nothing here\n" if fmt != "json" else b"null"), what, False, ("mapping", "expected", "object")
-    key = rng.choice(sorted(doc))
-    mutated = {k: v for k, v in doc.items() if k != key}
-    return dump(mutated), f"without {key}", False if key in REQUIRED_KEYS else None, (key,)
-
-
 # --------------------------------------------------------------------------------------------
 # Generators, one per input kind
 # --------------------------------------------------------------------------------------------
 
 CaseParts = tuple[str, tuple[str, ...], dict[str, bytes], bool | None, tuple[str, ...], str | None]
 Generator = Callable[[random.Random], CaseParts]
-TINY_FILE = "tiny.yaml"
 TINY_ARGS = ("--model", "{d}/" + TINY_FILE)
 
 
@@ -757,37 +421,6 @@ def gen_script(rng: random.Random) -> CaseParts:
     return "script:" + what, argv, {"train.sh": text}, valid, names, None
 
 
-_PLAN_CACHE: dict[str, Any] = {}  # documents built once per process: the base plan, the H800 profile
-_FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def base_plan_document() -> dict[str, Any]:
-    """A valid plan.json for the tiny model on H800:8 (EP 8, DP 8), built with the planner's own types."""
-    if "doc" not in _PLAN_CACHE:
-        import os
-        import tempfile
-
-        from planner.inputs.resolve import resolve_run
-        from planner.report import plan_json
-        from planner.schemas.cluster import ClusterSpec, NodeGroup
-        from planner.schemas.plan import Plan, StagePlan
-
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, TINY_FILE)
-            with open(path, "wb") as fh:
-                fh.write(to_yaml(TINY_MODEL))
-            run = resolve_run(model=path, world_size=8)
-        cluster = ClusterSpec(name="H800:8", groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
-        plan = Plan(runtime="megatron", tp=1, cp=1, ep=8, etp=1, vpp=1, mbs=1, gbs=64, sequence_parallel=False,
-                    stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
-        _PLAN_CACHE["doc"] = {
-            "status": "OPTIMAL", "runtime": "megatron", "model": run.model.name, "cluster": "H800:8",
-            "world_size": 8, "cluster_gpus": 8, "num_microbatches": plan.num_microbatches, "plan": plan_json(plan),
-            "inputs": {"run": run.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")},
-        }
-    return json.loads(json.dumps(_PLAN_CACHE["doc"]))
-
-
 def gen_plan(rng: random.Random) -> CaseParts:
     """emit --plan plan.json: a solved plan with one field changed."""
     doc = base_plan_document()
@@ -842,17 +475,6 @@ def gen_plan(rng: random.Random) -> CaseParts:
         valid, names, "launch"
 
 
-def _log_text(elapsed: list[str], *, gbs: int = 64, memory: bool = True, timers: str = "") -> bytes:
-    lines = []
-    for i, value in enumerate(elapsed, 1):
-        lines.append(LOG_LINE.format(minute=i % 60, it=i, total=len(elapsed), samples=i * gbs, elapsed=value, gbs=gbs))
-        if memory and i == 1:
-            lines += [MEMORY_LINE.format(rank=r, it=i, a="1000.00", r="1200.00") for r in (0, 4)]
-        if timers and i == 3:
-            lines.append(timers)
-    return ("\n".join(lines) + "\n").encode()
-
-
 def gen_log(rng: random.Random) -> CaseParts:
     """calibrate --megatron-log: a Megatron log with bad numbers, plus router statistics."""
     n = 8
@@ -884,7 +506,7 @@ def gen_log(rng: random.Random) -> CaseParts:
              + ": 1.0", "a 5,000-digit rank"),
         ))
     elif r < 0.62:
-        text = _log_text(values).decode().replace("iteration        1/", "iteration " + "9" * 5000 + "/")
+        text = log_text(values).decode().replace("iteration        1/", "iteration " + "9" * 5000 + "/")
         files["run.log"] = text.replace("allocated: 1000.00", "allocated: " + "9" * 400).encode()
         what = "a 5,000-digit iteration number and a 400-digit memory figure"
     elif r < 0.72:
@@ -905,7 +527,7 @@ def gen_log(rng: random.Random) -> CaseParts:
         if what == "an empty log":
             files["run.log"], valid = b"", False
         elif what == "a non-UTF-8 log":
-            files["run.log"] = _log_text(values).replace(b"lm loss", b"lm \xa5loss")
+            files["run.log"] = log_text(values).replace(b"lm loss", b"lm \xa5loss")
         elif what == "a directory":
             files["run.log/"], valid = b"", False
         elif what == "a missing log":
@@ -915,7 +537,7 @@ def gen_log(rng: random.Random) -> CaseParts:
     else:
         what = "a valid log"
     if "run.log" not in files and "run.log/" not in files:
-        files["run.log"] = _log_text(values, timers=timers)
+        files["run.log"] = log_text(values, timers=timers)
     if what == "a missing log":
         del files["run.log/"]
     argv = ("calibrate", "--megatron-log", "{d}/run.log", *TINY_ARGS, "--cluster", "H800:8", "--out", "{d}/cal", *extra)
@@ -944,7 +566,7 @@ def gen_out_dir(rng: random.Random) -> CaseParts:
         files["plan.json"] = to_json(base_plan_document())
         argv = ("emit", "--plan", "{d}/plan.json", "--out", out)
     else:
-        files["run.log"] = _log_text(["12.0"] * 8)
+        files["run.log"] = log_text(["12.0"] * 8)
         argv = ("calibrate", "--megatron-log", "{d}/run.log", *TINY_ARGS, "--cluster", "H800:8", "--out", out)
     rel = out.replace("{d}/", "") if out.startswith("{d}/") and form in ("non-empty", "earlier output", "new") else None
     return f"out:{cmd} {form}", argv, _with_tiny(files), valid, ("--out",), rel
@@ -984,19 +606,8 @@ def gen_solve_large(rng: random.Random) -> CaseParts:
     return f"solve-large:{cmd} {model} on {cluster}, --time-limit {limit}", argv, {}, None, (), None
 
 
-DEVICE_FIELDS: dict[str, FieldRule] = {
-    "memory_gib": FieldRule("float", 0, None, low_open=True),
-    "memory_overhead_gib": FieldRule("float", 0, None),
-    "hbm_bandwidth_tb_per_s": FieldRule("float", 0, None, low_open=True),
-    "hbm_efficiency": FieldRule("float", 0, 1, low_open=True),
-    "gpus_per_node": FieldRule("int", 1, 1024),
-}
-
-
 def gen_profiles(rng: random.Random) -> CaseParts:
     """--profiles DIR: a corrections.yaml or a device file with one mutation."""
-    from pathlib import Path
-
     names: tuple[str, ...] = ("--profiles",)
     files: dict[str, bytes] = {}
     if rng.random() < 0.6:
@@ -1021,10 +632,7 @@ def gen_profiles(rng: random.Random) -> CaseParts:
                 valid = None
         files["prof/corrections.yaml"] = body
     else:
-        if "device" not in _PLAN_CACHE:
-            source = Path(__file__).resolve().parents[2] / "profiles" / "devices" / "H800.yaml"
-            _PLAN_CACHE["device"] = yaml.load(source.read_text(encoding="utf-8"), Loader=_FastLoader)
-        doc = json.loads(json.dumps(_PLAN_CACHE["device"]))
+        doc = h800_profile_document()
         r = rng.random()
         if r < 0.6:
             key = rng.choice(sorted(DEVICE_FIELDS))
@@ -1119,4 +727,4 @@ def make_case(seed: int, index: int, kinds: tuple[str, ...] = KINDS) -> Case:
     )
 
 
-__all__ = ["Case", "GENERATORS", "KINDS", "base_plan_document", "make_case"]
+__all__ = ["Case", "GENERATORS", "KINDS", "make_case"]

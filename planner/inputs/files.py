@@ -129,7 +129,8 @@ def parse_json(text: str, flag: str, source: str) -> Any:
     except _DocumentError as exc:
         raise PlannerInputError(flag, f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise PlannerInputError(flag, f"{source} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise PlannerInputError(flag, f"{source} is not valid JSON: {exc.msg} ({where})") from None
     except RecursionError:
         raise PlannerInputError(flag, f"{source}: nested deeper than {MAX_NESTING_DEPTH} levels") from None
     except ValueError as exc:  # an integer with more digits than Python converts
