@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from cli import main
 from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
-from planner.fuzz.cases import HF_CONFIGS, TINY_MODEL, base_plan_document, to_json, to_yaml
+from planner.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
+from planner.fuzz.mutations import to_json, to_yaml
 from planner.sanity import check_prediction
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,8 +125,6 @@ def test_model_yaml_with_an_integer_key_or_a_directory_config(tmp_path):
     "(",
 ])
 def test_hostile_script_constructs_end_cleanly(tmp_path, line):
-    from planner.fuzz.cases import SCRIPT
-
     (tmp_path / "train.sh").write_text(SCRIPT.format(extra=line, layers="4"))
     res = run(["estimate", "--megatron-script", str(tmp_path / "train.sh"), "--cluster", "H800:8"])
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
@@ -136,9 +135,7 @@ def test_hostile_script_constructs_end_cleanly(tmp_path, line):
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-5.0", "1e300"])
 def test_log_with_non_finite_times_is_refused(tmp_path, tiny, value):
-    from planner.fuzz.cases import _log_text
-
-    (tmp_path / "run.log").write_bytes(_log_text([value] * 8))
+    (tmp_path / "run.log").write_bytes(log_text([value] * 8))
     res = run(["calibrate", "--megatron-log", str(tmp_path / "run.log"), "--model", str(tiny), "--cluster", "H800:8",
                "--out", str(tmp_path / "cal")])
     refused(res, "--megatron-log")
