@@ -123,14 +123,14 @@ def test_model_yaml_with_an_integer_key_or_a_directory_config(tmp_path):
     "Y=$((9**9**9))",
     "((",
     "(",
-])
+], ids=["nested-default-5000", "minus-50000", "pow-9-9-9", "unbalanced-((", "unbalanced-("])
 def test_hostile_script_constructs_end_cleanly(tmp_path, line):
     (tmp_path / "train.sh").write_text(SCRIPT.format(extra=line, layers="4"))
     res = run(["estimate", "--megatron-script", str(tmp_path / "train.sh"), "--cluster", "H800:8"])
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
     assert res.exit_code in (0, 2), res.output
     if res.exit_code == 2:
-        refused(res, "--megatron-script", "--")
+        refused(res, "--megatron-script", "train.sh")
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-5.0", "1e300"])

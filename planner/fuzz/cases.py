@@ -381,20 +381,28 @@ HOSTILE_SCRIPT_LINES = (
 )
 
 
+def script_size_limit() -> int:
+    """The largest launcher script the planner reads, in bytes."""
+    from planner.inputs import script
+    from planner.inputs.files import MAX_DOCUMENT_BYTES
+
+    return int(getattr(script, "MAX_SCRIPT_BYTES", MAX_DOCUMENT_BYTES))
+
+
 def gen_script(rng: random.Random) -> CaseParts:
     """--megatron-script: a bash launcher with one hostile construct or changed flag."""
     r = rng.random()
     layers = "4"
     extra = ""
     valid: bool | None = None
-    names: tuple[str, ...] = ("--megatron-script",)
+    names: tuple[str, ...] = ("--megatron-script", "train.sh")
     if r < 0.55:
         extra, what = rng.choice(HOSTILE_SCRIPT_LINES)
     elif r < 0.7:
         layers = rng.choice(("abc", "-1", "0", "2.5", "${UNSET}", "9" * 5000, "$((1<<70))", "8", "$((2+2))"))
         what = f"--num-layers {layers[:20]}"
         valid = None if layers in ("8", "$((2+2))", "${UNSET}", "$((1<<70))") else False
-        names = ("--num-layers", "--megatron-script")
+        names = ("--num-layers", "--megatron-script", "train.sh")
     else:
         what = rng.choice(("no launch line", "non-UTF-8 byte", "empty", "NUL byte", "oversized", "BOM"))
     text = SCRIPT.format(extra=extra, layers=layers).encode()
@@ -405,13 +413,15 @@ def gen_script(rng: random.Random) -> CaseParts:
     elif what == "non-UTF-8 byte":
         pos = rng.randrange(len(text))
         text, valid = text[:pos] + b"\xa5" + text[pos:], False
-        names = ("--megatron-script", "UTF-8")
+        names = ("--megatron-script", "train.sh", "UTF-8")
     elif what == "empty":
         text, valid = b"", False
     elif what == "NUL byte":
         text = text.replace(b"CHECKPOINT_PATH=/ckpt", b"CHECKPOINT_PATH=/ck\x00pt")
-    elif what == "oversized":
-        text, valid = text + b"#" * (2 << 20), False
+    elif what == "oversized":  # past the reader's limit when that is small enough to build; else a large valid file
+        limit = script_size_limit()
+        text += b"#" * ((limit + 1 - len(text)) if limit <= 4 << 20 else 2 << 20)
+        valid = False if limit <= 4 << 20 else None
     elif what == "BOM":
         text = b"\xef\xbb\xbf" + text
     cmd = rng.choice(("estimate", "estimate", "solve"))
