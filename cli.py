@@ -9,6 +9,8 @@ import importlib
 
 import click
 
+from planner.cli_common import OneLineErrorsGroup
+
 # Each module defines a click command named `command`; the order here is the order in --help.
 COMMAND_MODULES = [
     "planner.commands.solve",
@@ -21,7 +23,7 @@ COMMAND_MODULES = [
 ]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=OneLineErrorsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option("0.1.0", prog_name="hapmoe")
 def main() -> None:
     """Heterogeneity-aware parallelism planner for MoE (and dense) training on Megatron-LM."""

@@ -1,24 +1,50 @@
-"""Shared CLI plumbing: error handling (exit 2, no traceback) and the common input options."""
+"""Shared CLI plumbing: one-line errors with exit status 2 (no traceback), strict number options,
+and JSON output that is always valid JSON.
+
+- `OneLineErrorsGroup`: click's usage errors (unknown option, missing value, bad choice) as one line
+  on stderr, exit status 2, instead of click's four-line usage block.
+- `handle_errors`: the planner's typed errors -> one line, exit 2 (3 when the search's time limit ran
+  out before any plan was found).  Anything else is a bug: one line saying so, exit 1 (set
+  HAPMOE_DEBUG=1 for the traceback).
+- `FiniteFloat`: a float option that refuses NaN and infinity (click's FloatRange lets NaN through).
+- `echo_json` / `json_text`: JSON without NaN or Infinity (not valid JSON): a non-finite number is a
+  bug caught by the prediction guard before it gets here; should one slip through it becomes null.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import sys
 from typing import Any, Callable
 
 import click
 from pydantic import ValidationError
 
-from planner.errors import InfeasibleError, MissingProfileError, PlannerInputError, SearchTimeLimitError
+from planner.errors import (
+    ImplausiblePredictionError, InfeasibleError, MissingProfileError, PlannerInputError, SearchTimeLimitError,
+)
+
+DEBUG_ENV = "HAPMOE_DEBUG"
 
 
 def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ())) or exc.title
-        lines.append(f"{loc}: {err.get('msg')}")
+        lines.append(f"{loc}: {str(err.get('msg')).removeprefix('Value error, ')}")
     return "; ".join(lines)
+
+
+MAX_WORD_CHARS = 160  # a longer value or path in a message is shortened (a 5,000-digit number, say)
+
+
+def one_line(message: str) -> str:
+    """Collapse newlines and runs of spaces, so that an error is one line; shorten huge words."""
+    words = str(message).split()
+    return " ".join(w if len(w) <= MAX_WORD_CHARS else f"{w[:60]}...({len(w)} characters)...{w[-20:]}" for w in words)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -35,22 +61,106 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except PlannerInputError as exc:
-            fail(str(exc))
+            fail(one_line(str(exc)))
         except ValidationError as exc:
-            fail(format_validation_error(exc))
+            fail(one_line(format_validation_error(exc)))
         except MissingProfileError as exc:
-            fail(str(exc))
+            fail(one_line(str(exc)))
         except InfeasibleError as exc:
             fail(f"infeasible: {exc}")
+        except ImplausiblePredictionError as exc:
+            fail(one_line(f"implausible prediction: {exc}"))
         except SearchTimeLimitError as exc:
-            fail(f"time limit: {exc}", code=3)
+            fail(one_line(f"time limit: {exc}"), code=3)
         except FileNotFoundError as exc:
-            fail(f"file not found: {exc.filename or exc}")
+            fail(one_line(f"file not found: {exc.filename or exc}"))
+        except OSError as exc:  # the file system refused (permissions, a full disk): not a bug, not a traceback
+            fail(one_line(f"{exc.filename or 'file system'}: {exc.strerror or exc}"))
         except (ValueError, KeyError) as exc:
-            fail(str(exc).strip("'\""))
+            fail(one_line(str(exc).strip("'\"")))
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug: say so in one line; the traceback on request
+            if os.environ.get(DEBUG_ENV):
+                raise
+            fail(one_line(f"internal error ({type(exc).__name__}: {exc}); this is a bug in the planner, "
+                          f"please report it with the command line (set {DEBUG_ENV}=1 for the traceback)"), code=1)
 
     return wrapper
 
 
+class OneLineErrorsGroup(click.Group):
+    """A click group whose usage errors are one line on stderr with exit status 2."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else (prog_name or "cli.py")
+            click.echo(f"error: {one_line(exc.format_message())} (see '{where} --help')", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"error: {one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+class FiniteFloat(click.ParamType):
+    """A finite float in [min, max] (NaN and infinity are refused, unlike click.FloatRange)."""
+
+    name = "float"
+
+    def __init__(self, min: float | None = None, max: float | None = None):  # noqa: A002 - click's names
+        self.min, self.max = min, max
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float) and math.isfinite(value):
+            number = value
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a number; {self._allowed()}", param, ctx)
+            if not math.isfinite(number):
+                self.fail(f"{value!r} is not a finite number; {self._allowed()}", param, ctx)
+        if (self.min is not None and number < self.min) or (self.max is not None and number > self.max):
+            self.fail(f"{number:g} is out of range; {self._allowed()}", param, ctx)
+        return number
+
+    def _allowed(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"allowed: {self.min:g} to {self.max:g}"
+        if self.min is not None:
+            return f"allowed: a finite number >= {self.min:g}"
+        if self.max is not None:
+            return f"allowed: a finite number <= {self.max:g}"
+        return "allowed: a finite number"
+
+    def __repr__(self) -> str:
+        return f"FiniteFloat({self.min}, {self.max})"
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy of `obj` in which every non-finite float is None (JSON has no NaN or Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def json_text(obj: Any) -> str:
+    """Valid JSON text (no NaN/Infinity), indented, keys in insertion order."""
+    return json.dumps(json_safe(obj), indent=2, sort_keys=False, default=str, allow_nan=False)
+
+
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+    click.echo(json_text(obj))

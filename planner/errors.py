@@ -28,3 +28,8 @@ class InfeasibleError(RuntimeError):
 
 class SearchTimeLimitError(RuntimeError):
     """The search's time limit ran out before any plan was found (not a statement about feasibility)."""
+
+
+class ImplausiblePredictionError(RuntimeError):
+    """A prediction that cannot be true (above the devices' peak, not finite): the input lies outside
+    what the cost model covers.  Never reported as a result."""

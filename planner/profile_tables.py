@@ -22,12 +22,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import MissingProfileError, PlannerInputError
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
 from planner.schemas.device import DeviceProfile, EfficiencyCurve, LinkProfile, Provenance
+from planner.schemas.types import StrictModel
 from planner.units import GB_BYTES, US_S
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -159,7 +159,7 @@ def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, 
 # --------------------------------------------------------------------------------------------- file formats
 
 
-class CorrectionEntry(BaseModel):
+class CorrectionEntry(StrictModel):
     """One row of corrections.yaml: a time multiplier (or, for memory_overhead_gib, GiB added)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -202,10 +202,10 @@ def _display(path: Path) -> str:
 
 
 def _read_yaml(path: Path, field_name: str) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise PlannerInputError(field_name, f"{path}: not valid YAML: {exc}") from exc
+    """A YAML file, read and checked by planner.inputs.files (UTF-8, size, depth; errors name the file)."""
+    from planner.inputs.files import parse_yaml, read_text
+
+    return parse_yaml(read_text(path, field_name), field_name, str(path))
 
 
 def _validation_text(exc: ValidationError) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import yaml
 from planner.calibration.megatron_log import ParsedLog
 from planner.calibration.router_stats import RouterStats
 from planner.errors import PlannerInputError
+from planner.sanity import check_prediction
 from planner.units import GIB_BYTES
 
 from planner.profile_tables import CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, ProfileSet
@@ -39,6 +41,9 @@ from planner.schemas.device import Provenance
 TIME_KINDS = TIME_CORRECTION_KINDS
 MEMORY_KIND = "memory_overhead_gib"
 GLOBAL_FIT_ITERATIONS = 8
+# A fitted time factor outside this range means the log is not from the run the flags describe
+# (wrong model, cluster or batch), not that the cost model is off by that much.
+FACTOR_RANGE = (1e-3, 1e3)
 
 
 @dataclass
@@ -61,10 +66,12 @@ def measurement_from_log(log: ParsedLog, skip: int = 2) -> Measurement:
     """Median steady iteration time, per-rank compute timers (option all) and per-rank peaks."""
     t = log.median_iteration_time_s(skip)
     if t is None:
+        first = next((p for p in log.problems if p.kind == "iteration"), None)
+        example = f"; line {first.line_no}: {first.reason}" if first is not None else ""
         raise PlannerInputError(
             "--megatron-log",
             f"{log.source}: no iteration line with an elapsed time after skipping {skip} "
-            f"({len(log.iterations)} iteration lines, {len(log.problems)} unreadable)",
+            f"({len(log.iterations)} iteration lines, {len(log.problems)} unreadable{example})",
         )
     fwd = log.median_timer_by_rank_ms("forward-compute", skip)
     bwd = log.median_timer_by_rank_ms("backward-compute", skip)
@@ -95,13 +102,18 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
             data = json.loads(f.read_text(encoding="utf-8"))
             rank = int(data["rank"])
             times = [float(r["time_s"]) for r in data["iterations"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
+            peak = float(peak) if peak else None
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError) as exc:
             raise PlannerInputError("--instrument-dir", f"{f.name}: unreadable ({exc})") from None
+        bad = [t for t in times if not (math.isfinite(t) and t > 0)]
+        if bad or (peak is not None and not (math.isfinite(peak) and peak >= 0)) or rank < 0:
+            raise PlannerInputError("--instrument-dir", f"{f.name}: times must be finite and > 0, memory finite and "
+                                                        f"rank >= 0 (got {bad[:3] or peak or rank})")
         if times:
             per_rank_time[rank] = statistics.median(times)
-        peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
         if peak:
-            peaks[rank] = float(peak)
+            peaks[rank] = peak
     if not per_rank_time:
         raise PlannerInputError("--instrument-dir", f"{d}: no recorded iterations")
     return Measurement(source=d.name, date=_dt.date.today().isoformat(),
@@ -151,6 +163,7 @@ def calibrate(
     if imbalance is not None:  # fit the time factors with the measured imbalance already in place
         profiles = _overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
+    check_prediction(before, "the logged configuration")
     m = before.num_microbatches
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
     devices = sorted({s.device_type for s in before.stages})
@@ -192,6 +205,7 @@ def calibrate(
             g2 = g1 * target / t1
         g0, t0, g1, t1 = g1, t1, g2, predicted(g2)
     global_factor = g1
+    _check_factors(measurement, device_factors, global_factor)
     _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
 
     # 3. memory per stage
@@ -260,6 +274,19 @@ def calibrate(
     return CalibrationResult(corrections=corrections, report=report)
 
 
+def _check_factors(measurement: Measurement, device_factors: dict[str, float], global_factor: float) -> None:
+    """Refuse a fit that no cost-model error explains: non-finite, or outside FACTOR_RANGE."""
+    low, high = FACTOR_RANGE
+    for name, factor in [*device_factors.items(), ("global", global_factor)]:
+        if not (math.isfinite(factor) and low <= factor <= high):
+            raise PlannerInputError(
+                "--megatron-log",
+                f"{measurement.source}: the measured times give a {name} correction factor of {factor:.3g}, outside "
+                f"{low:g}..{high:g}; the log does not come from the run the flags and --cluster describe "
+                "(check the model, the parallel flags, the batch sizes and the cluster)",
+            )
+
+
 def loader_accepts(kind: str) -> bool:
     """Whether planner.profile_tables accepts this kind in corrections.yaml."""
     return kind in CORRECTION_KINDS
@@ -269,33 +296,34 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
     """Write DIR/corrections.yaml (entries of other devices already there are kept),
     DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
     factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
+    from planner.inputs.files import load_document, path_kind
+    from planner.output_dir import PROFILES_OUTPUT, write_files
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "corrections.yaml"
     keep: list[dict[str, Any]] = []
     new_keys = {(c["device"], c["kind"]) for c in result.corrections}
-    if path.is_file():
-        old = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    if path_kind(path, "--out") == "file":
+        old = load_document(path, "--out") or []
         if isinstance(old, dict):
             old = old.get("corrections", [])
+        if not isinstance(old, list):
+            raise PlannerInputError("--out", f"{path}: expected a list of corrections, keeping them is not possible")
         keep = [c for c in old if isinstance(c, dict) and (c.get("device"), c.get("kind")) not in new_keys]
     accepted = [c for c in result.corrections if loader_accepts(c["kind"])]
     held = [c for c in result.corrections if not loader_accepts(c["kind"])]
     header = ("# Calibrated corrections written by `cli.py calibrate` (contract: profiles/README.md).\n"
               "# Time kinds multiply the modelled time; memory_overhead_gib adds GiB per GPU.\n")
-    path.write_text(header + yaml.safe_dump(keep + accepted, sort_keys=False, width=120), encoding="utf-8")
-    written = [path]
+    files = {"corrections.yaml": header + yaml.safe_dump(keep + accepted, sort_keys=False, width=120)}
     if held:
-        held_path = out / "moe_imbalance.yaml"
-        held_path.write_text(
+        files["moe_imbalance.yaml"] = (
             "# Entries the profile loader does not accept yet; pass the factor as\n"
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
-            + yaml.safe_dump(held, sort_keys=False, width=120), encoding="utf-8")
-        written.append(held_path)
-    report_path = out / "calibration_report.json"
-    report_path.write_text(json.dumps(result.report, indent=2, default=str), encoding="utf-8")
-    written.append(report_path)
-    return written
+            + yaml.safe_dump(held, sort_keys=False, width=120))
+    from planner.cli_common import json_text
+
+    files["calibration_report.json"] = json_text(result.report)
+    return write_files(out, files, "--out", PROFILES_OUTPUT)
 
 
 def render_report(report: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ in `ParsedLog.problems`; they never raise.  Everything else in the log is ignore
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ _TIMER_ALL_NAME_RE = re.compile(r"^\s+([\w\-.]+):\s*$")
 _TIMER_ALL_RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s*([\d.]+)\s*$")
 
 ELAPSED_KEY = "elapsed time per iteration (ms)"
+MAX_LOG_BYTES = 4 << 30  # a log is read whole
 THROUGHPUT_KEY = "throughput per GPU (TFLOP/s/GPU)"
 
 
@@ -187,13 +189,27 @@ class ParsedLog:
         }
 
 
+MAX_ELAPSED_MS = 1e9  # 11.6 days per iteration: anything above is not a real iteration time
+MAX_MEMORY_MB = 1e9  # 1 PB per GPU: anything above is not a real memory figure
+
+
 def _to_float(text: str | None) -> float | None:
+    """A finite number, or None (unreadable, NaN or infinite values are not measurements)."""
     if text is None:
         return None
     try:
-        return float(text.strip())
+        value = float(text.strip())
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
+
+
+def _timer_ms(text: str) -> float:
+    """A timer value in ms; ValueError when it is not a finite number >= 0."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"timer value {text!r} is not a finite number >= 0")
+    return value
 
 
 def _parse_iteration(line: str, line_no: int) -> IterationRecord | LogProblem:
@@ -203,9 +219,15 @@ def _parse_iteration(line: str, line_no: int) -> IterationRecord | LogProblem:
         return LogProblem(line_no, "iteration", "no 'iteration N/ M |' header", line.strip()[:200])
     rest = body[match.end():]
     fields = {k.strip(): v.strip() for k, v in _PAIR_RE.findall(rest)}
-    record = IterationRecord(int(match.group(1)), int(match.group(2)), fields, line_no)
+    try:
+        record = IterationRecord(int(match.group(1)), int(match.group(2)), fields, line_no)
+    except ValueError:
+        return LogProblem(line_no, "iteration", "unreadable iteration number", line.strip()[:200])
     if ELAPSED_KEY in rest and record.elapsed_s is None:
-        return LogProblem(line_no, "iteration", "elapsed time present but unreadable", line.strip()[:200])
+        return LogProblem(line_no, "iteration", "elapsed time present but not a finite number", line.strip()[:200])
+    if record.elapsed_s is not None and not 0 < record.elapsed_s * 1e3 <= MAX_ELAPSED_MS:
+        return LogProblem(line_no, "iteration", f"elapsed time {record.elapsed_s * 1e3:g} ms is not in "
+                                                f"(0, {MAX_ELAPSED_MS:g}] ms", line.strip()[:200])
     if ELAPSED_KEY not in fields:
         return LogProblem(line_no, "iteration", "no elapsed time per iteration (truncated?)", line.strip()[:200])
     return record
@@ -218,12 +240,12 @@ def _parse_memory(line: str, line_no: int) -> MemoryRecord | LogProblem:
     rank, it, alloc, max_alloc, reserved, max_reserved = match.groups()
     mb = 1024.0 * 1024.0  # Megatron divides bytes by 1024*1024 and labels it MB
     try:
-        return MemoryRecord(
-            int(rank), int(it), float(alloc) * mb, float(max_alloc) * mb, float(reserved) * mb,
-            float(max_reserved) * mb, line_no,
-        )
+        values_mb = [float(v) for v in (alloc, max_alloc, reserved, max_reserved)]
+        if not all(math.isfinite(v) and v <= MAX_MEMORY_MB for v in values_mb):
+            raise ValueError
+        return MemoryRecord(int(rank), int(it), *(v * mb for v in values_mb), line_no)
     except ValueError:
-        return LogProblem(line_no, "memory", "unreadable number", line.strip()[:200])
+        return LogProblem(line_no, "memory", f"unreadable number (or above {MAX_MEMORY_MB:g} MB)", line.strip()[:200])
 
 
 def parse_megatron_log_text(text: str, source: str = "<text>") -> ParsedLog:
@@ -290,19 +312,25 @@ def _parse_timer_block(
             if name_m:
                 current = name_m.group(1)
                 per_rank[current] = {}
-            elif rank_m and current is not None:
-                per_rank[current][int(rank_m.group(1))] = float(rank_m.group(2))
             else:
-                problems.append(LogProblem(i + 1, "timer", "unreadable timer line", lines[i].strip()[:200]))
+                try:
+                    if not (rank_m and current is not None):
+                        raise ValueError("unreadable timer line")
+                    per_rank[current][int(rank_m.group(1))] = _timer_ms(rank_m.group(2))
+                except ValueError as exc:
+                    problems.append(LogProblem(i + 1, "timer", str(exc), lines[i].strip()[:200]))
         else:
             mm = _TIMER_MINMAX_RE.match(line)
             mx = _TIMER_MAX_RE.match(line)
-            if option == "minmax" and mm:
-                minmax[mm.group(1)] = (float(mm.group(2)), float(mm.group(3)))
-            elif option == "max" and mx:
-                minmax[mx.group(1)] = (float(mx.group(2)), float(mx.group(2)))
-            else:
-                problems.append(LogProblem(i + 1, "timer", "unreadable timer line", lines[i].strip()[:200]))
+            try:
+                if option == "minmax" and mm:
+                    minmax[mm.group(1)] = (_timer_ms(mm.group(2)), _timer_ms(mm.group(3)))
+                elif option == "max" and mx:
+                    minmax[mx.group(1)] = (_timer_ms(mx.group(2)), _timer_ms(mx.group(2)))
+                else:
+                    raise ValueError("unreadable timer line")
+            except ValueError as exc:
+                problems.append(LogProblem(i + 1, "timer", str(exc), lines[i].strip()[:200]))
         i += 1
     block = TimerBlock(option, after_iteration, minmax, per_rank, start + 1)
     return block, i
@@ -310,7 +338,17 @@ def _parse_timer_block(
 
 def parse_megatron_log(path: str | Path) -> ParsedLog:
     """Read and parse a log file (utf-8, undecodable bytes replaced)."""
+    from planner.inputs.files import path_kind
+
     p = Path(path)
-    if not p.is_file():
-        raise PlannerInputError("--megatron-log", f"no such file: {p}")
-    return parse_megatron_log_text(p.read_text(encoding="utf-8", errors="replace"), source=p.name)
+    kind = path_kind(p, "--megatron-log")
+    if kind != "file":
+        raise PlannerInputError("--megatron-log", f"no such file: {p}" if kind == "missing" else f"{p} is not a file")
+    if p.stat().st_size > MAX_LOG_BYTES:
+        raise PlannerInputError("--megatron-log", f"{p} is larger than {MAX_LOG_BYTES >> 30} GiB; give the part of "
+                                                  "the log with the steady iterations")
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise PlannerInputError("--megatron-log", f"cannot read {p}: {exc.strerror or exc}") from None
+    return parse_megatron_log_text(text, source=p.name)

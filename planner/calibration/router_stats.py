@@ -12,6 +12,7 @@ The factor the cost model uses is the mean of that ratio over layers (and iterat
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,15 @@ class RouterStats:
 
 
 def _read_rows(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_experts: int | None) -> None:
+    try:
+        _read_csv(path, counts, num_experts)
+    except UnicodeDecodeError as exc:
+        raise PlannerInputError("--router-stats", f"{path} is not UTF-8 text (byte offset {exc.start})") from None
+    except (csv.Error, OSError) as exc:
+        raise PlannerInputError("--router-stats", f"{path}: unreadable CSV ({exc})") from None
+
+
+def _read_csv(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_experts: int | None) -> None:
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         columns = [c.strip() for c in (reader.fieldnames or [])]
@@ -73,8 +83,16 @@ def _read_rows(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_
                     "--router-stats", f"{path.name} line {line_no}: layer, expert, iteration must be integers "
                     f"and tokens a number, got {row}"
                 ) from None
-            if tokens < 0 or expert < 0:
-                raise PlannerInputError("--router-stats", f"{path.name} line {line_no}: negative value in {row}")
+            if not math.isfinite(tokens) or tokens < 0 or expert < 0 or layer < 0:
+                raise PlannerInputError(
+                    "--router-stats", f"{path.name} line {line_no}: tokens must be a finite number >= 0 and layer, "
+                    f"expert >= 0, got {row}"
+                )
+            if num_experts is not None and expert >= num_experts:
+                raise PlannerInputError(
+                    "--router-stats", f"{path.name} line {line_no}: expert {expert} but the model has {num_experts} "
+                    f"experts (0..{num_experts - 1})"
+                )
             per_expert = counts.setdefault((iteration, layer), {})
             per_expert[expert] = per_expert.get(expert, 0.0) + tokens
     if num_experts is not None:
@@ -86,15 +104,18 @@ def _read_rows(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_
 def load_router_stats(path: str | Path, num_experts: int | None = None) -> RouterStats:
     """Read a CSV file or an instrumentation directory.  `num_experts`, when given, adds experts
     that received no token (they count in the mean)."""
+    from planner.inputs.files import path_kind
+
     p = Path(path)
     counts: dict[tuple[int, int], dict[int, float]] = {}
-    if p.is_dir():
+    kind = path_kind(p, "--router-stats")
+    if kind == "dir":
         files = sorted(p.glob("router_stats_rank*.csv")) or sorted(p.glob("*.csv"))
         if not files:
             raise PlannerInputError("--router-stats", f"{p}: no router_stats_rank*.csv files")
         for f in files:
             _read_rows(f, counts, num_experts)
-    elif p.is_file():
+    elif kind == "file":
         _read_rows(p, counts, num_experts)
     else:
         raise PlannerInputError("--router-stats", f"no such file or directory: {p}")

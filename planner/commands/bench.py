@@ -7,18 +7,22 @@ from pathlib import Path
 
 import click
 
-from planner.cli_common import handle_errors
+from planner.cli_common import FiniteFloat, handle_errors
+from planner.errors import PlannerInputError
+from planner.output_dir import BENCH_OUTPUT, check_out_dir
 
 
 @click.command("bench")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True,
-              help="directory for results.csv, summary.json, table2.md, table3.md, search_time.md and PNG plots")
+@click.option("--out", "out_dir", default="bench-results", show_default=True, metavar="DIR",
+              help="directory for results.csv, summary.json, table2.md, table3.md, search_time.md and PNG plots "
+                   "(earlier bench results there are overwritten; any other non-empty directory is refused)")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no bench results")
 @click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, megatron runtime, 2 cluster sizes)")
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=1.0), default=None,
+@click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=1.0), default=None,
               help="seconds per search (default 60; 15 with --quick)")
-@click.option("--flagscale-time-limit", "flagscale_time_limit_s", type=click.FloatRange(min=0.0), default=None,
+@click.option("--flagscale-time-limit", "flagscale_time_limit_s", type=FiniteFloat(min=0.0), default=None,
               help="seconds for HAPMoE's flagscale-runtime search, 0 to skip (default 30; 0 with --quick)")
-@click.option("--scaling-time-limit", "scaling_time_limit_s", type=click.FloatRange(min=1.0), default=None,
+@click.option("--scaling-time-limit", "scaling_time_limit_s", type=FiniteFloat(min=1.0), default=None,
               help="seconds per search of the cluster-size study (default 60; 8 with --quick)")
 @click.option("--scaling-sizes", default=None, metavar="N,N,...",
               help="GPU counts of the search-time study (default 48,96,192,384,768,1024; '' to skip)")
@@ -27,7 +31,7 @@ from planner.cli_common import handle_errors
 @click.option("--scenario", "scenario_filter", default=None, help="run only scenarios whose name contains this")
 @click.option("--quiet", is_flag=True, help="no progress on stderr")
 @handle_errors
-def command(out_dir, quick, time_limit_s, flagscale_time_limit_s, scaling_time_limit_s, scaling_sizes, planners,
+def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling_time_limit_s, scaling_sizes, planners,
             scenario_filter, quiet):
     """Run every planner on the scenario suite and write the paper's comparisons.
 
@@ -35,9 +39,9 @@ def command(out_dir, quick, time_limit_s, flagscale_time_limit_s, scaling_time_l
     python cli.py bench --out bench-results
     python cli.py bench --quick --out /tmp/bench
     """
+    check_out_dir(out_dir, "--out", BENCH_OUTPUT, force=force)
     from planner.baselines import PLANNERS
-    from planner.bench import BenchSettings, run_bench
-    from planner.errors import PlannerInputError
+    from planner.bench import QUICK_SUITE, SUITE, BenchSettings, run_bench
     from planner.profile_tables import ProfileSet
 
     settings = BenchSettings.for_quick() if quick else BenchSettings()
@@ -50,8 +54,11 @@ def command(out_dir, quick, time_limit_s, flagscale_time_limit_s, scaling_time_l
     if scaling_sizes is not None:
         try:
             settings.scaling_sizes = tuple(int(x) for x in scaling_sizes.split(",") if x.strip())
+            if any(n > 1 << 17 for n in settings.scaling_sizes):
+                raise ValueError
         except ValueError:
-            raise PlannerInputError("--scaling-sizes", f"expected comma-separated GPU counts, got {scaling_sizes!r}")
+            raise PlannerInputError("--scaling-sizes", f"expected comma-separated GPU counts (at most 131072), "
+                                                        f"got {scaling_sizes!r}")
         if any(n < 24 or n % 8 for n in settings.scaling_sizes):
             raise PlannerInputError("--scaling-sizes", "each size must be a multiple of 8 and at least 24 "
                                                         "(three device types in whole 8-GPU nodes)")
@@ -63,6 +70,12 @@ def command(out_dir, quick, time_limit_s, flagscale_time_limit_s, scaling_time_l
         if "ablation" in names and "hapmoe" not in names:
             names = names + ("hapmoe",)
         settings.planners = names
+    if scenario_filter is not None:
+        suite = QUICK_SUITE if quick else SUITE
+        if not any(scenario_filter in sc.name for sc in suite):
+            raise PlannerInputError("--scenario", f"{scenario_filter!r} matches no scenario of the "
+                                                  f"{'quick ' if quick else ''}suite; scenarios: "
+                                                  f"{', '.join(sc.name for sc in suite)}")
     settings.scenario_filter = scenario_filter
 
     def progress(line: str) -> None:

@@ -9,6 +9,7 @@ from planner.commands.options import (
     CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, load_inputs,
 )
 from planner.errors import PlannerInputError
+from planner.output_dir import PROFILES_OUTPUT, check_out_dir
 
 
 @click.command("calibrate")
@@ -20,18 +21,21 @@ from planner.errors import PlannerInputError
               help="CSV layer,expert,tokens[,iteration,rank] or an instrumentation directory")
 @click.option("--skip-iterations", type=click.IntRange(min=0), default=2, show_default=True,
               help="iteration lines ignored at the start (they include start-up time)")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="directory for corrections.yaml and calibration_report.json (pass it as --profiles)")
+@click.option("--out", "out_dir", required=True, metavar="DIR",
+              help="directory for corrections.yaml and calibration_report.json (pass it as --profiles); a "
+                   "profiles directory is updated, any other non-empty directory is refused")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @handle_errors
 def command(megatron_log, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs, router_stats,
-            skip_iterations, out_dir, as_json, **overrides):
+            skip_iterations, out_dir, force, as_json, **overrides):
     """Compare a real run with the cost model and write corrections (provenance calibrated).
 
     \b
     python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
     """
+    check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
     from planner.calibration.calibrate import (
         calibrate, measurement_from_instrument, measurement_from_log, render_report, write_corrections,
     )

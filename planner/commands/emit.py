@@ -3,7 +3,6 @@ for a solved plan."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +10,58 @@ import click
 
 from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
+from planner.output_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
 
 
 def _load_plan_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlannerInputError("--plan", f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlannerInputError("--plan", f"cannot read {path} as JSON: {exc}") from None
+    from planner.inputs.files import parse_json, read_text
+
+    data = parse_json(read_text(path, "--plan"), "--plan", str(path))
     if not isinstance(data, dict):
         raise PlannerInputError("--plan", f"{path}: expected a JSON object")
     return data
+
+
+def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
+    """Re-derive what plan.json states besides the plan itself and refuse any contradiction: the
+    derived keys (pp, dp, num_microbatches, world_size), the top-level summary keys, and the fit of the
+    plan to its model (layers, global batch) and its cluster (device types, GPUs per type)."""
+    raw_plan = data.get("plan", data)
+    derived = {
+        "pp": plan.pp,
+        "dp": [s.dp for s in plan.stages],
+        "num_microbatches": plan.num_microbatches,
+        "world_size": plan.world_size,
+    }
+    for key, value in derived.items():
+        stated = raw_plan.get(key) if isinstance(raw_plan, dict) else None
+        if key == "dp" and isinstance(stated, int) and not isinstance(stated, bool):
+            stated = [stated] * plan.pp if len(set(derived["dp"])) == 1 else stated
+        if stated is not None and stated != value:
+            raise PlannerInputError("--plan", f"plan.{key} is {stated!r} but the stages give {value!r}; "
+                                              "the file was edited inconsistently (fix it or re-run solve)")
+    if "plan" in data:
+        top = {"world_size": plan.world_size, "num_microbatches": plan.num_microbatches, "runtime": plan.runtime,
+               "model": run.model.name, "cluster": cluster_spec.describe(), "cluster_gpus": cluster_spec.world_size}
+        for key, value in top.items():
+            if key in data and data[key] != value:
+                raise PlannerInputError("--plan", f"{key} is {data[key]!r} but the plan and its inputs give "
+                                                  f"{value!r}; the file was edited inconsistently")
+    layers = sum(s.num_layers for s in plan.stages)
+    if layers != run.model.num_layers:
+        raise PlannerInputError("--plan", f"the stages hold {layers} layers but the model "
+                                          f"{run.model.name} has {run.model.num_layers}")
+    if plan.gbs != run.training.global_batch_size:
+        raise PlannerInputError("--plan", f"plan.gbs: the plan's global batch size ({plan.gbs}) is not the run's "
+                                          f"({run.training.global_batch_size})")
+    have = cluster_spec.gpus_by_type()
+    for device_type, used in plan.gpus_by_type().items():
+        if device_type not in have:
+            raise PlannerInputError("--plan", f"a stage runs on {device_type}, which the cluster "
+                                              f"({cluster_spec.describe()}) does not have")
+        if used > have[device_type]:
+            raise PlannerInputError("--plan", f"the plan uses {used} {device_type} GPUs but the cluster has "
+                                              f"{have[device_type]} ({cluster_spec.describe()})")
 
 
 def resolve_emit_inputs(
@@ -42,7 +81,9 @@ def resolve_emit_inputs(
     from planner.schemas.parallel import MegatronRun
 
     raw_plan = data.get("plan", data)
-    inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
+    if "inputs" in data and not isinstance(data["inputs"], dict):
+        raise PlannerInputError("--plan", "inputs must be an object with run and cluster")
+    inputs = data.get("inputs") or {}
     try:
         plan = Plan.from_json(raw_plan) if isinstance(raw_plan, dict) else Plan.model_validate(raw_plan)
     except ValidationError as exc:
@@ -79,6 +120,17 @@ def resolve_emit_inputs(
             cluster_spec = ClusterSpec.model_validate(inputs["cluster"])
         except ValidationError as exc:
             raise PlannerInputError("--plan", f"inputs.cluster: {format_validation_error(exc)}") from None
+        from planner.profile_tables import ProfileSet
+
+        profiles = ProfileSet.load()
+        for device_type in cluster_spec.device_types:
+            try:
+                known = profiles.canonical_name(device_type) == device_type
+            except PlannerInputError:
+                known = False
+            if not known:
+                raise PlannerInputError("--plan", f"inputs.cluster: unknown device type {device_type!r}; known: "
+                                                  f"{', '.join(profiles.names())}")
     else:
         raise PlannerInputError("--cluster", "the plan file has no inputs.cluster; give --cluster")
     return run, plan, cluster_spec
@@ -109,8 +161,10 @@ def script_from_plan(data: dict[str, Any], megatron_script: str | None, script_a
 @click.command("emit")
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), metavar="PLAN.JSON",
               help="plan.json as `solve --out` writes it (or a bare Plan with --model/--cluster)")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="directory for the launcher files (created if needed)")
+@click.option("--out", "out_dir", required=True, metavar="DIR",
+              help="directory for the launcher files (created if needed; earlier launcher files there are "
+                   "replaced, any other non-empty directory is refused)")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no launcher files")
 @click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="the user's launcher (default: the one plan.json saved); launch.sh is it with the plan applied")
 @click.option("--model", default=None, metavar="PRESET|FILE", help="model, when the plan file has no inputs.run")
@@ -118,20 +172,23 @@ def script_from_plan(data: dict[str, Any], megatron_script: str | None, script_a
 @click.option("--cluster", default=None, metavar="SPEC", help="cluster, when the plan file has no inputs.cluster")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")
 @handle_errors
-def command(plan_path, out_dir, megatron_script, model, megatron_args, cluster, script_args):
+def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, script_args):
     """Write megatron_args.txt, launch.sh and hostfile (plus FlagScale's YAML for the flagscale
     runtime) for a plan.  The input script is never modified.
 
     \b
     python cli.py emit --plan out/plan.json --out launch/ --megatron-script train.sh
     """
-    from planner.launcher import write_launch_files
+    check_out_dir(out_dir, "--out", LAUNCHER_OUTPUT, force=force)
+    from planner.launcher import render_launch_files
 
     data = _load_plan_file(Path(plan_path))
     run, plan, cluster_spec = resolve_emit_inputs(
         data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
     )
+    check_plan_document(data, plan, run, cluster_spec)
     script = script_from_plan(data, megatron_script, tuple(script_args))
-    paths = write_launch_files(run, plan, cluster_spec, Path(out_dir), script)
+    files = render_launch_files(run, plan, cluster_spec, script)
+    paths = write_files(out_dir, files, "--out", LAUNCHER_OUTPUT)
     for p in paths:
         click.echo(str(p))

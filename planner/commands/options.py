@@ -6,6 +6,8 @@ from typing import Any, Callable
 
 import click
 
+from planner.errors import PlannerInputError
+
 MODEL_OPTIONS = [
     click.option("--model", "model", default=None, metavar="PRESET|FILE",
                  help="model preset name (e.g. mixtral-s), a YAML file, or a HuggingFace config.json"),
@@ -96,9 +98,13 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
     cluster_spec = parse_cluster(cluster, profiles)
     clean = {k: v for k, v in overrides.items() if v is not None}
     notes: list[str] = []
-    run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                      script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
-                      notes=notes, allow_invalid=allow_invalid)
+    try:
+        run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                          script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
+                          notes=notes, allow_invalid=allow_invalid)
+    except PlannerInputError as exc:
+        raise _in_override_terms(exc, clean) from None
+    check_precision(run.training.precision, cluster_spec, profiles)
     if not quiet:
         for note in notes:
             click.echo(f"note: {note}", err=True)
@@ -107,3 +113,40 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
             update={"moe_imbalance_factor": float(moe_imbalance)})})
     run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
     return run, cluster_spec, profiles
+
+
+# The Megatron flag each CLI override sets (errors from the flag layer name the Megatron flag).
+OVERRIDE_FLAGS = {
+    "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
+    "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
+    "vpp": "--num-virtual-stages-per-pipeline-rank", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
+    "seq": "--seq-length", "layout": "--pipeline-model-parallel-layout", "recompute": "--recompute-granularity",
+}
+
+
+def _in_override_terms(exc, overrides: dict):
+    """An error about a Megatron flag that a CLI override set names the override too (`--ep`, not only
+    `--expert-model-parallel-size`)."""
+    field = getattr(exc, "field", "")
+    for key, flag in OVERRIDE_FLAGS.items():
+        if key in overrides and field == flag:
+            message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
+            return PlannerInputError(f"--{key} ({flag})", message)
+    return exc
+
+
+def check_precision(precision: str, cluster_spec, profiles) -> None:
+    """Every device of the cluster must run the run's precision (a V100 has no bf16)."""
+    from planner.errors import MissingProfileError
+
+    for device_type in cluster_spec.device_types:
+        device = profiles.device(device_type)
+        try:
+            device.peak_flop_per_s(precision)
+        except MissingProfileError:
+            supported = ", ".join(sorted(device.peak_tflops))
+            raise PlannerInputError(
+                "--cluster",
+                f"{device_type} does not run {precision} (it runs {supported}); choose other devices, or a "
+                f"precision it runs (--fp16 in --megatron-args, or precision: in the model file's training block)",
+            ) from None

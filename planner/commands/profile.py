@@ -9,8 +9,10 @@ import click
 
 from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
+from planner.output_dir import PROFILES_OUTPUT, check_out_dir
 
 TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
+MAX_LIST_VALUE = 1024  # TP/EP/ETP degrees and micro-batch sizes a single-device benchmark can time
 
 
 def _int_list(flag: str, text: str | None) -> list[int] | None:
@@ -19,17 +21,19 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise PlannerInputError(flag, f"expected comma-separated positive integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise PlannerInputError(flag, f"expected comma-separated positive integers, got {text!r}")
+        raise PlannerInputError(flag, f"expected comma-separated positive integers, got {text[:60]!r}") from None
+    if not values or any(v <= 0 or v > MAX_LIST_VALUE for v in values):
+        raise PlannerInputError(flag, f"expected comma-separated integers in 1..{MAX_LIST_VALUE}, got {text[:60]!r}")
     return values
 
 
 @click.command("profile")
 @click.option("--model", required=True, metavar="PRESET|FILE", help="model preset or YAML whose shapes are timed")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), required=True, help="what to measure")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="output directory: devices/<name>.yaml + profile_report.json (pass it as --profiles)")
+@click.option("--out", "out_dir", required=True, metavar="DIR",
+              help="output directory: devices/<name>.yaml + profile_report.json (pass it as --profiles); a "
+                   "profiles directory is updated, any other non-empty directory is refused")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory")
 @click.option("--quick", is_flag=True, help="tiny shapes and few repeats (a smoke run; CPU: well under a minute)")
 @click.option("--tp-list", default=None, help="TP sizes to time, e.g. 1,2,4,8 (default 1,2 quick/CPU, 1,2,4,8 GPU)")
 @click.option("--ep-list", default=None, help="EP sizes for expert GEMMs (default: divisors of the expert count <= 8)")
@@ -41,7 +45,7 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="untimed runs per kernel")
 @click.option("--skip-collectives", is_flag=True, help="do not time collectives (GPU: take links from the shipped profile)")
 @handle_errors
-def command(model, device, out_dir, quick, tp_list, ep_list, etp_list, mbs_list, dtype, repeats, warmup,
+def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mbs_list, dtype, repeats, warmup,
             skip_collectives):
     """Measure kernels and collectives with torch; write a DeviceProfile (provenance measured).
 
@@ -49,22 +53,27 @@ def command(model, device, out_dir, quick, tp_list, ep_list, etp_list, mbs_list,
     python cli.py profile --model mixtral-s --device cpu --quick --out prof/
     python cli.py estimate --model mixtral-s --cluster CPU-xxxxxx:2 --profiles prof/
     """
+    # every argument is checked before torch is imported (seconds) and before anything is measured
+    check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
+    from planner.inputs.presets import load_model_preset
+
+    spec, _training = load_model_preset(model)
+    lists = {flag: _int_list(flag, text) for flag, text in
+             (("--tp-list", tp_list), ("--ep-list", ep_list), ("--etp-list", etp_list), ("--mbs-list", mbs_list))}
     try:
         import torch  # noqa: F401
     except ImportError:
         click.echo(f"error: torch is not installed; {TORCH_MISSING}", err=True)
         sys.exit(2)
-    from planner.inputs.presets import load_model_preset
     from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
 
-    spec, _training = load_model_preset(model)
     gpu = device == "cuda"
     opts = ProfileOptions(
         model=spec, device=device, quick=quick,
-        tp_list=_int_list("--tp-list", tp_list) or ([1, 2, 4, 8] if gpu and not quick else [1, 2]),
-        ep_list=_int_list("--ep-list", ep_list) or default_ep_list(spec, 2 if quick else 8),
-        etp_list=_int_list("--etp-list", etp_list) or [1],
-        micro_batch_sizes=_int_list("--mbs-list", mbs_list) or ([1] if quick else [1, 2]),
+        tp_list=lists["--tp-list"] or ([1, 2, 4, 8] if gpu and not quick else [1, 2]),
+        ep_list=lists["--ep-list"] or default_ep_list(spec, 2 if quick else 8),
+        etp_list=lists["--etp-list"] or [1],
+        micro_batch_sizes=lists["--mbs-list"] or ([1] if quick else [1, 2]),
         dtype=dtype, warmup=warmup, repeats=repeats, skip_collectives=skip_collectives,
     )
     start = time.perf_counter()

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from planner.cli_common import echo_json, handle_errors
+from planner.cli_common import FiniteFloat, echo_json, handle_errors, json_text
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
     apply_options, check_plot_dir, load_inputs,
 )
+from planner.output_dir import PLAN_OUTPUT, StagedOutput, check_out_dir
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
                  help="cpsat: HS-DP screening, then CP-SAT proves the best configurations; hsdp: the DP alone"),
     click.option("--runtime", type=click.Choice(["megatron", "flagscale"]), default="megatron", show_default=True,
                  help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
-    click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+    click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole search"),
-    click.option("--delta", type=click.FloatRange(min=0.0, max=1.0), default=0.2, show_default=True,
+    click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
                  help="load-balance tolerance of the paper's pruning"),
     click.option("--no-prune", is_flag=True, help="turn the paper's pruning off (exact search, certified optimum)"),
     click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
@@ -57,15 +57,10 @@ def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> 
 def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
     """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files, written
     all-or-nothing."""
-    import shutil
-    import tempfile
-
     from planner.report import summary_markdown
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=out_dir.parent))
-    try:
+    staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
+    with staged as tmp:
         images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/")
         payload["plots"] = images
         plan_doc = dict(payload)
@@ -75,16 +70,14 @@ def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path
         if script is not None:  # emit rebuilds the launcher from this, without the file
             plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
                                             "extra_flags": list(script.extra_flags), "text": script.text}
-        (tmp / "plan.json").write_text(json.dumps(plan_doc, indent=2, default=str))
-        (tmp / "inputs.json").write_text(json.dumps(plan_doc["inputs"], indent=2, default=str))
+        (tmp / "plan.json").write_text(json_text(plan_doc))
+        (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
         (tmp / "summary.md").write_text(summary_markdown(payload, images))
         from planner.launcher import write_launch_files
 
         write_launch_files(outcome.run, outcome.plans[0], outcome.cluster, tmp / "launch",
                            script=getattr(outcome, "script", None))
-        return _move_into(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return staged.written
 
 
 def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
@@ -108,14 +101,16 @@ def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Pa
 
 @click.command("solve")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS + SCRIPT_ARGS)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="write plan.json, inputs.json, summary.md and the launcher (launch/) here")
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="write plan.json, inputs.json, summary.md and the launcher (launch/) here; an earlier plan "
+                   "there is replaced, any other non-empty directory is refused")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan")
 @apply_options(ASSUMPTION_OPTIONS + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, top_k, out_dir, moe_imbalance, plot_dir, wide, as_json, quiet, script_args):
+            time_limit_s, delta, no_prune, top_k, out_dir, force, moe_imbalance, plot_dir, wide, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -123,11 +118,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     python cli.py solve --model mixtral-s --cluster h800-mi300x --backend hsdp --runtime flagscale --json
     python cli.py solve --megatron-script train.sh --cluster H800:16 --out plan/ -- /ckpt /tokenizer /data
     """
-    from planner.api import make_space, solve
-    from planner.progress import SearchProgress
-    from planner.report import render_solve, solve_json
-    from planner.search.driver import SearchSettings
-
+    if out_dir is not None:
+        check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force)
     plot_dir = check_plot_dir(plot_dir, out_dir)
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
@@ -135,12 +127,20 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         script_args=script_args, quiet=quiet,
         allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
     )
+    from planner.api import make_space, solve
+    from planner.progress import SearchProgress
+    from planner.report import render_solve, solve_json
+    from planner.sanity import check_prediction
+    from planner.search.driver import SearchSettings
+
     settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
                               time_limit_s=time_limit_s, top_k=top_k)
     space = make_space(run, runtime, mbs=mbs)
     with SearchProgress(quiet=quiet, time_limit_s=time_limit_s) as progress:
         outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
     progress.finish(best_s=outcome.result.best[0].objective_s, lower_bound_s=outcome.result.lower_bound_s)
+    for rank, cost in enumerate(outcome.costs):
+        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
     if megatron_script:
         from planner.inputs.resolve import read_script, script_override_flags
 

@@ -10,12 +10,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import load_document, path_kind, require_string_keys
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
+from planner.schemas.types import MAX_GPUS
 
 FIELD = "--cluster"
 FORMS = (
@@ -24,7 +25,8 @@ FORMS = (
     "such as H800:16,MI300X:16,910B:16 (COUNT may also be NODESxGPUS, e.g. H800:2x8)"
 )
 _ITEM = re.compile(r"^\s*([^:\s][^:]*?)\s*:\s*(\S+)\s*$")
-_NODES_X_GPUS = re.compile(r"^(\d+)[xX*](\d+)$")
+_NODES_X_GPUS = re.compile(r"^([0-9]{1,9})[xX*]([0-9]{1,9})$")
+_COUNT = re.compile(r"^[0-9]{1,9}$")
 _GROUP_KEYS = {"device_type", "num_nodes", "gpus_per_node", "num_gpus",
                "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"}
 _TOP_KEYS = {"name", "groups", "links"}
@@ -53,9 +55,11 @@ def parse_cluster(text: str, profiles: ProfileSet) -> ClusterSpec:
     presets = preset_paths(profiles)
     if spec.lower() in presets:
         return load_cluster_file(presets[spec.lower()], profiles)
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return load_cluster_file(path, profiles)
+    looks_like_file = spec.lower().endswith((".yaml", ".yml", ".json")) or "/" in spec
+    if looks_like_file or (len(spec) <= 255 and "\x00" not in spec):
+        kind = path_kind(Path(spec).expanduser(), FIELD)
+        if kind != "missing":
+            return load_cluster_file(Path(spec).expanduser(), profiles)
     if spec.lower().endswith((".yaml", ".yml", ".json")):
         raise PlannerInputError(FIELD, f"file not found: {spec}; {_forms(profiles)}")
     if ":" in spec:
@@ -72,19 +76,34 @@ def _group_for(device_type: str, count_text: str, profiles: ProfileSet, item: st
         nodes, per_node = int(m.group(1)), int(m.group(2))
         if nodes < 1 or per_node < 1:
             raise PlannerInputError(FIELD, f"{item!r}: NODESxGPUS must both be >= 1")
-        return NodeGroup(device_type=canonical, num_nodes=nodes, gpus_per_node=per_node)
-    if not count_text.isdigit() or int(count_text) < 1:
-        raise PlannerInputError(FIELD, f"{item!r}: COUNT must be a positive integer (or NODESxGPUS, e.g. 2x8)")
+        return _node_group(item, device_type=canonical, num_nodes=nodes, gpus_per_node=per_node)
+    if not _COUNT.match(count_text) or int(count_text) < 1:
+        raise PlannerInputError(
+            FIELD, f"{_short(item)!r}: COUNT must be a positive integer (digits 0-9) or NODESxGPUS, e.g. 2x8"
+        )
     count = int(count_text)
+    if count > MAX_GPUS:
+        raise PlannerInputError(FIELD, f"{item!r}: {count} GPUs; the planner handles at most {MAX_GPUS}")
     if count < node_size:
-        return NodeGroup(device_type=canonical, num_nodes=1, gpus_per_node=count)
+        return _node_group(item, device_type=canonical, num_nodes=1, gpus_per_node=count)
     if count % node_size:
         raise PlannerInputError(
             FIELD,
             f"{item!r}: {count} {canonical} is not a multiple of its {node_size} GPUs per node; "
             f"use a multiple of {node_size}, a count below {node_size} (one partial node), or NODESxGPUS",
         )
-    return NodeGroup(device_type=canonical, num_nodes=count // node_size, gpus_per_node=node_size)
+    return _node_group(item, device_type=canonical, num_nodes=count // node_size, gpus_per_node=node_size)
+
+
+def _node_group(item: str, **fields: Any) -> NodeGroup:
+    try:
+        return NodeGroup(**fields)
+    except ValidationError as exc:
+        raise PlannerInputError(FIELD, f"{item!r}: {_errors(exc)}") from None
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _canonical(device_type: str, profiles: ProfileSet) -> str:
@@ -102,21 +121,21 @@ def parse_shorthand(spec: str, profiles: ProfileSet) -> ClusterSpec:
             raise PlannerInputError(FIELD, f"empty item in {spec!r}; {_forms(profiles)}")
         m = _ITEM.match(item)
         if not m:
-            raise PlannerInputError(FIELD, f"{item.strip()!r} is not TYPE:COUNT; {_forms(profiles)}")
+            raise PlannerInputError(FIELD, f"{_short(item.strip())!r} is not TYPE:COUNT; {_forms(profiles)}")
         group = _group_for(m.group(1), m.group(2), profiles, item.strip())
         if any(g.device_type == group.device_type for g in groups):
             raise PlannerInputError(FIELD, f"device type {group.device_type} is listed twice in {spec!r}; give one total")
         groups.append(group)
-    cluster = ClusterSpec(name="cluster", groups=tuple(groups))
+    try:
+        cluster = ClusterSpec(name="cluster", groups=tuple(groups))
+    except ValidationError as exc:
+        raise PlannerInputError(FIELD, f"{_short(spec)!r}: {_errors(exc)}") from None
     return cluster.model_copy(update={"name": cluster.describe()})
 
 
 def load_cluster_file(path: Path, profiles: ProfileSet) -> ClusterSpec:
     """A cluster YAML file -> ClusterSpec (see profiles/README.md, "Cluster files")."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as exc:
-        raise PlannerInputError(FIELD, f"{path}: not valid YAML: {exc}") from exc
+    raw = load_document(path, FIELD)
     return cluster_from_dict(raw, profiles, source=str(path), default_name=Path(path).stem)
 
 
@@ -127,24 +146,35 @@ def cluster_from_dict(raw: Any, profiles: ProfileSet, *, source: str = "cluster"
     where = f"{source}"
     if not isinstance(raw, dict):
         raise PlannerInputError(FIELD, f"{where}: a cluster file is a mapping with `groups:`; {_forms(profiles)}")
+    require_string_keys(raw, FIELD, where)
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         raise PlannerInputError(FIELD, f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
     rows = raw.get("groups")
     if not isinstance(rows, list) or not rows:
         raise PlannerInputError(FIELD, f"{where}: `groups` must be a non-empty list")
+    links_raw = raw.get("links") or []
+    if not isinstance(links_raw, list):
+        raise PlannerInputError(FIELD, f"{where}: `links` must be a list")
+    name = raw.get("name")
+    name = default_name if name is None or name == "" else name
+    if not isinstance(name, str):
+        raise PlannerInputError(FIELD, f"{where}: `name` must be a string, got {name!r}")
     groups = [_group_from_row(row, i, profiles, where) for i, row in enumerate(rows)]
-    links = [_link_from_row(row, i, profiles, where) for i, row in enumerate(raw.get("links") or [])]
+    links = [_link_from_row(row, i, profiles, where) for i, row in enumerate(links_raw)]
     try:
-        return ClusterSpec(name=str(raw.get("name") or default_name), groups=tuple(groups), links=tuple(links))
+        return ClusterSpec(name=name, groups=tuple(groups), links=tuple(links))
     except ValidationError as exc:
-        raise PlannerInputError(FIELD, f"{where}: {exc.errors()[0].get('msg')}") from exc
+        raise PlannerInputError(FIELD, f"{where}: {_errors(exc)}") from None
 
 
 def _group_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> NodeGroup:
     at = f"{where}: groups[{i}]"
     if not isinstance(row, dict) or "device_type" not in row:
         raise PlannerInputError(FIELD, f"{at}: needs device_type and num_nodes (or num_gpus)")
+    require_string_keys(row, FIELD, at)
+    if not isinstance(row["device_type"], str):
+        raise PlannerInputError(FIELD, f"{at}: device_type must be a device name, got {row['device_type']!r}")
     unknown = set(row) - _GROUP_KEYS
     if unknown:
         raise PlannerInputError(FIELD, f"{at}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_GROUP_KEYS)}")
@@ -156,7 +186,7 @@ def _group_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> NodeG
         gpn = body["gpus_per_node"]
         if "num_nodes" in body:
             raise PlannerInputError(FIELD, f"{at}: give num_nodes or num_gpus, not both")
-        if not isinstance(num_gpus, int) or not isinstance(gpn, int) or num_gpus < 1 or gpn < 1 or num_gpus % gpn:
+        if not _is_int(num_gpus) or not _is_int(gpn) or num_gpus < 1 or gpn < 1 or num_gpus % gpn:
             raise PlannerInputError(FIELD, f"{at}: num_gpus {num_gpus!r} must be a positive multiple of gpus_per_node {gpn!r}")
         body["num_nodes"] = num_gpus // gpn
     try:
@@ -169,14 +199,15 @@ def _link_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> CrossT
     at = f"{where}: links[{i}]"
     if not isinstance(row, dict):
         raise PlannerInputError(FIELD, f"{at}: a link is {{between: [A, B], kind, bandwidth_gb_per_s, latency_us}}")
+    require_string_keys(row, FIELD, at)
     unknown = set(row) - _LINK_KEYS
     if unknown:
         raise PlannerInputError(FIELD, f"{at}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_LINK_KEYS)}")
     between = row.get("between")
-    if not (isinstance(between, (list, tuple)) and len(between) == 2):
+    if not (isinstance(between, (list, tuple)) and len(between) == 2 and all(isinstance(t, str) for t in between)):
         raise PlannerInputError(FIELD, f"{at}: `between` must list two device types")
     body = dict(row)
-    body["between"] = tuple(_canonical(str(t), profiles) for t in between)
+    body["between"] = tuple(_canonical(t, profiles) for t in between)
     kind = body.get("kind")
     if not isinstance(kind, str):
         raise PlannerInputError(FIELD, f"{at}: `kind` is required (e.g. {', '.join(profiles.link_kinds())})")
@@ -195,5 +226,12 @@ def _link_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> CrossT
         raise PlannerInputError(FIELD, f"{at}: {_errors(exc)}") from exc
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {str(e.get('msg')).removeprefix('Value error, ')}".lstrip(": ")
+        for e in exc.errors()
+    )

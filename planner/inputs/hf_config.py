@@ -8,14 +8,15 @@ recipe values: alltoall dispatcher and grouped GEMM on.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import parse_json, path_kind, read_text
 from planner.schemas.model import ModelSpec
+from planner.schemas.types import MAX_EXPERTS, MAX_LAYERS, MAX_SIZE
 
 DEFAULT_SEQ_LENGTH = 4096  # training sequence when the caller gives none (capped by the model's context)
 
@@ -28,12 +29,37 @@ def _get(cfg: dict[str, Any], key: str, default: Any = ...) -> Any:
     return default
 
 
-def _int(cfg: dict[str, Any], key: str, default: Any = ...) -> Any:
+def _int(cfg: dict[str, Any], key: str, default: Any = ..., *, minimum: int = 1, maximum: int = MAX_SIZE) -> Any:
+    """An integer key in minimum..maximum (no bool, string or float coercion); None stays None."""
     value = _get(cfg, key, default)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlannerInputError(f"config.json:{key}", f"expected an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise PlannerInputError(f"config.json:{key}", f"expected an integer in {minimum}..{maximum}, got {value}")
+    return value
+
+
+def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise PlannerInputError(f"config.json:{key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _int_list(cfg: dict[str, Any], key: str, *, minimum: int, maximum: int) -> list[int]:
+    """A list of integers in minimum..maximum (missing or null: empty)."""
+    value = cfg.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise PlannerInputError(f"config.json:{key}", f"expected a list of integers, got {value!r}")
+    bad = [v for v in value if not minimum <= v <= maximum]
+    if bad:
+        raise PlannerInputError(f"config.json:{key}", f"entries must be in {minimum}..{maximum}, got {bad[:5]}")
     return value
 
 
@@ -45,7 +71,7 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     seq = min(DEFAULT_SEQ_LENGTH, max_pos) if max_pos else DEFAULT_SEQ_LENGTH
     out: dict[str, Any] = {
         "name": name,
-        "num_layers": _int(cfg, "num_hidden_layers"),
+        "num_layers": _int(cfg, "num_hidden_layers", maximum=MAX_LAYERS),
         "hidden_size": _int(cfg, "hidden_size"),
         "ffn_hidden_size": _int(cfg, "intermediate_size"),
         "num_attention_heads": heads,
@@ -55,7 +81,7 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         "max_position_embeddings": max_pos,
         "swiglu": True,
         "normalization": "RMSNorm",
-        "untie_embeddings_and_output_weights": not bool(cfg.get("tie_word_embeddings", False)),
+        "untie_embeddings_and_output_weights": not _bool(cfg, "tie_word_embeddings", False),
         "add_bias_linear": False,
     }
     head_dim = cfg.get("head_dim")
@@ -96,10 +122,11 @@ def check_expert_keys(cfg: dict[str, Any]) -> None:
             )
 
 
-def _first_int(cfg: dict[str, Any], keys: tuple[str, ...], default: Any = ...) -> Any:
+def _first_int(cfg: dict[str, Any], keys: tuple[str, ...], default: Any = ..., *, minimum: int = 1,
+               maximum: int = MAX_SIZE) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
-            return _int(cfg, key)
+            return _int(cfg, key, minimum=minimum, maximum=maximum)
     if default is ...:
         raise PlannerInputError(f"config.json:{keys[0]}", f"missing; the config must give one of {', '.join(keys)}")
     return default
@@ -107,16 +134,16 @@ def _first_int(cfg: dict[str, Any], keys: tuple[str, ...], default: Any = ...) -
 
 def expert_count(cfg: dict[str, Any]) -> int | None:
     """The routed-expert count under any of EXPERT_COUNT_KEYS (None or 0: dense)."""
-    return _first_int(cfg, EXPERT_COUNT_KEYS, None) or None
+    return _first_int(cfg, EXPERT_COUNT_KEYS, None, minimum=0, maximum=MAX_EXPERTS) or None
 
 
 def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """Routed and shared experts, whatever the family calls them."""
     out["num_experts"] = expert_count(cfg)
-    out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, 2)
+    out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, 2, maximum=MAX_EXPERTS)
     out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size", out.get("ffn_hidden_size"))
-    shared = _first_int(cfg, SHARED_COUNT_KEYS, 0)
-    shared_size = _int(cfg, "shared_expert_intermediate_size", 0)
+    shared = _first_int(cfg, SHARED_COUNT_KEYS, 0, minimum=0, maximum=MAX_EXPERTS)
+    shared_size = _int(cfg, "shared_expert_intermediate_size", 0, minimum=0)
     if shared:
         out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"]
     elif shared_size:
@@ -146,9 +173,7 @@ def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] |
     """Qwen2/3-MoE: layer i is sparse unless listed in mlp_only_layers, when
     (i + 1) % decoder_sparse_step == 0."""
     step = _int(cfg, "decoder_sparse_step", 1)
-    if step <= 0:
-        raise PlannerInputError("config.json:decoder_sparse_step", f"must be positive, got {step}")
-    dense_only = set(cfg.get("mlp_only_layers") or [])
+    dense_only = set(_int_list(cfg, "mlp_only_layers", minimum=0, maximum=num_layers - 1))
     pattern = tuple(
         1 if (i not in dense_only and (i + 1) % step == 0) else 0 for i in range(num_layers)
     )
@@ -159,7 +184,7 @@ def _qwen2_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out = _experts(cfg, _common(cfg, name))
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_experts", "missing; a Qwen-MoE config must give its experts")
-    out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS)
+    out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, maximum=MAX_EXPERTS)
     out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
     out["moe_layer_pattern"] = _qwen_moe_pattern(cfg, out["num_layers"])
     return out
@@ -190,24 +215,22 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out["q_lora_rank"] = _int(cfg, "q_lora_rank", None)
     out["kv_lora_rank"] = _int(cfg, "kv_lora_rank")
     out["qk_head_dim"] = _int(cfg, "qk_nope_head_dim")
-    out["qk_pos_emb_head_dim"] = _int(cfg, "qk_rope_head_dim")
+    out["qk_pos_emb_head_dim"] = _int(cfg, "qk_rope_head_dim", minimum=0)
     out["v_head_dim"] = _int(cfg, "v_head_dim")
     experts = expert_count(cfg)
     if experts:
         num_layers = out["num_layers"]
         _experts(cfg, out)
-        out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS)
+        out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, maximum=MAX_EXPERTS)
         out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
-        shared = _first_int(cfg, SHARED_COUNT_KEYS, 0)
+        shared = _first_int(cfg, SHARED_COUNT_KEYS, 0, minimum=0, maximum=MAX_EXPERTS)
         out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"] if shared else None
-        first_dense = _int(cfg, "first_k_dense_replace", 0)
+        first_dense = _int(cfg, "first_k_dense_replace", 0, minimum=0, maximum=num_layers)
         freq = _int(cfg, "moe_layer_freq", 1)
-        if freq <= 0:
-            raise PlannerInputError("config.json:moe_layer_freq", f"must be positive, got {freq}")
         pattern = tuple(1 if (i >= first_dense and i % freq == 0) else 0 for i in range(num_layers))
         out["moe_layer_pattern"] = None if all(pattern) else pattern
         _moe_recipe(out)
-    mtp = _int(cfg, "num_nextn_predict_layers", 0)
+    mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0, maximum=MAX_LAYERS)
     if mtp:
         out["mtp_num_layers"] = mtp
     return out
@@ -240,10 +263,17 @@ SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
 def _family(cfg: dict[str, Any]) -> str:
     model_type = cfg.get("model_type")
-    if isinstance(model_type, str) and model_type in _FAMILIES:
+    if model_type is not None and not isinstance(model_type, str):
+        raise PlannerInputError("config.json:model_type", f"expected a string, got {model_type!r}")
+    architectures = cfg.get("architectures")
+    if architectures is not None and (
+        not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
+    ):
+        raise PlannerInputError("config.json:architectures", f"expected a list of class names, got {architectures!r}")
+    if model_type in _FAMILIES:
         return model_type
-    for arch in cfg.get("architectures") or []:
-        if isinstance(arch, str) and arch in _ARCHITECTURES:
+    for arch in architectures or []:
+        if arch in _ARCHITECTURES:
             return _ARCHITECTURES[arch]
     shown = model_type or (cfg.get("architectures") or ["(none)"])
     raise PlannerInputError(
@@ -275,20 +305,15 @@ def model_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err.get("loc", ())) or "model"
-        raise PlannerInputError(f"config.json ({loc})", str(err.get("msg"))) from None
+        raise PlannerInputError(f"config.json ({loc})", str(err.get("msg")).removeprefix("Value error, ")) from None
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """Load a config.json (or the config.json inside a model directory)."""
     p = Path(path)
-    if p.is_dir():
+    if path_kind(p, "--model") == "dir":
         p = p / "config.json"
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlannerInputError("--model", f"file not found: {p}") from None
-    except json.JSONDecodeError as exc:
-        raise PlannerInputError("--model", f"{p} is not valid JSON: {exc}") from None
+    data = parse_json(read_text(p, "--model"), "--model", str(p))
     if not isinstance(data, dict):
         raise PlannerInputError("--model", f"{p} does not hold a JSON object")
     return data

@@ -16,12 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import load_document, path_kind, require_string_keys
 from planner.inputs.megatron_flags import moe_pattern_from_flag
-from planner.schemas.model import ModelSpec
+from planner.schemas.model import ModelSpec, moe_pattern_from_freq
+from planner.schemas.types import MAX_LAYERS
 from planner.schemas.training import TrainingSpec
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
@@ -48,27 +49,29 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
     """ModelSpec and training block from a parsed preset document; errors name `where` and the key."""
     if not isinstance(data, dict):
         raise PlannerInputError(where, "expected a mapping of ModelSpec fields")
+    require_string_keys(data, where, "the model")
     fields = dict(data)
-    training = fields.pop("training", None) or {}
+    training = fields.pop("training", None)
+    if training is None:
+        training = {}
     if not isinstance(training, dict):
         raise PlannerInputError(f"{where}:training", "expected a mapping")
+    require_string_keys(training, f"{where}:training", "the training block")
     unknown = sorted(set(training) - TRAINING_KEYS)
     if unknown:
         raise PlannerInputError(
             f"{where}:training", f"unknown key(s) {unknown}; allowed: {', '.join(sorted(TRAINING_KEYS))}"
         )
+    _check_training(training, where)
     fields.setdefault("name", name)
     if "moe_layer_freq" in fields:
         if "moe_layer_pattern" in fields:
             raise PlannerInputError(f"{where}:moe_layer_freq", "give moe_layer_freq or moe_layer_pattern, not both")
         freq = fields.pop("moe_layer_freq")
-        if "num_layers" not in fields:
-            raise PlannerInputError(f"{where}:num_layers", "missing")
-        try:
-            pattern = moe_pattern_from_flag(freq, fields["num_layers"])
-        except (ValueError, TypeError) as exc:
-            raise PlannerInputError(f"{where}:moe_layer_freq", str(exc)) from None
-        fields["moe_layer_pattern"] = None if all(pattern) else pattern
+        num_layers = fields.get("num_layers")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 0 < num_layers <= MAX_LAYERS:
+            raise PlannerInputError(f"{where}:num_layers", f"expected an integer in 1..{MAX_LAYERS}, got {num_layers!r}")
+        fields["moe_layer_pattern"] = _pattern_from_freq(freq, num_layers, f"{where}:moe_layer_freq")
     if "seq_length" in training:
         fields["seq_length"] = training["seq_length"]
     try:
@@ -81,15 +84,45 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
     return model, dict(training)
 
 
-def load_model_file(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
-    """Load a preset-format YAML file from any path."""
-    p = Path(path)
+def _check_training(training: dict[str, Any], where: str) -> None:
+    """The training block's values, checked against TrainingSpec here so that an error names the file
+    and the key (the values are applied later, under the names of the Megatron flags)."""
+    values = {k: v for k, v in training.items() if k != "seq_length"}
+    values.setdefault("global_batch_size", 1)  # required by TrainingSpec; the preset may leave it to --gbs
     try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise PlannerInputError("--model", f"file not found: {p}") from None
-    except yaml.YAMLError as exc:
-        raise PlannerInputError("--model", f"{p} is not valid YAML: {exc}") from None
+        TrainingSpec(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg")).removeprefix("Value error, ")
+        raise PlannerInputError(f"{where}:training.{key}", msg) from None
+
+
+def _pattern_from_freq(freq: Any, num_layers: int, where: str) -> tuple[int, ...] | None:
+    """`moe_layer_freq` as Megatron reads it: an int N, a list of 0/1 per layer, or a list
+    expression such as "([0]+[1]*23)".  None when every layer is MoE."""
+    try:
+        if isinstance(freq, bool):
+            raise ValueError(f"expected an integer, a 0/1 list or a list expression, got {freq!r}")
+        if isinstance(freq, int):
+            pattern = moe_pattern_from_freq(freq, num_layers)
+        elif isinstance(freq, list):
+            if any(isinstance(v, bool) or v not in (0, 1) for v in freq):
+                raise ValueError("list entries must be 0 (dense) or 1 (MoE)")
+            pattern = moe_pattern_from_freq(freq, num_layers)
+        elif isinstance(freq, str):
+            pattern = moe_pattern_from_flag(freq, num_layers)
+        else:
+            raise ValueError(f"expected an integer, a 0/1 list or a list expression, got {freq!r}")
+    except (ValueError, TypeError) as exc:
+        raise PlannerInputError(where, str(exc)) from None
+    return None if all(pattern) else pattern
+
+
+def load_model_file(path: str | Path) -> tuple[ModelSpec, dict[str, Any]]:
+    """Load a preset-format YAML (or JSON) file from any path."""
+    p = Path(path)
+    data = load_document(p, "--model")
     return model_from_mapping(data, name=p.stem, where=str(p))
 
 
@@ -104,9 +137,8 @@ def load_model_preset(name: str) -> tuple[ModelSpec, dict[str, Any]]:
     if found is not None:
         return load_model_file(found)
     p = Path(name).expanduser()
-    if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
-        if not p.is_file():
-            raise PlannerInputError("--model", f"file not found: {p}")
+    kind = path_kind(p, "--model")
+    if p.suffix.lower() in (".yaml", ".yml") or kind != "missing":
         return load_model_file(p)
     raise PlannerInputError(
         "--model",

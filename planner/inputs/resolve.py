@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import path_kind
 from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
 from planner.inputs.megatron_flags import (
     LAYOUT_FLAG,
@@ -152,7 +153,8 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
     """A preset name, a preset-format YAML/JSON file, a HF config.json or a model directory.
     Returns the draft, its source kind (planner.inputs.assumed.SOURCES) and its name."""
     path = Path(model).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".json"):
+    kind = path_kind(path, "--model")
+    if kind == "dir" or (kind != "missing" and path.suffix.lower() == ".json"):
         data = read_hf_config(path)
         if path.is_dir():
             name = path.resolve().name

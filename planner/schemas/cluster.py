@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from planner.schemas.types import MAX_GPUS, StrictModel
 
 
-class NodeGroup(BaseModel):
+class NodeGroup(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device_type: str = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
@@ -19,7 +21,7 @@ class NodeGroup(BaseModel):
         return self.num_nodes * self.gpus_per_node
 
 
-class CrossTypeLink(BaseModel):
+class CrossTypeLink(StrictModel):
     """How two device types talk (pipeline point-to-point only crosses types)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -30,7 +32,7 @@ class CrossTypeLink(BaseModel):
     latency_us: float = Field(20.0, ge=0)
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "cluster"
@@ -41,6 +43,8 @@ class ClusterSpec(BaseModel):
     def _check(self) -> "ClusterSpec":
         if not self.groups:
             raise ValueError("a cluster needs at least one node group")
+        if self.world_size > MAX_GPUS:
+            raise ValueError(f"the cluster has {self.world_size} GPUs; the planner handles at most {MAX_GPUS}")
         return self
 
     @property

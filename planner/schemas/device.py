@@ -7,22 +7,24 @@ carries a `provenance` saying whether its numbers are `measured`, `datasheet-der
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from planner.schemas.types import StrictModel
 
 ProvenanceKind = Literal["measured", "datasheet-derived", "calibrated"]
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
 
-class Provenance(BaseModel):
+class Provenance(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: ProvenanceKind
     source: str = Field(min_length=1, description="where the numbers come from")
 
 
-class EfficiencyPoint(BaseModel):
+class EfficiencyPoint(StrictModel):
     """Achieved fraction of peak at a work size.  `size` is GEMM FLOP per call for GEMMs,
     tokens per expert for grouped GEMMs, message bytes for collectives."""
 
@@ -32,7 +34,7 @@ class EfficiencyPoint(BaseModel):
     efficiency: float = Field(gt=0, le=1.2)
 
 
-class EfficiencyCurve(BaseModel):
+class EfficiencyCurve(StrictModel):
     """Piecewise-linear in log(size); clamped at both ends."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -48,7 +50,7 @@ class EfficiencyCurve(BaseModel):
         return self
 
 
-class LinkProfile(BaseModel):
+class LinkProfile(StrictModel):
     """One link kind as seen by one GPU: bandwidth per direction, latency, and the fraction of
     that bandwidth each collective achieves (bus bandwidth / link bandwidth, size-dependent)."""
 
@@ -63,7 +65,7 @@ class LinkProfile(BaseModel):
     provenance: Provenance
 
 
-class DeviceProfile(BaseModel):
+class DeviceProfile(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="canonical name, e.g. H800")
@@ -73,7 +75,9 @@ class DeviceProfile(BaseModel):
     memory_overhead_gib: float = Field(
         ge=0, description="context, communication buffers, allocator fragmentation, GiB"
     )
-    peak_tflops: dict[str, float] = Field(description="dense peak per precision: bf16, fp16, fp8, fp32")
+    peak_tflops: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        description="dense peak per precision: bf16, fp16, fp8, fp32"
+    )
     hbm_bandwidth_tb_per_s: float = Field(gt=0)
     hbm_efficiency: float = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
     gpus_per_node: int = Field(gt=0)

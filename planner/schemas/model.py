@@ -12,14 +12,16 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from planner.schemas.types import StrictModel
 
 DispatcherName = Literal["allgather", "alltoall", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
 LoadBalancingType = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(StrictModel):
     """A GPT-style (dense or MoE) decoder as Megatron-LM builds it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -3,14 +3,15 @@ and MegatronRun: everything read from a Megatron flag list."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
 from planner.schemas.training import TrainingSpec
+from planner.schemas.types import StrictModel
 
 
-class ParallelConfig(BaseModel):
+class ParallelConfig(StrictModel):
     """Megatron's global degrees and pipeline layout.  DP is derived from the world size."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -102,7 +103,7 @@ class ParallelConfig(BaseModel):
         return out
 
 
-class Assumption(BaseModel):
+class Assumption(StrictModel):
     """A value the input did not state, which the planner filled in (printed as "assumed")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -113,7 +114,7 @@ class Assumption(BaseModel):
     source: str = Field(description="where the assumed value comes from, e.g. 'preset mixtral-s'")
 
 
-class MegatronRun(BaseModel):
+class MegatronRun(StrictModel):
     """Everything the planner reads from a Megatron flag list, plus the flags it does not use."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

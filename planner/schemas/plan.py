@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from planner.schemas.types import MAX_GPUS, MAX_LAYERS, StrictModel
 
 RuntimeName = Literal["megatron", "flagscale"]
 
@@ -25,7 +27,7 @@ RECOMPUTE_MODULES = (
 )
 
 
-class Recompute(BaseModel):
+class Recompute(StrictModel):
     """Megatron's recompute knobs for one pipeline stage.
 
     granularity none: keep every activation; selective: recompute `modules`;
@@ -75,7 +77,7 @@ class Recompute(BaseModel):
         return cls(granularity="full", method=method, num_layers=num_layers)
 
 
-class StagePlan(BaseModel):
+class StagePlan(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device_type: str
@@ -84,7 +86,7 @@ class StagePlan(BaseModel):
     recompute: Recompute = Recompute()
 
 
-class Plan(BaseModel):
+class Plan(StrictModel):
     """A complete parallel plan: global degrees plus one entry per pipeline stage."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -104,6 +106,10 @@ class Plan(BaseModel):
     def _check(self) -> "Plan":
         if not self.stages:
             raise ValueError("a plan needs at least one stage")
+        if len(self.stages) > MAX_LAYERS:
+            raise ValueError(f"the plan has {len(self.stages)} pipeline stages; at most {MAX_LAYERS} are allowed")
+        if self.world_size > MAX_GPUS:
+            raise ValueError(f"the plan uses {self.world_size} GPUs; the planner handles at most {MAX_GPUS}")
         return self
 
     DERIVED_KEYS: ClassVar[tuple[str, ...]] = ("pp", "dp", "num_microbatches", "world_size")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from planner.schemas.types import StrictModel
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
@@ -20,7 +22,7 @@ FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron's `--fp8-recipe` choices the cost model prices (its default is `delayed`)."""
 
 
-class TrainingSpec(BaseModel):
+class TrainingSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     micro_batch_size: int = Field(1, gt=0, description="--micro-batch-size (per DP rank of stage 0)")

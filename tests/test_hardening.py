@@ -1,0 +1,344 @@
+"""Issue 13: every bad input gets one clear line and exit status 2; nothing hangs; nothing invalid is
+accepted.  One test per class of reproducer in the issue, run in-process (fast)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from planner.cli_common import json_text
+from planner.errors import ImplausiblePredictionError
+from planner.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
+from planner.fuzz.mutations import to_json, to_yaml
+from planner.sanity import check_prediction
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args: list[str], cwd: Path | None = None):
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, args, catch_exceptions=True)
+    finally:
+        os.chdir(old)
+
+
+def refused(res, *names: str) -> str:
+    """Exit 2, no exception, exactly one `error:` line that names one of `names`; returns the line."""
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and len(lines) == 1, res.output
+    assert any(n.lower() in errors[0].lower() for n in names), (names, errors[0])
+    assert "Traceback" not in res.output and "/tmp/.hapmoe" not in res.output
+    return errors[0]
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_bytes(to_yaml(TINY_MODEL))
+    return path
+
+
+def model_file(tmp_path: Path, name: str = "m.yaml", **changes) -> Path:
+    doc = json.loads(json.dumps(TINY_MODEL))
+    doc.update(changes)
+    path = tmp_path / name
+    path.write_bytes(to_json(doc) if name.endswith(".json") else to_yaml(doc))
+    return path
+
+
+# ---- tracebacks in the issue -----------------------------------------------------------------
+
+
+def test_paths_longer_than_the_system_allows(tmp_path, tiny):
+    refused(run(["estimate", "--model", "llama2-7b", "--cluster", "H800:" + "1" * 300]), "--cluster")
+    refused(run(["estimate", "--model", "x" * 300, "--cluster", "H800:8"]), "--model")
+    refused(run(["estimate", "--model", str(tmp_path / ("y" * 300 + ".yaml")), "--cluster", "H800:8"]), "--model")
+    line = refused(run(["emit", "--plan", str(tmp_path / "p.json"), "--out", str(tmp_path / ("o" * 300))]), "--out")
+    assert "too long" in line
+
+
+@pytest.mark.parametrize("where", ["model-json", "model-yaml", "cluster", "plan"])
+def test_documents_nested_50000_deep(tmp_path, tiny, where):
+    deep_json = "[" * 50000 + "]" * 50000
+    if where == "model-json":
+        (tmp_path / "m.json").write_text(deep_json)
+        res, flag = run(["estimate", "--model", str(tmp_path / "m.json"), "--cluster", "H800:8"]), "--model"
+    elif where == "model-yaml":
+        (tmp_path / "m.yaml").write_text("x: " + deep_json)
+        res, flag = run(["estimate", "--model", str(tmp_path / "m.yaml"), "--cluster", "H800:8"]), "--model"
+    elif where == "cluster":
+        (tmp_path / "c.yaml").write_text("groups:\n" + "- " * 50000 + "x\n")
+        res, flag = run(["estimate", "--model", str(tiny), "--cluster", str(tmp_path / "c.yaml")]), "--cluster"
+    else:
+        (tmp_path / "p.json").write_text(deep_json)
+        res, flag = run(["emit", "--plan", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")]), "--plan"
+    assert "nested deeper" in refused(res, flag)
+
+
+@pytest.mark.parametrize("key, value, name", [
+    ("num_attention_heads", 0, "num_attention_heads"),
+    ("architectures", 5, "architectures"),
+    ("mlp_only_layers", 5, "mlp_only_layers"),
+    ("mlp_only_layers", [[1]], "mlp_only_layers"),
+    ("first_k_dense_replace", -1, "first_k_dense_replace"),
+    ("num_hidden_layers", True, "num_hidden_layers"),
+    ("hidden_size", "4096", "hidden_size"),
+    ("tie_word_embeddings", "no", "tie_word_embeddings"),
+    ("num_hidden_layers", 10**9, "num_hidden_layers"),
+])
+def test_hf_config_keys_are_strictly_typed(tmp_path, key, value, name):
+    family = "deepseek_v3" if key == "first_k_dense_replace" else "qwen2_moe"
+    cfg = dict(HF_CONFIGS[family], **{key: value})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    refused(run(["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "H800:8"]), name)
+
+
+def test_model_yaml_with_an_integer_key_or_a_directory_config(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(to_yaml(TINY_MODEL) + b"5: 3\n")
+    refused(run(["estimate", "--model", str(path), "--cluster", "H800:8"]), "key 5")
+    (tmp_path / "d" / "config.json").mkdir(parents=True)
+    assert "is a directory" in refused(run(["estimate", "--model", str(tmp_path / "d"), "--cluster", "H800:8"]),
+                                       "--model")
+
+
+@pytest.mark.parametrize("line", [
+    "X=${X:-" * 5000 + "1" + "}" * 5000,
+    "Y=$((" + "-" * 50000 + "1))",
+    "Y=$((9**9**9))",
+    "((",
+    "(",
+], ids=["nested-default-5000", "minus-50000", "pow-9-9-9", "unbalanced-((", "unbalanced-("])
+def test_hostile_script_constructs_end_cleanly(tmp_path, line):
+    (tmp_path / "train.sh").write_text(SCRIPT.format(extra=line, layers="4"))
+    res = run(["estimate", "--megatron-script", str(tmp_path / "train.sh"), "--cluster", "H800:8"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
+    assert res.exit_code in (0, 2), res.output
+    if res.exit_code == 2:
+        refused(res, "--megatron-script", "train.sh")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-5.0", "1e300"])
+def test_log_with_non_finite_times_is_refused(tmp_path, tiny, value):
+    (tmp_path / "run.log").write_bytes(log_text([value] * 8))
+    res = run(["calibrate", "--megatron-log", str(tmp_path / "run.log"), "--model", str(tiny), "--cluster", "H800:8",
+               "--out", str(tmp_path / "cal")])
+    refused(res, "--megatron-log")
+    assert not (tmp_path / "cal").exists()
+
+
+def test_out_under_a_regular_file_is_refused_before_the_search(tmp_path, tiny):
+    (tmp_path / "file").write_text("x")
+    res = run(["solve", "--model", str(tiny), "--cluster", "H800:8", "--quiet", "--out", str(tmp_path / "file" / "o")])
+    assert "is a file" in refused(res, "--out")
+    (tmp_path / "plan.json").write_bytes(to_json(base_plan_document()))
+    res = run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "file" / "o")])
+    refused(res, "--out")
+
+
+# ---- silently accepted in the issue ------------------------------------------------------------
+
+
+def test_emit_out_empty_is_refused(tmp_path):
+    (tmp_path / "plan.json").write_bytes(to_json(base_plan_document()))
+    refused(run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", ""], cwd=tmp_path), "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_estimate_refuses_a_configuration_that_breaks_megatrons_rules(tiny):
+    line = refused(run(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--etp", "32"]), "--etp")
+    assert "32" in line
+
+
+@pytest.mark.parametrize("flag, value", [("--time-limit", "nan"), ("--delta", "nan"), ("--time-limit", "inf"),
+                                         ("--delta", "-0.1"), ("--time-limit", "-1")])
+def test_time_limit_and_delta_must_be_finite(tiny, flag, value):
+    refused(run(["solve", "--model", str(tiny), "--cluster", "H800:8", flag, value]), flag)
+    refused(run(["compare", "--model", str(tiny), "--cluster", "H800:8", flag, value]), flag)
+
+
+def test_json_output_has_no_nan():
+    text = json_text({"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}})
+    assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_prediction_above_peak_is_an_error():
+    """The guard compares model FLOP/s with the summed peak of the plan's GPUs (MFU <= 1)."""
+    stage = SimpleNamespace(index=0, memory_gib=10.0)
+    ok = SimpleNamespace(iteration_time_s=2.0, stages=[stage], model_flop_per_iteration=1e15,
+                         peak_flop_per_s_total=1e15, world_size=8)
+    check_prediction(ok)  # MFU 0.5
+    too_fast = SimpleNamespace(**{**vars(ok), "model_flop_per_iteration": 3e15})  # MFU 1.5
+    with pytest.raises(ImplausiblePredictionError, match="above the devices' peak"):
+        check_prediction(too_fast)
+    for bad in (math.nan, math.inf, 0.0, -1.0):
+        with pytest.raises(ImplausiblePredictionError):
+            check_prediction(SimpleNamespace(**{**vars(ok), "iteration_time_s": bad}))
+    with pytest.raises(ImplausiblePredictionError):
+        check_prediction(SimpleNamespace(**{**vars(ok), "stages": [SimpleNamespace(index=0, memory_gib=math.nan)]}))
+
+
+@pytest.mark.parametrize("changes, name", [
+    ({"num_layers": True}, "num_layers"),
+    ({"num_layers": 10**9}, "num_layers"),
+    ({"hidden_size": "4096"}, "hidden_size"),
+    ({"swiglu": "no"}, "swiglu"),
+    ({"mtp_num_layers": 100000}, "mtp_num_layers"),
+    ({"moe_expert_capacity_factor": -1.0}, "moe_expert_capacity_factor"),
+    ({"num_layers": 2.0}, "num_layers"),
+])
+def test_model_fields_are_strict(tmp_path, changes, name):
+    for fname in ("m.yaml", "m.json"):
+        path = model_file(tmp_path, fname, **changes)
+        refused(run(["estimate", "--model", str(path), "--cluster", "H800:8"]), name)
+
+
+def test_model_file_with_nan_or_a_5000_digit_integer(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(to_yaml(TINY_MODEL).replace(b"hidden_size: 256", b"hidden_size: " + b"9" * 5000))
+    assert "digits" in refused(run(["estimate", "--model", str(path), "--cluster", "H800:8"]), "--model")
+    path = model_file(tmp_path, "n.json", moe_expert_capacity_factor=float("nan"))
+    refused(run(["estimate", "--model", str(path), "--cluster", "H800:8"]), "--model")
+
+
+@pytest.mark.parametrize("group, link, name", [
+    ({"num_nodes": True}, {}, "num_nodes"),
+    ({"num_nodes": 10**6}, {}, "131072"),
+    ({"gpus_per_node": "8"}, {}, "gpus_per_node"),
+    ({"inter_node_bandwidth_gb_per_s": float("inf")}, {}, "inter_node_bandwidth_gb_per_s"),
+    ({}, {"bandwidth_gb_per_s": float("inf"), "latency_us": 1.0}, "bandwidth_gb_per_s"),
+    ({}, {"bandwidth_gb_per_s": 10.0, "latency_us": -1.0}, "latency_us"),
+])
+def test_cluster_fields_are_strict(tmp_path, tiny, group, link, name):
+    doc = {"groups": [{"device_type": "H800", "num_nodes": 1, "gpus_per_node": 8, **group},
+                      {"device_type": "MI300X", "num_nodes": 1, "gpus_per_node": 8}],
+           "links": [{"between": ["H800", "MI300X"], "kind": "host-memory", **link}]}
+    (tmp_path / "c.yaml").write_bytes(to_yaml(doc))
+    refused(run(["estimate", "--model", str(tiny), "--cluster", str(tmp_path / "c.yaml")]), name)
+
+
+@pytest.mark.parametrize("where, key, value", [
+    ("plan", "pp", 2), ("plan", "dp", [4]), ("plan", "world_size", 16), ("plan", "num_microbatches", 3),
+    ("plan", "gbs", 32), ("top", "world_size", 4), ("top", "num_microbatches", 1), ("top", "runtime", "flagscale"),
+    ("stage", "num_layers", 3), ("stage", "dp", 16), ("cluster", "num_nodes", 10**6),
+])
+def test_emit_refuses_a_contradictory_plan(tmp_path, where, key, value):
+    doc = base_plan_document()
+    target = {"plan": doc["plan"], "top": doc, "stage": doc["plan"]["stages"][0],
+              "cluster": doc["inputs"]["cluster"]["groups"][0]}[where]
+    target[key] = value
+    (tmp_path / "plan.json").write_bytes(to_json(doc))
+    refused(run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "o")]), "--plan")
+    assert not (tmp_path / "o").exists()
+
+
+def test_emit_accepts_the_untouched_plan(tmp_path):
+    (tmp_path / "plan.json").write_bytes(to_json(base_plan_document()))
+    res = run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "o" / "launch.sh").is_file()
+
+
+def test_out_refuses_a_foreign_directory_replaces_an_earlier_plan_and_obeys_force(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(to_json(base_plan_document()))
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    assert "non-empty" in refused(run(["emit", "--plan", str(plan), "--out", str(foreign)]), "--out")
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    res = run(["emit", "--plan", str(plan), "--out", str(foreign), "--force"])
+    assert res.exit_code == 0, res.output
+    assert (foreign / "notes.txt").read_text() == "keep" and (foreign / "launch.sh").is_file()
+    # an earlier launcher is replaced as a whole: a stale FlagScale directory goes, other files stay
+    (foreign / "flagscale").mkdir()
+    (foreign / "flagscale" / "stale.yaml").write_text("old")
+    (foreign / "hostfile").write_text("old")
+    res = run(["emit", "--plan", str(plan), "--out", str(foreign)])
+    assert res.exit_code == 0, res.output
+    assert not (foreign / "flagscale").exists() and (foreign / "hostfile").read_text() != "old"
+    assert (foreign / "notes.txt").read_text() == "keep"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hapmoe")]
+
+
+def test_solve_out_replaces_an_earlier_plan(tmp_path, tiny):
+    out = tmp_path / "plan"
+    args = ["solve", "--model", str(tiny), "--cluster", "H800:8", "--quiet", "--time-limit", "5", "--out", str(out)]
+    assert run(args).exit_code == 0
+    (out / "launch" / "flagscale").mkdir()
+    assert run(args).exit_code == 0
+    assert not (out / "launch" / "flagscale").exists()
+    assert json.loads((out / "plan.json").read_text())["plan"]["world_size"] == 8
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_bench_scenario_that_matches_nothing(tmp_path):
+    refused(run(["bench", "--quick", "--scenario", "nomatch", "--out", str(tmp_path / "b")]), "--scenario")
+    assert not (tmp_path / "b").exists()
+
+
+# ---- unclear refusals in the issue --------------------------------------------------------------
+
+
+def test_non_utf8_file_names_the_file_and_the_flag(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(b"num_layers: \xa5\n")
+    line = refused(run(["estimate", "--model", str(path), "--cluster", "H800:8"]), "--model")
+    assert str(path) in line and "UTF-8" in line
+
+
+@pytest.mark.parametrize("spec", ["H800:²", "H800:" + "9" * 5000, "H800:8x" + "9" * 5000, "H800:0", "H800:12"])
+def test_cluster_counts(spec):
+    refused(run(["estimate", "--model", "llama2-7b", "--cluster", spec]), "--cluster")
+
+
+def test_v100_with_bf16_names_the_cluster():
+    line = refused(run(["estimate", "--model", "llama2-7b", "--cluster", "V100:8"]), "--cluster")
+    assert "bf16" in line and "fp16" in line
+
+
+def test_out_in_proc_names_no_temporary_directory(tmp_path):
+    (tmp_path / "plan.json").write_bytes(to_json(base_plan_document()))
+    line = refused(run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", "/proc/hapmoe-test/x"]), "--out")
+    assert ".hapmoe" not in line
+
+
+@pytest.mark.parametrize("args", [
+    ["solve", "--tpp", "2"], ["estimate", "--model", "x", "--cluster", "H800:8", "--tp"], ["nosuch"],
+    ["estimate", "--model", "x"], ["solve", "--model", "x", "--cluster", "H800:8", "--backend", "bogus"],
+])
+def test_click_usage_errors_are_one_line(args):
+    res = run(args)
+    assert res.exit_code == 2
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1, res.output
+    assert res.output.startswith("error:")
+
+
+def test_profile_checks_its_arguments_before_importing_torch(tmp_path):
+    code = ("import sys; from click.testing import CliRunner; import cli; "
+            f"r = CliRunner().invoke(cli.main, ['profile', '--model', 'nosuch', '--device', 'cpu', '--out', "
+            f"{str(tmp_path / 'p')!r}]); print(r.exit_code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
