@@ -28,3 +28,8 @@ class InfeasibleError(RuntimeError):
 
 class SearchTimeLimitError(RuntimeError):
     """The search's time limit ran out before any plan was found (not a statement about feasibility)."""
+
+
+class PlanCheckError(ValueError):
+    """A plan the independent checker rejects (a search bug, never a valid answer): exit status 2
+    (the CLI maps ValueError to 2)."""

@@ -97,9 +97,48 @@ def render_estimate(payload: dict) -> None:
         print(f"note: {n}")
 
 
+def search_json(result, settings) -> dict[str, Any]:
+    """The `search` block of `solve --json`: what was searched, what was pruned, what is proven.
+
+    status           OPTIMAL: certified over the whole space; FEASIBLE otherwise.
+    whole_space      lower_bound_s valid for the whole space (None when not known).
+    pruned_space     what the prunings left: its status (OPTIMAL when its search completed) and
+                     optimum_s (the best plan's objective on the tables when it is proven), with a
+                     lower bound valid for the pruned space.
+    pruning          which prunings were on, and how many configurations each set aside.
+    quantisation_s   most the best plan's float cost exceeds its integer-table objective.
+    cpsat            the CP-SAT master's statistics (--backend cpsat): variables and constraints
+                     per family, status, objective_s, bound_s, wall_s, branches.
+    """
+    best = result.best[0]
+    pruned_optimal = result.pruned_space_optimal
+    return {
+        "backend": result.backend,
+        "status": result.status,
+        "certified_optimal": result.certified_optimal,
+        "time_limit_s": settings.time_limit_s,
+        "timed_out": result.timed_out,
+        "wall_s": result.search_time_s,
+        "whole_space": {"lower_bound_s": result.lower_bound_s},
+        "pruned_space": {
+            "status": "OPTIMAL" if pruned_optimal else "FEASIBLE",
+            "optimum_s": best.objective_s if pruned_optimal else None,
+            "lower_bound_s": result.pruned_lower_bound_s,
+        },
+        "pruning": {**result.pruning.to_json(), "on": result.pruning.any,
+                    "configs_pruned_memory": result.configs_pruned_memory,
+                    "configs_pruned_cp_min_seq": result.configs_pruned_cp},
+        "configs": {"total": result.configs_total, "solved": result.configs_solved,
+                    "bounded": result.configs_bounded, "infeasible": result.configs_infeasible},
+        "quantisation_s": result.quantisation_s,
+        "cpsat": result.cpsat,
+    }
+
+
 def solve_json(outcome, settings, runtime: str) -> dict[str, Any]:
     """The `solve --json` object (also plan.json).  Public keys: status, iteration_time_s,
-    tflops_per_gpu, mfu, search_time_s, lower_bound_s, gap, world_size, plan (with stages)."""
+    tflops_per_gpu, mfu, search_time_s, lower_bound_s, gap, world_size, plan (with stages),
+    search (search_json), idle_gpus."""
     r = outcome.result
     best, cost = r.best[0], outcome.costs[0]
     it = cost.iteration_time_s
@@ -117,22 +156,25 @@ def solve_json(outcome, settings, runtime: str) -> dict[str, Any]:
         "fits": cost.fits,
         "world_size": outcome.plans[0].world_size,
         "cluster_gpus": outcome.cluster.world_size,
+        "idle_gpus": {i.device_type: {"count": i.count, "why": i.why} for i in outcome.idle},
         "search_time_s": r.search_time_s,
         "lower_bound_s": lower,
-        "gap": max(0.0, (best.objective_s - lower) / best.objective_s) if lower else None,
+        "gap": max(0.0, (it - lower) / it) if lower is not None else None,
         "certified_optimal": r.certified_optimal,
         "configs_total": r.configs_total,
         "configs_solved": r.configs_solved,
         "configs_bounded": r.configs_bounded,
         "configs_infeasible": r.configs_infeasible,
         "configs_pruned_memory": r.configs_pruned_memory,
-        "pruning": {"load_balance_delta": settings.delta, "memory": settings.memory_prune},
+        "pruning": {"load_balance_delta": settings.delta, "memory": settings.memory_prune,
+                    "cp_min_seq_tokens": settings.cp_min_seq_tokens},
         "solver_objective_s": best.objective_s,
+        "search": search_json(r, settings),
         "plan": plan_json(outcome.plans[0]),
         "stages": cost.to_json()["stages"],
         "num_microbatches": cost.num_microbatches,
         "problems": outcome.problems[0],
-        "notes": list(r.notes),
+        "notes": list(r.notes) + [f"{i.count} {i.device_type} GPUs stay idle: {i.why}" for i in outcome.idle],
     }
     if len(outcome.plans) > 1:
         out["alternatives"] = [
@@ -150,15 +192,26 @@ def render_solve(payload: dict) -> None:
     print(headline(payload))
     gap = payload.get("gap")
     gap_txt = f", gap {gap * 100:.2f}%" if gap is not None else ""
-    print(f"search: {payload['status']}{gap_txt}, lower bound {payload['lower_bound_s']:.3f} s, "
+    lb = payload["lower_bound_s"]
+    lb_txt = f"lower bound {lb:.3f} s" if lb is not None else "no whole-space lower bound"
+    print(f"search: {payload['status']}{gap_txt}, {lb_txt}, "
           f"{payload['search_time_s']:.1f} s; {payload['configs_solved']} configurations solved, "
           f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
           f"{payload['configs_pruned_memory']} pruned by memory"
           + (" (certified optimal)" if payload["certified_optimal"] else ""))
-    p = payload["pruning"]
-    if p["load_balance_delta"] is not None or p["memory"]:
-        print(f"pruning on (load balance delta={p['load_balance_delta']}, memory={p['memory']}): the plan is the best "
-              "of the pruned space; --no-prune searches the whole space and certifies the optimum")
+    sj = payload.get("search", {})
+    p = sj.get("pruning", payload["pruning"])
+    if sj.get("pruning", {}).get("on"):
+        ps = sj["pruned_space"]
+        print(f"pruning on (load balance delta={p['load_balance_delta']}, memory={p['memory']}, CP only with >= "
+              f"{p['cp_min_seq_tokens']} tokens per rank): the plan is the best of the pruned space "
+              f"({ps['status']}); --no-prune searches the whole space and certifies the optimum")
+    cs = sj.get("cpsat")
+    if cs:
+        bound = f"{cs['bound_s']:.3f} s" if cs.get("bound_s") is not None else "none"
+        print(f"cp-sat master: {cs['status']} over the {cs['space']} space, bound {bound}, {cs['rows']} rows, "
+              f"{cs['master_solves']} master solve(s), {cs['subproblems']} stage subproblem(s), "
+              f"{cs['wall_s']:.2f} s in CP-SAT")
     for prob in payload["problems"]:
         print(f"PROBLEM: {prob}")
     for n in payload["notes"]:
@@ -176,7 +229,8 @@ def summary_markdown(payload: dict) -> str:
         f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
         f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
         f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}",
-        f"- search: {payload['search_time_s']:.1f} s, lower bound {payload['lower_bound_s']:.3f} s, "
+        f"- search: {payload['search_time_s']:.1f} s, lower bound "
+        + (f"{payload['lower_bound_s']:.3f} s, " if payload["lower_bound_s"] is not None else "unknown, ") +
         f"{payload['configs_solved']} solved / {payload['configs_bounded']} bounded / {payload['configs_total']} total",
         "",
         "| stage | device | layers | DP | recompute | time/micro-batch (ms) | memory (GiB) |",

@@ -1,5 +1,7 @@
-"""Brute force over one global choice: every option sequence and every layer split.  The oracle
-the tests hold HS-DP and CP-SAT to; exponential, for small cases only."""
+"""Brute force over one global choice: every option sequence and every layer split, under the
+tables' rules and prunings.  The per-configuration oracle the tests hold HS-DP and CP-SAT to;
+exponential, for small cases only.  (tests/oracle.py is the whole-space oracle, which knows no
+tables.)"""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | No
     best: BruteSolution | None = None
     count = 0
     for opts in itertools.product(range(O), repeat=pp):
-        if not t.first_stage_ok(opts[0]) or not t.type_sequence_ok(opts):
+        if not t.first_stage_ok(opts[0]) or not t.last_stage_ok(opts[-1]) or not t.type_sequence_ok(opts):
             continue
         used = [0] * len(t.types)
         for o in opts:
@@ -48,7 +50,8 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | No
             total = mx = sy = 0
             ok = True
             for i, (o, n) in enumerate(zip(opts, split)):
-                if t.core_us[o, position(i, pp), start, n] >= INF_US or not t.fits(o, i, start, n):
+                if (t.core_us[o, position(i, pp), start, n] >= INF_US or not t.fits(o, i, start, n)
+                        or not t.in_window(o, n)):
                     ok = False
                     break
                 ti = t.stage_us(opts[i - 1] if i else None, o, opts[i + 1] if i + 1 < pp else None, i, start, n)

@@ -13,9 +13,8 @@ every cap in [a, c].  Caps are explored by interval bisection with the lower bou
 (m*v-1)*c_lo + G(c_hi); the candidate caps are every value a stage time can take, so the search is
 exact.
 
-Pruning (switchable; with it on, each DP state keeps one label instead of the Pareto set): load balance, n_i within [(1-delta), (1+delta)] x w_i x N with w_i the stage's
-share of the cluster's profiled compute (per-layer speed of its option x its GPUs); memory (the
-least recompute that fits) is applied when options are generated (planner/search).
+Pruning is table data (solver_models/tables.py: `windows` for load balance, `memory_prune` for the
+least recompute that fits); with either on, each DP state keeps one label instead of the Pareto set.
 """
 
 from __future__ import annotations
@@ -59,26 +58,6 @@ class _Label:
     stage: tuple[int, int, int] | None = None  # (option, start, n) of the stage this label added
 
 
-def _balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:
-    """[O, 2] inclusive (lo, hi) layer counts per option under load-balance pruning."""
-    if delta is None:
-        return None
-    N = t.num_layers
-    speed = 1.0 / np.maximum(t.min_layer_us.astype(float), 1.0)  # layers per us of one stage of option o
-    # cluster throughput if every GPU of each type ran stages of that type's best option
-    total = 0.0
-    for ti in range(len(t.types)):
-        mask = t.option_type == ti
-        if not mask.any():
-            continue
-        best = max(speed[o] / t.option_gpus[o] for o in np.nonzero(mask)[0])  # per GPU
-        total += best * t.budget[ti]
-    w = speed / total
-    lo = np.floor((1 - delta) * w * N).astype(int)
-    hi = np.ceil((1 + delta) * w * N).astype(int)
-    return np.stack([np.maximum(lo, 1), np.maximum(hi, 1)], axis=1)
-
-
 def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, max_states: int = 10**9,
         deadline: float = math.inf, prune_above: float = math.inf, pareto: bool = True
         ) -> tuple[int, _Label, int] | None:
@@ -107,6 +86,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     budget = t.budget.tolist()
     p2p = [[p2p_o[a][b] for b in lead] for a in lead]
     first_ok = [u for u in range(U) if t.first_stage_ok(lead[u])]
+    last_ok = [t.last_stage_ok(lead[u]) for u in range(U)]
     if windows is not None:
         windows = windows[lead]
     # state: (layers placed, GPUs used, time of the link in, current unit) -> Pareto labels.
@@ -116,7 +96,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     states: dict[tuple, list[_Label]] = {}
     for o in first_ok:
         ty = option_type[o]
-        if option_gpus[o] > budget[ty]:
+        if option_gpus[o] > budget[ty] or (pp == 1 and not last_ok[o]):
             continue
         if contiguous:
             used: tuple = (0, option_gpus[o])
@@ -157,6 +137,9 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                     hit = next_cache[nk] = _next_options(oc, used, U, option_type, option_gpus, budget, p2p,
                                                          contiguous)
                 next_opts, min_out = hit
+                if i + 1 == pp - 1:
+                    next_opts = [x for x in next_opts if last_ok[x[0]]]
+                    min_out = min((x[1] for x in next_opts), default=0)
                 if not next_opts:
                     continue
             for n in range(n_lo, n_hi + 1):
@@ -307,7 +290,7 @@ def has_fitting_layout(t: StageTables) -> bool:
         nxt: dict = {}
         for (ell, use), count in states.items():
             for o in range(O):
-                if i == 0 and not t.first_stage_ok(o):
+                if (i == 0 and not t.first_stage_ok(o)) or (i == pp - 1 and not t.last_stage_ok(o)):
                     continue
                 step = advance(use, count, o)
                 if step is None:
@@ -370,11 +353,12 @@ def candidate_caps(t: StageTables) -> np.ndarray:
 
 
 def solve_hsdp(
-    t: StageTables, *, delta: float | None = None, upper_bound_us: int | None = None,
+    t: StageTables, *, upper_bound_us: int | None = None,
     stats: DPStats | None = None, max_states: int = 2_000_000, deadline: float = math.inf,
     exact_sync: bool | None = None,
 ) -> DPSolution | None:
-    """Best plan for G under the tables (None if nothing fits, or nothing beats upper_bound_us).
+    """Best plan for G under the tables, their prunings included (None if nothing fits, or
+    nothing beats upper_bound_us).
 
     If `max_states` DP states or the `deadline` (time.perf_counter() value) is reached, the best
     plan found so far is returned and `stats.complete` is False: the result is then not proven."""
@@ -383,8 +367,8 @@ def solve_hsdp(
         # Pareto labels (sum, max sync) make the DP exact; with pruning on, one label per state
         # (least sum + v*sync) is kept instead: much faster, and exact whenever sync ties do not
         # decide the plan
-        exact_sync = delta is None and not t.memory_prune
-    windows = _balance_windows(t, delta)
+        exact_sync = t.exact
+    windows = t.windows
     caps = candidate_caps(t)
     if caps.size == 0:
         return None

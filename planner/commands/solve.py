@@ -108,8 +108,9 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs},
     )
-    settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
-                              time_limit_s=time_limit_s, top_k=top_k)
+    settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k)
+    if no_prune:
+        settings = settings.without_pruning()
     space = make_space(run, runtime, mbs=mbs)
     outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress_printer(quiet))
     if megatron_script:
