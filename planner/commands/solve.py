@@ -14,14 +14,20 @@ from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OV
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
-                 help="cpsat: HS-DP screening, then CP-SAT proves the best configurations; hsdp: the DP alone"),
+                 help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
+                      "CP-SAT stage subproblems, certifies the answer; hsdp: the dynamic program alone"),
     click.option("--runtime", type=click.Choice(["megatron", "flagscale"]), default="megatron", show_default=True,
                  help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
     click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole search"),
     click.option("--delta", type=click.FloatRange(min=0.0, max=1.0), default=0.2, show_default=True,
                  help="load-balance tolerance of the paper's pruning"),
-    click.option("--no-prune", is_flag=True, help="turn the paper's pruning off (exact search, certified optimum)"),
+    click.option("--no-prune", is_flag=True,
+                 help="turn every pruning off (load balance, memory, CP on short sequences): the whole space, "
+                      "certified optimum"),
+    click.option("--contiguous-types", is_flag=True,
+                 help="megatron runtime: keep each device type's stages in one contiguous block (FlagScale "
+                      "always does; upstream Megatron does not need it)"),
     click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
 ]
 
@@ -39,9 +45,12 @@ def progress_printer(quiet: bool):
         if not tty and not done and now - state["last"] < 3.0:
             return
         state["last"] = now
-        best = d.get("best_s")
-        msg = (f"searching: {d['tried']}/{d['total']} configurations tried, {d['solved']} solved, best "
-               f"{best:.3f} s" if best is not None else f"searching: {d['tried']}/{d['total']} configurations tried")
+        best, bound = d.get("best_s"), d.get("bound_s")
+        msg = f"searching ({d.get('phase', '')}, {d.get('elapsed_s', 0.0):.1f} s): {d['tried']}/{d['total']} configurations"
+        if best is not None:
+            msg += f", {d['solved']} solved, best {best:.3f} s"
+        if bound is not None and not done:
+            msg += f", bound {bound:.3f} s"
         if tty:
             sys.stderr.write("\r" + msg[:150].ljust(150) + ("\n" if done else ""))
         else:
@@ -93,7 +102,7 @@ def write_outputs(out_dir: Path, payload: dict, outcome) -> list[Path]:
 @click.option("--quiet", is_flag=True, help="no progress on stderr")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, top_k, out_dir, as_json, quiet):
+            time_limit_s, delta, no_prune, contiguous_types, top_k, out_dir, as_json, quiet):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -111,7 +120,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k)
     if no_prune:
         settings = settings.without_pruning()
-    space = make_space(run, runtime, mbs=mbs)
+    space = make_space(run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
     outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress_printer(quiet))
     if megatron_script:
         from planner.inputs.script import read_launcher_script

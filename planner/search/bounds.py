@@ -183,6 +183,17 @@ class ShapeBounds:
             self.rates.append(rates)
         self._room: dict = {}
 
+    def pipeline_bounds(self, pipelines: tuple[tuple[int, int], ...]) -> np.ndarray:
+        """The bound without the memory test for each (PP, VPP) of `pipelines`, at once."""
+        pps = np.array([p for p, _ in pipelines], dtype=np.int64)
+        vs = np.array([v for _, v in pipelines], dtype=float)
+        fluid = np.zeros(len(pipelines))
+        for grp, rates in zip(self.groups, self.rates):
+            r = np.where(pps < len(rates), rates[np.minimum(pps, len(rates) - 1)], 0.0)
+            with np.errstate(divide="ignore"):
+                fluid = np.maximum(fluid, np.where(r > 0, grp.count / np.where(r > 0, r, 1.0), np.inf))
+        return (self.sum_lb + (self.m * vs - 1) * fluid) / vs
+
     def bound(self, pp: int, vpp: int, inflight: list[float], memory: bool = True) -> float:
         """The cheap bound at (PP, VPP) with the in-flight micro-batches per position;
         math.inf when it cannot fit."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner import rules
 from planner.schemas.search import GlobalChoice
+from planner.search.screening import SHAPE
 from planner.search.space import recompute_ladder
 from solver_models.cpsat import solve_cpsat
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
@@ -100,12 +101,13 @@ def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
     rule_fams = rule_families(scr)
     while True:
         incumbent_us = _floor_us(scr.cands[0].objective_s)
+        _expand_open_shapes(scr, incumbent_us)
         rows = _rows(scr)
         rows.sort(key=lambda r: r[0])
-        keep = [r for r in rows if r[0] < incumbent_us]
-        keep += [r for r in rows if r[0] >= incumbent_us][: max(0, MAX_ROWS - len(keep))]
-        left_out = rows[len(keep):]
-        rest_us = min((r[0] for r in left_out), default=None)
+        keep = rows[:max(MAX_ROWS, 1)]
+        left_out = [r[0] for r in rows[len(keep):]]
+        left_out += [_floor_us(e.bound_s) for e in scr.heap if e.level == SHAPE]  # shapes not expanded
+        rest_us = min(left_out, default=None)
         stats["rows"], stats["rows_left_out"] = len(keep), len(left_out)
         remaining = s.deadline - time.perf_counter()
         if not keep or remaining <= 0.05:
@@ -129,9 +131,12 @@ def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
             stats["status"] = "FEASIBLE" if res.status == "FEASIBLE" else res.status
             break
         value, solved, g = keep[res.row][0], keep[res.row][1], keep[res.row][2]
-        if value >= incumbent_us or solved:
+        if (value >= incumbent_us or solved) and (rest_us is None or rest_us >= incumbent_us):
             stats["status"] = "OPTIMAL"
             stats["bound_s"] = min(value * 1e-6, scr.cands[0].objective_s)
+            break
+        if value >= incumbent_us or solved:  # the master's rows are settled; what was left out is not
+            stats["status"] = "FEASIBLE"
             break
         if not _refine(scr, g, stats):
             stats["status"] = "FEASIBLE"
@@ -141,11 +146,25 @@ def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
 
 
 def _rows(scr: "Screening") -> list[tuple[int, bool, GlobalChoice]]:
-    """(value us, solved?, G) for every configuration not proven infeasible."""
+    """(value us, solved?, G) for every configuration not proven infeasible (shapes not yet
+    expanded are not rows)."""
     out = [(_floor_us(r.bound_s), r.solved, g) for g, r in scr.records.items()
            if r.feasible and math.isfinite(r.bound_s)]
-    out += [(_floor_us(e.bound_s), False, e.g) for e in scr.heap if e.g not in scr.records]
+    out += [(_floor_us(e.bound_s), False, e.g) for e in scr.heap if e.level != SHAPE and e.g not in scr.records]
     return out
+
+
+def _expand_open_shapes(scr: "Screening", incumbent_us: int) -> None:
+    """Shapes still in the queue whose bound is below the best plan become rows (their global
+    choices), as long as there is time and room for them."""
+    while scr.heap and time.perf_counter() < scr.settings.deadline:
+        shapes = [e for e in scr.heap if e.level == SHAPE and _floor_us(e.bound_s) < incumbent_us]
+        if not shapes or len(scr.heap) > MAX_ROWS:
+            return
+        least = min(shapes)
+        scr.heap.remove(least)
+        _heapify(scr)
+        scr.expand(least.shape)
 
 
 def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
@@ -153,7 +172,7 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
     time is up."""
     if time.perf_counter() > scr.settings.deadline:
         return False
-    entry = next((e for e in scr.heap if e.g == g), None)
+    entry = next((e for e in scr.heap if e.level != SHAPE and e.g == g), None)
     if entry is not None and entry.level < 2:
         scr.heap.remove(entry)
         e = scr.configs.cheap_entry(entry) if entry.level == 0 else scr.configs.tight_entry(entry, scr.kth_best())
@@ -185,7 +204,7 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
 
 
 def _entry_for(scr: "Screening", g: GlobalChoice):
-    from planner.search.driver import QueueEntry
+    from planner.search.screening import QueueEntry
 
     e = QueueEntry(scr.records[g].bound_s, scr.configs.rank(g), -1, 0, g)
     return scr.configs.cheap_entry(e)
@@ -193,7 +212,7 @@ def _entry_for(scr: "Screening", g: GlobalChoice):
 
 def _take(scr: "Screening", entry, tables, sol) -> None:
     """Record a CP-SAT stage solution and keep its plan when it is among the best."""
-    from planner.search.driver import Candidate, plan_from_solution
+    from planner.search.screening import Candidate, plan_from_solution
 
     g = entry.g
     obj = from_us(sol.objective_us) / g.vpp

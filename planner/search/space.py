@@ -129,15 +129,47 @@ def _hosting_types(cluster: ClusterSpec, tp: int, gpus_per_node: dict[str, int])
     return {h: n for h, n in cluster.gpus_by_type().items() if tp <= gpus_per_node[h]}
 
 
-def enumerate_globals(
+@dataclass(frozen=True)
+class Shape:
+    """A set of global choices that differ only in PP, VPP and recompute: the degrees that fix the
+    stage options' per-layer figures.  `pipelines` are the (PP, VPP) pairs the rules allow with it,
+    `recomputes` the recompute settings (megatron: the global one; flagscale: the modes)."""
+
+    runtime: str
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    mbs: int  # flagscale: samples per micro-batch B
+    dp0: int  # flagscale: 1
+    first_dp: int | None
+    pipelines: tuple[tuple[int, int], ...]
+    recomputes: tuple[Recompute | None, ...]
+
+    def choice(self, pp: int, vpp: int, recompute: Recompute | None) -> GlobalChoice:
+        return GlobalChoice(self.runtime, self.tp, self.cp, self.ep, self.etp, self.mbs, pp, vpp, self.dp0,
+                            recompute, first_dp=self.first_dp)
+
+    @property
+    def size(self) -> int:
+        """The number of global choices this shape stands for."""
+        return len(self.pipelines) * len(self.recomputes)
+
+    def choices(self) -> Iterator[GlobalChoice]:
+        for pp, vpp in self.pipelines:
+            for rc in self.recomputes:
+                yield self.choice(pp, vpp, rc)
+
+
+def enumerate_shapes(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, gpus_per_node: dict[str, int]
-) -> Iterator[GlobalChoice]:
-    """Every global choice of the space that keeps the rules and has room for its stages.  Yields
-    in no particular order; the driver orders them by a lower bound."""
+) -> Iterator[Shape]:
+    """Every shape of the space with at least one global choice that keeps the rules and has room
+    for its stages."""
     gbs = training.global_batch_size
     n_layers = model.num_layers
-    ladder = recompute_ladder(model, space.recompute)
-    modes = flagscale_modes(model, space)
+    ladder = tuple(recompute_ladder(model, space.recompute))
+    modes = tuple(flagscale_modes(model, space))
     tied = rules.flagscale_tied_embeddings(model, training)
     for tp in space.tp:
         if not rules.tp_allowed(model, tp):
@@ -153,7 +185,7 @@ def enumerate_globals(
                 continue
             for ep, etp in expert_degrees(model, space, tp):
                 if space.runtime == "flagscale":
-                    yield from _flagscale_globals(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied)
+                    yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied)
                     continue
                 for mbs in space.mbs:
                     for dp in range(1, max_dp + 1):
@@ -161,14 +193,22 @@ def enumerate_globals(
                             continue
                         s = tp * cp * dp
                         max_stages = sum(n // s for n in hosts.values())
-                        for pp in range(1, min(n_layers, max_stages, space.max_pp or 10**9) + 1):
-                            for vpp in space.vpp:
-                                if not (rules.runtime_degrees_ok(space.runtime, cp, vpp)
-                                        and rules.interleave_ok(gbs, mbs, dp, pp, vpp)
-                                        and rules.layout_ok(n_layers, pp, vpp)):
-                                    continue
-                                for rc in ladder:
-                                    yield GlobalChoice("megatron", tp, cp, ep, etp, mbs, pp, vpp, dp, rc)
+                        pipelines = tuple(
+                            (pp, vpp) for pp in range(1, min(n_layers, max_stages, space.max_pp or 10**9) + 1)
+                            for vpp in space.vpp
+                            if rules.runtime_degrees_ok(space.runtime, cp, vpp)
+                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and rules.layout_ok(n_layers, pp, vpp))
+                        if pipelines:
+                            yield Shape("megatron", tp, cp, ep, etp, mbs, dp, None, pipelines, ladder)
+
+
+def enumerate_globals(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, gpus_per_node: dict[str, int]
+) -> Iterator[GlobalChoice]:
+    """Every global choice of the space that keeps the rules and has room for its stages (the
+    choices of every shape).  Yields in no particular order; the driver orders them by a bound."""
+    for shape in enumerate_shapes(model, training, cluster, space, gpus_per_node):
+        yield from shape.choices()
 
 
 def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, ep: int, etp: int, b: int
@@ -181,8 +221,8 @@ def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, 
             for h, n in hosts.items()}
 
 
-def _flagscale_globals(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) -> Iterator[GlobalChoice]:
-    """flagscale choices for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
+def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) -> Iterator[Shape]:
+    """flagscale shapes for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
     bs = sorted({dp * m for h, n in hosts.items() for dp in range(1, n // (tp * cp) + 1) for m in space.mbs
                  if rules.expert_folding_ok(tp, cp, dp, ep, etp)})
     for b in bs:
@@ -192,11 +232,10 @@ def _flagscale_globals(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) -
         max_stages = sum(n // (tp * cp * min(d)) for h, n in hosts.items() if (d := dps[h]))
         if not max_stages:
             continue
+        pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1))
         firsts = sorted({d for ds in dps.values() for d in ds}) if tied else [None]
-        for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1):
-            for mode in modes:
-                for first in firsts:
-                    yield GlobalChoice("flagscale", tp, cp, ep, etp, b, pp, 1, 1, mode, first_dp=first)
+        for first in firsts:
+            yield Shape("flagscale", tp, cp, ep, etp, b, 1, first, pipelines, modes)
 
 
 def stage_options(
