@@ -44,7 +44,12 @@ class BruteBackend:
     def solve(self, tables, *, upper_bound_us, settings) -> Solution | None:
         from solver_models.brute import solve_brute
 
-        sol = solve_brute(tables)
+        deadline = getattr(settings, "deadline", None) or float("inf")
+        sol = solve_brute(tables, deadline=deadline)
+        if sol is not None and not sol.complete:
+            if not sol.stages:
+                return Solution(0, 0, [], "UNKNOWN", exact=False)
+            return Solution(sol.objective_us, 0, sol.stages, "FEASIBLE", exact=False)
         if sol is None or (upper_bound_us is not None and sol.objective_us >= upper_bound_us):
             return None
         return Solution(sol.objective_us, sol.objective_us, sol.stages, "OPTIMAL", exact=tables.exact)

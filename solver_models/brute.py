@@ -6,6 +6,8 @@ tables.)"""
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from dataclasses import dataclass
 
 from solver_models.scaling import INF_US
@@ -17,6 +19,7 @@ class BruteSolution:
     objective_us: int
     stages: list[tuple[int, int, int]]
     count: int  # plans enumerated
+    complete: bool = True  # False: the deadline stopped it
 
 
 def compositions(n: int, k: int):
@@ -30,11 +33,17 @@ def compositions(n: int, k: int):
         yield out
 
 
-def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | None:
+def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = math.inf) -> BruteSolution | None:
+    """The best plan of the tables (None: nothing fits).  At the `deadline` (time.perf_counter()
+    value) it stops with the best so far and `complete` False."""
     pp, N, O = t.pp, t.num_layers, t.num_options
     best: BruteSolution | None = None
     count = 0
-    for opts in itertools.product(range(O), repeat=pp):
+    for k, opts in enumerate(itertools.product(range(O), repeat=pp)):
+        if k % 1024 == 0 and time.perf_counter() > deadline:
+            if best is not None:
+                best.complete = False
+            return best if best is not None else BruteSolution(0, [], count, complete=False)
         if not t.first_stage_ok(opts[0]) or not t.last_stage_ok(opts[-1]) or not t.type_sequence_ok(opts):
             continue
         used = [0] * len(t.types)
@@ -46,6 +55,10 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | No
             count += 1
             if count > limit:
                 raise RuntimeError(f"brute force exceeded {limit} plans")
+            if count % 4096 == 0 and time.perf_counter() > deadline:
+                if best is not None:
+                    best.complete = False
+                return best if best is not None else BruteSolution(0, [], count, complete=False)
             start = 0
             total = mx = sy = 0
             ok = True

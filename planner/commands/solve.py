@@ -12,6 +12,8 @@ import click
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, load_inputs
 
+OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
+
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
                  help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
@@ -113,11 +115,13 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     from planner.report import render_solve, solve_json
     from planner.search.driver import SearchSettings
 
+    # the time limit counts from here (reading the inputs included), less a little for the output
+    deadline = time.perf_counter() + time_limit_s - min(OUTPUT_RESERVE_S, 0.02 * time_limit_s)
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs},
     )
-    settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k)
+    settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k, deadline=deadline)
     if no_prune:
         settings = settings.without_pruning()
     space = make_space(run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)

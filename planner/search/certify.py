@@ -231,7 +231,8 @@ def _take(scr: "Screening", entry, tables, sol) -> None:
 def _stage_solve_winner(scr: "Screening", stats: dict) -> None:
     """The best configuration's stage problem once more in CP-SAT, hinted with its plan."""
     best = scr.cands[0]
-    if best.g not in scr.records or scr.settings.deadline - time.perf_counter() < STAGE_SOLVE_MIN_S:
+    if (best.g not in scr.records or not best.stages
+            or scr.settings.deadline - time.perf_counter() < STAGE_SOLVE_MIN_S):
         return
     rec = scr.records[best.g]
     tables = scr.tables(best.g, rec.options)

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from planner.cost.model import CostModel, PlanCost
+from planner import rules
 from planner.errors import InfeasibleError, SearchTimeLimitError
+from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.pruning import Pruning
 from planner.search.screening import Candidate, Screening, plan_from_solution  # noqa: F401 (re-exported)
@@ -118,10 +120,11 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     """Find the best plan(s) for the cost model's model/training/cluster over `space`."""
     t0 = time.perf_counter()
     limit = settings.time_limit_s
-    settings = replace(settings, deadline=t0 + limit if settings.deadline is None
-                       else min(settings.deadline, t0 + limit))
-    stop_at = t0 + SCREENING_SHARE_CPSAT * limit if settings.backend == "cpsat" else settings.deadline
-    scr = Screening(cost, space, settings, t0, progress, stop_at=min(stop_at, settings.deadline))
+    deadline = t0 + limit if settings.deadline is None else min(settings.deadline, t0 + limit)
+    settings = replace(settings, deadline=deadline)
+    budget_s = deadline - t0  # what is left of the time limit (the caller may have used some)
+    stop_at = t0 + SCREENING_SHARE_CPSAT * budget_s if settings.backend == "cpsat" else deadline
+    scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=budget_s)
     scr.enumerate()
     if space.runtime == "flagscale" and settings.warm_start:
         scr.cands += _flagscale_warm_start(cost, space, settings)
@@ -186,8 +189,13 @@ def _flagscale_warm_start(cost: CostModel, space: SearchSpace, settings: SearchS
     except (InfeasibleError, SearchTimeLimitError):
         return []
     out = []
+    tied = rules.flagscale_tied_embeddings(cost.model, cost.training)
     for c in res.best:
         plan = c.plan.model_copy(update={"runtime": "flagscale"})
-        out.append(Candidate(g=c.g, objective_s=c.objective_s, plan=plan, backend="hsdp",
-                             status="FEASIBLE", bound_s=c.bound_s, options=c.options, stages=c.stages))
+        rc = plan.stages[0].recompute
+        g = GlobalChoice("flagscale", c.g.tp, c.g.cp, c.g.ep, c.g.etp, c.g.samples_per_microbatch, c.g.pp, 1, 1,
+                         rc if rc.granularity == "selective" else None, first_dp=c.g.dp0 if tied else None)
+        # the plan was found over the megatron tables: no stage indices to carry over
+        out.append(Candidate(g=g, objective_s=c.objective_s, plan=plan, backend="hsdp", status="FEASIBLE",
+                             bound_s=c.bound_s))
     return out

@@ -230,9 +230,11 @@ class Screening:
     """Best-first search over the configurations with one backend (module docstring)."""
 
     def __init__(self, cost: CostModel, space: SearchSpace, settings: "SearchSettings", t0: float,
-                 progress: Callable[["SearchProgress"], None] | None, stop_at: float | None = None):
+                 progress: Callable[["SearchProgress"], None] | None, stop_at: float | None = None,
+                 budget_s: float | None = None):
         self.cost, self.space, self.settings, self.t0, self.progress = cost, space, settings, t0, progress
         self.stop_at = stop_at if stop_at is not None else settings.deadline  # screening's own deadline
+        self.budget_s = budget_s if budget_s is not None else settings.time_limit_s
         self.pruning = settings.pruning
         self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
         self.configs = Configurations(cost, space, self.builder)
@@ -257,7 +259,7 @@ class Screening:
     def enumerate(self) -> None:
         """Every shape of the space into the queue with its least relaxed bound (cp_min_seq sets
         some aside).  Stops at ENUMERATION_SHARE of the time limit."""
-        stop_at = self.t0 + ENUMERATION_SHARE * self.settings.time_limit_s
+        stop_at = self.t0 + ENUMERATION_SHARE * self.budget_s
         model = self.cost.model
         for k, shape in enumerate(self.configs.shapes()):
             if k % 64 == 0 and time.perf_counter() > stop_at:
