@@ -395,7 +395,7 @@ def assert_plan_ok(model: ModelSpec, plan: Plan, training: TrainingSpec | None =
 # Search-space predicates (issues 12 and 15).  The rules above, as small pure functions of the
 # degrees, for the search's enumerator (planner/search/space.py), the CP-SAT master's rule
 # constraints (solver_models/cpsat/master.py) and the tests' brute force.  Each names the rules of
-# check_plan it stands for; tests/test_rules_predicates.py checks that they agree with check_plan.
+# check_plan it stands for; tests/test_master.py checks that they agree with check_plan.
 # --------------------------------------------------------------------------------------------
 def tp_allowed(model: ModelSpec, tp: int) -> bool:
     """heads_tp, query_groups_tp."""

@@ -21,9 +21,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from planner import rules
+from planner.cost.model import CostModel
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import SHAPE
-from planner.search.space import recompute_ladder
+from planner.search.space import SearchSpace, recompute_ladder
 from solver_models.cpsat import solve_cpsat
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
 from solver_models.scaling import bound_s, from_us
@@ -39,14 +40,15 @@ MEGATRON_FAMILIES = ("tp", "cp", "ep", "etp", "mbs", "dp", "pp", "vpp", "recompu
 FLAGSCALE_FAMILIES = ("tp", "cp", "ep", "etp", "samples", "pp", "recompute", "first_dp")
 
 
-def rule_families(scr: "Screening") -> list[RuleFamily]:
+def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     """Megatron's and FlagScale's rules on the degrees (planner/rules.py), plus the space's own
     requirement that the cluster holds PP stages.  FlagScale's per-stage rules (stage micro-batch,
     folding, recompute, tied embeddings, contiguous types) are the stage subproblem's."""
-    model, training, cluster = scr.cost.model, scr.cost.training, scr.cost.cluster
+    model, training, cluster = cost.model, cost.training, cost.cluster
     gbs, n_layers = training.global_batch_size, model.num_layers
-    budget, gpn = cluster.gpus_by_type(), scr.configs.gpn
-    runtime = scr.space.runtime
+    budget = cluster.gpus_by_type()
+    gpn = {h: cost.gpus_per_node(h) for h in budget}
+    runtime = space.runtime
     common = [
         RuleFamily("heads_tp", ("tp",), lambda tp: rules.tp_allowed(model, tp)),
         RuleFamily("seq_cp", ("cp",), lambda cp: rules.cp_allowed(model, cp)),
@@ -98,7 +100,7 @@ def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
                              "subproblems": 0, "rows": 0, "rows_left_out": 0,
                              "space": "pruned" if scr.pruning.any else "whole"}
     families = FLAGSCALE_FAMILIES if scr.space.runtime == "flagscale" else MEGATRON_FAMILIES
-    rule_fams = rule_families(scr)
+    rule_fams = rule_families(scr.cost, scr.space)
     while True:
         incumbent_us = _floor_us(scr.cands[0].objective_s)
         _expand_open_shapes(scr, incumbent_us)
