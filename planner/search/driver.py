@@ -129,6 +129,11 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     if space.runtime == "flagscale" and settings.warm_start:
         scr.cands += _flagscale_warm_start(cost, space, settings)
     scr.run()
+    if scr.timed_out and not scr.cands and time.perf_counter() < deadline:
+        scr.stop_at = deadline  # no plan to certify yet: the master's share goes to screening
+        scr.run()
+    if scr.timed_out:
+        scr.notes.append(f"time limit {limit:g} s reached after {scr.done} of {scr.total} configurations")
     if scr.delta_fallbacks:
         scr.notes.append(f"load-balance pruning (delta {settings.delta:g}) left no layout that fits in memory "
                          f"for {scr.delta_fallbacks} configuration(s); those were solved without it")

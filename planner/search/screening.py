@@ -249,7 +249,7 @@ class Screening:
         self.total = self.solved = self.bounded = self.infeasible = self.done = 0
         self.enumerated = 0  # configurations with at least one stage option
         self.seq = 0
-        self.complete = True  # every configuration that entered was resolved (solved or bounded)
+        self.complete = True  # every configuration solved was solved to optimality (no budget cut)
         self.enumeration_complete = True
         self.delta_fallbacks = 0
         self.timed_out = False
@@ -320,13 +320,12 @@ class Screening:
         return sorted(c.objective_s for c in self.cands)[k - 1]
 
     def run(self) -> None:
-        """Pop, refine, solve, until the queue is empty, bounded out, or the deadline passes."""
+        """Pop, refine, solve, until the queue is empty, bounded out, or `stop_at` passes
+        (timed_out; run() may be called again with a later stop_at)."""
+        self.timed_out = False
         while self.heap:
             if time.perf_counter() > self.stop_at:
                 self.timed_out = True
-                self.complete = False
-                self.notes.append(f"time limit {self.settings.time_limit_s:g} s reached after {self.done} of "
-                                  f"{self.total} configurations")
                 break
             kth = self.kth_best()
             e = self.heap[0]
@@ -345,8 +344,11 @@ class Screening:
                     self._record(e, math.inf, math.inf, solved=True, feasible=False)
                     self.push_next(e.g)
                     continue
-                heapq.heappush(self.heap, e)
-                continue
+                if e.level < 2 or self.cands:
+                    heapq.heappush(self.heap, e)
+                    continue
+                # no plan yet: solve the first configuration whose tight bound is finite at once,
+                # for a plan to bound the others with (the order stays best-first after it)
             self._solve(e, kth)
             self._report("screening", e.g.label())
 
