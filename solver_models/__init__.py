@@ -58,10 +58,13 @@ class BruteBackend:
 class CpSatBackend:
     name = "cpsat"
 
-    def solve(self, tables, *, upper_bound_us, settings, hint_stages=None) -> Solution | None:
+    def solve(self, tables, *, upper_bound_us, settings, hint_stages=None, stats=None) -> Solution | None:
+        """The CP-SAT stage model; `hint_stages` a known plan to hint with, `stats` a dict filled
+        with CP-SAT's statistics (also when the result is None)."""
         from solver_models.cpsat import solve_cpsat
 
-        return solve_cpsat(tables, upper_bound_us=upper_bound_us, settings=settings, hint_stages=hint_stages)
+        return solve_cpsat(tables, upper_bound_us=upper_bound_us, settings=settings, hint_stages=hint_stages,
+                           stats=stats)
 
 
 BACKENDS = {"cpsat": CpSatBackend(), "hsdp": HSDPBackend(), "brute": BruteBackend()}

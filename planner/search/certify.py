@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from planner import rules
@@ -25,7 +26,7 @@ from planner.cost.model import CostModel
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import SHAPE
 from planner.search.space import SearchSpace, recompute_ladder
-from solver_models.cpsat import solve_cpsat
+from solver_models import get_backend
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
 from solver_models.scaling import bound_s, from_us
 
@@ -33,8 +34,10 @@ if TYPE_CHECKING:
     from planner.search.driver import Screening
 
 MAX_ROWS = 2_000
-# the winner's CP-SAT stage solve runs only with this much time left
+# the winner's CP-SAT stage solve runs only with this much time left, and takes at most this share
+# of the time limit (HS-DP has already solved it; CP-SAT confirms)
 STAGE_SOLVE_MIN_S = 1.0
+STAGE_SOLVE_SHARE = 0.1
 
 MEGATRON_FAMILIES = ("tp", "cp", "ep", "etp", "mbs", "dp", "pp", "vpp", "recompute")
 FLAGSCALE_FAMILIES = ("tp", "cp", "ep", "etp", "samples", "pp", "recompute", "first_dp")
@@ -193,7 +196,7 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
     rec = scr.records.get(g)
     hint = rec.stages if rec is not None and rec.stages else None
     sub: dict = {}
-    sol = solve_cpsat(tables, upper_bound_us=None, settings=scr.settings, hint_stages=hint, stats=sub)
+    sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=scr.settings, hint_stages=hint, stats=sub)
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
     if sol is None:
@@ -239,7 +242,9 @@ def _stage_solve_winner(scr: "Screening", stats: dict) -> None:
     rec = scr.records[best.g]
     tables = scr.tables(best.g, rec.options)
     sub: dict = {}
-    sol = solve_cpsat(tables, upper_bound_us=None, settings=scr.settings, hint_stages=best.stages, stats=sub)
+    capped = replace(scr.settings, time_limit_s=max(STAGE_SOLVE_MIN_S, STAGE_SOLVE_SHARE * scr.budget_s))
+    sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=capped, hint_stages=best.stages,
+                                     stats=sub)
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
     stats["winner_stage_status"] = sub.get("status")

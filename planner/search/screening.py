@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 # share of the time limit the enumeration may take before the search solves what it has
 ENUMERATION_SHARE = 0.5
 PROGRESS_EVERY_S = 0.2
+# with no plan after this share of the time limit, screening solves the next configuration whose
+# tight bound is finite instead of waiting for it to reach the top of the queue
+DIVE_AFTER = 0.1
 SHAPE = -1  # QueueEntry.level of a shape entry
 
 
@@ -323,6 +326,7 @@ class Screening:
         """Pop, refine, solve, until the queue is empty, bounded out, or `stop_at` passes
         (timed_out; run() may be called again with a later stop_at)."""
         self.timed_out = False
+        dive_after = self.t0 + DIVE_AFTER * self.budget_s
         while self.heap:
             if time.perf_counter() > self.stop_at:
                 self.timed_out = True
@@ -344,11 +348,11 @@ class Screening:
                     self._record(e, math.inf, math.inf, solved=True, feasible=False)
                     self.push_next(e.g)
                     continue
-                if e.level < 2 or self.cands:
+                if e.level < 2 or self.cands or time.perf_counter() < dive_after:
                     heapq.heappush(self.heap, e)
                     continue
-                # no plan yet: solve the first configuration whose tight bound is finite at once,
-                # for a plan to bound the others with (the order stays best-first after it)
+                # still no plan after DIVE_AFTER of the time: solve the first configuration whose
+                # tight bound is finite at once, for a plan to bound the others with
             self._solve(e, kth)
             self._report("screening", e.g.label())
 
