@@ -351,7 +351,7 @@ def _unwind(lab: _Label) -> list[tuple[int, int, int]]:
 
 def candidate_caps(t: StageTables) -> np.ndarray:
     """Every value a stage time can take (core + the p2p links its position can have), sorted."""
-    pp, O = t.pp, t.num_options
+    O = t.num_options
     vals = []
     for o in range(O):
         for pos in range(4):

@@ -61,17 +61,6 @@ def _compositions(n: int, k: int, least: int):
         yield parts
 
 
-def _contiguous(types: tuple[str, ...]) -> bool:
-    seen, prev = set(), None
-    for h in types:
-        if h != prev:
-            if h in seen:
-                return False
-            seen.add(h)
-            prev = h
-    return True
-
-
 class Oracle:
     def __init__(self, cost: CostModel, menus: Menus):
         self.cost, self.menus = cost, menus

@@ -8,8 +8,6 @@ Also the three holes of issue 15, with their values worked out by the brute forc
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from oracle import Menus, brute_force

@@ -30,7 +30,7 @@ from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.pruning import Pruning
-from planner.search.screening import Candidate, Screening, plan_from_solution  # noqa: F401 (re-exported)
+from planner.search.screening import Candidate, Screening
 from planner.search.space import SearchSpace
 
 # --backend cpsat: screening stops at this share of the time limit, leaving the rest to the master

@@ -24,7 +24,7 @@ from ortools.sat.python import cp_model
 from solver_models import Solution
 from solver_models.cpsat import constraints as cons
 from solver_models.cpsat.cells import all_cells, canonical_plan
-from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, stage_values, variable_counts
+from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, variable_counts
 from solver_models.hsdp import solve_hsdp
 from solver_models.tables import StageTables
 
