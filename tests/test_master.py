@@ -40,7 +40,8 @@ class _Collect(cp_model.CpSolverSolutionCallback):
         self.seen.add(tuple(self.value(v) for v in self.variables))
 
 
-@pytest.mark.parametrize("preset,cluster,gbs", [("mixtral-s", "H800:4,MI300X:4", 24), ("llama2-7b", "H100:4,A100:2", 12)])
+@pytest.mark.parametrize("preset,cluster,gbs",
+                         [("mixtral-s", "H800:4,MI300X:4", 24), ("llama2-7b", "H100:4,A100:2", 12)])
 def test_rule_families_admit_exactly_the_enumerated_degrees(preset, cluster, gbs):
     """Over the product of every family's values, the master's rule constraints alone (no rows'
     bounds, no objective) admit exactly the degree tuples enumerate_globals yields."""

@@ -48,7 +48,8 @@ def progress_printer(quiet: bool):
             return
         state["last"] = now
         best, bound = d.get("best_s"), d.get("bound_s")
-        msg = f"searching ({d.get('phase', '')}, {d.get('elapsed_s', 0.0):.1f} s): {d['tried']}/{d['total']} configurations"
+        msg = (f"searching ({d.get('phase', '')}, {d.get('elapsed_s', 0.0):.1f} s): "
+               f"{d['tried']}/{d['total']} configurations")
         if best is not None:
             msg += f", {d['solved']} solved, best {best:.3f} s"
         if bound is not None and not done:

@@ -406,6 +406,8 @@ class Screening:
         del self.cands[s.top_k * 4:]
 
     def _report(self, phase: str, config: str, force: bool = False) -> None:
+        """Call the progress callback (at most every PROGRESS_EVERY_S unless forced).  At the end
+        (phase "done") of a search that was not cut short every configuration counts as done."""
         if not self.progress:
             return
         now = time.perf_counter()
@@ -414,8 +416,9 @@ class Screening:
         self._last_report = now
         from planner.search.driver import SearchProgress
 
+        finished = phase == "done" and not self.timed_out and self.enumeration_complete
         self.progress(SearchProgress(
-            done=self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
+            done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
             best_s=self.cands[0].objective_s if self.cands else None,
             bound_s=self.heap[0].bound_s if self.heap else None, phase=phase, config=config))
 
