@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 # share of the time limit the enumeration may take before the search solves what it has
 ENUMERATION_SHARE = 0.5
 PROGRESS_EVERY_S = 0.2
-# with no plan after this share of the time limit, screening solves the next configuration whose
-# tight bound is finite instead of waiting for it to reach the top of the queue
-DIVE_AFTER = 0.1
+# with no plan after this share of the time limit (0: from the start), screening solves the next
+# configuration whose tight bound is finite instead of waiting for it to reach the top of the queue
+DIVE_AFTER = 0.0
 SHAPE = -1  # QueueEntry.level of a shape entry
 
 
@@ -351,7 +351,7 @@ class Screening:
                 if e.level < 2 or self.cands or time.perf_counter() < dive_after:
                     heapq.heappush(self.heap, e)
                     continue
-                # still no plan after DIVE_AFTER of the time: solve the first configuration whose
+                # no plan yet (after DIVE_AFTER of the time): solve the first configuration whose
                 # tight bound is finite at once, for a plan to bound the others with
             self._solve(e, kth)
             self._report("screening", e.g.label())
@@ -370,6 +370,13 @@ class Screening:
         self.done += 1
         tables = self.tables(g, e.options)
         ub_us = int(kth * g.vpp / 1e-6) + 1 if math.isfinite(kth) else None
+        if not self.cands and not has_fitting_layout(tables):
+            # no plan yet, and none fits here (a quick test before the solve the dive asks for)
+            self.infeasible += 1
+            self._record(e, math.inf, math.inf if tables.exact or not tables.memory_prune else e.bound_s,
+                         solved=True, feasible=False)
+            self.push_next(g)
+            return
         sol = self.backend.solve(tables, upper_bound_us=ub_us, settings=s)
         self.solved += 1
         if sol is None and ub_us is None and tables.windows is not None and has_fitting_layout(tables):
