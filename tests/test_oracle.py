@@ -25,11 +25,16 @@ NONE, FULL = Recompute.none(), Recompute.full("uniform", 1)
 SEL = Recompute.selective(("core_attn",))
 
 
-def setup(preset: str, layers: int, cluster: str, gbs: int) -> CostModel:
-    """The preset with `layers` decoder layers (as `sed s/^num_layers: .*/num_layers: N/`)."""
+def setup(preset: str, layers: int, cluster: str, gbs: int, tied: bool = False) -> CostModel:
+    """The preset with `layers` decoder layers (as `sed s/^num_layers: .*/num_layers: N/`); with
+    `tied`, its embeddings tied to the output layer (FlagScale's first and last stage DPs must then
+    divide one another)."""
     cl = parse_cluster(cluster, PROFILES)
     run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": None})
+    update = {"num_layers": layers, "moe_layer_pattern": None}
+    if tied:
+        update["untie_embeddings_and_output_weights"] = False
+    model = run.model.model_copy(update=update)
     return CostModel(model, run.training, cl, PROFILES)
 
 
@@ -80,7 +85,7 @@ def check_pruned(cm: CostModel, menus: Menus, truth: float, backend: str, prunin
 
 
 CASES = [
-    # id, preset, layers, cluster, gbs, menus
+    # id, preset, layers, cluster, gbs, menus (, tied)
     ("dense-megatron", "llama2-7b", 6, "H100:4,A100:4", 32,
      Menus(tp=(1, 2, 4), cp=(1, 2), mbs=(1, 2), vpp=(1, 2), recompute=(NONE, SEL, FULL))),
     ("dense-megatron-contiguous", "llama2-7b", 6, "H100:4,A100:4", 32,
@@ -92,13 +97,15 @@ CASES = [
     ("moe-flagscale", "mixtral-s", 4, "H800:4,910B:2", 16,
      Menus(runtime="flagscale", tp=(1, 2), ep=(1, 2), etp=(1,), mbs=(1, 2), recompute=(NONE, FULL),
            selective=(SEL,))),
+    ("tied-flagscale", "llama2-7b", 4, "H100:4,A100:2", 24,
+     Menus(runtime="flagscale", tp=(1, 2), mbs=(1, 2, 4), recompute=(NONE, FULL)), True),
 ]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
 def case(request):
-    _, preset, layers, cluster, gbs, menus = request.param
-    cm = setup(preset, layers, cluster, gbs)
+    _, preset, layers, cluster, gbs, menus, *tied = request.param
+    cm = setup(preset, layers, cluster, gbs, tied=bool(tied and tied[0]))
     truth = brute_force(cm, menus)
     assert truth is not None
     return cm, menus, truth
