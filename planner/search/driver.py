@@ -159,7 +159,8 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
     pruned_lb = scr.pruned_space_bound() if whole else None
     if cpsat_stats is not None:
         pruned_optimal = whole and cpsat_stats["status"] == "OPTIMAL"
-        pruned_lb = cpsat_stats["bound_s"] if whole else None
+        if whole and cpsat_stats["bound_s"] is not None:  # else the master had no time: screening's bound
+            pruned_lb = cpsat_stats["bound_s"]
     certified = pruned_optimal and not scr.pruning.any
     whole_lb = pruned_lb if not scr.pruning.any else scr.whole_space_bound()
     best = scr.cands[: settings.top_k]
