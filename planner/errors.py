@@ -33,3 +33,8 @@ class SearchTimeLimitError(RuntimeError):
 class ImplausiblePredictionError(RuntimeError):
     """A prediction that cannot be true (above the devices' peak, not finite): the input lies outside
     what the cost model covers.  Never reported as a result."""
+
+
+class PlanCheckError(ValueError):
+    """A plan the independent checker rejects (a search bug, never a valid answer): exit status 2
+    (the CLI maps ValueError to 2)."""

@@ -93,10 +93,49 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
     }
 
 
+def search_json(result, settings) -> dict[str, Any]:
+    """The `search` block of `solve --json`: what was searched, what was pruned, what is proven.
+
+    status           OPTIMAL: certified over the whole space; FEASIBLE otherwise.
+    whole_space      lower_bound_s valid for the whole space (None when not known).
+    pruned_space     what the prunings left: its status (OPTIMAL when its search completed) and
+                     optimum_s (the best plan's objective on the tables when it is proven), with a
+                     lower bound valid for the pruned space.
+    pruning          which prunings were on, and how many configurations each set aside.
+    quantisation_s   most the best plan's float cost exceeds its integer-table objective.
+    cpsat            the CP-SAT master's statistics (--backend cpsat): variables and constraints
+                     per family, status, objective_s, bound_s, wall_s, branches.
+    """
+    best = result.best[0]
+    pruned_optimal = result.pruned_space_optimal
+    return {
+        "backend": result.backend,
+        "status": result.status,
+        "certified_optimal": result.certified_optimal,
+        "time_limit_s": settings.time_limit_s,
+        "timed_out": result.timed_out,
+        "wall_s": result.search_time_s,
+        "whole_space": {"lower_bound_s": result.lower_bound_s},
+        "pruned_space": {
+            "status": "OPTIMAL" if pruned_optimal else "FEASIBLE",
+            "optimum_s": best.objective_s if pruned_optimal else None,
+            "lower_bound_s": result.pruned_lower_bound_s,
+        },
+        "pruning": {**result.pruning.to_json(), "on": result.pruning.any,
+                    "configs_pruned_memory": result.configs_pruned_memory,
+                    "configs_pruned_cp_min_seq": result.configs_pruned_cp},
+        "configs": {"total": result.configs_total, "solved": result.configs_solved,
+                    "bounded": result.configs_bounded, "infeasible": result.configs_infeasible},
+        "quantisation_s": result.quantisation_s,
+        "cpsat": result.cpsat,
+    }
+
+
 def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
     """The `solve --json` object (also plan.json).  Public keys: status, iteration_time_s,
     tflops_per_gpu, mfu, search_time_s, lower_bound_s, gap, world_size, plan (with stages);
-    also assumed, and user_plan when the input's flags hold a plan of their own."""
+    also search (search_json), idle_gpus, assumed, and user_plan when the input's flags hold a plan
+    of their own."""
     r = outcome.result
     best, cost = r.best[0], outcome.costs[0]
     it = cost.iteration_time_s
@@ -114,17 +153,20 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "fits": cost.fits,
         "world_size": outcome.plans[0].world_size,
         "cluster_gpus": outcome.cluster.world_size,
+        "idle_gpus": {i.device_type: {"count": i.count, "why": i.why} for i in outcome.idle},
         "search_time_s": r.search_time_s,
         "lower_bound_s": lower,
-        "gap": max(0.0, (best.objective_s - lower) / best.objective_s) if lower else None,
+        "gap": max(0.0, (it - lower) / it) if lower is not None else None,
         "certified_optimal": r.certified_optimal,
         "configs_total": r.configs_total,
         "configs_solved": r.configs_solved,
         "configs_bounded": r.configs_bounded,
         "configs_infeasible": r.configs_infeasible,
         "configs_pruned_memory": r.configs_pruned_memory,
-        "pruning": {"load_balance_delta": settings.delta, "memory": settings.memory_prune},
+        "pruning": {"load_balance_delta": settings.delta, "memory": settings.memory_prune,
+                    "cp_min_seq_tokens": settings.cp_min_seq_tokens},
         "solver_objective_s": best.objective_s,
+        "search": search_json(r, settings),
         "plan": plan_json(outcome.plans[0]),
         "stages": cost.to_json()["stages"],
         "num_microbatches": cost.num_microbatches,
@@ -133,7 +175,8 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "sync_s": cost.sync_s,
         "assumed": assumed_json(outcome.run),
         "problems": outcome.problems[0],
-        "notes": list(r.notes) + unmodelled_notes(outcome.run.passthrough),
+        "notes": list(r.notes) + [f"{i.count} {i.device_type} GPUs stay idle: {i.why}" for i in outcome.idle]
+        + unmodelled_notes(outcome.run.passthrough),
     }
     if user is not None:
         out["user_plan"] = user_plan_json(user, cost)
@@ -157,11 +200,13 @@ def search_status(payload: dict) -> tuple[str, str, str]:
         return "OPTIMAL", "certified over the whole search space under the cost model", ""
     reasons, hints = [], []
     p = payload["pruning"]
-    if p["load_balance_delta"] is not None or p["memory"]:
-        gap = payload.get("gap")
-        best = "optimum of the pruned space" if gap is not None and gap <= 1e-9 else "best plan of the pruned space"
+    sj = payload.get("search") or {}
+    if sj.get("pruning", {}).get("on", p["load_balance_delta"] is not None or p["memory"]):
+        proven = sj.get("pruned_space", {}).get("status") == "OPTIMAL"
+        best = "optimum of the pruned space" if proven else "best plan of the pruned space"
         on = [f"load-balance delta {p['load_balance_delta']}"] if p["load_balance_delta"] is not None else []
         on += ["memory pruning"] if p["memory"] else []
+        on += [f"CP only with >= {p['cp_min_seq_tokens']} tokens per rank"] if p.get("cp_min_seq_tokens") else []
         reasons.append(f"{best} ({', '.join(on)})")
         hints.append("--no-prune searches the whole space and certifies the optimum")
     if any("time limit" in n for n in payload.get("notes", [])):
@@ -438,10 +483,19 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     gap = payload.get("gap")
     gap_txt = f" (gap {gap * 100:.2f}%)" if gap is not None else ""
     _say(console, f"search: {status}, {why}")
-    _say(console, f"  lower bound {payload['lower_bound_s']:.3f} s{gap_txt}; searched for {payload['search_time_s']:.1f} s")
+    lb = payload["lower_bound_s"]
+    lb_txt = f"lower bound {lb:.3f} s{gap_txt}" if lb is not None else "no whole-space lower bound"
+    _say(console, f"  {lb_txt}; searched for {payload['search_time_s']:.1f} s")
     _say(console, f"  configurations: {payload['configs_total']} in all, {payload['configs_solved']} solved, "
          f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
          f"{payload['configs_pruned_memory']} memory-pruned")
+    sj = payload.get("search", {})
+    cs = sj.get("cpsat")
+    if cs:
+        bound = f"{cs['bound_s']:.3f} s" if cs.get("bound_s") is not None else "none"
+        _say(console, f"  cp-sat master: {cs['status']} over the {cs['space']} space, bound {bound}, {cs['rows']} rows, "
+             f"{cs['master_solves']} master solve(s), {cs['subproblems']} stage subproblem(s), "
+             f"{cs['wall_s']:.2f} s in CP-SAT")
     if hint:
         _say(console, f"  {hint}")
     _render_user_plan(console, payload)
@@ -547,7 +601,8 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
         f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}; {payload['num_microbatches']} "
         "micro-batches per iteration",
-        f"- search: {payload['search_time_s']:.1f} s, lower bound {payload['lower_bound_s']:.3f} s"
+        f"- search: {payload['search_time_s']:.1f} s, lower bound "
+        + (f"{payload['lower_bound_s']:.3f} s" if payload["lower_bound_s"] is not None else "unknown")
         + (f" (gap {gap * 100:.2f}%)" if gap is not None else "")
         + f", {payload['configs_solved']} solved / {payload['configs_bounded']} bounded / "
         f"{payload['configs_total']} total",

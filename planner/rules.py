@@ -576,3 +576,87 @@ def assert_plan_ok(model: ModelSpec, plan: Plan, training: TrainingSpec | None =
             f"the plan breaks {len(violations)} rule(s) of the {plan.runtime} runtime: "
             + format_violations(violations),
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Search-space predicates (issues 12 and 15).  The rules above, as small pure functions of the
+# degrees, for the search's enumerator (planner/search/space.py), the CP-SAT master's rule
+# constraints (solver_models/cpsat/master.py) and the tests' brute force.  Each names the rules of
+# check_plan it stands for; tests/test_master.py checks that they agree with check_plan.
+# --------------------------------------------------------------------------------------------
+def tp_allowed(model: ModelSpec, tp: int) -> bool:
+    """heads_tp, query_groups_tp."""
+    groups = model.query_groups
+    return model.num_attention_heads % tp == 0 and (
+        model.num_query_groups is None or groups % tp == 0 or tp % groups == 0)
+
+
+def cp_allowed(model: ModelSpec, cp: int) -> bool:
+    """seq_cp."""
+    return cp == 1 or model.seq_length % (2 * cp) == 0
+
+
+def ep_allowed(model: ModelSpec, ep: int) -> bool:
+    """ep_needs_experts, experts_ep."""
+    if not model.is_moe:
+        return ep == 1
+    return model.num_experts % ep == 0
+
+
+def etp_allowed(model: ModelSpec, tp: int, etp: int) -> bool:
+    """moe_etp_bias (MoE with bias only at ETP 1); a dense model has no experts, so its ETP is
+    Megatron's default, TP."""
+    if not model.is_moe:
+        return etp == tp
+    return etp == 1 or not model.add_bias_linear
+
+
+def expert_folding_ok(tp: int, cp: int, dp: int, ep: int, etp: int) -> bool:
+    """expert_folding: a stage's TP*CP*DP ranks hold whole ETP*EP expert groups."""
+    return (tp * cp * dp) % (etp * ep) == 0
+
+
+def batch_ok(gbs: int, mbs: int, dp: int) -> bool:
+    """gbs_microbatch."""
+    return gbs % (mbs * dp) == 0
+
+
+def interleave_ok(gbs: int, mbs: int, dp: int, pp: int, vpp: int) -> bool:
+    """vpp_needs_pp, vpp_microbatches (with batch_ok)."""
+    if vpp == 1:
+        return True
+    m = gbs // (mbs * dp)
+    return pp > 1 and m >= pp and m % pp == 0
+
+
+def layout_ok(num_layers: int, pp: int, vpp: int) -> bool:
+    """layout_layers, layout_stage_count: every stage holds at least one layer per virtual chunk."""
+    return num_layers >= pp * vpp
+
+
+def runtime_degrees_ok(runtime: str, cp: int, vpp: int) -> bool:
+    """flagscale_cp, flagscale_vpp (upstream Megatron takes both)."""
+    return runtime == "megatron" or (cp == 1 and vpp == 1)
+
+
+def flagscale_stage_mbs_ok(samples_per_microbatch: int, dp: int) -> bool:
+    """flagscale_stage_mbs: every stage splits the DP0*mbs samples of a micro-batch over its DP."""
+    return samples_per_microbatch % dp == 0
+
+
+def flagscale_recompute_ok(labels: list[str] | tuple[str, ...]) -> bool:
+    """flagscale_recompute: one selective setting on every stage, or none/full per stage."""
+    selective = [lab for lab in labels if lab.startswith("selective")]
+    return not selective or len(set(labels)) == 1
+
+
+def flagscale_tied_embeddings(model: ModelSpec, training: TrainingSpec | None) -> bool:
+    """Whether flagscale_shared_embedding_dp couples the first and last stage's DP (tied embeddings
+    or MTP, with the distributed optimizer)."""
+    tied = not model.untie_embeddings_and_output_weights or model.mtp_num_layers > 0
+    return tied and (training is None or training.use_distributed_optimizer)
+
+
+def flagscale_shared_embedding_ok(first_dp: int, last_dp: int) -> bool:
+    """flagscale_shared_embedding_dp (when flagscale_tied_embeddings holds)."""
+    return first_dp % last_dp == 0 or last_dp % first_dp == 0

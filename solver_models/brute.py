@@ -1,9 +1,13 @@
-"""Brute force over one global choice: every option sequence and every layer split.  The oracle
-the tests hold HS-DP and CP-SAT to; exponential, for small cases only."""
+"""Brute force over one global choice: every option sequence and every layer split, under the
+tables' rules and prunings.  The per-configuration oracle the tests hold HS-DP and CP-SAT to;
+exponential, for small cases only.  (tests/oracle.py is the whole-space oracle, which knows no
+tables.)"""
 
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from dataclasses import dataclass
 
 from solver_models.scaling import INF_US
@@ -15,6 +19,7 @@ class BruteSolution:
     objective_us: int
     stages: list[tuple[int, int, int]]
     count: int  # plans enumerated
+    complete: bool = True  # False: the deadline stopped it
 
 
 def compositions(n: int, k: int):
@@ -28,12 +33,18 @@ def compositions(n: int, k: int):
         yield out
 
 
-def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | None:
+def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = math.inf) -> BruteSolution | None:
+    """The best plan of the tables (None: nothing fits).  At the `deadline` (time.perf_counter()
+    value) it stops with the best so far and `complete` False."""
     pp, N, O = t.pp, t.num_layers, t.num_options
     best: BruteSolution | None = None
     count = 0
-    for opts in itertools.product(range(O), repeat=pp):
-        if not t.first_stage_ok(opts[0]) or not t.type_sequence_ok(opts):
+    for k, opts in enumerate(itertools.product(range(O), repeat=pp)):
+        if k % 1024 == 0 and time.perf_counter() > deadline:
+            if best is not None:
+                best.complete = False
+            return best if best is not None else BruteSolution(0, [], count, complete=False)
+        if not t.first_stage_ok(opts[0]) or not t.last_stage_ok(opts[-1]) or not t.type_sequence_ok(opts):
             continue
         used = [0] * len(t.types)
         for o in opts:
@@ -44,11 +55,16 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000) -> BruteSolution | No
             count += 1
             if count > limit:
                 raise RuntimeError(f"brute force exceeded {limit} plans")
+            if count % 4096 == 0 and time.perf_counter() > deadline:
+                if best is not None:
+                    best.complete = False
+                return best if best is not None else BruteSolution(0, [], count, complete=False)
             start = 0
             total = mx = sy = 0
             ok = True
             for i, (o, n) in enumerate(zip(opts, split)):
-                if t.core_us[o, position(i, pp), start, n] >= INF_US or not t.fits(o, i, start, n):
+                if (t.core_us[o, position(i, pp), start, n] >= INF_US or not t.fits(o, i, start, n)
+                        or not t.in_window(o, n)):
                     ok = False
                     break
                 ti = t.stage_us(opts[i - 1] if i else None, o, opts[i + 1] if i + 1 < pp else None, i, start, n)

@@ -13,9 +13,8 @@ every cap in [a, c].  Caps are explored by interval bisection with the lower bou
 (m*v-1)*c_lo + G(c_hi); the candidate caps are every value a stage time can take, so the search is
 exact.
 
-Pruning (switchable; with it on, each DP state keeps one label instead of the Pareto set): load balance, n_i within [(1-delta), (1+delta)] x w_i x N with w_i the stage's
-share of the cluster's profiled compute (per-layer speed of its option x its GPUs); memory (the
-least recompute that fits) is applied when options are generated (planner/search).
+Pruning is table data (solver_models/tables.py: `windows` for load balance, `memory_prune` for the
+least recompute that fits); with either on, each DP state keeps one label instead of the Pareto set.
 """
 
 from __future__ import annotations
@@ -59,26 +58,6 @@ class _Label:
     stage: tuple[int, int, int] | None = None  # (option, start, n) of the stage this label added
 
 
-def _balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:
-    """[O, 2] inclusive (lo, hi) layer counts per option under load-balance pruning."""
-    if delta is None:
-        return None
-    N = t.num_layers
-    speed = 1.0 / np.maximum(t.min_layer_us.astype(float), 1.0)  # layers per us of one stage of option o
-    # cluster throughput if every GPU of each type ran stages of that type's best option
-    total = 0.0
-    for ti in range(len(t.types)):
-        mask = t.option_type == ti
-        if not mask.any():
-            continue
-        best = max(speed[o] / t.option_gpus[o] for o in np.nonzero(mask)[0])  # per GPU
-        total += best * t.budget[ti]
-    w = speed / total
-    lo = np.floor((1 - delta) * w * N).astype(int)
-    hi = np.ceil((1 + delta) * w * N).astype(int)
-    return np.stack([np.maximum(lo, 1), np.maximum(hi, 1)], axis=1)
-
-
 def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, max_states: int = 10**9,
         deadline: float = math.inf, prune_above: float = math.inf, pareto: bool = True
         ) -> tuple[int, _Label, int] | None:
@@ -107,6 +86,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     budget = t.budget.tolist()
     p2p = [[p2p_o[a][b] for b in lead] for a in lead]
     first_ok = [u for u in range(U) if t.first_stage_ok(lead[u])]
+    last_ok = [t.last_stage_ok(lead[u]) for u in range(U)]
     if windows is not None:
         windows = windows[lead]
     # state: (layers placed, GPUs used, time of the link in, current unit) -> Pareto labels.
@@ -116,7 +96,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     states: dict[tuple, list[_Label]] = {}
     for o in first_ok:
         ty = option_type[o]
-        if option_gpus[o] > budget[ty]:
+        if option_gpus[o] > budget[ty] or (pp == 1 and not last_ok[o]):
             continue
         if contiguous:
             used: tuple = (0, option_gpus[o])
@@ -157,6 +137,9 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                     hit = next_cache[nk] = _next_options(oc, used, U, option_type, option_gpus, budget, p2p,
                                                          contiguous)
                 next_opts, min_out = hit
+                if i + 1 == pp - 1:
+                    next_opts = [x for x in next_opts if last_ok[x[0]]]
+                    min_out = min((x[1] for x in next_opts), default=0)
                 if not next_opts:
                     continue
             for n in range(n_lo, n_hi + 1):
@@ -198,8 +181,7 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
                             bucket[:] = [_Label(new_sum, new_sync, lab, (o, ell, n))]
         if last:
             break
-        if contiguous and not pareto:
-            nxt = _drop_dominated_states(nxt, v)
+        nxt = _drop_dominated_states(nxt, contiguous)
         states = nxt
         if not states:
             return None
@@ -213,27 +195,36 @@ def _dp(t: StageTables, cap: int, windows: np.ndarray | None, stats: DPStats, ma
     return best.sum_us + v * best.sync_us, best, actual
 
 
-def _drop_dominated_states(states: dict, v: int) -> dict:
-    """Single-label mode: a state is dominated by one with the same (layers, finished types, link
-    in, unit) that has used no more GPUs of the current type and has a label at least as good
-    (sum and sync both no worse): whatever the first can still do, the second can too."""
+def _drop_dominated_states(states: dict, contiguous: bool) -> dict:
+    """A state is dominated by one with the same (layers, link in, unit; with the contiguity rule
+    also the finished types) that has used no more GPUs of any type (of the current type) and
+    whose labels cover its labels (each of its labels is no better in sum and sync than one of
+    the other's): whatever the first can still do, the second can do at least as well."""
     groups: dict[tuple, list] = {}
     for key, labels in states.items():
-        ell, (mask, cur_used), in_link, unit = key
-        groups.setdefault((ell, mask, in_link, unit), []).append((cur_used, key, labels[0]))
+        ell, used, in_link, unit = key
+        if contiguous:
+            gkey, vec = (ell, used[0], in_link, unit), (used[1],)
+        else:
+            gkey, vec = (ell, in_link, unit), used
+        groups.setdefault(gkey, []).append((sum(vec), vec, key, labels))
     out = {}
     for items in groups.values():
         if len(items) == 1:
-            out[items[0][1]] = [items[0][2]]
+            out[items[0][2]] = items[0][3]
             continue
         items.sort(key=lambda x: x[0])
         kept: list = []
-        for cur_used, key, lab in items:
-            if any(k.sum_us <= lab.sum_us and k.sync_us <= lab.sync_us for k in kept):
+        for _, vec, key, labels in items:
+            if any(all(a <= b for a, b in zip(kvec, vec)) and _covers(klabels, labels) for kvec, klabels in kept):
                 continue
-            kept.append(lab)
-            out[key] = [lab]
+            kept.append((vec, labels))
+            out[key] = labels
     return out
+
+
+def _covers(ours: list[_Label], theirs: list[_Label]) -> bool:
+    return all(any(a.sum_us <= b.sum_us and a.sync_us <= b.sync_us for a in ours) for b in theirs)
 
 
 def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget, p2p, contiguous: bool):
@@ -266,10 +257,10 @@ def _next_options(oc: int, used: tuple, O: int, option_type, option_gpus, budget
 def has_fitting_layout(t: StageTables) -> bool:
     """Whether any layout fits at all, time aside: layers split over the PP stages with every stage
     in memory, GPUs per type within budget and the contiguity rule.  A reachability DP over stages
-    whose state after each stage is (layers placed, GPU use) -> a count kept at its least.  With
-    the contiguity rule the GPU use is (finished types, current type) with the count the GPUs of
-    the current type (fewer never hurts); without it, the GPUs used per type, count unused.  The
-    memory-pruning rule asks this of a lesser recompute."""
+    whose state after each stage is the GPU use, holding the set of layer counts placed so far as
+    a bitmask.  With the contiguity rule the GPU use is (finished types, current type, GPUs of the
+    current type); without it, the GPUs used per type.  The memory-pruning rule asks this of a
+    lesser recompute."""
     pp, N, O = t.pp, t.num_layers, t.num_options
     lo, hi = t.fit_range()
     lo, hi = lo.tolist(), hi.tolist()
@@ -277,51 +268,65 @@ def has_fitting_layout(t: StageTables) -> bool:
     option_gpus = t.option_gpus.tolist()
     budget = t.budget.tolist()
     contiguous = t.contiguous_types
+    reach_cache: dict = {}
 
-    def counts(o: int, i: int, ell: int) -> range:
-        """Layer counts stage i may hold on option o from layer ell (the last stage takes the rest)."""
-        a, b = lo[o][i][ell], hi[o][i][ell]
-        if i == pp - 1:
-            return range(N - ell, N - ell + 1) if a <= N - ell <= b else range(0)
-        return range(a, min(b, N - ell - (pp - 1 - i)) + 1)
+    def reach(o: int, i: int) -> list[int]:
+        """[ell] -> bitmask of the layers placed after stage i on option o starting at ell (the
+        last stage takes the rest; every later stage keeps at least one layer)."""
+        key = (o, i)
+        hit = reach_cache.get(key)
+        if hit is None:
+            hit = []
+            for ell in range(N + 1):
+                a, b = lo[o][i][ell], hi[o][i][ell]
+                if i == pp - 1:
+                    a, b = max(a, N - ell), min(b, N - ell)
+                else:
+                    b = min(b, N - ell - (pp - 1 - i))
+                hit.append(((1 << (b - a + 1)) - 1) << (ell + a) if b >= a else 0)
+            reach_cache[key] = hit
+        return hit
 
-    def advance(use: tuple, count: int, o: int):
+    def advance(use: tuple, o: int):
         """GPU use after a stage on option o, or None when the budget or the contiguity rule forbids it."""
         ty, gpus = option_type[o], option_gpus[o]
         if contiguous:
-            mask, cur = use
+            mask, cur, count = use
             if ty == cur:
-                new_use, new_count = use, count + gpus
+                new = (mask, cur, count + gpus)
             elif (mask >> ty) & 1:
                 return None
             else:
-                new_use, new_count = (mask | (1 << cur) if cur >= 0 else mask, ty), gpus
-            return (new_use, new_count) if new_count <= budget[ty] else None
+                new = (mask | (1 << cur) if cur >= 0 else mask, ty, gpus)
+            return new if new[2] <= budget[ty] else None
         if use[ty] + gpus > budget[ty]:
             return None
-        return use[:ty] + (use[ty] + gpus,) + use[ty + 1:], 0
+        return use[:ty] + (use[ty] + gpus,) + use[ty + 1:]
 
-    start = (0, -1) if contiguous else tuple(0 for _ in budget)
-    states: dict = {(0, start): 0}
+    start = (0, -1, 0) if contiguous else tuple(0 for _ in budget)
+    states: dict = {start: 1}  # use -> bitmask of layers placed (bit 0: none yet)
     for i in range(pp):
         nxt: dict = {}
-        for (ell, use), count in states.items():
+        for use, placed in states.items():
             for o in range(O):
-                if i == 0 and not t.first_stage_ok(o):
+                if (i == 0 and not t.first_stage_ok(o)) or (i == pp - 1 and not t.last_stage_ok(o)):
                     continue
-                step = advance(use, count, o)
-                if step is None:
+                new_use = advance(use, o)
+                if new_use is None:
                     continue
-                ns = counts(o, i, ell)
+                table = reach(o, i)
+                out, bits = 0, placed
+                while bits:
+                    low = bits & -bits
+                    out |= table[low.bit_length() - 1]
+                    bits ^= low
+                if not out:
+                    continue
                 if i == pp - 1:
-                    if ns:
+                    if (out >> N) & 1:
                         return True
                     continue
-                new_use, new_count = step
-                for n in ns:
-                    key = (ell + n, new_use)
-                    if new_count < nxt.get(key, 1 << 60):
-                        nxt[key] = new_count
+                nxt[new_use] = nxt.get(new_use, 0) | out
         if not nxt:
             return False
         states = nxt
@@ -346,7 +351,7 @@ def _unwind(lab: _Label) -> list[tuple[int, int, int]]:
 
 def candidate_caps(t: StageTables) -> np.ndarray:
     """Every value a stage time can take (core + the p2p links its position can have), sorted."""
-    pp, O = t.pp, t.num_options
+    O = t.num_options
     vals = []
     for o in range(O):
         for pos in range(4):
@@ -370,11 +375,12 @@ def candidate_caps(t: StageTables) -> np.ndarray:
 
 
 def solve_hsdp(
-    t: StageTables, *, delta: float | None = None, upper_bound_us: int | None = None,
+    t: StageTables, *, upper_bound_us: int | None = None,
     stats: DPStats | None = None, max_states: int = 2_000_000, deadline: float = math.inf,
     exact_sync: bool | None = None,
 ) -> DPSolution | None:
-    """Best plan for G under the tables (None if nothing fits, or nothing beats upper_bound_us).
+    """Best plan for G under the tables, their prunings included (None if nothing fits, or
+    nothing beats upper_bound_us).
 
     If `max_states` DP states or the `deadline` (time.perf_counter() value) is reached, the best
     plan found so far is returned and `stats.complete` is False: the result is then not proven."""
@@ -383,8 +389,8 @@ def solve_hsdp(
         # Pareto labels (sum, max sync) make the DP exact; with pruning on, one label per state
         # (least sum + v*sync) is kept instead: much faster, and exact whenever sync ties do not
         # decide the plan
-        exact_sync = delta is None and not t.memory_prune
-    windows = _balance_windows(t, delta)
+        exact_sync = t.exact
+    windows = t.windows
     caps = candidate_caps(t)
     if caps.size == 0:
         return None

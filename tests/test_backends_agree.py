@@ -18,7 +18,7 @@ from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
 from solver_models.cpsat import solve_cpsat
 from solver_models.hsdp import solve_hsdp
-from solver_models.tables import TableBuilder
+from planner.search.tables import TableBuilder
 
 SETTINGS = SimpleNamespace(time_limit_s=20.0, num_workers=2)
 SHORT_LADDER = (Recompute.none(), Recompute.full("uniform", 1))
@@ -71,7 +71,7 @@ def test_unpruned_backends_equal_brute_force(case_tables):
     for t in case_tables:
         brute = solve_brute(t)
         dp = solve_hsdp(t)
-        cp = solve_cpsat(t, delta=None, upper_bound_us=None, settings=SETTINGS)
+        cp = solve_cpsat(t, upper_bound_us=None, settings=SETTINGS)
         if brute is None:
             assert dp is None and cp is None, t.g.label()
             continue
@@ -88,8 +88,9 @@ def test_pruned_backends_agree_and_gap_printed(case_tables):
     prints the gap of the pruned optimum to the true one."""
     for t in case_tables:
         truth = solve_brute(t)
-        dp = solve_hsdp(t, delta=0.2)
-        cp = solve_cpsat(t, delta=0.2, upper_bound_us=None, settings=SETTINGS)
+        pruned = t.pruned(delta=0.2, memory=False)
+        dp = solve_hsdp(pruned)
+        cp = solve_cpsat(pruned, upper_bound_us=None, settings=SETTINGS)
         assert (dp is None) == (cp is None), t.g.label()
         if cp is None:
             print(f"{t.g.label()}: pruning leaves no plan (true optimum {truth and truth.objective_us})")
@@ -106,8 +107,8 @@ def test_upper_bound_at_optimum_gives_none(case_tables):
     if t is None:
         pytest.skip("no feasible configuration in this case")
     best = solve_brute(t).objective_us
-    assert solve_cpsat(t, delta=None, upper_bound_us=best, settings=SETTINGS) is None
-    assert solve_cpsat(t, delta=None, upper_bound_us=best + 1, settings=SETTINGS).objective_us == best
+    assert solve_cpsat(t, upper_bound_us=best, settings=SETTINGS) is None
+    assert solve_cpsat(t, upper_bound_us=best + 1, settings=SETTINGS).objective_us == best
 
 
 def check_plan(t, stages) -> int:

@@ -18,10 +18,11 @@ from planner.inputs.resolve import resolve_run
 from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Recompute
 from planner.search.bounds import _budget_test, lower_bound_s, option_bound, stage_free_bytes
-from planner.search.space import GlobalChoice, SearchSpace, StageOption, enumerate_globals, stage_options
+from planner.schemas.search import GlobalChoice, StageOption
+from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
 from solver_models.hsdp import has_fitting_layout
-from solver_models.tables import TableBuilder
+from planner.search.tables import TableBuilder
 
 TYPES = ("H800", "MI300X", "910B")
 
@@ -146,8 +147,10 @@ def test_bound_never_exceeds_the_exact_optimum(case):
                 assert lb_beat >= beat or math.isclose(lb_beat, beat), g.label()
         checked += 1
     assert checked >= 5
-    if preset.startswith("qwen3-235b"):
-        assert fit_checked >= 5  # the memory-tight cases do exercise "nothing fits"
+    if preset.startswith("qwen3-235b") and runtime == "megatron":
+        # the memory-tight case does exercise "nothing fits" (on flagscale the enumeration itself
+        # already leaves out the stage counts whose GPUs the cluster cannot hold)
+        assert fit_checked >= 5
 
 
 def test_max_rates_match_enumeration():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from planner.schemas.plan import Recompute
-from planner.search.space import GlobalChoice, StageOption
+from planner.schemas.search import GlobalChoice, StageOption
 from solver_models.brute import solve_brute
-from solver_models.cpsat import last_stats, solve_cpsat
+from solver_models.cpsat import solve_cpsat
 from solver_models.cpsat.cells import all_cells, lower_hull
 from solver_models.hsdp import solve_hsdp
 from solver_models.scaling import INF_US
@@ -62,7 +62,9 @@ def make_tables(layer_us: list[list[int]], *, pp: int = 2, m: int = 4, vpp: int 
 
 
 def solve(t: StageTables, **kw):
-    kw.setdefault("delta", None)
+    delta = kw.pop("delta", None)
+    if delta is not None:
+        t = t.pruned(delta=delta, memory=t.memory_prune)
     kw.setdefault("upper_bound_us", None)
     return solve_cpsat(t, settings=SETTINGS, **kw)
 
@@ -85,8 +87,9 @@ def test_gpu_budget_binds_and_infeasible():
     """Budget: two GPUs of type A allow A,A (2+2: 20+20+3*20 = 100); no type-B GPU and one A -> None."""
     sol = solve(make_tables(AB, budget=[2, 1]))
     assert sol.objective_us == 100 and [o for o, _, _ in sol.stages] == [0, 0]
-    assert solve(make_tables(AB, budget=[1, 0])) is None
-    assert last_stats["status"] == "INFEASIBLE"
+    stats: dict = {}
+    assert solve(make_tables(AB, budget=[1, 0]), stats=stats) is None
+    assert stats["status"] == "INFEASIBLE"
 
 
 def test_memory_binds_and_infeasible():
@@ -149,8 +152,9 @@ def test_load_balance_switchable():
     (w_A = 2/3 of N = 4), so nothing is left; HS-DP agrees."""
     t = make_tables(AB, cap_layers=[1.0, 4.0])
     assert solve(t).objective_us == 250
-    assert solve(t, delta=0.0) is None and solve_hsdp(t, delta=0.0) is None
-    assert last_stats["balance_constraints"] > 0
+    stats: dict = {}
+    assert solve(t, delta=0.0, stats=stats) is None and solve_hsdp(t.pruned(delta=0.0, memory=False)) is None
+    assert stats["balance_constraints"] > 0
 
 
 def test_start_dependent_costs_use_a_table_and_match_brute():
@@ -234,7 +238,7 @@ def test_deadline_passed_reports_unknown():
     import time
 
     settings = SimpleNamespace(time_limit_s=10.0, num_workers=2, deadline=time.perf_counter() - 1.0)
-    sol = solve_cpsat(make_tables(AB), delta=None, upper_bound_us=None, settings=settings)
+    sol = solve_cpsat(make_tables(AB), upper_bound_us=None, settings=settings)
     assert sol is not None and sol.status == "UNKNOWN" and sol.stages == [] and not sol.exact
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -13,16 +14,24 @@ from planner.commands.options import (
 )
 from planner.output_dir import PLAN_OUTPUT, StagedOutput, check_out_dir
 
+OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
+
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
-                 help="cpsat: HS-DP screening, then CP-SAT proves the best configurations; hsdp: the DP alone"),
+                 help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
+                      "CP-SAT stage subproblems, certifies the answer; hsdp: the dynamic program alone"),
     click.option("--runtime", type=click.Choice(["megatron", "flagscale"]), default="megatron", show_default=True,
                  help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
     click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole search"),
     click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
                  help="load-balance tolerance of the paper's pruning"),
-    click.option("--no-prune", is_flag=True, help="turn the paper's pruning off (exact search, certified optimum)"),
+    click.option("--no-prune", is_flag=True,
+                 help="turn every pruning off (load balance, memory, CP on short sequences): the whole space, "
+                      "certified optimum"),
+    click.option("--contiguous-types", is_flag=True,
+                 help="megatron runtime: keep each device type's stages in one contiguous block (FlagScale "
+                      "always does; upstream Megatron does not need it)"),
     click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
 ]
 
@@ -110,7 +119,8 @@ def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Pa
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, top_k, out_dir, force, moe_imbalance, plot_dir, wide, as_json, quiet, script_args):
+            time_limit_s, delta, no_prune, contiguous_types, top_k, out_dir, force, moe_imbalance, plot_dir, wide,
+            as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -118,6 +128,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     python cli.py solve --model mixtral-s --cluster h800-mi300x --backend hsdp --runtime flagscale --json
     python cli.py solve --megatron-script train.sh --cluster H800:16 --out plan/ -- /ckpt /tokenizer /data
     """
+    # the time limit counts from here (reading the inputs included), less a little for the output
+    deadline = time.perf_counter() + time_limit_s - min(OUTPUT_RESERVE_S, 0.02 * time_limit_s)
     if out_dir is not None:
         check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force)
     plot_dir = check_plot_dir(plot_dir, out_dir)
@@ -133,12 +145,13 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     from planner.sanity import check_prediction
     from planner.search.driver import SearchSettings
 
-    settings = SearchSettings(backend=backend, delta=None if no_prune else delta, memory_prune=not no_prune,
-                              time_limit_s=time_limit_s, top_k=top_k)
-    space = make_space(run, runtime, mbs=mbs)
+    settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k, deadline=deadline)
+    if no_prune:
+        settings = settings.without_pruning()
+    space = make_space(run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
     with SearchProgress(quiet=quiet, time_limit_s=time_limit_s) as progress:
         outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
-    progress.finish(best_s=outcome.result.best[0].objective_s, lower_bound_s=outcome.result.lower_bound_s)
+    progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
     for rank, cost in enumerate(outcome.costs):
         check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
     if megatron_script:

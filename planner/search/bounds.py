@@ -29,7 +29,7 @@ from functools import reduce
 import numpy as np
 
 from planner.cost.model import CostModel
-from planner.search.space import GlobalChoice, StageOption
+from planner.schemas.search import GlobalChoice, StageOption
 
 # largest GPUs-used-per-type state space the budget test builds (cells of one numpy array)
 MAX_BUDGET_STATES = 65_536
@@ -150,6 +150,64 @@ def _make_layer_groups(ob, options, n_layers: int, kind_counts: dict[bool, int] 
             groups.append(_LayerGroup(count, tuple(f[1] for f in figs), tuple(f[2] for f in figs),
                                       tuple(f[3] for f in figs)))
     return groups
+
+
+class ShapeBounds:
+    """The cheap bound of every (PP, VPP) of one shape (the degrees but PP and VPP) with one set of
+    stage options, from per-option figures computed once: the sum and fluid bounds, and with
+    `memory` the memory test (lower_bound_s with tight=False, without its per-call overhead).
+
+    With `memory=False` it is a valid bound for every recompute setting of the shape when built
+    from the no-recompute options: recompute only adds time (it re-runs forward work), and only
+    the memory test could tell the settings apart."""
+
+    def __init__(self, ob: dict[StageOption, "OptionBound"], g: GlobalChoice, options: list[StageOption],
+                 budget: dict[str, int], n_layers: int, m: int, kind_counts: dict[bool, int] | None,
+                 cache: dict | None = None):
+        self.ob, self.options, self.m, self.n_layers = ob, options, m, n_layers
+        self.groups = _layer_groups(ob, options, n_layers, kind_counts, cache)
+        groups = self.groups
+        if len(groups) > 1:
+            self.sum_lb = sum(grp.count * min(grp.tau_s) for grp in groups[1:])
+        else:
+            self.sum_lb = n_layers * min(groups[0].tau_s)
+        self.rates = []
+        for grp in groups:
+            key = (tuple((o.device_type, g.tp * g.cp * o.dp, t) for o, t in zip(options, grp.tau_s)),
+                   tuple(budget.items()))
+            rates = cache.get(key) if cache is not None else None
+            if rates is None:
+                rates = _max_rates(g, options, grp.tau_s, budget, n_layers)
+                if cache is not None:
+                    cache[key] = rates
+            self.rates.append(rates)
+        self._room: dict = {}
+
+    def pipeline_bounds(self, pipelines: tuple[tuple[int, int], ...]) -> np.ndarray:
+        """The bound without the memory test for each (PP, VPP) of `pipelines`, at once."""
+        pps = np.array([p for p, _ in pipelines], dtype=np.int64)
+        vs = np.array([v for _, v in pipelines], dtype=float)
+        fluid = np.zeros(len(pipelines))
+        for grp, rates in zip(self.groups, self.rates):
+            r = np.where(pps < len(rates), rates[np.minimum(pps, len(rates) - 1)], 0.0)
+            with np.errstate(divide="ignore"):
+                fluid = np.maximum(fluid, np.where(r > 0, grp.count / np.where(r > 0, r, 1.0), np.inf))
+        return (self.sum_lb + (self.m * vs - 1) * fluid) / vs
+
+    def bound(self, pp: int, vpp: int, inflight: list[float], memory: bool = True) -> float:
+        """The cheap bound at (PP, VPP) with the in-flight micro-batches per position;
+        math.inf when it cannot fit."""
+        if memory:
+            for k, grp in enumerate(self.groups):
+                memo = self._room.setdefault((k, vpp), {})
+                if _room(grp, self.n_layers, self.ob, self.options, inflight, vpp, memo) < grp.count:
+                    return math.inf
+        fluid = 0.0
+        for grp, rates in zip(self.groups, self.rates):
+            if pp >= len(rates) or not rates[pp] > 0:
+                return math.inf
+            fluid = max(fluid, grp.count / rates[pp])
+        return (self.sum_lb + (self.m * vpp - 1) * fluid) / vpp
 
 
 def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: list[StageOption],

@@ -1,9 +1,14 @@
-"""The search space: global choices G and per-stage options, with Megatron's and the runtime's
-rules applied before any solving (DESIGN section 5; reference/megatron.md sections 2 and 8).
+"""The search space: which global choices G and which stage options the search considers (README,
+"The search space").  Megatron's and FlagScale's rules come from planner/rules.py (the predicates
+at its end); everything else here is the documented space: the menus of degree values below.
 
 megatron runtime: G = (TP, CP, EP, ETP, DP, micro-batch, PP, VPP, recompute); a stage option is a
-device type.  flagscale runtime: G = (TP, CP=1, EP, ETP, DP0, micro-batch, PP); a stage option is
-(device type, DP, recompute), VPP = 1.
+device type.  flagscale runtime: G = (TP, CP=1, EP, ETP, samples per micro-batch B, PP, recompute
+mode); a stage option is (device type, DP, recompute), VPP = 1.
+
+A plan may leave GPUs idle: DP need not divide the cluster, and the stages need not use every GPU
+of a type.  Nothing here prunes: the search's prunings (planner/search/pruning.py) are named and
+switchable.
 """
 
 from __future__ import annotations
@@ -11,75 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from planner import rules
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
+from planner.schemas.search import GlobalChoice, StageOption
 from planner.schemas.training import TrainingSpec
 
-
-@dataclass(frozen=True)
-class StageOption:
-    """What one stage may be: a device type, its DP size and its recompute setting."""
-
-    device_type: str
-    dp: int
-    recompute: Recompute = field(compare=False)
-    recompute_label: str = ""  # identity of the recompute setting (cheap to hash)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "recompute_label", self.recompute.label)
+__all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options",
+           "recompute_ladder", "RECOMPUTE_LADDER", "STAGE_RECOMPUTE_LADDER", "FLAGSCALE_SELECTIVE", "tp_ok"]
 
 
-@dataclass(frozen=True)
-class GlobalChoice:
-    runtime: str
-    tp: int
-    cp: int
-    ep: int
-    etp: int
-    mbs: int
-    pp: int
-    vpp: int
-    dp0: int  # megatron: the DP of every stage; flagscale: DP of stage 0
-    recompute: Recompute | None  # megatron: the global setting; flagscale: None (per stage)
-
-    def label(self) -> str:
-        if self.runtime == "flagscale":
-            return (f"tp{self.tp} cp{self.cp} ep{self.ep} etp{self.etp} samples/micro-batch {self.mbs * self.dp0} "
-                    f"pp{self.pp} dp,rc=per-stage")
-        rec = self.recompute.label if self.recompute else "per-stage"
-        return (f"tp{self.tp} cp{self.cp} ep{self.ep} etp{self.etp} dp{self.dp0} mbs{self.mbs} pp{self.pp} "
-                f"vpp{self.vpp} rc={rec}")
-
-    @property
-    def stage_gpus(self) -> int:
-        return self.tp * self.cp * self.dp0
-
-
-@dataclass(frozen=True)
-class SearchSpace:
-    """Knobs a user (or a test) may narrow; defaults cover what Megatron offers that pays off."""
-
-    runtime: str = "megatron"
-    tp: tuple[int, ...] = (1, 2, 4, 8)
-    cp: tuple[int, ...] = (1, 2, 4)
-    ep: tuple[int, ...] | None = None  # None: powers of two dividing the experts
-    etp: tuple[int, ...] | None = None  # None: 1 and TP
-    mbs: tuple[int, ...] = (1, 2, 4)
-    vpp: tuple[int, ...] = (1, 2)
-    max_pp: int | None = None
-    recompute: tuple[Recompute, ...] = field(default_factory=lambda: RECOMPUTE_LADDER)
-    # flagscale: the per-stage recompute choices (a shorter ladder keeps the per-stage options few)
-    stage_recompute: tuple[Recompute, ...] = field(default_factory=lambda: STAGE_RECOMPUTE_LADDER)
-    min_seq_per_cp: int = 2048  # CP only pays off for long sequences
-
-    def with_(self, **kw) -> "SearchSpace":
-        from dataclasses import replace
-
-        return replace(self, **kw)
-
-
-# Recompute settings ordered from least to most recompute (the memory-pruning ladder).
+# Recompute settings ordered from least to most recompute (the megatron runtime's menu, and the
+# memory-pruning ladder).
 RECOMPUTE_LADDER: tuple[Recompute, ...] = (
     Recompute.none(),
     Recompute.selective(("core_attn",)),
@@ -90,12 +39,52 @@ RECOMPUTE_LADDER: tuple[Recompute, ...] = (
     Recompute.full("uniform", 1),
 )
 
-
+# flagscale: what each stage may choose on its own (FlagScale's per-stage lists switch full
+# recompute on or off per stage) ...
 STAGE_RECOMPUTE_LADDER: tuple[Recompute, ...] = (
     Recompute.none(),
-    Recompute.selective(("core_attn", "layernorm", "moe_act")),
     Recompute.full("uniform", 1),
 )
+# ... and the selective settings, each one shared by every stage (FlagScale's rule).
+FLAGSCALE_SELECTIVE: tuple[Recompute, ...] = (
+    Recompute.selective(("core_attn", "layernorm", "moe_act")),
+)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The menus of values the search tries (narrow them for a test or a baseline).
+
+    TP and ETP stay inside a node (the cost model prices them on intra-node links only).  `ep`
+    None: every divisor of the expert count.  `etp` None: the TP menu.  `contiguous_types` None:
+    the runtime's own rule (flagscale: each device type's stages form one block; megatron: free)."""
+
+    runtime: str = "megatron"
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    cp: tuple[int, ...] = (1, 2, 4)
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
+    mbs: tuple[int, ...] = (1, 2, 4)
+    vpp: tuple[int, ...] = (1, 2)
+    max_pp: int | None = None
+    recompute: tuple[Recompute, ...] = field(default_factory=lambda: RECOMPUTE_LADDER)
+    # flagscale: the per-stage choices (none/full; a selective entry here becomes a shared mode)
+    stage_recompute: tuple[Recompute, ...] = field(default_factory=lambda: STAGE_RECOMPUTE_LADDER)
+    # flagscale: selective settings shared by every stage
+    selective: tuple[Recompute, ...] = field(default_factory=lambda: FLAGSCALE_SELECTIVE)
+    contiguous_types: bool | None = None
+
+    def with_(self, **kw) -> "SearchSpace":
+        from dataclasses import replace
+
+        return replace(self, **kw)
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether each device type's stages must form one contiguous block of the pipeline."""
+        if self.runtime == "flagscale":
+            return True  # FlagScale orders ranks by device type (rule flagscale_contiguous_types)
+        return bool(self.contiguous_types)
 
 
 def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...]) -> list[Recompute]:
@@ -103,109 +92,165 @@ def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...]) -> list[R
     out = []
     for r in allowed:
         if "moe_act" in r.modules and r.granularity == "selective" and not (model.is_moe and model.moe_grouped_gemm):
-            mods = tuple(m for m in r.modules if m != "moe_act")
-            r = Recompute.selective(mods)
+            r = Recompute.selective(tuple(m for m in r.modules if m != "moe_act"))
         if r not in out:
             out.append(r)
     return out
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def flagscale_modes(model: ModelSpec, space: SearchSpace) -> list[Recompute | None]:
+    """flagscale recompute modes: None (each stage none or full on its own), then each selective
+    setting shared by every stage."""
+    shared = [r for r in space.selective] + [r for r in space.stage_recompute if r.granularity == "selective"]
+    return [None] + recompute_ladder(model, tuple(shared))
+
+
+def stage_ladder(model: ModelSpec, space: SearchSpace) -> list[Recompute]:
+    """flagscale: the per-stage recompute choices (selective ones are shared modes instead)."""
+    return [r for r in recompute_ladder(model, space.stage_recompute) if r.granularity != "selective"]
 
 
 def tp_ok(model: ModelSpec, tp: int) -> bool:
-    g = model.query_groups
-    return model.num_attention_heads % tp == 0 and (g % tp == 0 or tp % g == 0)
+    return rules.tp_allowed(model, tp)
+
+
+def expert_degrees(model: ModelSpec, space: SearchSpace, tp: int) -> list[tuple[int, int]]:
+    """(EP, ETP) pairs the rules allow with this TP (folding is checked per stage size)."""
+    if not model.is_moe:
+        return [(1, tp)]
+    eps = space.ep or tuple(e for e in range(1, model.num_experts + 1) if model.num_experts % e == 0)
+    etps = space.etp or space.tp
+    return [(ep, etp) for ep in eps if rules.ep_allowed(model, ep)
+            for etp in etps if rules.etp_allowed(model, tp, etp)]
+
+
+def _hosting_types(cluster: ClusterSpec, tp: int, gpus_per_node: dict[str, int]) -> dict[str, int]:
+    """GPUs per device type for the types a TP group fits in (one node)."""
+    return {h: n for h, n in cluster.gpus_by_type().items() if tp <= gpus_per_node[h]}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A set of global choices that differ only in PP, VPP and recompute: the degrees that fix the
+    stage options' per-layer figures.  `pipelines` are the (PP, VPP) pairs the rules allow with it,
+    `recomputes` the recompute settings (megatron: the global one; flagscale: the modes)."""
+
+    runtime: str
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    mbs: int  # flagscale: samples per micro-batch B
+    dp0: int  # flagscale: 1
+    first_dp: int | None
+    pipelines: tuple[tuple[int, int], ...]
+    recomputes: tuple[Recompute | None, ...]
+
+    def choice(self, pp: int, vpp: int, recompute: Recompute | None) -> GlobalChoice:
+        return GlobalChoice(self.runtime, self.tp, self.cp, self.ep, self.etp, self.mbs, pp, vpp, self.dp0,
+                            recompute, first_dp=self.first_dp)
+
+    @property
+    def size(self) -> int:
+        """The number of global choices this shape stands for."""
+        return len(self.pipelines) * len(self.recomputes)
+
+    def choices(self) -> Iterator[GlobalChoice]:
+        for pp, vpp in self.pipelines:
+            for rc in self.recomputes:
+                yield self.choice(pp, vpp, rc)
+
+
+def enumerate_shapes(
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, gpus_per_node: dict[str, int]
+) -> Iterator[Shape]:
+    """Every shape of the space with at least one global choice that keeps the rules and has room
+    for its stages."""
+    gbs = training.global_batch_size
+    n_layers = model.num_layers
+    ladder = tuple(recompute_ladder(model, space.recompute))
+    modes = tuple(flagscale_modes(model, space))
+    tied = rules.flagscale_tied_embeddings(model, training)
+    for tp in space.tp:
+        if not rules.tp_allowed(model, tp):
+            continue
+        hosts = _hosting_types(cluster, tp, gpus_per_node)
+        if not hosts:
+            continue
+        for cp in space.cp:
+            if not rules.cp_allowed(model, cp) or not rules.runtime_degrees_ok(space.runtime, cp, 1):
+                continue
+            max_dp = max(n // (tp * cp) for n in hosts.values())
+            if max_dp < 1:
+                continue
+            for ep, etp in expert_degrees(model, space, tp):
+                if space.runtime == "flagscale":
+                    yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied)
+                    continue
+                for mbs in space.mbs:
+                    for dp in range(1, max_dp + 1):
+                        if not rules.batch_ok(gbs, mbs, dp) or not rules.expert_folding_ok(tp, cp, dp, ep, etp):
+                            continue
+                        s = tp * cp * dp
+                        max_stages = sum(n // s for n in hosts.values())
+                        pipelines = tuple(
+                            (pp, vpp) for pp in range(1, min(n_layers, max_stages, space.max_pp or 10**9) + 1)
+                            for vpp in space.vpp
+                            if rules.runtime_degrees_ok(space.runtime, cp, vpp)
+                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and rules.layout_ok(n_layers, pp, vpp))
+                        if pipelines:
+                            yield Shape("megatron", tp, cp, ep, etp, mbs, dp, None, pipelines, ladder)
 
 
 def enumerate_globals(
     model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, gpus_per_node: dict[str, int]
 ) -> Iterator[GlobalChoice]:
-    """Every global choice that passes the divisibility and runtime rules.  Yields in no
-    particular order; the driver orders them by a lower bound."""
-    gbs = training.global_batch_size
-    n_by_type = cluster.gpus_by_type()
-    total = sum(n_by_type.values())
-    ladder = recompute_ladder(model, space.recompute)
-    max_gpn = max(gpus_per_node.values())
-    num_experts = model.num_experts or 1
-    eps = space.ep or tuple(e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if num_experts % e == 0)
-    if not model.is_moe:
-        eps = (1,)
-    for tp in space.tp:
-        if tp > max_gpn or not tp_ok(model, tp):
+    """Every global choice of the space that keeps the rules and has room for its stages (the
+    choices of every shape).  Yields in no particular order; the driver orders them by a bound."""
+    for shape in enumerate_shapes(model, training, cluster, space, gpus_per_node):
+        yield from shape.choices()
+
+
+def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, ep: int, etp: int, b: int
+                   ) -> dict[str, list[int]]:
+    """Per device type, the stage DPs that samples-per-micro-batch B allows: B % DP == 0, a rank's
+    micro-batch B / DP in the menu, folding."""
+    return {h: [dp for dp in range(1, n // (tp * cp) + 1)
+                if rules.flagscale_stage_mbs_ok(b, dp) and b // dp in space.mbs
+                and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
+            for h, n in hosts.items()}
+
+
+def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) -> Iterator[Shape]:
+    """flagscale shapes for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
+    bs = sorted({dp * m for h, n in hosts.items() for dp in range(1, n // (tp * cp) + 1) for m in space.mbs
+                 if rules.expert_folding_ok(tp, cp, dp, ep, etp)})
+    for b in bs:
+        if not rules.batch_ok(gbs, b, 1):
             continue
-        for cp in space.cp:
-            if cp > 1 and (model.seq_length % (2 * cp) or model.seq_length // cp < space.min_seq_per_cp):
-                continue
-            if space.runtime == "flagscale" and cp != 1:
-                continue
-            etps = space.etp or tuple(sorted({1, tp}))
-            if not model.is_moe:
-                etps = (tp,)
-            for ep in eps:
-                for etp in etps:
-                    if model.is_moe and etp > 1 and model.add_bias_linear:
-                        # Megatron: "Bias in Moe is only supported when ETP==1"; the launcher adds
-                        # --disable-bias-linear, which changes the model: only allowed if already off.
-                        continue
-                    if etp * ep > total:
-                        continue
-                    if space.runtime == "flagscale":
-                        # G fixes B = DP0 * mbs (samples per micro-batch); stage 0's DP is a
-                        # per-stage choice.  Carried as mbs=B, dp0=1 (see StageTables.first_stage_ok).
-                        max_b = (total // (tp * cp)) * max(space.mbs)
-                        for b in range(1, max_b + 1):
-                            if gbs % b or not any(b % d == 0 and b // d in space.mbs
-                                                  for d in _divisors(total // (tp * cp))):
-                                continue
-                            max_pp = min(model.num_layers, total // (tp * cp), space.max_pp or 10**9)
-                            for pp in range(1, max_pp + 1):
-                                yield GlobalChoice("flagscale", tp, cp, ep, etp, b, pp, 1, 1, None)
-                        continue
-                    for mbs in space.mbs:
-                        for dp0 in _divisors(total // (tp * cp)):
-                            if gbs % (mbs * dp0):
-                                continue
-                            s = tp * cp * dp0
-                            if space.runtime == "megatron" and s % (etp * ep):
-                                continue  # (TP*CP*DP) % (ETP*EP) == 0
-                            m = gbs // (mbs * dp0)
-                            max_stages = sum(n // s for n in n_by_type.values()) if space.runtime == "megatron" \
-                                else total // (tp * cp)
-                            max_pp = min(model.num_layers, max_stages, space.max_pp or 10**9)
-                            for pp in range(1, max_pp + 1):
-                                for vpp in space.vpp:
-                                    if vpp > 1 and (space.runtime == "flagscale" or pp == 1 or m % pp or m < pp
-                                                    or model.num_layers < pp * vpp):
-                                        continue
-                                    if space.runtime == "megatron":
-                                        for rc in ladder:
-                                            yield GlobalChoice("megatron", tp, cp, ep, etp, mbs, pp, vpp, dp0, rc)
-                                    else:
-                                        yield GlobalChoice("flagscale", tp, cp, ep, etp, mbs, pp, 1, dp0, None)
+        dps = _flagscale_dps(hosts, space, tp, cp, ep, etp, b)
+        max_stages = sum(n // (tp * cp * min(d)) for h, n in hosts.items() if (d := dps[h]))
+        if not max_stages:
+            continue
+        pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1))
+        firsts = sorted({d for ds in dps.values() for d in ds}) if tied else [None]
+        for first in firsts:
+            yield Shape("flagscale", tp, cp, ep, etp, b, 1, first, pipelines, modes)
 
 
 def stage_options(
     g: GlobalChoice, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace,
     gpus_per_node: dict[str, int],
 ) -> list[StageOption]:
-    """The options a stage may take under G."""
-    n_by_type = cluster.gpus_by_type()
+    """The options a stage may take under G (stage 0 and the last stage may be narrower: see
+    StageTables.first_stage_ok / last_stage_ok)."""
+    hosts = _hosting_types(cluster, g.tp, gpus_per_node)
     out: list[StageOption] = []
-    for h, n in n_by_type.items():
-        if g.tp > gpus_per_node[h]:
-            continue
-        if g.runtime == "megatron":
-            if g.stage_gpus <= n:
-                out.append(StageOption(h, g.dp0, g.recompute))
-            continue
-        for dp in _divisors(n // (g.tp * g.cp)):
-            if (g.dp0 * g.mbs) % dp or (g.dp0 * g.mbs) // dp not in space.mbs:
-                continue  # FlagScale: (DP0*mbs) % DP_i == 0; a rank's micro-batch within the space
-            if (g.tp * g.cp * dp) % (g.etp * g.ep):
-                continue
-            for rc in recompute_ladder(model, space.stage_recompute):
+    if g.runtime == "megatron":
+        return [StageOption(h, g.dp0, g.recompute) for h, n in hosts.items() if g.stage_gpus <= n]
+    rcs = [g.recompute] if g.recompute is not None else stage_ladder(model, space)
+    for h, dps in _flagscale_dps(hosts, space, g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch).items():
+        for dp in dps:
+            for rc in rcs:
                 out.append(StageOption(h, dp, rc))
     return out

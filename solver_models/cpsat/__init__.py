@@ -1,5 +1,6 @@
-"""CP-SAT backend over the shared integer cost tables (see model.py for the problem)."""
+"""CP-SAT backend: the stage model of one configuration (model.py) and the master over the
+degrees (master.py)."""
 
-from solver_models.cpsat.model import CpSatSolution, CpSatStageModel, last_stats, solve_cpsat
+from solver_models.cpsat.model import CpSatSolution, CpSatStageModel, solve_cpsat
 
-__all__ = ["CpSatSolution", "CpSatStageModel", "last_stats", "solve_cpsat"]
+__all__ = ["CpSatSolution", "CpSatStageModel", "solve_cpsat"]

@@ -100,13 +100,14 @@ def _start_independent(ok: np.ndarray, structural: np.ndarray, core: np.ndarray,
 
 
 def all_cells(t: StageTables, *, drop_dominated: bool = True) -> dict[tuple[int, int], StageOptionCells]:
-    """Allowed cells for every (stage, option); stage 0 keeps only options with dp == g.dp0.
+    """Allowed cells for every (stage, option); stage 0 and the last stage keep only the options
+    the tables allow there (first_stage_ok, last_stage_ok).
     With drop_dominated, cells another interchangeable option does at least as well are removed
     (see drop_dominated_cells); the optimum is unchanged."""
     out = {}
     for i in range(t.pp):
         for o in range(t.num_options):
-            if i == 0 and not t.first_stage_ok(o):
+            if (i == 0 and not t.first_stage_ok(o)) or (i == t.pp - 1 and not t.last_stage_ok(o)):
                 continue
             cell = stage_option_cells(t, i, o)
             if not cell.empty:

@@ -164,7 +164,7 @@ def add_bottleneck(model: cp_model.CpModel, t: StageTables, v: StageVars, *, max
 
 def add_load_balance(model: cp_model.CpModel, cells: Cells, v: StageVars, windows: np.ndarray | None) -> int:
     """The paper's load-balance pruning (switchable): a chosen option holds between windows[o, 0]
-    and windows[o, 1] layers (HS-DP's windows, solver_models.hsdp._balance_windows).  Returns the
+    and windows[o, 1] layers (the tables' windows, solver_models.tables.balance_windows).  Returns the
     number of constraints added (0 when off)."""
     if windows is None:
         return 0

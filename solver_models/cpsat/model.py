@@ -1,10 +1,12 @@
-"""CP-SAT over one global configuration's integer tables: the problem HS-DP solves (see
-solver_models/hsdp.py), as a model CP-SAT can prove optimal.
+"""CP-SAT over one global configuration's integer tables: the stage problem HS-DP solves (see
+solver_models/hsdp.py), as a model CP-SAT can prove optimal.  The search's CP-SAT master over the
+degrees (master.py) adds these as subproblems, one configuration at a time.
 
     minimise  sum_i t_i + (m*v - 1) * max_i t_i + v * max_i sync_i
     over      one option and a layer count per stage, layers in order and covering all N,
               GPUs per device type within the budget, every stage fitting in memory,
-              optionally the load-balance windows and objective < upper bound.
+              the tables' rules (contiguous types, first and last stage options) and prunings
+              (load-balance windows, least recompute that fits), optionally objective < a bound.
 
 Order as in OR-Tools' samples: data (cells.py) -> variables (variables.py) -> constraints
 (constraints.py) -> objective -> hint (HS-DP's plan) -> solve -> solution -> statistics.
@@ -15,15 +17,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ortools.sat.python import cp_model
 
 from solver_models import Solution
 from solver_models.cpsat import constraints as cons
 from solver_models.cpsat.cells import all_cells, canonical_plan
-from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, stage_values
-from solver_models.hsdp import _balance_windows, solve_hsdp
+from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, variable_counts
+from solver_models.hsdp import solve_hsdp
 from solver_models.tables import StageTables
 
 # Instances whose option sequences x layer splits are at most this many are solved without the
@@ -34,10 +36,6 @@ HINT_MAX_OPTIONS = 8
 # The HS-DP hint may use at most this share of the time limit (its plan so far is used after).
 HINT_TIME_SHARE = 0.25
 
-# Statistics of the latest solve_cpsat call (also when it returns None); mutated in place so
-# `from solver_models.cpsat import last_stats` stays current.
-last_stats: dict[str, Any] = {}
-
 
 @dataclass
 class CpSatSolution(Solution):
@@ -47,17 +45,19 @@ class CpSatSolution(Solution):
 
 
 class CpSatStageModel:
-    """The CP-SAT model of one configuration; build once, then solve."""
+    """The CP-SAT model of one configuration; build once, then solve.
 
-    def __init__(self, tables: StageTables, *, delta: float | None, upper_bound_us: int | None,
+    stats["variables"] and stats["constraints"]: counts per family (the names of
+    variables.variable_counts and of the constraint functions below)."""
+
+    def __init__(self, tables: StageTables, *, upper_bound_us: int | None,
                  max_equality: bool = False, drop_dominated: bool = True):
         t0 = time.perf_counter()
         self.tables = tables
-        self.delta = delta
         self.upper_bound_us = upper_bound_us
         self.model = cp_model.CpModel()
         self.cells = all_cells(tables, drop_dominated=drop_dominated)
-        self.stats: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {"variables": {}, "constraints": {}}
         self.infeasible_reason: str | None = None
         self.classes = cons.link_classes(tables)
         missing = [i for i in range(tables.pp) if not any(k[0] == i for k in self.cells)]
@@ -65,28 +65,35 @@ class CpSatStageModel:
             # a stage with no allowed cell: nothing to build
             self.infeasible_reason = f"stage {missing[0]} has no option that fits"
             self.vars = None
-            self.windows = None
             self.stats["build_s"] = time.perf_counter() - t0
             return
         m, t, c = self.model, tables, self.cells
         self.vars = v = create_vars(m, t, c, self.classes)
-        cons.add_one_option_per_stage(m, t, v)
-        cons.add_layer_counts(m, t, c, v)
-        forms = cons.add_stage_costs(m, c, v)
-        cuts = cons.add_relaxation_cuts(m, c, v)
-        cons.add_pipeline_links(m, t, v, self.classes)
-        cons.add_stage_times(m, t, v)
-        cons.add_gpu_budget(m, t, v)
-        blocks = cons.add_contiguous_types(m, t, v)
-        cons.add_bottleneck(m, t, v, max_equality=max_equality)
-        self.windows = windows = _balance_windows(t, delta)
-        balance = cons.add_load_balance(m, c, v, windows)
+        family = self._family
+        family("one_option_per_stage", lambda: cons.add_one_option_per_stage(m, t, v))
+        family("layer_counts", lambda: cons.add_layer_counts(m, t, c, v))
+        forms = family("stage_costs", lambda: cons.add_stage_costs(m, c, v))
+        cuts = family("relaxation_cuts", lambda: cons.add_relaxation_cuts(m, c, v))
+        family("links", lambda: cons.add_pipeline_links(m, t, v, self.classes))
+        family("stage_times", lambda: cons.add_stage_times(m, t, v))
+        family("gpu_budget", lambda: cons.add_gpu_budget(m, t, v))
+        blocks = family("contiguous_types", lambda: cons.add_contiguous_types(m, t, v))
+        family("bottleneck", lambda: cons.add_bottleneck(m, t, v, max_equality=max_equality))
+        balance = family("load_balance", lambda: cons.add_load_balance(m, c, v, t.windows))
         self.objective = cons.objective_expr(t, v)
-        cons.add_upper_bound(m, self.objective, upper_bound_us)
+        family("upper_bound", lambda: cons.add_upper_bound(m, self.objective, upper_bound_us))
         m.minimize(self.objective)
+        self.stats["variables"] = variable_counts(v)
         self.stats.update(build_s=time.perf_counter() - t0, cost_forms=forms, cuts=cuts,
                           balance_constraints=balance, contiguous_types=blocks, options=len(c),
                           link_classes=len(set(self.classes)))
+
+    def _family(self, name: str, add: Callable[[], Any]) -> Any:
+        """Run one constraint family's function and count the constraints it added."""
+        before = len(self.model.proto.constraints)
+        out = add()
+        self.stats["constraints"][name] = len(self.model.proto.constraints) - before
+        return out
 
     def hint(self, stages: list[tuple[int, int, int]]) -> bool:
         """Hint every variable with a known plan [(option, start, n)] (moved off dominated cells);
@@ -108,19 +115,16 @@ class CpSatStageModel:
             used[int(t.option_type[o])] += int(t.option_gpus[o])
         if any(u > b for u, b in zip(used, t.budget)):
             return False
-        if hasattr(t, "type_sequence_ok") and not t.type_sequence_ok([o for o, _, _ in stages]):
+        if not t.type_sequence_ok([o for o, _, _ in stages]):
             return False
-        if self.windows is not None and any(not self.windows[o, 0] <= n <= self.windows[o, 1]
-                                            for o, _, n in stages):
-            return False
-        return True
+        return all(t.in_window(o, n) for o, _, n in stages)
 
     def solve(self, *, time_limit_s: float, num_workers: int, log: bool = False) -> CpSatSolution | None:
         """Solve; None when no plan exists (or none beats the upper bound) or when the time limit
         ends before any plan is found (stats["status"]: INFEASIBLE or UNKNOWN)."""
         t = self.tables
         if self.vars is None:
-            self.stats.update(status="INFEASIBLE", reason=self.infeasible_reason, wall_s=0.0)
+            self.stats.update(status="INFEASIBLE", reason=self.infeasible_reason, wall_s=0.0, branches=0)
             return None
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = float(time_limit_s)
@@ -135,8 +139,7 @@ class CpSatStageModel:
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         stages = extract_plan(solver, self.vars, t.pp)
-        _, syncs, times = stage_values(t, stages)
-        objective_us = t.objective_us(sum(times), max(times), max(syncs))
+        objective_us = t.plan_objective_us(stages)
         if objective_us != int(round(solver.objective_value)):
             raise AssertionError(f"CP-SAT objective {solver.objective_value} != tables' {objective_us}")
         bound_us = min(objective_us, self.stats["bound_us"])
@@ -144,7 +147,7 @@ class CpSatStageModel:
         optimal = status == cp_model.OPTIMAL
         return CpSatSolution(objective_us=objective_us, bound_us=objective_us if optimal else bound_us,
                              stages=stages, status="OPTIMAL" if optimal else "FEASIBLE",
-                             exact=optimal and self.delta is None, stats=dict(self.stats))
+                             exact=optimal and t.exact, stats=dict(self.stats))
 
 
 def _unknown(stats: dict[str, Any]) -> CpSatSolution:
@@ -165,11 +168,12 @@ def wants_dp_hint(t: StageTables) -> bool:
     return plan_count(t) > TINY_PLANS and t.num_options <= HINT_MAX_OPTIONS
 
 
-def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int | None, settings,
+def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings,
                 hint: bool | None = None, hint_stages: list[tuple[int, int, int]] | None = None,
-                max_equality: bool = False, drop_dominated: bool = True, log: bool = False
-                ) -> CpSatSolution | None:
-    """Best plan for the configuration (None if nothing fits or nothing beats upper_bound_us).
+                max_equality: bool = False, drop_dominated: bool = True, log: bool = False,
+                stats: dict[str, Any] | None = None) -> CpSatSolution | None:
+    """Best plan for the configuration under the tables' rules and prunings (None if nothing fits
+    or nothing beats upper_bound_us).
 
     settings: time_limit_s, num_workers, optionally deadline (a time.perf_counter() value; the
     limit is cut to it).  When time runs out with no plan and no proof: a solution with status
@@ -177,30 +181,31 @@ def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int
     [(option, start, n)] the caller already has, e.g. from HS-DP) is used as given; otherwise
     hint=None computes HS-DP's plan when wants_dp_hint(tables), True/False force it (HS-DP gets at
     most HINT_TIME_SHARE of the limit).  The returned objective is recomputed from the tables;
-    status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL and no load-balance pruning.
-    Statistics: .stats on the result, and last_stats (also after None)."""
+    status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL on unpruned tables.
+    Statistics: .stats on the result, and `stats` (a dict the caller passes, filled also when
+    the result is None)."""
     t0 = time.perf_counter()
-    last_stats.clear()
+    out_stats = stats if stats is not None else {}
+    out_stats.clear()
     limit_s = float(settings.time_limit_s)
     deadline = getattr(settings, "deadline", None)
     if deadline is not None:
         limit_s = min(limit_s, deadline - t0)
     if limit_s <= 0:
-        last_stats.update(status="UNKNOWN", reason="deadline passed before solving")
-        return _unknown(dict(last_stats))
+        out_stats.update(status="UNKNOWN", reason="deadline passed before solving")
+        return _unknown(dict(out_stats))
     hint_s = 0.0
     hint_obj: int | None = None
     if hint_stages is None and (wants_dp_hint(tables) if hint is None else hint):
-        dp = solve_hsdp(tables, delta=delta, deadline=t0 + HINT_TIME_SHARE * limit_s)
+        dp = solve_hsdp(tables, deadline=t0 + HINT_TIME_SHARE * limit_s)
         hint_s = time.perf_counter() - t0
         if dp is not None:
             hint_stages, hint_obj = dp.stages, dp.objective_us
     if hint_stages is not None and hint_obj is None:
-        _, syncs, times = stage_values(tables, hint_stages)
-        hint_obj = tables.objective_us(sum(times), max(times), max(syncs))
+        hint_obj = tables.plan_objective_us(hint_stages)
     if hint_obj is not None and upper_bound_us is not None and hint_obj >= upper_bound_us:
         hint_stages = hint_obj = None  # it cannot satisfy objective < upper bound
-    m = CpSatStageModel(tables, delta=delta, upper_bound_us=upper_bound_us, max_equality=max_equality,
+    m = CpSatStageModel(tables, upper_bound_us=upper_bound_us, max_equality=max_equality,
                         drop_dominated=drop_dominated)
     hinted = hint_stages is not None and m.hint(hint_stages)
     remaining_s = max(0.01, limit_s - (time.perf_counter() - t0))
@@ -215,7 +220,7 @@ def solve_cpsat(tables: StageTables, *, delta: float | None, upper_bound_us: int
             sol = _unknown({})
     m.stats.update(hinted=hinted, hint_s=hint_s, hint_objective_us=hint_obj if hinted else None,
                    total_s=time.perf_counter() - t0)
-    last_stats.update(m.stats)
+    out_stats.update(m.stats)
     if sol is not None:
         sol.stats = dict(m.stats)
     return sol

@@ -83,7 +83,7 @@ def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, 
 
 def contiguous(t: StageTables) -> bool:
     """Whether the tables carry the rule that each device type's stages form one block."""
-    return bool(getattr(t, "contiguous_types", False))
+    return bool(t.contiguous_types)
 
 
 def stage_values(t: StageTables, stages: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
@@ -137,3 +137,12 @@ def extract_plan(solver: cp_model.CpSolver, v: StageVars, pp: int) -> list[tuple
         o = next(o for o in v.options_of(i) if solver.boolean_value(v.x[i, o]))
         stages.append((o, int(solver.value(v.start[i])), int(solver.value(v.n[i, o]))))
     return stages
+
+
+def variable_counts(v: StageVars) -> dict[str, int]:
+    """Variables per family: `stages` (per stage and option: x, n, core, sync; per stage: start,
+    layers, t), `links` (link times and the class-pair Booleans y), `blocks` (contiguity) and
+    `bottleneck` (t_max, sync_max)."""
+    stages = len(v.x) + len(v.n) + len(v.core) + len(v.sync) + len(v.start) + len(v.layers) + len(v.t)
+    return {"stages": stages, "links": len(v.link) + len(v.y), "blocks": len(v.block_start),
+            "bottleneck": int(v.t_max is not None) + int(v.sync_max is not None)}

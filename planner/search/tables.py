@@ -1,0 +1,132 @@
+"""Builds the integer cost tables (solver_models/tables.py) for many global choices from the cost
+model, sharing per-layer and per-stage work.  The only place the search turns cost-model floats
+into the integers every backend reads (rounded down: solver_models/scaling.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cost.model import CostModel, GlobalShape
+from planner.schemas.plan import Recompute
+from planner.schemas.search import GlobalChoice, StageOption
+from solver_models.scaling import INF_US, to_us, to_us_array
+from solver_models.tables import FIRST, LAST, MID, ONLY, StageTables
+
+
+class TableBuilder:
+    """Builds StageTables for many global choices, sharing per-layer and per-stage work.
+
+    `contiguous_types`: the rule each table carries (SearchSpace.contiguous)."""
+
+    def __init__(self, cost: CostModel, *, contiguous_types: bool = True):
+        self.cost = cost
+        self.contiguous_types = contiguous_types
+        self._cache: dict = {}
+        types = list(cost.cluster.gpus_by_type().keys())
+        self._types = types
+        self._budget = np.array([cost.cluster.gpus_by_type()[t] for t in types], dtype=np.int64)
+
+    def shape(self, g: GlobalChoice) -> GlobalShape:
+        return GlobalShape(tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, vpp=g.vpp, mbs=g.mbs,
+                           gbs=self.cost.training.global_batch_size, dp0=g.dp0, pp=g.pp,
+                           sequence_parallel=g.tp > 1)
+
+    def build(self, g: GlobalChoice, options: list[StageOption]) -> StageTables:
+        cost = self.cost
+        n_layers = cost.model.num_layers
+        gs = self.shape(g)
+        key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.pp > 1, tuple(options))
+        arrays = self._cache.get(key)
+        if arrays is None:
+            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1) + ({},)
+            self._cache[key] = arrays
+        core, sync, static, act, cap, p2p, min_layer, shared = arrays
+        types = self._types
+        inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
+        return StageTables(
+            g=g, options=list(options), num_layers=n_layers, num_microbatches=gs.num_microbatches,
+            core_us=core, sync_us=sync, static_bytes=static, act_bytes=act, capacity_bytes=cap, p2p_us=p2p,
+            inflight=inflight,
+            option_type=np.array([types.index(o.device_type) for o in options], dtype=np.int64),
+            option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
+            types=types, budget=self._budget, min_layer_us=min_layer, shared=shared,
+            contiguous_types=self.contiguous_types,
+        )
+
+    def _signatures(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """sig[start, n]: an id per distinct layer-kind sequence of the range [start, start+n),
+        with one representative (start, n) per id.  Stage costs depend on the range only through
+        its layer kinds, so each id is priced once and broadcast."""
+        if not hasattr(self, "_sig"):
+            kinds = self.cost.model.layer_is_moe
+            N = len(kinds)
+            sig = np.full((N + 1, N + 1), -1, dtype=np.int64)
+            ids: dict[tuple, int] = {}
+            reps: list[tuple[int, int]] = []
+            for start in range(N):
+                for n in range(1, N - start + 1):
+                    key = kinds[start:start + n]
+                    k = ids.get(key)
+                    if k is None:
+                        k = ids[key] = len(reps)
+                        reps.append((start, n))
+                    sig[start, n] = k
+            self._sig = (sig, reps)
+        return self._sig
+
+    def _build_arrays(self, gs: GlobalShape, options: list[StageOption], n_layers: int, multi_stage: bool):
+        cost = self.cost
+        num_o = len(options)
+        N = n_layers
+        shape = (num_o, 4, N + 1, N + 1)
+        core = np.full(shape, INF_US, dtype=np.int64)
+        sync = np.full(shape, INF_US, dtype=np.int64)
+        static = np.full(shape, np.inf)
+        act = np.full(shape, np.inf)
+        cap = np.zeros(num_o)
+        min_layer = np.zeros(num_o, dtype=np.int64)
+        sig, reps = self._signatures()
+        # which (start, n) cells each position uses
+        starts = np.arange(N + 1)[:, None]
+        ns = np.arange(N + 1)[None, :]
+        valid = (ns >= 1) & (starts + ns <= N)
+        if multi_stage:
+            regions = {FIRST: valid & (starts == 0) & (ns < N), LAST: valid & (starts + ns == N) & (starts > 0),
+                       MID: valid & (starts > 0) & (starts + ns < N)}
+        else:
+            regions = {ONLY: valid & (starts == 0) & (ns == N)}
+        for o, opt in enumerate(options):
+            for p, mask in regions.items():
+                ids = np.unique(sig[mask])
+                vals = np.zeros((len(reps), 4))
+                for k in ids:
+                    st, n = reps[k]
+                    c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
+                                        recompute=opt.recompute, is_first=p in (FIRST, ONLY),
+                                        is_last=p in (LAST, ONLY))
+                    vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes)
+                    cap[o] = c.capacity_bytes
+                cells = sig[mask]
+                core[o, p][mask] = to_us_array(vals[cells, 0])
+                sync[o, p][mask] = to_us_array(vals[cells, 1])
+                static[o, p][mask] = vals[cells, 2]
+                act[o, p][mask] = vals[cells, 3]
+            # least per-layer time (for lower bounds): a one-layer middle stage without recompute,
+            # which no layer of this option can undercut (recompute and stage extras only add)
+            per = [cost.stage_core(gs, device_type=opt.device_type, start=j, end=j + 1, dp=opt.dp,
+                                   recompute=Recompute.none(), is_first=False, is_last=False).time_s
+                   for j in _distinct_layer_starts(cost)]
+            min_layer[o] = to_us(min(per))
+        p2p = np.zeros((num_o, num_o), dtype=np.int64)
+        for a, oa in enumerate(options):
+            for b, ob in enumerate(options):
+                p2p[a, b] = to_us(cost.p2p_s(gs, oa.device_type, oa.dp, ob.device_type, ob.dp))
+        return core, sync, static, act, cap, p2p, min_layer
+
+
+def _distinct_layer_starts(cost: CostModel) -> list[int]:
+    """One representative layer index per layer kind (dense, MoE)."""
+    seen: dict[bool, int] = {}
+    for j, k in enumerate(cost.model.layer_is_moe):
+        seen.setdefault(k, j)
+    return sorted(seen.values())

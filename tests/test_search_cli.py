@@ -1,0 +1,134 @@
+"""The search as `solve` and `compare` report it: the `search` JSON block with CP-SAT's statistics,
+idle GPUs and why, a checker failure as exit 2, `compare --layers`, and the progress callback."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from cli import main
+
+RUNNER = CliRunner()
+SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]
+IDLE = ["--model", "llama2-7b", "--cluster", "H100:8,A100:4", "--gbs", "96"]
+
+
+def _solve(args: list[str]) -> dict:
+    res = RUNNER.invoke(main, ["solve", *args, "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_search_block_carries_cpsat_statistics():
+    """--backend cpsat: search.cpsat has variables and constraints per family (degrees, stages,
+    links; a rule family per rule), status, objective_s, bound_s, wall_s, branches; the bound is
+    at most the plan's cost and the pruned space's status is reported."""
+    d = _solve(SMALL)
+    s = d["search"]
+    cs = s["cpsat"]
+    for key in ("status", "objective_s", "bound_s", "wall_s", "branches", "variables", "constraints"):
+        assert key in cs, key
+    for fam in ("degrees", "stages", "links"):
+        assert cs["variables"][fam] > 0, fam
+    for fam in ("heads_tp", "expert_folding", "gbs_microbatch", "configuration_bounds", "one_option_per_stage"):
+        assert cs["constraints"][fam] > 0, fam
+    assert cs["status"] == "OPTIMAL" and cs["bound_s"] <= d["iteration_time_s"]
+    assert s["status"] == d["status"] == "FEASIBLE"  # pruning is on by default
+    assert s["pruned_space"]["status"] == "OPTIMAL" and s["pruning"]["on"]
+    lb = s["whole_space"]["lower_bound_s"]
+    assert lb is None or lb <= d["iteration_time_s"]
+
+
+def test_no_prune_certifies_and_says_so():
+    """--no-prune: OPTIMAL over the whole space, pruning off in the JSON, gap within the tables'
+    quantisation (and the bound's own rounding down to whole microseconds)."""
+    d = _solve([*IDLE, "--no-prune", "--time-limit", "60"])
+    s = d["search"]
+    assert d["status"] == "OPTIMAL" and d["certified_optimal"] and not s["pruning"]["on"]
+    assert s["cpsat"]["space"] == "whole" and s["cpsat"]["status"] == "OPTIMAL"
+    assert d["gap"] * d["iteration_time_s"] <= s["quantisation_s"] + 1e-6
+
+
+def test_idle_gpus_are_reported_with_a_reason(tmp_path):
+    """A plan on part of the cluster says how many GPUs of which type stay idle and why: llama2-7b
+    with 8 layers (issue 15's model file) on H100:8,A100:4 at global batch 96 runs DP 8 on the
+    H100s and leaves the A100s idle."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "profiles" / "models" / "llama2-7b.yaml").read_text()
+    model = tmp_path / "llama2-7b-8l.yaml"
+    model.write_text(re.sub(r"(?m)^num_layers: .*$", "num_layers: 8", src))
+    d = _solve(["--model", str(model), "--cluster", "H100:8,A100:4", "--gbs", "96"])
+    assert d["world_size"] < d["cluster_gpus"]
+    idle = d["idle_gpus"]
+    assert sum(v["count"] for v in idle.values()) == d["cluster_gpus"] - d["world_size"]
+    assert all(v["why"] for v in idle.values())
+    assert any("stay idle" in n for n in d["notes"])
+
+
+def test_checker_failure_exits_2(monkeypatch):
+    """A plan the checker rejects is exit 2 with the problem named, never a printed PROBLEM."""
+    import planner.api as api
+    from planner.schemas.plan import Plan, StagePlan
+
+    real = api.search
+
+    def broken(cost, space, settings, progress=None):
+        res = real(cost, space, settings, progress)
+        bad = Plan(tp=1, gbs=64, mbs=1, stages=(StagePlan(device_type="H800", num_layers=31, dp=64),))
+        res.best[0].plan = bad
+        return res
+
+    monkeypatch.setattr(api, "search", broken)
+    res = RUNNER.invoke(main, ["solve", *SMALL, "--backend", "hsdp", "--json", "--quiet"])
+    assert res.exit_code == 2
+    assert "checker rejects" in res.output and "PROBLEM" not in res.output
+
+
+def test_compare_layers_runs_brute_force_and_agrees():
+    """compare --layers 4 on a reduced preset: brute force runs, and without pruning all three
+    backends certify the same optimum; the table has one line per backend."""
+    res = RUNNER.invoke(main, ["compare", "--model", "mixtral-s", "--layers", "4", "--cluster", "H800:4,MI300X:4",
+                               "--gbs", "16", "--no-prune", "--time-limit", "60", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["num_layers"] == 4
+    rows = {r["backend"]: r for r in d["results"]}
+    assert set(rows) == {"hsdp", "cpsat", "brute"}
+    assert all(r["status"] == "OPTIMAL" for r in rows.values())
+    best = min(r["objective_s"] for r in rows.values())
+    for r in rows.values():
+        assert abs(r["objective_s"] - best) <= 1e-4 * best
+        assert r["lower_bound_s"] <= best
+    text = RUNNER.invoke(main, ["compare", "--model", "mixtral-s", "--layers", "4", "--cluster", "H800:4,MI300X:4",
+                                "--gbs", "16", "--no-prune", "--time-limit", "60"]).output
+    assert sum(line.split()[0] in rows for line in text.splitlines() if line.strip()) == 3
+
+
+def test_compare_layers_rejects_more_layers_than_the_model():
+    res = RUNNER.invoke(main, ["compare", "--model", "mixtral-s", "--layers", "99", "--cluster", "H800:8"])
+    assert res.exit_code == 2 and "--layers" in res.output
+
+
+def test_progress_callback_reports_counts_time_best_and_bound():
+    """The progress callback gets done/total, elapsed seconds, the best objective and the open
+    bound, and ends with phase 'done'; old dict-style readers still work."""
+    from planner.cost.model import CostModel
+    from planner.inputs.cluster import parse_cluster
+    from planner.inputs.resolve import resolve_run
+    from planner.profile_tables import ProfileSet
+    from planner.search.driver import SearchSettings, search
+    from planner.search.space import SearchSpace
+
+    profiles = ProfileSet.load()
+    cl = parse_cluster("H800:8,MI300X:8", profiles)
+    run = resolve_run(model="mixtral-s", world_size=cl.world_size, overrides={"gbs": 64})
+    seen = []
+    search(CostModel(run.model, run.training, cl, profiles), SearchSpace(), SearchSettings(backend="hsdp"),
+           progress=seen.append)
+    last = seen[-1]
+    assert last.phase == "done" and last["config"] == "done"
+    assert last.best_s is not None and last.elapsed_s >= 0 and last.total >= last.done >= 1
+    assert all(p["tried"] <= p["total"] or p.phase == "enumerating" for p in seen)
