@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import shlex
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from planner.inputs.megatron_flags import (
     parse_megatron_flags,
 )
 
-CSV_PATH = Path(__file__).resolve().parents[1] / ".." / "shared" / "calibration" / "measured_runs.csv"
 
 BASE = [
     "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -35,10 +33,10 @@ def run_of(*extra: str, base: list[str] | None = None, **kw):
 
 
 def measured_rows() -> list[dict[str, str]]:
-    if not CSV_PATH.is_file():
-        pytest.skip("shared/calibration/measured_runs.csv not present")
-    with CSV_PATH.open() as fh:
-        return list(csv.DictReader(fh))
+    """The published runs: shipped with the planner, plus ../shared/calibration/ rows when present."""
+    from planner.calibration.runs import load_runs
+
+    return load_runs()
 
 
 # ---------------------------------------------------------------- values
