@@ -101,6 +101,16 @@ def _encode(cols: list[np.ndarray], radices: list[int]) -> np.ndarray:
     return np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
+def _compact(code: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes as indices into a small array: (index per row, array size)."""
+    lo = int(code.min())
+    span = int(code.max()) - lo + 1
+    if span <= 4 * code.size + 1024:
+        return code - lo, span
+    values, index = np.unique(code, return_inverse=True)
+    return index.reshape(-1), values.size
+
+
 def _first_per_group(sorted_code: np.ndarray) -> np.ndarray:
     start = np.empty(sorted_code.size, dtype=bool)
     start[:1] = True
@@ -301,70 +311,97 @@ class _StageDP:
         ok, out_link, new_used = self._next_units(i, st)
         has_next = ok.any(axis=1)
         min_out = np.where(has_next, np.where(ok, out_link, INF_US).min(axis=1), 0)
+        link_rank = np.searchsorted(self.link_values, out_link)
         radices = [N + 1, *self.used_radices(), self.link_values.size, len(self.units)]
         parts, seq0 = [], 0
         for s, n, o, c, s_i in self._cells(i, cap, st, has_next, min_out):
             tt = (c + st["link"][s])[:, None] + out_link[s]
             q, nxt = np.nonzero(ok[s] & (tt <= cap))
-            sq = s[q]
-            li, k = _expand(labels["start"][sq], labels["count"][sq])
+            li, k = _expand(labels["start"][s[q]], labels["count"][s[q]])
             if li.size == 0:
                 continue
-            q, nxt, sq = q[k], nxt[k], sq[k]
+            q, nxt = q[k], nxt[k]
             total = labels["sum"][li] + tt[q, nxt]
             sync = np.maximum(labels["sync"][li], s_i[q])
-            keep = None
-            if math.isfinite(prune_above):  # cannot beat the best plan known
-                rest_lb = (N - st["ell"][sq] - n[q]) * self.min_layer
-                keep = total + rest_lb + v * sync < prune_above
             seq = seq0 + np.arange(li.size)
             seq0 += li.size
-            rows = np.empty((li.size, _USED + new_used.shape[2]), dtype=np.int64)
-            rows[:, _SUM], rows[:, _SYNC], rows[:, _SEQ], rows[:, _FIRST] = total, sync, seq, seq
-            rows[:, _PARENT], rows[:, _OPT], rows[:, _START], rows[:, _N] = li, o[q], st["ell"][sq], n[q]
+            if math.isfinite(prune_above):  # cannot beat the best plan known
+                rest_lb = (N - st["ell"][s[q]] - n[q]) * self.min_layer
+                keep = np.flatnonzero(total + rest_lb + v * sync < prune_above)
+                q, nxt, li, total, sync, seq = q[keep], nxt[keep], li[keep], total[keep], sync[keep], seq[keep]
+            if q.size == 0:
+                continue
+            sq = s[q]
+            code = _encode([st["ell"][sq] + n[q], *new_used[sq, nxt].T, link_rank[sq, nxt], nxt], radices)
+            kept, first = self._keep(code, total, sync, seq, seq)
+            q, nxt, sq = q[kept], nxt[kept], sq[kept]
+            rows = np.empty((kept.size, _USED + new_used.shape[2]), dtype=np.int64)
+            rows[:, _CODE], rows[:, _SUM], rows[:, _SYNC] = code[kept], total[kept], sync[kept]
+            rows[:, _SEQ], rows[:, _FIRST], rows[:, _PARENT] = seq[kept], first, li[kept]
+            rows[:, _OPT], rows[:, _START], rows[:, _N] = o[q], st["ell"][sq], n[q]
             rows[:, _ELL] = st["ell"][sq] + n[q]
-            rows[:, _LINK] = out_link[sq, nxt]
-            rows[:, _UNIT] = nxt
-            rows[:, _USED:] = new_used[sq, nxt]
-            if keep is not None:
-                rows = rows[keep]
-            rows[:, _CODE] = _encode([rows[:, _ELL], *rows[:, _USED:].T, np.searchsorted(self.link_values, rows[:, _LINK]),
-                                      rows[:, _UNIT]], radices)
-            parts.append(self._reduce(rows))
+            rows[:, _LINK], rows[:, _UNIT], rows[:, _USED:] = out_link[sq, nxt], nxt, new_used[sq, nxt]
+            parts.append(rows)
         if not parts:
             return None
-        rows = parts[0] if len(parts) == 1 else self._reduce(np.concatenate(parts))
+        rows = parts[0]
+        if len(parts) > 1:
+            rows = np.concatenate(parts)
+            kept, first = self._keep(rows[:, _CODE], rows[:, _SUM], rows[:, _SYNC], rows[:, _SEQ], rows[:, _FIRST])
+            rows = rows[kept]
+            rows[:, _FIRST] = first
         return rows if rows.size else None
 
-    def _reduce(self, rows: np.ndarray) -> np.ndarray:
-        """The labels each next state keeps: the Pareto set of (sum, sync), or the least sum + v*sync;
-        among equal labels the first visited.  _FIRST becomes the next state's first visit."""
-        if rows.size == 0:
-            return rows
-        if self.pareto:
-            order = np.lexsort((rows[:, _SEQ], rows[:, _SYNC], rows[:, _SUM], rows[:, _CODE]))
-        else:
-            order = np.lexsort((rows[:, _SEQ], rows[:, _SUM] + self.t.g.vpp * rows[:, _SYNC], rows[:, _CODE]))
-        rows = rows[order]
-        start = _first_per_group(rows[:, _CODE])
-        starts = np.flatnonzero(start)
-        group = np.cumsum(start) - 1
-        rows[:, _FIRST] = np.minimum.reduceat(rows[:, _FIRST], starts)[group]
+    def _keep(self, code: np.ndarray, total: np.ndarray, sync: np.ndarray, seq: np.ndarray, first: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """The labels each next state (`code`) keeps, as indices: the Pareto set of (sum, sync), or
+        the least sum + v*sync; among equal labels the first visited (least `seq`).  With each, the
+        next state's first visit (least `first` of its labels, kept or not)."""
+        key, n_keys = _compact(code)
+        big = np.iinfo(np.int64).max
+
+        def least(values: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+            out = np.full(n_keys, big, dtype=np.int64)
+            if where is None:
+                np.minimum.at(out, key, values)
+            else:
+                np.minimum.at(out, key[where], values[where])
+            return out[key]
+
+        def first_least(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Mask of the label with the least a, then b, then seq of each key; and that b."""
+            at_a = a == least(a)
+            b_min = least(b, at_a)
+            at_b = at_a & (b == b_min)
+            return at_b & (seq == least(seq, at_b)), b_min
+
+        first_of = least(first)
         if not self.pareto:
-            return rows[start]
-        # a label stays when its sync is below every earlier one's of its group (sorted by sum,
-        # then sync): a running minimum, groups offset so each starts below all before it
-        sync = rows[:, _SYNC]
-        lo, hi = int(sync.min()), int(sync.max())
-        if (hi - lo + 1) * (starts.size + 1) >= 2**62:
-            sync = np.unique(sync, return_inverse=True)[1].reshape(-1).astype(np.int64)
-            lo, hi = 0, int(sync.max())
-        shifted = (sync - lo) - group * (hi - lo + 1)
+            kept = np.flatnonzero(first_least(total + self.t.g.vpp * sync, seq)[0])
+            return kept, first_of[kept]
+        # the least-sum and the least-sync labels stay; any other that stays has a smaller sync
+        # than the first and a smaller sum than the second
+        least_sum, sync_there = first_least(total, sync)
+        least_sync, sum_there = first_least(sync, total)
+        rest = np.flatnonzero(least_sum | least_sync | ((sync < sync_there) & (total < sum_there)))
+        # among those, exactly: sorted by key, sum, sync and seq, a label stays when its sync is
+        # below every earlier one's of its key (a running minimum, keys offset so each starts
+        # below all before it)
+        rest = rest[np.lexsort((seq[rest], sync[rest], total[rest], key[rest]))]
+        start = _first_per_group(key[rest])
+        group = np.cumsum(start) - 1
+        y = sync[rest]
+        lo, hi = int(y.min()), int(y.max())
+        if (hi - lo + 1) * (int(group[-1]) + 2) >= 2**62:
+            y = np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            lo, hi = 0, int(y.max())
+        shifted = (y - lo) - group * (hi - lo + 1)
         run = np.minimum.accumulate(shifted)
         before = np.empty_like(run)
         before[1:] = run[:-1]
-        before[starts] = np.iinfo(np.int64).max
-        return rows[shifted < before]
+        before[start] = big
+        kept = np.sort(rest[shifted < before])
+        return kept, first_of[kept]
 
     def _next_states(self, rows: np.ndarray):
         """States and labels for the next stage, ordered as the DP visits them, with dominated
