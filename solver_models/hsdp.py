@@ -111,6 +111,24 @@ def _compact(code: np.ndarray) -> tuple[np.ndarray, int]:
     return index.reshape(-1), values.size
 
 
+def _below_earlier(values: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For rows sorted into groups (`start` marks each group's first row): whether each value is
+    below every earlier value of its group (true for a group's first row).  A running minimum
+    over the values offset so that each group starts below every group before it."""
+    if values.size == 0:
+        return np.zeros(0, dtype=bool)
+    group = np.cumsum(start) - 1
+    lo, hi = int(values.min()), int(values.max())
+    if (hi - lo + 1) * (int(group[-1]) + 2) >= 2**62:
+        values = np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        lo, hi = 0, int(values.max())
+    shifted = (values - lo) - group * (hi - lo + 1)
+    run = np.minimum.accumulate(shifted)
+    below = np.empty(values.size, dtype=bool)
+    below[1:] = shifted[1:] < run[:-1]
+    return below | start
+
+
 def _first_per_group(sorted_code: np.ndarray) -> np.ndarray:
     start = np.empty(sorted_code.size, dtype=bool)
     start[:1] = True
@@ -385,22 +403,9 @@ class _StageDP:
         least_sync, sum_there = first_least(sync, total)
         rest = np.flatnonzero(least_sum | least_sync | ((sync < sync_there) & (total < sum_there)))
         # among those, exactly: sorted by key, sum, sync and seq, a label stays when its sync is
-        # below every earlier one's of its key (a running minimum, keys offset so each starts
-        # below all before it)
+        # below every earlier one's of its key
         rest = rest[np.lexsort((seq[rest], sync[rest], total[rest], key[rest]))]
-        start = _first_per_group(key[rest])
-        group = np.cumsum(start) - 1
-        y = sync[rest]
-        lo, hi = int(y.min()), int(y.max())
-        if (hi - lo + 1) * (int(group[-1]) + 2) >= 2**62:
-            y = np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)
-            lo, hi = 0, int(y.max())
-        shifted = (y - lo) - group * (hi - lo + 1)
-        run = np.minimum.accumulate(shifted)
-        before = np.empty_like(run)
-        before[1:] = run[:-1]
-        before[start] = big
-        kept = np.sort(rest[shifted < before])
+        kept = np.sort(rest[_below_earlier(sync[rest], _first_per_group(key[rest]))])
         return kept, first_of[kept]
 
     def _next_states(self, rows: np.ndarray):
@@ -444,13 +449,14 @@ class _StageDP:
         if first.size == S:
             return np.arange(S)
         order = np.lexsort((np.arange(S), vec.sum(axis=1), first[inverse]))
-        group_of = inverse[order]
-        gstart = np.flatnonzero(_first_per_group(group_of))
+        in_group = _first_per_group(inverse[order])
+        gstart = np.flatnonzero(in_group)
         earlier = np.arange(S) - np.repeat(gstart, np.diff(np.append(gstart, S)))  # earlier states in group
         mins_sum = np.minimum.reduceat(rows[:, _SUM], starts)
         mins_sync = np.minimum.reduceat(rows[:, _SYNC], starts)
+        # only an earlier state with no larger least sum and no larger least sync can dominate
         dropped = np.zeros(S, dtype=bool)  # by position in `order`
-        p_all = np.flatnonzero(earlier)
+        p_all = np.flatnonzero(~(_below_earlier(mins_sum[order], in_group) | _below_earlier(mins_sync[order], in_group)))
         cum = np.cumsum(earlier[p_all])
         a = 0
         while a < p_all.size:
