@@ -65,7 +65,7 @@ class _Budget(Exception):
 # equal labels the first one visited is kept, next states are ordered by the first candidate that
 # reached them, and the plan chosen among equal objectives is the first one visited.
 
-_CELLS_PER_CHUNK = 1 << 18  # (state, n) cells expanded at once: bounds memory on large DPs
+_CANDIDATES_PER_CHUNK = 1 << 20  # most (state, n, next unit, label) candidates expanded at once (memory)
 _PAIRS_PER_CHUNK = 1 << 22  # state pairs compared at once by the dominance test
 
 # columns of a candidate row
@@ -235,11 +235,12 @@ class _StageDP:
             S = st["ell"].size
         return None
 
-    def _cells(self, i: int, cap: int, st: dict, active: np.ndarray, min_out: np.ndarray):
+    def _cells(self, i: int, cap: int, st: dict, active: np.ndarray, min_out: np.ndarray, fanout: np.ndarray):
         """The (state, n) a stage may take, in visiting order, per chunk of states: (state, n,
         option, core time, sync time).  n runs up from its least value and stops at the first n
         whose stage time exceeds the cap (stage time grows with n); n that fit no member are
-        skipped."""
+        skipped.  A chunk holds at most _CANDIDATES_PER_CHUNK cells times `fanout` (the candidates
+        each of a state's cells makes)."""
         t, pp, N = self.t, self.t.pp, self.t.num_layers
         last = i == pp - 1
         idx = np.flatnonzero(active)
@@ -266,19 +267,21 @@ class _StageDP:
         core, sync = t.core_us[:, pos], t.sync_us[:, pos]
         members = self.members(i)
         link = st["link"][idx] + min_out[idx]
-        step = max(1, _CELLS_PER_CHUNK // width)
-        for a in range(0, idx.size, step):
-            b = slice(a, a + step)
-            e = ell[b][:, None]
-            mem = members[unit[b][:, None], e, ns[None, :]]
-            valid = (ns >= n_lo[b][:, None]) & (ns <= n_hi[b][:, None]) & (mem >= 0)
+        weight = np.cumsum(width * np.maximum(fanout[idx], 1))
+        a = 0
+        while a < idx.size:
+            z = max(a + 1, int(np.searchsorted(weight, (weight[a - 1] if a else 0) + _CANDIDATES_PER_CHUNK, "right")))
+            e = ell[a:z, None]
+            mem = members[unit[a:z, None], e, ns[None, :]]
+            valid = (ns >= n_lo[a:z, None]) & (ns <= n_hi[a:z, None]) & (mem >= 0)
             c = core[np.where(valid, mem, 0), e, ns[None, :]]
-            over = valid & ((c >= INF_US) | (c + link[b][:, None] > cap))
+            over = valid & ((c >= INF_US) | (c + link[a:z, None] > cap))
             stop = np.where(over.any(axis=1), over.argmax(axis=1), width)
             r, k = np.nonzero(valid & (np.arange(width)[None, :] < stop[:, None]))
             o = mem[r, k]
             s = idx[a + r]
             n = ns[k]
+            a = z
             yield s, n, o, c[r, k], sync[o, st["ell"][s], n]
 
     def _last_stage(self, i: int, cap: int, st: dict, labels: dict):
@@ -287,7 +290,8 @@ class _StageDP:
         v = self.t.g.vpp
         best = None
         S = st["ell"].size
-        for s, n, o, c, s_i in self._cells(i, cap, st, np.ones(S, dtype=bool), np.zeros(S, dtype=np.int64)):
+        for s, n, o, c, s_i in self._cells(i, cap, st, np.ones(S, dtype=bool), np.zeros(S, dtype=np.int64),
+                                           labels["count"]):
             li, k = _expand(labels["start"][s], labels["count"][s])
             if li.size == 0:
                 continue
@@ -332,7 +336,8 @@ class _StageDP:
         link_rank = np.searchsorted(self.link_values, out_link)
         radices = [N + 1, *self.used_radices(), self.link_values.size, len(self.units)]
         parts, seq0 = [], 0
-        for s, n, o, c, s_i in self._cells(i, cap, st, has_next, min_out):
+        fanout = ok.sum(axis=1) * labels["count"]
+        for s, n, o, c, s_i in self._cells(i, cap, st, has_next, min_out, fanout):
             tt = (c + st["link"][s])[:, None] + out_link[s]
             q, nxt = np.nonzero(ok[s] & (tt <= cap))
             li, k = _expand(labels["start"][s[q]], labels["count"][s[q]])

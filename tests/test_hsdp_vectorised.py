@@ -59,7 +59,7 @@ def test_vectorised_dp_equals_plain_loop(seed, monkeypatch):
     rnd = random.Random(seed)
     if seed % 2:
         # tiny chunks: the DP expands states and compares state pairs a few at a time
-        monkeypatch.setattr(hsdp, "_CELLS_PER_CHUNK", 7)
+        monkeypatch.setattr(hsdp, "_CANDIDATES_PER_CHUNK", 7)
         monkeypatch.setattr(hsdp, "_PAIRS_PER_CHUNK", 5)
     solved = 0
     for _ in range(40):
