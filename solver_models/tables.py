@@ -23,7 +23,7 @@ Prunings carried with the tables (switchable; a pruned table's optimum is not th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,14 +63,12 @@ class StageTables:
     contiguous_types: bool = True  # rule: each device type's stages form one contiguous block
     memory_prune: bool = False  # pruning: a stage takes the least recompute that fits
     windows: np.ndarray | None = None  # pruning: int [O, 2] load-balance layer counts (inclusive)
-    shared: dict = field(default_factory=dict)  # per-array-set caches shared across global choices
 
     def pruned(self, *, delta: float | None, memory: bool) -> "StageTables":
         """These tables with the paper's prunings set: load balance with tolerance `delta` (None:
         off) and memory (the least recompute that fits).  A new object; the arrays are shared."""
         out = replace(self, memory_prune=memory, windows=None)
         out.__dict__.pop("_fit_range", None)
-        out.__dict__.pop("_lists", None)
         out.windows = balance_windows(out, delta)
         return out
 
@@ -170,22 +168,6 @@ class StageTables:
                         seen[key] = hi[o].copy()
             cached = (lo, hi)
             self.__dict__["_fit_range"] = cached
-        return cached
-
-    def as_lists(self) -> tuple:
-        """(core, sync, p2p, fit_lo, fit_hi) as nested Python lists: the DP's inner loop indexes
-        lists much faster than numpy scalars.  Core/sync/p2p lists are shared by every G that
-        shares these arrays (see TableBuilder)."""
-        cached = self.__dict__.get("_lists")
-        if cached is None:
-            shared = self.shared
-            if "core" not in shared:
-                shared["core"] = self.core_us.tolist()
-                shared["sync"] = self.sync_us.tolist()
-                shared["p2p"] = self.p2p_us.tolist()
-            lo, hi = self.fit_range()
-            cached = (shared["core"], shared["sync"], shared["p2p"], lo.tolist(), hi.tolist())
-            self.__dict__["_lists"] = cached
         return cached
 
     def stage_us(self, o_prev: int | None, o: int, o_next: int | None, i: int, start: int, n: int) -> int:

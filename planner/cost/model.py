@@ -246,6 +246,7 @@ class CostModel:
         self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
         self._corr_cache: dict = {}
         self._link_cache: dict = {}
+        self._group_link_cache: dict = {}
         self._kernel_cache: dict[str, Kernels] = {}
         self.param_bytes = ParamBytes.of(training)
         counts = parameter_counts(model)
@@ -304,9 +305,14 @@ class CostModel:
         return self._links(device_type)[2]
 
     def group_links(self, device_type: str, *, tp: int, cp: int, dp: int, ep: int, etp: int) -> GroupLinks:
-        intra, inter, gpn = self._links(device_type)
-        return stage_group_links(intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
-                                 factors=self.corrections(device_type))
+        key = (device_type, tp, cp, dp, ep, etp)
+        hit = self._group_link_cache.get(key)
+        if hit is None:
+            intra, inter, gpn = self._links(device_type)
+            hit = self._group_link_cache[key] = stage_group_links(
+                intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
+                factors=self.corrections(device_type))
+        return hit
 
     def layer(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_moe: bool) -> LayerCost:
         key = (g.tp, g.cp, g.ep, g.etp, g.sequence_parallel, device_type, dp, stage_mbs, is_moe)

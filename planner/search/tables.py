@@ -38,9 +38,9 @@ class TableBuilder:
         key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.pp > 1, tuple(options))
         arrays = self._cache.get(key)
         if arrays is None:
-            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1) + ({},)
+            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1)
             self._cache[key] = arrays
-        core, sync, static, act, cap, p2p, min_layer, shared = arrays
+        core, sync, static, act, cap, p2p, min_layer = arrays
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -49,7 +49,7 @@ class TableBuilder:
             inflight=inflight,
             option_type=np.array([types.index(o.device_type) for o in options], dtype=np.int64),
             option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
-            types=types, budget=self._budget, min_layer_us=min_layer, shared=shared,
+            types=types, budget=self._budget, min_layer_us=min_layer,
             contiguous_types=self.contiguous_types,
         )
 
