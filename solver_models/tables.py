@@ -23,6 +23,7 @@ Prunings carried with the tables (switchable; a pruned table's optimum is not th
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,6 +31,16 @@ import numpy as np
 from planner.schemas.search import GlobalChoice, StageOption
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3
+
+
+class DeadlinePassed(Exception):
+    """The search's deadline passed while building or reading tables (work that runs for seconds
+    on models with hundreds of layers).  The search treats the configuration as not reached."""
+
+
+def check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise DeadlinePassed()
 
 
 def position(i: int, pp: int) -> int:
@@ -63,6 +74,7 @@ class StageTables:
     contiguous_types: bool = True  # rule: each device type's stages form one contiguous block
     memory_prune: bool = False  # pruning: a stage takes the least recompute that fits
     windows: np.ndarray | None = None  # pruning: int [O, 2] load-balance layer counts (inclusive)
+    deadline: float | None = None  # time.perf_counter() value: fit_range raises DeadlinePassed after it
 
     def pruned(self, *, delta: float | None, memory: bool) -> "StageTables":
         """These tables with the paper's prunings set: load balance with tolerance `delta` (None:
@@ -149,13 +161,23 @@ class StageTables:
         Equivalent to fits_table, without materialising it."""
         cached = self.__dict__.get("_fit_range")
         if cached is None:
-            pos = np.array([position(i, self.pp) for i in range(self.pp)])
-            need = self.static_bytes[:, pos] + self.inflight[None, :, None, None] * self.act_bytes[:, pos]
-            ok = need <= self.capacity_bytes[:, None, None, None]
-            n_idx = np.arange(self.num_layers + 1)
-            any_ok = ok.any(axis=3)
-            hi = np.where(any_ok, np.where(ok, n_idx, -1).max(axis=3), 0).astype(np.int64)
-            lo = np.where(any_ok, np.where(ok, n_idx, 10**9).min(axis=3), 1).astype(np.int64)
+            O, N = self.num_options, self.num_layers
+            hi = np.zeros((O, self.pp, N + 1), dtype=np.int64)
+            lo = np.ones((O, self.pp, N + 1), dtype=np.int64)
+            n_idx = np.arange(N + 1)
+            done: dict[tuple, int] = {}  # (position, in-flight micro-batches) -> a stage already done
+            for i in range(self.pp):  # one stage at a time: [O, N+1, N+1] temporaries, not [O, PP, ...]
+                p = position(i, self.pp)
+                twin = done.setdefault((p, float(self.inflight[i])), i)
+                if twin != i:
+                    hi[:, i], lo[:, i] = hi[:, twin], lo[:, twin]
+                    continue
+                check_deadline(self.deadline)
+                need = self.static_bytes[:, p] + self.inflight[i] * self.act_bytes[:, p]
+                ok = need <= self.capacity_bytes[:, None, None]
+                any_ok = ok.any(axis=2)
+                hi[:, i] = np.where(any_ok, np.where(ok, n_idx, -1).max(axis=2), 0)
+                lo[:, i] = np.where(any_ok, np.where(ok, n_idx, 10**9).min(axis=2), 1)
             lo = np.maximum(lo, self.g.vpp)  # each virtual chunk holds at least one layer
             if self.memory_prune:
                 seen: dict[tuple, np.ndarray] = {}

@@ -129,7 +129,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     python cli.py solve --megatron-script train.sh --cluster H800:16 --out plan/ -- /ckpt /tokenizer /data
     """
     # the time limit counts from here (reading the inputs included), less a little for the output
-    deadline = time.perf_counter() + time_limit_s - min(OUTPUT_RESERVE_S, 0.02 * time_limit_s)
+    started = time.perf_counter()
+    deadline = started + time_limit_s - min(OUTPUT_RESERVE_S, 0.02 * time_limit_s)
     if out_dir is not None:
         check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force)
     plot_dir = check_plot_dir(plot_dir, out_dir)
@@ -139,6 +140,11 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         script_args=script_args, quiet=quiet,
         allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
     )
+    if time.perf_counter() > deadline:
+        from planner.errors import SearchTimeLimitError
+
+        raise SearchTimeLimitError(f"reading the inputs took {time.perf_counter() - started:.1f} s of the "
+                                   f"{time_limit_s:g} s time limit, which leaves no time to search; raise --time-limit")
     from planner.api import make_space, solve
     from planner.progress import SearchProgress
     from planner.report import render_solve, solve_json

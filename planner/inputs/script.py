@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from planner.errors import PlannerInputError
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
@@ -135,6 +135,23 @@ def _wrapper_world(words: list[str]) -> int | None:
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
+_PARSED: dict[tuple[str | None, str], Any] = {}  # (path, text) -> syntax tree; `solve` reads a script twice
+
+
+def _parsed(text: str, path_text: str | None):
+    """The script's syntax tree (the interpreter only reads it), kept for the last few scripts:
+    `solve --megatron-script` evaluates the script for its inputs and again for the launcher, and
+    lexing a large script is most of the reading time."""
+    key = (path_text, text)
+    body = _PARSED.get(key)
+    if body is None:
+        body = parse(text, path_text, 0)
+        if len(_PARSED) >= 4:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = body
+    return body
+
+
 def parse_launcher_script(
     text: str, *, args: Iterable[str] | None = None, path: str | Path | None = None
 ) -> LauncherScript:
@@ -148,7 +165,7 @@ def parse_launcher_script(
     if len(text) > MAX_SCRIPT_BYTES:
         raise PlannerInputError(path_text or FIELD, f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
     try:
-        body = parse(text, path_text, 0)
+        body = _parsed(text, path_text)
     except RecursionError:  # a last guard; the nesting limits refuse such scripts first
         raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
     interp = Interp(text, path_text, given)

@@ -29,6 +29,7 @@ from planner.search.space import SearchSpace, recompute_ladder
 from solver_models import get_backend
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
 from solver_models.scaling import bound_s, from_us
+from solver_models.tables import DeadlinePassed
 
 if TYPE_CHECKING:
     from planner.search.driver import Screening
@@ -192,11 +193,15 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
         _heapify(scr)
     else:
         entry = _entry_for(scr, g)
-    tables = scr.tables(g, entry.options)
     rec = scr.records.get(g)
     hint = rec.stages if rec is not None and rec.stages else None
     sub: dict = {}
-    sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=scr.settings, hint_stages=hint, stats=sub)
+    try:
+        tables = scr.tables(g, entry.options)
+        sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=scr.settings, hint_stages=hint,
+                                         stats=sub)
+    except DeadlinePassed:
+        return False
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
     if sol is None:
@@ -240,11 +245,14 @@ def _stage_solve_winner(scr: "Screening", stats: dict) -> None:
             or scr.settings.deadline - time.perf_counter() < STAGE_SOLVE_MIN_S):
         return
     rec = scr.records[best.g]
-    tables = scr.tables(best.g, rec.options)
     sub: dict = {}
     capped = replace(scr.settings, time_limit_s=max(STAGE_SOLVE_MIN_S, STAGE_SOLVE_SHARE * scr.budget_s))
-    sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=capped, hint_stages=best.stages,
-                                     stats=sub)
+    try:
+        tables = scr.tables(best.g, rec.options)
+        sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=capped, hint_stages=best.stages,
+                                         stats=sub)
+    except DeadlinePassed:
+        return
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
     stats["winner_stage_status"] = sub.get("status")

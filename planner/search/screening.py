@@ -36,7 +36,7 @@ from planner.search.tables import TableBuilder
 from solver_models import get_backend
 from solver_models.hsdp import has_fitting_layout
 from solver_models.scaling import bound_s, from_us
-from solver_models.tables import StageTables
+from solver_models.tables import DeadlinePassed, StageTables
 
 if TYPE_CHECKING:
     from planner.search.driver import SearchProgress, SearchSettings
@@ -355,6 +355,8 @@ class Screening:
                 # tight bound is finite at once, for a plan to bound the others with
             self._solve(e, kth)
             self._report("screening", e.g.label())
+            if self.timed_out:  # the deadline passed inside the solve
+                break
 
     def _record(self, e: QueueEntry, bound: float, whole: float, *, solved: bool, feasible: bool = True,
                 stages: list | None = None) -> None:
@@ -362,12 +364,20 @@ class Screening:
                                          stages=stages or [])
 
     def tables(self, g: GlobalChoice, options: list[StageOption]) -> StageTables:
-        t = self.builder.build(g, options)
+        t = self.builder.build(g, options, deadline=self.settings.deadline)
         return t.pruned(delta=self.pruning.delta, memory=self.pruning.memory and g.runtime == "flagscale")
 
     def _solve(self, e: QueueEntry, kth: float) -> None:
-        s, g = self.settings, e.g
         self.done += 1
+        try:
+            self._solve_entry(e, kth)
+        except DeadlinePassed:  # the time limit passed while its tables were built or read
+            self.complete = False
+            self.timed_out = True
+            self._record(e, e.bound_s, e.bound_s, solved=False)
+
+    def _solve_entry(self, e: QueueEntry, kth: float) -> None:
+        s, g = self.settings, e.g
         tables = self.tables(g, e.options)
         ub_us = int(kth * g.vpp / 1e-6) + 1 if math.isfinite(kth) else None
         if not self.cands and not has_fitting_layout(tables):

@@ -10,7 +10,9 @@ from planner.cost.model import CostModel, GlobalShape
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from solver_models.scaling import INF_US, to_us, to_us_array
-from solver_models.tables import FIRST, LAST, MID, ONLY, StageTables
+from solver_models.tables import FIRST, LAST, MID, ONLY, StageTables, check_deadline
+
+CACHE_BYTES = 1 << 30  # tables kept for reuse (screening, then the CP-SAT certificate, revisit configurations)
 
 
 class TableBuilder:
@@ -31,15 +33,19 @@ class TableBuilder:
                            gbs=self.cost.training.global_batch_size, dp0=g.dp0, pp=g.pp,
                            sequence_parallel=g.tp > 1)
 
-    def build(self, g: GlobalChoice, options: list[StageOption]) -> StageTables:
+    def build(self, g: GlobalChoice, options: list[StageOption], deadline: float | None = None) -> StageTables:
+        """The tables of G over `options`.  `deadline` (a time.perf_counter() value): raise
+        DeadlinePassed once it passes, between options (a build runs for seconds on models with
+        hundreds of layers); the tables carry it to fit_range."""
         cost = self.cost
         n_layers = cost.model.num_layers
         gs = self.shape(g)
         key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.pp > 1, tuple(options))
-        arrays = self._cache.get(key)
+        arrays = self._cache.pop(key, None)
         if arrays is None:
-            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1)
-            self._cache[key] = arrays
+            arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
+        self._cache[key] = arrays  # most recently used last
+        self._trim_cache()
         core, sync, static, act, cap, p2p, min_layer = arrays
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
@@ -50,8 +56,19 @@ class TableBuilder:
             option_type=np.array([types.index(o.device_type) for o in options], dtype=np.int64),
             option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
             types=types, budget=self._budget, min_layer_us=min_layer,
-            contiguous_types=self.contiguous_types,
+            contiguous_types=self.contiguous_types, deadline=deadline,
         )
+
+    def _trim_cache(self) -> None:
+        """Least recently used tables out while the cache holds more than CACHE_BYTES (a model with
+        hundreds of layers takes hundreds of MB per configuration); the newest always stays."""
+        sizes = {k: sum(a.nbytes for a in v) for k, v in self._cache.items()}
+        total = sum(sizes.values())
+        for k in list(self._cache)[:-1]:
+            if total <= CACHE_BYTES:
+                break
+            total -= sizes[k]
+            del self._cache[k]
 
     def _signatures(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """sig[start, n]: an id per distinct layer-kind sequence of the range [start, start+n),
@@ -61,28 +78,35 @@ class TableBuilder:
             kinds = self.cost.model.layer_is_moe
             N = len(kinds)
             sig = np.full((N + 1, N + 1), -1, dtype=np.int64)
-            ids: dict[tuple, int] = {}
+            # ids through a trie: the sequence [start, start+n) is the node reached from the one of
+            # [start, start+n-1) by the kind of layer start+n-1 (O(N^2), not O(N^3) tuple slices)
+            child: dict[tuple[int, bool], int] = {}
             reps: list[tuple[int, int]] = []
             for start in range(N):
+                node = -1
                 for n in range(1, N - start + 1):
-                    key = kinds[start:start + n]
-                    k = ids.get(key)
+                    edge = (node, kinds[start + n - 1])
+                    k = child.get(edge)
                     if k is None:
-                        k = ids[key] = len(reps)
+                        k = child[edge] = len(reps)
                         reps.append((start, n))
-                    sig[start, n] = k
+                    sig[start, n] = node = k
             self._sig = (sig, reps)
         return self._sig
 
-    def _build_arrays(self, gs: GlobalShape, options: list[StageOption], n_layers: int, multi_stage: bool):
+    def _build_arrays(self, gs: GlobalShape, options: list[StageOption], n_layers: int, multi_stage: bool,
+                      deadline: float | None = None):
         cost = self.cost
+        check_deadline(deadline)
         num_o = len(options)
         N = n_layers
         shape = (num_o, 4, N + 1, N + 1)
-        core = np.full(shape, INF_US, dtype=np.int64)
-        sync = np.full(shape, INF_US, dtype=np.int64)
-        static = np.full(shape, np.inf)
-        act = np.full(shape, np.inf)
+        # filled option by option below (with a deadline check between): on a model with hundreds
+        # of layers these arrays take gigabytes, and writing them is most of a build's time
+        core = np.empty(shape, dtype=np.int64)
+        sync = np.empty(shape, dtype=np.int64)
+        static = np.empty(shape)
+        act = np.empty(shape)
         cap = np.zeros(num_o)
         min_layer = np.zeros(num_o, dtype=np.int64)
         sig, reps = self._signatures()
@@ -96,10 +120,18 @@ class TableBuilder:
         else:
             regions = {ONLY: valid & (starts == 0) & (ns == N)}
         for o, opt in enumerate(options):
+            check_deadline(deadline)
+            core[o].fill(INF_US)
+            sync[o].fill(INF_US)
+            static[o].fill(np.inf)
+            act[o].fill(np.inf)
             for p, mask in regions.items():
+                check_deadline(deadline)
                 ids = np.unique(sig[mask])
                 vals = np.zeros((len(reps), 4))
-                for k in ids:
+                for j, k in enumerate(ids):
+                    if j % 64 == 63:
+                        check_deadline(deadline)
                     st, n = reps[k]
                     c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),

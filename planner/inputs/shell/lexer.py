@@ -264,6 +264,11 @@ class Lexer:
         text = self.text
         limit = len(text) if end is None else end
         start = self.pos
+        if stop_at_space:  # fast path: a plain word (no quotes, escapes or expansions)
+            m = _PLAIN_RUN.match(text, start, limit)
+            if m and (m.end() == limit or text[m.end()] in SPACE or text[m.end()] in OP_CHARS):
+                self.pos = m.end()
+                return Word([Part("lit", m.group(0), False)], m.group(0), self.line_at(start), start)
         parts: list[Part] = []
         buf: list[str] = []
         buf_quoted = False
