@@ -11,6 +11,7 @@ limit used up by reading the inputs is named as such.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import numpy as np
@@ -162,3 +163,33 @@ def test_time_limit_spent_reading_the_inputs_is_named(monkeypatch):
     assert result.exit_code == 3, result.output
     assert "reading the inputs took" in result.output and "--time-limit" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_passed_deadline_stops_the_cpsat_stage_model_build():
+    from solver_models.cpsat.model import solve_cpsat
+
+    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    g, opts = _configs(cm, 1)[0]
+    t = TableBuilder(cm).build(g, opts)
+    t.fit_range()  # computed before the deadline; the model build itself must notice it
+    t.deadline = time.perf_counter() - 1.0
+    settings = SearchSettings(backend="cpsat", time_limit_s=5.0)
+    with pytest.raises(DeadlinePassed):
+        solve_cpsat(t, upper_bound_us=None, settings=settings, hint=False)
+
+
+def test_deadline_inside_the_certificate_keeps_the_screened_plan(monkeypatch):
+    """The CP-SAT certificate's stage models pass the deadline: the search still returns the plan
+    screening found (HS-DP's), not a crash."""
+    import solver_models.cpsat.model as cpsat_model
+
+    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+
+    def late(t, **kwargs):
+        raise DeadlinePassed()
+
+    monkeypatch.setattr(cpsat_model, "all_cells", late)
+    result = search(cm, SPACE, SearchSettings(backend="cpsat", time_limit_s=30.0).without_pruning())
+    assert result.best, "screening's plan is kept"
+    assert result.best[0].backend == "hsdp"  # no CP-SAT stage model finished
+    assert math.isfinite(result.costs[0].iteration_time_s)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solver_models.scaling import INF_US
-from solver_models.tables import StageTables, position
+from solver_models.tables import StageTables, check_deadline, position
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,12 @@ def all_cells(t: StageTables, *, drop_dominated: bool = True) -> dict[tuple[int,
         for o in range(t.num_options):
             if (i == 0 and not t.first_stage_ok(o)) or (i == t.pp - 1 and not t.last_stage_ok(o)):
                 continue
+            check_deadline(t.deadline)  # DeadlinePassed: seconds per model on hundreds of layers
             cell = stage_option_cells(t, i, o)
             if not cell.empty:
                 out[(i, o)] = cell
     if drop_dominated:
+        check_deadline(t.deadline)
         out = drop_dominated_cells(t, out)
     return out
 

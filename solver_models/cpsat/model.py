@@ -26,7 +26,7 @@ from solver_models.cpsat import constraints as cons
 from solver_models.cpsat.cells import all_cells, canonical_plan
 from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, variable_counts
 from solver_models.hsdp import solve_hsdp
-from solver_models.tables import StageTables
+from solver_models.tables import StageTables, check_deadline
 
 # Instances whose option sequences x layer splits are at most this many are solved without the
 # HS-DP hint (CP-SAT needs no help there and the DP's cost would dominate).
@@ -68,6 +68,7 @@ class CpSatStageModel:
             self.stats["build_s"] = time.perf_counter() - t0
             return
         m, t, c = self.model, tables, self.cells
+        check_deadline(t.deadline)
         self.vars = v = create_vars(m, t, c, self.classes)
         family = self._family
         family("one_option_per_stage", lambda: cons.add_one_option_per_stage(m, t, v))
@@ -89,7 +90,9 @@ class CpSatStageModel:
                           link_classes=len(set(self.classes)))
 
     def _family(self, name: str, add: Callable[[], Any]) -> Any:
-        """Run one constraint family's function and count the constraints it added."""
+        """Run one constraint family's function and count the constraints it added (DeadlinePassed
+        between families once the tables' deadline passes)."""
+        check_deadline(self.tables.deadline)
         before = len(self.model.proto.constraints)
         out = add()
         self.stats["constraints"][name] = len(self.model.proto.constraints) - before
@@ -183,7 +186,8 @@ def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings,
     most HINT_TIME_SHARE of the limit).  The returned objective is recomputed from the tables;
     status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL on unpruned tables.
     Statistics: .stats on the result, and `stats` (a dict the caller passes, filled also when
-    the result is None)."""
+    the result is None).  Raises DeadlinePassed when the tables carry a deadline that passes
+    while the model is built (the search's callers catch it)."""
     t0 = time.perf_counter()
     out_stats = stats if stats is not None else {}
     out_stats.clear()
