@@ -20,23 +20,13 @@ import pytest
 import planner.search.tables as table_module
 from planner.cost.model import CostModel
 from planner.errors import SearchTimeLimitError
-from planner.inputs.cluster import parse_cluster
-from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.search.driver import SearchSettings, search
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.tables import DeadlinePassed, position
+from test_search import _setup as _cost
 
-PROFILES = ProfileSet.load()
 SPACE = SearchSpace(tp=(1, 2), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp=4)
-
-
-def _cost(preset: str, layers: int, cluster: str, gbs: int, pattern=None) -> CostModel:
-    cl = parse_cluster(cluster, PROFILES)
-    run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": pattern})
-    return CostModel(model, run.training, cl, PROFILES)
 
 
 def _configs(cm: CostModel, count: int):

@@ -37,10 +37,11 @@ SCENARIOS = [
 SMALL_SPACE = SearchSpace(tp=(1, 2, 4, 8), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp=4)
 
 
-def _setup(preset: str, layers: int, cluster: str, gbs: int):
+def _setup(preset: str, layers: int, cluster: str, gbs: int, pattern: list[int] | None = None):
+    """The preset cut to its first `layers` layers (MoE layers where `pattern` says, else all)."""
     cl = parse_cluster(cluster, PROFILES)
     run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": None})
+    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": pattern})
     return CostModel(model, run.training, cl, PROFILES)
 
 
