@@ -201,6 +201,7 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
         sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=scr.settings, hint_stages=hint,
                                          stats=sub)
     except DeadlinePassed:
+        _keep_unsolved(scr, entry)
         return False
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
@@ -208,9 +209,17 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
         scr._record(entry, math.inf, math.inf if tables.exact else entry.bound_s, solved=True, feasible=False)
         return True
     if not sol.stages:
+        _keep_unsolved(scr, entry)
         return False
     _take(scr, entry, tables, sol)
     return sol.status == "OPTIMAL"
+
+
+def _keep_unsolved(scr: "Screening", entry) -> None:
+    """A row taken off the queue whose stage problem the time limit cut short: keep its bound on
+    record, so the pruned- and whole-space bounds still count the configuration."""
+    if entry.g not in scr.records:
+        scr._record(entry, entry.bound_s, entry.bound_s, solved=False)
 
 
 def _entry_for(scr: "Screening", g: GlobalChoice):
