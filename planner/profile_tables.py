@@ -1,22 +1,18 @@
-"""Device profiles, link kinds and correction factors: loading, lookup, and the collective cost formula.
+"""Device profiles, link kinds and correction factors: loading, validation and lookup.
 
 `ProfileSet.load()` reads the shipped tables under `profiles/` (devices/*.yaml, links.yaml) and any
 directories the user passes with `--profiles DIR`; a device file there replaces or extends a shipped
 device, a `corrections.yaml` there adds calibrated time multipliers.  The contract for every file is
 written out in profiles/README.md.
 
-Two pure functions are the numeric core used by the cost model:
-
-* `interpolate_efficiency(curve, size)`: piecewise linear in log(size), clamped at both ends.
-* `collective_time_s(link, collective, message_bytes, num_ranks)`: alpha-beta ring cost, see its docstring.
+The cost model reads the tables: efficiency curves in planner/cost/curves.py, the collective cost formula
+(alpha-beta, per link and per group of ranks) in planner/cost/communication.py.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import math
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -25,15 +21,16 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import MissingProfileError, PlannerInputError
+from planner.inputs.files import parse_yaml, read_text
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
-from planner.schemas.device import DeviceProfile, EfficiencyCurve, LinkProfile, Provenance
+from planner.schemas.device import DeviceProfile, LinkProfile, Provenance
 from planner.schemas.types import StrictModel
-from planner.units import GB_BYTES, US_S
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 """The shipped profiles: devices/, links.yaml, clusters/ (see profiles/README.md)."""
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+"""The collectives a link's efficiency curves and the corrections name (priced in planner/cost/communication.py)."""
 KERNEL_CORRECTION_KINDS = ("gemm", "attention", "grouped_gemm", "memory_bound")
 DISPATCH_CORRECTION_KINDS = ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather")
 """Time multipliers on MoE token dispatch + combine, per Megatron dispatcher (planner/cost/dispatch.py)."""
@@ -45,115 +42,8 @@ IMBALANCE_KIND = "moe_imbalance_factor"
 """Measured MoE router imbalance (max/mean tokens per expert, >= 1); written by `cli.py calibrate` for device *."""
 CORRECTION_KINDS = TIME_CORRECTION_KINDS + ADDITIVE_CORRECTION_KINDS + (IMBALANCE_KIND,)
 
-MESH_LINK_KINDS = frozenset({"xgmi", "hccs", "roce-mesh"})
-"""Intra-node links wired as a full mesh: `bandwidth_gb_per_s` is the sum over all peer links."""
-MESH_PEERS = 7
-"""Peers of one device in an 8-device full mesh (MI300X xGMI, 910B HCCS, Gaudi2 on-chip RoCE)."""
-
 SLOWER_NIC = "slower-nic"
 """links.yaml default meaning: use the inter-node link of whichever of the two types has the slower NIC."""
-
-
-# --------------------------------------------------------------------------------------------- numeric core
-
-
-def interpolate_efficiency(curve: EfficiencyCurve, size: float) -> float:
-    """Efficiency at `size`: piecewise linear in log(size) between the curve's points, clamped to the
-    first/last point outside their range (and for size <= 0)."""
-    if math.isnan(size):
-        raise ValueError("interpolate_efficiency: size is NaN")
-    return interpolate_points([(p.size, p.efficiency) for p in curve.points], size)
-
-
-def interpolate_points(points: list[tuple[float, float]], size: float) -> float:
-    """`interpolate_efficiency` on bare (size, efficiency) pairs (sorted by size)."""
-    if size <= points[0][0]:
-        return points[0][1]
-    if size >= points[-1][0]:
-        return points[-1][1]
-    i = bisect_right([p[0] for p in points], size)
-    (x0, y0), (x1, y1) = points[i - 1], points[i]
-    t = (math.log(size) - math.log(x0)) / (math.log(x1) - math.log(x0))
-    return y0 + t * (y1 - y0)
-
-
-def volume_factor(collective: str, num_ranks: int) -> float:
-    """Bytes each rank moves per byte of `message_bytes` (nccl-tests' bus factor): 2(n-1)/n for
-    all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for point-to-point."""
-    n = num_ranks
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if collective == "p2p":
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-
-
-def latency_steps(collective: str, num_ranks: int) -> int:
-    """Latency terms one collective pays (ring algorithms): 2(n-1) for all-reduce, n-1 for all-gather,
-    reduce-scatter and all-to-all, 1 for point-to-point."""
-    n = num_ranks
-    if collective == "all_reduce":
-        return 2 * (n - 1)
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return n - 1
-    if collective == "p2p":
-        return 1
-    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-
-
-def link_bandwidth_share(link: LinkProfile, collective: str, num_ranks: int) -> float:
-    """Fraction of `link.bandwidth_gb_per_s` a collective over `num_ranks` ranks can use.
-
-    1.0 except on full-mesh links (MESH_LINK_KINDS), whose bandwidth is the sum over 7 peer links:
-    a p2p uses one of them (1/7) and a collective over n ranks of one node uses n-1 of them."""
-    if link.kind not in MESH_LINK_KINDS:
-        return 1.0
-    if collective == "p2p":
-        return 1.0 / MESH_PEERS
-    return min(1.0, max(num_ranks - 1, 1) / MESH_PEERS)
-
-
-def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, num_ranks: int) -> float:
-    """Seconds for one collective on `link` (alpha-beta, ring algorithm).
-
-        time = steps(n) * latency + volume(n) * message_bytes / busbw
-        busbw = bandwidth * share(n) * efficiency[collective](message_bytes)
-
-    with n = num_ranks and, following nccl-tests' bus-bandwidth convention,
-
-        all_reduce:                  volume 2(n-1)/n, steps 2(n-1)
-        all_gather, reduce_scatter:  volume  (n-1)/n, steps  (n-1)
-        all_to_all:                  volume  (n-1)/n, steps  (n-1)
-        p2p:                         volume 1,        steps 1
-
-    `message_bytes` is the full buffer: the all-reduced tensor, the gathered output, the
-    reduce-scatter input, the per-rank all-to-all send buffer (own chunk included), the p2p message.
-    `share(n)` is `link_bandwidth_share` (1 except on full-mesh links).  The shipped efficiency curves
-    are bandwidth-only (the latency term was subtracted when they were fitted), so the two terms do not
-    double count.  Returns 0.0 for one rank or an empty message.
-    """
-    if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    if num_ranks < 1:
-        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-    if message_bytes < 0 or math.isnan(message_bytes):
-        raise ValueError(f"message_bytes must be >= 0, got {message_bytes}")
-    if num_ranks == 1 or message_bytes == 0:
-        return 0.0
-    curve = link.efficiency.get(collective)
-    if curve is None:
-        raise MissingProfileError(
-            f"link kind {link.kind!r} has no efficiency curve for {collective!r}; it lists {sorted(link.efficiency)}"
-        )
-    n = num_ranks
-    busbw_bytes_per_s = (
-        link.bandwidth_gb_per_s * GB_BYTES * link_bandwidth_share(link, collective, n)
-        * interpolate_efficiency(curve, message_bytes)
-    )
-    latency_s = latency_steps(collective, n) * link.latency_us * US_S
-    return latency_s + volume_factor(collective, n) * message_bytes / busbw_bytes_per_s
 
 
 # --------------------------------------------------------------------------------------------- file formats
@@ -203,8 +93,6 @@ def _display(path: Path) -> str:
 
 def _read_yaml(path: Path, field_name: str) -> Any:
     """A YAML file, read and checked by planner.inputs.files (UTF-8, size, depth; errors name the file)."""
-    from planner.inputs.files import parse_yaml, read_text
-
     return parse_yaml(read_text(path, field_name), field_name, str(path))
 
 

@@ -9,12 +9,9 @@ import pytest
 import yaml
 
 from planner.errors import PlannerInputError
-from planner.profile_tables import (
-    PROFILES_DIR,
-    ProfileSet,
-    collective_time_s,
-    interpolate_efficiency,
-)
+from planner.cost.communication import collective_time_s
+from planner.cost.curves import interpolate_efficiency
+from planner.profile_tables import PROFILES_DIR, ProfileSet
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
 from planner.schemas.device import DeviceProfile, EfficiencyCurve, LinkProfile, Provenance
 

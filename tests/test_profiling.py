@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planner.profile_tables import interpolate_points as interpolate, volume_factor as bus_factor
+from planner.cost.communication import volume_factor as bus_factor
+from planner.cost.curves import interpolate_points as interpolate
 from planner.profiling.collectives import CollectiveSample, fit_latency_bandwidth
 from planner.profiling.kernels import KernelResult
 from planner.profiling.tables import build_device_profile

@@ -10,7 +10,7 @@ moves the same bytes the other way):
   (`sort_chunks_by_idxs`) when a rank holds more than one expert.
 * **Dispatch + combine on the wire**, by `--moe-token-dispatcher-type`:
   - `alltoall` (MoEAlltoAllTokenDispatcher): permutes first, so a token goes once per selected expert
-    (k copies), to every EP rank, over NVLink inside a node and the NIC across nodes (`links.collective_s`).
+    (k copies), to every EP rank, over NVLink inside a node and the NIC across nodes (`communication.collective_s`).
   - `flex` (DeepEP / HybridEP): a token goes once per destination *rank* inside a node (NVLink), and once
     per destination *node* across nodes (RDMA), where it is forwarded over NVLink to the ranks that need it
     (DeepEP `get_dispatch_layout`: `is_token_in_rank`; internode kernels send over RDMA to the same-index
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.communication import GroupLinks, LinkChoice, collective_s, link_bandwidth_share
+from planner.cost.curves import interpolate_efficiency
 from planner.cost.kernels import Kernels
-from planner.cost.links import GroupLinks, LinkChoice, collective_s
-from planner.profile_tables import interpolate_efficiency, link_bandwidth_share
 from planner.schemas.model import ModelSpec
 from planner.units import GB_BYTES, US_S
 

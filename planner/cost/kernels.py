@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from planner.profile_tables import interpolate_efficiency
+from planner.cost.curves import interpolate_efficiency
 from planner.schemas.device import DeviceProfile
 
 ATTENTION_BWD_OVER_FWD = 2.5

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from planner.cost.dispatch import moe_dispatch
 from planner.cost.flops import layer_flops
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.links import GroupLinks, collective_s
+from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.memory import ActivationModules, activation_bytes_per_token
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.profile_tables import COLLECTIVES, volume_factor
+from planner.cost.communication import volume_factor
+from planner.profile_tables import COLLECTIVES
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Turn benchmark results into a DeviceProfile (profiles/devices schema), provenance `measured`.
 
-Conventions (the ones the cost model reads, planner/cost/layer.py and profile_tables):
+Conventions (the ones the cost model reads, planner/cost/layer.py, curves.py and communication.py):
 - gemm_efficiency: size = FLOP per GEMM call, efficiency = achieved FLOP/s / peak.
 - attention_efficiency: size = forward FLOP per call (causal half, Megatron's count); the cost
   model prices backward as ATTENTION_BWD_OVER_FWD x forward, so efficiency is set from the measured
@@ -22,8 +22,9 @@ import statistics
 from collections import defaultdict
 from typing import Callable
 
+from planner.cost.communication import latency_steps, volume_factor
+from planner.cost.curves import interpolate_points
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, GROUPED_GEMM_TILE_ROWS
-from planner.profile_tables import interpolate_points, latency_steps, volume_factor
 from planner.profiling.collectives import CollectiveSample, fit_latency_bandwidth
 from planner.profiling.kernels import KernelResult
 from planner.schemas.device import DeviceProfile, EfficiencyCurve, EfficiencyPoint, LinkProfile, Provenance
