@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.dispatch import moe_dispatch
-from planner.cost.flops import layer_flops
+from planner.cost.dispatch import DispatchCost, moe_dispatch
+from planner.cost.flops import LayerFlops, layer_flops
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.memory import ActivationModules, activation_bytes_per_token
@@ -83,6 +83,131 @@ class LayerCost:
         return kept_per_token * self.local_tokens
 
 
+def layer_cost(
+    model: ModelSpec, training: TrainingSpec, *, is_moe: bool, shape: LayerShape, kernels: Kernels,
+    links: GroupLinks, tp_comm_overlap: bool,
+) -> LayerCost:
+    """Price one decoder layer (dense or MoE) for one micro-batch on one GPU: its compute parts, then the
+    communication of tensor, context and expert parallelism with their overlap flags."""
+    x = _layer_inputs(model, training, is_moe=is_moe, shape=shape, kernels=kernels, links=links)
+    c = _compute_parts(x)
+    tp_s, mlp_tp_s = _tp_comm_s(x, tp_comm_overlap)
+    cp_fwd, cp_bwd = _cp_comm_s(x, c.attention_core)
+    ep_fwd, ep_bwd = _ep_comm_s(x, hide_s=c.fwd_s + c.bwd_s, shared_s=c.shared_expert_gemm)
+    b = GEMM_BWD_OVER_FWD + 1
+    parts = {
+        "attention_gemm": b * c.attention_gemm,
+        "attention_core": (1 + ATTENTION_BWD_OVER_FWD) * c.attention_core,
+        "mlp_gemm": b * c.mlp_gemm,
+        "expert_gemm": b * c.expert_gemm,
+        "shared_expert_gemm": b * c.shared_expert_gemm,
+        "router_permute": (1 + ELEMENTWISE_BWD_OVER_FWD) * c.router_permute,
+        "fp8_cast": c.fp8_cast_fwd + c.fp8_cast_bwd,
+        "elementwise": (1 + ELEMENTWISE_BWD_OVER_FWD) * (c.layernorm + c.activation + c.residual_rope),
+        "tp_comm": tp_s + tp_s,
+        "cp_comm": cp_fwd + cp_bwd,
+        "ep_comm": ep_fwd + ep_bwd,
+    }
+    return LayerCost(
+        fwd_compute_s=c.fwd_s, bwd_compute_s=c.bwd_s, tp_fwd_s=tp_s, tp_bwd_s=tp_s, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
+        ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, module_fwd_s=_module_fwd_s(x, c, mlp_tp_s), activations=_activations(x),
+        local_tokens=x.local_tokens, parts=parts, transient_bytes=_transient_bytes(x),
+    )
+
+
+@dataclass(frozen=True)
+class _LayerInputs:
+    """What every part of one layer's time reads: the specs, the shape and device, and what follows from
+    them once (FLOP per token, the MoE dispatch, token counts)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    is_moe: bool
+    shape: LayerShape
+    kernels: Kernels
+    links: GroupLinks
+    flops: LayerFlops
+    dispatch: DispatchCost | None  # MoE layers only
+    gathered_tokens: float  # t_g: tokens a TP region works on
+    local_tokens: float  # t_l: tokens this GPU holds outside TP regions
+    sp: float  # t_g / t_l: the sequence-parallel split (TP with sequence parallelism, else 1)
+    act: int  # bytes per activation element
+    fp8: bool  # FP8 linear-layer GEMMs
+
+
+def _layer_inputs(model: ModelSpec, training: TrainingSpec, *, is_moe: bool, shape: LayerShape, kernels: Kernels,
+                  links: GroupLinks) -> _LayerInputs:
+    t_g, t_l = shape.gathered_tokens, shape.local_tokens
+    act = training.activation_bytes
+    dispatch = None
+    if is_moe:
+        dispatch = moe_dispatch(model, kernels=kernels, links=links, local_tokens=t_l, ep=shape.ep, etp=shape.etp,
+                                imbalance=shape.imbalance, act_bytes=act)
+    return _LayerInputs(
+        model=model, training=training, is_moe=is_moe, shape=shape, kernels=kernels, links=links,
+        flops=layer_flops(model, is_moe=is_moe, seq_length=shape.seq_length), dispatch=dispatch,
+        gathered_tokens=t_g, local_tokens=t_l, sp=t_g / t_l, act=act, fp8=training.precision == "fp8",
+    )
+
+
+# --------------------------------------------------------------------------------------------- compute parts
+
+
+@dataclass(frozen=True)
+class _ComputeParts:
+    """Forward seconds of each compute part of one layer (FP8 casts: forward and backward)."""
+
+    attention_gemm: float  # QKV (or MLA) and output projections
+    mla_up_proj: float  # MLA's up-projections: the share of attention_gemm selective recompute re-runs
+    attention_core: float
+    mlp_gemm: float  # dense layers
+    expert_gemm: float  # MoE layers: routed experts
+    shared_expert_gemm: float
+    router_permute: float
+    layernorm: float
+    activation: float  # activation functions (SwiGLU) of the MLP, experts and shared experts
+    residual_rope: float  # residual adds and RoPE
+    fp8_cast_fwd: float
+    fp8_cast_bwd: float
+
+    @property
+    def gemm_s(self) -> float:
+        return self.attention_gemm + self.mlp_gemm + self.shared_expert_gemm + self.expert_gemm
+
+    @property
+    def elementwise_s(self) -> float:
+        return self.layernorm + self.activation + self.residual_rope + self.router_permute
+
+    @property
+    def fwd_s(self) -> float:
+        return self.gemm_s + self.attention_core + self.elementwise_s + self.fp8_cast_fwd
+
+    @property
+    def bwd_s(self) -> float:
+        return (GEMM_BWD_OVER_FWD * self.gemm_s + ATTENTION_BWD_OVER_FWD * self.attention_core
+                + ELEMENTWISE_BWD_OVER_FWD * self.elementwise_s + self.fp8_cast_bwd)
+
+
+def _compute_parts(x: _LayerInputs) -> _ComputeParts:
+    attention_gemm = _attention_gemm_s(x)
+    cast_fwd, cast_bwd = _fp8_cast_s(x)
+    return _ComputeParts(
+        attention_gemm=attention_gemm, mla_up_proj=_mla_up_proj_s(x, attention_gemm),
+        attention_core=_attention_core_s(x), mlp_gemm=_mlp_gemm_s(x), expert_gemm=_expert_gemm_s(x),
+        shared_expert_gemm=_shared_expert_gemm_s(x), router_permute=_router_permute_s(x), layernorm=_layernorm_s(x),
+        activation=_activation_s(x), residual_rope=_residual_rope_s(x), fp8_cast_fwd=cast_fwd, fp8_cast_bwd=cast_bwd,
+    )
+
+
+def _gemm_s(x: _LayerInputs, flop: float) -> float:
+    """Dense GEMMs of `flop` in the layer's GEMM precision (two calls of half the FLOP each)."""
+    return x.kernels.gemm_s(flop, flop / 2, fp8=x.fp8)
+
+
+def _attention_gemm_s(x: _LayerInputs) -> float:
+    return _gemm_s(x, x.gathered_tokens * x.flops.attn_proj_flop / x.shape.tp)
+
+
 def _mla_up_proj_flop(model: ModelSpec) -> float:
     """Forward FLOP per token of MLA's up-projections (latent -> per-head Q, K, V)."""
     a = model.num_attention_heads
@@ -91,157 +216,194 @@ def _mla_up_proj_flop(model: ModelSpec) -> float:
     return 2.0 * (q_up + kv_up)
 
 
-def layer_cost(
-    model: ModelSpec, training: TrainingSpec, *, is_moe: bool, shape: LayerShape, kernels: Kernels,
-    links: GroupLinks, tp_comm_overlap: bool,
-) -> LayerCost:
-    """Price one decoder layer (dense or MoE) for one micro-batch on one GPU."""
-    fl = layer_flops(model, is_moe=is_moe, seq_length=shape.seq_length)
-    tp, etp, ep = shape.tp, shape.etp, shape.ep
-    t_g, t_l = shape.gathered_tokens, shape.local_tokens
-    sp = t_g / t_l
-    act = training.activation_bytes
-    fp8 = training.precision == "fp8"
-    h = model.hidden_size
-    k = kernels
+def _mla_up_proj_s(x: _LayerInputs, attention_gemm_s: float) -> float:
+    if not x.model.multi_latent_attention:
+        return 0.0
+    return attention_gemm_s * _mla_up_proj_flop(x.model) / x.flops.attn_proj_flop
 
-    # --- GEMMs and attention, forward ---
-    attn_flop = t_g * fl.attn_proj_flop / tp
-    attn_proj_s = k.gemm_s(attn_flop, attn_flop / 2, fp8=fp8)
-    up_proj_s = attn_proj_s * _mla_up_proj_flop(model) / fl.attn_proj_flop if model.multi_latent_attention else 0.0
-    core_s = k.attention_s(t_g * fl.attn_core_flop / tp)
-    mlp_flop = t_g * fl.mlp_flop / tp
-    mlp_s = k.gemm_s(mlp_flop, mlp_flop / 2, fp8=fp8)
-    shared_flop = t_g * fl.shared_expert_flop / tp
-    shared_s = k.gemm_s(shared_flop, shared_flop / 2, fp8=fp8)
-    experts_s = 0.0
-    dispatch = None
-    if is_moe:
-        dispatch = moe_dispatch(model, kernels=k, links=links, local_tokens=t_l, ep=ep, etp=etp,
-                                imbalance=shape.imbalance, act_bytes=act)
-        per_copy_flop = fl.expert_flop / model.moe_router_topk / etp
-        local_experts = max(1, (model.num_experts or 1) // ep)
-        experts_s = k.grouped_gemm_s(
-            t_l * dispatch.copies_per_token * per_copy_flop, tokens_per_expert=dispatch.tokens_per_expert,
-            local_experts=local_experts, call_flop=dispatch.tokens_per_expert * per_copy_flop / 2,
-            grouped=model.moe_grouped_gemm, fp8=fp8)
 
-    # --- memory-bound work per local token (elements read + written) ---
-    qkv = model.num_attention_heads * model.head_dim + 2 * model.query_groups * model.head_dim
-    tp_region = sp / tp
-    norm_elems = 4 * h  # two norms, read + write
-    other_elems = 6 * h + 2 * qkv * tp_region  # two residual adds, RoPE on Q and K
-    glu = 2 if model.swiglu else 1
-    if is_moe:
-        f = model.moe_ffn_size / etp
-        act_elems = (glu + 1) * f * dispatch.copies_per_token
+def _attention_core_s(x: _LayerInputs) -> float:
+    return x.kernels.attention_s(x.gathered_tokens * x.flops.attn_core_flop / x.shape.tp)
+
+
+def _mlp_gemm_s(x: _LayerInputs) -> float:
+    return _gemm_s(x, x.gathered_tokens * x.flops.mlp_flop / x.shape.tp)
+
+
+def _shared_expert_gemm_s(x: _LayerInputs) -> float:
+    return _gemm_s(x, x.gathered_tokens * x.flops.shared_expert_flop / x.shape.tp)
+
+
+def _expert_gemm_s(x: _LayerInputs) -> float:
+    """The routed experts' grouped GEMMs on this GPU: its tokens' copies after dispatch (and ETP gather)."""
+    d = x.dispatch
+    if d is None:
+        return 0.0
+    model = x.model
+    per_copy_flop = x.flops.expert_flop / model.moe_router_topk / x.shape.etp
+    local_experts = max(1, (model.num_experts or 1) // x.shape.ep)
+    return x.kernels.grouped_gemm_s(
+        x.local_tokens * d.copies_per_token * per_copy_flop, tokens_per_expert=d.tokens_per_expert,
+        local_experts=local_experts, call_flop=d.tokens_per_expert * per_copy_flop / 2,
+        grouped=model.moe_grouped_gemm, fp8=x.fp8)
+
+
+def _router_permute_s(x: _LayerInputs) -> float:
+    d = x.dispatch
+    return (d.router_s + d.permute_s) if d else 0.0
+
+
+# memory-bound work: elements read + written per local token
+
+
+def _qkv_width(model: ModelSpec) -> int:
+    """Q, K and V columns of the QKV projection, whole layer."""
+    return model.num_attention_heads * model.head_dim + 2 * model.query_groups * model.head_dim
+
+
+def _glu(model: ModelSpec) -> int:
+    """Up-projection outputs per FFN column: 2 with SwiGLU (gate and up), else 1."""
+    return 2 if model.swiglu else 1
+
+
+def _memory_pass_s(x: _LayerInputs, elements_per_token: float) -> float:
+    return x.kernels.memory_s(elements_per_token * x.local_tokens * x.act)
+
+
+def _layernorm_s(x: _LayerInputs) -> float:
+    return _memory_pass_s(x, 4 * x.model.hidden_size)  # two norms, read + write
+
+
+def _residual_rope_s(x: _LayerInputs) -> float:
+    tp_region = x.sp / x.shape.tp
+    return _memory_pass_s(x, 6 * x.model.hidden_size + 2 * _qkv_width(x.model) * tp_region)  # two adds, RoPE on Q, K
+
+
+def _activation_s(x: _LayerInputs) -> float:
+    model, glu = x.model, _glu(x.model)
+    tp_region = x.sp / x.shape.tp
+    if x.is_moe:
+        f = model.moe_ffn_size / x.shape.etp
+        elems = (glu + 1) * f * x.dispatch.copies_per_token
         s_f = model.moe_shared_expert_intermediate_size or 0
-        act_elems += (glu + 1) * s_f * tp_region
+        elems += (glu + 1) * s_f * tp_region
     else:
-        act_elems = (glu + 1) * model.ffn_size * tp_region
-    norm_s = k.memory_s(norm_elems * t_l * act)
-    act_s = k.memory_s(act_elems * t_l * act)
-    other_s = k.memory_s(other_elems * t_l * act)
+        elems = (glu + 1) * model.ffn_size * tp_region
+    return _memory_pass_s(x, elems)
 
-    # --- FP8 quantisation of every FP8 GEMM's input (forward) and output gradient (backward) ---
-    cast_fwd = cast_bwd = 0.0
-    if fp8:
-        o_dim = model.num_attention_heads * (model.v_head_dim if model.multi_latent_attention else model.head_dim)
-        cast_fwd = (h * sp + o_dim / tp * sp) * t_l  # QKV input, projection input
-        cast_bwd = (qkv / tp * sp + h * sp) * t_l
-        if is_moe:
-            c = dispatch.copies_per_token
-            cast_fwd += c * (h + model.moe_ffn_size / etp) * t_l
-            cast_bwd += c * (glu * model.moe_ffn_size / etp + h) * t_l
-            s_f = model.moe_shared_expert_intermediate_size or 0
-            cast_fwd += (h + s_f / tp) * sp * t_l if s_f else 0.0
-            cast_bwd += (glu * s_f / tp + h) * sp * t_l if s_f else 0.0
-        else:
-            cast_fwd += (h + model.ffn_size / tp) * sp * t_l
-            cast_bwd += (glu * model.ffn_size / tp + h) * sp * t_l
-    cast_fwd_s, cast_bwd_s = k.fp8_cast_s(cast_fwd), k.fp8_cast_s(cast_bwd)
 
-    route_s = (dispatch.router_s + dispatch.permute_s) if dispatch else 0.0
-    gemm_fwd = attn_proj_s + mlp_s + shared_s + experts_s
-    elementwise_fwd = norm_s + act_s + other_s + route_s
-    fwd_compute = gemm_fwd + core_s + elementwise_fwd + cast_fwd_s
-    bwd_compute = (GEMM_BWD_OVER_FWD * gemm_fwd + ATTENTION_BWD_OVER_FWD * core_s
-                   + ELEMENTWISE_BWD_OVER_FWD * elementwise_fwd + cast_bwd_s)
+def _fp8_cast_s(x: _LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds quantising every FP8 GEMM's input (forward) and output gradient (backward)."""
+    fwd, bwd = _fp8_cast_elements(x) if x.fp8 else (0.0, 0.0)
+    return x.kernels.fp8_cast_s(fwd), x.kernels.fp8_cast_s(bwd)
 
-    # --- tensor parallel (sequence parallel: all-gather + reduce-scatter around each TP block) ---
-    tp_fwd = mlp_tp = 0.0
+
+def _fp8_cast_elements(x: _LayerInputs) -> tuple[float, float]:
+    model, sp, t_l = x.model, x.sp, x.local_tokens
+    tp, etp, h, glu = x.shape.tp, x.shape.etp, model.hidden_size, _glu(model)
+    o_dim = model.num_attention_heads * (model.v_head_dim if model.multi_latent_attention else model.head_dim)
+    fwd = (h * sp + o_dim / tp * sp) * t_l  # QKV input, projection input
+    bwd = (_qkv_width(model) / tp * sp + h * sp) * t_l
+    if x.is_moe:
+        c = x.dispatch.copies_per_token
+        fwd += c * (h + model.moe_ffn_size / etp) * t_l
+        bwd += c * (glu * model.moe_ffn_size / etp + h) * t_l
+        s_f = model.moe_shared_expert_intermediate_size or 0
+        fwd += (h + s_f / tp) * sp * t_l if s_f else 0.0
+        bwd += (glu * s_f / tp + h) * sp * t_l if s_f else 0.0
+    else:
+        fwd += (h + model.ffn_size / tp) * sp * t_l
+        bwd += (glu * model.ffn_size / tp + h) * sp * t_l
+    return fwd, bwd
+
+
+# --------------------------------------------------------------------------------------------- communication
+
+
+def _tp_comm_s(x: _LayerInputs, tp_comm_overlap: bool) -> tuple[float, float]:
+    """(exposed TP seconds each way, the MLP block's exposed share of it).  Sequence parallel: an all-gather
+    and a reduce-scatter around each TP block; the ETP collectives of the dispatcher are added as they are."""
+    tp = x.shape.tp
+    tp_s = mlp_tp = 0.0
     if tp > 1:
-        full = t_g * h * act
+        full = x.gathered_tokens * x.model.hidden_size * x.act
+        links = x.links
         attn_tp = collective_s(links.tp, "all_gather", full, tp) + collective_s(links.tp, "reduce_scatter", full, tp)
-        if not is_moe or model.moe_shared_expert_intermediate_size:
+        if not x.is_moe or x.model.moe_shared_expert_intermediate_size:
             mlp_tp = attn_tp  # the dense MLP, or the shared experts, are a TP block of their own
-        tp_fwd = attn_tp + mlp_tp
+        tp_s = attn_tp + mlp_tp
         if tp_comm_overlap:
             mlp_tp *= TP_COMM_OVERLAP_EXPOSED
     if tp_comm_overlap:  # userbuffers overlap the TP linear layers' collectives, not the dispatcher's
-        tp_fwd *= TP_COMM_OVERLAP_EXPOSED
-    tp_fwd += dispatch.etp_s if dispatch else 0.0
-    tp_bwd = tp_fwd
+        tp_s *= TP_COMM_OVERLAP_EXPOSED
+    tp_s += x.dispatch.etp_s if x.dispatch else 0.0
+    return tp_s, mlp_tp
 
-    # --- context parallel ---
-    cp_fwd = cp_bwd = 0.0
-    if shape.cp > 1:
-        kv_bytes = 2 * t_g * model.query_groups * model.head_dim / min(tp, model.query_groups) * act
-        if training.cp_comm_type in ("p2p", "a2a+p2p"):
-            ring = (shape.cp - 1) * collective_s(links.cp, "p2p", kv_bytes, 2)
-            cp_fwd = max(0.0, ring - CP_OVERLAP * core_s)
-            cp_bwd = max(0.0, 2 * ring - CP_OVERLAP * ATTENTION_BWD_OVER_FWD * core_s)
-        elif training.cp_comm_type == "a2a":  # Ulysses: Q, K, V in and O out, head-scattered
-            q_bytes = t_g * model.num_attention_heads * model.head_dim / tp * act
-            moved = 2 * q_bytes + kv_bytes
-            cp_fwd = cp_bwd = collective_s(links.cp, "all_to_all", moved, shape.cp)
-        else:  # allgather of K and V
-            cp_fwd = collective_s(links.cp, "all_gather", kv_bytes * shape.cp, shape.cp)
-            cp_bwd = cp_fwd + collective_s(links.cp, "reduce_scatter", kv_bytes * shape.cp, shape.cp)
 
-    # --- expert parallel: dispatch + combine, each way ---
-    ep_fwd = ep_bwd = dispatch.comm_s if dispatch else 0.0
-    if dispatch and training.overlap_moe_expert_parallel_comm:
-        hide = fwd_compute + bwd_compute  # the other micro-batch's forward and backward run meanwhile
+def _cp_comm_s(x: _LayerInputs, attention_core_s: float) -> tuple[float, float]:
+    """(forward, backward) exposed context-parallel seconds, by --cp-comm-type."""
+    cp, model = x.shape.cp, x.model
+    if cp <= 1:
+        return 0.0, 0.0
+    t_g, tp, act, links = x.gathered_tokens, x.shape.tp, x.act, x.links
+    kv_bytes = 2 * t_g * model.query_groups * model.head_dim / min(tp, model.query_groups) * act
+    cp_comm_type = x.training.cp_comm_type
+    if cp_comm_type in ("p2p", "a2a+p2p"):
+        ring = (cp - 1) * collective_s(links.cp, "p2p", kv_bytes, 2)
+        return (max(0.0, ring - CP_OVERLAP * attention_core_s),
+                max(0.0, 2 * ring - CP_OVERLAP * ATTENTION_BWD_OVER_FWD * attention_core_s))
+    if cp_comm_type == "a2a":  # Ulysses: Q, K, V in and O out, head-scattered
+        q_bytes = t_g * model.num_attention_heads * model.head_dim / tp * act
+        moved = 2 * q_bytes + kv_bytes
+        a2a = collective_s(links.cp, "all_to_all", moved, cp)
+        return a2a, a2a
+    # allgather of K and V
+    fwd = collective_s(links.cp, "all_gather", kv_bytes * cp, cp)
+    return fwd, fwd + collective_s(links.cp, "reduce_scatter", kv_bytes * cp, cp)
+
+
+def _ep_comm_s(x: _LayerInputs, *, hide_s: float, shared_s: float) -> tuple[float, float]:
+    """(forward, backward) exposed expert-parallel seconds: dispatch + combine each way, less what
+    --overlap-moe-expert-parallel-comm hides behind `hide_s` (the other micro-batch's forward and backward
+    compute) and --moe-shared-expert-overlap behind the shared experts."""
+    d, tr = x.dispatch, x.training
+    ep_fwd = ep_bwd = d.comm_s if d else 0.0
+    if d and tr.overlap_moe_expert_parallel_comm:
         total = ep_fwd + ep_bwd
-        exposed = max(EP_OVERLAP_MIN_EXPOSED * total, total - hide)
+        exposed = max(EP_OVERLAP_MIN_EXPOSED * total, total - hide_s)
         ep_fwd = ep_bwd = exposed / 2
-    if dispatch and training.moe_shared_expert_overlap and shared_s:
+    if d and tr.moe_shared_expert_overlap and shared_s:
         ep_fwd = max(0.0, ep_fwd - shared_s)
         ep_bwd = max(0.0, ep_bwd - GEMM_BWD_OVER_FWD * shared_s)
+    return ep_fwd, ep_bwd
 
-    acts = activation_bytes_per_token(
-        model, training, is_moe=is_moe, tp=tp, etp=etp, sequence_parallel=shape.sequence_parallel,
-        copies_per_token=dispatch.copies_per_token if dispatch else 0.0,
+
+# --------------------------------------------------------------------------------------------- memory, recompute
+
+
+def _activations(x: _LayerInputs) -> ActivationModules:
+    return activation_bytes_per_token(
+        x.model, x.training, is_moe=x.is_moe, tp=x.shape.tp, etp=x.shape.etp,
+        sequence_parallel=x.shape.sequence_parallel,
+        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0,
     )
-    module_fwd = {
-        "core_attn": core_s,
-        "layernorm": norm_s,
-        "moe_act": act_s if is_moe else 0.0,
-        "mlp": (mlp_s + act_s + mlp_tp) if not is_moe else 0.0,
-        "moe": (experts_s + act_s + dispatch.total_s) if is_moe else 0.0,
-        "shared_experts": shared_s,
-        "mla_up_proj": up_proj_s,
+
+
+def _module_fwd_s(x: _LayerInputs, c: _ComputeParts, mlp_tp_s: float) -> dict[str, float]:
+    """Forward seconds selective recompute re-runs, by --recompute-modules name."""
+    return {
+        "core_attn": c.attention_core,
+        "layernorm": c.layernorm,
+        "moe_act": c.activation if x.is_moe else 0.0,
+        "mlp": (c.mlp_gemm + c.activation + mlp_tp_s) if not x.is_moe else 0.0,
+        "moe": (c.expert_gemm + c.activation + x.dispatch.total_s) if x.is_moe else 0.0,
+        "shared_experts": c.shared_expert_gemm,
+        "mla_up_proj": c.mla_up_proj,
     }
-    b = GEMM_BWD_OVER_FWD + 1
-    parts = {
-        "attention_gemm": b * attn_proj_s,
-        "attention_core": (1 + ATTENTION_BWD_OVER_FWD) * core_s,
-        "mlp_gemm": b * mlp_s,
-        "expert_gemm": b * experts_s,
-        "shared_expert_gemm": b * shared_s,
-        "router_permute": (1 + ELEMENTWISE_BWD_OVER_FWD) * route_s,
-        "fp8_cast": cast_fwd_s + cast_bwd_s,
-        "elementwise": (1 + ELEMENTWISE_BWD_OVER_FWD) * (norm_s + act_s + other_s),
-        "tp_comm": tp_fwd + tp_bwd,
-        "cp_comm": cp_fwd + cp_bwd,
-        "ep_comm": ep_fwd + ep_bwd,
-    }
-    transient = 0.0
-    if dispatch:  # receive buffer + permuted copy of this GPU's expert tokens, alive during the layer
-        transient = 2 * t_l * dispatch.copies_per_token * h * act
-    return LayerCost(
-        fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
-        cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, module_fwd_s=module_fwd,
-        activations=acts, local_tokens=t_l, parts=parts, transient_bytes=transient,
-    )
+
+
+def _transient_bytes(x: _LayerInputs) -> float:
+    """The dispatcher's receive buffer and permuted copy of this GPU's expert tokens, alive during the layer."""
+    if not x.dispatch:
+        return 0.0
+    return 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from planner.cost.communication import volume_factor
-from planner.profile_tables import COLLECTIVES
 
 
 @dataclass(frozen=True)
