@@ -3,7 +3,8 @@
 Every part of a layer's time is named, the way Vidur names the parts of a stage (`LayerCost.parts`):
 attention projections, the attention core, the dense MLP or the experts, shared experts, the router and
 token permutation, FP8 quantisation, other memory-bound work (norms, residual adds, RoPE, activations),
-and the communication of tensor, context and expert parallelism.  A stage is a sum of these per-layer
+and the communication of tensor, context and expert parallelism; `layer_cost` composes one small function
+per part over the layer's `_LayerInputs`.  A stage is a sum of these per-layer
 pieces plus its extras (embedding, logits, MTP, pipeline sends, gradient sync, optimizer), composed in
 planner/cost/model.py.  The search backends tabulate these pieces once per (device type, DP, micro-batch)
 and compose stages from them, so the solvers and `estimate` read the very same numbers.
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.dispatch import DispatchCost, moe_dispatch
 from planner.cost.flops import LayerFlops, layer_flops
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.memory import ActivationModules, activation_bytes_per_token
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec

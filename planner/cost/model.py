@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.cost.communication import GroupLinks, LinkChoice, collective_s, stage_group_links
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
-from planner.cost.communication import GroupLinks, LinkChoice, collective_s, stage_group_links
 from planner.cost.memory import ParamBytes
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import ClusterSpec
