@@ -4,10 +4,10 @@ Every part of a layer's time is named, the way Vidur names the parts of a stage 
 attention projections, the attention core, the dense MLP or the experts, shared experts, the router and
 token permutation, FP8 quantisation, other memory-bound work (norms, residual adds, RoPE, activations),
 and the communication of tensor, context and expert parallelism; `layer_cost` composes one small function
-per part over the layer's `_LayerInputs`.  A stage is a sum of these per-layer
-pieces plus its extras (embedding, logits, MTP, pipeline sends, gradient sync, optimizer), composed in
-planner/cost/model.py.  The search backends tabulate these pieces once per (device type, DP, micro-batch)
-and compose stages from them, so the solvers and `estimate` read the very same numbers.
+per part over the layer's `_LayerInputs`.  A stage is a sum of these per-layer pieces plus its extras
+(embedding, logits, MTP, pipeline sends, gradient sync, optimizer), composed in planner/cost/model.py.  The
+search backends tabulate these pieces once per (device type, DP, micro-batch) and compose stages from them,
+so the solvers and `estimate` read the very same numbers.
 """
 
 from __future__ import annotations
