@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.cost.model import CostModel, PlanCost
+from planner.cost.notes import unmodelled_notes
 from planner.errors import PlannerInputError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -72,13 +75,9 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
 
 def estimate_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> PlanCost:
     """Price the configuration a Megatron flag list describes on `cluster`."""
-    from planner.cost.notes import unmodelled_notes
-
     plan, notes = plan_from_run(run, cluster, profiles)
     notes += unmodelled_notes(run.passthrough)
     cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
     if notes:
-        from dataclasses import replace
-
         cost = replace(cost, notes=tuple(notes))
     return cost

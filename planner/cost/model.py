@@ -11,7 +11,7 @@ the interleaved schedule's bubble.  planner/simulate.py checks the formula by si
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from planner.cost.communication import GroupLinks, LinkChoice, collective_s, stage_group_links
 from planner.cost.dispatch import routing
@@ -31,10 +31,11 @@ DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share s
 
 
 @dataclass(frozen=True)
-class StageCost:
-    """One pipeline stage: per-micro-batch times, per-iteration sync, per-GPU memory."""
+class StageCore:
+    """The neighbour- and index-independent part of a stage (see CostModel.stage_core): per-micro-batch
+    times without pipeline sends, per-iteration sync and optimizer step, per-GPU memory without the
+    in-flight activations."""
 
-    index: int
     device_type: str
     num_layers: int
     dp: int
@@ -47,21 +48,50 @@ class StageCost:
     tp_comm_s: float
     cp_comm_s: float
     ep_comm_s: float
-    pp_comm_s: float
     dp_comm_s: float  # exposed, per iteration
     optimizer_s: float  # per iteration
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
-    activations_bytes: float
+    act_per_microbatch_bytes: float  # activations one in-flight micro-batch keeps
+    fixed_act_bytes: float  # activation buffers alive once, whatever the micro-batches in flight
     other_bytes: float
     capacity_bytes: float
-    inflight_microbatches: float
 
     @property
     def time_s(self) -> float:
-        """Per-micro-batch forward + backward (the t_i of the schedule formula)."""
+        """Per-micro-batch forward + backward (of a StageCost: the t_i of the schedule formula)."""
         return self.forward_s + self.backward_s
+
+    @property
+    def static_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes + self.other_bytes
+
+    @property
+    def sync_s(self) -> float:
+        return self.dp_comm_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class StageCost(StageCore):
+    """One pipeline stage in its place: its StageCore, with the sends on both of its pipeline links
+    (`pp_comm_s`, half of it in `forward_s` and half in `backward_s`) and the micro-batches whose
+    activations it holds at its peak."""
+
+    index: int
+    pp_comm_s: float
+    inflight_microbatches: float
+
+    @classmethod
+    def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float) -> "StageCost":
+        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch."""
+        fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
+        fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2)
+        return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches)
+
+    @property
+    def activations_bytes(self) -> float:
+        return self.inflight_microbatches * self.act_per_microbatch_bytes + self.fixed_act_bytes
 
     @property
     def memory_bytes(self) -> float:
@@ -105,45 +135,6 @@ class StageCost:
             "inflight_microbatches": self.inflight_microbatches,
             "fits": self.fits,
         }
-
-
-@dataclass(frozen=True)
-class StageCore:
-    """The neighbour- and index-independent part of a stage (see CostModel.stage_core)."""
-
-    device_type: str
-    num_layers: int
-    dp: int
-    recompute: str
-    micro_batch_size: int
-    forward_s: float
-    backward_s: float
-    compute_s: float
-    recompute_s: float
-    tp_comm_s: float
-    cp_comm_s: float
-    ep_comm_s: float
-    dp_comm_s: float
-    optimizer_s: float
-    weights_bytes: float
-    grads_bytes: float
-    optimizer_bytes: float
-    act_per_microbatch_bytes: float
-    fixed_act_bytes: float
-    other_bytes: float
-    capacity_bytes: float
-
-    @property
-    def time_s(self) -> float:
-        return self.forward_s + self.backward_s
-
-    @property
-    def static_bytes(self) -> float:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes + self.other_bytes
-
-    @property
-    def sync_s(self) -> float:
-        return self.dp_comm_s + self.optimizer_s
 
 
 @dataclass(frozen=True)
@@ -571,17 +562,8 @@ class CostModel:
             pp_s += self.p2p_s(g, device_type, dp, next_type, next_dp or dp)
         if prev_type is not None:
             pp_s += self.p2p_s(g, prev_type, prev_dp or dp, device_type, dp)
-        inflight = self.inflight_microbatches(g, index)
-        acts = inflight * core.act_per_microbatch_bytes + core.fixed_act_bytes
-        return StageCost(
-            index=index, device_type=device_type, num_layers=core.num_layers, dp=dp, recompute=core.recompute,
-            micro_batch_size=core.micro_batch_size, forward_s=core.forward_s + pp_s / 2,
-            backward_s=core.backward_s + pp_s / 2, compute_s=core.compute_s, recompute_s=core.recompute_s,
-            tp_comm_s=core.tp_comm_s, cp_comm_s=core.cp_comm_s, ep_comm_s=core.ep_comm_s, pp_comm_s=pp_s,
-            dp_comm_s=core.dp_comm_s, optimizer_s=core.optimizer_s, weights_bytes=core.weights_bytes,
-            grads_bytes=core.grads_bytes, optimizer_bytes=core.optimizer_bytes, activations_bytes=acts,
-            other_bytes=core.other_bytes, capacity_bytes=core.capacity_bytes, inflight_microbatches=inflight,
-        )
+        return StageCost.place(core, index=index, pp_comm_s=pp_s,
+                               inflight_microbatches=self.inflight_microbatches(g, index))
 
     # ---- a plan ----
     def evaluate(self, plan: Plan) -> PlanCost:
