@@ -13,7 +13,7 @@ from planner.commands.options import (
 )
 from planner.errors import PlannerInputError
 
-# The option (CLI override or Megatron flag) behind each rule of planner/rules.py, for the message.
+# The option (CLI override or Megatron flag) behind each rule of planner/megatron/rules.py, for the message.
 RULE_FLAGS = {
     "heads_tp": "--tp", "query_groups_tp": "--tp", "ep_needs_experts": "--ep", "experts_ep": "--ep",
     "expert_folding": "--ep/--etp", "seq_cp": "--cp/--seq", "moe_tp_sequence_parallel": "--sequence-parallel",
@@ -74,7 +74,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         allow_invalid=allow_invalid,
     )
     plan, notes = plan_from_run(run, cluster_spec, profiles)
-    from planner.rules import check_plan, format_violations
+    from planner.megatron.rules import check_plan, format_violations
 
     violations = check_plan(run.model, plan, run.training)
     if violations and not allow_invalid:

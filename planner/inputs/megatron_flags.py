@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
-from planner.rules import cp_violations, expert_violations, pipeline_split_violations, tp_violations
+from planner.megatron.rules import cp_violations, expert_violations, pipeline_split_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
@@ -933,7 +933,7 @@ _RULE_FLAG = {
 
 
 def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any], deferred: list) -> dict[str, Any]:
-    """The world-size-free rules of planner/rules.py for the flags' degrees (added to
+    """The world-size-free rules of planner/megatron/rules.py for the flags' degrees (added to
     `deferred` as (flag, violation)); Megatron switches SP off when TP == 1."""
     p = dict(parallel)
     tp, ep, cp = p.get("tp", 1), p.get("ep", 1), p.get("cp", 1)
@@ -952,7 +952,7 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     """Validate a draft as a whole and return the MegatronRun.
 
     Flags that cannot describe a run at all (a layout that does not add up, layers that cannot be
-    placed) raise PlannerInputError.  Degrees Megatron would refuse (planner/rules.py: heads and
+    placed) raise PlannerInputError.  Degrees Megatron would refuse (planner/megatron/rules.py: heads and
     query groups over TP, experts over EP, VPP over each rank's layers, ...) raise it too, with
     Megatron's message, unless `allow_invalid`: then they are added to `draft.notes`.
 

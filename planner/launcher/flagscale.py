@@ -33,7 +33,7 @@ from planner.launcher.common import (
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
-from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
