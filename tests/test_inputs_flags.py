@@ -1,4 +1,5 @@
-"""Megatron flag parsing: values, passthrough, layouts, malformed input (planner/inputs/megatron_flags.py)."""
+"""Megatron flag parsing: values, passthrough, layouts, malformed input (planner/inputs/megatron_flags.py,
+planner/megatron/layout.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import PlannerInputError
-from planner.inputs.megatron_flags import (
-    FLAGS,
-    format_layout,
-    layout_stages,
-    parse_layout,
-    parse_megatron_flags,
-)
+from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.megatron.flags import READ_FLAGS
+from planner.megatron.layout import format_layout, layout_stages, parse_layout
 
 
 BASE = [
@@ -440,7 +437,7 @@ def test_positional_before_flags_is_refused():
         parse_megatron_flags(["pretrain_gpt.py", *BASE])
 
 
-_KNOWN = sorted(FLAGS)
+_KNOWN = sorted(READ_FLAGS)
 _VALUES = st.one_of(
     st.sampled_from(["1", "2", "0", "-1", "8", "abc", "", "1.5", "E|t|L", "Ett|ttL", "([0]+[1]*3)", "RMSNorm",
                      "full", "selective", "uniform", "block", "core_attn", "alltoall", "hybrid", "nan", "1e9"]),

@@ -72,7 +72,7 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
 
 def estimate_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> PlanCost:
     """Price the configuration a Megatron flag list describes on `cluster`."""
-    from planner.cost.notes import unmodelled_notes
+    from planner.megatron.flags import unmodelled_notes
 
     plan, notes = plan_from_run(run, cluster, profiles)
     notes += unmodelled_notes(run.passthrough)

@@ -22,7 +22,6 @@ from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     FlagItem,
     args_file_text,
-    concern_of,
     effective_model,
     group_flag_items,
     hostfile_text,
@@ -33,6 +32,7 @@ from planner.launcher.common import (
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
+from planner.megatron.flags import array_of
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -199,7 +199,7 @@ def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any
         if item.inline or not item.name.startswith("--"):
             path: tuple[str, ...] = ("system",)
         else:
-            path = _SECTION[concern_of(item.name)]
+            path = _SECTION[array_of(item.name)]
         node = cfg
         for part in path:
             node = node.setdefault(part, {})
