@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.megatron import flags as flag_table
 from planner.megatron.flags import READ_FLAGS
+from planner.schemas import ModelSpec, TrainingSpec
+from planner.schemas.parallel import ParallelConfig
 from planner.megatron.layout import format_layout, layout_stages, parse_layout
 
 
@@ -435,6 +438,20 @@ def test_positional_before_flags_is_refused():
     """A bare value before any flag is an error, not silently dropped."""
     with pytest.raises(PlannerInputError, match="positional"):
         parse_megatron_flags(["pretrain_gpt.py", *BASE])
+
+
+def test_flag_table_has_one_row_per_flag_and_names_real_fields():
+    """planner/megatron/flags.py: one row per flag, one flag per reader dest, every field one of its
+    section's spec, every rule's flag a row."""
+    names = [f.name for f in flag_table.TABLE]
+    assert len(names) == len(set(names))
+    dests = [spec.dest for spec in READ_FLAGS.values()]
+    assert len(dests) == len(set(dests))
+    for section, spec in ((flag_table.MODEL_FLAGS, ModelSpec), (flag_table.TRAINING_FLAGS, TrainingSpec),
+                          (flag_table.PARALLEL_FLAGS, ParallelConfig), (flag_table.OTHER_FLAGS, None)):
+        for f in section:
+            assert not f.field or (spec is not None and f.field in spec.model_fields), f.name
+    assert all(name in flag_table.BY_NAME for behind in flag_table.RULE_FLAGS.values() for name in behind)
 
 
 _KNOWN = sorted(READ_FLAGS)

@@ -66,7 +66,10 @@ Writer = Callable[[Any, Any], "list[Any] | None"]
 
 @dataclass(frozen=True)
 class Flag:
-    """One row of the table (module docstring)."""
+    """One row of the table: the flag's `name`; how it is `read` (None: passes through unread); the
+    `field` of its section's spec it sets, copied unless `derived`; whether the plan `decided`s it
+    (the launchers write those from the plan); its launch.sh `array`; the CLI `override` that sets
+    it; how the launcher `write`s it from the spec; what it changes that is `not_modelled`."""
 
     name: str
     read: Read | None = None
@@ -327,7 +330,6 @@ OTHER_FLAGS = _rows(
 
 TABLE: tuple[Flag, ...] = MODEL_FLAGS + TRAINING_FLAGS + PARALLEL_FLAGS + OTHER_FLAGS
 BY_NAME: dict[str, Flag] = {f.name: f for f in TABLE}
-assert len(BY_NAME) == len(TABLE), "a flag has two rows"
 
 
 # --------------------------------------------------------------------------------------------------

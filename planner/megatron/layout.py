@@ -21,7 +21,7 @@ from planner.megatron.rules import interleave_violations, pipeline_split_violati
 from planner.schemas.model import ModelSpec
 
 _MAX_LAYOUT_CHARS = 200_000  # guard against "t*99999999999"
-FIRST_LAST_FLAGS = "--decoder-first/last-pipeline-num-layers"
+_FIRST_LAST_FLAGS = "--decoder-first/last-pipeline-num-layers"
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def _check_split(p: dict[str, Any], model: ModelSpec, deferred: list) -> dict[st
     for v in pipeline_split_violations(model.num_layers, pp, vpp, first=first, last=last,
                                        account_for_embedding=embed, account_for_loss=loss):
         if v.rule != "pipeline_split_vpp":  # the layers cannot be placed at all
-            flag = FIRST_LAST_FLAGS if first is not None or last is not None else "--pipeline-model-parallel-size"
+            flag = _FIRST_LAST_FLAGS if first is not None or last is not None else "--pipeline-model-parallel-size"
             raise PlannerInputError(flag, f"{v.message} ({v.hint})")
         deferred.append((vpp_flag, v))
     return p
