@@ -2,14 +2,14 @@
 
 Checks: decoder layers covered exactly once and in order (every stage holds at least one), GPUs
 per device type within the cluster, memory fits on every stage (the float cost model), and every
-Megatron / runtime rule (planner/rules.py).  It also recomputes the plan's cost, so a solver's
+Megatron / runtime rule (planner/megatron/rules.py).  It also recomputes the plan's cost, so a solver's
 scaled objective is never what gets reported.
 """
 
 from __future__ import annotations
 
 from planner.cost.model import CostModel, PlanCost
-from planner.rules import check_plan
+from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan
 
 

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from planner.cost.model import PlanCost
-from planner.cost.notes import unmodelled_notes
+from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan

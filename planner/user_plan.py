@@ -3,7 +3,7 @@
 `solve --megatron-script` (and `--megatron-args`) reads a run whose flags also hold a plan: TP, PP,
 CP, EP, VPP, the layout and recompute.  This prices that plan on the same cluster and training
 settings with the same cost model (planner/cost/estimate.plan_from_run: Megatron's default rank
-order over the cluster's nodes as listed), checks it against Megatron's rules (planner/rules.py),
+order over the cluster's nodes as listed), checks it against Megatron's rules (planner/megatron/rules.py),
 and says whether it fits.  A plan that cannot even be laid out on this cluster (e.g. TP*PP*CP does
 not divide the GPU count) is reported with the reason instead of a price.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost.model import CostModel, PlanCost
-from planner.rules import RuleViolation, check_plan
+from planner.megatron.rules import RuleViolation, check_plan
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan

@@ -1,6 +1,6 @@
 """An independent brute force over the whole documented search space (README, "The search
 space"), for the tests: it imports nothing from planner/search or solver_models, only the rules
-module (planner/rules.py) and the evaluator (planner/cost/model.py).
+module (planner/megatron/rules.py) and the evaluator (planner/cost/model.py).
 
 It enumerates every plan of the given menus: the degrees, every DP (a plan may leave GPUs idle),
 every pipeline depth, every sequence of device types (and, on flagscale, of stage DPs and
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from planner.cost.model import CostModel, GlobalShape
-from planner.rules import check_plan
+from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
 
 

@@ -17,7 +17,7 @@ from planner.cost.dispatch import (
 from planner.cost.estimate import estimate_run, plan_from_run
 from planner.cost.memory import ParamBytes, activation_bytes_per_token
 from planner.cost.model import CostModel, GlobalShape
-from planner.cost.notes import unmodelled_notes
+from planner.megatron.flags import unmodelled_notes
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.profile_tables import ProfileSet

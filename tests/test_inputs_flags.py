@@ -1,4 +1,5 @@
-"""Megatron flag parsing: values, passthrough, layouts, malformed input (planner/inputs/megatron_flags.py)."""
+"""Megatron flag parsing: values, passthrough, layouts, malformed input (planner/inputs/megatron_flags.py,
+planner/megatron/layout.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import PlannerInputError
-from planner.inputs.megatron_flags import (
-    FLAGS,
-    format_layout,
-    layout_stages,
-    parse_layout,
-    parse_megatron_flags,
-)
+from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.megatron import flags as flag_table
+from planner.megatron.flags import READ_FLAGS
+from planner.schemas import ModelSpec, TrainingSpec
+from planner.schemas.parallel import ParallelConfig
+from planner.megatron.layout import format_layout, layout_stages, parse_layout
 
 
 BASE = [
@@ -440,7 +440,21 @@ def test_positional_before_flags_is_refused():
         parse_megatron_flags(["pretrain_gpt.py", *BASE])
 
 
-_KNOWN = sorted(FLAGS)
+def test_flag_table_has_one_row_per_flag_and_names_real_fields():
+    """planner/megatron/flags.py: one row per flag, one flag per reader dest, every field one of its
+    section's spec, every rule's flag a row."""
+    names = [f.name for f in flag_table.TABLE]
+    assert len(names) == len(set(names))
+    dests = [spec.dest for spec in READ_FLAGS.values()]
+    assert len(dests) == len(set(dests))
+    for section, spec in ((flag_table.MODEL_FLAGS, ModelSpec), (flag_table.TRAINING_FLAGS, TrainingSpec),
+                          (flag_table.PARALLEL_FLAGS, ParallelConfig), (flag_table.OTHER_FLAGS, None)):
+        for f in section:
+            assert not f.field or (spec is not None and f.field in spec.model_fields), f.name
+    assert all(name in flag_table.BY_NAME for behind in flag_table.RULE_FLAGS.values() for name in behind)
+
+
+_KNOWN = sorted(READ_FLAGS)
 _VALUES = st.one_of(
     st.sampled_from(["1", "2", "0", "-1", "8", "abc", "", "1.5", "E|t|L", "Ett|ttL", "([0]+[1]*3)", "RMSNorm",
                      "full", "selective", "uniform", "block", "core_attn", "alltoall", "hybrid", "nan", "1e9"]),

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 from planner.errors import PlannerInputError
-from planner.inputs.megatron_flags import parse_layout, parse_megatron_flags
+from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.inputs.script import parse_launcher_script
 from planner.launcher import render_launch_files, write_launch_files
 from planner.launcher.common import group_flag_items
-from planner.launcher.megatron import virtual_stage_layers
+from planner.megatron.layout import parse_layout, virtual_stage_layers
 from planner.schemas import ClusterSpec, ModelSpec, NodeGroup, Plan, Recompute, StagePlan, TrainingSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 

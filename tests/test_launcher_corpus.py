@@ -27,7 +27,8 @@ import yaml
 from click.testing import CliRunner
 
 from planner.inputs.script import read_launcher_script
-from planner.launcher.common import PLAN_DECIDED_FLAGS, group_flag_items, is_flag_token
+from planner.launcher.common import group_flag_items, is_flag_token
+from planner.megatron.flags import PLAN_DECIDED_FLAGS
 
 HERE = Path(__file__).parent
 CORPUS_DIR = HERE / "launchers"

@@ -1,6 +1,6 @@
 """The CP-SAT master over the degrees (solver_models/cpsat/master.py): its rule families, generated
-from planner/rules.py, admit exactly the degrees the enumerator yields; on made-up rows it picks
-the least row and proves it; and the rule predicates agree with check_plan."""
+from planner/megatron/rules.py, admit exactly the degrees the enumerator yields; on made-up rows it
+picks the least row and proves it; and the rule predicates agree with check_plan."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
 from planner.profile_tables import ProfileSet
-from planner import rules
-from planner.rules import check_plan
+from planner.megatron import rules
+from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
 from planner.search.certify import MEGATRON_FAMILIES, rule_families
 from planner.search.space import SearchSpace, enumerate_globals, recompute_ladder
@@ -91,8 +91,8 @@ def _names(model, plan) -> set[str]:
 
 
 def test_predicates_agree_with_check_plan():
-    """Each predicate at the end of planner/rules.py says yes exactly when check_plan raises none
-    of the rules it stands for, over a grid of degrees."""
+    """Each boolean of planner/megatron/rules.py says yes exactly when check_plan raises none of
+    the rules it stands for, over a grid of degrees."""
     moe = _cost("mixtral-s", 8, "H800:8", 16).model
     dense = _cost("llama2-7b", 8, "H800:8", 16).model
     for model in (moe, dense):

@@ -190,7 +190,7 @@ def test_megatron_refuses_a_typo_and_so_does_the_planner():
 def test_megatron_refuses_bad_expert_folding_with_the_planners_message():
     """PP4 x EP8 on 8 GPUs: refused by Megatron's process-group setup with the message the
     planner's rule gives."""
-    from planner.rules import expert_violations
+    from planner.megatron.rules import expert_violations
 
     r = results()["control/PP4 x EP8 on 8 GPUs"]
     run = parse_megatron_flags(CONTROLS["PP4 x EP8 on 8 GPUs"][0])

@@ -15,7 +15,7 @@ from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
 from planner.profile_tables import ProfileSet
-from planner.rules import check_plan
+from planner.megatron.rules import check_plan
 from planner.schemas.plan import Recompute
 from planner.search.driver import SearchSettings, search
 from planner.search.space import SearchSpace

@@ -1,12 +1,15 @@
-"""Tests for planner.rules: each Megatron/FlagScale rule (reference/megatron.md sections 2, 6, 8)
-refuses a plan that breaks it, with the message Megatron (or FlagScale) itself gives."""
+"""Tests for planner.megatron.rules: each Megatron/FlagScale rule (reference/megatron.md sections 2,
+6, 8) refuses a plan that breaks it, with the message Megatron (or FlagScale) itself gives."""
 
 from __future__ import annotations
+
+from itertools import product
 
 import pytest
 
 from planner.errors import PlannerInputError
-from planner.rules import assert_plan_ok, check_plan, check_runtime_expressible
+from planner.megatron import rules
+from planner.megatron.rules import assert_plan_ok, check_plan, check_runtime_expressible
 from planner.schemas import ModelSpec, Plan, Recompute, StagePlan, TrainingSpec
 
 DENSE = ModelSpec(num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=1000, seq_length=2048)
@@ -199,13 +202,23 @@ def test_assert_plan_ok_lists_every_violation():
     assert_plan_ok(DENSE, _plan(tp=2))  # no exception
 
 
+def valid_degrees(model, world_size, gbs, *, tps, cps, eps, etps, pps, vpps, mbss):
+    """Every uniform (upstream Megatron) configuration of `world_size` GPUs whose degrees the rule
+    set's booleans accept: the world divides by TP*CP*PP, DP = world / (TP*CP*PP)."""
+    for tp, cp, pp, ep, etp, vpp, mbs in product(tps, cps, pps, eps, etps, vpps, mbss):
+        if world_size % (tp * cp * pp):
+            continue
+        dp = world_size // (tp * cp * pp)
+        if (rules.tp_allowed(model, tp) and rules.cp_allowed(model, cp) and rules.ep_allowed(model, ep)
+                and rules.etp_allowed(model, tp, etp) and rules.expert_folding_ok(tp, cp, dp, ep, etp)
+                and rules.layout_ok(model.num_layers, pp, vpp) and rules.batch_ok(gbs, mbs, dp)
+                and rules.interleave_ok(gbs, mbs, dp, pp, vpp)):
+            yield (tp, cp, ep, etp, dp, pp, vpp, mbs)
+
+
 def test_valid_degrees_are_exactly_the_uniform_plans_check_plan_accepts():
-    """valid_degrees (what the search may import) against brute force: every (TP, CP, EP, ETP,
-    PP, VPP, mbs) on 16 GPUs, built as a uniform Plan and judged by check_plan."""
-    from itertools import product
-
-    from planner.rules import valid_degrees
-
+    """The booleans of the rule set (what the search asks) against brute force: every (TP, CP, EP,
+    ETP, PP, VPP, mbs) on 16 GPUs, built as a uniform Plan and judged by check_plan."""
     model = MOE.model_copy(update={"num_layers": 12, "num_query_groups": 4})
     world, gbs = 16, 64
     got = set(valid_degrees(model, world, gbs, tps=(1, 2, 4, 8), cps=(1, 2), eps=(1, 2, 4, 8), etps=(1, 2, 4),

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.cost.model import CostModel, GlobalShape, PlanCost
-from planner.rules import check_plan
+from planner.megatron.rules import check_plan, tp_allowed
 from planner.schemas.cluster import ClusterSpec, NodeGroup
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan, Recompute, StagePlan
-from planner.search.space import RECOMPUTE_LADDER, recompute_ladder, tp_ok
+from planner.search.space import RECOMPUTE_LADDER, recompute_ladder
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def even_split(num_layers: int, pp: int) -> list[int] | None:
 
 def tp_degrees(model: ModelSpec, max_tp: int, allowed: tuple[int, ...] = (1, 2, 4, 8)) -> list[int]:
     """TP degrees a practitioner would try: within a node and dividing heads / query groups."""
-    return [t for t in allowed if t <= max_tp and tp_ok(model, t)]
+    return [t for t in allowed if t <= max_tp and tp_allowed(model, t)]
 
 
 def ep_degrees(model: ModelSpec, limit: int) -> list[int]:

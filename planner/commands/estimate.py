@@ -12,15 +12,7 @@ from planner.commands.options import (
     TRAINING_OVERRIDES, apply_options, check_plot_dir, load_inputs,
 )
 from planner.errors import PlannerInputError
-
-# The option (CLI override or Megatron flag) behind each rule of planner/rules.py, for the message.
-RULE_FLAGS = {
-    "heads_tp": "--tp", "query_groups_tp": "--tp", "ep_needs_experts": "--ep", "experts_ep": "--ep",
-    "expert_folding": "--ep/--etp", "seq_cp": "--cp/--seq", "moe_tp_sequence_parallel": "--sequence-parallel",
-    "moe_etp_bias": "--etp", "gbs_microbatch": "--gbs/--mbs", "vpp_needs_pp": "--vpp", "vpp_microbatches": "--vpp",
-    "layout_layers": "--layout", "layout_stage_count": "--layout", "tp_comm_overlap_sp": "--tp-comm-overlap",
-    "overlap_param_gather": "--overlap-param-gather",
-}
+from planner.megatron.flags import rule_options
 
 def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
     """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
@@ -74,12 +66,12 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         allow_invalid=allow_invalid,
     )
     plan, notes = plan_from_run(run, cluster_spec, profiles)
-    from planner.rules import check_plan, format_violations
+    from planner.megatron.rules import check_plan, format_violations
 
     violations = check_plan(run.model, plan, run.training)
     if violations and not allow_invalid:
         raise PlannerInputError(
-            " / ".join(sorted({RULE_FLAGS.get(v.rule, "configuration") for v in violations})),
+            " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
@@ -87,7 +79,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     from planner.sanity import check_prediction
 
     check_prediction(cost, "the configuration")
-    from planner.cost.notes import unmodelled_notes
+    from planner.megatron.flags import unmodelled_notes
 
     notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
     payload = estimate_json(run, cluster_spec, plan, cost, notes=notes)

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import click
 
 from planner.errors import PlannerInputError
+from planner.megatron.flags import OVERRIDE_FLAGS
 
 MODEL_OPTIONS = [
     click.option("--model", "model", default=None, metavar="PRESET|FILE",
@@ -113,15 +114,6 @@ def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs,
             update={"moe_imbalance_factor": float(moe_imbalance)})})
     run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
     return run, cluster_spec, profiles
-
-
-# The Megatron flag each CLI override sets (errors from the flag layer name the Megatron flag).
-OVERRIDE_FLAGS = {
-    "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
-    "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
-    "vpp": "--num-virtual-stages-per-pipeline-rank", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
-    "seq": "--seq-length", "layout": "--pipeline-model-parallel-layout", "recompute": "--recompute-granularity",
-}
 
 
 def _in_override_terms(exc, overrides: dict):

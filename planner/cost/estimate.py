@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost.model import CostModel, PlanCost
-from planner.cost.notes import unmodelled_notes
+from planner.megatron.flags import unmodelled_notes
 from planner.errors import PlannerInputError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun

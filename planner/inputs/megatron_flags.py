@@ -1,16 +1,15 @@
 """Read a Megatron-LM flag list (what `pretrain_gpt.py` receives) into a `MegatronRun`.
 
 Parsing mirrors argparse as Megatron configures it (no abbreviations, last occurrence wins,
-`--flag value` and `--flag=value`, store_true flags, nargs+ lists).  Flags the planner reads
-are listed in `FLAGS`; every other token is kept verbatim, in order, in `passthrough`.
+`--flag value` and `--flag=value`, store_true flags, nargs+ lists).  Which flags the planner reads,
+and into which fields, is the flag table's (planner/megatron/flags.py); every other token is kept
+verbatim, in order, in `passthrough`.
 
 Two steps, so that callers can change things in between (see planner/inputs/resolve.py):
 `parse_megatron_draft(argv)` -> `RunDraft` (plain dicts of ModelSpec / TrainingSpec /
 ParallelConfig fields), then `build_run(draft)` -> validated `MegatronRun`.
-`parse_megatron_flags(argv)` does both.
-
-Also the pipeline layout grammar of `--pipeline-model-parallel-layout`
-(Megatron's `PipelineParallelLayerLayout.parse_str_to_list`): `parse_layout`, `format_layout`.
+`parse_megatron_flags(argv)` does both.  The pipeline layout grammar and the pipeline-split rules
+are planner/megatron/layout.py's.
 """
 
 from __future__ import annotations
@@ -27,183 +26,28 @@ from typing import Any, Sequence
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
-from planner.rules import cp_violations, expert_violations, pipeline_split_violations, tp_violations
+from planner.megatron.flags import (
+    MODEL_FIELD_FLAGS,
+    MODEL_FLAGS,
+    PARALLEL_FIELD_FLAGS,
+    PARALLEL_FLAGS,
+    READ_FLAGS,
+    TRAINING_FIELD_FLAGS,
+    TRAINING_FLAGS,
+    Read,
+    copied_fields,
+    rule_flag,
+)
+from planner.megatron.layout import check_pipeline
+from planner.megatron.rules import cp_violations, ep_violations, etp_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
-from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
+from planner.schemas.plan import Recompute
 from planner.schemas.training import TrainingSpec
 
-LAYOUT_FLAG = "--pipeline-model-parallel-layout"
-_MAX_LAYOUT_CHARS = 200_000  # guard against "t*99999999999"
-
-
-# --------------------------------------------------------------------------------------------
-# Flag table
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """One Megatron flag the planner reads.  kind: int | float | floats | str | true | false | list.
-
-    `observe`: the planner reads the value (it changes time or memory) but never decides it, so the
-    user's own tokens also stay in `passthrough`, verbatim, and reach the launcher unchanged."""
-
-    dest: str
-    kind: str
-    choices: tuple[str, ...] = ()
-    min_value: float | None = None
-    max_value: float | None = None
-    observe: bool = False
-
-
-def _o(dest: str, kind: str, choices: tuple[str, ...] = (), min_value: float | None = None) -> FlagSpec:
-    """An observed flag (see FlagSpec.observe)."""
-    return FlagSpec(dest, kind, choices=choices, min_value=min_value, observe=True)
-
-
-MAX_COUNT = 100_000  # layers / pipeline stages: far above any real model, keeps per-layer lists small
-MAX_SIZE = 1 << 40
-
-
-def _i(dest: str, min_value: int = 1, max_value: int = MAX_SIZE) -> FlagSpec:
-    return FlagSpec(dest, "int", min_value=min_value, max_value=max_value)
-
-
-FLAGS: dict[str, FlagSpec] = {
-    # model shape (reference/megatron.md 1.7)
-    "--num-layers": _i("num_layers", 1, MAX_COUNT),
-    "--hidden-size": _i("hidden_size"),
-    "--ffn-hidden-size": _i("ffn_hidden_size"),
-    "--num-attention-heads": _i("num_attention_heads"),
-    "--group-query-attention": FlagSpec("group_query_attention", "true"),
-    "--num-query-groups": _i("num_query_groups"),
-    "--kv-channels": _i("kv_channels"),
-    "--vocab-size": _i("vocab_size"),
-    "--make-vocab-size-divisible-by": _i("make_vocab_size_divisible_by"),
-    "--seq-length": _i("seq_length"),
-    "--max-position-embeddings": _i("max_position_embeddings"),
-    "--swiglu": FlagSpec("swiglu", "true"),
-    "--normalization": FlagSpec("normalization", "str", choices=("LayerNorm", "RMSNorm")),
-    "--untie-embeddings-and-output-weights": FlagSpec("untie_embeddings_and_output_weights", "true"),
-    "--disable-bias-linear": FlagSpec("add_bias_linear", "false"),
-    "--qk-layernorm": FlagSpec("qk_layernorm", "true"),
-    # multi-latent attention
-    "--multi-latent-attention": FlagSpec("multi_latent_attention", "true"),
-    "--q-lora-rank": _i("q_lora_rank"),
-    "--kv-lora-rank": _i("kv_lora_rank"),
-    "--qk-head-dim": _i("qk_head_dim"),
-    "--qk-pos-emb-head-dim": _i("qk_pos_emb_head_dim", 0),
-    "--v-head-dim": _i("v_head_dim"),
-    # mixture of experts (1.4)
-    "--num-experts": _i("num_experts", 0),
-    "--moe-router-topk": _i("moe_router_topk"),
-    "--moe-ffn-hidden-size": _i("moe_ffn_hidden_size"),
-    "--moe-shared-expert-intermediate-size": _i("moe_shared_expert_intermediate_size"),
-    "--moe-layer-freq": FlagSpec("moe_layer_freq", "str"),
-    "--moe-expert-capacity-factor": FlagSpec("moe_expert_capacity_factor", "float"),
-    "--moe-token-dispatcher-type": FlagSpec(
-        "moe_token_dispatcher_type", "str", choices=("allgather", "alltoall", "flex")
-    ),
-    "--moe-grouped-gemm": FlagSpec("moe_grouped_gemm", "true"),
-    "--moe-router-force-load-balancing": FlagSpec("moe_router_force_load_balancing", "true"),
-    "--mtp-num-layers": _i("mtp_num_layers", 0, MAX_COUNT),
-    "--moe-flex-dispatcher-backend": _o("moe_flex_dispatcher_backend", "str", ("deepep", "hybridep")),
-    "--moe-enable-deepep": _o("moe_enable_deepep", "true"),
-    "--moe-pad-expert-input-to-capacity": _o("moe_pad_expert_input_to_capacity", "true"),
-    "--moe-router-load-balancing-type": _o(
-        "moe_router_load_balancing_type", "list", ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
-    ),
-    "--moe-aux-loss-coeff": _o("moe_aux_loss_coeff", "floats", min_value=0.0),
-    "--moe-router-enable-expert-bias": _o("moe_router_enable_expert_bias", "true"),
-    "--moe-router-num-groups": FlagSpec("moe_router_num_groups", "int", min_value=1, max_value=MAX_COUNT, observe=True),
-    "--moe-router-group-topk": FlagSpec("moe_router_group_topk", "int", min_value=1, max_value=MAX_COUNT, observe=True),
-    # batch, precision, optimizer (1.5, 1.6, 1.8)
-    "--micro-batch-size": _i("micro_batch_size"),
-    "--global-batch-size": _i("global_batch_size"),
-    "--bf16": FlagSpec("bf16", "true"),
-    "--fp16": FlagSpec("fp16", "true"),
-    "--fp8-format": FlagSpec("fp8", "str", choices=("e4m3", "hybrid")),
-    "--fp8-recipe": _o("fp8_recipe", "str", ("delayed", "tensorwise", "blockwise", "mxfp8")),
-    "--fp8-param-gather": _o("fp8_param_gather", "true"),
-    "--grad-reduce-in-bf16": _o("grad_reduce_in_bf16", "true"),
-    "--use-precision-aware-optimizer": _o("use_precision_aware_optimizer", "true"),
-    "--main-params-dtype": _o("main_params_dtype", "str", ("fp32", "fp16")),
-    "--exp-avg-dtype": _o("exp_avg_dtype", "str", ("fp32", "fp16", "bf16", "fp8")),
-    "--exp-avg-sq-dtype": _o("exp_avg_sq_dtype", "str", ("fp32", "fp16", "bf16", "fp8")),
-    "--overlap-moe-expert-parallel-comm": _o("overlap_moe_expert_parallel_comm", "true"),
-    "--delay-wgrad-compute": _o("delay_wgrad_compute", "true"),
-    "--moe-shared-expert-overlap": _o("moe_shared_expert_overlap", "true"),
-    "--cp-comm-type": _o("cp_comm_type", "list", ("p2p", "a2a", "allgather", "a2a+p2p")),
-    "--use-distributed-optimizer": FlagSpec("use_distributed_optimizer", "true"),
-    "--overlap-grad-reduce": FlagSpec("overlap_grad_reduce", "true"),
-    "--overlap-param-gather": FlagSpec("overlap_param_gather", "true"),
-    "--tp-comm-overlap": FlagSpec("tp_comm_overlap", "true"),
-    # parallel sizes and pipeline split (1.1, 1.2)
-    "--tensor-model-parallel-size": _i("tensor_model_parallel_size"),
-    "--pipeline-model-parallel-size": _i("pipeline_model_parallel_size", 1, MAX_COUNT),
-    "--context-parallel-size": _i("context_parallel_size"),
-    "--expert-model-parallel-size": _i("expert_model_parallel_size"),
-    "--expert-tensor-parallel-size": _i("expert_tensor_parallel_size"),
-    "--num-layers-per-virtual-pipeline-stage": _i("num_layers_per_virtual_pipeline_stage"),
-    "--num-virtual-stages-per-pipeline-rank": _i("num_virtual_stages_per_pipeline_rank", 1, MAX_COUNT),
-    LAYOUT_FLAG: FlagSpec("pipeline_model_parallel_layout", "str"),
-    "--decoder-first-pipeline-num-layers": _i("decoder_first_pipeline_num_layers"),
-    "--decoder-last-pipeline-num-layers": _i("decoder_last_pipeline_num_layers"),
-    "--account-for-embedding-in-pipeline-split": FlagSpec("account_for_embedding_in_pipeline_split", "true"),
-    "--account-for-loss-in-pipeline-split": FlagSpec("account_for_loss_in_pipeline_split", "true"),
-    "--sequence-parallel": FlagSpec("sequence_parallel", "true"),
-    # recompute (1.3)
-    "--recompute-granularity": FlagSpec("recompute_granularity", "str", choices=("full", "selective")),
-    "--recompute-method": FlagSpec("recompute_method", "str", choices=("uniform", "block")),
-    "--recompute-num-layers": _i("recompute_num_layers", 0),
-    "--recompute-modules": FlagSpec("recompute_modules", "list", choices=RECOMPUTE_MODULES),
-    "--recompute-activations": FlagSpec("recompute_activations", "true"),
-}
-
-_DEST_FLAG = {spec.dest: name for name, spec in FLAGS.items()}
-
-# schema field -> the flag that sets it (for error messages)
-MODEL_FIELD_FLAGS: dict[str, str] = {
-    **{
-        f: "--" + f.replace("_", "-")
-        for f in ModelSpec.model_fields
-        if "--" + f.replace("_", "-") in FLAGS
-    },
-    "add_bias_linear": "--disable-bias-linear",
-    "moe_layer_pattern": "--moe-layer-freq",
-    "name": "model name",
-}
-TRAINING_FIELD_FLAGS = {
-    "micro_batch_size": "--micro-batch-size",
-    "global_batch_size": "--global-batch-size",
-    "precision": "--bf16/--fp16/--fp8-format",
-    "use_distributed_optimizer": "--use-distributed-optimizer",
-    "overlap_grad_reduce": "--overlap-grad-reduce",
-    "overlap_param_gather": "--overlap-param-gather",
-    "tp_comm_overlap": "--tp-comm-overlap",
-    **{f: "--" + f.replace("_", "-") for f in TrainingSpec.model_fields
-       if "--" + f.replace("_", "-") in FLAGS and f not in ("micro_batch_size", "global_batch_size")},
-    "cp_comm_type": "--cp-comm-type",
-}
-PARALLEL_FIELD_FLAGS = {
-    "tp": "--tensor-model-parallel-size",
-    "pp": "--pipeline-model-parallel-size",
-    "cp": "--context-parallel-size",
-    "ep": "--expert-model-parallel-size",
-    "etp": "--expert-tensor-parallel-size",
-    "vpp": "--num-virtual-stages-per-pipeline-rank",
-    "num_layers_per_virtual_stage": "--num-layers-per-virtual-pipeline-stage",
-    "layout": LAYOUT_FLAG,
-    "first_stage_layers": "--decoder-first-pipeline-num-layers",
-    "last_stage_layers": "--decoder-last-pipeline-num-layers",
-    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
-    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
-    "sequence_parallel": "--sequence-parallel",
-    "recompute": "--recompute-granularity",
-}
-
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
+# schema field -> the flag that sets it, for error messages
+_MODEL_FIELD_NAMES = {**MODEL_FIELD_FLAGS, "name": "model name"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,7 +75,7 @@ def is_flag_token(tok: str) -> bool:
 _is_flag = is_flag_token
 
 
-def _convert(name: str, spec: FlagSpec, raw: str) -> Any:
+def _convert(name: str, spec: Read, raw: str) -> Any:
     """Convert one raw value of flag `name`; raise PlannerInputError saying what is allowed."""
     if spec.choices:
         if raw not in spec.choices:
@@ -306,7 +150,8 @@ def _unresolved(tok: str) -> bool:
 
 
 def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    """Split `argv` into {dest: value} for the flags in FLAGS and the verbatim passthrough tokens.
+    """Split `argv` into {dest: value} for the flags the reader takes (READ_FLAGS) and the verbatim
+    passthrough tokens.
 
     As Megatron's argparse parser: a flag must be one it knows, spelled in full (fork flags are
     accepted and passed through); every flag takes the values its nargs says; a value no flag
@@ -334,7 +179,7 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
                 f"unexpected value {tok!r} {where}; pretrain_gpt.py takes no positional arguments",
             )
         name, eq, explicit = tok.partition("=") if tok.startswith("--") else (tok, "", "")
-        spec = FLAGS.get(name)
+        spec = READ_FLAGS.get(name)
         i += 1
         last_flag = name
         open_values = False
@@ -362,7 +207,7 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
     return ns, passthrough
 
 
-def _read_flag(name: str, spec: FlagSpec, eq: str, explicit: str, argv: Sequence[str], i: int,
+def _read_flag(name: str, spec: Read, eq: str, explicit: str, argv: Sequence[str], i: int,
                ns: dict[str, Any]) -> int:
     """Read the value(s) of one known flag whose values start at argv[i] into `ns`; return the index
     of the next token."""
@@ -455,112 +300,6 @@ def moe_pattern_from_flag(freq: int | str, num_layers: int) -> tuple[int, ...]:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ValueError(f"moe-layer-freq {text!r} is not a valid list expression: {exc}") from None
     return moe_pattern_from_freq(value, num_layers)
-
-
-# --------------------------------------------------------------------------------------------
-# Layout grammar
-# --------------------------------------------------------------------------------------------
-
-_LAYOUT_SYMBOLS = "EtmL"
-_GROUP_RE = re.compile(r"\(([^)]+)\)\*([0-9]+)")
-_CHAR_RE = re.compile(r"(.)\*([0-9]+)")
-
-
-def _unroll(pattern: re.Pattern[str], text: str) -> str:
-    """One left-to-right pass of `pattern` replacing `X*n` by X repeated n times (Megatron's re.sub)."""
-    out: list[str] = []
-    total = 0
-    pos = 0
-    for m in pattern.finditer(text):
-        if len(m.group(2)) > 7:
-            raise PlannerInputError(LAYOUT_FLAG, f"repetition count {m.group(2)[:12]}... is too large")
-        count = int(m.group(2))
-        total += (m.start() - pos) + len(m.group(1)) * count
-        if total > _MAX_LAYOUT_CHARS:
-            raise PlannerInputError(LAYOUT_FLAG, f"expands to more than {_MAX_LAYOUT_CHARS} symbols")
-        piece = m.group(1) * count
-        out.append(text[pos : m.start()])
-        out.append(piece)
-        pos = m.end()
-    out.append(text[pos:])
-    return "".join(out)
-
-
-def layout_stages(text: str) -> list[str]:
-    """Expand a layout string into one symbol string per virtual stage, in layout order.
-
-    Grammar (Megatron's `parse_str_to_list`): commas are dropped, then `(...)*n` is unrolled in
-    one pass, then `x*n`; `|` separates stages; symbols E (embedding), t (decoder layer),
-    m (MTP layer), L (loss).  Checked as `validate_layer_layout` does: E first and L last in the
-    flattened order, each exactly once; every t before every m.  Stricter than Megatron: E must
-    be in the first stage and L in the last, as the planner assumes.
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise PlannerInputError(LAYOUT_FLAG, "expected a layout such as 'Et*3|(tt|)*29,m|L'")
-    expanded = _unroll(_CHAR_RE, _unroll(_GROUP_RE, text.replace(",", "")))
-    bad = sorted({c for c in expanded if c not in _LAYOUT_SYMBOLS + "|"})
-    if bad:
-        raise PlannerInputError(
-            LAYOUT_FLAG,
-            f"invalid character(s) {''.join(bad)!r} in {text!r}; allowed: E t m L, '|' between "
-            "stages, ',' (ignored), (...)*n and x*n repetition",
-        )
-    stages = expanded.split("|")
-    flat = "".join(stages)
-    if flat.count("E") != 1 or flat.count("L") != 1:
-        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: E and L must each appear exactly once")
-    if not stages[0].startswith("E"):
-        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: the first stage must start with E (embedding)")
-    if not stages[-1].endswith("L"):
-        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: the last stage must end with L (loss)")
-    if "m" in flat and "t" in flat[flat.index("m") :]:
-        raise PlannerInputError(LAYOUT_FLAG, f"{text!r}: every decoder layer t must come before every MTP layer m")
-    return stages
-
-
-def parse_layout(text: str) -> list[int]:
-    """Decoder layers (`t`) per virtual stage of a Megatron layout string, in layout order
-    (stage i runs on pipeline rank i % PP, virtual chunk i // PP)."""
-    return [s.count("t") for s in layout_stages(text)]
-
-
-def _t_run(n: int) -> str:
-    """n decoder layers, as `ttt` or `t*n`, whichever is shorter (ties: the literal)."""
-    literal = "t" * n
-    short = f"t*{n}"
-    return short if len(short) < len(literal) else literal
-
-
-def format_layout(per_virtual_stage: Sequence[int], *, mtp_num_layers: int = 0) -> str:
-    """A Megatron layout string for the given decoder layers per virtual stage (layout order).
-
-    E opens the first stage, L closes the last (after `mtp_num_layers` m symbols, which sit in
-    the last stage); runs of equal middle stages are compressed as `(t*n|)*k`.
-    Inverse of `parse_layout`.
-    """
-    counts = [int(c) for c in per_virtual_stage]
-    if not counts or any(c < 0 for c in counts):
-        raise PlannerInputError(LAYOUT_FLAG, f"need at least one stage and no negative counts, got {counts}")
-    if mtp_num_layers < 0:
-        raise PlannerInputError("--mtp-num-layers", f"must be >= 0, got {mtp_num_layers}")
-    tail = "m" * mtp_num_layers + "L"
-    if len(counts) == 1:
-        return "E" + _t_run(counts[0]) + tail
-    parts = ["E" + _t_run(counts[0]) + "|"]
-    middle = counts[1:-1]
-    j = 0
-    while j < len(middle):
-        k = j
-        while k < len(middle) and middle[k] == middle[j]:
-            k += 1
-        body = _t_run(middle[j]) + "|"
-        reps = k - j
-        literal = body * reps
-        grouped = f"({body})*{reps}"
-        parts.append(grouped if reps > 1 and len(grouped) < len(literal) else literal)
-        j = k
-    parts.append(_t_run(counts[-1]) + tail)
-    return "".join(parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -724,48 +463,14 @@ def _precision_from_ns(ns: dict[str, Any]) -> str:
     return "fp32"
 
 
-_MODEL_COPY = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
-    "vocab_size", "make_vocab_size_divisible_by", "seq_length", "max_position_embeddings",
-    "swiglu", "normalization", "untie_embeddings_and_output_weights", "add_bias_linear",
-    "qk_layernorm", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
-    "qk_pos_emb_head_dim", "v_head_dim", "moe_router_topk", "moe_ffn_hidden_size",
-    "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
-    "moe_router_force_load_balancing", "mtp_num_layers", "moe_flex_dispatcher_backend",
-    "moe_pad_expert_input_to_capacity", "moe_router_enable_expert_bias", "moe_router_num_groups",
-    "moe_router_group_topk",
-)  # fmt: skip
-_TRAINING_COPY = (
-    "micro_batch_size", "global_batch_size", "use_distributed_optimizer", "overlap_grad_reduce",
-    "overlap_param_gather", "tp_comm_overlap", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_bf16",
-    "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap",
-)  # fmt: skip
-_PARALLEL_COPY = {
-    "tensor_model_parallel_size": "tp",
-    "pipeline_model_parallel_size": "pp",
-    "context_parallel_size": "cp",
-    "expert_model_parallel_size": "ep",
-    "expert_tensor_parallel_size": "etp",
-    "num_virtual_stages_per_pipeline_rank": "vpp",
-    "num_layers_per_virtual_pipeline_stage": "num_layers_per_virtual_stage",
-    "pipeline_model_parallel_layout": "layout",
-    "decoder_first_pipeline_num_layers": "first_stage_layers",
-    "decoder_last_pipeline_num_layers": "last_stage_layers",
-    "account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
-    "sequence_parallel": "sequence_parallel",
-}
-
-
 def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: str = "custom") -> RunDraft:
     """Interpret Megatron's parsed arguments the way args.py does, as schema field dicts."""
-    missing = [f for f in REQUIRED_FLAGS if FLAGS[f].dest not in ns]
+    missing = [f for f in REQUIRED_FLAGS if READ_FLAGS[f].dest not in ns]
     if missing:
         raise PlannerInputError(", ".join(missing), "required model shape flag(s) missing")
     notes: list[str] = []
     model: dict[str, Any] = {"name": name}
-    model.update({k: ns[k] for k in _MODEL_COPY if k in ns})
+    model.update({f: ns[dest] for dest, f in copied_fields(MODEL_FLAGS) if dest in ns})
     if "vocab_size" not in ns:
         model["vocab_size"], how = infer_vocab_size(passthrough, name)
         notes.append(f"--vocab-size not given: {model['vocab_size']} {how}")
@@ -799,13 +504,13 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
             raise PlannerInputError("--moe-layer-freq", str(exc)) from None
         model["moe_layer_pattern"] = None if all(pattern) else pattern
 
-    training: dict[str, Any] = {k: ns[k] for k in _TRAINING_COPY if k in ns}
+    training: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(TRAINING_FLAGS) if dest in ns}
     training["precision"] = _precision_from_ns(ns)
     cp_types = ns.get("cp_comm_type")
     if cp_types:
         training["cp_comm_type"] = cp_types[0]
 
-    parallel: dict[str, Any] = {dst: ns[src] for src, dst in _PARALLEL_COPY.items() if src in ns}
+    parallel: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(PARALLEL_FLAGS) if dest in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
     return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
 
@@ -830,119 +535,14 @@ def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], sect
     return PlannerInputError(where, msg)
 
 
-def _check_pipeline(parallel: dict[str, Any], model: ModelSpec, deferred: list) -> dict[str, Any]:
-    """Megatron's pipeline-split rules (reference/megatron.md 2.3, rules 20-26); returns the
-    parallel dict with the layout string replaced by decoder layers per virtual stage."""
-    p = dict(parallel)
-    pp = p.get("pp", 1)
-    layout_text = p.get("layout")
-    vpp_ways = [
-        f
-        for f, key in (
-            ("--num-layers-per-virtual-pipeline-stage", "num_layers_per_virtual_stage"),
-            ("--num-virtual-stages-per-pipeline-rank", "vpp"),
-            (LAYOUT_FLAG, "layout"),
-        )
-        if p.get(key) is not None
-    ]
-    if len(vpp_ways) > 1:
-        raise PlannerInputError(" / ".join(vpp_ways), "no more than one of these can be set at the same time")
-    first, last = p.get("first_stage_layers"), p.get("last_stage_layers")
-    accounted = p.get("account_for_embedding_in_pipeline_split") or p.get("account_for_loss_in_pipeline_split")
-    if layout_text is not None:
-        if first is not None or last is not None or accounted:
-            raise PlannerInputError(
-                LAYOUT_FLAG,
-                "cannot be set with --decoder-first/last-pipeline-num-layers or --account-for-*-in-pipeline-split",
-            )
-        if isinstance(layout_text, str):
-            stages = layout_stages(layout_text)
-        else:  # already a sequence of counts (e.g. a draft built from a plan)
-            stages = list(layout_stages(format_layout(list(layout_text), mtp_num_layers=model.mtp_num_layers)))
-        counts = [s.count("t") for s in stages]
-        if len(stages) % pp:
-            raise PlannerInputError(
-                LAYOUT_FLAG,
-                f"has {len(stages)} stages, not a multiple of --pipeline-model-parallel-size {pp}",
-            )
-        if sum(counts) != model.num_layers:
-            raise PlannerInputError(
-                LAYOUT_FLAG, f"places {sum(counts)} decoder layers (t) but --num-layers is {model.num_layers}"
-            )
-        mtp = sum(s.count("m") for s in stages)
-        if mtp != model.mtp_num_layers:
-            raise PlannerInputError(
-                LAYOUT_FLAG, f"places {mtp} MTP layers (m) but --mtp-num-layers is {model.mtp_num_layers}"
-            )
-        vpp_layout = len(stages) // pp
-        for idx, s in enumerate(stages):
-            if "m" in s and idx // pp != vpp_layout - 1:
-                raise PlannerInputError(
-                    LAYOUT_FLAG, f"MTP layers must sit in the last virtual stage of their pipeline rank (stage {idx})"
-                )
-        p["layout"] = tuple(counts)
-        if vpp_layout > 1 and pp == 1:
-            raise PlannerInputError(LAYOUT_FLAG, "virtual stages (more stages than PP) need --pipeline-model-parallel-size > 1")
-        return p
-    if p.get("vpp") == 1:
-        p["vpp"] = None  # Megatron: VPP 1 is no interleaving
-    nlpv = p.get("num_layers_per_virtual_stage")
-    if nlpv is not None and (first is not None or last is not None):
-        raise PlannerInputError(
-            "--num-layers-per-virtual-pipeline-stage",
-            "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline parallel degree when "
-            "enable uneven pipeline parallelism",
-        )
-    embed = bool(p.get("account_for_embedding_in_pipeline_split"))
-    loss = bool(p.get("account_for_loss_in_pipeline_split"))
-    extra = int(embed) + int(loss)
-    vpp = p.get("vpp") or 1
-    if nlpv is not None:
-        if (model.num_layers + extra) % pp:
-            raise PlannerInputError("--pipeline-model-parallel-size",
-                                    "number of layers of the model must be divisible pipeline model parallel size")
-        per_stage = (model.num_layers + extra) // pp
-        if per_stage % nlpv:
-            raise PlannerInputError(
-                "--num-layers-per-virtual-pipeline-stage",
-                "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage "
-                f"({per_stage} layers per stage, {nlpv} per virtual stage)",
-            )
-        vpp = per_stage // nlpv
-        if vpp == 1:
-            p["num_layers_per_virtual_stage"] = None
-    if vpp > 1 and pp == 1:
-        flag = "--num-layers-per-virtual-pipeline-stage" if nlpv is not None else "--num-virtual-stages-per-pipeline-rank"
-        raise PlannerInputError(flag, "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1")
-    for v in pipeline_split_violations(model.num_layers, pp, vpp, first=first, last=last,
-                                       account_for_embedding=embed, account_for_loss=loss):
-        if v.rule != "pipeline_split_vpp":  # the layers cannot be placed at all
-            flag = "--decoder-first/last-pipeline-num-layers" if first is not None or last is not None else "--pipeline-model-parallel-size"
-            raise PlannerInputError(flag, f"{v.message} ({v.hint})")
-        deferred.append((_VPP_FLAG_OF[nlpv is not None], v))
-    return p
-
-
-_VPP_FLAG_OF = {True: "--num-layers-per-virtual-pipeline-stage", False: "--num-virtual-stages-per-pipeline-rank"}
-_RULE_FLAG = {
-    "heads_tp": "--tensor-model-parallel-size", "query_groups_tp": "--tensor-model-parallel-size",
-    "seq_cp": "--context-parallel-size", "ep_needs_experts": "--expert-model-parallel-size",
-    "experts_ep": "--expert-model-parallel-size", "moe_etp_bias": "--disable-bias-linear",
-    "expert_folding": "--expert-model-parallel-size", "moe_tp_sequence_parallel": "--sequence-parallel",
-}  # fmt: skip
-
-
 def _check_parallel_rules(model: ModelSpec, parallel: dict[str, Any], deferred: list) -> dict[str, Any]:
-    """The world-size-free rules of planner/rules.py for the flags' degrees (added to
+    """The world-size-free rules of planner/megatron/rules.py for the flags' degrees (added to
     `deferred` as (flag, violation)); Megatron switches SP off when TP == 1."""
     p = dict(parallel)
     tp, ep, cp = p.get("tp", 1), p.get("ep", 1), p.get("cp", 1)
     etp = p.get("etp") or tp
-    found = tp_violations(model, tp) + cp_violations(model, cp)
-    found += [v for v in expert_violations(model, tp=tp, cp=cp, dp=etp * ep, ep=ep, etp=etp,
-                                           sequence_parallel=bool(p.get("sequence_parallel")) or tp == 1)
-              if v.rule in ("ep_needs_experts", "experts_ep", "moe_etp_bias")]
-    deferred.extend((_RULE_FLAG[v.rule], v) for v in found)
+    found = tp_violations(model, tp) + cp_violations(model, cp) + ep_violations(model, ep) + etp_violations(model, etp)
+    deferred.extend((rule_flag(v.rule), v) for v in found)
     if tp == 1:
         p["sequence_parallel"] = False  # Megatron switches SP off when TP == 1
     return p
@@ -952,7 +552,7 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     """Validate a draft as a whole and return the MegatronRun.
 
     Flags that cannot describe a run at all (a layout that does not add up, layers that cannot be
-    placed) raise PlannerInputError.  Degrees Megatron would refuse (planner/rules.py: heads and
+    placed) raise PlannerInputError.  Degrees Megatron would refuse (planner/megatron/rules.py: heads and
     query groups over TP, experts over EP, VPP over each rank's layers, ...) raise it too, with
     Megatron's message, unless `allow_invalid`: then they are added to `draft.notes`.
 
@@ -962,11 +562,11 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     try:
         model = ModelSpec(**draft.model)
     except ValidationError as exc:
-        raise _validation_to_input_error(exc, MODEL_FIELD_FLAGS, "model") from None
+        raise _validation_to_input_error(exc, _MODEL_FIELD_NAMES, "model") from None
     except TypeError as exc:
         raise PlannerInputError("model", str(exc)) from None
     deferred: list[tuple[str, Any]] = []
-    parallel = _check_parallel_rules(model, _check_pipeline(draft.parallel, model, deferred), deferred)
+    parallel = _check_parallel_rules(model, check_pipeline(draft.parallel, model, deferred), deferred)
     for flag, violation in deferred:
         if not allow_invalid:
             raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")

@@ -11,16 +11,10 @@ from typing import Any, Mapping, Sequence
 from planner.errors import PlannerInputError
 from planner.inputs.files import path_kind
 from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
-from planner.inputs.megatron_flags import (
-    LAYOUT_FLAG,
-    MAX_COUNT,
-    MAX_SIZE,
-    RunDraft,
-    build_run,
-    parse_megatron_draft,
-)
+from planner.inputs.megatron_flags import RunDraft, build_run, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
+from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute

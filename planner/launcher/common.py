@@ -1,6 +1,7 @@
-"""Pieces both launchers share: flag items, the model/training flags, which flags a launch passes
-(`launch_flags`), quoting, node placement (stage s on its device type) and the host file.
-launch.sh itself is written by planner/launcher/launch_sh.py.
+"""Pieces both launchers share: flag items, which flags a launch passes (`launch_flags`, with the
+run's model/training flags and the flags the plan decides from planner/megatron/flags.py), quoting,
+node placement (stage s on its device type) and the host file.  launch.sh itself is written by
+planner/launcher/launch_sh.py.
 
 Terms.  A *flag item* is one option with its values, e.g. ("--num-layers", ["32"]).  An *agent*
 is one torchrun process (a launcher "node"): it runs `nproc` ranks; global rank =
@@ -20,11 +21,13 @@ from typing import Iterable, Sequence
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import is_flag_token
 from planner.inputs.script import LauncherScript
+from planner.megatron.flags import (
+    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
+)
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan, Recompute
-from planner.schemas.training import TrainingSpec
 
 DEFAULT_MASTER_PORT = 6000
 MEGATRON_ENTRY = "pretrain_gpt.py"
@@ -72,235 +75,9 @@ def flatten(items: Iterable[FlagItem]) -> list[str]:
     return out
 
 
-# Flags the plan decides: removed from the user's flags and written from the plan.
-PLAN_DECIDED_FLAGS = frozenset(
-    {
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--context-parallel-size",
-        "--expert-model-parallel-size",
-        "--expert-tensor-parallel-size",
-        "--sequence-parallel",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--num-virtual-stages-per-pipeline-rank",
-        "--virtual-pipeline-model-parallel-size",
-        "--pipeline-model-parallel-layout",
-        "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers",
-        "--account-for-embedding-in-pipeline-split",
-        "--account-for-loss-in-pipeline-split",
-        "--microbatch-group-size-per-virtual-pipeline-stage",
-        "--use-tp-pp-dp-mapping",
-        "--recompute-granularity",
-        "--recompute-method",
-        "--recompute-num-layers",
-        "--recompute-modules",
-        "--recompute-activations",
-        "--moe-layer-recompute",
-        "--micro-batch-size",
-        "--global-batch-size",
-        # FlagScale's heterogeneous flags
-        "--enable-hetero",
-        "--hetero-process-meshes",
-        "--hetero-device-types",
-        "--hetero-current-device-type",
-        "--hetero-pipeline-layer-split",
-        "--expert-tensor-parallel-size-per-process-mesh",
-        "--recompute-granularity-per-stage-micro-batch",
-        "--recompute-method-per-stage-micro-batch",
-        "--recompute-num-layers-per-stage-micro-batch",
-        "--use-partial-reduce-for-shared-embedding",
-        "--standalone-embedding-stage",
-    }
-)
-
-_PARALLEL_EXTRA = {
-    "--use-distributed-optimizer",
-    "--overlap-grad-reduce",
-    "--overlap-param-gather",
-    "--overlap-param-gather-with-optimizer-step",
-    "--tp-comm-overlap",
-    "--distributed-backend",
-    "--num-distributed-optimizer-instances",
-    "--hetero-use-cpu-communication",
-    "--cp-comm-type",
-    "--hierarchical-context-parallel-sizes",
-}
-_MODEL_FLAGS = {
-    "--use-mcore-models",
-    "--num-layers",
-    "--hidden-size",
-    "--ffn-hidden-size",
-    "--num-attention-heads",
-    "--group-query-attention",
-    "--num-query-groups",
-    "--kv-channels",
-    "--seq-length",
-    "--max-position-embeddings",
-    "--make-vocab-size-divisible-by",
-    "--swiglu",
-    "--normalization",
-    "--norm-epsilon",
-    "--untie-embeddings-and-output-weights",
-    "--disable-bias-linear",
-    "--qk-layernorm",
-    "--position-embedding-type",
-    "--rotary-base",
-    "--rotary-percent",
-    "--no-position-embedding",
-    "--use-rotary-position-embeddings",
-    "--init-method-std",
-    "--attention-dropout",
-    "--hidden-dropout",
-    "--multi-latent-attention",
-    "--q-lora-rank",
-    "--kv-lora-rank",
-    "--qk-head-dim",
-    "--qk-pos-emb-head-dim",
-    "--v-head-dim",
-    "--mtp-num-layers",
-    "--transformer-impl",
-}
-_DATA_PREFIXES = ("--data-", "--tokenizer-", "--train-data", "--valid-data", "--test-data")
-_DATA_FLAGS = {"--mock-data", "--split", "--vocab-file", "--merge-file", "--vocab-size", "--num-workers"}
-_LOG_PREFIXES = ("--log-", "--tensorboard", "--wandb-", "--eval-", "--save", "--load", "--ckpt-")
-_LOG_FLAGS = {"--no-load-optim", "--no-load-rng", "--finetune", "--timing-log-level", "--timing-log-option"}
-
-# default concern arrays, in launch.sh order
-CONCERN_ORDER = (
-    "MODEL_ARGS",
-    "MOE_ARGS",
-    "DATA_ARGS",
-    "TRAINING_ARGS",
-    "MODEL_PARALLEL_ARGS",
-    "EVAL_AND_LOGGING_ARGS",
-    "OTHER_ARGS",
-)
-
-
-def concern_of(name: str) -> str:
-    """The default bash array (concern) of a Megatron flag."""
-    if name.startswith("--recompute") or name in (
-        "--micro-batch-size",
-        "--global-batch-size",
-        "--moe-layer-recompute",
-        "--distribute-saved-activations",
-    ):
-        return "TRAINING_ARGS"
-    if name in PLAN_DECIDED_FLAGS or name in _PARALLEL_EXTRA:
-        return "MODEL_PARALLEL_ARGS"
-    if name == "--num-experts" or name.startswith("--moe-"):
-        return "MOE_ARGS"
-    if name in _MODEL_FLAGS:
-        return "MODEL_ARGS"
-    if name in _DATA_FLAGS or name.startswith(_DATA_PREFIXES):
-        return "DATA_ARGS"
-    if name in _LOG_FLAGS or name.startswith(_LOG_PREFIXES):
-        return "EVAL_AND_LOGGING_ARGS"
-    if name.startswith("-"):
-        return "TRAINING_ARGS"
-    return "OTHER_ARGS"
-
-
 # --------------------------------------------------------------------------------------------
-# Model and training flags (the run's settings the plan does not decide)
+# Flags the plan writes (the rest of the run's flags are planner/megatron/flags.py's)
 # --------------------------------------------------------------------------------------------
-def moe_layer_freq_text(pattern: Sequence[int]) -> str:
-    """--moe-layer-freq as a list expression with runs compressed, e.g. ([0]*3+[1]*21); only the
-    characters Megatron allows (,digits[]()+*)."""
-    runs: list[tuple[int, int]] = []
-    for v in pattern:
-        if runs and runs[-1][0] == v:
-            runs[-1] = (v, runs[-1][1] + 1)
-        else:
-            runs.append((v, 1))
-    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
-
-
-def model_flag_items(model: ModelSpec) -> list[FlagItem]:
-    """The flags that give Megatron this ModelSpec (Megatron defaults left out where safe)."""
-    items: list[FlagItem] = []
-
-    def add(name: str, *values: object) -> None:
-        items.append(FlagItem(name, [str(v) for v in values]))
-
-    add("--num-layers", model.num_layers)
-    add("--hidden-size", model.hidden_size)
-    if model.ffn_hidden_size is not None:
-        add("--ffn-hidden-size", model.ffn_hidden_size)
-    add("--num-attention-heads", model.num_attention_heads)
-    if model.num_query_groups is not None:
-        add("--group-query-attention")
-        add("--num-query-groups", model.num_query_groups)
-    if model.kv_channels is not None:
-        add("--kv-channels", model.kv_channels)
-    add("--seq-length", model.seq_length)
-    add("--max-position-embeddings", model.max_position_embeddings or model.seq_length)
-    add("--vocab-size", model.vocab_size)
-    if model.make_vocab_size_divisible_by != 128:
-        add("--make-vocab-size-divisible-by", model.make_vocab_size_divisible_by)
-    if model.swiglu:
-        add("--swiglu")
-    if model.normalization != "LayerNorm":
-        add("--normalization", model.normalization)
-    if model.untie_embeddings_and_output_weights:
-        add("--untie-embeddings-and-output-weights")
-    if not model.add_bias_linear:
-        add("--disable-bias-linear")
-    if model.qk_layernorm:
-        add("--qk-layernorm")
-    if model.multi_latent_attention:
-        add("--multi-latent-attention")
-        if model.q_lora_rank is not None:
-            add("--q-lora-rank", model.q_lora_rank)
-        add("--kv-lora-rank", model.kv_lora_rank)
-        add("--qk-head-dim", model.qk_head_dim)
-        add("--qk-pos-emb-head-dim", model.qk_pos_emb_head_dim)
-        add("--v-head-dim", model.v_head_dim)
-    if model.mtp_num_layers:
-        add("--mtp-num-layers", model.mtp_num_layers)
-    if model.is_moe:
-        add("--num-experts", model.num_experts)
-        add("--moe-router-topk", model.moe_router_topk)
-        if model.moe_ffn_hidden_size is not None:
-            add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
-        if model.moe_shared_expert_intermediate_size is not None:
-            add("--moe-shared-expert-intermediate-size", model.moe_shared_expert_intermediate_size)
-        if model.moe_layer_pattern is not None:
-            add("--moe-layer-freq", moe_layer_freq_text(model.moe_layer_pattern))
-        if model.moe_expert_capacity_factor is not None:
-            add("--moe-expert-capacity-factor", model.moe_expert_capacity_factor)
-        add("--moe-token-dispatcher-type", model.moe_token_dispatcher_type)
-        if model.moe_grouped_gemm:
-            add("--moe-grouped-gemm")
-        if model.moe_router_force_load_balancing:
-            add("--moe-router-force-load-balancing")
-    return items
-
-
-_PRECISION_FLAGS = {"--bf16", "--fp16", "--fp8-format"}
-
-
-def training_flag_items(training: TrainingSpec) -> list[FlagItem]:
-    """Precision and optimizer/overlap flags of a TrainingSpec (batch sizes come from the plan)."""
-    items: list[FlagItem] = []
-    if training.precision == "bf16":
-        items.append(FlagItem("--bf16"))
-    elif training.precision == "fp16":
-        items.append(FlagItem("--fp16"))
-    elif training.precision == "fp8":
-        items += [FlagItem("--bf16"), FlagItem("--fp8-format", ["hybrid"])]
-    for on, name in (
-        (training.use_distributed_optimizer, "--use-distributed-optimizer"),
-        (training.overlap_grad_reduce, "--overlap-grad-reduce"),
-        (training.overlap_param_gather, "--overlap-param-gather"),
-        (training.tp_comm_overlap, "--tp-comm-overlap"),
-    ):
-        if on:
-            items.append(FlagItem(name))
-    return items
-
-
 def recompute_flag_items(r: Recompute) -> list[FlagItem]:
     """Megatron's global recompute flags for one Recompute."""
     if r.granularity == "none":
@@ -370,17 +147,17 @@ def launch_flags(
     else:
         passthrough = group_flag_items(run.passthrough)
         names = {item.name for item in passthrough}
-        generated = [i for i in model_flag_items(model) if i.name not in names]
-        training_items = training_flag_items(run.training)
-        if names & _PRECISION_FLAGS:
-            training_items = [i for i in training_items if i.name not in _PRECISION_FLAGS]
+        generated = [FlagItem(n, v) for n, v in model_flags(model) if n not in names]
+        training_items = [FlagItem(n, v) for n, v in training_flags(run.training)]
+        if names & set(PRECISION_FLAGS):
+            training_items = [i for i in training_items if i.name not in PRECISION_FLAGS]
         generated += [i for i in training_items if i.name not in names]
         defaults = data_default_items(names | {i.name for i in generated})
         for item in defaults:
             notes.append(f"{' '.join(item.tokens())} added: the run names no data or tokenizer; replace it for a real run")
         generated += [i for i in passthrough if i.name not in decided] + defaults
         for item in generated:
-            item.array = concern_of(item.name)
+            item.array = array_of(item.name)
         generated = _order_items(generated)
         user_argv = flatten(generated)
     final = apply_plan(user_argv, applied, decided)

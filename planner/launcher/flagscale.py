@@ -22,7 +22,6 @@ from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     FlagItem,
     args_file_text,
-    concern_of,
     effective_model,
     group_flag_items,
     hostfile_text,
@@ -33,7 +32,8 @@ from planner.launcher.common import (
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
-from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.megatron.flags import array_of
+from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations, tied_embeddings
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -111,7 +111,7 @@ def per_stage_recompute(plan: Plan) -> tuple[list[FlagItem], dict[str, list[list
 def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tuple[list[FlagItem], dict[str, Any]]:
     """The flags the plan decides for FlagScale, and the same as YAML sections (system.hetero,
     system.recompute)."""
-    tied = not model.untie_embeddings_and_output_weights or model.mtp_num_layers > 0
+    tied = tied_embeddings(model)
     hetero: dict[str, Any] = {
         "enable_hetero": True,
         "hetero_process_meshes": [n for mesh in meshes for n in mesh.numbers()],
@@ -199,7 +199,7 @@ def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any
         if item.inline or not item.name.startswith("--"):
             path: tuple[str, ...] = ("system",)
         else:
-            path = _SECTION[concern_of(item.name)]
+            path = _SECTION[array_of(item.name)]
         node = cfg
         for part in path:
             node = node.setdefault(part, {})

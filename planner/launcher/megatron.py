@@ -9,7 +9,6 @@ stage s owns global ranks [s*TP*CP*DP, (s+1)*TP*CP*DP) (reference/megatron.md se
 from __future__ import annotations
 
 from planner.errors import PlannerInputError
-from planner.inputs.megatron_flags import format_layout
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     MEGATRON_ENTRY,
@@ -24,49 +23,12 @@ from planner.launcher.common import (
     recompute_flag_items,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
-from planner.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.megatron.layout import split_flags
+from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
-
-
-def virtual_stage_layers(stage_layers: list[int], vpp: int) -> list[int]:
-    """Decoder layers per virtual stage in layout order: stage index i runs on pipeline rank
-    i % PP as virtual chunk i // PP.  Each rank's layers are split over its vpp chunks as evenly
-    as possible, earlier chunks taking the remainder."""
-    pp = len(stage_layers)
-    out = [0] * (pp * vpp)
-    for rank, n in enumerate(stage_layers):
-        base, extra = divmod(n, vpp)
-        for chunk in range(vpp):
-            out[chunk * pp + rank] = base + (1 if chunk < extra else 0)
-    return out
-
-
-def layout_flag_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
-    """The pipeline split flags: nothing when uniform, the first/last-stage flags when only the
-    end stages differ, else --pipeline-model-parallel-layout (always with interleaving)."""
-    counts = [s.num_layers for s in plan.stages]
-    pp = len(counts)
-    if plan.vpp > 1:
-        layout = format_layout(virtual_stage_layers(counts, plan.vpp), mtp_num_layers=model.mtp_num_layers)
-        return [FlagItem("--pipeline-model-parallel-layout", [layout])]
-    if pp == 1 or len(set(counts)) == 1:
-        return []
-    middle = counts[1:-1]
-    if 0 not in counts and len(set(middle)) <= 1:
-        if not middle:  # PP == 2: the first-stage count fixes the last
-            return [FlagItem("--decoder-first-pipeline-num-layers", [str(counts[0])])]
-        mid = middle[0]
-        items: list[FlagItem] = []
-        if counts[0] != mid:
-            items.append(FlagItem("--decoder-first-pipeline-num-layers", [str(counts[0])]))
-        if counts[-1] != mid:
-            items.append(FlagItem("--decoder-last-pipeline-num-layers", [str(counts[-1])]))
-        return items
-    layout = format_layout(counts, mtp_num_layers=model.mtp_num_layers)
-    return [FlagItem("--pipeline-model-parallel-layout", [layout])]
 
 
 def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
@@ -81,7 +43,8 @@ def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
         items.append(FlagItem("--expert-tensor-parallel-size", [str(plan.etp)]))
     if plan.tp > 1 and plan.sequence_parallel:
         items.append(FlagItem("--sequence-parallel"))
-    items += layout_flag_items(plan, model)
+    items += [FlagItem(name, values) for name, values in
+              split_flags([s.num_layers for s in plan.stages], plan.vpp, model.mtp_num_layers)]
     items.append(FlagItem("--micro-batch-size", [str(plan.mbs)]))
     items.append(FlagItem("--global-batch-size", [str(plan.gbs)]))
     items += recompute_flag_items(plan.stages[0].recompute)

@@ -2,7 +2,7 @@
 
 Field names follow Megatron-LM's argument names where one exists (`--fp8-recipe` -> `fp8_recipe`).
 Every field here changes time or memory in the cost model (planner/cost/); flags that change
-time or memory but are not modelled are named in planner/cost/notes.py instead.
+time or memory but are not modelled are named in planner/megatron/flags.py (`not_modelled`) instead.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from planner import rules
+from planner.megatron import rules
 from planner.cost.model import CostModel
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import SHAPE
@@ -45,7 +45,7 @@ FLAGSCALE_FAMILIES = ("tp", "cp", "ep", "etp", "samples", "pp", "recompute", "fi
 
 
 def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
-    """Megatron's and FlagScale's rules on the degrees (planner/rules.py), plus the space's own
+    """Megatron's and FlagScale's rules on the degrees (planner/megatron/rules.py), plus the space's own
     requirement that the cluster holds PP stages.  FlagScale's per-stage rules (stage micro-batch,
     folding, recompute, tied embeddings, contiguous types) are the stage subproblem's."""
     model, training, cluster = cost.model, cost.training, cost.cluster

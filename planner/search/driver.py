@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from planner.cost.model import CostModel, PlanCost
-from planner import rules
+from planner.megatron import rules
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible

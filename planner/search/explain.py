@@ -14,8 +14,9 @@ import math
 
 from planner.cost.model import CostModel, GlobalShape
 from planner.errors import InfeasibleError
+from planner.megatron.rules import tp_allowed
 from planner.schemas.plan import Recompute
-from planner.search.space import SearchSpace, tp_ok
+from planner.search.space import SearchSpace
 
 GIB = 2**30
 
@@ -30,7 +31,7 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
             ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],
         )
     gpn = min(cost.gpus_per_node(h) for h in budget)
-    tps = [t for t in space.tp if t <= gpn and tp_ok(model, t) and any(n >= t for n in budget.values())]
+    tps = [t for t in space.tp if t <= gpn and tp_allowed(model, t) and any(n >= t for n in budget.values())]
     tp = max(tps) if tps else 1
     experts = model.num_experts or 1
     ep = max(e for e in range(1, tp + 1) if experts % e == 0 and tp % e == 0) if model.is_moe else 1

@@ -1,6 +1,6 @@
 """The search space: which global choices G and which stage options the search considers (README,
-"The search space").  Megatron's and FlagScale's rules come from planner/rules.py (the predicates
-at its end); everything else here is the documented space: the menus of degree values below.
+"The search space").  Megatron's and FlagScale's rules come from planner/megatron/rules.py (its
+booleans); everything else here is the documented space: the menus of degree values below.
 
 megatron runtime: G = (TP, CP, EP, ETP, DP, micro-batch, PP, VPP, recompute); a stage option is a
 device type.  flagscale runtime: G = (TP, CP=1, EP, ETP, samples per micro-batch B, PP, recompute
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from planner import rules
+from planner.megatron import rules
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
@@ -24,7 +24,7 @@ from planner.schemas.search import GlobalChoice, StageOption
 from planner.schemas.training import TrainingSpec
 
 __all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options",
-           "recompute_ladder", "RECOMPUTE_LADDER", "STAGE_RECOMPUTE_LADDER", "FLAGSCALE_SELECTIVE", "tp_ok"]
+           "recompute_ladder", "RECOMPUTE_LADDER", "STAGE_RECOMPUTE_LADDER", "FLAGSCALE_SELECTIVE"]
 
 
 # Recompute settings ordered from least to most recompute (the megatron runtime's menu, and the
@@ -108,10 +108,6 @@ def flagscale_modes(model: ModelSpec, space: SearchSpace) -> list[Recompute | No
 def stage_ladder(model: ModelSpec, space: SearchSpace) -> list[Recompute]:
     """flagscale: the per-stage recompute choices (selective ones are shared modes instead)."""
     return [r for r in recompute_ladder(model, space.stage_recompute) if r.granularity != "selective"]
-
-
-def tp_ok(model: ModelSpec, tp: int) -> bool:
-    return rules.tp_allowed(model, tp)
 
 
 def expert_degrees(model: ModelSpec, space: SearchSpace, tp: int) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ lower bound on its optimum, integer microseconds of iteration time, rounded down
 
     variables   one integer per degree family (TP, CP, EP, ETP, micro-batch or samples per
                 micro-batch, DP, PP, VPP, recompute), a row index k and the row's value
-    constraints rule families on the degrees, one per rule of planner/rules.py (each a table of
+    constraints rule families on the degrees, one per rule of planner/megatron/rules.py (each a table of
                 the degree values its predicate allows); element constraints tying k to the
                 degrees and to the value (the per-configuration bounds)
     objective   minimise the value

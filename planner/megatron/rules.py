@@ -1,16 +1,22 @@
-"""Megatron-LM's (and FlagScale's) consistency rules, in one place.
+"""Megatron-LM's (and FlagScale's) consistency rules: the one rule set of the planner.
 
 Everything that decides whether Megatron would accept a configuration lives here and is used by
-the flag reader (planner/inputs/megatron_flags.py), the search (planner/search/space.py), the plan
-checker (planner/checker.py), `estimate` and the launchers:
+the flag reader (planner/inputs/megatron_flags.py, planner/megatron/layout.py), the search
+(planner/search/space.py, the CP-SAT master's rule families in planner/search/certify.py), the
+plan checker (planner/checker.py), `estimate` and the launchers:
 
-  * predicates on degrees, pure functions of a model and integers, each returning the violated
-    rules (empty list: fine): `tp_violations`, `cp_violations`, `expert_violations`,
-    `batch_violations`, `pipeline_split_violations`, `world_violations`;
-  * the same as booleans for a search that enumerates degrees: `tp_ok`, `cp_ok`, `ep_ok`,
-    `etp_ok`, `folding_ok`, `microbatches_ok`, `uniform_split_ok`, and `valid_degrees`, which
-    yields every (TP, CP, EP, ETP, DP, PP, VPP, mbs) Megatron accepts for a model and world size;
-  * `check_plan` on a Plan (uses the predicates above), plus the runtime rules.
+  * each rule is one `*_violations` function, a pure function of a model and integers that
+    returns the violated rules (empty list: fine), with Megatron's (or FlagScale's) wording:
+    `tp_violations`, `cp_violations`, `ep_violations`, `folding_violations`, `etp_violations`,
+    `expert_violations` (the expert rules together), `world_violations`, `microbatch_violations`,
+    `interleave_violations`, `batch_violations` (the two together), `pipeline_split_violations`,
+    `stage_count_violations` and the FlagScale rules `flagscale_*_violations`;
+  * the booleans a search asks while it enumerates degrees are `not <rule>_violations(...)`:
+    `tp_allowed`, `cp_allowed`, `ep_allowed`, `etp_allowed`, `expert_folding_ok`, `batch_ok`,
+    `interleave_ok`, `layout_ok`, `runtime_degrees_ok`, `flagscale_stage_mbs_ok`,
+    `flagscale_recompute_ok`, `flagscale_shared_embedding_ok` (those the search asks in its loops
+    remember their answers: they are pure functions of integers);
+  * `check_plan` on a Plan (the rules above, plus the rules of the plan's runtime).
 
 Megatron checks several of these only when it initialises the process groups or at the first
 step (reference/megatron.md sections 2 and 8), i.e. after a job has been queued and started;
@@ -18,7 +24,8 @@ the planner checks them before it emits a launcher.  Nothing here imports Megatr
 Megatron (or FlagScale) has its own message, `RuleViolation.message` uses that exact text
 (typos and missing spaces included, so that it can be matched against a real log).
 
-Rule names (stable, used by tests and reports):
+Rule names (stable, used by tests and reports; planner/megatron/flags.py names the flags behind
+each):
   heads_tp, query_groups_tp, ep_needs_experts, experts_ep, expert_folding, seq_cp,
   moe_tp_sequence_parallel, moe_etp_bias, gbs_microbatch, vpp_needs_pp, vpp_microbatches,
   world_size, pipeline_split, pipeline_split_vpp,
@@ -30,8 +37,9 @@ Rule names (stable, used by tests and reports):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Sequence
+from typing import Sequence
 
 from planner.errors import PlannerInputError
 from planner.schemas.model import ModelSpec
@@ -89,13 +97,8 @@ def cp_violations(model: ModelSpec, cp: int) -> list[RuleViolation]:
     return []
 
 
-def expert_violations(
-    model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int, pp: int = 1,
-    sequence_parallel: bool = True,
-) -> list[RuleViolation]:
-    """EP needs experts and divides them (VA); parallel folding (TP*CP*DP) % (ETP*EP) == 0 (PS:
-    "world_size ... expert_tensor_model_pipeline_parallel size", with world = TP*CP*DP*PP); MoE
-    with TP > 1 needs sequence parallelism (RT); MoE with ETP > 1 needs biases off (TC)."""
+def ep_violations(model: ModelSpec, ep: int) -> list[RuleViolation]:
+    """VA: EP needs experts, and divides them."""
     out: list[RuleViolation] = []
     if ep > 1 and not model.is_moe:
         out.append(RuleViolation("ep_needs_experts", "num_experts must be non None to use expert model parallelism",
@@ -104,24 +107,50 @@ def expert_violations(
         out.append(RuleViolation("experts_ep",
                                  "Number of experts should be a multiple of expert model parallel_size.",
                                  f"num_experts {model.num_experts} is not a multiple of EP {ep}"))
+    return out
+
+
+def folding_violations(*, tp: int, cp: int, dp: int, ep: int, etp: int, pp: int = 1) -> list[RuleViolation]:
+    """PS: parallel folding, (TP*CP*DP) % (ETP*EP) == 0 ("world_size ... expert_tensor_model_
+    pipeline_parallel size", with world = TP*CP*DP*PP): a stage's ranks hold whole expert groups."""
     world = tp * cp * dp
     if world % (etp * ep):
-        out.append(RuleViolation(
+        return [RuleViolation(
             "expert_folding",
             f"world_size ({world * pp}) is not divisible by expert_tensor_model_pipeline_parallel size ({etp * ep * pp})",
             f"TP*CP*DP = {world} must be a multiple of ETP*EP = {etp * ep}",
-        ))
+        )]
+    return []
+
+
+def sequence_parallel_violations(model: ModelSpec, tp: int, sequence_parallel: bool) -> list[RuleViolation]:
+    """RT: MoE with TP > 1 needs sequence parallelism."""
     if model.is_moe and tp > 1 and not sequence_parallel:
-        out.append(RuleViolation(
+        return [RuleViolation(
             "moe_tp_sequence_parallel",
             "During training, performance may degrade if MoE and tensor parallelismare enabled without also "
             "enabling sequence parallelism.",
             "MoE with TP > 1 needs --sequence-parallel (Megatron raises this in MoELayer.forward)",
-        ))
+        )]
+    return []
+
+
+def etp_violations(model: ModelSpec, etp: int) -> list[RuleViolation]:
+    """TC: MoE with ETP > 1 needs the linear biases off."""
     if model.is_moe and etp > 1 and model.add_bias_linear:
-        out.append(RuleViolation("moe_etp_bias", "Bias in Moe is only supported when ETP==1",
-                                 "add --disable-bias-linear, or use ETP = 1"))
-    return out
+        return [RuleViolation("moe_etp_bias", "Bias in Moe is only supported when ETP==1",
+                              "add --disable-bias-linear, or use ETP = 1")]
+    return []
+
+
+def expert_violations(
+    model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int, pp: int = 1,
+    sequence_parallel: bool = True,
+) -> list[RuleViolation]:
+    """The expert rules together: EP (ep_violations), parallel folding (folding_violations), MoE
+    with TP needs sequence parallelism, MoE with ETP > 1 needs biases off (etp_violations)."""
+    return (ep_violations(model, ep) + folding_violations(tp=tp, cp=cp, dp=dp, ep=ep, etp=etp, pp=pp)
+            + sequence_parallel_violations(model, tp, sequence_parallel) + etp_violations(model, etp))
 
 
 def world_violations(world_size: int, *, tp: int, pp: int, cp: int) -> list[RuleViolation]:
@@ -134,39 +163,51 @@ def world_violations(world_size: int, *, tp: int, pp: int, cp: int) -> list[Rule
     return []
 
 
-def batch_violations(gbs: int, *, mbs: int, dp: int, pp: int, vpp: int) -> list[RuleViolation]:
-    """MB: GBS % (mbs*DP) == 0.  Interleaving (VPP > 1): PP > 1 (VA) and, with the default
-    micro-batch group size PP, M >= PP and M % PP == 0 (SCH)."""
-    out: list[RuleViolation] = []
+def microbatch_violations(gbs: int, *, mbs: int, dp: int) -> list[RuleViolation]:
+    """MB: GBS % (mbs*DP) == 0."""
     if gbs % (mbs * dp):
-        out.append(RuleViolation(
+        return [RuleViolation(
             "gbs_microbatch",
             f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times data parallel size ({dp})",
             "choose a global batch that is a multiple of mbs * DP",
-        ))
-    if vpp > 1:
-        if pp < 2:
-            out.append(RuleViolation("vpp_needs_pp",
-                                     "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1",
-                                     "use vpp = 1 with a single pipeline stage"))
-        m = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
-        if m is not None and pp > 1:
-            if m < pp:
-                out.append(RuleViolation(
-                    "vpp_microbatches",
-                    f"The number of contiguous micro-batches in a virtual pipeline stageshould range in [PP={pp} , M={m}]",
-                    f"the interleaved schedule needs at least PP = {pp} micro-batches, got {m}",
-                ))
-            elif m % pp:
-                out.append(RuleViolation(
-                    "vpp_microbatches",
-                    "The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
-                    "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel "
-                    f"size, but it is {m % pp}. Otherwise, it introduces dependency bubbles in the pipeline and "
-                    "reduces throughput.",
-                    f"micro-batches M = {m} must be a multiple of PP = {pp} with interleaving",
-                ))
+        )]
+    return []
+
+
+def interleave_violations(m: int | None, *, pp: int, vpp: int) -> list[RuleViolation]:
+    """Interleaving (VPP > 1): PP > 1 (VA) and, with the default micro-batch group size PP, M >= PP
+    and M % PP == 0 (SCH), for M micro-batches (None: not known, only the first rule applies)."""
+    out: list[RuleViolation] = []
+    if vpp <= 1:
+        return out
+    if pp < 2:
+        out.append(RuleViolation("vpp_needs_pp",
+                                 "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1",
+                                 "use vpp = 1 with a single pipeline stage"))
+    if m is not None and pp > 1:
+        if m < pp:
+            out.append(RuleViolation(
+                "vpp_microbatches",
+                f"The number of contiguous micro-batches in a virtual pipeline stageshould range in [PP={pp} , M={m}]",
+                f"the interleaved schedule needs at least PP = {pp} micro-batches, got {m}",
+            ))
+        elif m % pp:
+            out.append(RuleViolation(
+                "vpp_microbatches",
+                "The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
+                "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel "
+                f"size, but it is {m % pp}. Otherwise, it introduces dependency bubbles in the pipeline and "
+                "reduces throughput.",
+                f"micro-batches M = {m} must be a multiple of PP = {pp} with interleaving",
+            ))
     return out
+
+
+def batch_violations(gbs: int, *, mbs: int, dp: int, pp: int, vpp: int) -> list[RuleViolation]:
+    """The batch rules together: microbatch_violations, then interleave_violations with
+    M = GBS / (mbs*DP) when it divides."""
+    m = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None
+    return microbatch_violations(gbs, mbs=mbs, dp=dp) + interleave_violations(m, pp=pp, vpp=vpp)
 
 
 def pipeline_split_violations(
@@ -181,7 +222,6 @@ def pipeline_split_violations(
     used).  With the account-for flags Megatron counts the embedding and the loss
     as layers here: Qwen3-235B's 94 layers on PP 8 with VPP 4 are (94 + 2) / 8 = 12 per rank, which
     4 divides."""
-    out: list[RuleViolation] = []
     accounted = int(account_for_embedding) + int(account_for_loss)
     if (first is not None or last is not None) and accounted:
         return [RuleViolation(
@@ -192,37 +232,7 @@ def pipeline_split_violations(
         )]
     v = vpp if vpp > 1 else None
     if first is not None or last is not None:
-        layers, ranks = num_layers, pp
-        for which, n in (("first", first), ("last", last)):
-            if n is None:
-                continue
-            if n <= 0:
-                out.append(RuleViolation("pipeline_split", f"num_layers_in_{which}_pipeline_stage must be larger than 0",
-                                         f"give the {which} stage at least one layer"))
-                return out
-            if v and n % v:
-                out.append(RuleViolation(
-                    "pipeline_split_vpp",
-                    f"number of layers at {which} stage: {n}must be divisible by virtual pipelineparallel degree {v}",
-                    f"the {which} stage's layers must be a multiple of VPP {v}"))
-            layers -= n
-            ranks -= 1
-        if bool(layers) != bool(ranks):
-            out.append(RuleViolation("pipeline_split",
-                                     f"Mismatch: {layers} middle layers remaining but {ranks} middle PP stages available.",
-                                     "first + last must leave layers for the middle stages, or none"))
-        elif ranks and layers % ranks:
-            out.append(RuleViolation(
-                "pipeline_split",
-                f"number of layers at middle stage: {layers} must be divisible bythe middle pipeline model parallel size {ranks}",
-                "the middle stages must share the remaining layers evenly"))
-        elif ranks and v and (layers // ranks) % v:
-            out.append(RuleViolation(
-                "pipeline_split_vpp",
-                f"number of layers on each middle pipeline rank:{layers // ranks} must be divisible by virtual"
-                f"pipeline parallel degree {v}",
-                f"each middle rank's layers must be a multiple of VPP {v}"))
-        return out
+        return _end_stage_split_violations(num_layers, pp, v, first, last)
     total = num_layers + accounted
     if total % pp:
         if accounted and v:
@@ -245,98 +255,199 @@ def pipeline_split_violations(
                        f"virtual_pipeline_model_parallel_size{v}")
         else:  # the model build (transformer_block.get_num_layers_to_build)
             message = f"num_layers_per_pipeline_rank {per_rank}             should be divisible by vp_size {v}"
-        out.append(RuleViolation("pipeline_split_vpp", message, f"each rank's {per_rank} layers must be a multiple of VPP {v}"))
+        return [RuleViolation("pipeline_split_vpp", message, f"each rank's {per_rank} layers must be a multiple of VPP {v}")]
+    return []
+
+
+def _end_stage_split_violations(num_layers: int, pp: int, v: int | None, first: int | None, last: int | None
+                                ) -> list[RuleViolation]:
+    """pipeline_split_violations with --decoder-first/last-pipeline-num-layers (v: VPP, None
+    without interleaving)."""
+    out: list[RuleViolation] = []
+    layers, ranks = num_layers, pp
+    for which, n in (("first", first), ("last", last)):
+        if n is None:
+            continue
+        if n <= 0:
+            out.append(RuleViolation("pipeline_split", f"num_layers_in_{which}_pipeline_stage must be larger than 0",
+                                     f"give the {which} stage at least one layer"))
+            return out
+        if v and n % v:
+            out.append(RuleViolation(
+                "pipeline_split_vpp",
+                f"number of layers at {which} stage: {n}must be divisible by virtual pipelineparallel degree {v}",
+                f"the {which} stage's layers must be a multiple of VPP {v}"))
+        layers -= n
+        ranks -= 1
+    if bool(layers) != bool(ranks):
+        out.append(RuleViolation("pipeline_split",
+                                 f"Mismatch: {layers} middle layers remaining but {ranks} middle PP stages available.",
+                                 "first + last must leave layers for the middle stages, or none"))
+    elif ranks and layers % ranks:
+        out.append(RuleViolation(
+            "pipeline_split",
+            f"number of layers at middle stage: {layers} must be divisible bythe middle pipeline model parallel size {ranks}",
+            "the middle stages must share the remaining layers evenly"))
+    elif ranks and v and (layers // ranks) % v:
+        out.append(RuleViolation(
+            "pipeline_split_vpp",
+            f"number of layers on each middle pipeline rank:{layers // ranks} must be divisible by virtual"
+            f"pipeline parallel degree {v}",
+            f"each middle rank's layers must be a multiple of VPP {v}"))
     return out
 
 
-# -- booleans for a search that enumerates degrees ------------------------------------------
-def tp_ok(model: ModelSpec, tp: int) -> bool:
-    """TP divides the heads, and the query groups divide or are divided by TP."""
+def stage_count_violations(stage_layers: Sequence[int], vpp: int) -> list[RuleViolation]:
+    """With interleaving every stage (pipeline rank) holds at least one decoder layer per virtual
+    chunk."""
+    short = [i for i, n in enumerate(stage_layers) if n < vpp] if vpp > 1 else []
+    if short:
+        return [RuleViolation(
+            "layout_stage_count",
+            f"stages {short} hold fewer decoder layers than the {vpp} virtual chunks each pipeline rank runs",
+            "give every stage at least vpp layers, or lower vpp",
+        )]
+    return []
+
+
+# -- FlagScale's rules on degrees -----------------------------------------------------------
+def flagscale_degree_violations(cp: int, vpp: int) -> list[RuleViolation]:
+    """FlagScale's heterogeneous meshes take no context parallelism and no interleaving."""
+    out: list[RuleViolation] = []
+    if cp != 1:
+        out.append(RuleViolation("flagscale_cp", "Context parallelism is not supported.",
+                                 "FlagScale's heterogeneous meshes need CP = 1"))
+    if vpp != 1:
+        out.append(RuleViolation("flagscale_vpp", "virtual pipeline not support now!",
+                                 "FlagScale's heterogeneous meshes need vpp = 1 (no interleaving)"))
+    return out
+
+
+def flagscale_stage_mbs_violations(dp0: int, mbs: int, stage_dps: Sequence[int]) -> list[RuleViolation]:
+    """Every stage processes DP0*mbs samples per micro-batch, split over its own DP."""
+    return [RuleViolation(
+        "flagscale_stage_mbs",
+        f"(DP0 * micro_batch_size) = ({dp0} * {mbs}) is not divisible by the data-parallel size {dp} of stage {i}",
+        "every stage processes DP0*mbs samples per micro-batch, split over its own DP",
+    ) for i, dp in enumerate(stage_dps) if (dp0 * mbs) % dp]
+
+
+def flagscale_recompute_violations(labels: Sequence[str]) -> list[RuleViolation]:
+    """FlagScale's per-stage recompute lists switch full recompute on or off per stage: a selective
+    setting (Recompute.label "selective:...") must be every stage's."""
+    distinct = set(labels)
+    if any(label.startswith("selective") for label in distinct) and len(distinct) > 1:
+        return [RuleViolation(
+            "flagscale_recompute",
+            "FlagScale's per-stage recompute lists only switch full recompute on or off per "
+            f"stage; the plan mixes {sorted(distinct)}",
+            "use selective recompute on every stage, or full/none per stage",
+        )]
+    return []
+
+
+def flagscale_shared_embedding_violations(first_dp: int, last_dp: int) -> list[RuleViolation]:
+    """With tied embeddings (flagscale_tied_embeddings) the first and last stage's DP divide one
+    another (--use-partial-reduce-for-shared-embedding)."""
+    if first_dp != last_dp and first_dp % last_dp and last_dp % first_dp:
+        return [RuleViolation(
+            "flagscale_shared_embedding_dp",
+            f"with tied embeddings the first and last mesh DP ({first_dp}, {last_dp}) must "
+            "divide one another (--use-partial-reduce-for-shared-embedding)",
+            "make one DP a multiple of the other, or untie the embeddings",
+        )]
+    return []
+
+
+def tied_embeddings(model: ModelSpec) -> bool:
+    """The first and last stage share the embedding weights (tied output layer, or MTP)."""
+    return not model.untie_embeddings_and_output_weights or model.mtp_num_layers > 0
+
+
+def flagscale_tied_embeddings(model: ModelSpec, training: TrainingSpec | None) -> bool:
+    """Whether flagscale_shared_embedding_dp couples the first and last stage's DP (tied embeddings
+    or MTP, with the distributed optimizer)."""
+    return tied_embeddings(model) and (training is None or training.use_distributed_optimizer)
+
+
+# --------------------------------------------------------------------------------------------
+# The rules as booleans, for a search that enumerates degrees (planner/search/space.py) and the
+# CP-SAT master's rule families (planner/search/certify.py): each is `not` a rule above, and
+# names the rules it stands for; tests/test_master.py checks them against check_plan.  Those the
+# search asks in its loops (pure functions of integers) remember their answers.
+# --------------------------------------------------------------------------------------------
+_remembered = functools.lru_cache(maxsize=1 << 16)
+
+
+def tp_allowed(model: ModelSpec, tp: int) -> bool:
+    """heads_tp, query_groups_tp."""
     return not tp_violations(model, tp)
 
 
-def cp_ok(model: ModelSpec, cp: int) -> bool:
-    """The sequence is a multiple of 2*CP (CP > 1)."""
+def cp_allowed(model: ModelSpec, cp: int) -> bool:
+    """seq_cp."""
     return not cp_violations(model, cp)
 
 
-def ep_ok(model: ModelSpec, ep: int) -> bool:
-    """EP = 1 for a dense model; EP divides the experts of a MoE model."""
-    return ep == 1 or (model.is_moe and model.num_experts % ep == 0)
+def ep_allowed(model: ModelSpec, ep: int) -> bool:
+    """ep_needs_experts, experts_ep."""
+    return not ep_violations(model, ep)
 
 
-def etp_ok(model: ModelSpec, etp: int) -> bool:
-    """ETP > 1 only for a model without linear biases (Megatron: bias in MoE only with ETP 1)."""
-    return etp == 1 or not model.is_moe or not model.add_bias_linear
+def etp_allowed(model: ModelSpec, tp: int, etp: int) -> bool:
+    """moe_etp_bias (MoE with bias only at ETP 1).  A dense model has no experts, so its ETP is
+    Megatron's default, TP: the only value the search gives it."""
+    if not model.is_moe:
+        return etp == tp
+    return not etp_violations(model, etp)
 
 
-def folding_ok(*, tp: int, cp: int, dp: int, ep: int, etp: int) -> bool:
-    """(TP*CP*DP) % (ETP*EP) == 0: each stage's ranks hold whole expert groups."""
-    return (tp * cp * dp) % (etp * ep) == 0
+@_remembered
+def expert_folding_ok(tp: int, cp: int, dp: int, ep: int, etp: int) -> bool:
+    """expert_folding: a stage's TP*CP*DP ranks hold whole ETP*EP expert groups."""
+    return not folding_violations(tp=tp, cp=cp, dp=dp, ep=ep, etp=etp)
 
 
-def microbatches_ok(gbs: int, *, mbs: int, dp: int, pp: int, vpp: int) -> bool:
-    """GBS % (mbs*DP) == 0, and with VPP > 1: PP > 1, M >= PP and M % PP == 0."""
-    return not batch_violations(gbs, mbs=mbs, dp=dp, pp=pp, vpp=vpp)
+@_remembered
+def batch_ok(gbs: int, mbs: int, dp: int) -> bool:
+    """gbs_microbatch."""
+    return not microbatch_violations(gbs, mbs=mbs, dp=dp)
 
 
-def uniform_split_ok(num_layers: int, pp: int, vpp: int = 1, *, account_for_embedding: bool = False,
-                     account_for_loss: bool = False) -> bool:
-    """Megatron's own even split (no layout flag) works: (L + accounted) % PP == 0 and each
-    rank's count divides by VPP.  A layout string (--pipeline-model-parallel-layout) places any
-    count per stage, so a search that emits layouts only needs L >= PP*VPP."""
-    return not pipeline_split_violations(num_layers, pp, vpp, account_for_embedding=account_for_embedding,
-                                         account_for_loss=account_for_loss)
+@_remembered
+def interleave_ok(gbs: int, mbs: int, dp: int, pp: int, vpp: int) -> bool:
+    """vpp_needs_pp, vpp_microbatches (with batch_ok), for M = GBS // (mbs*DP) micro-batches."""
+    return not interleave_violations(gbs // (mbs * dp), pp=pp, vpp=vpp)
 
 
-class Degrees(NamedTuple):
-    """One global parallel configuration: DP = world / (TP*CP*PP)."""
-
-    tp: int
-    cp: int
-    ep: int
-    etp: int
-    dp: int
-    pp: int
-    vpp: int
-    mbs: int
+@_remembered
+def layout_ok(num_layers: int, pp: int, vpp: int) -> bool:
+    """layout_stage_count on the degrees: the even split's shortest stage (num_layers // PP
+    layers) holds vpp of them, i.e. num_layers >= PP*VPP; the search also gives every stage a
+    layer (PP <= num_layers)."""
+    return pp <= num_layers and not stage_count_violations((num_layers // pp,), vpp)
 
 
-def valid_degrees(
-    model: ModelSpec, world_size: int, gbs: int, *, tps: Sequence[int] = (1, 2, 4, 8), cps: Sequence[int] = (1, 2, 4),
-    eps: Sequence[int] | None = None, etps: Sequence[int] | None = None, pps: Sequence[int] | None = None,
-    vpps: Sequence[int] = (1, 2), mbss: Sequence[int] = (1, 2, 4), uniform_split: bool = False,
-) -> Iterator[Degrees]:
-    """Every uniform (upstream Megatron) configuration of `world_size` GPUs that Megatron
-    accepts for this model and global batch: the world divides by TP*CP*PP, and every predicate
-    above holds (with sequence parallelism on for MoE with TP > 1, as the launcher emits).
-    eps default: the divisors of the expert count; etps: 1 and TP; pps: 1..num_layers.
-    `uniform_split=True` also asks Megatron's even layer split (no layout string) to work."""
-    experts = model.num_experts or 1
-    for tp in tps:
-        if not tp_ok(model, tp):
-            continue
-        for cp in cps:
-            if not cp_ok(model, cp):
-                continue
-            for pp in (pps if pps is not None else range(1, model.num_layers + 1)):
-                if world_size % (tp * cp * pp):
-                    continue
-                dp = world_size // (tp * cp * pp)
-                for ep in (eps if eps is not None else [e for e in range(1, experts + 1) if experts % e == 0]):
-                    if not ep_ok(model, ep):
-                        continue
-                    for etp in (etps if etps is not None else sorted({1, tp})):
-                        if not etp_ok(model, etp) or not folding_ok(tp=tp, cp=cp, dp=dp, ep=ep, etp=etp):
-                            continue
-                        for vpp in vpps:
-                            if vpp > 1 and model.num_layers < pp * vpp:
-                                continue
-                            if uniform_split and not uniform_split_ok(model.num_layers, pp, vpp):
-                                continue
-                            for mbs in mbss:
-                                if microbatches_ok(gbs, mbs=mbs, dp=dp, pp=pp, vpp=vpp):
-                                    yield Degrees(tp, cp, ep, etp, dp, pp, vpp, mbs)
+@_remembered
+def runtime_degrees_ok(runtime: str, cp: int, vpp: int) -> bool:
+    """flagscale_cp, flagscale_vpp (upstream Megatron takes both)."""
+    return runtime == "megatron" or not flagscale_degree_violations(cp, vpp)
+
+
+@_remembered
+def flagscale_stage_mbs_ok(samples_per_microbatch: int, dp: int) -> bool:
+    """flagscale_stage_mbs: every stage splits the DP0*mbs samples of a micro-batch over its DP."""
+    return not flagscale_stage_mbs_violations(samples_per_microbatch, 1, (dp,))
+
+
+def flagscale_recompute_ok(labels: list[str] | tuple[str, ...]) -> bool:
+    """flagscale_recompute: one selective setting on every stage, or none/full per stage."""
+    return not flagscale_recompute_violations(labels)
+
+
+def flagscale_shared_embedding_ok(first_dp: int, last_dp: int) -> bool:
+    """flagscale_shared_embedding_dp (when flagscale_tied_embeddings holds)."""
+    return not flagscale_shared_embedding_violations(first_dp, last_dp)
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,18 +486,7 @@ def _layout_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
                 "the stages' layer counts must add up to --num-layers",
             )
         )
-    if plan.vpp > 1:
-        short = [i for i, s in enumerate(plan.stages) if s.num_layers < plan.vpp]
-        if short:
-            out.append(
-                RuleViolation(
-                    "layout_stage_count",
-                    f"stages {short} hold fewer decoder layers than the {plan.vpp} virtual chunks "
-                    "each pipeline rank runs",
-                    "give every stage at least vpp layers, or lower vpp",
-                )
-            )
-    return out
+    return out + stage_count_violations([s.num_layers for s in plan.stages], plan.vpp)
 
 
 def _training_rules(plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:
@@ -454,37 +554,9 @@ def _megatron_runtime_rules(plan: Plan) -> list[RuleViolation]:
 def _flagscale_runtime_rules(
     model: ModelSpec | None, plan: Plan, training: TrainingSpec | None
 ) -> list[RuleViolation]:
-    out: list[RuleViolation] = []
-    if plan.cp != 1:
-        out.append(
-            RuleViolation(
-                "flagscale_cp",
-                "Context parallelism is not supported.",
-                "FlagScale's heterogeneous meshes need CP = 1",
-            )
-        )
-    if plan.vpp != 1:
-        out.append(
-            RuleViolation(
-                "flagscale_vpp",
-                "virtual pipeline not support now!",
-                "FlagScale's heterogeneous meshes need vpp = 1 (no interleaving)",
-            )
-        )
-    dp0 = plan.dp0
-    for i, stage in enumerate(plan.stages):
-        if (dp0 * plan.mbs) % stage.dp:
-            out.append(
-                RuleViolation(
-                    "flagscale_stage_mbs",
-                    f"(DP0 * micro_batch_size) = ({dp0} * {plan.mbs}) is not divisible by the "
-                    f"data-parallel size {stage.dp} of stage {i}",
-                    "every stage processes DP0*mbs samples per micro-batch, split over its own DP",
-                )
-            )
-    tied = model is not None and (
-        not model.untie_embeddings_and_output_weights or model.mtp_num_layers > 0
-    )
+    out = flagscale_degree_violations(plan.cp, plan.vpp)
+    out += flagscale_stage_mbs_violations(plan.dp0, plan.mbs, [s.dp for s in plan.stages])
+    tied = model is not None and tied_embeddings(model)
     first, last = plan.stages[0], plan.stages[-1]
     # A Plan has one global TP today, so this holds; the check stays for per-stage TP.
     first_tp, last_tp = getattr(first, "tp", plan.tp), getattr(last, "tp", plan.tp)
@@ -497,16 +569,8 @@ def _flagscale_runtime_rules(
                 "untie the embeddings (--untie-embeddings-and-output-weights)",
             )
         )
-    uses_dist_opt = training is None or training.use_distributed_optimizer
-    if tied and uses_dist_opt and first.dp != last.dp and first.dp % last.dp and last.dp % first.dp:
-        out.append(
-            RuleViolation(
-                "flagscale_shared_embedding_dp",
-                f"with tied embeddings the first and last mesh DP ({first.dp}, {last.dp}) must "
-                "divide one another (--use-partial-reduce-for-shared-embedding)",
-                "make one DP a multiple of the other, or untie the embeddings",
-            )
-        )
+    if model is not None and flagscale_tied_embeddings(model, training):
+        out += flagscale_shared_embedding_violations(first.dp, last.dp)
     seen: list[str] = []
     for stage in plan.stages:
         if not seen or seen[-1] != stage.device_type:
@@ -520,18 +584,7 @@ def _flagscale_runtime_rules(
                 "group the stages of each device type together",
             )
         )
-    kinds = {s.recompute.granularity for s in plan.stages}
-    labels = {s.recompute.label for s in plan.stages}
-    if "selective" in kinds and len(labels) > 1:
-        out.append(
-            RuleViolation(
-                "flagscale_recompute",
-                "FlagScale's per-stage recompute lists only switch full recompute on or off per "
-                f"stage; the plan mixes {sorted(labels)}",
-                "use selective recompute on every stage, or full/none per stage",
-            )
-        )
-    return out
+    return out + flagscale_recompute_violations([s.recompute.label for s in plan.stages])
 
 
 def check_runtime_expressible(plan: Plan, model: ModelSpec | None = None) -> list[RuleViolation]:
@@ -578,85 +631,3 @@ def assert_plan_ok(model: ModelSpec, plan: Plan, training: TrainingSpec | None =
         )
 
 
-# --------------------------------------------------------------------------------------------
-# Search-space predicates (issues 12 and 15).  The rules above, as small pure functions of the
-# degrees, for the search's enumerator (planner/search/space.py), the CP-SAT master's rule
-# constraints (solver_models/cpsat/master.py) and the tests' brute force.  Each names the rules of
-# check_plan it stands for; tests/test_master.py checks that they agree with check_plan.
-# --------------------------------------------------------------------------------------------
-def tp_allowed(model: ModelSpec, tp: int) -> bool:
-    """heads_tp, query_groups_tp."""
-    groups = model.query_groups
-    return model.num_attention_heads % tp == 0 and (
-        model.num_query_groups is None or groups % tp == 0 or tp % groups == 0)
-
-
-def cp_allowed(model: ModelSpec, cp: int) -> bool:
-    """seq_cp."""
-    return cp == 1 or model.seq_length % (2 * cp) == 0
-
-
-def ep_allowed(model: ModelSpec, ep: int) -> bool:
-    """ep_needs_experts, experts_ep."""
-    if not model.is_moe:
-        return ep == 1
-    return model.num_experts % ep == 0
-
-
-def etp_allowed(model: ModelSpec, tp: int, etp: int) -> bool:
-    """moe_etp_bias (MoE with bias only at ETP 1); a dense model has no experts, so its ETP is
-    Megatron's default, TP."""
-    if not model.is_moe:
-        return etp == tp
-    return etp == 1 or not model.add_bias_linear
-
-
-def expert_folding_ok(tp: int, cp: int, dp: int, ep: int, etp: int) -> bool:
-    """expert_folding: a stage's TP*CP*DP ranks hold whole ETP*EP expert groups."""
-    return (tp * cp * dp) % (etp * ep) == 0
-
-
-def batch_ok(gbs: int, mbs: int, dp: int) -> bool:
-    """gbs_microbatch."""
-    return gbs % (mbs * dp) == 0
-
-
-def interleave_ok(gbs: int, mbs: int, dp: int, pp: int, vpp: int) -> bool:
-    """vpp_needs_pp, vpp_microbatches (with batch_ok)."""
-    if vpp == 1:
-        return True
-    m = gbs // (mbs * dp)
-    return pp > 1 and m >= pp and m % pp == 0
-
-
-def layout_ok(num_layers: int, pp: int, vpp: int) -> bool:
-    """layout_layers, layout_stage_count: every stage holds at least one layer per virtual chunk."""
-    return num_layers >= pp * vpp
-
-
-def runtime_degrees_ok(runtime: str, cp: int, vpp: int) -> bool:
-    """flagscale_cp, flagscale_vpp (upstream Megatron takes both)."""
-    return runtime == "megatron" or (cp == 1 and vpp == 1)
-
-
-def flagscale_stage_mbs_ok(samples_per_microbatch: int, dp: int) -> bool:
-    """flagscale_stage_mbs: every stage splits the DP0*mbs samples of a micro-batch over its DP."""
-    return samples_per_microbatch % dp == 0
-
-
-def flagscale_recompute_ok(labels: list[str] | tuple[str, ...]) -> bool:
-    """flagscale_recompute: one selective setting on every stage, or none/full per stage."""
-    selective = [lab for lab in labels if lab.startswith("selective")]
-    return not selective or len(set(labels)) == 1
-
-
-def flagscale_tied_embeddings(model: ModelSpec, training: TrainingSpec | None) -> bool:
-    """Whether flagscale_shared_embedding_dp couples the first and last stage's DP (tied embeddings
-    or MTP, with the distributed optimizer)."""
-    tied = not model.untie_embeddings_and_output_weights or model.mtp_num_layers > 0
-    return tied and (training is None or training.use_distributed_optimizer)
-
-
-def flagscale_shared_embedding_ok(first_dp: int, last_dp: int) -> bool:
-    """flagscale_shared_embedding_dp (when flagscale_tied_embeddings holds)."""
-    return first_dp % last_dp == 0 or last_dp % first_dp == 0

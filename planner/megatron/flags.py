@@ -1,0 +1,458 @@
+"""Megatron-LM's flags: the one table that maps them to the planner's fields, and back.
+
+One row (`Flag`) per flag the planner knows, saying
+  * how the flag reader takes it (`read`: argparse dest, kind, choices, range; None: the flag is
+    not read and passes through verbatim), planner/inputs/megatron_flags.py;
+  * the spec field it sets (`field`, a field of ModelSpec, TrainingSpec or ParallelConfig after the
+    section it sits in), copied as read unless `derived` (the reader converts it:
+    `draft_from_namespace`);
+  * whether the plan decides it (`decided`: the launcher removes it from the user's flags and
+    writes it from the plan), and the CLI option that overrides it (`override`, `--tp`);
+  * the bash array of launch.sh it goes to (`array`; empty: by its prefix, `array_of`);
+  * how the launcher writes it back from the spec (`write`; None: not written, e.g. observed flags,
+    which pass through as the user gave them);
+  * what it changes that the cost model does not price (`not_modelled`), named beside every
+    prediction (`unmodelled_notes`).
+`RULE_FLAGS` names the flags behind each rule of planner/megatron/rules.py.
+
+A flag that changes the cost: add its row here (read, field, write), its field to the spec, and
+price the field in planner/cost/.  Nothing here imports the reader or the launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Sequence
+
+from planner.schemas.model import ModelSpec
+from planner.schemas.parallel import ParallelConfig
+from planner.schemas.plan import RECOMPUTE_MODULES
+from planner.schemas.training import TrainingSpec
+
+MAX_COUNT = 100_000  # layers / pipeline stages: far above any real model, keeps per-layer lists small
+MAX_SIZE = 1 << 40
+
+LAYOUT_FLAG = "--pipeline-model-parallel-layout"
+VPP_FLAG = "--num-virtual-stages-per-pipeline-rank"
+LAYERS_PER_VIRTUAL_STAGE_FLAG = "--num-layers-per-virtual-pipeline-stage"
+
+# launch.sh's bash arrays (concerns), in the order Megatron's examples write them
+MODEL_ARGS, MOE_ARGS, DATA_ARGS = "MODEL_ARGS", "MOE_ARGS", "DATA_ARGS"
+TRAINING_ARGS, PARALLEL_ARGS = "TRAINING_ARGS", "MODEL_PARALLEL_ARGS"
+LOGGING_ARGS, OTHER_ARGS = "EVAL_AND_LOGGING_ARGS", "OTHER_ARGS"
+CONCERN_ORDER = (MODEL_ARGS, MOE_ARGS, DATA_ARGS, TRAINING_ARGS, PARALLEL_ARGS, LOGGING_ARGS, OTHER_ARGS)
+
+
+@dataclass(frozen=True)
+class Read:
+    """How the reader takes a flag: its argparse dest and kind (int | float | floats | str | true |
+    false | list), the allowed choices and range.
+
+    `observe`: the planner reads the value (it changes time or memory) but never decides it, so the
+    user's own tokens also stay in `passthrough`, verbatim, and reach the launcher unchanged."""
+
+    dest: str
+    kind: str
+    choices: tuple[str, ...] = ()
+    min_value: float | None = None
+    max_value: float | None = None
+    observe: bool = False
+
+
+# write(value of the row's field (None without one), the spec) -> the flag's values ([] for a
+# switch), or None: the flag is not written
+Writer = Callable[[Any, Any], "list[Any] | None"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One row of the table: the flag's `name`; how it is `read` (None: passes through unread); the
+    `field` of its section's spec it sets, copied unless `derived`; whether the plan `decided`s it
+    (the launchers write those from the plan); its launch.sh `array`; the CLI `override` that sets
+    it; how the launcher `write`s it from the spec; what it changes that is `not_modelled`."""
+
+    name: str
+    read: Read | None = None
+    field: str = ""
+    derived: bool = False
+    decided: bool = False
+    array: str = ""
+    override: str = ""
+    write: Writer | None = None
+    not_modelled: str = ""
+
+
+# -- how a flag is read ---------------------------------------------------------------------------
+def _int(min_value: int = 1, max_value: int = MAX_SIZE, observe: bool = False) -> Read:
+    return Read("", "int", min_value=min_value, max_value=max_value, observe=observe)
+
+
+def _str(*choices: str, observe: bool = False) -> Read:
+    return Read("", "str", choices=choices, observe=observe)
+
+
+def _list(*choices: str, observe: bool = False) -> Read:
+    return Read("", "list", choices=choices, observe=observe)
+
+
+_TRUE = Read("", "true")
+_SEEN = Read("", "true", observe=True)  # an observed switch
+
+
+# -- how a flag is written back -------------------------------------------------------------------
+def _value(unless: Any = None, when: Callable[[Any], bool] | None = None) -> Writer:
+    """The field's value, unless it is None or `unless` (Megatron's default), or `when` is false."""
+    return lambda v, spec: None if v is None or v == unless or (when and not when(spec)) else [v]
+
+
+def _switch(on: bool = True, when: Callable[[Any], bool] | None = None) -> Writer:
+    """A switch, given when the field is `on` (and `when` holds)."""
+    return lambda v, spec: [] if bool(v) is on and not (when and not when(spec)) else None
+
+
+def _moe(model: ModelSpec) -> bool:
+    return model.is_moe
+
+
+def _mla(model: ModelSpec) -> bool:
+    return model.multi_latent_attention
+
+
+def moe_layer_freq_text(pattern: Sequence[int]) -> str:
+    """--moe-layer-freq as a list expression with runs compressed, e.g. ([0]*3+[1]*21); only the
+    characters Megatron allows (,digits[]()+*)."""
+    runs: list[tuple[int, int]] = []
+    for v in pattern:
+        if runs and runs[-1][0] == v:
+            runs[-1] = (v, runs[-1][1] + 1)
+        else:
+            runs.append((v, 1))
+    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
+
+
+def _precision(*precisions: str, values: tuple[str, ...] = ()) -> Writer:
+    return lambda p, _: list(values) if p in precisions else None
+
+
+def _rows(*flags: Flag) -> tuple[Flag, ...]:
+    """A section of the table, each read flag with its argparse dest (by default the flag's name, as
+    argparse spells dests)."""
+    return tuple(replace(f, read=replace(f.read, dest=f.name.removeprefix("--").replace("-", "_")))
+                 if f.read is not None and not f.read.dest else f for f in flags)
+
+
+# --------------------------------------------------------------------------------------------------
+# The table.  Each section in the order the launcher writes its flags; `field` names a field of the
+# section's spec.
+# --------------------------------------------------------------------------------------------------
+MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
+    Flag("--num-layers", _int(1, MAX_COUNT), "num_layers", array=MODEL_ARGS, write=_value()),
+    Flag("--hidden-size", _int(), "hidden_size", array=MODEL_ARGS, write=_value()),
+    Flag("--ffn-hidden-size", _int(), "ffn_hidden_size", array=MODEL_ARGS, write=_value()),
+    Flag("--num-attention-heads", _int(), "num_attention_heads", array=MODEL_ARGS, write=_value()),
+    Flag("--group-query-attention", _TRUE, array=MODEL_ARGS,  # turns --num-query-groups on
+         write=lambda _, m: [] if m.num_query_groups is not None else None),
+    Flag("--num-query-groups", _int(), "num_query_groups", derived=True, array=MODEL_ARGS, write=_value()),
+    Flag("--kv-channels", _int(), "kv_channels", array=MODEL_ARGS, write=_value()),
+    Flag("--seq-length", _int(), "seq_length", array=MODEL_ARGS, override="seq", write=_value()),
+    Flag("--max-position-embeddings", _int(), "max_position_embeddings", array=MODEL_ARGS,
+         write=lambda v, m: [v or m.seq_length]),
+    Flag("--vocab-size", _int(), "vocab_size", array=DATA_ARGS, write=_value()),
+    Flag("--make-vocab-size-divisible-by", _int(), "make_vocab_size_divisible_by", array=MODEL_ARGS,
+         write=_value(unless=128)),
+    Flag("--swiglu", _TRUE, "swiglu", array=MODEL_ARGS, write=_switch()),
+    Flag("--normalization", _str("LayerNorm", "RMSNorm"), "normalization", array=MODEL_ARGS,
+         write=_value(unless="LayerNorm")),
+    Flag("--untie-embeddings-and-output-weights", _TRUE, "untie_embeddings_and_output_weights", array=MODEL_ARGS,
+         write=_switch()),
+    Flag("--disable-bias-linear", Read("add_bias_linear", "false"), "add_bias_linear", array=MODEL_ARGS,
+         write=_switch(on=False)),
+    Flag("--qk-layernorm", _TRUE, "qk_layernorm", array=MODEL_ARGS, write=_switch()),
+    # multi-latent attention
+    Flag("--multi-latent-attention", _TRUE, "multi_latent_attention", array=MODEL_ARGS, write=_switch()),
+    Flag("--q-lora-rank", _int(), "q_lora_rank", array=MODEL_ARGS, write=_value(when=_mla)),
+    Flag("--kv-lora-rank", _int(), "kv_lora_rank", array=MODEL_ARGS, write=_value(when=_mla)),
+    Flag("--qk-head-dim", _int(), "qk_head_dim", array=MODEL_ARGS, write=_value(when=_mla)),
+    Flag("--qk-pos-emb-head-dim", _int(0), "qk_pos_emb_head_dim", array=MODEL_ARGS, write=_value(when=_mla)),
+    Flag("--v-head-dim", _int(), "v_head_dim", array=MODEL_ARGS, write=_value(when=_mla)),
+    Flag("--mtp-num-layers", _int(0, MAX_COUNT), "mtp_num_layers", array=MODEL_ARGS, write=_value(unless=0)),
+    # mixture of experts (1.4)
+    Flag("--num-experts", _int(0), "num_experts", derived=True, array=MOE_ARGS, write=_value(when=_moe)),
+    Flag("--moe-router-topk", _int(), "moe_router_topk", array=MOE_ARGS, write=_value(when=_moe)),
+    Flag("--moe-ffn-hidden-size", _int(), "moe_ffn_hidden_size", array=MOE_ARGS, write=_value(when=_moe)),
+    Flag("--moe-shared-expert-intermediate-size", _int(), "moe_shared_expert_intermediate_size", array=MOE_ARGS,
+         write=_value(when=_moe)),
+    Flag("--moe-layer-freq", _str(), "moe_layer_pattern", derived=True, array=MOE_ARGS,
+         write=lambda v, m: [moe_layer_freq_text(v)] if m.is_moe and v is not None else None),
+    Flag("--moe-expert-capacity-factor", Read("", "float"), "moe_expert_capacity_factor", derived=True,
+         array=MOE_ARGS, write=_value(when=_moe)),
+    Flag("--moe-token-dispatcher-type", _str("allgather", "alltoall", "flex"), "moe_token_dispatcher_type",
+         array=MOE_ARGS, write=_value(when=_moe)),
+    Flag("--moe-grouped-gemm", _TRUE, "moe_grouped_gemm", array=MOE_ARGS, write=_switch(when=_moe)),
+    Flag("--moe-router-force-load-balancing", _TRUE, "moe_router_force_load_balancing", array=MOE_ARGS,
+         write=_switch(when=_moe)),
+    # observed: read, never decided, passed through as given
+    Flag("--moe-flex-dispatcher-backend", _str("deepep", "hybridep", observe=True), "moe_flex_dispatcher_backend",
+         array=MOE_ARGS),
+    Flag("--moe-enable-deepep", _SEEN, array=MOE_ARGS),  # the older spelling of the flex dispatcher with DeepEP
+    Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS),
+    Flag("--moe-router-load-balancing-type",
+         _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True),
+         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS),
+    Flag("--moe-aux-loss-coeff", Read("", "floats", min_value=0.0, observe=True), "moe_aux_loss_coeff",
+         derived=True, array=MOE_ARGS),
+    Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS),
+    Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS),
+    Flag("--moe-router-group-topk", _int(1, MAX_COUNT, observe=True), "moe_router_group_topk", array=MOE_ARGS),
+    # not read: their arrays only
+    *(Flag(name, array=MODEL_ARGS) for name in (
+        "--use-mcore-models", "--norm-epsilon", "--position-embedding-type", "--rotary-base", "--rotary-percent",
+        "--no-position-embedding", "--use-rotary-position-embeddings", "--init-method-std", "--attention-dropout",
+        "--hidden-dropout", "--transformer-impl")),
+)
+
+_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
+    Flag("--micro-batch-size", _int(), "micro_batch_size", decided=True, array=TRAINING_ARGS, override="mbs"),
+    Flag("--global-batch-size", _int(), "global_batch_size", decided=True, array=TRAINING_ARGS, override="gbs"),
+    Flag("--bf16", _TRUE, "precision", derived=True, array=TRAINING_ARGS, write=_precision("bf16", "fp8")),
+    Flag("--fp16", _TRUE, "precision", derived=True, array=TRAINING_ARGS, write=_precision("fp16")),
+    Flag("--fp8-format", Read("fp8", "str", choices=("e4m3", "hybrid")), "precision", derived=True,
+         array=TRAINING_ARGS, write=_precision("fp8", values=("hybrid",))),
+    Flag("--fp8-recipe", _str("delayed", "tensorwise", "blockwise", "mxfp8", observe=True), "fp8_recipe",
+         array=TRAINING_ARGS),
+    Flag("--fp8-param-gather", _SEEN, "fp8_param_gather", array=TRAINING_ARGS),
+    Flag("--grad-reduce-in-bf16", _SEEN, "grad_reduce_in_bf16", array=TRAINING_ARGS),
+    Flag("--use-precision-aware-optimizer", _SEEN, "use_precision_aware_optimizer", array=TRAINING_ARGS),
+    Flag("--main-params-dtype", _str("fp32", "fp16", observe=True), "main_params_dtype", array=TRAINING_ARGS),
+    Flag("--exp-avg-dtype", _str(*_DTYPES, observe=True), "exp_avg_dtype", array=TRAINING_ARGS),
+    Flag("--exp-avg-sq-dtype", _str(*_DTYPES, observe=True), "exp_avg_sq_dtype", array=TRAINING_ARGS),
+    Flag("--overlap-moe-expert-parallel-comm", _SEEN, "overlap_moe_expert_parallel_comm", array=TRAINING_ARGS),
+    Flag("--delay-wgrad-compute", _SEEN, "delay_wgrad_compute", array=TRAINING_ARGS),
+    Flag("--moe-shared-expert-overlap", _SEEN, "moe_shared_expert_overlap", array=MOE_ARGS),
+    Flag("--cp-comm-type", _list("p2p", "a2a", "allgather", "a2a+p2p", observe=True), "cp_comm_type", derived=True,
+         array=PARALLEL_ARGS),
+    Flag("--use-distributed-optimizer", _TRUE, "use_distributed_optimizer", array=PARALLEL_ARGS, write=_switch()),
+    Flag("--overlap-grad-reduce", _TRUE, "overlap_grad_reduce", array=PARALLEL_ARGS, write=_switch()),
+    Flag("--overlap-param-gather", _TRUE, "overlap_param_gather", array=PARALLEL_ARGS, write=_switch()),
+    Flag("--tp-comm-overlap", _TRUE, "tp_comm_overlap", array=PARALLEL_ARGS, write=_switch()),
+    *(Flag(name, array=PARALLEL_ARGS) for name in (
+        "--overlap-param-gather-with-optimizer-step", "--distributed-backend", "--num-distributed-optimizer-instances",
+        "--hetero-use-cpu-communication")),
+)
+
+PARALLEL_FLAGS = _rows(  # ParallelConfig and the recompute setting (1.1-1.3); written from the plan
+    Flag("--tensor-model-parallel-size", _int(), "tp", decided=True, array=PARALLEL_ARGS, override="tp"),
+    Flag("--pipeline-model-parallel-size", _int(1, MAX_COUNT), "pp", decided=True, array=PARALLEL_ARGS,
+         override="pp"),
+    Flag("--context-parallel-size", _int(), "cp", decided=True, array=PARALLEL_ARGS, override="cp"),
+    Flag("--expert-model-parallel-size", _int(), "ep", decided=True, array=PARALLEL_ARGS, override="ep"),
+    Flag("--expert-tensor-parallel-size", _int(), "etp", decided=True, array=PARALLEL_ARGS, override="etp"),
+    Flag(LAYERS_PER_VIRTUAL_STAGE_FLAG, _int(), "num_layers_per_virtual_stage", decided=True, array=PARALLEL_ARGS),
+    Flag(VPP_FLAG, _int(1, MAX_COUNT), "vpp", decided=True, array=PARALLEL_ARGS, override="vpp"),
+    Flag(LAYOUT_FLAG, _str(), "layout", decided=True, array=PARALLEL_ARGS, override="layout"),
+    Flag("--decoder-first-pipeline-num-layers", _int(), "first_stage_layers", decided=True, array=PARALLEL_ARGS),
+    Flag("--decoder-last-pipeline-num-layers", _int(), "last_stage_layers", decided=True, array=PARALLEL_ARGS),
+    Flag("--account-for-embedding-in-pipeline-split", _TRUE, "account_for_embedding_in_pipeline_split",
+         decided=True, array=PARALLEL_ARGS),
+    Flag("--account-for-loss-in-pipeline-split", _TRUE, "account_for_loss_in_pipeline_split", decided=True,
+         array=PARALLEL_ARGS),
+    Flag("--sequence-parallel", _TRUE, "sequence_parallel", decided=True, array=PARALLEL_ARGS),
+    Flag("--recompute-granularity", _str("full", "selective"), "recompute", derived=True, decided=True,
+         array=TRAINING_ARGS, override="recompute"),
+    Flag("--recompute-method", _str("uniform", "block"), "recompute", derived=True, decided=True,
+         array=TRAINING_ARGS),
+    Flag("--recompute-num-layers", _int(0), "recompute", derived=True, decided=True, array=TRAINING_ARGS),
+    Flag("--recompute-modules", _list(*RECOMPUTE_MODULES), "recompute", derived=True, decided=True,
+         array=TRAINING_ARGS),
+    Flag("--recompute-activations", _TRUE, "recompute", derived=True, decided=True, array=TRAINING_ARGS),
+    # not read, decided by the plan all the same
+    *(Flag(name, decided=True, array=PARALLEL_ARGS) for name in (
+        "--virtual-pipeline-model-parallel-size", "--microbatch-group-size-per-virtual-pipeline-stage",
+        "--use-tp-pp-dp-mapping")),
+    Flag("--moe-layer-recompute", decided=True, array=TRAINING_ARGS),
+    # FlagScale's heterogeneous flags (planner/launcher/flagscale.py)
+    *(Flag(name, decided=True, array=PARALLEL_ARGS) for name in (
+        "--enable-hetero", "--hetero-process-meshes", "--hetero-device-types", "--hetero-current-device-type",
+        "--hetero-pipeline-layer-split", "--expert-tensor-parallel-size-per-process-mesh",
+        "--use-partial-reduce-for-shared-embedding", "--standalone-embedding-stage")),
+    *(Flag(name, decided=True, array=TRAINING_ARGS) for name in (
+        "--recompute-granularity-per-stage-micro-batch", "--recompute-method-per-stage-micro-batch",
+        "--recompute-num-layers-per-stage-micro-batch")),
+)
+
+_GRAPHS = "CUDA graphs: less launch overhead, more memory for graph pools"
+OTHER_FLAGS = _rows(
+    Flag("--distribute-saved-activations", array=TRAINING_ARGS),
+    *(Flag(name, array=DATA_ARGS) for name in ("--mock-data", "--split", "--vocab-file", "--merge-file",
+                                                "--num-workers")),
+    *(Flag(name, array=LOGGING_ARGS) for name in ("--no-load-optim", "--no-load-rng", "--finetune",
+                                                   "--timing-log-level", "--timing-log-option")),
+    # Flags that change time or memory but that the cost model does not price: each one present is
+    # named beside the prediction.  When one becomes modelled, give it a field and price it.
+    *(Flag(name, not_modelled=text) for name, text in (
+        ("--use-megatron-fsdp", "shards parameters, gradients and optimizer states (FSDP): memory lower and extra "
+                                "parameter all-gathers per layer"),
+        ("--use-torch-fsdp2", "PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
+        ("--data-parallel-sharding-strategy", "FSDP sharding strategy: memory and communication"),
+        ("--fine-grained-activation-offloading", "offloads activations to host memory: activation memory lower, "
+                                                 "PCIe traffic added"),
+        ("--cpu-offloading", "offloads activations or weights to host memory"),
+        ("--optimizer-cpu-offload", "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
+        ("--cuda-graph-impl", _GRAPHS),
+        ("--enable-cuda-graph", _GRAPHS),
+        ("--external-cuda-graph", _GRAPHS),
+        ("--cuda-graph-scope", _GRAPHS),
+        ("--moe-router-padding-for-fp8", "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
+        ("--moe-permute-fusion", "fused permute/unpermute kernels: fewer memory passes than priced"),
+        ("--moe-router-fusion", "fused router kernels: fewer memory passes than priced"),
+        ("--cross-entropy-loss-fusion", "fused cross-entropy: less logits memory and time than priced"),
+        ("--moe-upcycling-granularity", "upcycled experts: expert shapes differ from --moe-ffn-hidden-size"),
+        ("--moe-latent-size", "latent MoE: expert inputs projected to a smaller size"),
+        ("--swap-attention", "MindSpeed: swaps attention activations to host memory"),
+        ("--use-mc2", "MindSpeed: fuses TP communication into compute (mc2): TP time lower than priced"),
+        ("--moe-alltoall-overlap-comm", "MindSpeed: overlaps the EP all-to-all with compute"),
+        ("--use-fused-rmsnorm", "MindSpeed fused kernel: norm time lower than priced"),
+        ("--use-fused-swiglu", "MindSpeed fused kernel: activation time lower than priced"),
+        ("--use-distributed-optimizer-offload", "offloads optimizer states"),
+        ("--hybrid-context-parallel", "hybrid context parallelism: attention communication differs from the CP model"),
+        ("--delay-param-gather", "parameter gather scheduling differs from the priced overlap"),
+        ("--manual-gc", "Python garbage collection at fixed intervals: small time effect"),
+        ("--empty-unused-memory-level", "frees cached memory between phases: small time and peak-memory effect"),
+        ("--use-cpu-initialization", "initialisation only"),
+        ("--sequence-packing", "packed variable-length sequences: attention work differs from full-length sequences"),
+        ("--window-size", "sliding-window attention: attention work lower than the full causal count priced"),
+    )),
+    Flag("--hierarchical-context-parallel-sizes", array=PARALLEL_ARGS,
+         not_modelled="hierarchical CP: attention communication differs from the CP model"),
+)
+
+
+TABLE: tuple[Flag, ...] = MODEL_FLAGS + TRAINING_FLAGS + PARALLEL_FLAGS + OTHER_FLAGS
+BY_NAME: dict[str, Flag] = {f.name: f for f in TABLE}
+
+
+# --------------------------------------------------------------------------------------------------
+# Views of the table
+# --------------------------------------------------------------------------------------------------
+READ_FLAGS: dict[str, Read] = {f.name: f.read for f in TABLE if f.read is not None}
+"""The flags the reader takes: name -> how."""
+
+PLAN_DECIDED_FLAGS: frozenset[str] = frozenset(f.name for f in TABLE if f.decided)
+"""Flags the plan decides: removed from the user's flags and written from the plan."""
+
+OVERRIDE_FLAGS: dict[str, str] = {f.override: f.name for f in TABLE if f.override}
+"""CLI override (`tp` for --tp) -> the Megatron flag it sets."""
+
+PRECISION_FLAGS: tuple[str, ...] = tuple(f.name for f in TRAINING_FLAGS if f.field == "precision")
+
+NOT_MODELLED: dict[str, str] = {f.name: f.not_modelled for f in TABLE if f.not_modelled}
+"""Flag -> what it changes and the prediction does not include."""
+
+
+def copied_fields(section: Sequence[Flag]) -> list[tuple[str, str]]:
+    """(dest, field) of the section's flags whose value the reader copies into the field as read."""
+    return [(f.read.dest, f.field) for f in section if f.read is not None and f.field and not f.derived]
+
+
+def field_flags(section: Sequence[Flag], spec: type) -> dict[str, str]:
+    """Field of `spec` -> the flag that sets it (the first of the section's rows), in the spec's field
+    order (for error messages)."""
+    first: dict[str, str] = {}
+    for f in section:
+        first.setdefault(f.field, f.name)
+    return {name: first[name] for name in spec.model_fields if name in first}
+
+
+MODEL_FIELD_FLAGS = field_flags(MODEL_FLAGS, ModelSpec)
+TRAINING_FIELD_FLAGS = {**field_flags(TRAINING_FLAGS, TrainingSpec), "precision": "/".join(PRECISION_FLAGS)}
+PARALLEL_FIELD_FLAGS = field_flags(PARALLEL_FLAGS, ParallelConfig)
+
+
+def _written(section: Sequence[Flag], spec: Any) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for f in section:
+        if f.write is None:
+            continue
+        values = f.write(getattr(spec, f.field) if f.field else None, spec)
+        if values is not None:
+            out.append((f.name, [str(v) for v in values]))
+    return out
+
+
+def model_flags(model: ModelSpec) -> list[tuple[str, list[str]]]:
+    """(flag, values) that give Megatron this ModelSpec (Megatron defaults left out where safe)."""
+    return _written(MODEL_FLAGS, model)
+
+
+def training_flags(training: TrainingSpec) -> list[tuple[str, list[str]]]:
+    """(flag, values) for the precision and optimizer/overlap settings of a TrainingSpec (batch
+    sizes come from the plan)."""
+    return _written(TRAINING_FLAGS, training)
+
+
+# -- launch.sh arrays --------------------------------------------------------------------------------
+_PREFIX_ARRAYS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("--recompute",), TRAINING_ARGS),
+    (("--moe-",), MOE_ARGS),
+    (("--data-", "--tokenizer-", "--train-data", "--valid-data", "--test-data"), DATA_ARGS),
+    (("--log-", "--tensorboard", "--wandb-", "--eval-", "--save", "--load", "--ckpt-"), LOGGING_ARGS),
+)
+
+
+def array_of(name: str) -> str:
+    """The bash array (concern) of a Megatron flag in launch.sh: its row's, else by its prefix."""
+    flag = BY_NAME.get(name)
+    if flag is not None and flag.array:
+        return flag.array
+    for prefixes, array in _PREFIX_ARRAYS:
+        if name.startswith(prefixes):
+            return array
+    return TRAINING_ARGS if name.startswith("-") else OTHER_ARGS
+
+
+# -- rules -> flags --------------------------------------------------------------------------------
+RULE_FLAGS: dict[str, tuple[str, ...]] = {
+    "heads_tp": ("--tensor-model-parallel-size",),
+    "query_groups_tp": ("--tensor-model-parallel-size",),
+    "seq_cp": ("--context-parallel-size", "--seq-length"),
+    "ep_needs_experts": ("--expert-model-parallel-size",),
+    "experts_ep": ("--expert-model-parallel-size",),
+    "expert_folding": ("--expert-model-parallel-size", "--expert-tensor-parallel-size"),
+    "moe_tp_sequence_parallel": ("--sequence-parallel",),
+    "moe_etp_bias": ("--disable-bias-linear", "--expert-tensor-parallel-size"),
+    "gbs_microbatch": ("--global-batch-size", "--micro-batch-size"),
+    "vpp_needs_pp": (VPP_FLAG,),
+    "vpp_microbatches": (VPP_FLAG,),
+    "layout_layers": (LAYOUT_FLAG,),
+    "layout_stage_count": (LAYOUT_FLAG,),
+    "tp_comm_overlap_sp": ("--tp-comm-overlap",),
+    "overlap_param_gather": ("--overlap-param-gather",),
+}
+"""Rule of planner/megatron/rules.py -> the flags behind it, the one to change first."""
+
+
+def rule_flag(rule: str) -> str:
+    """The Megatron flag a rule's refusal names (the first behind it)."""
+    return RULE_FLAGS[rule][0]
+
+
+def rule_options(rule: str) -> str | None:
+    """The CLI options that change a rule's flags (`--ep/--etp`), else the flags themselves; None for
+    a rule no flag stands behind."""
+    flags = RULE_FLAGS.get(rule)
+    if flags is None:
+        return None
+    options = ["--" + BY_NAME[f].override for f in flags if BY_NAME[f].override]
+    return "/".join(options or flags)
+
+
+def unmodelled_notes(passthrough: Iterable[str]) -> list[str]:
+    """One note per flag in `passthrough` (the run's flags the planner does not read) that changes time
+    or memory but is not priced."""
+    seen: list[str] = []
+    for tok in passthrough:
+        name = tok.split("=", 1)[0]
+        if name in NOT_MODELLED and name not in seen:
+            seen.append(name)
+    return [f"{name} is not modelled: {NOT_MODELLED[name]}; the prediction ignores it" for name in seen]
