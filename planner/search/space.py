@@ -13,7 +13,7 @@ switchable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from planner import rules
@@ -75,8 +75,6 @@ class SearchSpace:
     contiguous_types: bool | None = None
 
     def with_(self, **kw) -> "SearchSpace":
-        from dataclasses import replace
-
         return replace(self, **kw)
 
     @property
