@@ -25,7 +25,7 @@ from planner import rules
 from planner.cost.model import CostModel
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import QueueEntry, Screening, plan_from_solution
-from planner.search.settings import Candidate
+from planner.search.settings import FEASIBLE, OPTIMAL, Candidate
 from planner.search.space import SearchSpace, recompute_ladder
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
 from solver_models.cpsat.model import CpSatSolution, solve_cpsat
@@ -116,7 +116,7 @@ def certify_with_cpsat(scr: Screening) -> dict[str, Any]:
         remaining = s.deadline - time.perf_counter()
         if not keep or remaining <= 0.05:
             if not keep:  # every row is solved or reaches the best plan: nothing left to decide
-                stats.update(status="OPTIMAL", objective_s=scr.best.objective_s,
+                stats.update(status=OPTIMAL, objective_s=scr.best.objective_s,
                              bound_s=min(scr.best.objective_s, (rest_us or math.inf) * 1e-6))
             break
         master = DegreeMaster(families, [degree_row(scr, r[2]) for r in keep], [r[0] for r in keep], rule_fams)
@@ -132,18 +132,18 @@ def certify_with_cpsat(scr: Screening) -> dict[str, Any]:
         stats["bound_s"] = None if bound_us is None else min(bound_us * 1e-6, scr.best.objective_s)
         stats["objective_s"] = scr.best.objective_s
         if res.status != "OPTIMAL":
-            stats["status"] = "FEASIBLE" if res.status == "FEASIBLE" else res.status
+            stats["status"] = res.status  # the master's own: FEASIBLE, UNKNOWN, ...
             break
         value, solved, g = keep[res.row][0], keep[res.row][1], keep[res.row][2]
         if (value >= incumbent_us or solved) and (rest_us is None or rest_us >= incumbent_us):
-            stats["status"] = "OPTIMAL"
+            stats["status"] = OPTIMAL
             stats["bound_s"] = min(value * 1e-6, scr.best.objective_s)
             break
         if value >= incumbent_us or solved:  # the master's rows are settled; what was left out is not
-            stats["status"] = "FEASIBLE"
+            stats["status"] = FEASIBLE
             break
         if not _refine(scr, g, stats):
-            stats["status"] = "FEASIBLE"
+            stats["status"] = FEASIBLE
             break
     _stage_solve_winner(scr, stats)
     return stats

@@ -25,7 +25,7 @@ from planner.schemas.search import GlobalChoice
 from planner.search.certify import certify_with_cpsat
 from planner.search.explain import explain_infeasible
 from planner.search.screening import Screening
-from planner.search.settings import Candidate, ProgressFn, SearchResult, SearchSettings
+from planner.search.settings import FEASIBLE, OPTIMAL, Candidate, ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
 
 # --backend cpsat: screening stops at this share of the time limit, leaving the rest to the master
@@ -73,7 +73,7 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
     pruned_optimal = whole and scr.complete and not scr.timed_out
     pruned_lb = scr.pruned_space_bound() if whole else None
     if cpsat_stats is not None:
-        pruned_optimal = whole and cpsat_stats["status"] == "OPTIMAL"
+        pruned_optimal = whole and cpsat_stats["status"] == OPTIMAL
         if whole and cpsat_stats["bound_s"] is not None:  # else the master had no time: screening's bound
             pruned_lb = cpsat_stats["bound_s"]
     certified = pruned_optimal and not scr.pruning.any
@@ -117,6 +117,6 @@ def _flagscale_warm_start(cost: CostModel, space: SearchSpace, settings: SearchS
         g = GlobalChoice("flagscale", c.g.tp, c.g.cp, c.g.ep, c.g.etp, c.g.samples_per_microbatch, c.g.pp, 1, 1,
                          rc if rc.granularity == "selective" else None, first_dp=c.g.dp0 if tied else None)
         # the plan was found over the megatron tables: no stage indices to carry over
-        out.append(Candidate(g=g, objective_s=c.objective_s, plan=plan, backend="hsdp", status="FEASIBLE",
+        out.append(Candidate(g=g, objective_s=c.objective_s, plan=plan, backend="hsdp", status=FEASIBLE,
                              bound_s=c.bound_s))
     return out

@@ -80,7 +80,7 @@ def config_key(g: GlobalChoice) -> tuple:
     return (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, g.first_dp)
 
 
-def shape_key(g: GlobalChoice | Shape) -> tuple:
+def shape_key(g: GlobalChoice) -> tuple:
     """G without PP, VPP and recompute: what stage options and per-layer figures depend on."""
     return (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.first_dp)
 
@@ -127,7 +127,7 @@ class Configurations:
             hit = self._options[key] = stage_options(g, c.model, c.training, c.cluster, self.space, self.gpn)
         return hit
 
-    def num_microbatches(self, g: GlobalChoice | Shape) -> int:
+    def num_microbatches(self, g: GlobalChoice) -> int:
         return self.cost.training.global_batch_size // (g.mbs * g.dp0)
 
     def inflight(self, g: GlobalChoice) -> list[float]:
@@ -173,7 +173,7 @@ class Configurations:
 
     def shape_bounds(self, shape: Shape) -> dict[tuple[int, int], float] | None:
         """The relaxed bound of each (PP, VPP) of the shape (None: no stage option)."""
-        key = shape_key(shape)
+        key = shape_key(shape.base)
         hit = self._pipeline_bounds.get(key)
         if hit is None:
             pp, vpp = shape.pipelines[0]
@@ -256,7 +256,7 @@ class Screening:
                 self.notes.append(f"time limit: enumeration stopped after {k} shapes (it may take "
                                   f"{ENUMERATION_SHARE:.0%} of --time-limit); the rest were not searched")
                 break
-            if self.pruning.cp_pruned(model, shape):
+            if self.pruning.cp_pruned(model, shape.base):
                 self.cp_pruned.append(shape)
                 continue
             bounds = self.configs.shape_bounds(shape)
@@ -279,7 +279,7 @@ class Screening:
         """A shape's global choices into the queue at level 0; with memory pruning (megatron) only
         the least recompute of each (PP, VPP), the greater ones waiting in `deferred`."""
         bounds = self.configs.shape_bounds(shape)
-        wait = self.pruning.memory and shape.runtime == "megatron"
+        wait = self.pruning.memory and shape.base.runtime == "megatron"
         for pipe in shape.pipelines:
             lb = bounds[pipe]
             if not math.isfinite(lb):
