@@ -1,6 +1,7 @@
 """Screening: best-first search over the configurations of the space with one backend
 (solver_models), the part of the search that finds the plan.  The driver (driver.py) runs it;
-the CP-SAT certificate (certify.py) works on what it leaves.
+the CP-SAT certificate (certify.py) works on what it leaves, through the methods of Screening's
+"certificate's interface" section (it touches nothing else).
 
 The queue holds entries ordered by a lower bound, refined in levels as an entry reaches the top:
 
@@ -345,7 +346,9 @@ class Screening:
                 break
 
     def record(self, e: QueueEntry, bound: float, whole: float, *, solved: bool, feasible: bool = True,
-                stages: list | None = None) -> None:
+               stages: list | None = None) -> None:
+        """What screening (or the certificate) learned about e's configuration: a bound valid for
+        the searched space, one valid for the whole space, and whether it is solved."""
         self.records[e.g] = ConfigRecord(e.g, e.options, bound, whole, solved=solved, feasible=feasible,
                                          stages=stages or [])
 
@@ -370,7 +373,7 @@ class Screening:
             # no plan yet, and none fits here (a quick test before the solve the dive asks for)
             self.infeasible += 1
             self.record(e, math.inf, math.inf if tables.exact or not tables.memory_prune else e.bound_s,
-                         solved=True, feasible=False)
+                        solved=True, feasible=False)
             self.push_next(g)
             return
         sol = self.backend.solve(tables, upper_bound_us=ub_us, settings=self.solver_settings)
@@ -400,7 +403,7 @@ class Screening:
             self.complete = False
         obj = from_us(sol.objective_us) / g.vpp
         self.record(e, obj if complete else e.bound_s, obj if sol.exact else e.bound_s, solved=complete,
-                     stages=sol.stages)
+                    stages=sol.stages)
         plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
         self.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend=self.backend_name, status=sol.status,
                                     bound_s=bound_s(sol.bound_us, g.vpp) if complete else e.bound_s,
