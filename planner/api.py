@@ -10,7 +10,8 @@ from planner.errors import PlanCheckError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
-from planner.search.driver import ProgressFn, SearchResult, SearchSettings, search
+from planner.search.driver import search
+from planner.search.settings import ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
 
 

@@ -73,7 +73,7 @@ def run_one(sc: Scenario) -> dict:
     from planner.inputs.cluster import parse_cluster
     from planner.inputs.resolve import resolve_run
     from planner.profile_tables import ProfileSet
-    from planner.search.driver import SearchSettings
+    from planner.search.settings import SearchSettings
 
     t_in = time.perf_counter()
     profiles = ProfileSet.load()

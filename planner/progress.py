@@ -1,16 +1,17 @@
 """Search progress on stderr: a rich bar over configurations, elapsed time, an estimate of the time
 left, and the best plan so far with its gap to the lower bound.
 
-It consumes the search driver's progress callback (planner/search/driver.py): a dict with `tried`
-and `total` configurations, `solved`, `best_s` (the best objective so far, seconds, or None),
-optionally `bound_s` (a lower bound on what is still unexplored), and `config` ("done" on the last
-call).  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
+ProgressDisplay is the search's progress callback: it reads each ProgressEvent
+(planner/search/settings.py), or any mapping with its keys, as a mapping: `tried` and `total`
+configurations, `solved`, `best_s` (the best objective so far, seconds, or None), optionally
+`bound_s` (a lower bound on what is still unexplored), and `config` ("done" on the last call).  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 
@@ -20,7 +21,7 @@ def _fmt_s(x: float) -> str:
     return f"{int(x // 60)} min {int(x % 60):02d} s"
 
 
-class SearchProgress:
+class ProgressDisplay:
     """A callable progress sink for `planner.api.solve(progress=...)`; use as a context manager so
     the live bar is closed even when the search raises.  `final_line()` is what stays on stderr."""
 
@@ -37,7 +38,7 @@ class SearchProgress:
         self._task = None
 
     # -- context manager: the rich bar lives between __enter__ and __exit__ --
-    def __enter__(self) -> "SearchProgress":
+    def __enter__(self) -> "ProgressDisplay":
         self.t0 = time.monotonic()
         if self.live:
             from rich.console import Console
@@ -60,7 +61,7 @@ class SearchProgress:
             self._progress = None
 
     # -- the callback --
-    def __call__(self, d: dict) -> None:
+    def __call__(self, d: Mapping[str, Any]) -> None:
         self.last = dict(d)
         if d.get("bound_s") is not None:
             self.best_bound_s = d["bound_s"]

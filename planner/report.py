@@ -18,6 +18,8 @@ from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+from planner.search.pruning import Pruning
+from planner.search.settings import OPTIMAL, status_reason
 
 DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
 WIDE_MIN_WIDTH = 200  # --wide never squeezes its table below this
@@ -117,7 +119,7 @@ def search_json(result, settings) -> dict[str, Any]:
         "wall_s": result.search_time_s,
         "whole_space": {"lower_bound_s": result.lower_bound_s},
         "pruned_space": {
-            "status": "OPTIMAL" if pruned_optimal else "FEASIBLE",
+            "status": result.pruned_space_status,
             "optimum_s": best.objective_s if pruned_optimal else None,
             "lower_bound_s": result.pruned_lower_bound_s,
         },
@@ -163,8 +165,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "configs_bounded": r.configs_bounded,
         "configs_infeasible": r.configs_infeasible,
         "configs_pruned_memory": r.configs_pruned_memory,
-        "pruning": {"load_balance_delta": settings.delta, "memory": settings.memory_prune,
-                    "cp_min_seq_tokens": settings.cp_min_seq_tokens},
+        "pruning": settings.pruning.to_json(),
         "solver_objective_s": best.objective_s,
         "search": search_json(r, settings),
         "plan": plan_json(outcome.plans[0]),
@@ -194,25 +195,16 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
 
 
 def search_status(payload: dict) -> tuple[str, str, str]:
-    """(status, why, hint), read the same for every backend: OPTIMAL only when certified over the
-    whole search space; otherwise FEASIBLE, why it is not certified, and what would certify it."""
-    if payload["certified_optimal"]:
-        return "OPTIMAL", "certified over the whole search space under the cost model", ""
-    reasons, hints = [], []
+    """(status, why, hint) of a solve payload, in the search's own words
+    (planner/search/settings.status_reason)."""
     p = payload["pruning"]
     sj = payload.get("search") or {}
-    if sj.get("pruning", {}).get("on", p["load_balance_delta"] is not None or p["memory"]):
-        proven = sj.get("pruned_space", {}).get("status") == "OPTIMAL"
-        best = "optimum of the pruned space" if proven else "best plan of the pruned space"
-        on = [f"load-balance delta {p['load_balance_delta']}"] if p["load_balance_delta"] is not None else []
-        on += ["memory pruning"] if p["memory"] else []
-        on += [f"CP only with >= {p['cp_min_seq_tokens']} tokens per rank"] if p.get("cp_min_seq_tokens") else []
-        reasons.append(f"{best} ({', '.join(on)})")
-        hints.append("--no-prune searches the whole space and certifies the optimum")
-    if any("time limit" in n for n in payload.get("notes", [])):
-        reasons.append("the time limit ended the search")
-        hints.append("raise --time-limit")
-    return "FEASIBLE", "; ".join(reasons) or "not certified optimal", "; ".join(hints)
+    pruning = Pruning(delta=p["load_balance_delta"], memory=p["memory"], cp_min_seq_tokens=p.get("cp_min_seq_tokens"))
+    return status_reason(
+        certified=payload["certified_optimal"], pruning=pruning,
+        pruning_on=sj.get("pruning", {}).get("on", p["load_balance_delta"] is not None or p["memory"]),
+        pruned_proven=sj.get("pruned_space", {}).get("status") == OPTIMAL,
+        time_limit_hit=any("time limit" in n for n in payload.get("notes", [])))
 
 
 def recompute_short(label: str) -> str:

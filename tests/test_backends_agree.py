@@ -5,8 +5,6 @@ the gap to the true optimum is printed."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from planner.cost.model import CostModel
@@ -15,12 +13,13 @@ from planner.inputs.resolve import resolve_run
 from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Recompute
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
+from solver_models.base import SolverSettings
 from solver_models.brute import solve_brute
-from solver_models.cpsat import solve_cpsat
+from solver_models.cpsat.model import solve_cpsat
 from solver_models.hsdp import solve_hsdp
 from planner.search.tables import TableBuilder
 
-SETTINGS = SimpleNamespace(time_limit_s=20.0, num_workers=2)
+SETTINGS = SolverSettings(time_limit_s=20.0, num_workers=2)
 SHORT_LADDER = (Recompute.none(), Recompute.full("uniform", 1))
 
 # (id, model preset, layers, MoE pattern or None, cluster, runtime, configurations to sample)

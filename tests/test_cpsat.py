@@ -3,21 +3,21 @@ infeasible (or binding) case, objectives worked out by hand in the comments."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
+from solver_models.base import SolverSettings
 from solver_models.brute import solve_brute
-from solver_models.cpsat import solve_cpsat
 from solver_models.cpsat.cells import all_cells, lower_hull
+from solver_models.cpsat.model import solve_cpsat
 from solver_models.hsdp import solve_hsdp
 from solver_models.scaling import INF_US
 from solver_models.tables import FIRST, StageTables
 
-SETTINGS = SimpleNamespace(time_limit_s=10.0, num_workers=2)
+SETTINGS = SolverSettings(time_limit_s=10.0, num_workers=2)
 
 
 def make_tables(layer_us: list[list[int]], *, pp: int = 2, m: int = 4, vpp: int = 1,
@@ -237,7 +237,7 @@ def test_deadline_passed_reports_unknown():
     """A deadline already passed: status UNKNOWN with no stages (the driver's "unproven"), not None."""
     import time
 
-    settings = SimpleNamespace(time_limit_s=10.0, num_workers=2, deadline=time.perf_counter() - 1.0)
+    settings = SolverSettings(time_limit_s=10.0, num_workers=2, deadline=time.perf_counter() - 1.0)
     sol = solve_cpsat(make_tables(AB), upper_bound_us=None, settings=settings)
     assert sol is not None and sol.status == "UNKNOWN" and sol.stages == [] and not sol.exact
 

@@ -20,7 +20,8 @@ import pytest
 import planner.search.tables as table_module
 from planner.cost.model import CostModel
 from planner.errors import SearchTimeLimitError
-from planner.search.driver import SearchSettings, search
+from planner.search.driver import search
+from planner.search.settings import SearchSettings
 from planner.search.screening import Screening
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from planner.search.tables import TableBuilder
@@ -164,7 +165,7 @@ def test_a_passed_deadline_stops_the_cpsat_stage_model_build():
     t = TableBuilder(cm).build(g, opts)
     t.fit_range()  # computed before the deadline; the model build itself must notice it
     t.deadline = time.perf_counter() - 1.0
-    settings = SearchSettings(backend="cpsat", time_limit_s=5.0)
+    settings = SearchSettings(backend="cpsat", time_limit_s=5.0).solver_settings()
     with pytest.raises(DeadlinePassed):
         solve_cpsat(t, upper_bound_us=None, settings=settings, hint=False)
 

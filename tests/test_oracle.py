@@ -17,7 +17,9 @@ from planner.inputs.resolve import resolve_run
 from planner.profile_tables import ProfileSet
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Recompute
-from planner.search.driver import SearchSettings, search
+from planner.search.driver import search
+from planner.search.pruning import Pruning
+from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace
 
 PROFILES = ProfileSet.load()
@@ -65,17 +67,17 @@ def check_exact(cm: CostModel, menus: Menus, truth: float, backend: str):
 
 
 PRUNINGS = {
-    "load-balance": dict(delta=0.2, memory_prune=False, cp_min_seq_tokens=None),
-    "memory": dict(delta=None, memory_prune=True, cp_min_seq_tokens=None),
-    "cp-min-seq": dict(delta=None, memory_prune=False, cp_min_seq_tokens=2048),
-    "all": dict(delta=0.2, memory_prune=True, cp_min_seq_tokens=2048),
+    "load-balance": Pruning(delta=0.2, memory=False, cp_min_seq_tokens=None),
+    "memory": Pruning(delta=None, memory=True, cp_min_seq_tokens=None),
+    "cp-min-seq": Pruning(delta=None, memory=False, cp_min_seq_tokens=2048),
+    "all": Pruning(delta=0.2, memory=True, cp_min_seq_tokens=2048),
 }
 
 
-def check_pruned(cm: CostModel, menus: Menus, truth: float, backend: str, pruning: dict):
+def check_pruned(cm: CostModel, menus: Menus, truth: float, backend: str, pruning: Pruning):
     """Pruned search: never claims OPTIMAL over the whole space, its plan costs at least the
     optimum, and its whole-space bound (if any) is at most the optimum."""
-    res = search(cm, space_of(menus), SearchSettings(backend=backend, time_limit_s=120, **pruning))
+    res = search(cm, space_of(menus), SearchSettings(backend=backend, time_limit_s=120, pruning=pruning))
     assert res.status == "FEASIBLE" and not res.certified_optimal
     assert res.costs[0].iteration_time_s >= truth - 1e-12
     assert res.lower_bound_s is None or res.lower_bound_s <= truth, (res.lower_bound_s, truth)

@@ -139,10 +139,10 @@ def test_statuses_read_the_same_for_both_backends():
 def test_progress_is_silent_off_a_terminal_except_the_final_line():
     """Off a terminal the callback prints nothing; finish() leaves one line with the result's best
     and gap; under --quiet not even that."""
-    from planner.progress import SearchProgress
+    from planner.progress import ProgressDisplay
 
     stream = io.StringIO()
-    with SearchProgress(quiet=False, time_limit_s=60, stream=stream) as p:
+    with ProgressDisplay(quiet=False, time_limit_s=60, stream=stream) as p:
         for k in range(1, 6):
             p({"tried": k, "total": 10, "solved": k, "best_s": 3.0, "bound_s": 2.5, "config": "x"})
         assert stream.getvalue() == ""
@@ -153,7 +153,7 @@ def test_progress_is_silent_off_a_terminal_except_the_final_line():
     assert text.count("\n") == 1 and "5/10 configurations" in text and "best 3.000 s" in text
     assert "gap 0.00%" in text
     quiet = io.StringIO()
-    with SearchProgress(quiet=True, stream=quiet) as q:
+    with ProgressDisplay(quiet=True, stream=quiet) as q:
         q({"tried": 1, "total": 2, "solved": 1, "best_s": 1.0})
     q.finish()
     assert quiet.getvalue() == ""
@@ -162,10 +162,10 @@ def test_progress_is_silent_off_a_terminal_except_the_final_line():
 def test_live_progress_draws_a_bar_with_best_and_gap():
     """On a terminal (forced here) the rich bar shows configurations, elapsed time, an estimate and
     the best plan with its gap, and is cleared before the final line."""
-    from planner.progress import SearchProgress
+    from planner.progress import ProgressDisplay
 
     stream = io.StringIO()
-    with SearchProgress(quiet=False, time_limit_s=60, stream=stream, live=True) as p:
+    with ProgressDisplay(quiet=False, time_limit_s=60, stream=stream, live=True) as p:
         p({"tried": 3, "total": 10, "solved": 2, "best_s": 4.0, "bound_s": 3.0, "config": "x"})
         p._progress.refresh()
         shown = stream.getvalue()

@@ -18,7 +18,9 @@ from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
 from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Plan, StagePlan
-from planner.search.driver import SearchSettings, search
+from planner.search.driver import search
+from planner.search.pruning import Pruning
+from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
 from solver_models.hsdp import solve_hsdp
@@ -133,7 +135,7 @@ def test_search_without_pruning_equals_brute_force_search(scenario):
     oracle = search(cm, SMALL_SPACE, SearchSettings(backend="brute").without_pruning())
     assert exact.best[0].objective_s == pytest.approx(oracle.best[0].objective_s, rel=1e-9)
     assert exact.certified_optimal
-    pruned = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp", delta=0.2, memory_prune=True))
+    pruned = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp", pruning=Pruning(delta=0.2, memory=True)))
     gap = pruned.best[0].objective_s / exact.best[0].objective_s - 1
     print(f"{scenario[0]} on {scenario[2]}: optimum {exact.best[0].objective_s:.4f} s, pruned "
           f"{pruned.best[0].objective_s:.4f} s, gap {gap * 100:.2f}%")

@@ -119,7 +119,8 @@ def test_progress_callback_reports_counts_time_best_and_bound():
     from planner.inputs.cluster import parse_cluster
     from planner.inputs.resolve import resolve_run
     from planner.profile_tables import ProfileSet
-    from planner.search.driver import SearchSettings, search
+    from planner.search.driver import search
+    from planner.search.settings import SearchSettings
     from planner.search.space import SearchSpace
 
     profiles = ProfileSet.load()

@@ -26,7 +26,7 @@ def search_alpa(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list
                 time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
     """Search on an all-slowest-type cluster, map onto the real one, keep the fastest fitting plan."""
     from planner.api import make_space, solve
-    from planner.search.driver import SearchSettings
+    from planner.search.settings import SearchSettings
 
     cost = cost_model(run, cluster, profiles)
     slowest = types_by_speed(cost)[-1]

@@ -46,7 +46,7 @@ class SearchRun:
 def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_s: float) -> None:
     """Child-process body: run the search and send back (plan, detail)."""
     from planner.api import make_space, solve
-    from planner.search.driver import SearchSettings
+    from planner.search.settings import SearchSettings
 
     try:
         out = solve(run, cluster, profiles, settings=SearchSettings(backend=backend, time_limit_s=time_limit_s),

@@ -21,7 +21,7 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
                  time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
     """EP/ETP from a homogeneous fastest-type search, then placement search on the real cluster."""
     from planner.api import make_space, solve
-    from planner.search.driver import SearchSettings
+    from planner.search.settings import SearchSettings
 
     cost = cost_model(run, cluster, profiles)
     space = make_space(run, "megatron")

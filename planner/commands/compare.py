@@ -37,14 +37,15 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
     from planner.api import make_space, solve
     from planner.errors import SearchTimeLimitError
     from planner.sanity import check_prediction
-    from planner.search.driver import SearchSettings
+    from planner.search.pruning import Pruning
+    from planner.search.settings import SearchSettings
 
     space = make_space(run, runtime, contiguous_types=contiguous_types or None)
     end = time.perf_counter() + time_limit_s
     rows = []
     for k, name in enumerate(backends):
         share = max(0.1, (end - time.perf_counter()) / (len(backends) - k))
-        settings = SearchSettings(backend=name, delta=delta, time_limit_s=share)
+        settings = SearchSettings(backend=name, pruning=Pruning(delta=delta), time_limit_s=share)
         if no_prune:
             settings = settings.without_pruning()
         try:
@@ -62,7 +63,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
             "backend": name, "status": r.status, "objective_s": it, "iteration_time_s": it,
             "solver_objective_s": r.best[0].objective_s, "lower_bound_s": lb,
             "gap": max(0.0, (it - lb) / it) if lb is not None else None,
-            "pruned_space_status": "OPTIMAL" if r.pruned_space_optimal else "FEASIBLE",
+            "pruned_space_status": r.pruned_space_status,
             "certified_optimal": r.certified_optimal, "search_time_s": r.search_time_s, "timed_out": r.timed_out,
             "configs_solved": r.configs_solved, "plan": r.best[0].g.label(),
         })

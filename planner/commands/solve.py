@@ -146,16 +146,18 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         raise SearchTimeLimitError(f"reading the inputs took {time.perf_counter() - started:.1f} s of the "
                                    f"{time_limit_s:g} s time limit, which leaves no time to search; raise --time-limit")
     from planner.api import make_space, solve
-    from planner.progress import SearchProgress
+    from planner.progress import ProgressDisplay
     from planner.report import render_solve, solve_json
     from planner.sanity import check_prediction
-    from planner.search.driver import SearchSettings
+    from planner.search.pruning import Pruning
+    from planner.search.settings import SearchSettings
 
-    settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k, deadline=deadline)
+    settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta), time_limit_s=time_limit_s, top_k=top_k,
+                              deadline=deadline)
     if no_prune:
         settings = settings.without_pruning()
     space = make_space(run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
-    with SearchProgress(quiet=quiet, time_limit_s=time_limit_s) as progress:
+    with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
         outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
     for rank, cost in enumerate(outcome.costs):

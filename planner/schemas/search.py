@@ -6,6 +6,17 @@ megatron runtime: G = (TP, CP, EP, ETP, DP, micro-batch, PP, VPP, recompute) and
 device type (with G's DP and recompute).  flagscale runtime: G = (TP, CP=1, EP, ETP, samples per
 micro-batch B, PP, recompute mode) and a stage option is (device type, DP, recompute); stage i runs
 micro-batches of B / DP_i samples per rank.
+
+The degrees, and which type holds them where:
+  ParallelConfig  (schemas/parallel.py) Megatron's flags as read for `estimate`: DP derived, layouts
+  GlobalChoice    (here) one configuration the search tries; the key of its caches and records
+  Shape           (search/space.py) the global choices that differ only in PP, VPP and recompute:
+                  one GlobalChoice (`base`) and the (PP, VPP) pairs and recompute settings it spans
+  GlobalShape     (cost/model.py) the plan-wide figures the cost model prices with (with GBS and
+                  sequence parallelism); from a Plan (GlobalShape.of) or a GlobalChoice
+                  (search/tables.TableBuilder.shape)
+  Plan            (schemas/plan.py) the answer: global degrees and, per stage, device type, layers,
+                  DP and recompute
 """
 
 from __future__ import annotations

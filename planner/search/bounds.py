@@ -29,6 +29,7 @@ from functools import reduce
 import numpy as np
 
 from planner.cost.model import CostModel
+from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 
 # largest GPUs-used-per-type state space the budget test builds (cells of one numpy array)
@@ -60,7 +61,6 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
     Selective and full uniform recompute: every layer pays it and keeps the reduced activations.
     Full block recompute: layers are priced without recompute and with full activations, and the
     recompute enters as a per-stage time and a bounded memory saving (OptionBound.block_layers)."""
-    from planner.schemas.plan import Recompute
 
     kinds: dict[bool, int] = {}
     for j, k in enumerate(cost.model.layer_is_moe):

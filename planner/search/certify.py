@@ -19,20 +19,18 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.megatron import rules
 from planner.cost.model import CostModel
 from planner.schemas.search import GlobalChoice
-from planner.search.screening import SHAPE
+from planner.search.screening import QueueEntry, Screening, plan_from_solution
+from planner.search.settings import FEASIBLE, OPTIMAL, Candidate
 from planner.search.space import SearchSpace, recompute_ladder
-from solver_models import get_backend
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
+from solver_models.cpsat.model import CpSatSolution, solve_cpsat
 from solver_models.scaling import bound_s, from_us
-from solver_models.tables import DeadlinePassed
-
-if TYPE_CHECKING:
-    from planner.search.driver import Screening
+from solver_models.tables import DeadlinePassed, StageTables
 
 MAX_ROWS = 2_000
 # the winner's CP-SAT stage solve runs only with this much time left, and takes at most this share
@@ -81,23 +79,23 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     ]
 
 
-def degree_row(scr: "Screening", g: GlobalChoice) -> tuple[int, ...]:
+def degree_row(scr: Screening, g: GlobalChoice) -> tuple[int, ...]:
     """G's degrees in the order of the runtime's families (recompute as its index)."""
     if g.runtime == "flagscale":
         modes = [None] + recompute_ladder(scr.cost.model, tuple(scr.space.selective) + tuple(
             r for r in scr.space.stage_recompute if r.granularity == "selective"))
         rc = modes.index(g.recompute)
         return (g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch, g.pp, rc, g.first_dp or 0)
-    return (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, scr.configs.rank(g))
+    return (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, scr.recompute_rank(g))
 
 
 def _floor_us(seconds: float) -> int:
     return int(math.floor(seconds * 1e6))
 
 
-def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
-    """Run the master loop (module docstring) on the screening's state; updates scr.cands with any
-    better plan and returns the `search.cpsat` statistics."""
+def certify_with_cpsat(scr: Screening) -> dict[str, Any]:
+    """Run the master loop (module docstring) on the screening's state (through its certificate
+    interface); offers the screening any better plan and returns the `search.cpsat` statistics."""
     s = scr.settings
     stats: dict[str, Any] = {"status": "UNKNOWN", "objective_s": None, "bound_s": None, "wall_s": 0.0,
                              "branches": 0, "variables": {}, "constraints": {}, "master_solves": 0,
@@ -106,20 +104,20 @@ def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
     families = FLAGSCALE_FAMILIES if scr.space.runtime == "flagscale" else MEGATRON_FAMILIES
     rule_fams = rule_families(scr.cost, scr.space)
     while True:
-        incumbent_us = _floor_us(scr.cands[0].objective_s)
+        incumbent_us = _floor_us(scr.best.objective_s)
         _expand_open_shapes(scr, incumbent_us)
         rows = _rows(scr)
         rows.sort(key=lambda r: r[0])
         keep = rows[:max(MAX_ROWS, 1)]
         left_out = [r[0] for r in rows[len(keep):]]
-        left_out += [_floor_us(e.bound_s) for e in scr.heap if e.level == SHAPE]  # shapes not expanded
+        left_out += [_floor_us(e.bound_s) for e in scr.queued_shapes()]  # shapes not expanded
         rest_us = min(left_out, default=None)
         stats["rows"], stats["rows_left_out"] = len(keep), len(left_out)
         remaining = s.deadline - time.perf_counter()
         if not keep or remaining <= 0.05:
             if not keep:  # every row is solved or reaches the best plan: nothing left to decide
-                stats.update(status="OPTIMAL", objective_s=scr.cands[0].objective_s,
-                             bound_s=min(scr.cands[0].objective_s, (rest_us or math.inf) * 1e-6))
+                stats.update(status=OPTIMAL, objective_s=scr.best.objective_s,
+                             bound_s=min(scr.best.objective_s, (rest_us or math.inf) * 1e-6))
             break
         master = DegreeMaster(families, [degree_row(scr, r[2]) for r in keep], [r[0] for r in keep], rule_fams)
         res = master.solve(time_limit_s=remaining, num_workers=s.num_workers)
@@ -131,82 +129,70 @@ def certify_with_cpsat(scr: "Screening") -> dict[str, Any]:
         bound_us = res.bound_us if res.bound_us is not None else None
         if bound_us is not None and rest_us is not None:
             bound_us = min(bound_us, rest_us)
-        stats["bound_s"] = None if bound_us is None else min(bound_us * 1e-6, scr.cands[0].objective_s)
-        stats["objective_s"] = scr.cands[0].objective_s
+        stats["bound_s"] = None if bound_us is None else min(bound_us * 1e-6, scr.best.objective_s)
+        stats["objective_s"] = scr.best.objective_s
         if res.status != "OPTIMAL":
-            stats["status"] = "FEASIBLE" if res.status == "FEASIBLE" else res.status
+            stats["status"] = res.status  # the master's own: FEASIBLE, UNKNOWN, ...
             break
         value, solved, g = keep[res.row][0], keep[res.row][1], keep[res.row][2]
         if (value >= incumbent_us or solved) and (rest_us is None or rest_us >= incumbent_us):
-            stats["status"] = "OPTIMAL"
-            stats["bound_s"] = min(value * 1e-6, scr.cands[0].objective_s)
+            stats["status"] = OPTIMAL
+            stats["bound_s"] = min(value * 1e-6, scr.best.objective_s)
             break
         if value >= incumbent_us or solved:  # the master's rows are settled; what was left out is not
-            stats["status"] = "FEASIBLE"
+            stats["status"] = FEASIBLE
             break
         if not _refine(scr, g, stats):
-            stats["status"] = "FEASIBLE"
+            stats["status"] = FEASIBLE
             break
     _stage_solve_winner(scr, stats)
     return stats
 
 
-def _rows(scr: "Screening") -> list[tuple[int, bool, GlobalChoice]]:
+def _rows(scr: Screening) -> list[tuple[int, bool, GlobalChoice]]:
     """(value us, solved?, G) for every configuration not proven infeasible (shapes not yet
     expanded are not rows)."""
-    out = [(_floor_us(r.bound_s), r.solved, g) for g, r in scr.records.items()
-           if r.feasible and math.isfinite(r.bound_s)]
-    out += [(_floor_us(e.bound_s), False, e.g) for e in scr.heap if e.level != SHAPE and e.g not in scr.records]
+    out = [(_floor_us(r.bound_s), r.solved, r.g) for r in scr.known() if r.feasible and math.isfinite(r.bound_s)]
+    out += [(_floor_us(e.bound_s), False, e.g) for e in scr.queued_choices() if scr.record_of(e.g) is None]
     return out
 
 
-def _expand_open_shapes(scr: "Screening", incumbent_us: int) -> None:
+def _expand_open_shapes(scr: Screening, incumbent_us: int) -> None:
     """Shapes still in the queue whose bound is below the best plan become rows (their global
     choices), as long as there is time and room for them."""
-    while scr.heap and time.perf_counter() < scr.settings.deadline:
-        shapes = [e for e in scr.heap if e.level == SHAPE and _floor_us(e.bound_s) < incumbent_us]
-        if not shapes or len(scr.heap) > MAX_ROWS:
+    while scr.queue_size() and time.perf_counter() < scr.settings.deadline:
+        shapes = [e for e in scr.queued_shapes() if _floor_us(e.bound_s) < incumbent_us]
+        if not shapes or scr.queue_size() > MAX_ROWS:
             return
-        least = min(shapes)
-        scr.heap.remove(least)
-        _heapify(scr)
-        scr.expand(least.shape)
+        scr.expand_queued(min(shapes))
 
 
-def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
+def _refine(scr: Screening, g: GlobalChoice, stats: dict) -> bool:
     """Cut on row g: tighten its bound, or solve its stage problem with CP-SAT.  False when the
     time is up."""
     if time.perf_counter() > scr.settings.deadline:
         return False
-    entry = next((e for e in scr.heap if e.level != SHAPE and e.g == g), None)
+    entry = scr.queued_entry(g)
     if entry is not None and entry.level < 2:
-        scr.heap.remove(entry)
-        e = scr.configs.cheap_entry(entry) if entry.level == 0 else scr.configs.tight_entry(entry, scr.kth_best())
-        if math.isfinite(e.bound_s):
-            scr.heap.append(e)
-        else:
-            scr._record(e, math.inf, math.inf, solved=True, feasible=False)
-        _heapify(scr)
+        scr.tighten(entry)
         return True
     if entry is not None:
-        scr.heap.remove(entry)
-        _heapify(scr)
+        scr.dequeue(entry)
     else:
-        entry = _entry_for(scr, g)
-    rec = scr.records.get(g)
+        entry = scr.entry_for(g)
+    rec = scr.record_of(g)
     hint = rec.stages if rec is not None and rec.stages else None
     sub: dict = {}
     try:
         tables = scr.tables(g, entry.options)
-        sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=scr.settings, hint_stages=hint,
-                                         stats=sub)
+        sol = solve_cpsat(tables, upper_bound_us=None, settings=scr.solver_settings, hint_stages=hint, stats=sub)
     except DeadlinePassed:
         _keep_unsolved(scr, entry)
         return False
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
     if sol is None:
-        scr._record(entry, math.inf, math.inf if tables.exact else entry.bound_s, solved=True, feasible=False)
+        scr.record(entry, math.inf, math.inf if tables.exact else entry.bound_s, solved=True, feasible=False)
         return True
     if not sol.stages:
         _keep_unsolved(scr, entry)
@@ -215,60 +201,44 @@ def _refine(scr: "Screening", g: GlobalChoice, stats: dict) -> bool:
     return sol.status == "OPTIMAL"
 
 
-def _keep_unsolved(scr: "Screening", entry) -> None:
+def _keep_unsolved(scr: Screening, entry: QueueEntry) -> None:
     """A row taken off the queue whose stage problem the time limit cut short: keep its bound on
     record, so the pruned- and whole-space bounds still count the configuration."""
-    if entry.g not in scr.records:
-        scr._record(entry, entry.bound_s, entry.bound_s, solved=False)
+    if scr.record_of(entry.g) is None:
+        scr.record(entry, entry.bound_s, entry.bound_s, solved=False)
 
 
-def _entry_for(scr: "Screening", g: GlobalChoice):
-    from planner.search.screening import QueueEntry
-
-    e = QueueEntry(scr.records[g].bound_s, scr.configs.rank(g), -1, 0, g)
-    return scr.configs.cheap_entry(e)
-
-
-def _take(scr: "Screening", entry, tables, sol) -> None:
+def _take(scr: Screening, entry: QueueEntry, tables: StageTables, sol: CpSatSolution) -> None:
     """Record a CP-SAT stage solution and keep its plan when it is among the best."""
-    from planner.search.screening import Candidate, plan_from_solution
-
     g = entry.g
     obj = from_us(sol.objective_us) / g.vpp
     complete = sol.status == "OPTIMAL"
-    scr._record(entry, obj if complete else entry.bound_s, obj if sol.exact else entry.bound_s,
-                solved=complete, stages=sol.stages)
+    scr.record(entry, obj if complete else entry.bound_s, obj if sol.exact else entry.bound_s,
+               solved=complete, stages=sol.stages)
     plan = plan_from_solution(g, tables, sol.stages, scr.cost.training.global_batch_size)
-    if any(c.g == g and c.objective_s <= obj for c in scr.cands):
-        return
-    scr.cands = [c for c in scr.cands if c.g != g]
-    scr.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
-                               bound_s=bound_s(sol.bound_us, g.vpp), options=entry.options, stages=sol.stages))
-    scr.cands.sort(key=lambda c: c.objective_s)
+    scr.offer(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
+                        bound_s=bound_s(sol.bound_us, g.vpp), options=entry.options, stages=sol.stages))
 
 
-def _stage_solve_winner(scr: "Screening", stats: dict) -> None:
+def _stage_solve_winner(scr: Screening, stats: dict) -> None:
     """The best configuration's stage problem once more in CP-SAT, hinted with its plan."""
-    best = scr.cands[0]
-    if (best.g not in scr.records or not best.stages
-            or scr.settings.deadline - time.perf_counter() < STAGE_SOLVE_MIN_S):
+    best = scr.best
+    rec = scr.record_of(best.g)
+    if rec is None or not best.stages or scr.settings.deadline - time.perf_counter() < STAGE_SOLVE_MIN_S:
         return
-    rec = scr.records[best.g]
     sub: dict = {}
-    capped = replace(scr.settings, time_limit_s=max(STAGE_SOLVE_MIN_S, STAGE_SOLVE_SHARE * scr.budget_s))
+    capped = replace(scr.solver_settings, time_limit_s=max(STAGE_SOLVE_MIN_S, STAGE_SOLVE_SHARE * scr.budget_s))
     try:
         tables = scr.tables(best.g, rec.options)
-        sol = get_backend("cpsat").solve(tables, upper_bound_us=None, settings=capped, hint_stages=best.stages,
-                                         stats=sub)
+        sol = solve_cpsat(tables, upper_bound_us=None, settings=capped, hint_stages=best.stages, stats=sub)
     except DeadlinePassed:
         return
     stats["subproblems"] += 1
     _add_stage_stats(stats, sub)
     stats["winner_stage_status"] = sub.get("status")
     if sol is not None and sol.stages and from_us(sol.objective_us) / best.g.vpp < best.objective_s - 1e-12:
-        entry = _entry_for(scr, best.g)
-        _take(scr, entry, tables, sol)
-        stats["objective_s"] = scr.cands[0].objective_s
+        _take(scr, scr.entry_for(best.g), tables, sol)
+        stats["objective_s"] = scr.best.objective_s
     elif sol is not None and sol.stages:
         best.backend, best.status = "cpsat", sol.status
 
@@ -284,8 +254,3 @@ def _merge_counts(into: dict, new: dict, replace: bool = False) -> None:
     for k, v in new.items():
         into[k] = v if replace else into.get(k, 0) + v
 
-
-def _heapify(scr: "Screening") -> None:
-    import heapq
-
-    heapq.heapify(scr.heap)

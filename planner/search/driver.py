@@ -4,14 +4,10 @@
                backend of solver_models over the integer tables) -> certificate (certify.py: the
                CP-SAT master over the degrees, for --backend cpsat).
 
-What a result claims (SearchResult):
-  - `status` OPTIMAL: certified over the whole space (no pruning, every configuration solved
-    exactly or bounded out, within the time limit); FEASIBLE otherwise.
-  - `pruned_space_optimal`: the same statement for the pruned space (what the prunings left).
-  - `lower_bound_s`: a bound valid for the whole space, or None when it is not known; never above
-    the optimum (the tables round down, so table bounds bound the evaluator's costs).
+What a result claims: planner/search/settings.py (SearchResult, and the settings, progress event
+and status wording the search shares with its callers).
 
-Progress: `search(..., progress=fn)` calls fn(SearchProgress) at most every 0.2 s while it works
+Progress: `search(..., progress=fn)` calls fn(ProgressEvent) at most every 0.2 s while it works
 and once at the end (phase "done"): configurations done of the total, seconds elapsed, the best
 plan's objective so far and the least bound still open.
 """
@@ -20,99 +16,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from dataclasses import replace
 
-from planner.cost.model import CostModel, PlanCost
+from planner.cost.model import CostModel
 from planner.megatron import rules
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.search import GlobalChoice
+from planner.search.certify import certify_with_cpsat
 from planner.search.explain import explain_infeasible
-from planner.search.pruning import Pruning
-from planner.search.screening import Candidate, Screening
+from planner.search.screening import Screening
+from planner.search.settings import FEASIBLE, OPTIMAL, Candidate, ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
 
 # --backend cpsat: screening stops at this share of the time limit, leaving the rest to the master
 SCREENING_SHARE_CPSAT = 0.8
-
-
-@dataclass
-class SearchSettings:
-    backend: str = "cpsat"  # cpsat | hsdp | brute
-    delta: float | None = 0.2  # load-balance pruning tolerance; None = off
-    memory_prune: bool = True  # the least recompute that fits (paper's pruning 2)
-    cp_min_seq_tokens: int | None = 2048  # CP only with this many tokens per CP rank; None = off
-    time_limit_s: float = 60.0
-    top_k: int = 1
-    num_workers: int = 2
-    warm_start: bool = True  # flagscale: start from the best uniform-DP plan (a fast megatron-space search)
-    deadline: float | None = None  # time.perf_counter() value; search() sets it on its own copy
-
-    @property
-    def pruning(self) -> Pruning:
-        return Pruning(delta=self.delta, memory=self.memory_prune, cp_min_seq_tokens=self.cp_min_seq_tokens)
-
-    def without_pruning(self) -> "SearchSettings":
-        return replace(self, delta=None, memory_prune=False, cp_min_seq_tokens=None)
-
-
-@dataclass(frozen=True)
-class SearchProgress(Mapping):
-    """What a progress callback gets: configurations done of the total (both grow while the
-    memory pruning lets greater recompute settings in), seconds since the start, the best plan's
-    objective so far and the least lower bound of the configurations not yet done (seconds,
-    None before any).  Also readable as a mapping (the keys of as_dict)."""
-
-    done: int
-    total: int
-    solved: int
-    elapsed_s: float
-    best_s: float | None
-    bound_s: float | None
-    phase: str  # enumerating | screening | certifying | done
-    config: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"done": self.done, "tried": self.done, "total": self.total, "solved": self.solved,
-                "elapsed_s": self.elapsed_s, "best_s": self.best_s, "bound_s": self.bound_s,
-                "phase": self.phase, "config": "done" if self.phase == "done" else self.config}
-
-    def __getitem__(self, key: str) -> Any:
-        return self.as_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.as_dict())
-
-    def __len__(self) -> int:
-        return len(self.as_dict())
-
-
-ProgressFn = Callable[[SearchProgress], None]
-
-
-@dataclass
-class SearchResult:
-    best: list[Candidate]
-    costs: list[PlanCost]  # float evaluator, same order as best
-    configs_total: int
-    configs_solved: int
-    configs_bounded: int
-    configs_infeasible: int
-    configs_pruned_memory: int
-    lower_bound_s: float | None  # valid for the whole space; None when not known
-    certified_optimal: bool
-    search_time_s: float
-    backend: str
-    status: str  # OPTIMAL (whole space, certified) | FEASIBLE
-    notes: list[str] = field(default_factory=list)
-    pruning: Pruning = field(default_factory=Pruning)
-    pruned_space_optimal: bool = False
-    pruned_lower_bound_s: float | None = None  # valid for the pruned space
-    configs_pruned_cp: int = 0
-    timed_out: bool = False
-    quantisation_s: float = 0.0  # most the best plan's float cost exceeds its table objective
-    cpsat: dict | None = None  # the CP-SAT master's statistics (--backend cpsat)
 
 
 def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progress: ProgressFn | None = None
@@ -135,10 +52,10 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     if scr.timed_out:
         scr.notes.append(f"time limit {limit:g} s reached after {scr.done} of {scr.total} configurations")
     if scr.delta_fallbacks:
-        scr.notes.append(f"load-balance pruning (delta {settings.delta:g}) left no layout that fits in memory "
+        scr.notes.append(f"load-balance pruning (delta {settings.pruning.delta:g}) left no layout that fits in memory "
                          f"for {scr.delta_fallbacks} configuration(s); those were solved without it")
     if not scr.cands:
-        scr._report("done", "", force=True)
+        scr.report_progress("done", "", force=True)
         if scr.timed_out or not scr.enumeration_complete:
             raise SearchTimeLimitError(
                 f"no plan found within the {limit:g} s time limit ({scr.solved} of {scr.total} "
@@ -151,14 +68,12 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
     """What the screening (and, for cpsat, the master) proved, as a SearchResult."""
     cpsat_stats = None
     if settings.backend == "cpsat":
-        from planner.search.certify import certify_with_cpsat
-
         cpsat_stats = certify_with_cpsat(scr)
     whole = scr.enumeration_complete
     pruned_optimal = whole and scr.complete and not scr.timed_out
     pruned_lb = scr.pruned_space_bound() if whole else None
     if cpsat_stats is not None:
-        pruned_optimal = whole and cpsat_stats["status"] == "OPTIMAL"
+        pruned_optimal = whole and cpsat_stats["status"] == OPTIMAL
         if whole and cpsat_stats["bound_s"] is not None:  # else the master had no time: screening's bound
             pruned_lb = cpsat_stats["bound_s"]
     certified = pruned_optimal and not scr.pruning.any
@@ -168,12 +83,12 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
     pruned_lb = None if pruned_lb is None else min(pruned_lb, cap)
     whole_lb = None if whole_lb is None else min(whole_lb, cap)
     costs = [scr.cost.evaluate(c.plan) for c in best]
-    scr._report("done", "", force=True)
+    scr.report_progress("done", "", force=True)
     return SearchResult(
         best=best, costs=costs, configs_total=scr.total, configs_solved=scr.solved, configs_bounded=scr.bounded,
         configs_infeasible=scr.infeasible, configs_pruned_memory=scr.pruned_memory, lower_bound_s=whole_lb,
         certified_optimal=certified, search_time_s=time.perf_counter() - t0, backend=settings.backend,
-        status="OPTIMAL" if certified else "FEASIBLE", notes=scr.notes, pruning=scr.pruning,
+        notes=scr.notes, pruning=scr.pruning,
         pruned_space_optimal=pruned_optimal, pruned_lower_bound_s=pruned_lb, configs_pruned_cp=scr.pruned_cp,
         timed_out=scr.timed_out or not whole,
         quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=cpsat_stats,
@@ -202,6 +117,6 @@ def _flagscale_warm_start(cost: CostModel, space: SearchSpace, settings: SearchS
         g = GlobalChoice("flagscale", c.g.tp, c.g.cp, c.g.ep, c.g.etp, c.g.samples_per_microbatch, c.g.pp, 1, 1,
                          rc if rc.granularity == "selective" else None, first_dp=c.g.dp0 if tied else None)
         # the plan was found over the megatron tables: no stage indices to carry over
-        out.append(Candidate(g=g, objective_s=c.objective_s, plan=plan, backend="hsdp", status="FEASIBLE",
+        out.append(Candidate(g=g, objective_s=c.objective_s, plan=plan, backend="hsdp", status=FEASIBLE,
                              bound_s=c.bound_s))
     return out

@@ -1,6 +1,7 @@
 """Screening: best-first search over the configurations of the space with one backend
 (solver_models), the part of the search that finds the plan.  The driver (driver.py) runs it;
-the CP-SAT certificate (certify.py) works on what it leaves.
+the CP-SAT certificate (certify.py) works on what it leaves, through the methods of Screening's
+"certificate's interface" section (it touches nothing else).
 
 The queue holds entries ordered by a lower bound, refined in levels as an entry reaches the top:
 
@@ -25,21 +26,19 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Iterable, Iterator
 
 from planner.cost.model import CostModel
 from planner.schemas.plan import Plan, Recompute, StagePlan
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import ShapeBounds, lower_bound_s, option_bound, stage_free_bytes
+from planner.search.settings import Candidate, ProgressEvent, ProgressFn, SearchSettings
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, recompute_ladder, stage_options
 from planner.search.tables import TableBuilder
-from solver_models import get_backend
+from solver_models.backends import get_backend
 from solver_models.hsdp import has_fitting_layout
 from solver_models.scaling import bound_s, from_us
 from solver_models.tables import DeadlinePassed, StageTables
-
-if TYPE_CHECKING:
-    from planner.search.driver import SearchProgress, SearchSettings
 
 # share of the time limit the enumeration may take before the search solves what it has
 ENUMERATION_SHARE = 0.5
@@ -48,18 +47,6 @@ PROGRESS_EVERY_S = 0.2
 # configuration whose tight bound is finite instead of waiting for it to reach the top of the queue
 DIVE_AFTER = 0.0
 SHAPE = -1  # QueueEntry.level of a shape entry
-
-
-@dataclass
-class Candidate:
-    g: GlobalChoice
-    objective_s: float  # from the integer tables (rounded down: at most the plan's float cost)
-    plan: Plan
-    backend: str
-    status: str  # OPTIMAL | FEASIBLE (for this configuration's tables)
-    bound_s: float  # lower bound on this G's optimum under its tables
-    options: list = field(default_factory=list)
-    stages: list = field(default_factory=list)  # solver's (option, start, n)
 
 
 @dataclass(order=True)
@@ -94,7 +81,7 @@ def config_key(g: GlobalChoice) -> tuple:
     return (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, g.first_dp)
 
 
-def shape_key(g: GlobalChoice | Shape) -> tuple:
+def shape_key(g: GlobalChoice) -> tuple:
     """G without PP, VPP and recompute: what stage options and per-layer figures depend on."""
     return (g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.first_dp)
 
@@ -141,7 +128,7 @@ class Configurations:
             hit = self._options[key] = stage_options(g, c.model, c.training, c.cluster, self.space, self.gpn)
         return hit
 
-    def num_microbatches(self, g: GlobalChoice | Shape) -> int:
+    def num_microbatches(self, g: GlobalChoice) -> int:
         return self.cost.training.global_batch_size // (g.mbs * g.dp0)
 
     def inflight(self, g: GlobalChoice) -> list[float]:
@@ -187,7 +174,7 @@ class Configurations:
 
     def shape_bounds(self, shape: Shape) -> dict[tuple[int, int], float] | None:
         """The relaxed bound of each (PP, VPP) of the shape (None: no stage option)."""
-        key = shape_key(shape)
+        key = shape_key(shape.base)
         hit = self._pipeline_bounds.get(key)
         if hit is None:
             pp, vpp = shape.pipelines[0]
@@ -232,10 +219,10 @@ class Configurations:
 class Screening:
     """Best-first search over the configurations with one backend (module docstring)."""
 
-    def __init__(self, cost: CostModel, space: SearchSpace, settings: "SearchSettings", t0: float,
-                 progress: Callable[["SearchProgress"], None] | None, stop_at: float | None = None,
-                 budget_s: float | None = None):
+    def __init__(self, cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float,
+                 progress: ProgressFn | None, stop_at: float | None = None, budget_s: float | None = None):
         self.cost, self.space, self.settings, self.t0, self.progress = cost, space, settings, t0, progress
+        self.solver_settings = settings.solver_settings()  # what each backend solve gets
         self.stop_at = stop_at if stop_at is not None else settings.deadline  # screening's own deadline
         self.budget_s = budget_s if budget_s is not None else settings.time_limit_s
         self.pruning = settings.pruning
@@ -270,7 +257,7 @@ class Screening:
                 self.notes.append(f"time limit: enumeration stopped after {k} shapes (it may take "
                                   f"{ENUMERATION_SHARE:.0%} of --time-limit); the rest were not searched")
                 break
-            if self.pruning.cp_pruned(model, shape):
+            if self.pruning.cp_pruned(model, shape.base):
                 self.cp_pruned.append(shape)
                 continue
             bounds = self.configs.shape_bounds(shape)
@@ -283,7 +270,7 @@ class Screening:
                 continue
             self.total += shape.size
             heapq.heappush(self.heap, QueueEntry(least, 0, self._next_seq(), SHAPE, shape=shape))
-            self._report("enumerating", "")
+            self.report_progress("enumerating", "")
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -293,7 +280,7 @@ class Screening:
         """A shape's global choices into the queue at level 0; with memory pruning (megatron) only
         the least recompute of each (PP, VPP), the greater ones waiting in `deferred`."""
         bounds = self.configs.shape_bounds(shape)
-        wait = self.pruning.memory and shape.runtime == "megatron"
+        wait = self.pruning.memory and shape.base.runtime == "megatron"
         for pipe in shape.pipelines:
             lb = bounds[pipe]
             if not math.isfinite(lb):
@@ -345,7 +332,7 @@ class Screening:
                 if not math.isfinite(e.bound_s):
                     self.infeasible += 1
                     self.done += 1
-                    self._record(e, math.inf, math.inf, solved=True, feasible=False)
+                    self.record(e, math.inf, math.inf, solved=True, feasible=False)
                     self.push_next(e.g)
                     continue
                 if e.level < 2 or self.cands or time.perf_counter() < dive_after:
@@ -354,12 +341,14 @@ class Screening:
                 # no plan yet (after DIVE_AFTER of the time): solve the first configuration whose
                 # tight bound is finite at once, for a plan to bound the others with
             self._solve(e, kth)
-            self._report("screening", e.g.label())
+            self.report_progress("screening", e.g.label())
             if self.timed_out:  # the deadline passed inside the solve
                 break
 
-    def _record(self, e: QueueEntry, bound: float, whole: float, *, solved: bool, feasible: bool = True,
-                stages: list | None = None) -> None:
+    def record(self, e: QueueEntry, bound: float, whole: float, *, solved: bool, feasible: bool = True,
+               stages: list | None = None) -> None:
+        """What screening (or the certificate) learned about e's configuration: a bound valid for
+        the searched space, one valid for the whole space, and whether it is solved."""
         self.records[e.g] = ConfigRecord(e.g, e.options, bound, whole, solved=solved, feasible=feasible,
                                          stages=stages or [])
 
@@ -374,7 +363,7 @@ class Screening:
         except DeadlinePassed:  # the time limit passed while its tables were built or read
             self.complete = False
             self.timed_out = True
-            self._record(e, e.bound_s, e.bound_s, solved=False)
+            self.record(e, e.bound_s, e.bound_s, solved=False)
 
     def _solve_entry(self, e: QueueEntry, kth: float) -> None:
         s, g = self.settings, e.g
@@ -383,17 +372,17 @@ class Screening:
         if not self.cands and not has_fitting_layout(tables):
             # no plan yet, and none fits here (a quick test before the solve the dive asks for)
             self.infeasible += 1
-            self._record(e, math.inf, math.inf if tables.exact or not tables.memory_prune else e.bound_s,
-                         solved=True, feasible=False)
+            self.record(e, math.inf, math.inf if tables.exact or not tables.memory_prune else e.bound_s,
+                        solved=True, feasible=False)
             self.push_next(g)
             return
-        sol = self.backend.solve(tables, upper_bound_us=ub_us, settings=s)
+        sol = self.backend.solve(tables, upper_bound_us=ub_us, settings=self.solver_settings)
         self.solved += 1
         if sol is None and ub_us is None and tables.windows is not None and has_fitting_layout(tables):
             # load-balance pruning can rule out every layout that fits in memory: with no plan yet,
             # solve this configuration without it rather than report nothing
             tables = tables.pruned(delta=None, memory=tables.memory_prune)
-            sol = self.backend.solve(tables, upper_bound_us=None, settings=s)
+            sol = self.backend.solve(tables, upper_bound_us=None, settings=self.solver_settings)
             if sol is not None and sol.stages:
                 self.delta_fallbacks += 1
                 sol.exact = False
@@ -401,20 +390,20 @@ class Screening:
             # nothing under these tables (or nothing better than the k-th best): resolved
             self.infeasible += ub_us is None
             value = kth if ub_us is not None else math.inf
-            self._record(e, value, value if tables.exact else e.bound_s, solved=True, feasible=ub_us is not None)
+            self.record(e, value, value if tables.exact else e.bound_s, solved=True, feasible=ub_us is not None)
             if self.deferred.get(config_key(g)) and not has_fitting_layout(tables):
                 self.push_next(g)
             return
         if not sol.stages:  # the time ran out before any plan: this choice stays unproven
             self.complete = False
-            self._record(e, e.bound_s, e.bound_s, solved=False)
+            self.record(e, e.bound_s, e.bound_s, solved=False)
             return
         complete = sol.status == "OPTIMAL"
         if not complete:
             self.complete = False
         obj = from_us(sol.objective_us) / g.vpp
-        self._record(e, obj if complete else e.bound_s, obj if sol.exact else e.bound_s, solved=complete,
-                     stages=sol.stages)
+        self.record(e, obj if complete else e.bound_s, obj if sol.exact else e.bound_s, solved=complete,
+                    stages=sol.stages)
         plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
         self.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend=self.backend_name, status=sol.status,
                                     bound_s=bound_s(sol.bound_us, g.vpp) if complete else e.bound_s,
@@ -422,7 +411,7 @@ class Screening:
         self.cands.sort(key=lambda c: c.objective_s)
         del self.cands[s.top_k * 4:]
 
-    def _report(self, phase: str, config: str, force: bool = False) -> None:
+    def report_progress(self, phase: str, config: str, force: bool = False) -> None:
         """Call the progress callback (at most every PROGRESS_EVERY_S unless forced).  At the end
         (phase "done") of a search that was not cut short every configuration counts as done."""
         if not self.progress:
@@ -431,13 +420,77 @@ class Screening:
         if not force and now - self._last_report < PROGRESS_EVERY_S:
             return
         self._last_report = now
-        from planner.search.driver import SearchProgress
-
         finished = phase == "done" and not self.timed_out and self.enumeration_complete
-        self.progress(SearchProgress(
+        self.progress(ProgressEvent(
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
             best_s=self.cands[0].objective_s if self.cands else None,
             bound_s=self.heap[0].bound_s if self.heap else None, phase=phase, config=config))
+
+    # ---- the certificate's interface (certify.py reads and changes the screening only here) ----
+    @property
+    def best(self) -> Candidate:
+        """The best plan so far."""
+        return self.cands[0]
+
+    def known(self) -> Iterable[ConfigRecord]:
+        """What screening learned about each configuration it took off the queue."""
+        return self.records.values()
+
+    def record_of(self, g: GlobalChoice) -> ConfigRecord | None:
+        return self.records.get(g)
+
+    def queue_size(self) -> int:
+        return len(self.heap)
+
+    def queued_shapes(self) -> list[QueueEntry]:
+        """The shape entries still queued (not expanded into their global choices)."""
+        return [e for e in self.heap if e.level == SHAPE]
+
+    def queued_choices(self) -> list[QueueEntry]:
+        """The global choices still queued, in queue order."""
+        return [e for e in self.heap if e.level != SHAPE]
+
+    def queued_entry(self, g: GlobalChoice) -> QueueEntry | None:
+        return next((e for e in self.heap if e.level != SHAPE and e.g == g), None)
+
+    def expand_queued(self, entry: QueueEntry) -> None:
+        """Take a queued shape off the queue and queue its global choices."""
+        self.heap.remove(entry)
+        heapq.heapify(self.heap)
+        self.expand(entry.shape)
+
+    def tighten(self, entry: QueueEntry) -> None:
+        """A queued global choice below level 2 one level on (recorded as infeasible when nothing
+        fits)."""
+        self.heap.remove(entry)
+        e = self.configs.cheap_entry(entry) if entry.level == 0 else self.configs.tight_entry(entry, self.kth_best())
+        if math.isfinite(e.bound_s):
+            self.heap.append(e)
+        else:
+            self.record(e, math.inf, math.inf, solved=True, feasible=False)
+        heapq.heapify(self.heap)
+
+    def dequeue(self, entry: QueueEntry) -> None:
+        self.heap.remove(entry)
+        heapq.heapify(self.heap)
+
+    def entry_for(self, g: GlobalChoice) -> QueueEntry:
+        """A level-1 entry for a configuration screening has a record of (no longer queued)."""
+        e = QueueEntry(self.records[g].bound_s, self.configs.rank(g), -1, 0, g)
+        return self.configs.cheap_entry(e)
+
+    def recompute_rank(self, g: GlobalChoice) -> int:
+        """G's recompute setting's position on the megatron ladder."""
+        return self.configs.rank(g)
+
+    def offer(self, cand: Candidate) -> None:
+        """A plan found outside screening (the certificate's stage solves): kept unless G already
+        has one at least as good; the plans stay ordered by objective."""
+        if any(c.g == cand.g and c.objective_s <= cand.objective_s for c in self.cands):
+            return
+        self.cands = [c for c in self.cands if c.g != cand.g]
+        self.cands.append(cand)
+        self.cands.sort(key=lambda c: c.objective_s)
 
     # ---- what was proven ----
     @property

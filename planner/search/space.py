@@ -13,7 +13,7 @@ switchable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from planner.megatron import rules
@@ -75,8 +75,6 @@ class SearchSpace:
     contiguous_types: bool | None = None
 
     def with_(self, **kw) -> "SearchSpace":
-        from dataclasses import replace
-
         return replace(self, **kw)
 
     @property
@@ -128,23 +126,18 @@ def _hosting_types(cluster: ClusterSpec, tp: int, gpus_per_node: dict[str, int])
 @dataclass(frozen=True)
 class Shape:
     """A set of global choices that differ only in PP, VPP and recompute: the degrees that fix the
-    stage options' per-layer figures.  `pipelines` are the (PP, VPP) pairs the rules allow with it,
-    `recomputes` the recompute settings (megatron: the global one; flagscale: the modes)."""
+    stage options' per-layer figures.  `base` is its first choice (first pipeline, first recompute),
+    whose other degrees (runtime, TP, CP, EP, ETP, micro-batch, DP, first DP) are the shape's;
+    `pipelines` are the (PP, VPP) pairs the rules allow with it, `recomputes` the recompute
+    settings (megatron: the global one; flagscale: the modes)."""
 
-    runtime: str
-    tp: int
-    cp: int
-    ep: int
-    etp: int
-    mbs: int  # flagscale: samples per micro-batch B
-    dp0: int  # flagscale: 1
-    first_dp: int | None
+    base: GlobalChoice
     pipelines: tuple[tuple[int, int], ...]
     recomputes: tuple[Recompute | None, ...]
 
     def choice(self, pp: int, vpp: int, recompute: Recompute | None) -> GlobalChoice:
-        return GlobalChoice(self.runtime, self.tp, self.cp, self.ep, self.etp, self.mbs, pp, vpp, self.dp0,
-                            recompute, first_dp=self.first_dp)
+        b = self.base
+        return GlobalChoice(b.runtime, b.tp, b.cp, b.ep, b.etp, b.mbs, pp, vpp, b.dp0, recompute, first_dp=b.first_dp)
 
     @property
     def size(self) -> int:
@@ -195,7 +188,9 @@ def enumerate_shapes(
                             if rules.runtime_degrees_ok(space.runtime, cp, vpp)
                             and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and rules.layout_ok(n_layers, pp, vpp))
                         if pipelines:
-                            yield Shape("megatron", tp, cp, ep, etp, mbs, dp, None, pipelines, ladder)
+                            base = GlobalChoice("megatron", tp, cp, ep, etp, mbs, *pipelines[0], dp,
+                                                ladder[0] if ladder else None)
+                            yield Shape(base, pipelines, ladder)
 
 
 def enumerate_globals(
@@ -231,7 +226,8 @@ def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) ->
         pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1))
         firsts = sorted({d for ds in dps.values() for d in ds}) if tied else [None]
         for first in firsts:
-            yield Shape("flagscale", tp, cp, ep, etp, b, 1, first, pipelines, modes)
+            base = GlobalChoice("flagscale", tp, cp, ep, etp, b, *pipelines[0], 1, modes[0], first_dp=first)
+            yield Shape(base, pipelines, modes)
 
 
 def stage_options(

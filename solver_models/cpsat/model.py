@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from ortools.sat.python import cp_model
 
-from solver_models import Solution
-from solver_models.cpsat import constraints as cons
+import solver_models.cpsat.constraints as cons
+from solver_models.base import Solution, SolverSettings
 from solver_models.cpsat.cells import all_cells, canonical_plan
 from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, variable_counts
 from solver_models.hsdp import solve_hsdp
@@ -171,16 +171,16 @@ def wants_dp_hint(t: StageTables) -> bool:
     return plan_count(t) > TINY_PLANS and t.num_options <= HINT_MAX_OPTIONS
 
 
-def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings,
+def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings: SolverSettings,
                 hint: bool | None = None, hint_stages: list[tuple[int, int, int]] | None = None,
                 max_equality: bool = False, drop_dominated: bool = True, log: bool = False,
                 stats: dict[str, Any] | None = None) -> CpSatSolution | None:
     """Best plan for the configuration under the tables' rules and prunings (None if nothing fits
     or nothing beats upper_bound_us).
 
-    settings: time_limit_s, num_workers, optionally deadline (a time.perf_counter() value; the
-    limit is cut to it).  When time runs out with no plan and no proof: a solution with status
-    UNKNOWN and no stages (as HS-DP's backend reports it).  Hint: hint_stages (a plan
+    settings: the time limit, workers and deadline (the limit is cut to the deadline).  When
+    time runs out with no plan and no proof: a solution with status UNKNOWN and no stages (as
+    HS-DP's backend reports it).  Hint: hint_stages (a plan
     [(option, start, n)] the caller already has, e.g. from HS-DP) is used as given; otherwise
     hint=None computes HS-DP's plan when wants_dp_hint(tables), True/False force it (HS-DP gets at
     most HINT_TIME_SHARE of the limit).  The returned objective is recomputed from the tables;
@@ -192,9 +192,8 @@ def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings,
     out_stats = stats if stats is not None else {}
     out_stats.clear()
     limit_s = float(settings.time_limit_s)
-    deadline = getattr(settings, "deadline", None)
-    if deadline is not None:
-        limit_s = min(limit_s, deadline - t0)
+    if settings.deadline is not None:
+        limit_s = min(limit_s, settings.deadline - t0)
     if limit_s <= 0:
         out_stats.update(status="UNKNOWN", reason="deadline passed before solving")
         return _unknown(dict(out_stats))

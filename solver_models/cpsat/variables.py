@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from solver_models.cpsat.cells import StageOptionCells, start_range
-from solver_models.tables import StageTables
+from solver_models.tables import StageTables, position
 
 
 @dataclass
@@ -88,8 +88,6 @@ def contiguous(t: StageTables) -> bool:
 
 def stage_values(t: StageTables, stages: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
     """Per stage (core, sync, time) of a plan [(option, start, n)], read from the tables."""
-    from solver_models.tables import position
-
     pp = t.pp
     cores, syncs, times = [], [], []
     for i, (o, s, n) in enumerate(stages):
