@@ -10,7 +10,6 @@ never modified.  (Megatron's own validator checks the same files in test_megatro
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
@@ -18,21 +17,15 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from planner.inputs.script import read_launcher_script
 from planner.launcher.common import PLAN_DECIDED_FLAGS, group_flag_items, is_flag_token
 
-HERE = Path(__file__).parent
-CORPUS_DIR = HERE / "launchers"
-CORPUS = yaml.safe_load((CORPUS_DIR / "corpus.yaml").read_text())
-NAMES = [c["script"] for c in CORPUS]
+from helpers.corpus import CORPUS_DIR, NAMES, entry, solved
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -49,29 +42,6 @@ _STUBS = {
               " *) shift ;; esac; done\nexec \"$@\"\n",
     "scontrol": "#!/bin/bash\necho node0\n",
 }
-
-
-def entry(name: str) -> dict:
-    return next(c for c in CORPUS if c["script"] == name)
-
-
-_SOLVED_ROOT = Path(tempfile.mkdtemp(prefix="hapmoe-corpus-"))
-atexit.register(shutil.rmtree, _SOLVED_ROOT, True)
-
-
-@lru_cache(maxsize=None)
-def solved(name: str, runtime: str = "megatron") -> Path:
-    """Run `solve` on one corpus script (once per test session, shared with the validator tests)
-    and return its --out directory."""
-    from cli import main
-
-    c = entry(name)
-    out = _SOLVED_ROOT / f"{name}-{runtime}"
-    args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", c["cluster"], "--backend", "hsdp",
-            "--runtime", runtime, "--time-limit", "30", "--quiet", "--out", str(out), "--", *c["args"]]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    return out
 
 
 @pytest.fixture(scope="module")

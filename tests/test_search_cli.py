@@ -112,17 +112,15 @@ def test_compare_layers_rejects_more_layers_than_the_model():
     assert res.exit_code == 2 and "--layers" in res.output
 
 
-def test_progress_callback_reports_counts_time_best_and_bound():
+def test_progress_callback_reports_counts_time_best_and_bound(profiles):
     """The progress callback gets done/total, elapsed seconds, the best objective and the open
     bound, and ends with phase 'done'; old dict-style readers still work."""
     from planner.cost.model import CostModel
     from planner.inputs.cluster import parse_cluster
     from planner.inputs.resolve import resolve_run
-    from planner.profile_tables import ProfileSet
     from planner.search.driver import SearchSettings, search
     from planner.search.space import SearchSpace
 
-    profiles = ProfileSet.load()
     cl = parse_cluster("H800:8,MI300X:8", profiles)
     run = resolve_run(model="mixtral-s", world_size=cl.world_size, overrides={"gbs": 64})
     seen = []
