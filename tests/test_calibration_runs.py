@@ -92,6 +92,7 @@ def test_shipped_corrections_are_the_fit(profiles, report_and_fit):
     assert {p.name for p in FIT_PARAMS} == set(result.factors)
 
 
+@pytest.mark.slow
 def test_leave_one_out_refits_without_the_row():
     """Leave-one-out predictions exist for every row and differ from in-sample ones exactly where the
     row calibrated a parameter; a row alone on its parameter falls back to the uncalibrated value."""

@@ -113,6 +113,7 @@ def test_corpus_script_is_read_as_bash_runs_it(name, workdir):
         assert flag in run.passthrough and any(flag in n and "not modelled" in n for n in notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_emitted_launcher_is_the_users_command_with_the_plan(name, workdir):
     """launch.sh passes the user's flags that the plan does not decide, unchanged and in order,
@@ -174,6 +175,7 @@ def _applied_count(out: Path) -> int:
     return len(group_flag_items(shlex.split(m.group(1))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixtral_8x7b_distributed.sh", "pai_megatron_patch_eval.sh", "slurm_srun_fsdp_string.sh"])
 def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
     """`launch.sh --dry-run ARGS` prints one command per node (torchrun) and launches nothing."""
@@ -197,6 +199,7 @@ def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
     assert not rec.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixtral_8x7b_distributed.sh", "case_loop_options.sh"])
 def test_flagscale_yaml_keeps_the_users_flags(name, workdir):
     """With --runtime flagscale the train YAML holds every flag of the user's command that the

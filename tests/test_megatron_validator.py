@@ -49,11 +49,14 @@ def megatron_python() -> str | None:
 
 
 PYTHON = megatron_python()
-pytestmark = pytest.mark.skipif(
-    PYTHON is None,
-    reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh builds it: Python 3.12, "
-    "megatron-core 0.19.2, torch); set HAPMOE_MEGATRON_PYTHON to use another",
-)
+pytestmark = [
+    pytest.mark.slow,  # imports Megatron in a subprocess and solves every corpus script
+    pytest.mark.skipif(
+        PYTHON is None,
+        reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh builds it: Python 3.12, "
+        "megatron-core 0.19.2, torch); set HAPMOE_MEGATRON_PYTHON to use another",
+    ),
+]
 
 BASE = ("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
         "--micro-batch-size 1 --global-batch-size 16 --vocab-size 1000 --tokenizer-type NullTokenizer --mock-data "

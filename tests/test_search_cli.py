@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from cli import main
@@ -87,6 +88,7 @@ def test_checker_failure_exits_2(monkeypatch):
     assert "checker rejects" in res.output and "PROBLEM" not in res.output
 
 
+@pytest.mark.slow
 def test_compare_layers_runs_brute_force_and_agrees():
     """compare --layers 4 on a reduced preset: brute force runs, and without pruning all three
     backends certify the same optimum; the table has one line per backend."""
