@@ -1,6 +1,6 @@
 """Brute force over one global choice: every option sequence and every layer split, under the
 tables' rules and prunings.  The per-configuration oracle the tests hold HS-DP and CP-SAT to;
-exponential, for small cases only.  (tests/oracle.py is the whole-space oracle, which knows no
+exponential, for small cases only.  (tests/helpers/oracle.py is the whole-space oracle, which knows no
 tables.)"""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ least recompute that fits); with either on, each DP state keeps one label instea
 
 The DP over stages (`_StageDP`) works on numpy arrays of all states and labels of a stage at once,
 in the order a plain loop would visit them, so ties are broken as that loop breaks them;
-tests/hsdp_reference.py is that loop, and tests/test_hsdp_vectorised.py holds the two equal.
+tests/helpers/hsdp_reference.py is that loop, and tests/test_hsdp_vectorised.py holds the two equal.
 """
 
 from __future__ import annotations

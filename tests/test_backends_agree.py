@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cost.model import CostModel
-from planner.inputs.cluster import parse_cluster
-from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Recompute
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.base import SolverSettings
@@ -18,6 +14,8 @@ from solver_models.brute import solve_brute
 from solver_models.cpsat.model import solve_cpsat
 from solver_models.hsdp import solve_hsdp
 from planner.search.tables import TableBuilder
+
+from helpers.cases import reduced_cost_model
 
 SETTINGS = SolverSettings(time_limit_s=20.0, num_workers=2)
 SHORT_LADDER = (Recompute.none(), Recompute.full("uniform", 1))
@@ -36,22 +34,15 @@ CASES = [
 
 def build_case(model: str, layers: int, pattern, cluster: str, runtime: str, count: int):
     """Tables for `count` configurations with PP in 2..4 (evenly spread over the sorted labels)."""
-    profiles = ProfileSet.load()
-    cl = parse_cluster(cluster, profiles)
-    run = resolve_run(model=model, world_size=cl.world_size, overrides={"gbs": 64, "seq": 4096})
-    update = {"num_layers": layers}
-    if pattern is not None:
-        update["moe_layer_pattern"] = tuple(pattern)
-    elif run.model.moe_layer_pattern is not None:
-        update["moe_layer_pattern"] = run.model.moe_layer_pattern[:layers]
-    spec = run.model.model_validate({**run.model.model_dump(), **update})
-    builder = TableBuilder(CostModel(spec, run.training, cl, profiles))
-    gpn = {h: profiles.device(h).gpus_per_node for h in cl.gpus_by_type()}
+    cm = reduced_cost_model(model, layers, cluster, 64, pattern=pattern, seq=4096)
+    spec, training, cl = cm.model, cm.training, cm.cluster
+    builder = TableBuilder(cm)
+    gpn = {h: cm.gpus_per_node(h) for h in cl.gpus_by_type()}
     space = SearchSpace(runtime=runtime, recompute=SHORT_LADDER)
     out = []
-    for g in enumerate_globals(spec, run.training, cl, space, gpn):
+    for g in enumerate_globals(spec, training, cl, space, gpn):
         if 2 <= g.pp <= 4:
-            options = stage_options(g, spec, run.training, cl, space, gpn)
+            options = stage_options(g, spec, training, cl, space, gpn)
             if options:
                 out.append((g, options))
     out.sort(key=lambda e: e[0].label())

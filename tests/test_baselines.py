@@ -16,13 +16,7 @@ from planner.checker import plan_problems
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Recompute
-
-
-@pytest.fixture(scope="module")
-def profiles():
-    return ProfileSet.load()
 
 
 def scenario(profiles, model, cluster_name):

@@ -94,6 +94,7 @@ def test_bench_rejects_bad_planner():
     assert "known: mi" in res.output
 
 
+@pytest.mark.slow
 def test_bench_quick_end_to_end(tmp_path):
     """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline and beats MI on the mix."""
     from cli import main

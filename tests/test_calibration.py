@@ -25,10 +25,10 @@ def _inputs(cluster: str, profiles: ProfileSet, **overrides):
     return run, spec
 
 
-def test_log_calibration_round_trip(tmp_path):
+def test_log_calibration_round_trip(tmp_path, profiles):
     """Corrections fitted on the fixture log (1.500 s/iteration, TP2 PP2 DP2 on 8 H100) load with
     --profiles and make the cost model reproduce the measured iteration time and stage memory."""
-    base = ProfileSet.load()
+    base = profiles
     run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=64)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"), skip=2)
     result = calibrate(meas, run, cluster, base)
@@ -52,9 +52,9 @@ def test_log_calibration_round_trip(tmp_path):
     assert "megatron_core018_minmax.log (2025-03-04)" in result.corrections[0]["provenance"]["source"]
 
 
-def test_gbs_mismatch_is_reported():
+def test_gbs_mismatch_is_reported(profiles):
     """A run whose GBS differs from the log's is calibrated anyway, with a warning naming both."""
-    base = ProfileSet.load()
+    base = profiles
     run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=128)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
     assert any("64" in w and "128" in w for w in calibrate(meas, run, cluster, base).report["warnings"])
@@ -114,14 +114,14 @@ SCALING_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(SCALING_CASES))
-def test_profile_scaling_4_to_16_nodes(tmp_path, case):
+def test_profile_scaling_4_to_16_nodes(tmp_path, case, profiles):
     """Corrections calibrated on a 4-node run predict the 16-node run within 10% (the paper's claim,
     checked inside the cost model): the 'measurement' is the cost model with known per-kernel
     perturbations; calibration sees only its rendered Megatron log.  This proves the log -> fit ->
     corrections.yaml -> --profiles chain is consistent and that per-kind rate errors learnt at small
     scale transfer when the kernel mix changes with scale; it says nothing about real-hardware error."""
     small, large, factors = SCALING_CASES[case]
-    shipped = ProfileSet.load()
+    shipped = profiles
     truth = ProfileSet.load(extra_dirs=[_truth_dir(tmp_path, factors)])
     knobs = dict(model="mixtral-s", tp=2, pp=2, ep=4)
     run_s, cl_s = _inputs(small, shipped, gbs=256, **dict(knobs))
@@ -144,12 +144,12 @@ def test_profile_scaling_4_to_16_nodes(tmp_path, case):
         assert calibrated.correction("H800", "memory_overhead_gib") == pytest.approx(2.0, abs=0.01)
 
 
-def test_router_stats_become_an_entry(tmp_path):
+def test_router_stats_become_an_entry(tmp_path, profiles):
     """Router statistics add a moe_imbalance_factor entry (hand example: 1.25), written where the
     loader can take it (corrections.yaml if it accepts the kind, moe_imbalance.yaml otherwise)."""
     f = tmp_path / "router.csv"
     f.write_text("layer,expert,tokens\n0,0,10\n0,1,30\n0,2,20\n0,3,20\n1,0,25\n1,1,25\n1,2,25\n1,3,25\n")
-    base = ProfileSet.load()
+    base = profiles
     run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=64)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
     result = calibrate(meas, run, cluster, base, load_router_stats(f))

@@ -10,14 +10,9 @@ from planner.inputs.cluster import parse_cluster, preset_paths
 from planner.profile_tables import PROFILES_DIR, ProfileSet
 
 
-@pytest.fixture(scope="module")
-def ps() -> ProfileSet:
-    return ProfileSet.load()
-
-
-def test_shorthand_canonicalises_types_and_keeps_order(ps):
+def test_shorthand_canonicalises_types_and_keeps_order(profiles):
     """H800:16,mi300x:16,ascend910b:16 gives three groups of 2x8 in the order given, canonical names."""
-    c = parse_cluster("H800:16,mi300x:16,ascend910b:16", ps)
+    c = parse_cluster("H800:16,mi300x:16,ascend910b:16", profiles)
     assert [(g.device_type, g.num_nodes, g.gpus_per_node) for g in c.groups] == [
         ("H800", 2, 8), ("MI300X", 2, 8), ("910B", 2, 8)]
     assert c.world_size == 48
@@ -25,9 +20,9 @@ def test_shorthand_canonicalises_types_and_keeps_order(ps):
     assert c.links == ()
 
 
-def test_shorthand_partial_node_and_nodes_by_gpus(ps):
+def test_shorthand_partial_node_and_nodes_by_gpus(profiles):
     """A count below one node is one node of that many GPUs; NODESxGPUS sets both; spaces are fine."""
-    c = parse_cluster(" A100 : 4 , H100:3x4 ", ps)
+    c = parse_cluster(" A100 : 4 , H100:3x4 ", profiles)
     assert [(g.device_type, g.num_nodes, g.gpus_per_node) for g in c.groups] == [("A100", 1, 4), ("H100", 3, 4)]
 
 
@@ -42,10 +37,10 @@ def test_shorthand_partial_node_and_nodes_by_gpus(ps):
     ("missing.yaml", ["file not found", "missing.yaml"]),
     ("", ["empty"]),
 ])
-def test_bad_cluster_text_names_the_flag(ps, text, needles):
+def test_bad_cluster_text_names_the_flag(profiles, text, needles):
     """Each bad --cluster value raises PlannerInputError on `--cluster` explaining what is wrong."""
     with pytest.raises(PlannerInputError) as info:
-        parse_cluster(text, ps)
+        parse_cluster(text, profiles)
     assert info.value.field == "--cluster"
     for needle in needles:
         assert needle in str(info.value), needle
@@ -64,24 +59,24 @@ PAPER = {
 
 
 @pytest.mark.parametrize("name,counts", sorted(PAPER.items()))
-def test_paper_presets(ps, name, counts):
+def test_paper_presets(profiles, name, counts):
     """The paper's cluster settings are presets with the stated GPUs per type (case-insensitive name)."""
-    c = parse_cluster(name.upper(), ps)
+    c = parse_cluster(name.upper(), profiles)
     assert c.gpus_by_type() == counts and c.name == name
 
 
 @pytest.mark.parametrize("path", sorted((PROFILES_DIR / "clusters").glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_preset_loads_with_known_devices(ps, path):
+def test_every_preset_loads_with_known_devices(profiles, path):
     """Every shipped preset parses, names itself after its file, and uses known devices in whole nodes."""
-    c = parse_cluster(path.stem, ps)
+    c = parse_cluster(path.stem, profiles)
     assert c.name == path.stem
     for g in c.groups:
-        assert ps.canonical_name(g.device_type) == g.device_type
-        assert g.gpus_per_node == ps.device(g.device_type).gpus_per_node
-    assert path.stem in preset_paths(ps)
+        assert profiles.canonical_name(g.device_type) == g.device_type
+        assert g.gpus_per_node == profiles.device(g.device_type).gpus_per_node
+    assert path.stem in preset_paths(profiles)
 
 
-def test_yaml_file_with_overrides_and_links(ps, tmp_path):
+def test_yaml_file_with_overrides_and_links(profiles, tmp_path):
     """A cluster file canonicalises names, defaults gpus_per_node, keeps overrides, fills link defaults."""
     f = tmp_path / "mine.yaml"
     f.write_text(yaml.safe_dump({
@@ -91,16 +86,16 @@ def test_yaml_file_with_overrides_and_links(ps, tmp_path):
         ],
         "links": [{"between": ["H800", "ascend910b"], "kind": "ethernet"}],
     }))
-    c = parse_cluster(str(f), ps)
+    c = parse_cluster(str(f), profiles)
     assert c.name == "mine"
     assert [(g.device_type, g.num_nodes, g.gpus_per_node) for g in c.groups] == [("H800", 2, 8), ("910B", 2, 8)]
     assert c.groups[0].inter_node_bandwidth_gb_per_s == 25.0
     link = c.cross_link("910B", "H800")
-    eth = ps.link_kind("ethernet")
+    eth = profiles.link_kind("ethernet")
     assert link is not None and (link.bandwidth_gb_per_s, link.latency_us) == (eth.bandwidth_gb_per_s, eth.latency_us)
-    resolved = ps.cross_link("H800", "910B", c)
+    resolved = profiles.cross_link("H800", "910B", c)
     assert resolved.kind == "ethernet"
-    assert ps.cross_link("H800", "910B").kind == "host-memory"  # without the cluster: the vendor default
+    assert profiles.cross_link("H800", "910B").kind == "host-memory"  # without the cluster: the vendor default
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -113,12 +108,12 @@ def test_yaml_file_with_overrides_and_links(ps, tmp_path):
     ({"groups": [{"device_type": "H800", "num_nodes": 1}],
       "links": [{"between": ["H800", "MI300X"], "kind": "carrier-pigeon"}]}, "carrier-pigeon"),
 ])
-def test_bad_cluster_file_names_the_key(ps, tmp_path, body, needle):
+def test_bad_cluster_file_names_the_key(profiles, tmp_path, body, needle):
     """A bad cluster file raises PlannerInputError on --cluster naming the offending key."""
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(body))
     with pytest.raises(PlannerInputError) as info:
-        parse_cluster(str(f), ps)
+        parse_cluster(str(f), profiles)
     assert info.value.field == "--cluster" and needle in str(info.value)
 
 

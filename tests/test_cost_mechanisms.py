@@ -14,17 +14,16 @@ import pytest
 from planner.cost.dispatch import (
     AUX_LOSS_MAX_PULL, DROPLESS_IMBALANCE_DEFAULT, expected_destination_ranks, p_group_hit, p_node_hit, routing,
 )
-from planner.cost.estimate import estimate_run, plan_from_run
+from planner.cost.estimate import estimate_run
 from planner.cost.memory import ParamBytes, activation_bytes_per_token
-from planner.cost.model import CostModel, GlobalShape
+from planner.cost.model import GlobalShape
 from planner.megatron.flags import unmodelled_notes
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
-from planner.profile_tables import ProfileSet
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
-PROFILES = ProfileSet.load()
+from helpers.cases import flags_cost_model
 
 MOE = ("--num-layers 4 --hidden-size 4096 --ffn-hidden-size 12288 --moe-ffn-hidden-size 1536 "
        "--num-attention-heads 32 --group-query-attention --num-query-groups 4 --kv-channels 128 --swiglu "
@@ -38,10 +37,7 @@ DENSE = ("--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attent
 
 
 def _cost(flags: str, cluster: str, *, gbs: int = 64):
-    cl = parse_cluster(cluster, PROFILES)
-    run = parse_megatron_flags(shlex.split(f"{flags} --global-batch-size {gbs}"), world_size=cl.world_size)
-    plan, _ = plan_from_run(run, cl, PROFILES)
-    cm = CostModel(run.model, run.training, cl, PROFILES)
+    _, plan, cm = flags_cost_model(f"{flags} --global-batch-size {gbs}", cluster)
     return cm, plan, cm.evaluate(plan)
 
 
@@ -204,15 +200,15 @@ def test_mla_up_proj_recompute_drops_the_up_projected_qkv():
     assert acts.after_selective(("mla_up_proj",)) == pytest.approx(acts.total - acts.mla_up_proj)
 
 
-def test_llama3_8b_fp8_example_fits_on_8_h100():
+def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
     """Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh (TP1, seq 8192, FP8 hybrid with
     --fp8-param-gather, --grad-reduce-in-bf16, distributed optimizer) runs on 8 H100 80GB."""
     flags = (f"{DENSE.replace('--num-layers 4', '--num-layers 32')} --micro-batch-size 1 --fp8-format hybrid "
              "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather --grad-reduce-in-bf16 "
              "--overlap-grad-reduce --overlap-param-gather")
-    cl = parse_cluster("H100:8", PROFILES)
+    cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(flags + " --global-batch-size 128"), world_size=8)
-    cost = estimate_run(run, cl, PROFILES)
+    cost = estimate_run(run, cl, profiles)
     assert cost.fits, cost.max_memory_gib
 
 
@@ -239,13 +235,13 @@ def test_cp_comm_types_differ():
 # ------------------------------------------------------------------ flags the model does not price
 
 
-def test_unmodelled_flags_are_named_in_the_notes():
+def test_unmodelled_flags_are_named_in_the_notes(profiles):
     notes = unmodelled_notes(["--use-megatron-fsdp", "--lr", "1e-4", "--cuda-graph-impl=local",
                               "--use-megatron-fsdp"])
     assert len(notes) == 2
     assert notes[0].startswith("--use-megatron-fsdp is not modelled") and "--cuda-graph-impl" in notes[1]
-    cl = parse_cluster("H100:8", PROFILES)
+    cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8 --fine-grained-activation-offloading"),
                                world_size=8)
-    assert any("--fine-grained-activation-offloading" in n for n in estimate_run(run, cl, PROFILES).notes)
-    assert math.isfinite(estimate_run(run, cl, PROFILES).iteration_time_s)
+    assert any("--fine-grained-activation-offloading" in n for n in estimate_run(run, cl, profiles).notes)
+    assert math.isfinite(estimate_run(run, cl, profiles).iteration_time_s)

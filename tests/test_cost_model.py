@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cost.estimate import estimate_run, plan_from_run
+from planner.cost.estimate import estimate_run
 from planner.cost.flops import model_flop_per_iteration, parameter_counts
 from planner.cost.dispatch import expected_destination_ranks
 from planner.cost.model import CostModel, GlobalShape
@@ -18,10 +18,9 @@ from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.inputs.presets import load_model_preset
-from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Recompute
 
-PROFILES = ProfileSet.load()
+from helpers.cases import flags_cost_model
 
 GPT = ("--num-layers 8 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
        "--max-position-embeddings 4096 --vocab-size 51200 --bf16")
@@ -34,14 +33,11 @@ MOE = ("--num-layers 8 --hidden-size 4096 --ffn-hidden-size 14336 --num-attentio
 
 def _setup(model_flags: str, cluster: str, *, tp=1, cp=1, ep=1, mbs=1, gbs=64, extra=""):
     """Parse a run, build its plan and a CostModel on `cluster` (one pipeline stage)."""
-    cl = parse_cluster(cluster, PROFILES)
     flags = (f"{model_flags} --tensor-model-parallel-size {tp} --context-parallel-size {cp} "
              f"--expert-model-parallel-size {ep} --micro-batch-size {mbs} --global-batch-size {gbs} {extra}")
     if tp > 1:
         flags += " --sequence-parallel"
-    run = parse_megatron_flags(shlex.split(flags), world_size=cl.world_size)
-    plan, _ = plan_from_run(run, cl, PROFILES)
-    return run, plan, CostModel(run.model, run.training, cl, PROFILES)
+    return flags_cost_model(flags, cluster)
 
 
 def _stage(cm: CostModel, plan, *, device: str | None = None, layers: int | None = None,
@@ -199,14 +195,14 @@ def test_mixtral_8x7b_has_46_7b_parameters():
     assert total == pytest.approx(46.7e9, rel=0.005)
 
 
-def test_tflops_times_time_times_world_is_model_flops():
+def test_tflops_times_time_times_world_is_model_flops(profiles):
     """Predicted TFLOP/s/GPU x iteration time x world size gives back Megatron's model FLOPs, and MFU is
     that over the summed dense peak."""
     run, plan, cm = _setup(MOE, "H100:16", ep=8, gbs=128)
     cost = cm.evaluate(plan)
     flop = model_flop_per_iteration(run.model, global_batch_size=128, tp=1)
     assert cost.tflops_per_gpu * 1e12 * cost.iteration_time_s * cost.world_size == pytest.approx(flop, rel=1e-9)
-    assert cost.mfu == pytest.approx(cost.tflops_per_gpu * 1e12 / PROFILES.device("H100").peak_flop_per_s("bf16"))
+    assert cost.mfu == pytest.approx(cost.tflops_per_gpu * 1e12 / profiles.device("H100").peak_flop_per_s("bf16"))
 
 
 # ------------------------------------------------------------------ property test
@@ -256,15 +252,15 @@ def configurations(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configurations())
-def test_estimate_is_finite_and_positive_on_random_configurations(conf):
+def test_estimate_is_finite_and_positive_on_random_configurations(profiles, conf):
     """For any valid configuration the estimate never crashes and returns finite positive numbers."""
     flags, cluster_text = conf
-    cl = parse_cluster(cluster_text, PROFILES)
+    cl = parse_cluster(cluster_text, profiles)
     try:
         run = parse_megatron_flags(shlex.split(flags), world_size=cl.world_size)
     except PlannerInputError:
         return  # a combination Megatron's own validator rejects; the input tests cover those
-    cost = estimate_run(run, cl, PROFILES)
+    cost = estimate_run(run, cl, profiles)
     for value in (cost.iteration_time_s, cost.tflops_per_gpu, cost.mfu, cost.max_memory_gib):
         assert math.isfinite(value) and value > 0
     for s in cost.stages:

@@ -26,7 +26,8 @@ from planner.search.screening import Screening
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.tables import DeadlinePassed, position
-from test_search import _setup as _cost
+
+from helpers.cases import reduced_cost_model
 
 SPACE = SearchSpace(tp=(1, 2), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp=4)
 
@@ -44,7 +45,7 @@ def _configs(cm: CostModel, count: int):
 def test_fit_range_matches_cell_by_cell_memory_test():
     """lo/hi per (option, stage, start) are the least and greatest layer counts whose memory
     (static + in-flight x activations) fits the option's capacity, checked cell by cell."""
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     tb = TableBuilder(cm)
     checked = 0
     for g, opts in _configs(cm, 20):
@@ -67,7 +68,7 @@ def test_layer_kind_signatures_match_their_definition():
     """Two ranges share a signature exactly when their layer kinds are the same sequence, and each
     signature's representative range has that sequence."""
     pattern = [0, 0, 1, 1, 0, 1, 1, 1, 0, 1]
-    cm = _cost("mixtral-s", len(pattern), "H800:8", 32, pattern=pattern)
+    cm = reduced_cost_model("mixtral-s", len(pattern), "H800:8", 32, pattern=pattern)
     sig, reps = TableBuilder(cm)._signatures()
     kinds = cm.model.layer_is_moe
     N = len(kinds)
@@ -82,7 +83,7 @@ def test_layer_kind_signatures_match_their_definition():
 
 
 def test_a_passed_deadline_stops_the_build_and_the_memory_test():
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     g, opts = _configs(cm, 1)[0]
     with pytest.raises(DeadlinePassed):
         TableBuilder(cm).build(g, opts, deadline=time.perf_counter() - 1.0)
@@ -94,7 +95,7 @@ def test_a_passed_deadline_stops_the_build_and_the_memory_test():
 
 
 def test_tables_are_the_same_with_and_without_a_deadline():
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     for g, opts in _configs(cm, 3):
         a = TableBuilder(cm).build(g, opts)
         b = TableBuilder(cm).build(g, opts, deadline=time.perf_counter() + 3600.0)
@@ -105,7 +106,7 @@ def test_tables_are_the_same_with_and_without_a_deadline():
 
 
 def test_cache_stays_within_its_budget_and_rebuilds_the_same(monkeypatch):
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     configs = _configs(cm, 3)
     assert len(configs) == 3
     first = TableBuilder(cm).build(*configs[0])
@@ -123,7 +124,7 @@ def test_cache_stays_within_its_budget_and_rebuilds_the_same(monkeypatch):
 def test_deadline_inside_a_table_build_ends_the_search_cleanly(monkeypatch, backend):
     """When the time limit passes while a configuration's tables are built, that configuration
     counts as not reached: the search stops with the time-limit error (no plan yet), not a crash."""
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
 
     def late(self, g, options, deadline=None):
         raise DeadlinePassed()
@@ -160,7 +161,7 @@ def test_time_limit_spent_reading_the_inputs_is_named(monkeypatch):
 def test_a_passed_deadline_stops_the_cpsat_stage_model_build():
     from solver_models.cpsat.model import solve_cpsat
 
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     g, opts = _configs(cm, 1)[0]
     t = TableBuilder(cm).build(g, opts)
     t.fit_range()  # computed before the deadline; the model build itself must notice it
@@ -175,7 +176,7 @@ def test_deadline_inside_the_certificate_keeps_the_screened_plan(monkeypatch):
     screening found (HS-DP's), not a crash."""
     import solver_models.cpsat.model as cpsat_model
 
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
 
     def late(t, **kwargs):
         raise DeadlinePassed()
@@ -192,7 +193,7 @@ def test_bounds_stay_sound_when_the_certificate_is_cut_short(monkeypatch):
     reported bounds: neither bound exceeds the certified optimum of the whole space."""
     import solver_models.cpsat.model as cpsat_model
 
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     optimum = search(cm, SPACE, SearchSettings(backend="cpsat", time_limit_s=60.0).without_pruning())
     assert optimum.status == "OPTIMAL"
     best_s = optimum.best[0].objective_s
@@ -229,7 +230,7 @@ def test_a_row_cut_short_in_the_certificate_keeps_its_bound(monkeypatch):
     from planner.search.certify import _refine
     from planner.search.screening import SHAPE
 
-    cm = _cost("mixtral-s", 8, "H800:8,MI300X:8", 64)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     settings = replace(SearchSettings(backend="cpsat", time_limit_s=30.0), deadline=time.perf_counter() + 30.0)
     scr = Screening(cm, SPACE, settings, time.perf_counter(), None)
     scr.enumerate()

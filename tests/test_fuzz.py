@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 from planner.fuzz.cases import KINDS, Case, make_case
 from planner.fuzz.runner import classify, run_cases
 
@@ -18,6 +20,7 @@ CI_CASES = 400
 CI_KINDS = tuple(k for k in KINDS if k != "solve-large")  # presets on 1,000s of GPUs: seconds each, benchmark only
 
 
+@pytest.mark.slow
 def test_a_few_hundred_cases_of_every_kind_are_refused_cleanly_or_accepted():
     cases = [make_case(CI_SEED, i, CI_KINDS) for i in range(CI_CASES)]
     kinds = Counter(c.kind for c in cases)

@@ -1,5 +1,5 @@
 """HS-DP's vectorised stage DP (solver_models/hsdp.py `_StageDP`) against the plain loop it
-replaced (tests/hsdp_reference.py): on random small tables, with and without each pruning, the
+replaced (tests/helpers/hsdp_reference.py): on random small tables, with and without each pruning, the
 contiguity rule, an upper bound and Pareto or single labels, both give the same objective, the
 same plan (ties broken alike) and the same DP statistics; also when the vectorised one works
 through its states in many small chunks."""
@@ -11,9 +11,10 @@ import random
 import pytest
 
 import solver_models.hsdp as hsdp
-from hsdp_reference import ReferenceStageDP
 from planner.schemas.plan import Recompute
-from test_cpsat import make_tables
+
+from helpers.hsdp_reference import ReferenceStageDP
+from helpers.tables import make_tables
 
 RECOMPUTES = (Recompute.none(), Recompute.full("uniform", 1))
 

@@ -23,8 +23,10 @@ from planner.inputs.script import parse_launcher_script
 from planner.launcher import render_launch_files, write_launch_files
 from planner.launcher.common import group_flag_items
 from planner.megatron.layout import parse_layout, virtual_stage_layers
-from planner.schemas import ClusterSpec, ModelSpec, NodeGroup, Plan, Recompute, StagePlan, TrainingSpec
+from planner.schemas import ModelSpec, Plan, Recompute, StagePlan, TrainingSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
+
+from helpers.launch import DENSE, args_of, cluster_of, dense_plan
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("HAPMOE_UPDATE_GOLDEN") == "1"
@@ -116,16 +118,6 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \
     ${LOGGING_ARGS[@]}
 """
 
-DENSE = ModelSpec(
-    name="dense-22l", num_layers=22, hidden_size=2048, num_attention_heads=16, vocab_size=32000,
-    seq_length=2048, swiglu=True, normalization="RMSNorm",
-)  # fmt: skip
-
-
-def _cluster(*groups: tuple[str, int]) -> ClusterSpec:
-    return ClusterSpec(groups=tuple(NodeGroup(device_type=t, num_nodes=n, gpus_per_node=8) for t, n in groups))
-
-
 def _stages(*rows: tuple[str, int, int, Recompute]) -> tuple[StagePlan, ...]:
     return tuple(StagePlan(device_type=t, num_layers=n, dp=dp, recompute=r) for t, n, dp, r in rows)
 
@@ -148,7 +140,7 @@ def case(name: str):
             tp=2, vpp=2, mbs=1, gbs=16,
             stages=_stages(("A100", 6, 2, full), ("A100", 6, 2, full), ("910B", 5, 2, full), ("910B", 5, 2, full)),
         )  # fmt: skip
-        return run, plan, _cluster(("A100", 1), ("910B", 1)), None
+        return run, plan, cluster_of(("A100", 1), ("910B", 1)), None
     if name == "dense_flagscale":
         run = MegatronRun(
             model=DENSE.model_copy(update={"num_layers": 8, "name": "dense-8l"}),
@@ -160,7 +152,7 @@ def case(name: str):
             runtime="flagscale", tp=2, mbs=1, gbs=32,
             stages=_stages(("A100", 5, 4, none), ("910B", 2, 2, block), ("910B", 1, 2, block)),
         )  # fmt: skip
-        return run, plan, _cluster(("A100", 1), ("910B", 1)), None
+        return run, plan, cluster_of(("A100", 1), ("910B", 1)), None
     run, script = _script_run()
     if name == "moe_megatron":
         sel = Recompute.selective(("core_attn", "moe_act"))
@@ -168,14 +160,14 @@ def case(name: str):
             tp=2, ep=4, etp=1, mbs=1, gbs=128,
             stages=_stages(("H800", 5, 4, sel), ("H800", 5, 4, sel), ("MI300X", 3, 4, sel), ("MI300X", 3, 4, sel)),
         )  # fmt: skip
-        return run, plan, _cluster(("H800", 2), ("MI300X", 2)), script
+        return run, plan, cluster_of(("H800", 2), ("MI300X", 2)), script
     if name == "moe_flagscale":
         full = Recompute.full("block", 2)
         plan = Plan(
             runtime="flagscale", tp=2, ep=4, etp=1, mbs=1, gbs=128,
             stages=_stages(("H800", 6, 4, full), ("H800", 5, 4, none), ("MI300X", 5, 4, none)),
         )  # fmt: skip
-        return run, plan, _cluster(("H800", 2), ("MI300X", 1)), script
+        return run, plan, cluster_of(("H800", 2), ("MI300X", 1)), script
     raise KeyError(name)
 
 
@@ -186,10 +178,6 @@ MEGATRON_CASES = [c for c in CASES if c.endswith("megatron")]
 def render(name: str) -> dict[str, str]:
     run, plan, cluster, script = case(name)
     return render_launch_files(run, plan, cluster, script)
-
-
-def args_of(files: dict[str, str]) -> list[str]:
-    return shlex.split(files["megatron_args.txt"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,13 +235,6 @@ def test_user_flags_pass_through_unchanged():
     assert kept == ["--lr", "--train-iters", "--log-interval", "--save-interval", "--save", "--load"]
 
 
-def _dense_plan(counts, vpp=1, **kw) -> tuple[MegatronRun, Plan, ClusterSpec]:
-    model = DENSE.model_copy(update={"num_layers": sum(counts)})
-    run = MegatronRun(model=model, training=TrainingSpec(global_batch_size=64), parallel=ParallelConfig())
-    plan = Plan(gbs=64, vpp=vpp, stages=tuple(StagePlan(device_type="A100", num_layers=n, dp=1) for n in counts), **kw)
-    return run, plan, _cluster(("A100", 1))
-
-
 @pytest.mark.parametrize(
     "counts, expect",
     [
@@ -269,7 +250,7 @@ def _dense_plan(counts, vpp=1, **kw) -> tuple[MegatronRun, Plan, ClusterSpec]:
 def test_pipeline_split_flags(counts, expect):
     """Uniform: no split flag; only the end stages differ: first/last flags; else a layout.
     Whatever is emitted, Megatron's split (as the flag parser computes it) equals the plan's."""
-    run, plan, cluster = _dense_plan(counts)
+    run, plan, cluster = dense_plan(counts)
     argv = args_of(render_launch_files(run, plan, cluster))
     split_flags = {
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
@@ -283,7 +264,7 @@ def test_interleaved_layout_maps_stage_i_to_rank_i_mod_pp():
     """With vpp > 1 the layout lists virtual stages; stage i belongs to pipeline rank i % PP,
     and each rank's chunks add up to its layers."""
     counts = [7, 6, 5, 4]
-    run, plan, cluster = _dense_plan(counts, vpp=3)
+    run, plan, cluster = dense_plan(counts, vpp=3)
     argv = args_of(render_launch_files(run, plan, cluster))
     per_virtual = parse_layout(argv[argv.index("--pipeline-model-parallel-layout") + 1])
     assert len(per_virtual) == 12
@@ -390,18 +371,18 @@ def test_launch_sh_keeps_the_input_scripts_settings(tmp_path):
 
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
-    run, plan, cluster = _dense_plan([4, 4])
+    run, plan, cluster = dense_plan([4, 4])
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render_launch_files(run, plan, cluster)["launch.sh"]
     tp2 = plan.model_copy(update={"tp": 2})
-    cluster2 = _cluster(("A100", 1))
+    cluster2 = cluster_of(("A100", 1))
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in render_launch_files(run, tp2, cluster2)["launch.sh"]
 
 
 def test_small_blocks_share_a_host():
     """A stage smaller than a node: agents of 4 GPUs share 8-GPU hosts with CUDA_VISIBLE_DEVICES."""
-    run, plan, cluster = _dense_plan([4, 4, 4])
+    run, plan, cluster = dense_plan([4, 4, 4])
     plan = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 4}) for s in plan.stages)})
-    files = render_launch_files(run, plan, _cluster(("A100", 2)))
+    files = render_launch_files(run, plan, cluster_of(("A100", 2)))
     assert files["hostfile"] == "a100-node0 slots=8 type=A100\na100-node1 slots=4 type=A100\n"
     assert 'HAPMOE_A_CVD="4,5,6,7"' in files["launch.sh"]
     assert "--nproc-per-node 4 " in files["launch.sh"]
@@ -429,7 +410,7 @@ def test_flagscale_refuses_interleaving_and_cp():
 
 def test_rule_violation_is_refused_before_writing(tmp_path):
     """A plan that breaks a Megatron rule writes nothing and names the rule."""
-    run, plan, cluster = _dense_plan([4, 4])
+    run, plan, cluster = dense_plan([4, 4])
     bad = plan.model_copy(update={"gbs": 63, "mbs": 2})
     with pytest.raises(PlannerInputError) as err:
         write_launch_files(run, bad, cluster, tmp_path / "out")
@@ -439,13 +420,13 @@ def test_rule_violation_is_refused_before_writing(tmp_path):
 
 def test_cluster_too_small_or_missing_type():
     """A plan that needs more GPUs of a type than the cluster has, or an absent type, is refused."""
-    run, plan, _ = _dense_plan([4, 4])
+    run, plan, _ = dense_plan([4, 4])
     with pytest.raises(PlannerInputError) as err:
-        render_launch_files(run, plan, _cluster(("H800", 1)))
+        render_launch_files(run, plan, cluster_of(("H800", 1)))
     assert err.value.field == "--cluster" and "A100" in str(err.value)
     wide = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 8}) for s in plan.stages)})
     with pytest.raises(PlannerInputError) as err:
-        render_launch_files(run, wide, _cluster(("A100", 1)))
+        render_launch_files(run, wide, cluster_of(("A100", 1)))
     assert "16 A100" in str(err.value)
 
 
@@ -454,7 +435,7 @@ def test_moe_with_etp_gets_disable_bias_linear():
     model = ModelSpec(num_layers=4, hidden_size=512, num_attention_heads=8, vocab_size=1000, num_experts=4)
     run = MegatronRun(model=model, training=TrainingSpec(global_batch_size=8), parallel=ParallelConfig())
     plan = Plan(tp=2, ep=2, etp=2, gbs=8, stages=(StagePlan(device_type="A100", num_layers=4, dp=4),))
-    files = render_launch_files(run, plan, _cluster(("A100", 1)))
+    files = render_launch_files(run, plan, cluster_of(("A100", 1)))
     assert "--disable-bias-linear" in args_of(files)
     assert "Bias in Moe" not in files["launch.sh"] and "--disable-bias-linear added" in files["launch.sh"]
 

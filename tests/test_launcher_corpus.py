@@ -10,7 +10,6 @@ never modified.  (Megatron's own validator checks the same files in test_megatro
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
@@ -18,22 +17,16 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from planner.inputs.script import read_launcher_script
 from planner.launcher.common import group_flag_items, is_flag_token
 from planner.megatron.flags import PLAN_DECIDED_FLAGS
 
-HERE = Path(__file__).parent
-CORPUS_DIR = HERE / "launchers"
-CORPUS = yaml.safe_load((CORPUS_DIR / "corpus.yaml").read_text())
-NAMES = [c["script"] for c in CORPUS]
+from helpers.corpus import CORPUS_DIR, NAMES, entry, solved
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -50,29 +43,6 @@ _STUBS = {
               " *) shift ;; esac; done\nexec \"$@\"\n",
     "scontrol": "#!/bin/bash\necho node0\n",
 }
-
-
-def entry(name: str) -> dict:
-    return next(c for c in CORPUS if c["script"] == name)
-
-
-_SOLVED_ROOT = Path(tempfile.mkdtemp(prefix="hapmoe-corpus-"))
-atexit.register(shutil.rmtree, _SOLVED_ROOT, True)
-
-
-@lru_cache(maxsize=None)
-def solved(name: str, runtime: str = "megatron") -> Path:
-    """Run `solve` on one corpus script (once per test session, shared with the validator tests)
-    and return its --out directory."""
-    from cli import main
-
-    c = entry(name)
-    out = _SOLVED_ROOT / f"{name}-{runtime}"
-    args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", c["cluster"], "--backend", "hsdp",
-            "--runtime", runtime, "--time-limit", "30", "--quiet", "--out", str(out), "--", *c["args"]]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +114,7 @@ def test_corpus_script_is_read_as_bash_runs_it(name, workdir):
         assert flag in run.passthrough and any(flag in n and "not modelled" in n for n in notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_emitted_launcher_is_the_users_command_with_the_plan(name, workdir):
     """launch.sh passes the user's flags that the plan does not decide, unchanged and in order,
@@ -205,6 +176,7 @@ def _applied_count(out: Path) -> int:
     return len(group_flag_items(shlex.split(m.group(1))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixtral_8x7b_distributed.sh", "pai_megatron_patch_eval.sh", "slurm_srun_fsdp_string.sh"])
 def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
     """`launch.sh --dry-run ARGS` prints one command per node (torchrun) and launches nothing."""
@@ -228,6 +200,7 @@ def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
     assert not rec.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixtral_8x7b_distributed.sh", "case_loop_options.sh"])
 def test_flagscale_yaml_keeps_the_users_flags(name, workdir):
     """With --runtime flagscale the train YAML holds every flag of the user's command that the

@@ -10,10 +10,6 @@ import random
 import pytest
 from ortools.sat.python import cp_model
 
-from planner.cost.model import CostModel
-from planner.inputs.cluster import parse_cluster
-from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.megatron import rules
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
@@ -21,14 +17,7 @@ from planner.search.certify import MEGATRON_FAMILIES, rule_families
 from planner.search.space import SearchSpace, enumerate_globals, recompute_ladder
 from solver_models.cpsat.master import DegreeMaster
 
-PROFILES = ProfileSet.load()
-
-
-def _cost(preset: str, layers: int, cluster: str, gbs: int) -> CostModel:
-    cl = parse_cluster(cluster, PROFILES)
-    run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": None})
-    return CostModel(model, run.training, cl, PROFILES)
+from helpers.cases import reduced_cost_model
 
 
 class _Collect(cp_model.CpSolverSolutionCallback):
@@ -45,7 +34,7 @@ class _Collect(cp_model.CpSolverSolutionCallback):
 def test_rule_families_admit_exactly_the_enumerated_degrees(preset, cluster, gbs):
     """Over the product of every family's values, the master's rule constraints alone (no rows'
     bounds, no objective) admit exactly the degree tuples enumerate_globals yields."""
-    cm = _cost(preset, 4, cluster, gbs)
+    cm = reduced_cost_model(preset, 4, cluster, gbs)
     ladder = (Recompute.none(), Recompute.full("uniform", 1))
     space = SearchSpace(tp=(1, 2, 4), cp=(1, 2), mbs=(1, 2), vpp=(1, 2), recompute=ladder)
     gpn = {h: cm.gpus_per_node(h) for h in cm.cluster.gpus_by_type()}
@@ -93,8 +82,8 @@ def _names(model, plan) -> set[str]:
 def test_predicates_agree_with_check_plan():
     """Each boolean of planner/megatron/rules.py says yes exactly when check_plan raises none of
     the rules it stands for, over a grid of degrees."""
-    moe = _cost("mixtral-s", 8, "H800:8", 16).model
-    dense = _cost("llama2-7b", 8, "H800:8", 16).model
+    moe = reduced_cost_model("mixtral-s", 8, "H800:8", 16).model
+    dense = reduced_cost_model("llama2-7b", 8, "H800:8", 16).model
     for model in (moe, dense):
         for tp, cp, ep, etp, dp, mbs, pp, vpp, gbs in itertools.product(
                 (1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 3, 4), (1, 2, 4), (1, 2, 3, 4), (1, 2), (1, 2, 3), (1, 2), (12, 16)):
@@ -118,7 +107,7 @@ def test_predicates_agree_with_check_plan():
 
 def test_flagscale_predicates_agree_with_check_plan():
     """FlagScale's stage micro-batch, recompute and tied-embedding predicates against check_plan."""
-    model = _cost("llama2-7b", 8, "H800:8", 16).model
+    model = reduced_cost_model("llama2-7b", 8, "H800:8", 16).model
     tied = model.model_copy(update={"untie_embeddings_and_output_weights": False})
     sel, full, none = Recompute.selective(("core_attn",)), Recompute.full("uniform", 1), Recompute.none()
     for dps in itertools.product((1, 2, 3, 4), repeat=2):

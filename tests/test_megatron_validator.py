@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,6 +26,10 @@ import pytest
 
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_megatron_flags
+from planner.launcher import render_launch_files
+
+from helpers.corpus import CORPUS, NAMES, solved
+from helpers.launch import args_of, dense_plan
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -46,11 +49,14 @@ def megatron_python() -> str | None:
 
 
 PYTHON = megatron_python()
-pytestmark = pytest.mark.skipif(
-    PYTHON is None,
-    reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh builds it: Python 3.12, "
-    "megatron-core 0.19.2, torch); set HAPMOE_MEGATRON_PYTHON to use another",
-)
+pytestmark = [
+    pytest.mark.slow,  # imports Megatron in a subprocess and solves every corpus script
+    pytest.mark.skipif(
+        PYTHON is None,
+        reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh builds it: Python 3.12, "
+        "megatron-core 0.19.2, torch); set HAPMOE_MEGATRON_PYTHON to use another",
+    ),
+]
 
 BASE = ("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
         "--micro-batch-size 1 --global-batch-size 16 --vocab-size 1000 --tokenizer-type NullTokenizer --mock-data "
@@ -119,8 +125,6 @@ def _world(launch_sh: Path) -> int:
 @lru_cache(maxsize=1)
 def results() -> dict[str, dict]:
     """Every case through Megatron's validator in one subprocess (one import of Megatron)."""
-    from test_launcher_corpus import CORPUS, solved
-
     cases = []
     for golden in ("dense_megatron", "moe_megatron"):
         d = HERE / "golden" / golden
@@ -133,12 +137,8 @@ def results() -> dict[str, dict]:
         world = json.loads((out / "plan.json").read_text())["plan"]["world_size"]
         cases.append({"name": f"corpus/{c['script']}", "argv": _concrete(argv), "world_size": world,
                       "env": _exported(out / "launch" / "launch.sh")})
-    from test_launcher import _dense_plan, args_of
-
-    from planner.launcher import render_launch_files
-
     for counts, vpp in PIPELINE_SPLITS:  # the pipeline split flags test_launcher.py emits
-        run, plan, cluster = _dense_plan(list(counts), vpp=vpp)
+        run, plan, cluster = dense_plan(list(counts), vpp=vpp)
         cases.append({"name": f"split/{counts}/vpp{vpp}", "argv": args_of(render_launch_files(run, plan, cluster)),
                       "world_size": plan.world_size})
     for name, (argv, world) in CONTROLS.items():
@@ -156,14 +156,7 @@ def test_golden_launchers_pass_megatrons_validator(golden):
     assert r["ok"], r["error"]
 
 
-def _corpus_names() -> list[str]:
-    sys.path.insert(0, str(HERE))
-    from test_launcher_corpus import NAMES
-
-    return NAMES
-
-
-@pytest.mark.parametrize("name", _corpus_names())
+@pytest.mark.parametrize("name", NAMES)
 def test_every_emitted_corpus_launcher_passes_megatrons_validator(name):
     """The flags launch.sh passes (megatron_args.txt), fork-only flags aside, are accepted by
     Megatron's parser, validate_args, the config classes, the micro-batch calculator and the

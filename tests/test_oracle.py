@@ -1,4 +1,4 @@
-"""The search against an independent brute force over the whole space (tests/oracle.py, which
+"""The search against an independent brute force over the whole space (tests/helpers/oracle.py, which
 reads only the rules module and the evaluator), on reduced models: both runtimes, both backends,
 every pruning switch.  Without pruning each backend's certified optimum is the brute-force
 optimum (to the tables' quantisation, below a microsecond per stage); with any pruning the status
@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from oracle import Menus, brute_force
 from planner.cost.model import CostModel
-from planner.inputs.cluster import parse_cluster
-from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Recompute
 from planner.search.driver import search
@@ -22,22 +18,11 @@ from planner.search.pruning import Pruning
 from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace
 
-PROFILES = ProfileSet.load()
+from helpers.cases import reduced_cost_model
+from helpers.oracle import Menus, brute_force
+
 NONE, FULL = Recompute.none(), Recompute.full("uniform", 1)
 SEL = Recompute.selective(("core_attn",))
-
-
-def setup(preset: str, layers: int, cluster: str, gbs: int, tied: bool = False) -> CostModel:
-    """The preset with `layers` decoder layers (as `sed s/^num_layers: .*/num_layers: N/`); with
-    `tied`, its embeddings tied to the output layer (FlagScale's first and last stage DPs must then
-    divide one another)."""
-    cl = parse_cluster(cluster, PROFILES)
-    run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    update = {"num_layers": layers, "moe_layer_pattern": None}
-    if tied:
-        update["untie_embeddings_and_output_weights"] = False
-    model = run.model.model_copy(update=update)
-    return CostModel(model, run.training, cl, PROFILES)
 
 
 def space_of(m: Menus) -> SearchSpace:
@@ -107,7 +92,7 @@ CASES = [
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
 def case(request):
     _, preset, layers, cluster, gbs, menus, *tied = request.param
-    cm = setup(preset, layers, cluster, gbs, tied=bool(tied and tied[0]))
+    cm = reduced_cost_model(preset, layers, cluster, gbs, tied=bool(tied and tied[0]))
     truth = brute_force(cm, menus)
     assert truth is not None
     return cm, menus, truth
@@ -138,7 +123,7 @@ def test_hole_dp_need_not_divide_the_cluster(runtime):
     """llama2-7b, 8 layers, H100:8,A100:4, gbs 96: the optimum runs DP 8 on the 8 H100s with
     micro-batch 4 and leaves the 4 A100s idle (issues 15.1 and 15.2: a DP that does not divide
     the 12 GPUs, and on flagscale B = 32 samples per micro-batch).  Both backends find it."""
-    cm = setup("llama2-7b", 8, "H100:8,A100:4", 96)
+    cm = reduced_cost_model("llama2-7b", 8, "H100:8,A100:4", 96)
     menus = Menus(runtime=runtime, **HOLE_MENUS)
     truth = brute_force(cm, menus)
     plan = truth.plan
@@ -155,7 +140,7 @@ def test_hole_flagscale_recompute_rule():
     mix none and selective recompute the search once returned a plan FlagScale forbids.  The
     space now holds only none/full per stage or one selective setting on every stage; both
     backends return the brute-force optimum over that space, and it keeps the rule."""
-    cm = setup("mixtral-l", 8, "H800:4,910B:4", 64)
+    cm = reduced_cost_model("mixtral-l", 8, "H800:4,910B:4", 64)
     menus = Menus(runtime="flagscale", tp=(1, 2, 4), ep=(1, 2, 4), etp=(1,), mbs=(1, 2),
                   recompute=(NONE, FULL), selective=(Recompute.selective(("core_attn", "layernorm", "moe_act")),))
     truth = brute_force(cm, menus)

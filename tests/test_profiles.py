@@ -21,11 +21,6 @@ GIB = 2**30
 MIB = 2**20
 
 
-@pytest.fixture(scope="module")
-def ps() -> ProfileSet:
-    return ProfileSet.load()
-
-
 def _flat_link(bw_gb_per_s: float, eff: float, latency_us: float, kind: str = "test") -> LinkProfile:
     prov = Provenance(kind="datasheet-derived", source="unit test")
     curve = EfficiencyCurve(points=({"size": 1.0, "efficiency": eff},), provenance=prov)
@@ -48,9 +43,9 @@ def _all_provenances(obj):
             yield from _all_provenances(v)
 
 
-def test_every_required_device_is_shipped(ps):
+def test_every_required_device_is_shipped(profiles):
     """The brief's device list is all present under its canonical name."""
-    assert set(REQUIRED) <= set(ps.names())
+    assert set(REQUIRED) <= set(profiles.names())
 
 
 @pytest.mark.parametrize("path", sorted((PROFILES_DIR / "devices").glob("*.yaml")), ids=lambda p: p.stem)
@@ -71,55 +66,55 @@ def test_device_file_validates_with_provenance_everywhere(path):
     assert 1.0 <= prof.memory_overhead_gib <= 0.1 * prof.memory_gib
 
 
-def test_910b_marked_low_confidence(ps):
+def test_910b_marked_low_confidence(profiles):
     """The 910B's datasheet numbers are flagged as low confidence in its provenance text."""
-    dev = ps.device("910B")
+    dev = profiles.device("910B")
     assert "low confidence" in dev.datasheet.source.lower()
     assert "low confidence" in dev.intra_node.provenance.source.lower()
 
 
-def test_names_are_case_insensitive_and_aliases_resolve(ps):
+def test_names_are_case_insensitive_and_aliases_resolve(profiles):
     """Lookups ignore case and accept the documented aliases."""
-    assert ps.canonical_name("h800") == "H800"
-    assert ps.canonical_name("mi300x") == "MI300X"
-    assert ps.canonical_name("A100-80GB") == "A100"
-    assert ps.canonical_name("a100-40gb") == "A100-40GB"
-    assert ps.canonical_name("Ascend910B") == "910B"
-    assert ps.canonical_name("ascend-910b") == "910B"
-    assert ps.device("gaudi2").name == "Gaudi2"
+    assert profiles.canonical_name("h800") == "H800"
+    assert profiles.canonical_name("mi300x") == "MI300X"
+    assert profiles.canonical_name("A100-80GB") == "A100"
+    assert profiles.canonical_name("a100-40gb") == "A100-40GB"
+    assert profiles.canonical_name("Ascend910B") == "910B"
+    assert profiles.canonical_name("ascend-910b") == "910B"
+    assert profiles.device("gaudi2").name == "Gaudi2"
 
 
-def test_unknown_device_lists_known_names(ps):
+def test_unknown_device_lists_known_names(profiles):
     """An unknown device raises PlannerInputError on field `device` listing the known names."""
     with pytest.raises(PlannerInputError) as info:
-        ps.device("TPUv9")
+        profiles.device("TPUv9")
     assert info.value.field == "device"
     text = str(info.value)
     assert "TPUv9" in text and "H800" in text and "MI300X" in text and "910B" in text
 
 
-def test_relative_datasheet_facts(ps):
+def test_relative_datasheet_facts(profiles):
     """H800 NVLink is cut below H100's; 910B is slower than H800; V100 has no BF16; A800 NVLink < A100."""
-    assert ps.device("H800").intra_node.bandwidth_gb_per_s < ps.device("H100").intra_node.bandwidth_gb_per_s
-    assert ps.device("A800").intra_node.bandwidth_gb_per_s < ps.device("A100").intra_node.bandwidth_gb_per_s
-    assert ps.device("910B").peak_flop_per_s("bf16") < ps.device("H800").peak_flop_per_s("bf16")
-    assert ps.device("H800").peak_flop_per_s("bf16") == pytest.approx(989e12)
-    assert "bf16" not in ps.device("V100").peak_tflops
-    assert ps.device("MI300X").memory_gib > ps.device("H800").memory_gib
+    assert profiles.device("H800").intra_node.bandwidth_gb_per_s < profiles.device("H100").intra_node.bandwidth_gb_per_s
+    assert profiles.device("A800").intra_node.bandwidth_gb_per_s < profiles.device("A100").intra_node.bandwidth_gb_per_s
+    assert profiles.device("910B").peak_flop_per_s("bf16") < profiles.device("H800").peak_flop_per_s("bf16")
+    assert profiles.device("H800").peak_flop_per_s("bf16") == pytest.approx(989e12)
+    assert "bf16" not in profiles.device("V100").peak_tflops
+    assert profiles.device("MI300X").memory_gib > profiles.device("H800").memory_gib
 
 
-def test_gemm_curves_match_reference_measurements(ps):
+def test_gemm_curves_match_reference_measurements(profiles):
     """A100 GEMM efficiency at 1024^3 and 8192^3 equals the Azure cuBLASLt TFLOP/s over 312 (hardware.md s4.1)."""
-    a100 = ps.device("A100").gemm_efficiency
+    a100 = profiles.device("A100").gemm_efficiency
     assert interpolate_efficiency(a100, 2 * 1024**3) == pytest.approx(119.4 / 312, rel=1e-3)
     assert interpolate_efficiency(a100, 2 * 8192**3) == pytest.approx(253.7 / 312, rel=1e-3)
     for name, mamf_over_peak in [("H100", 794.5 / 989), ("B200", 1745.0 / 2250), ("MI300X", 668.4 / 1307),
                                  ("Gaudi2", 418.7 / 432), ("MI325X", 784.9 / 1307)]:
-        top = max(p.efficiency for p in ps.device(name).gemm_efficiency.points)
+        top = max(p.efficiency for p in profiles.device(name).gemm_efficiency.points)
         assert top <= mamf_over_peak * 1.001, name  # no curve beats the best measured shape
         assert top >= 0.9 * mamf_over_peak, name
-    for name in ps.names():
-        effs = [p.efficiency for p in ps.device(name).gemm_efficiency.points]
+    for name in profiles.names():
+        effs = [p.efficiency for p in profiles.device(name).gemm_efficiency.points]
         assert effs[0] < effs[-1] and max(effs) <= 1.0, name  # small GEMMs are less efficient
 
 
@@ -146,10 +141,10 @@ def test_collective_alpha_beta_formula_on_a_flat_link():
     assert collective_time_s(link, "p2p", size, 2) == pytest.approx(10e-6 + size / busbw)
 
 
-def test_collective_time_zero_for_one_rank_and_grows_with_bytes(ps):
+def test_collective_time_zero_for_one_rank_and_grows_with_bytes(profiles):
     """One rank or zero bytes cost nothing; every shipped link's time rises strictly with message size."""
-    for name in ps.names():
-        for link in (ps.device(name).intra_node, ps.device(name).inter_node):
+    for name in profiles.names():
+        for link in (profiles.device(name).intra_node, profiles.device(name).inter_node):
             for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
                 assert collective_time_s(link, coll, 1e9, 1) == 0.0
                 assert collective_time_s(link, coll, 0.0, 8) == 0.0
@@ -157,9 +152,9 @@ def test_collective_time_zero_for_one_rank_and_grows_with_bytes(ps):
                 assert all(b > a for a, b in zip(times, times[1:])), (name, link.kind, coll)
 
 
-def test_all_reduce_is_about_twice_reduce_scatter_for_large_messages(ps):
+def test_all_reduce_is_about_twice_reduce_scatter_for_large_messages(profiles):
     """With equal curves (A100 ring), a 4 GiB all-reduce takes ~2x a reduce-scatter of the same buffer."""
-    link = ps.device("A100").intra_node
+    link = profiles.device("A100").intra_node
     ar = collective_time_s(link, "all_reduce", 4 * GIB, 8)
     rs = collective_time_s(link, "reduce_scatter", 4 * GIB, 8)
     assert ar / rs == pytest.approx(2.0, rel=0.01)
@@ -169,52 +164,52 @@ def test_all_reduce_is_about_twice_reduce_scatter_for_large_messages(ps):
     ("H100", 1 * MIB, 43.7), ("H100", 16 * MIB, 234.5), ("H100", GIB, 466.4),
     ("A100", 1 * MIB, 36.2), ("A100", 64 * MIB, 166.6), ("A100", GIB, 228.1),
 ])
-def test_collective_time_reproduces_measured_busbw(ps, device, size, busbw_gb_per_s):
+def test_collective_time_reproduces_measured_busbw(profiles, device, size, busbw_gb_per_s):
     """8-GPU all-reduce bus bandwidth from collective_time_s matches the nccl-tests curves in hardware.md s4.4."""
-    t = collective_time_s(ps.device(device).intra_node, "all_reduce", size, 8)
+    t = collective_time_s(profiles.device(device).intra_node, "all_reduce", size, 8)
     assert 2 * 7 / 8 * size / t / 1e9 == pytest.approx(busbw_gb_per_s, rel=0.02)
 
 
-def test_mesh_links_use_one_peer_link_for_p2p(ps):
+def test_mesh_links_use_one_peer_link_for_p2p(profiles):
     """On MI300X's xGMI mesh a 2-GPU all-reduce runs near the measured single-link 47.7 GB/s, not 448."""
-    link = ps.device("MI300X").intra_node
+    link = profiles.device("MI300X").intra_node
     t = collective_time_s(link, "all_reduce", 4 * GIB, 2)
     assert 4 * GIB / t / 1e9 == pytest.approx(47.7, rel=0.15)
     t8 = collective_time_s(link, "all_reduce", 4 * GIB, 8)
     assert 2 * 7 / 8 * 4 * GIB / t8 / 1e9 == pytest.approx(312.9, rel=0.05)
 
 
-def test_deepep_intranode_all_to_all_on_h800(ps):
+def test_deepep_intranode_all_to_all_on_h800(profiles):
     """H800 NVLink all-to-all of a large buffer runs near DeepEP's measured ~153 GB/s (hardware.md s4.5)."""
-    t = collective_time_s(ps.device("H800").intra_node, "all_to_all", 256 * MIB, 8)
+    t = collective_time_s(profiles.device("H800").intra_node, "all_to_all", 256 * MIB, 8)
     assert 7 / 8 * 256 * MIB / t / 1e9 == pytest.approx(153, rel=0.1)
 
 
-def test_cross_links_defaults_and_cluster_override(ps):
+def test_cross_links_defaults_and_cluster_override(profiles):
     """Different vendors meet over host memory; same vendor uses the slower NIC; a cluster's declared link wins."""
-    hm = ps.cross_link("H800", "mi300x")
+    hm = profiles.cross_link("H800", "mi300x")
     assert hm.kind == "host-memory" and 10 <= hm.bandwidth_gb_per_s <= 20 and 50 <= hm.latency_us <= 100
-    assert ps.cross_link("910B", "H800").kind == "host-memory"
-    same = ps.cross_link("H100", "A100")
-    assert same.kind == "infiniband" and same.bandwidth_gb_per_s == ps.device("A100").inter_node.bandwidth_gb_per_s
-    assert ps.cross_link("H800", "H800") == ps.device("H800").inter_node
+    assert profiles.cross_link("910B", "H800").kind == "host-memory"
+    same = profiles.cross_link("H100", "A100")
+    assert same.kind == "infiniband" and same.bandwidth_gb_per_s == profiles.device("A100").inter_node.bandwidth_gb_per_s
+    assert profiles.cross_link("H800", "H800") == profiles.device("H800").inter_node
     cluster = ClusterSpec(
         groups=(NodeGroup(device_type="H800", num_nodes=2, gpus_per_node=8),
                 NodeGroup(device_type="MI300X", num_nodes=2, gpus_per_node=8)),
         links=(CrossTypeLink(between=("MI300X", "H800"), kind="roce", bandwidth_gb_per_s=40.0, latency_us=15.0),),
     )
-    declared = ps.cross_link("h800", "MI300X", cluster)
+    declared = profiles.cross_link("h800", "MI300X", cluster)
     assert (declared.kind, declared.bandwidth_gb_per_s, declared.latency_us) == ("roce", 40.0, 15.0)
     assert "p2p" in declared.efficiency
     assert (PROFILES_DIR / "links.yaml").is_file()
 
 
-def test_group_links_apply_overrides(ps):
+def test_group_links_apply_overrides(profiles):
     """A node group's bandwidth overrides replace the device's link bandwidth, keeping its curves."""
     g = NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8, inter_node_bandwidth_gb_per_s=25.0)
-    intra, inter = ps.group_links(g)
-    assert inter.bandwidth_gb_per_s == 25.0 and intra == ps.device("H800").intra_node
-    assert inter.efficiency == ps.device("H800").inter_node.efficiency
+    intra, inter = profiles.group_links(g)
+    assert inter.bandwidth_gb_per_s == 25.0 and intra == profiles.device("H800").intra_node
+    assert inter.efficiency == profiles.device("H800").inter_node.efficiency
 
 
 def test_shipped_load_is_cached():
@@ -222,9 +217,9 @@ def test_shipped_load_is_cached():
     assert ProfileSet.load() is ProfileSet.load()
 
 
-def test_provenance_manifest_hashes_files(ps):
+def test_provenance_manifest_hashes_files(profiles):
     """The manifest names each device's file, its provenance kinds, and the file's real sha256."""
-    rows = {(r["item"], r["name"]): r for r in ps.provenance_manifest()}
+    rows = {(r["item"], r["name"]): r for r in profiles.provenance_manifest()}
     row = rows[("device", "H800")]
     path = PROFILES_DIR.parent / row["file"]
     assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -84,6 +84,7 @@ def test_profile_without_torch_exits_2(monkeypatch):
     assert "pip install -e '.[profile]'" in result.output
 
 
+@pytest.mark.slow
 def test_profile_quick_cpu_end_to_end(tmp_path):
     """`profile --quick --device cpu` runs (two gloo processes), writes a measured DeviceProfile the
     ProfileSet loads and validates, and `estimate --profiles` prices a run on it."""

@@ -16,7 +16,6 @@ from planner.checker import plan_problems
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Plan, StagePlan
 from planner.search.driver import search
 from planner.search.pruning import Pruning
@@ -26,7 +25,7 @@ from solver_models.brute import solve_brute
 from solver_models.hsdp import solve_hsdp
 from planner.search.tables import TableBuilder
 
-PROFILES = ProfileSet.load()
+from helpers.cases import reduced_cost_model
 
 # (model preset, layers kept, cluster, global batch)
 SCENARIOS = [
@@ -37,14 +36,6 @@ SCENARIOS = [
     ("llama2-7b", 8, "A100:16,910B:16", 64),
 ]
 SMALL_SPACE = SearchSpace(tp=(1, 2, 4, 8), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp=4)
-
-
-def _setup(preset: str, layers: int, cluster: str, gbs: int, pattern: list[int] | None = None):
-    """The preset cut to its first `layers` layers (MoE layers where `pattern` says, else all)."""
-    cl = parse_cluster(cluster, PROFILES)
-    run = resolve_run(model=preset, world_size=cl.world_size, overrides={"gbs": gbs})
-    model = run.model.model_copy(update={"num_layers": layers, "moe_layer_pattern": pattern})
-    return CostModel(model, run.training, cl, PROFILES)
 
 
 def _globals(cm: CostModel, space: SearchSpace):
@@ -58,7 +49,7 @@ def _globals(cm: CostModel, space: SearchSpace):
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[f"{s[0]}-{s[2]}" for s in SCENARIOS])
 def test_hsdp_equals_brute_force_per_configuration(scenario):
     """Without pruning, HS-DP's optimum equals brute force on every sampled global configuration."""
-    cm = _setup(*scenario)
+    cm = reduced_cost_model(*scenario)
     tb = TableBuilder(cm)
     checked = 0
     for g, opts in itertools.islice(_globals(cm, SMALL_SPACE), 0, None, 7):
@@ -86,7 +77,7 @@ def _float_objective(cm: CostModel, g, t, stages) -> float:
 
 def test_tables_price_plans_like_the_evaluator():
     """The integer tables' objective of a plan equals the float evaluator's iteration time (to rounding)."""
-    cm = _setup("mixtral-s", 8, "H800:8,MI300X:8,910B:8", 48)
+    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8,910B:8", 48)
     tb = TableBuilder(cm)
     seen = 0
     for g, opts in itertools.islice(_globals(cm, SMALL_SPACE), 0, None, 5):
@@ -108,7 +99,7 @@ def test_lower_bounds_never_exceed_the_optimum():
     """The driver's cheap and tight bounds are below each configuration's exact optimum."""
     from planner.search.bounds import lower_bound_s as _lower_bound_s, option_bound as _option_bound
 
-    cm = _setup("llama2-7b", 6, "A100:8,910B:8", 32)
+    cm = reduced_cost_model("llama2-7b", 6, "A100:8,910B:8", 32)
     tb = TableBuilder(cm)
     budget = cm.cluster.gpus_by_type()
     checked = 0
@@ -130,7 +121,7 @@ def test_lower_bounds_never_exceed_the_optimum():
 def test_search_without_pruning_equals_brute_force_search(scenario):
     """The whole search (every configuration) with HS-DP equals the same search with brute force,
     and is reported as certified optimal; with pruning on, the gap to that optimum is printed."""
-    cm = _setup(*scenario)
+    cm = reduced_cost_model(*scenario)
     exact = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp").without_pruning())
     oracle = search(cm, SMALL_SPACE, SearchSettings(backend="brute").without_pruning())
     assert exact.best[0].objective_s == pytest.approx(oracle.best[0].objective_s, rel=1e-9)
@@ -145,7 +136,7 @@ def test_search_without_pruning_equals_brute_force_search(scenario):
 def test_returned_plans_pass_the_checker():
     """Every plan the search returns covers the layers once, fits, and keeps every rule."""
     for scenario in SCENARIOS:
-        cm = _setup(*scenario)
+        cm = reduced_cost_model(*scenario)
         res = search(cm, SMALL_SPACE, SearchSettings(backend="hsdp", top_k=3))
         for cand in res.best:
             problems, cost = plan_problems(cm, cand.plan)
@@ -158,7 +149,7 @@ def test_returned_plans_pass_the_checker():
 
 def test_checker_catches_broken_plans():
     """The checker reports a plan with missing layers, too many GPUs, and one that does not fit."""
-    cm = _setup("llama2-7b", 6, "A100:8,910B:8", 32)
+    cm = reduced_cost_model("llama2-7b", 6, "A100:8,910B:8", 32)
     ok = Plan(tp=2, gbs=32, mbs=1, stages=(StagePlan(device_type="A100", num_layers=3, dp=4),
                                           StagePlan(device_type="910B", num_layers=3, dp=4)))
     assert plan_problems(cm, ok)[0] == []
@@ -168,19 +159,19 @@ def test_checker_catches_broken_plans():
     greedy = ok.model_copy(update={"stages": (StagePlan(device_type="A100", num_layers=3, dp=8),
                                                StagePlan(device_type="910B", num_layers=3, dp=8))})
     assert any("GPUs" in p for p in plan_problems(cm, greedy)[0])
-    big = _setup("llama2-70b", 80, "A100:8", 8)
+    big = reduced_cost_model("llama2-70b", 80, "A100:8", 8)
     huge = Plan(tp=1, gbs=8, mbs=1, stages=(StagePlan(device_type="A100", num_layers=80, dp=1),))
     assert any("needs" in p for p in plan_problems(big, huge)[0])
 
 
-def test_infeasible_request_says_why():
+def test_infeasible_request_says_why(profiles):
     """A model that fits nowhere gets an InfeasibleError naming the stage, the shortfall and remedies."""
     from planner.errors import InfeasibleError
 
-    cl = parse_cluster("V100:2", PROFILES)
+    cl = parse_cluster("V100:2", profiles)
     run = resolve_run(model="llama2-70b", world_size=2, overrides={"gbs": 8})
     cm = CostModel(run.model.model_copy(update={}), run.training.model_copy(update={"precision": "fp16"}), cl,
-                   PROFILES)
+                   profiles)
     with pytest.raises(InfeasibleError) as err:
         search(cm, SearchSpace(), SearchSettings(backend="hsdp"))
     text = str(err.value)
@@ -193,7 +184,7 @@ def test_flagscale_search_without_pruning_equals_exhaustive_brute_force(cluster,
     the optimum of brute force run on every configuration (no bounding), and says it is certified."""
     from planner.schemas.plan import Recompute
 
-    cm = _setup("mixtral-s", 4, cluster, gbs)
+    cm = reduced_cost_model("mixtral-s", 4, cluster, gbs)
     short = (Recompute.none(), Recompute.full("uniform", 1))
     space = SearchSpace(runtime="flagscale", tp=(1, 2), mbs=(1, 2), max_pp=3, stage_recompute=short)
     tb = TableBuilder(cm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from cli import main
@@ -87,6 +88,7 @@ def test_checker_failure_exits_2(monkeypatch):
     assert "checker rejects" in res.output and "PROBLEM" not in res.output
 
 
+@pytest.mark.slow
 def test_compare_layers_runs_brute_force_and_agrees():
     """compare --layers 4 on a reduced preset: brute force runs, and without pruning all three
     backends certify the same optimum; the table has one line per backend."""
@@ -112,18 +114,16 @@ def test_compare_layers_rejects_more_layers_than_the_model():
     assert res.exit_code == 2 and "--layers" in res.output
 
 
-def test_progress_callback_reports_counts_time_best_and_bound():
+def test_progress_callback_reports_counts_time_best_and_bound(profiles):
     """The progress callback gets done/total, elapsed seconds, the best objective and the open
     bound, and ends with phase 'done'; old dict-style readers still work."""
     from planner.cost.model import CostModel
     from planner.inputs.cluster import parse_cluster
     from planner.inputs.resolve import resolve_run
-    from planner.profile_tables import ProfileSet
     from planner.search.driver import search
     from planner.search.settings import SearchSettings
     from planner.search.space import SearchSpace
 
-    profiles = ProfileSet.load()
     cl = parse_cluster("H800:8,MI300X:8", profiles)
     run = resolve_run(model="mixtral-s", world_size=cl.world_size, overrides={"gbs": 64})
     seen = []

@@ -8,14 +8,8 @@ from planner.baselines.common import build_plan, cost_model
 from planner.bench import pipeline_inputs
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
-from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Recompute
 from planner.simulate import analytic_1f1b_s, simulate_pipeline
-
-
-@pytest.fixture(scope="module")
-def profiles():
-    return ProfileSet.load()
 
 
 def priced(profiles, model, cluster_name, *, tp=1, ep=1, dp, pp, vpp=1, types=None, layers=None):

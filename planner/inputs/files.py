@@ -174,17 +174,27 @@ class _UniqueKeyLoader(_ParseLoader):  # type: ignore[misc, valid-type]
         return super().construct_mapping(node, deep=deep)
 
 
+# libyaml 0.2.6 (in the PyYAML 6.0.4 wheels) refuses 1,000 levels itself, in its scanner, which reads
+# ahead of the events; its problem text is the only sign that it did, and 1,000 > MAX_NESTING_DEPTH.
+_LIBYAML_DEPTH_PROBLEM = "nesting depth"
+
+
 def _yaml_too_deep(text: str) -> bool:
     """Nesting depth from the parser's event stream (libyaml's parser keeps a state stack, it does not
-    recurse), checked before the recursive composer runs."""
+    recurse), checked before the recursive composer runs; libyaml's own depth limit counts as too deep."""
     depth = 0
-    for event in yaml.parse(text, Loader=_ParseLoader):
-        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-            depth += 1
-            if depth > MAX_NESTING_DEPTH:
-                return True
-        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=_ParseLoader):
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING_DEPTH:
+                    return True
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        if _LIBYAML_DEPTH_PROBLEM in (exc.problem or ""):
+            return True
+        raise
     return False
 
 

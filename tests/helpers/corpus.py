@@ -1,0 +1,39 @@
+"""The launcher corpus (tests/launchers/corpus.yaml) and its scripts solved once per test session,
+for the corpus tests and Megatron's validator tests alike."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from cli import main
+
+CORPUS_DIR = Path(__file__).resolve().parents[1] / "launchers"
+CORPUS = yaml.safe_load((CORPUS_DIR / "corpus.yaml").read_text())
+NAMES = [c["script"] for c in CORPUS]
+
+_SOLVED_ROOT = Path(tempfile.mkdtemp(prefix="hapmoe-corpus-"))
+atexit.register(shutil.rmtree, _SOLVED_ROOT, True)
+
+
+def entry(name: str) -> dict:
+    """The corpus.yaml entry of one script."""
+    return next(c for c in CORPUS if c["script"] == name)
+
+
+@lru_cache(maxsize=None)
+def solved(name: str, runtime: str = "megatron") -> Path:
+    """Run `solve` on one corpus script (once per test session) and return its --out directory."""
+    c = entry(name)
+    out = _SOLVED_ROOT / f"{name}-{runtime}"
+    args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", c["cluster"], "--backend", "hsdp",
+            "--runtime", runtime, "--time-limit", "30", "--quiet", "--out", str(out), "--", *c["args"]]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return out
