@@ -297,7 +297,7 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
     DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
     factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
     from planner.inputs.files import load_document, path_kind
-    from planner.output_dir import PROFILES_OUTPUT, write_files
+    from planner.output.run_dir import PROFILES_OUTPUT, write_files
 
     out = Path(out_dir)
     path = out / "corrections.yaml"

@@ -9,7 +9,7 @@ import click
 
 from planner.cli_common import FiniteFloat, handle_errors
 from planner.errors import PlannerInputError
-from planner.output_dir import BENCH_OUTPUT, check_out_dir
+from planner.output.run_dir import BENCH_OUTPUT, check_out_dir
 
 
 @click.command("bench")

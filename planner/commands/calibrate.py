@@ -9,7 +9,7 @@ from planner.commands.options import (
     CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, load_inputs,
 )
 from planner.errors import PlannerInputError
-from planner.output_dir import PROFILES_OUTPUT, check_out_dir
+from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
 
 
 @click.command("calibrate")

@@ -10,7 +10,7 @@ import click
 
 from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
-from planner.output_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
+from planner.output.run_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
 
 
 def _load_plan_file(path: Path) -> dict[str, Any]:

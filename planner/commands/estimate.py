@@ -29,8 +29,8 @@ def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> 
     import tempfile
 
     from planner.commands.solve import _move_into
-    from planner.plots import write_plots
-    from planner.report import estimate_summary_markdown
+    from planner.output.plots import write_plots
+    from planner.output.report import estimate_summary_markdown
 
     plot_dir = Path(plot_dir)
     plot_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     """
     from planner.cost.estimate import plan_from_run
     from planner.cost.model import CostModel
-    from planner.report import estimate_json, render_estimate
+    from planner.output.report import estimate_json, render_estimate
 
     plot_dir = check_plot_dir(plot_dir, None)
     run, cluster_spec, profiles = load_inputs(

@@ -9,7 +9,7 @@ import click
 
 from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
-from planner.output_dir import PROFILES_OUTPUT, check_out_dir
+from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
 
 TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
 MAX_LIST_VALUE = 1024  # TP/EP/ETP degrees and micro-batch sizes a single-device benchmark can time

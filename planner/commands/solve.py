@@ -12,7 +12,7 @@ from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
     apply_options, check_plot_dir, load_inputs,
 )
-from planner.output_dir import PLAN_OUTPUT, StagedOutput, check_out_dir
+from planner.output.run_dir import PLAN_OUTPUT, StagedOutput, check_out_dir
 
 OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
 
@@ -54,7 +54,7 @@ def _move_into(tmp: Path, dest: Path) -> list[Path]:
 def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> dict[str, str]:
     """Draw the plan's pictures into `tmp`; returns {plot name: path relative to summary.md} (and
     adds notes for plots that could not be drawn to the payload)."""
-    from planner.plots import write_plots
+    from planner.output.plots import write_plots
 
     title = f"{payload['model']} on {payload['cluster']}"
     mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
@@ -66,7 +66,7 @@ def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> 
 def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
     """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files, written
     all-or-nothing."""
-    from planner.report import summary_markdown
+    from planner.output.report import summary_markdown
 
     staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
     with staged as tmp:
@@ -94,7 +94,7 @@ def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Pa
     import shutil
     import tempfile
 
-    from planner.report import summary_markdown
+    from planner.output.report import summary_markdown
 
     plot_dir = Path(plot_dir)
     plot_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                                    f"{time_limit_s:g} s time limit, which leaves no time to search; raise --time-limit")
     from planner.api import make_space, solve
     from planner.progress import SearchProgress
-    from planner.report import render_solve, solve_json
+    from planner.output.report import render_solve, solve_json
     from planner.sanity import check_prediction
     from planner.search.driver import SearchSettings
 
