@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from planner.checker import plan_problems
 from planner.cost.model import CostModel, PlanCost
 from planner.errors import PlanCheckError
+from planner.inputs.script import LauncherScript
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -32,6 +33,7 @@ class SolveOutcome:
     costs: list[PlanCost]
     problems: list[list[str]] = field(default_factory=list)
     idle: list[IdleGpus] = field(default_factory=list)
+    script: LauncherScript | None = None  # the input launcher (--megatron-script), for the launcher files
 
 
 def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow) -> SearchSpace:

@@ -12,6 +12,7 @@ from planner.commands.options import (
     TRAINING_OVERRIDES, apply_options, check_plot_dir, load_inputs,
 )
 from planner.errors import PlannerInputError
+from planner.output.plan_dir import write_estimate_plots
 
 # The option (CLI override or Megatron flag) behind each rule of planner/rules.py, for the message.
 RULE_FLAGS = {
@@ -21,30 +22,6 @@ RULE_FLAGS = {
     "layout_layers": "--layout", "layout_stage_count": "--layout", "tp_comm_overlap_sp": "--tp-comm-overlap",
     "overlap_param_gather": "--overlap-param-gather",
 }
-
-def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
-    """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
-    written all-or-nothing into `plot_dir`."""
-    import shutil
-    import tempfile
-
-    from planner.commands.solve import _move_into
-    from planner.output.plots import write_plots
-    from planner.output.report import estimate_summary_markdown
-
-    plot_dir = Path(plot_dir)
-    plot_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=plot_dir.parent))
-    try:
-        images, notes = write_plots(tmp, plan, cost, cluster, title=f"{payload['model']} on {payload['cluster']}",
-                                    rank_order=True)
-        payload["notes"] = list(payload["notes"]) + notes
-        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
-        (tmp / "summary.md").write_text(estimate_summary_markdown(payload, images))
-        return _move_into(tmp, plot_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 @click.command("estimate")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + PARALLEL_OVERRIDES + TRAINING_OVERRIDES + ASSUMPTION_OPTIONS

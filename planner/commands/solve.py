@@ -12,7 +12,8 @@ from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
     apply_options, check_plot_dir, load_inputs,
 )
-from planner.output.run_dir import PLAN_OUTPUT, StagedOutput, check_out_dir
+from planner.output.plan_dir import write_plan_dir, write_solve_plots
+from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 
 OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
 
@@ -34,78 +35,6 @@ SEARCH_OPTIONS = [
                       "always does; upstream Megatron does not need it)"),
     click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
 ]
-
-
-def _move_into(tmp: Path, dest: Path) -> list[Path]:
-    """Move every file under `tmp` to the same place under `dest`; returns the moved paths."""
-    import shutil
-
-    dest.mkdir(parents=True, exist_ok=True)
-    written = []
-    for item in sorted(tmp.rglob("*")):
-        if item.is_file():
-            target = dest / item.relative_to(tmp)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(item), target)
-            written.append(target)
-    return written
-
-
-def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> dict[str, str]:
-    """Draw the plan's pictures into `tmp`; returns {plot name: path relative to summary.md} (and
-    adds notes for plots that could not be drawn to the payload)."""
-    from planner.output.plots import write_plots
-
-    title = f"{payload['model']} on {payload['cluster']}"
-    mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
-    images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine)
-    payload["notes"] = list(payload["notes"]) + notes
-    return {name: prefix + rel for name, rel in images.items()}
-
-
-def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
-    """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files, written
-    all-or-nothing."""
-    from planner.output.report import summary_markdown
-
-    staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
-    with staged as tmp:
-        images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/")
-        payload["plots"] = images
-        plan_doc = dict(payload)
-        plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
-                              "cluster": outcome.cluster.model_dump(mode="json")}
-        script = getattr(outcome, "script", None)
-        if script is not None:  # emit rebuilds the launcher from this, without the file
-            plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
-                                            "extra_flags": list(script.extra_flags), "text": script.text}
-        (tmp / "plan.json").write_text(json_text(plan_doc))
-        (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
-        (tmp / "summary.md").write_text(summary_markdown(payload, images))
-        from planner.launcher import write_launch_files
-
-        write_launch_files(outcome.run, outcome.plans[0], outcome.cluster, tmp / "launch",
-                           script=getattr(outcome, "script", None))
-    return staged.written
-
-
-def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
-    """`--plot DIR` without --out: the pictures, their data and a summary.md that shows them."""
-    import shutil
-    import tempfile
-
-    from planner.output.report import summary_markdown
-
-    plot_dir = Path(plot_dir)
-    plot_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=plot_dir.parent))
-    try:
-        images = plot_files(tmp, payload, outcome, user)
-        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
-        (tmp / "summary.md").write_text(summary_markdown(payload, images))
-        return _move_into(tmp, plot_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @click.command("solve")
@@ -176,9 +105,9 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     written: list[Path] = []
     where = out_dir or plot_dir
     if out_dir:
-        written = write_outputs(Path(out_dir), payload, outcome, user)
+        written = write_plan_dir(Path(out_dir), payload, outcome, user)
     elif plot_dir:
-        written = write_plot_dir(Path(plot_dir), payload, outcome, user)
+        written = write_solve_plots(Path(plot_dir), payload, outcome, user)
     if written and not quiet:
         click.echo(f"wrote {len(written)} files to {where}", err=True)
     if as_json:
