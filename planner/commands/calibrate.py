@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import click
 
+from planner.api import load_inputs
+from planner.calibration.calibrate import (
+    calibrate, measurement_from_instrument, measurement_from_log, render_report, write_corrections,
+)
+from planner.calibration.megatron_log import parse_megatron_log
+from planner.calibration.router_stats import load_router_stats
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, load_inputs,
+    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, note_printer,
 )
 from planner.errors import PlannerInputError
 from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
@@ -36,17 +42,11 @@ def command(megatron_log, instrument_dir, model, megatron_args, megatron_script,
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
     """
     check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
-    from planner.calibration.calibrate import (
-        calibrate, measurement_from_instrument, measurement_from_log, render_report, write_corrections,
-    )
-    from planner.calibration.megatron_log import parse_megatron_log
-    from planner.calibration.router_stats import load_router_stats
-
     if megatron_log is None and instrument_dir is None:
         raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir)")
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides=overrides,
+        profile_dirs=profile_dirs, overrides=overrides, on_note=note_printer(),
     )
     if megatron_log is not None:
         parsed = parse_megatron_log(megatron_log)

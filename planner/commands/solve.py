@@ -7,13 +7,18 @@ from pathlib import Path
 
 import click
 
-from planner.cli_common import FiniteFloat, echo_json, handle_errors, json_text
+from planner.api import check_predictions, load_inputs, make_space, price_input_plan, read_input_script, solve
+from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
-    apply_options, check_plot_dir, load_inputs,
+    apply_options, check_plot_dir, note_printer,
 )
+from planner.errors import SearchTimeLimitError
 from planner.output.plan_dir import write_plan_dir, write_solve_plots
+from planner.output.report import render_solve, solve_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
+from planner.progress import SearchProgress
+from planner.search.driver import SearchSettings
 
 OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
 
@@ -63,44 +68,26 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     if out_dir is not None:
         check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force)
     plot_dir = check_plot_dir(plot_dir, out_dir)
-    run, cluster_spec, profiles = load_inputs(
+    inputs = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, moe_imbalance=moe_imbalance,
-        script_args=script_args, quiet=quiet,
+        script_args=script_args, on_note=note_printer(quiet),
         allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
     )
     if time.perf_counter() > deadline:
-        from planner.errors import SearchTimeLimitError
-
         raise SearchTimeLimitError(f"reading the inputs took {time.perf_counter() - started:.1f} s of the "
                                    f"{time_limit_s:g} s time limit, which leaves no time to search; raise --time-limit")
-    from planner.api import make_space, solve
-    from planner.progress import SearchProgress
-    from planner.output.report import render_solve, solve_json
-    from planner.sanity import check_prediction
-    from planner.search.driver import SearchSettings
-
     settings = SearchSettings(backend=backend, delta=delta, time_limit_s=time_limit_s, top_k=top_k, deadline=deadline)
     if no_prune:
         settings = settings.without_pruning()
-    space = make_space(run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
+    space = make_space(inputs.run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
     with SearchProgress(quiet=quiet, time_limit_s=time_limit_s) as progress:
-        outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
+        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress)
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
-    for rank, cost in enumerate(outcome.costs):
-        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
+    check_predictions(outcome)
     if megatron_script:
-        from planner.inputs.resolve import read_script, script_override_flags
-
-        outcome.script = read_script(megatron_script, script_args,
-                                     script_override_flags(megatron_args, {"seq": seq},
-                                                           run.model.max_position_embeddings))
-    user = None
-    if megatron_script or megatron_args:
-        from planner.user_plan import price_user_plan
-
-        source = f"--megatron-script {Path(megatron_script).name}" if megatron_script else "--megatron-args"
-        user = price_user_plan(run, cluster_spec, profiles, source)
+        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run)
+    user = price_input_plan(inputs, megatron_script, megatron_args)
     payload = solve_json(outcome, settings, runtime, user=user)
     written: list[Path] = []
     where = out_dir or plot_dir
