@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from planner.fuzz.mutations import to_yaml
+from tools.fuzz.mutations import to_yaml
 
 TINY_MODEL: dict[str, Any] = {
     "name": "tiny-moe",
