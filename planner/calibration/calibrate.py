@@ -164,17 +164,40 @@ def calibrate(
         profiles = _overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
     check_prediction(before, "the logged configuration")
-    m = before.num_microbatches
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
     devices = sorted({s.device_type for s in before.stages})
     canonical = {d: profiles.canonical_name(d) for d in devices}
+    stage_rows, device_factors = _device_factors(measurement, before, ranks_per_stage, canonical)  # 1.
+    global_factor = _global_factor(measurement, run, cluster, profiles, device_factors, imbalance)  # 2.
+    _check_factors(measurement, device_factors, global_factor)
+    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
+    mem_diff = _memory_differences(measurement, before, stage_rows, ranks_per_stage, canonical)  # 3.
+    corrections = _corrections(measurement, run, cluster, profiles, [canonical[d] for d in devices], device_factors,
+                               global_factor, mem_diff)
+    if router is not None and imbalance is not None:  # 4.
+        corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
+                            "provenance": {"kind": "calibrated",
+                                           "source": f"router statistics {router.source}: max/mean tokens per "
+                                                     f"expert, mean over {len(router.layer_imbalance())} "
+                                                     "(iteration, layer) samples"}})
+    fitted = {"device_factors": device_factors, "global_factor": global_factor, "moe_imbalance_factor": imbalance}
+    report = _report(measurement, run, before, after, stage_rows, mem_diff, fitted)
+    return CalibrationResult(corrections=corrections, report=report)
 
-    # 1. per-device compute factor from per-rank compute timers
+
+def _stage_ranks(per_rank: dict[int, float], stage: int, ranks_per_stage: int, num_stages: int) -> list[int]:
+    return [r for r in per_rank if stage_of_rank(r, ranks_per_stage, num_stages) == stage]
+
+
+def _device_factors(measurement: Measurement, before: Any, ranks_per_stage: int,
+                    canonical: dict[str, str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Step 1: per stage, the measured compute (median over its ranks' timers) against the predicted
+    one; per device, the mean ratio.  Returns the report's stage rows and the device factors."""
+    m = before.num_microbatches
     stage_rows = []
     device_ratios: dict[str, list[float]] = {}
     for st in before.stages:
-        ranks = [r for r in measurement.per_rank_compute_s
-                 if stage_of_rank(r, ranks_per_stage, len(before.stages)) == st.index]
+        ranks = _stage_ranks(measurement.per_rank_compute_s, st.index, ranks_per_stage, len(before.stages))
         predicted_compute_s = m * (st.time_s - st.pp_comm_s)
         row: dict[str, Any] = {"stage": st.index, "device": st.device_type, "layers": st.num_layers,
                                "predicted_compute_s_per_iteration": predicted_compute_s}
@@ -184,11 +207,14 @@ def calibrate(
             row["compute_ratio"] = measured / predicted_compute_s
             device_ratios.setdefault(canonical[st.device_type], []).append(measured / predicted_compute_s)
         stage_rows.append(row)
-    device_factors = {d: statistics.fmean(v) for d, v in device_ratios.items()}
+    return stage_rows, {d: statistics.fmean(v) for d, v in device_ratios.items()}
 
-    # 2. global residual on iteration time
-    # Some parts of the iteration are under no correction kind, so T(g) = a*g + c: solve
-    # T(g) = measured by the secant method (T is increasing in g).
+
+def _global_factor(measurement: Measurement, run: Any, cluster: Any, profiles: Any, device_factors: dict[str, float],
+                   imbalance: float | None) -> float:
+    """Step 2: the global residual on iteration time.  Some parts of the iteration are under no
+    correction kind, so T(g) = a*g + c: solve T(g) = measured by the secant method (T is increasing
+    in g)."""
     target = measurement.iteration_time_s
 
     def predicted(g: float) -> float:
@@ -204,29 +230,36 @@ def calibrate(
         if g2 <= 0:
             g2 = g1 * target / t1
         g0, t0, g1, t1 = g1, t1, g2, predicted(g2)
-    global_factor = g1
-    _check_factors(measurement, device_factors, global_factor)
-    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
+    return g1
 
-    # 3. memory per stage
+
+def _memory_differences(measurement: Measurement, before: Any, stage_rows: list[dict[str, Any]],
+                        ranks_per_stage: int, canonical: dict[str, str]) -> dict[str, list[float]]:
+    """Step 3: per stage, the largest max reserved among its ranks against the predicted memory
+    (added to the stage rows); returns the differences per device."""
     mem_diff: dict[str, list[float]] = {}
     for st, row in zip(before.stages, stage_rows):
         row["predicted_memory_gib"] = st.memory_gib
-        ranks = [r for r in measurement.per_rank_peak_bytes
-                 if stage_of_rank(r, ranks_per_stage, len(before.stages)) == st.index]
+        ranks = _stage_ranks(measurement.per_rank_peak_bytes, st.index, ranks_per_stage, len(before.stages))
         if ranks:
             measured_gib = max(measurement.per_rank_peak_bytes[r] for r in ranks) / GIB_BYTES
             row["measured_max_reserved_gib"] = measured_gib
             row["memory_difference_gib"] = measured_gib - st.memory_gib
             mem_diff.setdefault(canonical[st.device_type], []).append(measured_gib - st.memory_gib)
+    return mem_diff
 
+
+def _corrections(measurement: Measurement, run: Any, cluster: Any, profiles: Any, names: list[str],
+                 device_factors: dict[str, float], global_factor: float,
+                 mem_diff: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Every time kind of each device (the old factor times the fitted ratio), and its memory
+    overhead where memory was measured (never made smaller)."""
     provenance = {"kind": "calibrated",
                   "source": f"cli.py calibrate on {measurement.source} ({measurement.date}), "
                             f"{measurement.steady_iterations} steady iterations, "
                             f"run {run.model.name} on {cluster.describe()}"}
     corrections: list[dict[str, Any]] = []
-    for dev in devices:
-        name = canonical[dev]
+    for name in names:
         ratio = device_factors.get(name, 1.0) * global_factor
         for kind in TIME_KINDS:
             corrections.append({"device": name, "kind": kind,
@@ -237,13 +270,13 @@ def calibrate(
             corrections.append({"device": name, "kind": MEMORY_KIND,
                                 "factor": round(profiles.correction(name, MEMORY_KIND) + extra, 4),
                                 "provenance": dict(provenance)})
-    if router is not None and imbalance is not None:
-        corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
-                            "provenance": {"kind": "calibrated",
-                                           "source": f"router statistics {router.source}: max/mean tokens per "
-                                                     f"expert, mean over {len(router.layer_imbalance())} "
-                                                     "(iteration, layer) samples"}})
+    return corrections
 
+
+def _report(measurement: Measurement, run: Any, before: Any, after: Any, stage_rows: list[dict[str, Any]],
+            mem_diff: dict[str, list[float]], fitted: dict[str, Any]) -> dict[str, Any]:
+    """The calibration report: what was measured, predicted before and after, the fitted factors
+    (`fitted`), the stage rows and the warnings."""
     warnings = []
     gbs = measurement.global_batch_size
     if gbs is not None and gbs != run.training.global_batch_size:
@@ -251,7 +284,7 @@ def calibrate(
                         "pass the flags the logged run used")
     if measurement.per_rank_peak_bytes and not mem_diff:
         warnings.append("memory lines name ranks outside every stage of this configuration")
-    report = {
+    return {
         "warnings": warnings,
         "measured": {
             "source": measurement.source, "date": measurement.date,
@@ -264,14 +297,11 @@ def calibrate(
                              "error": before.iteration_time_s / measurement.iteration_time_s - 1.0},
         "predicted_after": {"iteration_time_s": after.iteration_time_s, "tflops_per_gpu": after.tflops_per_gpu,
                             "error": after.iteration_time_s / measurement.iteration_time_s - 1.0},
-        "device_factors": device_factors,
-        "global_factor": global_factor,
-        "moe_imbalance_factor": imbalance,
+        **fitted,
         "stages": stage_rows,
         "method": "per-device compute factor from per-rank compute timers when present, then one global factor "
                   "on the remaining iteration time; memory: mean positive excess of max reserved per device",
     }
-    return CalibrationResult(corrections=corrections, report=report)
 
 
 def _check_factors(measurement: Measurement, device_factors: dict[str, float], global_factor: float) -> None:
