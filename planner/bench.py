@@ -30,6 +30,7 @@ from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
+from planner.simulate import plot_timeline, simulate_pipeline
 
 GBS_PER_GPU = 16
 SEQ_LENGTH = 4096
@@ -475,7 +476,6 @@ def pipeline_inputs(pc) -> tuple[list[float], list[float], list[float]]:
 def plot_best_timeline(rows: list[Row], plans: dict, out_dir: Path) -> Path | None:
     """Simulate HAPMoE's plan on the last heterogeneous MoE scenario (1F1B plans only) and draw the
     pipeline timeline, titled with the simulated and the formula's pipeline time."""
-    from planner.simulate import plot_timeline, simulate_pipeline
 
     cands = [r.scenario for r in rows if r.planner == "hapmoe" and r.kind == "moe-hetero"
              and (r.scenario, "hapmoe") in plans and plans[(r.scenario, "hapmoe")].plan.vpp == 1]

@@ -31,12 +31,16 @@ import yaml
 
 from planner.calibration.megatron_log import ParsedLog
 from planner.calibration.router_stats import RouterStats
+from planner.cli_common import json_text
+from planner.cost.estimate import plan_from_run
+from planner.cost.model import CostModel
 from planner.errors import PlannerInputError
-from planner.sanity import check_prediction
-from planner.units import GIB_BYTES
-
+from planner.inputs.files import load_document, path_kind
+from planner.output.run_dir import PROFILES_OUTPUT, write_files
 from planner.profile_tables import CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, ProfileSet
+from planner.sanity import check_prediction
 from planner.schemas.device import Provenance
+from planner.units import GIB_BYTES
 
 TIME_KINDS = TIME_CORRECTION_KINDS
 MEMORY_KIND = "memory_overhead_gib"
@@ -134,9 +138,6 @@ def stage_of_rank(rank: int, ranks_per_stage: int, num_stages: int) -> int | Non
 
 
 def _evaluate(run: Any, cluster: Any, profiles: Any) -> tuple[Any, Any]:
-    from planner.cost.estimate import plan_from_run
-    from planner.cost.model import CostModel
-
     plan, _notes = plan_from_run(run, cluster, profiles)
     return plan, CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
 
@@ -326,9 +327,6 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
     """Write DIR/corrections.yaml (entries of other devices already there are kept),
     DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
     factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
-    from planner.inputs.files import load_document, path_kind
-    from planner.output.run_dir import PROFILES_OUTPUT, write_files
-
     out = Path(out_dir)
     path = out / "corrections.yaml"
     keep: list[dict[str, Any]] = []
@@ -350,8 +348,6 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
             "# Entries the profile loader does not accept yet; pass the factor as\n"
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
-    from planner.cli_common import json_text
-
     files["calibration_report.json"] = json_text(result.report)
     return write_files(out, files, "--out", PROFILES_OUTPUT)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from planner.errors import PlannerInputError
 from planner.inputs.script import LauncherScript
+from planner.launcher.flagscale import flagscale_files
+from planner.launcher.megatron import megatron_files
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -20,12 +22,8 @@ def render_launch_files(
 ) -> dict[str, str]:
     """{relative path: text} of every launcher file for the plan's runtime."""
     if plan.runtime == "megatron":
-        from planner.launcher.megatron import megatron_files
-
         return megatron_files(run, plan, cluster, script)
     if plan.runtime == "flagscale":
-        from planner.launcher.flagscale import flagscale_files
-
         return flagscale_files(run, plan, cluster, script)
     raise PlannerInputError("--runtime", f"unknown runtime {plan.runtime!r}; allowed: megatron, flagscale")
 

@@ -11,8 +11,8 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
 
 `hapmoe_launch WORDS...` receives the command exactly as the script built it and:
   * removes from the entry script's flags every flag the plan decides (with its values), keeps
-    every other flag in order, and appends the plan's flags (`apply_plan` is the same rule in
-    Python, which writes megatron_args.txt);
+    every other flag in order, and appends the plan's flags (`common.apply_plan` is the same
+    rule in Python, which writes megatron_args.txt);
   * for torchrun (or `python -m torch.distributed.run`): replaces the placement options
     (nproc-per-node, nnodes, node-rank, rdzv-*) with static rendezvous and an explicit node rank,
     picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
@@ -31,60 +31,12 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
-from planner.launcher.common import (
-    Agent,
-    FlagItem,
-    arrays_of,
-    bash_item,
-    bash_value,
-    is_flag_token,
-)
+from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, arrays_of, bash_item, bash_value
 
 # torchrun options the plan decides (placement); master address/port stay the user's.
 PLACEMENT_OPTIONS = ("nproc-per-node", "nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
                      "rdzv-conf", "standalone", "max-restarts")  # fmt: skip
 _SWITCH_OPTIONS = {"standalone"}
-DEFAULT_MASTER_PORT = 6000
-
-
-def apply_plan(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str]) -> list[str]:
-    """The entry script's flags after the plan: the user's flags minus every decided flag (with
-    the values that follow it; `--flag=value` takes none), then the applied items.  Exactly what
-    `hapmoe_launch` does in bash."""
-    decided = set(decided)
-    out: list[str] = []
-    skip = False
-    for tok in user_argv:
-        if is_flag_token(tok):
-            name = tok.split("=", 1)[0]
-            if name in decided:
-                skip = "=" not in tok
-                continue
-            skip = False
-        elif skip:
-            continue
-        out.append(tok)
-    for item in applied:
-        out += item.tokens()
-    return out
-
-
-def plan_changes(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str] = ()) -> list[str]:
-    """Human-readable notes: which of the user's flags the plan changes, adds or removes."""
-    from planner.launcher.common import group_flag_items
-
-    given = {i.name: i for i in group_flag_items(list(user_argv)) if is_flag_token(i.name)}
-    applied_names = {i.name for i in applied}
-    notes = [f"removed {' '.join(item.tokens())}" for name, item in given.items()
-             if name in set(decided) and name not in applied_names]
-    for item in applied:
-        old = given.get(item.name)
-        new = " ".join(item.tokens())
-        if old is None:
-            notes.append(f"added {new}")
-        elif old.tokens() != item.tokens() and " ".join(old.values) != " ".join(item.values):
-            notes.append(f"{' '.join(old.tokens())} -> {new}")
-    return notes
 
 
 @dataclass
