@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from planner.calibration.megatron_log import ParsedLog
-from planner.calibration.router_stats import RouterStats
+from planner.calibration.megatron_log import ParsedLog, parse_megatron_log
+from planner.calibration.router_stats import RouterStats, load_router_stats
 from planner.cli_common import json_text
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
@@ -123,6 +123,35 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
     return Measurement(source=d.name, date=_dt.date.today().isoformat(),
                        iteration_time_s=max(per_rank_time.values()), per_rank_peak_bytes=peaks,
                        steady_iterations=min(len(files), 1))
+
+
+def read_measurement(megatron_log: str | Path | None, instrument_dir: str | Path | None,
+                     skip_iterations: int) -> tuple[Measurement, ParsedLog | None]:
+    """What the run measured: from its log (memory per rank from the instrumentation when the log
+    has none), else from the instrumentation alone.  The parsed log comes back too, for its
+    unreadable lines."""
+    if megatron_log is None:
+        return measurement_from_instrument(instrument_dir), None
+    parsed = parse_megatron_log(megatron_log)
+    measurement = measurement_from_log(parsed, skip_iterations)
+    if instrument_dir is not None:  # memory per rank from the instrumentation when the log has none
+        extra = measurement_from_instrument(instrument_dir)
+        if not measurement.per_rank_peak_bytes:
+            measurement.per_rank_peak_bytes = extra.per_rank_peak_bytes
+    return measurement, parsed
+
+
+def read_router_stats(router_stats: str | Path | None, instrument_dir: str | Path | None,
+                      num_experts: int | None) -> RouterStats | None:
+    """Router statistics from --router-stats, else from the instrumentation when it recorded them."""
+    if router_stats is not None:
+        return load_router_stats(router_stats, num_experts=num_experts)
+    if instrument_dir is not None:
+        try:
+            return load_router_stats(instrument_dir, num_experts=num_experts)
+        except PlannerInputError:
+            return None
+    return None
 
 
 @dataclass
