@@ -64,7 +64,8 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
     lines += _dry_run_and_decided(spec)
     lines += _agent_function(spec)
-    lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.", "hapmoe_launch() {"]
+    lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
+              "hapmoe_launch() {"]
     lines += _split_launch_words(spec, entry_name)
     lines += _run_without_torchrun()
     lines += _run_agents(spec)
@@ -198,7 +199,8 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         "    local k status=0",
         "    for k in \"${agents[@]}\"; do",
         f"        hapmoe_agent \"$k\" || {{ echo \"launch.sh: no agent $k (0-{len(agents) - 1})\" >&2; exit 2; }}",
-        f"        local -a cmd=(\"${{launcher[@]}}\" --nproc-per-node {agents[0].nproc} --nnodes {len(agents)} --node-rank \"$k\"",
+        f"        local -a cmd=(\"${{launcher[@]}}\" --nproc-per-node {agents[0].nproc} --nnodes {len(agents)} "
+        "--node-rank \"$k\"",
         "            --rdzv-backend static \"${master[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\" \"${HAPMOE_A_EXTRA[@]}\")",
         "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
         "            echo \"# node $k ($HAPMOE_A_HOST)\"",
