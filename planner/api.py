@@ -1,18 +1,119 @@
-"""The one orchestrator behind `solve` and `compare`: inputs -> search -> checked plan + cost."""
+"""The use cases behind the commands: read the inputs, solve, estimate, compare, emit.
+
+Commands (planner/commands/) parse options, call these and print or write what they return
+(planner/output/).  `load_inputs` is the one input path: the CLI, the benchmarks (planner/bench.py,
+tools/bench_search.py) and the tests read a run, its cluster and the profiles through it, so the
+same input is priced the same everywhere (the precision check and the assumed MoE imbalance
+included).
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple, Sequence
 
 from planner.checker import plan_problems
+from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
-from planner.errors import PlanCheckError
+from planner.errors import MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError
+from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
+from planner.inputs.resolve import read_script, resolve_run, script_override_flags
+from planner.inputs.script import LauncherScript
+from planner.launcher import render_launch_files
+from planner.profile_tables import ProfileSet
+from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
+from planner.megatron.rules import check_plan, format_violations
+from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
 from planner.search.driver import search
+from planner.search.pruning import Pruning
 from planner.search.settings import ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
+from planner.user_plan import UserPlan, price_user_plan
+
+# ------------------------------------------------------------------------------------------------
+# Inputs
+
+
+class Inputs(NamedTuple):
+    """A run, the cluster it runs on and the profiles that price it."""
+
+    run: MegatronRun
+    cluster: ClusterSpec
+    profiles: ProfileSet
+
+
+def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, megatron_script=None,
+                script_args: Sequence[str] = (), overrides: dict | None = None, profile_dirs: Sequence[str] = (),
+                profiles: ProfileSet | None = None, moe_imbalance: float | None = None, allow_invalid: bool = False,
+                on_note: Callable[[str], None] | None = None) -> Inputs:
+    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from the inputs as the CLI names them.
+
+    `overrides`: {tp, pp, cp, ep, etp, vpp, mbs, gbs, seq, layout, recompute} (None values are
+    ignored).  `profiles`: the profile set to use (loaded once by a caller that reads many inputs);
+    by default the shipped one with `profile_dirs` on top.  The run lists in `assumed` the values no
+    input stated (planner/inputs/assumed.py); what the input reader did not model goes to `on_note`,
+    one line each (dropped when None)."""
+    if moe_imbalance is not None and not (math.isfinite(moe_imbalance) and moe_imbalance >= 1.0):
+        raise PlannerInputError(IMBALANCE_FLAG, f"expected a finite number >= 1 (max/mean tokens per expert), "
+                                f"got {moe_imbalance}")
+    if profiles is None:
+        profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    cluster_spec = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster, profiles)
+    clean = {k: v for k, v in (overrides or {}).items() if v is not None}
+    notes: list[str] = []
+    try:
+        run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                          script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
+                          notes=notes, allow_invalid=allow_invalid)
+    except PlannerInputError as exc:
+        raise _in_override_terms(exc, clean) from None
+    check_precision(run.training.precision, cluster_spec, profiles)
+    if on_note is not None:
+        for note in notes:
+            on_note(note)
+    if moe_imbalance is not None:
+        run = run.model_copy(update={"training": run.training.model_copy(
+            update={"moe_imbalance_factor": float(moe_imbalance)})})
+    run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
+    return Inputs(run, cluster_spec, profiles)
+
+
+def _in_override_terms(exc, overrides: dict):
+    """An error about a Megatron flag that a CLI override set names the override too (`--ep`, not only
+    `--expert-model-parallel-size`)."""
+    field = getattr(exc, "field", "")
+    for key, flag in OVERRIDE_FLAGS.items():
+        if key in overrides and field == flag:
+            message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
+            return PlannerInputError(f"--{key} ({flag})", message)
+    return exc
+
+
+def check_precision(precision: str, cluster_spec, profiles) -> None:
+    """Every device of the cluster must run the run's precision (a V100 has no bf16)."""
+    for device_type in cluster_spec.device_types:
+        device = profiles.device(device_type)
+        try:
+            device.peak_flop_per_s(precision)
+        except MissingProfileError:
+            supported = ", ".join(sorted(device.peak_tflops))
+            raise PlannerInputError(
+                "--cluster",
+                f"{device_type} does not run {precision} (it runs {supported}); choose other devices, or a "
+                f"precision it runs (--fp16 in --megatron-args, or precision: in the model file's training block)",
+            ) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Solve
 
 
 @dataclass
@@ -33,6 +134,7 @@ class SolveOutcome:
     costs: list[PlanCost]
     problems: list[list[str]] = field(default_factory=list)
     idle: list[IdleGpus] = field(default_factory=list)
+    script: LauncherScript | None = None  # the input launcher (--megatron-script), for the launcher files
 
 
 def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow) -> SearchSpace:
@@ -80,3 +182,147 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[Id
             why = proof
         out.append(IdleGpus(h, idle, why))
     return out
+
+
+def check_predictions(outcome: SolveOutcome) -> None:
+    """Every reported plan passes the prediction guard (planner/sanity.py)."""
+    for rank, cost in enumerate(outcome.costs):
+        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
+
+
+def read_input_script(megatron_script: str, script_args: Sequence[str], megatron_args: str | None,
+                      overrides: dict, run: MegatronRun) -> LauncherScript:
+    """The input launcher, read with its own arguments; the flags the launcher files apply on top of
+    it (--megatron-args, a --seq override) ride along."""
+    return read_script(megatron_script, script_args,
+                       script_override_flags(megatron_args, overrides, run.model.max_position_embeddings))
+
+
+def price_input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None) -> UserPlan | None:
+    """The plan the input's own flags describe, priced on the same cluster (None when the input is a
+    model without flags)."""
+    if not (megatron_script or megatron_args):
+        return None
+    source = f"--megatron-script {Path(megatron_script).name}" if megatron_script else "--megatron-args"
+    return price_user_plan(inputs.run, inputs.cluster, inputs.profiles, source)
+
+
+# ------------------------------------------------------------------------------------------------
+# Estimate
+
+@dataclass
+class Estimate:
+    """One configuration priced: the plan Megatron would run for the flags, its cost, and the notes
+    (stages priced on a slower type, rules broken under allow_invalid, flags not modelled)."""
+
+    plan: Plan
+    cost: PlanCost
+    notes: list[str]
+
+
+def estimate(inputs: Inputs, *, allow_invalid: bool = False) -> Estimate:
+    """Price the configuration the run's flags give on its cluster, no search.  A configuration
+    Megatron would refuse is refused, naming the options behind the broken rules, unless
+    `allow_invalid` (then each broken rule is a note)."""
+    run, cluster, profiles = inputs
+    plan, notes = plan_from_run(run, cluster, profiles)
+    violations = check_plan(run.model, plan, run.training)
+    if violations and not allow_invalid:
+        raise PlannerInputError(
+            " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),
+            "Megatron would refuse it: " + format_violations(violations)
+            + "; --allow-invalid prices it anyway",
+        )
+    cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
+    check_prediction(cost, "the configuration")
+    notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
+    return Estimate(plan=plan, cost=cost, notes=notes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Compare
+
+BRUTE_MAX_LAYERS = 12
+BRUTE_MAX_GPUS = 32
+
+
+def reduce_layers(run, layers: int):
+    """The run with its model cut to the first `layers` decoder layers (MoE pattern cut alike)."""
+    model = run.model
+    if layers > model.num_layers:
+        raise PlannerInputError("--layers", f"{layers} is more than the model's {model.num_layers} layers")
+    update = {"num_layers": layers}
+    if model.moe_layer_pattern is not None:
+        update["moe_layer_pattern"] = tuple(model.moe_layer_pattern[:layers])
+    reduced = model.model_validate({**model.model_dump(), **update})
+    return run.model_copy(update={"model": reduced})
+
+
+def compare_backends(run: MegatronRun, cluster: ClusterSpec, brute: bool | None) -> list[str]:
+    """hsdp and cpsat, and brute force when the case is small (or `brute` forces it on or off); a
+    forced brute force on a large case is refused."""
+    small = run.model.num_layers <= BRUTE_MAX_LAYERS and cluster.world_size <= BRUTE_MAX_GPUS
+    if brute and not small:
+        raise PlannerInputError(
+            "--brute", f"brute force enumerates every plan and is for small cases (at most {BRUTE_MAX_LAYERS} layers "
+                       f"and {BRUTE_MAX_GPUS} GPUs); this one has {run.model.num_layers} layers on "
+                       f"{cluster.world_size} GPUs: drop --brute",
+        )
+    return ["hsdp", "cpsat"] + (["brute"] if (brute if brute is not None else small) else [])
+
+
+def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[str], time_limit_s: float,
+                 delta: float, no_prune: bool, contiguous_types: bool = False) -> list[dict]:
+    """Solve with each backend in turn, the time limit shared between them (each gets what is
+    left divided by the backends still to run), and return one row per backend."""
+    space = make_space(run, runtime, contiguous_types=contiguous_types or None)
+    end = time.perf_counter() + time_limit_s
+    rows = []
+    for k, name in enumerate(backends):
+        share = max(0.1, (end - time.perf_counter()) / (len(backends) - k))
+        settings = SearchSettings(backend=name, pruning=Pruning(delta=delta), time_limit_s=share)
+        if no_prune:
+            settings = settings.without_pruning()
+        try:
+            out = solve(run, cluster_spec, profiles, settings=settings, space=space)
+        except SearchTimeLimitError:
+            rows.append({"backend": name, "status": "UNKNOWN", "objective_s": None, "iteration_time_s": None,
+                         "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
+                         "configs_solved": 0, "plan": "(no plan within its share of the time limit)"})
+            continue
+        check_prediction(out.costs[0], f"the {name} plan")
+        r = out.result
+        it = out.costs[0].iteration_time_s
+        lb = r.lower_bound_s
+        rows.append({
+            "backend": name, "status": r.status, "objective_s": it, "iteration_time_s": it,
+            "solver_objective_s": r.best[0].objective_s, "lower_bound_s": lb,
+            "gap": max(0.0, (it - lb) / it) if lb is not None else None,
+            "pruned_space_status": r.pruned_space_status,
+            "certified_optimal": r.certified_optimal, "search_time_s": r.search_time_s, "timed_out": r.timed_out,
+            "configs_solved": r.configs_solved, "plan": r.best[0].g.label(),
+        })
+    found = [row["objective_s"] for row in rows if row["objective_s"] is not None]
+    ref = min(found) if found else None
+    for row in rows:
+        row["vs_best"] = row["objective_s"] / ref - 1.0 if ref and row["objective_s"] is not None else None
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Emit
+
+
+def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
+         megatron_script: str | None = None, cluster: str | None = None,
+         script_args: Sequence[str] = ()) -> dict[str, str]:
+    """The launcher files ({relative path: text}) for a saved plan: plan.json as `solve --out`
+    writes it (its run, cluster and input launcher included), or a bare Plan with the model and
+    cluster given; what the file states besides the plan must agree with the plan."""
+    data = load_plan_file(Path(plan_path))
+    run, plan, cluster_spec = resolve_plan_inputs(
+        data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
+    )
+    check_plan_document(data, plan, run, cluster_spec)
+    script = script_from_plan(data, megatron_script, tuple(script_args))
+    return render_launch_files(run, plan, cluster_spec, script)

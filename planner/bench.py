@@ -26,8 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
 from planner.cost.model import CostModel
+from planner.inputs.cluster import parse_cluster
+from planner.simulate import plot_timeline, simulate_pipeline
 
 GBS_PER_GPU = 16
 SEQ_LENGTH = 4096
@@ -117,12 +120,15 @@ def plan_summary(plan) -> str:
 
 def resolve_scenario(sc: Scenario, profiles):
     """(run, cluster) of a scenario: GBS = GBS_PER_GPU x GPUs, seq SEQ_LENGTH."""
-    from planner.inputs.cluster import parse_cluster
-    from planner.inputs.resolve import resolve_run
+    return scaled_inputs(sc.model, sc.cluster, profiles)
 
-    cluster = parse_cluster(sc.cluster, profiles)
-    run = resolve_run(model=sc.model, world_size=cluster.world_size,
-                      overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
+
+def scaled_inputs(model: str, cluster_spec: str, profiles):
+    """(run, cluster) read as the CLI reads them (planner.api.load_inputs), with the global batch
+    scaled to the cluster (GBS_PER_GPU x GPUs) and sequence length SEQ_LENGTH."""
+    cluster = parse_cluster(cluster_spec, profiles)
+    run, cluster, _ = load_inputs(model=model, cluster=cluster, profiles=profiles,
+                                  overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
     return run, cluster
 
 
@@ -329,15 +335,10 @@ def three_type_cluster(total: int, types: tuple[str, ...] = SCALING_TYPES, node:
 
 def scaling_study(profiles, settings: BenchSettings, progress: Progress | None = None) -> list[ScalingRow]:
     """HAPMoE (HS-DP, megatron runtime) search time on Mixtral-L over growing three-type clusters."""
-    from planner.inputs.cluster import parse_cluster
-    from planner.inputs.resolve import resolve_run
-
     out = []
     for n in settings.scaling_sizes:
         spec = three_type_cluster(n)
-        cluster = parse_cluster(spec, profiles)
-        run = resolve_run(model=SCALING_MODEL, world_size=cluster.world_size,
-                          overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
+        run, cluster = scaled_inputs(SCALING_MODEL, spec, profiles)
         sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=settings.scaling_time_limit_s)
         row = ScalingRow(gpus=cluster.world_size, cluster=spec, status=sr.status, search_time_s=sr.search_time_s,
                          detail=sr.detail)
@@ -475,7 +476,6 @@ def pipeline_inputs(pc) -> tuple[list[float], list[float], list[float]]:
 def plot_best_timeline(rows: list[Row], plans: dict, out_dir: Path) -> Path | None:
     """Simulate HAPMoE's plan on the last heterogeneous MoE scenario (1F1B plans only) and draw the
     pipeline timeline, titled with the simulated and the formula's pipeline time."""
-    from planner.simulate import plot_timeline, simulate_pipeline
 
     cands = [r.scenario for r in rows if r.planner == "hapmoe" and r.kind == "moe-hetero"
              and (r.scenario, "hapmoe") in plans and plans[(r.scenario, "hapmoe")].plan.vpp == 1]

@@ -1,6 +1,6 @@
 """The fuzzer in CI: a few hundred bounded cases of every input kind, on two worker processes.
 
-The benchmark is `python -m planner.fuzz --cases 10000`; this runs the first cases of a fixed seed
+The benchmark is `python -m tools.fuzz --cases 10000`; this runs the first cases of a fixed seed
 (a different seed from the benchmark's default, so that the two together cover more ground), and
 checks that the harness itself can tell a hang, a traceback and a silent accept from a clean refusal.
 """
@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from planner.fuzz.cases import KINDS, Case, make_case
-from planner.fuzz.runner import classify, run_cases
+from tools.fuzz.cases import KINDS, Case, make_case
+from tools.fuzz.runner import classify, run_cases
 
 CI_SEED = 13
 CI_CASES = 400

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from cli import main
 from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
-from planner.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
-from planner.fuzz.mutations import to_json, to_yaml
+from tools.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
+from tools.fuzz.mutations import to_json, to_yaml
 from planner.sanity import check_prediction
 
 ROOT = Path(__file__).resolve().parents[1]

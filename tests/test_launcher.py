@@ -20,9 +20,10 @@ import yaml
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.inputs.script import parse_launcher_script
-from planner.launcher import render_launch_files, write_launch_files
+from planner.launcher import render_launch_files
 from planner.launcher.common import group_flag_items
 from planner.megatron.layout import parse_layout, virtual_stage_layers
+from planner.output.run_dir import LAUNCHER_OUTPUT, write_files
 from planner.schemas import ModelSpec, Plan, Recompute, StagePlan, TrainingSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 
@@ -324,7 +325,7 @@ def test_launch_sh_passes_exactly_the_args_file(name, tmp_path):
     """Running launch.sh (with a fake torchrun) passes static-rendezvous placement flags and
     exactly the flags of megatron_args.txt, for every agent."""
     run, plan, cluster, script = case(name)
-    paths = write_launch_files(run, plan, cluster, tmp_path / "out", script)
+    paths = write_files(tmp_path / "out", render_launch_files(run, plan, cluster, script), "--out", LAUNCHER_OUTPUT)
     launch = tmp_path / "out" / "launch.sh"
     assert launch in paths and os.stat(launch).st_mode & stat.S_IXUSR
     _fake_torchrun(tmp_path)
@@ -353,7 +354,7 @@ def test_launch_sh_keeps_the_input_scripts_settings(tmp_path):
     run, plan, cluster, script = case("moe_megatron")
     src = tmp_path / "train.sh"
     src.write_text(SCRIPT)
-    write_launch_files(run, plan, cluster, tmp_path / "out", script)
+    write_files(tmp_path / "out", render_launch_files(run, plan, cluster, script), "--out", LAUNCHER_OUTPUT)
     assert src.read_text() == SCRIPT
     _fake_torchrun(tmp_path)
     got = _run_agent(
@@ -413,7 +414,7 @@ def test_rule_violation_is_refused_before_writing(tmp_path):
     run, plan, cluster = dense_plan([4, 4])
     bad = plan.model_copy(update={"gbs": 63, "mbs": 2})
     with pytest.raises(PlannerInputError) as err:
-        write_launch_files(run, bad, cluster, tmp_path / "out")
+        write_files(tmp_path / "out", render_launch_files(run, bad, cluster), "--out", LAUNCHER_OUTPUT)
     assert "global batch size (63) is not divisible" in str(err.value)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 

@@ -115,7 +115,7 @@ def test_quiet_is_quiet(tmp_path):
 def test_statuses_read_the_same_for_both_backends():
     """Exact search on a tiny model: both backends print OPTIMAL (certified); with pruning on both
     print FEASIBLE with the same reason, whatever status string the backend itself returned."""
-    from planner.report import search_status
+    from planner.output.report import search_status
 
     for prune, word in (([], "FEASIBLE"), (["--no-prune"], "OPTIMAL")):
         texts = []

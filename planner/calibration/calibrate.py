@@ -29,14 +29,18 @@ from typing import Any
 
 import yaml
 
-from planner.calibration.megatron_log import ParsedLog
-from planner.calibration.router_stats import RouterStats
+from planner.calibration.megatron_log import ParsedLog, parse_megatron_log
+from planner.calibration.router_stats import RouterStats, load_router_stats
+from planner.cli_common import json_text
+from planner.cost.estimate import plan_from_run
+from planner.cost.model import CostModel
 from planner.errors import PlannerInputError
-from planner.sanity import check_prediction
-from planner.units import GIB_BYTES
-
+from planner.inputs.files import load_document, path_kind
+from planner.output.run_dir import PROFILES_OUTPUT, write_files
 from planner.profile_tables import CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, ProfileSet
+from planner.sanity import check_prediction
 from planner.schemas.device import Provenance
+from planner.units import GIB_BYTES
 
 TIME_KINDS = TIME_CORRECTION_KINDS
 MEMORY_KIND = "memory_overhead_gib"
@@ -121,6 +125,35 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
                        steady_iterations=min(len(files), 1))
 
 
+def read_measurement(megatron_log: str | Path | None, instrument_dir: str | Path | None,
+                     skip_iterations: int) -> tuple[Measurement, ParsedLog | None]:
+    """What the run measured: from its log (memory per rank from the instrumentation when the log
+    has none), else from the instrumentation alone.  The parsed log comes back too, for its
+    unreadable lines."""
+    if megatron_log is None:
+        return measurement_from_instrument(instrument_dir), None
+    parsed = parse_megatron_log(megatron_log)
+    measurement = measurement_from_log(parsed, skip_iterations)
+    if instrument_dir is not None:  # memory per rank from the instrumentation when the log has none
+        extra = measurement_from_instrument(instrument_dir)
+        if not measurement.per_rank_peak_bytes:
+            measurement.per_rank_peak_bytes = extra.per_rank_peak_bytes
+    return measurement, parsed
+
+
+def read_router_stats(router_stats: str | Path | None, instrument_dir: str | Path | None,
+                      num_experts: int | None) -> RouterStats | None:
+    """Router statistics from --router-stats, else from the instrumentation when it recorded them."""
+    if router_stats is not None:
+        return load_router_stats(router_stats, num_experts=num_experts)
+    if instrument_dir is not None:
+        try:
+            return load_router_stats(instrument_dir, num_experts=num_experts)
+        except PlannerInputError:
+            return None
+    return None
+
+
 @dataclass
 class CalibrationResult:
     corrections: list[dict[str, Any]]
@@ -134,9 +167,6 @@ def stage_of_rank(rank: int, ranks_per_stage: int, num_stages: int) -> int | Non
 
 
 def _evaluate(run: Any, cluster: Any, profiles: Any) -> tuple[Any, Any]:
-    from planner.cost.estimate import plan_from_run
-    from planner.cost.model import CostModel
-
     plan, _notes = plan_from_run(run, cluster, profiles)
     return plan, CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
 
@@ -164,17 +194,40 @@ def calibrate(
         profiles = _overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
     check_prediction(before, "the logged configuration")
-    m = before.num_microbatches
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
     devices = sorted({s.device_type for s in before.stages})
     canonical = {d: profiles.canonical_name(d) for d in devices}
+    stage_rows, device_factors = _device_factors(measurement, before, ranks_per_stage, canonical)  # 1.
+    global_factor = _global_factor(measurement, run, cluster, profiles, device_factors, imbalance)  # 2.
+    _check_factors(measurement, device_factors, global_factor)
+    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
+    mem_diff = _memory_differences(measurement, before, stage_rows, ranks_per_stage, canonical)  # 3.
+    corrections = _corrections(measurement, run, cluster, profiles, [canonical[d] for d in devices], device_factors,
+                               global_factor, mem_diff)
+    if router is not None and imbalance is not None:  # 4.
+        corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
+                            "provenance": {"kind": "calibrated",
+                                           "source": f"router statistics {router.source}: max/mean tokens per "
+                                                     f"expert, mean over {len(router.layer_imbalance())} "
+                                                     "(iteration, layer) samples"}})
+    fitted = {"device_factors": device_factors, "global_factor": global_factor, "moe_imbalance_factor": imbalance}
+    report = _report(measurement, run, before, after, stage_rows, mem_diff, fitted)
+    return CalibrationResult(corrections=corrections, report=report)
 
-    # 1. per-device compute factor from per-rank compute timers
+
+def _stage_ranks(per_rank: dict[int, float], stage: int, ranks_per_stage: int, num_stages: int) -> list[int]:
+    return [r for r in per_rank if stage_of_rank(r, ranks_per_stage, num_stages) == stage]
+
+
+def _device_factors(measurement: Measurement, before: Any, ranks_per_stage: int,
+                    canonical: dict[str, str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Step 1: per stage, the measured compute (median over its ranks' timers) against the predicted
+    one; per device, the mean ratio.  Returns the report's stage rows and the device factors."""
+    m = before.num_microbatches
     stage_rows = []
     device_ratios: dict[str, list[float]] = {}
     for st in before.stages:
-        ranks = [r for r in measurement.per_rank_compute_s
-                 if stage_of_rank(r, ranks_per_stage, len(before.stages)) == st.index]
+        ranks = _stage_ranks(measurement.per_rank_compute_s, st.index, ranks_per_stage, len(before.stages))
         predicted_compute_s = m * (st.time_s - st.pp_comm_s)
         row: dict[str, Any] = {"stage": st.index, "device": st.device_type, "layers": st.num_layers,
                                "predicted_compute_s_per_iteration": predicted_compute_s}
@@ -184,11 +237,14 @@ def calibrate(
             row["compute_ratio"] = measured / predicted_compute_s
             device_ratios.setdefault(canonical[st.device_type], []).append(measured / predicted_compute_s)
         stage_rows.append(row)
-    device_factors = {d: statistics.fmean(v) for d, v in device_ratios.items()}
+    return stage_rows, {d: statistics.fmean(v) for d, v in device_ratios.items()}
 
-    # 2. global residual on iteration time
-    # Some parts of the iteration are under no correction kind, so T(g) = a*g + c: solve
-    # T(g) = measured by the secant method (T is increasing in g).
+
+def _global_factor(measurement: Measurement, run: Any, cluster: Any, profiles: Any, device_factors: dict[str, float],
+                   imbalance: float | None) -> float:
+    """Step 2: the global residual on iteration time.  Some parts of the iteration are under no
+    correction kind, so T(g) = a*g + c: solve T(g) = measured by the secant method (T is increasing
+    in g)."""
     target = measurement.iteration_time_s
 
     def predicted(g: float) -> float:
@@ -204,29 +260,36 @@ def calibrate(
         if g2 <= 0:
             g2 = g1 * target / t1
         g0, t0, g1, t1 = g1, t1, g2, predicted(g2)
-    global_factor = g1
-    _check_factors(measurement, device_factors, global_factor)
-    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
+    return g1
 
-    # 3. memory per stage
+
+def _memory_differences(measurement: Measurement, before: Any, stage_rows: list[dict[str, Any]],
+                        ranks_per_stage: int, canonical: dict[str, str]) -> dict[str, list[float]]:
+    """Step 3: per stage, the largest max reserved among its ranks against the predicted memory
+    (added to the stage rows); returns the differences per device."""
     mem_diff: dict[str, list[float]] = {}
     for st, row in zip(before.stages, stage_rows):
         row["predicted_memory_gib"] = st.memory_gib
-        ranks = [r for r in measurement.per_rank_peak_bytes
-                 if stage_of_rank(r, ranks_per_stage, len(before.stages)) == st.index]
+        ranks = _stage_ranks(measurement.per_rank_peak_bytes, st.index, ranks_per_stage, len(before.stages))
         if ranks:
             measured_gib = max(measurement.per_rank_peak_bytes[r] for r in ranks) / GIB_BYTES
             row["measured_max_reserved_gib"] = measured_gib
             row["memory_difference_gib"] = measured_gib - st.memory_gib
             mem_diff.setdefault(canonical[st.device_type], []).append(measured_gib - st.memory_gib)
+    return mem_diff
 
+
+def _corrections(measurement: Measurement, run: Any, cluster: Any, profiles: Any, names: list[str],
+                 device_factors: dict[str, float], global_factor: float,
+                 mem_diff: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Every time kind of each device (the old factor times the fitted ratio), and its memory
+    overhead where memory was measured (never made smaller)."""
     provenance = {"kind": "calibrated",
                   "source": f"cli.py calibrate on {measurement.source} ({measurement.date}), "
                             f"{measurement.steady_iterations} steady iterations, "
                             f"run {run.model.name} on {cluster.describe()}"}
     corrections: list[dict[str, Any]] = []
-    for dev in devices:
-        name = canonical[dev]
+    for name in names:
         ratio = device_factors.get(name, 1.0) * global_factor
         for kind in TIME_KINDS:
             corrections.append({"device": name, "kind": kind,
@@ -237,13 +300,13 @@ def calibrate(
             corrections.append({"device": name, "kind": MEMORY_KIND,
                                 "factor": round(profiles.correction(name, MEMORY_KIND) + extra, 4),
                                 "provenance": dict(provenance)})
-    if router is not None and imbalance is not None:
-        corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
-                            "provenance": {"kind": "calibrated",
-                                           "source": f"router statistics {router.source}: max/mean tokens per "
-                                                     f"expert, mean over {len(router.layer_imbalance())} "
-                                                     "(iteration, layer) samples"}})
+    return corrections
 
+
+def _report(measurement: Measurement, run: Any, before: Any, after: Any, stage_rows: list[dict[str, Any]],
+            mem_diff: dict[str, list[float]], fitted: dict[str, Any]) -> dict[str, Any]:
+    """The calibration report: what was measured, predicted before and after, the fitted factors
+    (`fitted`), the stage rows and the warnings."""
     warnings = []
     gbs = measurement.global_batch_size
     if gbs is not None and gbs != run.training.global_batch_size:
@@ -251,7 +314,7 @@ def calibrate(
                         "pass the flags the logged run used")
     if measurement.per_rank_peak_bytes and not mem_diff:
         warnings.append("memory lines name ranks outside every stage of this configuration")
-    report = {
+    return {
         "warnings": warnings,
         "measured": {
             "source": measurement.source, "date": measurement.date,
@@ -264,14 +327,11 @@ def calibrate(
                              "error": before.iteration_time_s / measurement.iteration_time_s - 1.0},
         "predicted_after": {"iteration_time_s": after.iteration_time_s, "tflops_per_gpu": after.tflops_per_gpu,
                             "error": after.iteration_time_s / measurement.iteration_time_s - 1.0},
-        "device_factors": device_factors,
-        "global_factor": global_factor,
-        "moe_imbalance_factor": imbalance,
+        **fitted,
         "stages": stage_rows,
         "method": "per-device compute factor from per-rank compute timers when present, then one global factor "
                   "on the remaining iteration time; memory: mean positive excess of max reserved per device",
     }
-    return CalibrationResult(corrections=corrections, report=report)
 
 
 def _check_factors(measurement: Measurement, device_factors: dict[str, float], global_factor: float) -> None:
@@ -296,9 +356,6 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
     """Write DIR/corrections.yaml (entries of other devices already there are kept),
     DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
     factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
-    from planner.inputs.files import load_document, path_kind
-    from planner.output_dir import PROFILES_OUTPUT, write_files
-
     out = Path(out_dir)
     path = out / "corrections.yaml"
     keep: list[dict[str, Any]] = []
@@ -320,8 +377,6 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
             "# Entries the profile loader does not accept yet; pass the factor as\n"
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
-    from planner.cli_common import json_text
-
     files["calibration_report.json"] = json_text(result.report)
     return write_files(out, files, "--out", PROFILES_OUTPUT)
 

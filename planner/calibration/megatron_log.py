@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import path_kind
 
 _TIMESTAMP_RE = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?\]\s*")
 _ITER_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
@@ -338,8 +339,6 @@ def _parse_timer_block(
 
 def parse_megatron_log(path: str | Path) -> ParsedLog:
     """Read and parse a log file (utf-8, undecodable bytes replaced)."""
-    from planner.inputs.files import path_kind
-
     p = Path(path)
     kind = path_kind(p, "--megatron-log")
     if kind != "file":

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import path_kind
 
 REQUIRED_COLUMNS = ("layer", "expert", "tokens")
 
@@ -104,8 +105,6 @@ def _read_csv(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_e
 def load_router_stats(path: str | Path, num_experts: int | None = None) -> RouterStats:
     """Read a CSV file or an instrumentation directory.  `num_experts`, when given, adds experts
     that received no token (they count in the mean)."""
-    from planner.inputs.files import path_kind
-
     p = Path(path)
     counts: dict[tuple[int, int], dict[int, float]] = {}
     kind = path_kind(p, "--router-stats")

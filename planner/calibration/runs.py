@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.cost.estimate import plan_from_run
+from planner.cost.flops import model_flop_per_iteration
 from planner.cost.model import CostModel, PlanCost
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
@@ -103,8 +104,6 @@ class CalibrationCase:
 
     @property
     def model_flop(self) -> float:
-        from planner.cost.flops import model_flop_per_iteration
-
         return model_flop_per_iteration(self.run.model, global_batch_size=self.run.training.global_batch_size,
                                         tp=self.plan.tp)
 

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import click
 
+from planner.baselines import PLANNERS
+from planner.bench import QUICK_SUITE, SUITE, BenchSettings, run_bench
 from planner.cli_common import FiniteFloat, handle_errors
 from planner.errors import PlannerInputError
-from planner.output_dir import BENCH_OUTPUT, check_out_dir
+from planner.output.run_dir import BENCH_OUTPUT, check_out_dir
+from planner.profile_tables import ProfileSet
 
 
 @click.command("bench")
@@ -40,10 +43,6 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling
     python cli.py bench --quick --out /tmp/bench
     """
     check_out_dir(out_dir, "--out", BENCH_OUTPUT, force=force)
-    from planner.baselines import PLANNERS
-    from planner.bench import QUICK_SUITE, SUITE, BenchSettings, run_bench
-    from planner.profile_tables import ProfileSet
-
     settings = BenchSettings.for_quick() if quick else BenchSettings()
     if time_limit_s is not None:
         settings.time_limit_s = time_limit_s

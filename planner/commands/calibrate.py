@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import click
 
+from planner.api import load_inputs
+from planner.calibration.calibrate import (
+    calibrate, read_measurement, read_router_stats, render_report, write_corrections,
+)
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, load_inputs,
+    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, note_printer,
 )
 from planner.errors import PlannerInputError
-from planner.output_dir import PROFILES_OUTPUT, check_out_dir
+from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
 
 
 @click.command("calibrate")
@@ -36,39 +40,19 @@ def command(megatron_log, instrument_dir, model, megatron_args, megatron_script,
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
     """
     check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
-    from planner.calibration.calibrate import (
-        calibrate, measurement_from_instrument, measurement_from_log, render_report, write_corrections,
-    )
-    from planner.calibration.megatron_log import parse_megatron_log
-    from planner.calibration.router_stats import load_router_stats
-
     if megatron_log is None and instrument_dir is None:
         raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir)")
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides=overrides,
+        profile_dirs=profile_dirs, overrides=overrides, on_note=note_printer(),
     )
-    if megatron_log is not None:
-        parsed = parse_megatron_log(megatron_log)
-        measurement = measurement_from_log(parsed, skip_iterations)
-        if instrument_dir is not None:  # memory per rank from the instrumentation when the log has none
-            extra = measurement_from_instrument(instrument_dir)
-            if not measurement.per_rank_peak_bytes:
-                measurement.per_rank_peak_bytes = extra.per_rank_peak_bytes
+    measurement, parsed = read_measurement(megatron_log, instrument_dir, skip_iterations)
+    if parsed is not None:
         for problem in parsed.problems[:10]:
             click.echo(f"warning: {parsed.source} line {problem.line_no} ({problem.kind}): {problem.reason}", err=True)
         if len(parsed.problems) > 10:
             click.echo(f"warning: {len(parsed.problems) - 10} more unreadable lines", err=True)
-    else:
-        measurement = measurement_from_instrument(instrument_dir)
-    router = None
-    if router_stats is not None:
-        router = load_router_stats(router_stats, num_experts=run.model.num_experts)
-    elif instrument_dir is not None:
-        try:
-            router = load_router_stats(instrument_dir, num_experts=run.model.num_experts)
-        except PlannerInputError:
-            router = None
+    router = read_router_stats(router_stats, instrument_dir, run.model.num_experts)
     result = calibrate(measurement, run, cluster_spec, profiles, router)
     paths = write_corrections(result, out_dir)
     if as_json:

@@ -6,36 +6,14 @@ from pathlib import Path
 
 import click
 
+from planner.api import estimate, load_inputs
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, SCRIPT_ARGS,
-    TRAINING_OVERRIDES, apply_options, check_plot_dir, load_inputs,
+    TRAINING_OVERRIDES, apply_options, check_plot_dir, note_printer,
 )
-from planner.errors import PlannerInputError
-from planner.megatron.flags import rule_options
-
-def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
-    """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
-    written all-or-nothing into `plot_dir`."""
-    import shutil
-    import tempfile
-
-    from planner.commands.solve import _move_into
-    from planner.plots import write_plots
-    from planner.report import estimate_summary_markdown
-
-    plot_dir = Path(plot_dir)
-    plot_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=plot_dir.parent))
-    try:
-        images, notes = write_plots(tmp, plan, cost, cluster, title=f"{payload['model']} on {payload['cluster']}",
-                                    rank_order=True)
-        payload["notes"] = list(payload["notes"]) + notes
-        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
-        (tmp / "summary.md").write_text(estimate_summary_markdown(payload, images))
-        return _move_into(tmp, plot_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+from planner.output.plan_dir import write_estimate_plots
+from planner.output.report import estimate_json, render_estimate
 
 
 @click.command("estimate")
@@ -55,36 +33,16 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     python cli.py estimate --model mixtral-s --cluster H800:32 --tp 2 --pp 4 --ep 4 --recompute selective
     python cli.py estimate --model mixtral-s --cluster H800:32 --tp 2 --pp 4 --ep 4 --plot plots/mixtral
     """
-    from planner.cost.estimate import plan_from_run
-    from planner.cost.model import CostModel
-    from planner.report import estimate_json, render_estimate
-
     plot_dir = check_plot_dir(plot_dir, None)
-    run, cluster_spec, profiles = load_inputs(
+    inputs = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
-        allow_invalid=allow_invalid,
+        allow_invalid=allow_invalid, on_note=note_printer(),
     )
-    plan, notes = plan_from_run(run, cluster_spec, profiles)
-    from planner.megatron.rules import check_plan, format_violations
-
-    violations = check_plan(run.model, plan, run.training)
-    if violations and not allow_invalid:
-        raise PlannerInputError(
-            " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),
-            "Megatron would refuse it: " + format_violations(violations)
-            + "; --allow-invalid prices it anyway",
-        )
-    cost = CostModel(run.model, run.training, cluster_spec, profiles).evaluate(plan)
-    from planner.sanity import check_prediction
-
-    check_prediction(cost, "the configuration")
-    from planner.megatron.flags import unmodelled_notes
-
-    notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
-    payload = estimate_json(run, cluster_spec, plan, cost, notes=notes)
+    priced = estimate(inputs, allow_invalid=allow_invalid)
+    payload = estimate_json(inputs.run, inputs.cluster, priced.plan, priced.cost, notes=priced.notes)
     if plot_dir:
-        written = write_estimate_plots(Path(plot_dir), payload, plan, cost, cluster_spec)
+        written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster)
         if not quiet:
             click.echo(f"wrote {len(written)} files to {plot_dir}", err=True)
     if as_json:

@@ -1,4 +1,4 @@
-"""Click options shared by estimate, solve, compare and friends, and the input resolution they share."""
+"""Click options shared by estimate, solve, compare and friends."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any, Callable
 import click
 
 from planner.errors import PlannerInputError
-from planner.megatron.flags import OVERRIDE_FLAGS
 
 MODEL_OPTIONS = [
     click.option("--model", "model", default=None, metavar="PRESET|FILE",
@@ -67,8 +66,6 @@ def apply_options(options: list) -> Callable[[Callable[..., Any]], Callable[...,
 def check_plot_dir(plot_dir: str | None, out_dir: str | None) -> str | None:
     """Where --plot writes when there is no --out (None: no plots); with --out the plots always go
     to OUT/plots, so a --plot DIR there is refused rather than ignored."""
-    from planner.errors import PlannerInputError
-
     if plot_dir is None:
         return None
     if out_dir is not None:
@@ -79,66 +76,8 @@ def check_plot_dir(plot_dir: str | None, out_dir: str | None) -> str | None:
     return plot_dir or DEFAULT_PLOT_DIR
 
 
-def load_inputs(*, model, megatron_args, megatron_script, cluster, profile_dirs, overrides: dict,
-                moe_imbalance: float | None = None, script_args=(), quiet: bool = False, allow_invalid: bool = False):
-    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from CLI options.  The run lists in `assumed`
-    the values no input stated (planner/inputs/assumed.py); what the input reader did not model is
-    printed on stderr, one `note:` line each."""
-    import math
-
-    from planner.errors import PlannerInputError
-    from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
-    from planner.inputs.cluster import parse_cluster
-    from planner.inputs.resolve import resolve_run
-    from planner.profile_tables import ProfileSet
-
-    if moe_imbalance is not None and not (math.isfinite(moe_imbalance) and moe_imbalance >= 1.0):
-        raise PlannerInputError(IMBALANCE_FLAG, f"expected a finite number >= 1 (max/mean tokens per expert), "
-                                f"got {moe_imbalance}")
-    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
-    cluster_spec = parse_cluster(cluster, profiles)
-    clean = {k: v for k, v in overrides.items() if v is not None}
-    notes: list[str] = []
-    try:
-        run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                          script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
-                          notes=notes, allow_invalid=allow_invalid)
-    except PlannerInputError as exc:
-        raise _in_override_terms(exc, clean) from None
-    check_precision(run.training.precision, cluster_spec, profiles)
-    if not quiet:
-        for note in notes:
-            click.echo(f"note: {note}", err=True)
-    if moe_imbalance is not None:
-        run = run.model_copy(update={"training": run.training.model_copy(
-            update={"moe_imbalance_factor": float(moe_imbalance)})})
-    run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
-    return run, cluster_spec, profiles
-
-
-def _in_override_terms(exc, overrides: dict):
-    """An error about a Megatron flag that a CLI override set names the override too (`--ep`, not only
-    `--expert-model-parallel-size`)."""
-    field = getattr(exc, "field", "")
-    for key, flag in OVERRIDE_FLAGS.items():
-        if key in overrides and field == flag:
-            message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
-            return PlannerInputError(f"--{key} ({flag})", message)
-    return exc
-
-
-def check_precision(precision: str, cluster_spec, profiles) -> None:
-    """Every device of the cluster must run the run's precision (a V100 has no bf16)."""
-    from planner.errors import MissingProfileError
-
-    for device_type in cluster_spec.device_types:
-        device = profiles.device(device_type)
-        try:
-            device.peak_flop_per_s(precision)
-        except MissingProfileError:
-            supported = ", ".join(sorted(device.peak_tflops))
-            raise PlannerInputError(
-                "--cluster",
-                f"{device_type} does not run {precision} (it runs {supported}); choose other devices, or a "
-                f"precision it runs (--fp16 in --megatron-args, or precision: in the model file's training block)",
-            ) from None
+def note_printer(quiet: bool = False):
+    """The `on_note` of planner.api.load_inputs: each note on stderr as `note: ...` (none under --quiet)."""
+    if quiet:
+        return None
+    return lambda note: click.echo(f"note: {note}", err=True)

@@ -9,7 +9,9 @@ import click
 
 from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
-from planner.output_dir import PROFILES_OUTPUT, check_out_dir
+from planner.inputs.presets import load_model_preset
+from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
+from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
 
 TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
 MAX_LIST_VALUE = 1024  # TP/EP/ETP degrees and micro-batch sizes a single-device benchmark can time
@@ -55,8 +57,6 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
     """
     # every argument is checked before torch is imported (seconds) and before anything is measured
     check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
-    from planner.inputs.presets import load_model_preset
-
     spec, _training = load_model_preset(model)
     lists = {flag: _int_list(flag, text) for flag, text in
              (("--tp-list", tp_list), ("--ep-list", ep_list), ("--etp-list", etp_list), ("--mbs-list", mbs_list))}
@@ -65,8 +65,6 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
     except ImportError:
         click.echo(f"error: torch is not installed; {TORCH_MISSING}", err=True)
         sys.exit(2)
-    from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
-
     gpu = device == "cuda"
     opts = ProfileOptions(
         model=spec, device=device, quick=quick,

@@ -7,12 +7,19 @@ from pathlib import Path
 
 import click
 
-from planner.cli_common import FiniteFloat, echo_json, handle_errors, json_text
+from planner.api import check_predictions, load_inputs, make_space, price_input_plan, read_input_script, solve
+from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
-    apply_options, check_plot_dir, load_inputs,
+    apply_options, check_plot_dir, note_printer,
 )
-from planner.output_dir import PLAN_OUTPUT, StagedOutput, check_out_dir
+from planner.errors import SearchTimeLimitError
+from planner.output.plan_dir import write_plan_dir, write_solve_plots
+from planner.output.report import render_solve, solve_json
+from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
+from planner.progress import ProgressDisplay
+from planner.search.pruning import Pruning
+from planner.search.settings import SearchSettings
 
 OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
 
@@ -34,78 +41,6 @@ SEARCH_OPTIONS = [
                       "always does; upstream Megatron does not need it)"),
     click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
 ]
-
-
-def _move_into(tmp: Path, dest: Path) -> list[Path]:
-    """Move every file under `tmp` to the same place under `dest`; returns the moved paths."""
-    import shutil
-
-    dest.mkdir(parents=True, exist_ok=True)
-    written = []
-    for item in sorted(tmp.rglob("*")):
-        if item.is_file():
-            target = dest / item.relative_to(tmp)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(item), target)
-            written.append(target)
-    return written
-
-
-def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> dict[str, str]:
-    """Draw the plan's pictures into `tmp`; returns {plot name: path relative to summary.md} (and
-    adds notes for plots that could not be drawn to the payload)."""
-    from planner.plots import write_plots
-
-    title = f"{payload['model']} on {payload['cluster']}"
-    mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
-    images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine)
-    payload["notes"] = list(payload["notes"]) + notes
-    return {name: prefix + rel for name, rel in images.items()}
-
-
-def write_outputs(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
-    """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files, written
-    all-or-nothing."""
-    from planner.report import summary_markdown
-
-    staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
-    with staged as tmp:
-        images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/")
-        payload["plots"] = images
-        plan_doc = dict(payload)
-        plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
-                              "cluster": outcome.cluster.model_dump(mode="json")}
-        script = getattr(outcome, "script", None)
-        if script is not None:  # emit rebuilds the launcher from this, without the file
-            plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
-                                            "extra_flags": list(script.extra_flags), "text": script.text}
-        (tmp / "plan.json").write_text(json_text(plan_doc))
-        (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
-        (tmp / "summary.md").write_text(summary_markdown(payload, images))
-        from planner.launcher import write_launch_files
-
-        write_launch_files(outcome.run, outcome.plans[0], outcome.cluster, tmp / "launch",
-                           script=getattr(outcome, "script", None))
-    return staged.written
-
-
-def write_plot_dir(plot_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
-    """`--plot DIR` without --out: the pictures, their data and a summary.md that shows them."""
-    import shutil
-    import tempfile
-
-    from planner.report import summary_markdown
-
-    plot_dir = Path(plot_dir)
-    plot_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=plot_dir.parent))
-    try:
-        images = plot_files(tmp, payload, outcome, user)
-        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
-        (tmp / "summary.md").write_text(summary_markdown(payload, images))
-        return _move_into(tmp, plot_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @click.command("solve")
@@ -134,53 +69,34 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     if out_dir is not None:
         check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force)
     plot_dir = check_plot_dir(plot_dir, out_dir)
-    run, cluster_spec, profiles = load_inputs(
+    inputs = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, moe_imbalance=moe_imbalance,
-        script_args=script_args, quiet=quiet,
+        script_args=script_args, on_note=note_printer(quiet),
         allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
     )
     if time.perf_counter() > deadline:
-        from planner.errors import SearchTimeLimitError
-
         raise SearchTimeLimitError(f"reading the inputs took {time.perf_counter() - started:.1f} s of the "
                                    f"{time_limit_s:g} s time limit, which leaves no time to search; raise --time-limit")
-    from planner.api import make_space, solve
-    from planner.progress import ProgressDisplay
-    from planner.report import render_solve, solve_json
-    from planner.sanity import check_prediction
-    from planner.search.pruning import Pruning
-    from planner.search.settings import SearchSettings
-
     settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta), time_limit_s=time_limit_s, top_k=top_k,
                               deadline=deadline)
     if no_prune:
         settings = settings.without_pruning()
-    space = make_space(run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
+    space = make_space(inputs.run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
-        outcome = solve(run, cluster_spec, profiles, settings=settings, space=space, progress=progress)
+        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress)
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
-    for rank, cost in enumerate(outcome.costs):
-        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
+    check_predictions(outcome)
     if megatron_script:
-        from planner.inputs.resolve import read_script, script_override_flags
-
-        outcome.script = read_script(megatron_script, script_args,
-                                     script_override_flags(megatron_args, {"seq": seq},
-                                                           run.model.max_position_embeddings))
-    user = None
-    if megatron_script or megatron_args:
-        from planner.user_plan import price_user_plan
-
-        source = f"--megatron-script {Path(megatron_script).name}" if megatron_script else "--megatron-args"
-        user = price_user_plan(run, cluster_spec, profiles, source)
+        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run)
+    user = price_input_plan(inputs, megatron_script, megatron_args)
     payload = solve_json(outcome, settings, runtime, user=user)
     written: list[Path] = []
     where = out_dir or plot_dir
     if out_dir:
-        written = write_outputs(Path(out_dir), payload, outcome, user)
+        written = write_plan_dir(Path(out_dir), payload, outcome, user)
     elif plot_dir:
-        written = write_plot_dir(Path(plot_dir), payload, outcome, user)
+        written = write_solve_plots(Path(plot_dir), payload, outcome, user)
     if written and not quiet:
         click.echo(f"wrote {len(written)} files to {where}", err=True)
     if as_json:

@@ -75,6 +75,44 @@ def flatten(items: Iterable[FlagItem]) -> list[str]:
     return out
 
 
+def apply_plan(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str]) -> list[str]:
+    """The entry script's flags after the plan: the user's flags minus every decided flag (with
+    the values that follow it; `--flag=value` takes none), then the applied items.  Exactly what
+    `hapmoe_launch` does in bash."""
+    decided = set(decided)
+    out: list[str] = []
+    skip = False
+    for tok in user_argv:
+        if is_flag_token(tok):
+            name = tok.split("=", 1)[0]
+            if name in decided:
+                skip = "=" not in tok
+                continue
+            skip = False
+        elif skip:
+            continue
+        out.append(tok)
+    for item in applied:
+        out += item.tokens()
+    return out
+
+
+def plan_changes(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str] = ()) -> list[str]:
+    """Human-readable notes: which of the user's flags the plan changes, adds or removes."""
+    given = {i.name: i for i in group_flag_items(list(user_argv)) if is_flag_token(i.name)}
+    applied_names = {i.name for i in applied}
+    notes = [f"removed {' '.join(item.tokens())}" for name, item in given.items()
+             if name in set(decided) and name not in applied_names]
+    for item in applied:
+        old = given.get(item.name)
+        new = " ".join(item.tokens())
+        if old is None:
+            notes.append(f"added {new}")
+        elif old.tokens() != item.tokens() and " ".join(old.values) != " ".join(item.values):
+            notes.append(f"{' '.join(old.tokens())} -> {new}")
+    return notes
+
+
 # --------------------------------------------------------------------------------------------
 # Flags the plan writes (the rest of the run's flags are planner/megatron/flags.py's)
 # --------------------------------------------------------------------------------------------
@@ -135,8 +173,6 @@ def launch_flags(
     """All flags for the entry script.  With a script: the script's own flags (plus the CLI
     overrides it was planned with), minus the flags the plan decides, plus the plan's flags.
     Without: the run's model/training flags and its passthrough flags, then the plan's."""
-    from planner.launcher.launch_sh import apply_plan, plan_changes
-
     notes: list[str] = []
     overrides = group_flag_items(list(getattr(script, "extra_flags", []) or [])) if script is not None else []
     applied = [*overrides, *extra_items, *plan_items]

@@ -11,8 +11,8 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
 
 `hapmoe_launch WORDS...` receives the command exactly as the script built it and:
   * removes from the entry script's flags every flag the plan decides (with its values), keeps
-    every other flag in order, and appends the plan's flags (`apply_plan` is the same rule in
-    Python, which writes megatron_args.txt);
+    every other flag in order, and appends the plan's flags (`common.apply_plan` is the same
+    rule in Python, which writes megatron_args.txt);
   * for torchrun (or `python -m torch.distributed.run`): replaces the placement options
     (nproc-per-node, nnodes, node-rank, rdzv-*) with static rendezvous and an explicit node rank,
     picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
@@ -31,60 +31,12 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
-from planner.launcher.common import (
-    Agent,
-    FlagItem,
-    arrays_of,
-    bash_item,
-    bash_value,
-    is_flag_token,
-)
+from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, arrays_of, bash_item, bash_value
 
 # torchrun options the plan decides (placement); master address/port stay the user's.
 PLACEMENT_OPTIONS = ("nproc-per-node", "nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
                      "rdzv-conf", "standalone", "max-restarts")  # fmt: skip
 _SWITCH_OPTIONS = {"standalone"}
-DEFAULT_MASTER_PORT = 6000
-
-
-def apply_plan(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str]) -> list[str]:
-    """The entry script's flags after the plan: the user's flags minus every decided flag (with
-    the values that follow it; `--flag=value` takes none), then the applied items.  Exactly what
-    `hapmoe_launch` does in bash."""
-    decided = set(decided)
-    out: list[str] = []
-    skip = False
-    for tok in user_argv:
-        if is_flag_token(tok):
-            name = tok.split("=", 1)[0]
-            if name in decided:
-                skip = "=" not in tok
-                continue
-            skip = False
-        elif skip:
-            continue
-        out.append(tok)
-    for item in applied:
-        out += item.tokens()
-    return out
-
-
-def plan_changes(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Iterable[str] = ()) -> list[str]:
-    """Human-readable notes: which of the user's flags the plan changes, adds or removes."""
-    from planner.launcher.common import group_flag_items
-
-    given = {i.name: i for i in group_flag_items(list(user_argv)) if is_flag_token(i.name)}
-    applied_names = {i.name for i in applied}
-    notes = [f"removed {' '.join(item.tokens())}" for name, item in given.items()
-             if name in set(decided) and name not in applied_names]
-    for item in applied:
-        old = given.get(item.name)
-        new = " ".join(item.tokens())
-        if old is None:
-            notes.append(f"added {new}")
-        elif old.tokens() != item.tokens() and " ".join(old.values) != " ".join(item.values):
-            notes.append(f"{' '.join(old.tokens())} -> {new}")
-    return notes
 
 
 @dataclass
@@ -109,14 +61,28 @@ def _case_pattern(names: Iterable[str]) -> str:
 
 def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[str]:
     """The bash functions that apply the plan at the launch statement."""
-    agents = spec.agents
-    nproc = agents[0].nproc
-    plan_words = " ".join(bash_item(i) for i in spec.applied)
-    placement = "|".join(dict.fromkeys(f"--{o}|--{o.replace('-', '_')}" for o in PLACEMENT_OPTIONS if o not in _SWITCH_OPTIONS))
-    switches = "|".join(dict.fromkeys(f"--{o}|--{o.replace('-', '_')}" for o in _SWITCH_OPTIONS))
-    entry_new = spec.entry_script
-    lines = [
-        "# ---- hapmoe: the plan, applied where the script launches training ----",
+    lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
+    lines += _dry_run_and_decided(spec)
+    lines += _agent_function(spec)
+    lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
+              "hapmoe_launch() {"]
+    lines += _split_launch_words(spec, entry_name)
+    lines += _run_without_torchrun()
+    lines += _run_agents(spec)
+    lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
+    if shadow:
+        lines += [
+            f"# The launch runs inside a string or a sourced file: {shadow} reaches the plan through this function.",
+            f"{shadow}() {{ hapmoe_launch {shadow} \"$@\"; }}",
+            f"export -f {shadow} hapmoe_launch hapmoe_is_decided hapmoe_agent",
+        ]
+    lines.append("# ---- end of hapmoe block ----")
+    return lines
+
+
+def _dry_run_and_decided(spec: LaunchSpec) -> list[str]:
+    """`--dry-run` read off the arguments, and `hapmoe_is_decided FLAG`: the flags the plan decides."""
+    return [
         "HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}",
         'if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi',
         "export HAPMOE_DRY_RUN",
@@ -126,13 +92,19 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
         f"    case \"$1\" in {_case_pattern(spec.decided)}) return 0 ;; esac",
         "    return 1",
         "}",
+    ]
+
+
+def _agent_function(spec: LaunchSpec) -> list[str]:
+    """`hapmoe_agent K`: agent K's host, its GPUs (when it has part of a host) and its own extra flags."""
+    lines = [
         "",
         "# Agent k of the plan: its host, its GPUs, its own extra flags.",
         "hapmoe_agent() {",
         '    HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()',
         '    case "$1" in',
     ]
-    for ag in agents:
+    for ag in spec.agents:
         cvd = ",".join(map(str, ag.gpu_ids)) if ag.nproc < ag.host_gpus else ""
         extra = " ".join(bash_item(i) for i in spec.per_agent_items.get(ag.node_rank, []))
         lines.append(
@@ -140,13 +112,21 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
             f"  # {ag.device_type}: ranks {ag.first_rank}-{ag.first_rank + ag.nproc - 1}, stage(s) "
             + ",".join(map(str, ag.stages))
         )
-    lines += [
+    return lines + [
         "        *) return 1 ;;",
         "    esac",
         "}",
-        "",
-        "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
-        "hapmoe_launch() {",
+    ]
+
+
+def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
+    """hapmoe_launch, first part: the words split into the launcher (torchrun's placement options
+    dropped) and the entry script's flags (the decided ones dropped); the entry word to run."""
+    plan_words = " ".join(bash_item(i) for i in spec.applied)
+    placement = "|".join(dict.fromkeys(f"--{o}|--{o.replace('-', '_')}" for o in PLACEMENT_OPTIONS if o not in _SWITCH_OPTIONS))
+    switches = "|".join(dict.fromkeys(f"--{o}|--{o.replace('-', '_')}" for o in _SWITCH_OPTIONS))
+    entry_new = spec.entry_script
+    lines = [
         "    local -a words=(\"$@\") launcher=() args=() plan=(" + plan_words + ")",
         "    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0",
         "    for ((i = 0; i < n; i++)); do",
@@ -185,7 +165,12 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     ]
     if spec.needs_max_connections:
         lines.append("    export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)")
-    lines += [
+    return lines
+
+
+def _run_without_torchrun() -> list[str]:
+    """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied."""
+    return [
         "    if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks",
         "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
         "            printf '%q ' \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"; echo",
@@ -194,34 +179,28 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
         "        command \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"",
         "        return",
         "    fi",
+    ]
+
+
+def _run_agents(spec: LaunchSpec) -> list[str]:
+    """hapmoe_launch with torchrun: this host's agents (or every agent under --dry-run), each with
+    static rendezvous, its node rank and the script's master address and port when it gives them."""
+    agents = spec.agents
+    lines = [
         "    local master=() has_addr=0 has_port=0  # the script's master address/port win",
         "    for tok in \"${launcher[@]}\"; do",
         "        case \"${tok%%=*}\" in --master-addr|--master_addr) has_addr=1 ;; --master-port|--master_port) has_port=1 ;; esac",
         "    done",
         f"    ((has_addr)) || master+=(--master-addr \"${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}\")",
         f"    ((has_port)) || master+=(--master-port \"${{HAPMOE_MASTER_PORT:-{spec.master_port}}}\")",
-        "    local -a agents=()",
-        "    if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
-        f"        agents=({' '.join(str(a.node_rank) for a in agents)})",
-        "    elif [[ -n \"${HAPMOE_NODE_RANK:-}\" ]]; then",
-        "        agents=(\"$HAPMOE_NODE_RANK\")",
-        "    else",
-        "        case \"${HAPMOE_HOST:-$(hostname -s)}\" in",
     ]
-    by_host: dict[str, list[int]] = {}
-    for ag in agents:
-        by_host.setdefault(ag.host, []).append(ag.node_rank)
-    for host, ranks in by_host.items():
-        lines.append(f"            {host}) agents=({' '.join(map(str, ranks))}) ;;")
-    lines += [
-        "            *) if [[ -n \"${SLURM_NODEID:-}\" ]]; then agents=(\"$SLURM_NODEID\")  # srun: the allocation's node order",
-        "               else echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2; fi ;;",
-        "        esac",
-        "    fi",
+    lines += _this_hosts_agents(agents)
+    return lines + [
         "    local k status=0",
         "    for k in \"${agents[@]}\"; do",
         f"        hapmoe_agent \"$k\" || {{ echo \"launch.sh: no agent $k (0-{len(agents) - 1})\" >&2; exit 2; }}",
-        f"        local -a cmd=(\"${{launcher[@]}}\" --nproc-per-node {nproc} --nnodes {len(agents)} --node-rank \"$k\"",
+        f"        local -a cmd=(\"${{launcher[@]}}\" --nproc-per-node {agents[0].nproc} --nnodes {len(agents)} "
+        "--node-rank \"$k\"",
         "            --rdzv-backend static \"${master[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\" \"${HAPMOE_A_EXTRA[@]}\")",
         "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
         "            echo \"# node $k ($HAPMOE_A_HOST)\"",
@@ -238,17 +217,32 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
         "    [[ \"$HAPMOE_DRY_RUN\" == 1 ]] && exit 0",
         "    if ((${#agents[@]} > 1)); then wait || status=$?; fi",
         "    return $status",
-        "}",
-        "hapmoe_eval() { eval \"hapmoe_launch $*\"; }",
     ]
-    if shadow:
-        lines += [
-            f"# The launch runs inside a string or a sourced file: {shadow} reaches the plan through this function.",
-            f"{shadow}() {{ hapmoe_launch {shadow} \"$@\"; }}",
-            f"export -f {shadow} hapmoe_launch hapmoe_is_decided hapmoe_agent",
-        ]
-    lines.append("# ---- end of hapmoe block ----")
-    return lines
+
+
+def _this_hosts_agents(agents: list[Agent]) -> list[str]:
+    """The agents to start here: all under --dry-run, else HAPMOE_NODE_RANK's, the host name's
+    (hostfile order), or srun's node id."""
+    lines = [
+        "    local -a agents=()",
+        "    if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
+        f"        agents=({' '.join(str(a.node_rank) for a in agents)})",
+        "    elif [[ -n \"${HAPMOE_NODE_RANK:-}\" ]]; then",
+        "        agents=(\"$HAPMOE_NODE_RANK\")",
+        "    else",
+        "        case \"${HAPMOE_HOST:-$(hostname -s)}\" in",
+    ]
+    by_host: dict[str, list[int]] = {}
+    for ag in agents:
+        by_host.setdefault(ag.host, []).append(ag.node_rank)
+    for host, ranks in by_host.items():
+        lines.append(f"            {host}) agents=({' '.join(map(str, ranks))}) ;;")
+    return lines + [
+        "            *) if [[ -n \"${SLURM_NODEID:-}\" ]]; then agents=(\"$SLURM_NODEID\")  # srun: the allocation's node order",
+        "               else echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2; fi ;;",
+        "        esac",
+        "    fi",
+    ]
 
 
 def _comment(lines: Sequence[str]) -> list[str]:

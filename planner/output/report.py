@@ -10,6 +10,7 @@ the reason (pruning, time limit) spelled out.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -263,8 +264,6 @@ def _assumed_rows(payload: dict) -> list[tuple[str, str, str, str]]:
 def terminal_width(wide: bool = False) -> int:
     """The width to render for: the terminal's, else $COLUMNS, else DEFAULT_WIDTH; --wide at least
     WIDE_MIN_WIDTH."""
-    import shutil
-
     width = 0
     env = os.environ.get("COLUMNS", "")
     if env.isdigit() and int(env) > 0:

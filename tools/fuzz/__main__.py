@@ -1,4 +1,4 @@
-"""`python -m planner.fuzz --cases 10000`: the hardening benchmark (see planner/fuzz/__init__.py)."""
+"""`python -m tools.fuzz --cases 10000`: the hardening benchmark (see tools/fuzz/__init__.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import os
 import sys
 import time
 
-from planner.fuzz.cases import KINDS, make_case
-from planner.fuzz.runner import FAILURES, Outcome, run_cases
+from tools.fuzz.cases import KINDS, make_case
+from tools.fuzz.runner import FAILURES, Outcome, run_cases
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m planner.fuzz", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__)
     parser.add_argument("--cases", type=int, default=1000, help="number of cases (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="case stream (default 0); case i of a seed never changes")
     parser.add_argument("--start", type=int, default=0, help="first case index (to rerun a range)")

@@ -17,11 +17,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.fuzz.inputs import (
+from tools.fuzz.inputs import (
     BAD_DEVICES, DEVICES, HF_CONFIGS, SCRIPT, TINY_CLUSTER, TINY_FILE, TINY_FLAGS, TINY_MODEL, base_plan_document,
     h800_profile_document, log_text,
 )
-from planner.fuzz.mutations import (
+from tools.fuzz.mutations import (
     DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_INT_KEYS, LINK_FIELDS, MODEL_FIELDS, NAN, TEXT_VALUES,
     TRAINING_FIELDS, FieldRule, document_mutations, to_json, to_yaml,
 )

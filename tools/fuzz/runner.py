@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Callable, Iterable
 
-from planner.fuzz.cases import Case
+from tools.fuzz.cases import Case
 
 FAILURES = ("traceback", "hang", "silent_accept", "unclear", "half_written")
 MEMORY_LIMIT_BYTES = 6 << 30  # per worker: a runaway allocation fails in the worker, not on the machine

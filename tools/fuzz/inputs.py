@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from planner.fuzz.mutations import to_yaml
+from tools.fuzz.mutations import to_yaml
 
 TINY_MODEL: dict[str, Any] = {
     "name": "tiny-moe",
@@ -109,7 +109,7 @@ def base_plan_document() -> dict[str, Any]:
         import tempfile
 
         from planner.inputs.resolve import resolve_run
-        from planner.report import plan_json
+        from planner.output.report import plan_json
         from planner.schemas.cluster import ClusterSpec, NodeGroup
         from planner.schemas.plan import Plan, StagePlan
 

@@ -28,6 +28,7 @@ from typing import Any
 from planner.cost.model import PlanCost
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.plan import Plan
+from planner.simulate import simulate_pipeline
 
 GIB = float(1 << 30)
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "other")
@@ -231,7 +232,6 @@ def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
     forward/backward event.  Stage times are the cost model's (pipeline sends included, as the cost
     model charges them), so the simulated pipeline matches PlanCost.pipeline_s up to the formula's
     approximation for non-uniform stages."""
-    from planner.simulate import simulate_pipeline
 
     schedule = "interleaved" if plan.vpp > 1 else "1f1b"
     sim = simulate_pipeline([s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],

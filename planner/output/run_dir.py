@@ -1,4 +1,5 @@
-"""`--out DIR`: checked before any work starts, and written all-or-nothing.
+"""The one staged writer: every command that writes a directory fills a staging directory beside it,
+then moves it into place, so an error never leaves half-written files behind.
 
 `check_out_dir` runs first in every command that writes (before the search, before torch is
 imported).  It refuses, in one line naming the flag:
@@ -7,10 +8,15 @@ imported).  It refuses, in one line naming the flag:
 - an existing non-empty directory that holds no earlier output of the same command, unless
   `--force` is given.  An earlier output (`OutputKind.markers`) is replaced by the new one.
 
-`StagedOutput` gives a temporary directory beside DIR to fill; when it is complete it either becomes
-DIR (a rename, when DIR does not exist) or its entries are swapped in (the command's earlier entries
-are kept aside until the new ones are in place, and put back if anything fails).  Other files in DIR
-are never touched.  `write_files` does this for {relative path: text or bytes}.
+`StagedOutput` gives a temporary directory beside DIR to fill.  When it is complete it is published
+in one of two ways:
+- replace (`--out DIR`): it becomes DIR (a rename, when DIR does not exist), or its entries are
+  swapped in (the command's earlier entries are kept aside until the new ones are in place, and put
+  back if anything fails).  Other files in DIR are never touched.
+- merge (`--plot DIR`): each staged file replaces the file of the same path under DIR; everything
+  else in DIR stays.
+`write_files` does this for {relative path: text or bytes}; `fill` writes such a mapping into a
+directory that is already staged.
 """
 
 from __future__ import annotations
@@ -94,16 +100,23 @@ def _probe_writable(directory: Path, flag: str, target: str | None = None) -> No
 
 class StagedOutput:
     """A temporary directory beside DIR to fill (text, pictures, anything); on a normal exit it is published
-    into DIR all-or-nothing, and on an error it is removed and DIR is left as it was.
+    into DIR all-or-nothing (see the module docstring for replace and merge), and on an error it is removed
+    and DIR is left as it was.
 
         staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
         with staged as tmp:
             (tmp / "plan.json").write_text(...)
         written = staged.written
+
+    `flag` is the option a file-system refusal names (a PlannerInputError); with None the OSError
+    itself goes up, worded by the file system (`--plot DIR`).  `kind` is needed to replace, not to merge.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], flag: str, kind: OutputKind):
-        self.out, self.flag, self.kind = Path(out_dir), flag, kind
+    def __init__(self, out_dir: str | os.PathLike[str], flag: str | None, kind: OutputKind | None = None, *,
+                 merge: bool = False):
+        if kind is None and not merge:
+            raise ValueError("StagedOutput: replacing DIR's entries needs the OutputKind that owns them")
+        self.out, self.flag, self.kind, self.merge = Path(out_dir), flag, kind, merge
         self.written: list[Path] = []
         self._tmp: Path | None = None
 
@@ -113,6 +126,8 @@ class StagedOutput:
             self._tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=self.out.parent))
             self._tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; DIR gets the mode mkdir would give it
         except OSError as exc:
+            if self.flag is None:
+                raise
             raise PlannerInputError(self.flag, f"cannot create {self.out}: {exc.strerror or exc}") from None
         return self._tmp
 
@@ -121,17 +136,39 @@ class StagedOutput:
         assert tmp is not None
         try:
             if exc_type is None:
-                relative = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
-                if not self.out.exists():
-                    os.rename(tmp, self.out)
-                else:
-                    _swap_in(tmp, self.out, self.kind)
-                self.written = [self.out / rel for rel in relative]
+                self.written = self._publish(tmp)
         except OSError as err:
+            if self.flag is None:
+                raise
             raise PlannerInputError(self.flag, f"cannot write {self.out}: {err.strerror or err}") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return False
+
+    def _publish(self, tmp: Path) -> list[Path]:
+        if self.merge:
+            return _move_into(tmp, self.out)
+        assert self.kind is not None
+        relative = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+        if not self.out.exists():
+            os.rename(tmp, self.out)
+        else:
+            _swap_in(tmp, self.out, self.kind)
+        return [self.out / rel for rel in relative]
+
+
+def fill(directory: Path, files: Mapping[str, str | bytes], *, executable: tuple[str, ...] = (".sh",)) -> None:
+    """Write {relative path: text or bytes} under `directory` (a staging directory); names ending in
+    `executable` are made executable."""
+    for rel, content in files.items():
+        dest = directory / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            dest.write_bytes(content)
+        else:
+            dest.write_text(content, encoding="utf-8")
+        if dest.name.endswith(executable):
+            dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
 def write_files(
@@ -146,15 +183,7 @@ def write_files(
     staged = StagedOutput(out_dir, flag, kind)
     with staged as tmp:
         try:
-            for rel, content in files.items():
-                dest = tmp / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                if isinstance(content, bytes):
-                    dest.write_bytes(content)
-                else:
-                    dest.write_text(content, encoding="utf-8")
-                if dest.name.endswith(executable):
-                    dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            fill(tmp, files, executable=executable)
         except OSError as exc:
             raise PlannerInputError(flag, f"cannot write {out_dir}: {exc.strerror or exc}") from None
     return [Path(out_dir) / rel for rel in files]
@@ -185,6 +214,19 @@ def _swap_in(tmp: Path, out: Path, kind: OutputKind) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def _move_into(tmp: Path, dest: Path) -> list[Path]:
+    """Move every file under `tmp` to the same place under `dest`; returns the moved paths."""
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for item in sorted(tmp.rglob("*")):
+        if item.is_file():
+            target = dest / item.relative_to(tmp)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(item), target)
+            written.append(target)
+    return written
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -200,5 +242,5 @@ def _remove(path: Path) -> None:
 
 __all__ = [
     "BENCH_OUTPUT", "LAUNCHER_OUTPUT", "OutputKind", "PLAN_OUTPUT", "PROFILES_OUTPUT", "StagedOutput",
-    "check_out_dir", "write_files",
+    "check_out_dir", "fill", "write_files",
 ]

@@ -1,0 +1,68 @@
+"""What `solve` and `estimate` write: the plan directory of `solve --out` and the picture
+directories of `--plot DIR`, each filled in a staging directory (planner/output/run_dir.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.cli_common import json_text
+from planner.launcher import render_launch_files
+from planner.output.plots import write_plots
+from planner.output.report import estimate_summary_markdown, summary_markdown
+from planner.output.run_dir import PLAN_OUTPUT, StagedOutput, fill
+
+
+def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> dict[str, str]:
+    """Draw the plan's pictures into `tmp`; returns {plot name: path relative to summary.md} (and
+    adds notes for plots that could not be drawn to the payload)."""
+    title = f"{payload['model']} on {payload['cluster']}"
+    mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
+    images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine)
+    payload["notes"] = list(payload["notes"]) + notes
+    return {name: prefix + rel for name, rel in images.items()}
+
+
+def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
+    """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files (launch/),
+    written all-or-nothing."""
+    staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
+    with staged as tmp:
+        images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/")
+        payload["plots"] = images
+        plan_doc = dict(payload)
+        plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
+                              "cluster": outcome.cluster.model_dump(mode="json")}
+        script = outcome.script
+        if script is not None:  # emit rebuilds the launcher from this, without the file
+            plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
+                                            "extra_flags": list(script.extra_flags), "text": script.text}
+        (tmp / "plan.json").write_text(json_text(plan_doc))
+        (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
+        (tmp / "summary.md").write_text(summary_markdown(payload, images))
+        fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script))
+    return staged.written
+
+
+def write_solve_plots(plot_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
+    """`solve --plot DIR` without --out: the pictures, their data and a summary.md that shows them."""
+    plot_dir = Path(plot_dir)
+    staged = StagedOutput(plot_dir, None, merge=True)
+    with staged as tmp:
+        images = plot_files(tmp, payload, outcome, user)
+        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
+        (tmp / "summary.md").write_text(summary_markdown(payload, images))
+    return staged.written
+
+
+def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
+    """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
+    written all-or-nothing into `plot_dir`."""
+    plot_dir = Path(plot_dir)
+    staged = StagedOutput(plot_dir, None, merge=True)
+    with staged as tmp:
+        images, notes = write_plots(tmp, plan, cost, cluster, title=f"{payload['model']} on {payload['cluster']}",
+                                    rank_order=True)
+        payload["notes"] = list(payload["notes"]) + notes
+        payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
+        (tmp / "summary.md").write_text(estimate_summary_markdown(payload, images))
+    return staged.written
