@@ -30,6 +30,7 @@ from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
+from planner.runtime import MEGATRON
 from planner.simulate import plot_timeline, simulate_pipeline
 
 GBS_PER_GPU = 16
@@ -169,7 +170,7 @@ def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Prog
             opts["hapmoe_plan"] = hapmoe_megatron
         res = run_planner(name, run, cluster, profiles, **opts)
         if name == "hapmoe":
-            hapmoe_megatron = next((r.plan for r in runs if r.runtime == "megatron"), None)
+            hapmoe_megatron = next((r.plan for r in runs if r.runtime == MEGATRON.name), None)
         row = make_row(sc, run, cluster, profiles, res)
         rows.append(row)
         if plans_out is not None and res.priced is not None:

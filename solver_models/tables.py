@@ -102,7 +102,7 @@ class StageTables:
         the samples per micro-batch B (carried as g.mbs with g.dp0 = 1), so stage 0 may take any
         DP the options allow, unless G fixes it (g.first_dp, the tied-embedding rule)."""
         opt = self.options[o]
-        if self.g.runtime == "megatron":
+        if not self.g.per_stage_meshes:
             return opt.dp == self.g.dp0
         return self.g.first_dp is None or opt.dp == self.g.first_dp
 

@@ -25,11 +25,12 @@ from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, even_split, least_recompute, rule_problems, types_by_speed,
 )
 from planner.errors import InfeasibleError, SearchTimeLimitError
+from planner.runtime import FLAGSCALE, MEGATRON, RUNTIME_NAMES
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
 
-HAPMOE_RUNTIMES = ("megatron", "flagscale")
+HAPMOE_RUNTIMES = RUNTIME_NAMES
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: li
     cost = cost_model(run, cluster, profiles)
     best: PricedPlan | None = None
     for rt in runtimes:
-        limit = flagscale_time_limit_s if (rt == "flagscale" and flagscale_time_limit_s is not None) else time_limit_s
+        limit = flagscale_time_limit_s if (rt == FLAGSCALE.name and flagscale_time_limit_s is not None) else time_limit_s
         if limit <= 0:
             if notes is not None:
                 notes.append(f"HAPMoE {rt}: not searched (time limit 0)")
@@ -186,7 +187,7 @@ def search_ablation(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: 
                     hapmoe_plan: Plan | None = None, time_limit_s: float = 60.0, **_ignored) -> PricedPlan | None:
     """HAPMoE with non-uniform PP/DP off: best of (a) the re-split HAPMoE megatron plan and (b) the
     even-split enumeration (module docstring)."""
-    if hapmoe_plan is None or hapmoe_plan.runtime != "megatron":
+    if hapmoe_plan is None or hapmoe_plan.runtime != MEGATRON.name:
         sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=time_limit_s)
         hapmoe_plan = sr.plan
     a = uniform_resplit(run, cluster, profiles, hapmoe_plan) if hapmoe_plan is not None else None

@@ -9,6 +9,7 @@ import click
 from planner.api import compare_backends, compare_rows, load_inputs, reduce_layers
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer
+from planner.runtime import RUNTIME_NAMES
 
 
 def gap_lines(rows: list[dict]) -> list[str]:
@@ -29,7 +30,7 @@ def gap_lines(rows: list[dict]) -> list[str]:
 
 @click.command("compare")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES)
-@click.option("--runtime", type=click.Choice(["megatron", "flagscale"]), default="megatron", show_default=True)
+@click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True)
 @click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
               help="seconds for the whole comparison, shared between the backends")
 @click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True)

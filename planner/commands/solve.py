@@ -18,6 +18,7 @@ from planner.output.plan_dir import write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
+from planner.runtime import RUNTIME_NAMES
 from planner.search.pruning import Pruning
 from planner.search.settings import SearchSettings
 
@@ -27,7 +28,7 @@ SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
                  help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
                       "CP-SAT stage subproblems, certifies the answer; hsdp: the dynamic program alone"),
-    click.option("--runtime", type=click.Choice(["megatron", "flagscale"]), default="megatron", show_default=True,
+    click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True,
                  help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
     click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole search"),

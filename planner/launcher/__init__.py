@@ -8,24 +8,31 @@ of planner/output/run_dir.py (`emit --out`, and launch/ of `solve --out`).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from planner.errors import PlannerInputError
 from planner.inputs.script import LauncherScript
 from planner.launcher.flagscale import flagscale_files
 from planner.launcher.megatron import megatron_files
+from planner.runtime import FLAGSCALE, MEGATRON
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+
+LAUNCHERS: dict[str, Callable[..., dict[str, str]]] = {
+    MEGATRON.name: megatron_files, FLAGSCALE.name: flagscale_files,
+}
+"""The launcher of each runtime (planner/runtime.py), by name."""
 
 
 def render_launch_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
 ) -> dict[str, str]:
     """{relative path: text} of every launcher file for the plan's runtime."""
-    if plan.runtime == "megatron":
-        return megatron_files(run, plan, cluster, script)
-    if plan.runtime == "flagscale":
-        return flagscale_files(run, plan, cluster, script)
-    raise PlannerInputError("--runtime", f"unknown runtime {plan.runtime!r}; allowed: megatron, flagscale")
+    render = LAUNCHERS.get(plan.runtime)
+    if render is None:
+        raise PlannerInputError("--runtime", f"unknown runtime {plan.runtime!r}; allowed: {', '.join(LAUNCHERS)}")
+    return render(run, plan, cluster, script)
 
 
 __all__ = ["render_launch_files"]

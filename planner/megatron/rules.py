@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.errors import PlannerInputError
+from planner.runtime import runtime_of
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan
 from planner.schemas.training import TrainingSpec
@@ -430,8 +431,10 @@ def layout_ok(num_layers: int, pp: int, vpp: int) -> bool:
 
 @_remembered
 def runtime_degrees_ok(runtime: str, cp: int, vpp: int) -> bool:
-    """flagscale_cp, flagscale_vpp (upstream Megatron takes both)."""
-    return runtime == "megatron" or not flagscale_degree_violations(cp, vpp)
+    """flagscale_cp, flagscale_vpp: CP and VPP only where the runtime has them (upstream Megatron takes
+    both; FlagScale's meshes neither)."""
+    rt = runtime_of(runtime)
+    return not flagscale_degree_violations(1 if rt.context_parallel else cp, 1 if rt.interleaving else vpp)
 
 
 @_remembered
@@ -459,7 +462,7 @@ def _dense_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
 
 def _moe_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
     out: list[RuleViolation] = []
-    pp = plan.pp if plan.runtime == "megatron" else 1
+    pp = 1 if runtime_of(plan.runtime).per_stage_meshes else plan.pp  # FlagScale: each mesh is its own world
     for i, stage in enumerate(plan.stages):  # every stage's ranks must hold whole expert groups
         for v in expert_violations(model, tp=plan.tp, cp=plan.cp, dp=stage.dp, ep=plan.ep, etp=plan.etp, pp=pp,
                                    sequence_parallel=plan.sequence_parallel):
@@ -593,9 +596,15 @@ def check_runtime_expressible(plan: Plan, model: ModelSpec | None = None) -> lis
     megatron: one DP and one recompute setting for all stages.  flagscale: CP = 1, no
     interleaving, (DP0*mbs) % DP_i == 0, device types contiguous, recompute per stage only as
     full-or-none (plus the tied-embedding rules when `model` is given)."""
-    if plan.runtime == "megatron":
-        return _megatron_runtime_rules(plan)
-    return _flagscale_runtime_rules(model, plan, None)
+    return runtime_violations(model, plan, None)
+
+
+def runtime_violations(model: ModelSpec | None, plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:
+    """The rules of the plan's runtime: one job's degrees for every stage (upstream Megatron), or the
+    rules of FlagScale's per-stage meshes."""
+    if runtime_of(plan.runtime).per_stage_meshes:
+        return _flagscale_runtime_rules(model, plan, training)
+    return _megatron_runtime_rules(plan)
 
 
 def check_plan(
@@ -608,11 +617,7 @@ def check_plan(
     out += _batch_rules(plan)
     out += _layout_rules(model, plan)
     out += _training_rules(plan, training)
-    if plan.runtime == "megatron":
-        out += _megatron_runtime_rules(plan)
-    else:
-        out += _flagscale_runtime_rules(model, plan, training)
-    return out
+    return out + runtime_violations(model, plan, training)
 
 
 def format_violations(violations: list[RuleViolation]) -> str:

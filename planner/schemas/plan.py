@@ -12,9 +12,9 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from planner.runtime import RuntimeName
 from planner.schemas.types import MAX_GPUS, MAX_LAYERS, StrictModel
 
-RuntimeName = Literal["megatron", "flagscale"]
 
 RECOMPUTE_MODULES = (
     "core_attn",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.runtime import runtime_of
 from planner.schemas.plan import Recompute
 
 
@@ -62,7 +63,7 @@ class GlobalChoice:
     first_dp: int | None = None
 
     def label(self) -> str:
-        if self.runtime == "flagscale":
+        if self.per_stage_meshes:
             rec = self.recompute.label if self.recompute else "per-stage none/full"
             first = f" dp0={self.first_dp}" if self.first_dp else ""
             return (f"tp{self.tp} cp{self.cp} ep{self.ep} etp{self.etp} samples/micro-batch {self.mbs * self.dp0} "
@@ -70,6 +71,16 @@ class GlobalChoice:
         rec = self.recompute.label if self.recompute else "per-stage"
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} etp{self.etp} dp{self.dp0} mbs{self.mbs} pp{self.pp} "
                 f"vpp{self.vpp} rc={rec}")
+
+    @property
+    def per_stage_meshes(self) -> bool:
+        """Each stage a process mesh of its own, with its own DP (the runtime's `per_stage_meshes`)."""
+        return runtime_of(self.runtime).per_stage_meshes
+
+    @property
+    def per_stage_recompute(self) -> bool:
+        """Each stage chooses its own recompute (the runtime's `per_stage_recompute`)."""
+        return runtime_of(self.runtime).per_stage_recompute
 
     @property
     def stage_gpus(self) -> int:

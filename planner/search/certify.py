@@ -23,6 +23,7 @@ from typing import Any
 
 from planner.megatron import rules
 from planner.cost.model import CostModel
+from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import QueueEntry, Screening, plan_from_solution
 from planner.search.settings import FEASIBLE, OPTIMAL, Candidate
@@ -57,7 +58,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
         RuleFamily("experts_ep", ("ep",), lambda ep: rules.ep_allowed(model, ep)),
         RuleFamily("moe_etp_bias", ("tp", "etp"), lambda tp, etp: rules.etp_allowed(model, tp, etp)),
     ]
-    if runtime == "flagscale":
+    if runtime_of(runtime).per_stage_meshes:
         return common + [
             RuleFamily("flagscale_cp", ("cp",), lambda cp: rules.runtime_degrees_ok("flagscale", cp, 1)),
             RuleFamily("gbs_microbatch", ("samples",), lambda b: rules.batch_ok(gbs, b, 1)),
@@ -81,7 +82,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
 
 def degree_row(scr: Screening, g: GlobalChoice) -> tuple[int, ...]:
     """G's degrees in the order of the runtime's families (recompute as its index)."""
-    if g.runtime == "flagscale":
+    if g.per_stage_meshes:
         modes = [None] + recompute_ladder(scr.cost.model, tuple(scr.space.selective) + tuple(
             r for r in scr.space.stage_recompute if r.granularity == "selective"))
         rc = modes.index(g.recompute)
@@ -101,7 +102,7 @@ def certify_with_cpsat(scr: Screening) -> dict[str, Any]:
                              "branches": 0, "variables": {}, "constraints": {}, "master_solves": 0,
                              "subproblems": 0, "rows": 0, "rows_left_out": 0,
                              "space": "pruned" if scr.pruning.any else "whole"}
-    families = FLAGSCALE_FAMILIES if scr.space.runtime == "flagscale" else MEGATRON_FAMILIES
+    families = FLAGSCALE_FAMILIES if scr.space.runtime_spec.per_stage_meshes else MEGATRON_FAMILIES
     rule_fams = rule_families(scr.cost, scr.space)
     while True:
         incumbent_us = _floor_us(scr.best.objective_s)

@@ -43,7 +43,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     stop_at = t0 + SCREENING_SHARE_CPSAT * budget_s if settings.backend == "cpsat" else deadline
     scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=budget_s)
     scr.enumerate()
-    if space.runtime == "flagscale" and settings.warm_start:
+    if space.runtime_spec.per_stage_meshes and settings.warm_start:
         scr.cands += _flagscale_warm_start(cost, space, settings)
     scr.run()
     if scr.timed_out and not scr.cands and time.perf_counter() < deadline:

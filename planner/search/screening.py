@@ -280,7 +280,7 @@ class Screening:
         """A shape's global choices into the queue at level 0; with memory pruning (megatron) only
         the least recompute of each (PP, VPP), the greater ones waiting in `deferred`."""
         bounds = self.configs.shape_bounds(shape)
-        wait = self.pruning.memory and shape.base.runtime == "megatron"
+        wait = self.pruning.memory and not shape.base.per_stage_recompute
         for pipe in shape.pipelines:
             lb = bounds[pipe]
             if not math.isfinite(lb):
@@ -354,7 +354,7 @@ class Screening:
 
     def tables(self, g: GlobalChoice, options: list[StageOption]) -> StageTables:
         t = self.builder.build(g, options, deadline=self.settings.deadline)
-        return t.pruned(delta=self.pruning.delta, memory=self.pruning.memory and g.runtime == "flagscale")
+        return t.pruned(delta=self.pruning.delta, memory=self.pruning.memory and g.per_stage_recompute)
 
     def _solve(self, e: QueueEntry, kth: float) -> None:
         self.done += 1

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from planner.megatron import rules
+from planner.runtime import Runtime, runtime_of
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
@@ -80,9 +81,12 @@ class SearchSpace:
     @property
     def contiguous(self) -> bool:
         """Whether each device type's stages must form one contiguous block of the pipeline."""
-        if self.runtime == "flagscale":
-            return True  # FlagScale orders ranks by device type (rule flagscale_contiguous_types)
-        return bool(self.contiguous_types)
+        return self.runtime_spec.contiguous_types or bool(self.contiguous_types)
+
+    @property
+    def runtime_spec(self) -> Runtime:
+        """What the runtime can express (planner/runtime.py)."""
+        return runtime_of(self.runtime)
 
 
 def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...]) -> list[Recompute]:
@@ -173,7 +177,7 @@ def enumerate_shapes(
             if max_dp < 1:
                 continue
             for ep, etp in expert_degrees(model, space, tp):
-                if space.runtime == "flagscale":
+                if space.runtime_spec.per_stage_meshes:
                     yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied)
                     continue
                 for mbs in space.mbs:
@@ -238,7 +242,7 @@ def stage_options(
     StageTables.first_stage_ok / last_stage_ok)."""
     hosts = _hosting_types(cluster, g.tp, gpus_per_node)
     out: list[StageOption] = []
-    if g.runtime == "megatron":
+    if not g.per_stage_meshes:
         return [StageOption(h, g.dp0, g.recompute) for h, n in hosts.items() if g.stage_gpus <= n]
     rcs = [g.recompute] if g.recompute is not None else stage_ladder(model, space)
     for h, dps in _flagscale_dps(hosts, space, g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch).items():
