@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
 from planner.megatron.rules import RuleViolation, check_plan
 from planner.schemas.cluster import ClusterSpec
@@ -38,8 +39,6 @@ class UserPlan:
 
 def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: str) -> UserPlan:
     """Price the plan the run's own flags describe on `cluster`; never raises on a bad plan."""
-    from planner.cost.estimate import plan_from_run
-
     out = UserPlan(source=source)
     try:
         plan, notes = plan_from_run(run, cluster, profiles)

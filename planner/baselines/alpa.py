@@ -10,6 +10,7 @@ longer fits).  The best few plans of the search are mapped and the fastest real 
 
 from __future__ import annotations
 
+from planner.api import make_space, solve
 from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, homogeneous_cluster, ladder, least_recompute, stage_members,
     types_by_speed,
@@ -18,6 +19,7 @@ from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+from planner.search.settings import SearchSettings
 
 ALPA_TOP_K = 3
 
@@ -25,9 +27,6 @@ ALPA_TOP_K = 3
 def search_alpa(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
                 time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
     """Search on an all-slowest-type cluster, map onto the real one, keep the fastest fitting plan."""
-    from planner.api import make_space, solve
-    from planner.search.settings import SearchSettings
-
     cost = cost_model(run, cluster, profiles)
     slowest = types_by_speed(cost)[-1]
     fake = homogeneous_cluster(cluster, slowest, profiles)

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 
+from planner.api import make_space, solve
 from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, even_split, least_recompute, rule_problems, types_by_speed,
 )
@@ -29,6 +30,8 @@ from planner.runtime import FLAGSCALE, MEGATRON, RUNTIME_NAMES
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+from planner.search.settings import SearchSettings
+from planner.search.space import SearchSpace, enumerate_globals
 
 HAPMOE_RUNTIMES = RUNTIME_NAMES
 
@@ -46,9 +49,6 @@ class SearchRun:
 
 def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_s: float) -> None:
     """Child-process body: run the search and send back (plan, detail)."""
-    from planner.api import make_space, solve
-    from planner.search.settings import SearchSettings
-
     try:
         out = solve(run, cluster, profiles, settings=SearchSettings(backend=backend, time_limit_s=time_limit_s),
                     space=make_space(run, runtime))
@@ -150,8 +150,6 @@ def uniform_resplit(run: MegatronRun, cluster: ClusterSpec, profiles, plan: Plan
 
 def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles) -> PricedPlan | None:
     """(b) the best even-split plan over every global configuration of the search space."""
-    from planner.search.space import SearchSpace, enumerate_globals
-
     cost = cost_model(run, cluster, profiles)
     model, training = run.model, run.training
     budget = cluster.gpus_by_type()

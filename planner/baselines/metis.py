@@ -10,19 +10,18 @@ what the shared cost model prices.
 
 from __future__ import annotations
 
+from planner.api import make_space, solve
 from planner.baselines.common import PricedPlan, cost_model, homogeneous_cluster, types_by_speed
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+from planner.search.settings import SearchSettings
 
 
 def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
                  time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
     """EP/ETP from a homogeneous fastest-type search, then placement search on the real cluster."""
-    from planner.api import make_space, solve
-    from planner.search.settings import SearchSettings
-
     cost = cost_model(run, cluster, profiles)
     space = make_space(run, "megatron")
     fixed = ""

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from planner.cost.model import CostModel
+from planner.profile_tables import ProfileSet
 from planner.schemas.parallel import Assumption, MegatronRun
 
 DISPATCHER_FLAG = "--moe-token-dispatcher-type"
@@ -85,15 +87,11 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
     `assumed` unless something states it: --moe-imbalance, forced balancing or a capacity factor
     with padding (the cost model's routing regime), or a calibration from the user's own --profiles
     (`user_profiles`).  The shipped calibration (published runs) is an assumption about your router."""
-    from planner.cost.model import CostModel
-
     model, training = run.model, run.training
     if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
         return run
     calibrated = profiles.moe_imbalance_factor()
     if user_profiles and calibrated is not None:
-        from planner.profile_tables import ProfileSet
-
         if calibrated != ProfileSet.load().moe_imbalance_factor():
             return run  # the user's own calibration states it
     routing = CostModel(model, training, cluster, profiles).routing

@@ -14,6 +14,7 @@ from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config,
 from planner.inputs.megatron_flags import RunDraft, build_run, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
+from planner.inputs.script import read_launcher_script
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -169,8 +170,6 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
 def read_script(megatron_script: str, script_args: Sequence[str] | None = None, extra_flags: Sequence[str] = ()):
     """The launcher script evaluated with its own arguments (planner.inputs.script); the
     --megatron-args overrides it was combined with ride along as `extra_flags`."""
-    from planner.inputs.script import read_launcher_script
-
     script = read_launcher_script(Path(megatron_script).expanduser(), args=list(script_args or []))
     script.extra_flags = list(extra_flags)
     return script

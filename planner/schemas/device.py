@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from planner.errors import MissingProfileError
 from planner.schemas.types import StrictModel
 
 ProvenanceKind = Literal["measured", "datasheet-derived", "calibrated"]
@@ -97,8 +98,6 @@ class DeviceProfile(StrictModel):
     datasheet: Provenance
 
     def peak_flop_per_s(self, precision: str) -> float:
-        from planner.errors import MissingProfileError
-
         key = "bf16" if precision == "fp32" and "fp32" not in self.peak_tflops else precision
         if key not in self.peak_tflops:
             raise MissingProfileError(
