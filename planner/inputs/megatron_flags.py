@@ -98,8 +98,11 @@ def _convert(name: str, spec: Read, raw: str) -> Any:
             raise PlannerInputError(name, f"expected a number, got {raw!r}") from None
         if value_f != value_f or value_f in (float("inf"), float("-inf")):
             raise PlannerInputError(name, f"expected a finite number, got {raw!r}")
-        if spec.min_value is not None and value_f < spec.min_value:
-            raise PlannerInputError(name, f"must be >= {spec.min_value:g}, got {value_f:g}")
+        if spec.min_value is not None and (value_f <= spec.min_value if spec.exclusive_min else value_f < spec.min_value):
+            relation = ">" if spec.exclusive_min else ">="
+            raise PlannerInputError(name, f"must be {relation} {spec.min_value:g}, got {value_f:g}")
+        if spec.max_value is not None and value_f > spec.max_value:
+            raise PlannerInputError(name, f"must be <= {spec.max_value:g}, got {value_f:g}")
         return value_f
     if not raw:
         raise PlannerInputError(name, "expected a non-empty value")
@@ -476,6 +479,13 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
         notes.append(f"--vocab-size not given: {model['vocab_size']} {how}")
     for fork, flags in fork_flags_in(passthrough).items():
         notes.append(f"{fork} flags passed through, not modelled: {' '.join(flags)}")
+    if ns.get("use_rotary_position_embeddings"):  # args.py: the older spelling wins
+        model["position_embedding_type"] = "rope"
+    elif "position_embedding_type" in ns:
+        model["position_embedding_type"] = ns["position_embedding_type"]
+    if ns.get("quick_geglu"):
+        notes.append("--quick-geglu is a gated MLP (three weight matrices); the cost model prices the gate "
+                     "with --swiglu only, so this MLP is priced as two matrices")
     if ns.get("group_query_attention"):
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")

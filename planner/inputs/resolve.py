@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.files import path_kind
-from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
+from planner.inputs.hf_config import hf_config_notes, looks_like_hf_config, model_from_hf_config, read_hf_config
 from planner.inputs.megatron_flags import RunDraft, build_run, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
@@ -159,6 +159,7 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
             name = path.stem
         if looks_like_hf_config(data):
             draft = _draft_from_spec(model_from_hf_config(data, name), {"global_batch_size": DEFAULT_GLOBAL_BATCH})
+            draft.notes.extend(hf_config_notes(data))
             return draft, "hf-config", str(path)  # the batch is printed as assumed (planner/inputs/assumed.py)
         spec, training = model_from_mapping(data, name=name, where=str(path))
         return _draft_from_spec(spec, training), "model-file", str(path)

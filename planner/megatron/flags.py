@@ -57,6 +57,7 @@ class Read:
     min_value: float | None = None
     max_value: float | None = None
     observe: bool = False
+    exclusive_min: bool = False  # a float must lie strictly above min_value
 
 
 # write(value of the row's field (None without one), the spec) -> the flag's values ([] for a
@@ -89,6 +90,11 @@ def _int(min_value: int = 1, max_value: int = MAX_SIZE, observe: bool = False) -
 
 def _str(*choices: str, observe: bool = False) -> Read:
     return Read("", "str", choices=choices, observe=observe)
+
+
+def _float(min_value: float | None = 0.0, max_value: float | None = None) -> Read:
+    """A finite float above `min_value` (None: any), at most `max_value`."""
+    return Read("", "float", min_value=min_value, max_value=max_value, exclusive_min=min_value is not None)
 
 
 def _list(*choices: str, observe: bool = False) -> Read:
@@ -145,7 +151,7 @@ def _rows(*flags: Flag) -> tuple[Flag, ...]:
 # The table.  Each section in the order the launcher writes its flags; `field` names a field of the
 # section's spec.
 # --------------------------------------------------------------------------------------------------
-MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
+MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is written back
     Flag("--num-layers", _int(1, MAX_COUNT), "num_layers", array=MODEL_ARGS, write=_value()),
     Flag("--hidden-size", _int(), "hidden_size", array=MODEL_ARGS, write=_value()),
     Flag("--ffn-hidden-size", _int(), "ffn_hidden_size", array=MODEL_ARGS, write=_value()),
@@ -160,13 +166,30 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
     Flag("--vocab-size", _int(), "vocab_size", array=DATA_ARGS, write=_value()),
     Flag("--make-vocab-size-divisible-by", _int(), "make_vocab_size_divisible_by", array=MODEL_ARGS,
          write=_value(unless=128)),
+    # positions
+    Flag("--position-embedding-type", _str("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
+         "position_embedding_type", derived=True, array=MODEL_ARGS, write=_value(unless="learned_absolute")),
+    Flag("--use-rotary-position-embeddings", _SEEN, "position_embedding_type", derived=True,
+         array=MODEL_ARGS),  # the older spelling of --position-embedding-type rope
+    Flag("--rotary-base", _int(), "rotary_base", array=MODEL_ARGS, write=_value(unless=10000)),
+    Flag("--rotary-percent", _float(0.0, 1.0), "rotary_percent", array=MODEL_ARGS, write=_value(unless=1.0)),
+    Flag("--use-rope-scaling", _TRUE, "use_rope_scaling", array=MODEL_ARGS, write=_switch()),
+    Flag("--rope-scaling-factor", _float(), "rope_scaling_factor", array=MODEL_ARGS, write=_value(unless=8.0)),
+    Flag("--rotary-scaling-factor", _float(), "rotary_scaling_factor", array=MODEL_ARGS, write=_value(unless=1.0)),
+    Flag("--mscale", _float(None), "mscale", array=MODEL_ARGS, write=_value(unless=1.0)),
+    Flag("--mscale-all-dim", _float(None), "mscale_all_dim", array=MODEL_ARGS, write=_value(unless=0.0)),
+    # activation, norm, biases, embeddings
     Flag("--swiglu", _TRUE, "swiglu", array=MODEL_ARGS, write=_switch()),
+    Flag("--quick-geglu", _TRUE, "quick_geglu", array=MODEL_ARGS, write=_switch()),
+    Flag("--squared-relu", _TRUE, "squared_relu", array=MODEL_ARGS, write=_switch()),
     Flag("--normalization", _str("LayerNorm", "RMSNorm"), "normalization", array=MODEL_ARGS,
          write=_value(unless="LayerNorm")),
+    Flag("--norm-epsilon", _float(), "norm_epsilon", array=MODEL_ARGS, write=_value(unless=1e-5)),
     Flag("--untie-embeddings-and-output-weights", _TRUE, "untie_embeddings_and_output_weights", array=MODEL_ARGS,
          write=_switch()),
     Flag("--disable-bias-linear", Read("add_bias_linear", "false"), "add_bias_linear", array=MODEL_ARGS,
          write=_switch(on=False)),
+    Flag("--add-qkv-bias", _TRUE, "add_qkv_bias", array=MODEL_ARGS, write=_switch()),
     Flag("--qk-layernorm", _TRUE, "qk_layernorm", array=MODEL_ARGS, write=_switch()),
     # multi-latent attention
     Flag("--multi-latent-attention", _TRUE, "multi_latent_attention", array=MODEL_ARGS, write=_switch()),
@@ -182,6 +205,7 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
     Flag("--moe-ffn-hidden-size", _int(), "moe_ffn_hidden_size", array=MOE_ARGS, write=_value(when=_moe)),
     Flag("--moe-shared-expert-intermediate-size", _int(), "moe_shared_expert_intermediate_size", array=MOE_ARGS,
          write=_value(when=_moe)),
+    Flag("--moe-shared-expert-gate", _TRUE, "moe_shared_expert_gate", array=MOE_ARGS, write=_switch(when=_moe)),
     Flag("--moe-layer-freq", _str(), "moe_layer_pattern", derived=True, array=MOE_ARGS,
          write=lambda v, m: [moe_layer_freq_text(v)] if m.is_moe and v is not None else None),
     Flag("--moe-expert-capacity-factor", Read("", "float"), "moe_expert_capacity_factor", derived=True,
@@ -191,23 +215,32 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
     Flag("--moe-grouped-gemm", _TRUE, "moe_grouped_gemm", array=MOE_ARGS, write=_switch(when=_moe)),
     Flag("--moe-router-force-load-balancing", _TRUE, "moe_router_force_load_balancing", array=MOE_ARGS,
          write=_switch(when=_moe)),
-    # observed: read, never decided, passed through as given
+    Flag("--moe-router-score-function", _str("softmax", "sigmoid", "sqrtsoftplus"), "moe_router_score_function",
+         array=MOE_ARGS, write=_value(unless="softmax", when=_moe)),
+    Flag("--moe-router-pre-softmax", _TRUE, "moe_router_pre_softmax", array=MOE_ARGS, write=_switch(when=_moe)),
+    Flag("--moe-router-topk-scaling-factor", _float(), "moe_router_topk_scaling_factor", array=MOE_ARGS,
+         write=_value(when=_moe)),
+    Flag("--moe-router-dtype", _str("fp32", "fp64"), "moe_router_dtype", array=MOE_ARGS, write=_value(when=_moe)),
+    # observed: read, never decided; a script's own tokens pass through as given, a spec's are written
     Flag("--moe-flex-dispatcher-backend", _str("deepep", "hybridep", observe=True), "moe_flex_dispatcher_backend",
-         array=MOE_ARGS),
+         array=MOE_ARGS, write=_value(unless="deepep", when=lambda m: m.is_moe and m.moe_token_dispatcher_type == "flex")),
     Flag("--moe-enable-deepep", _SEEN, array=MOE_ARGS),  # the older spelling of the flex dispatcher with DeepEP
-    Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS),
+    Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS,
+         write=_switch(when=_moe)),
     Flag("--moe-router-load-balancing-type",
          _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True),
-         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS),
+         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS, write=_value(unless="aux_loss", when=_moe)),
     Flag("--moe-aux-loss-coeff", Read("", "floats", min_value=0.0, observe=True), "moe_aux_loss_coeff",
-         derived=True, array=MOE_ARGS),
-    Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS),
-    Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS),
-    Flag("--moe-router-group-topk", _int(1, MAX_COUNT, observe=True), "moe_router_group_topk", array=MOE_ARGS),
+         derived=True, array=MOE_ARGS, write=_value(unless=0.0, when=_moe)),
+    Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS,
+         write=_switch(when=_moe)),
+    Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS,
+         write=_value(when=_moe)),
+    Flag("--moe-router-group-topk", _int(1, MAX_COUNT, observe=True), "moe_router_group_topk", array=MOE_ARGS,
+         write=_value(when=_moe)),
     # not read: their arrays only
     *(Flag(name, array=MODEL_ARGS) for name in (
-        "--use-mcore-models", "--norm-epsilon", "--position-embedding-type", "--rotary-base", "--rotary-percent",
-        "--no-position-embedding", "--use-rotary-position-embeddings", "--init-method-std", "--attention-dropout",
+        "--use-mcore-models", "--no-position-embedding", "--init-method-std", "--attention-dropout",
         "--hidden-dropout", "--transformer-impl")),
 )
 
