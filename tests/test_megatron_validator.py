@@ -25,6 +25,7 @@ import pytest
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_megatron_flags
 from planner.launcher import render_launch_files
+from planner.megatron.flags import FORK_VALUES
 
 from helpers.corpus import CORPUS, NAMES, solved
 from helpers.launch import args_of, dense_plan
@@ -70,10 +71,12 @@ def _concrete(argv: list[str]) -> list[str]:
 
 
 def _upstream_only(argv: list[str]) -> tuple[list[str], list[str]]:
-    """argv without the flags only a fork knows (and their values), and those flags."""
+    """argv without the flags only a fork knows (and their values), and those flags; a value only a
+    fork accepts (MindSpeed's alltoall_seq) becomes upstream's equivalent."""
     table = known_flags()
     out, dropped, skip = [], [], False
-    for tok in argv:
+    for k, tok in enumerate(argv):
+        tok = FORK_VALUES.get(argv[k - 1], {}).get(tok, tok) if k else tok
         name = tok.partition("=")[0]
         if tok.startswith("--") and name in table:
             skip = table[name].source != "megatron"

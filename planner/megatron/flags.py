@@ -58,6 +58,18 @@ class Read:
     max_value: float | None = None
     observe: bool = False
     exclusive_min: bool = False  # a float must lie strictly above min_value
+    fork_choices: tuple["ForkChoice", ...] = ()
+
+
+@dataclass(frozen=True)
+class ForkChoice:
+    """A value a fork of Megatron-LM adds to a flag's choices: which fork, the upstream value the cost
+    model prices it as, and what that leaves out (named beside the prediction)."""
+
+    value: str
+    fork: str
+    priced_as: str
+    why: str
 
 
 # write(value of the row's field (None without one), the spec) -> the flag's values ([] for a
@@ -88,8 +100,8 @@ def _int(min_value: int = 1, max_value: int = MAX_SIZE, observe: bool = False) -
     return Read("", "int", min_value=min_value, max_value=max_value, observe=observe)
 
 
-def _str(*choices: str, observe: bool = False) -> Read:
-    return Read("", "str", choices=choices, observe=observe)
+def _str(*choices: str, observe: bool = False, forks: tuple[ForkChoice, ...] = ()) -> Read:
+    return Read("", "str", choices=choices, observe=observe, fork_choices=forks)
 
 
 def _float(min_value: float | None = 0.0, max_value: float | None = None) -> Read:
@@ -97,8 +109,19 @@ def _float(min_value: float | None = 0.0, max_value: float | None = None) -> Rea
     return Read("", "float", min_value=min_value, max_value=max_value, exclusive_min=min_value is not None)
 
 
-def _list(*choices: str, observe: bool = False) -> Read:
-    return Read("", "list", choices=choices, observe=observe)
+def _list(*choices: str, observe: bool = False, forks: tuple[ForkChoice, ...] = ()) -> Read:
+    return Read("", "list", choices=choices, observe=observe, fork_choices=forks)
+
+
+# values the forks add to upstream's choices (MindSpeed / MindSpeed-LLM parsers, Ascend/MindSpeed-LLM@c77308a1)
+_FORK_DISPATCHERS = (
+    ForkChoice("alltoall_seq", "MindSpeed", "alltoall", "the older all-to-all dispatcher over the sequence dim"),)
+_FORK_BALANCING = tuple(ForkChoice(v, "MindSpeed-LLM", "aux_loss", why) for v, why in (
+    ("pai_megatron_aux_loss", "Pai-Megatron's auxiliary loss"),
+    ("group_limited_greedy", "DeepSeek-V2's group-limited routing"),
+    ("softmax_topk", "a plain softmax top-k router"),
+    ("sparsemixer_topk", "SparseMixer routing")))
+_FORK_POSITIONS = (ForkChoice("alibi", "MindSpeed", "none", "ALiBi attention biases: no position parameters"),)
 
 
 _TRUE = Read("", "true")
@@ -167,7 +190,8 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
     Flag("--make-vocab-size-divisible-by", _int(), "make_vocab_size_divisible_by", array=MODEL_ARGS,
          write=_value(unless=128)),
     # positions
-    Flag("--position-embedding-type", _str("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
+    Flag("--position-embedding-type",
+         _str("learned_absolute", "rope", "yarn", "mrope", "relative", "none", forks=_FORK_POSITIONS),
          "position_embedding_type", derived=True, array=MODEL_ARGS, write=_value(unless="learned_absolute")),
     Flag("--use-rotary-position-embeddings", _SEEN, "position_embedding_type", derived=True,
          array=MODEL_ARGS),  # the older spelling of --position-embedding-type rope
@@ -210,7 +234,8 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          write=lambda v, m: [moe_layer_freq_text(v)] if m.is_moe and v is not None else None),
     Flag("--moe-expert-capacity-factor", Read("", "float"), "moe_expert_capacity_factor", derived=True,
          array=MOE_ARGS, write=_value(when=_moe)),
-    Flag("--moe-token-dispatcher-type", _str("allgather", "alltoall", "flex"), "moe_token_dispatcher_type",
+    Flag("--moe-token-dispatcher-type", _str("allgather", "alltoall", "flex", forks=_FORK_DISPATCHERS),
+         "moe_token_dispatcher_type",
          array=MOE_ARGS, write=_value(when=_moe)),
     Flag("--moe-grouped-gemm", _TRUE, "moe_grouped_gemm", array=MOE_ARGS, write=_switch(when=_moe)),
     Flag("--moe-router-force-load-balancing", _TRUE, "moe_router_force_load_balancing", array=MOE_ARGS,
@@ -228,7 +253,7 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
     Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS,
          write=_switch(when=_moe)),
     Flag("--moe-router-load-balancing-type",
-         _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True),
+         _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True, forks=_FORK_BALANCING),
          "moe_router_load_balancing_type", derived=True, array=MOE_ARGS, write=_value(unless="aux_loss", when=_moe)),
     Flag("--moe-aux-loss-coeff", Read("", "floats", min_value=0.0, observe=True), "moe_aux_loss_coeff",
          derived=True, array=MOE_ARGS, write=_value(unless=0.0, when=_moe)),
@@ -238,6 +263,18 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          write=_value(when=_moe)),
     Flag("--moe-router-group-topk", _int(1, MAX_COUNT, observe=True), "moe_router_group_topk", array=MOE_ARGS,
          write=_value(when=_moe)),
+    # MindSpeed / MindSpeed-LLM spellings of model settings: read into the model, passed through as given
+    # (their upstream rows above write the model back)
+    Flag("--multi-head-latent-attention", _SEEN, "multi_latent_attention", derived=True, array=MODEL_ARGS),
+    Flag("--qk-nope-head-dim", _int(observe=True), "qk_head_dim", derived=True, array=MODEL_ARGS),
+    Flag("--qk-rope-head-dim", _int(0, observe=True), "qk_pos_emb_head_dim", derived=True, array=MODEL_ARGS),
+    Flag("--moe-intermediate-size", _int(observe=True), "moe_ffn_hidden_size", derived=True, array=MOE_ARGS),
+    Flag("--n-shared-experts", _int(0, observe=True), "moe_shared_expert_intermediate_size", derived=True,
+         array=MOE_ARGS),
+    Flag("--first-k-dense-replace", _int(0, MAX_COUNT, observe=True), "moe_layer_pattern", derived=True,
+         array=MOE_ARGS),
+    Flag("--routed-scaling-factor", Read("", "float", min_value=0.0, exclusive_min=True, observe=True),
+         "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
     # not read: their arrays only
     *(Flag(name, array=MODEL_ARGS) for name in (
         "--use-mcore-models", "--no-position-embedding", "--init-method-std", "--attention-dropout",
@@ -380,6 +417,12 @@ OVERRIDE_FLAGS: dict[str, str] = {f.override: f.name for f in TABLE if f.overrid
 PRECISION_FLAGS: tuple[str, ...] = tuple(f.name for f in TRAINING_FLAGS if f.field == "precision")
 
 NOT_MODELLED: dict[str, str] = {f.name: f.not_modelled for f in TABLE if f.not_modelled}
+
+FORK_VALUES: dict[str, dict[str, str]] = {
+    **{f.name: {c.value: c.priced_as for c in f.read.fork_choices} for f in TABLE if f.read and f.read.fork_choices},
+    "--tokenizer-type": {"PretrainedFromHF": "HuggingFaceTokenizer"},  # MindSpeed-LLM's name for it
+}
+"""Flag -> {value only a fork accepts: upstream's equivalent} (upstream's parser refuses the fork's value)."""
 """Flag -> what it changes and the prediction does not include."""
 
 
