@@ -53,14 +53,15 @@ class Inputs(NamedTuple):
 def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, megatron_script=None,
                 script_args: Sequence[str] = (), overrides: dict | None = None, profile_dirs: Sequence[str] = (),
                 profiles: ProfileSet | None = None, moe_imbalance: float | None = None, allow_invalid: bool = False,
-                on_note: Callable[[str], None] | None = None) -> Inputs:
+                on_note: Callable[[str], None] | None = None, script_deadline: float | None = None) -> Inputs:
     """Resolve (MegatronRun, ClusterSpec, ProfileSet) from the inputs as the CLI names them.
 
     `overrides`: {tp, pp, cp, ep, etp, vpp, mbs, gbs, seq, layout, recompute} (None values are
     ignored).  `profiles`: the profile set to use (loaded once by a caller that reads many inputs);
     by default the shipped one with `profile_dirs` on top.  The run lists in `assumed` the values no
     input stated (planner/inputs/assumed.py); what the input reader did not model goes to `on_note`,
-    one line each (dropped when None)."""
+    one line each (dropped when None).  `script_deadline` (time.monotonic()): reading a --megatron-script
+    stops there with an error naming the line it reached (the command's time limit)."""
     if moe_imbalance is not None and not (math.isfinite(moe_imbalance) and moe_imbalance >= 1.0):
         raise PlannerInputError(IMBALANCE_FLAG, f"expected a finite number >= 1 (max/mean tokens per expert), "
                                 f"got {moe_imbalance}")
@@ -72,7 +73,8 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
     try:
         run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
                           script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
-                          notes=notes, allow_invalid=allow_invalid)
+                          notes=notes, allow_invalid=allow_invalid, cluster=cluster_spec,
+                          script_deadline=script_deadline)
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
     check_precision(run.training.precision, cluster_spec, profiles)
@@ -191,11 +193,12 @@ def check_predictions(outcome: SolveOutcome) -> None:
 
 
 def read_input_script(megatron_script: str, script_args: Sequence[str], megatron_args: str | None,
-                      overrides: dict, run: MegatronRun) -> LauncherScript:
-    """The input launcher, read with its own arguments; the flags the launcher files apply on top of
-    it (--megatron-args, a --seq override) ride along."""
+                      overrides: dict, run: MegatronRun, cluster: ClusterSpec | None = None) -> LauncherScript:
+    """The input launcher, read with its own arguments as a job on `cluster` (as load_inputs read it);
+    the flags the launcher files apply on top of it (--megatron-args, a --seq override) ride along."""
     return read_script(megatron_script, script_args,
-                       script_override_flags(megatron_args, overrides, run.model.max_position_embeddings))
+                       script_override_flags(megatron_args, overrides, run.model.max_position_embeddings),
+                       cluster=cluster)
 
 
 def price_input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None) -> UserPlan | None:
@@ -324,5 +327,5 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
         data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
     )
     check_plan_document(data, plan, run, cluster_spec)
-    script = script_from_plan(data, megatron_script, tuple(script_args))
+    script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
     return render_launch_files(run, plan, cluster_spec, script)

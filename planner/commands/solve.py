@@ -89,7 +89,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
     check_predictions(outcome)
     if megatron_script:
-        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run)
+        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
+                                           inputs.cluster)
     user = price_input_plan(inputs, megatron_script, megatron_args)
     payload = solve_json(outcome, settings, runtime, user=user)
     written: list[Path] = []

@@ -252,6 +252,23 @@ def _read_flag(name: str, spec: Read, eq: str, explicit: str, argv: Sequence[str
     return i
 
 
+def drop_flags(argv: Sequence[str], names: set[str] | frozenset[str]) -> list[str]:
+    """argv without the flags in `names` and the values that follow each (`--flag=value` takes none)."""
+    out: list[str] = []
+    skip = False
+    for tok in argv:
+        if is_flag_token(tok):
+            name = tok.split("=", 1)[0]
+            if name in names:
+                skip = "=" not in tok
+                continue
+            skip = False
+        elif skip:
+            continue
+        out.append(tok)
+    return out
+
+
 def fork_flags_in(passthrough: Sequence[str], *, read: bool = True) -> dict[str, list[str]]:
     """{fork: [flags]} of the passthrough flags that only a fork of Megatron-LM knows (`read`: with the
     ones the planner reads into the model too)."""
