@@ -3,31 +3,44 @@
 `parse_launcher_script(text, args=..., path=...)` evaluates the script in a small interpreter for
 the subset of bash that training launchers use, until the statement that starts training (a
 `torchrun ... pretrain_gpt.py <flags>`, `python -m torch.distributed.run|launch ...`,
-`python <train>.py ...`, possibly behind `srun`/`mpirun`, inside `bash -c "..."`, or run by
-`eval "$cmd"`), and returns the flags given to the entry script.
+`python <train>.py ...`, possibly behind `srun`/`mpirun`, inside `bash -c "..."`, run by
+`eval "$cmd"`, or in the job script of `sbatch <<EOF` / `sbatch FILE`), and returns the flags given
+to the entry script.
 
 What it evaluates:
-  * variables, `${X:-default}` and the other `${...}` forms, `$((...))`, quoting, word splitting,
-    arrays (`A=(...)`, `A+=(...)`, `"${A[@]}"`, `${#A[@]}`), `export`/`declare`/`local`/`unset`;
+  * variables, `${X:-default}` and the other `${...}` forms, `$((...))`, quoting, word splitting by
+    IFS, arrays (`A=(...)`, `A+=(...)`, `"${A[@]}"`, `${#A[@]}`), `export`/`declare`/`local`/`unset`,
+    `declare -i`, `let`, `printf -v`, `read` from a here-string or here-document;
   * the script's own arguments (`$1`, `"$@"`, `$#`, `shift`, `set --`), given by the caller;
   * `if`/`elif`/`else`, `case`, `for`, `while`/`until` (also `while [[ $# -gt 0 ]]; do case $1 in
     ...; esac; shift; done` and `while getopts ...` option loops), `&&`/`||`, `[ ]`, `[[ ]]`,
-    `test`, `(( ))`, functions;
-  * `source FILE` / `. FILE` (read relative to the script), `eval`, and `bash -c STRING`.
+    `test`, `(( ))`, functions, `set -e` (a failing command stops the script, as in bash);
+  * `$(...)` and backquotes whose commands only print what is known: echo, printf, the script's
+    own functions that do, `cat <<EOF`, expr, seq, basename, dirname;
+  * `source FILE` / `. FILE` (read relative to the script), `eval`, `bash -c STRING`, here-documents;
+  * a Slurm job's SLURM_* variables, from its `#SBATCH` lines (or the cluster, `scheduler=`).
 
-What it cannot know (a command's output `$(...)`, an environment variable the script never sets,
-whether a file exists on the cluster) is handled so the result is predictable:
+What it cannot know (a program's output `$(hostname)`, an environment variable the script never
+sets, whether a file exists on the cluster) is handled so the result is predictable:
   * in a flag value it stays literal text (`${DATA_PATH}`, `$(date)`), listed in `unresolved`;
   * in a condition, an unset variable reads as unset (empty), and a test that cannot be decided
     (a file test, an external command) reads as false; the branch it guards is skipped.
   Every such reading of a branch that holds flags is recorded in `decisions` and reported in
-  `warnings`: which line, which way it was read, and which flags the branch holds.
+  `warnings`: which line, which way it was read, and which flags the branch holds.  So are a
+  scheduler's variable read while unset (`$SLURM_NNODES`), a sourced file that is not here, an entry
+  script other than pretrain_gpt.py, and every later launch of the script (a second pass reads on
+  past the first one, SCAN_STEPS_AFTER_LAUNCH statements at most).
+
+Refused, as bash or Megatron would not run them: a script that exits (or stops under `set -e`)
+before it launches; a lone space argument (`\\ ` at the end of a line); an entry script that builds
+another model (pretrain_bert.py, NON_GPT_ENTRIES).
 
 Limits (a hostile or broken script is refused with one line naming the file and line, never a
 hang): expansions nested more than MAX_NESTING deep, unterminated quotes or brackets, arithmetic
-with more than MAX_ARITH_CHARS characters (and 64-bit wrap-around, as bash), more than MAX_STEPS
-evaluation steps (a loop that never ends), eval/source/function calls deeper than MAX_DEPTH.
-Lexing and evaluation are linear in the script's size.
+with more than MAX_ARITH_CHARS characters (and 64-bit wrap-around, as bash), more than `max_steps`
+statements (MAX_STEPS; a loop that never ends), reading past `deadline` (the command's time limit),
+eval/source/function calls deeper than MAX_DEPTH.  Lexing and evaluation are linear in the
+script's size.
 """
 
 from __future__ import annotations
@@ -159,6 +172,8 @@ def _parsed(text: str, path_text: str | None):
     return hit
 
 
+SCAN_STEPS_AFTER_LAUNCH = 20_000  # statements read past the launch, looking for other launches
+
 # Megatron-LM entry scripts that build another model than the GPT decoder the planner prices
 NON_GPT_ENTRIES = {
     "pretrain_bert.py": "BERT", "pretrain_t5.py": "T5", "pretrain_ict.py": "an ICT (BERT) retriever",
@@ -289,12 +304,15 @@ def _other_launches(text: str, path_text: str | None, given: list[str], body: li
                     first: Interp, deadline: float | None, max_steps: int) -> list[str]:
     """A second pass that goes on past every launch: the script's other launch statements, named (the
     plan covers the first one only)."""
-    second = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline,
-                    max_steps=max(1000, max_steps - first.steps))
+    budget = min(max_steps, first.steps + SCAN_STEPS_AFTER_LAUNCH)
+    second = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=budget)
     second.scan_launches = []
+    stopped = ""
     try:
         second.run_list(body)
-    except (PlannerInputError, ScriptExit, Break, Continue, Return, RecursionError):
+    except PlannerInputError:
+        stopped = second.where(*second.cur)
+    except (ScriptExit, Break, Continue, Return, RecursionError):
         pass  # the rest of the script is not needed for the plan
     first_where = first.where(first.found.line) if first.found is not None else None
     seen: dict[tuple[str, str], int] = {}
@@ -309,6 +327,9 @@ def _other_launches(text: str, path_text: str | None, given: list[str], body: li
             continue
         out.append(f"{where}: the script launches {entry} again{times}; only the first launch ({first_where}) "
                    "was read and planned; check that this one should run with the plan, or remove it")
+    if stopped:
+        out.append(f"{stopped}: the script goes on past the launch for more than {SCAN_STEPS_AFTER_LAUNCH} "
+                   "statements (a loop?); it was not read further for other launches")
     return out
 
 

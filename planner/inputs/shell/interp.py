@@ -40,6 +40,7 @@ _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set",
 _SILENT = {"cd", "mkdir", "export", "set", "ulimit", "trap", "shopt", "umask", "alias", "hash", "wait", "sleep", "touch",
            "cp", "mv", "rm", "ln", "chmod", "sync", "module", "ml", "conda"}
 _SBATCH_VALUED = {"-N", "-n", "-p", "-J", "-t", "-A", "-o", "-e", "-c", "-G", "-w", "-x", "-q", "-d", "-D", "-C"}
+_ARITH_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?")  # $X / ${X} / $1 inside $(( ))
 _TRAIN_ENTRY = re.compile(r"(pretrain|train|finetune|sft)", re.IGNORECASE)
 _ASSIGNED_NAME = re.compile(r"(?:^|[\s;(&|])(?:(?:export|declare|local|typeset|readonly)(?:\s+-\w+)*\s+)?([A-Za-z_][A-Za-z_0-9]*)(?:\[[^\]]*\])?\+?=", re.M)
 _FLAG_TEXT = re.compile(r"(?<![\w-])(--[A-Za-z][A-Za-z0-9_-]*)")
@@ -496,36 +497,34 @@ class Interp:
         return value
 
     def arith(self, expr: str) -> int:
-        """$((...)): variables replaced by their integer values (unset: 0), then evaluated."""
+        """$((...)): evaluated with the variables' integer values (unset or empty: 0)."""
         if len(expr) > MAX_ARITH_CHARS:
             raise ValueError(f"arithmetic longer than {MAX_ARITH_CHARS} characters")
+        text = _ARITH_REF.sub(lambda m: f"__p{m.group(1)}" if m.group(1).isdigit() else m.group(1), expr)
+        return eval_arith(text, self._arith_name)
 
-        def name_value(m: re.Match[str]) -> str:
-            name = m.group(1) or m.group(2)
-            if name.isdigit():
-                value, resolved = self.scalar(name)
-            else:
-                value, resolved = self.scalar(name)
-            if value is None:
-                if name not in self.vars:
-                    self.assumed.add(name)
-                    self.note_unset(name)
-                return "0"
-            if not resolved:
-                raise ValueError(f"{name} is not known")
-            v = value.strip()
-            if re.fullmatch(r"-?\d+", v):
-                return f"({v})"
-            if v == "":
-                return "0"
-            if len(v) < 200 and NAME_RE.fullmatch(v):  # one level of indirection, as bash
-                inner, ok = self.scalar(v)
-                if inner is not None and ok and re.fullmatch(r"\s*-?\d+\s*", inner):
-                    return f"({inner.strip()})"
-            raise ValueError(f"{name}={value!r} is not an integer")
-
-        text = re.sub(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?|\b(?<!0x)([A-Za-z_][A-Za-z_0-9]*)\b", name_value, expr)
-        return eval_arith(text)
+    def _arith_name(self, name: str) -> int:
+        """A variable's value in arithmetic: an integer, empty or unset (0), or the name of one."""
+        if name.startswith("__p") and name[3:].isdigit():
+            name = name[3:]
+        value, resolved = self.scalar(name)
+        if value is None:
+            if name not in self.vars:
+                self.assumed.add(name)
+                self.note_unset(name)
+            return 0
+        if not resolved:
+            raise ValueError(f"{name} is not known")
+        v = value.strip()
+        if re.fullmatch(r"-?\d+", v):
+            return int(v)
+        if v == "":
+            return 0
+        if len(v) < 200 and NAME_RE.fullmatch(v):  # one level of indirection, as bash
+            inner, ok = self.scalar(v)
+            if inner is not None and ok and re.fullmatch(r"\s*-?\d+\s*", inner):
+                return int(inner)
+        raise ValueError(f"{name}={value!r} is not an integer")
 
     def expand_text(self, word: Word | None) -> tuple[str, bool]:
         """A word expanded without field splitting (as on the right of `X=`), and whether every
