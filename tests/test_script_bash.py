@@ -184,12 +184,17 @@ def test_slurm_node_count_comes_from_the_cluster(tmp_path):
     assert run.training.global_batch_size == 32
 
 
-def test_the_gpt3_example_is_refused_because_bash_splits_the_array():
-    """Megatron-LM's examples/gpt3 passes `${TRAINING_ARGS[@]}` unquoted, so bash splits the
-    --step-batch-size-schedule string into six words; Megatron's parser refuses them."""
+def test_the_gpt3_example_is_refused_because_bash_splits_the_array(tmp_path):
+    """Megatron-LM's examples/gpt3 passes `${TRAINING_ARGS[@]}` unquoted, so bash splits its
+    `--step-batch-size-schedule "0:16 2.4B:320 ..."` element into six words; Megatron's parser refuses
+    them.  The corpus's gpt3 launcher with the example's schedule in place of its ramp-up:"""
+    text = (CORPUS_DIR / "gpt3_175b_distributed.sh").read_text()
+    assert "--rampup-batch-size 16 16 5859375" in text
+    script = tmp_path / "gpt3_step_schedule.sh"
+    script.write_text(text.replace("--rampup-batch-size 16 16 5859375",
+                                   '--step-batch-size-schedule "0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536"'))
     with pytest.raises(PlannerInputError) as err:
-        resolve_run(megatron_script=str(CORPUS_DIR / "gpt3_175b_step_schedule.sh"),
-                    script_args=["/c", "/tb", "/v", "/m", "/d"])
+        resolve_run(megatron_script=str(script), script_args=["/c", "/tb", "/v", "/m", "/d"])
     text = str(err.value)
     assert err.value.field == "--step-batch-size-schedule"
     assert "bash splits the unquoted ${TRAINING_ARGS[@]}" in text and "6 separate words" in text
