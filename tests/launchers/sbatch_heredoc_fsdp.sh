@@ -62,6 +62,7 @@ PRETRAIN_ARGS=(
     --mtp-num-layers 1
     --log-interval 1
     --save ${OUTPUT_PATH}/checkpoints
+    --save-interval 100
     --bf16
 )
 
