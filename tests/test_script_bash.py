@@ -177,6 +177,23 @@ def test_gbs_from_an_unset_slurm_variable_names_it_and_can_be_overridden(tmp_pat
     assert any("SLURM_NTASKS=16" in n and "#SBATCH --nodes=2" in n for n in notes)
 
 
+def test_the_issue_example_slurm_nnodes_times_8(tmp_path):
+    """`$((SLURM_NNODES*8))` outside a job: named with the fix; then #SBATCH --nodes gives it."""
+    body = f"torchrun pretrain_gpt.py {MODEL} --global-batch-size $((SLURM_NNODES*8))\n"
+    script = tmp_path / "s.sh"
+    script.write_text(body)
+    with pytest.raises(PlannerInputError) as err:
+        resolve_run(megatron_script=str(script))
+    assert "got 0" in str(err.value) and "SLURM_NNODES (" in str(err.value) and "#SBATCH --nodes=N" in str(err.value)
+    script.write_text("#SBATCH --nodes=3\n" + body)
+    assert resolve_run(megatron_script=str(script)).training.global_batch_size == 24
+
+
+def test_bash_reads_a_here_document_as_its_script_only_without_a_file():
+    s = parse_launcher_script("bash -s <<EOF\ntorchrun pretrain_gpt.py --a 1\nEOF\n")
+    assert s.megatron_flags == ["--a", "1"] and s.site.via == "heredoc"
+
+
 def test_slurm_node_count_comes_from_the_cluster(tmp_path):
     script = tmp_path / "s.sh"
     script.write_text(f"torchrun pretrain_gpt.py {MODEL} --global-batch-size $((SLURM_NNODES*8))\n")

@@ -577,11 +577,11 @@ def _fork_model_flags(ns: dict[str, Any], model: dict[str, Any]) -> None:
     """MindSpeed's spellings of MLA and shared experts, where the upstream flag is not given."""
     if ns.get("multi_head_latent_attention"):
         model["multi_latent_attention"] = True
-    for fork, field in (("qk_nope_head_dim", "qk_head_dim"), ("qk_rope_head_dim", "qk_pos_emb_head_dim"),
-                        ("moe_intermediate_size", "moe_ffn_hidden_size"),
-                        ("routed_scaling_factor", "moe_router_topk_scaling_factor")):
-        if fork in ns and field not in model and not (fork == "routed_scaling_factor" and ns[fork] == 1.0):
-            model[field] = ns[fork]
+    for fork, upstream in (("qk_nope_head_dim", "qk_head_dim"), ("qk_rope_head_dim", "qk_pos_emb_head_dim"),
+                           ("moe_intermediate_size", "moe_ffn_hidden_size"),
+                           ("routed_scaling_factor", "moe_router_topk_scaling_factor")):
+        if fork in ns and upstream not in model and not (fork == "routed_scaling_factor" and ns[fork] == 1.0):
+            model[upstream] = ns[fork]
     shared = ns.get("n_shared_experts")
     if shared and model.get("moe_shared_expert_intermediate_size") is None and model["num_experts"] is not None:
         expert = model.get("moe_ffn_hidden_size") or model.get("ffn_hidden_size")

@@ -1045,7 +1045,8 @@ class Interp:
             self.skipped_launches.append(f"{self.where(node.line, node.src)}: {fields[entry]}")
         if name in self.functions:
             return self.call(name, fields[1:], node)
-        if base == "sbatch" or (base in ("bash", "sh") and self.stdin_text(node) is not None):
+        if base == "sbatch" or (base in ("bash", "sh") and all(f.startswith("-") and f != "-c" for f in fields[1:])
+                                and any(r.heredoc for r in node.redirects)):
             return self.job_script(fields, node)
         if base in ("bash", "sh") or (base in _WRAPPERS and ("bash" in fields or "sh" in fields)):
             return self.child_shell(fields, node)
