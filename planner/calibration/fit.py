@@ -12,7 +12,9 @@ bulk, without leaving one row of a shared factor far off); coordinate descent in
 section search per coordinate inside [lo, hi], until a sweep moves no factor by more than 0.1 %.
 
 `leave_one_out` refits, for each row, the parameters that row touches with that row removed (the others
-keep their full-fit values), and predicts the row again: that is the error to expect on an unseen run.
+keep their full-fit values), and predicts the row again.  `leave_one_source_out` does the same with every row
+of the row's source removed at once: rows of one source share a software stack, so leave-one-row-out flatters
+the model, and leave-one-source-out is the error to expect on a run from a source the fit has never seen.
 """
 
 from __future__ import annotations
@@ -197,16 +199,37 @@ def leave_one_out(result: Fit, ev: _Evaluator, factors_out: dict[str, dict[str, 
                   ) -> dict[str, float]:
     """Per row: the predicted seconds per iteration with that row left out of the fit (and, in
     `factors_out` when given, the factors that prediction used)."""
+    return leave_groups_out(result, ev, {cid: (cid,) for cid in ev.cases}, factors_out)
+
+
+def leave_one_source_out(result: Fit, ev: _Evaluator, sources: dict[str, str],
+                         factors_out: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
+    """Per row: the predicted seconds per iteration with every row of its source (`sources`: row id ->
+    source key) left out of the fit.  Rows of one source share a software stack, so this is the error to
+    expect on a run from a stack the fit has never seen."""
+    groups: dict[str, list[str]] = {}
+    for cid in ev.cases:
+        groups.setdefault(sources.get(cid, cid), []).append(cid)
+    return leave_groups_out(result, ev, {k: tuple(v) for k, v in groups.items()}, factors_out)
+
+
+def leave_groups_out(result: Fit, ev: _Evaluator, groups: dict[str, tuple[str, ...]],
+                     factors_out: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
+    """For each group of rows: refit the parameters its rows touch on every other row (the rest keep their
+    full-fit values; a parameter no other row calibrates falls back to its uncalibrated default), and
+    predict the group's rows with those factors."""
     out: dict[str, float] = {}
     everything = set(ev.cases)
-    for cid in ev.cases:
-        free = [p for p in result.params if cid in ev.fit_rows[p.name]]
+    for members in groups.values():
+        held = set(members)
+        free = [p for p in result.params if ev.fit_rows[p.name] & held]
         start = dict(result.factors)
         for p in free:
-            if not ev.fit_rows[p.name] - {cid}:
+            if not ev.fit_rows[p.name] - held:
                 start[p.name] = p.default  # no other row calibrates it: the uncalibrated value
-        factors = _descend(ev, free, start, everything - {cid}) if free else start
-        out[cid] = ev._time(cid, factors)
-        if factors_out is not None:
-            factors_out[cid] = factors
+        factors = _descend(ev, free, start, everything - held) if free else start
+        for cid in members:
+            out[cid] = ev._time(cid, factors)
+            if factors_out is not None:
+                factors_out[cid] = factors
     return out
