@@ -29,6 +29,15 @@ from planner.units import GIB_BYTES
 
 DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share stays exposed (assumption)
 
+TIME_PARTS = (
+    "attention_gemm", "attention_core", "mlp_gemm", "expert_gemm", "shared_expert_gemm", "router_permute",
+    "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "recompute", "embedding", "logits_loss", "mtp_proj",
+    "pp_comm", "pipeline_bubble", "dp_sync", "optimizer",
+)
+"""The mechanisms an iteration's time is split into (PlanCost.time_breakdown): a decoder layer's named parts
+(planner/cost/layer.py LayerCost.parts), recompute, the stage ends, pipeline sends, the bubble, the gradient
+sync and the optimizer step."""
+
 
 @dataclass(frozen=True)
 class StageCore:
@@ -57,6 +66,7 @@ class StageCore:
     fixed_act_bytes: float  # activation buffers alive once, whatever the micro-batches in flight
     other_bytes: float
     capacity_bytes: float
+    parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
 
     @property
     def time_s(self) -> float:
@@ -86,7 +96,8 @@ class StageCost(StageCore):
     def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float) -> "StageCost":
         """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch."""
         fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
-        fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2)
+        fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2,
+                              parts=core.parts + (("pp_comm", pp_comm_s),))
         return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches)
 
     @property
@@ -162,6 +173,25 @@ class PlanCost:
     @property
     def max_memory_gib(self) -> float:
         return max(s.memory_gib for s in self.stages)
+
+    def time_breakdown(self) -> dict[str, float]:
+        """Seconds of the iteration by mechanism (TIME_PARTS, zero entries omitted), summing to
+        `iteration_time_s`: the slowest stage's per-micro-batch parts times the micro-batches, the pipeline
+        bubble (the rest of the pipeline time), and the DP sync and optimizer step of the stage whose
+        per-iteration sync is longest (the schedule formula's terms)."""
+        slowest = max(self.stages, key=lambda s: s.time_s)
+        out: dict[str, float] = {}
+        for name, sec in slowest.parts:
+            out[name] = out.get(name, 0.0) + self.num_microbatches * sec
+        out["pipeline_bubble"] = self.pipeline_s - self.num_microbatches * slowest.time_s
+        syncing = max(self.stages, key=lambda s: s.sync_s)
+        out["dp_sync"] = syncing.dp_comm_s
+        out["optimizer"] = syncing.optimizer_s
+        return {k: v for k, v in out.items() if v}
+
+    def time_shares(self) -> dict[str, float]:
+        """`time_breakdown` as fractions of the iteration time (summing to 1)."""
+        return {k: v / self.iteration_time_s for k, v in self.time_breakdown().items()}
 
     @property
     def fits(self) -> bool:
@@ -376,6 +406,7 @@ class CostModel:
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
             fixed_act_bytes=lay.transient + ends.transient,
             other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES, capacity_bytes=dev.memory_gib * GIB_BYTES,
+            parts=_merge_parts(lay.parts, ends.parts),
         )
 
     def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
@@ -397,6 +428,8 @@ class CostModel:
             nf, rest = n_full[kind], cnt - n_full[kind]
             out.fwd_s += cnt * c.fwd_s
             out.bwd_s += cnt * c.bwd_s
+            for name, sec in c.parts.items():
+                out.add(name, cnt * sec)
             out.compute_s += cnt * (c.fwd_compute_s + c.bwd_compute_s) + nf * c.fwd_compute_s
             out.tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
             out.cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
@@ -412,6 +445,7 @@ class CostModel:
             else:
                 out.act_per_mb += rest * c.act_bytes(c.activations.total)
         out.bwd_s += out.recompute_s
+        out.add("recompute", out.recompute_s)
         if recompute.granularity == "full" and kinds:
             # during a recomputed chunk's backward its layers' full activations exist at once
             chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
@@ -435,6 +469,7 @@ class CostModel:
             out.fwd_s += emb
             out.bwd_s += emb
             out.compute_s += 2 * emb
+            out.add("embedding", 2 * emb)
             out.act_per_mb += t_g / sp * h * act  # embedding output kept per in-flight micro-batch
         if not is_last:
             return out
@@ -446,6 +481,7 @@ class CostModel:
         out.fwd_s += heads * (logit_s + ce_s)
         out.bwd_s += heads * (GEMM_BWD_OVER_FWD * logit_s + ce_s)
         out.compute_s += heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s)
+        out.add("logits_loss", heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s))
         out.transient += t_g * vocab_local * (act + 4)  # logits + FP32 copy of one micro-batch
         if model.mtp_num_layers:
             # each MTP depth: one more decoder layer (of the last layer's kind) and a 2h -> h projection
@@ -459,6 +495,9 @@ class CostModel:
             out.tp_s += d * (mtp.tp_fwd_s + mtp.tp_bwd_s)
             out.cp_s += d * (mtp.cp_fwd_s + mtp.cp_bwd_s)
             out.ep_s += d * (mtp.ep_fwd_s + mtp.ep_bwd_s)
+            for name, sec in mtp.parts.items():
+                out.add(name, d * sec)
+            out.add("mtp_proj", d * (1 + GEMM_BWD_OVER_FWD) * proj_s)
             out.act_per_mb += d * (mtp.act_bytes(mtp.activations.total) + 2 * t_g / sp * h * act)
         return out
 
@@ -612,6 +651,19 @@ class _Part:
     ep_s: float = 0.0
     act_per_mb: float = 0.0
     transient: float = 0.0
+    parts: dict = field(default_factory=dict)  # forward + backward seconds by mechanism
+
+    def add(self, name: str, seconds: float) -> None:
+        if seconds:
+            self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+
+def _merge_parts(*dicts: dict) -> tuple[tuple[str, float], ...]:
+    out: dict[str, float] = {}
+    for d in dicts:
+        for name, sec in d.items():
+            out[name] = out.get(name, 0.0) + sec
+    return tuple(out.items())
 
 
 @dataclass(frozen=True)
