@@ -236,10 +236,10 @@ def test_cp_comm_types_differ():
 
 
 def test_unmodelled_flags_are_named_in_the_notes(profiles):
-    notes = unmodelled_notes(["--use-megatron-fsdp", "--lr", "1e-4", "--cuda-graph-impl=local",
-                              "--use-megatron-fsdp"])
+    notes = unmodelled_notes(["--use-torch-fsdp2", "--lr", "1e-4", "--cuda-graph-impl=local",
+                              "--use-torch-fsdp2", "--use-megatron-fsdp"])  # Megatron-FSDP is priced
     assert len(notes) == 2
-    assert notes[0].startswith("--use-megatron-fsdp is not modelled") and "--cuda-graph-impl" in notes[1]
+    assert notes[0].startswith("--use-torch-fsdp2 is not modelled") and "--cuda-graph-impl" in notes[1]
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8 --fine-grained-activation-offloading"),
                                world_size=8)

@@ -315,9 +315,11 @@ class Report:
 def shipped_factors(profiles: ProfileSet, params=FIT_PARAMS) -> dict[str, float]:
     out = {}
     for p in params:
-        if p.devices == ("*",):
-            value = profiles.moe_imbalance_factor() if p.kind == "moe_imbalance_factor" else None
+        if p.devices == ("*",) and p.kind == "moe_imbalance_factor":
+            value = profiles.moe_imbalance_factor()
             out[p.name] = value if value is not None else p.default
+        elif p.devices == ("*",):
+            out[p.name] = profiles.correction(profiles.names()[0], p.kind)  # only "*" rows are written for it
         else:
             out[p.name] = profiles.correction(p.devices[0], p.kind)
     return out

@@ -31,12 +31,13 @@ DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share s
 
 TIME_PARTS = (
     "attention_gemm", "attention_core", "mlp_gemm", "expert_gemm", "shared_expert_gemm", "router_permute",
-    "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "recompute", "embedding", "logits_loss", "mtp_proj",
-    "pp_comm", "pipeline_bubble", "dp_sync", "optimizer",
+    "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "fsdp_comm", "recompute", "embedding",
+    "logits_loss", "mtp_proj", "pp_comm", "pipeline_bubble", "dp_sync", "optimizer", "iteration_overhead",
 )
 """The mechanisms an iteration's time is split into (PlanCost.time_breakdown): a decoder layer's named parts
-(planner/cost/layer.py LayerCost.parts), recompute, the stage ends, pipeline sends, the bubble, the gradient
-sync and the optimizer step."""
+(planner/cost/layer.py LayerCost.parts: host_overhead is the time a layer waits for its kernel launches),
+recompute, the stage ends, pipeline sends, the bubble, the gradient sync, the optimizer step and the fixed host
+time per iteration."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class StageCore:
     ep_comm_s: float
     dp_comm_s: float  # exposed, per iteration
     optimizer_s: float  # per iteration
+    iteration_overhead_s: float  # fixed host time per iteration (kernels.py ITERATION_HOST_S, calibrated)
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
@@ -79,7 +81,8 @@ class StageCore:
 
     @property
     def sync_s(self) -> float:
-        return self.dp_comm_s + self.optimizer_s
+        """Per iteration, after the pipeline: exposed DP sync, optimizer step and the fixed host time."""
+        return self.dp_comm_s + self.optimizer_s + self.iteration_overhead_s
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class StageCost(StageCore):
             "pp_comm_s": self.pp_comm_s,
             "dp_comm_s": self.dp_comm_s,
             "optimizer_s": self.optimizer_s,
+            "iteration_overhead_s": self.iteration_overhead_s,
             "memory_gib": self.memory_gib,
             "weights_gib": self.weights_bytes / g,
             "grads_gib": self.grads_bytes / g,
@@ -187,6 +191,7 @@ class PlanCost:
         syncing = max(self.stages, key=lambda s: s.sync_s)
         out["dp_sync"] = syncing.dp_comm_s
         out["optimizer"] = syncing.optimizer_s
+        out["iteration_overhead"] = syncing.iteration_overhead_s
         return {k: v for k, v in out.items() if v}
 
     def time_shares(self) -> dict[str, float]:
@@ -402,7 +407,9 @@ class CostModel:
             micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
             recompute_s=lay.recompute_s, tp_comm_s=lay.tp_s + ends.tp_s, cp_comm_s=lay.cp_s + ends.cp_s,
             ep_comm_s=lay.ep_s + ends.ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s,
-            weights_bytes=params.weights_bytes(pb), grads_bytes=params.total * pb.grad,
+            iteration_overhead_s=self.kernels(device_type).iteration_host_s,
+            weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
+            grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
             fixed_act_bytes=lay.transient + ends.transient,
             other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES, capacity_bytes=dev.memory_gib * GIB_BYTES,
@@ -420,6 +427,7 @@ class CostModel:
         for j in full:
             n_full[kinds[j]] += 1
         out = _Part()
+        fsdp_gather = fsdp_scatter = 0.0
         for kind in (False, True):
             cnt = counts[kind]
             if not cnt:
@@ -430,11 +438,15 @@ class CostModel:
             out.bwd_s += cnt * c.bwd_s
             for name, sec in c.parts.items():
                 out.add(name, cnt * sec)
-            out.compute_s += cnt * (c.fwd_compute_s + c.bwd_compute_s) + nf * c.fwd_compute_s
+            out.compute_s += (cnt * (c.fwd_compute_s + c.bwd_compute_s + c.host_fwd_s + c.host_bwd_s)
+                              + nf * (c.fwd_compute_s + c.host_fwd_s))
             out.tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
             out.cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
             out.ep_s += cnt * (c.ep_fwd_s + c.ep_bwd_s) + nf * c.ep_fwd_s
             out.recompute_s += nf * c.fwd_s
+            gather_s, scatter_s = self._fsdp_layer_s(g, device_type, dp, kind)
+            fsdp_gather += cnt * gather_s
+            fsdp_scatter += cnt * scatter_s
             out.act_per_mb += nf * c.act_bytes(c.activations.layer_input)
             out.transient = max(out.transient, c.transient_bytes)
             if recompute.granularity == "selective":
@@ -446,6 +458,11 @@ class CostModel:
                 out.act_per_mb += rest * c.act_bytes(c.activations.total)
         out.bwd_s += out.recompute_s
         out.add("recompute", out.recompute_s)
+        if fsdp_gather or fsdp_scatter:  # Megatron-FSDP: prefetched behind the stage's compute, the excess exposed
+            exposed = max(0.0, fsdp_gather - out.fwd_s), max(0.0, fsdp_gather + fsdp_scatter - out.bwd_s)
+            out.fwd_s += exposed[0]
+            out.bwd_s += exposed[1]
+            out.add("fsdp_comm", exposed[0] + exposed[1])
         if recompute.granularity == "full" and kinds:
             # during a recomputed chunk's backward its layers' full activations exist at once
             chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
@@ -542,6 +559,11 @@ class CostModel:
             raw = self._sync_cache[key] = self._raw_sync_s(device_type, g, dp, params)
         rs, ag, tied_s = raw
         tr = self.training
+        sharding = self._fsdp_sharding()
+        if "grads" in sharding:
+            rs = 0.0  # reduce-scattered layer by layer in every micro-batch's backward (_fsdp_layer_s)
+        if "params" in sharding:
+            ag = 0.0  # gathered layer by layer before each forward and backward
         rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd_s) if tr.overlap_grad_reduce else rs
         ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd_s) if tr.overlap_param_gather else ag
         return rs_exposed + ag_exposed + tied_s
@@ -568,6 +590,45 @@ class CostModel:
         tied = collective_s(LinkChoice(links.dp.inter or links.dp.intra, None, 1, links.dp.factors), "all_reduce",
                             params.tied * pb.grad, 2) if params.tied else 0.0
         return rs, ag, tied
+
+    def _fsdp_sharding(self) -> str:
+        """The Megatron-FSDP sharding strategy in effect ('' without --use-megatron-fsdp)."""
+        tr = self.training
+        return tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else ""
+
+    def _fsdp_layer_s(self, g: GlobalShape, device_type: str, dp: int, is_moe: bool) -> tuple[float, float]:
+        """Megatron-FSDP, per layer per micro-batch: (the all-gather of its parameters, issued before the forward and
+        again before the backward, with optim_grads_params; the reduce-scatter of its gradients after its backward,
+        with optim_grads and optim_grads_params).  Dense parameters shard over DPxCP, experts over expert-DP;
+        gradients travel in the parameter dtype (Megatron-FSDP's default mixed-precision policy).  They are prefetched
+        and issued behind the compute, so per micro-batch only what outlasts the stage's forward (gathers) and
+        backward with recompute (gathers and scatters) is exposed (_stage_layers)."""
+        sharding = self._fsdp_sharding()
+        if "grads" not in sharding:
+            return 0.0, 0.0
+        dense = self._attn_params / g.tp + (self._shared_params / g.tp + self._router_params if is_moe else
+                                            self._dense_mlp_params / g.tp)
+        experts = self._expert_params / (g.ep * g.etp) if is_moe else 0.0
+        links = self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp)
+        edp = max(1, g.tp * g.cp * dp // (g.etp * g.ep))
+        nbytes = self.param_bytes.weight
+
+        def both(collective: str) -> float:
+            return (collective_s(links.dp, collective, dense * nbytes, dp * g.cp)
+                    + collective_s(links.edp, collective, experts * nbytes, edp))
+
+        return (both("all_gather") if "params" in sharding else 0.0), both("reduce_scatter")
+
+    def _fsdp_resident(self, full_bytes: float, kinds: tuple[bool, ...], g: GlobalShape, dp: int, what: str) -> float:
+        """Weights or gradients one GPU keeps under Megatron-FSDP: its shard (over DPxCP, experts over expert-DP),
+        plus the unsharded copy of the layers in flight (two layers' weights: the one computing and the one being
+        prefetched; one layer's gradients before its reduce-scatter).  Without sharding of `what`, `full_bytes`."""
+        sharding = self._fsdp_sharding()
+        if {"weights": "params", "grads": "grads"}[what] not in sharding or not kinds:
+            return full_bytes
+        shards = min(dp * g.cp, max(1, g.tp * g.cp * dp // (g.etp * g.ep)))  # the smaller group bounds the shard
+        in_flight = (2 if what == "weights" else 1) / len(kinds)
+        return full_bytes / shards + full_bytes * in_flight
 
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
         """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b."""
@@ -625,7 +686,7 @@ class CostModel:
         times = [s.time_s for s in stages]
         pipeline = sum(times) / v + (m - 1.0 / v) * max(times)
         busy = m * max(times)
-        sync = max(s.dp_comm_s + s.optimizer_s for s in stages)
+        sync = max(s.sync_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
         peak_total = sum(
             plan.tp * plan.cp * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.compute_dtype)

@@ -233,6 +233,9 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--cp-comm-type", _list("p2p", "a2a", "allgather", "a2a+p2p", observe=True), "cp_comm_type", derived=True,
          array=PARALLEL_ARGS),
     Flag("--use-distributed-optimizer", _TRUE, "use_distributed_optimizer", array=PARALLEL_ARGS, write=_switch()),
+    Flag("--use-megatron-fsdp", _SEEN, "use_megatron_fsdp", array=PARALLEL_ARGS),
+    Flag("--data-parallel-sharding-strategy", _str("no_shard", "optim", "optim_grads", "optim_grads_params",
+                                                   observe=True), "data_parallel_sharding_strategy", array=PARALLEL_ARGS),
     Flag("--overlap-grad-reduce", _TRUE, "overlap_grad_reduce", array=PARALLEL_ARGS, write=_switch()),
     Flag("--overlap-param-gather", _TRUE, "overlap_param_gather", array=PARALLEL_ARGS, write=_switch()),
     Flag("--tp-comm-overlap", _TRUE, "tp_comm_overlap", array=PARALLEL_ARGS, write=_switch()),
@@ -291,10 +294,7 @@ OTHER_FLAGS = _rows(
     # Flags that change time or memory but that the cost model does not price: each one present is
     # named beside the prediction.  When one becomes modelled, give it a field and price it.
     *(Flag(name, not_modelled=text) for name, text in (
-        ("--use-megatron-fsdp", "shards parameters, gradients and optimizer states (FSDP): memory lower and extra "
-                                "parameter all-gathers per layer"),
         ("--use-torch-fsdp2", "PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
-        ("--data-parallel-sharding-strategy", "FSDP sharding strategy: memory and communication"),
         ("--fine-grained-activation-offloading", "offloads activations to host memory: activation memory lower, "
                                                  "PCIe traffic added"),
         ("--cpu-offloading", "offloads activations or weights to host memory"),
