@@ -7,7 +7,7 @@ jointly on every row whose prediction it changes.
 
 Method: the uncalibrated (datasheet-derived and published) profiles are the start; the loss is a Huber loss of the
 log error of the predicted seconds per iteration, log(predicted / measured), least squares up to 15 % and linear
-beyond (HUBER_LOG), each row weighted 1/sqrt(rows of its source); coordinate descent in log(factor), a golden
+beyond (HUBER_LOG), each row weighted 1/(rows of its source); coordinate descent in log(factor), a golden
 section search per coordinate inside [lo, hi], until a sweep moves no factor by more than 0.1 %.
 
 `leave_one_out` refits, for each row, the parameters that row touches with that row removed (the others
@@ -44,6 +44,7 @@ class FitParam:
     why: str = ""
     default: float = 1.0  # the uncalibrated value (what a row alone on this parameter is predicted with)
     fit_on: str = "all"  # all | dense | moe: which of the rows it changes it is fitted on
+    prior: str = ""  # a group of like constants: with no row of its own left, it takes their geometric mean
 
     @property
     def name(self) -> str:
@@ -52,6 +53,11 @@ class FitParam:
     def entries(self, factor: float) -> dict[tuple[str, str], float]:
         return {(d, self.kind): factor for d in self.devices}
 
+
+LEGACY_GEMM = "legacy-gemm"
+"""The GEMM constants of the device families without published kernel tables (GA100, V100, 910B): how far their
+software ran below the datasheet-derived curve.  A run on one of them from a stack the fit has not seen is
+assumed to run as far below it as the other legacy stacks did (their geometric mean), not at the datasheet."""
 
 FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("gemm", SM90, fit_on="dense", why="dense GEMMs (cuBLAS) on SM90 against the MAMF-derived curve"),
@@ -66,9 +72,9 @@ FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("host_overhead", ("*",), 0.1, 10.0,
              why="host time per Python-level operation (x 50 us), which bounds layers with little GPU work"),
     FitParam("iteration_overhead", ("*",), 0.02, 20.0, why="fixed host time per iteration (x 50 ms)"),
-    FitParam("gemm", GA100, 0.5, 3.0, why="dense GEMMs on GA100 with 2020-2022 software"),
-    FitParam("gemm", ("V100",), 0.5, 3.0, why="dense GEMMs on V100 with 2020 software"),
-    FitParam("gemm", ("910B",), 0.5, 3.0, why="GEMMs (CANN) on Ascend 910B"),
+    FitParam("gemm", GA100, 0.5, 3.0, why="dense GEMMs on GA100 with 2020-2022 software", prior=LEGACY_GEMM),
+    FitParam("gemm", ("V100",), 0.5, 3.0, why="dense GEMMs on V100 with 2020 software", prior=LEGACY_GEMM),
+    FitParam("gemm", ("910B",), 0.5, 3.0, why="GEMMs (CANN) on Ascend 910B", prior=LEGACY_GEMM),
 )
 
 TOLERANCE = 1e-3
@@ -118,9 +124,9 @@ class _Evaluator:
         per_source: dict[str, int] = {}
         for c in cases:
             per_source[c.source_key] = per_source.get(c.source_key, 0) + 1
-        self.weight = {c.id: 1.0 / math.sqrt(per_source[c.source_key]) for c in cases}
-        """Each row weighs 1/sqrt(rows of its source): a source with many rows counts more than one row, but does
-        not outvote the others row for row."""
+        self.weight = {c.id: 1.0 / per_source[c.source_key] for c in cases}
+        """Each row weighs 1/(rows of its source): every source (one publication, one software stack) has one vote,
+        so a source with many rows does not bend the shared constants to its own software."""
         self._cache: dict[tuple, float] = {}
         self.touches: dict[str, set[str]] = {}
         ones = {p.name: p.default for p in params}
@@ -218,11 +224,26 @@ def leave_one_source_out(result: Fit, ev: _Evaluator, sources: dict[str, str],
     return leave_groups_out(result, ev, {k: tuple(v) for k, v in groups.items()}, factors_out)
 
 
+def _group_priors(params: tuple[FitParam, ...], ev: _Evaluator, factors: dict[str, float],
+                  held: set[str]) -> dict[str, float]:
+    """A constant with a `prior` group and no row left outside `held` takes the geometric mean of the constants
+    of its group that still have rows."""
+    out = dict(factors)
+    for p in params:
+        if not p.prior or ev.fit_rows[p.name] - held:
+            continue
+        peers = [factors[q.name] for q in params
+                 if q.prior == p.prior and q.name != p.name and ev.fit_rows[q.name] - held]
+        if peers:
+            out[p.name] = math.exp(sum(math.log(f) for f in peers) / len(peers))
+    return out
+
+
 def leave_groups_out(result: Fit, ev: _Evaluator, groups: dict[str, tuple[str, ...]],
                      factors_out: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
     """For each group of rows: refit the parameters its rows touch on every other row (the rest keep their
-    full-fit values; a parameter no other row calibrates falls back to its uncalibrated default), and
-    predict the group's rows with those factors."""
+    full-fit values; a parameter no other row calibrates falls back to its prior group's geometric mean
+    (`_group_priors`), else to its uncalibrated default), and predict the group's rows with those factors."""
     out: dict[str, float] = {}
     everything = set(ev.cases)
     for members in groups.values():
@@ -233,6 +254,7 @@ def leave_groups_out(result: Fit, ev: _Evaluator, groups: dict[str, tuple[str, .
             if not ev.fit_rows[p.name] - held:
                 start[p.name] = p.default  # no other row calibrates it: the uncalibrated value
         factors = _descend(ev, free, start, everything - held) if free else start
+        factors = _group_priors(result.params, ev, factors, held)
         for cid in members:
             out[cid] = ev._time(cid, factors)
             if factors_out is not None:

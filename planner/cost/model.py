@@ -25,7 +25,7 @@ from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
-from planner.units import GIB_BYTES
+from planner.units import GIB_BYTES, US_S
 
 DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share stays exposed (assumption)
 
@@ -631,12 +631,17 @@ class CostModel:
         return full_bytes / shards + full_bytes * in_flight
 
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
-        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b."""
+        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b, as exposed.
+        The interleaved schedule overlaps its sends with the next chunk's compute (Megatron's overlap_p2p_comm,
+        on by default and only there): only the per-send latency stays exposed; 1F1B waits for every send."""
         model = self.model
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         mbs = self.stage_mbs(g, a_dp)
+        link = self.pp_link(g, a_type, a_dp, b_type)
+        if g.vpp > 1:
+            return g.vpp * link.intra.latency_us * US_S
         p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * self.training.activation_bytes
-        return g.vpp * collective_s(self.pp_link(g, a_type, a_dp, b_type), "p2p", p2p_bytes, 2)
+        return collective_s(link, "p2p", p2p_bytes, 2)
 
     @staticmethod
     def inflight_microbatches(g: GlobalShape, index: int) -> float:
