@@ -71,7 +71,6 @@ FIT_PARAMS: tuple[FitParam, ...] = (
              why="busiest EP rank over the mean under dropless aux-loss routing at coefficient 1e-3"),
     FitParam("host_overhead", ("*",), 0.1, 10.0,
              why="host time per Python-level operation (x 50 us), which bounds layers with little GPU work"),
-    FitParam("iteration_overhead", ("*",), 0.02, 20.0, why="fixed host time per iteration (x 50 ms)"),
     FitParam("gemm", GA100, 0.5, 3.0, why="dense GEMMs on GA100 with 2020-2022 software", prior=LEGACY_GEMM),
     FitParam("gemm", ("V100",), 0.5, 3.0, why="dense GEMMs on V100 with 2020 software", prior=LEGACY_GEMM),
     FitParam("gemm", ("910B",), 0.5, 3.0, why="GEMMs (CANN) on Ascend 910B", prior=LEGACY_GEMM),

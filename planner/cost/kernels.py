@@ -48,8 +48,9 @@ public per-operation figure for Megatron; the `host_overhead` correction is fitt
 layer whose GPU work is shorter than its host operations waits for the host (planner/cost/layer.py)."""
 ITERATION_HOST_S = 0.05
 """Fixed host-side time per iteration outside the layers (optimizer and gradient-norm kernel launches, loss and
-timer reductions, the schedule's bookkeeping): ASSUMED 50 ms before calibration (no public figure; the
-`iteration_overhead` correction is fitted on the published runs, where small global batches expose it)."""
+timer reductions, the schedule's bookkeeping): ASSUMED 50 ms (no public figure).  It is not fitted: only the
+Moonlight runs at GBS 4 (one source) would move it, and fitted on them it made every other short iteration too
+slow (planner/calibration/fit.py); `cli.py calibrate` or a corrections row `iteration_overhead` scales it."""
 
 GROUPED_GEMM_TILE_ROWS = 128
 """Rows of one tensor-core tile (Hopper WGMMA / CUTLASS grouped GEMM 128xN tiles): an expert with M tokens

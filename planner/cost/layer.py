@@ -449,14 +449,25 @@ HOST_OPS_FWD = {
     "tp_block": 2.0,  # the sequence-parallel all-gather and reduce-scatter of a TP block
     "cp_step": 3.0,  # one ring step: send/receive and a partial attention with its correction
     "mlp": 4.0,  # fused norm+fc1, activation, fc2, bias-dropout-add
-    "moe": 24.0,  # norm, router linear, score, top-k, permute, token counts and splits, dispatch, two grouped linears
-                  # and the activation, combine, unpermute, bias-dropout-add
-    "moe_balancing": 5.0,  # auxiliary or sequence-auxiliary loss, or the expert-bias update
+    "moe_router": 6.0,  # router linear, score function, top-k, scaling, routing map and probabilities
+    "moe_balancing": 5.0,  # auxiliary or sequence-auxiliary loss, or the expert-bias update (router scope)
+    "moe_preprocess": 6.0,  # tokens per expert, the split sizes and their host copy, permutation metadata
+    "moe": 12.0,  # norm, permute, dispatch, two grouped linears and the activation, combine, unpermute, bias-dropout-add
     "shared_experts": 5.0,  # fc1, activation, fc2, and with --moe-shared-expert-overlap the stream hand-off
 }
 """Host (Python-level) operations of one layer's forward per micro-batch, by module: ASSUMED counts from Megatron's
 module structure with Transformer Engine (each a module or tensor call the CPU issues; Transformer Engine's
-grouped linear loops over the experts in C++, so local experts add no Python operations)."""
+grouped linear loops over the experts in C++, so local experts add no Python operations).  A module captured in a
+CUDA graph (--cuda-graph-impl with --cuda-graph-scope) is one graph launch instead."""
+
+
+def _graphed(x: _LayerInputs, scope: str) -> bool:
+    """Is `scope` (attn, mlp, moe, moe_router, moe_preprocess) captured in a per-layer CUDA graph?"""
+    tr = x.training
+    if tr.cuda_graph_impl == "none":
+        return False
+    scopes = set(tr.cuda_graph_scope)
+    return not scopes or bool(scopes & {"full", "full_iteration", scope})
 
 
 def _launches_fwd(x: _LayerInputs) -> dict[str, float]:
@@ -465,10 +476,20 @@ def _launches_fwd(x: _LayerInputs) -> dict[str, float]:
     tp_block = ops["tp_block"] if shape.tp > 1 else 0.0
     attention = ops["attention"] + tp_block + (ops["qk_layernorm"] if model.qk_layernorm else 0.0)
     attention += (ops["mla"] if model.multi_latent_attention else 0.0) + ops["cp_step"] * (shape.cp - 1)
-    out = {"attention": attention}
+    out = {"attention": 1.0 if _graphed(x, "attn") else attention}
     if not x.is_moe:
-        out["mlp"] = ops["mlp"] + tp_block
+        out["mlp"] = 1.0 if _graphed(x, "mlp") else ops["mlp"] + tp_block
         return out
+    balancing = not model.moe_router_force_load_balancing and model.moe_router_load_balancing_type != "none"
+    router = ops["moe_router"] + (ops["moe_balancing"] if balancing or model.moe_router_enable_expert_bias else 0.0)
+    if _graphed(x, "moe"):
+        out["moe"] = 1.0
+    else:
+        out["moe"] = (ops["moe"] + (1.0 if _graphed(x, "moe_router") else router)
+                      + (1.0 if _graphed(x, "moe_preprocess") else ops["moe_preprocess"]))
+    if model.moe_shared_expert_intermediate_size:
+        out["shared_experts"] = ops["shared_experts"] + tp_block
+    return out
     balancing = not model.moe_router_force_load_balancing and model.moe_router_load_balancing_type != "none"
     out["moe"] = ops["moe"] + (ops["moe_balancing"] if balancing or model.moe_router_enable_expert_bias else 0.0)
     if model.moe_shared_expert_intermediate_size:

@@ -212,6 +212,8 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
 )
 
 _DTYPES = ("fp32", "fp16", "bf16", "fp8")
+_GRAPH_MODULES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+_GRAPH_MEMORY = "CUDA graphs: the graph pools' memory (their saving in host time is priced)"
 TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--micro-batch-size", _int(), "micro_batch_size", decided=True, array=TRAINING_ARGS, override="mbs"),
     Flag("--global-batch-size", _int(), "global_batch_size", decided=True, array=TRAINING_ARGS, override="gbs"),
@@ -234,6 +236,10 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
          array=PARALLEL_ARGS),
     Flag("--use-distributed-optimizer", _TRUE, "use_distributed_optimizer", array=PARALLEL_ARGS, write=_switch()),
     Flag("--use-megatron-fsdp", _SEEN, "use_megatron_fsdp", array=PARALLEL_ARGS),
+    Flag("--cuda-graph-impl", _str("none", "local", "transformer_engine", "full_iteration", observe=True),
+         "cuda_graph_impl", array=TRAINING_ARGS, not_modelled=_GRAPH_MEMORY),
+    *(Flag(name, _list(*_GRAPH_MODULES, observe=True), "cuda_graph_scope", array=TRAINING_ARGS,
+           not_modelled=_GRAPH_MEMORY) for name in ("--cuda-graph-scope", "--cuda-graph-modules")),
     Flag("--data-parallel-sharding-strategy", _str("no_shard", "optim", "optim_grads", "optim_grads_params",
                                                    observe=True), "data_parallel_sharding_strategy", array=PARALLEL_ARGS),
     Flag("--overlap-grad-reduce", _TRUE, "overlap_grad_reduce", array=PARALLEL_ARGS, write=_switch()),
@@ -299,10 +305,8 @@ OTHER_FLAGS = _rows(
                                                  "PCIe traffic added"),
         ("--cpu-offloading", "offloads activations or weights to host memory"),
         ("--optimizer-cpu-offload", "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
-        ("--cuda-graph-impl", _GRAPHS),
         ("--enable-cuda-graph", _GRAPHS),
         ("--external-cuda-graph", _GRAPHS),
-        ("--cuda-graph-scope", _GRAPHS),
         ("--moe-router-padding-for-fp8", "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
         ("--moe-permute-fusion", "fused permute/unpermute kernels: fewer memory passes than priced"),
         ("--moe-router-fusion", "fused router kernels: fewer memory passes than priced"),
