@@ -159,7 +159,8 @@ def test_fp8_speeds_up_gemms_only():
     fp8 = _layer(f"{DENSE} {par} --fp8-format hybrid --fp8-recipe tensorwise", "H100:8")
     assert fp8.module_fwd_s["core_attn"] == pytest.approx(bf16.module_fwd_s["core_attn"])
     assert fp8.parts["attention_core"] == pytest.approx(bf16.parts["attention_core"])
-    assert fp8.parts["mlp_gemm"] < 0.7 * bf16.parts["mlp_gemm"]
+    # FP8 peak 2x BF16, x the FP8/BF16 MAMF ratio 0.883, / the fitted per-tensor FP8 constant (one published run)
+    assert fp8.parts["mlp_gemm"] < 0.8 * bf16.parts["mlp_gemm"]
     assert fp8.parts["fp8_cast"] > 0 == bf16.parts["fp8_cast"]
     assert 1.0 < (bf16.fwd_s + bf16.bwd_s) / (fp8.fwd_s + fp8.bwd_s) < 2.0
     # the layer input that full recompute keeps is BF16 in both
@@ -236,10 +237,10 @@ def test_cp_comm_types_differ():
 
 
 def test_unmodelled_flags_are_named_in_the_notes(profiles):
-    notes = unmodelled_notes(["--use-megatron-fsdp", "--lr", "1e-4", "--cuda-graph-impl=local",
-                              "--use-megatron-fsdp"])
+    notes = unmodelled_notes(["--use-torch-fsdp2", "--lr", "1e-4", "--cuda-graph-impl=local",
+                              "--use-torch-fsdp2", "--use-megatron-fsdp"])  # Megatron-FSDP is priced
     assert len(notes) == 2
-    assert notes[0].startswith("--use-megatron-fsdp is not modelled") and "--cuda-graph-impl" in notes[1]
+    assert notes[0].startswith("--use-torch-fsdp2 is not modelled") and "--cuda-graph-impl" in notes[1]
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8 --fine-grained-activation-offloading"),
                                world_size=8)

@@ -282,6 +282,8 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
 )
 
 _DTYPES = ("fp32", "fp16", "bf16", "fp8")
+_GRAPH_MODULES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+_GRAPH_MEMORY = "CUDA graphs: the graph pools' memory (their saving in host time is priced)"
 TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--micro-batch-size", _int(), "micro_batch_size", decided=True, array=TRAINING_ARGS, override="mbs"),
     Flag("--global-batch-size", _int(), "global_batch_size", decided=True, array=TRAINING_ARGS, override="gbs"),
@@ -303,6 +305,13 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--cp-comm-type", _list("p2p", "a2a", "allgather", "a2a+p2p", observe=True), "cp_comm_type", derived=True,
          array=PARALLEL_ARGS),
     Flag("--use-distributed-optimizer", _TRUE, "use_distributed_optimizer", array=PARALLEL_ARGS, write=_switch()),
+    Flag("--use-megatron-fsdp", _SEEN, "use_megatron_fsdp", array=PARALLEL_ARGS),
+    Flag("--cuda-graph-impl", _str("none", "local", "transformer_engine", "full_iteration", observe=True),
+         "cuda_graph_impl", array=TRAINING_ARGS, not_modelled=_GRAPH_MEMORY),
+    *(Flag(name, _list(*_GRAPH_MODULES, observe=True), "cuda_graph_scope", array=TRAINING_ARGS,
+           not_modelled=_GRAPH_MEMORY) for name in ("--cuda-graph-scope", "--cuda-graph-modules")),
+    Flag("--data-parallel-sharding-strategy", _str("no_shard", "optim", "optim_grads", "optim_grads_params",
+                                                   observe=True), "data_parallel_sharding_strategy", array=PARALLEL_ARGS),
     Flag("--overlap-grad-reduce", _TRUE, "overlap_grad_reduce", array=PARALLEL_ARGS, write=_switch()),
     Flag("--overlap-param-gather", _TRUE, "overlap_param_gather", array=PARALLEL_ARGS, write=_switch()),
     Flag("--tp-comm-overlap", _TRUE, "tp_comm_overlap", array=PARALLEL_ARGS, write=_switch()),
@@ -361,18 +370,13 @@ OTHER_FLAGS = _rows(
     # Flags that change time or memory but that the cost model does not price: each one present is
     # named beside the prediction.  When one becomes modelled, give it a field and price it.
     *(Flag(name, not_modelled=text) for name, text in (
-        ("--use-megatron-fsdp", "shards parameters, gradients and optimizer states (FSDP): memory lower and extra "
-                                "parameter all-gathers per layer"),
         ("--use-torch-fsdp2", "PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
-        ("--data-parallel-sharding-strategy", "FSDP sharding strategy: memory and communication"),
         ("--fine-grained-activation-offloading", "offloads activations to host memory: activation memory lower, "
                                                  "PCIe traffic added"),
         ("--cpu-offloading", "offloads activations or weights to host memory"),
         ("--optimizer-cpu-offload", "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
-        ("--cuda-graph-impl", _GRAPHS),
         ("--enable-cuda-graph", _GRAPHS),
         ("--external-cuda-graph", _GRAPHS),
-        ("--cuda-graph-scope", _GRAPHS),
         ("--moe-router-padding-for-fp8", "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
         ("--moe-permute-fusion", "fused permute/unpermute kernels: fewer memory passes than priced"),
         ("--moe-router-fusion", "fused router kernels: fewer memory passes than priced"),

@@ -240,7 +240,7 @@ def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
     stages = []
     for st, busy in zip(cost.stages, sim.busy_s):
         comm_share = max(0.0, st.time_s - st.compute_s) / st.time_s if st.time_s > 0 else 0.0
-        sync = st.dp_comm_s + st.optimizer_s
+        sync = st.sync_s
         stages.append({
             "index": st.index, "device_type": st.device_type, "forward_s": st.forward_s,
             "backward_s": st.backward_s, "comm_share": comm_share, "busy_s": busy, "compute_s": busy * (1 - comm_share),

@@ -330,7 +330,7 @@ def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
     else:
         cols += [
             ("comm\nms", lambda s: _ms(s["time_s"] - s["compute_s"]), False),
-            ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"]), False),
+            ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"] + s["iteration_overhead_s"]), False),
         ]
     cols += [
         ("memory\nGiB", lambda s: _gib(s["memory_gib"]), False),

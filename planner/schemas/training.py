@@ -17,6 +17,7 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+DpShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron's `--fp8-recipe` choices the cost model prices (its default is `delayed`)."""
@@ -49,6 +50,15 @@ class TrainingSpec(StrictModel):
     delay_wgrad_compute: bool = Field(False, description="--delay-wgrad-compute (widens the EP overlap window)")
     moe_shared_expert_overlap: bool = Field(False, description="--moe-shared-expert-overlap")
     cp_comm_type: CpCommType = Field("p2p", description="--cp-comm-type: p2p (ring), a2a (Ulysses), allgather")
+    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = Field(
+        "none", description="--cuda-graph-impl: per-layer CUDA graphs (local, transformer_engine) or the whole iteration")
+    cuda_graph_scope: tuple[str, ...] = Field(
+        (), description="--cuda-graph-scope / --cuda-graph-modules: the captured modules (attn, mlp, moe, moe_router,"
+        " moe_preprocess, mamba, full); empty with an implementation: the whole layer")
+    use_megatron_fsdp: bool = Field(False, description="--use-megatron-fsdp: Megatron-FSDP data parallelism")
+    data_parallel_sharding_strategy: DpShardingStrategy = Field(
+        "no_shard", description="--data-parallel-sharding-strategy (with --use-megatron-fsdp): no_shard, optim (ZeRO-1),"
+        " optim_grads (ZeRO-2), optim_grads_params (ZeRO-3)")
     moe_imbalance_factor: float | None = Field(
         None,
         ge=1.0,
