@@ -19,12 +19,13 @@ import itertools
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from planner.calibration.fit import FIT_PARAMS, Fit, fit, leave_one_out
+from planner.calibration.memory import MemoryRow, memory_rows, memory_text, summarise
 from planner.calibration.runs import CalibrationCase, cases, load_runs
 from planner.profile_tables import PROFILES_DIR, ProfileSet
 from planner.schemas.device import Provenance
@@ -87,15 +88,16 @@ def row_of(case: CalibrationCase, profiles: ProfileSet, loo_s: float | None = No
     peak = dense_peak_total(case, profiles)
     one_liner_s = flop / (peak * ONE_LINER_MFU)
     measured_s = case.seconds_per_iteration()
-    worst = max(cost.stages, key=lambda s: s.memory_bytes / s.capacity_bytes)
+    # a measured run ran: it must be predicted to fit in the device's memory (the planning headroom aside)
+    worst = max(cost.stages, key=lambda s: s.memory_bytes / s.device_memory_bytes)
     predicted = in_metric(case, cost.iteration_time_s)
     return Row(
         id=case.id, metric=case.metric, measured=case.measured, predicted=predicted,
         error_pct=_err_pct(predicted, case.measured), one_liner=in_metric(case, one_liner_s),
         one_liner_error_pct=_err_pct(in_metric(case, one_liner_s), case.measured),
         measured_mfu=flop / (measured_s * peak), predicted_mfu=flop / (cost.iteration_time_s * peak),
-        is_moe=case.run.model.is_moe, memory_gib=worst.memory_gib, capacity_gib=worst.capacity_bytes / 2**30,
-        fits=cost.fits, memory_settings=case.memory_settings, measured_s=measured_s,
+        is_moe=case.run.model.is_moe, memory_gib=worst.memory_gib, capacity_gib=worst.device_memory_bytes / 2**30,
+        fits=all(s.memory_bytes <= s.device_memory_bytes for s in cost.stages), memory_settings=case.memory_settings, measured_s=measured_s,
         predicted_s=cost.iteration_time_s,
         loo_error_pct=None if loo_s is None else _err_pct(in_metric(case, loo_s), case.measured),
     )
@@ -137,6 +139,7 @@ class Report:
     fit_rows: dict[str, tuple[str, ...]]
     stale: list[str]
     loo: bool
+    memory: list[MemoryRow] = field(default_factory=list)  # measured peak memory (planner/calibration/memory.py)
 
     def summary(self) -> dict:
         def stats(rs: list[Row], attr: str) -> dict:
@@ -176,6 +179,8 @@ class Report:
             "factors": self.factors,
             "fit_rows": {k: list(v) for k, v in self.fit_rows.items()},
             "stale_corrections": self.stale,
+            "memory": {"rows": [r.__dict__ | {"error_pct": r.error_pct} for r in self.memory],
+                       "summary": summarise(self.memory).__dict__ if self.memory else None},
         }
 
     def text(self) -> str:
@@ -215,6 +220,8 @@ class Report:
         if self.stale:
             lines.append("profiles/corrections.yaml differs from a fresh fit: " + ", ".join(self.stale)
                          + " (run python -m planner.calibration.report --write)")
+        if self.memory:
+            lines += ["", memory_text(self.memory)]
         return "\n".join(lines)
 
 
@@ -242,7 +249,8 @@ def build_report(*, loo: bool = False, refit: bool = False) -> tuple[Report, Fit
     rows = [row_of(c, profiles, loo_s.get(c.id)) for c in all_cases]
     by_id = {r.id: r for r in rows}
     factors = result.factors if refit else have
-    return Report(rows, pair_checks(all_cases, by_id), factors, result.rows, [] if refit else stale, loo), result
+    return Report(rows, pair_checks(all_cases, by_id), factors, result.rows, [] if refit else stale, loo,
+                  memory_rows(profiles)), result
 
 
 def corrections_yaml(result: Fit) -> str:

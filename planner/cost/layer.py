@@ -18,7 +18,7 @@ from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.dispatch import DispatchCost, moe_dispatch
 from planner.cost.flops import LayerFlops, layer_flops
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.memory import ActivationModules, activation_bytes_per_token
+from planner.cost.memory import ActivationModules, activation_bytes_per_token, attention_transient_bytes
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
@@ -386,7 +386,7 @@ def _activations(x: _LayerInputs) -> ActivationModules:
     return activation_bytes_per_token(
         x.model, x.training, is_moe=x.is_moe, tp=x.shape.tp, etp=x.shape.etp,
         sequence_parallel=x.shape.sequence_parallel,
-        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0,
+        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0, seq_length=x.shape.seq_length,
     )
 
 
@@ -404,7 +404,11 @@ def _module_fwd_s(x: _LayerInputs, c: _ComputeParts, mlp_tp_s: float) -> dict[st
 
 
 def _transient_bytes(x: _LayerInputs) -> float:
-    """The dispatcher's receive buffer and permuted copy of this GPU's expert tokens, alive during the layer."""
+    """Buffers alive only while the layer runs: unfused attention's scores and softmax gradient
+    (planner/cost/memory.py), or the dispatcher's receive buffer and permuted copy of this GPU's expert tokens."""
+    attention = attention_transient_bytes(x.model, x.training, tp=x.shape.tp, gathered_tokens=x.gathered_tokens,
+                                          seq_length=x.shape.seq_length)
     if not x.dispatch:
-        return 0.0
-    return 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act
+        return attention
+    # attention and dispatch run one after the other: their buffers are not alive at once
+    return max(attention, 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act)
