@@ -4,7 +4,8 @@ left, and the best plan so far with its gap to the lower bound.
 ProgressDisplay is the search's progress callback: it reads each ProgressEvent
 (planner/search/settings.py), or any mapping with its keys, as a mapping: `tried` and `total`
 configurations, `solved`, `best_s` (the best objective so far, seconds, or None), optionally
-`bound_s` (a lower bound on what is still unexplored), and `config` ("done" on the last call).  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
+`bound_s` (a lower bound on the searched space's optimum so far), and `config` ("done" on the last call).  The gap
+shown is the report's searched-space gap: (best - bound) / best, the same formula on the same bound.  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class ProgressDisplay:
         if best is None:
             return "no plan yet"
         gap = self.gap()
-        return f"best {best:.3f} s" + (f", gap {gap * 100:.2f}%" if gap is not None else "")
+        return f"best {best:.3f} s" + (f", gap {gap * 100:.2f}% in the searched space" if gap is not None else "")
 
     def eta_text(self) -> str:
         """At most the time limit left; the rate over configurations tried so far when it says less
