@@ -86,7 +86,7 @@ class ProgressDisplay:
         if best is None:
             return "no plan yet"
         gap = self.gap()
-        return f"best {best:.3f} s" + (f", gap {gap * 100:.2f}% in the searched space" if gap is not None else "")
+        return f"best {best:.3f} s" + (f", gap {gap * 100:.2f}%" if gap is not None else "")
 
     def eta_text(self) -> str:
         """At most the time limit left; the rate over configurations tried so far when it says less
@@ -106,8 +106,9 @@ class ProgressDisplay:
         d = self.last
         if not d:
             return f"search: finished in {_fmt_s(self.elapsed_s())}"
+        gap = " in the searched space" if self.gap() is not None else ""
         return (f"search: {d.get('tried', 0)}/{d.get('total', 0)} configurations, {d.get('solved', 0)} solved, "
-                f"{self.best_text()}, {_fmt_s(self.elapsed_s())}")
+                f"{self.best_text()}{gap}, {_fmt_s(self.elapsed_s())}")
 
     def finish(self, best_s: float | None = None, lower_bound_s: float | None = None) -> None:
         """Close the bar and leave the final line on stderr (nothing under --quiet).  The search's

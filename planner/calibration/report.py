@@ -2,7 +2,7 @@
 
     python -m planner.calibration.report            # table, targets, pairs, memory (shipped corrections)
     python -m planner.calibration.report --loo      # plus leave-one-out errors (refits per row)
-    python -m planner.calibration.report --write    # refit and rewrite profiles/corrections.yaml
+    python -m planner.calibration.report --write    # refit; rewrite profiles/corrections.yaml and uncertainty.yaml
     python -m planner.calibration.report --json     # the same figures as one JSON object
 
 Errors are signed, in percent of the measured value of the row's own metric (a negative error on a
@@ -26,6 +26,11 @@ import yaml
 
 from planner.calibration.fit import FIT_PARAMS, Fit, fit, leave_one_out
 from planner.calibration.memory import MemoryRow, memory_rows, memory_text, summarise
+from planner.calibration.uncertainty import (
+    COVERAGE_TARGET, MechanismFit, fit_mechanisms, held_out_residuals, memory_headroom, stale as uncertainty_stale,
+    uncertainty_yaml,
+)
+from planner.uncertainty import UNCERTAINTY_YAML, load_uncertainty
 from planner.calibration.runs import CalibrationCase, cases, load_runs
 from planner.profile_tables import PROFILES_DIR, ProfileSet
 from planner.schemas.device import Provenance
@@ -140,6 +145,7 @@ class Report:
     stale: list[str]
     loo: bool
     memory: list[MemoryRow] = field(default_factory=list)  # measured peak memory (planner/calibration/memory.py)
+    uncertainty: MechanismFit | None = None  # per-mechanism time uncertainty (with --loo / --write)
 
     def summary(self) -> dict:
         def stats(rs: list[Row], attr: str) -> dict:
@@ -222,7 +228,26 @@ class Report:
                          + " (run python -m planner.calibration.report --write)")
         if self.memory:
             lines += ["", memory_text(self.memory)]
+            h, why = memory_headroom(self.memory)
+            lines.append(f"memory headroom {100 * h:.0f}%: {why}")
+        lines += self._uncertainty_lines()
         return "\n".join(lines)
+
+    def _uncertainty_lines(self) -> list[str]:
+        u = self.uncertainty
+        if u is None:
+            return ["(time uncertainty per mechanism: with --loo or --write)"]
+        out = ["", f"time uncertainty per mechanism (held-out residuals of {u.rows} rows, scale {u.scale:.2f}; the "
+                   f"range holds {100 * u.coverage:.0f}% of the measured rows, target {100 * COVERAGE_TARGET:.0f}%):"]
+        for k, v in u.mechanisms().items():
+            out.append(f"  {k:28s} {100 * v:5.1f}%")
+        if self.memory:
+            h, _ = memory_headroom(self.memory)
+            stale = uncertainty_stale(load_uncertainty(), h, u)
+            if stale:
+                out.append(f"{UNCERTAINTY_YAML} differs from a fresh derivation: " + "; ".join(stale)
+                           + " (run python -m planner.calibration.report --write)")
+        return out
 
 
 def shipped_factors(profiles: ProfileSet, params=FIT_PARAMS) -> dict[str, float]:
@@ -249,8 +274,9 @@ def build_report(*, loo: bool = False, refit: bool = False) -> tuple[Report, Fit
     rows = [row_of(c, profiles, loo_s.get(c.id)) for c in all_cases]
     by_id = {r.id: r for r in rows}
     factors = result.factors if refit else have
+    unc = fit_mechanisms(held_out_residuals(all_cases, profiles, loo_s)) if loo else None
     return Report(rows, pair_checks(all_cases, by_id), factors, result.rows, [] if refit else stale, loo,
-                  memory_rows(profiles)), result
+                  memory_rows(profiles), unc), result
 
 
 def corrections_yaml(result: Fit) -> str:
@@ -277,13 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.calibration.report", description=__doc__.split("\n")[0])
     ap.add_argument("--loo", action="store_true", help="also report leave-one-out errors (refits per row)")
     ap.add_argument("--refit", action="store_true", help="price with a fresh fit instead of profiles/corrections.yaml")
-    ap.add_argument("--write", action="store_true", help="refit and rewrite profiles/corrections.yaml")
+    ap.add_argument("--write", action="store_true",
+                    help="refit and rewrite profiles/corrections.yaml and profiles/uncertainty.yaml (runs --loo)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
-    report, result = build_report(loo=args.loo, refit=args.refit or args.write)
+    report, result = build_report(loo=args.loo or args.write, refit=args.refit or args.write)
     if args.write:
         CORRECTIONS_YAML.write_text(corrections_yaml(result), encoding="utf-8")
         print(f"wrote {CORRECTIONS_YAML}", file=sys.stderr)
+        h, why = memory_headroom(report.memory)
+        UNCERTAINTY_YAML.write_text(uncertainty_yaml(h, why, report.uncertainty, "leave-one-out"), encoding="utf-8")
+        print(f"wrote {UNCERTAINTY_YAML}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -9,13 +9,14 @@ a whole run's peak) are reported beside it, not used: the model predicts allocat
 
 Time uncertainty.  Each calibration row gives its held-out relative residual e_i = (predicted - measured) /
 measured (predicted by a fit that did not see the row, or its source) and the share s_ik of its predicted time
-each mechanism family k carries (`planner.cost.ranges.time_shares`).  Per side, non-negative least squares of the
-one-sided residual magnitudes on the shares: slow_k from max(0, -e_i) (the model too fast: the run is slower than
-predicted), fast_k from max(0, e_i).  Both are then scaled by one factor c, the least that makes the held-out
-range of COVERAGE_TARGET of the rows contain their measurement: a row's range is
+each mechanism family k carries (`planner.cost.ranges.time_shares`).  Per family and side, the share-weighted
+mean of the one-sided residual magnitudes: slow_k = sum_i s_ik max(0, -e_i) / sum_i s_ik (the model too fast:
+runs slower than predicted), fast_k likewise from max(0, e_i).  Both are then scaled by one factor c, the least
+that makes the held-out range of COVERAGE_TARGET of the rows contain their measurement: a row's range is
 [T / (1 + c sum_k fast_k s_ik), T / (1 - c sum_k slow_k s_ik)], the first-order form of what the range model
-computes.  Twelve numbers and one scale from the calibration rows; the method is the one documented here and in
-profiles/uncertainty.yaml.
+computes.  Twelve weighted means and one scale.  (Non-negative least squares of the residuals on the shares was
+tried first: on these rows, most of whose time is GEMMs, it put the whole error on two families at the cap and
+none on the rest.)
 """
 
 from __future__ import annotations
@@ -61,26 +62,6 @@ def held_out_residuals(cases: list[CalibrationCase], profiles, held_out_s: dict[
     return out
 
 
-def nnls(a: np.ndarray, b: np.ndarray, sweeps: int = 2000) -> np.ndarray:
-    """min ||a x - b|| subject to x >= 0, by cyclic coordinate descent (convex: converges to the optimum)."""
-    x = np.zeros(a.shape[1])
-    col = (a * a).sum(axis=0)
-    r = b - a @ x
-    for _ in range(sweeps):
-        moved = 0.0
-        for k in range(a.shape[1]):
-            if col[k] <= 0:
-                continue
-            new = max(0.0, x[k] + a[:, k] @ r / col[k])
-            if new != x[k]:
-                r -= a[:, k] * (new - x[k])
-                moved = max(moved, abs(new - x[k]))
-                x[k] = new
-        if moved < 1e-10:
-            break
-    return x
-
-
 @dataclass(frozen=True)
 class MechanismFit:
     slow: dict[str, float]
@@ -104,12 +85,17 @@ def _covered(r: HeldOutResidual, slow: dict[str, float], fast: dict[str, float],
     return 1.0 / (1.0 + down) - 1e-12 <= ratio <= 1.0 / (1.0 - up) + 1e-12
 
 
+def _weighted_mean(residuals: list[HeldOutResidual], family: str, values: np.ndarray) -> float:
+    w = np.array([r.shares.get(family, 0.0) for r in residuals])
+    return float(w @ values / w.sum()) if w.sum() > 0 else 0.0
+
+
 def fit_mechanisms(residuals: list[HeldOutResidual]) -> MechanismFit:
-    families = list(MECHANISMS)
-    a = np.array([[r.shares.get(k, 0.0) for k in families] for r in residuals])
+    """Per family and side, the share-weighted mean of the one-sided held-out residuals, then the coverage
+    scale (see the module docstring)."""
     e = np.array([r.relative_residual for r in residuals])
-    slow = dict(zip(families, nnls(a, np.maximum(0.0, -e))))
-    fast = dict(zip(families, nnls(a, np.maximum(0.0, e))))
+    slow = {k: _weighted_mean(residuals, k, np.maximum(0.0, -e)) for k in MECHANISMS}
+    fast = {k: _weighted_mean(residuals, k, np.maximum(0.0, e)) for k in MECHANISMS}
     scale = 1.0
     for _ in range(200):
         cov = sum(_covered(r, slow, fast, scale) for r in residuals) / max(1, len(residuals))
@@ -144,9 +130,9 @@ def uncertainty_yaml(headroom: float, headroom_source: str, fit: MechanismFit, r
     doc = {
         "memory": {"headroom": headroom, "provenance": {"kind": "calibrated", "source": headroom_source}},
         "time": {
-            "method": (f"per mechanism family, non-negative least squares of the {residual_kind} one-sided relative "
-                       f"residuals of {fit.rows} calibration rows on each row's time shares (slow: runs slower than "
-                       f"predicted; fast: faster), scaled by {fit.scale:.3f} so that the range of "
+            "method": (f"per mechanism family, the mean of the {residual_kind} one-sided relative "
+                       f"residuals of {fit.rows} calibration rows, weighted by each row's time share of the family "
+                       f"(slow: runs slower than predicted; fast: faster), scaled by {fit.scale:.3f} so that the range of "
                        f"{100 * fit.coverage:.0f}% of the rows contains their measurement (target "
                        f"{100 * COVERAGE_TARGET:.0f}%); a plan's range divides each family's seconds by (1 - slow) "
                        f"at the high end and by (1 + fast) at the low end (planner/cost/ranges.py)"),
@@ -171,4 +157,4 @@ def stale(shipped: Uncertainty, headroom: float, fit: MechanismFit) -> list[str]
 
 
 __all__ = ["COVERAGE_TARGET", "HeldOutResidual", "MechanismFit", "UNCERTAINTY_YAML", "fit_mechanisms",
-           "held_out_residuals", "memory_headroom", "nnls", "stale", "uncertainty_yaml"]
+           "held_out_residuals", "memory_headroom", "stale", "uncertainty_yaml"]
