@@ -211,7 +211,8 @@ def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(flags + " --global-batch-size 128"), world_size=8)
     cost = estimate_run(run, cl, profiles)
-    assert cost.fits, cost.max_memory_gib
+    # it ran: it must fit in the device's memory (the planning headroom is a margin on top, not a measurement)
+    assert all(s.memory_bytes <= s.device_memory_bytes for s in cost.stages), cost.max_memory_gib
 
 
 def test_mtp_layers_cost_time_and_parameters_on_the_last_stage_only():

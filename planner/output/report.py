@@ -527,7 +527,7 @@ def _render_user_plan(console, payload: dict) -> None:
         if not u["fits"]:
             o = u["overflow"]
             why.append(f"does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} of "
-                       f"{o['capacity_gib']:.0f} GiB")
+                       f"{o.get('usable_gib', o['capacity_gib']):.1f} GiB usable")
         if u["violations"]:
             why.append(f"breaks {len(u['violations'])} rule(s) Megatron checks")
         verdict += "; your plan " + " and ".join(why) + ", so it would not run as is"
@@ -582,16 +582,18 @@ def render_solve(payload: dict, wide: bool = False) -> None:
 def _md_stage_table(stages: list[dict]) -> list[str]:
     lines = [
         "| stage | device | layers | DP | recompute | time/micro-batch (ms) | of which comm (ms) | memory (GiB) "
-        "| weights | grads | optimizer | activations | other | capacity (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| weights | grads | optimizer | activations | other | capacity (GiB) | usable (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in stages:
         mem = f"{s['memory_gib']:.1f}" if s["fits"] else f"**{s['memory_gib']:.1f} (over)**"
+        if s.get("near_capacity"):
+            mem = f"**{s['memory_gib']:.1f} ({100 * s['capacity_used_fraction']:.0f}% of usable)**"
         lines.append(
             f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
             f"{s['time_s'] * 1e3:.1f} | {(s['time_s'] - s['compute_s']) * 1e3:.1f} | {mem} | "
             f"{s['weights_gib']:.1f} | {s['grads_gib']:.1f} | {s['optimizer_gib']:.1f} | {s['activations_gib']:.1f} | "
-            f"{s['other_gib']:.1f} | {s['capacity_gib']:.0f} |")
+            f"{s['other_gib']:.1f} | {s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
     return lines
 
 
@@ -641,10 +643,12 @@ def _md_user_plan(payload: dict) -> list[str]:
         "",
         f"Speed-up: **{u['speedup']:.2f}x** per iteration.",
     ]
+    if "keep_yours" in u:
+        lines.append(("**Keep yours**: " if u["keep_yours"] else "**Switch**: ") + u["keep_yours_why"] + ".")
     if not u["fits"]:
         o = u["overflow"]
         lines.append(f"Your plan does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB "
-                     f"of {o['capacity_gib']:.0f} GiB.")
+                     f"of {o.get('usable_gib', o['capacity_gib']):.1f} GiB usable.")
     for v in u["violations"]:
         lines.append(f"- rule `{v['rule']}`: {v['message']} ({v['hint']})")
     for n in u["notes"]:
@@ -663,9 +667,8 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         f"- runtime: {payload['runtime']}; backend: {payload['backend']}",
         f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
         f"- degrees: {degrees_line(payload['plan'])}",
-        f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
-        f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
-        f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
+        f"- predicted: {headline(payload)}",
+        f"- {memory_line(payload)}",
         f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}; {payload['num_microbatches']} "
         "micro-batches per iteration",
         f"- search: {payload['search_time_s']:.1f} s, lower bound "
@@ -696,9 +699,8 @@ def estimate_summary_markdown(payload: dict, images: dict[str, str] | None = Non
         f"# Estimate: {payload['model']} on {payload['cluster']}",
         "",
         f"- degrees: {degrees_line(payload['plan'])}",
-        f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
-        f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
-        f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
+        f"- predicted: {headline(payload)}",
+        f"- {memory_line(payload)}",
         "",
         "## Stages",
         "",
