@@ -49,7 +49,13 @@ class UserPlan:
             return
         mine = self.cost.iteration_time_s
         gain = mine / our_cost.iteration_time_s - 1.0
-        if mine <= ours.high_s:
+        if mine <= our_cost.iteration_time_s:
+            self.keep_yours = True
+            self.keep_why = (f"your plan's predicted {mine:.3f} s is no slower than ours ({our_cost.iteration_time_s:.3f} "
+                             f"s, {100 * -gain:.1f}% more): the searched space holds neither it nor a better plan "
+                             f"(its degrees, interleaving or layout lie outside it, or ours was chosen for its "
+                             f"pessimistic time)")
+        elif mine <= ours.high_s:
             self.keep_yours = True
             self.keep_why = (f"your plan's predicted {mine:.3f} s lies within our plan's range "
                              f"[{ours.low_s:.3f}, {ours.high_s:.3f}] s: the predicted gain ({100 * gain:+.1f}%) is "

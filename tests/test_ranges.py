@@ -94,6 +94,9 @@ def test_keep_yours_when_your_time_lies_within_our_range():
     outside = UserPlan(source="--megatron-args", cost=_cost(13.0))
     outside.judge(ours, _cost(10.0))
     assert not outside.keep_yours and "above our plan's pessimistic" in outside.keep_why
+    faster = UserPlan(source="--megatron-args", cost=_cost(9.5))
+    faster.judge(ours, _cost(10.0))
+    assert faster.keep_yours and "no slower than ours" in faster.keep_why
     broken = UserPlan(source="--megatron-args", error="does not divide the cluster")
     broken.judge(ours, _cost(10.0))
     assert not broken.keep_yours
@@ -170,7 +173,7 @@ MODEL = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-lengt
 
 
 def test_keep_yours_end_to_end():
-    """The planner's own pick given back as the user's flags lies within its own range: keep yours, in the JSON
+    """The planner's own pick given back as the user's flags is no slower than itself: keep yours, in the JSON
     and the text.  Eight pipeline stages of one layer each at 4 micro-batches (a long bubble) do not."""
     base = ["solve", "--cluster", "H100:16", "--quiet"]
     first = _invoke(base + ["--json", "--megatron-args", MODEL])
@@ -187,7 +190,7 @@ def test_keep_yours_end_to_end():
     assert same.exit_code == 0, same.output
     u = json.loads(same.stdout)["user_plan"]
     assert u["runs"] and u["keep_yours"], u
-    assert "lies within our plan's range" in u["keep_yours_why"]
+    assert "no slower than ours" in u["keep_yours_why"]  # the very same plan
     assert "keep yours:" in _invoke(base + ["--megatron-args", flags]).output
     slow = _invoke(base + ["--json", "--megatron-args", MODEL + " --pipeline-model-parallel-size 8"])
     us = json.loads(slow.stdout)["user_plan"]
