@@ -442,8 +442,8 @@ def stage_table(stages: list[dict], *, wide: bool, width: int, title: str = "per
 def _render_stage_table(console, payload: dict, wide: bool) -> None:
     console.print(stage_table(payload["stages"], wide=wide, width=console.width))
     legend = ["t/mb: forward + backward per micro-batch (compute includes recompute; comm: TP/CP/EP/PP)",
-              "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part); "
-              "usable: device memory less the headroom; N%!: fits at 97-100% of usable"]
+              "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)",
+              "usable: device memory less the memory headroom; N%!: fits at 97-100% of usable"]
     if wide:
         legend = ["t/mb: forward + backward per micro-batch; compute includes recomp; TP/CP/EP/PP: communication "
                   "per micro-batch; DP sync and optim: per iteration",
