@@ -47,26 +47,20 @@ class UserPlan:
         if not self.runs or self.cost is None:
             self.keep_yours, self.keep_why = False, "your plan does not run as given (see above)"
             return
-        mine = self.cost.iteration_time_s
-        gain = mine / our_cost.iteration_time_s - 1.0
-        if mine <= our_cost.iteration_time_s:
-            self.keep_yours = True
-            self.keep_why = (f"your plan's predicted {mine:.3f} s is no slower than ours ({our_cost.iteration_time_s:.3f} "
-                             f"s, {100 * -gain:.1f}% more): the searched space holds neither it nor a better plan "
-                             f"(its degrees, interleaving or layout lie outside it, or ours was chosen for its "
-                             f"pessimistic time)")
+        mine, nominal = self.cost.iteration_time_s, our_cost.iteration_time_s
+        if mine <= nominal:
+            why = (f"your plan's predicted {mine:.3f} s is no slower than ours ({nominal:.3f} s): the searched space "
+                   f"holds neither it nor a better plan (its degrees, interleaving or layout lie outside it, or ours "
+                   f"was chosen for its pessimistic time)")
         elif mine <= ours.high_s:
-            self.keep_yours = True
-            self.keep_why = (f"your plan's predicted {mine:.3f} s lies within our plan's range "
-                             f"[{ours.low_s:.3f}, {ours.high_s:.3f}] s: the predicted gain ({100 * gain:+.1f}%) is "
-                             f"within the cost model's held-out error on the mechanisms these plans lean on, so a "
-                             f"change is not worth making on this evidence")
+            why = (f"your plan's predicted {mine:.3f} s lies within our plan's range [{ours.low_s:.3f}, "
+                   f"{ours.high_s:.3f}] s: the predicted gain ({100 * (mine / nominal - 1):+.1f}%) is within the cost "
+                   f"model's held-out error on the mechanisms these plans lean on, so a change is not worth making "
+                   f"on this evidence")
         else:
-            self.keep_yours = False
-            self.keep_why = (f"your plan's predicted {mine:.3f} s is above our plan's pessimistic "
-                             f"{ours.high_s:.3f} s: ours is predicted faster even at the top of its range "
-                             f"({100 * (mine / ours.high_s - 1):.1f}% beyond it)")
-
+            why = (f"your plan's predicted {mine:.3f} s is above our plan's pessimistic {ours.high_s:.3f} s: ours is "
+                   f"predicted faster even at the top of its range ({100 * (mine / ours.high_s - 1):.1f}% beyond it)")
+        self.keep_yours, self.keep_why = mine <= ours.high_s, why
 
 def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: str,
                     range_model: RangeModel | None = None) -> UserPlan:

@@ -15,7 +15,6 @@ refuse (or accept) exactly where the planner's own rules and flag reader do.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -29,23 +28,12 @@ from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_mega
 from planner.launcher import render_launch_files
 
 from helpers.corpus import CORPUS, NAMES, solved
+from tools.megatron_validate import megatron_python
 from helpers.launch import args_of, dense_plan
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 VALIDATE = ROOT / "tools" / "megatron_validate.py"
-DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
-
-
-def megatron_python() -> str | None:
-    """The validator environment's python: $HAPMOE_MEGATRON_PYTHON, or the default environment
-    when .ci/megatron_env.sh finished building it."""
-    explicit = os.environ.get("HAPMOE_MEGATRON_PYTHON")
-    if explicit:
-        return explicit if Path(explicit).exists() else None
-    if (DEFAULT_ENV / ".hapmoe-ready").exists() and (DEFAULT_ENV / "bin" / "python").exists():
-        return str(DEFAULT_ENV / "bin" / "python")
-    return None
 
 
 PYTHON = megatron_python()

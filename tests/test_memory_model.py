@@ -5,7 +5,6 @@ against Megatron's own theoretical memory report (tools/megatron_memory.py, in t
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -20,6 +19,7 @@ from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.profile_tables import ProfileSet
 from planner.units import GIB_BYTES
+from tools.megatron_validate import megatron_python
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
@@ -133,9 +133,7 @@ def test_measured_peaks(profiles):
 
 # --------------------------------------------------------------------------------------------- Megatron's formula
 
-DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
-_PYTHON = os.environ.get("HAPMOE_MEGATRON_PYTHON") or (
-    str(DEFAULT_ENV / "bin" / "python") if (DEFAULT_ENV / ".hapmoe-ready").exists() else None)
+_PYTHON = megatron_python()
 BASE = ("--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --vocab-size 32000 "
         "--tokenizer-type NullTokenizer --mock-data --bf16 --disable-bias-linear --untie-embeddings-and-output-weights "
         "--normalization RMSNorm --num-layers 16 --hidden-size 4096 --num-attention-heads 32 --global-batch-size 64 "

@@ -44,10 +44,10 @@ from planner.launcher import render_launch_files
 from planner.output.report import degrees_short, plan_json
 from planner.profile_tables import ProfileSet
 from planner.search.settings import SearchSettings
+from tools.megatron_validate import megatron_python
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATE = ROOT / "tools" / "megatron_validate.py"
-DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
 RATIO_TARGET = 1.25
 
 CASES = (
@@ -58,15 +58,6 @@ CASES = (
     "H100-mixtral-8x7B",  # Mixtral-8x7B, 64 H100
     "B200-gptoss-120B-64-bf16",  # gpt-oss-120B, 64 B200
 )
-
-
-def megatron_python() -> str | None:
-    explicit = os.environ.get("HAPMOE_MEGATRON_PYTHON")
-    if explicit:
-        return explicit if Path(explicit).exists() else None
-    if (DEFAULT_ENV / ".hapmoe-ready").exists() and (DEFAULT_ENV / "bin" / "python").exists():
-        return str(DEFAULT_ENV / "bin" / "python")
-    return None
 
 
 def upstream_argv(argv: list[str]) -> list[str]:
