@@ -213,10 +213,11 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
     if user is not None:
         out["user_plan"] = user_plan_json(user, cost)
     if len(outcome.plans) > 1:
+        rngs = outcome.ranges[1:] if outcome.ranges else [None] * (len(outcome.plans) - 1)
         out["alternatives"] = [
             {"iteration_time_s": c.iteration_time_s, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
-             "plan": plan_json(p)}
-            for p, c in zip(outcome.plans[1:], outcome.costs[1:])
+             "plan": plan_json(p), **range_json(c, r)}
+            for p, c, r in zip(outcome.plans[1:], outcome.costs[1:], rngs)
         ]
     return out
 
