@@ -1,8 +1,9 @@
 """A plan's iteration time with its uncertainty: the range [low, high] around the cost model's nominal time.
 
 The cost model's time is built from mechanisms, each scaled by its correction kinds (profiles/corrections.yaml):
-dense GEMMs, attention, expert GEMMs, memory-bound passes, MoE token dispatch, and the collectives (TP/CP
-communication, pipeline sends, gradient sync).  `MECHANISMS` groups those kinds into six families.  Each family
+dense GEMMs, attention, expert GEMMs, memory-bound passes, MoE token dispatch, the collectives (TP/CP
+communication, pipeline sends, gradient sync) and the host's fixed costs.  `MECHANISMS` groups those kinds into
+seven families.  Each family
 has two relative uncertainties (profiles/uncertainty.yaml, fitted by planner/calibration/uncertainty.py on the
 held-out residuals of the calibration runs): `slow`, how much its seconds are under-predicted on runs the fit has
 not seen, and `fast`, how much they are over-predicted.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.model import CostModel, PlanCost
-from planner.profile_tables import ProfileSet
+from planner.profile_tables import CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.device import Provenance
 from planner.schemas.model import ModelSpec
@@ -27,15 +28,20 @@ from planner.schemas.plan import Plan
 from planner.schemas.training import TrainingSpec
 from planner.uncertainty import Uncertainty, shipped_uncertainty
 
-MECHANISMS: dict[str, tuple[str, ...]] = {
+_FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm": ("gemm", "fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8"),
     "attention": ("attention",),
     "expert_gemm": ("grouped_gemm",),
     "memory_bound": ("memory_bound",),
     "expert_dispatch": ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather", "all_to_all"),
     "collectives": ("all_reduce", "all_gather", "reduce_scatter", "p2p"),
+    "host": ("host_overhead", "iteration_overhead"),
 }
-"""Mechanism family -> the correction kinds (planner/profile_tables.py) whose seconds it covers."""
+MECHANISMS: dict[str, tuple[str, ...]] = {
+    family: tuple(k for k in kinds if k in CORRECTION_KINDS) for family, kinds in _FAMILIES.items()
+}
+"""Mechanism family -> the correction kinds (planner/profile_tables.py) whose seconds it covers (a family whose
+kinds the loaded tables do not define covers nothing: its share is 0)."""
 MAX_UNCERTAINTY = 0.8  # a family's seconds are never scaled by more than 1/(1 - 0.8) = 5x
 SHARE_STEP = 0.01  # the relative step of the finite difference in `time_shares`
 
