@@ -203,14 +203,17 @@ def test_mla_up_proj_recompute_drops_the_up_projected_qkv():
 
 def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
     """Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh (TP1, seq 8192, FP8 hybrid with
-    --fp8-param-gather, --grad-reduce-in-bf16, distributed optimizer) runs on 8 H100 80GB."""
+    --fp8-param-gather, --grad-reduce-in-bf16, distributed optimizer, no dropout, fused attention) runs on 8 H100
+    80GB."""
     flags = (f"{DENSE.replace('--num-layers 4', '--num-layers 32')} --micro-batch-size 1 --fp8-format hybrid "
              "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather --grad-reduce-in-bf16 "
-             "--overlap-grad-reduce --overlap-param-gather")
+             "--overlap-grad-reduce --overlap-param-gather --attention-dropout 0.0 --hidden-dropout 0.0 "
+             "--attention-backend fused")
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(flags + " --global-batch-size 128"), world_size=8)
     cost = estimate_run(run, cl, profiles)
-    assert cost.fits, cost.max_memory_gib
+    # it ran: it must fit in the device's memory (the planning headroom is a margin on top, not a measurement)
+    assert all(s.memory_bytes <= s.device_memory_bytes for s in cost.stages), cost.max_memory_gib
 
 
 def test_mtp_layers_cost_time_and_parameters_on_the_last_stage_only():

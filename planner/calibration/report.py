@@ -3,7 +3,7 @@
     python -m planner.calibration.report            # table, targets, pairs, memory (shipped corrections)
     python -m planner.calibration.report --loo      # plus leave-one-row-out errors (refits per row)
     python -m planner.calibration.report --loso     # plus leave-one-source-out errors (refits per source)
-    python -m planner.calibration.report --write    # refit and rewrite profiles/corrections.yaml
+    python -m planner.calibration.report --write    # refit; rewrite profiles/corrections.yaml and uncertainty.yaml
     python -m planner.calibration.report --json     # the same figures as one JSON object
 
 Errors are signed, in percent of the measured value of the row's own metric (a negative error on a
@@ -22,12 +22,18 @@ import itertools
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from planner.calibration.fit import FIT_PARAMS, Fit, fit, leave_one_out, leave_one_source_out
+from planner.calibration.memory import MemoryRow, memory_rows, memory_text, summarise
+from planner.calibration.uncertainty import (
+    COVERAGE_TARGET, MechanismFit, fit_mechanisms, held_out_residuals, memory_headroom, stale as uncertainty_stale,
+    uncertainty_yaml,
+)
+from planner.uncertainty import UNCERTAINTY_YAML, load_uncertainty
 from planner.calibration.runs import CalibrationCase, cases, load_runs
 from planner.profile_tables import PROFILES_DIR, ProfileSet
 from planner.schemas.device import Provenance
@@ -107,15 +113,17 @@ def row_of(case: CalibrationCase, profiles: ProfileSet, loo_s: float | None = No
     peak = dense_peak_total(case, profiles)
     one_liner_s = flop / (peak * ONE_LINER_MFU)
     measured_s = case.seconds_per_iteration()
-    worst = max(cost.stages, key=lambda s: s.memory_bytes / s.capacity_bytes)
+    # a measured run ran: it must be predicted to fit in the device's memory (the planning headroom aside)
+    worst = max(cost.stages, key=lambda s: s.memory_bytes / s.device_memory_bytes)
     predicted = in_metric(case, cost.iteration_time_s)
     return Row(
         id=case.id, metric=case.metric, measured=case.measured, predicted=predicted,
         error_pct=_err_pct(predicted, case.measured), one_liner=in_metric(case, one_liner_s),
         one_liner_error_pct=_err_pct(in_metric(case, one_liner_s), case.measured),
         measured_mfu=flop / (measured_s * peak), predicted_mfu=flop / (cost.iteration_time_s * peak),
-        is_moe=case.run.model.is_moe, memory_gib=worst.memory_gib, capacity_gib=worst.capacity_bytes / 2**30,
-        fits=cost.fits, memory_settings=case.memory_settings, measured_s=measured_s,
+        is_moe=case.run.model.is_moe, memory_gib=worst.memory_gib, capacity_gib=worst.device_memory_bytes / 2**30,
+        fits=all(st.memory_bytes <= st.device_memory_bytes for st in cost.stages),
+        memory_settings=case.memory_settings, measured_s=measured_s,
         predicted_s=cost.iteration_time_s, source=case.source_key, batch=case.batch,
         loo_error_pct=_held_out_pct(case, loo_s), loso_error_pct=_held_out_pct(case, loso_s),
     )
@@ -189,6 +197,8 @@ class Report:
     stale: list[str]
     loo: bool
     loso: bool = False
+    memory: list[MemoryRow] = field(default_factory=list)  # measured peak memory (planner/calibration/memory.py)
+    uncertainty: MechanismFit | None = None  # per-mechanism time uncertainty (with --loo, --loso or --write)
 
     def _stats(self, rows: list[Row], attr: str) -> dict:
         return error_stats([_time_error(r, attr) for r in rows])
@@ -252,6 +262,8 @@ class Report:
             "factors": self.factors,
             "fit_rows": {k: list(v) for k, v in self.fit_rows.items()},
             "stale_corrections": self.stale,
+            "memory": {"rows": [r.__dict__ | {"error_pct": r.error_pct} for r in self.memory],
+                       "summary": summarise(self.memory).__dict__ if self.memory else None},
         }
 
     def text(self) -> str:
@@ -278,6 +290,11 @@ class Report:
         if self.stale:
             lines.append("profiles/corrections.yaml differs from a fresh fit: " + ", ".join(self.stale)
                          + " (run python -m planner.calibration.report --write)")
+        if self.memory:
+            lines += ["", memory_text(self.memory)]
+            h, why = memory_headroom(self.memory)
+            lines.append(f"memory headroom {100 * h:.0f}%: {why}")
+        lines += self._uncertainty_lines()
         return "\n".join(lines)
 
     def _row_lines(self) -> list[str]:
@@ -328,6 +345,22 @@ class Report:
             lines.append(f"  {src:36s} {st['rows']:3d} rows  " + "   ".join(cells))
         return lines
 
+    def _uncertainty_lines(self) -> list[str]:
+        u = self.uncertainty
+        if u is None:
+            return ["(time uncertainty per mechanism: with --loso, --loo or --write)"]
+        out = ["", f"time uncertainty per mechanism (held-out residuals of {u.rows} rows, scale {u.scale:.2f}; the "
+                   f"range holds {100 * u.coverage:.0f}% of the measured rows, target {100 * COVERAGE_TARGET:.0f}%):"]
+        for k, v in u.mechanisms().items():
+            out.append(f"  {k:28s} {100 * v:5.1f}%")
+        if self.memory:
+            h, _ = memory_headroom(self.memory)
+            stale = uncertainty_stale(load_uncertainty(), h, u)
+            if stale:
+                out.append(f"{UNCERTAINTY_YAML} differs from a fresh derivation: " + "; ".join(stale)
+                           + " (run python -m planner.calibration.report --write)")
+        return out
+
 
 def shipped_factors(profiles: ProfileSet, params=FIT_PARAMS) -> dict[str, float]:
     out = {}
@@ -356,8 +389,10 @@ def build_report(*, loo: bool = False, loso: bool = False, refit: bool = False) 
     rows = [row_of(c, profiles, loo_s.get(c.id), loso_s.get(c.id)) for c in all_cases]
     by_id = {r.id: r for r in rows}
     factors = result.factors if refit else have
+    held = loso_s or loo_s  # the uncertainty rests on leave-one-source-out residuals when they were computed
+    unc = fit_mechanisms(held_out_residuals(all_cases, profiles, held)) if held else None
     return Report(rows, pair_checks(all_cases, by_id), factors, result.rows, [] if refit else stale, loo,
-                  loso), result
+                  loso, memory_rows(profiles), unc), result
 
 
 def corrections_yaml(result: Fit) -> str:
@@ -386,13 +421,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loso", action="store_true",
                     help="also report leave-one-source-out errors (refits without each source's rows)")
     ap.add_argument("--refit", action="store_true", help="price with a fresh fit instead of profiles/corrections.yaml")
-    ap.add_argument("--write", action="store_true", help="refit and rewrite profiles/corrections.yaml")
+    ap.add_argument("--write", action="store_true",
+                    help="refit and rewrite profiles/corrections.yaml and profiles/uncertainty.yaml (runs --loso)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
-    report, result = build_report(loo=args.loo, loso=args.loso, refit=args.refit or args.write)
+    report, result = build_report(loo=args.loo, loso=args.loso or args.write, refit=args.refit or args.write)
     if args.write:
         CORRECTIONS_YAML.write_text(corrections_yaml(result), encoding="utf-8")
         print(f"wrote {CORRECTIONS_YAML}", file=sys.stderr)
+        h, why = memory_headroom(report.memory)
+        text = uncertainty_yaml(h, why, report.uncertainty, "leave-one-source-out")
+        UNCERTAINTY_YAML.write_text(text, encoding="utf-8")
+        print(f"wrote {UNCERTAINTY_YAML}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -18,7 +18,7 @@ from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.dispatch import DispatchCost, moe_dispatch
 from planner.cost.flops import LayerFlops, layer_flops
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.memory import ActivationModules, activation_bytes_per_token
+from planner.cost.memory import ActivationModules, activation_bytes_per_token, attention_transient_bytes
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
@@ -414,7 +414,7 @@ def _activations(x: _LayerInputs) -> ActivationModules:
     return activation_bytes_per_token(
         x.model, x.training, is_moe=x.is_moe, tp=x.shape.tp, etp=x.shape.etp,
         sequence_parallel=x.shape.sequence_parallel,
-        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0,
+        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0, seq_length=x.shape.seq_length,
     )
 
 
@@ -490,21 +490,14 @@ def _launches_fwd(x: _LayerInputs) -> dict[str, float]:
     if model.moe_shared_expert_intermediate_size:
         out["shared_experts"] = ops["shared_experts"] + tp_block
     return out
-    balancing = not model.moe_router_force_load_balancing and model.moe_router_load_balancing_type != "none"
-    out["moe"] = ops["moe"] + (ops["moe_balancing"] if balancing or model.moe_router_enable_expert_bias else 0.0)
-    if model.moe_shared_expert_intermediate_size:
-        out["shared_experts"] = ops["shared_experts"] + tp_block
-    return out
-    local_experts = max(1, (model.num_experts or 1) // shape.ep)
-    out["moe"] = 21.0 + 2.0 * local_experts + (0.0 if model.moe_grouped_gemm else local_experts) + (
-        2.0 if shape.etp > 1 else 0.0)
-    if model.moe_shared_expert_intermediate_size:
-        out["shared_experts"] = 4.0 + tp_collectives
-    return out
 
 
 def _transient_bytes(x: _LayerInputs) -> float:
-    """The dispatcher's receive buffer and permuted copy of this GPU's expert tokens, alive during the layer."""
+    """Buffers alive only while the layer runs: unfused attention's scores and softmax gradient
+    (planner/cost/memory.py), or the dispatcher's receive buffer and permuted copy of this GPU's expert tokens."""
+    attention = attention_transient_bytes(x.model, x.training, tp=x.shape.tp, gathered_tokens=x.gathered_tokens,
+                                          seq_length=x.shape.seq_length)
     if not x.dispatch:
-        return 0.0
-    return 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act
+        return attention
+    # attention and dispatch run one after the other: their buffers are not alive at once
+    return max(attention, 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act)

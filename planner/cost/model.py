@@ -18,16 +18,19 @@ from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
-from planner.cost.memory import ParamBytes
+from planner.cost.memory import ParamBytes, comm_buffer_bytes, process_groups
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
+from planner.uncertainty import default_memory_headroom
 from planner.units import GIB_BYTES, US_S
 
 DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share stays exposed (assumption)
+NEAR_CAPACITY_FRACTION = 0.97
+"""A stage at 97-100% of what it may use (capacity less headroom) fits, but is marked in the output (issue 19)."""
 
 TIME_PARTS = (
     "attention_gemm", "attention_core", "mlp_gemm", "expert_gemm", "shared_expert_gemm", "router_permute",
@@ -66,9 +69,20 @@ class StageCore:
     optimizer_bytes: float
     act_per_microbatch_bytes: float  # activations one in-flight micro-batch keeps
     fixed_act_bytes: float  # activation buffers alive once, whatever the micro-batches in flight
-    other_bytes: float
-    capacity_bytes: float
+    context_bytes: float  # CUDA/ROCm/CANN context of the process (the device's memory_overhead_gib)
+    comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
+    device_memory_bytes: float  # the device's memory as the framework reports it
+    capacity_bytes: float  # what the plan may use: device memory less the memory headroom
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
+
+    @property
+    def other_bytes(self) -> float:
+        """Memory outside torch's allocator: context and communicator buffers."""
+        return self.context_bytes + self.comm_buffer_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.device_memory_bytes - self.capacity_bytes
 
     @property
     def time_s(self) -> float:
@@ -116,8 +130,24 @@ class StageCost(StageCore):
         return self.memory_bytes / GIB_BYTES
 
     @property
+    def allocated_bytes(self) -> float:
+        """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`): everything but the
+        context and the communicator buffers."""
+        return self.memory_bytes - self.other_bytes
+
+    @property
     def fits(self) -> bool:
         return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def capacity_fraction(self) -> float:
+        """Memory over what the plan may use (capacity less headroom)."""
+        return self.memory_bytes / self.capacity_bytes if self.capacity_bytes > 0 else math.inf
+
+    @property
+    def near_capacity(self) -> bool:
+        """Fits, but within NEAR_CAPACITY_FRACTION of what the plan may use: marked in the output."""
+        return self.fits and self.capacity_fraction >= NEAR_CAPACITY_FRACTION
 
     def to_json(self) -> dict:
         g = GIB_BYTES
@@ -146,7 +176,13 @@ class StageCost(StageCore):
             "optimizer_gib": self.optimizer_bytes / g,
             "activations_gib": self.activations_bytes / g,
             "other_gib": self.other_bytes / g,
-            "capacity_gib": self.capacity_bytes / g,
+            "context_gib": self.context_bytes / g,
+            "comm_buffers_gib": self.comm_buffer_bytes / g,
+            "capacity_gib": self.device_memory_bytes / g,
+            "usable_gib": self.capacity_bytes / g,
+            "headroom_gib": self.headroom_bytes / g,
+            "capacity_used_fraction": self.capacity_fraction,
+            "near_capacity": self.near_capacity,
             "inflight_microbatches": self.inflight_microbatches,
             "fits": self.fits,
         }
@@ -164,6 +200,7 @@ class PlanCost:
     peak_flop_per_s_total: float
     stages: tuple[StageCost, ...]
     notes: tuple[str, ...] = field(default=())
+    memory_headroom: float = 0.0  # fraction of each device's memory the plan keeps free
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -213,6 +250,7 @@ class PlanCost:
             "mfu": self.mfu,
             "max_memory_gib": self.max_memory_gib,
             "fits": self.fits,
+            "memory_headroom": self.memory_headroom,
             "overflow_stages": self.overflow_stages,
             "world_size": self.world_size,
             "num_microbatches": self.num_microbatches,
@@ -262,8 +300,12 @@ class CostModel:
     tabulates them once and composes stages from them, exactly as `evaluate` does.
     """
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet) -> None:
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet, *,
+                 memory_headroom: float | None = None) -> None:
+        """`memory_headroom`: the fraction of each device's memory a plan keeps free (None: the shipped
+        default, derived from the memory model's measured error, planner/uncertainty.py)."""
         self.model = model
+        self.memory_headroom = default_memory_headroom() if memory_headroom is None else float(memory_headroom)
         self.training = training
         self.cluster = cluster
         self.profiles: ProfileSet = profiles
@@ -402,6 +444,9 @@ class CostModel:
         dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
         pb = self.param_bytes
         optimizer_s = self.kernels(device_type).memory_s(params.shard * pb.optimizer_step_moved)
+        groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
+                                tied_embedding_stage=(is_first or is_last)
+                                and not self.model.untie_embeddings_and_output_weights)
         return StageCore(
             device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
             micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
@@ -412,7 +457,9 @@ class CostModel:
             grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
             fixed_act_bytes=lay.transient + ends.transient,
-            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES, capacity_bytes=dev.memory_gib * GIB_BYTES,
+            context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
+            comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
+            capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
             parts=_merge_parts(lay.parts, ends.parts),
         )
 
@@ -488,6 +535,8 @@ class CostModel:
             out.compute_s += 2 * emb
             out.add("embedding", 2 * emb)
             out.act_per_mb += t_g / sp * h * act  # embedding output kept per in-flight micro-batch
+            if self.training.hidden_dropout:
+                out.act_per_mb += t_g / sp * h  # the embedding dropout's 1-byte mask
         if not is_last:
             return out
         vocab_local = model.padded_vocab_size(g.tp) / g.tp
@@ -533,6 +582,10 @@ class CostModel:
         embedding = emb_local if is_first else 0.0
         tied_copy = is_last and not is_first and not model.untie_embeddings_and_output_weights
         if is_last and (model.untie_embeddings_and_output_weights or tied_copy):
+            embedding += emb_local
+        if is_last and model.mtp_num_layers and not is_first:
+            # the MTP stage builds its own word embedding, a duplicate of the first stage's (gpt_model.py:
+            # `if self.pre_process or self.mtp_process: self.embedding = LanguageModelEmbedding(...)`)
             embedding += emb_local
         if is_last and model.mtp_num_layers:
             last_moe = self._layer_is_moe[-1]
@@ -700,7 +753,7 @@ class CostModel:
         return PlanCost(
             iteration_time_s=pipeline + sync, pipeline_s=pipeline, bubble_s=pipeline - busy, sync_s=sync,
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
-            peak_flop_per_s_total=peak_total, stages=tuple(stages),
+            peak_flop_per_s_total=peak_total, stages=tuple(stages), memory_headroom=self.memory_headroom,
         )
 
 

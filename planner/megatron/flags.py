@@ -277,8 +277,7 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
     # not read: their arrays only
     *(Flag(name, array=MODEL_ARGS) for name in (
-        "--use-mcore-models", "--no-position-embedding", "--init-method-std", "--attention-dropout",
-        "--hidden-dropout", "--transformer-impl")),
+        "--use-mcore-models", "--no-position-embedding", "--init-method-std", "--transformer-impl")),
 )
 
 _DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -299,6 +298,13 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--main-params-dtype", _str("fp32", "fp16", observe=True), "main_params_dtype", array=TRAINING_ARGS),
     Flag("--exp-avg-dtype", _str(*_DTYPES, observe=True), "exp_avg_dtype", array=TRAINING_ARGS),
     Flag("--exp-avg-sq-dtype", _str(*_DTYPES, observe=True), "exp_avg_sq_dtype", array=TRAINING_ARGS),
+    # observed: they change activation memory (planner/cost/memory.py), never decided
+    Flag("--attention-backend", _str("flash", "fused", "unfused", "local", "auto", observe=True), "attention_backend",
+         array=MODEL_ARGS),
+    Flag("--hidden-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "hidden_dropout",
+         array=MODEL_ARGS),
+    Flag("--attention-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "attention_dropout",
+         array=MODEL_ARGS),
     Flag("--overlap-moe-expert-parallel-comm", _SEEN, "overlap_moe_expert_parallel_comm", array=TRAINING_ARGS),
     Flag("--delay-wgrad-compute", _SEEN, "delay_wgrad_compute", array=TRAINING_ARGS),
     Flag("--moe-shared-expert-overlap", _SEEN, "moe_shared_expert_overlap", array=MOE_ARGS),

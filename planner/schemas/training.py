@@ -18,6 +18,7 @@ Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 DpShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
 
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron's `--fp8-recipe` choices the cost model prices (its default is `delayed`)."""
@@ -59,6 +60,16 @@ class TrainingSpec(StrictModel):
     data_parallel_sharding_strategy: DpShardingStrategy = Field(
         "no_shard", description="--data-parallel-sharding-strategy (with --use-megatron-fsdp): no_shard, optim (ZeRO-1),"
         " optim_grads (ZeRO-2), optim_grads_params (ZeRO-3)")
+    attention_backend: AttentionBackend = Field(
+        "auto", description="--attention-backend: unfused and local keep the s x s softmax output per layer"
+    )
+    hidden_dropout: float = Field(
+        0.1, ge=0.0, le=1.0, description="--hidden-dropout (Megatron's default 0.1): 1-byte masks of bias-dropout-add"
+    )
+    attention_dropout: float = Field(
+        0.1, ge=0.0, le=1.0, description="--attention-dropout (Megatron's default 0.1): a mask and a copy of the "
+        "softmax output with unfused attention (fused and flash kernels regenerate the mask)"
+    )
     moe_imbalance_factor: float | None = Field(
         None,
         ge=1.0,
@@ -71,6 +82,11 @@ class TrainingSpec(StrictModel):
         """Bytes per activation element: BF16/FP16 (FP8 training keeps activations and communication
         in BF16; only GEMM inputs are cast), FP32 for fp32 runs."""
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def unfused_attention(self) -> bool:
+        """Attention computed as explicit matmuls and a softmax (`--attention-backend unfused` or `local`)."""
+        return self.attention_backend in ("unfused", "local")
 
     @property
     def compute_dtype(self) -> str:

@@ -4,26 +4,15 @@ and one call that checks a batch of flag lists in one process (one import of Meg
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tools.megatron_validate import megatron_python
+
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = ROOT / "tools" / "megatron_validate.py"
-DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
-
-
-def megatron_python() -> str | None:
-    """The validator environment's python: $HAPMOE_MEGATRON_PYTHON, or the default environment
-    when .ci/megatron_env.sh finished building it."""
-    explicit = os.environ.get("HAPMOE_MEGATRON_PYTHON")
-    if explicit:
-        return explicit if Path(explicit).exists() else None
-    if (DEFAULT_ENV / ".hapmoe-ready").exists() and (DEFAULT_ENV / "bin" / "python").exists():
-        return str(DEFAULT_ENV / "bin" / "python")
-    return None
 
 
 PYTHON = megatron_python()
