@@ -18,7 +18,9 @@ from typing import Callable, NamedTuple, Sequence
 from planner.checker import plan_problems
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
-from planner.errors import MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError
+from planner.errors import (
+    ImplausiblePredictionError, MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError,
+)
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
@@ -314,15 +316,43 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
 
 
 def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
-         megatron_script: str | None = None, cluster: str | None = None,
-         script_args: Sequence[str] = ()) -> dict[str, str]:
-    """The launcher files ({relative path: text}) for a saved plan: plan.json as `solve --out`
+         megatron_script: str | None = None, cluster: str | None = None, script_args: Sequence[str] = (),
+         profile_dirs: Sequence[str] = (), on_note: Callable[[str], None] | None = None
+         ) -> tuple[dict[str, str], LauncherScript | None]:
+    """The launcher files ({relative path: text}) for a saved plan, and the input launcher they apply
+    it to (whose file, and the files it sources, an output may never overwrite): plan.json as `solve --out`
     writes it (its run, cluster and input launcher included), or a bare Plan with the model and
-    cluster given; what the file states besides the plan must agree with the plan."""
+    cluster given.  Everything `solve` checks is checked again (planner/checker.py: layers, GPUs,
+    memory, Megatron's rules; the prediction guard), and a plan whose model or cluster differs from
+    the one it was made for is refused (planner/inputs/plan_file.py)."""
     data = load_plan_file(Path(plan_path))
-    run, plan, cluster_spec = resolve_plan_inputs(
-        data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
-    )
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                                cluster=cluster, script_args=tuple(script_args), profiles=profiles)
+    run, plan, cluster_spec = found.run, found.plan, found.cluster
     check_plan_document(data, plan, run, cluster_spec)
+    check_emitted_plan(found, profiles)
+    if not found.has_record and "plan" in data and on_note is not None:
+        on_note("plan.json has no made_for record (written before this version): the model and cluster in it "
+                "were checked, not compared with what solve planned for")
     script = script_from_plan(data, megatron_script, tuple(script_args))
-    return render_launch_files(run, plan, cluster_spec, script)
+    return render_launch_files(run, plan, cluster_spec, script), script
+
+
+def check_emitted_plan(found, profiles: ProfileSet) -> None:
+    """The checker's verdict on the plan for the run and cluster it is emitted for, and the record:
+    a rejected plan, an implausible prediction or inputs edited since solve are refused (--plan)."""
+    cost_model = CostModel(found.run.model, found.run.training, found.cluster, profiles)
+    problems, cost = plan_problems(cost_model, found.plan)
+    edited = f" ({' and '.join(found.edited)} changed after solve wrote plan.json)" if found.edited else ""
+    if problems:
+        raise PlannerInputError("--plan", f"the plan checker rejects this plan for {found.run.model.name} on "
+                                          f"{found.cluster.describe()}: {'; '.join(problems)}{edited}; re-run solve")
+    if found.edited:
+        raise PlannerInputError("--plan", f"{' and '.join(found.edited)} changed after solve wrote plan.json (their "
+                                          "SHA-256 no longer matches made_for); emit writes only what solve planned: "
+                                          "re-run solve")
+    try:
+        check_prediction(cost, "the plan")
+    except ImplausiblePredictionError as exc:
+        raise PlannerInputError("--plan", f"implausible prediction: {exc}") from None

@@ -2,7 +2,9 @@
 and JSON output that is always valid JSON.
 
 - `OneLineErrorsGroup`: click's usage errors (unknown option, missing value, bad choice) as one line
-  on stderr, exit status 2, instead of click's four-line usage block.
+  on stderr, exit status 2, instead of click's four-line usage block.  It also turns SIGINT, SIGTERM
+  and SIGHUP into `Interrupted`, so that a staged output is removed on the way out, and exits with
+  128 + the signal's number (130, 143, 129).
 - `handle_errors`: the planner's typed errors -> one line, exit 2 (3 when the search's time limit ran
   out before any plan was found).  Anything else is a bug: one line saying so, exit 1 (set
   HAPMOE_DEBUG=1 for the traceback).
@@ -13,10 +15,12 @@ and JSON output that is always valid JSON.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -24,7 +28,8 @@ import click
 from pydantic import ValidationError
 
 from planner.errors import (
-    ImplausiblePredictionError, InfeasibleError, MissingProfileError, PlannerInputError, SearchTimeLimitError,
+    ImplausiblePredictionError, InfeasibleError, Interrupted, MissingProfileError, PlannerInputError,
+    SearchTimeLimitError,
 )
 
 DEBUG_ENV = "HAPMOE_DEBUG"
@@ -97,7 +102,13 @@ class OneLineErrorsGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with signals_raise_interrupted():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except Interrupted as exc:
+            name = _signal_name(exc.signum)
+            click.echo(f"error: interrupted by {name}; nothing is left half-written (an output directory is either "
+                       "as it was or complete)", err=True)
+            sys.exit(128 + exc.signum)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else (prog_name or "cli.py")
             click.echo(f"error: {one_line(exc.format_message())} (see '{where} --help')", err=True)
@@ -109,6 +120,37 @@ class OneLineErrorsGroup(click.Group):
             click.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+INTERRUPT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_raise_interrupted():
+    """While the block runs, SIGINT/SIGTERM/SIGHUP raise Interrupted (outside the main thread: unchanged);
+    the previous handlers come back afterwards."""
+    previous = {}
+    try:
+        for signum in INTERRUPT_SIGNALS:
+            previous[signum] = signal.signal(signum, _raise_interrupted)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class FiniteFloat(click.ParamType):

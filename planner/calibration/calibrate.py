@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -36,7 +36,7 @@ from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
 from planner.errors import PlannerInputError
 from planner.inputs.files import load_document, path_kind
-from planner.output.run_dir import PROFILES_OUTPUT, write_files
+from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
 from planner.profile_tables import CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, ProfileSet
 from planner.sanity import check_prediction
 from planner.schemas.device import Provenance
@@ -352,7 +352,8 @@ def loader_accepts(kind: str) -> bool:
     return kind in CORRECTION_KINDS
 
 
-def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Path]:
+def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: bool = False,
+                      inputs: Sequence[str | Path] = ()) -> list[Path]:
     """Write DIR/corrections.yaml (entries of other devices already there are kept),
     DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
     factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
@@ -378,7 +379,7 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
     files["calibration_report.json"] = json_text(result.report)
-    return write_files(out, files, "--out", PROFILES_OUTPUT)
+    return write_files(out, files, "--out", CALIBRATE_OUTPUT, force=force, inputs=inputs)
 
 
 def render_report(report: dict[str, Any]) -> str:

@@ -10,10 +10,10 @@ from planner.calibration.calibrate import (
 )
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, note_printer,
+    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, input_files, note_printer,
 )
 from planner.errors import PlannerInputError
-from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
+from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 
 
 @click.command("calibrate")
@@ -39,7 +39,8 @@ def command(megatron_log, instrument_dir, model, megatron_args, megatron_script,
     python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
     """
-    check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
+    given = input_files(megatron_log, router_stats, model, megatron_script, cluster)
+    check_out_dir(out_dir, "--out", CALIBRATE_OUTPUT, force=force, inputs=given)
     if megatron_log is None and instrument_dir is None:
         raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir)")
     run, cluster_spec, profiles = load_inputs(
@@ -54,7 +55,7 @@ def command(megatron_log, instrument_dir, model, megatron_args, megatron_script,
             click.echo(f"warning: {len(parsed.problems) - 10} more unreadable lines", err=True)
     router = read_router_stats(router_stats, instrument_dir, run.model.num_experts)
     result = calibrate(measurement, run, cluster_spec, profiles, router)
-    paths = write_corrections(result, out_dir)
+    paths = write_corrections(result, out_dir, force=force, inputs=given)
     if as_json:
         echo_json({**result.report, "written": [str(p) for p in paths]})
     else:
