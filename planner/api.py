@@ -78,6 +78,7 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
     check_precision(run.training.precision, cluster_spec, profiles)
+    check_imbalance(run, profiles, moe_imbalance)
     if on_note is not None:
         for note in notes:
             on_note(note)
@@ -97,6 +98,27 @@ def _in_override_terms(exc, overrides: dict):
             message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
             return PlannerInputError(f"--{key} ({flag})", message)
     return exc
+
+
+def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None) -> None:
+    """The MoE imbalance (max/mean tokens per expert, from --moe-imbalance, the model file or a
+    calibration in --profiles) is at most num_experts / topk: every token on the same k experts."""
+    model = run.model
+    if not model.is_moe or not model.num_experts or not model.moe_router_topk:
+        return
+    bound = model.num_experts / model.moe_router_topk
+    why = (f"above num_experts / topk = {model.num_experts}/{model.moe_router_topk} = {bound:g}, the largest "
+           "max/mean tokens per expert there is (every token routed to the same experts)")
+    stated = run.training.moe_imbalance_factor
+    if given is not None and given > bound:
+        raise PlannerInputError(IMBALANCE_FLAG, f"{given:g} is {why}")
+    if given is None and stated is not None and stated > bound:
+        raise PlannerInputError("training.moe_imbalance_factor", f"{stated:g} is {why}")
+    calibrated = profiles.moe_imbalance_factor()
+    if given is None and stated is None and calibrated is not None and calibrated > bound:
+        files = [f for f in profiles.user_files if f.endswith("corrections.yaml")] or ["profiles/corrections.yaml"]
+        raise PlannerInputError("--profiles", f"{', '.join(files)}: moe_imbalance_factor {calibrated:g} is {why}; "
+                                              f"fix or remove that entry, or give --moe-imbalance")
 
 
 def check_precision(precision: str, cluster_spec, profiles) -> None:
@@ -186,10 +208,11 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[Id
     return out
 
 
-def check_predictions(outcome: SolveOutcome) -> None:
+def check_predictions(outcome: SolveOutcome, profiles: ProfileSet | None = None) -> None:
     """Every reported plan passes the prediction guard (planner/sanity.py)."""
     for rank, cost in enumerate(outcome.costs):
-        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
+        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}",
+                         profiles.user_files if profiles is not None else ())
 
 
 def read_input_script(megatron_script: str, script_args: Sequence[str], megatron_args: str | None,
@@ -236,7 +259,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False) -> Estimate:
             + "; --allow-invalid prices it anyway",
         )
     cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
-    check_prediction(cost, "the configuration")
+    check_prediction(cost, "the configuration", profiles.user_files)
     notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
     return Estimate(plan=plan, cost=cost, notes=notes)
 
@@ -292,7 +315,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
                          "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
                          "configs_solved": 0, "plan": "(no plan within its share of the time limit)"})
             continue
-        check_prediction(out.costs[0], f"the {name} plan")
+        check_prediction(out.costs[0], f"the {name} plan", profiles.user_files)
         r = out.result
         it = out.costs[0].iteration_time_s
         lb = r.lower_bound_s
@@ -353,6 +376,6 @@ def check_emitted_plan(found, profiles: ProfileSet) -> None:
                                           "SHA-256 no longer matches made_for); emit writes only what solve planned: "
                                           "re-run solve")
     try:
-        check_prediction(cost, "the plan")
+        check_prediction(cost, "the plan", profiles.user_files)
     except ImplausiblePredictionError as exc:
         raise PlannerInputError("--plan", f"implausible prediction: {exc}") from None

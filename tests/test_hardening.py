@@ -266,24 +266,29 @@ def test_out_refuses_a_foreign_directory_replaces_an_earlier_plan_and_obeys_forc
     res = run(["emit", "--plan", str(plan), "--out", str(foreign), "--force"])
     assert res.exit_code == 0, res.output
     assert (foreign / "notes.txt").read_text() == "keep" and (foreign / "launch.sh").is_file()
-    # an earlier launcher is replaced as a whole: a stale FlagScale directory goes, other files stay
+    # an earlier launcher is replaced; the user's files beside it stay, and a launcher file the user edited
+    # is never overwritten (with --force neither)
     (foreign / "flagscale").mkdir()
-    (foreign / "flagscale" / "stale.yaml").write_text("old")
-    (foreign / "hostfile").write_text("old")
+    (foreign / "flagscale" / "mine.yaml").write_text("user's")
     res = run(["emit", "--plan", str(plan), "--out", str(foreign)])
     assert res.exit_code == 0, res.output
-    assert not (foreign / "flagscale").exists() and (foreign / "hostfile").read_text() != "old"
-    assert (foreign / "notes.txt").read_text() == "keep"
+    assert (foreign / "flagscale" / "mine.yaml").read_text() == "user's" and (foreign / "notes.txt").read_text() == "keep"
+    (foreign / "hostfile").write_text("edited")
+    for extra in ([], ["--force"]):
+        assert "changed after the planner wrote it" in refused(
+            run(["emit", "--plan", str(plan), "--out", str(foreign), *extra]), "--out")
+        assert (foreign / "hostfile").read_text() == "edited"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hapmoe")]
 
 
 def test_solve_out_replaces_an_earlier_plan(tmp_path, tiny):
     out = tmp_path / "plan"
     args = ["solve", "--model", str(tiny), "--cluster", "H800:8", "--quiet", "--time-limit", "5", "--out", str(out)]
+    assert run([*args, "--runtime", "flagscale"]).exit_code == 0
+    flagscale = sorted(p.relative_to(out) for p in (out / "launch").rglob("*") if "flagscale" in str(p) and p.is_file())
+    assert flagscale  # the FlagScale output wrote its YAML
     assert run(args).exit_code == 0
-    (out / "launch" / "flagscale").mkdir()
-    assert run(args).exit_code == 0
-    assert not (out / "launch" / "flagscale").exists()
+    assert not any((out / p).exists() for p in flagscale)  # the earlier output's own files are replaced as a whole
     assert json.loads((out / "plan.json").read_text())["plan"]["world_size"] == 8
     assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
 

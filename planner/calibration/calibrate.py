@@ -193,7 +193,7 @@ def calibrate(
     if imbalance is not None:  # fit the time factors with the measured imbalance already in place
         profiles = _overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
-    check_prediction(before, "the logged configuration")
+    check_prediction(before, "the logged configuration", getattr(profiles, "user_files", ()))
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
     devices = sorted({s.device_type for s in before.stages})
     canonical = {d: profiles.canonical_name(d) for d in devices}

@@ -86,7 +86,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
         outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress)
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
-    check_predictions(outcome)
+    check_predictions(outcome, inputs.profiles)
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args)
     payload = solve_json(outcome, settings, runtime, user=user)

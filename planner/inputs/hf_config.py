@@ -84,7 +84,7 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         "untie_embeddings_and_output_weights": not _bool(cfg, "tie_word_embeddings", False),
         "add_bias_linear": False,
     }
-    head_dim = cfg.get("head_dim")
+    head_dim = _int(cfg, "head_dim", None)  # checked even where it equals hidden/heads: 128.0 is no head size
     if head_dim is not None and head_dim != out["hidden_size"] // heads:
         out["kv_channels"] = _int(cfg, "head_dim")
     elif out["hidden_size"] % heads:
