@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibration.megatron_log import parse_megatron_log, parse_megatron_log_text
+from planner.calibration.megatron_log import parse_iteration_line, parse_megatron_log, parse_megatron_log_text
 from planner.calibration.router_stats import load_router_stats
 from planner.errors import PlannerInputError
 
@@ -17,9 +17,10 @@ def test_core018_iteration_lines_and_steady_median():
     """Iteration lines parse; the first two are skipped; median of 1500, 1490, 1502 ms is 1.500 s."""
     log = parse_megatron_log(LOGS / "megatron_core018_minmax.log")
     assert [r.iteration for r in log.iterations] == [1, 10, 20, 30, 40]
-    assert log.iterations[0].fields["lm loss"] == "7.500000E+00"
-    assert log.iterations[0].fields["load_balancing_loss"] == "1.02"
-    assert log.iterations[0].global_batch_size == 64
+    first = next(line for line in (LOGS / "megatron_core018_minmax.log").read_text().splitlines() if "iteration" in line)
+    assert parse_iteration_line(first).fields["lm loss"] == "7.500000E+00"
+    assert parse_iteration_line(first).fields["load_balancing_loss"] == "1.02"
+    assert log.iterations[0].global_batch_size == 64 and log.run_count == 1
     assert log.median_iteration_time_s(skip=2) == pytest.approx(1.500)
     assert log.median_iteration_time_s(skip=0) == pytest.approx(1.502)
     assert log.median_throughput_tflops(skip=2) == pytest.approx(120.0, abs=0.2)
