@@ -28,6 +28,9 @@ PLOT_RESERVE_SHARE = 0.1  # drawing never takes more than this share of the limi
 # skipped, and the output says so, when the search leaves too little)
 
 
+PROCESS_STARTED: float | None = None  # set by cli.py run as a program: the limit then counts its imports too
+
+
 class _OutOfTime(BaseException):
     """Raised by the timer; a BaseException so that no reader's `except Exception` swallows it."""
 
@@ -45,7 +48,8 @@ class Budget:
         reserve = min(OUTPUT_RESERVE_S, 0.02 * limit_s)
         if drawing:
             reserve += min(PLOT_RESERVE_S, PLOT_RESERVE_SHARE * limit_s)
-        return cls(time.perf_counter(), limit_s, reserve)
+        now = time.perf_counter()
+        return cls(min(now, PROCESS_STARTED) if PROCESS_STARTED is not None else now, limit_s, reserve)
 
     @property
     def search_deadline(self) -> float:

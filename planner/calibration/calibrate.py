@@ -223,6 +223,7 @@ def calibrate(
     plan, before = _evaluate(run, cluster, profiles)
     check_prediction(before, "the logged configuration", getattr(profiles, "user_files", ()))
     _check_measured_mfu(measurement, before, run)
+    _check_ratio(measurement, before)
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
     devices = sorted({s.device_type for s in before.stages})
     canonical = {d: profiles.canonical_name(d) for d in devices}
@@ -375,6 +376,20 @@ def _check_factors(measurement: Measurement, device_factors: dict[str, float], g
                 f"{low:g}..{high:g} (10x either way); the log does not come from the run the flags and --cluster "
                 "describe (check the model, the parallel flags, the batch sizes and the cluster); nothing was written",
             )
+
+
+def _check_ratio(measurement: Measurement, before: Any) -> None:
+    """A measured iteration time beyond 10x the prediction either way is no cost-model error (the
+    shipped calibration is within tens of percent of published runs): the log is of another run."""
+    low, high = FACTOR_RANGE
+    ratio = measurement.iteration_time_s / before.iteration_time_s
+    if not low <= ratio <= high:
+        raise PlannerInputError(
+            "--megatron-log", f"{measurement.source}: {measurement.iteration_time_s:.4g} s per iteration is "
+                              f"{ratio:.3g}x the prediction ({before.iteration_time_s:.4g} s) for this run, beyond "
+                              f"{low:g}..{high:g}x; the log does not come from the run the flags and --cluster describe "
+                              "(check the model, the parallel flags, the batch sizes and the cluster); nothing was "
+                              "written")
 
 
 def _check_written(measurement: Measurement, corrections: list[dict[str, Any]]) -> None:

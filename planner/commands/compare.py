@@ -4,12 +4,15 @@ layers of the model, so brute force can run on a reduced preset."""
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from planner.api import compare_backends, compare_rows, load_inputs, reduce_layers
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer
 from planner.runtime import RUNTIME_NAMES
+from planner.time_budget import Budget, reading_within
 
 
 def gap_lines(rows: list[dict]) -> list[str]:
@@ -44,14 +47,17 @@ def gap_lines(rows: list[dict]) -> list[str]:
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, runtime, time_limit_s,
             delta, no_prune, contiguous_types, layers, brute, as_json):
     """Run cpsat, hsdp (and brute force when small) on one request; print objective, bound, gap, time."""
-    run, cluster_spec, profiles = load_inputs(
-        model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, on_note=note_printer(),
-    )
+    budget = Budget.start(time_limit_s)  # reading the inputs counts too
+    with reading_within(budget):
+        run, cluster_spec, profiles = load_inputs(
+            model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
+            profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, on_note=note_printer(),
+        )
     if layers is not None:
         run = reduce_layers(run, layers)
     backends = compare_backends(run, cluster_spec, brute)
-    rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=time_limit_s,
+    left_s = max(0.1, budget.search_deadline - time.perf_counter())
+    rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=left_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types)
     if as_json:
         echo_json({"model": run.model.name, "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),

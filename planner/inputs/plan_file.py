@@ -150,9 +150,10 @@ def _edited(data: dict[str, Any], run: MegatronRun | None, cluster_spec: Cluster
 
 
 def model_differences(a: ModelSpec, b: ModelSpec, limit: int = 4) -> list[str]:
-    """The fields (name aside) in which two models differ, as 'field A vs B'."""
+    """The fields (name aside) in which two models differ, as 'field B vs A'; a field one of them leaves
+    unstated (None) is no difference (the checker prices the given one anyway)."""
     da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
-    keys = [k for k in da if k != "name" and da[k] != db.get(k)]
+    keys = [k for k in da if k != "name" and da[k] is not None and db.get(k) is not None and da[k] != db.get(k)]
     return [f"{k} {db.get(k)!r} vs {da[k]!r}" for k in keys[:limit]] + (["..."] if len(keys) > limit else [])
 
 
@@ -182,6 +183,7 @@ def resolve_plan_inputs(
         if saved_run is not None:
             _same_model(saved_run, given, "--model" if model else "--megatron-script" if megatron_script
                         else "--megatron-args")
+            given = given.model_copy(update={"model": given.model.model_copy(update={"name": saved_run.model.name})})
         run = given
     if run is None:
         raise PlannerInputError("--model / --megatron-args / --megatron-script",
