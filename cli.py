@@ -13,14 +13,14 @@ import time
 _STARTED = time.perf_counter()  # before the imports: `--time-limit` counts them too when run as a program
 
 
-def _interrupted_while_starting(signum: int, _frame) -> None:
-    sys.stderr.write(f"error: interrupted by {signal.Signals(signum).name} while starting; nothing was written\n")
+def _interrupted_outside_a_command(signum: int, _frame) -> None:
+    sys.stderr.write(f"error: interrupted by {signal.Signals(signum).name} (no command was writing)\n")
     os._exit(128 + signum)
 
 
-if __name__ == "__main__":  # until the commands take over (planner/cli_common.py), a signal ends it at once
+if __name__ == "__main__":  # while no command runs (planner/cli_common.py), a signal ends the program at once
     for _signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
-        signal.signal(_signum, _interrupted_while_starting)
+        signal.signal(_signum, _interrupted_outside_a_command)
 
 import importlib  # noqa: E402
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import click
 from pydantic import ValidationError
 
+from planner.signals import deliver
 from planner.errors import (
     ImplausiblePredictionError, InfeasibleError, Interrupted, MissingProfileError, PlannerInputError,
     SearchTimeLimitError,
@@ -132,10 +133,6 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _raise_interrupted(signum: int, _frame: Any) -> None:
-    raise Interrupted(signum)
-
-
 @contextlib.contextmanager
 def signals_raise_interrupted():
     """While the block runs, SIGINT/SIGTERM/SIGHUP raise Interrupted (outside the main thread: unchanged);
@@ -143,7 +140,7 @@ def signals_raise_interrupted():
     previous = {}
     try:
         for signum in INTERRUPT_SIGNALS:
-            previous[signum] = signal.signal(signum, _raise_interrupted)
+            previous[signum] = signal.signal(signum, deliver)
     except ValueError:  # not the main thread
         pass
     try:

@@ -12,9 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 
-from cli import main
+from helpers.cli import refused, run
 from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
 from tools.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
@@ -22,28 +21,6 @@ from tools.fuzz.mutations import to_json, to_yaml
 from planner.sanity import check_prediction
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(args: list[str], cwd: Path | None = None):
-    old = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        return CliRunner().invoke(main, args, catch_exceptions=True)
-    finally:
-        os.chdir(old)
-
-
-def refused(res, *names: str) -> str:
-    """Exit 2, no exception, exactly one `error:` line that names one of `names`; returns the line."""
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1 and len(lines) == 1, res.output
-    assert any(n.lower() in errors[0].lower() for n in names), (names, errors[0])
-    assert "Traceback" not in res.output and "/tmp/.hapmoe" not in res.output
-    return errors[0]
 
 
 @pytest.fixture()

@@ -28,15 +28,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.files import path_kind
+from planner.signals import held as held_signals
 from planner.output.manifest import (
     MANIFEST_NAME, STAGING_PREFIX, Survey, entry_for, entry_unchanged, manifest_text, read_manifest, survey,
 )
@@ -68,8 +68,6 @@ CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles
                               ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml"))
 BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
                           ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
-HELD_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None),
-                                 getattr(signal, "SIGHUP", None)) if s is not None)
 
 
 def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, force: bool = False,
@@ -196,19 +194,6 @@ def _probe_writable(directory: Path, flag: str, target: str | None = None) -> No
     except OSError as exc:
         what = f"create {target}" if target else f"write into {directory}"
         raise PlannerInputError(flag, f"cannot {what}: {exc.strerror or exc} (in {directory})") from None
-
-
-@contextlib.contextmanager
-def held_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP wait until the block ends (then they are delivered)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class StagedOutput:
