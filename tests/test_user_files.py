@@ -21,7 +21,7 @@ from planner.errors import Interrupted, PlannerInputError
 from planner.output import run_dir
 from planner.output.manifest import MANIFEST_NAME, survey
 from planner.output.run_dir import LAUNCHER_OUTPUT, PLAN_OUTPUT, StagedOutput, check_out_dir, write_files
-from tools.fuzz.inputs import SCRIPT, TINY_MODEL, log_text
+from tools.fuzz.inputs import SCRIPT, TINY_MODEL
 from tools.fuzz.mutations import to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

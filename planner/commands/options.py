@@ -77,7 +77,7 @@ def check_plot_dir(plot_dir: str | None, out_dir: str | None, inputs: Sequence[s
                                     "directory, or drop --out")
         return None
     where = plot_dir or DEFAULT_PLOT_DIR
-    hint = "" if plot_dir else f" (the default of --plot; give --plot DIR for another)"
+    hint = "" if plot_dir else " (the default of --plot; give --plot DIR for another)"
     try:
         check_out_dir(where, "--plot", PLOTS_OUTPUT, inputs=inputs)
     except PlannerInputError as exc:
