@@ -23,7 +23,7 @@ from typing import Iterator
 from planner.errors import SearchTimeLimitError
 
 OUTPUT_RESERVE_S = 0.5  # of --time-limit (at most 2% of it), kept for pricing, checking and printing the plan
-PLOT_RESERVE_S = 2.5  # more when pictures are drawn (matplotlib's import and three figures, 2-core machine)
+PLOT_RESERVE_S = 3.5  # more when pictures are drawn (matplotlib's import and three figures, 2-core machine)
 PLOT_RESERVE_SHARE = 0.1  # drawing never takes more than this share of the limit from the search (it is
 # skipped, and the output says so, when the search leaves too little)
 

@@ -49,7 +49,7 @@ def test_reading_within_stops_a_python_loop_and_restores_the_timer():
 def test_drawing_has_its_share_of_the_limit():
     assert Budget.start(5.0).reserve_s == pytest.approx(0.1)  # 2% for pricing and printing
     assert Budget.start(5.0, drawing=True).reserve_s == pytest.approx(0.1 + 0.5)  # 10% more for pictures
-    assert Budget.start(100.0, drawing=True).reserve_s == pytest.approx(0.5 + 2.5)
+    assert Budget.start(100.0, drawing=True).reserve_s == pytest.approx(0.5 + 3.5)
 
 
 def test_pictures_the_limit_has_no_time_for_are_left_out_and_said_so(tmp_path, monkeypatch):

@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024, help="log size in MiB (default 1024)")
     parser.add_argument("--cli", type=Path, default=ROOT / "cli.py", help="the cli.py to measure (default: this one)")
-    parser.add_argument("--keep", type=Path, default=None, help="write the log here (and keep it) instead of a temp dir")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the log here and keep it (a log already there is reused, to measure another --cli "
+                             "on the same bytes)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hapmoe-bench-cal-") as tmp:
         d = Path(tmp)
@@ -95,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         model.write_bytes(to_yaml(TINY_MODEL))
         log = args.keep or d / "run.log"
         t0 = time.perf_counter()
-        elapsed = predicted_ms(model) * 1.2
-        iterations = write_log(log, args.size_mb << 20, elapsed)
-        print(f"log: {log.stat().st_size / 2**20:.0f} MiB, {iterations} iterations, written in "
-              f"{time.perf_counter() - t0:.1f} s")
+        if args.keep is not None and args.keep.is_file():
+            print(f"log: {log.stat().st_size / 2**20:.0f} MiB, reused from {log}")
+        else:
+            iterations = write_log(log, args.size_mb << 20, predicted_ms(model) * 1.2)
+            print(f"log: {log.stat().st_size / 2**20:.0f} MiB, {iterations} iterations, written in "
+                  f"{time.perf_counter() - t0:.1f} s")
         code, wall, rss, last = run_calibrate(args.cli.resolve(), log, model, d / "cal")
         print(f"calibrate ({args.cli}): exit {code}, wall {wall:.1f} s, peak RSS {rss / 2**30:.2f} GiB "
               f"({'within' if rss <= LIMIT_BYTES else 'ABOVE'} the 4 GiB limit)")

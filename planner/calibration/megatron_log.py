@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from planner.errors import PlannerInputError
 from planner.inputs.files import path_kind
 
@@ -242,28 +244,35 @@ class ParsedLog:
             out.append(IterationRecord(self.it_number[i], 0, fields, self.it_line[i]))
         return out
 
-    def steady_indices(self, skip: int = 2, run: int | None = None) -> list[int]:
+    def steady_indices(self, skip: int = 2, run: int | None = None) -> range:
         """Indices of the iteration lines after the first `skip` ones of the run (the first lines
         include start-up time; megatron.md section 4)."""
         if skip < 0:
             raise PlannerInputError("--skip-iterations", f"must be >= 0, got {skip}")
-        return list(self._run_range(run))[skip:]
+        return self._run_range(run)[skip:]
 
     def steady_iterations(self, skip: int = 2, run: int | None = None) -> list[int]:
         """The iteration numbers of the steady lines."""
-        return [self.it_number[i] for i in self.steady_indices(skip, run)]
+        steady = self.steady_indices(skip, run)
+        return self.it_number[steady.start:steady.stop].tolist()
+
+    def _steady_column(self, column: array, skip: int, run: int | None) -> np.ndarray:
+        steady = self.steady_indices(skip, run)
+        values = np.frombuffer(column, dtype=np.float64)[steady.start:steady.stop] if len(column) else np.empty(0)
+        return values[~np.isnan(values)]
 
     def median_iteration_time_s(self, skip: int = 2, run: int | None = None) -> float | None:
         """Median elapsed time per iteration over the steady lines, seconds; None if none."""
-        times = [self.it_elapsed_s[i] for i in self.steady_indices(skip, run)]
-        return statistics.median(times) if times else None
+        times = self._steady_column(self.it_elapsed_s, skip, run)
+        return float(np.median(times)) if times.size else None
 
     def median_throughput_tflops(self, skip: int = 2, run: int | None = None) -> float | None:
-        values = [v for i in self.steady_indices(skip, run) if not math.isnan(v := self.it_tflops[i])]
-        return statistics.median(values) if values else None
+        values = self._steady_column(self.it_tflops, skip, run)
+        return float(np.median(values)) if values.size else None
 
     def global_batch_size(self, skip: int = 2, run: int | None = None) -> int | None:
-        return next((self.it_gbs[i] for i in self.steady_indices(skip, run) if self.it_gbs[i] >= 0), None)
+        steady = self.steady_indices(skip, run)
+        return next((g for g in self.it_gbs[steady.start:steady.stop] if g >= 0), None)
 
     # ---- memory
 
@@ -296,7 +305,7 @@ class ParsedLog:
 
     def _steady_blocks(self, skip: int, run: int | None) -> set[int]:
         """Timer blocks printed after the skipped iteration lines (of the run)."""
-        indices = list(self._run_range(run))
+        indices = self._run_range(run)
         if len(indices) <= skip:
             return set()
         threshold = self.it_number[indices[skip - 1]] if skip > 0 else -1
