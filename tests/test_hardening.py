@@ -23,13 +23,6 @@ from planner.sanity import check_prediction
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_bytes(to_yaml(TINY_MODEL))
-    return path
-
-
 def model_file(tmp_path: Path, name: str = "m.yaml", **changes) -> Path:
     doc = json.loads(json.dumps(TINY_MODEL))
     doc.update(changes)

@@ -15,18 +15,10 @@ import yaml
 from helpers.cli import refused, run
 from planner.api import estimate, load_inputs
 from planner.profile_tables import TIME_CORRECTION_KINDS
-from tools.fuzz.inputs import HF_CONFIGS, TINY_MODEL, h800_profile_document, log_text
-from tools.fuzz.mutations import to_yaml
+from tools.fuzz.inputs import HF_CONFIGS, h800_profile_document, log_text
 
 TWO_TYPES = {"groups": [{"device_type": "H800", "num_nodes": 1, "gpus_per_node": 8},
                         {"device_type": "MI300X", "num_nodes": 1, "gpus_per_node": 8}]}
-
-
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_bytes(to_yaml(TINY_MODEL))
-    return path
 
 
 def cluster_file(tmp_path: Path, text: str) -> Path:

@@ -21,17 +21,9 @@ from planner.errors import Interrupted, PlannerInputError
 from planner.output import run_dir
 from planner.output.manifest import MANIFEST_NAME, survey
 from planner.output.run_dir import LAUNCHER_OUTPUT, PLAN_OUTPUT, StagedOutput, check_out_dir, write_files
-from tools.fuzz.inputs import SCRIPT, TINY_MODEL
-from tools.fuzz.mutations import to_yaml
+from tools.fuzz.inputs import SCRIPT
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_bytes(to_yaml(TINY_MODEL))
-    return path
 
 
 def solve_args(model: Path, *extra: str) -> list[str]:

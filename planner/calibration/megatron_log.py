@@ -169,24 +169,22 @@ class _Timers:
         return len(self.after) - 1
 
     def add_pair(self, name: str, block: int, low: float, high: float) -> bool:
-        cols = self.pairs.get(name) or self._new(self.pairs, name, "d")
-        if cols is None:
-            return False
-        cols[0].append(block), cols[1].append(low), cols[2].append(high)
-        return True
+        return self._add(self.pairs, "d", name, block, low, high)
 
     def add_rank(self, name: str, block: int, rank: int, value: float) -> bool:
-        cols = self.ranks.get(name) or self._new(self.ranks, name, "q")
-        if cols is None:
-            return False
-        cols[0].append(block), cols[1].append(rank), cols[2].append(value)
-        return True
+        return self._add(self.ranks, "q", name, block, rank, value)
 
-    def _new(self, table: dict, name: str, middle: str):
-        if len(self.pairs) + len(self.ranks) >= MAX_TIMER_NAMES:
-            return None
-        table[name] = (array("i"), array(middle), array("d"))
-        return table[name]
+    def _add(self, table: dict, middle: str, name: str, block: int, second: float, third: float) -> bool:
+        """Append (block, second, third) to the timer's columns; False past MAX_TIMER_NAMES names."""
+        cols = table.get(name)
+        if cols is None:
+            if len(self.pairs) + len(self.ranks) >= MAX_TIMER_NAMES:
+                return False
+            cols = table[name] = (array("i"), array(middle), array("d"))
+        cols[0].append(block)
+        cols[1].append(second)
+        cols[2].append(third)
+        return True
 
 
 @dataclass
