@@ -27,7 +27,7 @@ from typing import Any, Callable
 import click
 from pydantic import ValidationError
 
-from planner.signals import deliver
+from planner.signals import deliver, received
 from planner.errors import (
     ImplausiblePredictionError, InfeasibleError, Interrupted, MissingProfileError, PlannerInputError,
     SearchTimeLimitError,
@@ -103,8 +103,12 @@ class OneLineErrorsGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
+            received(reset=True)
             with signals_raise_interrupted():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            late = received(reset=True)
+            if late is not None:  # its exception was swallowed (raised inside a finalizer): exit as signalled
+                raise Interrupted(late)
         except Interrupted as exc:
             name = _signal_name(exc.signum)
             click.echo(f"error: interrupted by {name}; nothing is left half-written (an output directory is either "
@@ -136,16 +140,20 @@ def _signal_name(signum: int) -> str:
 @contextlib.contextmanager
 def signals_raise_interrupted():
     """While the block runs, SIGINT/SIGTERM/SIGHUP raise Interrupted (outside the main thread: unchanged);
-    the previous handlers come back afterwards."""
+    the previous handlers come back afterwards.  An Interrupted a finalizer swallows is not printed
+    (OneLineErrorsGroup exits as signalled all the same)."""
     previous = {}
+    hook = sys.unraisablehook
     try:
         for signum in INTERRUPT_SIGNALS:
             previous[signum] = signal.signal(signum, deliver)
     except ValueError:  # not the main thread
         pass
+    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, Interrupted) else hook(u)
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

@@ -15,11 +15,14 @@ from typing import Any, Iterator
 
 from planner.errors import Interrupted
 
-_state: dict[str, Any] = {"depth": 0, "pending": None}
+_state: dict[str, Any] = {"depth": 0, "pending": None, "received": None}
 
 
 def deliver(signum: int, _frame: Any = None) -> None:
-    """The signal handler: raise Interrupted now, or when the `held()` block ends."""
+    """The signal handler: raise Interrupted now, or when the `held()` block ends.  The signal is also
+    remembered (`received`): an exception raised inside a finalizer is swallowed there, so the CLI
+    checks once more when the command returns."""
+    _state["received"] = signum
     if _state["depth"]:
         _state["pending"] = signum
         return
@@ -40,4 +43,12 @@ def held() -> Iterator[None]:
             raise Interrupted(pending)
 
 
-__all__ = ["deliver", "held"]
+def received(reset: bool = False) -> int | None:
+    """The last signal `deliver` handled (None: none); `reset` forgets it."""
+    signum = _state["received"]
+    if reset:
+        _state["received"] = None
+    return signum
+
+
+__all__ = ["deliver", "held", "received"]

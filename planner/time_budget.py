@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -68,34 +69,65 @@ class Budget:
         return self.end - time.perf_counter()
 
 
+REFIRE_S = 0.05  # after the deadline the timer fires again every 50 ms until the block has ended
+
+
 def _raise_out_of_time(_signum: int, _frame) -> None:
     raise _OutOfTime()
+
+
+def _quiet_unraisable(default):
+    """sys.unraisablehook that drops _OutOfTime: a timer that fires inside a finalizer (__del__, a weakref
+    callback) has its exception swallowed there; the timer fires again, and nothing is printed."""
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, _OutOfTime):
+            default(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
 def reading_within(budget: Budget, what: str = "reading the inputs") -> Iterator[None]:
     """Run the block until `budget.search_deadline` at most; past it, SearchTimeLimitError."""
-    left = budget.search_deadline - time.perf_counter()
-    armed = False
-    previous = None
-    if left > 0 and hasattr(signal, "setitimer"):
-        try:
-            previous = signal.signal(signal.SIGALRM, _raise_out_of_time)
-            signal.setitimer(signal.ITIMER_REAL, left)
-            armed = True
-        except ValueError:  # not the main thread
-            armed = False
+    disarm = _arm(budget.search_deadline - time.perf_counter())
+    timed_out = False
     try:
         try:
             yield
-        finally:  # a timer that fires in here is caught below too
-            if armed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-    except _OutOfTime:
-        raise SearchTimeLimitError(_too_long(budget, what)) from None
-    if time.perf_counter() > budget.search_deadline:
+        except _OutOfTime:
+            timed_out = True
+        finally:
+            while disarm is not None:  # the timer may fire once more while it is being disarmed
+                try:
+                    disarm()
+                    disarm = None
+                except _OutOfTime:
+                    timed_out = True
+    except _OutOfTime:  # fired between the block's end and its handler above
+        timed_out = True
+    if timed_out or time.perf_counter() > budget.search_deadline:
         raise SearchTimeLimitError(_too_long(budget, what))
+
+
+def _arm(left_s: float):
+    """Start the timer (firing after `left_s`, then every REFIRE_S); returns what stops it, or None
+    where no timer can run (no time left, no SIGALRM, not the main thread)."""
+    if left_s <= 0 or not hasattr(signal, "setitimer"):
+        return None
+    hook = sys.unraisablehook
+    try:
+        previous = signal.signal(signal.SIGALRM, _raise_out_of_time)
+    except ValueError:  # not the main thread
+        return None
+
+    def disarm() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        sys.unraisablehook = hook
+
+    sys.unraisablehook = _quiet_unraisable(hook)
+    signal.setitimer(signal.ITIMER_REAL, left_s, REFIRE_S)
+    return disarm
 
 
 def _too_long(budget: Budget, what: str) -> str:
