@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -448,17 +449,25 @@ def _drawing_cost_s(gpus: int) -> float:
 
 class _Drawing:
     """Draws a figure only while the time limit leaves room for it (`time_left`: seconds left, or None
-    for no limit); a figure left out is named in the notes, its data JSON is written regardless."""
+    for no limit); a figure left out is named in the notes, its data JSON is written regardless.  The
+    expected cost is the larger of the estimate and what the last figure took (a loaded machine)."""
 
     def __init__(self, time_left: Callable[[], float] | None, gpus: int, notes: list[str]):
         self.time_left, self.gpus, self.notes = time_left, gpus, notes
+        self.last_s = 0.0
+        self._started: float | None = None
 
     def allowed(self, name: str) -> bool:
+        now = time.perf_counter()
+        if self._started is not None:
+            self.last_s = now - self._started
+        self._started = now
         if self.time_left is None:
             return True
-        need, left = _drawing_cost_s(self.gpus), self.time_left()
+        need, left = max(_drawing_cost_s(self.gpus), self.last_s), self.time_left()
         if left >= need:
             return True
+        self._started = None
         self.notes.append(f"{name}.png not drawn: --time-limit left {max(left, 0.0):.1f} s and drawing takes about "
                           f"{need:.1f} s (its data is in {name}.json); raise --time-limit for the picture")
         return False
