@@ -5,11 +5,29 @@ Run `python cli.py --help` for the commands.
 
 from __future__ import annotations
 
-import importlib
+import os
+import signal
+import sys
+import time
 
-import click
+_STARTED = time.perf_counter()  # before the imports: `--time-limit` counts them too when run as a program
 
-from planner.cli_common import OneLineErrorsGroup
+
+def _interrupted_outside_a_command(signum: int, _frame) -> None:
+    sys.stderr.write(f"error: interrupted by {signal.Signals(signum).name} (no command was writing)\n")
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":  # while no command runs (planner/cli_common.py), a signal ends the program at once
+    for _signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
+        signal.signal(_signum, _interrupted_outside_a_command)
+
+import importlib  # noqa: E402
+
+import click  # noqa: E402
+
+from planner import time_budget  # noqa: E402
+from planner.cli_common import OneLineErrorsGroup  # noqa: E402
 
 # Each module defines a click command named `command`; the order here is the order in --help.
 COMMAND_MODULES = [
@@ -34,4 +52,5 @@ for _name in COMMAND_MODULES:
 
 
 if __name__ == "__main__":
+    time_budget.PROCESS_STARTED = _STARTED
     main()

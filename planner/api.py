@@ -19,7 +19,9 @@ from planner.checker import plan_problems
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
 from planner.cost.ranges import RangeModel, TimeRange
-from planner.errors import MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError
+from planner.errors import (
+    ImplausiblePredictionError, MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError,
+)
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
@@ -79,6 +81,7 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
     check_precision(run.training.precision, cluster_spec, profiles)
+    check_imbalance(run, profiles, moe_imbalance)
     if on_note is not None:
         for note in notes:
             on_note(note)
@@ -98,6 +101,27 @@ def _in_override_terms(exc, overrides: dict):
             message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
             return PlannerInputError(f"--{key} ({flag})", message)
     return exc
+
+
+def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None) -> None:
+    """The MoE imbalance (max/mean tokens per expert, from --moe-imbalance, the model file or a
+    calibration in --profiles) is at most num_experts / topk: every token on the same k experts."""
+    model = run.model
+    if not model.is_moe or not model.num_experts or not model.moe_router_topk:
+        return
+    bound = model.num_experts / model.moe_router_topk
+    why = (f"above num_experts / topk = {model.num_experts}/{model.moe_router_topk} = {bound:g}, the largest "
+           "max/mean tokens per expert there is (every token routed to the same experts)")
+    stated = run.training.moe_imbalance_factor
+    if given is not None and given > bound:
+        raise PlannerInputError(IMBALANCE_FLAG, f"{given:g} is {why}")
+    if given is None and stated is not None and stated > bound:
+        raise PlannerInputError("training.moe_imbalance_factor", f"{stated:g} is {why}")
+    calibrated = profiles.moe_imbalance_factor()
+    if given is None and stated is None and calibrated is not None and calibrated > bound:
+        files = [f for f in profiles.user_files if f.endswith("corrections.yaml")] or ["profiles/corrections.yaml"]
+        raise PlannerInputError("--profiles", f"{', '.join(files)}: moe_imbalance_factor {calibrated:g} is {why}; "
+                                              f"fix or remove that entry, or give --moe-imbalance")
 
 
 def check_precision(precision: str, cluster_spec, profiles) -> None:
@@ -212,10 +236,11 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[Id
     return out
 
 
-def check_predictions(outcome: SolveOutcome) -> None:
+def check_predictions(outcome: SolveOutcome, profiles: ProfileSet | None = None) -> None:
     """Every reported plan passes the prediction guard (planner/sanity.py)."""
     for rank, cost in enumerate(outcome.costs):
-        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}")
+        check_prediction(cost, "the best plan" if rank == 0 else f"plan {rank + 1}",
+                         profiles.user_files if profiles is not None else ())
 
 
 def read_input_script(megatron_script: str, script_args: Sequence[str], megatron_args: str | None,
@@ -271,7 +296,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
         )
     ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal.evaluate(plan)
-    check_prediction(cost, "the configuration")
+    check_prediction(cost, "the configuration", profiles.user_files)
     notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
@@ -330,7 +355,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
                          "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
                          "configs_solved": 0, "plan": "(no plan within its share of the time limit)"})
             continue
-        check_prediction(out.costs[0], f"the {name} plan")
+        check_prediction(out.costs[0], f"the {name} plan", profiles.user_files)
         r = out.result
         it = out.objective_s
         lb = r.lower_bound_s
@@ -354,15 +379,43 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
 
 
 def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
-         megatron_script: str | None = None, cluster: str | None = None,
-         script_args: Sequence[str] = ()) -> dict[str, str]:
-    """The launcher files ({relative path: text}) for a saved plan: plan.json as `solve --out`
+         megatron_script: str | None = None, cluster: str | None = None, script_args: Sequence[str] = (),
+         profile_dirs: Sequence[str] = (), on_note: Callable[[str], None] | None = None
+         ) -> tuple[dict[str, str], LauncherScript | None]:
+    """The launcher files ({relative path: text}) for a saved plan, and the input launcher they apply
+    it to (whose file, and the files it sources, an output may never overwrite): plan.json as `solve --out`
     writes it (its run, cluster and input launcher included), or a bare Plan with the model and
-    cluster given; what the file states besides the plan must agree with the plan."""
+    cluster given.  Everything `solve` checks is checked again (planner/checker.py: layers, GPUs,
+    memory, Megatron's rules; the prediction guard), and a plan whose model or cluster differs from
+    the one it was made for is refused (planner/inputs/plan_file.py)."""
     data = load_plan_file(Path(plan_path))
-    run, plan, cluster_spec = resolve_plan_inputs(
-        data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
-    )
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                                cluster=cluster, script_args=tuple(script_args), profiles=profiles)
+    run, plan, cluster_spec = found.run, found.plan, found.cluster
     check_plan_document(data, plan, run, cluster_spec)
+    check_emitted_plan(found, profiles)
+    if not found.has_record and "plan" in data and on_note is not None:
+        on_note("plan.json has no made_for record (written before this version): the model and cluster in it "
+                "were checked, not compared with what solve planned for")
     script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
-    return render_launch_files(run, plan, cluster_spec, script)
+    return render_launch_files(run, plan, cluster_spec, script), script
+
+
+def check_emitted_plan(found, profiles: ProfileSet) -> None:
+    """The checker's verdict on the plan for the run and cluster it is emitted for, and the record:
+    a rejected plan, an implausible prediction or inputs edited since solve are refused (--plan)."""
+    cost_model = CostModel(found.run.model, found.run.training, found.cluster, profiles)
+    problems, cost = plan_problems(cost_model, found.plan)
+    edited = f" ({' and '.join(found.edited)} changed after solve wrote plan.json)" if found.edited else ""
+    if problems:
+        raise PlannerInputError("--plan", f"the plan checker rejects this plan for {found.run.model.name} on "
+                                          f"{found.cluster.describe()}: {'; '.join(problems)}{edited}; re-run solve")
+    if found.edited:
+        raise PlannerInputError("--plan", f"{' and '.join(found.edited)} changed after solve wrote plan.json (their "
+                                          "SHA-256 no longer matches made_for); emit writes only what solve planned: "
+                                          "re-run solve")
+    try:
+        check_prediction(cost, "the plan", profiles.user_files)
+    except ImplausiblePredictionError as exc:
+        raise PlannerInputError("--plan", f"implausible prediction: {exc}") from None

@@ -2,7 +2,9 @@
 and JSON output that is always valid JSON.
 
 - `OneLineErrorsGroup`: click's usage errors (unknown option, missing value, bad choice) as one line
-  on stderr, exit status 2, instead of click's four-line usage block.
+  on stderr, exit status 2, instead of click's four-line usage block.  It also turns SIGINT, SIGTERM
+  and SIGHUP into `Interrupted`, so that a staged output is removed on the way out, and exits with
+  128 + the signal's number (130, 143, 129).
 - `handle_errors`: the planner's typed errors -> one line, exit 2 (3 when the search's time limit ran
   out before any plan was found).  Anything else is a bug: one line saying so, exit 1 (set
   HAPMOE_DEBUG=1 for the traceback).
@@ -13,18 +15,22 @@ and JSON output that is always valid JSON.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import signal
 import sys
 from typing import Any, Callable
 
 import click
 from pydantic import ValidationError
 
+from planner.signals import deliver, received
 from planner.errors import (
-    ImplausiblePredictionError, InfeasibleError, MissingProfileError, PlannerInputError, SearchTimeLimitError,
+    ImplausiblePredictionError, InfeasibleError, Interrupted, MissingProfileError, PlannerInputError,
+    SearchTimeLimitError,
 )
 
 DEBUG_ENV = "HAPMOE_DEBUG"
@@ -97,7 +103,17 @@ class OneLineErrorsGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            received(reset=True)
+            with signals_raise_interrupted():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            late = received(reset=True)
+            if late is not None:  # its exception was swallowed (raised inside a finalizer): exit as signalled
+                raise Interrupted(late)
+        except Interrupted as exc:
+            name = _signal_name(exc.signum)
+            click.echo(f"error: interrupted by {name}; nothing is left half-written (an output directory is either "
+                       "as it was or complete)", err=True)
+            sys.exit(128 + exc.signum)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else (prog_name or "cli.py")
             click.echo(f"error: {one_line(exc.format_message())} (see '{where} --help')", err=True)
@@ -109,6 +125,37 @@ class OneLineErrorsGroup(click.Group):
             click.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+INTERRUPT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@contextlib.contextmanager
+def signals_raise_interrupted():
+    """While the block runs, SIGINT/SIGTERM/SIGHUP raise Interrupted (outside the main thread: unchanged);
+    the previous handlers come back afterwards.  An Interrupted a finalizer swallows is not printed
+    (OneLineErrorsGroup exits as signalled all the same)."""
+    previous = {}
+    hook = sys.unraisablehook
+    try:
+        for signum in INTERRUPT_SIGNALS:
+            previous[signum] = signal.signal(signum, deliver)
+    except ValueError:  # not the main thread
+        pass
+    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, Interrupted) else hook(u)
+    try:
+        yield
+    finally:
+        sys.unraisablehook = hook
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class FiniteFloat(click.ParamType):

@@ -38,3 +38,13 @@ class ImplausiblePredictionError(RuntimeError):
 class PlanCheckError(ValueError):
     """A plan the independent checker rejects (a search bug, never a valid answer): exit status 2
     (the CLI maps ValueError to 2)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived (raised by the CLI's signal handlers, planner/cli_common.py).
+    A BaseException, so that no `except Exception` swallows it; the staged writer removes its staging
+    directory on the way out and the CLI exits with 128 + the signal's number (130, 143, 129)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signum)

@@ -49,6 +49,11 @@ IMBALANCE_KIND = "moe_imbalance_factor"
 """Measured MoE router imbalance (max/mean tokens per expert, >= 1); written by `cli.py calibrate` for device *."""
 CORRECTION_KINDS = TIME_CORRECTION_KINDS + ADDITIVE_CORRECTION_KINDS + (IMBALANCE_KIND,)
 
+TIME_FACTOR_RANGE = (0.1, 10.0)
+"""A time correction beyond 10x either way is no cost-model error: the log it came from was another run."""
+MEMORY_OVERHEAD_RANGE_GIB = (0.0, 1024.0)
+IMBALANCE_RANGE = (1.0, 65_536.0)  # max/mean tokens per expert is at most num_experts / topk
+
 SLOWER_NIC = "slower-nic"
 """links.yaml default meaning: use the inter-node link of whichever of the two types has the slower NIC."""
 
@@ -152,6 +157,21 @@ def _provenance_kinds(obj: Any) -> set[str]:
 # --------------------------------------------------------------------------------------------- the set
 
 
+def _check_correction_range(entry: CorrectionEntry, where: str, field_name: str) -> None:
+    """Time factors within TIME_FACTOR_RANGE, the memory overhead and the imbalance within theirs."""
+    if entry.kind in TIME_CORRECTION_KINDS:
+        (low, high), what = TIME_FACTOR_RANGE, (
+            "a correction beyond 10x either way is no cost-model error: the log it was fitted to came from another "
+            "run (model, cluster, flags); re-run calibrate on a log of the run the flags describe")
+    elif entry.kind == IMBALANCE_KIND:
+        (low, high), what = IMBALANCE_RANGE, "max/mean tokens per expert is >= 1 and at most num_experts/topk"
+    else:
+        (low, high), what = MEMORY_OVERHEAD_RANGE_GIB, "GiB added per GPU"
+    if not low <= entry.factor <= high:
+        raise PlannerInputError(field_name, f"{where} ({entry.device} {entry.kind}): factor {entry.factor:g} is outside "
+                                            f"{low:g}..{high:g}; {what}")
+
+
 @dataclass
 class _Builder:
     """Mutable state while files are read; frozen into a ProfileSet at the end."""
@@ -166,6 +186,7 @@ class _Builder:
     corrections: dict[tuple[str, str], CorrectionEntry] = field(default_factory=dict)
     correction_files: list[FileRecord] = field(default_factory=list)
     cluster_dirs: list[Path] = field(default_factory=list)
+    user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
 
     def _index(self) -> dict[str, str]:
         index: dict[str, str] = {}
@@ -236,10 +257,7 @@ class _Builder:
                 raise PlannerInputError(
                     field_name, f"{path} entry {i}: unknown kind {entry.kind!r}; allowed: {', '.join(CORRECTION_KINDS)}"
                 )
-            if entry.kind in TIME_CORRECTION_KINDS and entry.factor <= 0:
-                raise PlannerInputError(field_name, f"{path} entry {i}: factor must be > 0 for {entry.kind}")
-            if entry.kind == IMBALANCE_KIND and entry.factor < 1:
-                raise PlannerInputError(field_name, f"{path} entry {i}: {IMBALANCE_KIND} is max/mean, so >= 1")
+            _check_correction_range(entry, f"{path} entry {i}", field_name)
             device = "*" if entry.device == "*" else index.get(name_key(entry.device))
             if device is None:
                 raise PlannerInputError(
@@ -260,10 +278,13 @@ class _Builder:
         files = sorted((root / "devices").glob("*.yaml")) if (root / "devices").is_dir() else []
         for path in files:
             self.add_device_file(path, field_name)
+            self.user_files.append(str(path))
         if (root / "links.yaml").is_file():
             self.add_links_file(root / "links.yaml", field_name)
+            self.user_files.append(str(root / "links.yaml"))
         if (root / "corrections.yaml").is_file():
             self.add_corrections_file(root / "corrections.yaml", field_name)
+            self.user_files.append(str(root / "corrections.yaml"))
         if (root / "clusters").is_dir():
             self.cluster_dirs.append(root / "clusters")
 
@@ -285,6 +306,7 @@ class ProfileSet:
         self._corrections = dict(builder.corrections)
         self._correction_files = tuple(builder.correction_files)
         self.cluster_dirs: tuple[Path, ...] = tuple(builder.cluster_dirs)
+        self.user_files: tuple[str, ...] = tuple(builder.user_files)  # read from --profiles directories
 
     # ---- loading
 

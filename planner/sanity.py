@@ -11,13 +11,27 @@ public `PlanCost` figures only; it never changes them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from planner.errors import ImplausiblePredictionError
 
 
-def check_prediction(cost: Any, what: str = "the plan") -> None:
-    """Raise ImplausiblePredictionError when `cost` (a PlanCost) cannot be true."""
+def check_prediction(cost: Any, what: str = "the plan", user_files: Sequence[str] = ()) -> None:
+    """Raise ImplausiblePredictionError when `cost` (a PlanCost) cannot be true.  `user_files`: the
+    --profiles files that priced it (a calibration fitted to another run's log can make any input look
+    implausible, so the message names them)."""
+    try:
+        _check(cost, what)
+    except ImplausiblePredictionError as exc:
+        if not user_files:
+            raise
+        files = ", ".join(user_files[:3]) + (", ..." if len(user_files) > 3 else "")
+        raise ImplausiblePredictionError(
+            f"{exc}; the profiles of --profiles were applied ({files}): corrections fitted to a log of another run "
+            "do this: check them (calibrate's report says what they were fitted to), or drop --profiles") from None
+
+
+def _check(cost: Any, what: str) -> None:
     t = cost.iteration_time_s
     if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
         raise ImplausiblePredictionError(

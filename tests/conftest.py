@@ -6,9 +6,13 @@ Shared builders live in tests/helpers/."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.profile_tables import ProfileSet
+from tools.fuzz.inputs import TINY_MODEL
+from tools.fuzz.mutations import to_yaml
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,3 +34,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def profiles() -> ProfileSet:
     """The shipped profiles (device, link and correction tables)."""
     return ProfileSet.load()
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Path:
+    """The fuzzer's tiny MoE model (4 layers, 8 experts) as a model file."""
+    path = tmp_path / "tiny.yaml"
+    path.write_bytes(to_yaml(TINY_MODEL))
+    return path

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibration.megatron_log import parse_megatron_log, parse_megatron_log_text
+from planner.calibration import megatron_log
+from planner.calibration.megatron_log import parse_iteration_line, parse_megatron_log, parse_megatron_log_text
 from planner.calibration.router_stats import load_router_stats
 from planner.errors import PlannerInputError
 
@@ -17,9 +18,10 @@ def test_core018_iteration_lines_and_steady_median():
     """Iteration lines parse; the first two are skipped; median of 1500, 1490, 1502 ms is 1.500 s."""
     log = parse_megatron_log(LOGS / "megatron_core018_minmax.log")
     assert [r.iteration for r in log.iterations] == [1, 10, 20, 30, 40]
-    assert log.iterations[0].fields["lm loss"] == "7.500000E+00"
-    assert log.iterations[0].fields["load_balancing_loss"] == "1.02"
-    assert log.iterations[0].global_batch_size == 64
+    first = next(line for line in (LOGS / "megatron_core018_minmax.log").read_text().splitlines() if "iteration" in line)
+    assert parse_iteration_line(first).fields["lm loss"] == "7.500000E+00"
+    assert parse_iteration_line(first).fields["load_balancing_loss"] == "1.02"
+    assert log.iterations[0].global_batch_size == 64 and log.run_count == 1
     assert log.median_iteration_time_s(skip=2) == pytest.approx(1.500)
     assert log.median_iteration_time_s(skip=0) == pytest.approx(1.502)
     assert log.median_throughput_tflops(skip=2) == pytest.approx(120.0, abs=0.2)
@@ -127,3 +129,36 @@ def test_router_bad_csv(tmp_path):
     f.write_text("layer,expert,tokens\n0,x,5\n")
     with pytest.raises(PlannerInputError, match="--router-stats"):
         load_router_stats(f)
+
+
+def test_the_file_is_streamed_like_the_text(tmp_path, monkeypatch):
+    """Reading the file in chunks (lines split across them, a carriage return ending a line, a line far
+    longer than MAX_LINE_BYTES cut there) parses as the whole text does; unreadable lines are all counted
+    and the first MAX_PROBLEMS_KEPT kept."""
+    monkeypatch.setattr(megatron_log, "READ_BYTES", 97)  # chunks end mid-line
+    monkeypatch.setattr(megatron_log, "MAX_PROBLEMS_KEPT", 3)
+    fixture = (LOGS / "megatron_core018_minmax.log").read_text()
+    garbled = "".join(f" iteration {i}/ 40 | elapsed time per iteration (ms): x |\n" for i in range(5))
+    text = fixture + "\r\nprogress 1\rprogress 2\n" + "y" * (3 * megatron_log.MAX_LINE_BYTES) + "\n" + garbled
+    path = tmp_path / "run.log"
+    path.write_text(text)
+    from_file = parse_megatron_log(path)
+    from_text = parse_megatron_log_text(text)
+    assert from_file.steady_iterations() == from_text.steady_iterations() == [20, 30, 40]
+    assert from_file.median_iteration_time_s() == from_text.median_iteration_time_s() == pytest.approx(1.5)
+    assert from_file.problem_count == from_text.problem_count == 3 + 5
+    assert len(from_file.problems) == 3
+    assert from_file.lines_read == from_text.lines_read
+
+
+def test_runs_are_told_apart():
+    """A restart (the iteration number goes back) or another total starts a new run; statistics can be
+    taken over one run."""
+    line = (" iteration {it:>8}/{total:>8} | elapsed time per iteration (ms): {ms} | global batch size: 64 |")
+    text = "\n".join([line.format(it=i, total=10, ms=100.0) for i in range(1, 6)]
+                     + [line.format(it=i, total=10, ms=300.0) for i in range(3, 8)]  # resumed at 3
+                     + [line.format(it=i, total=20, ms=200.0) for i in range(8, 12)])  # the total changed
+    log = parse_megatron_log_text(text)
+    assert log.run_count == 3 and [r.line_no for r in log.runs] == [1, 6, 11]
+    assert [log.median_iteration_time_s(skip=1, run=k) for k in range(3)] == pytest.approx([0.1, 0.3, 0.2])
+    assert log.steady_iterations(skip=2, run=1) == [5, 6, 7]

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from tools.fuzz.cases import KINDS, Case, make_case
-from tools.fuzz.runner import classify, run_cases
+from tools.fuzz.runner import _lost, _materialise, _protected, classify, run_cases
 
 CI_SEED = 13
 CI_CASES = 400
@@ -38,6 +38,8 @@ def test_cases_are_reproducible():
 
 
 def test_the_harness_sees_hangs_tracebacks_and_silent_accepts():
+    import cli  # noqa: F401 - imported before the workers fork, so that a 1 s limit measures the cases only
+
     cases = [Case(index=i, kind="flags", what="", argv=("--help",)) for i in range(3)]
 
     def stuck_on_the_second(case: Case):
@@ -55,3 +57,39 @@ def test_the_harness_sees_hangs_tracebacks_and_silent_accepts():
     assert classify(bad, 2, "Usage: x\nerror: --tp: no", "", False)[0] == "unclear"
     assert classify(bad, 2, "error: --tp: must be >= 1", "", False)[0] == "ok"
     assert classify(bad, 2, "error: --tp: must be >= 1", "", True)[0] == "half_written"
+
+
+ISSUE_23_FAST_KINDS = ("user-files", "edited-plan", "extremes", "poisoned-log")
+
+
+def test_the_new_classes_run_clean_on_a_small_sample():
+    """Issue 23's in-process classes (the user's files in output directories, edited plans, physical
+    extremes, poisoned logs): 48 cases, none loses a file, none is accepted though invalid."""
+    cases = [make_case(CI_SEED, i, ISSUE_23_FAST_KINDS) for i in range(48)]
+    assert {c.kind for c in cases} == set(ISSUE_23_FAST_KINDS)
+    assert sum(c.expect == "reject" for c in cases) > 16
+    summary = run_cases(cases, jobs=2)
+    report = "\n".join(f"{o.verdict}: {o.case.describe()}\n    {o.detail[-400:]}" for o in summary.failures)
+    assert not summary.failures, report
+
+
+def test_the_harness_sees_data_loss_and_judges_signalled_exits(tmp_path):
+    case = Case(index=0, kind="user-files", what="", argv=("--help",),
+                files=(("out/notes.txt", b"mine"), ("out/plan.json", b"old"), ("out/hapmoe-manifest.json", b"{}")),
+                owned=("out/plan.json", "out/hapmoe-manifest.json"))
+    _materialise(case, tmp_path)
+    protected = _protected(case)
+    assert set(protected) == {"out/notes.txt"}  # the genuine earlier output may be replaced
+    (tmp_path / "out" / "plan.json").write_text("new")
+    assert _lost(tmp_path, protected) == []
+    (tmp_path / "out" / "notes.txt").write_text("overwritten")
+    assert _lost(tmp_path, protected) == ["out/notes.txt"]
+    (tmp_path / "out" / "notes.txt").unlink()
+    assert _lost(tmp_path, protected) == ["out/notes.txt"]
+    assert classify(case, 0, "", "", False, ["out/notes.txt"])[0] == "data_loss"
+    assert classify(case, 2, "error: --out: x", "", False, ["out/notes.txt"])[0] == "data_loss"
+    signalled = Case(index=0, kind="signal", what="", argv=("--help",), signal=("SIGTERM", 1.0))
+    assert classify(signalled, 143, "error: interrupted by SIGTERM", "", False)[0] == "ok"
+    assert classify(signalled, 143, "error: interrupted by SIGTERM", "", True)[0] == "half_written"
+    assert classify(signalled, 130, "", "", False)[0] == "traceback"  # not the signal it was sent
+    assert classify(signalled, None, "", "hang: still running 54 s after SIGTERM", False)[0] == "hang"

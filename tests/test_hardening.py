@@ -12,9 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 
-from cli import main
+from helpers.cli import refused, run
 from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
 from tools.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
@@ -22,35 +21,6 @@ from tools.fuzz.mutations import to_json, to_yaml
 from planner.sanity import check_prediction
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(args: list[str], cwd: Path | None = None):
-    old = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        return CliRunner().invoke(main, args, catch_exceptions=True)
-    finally:
-        os.chdir(old)
-
-
-def refused(res, *names: str) -> str:
-    """Exit 2, no exception, exactly one `error:` line that names one of `names`; returns the line."""
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1 and len(lines) == 1, res.output
-    assert any(n.lower() in errors[0].lower() for n in names), (names, errors[0])
-    assert "Traceback" not in res.output and "/tmp/.hapmoe" not in res.output
-    return errors[0]
-
-
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_bytes(to_yaml(TINY_MODEL))
-    return path
 
 
 def model_file(tmp_path: Path, name: str = "m.yaml", **changes) -> Path:
@@ -266,24 +236,29 @@ def test_out_refuses_a_foreign_directory_replaces_an_earlier_plan_and_obeys_forc
     res = run(["emit", "--plan", str(plan), "--out", str(foreign), "--force"])
     assert res.exit_code == 0, res.output
     assert (foreign / "notes.txt").read_text() == "keep" and (foreign / "launch.sh").is_file()
-    # an earlier launcher is replaced as a whole: a stale FlagScale directory goes, other files stay
+    # an earlier launcher is replaced; the user's files beside it stay, and a launcher file the user edited
+    # is never overwritten (with --force neither)
     (foreign / "flagscale").mkdir()
-    (foreign / "flagscale" / "stale.yaml").write_text("old")
-    (foreign / "hostfile").write_text("old")
+    (foreign / "flagscale" / "mine.yaml").write_text("user's")
     res = run(["emit", "--plan", str(plan), "--out", str(foreign)])
     assert res.exit_code == 0, res.output
-    assert not (foreign / "flagscale").exists() and (foreign / "hostfile").read_text() != "old"
-    assert (foreign / "notes.txt").read_text() == "keep"
+    assert (foreign / "flagscale" / "mine.yaml").read_text() == "user's" and (foreign / "notes.txt").read_text() == "keep"
+    (foreign / "hostfile").write_text("edited")
+    for extra in ([], ["--force"]):
+        assert "changed after the planner wrote it" in refused(
+            run(["emit", "--plan", str(plan), "--out", str(foreign), *extra]), "--out")
+        assert (foreign / "hostfile").read_text() == "edited"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hapmoe")]
 
 
 def test_solve_out_replaces_an_earlier_plan(tmp_path, tiny):
     out = tmp_path / "plan"
     args = ["solve", "--model", str(tiny), "--cluster", "H800:8", "--quiet", "--time-limit", "5", "--out", str(out)]
+    assert run([*args, "--runtime", "flagscale"]).exit_code == 0
+    flagscale = sorted(p.relative_to(out) for p in (out / "launch").rglob("*") if "flagscale" in str(p) and p.is_file())
+    assert flagscale  # the FlagScale output wrote its YAML
     assert run(args).exit_code == 0
-    (out / "launch" / "flagscale").mkdir()
-    assert run(args).exit_code == 0
-    assert not (out / "launch" / "flagscale").exists()
+    assert not any((out / p).exists() for p in flagscale)  # the earlier output's own files are replaced as a whole
     assert json.loads((out / "plan.json").read_text())["plan"]["world_size"] == 8
     assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
 

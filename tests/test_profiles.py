@@ -256,10 +256,14 @@ def test_corrections_round_trip(tmp_path):
 @pytest.mark.parametrize("row,needle", [
     ({"device": "H800", "kind": "gemmm", "factor": 1.1, "provenance": {"kind": "calibrated", "source": "s"}}, "gemmm"),
     ({"device": "Z9", "kind": "gemm", "factor": 1.1, "provenance": {"kind": "calibrated", "source": "s"}}, "Z9"),
-    ({"device": "H800", "kind": "gemm", "factor": 0.0, "provenance": {"kind": "calibrated", "source": "s"}}, "> 0"),
+    ({"device": "H800", "kind": "gemm", "factor": 0.0, "provenance": {"kind": "calibrated", "source": "s"}}, "0.1..10"),
+    # a calibration of a log 50x slower than the run wrote x47.9 (issue 23): beyond 10x either way is refused
+    ({"device": "H800", "kind": "gemm", "factor": 47.9, "provenance": {"kind": "calibrated", "source": "s"}}, "0.1..10"),
+    ({"device": "H800", "kind": "memory_overhead_gib", "factor": -3.0,
+      "provenance": {"kind": "calibrated", "source": "s"}}, "0..1024"),
     ({"device": "H800", "kind": "gemm", "factor": 1.1}, "provenance"),
     ({"device": "*", "kind": "moe_imbalance_factor", "factor": 0.9, "provenance": {"kind": "calibrated", "source": "s"}},
-     ">= 1"),
+     "1..65536"),
 ])
 def test_bad_corrections_are_rejected(tmp_path, row, needle):
     """Bad corrections rows raise PlannerInputError on --profiles naming what is wrong."""

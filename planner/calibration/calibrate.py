@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -36,8 +36,10 @@ from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
 from planner.errors import PlannerInputError
 from planner.inputs.files import load_document, path_kind
-from planner.output.run_dir import PROFILES_OUTPUT, write_files
-from planner.profile_tables import CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, ProfileSet
+from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
+from planner.profile_tables import (
+    CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, TIME_FACTOR_RANGE, ProfileSet,
+)
 from planner.sanity import check_prediction
 from planner.schemas.device import Provenance
 from planner.units import GIB_BYTES
@@ -45,9 +47,10 @@ from planner.units import GIB_BYTES
 TIME_KINDS = TIME_CORRECTION_KINDS
 MEMORY_KIND = "memory_overhead_gib"
 GLOBAL_FIT_ITERATIONS = 8
-# A fitted time factor outside this range means the log is not from the run the flags describe
-# (wrong model, cluster or batch), not that the cost model is off by that much.
-FACTOR_RANGE = (1e-3, 1e3)
+# A fitted time factor beyond 10x either way means the log is not from the run the flags describe
+# (wrong model, cluster or batch), not that the cost model is off by that much; the loader refuses
+# such factors too (planner/profile_tables.py), so calibrate never writes a file --profiles refuses.
+FACTOR_RANGE = TIME_FACTOR_RANGE
 
 
 @dataclass
@@ -66,29 +69,54 @@ class Measurement:
     global_batch_size: int | None = None
 
 
-def measurement_from_log(log: ParsedLog, skip: int = 2) -> Measurement:
-    """Median steady iteration time, per-rank compute timers (option all) and per-rank peaks."""
-    t = log.median_iteration_time_s(skip)
+def choose_run(log: ParsedLog, run: int | None) -> int | None:
+    """The run of the log to calibrate on (0-based; None: the log holds one run).  A log of several runs
+    (a restart, two logs concatenated) is refused unless one is chosen: blending them would fit
+    corrections to no run at all."""
+    if run is not None:
+        if not 1 <= run <= log.run_count:
+            raise PlannerInputError("--log-run", f"{log.source} holds {log.run_count} run(s); got {run}")
+        if run > len(log.runs):
+            raise PlannerInputError("--log-run", f"{log.source} holds {log.run_count} runs; the first "
+                                                 f"{len(log.runs)} can be chosen")
+        return run - 1
+    if log.run_count <= 1:
+        return None
+    second = log.runs[1]
+    before = log.it_number[second.index - 1]
+    total = log.runs[0].train_iters
+    why = (f"iteration {second.iteration} after {before}" if second.train_iters == total else
+           f"the total changes from {total} to {second.train_iters}")
+    raise PlannerInputError(
+        "--megatron-log", f"{log.source} holds {log.run_count} runs (the second starts at line {second.line_no}: "
+                          f"{why}); blending them would fit no run: calibrate on one with --log-run N "
+                          f"(1..{min(log.run_count, len(log.runs))}), or cut the log")
+
+
+def measurement_from_log(log: ParsedLog, skip: int = 2, run: int | None = None) -> Measurement:
+    """Median steady iteration time, per-rank compute timers (option all) and per-rank peaks, over
+    one run of the log (`run`, 0-based; None: the whole log)."""
+    t = log.median_iteration_time_s(skip, run)
     if t is None:
         first = next((p for p in log.problems if p.kind == "iteration"), None)
         example = f"; line {first.line_no}: {first.reason}" if first is not None else ""
         raise PlannerInputError(
             "--megatron-log",
             f"{log.source}: no iteration line with an elapsed time after skipping {skip} "
-            f"({len(log.iterations)} iteration lines, {len(log.problems)} unreadable{example})",
+            f"({len(log.it_number)} iteration lines, {log.problem_count} unreadable{example})",
         )
-    fwd = log.median_timer_by_rank_ms("forward-compute", skip)
-    bwd = log.median_timer_by_rank_ms("backward-compute", skip)
+    fwd = log.median_timer_by_rank_ms("forward-compute", skip, run)
+    bwd = log.median_timer_by_rank_ms("backward-compute", skip, run)
     compute = {r: (fwd[r] + bwd[r]) / 1e3 for r in fwd if r in bwd}
-    peaks = {r: rec.max_reserved_bytes for r, rec in log.peak_memory_by_rank().items()}
-    fb = log.median_timer_ms("forward-backward", skip)
+    peaks = {r: rec.max_reserved_bytes for r, rec in log.peak_memory_by_rank(run).items()}
+    fb = log.median_timer_ms("forward-backward", skip, run)
     date = (log.first_timestamp or "").split(" ")[0] or "undated"
     return Measurement(
         source=log.source, date=date, iteration_time_s=t, per_rank_compute_s=compute, per_rank_peak_bytes=peaks,
-        forward_backward_s=fb / 1e3 if fb is not None else None, throughput_tflops=log.median_throughput_tflops(skip),
-        steady_iterations=len(log.steady_iterations(skip)), problems=len(log.problems),
-        global_batch_size=next((r.global_batch_size for r in log.steady_iterations(skip)
-                                if r.global_batch_size is not None), None),
+        forward_backward_s=fb / 1e3 if fb is not None else None,
+        throughput_tflops=log.median_throughput_tflops(skip, run),
+        steady_iterations=len(log.steady_indices(skip, run)), problems=log.problem_count,
+        global_batch_size=log.global_batch_size(skip, run),
     )
 
 
@@ -126,14 +154,14 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
 
 
 def read_measurement(megatron_log: str | Path | None, instrument_dir: str | Path | None,
-                     skip_iterations: int) -> tuple[Measurement, ParsedLog | None]:
+                     skip_iterations: int, log_run: int | None = None) -> tuple[Measurement, ParsedLog | None]:
     """What the run measured: from its log (memory per rank from the instrumentation when the log
-    has none), else from the instrumentation alone.  The parsed log comes back too, for its
-    unreadable lines."""
+    has none), else from the instrumentation alone.  `log_run`: which run of a log that holds several
+    (1-based).  The parsed log comes back too, for its unreadable lines."""
     if megatron_log is None:
         return measurement_from_instrument(instrument_dir), None
     parsed = parse_megatron_log(megatron_log)
-    measurement = measurement_from_log(parsed, skip_iterations)
+    measurement = measurement_from_log(parsed, skip_iterations, choose_run(parsed, log_run))
     if instrument_dir is not None:  # memory per rank from the instrumentation when the log has none
         extra = measurement_from_instrument(instrument_dir)
         if not measurement.per_rank_peak_bytes:
@@ -193,7 +221,9 @@ def calibrate(
     if imbalance is not None:  # fit the time factors with the measured imbalance already in place
         profiles = _overlay(profiles, {}, 1.0, imbalance)
     plan, before = _evaluate(run, cluster, profiles)
-    check_prediction(before, "the logged configuration")
+    check_prediction(before, "the logged configuration", getattr(profiles, "user_files", ()))
+    _check_measured_mfu(measurement, before, run)
+    _check_ratio(measurement, before)
     ranks_per_stage = plan.tp * plan.cp * plan.stages[0].dp
     devices = sorted({s.device_type for s in before.stages})
     canonical = {d: profiles.canonical_name(d) for d in devices}
@@ -204,6 +234,7 @@ def calibrate(
     mem_diff = _memory_differences(measurement, before, stage_rows, ranks_per_stage, canonical)  # 3.
     corrections = _corrections(measurement, run, cluster, profiles, [canonical[d] for d in devices], device_factors,
                                global_factor, mem_diff)
+    _check_written(measurement, corrections)
     if router is not None and imbalance is not None:  # 4.
         corrections.append({"device": "*", "kind": IMBALANCE_KIND, "factor": round(imbalance, 6),
                             "provenance": {"kind": "calibrated",
@@ -341,10 +372,54 @@ def _check_factors(measurement: Measurement, device_factors: dict[str, float], g
         if not (math.isfinite(factor) and low <= factor <= high):
             raise PlannerInputError(
                 "--megatron-log",
-                f"{measurement.source}: the measured times give a {name} correction factor of {factor:.3g}, outside "
-                f"{low:g}..{high:g}; the log does not come from the run the flags and --cluster describe "
-                "(check the model, the parallel flags, the batch sizes and the cluster)",
+                f"{measurement.source}: the measured times give a {name} correction of x{factor:.3g}, beyond "
+                f"{low:g}..{high:g} (10x either way); the log does not come from the run the flags and --cluster "
+                "describe (check the model, the parallel flags, the batch sizes and the cluster); nothing was written",
             )
+
+
+def _check_ratio(measurement: Measurement, before: Any) -> None:
+    """A measured iteration time beyond 10x the prediction either way is no cost-model error (the
+    shipped calibration is within tens of percent of published runs): the log is of another run."""
+    low, high = FACTOR_RANGE
+    ratio = measurement.iteration_time_s / before.iteration_time_s
+    if not low <= ratio <= high:
+        raise PlannerInputError(
+            "--megatron-log", f"{measurement.source}: {measurement.iteration_time_s:.4g} s per iteration is "
+                              f"{ratio:.3g}x the prediction ({before.iteration_time_s:.4g} s) for this run, beyond "
+                              f"{low:g}..{high:g}x; the log does not come from the run the flags and --cluster describe "
+                              "(check the model, the parallel flags, the batch sizes and the cluster); nothing was "
+                              "written")
+
+
+def _check_written(measurement: Measurement, corrections: list[dict[str, Any]]) -> None:
+    """The composed factors (old factor x fitted ratio) stay within what --profiles loads."""
+    low, high = FACTOR_RANGE
+    for c in corrections:
+        if c["kind"] in TIME_KINDS and not low <= c["factor"] <= high:
+            raise PlannerInputError(
+                "--megatron-log", f"{measurement.source}: the {c['device']} {c['kind']} correction would be "
+                                  f"x{c['factor']:.3g} (the profiles' factor times the fitted one), beyond {low:g}..{high:g}; "
+                                  "the log does not come from the run the flags describe; nothing was written")
+
+
+def _check_measured_mfu(measurement: Measurement, before: Any, run: Any) -> None:
+    """A measured iteration faster than the devices' peak allows for this model and batch (MFU above
+    100%) comes from another run: corrections fitted to it would make every later estimate implausible."""
+    peak = before.peak_flop_per_s_total
+    flop = before.model_flop_per_iteration
+    if not (peak > 0 and flop > 0 and measurement.iteration_time_s > 0):
+        return
+    mfu = flop / measurement.iteration_time_s / peak
+    if mfu > 1.0:
+        gbs = measurement.global_batch_size
+        hint = (f" (the log's global batch size is {gbs}, the run's {run.training.global_batch_size})"
+                if gbs is not None and gbs != run.training.global_batch_size else "")
+        raise PlannerInputError(
+            "--megatron-log", f"{measurement.source}: {measurement.iteration_time_s:.4g} s per iteration means "
+                              f"MFU {mfu:.0%} for this model and batch on these GPUs, above the devices' peak{hint}; the "
+                              "log does not come from the run the flags and --cluster describe (check the model, the "
+                              "global batch and the cluster); nothing was written")
 
 
 def loader_accepts(kind: str) -> bool:
@@ -352,7 +427,8 @@ def loader_accepts(kind: str) -> bool:
     return kind in CORRECTION_KINDS
 
 
-def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Path]:
+def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: bool = False,
+                      inputs: Sequence[str | Path] = ()) -> list[Path]:
     """Write DIR/corrections.yaml (entries of other devices already there are kept),
     DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
     factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
@@ -378,7 +454,7 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path) -> list[Pa
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
     files["calibration_report.json"] = json_text(result.report)
-    return write_files(out, files, "--out", PROFILES_OUTPUT)
+    return write_files(out, files, "--out", CALIBRATE_OUTPUT, force=force, inputs=inputs)
 
 
 def render_report(report: dict[str, Any]) -> str:

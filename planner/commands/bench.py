@@ -11,7 +11,7 @@ from planner.baselines import PLANNERS
 from planner.bench import QUICK_SUITE, SUITE, BenchSettings, run_bench
 from planner.cli_common import FiniteFloat, handle_errors
 from planner.errors import PlannerInputError
-from planner.output.run_dir import BENCH_OUTPUT, check_out_dir
+from planner.output.run_dir import BENCH_OUTPUT, StagedOutput, check_out_dir
 from planner.profile_tables import ProfileSet
 
 
@@ -82,7 +82,8 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
-    report = run_bench(Path(out_dir), ProfileSet.load(), settings, progress=progress)
+    with StagedOutput(out_dir, "--out", BENCH_OUTPUT, force=force) as staging:  # published when the bench is done
+        report = run_bench(staging, ProfileSet.load(), settings, progress=progress)
     s = report.summary
     gm = s.get("geomean_speedup_vs_mi")
     mr = s.get("min_ratio_vs_best_baseline")

@@ -10,10 +10,10 @@ from planner.calibration.calibrate import (
 )
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, note_printer,
+    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, input_files, note_printer,
 )
 from planner.errors import PlannerInputError
-from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
+from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 
 
 @click.command("calibrate")
@@ -24,7 +24,10 @@ from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
 @click.option("--router-stats", type=click.Path(), default=None,
               help="CSV layer,expert,tokens[,iteration,rank] or an instrumentation directory")
 @click.option("--skip-iterations", type=click.IntRange(min=0), default=2, show_default=True,
-              help="iteration lines ignored at the start (they include start-up time)")
+              help="iteration lines ignored at the start of the run (they include start-up time)")
+@click.option("--log-run", type=click.IntRange(min=1), default=None, metavar="N",
+              help="calibrate on the N-th run of a log that holds several (a restart, logs concatenated); such a "
+                   "log is refused without it")
 @click.option("--out", "out_dir", required=True, metavar="DIR",
               help="directory for corrections.yaml and calibration_report.json (pass it as --profiles); a "
                    "profiles directory is updated, any other non-empty directory is refused")
@@ -32,29 +35,30 @@ from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @handle_errors
 def command(megatron_log, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs, router_stats,
-            skip_iterations, out_dir, force, as_json, **overrides):
+            skip_iterations, log_run, out_dir, force, as_json, **overrides):
     """Compare a real run with the cost model and write corrections (provenance calibrated).
 
     \b
     python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
     """
-    check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
+    given = input_files(megatron_log, router_stats, model, megatron_script, cluster)
+    check_out_dir(out_dir, "--out", CALIBRATE_OUTPUT, force=force, inputs=given)
     if megatron_log is None and instrument_dir is None:
         raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir)")
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides=overrides, on_note=note_printer(),
     )
-    measurement, parsed = read_measurement(megatron_log, instrument_dir, skip_iterations)
+    measurement, parsed = read_measurement(megatron_log, instrument_dir, skip_iterations, log_run)
     if parsed is not None:
         for problem in parsed.problems[:10]:
             click.echo(f"warning: {parsed.source} line {problem.line_no} ({problem.kind}): {problem.reason}", err=True)
-        if len(parsed.problems) > 10:
-            click.echo(f"warning: {len(parsed.problems) - 10} more unreadable lines", err=True)
+        if parsed.problem_count > 10:
+            click.echo(f"warning: {parsed.problem_count - 10} more unreadable lines", err=True)
     router = read_router_stats(router_stats, instrument_dir, run.model.num_experts)
     result = calibrate(measurement, run, cluster_spec, profiles, router)
-    paths = write_corrections(result, out_dir)
+    paths = write_corrections(result, out_dir, force=force, inputs=given)
     if as_json:
         echo_json({**result.report, "written": [str(p) for p in paths]})
     else:

@@ -4,6 +4,8 @@ layers of the model, so brute force can run on a reduced preset."""
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from planner.api import OBJECTIVES, compare_backends, compare_rows, load_inputs, reduce_layers
@@ -12,6 +14,7 @@ from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer,
 )
 from planner.runtime import RUNTIME_NAMES
+from planner.time_budget import Budget, reading_within
 
 
 def gap_lines(rows: list[dict]) -> list[str]:
@@ -49,14 +52,18 @@ def gap_lines(rows: list[dict]) -> list[str]:
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, runtime, time_limit_s,
             delta, no_prune, contiguous_types, layers, brute, objective, memory_headroom, as_json):
     """Run cpsat, hsdp (and brute force when small) on one request; print objective, bound, gap, time."""
-    run, cluster_spec, profiles = load_inputs(
-        model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, on_note=note_printer(),
-    )
+    budget = Budget.start(time_limit_s)  # reading the inputs counts too
+    with reading_within(budget):
+        run, cluster_spec, profiles = load_inputs(
+            model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
+            profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, on_note=note_printer(),
+            script_deadline=budget.reading_deadline_monotonic(),
+        )
     if layers is not None:
         run = reduce_layers(run, layers)
     backends = compare_backends(run, cluster_spec, brute)
-    rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=time_limit_s,
+    left_s = max(0.1, budget.search_deadline - time.perf_counter())
+    rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=left_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
                         memory_headroom=memory_headroom)
     if as_json:

@@ -7,6 +7,7 @@ import click
 
 from planner.api import emit
 from planner.cli_common import handle_errors
+from planner.commands.options import input_files, launcher_inputs, note_printer
 from planner.output.run_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
 
 
@@ -14,26 +15,34 @@ from planner.output.run_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), metavar="PLAN.JSON",
               help="plan.json as `solve --out` writes it (or a bare Plan with --model/--cluster)")
 @click.option("--out", "out_dir", required=True, metavar="DIR",
-              help="directory for the launcher files (created if needed; earlier launcher files there are "
-                   "replaced, any other non-empty directory is refused)")
-@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no launcher files")
+              help="directory for the launcher files: a new or empty directory, or one with earlier launcher files "
+                   "(replaced; its manifest says so); files the planner did not write, and the input script, are "
+                   "never overwritten or deleted")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no launcher files "
+                                            "(beside its files, which are never overwritten or deleted)")
 @click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
-              help="the user's launcher (default: the one plan.json saved); launch.sh is it with the plan applied")
+              help="the user's launcher (default: the one plan.json saved); launch.sh is it with the plan applied; "
+                   "it must describe the model the plan was made for")
 @click.option("--model", default=None, metavar="PRESET|FILE", help="model, when the plan file has no inputs.run")
 @click.option("--megatron-args", default=None, metavar='"FLAGS"', help="Megatron flags, when the plan file has no inputs.run")
 @click.option("--cluster", default=None, metavar="SPEC", help="cluster, when the plan file has no inputs.cluster")
+@click.option("--profiles", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="directory of measured profiles (devices the plan runs on that are not shipped; repeatable)")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")
 @handle_errors
-def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, script_args):
+def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, profile_dirs, script_args):
     """Write megatron_args.txt, launch.sh and hostfile (plus FlagScale's YAML for the flagscale
-    runtime) for a plan.  The input script is never modified.
+    runtime) for a plan, after checking it as `solve` does (layers, GPUs, memory, Megatron's rules) for
+    the model and cluster it was made for.  The input script is never modified.
 
     \b
     python cli.py emit --plan out/plan.json --out launch/ --megatron-script train.sh
     """
-    check_out_dir(out_dir, "--out", LAUNCHER_OUTPUT, force=force)
-    files = emit(plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                 cluster=cluster, script_args=script_args)
-    paths = write_files(out_dir, files, "--out", LAUNCHER_OUTPUT)
+    given = input_files(plan_path, megatron_script, model, cluster)
+    check_out_dir(out_dir, "--out", LAUNCHER_OUTPUT, force=force, inputs=given)
+    files, script = emit(plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                         cluster=cluster, script_args=script_args, profile_dirs=profile_dirs, on_note=note_printer())
+    paths = write_files(out_dir, files, "--out", LAUNCHER_OUTPUT, force=force,
+                        inputs=given + launcher_inputs(script))
     for p in paths:
         click.echo(str(p))

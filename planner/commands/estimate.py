@@ -10,7 +10,7 @@ from planner.api import estimate, load_inputs
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES,
-    SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, check_plot_dir, note_printer,
+    SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, note_printer,
 )
 from planner.output.plan_dir import write_estimate_plots
 from planner.output.report import estimate_json, render_estimate
@@ -33,7 +33,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     python cli.py estimate --model mixtral-s --cluster H800:32 --tp 2 --pp 4 --ep 4 --recompute selective
     python cli.py estimate --model mixtral-s --cluster H800:32 --tp 2 --pp 4 --ep 4 --plot plots/mixtral
     """
-    plot_dir = check_plot_dir(plot_dir, None)
+    given = input_files(model, megatron_script, cluster)
+    plot_dir = check_plot_dir(plot_dir, None, given)
     inputs = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
@@ -43,7 +44,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     payload = estimate_json(inputs.run, inputs.cluster, priced.plan, priced.cost, notes=priced.notes,
                             time_range=priced.time_range)
     if plot_dir:
-        written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster)
+        written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster,
+                                       inputs=given)
         if not quiet:
             click.echo(f"wrote {len(written)} files to {plot_dir}", err=True)
     if as_json:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Sequence
 
 import click
 
 from planner.cli_common import FiniteFloat
 from planner.errors import PlannerInputError
 from planner.uncertainty import shipped_uncertainty
+from planner.output.run_dir import PLOTS_OUTPUT, check_out_dir
 
 MODEL_OPTIONS = [
     click.option("--model", "model", default=None, metavar="PRESET|FILE",
@@ -74,9 +76,10 @@ def apply_options(options: list) -> Callable[[Callable[..., Any]], Callable[...,
     return deco
 
 
-def check_plot_dir(plot_dir: str | None, out_dir: str | None) -> str | None:
-    """Where --plot writes when there is no --out (None: no plots); with --out the plots always go
-    to OUT/plots, so a --plot DIR there is refused rather than ignored."""
+def check_plot_dir(plot_dir: str | None, out_dir: str | None, inputs: Sequence[str | None] = ()) -> str | None:
+    """Where --plot writes when there is no --out (None: no plots), checked as every output directory is
+    (planner/output/run_dir.py: new, empty or earlier pictures; never over the user's files); with --out
+    the plots always go to OUT/plots, so a --plot DIR there is refused rather than ignored."""
     if plot_dir is None:
         return None
     if out_dir is not None:
@@ -84,7 +87,26 @@ def check_plot_dir(plot_dir: str | None, out_dir: str | None) -> str | None:
             raise PlannerInputError("--plot", f"with --out the plots go to {out_dir}/plots; give --plot without a "
                                     "directory, or drop --out")
         return None
-    return plot_dir or DEFAULT_PLOT_DIR
+    where = plot_dir or DEFAULT_PLOT_DIR
+    hint = "" if plot_dir else " (the default of --plot; give --plot DIR for another)"
+    try:
+        check_out_dir(where, "--plot", PLOTS_OUTPUT, inputs=inputs)
+    except PlannerInputError as exc:
+        raise PlannerInputError("--plot", str(exc).removeprefix("--plot: ") + hint) from None
+    return where
+
+
+def input_files(*values: str | None) -> list[str]:
+    """The options' values that name existing files: the inputs an output may never overwrite."""
+    out = []
+    for v in values:
+        if isinstance(v, str) and v and "\x00" not in v and len(v) < 4096:
+            try:
+                if os.path.isfile(v):
+                    out.append(v)
+            except (OSError, ValueError):
+                pass
+    return out
 
 
 def note_printer(quiet: bool = False):
@@ -92,3 +114,12 @@ def note_printer(quiet: bool = False):
     if quiet:
         return None
     return lambda note: click.echo(f"note: {note}", err=True)
+
+
+def launcher_inputs(script) -> list[str]:
+    """A launcher script (planner.inputs.script.LauncherScript) and the files it sources from its own
+    directory: inputs an output may never overwrite."""
+    if script is None or not script.path:
+        return []
+    base = os.path.dirname(script.path)
+    return [script.path, *(os.path.join(base, rel) for rel in script.sourced)]

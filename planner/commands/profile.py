@@ -10,7 +10,7 @@ import click
 from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
 from planner.inputs.presets import load_model_preset
-from planner.output.run_dir import PROFILES_OUTPUT, check_out_dir
+from planner.output.run_dir import PROFILE_OUTPUT, check_out_dir
 from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
 
 TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
@@ -56,7 +56,7 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
     python cli.py estimate --model mixtral-s --cluster CPU-xxxxxx:2 --profiles prof/
     """
     # every argument is checked before torch is imported (seconds) and before anything is measured
-    check_out_dir(out_dir, "--out", PROFILES_OUTPUT, force=force)
+    check_out_dir(out_dir, "--out", PROFILE_OUTPUT, force=force)
     spec, _training = load_model_preset(model)
     lists = {flag: _int_list(flag, text) for flag, text in
              (("--tp-list", tp_list), ("--ep-list", ep_list), ("--etp-list", etp_list), ("--mbs-list", mbs_list))}
@@ -80,6 +80,6 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
         click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
 
     outcome = run_profile(opts, progress)
-    paths = write_profile(outcome, out_dir)
+    paths = write_profile(outcome, out_dir, force=force)
     click.echo(f"wrote {paths[0]} (device {outcome.profile.name}, provenance measured) and {paths[1]}")
     click.echo(f"use it: --cluster {outcome.profile.name}:{outcome.profile.gpus_per_node} --profiles {out_dir}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
@@ -13,9 +12,8 @@ from planner.api import (
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
-    TRAINING_OVERRIDES, apply_options, check_plot_dir, note_printer,
+    TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer,
 )
-from planner.errors import SearchTimeLimitError
 from planner.output.plan_dir import write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
@@ -23,8 +21,7 @@ from planner.progress import ProgressDisplay
 from planner.runtime import RUNTIME_NAMES
 from planner.search.pruning import Pruning
 from planner.search.settings import SearchSettings
-
-OUTPUT_RESERVE_S = 0.5  # of --time-limit, kept for pricing, checking and writing the plan
+from planner.time_budget import Budget, reading_within
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
@@ -33,7 +30,7 @@ SEARCH_OPTIONS = [
     click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True,
                  help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
     click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
-                 help="seconds for the whole search"),
+                 help="seconds for the whole command: reading the inputs, the search, drawing and writing"),
     click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
                  help="load-balance tolerance of the paper's pruning"),
     click.option("--no-prune", is_flag=True,
@@ -52,9 +49,11 @@ SEARCH_OPTIONS = [
 @click.command("solve")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS + SCRIPT_ARGS)
 @click.option("--out", "out_dir", default=None, metavar="DIR",
-              help="write plan.json, inputs.json, summary.md and the launcher (launch/) here; an earlier plan "
-                   "there is replaced, any other non-empty directory is refused")
-@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan")
+              help="write plan.json, inputs.json, summary.md and the launcher (launch/) here: a new or empty "
+                   "directory, or an earlier plan's (replaced; its manifest says so); files the planner did not "
+                   "write are never overwritten or deleted")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan "
+                                            "(beside its files, which are never overwritten or deleted)")
 @apply_options(ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
@@ -69,23 +68,24 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     python cli.py solve --model mixtral-s --cluster h800-mi300x --backend hsdp --runtime flagscale --json
     python cli.py solve --megatron-script train.sh --cluster H800:16 --out plan/ -- /ckpt /tokenizer /data
     """
-    # the time limit counts from here (reading the inputs included), less a little for the output
-    started = time.perf_counter()
-    deadline = started + time_limit_s - min(OUTPUT_RESERVE_S, 0.02 * time_limit_s)
+    # the time limit counts from here: reading the inputs, the search, drawing and writing
+    budget = Budget.start(time_limit_s, drawing=out_dir is not None or plot_dir is not None)
+    given = input_files(model, megatron_script, cluster)
     if out_dir is not None:
-        check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force)
-    plot_dir = check_plot_dir(plot_dir, out_dir)
-    inputs = load_inputs(
-        model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, moe_imbalance=moe_imbalance,
-        script_args=script_args, on_note=note_printer(quiet),
-        allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
-    )
-    if time.perf_counter() > deadline:
-        raise SearchTimeLimitError(f"reading the inputs took {time.perf_counter() - started:.1f} s of the "
-                                   f"{time_limit_s:g} s time limit, which leaves no time to search; raise --time-limit")
+        check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force, inputs=given)
+    plot_dir = check_plot_dir(plot_dir, out_dir, given)
+    with reading_within(budget):
+        inputs = load_inputs(
+            model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
+            profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, moe_imbalance=moe_imbalance,
+            script_args=script_args, on_note=note_printer(quiet), script_deadline=budget.reading_deadline_monotonic(),
+            allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
+        )
+        script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
+                                   inputs.cluster) \
+            if megatron_script else None
     settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta), time_limit_s=time_limit_s, top_k=top_k,
-                              deadline=deadline)
+                              deadline=budget.search_deadline)
     if no_prune:
         settings = settings.without_pruning()
     space = make_space(inputs.run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
@@ -94,18 +94,19 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                         memory_headroom=memory_headroom, objective=objective)
     # the same gap as the live bar and the report: the searched objective against the searched space's bound
     progress.finish(best_s=outcome.objective_s, lower_bound_s=outcome.result.pruned_lower_bound_s)
-    check_predictions(outcome)
-    if megatron_script:
-        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
-                                           inputs.cluster)
+    check_predictions(outcome, inputs.profiles)
+    outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
     payload = solve_json(outcome, settings, runtime, user=user)
     written: list[Path] = []
     where = out_dir or plot_dir
+    protected = given + launcher_inputs(script)
     if out_dir:
-        written = write_plan_dir(Path(out_dir), payload, outcome, user)
+        written = write_plan_dir(Path(out_dir), payload, outcome, user, force=force, inputs=protected,
+                                 time_left=budget.remaining_s)
     elif plot_dir:
-        written = write_solve_plots(Path(plot_dir), payload, outcome, user)
+        written = write_solve_plots(Path(plot_dir), payload, outcome, user, inputs=protected,
+                                    time_left=budget.remaining_s)
     if written and not quiet:
         click.echo(f"wrote {len(written)} files to {where}", err=True)
     if as_json:

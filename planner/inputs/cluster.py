@@ -153,9 +153,11 @@ def cluster_from_dict(raw: Any, profiles: ProfileSet, *, source: str = "cluster"
     rows = raw.get("groups")
     if not isinstance(rows, list) or not rows:
         raise PlannerInputError(FIELD, f"{where}: `groups` must be a non-empty list")
-    links_raw = raw.get("links") or []
+    links_raw = raw.get("links")
+    links_raw = [] if links_raw is None else links_raw
     if not isinstance(links_raw, list):
-        raise PlannerInputError(FIELD, f"{where}: `links` must be a list")
+        raise PlannerInputError(FIELD, f"{where}: `links` must be a list of {{between: [A, B], kind, "
+                                       f"bandwidth_gb_per_s, latency_us}} (or left out), got {links_raw!r}")
     name = raw.get("name")
     name = default_name if name is None or name == "" else name
     if not isinstance(name, str):

@@ -14,6 +14,7 @@ import errno
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -172,6 +173,13 @@ class _UniqueKeyLoader(_ParseLoader):  # type: ignore[misc, valid-type]
                     None, None, "a key is a list or mapping, not a name", key_node.start_mark
                 ) from None
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2 reads `1e300`, `1e-12` and `1.5e3` as numbers; PyYAML's YAML 1.1 resolver reads them as strings
+# (it wants a dot and a signed exponent), which would refuse a number the user wrote as one
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?([0-9][0-9_]*(\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 
 
 # libyaml 0.2.6 (in the PyYAML 6.0.4 wheels) refuses 1,000 levels itself, in its scanner, which reads

@@ -142,7 +142,7 @@ def _common(cfg: dict[str, Any], name: str, family: str = "llama") -> dict[str, 
         "add_qkv_bias": _bool(cfg, "attention_bias", False) and not _bool(cfg, "mlp_bias", False),
         **_positions(cfg, family),
     }
-    head_dim = cfg.get("head_dim")
+    head_dim = _int(cfg, "head_dim", None)  # checked even where it equals hidden/heads: 128.0 is no head size
     if head_dim is not None and head_dim != out["hidden_size"] // heads:
         out["kv_channels"] = _int(cfg, "head_dim")
     elif out["hidden_size"] % heads:

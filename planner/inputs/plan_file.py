@@ -4,6 +4,9 @@ launcher it saved, and a check that what the file states besides the plan agrees
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from planner.inputs.resolve import read_script, resolve_run
 from planner.inputs.script import LauncherScript, cluster_geometry, parse_launcher_script
 from planner.profile_tables import ProfileSet
 from planner.schemas import ClusterSpec, Plan
+from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 
 
@@ -69,52 +73,55 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
                                               f"{have[device_type]} ({cluster_spec.describe()})")
 
 
-def resolve_plan_inputs(
-    data: dict[str, Any],
-    *,
-    model: str | None,
-    megatron_args: str | None,
-    megatron_script: str | None,
-    cluster: str | None,
-):
-    """(run, plan, cluster) from a plan.json object: {"plan": ..., "inputs": {"run": ...,
-    "cluster": ...}} as `solve --out` writes it, or a bare Plan plus --model/--cluster."""
-    raw_plan = data.get("plan", data)
-    if "inputs" in data and not isinstance(data["inputs"], dict):
-        raise PlannerInputError("--plan", "inputs must be an object with run and cluster")
-    inputs = data.get("inputs") or {}
+MADE_FOR_KEYS = ("model", "run_sha256", "cluster", "cluster_sha256")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def made_for(run: MegatronRun, cluster: ClusterSpec) -> dict[str, str]:
+    """What a plan was made for, as plan.json records it: the model's name and a SHA-256 of the whole
+    run (model, training, flags) and of the cluster, each as inputs.run / inputs.cluster hold them."""
+    return {"model": run.model.name, "run_sha256": _digest(run.model_dump(mode="json")),
+            "cluster": cluster.describe(), "cluster_sha256": _digest(cluster.model_dump(mode="json"))}
+
+
+@dataclass
+class PlanInputs:
+    """What `emit` reads: the plan, the run and cluster it is emitted for, and what the file says it
+    was made for (`edited`: inputs plan.json holds that differ from its made_for record)."""
+
+    plan: Plan
+    run: MegatronRun
+    cluster: ClusterSpec
+    edited: list[str] = field(default_factory=list)
+    has_record: bool = False
+
+
+def _plan_of(raw_plan: Any) -> Plan:
     try:
-        plan = Plan.from_json(raw_plan) if isinstance(raw_plan, dict) else Plan.model_validate(raw_plan)
+        return Plan.from_json(raw_plan) if isinstance(raw_plan, dict) else Plan.model_validate(raw_plan)
     except ValidationError as exc:
         raise PlannerInputError("--plan", f"not a plan: {format_validation_error(exc)}") from None
 
-    if model is not None or megatron_args is not None:
-        source = {"model": model, "megatron_args": megatron_args}
-    elif inputs.get("run") is not None:
-        source = None
-    elif megatron_script is not None:
-        source = {"megatron_script": megatron_script}
-    else:
-        raise PlannerInputError(
-            "--model / --megatron-args / --megatron-script",
-            "the plan file has no inputs.run; give the model the plan was made for",
-        )
-    if source is None:
+
+def _saved_inputs(data: dict[str, Any], profiles: ProfileSet) -> tuple[MegatronRun | None, ClusterSpec | None]:
+    """inputs.run and inputs.cluster of plan.json, typed (None where absent)."""
+    if "inputs" in data and not isinstance(data["inputs"], dict):
+        raise PlannerInputError("--plan", "inputs must be an object with run and cluster")
+    inputs = data.get("inputs") or {}
+    run = cluster_spec = None
+    if inputs.get("run") is not None:
         try:
             run = MegatronRun.model_validate(inputs["run"])
         except ValidationError as exc:
             raise PlannerInputError("--plan", f"inputs.run: {format_validation_error(exc)}") from None
-    else:
-        run = resolve_run(**source, world_size=plan.world_size)
-
-    if cluster is not None:
-        cluster_spec = parse_cluster(cluster, ProfileSet.load())
-    elif inputs.get("cluster") is not None:
+    if inputs.get("cluster") is not None:
         try:
             cluster_spec = ClusterSpec.model_validate(inputs["cluster"])
         except ValidationError as exc:
             raise PlannerInputError("--plan", f"inputs.cluster: {format_validation_error(exc)}") from None
-        profiles = ProfileSet.load()
         for device_type in cluster_spec.device_types:
             try:
                 known = profiles.canonical_name(device_type) == device_type
@@ -122,10 +129,84 @@ def resolve_plan_inputs(
                 known = False
             if not known:
                 raise PlannerInputError("--plan", f"inputs.cluster: unknown device type {device_type!r}; known: "
-                                                  f"{', '.join(profiles.names())}")
-    else:
+                                                  f"{', '.join(profiles.names())} (a measured device: --profiles DIR)")
+    return run, cluster_spec
+
+
+def _edited(data: dict[str, Any], run: MegatronRun | None, cluster_spec: ClusterSpec | None) -> tuple[list[str], bool]:
+    """The parts of plan.json's inputs that no longer match its made_for record, and whether it has one."""
+    record = data.get("made_for")
+    if record is None:
+        return [], False
+    if not (isinstance(record, dict) and all(isinstance(record.get(k), str) for k in MADE_FOR_KEYS)):
+        raise PlannerInputError("--plan", f"made_for must be an object with {', '.join(MADE_FOR_KEYS)} (as solve "
+                                          "writes it)")
+    edited = []
+    if run is not None and _digest(run.model_dump(mode="json")) != record["run_sha256"]:
+        edited.append(f"inputs.run (made for {record['model']})")
+    if cluster_spec is not None and _digest(cluster_spec.model_dump(mode="json")) != record["cluster_sha256"]:
+        edited.append(f"inputs.cluster (made for {record['cluster']})")
+    return edited, True
+
+
+def model_differences(a: ModelSpec, b: ModelSpec, limit: int = 4) -> list[str]:
+    """The fields (name aside) in which two models differ, as 'field B vs A'; a field one of them leaves
+    unstated (None) is no difference (the checker prices the given one anyway)."""
+    da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
+    keys = [k for k in da if k != "name" and da[k] is not None and db.get(k) is not None and da[k] != db.get(k)]
+    return [f"{k} {db.get(k)!r} vs {da[k]!r}" for k in keys[:limit]] + (["..."] if len(keys) > limit else [])
+
+
+def resolve_plan_inputs(
+    data: dict[str, Any],
+    *,
+    model: str | None,
+    megatron_args: str | None,
+    megatron_script: str | None,
+    cluster: str | None,
+    script_args: tuple[str, ...] = (),
+    profiles: ProfileSet | None = None,
+) -> PlanInputs:
+    """The plan of a plan.json object ({"plan": ..., "inputs": {"run": ..., "cluster": ...}, "made_for": ...}
+    as `solve --out` writes it, or a bare Plan), the run and cluster to emit it for (those given on the
+    command line, else those the file holds), and what no longer matches what it was made for.  A model
+    or cluster given on the command line that differs from the one the plan was made for is refused."""
+    profiles = profiles or ProfileSet.load()
+    plan = _plan_of(data.get("plan", data))
+    saved_run, saved_cluster = _saved_inputs(data, profiles)
+    edited, has_record = _edited(data, saved_run, saved_cluster)
+    run = saved_run
+    if model is not None or megatron_args is not None or megatron_script is not None:
+        given = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                            script_args=list(script_args) if megatron_script else None, world_size=plan.world_size,
+                            allow_invalid=True)
+        if saved_run is not None:
+            _same_model(saved_run, given, "--model" if model else "--megatron-script" if megatron_script
+                        else "--megatron-args")
+            given = given.model_copy(update={"model": given.model.model_copy(update={"name": saved_run.model.name})})
+        run = given
+    if run is None:
+        raise PlannerInputError("--model / --megatron-args / --megatron-script",
+                                "the plan file has no inputs.run; give the model the plan was made for")
+    cluster_spec = saved_cluster
+    if cluster is not None:
+        given_cluster = parse_cluster(cluster, profiles)
+        if saved_cluster is not None and saved_cluster.model_copy(update={"name": ""}) != \
+                given_cluster.model_copy(update={"name": ""}):
+            raise PlannerInputError("--cluster", f"the plan was made for {saved_cluster.describe()}, not "
+                                                 f"{given_cluster.describe()} ({cluster}); re-run solve for that "
+                                                 "cluster, or drop --cluster")
+        cluster_spec = given_cluster
+    if cluster_spec is None:
         raise PlannerInputError("--cluster", "the plan file has no inputs.cluster; give --cluster")
-    return run, plan, cluster_spec
+    return PlanInputs(plan=plan, run=run, cluster=cluster_spec, edited=edited, has_record=has_record)
+
+
+def _same_model(saved: MegatronRun, given: MegatronRun, flag: str) -> None:
+    diff = model_differences(saved.model, given.model)
+    if diff:
+        raise PlannerInputError(flag, f"describes another model than the plan was made for ({saved.model.name}): "
+                                      f"{'; '.join(diff)} (given vs planned); re-run solve with it, or drop {flag}")
 
 
 def script_from_plan(data: dict[str, Any], megatron_script: str | None,

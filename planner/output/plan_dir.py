@@ -4,34 +4,40 @@ directories of `--plot DIR`, each filled in a staging directory (planner/output/
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Sequence
 
 from planner.cli_common import json_text
+from planner.inputs.plan_file import made_for
 from planner.launcher import render_launch_files
 from planner.output.plots import write_plots
 from planner.output.report import estimate_summary_markdown, summary_markdown
-from planner.output.run_dir import PLAN_OUTPUT, StagedOutput, fill
+from planner.output.run_dir import PLAN_OUTPUT, PLOTS_OUTPUT, StagedOutput, fill
 
 
-def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "") -> dict[str, str]:
+def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "",
+               time_left: Callable[[], float] | None = None) -> dict[str, str]:
     """Draw the plan's pictures into `tmp`; returns {plot name: path relative to summary.md} (and
-    adds notes for plots that could not be drawn to the payload)."""
+    adds notes for plots that could not be drawn, or were not for want of time, to the payload)."""
     title = f"{payload['model']} on {payload['cluster']}"
     mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
-    images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine)
+    images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine,
+                                time_left=time_left)
     payload["notes"] = list(payload["notes"]) + notes
     return {name: prefix + rel for name, rel in images.items()}
 
 
-def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
+def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: bool = False,
+                   inputs: Sequence[Path | str] = (), time_left: Callable[[], float] | None = None) -> list[Path]:
     """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files (launch/),
-    written all-or-nothing."""
-    staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
+    written all-or-nothing (never over a file the planner did not write, nor over an input)."""
+    staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT, force=force, inputs=inputs)
     with staged as tmp:
-        images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/")
+        images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/", time_left=time_left)
         payload["plots"] = images
         plan_doc = dict(payload)
         plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
                               "cluster": outcome.cluster.model_dump(mode="json")}
+        plan_doc["made_for"] = made_for(outcome.run, outcome.cluster)
         script = outcome.script
         if script is not None:  # emit rebuilds the launcher from this, without the file
             plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
@@ -43,22 +49,24 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None) -> list[Pat
     return staged.written
 
 
-def write_solve_plots(plot_dir: Path, payload: dict, outcome, user=None) -> list[Path]:
+def write_solve_plots(plot_dir: Path, payload: dict, outcome, user=None, *, inputs: Sequence[Path | str] = (),
+                      time_left: Callable[[], float] | None = None) -> list[Path]:
     """`solve --plot DIR` without --out: the pictures, their data and a summary.md that shows them."""
     plot_dir = Path(plot_dir)
-    staged = StagedOutput(plot_dir, None, merge=True)
+    staged = StagedOutput(plot_dir, "--plot", PLOTS_OUTPUT, inputs=inputs)
     with staged as tmp:
-        images = plot_files(tmp, payload, outcome, user)
+        images = plot_files(tmp, payload, outcome, user, time_left=time_left)
         payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
         (tmp / "summary.md").write_text(summary_markdown(payload, images))
     return staged.written
 
 
-def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster) -> list[Path]:
+def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster, *,
+                         inputs: Sequence[Path | str] = ()) -> list[Path]:
     """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
     written all-or-nothing into `plot_dir`."""
     plot_dir = Path(plot_dir)
-    staged = StagedOutput(plot_dir, None, merge=True)
+    staged = StagedOutput(plot_dir, "--plot", PLOTS_OUTPUT, inputs=inputs)
     with staged as tmp:
         images, notes = write_plots(tmp, plan, cost, cluster, title=f"{payload['model']} on {payload['cluster']}",
                                     rank_order=True)

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from planner.cost.model import PlanCost
 from planner.schemas.cluster import ClusterSpec
@@ -43,6 +44,8 @@ _SYNC_COLOUR = "#55A868"
 _IDLE_COLOUR = "#E6E6E6"
 _UNUSED_COLOUR = "#F2F2F2"
 _MAX_TIMELINE_LABELS = 3000
+_MAX_CELL_LABELS = 512  # stage numbers in GPU cells: above this many the colours and the legend say it
+_MAX_NODE_CAPTIONS = 128  # "node k" captions: above this many nodes they are left out
 
 
 def _stage_colours(n: int) -> list:
@@ -178,7 +181,7 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
                 cell_cols.append(colours[owner] if owner is not None else _UNUSED_COLOUR)
                 if owner is not None:
                     texts.append((x0 + i + 0.5, y0 + 0.5, str(owner)))
-            if cell_px >= 14:  # room for the caption between rows of nodes
+            if cell_px >= 14 and len(nodes) <= _MAX_NODE_CAPTIONS:  # room for the caption between rows
                 ax.text(x0 + len(n["gpus"]) / 2, y0 + 1.2, f"node {n['node']}", ha="center", va="bottom",
                         fontsize=6, color="#555555")
         y += lay["group_h"][dtype] + 0.6
@@ -187,7 +190,7 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
     ax.set_xlim(0, label_w + lay["width"])
     ax.set_ylim(-y, 0.4)
     ax.axis("off")
-    if cell_px >= 11:  # stage numbers inside cells large enough to hold them
+    if cell_px >= 11 and len(texts) <= _MAX_CELL_LABELS:  # stage numbers inside cells large enough to hold them
         for x, yy, t in texts:
             ax.text(x, yy, t, ha="center", va="center", fontsize=min(8.0, cell_px * 0.4), color="white")
     ax.set_title(title, fontsize=10, loc="left")
@@ -442,22 +445,63 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=None if len(data.get("events", ())) > 2000 else 1))
 
 
+FIGURE_S = 0.6  # drawing and saving one figure on a 2-core machine (measured: ~0.5 s; 3,072 GPUs: ~0.5 s each)
+MATPLOTLIB_IMPORT_S = 1.0  # importing matplotlib the first time
+
+
+def _drawing_cost_s(gpus: int) -> float:
+    """What the next figure is expected to take: one figure (longer for thousands of GPU cells), plus
+    matplotlib's import if it has not happened yet."""
+    import sys
+
+    return FIGURE_S * (1.0 + gpus / 8192) + (0.0 if "matplotlib.figure" in sys.modules else MATPLOTLIB_IMPORT_S)
+
+
+class _Drawing:
+    """Draws a figure only while the time limit leaves room for it (`time_left`: seconds left, or None
+    for no limit); a figure left out is named in the notes, its data JSON is written regardless.  The
+    expected cost is the larger of the estimate and what the last figure took (a loaded machine)."""
+
+    def __init__(self, time_left: Callable[[], float] | None, gpus: int, notes: list[str]):
+        self.time_left, self.gpus, self.notes = time_left, gpus, notes
+        self.last_s = 0.0
+        self._started: float | None = None
+
+    def allowed(self, name: str) -> bool:
+        now = time.perf_counter()
+        if self._started is not None:
+            self.last_s = now - self._started
+        self._started = now
+        if self.time_left is None:
+            return True
+        need, left = max(_drawing_cost_s(self.gpus), self.last_s), self.time_left()
+        if left >= need:
+            return True
+        self._started = None
+        self.notes.append(f"{name}.png not drawn: --time-limit left {max(left, 0.0):.1f} s and drawing takes about "
+                          f"{need:.1f} s (its data is in {name}.json); raise --time-limit for the picture")
+        return False
+
+
 def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec, *, title: str,
-                user: tuple[Plan, PlanCost, str] | None = None, rank_order: bool = False
-                ) -> tuple[dict[str, str], list[str]]:
+                user: tuple[Plan, PlanCost, str] | None = None, rank_order: bool = False,
+                time_left: Callable[[], float] | None = None) -> tuple[dict[str, str], list[str]]:
     """Write placement, timeline and memory (PNG + JSON; the timeline's events also as CSV) into
     `out_dir`; with `user` = (plan, cost, label) also placement_vs_yours.  `rank_order`: place the
-    plan as Megatron's default rank order would (see placement_data).  Returns ({plot name: PNG file
-    name}, notes on plots that could not be drawn)."""
+    plan as Megatron's default rank order would (see placement_data).  `time_left`: seconds the time
+    limit leaves; a PNG that would not fit in them is left out (see _Drawing).  Returns ({plot name: PNG
+    file name}, notes on plots that could not be drawn)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     images: dict[str, str] = {}
     notes: list[str] = []
+    drawing = _Drawing(time_left, cluster.world_size, notes)
 
     place = placement_data(plan, cluster, rank_order=rank_order)
     _write_json(out_dir / "placement.json", place)
-    draw_placement([(f"{title}: placement", place)], out_dir / "placement.png")
-    images["placement"] = "placement.png"
+    if drawing.allowed("placement"):
+        draw_placement([(f"{title}: placement", place)], out_dir / "placement.png")
+        images["placement"] = "placement.png"
 
     try:
         tl = timeline_data(plan, cost)
@@ -469,24 +513,33 @@ def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec,
             w = csv.writer(fh)
             w.writerow(tl["event_fields"])
             w.writerows(tl["events"])
-        draw_timeline(tl, out_dir / "timeline.png", title=title)
-        images["timeline"] = "timeline.png"
+        if drawing.allowed("timeline"):
+            draw_timeline(tl, out_dir / "timeline.png", title=title)
+            images["timeline"] = "timeline.png"
 
     mem = memory_data(cost)
     _write_json(out_dir / "memory.json", mem)
-    draw_memory(mem, out_dir / "memory.png", title=title)
-    images["memory"] = "memory.png"
+    if drawing.allowed("memory"):
+        draw_memory(mem, out_dir / "memory.png", title=title)
+        images["memory"] = "memory.png"
 
     if user is not None:
-        u_plan, u_cost, u_label = user
-        u_place = placement_data(u_plan, cluster, rank_order=True)
-        both = {"yours": u_place, "planner": place}
-        _write_json(out_dir / "placement_vs_yours.json", both)
-        speed = u_cost.iteration_time_s / cost.iteration_time_s if cost.iteration_time_s > 0 else float("nan")
-        fit = "" if u_cost.fits else ", DOES NOT FIT"
-        draw_placement([
-            (f"your plan ({u_label}): {u_cost.iteration_time_s:.3f} s per iteration{fit}", u_place),
-            (f"planner's plan: {cost.iteration_time_s:.3f} s per iteration, {speed:.2f}x the speed of yours", place),
-        ], out_dir / "placement_vs_yours.png")
-        images["placement_vs_yours"] = "placement_vs_yours.png"
+        _write_yours(out_dir, user, place, cost, cluster, drawing, images)
     return images, notes
+
+
+def _write_yours(out_dir: Path, user: tuple[Plan, PlanCost, str], place: dict[str, Any], cost: PlanCost,
+                 cluster: ClusterSpec, drawing: _Drawing, images: dict[str, str]) -> None:
+    u_plan, u_cost, u_label = user
+    u_place = placement_data(u_plan, cluster, rank_order=True)
+    both = {"yours": u_place, "planner": place}
+    _write_json(out_dir / "placement_vs_yours.json", both)
+    if not drawing.allowed("placement_vs_yours"):
+        return
+    speed = u_cost.iteration_time_s / cost.iteration_time_s if cost.iteration_time_s > 0 else float("nan")
+    fit = "" if u_cost.fits else ", DOES NOT FIT"
+    draw_placement([
+        (f"your plan ({u_label}): {u_cost.iteration_time_s:.3f} s per iteration{fit}", u_place),
+        (f"planner's plan: {cost.iteration_time_s:.3f} s per iteration, {speed:.2f}x the speed of yours", place),
+    ], out_dir / "placement_vs_yours.png")
+    images["placement_vs_yours"] = "placement_vs_yours.png"

@@ -1,84 +1,93 @@
-"""The one staged writer: every command that writes a directory fills a staging directory beside it,
-then moves it into place, so an error never leaves half-written files behind.
+"""The one staged writer: every command that writes a directory (`solve --out`, `solve/estimate --plot`,
+`emit --out`, `profile`/`calibrate --out`, `bench --out`) fills a staging directory beside it, then
+moves the files into place, so an error or a signal never leaves half-written files behind.
+
+The user's files are sacred.  Each directory the planner writes holds a manifest
+(planner/output/manifest.py) of the files it wrote, with their hashes.  The rules:
+
+- DIR may be a new directory, an empty one, or one that holds an earlier output of the same command
+  (its manifest says so).  Any other non-empty directory is refused unless `--force` is given.
+- A file the planner did not write (absent from the manifest, or edited since) is never overwritten
+  or deleted, with or without --force: a new file of the same path is refused, naming it.
+- The command's own inputs (`inputs`: the launcher script and what it sources, the plan, the model,
+  cluster and log files), whatever their path, are never a write target.
+- Replacing an earlier output removes only the earlier output's own files (listed, unchanged, written
+  by the same command); other files in DIR are left alone.
+- SIGINT, SIGTERM and SIGHUP are held back while files are moved into place, so the directory is
+  either as it was or complete; the staging directory is always removed (the CLI then exits 130/143).
 
 `check_out_dir` runs first in every command that writes (before the search, before torch is
-imported).  It refuses, in one line naming the flag:
-- an empty path, a path too long for the system, a path through a regular file, an existing file;
-- a place where nothing can be created (a read-only or virtual file system such as /proc);
-- an existing non-empty directory that holds no earlier output of the same command, unless
-  `--force` is given.  An earlier output (`OutputKind.markers`) is replaced by the new one.
-
-`StagedOutput` gives a temporary directory beside DIR to fill.  When it is complete it is published
-in one of two ways:
-- replace (`--out DIR`): it becomes DIR (a rename, when DIR does not exist), or its entries are
-  swapped in (the command's earlier entries are kept aside until the new ones are in place, and put
-  back if anything fails).  Other files in DIR are never touched.
-- merge (`--plot DIR`): each staged file replaces the file of the same path under DIR; everything
-  else in DIR stays.
-`write_files` does this for {relative path: text or bytes}; `fill` writes such a mapping into a
-directory that is already staged.
+imported); it also refuses an empty path, a path too long for the system, a path through a regular
+file, an existing file, a dangling symbolic link and a place where nothing can be created.
+`StagedOutput` gives the staging directory to fill; `write_files` writes {relative path: text or
+bytes}; `fill` writes such a mapping into a directory that is already staged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.files import path_kind
+from planner.signals import held as held_signals
+from planner.output.manifest import (
+    MANIFEST_NAME, STAGING_PREFIX, Survey, entry_for, entry_unchanged, manifest_text, read_manifest, survey,
+)
 
 
 @dataclass(frozen=True)
 class OutputKind:
-    """What a command writes into --out.  `markers`: top-level entries that show an earlier output of
-    the command (then DIR may be written again); `owned`: the entries a new output replaces as a whole,
-    even where the new output has no entry of that name (a stale FlagScale config, say)."""
+    """What a command writes.  `writer` names the command in the manifest (its earlier files are the
+    ones a new output replaces); `family` says which directories it may write into without --force
+    (profile and calibrate share a profiles directory); `paths`: the files it usually writes, checked
+    for collisions before any work starts (the exact list is checked again when the files are moved)."""
 
-    what: str  # for messages: "a plan", "launcher files", ...
-    markers: tuple[str, ...]
-    owned: tuple[str, ...] = ()
-
-
-PLAN_OUTPUT = OutputKind("plan", ("plan.json", "inputs.json", "summary.md", "launch"),
-                         owned=("plan.json", "inputs.json", "summary.md", "launch", "plots"))
-LAUNCHER_OUTPUT = OutputKind("launcher files", ("launch.sh", "megatron_args.txt", "hostfile"),
-                             owned=("launch.sh", "megatron_args.txt", "hostfile", "flagscale"))
-PROFILES_OUTPUT = OutputKind(  # profile and calibrate write into one profiles directory, each its own files
-    "profiles directory",
-    ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "devices", "profile_report.json",
-     "links.yaml", "clusters"),
-)
-BENCH_OUTPUT = OutputKind("bench results", ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
+    what: str  # for messages: "plan", "launcher files", ...
+    writer: str
+    family: str
+    paths: tuple[str, ...] = ()
+    has_force: bool = True  # the command has a --force option (--plot has none)
 
 
-def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, force: bool = False) -> Path:
+PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json", "timeline.csv", "memory.png",
+              "memory.json", "placement_vs_yours.png", "placement_vs_yours.json", "summary.md")
+PLAN_OUTPUT = OutputKind("plan", "solve --out", "plan",
+                         ("plan.json", "inputs.json", "summary.md", "launch/launch.sh", "launch/megatron_args.txt",
+                          "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md")))
+PLOTS_OUTPUT = OutputKind("pictures", "--plot", "plots", PLOT_FILES, has_force=False)
+LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"))
+PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", ("profile_report.json",))
+CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
+                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml"))
+BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
+                          ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
+
+
+def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, force: bool = False,
+                  inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
     """The output directory, checked (see the module docstring); nothing is created."""
     text = os.fspath(path)
     if not text.strip():
         raise PlannerInputError(flag, "empty; give a directory to write into")
     found = path_kind(text, flag)
-    if found == "file" or found == "other":
-        raise PlannerInputError(flag, f"{text} exists and is not a directory")
+    if found == "missing" and os.path.islink(text):
+        raise PlannerInputError(flag, f"{text} is a symbolic link to {os.readlink(text)}, which does not exist; "
+                                      "remove the link or give another directory")
+    if found in ("file", "other"):
+        why = " (it is an input of this command)" if _is_input(Path(text), _inputs(inputs)) else ""
+        raise PlannerInputError(flag, f"{text} exists and is not a directory{why}")
     if found == "dir":
-        try:
-            entries = os.listdir(text)
-        except OSError as exc:
-            raise PlannerInputError(flag, f"cannot list {text}: {exc.strerror or exc}") from None
-        earlier = [e for e in entries if e in kind.markers]
-        if entries and not earlier and not force:
-            raise PlannerInputError(
-                flag,
-                f"{text} is a non-empty directory that holds no earlier {kind.what} "
-                f"({len(entries)} entries, e.g. {sorted(entries)[0]!r}); choose a new or empty directory, "
-                "or add --force to write into it anyway",
-            )
-        _probe_writable(Path(text), flag)
-        return Path(text)
+        out = Path(text)
+        _check_existing(out, flag, kind, force, _inputs(inputs), kind.paths)
+        _probe_writable(out, flag)
+        return out
     ancestor = Path(os.path.abspath(text)).parent
     while path_kind(ancestor, flag) == "missing":
         ancestor = ancestor.parent
@@ -88,10 +97,99 @@ def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, 
     return Path(text)
 
 
+def _inputs(paths: Iterable[str | os.PathLike[str] | None]) -> list[Path]:
+    return [Path(p) for p in paths if p is not None and os.fspath(p) and os.path.exists(p)]
+
+
+def _is_input(path: Path, inputs: Sequence[Path]) -> bool:
+    for p in inputs:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(path, p):
+                return True
+    return False
+
+
+def _check_existing(out: Path, flag: str, kind: OutputKind, force: bool, inputs: Sequence[Path],
+                    new_paths: Iterable[str]) -> Survey:
+    """Refuse to write `new_paths` into the existing directory `out` when that would touch a file the
+    planner did not write or an input, or when `out` is neither empty, nor an earlier output, nor --force."""
+    found = survey(out)
+    for rel in [*new_paths, MANIFEST_NAME]:
+        dest = out / rel
+        if _is_input(dest, inputs):
+            raise PlannerInputError(flag, f"{dest} is an input of this command; the planner never writes over its "
+                                          "inputs: choose another directory")
+        blocker = _blocker(out, rel, found)
+        if blocker is not None:
+            owner = _outer_output(out / blocker)
+            if owner is not None:
+                raise PlannerInputError(flag, f"{out / blocker} belongs to the planner's output in {owner} (its "
+                                              f"{MANIFEST_NAME} lists it); writing here would leave that output "
+                                              "inconsistent: choose another directory")
+            raise PlannerInputError(flag, f"{out / blocker} {_whose(blocker, found)}; the planner never overwrites or "
+                                          "deletes files it did not write (--force neither): move it, or choose "
+                                          "another directory")
+    if found.empty or found.family == kind.family or force:
+        return found
+    mine = f" (it holds the planner's {found.family} files, not {_article(kind.what)})" if found.family else ""
+    users = found.users_files()
+    example = f"; not written by the planner: {', '.join(users[:3])}{', ...' if len(users) > 3 else ''}" if users else ""
+    hint = (", or add --force to write beside those files (they are never overwritten or deleted)"
+            if kind.has_force else "")
+    raise PlannerInputError(
+        flag, f"{out} is a non-empty directory that holds no earlier {kind.what}{mine}{example}; choose a new or empty "
+              f"directory{hint}")
+
+
+def _article(what: str) -> str:
+    return f"a {what}" if what in ("plan",) else what
+
+
+def _whose(rel: str, found: Survey) -> str:
+    if rel in found.changed:
+        return "was changed after the planner wrote it and would be overwritten"
+    if rel == MANIFEST_NAME:
+        return "is not a manifest the planner can read and would be overwritten"
+    return "was not written by the planner and would be overwritten"
+
+
+def _blocker(out: Path, rel: str, found: Survey) -> str | None:
+    """The path (relative) that stops `rel` from being written: a user's file or link at `rel` or at
+    one of its parent directories; None when `rel` is free or the planner's own unchanged file."""
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        p = out / parent
+        if os.path.lexists(p) and (p.is_symlink() or not p.is_dir()):
+            return parent
+    dest = out / rel
+    if not os.path.lexists(dest):
+        return None
+    if dest.is_dir() and not dest.is_symlink():
+        return rel
+    if rel == MANIFEST_NAME:
+        return None if found.family is not None else rel
+    return None if rel in found.ours else rel
+
+
+def _outer_output(path: Path, levels: int = 8) -> Path | None:
+    """The nearest directory above `path` (at most `levels` up) whose manifest lists it, unchanged."""
+    here = Path(os.path.abspath(path))
+    for parent in list(here.parents)[1:levels + 1]:
+        family, listed = read_manifest(parent)
+        if family is None:
+            continue
+        rel = here.relative_to(parent).as_posix()
+        entry = listed.get(rel)
+        if entry is not None and entry_unchanged(here, entry):
+            return parent
+    return None
+
+
 def _probe_writable(directory: Path, flag: str, target: str | None = None) -> None:
     """Create and remove a temporary directory: the only reliable test on every file system."""
     try:
-        probe = tempfile.mkdtemp(prefix=".hapmoe-probe-", dir=directory)
+        probe = tempfile.mkdtemp(prefix=STAGING_PREFIX + "probe-", dir=directory)
         os.rmdir(probe)
     except OSError as exc:
         what = f"create {target}" if target else f"write into {directory}"
@@ -99,62 +197,116 @@ def _probe_writable(directory: Path, flag: str, target: str | None = None) -> No
 
 
 class StagedOutput:
-    """A temporary directory beside DIR to fill (text, pictures, anything); on a normal exit it is published
-    into DIR all-or-nothing (see the module docstring for replace and merge), and on an error it is removed
-    and DIR is left as it was.
+    """A temporary directory beside DIR to fill; on a normal exit its files are published into DIR
+    all-or-nothing (see the module docstring), and on an error or a signal it is removed and DIR is
+    left as it was.
 
-        staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT)
+        staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT, inputs=[script_path])
         with staged as tmp:
             (tmp / "plan.json").write_text(...)
         written = staged.written
-
-    `flag` is the option a file-system refusal names (a PlannerInputError); with None the OSError
-    itself goes up, worded by the file system (`--plot DIR`).  `kind` is needed to replace, not to merge.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], flag: str | None, kind: OutputKind | None = None, *,
-                 merge: bool = False):
-        if kind is None and not merge:
-            raise ValueError("StagedOutput: replacing DIR's entries needs the OutputKind that owns them")
-        self.out, self.flag, self.kind, self.merge = Path(out_dir), flag, kind, merge
+    def __init__(self, out_dir: str | os.PathLike[str], flag: str, kind: OutputKind, *, force: bool = False,
+                 inputs: Iterable[str | os.PathLike[str] | None] = ()):
+        self.out, self.flag, self.kind, self.force = Path(out_dir), flag, kind, force
+        self.inputs = _inputs(inputs)
         self.written: list[Path] = []
         self._tmp: Path | None = None
 
     def __enter__(self) -> Path:
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self._tmp = Path(tempfile.mkdtemp(prefix=".hapmoe-", dir=self.out.parent))
+            with held_signals():
+                self._tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.out.parent))
             self._tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; DIR gets the mode mkdir would give it
         except OSError as exc:
-            if self.flag is None:
-                raise
             raise PlannerInputError(self.flag, f"cannot create {self.out}: {exc.strerror or exc}") from None
         return self._tmp
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         tmp = self._tmp
         assert tmp is not None
-        try:
-            if exc_type is None:
-                self.written = self._publish(tmp)
-        except OSError as err:
-            if self.flag is None:
-                raise
-            raise PlannerInputError(self.flag, f"cannot write {self.out}: {err.strerror or err}") from None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with held_signals():
+            try:
+                if exc_type is None:
+                    self.written = self._publish(tmp)
+            except OSError as err:
+                raise PlannerInputError(self.flag, f"cannot write {self.out}: {err.strerror or err}") from None
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         return False
 
     def _publish(self, tmp: Path) -> list[Path]:
-        if self.merge:
-            return _move_into(tmp, self.out)
-        assert self.kind is not None
-        relative = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
-        if not self.out.exists():
-            os.rename(tmp, self.out)
-        else:
-            _swap_in(tmp, self.out, self.kind)
-        return [self.out / rel for rel in relative]
+        new = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file() or p.is_symlink())
+        if MANIFEST_NAME in new:
+            raise PlannerInputError(self.flag, f"an output file may not be named {MANIFEST_NAME}")
+        if not os.path.lexists(self.out):
+            (tmp / MANIFEST_NAME).write_text(manifest_text([entry_for(tmp / r, r, self.kind.writer) for r in new],
+                                                           self.kind.family))
+            os.rename(tmp, self.out)  # the cleanup's rmtree of `tmp` then finds nothing
+            return [self.out / r for r in new]
+        found = _check_existing(self.out, self.flag, self.kind, self.force, self.inputs, new)
+        _swap_in(tmp, self.out, new, found, self.kind, self.inputs)
+        return [self.out / r for r in new]
+
+
+def _swap_in(tmp: Path, out: Path, new: list[str], found: Survey, kind: OutputKind, inputs: Sequence[Path]) -> None:
+    """Move the staged files into `out`.  The planner's earlier files of the same command that the new
+    output does not have are removed (never an input); the planner's files it replaces are set aside
+    first and put back if a move fails.  The manifest is written last."""
+    entries = {r: entry_for(tmp / r, r, kind.writer) for r in new}
+    stale = sorted(r for r in found.ours if found.writer_of(r) == kind.writer and r not in entries
+                   and not _is_input(out / r, inputs))
+    keep = [found.listed[r] for r in sorted(found.ours) if r not in entries and r not in stale]
+    aside = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "old-", dir=out.parent))
+    moved_aside: list[str] = []
+    moved_in: list[str] = []
+    made: list[Path] = []
+    try:
+        for rel in [*new, *stale, MANIFEST_NAME]:
+            if os.path.lexists(out / rel) and (rel in found.ours or rel == MANIFEST_NAME):
+                (aside / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(out / rel, aside / rel)
+                moved_aside.append(rel)
+        for rel in new:
+            made += _make_parents(out, rel)
+            os.replace(tmp / rel, out / rel)
+            moved_in.append(rel)
+        (tmp / MANIFEST_NAME).write_text(manifest_text([*keep, *entries.values()], kind.family))
+        os.replace(tmp / MANIFEST_NAME, out / MANIFEST_NAME)
+    except OSError:
+        for rel in moved_in:
+            (out / rel).unlink(missing_ok=True)
+        for rel in moved_aside:
+            os.replace(aside / rel, out / rel)
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    _remove_emptied(out, stale)
+
+
+def _make_parents(out: Path, rel: str) -> list[Path]:
+    made = []
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = out.joinpath(*parts[:i])
+        if not d.exists():
+            d.mkdir()
+            made.append(d)
+    return made
+
+
+def _remove_emptied(out: Path, removed: list[str]) -> None:
+    """Remove the directories (under `out`, never `out` itself) that removing `removed` left empty."""
+    dirs = sorted({out.joinpath(*r.split("/")[:i]) for r in removed for i in range(1, r.count("/") + 1)},
+                  key=lambda p: -len(p.parts))
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only succeeds when empty
 
 
 def fill(directory: Path, files: Mapping[str, str | bytes], *, executable: tuple[str, ...] = (".sh",)) -> None:
@@ -178,9 +330,11 @@ def write_files(
     kind: OutputKind,
     *,
     executable: tuple[str, ...] = (".sh",),
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
 ) -> list[Path]:
     """Write {relative path: text or bytes} into `out_dir`, all-or-nothing; return the paths in the order given."""
-    staged = StagedOutput(out_dir, flag, kind)
+    staged = StagedOutput(out_dir, flag, kind, force=force, inputs=inputs)
     with staged as tmp:
         try:
             fill(tmp, files, executable=executable)
@@ -189,58 +343,13 @@ def write_files(
     return [Path(out_dir) / rel for rel in files]
 
 
-def _swap_in(tmp: Path, out: Path, kind: OutputKind) -> None:
-    """Move the new top-level entries of `tmp` into `out`; the command's earlier entries (and any entry
-    the new output replaces) are set aside first and restored if a move fails."""
-    new = sorted(os.listdir(tmp))
-    aside = Path(tempfile.mkdtemp(prefix=".hapmoe-old-", dir=out.parent))
-    moved_aside: list[str] = []
-    moved_in: list[str] = []
-    try:
-        for name in sorted(set(kind.owned) | set(new)):
-            if os.path.lexists(out / name):
-                os.replace(out / name, aside / name)
-                moved_aside.append(name)
-        for name in new:
-            os.replace(tmp / name, out / name)
-            moved_in.append(name)
-    except OSError:
-        for name in moved_in:
-            _remove(out / name)
-        for name in moved_aside:
-            os.replace(aside / name, out / name)
-        raise
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def _move_into(tmp: Path, dest: Path) -> list[Path]:
-    """Move every file under `tmp` to the same place under `dest`; returns the moved paths."""
-    dest.mkdir(parents=True, exist_ok=True)
-    written = []
-    for item in sorted(tmp.rglob("*")):
-        if item.is_file():
-            target = dest / item.relative_to(tmp)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(item), target)
-            written.append(target)
-    return written
-
-
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 __all__ = [
-    "BENCH_OUTPUT", "LAUNCHER_OUTPUT", "OutputKind", "PLAN_OUTPUT", "PROFILES_OUTPUT", "StagedOutput",
-    "check_out_dir", "fill", "write_files",
+    "BENCH_OUTPUT", "CALIBRATE_OUTPUT", "LAUNCHER_OUTPUT", "OutputKind", "PLAN_OUTPUT", "PLOTS_OUTPUT",
+    "PROFILE_OUTPUT", "StagedOutput", "check_out_dir", "fill", "held_signals", "write_files",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -17,6 +18,7 @@ from typing import Any, Callable
 import yaml
 
 from planner.errors import PlannerInputError
+from planner.output.run_dir import PROFILE_OUTPUT, write_files
 from planner.profile_tables import ProfileSet
 from planner.profiling import collectives, kernels
 from planner.profiling.shapes import BenchShapes, bench_shapes
@@ -276,12 +278,11 @@ def profile_yaml(profile: DeviceProfile) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, width=120)
 
 
-def write_profile(outcome: ProfileOutcome, out_dir: str | Path) -> list[Path]:
-    """Write DIR/devices/<name>.yaml (loaded by `--profiles DIR`) and DIR/profile_report.json."""
-    out = Path(out_dir)
-    (out / "devices").mkdir(parents=True, exist_ok=True)
-    yaml_path = out / "devices" / f"{outcome.profile.name}.yaml"
-    yaml_path.write_text(profile_yaml(outcome.profile), encoding="utf-8")
-    report_path = out / "profile_report.json"
-    report_path.write_text(json.dumps(outcome.report, indent=2, default=str), encoding="utf-8")
-    return [yaml_path, report_path]
+def write_profile(outcome: ProfileOutcome, out_dir: str | Path, *, force: bool = False) -> list[Path]:
+    """Write DIR/devices/<name>.yaml (loaded by `--profiles DIR`) and DIR/profile_report.json through the
+    staged writer; the files of other devices' profiles there stay (each device's run is its own writer)."""
+    name = outcome.profile.name
+    files = {f"devices/{name}.yaml": profile_yaml(outcome.profile),
+             "profile_report.json": json.dumps(outcome.report, indent=2, default=str)}
+    kind = dataclasses.replace(PROFILE_OUTPUT, writer=f"{PROFILE_OUTPUT.writer} ({name})")
+    return write_files(out_dir, files, "--out", kind, force=force)

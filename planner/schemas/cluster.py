@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import MAX_GPUS, StrictModel
+from planner.schemas.types import MAX_GPUS, BandwidthGBps, LatencyUs, StrictModel
 
 
 class NodeGroup(StrictModel):
@@ -13,8 +13,8 @@ class NodeGroup(StrictModel):
     device_type: str = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
     num_nodes: int = Field(gt=0)
     gpus_per_node: int = Field(gt=0)
-    intra_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
-    inter_node_bandwidth_gb_per_s: float | None = Field(None, gt=0, description="override, per GPU per direction")
+    intra_node_bandwidth_gb_per_s: BandwidthGBps | None = Field(None, description="override, per GPU per direction")
+    inter_node_bandwidth_gb_per_s: BandwidthGBps | None = Field(None, description="override, per GPU per direction")
 
     @property
     def num_gpus(self) -> int:
@@ -28,8 +28,8 @@ class CrossTypeLink(StrictModel):
 
     between: tuple[str, str]
     kind: str = Field(description="e.g. host-memory, ethernet, infiniband")
-    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction")
-    latency_us: float = Field(20.0, ge=0)
+    bandwidth_gb_per_s: BandwidthGBps = Field(description="per GPU per direction")
+    latency_us: LatencyUs = 20.0
 
 
 class ClusterSpec(StrictModel):
@@ -45,7 +45,44 @@ class ClusterSpec(StrictModel):
             raise ValueError("a cluster needs at least one node group")
         if self.world_size > MAX_GPUS:
             raise ValueError(f"the cluster has {self.world_size} GPUs; the planner handles at most {MAX_GPUS}")
+        self._check_node_shapes()
+        self._check_links()
         return self
+
+    def _check_node_shapes(self) -> None:
+        """The planner prices one node shape per device type: groups of one type must agree on GPUs per
+        node and on the bandwidth overrides (else the first group's would silently apply to all)."""
+        first: dict[str, tuple[int, NodeGroup]] = {}
+        for i, g in enumerate(self.groups):
+            if g.device_type not in first:
+                first[g.device_type] = (i, g)
+                continue
+            j, f = first[g.device_type]
+            for key in ("gpus_per_node", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
+                if getattr(g, key) != getattr(f, key):
+                    raise ValueError(
+                        f"groups[{i}].{key}: {g.device_type} is also groups[{j}] with {key} {getattr(f, key)}, here "
+                        f"{getattr(g, key)}; the planner models one node shape per device type: give both groups "
+                        "the same, or list only one of them")
+
+    def _check_links(self) -> None:
+        """Each link joins two different device types of this cluster, and each pair is given once."""
+        types = set(self.gpus_by_type())
+        seen: dict[frozenset[str], int] = {}
+        for i, link in enumerate(self.links):
+            a, b = link.between
+            if a == b:
+                raise ValueError(f"links[{i}].between: [{a}, {b}] joins a type with itself; links join two device "
+                                 "types (a type's own links are intra_node/inter_node of its profile or group)")
+            missing = [t for t in (a, b) if t not in types]
+            if missing:
+                raise ValueError(f"links[{i}].between: the cluster has no {missing[0]} GPUs (its types: "
+                                 f"{', '.join(sorted(types))})")
+            pair = frozenset((a, b))
+            if pair in seen:
+                raise ValueError(f"links[{i}].between: the link {a}-{b} is already links[{seen[pair]}]; give each "
+                                 "pair once")
+            seen[pair] = i
 
     @property
     def world_size(self) -> int:

@@ -7,12 +7,12 @@ carries a `provenance` saying whether its numbers are `measured` (on the user's 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from planner.errors import MissingProfileError
-from planner.schemas.types import StrictModel
+from planner.schemas.types import BandwidthGBps, HbmTBps, LatencyUs, MemoryGiB, PeakTflops, StrictModel
 
 ProvenanceKind = Literal["measured", "published", "datasheet-derived", "calibrated"]
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
@@ -58,8 +58,8 @@ class LinkProfile(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, host-memory")
-    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU per direction, GB/s (10^9 bytes)")
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: BandwidthGBps = Field(description="per GPU per direction, GB/s (10^9 bytes)")
+    latency_us: LatencyUs
     efficiency: dict[str, EfficiencyCurve] = Field(
         description="per collective name (all_reduce, all_gather, reduce_scatter, all_to_all, p2p)"
     )
@@ -72,14 +72,14 @@ class DeviceProfile(StrictModel):
     name: str = Field(description="canonical name, e.g. H800")
     aliases: tuple[str, ...] = ()
     vendor: str
-    memory_gib: float = Field(gt=0, description="device memory as the framework sees it, GiB")
+    memory_gib: MemoryGiB = Field(description="device memory as the framework sees it, GiB")
     memory_overhead_gib: float = Field(
         ge=0, description="context, communication buffers, allocator fragmentation, GiB"
     )
-    peak_tflops: dict[str, Annotated[float, Field(gt=0)]] = Field(
+    peak_tflops: dict[str, PeakTflops] = Field(
         description="dense peak per precision: bf16, fp16, fp8, fp32"
     )
-    hbm_bandwidth_tb_per_s: float = Field(gt=0)
+    hbm_bandwidth_tb_per_s: HbmTBps
     hbm_efficiency: float = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
     gpus_per_node: int = Field(gt=0)
     gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
@@ -96,6 +96,13 @@ class DeviceProfile(StrictModel):
     intra_node: LinkProfile
     inter_node: LinkProfile
     datasheet: Provenance
+
+    @model_validator(mode="after")
+    def _overhead_below_memory(self) -> "DeviceProfile":
+        if self.memory_overhead_gib >= self.memory_gib:
+            raise ValueError(f"memory_overhead_gib ({self.memory_overhead_gib:g}) must be below memory_gib "
+                             f"({self.memory_gib:g})")
+        return self
 
     def peak_flop_per_s(self, precision: str) -> float:
         key = "bf16" if precision == "fp32" and "fp32" not in self.peak_tflops else precision

@@ -24,7 +24,7 @@ import numbers
 import types
 from typing import Annotated, Any, Callable, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ValidationInfo, field_validator
 
 # ---- limits (each far above what a real run uses) ----
 MAX_LAYERS = 1_024  # decoder layers (DeepSeek-V3: 61, LLaMA-3-405B: 126); the search's tables grow with its square
@@ -57,6 +57,38 @@ FIELD_LIMITS: dict[str, int] = {
     # batch
     "micro_batch_size": MAX_BATCH, "global_batch_size": MAX_BATCH, "mbs": MAX_BATCH, "gbs": MAX_BATCH,
 }
+
+
+# ---- physical ranges of hardware figures: far outside real hardware on both sides, so that only a typo
+# or a unit mix-up is refused (one line naming the field), and the cost model's times stay far inside
+# the search's integer microseconds (planner/../solver_models/scaling.py)
+PHYSICAL_RANGES: dict[str, tuple[float, float, str, str]] = {
+    # name: (low, high, unit, what real hardware has)
+    "bandwidth": (0.1, 10_000.0, "GB/s", "per GPU per direction; 1 GbE is 0.125, NVLink 5 900"),
+    "latency": (0.0, 100_000.0, "us", "real links: 1-50 us"),
+    "memory": (0.25, 65_536.0, "GiB", "per device; real: 16-288 GiB"),
+    "peak": (1e-3, 1e5, "TFLOP/s", "per device; real: 15-10,000"),
+    "hbm": (1e-3, 1e3, "TB/s", "per device; real: 0.3-8"),
+}
+
+
+def physical(name: str) -> AfterValidator:
+    """A pydantic validator: the value must lie in PHYSICAL_RANGES[name]."""
+    low, high, unit, real = PHYSICAL_RANGES[name]
+
+    def check(value: float) -> float:
+        if not low <= value <= high:
+            raise ValueError(f"{value:g} {unit} is outside the physical range {low:g} to {high:g} {unit} ({real})")
+        return value
+
+    return AfterValidator(check)
+
+
+BandwidthGBps = Annotated[float, physical("bandwidth")]
+LatencyUs = Annotated[float, physical("latency")]
+MemoryGiB = Annotated[float, physical("memory")]
+PeakTflops = Annotated[float, physical("peak")]
+HbmTBps = Annotated[float, physical("hbm")]
 
 
 def _reject_bool_and_text(value: Any, expected: str) -> None:

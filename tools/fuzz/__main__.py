@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _over_time_limit(outcome: Outcome) -> bool:
     argv = list(outcome.case.argv)
-    if "--time-limit" not in argv or argv[0] not in ("solve", "compare"):
+    if "--time-limit" not in argv or argv[0] not in ("solve", "compare") or outcome.case.signal is not None:
         return False
     try:
         limit = float(argv[argv.index("--time-limit") + 1])

@@ -17,6 +17,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
+from tools.fuzz.classes import (
+    gen_edited_plan, gen_extremes, gen_poisoned_log, gen_script_loop, gen_signal, gen_user_files,
+)
 from tools.fuzz.inputs import (
     BAD_DEVICES, DEVICES, HF_CONFIGS, SCRIPT, TINY_CLUSTER, TINY_FILE, TINY_FLAGS, TINY_MODEL, base_plan_document,
     h800_profile_document, log_text,
@@ -25,7 +28,8 @@ from tools.fuzz.mutations import (
     DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_INT_KEYS, LINK_FIELDS, MODEL_FIELDS, NAN, TEXT_VALUES,
     TRAINING_FIELDS, FieldRule, document_mutations, to_json, to_yaml,
 )
-from planner.schemas.types import MAX_GPUS, MAX_LAYERS
+from planner.profile_tables import TIME_FACTOR_RANGE
+from planner.schemas.types import MAX_GPUS, MAX_LAYERS, PHYSICAL_RANGES
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class Case:
     names: tuple[str, ...] = ()
     out: str | None = None  # relative path of the command's --out, checked for half-written output
     timeout_s: float = 30.0
+    owned: tuple[str, ...] = ()  # case files the planner may replace (a genuine earlier output); all others
+    # must be byte for byte the same afterwards, whatever the exit status (else: data loss)
+    signal: tuple[str, float] | None = None  # (SIGTERM/SIGINT/SIGHUP, seconds): run as a process, signalled
 
     def command_line(self) -> str:
         """The command as a person would type it (files are listed separately)."""
@@ -627,7 +634,7 @@ def gen_profiles(rng: random.Random) -> CaseParts:
         if r < 0.5:
             value, label = rng.choice(FLOAT_VALUES)
             row["factor"] = value
-            valid = FieldRule("float", 0, None, low_open=True).accepts(value)
+            valid = FieldRule("float", *TIME_FACTOR_RANGE).accepts(value)
             body, what = to_yaml([row]), f"corrections factor = {label}"
         elif r < 0.7:
             key, value = rng.choice((("kind", "bogus"), ("device", "XPU"), ("device", ""), ("kind", 5),
@@ -652,7 +659,7 @@ def gen_profiles(rng: random.Random) -> CaseParts:
         elif r < 0.8:
             value, label = rng.choice(FLOAT_VALUES)
             doc["peak_tflops"]["bf16"] = value
-            valid = FieldRule("float", 0, None).accepts(value)
+            valid = FieldRule("float", *PHYSICAL_RANGES["peak"][:2]).accepts(value)
             what = f"device peak_tflops.bf16 = {label}"
         else:
             value, label = rng.choice(FLOAT_VALUES)
@@ -718,6 +725,13 @@ GENERATORS: dict[str, tuple[Generator, float]] = {
     "solve-large": (gen_solve_large, 0.003),
     "profiles": (gen_profiles, 0.04),
     "misc": (gen_misc, 0.04),
+    # issue 23's classes (tools/fuzz/classes.py)
+    "user-files": (gen_user_files, 0.05),
+    "edited-plan": (gen_edited_plan, 0.04),
+    "signal": (gen_signal, 0.01),
+    "script-loop": (gen_script_loop, 0.015),
+    "extremes": (gen_extremes, 0.05),
+    "poisoned-log": (gen_poisoned_log, 0.04),
 }
 KINDS = tuple(GENERATORS)
 
@@ -728,12 +742,15 @@ def make_case(seed: int, index: int, kinds: tuple[str, ...] = KINDS) -> Case:
     names = [k for k in KINDS if k in kinds]
     weights = [GENERATORS[k][1] for k in names]
     kind = rng.choices(names, weights)[0]
-    label, argv, files, valid, err_names, out = GENERATORS[kind][0](rng)
+    parts = GENERATORS[kind][0](rng)
+    label, argv, files, valid, err_names, out = parts[:6]
+    extra: dict = parts[6] if len(parts) > 6 else {}  # type: ignore[misc]
     heavy = kind.startswith("solve") or any(a in ("solve", "compare") for a in argv[:1])
     return Case(
         index=index, kind=kind, what=label.split(":", 1)[-1], argv=tuple(argv),
         files=tuple(sorted(files.items())), expect="reject" if valid is False else "any",
-        names=tuple(n for n in err_names if n), out=out, timeout_s=60.0 if heavy else 30.0,
+        names=tuple(n for n in err_names if n), out=out, timeout_s=extra.get("timeout_s", 60.0 if heavy else 30.0),
+        owned=tuple(extra.get("owned", ())), signal=extra.get("signal"),
     )
 
 

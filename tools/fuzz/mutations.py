@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
-from planner.schemas.types import MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LENGTH, MAX_SIZE
+from planner.schemas.types import (
+    MAX_BATCH, MAX_EXPERTS, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LENGTH, MAX_SIZE, PHYSICAL_RANGES,
+)
 
 NAN, INF = float("nan"), float("inf")
 BIG_INT = "__FUZZ_BIG_INT__"  # replaced by a 5,000-digit integer in the serialized text
@@ -115,16 +117,22 @@ TRAINING_FIELDS: dict[str, FieldRule] = {
     "precision": FieldRule("choice", choices=("bf16", "fp16", "fp8", "fp32")),
     "use_distributed_optimizer": FieldRule("bool"),
 }
+def _physical(name: str, optional: bool = False) -> FieldRule:
+    """A float field with the physical range the schemas check (planner/schemas/types.py)."""
+    low, high, _unit, _real = PHYSICAL_RANGES[name]
+    return FieldRule("float", low, high, optional=optional)
+
+
 GROUP_FIELDS: dict[str, FieldRule] = {
     "num_nodes": FieldRule("int", 1, MAX_GPUS),
     "gpus_per_node": FieldRule("int", 1, 1024),
-    "intra_node_bandwidth_gb_per_s": FieldRule("float", 0, None, optional=True, low_open=True),
-    "inter_node_bandwidth_gb_per_s": FieldRule("float", 0, None, optional=True, low_open=True),
+    "intra_node_bandwidth_gb_per_s": _physical("bandwidth", optional=True),
+    "inter_node_bandwidth_gb_per_s": _physical("bandwidth", optional=True),
     "device_type": FieldRule("text"),
 }
 LINK_FIELDS: dict[str, FieldRule] = {
-    "bandwidth_gb_per_s": FieldRule("float", 0, None, low_open=True),
-    "latency_us": FieldRule("float", 0, None),
+    "bandwidth_gb_per_s": _physical("bandwidth"),
+    "latency_us": _physical("latency"),
     "kind": FieldRule("text"),
 }
 HF_INT_KEYS: dict[str, FieldRule] = {
@@ -156,9 +164,9 @@ HF_INT_KEYS: dict[str, FieldRule] = {
 
 
 DEVICE_FIELDS: dict[str, FieldRule] = {
-    "memory_gib": FieldRule("float", 0, None, low_open=True),
+    "memory_gib": _physical("memory"),
     "memory_overhead_gib": FieldRule("float", 0, None),
-    "hbm_bandwidth_tb_per_s": FieldRule("float", 0, None, low_open=True),
+    "hbm_bandwidth_tb_per_s": _physical("hbm"),
     "hbm_efficiency": FieldRule("float", 0, 1, low_open=True),
     "gpus_per_node": FieldRule("int", 1, 1024),
 }

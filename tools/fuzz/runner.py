@@ -13,7 +13,13 @@ starts a fresh one.  Outcomes:
 - silent_accept: an input the generator knows to be invalid was accepted (exit 0);
 - unclear: a refusal that is not exactly one `error:` line (infeasibility hints and `warning:`
   lines aside), or that names none of the case's flag/field/file names;
-- half_written: a failed command left its --out directory created or changed.
+- half_written: a failed command left its --out directory created or changed (a signalled one: neither
+  as it was nor complete by its manifest), or a staging directory behind;
+- data_loss: a file of the case that the planner did not write (everything but `Case.owned`: the
+  user's files in an output directory, the inputs) was changed or deleted, whatever the exit status.
+
+Cases with `Case.signal` run `python cli.py` as a child process and send it the signal after the
+delay: it must exit 0 (done before the signal), 2/3 (refused), or 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -32,7 +40,8 @@ from typing import Callable, Iterable
 
 from tools.fuzz.cases import Case
 
-FAILURES = ("traceback", "hang", "silent_accept", "unclear", "half_written")
+FAILURES = ("data_loss", "traceback", "hang", "silent_accept", "unclear", "half_written")
+ROOT = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT_BYTES = 6 << 30  # per worker: a runaway allocation fails in the worker, not on the machine
 
 
@@ -100,47 +109,115 @@ def _leftovers(root: Path) -> list[str]:
     return [p.name for p in root.iterdir() if p.name.startswith(".hapmoe-")]
 
 
-def execute(case: Case) -> tuple[int | None, str, str, float, bool]:
-    """Run `case` in this process: (exit status, stdout+stderr, exception text, seconds, half-written)."""
+def _protected(case: Case) -> dict[str, bytes]:
+    """The case's files the planner did not write: all of them but `Case.owned`."""
+    def owned(rel: str) -> bool:
+        return any(rel == o or rel.startswith(o.rstrip("/") + "/") for o in case.owned)
+
+    return {rel: content for rel, content in case.files if not rel.endswith("/") and not owned(rel)}
+
+
+def _lost(root: Path, protected: dict[str, bytes]) -> list[str]:
+    """Protected files that are gone or changed."""
+    out = []
+    for rel, content in protected.items():
+        path = root / rel
+        try:
+            same = path.is_file() and not path.is_symlink() and path.read_bytes() == content
+        except OSError:
+            same = False
+        if not same:
+            out.append(rel)
+    return out
+
+
+def _complete(out_path: Path) -> bool:
+    """A directory the planner wrote completely: every file its manifest lists is there, unchanged."""
+    from planner.output.manifest import survey
+
+    if not out_path.is_dir():
+        return False
+    found = survey(out_path)
+    return found.family is not None and set(found.listed) <= found.ours
+
+
+def _run_in_process(argv: list[str]) -> tuple[int | None, str, str]:
     from click.testing import CliRunner
 
     from cli import main
 
+    result = CliRunner().invoke(main, argv, catch_exceptions=True, env={"HAPMOE_DEBUG": "1"})
+    error = ""
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        error = "".join(traceback.format_exception(*result.exc_info)[-4:]) if result.exc_info else repr(
+            result.exception)
+    return result.exit_code, result.output, error
+
+
+def _run_signalled(case: Case, argv: list[str], root: Path) -> tuple[int | None, str, str]:
+    """`python cli.py ARGV` as a child, signalled after the case's delay; (exit, output, error)."""
+    name, delay = case.signal or ("SIGTERM", 1.0)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *argv], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, "HAPMOE_DEBUG": "1"})
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(getattr(signal, name))
+    try:
+        output, _ = proc.communicate(timeout=max(5.0, case.timeout_s * 0.6))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        return None, output.decode(errors="replace"), f"hang: still running {case.timeout_s * 0.6:.0f} s after {name}"
+    code = proc.returncode
+    return (128 - code if code < 0 else code), output.decode(errors="replace"), ""
+
+
+def execute(case: Case) -> tuple[int | None, str, str, float, bool, list[str]]:
+    """Run `case` in this process (a signalled case: in a child process): (exit status, stdout+stderr,
+    exception text, seconds, half-written, protected files lost)."""
     root = Path(tempfile.mkdtemp(prefix="hapmoe-fuzz-"))
     cwd = os.getcwd()
     try:
         _materialise(case, root)
+        protected = _protected(case)
         argv = [a.replace("{d}", str(root)) for a in case.argv]
         out_path = root / case.out if case.out else None
         before = _snapshot(out_path) if out_path else None
         os.chdir(root)
         start = time.perf_counter()
-        result = CliRunner().invoke(main, argv, catch_exceptions=True, env={"HAPMOE_DEBUG": "1"})
+        if case.signal is not None:
+            exit_code, output, error = _run_signalled(case, argv, root)
+        else:
+            exit_code, output, error = _run_in_process(argv)
         seconds = time.perf_counter() - start
         os.chdir(cwd)
-        error = ""
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            error = "".join(traceback.format_exception(*result.exc_info)[-4:]) if result.exc_info else repr(
-                result.exception)
-        half = False
-        if result.exit_code != 0:
-            half = bool(_leftovers(root))
-            if out_path is not None:
-                half = half or _snapshot(out_path) != before
-                half = half or (out_path.parent.is_dir() and bool(_leftovers(out_path.parent)))
-        return result.exit_code, result.output, error, seconds, half
+        half = bool(_leftovers(root)) or (out_path is not None and out_path.parent.is_dir()
+                                          and bool(_leftovers(out_path.parent)))
+        if exit_code != 0 and out_path is not None and _snapshot(out_path) != before:
+            half = half or case.signal is None or not _complete(out_path)
+        return exit_code, output, error, seconds, half, _lost(root, protected)
     finally:
         os.chdir(cwd)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def classify(case: Case, exit_code: int | None, output: str, error: str, half: bool) -> tuple[str, str]:
+def classify(case: Case, exit_code: int | None, output: str, error: str, half: bool,
+             lost: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
     """(verdict, detail) of one finished case."""
     lines = [ln for ln in output.splitlines() if ln.strip()]
     error_lines = [ln for ln in lines if ln.startswith("error:")]
     detail = error_lines[0] if error_lines else (lines[-1] if lines else "")
-    if error or exit_code not in (0, 2, 3) or "Traceback (most recent call last)" in output:
+    if lost:
+        return "data_loss", f"changed or deleted: {', '.join(lost[:5])}; " + detail
+    if error.startswith("hang:"):
+        return "hang", error
+    signalled = 128 + getattr(signal, case.signal[0]) if case.signal is not None else None
+    allowed = (0, 2, 3) if signalled is None else (0, 2, 3, signalled)
+    if error or exit_code not in allowed or "Traceback (most recent call last)" in output:
         return "traceback", error.strip() or detail
+    if signalled is not None and exit_code == signalled:
+        return ("half_written", "signalled: " + detail) if half else ("ok", detail)
     if half:
         return "half_written", detail
     if exit_code == 0:
@@ -164,7 +241,7 @@ def classify(case: Case, exit_code: int | None, output: str, error: str, half: b
 # --------------------------------------------------------------------------------------------
 
 
-Executor = Callable[[Case], tuple[int | None, str, str, float, bool]]
+Executor = Callable[[Case], tuple]  # (exit, output, error, seconds, half-written[, lost files])
 
 
 def _worker(conn: Connection, executor: Executor) -> None:
@@ -184,12 +261,12 @@ def _worker(conn: Connection, executor: Executor) -> None:
         if case is None:
             return
         try:
-            exit_code, output, error, seconds, half = executor(case)
+            exit_code, output, error, seconds, half, *rest = executor(case)
         except BaseException as exc:  # the harness itself: report, keep going
-            exit_code, output, error, seconds, half = None, "", f"harness: {exc!r}", 0.0, False
+            exit_code, output, error, seconds, half, rest = None, "", f"harness: {exc!r}", 0.0, False, []
         if len(output) > 8000:
             output = output[:4000] + "\n...\n" + output[-4000:]
-        conn.send((exit_code, output, error[-4000:], seconds, half))
+        conn.send((exit_code, output, error[-4000:], seconds, half, list(rest[0]) if rest else []))
 
 
 class _Slot:
@@ -250,12 +327,13 @@ def run_cases(cases: Iterable[Case], *, jobs: int = 2, timeout_s: float | None =
                 limit = timeout_s if timeout_s is not None else case.timeout_s
                 if slot.parent in ready:
                     try:
-                        exit_code, output, error, seconds, half = slot.parent.recv()
+                        exit_code, output, error, seconds, half, lost = slot.parent.recv()
                     except (EOFError, OSError):  # the worker died (memory limit, a signal)
-                        exit_code, output, error, seconds, half = None, "", "worker died", now - slot.started, False
+                        exit_code, output, error, seconds, half, lost = (None, "", "worker died", now - slot.started,
+                                                                         False, [])
                         slot.kill()
                         slots[i] = slot = _Slot(ctx, executor)
-                    verdict, detail = classify(case, exit_code, output, error, half)
+                    verdict, detail = classify(case, exit_code, output, error, half, lost)
                     outcome = Outcome(case, verdict, exit_code, seconds, detail)
                 elif now - slot.started > limit:
                     elapsed = now - slot.started

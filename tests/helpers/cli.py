@@ -1,0 +1,44 @@
+"""Running the command line in-process, and what a clean refusal looks like (issues 13 and 23)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from cli import main
+
+
+def run(args: list[str], cwd: Path | None = None):
+    """`python cli.py ARGS` in this process (in `cwd` when given); click's Result."""
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, args, catch_exceptions=True)
+    finally:
+        os.chdir(old)
+
+
+def refused(res, *names: str) -> str:
+    """Exit 2, no exception, exactly one `error:` line that names one of `names`; returns the line."""
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exc_info
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and len(lines) == 1, res.output
+    assert any(n.lower() in errors[0].lower() for n in names), (names, errors[0])
+    assert "Traceback" not in res.output and "/tmp/.hapmoe" not in res.output
+    return errors[0]
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file under `path` with its bytes (symbolic links as their target text)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(path))] = b"-> " + os.readlink(p).encode()
+        elif p.is_file():
+            out[str(p.relative_to(path))] = p.read_bytes()
+    return out

@@ -1,0 +1,145 @@
+"""Issue 23, item 2: `emit` re-checks everything `solve` checks (the checker: layers, GPUs, memory,
+Megatron's rules; the prediction guard) and refuses a plan whose model or cluster differs from the one
+it was made for (plan.json's made_for record).  Each example of the issue is a test here."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers.cli import refused, run
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.plan_file import made_for
+from planner.inputs.resolve import resolve_run
+from planner.output.report import plan_json
+from planner.profile_tables import ProfileSet
+from planner.schemas.plan import Plan, StagePlan
+from tools.fuzz.inputs import SCRIPT, TINY_MODEL, base_plan_document
+from tools.fuzz.mutations import to_json, to_yaml
+
+# mixtral-s on H800:16,MI300X:16 as `solve --backend hsdp` planned it: PP 8 of 4 layers, DP 4, stage 1 (H800)
+# within a GiB of its 79 GiB, the MI300X stages far from their 192 GiB
+TYPES = ("MI300X", "H800", "H800", "H800", "H800", "MI300X", "MI300X", "MI300X")
+CLUSTER = "H800:16,MI300X:16"
+
+
+def mixtral_plan_document() -> dict:
+    run = resolve_run(model="mixtral-s", world_size=32)
+    cluster = parse_cluster(CLUSTER, ProfileSet.load())
+    plan = Plan(runtime="megatron", tp=1, cp=1, ep=1, etp=1, vpp=1, mbs=1, gbs=1024, sequence_parallel=False,
+                stages=tuple(StagePlan(device_type=t, num_layers=4, dp=4) for t in TYPES))
+    return {"runtime": "megatron", "model": run.model.name, "cluster": cluster.describe(), "world_size": 32,
+            "cluster_gpus": 32, "num_microbatches": plan.num_microbatches, "plan": plan_json(plan),
+            "inputs": {"run": run.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")},
+            "made_for": made_for(run, cluster)}
+
+
+@pytest.fixture(scope="module")
+def mixtral() -> dict:
+    return mixtral_plan_document()
+
+
+def emit(tmp_path: Path, doc: dict, *extra: str):
+    path = tmp_path / "plan.json"
+    path.write_bytes(to_json(doc))
+    return run(["emit", "--plan", str(path), "--out", str(tmp_path / "launch"), *extra])
+
+
+def test_the_untouched_plan_is_emitted(tmp_path, mixtral):
+    res = emit(tmp_path, mixtral)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "launch" / "launch.sh").is_file()
+
+
+def _layer_moved(doc):
+    doc["plan"]["stages"][0]["num_layers"] -= 1
+    doc["plan"]["stages"][1]["num_layers"] += 1  # onto the H800 stage that is within a GiB of full
+
+
+def _types_swapped(doc):
+    s = doc["plan"]["stages"]
+    s[0]["device_type"], s[1]["device_type"] = s[1]["device_type"], s[0]["device_type"]
+
+
+def _mbs_raised(doc):
+    doc["plan"]["mbs"] = 2
+    doc["plan"]["num_microbatches"] = doc["num_microbatches"] = doc["num_microbatches"] // 2
+
+
+def _experts(doc):
+    doc["inputs"]["run"]["model"]["num_experts"] = 16
+
+
+def _hidden(doc):
+    doc["inputs"]["run"]["model"]["hidden_size"] = 8192
+
+
+@pytest.mark.parametrize("edit", [_layer_moved, _types_swapped, _mbs_raised, _experts, _hidden],
+                         ids=["a layer moved", "two stage types swapped", "the micro-batch raised",
+                              "the experts changed", "the hidden size changed"])
+def test_an_edited_plan_is_refused_with_the_checkers_reason(tmp_path, mixtral, edit):
+    """Each edit was emitted as a launcher; the checker rejects every one (97-138 GiB on a 79 GiB stage)."""
+    doc = copy.deepcopy(mixtral)
+    edit(doc)
+    line = refused(emit(tmp_path, doc), "--plan")
+    assert "plan checker rejects" in line and "GiB, has 79 GiB" in line
+    if edit in (_experts, _hidden):
+        assert "inputs.run (made for mixtral-s) changed after solve" in line
+    assert not (tmp_path / "launch").exists()
+
+
+def test_a_bare_plan_of_terabytes_per_gpu_is_refused(tmp_path):
+    """`emit --plan bare.json --model deepseek-v3 --cluster H800:8` wrote a plan of about 1.4 TB per GPU."""
+    bare = {"runtime": "megatron", "tp": 1, "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": 1, "gbs": 1024,
+            "stages": [{"device_type": "H800", "num_layers": 61, "dp": 8, "recompute": {"granularity": "none"}}]}
+    line = refused(emit(tmp_path, bare, "--model", "deepseek-v3", "--cluster", "H800:8"), "--plan")
+    # 671e9 parameters of 2 bytes on every GPU: the weights alone are 1,250 GiB
+    gib = float(line.split("needs ")[1].split(" GiB")[0])
+    assert gib > 671e9 * 2 / 2**30 and not (tmp_path / "launch").exists()
+
+
+def test_a_plan_for_one_model_is_not_emitted_with_another_models_script(tmp_path, mixtral):
+    """The header named the first model (issue 23); now the script is compared with what the plan was
+    made for and refused, naming the differing fields."""
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.format(extra="", layers="4"))  # a tiny MoE model
+    line = refused(emit(tmp_path, mixtral, "--megatron-script", str(script)), "--megatron-script")
+    assert "mixtral-s" in line and "hidden_size 256 vs 4096" in line
+    # the same model's script is fine, and the launcher names the plan's model
+    tiny_doc = base_plan_document()
+    res = emit(tmp_path, tiny_doc, "--megatron-script", str(script))
+    assert res.exit_code == 0, res.output
+    assert "tiny-moe" in (tmp_path / "launch" / "launch.sh").read_text()
+
+
+def test_a_plan_is_not_emitted_for_another_cluster(tmp_path):
+    line = refused(emit(tmp_path, base_plan_document(), "--cluster", "H800:16"), "--cluster")
+    assert "made for H800:8" in line
+
+
+def test_an_edited_cluster_or_record_is_refused_and_an_old_plan_json_still_checked(tmp_path):
+    doc = base_plan_document()
+    doc["inputs"]["cluster"]["groups"][0]["intra_node_bandwidth_gb_per_s"] = 100.0
+    assert "inputs.cluster (made for H800:8) changed" in refused(emit(tmp_path, doc), "--plan")
+    doc = base_plan_document()
+    doc["made_for"] = {"model": "x"}
+    refused(emit(tmp_path, doc), "--plan")
+    doc = base_plan_document()
+    del doc["made_for"]  # written before made_for existed: checked, and said so
+    res = emit(tmp_path, doc)
+    assert res.exit_code == 0 and "no made_for record" in res.output
+
+
+def test_solve_out_writes_the_made_for_record(tmp_path):
+    model = tmp_path / "tiny.yaml"
+    model.write_bytes(to_yaml(TINY_MODEL))
+    out = tmp_path / "plan"
+    assert run(["solve", "--model", str(model), "--cluster", "H800:8", "--quiet", "--time-limit", "5", "--out",
+                str(out)]).exit_code == 0
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["made_for"]["model"] == "tiny-moe" and doc["made_for"]["cluster"] == "H800:8"
+    res = run(["emit", "--plan", str(out / "plan.json"), "--out", str(tmp_path / "launch")])
+    assert res.exit_code == 0, res.output
