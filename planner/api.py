@@ -394,7 +394,7 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
                                 cluster=cluster, script_args=tuple(script_args), profiles=profiles)
     run, plan, cluster_spec = found.run, found.plan, found.cluster
     check_plan_document(data, plan, run, cluster_spec)
-    check_emitted_plan(found, profiles)
+    check_emitted_plan(found, profiles, memory_headroom=data.get("memory_headroom"))
     if not found.has_record and "plan" in data and on_note is not None:
         on_note("plan.json has no made_for record (written before this version): the model and cluster in it "
                 "were checked, not compared with what solve planned for")
@@ -402,10 +402,12 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     return render_launch_files(run, plan, cluster_spec, script), script
 
 
-def check_emitted_plan(found, profiles: ProfileSet) -> None:
+def check_emitted_plan(found, profiles: ProfileSet, memory_headroom: float | None = None) -> None:
     """The checker's verdict on the plan for the run and cluster it is emitted for, and the record:
-    a rejected plan, an implausible prediction or inputs edited since solve are refused (--plan)."""
-    cost_model = CostModel(found.run.model, found.run.training, found.cluster, profiles)
+    a rejected plan, an implausible prediction or inputs edited since solve are refused (--plan).
+    `memory_headroom`: the one solve planned with (plan.json's `memory_headroom`; None: the default)."""
+    cost_model = CostModel(found.run.model, found.run.training, found.cluster, profiles,
+                           memory_headroom=memory_headroom)
     problems, cost = plan_problems(cost_model, found.plan)
     edited = f" ({' and '.join(found.edited)} changed after solve wrote plan.json)" if found.edited else ""
     if problems:
