@@ -30,10 +30,7 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
             f"{par.tp}*{par.pp}*{par.cp} = {denom}",
         )
     dp = world // denom
-    try:
-        layers = par.stage_layers(model.num_layers)
-    except ValueError as exc:
-        raise PlannerInputError("--pipeline-model-parallel-layout", str(exc)) from None
+    layers = par.stage_layers(model.num_layers)
     if tr.global_batch_size % (tr.micro_batch_size * dp):
         raise PlannerInputError(
             "--global-batch-size",
@@ -69,8 +66,18 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
         runtime="megatron", tp=par.tp, cp=par.cp, ep=par.ep, etp=par.expert_tp, vpp=vpp,
         mbs=tr.micro_batch_size, gbs=tr.global_batch_size,
         sequence_parallel=par.sequence_parallel or (model.is_moe and par.tp > 1), stages=tuple(stages),
+        layout=_kept_layout(par, layers, vpp),
     )
     return plan, notes
+
+
+def _kept_layout(par, layers: list[int], vpp: int) -> tuple[str, ...] | None:
+    """The run's own layout, kept in the plan when it places the layers priced (a refused layout that
+    does not is priced on ParallelConfig.stage_layers' even split instead)."""
+    if par.layout is None or len(par.layout) != par.pp * vpp:
+        return None
+    per_rank = [sum(par.layout[c * par.pp + r].count("t") for c in range(vpp)) for r in range(par.pp)]
+    return par.layout if per_rank == layers else None
 
 
 def estimate_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> PlanCost:

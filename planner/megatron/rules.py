@@ -44,6 +44,7 @@ from typing import Sequence
 from planner.errors import PlannerInputError
 from planner.runtime import runtime_of
 from planner.schemas.model import ModelSpec
+from planner.schemas.parallel import ParallelConfig
 from planner.schemas.plan import Plan
 from planner.schemas.training import TrainingSpec
 
@@ -175,16 +176,25 @@ def microbatch_violations(gbs: int, *, mbs: int, dp: int) -> list[RuleViolation]
     return []
 
 
-def interleave_violations(m: int | None, *, pp: int, vpp: int) -> list[RuleViolation]:
-    """Interleaving (VPP > 1): PP > 1 (VA) and, with the default micro-batch group size PP, M >= PP
-    and M % PP == 0 (SCH), for M micro-batches (None: not known, only the first rule applies)."""
+def interleave_violations(m: int | None, *, pp: int, vpp: int, overlap_p2p_comm: bool = True
+                          ) -> list[RuleViolation]:
+    """Interleaving (VPP > 1): PP > 1, or PP > 2 with --no-overlap-p2p-communication (VA), and, with
+    the default micro-batch group size PP, M >= PP and M % PP == 0 (SCH, at the first step), for M
+    micro-batches (None: not known, only the first rule applies)."""
     out: list[RuleViolation] = []
     if vpp <= 1:
         return out
-    if pp < 2:
+    if overlap_p2p_comm and pp < 2:
         out.append(RuleViolation("vpp_needs_pp",
                                  "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1",
                                  "use vpp = 1 with a single pipeline stage"))
+    elif not overlap_p2p_comm and pp < 3:
+        out.append(RuleViolation(
+            "vpp_needs_pp",
+            "When interleaved schedule is used and p2p communication overlap is disabled, pipeline-model-parallel "
+            "size should be greater than 2 to avoid having multiple p2p sends and recvs between same 2 ranks per "
+            "communication batch",
+            "use vpp = 1, PP > 2, or drop --no-overlap-p2p-communication"))
     if m is not None and pp > 1:
         if m < pp:
             out.append(RuleViolation(
@@ -213,17 +223,25 @@ def batch_violations(gbs: int, *, mbs: int, dp: int, pp: int, vpp: int) -> list[
 
 def pipeline_split_violations(
     num_layers: int, pp: int, vpp: int = 1, *, first: int | None = None, last: int | None = None,
-    account_for_embedding: bool = False, account_for_loss: bool = False,
+    account_for_embedding: bool = False, account_for_loss: bool = False, vpp_given: bool | None = None,
 ) -> list[RuleViolation]:
     """How --num-layers splits over PP ranks without an explicit layout (VA and TC, megatron-core
-    0.19): first/last-stage overrides and the account-for flags exclude each other; the count
-    (num_layers + 1 per accounted embedding/loss) divides over the ranks; with VPP each rank's
-    count divides by VPP (without the account-for flags validate_args does not check this with
-    VPP; the model build does, in transformer_block.get_num_layers_to_build, and its message is
-    used).  With the account-for flags Megatron counts the embedding and the loss
-    as layers here: Qwen3-235B's 94 layers on PP 8 with VPP 4 are (94 + 2) / 8 = 12 per rank, which
-    4 divides."""
+    0.19), in Megatron's order: without a VPP flag and without first/last-stage overrides, validate_args
+    wants the count (num_layers + 1 per accounted embedding/loss) to divide over the ranks; the
+    first/last-stage overrides and the account-for flags exclude each other (TC); the overrides leave
+    an even middle (TC); with the account-for flags and VPP the count divides by PP and each rank's by
+    VPP (TC); otherwise, with VPP, the model build (transformer_block.get_num_layers_to_build) wants
+    num_layers % PP == 0 and each rank's layers % VPP == 0, and its message is used.  With the
+    account-for flags Megatron counts the embedding and the loss as layers: Qwen3-235B's 94 layers on
+    PP 8 with VPP 4 are (94 + 2) / 8 = 12 per rank, which 4 divides.  `vpp_given`: a VPP flag was given
+    (None: VPP > 1)."""
     accounted = int(account_for_embedding) + int(account_for_loss)
+    v = vpp if vpp > 1 else None
+    given = v is not None if vpp_given is None else vpp_given
+    total = num_layers + accounted
+    if not given and first is None and last is None and total % pp:  # validate_args, before TC
+        return [RuleViolation("pipeline_split", "Number of layers should be divisible by the pipeline-model-parallel size",
+                              _split_hint(num_layers, accounted, pp))]
     if (first is not None or last is not None) and accounted:
         return [RuleViolation(
             "pipeline_split",
@@ -231,23 +249,17 @@ def pipeline_split_violations(
             "time with account_for_embedding_in_pipeline_splitand account_for_loss_in_pipeline_split",
             "give either --decoder-first/last-pipeline-num-layers or the --account-for-* flags",
         )]
-    v = vpp if vpp > 1 else None
     if first is not None or last is not None:
         return _end_stage_split_violations(num_layers, pp, v, first, last)
-    total = num_layers + accounted
     if total % pp:
         if accounted and v:
             message = (f"num_layers: {total} after enableaccount_for_embedding_in_pipeline_split or "
                        f"account_for_loss_in_pipeline_split must be divisibleby pipeline_model_parallel_size {pp}")
         elif accounted:
             message = f"number of middle layers: {total} must be divisible by middle pipeline_model_parallel_size {pp}"
-        elif v:  # validate_args lets it pass; the model build refuses (transformer_block.get_num_layers_to_build)
+        else:  # validate_args lets it pass with a VPP flag; the model build refuses
             message = f"num_layers={total} should be divisible by config.pipeline_model_parallel_size={pp}"
-        else:
-            message = "Number of layers should be divisible by the pipeline-model-parallel size"
-        return [RuleViolation("pipeline_split", message,
-                              f"--num-layers {num_layers}{f' + {accounted} accounted' if accounted else ''} over PP {pp}; "
-                              "give --pipeline-model-parallel-layout or --decoder-first/last-pipeline-num-layers")]
+        return [RuleViolation("pipeline_split", message, _split_hint(num_layers, accounted, pp))]
     per_rank = total // pp
     if v and per_rank % v:
         if accounted:
@@ -258,6 +270,11 @@ def pipeline_split_violations(
             message = f"num_layers_per_pipeline_rank {per_rank}             should be divisible by vp_size {v}"
         return [RuleViolation("pipeline_split_vpp", message, f"each rank's {per_rank} layers must be a multiple of VPP {v}")]
     return []
+
+
+def _split_hint(num_layers: int, accounted: int, pp: int) -> str:
+    return (f"--num-layers {num_layers}{f' + {accounted} accounted' if accounted else ''} over PP {pp}; "
+            "give --pipeline-model-parallel-layout or --decoder-first/last-pipeline-num-layers")
 
 
 def _end_stage_split_violations(num_layers: int, pp: int, v: int | None, first: int | None, last: int | None
@@ -298,16 +315,124 @@ def _end_stage_split_violations(num_layers: int, pp: int, v: int | None, first: 
     return out
 
 
-def stage_count_violations(stage_layers: Sequence[int], vpp: int) -> list[RuleViolation]:
-    """With interleaving every stage (pipeline rank) holds at least one decoder layer per virtual
-    chunk."""
-    short = [i for i, n in enumerate(stage_layers) if n < vpp] if vpp > 1 else []
-    if short:
+_LAYER_TYPE = {"E": "LayerType.embedding", "L": "LayerType.loss", "t": "LayerType.decoder", "m": "LayerType.mtp"}
+
+
+def layout_violations(stages: Sequence[str], *, pp: int, num_layers: int, mtp_num_layers: int = 0,
+                      overlap_p2p_comm: bool = True) -> list[RuleViolation]:
+    """--pipeline-model-parallel-layout, expanded into its virtual stages (planner/megatron/layout.py
+    `layout_stages`), on PP ranks, in Megatron's order: the stage count is a multiple of PP (VA), the
+    VPP it implies needs PP > 1 (PP > 2 with --no-overlap-p2p-communication) (VA), then
+    PipelineParallelLayerLayout.validate_layer_layout: E and L are the first and last symbols of the
+    flattened layout and appear once each (markers only: Megatron builds the embedding on rank 0's
+    first chunk and the loss on the last rank's last chunk wherever they are written), the decoder
+    and MTP layers are counted, no decoder layer follows an MTP layer, MTP layers sit in one chunk that
+    is the last of its rank.  Empty chunks and chunks holding only E or L are fine."""
+    if len(stages) % pp:
         return [RuleViolation(
-            "layout_stage_count",
-            f"stages {short} hold fewer decoder layers than the {vpp} virtual chunks each pipeline rank runs",
-            "give every stage at least vpp layers, or lower vpp",
-        )]
+            "layout_stages_pp",
+            "The length of pipeline_model_parallel_layout must be divisible by pipeline_model_parallel_size "
+            f"(num_stages={len(stages)}, args.pipeline_model_parallel_size={pp})",
+            f"give a multiple of PP = {pp} stages ('|'-separated)")]
+    out = interleave_violations(None, pp=pp, vpp=len(stages) // pp, overlap_p2p_comm=overlap_p2p_comm)
+    flat = "".join(stages)
+    if not flat or flat[0] != "E":
+        got = _LAYER_TYPE[flat[0]] if flat else "nothing"
+        return out + [RuleViolation("layout_embedding", f"The first layer must be embedding, but got {got}",
+                                    "start the layout with E")]
+    if flat[-1] != "L":
+        return out + [RuleViolation("layout_loss", f"The last layer must be loss, but got {_LAYER_TYPE[flat[-1]]}",
+                                    "end the layout with L")]
+    if flat.count("E") != 1:
+        return out + [RuleViolation("layout_embedding", "Embedding must be specified exactly once", "write E once")]
+    if flat.count("L") != 1:
+        return out + [RuleViolation("layout_loss", "Loss must be specified exactly once", "write L once")]
+    if flat.count("t") != num_layers:
+        return out + [RuleViolation("layout_layers",
+                                    f"Number of decoder layers {flat.count('t')}must match num_layers {num_layers}",
+                                    f"place --num-layers {num_layers} decoder layers (t)")]
+    return out + _layout_mtp_violations(stages, pp, flat, mtp_num_layers)
+
+
+def _layout_mtp_violations(stages: Sequence[str], pp: int, flat: str, mtp_num_layers: int) -> list[RuleViolation]:
+    """validate_layer_layout's MTP checks (layout_violations)."""
+    if flat.count("m") != mtp_num_layers:
+        return [RuleViolation("layout_mtp", "Number of mtp layers in layout must match mtp_num_layers",
+                              f"place --mtp-num-layers {mtp_num_layers} MTP layers (m)")]
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        return [RuleViolation("layout_mtp", "decoder layers must be placed before MTP layers",
+                              "put every m after the last t")]
+    vpp = len(stages) // pp
+    if any("m" in stages[c * pp + r] for r in range(pp) for c in range(vpp - 1)):
+        return [RuleViolation("layout_mtp", "Currently we restrict that the MTP should be always in the last ",
+                              "MTP layers go in the last virtual chunk of a pipeline rank")]
+    if any("m" in stages[(vpp - 1) * pp + r] and stages[(vpp - 1) * pp + r].count("m") != mtp_num_layers
+           for r in range(pp)):
+        return [RuleViolation("layout_mtp", "All of the MTP layers must be in the same one virtual pipeline stage",
+                              "put every m in one stage")]
+    return []
+
+
+def pipeline_flag_violations(model: ModelSpec, parallel: ParallelConfig, *, overlap_p2p_comm: bool = True
+                             ) -> list[RuleViolation]:
+    """How the run's flags place the layers on the pipeline (VA and TC, megatron-core 0.19): at most
+    one of --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank and the
+    layout; a layout excludes the first/last-stage and account-for flags and follows
+    `layout_violations`; otherwise the split of `pipeline_split_violations`."""
+    p = parallel
+    ways = (("num_layers_per_virtual_pipeline_stage", p.num_layers_per_virtual_stage),
+            ("num_virtual_stages_per_pipeline_rank", p.vpp),
+            ("pipeline_model_parallel_layout", "|".join(p.layout) if p.layout is not None else None))
+    if sum(value is not None for _, value in ways) > 1:
+        return [RuleViolation(
+            "vpp_flags",
+            "No more than one of the following arguments can be set at the same time: "
+            "--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,"
+            "--pipeline-model-parallel-layout. " + ", ".join(f"args.{name}={value!r}" for name, value in ways) + ".",
+            "give the virtual pipeline one way")]
+    first, last = p.first_stage_layers, p.last_stage_layers
+    accounted = p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split
+    if p.layout is not None:
+        out = layout_violations(p.layout, pp=p.pp, num_layers=model.num_layers, mtp_num_layers=model.mtp_num_layers,
+                                overlap_p2p_comm=overlap_p2p_comm)
+        if first is not None or last is not None or accounted:
+            out.insert(0, RuleViolation(
+                "pipeline_split",
+                "pipeline_model_parallel_layout cannot be set with other pipeline layout arguments. "
+                f"self.num_layers_in_first_pipeline_stage={first}, self.num_layers_in_last_pipeline_stage={last}, "
+                f"self.account_for_embedding_in_pipeline_split={p.account_for_embedding_in_pipeline_split}, "
+                f"self.account_for_loss_in_pipeline_split={p.account_for_loss_in_pipeline_split}.",
+                "drop --decoder-first/last-pipeline-num-layers and the --account-for-* flags"))
+        return out
+    if p.num_layers_per_virtual_stage is not None:
+        out = _layers_per_virtual_stage_violations(model, p)
+        if out:
+            return out
+    vpp = p.virtual_size(model.num_layers)
+    return (interleave_violations(None, pp=p.pp, vpp=vpp, overlap_p2p_comm=overlap_p2p_comm)
+            + pipeline_split_violations(model.num_layers, p.pp, vpp, first=first, last=last,
+                                        account_for_embedding=p.account_for_embedding_in_pipeline_split,
+                                        account_for_loss=p.account_for_loss_in_pipeline_split,
+                                        vpp_given=p.vpp is not None or p.num_layers_per_virtual_stage is not None))
+
+
+def _layers_per_virtual_stage_violations(model: ModelSpec, p: ParallelConfig) -> list[RuleViolation]:
+    """VA's --num-layers-per-virtual-pipeline-stage route."""
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return [RuleViolation(
+            "pipeline_split",
+            "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline parallel degree when "
+            "enable uneven pipeline parallelism", "give --num-virtual-stages-per-pipeline-rank instead")]
+    total = p.accounted_layers(model.num_layers)
+    if total % p.pp:
+        return [RuleViolation("pipeline_split",
+                              "number of layers of the model must be divisible pipeline model parallel size",
+                              f"{total} layers over PP {p.pp}")]
+    if (total // p.pp) % p.num_layers_per_virtual_stage:
+        return [RuleViolation(
+            "pipeline_split_vpp",
+            "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage",
+            f"{total // p.pp} layers per stage, {p.num_layers_per_virtual_stage} per virtual stage")]
     return []
 
 
@@ -422,14 +547,6 @@ def interleave_ok(gbs: int, mbs: int, dp: int, pp: int, vpp: int) -> bool:
 
 
 @_remembered
-def layout_ok(num_layers: int, pp: int, vpp: int) -> bool:
-    """layout_stage_count on the degrees: the even split's shortest stage (num_layers // PP
-    layers) holds vpp of them, i.e. num_layers >= PP*VPP; the search also gives every stage a
-    layer (PP <= num_layers)."""
-    return pp <= num_layers and not stage_count_violations((num_layers // pp,), vpp)
-
-
-@_remembered
 def runtime_degrees_ok(runtime: str, cp: int, vpp: int) -> bool:
     """flagscale_cp, flagscale_vpp: CP and VPP only where the runtime has them (upstream Megatron takes
     both; FlagScale's meshes neither)."""
@@ -479,17 +596,17 @@ def _batch_rules(plan: Plan) -> list[RuleViolation]:
 
 
 def _layout_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
-    out: list[RuleViolation] = []
     placed = sum(s.num_layers for s in plan.stages)
     if placed != model.num_layers:
-        out.append(
-            RuleViolation(
-                "layout_layers",
-                f"Number of decoder layers {placed}must match num_layers {model.num_layers}",
-                "the stages' layer counts must add up to --num-layers",
-            )
-        )
-    return out + stage_count_violations([s.num_layers for s in plan.stages], plan.vpp)
+        return [RuleViolation(
+            "layout_layers",
+            f"Number of decoder layers {placed}must match num_layers {model.num_layers}",
+            "the stages' layer counts must add up to --num-layers",
+        )]
+    if plan.layout is None:
+        return []
+    return [v for v in layout_violations(plan.layout, pp=plan.pp, num_layers=model.num_layers,
+                                         mtp_num_layers=model.mtp_num_layers) if v.rule != "vpp_needs_pp"]
 
 
 def _training_rules(plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:

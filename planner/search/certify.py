@@ -27,7 +27,7 @@ from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import QueueEntry, Screening, plan_from_solution
 from planner.search.settings import FEASIBLE, OPTIMAL, Candidate
-from planner.search.space import SearchSpace, recompute_ladder
+from planner.search.space import SearchSpace, pipeline_in_space, recompute_ladder
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
 from solver_models.cpsat.model import CpSatSolution, solve_cpsat
 from solver_models.scaling import bound_s, from_us
@@ -62,7 +62,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
         return common + [
             RuleFamily("flagscale_cp", ("cp",), lambda cp: rules.runtime_degrees_ok("flagscale", cp, 1)),
             RuleFamily("gbs_microbatch", ("samples",), lambda b: rules.batch_ok(gbs, b, 1)),
-            RuleFamily("layout_stage_count", ("pp",), lambda pp: rules.layout_ok(n_layers, pp, 1)),
+            RuleFamily("pipeline_in_space", ("pp",), lambda pp: pipeline_in_space(n_layers, pp, 1)),
         ]
 
     def stages_fit(tp: int, cp: int, dp: int, pp: int) -> bool:
@@ -74,7 +74,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
         RuleFamily("gbs_microbatch", ("mbs", "dp"), lambda mbs, dp: rules.batch_ok(gbs, mbs, dp)),
         RuleFamily("vpp_microbatches", ("mbs", "dp", "pp", "vpp"),
                    lambda mbs, dp, pp, vpp: rules.interleave_ok(gbs, mbs, dp, pp, vpp)),
-        RuleFamily("layout_stage_count", ("pp", "vpp"), lambda pp, vpp: rules.layout_ok(n_layers, pp, vpp)),
+        RuleFamily("pipeline_in_space", ("pp", "vpp"), lambda pp, vpp: pipeline_in_space(n_layers, pp, vpp)),
         RuleFamily("runtime_degrees", ("cp", "vpp"), lambda cp, vpp: rules.runtime_degrees_ok(runtime, cp, vpp)),
         RuleFamily("stages_fit", ("tp", "cp", "dp", "pp"), stages_fit),
     ]

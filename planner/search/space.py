@@ -24,7 +24,7 @@ from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.schemas.training import TrainingSpec
 
-__all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options",
+__all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options", "pipeline_in_space",
            "recompute_ladder", "RECOMPUTE_LADDER", "STAGE_RECOMPUTE_LADDER", "FLAGSCALE_SELECTIVE"]
 
 
@@ -87,6 +87,14 @@ class SearchSpace:
     def runtime_spec(self) -> Runtime:
         """What the runtime can express (planner/runtime.py)."""
         return runtime_of(self.runtime)
+
+
+def pipeline_in_space(num_layers: int, pp: int, vpp: int) -> bool:
+    """The space's own bound on (PP, VPP), not a Megatron rule: every pipeline rank holds a decoder
+    layer (PP <= layers) and, with interleaving, every virtual chunk does too, except an embedding-only
+    first chunk and a loss-only last chunk (PP * VPP <= layers + 2: NVIDIA's `E|(t|)*94L` on PP 32,
+    VPP 3).  Megatron itself allows empty chunks."""
+    return pp <= num_layers and (vpp == 1 or pp * vpp <= num_layers + 2)
 
 
 def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...]) -> list[Recompute]:
@@ -190,7 +198,7 @@ def enumerate_shapes(
                             (pp, vpp) for pp in range(1, min(n_layers, max_stages, space.max_pp or 10**9) + 1)
                             for vpp in space.vpp
                             if rules.runtime_degrees_ok(space.runtime, cp, vpp)
-                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and rules.layout_ok(n_layers, pp, vpp))
+                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and pipeline_in_space(n_layers, pp, vpp))
                         if pipelines:
                             base = GlobalChoice("megatron", tp, cp, ep, etp, mbs, *pipelines[0], dp,
                                                 ladder[0] if ladder else None)
