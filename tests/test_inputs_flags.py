@@ -178,7 +178,7 @@ def test_moe_flags():
         "--moe-shared-expert-intermediate-size", "128", "--moe-layer-freq", "([0]+[1]*3)",
         "--moe-expert-capacity-factor", "1.25", "--moe-token-dispatcher-type", "alltoall",
         "--moe-grouped-gemm", "--moe-router-force-load-balancing", "--mtp-num-layers", "1",
-        "--disable-bias-linear",
+        "--disable-bias-linear", "--position-embedding-type", "rope",
     )  # fmt: skip
     m = r.model
     assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size) == (8, 2, 96)
@@ -300,7 +300,7 @@ def test_deepseek_layout_in_flags():
     r = parse_megatron_flags([
         "--num-layers", "61", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "100",
         "--global-batch-size", "32", "--mtp-num-layers", "1", "--pipeline-model-parallel-size", "16",
-        "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L",
+        "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L", "--position-embedding-type", "rope",
     ])  # fmt: skip
     per_rank = r.parallel.stage_layers(61)
     assert per_rank[0] == 5 and per_rank[1:14] == [4] * 13 and per_rank[14:] == [2, 2]

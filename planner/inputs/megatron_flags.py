@@ -32,6 +32,8 @@ from planner.megatron.flags import (
     PARALLEL_FIELD_FLAGS,
     PARALLEL_FLAGS,
     READ_FLAGS,
+    SETTINGS_FIELD_FLAGS,
+    SETTINGS_FLAGS,
     TRAINING_FIELD_FLAGS,
     TRAINING_FLAGS,
     Read,
@@ -39,7 +41,7 @@ from planner.megatron.flags import (
     rule_flag,
 )
 from planner.megatron.layout import check_pipeline
-from planner.megatron.rules import cp_violations, ep_violations, etp_violations, tp_violations
+from planner.megatron.rules import cp_violations, ep_violations, etp_violations, input_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 from planner.schemas.plan import Recompute
@@ -81,7 +83,7 @@ def _convert(name: str, spec: Read, raw: str) -> Any:
         if raw not in spec.choices:
             raise PlannerInputError(name, f"invalid choice {raw!r}; allowed: {', '.join(spec.choices)}")
         return raw
-    if spec.kind == "int":
+    if spec.kind in ("int", "ints"):
         try:
             value = int(raw.strip())
         except ValueError:
@@ -217,7 +219,7 @@ def _read_flag(name: str, spec: Read, eq: str, explicit: str, argv: Sequence[str
             raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
         ns[spec.dest] = spec.kind == "true"
         return i
-    if spec.kind in ("list", "floats"):
+    if spec.kind in ("list", "floats", "ints"):
         values = [explicit] if eq else []
         while not eq and i < n and isinstance(argv[i], str) and not _is_flag(argv[i]):
             values.append(argv[i])
@@ -480,9 +482,12 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")
     model["num_experts"] = num_experts or None  # 0 means dense
-    if ns.get("moe_enable_deepep"):  # the older spelling of --moe-token-dispatcher-type flex (DeepEP)
-        model["moe_token_dispatcher_type"] = "flex"
-        model["moe_flex_dispatcher_backend"] = "deepep"
+    if ns.get("moe_enable_deepep") and model.get("moe_token_dispatcher_type") == "flex":
+        model["moe_flex_dispatcher_backend"] = "deepep"  # the older spelling of the DeepEP backend
+    if ns.get("use_rotary_position_embeddings"):  # args.py: the older spelling wins
+        model["position_embedding_type"] = "rope"
+    elif "position_embedding_type" in ns:
+        model["position_embedding_type"] = ns["position_embedding_type"]
     lb_types = ns.get("moe_router_load_balancing_type")
     if lb_types:
         model["moe_router_load_balancing_type"] = lb_types[0]
@@ -509,10 +514,31 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     cp_types = ns.get("cp_comm_type")
     if cp_types:
         training["cp_comm_type"] = cp_types[0]
+    training["megatron"] = _settings_from_ns(ns)
 
     parallel: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(PARALLEL_FLAGS) if dest in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
     return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
+
+
+def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
+    """MegatronSettings fields (the flags only Megatron's rules read), as validate_args derives them."""
+    out: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(SETTINGS_FLAGS) if dest in ns}
+    for key in ("hierarchical_context_parallel_sizes",):
+        if key in out:
+            out[key] = tuple(out[key])
+    out["cp_comm_types"] = tuple(ns.get("cp_comm_type") or ())
+    if len(ns.get("moe_router_load_balancing_type") or ()) > 1:
+        out["moe_router_load_balancing_types"] = tuple(ns["moe_router_load_balancing_type"])
+    out["moe_aux_loss_coeffs"] = tuple(ns.get("moe_aux_loss_coeff") or ())
+    if "cuda_graph_impl" in ns:
+        out["cuda_graph_impl"] = ns["cuda_graph_impl"]
+    elif ns.get("enable_cuda_graph") or ns.get("external_cuda_graph"):  # TransformerConfig's older spellings
+        out["cuda_graph_impl"] = "local" if ns.get("enable_cuda_graph") else "transformer_engine"
+    modules = ns.get("cuda_graph_modules") or ns.get("cuda_graph_scope_deprecated")
+    if modules:
+        out["cuda_graph_modules"] = tuple(m for m in modules if m != "full")
+    return out
 
 
 def parse_megatron_draft(argv: Sequence[str], *, name: str = "custom") -> RunDraft:
@@ -525,6 +551,8 @@ def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], sect
     """Name the flag behind the first pydantic error."""
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ())]
+    if len(loc) > 1 and loc[0] == "megatron":  # TrainingSpec.megatron (MegatronSettings)
+        loc = loc[1:]
     key = loc[0] if loc else ""
     msg = str(err.get("msg", exc)).removeprefix("Value error, ")
     if key:
@@ -566,11 +594,9 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     except TypeError as exc:
         raise PlannerInputError("model", str(exc)) from None
     deferred: list[tuple[str, Any]] = []
-    parallel = _check_parallel_rules(model, check_pipeline(draft.parallel, model, deferred), deferred)
-    for flag, violation in deferred:
-        if not allow_invalid:
-            raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")
-        draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
+    overlap_p2p = draft.training.get("megatron", {}).get("overlap_p2p_comm", True)
+    parallel = _check_parallel_rules(model, check_pipeline(draft.parallel, model, deferred, overlap_p2p_comm=overlap_p2p),
+                                     deferred)
     training = dict(draft.training)
     if training.get("global_batch_size") is None:
         training.pop("global_batch_size", None)
@@ -589,13 +615,12 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     try:
         training_spec = TrainingSpec(**training)
     except ValidationError as exc:
-        raise _validation_to_input_error(exc, TRAINING_FIELD_FLAGS, "training") from None
-    if training_spec.overlap_param_gather and not (
-        training_spec.use_distributed_optimizer and training_spec.overlap_grad_reduce
-    ):
-        raise PlannerInputError(
-            "--overlap-param-gather", "needs --use-distributed-optimizer and --overlap-grad-reduce"
-        )
+        raise _validation_to_input_error(exc, {**TRAINING_FIELD_FLAGS, **SETTINGS_FIELD_FLAGS}, "training") from None
+    deferred += [(rule_flag(v.rule), v) for v in input_violations(model, training_spec)]
+    for flag, violation in deferred:
+        if not allow_invalid:
+            raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")
+        draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
     try:
         parallel_cfg = ParallelConfig(**parallel)
         return MegatronRun(

@@ -38,6 +38,7 @@ each):
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -45,7 +46,7 @@ from planner.errors import PlannerInputError
 from planner.runtime import runtime_of
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import ParallelConfig
-from planner.schemas.plan import Plan
+from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
 
 PLAN_FIELD = "plan"
@@ -436,6 +437,371 @@ def _layers_per_virtual_stage_violations(model: ModelSpec, p: ParallelConfig) ->
     return []
 
 
+# -- Megatron's rules on the model and on the run's other flags (megatron-core 0.19.2) --------
+def model_violations(model: ModelSpec) -> list[RuleViolation]:
+    """What validate_args and TransformerConfig refuse in the model alone, whatever the plan: top-1
+    routing needs --moe-router-pre-softmax (with softmax scores, TC), MLA excludes group-query
+    attention (VA), MTP needs RoPE or no position embedding (VA), group-limited routing (TC), capacity
+    and padding (TC), expert bias needs sigmoid scores (TC), --moe-ffn-hidden-size needs experts (TC)."""
+    out: list[RuleViolation] = []
+    if model.mtp_num_layers and model.position_embedding_type not in ("rope", "none"):
+        out.append(RuleViolation(
+            "mtp_position_embedding",
+            f"Multi-Token Prediction (MTP) is not supported with {model.position_embedding_type} position embedding "
+            "type.The supported position embedding types are rope and none.",
+            "add --position-embedding-type rope"))
+    if model.multi_latent_attention and model.num_query_groups is not None:
+        out.append(RuleViolation("mla_gqa", "Group query attention is mutually exclusive with multi latent attention.",
+                                 "drop --group-query-attention"))
+    if not model.is_moe:
+        if model.moe_ffn_hidden_size is not None:
+            out.append(RuleViolation(
+                "moe_ffn_without_experts",
+                "moe_ffn_hidden_size is set but num_moe_experts is None. Please set num_moe_experts or remove "
+                "moe_ffn_hidden_size.", "drop --moe-ffn-hidden-size, or give --num-experts"))
+        return out + _topk_one_violations(model)
+    return out + _moe_model_violations(model) + _topk_one_violations(model) + _router_group_violations(model)
+
+
+def _moe_model_violations(model: ModelSpec) -> list[RuleViolation]:
+    """TC's MoE checks in its order: capacity factor and balancing, padding, expert bias."""
+    out: list[RuleViolation] = []
+    balancing = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+    if model.moe_expert_capacity_factor is not None and model.moe_router_load_balancing_type not in balancing:
+        out.append(RuleViolation(
+            "moe_capacity",
+            "moe_expert_capacity_factor only works with aux_loss, seq_aux_loss, global_aux_loss or none load balancing",
+            "drop --moe-expert-capacity-factor, or choose one of those --moe-router-load-balancing-type"))
+    if model.moe_pad_expert_input_to_capacity and model.moe_expert_capacity_factor is None:
+        out.append(RuleViolation("moe_capacity",
+                                 "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity",
+                                 "add --moe-expert-capacity-factor"))
+    if model.moe_router_enable_expert_bias and model.moe_router_score_function not in ("sigmoid", "sqrtsoftplus"):
+        out.append(RuleViolation(
+            "moe_expert_bias",
+            "Expert bias for aux-loss-free routing only supports 'sigmoid' and 'sqrtsoftplus' score functions. "
+            "Please set --moe-router-score-function to 'sigmoid' or 'sqrtsoftplus', or unset "
+            "--moe-router-enable-expert-bias.", "add --moe-router-score-function sigmoid"))
+    return out
+
+
+def _topk_one_violations(model: ModelSpec) -> list[RuleViolation]:
+    if (model.moe_router_topk == 1 and model.moe_router_score_function == "softmax" and not model.moe_router_pre_softmax
+            and model.moe_router_load_balancing_type != "sinkhorn"):
+        return [RuleViolation("moe_topk_one", "Please use --moe-router-pre-softmax when topk is 1.",
+                              "add --moe-router-pre-softmax")]
+    return []
+
+
+def _router_group_violations(model: ModelSpec) -> list[RuleViolation]:
+    """Group-limited routing (--moe-router-group-topk with --moe-router-num-groups), TC."""
+    k, groups = model.moe_router_group_topk, model.moe_router_num_groups
+    if not k:
+        return []
+    if not groups:
+        return [RuleViolation("moe_router_groups",
+                              "When using group limited routing, moe_router_num_groups must be specified.",
+                              "add --moe-router-num-groups")]
+    if model.num_experts % groups:
+        return [RuleViolation(
+            "moe_router_groups",
+            f"num_moe_experts ({model.num_experts}) should be divisible by moe_router_num_groups ({groups}).",
+            f"choose --moe-router-num-groups dividing {model.num_experts}")]
+    if k > groups:
+        return [RuleViolation(
+            "moe_router_groups",
+            f"moe_router_group_topk ({k}) should be smaller than moe_router_num_groups ({groups}).",
+            "lower --moe-router-group-topk")]
+    return []
+
+
+def settings_violations(model: ModelSpec, training: TrainingSpec) -> list[RuleViolation]:
+    """What Megatron refuses in the run's other flags, whatever the plan: hierarchical CP for a2a+p2p
+    (VA), the parameter-gather overlaps (VA), FP8 parameters (VA, TC), the expert-parallel overlap's own
+    needs (TC), delayed weight gradients (VA, TC), Megatron-FSDP's checkpoint format (VA), DeepEP's
+    dispatcher (TC), shared-expert overlap (TC), the balancing coefficients (TC), CUDA-graph spellings."""
+    st = training.megatron
+    out: list[RuleViolation] = []
+    if "a2a+p2p" in st.cp_comm_types and st.hierarchical_context_parallel_sizes is None:
+        out.append(RuleViolation("cp_comm_type",
+                                 "--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm",
+                                 "add --hierarchical-context-parallel-sizes (their product is CP)"))
+    out += _overlap_flag_violations(training)
+    if training.fp8_param_gather and not (training.use_distributed_optimizer or st.use_torch_fsdp2
+                                          or st.use_megatron_fsdp):
+        out.append(RuleViolation(
+            "fp8_param_gather",
+            "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference "
+            "mode", "add --use-distributed-optimizer"))
+    if st.use_megatron_fsdp and st.ckpt_format != "fsdp_dtensor":
+        out.append(RuleViolation("megatron_fsdp", "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format.",
+                                 "add --ckpt-format fsdp_dtensor"))
+    if st.ckpt_format == "fsdp_dtensor" and not st.use_megatron_fsdp:
+        out.append(RuleViolation("megatron_fsdp", "--ckpt-format fsdp_dtensor is only tested with Megatron FSDP.",
+                                 "add --use-megatron-fsdp, or another --ckpt-format"))
+    if training.delay_wgrad_compute and st.transformer_impl != "transformer_engine":
+        out.append(RuleViolation("delay_wgrad_compute",
+                                 "Delaying wgrad compute is only supported with transformer_engine implementation",
+                                 "use --transformer-impl transformer_engine"))
+    if training.fp8_param_gather and training.precision != "fp8":
+        out.append(RuleViolation("fp8_param_gather", "fp8_param must be used together with fp8 mode.",
+                                 "add --fp8-format, or drop --fp8-param-gather"))
+    return out + _moe_settings_violations(model, training)
+
+
+def _overlap_flag_violations(training: TrainingSpec) -> list[RuleViolation]:
+    """--overlap-param-gather and --overlap-param-gather-with-optimizer-step's needs besides VPP (VA)."""
+    st = training.megatron
+    out: list[RuleViolation] = []
+    if training.overlap_param_gather and not (training.use_distributed_optimizer or st.use_megatron_fsdp):
+        out.append(RuleViolation(
+            "overlap_param_gather",
+            "--overlap-param-gather only supported with distributed optimizer, megatron fsdp, or dist_muon",
+            "add --use-distributed-optimizer"))
+    if training.overlap_param_gather and not training.overlap_grad_reduce:
+        out.append(RuleViolation("overlap_param_gather", "Must use --overlap-param-gather with --overlap-grad-reduce",
+                                 "add --overlap-grad-reduce"))
+    if st.overlap_param_gather_with_optimizer_step:
+        if not training.use_distributed_optimizer:
+            out.append(RuleViolation(
+                "overlap_param_gather_step",
+                "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer",
+                "add --use-distributed-optimizer"))
+        elif not training.overlap_param_gather:
+            out.append(RuleViolation(
+                "overlap_param_gather_step",
+                "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather",
+                "add --overlap-param-gather"))
+    return out
+
+
+def _moe_settings_violations(model: ModelSpec, training: TrainingSpec) -> list[RuleViolation]:
+    """The MoE flags' checks of TransformerConfig that do not depend on the plan."""
+    st = training.megatron
+    out: list[RuleViolation] = []
+    if st.moe_enable_deepep and model.moe_token_dispatcher_type != "flex":
+        out.append(RuleViolation("moe_dispatcher", "DeepEP backend is only supported with flex token dispatcher.",
+                                 "add --moe-token-dispatcher-type flex"))
+    if (model.moe_shared_expert_intermediate_size is not None and training.moe_shared_expert_overlap
+            and model.moe_token_dispatcher_type not in ("alltoall", "flex")):
+        out.append(RuleViolation("moe_shared_expert_overlap",
+                                 "moe_shared_expert_overlap only works with alltoall or flex token dispatcher.",
+                                 "use --moe-token-dispatcher-type alltoall"))
+    if st.moe_router_load_balancing_types and len(st.moe_aux_loss_coeffs) != len(st.moe_router_load_balancing_types):
+        out.append(RuleViolation(
+            "moe_aux_loss_coeff",
+            "moe_aux_loss_coeff must be a list of the same length as moe_router_load_balancing_type",
+            "give one --moe-aux-loss-coeff per balancing type"))
+    if training.overlap_moe_expert_parallel_comm:
+        out += _ep_overlap_flag_violations(model, training)
+    elif training.delay_wgrad_compute:
+        out.append(RuleViolation(
+            "delay_wgrad_compute",
+            "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute",
+            "add --overlap-moe-expert-parallel-comm"))
+    return out
+
+
+def _ep_overlap_flag_violations(model: ModelSpec, training: TrainingSpec) -> list[RuleViolation]:
+    """--overlap-moe-expert-parallel-comm's needs that do not depend on the plan (TC, in its order)."""
+    out: list[RuleViolation] = []
+    if model.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        out.append(RuleViolation("ep_overlap",
+                                 "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher",
+                                 "use --moe-token-dispatcher-type alltoall or flex"))
+    if training.precision == "fp32":
+        out.append(RuleViolation("ep_overlap",
+                                 "overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model",
+                                 "add --bf16"))
+    if training.moe_shared_expert_overlap:
+        out.append(RuleViolation("ep_overlap",
+                                 "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm",
+                                 "drop --moe-shared-expert-overlap"))
+    if model.mtp_num_layers > 1:
+        out.append(RuleViolation("ep_overlap",
+                                 "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm.",
+                                 "use --mtp-num-layers 1"))
+    return out
+
+
+def input_violations(model: ModelSpec, training: TrainingSpec | None) -> list[RuleViolation]:
+    """Megatron's refusals that no plan can lift: the model's and the run's other flags'."""
+    return model_violations(model) + (settings_violations(model, training) if training is not None else [])
+
+
+# -- Megatron's rules on the run's flags together with the plan's degrees ------------------------
+def recompute_violations(model: ModelSpec, training: TrainingSpec | None, recompute: Recompute
+                         ) -> list[RuleViolation]:
+    """The plan's recompute setting against the model and the flags (TC): moe_act needs grouped GEMM,
+    mla_up_proj needs MLA, shared_experts recompute excludes --moe-shared-expert-overlap, FP8 with
+    delayed scaling (Megatron's default recipe) excludes moe_act and layernorm recompute, the
+    expert-parallel overlap excludes full recompute and `moe`, CUDA graphs limit recompute, MTP with
+    full uniform recompute recomputes one layer at a time (MTP block, first step)."""
+    out: list[RuleViolation] = []
+    modules = recompute.modules if recompute.granularity == "selective" else ()
+    if "moe_act" in modules and not model.moe_grouped_gemm:
+        out.append(RuleViolation("recompute_modules", "moe_act in recompute_modules is only supported with moe_grouped_gemm.",
+                                 "drop moe_act from --recompute-modules, or add --moe-grouped-gemm"))
+    if "mla_up_proj" in modules and not model.multi_latent_attention:
+        out.append(RuleViolation("recompute_modules",
+                                 "mla_up_proj in recompute_modules is only supported with multi_latent_attention.",
+                                 "drop mla_up_proj from --recompute-modules"))
+    if training is None:
+        return out
+    if ("shared_experts" in modules and model.moe_shared_expert_intermediate_size is not None
+            and training.moe_shared_expert_overlap):
+        out.append(RuleViolation("recompute_modules",
+                                 "shared_experts recompute cannot work with --moe-shared-expert-overlap.",
+                                 "drop shared_experts from --recompute-modules"))
+    if training.precision == "fp8" and training.fp8_recipe == "delayed" and ({"moe_act", "layernorm"} & set(modules)):
+        out.append(RuleViolation(
+            "fp8_delayed_recompute", "Delayed scaling does not support moe_act and layernorm recompute for fp8.",
+            "drop moe_act and layernorm from --recompute-modules, or use another --fp8-recipe"))
+    if training.overlap_moe_expert_parallel_comm and recompute.granularity == "full":
+        out.append(RuleViolation("ep_overlap",
+                                 "disable full recomputation when enabling overlap_moe_expert_parallel_comm",
+                                 "use selective or no recompute with --overlap-moe-expert-parallel-comm"))
+    if training.overlap_moe_expert_parallel_comm and "moe" in modules:
+        out.append(RuleViolation("ep_overlap",
+                                 "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm",
+                                 "drop moe from --recompute-modules"))
+    if (model.mtp_num_layers and recompute.granularity == "full" and recompute.method == "uniform"
+            and recompute.num_layers != 1):
+        out.append(RuleViolation("mtp_recompute", "recompute_num_layers must be 1 for MTP recompute",
+                                 "use --recompute-num-layers 1 (Megatron raises this at the first step)"))
+    return out + _graph_recompute_violations(model, training, recompute) + _offload_recompute_violations(
+        training, recompute)
+
+
+def _graph_recompute_violations(model: ModelSpec, training: TrainingSpec, recompute: Recompute
+                                ) -> list[RuleViolation]:
+    """CUDA graphs against the recompute setting (TC): full recompute only under a full-iteration graph;
+    graphed modules recomputed must not draw random numbers (dropout, input jitter)."""
+    st = training.megatron
+    if st.cuda_graph_impl == "none" or recompute.granularity == "none":
+        return []
+    if recompute.granularity == "full":
+        if st.cuda_graph_impl != "full_iteration":
+            return [RuleViolation("cuda_graph_recompute", "full recompute is only supported with full iteration CUDA graph.",
+                                  "use selective recompute, or --cuda-graph-impl full_iteration")]
+        return []
+    graphed = st.cuda_graph_modules
+    full = st.cuda_graph_impl == "full_iteration" or not graphed
+    out: list[RuleViolation] = []
+    if st.cuda_graph_impl == "transformer_engine" and "moe" in recompute.modules and "moe_router" in graphed:
+        out.append(RuleViolation("cuda_graph_recompute", "moe recompute is not supported with moe_router CUDA graph with: ",
+                                 "drop moe from --recompute-modules"))
+
+    def outside(module: str, graph: str) -> bool:
+        return (not full and graph not in graphed) or module not in recompute.modules
+
+    if st.attention_dropout != 0.0 and not outside("core_attn", "attn"):
+        out.append(RuleViolation("cuda_graph_recompute", "attention dropout is not supported with graphed attention "
+                                 "recomputation.", "add --attention-dropout 0, or drop core_attn recompute"))
+    if st.hidden_dropout != 0.0 and not (outside("mlp", "mlp") and outside("moe", "moe")):
+        out.append(RuleViolation("cuda_graph_recompute", "hidden dropout is not supported with graphed MLP/MoE "
+                                 "recomputation.", "add --hidden-dropout 0, or drop mlp/moe recompute"))
+    if st.moe_input_jitter_eps is not None and not outside("moe", "moe"):
+        out.append(RuleViolation("cuda_graph_recompute",
+                                 "moe_input_jitter_eps is not supported with graphed moe recomputation.",
+                                 "drop moe from --recompute-modules"))
+    return out
+
+
+def _offload_recompute_violations(training: TrainingSpec, recompute: Recompute) -> list[RuleViolation]:
+    st = training.megatron
+    out: list[RuleViolation] = []
+    if st.cpu_offloading and recompute.granularity != "none":
+        out.append(RuleViolation("cpu_offloading", "CPU offloading does not work when activation recomputation is enabled",
+                                 "drop --cpu-offloading, or recompute"))
+    if st.distribute_saved_activations:
+        if recompute.granularity != "full":
+            out.append(RuleViolation(
+                "distribute_saved_activations",
+                "distributed recompute activations is only application to full recompute granularity",
+                "drop --distribute-saved-activations"))
+    return out
+
+
+def degree_flag_violations(model: ModelSpec, training: TrainingSpec | None, *, tp: int, cp: int, ep: int, etp: int,
+                           dp: int | None, pp: int, vpp: int, sequence_parallel: bool | None = None
+                           ) -> list[RuleViolation]:
+    """The plan's degrees against the run's flags: the expert-parallel overlap needs VPP with PP > 1 and
+    EP > 1 (TC); hierarchical CP sizes multiply to CP (VA) and a per-layer --cp-comm-type has one entry
+    per layer with CP > 1 (TC); the DeepEP dispatcher needs TP x EP > 1 (model build); the parameter
+    gather overlapped with the optimizer step needs VPP (VA); --num-distributed-optimizer-instances
+    divides DP x CP and the expert DP (process groups); CPU offloading and FSDP2 take no PP, FSDP2 no EP;
+    distributed saved activations need TP > 1 without sequence parallelism (VA, TC).  `dp` None: per-stage
+    DPs (FlagScale), whose rules the stages' own check covers."""
+    if training is None:
+        return []
+    st = training.megatron
+    out: list[RuleViolation] = []
+    if training.overlap_moe_expert_parallel_comm:
+        if pp > 1 and vpp <= 1:
+            out.append(RuleViolation(
+                "ep_overlap", "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified when "
+                "pipeline_model_parallel_size > 1", "use VPP > 1 with PP > 1 (a layout or "
+                "--num-virtual-stages-per-pipeline-rank)"))
+        if ep <= 1:
+            out.append(RuleViolation("ep_overlap",
+                                     "overlap_moe_expert_parallel_comm is only supported with expert model parallelism",
+                                     "use EP > 1"))
+    sizes = st.hierarchical_context_parallel_sizes
+    if sizes and math.prod(sizes) != cp:
+        out.append(RuleViolation("cp_comm_type", "",  # a bare assert in validate_args
+                                 f"the product of --hierarchical-context-parallel-sizes {list(sizes)} must be CP = {cp}"))
+    if cp > 1 and len(st.cp_comm_types) > 1 and len(st.cp_comm_types) != model.num_layers:
+        out.append(RuleViolation(
+            "cp_comm_type", f"Length of cp_comm_type ({len(st.cp_comm_types)}) should equal to the total number of "
+            f"transformer layers ({model.num_layers})!", "give one --cp-comm-type, or one per layer"))
+    if (model.is_moe and model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "deepep"
+            and tp * ep <= 1):
+        out.append(RuleViolation("flex_tp_ep", "DeepEP dispatcher requires TPxEP > 1",
+                                 "use TP x EP > 1 (Megatron raises this when it builds the model)"))
+    if st.overlap_param_gather_with_optimizer_step and vpp <= 1:
+        out.append(RuleViolation(
+            "overlap_param_gather_step",
+            "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism",
+            "use VPP > 1, or drop --overlap-param-gather-with-optimizer-step"))
+    return out + _group_flag_violations(model, training, tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=pp,
+                                        sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel)
+
+
+def _group_flag_violations(model: ModelSpec, training: TrainingSpec, *, tp: int, cp: int, ep: int, etp: int,
+                           dp: int | None, pp: int, sequence_parallel: bool) -> list[RuleViolation]:
+    st = training.megatron
+    out: list[RuleViolation] = []
+    k = st.num_distributed_optimizer_instances if dp is not None else 1
+    if k > 1 and (dp * cp) % k:
+        out.append(RuleViolation("dist_opt_instances", "Data parallel size should be divisible by partial DistOpt shard factor",
+                                 f"--num-distributed-optimizer-instances {k} must divide DP x CP = {dp * cp}"))
+    edp = tp * cp * dp // (etp * ep) if model.is_moe and (tp * cp * dp) % (etp * ep) == 0 else None
+    if k > 1 and edp is not None and edp % k:
+        out.append(RuleViolation(
+            "dist_opt_instances", "Expert data parallel size should be divisible by partial DistOpt shard factor",
+            f"--num-distributed-optimizer-instances {k} must divide the expert DP {edp}"))
+    if st.cpu_offloading and pp > 1:
+        out.append(RuleViolation("cpu_offloading", "Currently there is no support for Pipeline parallelism with CPU "
+                                 "offloading", "use PP 1 with --cpu-offloading"))
+    if st.use_torch_fsdp2 and pp != 1:
+        out.append(RuleViolation("torch_fsdp2", "--use-torch-fsdp2 is not supported with pipeline parallelism",
+                                 "use PP 1 with --use-torch-fsdp2"))
+    if st.use_torch_fsdp2 and ep != 1:
+        out.append(RuleViolation("torch_fsdp2", "--use-torch-fsdp2 is not supported with expert parallelism",
+                                 "use EP 1 with --use-torch-fsdp2"))
+    if st.distribute_saved_activations and tp <= 1:
+        out.append(RuleViolation("distribute_saved_activations",
+                                 "can distribute recomputed activations only across tensor model parallel groups",
+                                 "use TP > 1, or drop --distribute-saved-activations"))
+    elif st.distribute_saved_activations and sequence_parallel:
+        out.append(RuleViolation(
+            "distribute_saved_activations",
+            "distribute_saved_activations: True must be false when sequence parallel is enabled: True",
+            "drop --distribute-saved-activations, or --sequence-parallel"))
+    return out
+
+
 # -- FlagScale's rules on degrees -----------------------------------------------------------
 def flagscale_degree_violations(cp: int, vpp: int) -> list[RuleViolation]:
     """FlagScale's heterogeneous meshes take no context parallelism and no interleaving."""
@@ -541,9 +907,35 @@ def batch_ok(gbs: int, mbs: int, dp: int) -> bool:
 
 
 @_remembered
-def interleave_ok(gbs: int, mbs: int, dp: int, pp: int, vpp: int) -> bool:
+def interleave_ok(gbs: int, mbs: int, dp: int, pp: int, vpp: int, overlap_p2p_comm: bool = True) -> bool:
     """vpp_needs_pp, vpp_microbatches (with batch_ok), for M = GBS // (mbs*DP) micro-batches."""
-    return not interleave_violations(gbs // (mbs * dp), pp=pp, vpp=vpp)
+    return not interleave_violations(gbs // (mbs * dp), pp=pp, vpp=vpp, overlap_p2p_comm=overlap_p2p_comm)
+
+
+def recompute_allowed(model: ModelSpec, training: TrainingSpec | None, recompute: Recompute) -> bool:
+    """recompute_modules, fp8_delayed_recompute, ep_overlap (recompute), cuda_graph_recompute,
+    mtp_recompute, cpu_offloading, distribute_saved_activations (recompute_violations)."""
+    return not recompute_violations(model, training, recompute)
+
+
+def degree_flags_check(model: ModelSpec, training: TrainingSpec | None):
+    """The boolean of degree_flag_violations for a search, as f(tp, cp, ep, etp, dp, pp, vpp) -> bool,
+    or None when the run's flags hold none of the rules it stands for (the usual case: nothing to ask)."""
+    if training is None:
+        return None
+    st = training.megatron
+    deepep = model.is_moe and model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "deepep"
+    if not (training.overlap_moe_expert_parallel_comm or st.hierarchical_context_parallel_sizes
+            or len(st.cp_comm_types) > 1 or deepep or st.overlap_param_gather_with_optimizer_step
+            or st.num_distributed_optimizer_instances > 1 or st.cpu_offloading or st.use_torch_fsdp2
+            or st.distribute_saved_activations):
+        return None
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def ok(tp: int, cp: int, ep: int, etp: int, dp: int | None, pp: int, vpp: int) -> bool:
+        return not degree_flag_violations(model, training, tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=pp, vpp=vpp)
+
+    return ok
 
 
 @_remembered
@@ -591,8 +983,20 @@ def _moe_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
     return out
 
 
-def _batch_rules(plan: Plan) -> list[RuleViolation]:
-    return batch_violations(plan.gbs, mbs=plan.mbs, dp=plan.dp0, pp=plan.pp, vpp=plan.vpp)
+def _batch_rules(plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:
+    overlap = training.megatron.overlap_p2p_comm if training is not None else True
+    m = plan.gbs // (plan.mbs * plan.dp0) if plan.gbs % (plan.mbs * plan.dp0) == 0 else None
+    return (microbatch_violations(plan.gbs, mbs=plan.mbs, dp=plan.dp0)
+            + interleave_violations(m, pp=plan.pp, vpp=plan.vpp, overlap_p2p_comm=overlap))
+
+
+def _flag_rules(model: ModelSpec, plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:
+    """The run's flags against the plan (degree_flag_violations, recompute_violations), each said once."""
+    out = degree_flag_violations(model, training, tp=plan.tp, cp=plan.cp, ep=plan.ep, etp=plan.etp, dp=plan.dp0,
+                                 pp=plan.pp, vpp=plan.vpp, sequence_parallel=plan.sequence_parallel)
+    for rc in {s.recompute.label: s.recompute for s in plan.stages}.values():
+        out += [v for v in recompute_violations(model, training, rc) if v not in out]
+    return out
 
 
 def _layout_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
@@ -610,36 +1014,13 @@ def _layout_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
 
 
 def _training_rules(plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:
-    out: list[RuleViolation] = []
-    if training is None:
-        return out
-    if training.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
-        out.append(
-            RuleViolation(
-                "tp_comm_overlap_sp",
-                "Tensor parallel communication/GEMM overlap can happen only when sequence "
-                "parallelism is enabled",
-                "--tp-comm-overlap requires --sequence-parallel (and TP > 1)",
-            )
-        )
-    if training.overlap_param_gather:
-        if not training.use_distributed_optimizer:
-            out.append(
-                RuleViolation(
-                    "overlap_param_gather",
-                    "--overlap-param-gather only supported with distributed optimizer",
-                    "add --use-distributed-optimizer",
-                )
-            )
-        if not training.overlap_grad_reduce:
-            out.append(
-                RuleViolation(
-                    "overlap_param_gather",
-                    "Must use --overlap-param-gather with --overlap-grad-reduce",
-                    "add --overlap-grad-reduce",
-                )
-            )
-    return out
+    if training is not None and training.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
+        return [RuleViolation(
+            "tp_comm_overlap_sp",
+            "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
+            "--tp-comm-overlap requires --sequence-parallel (and TP > 1)",
+        )]
+    return []
 
 
 # --------------------------------------------------------------------------------------------
@@ -729,10 +1110,12 @@ def check_plan(
 ) -> list[RuleViolation]:
     """Every rule of reference/megatron.md section 2 that applies to a Plan, plus the rules of
     the plan's runtime.  Empty list: the plan is fine."""
-    out = _dense_rules(model, plan)
+    out = input_violations(model, training)
+    out += _dense_rules(model, plan)
     out += _moe_rules(model, plan)
-    out += _batch_rules(plan)
+    out += _batch_rules(plan, training)
     out += _layout_rules(model, plan)
+    out += _flag_rules(model, plan, training)
     out += _training_rules(plan, training)
     return out + runtime_violations(model, plan, training)
 

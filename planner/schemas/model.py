@@ -19,6 +19,8 @@ from planner.schemas.types import StrictModel
 DispatcherName = Literal["allgather", "alltoall", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
 LoadBalancingType = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
+PositionEmbeddingType = Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
+ScoreFunction = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 
 
 class ModelSpec(StrictModel):
@@ -37,6 +39,10 @@ class ModelSpec(StrictModel):
     make_vocab_size_divisible_by: int = Field(128, gt=0)
     seq_length: int = Field(4096, gt=0)
     max_position_embeddings: int | None = Field(None, gt=0)
+    # positions: Megatron's default is a learned absolute table of max_position_embeddings x hidden
+    position_embedding_type: PositionEmbeddingType = Field(
+        "learned_absolute", description="--position-embedding-type (Megatron's default: learned_absolute)"
+    )
     swiglu: bool = False
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     untie_embeddings_and_output_weights: bool = False
@@ -69,6 +75,10 @@ class ModelSpec(StrictModel):
     moe_router_group_topk: int | None = Field(None, gt=0, description="--moe-router-group-topk: groups a token may use")
     moe_router_enable_expert_bias: bool = Field(
         False, description="--moe-router-enable-expert-bias: auxiliary-loss-free balancing (DeepSeek-V3)"
+    )
+    moe_router_score_function: ScoreFunction = Field("softmax", description="--moe-router-score-function")
+    moe_router_pre_softmax: bool = Field(
+        False, description="--moe-router-pre-softmax: scores over all experts, then top-k (Megatron needs it for top-1)"
     )
     moe_grouped_gemm: bool = False
     moe_router_force_load_balancing: bool = False

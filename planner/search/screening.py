@@ -107,7 +107,7 @@ class Configurations:
         self.budget = cost.cluster.gpus_by_type()
         self.gpn = {h: cost.gpus_per_node(h) for h in self.budget}
         self.kind_counts = {k: model.layer_is_moe.count(k) for k in (False, True)}
-        self.ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute))}
+        self.ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute, cost.training))}
         self._options: dict = {}
         self._option_bounds: dict = {}
         self._shape_bounds: dict = {}

@@ -97,27 +97,43 @@ def pipeline_in_space(num_layers: int, pp: int, vpp: int) -> bool:
     return pp <= num_layers and (vpp == 1 or pp * vpp <= num_layers + 2)
 
 
-def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...]) -> list[Recompute]:
-    """The recompute settings valid for this model (moe_act needs a MoE model with grouped GEMM)."""
+def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...], training: TrainingSpec | None = None
+                     ) -> list[Recompute]:
+    """The recompute settings of `allowed` that Megatron accepts for this model and the run's flags
+    (rules.recompute_allowed): a selective setting drops the modules the model cannot recompute (moe_act
+    without a MoE model with grouped GEMM, mla_up_proj without MLA; moe_act and layernorm under FP8 with
+    delayed scaling), and settings still refused (full recompute with the expert-parallel overlap or CUDA
+    graphs, ...) are left out."""
     out = []
     for r in allowed:
-        if "moe_act" in r.modules and r.granularity == "selective" and not (model.is_moe and model.moe_grouped_gemm):
-            r = Recompute.selective(tuple(m for m in r.modules if m != "moe_act"))
-        if r not in out:
+        if r.granularity == "selective":
+            drop = set()
+            if not (model.is_moe and model.moe_grouped_gemm):
+                drop.add("moe_act")
+            if not model.multi_latent_attention:
+                drop.add("mla_up_proj")
+            if training is not None and training.precision == "fp8" and training.fp8_recipe == "delayed":
+                drop |= {"moe_act", "layernorm"}
+            kept = tuple(m for m in r.modules if m not in drop)
+            if not kept:
+                continue
+            r = Recompute.selective(kept)
+        if r not in out and rules.recompute_allowed(model, training, r):
             out.append(r)
     return out
 
 
-def flagscale_modes(model: ModelSpec, space: SearchSpace) -> list[Recompute | None]:
+def flagscale_modes(model: ModelSpec, space: SearchSpace, training: TrainingSpec | None = None
+                    ) -> list[Recompute | None]:
     """flagscale recompute modes: None (each stage none or full on its own), then each selective
     setting shared by every stage."""
     shared = [r for r in space.selective] + [r for r in space.stage_recompute if r.granularity == "selective"]
-    return [None] + recompute_ladder(model, tuple(shared))
+    return [None] + recompute_ladder(model, tuple(shared), training)
 
 
-def stage_ladder(model: ModelSpec, space: SearchSpace) -> list[Recompute]:
+def stage_ladder(model: ModelSpec, space: SearchSpace, training: TrainingSpec | None = None) -> list[Recompute]:
     """flagscale: the per-stage recompute choices (selective ones are shared modes instead)."""
-    return [r for r in recompute_ladder(model, space.stage_recompute) if r.granularity != "selective"]
+    return [r for r in recompute_ladder(model, space.stage_recompute, training) if r.granularity != "selective"]
 
 
 def expert_degrees(model: ModelSpec, space: SearchSpace, tp: int) -> list[tuple[int, int]]:
@@ -169,8 +185,10 @@ def enumerate_shapes(
     for its stages."""
     gbs = training.global_batch_size
     n_layers = model.num_layers
-    ladder = tuple(recompute_ladder(model, space.recompute))
-    modes = tuple(flagscale_modes(model, space))
+    ladder = tuple(recompute_ladder(model, space.recompute, training))
+    modes = tuple(flagscale_modes(model, space, training))
+    flags_ok = rules.degree_flags_check(model, training)
+    overlap_p2p = training.megatron.overlap_p2p_comm
     tied = rules.flagscale_tied_embeddings(model, training)
     for tp in space.tp:
         if not rules.tp_allowed(model, tp):
@@ -186,7 +204,7 @@ def enumerate_shapes(
                 continue
             for ep, etp in expert_degrees(model, space, tp):
                 if space.runtime_spec.per_stage_meshes:
-                    yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied)
+                    yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok)
                     continue
                 for mbs in space.mbs:
                     for dp in range(1, max_dp + 1):
@@ -198,7 +216,9 @@ def enumerate_shapes(
                             (pp, vpp) for pp in range(1, min(n_layers, max_stages, space.max_pp or 10**9) + 1)
                             for vpp in space.vpp
                             if rules.runtime_degrees_ok(space.runtime, cp, vpp)
-                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and pipeline_in_space(n_layers, pp, vpp))
+                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp, overlap_p2p)
+                            and pipeline_in_space(n_layers, pp, vpp)
+                            and (flags_ok is None or flags_ok(tp, cp, ep, etp, dp, pp, vpp)))
                         if pipelines:
                             base = GlobalChoice("megatron", tp, cp, ep, etp, mbs, *pipelines[0], dp,
                                                 ladder[0] if ladder else None)
@@ -224,7 +244,7 @@ def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, 
             for h, n in hosts.items()}
 
 
-def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) -> Iterator[Shape]:
+def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok=None) -> Iterator[Shape]:
     """flagscale shapes for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
     bs = sorted({dp * m for h, n in hosts.items() for dp in range(1, n // (tp * cp) + 1) for m in space.mbs
                  if rules.expert_folding_ok(tp, cp, dp, ep, etp)})
@@ -235,7 +255,10 @@ def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) ->
         max_stages = sum(n // (tp * cp * min(d)) for h, n in hosts.items() if (d := dps[h]))
         if not max_stages:
             continue
-        pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1))
+        pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1)
+                          if flags_ok is None or flags_ok(tp, cp, ep, etp, None, pp, 1))
+        if not pipelines:
+            continue
         firsts = sorted({d for ds in dps.values() for d in ds}) if tied else [None]
         for first in firsts:
             base = GlobalChoice("flagscale", tp, cp, ep, etp, b, *pipelines[0], 1, modes[0], first_dp=first)
@@ -252,7 +275,7 @@ def stage_options(
     out: list[StageOption] = []
     if not g.per_stage_meshes:
         return [StageOption(h, g.dp0, g.recompute) for h, n in hosts.items() if g.stage_gpus <= n]
-    rcs = [g.recompute] if g.recompute is not None else stage_ladder(model, space)
+    rcs = [g.recompute] if g.recompute is not None else stage_ladder(model, space, training)
     for h, dps in _flagscale_dps(hosts, space, g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch).items():
         for dp in dps:
             for rc in rcs:
