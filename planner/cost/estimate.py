@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from planner.cost.model import CostModel, PlanCost
 from planner.megatron.flags import unmodelled_notes
+from planner.megatron.rules import microbatch_violations, world_violations
 from planner.errors import PlannerInputError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -23,20 +24,12 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
     par, model, tr = run.parallel, run.model, run.training
     world = cluster.world_size
     denom = par.tp * par.pp * par.cp
-    if world % denom:
-        raise PlannerInputError(
-            "--cluster",
-            f"world size {world} ({cluster.describe()}) is not divisible by TP*PP*CP = "
-            f"{par.tp}*{par.pp}*{par.cp} = {denom}",
-        )
+    for v in world_violations(world, tp=par.tp, pp=par.pp, cp=par.cp):
+        raise PlannerInputError("--cluster", f"{v.message} ({cluster.describe()}: {v.hint})")
     dp = world // denom
     layers = par.stage_layers(model.num_layers)
-    if tr.global_batch_size % (tr.micro_batch_size * dp):
-        raise PlannerInputError(
-            "--global-batch-size",
-            f"global batch size ({tr.global_batch_size}) is not divisible by micro batch size "
-            f"({tr.micro_batch_size}) times data parallel size ({dp})",
-        )
+    for v in microbatch_violations(tr.global_batch_size, mbs=tr.micro_batch_size, dp=dp):
+        raise PlannerInputError("--global-batch-size", f"{v.message} ({v.hint})")
     # rank -> device type, in cluster order
     bounds: list[tuple[int, str]] = []
     acc = 0

@@ -617,9 +617,11 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     except ValidationError as exc:
         raise _validation_to_input_error(exc, {**TRAINING_FIELD_FLAGS, **SETTINGS_FIELD_FLAGS}, "training") from None
     deferred += [(rule_flag(v.rule), v) for v in input_violations(model, training_spec)]
+    if deferred and not allow_invalid:
+        flag, first = deferred[0]
+        more = "".join(f"; {v.message} ({v.hint})" for _, v in deferred[1:])
+        raise PlannerInputError(flag, f"{first.message} ({first.hint}){more}")
     for flag, violation in deferred:
-        if not allow_invalid:
-            raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")
         draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
     try:
         parallel_cfg = ParallelConfig(**parallel)

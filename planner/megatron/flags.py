@@ -462,6 +462,8 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "vpp_flags": (VPP_FLAG, LAYOUT_FLAG, LAYERS_PER_VIRTUAL_STAGE_FLAG),
     "pipeline_split": ("--pipeline-model-parallel-size",),
     "pipeline_split_vpp": (VPP_FLAG,),
+    "pipeline_split_build": ("--pipeline-model-parallel-size", VPP_FLAG),
+    "cuda_graph": ("--cuda-graph-impl",),
     "tp_comm_overlap_sp": ("--tp-comm-overlap",),
     "overlap_param_gather": ("--overlap-param-gather",),
     # the model's and the run's other flags (rules.model_violations, settings_violations)

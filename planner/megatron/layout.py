@@ -158,14 +158,14 @@ def check_pipeline(parallel: dict[str, Any], model: ModelSpec, deferred: list, *
         items = list(layout)
         p["layout"] = tuple(items) if all(isinstance(x, str) for x in items) else tuple(
             layout_of_counts(items, mtp_num_layers=model.mtp_num_layers))
-    if p.get("vpp") == 1:
-        p["vpp"] = None  # Megatron: VPP 1 is no interleaving
     try:
         config = ParallelConfig(**p)
     except (ValidationError, TypeError):
         return p  # build_run names the field
     for v in pipeline_flag_violations(model, config, overlap_p2p_comm=overlap_p2p_comm):
         deferred.append((_pipeline_flag(config, v), v))
+    if p.get("vpp") == 1:
+        p["vpp"] = None  # Megatron: VPP 1 is no interleaving (checked above as given: a VPP flag was set)
     return p
 
 
@@ -176,7 +176,7 @@ def _pipeline_flag(p: ParallelConfig, v: RuleViolation) -> str:
                                           (VPP_FLAG, p.vpp), (LAYOUT_FLAG, p.layout)) if on is not None)
     if p.layout is not None:
         return LAYOUT_FLAG
-    if v.rule in ("vpp_needs_pp", "pipeline_split_vpp"):
+    if v.rule in ("vpp_needs_pp", "pipeline_split_vpp") or (v.rule == "pipeline_split_build" and "vp_size" in v.message):
         return LAYERS_PER_VIRTUAL_STAGE_FLAG if p.num_layers_per_virtual_stage is not None else VPP_FLAG
     if p.first_stage_layers is not None or p.last_stage_layers is not None:
         return _FIRST_LAST_FLAGS

@@ -167,12 +167,16 @@ def world_violations(world_size: int, *, tp: int, pp: int, cp: int) -> list[Rule
 
 
 def microbatch_violations(gbs: int, *, mbs: int, dp: int) -> list[RuleViolation]:
-    """MB: GBS % (mbs*DP) == 0."""
+    """GBS % (mbs*DP) == 0.  Megatron checks it twice: validate_args on the evaluation batch, which
+    defaults to the training batch (its message is the one a run prints), then the micro-batch
+    calculator."""
     if gbs % (mbs * dp):
         return [RuleViolation(
             "gbs_microbatch",
-            f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times data parallel size ({dp})",
-            "choose a global batch that is a multiple of mbs * DP",
+            f"eval_global_batch_size ({gbs}) must be divisible by eval_micro_batch_size ({mbs}) * data_parallel_size "
+            f"({dp})",
+            f"--global-batch-size {gbs} must be a multiple of micro-batch x DP = {mbs * dp} (Megatron checks the "
+            "evaluation batch first, which defaults to it)",
         )]
     return []
 
@@ -259,7 +263,9 @@ def pipeline_split_violations(
         elif accounted:
             message = f"number of middle layers: {total} must be divisible by middle pipeline_model_parallel_size {pp}"
         else:  # validate_args lets it pass with a VPP flag; the model build refuses
-            message = f"num_layers={total} should be divisible by config.pipeline_model_parallel_size={pp}"
+            return [RuleViolation("pipeline_split_build",
+                                  f"num_layers={total} should be divisible by config.pipeline_model_parallel_size={pp}",
+                                  _split_hint(num_layers, accounted, pp) + " (Megatron refuses it when it builds the model)")]
         return [RuleViolation("pipeline_split", message, _split_hint(num_layers, accounted, pp))]
     per_rank = total // pp
     if v and per_rank % v:
@@ -268,7 +274,10 @@ def pipeline_split_violations(
                        "pipeline_split or account_for_loss_in_pipeline_split) must be divisible by"
                        f"virtual_pipeline_model_parallel_size{v}")
         else:  # the model build (transformer_block.get_num_layers_to_build)
-            message = f"num_layers_per_pipeline_rank {per_rank}             should be divisible by vp_size {v}"
+            return [RuleViolation("pipeline_split_build",
+                                  f"num_layers_per_pipeline_rank {per_rank}             should be divisible by vp_size {v}",
+                                  f"each rank's {per_rank} layers must be a multiple of VPP {v} (Megatron refuses it "
+                                  "when it builds the model)")]
         return [RuleViolation("pipeline_split_vpp", message, f"each rank's {per_rank} layers must be a multiple of VPP {v}")]
     return []
 
@@ -572,6 +581,15 @@ def _overlap_flag_violations(training: TrainingSpec) -> list[RuleViolation]:
                 "overlap_param_gather_step",
                 "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather",
                 "add --overlap-param-gather"))
+        elif st.ckpt_format != "torch":
+            out.append(RuleViolation(
+                "overlap_param_gather_step",
+                "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet",
+                "add --ckpt-format torch"))
+    if st.cuda_graph_impl == "full_iteration" and st.check_for_nan_in_loss_and_grad:
+        out.append(RuleViolation(
+            "cuda_graph", "--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration for "
+            "training.", "add --no-check-for-nan-in-loss-and-grad"))
     return out
 
 
@@ -582,6 +600,11 @@ def _moe_settings_violations(model: ModelSpec, training: TrainingSpec) -> list[R
     if st.moe_enable_deepep and model.moe_token_dispatcher_type != "flex":
         out.append(RuleViolation("moe_dispatcher", "DeepEP backend is only supported with flex token dispatcher.",
                                  "add --moe-token-dispatcher-type flex"))
+    if (model.moe_token_dispatcher_type == "flex" and model.moe_pad_expert_input_to_capacity
+            and (st.moe_enable_deepep or model.moe_flex_dispatcher_backend == "deepep")):
+        out.append(RuleViolation(
+            "moe_dispatcher", "Flex token dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity",
+            "drop --moe-pad-expert-input-to-capacity, or use another dispatcher"))
     if (model.moe_shared_expert_intermediate_size is not None and training.moe_shared_expert_overlap
             and model.moe_token_dispatcher_type not in ("alltoall", "flex")):
         out.append(RuleViolation("moe_shared_expert_overlap",
@@ -749,8 +772,9 @@ def degree_flag_violations(model: ModelSpec, training: TrainingSpec | None, *, t
                                      "use EP > 1"))
     sizes = st.hierarchical_context_parallel_sizes
     if sizes and math.prod(sizes) != cp:
-        out.append(RuleViolation("cp_comm_type", "",  # a bare assert in validate_args
-                                 f"the product of --hierarchical-context-parallel-sizes {list(sizes)} must be CP = {cp}"))
+        out.append(RuleViolation(  # a bare assert of validate_args: Megatron prints no message, only its line
+            "cp_comm_type", "assert args.context_parallel_size == prod(args.hierarchical_context_parallel_sizes)",
+            f"the product of --hierarchical-context-parallel-sizes {list(sizes)} must be CP = {cp}"))
     if cp > 1 and len(st.cp_comm_types) > 1 and len(st.cp_comm_types) != model.num_layers:
         out.append(RuleViolation(
             "cp_comm_type", f"Length of cp_comm_type ({len(st.cp_comm_types)}) should equal to the total number of "
