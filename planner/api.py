@@ -27,7 +27,7 @@ from planner.inputs.script import LauncherScript
 from planner.launcher import render_launch_files
 from planner.profile_tables import ProfileSet
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
-from planner.megatron.rules import check_plan, format_violations
+from planner.megatron.rules import format_violations, input_violations, run_violations
 from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -148,7 +148,12 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
           progress: ProgressFn | None = None) -> SolveOutcome:
     """Search, then check every returned plan with the independent checker: a plan that breaks a
     rule, overflows memory or uses GPUs the cluster lacks raises PlanCheckError (exit status 2),
-    never a printed problem."""
+    never a printed problem.  Flags Megatron refuses whatever the plan (the model's, the run's other
+    flags: planner/megatron/rules.py input_violations) are refused first, naming them."""
+    fixed = input_violations(run.model, run.training)
+    if fixed:
+        raise PlannerInputError(" / ".join(sorted({rule_options(v.rule) or "flags" for v in fixed})),
+                                "Megatron refuses these flags whatever the plan: " + format_violations(fixed))
     cost = CostModel(run.model, run.training, cluster, profiles)
     result = search(cost, space, settings, progress=progress)
     plans = [c.plan for c in result.best]
@@ -226,7 +231,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False) -> Estimate:
     `allow_invalid` (then each broken rule is a note)."""
     run, cluster, profiles = inputs
     plan, notes = plan_from_run(run, cluster, profiles)
-    violations = check_plan(run.model, plan, run.training)
+    violations = run_violations(run, plan)
     if violations and not allow_invalid:
         raise PlannerInputError(
             " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),

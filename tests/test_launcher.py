@@ -417,7 +417,7 @@ def test_rule_violation_is_refused_before_writing(tmp_path):
     bad = plan.model_copy(update={"gbs": 63, "mbs": 2})
     with pytest.raises(PlannerInputError) as err:
         write_files(tmp_path / "out", render_launch_files(run, bad, cluster), "--out", LAUNCHER_OUTPUT)
-    assert "global batch size (63) is not divisible" in str(err.value)
+    assert "eval_global_batch_size (63) must be divisible" in str(err.value)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
@@ -519,5 +519,5 @@ def test_emit_command_writes_the_files(tmp_path):
     doc["plan"]["gbs"] = 15
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     result = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "bad.json"), "--out", str(tmp_path / "b")])
-    assert result.exit_code == 2 and "global batch size (15)" in result.output
+    assert result.exit_code == 2 and "eval_global_batch_size (15)" in result.output
     assert "Traceback" not in result.output

@@ -92,9 +92,10 @@ def test_moe_with_etp_needs_bias_disabled():
 
 
 def test_global_batch_divisible_by_mbs_times_dp():
-    """Rule 29 (MB): GBS % (mbs * DP)."""
+    """Rule 29: GBS % (mbs * DP), in the words Megatron prints: validate_args checks the evaluation batch
+    first, which defaults to the training batch (research probe X30)."""
     msg = _rules(DENSE, _plan(gbs=30))["gbs_microbatch"]
-    assert msg == "global batch size (30) is not divisible by micro batch size (1) times data parallel size (4)"
+    assert msg == "eval_global_batch_size (30) must be divisible by eval_micro_batch_size (1) * data_parallel_size (4)"
 
 
 def test_interleaving_needs_pipeline_parallelism():
@@ -199,7 +200,7 @@ def test_assert_plan_ok_lists_every_violation():
         assert_plan_ok(model, _plan(tp=8, gbs=30))
     text = str(err.value)
     assert err.value.field == "plan"
-    assert "num_attention_heads (12)" in text and "global batch size (30)" in text
+    assert "num_attention_heads (12)" in text and "eval_global_batch_size (30) must be divisible" in text
     assert_plan_ok(DENSE, _plan(tp=2))  # no exception
 
 

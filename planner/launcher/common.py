@@ -175,6 +175,9 @@ def launch_flags(
     Without: the run's model/training flags and its passthrough flags, then the plan's."""
     notes: list[str] = []
     overrides = group_flag_items(list(getattr(script, "extra_flags", []) or [])) if script is not None else []
+    planned = {i.name for i in [*extra_items, *plan_items]}
+    # the plan's flags replace the user's: a decided flag given with --megatron-args is not written twice
+    overrides = [o for o in overrides if o.name not in planned and o.name not in PLAN_DECIDED_FLAGS]
     applied = [*overrides, *extra_items, *plan_items]
     decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied})
     generated: list[FlagItem] = []

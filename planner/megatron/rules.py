@@ -45,7 +45,7 @@ from typing import Sequence
 from planner.errors import PlannerInputError
 from planner.runtime import runtime_of
 from planner.schemas.model import ModelSpec
-from planner.schemas.parallel import ParallelConfig
+from planner.schemas.parallel import MegatronRun, ParallelConfig
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
 
@@ -1142,6 +1142,13 @@ def check_plan(
     out += _flag_rules(model, plan, training)
     out += _training_rules(plan, training)
     return out + runtime_violations(model, plan, training)
+
+
+def run_violations(run: MegatronRun, plan: Plan) -> list[RuleViolation]:
+    """Everything Megatron refuses in a run's own flags and the plan they give: how the flags place the
+    layers (pipeline_flag_violations, which a plan's per-stage counts no longer show) and check_plan."""
+    out = pipeline_flag_violations(run.model, run.parallel, overlap_p2p_comm=run.training.megatron.overlap_p2p_comm)
+    return out + [v for v in check_plan(run.model, plan, run.training) if v not in out]
 
 
 def format_violations(violations: list[RuleViolation]) -> str:

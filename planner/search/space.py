@@ -62,11 +62,11 @@ class SearchSpace:
 
     runtime: str = "megatron"
     tp: tuple[int, ...] = (1, 2, 4, 8)
-    cp: tuple[int, ...] = (1, 2, 4)
+    cp: tuple[int, ...] = (1, 2, 4, 8)
     ep: tuple[int, ...] | None = None
     etp: tuple[int, ...] | None = None
     mbs: tuple[int, ...] = (1, 2, 4)
-    vpp: tuple[int, ...] = (1, 2)
+    vpp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     max_pp: int | None = None
     recompute: tuple[Recompute, ...] = field(default_factory=lambda: RECOMPUTE_LADDER)
     # flagscale: the per-stage choices (none/full; a selective entry here becomes a shared mode)
