@@ -519,5 +519,5 @@ def test_emit_command_writes_the_files(tmp_path):
     doc["plan"]["gbs"] = 15
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     result = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "bad.json"), "--out", str(tmp_path / "b")])
-    assert result.exit_code == 2 and "eval_global_batch_size (15)" in result.output
+    assert result.exit_code == 2 and "global batch size (15)" in result.output
     assert "Traceback" not in result.output
