@@ -32,7 +32,7 @@ from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
-from planner.search.driver import search
+from planner.search.pools import search_with_pools
 from planner.search.pruning import Pruning
 from planner.search.settings import ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
@@ -155,7 +155,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
         raise PlannerInputError(" / ".join(sorted({rule_options(v.rule) or "flags" for v in fixed})),
                                 "Megatron refuses these flags whatever the plan: " + format_violations(fixed))
     cost = CostModel(run.model, run.training, cluster, profiles)
-    result = search(cost, space, settings, progress=progress)
+    result = search_with_pools(cost, space, settings, progress=progress)
     plans = [c.plan for c in result.best]
     costs, problems = [], []
     for p in plans:
@@ -172,7 +172,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[IdleGpus]:
     """Per device type, the GPUs the plan leaves idle and why: too few left for one more stage of
     the plan's shape, or (when more stages would fit) the search found no faster plan using them."""
-    used = plan.gpus_by_type()
+    used = cluster.spread(plan.gpus_by_type())  # a pooled stage type's GPUs counted on its members
     out = []
     proof = "the search proved that no plan using them is faster" if result.certified_optimal else \
         "no plan using them was faster among those searched"

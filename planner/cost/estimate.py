@@ -50,9 +50,11 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
         first, last = type_of(s * stage_size), type_of((s + 1) * stage_size - 1)
         dev_type = first
         if first != last:
+            pool = profiles.pool(first, last, tr.precision)
             slower = min((first, last), key=lambda t: profiles.device(t).peak_flop_per_s(tr.precision))
-            notes.append(f"stage {s} spans {first} and {last}; priced on the slower {slower}")
-            dev_type = slower
+            dev_type = pool or slower
+            notes.append(f"stage {s} spans {first} and {last}; priced on the slower {slower}"
+                         + (f" (the pooled type {pool}: DP over both, the slower link between them)" if pool else ""))
         stages.append(StagePlan(device_type=dev_type, num_layers=layers[s], dp=dp, recompute=par.recompute))
     vpp = par.virtual_size(model.num_layers)
     plan = Plan(

@@ -18,13 +18,14 @@ from typing import Iterator
 
 from planner.megatron import rules
 from planner.runtime import Runtime, runtime_of
-from planner.schemas.cluster import ClusterSpec
+from planner.schemas.cluster import ClusterSpec, NodeGroup, pool_members
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.schemas.training import TrainingSpec
 
 __all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options", "pipeline_in_space",
+           "shared_pools", "pooled_view",
            "recompute_ladder", "RECOMPUTE_LADDER", "STAGE_RECOMPUTE_LADDER", "FLAGSCALE_SELECTIVE"]
 
 
@@ -74,6 +75,8 @@ class SearchSpace:
     # flagscale: selective settings shared by every stage
     selective: tuple[Recompute, ...] = field(default_factory=lambda: FLAGSCALE_SELECTIVE)
     contiguous_types: bool | None = None
+    # megatron: stages whose DP spans a pool of two device types that can share one job (shared_pools)
+    shared_types: bool = True
 
     def with_(self, **kw) -> "SearchSpace":
         return replace(self, **kw)
@@ -87,6 +90,45 @@ class SearchSpace:
     def runtime_spec(self) -> Runtime:
         """What the runtime can express (planner/runtime.py)."""
         return runtime_of(self.runtime)
+
+
+def shared_pools(cluster: ClusterSpec, profiles, precision: str) -> list[str]:
+    """Pooled stage types (planner/schemas/cluster.py POOL_SEP) for the megatron runtime on this cluster:
+    pairs of device types that can share one job (ProfileSet.pool: one vendor, both run the precision, the
+    member with the least memory also the slowest, so that a stage whose DP spans both runs at its speed
+    and fits in its memory) with equal GPUs per node.  Disjoint pairs, the closest in speed first."""
+    candidates = []
+    types = cluster.device_types
+    for i, a in enumerate(types):
+        for b in types[i + 1:]:
+            pool = profiles.pool(a, b, precision)
+            if pool is None or cluster.group_of(a).gpus_per_node != cluster.group_of(b).gpus_per_node:
+                continue
+            low, high = (profiles.device(m).peak_flop_per_s(precision) for m in pool_members(pool))
+            candidates.append((high / low, pool))
+    out: list[str] = []
+    for _, pool in sorted(candidates):
+        if not any(set(pool_members(pool)) & set(pool_members(p)) for p in out):
+            out.append(pool)
+    return out
+
+
+def pooled_view(cluster: ClusterSpec, profiles, pools: list[str]) -> ClusterSpec:
+    """The cluster as the search sees it with `pools`: each pool's node groups as one group of the pooled
+    type, where the first member was, its inter-node link the slowest between members."""
+    groups: list[NodeGroup] = []
+    for pool in pools:
+        members = pool_members(pool)
+        nodes = sum(g.num_nodes for g in cluster.groups if g.device_type in members)
+        limiting = cluster.group_of(profiles.limiting_member(pool))
+        groups.append(NodeGroup(device_type=pool, num_nodes=nodes, gpus_per_node=limiting.gpus_per_node,
+                                intra_node_bandwidth_gb_per_s=limiting.intra_node_bandwidth_gb_per_s,
+                                inter_node_bandwidth_gb_per_s=profiles.cross_link(pool, pool, cluster).bandwidth_gb_per_s))
+    pooled = {m for p in pools for m in pool_members(p)}
+    order = {p: min(k for k, g in enumerate(cluster.groups) if g.device_type in pool_members(p)) for p in pools}
+    rest = [(k, g) for k, g in enumerate(cluster.groups) if g.device_type not in pooled]
+    merged = sorted(rest + [(order[p], g) for p, g in zip(pools, groups)], key=lambda kg: kg[0])
+    return cluster.model_copy(update={"groups": tuple(g for _, g in merged)})
 
 
 def pipeline_in_space(num_layers: int, pp: int, vpp: int) -> bool:
