@@ -44,7 +44,7 @@ from planner.megatron.layout import check_pipeline
 from planner.megatron.rules import cp_violations, ep_violations, etp_violations, input_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
-from planner.schemas.plan import Recompute
+from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
 from planner.schemas.training import TrainingSpec
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
@@ -293,10 +293,8 @@ def moe_pattern_from_flag(freq: int | str, num_layers: int) -> tuple[int, ...]:
     if text.strip().isdigit() and len(text.strip()) <= 7:
         return moe_pattern_from_freq(int(text), num_layers)
     if not text or any(c not in _FREQ_CHARS for c in text):
-        raise ValueError(
-            f"moe-layer-freq {text!r}: expected an int or a list expression like ([0]+[1]*23) "
-            "using only the characters ,digits[]()+* (no spaces)"
-        )
+        raise ValueError(f"Invalid pattern: {text} (expected an int or a list expression like ([0]+[1]*23) using "
+                         "only the characters ,digits[]()+*, no spaces)")
     try:
         value = _eval_freq(ast.parse(text, mode="eval").body, max(num_layers, 1))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -421,7 +419,8 @@ class RunDraft:
 
 
 def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
-    """Megatron's recompute flags as one Recompute (granularity None means no recompute)."""
+    """Megatron's recompute flags as one Recompute (granularity None means no recompute), refused in
+    Megatron's words (validate_args, TransformerConfig)."""
     granularity = ns.get("recompute_granularity")
     if ns.get("recompute_activations"):
         granularity = "selective"  # args.py: --recompute-activations sets selective
@@ -432,24 +431,29 @@ def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
         return Recompute()
     if granularity == "selective":
         if method is not None:
-            raise PlannerInputError(
-                "--recompute-method", "is not allowed with --recompute-granularity selective"
-            )
+            raise PlannerInputError("--recompute-method",
+                                    "recompute method is not yet supported for selective recomputing granularity")
         if num_layers is not None:
-            raise PlannerInputError(
-                "--recompute-num-layers", "is not allowed with --recompute-granularity selective"
-            )
+            raise PlannerInputError("--recompute-num-layers",
+                                    "When using recompute_granularity: selective recompute_num_layers must be None.")
+        bad = sorted(set(modules) - set(RECOMPUTE_MODULES))
+        if bad:
+            raise PlannerInputError("--recompute-modules", f"Invalid choices for recompute_modules: {set(bad)}. "
+                                    f"Allowed modules are: {set(RECOMPUTE_MODULES)}")
         return Recompute.selective(modules)
     if method is None:
         raise PlannerInputError(
-            "--recompute-method", "--recompute-granularity full needs --recompute-method uniform|block"
-        )
+            "--recompute-method",
+            f'Using recompute_granularity: {granularity} so recompute_method must be "block" or "uniform"')
     if num_layers is None:
+        per_rank = ns.get("num_layers", 0) // max(ns.get("pipeline_model_parallel_size", 1), 1)
         raise PlannerInputError(
-            "--recompute-num-layers", "--recompute-granularity full needs --recompute-num-layers N"
-        )
+            "--recompute-num-layers",
+            f"When using recompute_granularity: {granularity} recompute_num_layers must be between 1 and "
+            f"num_layers_per_pipeline_rank: {per_rank}")
     if method == "uniform" and num_layers < 1:
-        raise PlannerInputError("--recompute-num-layers", "must be >= 1 with --recompute-method uniform")
+        raise PlannerInputError("--recompute-num-layers", "must be >= 1 with --recompute-method uniform (Megatron "
+                                "accepts 0 and its uniform recompute loop then never ends)")
     return Recompute.full(method, num_layers)
 
 
@@ -468,8 +472,10 @@ def _precision_from_ns(ns: dict[str, Any]) -> str:
 def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: str = "custom") -> RunDraft:
     """Interpret Megatron's parsed arguments the way args.py does, as schema field dicts."""
     missing = [f for f in REQUIRED_FLAGS if READ_FLAGS[f].dest not in ns]
-    if missing:
-        raise PlannerInputError(", ".join(missing), "required model shape flag(s) missing")
+    if missing:  # Megatron's words: validate_args, then _check_arg_is_not_none
+        said = ["either num-layers or encoder-num-layers should be specified" if f == "--num-layers"
+                else f"{READ_FLAGS[f].dest} argument is None" for f in missing]
+        raise PlannerInputError(", ".join(missing), "; ".join(said) + " (required model shape flags)")
     notes: list[str] = []
     model: dict[str, Any] = {"name": name}
     model.update({f: ns[dest] for dest, f in copied_fields(MODEL_FLAGS) if dest in ns})

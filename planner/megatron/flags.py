@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import ParallelConfig
-from planner.schemas.plan import RECOMPUTE_MODULES
 from planner.schemas.training import MegatronSettings, TrainingSpec
 
 MAX_COUNT = 100_000  # layers / pipeline stages: far above any real model, keeps per-layer lists small
@@ -266,7 +265,7 @@ PARALLEL_FLAGS = _rows(  # ParallelConfig and the recompute setting (1.1-1.3); w
     Flag("--recompute-method", _str("uniform", "block"), "recompute", derived=True, decided=True,
          array=TRAINING_ARGS),
     Flag("--recompute-num-layers", _int(0), "recompute", derived=True, decided=True, array=TRAINING_ARGS),
-    Flag("--recompute-modules", _list(*RECOMPUTE_MODULES), "recompute", derived=True, decided=True,
+    Flag("--recompute-modules", _list(), "recompute", derived=True, decided=True,
          array=TRAINING_ARGS),
     Flag("--recompute-activations", _TRUE, "recompute", derived=True, decided=True, array=TRAINING_ARGS),
     # not read, decided by the plan all the same
