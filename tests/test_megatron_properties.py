@@ -47,6 +47,42 @@ INVISIBLE = {
 }
 """Rules Megatron checks after validation: the validator accepts what they refuse."""
 
+_SMALL_MOE = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention --num-query-groups 4 "
+              "--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 256 "
+              "--vocab-size 32000 --tokenizer-type NullTokenizer --mock-data --bf16 --transformer-impl local "
+              "--position-embedding-type rope --swiglu --normalization RMSNorm --disable-bias-linear "
+              "--untie-embeddings-and-output-weights --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 2048 "
+              "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --use-distributed-optimizer")
+SCENARIOS: dict[str, tuple[str, str]] = {
+    # name -> (flags, cluster): the run's own flags constrain the plan; solve must respect them
+    "ep_overlap": (_SMALL_MOE + " --overlap-moe-expert-parallel-comm", "H100:64"),
+    "fp8_delayed_recompute": (_SMALL_MOE + " --fp8-format hybrid --fp8-recipe delayed", "H100:32"),
+    "cuda_graph_dropout": (_SMALL_MOE + " --cuda-graph-impl local", "H100:32"),
+    "no_overlap_p2p": (_SMALL_MOE + " --no-overlap-p2p-communication", "H100:64"),
+    "overlap_param_gather_step": (_SMALL_MOE + " --overlap-grad-reduce --overlap-param-gather "
+                                  "--overlap-param-gather-with-optimizer-step --ckpt-format torch", "H100:64"),
+    "hierarchical_cp": (_SMALL_MOE.replace("--seq-length 4096 --max-position-embeddings 4096",
+                                           "--seq-length 8192 --max-position-embeddings 8192")
+                        + " --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2", "H100:32"),
+    "pooled_types": (_SMALL_MOE, "H100:16,H200:16"),
+}
+"""Hand-written inputs whose flags the plan must respect (each rule family's space restriction)."""
+
+
+def _scenario_holds(name: str, plan: dict) -> bool:
+    """What each scenario's flags demand of the plan, read off the plan itself."""
+    return {
+        "ep_overlap": (plan["pp"] == 1 or plan["vpp"] > 1) and plan["ep"] > 1
+        and not plan["recompute"].startswith("full"),
+        "fp8_delayed_recompute": "moe_act" not in plan["recompute"] and "layernorm" not in plan["recompute"],
+        "cuda_graph_dropout": plan["recompute"] == "none",
+        "no_overlap_p2p": plan["vpp"] == 1 or plan["pp"] > 2,
+        "overlap_param_gather_step": plan["vpp"] > 1,
+        "hierarchical_cp": plan["cp"] == 4,
+        "pooled_types": True,
+    }[name]
+
+
 # families whose accepted cases solve samples first (the flags a search must respect)
 SOLVE_FIRST = ("ep_overlap", "cp", "fp8", "cuda_graph", "overlap_step", "layout", "dispatcher", "mtp", "pipeline",
                "recompute", "router_groups", "shared_experts")
@@ -82,16 +118,17 @@ def _sample_to_solve(cases: list[Case], accepted: set[str]) -> list[Case]:
     return out
 
 
-def _solved_case(case: Case) -> dict:
+def _solved_case(case: Case, cluster: str | None = None) -> dict:
     """`solve` on the case's flags (HS-DP, a short time limit) and the launcher's flags for its plan."""
-    inputs = load_inputs(megatron_args=list(case.argv), cluster=cluster_for(case.world), profiles=profiles(),
-                         allow_invalid=True)
+    inputs = load_inputs(megatron_args=list(case.argv), cluster=cluster or cluster_for(case.world),
+                         profiles=profiles(), allow_invalid=True)
     settings = SearchSettings(backend="hsdp", time_limit_s=20.0)
     out = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=SearchSpace())
     plan = out.plans[0]
     argv, _ = _upstream_only(shlex.split(render_launch_files(inputs.run, plan, inputs.cluster)["megatron_args.txt"]))
     return {"name": f"solved/{case.name}", "argv": _concrete(argv), "world_size": plan.world_size, "env": ENV,
-            "plan": plan.model_dump(exclude={"stages"}) | {"pp": plan.pp}}
+            "plan": plan.model_dump(exclude={"stages", "layout"}) | {"pp": plan.pp, "recompute": plan.stages[0].recompute.label,
+                                                                     "types": [s.device_type for s in plan.stages]}}
 
 
 @lru_cache(maxsize=1)
@@ -103,9 +140,11 @@ def results() -> dict:
     verdicts = {c.name: planner_verdict(c) for c in cases}
     accepted = {name for name, r in megatron.items() if r["ok"] and verdicts[name][0]}
     solved, failed = [], []
-    for c in _sample_to_solve(cases, accepted):
+    todo = [(c, None) for c in _sample_to_solve(cases, accepted)]
+    todo += [(Case(name, shlex.split(flags), 0), cluster) for name, (flags, cluster) in SCENARIOS.items()]
+    for c, cluster in todo:
         try:
-            solved.append(_solved_case(c))
+            solved.append(_solved_case(c, cluster))
         except Exception as exc:  # noqa: BLE001 - reported by the test that needs the plan
             failed.append(f"{c.name}: solve raised {type(exc).__name__}: {exc} | {' '.join(c.argv)}")
     checked = _validate([{k: v for k, v in s.items() if k != "plan"} for s in solved]) if solved else {}
@@ -174,3 +213,17 @@ def test_every_solved_plan_passes_megatrons_validator():
     bad = [f"{s['name']} {s['plan']}: {res['solved_checked'][s['name']]['error']} | {' '.join(s['argv'])}"
            for s in res["solved"] if not res["solved_checked"][s["name"]]["ok"]]
     assert not bad and not res["solve_failed"], "\n".join(bad + res["solve_failed"])
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_solve_respects_the_runs_own_flags(name):
+    """Each scenario's plan keeps what its flags demand (EP overlap: VPP with PP > 1, EP > 1, no full
+    recompute; FP8 delayed scaling: no moe_act/layernorm recompute; CUDA graphs with dropout: no graphed
+    recompute; no p2p overlap: PP > 2 with VPP; the overlapped parameter gather: VPP; hierarchical CP: their
+    product), and Megatron's validator accepts it (the pooled cluster's plan included)."""
+    res = results()
+    solved = {s["name"]: s for s in res["solved"]}
+    assert f"solved/{name}" in solved, "\n".join(res["solve_failed"])
+    s = solved[f"solved/{name}"]
+    assert _scenario_holds(name, s["plan"]), s["plan"]
+    assert res["solved_checked"][s["name"]]["ok"], res["solved_checked"][s["name"]]["error"]
