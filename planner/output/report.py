@@ -90,7 +90,6 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "overflow": _overflow(c),
         "violations": [{"rule": v.rule, "message": v.message, "hint": v.hint} for v in user.violations],
         "runs": user.runs,
-        "keep_yours": user.runs and c.iteration_time_s < ours.iteration_time_s,
         "notes": list(user.notes),
         "speedup": c.iteration_time_s / ours.iteration_time_s if ours.iteration_time_s > 0 else None,
         "stages": c.to_json()["stages"],
@@ -456,8 +455,6 @@ def _render_user_plan(console, payload: dict) -> None:
         if u["violations"]:
             why.append(f"breaks {len(u['violations'])} rule(s) Megatron checks")
         verdict += "; your plan " + " and ".join(why) + ", so it would not run as is"
-    if u.get("keep_yours"):
-        verdict += "; keep your plan: it runs and is faster than every plan the search found"
     _say(console, verdict, style="bold")
     for v in u["violations"]:
         _say(console, f"  your plan, rule {v['rule']}: {v['message']} ({v['hint']})")
@@ -566,8 +563,7 @@ def _md_user_plan(payload: dict) -> list[str]:
         f"{payload['max_memory_gib']:.1f} |",
         f"| rules | {rules} | ok |",
         "",
-        f"Speed-up: **{u['speedup']:.2f}x** per iteration."
-        + (" **Keep your plan**: it runs and is faster than every plan the search found." if u.get("keep_yours") else ""),
+        f"Speed-up: **{u['speedup']:.2f}x** per iteration.",
     ]
     if not u["fits"]:
         o = u["overflow"]
