@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple, Sequence
 from planner.checker import plan_problems
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
+from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
 from planner.inputs.cluster import parse_cluster
@@ -53,14 +54,15 @@ class Inputs(NamedTuple):
 def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, megatron_script=None,
                 script_args: Sequence[str] = (), overrides: dict | None = None, profile_dirs: Sequence[str] = (),
                 profiles: ProfileSet | None = None, moe_imbalance: float | None = None, allow_invalid: bool = False,
-                on_note: Callable[[str], None] | None = None) -> Inputs:
+                on_note: Callable[[str], None] | None = None, script_deadline: float | None = None) -> Inputs:
     """Resolve (MegatronRun, ClusterSpec, ProfileSet) from the inputs as the CLI names them.
 
     `overrides`: {tp, pp, cp, ep, etp, vpp, mbs, gbs, seq, layout, recompute} (None values are
     ignored).  `profiles`: the profile set to use (loaded once by a caller that reads many inputs);
     by default the shipped one with `profile_dirs` on top.  The run lists in `assumed` the values no
     input stated (planner/inputs/assumed.py); what the input reader did not model goes to `on_note`,
-    one line each (dropped when None)."""
+    one line each (dropped when None).  `script_deadline` (time.monotonic()): reading a --megatron-script
+    stops there with an error naming the line it reached (the command's time limit)."""
     if moe_imbalance is not None and not (math.isfinite(moe_imbalance) and moe_imbalance >= 1.0):
         raise PlannerInputError(IMBALANCE_FLAG, f"expected a finite number >= 1 (max/mean tokens per expert), "
                                 f"got {moe_imbalance}")
@@ -72,7 +74,8 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
     try:
         run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
                           script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
-                          notes=notes, allow_invalid=allow_invalid)
+                          notes=notes, allow_invalid=allow_invalid, cluster=cluster_spec,
+                          script_deadline=script_deadline)
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
     check_precision(run.training.precision, cluster_spec, profiles)
@@ -125,16 +128,30 @@ class IdleGpus:
     why: str
 
 
+OBJECTIVES = ("pessimistic", "nominal")
+"""What `solve` minimises: the top of each plan's iteration-time range (planner/cost/ranges.py), or the cost
+model's nominal time."""
+
+
 @dataclass
 class SolveOutcome:
     run: MegatronRun
     cluster: ClusterSpec
     result: SearchResult
     plans: list[Plan]
-    costs: list[PlanCost]
+    costs: list[PlanCost]  # the nominal (float) cost model's
     problems: list[list[str]] = field(default_factory=list)
     idle: list[IdleGpus] = field(default_factory=list)
     script: LauncherScript | None = None  # the input launcher (--megatron-script), for the launcher files
+    ranges: list[TimeRange] = field(default_factory=list)  # each plan's iteration-time range
+    objective: str = "pessimistic"
+    memory_headroom: float = 0.0
+    range_model: RangeModel | None = None
+
+    @property
+    def objective_s(self) -> float:
+        """The searched objective's float value for the best plan (its pessimistic or nominal time)."""
+        return self.ranges[0].high_s if self.objective == "pessimistic" else self.costs[0].iteration_time_s
 
 
 def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow) -> SearchSpace:
@@ -145,17 +162,27 @@ def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow)
 
 
 def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchSettings, space: SearchSpace,
-          progress: ProgressFn | None = None) -> SolveOutcome:
+          progress: ProgressFn | None = None, memory_headroom: float | None = None,
+          objective: str = "pessimistic") -> SolveOutcome:
     """Search, then check every returned plan with the independent checker: a plan that breaks a
-    rule, overflows memory or uses GPUs the cluster lacks raises PlanCheckError (exit status 2),
-    never a printed problem.  Flags Megatron refuses whatever the plan (the model's, the run's other
-    flags: planner/megatron/rules.py input_violations) are refused first, naming them."""
+    rule, overflows memory (its headroom kept free) or uses GPUs the cluster lacks raises PlanCheckError
+    (exit status 2), never a printed problem.  Flags Megatron refuses whatever the plan (the model's, the run's
+    other flags: planner/megatron/rules.py input_violations) are refused first, naming them.
+
+    `objective` "pessimistic" (the default) searches tables built from the top of the range
+    (planner/cost/ranges.py: each mechanism's seconds at their held-out uncertainty), so the plan whose
+    pessimistic time is best wins; "nominal" searches the cost model itself.  Either way the reported time is
+    the nominal float cost model's, with the range beside it."""
+    if objective not in OBJECTIVES:
+        raise PlannerInputError("--objective", f"expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
     fixed = input_violations(run.model, run.training)
     if fixed:
         raise PlannerInputError(" / ".join(sorted({rule_options(v.rule) or "flags" for v in fixed})),
                                 "Megatron refuses these flags whatever the plan: " + format_violations(fixed))
-    cost = CostModel(run.model, run.training, cluster, profiles)
-    result = search_with_pools(cost, space, settings, progress=progress)
+    ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
+    cost = ranges.nominal
+    result = search_with_pools(ranges.high if objective == "pessimistic" else cost, space, settings,
+                               progress=progress)
     plans = [c.plan for c in result.best]
     costs, problems = [], []
     for p in plans:
@@ -166,7 +193,9 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
         costs.append(c)
         problems.append(probs)
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
-                        idle=idle_gpus(plans[0], cluster, result))
+                        idle=idle_gpus(plans[0], cluster, result),
+                        ranges=[ranges.time_range(p, c) for p, c in zip(plans, costs)], objective=objective,
+                        memory_headroom=cost.memory_headroom, range_model=ranges)
 
 
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[IdleGpus]:
@@ -196,20 +225,27 @@ def check_predictions(outcome: SolveOutcome) -> None:
 
 
 def read_input_script(megatron_script: str, script_args: Sequence[str], megatron_args: str | None,
-                      overrides: dict, run: MegatronRun) -> LauncherScript:
-    """The input launcher, read with its own arguments; the flags the launcher files apply on top of
-    it (--megatron-args, a --seq override) ride along."""
+                      overrides: dict, run: MegatronRun, cluster: ClusterSpec | None = None) -> LauncherScript:
+    """The input launcher, read with its own arguments as a job on `cluster` (as load_inputs read it);
+    the flags the launcher files apply on top of it (--megatron-args, a --seq override) ride along."""
     return read_script(megatron_script, script_args,
-                       script_override_flags(megatron_args, overrides, run.model.max_position_embeddings))
+                       script_override_flags(megatron_args, overrides, run.model.max_position_embeddings),
+                       cluster=cluster)
 
 
-def price_input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None) -> UserPlan | None:
-    """The plan the input's own flags describe, priced on the same cluster (None when the input is a
-    model without flags)."""
+def price_input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None,
+                     outcome: SolveOutcome | None = None) -> UserPlan | None:
+    """The plan the input's own flags describe, priced on the same cluster with the same cost model, headroom
+    and range as `outcome`'s plans (None when the input is a model without flags); with `outcome`, whether to
+    keep it (planner/user_plan.py `keep_yours`)."""
     if not (megatron_script or megatron_args):
         return None
     source = f"--megatron-script {Path(megatron_script).name}" if megatron_script else "--megatron-args"
-    return price_user_plan(inputs.run, inputs.cluster, inputs.profiles, source)
+    ranges = outcome.range_model if outcome is not None else None
+    user = price_user_plan(inputs.run, inputs.cluster, inputs.profiles, source, range_model=ranges)
+    if outcome is not None:
+        user.judge(outcome.ranges[0], outcome.costs[0])
+    return user
 
 
 # ------------------------------------------------------------------------------------------------
@@ -223,12 +259,13 @@ class Estimate:
     plan: Plan
     cost: PlanCost
     notes: list[str]
+    time_range: TimeRange | None = None
 
 
-def estimate(inputs: Inputs, *, allow_invalid: bool = False) -> Estimate:
-    """Price the configuration the run's flags give on its cluster, no search.  A configuration
-    Megatron would refuse is refused, naming the options behind the broken rules, unless
-    `allow_invalid` (then each broken rule is a note)."""
+def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: float | None = None) -> Estimate:
+    """Price the configuration the run's flags give on its cluster, no search, with its iteration-time
+    range and the memory headroom kept free.  A configuration Megatron would refuse is refused, naming the
+    options behind the broken rules, unless `allow_invalid` (then each broken rule is a note)."""
     run, cluster, profiles = inputs
     plan, notes = plan_from_run(run, cluster, profiles)
     violations = run_violations(run, plan)
@@ -238,10 +275,11 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False) -> Estimate:
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
-    cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
+    ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
+    cost = ranges.nominal.evaluate(plan)
     check_prediction(cost, "the configuration")
     notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
-    return Estimate(plan=plan, cost=cost, notes=notes)
+    return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -277,9 +315,11 @@ def compare_backends(run: MegatronRun, cluster: ClusterSpec, brute: bool | None)
 
 
 def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[str], time_limit_s: float,
-                 delta: float, no_prune: bool, contiguous_types: bool = False) -> list[dict]:
+                 delta: float, no_prune: bool, contiguous_types: bool = False, objective: str = "pessimistic",
+                 memory_headroom: float | None = None) -> list[dict]:
     """Solve with each backend in turn, the time limit shared between them (each gets what is
-    left divided by the backends still to run), and return one row per backend."""
+    left divided by the backends still to run), and return one row per backend.  `objective_s` is the
+    searched objective's float value (the plan's pessimistic or nominal time); `iteration_time_s` the nominal."""
     space = make_space(run, runtime, contiguous_types=contiguous_types or None)
     end = time.perf_counter() + time_limit_s
     rows = []
@@ -289,7 +329,8 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
         if no_prune:
             settings = settings.without_pruning()
         try:
-            out = solve(run, cluster_spec, profiles, settings=settings, space=space)
+            out = solve(run, cluster_spec, profiles, settings=settings, space=space, objective=objective,
+                        memory_headroom=memory_headroom)
         except SearchTimeLimitError:
             rows.append({"backend": name, "status": "UNKNOWN", "objective_s": None, "iteration_time_s": None,
                          "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
@@ -297,10 +338,10 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
             continue
         check_prediction(out.costs[0], f"the {name} plan")
         r = out.result
-        it = out.costs[0].iteration_time_s
+        it = out.objective_s
         lb = r.lower_bound_s
         rows.append({
-            "backend": name, "status": r.status, "objective_s": it, "iteration_time_s": it,
+            "backend": name, "status": r.status, "objective_s": it, "iteration_time_s": out.costs[0].iteration_time_s,
             "solver_objective_s": r.best[0].objective_s, "lower_bound_s": lb,
             "gap": max(0.0, (it - lb) / it) if lb is not None else None,
             "pruned_space_status": r.pruned_space_status,
@@ -329,5 +370,5 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
         data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
     )
     check_plan_document(data, plan, run, cluster_spec)
-    script = script_from_plan(data, megatron_script, tuple(script_args))
+    script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
     return render_launch_files(run, plan, cluster_spec, script)

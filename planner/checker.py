@@ -1,7 +1,8 @@
 """An independent plan checker: knows no solver.  Every plan a backend returns passes through it.
 
 Checks: decoder layers covered exactly once and in order (every stage holds at least one), GPUs
-per device type within the cluster, memory fits on every stage (the float cost model), and every
+per device type within the cluster, memory fits on every stage (the float cost model, the memory headroom kept
+free), and every
 Megatron / runtime rule (planner/megatron/rules.py).  It also recomputes the plan's cost, so a solver's
 scaled objective is never what gets reported.
 """
@@ -30,6 +31,8 @@ def plan_problems(cost_model: CostModel, plan: Plan) -> tuple[list[str], PlanCos
     for s in cost.stages:
         if not s.fits:
             problems.append(
-                f"stage {s.index} ({s.device_type}) needs {s.memory_gib:.1f} GiB, has {s.capacity_bytes / 2**30:.0f} GiB"
+                f"stage {s.index} ({s.device_type}) needs {s.memory_gib:.1f} GiB, may use {s.capacity_bytes / 2**30:.1f} "
+                f"GiB ({s.device_memory_bytes / 2**30:.1f} GiB less the {100 * cost_model.memory_headroom:.0f}% "
+                f"memory headroom)"
             )
     return problems, cost

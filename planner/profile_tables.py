@@ -28,6 +28,9 @@ from planner.schemas.types import StrictModel
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 """The shipped profiles: devices/, links.yaml, clusters/ (see profiles/README.md)."""
+PUBLISHED_SUBDIR = "published"
+"""profiles/published/devices/: overlays built from published component benchmarks (planner/profiling/published.py),
+layered over profiles/devices/ like a `--profiles DIR` (provenance kind `published`)."""
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 """The collectives a link's efficiency curves and the corrections name (priced in planner/cost/communication.py)."""
@@ -36,7 +39,11 @@ DISPATCH_CORRECTION_KINDS = ("dispatch_alltoall", "dispatch_flex", "dispatch_all
 """Time multipliers on MoE token dispatch + combine, per Megatron dispatcher (planner/cost/dispatch.py)."""
 FP8_CORRECTION_KINDS = ("fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8")
 """Time multipliers on FP8 GEMMs, per recipe family (planner/cost/kernels.py FP8_CORRECTION_KIND)."""
-TIME_CORRECTION_KINDS = KERNEL_CORRECTION_KINDS + COLLECTIVES + DISPATCH_CORRECTION_KINDS + FP8_CORRECTION_KINDS
+HOST_CORRECTION_KINDS = ("host_overhead", "iteration_overhead")
+"""Time multipliers on the host-side costs (planner/cost/kernels.py): the CPU time per kernel launch that bounds a
+small layer (`host_overhead`) and the fixed cost of every iteration (`iteration_overhead`)."""
+TIME_CORRECTION_KINDS = (KERNEL_CORRECTION_KINDS + COLLECTIVES + DISPATCH_CORRECTION_KINDS + FP8_CORRECTION_KINDS
+                         + HOST_CORRECTION_KINDS)
 ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)
 IMBALANCE_KIND = "moe_imbalance_factor"
 """Measured MoE router imbalance (max/mean tokens per expert, >= 1); written by `cli.py calibrate` for device *."""
@@ -512,6 +519,8 @@ def _shipped_builder_cached() -> _Builder:
     root = PROFILES_DIR
     for path in sorted((root / "devices").glob("*.yaml")):
         builder.add_device_file(path, "profiles")
+    for path in sorted((root / PUBLISHED_SUBDIR / "devices").glob("*.yaml")):
+        builder.add_device_file(path, "profiles")  # published component tables over the datasheet ones
     if (root / "links.yaml").is_file():
         builder.add_links_file(root / "links.yaml", "profiles")
     if (root / "corrections.yaml").is_file():

@@ -4,7 +4,8 @@ left, and the best plan so far with its gap to the lower bound.
 ProgressDisplay is the search's progress callback: it reads each ProgressEvent
 (planner/search/settings.py), or any mapping with its keys, as a mapping: `tried` and `total`
 configurations, `solved`, `best_s` (the best objective so far, seconds, or None), optionally
-`bound_s` (a lower bound on what is still unexplored), and `config` ("done" on the last call).  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
+`bound_s` (a lower bound on the searched space's optimum so far), and `config` ("done" on the last call).  The gap
+shown is the report's searched-space gap: (best - bound) / best, the same formula on the same bound.  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ class ProgressDisplay:
         d = self.last
         if not d:
             return f"search: finished in {_fmt_s(self.elapsed_s())}"
+        gap = " in the searched space" if self.gap() is not None else ""
         return (f"search: {d.get('tried', 0)}/{d.get('total', 0)} configurations, {d.get('solved', 0)} solved, "
-                f"{self.best_text()}, {_fmt_s(self.elapsed_s())}")
+                f"{self.best_text()}{gap}, {_fmt_s(self.elapsed_s())}")
 
     def finish(self, best_s: float | None = None, lower_bound_s: float | None = None) -> None:
         """Close the bar and leave the final line on stderr (nothing under --quiet).  The search's

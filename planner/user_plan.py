@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
+from planner.cost.ranges import RangeModel, TimeRange
 from planner.megatron.rules import RuleViolation, run_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -30,15 +31,41 @@ class UserPlan:
     violations: list[RuleViolation] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    time_range: TimeRange | None = None
+    keep_yours: bool = False
+    keep_why: str = ""
 
     @property
     def runs(self) -> bool:
-        """Megatron would start it and it fits in memory."""
+        """Megatron would start it and it fits in memory (its headroom kept free)."""
         return self.cost is not None and self.cost.fits and not self.violations
 
+    def judge(self, ours: TimeRange, our_cost: PlanCost) -> None:
+        """Set `keep_yours`: the plan runs, and its predicted time lies within the best plan's range (at most
+        the top of it): the gain the search predicts is smaller than what the cost model can tell apart on
+        the mechanisms these plans lean on.  `keep_why` says why, either way."""
+        if not self.runs or self.cost is None:
+            self.keep_yours, self.keep_why = False, "your plan does not run as given (see above)"
+            return
+        mine, nominal = self.cost.iteration_time_s, our_cost.iteration_time_s
+        if mine <= nominal:
+            why = (f"your plan's predicted {mine:.3f} s is no slower than ours ({nominal:.3f} s): the searched space "
+                   f"holds neither it nor a better plan (its degrees, interleaving or layout lie outside it, or ours "
+                   f"was chosen for its pessimistic time)")
+        elif mine <= ours.high_s:
+            why = (f"your plan's predicted {mine:.3f} s lies within our plan's range [{ours.low_s:.3f}, "
+                   f"{ours.high_s:.3f}] s: the predicted gain ({100 * (mine / nominal - 1):+.1f}%) is within the cost "
+                   f"model's held-out error on the mechanisms these plans lean on, so a change is not worth making "
+                   f"on this evidence")
+        else:
+            why = (f"your plan's predicted {mine:.3f} s is above our plan's pessimistic {ours.high_s:.3f} s: ours is "
+                   f"predicted faster even at the top of its range ({100 * (mine / ours.high_s - 1):.1f}% beyond it)")
+        self.keep_yours, self.keep_why = mine <= ours.high_s, why
 
-def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: str) -> UserPlan:
-    """Price the plan the run's own flags describe on `cluster`; never raises on a bad plan."""
+def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: str,
+                    range_model: RangeModel | None = None) -> UserPlan:
+    """Price the plan the run's own flags describe on `cluster` (with `range_model`: its cost model, headroom
+    and range); never raises on a bad plan."""
     out = UserPlan(source=source)
     try:
         plan, notes = plan_from_run(run, cluster, profiles)
@@ -48,7 +75,11 @@ def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: st
     out.plan, out.notes = plan, list(notes)
     out.violations = run_violations(run, plan)
     try:
-        out.cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
+        if range_model is None:
+            out.cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
+        else:
+            out.cost = range_model.nominal.evaluate(plan)
+            out.time_range = range_model.time_range(plan, out.cost)
     except (ValueError, KeyError, ZeroDivisionError) as exc:  # a plan the cost model cannot price
         out.error = f"cannot be priced: {exc}"
     return out

@@ -2,9 +2,11 @@
 ../shared/calibration/ when present).  Run with `-s` to see the report; the same figures come from
 `python -m planner.calibration.report --loo`.
 
-Targets (issue "Cost model: order real MoE plans the way they measure"): median |error| <= 8 %; every
-pair of rows on one model and cluster ordered as measured; every run whose memory settings are known
-predicted to fit; worst |error| <= 20 %; the dense rows no worse than before the MoE work (median 6 %).
+Targets (issue "Cost model: order real MoE plans the way they measure", and issue 19 "Plans a user can trust"):
+in-sample median |error| <= 8 %; every pair of rows on one model and cluster measured more than 3 % apart ordered
+as measured; every run whose memory settings are known predicted to fit; worst in-sample |error| <= 30 %; the
+dense rows no worse than before (median 6 %); leave-one-source-out median <= 12 % and signed median within
++-5 % (slow).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import pytest
 
 from planner.calibration.fit import FIT_PARAMS, fit, leave_one_out
 from planner.calibration.report import (
-    CORRECTIONS_YAML, ONE_LINER_MFU, TARGET_MEDIAN_PCT, TARGET_WORST_PCT, build_report, shipped_factors,
+    CORRECTIONS_YAML, ONE_LINER_MFU, TARGET_LOSO_MEDIAN_PCT, TARGET_LOSO_SIGNED_PCT, TARGET_MEDIAN_PCT,
+    TARGET_WORST_PCT, build_report, shipped_factors,
 )
-from planner.calibration.runs import SHIPPED_RUNS_CSV, cases, load_runs
+from planner.calibration.runs import SHIPPED_RUNS_CSV, SOURCE_KEYS, cases, load_runs, source_key
 from planner.profile_tables import ProfileSet
 
 
@@ -38,7 +41,7 @@ def test_every_row_is_priced(report):
     """Every shipped (and shared) row parses, prices, and gives a finite positive prediction."""
     ids = [r["id"] for r in load_runs()]
     assert [r.id for r in report.rows] == ids
-    assert len(ids) >= 26 and SHIPPED_RUNS_CSV.is_file()
+    assert len(ids) >= 41 and SHIPPED_RUNS_CSV.is_file()
     assert all(r.predicted > 0 and math.isfinite(r.predicted) for r in report.rows)
 
 
@@ -56,15 +59,16 @@ def test_dense_rows_do_not_regress(report):
 
 
 def test_plan_pairs_are_ordered_as_measured(report):
-    """Rows on one model, cluster and batch that differ in plan, dispatcher, routing or precision."""
-    assert len(report.pairs) >= 4
-    wrong = [p for p in report.pairs if not p.ordered]
+    """Rows on one model, sequence and cluster that differ in plan, batch, dispatcher, routing or precision, compared
+    per sample: every pair measured more than 3 % apart is ordered as measured (closer pairs are ties)."""
+    assert len(report.pairs) >= 30 and sum(not p.tie for p in report.pairs) >= 25
+    wrong = [p for p in report.pairs if not p.ordered and not p.tie]
     assert not wrong, wrong
 
 
 def test_runs_with_known_memory_settings_fit(report):
     known = [r for r in report.rows if r.memory_settings == "known"]
-    assert len(known) >= 14
+    assert len(known) >= 29
     assert [r.id for r in known if not r.fits] == []
 
 
@@ -111,3 +115,25 @@ def test_leave_one_out_refits_without_the_row():
             if ev.fit_rows[p.name] == {c.id}:
                 assert used[c.id][p.name] == p.default  # nothing else calibrates it
     assert any(len(ev.fit_rows[p.name]) == 1 for p in FIT_PARAMS)  # the FP8 recipes have one row each
+
+
+def test_every_shipped_row_has_a_named_source():
+    """Each shipped row's source column matches one of the documented source keys (runs.SOURCE_KEYS), and the rows
+    come from at least the ten publications and software stacks the README names."""
+    keys = {key for _, key in SOURCE_KEYS}
+    rows = load_runs(shared=None, shared_new=None)
+    assert {source_key(r) for r in rows} <= keys
+    assert len({source_key(r) for r in rows}) >= 10
+    assert source_key({"source": "x", "source_key": "mine"}) == "mine"
+
+
+@pytest.mark.slow
+def test_leave_one_source_out_within_target():
+    """Issue 19: refit without each source in turn and predict its rows: median |error| <= 12 % and the signed median
+    within +-5 % (a model that is right on the sources it saw and optimistic on a new one fails this)."""
+    rep, _ = build_report(loso=True)
+    s = rep.summary()["leave_one_source_out"]
+    print(rep.text())
+    assert s["rows"] == len(rep.rows)
+    assert s["median_abs_pct"] <= TARGET_LOSO_MEDIAN_PCT, s
+    assert abs(s["signed_median_pct"]) <= TARGET_LOSO_SIGNED_PCT, s

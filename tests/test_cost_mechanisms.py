@@ -159,7 +159,8 @@ def test_fp8_speeds_up_gemms_only():
     fp8 = _layer(f"{DENSE} {par} --fp8-format hybrid --fp8-recipe tensorwise", "H100:8")
     assert fp8.module_fwd_s["core_attn"] == pytest.approx(bf16.module_fwd_s["core_attn"])
     assert fp8.parts["attention_core"] == pytest.approx(bf16.parts["attention_core"])
-    assert fp8.parts["mlp_gemm"] < 0.7 * bf16.parts["mlp_gemm"]
+    # FP8 peak 2x BF16, x the FP8/BF16 MAMF ratio 0.883, / the fitted per-tensor FP8 constant (one published run)
+    assert fp8.parts["mlp_gemm"] < 0.8 * bf16.parts["mlp_gemm"]
     assert fp8.parts["fp8_cast"] > 0 == bf16.parts["fp8_cast"]
     assert 1.0 < (bf16.fwd_s + bf16.bwd_s) / (fp8.fwd_s + fp8.bwd_s) < 2.0
     # the layer input that full recompute keeps is BF16 in both
@@ -202,14 +203,17 @@ def test_mla_up_proj_recompute_drops_the_up_projected_qkv():
 
 def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
     """Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh (TP1, seq 8192, FP8 hybrid with
-    --fp8-param-gather, --grad-reduce-in-bf16, distributed optimizer) runs on 8 H100 80GB."""
+    --fp8-param-gather, --grad-reduce-in-bf16, distributed optimizer, no dropout, fused attention) runs on 8 H100
+    80GB."""
     flags = (f"{DENSE.replace('--num-layers 4', '--num-layers 32')} --micro-batch-size 1 --fp8-format hybrid "
              "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather --grad-reduce-in-bf16 "
-             "--overlap-grad-reduce --overlap-param-gather")
+             "--overlap-grad-reduce --overlap-param-gather --attention-dropout 0.0 --hidden-dropout 0.0 "
+             "--attention-backend fused")
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(flags + " --global-batch-size 128"), world_size=8)
     cost = estimate_run(run, cl, profiles)
-    assert cost.fits, cost.max_memory_gib
+    # it ran: it must fit in the device's memory (the planning headroom is a margin on top, not a measurement)
+    assert all(s.memory_bytes <= s.device_memory_bytes for s in cost.stages), cost.max_memory_gib
 
 
 def test_mtp_layers_cost_time_and_parameters_on_the_last_stage_only():
@@ -237,10 +241,10 @@ def test_cp_comm_types_differ():
 
 
 def test_unmodelled_flags_are_named_in_the_notes(profiles):
-    notes = unmodelled_notes(["--use-megatron-fsdp", "--lr", "1e-4", "--cuda-graph-impl=local",
-                              "--use-megatron-fsdp"])
+    notes = unmodelled_notes(["--use-torch-fsdp2", "--lr", "1e-4", "--cuda-graph-impl=local",
+                              "--use-torch-fsdp2", "--use-megatron-fsdp"])  # Megatron-FSDP is priced
     assert len(notes) == 2
-    assert notes[0].startswith("--use-megatron-fsdp is not modelled") and "--cuda-graph-impl" in notes[1]
+    assert notes[0].startswith("--use-torch-fsdp2 is not modelled") and "--cuda-graph-impl" in notes[1]
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8 --fine-grained-activation-offloading"),
                                world_size=8)

@@ -9,6 +9,8 @@ from planner.inputs.hf_config import model_from_hf_config
 from planner.inputs.presets import list_model_presets, load_model_preset
 from planner.schemas.model import ModelSpec
 
+from helpers.hf_configs import DSV2_LITE, DSV3, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, QWEN2_57B, QWEN3_30B
+
 # Published totals (model cards / papers), in billions of parameters.
 PUBLISHED_TOTAL_B = {
     "llama2-7b": 6.74,  # Llama-2-7b-hf: 6,738,415,616
@@ -117,72 +119,7 @@ def test_preset_yaml_path_and_errors(tmp_path):
         load_model_preset(str(tmp_path / "missing.yaml"))
 
 
-# ---------------------------------------------------------------- HuggingFace configs
-# Small dicts copied from the published config.json files (only the fields that matter).
-
-LLAMA2_7B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}  # fmt: skip
-LLAMA3_70B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
-    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-}  # fmt: skip
-MIXTRAL_8X7B = {
-    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
-    "vocab_size": 32000, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-}  # fmt: skip
-QWEN2_57B = {
-    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 3584,
-    "intermediate_size": 18944, "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
-    "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_attention_heads": 28,
-    "num_key_value_heads": 4, "vocab_size": 151936, "max_position_embeddings": 32768,
-    "decoder_sparse_step": 1, "tie_word_embeddings": False,
-}  # fmt: skip
-QWEN3_30B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
-    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_attention_heads": 32,
-    "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
-}  # fmt: skip
-DSV2_LITE = {
-    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
-    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
-    "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": None, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
-    "num_experts_per_tok": 6, "n_shared_experts": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-    "vocab_size": 102400, "max_position_embeddings": 163840, "tie_word_embeddings": False,
-}  # fmt: skip
-DSV3 = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
-    "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
-    "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1,
-    "num_nextn_predict_layers": 1, "vocab_size": 129280, "max_position_embeddings": 163840,
-    "tie_word_embeddings": False,
-}  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "cfg, preset",
-    [
-        (LLAMA2_7B, "llama2-7b"),
-        (LLAMA3_70B, "llama3-70b"),
-        (MIXTRAL_8X7B, "mixtral-s"),
-        (QWEN2_57B, "qwen2-57b-a14b"),
-        (QWEN3_30B, "qwen3-30b-a3b"),
-        (DSV2_LITE, "deepseek-v2-lite"),
-        (DSV3, "deepseek-v3"),
-    ],
-)
+@pytest.mark.parametrize("cfg, preset", HF_PRESETS.values(), ids=HF_PRESETS)
 def test_hf_config_agrees_with_preset(cfg, preset):
     """Converting the published config.json gives the same ModelSpec as the hand-written preset."""
     from_hf = model_from_hf_config(cfg, preset)

@@ -42,6 +42,9 @@ _STUBS = {
     "mpirun": "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do case \"$1\" in -np|-n|-H|-x|--hostfile|--bind-to|-map-by|--map-by) shift 2 ;;"
               " *) shift ;; esac; done\nexec \"$@\"\n",
     "scontrol": "#!/bin/bash\necho node0\n",
+    # sbatch runs the job script (a file, or its standard input) here, in the submitting environment
+    "sbatch": "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do shift; done\nif [[ $# -gt 0 ]]; then exec bash \"$@\"; fi\n"
+              "exec bash -s\n",
 }
 
 

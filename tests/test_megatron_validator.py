@@ -15,10 +15,8 @@ refuse (or accept) exactly where the planner's own rules and flag reader do.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,35 +25,16 @@ import pytest
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_megatron_flags
 from planner.launcher import render_launch_files
+from planner.megatron.flags import FORK_VALUES
 
 from helpers.corpus import CORPUS, NAMES, solved
 from helpers.launch import args_of, dense_plan
+from helpers.megatron import NEEDS_MEGATRON, validate
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent
-VALIDATE = ROOT / "tools" / "megatron_validate.py"
-DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
-
-
-def megatron_python() -> str | None:
-    """The validator environment's python: $HAPMOE_MEGATRON_PYTHON, or the default environment
-    when .ci/megatron_env.sh finished building it."""
-    explicit = os.environ.get("HAPMOE_MEGATRON_PYTHON")
-    if explicit:
-        return explicit if Path(explicit).exists() else None
-    if (DEFAULT_ENV / ".hapmoe-ready").exists() and (DEFAULT_ENV / "bin" / "python").exists():
-        return str(DEFAULT_ENV / "bin" / "python")
-    return None
-
-
-PYTHON = megatron_python()
 pytestmark = [
     pytest.mark.slow,  # imports Megatron in a subprocess and solves every corpus script
-    pytest.mark.skipif(
-        PYTHON is None,
-        reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh builds it: Python 3.12, "
-        "megatron-core 0.19.2, torch); set HAPMOE_MEGATRON_PYTHON to use another",
-    ),
+    NEEDS_MEGATRON,
 ]
 
 BASE = ("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
@@ -92,10 +71,12 @@ def _concrete(argv: list[str]) -> list[str]:
 
 
 def _upstream_only(argv: list[str]) -> tuple[list[str], list[str]]:
-    """argv without the flags only a fork knows (and their values), and those flags."""
+    """argv without the flags only a fork knows (and their values), and those flags; a value only a
+    fork accepts (MindSpeed's alltoall_seq) becomes upstream's equivalent."""
     table = known_flags()
     out, dropped, skip = [], [], False
-    for tok in argv:
+    for k, tok in enumerate(argv):
+        tok = FORK_VALUES.get(argv[k - 1], {}).get(tok, tok) if k else tok
         name = tok.partition("=")[0]
         if tok.startswith("--") and name in table:
             skip = table[name].source != "megatron"
@@ -144,10 +125,7 @@ def results() -> dict[str, dict]:
     for name, (argv, world) in CONTROLS.items():
         cases.append({"name": f"control/{name}", "argv": argv, "world_size": world,
                       "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
-    proc = subprocess.run([PYTHON, str(VALIDATE)], input=json.dumps(cases), capture_output=True, text=True,
-                          timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {r["name"]: r for r in json.loads(proc.stdout)}
+    return validate(cases)
 
 
 @pytest.mark.parametrize("golden", ["dense_megatron", "moe_megatron"])

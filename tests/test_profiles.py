@@ -223,7 +223,7 @@ def test_provenance_manifest_hashes_files(profiles):
     row = rows[("device", "H800")]
     path = PROFILES_DIR.parent / row["file"]
     assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert row["provenance_kinds"] == ["datasheet-derived"]
+    assert row["provenance_kinds"] == ["datasheet-derived", "published"]  # profiles/published/ layered on it
     assert any(item == "links" for item, _ in rows)
 
 
@@ -287,7 +287,7 @@ def test_measured_partial_profile_overrides_shipped_tables(tmp_path):
     assert dev.intra_node.efficiency["all_reduce"] == shipped.intra_node.efficiency["all_reduce"]
     assert dev.attention_efficiency == shipped.attention_efficiency and dev.memory_gib == shipped.memory_gib
     row = next(r for r in ps.provenance_manifest() if r["name"] == "H800")
-    assert len(row["layers"]) == 2 and "measured" in row["provenance_kinds"]
+    assert len(row["layers"]) == 3 and "measured" in row["provenance_kinds"]  # datasheet, published, measured
 
 
 def test_new_device_from_profiles_dir(tmp_path):

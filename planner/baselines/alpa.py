@@ -32,7 +32,7 @@ def search_alpa(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list
     fake = homogeneous_cluster(cluster, slowest, profiles)
     settings = SearchSettings(backend="hsdp", time_limit_s=time_limit_s, top_k=ALPA_TOP_K)
     try:
-        outcome = solve(run, fake, profiles, settings=settings, space=make_space(run, "megatron"))
+        outcome = solve(run, fake, profiles, settings=settings, space=make_space(run, "megatron"), objective="nominal")
     except (InfeasibleError, SearchTimeLimitError) as exc:
         if notes is not None:
             why = "the search ran out of time" if isinstance(exc, SearchTimeLimitError) else "nothing fits"

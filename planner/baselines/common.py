@@ -2,7 +2,9 @@
 Megatron's even layer split, pricing of stages that span device types, the least recompute that fits.
 
 Every baseline plans under the one cost model (planner.cost.model.CostModel) so that its predicted
-iteration time is comparable with HAPMoE's.  Conventions used by all baselines:
+iteration time is comparable with HAPMoE's; the searches they run minimise the nominal time (`solve`'s
+objective "nominal": the planners they stand for know nothing of the cost model's uncertainty), with the same
+memory headroom.  Conventions used by all baselines:
 
 * "cluster order": GPUs are numbered group by group in the order the cluster lists its node groups,
   and pipeline stage s owns GPUs [s*S, (s+1)*S) with S = TP*CP*DP (Megatron's default rank order

@@ -51,7 +51,7 @@ def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_
     """Child-process body: run the search and send back (plan, detail)."""
     try:
         out = solve(run, cluster, profiles, settings=SearchSettings(backend=backend, time_limit_s=time_limit_s),
-                    space=make_space(run, runtime))
+                    space=make_space(run, runtime), objective="nominal")
         conn.send(("ok", out.plans[0], "; ".join(out.result.notes)))
     except InfeasibleError as exc:
         conn.send(("infeasible", None, str(exc)))

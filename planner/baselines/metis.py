@@ -30,7 +30,8 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
         for h in types_by_speed(cost):  # the fastest type whose homogeneous cluster holds the model
             try:
                 first = solve(run, homogeneous_cluster(cluster, h, profiles),
-                              profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s), space=space)
+                              profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s), space=space,
+                              objective="nominal")
                 profiled = h
                 break
             except (InfeasibleError, SearchTimeLimitError) as exc:
@@ -47,7 +48,7 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
         fixed = f"EP={ep} ETP={etp} from a homogeneous {profiled}:{cluster.world_size} search; "
     try:
         outcome = solve(run, cluster, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
-                        space=space)
+                        space=space, objective="nominal")
     except (InfeasibleError, SearchTimeLimitError) as exc:
         if notes is not None:
             why = "the search ran out of time" if isinstance(exc, SearchTimeLimitError) else "no placement fits"

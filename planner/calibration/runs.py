@@ -1,9 +1,11 @@
 """The published measured runs: loading, parsing into planner inputs, and pricing.
 
-`load_runs()` reads the shipped table (planner/calibration/published/measured_runs.csv) and, when it is
-there, `../shared/calibration/measured_runs.csv` beside the repository (rows there replace shipped rows
-with the same id; new ids are appended).  `cases()` turns each row into a `CalibrationCase`: the parsed
-`MegatronRun`, the cluster, the plan Megatron runs for those flags, and the measurement.
+`load_runs()` reads the shipped table (planner/calibration/published/measured_runs.csv) and, when they are
+there, `../shared/calibration/measured_runs.csv` and `measured_runs_new.csv` beside the repository (rows there
+replace shipped rows with the same id; new ids are appended).  `cases()` turns each row into a
+`CalibrationCase`: the parsed `MegatronRun`, the cluster, the plan Megatron runs for those flags, the
+measurement, and the row's source key (`source_key`: rows of one publication and software stack share one,
+so that validation can leave a whole source out).
 """
 
 from __future__ import annotations
@@ -25,8 +27,29 @@ from planner.schemas.plan import Plan
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 SHIPPED_RUNS_CSV = PUBLISHED_DIR / "measured_runs.csv"
 ANNOTATIONS_CSV = PUBLISHED_DIR / "annotations.csv"
-SHARED_RUNS_CSV = Path(__file__).resolve().parents[3] / "shared" / "calibration" / "measured_runs.csv"
+SHARED_DIR = Path(__file__).resolve().parents[3] / "shared" / "calibration"
+SHARED_RUNS_CSV = SHARED_DIR / "measured_runs.csv"
 """../shared/calibration/measured_runs.csv next to the repository root (read when present)."""
+SHARED_NEW_RUNS_CSV = SHARED_DIR / "measured_runs_new.csv"
+"""../shared/calibration/measured_runs_new.csv (read when present, after measured_runs.csv)."""
+
+SOURCE_KEYS: tuple[tuple[str, str], ...] = (
+    ("NVIDIA/skills", "nvidia-skills-megatron-bridge"),
+    ("performance-summary", "megatron-bridge-performance-summary"),
+    ("xtuner", "xtuner-pai-megatron-patch"),
+    ("Pai-Megatron-Patch", "xtuner-pai-megatron-patch"),
+    ("dgxc-benchmarking", "nvidia-dgxc-benchmarking"),
+    ("MindSpeed", "mindspeed-llm"),
+    ("Megatron MoE Model Zoo", "megatron-moe-model-zoo"),
+    ("Megatron-MoE-ModelZoo", "megatron-moe-model-zoo"),
+    ("Megatron-LM MoE README", "megatron-core-moe-readme"),
+    ("megatron-core weak scaling", "megatron-core-weak-scaling"),
+    ("NeMo-Megatron 2022", "nemo-megatron-2022"),
+    ("Megatron-LM 2020", "megatron-lm-2020"),
+)
+"""(text in the row's `source` column, source key), first match wins: rows of one publication and software
+stack share a key (planner/calibration/published/README.md, "Sources").  A row may also carry its own key in
+a `source_key` column."""
 
 METRICS = ("iteration_time_s", "tflops_per_gpu")
 REQUIRED_COLUMNS = ("id", "source", "cluster", "megatron_args", "metric", "value")
@@ -41,10 +64,25 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return [dict(r) for r in reader]
 
 
-def load_runs(*, shared: Path | None = SHARED_RUNS_CSV, shipped: Path = SHIPPED_RUNS_CSV) -> list[dict[str, str]]:
+def source_key(row: dict[str, str]) -> str:
+    """The row's source key: its own `source_key` column, else the first SOURCE_KEYS pattern its `source`
+    contains (case-insensitive), else the source text up to its first comma or parenthesis."""
+    own = (row.get("source_key") or "").strip()
+    if own:
+        return own
+    text = row.get("source", "")
+    for pattern, key in SOURCE_KEYS:
+        if pattern.lower() in text.lower():
+            return key
+    head = text.split("(")[0].split(",")[0].strip().lower()
+    return "-".join(head.split()) or "unknown"
+
+
+def load_runs(*, shared: Path | None = SHARED_RUNS_CSV, shipped: Path = SHIPPED_RUNS_CSV,
+              shared_new: Path | None = SHARED_NEW_RUNS_CSV) -> list[dict[str, str]]:
     """Every measured run, shipped rows first (in file order), each carrying `origin` (the file it came from)."""
     rows: dict[str, dict[str, str]] = {}
-    for path in (shipped, shared):
+    for path in (shipped, shared, shared_new):
         if path is None or not path.is_file():
             continue
         for row in _read_csv(path):
@@ -70,6 +108,8 @@ class CalibrationCase:
     plan_notes: tuple[str, ...]
     memory_settings: str  # known | unknown | unclassified
     source: str
+    source_key: str = ""  # rows of one publication and software stack share it (`source_key`)
+    batch: str = ""  # annotations.csv: 1 = the first 26 rows, 2 = the rows added for issue 19 (fresh to the model)
 
     @property
     def device_types(self) -> tuple[str, ...]:
@@ -77,15 +117,16 @@ class CalibrationCase:
 
     @property
     def group(self) -> tuple:
-        """Rows with the same group ran the same model on the same cluster with the same batch and
-        sequence: they differ only in plan, dispatcher, routing or precision, so their order matters."""
+        """Rows with the same group ran the same model and sequence on the same cluster: they differ only in
+        plan (global batch included), dispatcher, routing or precision, so their order, in seconds per sample,
+        matters."""
         m = self.run.model
         shape = m.model_dump(exclude={"name", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
                                       "moe_router_force_load_balancing", "moe_grouped_gemm",
                                       "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
                                       "moe_router_load_balancing_type", "moe_aux_loss_coeff",
                                       "max_position_embeddings"})
-        return (self.cluster.describe(), tuple(sorted(shape.items())), self.run.training.global_batch_size)
+        return (self.cluster.describe(), tuple(sorted(shape.items())))
 
     def price(self, profiles) -> PlanCost:
         return CostModel(self.run.model, self.run.training, self.cluster, profiles).evaluate(self.plan)
@@ -119,7 +160,7 @@ def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str
     return CalibrationCase(
         id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
         plan_notes=tuple(notes), memory_settings=ann["memory_settings"] if ann else "unclassified",
-        source=row.get("source", ""),
+        source=row.get("source", ""), source_key=source_key(row), batch=(ann or {}).get("batch", ""),
     )
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import click
 
-from planner.api import compare_backends, compare_rows, load_inputs, reduce_layers
+from planner.api import OBJECTIVES, compare_backends, compare_rows, load_inputs, reduce_layers
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
-from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer
+from planner.commands.options import (
+    CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer,
+)
 from planner.runtime import RUNTIME_NAMES
 
 
@@ -39,10 +41,13 @@ def gap_lines(rows: list[dict]) -> list[str]:
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="keep only the first N decoder layers of the model (a reduced preset brute force can solve)")
 @click.option("--brute/--no-brute", default=None, help="force brute force on or off (default: only when small)")
+@click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="pessimistic", show_default=True,
+              help="what the backends minimise: the top of each plan's range, or the nominal time")
+@apply_options(HEADROOM_OPTIONS)
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, runtime, time_limit_s,
-            delta, no_prune, contiguous_types, layers, brute, as_json):
+            delta, no_prune, contiguous_types, layers, brute, objective, memory_headroom, as_json):
     """Run cpsat, hsdp (and brute force when small) on one request; print objective, bound, gap, time."""
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
@@ -52,12 +57,13 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         run = reduce_layers(run, layers)
     backends = compare_backends(run, cluster_spec, brute)
     rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=time_limit_s,
-                        delta=delta, no_prune=no_prune, contiguous_types=contiguous_types)
+                        delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
+                        memory_headroom=memory_headroom)
     if as_json:
         echo_json({"model": run.model.name, "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
-                   "runtime": runtime, "pruning": not no_prune, "results": rows})
+                   "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows})
         return
     click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {cluster_spec.describe()} ({runtime}; "
-               f"pruning {'off' if no_prune else 'on'})")
+               f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
     for line in gap_lines(rows):
         click.echo(line)

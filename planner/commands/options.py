@@ -6,7 +6,9 @@ from typing import Any, Callable
 
 import click
 
+from planner.cli_common import FiniteFloat
 from planner.errors import PlannerInputError
+from planner.uncertainty import shipped_uncertainty
 
 MODEL_OPTIONS = [
     click.option("--model", "model", default=None, metavar="PRESET|FILE",
@@ -32,7 +34,16 @@ TRAINING_OVERRIDES = [
 ASSUMPTION_OPTIONS = [
     click.option("--moe-imbalance", "moe_imbalance", type=float, default=None, metavar="FACTOR",
                  help="MoE router imbalance: max/mean tokens per expert (>= 1; default: a calibration from "
-                      "--profiles, else 1.1)"),
+                      "--profiles, else the shipped calibration of the published runs; the output lists the "
+                      "value used and where it came from)"),
+]
+MAX_MEMORY_HEADROOM = 0.9
+HEADROOM_OPTIONS = [
+    click.option("--memory-headroom", "memory_headroom", type=FiniteFloat(min=0.0, max=MAX_MEMORY_HEADROOM),
+                 default=None, metavar="FRACTION",
+                 help=f"fraction of each device's memory a plan keeps free, 0 to {MAX_MEMORY_HEADROOM:g} (default "
+                      f"{shipped_uncertainty().memory_headroom:g}: the memory model's worst measured "
+                      f"under-prediction, profiles/uncertainty.yaml)"),
 ]
 DEFAULT_PLOT_DIR = "plots"
 DISPLAY_OPTIONS = [

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 
-from planner.api import check_predictions, load_inputs, make_space, price_input_plan, read_input_script, solve
+from planner.api import (
+    OBJECTIVES, check_predictions, load_inputs, make_space, price_input_plan, read_input_script, solve,
+)
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
-    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
-    apply_options, check_plot_dir, note_printer,
+    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
+    TRAINING_OVERRIDES, apply_options, check_plot_dir, note_printer,
 )
 from planner.errors import SearchTimeLimitError
 from planner.output.plan_dir import write_plan_dir, write_solve_plots
@@ -41,6 +43,9 @@ SEARCH_OPTIONS = [
                  help="megatron runtime: keep each device type's stages in one contiguous block (FlagScale "
                       "always does; upstream Megatron does not need it)"),
     click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
+    click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="pessimistic", show_default=True,
+                 help="pessimistic: the plan whose time at the top of its range is best (each mechanism at its "
+                      "held-out uncertainty, profiles/uncertainty.yaml); nominal: the cost model's time alone"),
 ]
 
 
@@ -50,13 +55,13 @@ SEARCH_OPTIONS = [
               help="write plan.json, inputs.json, summary.md and the launcher (launch/) here; an earlier plan "
                    "there is replaced, any other non-empty directory is refused")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan")
-@apply_options(ASSUMPTION_OPTIONS + DISPLAY_OPTIONS)
+@apply_options(ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, contiguous_types, top_k, out_dir, force, moe_imbalance, plot_dir, wide,
-            as_json, quiet, script_args):
+            time_limit_s, delta, no_prune, contiguous_types, top_k, objective, out_dir, force, moe_imbalance,
+            memory_headroom, plot_dir, wide, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -85,12 +90,15 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         settings = settings.without_pruning()
     space = make_space(inputs.run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
-        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress)
-    progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
+        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress,
+                        memory_headroom=memory_headroom, objective=objective)
+    # the same gap as the live bar and the report: the searched objective against the searched space's bound
+    progress.finish(best_s=outcome.objective_s, lower_bound_s=outcome.result.pruned_lower_bound_s)
     check_predictions(outcome)
     if megatron_script:
-        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run)
-    user = price_input_plan(inputs, megatron_script, megatron_args)
+        outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
+                                           inputs.cluster)
+    user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
     payload = solve_json(outcome, settings, runtime, user=user)
     written: list[Path] = []
     where = out_dir or plot_dir

@@ -41,6 +41,17 @@ FP8_CORRECTION_KIND: dict[str, str] = {
 }
 """Per-tensor recipes (delayed and current scaling) share one calibrated constant; block-scaled recipes have their own."""
 
+HOST_OP_S = 50e-6
+"""Host (CPU) time of one Python-level operation of Megatron's eager PyTorch with Transformer Engine (the module
+call, its checks, autograd bookkeeping and the kernel launches it issues): ASSUMED 50 us before calibration (no
+public per-operation figure for Megatron; the `host_overhead` correction is fitted on the published runs).  A
+layer whose GPU work is shorter than its host operations waits for the host (planner/cost/layer.py)."""
+ITERATION_HOST_S = 0.05
+"""Fixed host-side time per iteration outside the layers (optimizer and gradient-norm kernel launches, loss and
+timer reductions, the schedule's bookkeeping): ASSUMED 50 ms (no public figure).  It is not fitted: only the
+Moonlight runs at GBS 4 (one source) would move it, and fitted on them it made every other short iteration too
+slow (planner/calibration/fit.py); `cli.py calibrate` or a corrections row `iteration_overhead` scales it."""
+
 GROUPED_GEMM_TILE_ROWS = 128
 """Rows of one tensor-core tile (Hopper WGMMA / CUTLASS grouped GEMM 128xN tiles): an expert with M tokens
 computes ceil(M / 128) x 128 rows."""
@@ -95,12 +106,22 @@ class Kernels:
         rate = self._rate(call_flop * max(local_experts, 1), fp8) * padding * mult
         return flop / rate * self.corrections["grouped_gemm"]
 
-    def attention_s(self, flop: float) -> float:
-        """Forward of the fused attention core (always in the compute dtype)."""
+    def attention_s(self, flop: float, call_flop: float | None = None) -> float:
+        """Forward of the fused attention core (always in the compute dtype), `flop` in calls of `call_flop` each
+        (one call by default; context parallelism splits it into ring steps)."""
         if flop <= 0:
             return 0.0
-        eff = interpolate_efficiency(self.device.attention_efficiency, max(flop, 1.0))
+        eff = interpolate_efficiency(self.device.attention_efficiency, max(call_flop or flop, 1.0))
         return flop / (self.device.peak_flop_per_s(self.compute_dtype) * eff) * self.corrections["attention"]
+
+    def host_s(self, ops: float) -> float:
+        """Host time of `ops` Python-level operations (HOST_OP_S x the calibrated `host_overhead`)."""
+        return ops * HOST_OP_S * self.corrections["host_overhead"]
+
+    @property
+    def iteration_host_s(self) -> float:
+        """Fixed host time per iteration (ITERATION_HOST_S x the calibrated `iteration_overhead`)."""
+        return ITERATION_HOST_S * self.corrections["iteration_overhead"]
 
     def fp8_cast_s(self, elements: float) -> float:
         """Quantising `elements` BF16 values of GEMM inputs to FP8 (0 without FP8)."""

@@ -18,15 +18,17 @@ from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.dispatch import DispatchCost, moe_dispatch
 from planner.cost.flops import LayerFlops, layer_flops
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.memory import ActivationModules, activation_bytes_per_token
+from planner.cost.memory import ActivationModules, activation_bytes_per_token, attention_transient_bytes
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
 TP_COMM_OVERLAP_EXPOSED = 0.3  # fraction of TP traffic left exposed with --tp-comm-overlap (assumption)
-CP_OVERLAP = 1.0  # fraction of attention-core time that can hide the CP ring exchange
-EP_OVERLAP_MIN_EXPOSED = 0.1
-"""With --overlap-moe-expert-parallel-comm, the part of the EP all-to-all never hidden (the first and last
-micro-batch of a schedule have no partner to overlap with; assumption)."""
+EP_OVERLAP_HIDDEN = 0.3655
+"""With --overlap-moe-expert-parallel-comm, the share of the EP dispatch and combine time hidden behind the other
+micro-batch's compute: 36.55% measured by Nsight on Megatron-Bridge's Qwen3-30B-A3B HybridEP benchmark on 16 H100
+(NVIDIA/skills @7149a88 skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md, "communication time hidden by
+compute", overlap on; 0.11% with it off).  That run is also two calibration rows (source
+nvidia-skills-megatron-bridge), so those rows do not validate this constant independently."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,16 @@ class LayerCost:
     parts: dict = field(default_factory=dict)  # forward + backward seconds by named part
     transient_bytes: float = 0.0  # buffers alive only while the layer runs (dispatch buffers)
 
+    host_fwd_s: float = 0.0  # host time beyond the GPU work: the layer waits for its kernel launches (forward)
+    host_bwd_s: float = 0.0
+
     @property
     def fwd_s(self) -> float:
-        return self.fwd_compute_s + self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s
+        return self.fwd_compute_s + self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s + self.host_fwd_s
 
     @property
     def bwd_s(self) -> float:
-        return self.bwd_compute_s + self.tp_bwd_s + self.cp_bwd_s + self.ep_bwd_s
+        return self.bwd_compute_s + self.tp_bwd_s + self.cp_bwd_s + self.ep_bwd_s + self.host_bwd_s
 
     def act_bytes(self, kept_per_token: float) -> float:
         return kept_per_token * self.local_tokens
@@ -95,6 +100,10 @@ def layer_cost(
     tp_s, mlp_tp_s = _tp_comm_s(x, tp_comm_overlap)
     cp_fwd, cp_bwd = _cp_comm_s(x, c.attention_core)
     ep_fwd, ep_bwd = _ep_comm_s(x, hide_s=c.fwd_s + c.bwd_s, shared_s=c.shared_expert_gemm)
+    launches = _launches_fwd(x)
+    host_fwd = max(0.0, x.kernels.host_s(sum(launches.values())) - (c.fwd_s + tp_s + cp_fwd + ep_fwd))
+    host_bwd = max(0.0, x.kernels.host_s(BWD_LAUNCHES_OVER_FWD * sum(launches.values()))
+                   - (c.bwd_s + tp_s + cp_bwd + ep_bwd))
     b = GEMM_BWD_OVER_FWD + 1
     parts = {
         "attention_gemm": b * c.attention_gemm,
@@ -108,11 +117,13 @@ def layer_cost(
         "tp_comm": tp_s + tp_s,
         "cp_comm": cp_fwd + cp_bwd,
         "ep_comm": ep_fwd + ep_bwd,
+        "host_overhead": host_fwd + host_bwd,
     }
     return LayerCost(
         fwd_compute_s=c.fwd_s, bwd_compute_s=c.bwd_s, tp_fwd_s=tp_s, tp_bwd_s=tp_s, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
-        ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, module_fwd_s=_module_fwd_s(x, c, mlp_tp_s), activations=_activations(x),
-        local_tokens=x.local_tokens, parts=parts, transient_bytes=_transient_bytes(x),
+        ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, module_fwd_s=_module_fwd_s(x, c, mlp_tp_s, launches),
+        activations=_activations(x), local_tokens=x.local_tokens, parts=parts, transient_bytes=_transient_bytes(x),
+        host_fwd_s=host_fwd, host_bwd_s=host_bwd,
     )
 
 
@@ -223,8 +234,22 @@ def _mla_up_proj_s(x: _LayerInputs, attention_gemm_s: float) -> float:
     return attention_gemm_s * _mla_up_proj_flop(x.model) / x.flops.attn_proj_flop
 
 
+CP_RING_EFFICIENCY = 0.858
+"""Load-balanced (zigzag) ring attention against flash attention of the whole sequence divided over the ranks,
+forward + backward, causal, 8 H800 in one node, 4096 tokens per rank: 75.7 / 88.2 iterations per second
+(ring-flash-attention table in feifeibear/long-context-attention README.md @0228a2b; plain ring: 61.6%): the
+partial-softmax merges, smaller calls and step synchronisation of context parallelism's p2p ring."""
+
+
 def _attention_core_s(x: _LayerInputs) -> float:
-    return x.kernels.attention_s(x.gathered_tokens * x.flops.attn_core_flop / x.shape.tp)
+    """The fused attention core.  With context parallelism (p2p ring) it runs as CP steps of a CP-th of this
+    rank's work each (its load-balanced chunks against one peer's keys and values): priced at the efficiency of
+    those calls, and at least the whole call's time over CP_RING_EFFICIENCY (the measured ring loss)."""
+    flop = x.gathered_tokens * x.flops.attn_core_flop / x.shape.tp
+    cp = x.shape.cp
+    if cp > 1 and x.training.cp_comm_type in ("p2p", "a2a+p2p"):
+        return max(x.kernels.attention_s(flop, flop / cp), x.kernels.attention_s(flop) / CP_RING_EFFICIENCY)
+    return x.kernels.attention_s(flop)
 
 
 def _mlp_gemm_s(x: _LayerInputs) -> float:
@@ -350,9 +375,12 @@ def _cp_comm_s(x: _LayerInputs, attention_core_s: float) -> tuple[float, float]:
     kv_bytes = 2 * t_g * model.query_groups * model.head_dim / min(tp, model.query_groups) * act
     cp_comm_type = x.training.cp_comm_type
     if cp_comm_type in ("p2p", "a2a+p2p"):
-        ring = (cp - 1) * collective_s(links.cp, "p2p", kv_bytes, 2)
-        return (max(0.0, ring - CP_OVERLAP * attention_core_s),
-                max(0.0, 2 * ring - CP_OVERLAP * ATTENTION_BWD_OVER_FWD * attention_core_s))
+        # ring: step i computes with the keys and values received at step i-1 while sending them on; a step's
+        # send is exposed where it outlasts that step's attention (backward also returns their gradients)
+        step = collective_s(links.cp, "p2p", kv_bytes, 2)
+        attn_step = attention_core_s / cp
+        return ((cp - 1) * max(0.0, step - attn_step),
+                (cp - 1) * max(0.0, 2 * step - ATTENTION_BWD_OVER_FWD * attn_step))
     if cp_comm_type == "a2a":  # Ulysses: Q, K, V in and O out, head-scattered
         q_bytes = t_g * model.num_attention_heads * model.head_dim / tp * act
         moved = 2 * q_bytes + kv_bytes
@@ -371,7 +399,7 @@ def _ep_comm_s(x: _LayerInputs, *, hide_s: float, shared_s: float) -> tuple[floa
     ep_fwd = ep_bwd = d.comm_s if d else 0.0
     if d and tr.overlap_moe_expert_parallel_comm:
         total = ep_fwd + ep_bwd
-        exposed = max(EP_OVERLAP_MIN_EXPOSED * total, total - hide_s)
+        exposed = max((1.0 - EP_OVERLAP_HIDDEN) * total, total - hide_s)
         ep_fwd = ep_bwd = exposed / 2
     if d and tr.moe_shared_expert_overlap and shared_s:
         ep_fwd = max(0.0, ep_fwd - shared_s)
@@ -386,13 +414,14 @@ def _activations(x: _LayerInputs) -> ActivationModules:
     return activation_bytes_per_token(
         x.model, x.training, is_moe=x.is_moe, tp=x.shape.tp, etp=x.shape.etp,
         sequence_parallel=x.shape.sequence_parallel,
-        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0,
+        copies_per_token=x.dispatch.copies_per_token if x.dispatch else 0.0, seq_length=x.shape.seq_length,
     )
 
 
-def _module_fwd_s(x: _LayerInputs, c: _ComputeParts, mlp_tp_s: float) -> dict[str, float]:
-    """Forward seconds selective recompute re-runs, by --recompute-modules name."""
-    return {
+def _module_fwd_s(x: _LayerInputs, c: _ComputeParts, mlp_tp_s: float, launches: dict[str, float]) -> dict[str, float]:
+    """Forward seconds selective recompute re-runs, by --recompute-modules name: the module's GPU time, or the
+    host time to launch its kernels again when that is longer."""
+    gpu = {
         "core_attn": c.attention_core,
         "layernorm": c.layernorm,
         "moe_act": c.activation if x.is_moe else 0.0,
@@ -401,10 +430,74 @@ def _module_fwd_s(x: _LayerInputs, c: _ComputeParts, mlp_tp_s: float) -> dict[st
         "shared_experts": c.shared_expert_gemm,
         "mla_up_proj": c.mla_up_proj,
     }
+    relaunched = {  # host operations a recomputed module issues again, with its checkpoint wrapper
+        "core_attn": 2.0, "layernorm": 2.0 * 2, "moe_act": 2.0 if x.is_moe else 0.0,
+        "mlp": launches.get("mlp", 0.0), "moe": launches.get("moe", 0.0),
+        "shared_experts": launches.get("shared_experts", 0.0),
+        "mla_up_proj": 4.0 if x.model.multi_latent_attention else 0.0,
+    }
+    return {m: max(t, x.kernels.host_s(relaunched[m])) if t or relaunched[m] else 0.0 for m, t in gpu.items()}
+
+
+BWD_LAUNCHES_OVER_FWD = 1.0
+"""Host operations of the backward per forward operation: autograd replays one node per forward operation, from C++
+(assumption)."""
+HOST_OPS_FWD = {
+    "attention": 9.0,  # fused norm+QKV linear, reshape, RoPE on q and k, fused attention, output linear, bias-dropout-add
+    "qk_layernorm": 2.0,
+    "mla": 7.0,  # MLA adds the down/up projections, the latent norm, the RoPE split and the concatenations
+    "tp_block": 2.0,  # the sequence-parallel all-gather and reduce-scatter of a TP block
+    "cp_step": 3.0,  # one ring step: send/receive and a partial attention with its correction
+    "mlp": 4.0,  # fused norm+fc1, activation, fc2, bias-dropout-add
+    "moe_router": 6.0,  # router linear, score function, top-k, scaling, routing map and probabilities
+    "moe_balancing": 5.0,  # auxiliary or sequence-auxiliary loss, or the expert-bias update (router scope)
+    "moe_preprocess": 6.0,  # tokens per expert, the split sizes and their host copy, permutation metadata
+    "moe": 12.0,  # norm, permute, dispatch, two grouped linears and the activation, combine, unpermute, bias-dropout-add
+    "shared_experts": 5.0,  # fc1, activation, fc2, and with --moe-shared-expert-overlap the stream hand-off
+}
+"""Host (Python-level) operations of one layer's forward per micro-batch, by module: ASSUMED counts from Megatron's
+module structure with Transformer Engine (each a module or tensor call the CPU issues; Transformer Engine's
+grouped linear loops over the experts in C++, so local experts add no Python operations).  A module captured in a
+CUDA graph (--cuda-graph-impl with --cuda-graph-scope) is one graph launch instead."""
+
+
+def _graphed(x: _LayerInputs, scope: str) -> bool:
+    """Is `scope` (attn, mlp, moe, moe_router, moe_preprocess) captured in a per-layer CUDA graph?"""
+    tr = x.training
+    if tr.cuda_graph_impl == "none":
+        return False
+    scopes = set(tr.cuda_graph_scope)
+    return not scopes or bool(scopes & {"full", "full_iteration", scope})
+
+
+def _launches_fwd(x: _LayerInputs) -> dict[str, float]:
+    """Host operations of one layer's forward per micro-batch, by recompute-module name (HOST_OPS_FWD)."""
+    model, shape, ops = x.model, x.shape, HOST_OPS_FWD
+    tp_block = ops["tp_block"] if shape.tp > 1 else 0.0
+    attention = ops["attention"] + tp_block + (ops["qk_layernorm"] if model.qk_layernorm else 0.0)
+    attention += (ops["mla"] if model.multi_latent_attention else 0.0) + ops["cp_step"] * (shape.cp - 1)
+    out = {"attention": 1.0 if _graphed(x, "attn") else attention}
+    if not x.is_moe:
+        out["mlp"] = 1.0 if _graphed(x, "mlp") else ops["mlp"] + tp_block
+        return out
+    balancing = not model.moe_router_force_load_balancing and model.moe_router_load_balancing_type != "none"
+    router = ops["moe_router"] + (ops["moe_balancing"] if balancing or model.moe_router_enable_expert_bias else 0.0)
+    if _graphed(x, "moe"):
+        out["moe"] = 1.0
+    else:
+        out["moe"] = (ops["moe"] + (1.0 if _graphed(x, "moe_router") else router)
+                      + (1.0 if _graphed(x, "moe_preprocess") else ops["moe_preprocess"]))
+    if model.moe_shared_expert_intermediate_size:
+        out["shared_experts"] = ops["shared_experts"] + tp_block
+    return out
 
 
 def _transient_bytes(x: _LayerInputs) -> float:
-    """The dispatcher's receive buffer and permuted copy of this GPU's expert tokens, alive during the layer."""
+    """Buffers alive only while the layer runs: unfused attention's scores and softmax gradient
+    (planner/cost/memory.py), or the dispatcher's receive buffer and permuted copy of this GPU's expert tokens."""
+    attention = attention_transient_bytes(x.model, x.training, tp=x.shape.tp, gathered_tokens=x.gathered_tokens,
+                                          seq_length=x.shape.seq_length)
     if not x.dispatch:
-        return 0.0
-    return 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act
+        return attention
+    # attention and dispatch run one after the other: their buffers are not alive at once
+    return max(attention, 2 * x.local_tokens * x.dispatch.copies_per_token * x.model.hidden_size * x.act)

@@ -15,6 +15,15 @@ Models") with sequence parallelism and flash attention, written module by module
 `--recompute-modules` entry (`core_attn`, `layernorm`, `mlp`, `moe_act`, `moe`, `shared_experts`,
 `mla_up_proj`) drops exactly what it recomputes.  Bytes per token of one micro-batch held by one GPU (after the
 sequence-parallel split).  Under FP8 the inputs of FP8 GEMMs are saved as the quantised FP8 tensor (1 byte).
+Beyond Korthikanti's flash-attention count:
+* dropout masks: with `--hidden-dropout` > 0 (Megatron's default 0.1) each of the layer's two bias-dropout-add
+  steps keeps a 1-byte mask of its [s, b, h] input (Korthikanti's "sbh" mask terms; Megatron's own theoretical
+  memory report counts them);
+* unfused attention (`--attention-backend unfused` or `local`): the core keeps the BF16 softmax output,
+  b x heads/TP x s x s (2 bytes an element), and with `--attention-dropout` > 0 also the dropout mask (1 byte)
+  and the dropped-out copy (2 bytes): Korthikanti's 5as^2b.  Flash and fused kernels keep only the softmax
+  statistics and regenerate the dropout mask from the RNG state.  While a layer's attention runs, the raw scores
+  and the softmax gradient add two more s x s tensors (`attention_transient_bytes`).
 """
 
 from __future__ import annotations
@@ -71,11 +80,12 @@ class ActivationModules:
     moe: float  # rest of the MoE block (dispatched inputs, FC1 out, router probabilities)
     shared_experts: float  # shared-expert internals
     layer_input: float  # what full recompute keeps: the layer's input
+    dropout_masks: float = 0.0  # bias-dropout-add masks (kept unless full recompute)
 
     @property
     def total(self) -> float:
         return (self.layernorm + self.attn_inputs + self.core_attn + self.mlp + self.moe_act + self.moe
-                + self.shared_experts)
+                + self.shared_experts + self.dropout_masks)
 
     def after_selective(self, modules: tuple[str, ...]) -> float:
         """Bytes kept when the given modules are recomputed (their inputs are kept elsewhere)."""
@@ -98,12 +108,33 @@ class ActivationModules:
         return kept
 
 
+def core_attention_bytes_per_token(model: ModelSpec, training: TrainingSpec, *, tp_region: float,
+                                   seq_length: int) -> float:
+    """Bytes the attention core keeps per local token: flash/fused kernels the FP32 softmax statistics per
+    head; unfused attention each query's row of the s x s softmax output per head (see the module docstring)."""
+    heads = model.num_attention_heads * tp_region
+    if not training.unfused_attention:
+        return 4.0 * heads
+    per_element = training.activation_bytes + (1 + training.activation_bytes if training.attention_dropout else 0)
+    return per_element * heads * seq_length
+
+
+def attention_transient_bytes(model: ModelSpec, training: TrainingSpec, *, tp: int, gathered_tokens: float,
+                              seq_length: int) -> float:
+    """Unfused attention: the raw scores and the softmax gradient, two s x s tensors per head of this GPU,
+    alive while one layer's attention runs (0 for flash and fused kernels)."""
+    if not training.unfused_attention:
+        return 0.0
+    return 2 * training.activation_bytes * model.num_attention_heads / tp * gathered_tokens * seq_length
+
+
 def activation_bytes_per_token(
     model: ModelSpec, training: TrainingSpec, *, is_moe: bool, tp: int, etp: int, sequence_parallel: bool,
-    copies_per_token: float = 0.0,
+    copies_per_token: float = 0.0, seq_length: int | None = None,
 ) -> ActivationModules:
     """Per token held by this GPU (after the SP split), bytes one layer keeps for backward.
-    `copies_per_token`: MoE token copies this GPU's experts compute per local token (planner/cost/dispatch.py)."""
+    `copies_per_token`: MoE token copies this GPU's experts compute per local token (planner/cost/dispatch.py);
+    `seq_length`: the keys each query attends to (the model's sequence by default)."""
     act = training.activation_bytes
     gemm_in = 1 if training.precision == "fp8" else act  # FP8 GEMM inputs are saved quantised
     h = model.hidden_size
@@ -120,7 +151,8 @@ def activation_bytes_per_token(
         mla_up, o = 0.0, a * model.head_dim
     layernorm = gemm_in * h * 2  # the two norm outputs (GEMM inputs), SP-sharded
     attn_inputs = act * (h * 2 + qkv) + gemm_in * o * tp_region  # norm inputs, Q/K/V, attention output
-    core_attn = 4.0 * a * tp_region  # flash-attention softmax statistics, FP32 per head
+    core_attn = core_attention_bytes_per_token(model, training, tp_region=tp_region,
+                                               seq_length=seq_length or model.seq_length)
     glu = 2 if model.swiglu else 1
     mlp = moe_act = moe = shared = 0.0
     if is_moe:
@@ -138,4 +170,49 @@ def activation_bytes_per_token(
     return ActivationModules(
         layernorm=layernorm, attn_inputs=attn_inputs, mla_up_proj=act * mla_up, core_attn=core_attn, mlp=mlp,
         moe_act=moe_act, moe=moe, shared_experts=shared, layer_input=act * h,
+        dropout_masks=2.0 * h if training.hidden_dropout else 0.0,  # two 1-byte masks of [s/SP, b, h]
     )
+
+
+# --------------------------------------------------------------------------------------------- outside torch
+
+COMM_BUFFER_GIB = {
+    "NVIDIA": 0.67,
+    "AMD": 0.67,
+    "Intel": 0.67,
+    "Huawei": 0.39,
+}
+"""GPU memory one collective-communication communicator takes on a rank, by vendor (GiB):
+* NVIDIA (NCCL): NVIDIA/nccl#964 measured 544 MB for a 2-rank and 688 MB for a larger communicator on four
+  NVLink A100s after one all-reduce (688 MB = 0.67 GiB taken for every group); NCCL's maintainer (NVIDIA/nccl#864,
+  #986) says the memory grows with the channels (more to reach H100 NVLink bandwidth) and no longer with the
+  group beyond 2 nodes, and that every communicator has its own unless created with shared resources;
+* AMD (RCCL, NCCL's port) and Intel (HCCL on Gaudi): assumed as NCCL;
+* Huawei (HCCL on Ascend): 2 x HCCL_BUFFSIZE, default 200 MB each (CANN environment-variable reference,
+  HCCL_BUFFSIZE: "each communicator occupies 2 x HCCL_BUFFSIZE memory").
+None of this is inside torch's allocated memory (what Megatron's `mem-max-allocated` reports)."""
+COMM_BUFFER_DEFAULT_GIB = 0.67
+
+
+def process_groups(*, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, moe: bool,
+                   tied_embedding_stage: bool) -> tuple[str, ...]:
+    """The communicators one rank of a stage creates during training under Megatron (PyTorch creates a
+    group's NCCL communicator at its first collective): the world (start-up barrier), and each group of more
+    than one rank it communicates over: tensor, context, pipeline (p2p), data (gradient reduce-scatter and
+    parameter all-gather over DP x CP), expert (token all-to-all), expert-data (expert gradients), expert-tensor
+    (when ETP differs from TP), model (TP x PP: gradient norm and loss), embedding (tied word embeddings on
+    the first and last stage)."""
+    if tp * cp * dp * pp == 1:
+        return ()  # one process: no communicator
+    groups = ["world"]
+    named = (("tensor", tp > 1), ("context", cp > 1), ("pipeline", pp > 1), ("data", dp * cp > 1),
+             ("expert", moe and ep > 1), ("expert-data", moe and tp * cp * dp // max(1, ep * etp) > 1),
+             ("expert-tensor", moe and etp > 1 and etp != tp), ("model", tp > 1 and pp > 1),
+             ("embedding", tied_embedding_stage and pp > 1))
+    groups += [name for name, used in named if used]
+    return tuple(groups)
+
+
+def comm_buffer_bytes(vendor: str, groups: tuple[str, ...]) -> float:
+    """Bytes of communicator buffers one rank holds (COMM_BUFFER_GIB per group)."""
+    return len(groups) * COMM_BUFFER_GIB.get(vendor, COMM_BUFFER_DEFAULT_GIB) * 2**30

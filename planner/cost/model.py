@@ -18,16 +18,29 @@ from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
-from planner.cost.memory import ParamBytes
+from planner.cost.memory import ParamBytes, comm_buffer_bytes, process_groups
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
 from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
-from planner.units import GIB_BYTES
+from planner.uncertainty import default_memory_headroom
+from planner.units import GIB_BYTES, US_S
 
 DP_OVERLAP_MIN_EXPOSED = 0.1  # with overlap, at least the last bucket's share stays exposed (assumption)
+NEAR_CAPACITY_FRACTION = 0.97
+"""A stage at 97-100% of what it may use (capacity less headroom) fits, but is marked in the output (issue 19)."""
+
+TIME_PARTS = (
+    "attention_gemm", "attention_core", "mlp_gemm", "expert_gemm", "shared_expert_gemm", "router_permute",
+    "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "fsdp_comm", "recompute", "embedding",
+    "logits_loss", "mtp_proj", "pp_comm", "pipeline_bubble", "dp_sync", "optimizer", "iteration_overhead",
+)
+"""The mechanisms an iteration's time is split into (PlanCost.time_breakdown): a decoder layer's named parts
+(planner/cost/layer.py LayerCost.parts: host_overhead is the time a layer waits for its kernel launches),
+recompute, the stage ends, pipeline sends, the bubble, the gradient sync, the optimizer step and the fixed host
+time per iteration."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +63,26 @@ class StageCore:
     ep_comm_s: float
     dp_comm_s: float  # exposed, per iteration
     optimizer_s: float  # per iteration
+    iteration_overhead_s: float  # fixed host time per iteration (kernels.py ITERATION_HOST_S, calibrated)
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
     act_per_microbatch_bytes: float  # activations one in-flight micro-batch keeps
     fixed_act_bytes: float  # activation buffers alive once, whatever the micro-batches in flight
-    other_bytes: float
-    capacity_bytes: float
+    context_bytes: float  # CUDA/ROCm/CANN context of the process (the device's memory_overhead_gib)
+    comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
+    device_memory_bytes: float  # the device's memory as the framework reports it
+    capacity_bytes: float  # what the plan may use: device memory less the memory headroom
+    parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
+
+    @property
+    def other_bytes(self) -> float:
+        """Memory outside torch's allocator: context and communicator buffers."""
+        return self.context_bytes + self.comm_buffer_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.device_memory_bytes - self.capacity_bytes
 
     @property
     def time_s(self) -> float:
@@ -69,7 +95,8 @@ class StageCore:
 
     @property
     def sync_s(self) -> float:
-        return self.dp_comm_s + self.optimizer_s
+        """Per iteration, after the pipeline: exposed DP sync, optimizer step and the fixed host time."""
+        return self.dp_comm_s + self.optimizer_s + self.iteration_overhead_s
 
 
 @dataclass(frozen=True)
@@ -86,7 +113,8 @@ class StageCost(StageCore):
     def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float) -> "StageCost":
         """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch."""
         fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
-        fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2)
+        fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2,
+                              parts=core.parts + (("pp_comm", pp_comm_s),))
         return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches)
 
     @property
@@ -102,8 +130,24 @@ class StageCost(StageCore):
         return self.memory_bytes / GIB_BYTES
 
     @property
+    def allocated_bytes(self) -> float:
+        """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`): everything but the
+        context and the communicator buffers."""
+        return self.memory_bytes - self.other_bytes
+
+    @property
     def fits(self) -> bool:
         return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def capacity_fraction(self) -> float:
+        """Memory over what the plan may use (capacity less headroom)."""
+        return self.memory_bytes / self.capacity_bytes if self.capacity_bytes > 0 else math.inf
+
+    @property
+    def near_capacity(self) -> bool:
+        """Fits, but within NEAR_CAPACITY_FRACTION of what the plan may use: marked in the output."""
+        return self.fits and self.capacity_fraction >= NEAR_CAPACITY_FRACTION
 
     def to_json(self) -> dict:
         g = GIB_BYTES
@@ -125,13 +169,20 @@ class StageCost(StageCore):
             "pp_comm_s": self.pp_comm_s,
             "dp_comm_s": self.dp_comm_s,
             "optimizer_s": self.optimizer_s,
+            "iteration_overhead_s": self.iteration_overhead_s,
             "memory_gib": self.memory_gib,
             "weights_gib": self.weights_bytes / g,
             "grads_gib": self.grads_bytes / g,
             "optimizer_gib": self.optimizer_bytes / g,
             "activations_gib": self.activations_bytes / g,
             "other_gib": self.other_bytes / g,
-            "capacity_gib": self.capacity_bytes / g,
+            "context_gib": self.context_bytes / g,
+            "comm_buffers_gib": self.comm_buffer_bytes / g,
+            "capacity_gib": self.device_memory_bytes / g,
+            "usable_gib": self.capacity_bytes / g,
+            "headroom_gib": self.headroom_bytes / g,
+            "capacity_used_fraction": self.capacity_fraction,
+            "near_capacity": self.near_capacity,
             "inflight_microbatches": self.inflight_microbatches,
             "fits": self.fits,
         }
@@ -149,6 +200,7 @@ class PlanCost:
     peak_flop_per_s_total: float
     stages: tuple[StageCost, ...]
     notes: tuple[str, ...] = field(default=())
+    memory_headroom: float = 0.0  # fraction of each device's memory the plan keeps free
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -162,6 +214,26 @@ class PlanCost:
     @property
     def max_memory_gib(self) -> float:
         return max(s.memory_gib for s in self.stages)
+
+    def time_breakdown(self) -> dict[str, float]:
+        """Seconds of the iteration by mechanism (TIME_PARTS, zero entries omitted), summing to
+        `iteration_time_s`: the slowest stage's per-micro-batch parts times the micro-batches, the pipeline
+        bubble (the rest of the pipeline time), and the DP sync and optimizer step of the stage whose
+        per-iteration sync is longest (the schedule formula's terms)."""
+        slowest = max(self.stages, key=lambda s: s.time_s)
+        out: dict[str, float] = {}
+        for name, sec in slowest.parts:
+            out[name] = out.get(name, 0.0) + self.num_microbatches * sec
+        out["pipeline_bubble"] = self.pipeline_s - self.num_microbatches * slowest.time_s
+        syncing = max(self.stages, key=lambda s: s.sync_s)
+        out["dp_sync"] = syncing.dp_comm_s
+        out["optimizer"] = syncing.optimizer_s
+        out["iteration_overhead"] = syncing.iteration_overhead_s
+        return {k: v for k, v in out.items() if v}
+
+    def time_shares(self) -> dict[str, float]:
+        """`time_breakdown` as fractions of the iteration time (summing to 1)."""
+        return {k: v / self.iteration_time_s for k, v in self.time_breakdown().items()}
 
     @property
     def fits(self) -> bool:
@@ -178,6 +250,7 @@ class PlanCost:
             "mfu": self.mfu,
             "max_memory_gib": self.max_memory_gib,
             "fits": self.fits,
+            "memory_headroom": self.memory_headroom,
             "overflow_stages": self.overflow_stages,
             "world_size": self.world_size,
             "num_microbatches": self.num_microbatches,
@@ -227,8 +300,12 @@ class CostModel:
     tabulates them once and composes stages from them, exactly as `evaluate` does.
     """
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet) -> None:
+    def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet, *,
+                 memory_headroom: float | None = None) -> None:
+        """`memory_headroom`: the fraction of each device's memory a plan keeps free (None: the shipped
+        default, derived from the memory model's measured error, planner/uncertainty.py)."""
         self.model = model
+        self.memory_headroom = default_memory_headroom() if memory_headroom is None else float(memory_headroom)
         self.training = training
         self.cluster = cluster
         self.profiles: ProfileSet = profiles
@@ -379,15 +456,23 @@ class CostModel:
         dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
         pb = self.param_bytes
         optimizer_s = self.kernels(device_type).memory_s(params.shard * pb.optimizer_step_moved)
+        groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
+                                tied_embedding_stage=(is_first or is_last)
+                                and not self.model.untie_embeddings_and_output_weights)
         return StageCore(
             device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
             micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
             recompute_s=lay.recompute_s, tp_comm_s=lay.tp_s + ends.tp_s, cp_comm_s=lay.cp_s + ends.cp_s,
             ep_comm_s=lay.ep_s + ends.ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s,
-            weights_bytes=params.weights_bytes(pb), grads_bytes=params.total * pb.grad,
+            iteration_overhead_s=self.kernels(device_type).iteration_host_s,
+            weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
+            grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
             fixed_act_bytes=lay.transient + ends.transient,
-            other_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES, capacity_bytes=dev.memory_gib * GIB_BYTES,
+            context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
+            comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
+            capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
+            parts=_merge_parts(lay.parts, ends.parts),
         )
 
     def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
@@ -401,6 +486,7 @@ class CostModel:
         for j in full:
             n_full[kinds[j]] += 1
         out = _Part()
+        fsdp_gather = fsdp_scatter = 0.0
         for kind in (False, True):
             cnt = counts[kind]
             if not cnt:
@@ -409,11 +495,17 @@ class CostModel:
             nf, rest = n_full[kind], cnt - n_full[kind]
             out.fwd_s += cnt * c.fwd_s
             out.bwd_s += cnt * c.bwd_s
-            out.compute_s += cnt * (c.fwd_compute_s + c.bwd_compute_s) + nf * c.fwd_compute_s
+            for name, sec in c.parts.items():
+                out.add(name, cnt * sec)
+            out.compute_s += (cnt * (c.fwd_compute_s + c.bwd_compute_s + c.host_fwd_s + c.host_bwd_s)
+                              + nf * (c.fwd_compute_s + c.host_fwd_s))
             out.tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
             out.cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
             out.ep_s += cnt * (c.ep_fwd_s + c.ep_bwd_s) + nf * c.ep_fwd_s
             out.recompute_s += nf * c.fwd_s
+            gather_s, scatter_s = self._fsdp_layer_s(g, device_type, dp, kind)
+            fsdp_gather += cnt * gather_s
+            fsdp_scatter += cnt * scatter_s
             out.act_per_mb += nf * c.act_bytes(c.activations.layer_input)
             out.transient = max(out.transient, c.transient_bytes)
             if recompute.granularity == "selective":
@@ -424,6 +516,12 @@ class CostModel:
             else:
                 out.act_per_mb += rest * c.act_bytes(c.activations.total)
         out.bwd_s += out.recompute_s
+        out.add("recompute", out.recompute_s)
+        if fsdp_gather or fsdp_scatter:  # Megatron-FSDP: prefetched behind the stage's compute, the excess exposed
+            exposed = max(0.0, fsdp_gather - out.fwd_s), max(0.0, fsdp_gather + fsdp_scatter - out.bwd_s)
+            out.fwd_s += exposed[0]
+            out.bwd_s += exposed[1]
+            out.add("fsdp_comm", exposed[0] + exposed[1])
         if recompute.granularity == "full" and kinds:
             # during a recomputed chunk's backward its layers' full activations exist at once
             chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
@@ -447,7 +545,10 @@ class CostModel:
             out.fwd_s += emb
             out.bwd_s += emb
             out.compute_s += 2 * emb
+            out.add("embedding", 2 * emb)
             out.act_per_mb += t_g / sp * h * act  # embedding output kept per in-flight micro-batch
+            if self.training.hidden_dropout:
+                out.act_per_mb += t_g / sp * h  # the embedding dropout's 1-byte mask
         if not is_last:
             return out
         vocab_local = model.padded_vocab_size(g.tp) / g.tp
@@ -458,6 +559,7 @@ class CostModel:
         out.fwd_s += heads * (logit_s + ce_s)
         out.bwd_s += heads * (GEMM_BWD_OVER_FWD * logit_s + ce_s)
         out.compute_s += heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s)
+        out.add("logits_loss", heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s))
         out.transient += t_g * vocab_local * (act + 4)  # logits + FP32 copy of one micro-batch
         if model.mtp_num_layers:
             # each MTP depth: one more decoder layer (of the last layer's kind) and a 2h -> h projection
@@ -471,6 +573,9 @@ class CostModel:
             out.tp_s += d * (mtp.tp_fwd_s + mtp.tp_bwd_s)
             out.cp_s += d * (mtp.cp_fwd_s + mtp.cp_bwd_s)
             out.ep_s += d * (mtp.ep_fwd_s + mtp.ep_bwd_s)
+            for name, sec in mtp.parts.items():
+                out.add(name, d * sec)
+            out.add("mtp_proj", d * (1 + GEMM_BWD_OVER_FWD) * proj_s)
             out.act_per_mb += d * (mtp.act_bytes(mtp.activations.total) + 2 * t_g / sp * h * act)
         return out
 
@@ -489,6 +594,10 @@ class CostModel:
         embedding = emb_local if is_first else 0.0
         tied_copy = is_last and not is_first and not model.untie_embeddings_and_output_weights
         if is_last and (model.untie_embeddings_and_output_weights or tied_copy):
+            embedding += emb_local
+        if is_last and model.mtp_num_layers and not is_first:
+            # the MTP stage builds its own word embedding, a duplicate of the first stage's (gpt_model.py:
+            # `if self.pre_process or self.mtp_process: self.embedding = LanguageModelEmbedding(...)`)
             embedding += emb_local
         if is_last and model.mtp_num_layers:
             last_moe = self._layer_is_moe[-1]
@@ -515,6 +624,11 @@ class CostModel:
             raw = self._sync_cache[key] = self._raw_sync_s(device_type, g, dp, params)
         rs, ag, tied_s = raw
         tr = self.training
+        sharding = self._fsdp_sharding()
+        if "grads" in sharding:
+            rs = 0.0  # reduce-scattered layer by layer in every micro-batch's backward (_fsdp_layer_s)
+        if "params" in sharding:
+            ag = 0.0  # gathered layer by layer before each forward and backward
         rs_exposed = max(DP_OVERLAP_MIN_EXPOSED * rs, rs - bwd_s) if tr.overlap_grad_reduce else rs
         ag_exposed = max(DP_OVERLAP_MIN_EXPOSED * ag, ag - fwd_s) if tr.overlap_param_gather else ag
         return rs_exposed + ag_exposed + tied_s
@@ -542,13 +656,57 @@ class CostModel:
                             params.tied * pb.grad, 2) if params.tied else 0.0
         return rs, ag, tied
 
+    def _fsdp_sharding(self) -> str:
+        """The Megatron-FSDP sharding strategy in effect ('' without --use-megatron-fsdp)."""
+        tr = self.training
+        return tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else ""
+
+    def _fsdp_layer_s(self, g: GlobalShape, device_type: str, dp: int, is_moe: bool) -> tuple[float, float]:
+        """Megatron-FSDP, per layer per micro-batch: (the all-gather of its parameters, issued before the forward and
+        again before the backward, with optim_grads_params; the reduce-scatter of its gradients after its backward,
+        with optim_grads and optim_grads_params).  Dense parameters shard over DPxCP, experts over expert-DP;
+        gradients travel in the parameter dtype (Megatron-FSDP's default mixed-precision policy).  They are prefetched
+        and issued behind the compute, so per micro-batch only what outlasts the stage's forward (gathers) and
+        backward with recompute (gathers and scatters) is exposed (_stage_layers)."""
+        sharding = self._fsdp_sharding()
+        if "grads" not in sharding:
+            return 0.0, 0.0
+        dense = self._attn_params / g.tp + (self._shared_params / g.tp + self._router_params if is_moe else
+                                            self._dense_mlp_params / g.tp)
+        experts = self._expert_params / (g.ep * g.etp) if is_moe else 0.0
+        links = self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp)
+        edp = max(1, g.tp * g.cp * dp // (g.etp * g.ep))
+        nbytes = self.param_bytes.weight
+
+        def both(collective: str) -> float:
+            return (collective_s(links.dp, collective, dense * nbytes, dp * g.cp)
+                    + collective_s(links.edp, collective, experts * nbytes, edp))
+
+        return (both("all_gather") if "params" in sharding else 0.0), both("reduce_scatter")
+
+    def _fsdp_resident(self, full_bytes: float, kinds: tuple[bool, ...], g: GlobalShape, dp: int, what: str) -> float:
+        """Weights or gradients one GPU keeps under Megatron-FSDP: its shard (over DPxCP, experts over expert-DP),
+        plus the unsharded copy of the layers in flight (two layers' weights: the one computing and the one being
+        prefetched; one layer's gradients before its reduce-scatter).  Without sharding of `what`, `full_bytes`."""
+        sharding = self._fsdp_sharding()
+        if {"weights": "params", "grads": "grads"}[what] not in sharding or not kinds:
+            return full_bytes
+        shards = min(dp * g.cp, max(1, g.tp * g.cp * dp // (g.etp * g.ep)))  # the smaller group bounds the shard
+        in_flight = (2 if what == "weights" else 1) / len(kinds)
+        return full_bytes / shards + full_bytes * in_flight
+
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
-        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b."""
+        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b, as exposed.
+        The interleaved schedule overlaps its sends with the next chunk's compute (Megatron's overlap_p2p_comm,
+        on by default and only there): only the per-send latency stays exposed; 1F1B waits for every send."""
         model = self.model
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         mbs = self.stage_mbs(g, a_dp)
+        link = self.pp_link(g, a_type, a_dp, b_type)
+        if g.vpp > 1:
+            return g.vpp * link.intra.latency_us * US_S
         p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * self.training.activation_bytes
-        return g.vpp * collective_s(self.pp_link(g, a_type, a_dp, b_type), "p2p", p2p_bytes, 2)
+        return collective_s(link, "p2p", p2p_bytes, 2)
 
     @staticmethod
     def inflight_microbatches(g: GlobalShape, index: int) -> float:
@@ -598,7 +756,7 @@ class CostModel:
         times = [s.time_s for s in stages]
         pipeline = sum(times) / v + (m - 1.0 / v) * max(times)
         busy = m * max(times)
-        sync = max(s.dp_comm_s + s.optimizer_s for s in stages)
+        sync = max(s.sync_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
         peak_total = sum(
             plan.tp * plan.cp * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.compute_dtype)
@@ -607,7 +765,7 @@ class CostModel:
         return PlanCost(
             iteration_time_s=pipeline + sync, pipeline_s=pipeline, bubble_s=pipeline - busy, sync_s=sync,
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
-            peak_flop_per_s_total=peak_total, stages=tuple(stages),
+            peak_flop_per_s_total=peak_total, stages=tuple(stages), memory_headroom=self.memory_headroom,
         )
 
 
@@ -624,6 +782,19 @@ class _Part:
     ep_s: float = 0.0
     act_per_mb: float = 0.0
     transient: float = 0.0
+    parts: dict = field(default_factory=dict)  # forward + backward seconds by mechanism
+
+    def add(self, name: str, seconds: float) -> None:
+        if seconds:
+            self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+
+def _merge_parts(*dicts: dict) -> tuple[tuple[str, float], ...]:
+    out: dict[str, float] = {}
+    for d in dicts:
+        for name, sec in d.items():
+            out[name] = out.get(name, 0.0) + sec
+    return tuple(out.items())
 
 
 @dataclass(frozen=True)

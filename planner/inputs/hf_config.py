@@ -1,9 +1,18 @@
 """HuggingFace `config.json` -> ModelSpec, for the families the planner knows.
 
 Field meanings follow the transformers configuration classes (LlamaConfig, MixtralConfig,
-Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config).  Megatron-side choices
-that a HF config does not state (token dispatcher, grouped GEMM) get the usual Megatron MoE
-recipe values: alltoall dispatcher and grouped GEMM on.
+Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config); a key the config leaves out
+takes that class's default.  Every architecture field is read, so that the launcher trains the
+model that was priced: rotary position embeddings (rope_theta, partial_rotary_factor, Llama-3.x
+and YaRN rope_scaling), the norm's epsilon, biases, QK-norm, the router (softmax or sigmoid,
+top-k renormalisation as Megatron's --moe-router-pre-softmax, groups, expert bias, scaling),
+shared experts and their gate, dense-first layers, MTP.  The router mapping follows the NVIDIA
+reference flag sets for these models (Megatron-LM examples/post_training/modelopt/conf/).
+Megatron-side choices that a HF config does not state (token dispatcher, grouped GEMM) get the
+usual Megatron MoE recipe values: alltoall dispatcher and grouped GEMM on.
+
+`hf_config_notes(cfg)` says what of the config the plan leaves out (a vision tower, a rope
+scaling Megatron has no flag for), one line each, for the caller to print.
 """
 
 from __future__ import annotations
@@ -63,8 +72,54 @@ def _int_list(cfg: dict[str, Any], key: str, *, minimum: int, maximum: int) -> l
     return value
 
 
-def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """Fields every supported family shares: shape, vocabulary, GQA, RMSNorm + SwiGLU, no biases."""
+def _float(cfg: dict[str, Any], key: str, default: float, *, positive: bool = True) -> float:
+    """A number (no bool or string), finite, positive unless told otherwise."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+            float("inf"), float("-inf")) or (positive and value <= 0):
+        raise PlannerInputError(f"config.json:{key}", f"expected a {'positive ' if positive else ''}number, got {value!r}")
+    return float(value)
+
+
+# transformers' defaults where the families differ (the configuration classes' __init__)
+_EPS_DEFAULT = {"mixtral": 1e-5}  # every other supported family: 1e-6
+_THETA_DEFAULT = {"mixtral": 1e6}  # every other supported family: 10000
+
+
+def _positions(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """Rotary embeddings as Megatron writes them: --position-embedding-type rope, --rotary-base
+    (an integer in Megatron), --rotary-percent, and Llama-3.x rope scaling; YaRN (DeepSeek) is
+    read by the MLA families."""
+    theta = _float(cfg, "rope_theta", _THETA_DEFAULT.get(family, 10000.0))
+    if theta != int(theta):
+        raise PlannerInputError("config.json:rope_theta", f"Megatron's --rotary-base is an integer, got {theta!r}")
+    out: dict[str, Any] = {
+        "position_embedding_type": "rope",
+        "rotary_base": int(theta),
+        "rotary_percent": _float(cfg, "partial_rotary_factor", 1.0),
+    }
+    scaling = _rope_scaling(cfg)
+    if scaling.get("rope_type") == "llama3":
+        out["use_rope_scaling"] = True
+        out["rope_scaling_factor"] = _float(scaling, "factor", 8.0)
+    return out
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any]:
+    """rope_scaling with its type under `rope_type` (older configs say `type`); {} when absent."""
+    scaling = cfg.get("rope_scaling")
+    if scaling is None:
+        return {}
+    if not isinstance(scaling, dict):
+        raise PlannerInputError("config.json:rope_scaling", f"expected a mapping or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    return {**scaling, "rope_type": kind}
+
+
+def _common(cfg: dict[str, Any], name: str, family: str = "llama") -> dict[str, Any]:
+    """Fields every supported family shares: shape, vocabulary, GQA, RoPE, RMSNorm + SwiGLU, biases."""
     heads = _int(cfg, "num_attention_heads")
     kv_heads = _int(cfg, "num_key_value_heads", heads)
     max_pos = _int(cfg, "max_position_embeddings", None)
@@ -81,8 +136,11 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         "max_position_embeddings": max_pos,
         "swiglu": True,
         "normalization": "RMSNorm",
+        "norm_epsilon": _float(cfg, "rms_norm_eps", _EPS_DEFAULT.get(family, 1e-6)),
         "untie_embeddings_and_output_weights": not _bool(cfg, "tie_word_embeddings", False),
-        "add_bias_linear": False,
+        "add_bias_linear": _bool(cfg, "attention_bias", False) and _bool(cfg, "mlp_bias", False),
+        "add_qkv_bias": _bool(cfg, "attention_bias", False) and not _bool(cfg, "mlp_bias", False),
+        **_positions(cfg, family),
     }
     head_dim = cfg.get("head_dim")
     if head_dim is not None and head_dim != out["hidden_size"] // heads:
@@ -151,6 +209,14 @@ def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     return _moe_recipe(out)
 
 
+def _softmax_router(out: dict[str, Any], renormalised: bool) -> dict[str, Any]:
+    """A softmax router: top-k weights renormalised (Mixtral; norm_topk_prob true) is Megatron's
+    plain top-k softmax; not renormalised is --moe-router-pre-softmax, which Megatron also needs
+    for top-1."""
+    out["moe_router_pre_softmax"] = not renormalised or out.get("moe_router_topk") == 1
+    return out
+
+
 def _moe_recipe(out: dict[str, Any]) -> dict[str, Any]:
     out["moe_token_dispatcher_type"] = "alltoall"
     out["moe_grouped_gemm"] = True
@@ -158,15 +224,22 @@ def _moe_recipe(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llama(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    return _common(cfg, name)
+    return _common(cfg, name, "llama")
+
+
+def _qwen2(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """Qwen2: biases on Q, K and V (always, in transformers' Qwen2Attention)."""
+    out = _common(cfg, name, "qwen2")
+    out["add_qkv_bias"] = True
+    return out
 
 
 def _mixtral(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    out = _common(cfg, name)
+    out = _common(cfg, name, "mixtral")
     _experts(cfg, out)
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_local_experts", "missing; a Mixtral config must give its experts")
-    return out
+    return _softmax_router(out, renormalised=True)  # MixtralSparseMoeBlock renormalises the top-k
 
 
 def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] | None:
@@ -180,18 +253,26 @@ def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] |
     return None if all(pattern) else pattern
 
 
-def _qwen2_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    out = _experts(cfg, _common(cfg, name))
+def _qwen_moe(cfg: dict[str, Any], name: str, family: str) -> dict[str, Any]:
+    out = _experts(cfg, _common(cfg, name, family))
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_experts", "missing; a Qwen-MoE config must give its experts")
     out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, maximum=MAX_EXPERTS)
     out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
     out["moe_layer_pattern"] = _qwen_moe_pattern(cfg, out["num_layers"])
+    return _softmax_router(out, renormalised=_bool(cfg, "norm_topk_prob", False))
+
+
+def _qwen2_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """Qwen2-MoE: QKV biases; the shared expert has a sigmoid gate (Qwen2MoeSparseMoeBlock)."""
+    out = _qwen_moe(cfg, name, "qwen2_moe")
+    out["add_qkv_bias"] = True
+    out["moe_shared_expert_gate"] = bool(out.get("moe_shared_expert_intermediate_size"))
     return out
 
 
 def _qwen3_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    out = _qwen2_moe(cfg, name)
+    out = _qwen_moe(cfg, name, "qwen3_moe")
     out["qk_layernorm"] = True
     if "head_dim" in cfg:
         out["kv_channels"] = _int(cfg, "head_dim")
@@ -199,7 +280,7 @@ def _qwen3_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _qwen3(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    out = _common(cfg, name)
+    out = _common(cfg, name, "qwen3")
     out["qk_layernorm"] = True
     if "head_dim" in cfg:
         out["kv_channels"] = _int(cfg, "head_dim")
@@ -207,11 +288,14 @@ def _qwen3(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """DeepSeek-V2/V3: multi-latent attention, routed + shared experts, first k layers dense."""
-    out = _common(cfg, name)
+    """DeepSeek-V2/V3: multi-latent attention (with its q/kv latent norms: --qk-layernorm, and YaRN
+    rope scaling), routed + shared experts, first k layers dense, the router of the family."""
+    out = _common(cfg, name, "deepseek")
     out["num_query_groups"] = None  # MLA has no GQA groups
     out.pop("kv_channels", None)
     out["multi_latent_attention"] = True
+    out["qk_layernorm"] = True  # q_a_layernorm / kv_a_layernorm
+    out.update(_yarn(cfg))
     out["q_lora_rank"] = _int(cfg, "q_lora_rank", None)
     out["kv_lora_rank"] = _int(cfg, "kv_lora_rank")
     out["qk_head_dim"] = _int(cfg, "qk_nope_head_dim")
@@ -230,6 +314,7 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         pattern = tuple(1 if (i >= first_dense and i % freq == 0) else 0 for i in range(num_layers))
         out["moe_layer_pattern"] = None if all(pattern) else pattern
         _moe_recipe(out)
+        out.update(_deepseek_router(cfg, out))
     mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0, maximum=MAX_LAYERS)
     if mtp:
         out["mtp_num_layers"] = mtp
@@ -237,10 +322,43 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+def _yarn(cfg: dict[str, Any]) -> dict[str, Any]:
+    """MLA's YaRN rope scaling: --rotary-scaling-factor, --mscale, --mscale-all-dim."""
+    scaling = _rope_scaling(cfg)
+    if scaling.get("rope_type") != "yarn":
+        return {}
+    return {"rotary_scaling_factor": _float(scaling, "factor", 1.0), "mscale": _float(scaling, "mscale", 1.0),
+            "mscale_all_dim": _float(scaling, "mscale_all_dim", 0.0, positive=False)}
+
+
+_SCORING = {"softmax": "softmax", "sigmoid": "sigmoid"}
+
+
+def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """scoring_func, norm_topk_prob, group-limited routing (n_group / topk_group), the
+    auxiliary-loss-free expert bias (topk_method noaux_tc) and routed_scaling_factor."""
+    scoring = cfg.get("scoring_func", "softmax")
+    if scoring not in _SCORING:
+        raise PlannerInputError("config.json:scoring_func", f"expected softmax or sigmoid, got {scoring!r}")
+    router: dict[str, Any] = {"moe_router_score_function": _SCORING[scoring],
+                              "moe_router_topk": out["moe_router_topk"]}
+    if scoring == "softmax":  # sigmoid scores are renormalised over the top-k whatever the flag says
+        _softmax_router(router, renormalised=_bool(cfg, "norm_topk_prob", False))
+    method = cfg.get("topk_method", "greedy")
+    groups = _int(cfg, "n_group", None)
+    if method in ("group_limited_greedy", "noaux_tc") and groups and groups > 1:
+        router["moe_router_num_groups"] = groups
+        router["moe_router_group_topk"] = _int(cfg, "topk_group")
+    router["moe_router_enable_expert_bias"] = method == "noaux_tc"
+    factor = _float(cfg, "routed_scaling_factor", 1.0)
+    router["moe_router_topk_scaling_factor"] = factor if factor != 1.0 else None
+    return router
+
+
 _FAMILIES: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "llama": _llama,
     "mistral": _llama,
-    "qwen2": _llama,
+    "qwen2": _qwen2,
     "qwen3": _qwen3,
     "mixtral": _mixtral,
     "qwen2_moe": _qwen2_moe,
@@ -284,12 +402,47 @@ def _family(cfg: dict[str, Any]) -> str:
     )
 
 
+# the parts of a multimodal config besides its text decoder
+_OTHER_TOWERS = ("vision_config", "audio_config", "speech_config", "visual", "vision_tower")
+
+
+def _text_part(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The text decoder's config: `text_config` when the file describes a multimodal model."""
+    if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
+        return {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    return cfg
+
+
+def hf_config_notes(cfg: dict[str, Any]) -> list[str]:
+    """What of the config the plan and the launcher leave out, one line each."""
+    notes: list[str] = []
+    towers = [k for k in _OTHER_TOWERS if cfg.get(k)]
+    if towers or (isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg):
+        what = ", ".join(towers) or "a text_config inside a larger model"
+        notes.append(f"config.json describes a multimodal model ({what}): planned as its text decoder only; "
+                     "the other towers (vision/audio encoders and their projectors) are not in the plan, "
+                     "their time or memory, nor in the launcher")
+    text = _text_part(cfg)
+    kind = _rope_scaling(text).get("rope_type") if isinstance(text, dict) else None
+    mla = _family_or_none(text) in ("deepseek_v2", "deepseek_v3")
+    if kind not in (None, "default", "llama3") and not (kind == "yarn" and mla):
+        notes.append(f"config.json:rope_scaling type {kind!r} is not written to the launcher (Megatron's flags "
+                     "for it differ per version): the model trains with plain RoPE; time and memory are the same")
+    return notes
+
+
+def _family_or_none(cfg: dict[str, Any]) -> str | None:
+    try:
+        return _family(cfg)
+    except PlannerInputError:
+        return None
+
+
 def model_fields_from_hf_config(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """ModelSpec field values for a HuggingFace config dict (not yet validated)."""
     if not isinstance(cfg, dict):
         raise PlannerInputError("config.json", "expected a JSON object")
-    if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
-        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    cfg = _text_part(cfg)
     check_expert_keys(cfg)
     fields = _FAMILIES[_family(cfg)](cfg, name)
     if fields.get("num_experts") is None and expert_count(cfg):

@@ -77,12 +77,22 @@ def is_flag_token(tok: str) -> bool:
 _is_flag = is_flag_token
 
 
-def _convert(name: str, spec: Read, raw: str) -> Any:
-    """Convert one raw value of flag `name`; raise PlannerInputError saying what is allowed."""
+FORK_CHOICES_KEY = "_fork_choices"  # ns entry: the fork choices read, as (flag, ForkChoice)
+
+
+def _convert(name: str, spec: Read, raw: str, ns: dict[str, Any] | None = None) -> Any:
+    """Convert one raw value of flag `name`; raise PlannerInputError saying what is allowed.  A value a
+    fork adds to the choices is read as the upstream value it is priced as (recorded in `ns`)."""
     if spec.choices:
-        if raw not in spec.choices:
-            raise PlannerInputError(name, f"invalid choice {raw!r}; allowed: {', '.join(spec.choices)}")
-        return raw
+        if raw in spec.choices:
+            return raw
+        fork = next((f for f in spec.fork_choices if f.value == raw), None)
+        if fork is None:
+            extra = "".join(f", {f.value} ({f.fork})" for f in spec.fork_choices)
+            raise PlannerInputError(name, f"invalid choice {raw!r}; allowed: {', '.join(spec.choices)}{extra}")
+        if ns is not None:
+            ns.setdefault(FORK_CHOICES_KEY, []).append((name, fork))
+        return fork.priced_as
     if spec.kind in ("int", "ints"):
         try:
             value = int(raw.strip())
@@ -100,8 +110,11 @@ def _convert(name: str, spec: Read, raw: str) -> Any:
             raise PlannerInputError(name, f"expected a number, got {raw!r}") from None
         if value_f != value_f or value_f in (float("inf"), float("-inf")):
             raise PlannerInputError(name, f"expected a finite number, got {raw!r}")
-        if spec.min_value is not None and value_f < spec.min_value:
-            raise PlannerInputError(name, f"must be >= {spec.min_value:g}, got {value_f:g}")
+        if spec.min_value is not None and (value_f <= spec.min_value if spec.exclusive_min else value_f < spec.min_value):
+            relation = ">" if spec.exclusive_min else ">="
+            raise PlannerInputError(name, f"must be {relation} {spec.min_value:g}, got {value_f:g}")
+        if spec.max_value is not None and value_f > spec.max_value:
+            raise PlannerInputError(name, f"must be <= {spec.max_value:g}, got {value_f:g}")
         return value_f
     if not raw:
         raise PlannerInputError(name, "expected a non-empty value")
@@ -227,7 +240,7 @@ def _read_flag(name: str, spec: Read, eq: str, explicit: str, argv: Sequence[str
         if not values:
             allowed = ", ".join(spec.choices) if spec.choices else "numbers"
             raise PlannerInputError(name, f"expects one or more values; allowed: {allowed}")
-        ns[spec.dest] = [_convert(name, spec, v) for v in values]
+        ns[spec.dest] = [_convert(name, spec, v, ns) for v in values]
         return i
     if eq:
         raw = explicit
@@ -237,18 +250,38 @@ def _read_flag(name: str, spec: Read, eq: str, explicit: str, argv: Sequence[str
             raise PlannerInputError(name, f"expects {allowed}, but no value was given")
         raw = argv[i]
         i += 1
-    ns[spec.dest] = _convert(name, spec, raw)
+    ns[spec.dest] = _convert(name, spec, raw, ns)
     return i
 
 
-def fork_flags_in(passthrough: Sequence[str]) -> dict[str, list[str]]:
-    """{fork: [flags]} of the passthrough flags that only a fork of Megatron-LM knows."""
+def drop_flags(argv: Sequence[str], names: set[str] | frozenset[str]) -> list[str]:
+    """argv without the flags in `names` and the values that follow each (`--flag=value` takes none)."""
+    out: list[str] = []
+    skip = False
+    for tok in argv:
+        if is_flag_token(tok):
+            name = tok.split("=", 1)[0]
+            if name in names:
+                skip = "=" not in tok
+                continue
+            skip = False
+        elif skip:
+            continue
+        out.append(tok)
+    return out
+
+
+def fork_flags_in(passthrough: Sequence[str], *, read: bool = True) -> dict[str, list[str]]:
+    """{fork: [flags]} of the passthrough flags that only a fork of Megatron-LM knows (`read`: with the
+    ones the planner reads into the model too)."""
     table = known_flags()
     out: dict[str, list[str]] = {}
     for tok in passthrough:
         if _is_flag(tok):
             name = tok.partition("=")[0]
             known = table.get(name)
+            if not read and name in READ_FLAGS:
+                continue
             if known is not None and known.source != "megatron" and name not in out.get(known.source, []):
                 out.setdefault(known.source, []).append(name)
     return out
@@ -482,18 +515,27 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     if "vocab_size" not in ns:
         model["vocab_size"], how = infer_vocab_size(passthrough, name)
         notes.append(f"--vocab-size not given: {model['vocab_size']} {how}")
-    for fork, flags in fork_flags_in(passthrough).items():
+    for fork, flags in fork_flags_in(passthrough, read=False).items():
         notes.append(f"{fork} flags passed through, not modelled: {' '.join(flags)}")
+    read_forks = [f for flags in fork_flags_in(passthrough).values() for f in flags if f in READ_FLAGS]
+    if read_forks:
+        notes.append(f"read into the model (fork spellings, passed through as given): {' '.join(read_forks)}")
+    for flag, choice in ns.get(FORK_CHOICES_KEY, []):
+        notes.append(f"{flag} {choice.value} ({choice.fork}: {choice.why}) is passed through and priced as "
+                     f"{choice.priced_as}")
+    if ns.get("use_rotary_position_embeddings"):  # args.py: the older spelling wins
+        model["position_embedding_type"] = "rope"
+    elif "position_embedding_type" in ns:
+        model["position_embedding_type"] = ns["position_embedding_type"]
+    if ns.get("quick_geglu"):
+        notes.append("--quick-geglu is a gated MLP (three weight matrices); the cost model prices the gate "
+                     "with --swiglu only, so this MLP is priced as two matrices")
     if ns.get("group_query_attention"):
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")
     model["num_experts"] = num_experts or None  # 0 means dense
     if ns.get("moe_enable_deepep") and model.get("moe_token_dispatcher_type") == "flex":
         model["moe_flex_dispatcher_backend"] = "deepep"  # the older spelling of the DeepEP backend
-    if ns.get("use_rotary_position_embeddings"):  # args.py: the older spelling wins
-        model["position_embedding_type"] = "rope"
-    elif "position_embedding_type" in ns:
-        model["position_embedding_type"] = ns["position_embedding_type"]
     lb_types = ns.get("moe_router_load_balancing_type")
     if lb_types:
         model["moe_router_load_balancing_type"] = lb_types[0]
@@ -507,13 +549,8 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
         default_seq = ModelSpec.model_fields["seq_length"].default
         if max_pos is not None and max_pos < default_seq:
             model["seq_length"] = max_pos
-    freq = ns.get("moe_layer_freq")
-    if freq is not None and model["num_experts"] is not None:
-        try:
-            pattern = moe_pattern_from_flag(freq, ns["num_layers"])
-        except ValueError as exc:
-            raise PlannerInputError("--moe-layer-freq", str(exc)) from None
-        model["moe_layer_pattern"] = None if all(pattern) else pattern
+    _moe_layers(ns, model)
+    _fork_model_flags(ns, model)
 
     training: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(TRAINING_FLAGS) if dest in ns}
     training["precision"] = _precision_from_ns(ns)
@@ -537,14 +574,41 @@ def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
     if len(ns.get("moe_router_load_balancing_type") or ()) > 1:
         out["moe_router_load_balancing_types"] = tuple(ns["moe_router_load_balancing_type"])
     out["moe_aux_loss_coeffs"] = tuple(ns.get("moe_aux_loss_coeff") or ())
-    if "cuda_graph_impl" in ns:
-        out["cuda_graph_impl"] = ns["cuda_graph_impl"]
-    elif ns.get("enable_cuda_graph") or ns.get("external_cuda_graph"):  # TransformerConfig's older spellings
-        out["cuda_graph_impl"] = "local" if ns.get("enable_cuda_graph") else "transformer_engine"
-    modules = ns.get("cuda_graph_modules") or ns.get("cuda_graph_scope_deprecated")
-    if modules:
-        out["cuda_graph_modules"] = tuple(m for m in modules if m != "full")
     return out
+
+
+def _moe_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
+    """--moe-layer-freq, and MindSpeed-LLM's --first-k-dense-replace K (layers below K are dense)."""
+    freq, first_dense = ns.get("moe_layer_freq"), ns.get("first_k_dense_replace") or 0
+    if model["num_experts"] is None or (freq is None and not first_dense):
+        return
+    flag = "--moe-layer-freq" if freq is not None else "--first-k-dense-replace"
+    try:
+        pattern = moe_pattern_from_flag(freq if freq is not None else 1, ns["num_layers"])
+    except ValueError as exc:
+        raise PlannerInputError(flag, str(exc)) from None
+    if first_dense >= ns["num_layers"]:
+        raise PlannerInputError("--first-k-dense-replace", f"must be below --num-layers ({ns['num_layers']}), "
+                                f"got {first_dense}")
+    pattern = (0,) * first_dense + pattern[first_dense:]
+    model["moe_layer_pattern"] = None if all(pattern) else pattern
+
+
+def _fork_model_flags(ns: dict[str, Any], model: dict[str, Any]) -> None:
+    """MindSpeed's spellings of MLA and shared experts, where the upstream flag is not given."""
+    if ns.get("multi_head_latent_attention"):
+        model["multi_latent_attention"] = True
+    for fork, upstream in (("qk_nope_head_dim", "qk_head_dim"), ("qk_rope_head_dim", "qk_pos_emb_head_dim"),
+                           ("moe_intermediate_size", "moe_ffn_hidden_size"),
+                           ("routed_scaling_factor", "moe_router_topk_scaling_factor")):
+        if fork in ns and upstream not in model and not (fork == "routed_scaling_factor" and ns[fork] == 1.0):
+            model[upstream] = ns[fork]
+    shared = ns.get("n_shared_experts")
+    if shared and model.get("moe_shared_expert_intermediate_size") is None and model["num_experts"] is not None:
+        expert = model.get("moe_ffn_hidden_size") or model.get("ffn_hidden_size")
+        if expert is None:
+            raise PlannerInputError("--n-shared-experts", "needs --moe-ffn-hidden-size (the size of one expert)")
+        model["moe_shared_expert_intermediate_size"] = shared * expert  # MindSpeed-LLM: n x the expert's size
 
 
 def parse_megatron_draft(argv: Sequence[str], *, name: str = "custom") -> RunDraft:

@@ -14,7 +14,7 @@ from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.files import parse_json, read_text
 from planner.inputs.resolve import read_script, resolve_run
-from planner.inputs.script import LauncherScript, parse_launcher_script
+from planner.inputs.script import LauncherScript, cluster_geometry, parse_launcher_script
 from planner.profile_tables import ProfileSet
 from planner.schemas import ClusterSpec, Plan
 from planner.schemas.parallel import MegatronRun
@@ -123,19 +123,19 @@ def resolve_plan_inputs(
 
 
 def script_from_plan(data: dict[str, Any], megatron_script: str | None,
-                     script_args: tuple[str, ...]) -> LauncherScript | None:
+                     script_args: tuple[str, ...], cluster: ClusterSpec | None = None) -> LauncherScript | None:
     """The input launcher: the --megatron-script file (read with the arguments after `--`), or
-    the script `solve --out` saved in plan.json's inputs.script, or None."""
+    the script `solve --out` saved in plan.json's inputs.script, or None; read as a job on `cluster`."""
     inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
     saved = inputs.get("script") if isinstance(inputs.get("script"), dict) else None
     if megatron_script is not None:
         extra = saved.get("extra_flags", []) if saved else []
-        return read_script(megatron_script, script_args or (saved or {}).get("args", []), extra)
+        return read_script(megatron_script, script_args or (saved or {}).get("args", []), extra, cluster=cluster)
     if saved is None:
         return None
     text, args = saved.get("text"), saved.get("args", [])
     if not isinstance(text, str) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise PlannerInputError("--plan", "inputs.script must hold the script's text and its arguments")
-    script = parse_launcher_script(text, args=args, path=saved.get("path"))
+    script = parse_launcher_script(text, args=args, path=saved.get("path"), scheduler=cluster_geometry(cluster))
     script.extra_flags = [str(f) for f in saved.get("extra_flags", [])]
     return script

@@ -74,6 +74,8 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
         fields["moe_layer_pattern"] = _pattern_from_freq(freq, num_layers, f"{where}:moe_layer_freq")
     if "seq_length" in training:
         fields["seq_length"] = training["seq_length"]
+    if "moe_router_pre_softmax" not in fields and needs_pre_softmax(fields):
+        fields["moe_router_pre_softmax"] = True  # Megatron: "Please use --moe-router-pre-softmax when topk is 1."
     try:
         model = ModelSpec(**fields)
     except ValidationError as exc:
@@ -82,6 +84,14 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
         msg = str(err.get("msg")).removeprefix("Value error, ")
         raise PlannerInputError(f"{where}:{key}" if key else where, msg) from None
     return model, dict(training)
+
+
+def needs_pre_softmax(fields: dict[str, Any]) -> bool:
+    """A softmax top-1 router (not sinkhorn): Megatron computes the softmax before the top-k there
+    (a softmax over one score has no gradient), so a model file that does not say gets it."""
+    return (bool(fields.get("num_experts")) and fields.get("moe_router_topk", 2) == 1
+            and fields.get("moe_router_score_function", "softmax") == "softmax"
+            and fields.get("moe_router_load_balancing_type", "aux_loss") != "sinkhorn")
 
 
 def _check_training(training: dict[str, Any], where: str) -> None:

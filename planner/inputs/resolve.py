@@ -10,12 +10,13 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.files import path_kind
-from planner.inputs.hf_config import looks_like_hf_config, model_from_hf_config, read_hf_config
-from planner.inputs.megatron_flags import RunDraft, build_run, parse_megatron_draft
+from planner.inputs.hf_config import hf_config_notes, looks_like_hf_config, model_from_hf_config, read_hf_config
+from planner.inputs.megatron_flags import RunDraft, build_run, drop_flags, is_flag_token, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
-from planner.inputs.script import read_launcher_script
+from planner.inputs.script import cluster_geometry, read_launcher_script, scheduler_fix
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
+from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
@@ -159,6 +160,7 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
             name = path.stem
         if looks_like_hf_config(data):
             draft = _draft_from_spec(model_from_hf_config(data, name), {"global_batch_size": DEFAULT_GLOBAL_BATCH})
+            draft.notes.extend(hf_config_notes(data))
             return draft, "hf-config", str(path)  # the batch is printed as assumed (planner/inputs/assumed.py)
         spec, training = model_from_mapping(data, name=name, where=str(path))
         return _draft_from_spec(spec, training), "model-file", str(path)
@@ -167,12 +169,56 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
     return _draft_from_spec(spec, training), ("preset" if is_preset else "model-file"), (spec.name if is_preset else model)
 
 
-def read_script(megatron_script: str, script_args: Sequence[str] | None = None, extra_flags: Sequence[str] = ()):
-    """The launcher script evaluated with its own arguments (planner.inputs.script); the
-    --megatron-args overrides it was combined with ride along as `extra_flags`."""
-    script = read_launcher_script(Path(megatron_script).expanduser(), args=list(script_args or []))
+def read_script(megatron_script: str, script_args: Sequence[str] | None = None, extra_flags: Sequence[str] = (),
+                *, cluster: ClusterSpec | None = None, deadline: float | None = None):
+    """The launcher script evaluated with its own arguments (planner.inputs.script), as a job on
+    `cluster` (its SLURM_* node counts, where the script has no #SBATCH lines) and stopping at
+    `deadline` (time.monotonic()); the --megatron-args overrides it was combined with ride along as
+    `extra_flags`."""
+    script = read_launcher_script(Path(megatron_script).expanduser(), args=list(script_args or []),
+                                  scheduler=cluster_geometry(cluster), deadline=deadline)
     script.extra_flags = list(extra_flags)
     return script
+
+
+# CLI overrides that replace one flag's value: the script's own value is dropped before reading, so
+# that an override fixes a value the script gets wrong (GBS 0 from an unset SLURM_NNODES)
+_VALUE_OVERRIDES = {"gbs": "--global-batch-size", "mbs": "--micro-batch-size", "seq": "--seq-length"}
+
+
+def _script_flags(script, extra: list[str], overrides: Mapping[str, Any]) -> list[str]:
+    """The script's flags without those --megatron-args or a value override give again, then the
+    --megatron-args (as argparse, the later value wins; the earlier one is not read at all)."""
+    given = {tok.split("=", 1)[0] for tok in extra if is_flag_token(tok)}
+    given |= {flag for key, flag in _VALUE_OVERRIDES.items() if overrides.get(key) is not None}
+    return drop_flags(script.megatron_flags, given) + extra
+
+
+def explain_script_error(exc: PlannerInputError, script) -> PlannerInputError:
+    """A flag error, with what in the script made the value: an unquoted array element bash split,
+    a scheduler variable unset here, a file `source`d that is not here, a command's output."""
+    text = str(exc)
+    hints: list[str] = []
+    for where, array, element, words in script.split_elements:
+        if any(f"unexpected value {w!r}" in text for w in element.split()[1:]):
+            hints.append(f"bash splits the unquoted ${{{array}[@]}} ({where}): its element {element!r} reaches "
+                         f"the entry script as {words} separate words, which Megatron's parser refuses; quote the "
+                         f"expansion (\"${{{array}[@]}}\")")
+            break
+    for name, where in script.scheduler_unset.items():
+        hints.append(f"the script reads {name} ({where}), which the scheduler sets when the job runs and which is "
+                     f"unset here (empty; 0 in arithmetic): {scheduler_fix(name)}")
+    literal = [u for u in script.unresolved if u in text]
+    for where, target in script.missing_sources:
+        if literal:
+            hints.append(f"{', '.join(literal)} may come from `source {target}` ({where}), a file that is not "
+                         "here; put it next to the script, or give the value with --megatron-args")
+    if literal and not script.missing_sources:
+        hints.append(f"{', '.join(literal)} is text bash expands when the script runs (a command's output or an "
+                     "environment variable the script never sets); give the value with --megatron-args")
+    if not hints:
+        return exc
+    return PlannerInputError(exc.field, str(exc)[len(exc.field) + 2:] + "; " + "; ".join(hints))
 
 
 def script_override_flags(megatron_args: str | list[str] | None, overrides: Mapping[str, Any] | None = None,
@@ -207,6 +253,8 @@ def resolve_run(
     overrides: Mapping[str, Any] | None = None,
     notes: list[str] | None = None,
     allow_invalid: bool = False,
+    cluster: ClusterSpec | None = None,
+    script_deadline: float | None = None,
 ) -> MegatronRun:
     """Read the run from one source (--model, --megatron-args, or --megatron-script with
     --megatron-args as overrides on top), apply `overrides` (keys: OVERRIDE_KEYS), and validate.
@@ -215,7 +263,12 @@ def resolve_run(
     MoE model with TP>1 gets sequence parallelism (Megatron requires it).  What was assumed or
     not modelled (the vocabulary, the global batch, fork flags, undecided script branches) is
     appended to `notes`, one line each, for the caller to print.  Degrees Megatron would refuse
-    raise PlannerInputError with Megatron's message, unless `allow_invalid` (then: a note)."""
+    raise PlannerInputError with Megatron's message, unless `allow_invalid` (then: a note).
+
+    `cluster`: the script is read as a job on it (SLURM_* node counts where it has no #SBATCH lines);
+    `script_deadline` (time.monotonic()): reading the script stops there (the command's time limit).
+    A flag the script gets wrong is fixed by an override: --gbs/--mbs/--seq and --megatron-args replace
+    the script's own value before it is read; a flag error names what in the script made the value."""
     sources = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
     combined = sources == ["--megatron-args", "--megatron-script"]
     if len(sources) != 1 and not combined:
@@ -230,6 +283,7 @@ def resolve_run(
         world_size = _positive_int("world-size", world_size)
     sink = notes if notes is not None else []
     flags: list[str] = []
+    script = None
     if model is not None:
         draft, source, source_name = _draft_from_model(model)
     elif megatron_script is None:
@@ -238,10 +292,13 @@ def resolve_run(
         source, source_name = "flags", "--megatron-args"
     else:
         extra = _split_args(megatron_args) if megatron_args is not None else []
-        script = read_script(megatron_script, script_args, extra)
+        script = read_script(megatron_script, script_args, extra, cluster=cluster, deadline=script_deadline)
         sink.extend(script.warnings)
-        flags = list(script.megatron_flags) + extra
-        draft = parse_megatron_draft(flags, name=Path(megatron_script).stem)
+        flags = _script_flags(script, extra, overrides or {})
+        try:
+            draft = parse_megatron_draft(flags, name=Path(megatron_script).stem)
+        except PlannerInputError as exc:
+            raise explain_script_error(exc, script) from None
         source, source_name = "flags", str(megatron_script)
         ws = script.world_size
         if world_size is None and isinstance(ws, int) and ws > 0:
@@ -250,7 +307,10 @@ def resolve_run(
     apply_overrides(draft, overrides or {})
     _require_sp_for_moe(draft, explicit=(overrides or {}).get("sequence_parallel"))
     stated_training, stated_model = dict(draft.training), dict(draft.model)
-    run = build_run(draft, world_size=world_size, allow_invalid=allow_invalid)
+    try:
+        run = build_run(draft, world_size=world_size, allow_invalid=allow_invalid)
+    except PlannerInputError as exc:
+        raise (explain_script_error(exc, script) if script is not None else exc) from None
     sink.extend(n for n in draft.notes if n not in sink)
     assumed = input_assumptions(run, source=source, source_name=source_name, stated_training=stated_training,
                                 stated_model=stated_model, flags=flags, overrides=overrides)

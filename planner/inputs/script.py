@@ -3,52 +3,68 @@
 `parse_launcher_script(text, args=..., path=...)` evaluates the script in a small interpreter for
 the subset of bash that training launchers use, until the statement that starts training (a
 `torchrun ... pretrain_gpt.py <flags>`, `python -m torch.distributed.run|launch ...`,
-`python <train>.py ...`, possibly behind `srun`/`mpirun`, inside `bash -c "..."`, or run by
-`eval "$cmd"`), and returns the flags given to the entry script.
+`python <train>.py ...`, possibly behind `srun`/`mpirun`, inside `bash -c "..."`, run by
+`eval "$cmd"`, or in the job script of `sbatch <<EOF` / `sbatch FILE`), and returns the flags given
+to the entry script.
 
 What it evaluates:
-  * variables, `${X:-default}` and the other `${...}` forms, `$((...))`, quoting, word splitting,
-    arrays (`A=(...)`, `A+=(...)`, `"${A[@]}"`, `${#A[@]}`), `export`/`declare`/`local`/`unset`;
+  * variables, `${X:-default}` and the other `${...}` forms, `$((...))`, quoting, word splitting by
+    IFS, arrays (`A=(...)`, `A+=(...)`, `"${A[@]}"`, `${#A[@]}`), `export`/`declare`/`local`/`unset`,
+    `declare -i`, `let`, `printf -v`, `read` from a here-string or here-document;
   * the script's own arguments (`$1`, `"$@"`, `$#`, `shift`, `set --`), given by the caller;
   * `if`/`elif`/`else`, `case`, `for`, `while`/`until` (also `while [[ $# -gt 0 ]]; do case $1 in
     ...; esac; shift; done` and `while getopts ...` option loops), `&&`/`||`, `[ ]`, `[[ ]]`,
-    `test`, `(( ))`, functions;
-  * `source FILE` / `. FILE` (read relative to the script), `eval`, and `bash -c STRING`.
+    `test`, `(( ))`, functions, `set -e` (a failing command stops the script, as in bash);
+  * `$(...)` and backquotes whose commands only print what is known: echo, printf, the script's
+    own functions that do, `cat <<EOF`, expr, seq, basename, dirname;
+  * `source FILE` / `. FILE` (read relative to the script), `eval`, `bash -c STRING`, here-documents;
+  * a Slurm job's SLURM_* variables, from its `#SBATCH` lines (or the cluster, `scheduler=`).
 
-What it cannot know (a command's output `$(...)`, an environment variable the script never sets,
-whether a file exists on the cluster) is handled so the result is predictable:
+What it cannot know (a program's output `$(hostname)`, an environment variable the script never
+sets, whether a file exists on the cluster) is handled so the result is predictable:
   * in a flag value it stays literal text (`${DATA_PATH}`, `$(date)`), listed in `unresolved`;
   * in a condition, an unset variable reads as unset (empty), and a test that cannot be decided
     (a file test, an external command) reads as false; the branch it guards is skipped.
   Every such reading of a branch that holds flags is recorded in `decisions` and reported in
-  `warnings`: which line, which way it was read, and which flags the branch holds.
+  `warnings`: which line, which way it was read, and which flags the branch holds.  So are a
+  scheduler's variable read while unset (`$SLURM_NNODES`), a sourced file that is not here, an entry
+  script other than pretrain_gpt.py, and every later launch of the script (a second pass reads on
+  past the first one, SCAN_STEPS_AFTER_LAUNCH statements at most).
+
+Refused, as bash or Megatron would not run them: a script that exits (or stops under `set -e`)
+before it launches; a lone space argument (`\\ ` at the end of a line); an entry script that builds
+another model (pretrain_bert.py, NON_GPT_ENTRIES).
 
 Limits (a hostile or broken script is refused with one line naming the file and line, never a
 hang): expansions nested more than MAX_NESTING deep, unterminated quotes or brackets, arithmetic
-with more than MAX_ARITH_CHARS characters (and 64-bit wrap-around, as bash), more than MAX_STEPS
-evaluation steps (a loop that never ends), eval/source/function calls deeper than MAX_DEPTH.
-Lexing and evaluation are linear in the script's size.
+with more than MAX_ARITH_CHARS characters (and 64-bit wrap-around, as bash), more than `max_steps`
+statements (MAX_STEPS; a loop that never ends), reading past `deadline` (the command's time limit),
+eval/source/function calls deeper than MAX_DEPTH.  Lexing and evaluation are linear in the
+script's size.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from planner.errors import PlannerInputError
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
+from planner.inputs.shell.builtins import SchedulerValue, sbatch_values
 from planner.inputs.shell.interp import (
     MAX_DEPTH, MAX_SCRIPT_BYTES, MAX_STEPS, BranchDecision, LaunchSite, Break, Continue, ScriptExit, Interp, Launched,
     Return,
 )
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
+from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
 
 __all__ = [
-    "FIELD", "MAX_ARITH_CHARS", "MAX_DEPTH", "MAX_NESTING", "MAX_SCRIPT_BYTES", "MAX_STEPS", "BranchDecision",
+    "FIELD", "NON_GPT_ENTRIES", "SchedulerValue", "cluster_geometry", "scheduler_fix", "MAX_ARITH_CHARS", "MAX_DEPTH", "MAX_NESTING", "MAX_SCRIPT_BYTES", "MAX_STEPS", "BranchDecision",
     "LaunchSite", "LauncherScript", "eval_arith", "parse_launcher_script", "read_launcher_script",
 ]
 
@@ -76,6 +92,9 @@ class LauncherScript:
     decisions: list[BranchDecision] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    scheduler_unset: dict[str, str] = field(default_factory=dict)  # scheduler variable read while unset -> where
+    missing_sources: list[tuple[str, str]] = field(default_factory=list)  # (where, file) of a `source` not found
+    split_elements: list[tuple[str, str, str, int]] = field(default_factory=list)  # (where, array, element, words)
 
     @property
     def lines(self) -> list[str]:
@@ -135,56 +154,64 @@ def _wrapper_world(words: list[str]) -> int | None:
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
-_PARSED: dict[tuple[str | None, str], Any] = {}  # (path, text) -> syntax tree; `solve` reads a script twice
+_PARSED: dict[tuple[str | None, str], Any] = {}  # (path, text) -> (syntax tree, stray `\\ ` lines)
 
 
 def _parsed(text: str, path_text: str | None):
-    """The script's syntax tree (the interpreter only reads it), kept for the last few scripts:
-    `solve --megatron-script` evaluates the script for its inputs and again for the launcher, and
-    lexing a large script is most of the reading time."""
+    """The script's syntax tree (the interpreter only reads it) and the lines that end in a stray
+    `\\ `, kept for the last few scripts: `solve --megatron-script` evaluates the script for its
+    inputs and again for the launcher, and lexing a large script is most of the reading time."""
     key = (path_text, text)
-    body = _PARSED.get(key)
-    if body is None:
-        body = parse(text, path_text, 0)
+    hit = _PARSED.get(key)
+    if hit is None:
+        stray: list[int] = []
+        hit = (parse(text, path_text, 0, stray=stray), stray)
         if len(_PARSED) >= 4:
             _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = body
-    return body
+        _PARSED[key] = hit
+    return hit
+
+
+SCAN_STEPS_AFTER_LAUNCH = 20_000  # statements read past the launch, looking for other launches
+
+# Megatron-LM entry scripts that build another model than the GPT decoder the planner prices
+NON_GPT_ENTRIES = {
+    "pretrain_bert.py": "BERT", "pretrain_t5.py": "T5", "pretrain_ict.py": "an ICT (BERT) retriever",
+    "pretrain_retro.py": "RETRO", "pretrain_vlm.py": "a vision-language model", "pretrain_mamba.py": "a Mamba hybrid",
+    "pretrain_hybrid.py": "a Mamba hybrid", "pretrain_vision_classify.py": "a vision transformer",
+    "pretrain_vision_dino.py": "a vision transformer", "pretrain_vision_inpaint.py": "a vision transformer",
+}
+# entry scripts of Megatron-LM and its forks that build Megatron's GPT decoder from these flags
+_GPT_ENTRY = re.compile(r"(pre|post)train_gpt\.py|train_gpt\.py|pretrain_(mcore_)?(qwen|llama|mistral|mixtral|deepseek|"
+                        r"gpt_oss|moe)\w*\.py")
 
 
 def parse_launcher_script(
-    text: str, *, args: Iterable[str] | None = None, path: str | Path | None = None
+    text: str, *, args: Iterable[str] | None = None, path: str | Path | None = None,
+    scheduler: Iterable[SchedulerValue] = (), deadline: float | None = None, max_steps: int = MAX_STEPS,
 ) -> LauncherScript:
     """Evaluate a bash launcher script with the given arguments; see the module docstring.
 
+    `scheduler`: the job geometry known before the script runs (SLURM_* from `#SBATCH` lines and the
+    cluster, planner.inputs.shell.builtins.SchedulerValue); the script's own `#SBATCH` lines are read
+    here and win.  `deadline` (a time.monotonic() value) and `max_steps` bound the reading: past
+    either, the reader stops with PlannerInputError naming the line it reached.
+
     Raises PlannerInputError naming the script file and line for a syntax error, a hostile
     construct, or a script that exits before it launches; naming --megatron-script when no
-    statement runs a Python entry script."""
+    statement runs a Python entry script, or when it runs one that builds another model."""
     path_text = str(path) if path is not None else None
     given = list(args) if args is not None else []
     if len(text) > MAX_SCRIPT_BYTES:
         raise PlannerInputError(path_text or FIELD, f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
     try:
-        body = _parsed(text, path_text)
+        body, stray = _parsed(text, path_text)
     except RecursionError:  # a last guard; the nesting limits refuse such scripts first
         raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
-    interp = Interp(text, path_text, given)
-    try:
-        interp.run_list(body)
-    except Launched:
-        pass
-    except ScriptExit as exc:
-        if interp.found is None:
-            where = interp.where(exc.line, exc.src)
-            hint = "" if given else "; pass the script's own arguments after `--`"
-            why = f" ({exc.message})" if exc.message else ""
-            raise PlannerInputError(
-                where, f"the script exits here (status {exc.status}){why} before it runs a launch command{hint}"
-            ) from None
-    except (Break, Continue, Return):
-        pass
-    except RecursionError:  # a last guard; the nesting limits above refuse such scripts first
-        raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
+    geometry = {v.name: v for v in scheduler} | {v.name: v for v in sbatch_values(text)}
+    interp = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=max_steps)
+    interp.stray_lines += [(0, k) for k in stray]
+    _run(interp, body, given)
     found = interp.found
     if found is None:
         extra = f" (not a training entry: {', '.join(interp.skipped_launches)})" if interp.skipped_launches else ""
@@ -192,8 +219,52 @@ def parse_launcher_script(
             FIELD,
             f"{path_text or 'the script'}: no command runs a Python training entry script (expected "
             "`torchrun [args] pretrain_gpt.py <flags>`, `python -m torch.distributed.run [args] <script>.py "
-            f"<flags>` or `python <train>.py <flags>`, possibly behind srun/mpirun, eval or bash -c){extra}",
+            f"<flags>` or `python <train>.py <flags>`, possibly behind srun/mpirun, eval, bash -c or sbatch){extra}",
         )
+    _check_launch(interp, found)
+    warnings = _warnings(interp, found, path_text)
+    warnings += _other_launches(text, path_text, given, body, geometry, interp, deadline, max_steps)
+    return _script_of(interp, found, text, path_text, given, warnings)
+
+
+def _run(interp: Interp, body: list, given: list[str]) -> None:
+    """Evaluate until the launch (or the end)."""
+    try:
+        interp.run_list(body)
+    except Launched:
+        pass
+    except ScriptExit as exc:
+        if interp.found is None:
+            where = interp.where(exc.line, exc.src)
+            hint = "" if given or "set -e" in exc.message else "; pass the script's own arguments after `--`"
+            why = f" ({exc.message})" if exc.message else ""
+            raise PlannerInputError(
+                where, f"the script exits here (status {exc.status}){why} before it runs a launch command{hint}"
+            ) from None
+    except (Break, Continue, Return):
+        pass
+    except RecursionError:  # a last guard; the nesting limits above refuse such scripts first
+        raise PlannerInputError(interp.path or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
+
+
+def _check_launch(interp: Interp, found) -> None:
+    """What bash would run but Megatron would not take: a lone blank argument (a backslash followed by
+    a space where a line continuation was meant), an entry script that builds another model."""
+    entry = found.entry.rsplit("/", 1)[-1]
+    if entry in NON_GPT_ENTRIES:
+        raise PlannerInputError(
+            FIELD, f"{interp.where(found.line)}: {found.entry} builds {NON_GPT_ENTRIES[entry]}, not the GPT decoder "
+            "(pretrain_gpt.py) the planner prices and plans; it cannot plan this launch")
+    if any(tok and not tok.strip() for tok in found.flags):
+        lines = sorted({line for src, line in interp.stray_lines})
+        where = ", ".join(interp.where(line) for line in lines) or interp.where(found.line)
+        raise PlannerInputError(
+            where, f"a backslash followed by a space (`\\ `) ends this line: bash passes a lone space to {entry} "
+            "as an argument and ends the command at the end of the line, so the flags on the next lines are not "
+            "part of it (Megatron refuses the space); remove the blank after the backslash")
+
+
+def _warnings(interp: Interp, found, path_text: str | None) -> list[str]:
     warnings = list(interp.warnings)
     for d in interp.decisions:
         warnings.append(d.message(path_text))
@@ -201,6 +272,69 @@ def parse_launcher_script(
         warnings.append(
             "kept as literal text (bash expands them when the launcher runs): " + ", ".join(interp.unresolved)
         )
+    entry = found.entry.rsplit("/", 1)[-1]
+    if not _GPT_ENTRY.fullmatch(entry):
+        warnings.append(f"{interp.where(found.line)}: the entry script {found.entry} is not pretrain_gpt.py: it is "
+                        "planned as Megatron's GPT decoder with these flags; if it builds another model the plan "
+                        "does not hold")
+    for name, line in interp.scheduler_used.items():
+        value = interp.scheduler[name]
+        warnings.append(f"{interp.where(line)}: {name}={value.value} (set by the scheduler when the job runs), "
+                        f"from {value.source}")
+    for name, line in interp.scheduler_unset.items():
+        warnings.append(f"{interp.where(line)}: {name} is set by the scheduler or launcher when the job runs and is "
+                        "unset here, so it reads as empty (0 in arithmetic); " + scheduler_fix(name))
+    return warnings
+
+
+def scheduler_fix(name: str) -> str:
+    """How to give the reader a scheduler variable's value."""
+    if name in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        how = "add `#SBATCH --nodes=N` to the script, or give --cluster the nodes"
+    elif name in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        how = "add `#SBATCH --nodes=N` and `#SBATCH --ntasks-per-node=K` to the script"
+    elif name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        how = "add `#SBATCH --gpus-per-node=G` to the script"
+    else:
+        how = f"give {name} a default in the script (`${{{name}:-VALUE}}`)"
+    return how + "; flags computed from it can be set with --gbs / --mbs / --tp ... or --megatron-args"
+
+
+def _other_launches(text: str, path_text: str | None, given: list[str], body: list, geometry: dict,
+                    first: Interp, deadline: float | None, max_steps: int) -> list[str]:
+    """A second pass that goes on past every launch: the script's other launch statements, named (the
+    plan covers the first one only)."""
+    budget = min(max_steps, first.steps + SCAN_STEPS_AFTER_LAUNCH)
+    second = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=budget)
+    second.scan_launches = []
+    stopped = ""
+    try:
+        second.run_list(body)
+    except PlannerInputError:
+        stopped = second.where(*second.cur)
+    except (ScriptExit, Break, Continue, Return, RecursionError):
+        pass  # the rest of the script is not needed for the plan
+    first_where = first.where(first.found.line) if first.found is not None else None
+    seen: dict[tuple[str, str], int] = {}
+    for where, entry in second.scan_launches:
+        seen[(where, entry)] = seen.get((where, entry), 0) + 1
+    out: list[str] = []
+    for (where, entry), count in seen.items():
+        times = f" ({count} times)" if count > 1 else ""
+        if where == first_where:
+            if count > 1:
+                out.append(f"{where}: the launch runs {count} times (in a loop); each run gets the plan")
+            continue
+        out.append(f"{where}: the script launches {entry} again{times}; only the first launch ({first_where}) "
+                   "was read and planned; check that this one should run with the plan, or remove it")
+    if stopped:
+        out.append(f"{stopped}: the script goes on past the launch for more than {SCAN_STEPS_AFTER_LAUNCH} "
+                   "statements (a loop?); it was not read further for other launches")
+    return out
+
+
+def _script_of(interp: Interp, found, text: str, path_text: str | None, given: list[str],
+               warnings: list[str]) -> LauncherScript:
     sourced: dict[str, str] = {}
     if interp.script_dir is not None:
         base = Path(interp.script_dir)
@@ -229,11 +363,31 @@ def parse_launcher_script(
         decisions=list(interp.decisions),
         unresolved=list(interp.unresolved),
         warnings=warnings,
+        scheduler_unset={n: interp.where(line) for n, line in interp.scheduler_unset.items()},
+        missing_sources=list(interp.missing_sources),
+        split_elements=[(interp.where(line), name, element, n) for line, name, element, n in interp.split_elements],
     )
 
 
-def read_launcher_script(path: str | Path, args: Iterable[str] | None = None) -> LauncherScript:
-    """Read and evaluate a launcher script file; a missing or unreadable file names --megatron-script."""
+def cluster_geometry(cluster: ClusterSpec | None) -> list[SchedulerValue]:
+    """The SLURM_* node counts a job on `cluster` would see (GPUs per node only when every node has
+    the same number); the script's own `#SBATCH` lines win over these."""
+    if cluster is None:
+        return []
+    nodes = str(sum(g.num_nodes for g in cluster.groups))
+    source = "--cluster"
+    out = [SchedulerValue(n, nodes, f"{source} ({nodes} nodes)") for n in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")]
+    sizes = {g.gpus_per_node for g in cluster.groups}
+    if len(sizes) == 1:
+        gpn = str(sizes.pop())
+        out += [SchedulerValue(n, gpn, f"{source} ({gpn} GPUs per node)") for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
+    return out
+
+
+def read_launcher_script(path: str | Path, args: Iterable[str] | None = None, *,
+                         scheduler: Iterable[SchedulerValue] = (), deadline: float | None = None) -> LauncherScript:
+    """Read and evaluate a launcher script file (see parse_launcher_script); a missing or unreadable
+    file names --megatron-script."""
     p = Path(path)
     try:
         if p.stat().st_size > MAX_SCRIPT_BYTES:
@@ -245,4 +399,4 @@ def read_launcher_script(path: str | Path, args: Iterable[str] | None = None) ->
         raise PlannerInputError(FIELD, f"{p} is a directory, not a script") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PlannerInputError(FIELD, f"cannot read {p}: {exc}") from None
-    return parse_launcher_script(text, args=args, path=str(p))
+    return parse_launcher_script(text, args=args, path=str(p), scheduler=scheduler, deadline=deadline)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.errors import PlannerInputError
-from planner.inputs.megatron_flags import is_flag_token
+from planner.inputs.megatron_flags import drop_flags, is_flag_token
 from planner.inputs.script import LauncherScript
 from planner.megatron.flags import (
     CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
@@ -79,19 +79,7 @@ def apply_plan(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: I
     """The entry script's flags after the plan: the user's flags minus every decided flag (with
     the values that follow it; `--flag=value` takes none), then the applied items.  Exactly what
     `hapmoe_launch` does in bash."""
-    decided = set(decided)
-    out: list[str] = []
-    skip = False
-    for tok in user_argv:
-        if is_flag_token(tok):
-            name = tok.split("=", 1)[0]
-            if name in decided:
-                skip = "=" not in tok
-                continue
-            skip = False
-        elif skip:
-            continue
-        out.append(tok)
+    out = drop_flags(user_argv, set(decided))
     for item in applied:
         out += item.tokens()
     return out

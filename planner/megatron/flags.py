@@ -56,6 +56,19 @@ class Read:
     min_value: float | None = None
     max_value: float | None = None
     observe: bool = False
+    exclusive_min: bool = False  # a float must lie strictly above min_value
+    fork_choices: tuple["ForkChoice", ...] = ()
+
+
+@dataclass(frozen=True)
+class ForkChoice:
+    """A value a fork of Megatron-LM adds to a flag's choices: which fork, the upstream value the cost
+    model prices it as, and what that leaves out (named beside the prediction)."""
+
+    value: str
+    fork: str
+    priced_as: str
+    why: str
 
 
 # write(value of the row's field (None without one), the spec) -> the flag's values ([] for a
@@ -86,12 +99,28 @@ def _int(min_value: int = 1, max_value: int = MAX_SIZE, observe: bool = False) -
     return Read("", "int", min_value=min_value, max_value=max_value, observe=observe)
 
 
-def _str(*choices: str, observe: bool = False) -> Read:
-    return Read("", "str", choices=choices, observe=observe)
+def _str(*choices: str, observe: bool = False, forks: tuple[ForkChoice, ...] = ()) -> Read:
+    return Read("", "str", choices=choices, observe=observe, fork_choices=forks)
 
 
-def _list(*choices: str, observe: bool = False) -> Read:
-    return Read("", "list", choices=choices, observe=observe)
+def _float(min_value: float | None = 0.0, max_value: float | None = None) -> Read:
+    """A finite float above `min_value` (None: any), at most `max_value`."""
+    return Read("", "float", min_value=min_value, max_value=max_value, exclusive_min=min_value is not None)
+
+
+def _list(*choices: str, observe: bool = False, forks: tuple[ForkChoice, ...] = ()) -> Read:
+    return Read("", "list", choices=choices, observe=observe, fork_choices=forks)
+
+
+# values the forks add to upstream's choices (MindSpeed / MindSpeed-LLM parsers, Ascend/MindSpeed-LLM@c77308a1)
+_FORK_DISPATCHERS = (
+    ForkChoice("alltoall_seq", "MindSpeed", "alltoall", "the older all-to-all dispatcher over the sequence dim"),)
+_FORK_BALANCING = tuple(ForkChoice(v, "MindSpeed-LLM", "aux_loss", why) for v, why in (
+    ("pai_megatron_aux_loss", "Pai-Megatron's auxiliary loss"),
+    ("group_limited_greedy", "DeepSeek-V2's group-limited routing"),
+    ("softmax_topk", "a plain softmax top-k router"),
+    ("sparsemixer_topk", "SparseMixer routing")))
+_FORK_POSITIONS = (ForkChoice("alibi", "MindSpeed", "none", "ALiBi attention biases: no position parameters"),)
 
 
 _TRUE = Read("", "true")
@@ -144,7 +173,7 @@ def _rows(*flags: Flag) -> tuple[Flag, ...]:
 # The table.  Each section in the order the launcher writes its flags; `field` names a field of the
 # section's spec.
 # --------------------------------------------------------------------------------------------------
-MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
+MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is written back
     Flag("--num-layers", _int(1, MAX_COUNT), "num_layers", array=MODEL_ARGS, write=_value()),
     Flag("--hidden-size", _int(), "hidden_size", array=MODEL_ARGS, write=_value()),
     Flag("--ffn-hidden-size", _int(), "ffn_hidden_size", array=MODEL_ARGS, write=_value()),
@@ -159,13 +188,31 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
     Flag("--vocab-size", _int(), "vocab_size", array=DATA_ARGS, write=_value()),
     Flag("--make-vocab-size-divisible-by", _int(), "make_vocab_size_divisible_by", array=MODEL_ARGS,
          write=_value(unless=128)),
+    # positions
+    Flag("--position-embedding-type",
+         _str("learned_absolute", "rope", "yarn", "mrope", "relative", "none", forks=_FORK_POSITIONS),
+         "position_embedding_type", derived=True, array=MODEL_ARGS, write=_value(unless="learned_absolute")),
+    Flag("--use-rotary-position-embeddings", _SEEN, "position_embedding_type", derived=True,
+         array=MODEL_ARGS),  # the older spelling of --position-embedding-type rope
+    Flag("--rotary-base", _int(), "rotary_base", array=MODEL_ARGS, write=_value(unless=10000)),
+    Flag("--rotary-percent", _float(0.0, 1.0), "rotary_percent", array=MODEL_ARGS, write=_value(unless=1.0)),
+    Flag("--use-rope-scaling", _TRUE, "use_rope_scaling", array=MODEL_ARGS, write=_switch()),
+    Flag("--rope-scaling-factor", _float(), "rope_scaling_factor", array=MODEL_ARGS, write=_value(unless=8.0)),
+    Flag("--rotary-scaling-factor", _float(), "rotary_scaling_factor", array=MODEL_ARGS, write=_value(unless=1.0)),
+    Flag("--mscale", _float(None), "mscale", array=MODEL_ARGS, write=_value(unless=1.0)),
+    Flag("--mscale-all-dim", _float(None), "mscale_all_dim", array=MODEL_ARGS, write=_value(unless=0.0)),
+    # activation, norm, biases, embeddings
     Flag("--swiglu", _TRUE, "swiglu", array=MODEL_ARGS, write=_switch()),
+    Flag("--quick-geglu", _TRUE, "quick_geglu", array=MODEL_ARGS, write=_switch()),
+    Flag("--squared-relu", _TRUE, "squared_relu", array=MODEL_ARGS, write=_switch()),
     Flag("--normalization", _str("LayerNorm", "RMSNorm"), "normalization", array=MODEL_ARGS,
          write=_value(unless="LayerNorm")),
+    Flag("--norm-epsilon", _float(), "norm_epsilon", array=MODEL_ARGS, write=_value(unless=1e-5)),
     Flag("--untie-embeddings-and-output-weights", _TRUE, "untie_embeddings_and_output_weights", array=MODEL_ARGS,
          write=_switch()),
     Flag("--disable-bias-linear", Read("add_bias_linear", "false"), "add_bias_linear", array=MODEL_ARGS,
          write=_switch(on=False)),
+    Flag("--add-qkv-bias", _TRUE, "add_qkv_bias", array=MODEL_ARGS, write=_switch()),
     Flag("--qk-layernorm", _TRUE, "qk_layernorm", array=MODEL_ARGS, write=_switch()),
     # multi-latent attention
     Flag("--multi-latent-attention", _TRUE, "multi_latent_attention", array=MODEL_ARGS, write=_switch()),
@@ -181,40 +228,59 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7)
     Flag("--moe-ffn-hidden-size", _int(), "moe_ffn_hidden_size", array=MOE_ARGS, write=_value(when=_moe)),
     Flag("--moe-shared-expert-intermediate-size", _int(), "moe_shared_expert_intermediate_size", array=MOE_ARGS,
          write=_value(when=_moe)),
+    Flag("--moe-shared-expert-gate", _TRUE, "moe_shared_expert_gate", array=MOE_ARGS, write=_switch(when=_moe)),
     Flag("--moe-layer-freq", _str(), "moe_layer_pattern", derived=True, array=MOE_ARGS,
          write=lambda v, m: [moe_layer_freq_text(v)] if m.is_moe and v is not None else None),
     Flag("--moe-expert-capacity-factor", Read("", "float"), "moe_expert_capacity_factor", derived=True,
          array=MOE_ARGS, write=_value(when=_moe)),
-    Flag("--moe-token-dispatcher-type", _str("allgather", "alltoall", "flex"), "moe_token_dispatcher_type",
+    Flag("--moe-token-dispatcher-type", _str("allgather", "alltoall", "flex", forks=_FORK_DISPATCHERS),
+         "moe_token_dispatcher_type",
          array=MOE_ARGS, write=_value(when=_moe)),
     Flag("--moe-grouped-gemm", _TRUE, "moe_grouped_gemm", array=MOE_ARGS, write=_switch(when=_moe)),
     Flag("--moe-router-force-load-balancing", _TRUE, "moe_router_force_load_balancing", array=MOE_ARGS,
          write=_switch(when=_moe)),
-    # observed: read, never decided, passed through as given
+    Flag("--moe-router-score-function", _str("softmax", "sigmoid", "sqrtsoftplus"), "moe_router_score_function",
+         array=MOE_ARGS, write=_value(unless="softmax", when=_moe)),
+    Flag("--moe-router-pre-softmax", _TRUE, "moe_router_pre_softmax", array=MOE_ARGS, write=_switch(when=_moe)),
+    Flag("--moe-router-topk-scaling-factor", _float(), "moe_router_topk_scaling_factor", array=MOE_ARGS,
+         write=_value(when=_moe)),
+    Flag("--moe-router-dtype", _str("fp32", "fp64"), "moe_router_dtype", array=MOE_ARGS, write=_value(when=_moe)),
+    # observed: read, never decided; a script's own tokens pass through as given, a spec's are written
     Flag("--moe-flex-dispatcher-backend", _str("deepep", "hybridep", observe=True), "moe_flex_dispatcher_backend",
-         array=MOE_ARGS),
-    Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS),
+         array=MOE_ARGS, write=_value(unless="deepep", when=lambda m: m.is_moe and m.moe_token_dispatcher_type == "flex")),
+    Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS,
+         write=_switch(when=_moe)),
     Flag("--moe-router-load-balancing-type",
-         _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True),
-         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS),
+         _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True, forks=_FORK_BALANCING),
+         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS, write=_value(unless="aux_loss", when=_moe)),
     Flag("--moe-aux-loss-coeff", Read("", "floats", min_value=0.0, observe=True), "moe_aux_loss_coeff",
-         derived=True, array=MOE_ARGS),
-    Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS),
-    Flag("--moe-router-score-function", _str("softmax", "sigmoid", "sqrtsoftplus", observe=True),
-         "moe_router_score_function", array=MOE_ARGS),
-    Flag("--moe-router-pre-softmax", _SEEN, "moe_router_pre_softmax", array=MOE_ARGS),
-    Flag("--position-embedding-type", _str("learned_absolute", "rope", "yarn", "mrope", "relative", "none",
-                                           observe=True), "position_embedding_type", derived=True, array=MODEL_ARGS),
-    Flag("--use-rotary-position-embeddings", _SEEN, "position_embedding_type", derived=True, array=MODEL_ARGS),
-    Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS),
-    Flag("--moe-router-group-topk", _int(1, MAX_COUNT, observe=True), "moe_router_group_topk", array=MOE_ARGS),
+         derived=True, array=MOE_ARGS, write=_value(unless=0.0, when=_moe)),
+    Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS,
+         write=_switch(when=_moe)),
+    Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS,
+         write=_value(when=_moe)),
+    Flag("--moe-router-group-topk", _int(1, MAX_COUNT, observe=True), "moe_router_group_topk", array=MOE_ARGS,
+         write=_value(when=_moe)),
+    # MindSpeed / MindSpeed-LLM spellings of model settings: read into the model, passed through as given
+    # (their upstream rows above write the model back)
+    Flag("--multi-head-latent-attention", _SEEN, "multi_latent_attention", derived=True, array=MODEL_ARGS),
+    Flag("--qk-nope-head-dim", _int(observe=True), "qk_head_dim", derived=True, array=MODEL_ARGS),
+    Flag("--qk-rope-head-dim", _int(0, observe=True), "qk_pos_emb_head_dim", derived=True, array=MODEL_ARGS),
+    Flag("--moe-intermediate-size", _int(observe=True), "moe_ffn_hidden_size", derived=True, array=MOE_ARGS),
+    Flag("--n-shared-experts", _int(0, observe=True), "moe_shared_expert_intermediate_size", derived=True,
+         array=MOE_ARGS),
+    Flag("--first-k-dense-replace", _int(0, MAX_COUNT, observe=True), "moe_layer_pattern", derived=True,
+         array=MOE_ARGS),
+    Flag("--routed-scaling-factor", Read("", "float", min_value=0.0, exclusive_min=True, observe=True),
+         "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
     # not read: their arrays only
     *(Flag(name, array=MODEL_ARGS) for name in (
-        "--use-mcore-models", "--norm-epsilon", "--rotary-base", "--rotary-percent",
-        "--no-position-embedding", "--init-method-std")),
+        "--use-mcore-models", "--no-position-embedding", "--init-method-std")),
 )
 
 _DTYPES = ("fp32", "fp16", "bf16", "fp8")
+_GRAPH_MODULES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+_GRAPH_MEMORY = "CUDA graphs: the graph pools' memory (their saving in host time is priced)"
 TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--micro-batch-size", _int(), "micro_batch_size", decided=True, array=TRAINING_ARGS, override="mbs"),
     Flag("--global-batch-size", _int(), "global_batch_size", decided=True, array=TRAINING_ARGS, override="gbs"),
@@ -230,12 +296,26 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--main-params-dtype", _str("fp32", "fp16", observe=True), "main_params_dtype", array=TRAINING_ARGS),
     Flag("--exp-avg-dtype", _str(*_DTYPES, observe=True), "exp_avg_dtype", array=TRAINING_ARGS),
     Flag("--exp-avg-sq-dtype", _str(*_DTYPES, observe=True), "exp_avg_sq_dtype", array=TRAINING_ARGS),
+    # observed: they change activation memory (planner/cost/memory.py), never decided
+    Flag("--attention-backend", _str("flash", "fused", "unfused", "local", "auto", observe=True), "attention_backend",
+         array=MODEL_ARGS),
+    Flag("--hidden-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "hidden_dropout",
+         array=MODEL_ARGS),
+    Flag("--attention-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "attention_dropout",
+         array=MODEL_ARGS),
     Flag("--overlap-moe-expert-parallel-comm", _SEEN, "overlap_moe_expert_parallel_comm", array=TRAINING_ARGS),
     Flag("--delay-wgrad-compute", _SEEN, "delay_wgrad_compute", array=TRAINING_ARGS),
     Flag("--moe-shared-expert-overlap", _SEEN, "moe_shared_expert_overlap", array=MOE_ARGS),
     Flag("--cp-comm-type", _list("p2p", "a2a", "allgather", "a2a+p2p", observe=True), "cp_comm_type", derived=True,
          array=PARALLEL_ARGS),
     Flag("--use-distributed-optimizer", _TRUE, "use_distributed_optimizer", array=PARALLEL_ARGS, write=_switch()),
+    Flag("--use-megatron-fsdp", _SEEN, "use_megatron_fsdp", array=PARALLEL_ARGS),
+    Flag("--cuda-graph-impl", _str("none", "local", "transformer_engine", "full_iteration", observe=True),
+         "cuda_graph_impl", array=TRAINING_ARGS, not_modelled=_GRAPH_MEMORY),
+    *(Flag(name, _list(*_GRAPH_MODULES, observe=True), "cuda_graph_scope", array=TRAINING_ARGS,
+           not_modelled=_GRAPH_MEMORY) for name in ("--cuda-graph-scope", "--cuda-graph-modules")),
+    Flag("--data-parallel-sharding-strategy", _str("no_shard", "optim", "optim_grads", "optim_grads_params",
+                                                   observe=True), "data_parallel_sharding_strategy", array=PARALLEL_ARGS),
     Flag("--overlap-grad-reduce", _TRUE, "overlap_grad_reduce", array=PARALLEL_ARGS, write=_switch()),
     Flag("--overlap-param-gather", _TRUE, "overlap_param_gather", array=PARALLEL_ARGS, write=_switch()),
     Flag("--tp-comm-overlap", _TRUE, "tp_comm_overlap", array=PARALLEL_ARGS, write=_switch()),
@@ -292,7 +372,6 @@ OTHER_FLAGS = _rows(
     # Flags that change time or memory but that the cost model does not price: each one present is
     # named beside the prediction.  When one becomes modelled, give it a field and price it.
     *(Flag(name, not_modelled=text) for name, text in (
-        ("--data-parallel-sharding-strategy", "FSDP sharding strategy: memory and communication"),
         ("--fine-grained-activation-offloading", "offloads activations to host memory: activation memory lower, "
                                                  "PCIe traffic added"),
         ("--optimizer-cpu-offload", "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
@@ -318,7 +397,7 @@ OTHER_FLAGS = _rows(
     )),
 )
 
-_FSDP = "shards parameters, gradients and optimizer states (FSDP): memory lower and extra parameter all-gathers per layer"
+
 SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, passed through as given
     Flag("--hierarchical-context-parallel-sizes", Read("", "ints", min_value=1, observe=True),
          "hierarchical_context_parallel_sizes", array=PARALLEL_ARGS,
@@ -330,22 +409,12 @@ SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, pas
     Flag("--num-distributed-optimizer-instances", _int(observe=True), "num_distributed_optimizer_instances",
          array=PARALLEL_ARGS),
     Flag("--ckpt-format", _str(observe=True), "ckpt_format", array=LOGGING_ARGS),
-    Flag("--use-megatron-fsdp", _SEEN, "use_megatron_fsdp", not_modelled=_FSDP),
     Flag("--use-torch-fsdp2", _SEEN, "use_torch_fsdp2",
          not_modelled="PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
     Flag("--transformer-impl", _str("transformer_engine", "local", "inference_optimized", observe=True),
          "transformer_impl", array=MODEL_ARGS),
-    Flag("--cuda-graph-impl", _str("none", "local", "transformer_engine", "full_iteration", observe=True),
-         "cuda_graph_impl", derived=True, not_modelled=_GRAPHS),
-    Flag("--enable-cuda-graph", _SEEN, "cuda_graph_impl", derived=True, not_modelled=_GRAPHS),
-    Flag("--external-cuda-graph", _SEEN, "cuda_graph_impl", derived=True, not_modelled=_GRAPHS),
-    Flag("--cuda-graph-modules", _list(observe=True), "cuda_graph_modules", derived=True, not_modelled=_GRAPHS),
-    Flag("--cuda-graph-scope", Read("cuda_graph_scope_deprecated", "list", observe=True), "cuda_graph_modules",
-         derived=True, not_modelled=_GRAPHS),
-    Flag("--attention-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "attention_dropout",
-         array=MODEL_ARGS),
-    Flag("--hidden-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "hidden_dropout",
-         array=MODEL_ARGS),
+    Flag("--enable-cuda-graph", _SEEN, "enable_cuda_graph", not_modelled=_GRAPHS),  # older: --cuda-graph-impl local
+    Flag("--external-cuda-graph", _SEEN, "external_cuda_graph", not_modelled=_GRAPHS),  # older: transformer_engine
     Flag("--moe-input-jitter-eps", Read("", "float", min_value=0.0, observe=True), "moe_input_jitter_eps",
          array=MOE_ARGS),
     Flag("--moe-enable-deepep", _SEEN, "moe_enable_deepep", array=MOE_ARGS),  # older spelling: flex with DeepEP
@@ -375,6 +444,12 @@ OVERRIDE_FLAGS: dict[str, str] = {f.override: f.name for f in TABLE if f.overrid
 PRECISION_FLAGS: tuple[str, ...] = tuple(f.name for f in TRAINING_FLAGS if f.field == "precision")
 
 NOT_MODELLED: dict[str, str] = {f.name: f.not_modelled for f in TABLE if f.not_modelled}
+
+FORK_VALUES: dict[str, dict[str, str]] = {
+    **{f.name: {c.value: c.priced_as for c in f.read.fork_choices} for f in TABLE if f.read and f.read.fork_choices},
+    "--tokenizer-type": {"PretrainedFromHF": "HuggingFaceTokenizer"},  # MindSpeed-LLM's name for it
+}
+"""Flag -> {value only a fork accepts: upstream's equivalent} (upstream's parser refuses the fork's value)."""
 """Flag -> what it changes and the prediction does not include."""
 
 

@@ -537,15 +537,15 @@ def settings_violations(model: ModelSpec, training: TrainingSpec) -> list[RuleVi
                                  "add --hierarchical-context-parallel-sizes (their product is CP)"))
     out += _overlap_flag_violations(training)
     if training.fp8_param_gather and not (training.use_distributed_optimizer or st.use_torch_fsdp2
-                                          or st.use_megatron_fsdp):
+                                          or training.use_megatron_fsdp):
         out.append(RuleViolation(
             "fp8_param_gather",
             "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference "
             "mode", "add --use-distributed-optimizer"))
-    if st.use_megatron_fsdp and st.ckpt_format != "fsdp_dtensor":
+    if training.use_megatron_fsdp and st.ckpt_format != "fsdp_dtensor":
         out.append(RuleViolation("megatron_fsdp", "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format.",
                                  "add --ckpt-format fsdp_dtensor"))
-    if st.ckpt_format == "fsdp_dtensor" and not st.use_megatron_fsdp:
+    if st.ckpt_format == "fsdp_dtensor" and not training.use_megatron_fsdp:
         out.append(RuleViolation("megatron_fsdp", "--ckpt-format fsdp_dtensor is only tested with Megatron FSDP.",
                                  "add --use-megatron-fsdp, or another --ckpt-format"))
     if training.delay_wgrad_compute and st.transformer_impl != "transformer_engine":
@@ -562,7 +562,7 @@ def _overlap_flag_violations(training: TrainingSpec) -> list[RuleViolation]:
     """--overlap-param-gather and --overlap-param-gather-with-optimizer-step's needs besides VPP (VA)."""
     st = training.megatron
     out: list[RuleViolation] = []
-    if training.overlap_param_gather and not (training.use_distributed_optimizer or st.use_megatron_fsdp):
+    if training.overlap_param_gather and not (training.use_distributed_optimizer or training.use_megatron_fsdp):
         out.append(RuleViolation(
             "overlap_param_gather",
             "--overlap-param-gather only supported with distributed optimizer, megatron fsdp, or dist_muon",
@@ -586,7 +586,7 @@ def _overlap_flag_violations(training: TrainingSpec) -> list[RuleViolation]:
                 "overlap_param_gather_step",
                 "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet",
                 "add --ckpt-format torch"))
-    if st.cuda_graph_impl == "full_iteration" and st.check_for_nan_in_loss_and_grad:
+    if cuda_graph_impl(training) == "full_iteration" and st.check_for_nan_in_loss_and_grad:
         out.append(RuleViolation(
             "cuda_graph", "--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration for "
             "training.", "add --no-check-for-nan-in-loss-and-grad"))
@@ -700,28 +700,28 @@ def _graph_recompute_violations(model: ModelSpec, training: TrainingSpec, recomp
                                 ) -> list[RuleViolation]:
     """CUDA graphs against the recompute setting (TC): full recompute only under a full-iteration graph;
     graphed modules recomputed must not draw random numbers (dropout, input jitter)."""
-    st = training.megatron
-    if st.cuda_graph_impl == "none" or recompute.granularity == "none":
+    st, impl = training.megatron, cuda_graph_impl(training)
+    if impl == "none" or recompute.granularity == "none":
         return []
     if recompute.granularity == "full":
-        if st.cuda_graph_impl != "full_iteration":
+        if impl != "full_iteration":
             return [RuleViolation("cuda_graph_recompute", "full recompute is only supported with full iteration CUDA graph.",
                                   "use selective recompute, or --cuda-graph-impl full_iteration")]
         return []
-    graphed = st.cuda_graph_modules
-    full = st.cuda_graph_impl == "full_iteration" or not graphed
+    graphed = tuple(m for m in training.cuda_graph_scope if m != "full")  # "full": the whole layer, as none given
+    full = impl == "full_iteration" or not graphed
     out: list[RuleViolation] = []
-    if st.cuda_graph_impl == "transformer_engine" and "moe" in recompute.modules and "moe_router" in graphed:
+    if impl == "transformer_engine" and "moe" in recompute.modules and "moe_router" in graphed:
         out.append(RuleViolation("cuda_graph_recompute", "moe recompute is not supported with moe_router CUDA graph with: ",
                                  "drop moe from --recompute-modules"))
 
     def outside(module: str, graph: str) -> bool:
         return (not full and graph not in graphed) or module not in recompute.modules
 
-    if st.attention_dropout != 0.0 and not outside("core_attn", "attn"):
+    if training.attention_dropout != 0.0 and not outside("core_attn", "attn"):
         out.append(RuleViolation("cuda_graph_recompute", "attention dropout is not supported with graphed attention "
                                  "recomputation.", "add --attention-dropout 0, or drop core_attn recompute"))
-    if st.hidden_dropout != 0.0 and not (outside("mlp", "mlp") and outside("moe", "moe")):
+    if training.hidden_dropout != 0.0 and not (outside("mlp", "mlp") and outside("moe", "moe")):
         out.append(RuleViolation("cuda_graph_recompute", "hidden dropout is not supported with graphed MLP/MoE "
                                  "recomputation.", "add --hidden-dropout 0, or drop mlp/moe recompute"))
     if st.moe_input_jitter_eps is not None and not outside("moe", "moe"):
@@ -729,6 +729,15 @@ def _graph_recompute_violations(model: ModelSpec, training: TrainingSpec, recomp
                                  "moe_input_jitter_eps is not supported with graphed moe recomputation.",
                                  "drop moe from --recompute-modules"))
     return out
+
+
+def cuda_graph_impl(training: TrainingSpec) -> str:
+    """The CUDA-graph implementation as TransformerConfig sets it: --cuda-graph-impl, else local for
+    --enable-cuda-graph and transformer_engine for --external-cuda-graph."""
+    st = training.megatron
+    if training.cuda_graph_impl != "none":
+        return training.cuda_graph_impl
+    return "local" if st.enable_cuda_graph else "transformer_engine" if st.external_cuda_graph else "none"
 
 
 def _offload_recompute_violations(training: TrainingSpec, recompute: Recompute) -> list[RuleViolation]:

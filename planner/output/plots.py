@@ -9,7 +9,8 @@ read them without looking at pixels):
 * timeline: one iteration of the pipeline schedule (1F1B, or interleaved 1F1B with VPP > 1), simulated
   by planner/simulate.py from the cost model's per-stage forward and backward times.  Each box is one
   micro-batch's forward or backward; its darker end is the communication inside it (TP, CP, EP and
-  the pipeline sends, as the cost model charges them); grey is idle time (the bubble); the green bar
+  the pipeline sends, as the cost model charges them); grey is idle time (the bubble on the busiest stage, load
+  imbalance on the others; the title's "bubble" is the text's: the busiest stage's idle share); the green bar
   after the pipeline is the exposed DP gradient sync and the optimizer step.
 * memory: per-GPU memory of each stage as stacked bars (weights, gradients, optimizer states,
   activations, other) against the device's capacity.
@@ -240,7 +241,7 @@ def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
     stages = []
     for st, busy in zip(cost.stages, sim.busy_s):
         comm_share = max(0.0, st.time_s - st.compute_s) / st.time_s if st.time_s > 0 else 0.0
-        sync = st.dp_comm_s + st.optimizer_s
+        sync = st.sync_s
         stages.append({
             "index": st.index, "device_type": st.device_type, "forward_s": st.forward_s,
             "backward_s": st.backward_s, "comm_share": comm_share, "busy_s": busy, "compute_s": busy * (1 - comm_share),
@@ -250,7 +251,11 @@ def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
     return {
         "schedule": schedule, "num_stages": plan.pp, "num_microbatches": cost.num_microbatches, "vpp": plan.vpp,
         "simulated_pipeline_s": makespan, "model_pipeline_s": cost.pipeline_s, "sync_s": cost.sync_s,
-        "iteration_time_s": cost.iteration_time_s, "mean_bubble_fraction": sim.mean_bubble_fraction,
+        "iteration_time_s": cost.iteration_time_s,
+        # one bubble, the text's: the busiest stage's idle share of the pipeline (PlanCost.bubble_s / pipeline_s)
+        "bubble_fraction": cost.bubble_s / cost.pipeline_s if cost.pipeline_s > 0 else 0.0,
+        # every rank's idle time together (bubble plus the other stages' load imbalance), simulated
+        "mean_bubble_fraction": sim.mean_bubble_fraction, "idle_fraction_all_ranks": sim.mean_bubble_fraction,
         "stages": stages,
         "event_fields": ["stage", "kind", "microbatch", "chunk", "start_s", "end_s"],
         "events": [[e.stage, e.kind, e.microbatch, e.chunk, e.start_s, e.end_s] for e in sim.events],
@@ -342,7 +347,8 @@ def draw_timeline(data: dict[str, Any], path: Path, title: str = "") -> Path:
     default = (f"{sched}, PP={n}, {data['num_microbatches']} micro-batches"
                + (f", VPP={data['vpp']}" if data["vpp"] > 1 else "")
                + f": pipeline {makespan:.3g} s simulated ({data['model_pipeline_s']:.3g} s cost model), "
-               f"bubble {data['mean_bubble_fraction']:.1%}, + sync {data['sync_s']:.3g} s")
+               f"bubble {data.get('bubble_fraction', data['mean_bubble_fraction']):.1%} (busiest stage), all ranks "
+               f"idle {data['mean_bubble_fraction']:.1%}, + sync {data['sync_s']:.3g} s")
     axes[0].set_title(title + ("\n" if title else "") + default, fontsize=10, loc="left")
     handles = [Patch(color=_KIND_COLOURS["F"][0], label="forward"), Patch(color=_KIND_COLOURS["B"][0], label="backward")]
     if data["vpp"] > 1:
@@ -350,7 +356,7 @@ def draw_timeline(data: dict[str, Any], path: Path, title: str = "") -> Path:
                     Patch(color=_KIND_COLOURS["B"][1], label="backward, odd chunk")]
     handles += [Patch(color=_COMM_COLOURS["F"], label="forward: communication"),
                 Patch(color=_COMM_COLOURS["B"], label="backward: communication (TP/CP/EP/PP)"),
-                Patch(color=_IDLE_COLOUR, label="idle (bubble)"),
+                Patch(color=_IDLE_COLOUR, label="idle (bubble, imbalance)"),
                 Patch(color=_SYNC_COLOUR, label="DP sync + optimizer")]
     last = axes[-1]
     axes_h_in = last.get_position().height * fig.get_figheight()
@@ -367,15 +373,16 @@ def draw_timeline(data: dict[str, Any], path: Path, title: str = "") -> Path:
 
 
 def memory_data(cost: PlanCost) -> dict[str, Any]:
-    """Per-GPU memory of every stage, by part, and the device's capacity, in GiB."""
+    """Per-GPU memory of every stage, by part, the device's capacity and what the plan may use of it (the
+    capacity less the memory headroom), in GiB."""
     stages = []
     for st in cost.stages:
         parts = {"weights": st.weights_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes,
                  "activations": st.activations_bytes, "other": st.other_bytes}
         stages.append({"index": st.index, "device_type": st.device_type,
                        **{f"{k}_gib": v / GIB for k, v in parts.items()},
-                       "total_gib": st.memory_bytes / GIB, "capacity_gib": st.capacity_bytes / GIB,
-                       "fits": st.fits})
+                       "total_gib": st.memory_bytes / GIB, "capacity_gib": st.device_memory_bytes / GIB,
+                       "usable_gib": st.capacity_bytes / GIB, "fits": st.fits, "near_capacity": st.near_capacity})
     return {"parts": list(MEMORY_PARTS), "stages": stages}
 
 
@@ -396,11 +403,12 @@ def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
         bottom = [b + v for b, v in zip(bottom, vals)]
     top = max(max(s["total_gib"], s["capacity_gib"]) for s in stages) if stages else 1.0
     for x, s in zip(xs, stages):
-        cap, total = s["capacity_gib"], s["total_gib"]
-        ax.hlines(cap, x - 0.42, x + 0.42, colors="black", linewidth=2.0)
-        colour = "black" if s["fits"] else "#C00000"
+        cap, total = s.get("usable_gib", s["capacity_gib"]), s["total_gib"]
+        ax.hlines(s["capacity_gib"], x - 0.42, x + 0.42, colors="black", linewidth=2.0)
+        ax.hlines(cap, x - 0.42, x + 0.42, colors="black", linewidth=1.0, linestyles="dashed")
+        colour = "black" if s["fits"] and not s.get("near_capacity") else "#C00000"
         pct = total / cap * 100 if cap else 0.0
-        label = f"{total:.1f} GiB\n{pct:.0f}% of {cap:.0f}" if n <= 14 else f"{pct:.0f}%"
+        label = f"{total:.1f} GiB\n{pct:.0f}% of {cap:.1f}" if n <= 14 else f"{pct:.0f}%"
         near = abs(total - cap) < 0.09 * top  # the label would sit on the capacity line: put it above both
         ax.text(x, (max(total, cap) if near else total) + 0.01 * top, label, ha="center", va="bottom", fontsize=7,
                 color=colour, fontweight="normal" if s["fits"] else "bold")
@@ -414,6 +422,8 @@ def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
                  "memory per GPU by stage: DOES NOT FIT (red)"), fontsize=10, loc="left")
     handles = [Patch(color=_PART_COLOURS[p], label=_PART_LABELS[p]) for p in MEMORY_PARTS]
     handles.append(Line2D([0], [0], color="black", linewidth=2.0, label="device capacity"))
+    handles.append(Line2D([0], [0], color="black", linewidth=1.0, linestyle="dashed",
+                          label="usable (capacity less headroom); red label: 97-100% of it"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="y", color="#DDDDDD", linewidth=0.6)
     ax.set_axisbelow(True)

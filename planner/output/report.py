@@ -21,6 +21,7 @@ from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
 from planner.search.pruning import Pruning
 from planner.search.settings import OPTIMAL, status_reason
+from planner.uncertainty import shipped_uncertainty
 
 DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
 WIDE_MIN_WIDTH = 200  # --wide never squeezes its table below this
@@ -55,13 +56,31 @@ def _overflow(cost: PlanCost) -> dict[str, Any] | None:
         "stage": worst.index,
         "device_type": worst.device_type,
         "memory_gib": worst.memory_gib,
-        "capacity_gib": worst.capacity_bytes / 2**30,
+        "capacity_gib": worst.device_memory_bytes / 2**30,
+        "usable_gib": worst.capacity_bytes / 2**30,
+        "memory_headroom": cost.memory_headroom,
         "short_gib": (worst.memory_bytes - worst.capacity_bytes) / 2**30,
     }
 
 
-def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str]) -> dict:
+def range_json(cost: PlanCost, time_range) -> dict[str, Any]:
+    """The range keys of estimate and solve: `iteration_time_range_s` [low, high] seconds and
+    `tflops_per_gpu_range` [low, high] (planner/cost/ranges.py), and where the range comes from."""
+    if time_range is None:
+        return {}
+    flop = cost.model_flop_per_iteration / (1e12 * cost.world_size)
+    unc = shipped_uncertainty()
+    return {
+        "iteration_time_range_s": [time_range.low_s, time_range.high_s],
+        "tflops_per_gpu_range": [flop / time_range.high_s, flop / time_range.low_s],
+        "range_source": unc.method or unc.time_source,
+    }
+
+
+def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str],
+                  time_range=None) -> dict:
     out = cost.to_json()
+    out.update(range_json(cost, time_range))
     out["model"] = run.model.name
     out["cluster"] = cluster.describe()
     out["plan"] = plan_json(plan)
@@ -78,7 +97,11 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
     if user.cost is None:
         return {"source": user.source, "priced": False, "error": user.error}
     c = user.cost
-    return {
+    keep = {} if user.time_range is None else {
+        "iteration_time_range_s": [user.time_range.low_s, user.time_range.high_s],
+        "keep_yours": user.keep_yours, "keep_yours_why": user.keep_why,
+    }
+    return keep | {
         "source": user.source,
         "priced": True,
         "plan": plan_json(user.plan),
@@ -143,6 +166,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
     best, cost = r.best[0], outcome.costs[0]
     it = cost.iteration_time_s
     lower = r.lower_bound_s
+    objective_s = outcome.objective_s if outcome.ranges else it
     out: dict[str, Any] = {
         "status": r.status,
         "backend": r.backend,
@@ -158,8 +182,12 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "cluster_gpus": outcome.cluster.world_size,
         "idle_gpus": {i.device_type: {"count": i.count, "why": i.why} for i in outcome.idle},
         "search_time_s": r.search_time_s,
+        "objective": outcome.objective,
+        "objective_s": objective_s,
         "lower_bound_s": lower,
-        "gap": max(0.0, (it - lower) / it) if lower is not None else None,
+        "gap": _gap(objective_s, lower),
+        "searched_space_gap": _gap(objective_s, r.pruned_lower_bound_s),
+        "memory_headroom": outcome.memory_headroom,
         "certified_optimal": r.certified_optimal,
         "configs_total": r.configs_total,
         "configs_solved": r.configs_solved,
@@ -180,15 +208,43 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "notes": list(r.notes) + [f"{i.count} {i.device_type} GPUs stay idle: {i.why}" for i in outcome.idle]
         + unmodelled_notes(outcome.run.passthrough),
     }
+    if outcome.ranges:
+        out.update(range_json(cost, outcome.ranges[0]))
     if user is not None:
         out["user_plan"] = user_plan_json(user, cost)
     if len(outcome.plans) > 1:
+        rngs = outcome.ranges[1:] if outcome.ranges else [None] * (len(outcome.plans) - 1)
         out["alternatives"] = [
             {"iteration_time_s": c.iteration_time_s, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
-             "plan": plan_json(p)}
-            for p, c in zip(outcome.plans[1:], outcome.costs[1:])
+             "plan": plan_json(p), **range_json(c, r)}
+            for p, c, r in zip(outcome.plans[1:], outcome.costs[1:], rngs)
         ]
     return out
+
+
+def objective_line(payload: dict) -> str:
+    """What the search minimised and its value for the plan."""
+    if payload.get("objective") == "pessimistic":
+        return f"objective: pessimistic time (top of the range), {payload['objective_s']:.3f} s"
+    return f"objective: the nominal time, {payload.get('objective_s', payload['iteration_time_s']):.3f} s"
+
+
+def bound_text(payload: dict) -> str:
+    """The lower bound and the gaps, both by `_gap` (the live progress shows the searched-space one)."""
+    lb, gap, sgap = payload["lower_bound_s"], payload.get("gap"), payload.get("searched_space_gap")
+    parts = [f"lower bound {lb:.3f} s (gap {gap * 100:.2f}%)" if lb is not None and gap is not None
+             else "no whole-space lower bound"]
+    if sgap is not None and sgap != gap:
+        parts.append(f"gap {sgap * 100:.2f}% in the searched space")
+    return "; ".join(parts)
+
+
+def _gap(objective_s: float, bound_s: float | None) -> float | None:
+    """The one gap definition (the live progress, its final line and the report): how far the searched
+    objective's best value is above a lower bound on it, as a fraction of the best value."""
+    if bound_s is None or objective_s <= 0:
+        return None
+    return max(0.0, (objective_s - min(objective_s, bound_s)) / objective_s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,11 +290,24 @@ def degrees_short(plan: dict) -> str:
 
 
 def headline(payload: dict) -> str:
+    """Time, throughput (each with its range) and MFU; memory has its own line (`memory_line`)."""
+    rng = payload.get("iteration_time_range_s")
+    t_rng = f" (range {rng[0]:.2f}-{rng[1]:.2f})" if rng else ""
+    f_rng = payload.get("tflops_per_gpu_range")
+    f_txt = f" ({f_rng[0]:.0f}-{f_rng[1]:.0f})" if f_rng else ""
+    return (f"iteration {payload['iteration_time_s']:.3f} s{t_rng} | {payload['tflops_per_gpu']:.1f}{f_txt} "
+            f"TFLOP/s/GPU | MFU {payload['mfu'] * 100:.1f}%")
+
+
+def memory_line(payload: dict) -> str:
+    """Peak memory, the headroom the plan keeps free, and the stages near what they may use."""
     fits = "fits" if payload["fits"] else "DOES NOT FIT"
-    return (
-        f"iteration {payload['iteration_time_s']:.3f} s | {payload['tflops_per_gpu']:.1f} TFLOP/s/GPU | "
-        f"MFU {payload['mfu'] * 100:.1f}% | peak memory {payload['max_memory_gib']:.1f} GiB ({fits})"
-    )
+    h = payload.get("memory_headroom", 0.0)
+    line = f"peak memory {payload['max_memory_gib']:.1f} GiB ({fits}); headroom {100 * h:.0f}% of each device kept free"
+    near = [str(s["index"]) for s in payload["stages"] if s.get("near_capacity")]
+    if near:
+        line += f"; stage {', '.join(near)} at 97-100% of usable memory"
+    return line
 
 
 def shape_line(payload: dict) -> str:
@@ -295,7 +364,7 @@ def _gib(x: float) -> str:
 
 # (header, cell function, left-aligned?) per column; the default table's columns in the order they
 # are dropped when the terminal is too narrow, least important first
-_DROP_ORDER = ("compute\nms", "DP sync\nms/iter", "fits", "comm\nms", "layers")
+_DROP_ORDER = ("compute\nms", "DP sync\nms/iter", "comm\nms", "layers")
 
 
 def _field(key: str, fmt):
@@ -314,7 +383,9 @@ _WIDE_COLUMNS = (
 
 def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
     def fits(s: dict) -> str:
-        return "yes" if s["fits"] else "NO"
+        if not s["fits"]:
+            return "NO"
+        return f"{100 * s['capacity_used_fraction']:.0f}%!" if s.get("near_capacity") else "yes"
 
     cols: list[tuple[str, Any, bool]] = [
         ("stage", lambda s: str(s["index"]), False),
@@ -330,11 +401,11 @@ def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
     else:
         cols += [
             ("comm\nms", lambda s: _ms(s["time_s"] - s["compute_s"]), False),
-            ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"]), False),
+            ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"] + s["iteration_overhead_s"]), False),
         ]
     cols += [
         ("memory\nGiB", lambda s: _gib(s["memory_gib"]), False),
-        ("cap\nGiB", lambda s: f"{s['capacity_gib']:.0f}", False),
+        ("usable\nGiB", lambda s: _gib(s.get("usable_gib", s["capacity_gib"])), False),
         ("fits", fits, False),
     ]
     return cols
@@ -372,7 +443,8 @@ def stage_table(stages: list[dict], *, wide: bool, width: int, title: str = "per
 def _render_stage_table(console, payload: dict, wide: bool) -> None:
     console.print(stage_table(payload["stages"], wide=wide, width=console.width))
     legend = ["t/mb: forward + backward per micro-batch (compute includes recompute; comm: TP/CP/EP/PP)",
-              "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)"]
+              "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)",
+              "usable: device memory less the memory headroom; N%!: fits at 97-100% of usable"]
     if wide:
         legend = ["t/mb: forward + backward per micro-batch; compute includes recomp; TP/CP/EP/PP: communication "
                   "per micro-batch; DP sync and optim: per iteration",
@@ -401,7 +473,8 @@ def _render_assumed(console, payload: dict) -> None:
 
 def _render_overflow(console, o: dict) -> None:
     _say(console, f"stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB of "
-         f"{o['capacity_gib']:.0f} GiB: {o['short_gib']:.1f} GiB short", style="bold red")
+         f"{o.get('usable_gib', o['capacity_gib']):.1f} GiB usable ({o['capacity_gib']:.1f} GiB less "
+         f"{100 * o.get('memory_headroom', 0.0):.0f}% headroom): {o['short_gib']:.1f} GiB short", style="bold red")
 
 
 def render_estimate(payload: dict, wide: bool = False) -> None:
@@ -410,6 +483,7 @@ def render_estimate(payload: dict, wide: bool = False) -> None:
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
     _say(console, shape_line(payload))
+    _say(console, memory_line(payload))
     if not payload["fits"]:
         _render_overflow(console, payload["overflow"])
     _render_assumed(console, payload)
@@ -439,6 +513,9 @@ def _render_user_plan(console, payload: dict) -> None:
     t.add_row("layers/stage", ", ".join(f"{s['num_layers']} {s['device_type']}" for s in u["plan"]["stages"]),
               ", ".join(f"{s['num_layers']} {s['device_type']}" for s in payload["plan"]["stages"]))
     t.add_row("iteration", f"{u['iteration_time_s']:.3f} s", f"{payload['iteration_time_s']:.3f} s")
+    if u.get("iteration_time_range_s") and payload.get("iteration_time_range_s"):
+        t.add_row("range", "{:.3f}-{:.3f} s".format(*u["iteration_time_range_s"]),
+                  "{:.3f}-{:.3f} s".format(*payload["iteration_time_range_s"]))
     t.add_row("TFLOP/s/GPU", f"{u['tflops_per_gpu']:.1f}", f"{payload['tflops_per_gpu']:.1f}")
     t.add_row("MFU", f"{u['mfu'] * 100:.1f}%", f"{payload['mfu'] * 100:.1f}%")
     t.add_row("peak memory", fit(u), fit(payload))
@@ -451,11 +528,13 @@ def _render_user_plan(console, payload: dict) -> None:
         if not u["fits"]:
             o = u["overflow"]
             why.append(f"does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} of "
-                       f"{o['capacity_gib']:.0f} GiB")
+                       f"{o.get('usable_gib', o['capacity_gib']):.1f} GiB usable")
         if u["violations"]:
             why.append(f"breaks {len(u['violations'])} rule(s) Megatron checks")
         verdict += "; your plan " + " and ".join(why) + ", so it would not run as is"
     _say(console, verdict, style="bold")
+    if "keep_yours" in u:
+        _say(console, ("keep yours: " if u["keep_yours"] else "switch: ") + u["keep_yours_why"], style="bold")
     for v in u["violations"]:
         _say(console, f"  your plan, rule {v['rule']}: {v['message']} ({v['hint']})")
     for n in u["notes"]:
@@ -470,13 +549,11 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
     _say(console, shape_line(payload))
+    _say(console, memory_line(payload))
     status, why, hint = search_status(payload)
-    gap = payload.get("gap")
-    gap_txt = f" (gap {gap * 100:.2f}%)" if gap is not None else ""
     _say(console, f"search: {status}, {why}")
-    lb = payload["lower_bound_s"]
-    lb_txt = f"lower bound {lb:.3f} s{gap_txt}" if lb is not None else "no whole-space lower bound"
-    _say(console, f"  {lb_txt}; searched for {payload['search_time_s']:.1f} s")
+    _say(console, "  " + objective_line(payload))
+    _say(console, f"  {bound_text(payload)}; searched for {payload['search_time_s']:.1f} s")
     _say(console, f"  configurations: {payload['configs_total']} in all, {payload['configs_solved']} solved, "
          f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
          f"{payload['configs_pruned_memory']} memory-pruned")
@@ -506,16 +583,18 @@ def render_solve(payload: dict, wide: bool = False) -> None:
 def _md_stage_table(stages: list[dict]) -> list[str]:
     lines = [
         "| stage | device | layers | DP | recompute | time/micro-batch (ms) | of which comm (ms) | memory (GiB) "
-        "| weights | grads | optimizer | activations | other | capacity (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| weights | grads | optimizer | activations | other | capacity (GiB) | usable (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in stages:
         mem = f"{s['memory_gib']:.1f}" if s["fits"] else f"**{s['memory_gib']:.1f} (over)**"
+        if s.get("near_capacity"):
+            mem = f"**{s['memory_gib']:.1f} ({100 * s['capacity_used_fraction']:.0f}% of usable)**"
         lines.append(
             f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
             f"{s['time_s'] * 1e3:.1f} | {(s['time_s'] - s['compute_s']) * 1e3:.1f} | {mem} | "
             f"{s['weights_gib']:.1f} | {s['grads_gib']:.1f} | {s['optimizer_gib']:.1f} | {s['activations_gib']:.1f} | "
-            f"{s['other_gib']:.1f} | {s['capacity_gib']:.0f} |")
+            f"{s['other_gib']:.1f} | {s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
     return lines
 
 
@@ -565,10 +644,12 @@ def _md_user_plan(payload: dict) -> list[str]:
         "",
         f"Speed-up: **{u['speedup']:.2f}x** per iteration.",
     ]
+    if "keep_yours" in u:
+        lines.append(("**Keep yours**: " if u["keep_yours"] else "**Switch**: ") + u["keep_yours_why"] + ".")
     if not u["fits"]:
         o = u["overflow"]
         lines.append(f"Your plan does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB "
-                     f"of {o['capacity_gib']:.0f} GiB.")
+                     f"of {o.get('usable_gib', o['capacity_gib']):.1f} GiB usable.")
     for v in u["violations"]:
         lines.append(f"- rule `{v['rule']}`: {v['message']} ({v['hint']})")
     for n in u["notes"]:
@@ -587,9 +668,8 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         f"- runtime: {payload['runtime']}; backend: {payload['backend']}",
         f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
         f"- degrees: {degrees_line(payload['plan'])}",
-        f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
-        f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
-        f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
+        f"- predicted: {headline(payload)}",
+        f"- {memory_line(payload)}",
         f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}; {payload['num_microbatches']} "
         "micro-batches per iteration",
         f"- search: {payload['search_time_s']:.1f} s, lower bound "
@@ -620,9 +700,8 @@ def estimate_summary_markdown(payload: dict, images: dict[str, str] | None = Non
         f"# Estimate: {payload['model']} on {payload['cluster']}",
         "",
         f"- degrees: {degrees_line(payload['plan'])}",
-        f"- predicted iteration time: {payload['iteration_time_s']:.3f} s; {payload['tflops_per_gpu']:.1f} "
-        f"TFLOP/s/GPU; MFU {payload['mfu'] * 100:.1f}%",
-        f"- peak memory: {payload['max_memory_gib']:.1f} GiB per GPU ({'fits' if payload['fits'] else 'DOES NOT FIT'})",
+        f"- predicted: {headline(payload)}",
+        f"- {memory_line(payload)}",
         "",
         "## Stages",
         "",

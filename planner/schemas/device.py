@@ -1,8 +1,8 @@
 """DeviceProfile: the typed form of one file in profiles/devices/.
 
 The contract (columns, units, provenance) is written out in profiles/README.md.  Every table
-carries a `provenance` saying whether its numbers are `measured`, `datasheet-derived` or
-`calibrated`, and from what source.
+carries a `provenance` saying whether its numbers are `measured` (on the user's machines), `published`
+(measured by a cited public benchmark), `datasheet-derived` or `calibrated`, and from what source.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 from planner.errors import MissingProfileError
 from planner.schemas.types import StrictModel
 
-ProvenanceKind = Literal["measured", "datasheet-derived", "calibrated"]
+ProvenanceKind = Literal["measured", "published", "datasheet-derived", "calibrated"]
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
 
 

@@ -43,11 +43,23 @@ class ModelSpec(StrictModel):
     position_embedding_type: PositionEmbeddingType = Field(
         "learned_absolute", description="--position-embedding-type (Megatron's default: learned_absolute)"
     )
+    rotary_base: int = Field(10000, gt=0, description="--rotary-base (RoPE theta)")
+    rotary_percent: float = Field(1.0, gt=0.0, le=1.0, description="--rotary-percent: share of the head dim rotated")
+    use_rope_scaling: bool = Field(False, description="--use-rope-scaling: Llama-3.x frequency scaling")
+    rope_scaling_factor: float = Field(8.0, gt=0.0, description="--rope-scaling-factor (with --use-rope-scaling)")
+    rotary_scaling_factor: float = Field(1.0, gt=0.0, description="--rotary-scaling-factor: YaRN factor of MLA")
+    mscale: float = Field(1.0, description="--mscale: YaRN attention scale of MLA")
+    mscale_all_dim: float = Field(0.0, description="--mscale-all-dim: YaRN attention scale of MLA")
+    # activation: at most one of these; none is GeLU
     swiglu: bool = False
+    quick_geglu: bool = Field(False, description="--quick-geglu: gated, quick-GeLU (gpt-oss)")
+    squared_relu: bool = Field(False, description="--squared-relu: not gated")
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    norm_epsilon: float = Field(1e-5, gt=0.0, description="--norm-epsilon")
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True
-    qk_layernorm: bool = False
+    add_qkv_bias: bool = Field(False, description="--add-qkv-bias: biases on Q, K, V only (Qwen2)")
+    qk_layernorm: bool = Field(False, description="--qk-layernorm (with MLA: the q/kv latent norms)")
     # Multi-latent attention (DeepSeek-V2/V3)
     multi_latent_attention: bool = False
     q_lora_rank: int | None = Field(None, gt=0)
@@ -60,6 +72,7 @@ class ModelSpec(StrictModel):
     moe_router_topk: int = Field(2, gt=0)
     moe_ffn_hidden_size: int | None = Field(None, gt=0, description="None: = ffn_hidden_size")
     moe_shared_expert_intermediate_size: int | None = Field(None, gt=0)
+    moe_shared_expert_gate: bool = Field(False, description="--moe-shared-expert-gate: sigmoid gate on the shared expert")
     moe_layer_pattern: tuple[int, ...] | None = Field(
         None, description="1 = MoE layer, 0 = dense, one per layer; None: every layer is MoE"
     )
@@ -80,6 +93,8 @@ class ModelSpec(StrictModel):
     moe_router_pre_softmax: bool = Field(
         False, description="--moe-router-pre-softmax: scores over all experts, then top-k (Megatron needs it for top-1)"
     )
+    moe_router_topk_scaling_factor: float | None = Field(None, gt=0.0, description="--moe-router-topk-scaling-factor")
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(None, description="--moe-router-dtype")
     moe_grouped_gemm: bool = False
     moe_router_force_load_balancing: bool = False
     mtp_num_layers: int = Field(0, ge=0)
@@ -111,6 +126,8 @@ class ModelSpec(StrictModel):
             if any(v not in (0, 1) for v in self.moe_layer_pattern):
                 raise ValueError(f"Invalid layer pattern: {list(self.moe_layer_pattern)} (entries must be 0, dense, or "
                                  "1, MoE)")
+        if sum((self.swiglu, self.quick_geglu, self.squared_relu)) > 1:
+            raise ValueError("swiglu, quick_geglu and squared_relu are activations: give at most one")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
             raise ValueError(
                 f"max_position_embeddings ({self.max_position_embeddings}) must be greater than or equal to "
@@ -122,6 +139,11 @@ class ModelSpec(StrictModel):
     @property
     def is_moe(self) -> bool:
         return self.num_experts is not None
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """The MLP's first matrix is doubled (SwiGLU, quick-GeGLU): three weight matrices, not two."""
+        return self.swiglu or self.quick_geglu
 
     @property
     def ffn_size(self) -> int:

@@ -17,6 +17,8 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+DpShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
 
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron's `--fp8-recipe` choices the cost model prices (its default is `delayed`)."""
@@ -35,14 +37,10 @@ class MegatronSettings(StrictModel):
     overlap_param_gather_with_optimizer_step: bool = False
     num_distributed_optimizer_instances: int = Field(1, gt=0, description="--num-distributed-optimizer-instances")
     ckpt_format: str = Field("torch_dist", description="--ckpt-format")
-    use_megatron_fsdp: bool = False
     use_torch_fsdp2: bool = False
     transformer_impl: Literal["transformer_engine", "local", "inference_optimized"] = "transformer_engine"
-    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = Field(
-        "none", description="--cuda-graph-impl (--enable-cuda-graph: local, --external-cuda-graph: transformer_engine)")
-    cuda_graph_modules: tuple[str, ...] = Field((), description="--cuda-graph-modules (empty: the whole layer)")
-    attention_dropout: float = Field(0.1, ge=0.0, le=1.0)
-    hidden_dropout: float = Field(0.1, ge=0.0, le=1.0)
+    enable_cuda_graph: bool = Field(False, description="--enable-cuda-graph (TransformerConfig: --cuda-graph-impl local)")
+    external_cuda_graph: bool = Field(False, description="--external-cuda-graph (TransformerConfig: transformer_engine)")
     moe_input_jitter_eps: float | None = None
     moe_enable_deepep: bool = Field(False, description="--moe-enable-deepep (needs --moe-token-dispatcher-type flex)")
     moe_router_load_balancing_types: tuple[str, ...] = Field(
@@ -80,6 +78,25 @@ class TrainingSpec(StrictModel):
     delay_wgrad_compute: bool = Field(False, description="--delay-wgrad-compute (widens the EP overlap window)")
     moe_shared_expert_overlap: bool = Field(False, description="--moe-shared-expert-overlap")
     cp_comm_type: CpCommType = Field("p2p", description="--cp-comm-type: p2p (ring), a2a (Ulysses), allgather")
+    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = Field(
+        "none", description="--cuda-graph-impl: per-layer CUDA graphs (local, transformer_engine) or the whole iteration")
+    cuda_graph_scope: tuple[str, ...] = Field(
+        (), description="--cuda-graph-scope / --cuda-graph-modules: the captured modules (attn, mlp, moe, moe_router,"
+        " moe_preprocess, mamba, full); empty with an implementation: the whole layer")
+    use_megatron_fsdp: bool = Field(False, description="--use-megatron-fsdp: Megatron-FSDP data parallelism")
+    data_parallel_sharding_strategy: DpShardingStrategy = Field(
+        "no_shard", description="--data-parallel-sharding-strategy (with --use-megatron-fsdp): no_shard, optim (ZeRO-1),"
+        " optim_grads (ZeRO-2), optim_grads_params (ZeRO-3)")
+    attention_backend: AttentionBackend = Field(
+        "auto", description="--attention-backend: unfused and local keep the s x s softmax output per layer"
+    )
+    hidden_dropout: float = Field(
+        0.1, ge=0.0, le=1.0, description="--hidden-dropout (Megatron's default 0.1): 1-byte masks of bias-dropout-add"
+    )
+    attention_dropout: float = Field(
+        0.1, ge=0.0, le=1.0, description="--attention-dropout (Megatron's default 0.1): a mask and a copy of the "
+        "softmax output with unfused attention (fused and flash kernels regenerate the mask)"
+    )
     megatron: MegatronSettings = Field(default_factory=MegatronSettings,
                                        description="flags only Megatron's rules read (not priced)")
     moe_imbalance_factor: float | None = Field(
@@ -94,6 +111,11 @@ class TrainingSpec(StrictModel):
         """Bytes per activation element: BF16/FP16 (FP8 training keeps activations and communication
         in BF16; only GEMM inputs are cast), FP32 for fp32 runs."""
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def unfused_attention(self) -> bool:
+        """Attention computed as explicit matmuls and a softmax (`--attention-backend unfused` or `local`)."""
+        return self.attention_backend in ("unfused", "local")
 
     @property
     def compute_dtype(self) -> str:

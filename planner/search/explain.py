@@ -73,7 +73,8 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
             held = end - start
             msg = (f"{model.name} fits nowhere on {cluster}: even the most memory-friendly layout ({layout}) "
                    f"leaves stage {i} ({h}) with {held} layer{'s' if held != 1 else ''} needing "
-                   f"{need / GIB:.1f} GiB of {cap / GIB:.0f} GiB ({short:.1f} GiB short)")
+                   f"{need / GIB:.1f} GiB of {cap / GIB:.1f} GiB usable ({short:.1f} GiB short; "
+                   f"--memory-headroom {100 * cost.memory_headroom:.0f}% kept free)")
             return InfeasibleError(msg, _hints(cost, gs, slots, types, tp, full, n_layers - start, i))
         start = end
     return InfeasibleError(

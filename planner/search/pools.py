@@ -36,7 +36,7 @@ def search_with_pools(cost: CostModel, space: SearchSpace, settings: SearchSetti
     for view_cost, view_settings in ((cost, first_settings), (None, None)):
         if view_cost is None:
             view_cost = CostModel(cost.model, cost.training, pooled_view(cost.cluster, cost.profiles, pools),
-                                  cost.profiles)
+                                  cost.profiles, memory_headroom=cost.memory_headroom)
             view_settings = replace(settings, deadline=end, time_limit_s=max(0.1, end - time.perf_counter()))
         try:
             results.append(search(view_cost, space, view_settings, progress=progress))

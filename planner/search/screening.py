@@ -426,7 +426,8 @@ class Screening:
         self.progress(ProgressEvent(
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
             best_s=self.cands[0].objective_s if self.cands else None,
-            bound_s=self.heap[0].bound_s if self.heap else None, phase=phase, config=config))
+            # the searched space's lower bound so far, the one the final report's searched-space gap uses
+            bound_s=self.pruned_space_bound() if (self.heap or self.records) else None, phase=phase, config=config))
 
     # ---- the certificate's interface (certify.py reads and changes the screening only here) ----
     @property

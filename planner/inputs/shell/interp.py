@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 from planner.errors import PlannerInputError
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
-from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Op, Part, Word, location
+from planner.inputs.shell.builtins import (
+    SchedulerValue, basename_of, dirname_of, echo_text, expr_value, ifs_split, printf_text, read_fields,
+    sbatch_values, seq_words,
+)
+from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Lexer, Op, Part, Word, location
 from planner.inputs.shell.syntax import AndOr, Arith, Case, Cond, Func, Group, If, Loop, Pipe, Simple, parse
 
-MAX_STEPS = 1_000_000  # statements evaluated
+MAX_STEPS = 200_000  # statements evaluated (a launcher runs a few thousand; bash itself needs seconds for this)
+DEADLINE_CHECK_STEPS = 256  # the clock is read every this many statements
+# variables a scheduler or launcher sets when the job runs (unset while the script is read)
+SCHEDULER_VAR = re.compile(r"SLURM_\w+|OMPI_\w+|PMIX?_\w+|PET_\w+|MLP_\w+|KUBERNETES_\w+|WORLD_SIZE|NNODES|"
+                           r"NUM_NODES|NODE_RANK|N_NODES|NODE_COUNT|NODE_NUM|HOST_NUM|NPROC_PER_NODE|RANK|LOCAL_RANK|"
+                           r"GROUP_RANK|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|NGPUS|LSB_\w+|PBS_\w+")
 MAX_DEPTH = 64  # nested eval / source / bash -c / function calls
 MAX_SCRIPT_BYTES = 64 << 20
 _DECLARE_WORDS = {"export", "declare", "typeset", "local", "readonly"}
@@ -26,6 +36,11 @@ _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numac
 _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set", "ulimit", "trap", "shopt", "umask",
               "alias", "hash", "wait", "sleep", "touch", "cp", "mv", "rm", "ln", "chmod", "tee", "cat", "date",
               "module", "conda", "ml", "pip", "nvidia-smi", "hostname", "ls", "sync"}
+# commands that print nothing (a command substitution around them is still known)
+_SILENT = {"cd", "mkdir", "export", "set", "ulimit", "trap", "shopt", "umask", "alias", "hash", "wait", "sleep", "touch",
+           "cp", "mv", "rm", "ln", "chmod", "sync", "module", "ml", "conda"}
+_SBATCH_VALUED = {"-N", "-n", "-p", "-J", "-t", "-A", "-o", "-e", "-c", "-G", "-w", "-x", "-q", "-d", "-D", "-C"}
+_ARITH_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?")  # $X / ${X} / $1 inside $(( ))
 _TRAIN_ENTRY = re.compile(r"(pretrain|train|finetune|sft)", re.IGNORECASE)
 _ASSIGNED_NAME = re.compile(r"(?:^|[\s;(&|])(?:(?:export|declare|local|typeset|readonly)(?:\s+-\w+)*\s+)?([A-Za-z_][A-Za-z_0-9]*)(?:\[[^\]]*\])?\+?=", re.M)
 _FLAG_TEXT = re.compile(r"(?<![\w-])(--[A-Za-z][A-Za-z0-9_-]*)")
@@ -118,6 +133,10 @@ class Found:
     line: int
 
 
+class _CannotCapture(Exception):
+    """A command substitution whose output the reader does not know (it runs a program)."""
+
+
 class _Unknown(Exception):
     """A test that cannot be decided."""
 
@@ -128,7 +147,8 @@ class _Unknown(Exception):
 class Interp:
     """Variables, positional parameters, functions and the statement evaluator."""
 
-    def __init__(self, text: str, path: str | None, args: list[str]):
+    def __init__(self, text: str, path: str | None, args: list[str], *, scheduler: Iterable[SchedulerValue] = (),
+                 deadline: float | None = None, max_steps: int = MAX_STEPS):
         self.text = text
         self.path = path
         self.script_dir = str(Path(path).resolve().parent) if path else None
@@ -158,6 +178,25 @@ class Interp:
         # names the script assigns somewhere: unset at a given point, they are empty (as in bash);
         # names it never assigns come from the environment and stay literal in flag values
         self.assigned: set[str] = set(_ASSIGNED_NAME.findall(text))
+        self.deadline = deadline  # time.monotonic() after which reading stops (the command's time limit)
+        self.max_steps = max_steps
+        self.started = time.monotonic()
+        self.scheduler: dict[str, SchedulerValue] = {}  # the job geometry known before the script runs
+        for value in scheduler:
+            self.scheduler[value.name] = value
+            self.vars[value.name] = _Var(value.value)
+        self.scheduler_used: dict[str, int] = {}  # scheduler variable -> first line that read its value
+        self.scheduler_unset: dict[str, int] = {}  # scheduler variable read while unset -> first line
+        self.errexit = False  # set -e
+        self.errexit_ignored = 0  # > 0 inside conditions and && / || lists, where set -e does not exit
+        self._andor_tail = False  # the last && / || list ran its final command
+        self.integers: set[str] = set()  # declare -i
+        self.capture: list[list[str]] = []  # output of the command substitutions being evaluated
+        self._substitutions: dict[tuple[str, int], tuple[int, list]] = {}  # (text, line) -> (src, tree)
+        self.stray_lines: list[tuple[int, int]] = []  # (src, line) of a `\ ` at the end of a line
+        self.split_elements: list[tuple[int, str, str, int]] = []  # (line, array, element, words) split by bash
+        self.missing_sources: list[tuple[str, str]] = []  # (where, file) of a `source` whose file is not here
+        self.scan_launches: list[tuple[str, str]] | None = None  # second pass: (where, entry) of every launch
 
     # -- errors / bookkeeping ------------------------------------------------------------------
     def where(self, line: int, src: int = 0) -> str:
@@ -165,14 +204,22 @@ class Interp:
 
     def step(self, line: int, src: int) -> None:
         self.steps += 1
-        if self.steps > MAX_STEPS:
+        if self.steps > self.max_steps:
             raise PlannerInputError(
                 self.where(line, src),
-                f"the script runs more than {MAX_STEPS} statements before it launches training "
-                "(a loop that never ends?)",
+                f"the script runs more than {self.max_steps} statements before it launches training "
+                "(a loop that never ends?); the reader stops here",
+            )
+        if self.deadline is not None and self.steps % DEADLINE_CHECK_STEPS == 0 and time.monotonic() > self.deadline:
+            raise PlannerInputError(
+                self.where(line, src),
+                f"reading the script ran into the time limit after {time.monotonic() - self.started:.1f} s and "
+                f"{self.steps} statements, before it launches training (a long loop?); the reader stops here",
             )
 
     def _note(self, raw: str) -> str:
+        if self.capture:
+            raise _CannotCapture()
         self.misses += 1
         if not self.test_mode and raw not in self.unresolved:
             self.unresolved.append(raw)
@@ -199,9 +246,16 @@ class Interp:
         var = self.vars.get(name)
         if var is None:
             return None, True
+        if name in self.scheduler:
+            self.scheduler_used.setdefault(name, self.cur[0])
         if isinstance(var.value, list):
             return (var.value[0] if var.value else ""), var.resolved
         return var.value, var.resolved
+
+    def note_unset(self, name: str) -> None:
+        """A scheduler's variable read while unset (bash reads it as empty; arithmetic as 0)."""
+        if name not in self.assigned and SCHEDULER_VAR.fullmatch(name) and not self.capture:
+            self.scheduler_unset.setdefault(name, self.cur[0])
 
     def set_scalar(self, name: str, value: str, resolved: bool = True) -> None:
         self.vars[name] = _Var(value, resolved)
@@ -216,15 +270,21 @@ class Interp:
             return part.text, False
         if kind == "raw":
             special = self._known_substitution(part.text)
+            if special is None and part.text.startswith(("$(", "`")):
+                special = self.substitute(part.text)
             if special is not None:
                 return special, split
+            if self.capture:
+                raise _CannotCapture()
             if self.test_mode:
                 raise _Unknown(f"depends on the output of {part.text}")
             return self._note(part.text), False
         if kind == "arith":
             try:
-                return str(self.arith(part.text)), False
+                return str(self.arith(self.arith_text(part.text))), False
             except ValueError:
+                if self.capture:
+                    raise _CannotCapture() from None
                 if self.test_mode:
                     raise _Unknown(f"cannot evaluate $(({part.text}))") from None
                 return self._note(f"$(({part.text}))"), False
@@ -269,6 +329,66 @@ class Interp:
                 return self._note("${#" + part.text + "}"), False
             return str(len(value)), False
         return self._expand_var(part, split)
+
+    def arith_text(self, text: str) -> str:
+        """The text of $(( ... )) after bash's expansions inside it ($(cmd), ${X}); ValueError when a
+        command's output there is not known."""
+        if "$(" not in text and "`" not in text:
+            return text
+        word = Lexer(text, self.path).expansion_word(0, len(text))
+        value, resolved = self.expand_text(word)
+        if not resolved:
+            raise ValueError(f"$(( {text} )) uses a command's output the reader does not know")
+        return value
+
+    def substitute(self, raw: str) -> str | None:
+        """The output of `$(...)` / backquotes, when the commands inside only print what the reader
+        knows (echo, printf, functions of the script that do, arithmetic, ...); None otherwise."""
+        body = raw[2:-1] if raw.startswith("$(") else re.sub(r"\\([`$\\])", r"\1", raw[1:-1])
+        if not body.strip() or self.depth >= MAX_DEPTH:
+            return "" if not body.strip() else None
+        key = (body, self.cur[0])
+        if key not in self._substitutions:
+            src = len(self.sources)
+            path = self.sources[self.cur[1]][0] if self.cur[1] < len(self.sources) else self.path
+            try:
+                tree = parse(body, path, src, line_offset=self.cur[0] - 1)
+            except PlannerInputError:
+                return None
+            self.sources.append((path, body))
+            self._substitutions[key] = (src, tree)
+        _, tree = self._substitutions[key]
+        saved = self._subshell_state()
+        self.capture.append([])
+        self.depth += 1
+        self.test_mode = False
+        try:
+            self.run_list(tree)
+        except (ScriptExit, Return):
+            pass  # exit / return end the substitution's subshell
+        except (_CannotCapture, _Unknown, Break, Continue, Launched):
+            return None
+        finally:
+            out = self.capture.pop()
+            self.depth -= 1
+            self._restore_subshell(saved)
+        return "".join(out).rstrip("\n")
+
+    def _subshell_state(self) -> tuple:
+        """What a subshell ($(...), bash -c) changes and its parent does not see."""
+        vars_copy = {k: _Var(list(v.value) if isinstance(v.value, list) else v.value, v.resolved)
+                     for k, v in self.vars.items()}
+        return (vars_copy, list(self.positional), dict(self.functions), set(self.integers), self.errexit,
+                self.test_mode, self.cur)
+
+    def _restore_subshell(self, saved: tuple) -> None:
+        (self.vars, self.positional, self.functions, self.integers, self.errexit, self.test_mode,
+         self.cur) = saved
+
+    def output(self, text: str, node: Simple) -> None:
+        """What a command prints: kept when a command substitution reads it."""
+        if self.capture and not any(r.stdout for r in node.redirects):
+            self.capture[-1].append(text)
 
     def _known_substitution(self, raw: str) -> str | None:
         """$(dirname "$0"), $(cd "$(dirname ...)" && pwd), $(basename ...) and friends: the
@@ -316,13 +436,19 @@ class Interp:
                     self.vars[name] = _Var(arg_text, arg_ok)
                 return arg_text, split
         if value is None:
+            if is_name and not op:
+                self.note_unset(name)
             if self.test_mode or (is_name and name in self.assigned):
                 return "", split
             return self._note(ref), False
         if not resolved:
+            if self.capture:
+                raise _CannotCapture()
             if self.test_mode:
                 raise _Unknown(f"depends on {ref}, which holds text the planner cannot evaluate")
             self.misses += 1  # the value holds literal text (e.g. $(date)): expanded as that text
+            if value in self.unresolved:  # one construct bash expands when it runs: one word, as written
+                split = False
         if op and op not in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
             return self._string_op(value, part), split
         return value, split
@@ -371,35 +497,34 @@ class Interp:
         return value
 
     def arith(self, expr: str) -> int:
-        """$((...)): variables replaced by their integer values (unset: 0), then evaluated."""
+        """$((...)): evaluated with the variables' integer values (unset or empty: 0)."""
         if len(expr) > MAX_ARITH_CHARS:
             raise ValueError(f"arithmetic longer than {MAX_ARITH_CHARS} characters")
+        text = _ARITH_REF.sub(lambda m: f"__p{m.group(1)}" if m.group(1).isdigit() else m.group(1), expr)
+        return eval_arith(text, self._arith_name)
 
-        def name_value(m: re.Match[str]) -> str:
-            name = m.group(1) or m.group(2)
-            if name.isdigit():
-                value, resolved = self.scalar(name)
-            else:
-                value, resolved = self.scalar(name)
-            if value is None:
-                if name not in self.vars:
-                    self.assumed.add(name)
-                return "0"
-            if not resolved:
-                raise ValueError(f"{name} is not known")
-            v = value.strip()
-            if re.fullmatch(r"-?\d+", v):
-                return f"({v})"
-            if v == "":
-                return "0"
-            if len(v) < 200 and NAME_RE.fullmatch(v):  # one level of indirection, as bash
-                inner, ok = self.scalar(v)
-                if inner is not None and ok and re.fullmatch(r"\s*-?\d+\s*", inner):
-                    return f"({inner.strip()})"
-            raise ValueError(f"{name}={value!r} is not an integer")
-
-        text = re.sub(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?|\b(?<!0x)([A-Za-z_][A-Za-z_0-9]*)\b", name_value, expr)
-        return eval_arith(text)
+    def _arith_name(self, name: str) -> int:
+        """A variable's value in arithmetic: an integer, empty or unset (0), or the name of one."""
+        if name.startswith("__p") and name[3:].isdigit():
+            name = name[3:]
+        value, resolved = self.scalar(name)
+        if value is None:
+            if name not in self.vars:
+                self.assumed.add(name)
+                self.note_unset(name)
+            return 0
+        if not resolved:
+            raise ValueError(f"{name} is not known")
+        v = value.strip()
+        if re.fullmatch(r"-?\d+", v):
+            return int(v)
+        if v == "":
+            return 0
+        if len(v) < 200 and NAME_RE.fullmatch(v):  # one level of indirection, as bash
+            inner, ok = self.scalar(v)
+            if inner is not None and ok and re.fullmatch(r"\s*-?\d+\s*", inner):
+                return int(inner)
+        raise ValueError(f"{name}={value!r} is not an integer")
 
     def expand_text(self, word: Word | None) -> tuple[str, bool]:
         """A word expanded without field splitting (as on the right of `X=`), and whether every
@@ -413,8 +538,13 @@ class Interp:
             out.append(" ".join(value) if isinstance(value, list) else value)
         return "".join(out), self.misses == before
 
+    def ifs(self) -> str | None:
+        """IFS as the script set it (None: unset, bash's default of blank, tab, newline)."""
+        var = self.vars.get("IFS")
+        return var.value if var is not None and isinstance(var.value, str) else None
+
     def expand_fields(self, word: Word) -> list[str]:
-        """A command word expanded to fields (word splitting of unquoted expansions, arrays)."""
+        """A command word expanded to fields (word splitting of unquoted expansions by IFS, arrays)."""
         fields: list[str] = []
         current: list[str] = []
         has_content = False
@@ -430,9 +560,7 @@ class Interp:
             if part.kind == "lit" and part.quoted:
                 has_content = True
             if isinstance(value, list):
-                pieces: list[str] = []
-                for v in value:
-                    pieces.extend(v.split() if split else [v])
+                pieces = self._split_elements(part, value) if split else value
                 for k, piece in enumerate(pieces):
                     if k > 0:
                         flush()
@@ -440,17 +568,15 @@ class Interp:
                     has_content = True
                 continue
             if split and value:
-                chunks = value.split()
-                if not chunks:
-                    continue
-                if value[0].isspace():
+                chunks, lead, trail = ifs_split(value, self.ifs())
+                if lead:
                     flush()
                 for k, chunk in enumerate(chunks):
                     if k > 0:
                         flush()
                     current.append(chunk)
                     has_content = True
-                if value[-1].isspace():
+                if trail:
                     flush()
                 continue
             if value or part.quoted:
@@ -458,6 +584,17 @@ class Interp:
                 has_content = has_content or bool(value) or part.quoted
         flush()
         return fields
+
+    def _split_elements(self, part: Part, values: list[str]) -> list[str]:
+        """The fields of an unquoted array expansion: each element split by IFS (recorded when bash
+        makes several words of one element: `${ARGS[@]}` without quotes)."""
+        pieces: list[str] = []
+        for v in values:
+            words = ifs_split(v, self.ifs())[0]
+            if len(words) > 1 and part.kind == "arr" and part.text not in ("@", "*"):
+                self.split_elements.append((self.cur[0], part.text, v, len(words)))
+            pieces.extend(words)
+        return pieces
 
     # -- assignments ----------------------------------------------------------------------------
     def assign(self, tok: Word | ArrayAssign) -> str:
@@ -495,6 +632,12 @@ class Interp:
             arr[i] = (arr[i] + value) if append else value
             self.vars[name] = _Var(arr, resolved and (old.resolved if old else True))
             return name
+        if name in self.integers and resolved:  # declare -i: the value is arithmetic
+            try:
+                old_value = self.arith(name) if append and old is not None else 0
+                value, append = str(old_value + self.arith(self.arith_text(value))), False
+            except ValueError:
+                pass
         if append and old is not None:
             if isinstance(old.value, list):
                 old.value.append(value)
@@ -509,7 +652,36 @@ class Interp:
         status: int | None = 0
         for node in nodes:
             status = self.run(node)
+            if status and self.errexit and not self.errexit_ignored and self._exits_on_failure(node):
+                line = getattr(node, "line", self.cur[0])
+                src = getattr(node, "src", self.cur[1])
+                raise ScriptExit(status, line, src, message=f"`set -e` is on and `{self._line_text(line, src)}` "
+                                                            f"returned {status}, so bash stops the script")
         return status
+
+    def _exits_on_failure(self, node) -> bool:
+        """set -e stops the script after a failing simple command, (( )), [[ ]], pipeline or subshell;
+        after an && / || list only when its final command failed."""
+        if isinstance(node, (Simple, Arith, Cond)):
+            return True
+        if isinstance(node, Pipe):
+            return not node.negate
+        if isinstance(node, Group):
+            return node.subshell
+        return isinstance(node, AndOr) and self._andor_tail
+
+    def _line_text(self, line: int, src: int) -> str:
+        text = self.sources[src][1] if src < len(self.sources) else self.text
+        lines = text.splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else "?"
+
+    def _no_errexit(self, fn: Callable[[], int | None]) -> int | None:
+        """Run a condition (if / while / && / || operand): set -e does not stop the script there."""
+        self.errexit_ignored += 1
+        try:
+            return fn()
+        finally:
+            self.errexit_ignored -= 1
 
     def run(self, node) -> int | None:
         if isinstance(node, Simple):
@@ -517,12 +689,7 @@ class Interp:
         if isinstance(node, AndOr):
             return self.and_or(node)
         if isinstance(node, Pipe):
-            status = None
-            for cmd in node.cmds:
-                status = self.run(cmd)
-            if node.negate:
-                return None if status is None else int(status == 0)
-            return status
+            return self.pipeline(node)
         if isinstance(node, If):
             return self.run_if(node)
         if isinstance(node, Loop):
@@ -552,6 +719,22 @@ class Interp:
         if isinstance(node, Cond):
             return self.condition_status(lambda: self.cond_words(node.words))
         raise AssertionError(node)
+
+    def pipeline(self, node: Pipe) -> int | None:
+        """`a | b`: only the last command's output is the pipeline's (the others feed the next one)."""
+        status = None
+        for k, cmd in enumerate(node.cmds):
+            last = k == len(node.cmds) - 1
+            if self.capture and not last:
+                self.capture.append([])
+            try:
+                status = self.run(cmd)
+            finally:
+                if self.capture and not last:
+                    self.capture.pop()
+        if node.negate:
+            return None if status is None else int(status == 0)
+        return status
 
     def arith_command(self, expr: str) -> int:
         """(( ... )): also the assignments i++, ++i, i--, i+=n, i=n (comma-separated)."""
@@ -589,15 +772,20 @@ class Interp:
             self.test_mode = saved
 
     def and_or(self, node: AndOr) -> int | None:
-        status = self.run(node.first)
-        for op, rhs in node.rest:
+        status = self._no_errexit(lambda: self.run(node.first))
+        tail = False
+        for k, (op, rhs) in enumerate(node.rest):
             if status is None:
+                if self.capture:
+                    raise _CannotCapture()
                 # cannot tell: the guarded command is skipped (`[ -f x ] || exit 1`, `[ -d d ] && X=...`)
                 self._record_guard(node, op, rhs)
                 status = 0 if op == "||" else 1
                 continue
             if (op == "&&" and status == 0) or (op == "||" and status != 0):
-                status = self.run(rhs)
+                tail = k == len(node.rest) - 1
+                status = self.run(rhs) if tail else self._no_errexit(lambda r=rhs: self.run(r))
+        self._andor_tail = tail
         return status
 
     def _record_guard(self, node: AndOr, op: str, rhs) -> None:
@@ -657,7 +845,9 @@ class Interp:
     def _cond_status(self, cond: list) -> tuple[int | None, set[str]]:
         self.assumed = set()
         self.last_unknown = "cannot be decided from the script"
-        status = self.run_list(cond)
+        status = self._no_errexit(lambda: self.run_list(cond))
+        if status is None and self.capture:
+            raise _CannotCapture()
         return status, set(self.assumed)
 
     def run_if(self, node: If) -> int | None:
@@ -821,17 +1011,25 @@ class Interp:
         return self.command(fields, node, prefix_env)
 
     def declare(self, word: str, rest: list) -> int:
+        """export / declare / local / typeset / readonly; `-i` makes later assignments arithmetic."""
         exporting = word == "export"
+        integer = False
         for tok in rest:
             if isinstance(tok, Word) and tok.raw.startswith(("-", "+")) and not ASSIGN_RE.match(tok.raw):
                 exporting = exporting or "x" in tok.raw
+                integer = integer or (tok.raw.startswith("-") and "i" in tok.raw)
                 continue
-            if isinstance(tok, ArrayAssign) or ASSIGN_RE.match(tok.raw):
-                name = self.assign(tok)
+            m = None if isinstance(tok, ArrayAssign) else ASSIGN_RE.match(tok.raw)
+            if isinstance(tok, ArrayAssign) or m is not None:
+                name = tok.name if isinstance(tok, ArrayAssign) else m.group(1)
             elif NAME_RE.fullmatch(tok.raw):
                 name = tok.raw
             else:
                 continue
+            if integer:
+                self.integers.add(name)
+            if isinstance(tok, ArrayAssign) or m is not None:
+                self.assign(tok)
             if exporting and name not in self.exported:
                 self.exported.append(name)
         return 0
@@ -839,75 +1037,86 @@ class Interp:
     def command(self, fields: list[str], node: Simple, prefix_env: dict[str, str]) -> int | None:
         name = fields[0]
         base = name.rsplit("/", 1)[-1]
-        if self.found is None:
-            split = launch_split(fields)
-            if split is not None and (split[0] == 0 or base in _WRAPPERS):
-                start, after, entry = split
-                if _TRAIN_ENTRY.search(fields[entry].rsplit("/", 1)[-1]) or after > start + 1 or fields[start].endswith("torchrun"):
-                    self.found = self._found(fields, split, node, prefix_env)
-                    raise Launched()
-                self.skipped_launches.append(f"{self.where(node.line, node.src)}: {fields[entry]}")
+        split = launch_split(fields)
+        if split is not None and (split[0] == 0 or base in _WRAPPERS):
+            start, after, entry = split
+            if _TRAIN_ENTRY.search(fields[entry].rsplit("/", 1)[-1]) or after > start + 1 or fields[start].endswith("torchrun"):
+                return self._at_launch(fields, split, node, prefix_env)
+            self.skipped_launches.append(f"{self.where(node.line, node.src)}: {fields[entry]}")
         if name in self.functions:
             return self.call(name, fields[1:], node)
+        if base == "sbatch" or (base in ("bash", "sh") and all(f.startswith("-") and f != "-c" for f in fields[1:])
+                                and any(r.heredoc for r in node.redirects)):
+            return self.job_script(fields, node)
         if base in ("bash", "sh") or (base in _WRAPPERS and ("bash" in fields or "sh" in fields)):
-            idx = next((i for i, f in enumerate(fields) if f.rsplit("/", 1)[-1] in ("bash", "sh")), None)
-            if idx is not None and "-c" in fields[idx + 1 : idx + 3]:
-                c = fields.index("-c", idx)
-                if c + 1 < len(fields):
-                    saved_outer = self.outer_wrapper
-                    self.outer_wrapper = saved_outer + fields[:idx]
-                    try:
-                        return self.run_string(fields[c + 1], node, "string", args=fields[c + 2 :])
-                    finally:
-                        if self.found is None:
-                            self.outer_wrapper = saved_outer
-            if idx is not None and idx + 1 < len(fields) and not fields[idx + 1].startswith("-"):
-                return self.source(fields[idx + 1], fields[idx + 2 :], node, child=True)
-            return None
-        if name == "eval":
-            return self.run_string(" ".join(fields[1:]), node, "eval")
-        if name in ("source", "."):
-            if len(fields) < 2:
-                return 1
-            return self.source(fields[1], fields[2:], node)
-        if name == "shift":
-            try:
-                n = int(fields[1]) if len(fields) > 1 else 1
-            except ValueError:
-                return 1
-            if n > len(self.positional):
-                return 1
-            self.positional = self.positional[n:]
-            return 0
-        if name == "set":
-            if "--" in fields:
-                self.positional = fields[fields.index("--") + 1 :]
-            return 0
-        if name == "unset":
-            for f in fields[1:]:
-                if not f.startswith("-"):
-                    self.vars.pop(f, None)
-            return 0
-        if name in ("exit", "return"):
-            status = int(fields[1]) if len(fields) > 1 and fields[1].lstrip("-").isdigit() else 0
-            if name == "return" and self.depth > 0:
-                raise Return(status)
-            raise ScriptExit(status, node.line, node.src)
-        if name in ("break", "continue"):
-            n = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 1
-            raise (Break(n) if name == "break" else Continue(n))
-        if name in ("true", ":"):
-            return 0
-        if name == "false":
-            return 1
-        if name == "getopts":
-            return self.getopts(fields[1:])
+            return self.child_shell(fields, node)
+        handler = _BUILTINS.get(name)
+        if handler is not None:
+            return handler(self, fields, node, prefix_env)
         if name in _ALWAYS_OK:
+            if self.capture and name not in _SILENT:
+                raise _CannotCapture()
             return 0
-        if name == "read":
-            return None
+        if self.capture:
+            raise _CannotCapture()
         self.last_unknown = f"depends on the exit status of `{name}`"
         return None
+
+    def _at_launch(self, fields: list[str], split: tuple[int, int, int], node: Simple,
+                   prefix_env: dict[str, str]) -> int:
+        """The statement starts training: the first one is read (Launched), the later ones recorded
+        (the second pass, which looks for more launches)."""
+        if self.capture:
+            raise _CannotCapture()
+        if self.scan_launches is not None:
+            self.scan_launches.append((self.where(node.line, node.src), fields[split[2]]))
+            return 0
+        self.found = self._found(fields, split, node, prefix_env)
+        raise Launched()
+
+    def child_shell(self, fields: list[str], node: Simple) -> int | None:
+        """`bash -c STRING` (also behind srun/mpirun) and `bash FILE ARGS`."""
+        idx = next((i for i, f in enumerate(fields) if f.rsplit("/", 1)[-1] in ("bash", "sh")), None)
+        if idx is not None and "-c" in fields[idx + 1 : idx + 3]:
+            c = fields.index("-c", idx)
+            if c + 1 < len(fields):
+                saved_outer = self.outer_wrapper
+                self.outer_wrapper = saved_outer + fields[:idx]
+                try:
+                    return self.run_string(fields[c + 1], node, "string", args=fields[c + 2 :])
+                finally:
+                    if self.found is None:
+                        self.outer_wrapper = saved_outer
+        if idx is not None and idx + 1 < len(fields) and not fields[idx + 1].startswith("-"):
+            return self.source(fields[idx + 1], fields[idx + 2 :], node, child=True)
+        return None
+
+    def stdin_text(self, node: Simple) -> str | None:
+        """The text a here-document or here-string feeds the command (expanded as bash does)."""
+        for r in node.redirects:
+            if r.heredoc is not None:
+                return r.heredoc.text if r.heredoc.word is None else self.expand_text(r.heredoc.word)[0]
+            if r.op == "<<<" and r.target is not None:
+                return self.expand_text(r.target)[0] + "\n"
+        return None
+
+    def job_script(self, fields: list[str], node: Simple) -> int | None:
+        """`sbatch [options] <<EOF ... EOF`, `sbatch [options] FILE [args]`, `bash <<EOF`: the job
+        script runs in a shell of its own, with the SLURM_* variables its #SBATCH lines (and sbatch's
+        options) give."""
+        sbatch = fields[0].rsplit("/", 1)[-1] == "sbatch"
+        text = self.stdin_text(node)
+        words = fields[1:]
+        k = 0
+        while sbatch and k < len(words) and words[k].startswith("-"):
+            k += 1 + (1 if "=" not in words[k] and words[k] in _SBATCH_VALUED else 0)
+        options = words[:k] if sbatch else []
+        if text is None:
+            if sbatch and k < len(words):
+                return self.source(words[k], words[k + 1 :], node, child=True, sbatch=options)
+            return None
+        return self.run_string(text, node, "heredoc", args=[], sbatch=options if sbatch else None,
+                               line=next((r.heredoc.line for r in node.redirects if r.heredoc), node.line))
 
     def getopts(self, words: list[str]) -> int:
         """`getopts OPTSTRING NAME [ARG...]`, one option per word (`-n 4`, `-n4`), with OPTIND."""
@@ -957,26 +1166,34 @@ class Interp:
             self.positional = saved
             self.depth -= 1
 
-    def run_string(self, text: str, node: Simple, via: str, args: list[str] | None = None) -> int | None:
-        """eval / bash -c: parse and run a string in the current shell (bash -c: a copy)."""
+    def run_string(self, text: str, node: Simple, via: str, args: list[str] | None = None,
+                   sbatch: list[str] | None = None, line: int | None = None) -> int | None:
+        """eval / bash -c / a here-document job script: parse and run a string in the current shell
+        (bash -c and job scripts: in a copy of it)."""
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise PlannerInputError(self.where(node.line, node.src), f"eval / bash -c nested more than {MAX_DEPTH} deep")
         src = len(self.sources)
-        self.sources.append((self.sources[node.src][0] if node.src < len(self.sources) else self.path, text))
+        path = self.sources[node.src][0] if node.src < len(self.sources) else self.path
+        self.sources.append((path, text))
+        stray: list[int] = []
         try:
-            body = parse(text, self.sources[node.src][0], src, line_offset=node.line - 1)
+            body = parse(text, path, src, line_offset=(line or node.line) - 1, stray=stray)
         except PlannerInputError as exc:
             self.depth -= 1
             raise PlannerInputError(exc.field, f"in the string given to {via}: {str(exc).split(': ', 1)[-1]}") from None
-        saved = (dict(self.vars), list(self.positional)) if via == "string" else None
-        if via == "string" and args is not None:
+        self.stray_lines += [(src, k) for k in stray]
+        child = via in ("string", "heredoc")
+        saved = (dict(self.vars), list(self.positional)) if child else None
+        if child and args is not None:
             self.positional = list(args[1:]) if args else []
+        if sbatch is not None:
+            self._job_geometry(sbatch_values(text, sbatch))
         self.via.append(via)
         try:
             return self.run_list(body)
         except ScriptExit as exc:
-            if via == "string":
+            if child:
                 return exc.status
             raise
         finally:
@@ -985,51 +1202,64 @@ class Interp:
             if saved is not None and self.found is None:
                 self.vars, self.positional = saved
 
-    def source(self, target: str, args: list[str], node: Simple, child: bool = False) -> int | None:
-        """source FILE (relative to the script's directory, then the current one)."""
+    def _job_geometry(self, values: list[SchedulerValue]) -> None:
+        """A job script's SLURM_* variables (set in its shell)."""
+        for value in values:
+            self.scheduler[value.name] = value
+            self.vars[value.name] = _Var(value.value)
+
+    def source(self, target: str, args: list[str], node: Simple, child: bool = False,
+               sbatch: list[str] | None = None) -> int | None:
+        """source FILE (relative to the script's directory, then the current one); `child`: run as
+        `bash FILE` (a shell of its own), `sbatch`: as the job script of `sbatch [options] FILE`."""
         candidates = [Path(target)]
         if self.script_dir and not Path(target).is_absolute():
             candidates.insert(0, Path(self.script_dir) / target)
         path = next((p for p in candidates if p.is_file()), None)
         if path is None:
             if not child:
-                self.warnings.append(f"{self.where(node.line, node.src)}: `source {target}`: file not found here; skipped")
+                where = self.where(node.line, node.src)
+                self.missing_sources.append((where, target))
+                self.warnings.append(f"{where}: `source {target}`: file not found here; skipped (the variables it "
+                                     "sets are unset here)")
             return None
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise PlannerInputError(self.where(node.line, node.src), f"source nested more than {MAX_DEPTH} deep")
         try:
-            try:
-                if path.stat().st_size > MAX_SCRIPT_BYTES:
-                    raise PlannerInputError(str(path), f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise PlannerInputError(str(path), f"cannot read: {exc}") from None
+            text = _read_sourced(path)
             src = len(self.sources)
             self.sources.append((str(path), text))
             self.sourced.append(path)
-            body = parse(text, str(path), src)
-            saved_pos = self.positional
-            saved_vars = dict(self.vars) if child else None
-            if args or child:
-                self.positional = list(args)
-            self.via.append("source")
-            try:
-                return self.run_list(body)
-            except Return as r:
-                return r.status
-            except ScriptExit as exc:
-                if child:
-                    return exc.status
-                raise
-            finally:
-                self.via.pop()
-                if self.found is None:
-                    self.positional = saved_pos
-                    if saved_vars is not None:
-                        self.vars = saved_vars
+            stray: list[int] = []
+            body = parse(text, str(path), src, stray=stray)
+            self.stray_lines += [(src, k) for k in stray]
+            return self._run_sourced(body, args, child, sbatch_values(text, sbatch) if sbatch is not None else None)
         finally:
             self.depth -= 1
+
+    def _run_sourced(self, body: list, args: list[str], child: bool, geometry: list[SchedulerValue] | None) -> int | None:
+        saved_pos = self.positional
+        saved_vars = dict(self.vars) if child else None
+        if args or child:
+            self.positional = list(args)
+        if geometry is not None:
+            self._job_geometry(geometry)
+        self.via.append("source")
+        try:
+            return self.run_list(body)
+        except Return as r:
+            return r.status
+        except ScriptExit as exc:
+            if child:
+                return exc.status
+            raise
+        finally:
+            self.via.pop()
+            if self.found is None:
+                self.positional = saved_pos
+                if saved_vars is not None:
+                    self.vars = saved_vars
 
     # -- tests ----------------------------------------------------------------------------------
     def test_words(self, name: str, words: list[Word]) -> bool:
@@ -1069,6 +1299,15 @@ class Interp:
                 site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
         return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
                       fields[entry + 1 :], prefix_env, site, node.line)
+
+
+def _read_sourced(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_SCRIPT_BYTES:
+            raise PlannerInputError(str(path), f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlannerInputError(str(path), f"cannot read: {exc}") from None
 
 
 class _Quoted(str):
@@ -1192,6 +1431,174 @@ class _TestEval:
         except ValueError:
             raise _Unknown(f"compares {a!r} and {b!r} as integers") from None
         return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
+
+
+# --------------------------------------------------------------------------------------------
+# Builtins: (interpreter, fields, the statement, its VAR=value prefix) -> exit status (None: unknown)
+# --------------------------------------------------------------------------------------------
+Builtin = Callable[[Interp, list[str], Simple, dict[str, str]], "int | None"]
+
+
+def _b_eval(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    return it.run_string(" ".join(f[1:]), node, "eval")
+
+
+def _b_source(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    return it.source(f[1], f[2:], node) if len(f) > 1 else 1
+
+
+def _b_shift(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    try:
+        n = int(f[1]) if len(f) > 1 else 1
+    except ValueError:
+        return 1
+    if n > len(it.positional):
+        return 1
+    it.positional = it.positional[n:]
+    return 0
+
+
+def _b_set(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    """set -e / +e / -o errexit (bash stops at a failing command), set -- ARGS."""
+    words = f[1:]
+    for k, w in enumerate(words):
+        if w == "--":
+            it.positional = words[k + 1 :]
+            break
+        if w in ("-o", "+o") and k + 1 < len(words) and words[k + 1] == "errexit":
+            it.errexit = w == "-o"
+        elif re.fullmatch(r"[-+][a-zA-Z]+", w) and "e" in w:
+            it.errexit = w[0] == "-"
+    return 0
+
+
+def _b_unset(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    for name in f[1:]:
+        if not name.startswith("-"):
+            it.vars.pop(name, None)
+            it.integers.discard(name)
+    return 0
+
+
+def _b_exit(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    status = int(f[1]) if len(f) > 1 and f[1].lstrip("-").isdigit() else 0
+    if f[0] == "return" and it.depth > 0:
+        raise Return(status)
+    raise ScriptExit(status, node.line, node.src)
+
+
+def _b_break(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    n = int(f[1]) if len(f) > 1 and f[1].isdigit() else 1
+    raise (Break(n) if f[0] == "break" else Continue(n))
+
+
+def _b_status(status: int) -> Builtin:
+    return lambda it, f, node, env: status
+
+
+def _b_getopts(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    return it.getopts(f[1:])
+
+
+def _b_echo(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int:
+    it.output(echo_text(f[1:]), node)
+    return 0
+
+
+def _b_printf(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    """printf FORMAT ARGS, printf -v VAR FORMAT ARGS."""
+    args = f[1:]
+    target = None
+    if args[:1] == ["-v"] and len(args) >= 2:
+        target, args = args[1], args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        return 2
+    try:
+        text = printf_text(args[0], args[1:])
+    except ValueError:
+        if it.capture:
+            raise _CannotCapture() from None
+        return 1
+    if target is None:
+        it.output(text, node)
+    elif NAME_RE.fullmatch(target):
+        it.set_scalar(target, text)
+    return 0
+
+
+def _b_let(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    value = 0
+    for expr in f[1:]:
+        try:
+            value = it.arith_command(expr)
+        except ValueError:
+            return None
+    return 0 if value != 0 else 1
+
+
+def _b_read(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    """read [-r] [-a ARRAY] [-d DELIM] NAME... from a here-string or here-document."""
+    text = it.stdin_text(node)
+    if text is None:
+        if it.capture:
+            raise _CannotCapture()
+        return None
+    args, names, array, delim = f[1:], [], None, "\n"
+    k = 0
+    while k < len(args):
+        a = args[k]
+        if a in ("-a", "-d", "-p", "-t", "-n", "-N", "-u") and k + 1 < len(args):
+            array = args[k + 1] if a == "-a" else array
+            delim = (args[k + 1][:1] or "\0") if a == "-d" else delim
+            k += 2
+            continue
+        if not a.startswith("-"):
+            names.append(a)
+        k += 1
+    line = text.split(delim, 1)[0] if delim in text else text
+    ifs = env.get("IFS", it.ifs())
+    if array is not None:
+        it.vars[array] = _Var(ifs_split(line, ifs)[0])
+        return 0 if delim in text else 1
+    for name, value in zip(names or ["REPLY"], read_fields(line, len(names or ["REPLY"]), ifs)):
+        it.set_scalar(name, value)
+    return 0 if delim in text else 1
+
+
+def _pure(fn: Callable[[list[str]], "str | list[str]"]) -> Builtin:
+    """A utility that only computes text from its arguments (expr, seq, basename, dirname)."""
+    def run(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+        try:
+            out = fn(f[1:])
+        except ValueError:
+            if it.capture:
+                raise _CannotCapture() from None
+            return None
+        it.output(("\n".join(out) if isinstance(out, list) else out) + "\n", node)
+        return 0
+    return run
+
+
+def _b_cat(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    """`cat` of a here-document (as in VAR=$(cat <<EOF ...)); of files: unknown."""
+    text = it.stdin_text(node) if len(f) == 1 else None
+    if text is None:
+        if it.capture:
+            raise _CannotCapture()
+        return 0
+    it.output(text, node)
+    return 0
+
+
+_BUILTINS: dict[str, Builtin] = {
+    "eval": _b_eval, "source": _b_source, ".": _b_source, "shift": _b_shift, "set": _b_set, "unset": _b_unset,
+    "exit": _b_exit, "return": _b_exit, "break": _b_break, "continue": _b_break, "true": _b_status(0),
+    ":": _b_status(0), "false": _b_status(1), "getopts": _b_getopts, "echo": _b_echo, "printf": _b_printf,
+    "let": _b_let, "read": _b_read, "expr": _pure(expr_value), "seq": _pure(seq_words),
+    "basename": _pure(basename_of), "dirname": _pure(dirname_of), "cat": _b_cat,
+}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Lexer for the launcher-script reader: bash text -> words (made of literal, variable and
-substitution parts), array assignments, operators and `(( ))` commands.  Here-document bodies are
-skipped.  Every scan moves forward, so lexing is linear in the text; nesting deeper than
-MAX_NESTING and unterminated quotes or brackets are refused with the file and line."""
+r"""Lexer for the launcher-script reader: bash text -> words (made of literal, variable and
+substitution parts), array assignments, operators and `(( ))` commands.  A here-document's body
+is attached to its `<<` operator (as a word of expansions when its delimiter is unquoted).  A
+backslash followed by blanks at the end of a line (`\ ` where a line continuation was meant) is
+recorded in `stray_escapes`.  Every scan moves forward, so lexing is linear in the text; nesting
+deeper than MAX_NESTING and unterminated quotes or brackets are refused with the file and line."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ OP_CHARS = frozenset(";&|()<>")
 SPACE = frozenset(" \t\r\n")
 _PLAIN_RUN = re.compile(r"[^\s;&|()<>\\'\"$`]+")
 _DQ_PLAIN_RUN = re.compile(r'[^"\\$`]+')
+_BLANKS_TO_EOL = re.compile(r"[ \t]+(?:\n|$)")
 
 
 def location(path: str | None, line: int) -> str:
@@ -58,10 +61,21 @@ class ArrayAssign:
 
 
 @dataclass
+class Heredoc:
+    """A here-document: its body as written, and (delimiter unquoted) as a word whose parameter,
+    command and arithmetic expansions bash performs; `line` is the body's first line."""
+
+    text: str
+    word: "Word | None"
+    line: int
+
+
+@dataclass
 class Op:
     text: str
     line: int
     pos: int
+    heredoc: Heredoc | None = None  # the body of a `<<` / `<<-` operator
 
 
 @dataclass
@@ -85,8 +99,9 @@ class Lexer:
         self.newlines = [i for i, c in enumerate(text) if c == "\n"]
         self.depth = 0
         self.scan_depth = 0
-        self.heredocs: list[tuple[str, bool]] = []
+        self.heredocs: list[tuple[str, bool, bool, Op]] = []  # (delimiter, strip tabs, quoted, operator)
         self.warnings: list[str] = []
+        self.stray_escapes: list[int] = []  # lines ending in a backslash and blanks
 
     def line_at(self, pos: int) -> int:
         return bisect.bisect_left(self.newlines, pos) + 1 + self.line_offset
@@ -99,7 +114,7 @@ class Lexer:
         out: list[Token] = []
         text = self.text
         n = len(text)
-        expect_delim = False
+        expect_delim: Op | None = None
         while self.pos < n:
             c = text[self.pos]
             if c in " \t\r":
@@ -120,15 +135,15 @@ class Lexer:
                 op = self._operator()
                 out.append(op)
                 if op.text.lstrip("0123456789") in ("<<", "<<-"):
-                    expect_delim = True
+                    expect_delim = op
             else:
                 tok = self._word_or_array()
                 out.append(tok)
-                if expect_delim and isinstance(tok, Word):
-                    strip_tabs = bool(out[-2].text.endswith("-")) if len(out) > 1 and isinstance(out[-2], Op) else False
+                if expect_delim is not None and isinstance(tok, Word):
                     delim = "".join(p.text for p in tok.parts)
-                    self.heredocs.append((delim, strip_tabs))
-                expect_delim = False
+                    quoted = any(p.quoted for p in tok.parts)
+                    self.heredocs.append((delim, expect_delim.text.endswith("-"), quoted, expect_delim))
+                expect_delim = None
         return out
 
     @staticmethod
@@ -143,16 +158,67 @@ class Lexer:
         return False
 
     def _skip_heredoc_bodies(self) -> None:
+        """Read the bodies of the pending here-documents (after the newline of their command) onto
+        their operators."""
         text = self.text
-        for delim, strip_tabs in self.heredocs:
+        for delim, strip_tabs, quoted, op in self.heredocs:
+            start, first_line, lines = self.pos, self.line_at(self.pos), []
+            body_end = len(text)
             while self.pos < len(text):
                 end = text.find("\n", self.pos)
                 end = len(text) if end < 0 else end
                 line = text[self.pos : end]
-                self.pos = min(end + 1, len(text))
                 if (line.lstrip("\t") if strip_tabs else line) == delim:
+                    body_end = self.pos
+                    self.pos = min(end + 1, len(text))
                     break
+                lines.append(line.lstrip("\t") if strip_tabs else line)
+                self.pos = min(end + 1, len(text))
+            body = "".join(ln + "\n" for ln in lines)
+            word = None
+            if not quoted:
+                saved = self.pos
+                word = self.expansion_word(start, body_end) if not strip_tabs else Lexer(body, self.path,
+                                                                                         first_line - 1).expansion_word(0, len(body))
+                self.pos = saved
+            op.heredoc = Heredoc(body, word, first_line)
         self.heredocs = []
+
+    def expansion_word(self, start: int, end: int) -> Word:
+        """text[start:end] as a word in which only `$...` and backquote expansions (and the escapes
+        \\$ \\` \\\\ and backslash-newline) are special: a here-document body, or the text of
+        $(( ... )).  Expanded without word splitting."""
+        text = self.text
+        parts: list[Part] = []
+        buf: list[str] = []
+
+        def flush() -> None:
+            if buf:
+                parts.append(Part("lit", "".join(buf), True))
+                buf.clear()
+
+        self.pos = start
+        while self.pos < end:
+            c = text[self.pos]
+            if c == "\\" and self.pos + 1 < end and text[self.pos + 1] in "$`\\\n":
+                if text[self.pos + 1] != "\n":
+                    buf.append(text[self.pos + 1])
+                self.pos += 2
+            elif c == "$":
+                flush()
+                parts.append(self._dollar(quoted=True, limit=end))
+            elif c == "`":
+                j = text.find("`", self.pos + 1)
+                if j < 0 or j >= end:
+                    raise self.fail(self.pos, "unterminated ` command substitution")
+                flush()
+                parts.append(Part("raw", text[self.pos : j + 1], True))
+                self.pos = j + 1
+            else:
+                buf.append(c)
+                self.pos += 1
+        flush()
+        return Word(parts or [Part("lit", "", True)], text[start:end], self.line_at(start), start)
 
     def _arith_command(self) -> ArithCmd:
         start = self.pos
@@ -295,6 +361,8 @@ class Lexer:
                 if nxt == "\n":
                     self.pos += 2
                     continue
+                if nxt in (" ", "\t") and _BLANKS_TO_EOL.match(text, self.pos + 1):
+                    self.stray_escapes.append(self.line_at(self.pos))
                 lit(nxt, True)
                 self.pos += 2
             elif c == "'":

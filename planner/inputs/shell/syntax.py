@@ -3,11 +3,11 @@ loops, case, groups and subshells, functions, && / || lists, pipelines, (( )) an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.errors import PlannerInputError
 from planner.inputs.shell.lexer import (
-    ASSIGN_RE, MAX_NESTING, NAME_RE, ArithCmd, ArrayAssign, Lexer, Op, Token, Word, location,
+    ASSIGN_RE, MAX_NESTING, NAME_RE, ArithCmd, ArrayAssign, Heredoc, Lexer, Op, Token, Word, location,
 )
 
 RESERVED_END = {"then", "elif", "else", "fi", "do", "done", "esac", "}"}
@@ -17,12 +17,34 @@ RESERVED_END = {"then", "elif", "else", "fi", "do", "done", "esac", "}"}
 # Parser: tokens -> a small syntax tree
 # --------------------------------------------------------------------------------------------
 @dataclass
+class Redirect:
+    """`op target`: the operator as written (`>`, `2>&1`, `<<<`, `<<`), its target word (None for a
+    here-document), and a here-document's body."""
+
+    op: str
+    target: Word | None
+    heredoc: Heredoc | None = None
+
+    @property
+    def stdout(self) -> bool:
+        """The command's standard output goes elsewhere (a file, stderr)."""
+        kind = self.op.lstrip("0123456789")
+        return kind in (">", ">>", ">|", ">&", "&>", "&>>") and self.op[: len(self.op) - len(kind)] in ("", "1")
+
+    @property
+    def stdin_text(self) -> bool:
+        """A here-document or here-string feeds the command's standard input."""
+        return self.op.lstrip("0") in ("<<", "<<-", "<<<")
+
+
+@dataclass
 class Simple:
     assigns: list[Word | ArrayAssign]
     words: list[Word]
     line: int
     pos: int
     src: int  # which text: 0 = the script itself
+    redirects: list[Redirect] = field(default_factory=list)
 
 
 @dataclass
@@ -262,6 +284,7 @@ class Parser:
     def _simple(self) -> Simple:
         assigns: list = []
         words: list[Word] = []
+        redirects: list[Redirect] = []
         first = self.peek()
         line = getattr(first, "line", 0)
         pos = getattr(first, "pos", 0)
@@ -273,8 +296,10 @@ class Parser:
                 if tok.text in ("\n", ";", "&", "&&", "||", "|", "|&", ")", ";;", ";&", ";;&", "("):
                     break
                 self.i += 1  # a redirection: its target word follows
-                if isinstance(self.peek(), Word):
+                target = self.peek() if isinstance(self.peek(), Word) else None
+                if target is not None:
                     self.i += 1
+                redirects.append(Redirect(tok.text, None if tok.heredoc else target, tok.heredoc))
                 continue
             if isinstance(tok, ArithCmd):
                 break
@@ -294,7 +319,7 @@ class Parser:
             tok = self.peek()
             text = tok.raw if isinstance(tok, Word) else getattr(tok, "text", "end of script")
             raise self.fail(line or getattr(tok, "line", 1), f"syntax error near unexpected token `{text.strip() or 'newline'}`")
-        return Simple(assigns, words, line, pos, self.src)
+        return Simple(assigns, words, line, pos, self.src, redirects)
 
     def _if(self) -> If:
         start = self.peek()
@@ -417,9 +442,12 @@ class Parser:
         return Cond(items, start.line, self.text[start.pos : end_pos] if self.src == 0 else "[[ ... ]]")
 
 
-def parse(text: str, path: str | None, src: int, line_offset: int = 0) -> list:
+def parse(text: str, path: str | None, src: int, line_offset: int = 0, stray: list[int] | None = None) -> list:
     """The syntax tree of `text` (src: which text it is, 0 = the script itself; line_offset: for
-    a string from line N of a file, so that errors name that line)."""
+    a string from line N of a file, so that errors name that line); the lines with a stray `\\ `
+    are added to `stray`."""
     lexer = Lexer(text, path, line_offset)
     tokens = lexer.tokens()
+    if stray is not None:
+        stray.extend(lexer.stray_escapes)
     return Parser(tokens, path, src, text).program()

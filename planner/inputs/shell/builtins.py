@@ -1,0 +1,344 @@
+"""The shell builtins and small utilities the launcher-script reader evaluates as bash would, as pure
+functions over strings: field splitting by IFS, `echo`, `printf`, `read`, `expr`, `seq`, `basename`,
+`dirname`, and the job geometry `#SBATCH` lines give a Slurm job (its SLURM_* variables).
+
+Each raises ValueError where bash would fail or where the result depends on something the reader does
+not know; the interpreter then reads the command as one whose output is unknown."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+IFS_DEFAULT = " \t\n"
+MAX_SEQ_WORDS = 100_000  # `seq` longer than this is not expanded (a loop bound, not a flag list)
+
+
+# --------------------------------------------------------------------------------------------
+# Field splitting
+# --------------------------------------------------------------------------------------------
+def ifs_spans(value: str, ifs: str | None) -> list[tuple[int, int]]:
+    """bash's field splitting of an unquoted expansion: the (start, end) of each field.  IFS
+    whitespace around a delimiter is part of it and runs of it are one delimiter; each other IFS
+    character ends a field (`a,,b` has an empty middle field; a trailing delimiter adds none)."""
+    ifs = IFS_DEFAULT if ifs is None else ifs
+    if not ifs:
+        return [(0, len(value))] if value else []
+    ws = {c for c in ifs if c in IFS_DEFAULT}
+    start, end = 0, len(value)
+    while start < end and value[start] in ws:
+        start += 1
+    while end > start and value[end - 1] in ws:
+        end -= 1
+    spans: list[tuple[int, int]] = []
+    i = field_start = start
+    while i < end:
+        c = value[i]
+        if c not in ifs:
+            i += 1
+            continue
+        spans.append((field_start, i))
+        non_ws_seen = c not in ws
+        i += 1
+        while i < end and value[i] in ifs and (value[i] in ws or not non_ws_seen):
+            non_ws_seen = non_ws_seen or value[i] not in ws
+            i += 1
+        field_start = i
+    if field_start < end:
+        spans.append((field_start, end))
+    return spans
+
+
+def ifs_split(value: str, ifs: str | None) -> tuple[list[str], bool, bool]:
+    """(fields, starts with a delimiter, ends with a delimiter): text before or after an expansion
+    that starts or ends with IFS whitespace, or ends with any IFS character, is not joined to it."""
+    spans = ifs_spans(value, ifs)
+    ifs = IFS_DEFAULT if ifs is None else ifs
+    lead = bool(value) and bool(ifs) and value[0] in ifs and value[0] in IFS_DEFAULT
+    trail = bool(value) and bool(ifs) and value[-1] in ifs
+    return [value[a:b] for a, b in spans], lead, trail
+
+
+# --------------------------------------------------------------------------------------------
+# echo / printf
+# --------------------------------------------------------------------------------------------
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "r": "\r", "v": "\v",
+            "e": "\x1b", "E": "\x1b", '"': '"', "'": "'"}
+_ESCAPE_RE = re.compile(r"\\(0[0-7]{0,3}|[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|c|.)", re.S)
+
+
+def backslash_escapes(text: str, *, octal_zero: bool = False) -> tuple[str, bool]:
+    """`echo -e` / printf's %b / a printf format: escapes replaced; and whether `\\c` stopped the output."""
+    out: list[str] = []
+    pos = 0
+    for m in _ESCAPE_RE.finditer(text):
+        out.append(text[pos : m.start()])
+        code = m.group(1)
+        pos = m.end()
+        if code == "c":
+            return "".join(out), True
+        if code[0] == "x":
+            out.append(chr(int(code[1:], 16)))
+        elif code[0].isdigit() and (code[0] == "0" or not octal_zero):
+            digits = code[1:] if code[0] == "0" and octal_zero else code
+            out.append(chr(int(digits or "0", 8) & 0xFF))
+        else:
+            out.append(_ESCAPES.get(code, "\\" + code))
+    out.append(text[pos:])
+    return "".join(out), False
+
+
+def echo_text(args: list[str]) -> str:
+    """What `echo ARGS` writes (options -n, -e, -E as bash's builtin reads them)."""
+    newline, escapes = True, False
+    while args and re.fullmatch(r"-[neE]+", args[0]):
+        newline = newline and "n" not in args[0]
+        escapes = ("e" in args[0]) or (escapes and "E" not in args[0])
+        args = args[1:]
+    text = " ".join(args)
+    if escapes:
+        text, stop = backslash_escapes(text, octal_zero=True)
+        if stop:
+            return text
+    return text + ("\n" if newline else "")
+
+
+_CONVERSION = re.compile(r"%([-+ #0]*)(\*|\d+)?(?:\.(\*|\d*))?([diouxXfFeEgGcsbq%])")
+
+
+def _printf_int(arg: str) -> int:
+    text = arg.strip()
+    if text[:1] in ("'", '"') and len(text) >= 2:
+        return ord(text[1])  # printf '%d' "'A" is the character's code
+    if not text:
+        return 0
+    try:
+        return int(text, 0) if not re.fullmatch(r"[-+]?0[0-7]+", text) else int(text, 8)
+    except ValueError:
+        raise ValueError(f"printf: {arg!r}: invalid number") from None
+
+
+def _printf_one(flags: str, width: str | None, precision: str | None, conv: str, arg: str) -> str:
+    spec = "%" + flags + (width or "") + ("." + precision if precision is not None else "")
+    if conv in "diouxX":
+        value = _printf_int(arg)
+        if conv == "u" and value < 0:
+            value += 1 << 64
+        return (spec + {"i": "d", "u": "d"}.get(conv, conv)) % value
+    if conv in "fFeEgG":
+        try:
+            return (spec + conv) % float(arg or "0")
+        except ValueError:
+            raise ValueError(f"printf: {arg!r}: invalid number") from None
+    if conv == "c":
+        return (spec + "s") % arg[:1]
+    if conv == "b":
+        return (spec + "s") % backslash_escapes(arg, octal_zero=True)[0]
+    if conv == "q":
+        return (spec + "s") % shlex.quote(arg)
+    return (spec + "s") % arg
+
+
+def printf_text(fmt: str, args: list[str]) -> str:
+    """What `printf FORMAT ARGS` writes: the format reused until the arguments run out."""
+    fmt, _ = backslash_escapes(fmt, octal_zero=True)
+    out: list[str] = []
+    args = list(args)
+    while True:
+        pos, used = 0, False
+        for m in _CONVERSION.finditer(fmt):
+            out.append(fmt[pos : m.start()])
+            pos = m.end()
+            flags, width, precision, conv = m.groups()
+            if conv == "%":
+                out.append("%")
+                continue
+            if width == "*":
+                width, used = str(_printf_int(args.pop(0) if args else "0")), True
+            if precision == "*":
+                precision, used = str(_printf_int(args.pop(0) if args else "0")), True
+            arg = args.pop(0) if args else ""
+            used = True
+            out.append(_printf_one(flags, width, precision, conv, arg))
+        out.append(fmt[pos:])
+        if not args or not used:
+            return "".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# read
+# --------------------------------------------------------------------------------------------
+def read_fields(line: str, names: int, ifs: str | None) -> list[str]:
+    """`read NAME...` of one line: one field per name, the last taking the rest of the line."""
+    spans = ifs_spans(line, ifs)
+    if names <= 0:
+        return []
+    if len(spans) <= names:
+        return [line[a:b] for a, b in spans] + [""] * (names - len(spans))
+    head = [line[a:b] for a, b in spans[: names - 1]]
+    rest = line[spans[names - 1][0] :]
+    ws = set(IFS_DEFAULT if ifs is None else ifs) & set(IFS_DEFAULT)
+    return head + [rest.rstrip("".join(ws))]
+
+
+# --------------------------------------------------------------------------------------------
+# expr, seq, basename, dirname
+# --------------------------------------------------------------------------------------------
+def expr_value(args: list[str]) -> str:
+    """`expr A OP B` for integers (+ - * / %) and comparisons, `expr length S`."""
+    if len(args) == 2 and args[0] == "length":
+        return str(len(args[1]))
+    if len(args) == 1:
+        return args[0]
+    if len(args) != 3:
+        raise ValueError("expr: only `A OP B` is read")
+    a, op, b = args
+    if op in ("=", "!=", "<", ">", "<=", ">="):
+        try:
+            x, y = int(a), int(b)
+            return str(int({"=": x == y, "!=": x != y, "<": x < y, ">": x > y, "<=": x <= y, ">=": x >= y}[op]))
+        except ValueError:
+            return str(int({"=": a == b, "!=": a != b, "<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]))
+    try:
+        x, y = int(a), int(b)
+    except ValueError:
+        raise ValueError(f"expr: {a!r} {op} {b!r}: not integers") from None
+    if op in ("/", "%") and y == 0:
+        raise ValueError("expr: division by zero")
+    funcs = {"+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y,
+             "/": lambda: int(x / y), "%": lambda: x - int(x / y) * y}
+    if op not in funcs:
+        raise ValueError(f"expr: operator {op!r} is not read")
+    return str(funcs[op]())
+
+
+def seq_words(args: list[str]) -> list[str]:
+    """`seq [FIRST [STEP]] LAST` over integers."""
+    try:
+        nums = [int(a) for a in args]
+    except ValueError:
+        raise ValueError("seq: only integers are read") from None
+    if not 1 <= len(nums) <= 3:
+        raise ValueError("seq: expected FIRST [STEP] LAST")
+    first, step, last = (1, 1, nums[0]) if len(nums) == 1 else (nums[0], nums[1] if len(nums) == 3 else 1, nums[-1])
+    if step == 0:
+        raise ValueError("seq: the step is 0")
+    count = max(0, (last - first) // step + 1)
+    if count > MAX_SEQ_WORDS:
+        raise ValueError(f"seq: more than {MAX_SEQ_WORDS} numbers")
+    return [str(first + k * step) for k in range(count)]
+
+
+def basename_of(args: list[str]) -> str:
+    if not args:
+        raise ValueError("basename: missing operand")
+    name = args[0].rstrip("/").rsplit("/", 1)[-1] or ("/" if args[0].startswith("/") else "")
+    if len(args) > 1 and name.endswith(args[1]) and name != args[1]:
+        name = name[: -len(args[1])]
+    return name
+
+
+def dirname_of(args: list[str]) -> str:
+    if not args:
+        raise ValueError("dirname: missing operand")
+    path = args[0].rstrip("/")
+    if "/" not in path:
+        return "/" if args[0].startswith("/") else "."
+    head = path.rsplit("/", 1)[0].rstrip("/")
+    return head or "/"
+
+
+# --------------------------------------------------------------------------------------------
+# Slurm: the job geometry #SBATCH lines (or sbatch's own options) give
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SchedulerValue:
+    """A variable the scheduler sets when the job runs, the value the reader gives it, and where
+    that value comes from (`#SBATCH --nodes=2` on line 3, --cluster)."""
+
+    name: str
+    value: str
+    source: str
+
+
+_SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
+_SBATCH_KEYS = {"-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks-per-node", "-n": "ntasks",
+                "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres"}
+
+
+def sbatch_options(words: list[str]) -> dict[str, str]:
+    """The job-geometry options among sbatch's words (`--nodes=2`, `-N 2`, `-N2`, `--gres=gpu:8`)."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name, eq, value = word.partition("=")
+        if not eq and re.fullmatch(r"-[Nn]\d+", word):
+            name, value, eq = word[:2], word[2:], "="
+        key = _SBATCH_KEYS.get(name)
+        if key is not None and not eq and i + 1 < len(words):
+            value, i = words[i + 1], i + 1
+        if key is not None:
+            out[key] = value
+        i += 1
+    return out
+
+
+def sbatch_directives(text: str) -> list[tuple[int, dict[str, str]]]:
+    """(line, options) of the `#SBATCH` lines sbatch reads: those before the first command."""
+    out: list[tuple[int, dict[str, str]]] = []
+    for k, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        m = _SBATCH_LINE.match(stripped)
+        if m:
+            try:
+                words = shlex.split(m.group(1), comments=True)
+            except ValueError:
+                continue
+            opts = sbatch_options(words)
+            if opts:
+                out.append((k, opts))
+    return out
+
+
+def _gpus(value: str) -> str:
+    """The GPU count of `8`, `h100:8`, `gpu:8` or `gpu:h100:8`."""
+    last = value.split(",")[0].rsplit(":", 1)[-1]
+    return last if last.isdigit() else ""
+
+
+def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
+    """SLURM_* variables of a job with these options ({key: (value, where given)}); only integers."""
+    def num(key: str) -> tuple[str, str] | None:
+        value, where = options.get(key, ("", ""))
+        value = _gpus(value) if key in ("gpus-per-node", "gres") else value
+        return (value, where) if value.isdigit() else None
+
+    out: list[SchedulerValue] = []
+    nodes, per, tasks = num("nodes"), num("ntasks-per-node"), num("ntasks")
+    gpus = num("gpus-per-node") or num("gres")
+    if nodes:
+        out += [SchedulerValue(n, nodes[0], nodes[1]) for n in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")]
+    if per:
+        out += [SchedulerValue(n, per[0], per[1]) for n in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")]
+    if tasks is None and nodes and per:
+        tasks = (str(int(nodes[0]) * int(per[0])), f"{nodes[1]} and {per[1]}")
+    if tasks:
+        out += [SchedulerValue(n, tasks[0], tasks[1]) for n in ("SLURM_NTASKS", "SLURM_NPROCS")]
+    if gpus:
+        out += [SchedulerValue(n, gpus[0], gpus[1]) for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
+    return out
+
+
+def sbatch_values(text: str, command_words: list[str] | None = None) -> list[SchedulerValue]:
+    """The SLURM_* variables a job script's `#SBATCH` lines (and sbatch's own options, which win) set."""
+    options: dict[str, tuple[str, str]] = {}
+    for line, opts in sbatch_directives(text):
+        for key, value in opts.items():
+            options[key] = (value, f"`#SBATCH --{key}={value}` (line {line})")
+    for key, value in sbatch_options(command_words or []).items():
+        options[key] = (value, f"`sbatch --{key}={value}`")
+    return slurm_values(options)

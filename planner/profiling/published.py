@@ -1,0 +1,151 @@
+"""Profile tables from published component benchmarks: profiles/published/components.csv -> device overlays.
+
+Each row of components.csv is one figure a public benchmark printed (its `source` names the repository,
+file and commit, or the URL, and the table or panel), measured on `measured_on` and applied to the devices of
+`applies_to` (same chip and clocks).  `python -m planner.profiling.published --write` turns them into device
+overlays in profiles/published/devices/, in the format `cli.py profile` writes (planner/profiling/tables.py
+conventions), with provenance kind `published`; planner/profile_tables.py layers them over the datasheet
+tables, through the same path as a user's `--profiles DIR`.
+
+Tables and their arithmetic (the cost model's conventions):
+- `attention_efficiency` (size = causal forward FLOP per call): at each sequence length, the forward+backward
+  efficiency of a causal call, (1 + R) / (1/e_fwd_causal + R/e_bwd_causal) with R = ATTENTION_BWD_OVER_FWD (the
+  model prices backward as R x forward), where e_bwd_causal = e_bwd x e_fwd_causal / e_fwd (the backward
+  figure is non-causal: it is scaled by the forward's causal/non-causal ratio at the same length, an assumption
+  stated in the provenance).
+- `grouped_gemm_efficiency` (size = tokens per expert): a multiplier on the device's dense GEMM efficiency at
+  the whole grouped call's FLOP, tile padding taken out (as kernels.py `grouped_gemm_s` reads it): the median
+  over rows at one size of achieved / (peak x gemm_efficiency(call FLOP) x padding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from planner.cost.curves import interpolate_efficiency
+from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, GROUPED_GEMM_TILE_ROWS
+from planner.profile_tables import PROFILES_DIR, ProfileSet
+from planner.schemas.device import EfficiencyCurve, EfficiencyPoint, Provenance
+
+PUBLISHED_DIR = PROFILES_DIR / "published"
+COMPONENTS_CSV = PUBLISHED_DIR / "components.csv"
+TABLES = ("attention_fwd", "attention_fwd_causal", "attention_bwd", "grouped_gemm")
+COLUMNS = ("id", "table", "measured_on", "applies_to", "shape", "size", "call_flop", "value", "unit", "peak_tflops",
+           "source", "notes")
+HEADER = ("# Written by `python -m planner.profiling.published --write` from profiles/published/components.csv\n"
+          "# (one published benchmark figure per row, each with its source); do not edit by hand.\n")
+
+
+def load_components(path: Path = COMPONENTS_CSV) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        if r["table"] not in TABLES:
+            raise ValueError(f"{path}: row {r['id']}: unknown table {r['table']!r}; known: {', '.join(TABLES)}")
+        if r["unit"] != "TFLOP/s" or not r["source"].strip():
+            raise ValueError(f"{path}: row {r['id']}: TFLOP/s figures with a source only")
+    return rows
+
+
+def _efficiency(row: dict[str, str]) -> float:
+    return float(row["value"]) / float(row["peak_tflops"])
+
+
+def _ids(rows: list[dict[str, str]]) -> str:
+    return ", ".join(r["id"] for r in rows)
+
+
+def attention_curve(rows: list[dict[str, str]]) -> EfficiencyCurve:
+    by_seq: dict[int, dict[str, dict[str, str]]] = defaultdict(dict)
+    for r in rows:
+        by_seq[int(r["size"])][r["table"]] = r
+    r_bwd = ATTENTION_BWD_OVER_FWD
+    points = []
+    for seq, t in sorted(by_seq.items()):
+        if set(t) != {"attention_fwd", "attention_fwd_causal", "attention_bwd"}:
+            continue
+        e_fc, e_f, e_b = (_efficiency(t[k]) for k in ("attention_fwd_causal", "attention_fwd", "attention_bwd"))
+        e_bc = e_b * e_fc / e_f
+        points.append(EfficiencyPoint(size=float(t["attention_fwd_causal"]["call_flop"]),
+                                      efficiency=round((1 + r_bwd) / (1 / e_fc + r_bwd / e_bc), 4)))
+    source = (f"published: cuDNN fused attention (the kernel Transformer Engine runs for Megatron) on H100 SXM5, "
+              f"head dim 128, as the FlashAttention-3 paper measured it (components.csv rows {_ids(rows)}); "
+              f"forward+backward efficiency of a causal call = (1+{r_bwd:g})/(1/e_fwd_causal + {r_bwd:g}/e_bwd_causal), "
+              "e_bwd_causal = e_bwd x e_fwd_causal/e_fwd (ASSUMED: the published backward is non-causal); size = "
+              "the causal forward FLOP of the benchmark call (batch x seq = 16k tokens, 16 heads of 128)")
+    return EfficiencyCurve(points=tuple(points), provenance=Provenance(kind="published", source=source))
+
+
+def grouped_curve(rows: list[dict[str, str]], gemm: EfficiencyCurve) -> EfficiencyCurve:
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        m = int(r["size"])
+        padding = m / (math.ceil(m / GROUPED_GEMM_TILE_ROWS) * GROUPED_GEMM_TILE_ROWS)
+        by_size[m].append(_efficiency(r) / (interpolate_efficiency(gemm, float(r["call_flop"])) * padding))
+    points = tuple(EfficiencyPoint(size=float(m), efficiency=round(statistics.median(v), 4))
+                   for m, v in sorted(by_size.items()))
+    source = (f"published: BF16 grouped expert GEMMs on H100 SXM5 (components.csv rows {_ids(rows)}): Transformer "
+              "Engine GroupedLinear (TE 2.2 and 2.7) at 2048 and 4096 tokens per expert, the grouped_gemm package's "
+              "five backends at 512; multiplier = median of achieved / (989 TFLOP/s x gemm_efficiency at the whole "
+              "call's FLOP x tile padding), gemm_efficiency being the device's datasheet-derived curve; clamped "
+              "outside 512-4096 tokens per expert")
+    return EfficiencyCurve(points=points, provenance=Provenance(kind="published", source=source))
+
+
+def overlays(rows: list[dict[str, str]], base: ProfileSet) -> dict[str, dict]:
+    """Device name -> overlay (the keys a device file may replace), built from the component rows."""
+    devices = sorted({d for r in rows for d in r["applies_to"].split()})
+    out: dict[str, dict] = {}
+    for dev in devices:
+        mine = [r for r in rows if dev in r["applies_to"].split()]
+        overlay: dict = {"name": dev}
+        attention = [r for r in mine if r["table"].startswith("attention")]
+        if attention:
+            overlay["attention_efficiency"] = attention_curve(attention).model_dump(mode="json")
+        grouped = [r for r in mine if r["table"] == "grouped_gemm"]
+        if grouped:
+            overlay["grouped_gemm_efficiency"] = grouped_curve(grouped, base.device(dev).gemm_efficiency).model_dump(
+                mode="json")
+        measured_on = sorted({r["measured_on"] for r in mine} - {dev})
+        if measured_on:
+            note = (f"measured on {', '.join(measured_on)}, applied to {dev}: the same SM90 die and clocks (only "
+                    "NVLink, memory or FP64 differ, which these kernels do not use)")
+            for key in ("attention_efficiency", "grouped_gemm_efficiency"):
+                if key in overlay:
+                    overlay[key]["provenance"]["source"] += "; " + note
+        out[dev] = overlay
+    return out
+
+
+def render(overlay: dict) -> str:
+    return HEADER + yaml.safe_dump(overlay, sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m planner.profiling.published", description=__doc__.split("\n")[0])
+    ap.add_argument("--write", action="store_true", help="rewrite profiles/published/devices/*.yaml")
+    args = ap.parse_args(argv)
+    built = overlays(load_components(), ProfileSet.uncalibrated())  # only the datasheet GEMM curve is read
+    for name, overlay in built.items():
+        path = PUBLISHED_DIR / "devices" / f"{name}.yaml"
+        text = render(overlay)
+        if args.write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path}", file=sys.stderr)
+        else:
+            stale = not path.is_file() or path.read_text(encoding="utf-8") != text
+            print(f"{path}: {'differs from the components (run with --write)' if stale else 'up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""The memory model (planner/cost/memory.py, the memory parts of planner/cost/model.py): the terms issue 19
+added, each checked against a hand count; the whole against measured peaks (planner/calibration/memory.py) and
+against Megatron's own theoretical memory report (tools/megatron_memory.py, in the validator environment)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from planner.calibration.memory import TARGET_MEDIAN_ABS_PCT, TARGET_WORST_UNDER_PCT, memory_rows, summarise
+from planner.cost.estimate import plan_from_run
+from planner.cost.memory import COMM_BUFFER_GIB, comm_buffer_bytes, process_groups
+from planner.cost.model import CostModel
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.profile_tables import ProfileSet
+from planner.units import GIB_BYTES
+from tools.megatron_validate import megatron_python
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+       "--micro-batch-size 2 --global-batch-size 64 --vocab-size 32000 --bf16 --untie-embeddings-and-output-weights "
+       "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+
+
+def _priced(flags: str, cluster: str = "H100:16", headroom: float = 0.0):
+    profiles = ProfileSet.load()
+    cl = parse_cluster(cluster, profiles)
+    run = parse_megatron_flags(shlex.split(flags), world_size=cl.world_size)
+    plan, _ = plan_from_run(run, cl, profiles)
+    return run, plan, CostModel(run.model, run.training, cl, profiles, memory_headroom=headroom).evaluate(plan)
+
+
+def test_dropout_masks_are_one_byte_per_element_of_each_bias_dropout_add():
+    """Megatron's default --hidden-dropout 0.1: each layer's two bias-dropout-add steps keep a 1-byte mask of
+    [s, b, h] (TP2 without SP: the whole sequence), and the first stage's embedding dropout one more."""
+    _, plan, with_do = _priced(GPT + " --attention-dropout 0.0")
+    _, _, without = _priced(GPT + " --attention-dropout 0.0 --hidden-dropout 0.0")
+    s, b, h = 2048, 2, 2048
+    for i, (a, z) in enumerate(zip(with_do.stages, without.stages)):
+        layers = plan.stages[i].num_layers
+        masks = a.inflight_microbatches * (layers * 2 * s * b * h + (s * b * h if i == 0 else 0))
+        assert a.activations_bytes - z.activations_bytes == pytest.approx(masks)
+
+
+def test_unfused_attention_keeps_the_softmax_output_per_layer():
+    """--attention-backend unfused: 2 * (heads/TP) * s^2 * b bytes per layer and in-flight micro-batch over the
+    flash kernel's statistics; with attention dropout a mask (1 byte) and the dropped copy (2 bytes) more: 5as^2b
+    (Korthikanti et al. 2022, Table 2)."""
+    base = GPT + " --hidden-dropout 0.0"
+    _, plan, flash = _priced(base + " --attention-dropout 0.0")
+    _, _, unfused = _priced(base + " --attention-dropout 0.0 --attention-backend unfused")
+    _, _, unfused_do = _priced(base + " --attention-backend unfused")
+    a_local, s, b = 16 / 2, 2048, 2
+    stats = 4 * a_local * s * b  # flash: FP32 softmax statistics per head and token
+    for i, st in enumerate(flash.stages):
+        per_mb_layers = st.inflight_microbatches * plan.stages[i].num_layers
+        grew = unfused.stages[i].activations_bytes - st.activations_bytes
+        scores = 2 * a_local * s * s * b  # one BF16 s x s tensor of this GPU's heads
+        transient = 2 * scores  # raw scores and the softmax gradient while one layer runs
+        assert grew == pytest.approx(per_mb_layers * (scores - stats) + transient, rel=1e-9)
+        grew_do = unfused_do.stages[i].activations_bytes - st.activations_bytes
+        assert grew_do == pytest.approx(per_mb_layers * (2.5 * scores - stats) + transient, rel=1e-9)
+
+
+def test_selective_core_attn_recompute_drops_the_unfused_softmax():
+    base = GPT + " --hidden-dropout 0.0 --attention-dropout 0.0 --attention-backend unfused"
+    _, plan, kept = _priced(base)
+    _, _, dropped = _priced(base + " --recompute-granularity selective --recompute-modules core_attn")
+    softmax = 2 * (16 / 2) * 2048 * 2048 * 2  # BF16 softmax output of one layer, this GPU's heads
+    for i, st in enumerate(kept.stages):
+        layer_mbs = st.inflight_microbatches * plan.stages[i].num_layers
+        assert st.activations_bytes - dropped.stages[i].activations_bytes == pytest.approx(layer_mbs * softmax)
+
+
+def test_the_mtp_stage_holds_a_duplicate_word_embedding():
+    """gpt_model.py builds LanguageModelEmbedding when pre_process or mtp_process: with PP > 1 the MTP (last)
+    stage holds V x h / TP more parameters than the MTP layer alone adds; with PP 1 it is the same embedding."""
+    mtp = " --mtp-num-layers 1"
+    pp1 = GPT.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1")
+    run, _, plain2 = _priced(GPT)
+    _, _, mtp2 = _priced(GPT + mtp)
+    _, _, plain1 = _priced(pp1)
+    _, _, mtp1 = _priced(pp1 + mtp)
+    added_pp2 = mtp2.stages[-1].weights_bytes - plain2.stages[-1].weights_bytes
+    added_pp1 = mtp1.stages[-1].weights_bytes - plain1.stages[-1].weights_bytes
+    embedding_bf16 = run.model.padded_vocab_size(2) * 2048 / 2 * 2
+    assert added_pp2 - added_pp1 == pytest.approx(embedding_bf16)
+    assert mtp2.stages[0].weights_bytes == plain2.stages[0].weights_bytes
+
+
+def test_communicator_buffers_follow_the_plans_process_groups():
+    """One buffer set per group of more than one rank the stage communicates over (NVIDIA/nccl#964 per
+    communicator; HCCL 2 x HCCL_BUFFSIZE), so the term depends on the plan."""
+    assert process_groups(tp=1, cp=1, dp=1, pp=1, ep=1, etp=1, moe=False, tied_embedding_stage=False) == ()
+    assert process_groups(tp=8, cp=1, dp=1, pp=1, ep=1, etp=1, moe=False, tied_embedding_stage=False) == (
+        "world", "tensor")
+    moe = process_groups(tp=2, cp=2, dp=4, pp=4, ep=8, etp=1, moe=True, tied_embedding_stage=True)
+    assert moe == ("world", "tensor", "context", "pipeline", "data", "expert", "expert-data", "model", "embedding")
+    assert "expert-tensor" in process_groups(tp=1, cp=1, dp=8, pp=1, ep=2, etp=4, moe=True, tied_embedding_stage=False)
+    assert comm_buffer_bytes("NVIDIA", moe) == pytest.approx(9 * COMM_BUFFER_GIB["NVIDIA"] * GIB_BYTES)
+    assert comm_buffer_bytes("Huawei", moe) < comm_buffer_bytes("NVIDIA", moe)
+    _, _, tp_only = _priced(GPT.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1"),
+                            cluster="H100:2")
+    _, _, with_dp = _priced(GPT, cluster="H100:16")
+    assert tp_only.stages[0].comm_buffer_bytes < with_dp.stages[0].comm_buffer_bytes
+
+
+def test_headroom_takes_memory_off_what_a_plan_may_use():
+    _, _, none = _priced(GPT)
+    _, _, ten = _priced(GPT, headroom=0.10)
+    a, b = none.stages[0], ten.stages[0]
+    assert a.memory_bytes == b.memory_bytes and a.device_memory_bytes == b.device_memory_bytes
+    assert b.capacity_bytes == pytest.approx(0.9 * a.device_memory_bytes)
+    assert ten.memory_headroom == 0.10 and b.to_json()["usable_gib"] == pytest.approx(0.9 * b.to_json()["capacity_gib"])
+
+
+def test_measured_peaks(profiles):
+    """Issue 19's targets on measured peak memory: median |error| <= 10%, and no run whose allocated peak was
+    measured predicted more than 10% below it.  The one reserved-memory row (the allocator's cache and a whole
+    run's peak, checkpoint conversion included) is reported, not held to the bound (calibration README)."""
+    rows = memory_rows(profiles)
+    assert len(rows) >= 7
+    summary = summarise(rows)
+    assert summary.median_abs_pct <= TARGET_MEDIAN_ABS_PCT, summary
+    allocated = [r for r in rows if r.metric == "max_allocated_gib"]
+    assert all(r.error_pct >= TARGET_WORST_UNDER_PCT for r in allocated), [(r.id, r.error_pct) for r in allocated]
+
+
+# --------------------------------------------------------------------------------------------- Megatron's formula
+
+_PYTHON = megatron_python()
+BASE = ("--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --vocab-size 32000 "
+        "--tokenizer-type NullTokenizer --mock-data --bf16 --disable-bias-linear --untie-embeddings-and-output-weights "
+        "--normalization RMSNorm --num-layers 16 --hidden-size 4096 --num-attention-heads 32 --global-batch-size 64 "
+        "--tensor-model-parallel-size 2 --sequence-parallel --recompute-activations")
+MOE = " --ffn-hidden-size 14336 --swiglu --group-query-attention --num-query-groups 8 --num-experts 8 --moe-router-topk 2"
+THEORY_CASES = {  # name: (flags, world size, Megatron's activation formula applies)
+    "dense PP1 distributed optimizer": (BASE + " --use-distributed-optimizer", 16, True),
+    "dense PP4": (BASE + " --use-distributed-optimizer --pipeline-model-parallel-size 4", 32, True),
+    "dense PP4 VPP2": (BASE + " --use-distributed-optimizer --pipeline-model-parallel-size 4 "
+                       "--num-layers-per-virtual-pipeline-stage 2", 32, True),
+    "dense PP2 plain optimizer": (BASE + " --pipeline-model-parallel-size 2", 8, True),
+    "GQA SwiGLU MoE EP8 PP2": (BASE + MOE + " --moe-grouped-gemm --expert-model-parallel-size 8 "
+                               "--pipeline-model-parallel-size 2 --use-distributed-optimizer", 32, False),
+    "MoE EP4 plain optimizer": (BASE + MOE + " --expert-model-parallel-size 4", 16, False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_PYTHON is None, reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh)")
+def test_against_megatrons_theoretical_memory_report(profiles):
+    """Weights, gradients and optimizer state of the most loaded stage agree with Megatron's own formula
+    (theoretical_memory_usage.py, bytes per parameter 18, or 6 + 12/DP with the distributed optimizer) on every
+    configuration; activations of the first stage within 5% where Megatron's formula applies (dense, MHA,
+    non-gated MLP: it ignores GQA, SwiGLU and MoE, NVIDIA/Megatron-LM#1784)."""
+    cases, ours = [], {}
+    for name, (flags, world, _) in THEORY_CASES.items():
+        cl = parse_cluster(f"H100:{world}", profiles)
+        run = parse_megatron_flags(shlex.split(flags), world_size=world)
+        plan, _ = plan_from_run(run, cl, profiles)
+        st = CostModel(run.model, run.training, cl, profiles, memory_headroom=0.0).evaluate(plan).stages[0]
+        ours[name] = (st.weights_bytes + st.grads_bytes + st.optimizer_bytes, st.activations_bytes)
+        cases.append({"name": name, "argv": shlex.split(flags), "world_size": world,
+                      "num_microbatches": plan.num_microbatches})
+    proc = subprocess.run([_PYTHON, str(ROOT / "tools" / "megatron_memory.py")], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for r in json.loads(proc.stdout):
+        assert r["ok"], (r["name"], r["error"])
+        static, act = ours[r["name"]]
+        assert static == pytest.approx(r["weight_and_optimizer_bytes"], rel=0.003), r["name"]
+        if THEORY_CASES[r["name"]][2]:
+            assert act == pytest.approx(r["activation_bytes"], rel=0.05), r["name"]
