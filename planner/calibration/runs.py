@@ -125,7 +125,12 @@ class CalibrationCase:
                                       "moe_router_force_load_balancing", "moe_grouped_gemm",
                                       "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
                                       "moe_router_load_balancing_type", "moe_aux_loss_coeff",
-                                      "max_position_embeddings"})
+                                      "max_position_embeddings",
+                                      # numerics that change neither time nor memory (a run's flags may leave them
+                                      # at Megatron's defaults where its neighbour states the model's values)
+                                      "rotary_base", "rotary_percent", "norm_epsilon", "rope_scaling_factor",
+                                      "rotary_scaling_factor", "mscale", "mscale_all_dim", "use_rope_scaling",
+                                      "moe_router_topk_scaling_factor"})
         return (self.cluster.describe(), tuple(sorted(shape.items())))
 
     def price(self, profiles) -> PlanCost:
