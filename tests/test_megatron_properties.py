@@ -18,10 +18,8 @@ are printed (`pytest -s`) for the closing note: cases, agreements, disagreements
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-import subprocess
 from functools import lru_cache
 
 import pytest
@@ -31,8 +29,9 @@ from planner.launcher import render_launch_files
 from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace
 
+from helpers.megatron import NEEDS_MEGATRON, validate
 from helpers.rule_cases import Case, cluster_for, draw_cases, planner_verdict, profiles
-from test_megatron_validator import PYTHON, VALIDATE, ROOT, _concrete, _upstream_only
+from test_megatron_validator import _concrete, _upstream_only
 
 SEED, CASES, SOLVED = 20, 400, 24
 ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # what the planner's launchers export with TP or CP > 1
@@ -87,17 +86,11 @@ def _scenario_holds(name: str, plan: dict) -> bool:
 SOLVE_FIRST = ("ep_overlap", "cp", "fp8", "cuda_graph", "overlap_step", "layout", "dispatcher", "mtp", "pipeline",
                "recompute", "router_groups", "shared_experts")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(PYTHON is None, reason="Megatron's validator environment is not built (bash .ci/megatron_env.sh)"),
-]
+pytestmark = [pytest.mark.slow, NEEDS_MEGATRON]
 
 
 def _validate(cases: list[dict]) -> dict[str, dict]:
-    proc = subprocess.run([PYTHON, str(VALIDATE)], input=json.dumps(cases), capture_output=True, text=True,
-                          timeout=1500, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {r["name"]: r for r in json.loads(proc.stdout)}
+    return validate(cases, timeout_s=1500)
 
 
 def _megatron_message(error: str) -> str:
