@@ -30,12 +30,12 @@ from planner.inputs.script import LauncherScript
 from planner.launcher import render_launch_files
 from planner.profile_tables import ProfileSet
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
-from planner.megatron.rules import check_plan, format_violations
+from planner.megatron.rules import format_violations, input_violations, run_violations
 from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
-from planner.search.driver import search
+from planner.search.pools import search_with_pools
 from planner.search.pruning import Pruning
 from planner.search.settings import ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
@@ -190,7 +190,8 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
           objective: str = "pessimistic") -> SolveOutcome:
     """Search, then check every returned plan with the independent checker: a plan that breaks a
     rule, overflows memory (its headroom kept free) or uses GPUs the cluster lacks raises PlanCheckError
-    (exit status 2), never a printed problem.
+    (exit status 2), never a printed problem.  Flags Megatron refuses whatever the plan (the model's, the run's
+    other flags: planner/megatron/rules.py input_violations) are refused first, naming them.
 
     `objective` "pessimistic" (the default) searches tables built from the top of the range
     (planner/cost/ranges.py: each mechanism's seconds at their held-out uncertainty), so the plan whose
@@ -198,9 +199,14 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     the nominal float cost model's, with the range beside it."""
     if objective not in OBJECTIVES:
         raise PlannerInputError("--objective", f"expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    fixed = input_violations(run.model, run.training)
+    if fixed:
+        raise PlannerInputError(" / ".join(sorted({rule_options(v.rule) or "flags" for v in fixed})),
+                                "Megatron refuses these flags whatever the plan: " + format_violations(fixed))
     ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal
-    result = search(ranges.high if objective == "pessimistic" else cost, space, settings, progress=progress)
+    result = search_with_pools(ranges.high if objective == "pessimistic" else cost, space, settings,
+                               progress=progress)
     plans = [c.plan for c in result.best]
     costs, problems = [], []
     for p in plans:
@@ -219,7 +225,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[IdleGpus]:
     """Per device type, the GPUs the plan leaves idle and why: too few left for one more stage of
     the plan's shape, or (when more stages would fit) the search found no faster plan using them."""
-    used = plan.gpus_by_type()
+    used = cluster.spread(plan.gpus_by_type())  # a pooled stage type's GPUs counted on its members
     out = []
     proof = "the search proved that no plan using them is faster" if result.certified_optimal else \
         "no plan using them was faster among those searched"
@@ -287,7 +293,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     options behind the broken rules, unless `allow_invalid` (then each broken rule is a note)."""
     run, cluster, profiles = inputs
     plan, notes = plan_from_run(run, cluster, profiles)
-    violations = check_plan(run.model, plan, run.training)
+    violations = run_violations(run, plan)
     if violations and not allow_invalid:
         raise PlannerInputError(
             " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),

@@ -24,12 +24,7 @@ def plan_problems(cost_model: CostModel, plan: Plan) -> tuple[list[str], PlanCos
     for i, s in enumerate(plan.stages):
         if s.num_layers < 1:
             problems.append(f"stage {i} holds no layers")
-    have = cluster.gpus_by_type()
-    for h, n in plan.gpus_by_type().items():
-        if h not in have:
-            problems.append(f"plan uses {h}, which the cluster does not have ({cluster.describe()})")
-        elif n > have[h]:
-            problems.append(f"plan uses {n} {h} GPUs, the cluster has {have[h]}")
+    problems += [f"plan: {p}" for p in cluster.shortfalls(plan.gpus_by_type())]  # a pooled type uses its members
     for v in check_plan(model, plan, cost_model.training):
         problems.append(f"rule {v.rule}: {v.message}")
     cost = cost_model.evaluate(plan)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import MissingProfileError, PlannerInputError
 from planner.inputs.files import parse_yaml, read_text
-from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
+from planner.schemas.cluster import POOL_SEP, ClusterSpec, CrossTypeLink, NodeGroup, pool_members
 from planner.schemas.device import DeviceProfile, LinkProfile, Provenance
 from planner.schemas.types import StrictModel
 
@@ -351,7 +351,10 @@ class ProfileSet:
         return sorted(self._devices)
 
     def canonical_name(self, name: str) -> str:
-        """The canonical name for a device name or alias (case-insensitive; '-', '_', spaces ignored)."""
+        """The canonical name for a device name or alias (case-insensitive; '-', '_', spaces ignored); a
+        pooled type ("H100+H200", planner/schemas/cluster.py POOL_SEP) names each member canonically."""
+        if POOL_SEP in name:
+            return POOL_SEP.join(self.canonical_name(m) for m in pool_members(name))
         canonical = self._index.get(name_key(name))
         if canonical is None:
             raise PlannerInputError(
@@ -361,7 +364,32 @@ class ProfileSet:
         return canonical
 
     def device(self, name: str) -> DeviceProfile:
-        return self._devices[self.canonical_name(name)]
+        """A device's profile; a pooled type's is its limiting member's (limiting_member)."""
+        return self._devices[self.limiting_member(name)]
+
+    def pool(self, type_a: str, type_b: str, precision: str) -> str | None:
+        """The pooled type of two device types whose GPUs one stage's DP may span ("H100+H200", the limiting
+        member first), or None: they must share a vendor (one software stack, one job), both run the
+        precision, and the member with the least memory must also be the slowest (peak for the precision,
+        then memory bandwidth), so that the stage runs at its speed and fits in its memory."""
+        a, b = self.canonical_name(type_a), self.canonical_name(type_b)
+        da, db = self._devices[a], self._devices[b]
+        if a == b or da.vendor.lower() != db.vendor.lower():
+            return None
+        try:
+            speed = {t: (d.peak_flop_per_s(precision), d.hbm_bandwidth_tb_per_s) for t, d in ((a, da), (b, db))}
+        except MissingProfileError:
+            return None
+        low = self.limiting_member(a + POOL_SEP + b)
+        high = b if low == a else a
+        return low + POOL_SEP + high if speed[low] <= speed[high] else None
+
+    def limiting_member(self, name: str) -> str:
+        """The canonical type a (pooled) stage type is priced as: itself, or the pool's member with the least
+        memory, then the least peak (planner/search/space.py forms pools only where that member is also the
+        slowest, so that a stage spanning the pool runs at its speed and fits in its memory)."""
+        members = [self.canonical_name(m) for m in pool_members(name)]
+        return min(members, key=lambda m: (self._devices[m].memory_gib, min(self._devices[m].peak_tflops.values()), m))
 
     def group_links(self, group: NodeGroup) -> tuple[LinkProfile, LinkProfile]:
         """(intra_node, inter_node) links of a node group, with the group's bandwidth overrides applied."""
@@ -392,6 +420,10 @@ class ProfileSet:
         Else links.yaml: an explicit vendor pair, then `same_vendor` (default `slower-nic`: the
         inter-node link of the type with the slower NIC) or `different_vendor` (default host-memory).
         The same type on both sides gets its own inter-node link."""
+        if POOL_SEP in type_a or POOL_SEP in type_b:  # the slowest link between any two members
+            links = [self.cross_link(x, y, cluster) if x != y else self._nic(self.canonical_name(x), cluster)
+                     for x in pool_members(type_a) for y in pool_members(type_b)]
+            return min(links, key=lambda link: link.bandwidth_gb_per_s)
         a, b = self.canonical_name(type_a), self.canonical_name(type_b)
         nic_a, nic_b = self._nic(a, cluster), self._nic(b, cluster)
         slower = nic_a if nic_a.bandwidth_gb_per_s <= nic_b.bandwidth_gb_per_s else nic_b
@@ -444,7 +476,7 @@ class ProfileSet:
         device-specific entry beats `*`."""
         if kind not in CORRECTION_KINDS:
             raise PlannerInputError("correction", f"unknown kind {kind!r}; allowed: {', '.join(CORRECTION_KINDS)}")
-        canonical = self.canonical_name(device)
+        canonical = self.limiting_member(device)
         entry = self._corrections.get((canonical, kind)) or self._corrections.get(("*", kind))
         if entry is None:
             return 0.0 if kind in ADDITIVE_CORRECTION_KINDS else 1.0

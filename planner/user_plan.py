@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
 from planner.cost.ranges import RangeModel, TimeRange
-from planner.megatron.rules import RuleViolation, check_plan
+from planner.megatron.rules import RuleViolation, run_violations
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -73,7 +73,7 @@ def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: st
         out.error = str(exc)
         return out
     out.plan, out.notes = plan, list(notes)
-    out.violations = check_plan(run.model, plan, run.training)
+    out.violations = run_violations(run, plan)
     try:
         if range_model is None:
             out.cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)

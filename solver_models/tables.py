@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.schemas.search import GlobalChoice, StageOption
+from planner.schemas.search import GlobalChoice, StageOption, stage_min_layers
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3
 
@@ -155,7 +155,8 @@ class StageTables:
 
     def fit_range(self) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) int [O, PP, N+1]: stage i on option o starting at `start` may hold n layers
-        exactly for lo <= n <= hi (and n >= VPP, one layer per virtual chunk).  Memory grows with
+        exactly for lo <= n <= hi (and n >= stage_min_layers: a layer per virtual chunk, but an
+        embedding-only first chunk and a loss-only last chunk).  Memory grows with
         n, so the fitting n form an interval; with memory pruning, an option starts where every
         lesser-recompute option of the same (type, DP) stops fitting (lo = their hi + 1).
         Equivalent to fits_table, without materialising it."""
@@ -178,7 +179,8 @@ class StageTables:
                 any_ok = ok.any(axis=2)
                 hi[:, i] = np.where(any_ok, np.where(ok, n_idx, -1).max(axis=2), 0)
                 lo[:, i] = np.where(any_ok, np.where(ok, n_idx, 10**9).min(axis=2), 1)
-            lo = np.maximum(lo, self.g.vpp)  # each virtual chunk holds at least one layer
+            least = np.array([stage_min_layers(i, self.pp, self.g.vpp) for i in range(self.pp)], dtype=np.int64)
+            lo = np.maximum(lo, least[None, :, None])  # a layer per virtual chunk but E-only/L-only ones
             if self.memory_prune:
                 seen: dict[tuple, np.ndarray] = {}
                 for o, opt in enumerate(self.options):

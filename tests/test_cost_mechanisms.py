@@ -217,7 +217,8 @@ def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
 
 
 def test_mtp_layers_cost_time_and_parameters_on_the_last_stage_only():
-    flags = f"{MOE} --pipeline-model-parallel-size 2 --expert-model-parallel-size 8 --micro-batch-size 1"
+    flags = (f"{MOE} --pipeline-model-parallel-size 2 --expert-model-parallel-size 8 --micro-batch-size 1 "
+             "--position-embedding-type rope")  # Megatron's MTP needs RoPE (or no position embedding)
     _, _, plain = _cost(flags, "H100:16")
     _, _, mtp = _cost(flags + " --mtp-num-layers 1", "H100:16")
     assert mtp.stages[0].time_s == pytest.approx(plain.stages[0].time_s)

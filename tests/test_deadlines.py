@@ -19,6 +19,7 @@ import pytest
 
 import planner.search.tables as table_module
 from planner.cost.model import CostModel
+from planner.schemas.search import stage_min_layers
 from planner.errors import SearchTimeLimitError
 from planner.search.driver import search
 from planner.search.settings import SearchSettings
@@ -58,7 +59,7 @@ def test_fit_range_matches_cell_by_cell_memory_test():
                    if t.static_bytes[o, p, start, n] + t.inflight[i] * t.act_bytes[o, p, start, n]
                    <= t.capacity_bytes[o]]
             want_hi = max(fit) if fit else 0
-            want_lo = max(min(fit) if fit else 1, g.vpp)
+            want_lo = max(min(fit) if fit else 1, stage_min_layers(i, t.pp, g.vpp))
             assert (lo[o, i, start], hi[o, i, start]) == (want_lo, want_hi), (g.label(), o, i, start)
             checked += 1
     assert checked > 500

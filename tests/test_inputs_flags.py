@@ -178,7 +178,7 @@ def test_moe_flags():
         "--moe-shared-expert-intermediate-size", "128", "--moe-layer-freq", "([0]+[1]*3)",
         "--moe-expert-capacity-factor", "1.25", "--moe-token-dispatcher-type", "alltoall",
         "--moe-grouped-gemm", "--moe-router-force-load-balancing", "--mtp-num-layers", "1",
-        "--disable-bias-linear",
+        "--disable-bias-linear", "--position-embedding-type", "rope",
     )  # fmt: skip
     m = r.model
     assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size) == (8, 2, 96)
@@ -267,7 +267,7 @@ def test_measured_qwen3_layouts():
     for args in rows:
         r = parse_megatron_flags(shlex.split(args))
         if r.parallel.layout is not None:
-            by_layout[(r.parallel.pp, r.parallel.layout)] = r
+            by_layout[(r.parallel.pp, tuple(stage.count("t") for stage in r.parallel.layout))] = r
     one_per = (0,) + (1,) * 94 + (0,)
     assert (32, one_per) in by_layout  # E|(t|)*94L at PP 32: 96 virtual stages, VPP 3
     r = by_layout[(32, one_per)]
@@ -300,7 +300,7 @@ def test_deepseek_layout_in_flags():
     r = parse_megatron_flags([
         "--num-layers", "61", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "100",
         "--global-batch-size", "32", "--mtp-num-layers", "1", "--pipeline-model-parallel-size", "16",
-        "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L",
+        "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L", "--position-embedding-type", "rope",
     ])  # fmt: skip
     per_rank = r.parallel.stage_layers(61)
     assert per_rank[0] == 5 and per_rank[1:14] == [4] * 13 and per_rank[14:] == [2, 2]
@@ -308,8 +308,12 @@ def test_deepseek_layout_in_flags():
 
 
 def test_format_layout_matches_hand_written_strings():
-    """format_layout writes the compact forms used in the CSV (written against Megatron's validator)."""
+    """format_layout writes the compact forms used in the CSV (written against Megatron's validator),
+    and gives a user's layout back as Megatron reads it: empty stages, E-only and L-only stages and a
+    standalone MTP stage stay where they were."""
     assert format_layout([0] + [1] * 94 + [0]) == "E|(t|)*94L"
+    for text in ("E|(t|)*94L", "Et*3|(tt|)*29,m|L", "|Et*4|t*4|L", "E|t*8|mL|", "E|||t*8|L"):
+        assert layout_stages(format_layout(layout_stages(text))) == layout_stages(text)
     assert format_layout([5]) == "Et*5L"
     assert format_layout([1, 1]) == "Et|tL"
     assert format_layout([3, 2, 2, 0], mtp_num_layers=1) == "Ettt|tt|tt|mL"
@@ -324,25 +328,22 @@ def test_format_parse_roundtrip(counts, mtp):
     assert parse_layout(text) == counts
     stages = layout_stages(text)
     assert stages[-1].count("m") == mtp and stages[0].startswith("E") and stages[-1].endswith("L")
+    assert format_layout(stages) == text
 
 
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("E|x|L", "invalid character"),
-        ("E t|L", "invalid character"),
-        ("E|t|E|L", "exactly once"),
-        ("t|E|L", "first stage"),
-        ("E|L|t", "last stage"),
-        ("E|mt|L", "before every MTP"),
-        ("E|t(", "invalid character"),
+        ("E|x|L", "Invalid layer character: x"),
+        ("E t|L", "Invalid layer character:  "),
+        ("E|t(", "Invalid layer character: \\("),
         ("", "expected a layout"),
         ("E|t*999999|L", "more than"),
         ("E|t*99999999|L", "too large"),
     ],
 )
 def test_bad_layouts(text, words):
-    """Malformed layouts raise PlannerInputError naming the flag and the rule."""
+    """Layouts Megatron's parser refuses raise PlannerInputError naming the flag, in Megatron's words."""
     with pytest.raises(PlannerInputError, match=words) as exc:
         parse_layout(text)
     assert exc.value.field == "--pipeline-model-parallel-layout"
@@ -351,13 +352,17 @@ def test_bad_layouts(text, words):
 def test_layout_consistency_with_other_flags():
     """Layout must match --num-layers, --mtp-num-layers and PP, and excludes the other split flags."""
     lay = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout"]
-    assert run_of(*lay, "Ett|ttL").parallel.layout == (2, 2)
+    assert run_of(*lay, "Ett|ttL").parallel.layout == ("Ett", "ttL")
+    assert run_of(*lay, "|Ett|tt|L").parallel.layout == ("", "Ett", "tt", "L")  # E, L are markers (probe L1)
     for extra, words in [
-        (("Ett|tL",), "--num-layers is 4"),
-        (("Ett|t|tL",), "not a multiple"),
-        (("Ett|ttmL",), "MTP"),
-        (("Ett|ttL", "--decoder-first-pipeline-num-layers", "2"), "cannot be set"),
-        (("Ett|ttL", "--num-virtual-stages-per-pipeline-rank", "2"), "no more than one"),
+        (("Ett|tL",), "Number of decoder layers 3must match num_layers 4"),
+        (("Ett|t|tL",), "must be divisible by pipeline_model_parallel_size .num_stages=3, args.pipeline_model_"),
+        (("Ett|ttmL",), "Number of mtp layers in layout must match mtp_num_layers"),
+        (("t|E|tt|tL",), "The first layer must be embedding, but got LayerType.decoder"),
+        (("E|L|tt|tt",), "The last layer must be loss, but got LayerType.decoder"),
+        (("E|t|E|tttL",), "The first layer|Embedding must be specified exactly once"),
+        (("Ett|ttL", "--decoder-first-pipeline-num-layers", "2"), "cannot be set with other pipeline layout"),
+        (("Ett|ttL", "--num-virtual-stages-per-pipeline-rank", "2"), "No more than one"),
     ]:
         with pytest.raises(PlannerInputError, match=words):
             run_of(*lay, *extra)
@@ -490,13 +495,16 @@ _LAYOUT_TEXT = st.text(alphabet="EtmL|()*,0123456789x ", max_size=40)
 @settings(max_examples=300, deadline=None)
 @given(_LAYOUT_TEXT)
 def test_random_layout_text_raises_only_planner_input_errors(text):
-    """Arbitrary layout-like text either parses (E first, L last) or raises PlannerInputError."""
+    """Arbitrary layout-like text either parses (into stages of Megatron's four symbols) or raises
+    PlannerInputError naming the flag."""
     try:
         stages = layout_stages(text)
     except PlannerInputError as exc:
         assert exc.field == "--pipeline-model-parallel-layout"
     else:
-        assert stages[0].startswith("E") and stages[-1].endswith("L")
+        assert set("".join(stages)) <= set("EtmL")
+        if stages != [""]:  # an empty layout has no text of its own
+            assert layout_stages(format_layout(stages)) == stages
 
 
 @pytest.mark.parametrize(

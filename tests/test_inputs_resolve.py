@@ -59,9 +59,10 @@ def test_seq_override_raises_max_positions():
 def test_layout_override_and_pp_change():
     """A layout override sets per-stage layers; changing PP drops a layout written for the old PP."""
     run = resolve_run(model="llama2-7b", overrides={"pp": 4, "layout": "Et*7|t*8|t*8|t*9L"})
-    assert run.parallel.layout == (7, 8, 8, 9) and run.parallel.stage_layers(32) == [7, 8, 8, 9]
+    assert run.parallel.layout == ("E" + "t" * 7, "t" * 8, "t" * 8, "t" * 9 + "L")
+    assert run.parallel.stage_layers(32) == [7, 8, 8, 9]
     args = SMALL_MOE + " --global-batch-size 16 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Ettt|tttttL'"
-    assert resolve_run(megatron_args=args).parallel.layout == (3, 5)
+    assert resolve_run(megatron_args=args).parallel.layout == ("Ettt", "tttttL")
     moved = resolve_run(megatron_args=args, overrides={"pp": 4})
     assert moved.parallel.layout is None and moved.parallel.stage_layers(8) == [2, 2, 2, 2]
     with pytest.raises(PlannerInputError) as exc:

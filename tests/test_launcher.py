@@ -272,7 +272,9 @@ def test_interleaved_layout_maps_stage_i_to_rank_i_mod_pp():
     for rank, n in enumerate(counts):
         chunks = [per_virtual[i] for i in range(len(per_virtual)) if i % 4 == rank]
         assert sum(chunks) == n and max(chunks) - min(chunks) <= 1
-    assert virtual_stage_layers([3, 1], 2) == [2, 1, 1, 0]
+    # the first rank's spare chunk comes first (next to the embedding), the last rank's last (next to the loss)
+    assert virtual_stage_layers([3, 1], 2) == [1, 1, 2, 0]
+    assert virtual_stage_layers([2] + [3] * 30 + [2], 3) == [0] + [1] * 94 + [0]  # E|(t|)*94L
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,7 +417,7 @@ def test_rule_violation_is_refused_before_writing(tmp_path):
     bad = plan.model_copy(update={"gbs": 63, "mbs": 2})
     with pytest.raises(PlannerInputError) as err:
         write_files(tmp_path / "out", render_launch_files(run, bad, cluster), "--out", LAUNCHER_OUTPUT)
-    assert "global batch size (63) is not divisible" in str(err.value)
+    assert "eval_global_batch_size (63) must be divisible" in str(err.value)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 

@@ -102,7 +102,6 @@ def test_predicates_agree_with_check_plan():
             if rules.batch_ok(gbs, mbs, dp):
                 assert rules.interleave_ok(gbs, mbs, dp, pp, vpp) == (
                     "vpp_needs_pp" not in names and "vpp_microbatches" not in names)
-                assert rules.layout_ok(model.num_layers, pp, vpp) == ("layout_stage_count" not in names)
 
 
 def test_flagscale_predicates_agree_with_check_plan():

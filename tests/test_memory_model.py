@@ -81,9 +81,10 @@ def test_the_mtp_stage_holds_a_duplicate_word_embedding():
     """gpt_model.py builds LanguageModelEmbedding when pre_process or mtp_process: with PP > 1 the MTP (last)
     stage holds V x h / TP more parameters than the MTP layer alone adds; with PP 1 it is the same embedding."""
     mtp = " --mtp-num-layers 1"
-    pp1 = GPT.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1")
-    run, _, plain2 = _priced(GPT)
-    _, _, mtp2 = _priced(GPT + mtp)
+    gpt = GPT + " --position-embedding-type rope"  # Megatron's MTP needs RoPE (or no position embedding)
+    pp1 = gpt.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1")
+    run, _, plain2 = _priced(gpt)
+    _, _, mtp2 = _priced(gpt + mtp)
     _, _, plain1 = _priced(pp1)
     _, _, mtp1 = _priced(pp1 + mtp)
     added_pp2 = mtp2.stages[-1].weights_bytes - plain2.stages[-1].weights_bytes

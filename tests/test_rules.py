@@ -92,9 +92,10 @@ def test_moe_with_etp_needs_bias_disabled():
 
 
 def test_global_batch_divisible_by_mbs_times_dp():
-    """Rule 29 (MB): GBS % (mbs * DP)."""
+    """Rule 29: GBS % (mbs * DP), in the words Megatron prints: validate_args checks the evaluation batch
+    first, which defaults to the training batch (research probe X30)."""
     msg = _rules(DENSE, _plan(gbs=30))["gbs_microbatch"]
-    assert msg == "global batch size (30) is not divisible by micro batch size (1) times data parallel size (4)"
+    assert msg == "eval_global_batch_size (30) must be divisible by eval_micro_batch_size (1) * data_parallel_size (4)"
 
 
 def test_interleaving_needs_pipeline_parallelism():
@@ -125,10 +126,11 @@ def test_layout_must_place_every_layer():
     assert msg == "Number of decoder layers 7must match num_layers 8"
 
 
-def test_interleaving_needs_layers_for_every_chunk():
-    """With VPP each pipeline rank needs at least one layer per virtual chunk."""
+def test_interleaving_allows_ranks_with_fewer_layers_than_chunks():
+    """Megatron has no rule that a pipeline rank hold a decoder layer per virtual chunk: a chunk may be
+    empty, or hold only the embedding or the loss (NVIDIA's E|(t|)*94L on PP 32, VPP 3)."""
     plan = _plan(stages=((7, 4), (1, 4)), vpp=2, gbs=64)
-    assert "layout_stage_count" in _rules(DENSE, plan)
+    assert _rules(DENSE, plan) == {}
 
 
 def test_training_flag_rules():
@@ -198,7 +200,7 @@ def test_assert_plan_ok_lists_every_violation():
         assert_plan_ok(model, _plan(tp=8, gbs=30))
     text = str(err.value)
     assert err.value.field == "plan"
-    assert "num_attention_heads (12)" in text and "global batch size (30)" in text
+    assert "num_attention_heads (12)" in text and "eval_global_batch_size (30) must be divisible" in text
     assert_plan_ok(DENSE, _plan(tp=2))  # no exception
 
 
@@ -211,7 +213,7 @@ def valid_degrees(model, world_size, gbs, *, tps, cps, eps, etps, pps, vpps, mbs
         dp = world_size // (tp * cp * pp)
         if (rules.tp_allowed(model, tp) and rules.cp_allowed(model, cp) and rules.ep_allowed(model, ep)
                 and rules.etp_allowed(model, tp, etp) and rules.expert_folding_ok(tp, cp, dp, ep, etp)
-                and rules.layout_ok(model.num_layers, pp, vpp) and rules.batch_ok(gbs, mbs, dp)
+                and rules.batch_ok(gbs, mbs, dp)
                 and rules.interleave_ok(gbs, mbs, dp, pp, vpp)):
             yield (tp, cp, ep, etp, dp, pp, vpp, mbs)
 
@@ -226,7 +228,7 @@ def test_valid_degrees_are_exactly_the_uniform_plans_check_plan_accepts():
     want = set()
     for tp, cp, ep, etp, pp, vpp, mbs in product((1, 2, 4, 8), (1, 2), (1, 2, 4, 8), (1, 2, 4), (1, 2, 3, 4), (1, 2, 3),
                                                  (1, 2, 4)):
-        if world % (tp * cp * pp) or model.num_layers < pp * vpp:
+        if world % (tp * cp * pp) or model.num_layers < pp:
             continue
         dp = world // (tp * cp * pp)
         base, extra = divmod(model.num_layers, pp)

@@ -74,7 +74,7 @@ def test_checker_failure_exits_2(monkeypatch):
     import planner.api as api
     from planner.schemas.plan import Plan, StagePlan
 
-    real = api.search
+    real = api.search_with_pools
 
     def broken(cost, space, settings, progress=None):
         res = real(cost, space, settings, progress)
@@ -82,7 +82,7 @@ def test_checker_failure_exits_2(monkeypatch):
         res.best[0].plan = bad
         return res
 
-    monkeypatch.setattr(api, "search", broken)
+    monkeypatch.setattr(api, "search_with_pools", broken)
     res = RUNNER.invoke(main, ["solve", *SMALL, "--backend", "hsdp", "--json", "--quiet"])
     assert res.exit_code == 2
     assert "checker rejects" in res.output and "PROBLEM" not in res.output

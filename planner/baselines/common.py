@@ -135,9 +135,9 @@ def ep_degrees(model: ModelSpec, limit: int) -> list[int]:
     return [d for d in (1, 2, 4, 8, 16, 32, 64, 128, 256) if d <= limit and e % d == 0]
 
 
-def ladder(model: ModelSpec) -> list[Recompute]:
+def ladder(model: ModelSpec, training=None) -> list[Recompute]:
     """Recompute settings from least to most recompute (the search's memory-pruning ladder)."""
-    return recompute_ladder(model, RECOMPUTE_LADDER)
+    return recompute_ladder(model, RECOMPUTE_LADDER, training)
 
 
 def build_plan(*, tp: int, cp: int, ep: int, etp: int, mbs: int, gbs: int, dp: int, types: list[str],
@@ -203,7 +203,7 @@ def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -
 def least_recompute(cost: CostModel, run: MegatronRun, make, members: list[tuple[str, ...]]) -> PricedPlan | None:
     """The first recompute setting on the ladder for which `make(recompute)` (a Plan) obeys the rules
     and fits: the practitioner's "least recompute that fits"."""
-    for rc in ladder(run.model):
+    for rc in ladder(run.model, run.training):
         plan = make(rc)
         if rule_problems(run.model, plan, run):
             return None  # the rules do not depend on the recompute setting

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from planner.cost.model import CostModel, PlanCost
 from planner.megatron.flags import unmodelled_notes
+from planner.megatron.rules import microbatch_violations, world_violations
 from planner.errors import PlannerInputError
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -23,23 +24,12 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
     par, model, tr = run.parallel, run.model, run.training
     world = cluster.world_size
     denom = par.tp * par.pp * par.cp
-    if world % denom:
-        raise PlannerInputError(
-            "--cluster",
-            f"world size {world} ({cluster.describe()}) is not divisible by TP*PP*CP = "
-            f"{par.tp}*{par.pp}*{par.cp} = {denom}",
-        )
+    for v in world_violations(world, tp=par.tp, pp=par.pp, cp=par.cp):
+        raise PlannerInputError("--cluster", f"{v.message} ({cluster.describe()}: {v.hint})")
     dp = world // denom
-    try:
-        layers = par.stage_layers(model.num_layers)
-    except ValueError as exc:
-        raise PlannerInputError("--pipeline-model-parallel-layout", str(exc)) from None
-    if tr.global_batch_size % (tr.micro_batch_size * dp):
-        raise PlannerInputError(
-            "--global-batch-size",
-            f"global batch size ({tr.global_batch_size}) is not divisible by micro batch size "
-            f"({tr.micro_batch_size}) times data parallel size ({dp})",
-        )
+    layers = par.stage_layers(model.num_layers)
+    for v in microbatch_violations(tr.global_batch_size, mbs=tr.micro_batch_size, dp=dp):
+        raise PlannerInputError("--global-batch-size", f"{v.message} ({v.hint})")
     # rank -> device type, in cluster order
     bounds: list[tuple[int, str]] = []
     acc = 0
@@ -60,17 +50,29 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
         first, last = type_of(s * stage_size), type_of((s + 1) * stage_size - 1)
         dev_type = first
         if first != last:
+            pool = profiles.pool(first, last, tr.precision)
             slower = min((first, last), key=lambda t: profiles.device(t).peak_flop_per_s(tr.precision))
-            notes.append(f"stage {s} spans {first} and {last}; priced on the slower {slower}")
-            dev_type = slower
+            dev_type = pool or slower
+            notes.append(f"stage {s} spans {first} and {last}; priced on the slower {slower}"
+                         + (f" (the pooled type {pool}: DP over both, the slower link between them)" if pool else ""))
         stages.append(StagePlan(device_type=dev_type, num_layers=layers[s], dp=dp, recompute=par.recompute))
     vpp = par.virtual_size(model.num_layers)
     plan = Plan(
         runtime="megatron", tp=par.tp, cp=par.cp, ep=par.ep, etp=par.expert_tp, vpp=vpp,
         mbs=tr.micro_batch_size, gbs=tr.global_batch_size,
         sequence_parallel=par.sequence_parallel or (model.is_moe and par.tp > 1), stages=tuple(stages),
+        layout=_kept_layout(par, layers, vpp),
     )
     return plan, notes
+
+
+def _kept_layout(par, layers: list[int], vpp: int) -> tuple[str, ...] | None:
+    """The run's own layout, kept in the plan when it places the layers priced (a refused layout that
+    does not is priced on ParallelConfig.stage_layers' even split instead)."""
+    if par.layout is None or len(par.layout) != par.pp * vpp:
+        return None
+    per_rank = [sum(par.layout[c * par.pp + r].count("t") for c in range(vpp)) for r in range(par.pp)]
+    return par.layout if per_rank == layers else None
 
 
 def estimate_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> PlanCost:

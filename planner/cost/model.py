@@ -20,7 +20,7 @@ from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
 from planner.cost.memory import ParamBytes, comm_buffer_bytes, process_groups
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
-from planner.schemas.cluster import ClusterSpec
+from planner.schemas.cluster import POOL_SEP, ClusterSpec
 from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan, Recompute
@@ -363,10 +363,22 @@ class CostModel:
         try:
             group = self.cluster.group_of(device_type)
         except KeyError:
+            if POOL_SEP in device_type:
+                return self._pool_links(device_type)
             dev = self.device(device_type)
             return dev.intra_node, dev.inter_node, dev.gpus_per_node
         intra, inter = self.profiles.group_links(group)
         gpn = group.gpus_per_node
+        return intra, inter, gpn
+
+    def _pool_links(self, device_type: str):
+        """A pooled type (a stage whose DP spans the members' nodes): its limiting member's links, the
+        inter-node one no faster than the slowest member's NIC or link between members."""
+        limiting = self.profiles.limiting_member(device_type)
+        intra, inter, gpn = self._links(limiting)
+        slowest = self.profiles.cross_link(device_type, device_type, self.cluster)
+        if slowest.bandwidth_gb_per_s < inter.bandwidth_gb_per_s:
+            inter = inter.model_copy(update={"bandwidth_gb_per_s": slowest.bandwidth_gb_per_s})
         return intra, inter, gpn
 
     def gpus_per_node(self, device_type: str) -> int:

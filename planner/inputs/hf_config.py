@@ -318,6 +318,7 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0, maximum=MAX_LAYERS)
     if mtp:
         out["mtp_num_layers"] = mtp
+        out["position_embedding_type"] = "rope"  # DeepSeek's RoPE; Megatron's MTP needs rope or none
     return out
 
 

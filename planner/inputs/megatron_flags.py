@@ -32,6 +32,8 @@ from planner.megatron.flags import (
     PARALLEL_FIELD_FLAGS,
     PARALLEL_FLAGS,
     READ_FLAGS,
+    SETTINGS_FIELD_FLAGS,
+    SETTINGS_FLAGS,
     TRAINING_FIELD_FLAGS,
     TRAINING_FLAGS,
     Read,
@@ -39,10 +41,10 @@ from planner.megatron.flags import (
     rule_flag,
 )
 from planner.megatron.layout import check_pipeline
-from planner.megatron.rules import cp_violations, ep_violations, etp_violations, tp_violations
+from planner.megatron.rules import cp_violations, ep_violations, etp_violations, input_violations, tp_violations
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
-from planner.schemas.plan import Recompute
+from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
 from planner.schemas.training import TrainingSpec
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
@@ -91,7 +93,7 @@ def _convert(name: str, spec: Read, raw: str, ns: dict[str, Any] | None = None) 
         if ns is not None:
             ns.setdefault(FORK_CHOICES_KEY, []).append((name, fork))
         return fork.priced_as
-    if spec.kind == "int":
+    if spec.kind in ("int", "ints"):
         try:
             value = int(raw.strip())
         except ValueError:
@@ -230,7 +232,7 @@ def _read_flag(name: str, spec: Read, eq: str, explicit: str, argv: Sequence[str
             raise PlannerInputError(name, f"takes no value (a switch), got {explicit!r}")
         ns[spec.dest] = spec.kind == "true"
         return i
-    if spec.kind in ("list", "floats"):
+    if spec.kind in ("list", "floats", "ints"):
         values = [explicit] if eq else []
         while not eq and i < n and isinstance(argv[i], str) and not _is_flag(argv[i]):
             values.append(argv[i])
@@ -324,10 +326,8 @@ def moe_pattern_from_flag(freq: int | str, num_layers: int) -> tuple[int, ...]:
     if text.strip().isdigit() and len(text.strip()) <= 7:
         return moe_pattern_from_freq(int(text), num_layers)
     if not text or any(c not in _FREQ_CHARS for c in text):
-        raise ValueError(
-            f"moe-layer-freq {text!r}: expected an int or a list expression like ([0]+[1]*23) "
-            "using only the characters ,digits[]()+* (no spaces)"
-        )
+        raise ValueError(f"Invalid pattern: {text} (expected an int or a list expression like ([0]+[1]*23) using "
+                         "only the characters ,digits[]()+*, no spaces)")
     try:
         value = _eval_freq(ast.parse(text, mode="eval").body, max(num_layers, 1))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -452,7 +452,8 @@ class RunDraft:
 
 
 def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
-    """Megatron's recompute flags as one Recompute (granularity None means no recompute)."""
+    """Megatron's recompute flags as one Recompute (granularity None means no recompute), refused in
+    Megatron's words (validate_args, TransformerConfig)."""
     granularity = ns.get("recompute_granularity")
     if ns.get("recompute_activations"):
         granularity = "selective"  # args.py: --recompute-activations sets selective
@@ -463,24 +464,29 @@ def _recompute_from_ns(ns: dict[str, Any]) -> Recompute:
         return Recompute()
     if granularity == "selective":
         if method is not None:
-            raise PlannerInputError(
-                "--recompute-method", "is not allowed with --recompute-granularity selective"
-            )
+            raise PlannerInputError("--recompute-method",
+                                    "recompute method is not yet supported for selective recomputing granularity")
         if num_layers is not None:
-            raise PlannerInputError(
-                "--recompute-num-layers", "is not allowed with --recompute-granularity selective"
-            )
+            raise PlannerInputError("--recompute-num-layers",
+                                    "When using recompute_granularity: selective recompute_num_layers must be None.")
+        bad = sorted(set(modules) - set(RECOMPUTE_MODULES))
+        if bad:
+            raise PlannerInputError("--recompute-modules", f"Invalid choices for recompute_modules: {set(bad)}. "
+                                    f"Allowed modules are: {set(RECOMPUTE_MODULES)}")
         return Recompute.selective(modules)
     if method is None:
         raise PlannerInputError(
-            "--recompute-method", "--recompute-granularity full needs --recompute-method uniform|block"
-        )
+            "--recompute-method",
+            f'Using recompute_granularity: {granularity} so recompute_method must be "block" or "uniform"')
     if num_layers is None:
+        per_rank = ns.get("num_layers", 0) // max(ns.get("pipeline_model_parallel_size", 1), 1)
         raise PlannerInputError(
-            "--recompute-num-layers", "--recompute-granularity full needs --recompute-num-layers N"
-        )
+            "--recompute-num-layers",
+            f"When using recompute_granularity: {granularity} recompute_num_layers must be between 1 and "
+            f"num_layers_per_pipeline_rank: {per_rank}")
     if method == "uniform" and num_layers < 1:
-        raise PlannerInputError("--recompute-num-layers", "must be >= 1 with --recompute-method uniform")
+        raise PlannerInputError("--recompute-num-layers", "must be >= 1 with --recompute-method uniform (Megatron "
+                                "accepts 0 and its uniform recompute loop then never ends)")
     return Recompute.full(method, num_layers)
 
 
@@ -499,8 +505,10 @@ def _precision_from_ns(ns: dict[str, Any]) -> str:
 def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: str = "custom") -> RunDraft:
     """Interpret Megatron's parsed arguments the way args.py does, as schema field dicts."""
     missing = [f for f in REQUIRED_FLAGS if READ_FLAGS[f].dest not in ns]
-    if missing:
-        raise PlannerInputError(", ".join(missing), "required model shape flag(s) missing")
+    if missing:  # Megatron's words: validate_args, then _check_arg_is_not_none
+        said = ["either num-layers or encoder-num-layers should be specified" if f == "--num-layers"
+                else f"{READ_FLAGS[f].dest} argument is None" for f in missing]
+        raise PlannerInputError(", ".join(missing), "; ".join(said) + " (required model shape flags)")
     notes: list[str] = []
     model: dict[str, Any] = {"name": name}
     model.update({f: ns[dest] for dest, f in copied_fields(MODEL_FLAGS) if dest in ns})
@@ -526,9 +534,8 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")
     model["num_experts"] = num_experts or None  # 0 means dense
-    if ns.get("moe_enable_deepep"):  # the older spelling of --moe-token-dispatcher-type flex (DeepEP)
-        model["moe_token_dispatcher_type"] = "flex"
-        model["moe_flex_dispatcher_backend"] = "deepep"
+    if ns.get("moe_enable_deepep") and model.get("moe_token_dispatcher_type") == "flex":
+        model["moe_flex_dispatcher_backend"] = "deepep"  # the older spelling of the DeepEP backend
     lb_types = ns.get("moe_router_load_balancing_type")
     if lb_types:
         model["moe_router_load_balancing_type"] = lb_types[0]
@@ -550,10 +557,24 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     cp_types = ns.get("cp_comm_type")
     if cp_types:
         training["cp_comm_type"] = cp_types[0]
+    training["megatron"] = _settings_from_ns(ns)
 
     parallel: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(PARALLEL_FLAGS) if dest in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
     return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
+
+
+def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
+    """MegatronSettings fields (the flags only Megatron's rules read), as validate_args derives them."""
+    out: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(SETTINGS_FLAGS) if dest in ns}
+    for key in ("hierarchical_context_parallel_sizes",):
+        if key in out:
+            out[key] = tuple(out[key])
+    out["cp_comm_types"] = tuple(ns.get("cp_comm_type") or ())
+    if len(ns.get("moe_router_load_balancing_type") or ()) > 1:
+        out["moe_router_load_balancing_types"] = tuple(ns["moe_router_load_balancing_type"])
+    out["moe_aux_loss_coeffs"] = tuple(ns.get("moe_aux_loss_coeff") or ())
+    return out
 
 
 def _moe_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
@@ -600,6 +621,8 @@ def _validation_to_input_error(exc: ValidationError, flags: dict[str, str], sect
     """Name the flag behind the first pydantic error."""
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ())]
+    if len(loc) > 1 and loc[0] == "megatron":  # TrainingSpec.megatron (MegatronSettings)
+        loc = loc[1:]
     key = loc[0] if loc else ""
     msg = str(err.get("msg", exc)).removeprefix("Value error, ")
     if key:
@@ -641,11 +664,9 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     except TypeError as exc:
         raise PlannerInputError("model", str(exc)) from None
     deferred: list[tuple[str, Any]] = []
-    parallel = _check_parallel_rules(model, check_pipeline(draft.parallel, model, deferred), deferred)
-    for flag, violation in deferred:
-        if not allow_invalid:
-            raise PlannerInputError(flag, f"{violation.message} ({violation.hint})")
-        draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
+    overlap_p2p = draft.training.get("megatron", {}).get("overlap_p2p_comm", True)
+    parallel = _check_parallel_rules(model, check_pipeline(draft.parallel, model, deferred, overlap_p2p_comm=overlap_p2p),
+                                     deferred)
     training = dict(draft.training)
     if training.get("global_batch_size") is None:
         training.pop("global_batch_size", None)
@@ -664,13 +685,14 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
     try:
         training_spec = TrainingSpec(**training)
     except ValidationError as exc:
-        raise _validation_to_input_error(exc, TRAINING_FIELD_FLAGS, "training") from None
-    if training_spec.overlap_param_gather and not (
-        training_spec.use_distributed_optimizer and training_spec.overlap_grad_reduce
-    ):
-        raise PlannerInputError(
-            "--overlap-param-gather", "needs --use-distributed-optimizer and --overlap-grad-reduce"
-        )
+        raise _validation_to_input_error(exc, {**TRAINING_FIELD_FLAGS, **SETTINGS_FIELD_FLAGS}, "training") from None
+    deferred += [(rule_flag(v.rule), v) for v in input_violations(model, training_spec)]
+    if deferred and not allow_invalid:
+        flag, first = deferred[0]
+        more = "".join(f"; {v.message} ({v.hint})" for _, v in deferred[1:])
+        raise PlannerInputError(flag, f"{first.message} ({first.hint}){more}")
+    for flag, violation in deferred:
+        draft.notes.append(f"Megatron would refuse these flags ({flag}): {violation.message} [{violation.rule}]")
     try:
         parallel_cfg = ParallelConfig(**parallel)
         return MegatronRun(

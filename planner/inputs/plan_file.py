@@ -63,14 +63,8 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
     if plan.gbs != run.training.global_batch_size:
         raise PlannerInputError("--plan", f"plan.gbs: the plan's global batch size ({plan.gbs}) is not the run's "
                                           f"({run.training.global_batch_size})")
-    have = cluster_spec.gpus_by_type()
-    for device_type, used in plan.gpus_by_type().items():
-        if device_type not in have:
-            raise PlannerInputError("--plan", f"a stage runs on {device_type}, which the cluster "
-                                              f"({cluster_spec.describe()}) does not have")
-        if used > have[device_type]:
-            raise PlannerInputError("--plan", f"the plan uses {used} {device_type} GPUs but the cluster has "
-                                              f"{have[device_type]} ({cluster_spec.describe()})")
+    for problem in cluster_spec.shortfalls(plan.gpus_by_type()):  # a pooled type ("H100+H200") uses its members'
+        raise PlannerInputError("--plan", problem)
 
 
 MADE_FOR_KEYS = ("model", "run_sha256", "cluster", "cluster_sha256")

@@ -24,7 +24,7 @@ from planner.inputs.script import LauncherScript
 from planner.megatron.flags import (
     CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
 )
-from planner.schemas.cluster import ClusterSpec
+from planner.schemas.cluster import ClusterSpec, pool_members
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan, Recompute
@@ -164,7 +164,8 @@ def launch_flags(
     notes: list[str] = []
     overrides = group_flag_items(list(getattr(script, "extra_flags", []) or [])) if script is not None else []
     planned = {i.name for i in [*extra_items, *plan_items]}
-    overrides = [i for i in overrides if i.name not in planned]  # the plan decided these (the override shaped it)
+    # the plan's flags replace the user's: a decided flag given with --megatron-args is not written twice
+    overrides = [o for o in overrides if o.name not in planned and o.name not in PLAN_DECIDED_FLAGS]
     applied = [*overrides, *extra_items, *plan_items]
     decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied})
     generated: list[FlagItem] = []
@@ -297,16 +298,19 @@ def place_agents(plan: Plan, cluster: ClusterSpec) -> list[Agent]:
             runs.append((stage.device_type, a, b, [i]))
     need = plan.gpus_by_type()
     have = cluster.gpus_by_type()
-    for t, n in need.items():
-        if t not in have:
+    for t in need:
+        missing = [m for m in pool_members(t) if m not in have]
+        if missing:
             raise PlannerInputError(
-                "--cluster", f"the plan places stages on {t}, which the cluster does not have "
+                "--cluster", f"the plan places stages on {', '.join(missing)}, which the cluster does not have "
                 f"(it has {', '.join(have) or 'nothing'})"
             )
-        if n > have[t]:
-            raise PlannerInputError("--cluster", f"the plan needs {n} {t} GPUs, the cluster has {have[t]}")
+    short = cluster.shortfalls(need)
+    if short:
+        raise PlannerInputError("--cluster", short[0].replace("the plan uses", "the plan needs"))
+    used = [m for m in cluster.device_types if any(m in pool_members(t) for t in need)]  # a pool: its members' nodes
     hosts: dict[str, list[tuple[str, int]]] = {}
-    for t in need:
+    for t in used:
         k = 0
         for g in cluster.groups:
             if g.device_type != t:
@@ -315,28 +319,29 @@ def place_agents(plan: Plan, cluster: ClusterSpec) -> list[Agent]:
                 hosts.setdefault(t, []).append((_host_name(t, k), g.gpus_per_node))
                 k += 1
     sizes = [b - a for _, a, b, _ in runs]
-    sizes += [gpn for t in need for _, gpn in hosts[t]]
+    sizes += [gpn for t in used for _, gpn in hosts[t]]
     nproc = 0
     for s in sizes:
         nproc = math.gcd(nproc, s)
     # free agent slots per type: (host, gpu ids, host gpus), consumed in order
     slots: dict[str, list[tuple[str, list[int], int]]] = {}
-    for t in need:
+    for t in used:
         for host, gpn in hosts[t]:
             for j in range(gpn // nproc):
                 slots.setdefault(t, []).append((host, list(range(j * nproc, (j + 1) * nproc)), gpn))
     agents: list[Agent] = []
     for t, a, b, _stages in runs:
         for first in range(a, b, nproc):
-            if not slots.get(t):
+            member = next((m for m in pool_members(t) if slots.get(m)), None)  # a pool: its members in order
+            if member is None:
                 raise PlannerInputError(
                     "--cluster",
                     f"not enough {t} nodes: with {nproc} GPUs per torchrun agent the plan needs "
                     f"more {t} agents than the cluster's nodes provide",
                 )
-            host, gpus, gpn = slots[t].pop(0)
+            host, gpus, gpn = slots[member].pop(0)
             stage_ids = [i for i, (sa, sb) in enumerate(ranges) if sa < first + nproc and sb > first]
-            agents.append(Agent(len(agents), host, t, first, nproc, stage_ids, gpus, gpn))
+            agents.append(Agent(len(agents), host, member, first, nproc, stage_ids, gpus, gpn))
     return agents
 
 

@@ -43,8 +43,7 @@ def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
         items.append(FlagItem("--expert-tensor-parallel-size", [str(plan.etp)]))
     if plan.tp > 1 and plan.sequence_parallel:
         items.append(FlagItem("--sequence-parallel"))
-    items += [FlagItem(name, values) for name, values in
-              split_flags([s.num_layers for s in plan.stages], plan.vpp, model.mtp_num_layers)]
+    items += [FlagItem(name, values) for name, values in split_flags(plan, model.mtp_num_layers)]
     items.append(FlagItem("--micro-batch-size", [str(plan.mbs)]))
     items.append(FlagItem("--global-batch-size", [str(plan.gbs)]))
     items += recompute_flag_items(plan.stages[0].recompute)

@@ -26,8 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import ParallelConfig
-from planner.schemas.plan import RECOMPUTE_MODULES
-from planner.schemas.training import TrainingSpec
+from planner.schemas.training import MegatronSettings, TrainingSpec
 
 MAX_COUNT = 100_000  # layers / pipeline stages: far above any real model, keeps per-layer lists small
 MAX_SIZE = 1 << 40
@@ -249,7 +248,6 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
     # observed: read, never decided; a script's own tokens pass through as given, a spec's are written
     Flag("--moe-flex-dispatcher-backend", _str("deepep", "hybridep", observe=True), "moe_flex_dispatcher_backend",
          array=MOE_ARGS, write=_value(unless="deepep", when=lambda m: m.is_moe and m.moe_token_dispatcher_type == "flex")),
-    Flag("--moe-enable-deepep", _SEEN, array=MOE_ARGS),  # the older spelling of the flex dispatcher with DeepEP
     Flag("--moe-pad-expert-input-to-capacity", _SEEN, "moe_pad_expert_input_to_capacity", array=MOE_ARGS,
          write=_switch(when=_moe)),
     Flag("--moe-router-load-balancing-type",
@@ -277,7 +275,7 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
     # not read: their arrays only
     *(Flag(name, array=MODEL_ARGS) for name in (
-        "--use-mcore-models", "--no-position-embedding", "--init-method-std", "--transformer-impl")),
+        "--use-mcore-models", "--no-position-embedding", "--init-method-std")),
 )
 
 _DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -322,8 +320,7 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--overlap-param-gather", _TRUE, "overlap_param_gather", array=PARALLEL_ARGS, write=_switch()),
     Flag("--tp-comm-overlap", _TRUE, "tp_comm_overlap", array=PARALLEL_ARGS, write=_switch()),
     *(Flag(name, array=PARALLEL_ARGS) for name in (
-        "--overlap-param-gather-with-optimizer-step", "--distributed-backend", "--num-distributed-optimizer-instances",
-        "--hetero-use-cpu-communication")),
+        "--distributed-backend", "--hetero-use-cpu-communication")),
 )
 
 PARALLEL_FLAGS = _rows(  # ParallelConfig and the recompute setting (1.1-1.3); written from the plan
@@ -348,7 +345,7 @@ PARALLEL_FLAGS = _rows(  # ParallelConfig and the recompute setting (1.1-1.3); w
     Flag("--recompute-method", _str("uniform", "block"), "recompute", derived=True, decided=True,
          array=TRAINING_ARGS),
     Flag("--recompute-num-layers", _int(0), "recompute", derived=True, decided=True, array=TRAINING_ARGS),
-    Flag("--recompute-modules", _list(*RECOMPUTE_MODULES), "recompute", derived=True, decided=True,
+    Flag("--recompute-modules", _list(), "recompute", derived=True, decided=True,
          array=TRAINING_ARGS),
     Flag("--recompute-activations", _TRUE, "recompute", derived=True, decided=True, array=TRAINING_ARGS),
     # not read, decided by the plan all the same
@@ -368,7 +365,6 @@ PARALLEL_FLAGS = _rows(  # ParallelConfig and the recompute setting (1.1-1.3); w
 
 _GRAPHS = "CUDA graphs: less launch overhead, more memory for graph pools"
 OTHER_FLAGS = _rows(
-    Flag("--distribute-saved-activations", array=TRAINING_ARGS),
     *(Flag(name, array=DATA_ARGS) for name in ("--mock-data", "--split", "--vocab-file", "--merge-file",
                                                 "--num-workers")),
     *(Flag(name, array=LOGGING_ARGS) for name in ("--no-load-optim", "--no-load-rng", "--finetune",
@@ -376,13 +372,9 @@ OTHER_FLAGS = _rows(
     # Flags that change time or memory but that the cost model does not price: each one present is
     # named beside the prediction.  When one becomes modelled, give it a field and price it.
     *(Flag(name, not_modelled=text) for name, text in (
-        ("--use-torch-fsdp2", "PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
         ("--fine-grained-activation-offloading", "offloads activations to host memory: activation memory lower, "
                                                  "PCIe traffic added"),
-        ("--cpu-offloading", "offloads activations or weights to host memory"),
         ("--optimizer-cpu-offload", "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
-        ("--enable-cuda-graph", _GRAPHS),
-        ("--external-cuda-graph", _GRAPHS),
         ("--moe-router-padding-for-fp8", "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
         ("--moe-permute-fusion", "fused permute/unpermute kernels: fewer memory passes than priced"),
         ("--moe-router-fusion", "fused router kernels: fewer memory passes than priced"),
@@ -403,12 +395,37 @@ OTHER_FLAGS = _rows(
         ("--sequence-packing", "packed variable-length sequences: attention work differs from full-length sequences"),
         ("--window-size", "sliding-window attention: attention work lower than the full causal count priced"),
     )),
-    Flag("--hierarchical-context-parallel-sizes", array=PARALLEL_ARGS,
-         not_modelled="hierarchical CP: attention communication differs from the CP model"),
 )
 
 
-TABLE: tuple[Flag, ...] = MODEL_FLAGS + TRAINING_FLAGS + PARALLEL_FLAGS + OTHER_FLAGS
+SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, passed through as given
+    Flag("--hierarchical-context-parallel-sizes", Read("", "ints", min_value=1, observe=True),
+         "hierarchical_context_parallel_sizes", array=PARALLEL_ARGS,
+         not_modelled="hierarchical CP: attention communication differs from the CP model"),
+    Flag("--no-overlap-p2p-communication", Read("overlap_p2p_comm", "false", observe=True), "overlap_p2p_comm",
+         array=PARALLEL_ARGS),
+    Flag("--overlap-param-gather-with-optimizer-step", _SEEN, "overlap_param_gather_with_optimizer_step",
+         array=PARALLEL_ARGS),
+    Flag("--num-distributed-optimizer-instances", _int(observe=True), "num_distributed_optimizer_instances",
+         array=PARALLEL_ARGS),
+    Flag("--ckpt-format", _str(observe=True), "ckpt_format", array=LOGGING_ARGS),
+    Flag("--use-torch-fsdp2", _SEEN, "use_torch_fsdp2",
+         not_modelled="PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
+    Flag("--transformer-impl", _str("transformer_engine", "local", "inference_optimized", observe=True),
+         "transformer_impl", array=MODEL_ARGS),
+    Flag("--enable-cuda-graph", _SEEN, "enable_cuda_graph", not_modelled=_GRAPHS),  # older: --cuda-graph-impl local
+    Flag("--external-cuda-graph", _SEEN, "external_cuda_graph", not_modelled=_GRAPHS),  # older: transformer_engine
+    Flag("--moe-input-jitter-eps", Read("", "float", min_value=0.0, observe=True), "moe_input_jitter_eps",
+         array=MOE_ARGS),
+    Flag("--moe-enable-deepep", _SEEN, "moe_enable_deepep", array=MOE_ARGS),  # older spelling: flex with DeepEP
+    Flag("--distribute-saved-activations", _SEEN, "distribute_saved_activations", array=TRAINING_ARGS),
+    Flag("--cpu-offloading", _SEEN, "cpu_offloading", not_modelled="offloads activations or weights to host memory"),
+    Flag("--no-check-for-nan-in-loss-and-grad", Read("check_for_nan_in_loss_and_grad", "false", observe=True),
+         "check_for_nan_in_loss_and_grad"),
+)
+
+
+TABLE: tuple[Flag, ...] = MODEL_FLAGS + TRAINING_FLAGS + PARALLEL_FLAGS + SETTINGS_FLAGS + OTHER_FLAGS
 BY_NAME: dict[str, Flag] = {f.name: f for f in TABLE}
 
 
@@ -453,6 +470,7 @@ def field_flags(section: Sequence[Flag], spec: type) -> dict[str, str]:
 MODEL_FIELD_FLAGS = field_flags(MODEL_FLAGS, ModelSpec)
 TRAINING_FIELD_FLAGS = {**field_flags(TRAINING_FLAGS, TrainingSpec), "precision": "/".join(PRECISION_FLAGS)}
 PARALLEL_FIELD_FLAGS = field_flags(PARALLEL_FLAGS, ParallelConfig)
+SETTINGS_FIELD_FLAGS = field_flags(SETTINGS_FLAGS, MegatronSettings)
 
 
 def _written(section: Sequence[Flag], spec: Any) -> list[tuple[str, list[str]]]:
@@ -511,9 +529,45 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "vpp_needs_pp": (VPP_FLAG,),
     "vpp_microbatches": (VPP_FLAG,),
     "layout_layers": (LAYOUT_FLAG,),
-    "layout_stage_count": (LAYOUT_FLAG,),
+    "layout_stages_pp": (LAYOUT_FLAG, "--pipeline-model-parallel-size"),
+    "layout_embedding": (LAYOUT_FLAG,),
+    "layout_loss": (LAYOUT_FLAG,),
+    "layout_mtp": (LAYOUT_FLAG, "--mtp-num-layers"),
+    "vpp_flags": (VPP_FLAG, LAYOUT_FLAG, LAYERS_PER_VIRTUAL_STAGE_FLAG),
+    "pipeline_split": ("--pipeline-model-parallel-size",),
+    "pipeline_split_vpp": (VPP_FLAG,),
+    "pipeline_split_build": ("--pipeline-model-parallel-size", VPP_FLAG),
+    "cuda_graph": ("--cuda-graph-impl",),
     "tp_comm_overlap_sp": ("--tp-comm-overlap",),
     "overlap_param_gather": ("--overlap-param-gather",),
+    # the model's and the run's other flags (rules.model_violations, settings_violations)
+    "mtp_position_embedding": ("--position-embedding-type", "--mtp-num-layers"),
+    "mla_gqa": ("--group-query-attention", "--multi-latent-attention"),
+    "moe_ffn_without_experts": ("--moe-ffn-hidden-size", "--num-experts"),
+    "moe_capacity": ("--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+                     "--moe-router-load-balancing-type"),
+    "moe_expert_bias": ("--moe-router-score-function", "--moe-router-enable-expert-bias"),
+    "moe_topk_one": ("--moe-router-pre-softmax", "--moe-router-topk"),
+    "moe_router_groups": ("--moe-router-num-groups", "--moe-router-group-topk"),
+    "moe_dispatcher": ("--moe-token-dispatcher-type", "--moe-enable-deepep"),
+    "moe_shared_expert_overlap": ("--moe-shared-expert-overlap", "--moe-token-dispatcher-type"),
+    "moe_aux_loss_coeff": ("--moe-aux-loss-coeff", "--moe-router-load-balancing-type"),
+    "cp_comm_type": ("--cp-comm-type", "--hierarchical-context-parallel-sizes", "--context-parallel-size"),
+    "overlap_param_gather_step": ("--overlap-param-gather-with-optimizer-step",),
+    "fp8_param_gather": ("--fp8-param-gather",),
+    "megatron_fsdp": ("--ckpt-format", "--use-megatron-fsdp"),
+    "delay_wgrad_compute": ("--delay-wgrad-compute",),
+    # the run's flags against the plan (rules.degree_flag_violations, recompute_violations)
+    "ep_overlap": ("--overlap-moe-expert-parallel-comm",),
+    "recompute_modules": ("--recompute-modules",),
+    "fp8_delayed_recompute": ("--recompute-modules", "--fp8-recipe"),
+    "mtp_recompute": ("--recompute-num-layers",),
+    "cuda_graph_recompute": ("--recompute-granularity", "--cuda-graph-impl"),
+    "cpu_offloading": ("--cpu-offloading",),
+    "distribute_saved_activations": ("--distribute-saved-activations",),
+    "flex_tp_ep": ("--expert-model-parallel-size", "--tensor-model-parallel-size"),
+    "dist_opt_instances": ("--num-distributed-optimizer-instances",),
+    "torch_fsdp2": ("--use-torch-fsdp2",),
 }
 """Rule of planner/megatron/rules.py -> the flags behind it, the one to change first."""
 

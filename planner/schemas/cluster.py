@@ -32,6 +32,15 @@ class CrossTypeLink(StrictModel):
     latency_us: LatencyUs = 20.0
 
 
+POOL_SEP = "+"
+"""A pooled device type: the types of the cluster whose GPUs one pipeline stage's DP may span ("H100+H200")."""
+
+
+def pool_members(device_type: str) -> tuple[str, ...]:
+    """The device types a (pooled) stage type draws its GPUs from: itself, or the pool's members."""
+    return tuple(device_type.split(POOL_SEP))
+
+
 class ClusterSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -101,6 +110,36 @@ class ClusterSpec(StrictModel):
         out: dict[str, int] = {}
         for g in self.groups:
             out[g.device_type] = out.get(g.device_type, 0) + g.num_gpus
+        return out
+
+    def shortfalls(self, used: dict[str, int]) -> list[str]:
+        """What the cluster lacks for `used` GPUs per stage type, a pooled type drawing on any of its members'
+        GPUs (Hall's condition: every set of stage types fits in the GPUs of the types it may use)."""
+        have = self.gpus_by_type()
+        out = [f"{t} is not in the cluster ({self.describe()})" for t in used
+               if any(m not in have for m in pool_members(t))]
+        if out:
+            return out
+        keys = sorted(used)
+        for mask in range(1, 1 << len(keys)):
+            chosen = [k for i, k in enumerate(keys) if mask >> i & 1]
+            types = {m for k in chosen for m in pool_members(k)}
+            need, supply = sum(used[k] for k in chosen), sum(have[m] for m in types)
+            if need > supply:
+                return [f"the plan uses {need} {'/'.join(chosen)} GPUs, the cluster has {supply} "
+                        f"{'/'.join(sorted(types))} ({self.describe()})"]
+        return []
+
+    def spread(self, used: dict[str, int]) -> dict[str, int]:
+        """GPUs used per device type of the cluster: a pooled type's GPUs taken from its members in order,
+        after the stages of one type have taken theirs."""
+        have = self.gpus_by_type()
+        out = {t: n for t, n in used.items() if POOL_SEP not in t}
+        for t, n in used.items():
+            for m in pool_members(t) if POOL_SEP in t else ():
+                take = min(n, have.get(m, 0) - out.get(m, 0))
+                out[m] = out.get(m, 0) + max(take, 0)
+                n -= max(take, 0)
         return out
 
     def group_of(self, device_type: str) -> NodeGroup:

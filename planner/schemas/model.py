@@ -124,13 +124,14 @@ class ModelSpec(StrictModel):
                     f"num_layers={self.num_layers}"
                 )
             if any(v not in (0, 1) for v in self.moe_layer_pattern):
-                raise ValueError("moe_layer_pattern entries must be 0 (dense) or 1 (MoE)")
+                raise ValueError(f"Invalid layer pattern: {list(self.moe_layer_pattern)} (entries must be 0, dense, or "
+                                 "1, MoE)")
         if sum((self.swiglu, self.quick_geglu, self.squared_relu)) > 1:
             raise ValueError("swiglu, quick_geglu and squared_relu are activations: give at most one")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
             raise ValueError(
-                f"max_position_embeddings ({self.max_position_embeddings}) must be >= "
-                f"seq_length ({self.seq_length})"
+                f"max_position_embeddings ({self.max_position_embeddings}) must be greater than or equal to "
+                f"seq_length ({self.seq_length})."
             )
         return self
 
@@ -203,8 +204,9 @@ def moe_pattern_from_freq(freq: int | str | list[int], num_layers: int) -> tuple
             raise ValueError(f"moe-layer-freq {text!r} is not a valid list expression: {exc}") from None
         if not isinstance(pattern, list):
             raise ValueError(f"moe-layer-freq {text!r} does not evaluate to a list")
-    if len(pattern) != num_layers:
+    if len(pattern) != num_layers:  # Megatron's words (gpt_layer_specs, when it builds the model)
         raise ValueError(
-            f"moe-layer-freq list has {len(pattern)} entries, expected num_layers={num_layers}"
+            f"Invalid length of moe_layer_pattern: {len(pattern)}, expected {num_layers}, current moe layer "
+            f"pattern: {freq}"
         )
     return tuple(int(v) for v in pattern)

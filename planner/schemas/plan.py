@@ -101,6 +101,12 @@ class Plan(StrictModel):
     gbs: int = Field(gt=0)
     sequence_parallel: bool = True
     stages: tuple[StagePlan, ...]
+    layout: tuple[str, ...] | None = Field(
+        None, description="Megatron's pipeline layout, where the plan fixes one: one string of symbols per virtual "
+        "stage in layout order (E embedding, t decoder layer, m MTP layer, L loss; stage i runs on pipeline rank "
+        "i % pp as virtual chunk i // pp), pp * vpp of them.  None: each rank's layers split over its vpp chunks "
+        "by planner/megatron/layout.py (chunk_split)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -110,7 +116,20 @@ class Plan(StrictModel):
             raise ValueError(f"the plan has {len(self.stages)} pipeline stages; at most {MAX_LAYERS} are allowed")
         if self.world_size > MAX_GPUS:
             raise ValueError(f"the plan uses {self.world_size} GPUs; the planner handles at most {MAX_GPUS}")
+        if self.layout is not None:
+            self._check_layout(self.layout)
         return self
+
+    def _check_layout(self, layout: tuple[str, ...]) -> None:
+        if len(layout) != self.pp * self.vpp:
+            raise ValueError(f"layout: {len(layout)} virtual stages, expected pp * vpp = {self.pp * self.vpp}")
+        bad = sorted({c for stage in layout for c in stage} - set("EtmL"))
+        if bad:
+            raise ValueError(f"layout: unknown symbol(s) {''.join(bad)!r}; allowed: E t m L")
+        per_rank = [sum(layout[c * self.pp + r].count("t") for c in range(self.vpp)) for r in range(self.pp)]
+        if per_rank != [s.num_layers for s in self.stages]:
+            raise ValueError(f"layout: places {per_rank} decoder layers per pipeline rank, but the stages hold "
+                             f"{[s.num_layers for s in self.stages]}")
 
     DERIVED_KEYS: ClassVar[tuple[str, ...]] = ("pp", "dp", "num_microbatches", "world_size")
 

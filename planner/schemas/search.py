@@ -90,3 +90,13 @@ class GlobalChoice:
     @property
     def samples_per_microbatch(self) -> int:
         return self.mbs * self.dp0
+
+
+def stage_min_layers(i: int, pp: int, vpp: int) -> int:
+    """The least decoder layers the search puts on pipeline rank i of pp with vpp virtual chunks (the
+    space's definition, not a Megatron rule: Megatron allows empty chunks): one per chunk, except that
+    the first rank's first chunk may hold only the embedding and the last rank's last chunk only the
+    loss (NVIDIA's `E|(t|)*94L`).  Without interleaving, one layer."""
+    if vpp <= 1:
+        return 1
+    return vpp - (1 if pp > 1 and i in (0, pp - 1) else 0)

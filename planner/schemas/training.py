@@ -24,6 +24,33 @@ FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron's `--fp8-recipe` choices the cost model prices (its default is `delayed`)."""
 
 
+class MegatronSettings(StrictModel):
+    """Flags of the run that only Megatron's rules read (planner/megatron/rules.py): the cost model does
+    not price them (flags.py names those that change time as not modelled).  Megatron's defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cp_comm_types: tuple[CpCommType, ...] = Field((), description="every value of --cp-comm-type (one, or one per layer)")
+    hierarchical_context_parallel_sizes: tuple[int, ...] | None = Field(
+        None, description="--hierarchical-context-parallel-sizes (their product is CP)")
+    overlap_p2p_comm: bool = Field(True, description="False with --no-overlap-p2p-communication")
+    overlap_param_gather_with_optimizer_step: bool = False
+    num_distributed_optimizer_instances: int = Field(1, gt=0, description="--num-distributed-optimizer-instances")
+    ckpt_format: str = Field("torch_dist", description="--ckpt-format")
+    use_torch_fsdp2: bool = False
+    transformer_impl: Literal["transformer_engine", "local", "inference_optimized"] = "transformer_engine"
+    enable_cuda_graph: bool = Field(False, description="--enable-cuda-graph (TransformerConfig: --cuda-graph-impl local)")
+    external_cuda_graph: bool = Field(False, description="--external-cuda-graph (TransformerConfig: transformer_engine)")
+    moe_input_jitter_eps: float | None = None
+    moe_enable_deepep: bool = Field(False, description="--moe-enable-deepep (needs --moe-token-dispatcher-type flex)")
+    moe_router_load_balancing_types: tuple[str, ...] = Field(
+        (), description="every value of --moe-router-load-balancing-type, when more than one")
+    moe_aux_loss_coeffs: tuple[float, ...] = Field((), description="every value of --moe-aux-loss-coeff")
+    distribute_saved_activations: bool = False
+    cpu_offloading: bool = False
+    check_for_nan_in_loss_and_grad: bool = Field(True, description="False with --no-check-for-nan-in-loss-and-grad")
+
+
 class TrainingSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -70,6 +97,8 @@ class TrainingSpec(StrictModel):
         0.1, ge=0.0, le=1.0, description="--attention-dropout (Megatron's default 0.1): a mask and a copy of the "
         "softmax output with unfused attention (fused and flash kernels regenerate the mask)"
     )
+    megatron: MegatronSettings = Field(default_factory=MegatronSettings,
+                                       description="flags only Megatron's rules read (not priced)")
     moe_imbalance_factor: float | None = Field(
         None,
         ge=1.0,

@@ -27,7 +27,7 @@ from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
 from planner.search.screening import QueueEntry, Screening, plan_from_solution
 from planner.search.settings import FEASIBLE, OPTIMAL, Candidate
-from planner.search.space import SearchSpace, recompute_ladder
+from planner.search.space import SearchSpace, pipeline_in_space, recompute_ladder
 from solver_models.cpsat.master import DegreeMaster, RuleFamily
 from solver_models.cpsat.model import CpSatSolution, solve_cpsat
 from solver_models.scaling import bound_s, from_us
@@ -58,12 +58,18 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
         RuleFamily("experts_ep", ("ep",), lambda ep: rules.ep_allowed(model, ep)),
         RuleFamily("moe_etp_bias", ("tp", "etp"), lambda tp, etp: rules.etp_allowed(model, tp, etp)),
     ]
+    flags_ok = rules.degree_flags_check(model, training)
     if runtime_of(runtime).per_stage_meshes:
         return common + [
             RuleFamily("flagscale_cp", ("cp",), lambda cp: rules.runtime_degrees_ok("flagscale", cp, 1)),
             RuleFamily("gbs_microbatch", ("samples",), lambda b: rules.batch_ok(gbs, b, 1)),
-            RuleFamily("layout_stage_count", ("pp",), lambda pp: rules.layout_ok(n_layers, pp, 1)),
-        ]
+            RuleFamily("pipeline_in_space", ("pp",), lambda pp: pipeline_in_space(n_layers, pp, 1)),
+        ] + ([] if flags_ok is None else [RuleFamily(
+            "degree_flags", ("tp", "cp", "ep", "etp", "pp"), lambda tp, cp, ep, etp, pp: flags_ok(tp, cp, ep, etp, None, pp, 1))])
+
+    overlap_p2p = training.megatron.overlap_p2p_comm
+    flag_family = [] if flags_ok is None else [
+        RuleFamily("degree_flags", ("tp", "cp", "ep", "etp", "dp", "pp", "vpp"), flags_ok)]
 
     def stages_fit(tp: int, cp: int, dp: int, pp: int) -> bool:
         s = tp * cp * dp
@@ -73,18 +79,18 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
         RuleFamily("expert_folding", ("tp", "cp", "dp", "ep", "etp"), rules.expert_folding_ok),
         RuleFamily("gbs_microbatch", ("mbs", "dp"), lambda mbs, dp: rules.batch_ok(gbs, mbs, dp)),
         RuleFamily("vpp_microbatches", ("mbs", "dp", "pp", "vpp"),
-                   lambda mbs, dp, pp, vpp: rules.interleave_ok(gbs, mbs, dp, pp, vpp)),
-        RuleFamily("layout_stage_count", ("pp", "vpp"), lambda pp, vpp: rules.layout_ok(n_layers, pp, vpp)),
+                   lambda mbs, dp, pp, vpp: rules.interleave_ok(gbs, mbs, dp, pp, vpp, overlap_p2p)),
+        RuleFamily("pipeline_in_space", ("pp", "vpp"), lambda pp, vpp: pipeline_in_space(n_layers, pp, vpp)),
         RuleFamily("runtime_degrees", ("cp", "vpp"), lambda cp, vpp: rules.runtime_degrees_ok(runtime, cp, vpp)),
         RuleFamily("stages_fit", ("tp", "cp", "dp", "pp"), stages_fit),
-    ]
+    ] + flag_family
 
 
 def degree_row(scr: Screening, g: GlobalChoice) -> tuple[int, ...]:
     """G's degrees in the order of the runtime's families (recompute as its index)."""
     if g.per_stage_meshes:
         modes = [None] + recompute_ladder(scr.cost.model, tuple(scr.space.selective) + tuple(
-            r for r in scr.space.stage_recompute if r.granularity == "selective"))
+            r for r in scr.space.stage_recompute if r.granularity == "selective"), scr.cost.training)
         rc = modes.index(g.recompute)
         return (g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch, g.pp, rc, g.first_dp or 0)
     return (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, scr.recompute_rank(g))

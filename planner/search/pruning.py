@@ -8,7 +8,8 @@ the pruned space; only an unpruned, complete search certifies the optimum of the
                 configuration's greater recompute settings are tried only when the lesser one has
                 no layout that fits; on flagscale each stage takes the least recompute of its
                 (device type, DP) that fits;
-  cp_min_seq    context parallelism only with at least `cp_min_seq_tokens` tokens per CP rank.
+  cp_min_seq    context parallelism only with at least `cp_min_seq_tokens` tokens per CP rank (not when the
+                run's --hierarchical-context-parallel-sizes fix CP).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Configurations:
         self.budget = cost.cluster.gpus_by_type()
         self.gpn = {h: cost.gpus_per_node(h) for h in self.budget}
         self.kind_counts = {k: model.layer_is_moe.count(k) for k in (False, True)}
-        self.ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute))}
+        self.ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute, cost.training))}
         self._options: dict = {}
         self._option_bounds: dict = {}
         self._shape_bounds: dict = {}
@@ -251,13 +251,15 @@ class Screening:
         some aside).  Stops at ENUMERATION_SHARE of the time limit."""
         stop_at = self.t0 + ENUMERATION_SHARE * self.budget_s
         model = self.cost.model
+        # the run's flags fix CP (--hierarchical-context-parallel-sizes): cp_min_seq would leave no CP
+        cp_fixed = self.cost.training.megatron.hierarchical_context_parallel_sizes is not None
         for k, shape in enumerate(self.configs.shapes()):
             if k % 64 == 0 and time.perf_counter() > stop_at:
                 self.enumeration_complete = False
                 self.notes.append(f"time limit: enumeration stopped after {k} shapes (it may take "
                                   f"{ENUMERATION_SHARE:.0%} of --time-limit); the rest were not searched")
                 break
-            if self.pruning.cp_pruned(model, shape.base):
+            if self.pruning.cp_pruned(model, shape.base) and not cp_fixed:
                 self.cp_pruned.append(shape)
                 continue
             bounds = self.configs.shape_bounds(shape)

@@ -18,13 +18,14 @@ from typing import Iterator
 
 from planner.megatron import rules
 from planner.runtime import Runtime, runtime_of
-from planner.schemas.cluster import ClusterSpec
+from planner.schemas.cluster import ClusterSpec, NodeGroup, pool_members
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.schemas.training import TrainingSpec
 
-__all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options",
+__all__ = ["GlobalChoice", "StageOption", "SearchSpace", "enumerate_globals", "stage_options", "pipeline_in_space",
+           "shared_pools", "pooled_view",
            "recompute_ladder", "RECOMPUTE_LADDER", "STAGE_RECOMPUTE_LADDER", "FLAGSCALE_SELECTIVE"]
 
 
@@ -62,11 +63,11 @@ class SearchSpace:
 
     runtime: str = "megatron"
     tp: tuple[int, ...] = (1, 2, 4, 8)
-    cp: tuple[int, ...] = (1, 2, 4)
+    cp: tuple[int, ...] = (1, 2, 4, 8)
     ep: tuple[int, ...] | None = None
     etp: tuple[int, ...] | None = None
     mbs: tuple[int, ...] = (1, 2, 4)
-    vpp: tuple[int, ...] = (1, 2)
+    vpp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     max_pp: int | None = None
     recompute: tuple[Recompute, ...] = field(default_factory=lambda: RECOMPUTE_LADDER)
     # flagscale: the per-stage choices (none/full; a selective entry here becomes a shared mode)
@@ -74,6 +75,8 @@ class SearchSpace:
     # flagscale: selective settings shared by every stage
     selective: tuple[Recompute, ...] = field(default_factory=lambda: FLAGSCALE_SELECTIVE)
     contiguous_types: bool | None = None
+    # megatron: stages whose DP spans a pool of two device types that can share one job (shared_pools)
+    shared_types: bool = True
 
     def with_(self, **kw) -> "SearchSpace":
         return replace(self, **kw)
@@ -89,27 +92,90 @@ class SearchSpace:
         return runtime_of(self.runtime)
 
 
-def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...]) -> list[Recompute]:
-    """The recompute settings valid for this model (moe_act needs a MoE model with grouped GEMM)."""
+def shared_pools(cluster: ClusterSpec, profiles, precision: str) -> list[str]:
+    """Pooled stage types (planner/schemas/cluster.py POOL_SEP) for the megatron runtime on this cluster:
+    pairs of device types that can share one job (ProfileSet.pool: one vendor, both run the precision, the
+    member with the least memory also the slowest, so that a stage whose DP spans both runs at its speed
+    and fits in its memory) with equal GPUs per node.  Disjoint pairs, the closest in speed first."""
+    candidates = []
+    types = cluster.device_types
+    for i, a in enumerate(types):
+        for b in types[i + 1:]:
+            pool = profiles.pool(a, b, precision)
+            if pool is None or cluster.group_of(a).gpus_per_node != cluster.group_of(b).gpus_per_node:
+                continue
+            low, high = (profiles.device(m).peak_flop_per_s(precision) for m in pool_members(pool))
+            candidates.append((high / low, pool))
+    out: list[str] = []
+    for _, pool in sorted(candidates):
+        if not any(set(pool_members(pool)) & set(pool_members(p)) for p in out):
+            out.append(pool)
+    return out
+
+
+def pooled_view(cluster: ClusterSpec, profiles, pools: list[str]) -> ClusterSpec:
+    """The cluster as the search sees it with `pools`: each pool's node groups as one group of the pooled
+    type, where the first member was, its inter-node link the slowest between members."""
+    groups: list[NodeGroup] = []
+    for pool in pools:
+        members = pool_members(pool)
+        nodes = sum(g.num_nodes for g in cluster.groups if g.device_type in members)
+        limiting = cluster.group_of(profiles.limiting_member(pool))
+        groups.append(NodeGroup(device_type=pool, num_nodes=nodes, gpus_per_node=limiting.gpus_per_node,
+                                intra_node_bandwidth_gb_per_s=limiting.intra_node_bandwidth_gb_per_s,
+                                inter_node_bandwidth_gb_per_s=profiles.cross_link(pool, pool, cluster).bandwidth_gb_per_s))
+    pooled = {m for p in pools for m in pool_members(p)}
+    order = {p: min(k for k, g in enumerate(cluster.groups) if g.device_type in pool_members(p)) for p in pools}
+    rest = [(k, g) for k, g in enumerate(cluster.groups) if g.device_type not in pooled]
+    merged = sorted(rest + [(order[p], g) for p, g in zip(pools, groups)], key=lambda kg: kg[0])
+    return cluster.model_copy(update={"groups": tuple(g for _, g in merged)})
+
+
+def pipeline_in_space(num_layers: int, pp: int, vpp: int) -> bool:
+    """The space's own bound on (PP, VPP), not a Megatron rule: every pipeline rank holds a decoder
+    layer (PP <= layers) and, with interleaving, every virtual chunk does too, except an embedding-only
+    first chunk and a loss-only last chunk (PP * VPP <= layers + 2: NVIDIA's `E|(t|)*94L` on PP 32,
+    VPP 3).  Megatron itself allows empty chunks."""
+    return pp <= num_layers and (vpp == 1 or pp * vpp <= num_layers + 2)
+
+
+def recompute_ladder(model: ModelSpec, allowed: tuple[Recompute, ...], training: TrainingSpec | None = None
+                     ) -> list[Recompute]:
+    """The recompute settings of `allowed` that Megatron accepts for this model and the run's flags
+    (rules.recompute_allowed): a selective setting drops the modules the model cannot recompute (moe_act
+    without a MoE model with grouped GEMM, mla_up_proj without MLA; moe_act and layernorm under FP8 with
+    delayed scaling), and settings still refused (full recompute with the expert-parallel overlap or CUDA
+    graphs, ...) are left out."""
     out = []
     for r in allowed:
-        if "moe_act" in r.modules and r.granularity == "selective" and not (model.is_moe and model.moe_grouped_gemm):
-            r = Recompute.selective(tuple(m for m in r.modules if m != "moe_act"))
-        if r not in out:
+        if r.granularity == "selective":
+            drop = set()
+            if not (model.is_moe and model.moe_grouped_gemm):
+                drop.add("moe_act")
+            if not model.multi_latent_attention:
+                drop.add("mla_up_proj")
+            if training is not None and training.precision == "fp8" and training.fp8_recipe == "delayed":
+                drop |= {"moe_act", "layernorm"}
+            kept = tuple(m for m in r.modules if m not in drop)
+            if not kept:
+                continue
+            r = Recompute.selective(kept)
+        if r not in out and rules.recompute_allowed(model, training, r):
             out.append(r)
     return out
 
 
-def flagscale_modes(model: ModelSpec, space: SearchSpace) -> list[Recompute | None]:
+def flagscale_modes(model: ModelSpec, space: SearchSpace, training: TrainingSpec | None = None
+                    ) -> list[Recompute | None]:
     """flagscale recompute modes: None (each stage none or full on its own), then each selective
     setting shared by every stage."""
     shared = [r for r in space.selective] + [r for r in space.stage_recompute if r.granularity == "selective"]
-    return [None] + recompute_ladder(model, tuple(shared))
+    return [None] + recompute_ladder(model, tuple(shared), training)
 
 
-def stage_ladder(model: ModelSpec, space: SearchSpace) -> list[Recompute]:
+def stage_ladder(model: ModelSpec, space: SearchSpace, training: TrainingSpec | None = None) -> list[Recompute]:
     """flagscale: the per-stage recompute choices (selective ones are shared modes instead)."""
-    return [r for r in recompute_ladder(model, space.stage_recompute) if r.granularity != "selective"]
+    return [r for r in recompute_ladder(model, space.stage_recompute, training) if r.granularity != "selective"]
 
 
 def expert_degrees(model: ModelSpec, space: SearchSpace, tp: int) -> list[tuple[int, int]]:
@@ -161,8 +227,10 @@ def enumerate_shapes(
     for its stages."""
     gbs = training.global_batch_size
     n_layers = model.num_layers
-    ladder = tuple(recompute_ladder(model, space.recompute))
-    modes = tuple(flagscale_modes(model, space))
+    ladder = tuple(recompute_ladder(model, space.recompute, training))
+    modes = tuple(flagscale_modes(model, space, training))
+    flags_ok = rules.degree_flags_check(model, training)
+    overlap_p2p = training.megatron.overlap_p2p_comm
     tied = rules.flagscale_tied_embeddings(model, training)
     for tp in space.tp:
         if not rules.tp_allowed(model, tp):
@@ -178,7 +246,7 @@ def enumerate_shapes(
                 continue
             for ep, etp in expert_degrees(model, space, tp):
                 if space.runtime_spec.per_stage_meshes:
-                    yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied)
+                    yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok)
                     continue
                 for mbs in space.mbs:
                     for dp in range(1, max_dp + 1):
@@ -190,7 +258,9 @@ def enumerate_shapes(
                             (pp, vpp) for pp in range(1, min(n_layers, max_stages, space.max_pp or 10**9) + 1)
                             for vpp in space.vpp
                             if rules.runtime_degrees_ok(space.runtime, cp, vpp)
-                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp) and rules.layout_ok(n_layers, pp, vpp))
+                            and rules.interleave_ok(gbs, mbs, dp, pp, vpp, overlap_p2p)
+                            and pipeline_in_space(n_layers, pp, vpp)
+                            and (flags_ok is None or flags_ok(tp, cp, ep, etp, dp, pp, vpp)))
                         if pipelines:
                             base = GlobalChoice("megatron", tp, cp, ep, etp, mbs, *pipelines[0], dp,
                                                 ladder[0] if ladder else None)
@@ -216,7 +286,7 @@ def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, 
             for h, n in hosts.items()}
 
 
-def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) -> Iterator[Shape]:
+def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok=None) -> Iterator[Shape]:
     """flagscale shapes for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
     bs = sorted({dp * m for h, n in hosts.items() for dp in range(1, n // (tp * cp) + 1) for m in space.mbs
                  if rules.expert_folding_ok(tp, cp, dp, ep, etp)})
@@ -227,7 +297,10 @@ def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied) ->
         max_stages = sum(n // (tp * cp * min(d)) for h, n in hosts.items() if (d := dps[h]))
         if not max_stages:
             continue
-        pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1))
+        pipelines = tuple((pp, 1) for pp in range(1, min(model.num_layers, max_stages, space.max_pp or 10**9) + 1)
+                          if flags_ok is None or flags_ok(tp, cp, ep, etp, None, pp, 1))
+        if not pipelines:
+            continue
         firsts = sorted({d for ds in dps.values() for d in ds}) if tied else [None]
         for first in firsts:
             base = GlobalChoice("flagscale", tp, cp, ep, etp, b, *pipelines[0], 1, modes[0], first_dp=first)
@@ -244,7 +317,7 @@ def stage_options(
     out: list[StageOption] = []
     if not g.per_stage_meshes:
         return [StageOption(h, g.dp0, g.recompute) for h, n in hosts.items() if g.stage_gpus <= n]
-    rcs = [g.recompute] if g.recompute is not None else stage_ladder(model, space)
+    rcs = [g.recompute] if g.recompute is not None else stage_ladder(model, space, training)
     for h, dps in _flagscale_dps(hosts, space, g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch).items():
         for dp in dps:
             for rc in rcs:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from planner.cost.model import CostModel, GlobalShape
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
+from planner.schemas.search import stage_min_layers
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,16 @@ class OracleResult:
     per_config: dict = field(default_factory=dict)  # (degrees) -> best seconds
 
 
-def _compositions(n: int, k: int, least: int):
-    """Ordered ways to write n as k parts, each at least `least`."""
-    spare = n - k * least
+def _compositions(n: int, k: int, vpp: int):
+    """Ordered ways to write n as k parts, part i at least stage_min_layers(i, k, vpp)."""
+    least = [stage_min_layers(i, k, vpp) for i in range(k)]
+    spare = n - sum(least)
     if spare < 0:
         return
     for cuts in itertools.combinations(range(spare + k - 1), k - 1):
         prev, parts = -1, []
-        for c in cuts + (spare + k - 1,):
-            parts.append(c - prev - 1 + least)
+        for i, c in enumerate(cuts + (spare + k - 1,)):
+            parts.append(c - prev - 1 + least[i])
             prev = c
         yield parts
 
@@ -176,14 +178,14 @@ class Oracle:
         """check_plan on the stages with the most even layer split (every rule but the layout's
         depends on the stages alone; the splits keep the layout rules themselves)."""
         pp = len(stages)
-        if self.n_layers < pp * vpp:
+        if sum(stage_min_layers(i, pp, vpp) for i in range(pp)) > self.n_layers:
             return False
         base, extra = divmod(self.n_layers, pp)
         layers = [base + (1 if i < extra else 0) for i in range(pp)]
         return not check_plan(self.model, self._plan(tp, cp, ep, etp, mbs, vpp, stages, layers), self.training)
 
     def splits(self, tp, cp, ep, etp, mbs, vpp, stages, key) -> None:
-        """Every layer split of these stages (at least VPP layers each, rule layout_stage_count),
+        """Every layer split of these stages (at least stage_min_layers each, the space's own bound),
         priced; the best kept."""
         pp = len(stages)
         template = self._plan(tp, cp, ep, etp, mbs, vpp, stages, [1] * pp)

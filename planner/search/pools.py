@@ -1,0 +1,82 @@
+"""Stages whose DP spans two device types that can share one job (README, "The search space").
+
+On the megatron runtime a cluster with such a pair (planner/search/space.py `shared_pools`, e.g. H100 with
+H200: one vendor, one software stack) is searched twice: with every stage on one device type, and with the
+pair pooled (`pooled_view`: the pair's nodes as one group of the pooled type "H100+H200", which runs at the
+slower member's speed, in the smaller memory, its inter-node link the slowest between members).  The time
+limit is shared: the second search has what the first left.  The answer is the better of the two, priced
+by the cost model on the real cluster (a pooled stage type draws its GPUs from its members); it is proven
+optimal only when both searches are, and the lower bound is the lesser of theirs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from planner.cost.model import CostModel
+from planner.errors import InfeasibleError, SearchTimeLimitError
+from planner.search.driver import search
+from planner.search.settings import ProgressFn, SearchResult, SearchSettings
+from planner.search.space import SearchSpace, pooled_view, shared_pools
+
+
+def search_with_pools(cost: CostModel, space: SearchSpace, settings: SearchSettings,
+                      progress: ProgressFn | None = None) -> SearchResult:
+    """`search`, and again over the pooled view of the cluster when it has pools (module docstring)."""
+    pools = [] if space.runtime_spec.per_stage_meshes or not space.shared_types else shared_pools(
+        cost.cluster, cost.profiles, cost.training.precision)
+    if not pools:
+        return search(cost, space, settings, progress=progress)
+    start = time.perf_counter()
+    end = settings.deadline if settings.deadline is not None else start + settings.time_limit_s
+    first_settings = replace(settings, deadline=start + (end - start) / 2, time_limit_s=settings.time_limit_s / 2)
+    results: list[SearchResult] = []
+    failures: list[Exception] = []
+    for view_cost, view_settings in ((cost, first_settings), (None, None)):
+        if view_cost is None:
+            view_cost = CostModel(cost.model, cost.training, pooled_view(cost.cluster, cost.profiles, pools),
+                                  cost.profiles, memory_headroom=cost.memory_headroom)
+            view_settings = replace(settings, deadline=end, time_limit_s=max(0.1, end - time.perf_counter()))
+        try:
+            results.append(search(view_cost, space, view_settings, progress=progress))
+        except (InfeasibleError, SearchTimeLimitError) as exc:
+            failures.append(exc)
+    if not results:
+        raise failures[-1]
+    if len(results) == 1:
+        results[0].notes.append(f"one of the two searches (separate types; {', '.join(pools)} pooled) found no "
+                                f"plan: {failures[0]}")
+        return results[0]
+    return _combined(cost, results[0], results[1], pools, settings.top_k, time.perf_counter() - start)
+
+
+def _combined(cost: CostModel, apart: SearchResult, pooled: SearchResult, pools: list[str], top_k: int,
+              wall_s: float) -> SearchResult:
+    """The better plans of the two searches, priced on the real cluster; proven only if both are."""
+    priced = [(cost.evaluate(c.plan), c, r) for r in (apart, pooled) for c in r.best]
+    priced.sort(key=lambda t: t[0].iteration_time_s)
+    best = priced[:top_k]
+    winner = best[0][2]
+
+    def least(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else min(a, b)
+
+    note = (f"stages whose DP spans {', '.join(pools)} were searched too (the pair as one pool, at the slower "
+            f"member's speed and memory): the best plan is {'pooled' if winner is pooled else 'on separate types'}")
+    return replace(
+        winner, best=[c for _, c, _ in best], costs=[p for p, _, _ in best],
+        configs_total=apart.configs_total + pooled.configs_total,
+        configs_solved=apart.configs_solved + pooled.configs_solved,
+        configs_bounded=apart.configs_bounded + pooled.configs_bounded,
+        configs_infeasible=apart.configs_infeasible + pooled.configs_infeasible,
+        configs_pruned_memory=apart.configs_pruned_memory + pooled.configs_pruned_memory,
+        configs_pruned_cp=apart.configs_pruned_cp + pooled.configs_pruned_cp,
+        lower_bound_s=least(apart.lower_bound_s, pooled.lower_bound_s),
+        pruned_lower_bound_s=least(apart.pruned_lower_bound_s, pooled.pruned_lower_bound_s),
+        certified_optimal=apart.certified_optimal and pooled.certified_optimal,
+        pruned_space_optimal=apart.pruned_space_optimal and pooled.pruned_space_optimal,
+        timed_out=apart.timed_out or pooled.timed_out, search_time_s=wall_s,
+        quantisation_s=max(0.0, best[0][0].iteration_time_s - best[0][1].objective_s),
+        notes=apart.notes + [n for n in pooled.notes if n not in apart.notes] + [note],
+    )
