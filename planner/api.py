@@ -26,6 +26,7 @@ from planner.inputs.resolve import read_script, resolve_run, script_override_fla
 from planner.inputs.script import LauncherScript
 from planner.launcher import render_launch_files
 from planner.profile_tables import ProfileSet
+from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
 from planner.megatron.rules import check_plan, format_violations
 from planner.sanity import check_prediction
@@ -135,6 +136,8 @@ class SolveOutcome:
     problems: list[list[str]] = field(default_factory=list)
     idle: list[IdleGpus] = field(default_factory=list)
     script: LauncherScript | None = None  # the input launcher (--megatron-script), for the launcher files
+    choice: RuntimeChoice | None = None  # the runtime and the part of the cluster its job runs on
+    profiles: ProfileSet | None = None  # what priced it: vendors and node probes for the launcher
 
 
 def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow) -> SearchSpace:
@@ -144,12 +147,27 @@ def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow)
     return space
 
 
+def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRun) -> RuntimeChoice:
+    """`--runtime` resolved against profiles/runtimes.yaml: the runtime and the part of the cluster one
+    job of it runs on.  A named runtime that cannot run the whole cluster is refused (PlannerInputError
+    naming --runtime, with the reason and what would run it)."""
+    return choose_runtime(runtime, cluster, profiles, run.training.precision)
+
+
 def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchSettings, space: SearchSpace,
-          progress: ProgressFn | None = None) -> SolveOutcome:
+          progress: ProgressFn | None = None, choice: RuntimeChoice | None = None) -> SolveOutcome:
     """Search, then check every returned plan with the independent checker: a plan that breaks a
     rule, overflows memory or uses GPUs the cluster lacks raises PlanCheckError (exit status 2),
-    never a printed problem."""
-    cost = CostModel(run.model, run.training, cluster, profiles)
+    never a printed problem.
+
+    The search runs on the part of the cluster `choice` names (`--runtime auto` may leave device types
+    no job of the runtime can hold idle); without `choice`, `space.runtime` must run the whole cluster
+    (profiles/runtimes.yaml), else PlannerInputError: the megatron runtime never prices a cross-vendor job."""
+    if choice is None:
+        choice = runtime_choice(space.runtime, cluster, profiles, run)
+    elif choice.runtime.name != space.runtime:
+        raise ValueError(f"the search space is for {space.runtime}, the runtime choice is {choice.runtime.name}")
+    cost = CostModel(run.model, run.training, choice.cluster, profiles)
     result = search(cost, space, settings, progress=progress)
     plans = [c.plan for c in result.best]
     costs, problems = [], []
@@ -161,13 +179,17 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
         costs.append(c)
         problems.append(probs)
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
-                        idle=idle_gpus(plans[0], cluster, result))
+                        idle=idle_gpus(plans[0], cluster, result, choice.left_out), choice=choice,
+                        profiles=profiles)
 
 
-def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[IdleGpus]:
-    """Per device type, the GPUs the plan leaves idle and why: too few left for one more stage of
-    the plan's shape, or (when more stages would fit) the search found no faster plan using them."""
+def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,
+              left_out: dict[str, str] | None = None) -> list[IdleGpus]:
+    """Per device type, the GPUs the plan leaves idle and why: no job of the runtime can hold that type
+    (`left_out`, from the runtime choice), too few left for one more stage of the plan's shape, or
+    (when more stages would fit) the search found no faster plan using them."""
     used = plan.gpus_by_type()
+    left_out = left_out or {}
     out = []
     proof = "the search proved that no plan using them is faster" if result.certified_optimal else \
         "no plan using them was faster among those searched"
@@ -176,7 +198,9 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[Id
         idle = n - used.get(h, 0)
         if idle <= 0:
             continue
-        if idle < sizes[0]:
+        if h in left_out:
+            why = left_out[h]
+        elif idle < sizes[0]:
             why = (f"fewer than one more stage of the plan's TP x CP x DP = {sizes[0]} GPUs; " + proof)
         else:
             why = proof
@@ -233,6 +257,12 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False) -> Estimate:
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
+    runs = MEGATRON.can_run([s.device_type for s in plan.stages], profiles)
+    if not runs.ok:
+        if not allow_invalid:
+            raise PlannerInputError("--cluster", f"{runs.reason}; `solve` plans a runtime that can (FlagScale for "
+                                    "NVIDIA+AMD); --allow-invalid prices these flags anyway")
+        notes = notes + [f"no upstream Megatron-LM job runs this: {runs.reason}"]
     cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
     check_prediction(cost, "the configuration")
     notes = notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough)
@@ -275,7 +305,8 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
                  delta: float, no_prune: bool, contiguous_types: bool = False) -> list[dict]:
     """Solve with each backend in turn, the time limit shared between them (each gets what is
     left divided by the backends still to run), and return one row per backend."""
-    space = make_space(run, runtime, contiguous_types=contiguous_types or None)
+    choice = runtime_choice(runtime, cluster_spec, profiles, run)
+    space = make_space(run, choice.runtime.name, contiguous_types=contiguous_types or None)
     end = time.perf_counter() + time_limit_s
     rows = []
     for k, name in enumerate(backends):
@@ -284,7 +315,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
         if no_prune:
             settings = settings.without_pruning()
         try:
-            out = solve(run, cluster_spec, profiles, settings=settings, space=space)
+            out = solve(run, cluster_spec, profiles, settings=settings, space=space, choice=choice)
         except SearchTimeLimitError:
             rows.append({"backend": name, "status": "UNKNOWN", "objective_s": None, "iteration_time_s": None,
                          "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
@@ -306,6 +337,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
     ref = min(found) if found else None
     for row in rows:
         row["vs_best"] = row["objective_s"] / ref - 1.0 if ref and row["objective_s"] is not None else None
+        row["runtime"] = choice.runtime.name
     return rows
 
 

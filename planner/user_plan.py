@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
 from planner.megatron.rules import RuleViolation, check_plan
+from planner.runtime import MEGATRON
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -30,11 +31,12 @@ class UserPlan:
     violations: list[RuleViolation] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    cannot_run: str | None = None  # why no upstream Megatron-LM job holds its device types (runtimes.yaml)
 
     @property
     def runs(self) -> bool:
-        """Megatron would start it and it fits in memory."""
-        return self.cost is not None and self.cost.fits and not self.violations
+        """Megatron would start it, one upstream job can hold its devices, and it fits in memory."""
+        return self.cost is not None and self.cost.fits and not self.violations and self.cannot_run is None
 
 
 def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: str) -> UserPlan:
@@ -47,6 +49,9 @@ def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: st
         return out
     out.plan, out.notes = plan, list(notes)
     out.violations = check_plan(run.model, plan, run.training)
+    runs = MEGATRON.can_run([s.device_type for s in plan.stages], profiles)
+    if not runs.ok:
+        out.cannot_run = runs.reason
     try:
         out.cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
     except (ValueError, KeyError, ZeroDivisionError) as exc:  # a plan the cost model cannot price

@@ -9,7 +9,7 @@ import click
 from planner.api import compare_backends, compare_rows, load_inputs, reduce_layers
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import CLUSTER_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer
-from planner.runtime import RUNTIME_NAMES
+from planner.runtime import AUTO, RUNTIME_CHOICES
 
 
 def gap_lines(rows: list[dict]) -> list[str]:
@@ -30,7 +30,8 @@ def gap_lines(rows: list[dict]) -> list[str]:
 
 @click.command("compare")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES)
-@click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True)
+@click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
+              help="as solve's --runtime (profiles/runtimes.yaml)")
 @click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
               help="seconds for the whole comparison, shared between the backends")
 @click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True)
@@ -53,6 +54,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     backends = compare_backends(run, cluster_spec, brute)
     rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=time_limit_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types)
+    runtime = rows[0].get("runtime", runtime) if rows else runtime
     if as_json:
         echo_json({"model": run.model.name, "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
                    "runtime": runtime, "pruning": not no_prune, "results": rows})

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from planner.api import check_predictions, load_inputs, make_space, price_input_plan, read_input_script, solve
+from planner.api import (
+    check_predictions, load_inputs, make_space, price_input_plan, read_input_script, runtime_choice, solve,
+)
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
@@ -18,7 +20,7 @@ from planner.output.plan_dir import write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
-from planner.runtime import RUNTIME_NAMES
+from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.search.pruning import Pruning
 from planner.search.settings import SearchSettings
 
@@ -28,8 +30,11 @@ SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
                  help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
                       "CP-SAT stage subproblems, certifies the answer; hsdp: the dynamic program alone"),
-    click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True,
-                 help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
+    click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
+                 help="auto: upstream Megatron-LM when it runs the whole cluster (one vendor), else FlagScale "
+                      "(NVIDIA+AMD through FlagCX), else the part of the cluster one job can span, the rest idle "
+                      "(profiles/runtimes.yaml); megatron: one DP/recompute for all stages; flagscale: per-stage DP "
+                      "and recompute"),
     click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole search"),
     click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
@@ -83,15 +88,17 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                               deadline=deadline)
     if no_prune:
         settings = settings.without_pruning()
-    space = make_space(inputs.run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
+    choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run)
+    space = make_space(inputs.run, choice.runtime.name, mbs=mbs, contiguous_types=contiguous_types or None)
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
-        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress)
+        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress,
+                        choice=choice)
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
     check_predictions(outcome)
     if megatron_script:
         outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run)
     user = price_input_plan(inputs, megatron_script, megatron_args)
-    payload = solve_json(outcome, settings, runtime, user=user)
+    payload = solve_json(outcome, settings, choice.runtime.name, user=user)
     written: list[Path] = []
     where = out_dir or plot_dir
     if out_dir:

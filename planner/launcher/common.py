@@ -24,6 +24,8 @@ from planner.inputs.script import LauncherScript
 from planner.megatron.flags import (
     CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
 )
+from planner.profile_tables import ProfileSet
+from planner.runtime import RunCheck, runtime_of
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -220,6 +222,23 @@ def arrays_of(items: list[FlagItem]) -> dict[str, list[FlagItem]]:
     for item in items:
         out[item.array].append(item)
     return out
+
+
+def job_check(plan: Plan, profiles: ProfileSet) -> RunCheck:
+    """Whether the plan's runtime can hold the plan's device types in one job (profiles/runtimes.yaml);
+    PlannerInputError naming --runtime otherwise: no launcher is written for a job that cannot start."""
+    rt = runtime_of(plan.runtime)
+    check = rt.can_run([s.device_type for s in plan.stages], profiles)
+    if not check.ok:
+        other = "flagscale" if rt.name != "flagscale" else "megatron"
+        raise PlannerInputError("--runtime", f"{check.reason}; no launcher written (plan it again with --runtime "
+                                f"auto, or --runtime {other} where that runs these devices)")
+    return check
+
+
+def runtime_notes(check: RunCheck) -> list[str]:
+    """What the job needs besides the runtime (a plug-in, a fork, FlagCX), for the launcher's header."""
+    return [f"{check.reason}; needs {need}" for need in check.needs]
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,15 +25,18 @@ from planner.launcher.common import (
     effective_model,
     group_flag_items,
     hostfile_text,
+    job_check,
     launch_flags,
     place_agents,
     plan_header,
     recompute_flag_items,
+    runtime_notes,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
 from planner.megatron.flags import array_of
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations, tied_embeddings
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -108,9 +111,11 @@ def per_stage_recompute(plan: Plan) -> tuple[list[FlagItem], dict[str, list[list
     return items, lists
 
 
-def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tuple[list[FlagItem], dict[str, Any]]:
+def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh],
+                         cross_vendor: bool = False) -> tuple[list[FlagItem], dict[str, Any]]:
     """The flags the plan decides for FlagScale, and the same as YAML sections (system.hetero,
-    system.recompute)."""
+    system.recompute).  `cross_vendor`: the meshes span vendors, so torch.distributed runs FlagCX
+    (`--distributed-backend flagcx`)."""
     tied = tied_embeddings(model)
     hetero: dict[str, Any] = {
         "enable_hetero": True,
@@ -132,6 +137,8 @@ def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tu
         items.append(FlagItem("--expert-tensor-parallel-size", [str(plan.etp)]))
     if plan.tp > 1 and plan.sequence_parallel:
         items.append(FlagItem("--sequence-parallel"))
+    if cross_vendor:
+        items.append(FlagItem("--distributed-backend", ["flagcx"]))
     for key, value in hetero.items():
         if key == "hetero_current_device_type":
             continue  # per host, in launch.sh
@@ -252,25 +259,29 @@ def _dump(header: str, data: dict[str, Any]) -> str:
 
 
 def flagscale_files(
-    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
+    profiles: ProfileSet,
 ) -> dict[str, str]:
     """{relative path: text} for the flagscale runtime; refuses (PlannerInputError) a plan
-    FlagScale cannot run, with the reason."""
+    FlagScale cannot run, with the reason.  A job over several vendors communicates through FlagCX
+    (`--distributed-backend flagcx`, profiles/runtimes.yaml)."""
     refusals = check_runtime_expressible(plan, run.model)
     if refusals:
         raise PlannerInputError(
             "--runtime", "FlagScale cannot run this plan: " + format_violations(refusals)
         )
+    runs = job_check(plan, profiles)
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     meshes = process_meshes(plan)
     agents = place_agents(plan, cluster)
-    plan_items, sections = flagscale_plan_items(plan, model, meshes)
+    cross_vendor = len({profiles.vendor(s.device_type).lower() for s in plan.stages}) > 1
+    plan_items, sections = flagscale_plan_items(plan, model, meshes, cross_vendor)
     flags = launch_flags(run, model, plan_items + rule_items, script)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
-    notes += self_relative_notes(script)
+    notes += self_relative_notes(script) + runtime_notes(runs)
     entry = FLAGSCALE_ENTRY
     if script is not None and not script.entry_script.endswith("pretrain_gpt.py"):
         entry = script.entry_script

@@ -17,14 +17,17 @@ from planner.launcher.common import (
     effective_model,
     group_flag_items,
     hostfile_text,
+    job_check,
     launch_flags,
     place_agents,
     plan_header,
     recompute_flag_items,
+    runtime_notes,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
 from planner.megatron.layout import split_flags
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -52,16 +55,18 @@ def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
 
 
 def megatron_files(
-    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
+    profiles: ProfileSet,
 ) -> dict[str, str]:
     """{file name: text} for the megatron runtime; refuses (PlannerInputError) a plan upstream
-    Megatron cannot run, with the reason."""
+    Megatron cannot run, with the reason: one its rules refuse, or one whose devices span vendors."""
     refusals = check_runtime_expressible(plan)
     if refusals:
         raise PlannerInputError(
             "--runtime",
             "upstream Megatron-LM cannot run this plan: " + format_violations(refusals),
         )
+    runs = job_check(plan, profiles)
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     agents = place_agents(plan, cluster)
@@ -69,7 +74,7 @@ def megatron_files(
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
-    notes += self_relative_notes(script)
+    notes += self_relative_notes(script) + runtime_notes(runs)
     needs_conn = needs_max_connections(plan, flags.final)
     if needs_conn:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
