@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
@@ -26,7 +26,7 @@ from planner.inputs.resolve import read_script, resolve_run, script_override_fla
 from planner.inputs.script import LauncherScript
 from planner.launcher import render_launch_files
 from planner.profile_tables import ProfileSet
-from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime
+from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
 from planner.megatron.rules import check_plan, format_violations
 from planner.sanity import check_prediction
@@ -155,20 +155,30 @@ def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRu
 
 
 def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchSettings, space: SearchSpace,
-          progress: ProgressFn | None = None, choice: RuntimeChoice | None = None) -> SolveOutcome:
+          progress: ProgressFn | None = None, choice: RuntimeChoice | None = None,
+          as_runtime: str | None = None) -> SolveOutcome:
     """Search, then check every returned plan with the independent checker: a plan that breaks a
     rule, overflows memory or uses GPUs the cluster lacks raises PlanCheckError (exit status 2),
     never a printed problem.
 
     The search runs on the part of the cluster `choice` names (`--runtime auto` may leave device types
     no job of the runtime can hold idle); without `choice`, `space.runtime` must run the whole cluster
-    (profiles/runtimes.yaml), else PlannerInputError: the megatron runtime never prices a cross-vendor job."""
+    (profiles/runtimes.yaml), else PlannerInputError: the megatron runtime never prices a cross-vendor job.
+
+    `as_runtime`: search the megatron space (one DP and one recompute for every stage: what a baseline
+    plans) for a job of another runtime, narrowed to what that runtime expresses (flagscale: CP 1, no
+    VPP, each device type's stages contiguous); the plans come back as that runtime's."""
+    target = as_runtime or space.runtime
+    if as_runtime is not None and as_runtime != space.runtime:
+        space = uniform_space_for(space, as_runtime)
     if choice is None:
-        choice = runtime_choice(space.runtime, cluster, profiles, run)
-    elif choice.runtime.name != space.runtime:
-        raise ValueError(f"the search space is for {space.runtime}, the runtime choice is {choice.runtime.name}")
+        choice = runtime_choice(target, cluster, profiles, run)
+    elif choice.runtime.name != target:
+        raise ValueError(f"the search is for {target}, the runtime choice is {choice.runtime.name}")
     cost = CostModel(run.model, run.training, choice.cluster, profiles)
     result = search(cost, space, settings, progress=progress)
+    if target != space.runtime:
+        result = relabel_result(result, target)
     plans = [c.plan for c in result.best]
     costs, problems = [], []
     for p in plans:
@@ -181,6 +191,26 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
                         idle=idle_gpus(plans[0], cluster, result, choice.left_out), choice=choice,
                         profiles=profiles)
+
+
+def uniform_space_for(space: SearchSpace, runtime: str) -> SearchSpace:
+    """The megatron space narrowed to plans `runtime` runs as they are (one DP and recompute for every
+    stage): no CP or VPP where it has none, contiguous device types where it needs them."""
+    rt = runtime_of(runtime)
+    narrowed = space.with_(runtime="megatron")
+    if not rt.context_parallel:
+        narrowed = narrowed.with_(cp=(1,))
+    if not rt.interleaving:
+        narrowed = narrowed.with_(vpp=(1,))
+    if rt.contiguous_types:
+        narrowed = narrowed.with_(contiguous_types=True)
+    return narrowed
+
+
+def relabel_result(result: SearchResult, runtime: str) -> SearchResult:
+    """The result's plans as `runtime`'s (the cost model does not depend on the runtime's name)."""
+    best = [replace(c, plan=c.plan.model_copy(update={"runtime": runtime})) for c in result.best]
+    return replace(result, best=best)
 
 
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,

@@ -30,14 +30,16 @@ from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
-from planner.runtime import MEGATRON
+from planner.runtime import AUTO, choose_runtime
 from planner.simulate import plot_timeline, simulate_pipeline
 
 GBS_PER_GPU = 16
 SEQ_LENGTH = 4096
 PAPER_TABLE2 = {"mixtral-s": {"throughput": 1.67, "latency": 0.56}, "mixtral-l": {"throughput": 1.78, "latency": 0.58}}
 SCALING_SIZES = (48, 96, 192, 384, 768, 1024)
-SCALING_TYPES = ("H800", "MI300X", "910B")
+SCALING_TYPES = ("H800", "A100", "H20")
+"""Three device types one upstream Megatron-LM job can hold (all NVIDIA: profiles/runtimes.yaml); the paper's
+H800 + MI300X + 910B spans three vendors, which no public runtime runs as one job."""
 SCALING_MODEL = "mixtral-l"
 
 Progress = Callable[[str], None]
@@ -156,21 +158,32 @@ def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult) -> Row:
 
 def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Progress | None = None,
                  plans_out: dict | None = None) -> list[Row]:
-    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan)."""
+    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan).
+
+    Every planner plans a job that can run (profiles/runtimes.yaml): on the part of the cluster
+    `--runtime auto` picks (the whole cluster when one runtime spans it), for that runtime; a baseline's
+    plan (one DP and recompute for every stage) runs on upstream Megatron-LM for one vendor, on FlagScale
+    across vendors.  Throughput is still over every GPU of the cluster, so idle GPUs are charged."""
     run, cluster = resolve_scenario(sc, profiles)
+    choice = choose_runtime(AUTO, cluster, profiles, run.training.precision)
+    target = choice.runtime.name
     names = [n for n in ("hapmoe",) + tuple(n for n in PLANNERS if n != "hapmoe") if n in settings.planners]
     rows: list[Row] = []
-    hapmoe_megatron = None
+    hapmoe_plan = None
     for name in names:
-        opts: dict = {"time_limit_s": settings.time_limit_s}
+        opts: dict = {"time_limit_s": settings.time_limit_s, "runtime": target}
         runs: list = []
         if name == "hapmoe":
-            opts.update(flagscale_time_limit_s=settings.flagscale_time_limit_s, runs_out=runs)
+            opts = {"time_limit_s": settings.time_limit_s, "flagscale_time_limit_s": settings.flagscale_time_limit_s,
+                    "runs_out": runs}
         if name == "ablation":
-            opts["hapmoe_plan"] = hapmoe_megatron
-        res = run_planner(name, run, cluster, profiles, **opts)
+            opts["hapmoe_plan"] = hapmoe_plan
+        res = run_planner(name, run, choice.cluster, profiles, **opts)
         if name == "hapmoe":
-            hapmoe_megatron = next((r.plan for r in runs if r.runtime == MEGATRON.name), None)
+            hapmoe_plan = next((r.plan for r in runs if r.runtime == target), None)
+        if choice.left_out:
+            res.notes.insert(0, f"planned on {choice.cluster.describe()} ({target}); idle: "
+                             + "; ".join(f"{t}: {why}" for t, why in choice.left_out.items()))
         row = make_row(sc, run, cluster, profiles, res)
         rows.append(row)
         if plans_out is not None and res.priced is not None:
@@ -356,7 +369,7 @@ def scaling_study(profiles, settings: BenchSettings, progress: Progress | None =
 
 def scaling_markdown(rows: list[ScalingRow], limit_s: float) -> str:
     lines = [f"# Search time against cluster size ({SCALING_MODEL}, HS-DP, megatron runtime, "
-             f"limit {limit_s:.0f} s per run)", "",
+             f"{' + '.join(SCALING_TYPES)}, limit {limit_s:.0f} s per run)", "",
              "| GPUs | cluster | status | search time (s) | iteration (s) | TFLOP/s/GPU | note |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.gpus} | {r.cluster} | {r.status} | {r.search_time_s:.1f} | {r.iteration_time_s:.2f} | "
@@ -454,7 +467,7 @@ def plot_scaling(rows: list[ScalingRow], path: Path) -> None:
         ax.plot([r.gpus for r in bad], [r.search_time_s for r in bad], "x", color="red", label="timeout / none")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("GPUs (H800 + MI300X + 910B)")
+    ax.set_xlabel(f"GPUs ({' + '.join(SCALING_TYPES)})")
     ax.set_ylabel("search time (s)")
     ax.set_title(f"HAPMoE search time, {SCALING_MODEL}")
     ax.legend(fontsize=8)

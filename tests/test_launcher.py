@@ -139,9 +139,9 @@ def case(name: str):
         full = Recompute.full("uniform", 1)
         plan = Plan(
             tp=2, vpp=2, mbs=1, gbs=16,
-            stages=_stages(("A100", 6, 2, full), ("A100", 6, 2, full), ("910B", 5, 2, full), ("910B", 5, 2, full)),
+            stages=_stages(("H100", 6, 2, full), ("H100", 6, 2, full), ("A100", 5, 2, full), ("A100", 5, 2, full)),
         )  # fmt: skip
-        return run, plan, cluster_of(("A100", 1), ("910B", 1)), None
+        return run, plan, cluster_of(("H100", 1), ("A100", 1)), None  # one vendor: one upstream job
     if name == "dense_flagscale":
         run = MegatronRun(
             model=DENSE.model_copy(update={"num_layers": 8, "name": "dense-8l"}),
@@ -151,17 +151,17 @@ def case(name: str):
         block = Recompute.full("block", 1)
         plan = Plan(
             runtime="flagscale", tp=2, mbs=1, gbs=32,
-            stages=_stages(("A100", 5, 4, none), ("910B", 2, 2, block), ("910B", 1, 2, block)),
+            stages=_stages(("A100", 5, 4, none), ("MI300X", 2, 2, block), ("MI300X", 1, 2, block)),
         )  # fmt: skip
-        return run, plan, cluster_of(("A100", 1), ("910B", 1)), None
+        return run, plan, cluster_of(("A100", 1), ("MI300X", 1)), None  # NVIDIA + AMD: FlagCX
     run, script = _script_run()
     if name == "moe_megatron":
         sel = Recompute.selective(("core_attn", "moe_act"))
         plan = Plan(
             tp=2, ep=4, etp=1, mbs=1, gbs=128,
-            stages=_stages(("H800", 5, 4, sel), ("H800", 5, 4, sel), ("MI300X", 3, 4, sel), ("MI300X", 3, 4, sel)),
+            stages=_stages(("H800", 5, 4, sel), ("H800", 5, 4, sel), ("A100", 3, 4, sel), ("A100", 3, 4, sel)),
         )  # fmt: skip
-        return run, plan, cluster_of(("H800", 2), ("MI300X", 2)), script
+        return run, plan, cluster_of(("H800", 2), ("A100", 2)), script
     if name == "moe_flagscale":
         full = Recompute.full("block", 2)
         plan = Plan(
@@ -450,9 +450,10 @@ def test_flagscale_yaml_meshes_and_recompute_lists():
     files = render("dense_flagscale")
     train = yaml.safe_load(files["flagscale/conf/train/hapmoe.yaml"])
     hetero = train["system"]["hetero"]
-    # stages: A100 dp4 | 910B dp2 | 910B dp2, TP 2  ->  meshes [2,1,1,4,1] and [2,1,1,2,2]
+    # stages: A100 dp4 | MI300X dp2 | MI300X dp2, TP 2  ->  meshes [2,1,1,4,1] and [2,1,1,2,2]
     assert hetero["hetero_process_meshes"] == [2, 1, 1, 4, 1, 2, 1, 1, 2, 2]
-    assert hetero["hetero_device_types"] == ["A100", "910B"]
+    assert hetero["hetero_device_types"] == ["A100", "MI300X"]
+    assert train["system"]["distributed_backend"] == "flagcx"  # NVIDIA + AMD in one job: FlagCX
     assert hetero["hetero_pipeline_layer_split"] == [5, 2, 1]
     assert hetero["use_partial_reduce_for_shared_embedding"] is True  # tied, DP 4 -> 2
     m = 32 // (1 * 4)

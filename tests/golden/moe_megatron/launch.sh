@@ -3,8 +3,8 @@
 # TP=2 CP=1 EP=4 ETP=1 PP=4 VPP=1 mbs=1 gbs=128 micro-batches=32
 # stage 0: H800, 5 layers, DP=4, recompute selective:core_attn+moe_act, ranks 0-7, agents 0
 # stage 1: H800, 5 layers, DP=4, recompute selective:core_attn+moe_act, ranks 8-15, agents 1
-# stage 2: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 16-23, agents 2
-# stage 3: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 24-31, agents 3
+# stage 2: A100, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 16-23, agents 2
+# stage 3: A100, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 24-31, agents 3
 #
 # This is the input script with the plan applied: `hapmoe_launch` inserted before `torchrun` on line 79.
 # Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the
@@ -31,8 +31,8 @@ hapmoe_agent() {
     case "$1" in
         0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 0-7, stage(s) 0
         1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 8-15, stage(s) 1
-        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # MI300X: ranks 16-23, stage(s) 2
-        3) HAPMOE_A_HOST=mi300x-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # MI300X: ranks 24-31, stage(s) 3
+        2) HAPMOE_A_HOST=a100-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # A100: ranks 16-23, stage(s) 2
+        3) HAPMOE_A_HOST=a100-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # A100: ranks 24-31, stage(s) 3
         *) return 1 ;;
     esac
 }
@@ -97,8 +97,8 @@ hapmoe_launch() {
         case "${HAPMOE_HOST:-$(hostname -s)}" in
             h800-node0) agents=(0) ;;
             h800-node1) agents=(1) ;;
-            mi300x-node0) agents=(2) ;;
-            mi300x-node1) agents=(3) ;;
+            a100-node0) agents=(2) ;;
+            a100-node1) agents=(3) ;;
             *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
                else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
         esac
