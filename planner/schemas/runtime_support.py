@@ -78,6 +78,8 @@ class VendorProbe(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     probe: str = Field(min_length=1, description="shell command printing the devices' product names")
+    visible_devices: str = Field(min_length=1, description="the variable that selects a process's devices "
+                                 "(CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES, ...)")
     source: str = Field(min_length=1)
 
 

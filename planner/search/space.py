@@ -165,7 +165,7 @@ def enumerate_shapes(
     modes = tuple(flagscale_modes(model, space))
     tied = rules.flagscale_tied_embeddings(model, training)
     for tp in space.tp:
-        if not rules.tp_allowed(model, tp):
+        if not rules.tp_allowed(model, tp) or not rules.runtime_tp_ok(space.runtime, model, tp):
             continue
         hosts = _hosting_types(cluster, tp, gpus_per_node)
         if not hosts:
