@@ -24,7 +24,9 @@ from planner.inputs.cluster import parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run, script_override_flags
 from planner.inputs.script import LauncherScript
+from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
+from planner.launcher.common import place_agents
 from planner.profile_tables import ProfileSet
 from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
@@ -138,6 +140,7 @@ class SolveOutcome:
     script: LauncherScript | None = None  # the input launcher (--megatron-script), for the launcher files
     choice: RuntimeChoice | None = None  # the runtime and the part of the cluster its job runs on
     profiles: ProfileSet | None = None  # what priced it: vendors and node probes for the launcher
+    hosts: tuple[Host, ...] | None = None  # --hosts: the real nodes the launcher places the stages on
 
 
 def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow) -> SearchSpace:
@@ -377,14 +380,23 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
 
 def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
          megatron_script: str | None = None, cluster: str | None = None,
-         script_args: Sequence[str] = ()) -> dict[str, str]:
+         script_args: Sequence[str] = (), hosts_path: str | None = None) -> dict[str, str]:
     """The launcher files ({relative path: text}) for a saved plan: plan.json as `solve --out`
     writes it (its run, cluster and input launcher included), or a bare Plan with the model and
-    cluster given; what the file states besides the plan must agree with the plan."""
+    cluster given; what the file states besides the plan must agree with the plan.  `hosts_path`
+    (--hosts FILE): the real nodes (planner/inputs/hosts.py); without it the host file is a template."""
     data = load_plan_file(Path(plan_path))
     run, plan, cluster_spec = resolve_plan_inputs(
         data, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster
     )
     check_plan_document(data, plan, run, cluster_spec)
     script = script_from_plan(data, megatron_script, tuple(script_args))
-    return render_launch_files(run, plan, cluster_spec, script)
+    profiles = ProfileSet.load()
+    hosts = read_hosts(hosts_path, cluster_spec, profiles) if hosts_path else None
+    return render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts)
+
+
+def check_hosts(outcome: SolveOutcome) -> None:
+    """--hosts against the plan: enough nodes of each type (PlannerInputError naming the shortfall)."""
+    if outcome.hosts is not None:
+        place_agents(outcome.plans[0], outcome.cluster, outcome.hosts)

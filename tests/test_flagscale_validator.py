@@ -170,6 +170,8 @@ def hostfile_hosts(path: Path) -> list[list]:
     """[[type, slots], ...] of a host file (`NAME slots=N type=T` lines)."""
     hosts = []
     for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            continue
         fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
         if fields:
             hosts.append([fields.get("type"), int(fields["slots"])])

@@ -22,9 +22,12 @@ from planner.output.run_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
 @click.option("--model", default=None, metavar="PRESET|FILE", help="model, when the plan file has no inputs.run")
 @click.option("--megatron-args", default=None, metavar='"FLAGS"', help="Megatron flags, when the plan file has no inputs.run")
 @click.option("--cluster", default=None, metavar="SPEC", help="cluster, when the plan file has no inputs.cluster")
+@click.option("--hosts", "hosts_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="the real nodes, one line each: NAME TYPE [GPUS] (or NAME slots=N type=T); the host file, "
+                   "launch.sh and SLURM's placement use them (without it the host file is a template)")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")
 @handle_errors
-def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, script_args):
+def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, hosts_path, script_args):
     """Write megatron_args.txt, launch.sh and hostfile (plus FlagScale's YAML for the flagscale
     runtime) for a plan.  The input script is never modified.
 
@@ -33,7 +36,7 @@ def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cl
     """
     check_out_dir(out_dir, "--out", LAUNCHER_OUTPUT, force=force)
     files = emit(plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                 cluster=cluster, script_args=script_args)
+                 cluster=cluster, script_args=script_args, hosts_path=hosts_path)
     paths = write_files(out_dir, files, "--out", LAUNCHER_OUTPUT)
     for p in paths:
         click.echo(str(p))

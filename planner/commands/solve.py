@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 from planner.api import (
-    check_predictions, load_inputs, make_space, price_input_plan, read_input_script, runtime_choice, solve,
+    check_hosts, check_predictions, load_inputs, make_space, price_input_plan, read_input_script, runtime_choice,
+    solve,
 )
+from planner.inputs.hosts import read_hosts
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES,
@@ -55,13 +57,16 @@ SEARCH_OPTIONS = [
               help="write plan.json, inputs.json, summary.md and the launcher (launch/) here; an earlier plan "
                    "there is replaced, any other non-empty directory is refused")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan")
+@click.option("--hosts", "hosts_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="the real nodes, one line each: NAME TYPE [GPUS] (or NAME slots=N type=T); checked against "
+                   "the plan, and the launcher (--out) places the stages on them (without it: a template)")
 @apply_options(ASSUMPTION_OPTIONS + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, contiguous_types, top_k, out_dir, force, moe_imbalance, plot_dir, wide,
-            as_json, quiet, script_args):
+            time_limit_s, delta, no_prune, contiguous_types, top_k, out_dir, force, hosts_path, moe_imbalance, plot_dir,
+            wide, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -88,6 +93,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                               deadline=deadline)
     if no_prune:
         settings = settings.without_pruning()
+    hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles) if hosts_path else None
     choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run)
     space = make_space(inputs.run, choice.runtime.name, mbs=mbs, contiguous_types=contiguous_types or None)
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
@@ -95,6 +101,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                         choice=choice)
     progress.finish(best_s=outcome.costs[0].iteration_time_s, lower_bound_s=outcome.result.lower_bound_s)
     check_predictions(outcome)
+    outcome.hosts = hosts
+    check_hosts(outcome)
     if megatron_script:
         outcome.script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run)
     user = price_input_plan(inputs, megatron_script, megatron_args)

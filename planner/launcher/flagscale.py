@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
 from planner.errors import PlannerInputError
+from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     Agent,
@@ -26,6 +27,7 @@ from planner.launcher.common import (
     effective_model,
     group_flag_items,
     hostfile_text,
+    slurm_hostfiles,
     job_check,
     launch_flags,
     place_agents,
@@ -33,7 +35,7 @@ from planner.launcher.common import (
     recompute_flag_items,
     runtime_notes,
 )
-from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
+from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
 from planner.inputs.megatron_flags import fork_flags_in
 from planner.megatron.flags import array_of
@@ -326,7 +328,7 @@ def refuse_what_flagscale_refuses(items: list[FlagItem]) -> None:
 
 def flagscale_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
-    profiles: ProfileSet,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
 ) -> dict[str, str]:
     """{relative path: text} for the flagscale runtime; refuses (PlannerInputError) a plan
     FlagScale cannot run, with the reason.  A job over several vendors communicates through FlagCX
@@ -340,7 +342,7 @@ def flagscale_files(
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     meshes = process_meshes(plan)
-    agents = place_agents(plan, cluster)
+    agents = place_agents(plan, cluster, hosts)
     cross_vendor = len({profiles.vendor(s.device_type).lower() for s in plan.stages}) > 1
     plan_items, sections = flagscale_plan_items(plan, model, meshes, cross_vendor)
     flags = launch_flags(run, model, plan_items + rule_items, script)
@@ -369,6 +371,8 @@ def flagscale_files(
         agents=agents,
         per_agent_items=per_agent,
         master_port=_master_port(script),
+        node_checks=node_checks([s.device_type for s in plan.stages], profiles),
+        real_hosts=hosts is not None,
     )
     items = group_flag_items(flags.final)
     refuse_what_flagscale_refuses(items)
@@ -382,7 +386,8 @@ def flagscale_files(
     return {
         "megatron_args.txt": args_file_text(items),
         "launch.sh": script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec),
-        "hostfile": hostfile_text(agents),
+        "hostfile": hostfile_text(agents, template=hosts is None),
+        **(slurm_hostfiles(agents) if hosts is not None else {}),
         f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
         "flagscale/conf/config.yaml": _dump(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",

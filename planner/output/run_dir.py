@@ -47,7 +47,8 @@ class OutputKind:
 PLAN_OUTPUT = OutputKind("plan", ("plan.json", "inputs.json", "summary.md", "launch"),
                          owned=("plan.json", "inputs.json", "summary.md", "launch", "plots"))
 LAUNCHER_OUTPUT = OutputKind("launcher files", ("launch.sh", "megatron_args.txt", "hostfile"),
-                             owned=("launch.sh", "megatron_args.txt", "hostfile", "flagscale"))
+                             owned=("launch.sh", "megatron_args.txt", "hostfile", "flagscale", "slurm_hostfile.nodes",
+                                    "slurm_hostfile.ranks"))
 PROFILES_OUTPUT = OutputKind(  # profile and calibrate write into one profiles directory, each its own files
     "profiles directory",
     ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "devices", "profile_report.json",
