@@ -554,7 +554,7 @@ def test_each_node_checks_its_device_type_at_start_up(tmp_path):
     """launch.sh runs the node's vendor probe before starting its agent: an A100 where the plan put an H100
     stops with a message naming the node and the type it expected, and starts nothing; the right type
     starts; a missing probe tool stops too."""
-    run, plan, cluster, script = case("dense_megatron")  # stages: H100, H100, A100, A100 (agents 0-1 H100)
+    run, plan, cluster, script = case("dense_megatron")  # stages H100, H100, A100, A100: agent 0 H100, 1 A100
     write_files(tmp_path / "out", render_launch_files(run, plan, cluster, script), "--out", LAUNCHER_OUTPUT)
     launch = tmp_path / "out" / "launch.sh"
     bindir = _fake_torchrun(tmp_path)
@@ -565,12 +565,12 @@ def test_each_node_checks_its_device_type_at_start_up(tmp_path):
     assert wrong.returncode == 3, wrong.stderr
     assert "node 0 (h100-node0) should hold H100, but nvidia-smi reports: NVIDIA A100-SXM4-80GB" in wrong.stderr
     assert not (tmp_path / "args0").exists()  # torchrun never started
-    ok = _launch(launch, tmp_path, 2)  # agent 2 runs an A100 stage: it starts
+    ok = _launch(launch, tmp_path, 1)  # agent 1 runs the A100 stages: it starts
     assert ok.returncode == 0, ok.stderr
-    assert (tmp_path / "args2").exists()
+    assert (tmp_path / "args1").exists()
     _probe_stub(bindir, "nvidia-smi", "NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3")
-    assert _launch(launch, tmp_path, 1).returncode == 0 and (tmp_path / "args1").exists()
-    assert _launch(launch, tmp_path, 3).returncode == 3  # an H100 where an A100 stage belongs
+    assert _launch(launch, tmp_path, 0).returncode == 0 and (tmp_path / "args0").exists()
+    assert _launch(launch, tmp_path, 1).returncode == 3  # an H100 where the A100 stages belong
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("rocm-smi") is not None,
