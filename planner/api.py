@@ -27,6 +27,7 @@ from planner.inputs.script import LauncherScript
 from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
 from planner.launcher.common import place_agents
+from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
 from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
@@ -191,9 +192,26 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
                                  f"({p.runtime} runtime): " + "; ".join(probs))
         costs.append(c)
         problems.append(probs)
+    if not choice.runtime.contiguous_types:
+        result, plans, costs = _grouped_by_type(cost, result, plans, costs)
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
                         idle=idle_gpus(plans[0], cluster, result, choice.left_out), choice=choice,
                         profiles=profiles)
+
+
+def _grouped_by_type(cost: CostModel, result: SearchResult, plans: list[Plan], costs: list[PlanCost]):
+    """Each plan with its device types' stages in one block when that costs nothing (planner/placement.py);
+    the best plan's note says what was done, or why its types interleave."""
+    new_plans, new_costs, best = [], [], list(result.best)
+    notes = list(result.notes)
+    for k, (p, c) in enumerate(zip(plans, costs)):
+        p2, c2, note = contiguous_order(cost, p, c)
+        new_plans.append(p2)
+        new_costs.append(c2)
+        best[k] = replace(best[k], plan=p2)
+        if note and k == 0:
+            notes.append(note)
+    return replace(result, best=best, costs=new_costs, notes=notes), new_plans, new_costs
 
 
 def uniform_space_for(space: SearchSpace, runtime: str) -> SearchSpace:
