@@ -310,6 +310,17 @@ def _dump(header: str, data: dict[str, Any]) -> str:
     return "".join(f"# {line}\n" for line in header.splitlines()) + body
 
 
+def train_config_text(run: MegatronRun) -> str:
+    """FlagScale's train config (system / model / data) of the run alone, without a plan: what FlagScale's
+    auto-tuner starts from (it chooses the meshes, the layer split and recompute)."""
+    batch = [FlagItem("--micro-batch-size", [str(run.training.micro_batch_size)]),
+             FlagItem("--global-batch-size", [str(run.training.global_batch_size)])]
+    flags = launch_flags(run, run.model, batch, None)
+    items = group_flag_items(flags.final)
+    return _dump(f"{run.model.name}: the run's flags for FlagScale's auto-tuner (no plan)",
+                 train_yaml(items, {"hetero": {"enable_hetero": True}, "recompute": {}}))
+
+
 def refuse_what_flagscale_refuses(items: list[FlagItem]) -> None:
     """Flags FlagScale 0.8.0's train_gpt.py refuses, found by its own validator on the launcher corpus:
     another fork's flags (its parser does not know them) and a batch-size ramp-up with --train-iters
