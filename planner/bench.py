@@ -70,7 +70,7 @@ SUITE: tuple[Scenario, ...] = (
 QUICK_SUITE: tuple[Scenario, ...] = (
     Scenario("llama2-7b", "a100-910b", "dense-hetero"),
     Scenario("mixtral-s", "h800-16", "moe-homo"),
-    Scenario("mixtral-s", "h800-910b", "moe-hetero"),
+    Scenario("mixtral-s", "h800-mi300x", "moe-hetero"),  # NVIDIA + AMD: one FlagScale job (FlagCX)
 )
 
 

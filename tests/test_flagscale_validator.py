@@ -27,6 +27,8 @@ from click.testing import CliRunner
 
 from cli import main
 
+from planner.api import load_inputs
+from planner.bench_flagscale import run_flagscale_tuner
 from planner.cost.model import CostModel, PlanCost
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
@@ -342,3 +344,16 @@ def test_every_flagscale_config_solve_writes_passes_flagscales_checks():
                             .read_text())
     assert readme["system"]["distributed_backend"] == "flagcx"
     assert set(readme["system"]["hetero"]["hetero_device_types"]) == {"H800", "MI300X"}
+
+
+@pytest.mark.slow
+def test_flagscales_auto_tuner_runs_beside_hapmoe_in_bench():
+    """bench's tuner column: FlagScale's auto-tuner on Mixtral-S over 8 H800, its candidates priced by the
+    cost model; the fastest one that fits is a plan whose emitted config FlagScale's validator accepts."""
+    inputs = load_inputs(model="mixtral-s", cluster="H800:8", overrides={"gbs": 128})
+    out = run_flagscale_tuner(inputs.run, inputs.cluster, inputs.profiles, time_limit_s=120)
+    assert out.status == "ok", out.why
+    assert out.counts["candidates"] >= out.counts["full"] >= out.counts["expressible"] >= out.counts["fits"] >= 1
+    assert out.best is not None and out.best.cost.fits and out.best.plan.runtime == "flagscale"
+    assert out.validated == "ok", out.validated
+    assert out.search_time_s > 0
