@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
-from planner.inputs.megatron_flags import is_flag_token
+from planner.inputs.megatron_flags import fork_flags_in, is_flag_token
 from planner.inputs.script import LauncherScript
 from planner.megatron.flags import (
     CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
@@ -237,9 +237,17 @@ def job_check(plan: Plan, profiles: ProfileSet) -> RunCheck:
     return check
 
 
-def runtime_notes(check: RunCheck) -> list[str]:
-    """What the job needs besides the runtime (a plug-in, a fork, FlagCX), for the launcher's header."""
-    return [f"{check.reason}; needs {need}" for need in check.needs]
+def runtime_notes(check: RunCheck, plan: Plan | None = None, final_flags: Sequence[str] = (),
+                  profiles: ProfileSet | None = None) -> list[str]:
+    """What the job needs besides the runtime (a plug-in, a fork, FlagCX), for the launcher's header; and
+    MindSpeed's flags on a job without Ascend devices (MindSpeed patches Megatron-LM for Ascend only)."""
+    notes = [f"{check.reason}; needs {need}" for need in check.needs]
+    mindspeed = fork_flags_in(list(final_flags)).get("MindSpeed", [])
+    if mindspeed and plan is not None and profiles is not None and not any(
+            profiles.vendor(s.device_type).lower() == "huawei" for s in plan.stages):
+        notes.append(f"{', '.join(mindspeed)}: MindSpeed's flags (Ascend NPUs only) on a job without Ascend devices: "
+                     "upstream Megatron-LM's parser refuses them; remove them for these devices")
+    return notes
 
 
 # --------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def megatron_files(
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
-    notes += self_relative_notes(script) + runtime_notes(runs)
+    notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
     needs_conn = needs_max_connections(plan, flags.final)
     if needs_conn:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
