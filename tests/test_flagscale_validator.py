@@ -289,8 +289,9 @@ SOLVES: dict[str, list[str]] = {
 def _solve_out(name: str, args: list[str]) -> Path | str:
     """solve's launch/ directory, or the planner's one-line refusal (exit 2)."""
     out = _EMITTED / name
-    res = CliRunner().invoke(main, ["solve", *args, "--backend", "hsdp", "--time-limit", "60", "--quiet",
-                                    "--out", str(out)])
+    own, script_args = (args[:args.index("--")], args[args.index("--"):]) if "--" in args else (args, [])
+    res = CliRunner().invoke(main, ["solve", *own, "--backend", "hsdp", "--time-limit", "60", "--quiet",
+                                    "--out", str(out), *script_args])
     if res.exit_code == 2:
         return res.output.strip()
     assert res.exit_code == 0, res.output
@@ -348,12 +349,13 @@ def test_every_flagscale_config_solve_writes_passes_flagscales_checks():
 
 @pytest.mark.slow
 def test_flagscales_auto_tuner_runs_beside_hapmoe_in_bench():
-    """bench's tuner column: FlagScale's auto-tuner on Mixtral-S over 8 H800, its candidates priced by the
+    """bench's tuner column: FlagScale's auto-tuner on Mixtral-S over 16 H800, its candidates priced by the
     cost model; the fastest one that fits is a plan whose emitted config FlagScale's validator accepts."""
-    inputs = load_inputs(model="mixtral-s", cluster="H800:8", overrides={"gbs": 128})
+    inputs = load_inputs(model="mixtral-s", cluster="H800:16", overrides={"gbs": 256})
     out = run_flagscale_tuner(inputs.run, inputs.cluster, inputs.profiles, time_limit_s=120)
     assert out.status == "ok", out.why
-    assert out.counts["candidates"] >= out.counts["full"] >= out.counts["expressible"] >= out.counts["fits"] >= 1
+    c = out.counts
+    assert c["candidates"] >= c["full"] >= c.get("expressible", 0) >= c.get("fits", 0) >= 1
     assert out.best is not None and out.best.cost.fits and out.best.plan.runtime == "flagscale"
     assert out.validated == "ok", out.validated
     assert out.search_time_s > 0
