@@ -114,10 +114,16 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
 # functions that print them instead; exported, so `bash -c "..."` strings see them too.  srun runs its
 # command (a `bash -c` string, whose launch then prints every node's command) under the same stubs;
 # launch.sh's own launch (hapmoe_launch) prints and exits.
-DRY_RUN_STUBS = ("mpirun", "mpiexec", "sbatch", "salloc", "scancel", "python", "python3", "torchrun", "deepspeed",
+DRY_RUN_STUBS = ("mpirun", "mpiexec", "salloc", "scancel", "python", "python3", "torchrun", "deepspeed",
                  "mkdir", "rm", "rmdir", "cp", "mv", "ln", "touch", "chmod", "chown", "tee", "dd", "rsync", "scp",
                  "ssh", "pdsh", "wget", "curl", "pip", "pip3", "git", "docker", "apptainer", "singularity", "enroot",
                  "kill", "pkill", "tar", "unzip", "sleep", "nohup")
+
+
+# srun/sbatch options that take their value as the next word (`--opt=value` is one word either way)
+_SCHEDULER_VALUE_OPTIONS = ("-N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|"
+                            "--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|"
+                            "--gpus-per-node")
 
 
 def dry_run_stubs() -> list[str]:
@@ -133,6 +139,16 @@ def dry_run_stubs() -> list[str]:
         "    done",
         "    cd() { builtin cd \"$@\" 2>/dev/null || hapmoe_dry cd \"$@\"; }; export -f cd",
         "    tee() { hapmoe_dry tee \"$@\"; command cat; }; export -f tee  # the output still shows",
+        "    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints",
+        "    sbatch() {",
+        "        hapmoe_dry sbatch \"$@\"",
+        "        while [[ $# -gt 0 && \"$1\" == -* ]]; do",
+        f"            case \"$1\" in {_SCHEDULER_VALUE_OPTIONS}) shift 2 ;; *) shift ;; esac",
+        "        done",
+        "        if [[ $# -gt 0 ]]; then bash \"$@\"; else bash -s; fi",
+        "        return 0",
+        "    }",
+        "    export -f sbatch",
         "fi",
     ]
 
@@ -196,9 +212,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
         '        hapmoe_dry srun "$@"',
         '        while [[ $# -gt 0 && "$1" == -* ]]; do',
-        '            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|'
-        '--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) '
-        'shift 2 ;; *) shift ;; esac',
+        f'            case "$1" in {_SCHEDULER_VALUE_OPTIONS}) shift 2 ;; *) shift ;; esac',
         "        done",
         '        if [[ $# -gt 0 ]]; then "$@"; fi',
         "        return 0",

@@ -29,11 +29,21 @@ hapmoe_is_decided() {
 # --dry-run: nothing of the script that touches the cluster, the files or the network runs.
 hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&2; return 0; }
 if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-    for hapmoe_c in mpirun mpiexec sbatch salloc scancel python python3 torchrun deepspeed mkdir rm rmdir cp mv ln touch chmod chown tee dd rsync scp ssh pdsh wget curl pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
+    for hapmoe_c in mpirun mpiexec salloc scancel python python3 torchrun deepspeed mkdir rm rmdir cp mv ln touch chmod chown tee dd rsync scp ssh pdsh wget curl pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
         eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \"\$@\"; }"; export -f "$hapmoe_c"
     done
     cd() { builtin cd "$@" 2>/dev/null || hapmoe_dry cd "$@"; }; export -f cd
     tee() { hapmoe_dry tee "$@"; command cat; }; export -f tee  # the output still shows
+    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints
+    sbatch() {
+        hapmoe_dry sbatch "$@"
+        while [[ $# -gt 0 && "$1" == -* ]]; do
+            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+        done
+        if [[ $# -gt 0 ]]; then bash "$@"; else bash -s; fi
+        return 0
+    }
+    export -f sbatch
 fi
 
 # Agent k of the plan: its host, its device type, its GPUs, its own extra flags.
