@@ -96,7 +96,7 @@ def test_bench_rejects_bad_planner():
 
 @pytest.mark.slow
 def test_bench_quick_end_to_end(tmp_path):
-    """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline and beats MI on the mix."""
+    """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline, MI included."""
     from cli import main
 
     out = tmp_path / "bench"
@@ -112,7 +112,10 @@ def test_bench_quick_end_to_end(tmp_path):
         if r["status"] == "ok":
             assert float(r["peak_memory_gib"]) > 0 and float(r["iteration_time_s"]) > 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["geomean_speedup_vs_mi"] > 1.2
+    # On H800 + MI300X every planner's plan is a FlagScale job (issue 21): HAPMoE is no slower than MI there
+    # (1.02x at the time of writing; the 1.2x and more of earlier versions priced upstream Megatron jobs
+    # across vendors, which cannot start)
+    assert summary["geomean_speedup_vs_mi"] >= 1 - 1e-9
     assert summary["min_ratio_vs_best_baseline"] >= 1 - 1e-6
     assert "Table 2" in res.output and "Table 3" in res.output and "FlagScale auto-tuner beside HAPMoE" in res.output
     for r in rows:  # every plan is a job one runtime runs: FlagScale across vendors, upstream Megatron on one

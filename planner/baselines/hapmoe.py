@@ -99,6 +99,7 @@ def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: li
     that cannot hold the cluster's vendors in one job (profiles/runtimes.yaml) is not searched."""
     cost = cost_model(run, cluster, profiles)
     best: PricedPlan | None = None
+    runnable = [rt for rt in runtimes if runtime_of(rt).can_run(cluster, profiles).ok]
     for rt in runtimes:
         runs = runtime_of(rt).can_run(cluster, profiles)
         if not runs.ok:
@@ -106,6 +107,8 @@ def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: li
                 notes.append(f"HAPMoE {rt}: not searched ({runs.reason})")
             continue
         limit = flagscale_time_limit_s if (rt == FLAGSCALE.name and flagscale_time_limit_s is not None) else time_limit_s
+        if limit <= 0 and runnable == [rt]:
+            limit = time_limit_s  # the only runtime that runs this cluster (FlagScale across vendors) is searched
         if limit <= 0:
             if notes is not None:
                 notes.append(f"HAPMoE {rt}: not searched (time limit 0)")
