@@ -49,8 +49,10 @@ def contiguous_order(cost: CostModel, plan: Plan, plan_cost: PlanCost) -> tuple[
         return plan, plan_cost, (f"device types interleave ({shown}): no order with each type's stages together "
                                  "fits or keeps the rules")
     if best[1].iteration_time_s <= plan_cost.iteration_time_s * (1 + SAME_TIME):
-        return best[0], best[1], (f"stages grouped by device type ({', '.join(type_blocks(best[0]))}): the same "
-                                  f"predicted time as the search's order ({shown})")
+        faster = 1 - best[1].iteration_time_s / plan_cost.iteration_time_s
+        how = (f"{faster * 100:.2f}% faster than" if faster > SAME_TIME else "the same predicted time as")
+        return best[0], best[1], (f"stages grouped by device type ({', '.join(type_blocks(best[0]))}): {how} "
+                                  f"the order found ({shown})")
     slower = best[1].iteration_time_s / plan_cost.iteration_time_s - 1
     return plan, plan_cost, (f"device types interleave ({shown}): the best order with each type's stages together "
                              f"({', '.join(type_blocks(best[0]))}) is {slower * 100:.2f}% slower")
