@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Literal
 
 from planner.errors import MissingProfileError, PlannerInputError
-from planner.schemas.cluster import ClusterSpec
-from planner.schemas.runtime_support import RuntimeSupport
 
-if TYPE_CHECKING:  # the type only: profile_tables reads files, runtime.py is imported by the rules
+if TYPE_CHECKING:  # types only: planner.schemas.plan imports this module (Plan.runtime), so no schema here
     from planner.profile_tables import ProfileSet
+    from planner.schemas.cluster import ClusterSpec
+    from planner.schemas.runtime_support import RuntimeSupport
 
 RuntimeName = Literal["megatron", "flagscale"]
 AUTO = "auto"
@@ -56,10 +56,11 @@ class Runtime:
     context_parallel: bool
     interleaving: bool
 
-    def can_run(self, types: ClusterSpec | Iterable[str], profiles: "ProfileSet") -> "RunCheck":
+    def can_run(self, types: "ClusterSpec | Iterable[str]", profiles: "ProfileSet") -> "RunCheck":
         """Whether one job of this runtime can hold these device types (a cluster's, or a plan's
         stages'), by profiles/runtimes.yaml and the devices' vendors; the reason either way."""
-        device_types = list(types.device_types if isinstance(types, ClusterSpec) else dict.fromkeys(types))
+        cluster_types = getattr(types, "device_types", None)  # a ClusterSpec
+        device_types = list(cluster_types if cluster_types is not None else dict.fromkeys(types))
         row = profiles.runtime_support(self.name)
         by_vendor: dict[str, list[str]] = {}
         for t in device_types:
@@ -122,15 +123,6 @@ class RuntimeChoice:
     cluster: ClusterSpec
     check: RunCheck
     left_out: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def summary(self) -> str:
-        """One line for the report: the runtime, how it runs the job, what stays idle."""
-        head = f"{self.runtime.name} ({self.check.reason}" + (f"; needs {'; '.join(self.check.needs)}"
-                                                                if self.check.needs else "") + ")"
-        if self.requested == AUTO:
-            head = "auto -> " + head
-        return head
 
     def as_json(self) -> dict:
         return {"requested": self.requested, "runtime": self.runtime.name, "library": self.check.library,
