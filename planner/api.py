@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
@@ -27,8 +27,12 @@ from planner.inputs.cluster import parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run, script_override_flags
 from planner.inputs.script import LauncherScript
+from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
+from planner.launcher.common import place_agents
+from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
+from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
 from planner.megatron.rules import format_violations, input_violations, run_violations
 from planner.sanity import check_prediction
@@ -171,6 +175,9 @@ class SolveOutcome:
     objective: str = "pessimistic"
     memory_headroom: float = 0.0
     range_model: RangeModel | None = None
+    choice: RuntimeChoice | None = None  # the runtime and the part of the cluster its job runs on
+    profiles: ProfileSet | None = None  # what priced it: vendors and node probes for the launcher
+    hosts: tuple[Host, ...] | None = None  # --hosts: the real nodes the launcher places the stages on
 
     @property
     def objective_s(self) -> float:
@@ -185,9 +192,17 @@ def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow)
     return space
 
 
+def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRun) -> RuntimeChoice:
+    """`--runtime` resolved against profiles/runtimes.yaml: the runtime and the part of the cluster one
+    job of it runs on.  A named runtime that cannot run the whole cluster is refused (PlannerInputError
+    naming --runtime, with the reason and what would run it)."""
+    return choose_runtime(runtime, cluster, profiles, run.training.precision)
+
+
 def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchSettings, space: SearchSpace,
           progress: ProgressFn | None = None, memory_headroom: float | None = None,
-          objective: str = "pessimistic") -> SolveOutcome:
+          objective: str = "pessimistic", choice: RuntimeChoice | None = None,
+          as_runtime: str | None = None) -> SolveOutcome:
     """Search, then check every returned plan with the independent checker: a plan that breaks a
     rule, overflows memory (its headroom kept free) or uses GPUs the cluster lacks raises PlanCheckError
     (exit status 2), never a printed problem.  Flags Megatron refuses whatever the plan (the model's, the run's
@@ -196,17 +211,34 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     `objective` "pessimistic" (the default) searches tables built from the top of the range
     (planner/cost/ranges.py: each mechanism's seconds at their held-out uncertainty), so the plan whose
     pessimistic time is best wins; "nominal" searches the cost model itself.  Either way the reported time is
-    the nominal float cost model's, with the range beside it."""
+    the nominal float cost model's, with the range beside it.
+
+    The search runs on the part of the cluster `choice` names (`--runtime auto` may leave device types
+    no job of the runtime can hold idle); without `choice`, `space.runtime` must run the whole cluster
+    (profiles/runtimes.yaml), else PlannerInputError: the megatron runtime never prices a cross-vendor job.
+
+    `as_runtime`: search the megatron space (one DP and one recompute for every stage: what a baseline
+    plans) for a job of another runtime, narrowed to what that runtime expresses (flagscale: CP 1, no
+    VPP, each device type's stages contiguous); the plans come back as that runtime's."""
     if objective not in OBJECTIVES:
         raise PlannerInputError("--objective", f"expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
     fixed = input_violations(run.model, run.training)
     if fixed:
         raise PlannerInputError(" / ".join(sorted({rule_options(v.rule) or "flags" for v in fixed})),
                                 "Megatron refuses these flags whatever the plan: " + format_violations(fixed))
-    ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
+    target = as_runtime or space.runtime
+    if as_runtime is not None and as_runtime != space.runtime:
+        space = uniform_space_for(space, as_runtime)
+    if choice is None:
+        choice = runtime_choice(target, cluster, profiles, run)
+    elif choice.runtime.name != target:
+        raise ValueError(f"the search is for {target}, the runtime choice is {choice.runtime.name}")
+    ranges = RangeModel(run.model, run.training, choice.cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal
     result = search_with_pools(ranges.high if objective == "pessimistic" else cost, space, settings,
                                progress=progress)
+    if target != space.runtime:
+        result = relabel_result(result, target)
     plans = [c.plan for c in result.best]
     costs, problems = [], []
     for p in plans:
@@ -216,16 +248,57 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
                                  f"({p.runtime} runtime): " + "; ".join(probs))
         costs.append(c)
         problems.append(probs)
+    if not choice.runtime.contiguous_types:
+        result, plans, costs = _grouped_by_type(cost, result, plans, costs)
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
-                        idle=idle_gpus(plans[0], cluster, result),
+                        idle=idle_gpus(plans[0], cluster, result, choice.left_out), choice=choice,
+                        profiles=profiles,
                         ranges=[ranges.time_range(p, c) for p, c in zip(plans, costs)], objective=objective,
                         memory_headroom=cost.memory_headroom, range_model=ranges)
 
 
-def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[IdleGpus]:
-    """Per device type, the GPUs the plan leaves idle and why: too few left for one more stage of
-    the plan's shape, or (when more stages would fit) the search found no faster plan using them."""
+def _grouped_by_type(cost: CostModel, result: SearchResult, plans: list[Plan], costs: list[PlanCost]):
+    """Each plan with its device types' stages in one block when that costs nothing (planner/placement.py);
+    the best plan's note says what was done, or why its types interleave."""
+    new_plans, new_costs, best = [], [], list(result.best)
+    notes = list(result.notes)
+    for k, (p, c) in enumerate(zip(plans, costs)):
+        p2, c2, note = contiguous_order(cost, p, c)
+        new_plans.append(p2)
+        new_costs.append(c2)
+        best[k] = replace(best[k], plan=p2)
+        if note and k == 0:
+            notes.append(note)
+    return replace(result, best=best, costs=new_costs, notes=notes), new_plans, new_costs
+
+
+def uniform_space_for(space: SearchSpace, runtime: str) -> SearchSpace:
+    """The megatron space narrowed to plans `runtime` runs as they are (one DP and recompute for every
+    stage): no CP or VPP where it has none, contiguous device types where it needs them."""
+    rt = runtime_of(runtime)
+    narrowed = space.with_(runtime="megatron")
+    if not rt.context_parallel:
+        narrowed = narrowed.with_(cp=(1,))
+    if not rt.interleaving:
+        narrowed = narrowed.with_(vpp=(1,))
+    if rt.contiguous_types:
+        narrowed = narrowed.with_(contiguous_types=True)
+    return narrowed
+
+
+def relabel_result(result: SearchResult, runtime: str) -> SearchResult:
+    """The result's plans as `runtime`'s (the cost model does not depend on the runtime's name)."""
+    best = [replace(c, plan=c.plan.model_copy(update={"runtime": runtime})) for c in result.best]
+    return replace(result, best=best)
+
+
+def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,
+              left_out: dict[str, str] | None = None) -> list[IdleGpus]:
+    """Per device type, the GPUs the plan leaves idle and why: no job of the runtime can hold that type
+    (`left_out`, from the runtime choice), too few left for one more stage of the plan's shape, or
+    (when more stages would fit) the search found no faster plan using them."""
     used = cluster.spread(plan.gpus_by_type())  # a pooled stage type's GPUs counted on its members
+    left_out = left_out or {}
     out = []
     proof = "the search proved that no plan using them is faster" if result.certified_optimal else \
         "no plan using them was faster among those searched"
@@ -234,7 +307,9 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult) -> list[Id
         idle = n - used.get(h, 0)
         if idle <= 0:
             continue
-        if idle < sizes[0]:
+        if h in left_out:
+            why = left_out[h]
+        elif idle < sizes[0]:
             why = (f"fewer than one more stage of the plan's TP x CP x DP = {sizes[0]} GPUs; " + proof)
         else:
             why = proof
@@ -300,6 +375,12 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
+    runs = MEGATRON.can_run(plan.member_types(), profiles)
+    if not runs.ok:
+        if not allow_invalid:
+            raise PlannerInputError("--cluster", f"{runs.reason}; `solve` plans a runtime that can (FlagScale for "
+                                    "NVIDIA+AMD); --allow-invalid prices these flags anyway")
+        notes = notes + [f"no upstream Megatron-LM job runs this: {runs.reason}"]
     ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal.evaluate(plan)
     check_prediction(cost, "the configuration", profiles.user_files)
@@ -345,7 +426,8 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
     """Solve with each backend in turn, the time limit shared between them (each gets what is
     left divided by the backends still to run), and return one row per backend.  `objective_s` is the
     searched objective's float value (the plan's pessimistic or nominal time); `iteration_time_s` the nominal."""
-    space = make_space(run, runtime, contiguous_types=contiguous_types or None)
+    choice = runtime_choice(runtime, cluster_spec, profiles, run)
+    space = make_space(run, choice.runtime.name, contiguous_types=contiguous_types or None)
     end = time.perf_counter() + time_limit_s
     rows = []
     for k, name in enumerate(backends):
@@ -355,7 +437,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
             settings = settings.without_pruning()
         try:
             out = solve(run, cluster_spec, profiles, settings=settings, space=space, objective=objective,
-                        memory_headroom=memory_headroom)
+                        memory_headroom=memory_headroom, choice=choice)
         except SearchTimeLimitError:
             rows.append({"backend": name, "status": "UNKNOWN", "objective_s": None, "iteration_time_s": None,
                          "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
@@ -377,6 +459,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
     ref = min(found) if found else None
     for row in rows:
         row["vs_best"] = row["objective_s"] / ref - 1.0 if ref and row["objective_s"] is not None else None
+        row["runtime"] = choice.runtime.name
     return rows
 
 
@@ -386,14 +469,15 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
 
 def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
          megatron_script: str | None = None, cluster: str | None = None, script_args: Sequence[str] = (),
-         profile_dirs: Sequence[str] = (), on_note: Callable[[str], None] | None = None
-         ) -> tuple[dict[str, str], LauncherScript | None]:
+         profile_dirs: Sequence[str] = (), on_note: Callable[[str], None] | None = None,
+         hosts_path: str | None = None) -> tuple[dict[str, str], LauncherScript | None]:
     """The launcher files ({relative path: text}) for a saved plan, and the input launcher they apply
     it to (whose file, and the files it sources, an output may never overwrite): plan.json as `solve --out`
     writes it (its run, cluster and input launcher included), or a bare Plan with the model and
     cluster given.  Everything `solve` checks is checked again (planner/checker.py: layers, GPUs,
     memory, Megatron's rules; the prediction guard), and a plan whose model or cluster differs from
-    the one it was made for is refused (planner/inputs/plan_file.py)."""
+    the one it was made for is refused (planner/inputs/plan_file.py).  `hosts_path` (--hosts FILE): the
+    real nodes (planner/inputs/hosts.py); without it the host file is a template."""
     data = load_plan_file(Path(plan_path))
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
@@ -405,7 +489,14 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
         on_note("plan.json has no made_for record (written before this version): the model and cluster in it "
                 "were checked, not compared with what solve planned for")
     script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
-    return render_launch_files(run, plan, cluster_spec, script), script
+    hosts = read_hosts(hosts_path, cluster_spec, profiles) if hosts_path else None
+    return render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts), script
+
+
+def check_hosts(outcome: SolveOutcome) -> None:
+    """--hosts against the plan: enough nodes of each type (PlannerInputError naming the shortfall)."""
+    if outcome.hosts is not None:
+        place_agents(outcome.plans[0], outcome.cluster, outcome.hosts)
 
 
 def check_emitted_plan(found, profiles: ProfileSet, memory_headroom: float | None = None) -> None:

@@ -28,16 +28,19 @@ from typing import Callable
 
 from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
+from planner.bench_flagscale import TUNER, TUNER_LABEL, TunerOutcome, run_flagscale_tuner
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
-from planner.runtime import MEGATRON
+from planner.runtime import AUTO, FLAGSCALE, choose_runtime
 from planner.simulate import plot_timeline, simulate_pipeline
 
 GBS_PER_GPU = 16
 SEQ_LENGTH = 4096
 PAPER_TABLE2 = {"mixtral-s": {"throughput": 1.67, "latency": 0.56}, "mixtral-l": {"throughput": 1.78, "latency": 0.58}}
 SCALING_SIZES = (48, 96, 192, 384, 768, 1024)
-SCALING_TYPES = ("H800", "MI300X", "910B")
+SCALING_TYPES = ("H800", "A100", "H20")
+"""Three device types one upstream Megatron-LM job can hold (all NVIDIA: profiles/runtimes.yaml); the paper's
+H800 + MI300X + 910B spans three vendors, which no public runtime runs as one job."""
 SCALING_MODEL = "mixtral-l"
 
 Progress = Callable[[str], None]
@@ -67,7 +70,7 @@ SUITE: tuple[Scenario, ...] = (
 QUICK_SUITE: tuple[Scenario, ...] = (
     Scenario("llama2-7b", "a100-910b", "dense-hetero"),
     Scenario("mixtral-s", "h800-16", "moe-homo"),
-    Scenario("mixtral-s", "h800-910b", "moe-hetero"),
+    Scenario("mixtral-s", "h800-mi300x", "moe-hetero"),  # NVIDIA + AMD: one FlagScale job (FlagCX)
 )
 
 
@@ -80,13 +83,14 @@ class BenchSettings:
     flagscale_time_limit_s: float = 30.0  # HAPMoE's flagscale-runtime search (0: skip it)
     scaling_time_limit_s: float = 60.0
     scaling_sizes: tuple[int, ...] = SCALING_SIZES
-    planners: tuple[str, ...] = tuple(PLANNERS)
+    planners: tuple[str, ...] = (*PLANNERS, TUNER)
     scenario_filter: str | None = None
+    tuner_time_limit_s: float = 120.0  # FlagScale's auto-tuner per scenario (0: skip it)
 
     @classmethod
     def for_quick(cls) -> "BenchSettings":
         return cls(quick=True, time_limit_s=15.0, flagscale_time_limit_s=0.0, scaling_time_limit_s=8.0,
-                   scaling_sizes=(48, 96))
+                   scaling_sizes=(48, 96), tuner_time_limit_s=0.0)
 
 
 @dataclass
@@ -109,6 +113,11 @@ class Row:
     gpus_used: int = 0
     plan: str = ""
     notes: str = ""
+
+
+def label(name: str) -> str:
+    """A planner's name in the tables (FlagScale's auto-tuner is not one of planner.baselines)."""
+    return TUNER_LABEL if name == TUNER else PLANNERS[name].label
 
 
 def plan_summary(plan) -> str:
@@ -155,22 +164,33 @@ def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult) -> Row:
 
 
 def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Progress | None = None,
-                 plans_out: dict | None = None) -> list[Row]:
-    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan)."""
+                 plans_out: dict | None = None, tuners_out: dict | None = None) -> list[Row]:
+    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan).
+
+    Every planner plans a job that can run (profiles/runtimes.yaml): on the part of the cluster
+    `--runtime auto` picks (the whole cluster when one runtime spans it), for that runtime; a baseline's
+    plan (one DP and recompute for every stage) runs on upstream Megatron-LM for one vendor, on FlagScale
+    across vendors.  Throughput is still over every GPU of the cluster, so idle GPUs are charged."""
     run, cluster = resolve_scenario(sc, profiles)
+    choice = choose_runtime(AUTO, cluster, profiles, run.training.precision)
+    target = choice.runtime.name
     names = [n for n in ("hapmoe",) + tuple(n for n in PLANNERS if n != "hapmoe") if n in settings.planners]
     rows: list[Row] = []
-    hapmoe_megatron = None
+    hapmoe_plan = None
     for name in names:
-        opts: dict = {"time_limit_s": settings.time_limit_s}
+        opts: dict = {"time_limit_s": settings.time_limit_s, "runtime": target}
         runs: list = []
         if name == "hapmoe":
-            opts.update(flagscale_time_limit_s=settings.flagscale_time_limit_s, runs_out=runs)
+            opts = {"time_limit_s": settings.time_limit_s, "flagscale_time_limit_s": settings.flagscale_time_limit_s,
+                    "runs_out": runs}
         if name == "ablation":
-            opts["hapmoe_plan"] = hapmoe_megatron
-        res = run_planner(name, run, cluster, profiles, **opts)
+            opts["hapmoe_plan"] = hapmoe_plan
+        res = run_planner(name, run, choice.cluster, profiles, **opts)
         if name == "hapmoe":
-            hapmoe_megatron = next((r.plan for r in runs if r.runtime == MEGATRON.name), None)
+            hapmoe_plan = next((r.plan for r in runs if r.runtime == target), None)
+        if choice.left_out:
+            res.notes.insert(0, f"planned on {choice.cluster.describe()} ({target}); idle: "
+                             + "; ".join(f"{t}: {why}" for t, why in choice.left_out.items()))
         row = make_row(sc, run, cluster, profiles, res)
         rows.append(row)
         if plans_out is not None and res.priced is not None:
@@ -179,11 +199,37 @@ def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Prog
             what = (f"{row.throughput_tflops_per_gpu:.1f} TFLOP/s/GPU, {row.iteration_time_s:.2f} s/iter"
                     if row.status == "ok" else "no plan")
             progress(f"  {PLANNERS[name].label:28s} {what} ({row.search_time_s:.1f} s)")
+    if TUNER in settings.planners:
+        rows.append(tuner_row(sc, run, cluster, choice, profiles, settings, progress, plans_out, tuners_out))
     return rows
 
 
+def tuner_row(sc: Scenario, run, cluster, choice, profiles, settings: BenchSettings, progress: Progress | None,
+              plans_out: dict | None, tuners_out: dict | None = None) -> Row:
+    """FlagScale's own auto-tuner on the part of the cluster the runtime choice plans on, where FlagScale
+    runs it (planner/bench_flagscale.py); skipped, with the reason, elsewhere."""
+    runs = FLAGSCALE.can_run(choice.cluster, profiles)
+    if settings.tuner_time_limit_s <= 0:
+        out = TunerOutcome("skipped", "--flagscale-tuner-time-limit 0")
+    elif not runs.ok:
+        out = TunerOutcome("skipped", runs.reason)
+    else:
+        out = run_flagscale_tuner(run, choice.cluster, profiles, time_limit_s=settings.tuner_time_limit_s)
+    res = PlannerResult(name=TUNER, priced=out.best, search_time_s=out.search_time_s, notes=out.notes())
+    row = make_row(sc, run, cluster, profiles, res)
+    if plans_out is not None and out.best is not None:
+        plans_out[(sc.name, TUNER)] = out.best
+    if tuners_out is not None:
+        tuners_out[sc.name] = (out, choice.cluster.describe())
+    if progress:
+        what = (f"{row.throughput_tflops_per_gpu:.1f} TFLOP/s/GPU, {row.iteration_time_s:.2f} s/iter"
+                if row.status == "ok" else f"no plan ({out.status}: {out.why})")
+        progress(f"  {TUNER_LABEL:28s} {what} ({out.search_time_s:.1f} s)")
+    return row
+
+
 def run_suite(profiles, settings: BenchSettings, progress: Progress | None = None,
-              plans_out: dict | None = None) -> list[Row]:
+              plans_out: dict | None = None, tuners_out: dict | None = None) -> list[Row]:
     """Every scenario of the (quick) suite."""
     suite = QUICK_SUITE if settings.quick else SUITE
     if settings.scenario_filter:
@@ -192,7 +238,7 @@ def run_suite(profiles, settings: BenchSettings, progress: Progress | None = Non
     for i, sc in enumerate(suite, 1):
         if progress:
             progress(f"[{i}/{len(suite)}] {sc.name} ({sc.kind})")
-        rows += run_scenario(sc, profiles, settings, progress, plans_out)
+        rows += run_scenario(sc, profiles, settings, progress, plans_out, tuners_out)
     return rows
 
 
@@ -264,7 +310,7 @@ def explain_loss(h: Row, b: Row) -> str:
     return "; ".join(reasons)
 
 
-TABLE2_PLANNERS = ("mi", "alpa", "metis", "hetermoe", "deepspeed", "hapmoe")
+TABLE2_PLANNERS = ("mi", "alpa", "metis", "hetermoe", "deepspeed", TUNER, "hapmoe")
 
 
 def table2_markdown(rows: list[Row]) -> str:
@@ -273,7 +319,7 @@ def table2_markdown(rows: list[Row]) -> str:
     lines = ["# Table 2: geometric mean on heterogeneous MoE clusters, normalised to MI", "",
              "Higher is better for throughput and MFU, lower for latency. Predicted by the cost model; "
              "throughput/MFU over all GPUs of the cluster. n = scenarios where both MI and the planner have a plan.",
-             "", "| model | metric | " + " | ".join(PLANNERS[p].label for p in TABLE2_PLANNERS) + " | paper HAPMoE |",
+             "", "| model | metric | " + " | ".join(label(p) for p in TABLE2_PLANNERS) + " | paper HAPMoE |",
              "|---|---|" + "---|" * (len(TABLE2_PLANNERS) + 1)]
     models = sorted({r.model for r in rows if r.kind == "moe-hetero"})
     for model in models:
@@ -289,6 +335,35 @@ def table2_markdown(rows: list[Row]) -> str:
             lines.append(f"| {model} | {metric} | " + " | ".join(cells) + f" | {paper if paper else '-'} |")
     if not models:
         lines.append("| (no heterogeneous MoE scenario in this run) |")
+    return "\n".join(lines) + "\n"
+
+
+def tuner_markdown(rows: list[Row], tuners: dict) -> str:
+    """FlagScale's auto-tuner beside HAPMoE, per scenario: search time, candidates, plan quality."""
+    by = _by(rows)
+    lines = [f"# {TUNER_LABEL} beside HAPMoE", "",
+             "FlagScale 0.8.0's heterogeneous auto-tuner, run standalone (tools/flagscale_autotune.py; no job "
+             "launched). It has no cost model: it would start its candidates one by one on the cluster and time "
+             "them, the first one first. Its candidates that use every GPU and that a plan can say (one TP, EP) "
+             "are priced by the planner's cost model: `best` is the fastest that fits (what timing every one could "
+             "find, were the cost model the cluster). Same model, batch, cluster part and cost model as HAPMoE. "
+             "Search times are wall seconds on this machine.", "",
+             "| scenario | planned on | tuner search (s) | candidates: all / every GPU / a plan / fit | tuner best "
+             "(s/iter) | HAPMoE (s/iter) | HAPMoE speed-up | HAPMoE search (s) | FlagScale's validator | tuner's "
+             "first candidate |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for scenario, (out, part) in tuners.items():
+        h, t = by.get(scenario, {}).get("hapmoe"), by.get(scenario, {}).get(TUNER)
+        c = out.counts
+        counts = (f"{c.get('candidates')} / {c.get('full')} / {c.get('expressible', 0)} / {c.get('fits', 0)}"
+                  if out.status == "ok" else f"{out.status}: {out.why}")
+        tuner_it = f"{t.iteration_time_s:.2f}" if _ok(t) else "none"
+        ours = f"{h.iteration_time_s:.2f}" if _ok(h) else "none"
+        speed = f"{t.iteration_time_s / h.iteration_time_s:.2f}x" if _ok(h) and _ok(t) else "n/a"
+        hs = f"{h.search_time_s:.1f}" if h is not None else "-"
+        lines.append(f"| {scenario} | {part} | {out.search_time_s:.1f} | {counts} | {tuner_it} | {ours} | {speed} | "
+                     f"{hs} | {out.validated or '-'} | {out.first or '-'} |")
+    if not tuners:
+        lines.append("| (the tuner did not run: --flagscale-tuner-time-limit 0, --quick, or no FlagScale environment) |")
     return "\n".join(lines) + "\n"
 
 
@@ -356,7 +431,7 @@ def scaling_study(profiles, settings: BenchSettings, progress: Progress | None =
 
 def scaling_markdown(rows: list[ScalingRow], limit_s: float) -> str:
     lines = [f"# Search time against cluster size ({SCALING_MODEL}, HS-DP, megatron runtime, "
-             f"limit {limit_s:.0f} s per run)", "",
+             f"{' + '.join(SCALING_TYPES)}, limit {limit_s:.0f} s per run)", "",
              "| GPUs | cluster | status | search time (s) | iteration (s) | TFLOP/s/GPU | note |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.gpus} | {r.cluster} | {r.status} | {r.search_time_s:.1f} | {r.iteration_time_s:.2f} | "
@@ -407,7 +482,7 @@ def plot_throughput(rows: list[Row], path: Path) -> None:
     for k, p in enumerate(planners):
         vals = [(by[s][p].throughput_tflops_per_gpu / by[s]["mi"].throughput_tflops_per_gpu)
                 if _ok(by[s].get(p)) else 0.0 for s in scen]
-        ax.bar([i + k * width for i in range(len(scen))], vals, width, label=PLANNERS[p].label)
+        ax.bar([i + k * width for i in range(len(scen))], vals, width, label=label(p))
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scen))])
     ax.set_xticklabels(scen, rotation=35, ha="right", fontsize=8)
@@ -454,7 +529,7 @@ def plot_scaling(rows: list[ScalingRow], path: Path) -> None:
         ax.plot([r.gpus for r in bad], [r.search_time_s for r in bad], "x", color="red", label="timeout / none")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("GPUs (H800 + MI300X + 910B)")
+    ax.set_xlabel(f"GPUs ({' + '.join(SCALING_TYPES)})")
     ax.set_ylabel("search time (s)")
     ax.set_title(f"HAPMoE search time, {SCALING_MODEL}")
     ax.legend(fontsize=8)
@@ -491,8 +566,9 @@ def plot_best_timeline(rows: list[Row], plans: dict, out_dir: Path) -> Path | No
 
 
 def write_outputs(out_dir: Path, rows: list[Row], scaling: list[ScalingRow], settings: BenchSettings,
-                  profiles=None, wall_s: float = 0.0) -> dict:
-    """results.csv, scaling.csv, summary.json, table2.md, table3.md, search_time.md and PNG plots."""
+                  profiles=None, wall_s: float = 0.0, tuners: dict | None = None) -> dict:
+    """results.csv, scaling.csv, summary.json, table2.md, table3.md, search_time.md, flagscale_tuner.md and
+    PNG plots."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out_dir / "results.csv")
@@ -504,6 +580,11 @@ def write_outputs(out_dir: Path, rows: list[Row], scaling: list[ScalingRow], set
     summary["gbs_per_gpu"] = GBS_PER_GPU
     summary["seq_length"] = SEQ_LENGTH
     summary["bench_wall_s"] = wall_s
+    summary["flagscale_tuner"] = {s: {"status": o.status, "why": o.why, "search_time_s": o.search_time_s,
+                                      "counts": o.counts, "validated": o.validated, "planned_on": part,
+                                      "first_candidate": o.first}
+                                  for s, (o, part) in (tuners or {}).items()}
+    (out_dir / "flagscale_tuner.md").write_text(tuner_markdown(rows, tuners or {}))
     t2, t3 = table2_markdown(rows), table3_markdown(rows)
     ts = scaling_markdown(scaling, settings.scaling_time_limit_s)
     (out_dir / "table2.md").write_text(t2)
@@ -531,13 +612,14 @@ def run_bench(out_dir: Path, profiles, settings: BenchSettings, progress: Progre
     """The whole bench: suite, scaling study, outputs."""
     t0 = time.perf_counter()
     plans: dict = {}
-    rows = run_suite(profiles, settings, progress, plans)
+    tuners: dict = {}
+    rows = run_suite(profiles, settings, progress, plans, tuners)
     scal: list[ScalingRow] = []
     if scaling and settings.scaling_sizes:
         if progress:
             progress("search time against cluster size")
         scal = scaling_study(profiles, settings, progress)
-    summary = write_outputs(out_dir, rows, scal, settings, profiles, wall_s=time.perf_counter() - t0)
+    summary = write_outputs(out_dir, rows, scal, settings, profiles, wall_s=time.perf_counter() - t0, tuners=tuners)
     if timeline:
         plot_best_timeline(rows, plans, Path(out_dir))
     files = sorted(p.name for p in Path(out_dir).iterdir() if p.is_file())

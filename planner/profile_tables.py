@@ -24,6 +24,7 @@ from planner.errors import MissingProfileError, PlannerInputError
 from planner.inputs.files import parse_yaml, read_text
 from planner.schemas.cluster import POOL_SEP, ClusterSpec, CrossTypeLink, NodeGroup, pool_members
 from planner.schemas.device import DeviceProfile, LinkProfile, Provenance
+from planner.schemas.runtime_support import RuntimesFile, RuntimeSupport, VendorProbe
 from planner.schemas.types import StrictModel
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -187,6 +188,10 @@ class _Builder:
     correction_files: list[FileRecord] = field(default_factory=list)
     cluster_dirs: list[Path] = field(default_factory=list)
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
+    runtimes: dict[str, RuntimeSupport] = field(default_factory=dict)
+    probes: dict[str, VendorProbe] = field(default_factory=dict)
+    reported_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    runtime_files: list[FileRecord] = field(default_factory=list)
 
     def _index(self) -> dict[str, str]:
         index: dict[str, str] = {}
@@ -270,6 +275,25 @@ class _Builder:
             self.corrections[key] = entry
         self.correction_files.append(FileRecord(_display(path), _sha256(path)))
 
+    def add_runtimes_file(self, path: Path, field_name: str) -> None:
+        """runtimes.yaml: rows replace the rows of the same runtime name; probes and reported names
+        are added (later files win).  Device names must be known devices."""
+        raw = _read_yaml(path, field_name) or {}
+        try:
+            parsed = RuntimesFile.model_validate(raw)
+        except ValidationError as exc:
+            raise PlannerInputError(field_name, f"{path}: {_validation_text(exc)}") from exc
+        index = self._index()
+        for device, names in parsed.reported_names.items():
+            canonical = index.get(name_key(device))
+            if canonical is None:
+                raise PlannerInputError(field_name, f"{path}: reported_names: unknown device {device!r}; known: "
+                                                    f"{', '.join(sorted(self.raw_devices))}")
+            self.reported_names[canonical] = tuple(names)
+        self.runtimes.update(parsed.runtimes)
+        self.probes.update(parsed.probes)
+        self.runtime_files.append(FileRecord(_display(path), _sha256(path)))
+
     def add_dir(self, root: Path, field_name: str) -> None:
         """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/.  Other
         files (profile_report.json, calibration_report.json, ...) are not read."""
@@ -285,6 +309,8 @@ class _Builder:
         if (root / "corrections.yaml").is_file():
             self.add_corrections_file(root / "corrections.yaml", field_name)
             self.user_files.append(str(root / "corrections.yaml"))
+        if (root / "runtimes.yaml").is_file():
+            self.add_runtimes_file(root / "runtimes.yaml", field_name)
         if (root / "clusters").is_dir():
             self.cluster_dirs.append(root / "clusters")
 
@@ -307,6 +333,10 @@ class ProfileSet:
         self._correction_files = tuple(builder.correction_files)
         self.cluster_dirs: tuple[Path, ...] = tuple(builder.cluster_dirs)
         self.user_files: tuple[str, ...] = tuple(builder.user_files)  # read from --profiles directories
+        self._runtimes = dict(builder.runtimes)
+        self._probes = dict(builder.probes)
+        self._reported_names = dict(builder.reported_names)
+        self._runtime_files = tuple(builder.runtime_files)
 
     # ---- loading
 
@@ -400,6 +430,34 @@ class ProfileSet:
         if group.inter_node_bandwidth_gb_per_s is not None:
             inter = inter.model_copy(update={"bandwidth_gb_per_s": group.inter_node_bandwidth_gb_per_s})
         return intra, inter
+
+    def vendor(self, name: str) -> str:
+        """The vendor of a device type (profiles/devices/*.yaml `vendor`)."""
+        return self.device(name).vendor
+
+    def reported_names(self, name: str) -> tuple[str, ...]:
+        """Every name a node's probe may print for this device: its name, aliases and reported_names."""
+        canonical = self.canonical_name(name)
+        return tuple(dict.fromkeys((canonical, *self._devices[canonical].aliases, *self._reported_names.get(canonical, ()))))
+
+    # ---- runtimes (runtimes.yaml)
+
+    def runtime_support(self, runtime: str) -> RuntimeSupport:
+        """The runtimes.yaml row of a runtime (MissingProfileError when no file gives one)."""
+        if runtime not in self._runtimes:
+            raise MissingProfileError(f"runtimes.yaml has no row for runtime {runtime!r} (rows: "
+                                      f"{', '.join(sorted(self._runtimes)) or 'none'})")
+        return self._runtimes[runtime]
+
+    def runtime_rows(self) -> dict[str, RuntimeSupport]:
+        return dict(self._runtimes)
+
+    def probe(self, vendor: str) -> VendorProbe | None:
+        """How launch.sh asks a node of this vendor for its device names (None: no probe known)."""
+        for name, probe in self._probes.items():
+            if name.lower() == vendor.lower():
+                return probe
+        return None
 
     # ---- links
 
@@ -521,6 +579,17 @@ class ProfileSet:
                     "provenance_kinds": sorted(_provenance_kinds(self._link_kinds)),
                 }
             )
+        for f in self._runtime_files:
+            rows.append(
+                {
+                    "item": "runtimes",
+                    "name": "which runtime can run which vendors",
+                    "file": f.path,
+                    "sha256": f.sha256,
+                    "layers": [{"file": f.path, "sha256": f.sha256}],
+                    "provenance_kinds": [],
+                }
+            )
         for f in self._correction_files:
             rows.append(
                 {
@@ -547,6 +616,7 @@ def _shipped_builder_cached() -> _Builder:
         builder.add_links_file(root / "links.yaml", "profiles")
     if (root / "corrections.yaml").is_file():
         builder.add_corrections_file(root / "corrections.yaml", "profiles")
+    builder.add_runtimes_file(root / "runtimes.yaml", "profiles")
     builder.cluster_dirs.append(root / "clusters")
     return builder
 

@@ -6,16 +6,33 @@ process meshes.  The search, the rules, the launchers and the reports ask a `Run
 Plans, search choices and JSON carry the runtime by name (`Plan.runtime`, `GlobalChoice.runtime`);
 `runtime_of(name)` turns a name into its Runtime.
 
-To add a runtime: a `Runtime` here, its rules in planner/megatron/rules.py (`runtime_violations`), its
-launcher in planner/launcher/ (`LAUNCHERS`), and its stage shapes in planner/search/space.py.
+Which runtime can run which cluster is data: profiles/runtimes.yaml (one row per runtime: the vendors
+it runs, the vendor groups one job may span, each with its communication library and source), loaded by
+planner/profile_tables.py.  `Runtime.can_run(types, profiles)` answers for a set of device types (a
+cluster, or a plan's stages) with the reason; `choose_runtime` turns `--runtime auto|megatron|flagscale`
+into the runtime and the part of the cluster one job of it can span.
+
+To add a runtime: a `Runtime` here and its row in profiles/runtimes.yaml, its rules in
+planner/megatron/rules.py (`runtime_violations`), its launcher in planner/launcher/ (`LAUNCHERS`), and its
+stage shapes in planner/search/space.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Literal
+
+from planner.errors import MissingProfileError, PlannerInputError
+
+if TYPE_CHECKING:  # types only: planner.schemas.plan imports this module (Plan.runtime), so no schema here
+    from planner.profile_tables import ProfileSet
+    from planner.schemas.cluster import ClusterSpec
+    from planner.schemas.runtime_support import RuntimeSupport
 
 RuntimeName = Literal["megatron", "flagscale"]
+AUTO = "auto"
+"""`--runtime auto`: the first runtime that runs the whole cluster, else the part one job can span."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +56,34 @@ class Runtime:
     context_parallel: bool
     interleaving: bool
 
+    def can_run(self, types: "ClusterSpec | Iterable[str]", profiles: "ProfileSet") -> "RunCheck":
+        """Whether one job of this runtime can hold these device types (a cluster's, or a plan's
+        stages'), by profiles/runtimes.yaml and the devices' vendors; the reason either way."""
+        cluster_types = getattr(types, "device_types", None)  # a ClusterSpec
+        device_types = list(cluster_types if cluster_types is not None else dict.fromkeys(types))
+        row = profiles.runtime_support(self.name)
+        by_vendor: dict[str, list[str]] = {}
+        for t in device_types:
+            by_vendor.setdefault(_vendor_key(row, profiles.vendor(t)), []).append(t)
+        what = _vendors_text(by_vendor)
+        missing = [v for v in by_vendor if v not in row.vendors]
+        if missing:
+            why = "; ".join(_refusal(row, v) or f"runtimes.yaml lists no {v} support" for v in missing)
+            return RunCheck(False, f"{self.title} cannot run {_vendors_text({v: by_vendor[v] for v in missing})}: {why}",
+                            why=why)
+        if len(by_vendor) == 1:
+            (vendor,) = by_vendor
+            lib = row.vendors[vendor]
+            return RunCheck(True, f"{self.title} runs {what} with {lib.library}", lib.library,
+                            tuple(n for n in (lib.needs,) if n))
+        for group in row.cross_vendor:
+            if set(by_vendor) <= set(group.vendors):
+                return RunCheck(True, f"{self.title} runs {what} in one job with {group.library}", group.library,
+                                tuple(n for n in (group.needs,) if n))
+        why = _refusal(row, "*") or (f"no cross-vendor group of runtimes.yaml holds "
+                                     f"{' + '.join(by_vendor)}")
+        return RunCheck(False, f"{self.title} cannot run one job over {what}: {why}", why=why)
+
 
 MEGATRON = Runtime(
     name="megatron", title="upstream Megatron-LM", per_stage_meshes=False, per_stage_recompute=False,
@@ -50,6 +95,148 @@ FLAGSCALE = Runtime(
 )
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (MEGATRON, FLAGSCALE)}
 RUNTIME_NAMES: tuple[str, ...] = tuple(RUNTIMES)
+
+
+RUNTIME_CHOICES: tuple[str, ...] = (AUTO, *RUNTIME_NAMES)
+"""The values of `--runtime`."""
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """`Runtime.can_run`'s answer: `ok`, and `reason` (how it runs, or why it cannot: one line), the
+    communication library, and what the job needs besides the runtime (a plug-in, a fork)."""
+
+    ok: bool
+    reason: str
+    library: str | None = None
+    needs: tuple[str, ...] = ()
+    why: str = ""  # when not ok: the refusal alone, without the runtime and the device types
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """What `--runtime` resolves to: the runtime, the part of the cluster its job runs on (the whole
+    cluster when it can), and for every device type left out, why it stays idle."""
+
+    requested: str
+    runtime: Runtime
+    cluster: ClusterSpec
+    check: RunCheck
+    left_out: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {"requested": self.requested, "runtime": self.runtime.name, "library": self.check.library,
+                "how": self.check.reason, "needs": list(self.check.needs), "device_types": list(
+                    self.cluster.device_types), "left_out": dict(self.left_out)}
+
+
+def _vendor_key(row: RuntimeSupport, vendor: str) -> str:
+    """The row's spelling of a vendor (vendors compare case-insensitively)."""
+    for name in (*row.vendors, *(r.vendor for r in row.refuses)):
+        if name.lower() == vendor.lower():
+            return name
+    return vendor
+
+
+def _refusal(row: RuntimeSupport, vendor: str) -> str | None:
+    return next((r.why for r in row.refuses if r.vendor.lower() == vendor.lower()), None)
+
+
+def _vendors_text(by_vendor: dict[str, list[str]]) -> str:
+    return " and ".join(f"{'+'.join(types)} ({vendor})" for vendor, types in by_vendor.items())
+
+
+def sub_cluster(cluster: ClusterSpec, types: Iterable[str]) -> ClusterSpec:
+    """The node groups (and links between them) of these device types."""
+    keep = set(types)
+    if keep >= set(cluster.device_types):
+        return cluster
+    groups = tuple(g for g in cluster.groups if g.device_type in keep)
+    links = tuple(link for link in cluster.links if set(link.between) <= keep)
+    return cluster.model_copy(update={"groups": groups, "links": links})
+
+
+def _peak_flop_per_s(cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> float:
+    total = 0.0
+    for g in cluster.groups:
+        device = profiles.device(g.device_type)
+        try:
+            total += g.num_gpus * device.peak_flop_per_s(precision)
+        except MissingProfileError:
+            total += g.num_gpus * device.peak_flop_per_s("bf16")
+    return total
+
+
+def choose_runtime(requested: str, cluster: ClusterSpec, profiles: "ProfileSet",
+                   precision: str = "bf16") -> RuntimeChoice:
+    """`--runtime` resolved.  A named runtime must run the whole cluster (PlannerInputError with the
+    reason and what would run it otherwise).  `auto`: the first runtime (megatron, then flagscale)
+    that runs the whole cluster; when none does, the part one job can span with the most peak compute
+    (at `precision`), every other device type idle with the reason."""
+    if requested != AUTO:
+        rt = runtime_of(requested)
+        check = rt.can_run(cluster, profiles)
+        if not check.ok:
+            raise PlannerInputError("--runtime", f"{check.reason}; {_steer(rt, cluster, profiles, precision)}")
+        return RuntimeChoice(requested, rt, cluster, check)
+    for rt in plannable_runtimes(profiles):
+        check = rt.can_run(cluster, profiles)
+        if check.ok:
+            return RuntimeChoice(AUTO, rt, cluster, check)
+    return _best_part(cluster, profiles, precision)
+
+
+def plannable_runtimes(profiles: "ProfileSet") -> list[Runtime]:
+    """The runtimes with a launcher and a runtimes.yaml row, in RUNTIMES order."""
+    rows = profiles.runtime_rows()
+    return [rt for rt in RUNTIMES.values() if rt.name in rows and rows[rt.name].plannable]
+
+
+def _best_part(cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> RuntimeChoice:
+    """No runtime runs the whole cluster: the vendor subset one job can span with the most peak
+    compute (then the most GPUs, then runtime order)."""
+    by_vendor: dict[str, list[str]] = {}
+    for t in cluster.device_types:
+        by_vendor.setdefault(profiles.vendor(t).lower(), []).append(t)
+    best: tuple | None = None
+    for k in range(len(by_vendor), 0, -1):
+        for vendors in itertools.combinations(by_vendor, k):
+            part = sub_cluster(cluster, [t for v in vendors for t in by_vendor[v]])
+            for order, rt in enumerate(plannable_runtimes(profiles)):
+                check = rt.can_run(part, profiles)
+                if check.ok:
+                    key = (_peak_flop_per_s(part, profiles, precision), part.world_size, -order)
+                    if best is None or key > best[0]:
+                        best = (key, rt, part, check)
+    if best is None:
+        raise PlannerInputError("--cluster", "no runtime of profiles/runtimes.yaml runs any of its device types "
+                                f"({', '.join(cluster.device_types)})")
+    _, rt, part, check = best
+    left = {t: _why_left_out(t, part, cluster, profiles) for t in cluster.device_types if t not in part.device_types}
+    return RuntimeChoice(AUTO, rt, part, check, left)
+
+
+def _why_left_out(device_type: str, part: ClusterSpec, cluster: ClusterSpec, profiles: "ProfileSet") -> str:
+    """Why no job of any runtime holds `device_type` together with `part`."""
+    reasons = []
+    for rt in plannable_runtimes(profiles):
+        check = rt.can_run([*part.device_types, device_type], profiles)
+        reasons.append(f"{rt.name}: {check.why}")
+    n = cluster.gpus_by_type()[device_type]
+    return (f"no runtime runs {device_type} ({profiles.vendor(device_type)}) in one job with "
+            f"{'+'.join(part.device_types)} ({'; '.join(reasons)}); plan them as a job of their own "
+            f"(--cluster {device_type}:{n})")
+
+
+def _steer(rt: Runtime, cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> str:
+    """What runs this cluster instead of `rt`: another runtime, or auto's part of it."""
+    for other in plannable_runtimes(profiles):
+        if other is not rt and other.can_run(cluster, profiles).ok:
+            return f"use --runtime {other.name} ({other.can_run(cluster, profiles).reason})"
+    part = _best_part(cluster, profiles, precision)
+    idle = ", ".join(f"{t}:{cluster.gpus_by_type()[t]}" for t in part.left_out)
+    return (f"no runtime runs the whole cluster; --runtime auto plans {part.runtime.name} on "
+            f"{part.cluster.describe()} and leaves {idle} idle")
 
 
 def runtime_of(name: str) -> Runtime:

@@ -16,6 +16,7 @@ from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
 from planner.cost.ranges import RangeModel, TimeRange
 from planner.megatron.rules import RuleViolation, run_violations
+from planner.runtime import MEGATRON
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -34,11 +35,13 @@ class UserPlan:
     time_range: TimeRange | None = None
     keep_yours: bool = False
     keep_why: str = ""
+    cannot_run: str | None = None  # why no upstream Megatron-LM job holds its device types (runtimes.yaml)
 
     @property
     def runs(self) -> bool:
-        """Megatron would start it and it fits in memory (its headroom kept free)."""
-        return self.cost is not None and self.cost.fits and not self.violations
+        """Megatron would start it, one upstream job can hold its devices, and it fits in memory (its headroom
+        kept free)."""
+        return self.cost is not None and self.cost.fits and not self.violations and self.cannot_run is None
 
     def judge(self, ours: TimeRange, our_cost: PlanCost) -> None:
         """Set `keep_yours`: the plan runs, and its predicted time lies within the best plan's range (at most
@@ -62,6 +65,7 @@ class UserPlan:
                    f"predicted faster even at the top of its range ({100 * (mine / ours.high_s - 1):.1f}% beyond it)")
         self.keep_yours, self.keep_why = mine <= ours.high_s, why
 
+
 def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: str,
                     range_model: RangeModel | None = None) -> UserPlan:
     """Price the plan the run's own flags describe on `cluster` (with `range_model`: its cost model, headroom
@@ -74,6 +78,9 @@ def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: st
         return out
     out.plan, out.notes = plan, list(notes)
     out.violations = run_violations(run, plan)
+    runs = MEGATRON.can_run(plan.member_types(), profiles)
+    if not runs.ok:
+        out.cannot_run = runs.reason
     try:
         if range_model is None:
             out.cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)

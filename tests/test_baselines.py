@@ -28,7 +28,8 @@ def scenario(profiles, model, cluster_name):
 
 @pytest.fixture(scope="module")
 def hetero(profiles):
-    return scenario(profiles, "mixtral-s", "h800-910b")
+    """Two device types one upstream Megatron-LM job holds (both NVIDIA: profiles/runtimes.yaml)."""
+    return scenario(profiles, "mixtral-s", "H800:16,A100:16")
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +79,10 @@ def test_homogeneous_cluster_keeps_size(profiles):
     assert fake.world_size == 48 and fake.gpus_by_type() == {"910B": 48}
 
 
-def test_types_by_speed_puts_910b_last(profiles, hetero):
-    """The 910B (about 280 bf16 TFLOP/s) is slower per layer than the H800 (about 990)."""
+def test_types_by_speed_puts_the_slower_type_last(profiles, hetero):
+    """The A100 (312 bf16 TFLOP/s) is slower per layer than the H800 (about 990)."""
     run, cluster = hetero
-    assert types_by_speed(cost_model(run, cluster, profiles)) == ["H800", "910B"]
+    assert types_by_speed(cost_model(run, cluster, profiles)) == ["H800", "A100"]
 
 
 def test_mixed_stage_pays_slowest_member_and_cross_link(profiles):
@@ -140,15 +141,15 @@ def test_metis_fixes_ep_from_homogeneous_search(profiles, hetero):
 
 
 def test_hetermoe_gives_slower_gpus_fewer_layers(profiles, hetero):
-    """HeterMoE-style: fastest type first, and a 910B stage holds fewer layers than an H800 stage of the same size."""
+    """HeterMoE-style: fastest type first, and an A100 stage holds fewer layers than an H800 stage of the same size."""
     run, cluster = hetero
     priced = search_hetermoe(run, cluster, profiles)
     assert priced is not None
     stages = priced.plan.stages
     assert stages[0].device_type == "H800"
     h800 = min(s.num_layers for s in stages if s.device_type == "H800")
-    ascend = [s.num_layers for s in stages if s.device_type == "910B"]
-    assert ascend and max(ascend) < h800
+    slower = [s.num_layers for s in stages if s.device_type == "A100"]
+    assert slower and max(slower) < h800
     assert plan_problems(cost_model(run, cluster, profiles), priced.plan)[0] == []
 
 
@@ -180,7 +181,7 @@ def test_ablation_is_uniform(profiles, hetero, hapmoe_hetero):
 
 
 def test_hapmoe_beats_every_baseline_on_mixed_cluster(profiles, hetero, hapmoe_hetero):
-    """Target: on H800+910B HAPMoE's plan is at least as fast as each baseline's and clearly faster than MI's."""
+    """Target: on H800+A100 HAPMoE's plan is at least as fast as each baseline's and clearly faster than MI's."""
     run, cluster = hetero
     ours = hapmoe_hetero.cost.iteration_time_s
     for search in (search_mi, search_hetermoe, search_deepspeed):
@@ -217,9 +218,34 @@ def test_metis_falls_back_to_next_type_when_fastest_cannot_hold_model(profiles, 
     monkeypatch.setattr(metis, "types_by_speed", lambda cost: ["H800", "MI300X"])
     run, cluster = scenario(profiles, "qwen3-235b-a22b", "h800-mi300x")
     notes: list[str] = []
-    priced = search_metis(run, cluster, profiles, notes=notes, time_limit_s=60)
+    priced = search_metis(run, cluster, profiles, notes=notes, time_limit_s=60, runtime="flagscale")
     assert any("does not fit on a homogeneous H800:32" in n for n in notes)
     assert any("from a homogeneous MI300X:32" in n for n in notes)
     # with the memory headroom kept free (issue 19), the EP/ETP Metis takes from MI300X leaves the H800 stages no
     # layout that fits, and Metis-style says so instead of returning a plan
     assert priced is not None or any("no placement fits" in n for n in notes), notes
+    if priced is not None:
+        assert priced.plan.runtime == "flagscale"  # H800 + MI300X: one job only through FlagScale's FlagCX
+
+
+@pytest.mark.parametrize("search", [search_mi, search_alpa, search_metis, search_hetermoe, search_deepspeed,
+                                    search_ablation])
+def test_baselines_plan_flagscale_jobs_across_vendors(profiles, search):
+    """On H800 + MI300X no upstream Megatron-LM job runs (profiles/runtimes.yaml): asked for the flagscale
+    runtime, each baseline's plan is a FlagScale job (one device type per mesh, CP 1, no VPP) that passes
+    the checker, or none."""
+    run, cluster = scenario(profiles, "mixtral-s", "H800:8,MI300X:8")
+    priced = search(run, cluster, profiles, time_limit_s=60, runtime="flagscale")
+    if priced is not None:
+        assert priced.plan.runtime == "flagscale" and not priced.mixed_stages
+        assert plan_problems(cost_model(run, cluster, profiles), priced.plan)[0] == []
+
+
+def test_megatron_search_refuses_a_cross_vendor_cluster(profiles):
+    """The megatron runtime never prices a cross-vendor job: solve_with_limit reports the refusal."""
+    run, cluster = scenario(profiles, "mixtral-s", "H800:8,MI300X:8")
+    sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=30)
+    assert sr.plan is None and "upstream Megatron-LM cannot run one job over" in sr.detail
+    notes: list[str] = []
+    search_hapmoe(run, cluster, profiles, runtimes=("megatron",), notes=notes, time_limit_s=30)
+    assert any("HAPMoE megatron: not searched" in n for n in notes)

@@ -67,7 +67,7 @@ def test_three_type_cluster_sizes(total):
     """Cluster-size study: three types in whole 8-GPU nodes, adding up to the asked total, near-equal shares."""
     spec = three_type_cluster(total)
     counts = [int(item.split(":")[1]) for item in spec.split(",")]
-    assert [item.split(":")[0] for item in spec.split(",")] == ["H800", "MI300X", "910B"]
+    assert [item.split(":")[0] for item in spec.split(",")] == ["H800", "A100", "H20"]  # one upstream job (NVIDIA)
     assert sum(counts) == total and all(c % 8 == 0 for c in counts)
     assert max(counts) - min(counts) <= 8
 
@@ -96,7 +96,7 @@ def test_bench_rejects_bad_planner():
 
 @pytest.mark.slow
 def test_bench_quick_end_to_end(tmp_path):
-    """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline and beats MI on the mix."""
+    """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline, MI included."""
     from cli import main
 
     out = tmp_path / "bench"
@@ -106,11 +106,51 @@ def test_bench_quick_end_to_end(tmp_path):
                  "throughput_vs_mi.png", "ablation.png", "search_time.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert len(rows) == 7 * len(QUICK_SUITE)
+    assert len(rows) == 8 * len(QUICK_SUITE)  # seven planners and FlagScale's auto-tuner (skipped under --quick)
+    assert all(r["status"] == "none" and "skipped" in r["notes"] for r in rows if r["planner"] == "flagscale-tuner")
     for r in rows:
         if r["status"] == "ok":
             assert float(r["peak_memory_gib"]) > 0 and float(r["iteration_time_s"]) > 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["geomean_speedup_vs_mi"] > 1.2
+    # On H800 + MI300X every planner's plan is a FlagScale job (issue 21): HAPMoE is no slower than MI there
+    # (1.02x at the time of writing; the 1.2x and more of earlier versions priced upstream Megatron jobs
+    # across vendors, which cannot start)
+    assert summary["geomean_speedup_vs_mi"] >= 1 - 1e-9
     assert summary["min_ratio_vs_best_baseline"] >= 1 - 1e-6
-    assert "Table 2" in res.output and "Table 3" in res.output
+    assert "Table 2" in res.output and "Table 3" in res.output and "FlagScale auto-tuner beside HAPMoE" in res.output
+    for r in rows:  # every plan is a job one runtime runs: FlagScale across vendors, upstream Megatron on one
+        if r["status"] == "ok" and r["cluster"] == "h800-mi300x":
+            assert r["plan"].startswith("flagscale"), r
+
+
+def test_flagscale_tuner_is_skipped_with_the_reason_without_its_environment(monkeypatch):
+    """Without FlagScale's environment the tuner column says it was skipped and why; no plan, no error."""
+    from planner.api import load_inputs
+    from planner.bench_flagscale import run_flagscale_tuner
+
+    monkeypatch.setenv("HAPMOE_FLAGSCALE_PYTHON", "/nonexistent/python3.12")
+    inputs = load_inputs(model="mixtral-s", cluster="H800:8,MI300X:8")
+    out = run_flagscale_tuner(inputs.run, inputs.cluster, inputs.profiles, time_limit_s=10)
+    assert out.status == "skipped" and out.best is None
+    assert "HAPMOE_FLAGSCALE_PYTHON=/nonexistent/python3.12 does not exist" in out.why
+    assert out.notes() == [f"FlagScale auto-tuner: skipped: {out.why}"]
+
+
+def test_tuner_candidates_become_plans_or_say_why_not():
+    """A candidate with one TP/EP becomes a flagscale Plan (meshes -> stages, split, recompute); per-mesh TP
+    cannot be said by a plan."""
+    from planner.api import load_inputs
+    from planner.bench_flagscale import candidate_plan
+
+    run = load_inputs(model="mixtral-s", cluster="H800:8,MI300X:8").run
+    cand = {"hetero_device_types": ["H800", "MI300X"], "hetero_process_meshes": [[2, 1, 2, 4, 1], [2, 1, 2, 2, 2]],
+            "hetero_pipeline_layer_split": [16, 8, 8], "micro_batch_size": 1, "sequence_parallel": True,
+            "use_recompute": True, "recompute_granularity": "full", "recompute_method": "uniform",
+            "recompute_num_layers": 1}
+    plan = candidate_plan(cand, run)
+    assert plan.runtime == "flagscale" and (plan.tp, plan.ep, plan.cp) == (2, 2, 1)
+    assert [(s.device_type, s.num_layers, s.dp) for s in plan.stages] == [("H800", 16, 4), ("MI300X", 8, 2),
+                                                                          ("MI300X", 8, 2)]
+    assert plan.stages[0].recompute.granularity == "full"
+    cand["hetero_process_meshes"] = [[2, 1, 2, 4, 1], [4, 1, 2, 1, 2]]
+    assert candidate_plan(cand, run) == "per-mesh TP/EP differ or CP > 1"

@@ -120,7 +120,7 @@ def test_time_limit_without_a_plan_exits_3_and_says_so(tmp_path):
     """A time limit that runs out before any configuration is solved is not called infeasible: exit
     3, a line that names the limit and what to do, nothing on stdout and nothing written."""
     out = tmp_path / "nothing"
-    res = RUNNER.invoke(main, ["solve", "--model", "mixtral-l", "--cluster", "H800:16,MI300X:16,910B:16",
+    res = RUNNER.invoke(main, ["solve", "--model", "mixtral-l", "--cluster", "H800:16,A100:16,H20:16",
                                "--backend", "hsdp", "--time-limit", "0.1", "--json", "--out", str(out)])
     assert res.exit_code == 3, res.output
     assert "time limit" in res.stderr and "--time-limit" in res.stderr and "infeasible" not in res.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -17,13 +18,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from click.testing import CliRunner
+
+from cli import main
 from planner.errors import PlannerInputError
+from planner.inputs.hosts import read_hosts
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.inputs.script import parse_launcher_script
 from planner.launcher import render_launch_files
 from planner.launcher.common import group_flag_items
 from planner.megatron.layout import parse_layout, virtual_stage_layers
 from planner.output.run_dir import LAUNCHER_OUTPUT, write_files
+from planner.profile_tables import ProfileSet
 from planner.schemas import ModelSpec, Plan, Recompute, StagePlan, TrainingSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 
@@ -139,9 +145,9 @@ def case(name: str):
         full = Recompute.full("uniform", 1)
         plan = Plan(
             tp=2, vpp=2, mbs=1, gbs=16,
-            stages=_stages(("A100", 6, 2, full), ("A100", 6, 2, full), ("910B", 5, 2, full), ("910B", 5, 2, full)),
+            stages=_stages(("H100", 6, 2, full), ("H100", 6, 2, full), ("A100", 5, 2, full), ("A100", 5, 2, full)),
         )  # fmt: skip
-        return run, plan, cluster_of(("A100", 1), ("910B", 1)), None
+        return run, plan, cluster_of(("H100", 1), ("A100", 1)), None  # one vendor: one upstream job
     if name == "dense_flagscale":
         run = MegatronRun(
             model=DENSE.model_copy(update={"num_layers": 8, "name": "dense-8l"}),
@@ -151,17 +157,17 @@ def case(name: str):
         block = Recompute.full("block", 1)
         plan = Plan(
             runtime="flagscale", tp=2, mbs=1, gbs=32,
-            stages=_stages(("A100", 5, 4, none), ("910B", 2, 2, block), ("910B", 1, 2, block)),
+            stages=_stages(("A100", 5, 4, none), ("MI300X", 2, 2, block), ("MI300X", 1, 2, block)),
         )  # fmt: skip
-        return run, plan, cluster_of(("A100", 1), ("910B", 1)), None
+        return run, plan, cluster_of(("A100", 1), ("MI300X", 1)), None  # NVIDIA + AMD: FlagCX
     run, script = _script_run()
     if name == "moe_megatron":
         sel = Recompute.selective(("core_attn", "moe_act"))
         plan = Plan(
             tp=2, ep=4, etp=1, mbs=1, gbs=128,
-            stages=_stages(("H800", 5, 4, sel), ("H800", 5, 4, sel), ("MI300X", 3, 4, sel), ("MI300X", 3, 4, sel)),
+            stages=_stages(("H800", 5, 4, sel), ("H800", 5, 4, sel), ("A100", 3, 4, sel), ("A100", 3, 4, sel)),
         )  # fmt: skip
-        return run, plan, cluster_of(("H800", 2), ("MI300X", 2)), script
+        return run, plan, cluster_of(("H800", 2), ("A100", 2)), script
     if name == "moe_flagscale":
         full = Recompute.full("block", 2)
         plan = Plan(
@@ -285,7 +291,8 @@ def test_hostfile_puts_every_stage_on_its_device_type(name):
     """Node k (nproc ranks each, hostfile order) holds ranks whose stage runs on the node's type."""
     _, plan, _, _ = case(name)
     files = render(name)
-    lines = files["hostfile"].split()
+    assert files["hostfile"].startswith("# TEMPLATE: these host names are made up")
+    lines = " ".join(ln for ln in files["hostfile"].splitlines() if not ln.startswith("#")).split()
     hosts = [lines[i : i + 3] for i in range(0, len(lines), 3)]
     stage_of_rank: list[int] = []
     for s, st in enumerate(plan.stages):
@@ -315,6 +322,7 @@ def _run_agent(launch: Path, tmp_path: Path, agent: int, args=(), env=None) -> l
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "HAPMOE_NODE_RANK": str(agent),
         "HAPMOE_ARGS_OUT": str(out),
+        "HAPMOE_SKIP_NODE_CHECK": "1",  # no GPUs here (the node check has tests of its own)
         **(env or {}),
     }
     subprocess.run(["bash", str(launch), *args], check=True, env=environ, cwd=tmp_path, timeout=30)
@@ -332,7 +340,7 @@ def test_launch_sh_passes_exactly_the_args_file(name, tmp_path):
     assert launch in paths and os.stat(launch).st_mode & stat.S_IXUSR
     _fake_torchrun(tmp_path)
     expected = shlex.split((tmp_path / "out" / "megatron_args.txt").read_text())
-    hosts = (tmp_path / "out" / "hostfile").read_text().splitlines()
+    hosts = [ln for ln in (tmp_path / "out" / "hostfile").read_text().splitlines() if not ln.startswith("#")]
     for agent in range(len(hosts)):
         got = _run_agent(launch, tmp_path, agent)
         entry = got.index("pretrain_gpt.py" if plan.runtime == "megatron" else "flagscale/train/train_gpt.py")
@@ -386,7 +394,7 @@ def test_small_blocks_share_a_host():
     run, plan, cluster = dense_plan([4, 4, 4])
     plan = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 4}) for s in plan.stages)})
     files = render_launch_files(run, plan, cluster_of(("A100", 2)))
-    assert files["hostfile"] == "a100-node0 slots=8 type=A100\na100-node1 slots=4 type=A100\n"
+    assert files["hostfile"].endswith("\na100-node0 slots=8 type=A100\na100-node1 slots=4 type=A100\n")
     assert 'HAPMOE_A_CVD="4,5,6,7"' in files["launch.sh"]
     assert "--nproc-per-node 4 " in files["launch.sh"]
 
@@ -452,9 +460,10 @@ def test_flagscale_yaml_meshes_and_recompute_lists():
     files = render("dense_flagscale")
     train = yaml.safe_load(files["flagscale/conf/train/hapmoe.yaml"])
     hetero = train["system"]["hetero"]
-    # stages: A100 dp4 | 910B dp2 | 910B dp2, TP 2  ->  meshes [2,1,1,4,1] and [2,1,1,2,2]
+    # stages: A100 dp4 | MI300X dp2 | MI300X dp2, TP 2  ->  meshes [2,1,1,4,1] and [2,1,1,2,2]
     assert hetero["hetero_process_meshes"] == [2, 1, 1, 4, 1, 2, 1, 1, 2, 2]
-    assert hetero["hetero_device_types"] == ["A100", "910B"]
+    assert hetero["hetero_device_types"] == ["A100", "MI300X"]
+    assert train["system"]["distributed_backend"] == "flagcx"  # NVIDIA + AMD in one job: FlagCX
     assert hetero["hetero_pipeline_layer_split"] == [5, 2, 1]
     assert hetero["use_partial_reduce_for_shared_embedding"] is True  # tied, DP 4 -> 2
     m = 32 // (1 * 4)
@@ -496,7 +505,11 @@ def test_flagscale_yaml_says_what_megatron_args_says(name):
             assert [json.loads(v) for v in from_args.pop(key)] == [
                 json.loads(v.replace("'", '"')) for v in from_yaml.pop(key)
             ]
-    norm = {k: [v.replace("${oc.env:", "${") for v in vals] for k, vals in from_yaml.items()}
+    norm = {k: [re.sub(r"\$\{oc\.env:HAPMOE_SCRIPT_ARG_(\d)\}", r"$\1", v).replace("${oc.env:", "${") for v in vals]
+            for k, vals in from_yaml.items()}
+    if "--save-interval" not in from_args:  # FlagScale's runner always passes --save: the YAML adds an interval
+        train_iters = from_args.get("--train-iters", ["1000"])
+        assert norm.pop("--save-interval") == train_iters
     assert norm == from_args
 
 
@@ -521,3 +534,120 @@ def test_emit_command_writes_the_files(tmp_path):
     result = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "bad.json"), "--out", str(tmp_path / "b")])
     assert result.exit_code == 2 and "global batch size (15)" in result.output
     assert "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------------------------
+# Placement: --hosts, the node check at start-up, SLURM's placement
+# --------------------------------------------------------------------------------------------
+def _probe_stub(bindir: Path, tool: str, prints: str) -> None:
+    (bindir / tool).write_text(f"#!/bin/bash\nprintf '%s\\n' {shlex.quote(prints)}\n")
+    (bindir / tool).chmod(0o755)
+
+
+def _launch(launch: Path, tmp_path: Path, agent: int) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HAPMOE_NODE_RANK": str(agent),
+           "HAPMOE_ARGS_OUT": str(tmp_path / f"args{agent}")}
+    return subprocess.run(["bash", str(launch)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("nvidia-smi") or shutil.which("rocm-smi"),
+                    reason="needs bash, and no real nvidia-smi/rocm-smi on PATH")
+def test_each_node_checks_its_device_type_at_start_up(tmp_path):
+    """launch.sh runs the node's vendor probe before starting its agent: an A100 where the plan put an H100
+    stops with a message naming the node and the type it expected, and starts nothing; the right type
+    starts; a missing probe tool stops too."""
+    run, plan, cluster, script = case("dense_megatron")  # stages H100, H100, A100, A100: agent 0 H100, 1 A100
+    write_files(tmp_path / "out", render_launch_files(run, plan, cluster, script), "--out", LAUNCHER_OUTPUT)
+    launch = tmp_path / "out" / "launch.sh"
+    bindir = _fake_torchrun(tmp_path)
+    missing = _launch(launch, tmp_path, 0)
+    assert missing.returncode == 3 and "should hold H100 (NVIDIA), but nvidia-smi is not installed" in missing.stderr
+    _probe_stub(bindir, "nvidia-smi", "NVIDIA A100-SXM4-80GB")
+    wrong = _launch(launch, tmp_path, 0)
+    assert wrong.returncode == 3, wrong.stderr
+    assert "node 0 (h100-node0) should hold H100, but nvidia-smi reports: NVIDIA A100-SXM4-80GB" in wrong.stderr
+    assert not (tmp_path / "args0").exists()  # torchrun never started
+    ok = _launch(launch, tmp_path, 1)  # agent 1 runs the A100 stages: it starts
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "args1").exists()
+    _probe_stub(bindir, "nvidia-smi", "NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3")
+    assert _launch(launch, tmp_path, 0).returncode == 0 and (tmp_path / "args0").exists()
+    assert _launch(launch, tmp_path, 1).returncode == 3  # an H100 where the A100 stages belong
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("rocm-smi") is not None,
+                    reason="needs bash, and no real rocm-smi on PATH")
+def test_amd_nodes_are_checked_with_rocm_smi(tmp_path):
+    """An MI300X stage's node answers through rocm-smi; an MI250X there stops launch.sh."""
+    run, plan, cluster, script = case("dense_flagscale")  # A100 (agent 0), then MI300X (agent 1)
+    write_files(tmp_path / "out", render_launch_files(run, plan, cluster, script), "--out", LAUNCHER_OUTPUT)
+    bindir = _fake_torchrun(tmp_path)
+    _probe_stub(bindir, "rocm-smi", "Card Series:  AMD Instinct MI250X")
+    wrong = _launch(tmp_path / "out" / "launch.sh", tmp_path, 1)
+    assert wrong.returncode == 3 and "should hold MI300X, but rocm-smi reports" in wrong.stderr
+    _probe_stub(bindir, "rocm-smi", "GPU[0]: Card Series: AMD Instinct MI300X OAM")
+    assert _launch(tmp_path / "out" / "launch.sh", tmp_path, 1).returncode == 0
+
+
+def _hosts_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.txt"
+    path.write_text(text)
+    return path
+
+
+def test_hosts_file_places_the_stages_on_real_nodes(tmp_path):
+    """--hosts: the host file and launch.sh use the real names, in stage order, taken per type in the file's
+    order (both forms of line); SLURM host files list them per torchrun agent and per rank."""
+    run, plan, cluster, script = case("dense_megatron")
+    hosts = read_hosts(_hosts_file(tmp_path, "# nodes\nsxm-7 A100-80GB\nh-b slots=8 type=H100\nh-a H100 8\n"),
+                       cluster, ProfileSet.load())
+    files = render_launch_files(run, plan, cluster, script, hosts=hosts)
+    assert files["hostfile"] == "h-b slots=8 type=H100\nsxm-7 slots=8 type=A100\n"
+    assert "HAPMOE_A_HOST=h-b; HAPMOE_A_TYPE=H100" in files["launch.sh"]
+    assert files["slurm_hostfile.nodes"] == "h-b\nsxm-7\n"
+    assert files["slurm_hostfile.ranks"] == "h-b\n" * 8 + "sxm-7\n" * 8
+    assert "TEMPLATE" not in files["hostfile"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("h1 H100\n", "the plan needs 1 A100 node(s) for stage(s) 2,3 (8 GPUs), the file lists 0 (none): 1 short"),
+    ("h1 H100\nh1 A100\n", "h1 is listed twice (first on line 1)"),
+    ("h1 H100\nx A10\n", "unknown device 'A10'"),
+    ("h1 H100 4\nx A100\n", "h1 has 4 GPUs, but the plan is for H100 nodes of 8"),
+    ("h1 MI300X\n", "h1 is MI300X, which the cluster does not have"),
+    ("h1 H100 slots=8\n", "mix of `key=value` and bare words"),
+])
+def test_hosts_file_refusals_name_the_problem(tmp_path, text, message):
+    run, plan, cluster, script = case("dense_megatron")
+    with pytest.raises(PlannerInputError) as err:
+        hosts = read_hosts(_hosts_file(tmp_path, text), cluster, ProfileSet.load())
+        render_launch_files(run, plan, cluster, script, hosts=hosts)
+    assert err.value.field == "--hosts" and message in str(err.value)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_srun_places_tasks_in_stage_order_with_real_hosts(tmp_path):
+    """A script that runs `srun bash -c "... torchrun ..."`, emitted with --hosts: srun gets
+    --distribution=arbitrary and SLURM_HOSTFILE lists the nodes in stage order; without --hosts srun is
+    left to the allocation's order, and launch.sh says so."""
+    script_path = Path(__file__).parent / "launchers" / "slurm_srun_fsdp_string.sh"
+    out = tmp_path / "plan"
+    hosts = _hosts_file(tmp_path, "b2 H100\nb1 H100\n")
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script_path), "--cluster", "H100:16",
+                                    "--backend", "hsdp", "--quiet", "--out", str(out), "--hosts", str(hosts)])
+    assert res.exit_code == 0, res.output
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "srun").write_text('#!/bin/bash\n{ echo "SLURM_HOSTFILE=$SLURM_HOSTFILE"; printf "%s\\n" "$@"; } > '
+                                 '"$HAPMOE_SRUN_OUT"\n')
+    (bindir / "srun").chmod(0o755)
+    (bindir / "scontrol").write_text("#!/bin/bash\necho b2\n")
+    (bindir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SRUN_OUT": str(tmp_path / "srun.txt"), "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", str(out / "launch" / "launch.sh")], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    got = (tmp_path / "srun.txt").read_text().splitlines()
+    assert got[0] == f"SLURM_HOSTFILE={out / 'launch' / 'slurm_hostfile.nodes'}" and got[1] == "--distribution=arbitrary"
+    assert (out / "launch" / "slurm_hostfile.nodes").read_text() == "b2\nb1\n"
+    assert "srun places the tasks in stage order" in proc.stderr

@@ -70,6 +70,7 @@ def run_recorded(script: Path, args: list[str], workdir: Path, tag: str, env: di
     out = workdir / f"rec-{tag}"
     out.unlink(missing_ok=True)
     environ = {"PATH": f"{workdir / 'bin'}:{os.environ['PATH']}", "HOME": str(workdir), "HAPMOE_ARGS_OUT": str(out),
+               "HAPMOE_SKIP_NODE_CHECK": "1",  # no GPUs here; the node check has tests of its own
                **(env or {})}  # a clean environment: what the planner reads as unset is unset here too
     proc = subprocess.run(["bash", str(script), *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
     assert out.exists(), f"{script.name} launched nothing (rc {proc.returncode}): {proc.stderr[-2000:]}"
@@ -156,16 +157,20 @@ def test_emitted_launcher_is_the_users_command_with_the_plan(name, workdir):
     if user_launcher and user_launcher[0] in ("torchrun",) or "torch.distributed.run" in user_launcher \
             or "torch.distributed.launch" in user_launcher:
         opts = {i.name.replace("_", "-"): i.values for i in group_flag_items(plan_launcher[1:]) if is_flag_token(i.name)}
-        hosts = (out / "launch" / "hostfile").read_text().splitlines()
+        hosts = [ln for ln in (out / "launch" / "hostfile").read_text().splitlines() if not ln.startswith("#")]
         assert opts["--node-rank"] == ["0"] and opts["--rdzv-backend"] == ["static"]
         assert int(opts["--nnodes"][0]) * int(opts["--nproc-per-node"][0]) == plan["world_size"]
         assert len(hosts) <= int(opts["--nnodes"][0])
         user_opts = {i.name.replace("_", "-"): i.values for i in group_flag_items(user_launcher[1:]) if is_flag_token(i.name)}
         read = {i.name.replace("_", "-"): i.values for i in group_flag_items(script.launcher_args) if is_flag_token(i.name)}
         for key in ("--master-addr", "--master-port"):
-            if key in user_opts:  # the script's own master address and port are kept (as bash expands them)
-                assert same_tokens(read[key], opts[key], script.unresolved), (key, read[key], opts[key])
+            if key in user_opts:  # the script's own master address and port are kept (as bash expands them) ...
                 assert same_tokens(read[key], user_opts[key], script.unresolved), (key, read[key], user_opts[key])
+                if key == "--master-addr" and user_opts[key] == ["localhost"] and len(hosts) > 1:
+                    # ... except a one-node address in a multi-node plan: node 0's host, named on stderr
+                    assert opts[key] == [hosts[0].split()[0]]
+                    continue
+                assert same_tokens(read[key], opts[key], script.unresolved), (key, read[key], opts[key])
     else:  # srun / mpirun / python: the scheduler's own options are the user's
         assert plan_launcher == user_launcher
     assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
@@ -192,7 +197,7 @@ def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
     proc = subprocess.run(["bash", str(out / "launch" / "launch.sh"), "--dry-run", *c["args"]], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    hosts = (out / "launch" / "hostfile").read_text().splitlines()
+    hosts = [ln for ln in (out / "launch" / "hostfile").read_text().splitlines() if not ln.startswith("#")]
     lines = proc.stdout.splitlines()
     nodes = [k for k, ln in enumerate(lines) if ln.startswith("# node ")]
     commands = [lines[k + 1] for k in nodes]
@@ -233,3 +238,42 @@ def test_flagscale_yaml_keeps_the_users_flags(name, workdir):
                 args_items[item.name] == item.values
         else:
             assert value is True
+
+
+# Programs that touch the cluster, the files or the network: under `launch.sh --dry-run` none may run.
+_SIDE_EFFECTS = ("srun", "mpirun", "mpiexec", "sbatch", "mkdir", "python", "python3", "torchrun", "rm", "cp", "mv",
+                 "tee", "ssh", "curl", "wget", "pip")
+
+
+@pytest.fixture(scope="module")
+def recording_bin(tmp_path_factory) -> Path:
+    """Stubs that only record that they were called (program and arguments, one line each)."""
+    bindir = tmp_path_factory.mktemp("recording") / "bin"
+    bindir.mkdir()
+    for prog in _SIDE_EFFECTS:
+        (bindir / prog).write_text('#!/bin/bash\necho "$(basename "$0") $*" >> "$HAPMOE_CALLS"\n')
+        (bindir / prog).chmod(0o755)
+    (bindir / "scontrol").write_text("#!/bin/bash\necho node0\n")  # read-only: allowed
+    (bindir / "scontrol").chmod(0o755)
+    return bindir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_dry_run_of_every_corpus_launcher_runs_nothing(name, recording_bin, tmp_path):
+    """`launch.sh --dry-run ARGS` on every corpus script: no srun, mpirun, mkdir, python, torchrun, ...
+    runs (stubs on PATH record any call), yet the commands are printed (every node's, or the scheduler's)."""
+    c = entry(name)
+    out = solved(name)
+    calls = tmp_path / "calls"
+    for f in c.get("needs_files", ()):
+        (tmp_path / f).write_text("")
+    env = {"PATH": f"{recording_bin}:{os.environ['PATH']}", "HOME": str(tmp_path), "HAPMOE_CALLS": str(calls),
+           **c.get("env", {})}
+    proc = subprocess.run(["bash", str(out / "launch" / "launch.sh"), "--dry-run", *c["args"]], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not calls.exists(), calls.read_text()
+    script = read_launcher_script(CORPUS_DIR / name, args=c["args"])
+    entry_name = script.entry_script.rsplit("/", 1)[-1]
+    assert any(entry_name in line for line in proc.stdout.splitlines()), proc.stdout + proc.stderr

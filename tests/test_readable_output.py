@@ -61,7 +61,7 @@ def solved_out(tmp_path_factory):
 def test_default_table_fits_100_columns_and_wide_shows_the_memory_breakdown():
     """At COLUMNS=100 every line of the default output fits; --wide adds the memory parts and the
     communication split; at 80 columns the table still fits by dropping its least important columns."""
-    res = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--tp", "2", "--pp", "2",
+    res = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8,A100:8", "--tp", "2", "--pp", "2",
                   "--ep", "4", "--recompute", "full-block:2"])
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
@@ -70,7 +70,7 @@ def test_default_table_fits_100_columns_and_wide_shows_the_memory_breakdown():
     assert "recompute" in header and "recompu…" not in res.stdout
     assert "full-block:2" in res.stdout
     assert "weights" not in res.stdout
-    wide = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--tp", "2", "--pp", "2",
+    wide = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8,A100:8", "--tp", "2", "--pp", "2",
                    "--ep", "4", "--wide"])
     for col in ("weights", "grads", "optim", "activ", "other", "TP", "EP", "PP"):
         assert col in wide.stdout, col
@@ -310,7 +310,7 @@ def test_script_plan_is_priced_against_the_planners(tmp_path):
     placements are drawn in one picture whose data hold each plan's stages."""
     script = write_script(tmp_path, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                                     "--expert-model-parallel-size 2 --sequence-parallel")
-    cluster = ["--cluster", "H800:8,MI300X:8"]
+    cluster = ["--cluster", "H800:8,A100:8"]
     out = tmp_path / "o"
     res = invoke(["solve", "--megatron-script", str(script), *cluster, "--backend", "hsdp", "--out", str(out)])
     assert res.exit_code == 0, res.output

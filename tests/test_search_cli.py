@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from cli import main
 
 RUNNER = CliRunner()
-SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]
+SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,A100:8", "--gbs", "64"]
 IDLE = ["--model", "llama2-7b", "--cluster", "H100:8,A100:4", "--gbs", "96"]
 
 

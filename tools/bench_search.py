@@ -5,7 +5,7 @@ Prints one row per scenario: the median wall seconds over R runs (inputs read, s
 checked and priced, as `solve` does it), the plan's predicted iteration time and time per sample,
 the search status and the target of issue 12 item 5 it is held to (2-core machine):
 
-  mixtral-l, 48 GPUs (H800:16,MI300X:16,910B:16), hsdp, pruned      <= 2 s
+  mixtral-l, 48 GPUs (H800:16,A100:16,H20:16), hsdp, pruned         <= 2 s
   the same, cpsat, --no-prune (certified over the whole space)        <= 10 s and <= 5x the hsdp row
   1024 GPUs of three types, cpsat                                      <= 30 s, time per sample no
                                                                        worse than the 768-GPU row
@@ -31,7 +31,12 @@ from planner.inputs.cluster import parse_cluster
 from planner.profile_tables import ProfileSet
 from planner.search.settings import SearchSettings
 
-MIXTRAL_48 = "H800:16,MI300X:16,910B:16"
+MIXTRAL_48 = "H800:16,A100:16,H20:16"
+"""Three device types one upstream Megatron-LM job holds (all NVIDIA: profiles/runtimes.yaml).  Until issue 21
+the rows ran on H800 + MI300X + 910B, which no public runtime runs as one job; the megatron runtime no longer
+prices it."""
+FLAGSCALE_48 = "H800:24,MI300X:24"
+"""NVIDIA + AMD: one FlagScale job through FlagCX."""
 
 
 @dataclass(frozen=True)
@@ -52,21 +57,21 @@ SCENARIOS = [
     Scenario("48 GPUs megatron hsdp", "mixtral-l", MIXTRAL_48, "hsdp", target="<= 2 s"),
     Scenario("48 GPUs megatron cpsat --no-prune", "mixtral-l", MIXTRAL_48, "cpsat", prune=False,
              target="<= 10 s, <= 5x hsdp"),
-    Scenario("48 GPUs flagscale hsdp", "mixtral-l", MIXTRAL_48, "hsdp", runtime="flagscale"),
-    Scenario("48 GPUs flagscale cpsat --no-prune", "mixtral-l", MIXTRAL_48, "cpsat", runtime="flagscale", prune=False),
-    Scenario("768 GPUs megatron cpsat", "mixtral-l", "H800:256,MI300X:256,910B:256", "cpsat", repeats=1,
+    Scenario("48 GPUs flagscale hsdp", "mixtral-l", FLAGSCALE_48, "hsdp", runtime="flagscale"),
+    Scenario("48 GPUs flagscale cpsat --no-prune", "mixtral-l", FLAGSCALE_48, "cpsat", runtime="flagscale", prune=False),
+    Scenario("768 GPUs megatron cpsat", "mixtral-l", "H800:256,A100:256,H20:256", "cpsat", repeats=1,
              target="(per-sample reference)"),
-    Scenario("1024 GPUs megatron cpsat", "mixtral-l", "H800:344,MI300X:344,910B:336", "cpsat", repeats=1,
+    Scenario("1024 GPUs megatron cpsat", "mixtral-l", "H800:344,A100:344,H20:336", "cpsat", repeats=1,
              target="<= 30 s, per sample <= 768's"),
-    Scenario("4096 GPUs megatron cpsat", "mixtral-l", "H800:1368,MI300X:1368,910B:1360", "cpsat", repeats=1,
+    Scenario("4096 GPUs megatron cpsat", "mixtral-l", "H800:1368,A100:1368,H20:1360", "cpsat", repeats=1,
              target="<= 60 s"),
     Scenario("48 GPUs cpsat --no-prune --time-limit 2", "mixtral-l", MIXTRAL_48, "cpsat", prune=False, limit_s=2,
              time_limit_row=True, target="<= 2.2 s"),
-    Scenario("1024 GPUs cpsat --no-prune --time-limit 10", "mixtral-l", "H800:344,MI300X:344,910B:336", "cpsat",
+    Scenario("1024 GPUs cpsat --no-prune --time-limit 10", "mixtral-l", "H800:344,A100:344,H20:336", "cpsat",
              prune=False, limit_s=10, repeats=1, time_limit_row=True, target="<= 11 s"),
-    Scenario("4096 GPUs hsdp --no-prune --time-limit 10", "mixtral-l", "H800:1368,MI300X:1368,910B:1360", "hsdp",
+    Scenario("4096 GPUs hsdp --no-prune --time-limit 10", "mixtral-l", "H800:1368,A100:1368,H20:1360", "hsdp",
              prune=False, limit_s=10, repeats=1, time_limit_row=True, target="<= 11 s"),
-    Scenario("qwen3-235b 3072 GPUs cpsat --time-limit 20", "qwen3-235b-a22b", "H800:1024,MI300X:1024,910B:1024",
+    Scenario("qwen3-235b 3072 GPUs cpsat --time-limit 20", "qwen3-235b-a22b", "H800:1024,A100:1024,H20:1024",
              "cpsat", limit_s=20, repeats=1, time_limit_row=True, target="<= 22 s"),
 ]
 
@@ -145,8 +150,8 @@ GAP_CASES = [
     # (model, layers, cluster, global batch, runtime)
     ("llama2-7b", 8, "H100:8,A100:4", 96, "megatron"),
     ("llama2-7b", 4, "H100:4,A100:2", 24, "flagscale"),
-    ("mixtral-l", 8, "H800:4,910B:4", 64, "flagscale"),
-    ("mixtral-s", 4, "H800:4,MI300X:4,910B:4", 48, "megatron"),
+    ("mixtral-l", 8, "H800:4,MI300X:4", 64, "flagscale"),
+    ("mixtral-s", 4, "H800:4,A100:4,H20:4", 48, "megatron"),
 ]
 
 

@@ -25,14 +25,15 @@ ALPA_TOP_K = 3
 
 
 def search_alpa(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-                time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
+                time_limit_s: float = 30.0, runtime: str = "megatron", **_ignored) -> PricedPlan | None:
     """Search on an all-slowest-type cluster, map onto the real one, keep the fastest fitting plan."""
     cost = cost_model(run, cluster, profiles)
     slowest = types_by_speed(cost)[-1]
     fake = homogeneous_cluster(cluster, slowest, profiles)
     settings = SearchSettings(backend="hsdp", time_limit_s=time_limit_s, top_k=ALPA_TOP_K)
     try:
-        outcome = solve(run, fake, profiles, settings=settings, space=make_space(run, "megatron"), objective="nominal")
+        outcome = solve(run, fake, profiles, settings=settings, space=make_space(run, "megatron"),
+                        objective="nominal", as_runtime=runtime)
     except (InfeasibleError, SearchTimeLimitError) as exc:
         if notes is not None:
             why = "the search ran out of time" if isinstance(exc, SearchTimeLimitError) else "nothing fits"
@@ -53,7 +54,7 @@ def search_alpa(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list
             rc = rc if rank[rc.label] >= base else allowed[0]
             return build_plan(tp=plan.tp, cp=plan.cp, ep=plan.ep, etp=plan.etp, mbs=plan.mbs, gbs=plan.gbs,
                               dp=plan.dp0, types=[m[0] for m in members], layers=layers, recompute=rc,
-                              vpp=plan.vpp)
+                              vpp=plan.vpp, runtime=runtime)
 
         best = better(best, least_recompute(cost, run, make, members))
     if notes is not None:

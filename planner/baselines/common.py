@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from planner.cost.model import CostModel, GlobalShape, PlanCost
 from planner.megatron.rules import check_plan, tp_allowed
+from planner.runtime import runtime_of
 from planner.schemas.cluster import ClusterSpec, NodeGroup
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -141,9 +142,11 @@ def ladder(model: ModelSpec, training=None) -> list[Recompute]:
 
 
 def build_plan(*, tp: int, cp: int, ep: int, etp: int, mbs: int, gbs: int, dp: int, types: list[str],
-               layers: list[int], recompute: Recompute, vpp: int = 1) -> Plan:
-    """A megatron-runtime Plan: one DP and one recompute for every stage."""
-    return Plan(runtime="megatron", tp=tp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
+               layers: list[int], recompute: Recompute, vpp: int = 1, runtime: str = "megatron") -> Plan:
+    """A Plan with one DP and one recompute for every stage (what every baseline plans), for `runtime`:
+    upstream Megatron-LM, or FlagScale when the job spans vendors (profiles/runtimes.yaml); the runtime's
+    rules (rule_problems) then refuse what it cannot run."""
+    return Plan(runtime=runtime, tp=tp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
                 sequence_parallel=tp > 1,
                 stages=tuple(StagePlan(device_type=h, num_layers=n, dp=dp, recompute=recompute)
                              for h, n in zip(types, layers)))
@@ -175,8 +178,11 @@ def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -
     """Price `plan` whose stage i spans the device types `members[i]`.  A mixed stage takes its slowest
     member type for compute, its DP traffic crosses the slowest cross-type link (the cluster's inter-node
     bandwidth of those types is capped at it, see mixed_cluster), and it must fit in memory on every
-    member type.  None when memory overflows."""
+    member type.  None when memory overflows, or when a stage spans device types on a runtime whose
+    meshes each hold one type (FlagScale)."""
     mixed = tuple(i for i, ms in enumerate(members) if len(ms) > 1)
+    if mixed and runtime_of(plan.runtime).per_stage_meshes:
+        return None
     if mixed:
         mixed_types = {h for i in mixed for h in members[i]}
         cost = CostModel(cost.model, cost.training, mixed_cluster(cost.cluster, cost.profiles, mixed_types),

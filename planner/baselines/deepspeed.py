@@ -20,7 +20,7 @@ from planner.schemas.plan import Plan
 
 
 def search_deepspeed(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-                     **_ignored) -> PricedPlan | None:
+                     runtime: str = "megatron", **_ignored) -> PricedPlan | None:
     """EP+DP with the fewest pipeline stages that fit (None for dense models or when nothing fits)."""
     model, gbs = run.model, run.training.global_batch_size
     if not model.is_moe:
@@ -44,7 +44,7 @@ def search_deepspeed(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes:
         priced = least_recompute(
             cost, run,
             lambda rc: build_plan(tp=1, cp=1, ep=ep, etp=1, mbs=1, gbs=gbs, dp=dp, types=[m[0] for m in members],
-                                  layers=layers, recompute=rc),
+                                  layers=layers, recompute=rc, runtime=runtime),
             members)
         if priced is not None:
             if notes is not None:

@@ -21,12 +21,12 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 
-from planner.api import make_space, solve
+from planner.api import make_space, solve, uniform_space_for
 from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, even_split, least_recompute, rule_problems, types_by_speed,
 )
 from planner.errors import InfeasibleError, SearchTimeLimitError
-from planner.runtime import FLAGSCALE, MEGATRON, RUNTIME_NAMES
+from planner.runtime import FLAGSCALE, RUNTIME_NAMES, runtime_of
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -95,11 +95,20 @@ def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: li
                   runtimes: tuple[str, ...] = HAPMOE_RUNTIMES, runs_out: list[SearchRun] | None = None,
                   **_ignored) -> PricedPlan | None:
     """The faster of HAPMoE's megatron- and flagscale-runtime plans, each search under its own hard
-    limit (`time_limit_s`; the flagscale one `flagscale_time_limit_s` if given, 0 skips it)."""
+    limit (`time_limit_s`; the flagscale one `flagscale_time_limit_s` if given, 0 skips it).  A runtime
+    that cannot hold the cluster's vendors in one job (profiles/runtimes.yaml) is not searched."""
     cost = cost_model(run, cluster, profiles)
     best: PricedPlan | None = None
+    runnable = [rt for rt in runtimes if runtime_of(rt).can_run(cluster, profiles).ok]
     for rt in runtimes:
+        runs = runtime_of(rt).can_run(cluster, profiles)
+        if not runs.ok:
+            if notes is not None:
+                notes.append(f"HAPMoE {rt}: not searched ({runs.reason})")
+            continue
         limit = flagscale_time_limit_s if (rt == FLAGSCALE.name and flagscale_time_limit_s is not None) else time_limit_s
+        if limit <= 0 and runnable == [rt]:
+            limit = time_limit_s  # the only runtime that runs this cluster (FlagScale across vendors) is searched
         if limit <= 0:
             if notes is not None:
                 notes.append(f"HAPMoE {rt}: not searched (time limit 0)")
@@ -127,9 +136,11 @@ def plan_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, **kw) -> Plan 
 # --------------------------------------------------------------------------------------------
 
 
-def uniform_resplit(run: MegatronRun, cluster: ClusterSpec, profiles, plan: Plan) -> PricedPlan | None:
+def uniform_resplit(run: MegatronRun, cluster: ClusterSpec, profiles, plan: Plan,
+                    runtime: str = "megatron") -> PricedPlan | None:
     """(a) `plan`'s degrees and stage device types with an even layer split (Megatron's first/last
-    flags when PP does not divide the layers) and the least recompute that fits; megatron runtime."""
+    flags when PP does not divide the layers) and the least recompute that fits; one DP and recompute
+    for every stage, on `runtime`."""
     cost = cost_model(run, cluster, profiles)
     layers = even_split(run.model.num_layers, plan.pp)
     if layers is None:
@@ -144,12 +155,15 @@ def uniform_resplit(run: MegatronRun, cluster: ClusterSpec, profiles, plan: Plan
         return None
     return least_recompute(cost, run, lambda rc: build_plan(tp=plan.tp, cp=plan.cp, ep=plan.ep, etp=plan.etp,
                                                             mbs=plan.mbs, gbs=plan.gbs, dp=dp, types=types,
-                                                            layers=layers, recompute=rc, vpp=plan.vpp),
+                                                            layers=layers, recompute=rc, vpp=plan.vpp,
+                                                            runtime=runtime),
                            [(h,) for h in types])
 
 
-def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles) -> PricedPlan | None:
-    """(b) the best even-split plan over every global configuration of the search space."""
+def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles, runtime: str = "megatron"
+                        ) -> PricedPlan | None:
+    """(b) the best even-split plan over every global configuration of the search space (narrowed to
+    what `runtime` expresses), one DP and recompute for every stage."""
     cost = cost_model(run, cluster, profiles)
     model, training = run.model, run.training
     budget = cluster.gpus_by_type()
@@ -157,7 +171,8 @@ def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles) -> Pri
     order = types_by_speed(cost)
     best: PricedPlan | None = None
     fitted: set = set()
-    for g in enumerate_globals(model, training, cluster, SearchSpace(runtime="megatron"), gpn):
+    space = uniform_space_for(SearchSpace(runtime="megatron"), runtime)
+    for g in enumerate_globals(model, training, cluster, space, gpn):
         key = (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp)
         if key in fitted or model.num_layers % (g.pp * g.vpp):
             continue
@@ -170,7 +185,8 @@ def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles) -> Pri
             continue
         types = types[: g.pp]
         plan = build_plan(tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, mbs=g.mbs, gbs=training.global_batch_size, dp=g.dp0,
-                          types=types, layers=[model.num_layers // g.pp] * g.pp, recompute=g.recompute, vpp=g.vpp)
+                          types=types, layers=[model.num_layers // g.pp] * g.pp, recompute=g.recompute, vpp=g.vpp,
+                          runtime=runtime)
         if rule_problems(model, plan, run):
             fitted.add(key)
             continue
@@ -182,14 +198,16 @@ def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles) -> Pri
 
 
 def search_ablation(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-                    hapmoe_plan: Plan | None = None, time_limit_s: float = 60.0, **_ignored) -> PricedPlan | None:
-    """HAPMoE with non-uniform PP/DP off: best of (a) the re-split HAPMoE megatron plan and (b) the
-    even-split enumeration (module docstring)."""
-    if hapmoe_plan is None or hapmoe_plan.runtime != MEGATRON.name:
-        sr = solve_with_limit(run, cluster, profiles, runtime="megatron", hard_limit_s=time_limit_s)
+                    hapmoe_plan: Plan | None = None, time_limit_s: float = 60.0, runtime: str = "megatron",
+                    **_ignored) -> PricedPlan | None:
+    """HAPMoE with non-uniform PP/DP off: best of (a) the re-split HAPMoE plan (its megatron plan when
+    the megatron runtime runs the cluster) and (b) the even-split enumeration (module docstring), on
+    `runtime`."""
+    if hapmoe_plan is None or hapmoe_plan.runtime != runtime:
+        sr = solve_with_limit(run, cluster, profiles, runtime=runtime, hard_limit_s=time_limit_s)
         hapmoe_plan = sr.plan
-    a = uniform_resplit(run, cluster, profiles, hapmoe_plan) if hapmoe_plan is not None else None
-    b = uniform_enumeration(run, cluster, profiles)
+    a = uniform_resplit(run, cluster, profiles, hapmoe_plan, runtime) if hapmoe_plan is not None else None
+    b = uniform_enumeration(run, cluster, profiles, runtime)
     best = better(a, b)
     if notes is not None:
         which = "none fits" if best is None else ("re-split of HAPMoE's megatron plan" if best is a else

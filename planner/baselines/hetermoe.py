@@ -43,7 +43,7 @@ def _newest_first(cluster: ClusterSpec, order: list[str]) -> ClusterSpec:
 
 
 def search_hetermoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-                    **_ignored) -> PricedPlan | None:
+                    runtime: str = "megatron", **_ignored) -> PricedPlan | None:
     """Manual degrees, newest-first stages, min-bottleneck layer split (see the module docstring)."""
     cost = cost_model(run, cluster, profiles)
     model, gbs = run.model, run.training.global_batch_size
@@ -64,7 +64,7 @@ def search_hetermoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: 
                 start = [model.num_layers // pp] * pp
                 start[-1] += model.num_layers - sum(start)
                 template = build_plan(tp=tp, cp=1, ep=ep, etp=etp, mbs=mbs, gbs=gbs, dp=dp, types=types,
-                                      layers=start, recompute=rc)
+                                      layers=start, recompute=rc, runtime=runtime)
                 if rule_problems(model, template, run):
                     break
                 layers = min_bottleneck_split(cost, template)

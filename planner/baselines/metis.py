@@ -20,7 +20,7 @@ from planner.search.settings import SearchSettings
 
 
 def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-                 time_limit_s: float = 30.0, **_ignored) -> PricedPlan | None:
+                 time_limit_s: float = 30.0, runtime: str = "megatron", **_ignored) -> PricedPlan | None:
     """EP/ETP from a homogeneous fastest-type search, then placement search on the real cluster."""
     cost = cost_model(run, cluster, profiles)
     space = make_space(run, "megatron")
@@ -48,7 +48,7 @@ def search_metis(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: lis
         fixed = f"EP={ep} ETP={etp} from a homogeneous {profiled}:{cluster.world_size} search; "
     try:
         outcome = solve(run, cluster, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=time_limit_s),
-                        space=space, objective="nominal")
+                        space=space, objective="nominal", as_runtime=runtime)
     except (InfeasibleError, SearchTimeLimitError) as exc:
         if notes is not None:
             why = "the search ran out of time" if isinstance(exc, SearchTimeLimitError) else "no placement fits"

@@ -21,7 +21,7 @@ MI_MBS = (1, 2)
 
 
 def search_mi(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
-              **_ignored) -> PricedPlan | None:
+              runtime: str = "megatron", **_ignored) -> PricedPlan | None:
     """The fastest plan of the MI recipe grid that fits (None if none fits)."""
     cost = cost_model(run, cluster, profiles)
     model, gbs = run.model, run.training.global_batch_size
@@ -43,7 +43,7 @@ def search_mi(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[s
             priced = least_recompute(
                 cost, run,
                 lambda rc: build_plan(tp=tp, cp=1, ep=ep, etp=etp, mbs=mbs, gbs=gbs, dp=dp, types=types,
-                                      layers=layers, recompute=rc),
+                                      layers=layers, recompute=rc, runtime=runtime),
                 members)
             best = better(best, priced)
     if notes is not None:

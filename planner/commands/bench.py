@@ -9,6 +9,7 @@ import click
 
 from planner.baselines import PLANNERS
 from planner.bench import QUICK_SUITE, SUITE, BenchSettings, run_bench
+from planner.bench_flagscale import TUNER
 from planner.cli_common import FiniteFloat, handle_errors
 from planner.errors import PlannerInputError
 from planner.output.run_dir import BENCH_OUTPUT, StagedOutput, check_out_dir
@@ -17,7 +18,7 @@ from planner.profile_tables import ProfileSet
 
 @click.command("bench")
 @click.option("--out", "out_dir", default="bench-results", show_default=True, metavar="DIR",
-              help="directory for results.csv, summary.json, table2.md, table3.md, search_time.md and PNG plots "
+              help="directory for results.csv, summary.json, table2.md, table3.md, flagscale_tuner.md, search_time.md and PNG plots "
                    "(earlier bench results there are overwritten; any other non-empty directory is refused)")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no bench results")
 @click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, megatron runtime, 2 cluster sizes)")
@@ -25,17 +26,21 @@ from planner.profile_tables import ProfileSet
               help="seconds per search (default 60; 15 with --quick)")
 @click.option("--flagscale-time-limit", "flagscale_time_limit_s", type=FiniteFloat(min=0.0), default=None,
               help="seconds for HAPMoE's flagscale-runtime search, 0 to skip (default 30; 0 with --quick)")
+@click.option("--flagscale-tuner-time-limit", "tuner_time_limit_s", type=FiniteFloat(min=0.0), default=None,
+              help="seconds for FlagScale's own auto-tuner per scenario, run beside HAPMoE where FlagScale runs the "
+                   "cluster (needs FlagScale's environment: .ci/flagscale_env.sh); 0 skips it (default 120; 0 with "
+                   "--quick)")
 @click.option("--scaling-time-limit", "scaling_time_limit_s", type=FiniteFloat(min=1.0), default=None,
               help="seconds per search of the cluster-size study (default 60; 8 with --quick)")
 @click.option("--scaling-sizes", default=None, metavar="N,N,...",
               help="GPU counts of the search-time study (default 48,96,192,384,768,1024; '' to skip)")
 @click.option("--planners", default=None, metavar="NAME,...",
-              help="planners to run (default all: mi,alpa,metis,hetermoe,deepspeed,ablation,hapmoe)")
+              help="planners to run (default all: mi,alpa,metis,hetermoe,deepspeed,ablation,hapmoe,flagscale-tuner)")
 @click.option("--scenario", "scenario_filter", default=None, help="run only scenarios whose name contains this")
 @click.option("--quiet", is_flag=True, help="no progress on stderr")
 @handle_errors
-def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling_time_limit_s, scaling_sizes, planners,
-            scenario_filter, quiet):
+def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, tuner_time_limit_s, scaling_time_limit_s,
+            scaling_sizes, planners, scenario_filter, quiet):
     """Run every planner on the scenario suite and write the paper's comparisons.
 
     \b
@@ -50,6 +55,8 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling
         settings.flagscale_time_limit_s = flagscale_time_limit_s
     if scaling_time_limit_s is not None:
         settings.scaling_time_limit_s = scaling_time_limit_s
+    if tuner_time_limit_s is not None:
+        settings.tuner_time_limit_s = tuner_time_limit_s
     if scaling_sizes is not None:
         try:
             settings.scaling_sizes = tuple(int(x) for x in scaling_sizes.split(",") if x.strip())
@@ -63,9 +70,10 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling
                                                         "(three device types in whole 8-GPU nodes)")
     if planners is not None:
         names = tuple(p.strip() for p in planners.split(",") if p.strip())
-        bad = [p for p in names if p not in PLANNERS]
+        known = (*PLANNERS, TUNER)
+        bad = [p for p in names if p not in known]
         if bad:
-            raise PlannerInputError("--planners", f"unknown {bad}; known: {', '.join(PLANNERS)}")
+            raise PlannerInputError("--planners", f"unknown {bad}; known: {', '.join(known)}")
         if "ablation" in names and "hapmoe" not in names:
             names = names + ("hapmoe",)
         settings.planners = names
@@ -97,4 +105,5 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, scaling
     click.echo("")
     click.echo((Path(out_dir) / "table2.md").read_text())
     click.echo((Path(out_dir) / "table3.md").read_text())
+    click.echo((Path(out_dir) / "flagscale_tuner.md").read_text())
     click.echo((Path(out_dir) / "search_time.md").read_text())

@@ -13,7 +13,7 @@ from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer,
 )
-from planner.runtime import RUNTIME_NAMES
+from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.time_budget import Budget, reading_within
 
 
@@ -35,7 +35,8 @@ def gap_lines(rows: list[dict]) -> list[str]:
 
 @click.command("compare")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES)
-@click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True)
+@click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
+              help="as solve's --runtime (profiles/runtimes.yaml)")
 @click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
               help="seconds for the whole comparison, shared between the backends")
 @click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True)
@@ -66,6 +67,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=left_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
                         memory_headroom=memory_headroom)
+    runtime = rows[0].get("runtime", runtime) if rows else runtime
     if as_json:
         echo_json({"model": run.model.name, "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
                    "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows})

@@ -28,9 +28,13 @@ from planner.output.run_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
 @click.option("--cluster", default=None, metavar="SPEC", help="cluster, when the plan file has no inputs.cluster")
 @click.option("--profiles", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
               help="directory of measured profiles (devices the plan runs on that are not shipped; repeatable)")
+@click.option("--hosts", "hosts_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="the real nodes, one line each: NAME TYPE [GPUS] (or NAME slots=N type=T); the host file, "
+                   "launch.sh and SLURM's placement use them (without it the host file is a template)")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")
 @handle_errors
-def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, profile_dirs, script_args):
+def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cluster, profile_dirs, hosts_path,
+            script_args):
     """Write megatron_args.txt, launch.sh and hostfile (plus FlagScale's YAML for the flagscale
     runtime) for a plan, after checking it as `solve` does (layers, GPUs, memory, Megatron's rules) for
     the model and cluster it was made for.  The input script is never modified.
@@ -38,10 +42,11 @@ def command(plan_path, out_dir, force, megatron_script, model, megatron_args, cl
     \b
     python cli.py emit --plan out/plan.json --out launch/ --megatron-script train.sh
     """
-    given = input_files(plan_path, megatron_script, model, cluster)
+    given = input_files(plan_path, megatron_script, model, cluster, hosts_path)
     check_out_dir(out_dir, "--out", LAUNCHER_OUTPUT, force=force, inputs=given)
     files, script = emit(plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                         cluster=cluster, script_args=script_args, profile_dirs=profile_dirs, on_note=note_printer())
+                         cluster=cluster, script_args=script_args, profile_dirs=profile_dirs, on_note=note_printer(),
+                         hosts_path=hosts_path)
     paths = write_files(out_dir, files, "--out", LAUNCHER_OUTPUT, force=force,
                         inputs=given + launcher_inputs(script))
     for p in paths:

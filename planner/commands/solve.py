@@ -7,8 +7,10 @@ from pathlib import Path
 import click
 
 from planner.api import (
-    OBJECTIVES, check_predictions, load_inputs, make_space, price_input_plan, read_input_script, solve,
+    OBJECTIVES, check_hosts, check_predictions, load_inputs, make_space, price_input_plan, read_input_script,
+    runtime_choice, solve,
 )
+from planner.inputs.hosts import read_hosts
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
@@ -18,7 +20,7 @@ from planner.output.plan_dir import write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
-from planner.runtime import RUNTIME_NAMES
+from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.search.pruning import Pruning
 from planner.search.settings import SearchSettings
 from planner.time_budget import Budget, reading_within
@@ -27,8 +29,11 @@ SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
                  help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
                       "CP-SAT stage subproblems, certifies the answer; hsdp: the dynamic program alone"),
-    click.option("--runtime", type=click.Choice(list(RUNTIME_NAMES)), default="megatron", show_default=True,
-                 help="megatron: one DP/recompute for all stages; flagscale: per-stage DP and recompute"),
+    click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
+                 help="auto: upstream Megatron-LM when it runs the whole cluster (one vendor), else FlagScale "
+                      "(NVIDIA+AMD through FlagCX), else the part of the cluster one job can span, the rest idle "
+                      "(profiles/runtimes.yaml); megatron: one DP/recompute for all stages; flagscale: per-stage DP "
+                      "and recompute"),
     click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole command: reading the inputs, the search, drawing and writing"),
     click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
@@ -54,13 +59,16 @@ SEARCH_OPTIONS = [
                    "write are never overwritten or deleted")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan "
                                             "(beside its files, which are never overwritten or deleted)")
+@click.option("--hosts", "hosts_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="the real nodes, one line each: NAME TYPE [GPUS] (or NAME slots=N type=T); checked against "
+                   "the plan, and the launcher (--out) places the stages on them (without it: a template)")
 @apply_options(ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + DISPLAY_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, contiguous_types, top_k, objective, out_dir, force, moe_imbalance,
-            memory_headroom, plot_dir, wide, as_json, quiet, script_args):
+            time_limit_s, delta, no_prune, contiguous_types, top_k, objective, out_dir, force, hosts_path,
+            moe_imbalance, memory_headroom, plot_dir, wide, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
     \b
@@ -70,7 +78,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     """
     # the time limit counts from here: reading the inputs, the search, drawing and writing
     budget = Budget.start(time_limit_s, drawing=out_dir is not None or plot_dir is not None)
-    given = input_files(model, megatron_script, cluster)
+    given = input_files(model, megatron_script, cluster, hosts_path)
     if out_dir is not None:
         check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force, inputs=given)
     plot_dir = check_plot_dir(plot_dir, out_dir, given)
@@ -88,16 +96,20 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                               deadline=budget.search_deadline)
     if no_prune:
         settings = settings.without_pruning()
-    space = make_space(inputs.run, runtime, mbs=mbs, contiguous_types=contiguous_types or None)
+    hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles) if hosts_path else None
+    choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run)
+    space = make_space(inputs.run, choice.runtime.name, mbs=mbs, contiguous_types=contiguous_types or None)
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
         outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress,
-                        memory_headroom=memory_headroom, objective=objective)
+                        memory_headroom=memory_headroom, objective=objective, choice=choice)
     # the same gap as the live bar and the report: the searched objective against the searched space's bound
     progress.finish(best_s=outcome.objective_s, lower_bound_s=outcome.result.pruned_lower_bound_s)
     check_predictions(outcome, inputs.profiles)
+    outcome.hosts = hosts
+    check_hosts(outcome)
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
-    payload = solve_json(outcome, settings, runtime, user=user)
+    payload = solve_json(outcome, settings, choice.runtime.name, user=user)
     written: list[Path] = []
     where = out_dir or plot_dir
     protected = given + launcher_inputs(script)

@@ -8,12 +8,14 @@ of planner/output/run_dir.py (`emit --out`, and launch/ of `solve --out`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from planner.errors import PlannerInputError
+from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.flagscale import flagscale_files
 from planner.launcher.megatron import megatron_files
+from planner.profile_tables import ProfileSet
 from planner.runtime import FLAGSCALE, MEGATRON
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -26,13 +28,17 @@ LAUNCHERS: dict[str, Callable[..., dict[str, str]]] = {
 
 
 def render_launch_files(
-    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
+    profiles: ProfileSet | None = None, hosts: Sequence[Host] | None = None,
 ) -> dict[str, str]:
-    """{relative path: text} of every launcher file for the plan's runtime."""
+    """{relative path: text} of every launcher file for the plan's runtime.  `profiles` (default: the
+    shipped ones) says each device type's vendor: a runtime that cannot hold the plan's vendors in one
+    job (profiles/runtimes.yaml) is refused, and launch.sh checks each node's devices with its vendor's
+    probe.  `hosts` (--hosts FILE): the real nodes; without them the host file is a template."""
     render = LAUNCHERS.get(plan.runtime)
     if render is None:
         raise PlannerInputError("--runtime", f"unknown runtime {plan.runtime!r}; allowed: {', '.join(LAUNCHERS)}")
-    return render(run, plan, cluster, script)
+    return render(run, plan, cluster, script, profiles=profiles or ProfileSet.load(), hosts=hosts)
 
 
 __all__ = ["render_launch_files"]

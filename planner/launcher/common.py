@@ -19,11 +19,14 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.errors import PlannerInputError
-from planner.inputs.megatron_flags import drop_flags, is_flag_token
+from planner.inputs.hosts import Host
+from planner.inputs.megatron_flags import drop_flags, fork_flags_in, is_flag_token
 from planner.inputs.script import LauncherScript
 from planner.megatron.flags import (
     CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
 )
+from planner.profile_tables import ProfileSet
+from planner.runtime import RunCheck, runtime_of
 from planner.schemas.cluster import ClusterSpec, pool_members
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -213,6 +216,31 @@ def arrays_of(items: list[FlagItem]) -> dict[str, list[FlagItem]]:
     return out
 
 
+def job_check(plan: Plan, profiles: ProfileSet) -> RunCheck:
+    """Whether the plan's runtime can hold the plan's device types in one job (profiles/runtimes.yaml);
+    PlannerInputError naming --runtime otherwise: no launcher is written for a job that cannot start."""
+    rt = runtime_of(plan.runtime)
+    check = rt.can_run(plan.member_types(), profiles)
+    if not check.ok:
+        other = "flagscale" if rt.name != "flagscale" else "megatron"
+        raise PlannerInputError("--runtime", f"{check.reason}; no launcher written (plan it again with --runtime "
+                                f"auto, or --runtime {other} where that runs these devices)")
+    return check
+
+
+def runtime_notes(check: RunCheck, plan: Plan | None = None, final_flags: Sequence[str] = (),
+                  profiles: ProfileSet | None = None) -> list[str]:
+    """What the job needs besides the runtime (a plug-in, a fork, FlagCX), for the launcher's header; and
+    MindSpeed's flags on a job without Ascend devices (MindSpeed patches Megatron-LM for Ascend only)."""
+    notes = [f"{check.reason}; needs {need}" for need in check.needs]
+    mindspeed = fork_flags_in(list(final_flags)).get("MindSpeed", [])
+    if mindspeed and plan is not None and profiles is not None and not any(
+            profiles.vendor(s.device_type).lower() == "huawei" for s in plan.stages):
+        notes.append(f"{', '.join(mindspeed)}: MindSpeed's flags (Ascend NPUs only) on a job without Ascend devices: "
+                     "upstream Megatron-LM's parser refuses them; remove them for these devices")
+    return notes
+
+
 # --------------------------------------------------------------------------------------------
 # Quoting
 # --------------------------------------------------------------------------------------------
@@ -282,51 +310,29 @@ def _host_name(device_type: str, k: int) -> str:
     return f"{slug}-node{k}"
 
 
-def place_agents(plan: Plan, cluster: ClusterSpec) -> list[Agent]:
+def place_agents(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | None = None) -> list[Agent]:
     """Agents in node-rank order so that stage s lands on its device type.
 
     nproc (equal on every agent, as torchrun requires) is the largest block that divides every
-    run of consecutive same-type ranks and every used host's GPU count.  Raises
-    PlannerInputError("--cluster") when a device type is missing or short of GPUs."""
+    run of consecutive same-type ranks and every used host's GPU count.  `hosts` (--hosts): the real
+    nodes, taken per type in the file's order; without them, template names (`h800-node0`, ...).
+    Raises PlannerInputError("--cluster") when a device type is missing or short of GPUs, and
+    PlannerInputError("--hosts") when the file lists fewer nodes of a type than the plan needs."""
     ranges = stage_rank_ranges(plan)
-    runs: list[tuple[str, int, int, list[int]]] = []  # type, start, end, stages
-    for i, (stage, (a, b)) in enumerate(zip(plan.stages, ranges)):
-        if runs and runs[-1][0] == stage.device_type:
-            t, start, _, stages = runs[-1]
-            runs[-1] = (t, start, b, stages + [i])
-        else:
-            runs.append((stage.device_type, a, b, [i]))
+    runs = _type_runs(plan, ranges)
     need = plan.gpus_by_type()
-    have = cluster.gpus_by_type()
-    for t in need:
-        missing = [m for m in pool_members(t) if m not in have]
-        if missing:
-            raise PlannerInputError(
-                "--cluster", f"the plan places stages on {', '.join(missing)}, which the cluster does not have "
-                f"(it has {', '.join(have) or 'nothing'})"
-            )
-    short = cluster.shortfalls(need)
-    if short:
-        raise PlannerInputError("--cluster", short[0].replace("the plan uses", "the plan needs"))
+    _check_cluster_has(need, cluster)
     used = [m for m in cluster.device_types if any(m in pool_members(t) for t in need)]  # a pool: its members' nodes
-    hosts: dict[str, list[tuple[str, int]]] = {}
-    for t in used:
-        k = 0
-        for g in cluster.groups:
-            if g.device_type != t:
-                continue
-            for _ in range(g.num_nodes):
-                hosts.setdefault(t, []).append((_host_name(t, k), g.gpus_per_node))
-                k += 1
-    sizes = [b - a for _, a, b, _ in runs]
-    sizes += [gpn for t in used for _, gpn in hosts[t]]
+    nodes = _nodes_by_type(used, cluster, hosts)
     nproc = 0
-    for s in sizes:
-        nproc = math.gcd(nproc, s)
+    for size in [b - a for _, a, b, _ in runs] + [gpn for t in used for _, gpn in nodes[t]]:
+        nproc = math.gcd(nproc, size)
+    if hosts is not None:
+        _check_enough_hosts(runs, nodes, nproc)
     # free agent slots per type: (host, gpu ids, host gpus), consumed in order
     slots: dict[str, list[tuple[str, list[int], int]]] = {}
     for t in used:
-        for host, gpn in hosts[t]:
+        for host, gpn in nodes[t]:
             for j in range(gpn // nproc):
                 slots.setdefault(t, []).append((host, list(range(j * nproc, (j + 1) * nproc)), gpn))
     agents: list[Agent] = []
@@ -345,8 +351,82 @@ def place_agents(plan: Plan, cluster: ClusterSpec) -> list[Agent]:
     return agents
 
 
-def hostfile_text(agents: list[Agent]) -> str:
-    """One line per host, in node-rank order: `host slots=N type=T`."""
+def _type_runs(plan: Plan, ranges: list[tuple[int, int]]) -> list[tuple[str, int, int, list[int]]]:
+    """Runs of consecutive stages of one device type: (type, first rank, end rank, stages)."""
+    runs: list[tuple[str, int, int, list[int]]] = []
+    for i, (stage, (a, b)) in enumerate(zip(plan.stages, ranges)):
+        if runs and runs[-1][0] == stage.device_type:
+            t, start, _, stages = runs[-1]
+            runs[-1] = (t, start, b, stages + [i])
+        else:
+            runs.append((stage.device_type, a, b, [i]))
+    return runs
+
+
+def _check_cluster_has(need: dict[str, int], cluster: ClusterSpec) -> None:
+    """Every stage type (a pool: each member) in the cluster, with GPUs enough for the plan."""
+    have = cluster.gpus_by_type()
+    for t in need:
+        missing = [m for m in pool_members(t) if m not in have]
+        if missing:
+            raise PlannerInputError(
+                "--cluster", f"the plan places stages on {', '.join(missing)}, which the cluster does not have "
+                f"(it has {', '.join(have) or 'nothing'})"
+            )
+    short = cluster.shortfalls(need)
+    if short:
+        raise PlannerInputError("--cluster", short[0].replace("the plan uses", "the plan needs"))
+
+
+def _nodes_by_type(used: Sequence[str], cluster: ClusterSpec, hosts: Sequence[Host] | None
+                   ) -> dict[str, list[tuple[str, int]]]:
+    """(name, GPUs) of the nodes of each used device type: the --hosts file's, else template names."""
+    nodes: dict[str, list[tuple[str, int]]] = {t: [] for t in used}
+    if hosts is not None:
+        for h in hosts:
+            if h.device_type in nodes:
+                nodes[h.device_type].append((h.name, h.gpus))
+        return nodes
+    for t in used:
+        k = 0
+        for g in cluster.groups:
+            if g.device_type != t:
+                continue
+            for _ in range(g.num_nodes):
+                nodes[t].append((_host_name(t, k), g.gpus_per_node))
+                k += 1
+    return nodes
+
+
+def _check_enough_hosts(runs: list[tuple[str, int, int, list[int]]], nodes: dict[str, list[tuple[str, int]]],
+                        nproc: int) -> None:
+    """--hosts must list as many nodes of each type as the plan's agents fill; the shortfall is named."""
+    agents: dict[str, int] = {}
+    stages: dict[str, list[int]] = {}
+    for t, a, b, ss in runs:
+        agents[t] = agents.get(t, 0) + (b - a) // nproc
+        stages.setdefault(t, []).extend(ss)
+    for t, n in agents.items():
+        listed = [node for m in pool_members(t) for node in nodes.get(m, [])]  # a pool: its members' nodes
+        per_node = listed[0][1] // nproc if listed else 1
+        needed = -(-n // per_node)
+        if len(listed) < needed:
+            names = ", ".join(name for name, _ in listed) or "none"
+            raise PlannerInputError(
+                "--hosts", f"the plan needs {needed} {t} node(s) for stage(s) {','.join(map(str, stages[t]))} "
+                f"({n * nproc} GPUs), the file lists {len(listed)} ({names}): {needed - len(listed)} short")
+
+
+TEMPLATE_HEADER = (
+    "# TEMPLATE: these host names are made up. Replace each with the name of a node of that type (hostname -s),\n"
+    "# keeping the order (node rank = line order, so each stage lands on its device type), or run solve/emit\n"
+    "# with --hosts FILE (one line per node: NAME TYPE [GPUS]) to write the real placement.\n"
+)
+
+
+def hostfile_text(agents: list[Agent], template: bool = False) -> str:
+    """One line per host, in node-rank order: `host slots=N type=T` (FlagScale's and MPI's host-file
+    form); a template (made-up names) says so in a comment header."""
     lines: list[str] = []
     seen: dict[str, int] = {}
     order: list[str] = []
@@ -359,7 +439,15 @@ def hostfile_text(agents: list[Agent]) -> str:
         seen[ag.host] += ag.nproc
     for host in order:
         lines.append(f"{host} slots={seen[host]} type={types[host]}")
-    return "\n".join(lines) + "\n"
+    return (TEMPLATE_HEADER if template else "") + "\n".join(lines) + "\n"
+
+
+def slurm_hostfiles(agents: list[Agent]) -> dict[str, str]:
+    """SLURM_HOSTFILE for `srun --distribution=arbitrary`, one line per task in rank order: one task per
+    torchrun agent (slurm_hostfile.nodes) or one per rank (slurm_hostfile.ranks, srun running python)."""
+    nodes = "".join(f"{ag.host}\n" for ag in agents)
+    ranks = "".join(f"{ag.host}\n" * ag.nproc for ag in agents)
+    return {"slurm_hostfile.nodes": nodes, "slurm_hostfile.ranks": ranks}
 
 
 def plan_header(plan: Plan, model: ModelSpec, agents: list[Agent]) -> list[str]:

@@ -13,27 +13,34 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
 from planner.errors import PlannerInputError
+from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
+    Agent,
     FlagItem,
     args_file_text,
     effective_model,
     group_flag_items,
     hostfile_text,
+    slurm_hostfiles,
+    job_check,
     launch_flags,
     place_agents,
     plan_header,
     recompute_flag_items,
+    runtime_notes,
 )
-from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
+from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
+from planner.inputs.megatron_flags import fork_flags_in
 from planner.megatron.flags import array_of
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations, tied_embeddings
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -108,9 +115,11 @@ def per_stage_recompute(plan: Plan) -> tuple[list[FlagItem], dict[str, list[list
     return items, lists
 
 
-def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tuple[list[FlagItem], dict[str, Any]]:
+def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh],
+                         cross_vendor: bool = False) -> tuple[list[FlagItem], dict[str, Any]]:
     """The flags the plan decides for FlagScale, and the same as YAML sections (system.hetero,
-    system.recompute)."""
+    system.recompute).  `cross_vendor`: the meshes span vendors, so torch.distributed runs FlagCX
+    (`--distributed-backend flagcx`)."""
     tied = tied_embeddings(model)
     hetero: dict[str, Any] = {
         "enable_hetero": True,
@@ -132,6 +141,8 @@ def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tu
         items.append(FlagItem("--expert-tensor-parallel-size", [str(plan.etp)]))
     if plan.tp > 1 and plan.sequence_parallel:
         items.append(FlagItem("--sequence-parallel"))
+    if cross_vendor:
+        items.append(FlagItem("--distributed-backend", ["flagcx"]))
     for key, value in hetero.items():
         if key == "hetero_current_device_type":
             continue  # per host, in launch.sh
@@ -159,14 +170,28 @@ def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh]) -> tu
 # --------------------------------------------------------------------------------------------
 # YAML
 # --------------------------------------------------------------------------------------------
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z_0-9]*)\}")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z_0-9]*|[1-9])\}|\$([A-Za-z_][A-Za-z_0-9]*|[1-9])")
+SCRIPT_ARG_ENV = "HAPMOE_SCRIPT_ARG_"
+"""`$3` of the input script becomes ${oc.env:HAPMOE_SCRIPT_ARG_3} in the YAML: FlagScale's runner writes the
+flags into a host script `cmd="torchrun ... $3"`, where the positional parameter would expand to nothing."""
+
+
+def _env_name(ref: str) -> str:
+    return SCRIPT_ARG_ENV + ref if ref.isdigit() else ref
 
 
 def _yaml_scalar(value: str) -> Any:
-    """Integers as ints, `${NAME}` as OmegaConf's env resolver, the rest as text."""
+    """Integers as ints; `${NAME}` / `$NAME` as OmegaConf's env resolver (a positional `$N` as
+    HAPMOE_SCRIPT_ARG_N, which the user exports: the YAML has no arguments), the rest as text."""
     if re.fullmatch(r"-?\d+", value):
         return int(value)
-    return _ENV_REF.sub(lambda m: "${oc.env:" + m.group(1) + "}", value)
+    return _ENV_REF.sub(lambda m: "${oc.env:" + _env_name(m.group(1) or m.group(2)) + "}", value)
+
+
+def env_refs(cfg: Any) -> list[str]:
+    """The environment variables the YAML's ${oc.env:...} values need, in order."""
+    text = yaml.safe_dump(cfg)
+    return list(dict.fromkeys(re.findall(r"\$\{oc\.env:([A-Za-z_][A-Za-z_0-9]*)\}", text)))
 
 
 def _yaml_value(item: FlagItem) -> Any:
@@ -175,6 +200,14 @@ def _yaml_value(item: FlagItem) -> Any:
     values = [_yaml_scalar(v) for v in item.values]
     return values[0] if len(values) == 1 else values
 
+
+CHECKPOINT_FLAGS = ("--save", "--load", "--save-interval", "--no-save-optim", "--no-save-rng", "--no-load-optim",
+                    "--no-load-rng", "--ckpt-format", "--finetune", "--pretrained-checkpoint")
+"""Flags FlagScale reads under system.checkpoint: its runner sets checkpoint.save/load itself
+(runner_train._update_config_train: <exp_dir>/checkpoints unless given there), so they must be there."""
+DEFAULT_SAVE_INTERVAL = 1000
+"""--save-interval when the run names none (FlagScale always passes --save, and Megatron's validate_args
+asserts `args.save_interval is not None` with --save): the run's --train-iters when it has them."""
 
 _SECTION = {
     "MODEL_PARALLEL_ARGS": ("system",),
@@ -196,8 +229,10 @@ def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any
         key = item.name.lstrip("-").replace("-", "_")
         if key in plan_keys:
             continue
-        if item.inline or not item.name.startswith("--"):
-            path: tuple[str, ...] = ("system",)
+        if item.name.split("=")[0] in CHECKPOINT_FLAGS:
+            path: tuple[str, ...] = ("system", "checkpoint")
+        elif item.inline or not item.name.startswith("--"):
+            path = ("system",)
         else:
             path = _SECTION[array_of(item.name)]
         node = cfg
@@ -207,14 +242,38 @@ def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any
     cfg["system"]["hetero"] = sections["hetero"]
     if sections["recompute"]:
         cfg["system"]["recompute"] = sections["recompute"]
+    checkpoint = cfg["system"].setdefault("checkpoint", {})
+    if "save_interval" not in checkpoint:
+        iters = next((i.values[0] for i in items if i.name == "--train-iters" and i.values), None)
+        checkpoint["save_interval"] = _yaml_scalar(iters) if iters is not None else DEFAULT_SAVE_INTERVAL
     return cfg
 
 
-def experiment_yaml(entry: str, nnodes: int, nproc: int, needs_max_connections: bool) -> dict[str, Any]:
+def visible_device_envs(agents: list[Agent], profiles: ProfileSet) -> dict[str, dict[str, str]]:
+    """experiment.envs.device_type_specific: each device type's visible-devices variable (its vendor's:
+    CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ...) listing the GPUs its hosts run.  FlagScale's runner
+    reads the number of processes per host from the first *_VISIBLE_DEVICES variable, and fails when
+    there is none (runner_train.run_node)."""
+    out: dict[str, dict[str, str]] = {}
+    for ag in agents:
+        probe = profiles.probe(profiles.vendor(ag.device_type))
+        var = probe.visible_devices if probe is not None else "CUDA_VISIBLE_DEVICES"
+        slots = sum(a.nproc for a in agents if a.host == ag.host)
+        current = out.get(ag.device_type, {}).get(var, "")
+        if len(current.split(",")) < slots or not current:
+            out[ag.device_type] = {var: ",".join(str(g) for g in range(slots))}
+    return out
+
+
+def experiment_yaml(entry: str, agents: list[Agent], needs_max_connections: bool,
+                    device_envs: dict[str, dict[str, str]]) -> dict[str, Any]:
     """FlagScale's experiment config: runner, host file and environment."""
     envs: dict[str, Any] = {}
     if needs_max_connections:
         envs["CUDA_DEVICE_MAX_CONNECTIONS"] = 1
+    envs["device_type_specific"] = device_envs
+    nnodes = len({ag.host for ag in agents})
+    nproc = max(sum(a.nproc for a in agents if a.host == ag.host) for ag in agents)
     return {
         "defaults": [{"train": TRAIN_CONFIG_NAME}, "_self_"],
         "experiment": {
@@ -251,30 +310,59 @@ def _dump(header: str, data: dict[str, Any]) -> str:
     return "".join(f"# {line}\n" for line in header.splitlines()) + body
 
 
+def train_config_text(run: MegatronRun) -> str:
+    """FlagScale's train config (system / model / data) of the run alone, without a plan: what FlagScale's
+    auto-tuner starts from (it chooses the meshes, the layer split and recompute)."""
+    batch = [FlagItem("--micro-batch-size", [str(run.training.micro_batch_size)]),
+             FlagItem("--global-batch-size", [str(run.training.global_batch_size)])]
+    flags = launch_flags(run, run.model, batch, None)
+    items = group_flag_items(flags.final)
+    return _dump(f"{run.model.name}: the run's flags for FlagScale's auto-tuner (no plan)",
+                 train_yaml(items, {"hetero": {"enable_hetero": True}, "recompute": {}}))
+
+
+def refuse_what_flagscale_refuses(items: list[FlagItem]) -> None:
+    """Flags FlagScale 0.8.0's train_gpt.py refuses, found by its own validator on the launcher corpus:
+    another fork's flags (its parser does not know them) and a batch-size ramp-up with --train-iters
+    (its Megatron fork asserts "expected no batch-size rampup for iteration-based training")."""
+    names = {i.name.split("=")[0] for i in items}
+    forks = fork_flags_in([i.name for i in items])
+    if forks:
+        listed = "; ".join(f"{fork}: {', '.join(flags)}" for fork, flags in forks.items())
+        raise PlannerInputError("--runtime", f"FlagScale's train_gpt.py does not take another fork's flags ({listed}); "
+                                "remove them, or plan for --runtime megatron on one vendor's devices")
+    if "--rampup-batch-size" in names and "--train-iters" in names:
+        raise PlannerInputError("--runtime", "FlagScale's Megatron fork refuses --rampup-batch-size with --train-iters "
+                                "(\"expected no batch-size rampup for iteration-based training\"): give --train-samples, "
+                                "or plan for --runtime megatron on one vendor's devices")
+
+
 def flagscale_files(
-    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
 ) -> dict[str, str]:
     """{relative path: text} for the flagscale runtime; refuses (PlannerInputError) a plan
-    FlagScale cannot run, with the reason."""
+    FlagScale cannot run, with the reason.  A job over several vendors communicates through FlagCX
+    (`--distributed-backend flagcx`, profiles/runtimes.yaml)."""
     refusals = check_runtime_expressible(plan, run.model)
     if refusals:
         raise PlannerInputError(
             "--runtime", "FlagScale cannot run this plan: " + format_violations(refusals)
         )
+    runs = job_check(plan, profiles)
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     meshes = process_meshes(plan)
-    agents = place_agents(plan, cluster)
-    plan_items, sections = flagscale_plan_items(plan, model, meshes)
+    agents = place_agents(plan, cluster, hosts)
+    cross_vendor = len({profiles.vendor(s.device_type).lower() for s in plan.stages}) > 1
+    plan_items, sections = flagscale_plan_items(plan, model, meshes, cross_vendor)
     flags = launch_flags(run, model, plan_items + rule_items, script)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
-    notes += self_relative_notes(script)
-    entry = FLAGSCALE_ENTRY
-    if script is not None and not script.entry_script.endswith("pretrain_gpt.py"):
-        entry = script.entry_script
-    elif script is not None:
+    notes += self_relative_notes(script) + runtime_notes(runs)
+    entry = FLAGSCALE_ENTRY  # the heterogeneous meshes live in FlagScale's entry, not in the script's
+    if script is not None and script.entry_script.rsplit("/", 1)[-1] != FLAGSCALE_ENTRY.rsplit("/", 1)[-1]:
         notes.append(f"entry {script.entry_script} replaced by FlagScale's {FLAGSCALE_ENTRY}")
     per_agent = {
         ag.node_rank: [FlagItem("--hetero-current-device-type", [ag.device_type])] for ag in agents
@@ -294,18 +382,27 @@ def flagscale_files(
         agents=agents,
         per_agent_items=per_agent,
         master_port=_master_port(script),
+        node_checks=node_checks([s.device_type for s in plan.stages], profiles),
+        real_hosts=hosts is not None,
     )
     items = group_flag_items(flags.final)
+    refuse_what_flagscale_refuses(items)
     header = "\n".join(plan_header(plan, model, agents))
     train = train_yaml(items, sections)
+    needed = env_refs(train)
+    if needed:
+        header += ("\nrun.py resolves ${oc.env:...}: export " + ", ".join(needed) + " first"
+                   + (f" ({SCRIPT_ARG_ENV}N: the input script's N-th argument, which solve was not given)"
+                      if any(n.startswith(SCRIPT_ARG_ENV) for n in needed) else ""))
     return {
         "megatron_args.txt": args_file_text(items),
         "launch.sh": script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec),
-        "hostfile": hostfile_text(agents),
+        "hostfile": hostfile_text(agents, template=hosts is None),
+        **(slurm_hostfiles(agents) if hosts is not None else {}),
         f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
         "flagscale/conf/config.yaml": _dump(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",
-            experiment_yaml(entry, len(agents), agents[0].nproc, needs_conn),
+            experiment_yaml(entry, agents, needs_conn, visible_device_envs(agents, profiles)),
         ),
         **sourced_files(script),
     }

@@ -32,11 +32,24 @@ from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, arrays_of, bash_item, bash_value
+from planner.profile_tables import ProfileSet
 
 # torchrun options the plan decides (placement); master address/port stay the user's.
 PLACEMENT_OPTIONS = ("nproc-per-node", "nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
                      "rdzv-conf", "standalone", "max-restarts")  # fmt: skip
 _SWITCH_OPTIONS = {"standalone"}
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """How launch.sh checks that a node holds a device type: its vendor's probe command, the names the
+    probe may print for it, and the variable that selects a process's devices."""
+
+    device_type: str
+    vendor: str
+    probe: str | None  # None: no probe known for the vendor (the check is skipped, and says so)
+    names: tuple[str, ...]
+    visible_devices: str = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass
@@ -53,6 +66,19 @@ class LaunchSpec:
     agents: list[Agent]
     per_agent_items: dict[int, list[FlagItem]] = field(default_factory=dict)
     master_port: str = str(DEFAULT_MASTER_PORT)
+    node_checks: dict[str, NodeCheck] = field(default_factory=dict)  # device type -> how to check a node
+    real_hosts: bool = False  # host names from --hosts (else the template's): SLURM placement is emitted
+
+
+def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, NodeCheck]:
+    """How launch.sh checks each device type's nodes (profiles/runtimes.yaml `probes`, the device's names)."""
+    out: dict[str, NodeCheck] = {}
+    for t in dict.fromkeys(device_types):
+        vendor = profiles.vendor(t)
+        probe = profiles.probe(vendor)
+        out[t] = NodeCheck(t, vendor, probe.probe if probe else None, profiles.reported_names(t),
+                           probe.visible_devices if probe else "CUDA_VISIBLE_DEVICES")
+    return out
 
 
 def _case_pattern(names: Iterable[str]) -> str:
@@ -63,21 +89,137 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     """The bash functions that apply the plan at the launch statement."""
     lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
     lines += _dry_run_and_decided(spec)
+    lines += dry_run_stubs()
     lines += _agent_function(spec)
+    lines += node_check_function(spec)
     lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
               "hapmoe_launch() {"]
     lines += _split_launch_words(spec, entry_name)
-    lines += _run_without_torchrun()
+    lines += _run_without_torchrun(spec)
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
-    if shadow:
+    lines += srun_function(spec, entry_name)
+    exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun"
+    if shadow and shadow != "srun":
         lines += [
             f"# The launch runs inside a string or a sourced file: {shadow} reaches the plan through this function.",
             f"{shadow}() {{ hapmoe_launch {shadow} \"$@\"; }}",
-            f"export -f {shadow} hapmoe_launch hapmoe_is_decided hapmoe_agent",
         ]
-    lines.append("# ---- end of hapmoe block ----")
+        exported += f" {shadow}"
+    lines += [f"export -f {exported}", "# ---- end of hapmoe block ----"]
     return lines
+
+
+# Commands a dry run must not run (the cluster, the file system, the network, Python), shadowed by
+# functions that print them instead; exported, so `bash -c "..."` strings see them too.  srun runs its
+# command (a `bash -c` string, whose launch then prints every node's command) under the same stubs;
+# launch.sh's own launch (hapmoe_launch) prints and exits.
+DRY_RUN_STUBS = ("mpirun", "mpiexec", "salloc", "scancel", "python", "python3", "torchrun", "deepspeed",
+                 "mkdir", "rm", "rmdir", "cp", "mv", "ln", "touch", "chmod", "chown", "tee", "dd", "rsync", "scp",
+                 "ssh", "pdsh", "wget", "curl", "pip", "pip3", "git", "docker", "apptainer", "singularity", "enroot",
+                 "kill", "pkill", "tar", "unzip", "sleep", "nohup")
+
+
+# srun/sbatch options that take their value as the next word (`--opt=value` is one word either way)
+_SCHEDULER_VALUE_OPTIONS = ("-N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|"
+                            "--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|"
+                            "--gpus-per-node")
+
+
+def dry_run_stubs() -> list[str]:
+    """`--dry-run`: every command of DRY_RUN_STUBS prints itself on stderr and returns 0 (srun: see
+    srun_function); `cd` into a directory that does not exist yet is allowed."""
+    return [
+        "",
+        "# --dry-run: nothing of the script that touches the cluster, the files or the network runs.",
+        "hapmoe_dry() { printf '[dry-run, not run] %s\\n' \"$*\" >&2; return 0; }",
+        'if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
+        "    for hapmoe_c in " + " ".join(DRY_RUN_STUBS) + "; do",
+        '        eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \\"\\$@\\"; }"; export -f "$hapmoe_c"',
+        "    done",
+        "    cd() { builtin cd \"$@\" 2>/dev/null || hapmoe_dry cd \"$@\"; }; export -f cd",
+        "    tee() { hapmoe_dry tee \"$@\"; command cat; }; export -f tee  # the output still shows",
+        "    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints",
+        "    sbatch() {",
+        "        hapmoe_dry sbatch \"$@\"",
+        "        while [[ $# -gt 0 && \"$1\" == -* ]]; do",
+        f"            case \"$1\" in {_SCHEDULER_VALUE_OPTIONS}) shift 2 ;; *) shift ;; esac",
+        "        done",
+        "        if [[ $# -gt 0 ]]; then bash \"$@\"; else bash -s; fi",
+        "        return 0",
+        "    }",
+        "    export -f sbatch",
+        "fi",
+    ]
+
+
+def node_check_function(spec: LaunchSpec) -> list[str]:
+    """`hapmoe_check_node K HOST TYPE`: the node runs its vendor's probe and stops launch.sh unless the
+    probe names TYPE (HAPMOE_SKIP_NODE_CHECK=1 skips the check)."""
+    lines = ["", "# Node K must hold TYPE: its vendor's probe must name it (HAPMOE_SKIP_NODE_CHECK=1 skips this).",
+             "hapmoe_check_node() {",
+             '    [[ "${HAPMOE_SKIP_NODE_CHECK:-0}" == 1 ]] && return 0',
+             '    local probe="" names="" vendor="" out tool',
+             '    case "$3" in']
+    for t, chk in spec.node_checks.items():
+        names = "|".join(re.escape(n) for n in chk.names)
+        lines.append(f"        {t}) vendor={shlex.quote(chk.vendor)}; probe={shlex.quote(chk.probe or '')}; "
+                     f"names={shlex.quote(names)} ;;")
+    lines += [
+        "    esac",
+        '    if [[ -z "$probe" ]]; then echo "launch.sh: node $1 ($2): no device probe known for $3 ($vendor); '
+        'not checked" >&2; return 0; fi',
+        "    tool=${probe%% *}",
+        '    if ! command -v "$tool" >/dev/null 2>&1; then',
+        '        echo "launch.sh: node $1 ($2) should hold $3 ($vendor), but $tool is not installed there; stopping '
+        '(HAPMOE_SKIP_NODE_CHECK=1 starts anyway)" >&2; exit 3',
+        "    fi",
+        "    out=$(command $probe 2>&1)",
+        '    if ! grep -qiE "(^|[^[:alnum:]])($names)([^[:alnum:]]|\\$)" <<<"$out"; then',
+        '        echo "launch.sh: node $1 ($2) should hold $3, but $tool reports: $(head -n 3 <<<"$out" | tr \'\\n\' \' \')'
+        'stopping (HAPMOE_SKIP_NODE_CHECK=1 starts anyway)" >&2; exit 3',
+        "    fi",
+        "}",
+    ]
+    return lines
+
+
+def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
+    """`srun` shadowed: under --dry-run it prints itself and runs its command under the stubs (a
+    `bash -c` string then prints every node's launch); for the training launch it places the tasks in
+    stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts)."""
+    place = ["    local hapmoe_train=0 w",
+             '    for w in "$@"; do [[ "$w" == *' + shlex.quote(entry_name) + '* || "$w" == *torchrun* ]] '
+             '&& hapmoe_train=1; done']
+    if spec.real_hosts:
+        place += [
+            '    if ((hapmoe_train)) && [[ -z "${HAPMOE_NO_SLURM_PLACEMENT:-}" ]]; then',
+            '        local per=nodes; for w in "$@"; do [[ "${w##*/}" == python* ]] && per=ranks; done',
+            '        export SLURM_HOSTFILE="$HAPMOE_DIR/slurm_hostfile.$per"',
+            '        set -- --distribution=arbitrary "$@"',
+            '        echo "launch.sh: srun places the tasks in stage order (SLURM_HOSTFILE=$SLURM_HOSTFILE, '
+            '--distribution=arbitrary)" >&2',
+            "    fi",
+        ]
+    else:
+        place += [
+            '    ((hapmoe_train)) && echo "launch.sh: the host names are a template (solve --hosts FILE writes the '
+            "placement): srun places the nodes in the allocation's order; each node checks its device type at "
+            'start-up" >&2',
+        ]
+    return ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
+            "srun() {"] + place + [
+        '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
+        '        hapmoe_dry srun "$@"',
+        '        while [[ $# -gt 0 && "$1" == -* ]]; do',
+        f'            case "$1" in {_SCHEDULER_VALUE_OPTIONS}) shift 2 ;; *) shift ;; esac',
+        "        done",
+        '        if [[ $# -gt 0 ]]; then "$@"; fi',
+        "        return 0",
+        "    fi",
+        '    command srun "$@"',
+        "}",
+    ]
 
 
 def _dry_run_and_decided(spec: LaunchSpec) -> list[str]:
@@ -85,7 +227,8 @@ def _dry_run_and_decided(spec: LaunchSpec) -> list[str]:
     return [
         "HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}",
         'if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi',
-        "export HAPMOE_DRY_RUN",
+        'HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie',
+        "export HAPMOE_DRY_RUN HAPMOE_DIR",
         "",
         "# Flags the plan decides: removed (with their values) from what the script passes.",
         "hapmoe_is_decided() {",
@@ -99,7 +242,7 @@ def _agent_function(spec: LaunchSpec) -> list[str]:
     """`hapmoe_agent K`: agent K's host, its GPUs (when it has part of a host) and its own extra flags."""
     lines = [
         "",
-        "# Agent k of the plan: its host, its GPUs, its own extra flags.",
+        "# Agent k of the plan: its host, its device type, its GPUs, its own extra flags.",
         "hapmoe_agent() {",
         '    HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()',
         '    case "$1" in',
@@ -107,8 +250,11 @@ def _agent_function(spec: LaunchSpec) -> list[str]:
     for ag in spec.agents:
         cvd = ",".join(map(str, ag.gpu_ids)) if ag.nproc < ag.host_gpus else ""
         extra = " ".join(bash_item(i) for i in spec.per_agent_items.get(ag.node_rank, []))
+        check = spec.node_checks.get(ag.device_type)
+        var = check.visible_devices if check is not None else "CUDA_VISIBLE_DEVICES"
         lines.append(
-            f"        {ag.node_rank}) HAPMOE_A_HOST={ag.host}; HAPMOE_A_CVD=\"{cvd}\"; HAPMOE_A_EXTRA=({extra}) ;;"
+            f"        {ag.node_rank}) HAPMOE_A_HOST={ag.host}; HAPMOE_A_TYPE={ag.device_type}; HAPMOE_A_VIS={var}; "
+            f"HAPMOE_A_CVD=\"{cvd}\"; HAPMOE_A_EXTRA=({extra}) ;;"
             f"  # {ag.device_type}: ranks {ag.first_rank}-{ag.first_rank + ag.nproc - 1}, stage(s) "
             + ",".join(map(str, ag.stages))
         )
@@ -132,7 +278,10 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         "    for ((i = 0; i < n; i++)); do",
         f"        if [[ \"${{words[i]##*/}}\" == {shlex.quote(entry_name)} ]]; then entry=$i; break; fi",
         "    done",
-        "    if ((entry < 0)); then command \"$@\"; return; fi  # not the training launch",
+        "    if ((entry < 0)); then  # not the training launch",
+        "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then hapmoe_dry \"$@\"; else command \"$@\"; fi",
+        "        return",
+        "    fi",
         "    for ((i = 0; i < entry; i++)); do",
         "        tok=${words[i]}",
         "        if ((after == 0)) && [[ \"${tok##*/}\" == torchrun ]]; then torch=1; after=1; launcher+=(\"$tok\"); continue; fi",
@@ -168,15 +317,31 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
     return lines
 
 
-def _run_without_torchrun() -> list[str]:
-    """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied."""
+def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
+    """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied;
+    every task first checks its node's device type (its rank's agent), where the scheduler passes the
+    shell functions on (srun does; mpirun only with -x)."""
+    nproc = spec.agents[0].nproc
+    check = ('r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
+             'if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then '
+             f'k=$((r / {nproc})); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
+             'exec "$@"')
     return [
+        "    local i",
         "    if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks",
         "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
         "            printf '%q ' \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"; echo",
         "            exit 0",
         "        fi",
-        "        command \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"",
+        "        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)",
+        "            local j=${#launcher[@]}",
+        "            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
+        f"            \"${{launcher[@]:0:j}}\" bash -c {shlex.quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
+        "\"${args[@]}\" \"${plan[@]}\"",
+        "        else",
+        "            hapmoe_agent 0 && hapmoe_check_node 0 \"$(hostname -s)\" \"$HAPMOE_A_TYPE\"",
+        "            command \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"",
+        "        fi",
         "        return",
         "    fi",
     ]
@@ -186,10 +351,23 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch with torchrun: this host's agents (or every agent under --dry-run), each with
     static rendezvous, its node rank and the script's master address and port when it gives them."""
     agents = spec.agents
+    hosts = len({ag.host for ag in agents})
     lines = [
-        "    local master=() has_addr=0 has_port=0  # the script's master address/port win",
-        "    for tok in \"${launcher[@]}\"; do",
-        "        case \"${tok%%=*}\" in --master-addr|--master_addr) has_addr=1 ;; --master-port|--master_port) has_port=1 ;; esac",
+        "    local master=() has_addr=0 has_port=0 i  # the script's master address/port win",
+        "    for ((i = 0; i < ${#launcher[@]}; i++)); do",
+        "        case \"${launcher[i]%%=*}\" in",
+        "            --master-addr|--master_addr)",
+        "                local addr=${launcher[i]#*=}; [[ \"${launcher[i]}\" == *=* ]] || addr=${launcher[i+1]:-}",
+        f"                if (({hosts} > 1)) && [[ \"$addr\" == localhost || \"$addr\" == 127.0.0.1 || \"$addr\" == ::1 ]]; then",
+        "                    # a one-node address in a multi-node plan: every node would wait for itself",
+        f"                    echo \"launch.sh: the script's master address $addr is one node's; the plan runs {hosts} nodes, "
+        f"so node 0's host is the master (${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}; set HAPMOE_MASTER_ADDR)\" >&2",
+        "                    if [[ \"${launcher[i]}\" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi",
+        "                    launcher=(\"${launcher[@]}\"); i=-1; continue",
+        "                fi",
+        "                has_addr=1 ;;",
+        "            --master-port|--master_port) has_port=1 ;;",
+        "        esac",
         "    done",
         f"    ((has_addr)) || master+=(--master-addr \"${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}\")",
         f"    ((has_port)) || master+=(--master-port \"${{HAPMOE_MASTER_PORT:-{spec.master_port}}}\")",
@@ -203,13 +381,16 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         "--node-rank \"$k\"",
         "            --rdzv-backend static \"${master[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\" \"${HAPMOE_A_EXTRA[@]}\")",
         "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
-        "            echo \"# node $k ($HAPMOE_A_HOST)\"",
-        "            [[ -n \"$HAPMOE_A_CVD\" ]] && printf 'CUDA_VISIBLE_DEVICES=%s ' \"$HAPMOE_A_CVD\"",
+        "            echo \"# node $k ($HAPMOE_A_HOST, $HAPMOE_A_TYPE)\"",
+        "            [[ -n \"$HAPMOE_A_CVD\" ]] && printf '%s=%s ' \"$HAPMOE_A_VIS\" \"$HAPMOE_A_CVD\"",
         "            printf '%q ' \"${cmd[@]}\"; echo",
-        "        elif ((${#agents[@]} > 1)); then",
-        "            CUDA_VISIBLE_DEVICES=${HAPMOE_A_CVD:-${CUDA_VISIBLE_DEVICES:-}} command \"${cmd[@]}\" &",
+        "            continue",
+        "        fi",
+        "        hapmoe_check_node \"$k\" \"$HAPMOE_A_HOST\" \"$HAPMOE_A_TYPE\"",
+        "        if ((${#agents[@]} > 1)); then",
+        "            ( [[ -n \"$HAPMOE_A_CVD\" ]] && export \"$HAPMOE_A_VIS=$HAPMOE_A_CVD\"; command \"${cmd[@]}\" ) &",
         "        elif [[ -n \"$HAPMOE_A_CVD\" ]]; then",
-        "            CUDA_VISIBLE_DEVICES=$HAPMOE_A_CVD command \"${cmd[@]}\" || status=$?",
+        "            ( export \"$HAPMOE_A_VIS=$HAPMOE_A_CVD\"; command \"${cmd[@]}\" ) || status=$?",
         "        else",
         "            command \"${cmd[@]}\" || status=$?",
         "        fi",

@@ -8,7 +8,10 @@ stage s owns global ranks [s*TP*CP*DP, (s+1)*TP*CP*DP) (reference/megatron.md se
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from planner.errors import PlannerInputError
+from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     MEGATRON_ENTRY,
@@ -17,14 +20,18 @@ from planner.launcher.common import (
     effective_model,
     group_flag_items,
     hostfile_text,
+    slurm_hostfiles,
+    job_check,
     launch_flags,
     place_agents,
     plan_header,
     recompute_flag_items,
+    runtime_notes,
 )
-from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, script_launch_sh
+from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.megatron.layout import split_flags
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -51,24 +58,26 @@ def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
 
 
 def megatron_files(
-    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None
+    run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
 ) -> dict[str, str]:
     """{file name: text} for the megatron runtime; refuses (PlannerInputError) a plan upstream
-    Megatron cannot run, with the reason."""
+    Megatron cannot run, with the reason: one its rules refuse, or one whose devices span vendors."""
     refusals = check_runtime_expressible(plan)
     if refusals:
         raise PlannerInputError(
             "--runtime",
             "upstream Megatron-LM cannot run this plan: " + format_violations(refusals),
         )
+    runs = job_check(plan, profiles)
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
-    agents = place_agents(plan, cluster)
+    agents = place_agents(plan, cluster, hosts)
     flags = launch_flags(run, model, megatron_plan_items(plan, model) + rule_items, script)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
-    notes += self_relative_notes(script)
+    notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
     needs_conn = needs_max_connections(plan, flags.final)
     if needs_conn:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
@@ -82,12 +91,15 @@ def megatron_files(
         decided=flags.decided,
         agents=agents,
         master_port=_master_port(script),
+        node_checks=node_checks([s.device_type for s in plan.stages], profiles),
+        real_hosts=hosts is not None,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)
     return {
         "megatron_args.txt": args_file_text(group_flag_items(flags.final)),
         "launch.sh": launch,
-        "hostfile": hostfile_text(agents),
+        "hostfile": hostfile_text(agents, template=hosts is None),
+        **(slurm_hostfiles(agents) if hosts is not None else {}),
         **sourced_files(script),
     }
 

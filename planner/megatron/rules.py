@@ -848,6 +848,25 @@ def flagscale_degree_violations(cp: int, vpp: int) -> list[RuleViolation]:
     return out
 
 
+def flagscale_tp_violations(model: ModelSpec, tp: int) -> list[RuleViolation]:
+    """FlagScale 0.8.0's Megatron fork (megatron-core 0.15) needs the query groups to be a multiple of TP
+    (megatron/core/transformer/transformer_config.py); upstream >= 0.16 also takes a divisor of TP.
+    Found by FlagScale's own validator on the planner's emitted configs (tests/test_flagscale_validator.py)."""
+    groups = model.query_groups
+    if groups % tp:
+        return [RuleViolation(
+            "flagscale_query_groups_tp",
+            f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp}).",
+            f"FlagScale's Megatron fork needs TP to divide the {groups} query groups",
+        )]
+    return []
+
+
+def runtime_tp_ok(runtime: str, model: ModelSpec, tp: int) -> bool:
+    """flagscale_query_groups_tp on the flagscale runtime (upstream Megatron: tp_allowed alone)."""
+    return not runtime_of(runtime).per_stage_meshes or not flagscale_tp_violations(model, tp)
+
+
 def flagscale_stage_mbs_violations(dp0: int, mbs: int, stage_dps: Sequence[int]) -> list[RuleViolation]:
     """Every stage processes DP0*mbs samples per micro-batch, split over its own DP."""
     return [RuleViolation(
@@ -1089,6 +1108,8 @@ def _flagscale_runtime_rules(
     model: ModelSpec | None, plan: Plan, training: TrainingSpec | None
 ) -> list[RuleViolation]:
     out = flagscale_degree_violations(plan.cp, plan.vpp)
+    if model is not None:
+        out += flagscale_tp_violations(model, plan.tp)
     out += flagscale_stage_mbs_violations(plan.dp0, plan.mbs, [s.dp for s in plan.stages])
     tied = model is not None and tied_embeddings(model)
     first, last = plan.stages[0], plan.stages[-1]

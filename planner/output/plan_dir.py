@@ -45,7 +45,8 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
         (tmp / "plan.json").write_text(json_text(plan_doc))
         (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
         (tmp / "summary.md").write_text(summary_markdown(payload, images))
-        fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script))
+        fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script,
+                                                  profiles=outcome.profiles, hosts=outcome.hosts))
     return staged.written
 
 

@@ -113,6 +113,7 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "overflow": _overflow(c),
         "violations": [{"rule": v.rule, "message": v.message, "hint": v.hint} for v in user.violations],
         "runs": user.runs,
+        "cannot_run": user.cannot_run,
         "notes": list(user.notes),
         "speedup": c.iteration_time_s / ours.iteration_time_s if ours.iteration_time_s > 0 else None,
         "stages": c.to_json()["stages"],
@@ -210,6 +211,8 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
     }
     if outcome.ranges:
         out.update(range_json(cost, outcome.ranges[0]))
+    if getattr(outcome, "choice", None) is not None:
+        out["runtime_choice"] = outcome.choice.as_json()
     if user is not None:
         out["user_plan"] = user_plan_json(user, cost)
     if len(outcome.plans) > 1:
@@ -249,6 +252,14 @@ def _gap(objective_s: float, bound_s: float | None) -> float | None:
 
 # ------------------------------------------------------------------------------------------------
 # Words shared by the terminal and summary.md
+
+
+def runtime_line(choice: dict) -> str:
+    """The runtime choice in one line: which runtime, how it runs the job, what it needs."""
+    head = ("auto -> " if choice["requested"] == "auto" else "") + choice["how"]
+    if choice.get("left_out"):
+        head += f"; {', '.join(choice['left_out'])} left out (see the notes)"
+    return head
 
 
 def search_status(payload: dict) -> tuple[str, str, str]:
@@ -531,6 +542,8 @@ def _render_user_plan(console, payload: dict) -> None:
                        f"{o.get('usable_gib', o['capacity_gib']):.1f} GiB usable")
         if u["violations"]:
             why.append(f"breaks {len(u['violations'])} rule(s) Megatron checks")
+        if u.get("cannot_run"):
+            why.append(f"spans vendors ({u['cannot_run']})")
         verdict += "; your plan " + " and ".join(why) + ", so it would not run as is"
     _say(console, verdict, style="bold")
     if "keep_yours" in u:
@@ -545,6 +558,8 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
          f"{payload['backend']})")
+    if payload.get("runtime_choice"):
+        _say(console, "runtime: " + runtime_line(payload["runtime_choice"]))
     _say(console, "plan: " + degrees_line(payload["plan"]))
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
@@ -665,7 +680,8 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
     lines = [
         f"# Plan: {payload['model']} on {payload['cluster']}",
         "",
-        f"- runtime: {payload['runtime']}; backend: {payload['backend']}",
+        f"- runtime: {payload['runtime']}; backend: {payload['backend']}"
+        + (f" ({runtime_line(payload['runtime_choice'])})" if payload.get("runtime_choice") else ""),
         f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from planner.runtime import RuntimeName
+from planner.schemas.cluster import pool_members
 from planner.schemas.types import MAX_GPUS, MAX_LAYERS, StrictModel
 
 
@@ -178,3 +179,8 @@ class Plan(StrictModel):
         for s in self.stages:
             out[s.device_type] = out.get(s.device_type, 0) + self.tp * self.cp * s.dp
         return out
+
+    def member_types(self) -> list[str]:
+        """The device types the stages run on, in stage order, once each; a pooled stage type ("H100+H200")
+        counts as its members (what a runtime must hold in one job)."""
+        return list(dict.fromkeys(m for s in self.stages for m in pool_members(s.device_type)))

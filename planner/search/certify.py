@@ -61,6 +61,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     flags_ok = rules.degree_flags_check(model, training)
     if runtime_of(runtime).per_stage_meshes:
         return common + [
+            RuleFamily("flagscale_query_groups_tp", ("tp",), lambda tp: rules.runtime_tp_ok("flagscale", model, tp)),
             RuleFamily("flagscale_cp", ("cp",), lambda cp: rules.runtime_degrees_ok("flagscale", cp, 1)),
             RuleFamily("gbs_microbatch", ("samples",), lambda b: rules.batch_ok(gbs, b, 1)),
             RuleFamily("pipeline_in_space", ("pp",), lambda pp: pipeline_in_space(n_layers, pp, 1)),

@@ -233,7 +233,7 @@ def enumerate_shapes(
     overlap_p2p = training.megatron.overlap_p2p_comm
     tied = rules.flagscale_tied_embeddings(model, training)
     for tp in space.tp:
-        if not rules.tp_allowed(model, tp):
+        if not rules.tp_allowed(model, tp) or not rules.runtime_tp_ok(space.runtime, model, tp):
             continue
         hosts = _hosting_types(cluster, tp, gpus_per_node)
         if not hosts:

@@ -28,11 +28,12 @@ def entry(name: str) -> dict:
 
 
 @lru_cache(maxsize=None)
-def solved(name: str, runtime: str = "megatron") -> Path:
-    """Run `solve` on one corpus script (once per test session) and return its --out directory."""
+def solved(name: str, runtime: str = "megatron", cluster: str | None = None) -> Path:
+    """Run `solve` on one corpus script (once per test session) and return its --out directory
+    (`cluster`: another cluster than the entry's)."""
     c = entry(name)
-    out = _SOLVED_ROOT / f"{name}-{runtime}"
-    args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", c["cluster"], "--backend", "hsdp",
+    out = _SOLVED_ROOT / f"{name}-{runtime}-{(cluster or 'own').replace(':', '_').replace(',', '+')}"
+    args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", cluster or c["cluster"], "--backend", "hsdp",
             "--runtime", runtime, "--time-limit", "30", "--quiet", "--out", str(out), "--", *c["args"]]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output

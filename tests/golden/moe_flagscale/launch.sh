@@ -10,41 +10,85 @@
 # Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the
 # command every node would run.
 #
-# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 3; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --enable-hetero; added --hetero-process-meshes 2 1 4 4 2 2 1 4 4 1; added --hetero-pipeline-layer-split 6 5 5; added --hetero-device-types H800 MI300X; added --expert-tensor-parallel-size-per-process-mesh 1 1; added --recompute-granularity full; added --recompute-method block; added --recompute-num-layers 2; added --recompute-granularity-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-method-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-num-layers-per-stage-micro-batch [1, 32, 2] [2, 32, 0]
+# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 3; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --distributed-backend flagcx; added --enable-hetero; added --hetero-process-meshes 2 1 4 4 2 2 1 4 4 1; added --hetero-pipeline-layer-split 6 5 5; added --hetero-device-types H800 MI300X; added --expert-tensor-parallel-size-per-process-mesh 1 1; added --recompute-granularity full; added --recompute-method block; added --recompute-num-layers 2; added --recompute-granularity-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-method-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-num-layers-per-stage-micro-batch [1, 32, 2] [2, 32, 0]
 # note: script:73: `if [ -n "${WANDB_API_KEY}" ]; then` depends on WANDB_API_KEY, which the script does not set (read as unset); read as false: its branch was skipped (skipped flags --wandb-project)
 # note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3
+# note: FlagScale heterogeneous meshes runs H800 (NVIDIA) and MI300X (AMD) in one job with FlagCX (--distributed-backend flagcx); needs FlagCX >= 0.5 with its PyTorch plug-in on every node, the same PyTorch version everywhere
 # note: entry pretrain_gpt.py replaced by FlagScale's flagscale/train/train_gpt.py
 # note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
 # ---- hapmoe: the plan, applied where the script launches training ----
 HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
-export HAPMOE_DRY_RUN
+HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
+export HAPMOE_DRY_RUN HAPMOE_DIR
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
-    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
+    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--distributed-backend|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
     return 1
 }
 
-# Agent k of the plan: its host, its GPUs, its own extra flags.
+# --dry-run: nothing of the script that touches the cluster, the files or the network runs.
+hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&2; return 0; }
+if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+    for hapmoe_c in mpirun mpiexec salloc scancel python python3 torchrun deepspeed mkdir rm rmdir cp mv ln touch chmod chown tee dd rsync scp ssh pdsh wget curl pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
+        eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \"\$@\"; }"; export -f "$hapmoe_c"
+    done
+    cd() { builtin cd "$@" 2>/dev/null || hapmoe_dry cd "$@"; }; export -f cd
+    tee() { hapmoe_dry tee "$@"; command cat; }; export -f tee  # the output still shows
+    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints
+    sbatch() {
+        hapmoe_dry sbatch "$@"
+        while [[ $# -gt 0 && "$1" == -* ]]; do
+            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+        done
+        if [[ $# -gt 0 ]]; then bash "$@"; else bash -s; fi
+        return 0
+    }
+    export -f sbatch
+fi
+
+# Agent k of the plan: its host, its device type, its GPUs, its own extra flags.
 hapmoe_agent() {
     HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
     case "$1" in
-        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "H800") ;;  # H800: ranks 0-7, stage(s) 0
-        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "H800") ;;  # H800: ranks 8-15, stage(s) 1
-        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "MI300X") ;;  # MI300X: ranks 16-23, stage(s) 2
+        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "H800") ;;  # H800: ranks 0-7, stage(s) 0
+        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "H800") ;;  # H800: ranks 8-15, stage(s) 1
+        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_TYPE=MI300X; HAPMOE_A_VIS=HIP_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "MI300X") ;;  # MI300X: ranks 16-23, stage(s) 2
         *) return 1 ;;
     esac
 }
 
+# Node K must hold TYPE: its vendor's probe must name it (HAPMOE_SKIP_NODE_CHECK=1 skips this).
+hapmoe_check_node() {
+    [[ "${HAPMOE_SKIP_NODE_CHECK:-0}" == 1 ]] && return 0
+    local probe="" names="" vendor="" out tool
+    case "$3" in
+        H800) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='H800|H800\-SXM|H800\-80GB' ;;
+        MI300X) vendor=AMD; probe='rocm-smi --showproductname'; names='MI300X|MI300|Instinct\-MI300X|AMD\-MI300X' ;;
+    esac
+    if [[ -z "$probe" ]]; then echo "launch.sh: node $1 ($2): no device probe known for $3 ($vendor); not checked" >&2; return 0; fi
+    tool=${probe%% *}
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "launch.sh: node $1 ($2) should hold $3 ($vendor), but $tool is not installed there; stopping (HAPMOE_SKIP_NODE_CHECK=1 starts anyway)" >&2; exit 3
+    fi
+    out=$(command $probe 2>&1)
+    if ! grep -qiE "(^|[^[:alnum:]])($names)([^[:alnum:]]|\$)" <<<"$out"; then
+        echo "launch.sh: node $1 ($2) should hold $3, but $tool reports: $(head -n 3 <<<"$out" | tr '\n' ' ')stopping (HAPMOE_SKIP_NODE_CHECK=1 starts anyway)" >&2; exit 3
+    fi
+}
+
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
-    local -a words=("$@") launcher=() args=() plan=(--tensor-model-parallel-size "2" --pipeline-model-parallel-size "3" --expert-model-parallel-size "4" --expert-tensor-parallel-size "1" --sequence-parallel --enable-hetero --hetero-process-meshes "2" "1" "4" "4" "2" "2" "1" "4" "4" "1" --hetero-pipeline-layer-split "6" "5" "5" --hetero-device-types "H800" "MI300X" --expert-tensor-parallel-size-per-process-mesh "1" "1" --micro-batch-size "1" --global-batch-size "128" --recompute-granularity "full" --recompute-method "block" --recompute-num-layers "2" --recompute-granularity-per-stage-micro-batch "[1, 32, 1]" "[2, 32, 0]" --recompute-method-per-stage-micro-batch "[1, 32, 1]" "[2, 32, 0]" --recompute-num-layers-per-stage-micro-batch "[1, 32, 2]" "[2, 32, 0]")
+    local -a words=("$@") launcher=() args=() plan=(--tensor-model-parallel-size "2" --pipeline-model-parallel-size "3" --expert-model-parallel-size "4" --expert-tensor-parallel-size "1" --sequence-parallel --distributed-backend "flagcx" --enable-hetero --hetero-process-meshes "2" "1" "4" "4" "2" "2" "1" "4" "4" "1" --hetero-pipeline-layer-split "6" "5" "5" --hetero-device-types "H800" "MI300X" --expert-tensor-parallel-size-per-process-mesh "1" "1" --micro-batch-size "1" --global-batch-size "128" --recompute-granularity "full" --recompute-method "block" --recompute-num-layers "2" --recompute-granularity-per-stage-micro-batch "[1, 32, 1]" "[2, 32, 0]" --recompute-method-per-stage-micro-batch "[1, 32, 1]" "[2, 32, 0]" --recompute-num-layers-per-stage-micro-batch "[1, 32, 2]" "[2, 32, 0]")
     local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
     done
-    if ((entry < 0)); then command "$@"; return; fi  # not the training launch
+    if ((entry < 0)); then  # not the training launch
+        if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then hapmoe_dry "$@"; else command "$@"; fi
+        return
+    fi
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
         if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
@@ -74,17 +118,36 @@ hapmoe_launch() {
     done
     local entry_word="flagscale/train/train_gpt.py"  # FlagScale's entry replaces pretrain_gpt.py
     export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    local i
     if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
             printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo
             exit 0
         fi
-        command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
+        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)
+            local j=${#launcher[@]}
+            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
+            "${launcher[@]:0:j}" bash -c 'r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+        else
+            hapmoe_agent 0 && hapmoe_check_node 0 "$(hostname -s)" "$HAPMOE_A_TYPE"
+            command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
+        fi
         return
     fi
-    local master=() has_addr=0 has_port=0  # the script's master address/port win
-    for tok in "${launcher[@]}"; do
-        case "${tok%%=*}" in --master-addr|--master_addr) has_addr=1 ;; --master-port|--master_port) has_port=1 ;; esac
+    local master=() has_addr=0 has_port=0 i  # the script's master address/port win
+    for ((i = 0; i < ${#launcher[@]}; i++)); do
+        case "${launcher[i]%%=*}" in
+            --master-addr|--master_addr)
+                local addr=${launcher[i]#*=}; [[ "${launcher[i]}" == *=* ]] || addr=${launcher[i+1]:-}
+                if ((3 > 1)) && [[ "$addr" == localhost || "$addr" == 127.0.0.1 || "$addr" == ::1 ]]; then
+                    # a one-node address in a multi-node plan: every node would wait for itself
+                    echo "launch.sh: the script's master address $addr is one node's; the plan runs 3 nodes, so node 0's host is the master (${HAPMOE_MASTER_ADDR:-h800-node0}; set HAPMOE_MASTER_ADDR)" >&2
+                    if [[ "${launcher[i]}" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi
+                    launcher=("${launcher[@]}"); i=-1; continue
+                fi
+                has_addr=1 ;;
+            --master-port|--master_port) has_port=1 ;;
+        esac
     done
     ((has_addr)) || master+=(--master-addr "${HAPMOE_MASTER_ADDR:-h800-node0}")
     ((has_port)) || master+=(--master-port "${HAPMOE_MASTER_PORT:-6001}")
@@ -108,13 +171,16 @@ hapmoe_launch() {
         local -a cmd=("${launcher[@]}" --nproc-per-node 8 --nnodes 3 --node-rank "$k"
             --rdzv-backend static "${master[@]}" "$entry_word" "${args[@]}" "${plan[@]}" "${HAPMOE_A_EXTRA[@]}")
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-            echo "# node $k ($HAPMOE_A_HOST)"
-            [[ -n "$HAPMOE_A_CVD" ]] && printf 'CUDA_VISIBLE_DEVICES=%s ' "$HAPMOE_A_CVD"
+            echo "# node $k ($HAPMOE_A_HOST, $HAPMOE_A_TYPE)"
+            [[ -n "$HAPMOE_A_CVD" ]] && printf '%s=%s ' "$HAPMOE_A_VIS" "$HAPMOE_A_CVD"
             printf '%q ' "${cmd[@]}"; echo
-        elif ((${#agents[@]} > 1)); then
-            CUDA_VISIBLE_DEVICES=${HAPMOE_A_CVD:-${CUDA_VISIBLE_DEVICES:-}} command "${cmd[@]}" &
+            continue
+        fi
+        hapmoe_check_node "$k" "$HAPMOE_A_HOST" "$HAPMOE_A_TYPE"
+        if ((${#agents[@]} > 1)); then
+            ( [[ -n "$HAPMOE_A_CVD" ]] && export "$HAPMOE_A_VIS=$HAPMOE_A_CVD"; command "${cmd[@]}" ) &
         elif [[ -n "$HAPMOE_A_CVD" ]]; then
-            CUDA_VISIBLE_DEVICES=$HAPMOE_A_CVD command "${cmd[@]}" || status=$?
+            ( export "$HAPMOE_A_VIS=$HAPMOE_A_CVD"; command "${cmd[@]}" ) || status=$?
         else
             command "${cmd[@]}" || status=$?
         fi
@@ -124,6 +190,23 @@ hapmoe_launch() {
     return $status
 }
 hapmoe_eval() { eval "hapmoe_launch $*"; }
+
+# srun: the training launch placed in stage order; printed, not run, under --dry-run.
+srun() {
+    local hapmoe_train=0 w
+    for w in "$@"; do [[ "$w" == *pretrain_gpt.py* || "$w" == *torchrun* ]] && hapmoe_train=1; done
+    ((hapmoe_train)) && echo "launch.sh: the host names are a template (solve --hosts FILE writes the placement): srun places the nodes in the allocation's order; each node checks its device type at start-up" >&2
+    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+        hapmoe_dry srun "$@"
+        while [[ $# -gt 0 && "$1" == -* ]]; do
+            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+        done
+        if [[ $# -gt 0 ]]; then "$@"; fi
+        return 0
+    fi
+    command srun "$@"
+}
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun
 # ---- end of hapmoe block ----
 # Mixtral-style launcher, as Megatron's examples write them
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -3,8 +3,8 @@
 # TP=2 CP=1 EP=4 ETP=1 PP=4 VPP=1 mbs=1 gbs=128 micro-batches=32
 # stage 0: H800, 5 layers, DP=4, recompute selective:core_attn+moe_act, ranks 0-7, agents 0
 # stage 1: H800, 5 layers, DP=4, recompute selective:core_attn+moe_act, ranks 8-15, agents 1
-# stage 2: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 16-23, agents 2
-# stage 3: MI300X, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 24-31, agents 3
+# stage 2: A100, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 16-23, agents 2
+# stage 3: A100, 3 layers, DP=4, recompute selective:core_attn+moe_act, ranks 24-31, agents 3
 #
 # This is the input script with the plan applied: `hapmoe_launch` inserted before `torchrun` on line 79.
 # Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the
@@ -17,7 +17,8 @@
 # ---- hapmoe: the plan, applied where the script launches training ----
 HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
-export HAPMOE_DRY_RUN
+HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
+export HAPMOE_DRY_RUN HAPMOE_DIR
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
@@ -25,16 +26,55 @@ hapmoe_is_decided() {
     return 1
 }
 
-# Agent k of the plan: its host, its GPUs, its own extra flags.
+# --dry-run: nothing of the script that touches the cluster, the files or the network runs.
+hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&2; return 0; }
+if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+    for hapmoe_c in mpirun mpiexec salloc scancel python python3 torchrun deepspeed mkdir rm rmdir cp mv ln touch chmod chown tee dd rsync scp ssh pdsh wget curl pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
+        eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \"\$@\"; }"; export -f "$hapmoe_c"
+    done
+    cd() { builtin cd "$@" 2>/dev/null || hapmoe_dry cd "$@"; }; export -f cd
+    tee() { hapmoe_dry tee "$@"; command cat; }; export -f tee  # the output still shows
+    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints
+    sbatch() {
+        hapmoe_dry sbatch "$@"
+        while [[ $# -gt 0 && "$1" == -* ]]; do
+            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+        done
+        if [[ $# -gt 0 ]]; then bash "$@"; else bash -s; fi
+        return 0
+    }
+    export -f sbatch
+fi
+
+# Agent k of the plan: its host, its device type, its GPUs, its own extra flags.
 hapmoe_agent() {
     HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
     case "$1" in
-        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 0-7, stage(s) 0
-        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 8-15, stage(s) 1
-        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # MI300X: ranks 16-23, stage(s) 2
-        3) HAPMOE_A_HOST=mi300x-node1; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # MI300X: ranks 24-31, stage(s) 3
+        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 0-7, stage(s) 0
+        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # H800: ranks 8-15, stage(s) 1
+        2) HAPMOE_A_HOST=a100-node0; HAPMOE_A_TYPE=A100; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # A100: ranks 16-23, stage(s) 2
+        3) HAPMOE_A_HOST=a100-node1; HAPMOE_A_TYPE=A100; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=() ;;  # A100: ranks 24-31, stage(s) 3
         *) return 1 ;;
     esac
+}
+
+# Node K must hold TYPE: its vendor's probe must name it (HAPMOE_SKIP_NODE_CHECK=1 skips this).
+hapmoe_check_node() {
+    [[ "${HAPMOE_SKIP_NODE_CHECK:-0}" == 1 ]] && return 0
+    local probe="" names="" vendor="" out tool
+    case "$3" in
+        H800) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='H800|H800\-SXM|H800\-80GB' ;;
+        A100) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='A100|A100\-80GB|A100\-SXM\-80GB|A100\-SXM4\-80GB' ;;
+    esac
+    if [[ -z "$probe" ]]; then echo "launch.sh: node $1 ($2): no device probe known for $3 ($vendor); not checked" >&2; return 0; fi
+    tool=${probe%% *}
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "launch.sh: node $1 ($2) should hold $3 ($vendor), but $tool is not installed there; stopping (HAPMOE_SKIP_NODE_CHECK=1 starts anyway)" >&2; exit 3
+    fi
+    out=$(command $probe 2>&1)
+    if ! grep -qiE "(^|[^[:alnum:]])($names)([^[:alnum:]]|\$)" <<<"$out"; then
+        echo "launch.sh: node $1 ($2) should hold $3, but $tool reports: $(head -n 3 <<<"$out" | tr '\n' ' ')stopping (HAPMOE_SKIP_NODE_CHECK=1 starts anyway)" >&2; exit 3
+    fi
 }
 
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
@@ -44,7 +84,10 @@ hapmoe_launch() {
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
     done
-    if ((entry < 0)); then command "$@"; return; fi  # not the training launch
+    if ((entry < 0)); then  # not the training launch
+        if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then hapmoe_dry "$@"; else command "$@"; fi
+        return
+    fi
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
         if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
@@ -74,17 +117,36 @@ hapmoe_launch() {
     done
     local entry_word=${words[entry]}
     export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    local i
     if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
             printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo
             exit 0
         fi
-        command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
+        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)
+            local j=${#launcher[@]}
+            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
+            "${launcher[@]:0:j}" bash -c 'r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+        else
+            hapmoe_agent 0 && hapmoe_check_node 0 "$(hostname -s)" "$HAPMOE_A_TYPE"
+            command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
+        fi
         return
     fi
-    local master=() has_addr=0 has_port=0  # the script's master address/port win
-    for tok in "${launcher[@]}"; do
-        case "${tok%%=*}" in --master-addr|--master_addr) has_addr=1 ;; --master-port|--master_port) has_port=1 ;; esac
+    local master=() has_addr=0 has_port=0 i  # the script's master address/port win
+    for ((i = 0; i < ${#launcher[@]}; i++)); do
+        case "${launcher[i]%%=*}" in
+            --master-addr|--master_addr)
+                local addr=${launcher[i]#*=}; [[ "${launcher[i]}" == *=* ]] || addr=${launcher[i+1]:-}
+                if ((4 > 1)) && [[ "$addr" == localhost || "$addr" == 127.0.0.1 || "$addr" == ::1 ]]; then
+                    # a one-node address in a multi-node plan: every node would wait for itself
+                    echo "launch.sh: the script's master address $addr is one node's; the plan runs 4 nodes, so node 0's host is the master (${HAPMOE_MASTER_ADDR:-h800-node0}; set HAPMOE_MASTER_ADDR)" >&2
+                    if [[ "${launcher[i]}" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi
+                    launcher=("${launcher[@]}"); i=-1; continue
+                fi
+                has_addr=1 ;;
+            --master-port|--master_port) has_port=1 ;;
+        esac
     done
     ((has_addr)) || master+=(--master-addr "${HAPMOE_MASTER_ADDR:-h800-node0}")
     ((has_port)) || master+=(--master-port "${HAPMOE_MASTER_PORT:-6001}")
@@ -97,8 +159,8 @@ hapmoe_launch() {
         case "${HAPMOE_HOST:-$(hostname -s)}" in
             h800-node0) agents=(0) ;;
             h800-node1) agents=(1) ;;
-            mi300x-node0) agents=(2) ;;
-            mi300x-node1) agents=(3) ;;
+            a100-node0) agents=(2) ;;
+            a100-node1) agents=(3) ;;
             *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
                else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
         esac
@@ -109,13 +171,16 @@ hapmoe_launch() {
         local -a cmd=("${launcher[@]}" --nproc-per-node 8 --nnodes 4 --node-rank "$k"
             --rdzv-backend static "${master[@]}" "$entry_word" "${args[@]}" "${plan[@]}" "${HAPMOE_A_EXTRA[@]}")
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-            echo "# node $k ($HAPMOE_A_HOST)"
-            [[ -n "$HAPMOE_A_CVD" ]] && printf 'CUDA_VISIBLE_DEVICES=%s ' "$HAPMOE_A_CVD"
+            echo "# node $k ($HAPMOE_A_HOST, $HAPMOE_A_TYPE)"
+            [[ -n "$HAPMOE_A_CVD" ]] && printf '%s=%s ' "$HAPMOE_A_VIS" "$HAPMOE_A_CVD"
             printf '%q ' "${cmd[@]}"; echo
-        elif ((${#agents[@]} > 1)); then
-            CUDA_VISIBLE_DEVICES=${HAPMOE_A_CVD:-${CUDA_VISIBLE_DEVICES:-}} command "${cmd[@]}" &
+            continue
+        fi
+        hapmoe_check_node "$k" "$HAPMOE_A_HOST" "$HAPMOE_A_TYPE"
+        if ((${#agents[@]} > 1)); then
+            ( [[ -n "$HAPMOE_A_CVD" ]] && export "$HAPMOE_A_VIS=$HAPMOE_A_CVD"; command "${cmd[@]}" ) &
         elif [[ -n "$HAPMOE_A_CVD" ]]; then
-            CUDA_VISIBLE_DEVICES=$HAPMOE_A_CVD command "${cmd[@]}" || status=$?
+            ( export "$HAPMOE_A_VIS=$HAPMOE_A_CVD"; command "${cmd[@]}" ) || status=$?
         else
             command "${cmd[@]}" || status=$?
         fi
@@ -125,6 +190,23 @@ hapmoe_launch() {
     return $status
 }
 hapmoe_eval() { eval "hapmoe_launch $*"; }
+
+# srun: the training launch placed in stage order; printed, not run, under --dry-run.
+srun() {
+    local hapmoe_train=0 w
+    for w in "$@"; do [[ "$w" == *pretrain_gpt.py* || "$w" == *torchrun* ]] && hapmoe_train=1; done
+    ((hapmoe_train)) && echo "launch.sh: the host names are a template (solve --hosts FILE writes the placement): srun places the nodes in the allocation's order; each node checks its device type at start-up" >&2
+    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
+        hapmoe_dry srun "$@"
+        while [[ $# -gt 0 && "$1" == -* ]]; do
+            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+        done
+        if [[ $# -gt 0 ]]; then "$@"; fi
+        return 0
+    fi
+    command srun "$@"
+}
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun
 # ---- end of hapmoe block ----
 # Mixtral-style launcher, as Megatron's examples write them
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -1,0 +1,109 @@
+"""`--hosts FILE`: the real nodes of the cluster, each with its device type, for the launcher's placement.
+
+Format (one node per line; `#` starts a comment; blank lines are skipped):
+
+    NAME TYPE [GPUS]                 e.g.  gpu-a01 H800 8
+    NAME slots=GPUS type=TYPE        the planner's own host-file form (launch/hostfile), e.g. a template
+                                     hostfile with its names replaced
+
+NAME is the node's host name as `hostname -s` prints it (launch.sh picks a node's agents by it); TYPE any
+device name or alias (profiles/devices); GPUS defaults to the cluster's node size for that type and must
+equal it (the plan was priced on those node shapes).  Each name once.  The launcher takes the nodes of
+each type in the order the file lists them; a plan that needs more nodes of a type than the file lists is
+refused, naming the shortfall.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import PlannerInputError
+from planner.inputs.files import read_text
+from planner.profile_tables import ProfileSet
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.types import MAX_GPUS, MAX_GPUS_PER_NODE
+
+FIELD = "--hosts"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node of --hosts: its name, device type (canonical), GPUs, and the file line it came from."""
+
+    name: str
+    device_type: str
+    gpus: int
+    line: int
+
+
+def _int(text: str, where: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,7}", text) or not 1 <= int(text) <= MAX_GPUS_PER_NODE:
+        raise PlannerInputError(FIELD, f"{where}: GPUS must be a whole number from 1 to {MAX_GPUS_PER_NODE}, "
+                                       f"got {text!r}")
+    return int(text)
+
+
+def _fields(tokens: list[str], where: str) -> tuple[str | None, str | None]:
+    """(type, gpus text) of a line's tokens after the name: `TYPE [GPUS]` or key=value pairs."""
+    kv = [t for t in tokens if "=" in t]
+    if kv and len(kv) != len(tokens):
+        raise PlannerInputError(FIELD, f"{where}: mix of `key=value` and bare words; write NAME TYPE [GPUS] or "
+                                       "NAME slots=GPUS type=TYPE")
+    if kv:
+        pairs = dict(t.split("=", 1) for t in kv)
+        unknown = sorted(set(pairs) - {"slots", "type", "gpus"})
+        if unknown:
+            raise PlannerInputError(FIELD, f"{where}: unknown key(s) {unknown}; allowed: slots, type")
+        return pairs.get("type"), pairs.get("slots") or pairs.get("gpus")
+    if len(tokens) > 2:
+        raise PlannerInputError(FIELD, f"{where}: expected NAME TYPE [GPUS], got {len(tokens) + 1} words")
+    return (tokens[0] if tokens else None), (tokens[1] if len(tokens) > 1 else None)
+
+
+def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> tuple[Host, ...]:
+    """The nodes of a --hosts file, checked against the cluster (types it has, its node sizes)."""
+    text = read_text(path, FIELD)
+    node_size = {g.device_type: g.gpus_per_node for g in cluster.groups}
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    for k, raw in enumerate(text.splitlines(), 1):
+        tokens = raw.split("#", 1)[0].split()
+        if not tokens:
+            continue
+        where = f"{path} line {k}"
+        name = tokens[0]
+        if not _NAME.match(name):
+            raise PlannerInputError(FIELD, f"{where}: {name!r} is not a host name (letters, digits, '.', '_', '-')")
+        if name in seen:
+            raise PlannerInputError(FIELD, f"{where}: {name} is listed twice (first on line {seen[name]})")
+        type_text, gpus_text = _fields(tokens[1:], where)
+        if not type_text:
+            raise PlannerInputError(FIELD, f"{where}: {name} has no device type (NAME TYPE [GPUS])")
+        device_type = profiles.canonical_name(type_text) if _known(profiles, type_text) else None
+        if device_type is None:
+            raise PlannerInputError(FIELD, f"{where}: unknown device {type_text!r}; known: {', '.join(profiles.names())}")
+        if device_type not in node_size:
+            raise PlannerInputError(FIELD, f"{where}: {name} is {device_type}, which the cluster does not have "
+                                           f"({cluster.describe()})")
+        gpus = _int(gpus_text, where) if gpus_text is not None else node_size[device_type]
+        if gpus != node_size[device_type]:
+            raise PlannerInputError(FIELD, f"{where}: {name} has {gpus} GPUs, but the plan is for {device_type} nodes of "
+                                           f"{node_size[device_type]} (--cluster); give --cluster with that node size")
+        seen[name] = k
+        hosts.append(Host(name, device_type, gpus, k))
+        if len(hosts) > MAX_GPUS:
+            raise PlannerInputError(FIELD, f"{path}: more than {MAX_GPUS} nodes")
+    if not hosts:
+        raise PlannerInputError(FIELD, f"{path}: no node listed (one line per node: NAME TYPE [GPUS])")
+    return tuple(hosts)
+
+
+def _known(profiles: ProfileSet, name: str) -> bool:
+    try:
+        profiles.canonical_name(name)
+    except PlannerInputError:
+        return False
+    return True

@@ -1,0 +1,94 @@
+"""The typed form of profiles/runtimes.yaml: which runtime can run which vendors' devices in one job,
+through which communication library, and how a node's device type is checked at start-up.
+
+Contract: profiles/README.md ("runtimes.yaml").  `planner/profile_tables.py` loads and checks the file;
+`planner/runtime.py` answers `Runtime.can_run(...)` from it.  Every row says where it comes from
+(`source`), as every other profile table does.
+"""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field, model_validator
+
+from planner.schemas.types import StrictModel
+
+
+class VendorLibrary(StrictModel):
+    """How a runtime runs a job of one vendor's devices: the communication library torch.distributed
+    uses (`library`), and what the job needs besides the runtime (`needs`: a plug-in, a fork)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    library: str = Field(min_length=1, description="NCCL, RCCL, HCCL, FlagCX, ...")
+    needs: str | None = Field(None, description="what the job needs on top of the runtime (e.g. MindSpeed)")
+    source: str = Field(min_length=1)
+
+
+class VendorGroup(StrictModel):
+    """Vendors whose devices one job of the runtime can hold together (a cross-vendor job), and the
+    library that carries the traffic between them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vendors: tuple[str, ...] = Field(min_length=2)
+    library: str = Field(min_length=1)
+    needs: str | None = None
+    source: str = Field(min_length=1)
+
+
+class VendorRefusal(StrictModel):
+    """Why a runtime does not run a vendor (or does not mix it with others), with its source: the
+    message a refusal gives."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vendor: str = Field(min_length=1)
+    why: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
+class RuntimeSupport(StrictModel):
+    """One runtime's row: the vendors it runs alone (`vendors`), the vendor groups one job may span
+    (`cross_vendor`; empty: one vendor per job), the documented refusals (`refuses`), how it runs
+    uneven stages (`uneven_stages`), and notes (ways out the planner does not price)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    title: str = Field(min_length=1)
+    vendors: dict[str, VendorLibrary]
+    cross_vendor: tuple[VendorGroup, ...] = ()
+    refuses: tuple[VendorRefusal, ...] = ()
+    uneven_stages: str = Field(min_length=1)
+    notes: tuple[str, ...] = ()
+    plannable: bool = Field(True, description="false: documented only (no launcher; not a --runtime value)")
+
+    @model_validator(mode="after")
+    def _groups_use_known_vendors(self) -> "RuntimeSupport":
+        for group in self.cross_vendor:
+            unknown = [v for v in group.vendors if v not in self.vendors]
+            if unknown:
+                raise ValueError(f"cross_vendor group {list(group.vendors)} names {unknown}, which `vendors` "
+                                 "does not list (a job of those vendors alone must be runnable too)")
+        return self
+
+
+class VendorProbe(StrictModel):
+    """How launch.sh asks a node which devices it has: a command that prints the product names."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    probe: str = Field(min_length=1, description="shell command printing the devices' product names")
+    visible_devices: str = Field(min_length=1, description="the variable that selects a process's devices "
+                                 "(CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES, ...)")
+    source: str = Field(min_length=1)
+
+
+class RuntimesFile(StrictModel):
+    """profiles/runtimes.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtimes: dict[str, RuntimeSupport]
+    probes: dict[str, VendorProbe] = {}
+    reported_names: dict[str, tuple[str, ...]] = Field(
+        {}, description="device -> extra names its vendor's probe prints (besides the device's name and aliases)")

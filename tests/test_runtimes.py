@@ -1,0 +1,142 @@
+"""Which runtime can run which cluster (profiles/runtimes.yaml, planner/runtime.py): the table, `--runtime auto`,
+the refusals, and that the search, the launchers and `estimate` keep to it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from cli import main
+from planner.api import load_inputs
+from planner.errors import PlannerInputError
+from planner.inputs.cluster import parse_cluster
+from planner.launcher import render_launch_files
+from planner.placement import contiguous_order, type_blocks
+from planner.cost.model import CostModel
+from planner.profile_tables import PROFILES_DIR, ProfileSet
+from planner.runtime import FLAGSCALE, MEGATRON, RUNTIMES, choose_runtime
+from planner.schemas import Plan, StagePlan
+
+README_CLUSTER = "H800:16,MI300X:16,910B:16"
+
+
+def test_every_runtime_has_a_row_with_sources(profiles):
+    """Each runtime with a launcher has a runtimes.yaml row; every entry names its source."""
+    rows = profiles.runtime_rows()
+    assert set(RUNTIMES) <= set(rows)
+    for row in rows.values():
+        assert all(v.source for v in row.vendors.values())
+        assert all(g.source for g in row.cross_vendor) and all(r.source and r.why for r in row.refuses)
+    assert rows["megatron"].cross_vendor == ()  # one vendor per upstream job
+
+
+@pytest.mark.parametrize("cluster, megatron, flagscale", [
+    ("H800:8", True, True),
+    ("H800:8,A100:8", True, True),  # two NVIDIA types: one NCCL job
+    ("MI300X:8", True, True),
+    ("910B:8", True, False),  # MindSpeed on Ascend; FlagScale 0.8.0 trains on CUDA devices
+    ("H800:8,MI300X:8", False, True),  # NVIDIA + AMD: FlagCX
+    ("A100:8,910B:8", False, False),  # FlagCX's HCCL has no cross-vendor mode
+    (README_CLUSTER, False, False),
+])
+def test_which_runtime_runs_which_cluster(profiles, cluster, megatron, flagscale):
+    cl = parse_cluster(cluster, profiles)
+    assert MEGATRON.can_run(cl, profiles).ok is megatron
+    assert FLAGSCALE.can_run(cl, profiles).ok is flagscale
+
+
+def test_auto_plans_the_part_one_job_can_span(profiles):
+    """No runtime runs H800 + MI300X + 910B: auto takes FlagScale on H800 + MI300X (the most peak compute) and
+    says why the 910Bs stay idle."""
+    choice = choose_runtime("auto", parse_cluster(README_CLUSTER, profiles), profiles)
+    assert choice.runtime is FLAGSCALE and choice.cluster.describe() == "H800:16,MI300X:16"
+    assert list(choice.left_out) == ["910B"]
+    assert "FlagCX's HCCL backend has no cross-vendor" in choice.left_out["910B"]
+    assert "--cluster 910B:16" in choice.left_out["910B"]
+    assert choose_runtime("auto", parse_cluster("H800:8,A100:8", profiles), profiles).runtime is MEGATRON
+
+
+def test_readme_first_command_plans_a_job_that_can_run():
+    """The README's first command plans FlagScale over H800 + MI300X, the 910Bs idle with the reason."""
+    res = CliRunner().invoke(main, ["solve", "--model", "mixtral-l", "--cluster", README_CLUSTER, "--backend", "hsdp",
+                                    "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["runtime"] == "flagscale" and d["plan"]["runtime"] == "flagscale"
+    assert {s["device_type"] for s in d["plan"]["stages"]} <= {"H800", "MI300X"}
+    assert d["idle_gpus"]["910B"]["count"] == 16 and "no runtime runs 910B" in d["idle_gpus"]["910B"]["why"]
+    assert d["runtime_choice"]["requested"] == "auto" and d["runtime_choice"]["left_out"].keys() == {"910B"}
+
+
+def test_megatron_on_a_cross_vendor_cluster_is_refused_in_one_line():
+    """--runtime megatron on H800 + MI300X: exit 2, one line naming --runtime and steering to flagscale."""
+    res = CliRunner().invoke(main, ["solve", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--runtime",
+                                    "megatron", "--quiet"])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --runtime: upstream Megatron-LM cannot run one job over")
+    assert "use --runtime flagscale" in lines[0]
+
+
+def test_a_profiles_dir_runtimes_yaml_replaces_rows(tmp_path, profiles):
+    """A FlagCX build that mixes Huawei too (a user's runtimes.yaml) lets auto run the whole README cluster."""
+    table = yaml.safe_load((PROFILES_DIR / "runtimes.yaml").read_text())
+    row = table["runtimes"]["flagscale"]
+    row["vendors"]["Huawei"] = {"library": "FlagCX (HCCL adaptor)", "source": "a site's own FlagCX build"}
+    row["cross_vendor"][0]["vendors"] = ["NVIDIA", "AMD", "Huawei"]
+    row["refuses"] = []
+    (tmp_path / "runtimes.yaml").write_text(yaml.safe_dump({"runtimes": {"flagscale": row}}))
+    mine = ProfileSet.load([tmp_path])
+    choice = choose_runtime("auto", parse_cluster(README_CLUSTER, mine), mine)
+    assert choice.runtime is FLAGSCALE and not choice.left_out
+    assert mine.runtime_support("megatron") == profiles.runtime_support("megatron")  # the other rows stay
+
+
+def test_a_bad_runtimes_yaml_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "runtimes.yaml").write_text(yaml.safe_dump({"runtimes": {"flagscale": {
+        "title": "x", "uneven_stages": "y", "vendors": {"NVIDIA": {"library": "NCCL", "source": "s"}},
+        "cross_vendor": [{"vendors": ["NVIDIA", "AMD"], "library": "FlagCX", "source": "s"}]}}}))
+    with pytest.raises(PlannerInputError) as err:
+        ProfileSet.load([tmp_path])
+    assert err.value.field == "--profiles" and "runtimes.yaml" in str(err.value) and "AMD" in str(err.value)
+
+
+def test_no_upstream_launcher_for_a_cross_vendor_plan(profiles):
+    """An old plan.json or a hand-made plan: the megatron launcher refuses a job over NVIDIA + AMD."""
+    run = load_inputs(model="mixtral-s", cluster="H800:8,MI300X:8").run
+    plan = Plan(tp=1, ep=8, etp=1, gbs=run.training.global_batch_size,
+                stages=(StagePlan(device_type="H800", num_layers=16, dp=8),
+                        StagePlan(device_type="MI300X", num_layers=16, dp=8)))
+    with pytest.raises(PlannerInputError) as err:
+        render_launch_files(run, plan, parse_cluster("H800:8,MI300X:8", profiles))
+    assert err.value.field == "--runtime" and "upstream Megatron-LM cannot run one job over" in str(err.value)
+
+
+def test_estimate_of_upstream_flags_across_vendors_is_refused_unless_allowed():
+    args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--pp", "2", "--ep", "8", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and "--allow-invalid prices these flags anyway" in res.output
+    res = CliRunner().invoke(main, [*args, "--allow-invalid", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert any("no upstream Megatron-LM job runs this" in n for n in json.loads(res.stdout)["notes"])
+
+
+def test_interleaved_types_are_grouped_when_that_costs_nothing(profiles):
+    """H100, A100, H100, A100 with the same layers: every grouped order is priced by the cost model, and the
+    fastest is taken when it is no slower (here it is faster: fewer slow cross-type hops); the note says so."""
+    inputs = load_inputs(model="llama2-7b", cluster="H100:8,A100:8", overrides={"gbs": 64})
+    cost = CostModel(inputs.run.model, inputs.run.training, inputs.cluster, profiles)
+    plan = Plan(tp=2, gbs=64, stages=tuple(StagePlan(device_type=t, num_layers=8, dp=2)
+                                           for t in ("H100", "A100", "H100", "A100")))
+    assert type_blocks(plan) == ["H100", "A100", "H100", "A100"]
+    new, new_cost, note = contiguous_order(cost, plan, cost.evaluate(plan))
+    assert len(type_blocks(new)) == 2 and sorted(s.device_type for s in new.stages) == ["A100"] * 2 + ["H100"] * 2
+    assert new_cost.iteration_time_s < cost.evaluate(plan).iteration_time_s
+    assert note.startswith("stages grouped by device type") and "faster than the order found" in note
+    for order in (["H100", "H100", "A100", "A100"], ["A100", "A100", "H100", "H100"]):  # brute force: the best order
+        other = plan.model_copy(update={"stages": tuple(StagePlan(device_type=t, num_layers=8, dp=2) for t in order)})
+        assert new_cost.iteration_time_s <= cost.evaluate(other).iteration_time_s * (1 + 1e-12)
+    assert contiguous_order(cost, new, new_cost) == (new, new_cost, None)  # already grouped: nothing to say
