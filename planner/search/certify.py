@@ -27,6 +27,7 @@ exact solve.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, replace
@@ -57,6 +58,9 @@ PRICING_SHARE = 0.4
 STAGE_SHARE = 0.25
 STAGE_MIN_S = 2.0
 PROGRESS_EVERY_S = 0.2
+# every time this many more shapes have a pipeline block, the least configuration the blocks found is
+# solved at once (a dive), for a better plan to bound the rest with
+DIVE_EVERY_SHAPES = 8
 MICROBATCH_SCOPE = ("mbs", "dp", "samples")  # the shape degrees the number of micro-batches reads
 
 MEGATRON_FAMILIES = ("tp", "cp", "ep", "etp", "mbs", "dp", "pp", "vpp", "recompute")
@@ -177,8 +181,8 @@ class BendersSearch:
         self.cands: list[Candidate] = []
         self.settled: list[Settled] = []
         self.blocks: dict[tuple, PipelineBlock] = {}
-        self.open: dict[tuple, float] = {}  # shapes not finished: their latest bound (us)
-        self.floor_us: float | None = None  # the degree master's least bound over the shapes left
+        self.queue: list = []  # (bound us, seq, shape, configuration or None): what is left, best first
+        self._next_dive = DIVE_EVERY_SHAPES
         self.proven = False
         self.timed_out = False
         self.notes: list[str] = []
@@ -196,33 +200,93 @@ class BendersSearch:
 
     # ---- the loop ----
     def run(self) -> SearchResult:
-        """Shapes in the order of their screen bound (every recompute setting's: least time, most
-        room), each one's recompute settings screened again with their own prices, the shape's
-        pipeline block for those below the best plan; until the next shape's bound reaches the best
-        plan (proven) or the time limit."""
+        """Best-first over one queue: a shape enters with its screen bound; when it reaches the top
+        its recompute settings are screened with their own prices and its pipeline block is built
+        and solved, and it comes back with the block's least value and configuration; when that
+        reaches the top the configuration gets its exact stage solve (a cut on the block) and the
+        block is solved again.  The loop ends when the top's bound reaches the best plan (proven),
+        the queue empties (proven) or the time limit passes."""
         budget = self.deadline - self.t0
         if not self.book.price_master(self.t0 + PRICING_SHARE * budget):
             self.timed_out = True
             self.notes.append("time limit: not every shape was priced for the screen; no whole-space bound")
             return self._result()
-        queue = self._screen_shapes()
-        for k, (theta, key) in enumerate(queue):
-            self.floor_us = theta
+        self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self._screen_shapes())]
+        heapq.heapify(self.queue)
+        self._seq = len(self.queue)
+        while self.queue:
+            theta, _, key, degrees = self.queue[0]
             cutoff = self._cutoff_us()
             if cutoff is not None and theta >= cutoff:
-                self.floor_us = None
-                self.proven = True
                 break
             if self._late():
                 self.timed_out = True
                 break
-            self._work_shape(key, theta)
-            if self.timed_out:
+            if degrees is None and self.stats["shapes_blocked"] >= self._next_dive:
+                theta, key, degrees = self._dive()
+            else:
+                heapq.heappop(self.queue)
+            try:
+                if degrees is None:
+                    self._open_shape(key, theta)
+                else:
+                    self._settle_config(key, theta, degrees)
+            except DeadlinePassed:  # the time limit passed while tables were built or read
+                self._push(theta, key, degrees)
+                self.timed_out = True
                 break
-        else:
-            self.floor_us = None
-            self.proven = not self.timed_out
+        self.proven = not self.timed_out
         return self._result()
+
+    def _dive(self) -> tuple[float, tuple, dict | None]:
+        """Every DIVE_EVERY_SHAPES blocks: take the least configuration the blocks have found (rather
+        than the queue's top, a shape whose bound is lower) for a better plan to bound the rest with."""
+        self._next_dive = self.stats["shapes_blocked"] + DIVE_EVERY_SHAPES
+        found = [e for e in self.queue if e[3] is not None]
+        if not found:
+            theta, _, key, degrees = heapq.heappop(self.queue)
+            return theta, key, degrees
+        best = min(found)
+        self.queue.remove(best)
+        heapq.heapify(self.queue)
+        return best[0], best[2], best[3]
+
+    def _push(self, theta_us: float, key: tuple, degrees: dict | None) -> None:
+        self._seq += 1
+        heapq.heappush(self.queue, (theta_us, self._seq, key, degrees))
+
+    def _open_shape(self, key: tuple, theta_us: float) -> None:
+        """A shape at the top: its recompute settings below the best plan (their own prices), its
+        pipeline block, and its first configuration back into the queue."""
+        settings = self._settings_below(key)
+        if not settings:
+            self.stats["shapes_screened_out"] = self.stats.get("shapes_screened_out", 0) + 1
+            return
+        self._block(key, settings).allow("recompute", settings)
+        self._next_config(key, theta_us)
+
+    def _next_config(self, key: tuple, floor_us: float) -> None:
+        """Solve the shape's block below the best plan; its configuration goes into the queue with
+        the block's value (nothing when no configuration of the shape can beat the best plan)."""
+        block = self.blocks[key]
+        res = block.solve(time_limit_s=self._left(), num_workers=1, cutoff_us=self._cutoff_us(), floor_us=floor_us)
+        self._count_master(res.wall_s, res.branches)
+        if res.status == "INFEASIBLE":
+            return
+        if res.status != "OPTIMAL":  # the time limit: the shape stays, with what is known
+            self.timed_out = True
+            self._push(max(floor_us, res.bound_us or 0), key, None)
+            return
+        self._push(max(floor_us, res.objective_us), key, res.degrees)
+
+    def _settle_config(self, key: tuple, theta_us: float, degrees: dict) -> None:
+        """A configuration at the top: its exact stage solve (or a cut), forbidden in its block,
+        and the block's next configuration into the queue."""
+        g = self.book.choice(dict(zip(self.levels.shape, key)), degrees)
+        if not (self._lazy_rule_cut(g) or self._least_recompute_cut(g, theta_us)):
+            self._subproblem(g, theta_us)
+        self.blocks[key].forbid([degrees])
+        self._next_config(key, theta_us)
 
     def _screen_shapes(self) -> list[tuple[int, tuple]]:
         """Every shape with its screen bound (us), least first; shapes none of whose layers fit
@@ -255,38 +319,7 @@ class BendersSearch:
                 keep.append(r)
         return keep
 
-    def _work_shape(self, key: tuple, theta_us: float) -> None:
-        """One shape's pipeline block: its configurations below the best plan, least bound first,
-        each settled by an exact stage solve (or a cut) and forbidden in the block, until none is left."""
-        self.open[key] = theta_us
-        settings = self._settings_below(key)
-        if not settings:
-            self.open.pop(key, None)
-            self.stats["shapes_screened_out"] = self.stats.get("shapes_screened_out", 0) + 1
-            return
-        block = self._block(key)
-        block.allow("recompute", settings)
-        shape = dict(zip(self.levels.shape, key))
-        while not self._late():
-            cutoff = self._cutoff_us()
-            res = block.solve(time_limit_s=self._left(), num_workers=self.settings.num_workers, cutoff_us=cutoff)
-            self._count_master(res.wall_s, res.branches)
-            if res.status == "INFEASIBLE":  # nothing in this shape can beat the best plan
-                self.open.pop(key, None)
-                return
-            if res.status != "OPTIMAL":
-                self.timed_out = True
-                if res.bound_us is not None:
-                    self.open[key] = max(theta_us, res.bound_us)
-                return
-            self.open[key] = max(theta_us, res.objective_us)
-            g = self.book.choice(shape, res.degrees)
-            if not (self._lazy_rule_cut(g) or self._least_recompute_cut(g, res.objective_us)):
-                self._subproblem(g, res.objective_us)
-            block.forbid([res.degrees])
-        self.timed_out = True
-
-    def _block(self, key: tuple) -> PipelineBlock:
+    def _block(self, key: tuple, settings: list[int]) -> PipelineBlock:
         block = self.blocks.get(key)
         if block is None:
             lv, book = self.levels, self.book
@@ -294,8 +327,9 @@ class BendersSearch:
             spec = BlockSpec(shape=shape, families=lv.block, domains=lv.domains, rules=lv.rules, classes=book.classes,
                              groups=book.groups, microbatches=int(lv.microbatches(*(shape[f] for f in lv.shape
                                                                                     if f in MICROBATCH_SCOPE))),
-                             prices=book.block(key), inflight=self._inflight(key), vpp=lv.vpp,
-                             first_dp=lv.first_dp)
+                             prices=book.with_sync(key, settings), inflight=self._inflight(key),
+                             sync_group=book.sync_group,
+                             prefix=book.prefix, suffix=book.suffix, vpp=lv.vpp, first_dp=lv.first_dp)
             block = self.blocks[key] = PipelineBlock(spec)
             self.stats["shapes_blocked"] += 1
             self.stats["rows"] += sum(len(row) for row in spec.prices)
@@ -456,18 +490,18 @@ class BendersSearch:
 
     # ---- what was proven ----
     def _open_bound_us(self) -> float | None:
-        """The least bound over what is not settled: shapes the master bounded from below and not
-        finished, configurations whose stage solve stopped unproven."""
-        parts = list(self.open.values()) + [s.bound_us for s in self.settled if s.bound_us is not None]
-        if self.floor_us is not None:
-            parts.append(self.floor_us)
+        """The least bound over what is not settled: the queue's top (every entry's bound holds for
+        what it stands for), configurations whose stage solve stopped unproven."""
+        parts = [s.bound_us for s in self.settled if s.bound_us is not None]
+        if self.queue:
+            parts.append(self.queue[0][0])
         return min(parts, default=None)
 
     def _bounds_us(self) -> tuple[float | None, float | None]:
         """(bound valid for the searched space, bound valid for the whole space), us; None: not known."""
         cap = self.cands[0].objective_s * 1e6
-        if not self.proven and self.floor_us is None and not self.open:
-            return None, None  # the degree master never bounded the shapes not reached
+        if not self.stats["shapes_screened"] and not self.proven:
+            return None, None  # the screen never bounded the shapes
         open_us = self._open_bound_us()
         searched = cap if open_us is None else min(cap, open_us)
         if not self.pruning.restricts:

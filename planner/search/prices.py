@@ -24,6 +24,7 @@ prices per recompute setting, computed when the block is first built.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import replace
@@ -35,7 +36,7 @@ from planner.search.bounds import option_bound
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, flagscale_modes, recompute_ladder, \
     stage_options
 from planner.search.tables import TableBuilder
-from solver_models.cpsat.master import Price, StageClass
+from solver_models.cpsat.master import Price, Room, StageClass
 from solver_models.scaling import to_us
 
 NONE = Recompute.none()
@@ -119,8 +120,9 @@ class PriceBook:
                 fast = option_bound(self.cost, gs, o)
                 room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest))
                 tau = tuple(to_us(x) for x in _taus(fast, len(self.groups)))
-                row[self._class_index(o)] = Price(tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers),
-                                                  self._units(base, o.device_type))
+                row[self._class_index(o)] = Price(
+                    tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers), self._units(base, o.device_type),
+                    room=_room(room, len(self.groups), 0.0, None, self._transient(gs, o)))
             self.master[key] = row
         self.pricing_s += time.perf_counter() - t0
         return True
@@ -152,12 +154,95 @@ class PriceBook:
         tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
         room = max(_max_layers(b, self.v_max, self.n_layers) for b in bounds)
         roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
-        first, last = self._ends(gs, opts[0])
+        first, last, ends = self._ends(gs, opts[0])
         link_in, link_out = self._links(gs, g, opts[0])
+        saved = roomy.block_layers * roomy.act_saved_bytes
         return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
-                     self._units(g, opts[0].device_type), link_in, link_out, free_bytes=roomy.free_bytes,
-                     static_bytes=roomy.layer_static_bytes, act_bytes=roomy.layer_act_bytes,
-                     saved_bytes=roomy.block_layers * self.v_max * roomy.act_saved_bytes)
+                     self._units(g, opts[0].device_type), link_in, link_out,
+                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts)))
+
+    def with_sync(self, key: tuple, settings: list[int]) -> list[dict[int, Price]]:
+        """The block prices of a shape with the sync bound (Price.sync_us) for the recompute
+        settings `settings` (the others keep none: the block allows only these)."""
+        rows = self.block(key)
+        out = []
+        t0 = time.perf_counter()
+        base = self.shapes[key].base
+        for r, row in enumerate(rows):
+            if r not in settings:
+                out.append(row)
+                continue
+            g = replace(base, recompute=self.settings[r])
+            opts: dict[int, list[StageOption]] = {}
+            for o in self._options(base, self.settings[r]):
+                opts.setdefault(self._class_index(o), []).append(o)
+            out.append({c: replace(p, sync_us=self._sync(g, opts[c], self._most_layers(p))) for c, p in row.items()})
+        self.pricing_s += time.perf_counter() - t0
+        return out
+
+    def _transient(self, gs, o: StageOption) -> float:
+        """The least buffers a stage on option o keeps once, whatever layers it holds: a one-layer
+        middle stage's (the least over the layer kinds)."""
+        return min(self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                                        is_first=False, is_last=False).fixed_act_bytes
+                   for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)}))
+
+    @property
+    def prefix(self) -> tuple[tuple[int, ...], ...]:
+        """Per layer kind (groups 1..): [n] = its layers among the model's first n layers."""
+        return self._ends_counts(list(self.cost.model.layer_is_moe))
+
+    @property
+    def suffix(self) -> tuple[tuple[int, ...], ...]:
+        """Per layer kind: [n] = its layers among the model's last n layers."""
+        return self._ends_counts(list(reversed(self.cost.model.layer_is_moe)))
+
+    def _ends_counts(self, kinds: list[bool]) -> tuple[tuple[int, ...], ...]:
+        if len(self.groups) == 1:
+            return ()
+        return tuple(tuple(sum(1 for x in kinds[:n] if x == kind) for n in range(len(kinds) + 1))
+                     for kind in sorted(set(kinds)))
+
+    @property
+    def sync_group(self) -> int:
+        """The layer group the sync bound counts: the kind with the most layers (all layers when
+        the model has one kind)."""
+        if len(self.groups) == 1:
+            return 0
+        return 1 + max(range(len(self.groups) - 1), key=lambda k: self.groups[1 + k])
+
+    def _most_layers(self, p: Price) -> int:
+        """Most layers of the sync group a middle stage of the class holds in memory (one micro-batch
+        in flight, every chunk's block recompute savings)."""
+        return p.holds(1.0, self.groups[self.sync_group], self.sync_group, vpp=self.v_max)
+
+    def _sync(self, g: GlobalChoice, opts: list[StageOption], most: int) -> tuple[int, ...]:
+        """[k]: the least exposed DP sync + optimizer step of a middle stage holding exactly k layers
+        of the sync group, over the layer ranges that do (and the class's options), from the cost
+        model; a plan's busiest middle stage of the class pays at least that.  Only up to `most`
+        layers (a stage holds no more in memory); 0 beyond."""
+        kinds = self.cost.model.layer_is_moe
+        group = self.sync_group
+        want = None if group == 0 else sorted(set(kinds))[group - 1]
+        best: dict[int, float] = {}
+        seen: set = set()
+        block = any(o.recompute.granularity == "full" and o.recompute.method == "block" for o in opts)
+        shapes = [self.builder.shape(replace(g, pp=3, vpp=v)) for v in (self.space.vpp if block else (1,))]
+        for start in range(len(kinds)):
+            for end in range(start + 1, len(kinds) + 1):
+                key = kinds[start:end]
+                if key in seen:
+                    continue
+                seen.add(key)
+                k = len(key) if want is None else sum(1 for x in key if x == want)
+                if k > most:
+                    continue
+                for o, gs in itertools.product(opts, shapes):
+                    c = self.cost.stage_core(gs, device_type=o.device_type, start=start, end=end, dp=o.dp,
+                                             recompute=o.recompute, is_first=False, is_last=False)
+                    best[k] = min(best.get(k, math.inf), c.sync_s)
+        top = self.groups[group]
+        return tuple(to_us(best[k]) if k in best else 0 for k in range(top + 1))
 
     def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int]:
         """The least pipeline link into and out of a stage on option o's type and DP (from or to any
@@ -168,14 +253,24 @@ class PriceBook:
         out = min(p2p(gs, o.device_type, o.dp, h, d) for h, d in ends)
         return to_us(into), to_us(out)
 
-    def _ends(self, gs, o: StageOption) -> tuple[int, int]:
-        """The first and the last stage's extra time over a middle stage, one layer each (the ends
-        do not depend on the recompute setting)."""
-        def core(first: bool, last: bool) -> float:
-            return self.cost.stage_core(gs, device_type=o.device_type, start=0, end=1, dp=o.dp, recompute=NONE,
-                                        is_first=first, is_last=last).time_s
-        mid = core(False, False)
-        return max(0, to_us(core(True, False) - mid)), max(0, to_us(core(False, True) - mid))
+    def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:
+        """The first and the last stage's extra time over a middle stage, one layer each, and their
+        extra bytes (static, per micro-batch in flight: first, then last), the least of them that
+        any layer kind shows; the ends do not depend on the recompute setting."""
+        def core(first: bool, last: bool, j: int):
+            return self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=NONE,
+                                        is_first=first, is_last=last)
+        starts = sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)})
+        times, ends = [], []
+        for j in starts:
+            mid, first, last = core(False, False, j), core(True, False, j), core(False, True, j)
+            times.append((first.time_s - mid.time_s, last.time_s - mid.time_s))
+            ends.append((first.static_bytes - mid.static_bytes,
+                         first.act_per_microbatch_bytes - mid.act_per_microbatch_bytes,
+                         last.static_bytes - mid.static_bytes, last.act_per_microbatch_bytes - mid.act_per_microbatch_bytes))
+        t_first, t_last = (min(t[k] for t in times) for k in range(2))
+        extra = tuple(min(e[k] for e in ends) for k in range(4))
+        return to_us(t_first), to_us(t_last), extra
 
     # ---- configurations ----
     def configs_total(self) -> int:
@@ -197,6 +292,14 @@ class PriceBook:
         if self.flagscale:
             return {"recompute": r, "pp": g.pp, "first_dp": g.first_dp or 0}
         return {"recompute": r, "pp": g.pp, "vpp": g.vpp}
+
+
+def _room(b, groups: int, saved: float, ends: tuple[float, float, float, float] | None, transient: float) -> Room:
+    """The memory figures of an option bound (bounds.OptionBound) per layer group."""
+    static = (b.layer_static_bytes,) + (tuple(k[2] for k in b.kinds) if groups > 1 else ())
+    act = (b.layer_act_bytes,) + (tuple(k[3] for k in b.kinds) if groups > 1 else ())
+    fs, fa, ls, la = ends or (0.0, 0.0, 0.0, 0.0)
+    return Room(b.free_bytes, static, act, saved, transient, fs, fa, ls, la)
 
 
 def _taus(b, groups: int) -> list[float]:

@@ -54,10 +54,41 @@ class StageClass:
 
 
 @dataclass(frozen=True)
+class Room:
+    """What one stage of a class holds in memory: n layers of group g fit with a micro-batches in
+    flight when n * (static[g] + a * act[g]) <= free + a * saved, less the first stage's (embedding)
+    or the last stage's (output layer, logits, MTP) own bytes at the ends of the pipeline."""
+
+    free_bytes: float  # capacity less the framework's overhead
+    static_bytes: tuple[float, ...]  # per layer group: weights, gradients and optimizer state of one layer
+    act_bytes: tuple[float, ...]  # per layer group: one layer's activations per micro-batch in flight
+    saved_bytes: float = 0.0  # activations full block recompute spares per micro-batch in flight, per chunk
+    transient_bytes: float = 0.0  # buffers any stage keeps once (its layers' recompute and work buffers)
+    first_static_bytes: float = 0.0
+    first_act_bytes: float = 0.0
+    last_static_bytes: float = 0.0
+    last_act_bytes: float = 0.0
+
+    def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
+              vpp: int = 1) -> int:
+        """Most layers of the group one stage holds with `inflight` micro-batches in flight and `vpp`
+        virtual chunks (at most `limit`)."""
+        per = self.static_bytes[group] + inflight * self.act_bytes[group]
+        room = self.free_bytes - self.transient_bytes + inflight * vpp * self.saved_bytes
+        if first:
+            room -= self.first_static_bytes + inflight * self.first_act_bytes
+        if last:
+            room -= self.last_static_bytes + inflight * self.last_act_bytes
+        if per <= 0:
+            return limit if room >= 0 else 0
+        return int(min(limit, math.floor(max(room, 0.0) / per * (1 + 1e-12))))
+
+
+@dataclass(frozen=True)
 class Price:
     """A stage class's figures under one choice of the shape degrees and one recompute setting,
-    integer microseconds rounded down so that they bound the cost model from below (prices that
-    hold for every recompute setting: least time, most room)."""
+    integer microseconds rounded down and bytes to the roomy side, so that they bound the cost
+    model from below (the screen's prices hold for every recompute setting: least time, most room)."""
 
     tau_us: tuple[int, ...]  # per layer group (all layers, then each layer kind): least time per layer
     stage_us: int  # per-stage time that does not scale with the layers (full block recompute)
@@ -67,20 +98,18 @@ class Price:
     units: int  # stage budget of the class's type: sum over its classes of weight x stages <= units
     link_in_us: int = 0  # least time of the pipeline link into a stage of the class (from any class)
     link_out_us: int = 0  # least time of the link out of it
-    # memory per layer, for the layers a stage holds with a micro-batches in flight:
-    # n <= (free + a * saved) / (static + a * act)
-    free_bytes: float = 0.0  # capacity less the framework's overhead
-    static_bytes: float = 0.0  # weights, gradients and optimizer state of one layer
-    act_bytes: float = 0.0  # activations of one layer per micro-batch in flight
-    saved_bytes: float = 0.0  # activations full block recompute spares per micro-batch in flight (all chunks)
+    room: Room | None = None  # memory per layer and at the ends (None: only max_layers)
+    # [k]: least exposed DP sync + optimizer step (us per iteration) of a middle stage holding k
+    # layers of the block's sync group (empty: not priced)
+    sync_us: tuple[int, ...] = ()
 
-    def holds(self, inflight: float, limit: int) -> int:
-        """Most layers one stage of the class holds with `inflight` micro-batches in flight."""
-        per = self.static_bytes + inflight * self.act_bytes
-        if per <= 0:
-            return min(limit, self.max_layers)
-        room = self.free_bytes + inflight * self.saved_bytes
-        return int(min(limit, self.max_layers, math.floor(max(room, 0.0) / per * (1 + 1e-12))))
+    def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
+              vpp: int = 1) -> int:
+        """Most layers of a group one stage holds with `inflight` micro-batches in flight."""
+        cap = min(limit, self.max_layers)
+        if self.room is None:
+            return cap
+        return min(cap, self.room.holds(inflight, limit, group, first, last, vpp))
 
 
 def reduced_domains(rules: Sequence[RuleFamily], domains: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -121,20 +150,23 @@ def rule_tables(rules: Sequence[RuleFamily], domains: dict[str, tuple[int, ...]]
     return out
 
 
-def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], groups: Sequence[int]) -> int | None:
+def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], groups: Sequence[int],
+                      microbatches: int, vpp: int = 1) -> int | None:
     """The least bottleneck stage time (us) any pipeline of this shape and recompute setting can
     have, or None when its layers fit in no pipeline: the deepest pipeline the type budgets allow
-    (at most one stage per layer), each stage of class c holding at most min(max_layers_c,
-    (T - stage_us_c) // tau_c) layers.  Per layer group (each kind's layers on their own too)."""
+    (at most one stage per layer), a stage of class c holding at most (T - stage_us_c) // tau_c
+    layers and what it holds in memory with the micro-batches its position keeps in flight (the
+    j-th stage from the end at least min(j + 1, m) of them, whatever the interleaving).  Per layer
+    group (each kind's layers on their own too)."""
     floor = 0
     for g, count in enumerate(groups):
         steps = sorted({k * p.tau_us[g] + p.stage_us for p in row.values() for k in range(1, count + 1)})
         lo, hi = 0, len(steps) - 1
-        if not steps or _capacity(row, classes, g, steps[hi], groups[0]) < count:
+        if not steps or _capacity(row, classes, g, steps[hi], groups[0], microbatches, vpp) < count:
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            if _capacity(row, classes, g, steps[mid], groups[0]) >= count:
+            if _capacity(row, classes, g, steps[mid], groups[0], microbatches, vpp) >= count:
                 hi = mid
             else:
                 lo = mid + 1
@@ -142,27 +174,40 @@ def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], grou
     return floor
 
 
-def _capacity(row: dict[int, Price], classes: Sequence[StageClass], g: int, t_us: int, n_layers: int) -> float:
-    """Most layers of group g the stages hold with every stage time at most t_us: per device type,
-    its budget on its class with the most layers per budget unit (the fractional knapsack's
-    optimum, no less than any integral choice), and, when every stage of a type takes one unit of
-    its budget (megatron), no more stages than layers."""
-    per_type: dict[int, tuple[float, int, float]] = {}  # type -> (layers per unit, layers per stage, stages)
+def _capacity(row: dict[int, Price], classes: Sequence[StageClass], g: int, t_us: int, n_layers: int,
+              microbatches: int, vpp: int) -> float:
+    """Most layers of group g the stages hold with every stage time at most t_us.  Each class's
+    stages take their own least-loaded positions (the j-th from the end: min(j + 1, m) micro-batches
+    in flight); per device type, its budget goes to the stages with the most layers per unit (the
+    fractional knapsack's optimum, no less than any integral choice); with one unit per stage
+    (megatron) no more stages than layers."""
+    items: dict[int, list[tuple[float, float, int]]] = {}  # type -> (layers per unit, layers, units)
+    units: dict[int, int] = {}
     for c, p in row.items():
         tau = max(1, p.tau_us[g])
-        held = min(p.max_layers, max(0, (t_us - p.stage_us) // tau))
+        by_time = max(0, (t_us - p.stage_us) // tau)
         w = classes[c].weight
-        best = per_type.get(classes[c].type_index)
-        if held and (best is None or held / w > best[0]):
-            per_type[classes[c].type_index] = (held / w, held, p.units / w)
-    limit = n_layers if all(classes[c].weight == 1 for c in row) else math.inf
-    total, stages = 0.0, 0.0
-    for _, held, count in sorted(per_type.values(), key=lambda x: -x[1]):
-        take = min(count, limit - stages)
-        if take <= 0:
-            break
-        total += take * held
-        stages += take
+        ty = classes[c].type_index
+        units[ty] = p.units
+        for j in range(min(p.units // w, n_layers)):
+            held = min(by_time, p.holds(min(j + 1, microbatches), n_layers, g, vpp=vpp))
+            if held <= 0:
+                break
+            items.setdefault(ty, []).append((held / w, held, w))
+    one_unit = all(classes[c].weight == 1 for c in row)
+    chosen: list[float] = []
+    total = 0.0
+    for ty, its in items.items():
+        left = units[ty]
+        for per_unit, held, w in sorted(its, reverse=True):
+            if left <= 0:
+                break
+            take = min(1.0, left / w)
+            chosen.append(held) if one_unit else None
+            total += take * held
+            left -= w
+    if one_unit and len(chosen) > n_layers:
+        total = sum(sorted(chosen, reverse=True)[:n_layers])
     return total
 
 
@@ -171,7 +216,7 @@ def shape_bound_us(row: dict[int, Price], classes: Sequence[StageClass], groups:
     """A lower bound (us) on the iteration time of every configuration of a shape under one
     recompute setting (None: none fits): v x T >= W + (m*v - 1) * Tmin, Tmin the pipeline floor,
     W the layers at their least time per layer plus the ends' least extra time."""
-    t_min = pipeline_floor_us(row, classes, groups)
+    t_min = pipeline_floor_us(row, classes, groups, microbatches, max(vpps))
     if t_min is None:
         return None
     kinds = range(1, len(groups)) if len(groups) > 1 else range(1)

@@ -18,8 +18,10 @@ master.py, and the exact stage model, model.py; planner/search/certify.py runs t
                 most, every other stage at least the last stage's (switchable)
     bottleneck  T >= tau_cg[r] * K_cg + stage time (middle), tau * nF + the first stage's extra, ...
                 with tau[r] the class's least time per layer under recompute setting r
-    objective   theta: v * theta >= W + (m*v - 1) * T - (v - 1), W the layers at the least per-layer
-                time of the classes in use plus the ends' extra time; microseconds, rounded down
+    sync        the iteration's DP sync and optimizer step: at least that of the busiest middle stage of
+                each class in use, an element of its layer count (Price.sync_us)
+    objective   theta: v * theta >= W + (m*v - 1) * T + v * sync - (v - 1), W the layers at the least
+                per-layer time of the classes in use plus the ends' extra time; microseconds, rounded down
 
 Every price is a constant here, so the constraints are linear but for S_c * K_cg.  Cuts: settled
 configurations are forbidden (no-good on the block's degrees); `cutoff_us` keeps only what could
@@ -51,6 +53,11 @@ class BlockSpec:
     microbatches: int
     prices: list[dict[int, Price]]  # per recompute index: {class: price}
     inflight: dict[tuple[int, int], tuple[float, float]]  # (PP, VPP) -> micro-batches in flight: first, last stage
+    sync_group: int = 0  # the layer group Price.sync_us counts
+    # per layer group g >= 1: [n] = layers of the group among the model's first n layers (the first
+    # stage's), and among its last n (the last stage's); empty: one group
+    prefix: tuple[tuple[int, ...], ...] = ()
+    suffix: tuple[tuple[int, ...], ...] = ()
     vpp: str | None = "vpp"
     first_dp: str | None = None  # flagscale: the family fixing the first stage's weight (0: free)
     memory: bool = True
@@ -158,12 +165,12 @@ class PipelineBlock:
         """Per layer group: nF + nL + sum_c S_c * K_c >= the group's layers; a stage holds a layer."""
         s, m = self.spec, self.model
         top = max(1, max(s.domains["pp"]))
-        self.nF, self.nL, self.K = [], [], []
+        self.nF, self.nL, self.K, self.Q = [], [], [], []
         for g, count in enumerate(s.groups):
             nF = m.new_int_var(0, count, f"first_layers_{g}")
             nL = m.new_int_var(0, count, f"last_layers_{g}")
             m.add(nL == 0).only_enforce_if(self.single)
-            ks, cover = [], nF + nL
+            ks, qs, cover = [], [], nF + nL
             for c, cls in enumerate(s.classes):
                 k = m.new_int_var(0, count, f"middle_layers_{cls.name}_{g}")
                 m.add(k == 0).only_enforce_if(~self.mid[c])
@@ -174,10 +181,14 @@ class PipelineBlock:
                 else:
                     m.add(k <= self.K[0][c])
                 ks.append(k)
+                qs.append(q)
                 cover = cover + q
             if g == 0:
                 m.add(nF >= 1)
                 m.add(nL >= 1).only_enforce_if(~self.single)
+            elif s.prefix:  # the first stage holds the model's first layers, the last its last ones
+                m.add_element(self.nF[0], list(s.prefix[g - 1]), nF)
+                m.add_element(self.nL[0], list(s.suffix[g - 1]), nL)
             else:
                 m.add(nF <= self.nF[0])
                 m.add(nL <= self.nL[0])
@@ -185,11 +196,14 @@ class PipelineBlock:
             self.nF.append(nF)
             self.nL.append(nL)
             self.K.append(ks)
+            self.Q.append(qs)
 
     def _add_memory(self) -> None:
-        """Every stage's layers within what one stage of its class holds with its micro-batches in
-        flight: a table per class from (recompute, PP, VPP) to the layers a stage holds at the first
-        position (the most in flight) and anywhere else (at least the last stage's) (switchable)."""
+        """Every stage's layers (per layer group) within what one stage of its class holds with its
+        micro-batches in flight: a table per class and group from (recompute, PP, VPP) to what a
+        stage holds at the first position (the most in flight, and the embedding), at the last (the
+        output layer) and in between (at least the last stage's in flight); and the middle stages
+        of a class together at most what their own positions hold (switchable)."""
         s, m = self.spec, self.model
         if not s.memory:
             return
@@ -197,19 +211,46 @@ class PipelineBlock:
         cols = [self.x["recompute"], self.x["pp"]] + ([self.x[s.vpp]] if s.vpp else [])
         vpps = s.domains[s.vpp] if s.vpp else (1,)
         for c, cls in enumerate(s.classes):
-            rows = []
-            for r, row in enumerate(s.prices):
-                p = row.get(c)
-                for pp, v in itertools.product(s.domains["pp"], vpps):
-                    first, last = s.inflight.get((pp, v), (1.0, 1.0))
-                    held = (p.holds(last, n), p.holds(first, n)) if p is not None else (0, 0)
-                    rows.append((r, pp) + ((v,) if s.vpp else ()) + held)
-            mid = m.new_int_var(0, n, f"holds_{cls.name}")
-            first = m.new_int_var(0, n, f"first_holds_{cls.name}")
-            m.add_allowed_assignments(cols + [mid, first], rows)
-            m.add(self.K[0][c] <= mid)
-            m.add(self.nL[0] <= mid).only_enforce_if(self.l[c])
-            m.add(self.nF[0] <= first).only_enforce_if(self.f[c])
+            for g in range(len(s.groups)):
+                rows = []
+                for r, row in enumerate(s.prices):
+                    p = row.get(c)
+                    for pp, v in itertools.product(s.domains["pp"], vpps):
+                        first, last = s.inflight.get((pp, v), (1.0, 1.0))
+                        held = (p.holds(last, n, g, vpp=v), p.holds(first, n, g, first=True, last=pp == 1, vpp=v),
+                                p.holds(last, n, g, last=True, vpp=v)) if p is not None else (0, 0, 0)
+                        rows.append((r, pp) + ((v,) if s.vpp else ()) + held)
+                mid, first, last = (m.new_int_var(0, n, f"{w}_holds_{cls.name}_{g}") for w in ("middle", "first", "last"))
+                m.add_allowed_assignments(cols + [mid, first, last], rows)
+                m.add(self.K[g][c] <= mid)
+                m.add(self.nL[g] <= last).only_enforce_if(self.l[c])
+                m.add(self.nF[g] <= first).only_enforce_if(self.f[c])
+                m.add(self.Q[g][c] <= self._middle_room(c, g))
+
+    def _middle_room(self, c: int, g: int) -> cp_model.IntVar:
+        """Most layers of group g the S_c middle stages of class c hold together: each at its own
+        position, at best the S_c least loaded middle ones (the j-th from the end keeps at least
+        min(j + 1, m) micro-batches in flight; interleaved, (2j + (v - 1)(S + 2) + 1) / v, as
+        PP >= S + 2) -- a table from (recompute, VPP, S_c)."""
+        s, m = self.spec, self.model
+        n = s.groups[0]
+        vpps = s.domains[s.vpp] if s.vpp else (1,)
+        top = max(0, max(s.domains["pp"]) - 2)
+        rows = []
+        for r, row in enumerate(s.prices):
+            p = row.get(c)
+            for v in vpps:
+                total = 0
+                for count in range(top + 1):
+                    rows.append((r,) + ((v,) if s.vpp else ()) + (count, min(total, n * top)))
+                    j = count + 1  # the next middle stage's position from the end
+                    load = min(j + 1, s.microbatches) if v == 1 else \
+                        min((2 * j + (v - 1) * (count + 3) + 1) / v, s.microbatches)
+                    total += p.holds(load, n, g, vpp=v) if p is not None else 0
+        room = m.new_int_var(0, n * top, f"middle_room_{s.classes[c].name}_{g}")
+        cols = [self.x["recompute"]] + ([self.x[s.vpp]] if s.vpp else [])
+        m.add_allowed_assignments(cols + [self.S[c], room], rows)
+        return room
 
     def _add_bottleneck(self) -> None:
         """T at least every stage's layers at its class's least time per layer under the recompute
@@ -270,15 +311,35 @@ class PipelineBlock:
         """v * theta >= W + (m*v - 1) * T - (v - 1), per VPP value (m is the shape's)."""
         s, m = self.spec, self.model
         work = self._work()
+        sync = self._sync()
         vpps = s.domains[s.vpp] if s.vpp else (1,)
         mb = s.microbatches
-        top = s.groups[0] * (self.tau_top + 1) * 2 + 2 * self.extra_top + mb * max(vpps) * self.t_top
+        top = s.groups[0] * (self.tau_top + 1) * 2 + 2 * self.extra_top + mb * max(vpps) * self.t_top + \
+            self.sync_top
         self.theta = m.new_int_var(0, top, "theta_us")
         if s.vpp is None:
-            m.add(self.theta >= work + (mb - 1) * self.T)
+            m.add(self.theta >= work + (mb - 1) * self.T + sync)
             return
         for v in vpps:
-            m.add(v * self.theta >= work + (mb * v - 1) * self.T - (v - 1)).only_enforce_if(self.literal(s.vpp, v))
+            m.add(v * self.theta >= work + (mb * v - 1) * self.T + v * sync - (v - 1)).only_enforce_if(
+                self.literal(s.vpp, v))
+
+    def _sync(self) -> cp_model.IntVar:
+        """The iteration's DP sync and optimizer step: at least the busiest middle stage's of each
+        class in use (by its layers of the sync group)."""
+        s, m = self.spec, self.model
+        g = s.sync_group
+        top = self.sync_top = max([0] + [max(p.sync_us) for row in s.prices for p in row.values() if p.sync_us])
+        sync = m.new_int_var(0, top, "sync_us")
+        for r, row in enumerate(s.prices):
+            z = self.literal("recompute", r)
+            for c, p in row.items():
+                if len(p.sync_us) != s.groups[g] + 1:
+                    continue
+                busiest = m.new_int_var(0, top, f"sync_{s.classes[c].name}_{r}")
+                m.add_element(self.K[g][c], list(p.sync_us), busiest)
+                m.add(sync >= busiest).only_enforce_if([z, self.mid[c]])
+        return sync
 
     # ---- cuts and solving ----
     def allow(self, family: str, values: Sequence[int]) -> None:
@@ -291,12 +352,16 @@ class PipelineBlock:
             self.model.add_forbidden_assignments([self.x[f] for f in self.spec.families],
                                                  [tuple(c[f] for f in self.spec.families) for c in configs])
 
-    def solve(self, *, time_limit_s: float, num_workers: int, cutoff_us: int | None = None) -> BlockResult:
+    def solve(self, *, time_limit_s: float, num_workers: int, cutoff_us: int | None = None,
+              floor_us: float | None = None) -> BlockResult:
         """The least relaxation value over the configurations left; with `cutoff_us` only below it
-        (the cutoff stays: the best plan only improves)."""
+        (the cutoff stays: the best plan only improves); `floor_us` a known lower bound (the last
+        solve's value: cuts only remove configurations)."""
         m = self.model
         if cutoff_us is not None:
             m.add(self.theta <= cutoff_us - 1)
+        if floor_us is not None:
+            m.add(self.theta >= int(floor_us))
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
         solver.parameters.num_workers = int(num_workers)
