@@ -120,7 +120,7 @@ def test_start_dependent_costs_use_a_table_and_match_brute():
     on its start: the model uses a table there and still equals brute force."""
     layer_us = [[10, 10, 10, 40, 40, 40], [15, 15, 15, 20, 20, 20], [12, 12, 30, 30, 30, 30]]
     t = make_tables(layer_us, pp=3, option_type=[0, 1, 2], budget=[1, 1, 1], p2p_us=3, first_extra_us=7)
-    sol = solve(t, hint=False)
+    sol = solve(t)
     assert sol.stats["cost_forms"]["table"] > 0
     assert sol.objective_us == solve_brute(t).objective_us
 
@@ -148,8 +148,7 @@ def test_hint_and_statistics():
     assert sol.stats["hinted"] is True and sol.objective_us == solve_brute(t).objective_us
     for key in ("wall_s", "branches", "conflicts", "status", "build_s", "total_s"):
         assert key in sol.stats
-    assert solve(t, hint=True).stats["hinted"] is True  # HS-DP's plan
-    assert solve(t, hint=False).stats["hinted"] is False
+    assert solve(t).stats["hinted"] is False  # nothing to hint with: the CP-SAT backend runs no HS-DP
 
 
 def test_lower_hull_lines_under_points():

@@ -124,7 +124,7 @@ def search_json(result, settings) -> dict[str, Any]:
             "optimum_s": best.objective_s if pruned_optimal else None,
             "lower_bound_s": result.pruned_lower_bound_s,
         },
-        "pruning": {**result.pruning.to_json(), "on": result.pruning.any,
+        "pruning": {**result.pruning.to_json(), "on": result.pruning.restricts,
                     "configs_pruned_memory": result.configs_pruned_memory,
                     "configs_pruned_cp_min_seq": result.configs_pruned_cp},
         "configs": {"total": result.configs_total, "solved": result.configs_solved,
@@ -200,10 +200,11 @@ def search_status(payload: dict) -> tuple[str, str, str]:
     (planner/search/settings.status_reason)."""
     p = payload["pruning"]
     sj = payload.get("search") or {}
-    pruning = Pruning(delta=p["load_balance_delta"], memory=p["memory"], cp_min_seq_tokens=p.get("cp_min_seq_tokens"))
+    pruning = Pruning(delta=p["load_balance_delta"], memory=p["memory"], cp_min_seq_tokens=p.get("cp_min_seq_tokens"),
+                      restrict=p.get("restrict", True))
     return status_reason(
         certified=payload["certified_optimal"], pruning=pruning,
-        pruning_on=sj.get("pruning", {}).get("on", p["load_balance_delta"] is not None or p["memory"]),
+        pruning_on=sj.get("pruning", {}).get("on", pruning.restricts),
         pruned_proven=sj.get("pruned_space", {}).get("status") == OPTIMAL,
         time_limit_hit=any("time limit" in n for n in payload.get("notes", [])))
 

@@ -332,10 +332,13 @@ class BendersSearch:
                              prefix=book.prefix, suffix=book.suffix, vpp=lv.vpp, first_dp=lv.first_dp)
             block = self.blocks[key] = PipelineBlock(spec)
             self.stats["shapes_blocked"] += 1
-            self.stats["rows"] += sum(len(row) for row in spec.prices)
-            self.stats["variables"] = {"degrees": len(spec.families), "per block": len(block.model.proto.variables)}
+            st = self.stats
+            st["rows"] += sum(len(row) for row in spec.prices)
+            st["variables"]["degrees"] = len(spec.families)
+            st["variables"]["pipeline_blocks"] = st["variables"].get("pipeline_blocks", 0) + \
+                len(block.model.proto.variables)
             for name, count in block.constraints.items():
-                self.stats["constraints"][name] = self.stats["constraints"].get(name, 0) + count
+                st["constraints"][f"block {name}"] = st["constraints"].get(f"block {name}", 0) + count
         return block
 
     def _inflight(self, key: tuple) -> dict[tuple[int, int], tuple[float, float]]:
@@ -418,7 +421,7 @@ class BendersSearch:
             tables = self._tables(g, exact=not restricted)
             hint = None
             if not restricted and not self.cands and self.pruning.delta is not None:
-                hint = self._window_plan(tables)
+                hint = self._window_plan(g, tables)
         except DeadlinePassed:
             self.timed_out = True
             self._settle(g, "unresolved", theta_us, theta_us)
@@ -455,18 +458,29 @@ class BendersSearch:
         st["stage_solves"] += 1
         st["stage_wall_s"] += float(sub.get("wall_s", 0.0) or 0.0)
         st["branches"] += int(sub.get("branches", 0) or 0)
+        for part in ("variables", "constraints"):
+            for name, count in (sub.get(part) or {}).items():
+                st[part][name] = st[part].get(name, 0) + count
         return sol
 
-    def _window_plan(self, tables: StageTables) -> list | None:
+    def _window_plan(self, g: GlobalChoice, tables: StageTables) -> list | None:
         """With no plan yet: the configuration under the load-balance window first (a smaller
-        problem), its plan the hint of the exact solve (the pruning orders the work, it cuts nothing)."""
+        problem); its plan is kept (a plan of the whole space) and hints the exact solve (the
+        pruning orders the work, it cuts nothing)."""
         windowed = tables.pruned(delta=self.pruning.delta, memory=False)
         sol = self._stage_solve(windowed, None, None)
         self.stats["window_solves"] = self.stats.get("window_solves", 0) + 1
-        return sol.stages if sol is not None and sol.stages else None
+        if sol is None or not sol.stages:
+            return None
+        self._offer(g, tables, replace(sol, status="FEASIBLE"))
+        return sol.stages
 
     def _offer(self, g: GlobalChoice, tables: StageTables, sol) -> None:
+        """Keep a plan of G among the best (one per configuration, the better)."""
         obj = from_us(sol.objective_us) / g.vpp
+        if any(c.g == g and c.objective_s <= obj for c in self.cands):
+            return
+        self.cands = [c for c in self.cands if c.g != g]
         plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
         self.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
                                     bound_s=bound_s(sol.bound_us, g.vpp), options=list(tables.options),
