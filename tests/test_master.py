@@ -277,7 +277,9 @@ def test_cpsat_backend_runs_no_hsdp_code(monkeypatch, runtime):
     monkeypatch.setattr(hsdp, "solve_hsdp", forbidden)
     monkeypatch.setattr(hsdp._StageDP, "solve", forbidden)
     cm = reduced_cost_model("mixtral-s", 4, "H800:4,MI300X:4", 24)
-    space = SearchSpace(runtime=runtime, tp=(1, 2), mbs=(1, 2), recompute=(Recompute.none(), Recompute.full("uniform", 1)))
-    for settings in (SearchSettings(backend="cpsat", time_limit_s=60), SearchSettings(backend="cpsat").without_pruning()):
+    space = SearchSpace(runtime=runtime, tp=(1, 2), mbs=(1, 2),
+                        recompute=(Recompute.none(), Recompute.full("uniform", 1)))
+    for settings in (SearchSettings(backend="cpsat", time_limit_s=60),
+                     SearchSettings(backend="cpsat").without_pruning()):
         res = search(cm, space, settings)
         assert res.status == "OPTIMAL" and res.best[0].backend == "cpsat"

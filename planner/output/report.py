@@ -106,8 +106,10 @@ def search_json(result, settings) -> dict[str, Any]:
                      lower bound valid for the pruned space.
     pruning          which prunings were on, and how many configurations each set aside.
     quantisation_s   most the best plan's float cost exceeds its integer-table objective.
-    cpsat            the CP-SAT master's statistics (--backend cpsat): variables and constraints
-                     per family, status, objective_s, bound_s, wall_s, branches.
+    cpsat            --backend cpsat's statistics (planner/search/certify.py): variables and
+                     constraints per family, status, objective_s, bound_s, wall_s, branches, how much
+                     work each part did (master_solves: pipeline-block solves, stage_solves, cuts by
+                     kind, shapes screened and blocked, configs_never_priced_one_by_one).
     """
     best = result.best[0]
     pruned_optimal = result.pruned_space_optimal
@@ -485,8 +487,10 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     cs = sj.get("cpsat")
     if cs:
         bound = f"{cs['bound_s']:.3f} s" if cs.get("bound_s") is not None else "none"
-        _say(console, f"  cp-sat master: {cs['status']} over the {cs['space']} space, bound {bound}, {cs['rows']} rows, "
-             f"{cs['master_solves']} master solve(s), {cs['subproblems']} stage subproblem(s), "
+        never = cs.get("configs_never_priced_one_by_one")
+        never_txt = f", {never} configurations never priced one by one" if never is not None else ""
+        _say(console, f"  cp-sat: {cs['status']} over the {cs['space']} space, bound {bound}, "
+             f"{cs['master_solves']} pipeline-block solve(s), {cs['subproblems']} stage solve(s){never_txt}, "
              f"{cs['wall_s']:.2f} s in CP-SAT")
     if hint:
         _say(console, f"  {hint}")

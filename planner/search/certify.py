@@ -41,7 +41,7 @@ from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.prices import PriceBook
 from planner.search.screening import plan_from_solution
-from planner.search.settings import Candidate, ProgressEvent, ProgressFn, SearchResult, SearchSettings
+from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.base import SolverSettings
@@ -186,7 +186,7 @@ class BendersSearch:
         self.proven = False
         self.timed_out = False
         self.notes: list[str] = []
-        self._last_report = 0.0
+        self.clock = ProgressClock(PROGRESS_EVERY_S)
         self.stats: dict[str, Any] = {
             "status": "UNKNOWN", "objective_s": None, "bound_s": None, "wall_s": 0.0, "branches": 0,
             "variables": {}, "constraints": {}, "master_solves": 0, "subproblems": 0, "rows": 0, "rows_left_out": 0,
@@ -489,12 +489,9 @@ class BendersSearch:
         del self.cands[self.settings.top_k * 4:]
 
     def _report(self, phase: str, config: str = "", force: bool = False) -> None:
-        if not self.progress:
+        if not self.progress or not self.clock.due(force):
             return
         now = time.perf_counter()
-        if not force and now - self._last_report < PROGRESS_EVERY_S:
-            return
-        self._last_report = now
         total = self.stats["configs_total"]
         done = total if phase == "done" and self.proven else len(self.settled)
         bound = self._open_bound_us()
@@ -535,7 +532,8 @@ class BendersSearch:
             if self.timed_out:
                 raise SearchTimeLimitError(
                     f"no plan found within the {self.settings.time_limit_s:g} s time limit "
-                    f"({self.stats['stage_solves']} stage solves, {self.stats['master_solves']} pipeline-block solves); "
+                    f"({self.stats['stage_solves']} stage solves, {self.stats['master_solves']} pipeline-block "
+                    "solves); "
                     "raise --time-limit")
             raise explain_infeasible(self.cost, self.space, len(self.book.shapes))
         best = self.cands[: self.settings.top_k]

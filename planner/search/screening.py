@@ -31,7 +31,7 @@ from planner.cost.model import CostModel
 from planner.schemas.plan import Plan, Recompute, StagePlan
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import ShapeBounds, lower_bound_s, option_bound, stage_free_bytes
-from planner.search.settings import Candidate, ProgressEvent, ProgressFn, SearchSettings
+from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchSettings
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, recompute_ladder, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.backends import get_backend
@@ -242,7 +242,7 @@ class Screening:
         self.enumeration_complete = True
         self.delta_fallbacks = 0
         self.timed_out = False
-        self._last_report = 0.0
+        self.clock = ProgressClock(PROGRESS_EVERY_S)
 
     # ---- filling the queue ----
     def enumerate(self) -> None:
@@ -413,12 +413,9 @@ class Screening:
     def report_progress(self, phase: str, config: str, force: bool = False) -> None:
         """Call the progress callback (at most every PROGRESS_EVERY_S unless forced).  At the end
         (phase "done") of a search that was not cut short every configuration counts as done."""
-        if not self.progress:
+        if not self.progress or not self.clock.due(force):
             return
         now = time.perf_counter()
-        if not force and now - self._last_report < PROGRESS_EVERY_S:
-            return
-        self._last_report = now
         finished = phase == "done" and not self.timed_out and self.enumeration_complete
         self.progress(ProgressEvent(
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,

@@ -220,7 +220,8 @@ class PipelineBlock:
                         held = (p.holds(last, n, g, vpp=v), p.holds(first, n, g, first=True, last=pp == 1, vpp=v),
                                 p.holds(last, n, g, last=True, vpp=v)) if p is not None else (0, 0, 0)
                         rows.append((r, pp) + ((v,) if s.vpp else ()) + held)
-                mid, first, last = (m.new_int_var(0, n, f"{w}_holds_{cls.name}_{g}") for w in ("middle", "first", "last"))
+                mid, first, last = (m.new_int_var(0, n, f"{w}_holds_{cls.name}_{g}")
+                                    for w in ("middle", "first", "last"))
                 m.add_allowed_assignments(cols + [mid, first, last], rows)
                 m.add(self.K[g][c] <= mid)
                 m.add(self.nL[g] <= last).only_enforce_if(self.l[c])
