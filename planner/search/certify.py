@@ -46,9 +46,10 @@ from planner.search.space import SearchSpace, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.base import SolverSettings
 from solver_models.cpsat.master import MAX_RULE_TABLE, RuleFamily, shape_bound_us
-from solver_models.cpsat.model import solve_cpsat
+from solver_models.cpsat.model import CpSatSolution, solve_cpsat
 from solver_models.cpsat.pipeline import BlockSpec, PipelineBlock
 from solver_models.fitting import has_fitting_layout
+from solver_models.rounding import rounded_plan
 from solver_models.scaling import bound_s, from_us
 from solver_models.tables import DeadlinePassed, StageTables
 
@@ -58,8 +59,9 @@ PRICING_SHARE = 0.4
 STAGE_SHARE = 0.25
 STAGE_MIN_S = 2.0
 PROGRESS_EVERY_S = 0.2
-# every time this many more shapes have a pipeline block, the least configuration the blocks found is
-# solved at once (a dive), for a better plan to bound the rest with
+# every time this many more shapes have a pipeline block (or, with no plan yet, once half the time
+# limit is gone), the least configuration the blocks found is solved at once (a dive), for a better
+# plan to bound the rest with
 DIVE_EVERY_SHAPES = 8
 MICROBATCH_SCOPE = ("mbs", "dp", "samples")  # the shape degrees the number of micro-batches reads
 
@@ -179,9 +181,11 @@ class BendersSearch:
         self.book = PriceBook(cost, space, self.builder)
         self.levels = levels(cost, space, self.book, settings)
         self.cands: list[Candidate] = []
+        self._pipeline = None  # the block pipeline of the configuration being settled
         self.settled: list[Settled] = []
         self.blocks: dict[tuple, PipelineBlock] = {}
         self.queue: list = []  # (bound us, seq, shape, configuration or None): what is left, best first
+        self.pipelines: dict = {}  # (shape, configuration) -> its block's pipeline (first, last, middle)
         self._next_dive = DIVE_EVERY_SHAPES
         self.proven = False
         self.timed_out = False
@@ -207,10 +211,12 @@ class BendersSearch:
         block is solved again.  The loop ends when the top's bound reaches the best plan (proven),
         the queue empties (proven) or the time limit passes."""
         budget = self.deadline - self.t0
+        self.unscreened = 0
         if not self.book.price_master(self.t0 + PRICING_SHARE * budget):
             self.timed_out = True
-            self.notes.append("time limit: not every shape was priced for the screen; no whole-space bound")
-            return self._result()
+            self.unscreened = len(self.book.shapes) - len(self.book.master)
+            self.notes.append(f"time limit: {self.unscreened} of {len(self.book.shapes)} shapes were not priced for "
+                              "the screen in time and not searched; no whole-space bound")
         self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self._screen_shapes())]
         heapq.heapify(self.queue)
         self._seq = len(self.queue)
@@ -222,7 +228,8 @@ class BendersSearch:
             if self._late():
                 self.timed_out = True
                 break
-            if degrees is None and self.stats["shapes_blocked"] >= self._next_dive:
+            late = not self.cands and self._left() < 0.5 * (self.deadline - self.t0)
+            if degrees is None and (self.stats["shapes_blocked"] >= self._next_dive or late):
                 theta, key, degrees = self._dive()
             else:
                 heapq.heappop(self.queue)
@@ -235,7 +242,7 @@ class BendersSearch:
                 self._push(theta, key, degrees)
                 self.timed_out = True
                 break
-        self.proven = not self.timed_out
+        self.proven = not self.timed_out and not self.unscreened
         return self._result()
 
     def _dive(self) -> tuple[float, tuple, dict | None]:
@@ -277,12 +284,14 @@ class BendersSearch:
             self.timed_out = True
             self._push(max(floor_us, res.bound_us or 0), key, None)
             return
+        self.pipelines[key, tuple(sorted(res.degrees.items()))] = (res.first, res.last, res.middle)
         self._push(max(floor_us, res.objective_us), key, res.degrees)
 
     def _settle_config(self, key: tuple, theta_us: float, degrees: dict) -> None:
         """A configuration at the top: its exact stage solve (or a cut), forbidden in its block,
         and the block's next configuration into the queue."""
         g = self.book.choice(dict(zip(self.levels.shape, key)), degrees)
+        self._pipeline = self.pipelines.pop((key, tuple(sorted(degrees.items()))), None)
         if not (self._lazy_rule_cut(g) or self._least_recompute_cut(g, theta_us)):
             self._subproblem(g, theta_us)
         self.blocks[key].forbid([degrees])
@@ -419,8 +428,8 @@ class BendersSearch:
         whole = theta_us if restricted else None  # a pruned solve bounds only the pruned space
         try:
             tables = self._tables(g, exact=not restricted)
-            hint = None
-            if not restricted and not self.cands and self.pruning.delta is not None:
+            hint = self._rounded_plan(g, tables)
+            if hint is None and not restricted and not self.cands and self.pruning.delta is not None:
                 hint = self._window_plan(g, tables)
         except DeadlinePassed:
             self.timed_out = True
@@ -462,6 +471,27 @@ class BendersSearch:
             for name, count in (sub.get(part) or {}).items():
                 st[part][name] = st[part].get(name, 0) + count
         return sol
+
+    def _rounded_plan(self, g: GlobalChoice, tables: StageTables) -> list | None:
+        """The block's pipeline rounded to a plan (solver_models/rounding.py): kept when it is one,
+        and the hint of the exact solve."""
+        if self._pipeline is None:
+            return None
+        first, last, middle = self._pipeline
+        of_class: dict[int, list[int]] = {}
+        for o, opt in enumerate(tables.options):
+            name = opt.device_type if not self.book.flagscale else f"{opt.device_type} dp{opt.dp}"
+            of_class.setdefault(self.book.class_of[name], []).append(o)
+        order = [first] + sorted(middle or {}, key=lambda c: (c != first, c == last, c))
+        classes = [first] + [c for c in order[1:] for _ in range((middle or {}).get(c, 0))]
+        classes += [] if last is None else [last]
+        plan = rounded_plan(tables, [of_class.get(c, []) for c in classes])
+        self.stats["rounded_plans"] = self.stats.get("rounded_plans", 0) + (plan is not None)
+        if plan is None:
+            return None
+        objective = tables.plan_objective_us(plan)
+        self._offer(g, tables, CpSatSolution(objective, 0, plan, "FEASIBLE", exact=False))
+        return plan
 
     def _window_plan(self, g: GlobalChoice, tables: StageTables) -> list | None:
         """With no plan yet: the configuration under the load-balance window first (a smaller
@@ -511,8 +541,8 @@ class BendersSearch:
     def _bounds_us(self) -> tuple[float | None, float | None]:
         """(bound valid for the searched space, bound valid for the whole space), us; None: not known."""
         cap = self.cands[0].objective_s * 1e6
-        if not self.stats["shapes_screened"] and not self.proven:
-            return None, None  # the screen never bounded the shapes
+        if self.unscreened:
+            return None, None  # the screen never bounded the shapes not priced
         open_us = self._open_bound_us()
         searched = cap if open_us is None else min(cap, open_us)
         if not self.pruning.restricts:

@@ -122,7 +122,7 @@ class PriceBook:
                 tau = tuple(to_us(x) for x in _taus(fast, len(self.groups)))
                 row[self._class_index(o)] = Price(
                     tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers), self._units(base, o.device_type),
-                    room=_room(room, len(self.groups), 0.0, None, self._transient(gs, o)))
+                    room=_room(room, len(self.groups), 0.0, None, 0.0))
             self.master[key] = row
         self.pricing_s += time.perf_counter() - t0
         return True

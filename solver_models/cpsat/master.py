@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
 # largest product of domains a rule family's table is built over (else: checked on the answers)
 MAX_RULE_TABLE = 200_000
 
@@ -73,15 +75,21 @@ class Room:
               vpp: int = 1) -> int:
         """Most layers of the group one stage holds with `inflight` micro-batches in flight and `vpp`
         virtual chunks (at most `limit`)."""
+        return int(self.holds_each(np.array([inflight], dtype=float), limit, group, first, last, vpp)[0])
+
+    def holds_each(self, inflight: np.ndarray, limit: int, group: int = 0, first: bool = False, last: bool = False,
+                   vpp: int = 1) -> np.ndarray:
+        """`holds` for each of an array of micro-batches in flight."""
         per = self.static_bytes[group] + inflight * self.act_bytes[group]
         room = self.free_bytes - self.transient_bytes + inflight * vpp * self.saved_bytes
         if first:
-            room -= self.first_static_bytes + inflight * self.first_act_bytes
+            room = room - (self.first_static_bytes + inflight * self.first_act_bytes)
         if last:
-            room -= self.last_static_bytes + inflight * self.last_act_bytes
-        if per <= 0:
-            return limit if room >= 0 else 0
-        return int(min(limit, math.floor(max(room, 0.0) / per * (1 + 1e-12))))
+            room = room - (self.last_static_bytes + inflight * self.last_act_bytes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            held = np.where(per > 0, np.floor(np.maximum(room, 0.0) / np.where(per > 0, per, 1.0) * (1 + 1e-12)),
+                            np.where(room >= 0, limit, 0))
+        return np.minimum(held, limit).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -159,55 +167,62 @@ def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], grou
     j-th stage from the end at least min(j + 1, m) of them, whatever the interleaving).  Per layer
     group (each kind's layers on their own too)."""
     floor = 0
+    n_layers = groups[0]
     for g, count in enumerate(groups):
-        steps = sorted({k * p.tau_us[g] + p.stage_us for p in row.values() for k in range(1, count + 1)})
-        lo, hi = 0, len(steps) - 1
-        if not steps or _capacity(row, classes, g, steps[hi], groups[0], microbatches, vpp) < count:
+        stages = _stage_rooms(row, classes, g, n_layers, microbatches, vpp)
+        steps = np.unique(np.concatenate([np.arange(1, count + 1) * max(1, p.tau_us[g]) + p.stage_us
+                                          for p in row.values()]))
+        if not steps.size or _capacity(stages, steps[-1], n_layers) < count:
             return None
+        lo, hi = 0, steps.size - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if _capacity(row, classes, g, steps[mid], groups[0], microbatches, vpp) >= count:
+            if _capacity(stages, steps[mid], n_layers) >= count:
                 hi = mid
             else:
                 lo = mid + 1
-        floor = max(floor, steps[lo])
+        floor = max(floor, int(steps[lo]))
     return floor
 
 
-def _capacity(row: dict[int, Price], classes: Sequence[StageClass], g: int, t_us: int, n_layers: int,
-              microbatches: int, vpp: int) -> float:
-    """Most layers of group g the stages hold with every stage time at most t_us.  Each class's
-    stages take their own least-loaded positions (the j-th from the end: min(j + 1, m) micro-batches
-    in flight); per device type, its budget goes to the stages with the most layers per unit (the
-    fractional knapsack's optimum, no less than any integral choice); with one unit per stage
-    (megatron) no more stages than layers."""
-    items: dict[int, list[tuple[float, float, int]]] = {}  # type -> (layers per unit, layers, units)
-    units: dict[int, int] = {}
+def _stage_rooms(row: dict[int, Price], classes: Sequence[StageClass], g: int, n_layers: int, microbatches: int,
+                 vpp: int) -> list[tuple[int, int, int, int, np.ndarray, int]]:
+    """Per class: (type, weight, tau, stage time, layers of group g its j-th stage from the end holds
+    in memory (with min(j + 1, m) micro-batches in flight), the type's budget units)."""
+    out = []
     for c, p in row.items():
-        tau = max(1, p.tau_us[g])
-        by_time = max(0, (t_us - p.stage_us) // tau)
         w = classes[c].weight
-        ty = classes[c].type_index
-        units[ty] = p.units
-        for j in range(min(p.units // w, n_layers)):
-            held = min(by_time, p.holds(min(j + 1, microbatches), n_layers, g, vpp=vpp))
-            if held <= 0:
-                break
-            items.setdefault(ty, []).append((held / w, held, w))
-    one_unit = all(classes[c].weight == 1 for c in row)
-    chosen: list[float] = []
+        count = min(p.units // w, n_layers)
+        loads = np.minimum(np.arange(1, count + 1), microbatches).astype(float)
+        holds = np.minimum(p.room.holds_each(loads, n_layers, g, vpp=vpp), p.max_layers) if p.room is not None \
+            else np.full(count, min(n_layers, p.max_layers), dtype=np.int64)
+        out.append((classes[c].type_index, w, max(1, p.tau_us[g]), p.stage_us, holds, p.units))
+    return out
+
+
+def _capacity(stages: list[tuple[int, int, int, int, np.ndarray, int]], t_us: int, n_layers: int) -> float:
+    """Most layers of a group the stages hold with every stage time at most t_us.  Each class's
+    stages take their own least-loaded positions; per device type, its budget goes to the stages
+    with the most layers per unit (the fractional knapsack's optimum, no less than any integral
+    choice); with one unit per stage (megatron) no more stages than layers."""
+    if all(st[1] == 1 for st in stages):  # one unit a stage: the n_layers stages that hold the most
+        held = np.concatenate([np.minimum(h, max(0, (int(t_us) - s_us) // tau)) for _, _, tau, s_us, h, _ in stages])
+        return float(np.sort(held)[::-1][:n_layers].sum())
+    per_type: dict[int, list[tuple[float, float, int]]] = {}
+    units: dict[int, int] = {}
+    for ty, w, tau, stage_us, holds, budget in stages:
+        held = np.minimum(holds, max(0, (int(t_us) - stage_us) // tau))
+        held = held[held > 0]
+        units[ty] = budget
+        per_type.setdefault(ty, []).extend((x / w, float(x), w) for x in held.tolist())
     total = 0.0
-    for ty, its in items.items():
+    for ty, items in per_type.items():
         left = units[ty]
-        for per_unit, held, w in sorted(its, reverse=True):
+        for _, held, w in sorted(items, reverse=True):
             if left <= 0:
                 break
-            take = min(1.0, left / w)
-            chosen.append(held) if one_unit else None
-            total += take * held
+            total += min(1.0, left / w) * held
             left -= w
-    if one_unit and len(chosen) > n_layers:
-        total = sum(sorted(chosen, reverse=True)[:n_layers])
     return total
 
 

@@ -71,6 +71,10 @@ class BlockResult:
     bound_us: int | None
     wall_s: float
     branches: int
+    # the relaxation's pipeline: the first and last stage's class, middle stages per class
+    first: int | None = None
+    last: int | None = None
+    middle: dict[int, int] | None = None
 
 
 class PipelineBlock:
@@ -371,7 +375,12 @@ class PipelineBlock:
         bound = None
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
             bound = int(math.floor(solver.best_objective_bound + 1e-6))
-        return BlockResult(status=solver.status_name(status),
-                           degrees={f: int(solver.value(v)) for f, v in self.x.items()} if found else None,
-                           objective_us=int(round(solver.objective_value)) if found else None, bound_us=bound,
-                           wall_s=solver.wall_time, branches=solver.num_branches)
+        res = BlockResult(status=solver.status_name(status),
+                          degrees={f: int(solver.value(v)) for f, v in self.x.items()} if found else None,
+                          objective_us=int(round(solver.objective_value)) if found else None, bound_us=bound,
+                          wall_s=solver.wall_time, branches=solver.num_branches)
+        if found:
+            res.first = next(c for c, b in enumerate(self.f) if solver.boolean_value(b))
+            res.last = next((c for c, b in enumerate(self.l) if solver.boolean_value(b)), None)
+            res.middle = {c: int(solver.value(v)) for c, v in enumerate(self.S) if solver.value(v)}
+        return res
