@@ -17,7 +17,7 @@ from planner.search.bounds import _budget_test, lower_bound_s, option_bound, sta
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
-from solver_models.hsdp import has_fitting_layout
+from solver_models.fitting import has_fitting_layout
 from planner.search.tables import TableBuilder
 
 from helpers.cases import reduced_cost_model

@@ -121,7 +121,7 @@ def test_start_dependent_costs_use_a_table_and_match_brute():
     on its start: the model uses a table there and still equals brute force."""
     layer_us = [[10, 10, 10, 40, 40, 40], [15, 15, 15, 20, 20, 20], [12, 12, 30, 30, 30, 30]]
     t = make_tables(layer_us, pp=3, option_type=[0, 1, 2], budget=[1, 1, 1], p2p_us=3, first_extra_us=7)
-    sol = solve(t, hint=False)
+    sol = solve(t)
     assert sol.stats["cost_forms"]["table"] > 0
     assert sol.objective_us == solve_brute(t).objective_us
 
@@ -149,8 +149,7 @@ def test_hint_and_statistics():
     assert sol.stats["hinted"] is True and sol.objective_us == solve_brute(t).objective_us
     for key in ("wall_s", "branches", "conflicts", "status", "build_s", "total_s"):
         assert key in sol.stats
-    assert solve(t, hint=True).stats["hinted"] is True  # HS-DP's plan
-    assert solve(t, hint=False).stats["hinted"] is False
+    assert solve(t).stats["hinted"] is False  # nothing to hint with: the CP-SAT backend runs no HS-DP
 
 
 def test_lower_hull_lines_under_points():
@@ -206,3 +205,19 @@ def test_hint_breaking_a_rule_is_not_used():
     t = make_tables(AB)
     sol = solve(t, hint_stages=[(0, 0, 2), (0, 2, 2)])  # two A stages, one A GPU
     assert sol.stats["hinted"] is False and sol.objective_us == 140
+
+
+def test_rounded_plan_is_a_plan_and_no_better_than_the_optimum():
+    """The rounding heuristic (solver_models/rounding.py) returns a plan the tables accept (every
+    layer once, memory, options as asked), never better than brute force's optimum; it finds the
+    optimum on a small case where the greedy split is the best one, and none when memory rules every
+    split out."""
+    from solver_models.rounding import rounded_plan
+
+    t = make_tables(AB, p2p_us=0, budget=[1, 1])
+    plan = rounded_plan(t, [[0], [1]])
+    assert plan is not None and sum(n for _, _, n in plan) == 4
+    assert [o for o, _, _ in plan] == [0, 1]
+    assert t.plan_objective_us(plan) == solve_brute(t).objective_us == 140  # 3 layers on A, 1 on B
+    tight = make_tables(AB, cap_layers=[1.0, 1.0], budget=[1, 1])
+    assert rounded_plan(tight, [[0], [1]]) is None  # two stages hold 2 of the 4 layers at most

@@ -23,7 +23,6 @@ from planner.schemas.search import stage_min_layers
 from planner.errors import SearchTimeLimitError
 from planner.search.driver import search
 from planner.search.settings import SearchSettings
-from planner.search.screening import Screening
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.tables import DeadlinePassed, position
@@ -169,86 +168,35 @@ def test_a_passed_deadline_stops_the_cpsat_stage_model_build():
     t.deadline = time.perf_counter() - 1.0
     settings = SearchSettings(backend="cpsat", time_limit_s=5.0).solver_settings()
     with pytest.raises(DeadlinePassed):
-        solve_cpsat(t, upper_bound_us=None, settings=settings, hint=False)
+        solve_cpsat(t, upper_bound_us=None, settings=settings)
 
 
-def test_deadline_inside_the_certificate_keeps_the_screened_plan(monkeypatch):
-    """The CP-SAT certificate's stage models pass the deadline: the search still returns the plan
-    screening found (HS-DP's), not a crash."""
-    import solver_models.cpsat.model as cpsat_model
-
-    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
-
-    def late(t, **kwargs):
-        raise DeadlinePassed()
-
-    monkeypatch.setattr(cpsat_model, "all_cells", late)
-    result = search(cm, SPACE, SearchSettings(backend="cpsat", time_limit_s=30.0).without_pruning())
-    assert result.best, "screening's plan is kept"
-    assert result.best[0].backend == "hsdp"  # no CP-SAT stage model finished
-    assert math.isfinite(result.costs[0].iteration_time_s)
-
-
-def test_bounds_stay_sound_when_the_certificate_is_cut_short(monkeypatch):
-    """Rows the certificate takes off the queue and cannot solve in time still count in the
-    reported bounds: neither bound exceeds the certified optimum of the whole space."""
+def test_deadline_inside_a_stage_solve_keeps_the_plan_found(monkeypatch):
+    """--backend cpsat: the deadline passes inside the stage models after the first plan: the
+    search returns that plan (FEASIBLE, not a crash), and neither reported bound exceeds the
+    certified optimum of the whole space."""
     import solver_models.cpsat.model as cpsat_model
 
     cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
     optimum = search(cm, SPACE, SearchSettings(backend="cpsat", time_limit_s=60.0).without_pruning())
     assert optimum.status == "OPTIMAL"
     best_s = optimum.best[0].objective_s
+    real = cpsat_model.all_cells
+    calls = {"n": 0}
 
-    def late(t, **kwargs):
-        raise DeadlinePassed()
+    def late_after_one(t, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise DeadlinePassed()
+        return real(t, **kwargs)
 
-    monkeypatch.setattr(cpsat_model, "all_cells", late)
-    # screening stops after its first configuration (as at its share of the time limit), so the
-    # certificate's rows are still in the queue when their stage problems run out of time
-    real_solve = Screening._solve
-
-    def solve_once(self, e, kth):
-        real_solve(self, e, kth)
-        self.stop_at = -math.inf
-
-    monkeypatch.setattr(Screening, "_solve", solve_once)
+    monkeypatch.setattr(cpsat_model, "all_cells", late_after_one)
     for settings in (SearchSettings(backend="cpsat", time_limit_s=30.0),
                      SearchSettings(backend="cpsat", time_limit_s=30.0).without_pruning()):
+        calls["n"] = 0
         cut = search(cm, SPACE, settings)
+        assert cut.best and math.isfinite(cut.costs[0].iteration_time_s)
+        assert cut.status == "FEASIBLE" and cut.timed_out
+        assert cut.best[0].objective_s >= best_s - 1e-9
         for bound in (cut.lower_bound_s, cut.pruned_lower_bound_s):
             assert bound is None or bound <= best_s + 1e-9
-        assert cut.best[0].objective_s >= best_s - 1e-9
-
-
-def test_a_row_cut_short_in_the_certificate_keeps_its_bound(monkeypatch):
-    """The certificate takes a queued configuration off the queue to solve its stage problem; when
-    the deadline passes inside that solve, the configuration stays on record with its bound (it
-    would otherwise drop out of the pruned- and whole-space bounds)."""
-    import heapq
-    from dataclasses import replace
-
-    import solver_models.cpsat.model as cpsat_model
-    from planner.search.certify import _refine
-    from planner.search.screening import SHAPE
-
-    cm = reduced_cost_model("mixtral-s", 8, "H800:8,MI300X:8", 64)
-    settings = replace(SearchSettings(backend="cpsat", time_limit_s=30.0), deadline=time.perf_counter() + 30.0)
-    scr = Screening(cm, SPACE, settings, time.perf_counter(), None)
-    scr.enumerate()
-    scr.expand(heapq.heappop(scr.heap).shape)
-    queued = next(e for e in scr.heap if e.level != SHAPE)
-    ready = scr.configs.tight_entry(scr.configs.cheap_entry(queued), math.inf)  # bounded: next step solves it
-    scr.heap.remove(queued)
-    scr.heap.append(ready)
-    heapq.heapify(scr.heap)
-
-    def late(t, **kwargs):
-        raise DeadlinePassed()
-
-    monkeypatch.setattr(cpsat_model, "all_cells", late)
-    stats = {"subproblems": 0, "wall_s": 0.0, "branches": 0}
-    assert _refine(scr, ready.g, stats) is False
-    assert all(e.g != ready.g for e in scr.heap if e.level != SHAPE)
-    record = scr.records[ready.g]
-    assert not record.solved
-    assert record.bound_s == ready.bound_s and record.whole_bound_s == ready.bound_s

@@ -1,11 +1,14 @@
-"""The CP-SAT master over the degrees (solver_models/cpsat/master.py): its rule families, generated
-from planner/megatron/rules.py, admit exactly the degrees the enumerator yields; on made-up rows it
-picks the least row and proves it; and the rule predicates agree with check_plan."""
+"""The master of --backend cpsat (solver_models/cpsat/master.py, pipeline.py; the loop in
+planner/search/certify.py): micro-models per constraint family of the pipeline block, each with a
+feasible case whose optimum is worked out by hand and an infeasible one; the shape screen by hand;
+on small real cases, the block's rule constraints admit exactly the pipelines the enumerator yields
+and neither relaxation ever exceeds a configuration's brute-force optimum; and the rule predicates
+agree with check_plan."""
 
 from __future__ import annotations
 
 import itertools
-import random
+import time
 
 import pytest
 from ortools.sat.python import cp_model
@@ -13,59 +16,196 @@ from ortools.sat.python import cp_model
 from planner.megatron import rules
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
-from planner.search.certify import MEGATRON_FAMILIES, rule_families
-from planner.search.space import SearchSpace, enumerate_globals, recompute_ladder
-from solver_models.cpsat.master import DegreeMaster
+from planner.search.certify import BendersSearch
+from planner.search.settings import SearchSettings
+from planner.search.space import SearchSpace
+from solver_models.brute import solve_brute
+from solver_models.cpsat.master import Price, Room, RuleFamily, StageClass, pipeline_floor_us, shape_bound_us
+from solver_models.cpsat.pipeline import BlockSpec, PipelineBlock
 
 from helpers.cases import reduced_cost_model
 
-
-class _Collect(cp_model.CpSolverSolutionCallback):
-    def __init__(self, variables):
-        super().__init__()
-        self.variables, self.seen = variables, set()
-
-    def on_solution_callback(self):
-        self.seen.add(tuple(self.value(v) for v in self.variables))
+A = StageClass("A", 0)
+B = StageClass("B", 1)
 
 
-@pytest.mark.parametrize("preset,cluster,gbs",
-                         [("mixtral-s", "H800:4,MI300X:4", 24), ("llama2-7b", "H100:4,A100:2", 12)])
-def test_rule_families_admit_exactly_the_enumerated_degrees(preset, cluster, gbs):
-    """Over the product of every family's values, the master's rule constraints alone (no rows'
-    bounds, no objective) admit exactly the degree tuples enumerate_globals yields."""
-    cm = reduced_cost_model(preset, 4, cluster, gbs)
-    ladder = (Recompute.none(), Recompute.full("uniform", 1))
-    space = SearchSpace(tp=(1, 2, 4), cp=(1, 2), mbs=(1, 2), vpp=(1, 2), recompute=ladder)
-    gpn = {h: cm.gpus_per_node(h) for h in cm.cluster.gpus_by_type()}
-    rank = {r.label: k for k, r in enumerate(recompute_ladder(cm.model, ladder))}
-    enumerated = {(g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, rank[g.recompute.label])
-                  for g in enumerate_globals(cm.model, cm.training, cm.cluster, space, gpn)}
-    eps = sorted({t[2] for t in enumerated} | {1, 2, 4, 8}) if cm.model.is_moe else [1]
-    domains = [space.tp, space.cp, eps, sorted({t[3] for t in enumerated} | set(space.tp)), space.mbs,
-               range(1, 7), range(1, 5), space.vpp, range(len(ladder))]
-    rows = list(itertools.product(*domains))
-    master = DegreeMaster(MEGATRON_FAMILIES, rows, [0] * len(rows), rule_families(cm, space))
-    model = master.model
-    model.clear_objective()
-    solver = cp_model.CpSolver()
-    solver.parameters.enumerate_all_solutions = True
-    solver.parameters.num_workers = 1
-    cb = _Collect([master.deg[f] for f in MEGATRON_FAMILIES])
-    solver.solve(model, cb)
-    assert cb.seen == enumerated
+def price(tau=10, *, units=8, max_layers=64, stage=0, first=0, last=0, link=0, room=None, sync=()):
+    return Price((tau,), stage, first, last, max_layers, units, link, link, room=room, sync_us=tuple(sync))
 
 
-def test_master_picks_the_least_row_and_proves_it():
-    """Random rows: the master's optimum is the least value, and its bound equals it."""
-    rng = random.Random(3)
-    rows = [(rng.choice((1, 2, 4)), rng.randint(1, 8), rng.randint(1, 6)) for _ in range(300)]
-    rows = list(dict.fromkeys(rows))
-    values = [rng.randint(10**6, 10**8) for _ in rows]
-    master = DegreeMaster(("tp", "dp", "pp"), rows, values, [])
-    res = master.solve(time_limit_s=10, num_workers=2)
-    assert res.status == "OPTIMAL" and res.objective_us == min(values) == res.bound_us
-    assert values[res.row] == min(values)
+def block(n, prices, *, pps=(1, 2, 3, 4), vpps=(1,), m=4, rules_=(), classes=(A,), memory=True, inflight=None):
+    """A block over one recompute setting with `prices` {class: Price} and n layers of one kind."""
+    inflight = inflight or {(pp, v): (1.0, 1.0) for pp in pps for v in vpps}
+    spec = BlockSpec(shape={}, families=("recompute", "pp", "vpp"), domains={"recompute": (0,), "pp": tuple(pps),
+                     "vpp": tuple(vpps)}, rules=list(rules_), classes=list(classes), groups=(n,), microbatches=m,
+                     prices=[prices], inflight=inflight, memory=memory)
+    return PipelineBlock(spec)
+
+
+def optimum(b, cutoff=None):
+    res = b.solve(time_limit_s=10, num_workers=1, cutoff_us=cutoff)
+    return res.status, res.objective_us, res.degrees
+
+
+# ---- pipeline block: one family each, by hand (W = n * tau, theta = W + (m*v - 1) * T for v = 1) ----
+def test_layers_are_integral():
+    """5 layers on 2 stages of 10 us/layer: the busier holds 3, T = 30, theta = 50 + 3 * 30 = 140."""
+    assert optimum(block(5, {0: price()}, pps=(2,)))[:2] == ("OPTIMAL", 140)
+    assert optimum(block(5, {0: price()}, pps=(2,)), cutoff=140)[0] == "INFEASIBLE"
+
+
+def test_pipeline_budget_binds():
+    """One stage's worth of GPUs: only PP = 1 (T = 50, theta = 50 + 3 * 50 = 200); PP = 2 is infeasible."""
+    assert optimum(block(5, {0: price(units=1)}))[:2] == ("OPTIMAL", 200)
+    assert optimum(block(5, {0: price(units=1)}, pps=(2,)))[0] == "INFEASIBLE"
+
+
+def test_memory_binds_and_is_switchable():
+    """At most 2 layers a stage: 5 layers need PP >= 3 (T = 20, theta = 50 + 3 * 20 = 110); with PP
+    at most 2 nothing fits, unless the memory family is off (PP = 2: 140)."""
+    assert optimum(block(5, {0: price(max_layers=2)}, pps=(1, 2, 3)))[:2] == ("OPTIMAL", 110)
+    assert optimum(block(5, {0: price(max_layers=2)}, pps=(1, 2)))[0] == "INFEASIBLE"
+    assert optimum(block(5, {0: price(max_layers=2)}, pps=(1, 2), memory=False))[:2] == ("OPTIMAL", 140)
+
+
+def test_memory_by_position():
+    """free 100, 10 per layer and 10 per layer per micro-batch in flight: a stage holds 100 // 20 = 5
+    layers with 1 in flight, 100 // 40 = 2 with 3.  PP = 2 with the first stage keeping 3 in flight:
+    2 + 5 = 7 layers at most (T = 50, theta = 70 + 3 * 50 = 220), so 8 do not fit."""
+    room = Room(100.0, (10.0,), (10.0,))
+    spec = {(2, 1): (3.0, 1.0)}
+    assert optimum(block(7, {0: price(room=room)}, pps=(2,), inflight=spec))[:2] == ("OPTIMAL", 220)
+    assert optimum(block(8, {0: price(room=room)}, pps=(2,), inflight=spec))[0] == "INFEASIBLE"
+
+
+def test_bottleneck_counts_the_ends():
+    """The last stage pays 25 us more (output layer): 4 layers on 2 stages split 3 + 1, T = max(30,
+    10 + 25) = 35; W = 40 + 25; theta = 65 + 3 * 35 = 170."""
+    assert optimum(block(4, {0: price(last=25)}, pps=(2,)))[:2] == ("OPTIMAL", 170)
+    assert optimum(block(4, {0: price(last=25)}, pps=(2,)), cutoff=170)[0] == "INFEASIBLE"
+
+
+def test_links_are_charged():
+    """5 us links each way: PP = 2, 2 + 2 layers: T = 20 + 5 = 25, theta = 40 + 3 * 25 = 115 (PP = 1,
+    no link: 40 + 3 * 40 = 160)."""
+    assert optimum(block(4, {0: price(link=5)}, pps=(1, 2)))[:2] == ("OPTIMAL", 115)
+    assert optimum(block(4, {0: price(link=5)}, pps=(1, 2)), cutoff=115)[0] == "INFEASIBLE"
+
+
+def test_rules_are_constraints():
+    """A rule allowing only PP = 1: theta = 40 + 3 * 40 = 160; a rule allowing nothing: infeasible."""
+    only_one = RuleFamily("pp_one", ("pp",), lambda pp: pp == 1)
+    none = RuleFamily("none", ("pp", "vpp"), lambda pp, vpp: False)
+    assert optimum(block(4, {0: price()}, rules_=[only_one]))[:2] == ("OPTIMAL", 160)
+    assert optimum(block(4, {0: price()}, rules_=[none]))[0] == "INFEASIBLE"
+
+
+def test_sync_of_the_busiest_middle_stage():
+    """6 layers on 3 stages, 2 each (T = 20); the middle stage's sync for 2 layers is 14 us:
+    theta = 60 + 3 * 20 + 14 = 134."""
+    sync = (0, 7, 14, 21, 28, 35, 42)
+    assert optimum(block(6, {0: price(sync=sync)}, pps=(3,)))[:2] == ("OPTIMAL", 134)
+    assert optimum(block(6, {0: price(sync=sync)}, pps=(3,)), cutoff=134)[0] == "INFEASIBLE"
+
+
+def test_objective_interleaving():
+    """m = 4, PP = 2, 2 + 2 layers (T = 20), W = 40: v = 1 gives 40 + 3 * 20 = 100; v = 2 gives
+    (40 + 7 * 20) / 2 = 90, the optimum."""
+    status, value, degrees = optimum(block(4, {0: price()}, pps=(2,), vpps=(1, 2)))
+    assert (status, value, degrees["vpp"]) == ("OPTIMAL", 90, 2)
+    assert optimum(block(4, {0: price()}, pps=(2,), vpps=(1, 2)), cutoff=90)[0] == "INFEASIBLE"
+
+
+def test_classes_share_the_pipeline():
+    """A (10 us/layer) and B (30 us/layer), one stage each: 4 layers split 3 on A, 1 on B, T = 30,
+    W = 4 * 10 (the least per-layer time of the classes in use), theta = 40 + 3 * 30 = 130."""
+    b = block(4, {0: price(units=1), 1: price(30, units=1)}, pps=(2,), classes=(A, B))
+    assert optimum(b)[:2] == ("OPTIMAL", 130)
+    assert optimum(block(4, {0: price(units=1), 1: price(30, units=1)}, pps=(3,), classes=(A, B)))[0] == "INFEASIBLE"
+
+
+def test_cuts_forbid_settled_configurations():
+    """A no-good on the best configuration leaves the next best."""
+    b = block(5, {0: price()}, pps=(2, 3))
+    first = optimum(b)
+    b.forbid([first[2]])
+    second = optimum(b)
+    assert second[2] != first[2] and second[1] >= first[1]
+
+
+# ---- the shape screen, by hand ----
+def test_screen_deepest_pipeline():
+    """One class, 10 us/layer, 6 layers: 2 stages -> T = 30, 3 stages -> T = 20; at most 2 layers a
+    stage on 2 stages: they do not fit."""
+    assert pipeline_floor_us({0: price(units=2)}, [A], (6,), 8) == 30
+    assert pipeline_floor_us({0: price(units=3)}, [A], (6,), 8) == 20
+    assert pipeline_floor_us({0: price(units=2, max_layers=2)}, [A], (6,), 8) is None
+    # W = 60, m = 8: v = 1 -> 60 + 7 * 20 = 200; v = 2 -> (60 + 15 * 20) // 2 = 180
+    assert shape_bound_us({0: price(units=3)}, [A], (6,), 8, (1, 2)) == 180
+
+
+# ---- on real cases: the block's rules are the space's, and the relaxations are lower bounds ----
+CASES = [
+    ("mixtral-s", 4, "H800:4,MI300X:4", 24, SearchSpace(tp=(1, 2), cp=(1, 2), mbs=(1, 2), vpp=(1, 2),
+                                                         recompute=(Recompute.none(), Recompute.full("uniform", 1)))),
+    ("llama2-7b", 4, "H100:4,A100:2", 12, SearchSpace(tp=(1, 2), cp=(1,), mbs=(1, 2), vpp=(1, 2),
+                                                      recompute=(Recompute.none(), Recompute.full("block", 1)))),
+]
+
+
+def _search(preset, layers, cluster, gbs, space):
+    cm = reduced_cost_model(preset, layers, cluster, gbs)
+    return BendersSearch(cm, space, SearchSettings(time_limit_s=600).without_pruning(), time.perf_counter(), None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_block_rules_admit_exactly_the_enumerated_pipelines(case):
+    """With the memory family off, a shape's pipeline block admits exactly the (recompute, PP, VPP)
+    the enumerator yields for the shape (the space's rules and GPU budgets, as constraints)."""
+    bs = _search(*case)
+    settings = list(range(len(bs.book.settings)))
+    for key, shape in bs.book.shapes.items():
+        spec = bs._block(key, settings).spec
+        spec.memory = False
+        wanted = {(bs.book.settings.index(g.recompute), g.pp, g.vpp) for g in shape.choices()}
+        got = set()
+        for r, pp, vpp in itertools.product(spec.domains["recompute"], spec.domains["pp"], spec.domains["vpp"]):
+            b = PipelineBlock(spec)
+            for f, v in (("recompute", r), ("pp", pp), ("vpp", vpp)):
+                b.model.add(b.x[f] == v)
+            if cp_model.CpSolver().solve(b.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                got.add((r, pp, vpp))
+        assert got == wanted, key
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_relaxations_never_exceed_the_optimum(case):
+    """For every configuration: the screen's bound (every recompute setting's prices, and its own)
+    and the pipeline block's value with its degrees fixed are at most its brute-force optimum over
+    the integer tables (microseconds of iteration time)."""
+    bs = _search(*case)
+    bs.book.price_master(float("inf"))
+    lv, book = bs.levels, bs.book
+    vpps = lv.domains["vpp"]
+    checked = 0
+    for key, shape in book.shapes.items():
+        m = lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in ("mbs", "dp")))
+        coarse = shape_bound_us(book.master[key], book.classes, book.groups, m, vpps)
+        b = bs._block(key, list(range(len(book.settings))))
+        for g in shape.choices():
+            sol = solve_brute(bs._tables(g, exact=True))
+            if sol is None:
+                continue
+            best = sol.objective_us / g.vpp
+            r = book.settings.index(g.recompute)
+            own = shape_bound_us(book.block(key)[r], book.classes, book.groups, m, vpps)
+            fixed = PipelineBlock(b.spec)
+            for f, v in book.block_degrees(g).items():
+                fixed.model.add(fixed.x[f] == v)
+            res = fixed.solve(time_limit_s=10, num_workers=1)
+            assert coarse <= best and own <= best and res.objective_us <= best, (g.label(), coarse, own, res, best)
+            checked += 1
+    assert checked > 10
 
 
 def _plan(tp=1, cp=1, ep=1, etp=1, vpp=1, mbs=1, gbs=16, stages=((4, 1),), runtime="megatron", recompute=None):
@@ -121,3 +261,24 @@ def test_flagscale_predicates_agree_with_check_plan():
                     assert rules.flagscale_shared_embedding_ok(*dps) == ("flagscale_shared_embedding_dp" not in names)
                 else:
                     assert "flagscale_shared_embedding_dp" not in names
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "flagscale"])
+def test_cpsat_backend_runs_no_hsdp_code(monkeypatch, runtime):
+    """--backend cpsat with HS-DP's dynamic program made to fail on any call: the search still
+    certifies its optimum, so none of it ran (HS-DP stays the independent reference)."""
+    import solver_models.hsdp as hsdp
+    from planner.search.driver import search
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("HS-DP called under --backend cpsat")
+
+    monkeypatch.setattr(hsdp, "solve_hsdp", forbidden)
+    monkeypatch.setattr(hsdp._StageDP, "solve", forbidden)
+    cm = reduced_cost_model("mixtral-s", 4, "H800:4,MI300X:4", 24)
+    space = SearchSpace(runtime=runtime, tp=(1, 2), mbs=(1, 2),
+                        recompute=(Recompute.none(), Recompute.full("uniform", 1)))
+    for settings in (SearchSettings(backend="cpsat", time_limit_s=60),
+                     SearchSettings(backend="cpsat").without_pruning()):
+        res = search(cm, space, settings)
+        assert res.status == "OPTIMAL" and res.best[0].backend == "cpsat"

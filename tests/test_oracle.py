@@ -51,11 +51,11 @@ def check_exact(cm: CostModel, menus: Menus, truth: float, backend: str):
     return res
 
 
-PRUNINGS = {
-    "load-balance": Pruning(delta=0.2, memory=False, cp_min_seq_tokens=None),
-    "memory": Pruning(delta=None, memory=True, cp_min_seq_tokens=None),
-    "cp-min-seq": Pruning(delta=None, memory=False, cp_min_seq_tokens=2048),
-    "all": Pruning(delta=0.2, memory=True, cp_min_seq_tokens=2048),
+PRUNINGS = {  # restricting the space (solve --prune)
+    "load-balance": Pruning(delta=0.2, memory=False, cp_min_seq_tokens=None, restrict=True),
+    "memory": Pruning(delta=None, memory=True, cp_min_seq_tokens=None, restrict=True),
+    "cp-min-seq": Pruning(delta=None, memory=False, cp_min_seq_tokens=2048, restrict=True),
+    "all": Pruning(delta=0.2, memory=True, cp_min_seq_tokens=2048, restrict=True),
 }
 
 
@@ -103,6 +103,17 @@ def test_unpruned_search_equals_brute_force(case, backend):
     """Each backend, pruning off: OPTIMAL, the brute-force optimum, bounds at most it."""
     cm, menus, truth = case
     check_exact(cm, menus, truth.best_s, backend)
+
+
+@pytest.mark.parametrize("backend", ["hsdp", "cpsat"])
+def test_default_search_equals_brute_force(case, backend):
+    """The default settings (the prunings only order the work): OPTIMAL over the whole space, the
+    brute-force optimum."""
+    cm, menus, truth = case
+    res = search(cm, space_of(menus), SearchSettings(backend=backend, time_limit_s=120))
+    assert res.status == "OPTIMAL" and res.certified_optimal, (backend, res.notes)
+    assert truth.best_s <= res.costs[0].iteration_time_s <= truth.best_s + quantisation_s(res)
+    assert res.lower_bound_s is not None and res.lower_bound_s <= truth.best_s
 
 
 @pytest.mark.parametrize("pruning", list(PRUNINGS), ids=list(PRUNINGS))

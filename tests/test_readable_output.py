@@ -97,7 +97,8 @@ def test_solve_terminal_output_and_final_progress_line(solved_out):
     assert err[0].startswith("search: ") and "configurations" in err[0] and "best" in err[0]
     assert err[1].startswith("wrote ") and str(out) in err[1]
     assert max(len(line) for line in res.stdout.splitlines()) <= 100
-    assert "search: FEASIBLE" in res.stdout  # pruning is on by default: never called OPTIMAL
+    # by default the whole space is searched (the prunings only order the work): certified
+    assert "search: OPTIMAL, certified over the whole search space" in res.stdout
     assert "assumed" in res.stdout and "--moe-imbalance" in res.stdout and "--seq" in res.stdout
 
 
@@ -113,11 +114,12 @@ def test_quiet_is_quiet(tmp_path):
 
 
 def test_statuses_read_the_same_for_both_backends():
-    """Exact search on a tiny model: both backends print OPTIMAL (certified); with pruning on both
-    print FEASIBLE with the same reason, whatever status string the backend itself returned."""
+    """Exact search on a tiny model: both backends print OPTIMAL (certified) by default and with
+    --no-prune; with --prune (the pruned space only) both print FEASIBLE with the same reason,
+    whatever status string the backend itself returned."""
     from planner.output.report import search_status
 
-    for prune, word in (([], "FEASIBLE"), (["--no-prune"], "OPTIMAL")):
+    for prune, word in (([], "OPTIMAL"), (["--prune"], "FEASIBLE"), (["--no-prune"], "OPTIMAL")):
         texts = []
         for backend in ("hsdp", "cpsat"):
             res = invoke(["solve", "--megatron-args", TINY_FLAGS, "--cluster", "H800:8,MI300X:8", "--backend",

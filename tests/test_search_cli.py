@@ -22,23 +22,29 @@ def _solve(args: list[str]) -> dict:
 
 
 def test_search_block_carries_cpsat_statistics():
-    """--backend cpsat: search.cpsat has variables and constraints per family (degrees, stages,
-    links; a rule family per rule), status, objective_s, bound_s, wall_s, branches; the bound is
-    at most the plan's cost and the pruned space's status is reported."""
+    """--backend cpsat (the default): search.cpsat says how much work each part did -- pipeline
+    blocks (master solves) and exact stage solves, cuts by kind, configurations never priced one by
+    one -- with variables and constraints per family (the blocks' and the stage models'), status,
+    objective_s, bound_s, wall_s, branches.  By default the whole space is searched: OPTIMAL, the
+    bound at most the plan's cost."""
     d = _solve(SMALL)
     s = d["search"]
     cs = s["cpsat"]
-    for key in ("status", "objective_s", "bound_s", "wall_s", "branches", "variables", "constraints"):
+    for key in ("status", "objective_s", "bound_s", "wall_s", "branches", "variables", "constraints",
+                "master_solves", "stage_solves", "cuts", "configs_total", "configs_never_priced_one_by_one"):
         assert key in cs, key
-    for fam in ("degrees", "stages", "links"):
+    for fam in ("degrees", "pipeline_blocks", "stages", "links"):
         assert cs["variables"][fam] > 0, fam
-    for fam in ("heads_tp", "expert_folding", "gbs_microbatch", "configuration_bounds", "one_option_per_stage"):
+    for fam in ("block rules", "block pipeline", "block layers", "block memory", "block bottleneck",
+                "block objective", "one_option_per_stage", "layer_counts"):
         assert cs["constraints"][fam] > 0, fam
+    assert cs["master_solves"] >= 1 and cs["stage_solves"] >= 1 and sum(cs["cuts"].values()) >= 1
+    assert cs["configs_never_priced_one_by_one"] + sum(cs["cuts"].values()) >= cs["configs_total"]
     assert cs["status"] == "OPTIMAL" and cs["bound_s"] <= d["objective_s"]  # the searched objective
-    assert s["status"] == d["status"] == "FEASIBLE"  # pruning is on by default
-    assert s["pruned_space"]["status"] == "OPTIMAL" and s["pruning"]["on"]
+    assert s["status"] == d["status"] == "OPTIMAL" and s["certified_optimal"]
+    assert not s["pruning"]["on"] and not s["pruning"]["restrict"]  # the prunings only ordered the work
     lb = s["whole_space"]["lower_bound_s"]
-    assert lb is None or lb <= d["objective_s"]
+    assert lb is not None and lb <= d["objective_s"]
 
 
 def test_no_prune_certifies_and_says_so():

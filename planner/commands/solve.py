@@ -16,6 +16,7 @@ from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
     TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer,
 )
+from planner.errors import PlannerInputError
 from planner.output.plan_dir import write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
@@ -27,8 +28,10 @@ from planner.time_budget import Budget, reading_within
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
-                 help="cpsat: HS-DP screens the configurations, then a CP-SAT master over the degrees, with "
-                      "CP-SAT stage subproblems, certifies the answer; hsdp: the dynamic program alone"),
+                 help="cpsat: logic-based Benders, CP-SAT throughout (a screen over the shapes' price tables, a "
+                      "CP-SAT pipeline block per shape deciding recompute, PP, VPP and the stages, the CP-SAT "
+                      "stage model as cuts); hsdp: best-first screening with the dynamic program (the "
+                      "independent reference)"),
     click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
                  help="auto: upstream Megatron-LM when it runs the whole cluster (one vendor), else FlagScale "
                       "(NVIDIA+AMD through FlagCX), else the part of the cluster one job can span, the rest idle "
@@ -37,10 +40,15 @@ SEARCH_OPTIONS = [
     click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
                  help="seconds for the whole command: reading the inputs, the search, drawing and writing"),
     click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
-                 help="load-balance tolerance of the paper's pruning"),
+                 help="load-balance tolerance of the paper's pruning; by default the prunings only order the work "
+                      "(the whole space is searched and certified when the time limit allows), with --prune they "
+                      "restrict the space"),
+    click.option("--prune", is_flag=True,
+                 help="search only the pruned space (load balance, least recompute that fits, CP on long "
+                      "sequences): faster, never certifies the whole space's optimum"),
     click.option("--no-prune", is_flag=True,
-                 help="turn every pruning off (load balance, memory, CP on short sequences): the whole space, "
-                      "certified optimum"),
+                 help="no pruning at all, not even to order the work: the whole space, exactly, certified optimum "
+                      "when the time limit allows"),
     click.option("--contiguous-types", is_flag=True,
                  help="megatron runtime: keep each device type's stages in one contiguous block (FlagScale "
                       "always does; upstream Megatron does not need it)"),
@@ -67,7 +75,7 @@ SEARCH_OPTIONS = [
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, backend, runtime,
-            time_limit_s, delta, no_prune, contiguous_types, top_k, objective, out_dir, force, hosts_path,
+            time_limit_s, delta, prune, no_prune, contiguous_types, top_k, objective, out_dir, force, hosts_path,
             moe_imbalance, memory_headroom, plot_dir, wide, as_json, quiet, script_args):
     """Find the fastest plan that fits: degrees, layers and device type per stage, recompute.
 
@@ -82,6 +90,9 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     if out_dir is not None:
         check_out_dir(out_dir, "--out", PLAN_OUTPUT, force=force, inputs=given)
     plot_dir = check_plot_dir(plot_dir, out_dir, given)
+    if prune and no_prune:
+        raise PlannerInputError("--prune", "--prune restricts the search to the pruned space and --no-prune turns "
+                                           "every pruning off: give one of them")
     with reading_within(budget):
         inputs = load_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
@@ -92,8 +103,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
                                    inputs.cluster) \
             if megatron_script else None
-    settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta), time_limit_s=time_limit_s, top_k=top_k,
-                              deadline=budget.search_deadline)
+    settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta, restrict=prune), time_limit_s=time_limit_s,
+                              top_k=top_k, deadline=budget.search_deadline)
     if no_prune:
         settings = settings.without_pruning()
     hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles) if hosts_path else None

@@ -130,8 +130,10 @@ def search_json(result, settings) -> dict[str, Any]:
                      lower bound valid for the pruned space.
     pruning          which prunings were on, and how many configurations each set aside.
     quantisation_s   most the best plan's float cost exceeds its integer-table objective.
-    cpsat            the CP-SAT master's statistics (--backend cpsat): variables and constraints
-                     per family, status, objective_s, bound_s, wall_s, branches.
+    cpsat            --backend cpsat's statistics (planner/search/certify.py): variables and
+                     constraints per family, status, objective_s, bound_s, wall_s, branches, how much
+                     work each part did (master_solves: pipeline-block solves, stage_solves, cuts by
+                     kind, shapes screened and blocked, configs_never_priced_one_by_one).
     """
     best = result.best[0]
     pruned_optimal = result.pruned_space_optimal
@@ -148,7 +150,7 @@ def search_json(result, settings) -> dict[str, Any]:
             "optimum_s": best.objective_s if pruned_optimal else None,
             "lower_bound_s": result.pruned_lower_bound_s,
         },
-        "pruning": {**result.pruning.to_json(), "on": result.pruning.any,
+        "pruning": {**result.pruning.to_json(), "on": result.pruning.restricts,
                     "configs_pruned_memory": result.configs_pruned_memory,
                     "configs_pruned_cp_min_seq": result.configs_pruned_cp},
         "configs": {"total": result.configs_total, "solved": result.configs_solved,
@@ -267,10 +269,11 @@ def search_status(payload: dict) -> tuple[str, str, str]:
     (planner/search/settings.status_reason)."""
     p = payload["pruning"]
     sj = payload.get("search") or {}
-    pruning = Pruning(delta=p["load_balance_delta"], memory=p["memory"], cp_min_seq_tokens=p.get("cp_min_seq_tokens"))
+    pruning = Pruning(delta=p["load_balance_delta"], memory=p["memory"], cp_min_seq_tokens=p.get("cp_min_seq_tokens"),
+                      restrict=p.get("restrict", True))
     return status_reason(
         certified=payload["certified_optimal"], pruning=pruning,
-        pruning_on=sj.get("pruning", {}).get("on", p["load_balance_delta"] is not None or p["memory"]),
+        pruning_on=sj.get("pruning", {}).get("on", pruning.restricts),
         pruned_proven=sj.get("pruned_space", {}).get("status") == OPTIMAL,
         time_limit_hit=any("time limit" in n for n in payload.get("notes", [])))
 
@@ -576,8 +579,10 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     cs = sj.get("cpsat")
     if cs:
         bound = f"{cs['bound_s']:.3f} s" if cs.get("bound_s") is not None else "none"
-        _say(console, f"  cp-sat master: {cs['status']} over the {cs['space']} space, bound {bound}, {cs['rows']} rows, "
-             f"{cs['master_solves']} master solve(s), {cs['subproblems']} stage subproblem(s), "
+        never = cs.get("configs_never_priced_one_by_one")
+        never_txt = f", {never} configurations never priced one by one" if never is not None else ""
+        _say(console, f"  cp-sat: {cs['status']} over the {cs['space']} space, bound {bound}, "
+             f"{cs['master_solves']} pipeline-block solve(s), {cs['subproblems']} stage solve(s){never_txt}, "
              f"{cs['wall_s']:.2f} s in CP-SAT")
     if hint:
         _say(console, f"  {hint}")

@@ -1,43 +1,69 @@
-"""The certificate of --backend cpsat: the CP-SAT master over the degrees
-(solver_models/cpsat/master.py) on the rows screening left, with stage subproblems added lazily.
+"""--backend cpsat: logic-based Benders decomposition over the degrees, CP-SAT throughout.
 
-Rows: every configuration of the space being searched (the pruned space when pruning is on) that
-is not proven infeasible, valued by what screening proved about it (its optimum when solved, its
-lower bound otherwise).  The master picks the least row; while that row is not solved and could
-beat the best plan, its bound is tightened or its stage problem solved by the CP-SAT stage model
-(hinted with HS-DP's plan when there is one), and the master is solved again.  It stops when the
-master proves that no row can beat the best plan (status OPTIMAL over the space), or at the
-deadline (FEASIBLE, with CP-SAT's bound).  Rows whose bound already reaches the best plan beyond
-MAX_ROWS are left out of the model; the bound they carry enters the reported bound.
+    master      solver_models/cpsat/master.py: the degrees are decisions, Megatron's rules are
+                constraints (rule_families below, from planner/megatron/rules.py), and a relaxation
+                of the stage problem prices every configuration at once (planner/search/prices.py
+                builds its per-layer tables from the cost model)
+    subproblem  the configuration the master picks (least relaxation value) gets an exact stage
+                solve by the CP-SAT stage model (solver_models/cpsat/model.py) over its integer
+                tables, bounded by the best plan so far
+    cuts        the configuration is then settled: forbidden in the master (no-good; by kind:
+                solved, bounded by the best plan, infeasible), or, when its solve stopped
+                unproven, kept out with its proven bound for the final bound.  A shape the master
+                picks before its prices are computed is priced (refine) and the master solved again.
+    stop        the master, told to find a configuration below the best plan, proves there is none
+                (OPTIMAL over the space), or the time limit ends the loop (FEASIBLE, with the
+                master's bound over every configuration not settled, valid for the whole space).
 
-The winner's stage problem is then solved once more by the CP-SAT stage model, hinted with the
-plan, so the chosen configuration's own optimum is CP-SAT's too.
+No HS-DP code runs under this backend; HS-DP (solver_models/hsdp.py, --backend hsdp) is the
+independent reference CI compares it with.
+
+The prunings (planner/search/pruning.py).  `Pruning.restrict`: the search covers only the pruned
+space (cp_min_seq a rule family of the master, load balance and, on flagscale, memory in the stage
+tables, megatron's least recompute that fits as cuts).  Otherwise they only order the work: with no
+plan yet, a configuration is first solved under the load-balance window and that plan hints its
+exact solve.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from planner.megatron import rules
 from planner.cost.model import CostModel
+from planner.errors import SearchTimeLimitError
 from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
-from planner.search.screening import QueueEntry, Screening, plan_from_solution
-from planner.search.settings import FEASIBLE, OPTIMAL, Candidate
-from planner.search.space import SearchSpace, pipeline_in_space, recompute_ladder
-from solver_models.cpsat.master import DegreeMaster, RuleFamily
+from planner.search.explain import explain_infeasible
+from planner.search.prices import PriceBook
+from planner.search.screening import plan_from_solution
+from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings
+from planner.search.space import SearchSpace, pipeline_in_space, stage_options
+from planner.search.tables import TableBuilder
+from solver_models.base import SolverSettings
+from solver_models.cpsat.master import MAX_RULE_TABLE, RuleFamily, shape_bound_us
 from solver_models.cpsat.model import CpSatSolution, solve_cpsat
+from solver_models.cpsat.pipeline import BlockSpec, PipelineBlock
+from solver_models.fitting import has_fitting_layout
+from solver_models.rounding import rounded_plan
 from solver_models.scaling import bound_s, from_us
 from solver_models.tables import DeadlinePassed, StageTables
 
-MAX_ROWS = 2_000
-# the winner's CP-SAT stage solve runs only with this much time left, and takes at most this share
-# of the time limit (HS-DP has already solved it; CP-SAT confirms)
-STAGE_SOLVE_MIN_S = 1.0
-STAGE_SOLVE_SHARE = 0.1
+# the prices of every shape are computed up front while this share of the time limit lasts
+PRICING_SHARE = 0.4
+# one stage solve gets at most this share of the time left (and at least STAGE_MIN_S)
+STAGE_SHARE = 0.25
+STAGE_MIN_S = 2.0
+PROGRESS_EVERY_S = 0.2
+# every time this many more shapes have a pipeline block (or, with no plan yet, once half the time
+# limit is gone), the least configuration the blocks found is solved at once (a dive), for a better
+# plan to bound the rest with
+DIVE_EVERY_SHAPES = 8
+MICROBATCH_SCOPE = ("mbs", "dp", "samples")  # the shape degrees the number of micro-batches reads
 
 MEGATRON_FAMILIES = ("tp", "cp", "ep", "etp", "mbs", "dp", "pp", "vpp", "recompute")
 FLAGSCALE_FAMILIES = ("tp", "cp", "ep", "etp", "samples", "pp", "recompute", "first_dp")
@@ -87,178 +113,501 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     ] + flag_family
 
 
-def degree_row(scr: Screening, g: GlobalChoice) -> tuple[int, ...]:
-    """G's degrees in the order of the runtime's families (recompute as its index)."""
-    if g.per_stage_meshes:
-        modes = [None] + recompute_ladder(scr.cost.model, tuple(scr.space.selective) + tuple(
-            r for r in scr.space.stage_recompute if r.granularity == "selective"), scr.cost.training)
-        rc = modes.index(g.recompute)
-        return (g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch, g.pp, rc, g.first_dp or 0)
-    return (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0, g.pp, g.vpp, scr.recompute_rank(g))
-
-
-def _floor_us(seconds: float) -> int:
-    return int(math.floor(seconds * 1e6))
-
-
-def certify_with_cpsat(scr: Screening) -> dict[str, Any]:
-    """Run the master loop (module docstring) on the screening's state (through its certificate
-    interface); offers the screening any better plan and returns the `search.cpsat` statistics."""
-    s = scr.settings
-    stats: dict[str, Any] = {"status": "UNKNOWN", "objective_s": None, "bound_s": None, "wall_s": 0.0,
-                             "branches": 0, "variables": {}, "constraints": {}, "master_solves": 0,
-                             "subproblems": 0, "rows": 0, "rows_left_out": 0,
-                             "space": "pruned" if scr.pruning.any else "whole"}
-    families = FLAGSCALE_FAMILIES if scr.space.runtime_spec.per_stage_meshes else MEGATRON_FAMILIES
-    rule_fams = rule_families(scr.cost, scr.space)
-    while True:
-        incumbent_us = _floor_us(scr.best.objective_s)
-        _expand_open_shapes(scr, incumbent_us)
-        rows = _rows(scr)
-        rows.sort(key=lambda r: r[0])
-        keep = rows[:max(MAX_ROWS, 1)]
-        left_out = [r[0] for r in rows[len(keep):]]
-        left_out += [_floor_us(e.bound_s) for e in scr.queued_shapes()]  # shapes not expanded
-        rest_us = min(left_out, default=None)
-        stats["rows"], stats["rows_left_out"] = len(keep), len(left_out)
-        remaining = s.deadline - time.perf_counter()
-        if not keep or remaining <= 0.05:
-            if not keep:  # every row is solved or reaches the best plan: nothing left to decide
-                stats.update(status=OPTIMAL, objective_s=scr.best.objective_s,
-                             bound_s=min(scr.best.objective_s, (rest_us or math.inf) * 1e-6))
-            break
-        master = DegreeMaster(families, [degree_row(scr, r[2]) for r in keep], [r[0] for r in keep], rule_fams)
-        res = master.solve(time_limit_s=remaining, num_workers=s.num_workers)
-        stats["master_solves"] += 1
-        stats["wall_s"] += res.wall_s
-        stats["branches"] += res.branches
-        _merge_counts(stats["variables"], res.variables, replace=True)
-        _merge_counts(stats["constraints"], res.constraints, replace=True)
-        bound_us = res.bound_us if res.bound_us is not None else None
-        if bound_us is not None and rest_us is not None:
-            bound_us = min(bound_us, rest_us)
-        stats["bound_s"] = None if bound_us is None else min(bound_us * 1e-6, scr.best.objective_s)
-        stats["objective_s"] = scr.best.objective_s
-        if res.status != "OPTIMAL":
-            stats["status"] = res.status  # the master's own: FEASIBLE, UNKNOWN, ...
-            break
-        value, solved, g = keep[res.row][0], keep[res.row][1], keep[res.row][2]
-        if (value >= incumbent_us or solved) and (rest_us is None or rest_us >= incumbent_us):
-            stats["status"] = OPTIMAL
-            stats["bound_s"] = min(value * 1e-6, scr.best.objective_s)
-            break
-        if value >= incumbent_us or solved:  # the master's rows are settled; what was left out is not
-            stats["status"] = FEASIBLE
-            break
-        if not _refine(scr, g, stats):
-            stats["status"] = FEASIBLE
-            break
-    _stage_solve_winner(scr, stats)
-    return stats
-
-
-def _rows(scr: Screening) -> list[tuple[int, bool, GlobalChoice]]:
-    """(value us, solved?, G) for every configuration not proven infeasible (shapes not yet
-    expanded are not rows)."""
-    out = [(_floor_us(r.bound_s), r.solved, r.g) for r in scr.known() if r.feasible and math.isfinite(r.bound_s)]
-    out += [(_floor_us(e.bound_s), False, e.g) for e in scr.queued_choices() if scr.record_of(e.g) is None]
+def master_domains(cost: CostModel, space: SearchSpace, book: PriceBook) -> dict[str, tuple[int, ...]]:
+    """Every degree family's domain: the space's menus (DP and PP up to what the cluster holds;
+    recompute as indices into the ladder, flagscale's modes)."""
+    model, budget = cost.model, cost.cluster.gpus_by_type()
+    experts = model.num_experts or 1
+    eps = tuple(space.ep or [e for e in range(1, experts + 1) if experts % e == 0])
+    out = {"tp": tuple(space.tp), "cp": tuple(space.cp), "ep": eps if model.is_moe else (1,),
+           "etp": tuple(space.etp or space.tp) if model.is_moe else tuple(space.tp)}
+    max_dp = max(1, max(n // (min(space.tp) * min(space.cp)) for n in budget.values()))
+    top_pp = min(model.num_layers, space.max_pp or model.num_layers, sum(budget.values()))
+    out["pp"] = tuple(range(1, top_pp + 1))
+    out["recompute"] = tuple(range(len(book.settings)))
+    if book.flagscale:
+        out["samples"] = tuple(sorted({dp * m for dp in range(1, max_dp + 1) for m in space.mbs}))
+        tied = rules.flagscale_tied_embeddings(model, cost.training)
+        out["first_dp"] = tuple(range(1, max_dp + 1)) if tied else (0,)
+    else:
+        out.update(mbs=tuple(space.mbs), dp=tuple(range(1, max_dp + 1)), vpp=tuple(space.vpp))
     return out
 
 
-def _expand_open_shapes(scr: Screening, incumbent_us: int) -> None:
-    """Shapes still in the queue whose bound is below the best plan become rows (their global
-    choices), as long as there is time and room for them."""
-    while scr.queue_size() and time.perf_counter() < scr.settings.deadline:
-        shapes = [e for e in scr.queued_shapes() if _floor_us(e.bound_s) < incumbent_us]
-        if not shapes or scr.queue_size() > MAX_ROWS:
+@dataclass
+class Levels:
+    """What the three levels are built from: the families of each, the rules and the domains."""
+
+    shape: tuple[str, ...]  # the degree master's families (a price key, in order)
+    block: tuple[str, ...]  # the pipeline block's families
+    rules: list[RuleFamily]
+    domains: dict[str, tuple[int, ...]]
+    microbatches: Callable[..., int | None]
+    vpp: str | None
+    first_dp: str | None
+
+
+def levels(cost: CostModel, space: SearchSpace, book: PriceBook, settings: SearchSettings) -> Levels:
+    """The levels' families, rules (with cp_min_seq when the prunings restrict the space) and domains."""
+    gbs = cost.training.global_batch_size
+    rule_list = list(rule_families(cost, space))
+    pr = settings.pruning
+    if pr.restricts and pr.cp_min_seq_tokens is not None:
+        seq, least = cost.model.seq_length, pr.cp_min_seq_tokens
+        rule_list.append(RuleFamily("cp_min_seq", ("cp",), lambda cp: cp == 1 or seq // cp >= least))
+    domains = master_domains(cost, space, book)
+    if book.flagscale:
+        return Levels(("tp", "cp", "ep", "etp", "samples"), ("recompute", "pp", "first_dp"), rule_list, domains,
+                      lambda b: gbs // b if gbs % b == 0 else None, None, "first_dp")
+    return Levels(("tp", "cp", "ep", "etp", "mbs", "dp"), ("recompute", "pp", "vpp"), rule_list, domains,
+                  lambda mbs, dp: gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else None, "vpp", None)
+
+
+@dataclass
+class Settled:
+    """A configuration the loop took out of its pipeline block: why (the cut's kind), and the
+    bounds it carries when that is not its exact optimum (us; None: settled exactly)."""
+
+    g: GlobalChoice
+    kind: str  # solved | bounded | infeasible | rule | least_recompute | unresolved
+    bound_us: float | None = None  # valid for the searched space
+    whole_us: float | None = None  # valid for the whole space (the prunings set it aside)
+    theta_us: float | None = None  # its pipeline block's relaxation value when it was picked
+
+
+class BendersSearch:
+    """One --backend cpsat search (module docstring).  run() returns the SearchResult."""
+
+    def __init__(self, cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float,
+                 progress: ProgressFn | None):
+        self.cost, self.space, self.settings, self.t0, self.progress = cost, space, settings, t0, progress
+        self.deadline = settings.deadline if settings.deadline is not None else t0 + settings.time_limit_s
+        self.pruning = settings.pruning
+        self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
+        self.book = PriceBook(cost, space, self.builder)
+        self.levels = levels(cost, space, self.book, settings)
+        self.cands: list[Candidate] = []
+        self._pipeline = None  # the block pipeline of the configuration being settled
+        self.settled: list[Settled] = []
+        self.blocks: dict[tuple, PipelineBlock] = {}
+        self.queue: list = []  # (bound us, seq, shape, configuration or None): what is left, best first
+        self.pipelines: dict = {}  # (shape, configuration) -> its block's pipeline (first, last, middle)
+        self._next_dive = DIVE_EVERY_SHAPES
+        self.proven = False
+        self.timed_out = False
+        self.notes: list[str] = []
+        self.clock = ProgressClock(PROGRESS_EVERY_S)
+        self.stats: dict[str, Any] = {
+            "status": "UNKNOWN", "objective_s": None, "bound_s": None, "wall_s": 0.0, "branches": 0,
+            "variables": {}, "constraints": {}, "master_solves": 0, "subproblems": 0, "rows": 0, "rows_left_out": 0,
+            "space": "pruned" if self.pruning.restricts else "whole", "cuts": {}, "stage_solves": 0,
+            "master_wall_s": 0.0, "stage_wall_s": 0.0,
+            "configs_total": self.book.configs_total(), "shapes_total": len(self.book.shapes),
+            "shapes_screened": 0, "shapes_blocked": 0}
+        inner = set(self.levels.block)
+        self.lazy_rules = [r for r in self.levels.rules if inner & set(r.scope)
+                           and math.prod(len(self.levels.domains[f]) for f in r.scope if f in inner) > MAX_RULE_TABLE]
+
+    # ---- the loop ----
+    def run(self) -> SearchResult:
+        """Best-first over one queue: a shape enters with its screen bound; when it reaches the top
+        its recompute settings are screened with their own prices and its pipeline block is built
+        and solved, and it comes back with the block's least value and configuration; when that
+        reaches the top the configuration gets its exact stage solve (a cut on the block) and the
+        block is solved again.  The loop ends when the top's bound reaches the best plan (proven),
+        the queue empties (proven) or the time limit passes."""
+        budget = self.deadline - self.t0
+        self.unscreened = 0
+        if not self.book.price_master(self.t0 + PRICING_SHARE * budget):
+            self.timed_out = True
+            self.unscreened = len(self.book.shapes) - len(self.book.master)
+            self.notes.append(f"time limit: {self.unscreened} of {len(self.book.shapes)} shapes were not priced for "
+                              "the screen in time and not searched; no whole-space bound")
+        self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self._screen_shapes())]
+        heapq.heapify(self.queue)
+        self._seq = len(self.queue)
+        while self.queue:
+            theta, _, key, degrees = self.queue[0]
+            cutoff = self._cutoff_us()
+            if cutoff is not None and theta >= cutoff:
+                break
+            if self._late():
+                self.timed_out = True
+                break
+            late = not self.cands and self._left() < 0.5 * (self.deadline - self.t0)
+            if degrees is None and (self.stats["shapes_blocked"] >= self._next_dive or late):
+                theta, key, degrees = self._dive()
+            else:
+                heapq.heappop(self.queue)
+            try:
+                if degrees is None:
+                    self._open_shape(key, theta)
+                else:
+                    self._settle_config(key, theta, degrees)
+            except DeadlinePassed:  # the time limit passed while tables were built or read
+                self._push(theta, key, degrees)
+                self.timed_out = True
+                break
+        self.proven = not self.timed_out and not self.unscreened
+        return self._result()
+
+    def _dive(self) -> tuple[float, tuple, dict | None]:
+        """Every DIVE_EVERY_SHAPES blocks: take the least configuration the blocks have found (rather
+        than the queue's top, a shape whose bound is lower) for a better plan to bound the rest with."""
+        self._next_dive = self.stats["shapes_blocked"] + DIVE_EVERY_SHAPES
+        found = [e for e in self.queue if e[3] is not None]
+        if not found:
+            theta, _, key, degrees = heapq.heappop(self.queue)
+            return theta, key, degrees
+        best = min(found)
+        self.queue.remove(best)
+        heapq.heapify(self.queue)
+        return best[0], best[2], best[3]
+
+    def _push(self, theta_us: float, key: tuple, degrees: dict | None) -> None:
+        self._seq += 1
+        heapq.heappush(self.queue, (theta_us, self._seq, key, degrees))
+
+    def _open_shape(self, key: tuple, theta_us: float) -> None:
+        """A shape at the top: its recompute settings below the best plan (their own prices), its
+        pipeline block, and its first configuration back into the queue."""
+        settings = self._settings_below(key)
+        if not settings:
+            self.stats["shapes_screened_out"] = self.stats.get("shapes_screened_out", 0) + 1
             return
-        scr.expand_queued(min(shapes))
+        self._block(key, settings).allow("recompute", settings)
+        self._next_config(key, theta_us)
 
+    def _next_config(self, key: tuple, floor_us: float) -> None:
+        """Solve the shape's block below the best plan; its configuration goes into the queue with
+        the block's value (nothing when no configuration of the shape can beat the best plan)."""
+        block = self.blocks[key]
+        res = block.solve(time_limit_s=self._left(), num_workers=1, cutoff_us=self._cutoff_us(), floor_us=floor_us)
+        self._count_master(res.wall_s, res.branches)
+        if res.status == "INFEASIBLE":
+            return
+        if res.status != "OPTIMAL":  # the time limit: the shape stays, with what is known
+            self.timed_out = True
+            self._push(max(floor_us, res.bound_us or 0), key, None)
+            return
+        self.pipelines[key, tuple(sorted(res.degrees.items()))] = (res.first, res.last, res.middle)
+        self._push(max(floor_us, res.objective_us), key, res.degrees)
 
-def _refine(scr: Screening, g: GlobalChoice, stats: dict) -> bool:
-    """Cut on row g: tighten its bound, or solve its stage problem with CP-SAT.  False when the
-    time is up."""
-    if time.perf_counter() > scr.settings.deadline:
+    def _settle_config(self, key: tuple, theta_us: float, degrees: dict) -> None:
+        """A configuration at the top: its exact stage solve (or a cut), forbidden in its block,
+        and the block's next configuration into the queue."""
+        g = self.book.choice(dict(zip(self.levels.shape, key)), degrees)
+        self._pipeline = self.pipelines.pop((key, tuple(sorted(degrees.items()))), None)
+        if not (self._lazy_rule_cut(g) or self._least_recompute_cut(g, theta_us)):
+            self._subproblem(g, theta_us)
+        self.blocks[key].forbid([degrees])
+        self._next_config(key, theta_us)
+
+    def _screen_shapes(self) -> list[tuple[int, tuple]]:
+        """Every shape with its screen bound (us), least first; shapes none of whose layers fit
+        are left out (counted as infeasible)."""
+        lv, book = self.levels, self.book
+        vpps = lv.domains[lv.vpp] if lv.vpp else (1,)
+        out = []
+        for key, row in book.master.items():
+            m = lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in MICROBATCH_SCOPE))
+            bound = shape_bound_us(row, book.classes, book.groups, int(m), vpps) if m and row else None
+            if bound is None:
+                self.stats["shapes_infeasible"] = self.stats.get("shapes_infeasible", 0) + 1
+                continue
+            out.append((bound, key))
+        out.sort()
+        self.stats["shapes_screened"] = len(out)
+        return out
+
+    def _settings_below(self, key: tuple) -> list[int]:
+        """The recompute settings of a shape whose screen bound, with their own prices, is below
+        the best plan (all that fit when there is no plan yet)."""
+        lv, book = self.levels, self.book
+        vpps = lv.domains[lv.vpp] if lv.vpp else (1,)
+        m = int(lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in MICROBATCH_SCOPE)))
+        cutoff = self._cutoff_us()
+        keep = []
+        for r, row in enumerate(book.block(key)):
+            bound = shape_bound_us(row, book.classes, book.groups, m, vpps) if row else None
+            if bound is not None and (cutoff is None or bound < cutoff):
+                keep.append(r)
+        return keep
+
+    def _block(self, key: tuple, settings: list[int]) -> PipelineBlock:
+        block = self.blocks.get(key)
+        if block is None:
+            lv, book = self.levels, self.book
+            shape = dict(zip(lv.shape, key))
+            spec = BlockSpec(shape=shape, families=lv.block, domains=lv.domains, rules=lv.rules, classes=book.classes,
+                             groups=book.groups, microbatches=int(lv.microbatches(*(shape[f] for f in lv.shape
+                                                                                    if f in MICROBATCH_SCOPE))),
+                             prices=book.with_sync(key, settings), inflight=self._inflight(key),
+                             sync_group=book.sync_group,
+                             prefix=book.prefix, suffix=book.suffix, vpp=lv.vpp, first_dp=lv.first_dp)
+            block = self.blocks[key] = PipelineBlock(spec)
+            self.stats["shapes_blocked"] += 1
+            st = self.stats
+            st["rows"] += sum(len(row) for row in spec.prices)
+            st["variables"]["degrees"] = len(spec.families)
+            st["variables"]["pipeline_blocks"] = st["variables"].get("pipeline_blocks", 0) + \
+                len(block.model.proto.variables)
+            for name, count in block.constraints.items():
+                st["constraints"][f"block {name}"] = st["constraints"].get(f"block {name}", 0) + count
+        return block
+
+    def _inflight(self, key: tuple) -> dict[tuple[int, int], tuple[float, float]]:
+        """(PP, VPP) -> micro-batches in flight at the first and at the last stage (the cost model's)."""
+        base = self.book.shapes[key].base
+        out = {}
+        for pp in self.levels.domains["pp"]:
+            for v in (self.levels.domains[self.levels.vpp] if self.levels.vpp else (1,)):
+                gs = replace(self.builder.shape(base), pp=pp, vpp=v)
+                out[pp, v] = (self.cost.inflight_microbatches(gs, 0), self.cost.inflight_microbatches(gs, pp - 1))
+        return out
+
+    def _count_master(self, wall_s: float, branches: int) -> None:
+        self.stats["master_solves"] += 1
+        self.stats["master_wall_s"] += wall_s
+        self.stats["branches"] += branches
+
+    def _left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def _late(self) -> bool:
+        return self._left() < 0.05
+
+    def _settle(self, g: GlobalChoice, kind: str, bound_us: float | None = None, whole_us: float | None = None,
+                theta_us: float | None = None) -> None:
+        self.settled.append(Settled(g, kind, bound_us, whole_us, theta_us))
+        cuts = self.stats["cuts"]
+        cuts[kind] = cuts.get(kind, 0) + 1
+
+    def _cutoff_us(self) -> int | None:
+        """Configurations whose iteration time (us) reaches this cannot beat the k-th best plan."""
+        k = self.settings.top_k
+        if len(self.cands) < k:
+            return None
+        c = self.cands[k - 1]
+        v_us = round(c.objective_s * c.g.vpp * 1e6)
+        return -(-v_us // c.g.vpp)
+
+    # ---- cuts that need no stage solve ----
+    def _lazy_rule_cut(self, g: GlobalChoice) -> bool:
+        """A rule family too large for a table, checked on the block's answer."""
+        d = {**dict(zip(self.levels.shape, self.book.key(g))), **self.book.block_degrees(g)}
+        for rule in self.lazy_rules:
+            if not rule.allowed(*(d[f] for f in rule.scope)):
+                self._settle(g, "rule")
+                return True
         return False
-    entry = scr.queued_entry(g)
-    if entry is not None and entry.level < 2:
-        scr.tighten(entry)
-        return True
-    if entry is not None:
-        scr.dequeue(entry)
-    else:
-        entry = scr.entry_for(g)
-    rec = scr.record_of(g)
-    hint = rec.stages if rec is not None and rec.stages else None
-    sub: dict = {}
-    try:
-        tables = scr.tables(g, entry.options)
-        sol = solve_cpsat(tables, upper_bound_us=None, settings=scr.solver_settings, hint_stages=hint, stats=sub)
-    except DeadlinePassed:
-        _keep_unsolved(scr, entry)
+
+    def _least_recompute_cut(self, g: GlobalChoice, theta_us: int) -> bool:
+        """Memory pruning restricting the space (megatron): G's recompute setting is in the pruned
+        space only when no lesser one has a layout that fits."""
+        if not (self.pruning.restricts and self.pruning.memory) or g.per_stage_recompute:
+            return False
+        r = self.book.settings.index(g.recompute)
+        for lesser in self.book.settings[:r]:
+            h = GlobalChoice(g.runtime, g.tp, g.cp, g.ep, g.etp, g.mbs, g.pp, g.vpp, g.dp0, lesser)
+            try:
+                fits = has_fitting_layout(self._tables(h, exact=True))
+            except DeadlinePassed:
+                return False
+            if fits:
+                self._settle(g, "least_recompute", None, theta_us)
+                return True
         return False
-    stats["subproblems"] += 1
-    _add_stage_stats(stats, sub)
-    if sol is None:
-        scr.record(entry, math.inf, math.inf if tables.exact else entry.bound_s, solved=True, feasible=False)
-        return True
-    if not sol.stages:
-        _keep_unsolved(scr, entry)
-        return False
-    _take(scr, entry, tables, sol)
-    return sol.status == "OPTIMAL"
+
+    # ---- the subproblem: one configuration's exact stage solve ----
+    def _tables(self, g: GlobalChoice, exact: bool) -> StageTables:
+        c = self.cost
+        options = stage_options(g, c.model, c.training, c.cluster, self.space, self.book.gpn)
+        t = self.builder.build(g, options, deadline=self.deadline)
+        if exact:
+            return t.pruned(delta=None, memory=False)
+        return t.pruned(delta=self.pruning.delta, memory=self.pruning.memory and g.per_stage_recompute)
+
+    def _subproblem(self, g: GlobalChoice, theta_us: int) -> None:
+        """Solve G's stage problem below the best plan and settle G (module docstring)."""
+        restricted = self.pruning.restricts
+        whole = theta_us if restricted else None  # a pruned solve bounds only the pruned space
+        try:
+            tables = self._tables(g, exact=not restricted)
+            hint = self._rounded_plan(g, tables)
+            if hint is None and not restricted and not self.cands and self.pruning.delta is not None:
+                hint = self._window_plan(g, tables)
+        except DeadlinePassed:
+            self.timed_out = True
+            self._settle(g, "unresolved", theta_us, theta_us)
+            return
+        ub = None if self._cutoff_us() is None else self._stage_upper_bound(g)
+        self._report("stage", g.label())
+        sol = self._stage_solve(tables, ub, hint)
+        if sol is None:
+            self._settle(g, "infeasible" if ub is None else "bounded", None, whole, theta_us)
+            return
+        if sol.stages:
+            self._offer(g, tables, sol)
+        if sol.stages and sol.status == "OPTIMAL":
+            self._settle(g, "solved", None, whole, theta_us)
+        else:  # the time ran out before the proof
+            bound = max(theta_us, sol.bound_us // g.vpp)
+            self._settle(g, "unresolved", bound, theta_us if restricted else bound)
+
+    def _stage_upper_bound(self, g: GlobalChoice) -> int:
+        """Plans of G better than the k-th best have v x T (us) below this."""
+        c = self.cands[self.settings.top_k - 1]
+        v_us = round(c.objective_s * c.g.vpp * 1e6)
+        return -(-v_us * g.vpp // c.g.vpp)
+
+    def _stage_solve(self, tables: StageTables, ub: int | None, hint: list | None):
+        left = self._left()
+        limit = min(left, max(STAGE_MIN_S, STAGE_SHARE * left))
+        sub: dict = {}
+        sol = solve_cpsat(tables, upper_bound_us=ub, hint_stages=hint, stats=sub,
+                          settings=SolverSettings(time_limit_s=limit, num_workers=self.settings.num_workers,
+                                                  deadline=self.deadline))
+        st = self.stats
+        st["subproblems"] += 1
+        st["stage_solves"] += 1
+        st["stage_wall_s"] += float(sub.get("wall_s", 0.0) or 0.0)
+        st["branches"] += int(sub.get("branches", 0) or 0)
+        for part in ("variables", "constraints"):
+            for name, count in (sub.get(part) or {}).items():
+                st[part][name] = st[part].get(name, 0) + count
+        return sol
+
+    def _rounded_plan(self, g: GlobalChoice, tables: StageTables) -> list | None:
+        """The block's pipeline rounded to a plan (solver_models/rounding.py): kept when it is one,
+        and the hint of the exact solve."""
+        if self._pipeline is None:
+            return None
+        first, last, middle = self._pipeline
+        of_class: dict[int, list[int]] = {}
+        for o, opt in enumerate(tables.options):
+            name = opt.device_type if not self.book.flagscale else f"{opt.device_type} dp{opt.dp}"
+            of_class.setdefault(self.book.class_of[name], []).append(o)
+        order = [first] + sorted(middle or {}, key=lambda c: (c != first, c == last, c))
+        classes = [first] + [c for c in order[1:] for _ in range((middle or {}).get(c, 0))]
+        classes += [] if last is None else [last]
+        plan = rounded_plan(tables, [of_class.get(c, []) for c in classes])
+        self.stats["rounded_plans"] = self.stats.get("rounded_plans", 0) + (plan is not None)
+        if plan is None:
+            return None
+        objective = tables.plan_objective_us(plan)
+        self._offer(g, tables, CpSatSolution(objective, 0, plan, "FEASIBLE", exact=False))
+        return plan
+
+    def _window_plan(self, g: GlobalChoice, tables: StageTables) -> list | None:
+        """With no plan yet: the configuration under the load-balance window first (a smaller
+        problem); its plan is kept (a plan of the whole space) and hints the exact solve (the
+        pruning orders the work, it cuts nothing)."""
+        windowed = tables.pruned(delta=self.pruning.delta, memory=False)
+        sol = self._stage_solve(windowed, None, None)
+        self.stats["window_solves"] = self.stats.get("window_solves", 0) + 1
+        if sol is None or not sol.stages:
+            return None
+        self._offer(g, tables, replace(sol, status="FEASIBLE"))
+        return sol.stages
+
+    def _offer(self, g: GlobalChoice, tables: StageTables, sol) -> None:
+        """Keep a plan of G among the best (one per configuration, the better)."""
+        obj = from_us(sol.objective_us) / g.vpp
+        if any(c.g == g and c.objective_s <= obj for c in self.cands):
+            return
+        self.cands = [c for c in self.cands if c.g != g]
+        plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
+        self.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
+                                    bound_s=bound_s(sol.bound_us, g.vpp), options=list(tables.options),
+                                    stages=sol.stages))
+        self.cands.sort(key=lambda c: c.objective_s)
+        del self.cands[self.settings.top_k * 4:]
+
+    def _report(self, phase: str, config: str = "", force: bool = False) -> None:
+        if not self.progress or not self.clock.due(force):
+            return
+        now = time.perf_counter()
+        total = self.stats["configs_total"]
+        done = total if phase == "done" and self.proven else len(self.settled)
+        bound = self._open_bound_us()
+        self.progress(ProgressEvent(done=done, total=total, solved=self.stats["stage_solves"],
+                                    elapsed_s=now - self.t0, best_s=self.cands[0].objective_s if self.cands else None,
+                                    bound_s=None if bound is None else bound * 1e-6, phase=phase, config=config))
+
+    # ---- what was proven ----
+    def _open_bound_us(self) -> float | None:
+        """The least bound over what is not settled: the queue's top (every entry's bound holds for
+        what it stands for), configurations whose stage solve stopped unproven."""
+        parts = [s.bound_us for s in self.settled if s.bound_us is not None]
+        if self.queue:
+            parts.append(self.queue[0][0])
+        return min(parts, default=None)
+
+    def _bounds_us(self) -> tuple[float | None, float | None]:
+        """(bound valid for the searched space, bound valid for the whole space), us; None: not known."""
+        cap = self.cands[0].objective_s * 1e6
+        if self.unscreened:
+            return None, None  # the screen never bounded the shapes not priced
+        open_us = self._open_bound_us()
+        searched = cap if open_us is None else min(cap, open_us)
+        if not self.pruning.restricts:
+            return searched, searched
+        if self.pruning.cp_min_seq_tokens is not None and self._cp_pruned_configs():
+            return searched, None  # the degree master never saw the shapes cp_min_seq set aside
+        return searched, min([searched] + [s.whole_us for s in self.settled if s.whole_us is not None])
+
+    def _cp_pruned_configs(self) -> int:
+        if not (self.pruning.restricts and self.pruning.cp_min_seq_tokens is not None):
+            return 0
+        return sum(s.size for s in self.book.shapes.values() if self.pruning.cp_pruned(self.cost.model, s.base))
+
+    def _result(self) -> SearchResult:
+        self._report("done", force=True)
+        if not self.cands:
+            if self.timed_out:
+                raise SearchTimeLimitError(
+                    f"no plan found within the {self.settings.time_limit_s:g} s time limit "
+                    f"({self.stats['stage_solves']} stage solves, {self.stats['master_solves']} pipeline-block "
+                    "solves); "
+                    "raise --time-limit")
+            raise explain_infeasible(self.cost, self.space, len(self.book.shapes))
+        best = self.cands[: self.settings.top_k]
+        costs = [self.cost.evaluate(c.plan) for c in best]
+        searched_us, whole_us = self._bounds_us()
+        cap = best[0].objective_s
+        proven = self.proven and (searched_us is not None and searched_us >= cap * 1e6 - 1e-6)
+        solved = self.stats["stage_solves"] - self.stats.get("window_solves", 0)
+        infeasible = sum(1 for s in self.settled if s.kind == "infeasible")
+        memory = sum(1 for s in self.settled if s.kind == "least_recompute")
+        cp = self._cp_pruned_configs()
+        total = self.stats["configs_total"]
+        self._finish_stats(best[0], searched_us, proven)
+        if self.timed_out and not proven:
+            self.notes.append(f"time limit {self.settings.time_limit_s:g} s reached after {solved} stage solve(s) "
+                              f"and {self.stats['master_solves']} pipeline-block solve(s)")
+        return SearchResult(
+            best=best, costs=costs, configs_total=total, configs_solved=solved,
+            configs_bounded=max(0, total - solved - infeasible - memory - cp), configs_infeasible=infeasible,
+            configs_pruned_memory=memory, lower_bound_s=None if whole_us is None else min(cap, whole_us * 1e-6),
+            certified_optimal=proven and not self.pruning.restricts, search_time_s=time.perf_counter() - self.t0,
+            backend="cpsat", notes=self.notes, pruning=self.pruning, pruned_space_optimal=proven,
+            pruned_lower_bound_s=None if searched_us is None else min(cap, searched_us * 1e-6), configs_pruned_cp=cp,
+            timed_out=self.timed_out and not proven,
+            quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=self.stats)
+
+    def _finish_stats(self, best: Candidate, searched_us: float | None, proven: bool) -> None:
+        st = self.stats
+        individually = len({s.g for s in self.settled})
+        st.update(status="OPTIMAL" if proven else "FEASIBLE", objective_s=best.objective_s,
+                  bound_s=None if searched_us is None else min(best.objective_s, searched_us * 1e-6),
+                  winner_stage_status=best.status, pricing_s=self.book.pricing_s,
+                  wall_s=st["master_wall_s"] + st["stage_wall_s"],
+                  configs_priced_one_by_one=individually,
+                  configs_never_priced_one_by_one=st["configs_total"] - individually)
 
 
-def _keep_unsolved(scr: Screening, entry: QueueEntry) -> None:
-    """A row taken off the queue whose stage problem the time limit cut short: keep its bound on
-    record, so the pruned- and whole-space bounds still count the configuration."""
-    if scr.record_of(entry.g) is None:
-        scr.record(entry, entry.bound_s, entry.bound_s, solved=False)
-
-
-def _take(scr: Screening, entry: QueueEntry, tables: StageTables, sol: CpSatSolution) -> None:
-    """Record a CP-SAT stage solution and keep its plan when it is among the best."""
-    g = entry.g
-    obj = from_us(sol.objective_us) / g.vpp
-    complete = sol.status == "OPTIMAL"
-    scr.record(entry, obj if complete else entry.bound_s, obj if sol.exact else entry.bound_s,
-               solved=complete, stages=sol.stages)
-    plan = plan_from_solution(g, tables, sol.stages, scr.cost.training.global_batch_size)
-    scr.offer(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
-                        bound_s=bound_s(sol.bound_us, g.vpp), options=entry.options, stages=sol.stages))
-
-
-def _stage_solve_winner(scr: Screening, stats: dict) -> None:
-    """The best configuration's stage problem once more in CP-SAT, hinted with its plan."""
-    best = scr.best
-    rec = scr.record_of(best.g)
-    if rec is None or not best.stages or scr.settings.deadline - time.perf_counter() < STAGE_SOLVE_MIN_S:
-        return
-    sub: dict = {}
-    capped = replace(scr.solver_settings, time_limit_s=max(STAGE_SOLVE_MIN_S, STAGE_SOLVE_SHARE * scr.budget_s))
-    try:
-        tables = scr.tables(best.g, rec.options)
-        sol = solve_cpsat(tables, upper_bound_us=None, settings=capped, hint_stages=best.stages, stats=sub)
-    except DeadlinePassed:
-        return
-    stats["subproblems"] += 1
-    _add_stage_stats(stats, sub)
-    stats["winner_stage_status"] = sub.get("status")
-    if sol is not None and sol.stages and from_us(sol.objective_us) / best.g.vpp < best.objective_s - 1e-12:
-        _take(scr, scr.entry_for(best.g), tables, sol)
-        stats["objective_s"] = scr.best.objective_s
-    elif sol is not None and sol.stages:
-        best.backend, best.status = "cpsat", sol.status
-
-
-def _add_stage_stats(stats: dict, sub: dict) -> None:
-    stats["wall_s"] += float(sub.get("wall_s", 0.0) or 0.0)
-    stats["branches"] += int(sub.get("branches", 0) or 0)
-    _merge_counts(stats["variables"], sub.get("variables", {}))
-    _merge_counts(stats["constraints"], sub.get("constraints", {}))
-
-
-def _merge_counts(into: dict, new: dict, replace: bool = False) -> None:
-    for k, v in new.items():
-        into[k] = v if replace else into.get(k, 0) + v
-
+def search_cpsat(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float,
+                 progress: ProgressFn | None = None) -> SearchResult:
+    """The --backend cpsat search (module docstring)."""
+    return BendersSearch(cost, space, settings, t0, progress).run()

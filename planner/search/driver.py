@@ -1,8 +1,13 @@
 """The search driver: which plan, and what is proven about it.
 
-    search() = enumerate (space.py) -> bound (bounds.py) -> best-first screening (screening.py, any
-               backend of solver_models over the integer tables) -> certificate (certify.py: the
-               CP-SAT master over the degrees, for --backend cpsat).
+    --backend cpsat   certify.py: logic-based Benders, a CP-SAT master over the degrees with CP-SAT
+                      stage subproblems (no HS-DP code runs)
+    --backend hsdp    enumerate (space.py) -> bound (bounds.py) -> best-first screening
+    (and brute)       (screening.py, HS-DP or brute force over the integer tables)
+
+With the prunings ordering the work (Pruning.restrict False, the default), the screening first
+searches the pruned space (at most ORDER_SHARE of the time limit) and then the whole space,
+starting from the pruned space's plans.
 
 What a result claims: planner/search/settings.py (SearchResult, and the settings, progress event
 and status wording the search shares with its callers).
@@ -22,14 +27,16 @@ from planner.cost.model import CostModel
 from planner.megatron import rules
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.search import GlobalChoice
-from planner.search.certify import certify_with_cpsat
+from planner.search.certify import search_cpsat
 from planner.search.explain import explain_infeasible
 from planner.search.screening import Screening
-from planner.search.settings import FEASIBLE, OPTIMAL, Candidate, ProgressFn, SearchResult, SearchSettings
+from planner.search.pruning import Pruning
+from planner.search.settings import FEASIBLE, Candidate, ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
 
-# --backend cpsat: screening stops at this share of the time limit, leaving the rest to the master
-SCREENING_SHARE_CPSAT = 0.8
+# with the prunings ordering the work: the pruned space's screening takes at most this share of the
+# time limit, the whole space's the rest
+ORDER_SHARE = 0.3
 
 
 def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progress: ProgressFn | None = None
@@ -39,43 +46,55 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     limit = settings.time_limit_s
     deadline = t0 + limit if settings.deadline is None else min(settings.deadline, t0 + limit)
     settings = replace(settings, deadline=deadline)
-    budget_s = deadline - t0  # what is left of the time limit (the caller may have used some)
-    stop_at = t0 + SCREENING_SHARE_CPSAT * budget_s if settings.backend == "cpsat" else deadline
-    scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=budget_s)
+    if settings.backend == "cpsat":
+        return search_cpsat(cost, space, settings, t0, progress)
+    pruning = settings.pruning
+    if not pruning.any or pruning.restrict:
+        return _result(_screen(cost, space, settings, t0, progress, deadline, []), settings, t0)
+    # the prunings order the work: the pruned space first, then the whole space from its plans
+    first = _screen(cost, space, replace(settings, pruning=pruning.restricting()), t0, progress,
+                    t0 + ORDER_SHARE * (deadline - t0), [], allow_empty=True)
+    whole = _screen(cost, space, replace(settings, pruning=Pruning.off()), t0, progress, deadline, first.cands)
+    res = _result(whole, settings, t0)
+    res.pruning = pruning
+    return res
+
+
+def _screen(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float, progress: ProgressFn | None,
+            stop_at: float, seed: list[Candidate], allow_empty: bool = False) -> Screening:
+    """One best-first screening until `stop_at` (the deadline when it has no plan yet), starting
+    from the plans `seed` (found in a narrower space, so valid here)."""
+    deadline = settings.deadline
+    scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=deadline - t0)
+    scr.cands = list(seed)
     scr.enumerate()
-    if space.runtime_spec.per_stage_meshes and settings.warm_start:
+    if space.runtime_spec.per_stage_meshes and settings.warm_start and not seed:
         scr.cands += _flagscale_warm_start(cost, space, settings)
     scr.run()
-    if scr.timed_out and not scr.cands and time.perf_counter() < deadline:
-        scr.stop_at = deadline  # no plan to certify yet: the master's share goes to screening
+    if scr.timed_out and not scr.cands and time.perf_counter() < deadline and not allow_empty:
+        scr.stop_at = deadline  # no plan yet: take the rest of the time limit
         scr.run()
     if scr.timed_out:
-        scr.notes.append(f"time limit {limit:g} s reached after {scr.done} of {scr.total} configurations")
+        scr.notes.append(f"time limit {settings.time_limit_s:g} s reached after {scr.done} of {scr.total} "
+                         "configurations")
     if scr.delta_fallbacks:
         scr.notes.append(f"load-balance pruning (delta {settings.pruning.delta:g}) left no layout that fits in memory "
                          f"for {scr.delta_fallbacks} configuration(s); those were solved without it")
-    if not scr.cands:
+    if not scr.cands and not allow_empty:
         scr.report_progress("done", "", force=True)
         if scr.timed_out or not scr.enumeration_complete:
             raise SearchTimeLimitError(
-                f"no plan found within the {limit:g} s time limit ({scr.solved} of {scr.total} "
+                f"no plan found within the {settings.time_limit_s:g} s time limit ({scr.solved} of {scr.total} "
                 f"configurations solved after {time.perf_counter() - t0:.1f} s); raise --time-limit")
         raise explain_infeasible(cost, space, scr.enumerated)
-    return _result(scr, settings, t0)
+    return scr
 
 
 def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult:
-    """What the screening (and, for cpsat, the master) proved, as a SearchResult."""
-    cpsat_stats = None
-    if settings.backend == "cpsat":
-        cpsat_stats = certify_with_cpsat(scr)
+    """What the screening proved, as a SearchResult."""
     whole = scr.enumeration_complete
     pruned_optimal = whole and scr.complete and not scr.timed_out
     pruned_lb = scr.pruned_space_bound() if whole else None
-    if cpsat_stats is not None:
-        pruned_optimal = whole and cpsat_stats["status"] == OPTIMAL
-        if whole and cpsat_stats["bound_s"] is not None:  # else the master had no time: screening's bound
-            pruned_lb = cpsat_stats["bound_s"]
     certified = pruned_optimal and not scr.pruning.any
     whole_lb = pruned_lb if not scr.pruning.any else scr.whole_space_bound()
     best = scr.cands[: settings.top_k]
@@ -91,7 +110,7 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
         notes=scr.notes, pruning=scr.pruning,
         pruned_space_optimal=pruned_optimal, pruned_lower_bound_s=pruned_lb, configs_pruned_cp=scr.pruned_cp,
         timed_out=scr.timed_out or not whole,
-        quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=cpsat_stats,
+        quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s),
     )
 
 

@@ -1,7 +1,6 @@
-"""Screening: best-first search over the configurations of the space with one backend
-(solver_models), the part of the search that finds the plan.  The driver (driver.py) runs it;
-the CP-SAT certificate (certify.py) works on what it leaves, through the methods of Screening's
-"certificate's interface" section (it touches nothing else).
+"""Screening: best-first search over the configurations of the space with one backend of
+solver_models (HS-DP, or brute force), the search of --backend hsdp.  The driver (driver.py) runs
+it; --backend cpsat searches with a CP-SAT master instead (certify.py).
 
 The queue holds entries ordered by a lower bound, refined in levels as an entry reaches the top:
 
@@ -26,17 +25,17 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from planner.cost.model import CostModel
 from planner.schemas.plan import Plan, Recompute, StagePlan
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import ShapeBounds, lower_bound_s, option_bound, stage_free_bytes
-from planner.search.settings import Candidate, ProgressEvent, ProgressFn, SearchSettings
+from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchSettings
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, recompute_ladder, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.backends import get_backend
-from solver_models.hsdp import has_fitting_layout
+from solver_models.fitting import has_fitting_layout
 from solver_models.scaling import bound_s, from_us
 from solver_models.tables import DeadlinePassed, StageTables
 
@@ -228,7 +227,7 @@ class Screening:
         self.pruning = settings.pruning
         self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
         self.configs = Configurations(cost, space, self.builder)
-        self.backend_name = "hsdp" if settings.backend == "cpsat" else settings.backend
+        self.backend_name = settings.backend
         self.backend = get_backend(self.backend_name)
         self.heap: list[QueueEntry] = []
         self.deferred: dict[tuple, list[GlobalChoice]] = {}  # memory pruning: greater recompute, waiting
@@ -243,7 +242,7 @@ class Screening:
         self.enumeration_complete = True
         self.delta_fallbacks = 0
         self.timed_out = False
-        self._last_report = 0.0
+        self.clock = ProgressClock(PROGRESS_EVERY_S)
 
     # ---- filling the queue ----
     def enumerate(self) -> None:
@@ -416,84 +415,15 @@ class Screening:
     def report_progress(self, phase: str, config: str, force: bool = False) -> None:
         """Call the progress callback (at most every PROGRESS_EVERY_S unless forced).  At the end
         (phase "done") of a search that was not cut short every configuration counts as done."""
-        if not self.progress:
+        if not self.progress or not self.clock.due(force):
             return
         now = time.perf_counter()
-        if not force and now - self._last_report < PROGRESS_EVERY_S:
-            return
-        self._last_report = now
         finished = phase == "done" and not self.timed_out and self.enumeration_complete
         self.progress(ProgressEvent(
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
             best_s=self.cands[0].objective_s if self.cands else None,
             # the searched space's lower bound so far, the one the final report's searched-space gap uses
             bound_s=self.pruned_space_bound() if (self.heap or self.records) else None, phase=phase, config=config))
-
-    # ---- the certificate's interface (certify.py reads and changes the screening only here) ----
-    @property
-    def best(self) -> Candidate:
-        """The best plan so far."""
-        return self.cands[0]
-
-    def known(self) -> Iterable[ConfigRecord]:
-        """What screening learned about each configuration it took off the queue."""
-        return self.records.values()
-
-    def record_of(self, g: GlobalChoice) -> ConfigRecord | None:
-        return self.records.get(g)
-
-    def queue_size(self) -> int:
-        return len(self.heap)
-
-    def queued_shapes(self) -> list[QueueEntry]:
-        """The shape entries still queued (not expanded into their global choices)."""
-        return [e for e in self.heap if e.level == SHAPE]
-
-    def queued_choices(self) -> list[QueueEntry]:
-        """The global choices still queued, in queue order."""
-        return [e for e in self.heap if e.level != SHAPE]
-
-    def queued_entry(self, g: GlobalChoice) -> QueueEntry | None:
-        return next((e for e in self.heap if e.level != SHAPE and e.g == g), None)
-
-    def expand_queued(self, entry: QueueEntry) -> None:
-        """Take a queued shape off the queue and queue its global choices."""
-        self.heap.remove(entry)
-        heapq.heapify(self.heap)
-        self.expand(entry.shape)
-
-    def tighten(self, entry: QueueEntry) -> None:
-        """A queued global choice below level 2 one level on (recorded as infeasible when nothing
-        fits)."""
-        self.heap.remove(entry)
-        e = self.configs.cheap_entry(entry) if entry.level == 0 else self.configs.tight_entry(entry, self.kth_best())
-        if math.isfinite(e.bound_s):
-            self.heap.append(e)
-        else:
-            self.record(e, math.inf, math.inf, solved=True, feasible=False)
-        heapq.heapify(self.heap)
-
-    def dequeue(self, entry: QueueEntry) -> None:
-        self.heap.remove(entry)
-        heapq.heapify(self.heap)
-
-    def entry_for(self, g: GlobalChoice) -> QueueEntry:
-        """A level-1 entry for a configuration screening has a record of (no longer queued)."""
-        e = QueueEntry(self.records[g].bound_s, self.configs.rank(g), -1, 0, g)
-        return self.configs.cheap_entry(e)
-
-    def recompute_rank(self, g: GlobalChoice) -> int:
-        """G's recompute setting's position on the megatron ladder."""
-        return self.configs.rank(g)
-
-    def offer(self, cand: Candidate) -> None:
-        """A plan found outside screening (the certificate's stage solves): kept unless G already
-        has one at least as good; the plans stay ordered by objective."""
-        if any(c.g == cand.g and c.objective_s <= cand.objective_s for c in self.cands):
-            return
-        self.cands = [c for c in self.cands if c.g != cand.g]
-        self.cands.append(cand)
-        self.cands.sort(key=lambda c: c.objective_s)
 
     # ---- what was proven ----
     @property

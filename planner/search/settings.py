@@ -12,6 +12,7 @@ What a result claims:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
@@ -77,6 +78,21 @@ class ProgressEvent(Mapping):
 
 
 ProgressFn = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class ProgressClock:
+    """When the next progress event is due: at most every `every_s` seconds, unless forced."""
+
+    every_s: float = 0.2
+    last: float = 0.0
+
+    def due(self, force: bool = False) -> bool:
+        now = time.perf_counter()
+        if not force and now - self.last < self.every_s:
+            return False
+        self.last = now
+        return True
 
 
 @dataclass

@@ -1,37 +1,37 @@
-"""The CP-SAT master over the global degrees: which configuration is best, proven over every
-configuration of the space.
+"""The master of --backend cpsat's logic-based Benders decomposition: its vocabulary (rule
+families, stage classes, prices) and its first level, the shape screen.
 
-A decomposition (issue 12): every configuration G of the space is a row with its degrees and a
-lower bound on its optimum, integer microseconds of iteration time, rounded down:
+The decomposition (planner/search/certify.py runs it):
 
-    variables   one integer per degree family (TP, CP, EP, ETP, micro-batch or samples per
-                micro-batch, DP, PP, VPP, recompute), a row index k and the row's value
-    constraints rule families on the degrees, one per rule of planner/megatron/rules.py (each a table of
-                the degree values its predicate allows); element constraints tying k to the
-                degrees and to the value (the per-configuration bounds)
-    objective   minimise the value
+    shape screen     (here) for every shape (TP, CP, EP, ETP, micro-batch or samples per
+                     micro-batch, DP) and recompute setting, a lower bound from the price tables
+                     alone: the deepest pipeline the type budgets allow, every stage at its class's
+                     least time per layer and within what it holds in memory
+                     (`pipeline_floor_us`), and the bubble the shape's micro-batches make
+                     (`shape_bound_us`).  Closed form, evaluated for every shape at once: shapes
+                     and settings that cannot beat the best plan are never priced one by one
+    pipeline block   (pipeline.py) a CP-SAT model per shape: recompute, PP, VPP, stages and
+                     layers per stage class as decision variables, Megatron's rules as
+                     constraints, the relaxation of the stage problem; its answer is the
+                     configuration that earns an exact stage solve
+    stage model      (model.py) the exact stage problem of one configuration; its outcome is a
+                     Benders cut on the block (no-good)
 
-A row's value is the configuration's optimum once a stage subproblem (the CP-SAT stage model,
-hinted with HS-DP, or HS-DP itself) has solved it, and a lower bound (planner/search/bounds.py)
-before.  The caller solves the master, solves the chosen row's subproblem if it is not solved yet
-(a cut: the row's value rises to its optimum), and solves the master again, until the chosen row
-is solved: then CP-SAT's OPTIMAL proves that no configuration beats it.
-
-The rows were enumerated under the same rules, so the rule families do not cut rows; they state
-the space in the model (tests/test_master.py checks that the rule families alone admit exactly
-the enumerated degrees).
+Prices (Price): per stage class (a device type; flagscale: a type and a DP), per shape and
+recompute setting, figures from the cost model rounded to the optimistic side
+(planner/search/prices.py builds them).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ortools.sat.python import cp_model
+import numpy as np
 
-# largest product of domains a rule family's table is built over (else: from the rows)
+# largest product of domains a rule family's table is built over (else: checked on the answers)
 MAX_RULE_TABLE = 200_000
 
 
@@ -44,82 +44,197 @@ class RuleFamily:
     allowed: Callable[..., bool]
 
 
-@dataclass
-class MasterResult:
-    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID
-    row: int | None  # the chosen row
-    objective_us: int | None
-    bound_us: int | None
-    wall_s: float
-    branches: int
-    variables: dict[str, int] = field(default_factory=dict)
-    constraints: dict[str, int] = field(default_factory=dict)
+@dataclass(frozen=True)
+class StageClass:
+    """What a pipeline stage may run as: a device type (`type_index`) and its weight, the units
+    of the type's stage budget one stage takes (flagscale: the stage's DP, units of TP x CP GPUs;
+    megatron: 1, units of TP x CP x DP GPUs)."""
+
+    name: str
+    type_index: int
+    weight: int = 1
 
 
-class DegreeMaster:
-    """The master model over `rows` (degree tuples in the order of `families`) with `values`
-    (integer microseconds, lower bounds or optima) and `rules`."""
+@dataclass(frozen=True)
+class Room:
+    """What one stage of a class holds in memory: n layers of group g fit with a micro-batches in
+    flight when n * (static[g] + a * act[g]) <= free + a * saved, less the first stage's (embedding)
+    or the last stage's (output layer, logits, MTP) own bytes at the ends of the pipeline."""
 
-    def __init__(self, families: Sequence[str], rows: Sequence[tuple[int, ...]], values: Sequence[int],
-                 rules: Sequence[RuleFamily]):
-        self.families = tuple(families)
-        self.model = m = cp_model.CpModel()
-        self.constraints: dict[str, int] = {}
-        cols = list(zip(*rows))
-        n = len(rows)
-        self.deg = {f: m.new_int_var_from_domain(cp_model.Domain.from_values(sorted(set(col))), f)
-                    for f, col in zip(self.families, cols)}
-        self.row = m.new_int_var(0, n - 1, "row")
-        self.value = m.new_int_var(min(values), max(values), "value_us")
+    free_bytes: float  # capacity less the framework's overhead
+    static_bytes: tuple[float, ...]  # per layer group: weights, gradients and optimizer state of one layer
+    act_bytes: tuple[float, ...]  # per layer group: one layer's activations per micro-batch in flight
+    saved_bytes: float = 0.0  # activations full block recompute spares per micro-batch in flight, per chunk
+    transient_bytes: float = 0.0  # buffers any stage keeps once (its layers' recompute and work buffers)
+    first_static_bytes: float = 0.0
+    first_act_bytes: float = 0.0
+    last_static_bytes: float = 0.0
+    last_act_bytes: float = 0.0
 
-        def family(name: str, add: Callable[[], None]) -> None:
-            before = len(m.proto.constraints)
-            add()
-            self.constraints[name] = len(m.proto.constraints) - before
+    def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
+              vpp: int = 1) -> int:
+        """Most layers of the group one stage holds with `inflight` micro-batches in flight and `vpp`
+        virtual chunks (at most `limit`)."""
+        return int(self.holds_each(np.array([inflight], dtype=float), limit, group, first, last, vpp)[0])
 
-        # the rules, each a table over the degrees it reads
-        for rule in rules:
-            family(rule.name, lambda rule=rule: m.add_allowed_assignments(
-                [self.deg[f] for f in rule.scope], self._allowed(rule, rows)))
+    def holds_each(self, inflight: np.ndarray, limit: int, group: int = 0, first: bool = False, last: bool = False,
+                   vpp: int = 1) -> np.ndarray:
+        """`holds` for each of an array of micro-batches in flight."""
+        per = self.static_bytes[group] + inflight * self.act_bytes[group]
+        room = self.free_bytes - self.transient_bytes + inflight * vpp * self.saved_bytes
+        if first:
+            room = room - (self.first_static_bytes + inflight * self.first_act_bytes)
+        if last:
+            room = room - (self.last_static_bytes + inflight * self.last_act_bytes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            held = np.where(per > 0, np.floor(np.maximum(room, 0.0) / np.where(per > 0, per, 1.0) * (1 + 1e-12)),
+                            np.where(room >= 0, limit, 0))
+        return np.minimum(held, limit).astype(np.int64)
 
-        # the configuration rows: the row index fixes every degree and the row's bound
-        def link() -> None:
-            for f, col in zip(self.families, cols):
-                m.add_element(self.row, list(col), self.deg[f])
 
-        family("configuration_degrees", link)
-        family("configuration_bounds", lambda: m.add_element(self.row, list(values), self.value))
-        m.minimize(self.value)
-        self.variables = {"degrees": len(self.deg), "rows": 1, "bound": 1}
+@dataclass(frozen=True)
+class Price:
+    """A stage class's figures under one choice of the shape degrees and one recompute setting,
+    integer microseconds rounded down and bytes to the roomy side, so that they bound the cost
+    model from below (the screen's prices hold for every recompute setting: least time, most room)."""
 
-    def _allowed(self, rule: RuleFamily, rows: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """The tuples of the scope's domains the rule's predicate allows."""
-        idx = [self.families.index(f) for f in rule.scope]
-        domains = [sorted({r[i] for r in rows}) for i in idx]
-        if math.prod(len(d) for d in domains) <= MAX_RULE_TABLE:
-            candidates = itertools.product(*domains)
-        else:  # too many combinations: the rows' own projections, still filtered by the rule
-            candidates = sorted({tuple(r[i] for i in idx) for r in rows})
-        return [c for c in candidates if rule.allowed(*c)]
+    tau_us: tuple[int, ...]  # per layer group (all layers, then each layer kind): least time per layer
+    stage_us: int  # per-stage time that does not scale with the layers (full block recompute)
+    first_us: int  # extra time of the first stage (embedding)
+    last_us: int  # extra time of the last stage (output layer, loss, MTP)
+    max_layers: int  # most layers one stage of the class holds in memory (one micro-batch in flight)
+    units: int  # stage budget of the class's type: sum over its classes of weight x stages <= units
+    link_in_us: int = 0  # least time of the pipeline link into a stage of the class (from any class)
+    link_out_us: int = 0  # least time of the link out of it
+    room: Room | None = None  # memory per layer and at the ends (None: only max_layers)
+    # [k]: least exposed DP sync + optimizer step (us per iteration) of a middle stage holding k
+    # layers of the block's sync group (empty: not priced)
+    sync_us: tuple[int, ...] = ()
 
-    def hint(self, row: int) -> None:
-        self.model.add_hint(self.row, row)
+    def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
+              vpp: int = 1) -> int:
+        """Most layers of a group one stage holds with `inflight` micro-batches in flight."""
+        cap = min(limit, self.max_layers)
+        if self.room is None:
+            return cap
+        return min(cap, self.room.holds(inflight, limit, group, first, last, vpp))
 
-    def solve(self, *, time_limit_s: float, num_workers: int) -> MasterResult:
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
-        solver.parameters.num_workers = int(num_workers)
-        # presolve expands the rule tables and the row elements into clauses over every row
-        # (seconds for a few thousand rows); the search itself needs well under a second
-        solver.parameters.cp_model_presolve = False
-        status = solver.solve(self.model)
-        name = solver.status_name(status)
-        found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        bound = None
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
-            bound = int(math.floor(solver.best_objective_bound + 1e-6))
-        return MasterResult(
-            status=name, row=int(solver.value(self.row)) if found else None,
-            objective_us=int(round(solver.objective_value)) if found else None, bound_us=bound,
-            wall_s=solver.wall_time, branches=solver.num_branches, variables=dict(self.variables),
-            constraints=dict(self.constraints))
+
+def reduced_domains(rules: Sequence[RuleFamily], domains: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The families' domains, each narrowed to the values some allowed tuple of every rule family
+    over it uses (repeated until nothing changes; families too large to enumerate are skipped)."""
+    out = {f: tuple(sorted(v)) for f, v in domains.items()}
+    changed = True
+    while changed:
+        changed = False
+        for rule in sorted(rules, key=lambda r: math.prod(len(out[f]) for f in r.scope)):
+            if math.prod(len(out[f]) for f in rule.scope) > MAX_RULE_TABLE:
+                continue
+            allowed = [c for c in itertools.product(*(out[f] for f in rule.scope)) if rule.allowed(*c)]
+            for k, f in enumerate(rule.scope):
+                used = tuple(sorted({c[k] for c in allowed}))
+                if used != out[f]:
+                    out[f] = used
+                    changed = True
+    return out
+
+
+def rule_tables(rules: Sequence[RuleFamily], domains: dict[str, tuple[int, ...]], families: set[str]
+                ) -> list[tuple[str, tuple[str, ...], list[tuple[int, ...]] | None]]:
+    """Per rule family: its scope within `families` and the allowed tuples there (the projection
+    of the rule onto them; None when the product is too large to enumerate)."""
+    out = []
+    for rule in rules:
+        inner = tuple(f for f in rule.scope if f in families)
+        if not inner:
+            continue
+        if math.prod(len(domains[f]) for f in rule.scope) > MAX_RULE_TABLE:
+            out.append((rule.name, inner, None))
+            continue
+        idx = [rule.scope.index(f) for f in inner]
+        allowed = sorted({tuple(c[i] for i in idx) for c in itertools.product(*(domains[f] for f in rule.scope))
+                          if rule.allowed(*c)})
+        out.append((rule.name, inner, allowed))
+    return out
+
+
+def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], groups: Sequence[int],
+                      microbatches: int, vpp: int = 1) -> int | None:
+    """The least bottleneck stage time (us) any pipeline of this shape and recompute setting can
+    have, or None when its layers fit in no pipeline: the deepest pipeline the type budgets allow
+    (at most one stage per layer), a stage of class c holding at most (T - stage_us_c) // tau_c
+    layers and what it holds in memory with the micro-batches its position keeps in flight (the
+    j-th stage from the end at least min(j + 1, m) of them, whatever the interleaving).  Per layer
+    group (each kind's layers on their own too)."""
+    floor = 0
+    n_layers = groups[0]
+    for g, count in enumerate(groups):
+        stages = _stage_rooms(row, classes, g, n_layers, microbatches, vpp)
+        steps = np.unique(np.concatenate([np.arange(1, count + 1) * max(1, p.tau_us[g]) + p.stage_us
+                                          for p in row.values()]))
+        if not steps.size or _capacity(stages, steps[-1], n_layers) < count:
+            return None
+        lo, hi = 0, steps.size - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _capacity(stages, steps[mid], n_layers) >= count:
+                hi = mid
+            else:
+                lo = mid + 1
+        floor = max(floor, int(steps[lo]))
+    return floor
+
+
+def _stage_rooms(row: dict[int, Price], classes: Sequence[StageClass], g: int, n_layers: int, microbatches: int,
+                 vpp: int) -> list[tuple[int, int, int, int, np.ndarray, int]]:
+    """Per class: (type, weight, tau, stage time, layers of group g its j-th stage from the end holds
+    in memory (with min(j + 1, m) micro-batches in flight), the type's budget units)."""
+    out = []
+    for c, p in row.items():
+        w = classes[c].weight
+        count = min(p.units // w, n_layers)
+        loads = np.minimum(np.arange(1, count + 1), microbatches).astype(float)
+        holds = np.minimum(p.room.holds_each(loads, n_layers, g, vpp=vpp), p.max_layers) if p.room is not None \
+            else np.full(count, min(n_layers, p.max_layers), dtype=np.int64)
+        out.append((classes[c].type_index, w, max(1, p.tau_us[g]), p.stage_us, holds, p.units))
+    return out
+
+
+def _capacity(stages: list[tuple[int, int, int, int, np.ndarray, int]], t_us: int, n_layers: int) -> float:
+    """Most layers of a group the stages hold with every stage time at most t_us.  Each class's
+    stages take their own least-loaded positions; per device type, its budget goes to the stages
+    with the most layers per unit (the fractional knapsack's optimum, no less than any integral
+    choice); with one unit per stage (megatron) no more stages than layers."""
+    if all(st[1] == 1 for st in stages):  # one unit a stage: the n_layers stages that hold the most
+        held = np.concatenate([np.minimum(h, max(0, (int(t_us) - s_us) // tau)) for _, _, tau, s_us, h, _ in stages])
+        return float(np.sort(held)[::-1][:n_layers].sum())
+    per_type: dict[int, list[tuple[float, float, int]]] = {}
+    units: dict[int, int] = {}
+    for ty, w, tau, stage_us, holds, budget in stages:
+        held = np.minimum(holds, max(0, (int(t_us) - stage_us) // tau))
+        held = held[held > 0]
+        units[ty] = budget
+        per_type.setdefault(ty, []).extend((x / w, float(x), w) for x in held.tolist())
+    total = 0.0
+    for ty, items in per_type.items():
+        left = units[ty]
+        for _, held, w in sorted(items, reverse=True):
+            if left <= 0:
+                break
+            total += min(1.0, left / w) * held
+            left -= w
+    return total
+
+
+def shape_bound_us(row: dict[int, Price], classes: Sequence[StageClass], groups: Sequence[int], microbatches: int,
+                   vpps: Sequence[int]) -> int | None:
+    """A lower bound (us) on the iteration time of every configuration of a shape under one
+    recompute setting (None: none fits): v x T >= W + (m*v - 1) * Tmin, Tmin the pipeline floor,
+    W the layers at their least time per layer plus the ends' least extra time."""
+    t_min = pipeline_floor_us(row, classes, groups, microbatches, max(vpps))
+    if t_min is None:
+        return None
+    kinds = range(1, len(groups)) if len(groups) > 1 else range(1)
+    work = sum(groups[g] * min(p.tau_us[g] for p in row.values()) for g in kinds)
+    work += min(p.first_us for p in row.values()) + min(p.last_us for p in row.values())
+    return min((work + (microbatches * v - 1) * t_min) // v for v in vpps)

@@ -9,7 +9,8 @@ degrees (master.py) adds these as subproblems, one configuration at a time.
               (load-balance windows, least recompute that fits), optionally objective < a bound.
 
 Order as in OR-Tools' samples: data (cells.py) -> variables (variables.py) -> constraints
-(constraints.py) -> objective -> hint (HS-DP's plan) -> solve -> solution -> statistics.
+(constraints.py) -> objective -> hint (a plan the caller already has) -> solve -> solution ->
+statistics.  Nothing here calls HS-DP: the CP-SAT backend is independent of it.
 """
 
 from __future__ import annotations
@@ -25,16 +26,7 @@ import solver_models.cpsat.constraints as cons
 from solver_models.base import Solution, SolverSettings
 from solver_models.cpsat.cells import all_cells, canonical_plan
 from solver_models.cpsat.variables import create_vars, extract_plan, hint_plan, variable_counts
-from solver_models.hsdp import solve_hsdp
 from solver_models.tables import StageTables, check_deadline
-
-# Instances whose option sequences x layer splits are at most this many are solved without the
-# HS-DP hint (CP-SAT needs no help there and the DP's cost would dominate).
-TINY_PLANS = 2_000
-# Above this many options per stage the HS-DP hint costs more than it saves (see wants_dp_hint).
-HINT_MAX_OPTIONS = 8
-# The HS-DP hint may use at most this share of the time limit (its plan so far is used after).
-HINT_TIME_SHARE = 0.25
 
 
 @dataclass
@@ -163,16 +155,8 @@ def plan_count(t: StageTables) -> int:
     return t.num_options ** t.pp * math.comb(t.num_layers - 1, t.pp - 1)
 
 
-def wants_dp_hint(t: StageTables) -> bool:
-    """Whether computing HS-DP's plan as a hint pays: not for tiny instances (CP-SAT needs no
-    help) nor for many options per stage (HS-DP's cost grows with options^2 x GPU states; on
-    mixtral-l, H800:16,MI300X:16,910B:16, flagscale tp2 ep8 dp4 pp6 with 21 options, HS-DP took
-    75-130 s where unhinted CP-SAT proved the optimum in about 1 s)."""
-    return plan_count(t) > TINY_PLANS and t.num_options <= HINT_MAX_OPTIONS
-
-
 def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings: SolverSettings,
-                hint: bool | None = None, hint_stages: list[tuple[int, int, int]] | None = None,
+                hint_stages: list[tuple[int, int, int]] | None = None,
                 max_equality: bool = False, drop_dominated: bool = True, log: bool = False,
                 stats: dict[str, Any] | None = None) -> CpSatSolution | None:
     """Best plan for the configuration under the tables' rules and prunings (None if nothing fits
@@ -180,10 +164,9 @@ def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings: So
 
     settings: the time limit, workers and deadline (the limit is cut to the deadline).  When
     time runs out with no plan and no proof: a solution with status UNKNOWN and no stages (as
-    HS-DP's backend reports it).  Hint: hint_stages (a plan
-    [(option, start, n)] the caller already has, e.g. from HS-DP) is used as given; otherwise
-    hint=None computes HS-DP's plan when wants_dp_hint(tables), True/False force it (HS-DP gets at
-    most HINT_TIME_SHARE of the limit).  The returned objective is recomputed from the tables;
+    the other backends report it).  Hint: hint_stages, a plan [(option, start, n)] the caller
+    already has (e.g. from the same configuration under the load-balance window), used as given.
+    The returned objective is recomputed from the tables;
     status is OPTIMAL or FEASIBLE (time limit), exact = OPTIMAL on unpruned tables.
     Statistics: .stats on the result, and `stats` (a dict the caller passes, filled also when
     the result is None).  Raises DeadlinePassed when the tables carry a deadline that passes
@@ -197,15 +180,7 @@ def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings: So
     if limit_s <= 0:
         out_stats.update(status="UNKNOWN", reason="deadline passed before solving")
         return _unknown(dict(out_stats))
-    hint_s = 0.0
-    hint_obj: int | None = None
-    if hint_stages is None and (wants_dp_hint(tables) if hint is None else hint):
-        dp = solve_hsdp(tables, deadline=t0 + HINT_TIME_SHARE * limit_s)
-        hint_s = time.perf_counter() - t0
-        if dp is not None:
-            hint_stages, hint_obj = dp.stages, dp.objective_us
-    if hint_stages is not None and hint_obj is None:
-        hint_obj = tables.plan_objective_us(hint_stages)
+    hint_obj = tables.plan_objective_us(hint_stages) if hint_stages is not None else None
     if hint_obj is not None and upper_bound_us is not None and hint_obj >= upper_bound_us:
         hint_stages = hint_obj = None  # it cannot satisfy objective < upper bound
     m = CpSatStageModel(tables, upper_bound_us=upper_bound_us, max_equality=max_equality,
@@ -221,7 +196,7 @@ def solve_cpsat(tables: StageTables, *, upper_bound_us: int | None, settings: So
                                 status="FEASIBLE", exact=False)
         else:
             sol = _unknown({})
-    m.stats.update(hinted=hinted, hint_s=hint_s, hint_objective_us=hint_obj if hinted else None,
+    m.stats.update(hinted=hinted, hint_objective_us=hint_obj if hinted else None,
                    total_s=time.perf_counter() - t0)
     out_stats.update(m.stats)
     if sol is not None:

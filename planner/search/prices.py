@@ -1,0 +1,318 @@
+"""The prices of the CP-SAT master (solver_models/cpsat/master.py): per stage class (a device type;
+flagscale: a device type and a DP) and per price key (the degrees a stage's per-layer figures
+depend on, and the recompute setting), the figures the master's relaxation reads, from the cost
+model:
+
+    tau_us      least time of one layer on one stage of the class, per layer group (all layers,
+                then each layer kind when the model mixes dense and MoE layers): a one-layer middle
+                stage, as bounds.option_bound prices it
+    stage_us    per-stage time not in the layers (full block recompute)
+    first_us    the first stage's extra time (the embedding): a one-layer first stage minus a one-layer
+                middle stage; last_us likewise (output layer, loss, MTP)
+    max_layers  most layers one stage holds with one micro-batch in flight, against the capacity less
+                the framework's overhead (every stage holds at least that many micro-batches)
+    units       the stage budget of the class's type (megatron: GPUs // (TP x CP x DP) stages;
+                flagscale: GPUs // (TP x CP), each stage taking its DP of them)
+
+Every figure is rounded towards the optimistic side (times down, room up), so the master's value
+of a configuration never exceeds its optimum over the integer tables.
+
+The degree master reads, per shape, the prices every recompute setting shares (the least time:
+no recompute; the most room: the least activations any setting keeps); a pipeline block reads the
+prices per recompute setting, computed when the block is first built.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+
+from planner.cost.model import CostModel
+from planner.schemas.plan import Recompute
+from planner.schemas.search import GlobalChoice, StageOption
+from planner.search.bounds import option_bound
+from planner.search.space import SearchSpace, Shape, enumerate_shapes, flagscale_modes, recompute_ladder, \
+    stage_options
+from planner.search.tables import TableBuilder
+from solver_models.cpsat.master import Price, Room, StageClass
+from solver_models.scaling import to_us
+
+NONE = Recompute.none()
+FULL = Recompute.full("uniform", 1)
+
+
+class PriceBook:
+    """The stage classes and prices of one search (module docstring): `master` holds, per shape,
+    the prices every recompute setting shares (for the degree master), `block(key)` the prices per
+    recompute setting (for the shape's pipeline block, computed when first asked)."""
+
+    def __init__(self, cost: CostModel, space: SearchSpace, builder: TableBuilder):
+        self.cost, self.space, self.builder = cost, space, builder
+        model = cost.model
+        self.budget = cost.cluster.gpus_by_type()
+        self.types = list(self.budget)
+        self.gpn = {h: cost.gpus_per_node(h) for h in self.types}
+        self.flagscale = space.runtime_spec.per_stage_meshes
+        self.n_layers = model.num_layers
+        kinds = sorted(set(model.layer_is_moe))
+        self.groups = (self.n_layers,) + (tuple(model.layer_is_moe.count(k) for k in kinds) if len(kinds) > 1 else ())
+        self.v_max = max(space.vpp) if not self.flagscale else 1
+        if self.flagscale:
+            self.settings = flagscale_modes(model, space, cost.training)  # None: none/full per stage
+        else:
+            self.settings = recompute_ladder(model, space.recompute, cost.training)
+        self.shapes: dict[tuple, Shape] = {}
+        for shape in enumerate_shapes(model, cost.training, cost.cluster, space, self.gpn):
+            self.shapes[self.key(shape.base)] = shape
+        self.classes = self._classes()
+        self.class_of = {c.name: k for k, c in enumerate(self.classes)}
+        self.master: dict[tuple, dict[int, Price]] = {}
+        self._blocks: dict[tuple, list[dict[int, Price]]] = {}
+        self.pricing_s = 0.0
+
+    # ---- keys and classes ----
+    def key(self, g: GlobalChoice) -> tuple:
+        """The shape degrees of a configuration (the degree master's families, in order)."""
+        if self.flagscale:
+            return (g.tp, g.cp, g.ep, g.etp, g.samples_per_microbatch)
+        return (g.tp, g.cp, g.ep, g.etp, g.mbs, g.dp0)
+
+    def _classes(self) -> list[StageClass]:
+        if not self.flagscale:
+            return [StageClass(h, k) for k, h in enumerate(self.types)]
+        pairs = {(o.device_type, o.dp) for s in self.shapes.values() for o in self._options(s.base, None)}
+        pairs = sorted(pairs, key=lambda p: (self.types.index(p[0]), p[1]))
+        return [StageClass(f"{h} dp{d}", self.types.index(h), d) for h, d in pairs]
+
+    def _options(self, base: GlobalChoice, setting) -> list[StageOption]:
+        c = self.cost
+        g = replace(base, recompute=setting)
+        return stage_options(g, c.model, c.training, c.cluster, self.space, self.gpn)
+
+    def _class_index(self, o: StageOption) -> int:
+        return self.class_of[o.device_type if not self.flagscale else f"{o.device_type} dp{o.dp}"]
+
+    def _units(self, g: GlobalChoice, h: str) -> int:
+        per = g.tp * g.cp * (1 if self.flagscale else g.dp0)
+        return self.budget[h] // per
+
+    # ---- the degree master's prices: what every recompute setting shares ----
+    def price_master(self, deadline: float) -> bool:
+        """Price every shape for the degree master (least time per layer: no recompute; most room:
+        the least activations a recompute setting keeps); False if `deadline` passed first."""
+        t0 = time.perf_counter()
+        rooms = [r for r in self.settings if r is not None and r.granularity != "none"]
+        roomiest = FULL if rooms or self.flagscale else NONE
+        for key, shape in self.shapes.items():
+            if key in self.master:
+                continue
+            if time.perf_counter() > deadline:
+                self.pricing_s += time.perf_counter() - t0
+                return False
+            base = shape.base
+            gs = replace(self.builder.shape(base), vpp=1, pp=2)
+            row = {}
+            for o in self._options(base, None if self.flagscale else NONE):
+                if o.recompute != NONE:
+                    continue
+                fast = option_bound(self.cost, gs, o)
+                room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest))
+                tau = tuple(to_us(x) for x in _taus(fast, len(self.groups)))
+                row[self._class_index(o)] = Price(
+                    tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers), self._units(base, o.device_type),
+                    room=_room(room, len(self.groups), 0.0, None, 0.0))
+            self.master[key] = row
+        self.pricing_s += time.perf_counter() - t0
+        return True
+
+    # ---- a pipeline block's prices: per recompute setting ----
+    def block(self, key: tuple) -> list[dict[int, Price]]:
+        """Per recompute setting (flagscale: mode), the classes' prices under the shape `key`."""
+        hit = self._blocks.get(key)
+        if hit is None:
+            t0 = time.perf_counter()
+            base = self.shapes[key].base
+            hit = self._blocks[key] = [self._price_setting(base, s) for s in self.settings]
+            self.pricing_s += time.perf_counter() - t0
+        return hit
+
+    def _price_setting(self, base: GlobalChoice, setting: Recompute | None) -> dict[int, Price]:
+        g = replace(base, recompute=setting)
+        gs = replace(self.builder.shape(g), vpp=1, pp=2)
+        by_class: dict[int, list[StageOption]] = {}
+        for o in self._options(base, setting):
+            by_class.setdefault(self._class_index(o), []).append(o)
+        return {c: self._class_price(g, gs, opts) for c, opts in by_class.items()}
+
+    def _class_price(self, g: GlobalChoice, gs, opts: list[StageOption]) -> Price:
+        """One class's price: the best of its options (flagscale: the per-stage recompute choices;
+        memory: the roomiest option's figures)."""
+        bounds = [option_bound(self.cost, gs, o) for o in opts]
+        taus = [_taus(b, len(self.groups)) for b in bounds]
+        tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
+        room = max(_max_layers(b, self.v_max, self.n_layers) for b in bounds)
+        roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
+        first, last, ends = self._ends(gs, opts[0])
+        link_in, link_out = self._links(gs, g, opts[0])
+        saved = roomy.block_layers * roomy.act_saved_bytes
+        return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
+                     self._units(g, opts[0].device_type), link_in, link_out,
+                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts)))
+
+    def with_sync(self, key: tuple, settings: list[int]) -> list[dict[int, Price]]:
+        """The block prices of a shape with the sync bound (Price.sync_us) for the recompute
+        settings `settings` (the others keep none: the block allows only these)."""
+        rows = self.block(key)
+        out = []
+        t0 = time.perf_counter()
+        base = self.shapes[key].base
+        for r, row in enumerate(rows):
+            if r not in settings:
+                out.append(row)
+                continue
+            g = replace(base, recompute=self.settings[r])
+            opts: dict[int, list[StageOption]] = {}
+            for o in self._options(base, self.settings[r]):
+                opts.setdefault(self._class_index(o), []).append(o)
+            out.append({c: replace(p, sync_us=self._sync(g, opts[c], self._most_layers(p))) for c, p in row.items()})
+        self.pricing_s += time.perf_counter() - t0
+        return out
+
+    def _transient(self, gs, o: StageOption) -> float:
+        """The least buffers a stage on option o keeps once, whatever layers it holds: a one-layer
+        middle stage's (the least over the layer kinds)."""
+        return min(self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
+                                        recompute=o.recompute, is_first=False, is_last=False).fixed_act_bytes
+                   for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)}))
+
+    @property
+    def prefix(self) -> tuple[tuple[int, ...], ...]:
+        """Per layer kind (groups 1..): [n] = its layers among the model's first n layers."""
+        return self._ends_counts(list(self.cost.model.layer_is_moe))
+
+    @property
+    def suffix(self) -> tuple[tuple[int, ...], ...]:
+        """Per layer kind: [n] = its layers among the model's last n layers."""
+        return self._ends_counts(list(reversed(self.cost.model.layer_is_moe)))
+
+    def _ends_counts(self, kinds: list[bool]) -> tuple[tuple[int, ...], ...]:
+        if len(self.groups) == 1:
+            return ()
+        return tuple(tuple(sum(1 for x in kinds[:n] if x == kind) for n in range(len(kinds) + 1))
+                     for kind in sorted(set(kinds)))
+
+    @property
+    def sync_group(self) -> int:
+        """The layer group the sync bound counts: the kind with the most layers (all layers when
+        the model has one kind)."""
+        if len(self.groups) == 1:
+            return 0
+        return 1 + max(range(len(self.groups) - 1), key=lambda k: self.groups[1 + k])
+
+    def _most_layers(self, p: Price) -> int:
+        """Most layers of the sync group a middle stage of the class holds in memory (one micro-batch
+        in flight, every chunk's block recompute savings)."""
+        return p.holds(1.0, self.groups[self.sync_group], self.sync_group, vpp=self.v_max)
+
+    def _sync(self, g: GlobalChoice, opts: list[StageOption], most: int) -> tuple[int, ...]:
+        """[k]: the least exposed DP sync + optimizer step of a middle stage holding exactly k layers
+        of the sync group, over the layer ranges that do (and the class's options), from the cost
+        model; a plan's busiest middle stage of the class pays at least that.  Only up to `most`
+        layers (a stage holds no more in memory); 0 beyond."""
+        kinds = self.cost.model.layer_is_moe
+        group = self.sync_group
+        want = None if group == 0 else sorted(set(kinds))[group - 1]
+        best: dict[int, float] = {}
+        seen: set = set()
+        block = any(o.recompute.granularity == "full" and o.recompute.method == "block" for o in opts)
+        shapes = [self.builder.shape(replace(g, pp=3, vpp=v)) for v in (self.space.vpp if block else (1,))]
+        for start in range(len(kinds)):
+            for end in range(start + 1, len(kinds) + 1):
+                key = kinds[start:end]
+                if key in seen:
+                    continue
+                seen.add(key)
+                k = len(key) if want is None else sum(1 for x in key if x == want)
+                if k > most:
+                    continue
+                for o, gs in itertools.product(opts, shapes):
+                    c = self.cost.stage_core(gs, device_type=o.device_type, start=start, end=end, dp=o.dp,
+                                             recompute=o.recompute, is_first=False, is_last=False)
+                    best[k] = min(best.get(k, math.inf), c.sync_s)
+        top = self.groups[group]
+        return tuple(to_us(best[k]) if k in best else 0 for k in range(top + 1))
+
+    def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int]:
+        """The least pipeline link into and out of a stage on option o's type and DP (from or to any
+        stage class), one virtual chunk's."""
+        ends = [(self.types[c.type_index], c.weight if self.flagscale else g.dp0) for c in self.classes]
+        p2p = self.cost.p2p_s
+        into = min(p2p(gs, h, d, o.device_type, o.dp) for h, d in ends)
+        out = min(p2p(gs, o.device_type, o.dp, h, d) for h, d in ends)
+        return to_us(into), to_us(out)
+
+    def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:
+        """The first and the last stage's extra time over a middle stage, one layer each, and their
+        extra bytes (static, per micro-batch in flight: first, then last), the least of them that
+        any layer kind shows; the ends do not depend on the recompute setting."""
+        def core(first: bool, last: bool, j: int):
+            return self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=NONE,
+                                        is_first=first, is_last=last)
+        starts = sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)})
+        times, ends = [], []
+        for j in starts:
+            mid, first, last = core(False, False, j), core(True, False, j), core(False, True, j)
+            times.append((first.time_s - mid.time_s, last.time_s - mid.time_s))
+            ends.append((first.static_bytes - mid.static_bytes,
+                         first.act_per_microbatch_bytes - mid.act_per_microbatch_bytes,
+                         last.static_bytes - mid.static_bytes,
+                         last.act_per_microbatch_bytes - mid.act_per_microbatch_bytes))
+        t_first, t_last = (min(t[k] for t in times) for k in range(2))
+        extra = tuple(min(e[k] for e in ends) for k in range(4))
+        return to_us(t_first), to_us(t_last), extra
+
+    # ---- configurations ----
+    def configs_total(self) -> int:
+        return sum(s.size for s in self.shapes.values())
+
+    def choice(self, shape: dict[str, int], block: dict[str, int]) -> GlobalChoice:
+        """The configuration of a degree-master choice and a pipeline-block choice."""
+        d = {**shape, **block}
+        setting = self.settings[d["recompute"]]
+        if self.flagscale:
+            return GlobalChoice("flagscale", d["tp"], d["cp"], d["ep"], d["etp"], d["samples"], d["pp"], 1, 1,
+                                setting, first_dp=d.get("first_dp") or None)
+        return GlobalChoice("megatron", d["tp"], d["cp"], d["ep"], d["etp"], d["mbs"], d["pp"], d["vpp"], d["dp"],
+                            setting)
+
+    def block_degrees(self, g: GlobalChoice) -> dict[str, int]:
+        """A configuration's pipeline-block degrees."""
+        r = self.settings.index(g.recompute)
+        if self.flagscale:
+            return {"recompute": r, "pp": g.pp, "first_dp": g.first_dp or 0}
+        return {"recompute": r, "pp": g.pp, "vpp": g.vpp}
+
+
+def _room(b, groups: int, saved: float, ends: tuple[float, float, float, float] | None, transient: float) -> Room:
+    """The memory figures of an option bound (bounds.OptionBound) per layer group."""
+    static = (b.layer_static_bytes,) + (tuple(k[2] for k in b.kinds) if groups > 1 else ())
+    act = (b.layer_act_bytes,) + (tuple(k[3] for k in b.kinds) if groups > 1 else ())
+    fs, fa, ls, la = ends or (0.0, 0.0, 0.0, 0.0)
+    return Room(b.free_bytes, static, act, saved, transient, fs, fa, ls, la)
+
+
+def _taus(b, groups: int) -> list[float]:
+    """Least time per layer per group: all layers, then each kind (OptionBound.kinds, by kind)."""
+    return [b.layer_s] + ([k[1] for k in b.kinds] if groups > 1 else [])
+
+
+def _max_layers(b, v_max: int, n_layers: int) -> int:
+    """Most layers one stage holds with one micro-batch in flight (bounds._room's test at load 1;
+    full block recompute spares at most its k x VPP layers' activations)."""
+    per = b.layer_static_bytes + b.layer_act_bytes
+    room = b.free_bytes + b.block_layers * v_max * b.act_saved_bytes
+    if per <= 0:
+        return n_layers
+    return int(min(n_layers, math.floor(max(room, 0.0) / per * (1 + 1e-12))))

@@ -1,0 +1,386 @@
+"""The CP-SAT pipeline block: for one choice of the shape degrees (TP, CP, EP, ETP, micro-batch or
+samples per micro-batch, DP), the least iteration time any recompute setting, PP, VPP and
+pipeline could give, as a relaxation of the stage problem (the level between the degree master,
+master.py, and the exact stage model, model.py; planner/search/certify.py runs the levels).
+
+    degrees     recompute (an index into the ladder; flagscale: the mode), PP, VPP (flagscale: the
+                first stage's DP when the tied embeddings fix it), over the space's menus
+    rules       every rule family that reads them, as a table over them with the shape degrees in
+                place (planner/megatron/rules.py's predicates)
+    pipeline    the first and the last stage each take a stage class (f_c, l_c; one stage when PP
+                = 1), S_c middle stages take class c: sum_c S_c = PP - 2; per device type the stages
+                stay within its budget (sum of weight x stages <= units)
+    layers      per layer group g (all layers; then each layer kind when the model mixes kinds): the
+                first stage holds nF_g, the last nL_g, a middle stage of class c at most K_cg layers;
+                nF_g + nL_g + sum_c S_c * K_cg >= layers of g.  Integral: a stage holds whole layers
+    memory      every stage's layers within what one stage of its class holds under the recompute
+                setting with the micro-batches its position keeps in flight: the first stage the
+                most, every other stage at least the last stage's (switchable)
+    bottleneck  T >= tau_cg[r] * K_cg + stage time (middle), tau * nF + the first stage's extra, ...
+                with tau[r] the class's least time per layer under recompute setting r
+    sync        the iteration's DP sync and optimizer step: at least that of the busiest middle stage of
+                each class in use, an element of its layer count (Price.sync_us)
+    objective   theta: v * theta >= W + (m*v - 1) * T + v * sync - (v - 1), W the layers at the least
+                per-layer time of the classes in use plus the ends' extra time; microseconds, rounded down
+
+Every price is a constant here, so the constraints are linear but for S_c * K_cg.  Cuts: settled
+configurations are forbidden (no-good on the block's degrees); `cutoff_us` keeps only what could
+beat the best plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ortools.sat.python import cp_model
+
+from solver_models.cpsat.master import MAX_RULE_TABLE, Price, RuleFamily, StageClass
+
+
+@dataclass
+class BlockSpec:
+    """One pipeline block's data (module docstring)."""
+
+    shape: dict[str, int]  # the shape degrees, fixed
+    families: tuple[str, ...]  # the block's degree families, e.g. ("recompute", "pp", "vpp")
+    domains: dict[str, tuple[int, ...]]
+    rules: list[RuleFamily]
+    classes: list[StageClass]
+    groups: tuple[int, ...]
+    microbatches: int
+    prices: list[dict[int, Price]]  # per recompute index: {class: price}
+    inflight: dict[tuple[int, int], tuple[float, float]]  # (PP, VPP) -> micro-batches in flight: first, last stage
+    sync_group: int = 0  # the layer group Price.sync_us counts
+    # per layer group g >= 1: [n] = layers of the group among the model's first n layers (the first
+    # stage's), and among its last n (the last stage's); empty: one group
+    prefix: tuple[tuple[int, ...], ...] = ()
+    suffix: tuple[tuple[int, ...], ...] = ()
+    vpp: str | None = "vpp"
+    first_dp: str | None = None  # flagscale: the family fixing the first stage's weight (0: free)
+    memory: bool = True
+
+
+@dataclass
+class BlockResult:
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID
+    degrees: dict[str, int] | None
+    objective_us: int | None
+    bound_us: int | None
+    wall_s: float
+    branches: int
+    # the relaxation's pipeline: the first and last stage's class, middle stages per class
+    first: int | None = None
+    last: int | None = None
+    middle: dict[int, int] | None = None
+
+
+class PipelineBlock:
+    """The pipeline block of one shape (module docstring)."""
+
+    def __init__(self, spec: BlockSpec):
+        self.spec = spec
+        self.model = m = cp_model.CpModel()
+        self.constraints: dict[str, int] = {}
+        self.x = {f: m.new_int_var_from_domain(cp_model.Domain.from_values(spec.domains[f]), f)
+                  for f in spec.families}
+        self._lits: dict[tuple[str, int], cp_model.IntVar] = {}
+        self.tau_top = max([1] + [max(p.tau_us) for row in spec.prices for p in row.values()])
+        self.extra_top = max([1] + [max(p.stage_us, p.first_us, p.last_us, p.link_in_us + p.link_out_us)
+                                    for row in spec.prices for p in row.values()]) * max(spec.domains.get("vpp", (1,)))
+        self._family("rules", self._add_rules)
+        self._family("pipeline", self._add_pipeline)
+        self._family("layers", self._add_layers)
+        self._family("memory", self._add_memory)
+        self._family("bottleneck", self._add_bottleneck)
+        self._family("objective", self._add_objective)
+        self.model.minimize(self.theta)
+
+    def _family(self, name: str, add: Callable[[], None]) -> None:
+        before = len(self.model.proto.constraints)
+        add()
+        self.constraints[name] = self.constraints.get(name, 0) + len(self.model.proto.constraints) - before
+
+    def literal(self, family: str, value: int) -> cp_model.IntVar:
+        """A Boolean that holds exactly when the family takes `value` (cached)."""
+        key = (family, value)
+        lit = self._lits.get(key)
+        if lit is None:
+            lit = self._lits[key] = self.model.new_bool_var(f"{family}={value}")
+            self.model.add(self.x[family] == value).only_enforce_if(lit)
+            self.model.add(self.x[family] != value).only_enforce_if(~lit)
+        return lit
+
+    def _add_rules(self) -> None:
+        """Every rule reading the block's degrees, with the shape degrees in place."""
+        s = self.spec
+        for rule in s.rules:
+            inner = [f for f in rule.scope if f in s.families]
+            if not inner:
+                continue
+            if math.prod(len(s.domains[f]) for f in inner) > MAX_RULE_TABLE:
+                continue
+            allowed = []
+            for values in itertools.product(*(s.domains[f] for f in inner)):
+                given = dict(zip(inner, values))
+                if rule.allowed(*(given[f] if f in given else s.shape[f] for f in rule.scope)):
+                    allowed.append(values)
+            self.model.add_allowed_assignments([self.x[f] for f in inner], allowed)
+
+    def _add_pipeline(self) -> None:
+        """First and last stage one class each (the same stage when PP = 1), S_c middle stages,
+        the type budgets, flagscale's first-stage DP, classes only where the recompute setting
+        prices them."""
+        s, m = self.spec, self.model
+        top = max(0, max(s.domains["pp"]) - 2)
+        pp = self.x["pp"]
+        self.single = m.new_bool_var("single_stage")
+        m.add(pp == 1).only_enforce_if(self.single)
+        m.add(pp >= 2).only_enforce_if(~self.single)
+        self.f = [m.new_bool_var(f"first_{c.name}") for c in s.classes]
+        self.l = [m.new_bool_var(f"last_{c.name}") for c in s.classes]
+        self.S = [m.new_int_var(0, top, f"middle_{c.name}") for c in s.classes]
+        self.mid = [m.new_bool_var(f"has_middle_{c.name}") for c in s.classes]
+        m.add_exactly_one(self.f)
+        m.add(sum(self.l) + self.single == 1)
+        m.add(sum(self.S) == pp - 2 + self.single)
+        for c in range(len(s.classes)):
+            m.add(self.S[c] <= top * self.mid[c])
+            m.add(self.S[c] >= self.mid[c])
+            for r, row in enumerate(s.prices):
+                if c not in row:
+                    for b in (self.f[c], self.l[c], self.mid[c]):
+                        m.add(b == 0).only_enforce_if(self.literal("recompute", r))
+        units = {}
+        for c, row in ((c, row) for row in s.prices for c in row):
+            units[s.classes[c].type_index] = row[c].units
+        for ty, cap in units.items():
+            members = [k for k, c in enumerate(s.classes) if c.type_index == ty]
+            m.add(sum(s.classes[k].weight * (self.S[k] + self.f[k] + self.l[k]) for k in members) <= cap)
+        if s.first_dp is not None:
+            for value in s.domains[s.first_dp]:
+                for k, c in enumerate(s.classes):
+                    if value and c.weight != value:
+                        m.add(self.f[k] == 0).only_enforce_if(self.literal(s.first_dp, value))
+
+    def _add_layers(self) -> None:
+        """Per layer group: nF + nL + sum_c S_c * K_c >= the group's layers; a stage holds a layer."""
+        s, m = self.spec, self.model
+        top = max(1, max(s.domains["pp"]))
+        self.nF, self.nL, self.K, self.Q = [], [], [], []
+        for g, count in enumerate(s.groups):
+            nF = m.new_int_var(0, count, f"first_layers_{g}")
+            nL = m.new_int_var(0, count, f"last_layers_{g}")
+            m.add(nL == 0).only_enforce_if(self.single)
+            ks, qs, cover = [], [], nF + nL
+            for c, cls in enumerate(s.classes):
+                k = m.new_int_var(0, count, f"middle_layers_{cls.name}_{g}")
+                m.add(k == 0).only_enforce_if(~self.mid[c])
+                q = m.new_int_var(0, count * top, f"middle_total_{cls.name}_{g}")
+                m.add_multiplication_equality(q, [self.S[c], k])
+                if g == 0:
+                    m.add(k >= 1).only_enforce_if(self.mid[c])
+                else:
+                    m.add(k <= self.K[0][c])
+                ks.append(k)
+                qs.append(q)
+                cover = cover + q
+            if g == 0:
+                m.add(nF >= 1)
+                m.add(nL >= 1).only_enforce_if(~self.single)
+            elif s.prefix:  # the first stage holds the model's first layers, the last its last ones
+                m.add_element(self.nF[0], list(s.prefix[g - 1]), nF)
+                m.add_element(self.nL[0], list(s.suffix[g - 1]), nL)
+            else:
+                m.add(nF <= self.nF[0])
+                m.add(nL <= self.nL[0])
+            m.add(cover >= count)
+            self.nF.append(nF)
+            self.nL.append(nL)
+            self.K.append(ks)
+            self.Q.append(qs)
+
+    def _add_memory(self) -> None:
+        """Every stage's layers (per layer group) within what one stage of its class holds with its
+        micro-batches in flight: a table per class and group from (recompute, PP, VPP) to what a
+        stage holds at the first position (the most in flight, and the embedding), at the last (the
+        output layer) and in between (at least the last stage's in flight); and the middle stages
+        of a class together at most what their own positions hold (switchable)."""
+        s, m = self.spec, self.model
+        if not s.memory:
+            return
+        n = s.groups[0]
+        cols = [self.x["recompute"], self.x["pp"]] + ([self.x[s.vpp]] if s.vpp else [])
+        vpps = s.domains[s.vpp] if s.vpp else (1,)
+        for c, cls in enumerate(s.classes):
+            for g in range(len(s.groups)):
+                rows = []
+                for r, row in enumerate(s.prices):
+                    p = row.get(c)
+                    for pp, v in itertools.product(s.domains["pp"], vpps):
+                        first, last = s.inflight.get((pp, v), (1.0, 1.0))
+                        held = (p.holds(last, n, g, vpp=v), p.holds(first, n, g, first=True, last=pp == 1, vpp=v),
+                                p.holds(last, n, g, last=True, vpp=v)) if p is not None else (0, 0, 0)
+                        rows.append((r, pp) + ((v,) if s.vpp else ()) + held)
+                mid, first, last = (m.new_int_var(0, n, f"{w}_holds_{cls.name}_{g}")
+                                    for w in ("middle", "first", "last"))
+                m.add_allowed_assignments(cols + [mid, first, last], rows)
+                m.add(self.K[g][c] <= mid)
+                m.add(self.nL[g] <= last).only_enforce_if(self.l[c])
+                m.add(self.nF[g] <= first).only_enforce_if(self.f[c])
+                m.add(self.Q[g][c] <= self._middle_room(c, g))
+
+    def _middle_room(self, c: int, g: int) -> cp_model.IntVar:
+        """Most layers of group g the S_c middle stages of class c hold together: each at its own
+        position, at best the S_c least loaded middle ones (the j-th from the end keeps at least
+        min(j + 1, m) micro-batches in flight; interleaved, (2j + (v - 1)(S + 2) + 1) / v, as
+        PP >= S + 2) -- a table from (recompute, VPP, S_c)."""
+        s, m = self.spec, self.model
+        n = s.groups[0]
+        vpps = s.domains[s.vpp] if s.vpp else (1,)
+        top = max(0, max(s.domains["pp"]) - 2)
+        rows = []
+        for r, row in enumerate(s.prices):
+            p = row.get(c)
+            for v in vpps:
+                total = 0
+                for count in range(top + 1):
+                    rows.append((r,) + ((v,) if s.vpp else ()) + (count, min(total, n * top)))
+                    j = count + 1  # the next middle stage's position from the end
+                    load = min(j + 1, s.microbatches) if v == 1 else \
+                        min((2 * j + (v - 1) * (count + 3) + 1) / v, s.microbatches)
+                    total += p.holds(load, n, g, vpp=v) if p is not None else 0
+        room = m.new_int_var(0, n * top, f"middle_room_{s.classes[c].name}_{g}")
+        cols = [self.x["recompute"]] + ([self.x[s.vpp]] if s.vpp else [])
+        m.add_allowed_assignments(cols + [self.S[c], room], rows)
+        return room
+
+    def _add_bottleneck(self) -> None:
+        """T at least every stage's layers at its class's least time per layer under the recompute
+        setting, plus its per-stage time, the ends' extra time and its least pipeline links."""
+        s, m = self.spec, self.model
+        v = min(s.domains[s.vpp]) if s.vpp else 1  # a link is sent once per virtual chunk
+        self.t_top = self.tau_top * s.groups[0] + 3 * self.extra_top
+        self.T = m.new_int_var(0, self.t_top, "bottleneck_us")
+        for r, row in enumerate(s.prices):
+            z = self.literal("recompute", r)
+            for c, p in row.items():
+                for g in range(len(s.groups)):
+                    tau = p.tau_us[g]
+                    links = v * (p.link_in_us + p.link_out_us)
+                    m.add(self.T >= tau * self.K[g][c] + p.stage_us + links).only_enforce_if([z, self.mid[c]])
+                    first = tau * self.nF[g] + p.stage_us + p.first_us
+                    m.add(self.T >= first + v * p.link_out_us).only_enforce_if([z, self.f[c], ~self.single])
+                    m.add(self.T >= first + p.last_us).only_enforce_if([z, self.f[c], self.single])
+                    last = tau * self.nL[g] + p.stage_us + p.last_us + v * p.link_in_us
+                    m.add(self.T >= last).only_enforce_if([z, self.l[c]])
+
+    def _work(self) -> cp_model.LinearExpr:
+        """W, a lower bound on the sum of the stage times: each layer group (each kind when the model
+        mixes them) at the least time per layer of the classes in use, plus the ends."""
+        s, m = self.spec, self.model
+        big = self.tau_top + 1
+        used = []
+        for c in range(len(s.classes)):
+            u = m.new_bool_var(f"used_{c}")
+            m.add_bool_or([self.mid[c], self.f[c], self.l[c]]).only_enforce_if(u)
+            for b in (self.mid[c], self.f[c], self.l[c]):
+                m.add_implication(b, u)
+            used.append(u)
+        work = 0
+        for g in (range(1, len(s.groups)) if len(s.groups) > 1 else range(1)):
+            options = []
+            for c in range(len(s.classes)):
+                t = m.new_int_var(0, big, f"tau_if_used_{c}_{g}")
+                m.add(t == big).only_enforce_if(~used[c])
+                for r, row in enumerate(s.prices):
+                    value = row[c].tau_us[g] if c in row else big
+                    m.add(t == value).only_enforce_if([used[c], self.literal("recompute", r)])
+                options.append(t)
+            least = m.new_int_var(0, big, f"least_tau_{g}")
+            m.add_min_equality(least, options)
+            work = work + s.groups[g] * least
+        first = m.new_int_var(0, self.extra_top, "first_extra")
+        last = m.new_int_var(0, self.extra_top, "last_extra")
+        for r, row in enumerate(s.prices):
+            z = self.literal("recompute", r)
+            for c, p in row.items():
+                m.add(first == p.first_us).only_enforce_if([z, self.f[c]])
+                m.add(last == p.last_us).only_enforce_if([z, self.f[c], self.single])
+                m.add(last == p.last_us).only_enforce_if([z, self.l[c]])
+        return work + first + last
+
+    def _add_objective(self) -> None:
+        """v * theta >= W + (m*v - 1) * T - (v - 1), per VPP value (m is the shape's)."""
+        s, m = self.spec, self.model
+        work = self._work()
+        sync = self._sync()
+        vpps = s.domains[s.vpp] if s.vpp else (1,)
+        mb = s.microbatches
+        top = s.groups[0] * (self.tau_top + 1) * 2 + 2 * self.extra_top + mb * max(vpps) * self.t_top + \
+            self.sync_top
+        self.theta = m.new_int_var(0, top, "theta_us")
+        if s.vpp is None:
+            m.add(self.theta >= work + (mb - 1) * self.T + sync)
+            return
+        for v in vpps:
+            m.add(v * self.theta >= work + (mb * v - 1) * self.T + v * sync - (v - 1)).only_enforce_if(
+                self.literal(s.vpp, v))
+
+    def _sync(self) -> cp_model.IntVar:
+        """The iteration's DP sync and optimizer step: at least the busiest middle stage's of each
+        class in use (by its layers of the sync group)."""
+        s, m = self.spec, self.model
+        g = s.sync_group
+        top = self.sync_top = max([0] + [max(p.sync_us) for row in s.prices for p in row.values() if p.sync_us])
+        sync = m.new_int_var(0, top, "sync_us")
+        for r, row in enumerate(s.prices):
+            z = self.literal("recompute", r)
+            for c, p in row.items():
+                if len(p.sync_us) != s.groups[g] + 1:
+                    continue
+                busiest = m.new_int_var(0, top, f"sync_{s.classes[c].name}_{r}")
+                m.add_element(self.K[g][c], list(p.sync_us), busiest)
+                m.add(sync >= busiest).only_enforce_if([z, self.mid[c]])
+        return sync
+
+    # ---- cuts and solving ----
+    def allow(self, family: str, values: Sequence[int]) -> None:
+        """Only these values of a family (the shape screen's verdict; it only narrows)."""
+        self.model.add_allowed_assignments([self.x[family]], [(v,) for v in values])
+
+    def forbid(self, configs: Sequence[dict[str, int]]) -> None:
+        """No-good cuts: these configurations of the shape are settled."""
+        if configs:
+            self.model.add_forbidden_assignments([self.x[f] for f in self.spec.families],
+                                                 [tuple(c[f] for f in self.spec.families) for c in configs])
+
+    def solve(self, *, time_limit_s: float, num_workers: int, cutoff_us: int | None = None,
+              floor_us: float | None = None) -> BlockResult:
+        """The least relaxation value over the configurations left; with `cutoff_us` only below it
+        (the cutoff stays: the best plan only improves); `floor_us` a known lower bound (the last
+        solve's value: cuts only remove configurations)."""
+        m = self.model
+        if cutoff_us is not None:
+            m.add(self.theta <= cutoff_us - 1)
+        if floor_us is not None:
+            m.add(self.theta >= int(floor_us))
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
+        solver.parameters.num_workers = int(num_workers)
+        status = solver.solve(m)
+        found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        bound = None
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+            bound = int(math.floor(solver.best_objective_bound + 1e-6))
+        res = BlockResult(status=solver.status_name(status),
+                          degrees={f: int(solver.value(v)) for f, v in self.x.items()} if found else None,
+                          objective_us=int(round(solver.objective_value)) if found else None, bound_us=bound,
+                          wall_s=solver.wall_time, branches=solver.num_branches)
+        if found:
+            res.first = next(c for c, b in enumerate(self.f) if solver.boolean_value(b))
+            res.last = next((c for c, b in enumerate(self.l) if solver.boolean_value(b)), None)
+            res.middle = {c: int(solver.value(v)) for c, v in enumerate(self.S) if solver.value(v)}
+        return res
