@@ -323,6 +323,7 @@ class ProfileSet:
             name: DeviceProfile.model_validate(raw) for name, raw in builder.raw_devices.items()
         }
         self._index = builder._index()
+        self._by_name: dict[str, DeviceProfile] = {}  # device(name) memo: the cost model asks per stage
         self._device_files = {k: tuple(v) for k, v in builder.device_files.items()}
         self._link_kinds = dict(builder.link_kinds)
         self._link_files = tuple(builder.link_files)
@@ -395,7 +396,10 @@ class ProfileSet:
 
     def device(self, name: str) -> DeviceProfile:
         """A device's profile; a pooled type's is its limiting member's (limiting_member)."""
-        return self._devices[self.limiting_member(name)]
+        found = self._by_name.get(name)
+        if found is None:
+            found = self._by_name[name] = self._devices[self.limiting_member(name)]
+        return found
 
     def pool(self, type_a: str, type_b: str, precision: str) -> str | None:
         """The pooled type of two device types whose GPUs one stage's DP may span ("H100+H200", the limiting

@@ -382,7 +382,7 @@ def flagscale_files(
         agents=agents,
         per_agent_items=per_agent,
         master_port=_master_port(script),
-        node_checks=node_checks([s.device_type for s in plan.stages], profiles),
+        node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
     )
     items = group_flag_items(flags.final)

@@ -91,7 +91,7 @@ def megatron_files(
         decided=flags.decided,
         agents=agents,
         master_port=_master_port(script),
-        node_checks=node_checks([s.device_type for s in plan.stages], profiles),
+        node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)

@@ -155,11 +155,12 @@ class PriceBook:
         room = max(_max_layers(b, self.v_max, self.n_layers) for b in bounds)
         roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
         first, last, ends = self._ends(gs, opts[0])
-        link_in, link_out = self._links(gs, g, opts[0])
+        link_in, link_out, links_by_vpp = self._links(gs, g, opts[0])
         saved = roomy.block_layers * roomy.act_saved_bytes
         return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
                      self._units(g, opts[0].device_type), link_in, link_out,
-                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts)))
+                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts)),
+                     links_by_vpp=links_by_vpp)
 
     def with_sync(self, key: tuple, settings: list[int]) -> list[dict[int, Price]]:
         """The block prices of a shape with the sync bound (Price.sync_us) for the recompute
@@ -244,14 +245,19 @@ class PriceBook:
         top = self.groups[group]
         return tuple(to_us(best[k]) if k in best else 0 for k in range(top + 1))
 
-    def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int]:
+    def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int, tuple[tuple[int, int, int], ...]]:
         """The least pipeline link into and out of a stage on option o's type and DP (from or to any
-        stage class), one virtual chunk's."""
+        stage class), per micro-batch with all its virtual chunks: the least over the space's VPP values,
+        and per VPP value (v, into, out).  The cost model's link depends on VPP: the interleaved schedule
+        overlaps its sends with compute (--overlap-p2p-communication), leaving v latencies exposed."""
         ends = [(self.types[c.type_index], c.weight if self.flagscale else g.dp0) for c in self.classes]
         p2p = self.cost.p2p_s
-        into = min(p2p(gs, h, d, o.device_type, o.dp) for h, d in ends)
-        out = min(p2p(gs, o.device_type, o.dp, h, d) for h, d in ends)
-        return to_us(into), to_us(out)
+        per_v = []
+        for v in ((1,) if self.flagscale else tuple(sorted(set(self.space.vpp)))):
+            sv = replace(gs, vpp=v)
+            per_v.append((v, to_us(min(p2p(sv, h, d, o.device_type, o.dp) for h, d in ends)),
+                          to_us(min(p2p(sv, o.device_type, o.dp, h, d) for h, d in ends))))
+        return min(x[1] for x in per_v), min(x[2] for x in per_v), tuple(per_v)
 
     def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:
         """The first and the last stage's extra time over a middle stage, one layer each, and their

@@ -75,7 +75,14 @@ class Room:
               vpp: int = 1) -> int:
         """Most layers of the group one stage holds with `inflight` micro-batches in flight and `vpp`
         virtual chunks (at most `limit`)."""
-        return int(self.holds_each(np.array([inflight], dtype=float), limit, group, first, last, vpp)[0])
+        per = self.static_bytes[group] + inflight * self.act_bytes[group]  # holds_each, one value (hot path)
+        room = self.free_bytes - self.transient_bytes + inflight * vpp * self.saved_bytes
+        if first:
+            room = room - (self.first_static_bytes + inflight * self.first_act_bytes)
+        if last:
+            room = room - (self.last_static_bytes + inflight * self.last_act_bytes)
+        held = math.floor(max(room, 0.0) / per * (1 + 1e-12)) if per > 0 else (limit if room >= 0 else 0)
+        return int(min(held, limit))
 
     def holds_each(self, inflight: np.ndarray, limit: int, group: int = 0, first: bool = False, last: bool = False,
                    vpp: int = 1) -> np.ndarray:
@@ -110,6 +117,9 @@ class Price:
     # [k]: least exposed DP sync + optimizer step (us per iteration) of a middle stage holding k
     # layers of the block's sync group (empty: not priced)
     sync_us: tuple[int, ...] = ()
+    # (v, link in, link out) per VPP value v: the links per micro-batch with all v chunks (empty: the
+    # least links above, whatever the VPP)
+    links_by_vpp: tuple[tuple[int, int, int], ...] = ()
 
     def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
               vpp: int = 1) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -87,8 +88,12 @@ class PipelineBlock:
         self.x = {f: m.new_int_var_from_domain(cp_model.Domain.from_values(spec.domains[f]), f)
                   for f in spec.families}
         self._lits: dict[tuple[str, int], cp_model.IntVar] = {}
+        # VPP value -> its optimum under the cuts so far (None: no configuration), kept until a cut or
+        # an allow() touches that value (solve, below)
+        self._by_vpp: dict[int, BlockResult | None] = {}
         self.tau_top = max([1] + [max(p.tau_us) for row in spec.prices for p in row.values()])
-        self.extra_top = max([1] + [max(p.stage_us, p.first_us, p.last_us, p.link_in_us + p.link_out_us)
+        self.extra_top = max([1] + [max(p.stage_us, p.first_us, p.last_us, p.link_in_us + p.link_out_us,
+                                        *(i + o for _, i, o in p.links_by_vpp))
                                     for row in spec.prices for p in row.values()]) * max(spec.domains.get("vpp", (1,)))
         self._family("rules", self._add_rules)
         self._family("pipeline", self._add_pipeline)
@@ -261,21 +266,34 @@ class PipelineBlock:
         """T at least every stage's layers at its class's least time per layer under the recompute
         setting, plus its per-stage time, the ends' extra time and its least pipeline links."""
         s, m = self.spec, self.model
-        v = min(s.domains[s.vpp]) if s.vpp else 1  # a link is sent once per virtual chunk
         self.t_top = self.tau_top * s.groups[0] + 3 * self.extra_top
         self.T = m.new_int_var(0, self.t_top, "bottleneck_us")
         for r, row in enumerate(s.prices):
             z = self.literal("recompute", r)
             for c, p in row.items():
+                link_in, link_out = self._links(p, f"{r}_{c}")
                 for g in range(len(s.groups)):
                     tau = p.tau_us[g]
-                    links = v * (p.link_in_us + p.link_out_us)
-                    m.add(self.T >= tau * self.K[g][c] + p.stage_us + links).only_enforce_if([z, self.mid[c]])
+                    m.add(self.T >= tau * self.K[g][c] + p.stage_us + link_in + link_out).only_enforce_if(
+                        [z, self.mid[c]])
                     first = tau * self.nF[g] + p.stage_us + p.first_us
-                    m.add(self.T >= first + v * p.link_out_us).only_enforce_if([z, self.f[c], ~self.single])
+                    m.add(self.T >= first + link_out).only_enforce_if([z, self.f[c], ~self.single])
                     m.add(self.T >= first + p.last_us).only_enforce_if([z, self.f[c], self.single])
-                    last = tau * self.nL[g] + p.stage_us + p.last_us + v * p.link_in_us
+                    last = tau * self.nL[g] + p.stage_us + p.last_us + link_in
                     m.add(self.T >= last).only_enforce_if([z, self.l[c]])
+
+    def _links(self, p: Price, name: str):
+        """A stage's least links in and out per micro-batch (all its virtual chunks): a table of the VPP
+        when the price has one per VPP value, else the least links."""
+        s, m = self.spec, self.model
+        rows = [row for row in p.links_by_vpp if s.vpp and row[0] in s.domains[s.vpp]]
+        if not rows:
+            return p.link_in_us, p.link_out_us
+        top = max(max(r[1], r[2]) for r in rows)
+        link_in = m.new_int_var(0, top, f"link_in_{name}")
+        link_out = m.new_int_var(0, top, f"link_out_{name}")
+        m.add_allowed_assignments([self.x[s.vpp], link_in, link_out], [list(r) for r in rows])
+        return link_in, link_out
 
     def _work(self) -> cp_model.LinearExpr:
         """W, a lower bound on the sum of the stage times: each layer group (each kind when the model
@@ -350,27 +368,81 @@ class PipelineBlock:
     def allow(self, family: str, values: Sequence[int]) -> None:
         """Only these values of a family (the shape screen's verdict; it only narrows)."""
         self.model.add_allowed_assignments([self.x[family]], [(v,) for v in values])
+        self._by_vpp.clear()
 
     def forbid(self, configs: Sequence[dict[str, int]]) -> None:
         """No-good cuts: these configurations of the shape are settled."""
         if configs:
             self.model.add_forbidden_assignments([self.x[f] for f in self.spec.families],
                                                  [tuple(c[f] for f in self.spec.families) for c in configs])
+            for c in configs:  # the other VPP values' optima stand
+                self._by_vpp.pop(c.get(self.spec.vpp) if self.spec.vpp else None, None)
 
     def solve(self, *, time_limit_s: float, num_workers: int, cutoff_us: int | None = None,
               floor_us: float | None = None) -> BlockResult:
         """The least relaxation value over the configurations left; with `cutoff_us` only below it
         (the cutoff stays: the best plan only improves); `floor_us` a known lower bound (the last
-        solve's value: cuts only remove configurations)."""
+        solve's value: cuts only remove configurations).
+
+        With several VPP values the block is solved once per value, under an assumption that fixes it:
+        one model with VPP free proves its optimum slowly, because the bubble's v x theta constraint holds
+        under a different literal for each value; fixed, each solve is a few thousand branches.  A value's
+        optimum is kept until a cut (forbid) or allow() touches it, or the cutoff passes it.  The result
+        is the least value over the VPP values, and its bound the least of their bounds."""
         m = self.model
         if cutoff_us is not None:
             m.add(self.theta <= cutoff_us - 1)
         if floor_us is not None:
             m.add(self.theta >= int(floor_us))
+        vpps = self.spec.domains[self.spec.vpp] if self.spec.vpp else ()
+        if len(vpps) <= 1:
+            return self._solve_once([], time_limit_s, num_workers)
+        end = time.perf_counter() + time_limit_s
+        results: list[BlockResult] = []
+        bounds: list[int] = []
+        wall, branches, complete = 0.0, 0, True
+        for v in vpps:
+            known = self._by_vpp.get(v, False)
+            stale = known is not None and known is not False and (
+                (cutoff_us is not None and known.objective_us >= cutoff_us) or
+                (floor_us is not None and known.objective_us < int(floor_us)))
+            if known is False or stale:
+                res = self._solve_once([self.literal(self.spec.vpp, v)], max(0.01, end - time.perf_counter()),
+                                       num_workers)
+                wall, branches = wall + res.wall_s, branches + res.branches
+                if res.status == "OPTIMAL":
+                    self._by_vpp[v] = known = res
+                elif res.status == "INFEASIBLE":
+                    self._by_vpp[v] = known = None
+                else:
+                    complete = False
+                    known = res if res.status == "FEASIBLE" else None
+                    if res.bound_us is not None:
+                        bounds.append(res.bound_us)
+            if known is not None:
+                results.append(known)
+        if not results:
+            status = "INFEASIBLE" if complete else "UNKNOWN"
+            return BlockResult(status=status, degrees=None, objective_us=None,
+                               bound_us=min(bounds) if bounds else None, wall_s=wall, branches=branches)
+        best = min(results, key=lambda r: r.objective_us)
+        out = BlockResult(status="OPTIMAL" if complete else "FEASIBLE", degrees=dict(best.degrees),
+                          objective_us=best.objective_us,
+                          bound_us=best.objective_us if complete else min([best.objective_us] + bounds),
+                          wall_s=wall, branches=branches, first=best.first, last=best.last,
+                          middle=dict(best.middle or {}))
+        return out
+
+    def _solve_once(self, assumptions: list, time_limit_s: float, num_workers: int) -> BlockResult:
+        m = self.model
+        m.clear_assumptions()
+        if assumptions:
+            m.add_assumptions(assumptions)
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
         solver.parameters.num_workers = int(num_workers)
         status = solver.solve(m)
+        m.clear_assumptions()
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
         bound = None
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
