@@ -123,6 +123,9 @@ class CpSatStageModel:
             return None
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = float(time_limit_s)
+        # Ctrl-C is the planner's (planner/signals.py): CP-SAT would take it as 'stop this solve' and the search
+        # would go on
+        solver.parameters.catch_sigint_signal = False
         solver.parameters.num_workers = int(num_workers)
         solver.parameters.log_search_progress = log
         status = solver.solve(self.model)

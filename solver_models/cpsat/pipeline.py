@@ -440,6 +440,9 @@ class PipelineBlock:
             m.add_assumptions(assumptions)
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
+        # Ctrl-C is the planner's (planner/signals.py): CP-SAT would take it as 'stop this solve' and the search
+        # would go on
+        solver.parameters.catch_sigint_signal = False
         solver.parameters.num_workers = int(num_workers)
         status = solver.solve(m)
         m.clear_assumptions()
