@@ -154,7 +154,10 @@ def routing(model: ModelSpec, given: float | None, calibrated: float | None) -> 
         pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff) if coeff > 0 else AUX_LOSS_MAX_PULL
     if model.moe_router_enable_expert_bias:
         pull = min(pull, EXPERT_BIAS_PULL)
-    return Routing("capacity" if cf is not None else "dropless", excess_ref * pull, cap=cf, assumed=assumed)
+    excess = excess_ref * pull
+    if model.num_experts and model.moe_router_topk:  # at most every token on the same k experts
+        excess = min(excess, model.num_experts / model.moe_router_topk - 1.0)
+    return Routing("capacity" if cf is not None else "dropless", excess, cap=cf, assumed=assumed)
 
 
 @dataclass(frozen=True)
