@@ -108,8 +108,8 @@ def _in_override_terms(exc, overrides: dict):
 
 
 def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None) -> None:
-    """The MoE imbalance the run states (max/mean tokens per expert, from --moe-imbalance or the model file) is
-    at most num_experts / topk: every token on the same k experts."""
+    """The MoE imbalance the run states (max/mean tokens per expert, from --moe-imbalance, the model file or a
+    calibration in the user's --profiles) is at most num_experts / topk: every token on the same k experts."""
     model = run.model
     if not model.is_moe or not model.num_experts or not model.moe_router_topk:
         return
@@ -121,8 +121,14 @@ def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None)
         raise PlannerInputError(IMBALANCE_FLAG, f"{given:g} is {why}")
     if given is None and stated is not None and stated > bound:
         raise PlannerInputError("training.moe_imbalance_factor", f"{stated:g} is {why}")
-    # a calibrated factor (corrections.yaml) comes from other models' routers: the cost model caps it at this
-    # model's num_experts / topk (planner/cost/dispatch.py routing), it is not an error of this run
+    # the shipped calibration comes from other models' routers: the cost model caps it at this model's
+    # num_experts / topk (planner/cost/dispatch.py routing).  One from the user's own --profiles above the bound
+    # is a log or a file that cannot be of this run: refused, naming the file
+    calibrated = profiles.moe_imbalance_factor()
+    users = [f for f in profiles.user_files if f.endswith("corrections.yaml")]
+    if given is None and stated is None and calibrated is not None and calibrated > bound and users:
+        raise PlannerInputError("--profiles", f"{', '.join(users)}: moe_imbalance_factor {calibrated:g} is {why}; "
+                                              f"fix or remove that entry, or give --moe-imbalance")
 
 
 def check_precision(precision: str, cluster_spec, profiles) -> None:
