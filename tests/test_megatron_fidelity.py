@@ -211,3 +211,15 @@ def test_solve_matches_a_user_plan_whose_dp_spans_h100_and_h200(profiles):
     files = render_launch_files(inputs.run, out.plans[0], inputs.cluster)
     nodes = [line for line in files["hostfile"].split("\n") if line and not line.startswith("#")]  # template header
     assert nodes and {line.split("type=")[1] for line in nodes} <= {"H100", "H200"}
+
+
+def test_tp_comm_overlap_keeps_the_search_off_tp_1():
+    """--tp-comm-overlap needs sequence parallelism, so TP > 1 (Megatron: 'Tensor parallel communication/GEMM
+    overlap can happen only when sequence parallelism is enabled'); the search's degree rule says so (a cpsat pick
+    of TP 1 on the published Grok-1 run's flags was rejected by the checker)."""
+    from planner.megatron.rules import degree_flags_check
+
+    inputs = load_inputs(model="mixtral-s", cluster="H100:8")
+    training = inputs.run.training.model_copy(update={"tp_comm_overlap": True})
+    ok = degree_flags_check(inputs.run.model, training)
+    assert ok is not None and not ok(1, 1, 1, 1, 8, 1, 1) and ok(2, 1, 1, 1, 4, 1, 1)

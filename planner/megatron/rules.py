@@ -980,11 +980,14 @@ def degree_flags_check(model: ModelSpec, training: TrainingSpec | None):
     if not (training.overlap_moe_expert_parallel_comm or st.hierarchical_context_parallel_sizes
             or len(st.cp_comm_types) > 1 or deepep or st.overlap_param_gather_with_optimizer_step
             or st.num_distributed_optimizer_instances > 1 or st.cpu_offloading or st.use_torch_fsdp2
-            or st.distribute_saved_activations):
+            or st.distribute_saved_activations or training.tp_comm_overlap):
         return None
+    needs_tp = bool(training.tp_comm_overlap)  # tp_comm_overlap_sp: the search's plans have SP exactly when TP > 1
 
     @functools.lru_cache(maxsize=1 << 16)
     def ok(tp: int, cp: int, ep: int, etp: int, dp: int | None, pp: int, vpp: int) -> bool:
+        if needs_tp and tp == 1:
+            return False
         return not degree_flag_violations(model, training, tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=pp, vpp=vpp)
 
     return ok
