@@ -185,6 +185,7 @@ class BendersSearch:
         self.pruning = settings.pruning
         self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
         self.book = PriceBook(cost, space, self.builder)
+        self.book.deadline = self.deadline
         self.levels = levels(cost, space, self.book, settings)
         self.cands: list[Candidate] = []
         self._pipeline = None  # the block pipeline of the configuration being settled

@@ -37,6 +37,7 @@ from planner.search.space import SearchSpace, Shape, enumerate_shapes, flagscale
     stage_options
 from planner.search.tables import TableBuilder
 from solver_models.cpsat.master import Price, Room, StageClass
+from solver_models.tables import check_deadline
 from solver_models.scaling import to_us
 
 NONE = Recompute.none()
@@ -50,6 +51,7 @@ class PriceBook:
 
     def __init__(self, cost: CostModel, space: SearchSpace, builder: TableBuilder):
         self.cost, self.space, self.builder = cost, space, builder
+        self.deadline: float | None = None  # time.perf_counter(): pricing a block raises DeadlinePassed after it
         model = cost.model
         self.budget = cost.cluster.gpus_by_type()
         self.types = list(self.budget)
@@ -229,7 +231,9 @@ class PriceBook:
         seen: set = set()
         block = any(o.recompute.granularity == "full" and o.recompute.method == "block" for o in opts)
         shapes = [self.builder.shape(replace(g, pp=3, vpp=v)) for v in (self.space.vpp if block else (1,))]
-        for start in range(len(kinds)):
+        # one layer kind: every range of n layers is the same stage, so the ranges from layer 0 are all of them
+        # (a 1024-layer model had 524,800 ranges to look at, 15 s, ignoring the time limit)
+        for start in (range(len(kinds)) if len(set(kinds)) > 1 else (0,)):
             for end in range(start + 1, len(kinds) + 1):
                 key = kinds[start:end]
                 if key in seen:
@@ -238,6 +242,7 @@ class PriceBook:
                 k = len(key) if want is None else sum(1 for x in key if x == want)
                 if k > most:
                     continue
+                check_deadline(self.deadline)
                 for o, gs in itertools.product(opts, shapes):
                     c = self.cost.stage_core(gs, device_type=o.device_type, start=start, end=end, dp=o.dp,
                                              recompute=o.recompute, is_first=False, is_last=False)
