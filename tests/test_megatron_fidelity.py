@@ -223,3 +223,10 @@ def test_tp_comm_overlap_keeps_the_search_off_tp_1():
     training = inputs.run.training.model_copy(update={"tp_comm_overlap": True})
     ok = degree_flags_check(inputs.run.model, training)
     assert ok is not None and not ok(1, 1, 1, 1, 8, 1, 1) and ok(2, 1, 1, 1, 4, 1, 1)
+    tp1 = Plan(tp=1, mbs=1, gbs=8, stages=(StagePlan(device_type="H100", num_layers=inputs.run.model.num_layers, dp=8),))
+    tp2_no_sp = tp1.model_copy(update={"tp": 2, "sequence_parallel": False,
+                                       "stages": (tp1.stages[0].model_copy(update={"dp": 4}),)})
+    for plan in (tp1, tp2_no_sp):  # one rule, said once, wherever the plan breaks it
+        assert [v.rule for v in check_plan(inputs.run.model, plan, training)].count("tp_comm_overlap_sp") == 1
+    assert "tp_comm_overlap_sp" not in [v.rule for v in check_plan(
+        inputs.run.model, tp2_no_sp.model_copy(update={"sequence_parallel": True}), training)]

@@ -763,7 +763,8 @@ def degree_flag_violations(model: ModelSpec, training: TrainingSpec | None, *, t
     per layer with CP > 1 (TC); the DeepEP dispatcher needs TP x EP > 1 (model build); the parameter
     gather overlapped with the optimizer step needs VPP (VA); --num-distributed-optimizer-instances
     divides DP x CP and the expert DP (process groups); CPU offloading and FSDP2 take no PP, FSDP2 no EP;
-    distributed saved activations need TP > 1 without sequence parallelism (VA, TC).  `dp` None: per-stage
+    --tp-comm-overlap needs sequence parallelism, so TP > 1 (VA); distributed saved activations need TP > 1
+    without sequence parallelism (VA, TC).  `dp` None: per-stage
     DPs (FlagScale), whose rules the stages' own check covers."""
     if training is None:
         return []
@@ -823,6 +824,11 @@ def _group_flag_violations(model: ModelSpec, training: TrainingSpec, *, tp: int,
     if st.use_torch_fsdp2 and ep != 1:
         out.append(RuleViolation("torch_fsdp2", "--use-torch-fsdp2 is not supported with expert parallelism",
                                  "use EP 1 with --use-torch-fsdp2"))
+    if training.tp_comm_overlap and (tp <= 1 or sequence_parallel is False):
+        out.append(RuleViolation(
+            "tp_comm_overlap_sp",
+            "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
+            "--tp-comm-overlap requires --sequence-parallel (and TP > 1)"))
     if st.distribute_saved_activations and tp <= 1:
         out.append(RuleViolation("distribute_saved_activations",
                                  "can distribute recomputed activations only across tensor model parallel groups",
@@ -982,12 +988,9 @@ def degree_flags_check(model: ModelSpec, training: TrainingSpec | None):
             or st.num_distributed_optimizer_instances > 1 or st.cpu_offloading or st.use_torch_fsdp2
             or st.distribute_saved_activations or training.tp_comm_overlap):
         return None
-    needs_tp = bool(training.tp_comm_overlap)  # tp_comm_overlap_sp: the search's plans have SP exactly when TP > 1
 
     @functools.lru_cache(maxsize=1 << 16)
     def ok(tp: int, cp: int, ep: int, etp: int, dp: int | None, pp: int, vpp: int) -> bool:
-        if needs_tp and tp == 1:
-            return False
         return not degree_flag_violations(model, training, tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=pp, vpp=vpp)
 
     return ok
@@ -1066,16 +1069,6 @@ def _layout_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
         return []
     return [v for v in layout_violations(plan.layout, pp=plan.pp, num_layers=model.num_layers,
                                          mtp_num_layers=model.mtp_num_layers) if v.rule != "vpp_needs_pp"]
-
-
-def _training_rules(plan: Plan, training: TrainingSpec | None) -> list[RuleViolation]:
-    if training is not None and training.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
-        return [RuleViolation(
-            "tp_comm_overlap_sp",
-            "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
-            "--tp-comm-overlap requires --sequence-parallel (and TP > 1)",
-        )]
-    return []
 
 
 # --------------------------------------------------------------------------------------------
@@ -1173,7 +1166,6 @@ def check_plan(
     out += _batch_rules(plan, training)
     out += _layout_rules(model, plan)
     out += _flag_rules(model, plan, training)
-    out += _training_rules(plan, training)
     return out + runtime_violations(model, plan, training)
 
 
