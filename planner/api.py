@@ -126,7 +126,8 @@ def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None)
     # is a log or a file that cannot be of this run: refused, naming the file
     calibrated = profiles.moe_imbalance_factor()
     users = [f for f in profiles.user_files if f.endswith("corrections.yaml")]
-    if given is None and stated is None and calibrated is not None and calibrated > bound and users:
+    if (given is None and stated is None and calibrated is not None and calibrated > bound and users
+            and calibrated != ProfileSet.load().moe_imbalance_factor()):  # the user's file set it, not the shipped one
         raise PlannerInputError("--profiles", f"{', '.join(users)}: moe_imbalance_factor {calibrated:g} is {why}; "
                                               f"fix or remove that entry, or give --moe-imbalance")
 

@@ -191,3 +191,21 @@ def test_a_poisoned_corrections_file_is_named(tmp_path):
     corrections(0.11)  # within 10x, but mixtral-s at 37% MFU would run at 330%
     line = refused(run(["estimate", *MIXTRAL, "--profiles", str(prof)]), "corrections.yaml")
     assert "implausible prediction" in line and str(prof / "corrections.yaml") in line
+
+
+def test_the_shipped_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(tmp_path):
+    """The shipped calibration's imbalance (from other models' routers) is above num_experts / topk = 1 for a
+    4-expert top-4 model: the run is priced with the imbalance capped at 1, also beside a --profiles directory of
+    the user's that states no imbalance (the property test's 4-expert cases were refused before)."""
+    from planner.cost.dispatch import routing
+
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "corrections.yaml").write_text(
+        "- device: H800\n  kind: gemm\n  factor: 1.0\n  provenance: {kind: calibrated, source: test}\n")
+    args = ("--num-layers 2 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 "
+            "--micro-batch-size 1 --global-batch-size 8 --num-experts 4 --moe-router-topk 4 --moe-grouped-gemm")
+    for dirs in ((), (str(prof),)):
+        inputs = load_inputs(megatron_args=args, cluster="H800:8", profile_dirs=dirs)
+        assert inputs.profiles.moe_imbalance_factor() > 1.0
+        assert routing(inputs.run.model, None, inputs.profiles.moe_imbalance_factor()).imbalance(2) == 1.0
