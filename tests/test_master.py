@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 
 import pytest
 from ortools.sat.python import cp_model
 
+from planner.cost.model import recomputed_layer_count
 from planner.megatron import rules
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
@@ -124,6 +126,22 @@ def test_classes_share_the_pipeline():
     assert optimum(block(4, {0: price(units=1), 1: price(30, units=1)}, pps=(3,), classes=(A, B)))[0] == "INFEASIBLE"
 
 
+def test_block_recompute_pays_per_layer_rerun():
+    """Full block recompute of k = 2 layers per chunk, 3 us per re-run: 6 layers on PP = 2 (3 + 3), m = 4.
+    v = 1 re-runs min(2, 3) = 2 layers a stage: T = 30 + 6 = 36, theta = 60 + 3 * 36 = 168.  v = 3 (the
+    cost model's count: chunks of 1 layer, all 3 re-run): T = 30 + 9 = 39, 3 * theta >= 60 + 11 * 39 - 2,
+    theta = 163.  One re-run a stage (the price before the count) gave T = 33: 159 and 143."""
+    rc = Recompute.full("block", 2)
+    reruns = tuple((v, tuple(recomputed_layer_count(rc, n, v) for n in range(7))) for v in (1, 3))
+    assert reruns == ((1, (0, 1, 2, 2, 2, 2, 2)), (3, (0, 1, 2, 3, 4, 5, 6)))
+    p = Price((10,), 3, 0, 0, 64, 8, 0, 0, block_layers=2, rerun_by_vpp=reruns)
+    assert optimum(block(6, {0: p}, pps=(2,), vpps=(1,)))[:2] == ("OPTIMAL", 168)
+    assert optimum(block(6, {0: p}, pps=(2,), vpps=(3,)))[:2] == ("OPTIMAL", 163)
+    # the screen prices min(k, n) re-runs whatever the VPP: two stages, T >= 3 * 10 + 2 * 3; six, 10 + 3
+    assert pipeline_floor_us({0: replace(p, units=2)}, [A], (6,), 4) == 36
+    assert pipeline_floor_us({0: p}, [A], (6,), 4) == 13
+
+
 def test_cuts_forbid_settled_configurations():
     """A no-good on the best configuration leaves the next best."""
     b = block(5, {0: price()}, pps=(2, 3))
@@ -150,11 +168,14 @@ CASES = [
                                                          recompute=(Recompute.none(), Recompute.full("uniform", 1)))),
     ("llama2-7b", 4, "H100:4,A100:2", 12, SearchSpace(tp=(1, 2), cp=(1,), mbs=(1, 2), vpp=(1, 2),
                                                       recompute=(Recompute.none(), Recompute.full("block", 1)))),
+    # full block recompute of 2 layers per chunk with up to 4 chunks: the block prices the layers each stage re-runs
+    ("llama2-7b-block2", 8, "H100:4,A100:2", 16, SearchSpace(tp=(1,), cp=(1,), mbs=(1,), vpp=(1, 2, 4),
+                                                             recompute=(Recompute.full("block", 2),))),
 ]
 
 
 def _search(preset, layers, cluster, gbs, space):
-    cm = reduced_cost_model(preset, layers, cluster, gbs)
+    cm = reduced_cost_model(preset.removesuffix("-block2"), layers, cluster, gbs)
     return BendersSearch(cm, space, SearchSettings(time_limit_s=600).without_pruning(), time.perf_counter(), None)
 
 

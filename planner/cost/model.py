@@ -830,6 +830,12 @@ def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:
     return dev.memory_overhead_gib + profiles.correction(dev.name, "memory_overhead_gib")
 
 
+def recomputed_layer_count(recompute: Recompute, n: int, v: int) -> int:
+    """How many of a stage's n layers full recompute re-runs with v virtual chunks (the search's
+    lower bounds price a stage's recompute with it)."""
+    return len(_recomputed_full_layers(recompute, n, v))
+
+
 def _recomputed_full_layers(recompute: Recompute, n: int, v: int) -> set[int]:
     """Indices (within the stage) of layers that full recompute re-runs."""
     if recompute.granularity != "full":

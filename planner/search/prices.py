@@ -29,7 +29,7 @@ import math
 import time
 from dataclasses import replace
 
-from planner.cost.model import CostModel
+from planner.cost.model import CostModel, recomputed_layer_count
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import option_bound
@@ -158,11 +158,26 @@ class PriceBook:
         roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
         first, last, ends = self._ends(gs, opts[0])
         link_in, link_out, links_by_vpp = self._links(gs, g, opts[0])
-        saved = roomy.block_layers * roomy.act_saved_bytes
+        saved = roomy.act_saved_bytes
+        k, reruns = self._reruns(opts)
         return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
                      self._units(g, opts[0].device_type), link_in, link_out,
-                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts)),
-                     links_by_vpp=links_by_vpp)
+                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts),
+                                roomy.block_layers),
+                     links_by_vpp=links_by_vpp, block_layers=k, rerun_by_vpp=reruns)
+
+    def _reruns(self, opts: list[StageOption]) -> tuple[int, tuple[tuple[int, tuple[int, ...]], ...]]:
+        """Full block recompute of k layers on every option of a class: k, and the layers a stage of
+        n layers re-runs per VPP value (the cost model's count).  (0, ()) otherwise: the price's
+        per-stage time is then paid once."""
+        ks = {o.recompute.num_layers if o.recompute.granularity == "full" and o.recompute.method == "block"
+              else None for o in opts}
+        if len(ks) != 1 or None in ks or not next(iter(ks)):
+            return 0, ()
+        rc = opts[0].recompute
+        vpps = (1,) if self.flagscale else tuple(sorted(set(self.space.vpp)))
+        return int(rc.num_layers), tuple((v, tuple(recomputed_layer_count(rc, n, v) for n in range(self.n_layers + 1)))
+                                         for v in vpps)
 
     def with_sync(self, key: tuple, settings: list[int]) -> list[dict[int, Price]]:
         """The block prices of a shape with the sync bound (Price.sync_us) for the recompute
@@ -306,12 +321,13 @@ class PriceBook:
         return {"recompute": r, "pp": g.pp, "vpp": g.vpp}
 
 
-def _room(b, groups: int, saved: float, ends: tuple[float, float, float, float] | None, transient: float) -> Room:
+def _room(b, groups: int, saved: float, ends: tuple[float, float, float, float] | None, transient: float,
+          block_layers: int = 0) -> Room:
     """The memory figures of an option bound (bounds.OptionBound) per layer group."""
     static = (b.layer_static_bytes,) + (tuple(k[2] for k in b.kinds) if groups > 1 else ())
     act = (b.layer_act_bytes,) + (tuple(k[3] for k in b.kinds) if groups > 1 else ())
     fs, fa, ls, la = ends or (0.0, 0.0, 0.0, 0.0)
-    return Room(b.free_bytes, static, act, saved, transient, fs, fa, ls, la)
+    return Room(b.free_bytes, static, act, saved, transient, fs, fa, ls, la, block_layers)
 
 
 def _taus(b, groups: int) -> list[float]:

@@ -58,45 +58,71 @@ class StageClass:
 @dataclass(frozen=True)
 class Room:
     """What one stage of a class holds in memory: n layers of group g fit with a micro-batches in
-    flight when n * (static[g] + a * act[g]) <= free + a * saved, less the first stage's (embedding)
-    or the last stage's (output layer, logits, MTP) own bytes at the ends of the pipeline."""
+    flight when n * (static[g] + a * act[g]) <= free + a * saved x (layers re-run), less the first
+    stage's (embedding) or the last stage's (output layer, logits, MTP) own bytes at the ends of the
+    pipeline.  Full block recompute of k layers per virtual chunk re-runs at most min(n, k x VPP) of
+    a stage's n layers (of group 0, all layers; a layer kind's group counts k x VPP, as its stage may
+    hold other layers too)."""
 
     free_bytes: float  # capacity less the framework's overhead
     static_bytes: tuple[float, ...]  # per layer group: weights, gradients and optimizer state of one layer
     act_bytes: tuple[float, ...]  # per layer group: one layer's activations per micro-batch in flight
-    saved_bytes: float = 0.0  # activations full block recompute spares per micro-batch in flight, per chunk
+    saved_bytes: float = 0.0  # activations one layer full block recompute re-runs spares, per micro-batch in flight
     transient_bytes: float = 0.0  # buffers any stage keeps once (its layers' recompute and work buffers)
     first_static_bytes: float = 0.0
     first_act_bytes: float = 0.0
     last_static_bytes: float = 0.0
     last_act_bytes: float = 0.0
+    block_layers: int = 0  # k: layers re-run per virtual chunk
 
     def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
               vpp: int = 1) -> int:
         """Most layers of the group one stage holds with `inflight` micro-batches in flight and `vpp`
         virtual chunks (at most `limit`)."""
         per = self.static_bytes[group] + inflight * self.act_bytes[group]  # holds_each, one value (hot path)
-        room = self.free_bytes - self.transient_bytes + inflight * vpp * self.saved_bytes
+        room = self.free_bytes - self.transient_bytes
         if first:
-            room = room - (self.first_static_bytes + inflight * self.first_act_bytes)
+            room -= self.first_static_bytes + inflight * self.first_act_bytes
         if last:
-            room = room - (self.last_static_bytes + inflight * self.last_act_bytes)
-        held = math.floor(max(room, 0.0) / per * (1 + 1e-12)) if per > 0 else (limit if room >= 0 else 0)
-        return int(min(held, limit))
+            room -= self.last_static_bytes + inflight * self.last_act_bytes
+        if room < 0:
+            return 0
+        cap = self.block_layers * vpp
+        if group == 0 and cap:
+            upto = _fit_one(room, per - inflight * self.saved_bytes, limit)
+            if upto <= cap:
+                return min(upto, limit)
+        return min(_fit_one(room + inflight * cap * self.saved_bytes, per, limit), limit)
 
     def holds_each(self, inflight: np.ndarray, limit: int, group: int = 0, first: bool = False, last: bool = False,
                    vpp: int = 1) -> np.ndarray:
         """`holds` for each of an array of micro-batches in flight."""
-        per = self.static_bytes[group] + inflight * self.act_bytes[group]
-        room = self.free_bytes - self.transient_bytes + inflight * vpp * self.saved_bytes
+        a = np.asarray(inflight, dtype=float)
+        per = self.static_bytes[group] + a * self.act_bytes[group]
+        room = self.free_bytes - self.transient_bytes + 0.0 * a
         if first:
-            room = room - (self.first_static_bytes + inflight * self.first_act_bytes)
+            room = room - (self.first_static_bytes + a * self.first_act_bytes)
         if last:
-            room = room - (self.last_static_bytes + inflight * self.last_act_bytes)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            held = np.where(per > 0, np.floor(np.maximum(room, 0.0) / np.where(per > 0, per, 1.0) * (1 + 1e-12)),
-                            np.where(room >= 0, limit, 0))
-        return np.minimum(held, limit).astype(np.int64)
+            room = room - (self.last_static_bytes + a * self.last_act_bytes)
+        short = room < 0
+        room = np.maximum(room, 0.0)
+        cap = self.block_layers * vpp
+        beyond = _fit(room + a * cap * self.saved_bytes, per, limit)  # every layer past the cap keeps its activations
+        if group == 0 and cap:  # up to the cap, each layer spares what its re-run saves
+            upto = _fit(room, per - a * self.saved_bytes, limit)
+            beyond = np.where(upto <= cap, upto, beyond)
+        return np.where(short, 0, np.minimum(beyond, limit)).astype(np.int64)
+
+
+def _fit_one(room: float, per: float, limit: int) -> int:
+    """floor(room / per), `limit` where per <= 0 (room >= 0 here)."""
+    return math.floor(room / per * (1 + 1e-12)) if per > 0 else limit
+
+
+def _fit(room: np.ndarray, per: np.ndarray, limit: int) -> np.ndarray:
+    """floor(room / per), `limit` where per <= 0 (room >= 0 here)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(per > 0, np.floor(room / np.where(per > 0, per, 1.0) * (1 + 1e-12)), limit)
 
 
 @dataclass(frozen=True)
@@ -106,7 +132,7 @@ class Price:
     model from below (the screen's prices hold for every recompute setting: least time, most room)."""
 
     tau_us: tuple[int, ...]  # per layer group (all layers, then each layer kind): least time per layer
-    stage_us: int  # per-stage time that does not scale with the layers (full block recompute)
+    stage_us: int  # full block recompute: least time to re-run one layer (the stage pays it per layer re-run)
     first_us: int  # extra time of the first stage (embedding)
     last_us: int  # extra time of the last stage (output layer, loss, MTP)
     max_layers: int  # most layers one stage of the class holds in memory (one micro-batch in flight)
@@ -120,6 +146,26 @@ class Price:
     # (v, link in, link out) per VPP value v: the links per micro-batch with all v chunks (empty: the
     # least links above, whatever the VPP)
     links_by_vpp: tuple[tuple[int, int, int], ...] = ()
+    # full block recompute of k layers per virtual chunk (0: the stage pays stage_us once): the stage's
+    # layers re-run, (v, [n] for n = 0..layers) per VPP value v (empty: at least min(k, n))
+    block_layers: int = 0
+    rerun_by_vpp: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def extra_us(self, n: int | np.ndarray) -> int | np.ndarray:
+        """Least per-stage time not in the layers' own times of a stage holding n layers (of any
+        group), whatever the VPP: block recompute re-runs min(k, n) layers with one chunk, and at
+        least as many with more (a chunk of k or more layers re-runs k, a smaller one all of its)."""
+        if not self.block_layers:
+            return self.stage_us
+        return self.stage_us * np.minimum(self.block_layers, n)
+
+    def layers_within(self, t_us: int, tau_us: int) -> int:
+        """Most layers (at tau_us each) a stage runs within t_us, with extra_us."""
+        k, s = self.block_layers, self.stage_us
+        if not k:
+            return max(0, (int(t_us) - s) // tau_us)
+        beyond = (int(t_us) - s * k) // tau_us
+        return int(beyond) if beyond >= k else max(0, int(t_us) // (tau_us + s))
 
     def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
               vpp: int = 1) -> int:
@@ -172,16 +218,16 @@ def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], grou
                       microbatches: int, vpp: int = 1) -> int | None:
     """The least bottleneck stage time (us) any pipeline of this shape and recompute setting can
     have, or None when its layers fit in no pipeline: the deepest pipeline the type budgets allow
-    (at most one stage per layer), a stage of class c holding at most (T - stage_us_c) // tau_c
-    layers and what it holds in memory with the micro-batches its position keeps in flight (the
+    (at most one stage per layer), a stage of class c holding at most the layers it runs within T
+    (Price.layers_within) and what it holds in memory with the micro-batches its position keeps in flight (the
     j-th stage from the end at least min(j + 1, m) of them, whatever the interleaving).  Per layer
     group (each kind's layers on their own too)."""
     floor = 0
     n_layers = groups[0]
     for g, count in enumerate(groups):
         stages = _stage_rooms(row, classes, g, n_layers, microbatches, vpp)
-        steps = np.unique(np.concatenate([np.arange(1, count + 1) * max(1, p.tau_us[g]) + p.stage_us
-                                          for p in row.values()]))
+        steps = np.unique(np.concatenate([np.arange(1, count + 1) * max(1, p.tau_us[g]) +
+                                          p.extra_us(np.arange(1, count + 1)) for p in row.values()]))
         if not steps.size or _capacity(stages, steps[-1], n_layers) < count:
             return None
         lo, hi = 0, steps.size - 1
@@ -196,8 +242,8 @@ def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], grou
 
 
 def _stage_rooms(row: dict[int, Price], classes: Sequence[StageClass], g: int, n_layers: int, microbatches: int,
-                 vpp: int) -> list[tuple[int, int, int, int, np.ndarray, int]]:
-    """Per class: (type, weight, tau, stage time, layers of group g its j-th stage from the end holds
+                 vpp: int) -> list[tuple[int, int, int, Price, np.ndarray, int]]:
+    """Per class: (type, weight, tau, its price (the per-stage time), layers of group g its j-th stage from the end holds
     in memory (with min(j + 1, m) micro-batches in flight), the type's budget units)."""
     out = []
     for c, p in row.items():
@@ -206,22 +252,22 @@ def _stage_rooms(row: dict[int, Price], classes: Sequence[StageClass], g: int, n
         loads = np.minimum(np.arange(1, count + 1), microbatches).astype(float)
         holds = np.minimum(p.room.holds_each(loads, n_layers, g, vpp=vpp), p.max_layers) if p.room is not None \
             else np.full(count, min(n_layers, p.max_layers), dtype=np.int64)
-        out.append((classes[c].type_index, w, max(1, p.tau_us[g]), p.stage_us, holds, p.units))
+        out.append((classes[c].type_index, w, max(1, p.tau_us[g]), p, holds, p.units))
     return out
 
 
-def _capacity(stages: list[tuple[int, int, int, int, np.ndarray, int]], t_us: int, n_layers: int) -> float:
+def _capacity(stages: list[tuple[int, int, int, Price, np.ndarray, int]], t_us: int, n_layers: int) -> float:
     """Most layers of a group the stages hold with every stage time at most t_us.  Each class's
     stages take their own least-loaded positions; per device type, its budget goes to the stages
     with the most layers per unit (the fractional knapsack's optimum, no less than any integral
     choice); with one unit per stage (megatron) no more stages than layers."""
     if all(st[1] == 1 for st in stages):  # one unit a stage: the n_layers stages that hold the most
-        held = np.concatenate([np.minimum(h, max(0, (int(t_us) - s_us) // tau)) for _, _, tau, s_us, h, _ in stages])
+        held = np.concatenate([np.minimum(h, p.layers_within(t_us, tau)) for _, _, tau, p, h, _ in stages])
         return float(np.sort(held)[::-1][:n_layers].sum())
     per_type: dict[int, list[tuple[float, float, int]]] = {}
     units: dict[int, int] = {}
-    for ty, w, tau, stage_us, holds, budget in stages:
-        held = np.minimum(holds, max(0, (int(t_us) - stage_us) // tau))
+    for ty, w, tau, p, holds, budget in stages:
+        held = np.minimum(holds, p.layers_within(t_us, tau))
         held = held[held > 0]
         units[ty] = budget
         per_type.setdefault(ty, []).extend((x / w, float(x), w) for x in held.tolist())

@@ -17,7 +17,9 @@ master.py, and the exact stage model, model.py; planner/search/certify.py runs t
                 setting with the micro-batches its position keeps in flight: the first stage the
                 most, every other stage at least the last stage's (switchable)
     bottleneck  T >= tau_cg[r] * K_cg + stage time (middle), tau * nF + the first stage's extra, ...
-                with tau[r] the class's least time per layer under recompute setting r
+                with tau[r] the class's least time per layer under recompute setting r; under full
+                block recompute the stage time is the layers it re-runs (the cost model's count, a
+                table of VPP and the stage's layers) at the least time of one re-run
     sync        the iteration's DP sync and optimizer step: at least that of the busiest middle stage of
                 each class in use, an element of its layer count (Price.sync_us)
     objective   theta: v * theta >= W + (m*v - 1) * T + v * sync - (v - 1), W the layers at the least
@@ -88,11 +90,13 @@ class PipelineBlock:
         self.x = {f: m.new_int_var_from_domain(cp_model.Domain.from_values(spec.domains[f]), f)
                   for f in spec.families}
         self._lits: dict[tuple[str, int], cp_model.IntVar] = {}
+        self._reruns: dict[tuple, cp_model.IntVar] = {}  # (k, group, stage) -> layers block recompute re-runs
         # VPP value -> its optimum under the cuts so far (None: no configuration), kept until a cut or
         # an allow() touches that value (solve, below)
         self._by_vpp: dict[int, BlockResult | None] = {}
         self.tau_top = max([1] + [max(p.tau_us) for row in spec.prices for p in row.values()])
-        self.extra_top = max([1] + [max(p.stage_us, p.first_us, p.last_us, p.link_in_us + p.link_out_us,
+        self.extra_top = max([1] + [max(p.stage_us * (spec.groups[0] if p.block_layers else 1), p.first_us,
+                                        p.last_us, p.link_in_us + p.link_out_us,
                                         *(i + o for _, i, o in p.links_by_vpp))
                                     for row in spec.prices for p in row.values()]) * max(spec.domains.get("vpp", (1,)))
         self._family("rules", self._add_rules)
@@ -274,13 +278,42 @@ class PipelineBlock:
                 link_in, link_out = self._links(p, f"{r}_{c}")
                 for g in range(len(s.groups)):
                     tau = p.tau_us[g]
-                    m.add(self.T >= tau * self.K[g][c] + p.stage_us + link_in + link_out).only_enforce_if(
-                        [z, self.mid[c]])
-                    first = tau * self.nF[g] + p.stage_us + p.first_us
+                    m.add(self.T >= tau * self.K[g][c] + self._extra(p, g, ("middle", c)) + link_in + link_out
+                          ).only_enforce_if([z, self.mid[c]])
+                    first = tau * self.nF[g] + self._extra(p, g, ("first",)) + p.first_us
                     m.add(self.T >= first + link_out).only_enforce_if([z, self.f[c], ~self.single])
                     m.add(self.T >= first + p.last_us).only_enforce_if([z, self.f[c], self.single])
-                    last = tau * self.nL[g] + p.stage_us + p.last_us + link_in
+                    last = tau * self.nL[g] + self._extra(p, g, ("last",)) + p.last_us + link_in
                     m.add(self.T >= last).only_enforce_if([z, self.l[c]])
+
+    def _extra(self, p: Price, g: int, where: tuple):
+        """A stage's time beyond its layers' own: full block recompute re-runs, per VPP value, the
+        cost model's count of the stage's layers (Price.rerun_by_vpp) at stage_us each; for a layer
+        kind's group (g >= 1) the least count of any stage holding at least that many layers.  A
+        table from (VPP, layers) to the count, one per k and stage (first, last, a class's middle)."""
+        if not p.block_layers or not p.rerun_by_vpp:
+            return p.extra_us(1) if p.block_layers else p.stage_us
+        s, m = self.spec, self.model
+        key = (p.block_layers, g) + where
+        count = self._reruns.get(key)
+        if count is None:
+            n_var = {"middle": lambda: self.K[g][where[1]], "first": lambda: self.nF[g],
+                     "last": lambda: self.nL[g]}[where[0]]()
+            top = s.groups[g]
+            rows = []
+            for v, reruns in p.rerun_by_vpp:
+                if s.vpp and v not in s.domains[s.vpp]:
+                    continue
+                if not s.vpp and v != 1:
+                    continue
+                least = list(reruns)
+                if g:  # a stage holding at least n layers: the least count from n on
+                    for n in range(len(least) - 2, -1, -1):
+                        least[n] = min(least[n], least[n + 1])
+                rows += [((v,) if s.vpp else ()) + (n, least[n]) for n in range(top + 1)]
+            count = self._reruns[key] = m.new_int_var(0, s.groups[0], "reruns_" + "_".join(map(str, key)))
+            m.add_allowed_assignments(([self.x[s.vpp]] if s.vpp else []) + [n_var, count], rows)
+        return p.stage_us * count
 
     def _links(self, p: Price, name: str):
         """A stage's least links in and out per micro-batch (all its virtual chunks): a table of the VPP
