@@ -11,6 +11,7 @@ import itertools
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
@@ -78,6 +79,17 @@ def test_memory_by_position():
     spec = {(2, 1): (3.0, 1.0)}
     assert optimum(block(7, {0: price(room=room)}, pps=(2,), inflight=spec))[:2] == ("OPTIMAL", 220)
     assert optimum(block(8, {0: price(room=room)}, pps=(2,), inflight=spec))[0] == "INFEASIBLE"
+
+
+def test_block_recompute_spares_only_the_layers_it_reruns():
+    """free 100, 10 static and 10 activation bytes per layer per micro-batch, a re-run layer spares 8 of
+    them, 3 micro-batches in flight.  k = 4 layers a chunk, VPP 2 (at most 8 re-run): 6 layers take
+    6 * 40 - 3 * 6 * 8 = 96, 7 take 112, so 6 fit (sparing k x VPP = 8 layers' whatever the stage holds
+    would let 7 fit).  k = 1 (at most 2 re-run): 3 layers take 120 - 48 = 72, 4 take 112: 3 fit."""
+    room = Room(100.0, (10.0,), (10.0,), saved_bytes=8.0, block_layers=4)
+    assert room.holds(3.0, 64, vpp=2) == 6
+    assert list(room.holds_each(np.array([3.0, 1.0]), 64, vpp=2)) == [6, room.holds(1.0, 64, vpp=2)]
+    assert replace(room, block_layers=1).holds(3.0, 64, vpp=2) == 3
 
 
 def test_bottleneck_counts_the_ends():
@@ -170,6 +182,9 @@ CASES = [
                                                       recompute=(Recompute.none(), Recompute.full("block", 1)))),
     # full block recompute of 2 layers per chunk with up to 4 chunks: the block prices the layers each stage re-runs
     ("llama2-7b-block2", 8, "H100:4,A100:2", 16, SearchSpace(tp=(1,), cp=(1,), mbs=(1,), vpp=(1, 2, 4),
+                                                             recompute=(Recompute.full("block", 2),))),
+    # ... where memory binds (8 Mixtral-8x7B layers on four GPUs)
+    ("mixtral-s-block2", 8, "H800:2,A100:2", 16, SearchSpace(tp=(1, 2), cp=(1,), mbs=(1, 2), vpp=(1, 2, 4),
                                                              recompute=(Recompute.full("block", 2),))),
 ]
 
