@@ -41,7 +41,8 @@ from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.prices import PriceBook
 from planner.search.screening import plan_from_solution
-from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings
+from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings, \
+    status_word
 from planner.search.space import SearchSpace, pipeline_in_space, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.base import SolverSettings
@@ -600,7 +601,7 @@ class BendersSearch:
     def _finish_stats(self, best: Candidate, searched_us: float | None, proven: bool) -> None:
         st = self.stats
         individually = len({s.g for s in self.settled})
-        st.update(status="OPTIMAL" if proven else "FEASIBLE", objective_s=best.objective_s,
+        st.update(status=status_word(proven), objective_s=best.objective_s,
                   bound_s=None if searched_us is None else min(best.objective_s, searched_us * 1e-6),
                   winner_stage_status=best.status, pricing_s=self.book.pricing_s,
                   wall_s=st["master_wall_s"] + st["stage_wall_s"],
