@@ -186,11 +186,16 @@ CASES = [
     # ... where memory binds (8 Mixtral-8x7B layers on four GPUs)
     ("mixtral-s-block2", 8, "H800:2,A100:2", 16, SearchSpace(tp=(1, 2), cp=(1,), mbs=(1, 2), vpp=(1, 2, 4),
                                                              recompute=(Recompute.full("block", 2),))),
+    # ... with dense and MoE layers mixed (the block's per-kind groups)
+    ("mixtral-s-mixed", 6, "H800:4,A100:4", 16, SearchSpace(tp=(1,), cp=(1,), mbs=(1,), vpp=(1, 2, 3),
+                                                            recompute=(Recompute.none(), Recompute.full("block", 2))),
+     (0, 1, 1, 0, 1, 1)),
 ]
 
 
-def _search(preset, layers, cluster, gbs, space):
-    cm = reduced_cost_model(preset.removesuffix("-block2"), layers, cluster, gbs)
+def _search(preset, layers, cluster, gbs, space, pattern=None):
+    cm = reduced_cost_model(preset.removesuffix("-block2").removesuffix("-mixed"), layers, cluster, gbs,
+                            pattern=pattern)
     return BendersSearch(cm, space, SearchSettings(time_limit_s=600).without_pruning(), time.perf_counter(), None)
 
 
