@@ -19,7 +19,7 @@ from planner.cost.model import recomputed_layer_count
 from planner.megatron import rules
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
-from planner.search.certify import BendersSearch
+from planner.search.certify import MICROBATCH_SCOPE, BendersSearch
 from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace
 from solver_models.brute import solve_brute
@@ -190,16 +190,25 @@ CASES = [
     ("mixtral-s-mixed", 6, "H800:4,A100:4", 16, SearchSpace(tp=(1,), cp=(1,), mbs=(1,), vpp=(1, 2, 3),
                                                             recompute=(Recompute.none(), Recompute.full("block", 2))),
      (0, 1, 1, 0, 1, 1)),
+    # flagscale: each stage its own DP and recompute (none, full block of 1 or 2, full uniform), memory binding
+    ("mixtral-s-fs", 6, "H800:2,MI300X:2", 16, SearchSpace(runtime="flagscale", tp=(1,), cp=(1,), mbs=(1, 2),
+                                                           stage_recompute=(Recompute.none(), Recompute.full("block", 1),
+                                                                            Recompute.full("block", 2),
+                                                                            Recompute.full("uniform", 1)),
+                                                           selective=())),
 ]
 
 
 def _search(preset, layers, cluster, gbs, space, pattern=None):
-    cm = reduced_cost_model(preset.removesuffix("-block2").removesuffix("-mixed"), layers, cluster, gbs,
-                            pattern=pattern)
+    cm = reduced_cost_model(preset.removesuffix("-block2").removesuffix("-mixed").removesuffix("-fs"), layers, cluster,
+                            gbs, pattern=pattern)
     return BendersSearch(cm, space, SearchSettings(time_limit_s=600).without_pruning(), time.perf_counter(), None)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+MEGATRON_CASES = [c for c in CASES if c[4].runtime == "megatron"]
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
 def test_block_rules_admit_exactly_the_enumerated_pipelines(case):
     """With the memory family off, a shape's pipeline block admits exactly the (recompute, PP, VPP)
     the enumerator yields for the shape (the space's rules and GPU budgets, as constraints)."""
@@ -227,10 +236,10 @@ def test_relaxations_never_exceed_the_optimum(case):
     bs = _search(*case)
     bs.book.price_master(float("inf"))
     lv, book = bs.levels, bs.book
-    vpps = lv.domains["vpp"]
+    vpps = lv.domains[lv.vpp] if lv.vpp else (1,)
     checked = 0
     for key, shape in book.shapes.items():
-        m = lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in ("mbs", "dp")))
+        m = lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in MICROBATCH_SCOPE))
         coarse = shape_bound_us(book.master[key], book.classes, book.groups, m, vpps)
         b = bs._block(key, list(range(len(book.settings))))
         for g in shape.choices():
