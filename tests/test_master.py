@@ -191,11 +191,10 @@ CASES = [
                                                             recompute=(Recompute.none(), Recompute.full("block", 2))),
      (0, 1, 1, 0, 1, 1)),
     # flagscale: each stage its own DP and recompute (none, full block of 1 or 2, full uniform), memory binding
-    ("mixtral-s-fs", 6, "H800:2,MI300X:2", 16, SearchSpace(runtime="flagscale", tp=(1,), cp=(1,), mbs=(1, 2),
-                                                           stage_recompute=(Recompute.none(), Recompute.full("block", 1),
-                                                                            Recompute.full("block", 2),
-                                                                            Recompute.full("uniform", 1)),
-                                                           selective=())),
+    ("mixtral-s-fs", 6, "H800:2,MI300X:2", 16, SearchSpace(
+        runtime="flagscale", tp=(1,), cp=(1,), mbs=(1, 2), selective=(),
+        stage_recompute=(Recompute.none(), Recompute.full("block", 1), Recompute.full("block", 2),
+                         Recompute.full("uniform", 1)))),
 ]
 
 

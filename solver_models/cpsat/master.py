@@ -219,8 +219,8 @@ def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], grou
     """The least bottleneck stage time (us) any pipeline of this shape and recompute setting can
     have, or None when its layers fit in no pipeline: the deepest pipeline the type budgets allow
     (at most one stage per layer), a stage of class c holding at most the layers it runs within T
-    (Price.layers_within) and what it holds in memory with the micro-batches its position keeps in flight (the
-    j-th stage from the end at least min(j + 1, m) of them, whatever the interleaving).  Per layer
+    (Price.layers_within) and what it holds in memory with the micro-batches its position keeps in
+    flight (the j-th stage from the end at least min(j + 1, m) of them, whatever the interleaving).  Per layer
     group (each kind's layers on their own too)."""
     floor = 0
     n_layers = groups[0]
@@ -243,8 +243,8 @@ def pipeline_floor_us(row: dict[int, Price], classes: Sequence[StageClass], grou
 
 def _stage_rooms(row: dict[int, Price], classes: Sequence[StageClass], g: int, n_layers: int, microbatches: int,
                  vpp: int) -> list[tuple[int, int, int, Price, np.ndarray, int]]:
-    """Per class: (type, weight, tau, its price (the per-stage time), layers of group g its j-th stage from the end holds
-    in memory (with min(j + 1, m) micro-batches in flight), the type's budget units)."""
+    """Per class: (type, weight, tau, its price (the per-stage time), layers of group g its j-th stage
+    from the end holds in memory (with min(j + 1, m) micro-batches in flight), the type's budget units)."""
     out = []
     for c, p in row.items():
         w = classes[c].weight

@@ -18,8 +18,8 @@ master.py, and the exact stage model, model.py; planner/search/certify.py runs t
                 most, every other stage at least the last stage's (switchable)
     bottleneck  T >= tau_cg[r] * K_cg + stage time (middle), tau * nF + the first stage's extra, ...
                 with tau[r] the class's least time per layer under recompute setting r; under full
-                block recompute the stage time is the layers it re-runs (the cost model's count, a
-                table of VPP and the stage's layers) at the least time of one re-run
+                block recompute the stage also pays min(n, c_v) re-runs of its n layers at the least
+                time of one (c_v from the cost model's count per VPP value: see _extra)
     sync        the iteration's DP sync and optimizer step: at least that of the busiest middle stage of
                 each class in use, an element of its layer count (Price.sync_us)
     objective   theta: v * theta >= W + (m*v - 1) * T + v * sync - (v - 1), W the layers at the least
