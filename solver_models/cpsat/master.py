@@ -99,7 +99,7 @@ class Room:
         """`holds` for each of an array of micro-batches in flight."""
         a = np.asarray(inflight, dtype=float)
         per = self.static_bytes[group] + a * self.act_bytes[group]
-        room = self.free_bytes - self.transient_bytes + 0.0 * a
+        room = np.full_like(a, self.free_bytes - self.transient_bytes)
         if first:
             room = room - (self.first_static_bytes + a * self.first_act_bytes)
         if last:

@@ -295,7 +295,7 @@ class PipelineBlock:
         literal: a table of the exact count made CP-SAT's search stall (one block solve, VPP 3 at 768
         GPUs, ran 120 s where the piecewise form takes under a second)."""
         if not p.block_layers or not p.rerun_by_vpp:
-            return p.extra_us(1) if p.block_layers else p.stage_us
+            return p.stage_us  # one re-run (no count known), or no block recompute
         s, m = self.spec, self.model
         key = (p.block_layers, g) + where
         count = self._reruns.get(key)
