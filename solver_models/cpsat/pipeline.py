@@ -11,11 +11,13 @@ master.py, and the exact stage model, model.py; planner/search/certify.py runs t
                 = 1), S_c middle stages take class c: sum_c S_c = PP - 2; per device type the stages
                 stay within its budget (sum of weight x stages <= units)
     layers      per layer group g (all layers; then each layer kind when the model mixes kinds): the
-                first stage holds nF_g, the last nL_g, a middle stage of class c at most K_cg layers;
-                nF_g + nL_g + sum_c S_c * K_cg >= layers of g.  Integral: a stage holds whole layers
+                first stage holds nF_g, the last nL_g, a middle stage of class c at most K_cg layers
+                and the S_c of them H_cg together (H_cg <= S_c * K_cg): nF_g + nL_g + sum_c H_cg >=
+                layers of g.  Integral: a stage holds whole layers
     memory      every stage's layers within what one stage of its class holds under the recompute
                 setting with the micro-batches its position keeps in flight: the first stage the
-                most, every other stage at least the last stage's (switchable)
+                most, every other stage at least the last stage's; H_cg within what the S_c least
+                loaded middle positions hold together (switchable)
     bottleneck  T >= tau_cg[r] * K_cg + stage time (middle), tau * nF + the first stage's extra, ...
                 with tau[r] the class's least time per layer under recompute setting r; under full
                 block recompute the stage also pays min(n, c_v) re-runs of its n layers at the least
@@ -175,7 +177,8 @@ class PipelineBlock:
                         m.add(self.f[k] == 0).only_enforce_if(self.literal(s.first_dp, value))
 
     def _add_layers(self) -> None:
-        """Per layer group: nF + nL + sum_c S_c * K_c >= the group's layers; a stage holds a layer."""
+        """Per layer group: nF + nL + sum_c H_cg >= the group's layers, H_cg the S_c middle stages'
+        total (K_cg <= H_cg <= S_c * K_cg); a stage holds a layer."""
         s, m = self.spec, self.model
         top = max(1, max(s.domains["pp"]))
         self.nF, self.nL, self.K, self.Q = [], [], [], []
@@ -187,10 +190,17 @@ class PipelineBlock:
             for c, cls in enumerate(s.classes):
                 k = m.new_int_var(0, count, f"middle_layers_{cls.name}_{g}")
                 m.add(k == 0).only_enforce_if(~self.mid[c])
+                # the middle stages' total: at most S_c x K_cg (each holds at most K_cg) and, in
+                # _add_memory, at most what their positions hold together; not S_c x K_cg itself, as
+                # memory-bound middle stages may hold unequal counts (the one nearest the end the most)
+                most = m.new_int_var(0, count * top, f"middle_most_{cls.name}_{g}")
+                m.add_multiplication_equality(most, [self.S[c], k])
                 q = m.new_int_var(0, count * top, f"middle_total_{cls.name}_{g}")
-                m.add_multiplication_equality(q, [self.S[c], k])
+                m.add(q <= most)
+                m.add(q >= k)  # the busiest middle stage is one of them
                 if g == 0:
                     m.add(k >= 1).only_enforce_if(self.mid[c])
+                    m.add(q >= self.S[c])  # every stage holds a layer
                 else:
                     m.add(k <= self.K[0][c])
                 ks.append(k)
