@@ -81,6 +81,19 @@ def test_memory_by_position():
     assert optimum(block(8, {0: price(room=room)}, pps=(2,), inflight=spec))[0] == "INFEASIBLE"
 
 
+def test_memory_bound_middle_stages_hold_unequal_counts():
+    """free 100, 10 per layer and 10 per layer per micro-batch in flight, PP = 4, m = 4 (1F1B: 4, 3, 2, 1
+    in flight from the first stage): the stages hold at most 2, 2, 3 and 5 layers, 12 in all.  12 layers
+    fit only as 2 + 2 + 3 + 5: T = 50, theta = 120 + 3 * 50 = 270.  The two middle stages hold 2 and 3, so
+    their total is not their count times the most either holds (a relaxation of S x K <= what their
+    positions hold forced K <= 2 and called it infeasible); 13 layers do not fit."""
+    room = Room(100.0, (10.0,), (10.0,))
+    spec = {(4, 1): (4.0, 1.0)}
+    assert [room.holds(a, 64) for a in (4.0, 3.0, 2.0, 1.0)] == [2, 2, 3, 5]
+    assert optimum(block(12, {0: price(room=room)}, pps=(4,), inflight=spec))[:2] == ("OPTIMAL", 270)
+    assert optimum(block(13, {0: price(room=room)}, pps=(4,), inflight=spec))[0] == "INFEASIBLE"
+
+
 def test_block_recompute_spares_only_the_layers_it_reruns():
     """free 100, 10 static and 10 activation bytes per layer per micro-batch, a re-run layer spares 8 of
     them, 3 micro-batches in flight.  k = 4 layers a chunk, VPP 2 (at most 8 re-run): 6 layers take

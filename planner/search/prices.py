@@ -116,13 +116,18 @@ class PriceBook:
             base = shape.base
             gs = replace(self.builder.shape(base), vpp=1, pp=2)
             row = {}
+            by_class: dict[int, list[StageOption]] = {}
             for o in self._options(base, None if self.flagscale else NONE):
-                if o.recompute != NONE:
-                    continue
-                fast = option_bound(self.cost, gs, o)
+                by_class.setdefault(self._class_index(o), []).append(o)
+            for c, opts in by_class.items():
+                # least time per layer: no recompute (flagscale: the least of the stage modes when none is
+                # among them)
+                fastest = [o for o in opts if o.recompute == NONE] or opts
+                taus = [_taus(option_bound(self.cost, gs, o), len(self.groups)) for o in fastest]
+                tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
+                o = opts[0]
                 room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest))
-                tau = tuple(to_us(x) for x in _taus(fast, len(self.groups)))
-                row[self._class_index(o)] = Price(
+                row[c] = Price(
                     tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers), self._units(base, o.device_type),
                     room=_room(room, len(self.groups), 0.0, None, 0.0))
             self.master[key] = row
@@ -154,16 +159,21 @@ class PriceBook:
         bounds = [option_bound(self.cost, gs, o) for o in opts]
         taus = [_taus(b, len(self.groups)) for b in bounds]
         tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
-        room = max(_max_layers(b, self.v_max, self.n_layers) for b in bounds)
         roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
+        # the only stage of a pipeline (PP = 1) has no pipeline buffers: the bytes it has beyond
+        single = max(0.0, max(option_bound(self.cost, replace(gs, pp=1), o).free_bytes for o in opts)
+                     - roomy.free_bytes)
+        room = max(_max_layers(replace(b, free_bytes=b.free_bytes + single), self.v_max, self.n_layers)
+                   for b in bounds)
         first, last, ends = self._ends(gs, opts[0])
         link_in, link_out, links_by_vpp = self._links(gs, g, opts[0])
         saved = roomy.act_saved_bytes
         k, reruns = self._reruns(opts)
         return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
                      self._units(g, opts[0].device_type), link_in, link_out,
-                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts),
-                                roomy.block_layers),
+                     room=replace(_room(roomy, len(self.groups), saved, ends,
+                                        min(self._transient(gs, o) for o in opts), roomy.block_layers),
+                                  single_bytes=single),
                      links_by_vpp=links_by_vpp, block_layers=k, rerun_by_vpp=reruns)
 
     def _reruns(self, opts: list[StageOption]) -> tuple[int, tuple[tuple[int, tuple[int, ...]], ...]]:
