@@ -179,7 +179,7 @@ def test_emitted_launcher_is_the_users_command_with_the_plan(name, workdir):
 def _applied_count(out: Path) -> int:
     """How many flag items launch.sh appends (the plan's, plus overrides): read from launch.sh."""
     text = (out / "launch" / "launch.sh").read_text()
-    m = re.search(r"plan=\((.*)\)\n", text)
+    m = re.search(r"\n    plan=\((.*)\)\n", text)
     assert m, "launch.sh has no plan array"
     return len(group_flag_items(shlex.split(m.group(1))))
 
