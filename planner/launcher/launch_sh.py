@@ -20,7 +20,15 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
     script's when it gives them;
   * behind srun/mpirun (or plain python) the launcher's own options are kept: the scheduler
     places ranks, so its host order must follow the hostfile;
-  * with `launch.sh --dry-run ARGS...` prints the command every node would run and exits.
+  * with `launch.sh --dry-run ARGS...` prints the command every node would run and exits; before
+    that, nothing of the script runs but read-only tools (DRY_RUN_TOOLS): every other command,
+    however it is started (xargs, a `bash -c` string), prints itself instead.
+
+Every value from the input in the block (device types, host names, flags, the entry script's name)
+is written by planner/launcher/quoting.py (`sh_quote`, `sh_word`, `comment_lines`); the block's
+function and variable names are the planner's own.  What `--dry-run` does not stop: a redirection in
+the script itself (`> FILE`) still writes FILE, and a program the script runs by its full path
+(`/usr/bin/cp`) still runs.
 """
 
 from __future__ import annotations
@@ -90,7 +98,7 @@ def _case_pattern(values: Iterable[str]) -> str:
 def _ere(text: str) -> str:
     """`text` as a POSIX extended regular expression matching it literally (a control character, which
     grep cannot take in a pattern, matches any character)."""
-    return re.sub(r"[][\\.^$*+?(){}|/]", lambda m: "\\" + m.group(0), re.sub(r"[\x00-\x1f\x7f]", ".", text))
+    return re.sub(r"[][\\.^$*+?(){}|]", lambda m: "\\" + m.group(0), re.sub(r"[\x00-\x1f\x7f]", ".", text))
 
 
 SHADOWED_LAUNCHERS = re.compile(r"torchrun|python[0-9.]*")
