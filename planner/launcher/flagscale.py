@@ -23,10 +23,10 @@ from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     Agent,
     FlagItem,
-    host_file_type,
     args_file_text,
     effective_model,
     group_flag_items,
+    host_file_type,
     hostfile_text,
     slurm_hostfiles,
     job_check,
@@ -191,13 +191,11 @@ def _yaml_scalar(value: str) -> Any:
     return _ENV_REF.sub(lambda m: "\\${" if m.group(3) else "${oc.env:" + _env_name(m.group(1) or m.group(2)) + "}", value)
 
 
-def _yaml_device_types(key: str, value: Any) -> Any:
-    """hetero_*device_type* values as text OmegaConf reads back as it is (`${` escaped); others unchanged."""
-    if "device_type" not in key:
-        return value
+def _yaml_literal(value: Any) -> Any:
+    """Text (a device type) as OmegaConf reads it back, `${` escaped; numbers and switches unchanged."""
     if isinstance(value, list):
-        return [v.replace("${", "\\${") for v in value]
-    return value.replace("${", "\\${")
+        return [_yaml_literal(v) for v in value]
+    return value.replace("${", "\\${") if isinstance(value, str) else value
 
 
 def env_refs(cfg: Any) -> list[str]:
@@ -251,7 +249,7 @@ def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any
         for part in path:
             node = node.setdefault(part, {})
         node[key] = _yaml_value(item)
-    cfg["system"]["hetero"] = {key: _yaml_device_types(key, value) for key, value in sections["hetero"].items()}
+    cfg["system"]["hetero"] = {key: _yaml_literal(value) for key, value in sections["hetero"].items()}
     if sections["recompute"]:
         cfg["system"]["recompute"] = sections["recompute"]
     checkpoint = cfg["system"].setdefault("checkpoint", {})
