@@ -433,12 +433,6 @@ class Lexer:
                 self._dquote_body(parts, limit, open_at)
                 if len(parts) == before:
                     parts.append(Part("lit", "", True))
-            elif c == "$" and text.startswith("'", self.pos + 1):
-                found = ansi_c_string(text[:limit], self.pos + 2)
-                if found is None:
-                    raise self.fail(self.pos, "unterminated $' quote")
-                lit(found[0], True)
-                self.pos = found[1]
             elif c == "$" and text.startswith('"', self.pos + 1):
                 self.pos += 1  # $"...": a translated string; as "..." (no message catalog here)
             elif c == "$":
@@ -506,6 +500,12 @@ class Lexer:
     def _dollar(self, quoted: bool, limit: int) -> Part:
         text, start = self.text, self.pos
         nxt = text[self.pos + 1 : self.pos + 2]
+        if nxt == "'" and not quoted:  # $'...': ANSI-C quoting (inside double quotes, plain text)
+            found = ansi_c_string(text[:limit], self.pos + 2)
+            if found is None:
+                raise self.fail(start, "unterminated $' quote")
+            self.pos = found[1]
+            return Part("lit", found[0], True)
         if text.startswith("$((", self.pos):
             close = self._match_close(self.pos + 3, "(", ")")
             if close >= 0 and text.startswith(")", close + 1):
