@@ -116,8 +116,9 @@ def _validation_text(exc: ValidationError) -> str:
 
 
 def name_key(name: str) -> str:
-    """Lookup key for device names: case-insensitive, ignoring '-', '_' and spaces."""
-    return "".join(ch for ch in name.strip().lower() if ch not in "-_ ")
+    """Lookup key for device names: case-insensitive, ignoring '-', '_' and blanks (a host file writes
+    `RTX 4090` as RTX_4090)."""
+    return "".join(ch for ch in name.lower() if ch not in "-_" and not ch.isspace())
 
 
 def _merge_device(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ plus CLI overrides (`--tp 2 --pp 2 ...`).  Returns a validated MegatronRun."""
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -14,6 +13,7 @@ from planner.inputs.hf_config import hf_config_notes, looks_like_hf_config, mode
 from planner.inputs.megatron_flags import RunDraft, build_run, drop_flags, is_flag_token, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
+from planner.inputs.shell.flag_string import split_flag_string
 from planner.inputs.script import cluster_geometry, read_launcher_script, scheduler_fix
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
 from planner.schemas.cluster import ClusterSpec
@@ -236,10 +236,7 @@ def script_override_flags(megatron_args: str | list[str] | None, overrides: Mapp
 
 def _split_args(megatron_args: str | list[str]) -> list[str]:
     if isinstance(megatron_args, str):
-        try:
-            return shlex.split(megatron_args, comments=False)
-        except ValueError as exc:
-            raise PlannerInputError("--megatron-args", f"cannot split the flag string: {exc}") from None
+        return split_flag_string(megatron_args)
     return list(megatron_args)
 
 

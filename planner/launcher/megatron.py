@@ -8,12 +8,14 @@ stage s owns global ranks [s*TP*CP*DP, (s+1)*TP*CP*DP) (reference/megatron.md se
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
+    DEFAULT_MASTER_PORT,
     MEGATRON_ENTRY,
     FlagItem,
     args_file_text,
@@ -93,10 +95,11 @@ def megatron_files(
         master_port=_master_port(script),
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
+        refs=flags.refs,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)
     return {
-        "megatron_args.txt": args_file_text(group_flag_items(flags.final)),
+        "megatron_args.txt": args_file_text(group_flag_items(flags.final), flags.refs),
         "launch.sh": launch,
         "hostfile": hostfile_text(agents, template=hosts is None),
         **(slurm_hostfiles(agents) if hosts is not None else {}),
@@ -128,4 +131,4 @@ def self_relative_notes(script: LauncherScript | None) -> list[str]:
 def _master_port(script: LauncherScript | None) -> str:
     """The script's MASTER_PORT when it sets a number, else torchrun's usual 6000."""
     port = script.env.get("MASTER_PORT", "") if script is not None else ""
-    return port if port.isdigit() else "6000"
+    return port if re.fullmatch(r"[0-9]{1,5}", port) else str(DEFAULT_MASTER_PORT)
