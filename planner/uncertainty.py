@@ -121,6 +121,10 @@ class Region:
     """Where each mechanism was measured: cells merged by mechanism and key (their numeric ranges joined)."""
 
     cells: tuple[Cell, ...] = ()
+    _index: dict = field(default_factory=dict, compare=False, repr=False)  # (mechanism, key) -> cell
+
+    def __post_init__(self) -> None:
+        self._index.update({(c.mechanism, c.key): c for c in self.cells})
 
     @classmethod
     def of(cls, cells: Iterable[Cell]) -> "Region":
@@ -142,7 +146,8 @@ class Region:
         return Region.of(self.cells + other.cells)
 
     def covers(self, c: Conditions) -> bool:
-        return any(cell.covers(c) for cell in self.cells)
+        cell = self._index.get((c.mechanism, frozenset(c.key)))
+        return cell is not None and cell.covers(c)
 
     def why_not(self, c: Conditions) -> str:
         """Why `c` is outside the region, for the user: what the calibration runs nearest to it measured (the

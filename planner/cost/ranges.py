@@ -23,10 +23,10 @@ The top end is a CostModel (`RangeEnd`, a view sharing the nominal model's memo 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
-from planner.cost.mechanisms import BY_NAME, MECHANISM_OF_PART, MECHANISMS, Conditions, send_conditions, \
+from planner.cost.mechanisms import MECHANISM_OF_PART, MECHANISMS, Conditions, send_conditions, \
     stage_conditions
 from planner.cost.model import CostModel, GlobalShape, StageCore
 from planner.profile_tables import ProfileSet
@@ -52,60 +52,63 @@ class RangeEnd(CostModel):
     """The nominal cost model's evaluation with each mechanism's seconds in each stage multiplied by
     `multiplier(conditions)`: a view that shares the nominal model's specs and memo tables (one evaluator)."""
 
-    def __init__(self, nominal: CostModel, multiplier: Multiplier) -> None:  # noqa: super().__init__ not called
+    def __init__(self, nominal: CostModel, multiplier: Multiplier) -> None:  # shares the nominal's state instead
         self.__dict__.update(nominal.__dict__)
         self._multiplier = multiplier
         self._ends: dict = {}
-        self._conditions: dict = {}
+        self._part_factors: dict = {}
 
-    def conditions(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute) -> dict[str, Conditions]:
+    def part_factors(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute) -> dict[str, float]:
+        """Per time part of a stage of `device_type` with `dp` and `recompute`, its mechanism's multiplier."""
         key = (g, device_type, dp, recompute.label)
-        hit = self._conditions.get(key)
+        hit = self._part_factors.get(key)
         if hit is None:
-            hit = self._conditions[key] = stage_conditions(self, g, device_type, dp, recompute)
+            conditions = stage_conditions(self, g, device_type, dp, recompute)
+            hit = self._part_factors[key] = {part: self._multiplier(conditions[m]) for part, m in MECHANISM_OF_PART.items()
+                                             if m in conditions}
         return hit
 
     def stage_core(self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,
                    is_first: bool, is_last: bool) -> StageCore:
-        key = (g, device_type, start, end, dp, recompute.label, is_first, is_last)
+        key = (g, device_type, self._layer_is_moe[start:end], dp, recompute.label, is_first, is_last)
         hit = self._ends.get(key)
         if hit is None:
             core = super().stage_core(g, device_type=device_type, start=start, end=end, dp=dp, recompute=recompute,
                                       is_first=is_first, is_last=is_last)
-            hit = self._ends[key] = self._scaled(core, self.conditions(g, device_type, dp, recompute))
+            hit = self._ends[key] = _scaled(core, self.part_factors(g, device_type, dp, recompute))
         return hit
-
-    def _scaled(self, core: StageCore, conditions: dict[str, Conditions]) -> StageCore:
-        m = {name: self._multiplier(c) for name, c in conditions.items()}
-
-        def of(part: str) -> float:
-            return m.get(MECHANISM_OF_PART.get(part, ""), 1.0)
-
-        parts = tuple((name, sec * of(name)) for name, sec in core.parts)
-        before = sum(sec for _, sec in core.parts)
-        ratio = sum(sec for _, sec in parts) / before if before > 0 else 1.0
-        return replace(core, parts=parts, forward_s=core.forward_s * ratio, backward_s=core.backward_s * ratio,
-                       compute_s=core.compute_s * ratio, recompute_s=core.recompute_s * of("recompute"),
-                       tp_comm_s=core.tp_comm_s * of("tp_comm"), cp_comm_s=core.cp_comm_s * of("cp_comm"),
-                       ep_comm_s=core.ep_comm_s * of("ep_comm"), dp_comm_s=core.dp_comm_s * of("dp_sync"),
-                       optimizer_s=core.optimizer_s * of("optimizer"),
-                       iteration_overhead_s=core.iteration_overhead_s * of("iteration_overhead"))
 
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
         return super().p2p_s(g, a_type, a_dp, b_type, b_dp) * self._multiplier(
             send_conditions(self, g, a_type, a_dp, b_type))
 
 
+def _scaled(core: StageCore, factor: dict[str, float]) -> StageCore:
+    """`core` with each time part's seconds multiplied by `factor` (a part not in it keeps its seconds), the
+    forward and backward in proportion, the per-iteration sync by its parts' factors."""
+    parts = tuple((name, sec * factor.get(name, 1.0)) for name, sec in core.parts)
+    before = sum(sec for _, sec in core.parts)
+    ratio = sum(sec for _, sec in parts) / before if before > 0 else 1.0
+    f = factor.get
+    return StageCore(**{  # dataclasses.replace, without its per-field introspection (the search calls this a lot)
+        **core.__dict__, "parts": parts, "forward_s": core.forward_s * ratio, "backward_s": core.backward_s * ratio,
+        "compute_s": core.compute_s * ratio, "recompute_s": core.recompute_s * f("recompute", 1.0),
+        "tp_comm_s": core.tp_comm_s * f("tp_comm", 1.0), "cp_comm_s": core.cp_comm_s * f("cp_comm", 1.0),
+        "ep_comm_s": core.ep_comm_s * f("ep_comm", 1.0), "dp_comm_s": core.dp_comm_s * f("dp_sync", 1.0),
+        "optimizer_s": core.optimizer_s * f("optimizer", 1.0),
+        "iteration_overhead_s": core.iteration_overhead_s * f("iteration_overhead", 1.0)})
+
+
 @dataclass(frozen=True)
 class Evidence:
-    """Whether the plan leans on mechanisms outside what the calibration runs measured, and which (in words a
-    user can act on: the conditions and what the runs cover)."""
+    """Whether the plan leans on mechanisms outside what the calibration runs measured, and which: per
+    mechanism its conditions in words a user can act on, and what the runs nearest to them measured."""
 
     extrapolated: bool
-    unmeasured: tuple[str, ...] = ()
+    unmeasured: tuple[tuple[str, str], ...] = ()  # (conditions, what the calibration runs cover instead)
 
     def to_json(self) -> dict:
-        return {"extrapolated": self.extrapolated, "unmeasured": list(self.unmeasured)}
+        return {"extrapolated": self.extrapolated, "unmeasured": [f"{what} ({why})" for what, why in self.unmeasured]}
 
 
 @dataclass(frozen=True)
@@ -135,16 +138,20 @@ class RangeModel:
         self.uncertainty = uncertainty or shipped_uncertainty()
         self.region: Region = self.uncertainty.region + user_region(tuple(profiles.evidence_files))
         self.nominal = CostModel(model, training, cluster, profiles, memory_headroom=memory_headroom)
+        self._spreads: dict[Conditions, float] = {}
         self.high = RangeEnd(self.nominal, lambda c: 1.0 / (1.0 - self.spread(c)))
         self.low = RangeEnd(self.nominal, lambda c: 1.0 / (1.0 + self.spread(c)))
 
     def spread(self, c: Conditions) -> float:
         """The relative uncertainty of the mechanism's seconds in conditions `c`: its held-out figure, times the
         extrapolation factor outside the region."""
-        u = self.uncertainty.mechanisms.get(c.mechanism, 0.0)
-        if not self.region.covers(c):
-            u *= self.uncertainty.extrapolation
-        return min(MAX_UNCERTAINTY, u)
+        hit = self._spreads.get(c)
+        if hit is None:
+            u = self.uncertainty.mechanisms.get(c.mechanism, 0.0)
+            if not self.region.covers(c):
+                u *= self.uncertainty.extrapolation
+            hit = self._spreads[c] = min(MAX_UNCERTAINTY, u)
+        return hit
 
     def plan_conditions(self, plan: Plan) -> list[Conditions]:
         """Every mechanism's conditions in every place of the plan (stages, pipeline links), each once."""
@@ -167,7 +174,7 @@ class RangeModel:
         return out
 
     def evidence(self, plan: Plan, shares: dict[Conditions, float]) -> Evidence:
-        out = [f"{c.words()} ({self.region.why_not(c)})" for c, s in shares.items()
+        out = [(c.words(), self.region.why_not(c)) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])
                if s >= UNMEASURED_MIN_SHARE and not self.region.covers(c)]
         return Evidence(extrapolated=bool(out), unmeasured=tuple(out))
 
@@ -190,6 +197,3 @@ class RangeModel:
                          evidence=self.evidence(plan, self.shares(plan, nominal_s)),
                          widening_s=self.widening(plan, nominal_s))
 
-
-def mechanism_words(name: str) -> str:
-    return BY_NAME[name].words

@@ -14,6 +14,7 @@ import shutil
 import sys
 from typing import Any
 
+from planner.cost.mechanisms import BY_NAME
 from planner.cost.model import PlanCost
 from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
@@ -65,16 +66,22 @@ def _overflow(cost: PlanCost) -> dict[str, Any] | None:
 
 def range_json(cost: PlanCost, time_range) -> dict[str, Any]:
     """The range keys of estimate and solve: `iteration_time_range_s` [low, high] seconds and
-    `tflops_per_gpu_range` [low, high] (planner/cost/ranges.py), and where the range comes from."""
+    `tflops_per_gpu_range` [low, high] (planner/cost/ranges.py), where the range comes from, `evidence`
+    ({extrapolated, unmeasured}: the mechanisms outside what the calibration runs measured) and
+    `range_by_mechanism_s` (per mechanism, the seconds its uncertainty alone adds at the top of the range)."""
     if time_range is None:
         return {}
     flop = cost.model_flop_per_iteration / (1e12 * cost.world_size)
     unc = shipped_uncertainty()
-    return {
+    out = {
         "iteration_time_range_s": [time_range.low_s, time_range.high_s],
         "tflops_per_gpu_range": [flop / time_range.high_s, flop / time_range.low_s],
         "range_source": unc.method or unc.time_source,
     }
+    if time_range.evidence is not None:
+        out["evidence"] = time_range.evidence.to_json()
+        out["range_by_mechanism_s"] = {BY_NAME[name].words: s for name, s in time_range.widening_s}
+    return out
 
 
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str],
@@ -100,6 +107,7 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
     keep = {} if user.time_range is None else {
         "iteration_time_range_s": [user.time_range.low_s, user.time_range.high_s],
         "keep_yours": user.keep_yours, "keep_yours_why": user.keep_why,
+        **({"evidence": user.time_range.evidence.to_json()} if user.time_range.evidence else {}),
     }
     return keep | {
         "source": user.source,
@@ -313,6 +321,20 @@ def headline(payload: dict) -> str:
             f"TFLOP/s/GPU | MFU {payload['mfu'] * 100:.1f}%")
 
 
+def evidence_line(payload: dict) -> str | None:
+    """Whether the prediction rests on measured mechanisms, and what widens its range most (None without one)."""
+    ev = payload.get("evidence")
+    if ev is None:
+        return None
+    widest = list(payload.get("range_by_mechanism_s", {}).items())[:2]
+    wide = ("; range widest for " + ", ".join(f"{m} (+{s:.2f} s)" for m, s in widest)) if widest else ""
+    if not ev["extrapolated"]:
+        return "evidence: every mechanism within what the calibration runs measured" + wide
+    what = [u.split(" (")[0] for u in ev["unmeasured"]]
+    return (f"evidence: EXTRAPOLATED, {len(what)} mechanism(s) outside what the calibration runs measured: "
+            + "; ".join(what) + wide)
+
+
 def memory_line(payload: dict) -> str:
     """Peak memory, the headroom the plan keeps free, and the stages near what they may use."""
     fits = "fits" if payload["fits"] else "DOES NOT FIT"
@@ -491,11 +513,18 @@ def _render_overflow(console, o: dict) -> None:
          f"{100 * o.get('memory_headroom', 0.0):.0f}% headroom): {o['short_gib']:.1f} GiB short", style="bold red")
 
 
+def _say_evidence(console, payload: dict) -> None:
+    line = evidence_line(payload)
+    if line is not None:
+        _say(console, line, style="bold" if payload["evidence"]["extrapolated"] else None)
+
+
 def render_estimate(payload: dict, wide: bool = False) -> None:
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']}: {degrees_line(payload['plan'])}")
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
+    _say_evidence(console, payload)
     _say(console, shape_line(payload))
     _say(console, memory_line(payload))
     if not payload["fits"]:
@@ -566,6 +595,7 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     _say(console, "plan: " + degrees_line(payload["plan"]))
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
+    _say_evidence(console, payload)
     _say(console, shape_line(payload))
     _say(console, memory_line(payload))
     status, why, hint = search_status(payload)
@@ -690,6 +720,7 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",
+        *([f"- {evidence_line(payload)}"] if evidence_line(payload) else []),
         f"- {memory_line(payload)}",
         f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}; {payload['num_microbatches']} "
         "micro-batches per iteration",
@@ -722,6 +753,7 @@ def estimate_summary_markdown(payload: dict, images: dict[str, str] | None = Non
         "",
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",
+        *([f"- {evidence_line(payload)}"] if evidence_line(payload) else []),
         f"- {memory_line(payload)}",
         "",
         "## Stages",
