@@ -22,6 +22,7 @@ from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
 from planner.search.pruning import Pruning
 from planner.search.settings import OPTIMAL, status_reason
+from planner.trials import TRIAL_ITERATIONS, TRIAL_LOG
 from planner.uncertainty import shipped_uncertainty
 
 DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
@@ -126,6 +127,17 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "speedup": c.iteration_time_s / ours.iteration_time_s if ours.iteration_time_s > 0 else None,
         "stages": c.to_json()["stages"],
     }
+
+
+def trials_json(trials, why: str) -> dict[str, Any]:
+    """`trials` of `solve --json` (planner/trials.py): the plans to measure, each with where `--out DIR` writes
+    its launcher and where that launcher writes its log, and `trials_why`."""
+    return {"trials_why": why, "trials": [{
+        "name": t.name, "role": t.role, "why": t.why, "plan": plan_json(t.plan),
+        "iteration_time_s": t.cost.iteration_time_s, "iteration_time_range_s": [t.time_range.low_s, t.time_range.high_s],
+        **({"evidence": t.time_range.evidence.to_json()} if t.time_range.evidence else {}),
+        "launch": f"trials/{t.name}/launch.sh", "log": f"trials/{t.name}/{TRIAL_LOG}-<host>.log",
+    } for t in trials]}
 
 
 def search_json(result, settings) -> dict[str, Any]:
@@ -586,7 +598,30 @@ def _render_user_plan(console, payload: dict) -> None:
         _say(console, f"  your plan: {n}")
 
 
-def render_solve(payload: dict, wide: bool = False) -> None:
+def trial_lines(payload: dict, where: str | None) -> list[str]:
+    """What the trials are and how to run and read them (empty without trials); `where`: the --out directory
+    they were written to (None: not written)."""
+    trials = payload.get("trials") or []
+    if not trials:
+        return []
+    lines = [f"trials: {payload['trials_why']}; measure these for {TRIAL_ITERATIONS} iterations each"
+             + ("" if where else " (--out DIR writes their launchers)") + ":"]
+    for t in trials:
+        rng = t["iteration_time_range_s"]
+        at = f": {where}/{t['launch']}, log {where}/{t['log']}" if where else ""
+        lines.append(f"  {t['name']:12s} {degrees_short(t['plan'])}, predicted {t['iteration_time_s']:.3f} s "
+                     f"({rng[0]:.3f}-{rng[1]:.3f}){at}")
+    if where:
+        lines.append(f"then: cli.py calibrate --trials {where} --out CALIB, and solve again with --profiles CALIB")
+    return lines
+
+
+def _render_trials(console, payload: dict, out_dir: str | None) -> None:
+    for i, line in enumerate(trial_lines(payload, out_dir)):
+        _say(console, line, style="bold" if i == 0 else None)
+
+
+def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None) -> None:
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
          f"{payload['backend']})")
@@ -617,6 +652,7 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     if hint:
         _say(console, f"  {hint}")
     _render_user_plan(console, payload)
+    _render_trials(console, payload, out_dir)
     _render_assumed(console, payload)
     for prob in payload["problems"]:
         _say(console, f"PROBLEM: {prob}", style="bold red")
@@ -737,6 +773,8 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         "Times come from the float cost model (planner/cost), not from the solver's scaled objective.",
     ]
     lines += _md_user_plan(payload)
+    if payload.get("trials"):
+        lines += ["", "## Trials", ""] + [line.strip() for line in trial_lines(payload, ".")]
     lines += _md_assumed(payload)
     if images:
         lines += ["", "## Pictures"] + _md_images(images)
