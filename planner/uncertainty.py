@@ -177,6 +177,11 @@ class Uncertainty:
     region: Region = Region()
 
 
+def cells_of_docs(docs: Iterable[dict]) -> tuple[Cell, ...]:
+    """Cells from their documents (`Cell.to_doc`)."""
+    return _cells(CellDoc.model_validate(d) for d in docs)
+
+
 def _cells(docs: Iterable[CellDoc]) -> tuple[Cell, ...]:
     return tuple(Cell(d.mechanism, frozenset(d.key.items()), tuple((n, lo, hi) for n, (lo, hi) in sorted(d.ranges.items())),
                       tuple(d.runs)) for d in docs)
@@ -205,11 +210,23 @@ def default_memory_headroom() -> float:
     return shipped_uncertainty().memory_headroom
 
 
-@lru_cache(maxsize=32)
-def user_region(paths: tuple[str, ...]) -> Region:
-    """The cells of the user's measured runs (`evidence.yaml` in `--profiles` directories, written by calibrate)."""
-    cells: list[Cell] = []
+def user_region(paths: Iterable[str]) -> Region:
+    """The cells of the user's measured runs (`evidence.yaml` in `--profiles` directories, written by calibrate),
+    read once per version of each file."""
+    stamps = []
     for p in paths:
+        try:
+            st = Path(p).stat()
+        except OSError:
+            raise PlannerInputError("--profiles", f"{p}: cannot be read") from None
+        stamps.append((p, st.st_mtime_ns, st.st_size))
+    return _read_region(tuple(stamps))
+
+
+@lru_cache(maxsize=32)
+def _read_region(stamps: tuple[tuple[str, int, int], ...]) -> Region:
+    cells: list[Cell] = []
+    for p, _, _ in stamps:
         try:
             doc = EvidenceDoc.model_validate(parse_yaml(read_text(Path(p), "--profiles"), "--profiles", p) or {})
         except ValueError as exc:

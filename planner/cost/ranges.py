@@ -136,7 +136,7 @@ class RangeModel:
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet, *,
                  memory_headroom: float | None = None, uncertainty: Uncertainty | None = None) -> None:
         self.uncertainty = uncertainty or shipped_uncertainty()
-        self.region: Region = self.uncertainty.region + user_region(tuple(profiles.evidence_files))
+        self.region: Region = self.uncertainty.region + user_region(profiles.evidence_files)
         self.nominal = CostModel(model, training, cluster, profiles, memory_headroom=memory_headroom)
         self._spreads: dict[Conditions, float] = {}
         self.high = RangeEnd(self.nominal, lambda c: 1.0 / (1.0 - self.spread(c)))
