@@ -3,7 +3,8 @@
 `solve` proposes trials when its pick rests on mechanisms the calibration runs never measured (its range's
 evidence is extrapolated, planner/cost/ranges.py), or when its range overlaps the user's plan's or that of
 another plan the search found: then the predicted gain is not one the model can tell from its error.  The
-trials are the pick, the user's plan (when it runs), and up to TRIAL_CANDIDATES other plans the search kept
+trials are the pick, the user's plan (when Megatron would start it, even if the model predicts it does not fit
+in memory: the run tells), and up to TRIAL_CANDIDATES other plans the search kept
 (`SearchResult.runners_up`, one per configuration), the best ones whose range overlaps the pick's, each of
 another shape (TP, CP, EP, PP, VPP, micro-batch).  FlagScale's auto-tuner and NeMo's auto-configurator run
 grids of trials; this runs only the few the model cannot separate.
@@ -80,7 +81,8 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
     overlaps it."""
     ranges = outcome.range_model
     pick_plan, pick_cost, pick_range = outcome.plans[0], outcome.costs[0], outcome.ranges[0]
-    mine = user if user is not None and user.runs and user.time_range is not None else None
+    mine = user if (user is not None and user.time_range is not None and not user.violations
+                    and user.cannot_run is None) else None
     others = _candidates(outcome)
     reasons = trial_reasons(pick_range, mine.time_range if mine else None, [r for _, _, r in others])
     if not reasons:
@@ -88,7 +90,9 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
                     "plan's")
     trials = [Trial("pick", "pick", pick_plan, pick_cost, pick_range, "the plan solve picked")]
     if mine is not None and mine.plan != pick_plan:
-        trials.append(Trial("yours", "yours", mine.plan, mine.cost, mine.time_range, f"your plan ({user.source})"))
+        fit = "" if mine.cost.fits else ("; predicted not to fit the usable memory, which the trial measures too "
+                                         "(a run that ran says more than the memory model)")
+        trials.append(Trial("yours", "yours", mine.plan, mine.cost, mine.time_range, f"your plan ({user.source}){fit}"))
     fixed, shapes = len(trials), {_shape(t.plan) for t in trials}
     overlapping = [o for o in others if o[2].overlaps(pick_range)]
     for plan, cost, _ in overlapping + [o for o in others if o not in overlapping]:
