@@ -34,9 +34,10 @@ TRIAL_CANDIDATES = 2
 TRIAL_LOG = "train"
 TRIAL_OVERRIDES = LaunchOverrides(
     added=("--train-iters", str(TRIAL_ITERATIONS), "--eval-iters", "0", "--log-interval", "1", "--log-throughput"),
-    removed=frozenset({"--save", "--save-interval", "--non-persistent-save-interval", "--load", "--pretrained-checkpoint",
-                       "--train-samples", "--lr-decay-samples", "--lr-warmup-samples", "--lr-wsd-decay-samples",
-                       "--rampup-batch-size", "--exit-interval", "--exit-duration-in-mins", "--eval-interval"}),
+    removed=frozenset({"--save", "--save-interval", "--non-persistent-save-interval", "--load",
+                       "--pretrained-checkpoint", "--train-samples", "--lr-decay-samples", "--lr-warmup-samples",
+                       "--lr-wsd-decay-samples", "--rampup-batch-size", "--exit-interval", "--exit-duration-in-mins",
+                       "--eval-interval"}),
     log_name=TRIAL_LOG,
 )
 """What a trial's launch changes: TRIAL_ITERATIONS iterations, every one logged with its throughput, no

@@ -183,8 +183,8 @@ def cells_of_docs(docs: Iterable[dict]) -> tuple[Cell, ...]:
 
 
 def _cells(docs: Iterable[CellDoc]) -> tuple[Cell, ...]:
-    return tuple(Cell(d.mechanism, frozenset(d.key.items()), tuple((n, lo, hi) for n, (lo, hi) in sorted(d.ranges.items())),
-                      tuple(d.runs)) for d in docs)
+    return tuple(Cell(d.mechanism, frozenset(d.key.items()),
+                      tuple((n, lo, hi) for n, (lo, hi) in sorted(d.ranges.items())), tuple(d.runs)) for d in docs)
 
 
 def load_uncertainty(path: Path = UNCERTAINTY_YAML) -> Uncertainty:

@@ -466,10 +466,11 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: 
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
     if result.evidence:
-        cells = (list(user_region((str(out / EVIDENCE_YAML),)).cells) if path_kind(out / EVIDENCE_YAML, "--out") == "file"
-                 else []) + list(cells_of_docs(result.evidence))
-        files[EVIDENCE_YAML] = ("# Conditions measured on this cluster, written by `cli.py calibrate` (planner/uncertainty.py "
-                                "reads it from --profiles DIR).\n"
+        have = out / EVIDENCE_YAML
+        cells = list(user_region([str(have)]).cells) if path_kind(have, "--out") == "file" else []
+        cells += cells_of_docs(result.evidence)
+        files[EVIDENCE_YAML] = ("# Conditions measured on this cluster, written by `cli.py calibrate` "
+                                "(planner/uncertainty.py reads it from --profiles DIR).\n"
                                 + yaml.safe_dump({"cells": [c.to_doc() for c in Region.of(cells).cells]},
                                                  sort_keys=False, width=120))
     files["calibration_report.json"] = json_text(result.report)

@@ -2,14 +2,17 @@
 
     python -m planner.calibration.report            # table, targets, pairs, memory (shipped corrections)
     python -m planner.calibration.report --loo      # plus leave-one-row-out errors (refits per row)
-    python -m planner.calibration.report --loso     # plus leave-one-source-out errors (refits per source)
+    python -m planner.calibration.report --loso     # plus leave-one-source-out errors and the held-out range
     python -m planner.calibration.report --write    # refit; rewrite profiles/corrections.yaml and uncertainty.yaml
     python -m planner.calibration.report --json     # the same figures as one JSON object
 
 Errors are signed, in percent of the measured value of the row's own metric (a negative error on a
 TFLOP/s row means the prediction is too slow).  Leave-one-row-out (LORO, `--loo`) refits without the row;
 leave-one-source-out (LOSO, `--loso`) refits without every row of the row's source (runs/`source_key`: one
-publication and software stack), which is the error to expect on a run from a stack the fit never saw.  The one-liner is calibration/README.md's bar:
+publication and software stack), which is the error to expect on a run from a stack the fit never saw.  With
+`--loso` the report also prices every row with its source left out of everything (corrections, uncertainties,
+extrapolation factor, evidence region: planner/calibration/uncertainty.py `held_out_coverage`) and says how often
+the range holds the measurement, and how wide it is, per source.  The one-liner is calibration/README.md's bar:
 iteration time = Megatron's model FLOPs / (GPUs x dense BF16 peak x 0.45).  MFU is Megatron's model FLOPs
 over (seconds x summed dense BF16 peak of every GPU).
 """

@@ -64,8 +64,8 @@ class RangeEnd(CostModel):
         hit = self._part_factors.get(key)
         if hit is None:
             conditions = stage_conditions(self, g, device_type, dp, recompute)
-            hit = self._part_factors[key] = {part: self._multiplier(conditions[m]) for part, m in MECHANISM_OF_PART.items()
-                                             if m in conditions}
+            hit = self._part_factors[key] = {part: self._multiplier(conditions[m])
+                                             for part, m in MECHANISM_OF_PART.items() if m in conditions}
         return hit
 
     def stage_core(self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,

@@ -134,7 +134,8 @@ def trials_json(trials, why: str) -> dict[str, Any]:
     its launcher and where that launcher writes its log, and `trials_why`."""
     return {"trials_why": why, "trials": [{
         "name": t.name, "role": t.role, "why": t.why, "plan": plan_json(t.plan),
-        "iteration_time_s": t.cost.iteration_time_s, "iteration_time_range_s": [t.time_range.low_s, t.time_range.high_s],
+        "iteration_time_s": t.cost.iteration_time_s,
+        "iteration_time_range_s": [t.time_range.low_s, t.time_range.high_s],
         **({"evidence": t.time_range.evidence.to_json()} if t.time_range.evidence else {}),
         "launch": f"trials/{t.name}/launch.sh", "log": f"trials/{t.name}/{TRIAL_LOG}-<host>.log",
     } for t in trials]}
