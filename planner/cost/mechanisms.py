@@ -14,11 +14,11 @@ near the range the runs cover (planner/uncertainty.py `Region`).  The axes, per 
     attention         device family                                          sequence per CP rank
     expert_gemm       device family, precision recipe, routing               tokens per expert, local experts
     memory_bound      device family                                          -
-    expert_dispatch   device, dispatcher/backend, EP inside/across nodes,    -
-                      routing (forced balance or real)
-    collectives       device, TP inside/across nodes, DP inside/across       -
-    pipeline_sends    devices of the two stages, link (inside/across nodes),  -
-                      schedule (1F1B or interleaved)
+    expert_dispatch   device, dispatcher/backend, EP inside/across nodes     GB/s between nodes (across nodes)
+                      and over which link kind, routing (forced or real)
+    collectives       device, TP and DP inside/across nodes, link kinds      GB/s between nodes (across nodes)
+    pipeline_sends    devices of the two stages, inside/across nodes, link   GB/s between nodes (across nodes)
+                      kind, schedule (1F1B or interleaved)
     host              device family                                          -
     recompute         recompute granularity                                  -
 
@@ -64,12 +64,12 @@ MECHANISMS: tuple[Mechanism, ...] = (
               "{dispatcher} dispatch with EP {ep} on {device}, {routing}"),
     Mechanism("collectives", "TP/CP/DP collectives", ("tp_comm", "cp_comm", "fsdp_comm", "dp_sync"),
               ("all_reduce", "all_gather", "reduce_scatter"),
-              "TP/CP/DP collectives on {device} (TP {tp}, DP {dp})"),
+              "TP/CP/DP collectives on {device}: TP {tp}, DP {dp}"),
     Mechanism("pipeline_sends", "pipeline sends", ("pp_comm",), ("p2p",),
               "{schedule} pipeline sends {link} between {devices}"),
     Mechanism("host", "host overhead", ("host_overhead", "iteration_overhead"),
               ("host_overhead", "iteration_overhead"), "host overhead on {device}"),
-    Mechanism("recompute", "recomputed forward", ("recompute",), (), "{recompute} recompute"),
+    Mechanism("recompute", "recomputed forward", ("recompute",), (), "recomputed forward ({recompute} recompute)"),
 )
 """Every mechanism (a test checks that each time part and each time correction kind belongs to exactly one)."""
 BY_NAME: dict[str, Mechanism] = {m.name: m for m in MECHANISMS}
@@ -97,17 +97,42 @@ class Conditions:
     numbers: tuple[tuple[str, float], ...] = ()
 
     def words(self) -> str:
-        """The conditions as a user reads them: "DeepEP dispatch with EP across nodes on H100, real routing"."""
+        """The conditions as a user reads them: "DeepEP dispatch with EP across nodes (infiniband) on H100, real
+        routing, 50 GB/s between nodes"."""
         return conditions_words(self.mechanism, dict(self.key), {n: f"{v:.0f}" for n, v in self.numbers})
 
 
+BETWEEN_NODES = "GB/s between nodes"
+"""The numeric axis of communication across nodes: the inter-node link's bandwidth (a cluster file may set it)."""
+
+
 def conditions_words(mechanism: str, key: dict[str, str], numbers: dict[str, str]) -> str:
-    """A mechanism's conditions in words, numeric axes given as text (a value, or a range of values)."""
-    return BY_NAME[mechanism].conditions.format(**key, **numbers)
+    """A mechanism's conditions in words, numeric axes given as text (a value, or a range of values); those its
+    format does not name follow it."""
+    template = BY_NAME[mechanism].conditions
+    text = template.format(**key, **numbers)
+    extra = [f"{v} {n}" for n, v in numbers.items() if "{" + n + "}" not in template]
+    return ", ".join([text] + extra)
+
+
+def _node_links(cost, device_type: str):
+    """(intra-node, inter-node) link of a device type's nodes on the cluster (its overrides applied); a pooled
+    type's limiting member's."""
+    try:
+        return cost.profiles.group_links(cost.cluster.group_of(device_type))
+    except KeyError:
+        dev = cost.device(device_type)
+        return dev.intra_node, dev.inter_node
 
 
 def _placement(link) -> str:
-    return "inside a node" if link.inter is None else "across nodes"
+    return f"inside a node ({link.intra.kind})" if link.inter is None else f"across nodes ({link.inter.kind})"
+
+
+def _between_nodes(*links) -> tuple[tuple[str, float], ...]:
+    """The bandwidth axis when some of `links` (LinkChoice) cross nodes."""
+    crossing = [link.inter.bandwidth_gb_per_s for link in links if link.inter is not None]
+    return ((BETWEEN_NODES, min(crossing)),) if crossing else ()
 
 
 def precision_recipe(training) -> str:
@@ -147,9 +172,10 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
                    (("tokens_per_expert", per_expert), ("local_experts", float(experts)))),
         Conditions("memory_bound", (fam,)),
         Conditions("expert_dispatch", (("dispatcher", dispatcher_words(model)), ("ep", _placement(links.ep)), dev,
-                                       routed)),
+                                       routed), _between_nodes(links.ep)),
         Conditions("collectives", (("tp", _placement(links.tp) if g.tp > 1 else "none"),
-                                   ("dp", _placement(links.dp) if g.cp * dp > 1 else "none"), dev)),
+                                   ("dp", _placement(links.dp) if g.cp * dp > 1 else "none"), dev),
+                   _between_nodes(*([links.tp] if g.tp > 1 else []), *([links.dp] if g.cp * dp > 1 else []))),
         Conditions("host", (fam,)),
         Conditions("recompute", (("recompute", recompute.granularity),)),
     ]
@@ -160,8 +186,13 @@ def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
     """The conditions of the pipeline sends between a stage of `a_type` (DP `a_dp`) and the next.  A stage owns
     TP x CP x DP consecutive ranks (Megatron's order), so a send stays inside a node only when the whole
     pipeline fits in one node."""
-    devices = a_type if a_type == b_type else f"{a_type} and {b_type}"
-    width = g.tp * g.cp * a_dp
-    inside = a_type == b_type and g.pp * width <= cost.gpus_per_node(a_type)
-    return Conditions("pipeline_sends", (("devices", devices), ("link", "inside a node" if inside else "across nodes"),
-                                         ("schedule", "interleaved" if g.vpp > 1 else "1F1B")))
+    schedule = ("schedule", "interleaved" if g.vpp > 1 else "1F1B")
+    if a_type != b_type:
+        link = cost.profiles.cross_link(a_type, b_type, cost.cluster)
+        return Conditions("pipeline_sends", (("devices", f"{a_type} and {b_type}"), ("link", f"across nodes "
+                          f"({link.kind})"), schedule), ((BETWEEN_NODES, link.bandwidth_gb_per_s),))
+    intra, inter = _node_links(cost, a_type)
+    if g.pp * g.tp * g.cp * a_dp <= cost.gpus_per_node(a_type):
+        return Conditions("pipeline_sends", (("devices", a_type), ("link", f"inside a node ({intra.kind})"), schedule))
+    return Conditions("pipeline_sends", (("devices", a_type), ("link", f"across nodes ({inter.kind})"), schedule),
+                      ((BETWEEN_NODES, inter.bandwidth_gb_per_s),))
