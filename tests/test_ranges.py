@@ -233,6 +233,23 @@ def test_estimate_states_the_range_and_marks_a_stage_near_its_usable_memory():
     assert f"{worst['capacity_gib'] * (1 - h):.1f}" in text  # usable memory, unrounded to whole GiB
 
 
+def test_estimate_says_what_the_range_rests_on():
+    """estimate --json: `evidence` {extrapolated, unmeasured} (dispatch inside an H800 node: no calibration run
+    measured it) and, per mechanism, what its uncertainty alone adds at the top, which together make the top of
+    the range (to first order: within 5%); the text says it in one line."""
+    args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:32", "--tp", "2", "--pp", "4", "--ep", "4"]
+    d = json.loads(_invoke(args + ["--json"]).stdout)
+    ev = d["evidence"]
+    assert ev["extrapolated"] is True and all(isinstance(u, str) for u in ev["unmeasured"])
+    assert any(u.startswith("alltoall dispatch with EP inside a node (nvlink) on H800") for u in ev["unmeasured"]), ev
+    lo, hi = d["iteration_time_range_s"]
+    added = sum(d["range_by_mechanism_s"].values())
+    assert added == pytest.approx(hi - d["iteration_time_s"], rel=0.05)
+    assert list(d["range_by_mechanism_s"].values()) == sorted(d["range_by_mechanism_s"].values(), reverse=True)
+    text = " ".join(_invoke(args).output.split())  # the terminal wraps lines
+    assert "evidence: EXTRAPOLATED" in text and "alltoall dispatch with EP inside a node" in text
+
+
 MODEL = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings "
          "4096 --global-batch-size 64 --vocab-size 32000 --bf16 --micro-batch-size 1")
 
