@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.profile_tables import TIME_CORRECTION_KINDS
+from planner.schemas.cluster import pool_members
 from planner.schemas.plan import Recompute
 
 FP8_KINDS = ("fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8")
@@ -84,7 +85,9 @@ DEVICE_FAMILIES: dict[str, str] = {
 
 
 def device_family(device_type: str) -> str:
-    return DEVICE_FAMILIES.get(device_type, device_type)
+    """The family of a device type; a pooled type's ("H100+H200") when its members share one."""
+    families = {DEVICE_FAMILIES.get(m, m) for m in pool_members(device_type)}
+    return families.pop() if len(families) == 1 else device_type
 
 
 @dataclass(frozen=True)
