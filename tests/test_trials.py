@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,6 +27,7 @@ from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Plan
 from planner.trials import TRIAL_CANDIDATES, TRIAL_ITERATIONS, trial_reasons
 
+from helpers.megatron import NEEDS_MEGATRON, validate
 from helpers.synthetic_log import megatron_log
 
 RUNNER = CliRunner()
@@ -154,6 +156,19 @@ def test_the_loop_re_picks_when_the_perturbation_should_change_the_pick(solved, 
 
     assert truth_s(again["plan"]) <= 1.03 * truth_s(best["plan"])
     assert truth_s(again["plan"]) < truth_s(payload["plan"])
+
+
+@pytest.mark.slow
+@NEEDS_MEGATRON
+def test_megatron_accepts_every_trial_launch(solved):
+    """Megatron's own validator (parse_args, validate_args, the config, the micro-batch calculator) accepts each
+    trial's flags: --train-iters beside the run's own schedule flags, no --save or --load."""
+    payload, out = solved
+    cases = [{"name": t["name"], "argv": shlex.split((out / "trials" / t["name"] / "megatron_args.txt").read_text()),
+              "world_size": t["plan"]["world_size"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+             for t in payload["trials"]]
+    verdicts = validate(cases)
+    assert all(v["ok"] for v in verdicts.values()), verdicts
 
 
 def _range(low: float, high: float, extrapolated: bool = False) -> TimeRange:
