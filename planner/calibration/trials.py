@@ -85,10 +85,13 @@ def _measured(d: Path) -> tuple[float, str, int] | None:
     without one."""
     best = None
     for log in sorted(d.glob("*.log")):
-        parsed = parse_megatron_log(log)
-        if not parsed.it_number:
-            continue
-        m = measurement_from_log(parsed, TRIAL_SKIP, choose_run(parsed, None))
+        try:
+            parsed = parse_megatron_log(log)
+            if not parsed.it_number:
+                continue
+            m = measurement_from_log(parsed, TRIAL_SKIP, choose_run(parsed, None))
+        except PlannerInputError as exc:  # named for --megatron-log; here the log is a trial's
+            raise PlannerInputError("--trials", f"{log}: {str(exc).split(': ', 1)[-1]}") from None
         if best is None or m.steady_iterations > best[2]:
             best = (m.iteration_time_s, str(log), m.steady_iterations)
     return best
