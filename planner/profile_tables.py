@@ -189,6 +189,7 @@ class _Builder:
     correction_files: list[FileRecord] = field(default_factory=list)
     cluster_dirs: list[Path] = field(default_factory=list)
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
+    evidence_files: list[str] = field(default_factory=list)  # evidence.yaml of --profiles dirs (planner/uncertainty.py)
     runtimes: dict[str, RuntimeSupport] = field(default_factory=dict)
     probes: dict[str, VendorProbe] = field(default_factory=dict)
     reported_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -296,8 +297,9 @@ class _Builder:
         self.runtime_files.append(FileRecord(_display(path), _sha256(path)))
 
     def add_dir(self, root: Path, field_name: str) -> None:
-        """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/.  Other
-        files (profile_report.json, calibration_report.json, ...) are not read."""
+        """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/, and note its
+        evidence.yaml (the conditions its calibration measured).  Other files (profile_report.json,
+        calibration_report.json, ...) are not read."""
         if not root.is_dir():
             raise PlannerInputError(field_name, f"{root} is not a directory")
         files = sorted((root / "devices").glob("*.yaml")) if (root / "devices").is_dir() else []
@@ -312,6 +314,8 @@ class _Builder:
             self.user_files.append(str(root / "corrections.yaml"))
         if (root / "runtimes.yaml").is_file():
             self.add_runtimes_file(root / "runtimes.yaml", field_name)
+        if (root / "evidence.yaml").is_file():  # measured conditions, read by planner/uncertainty.py user_region
+            self.evidence_files.append(str(root / "evidence.yaml"))
         if (root / "clusters").is_dir():
             self.cluster_dirs.append(root / "clusters")
 
@@ -335,6 +339,7 @@ class ProfileSet:
         self._correction_files = tuple(builder.correction_files)
         self.cluster_dirs: tuple[Path, ...] = tuple(builder.cluster_dirs)
         self.user_files: tuple[str, ...] = tuple(builder.user_files)  # read from --profiles directories
+        self.evidence_files: tuple[str, ...] = tuple(builder.evidence_files)
         self._runtimes = dict(builder.runtimes)
         self._probes = dict(builder.probes)
         self._reported_names = dict(builder.reported_names)

@@ -34,6 +34,7 @@ from planner.calibration.router_stats import RouterStats, load_router_stats
 from planner.cli_common import json_text
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
+from planner.cost.ranges import EVIDENCE_MIN_SHARE, RangeModel
 from planner.errors import PlannerInputError
 from planner.inputs.files import load_document, path_kind
 from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
@@ -42,6 +43,7 @@ from planner.profile_tables import (
 )
 from planner.sanity import check_prediction
 from planner.schemas.device import Provenance
+from planner.uncertainty import EVIDENCE_YAML, Region, cell_of, cells_of_docs, user_region
 from planner.units import GIB_BYTES
 
 TIME_KINDS = TIME_CORRECTION_KINDS
@@ -186,6 +188,14 @@ def read_router_stats(router_stats: str | Path | None, instrument_dir: str | Pat
 class CalibrationResult:
     corrections: list[dict[str, Any]]
     report: dict[str, Any]
+    evidence: list[dict[str, Any]] = field(default_factory=list)  # cells of the measured run(s), evidence.yaml
+
+
+def evidence_cells(run: Any, cluster: Any, plan: Any, profiles: Any, run_id: str) -> list[dict[str, Any]]:
+    """The conditions a measured run puts each mechanism in (those carrying at least EVIDENCE_MIN_SHARE of its
+    time), as evidence.yaml cells: what `--profiles DIR` then counts as measured (planner/uncertainty.py)."""
+    rm = RangeModel(run.model, run.training, cluster, profiles)
+    return [cell_of(c, run_id).to_doc() for c, share in rm.shares(plan).items() if share >= EVIDENCE_MIN_SHARE]
 
 
 def stage_of_rank(rank: int, ranks_per_stage: int, num_stages: int) -> int | None:
@@ -243,7 +253,8 @@ def calibrate(
                                                      "(iteration, layer) samples"}})
     fitted = {"device_factors": device_factors, "global_factor": global_factor, "moe_imbalance_factor": imbalance}
     report = _report(measurement, run, before, after, stage_rows, mem_diff, fitted)
-    return CalibrationResult(corrections=corrections, report=report)
+    evidence = evidence_cells(run, cluster, plan, profiles, f"{measurement.source} ({measurement.date})")
+    return CalibrationResult(corrections=corrections, report=report, evidence=evidence)
 
 
 def _stage_ranks(per_rank: dict[int, float], stage: int, ranks_per_stage: int, num_stages: int) -> list[int]:
@@ -429,9 +440,10 @@ def loader_accepts(kind: str) -> bool:
 
 def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: bool = False,
                       inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write DIR/corrections.yaml (entries of other devices already there are kept),
-    DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
-    factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
+    """Write DIR/corrections.yaml (entries of other devices already there are kept), DIR/evidence.yaml (the
+    measured conditions, added to those already there) and DIR/calibration_report.json.  An entry kind the
+    loader does not accept yet (the imbalance factor) goes to DIR/moe_imbalance.yaml instead, so
+    `--profiles DIR` keeps loading."""
     out = Path(out_dir)
     path = out / "corrections.yaml"
     keep: list[dict[str, Any]] = []
@@ -453,6 +465,14 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: 
             "# Entries the profile loader does not accept yet; pass the factor as\n"
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
+    if result.evidence:
+        have = out / EVIDENCE_YAML
+        cells = list(user_region([str(have)]).cells) if path_kind(have, "--out") == "file" else []
+        cells += cells_of_docs(result.evidence)
+        files[EVIDENCE_YAML] = ("# Conditions measured on this cluster, written by `cli.py calibrate` "
+                                "(planner/uncertainty.py reads it from --profiles DIR).\n"
+                                + yaml.safe_dump({"cells": [c.to_doc() for c in Region.of(cells).cells]},
+                                                 sort_keys=False, width=120))
     files["calibration_report.json"] = json_text(result.report)
     return write_files(out, files, "--out", CALIBRATE_OUTPUT, force=force, inputs=inputs)
 

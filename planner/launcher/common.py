@@ -140,6 +140,18 @@ def effective_model(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, list[FlagI
     return model, []
 
 
+@dataclass(frozen=True)
+class LaunchOverrides:
+    """What a launch changes beyond the plan (a short trial: `solve --out DIR` writes DIR/trials/): flags
+    added on top of the plan's and the user's (`added`), flags of the user's dropped with their values
+    (`removed`), and the file each host copies the launch's output to (`log_name`: launch.sh's directory,
+    `<log_name>-<host>.log`)."""
+
+    added: tuple[str, ...] = ()
+    removed: frozenset[str] = frozenset()
+    log_name: str | None = None
+
+
 @dataclass
 class LaunchFlags:
     """The flags of a launch: what the user's command passes (`user_argv`), what the plan applies
@@ -161,17 +173,19 @@ def launch_flags(
     plan_items: list[FlagItem],
     script: LauncherScript | None,
     extra_items: Sequence[FlagItem] = (),
+    removed: Iterable[str] = (),
 ) -> LaunchFlags:
     """All flags for the entry script.  With a script: the script's own flags (plus the CLI
     overrides it was planned with), minus the flags the plan decides, plus the plan's flags.
-    Without: the run's model/training flags and its passthrough flags, then the plan's."""
+    Without: the run's model/training flags and its passthrough flags, then the plan's.  `extra_items`
+    are applied like the plan's; `removed` flags are dropped from the user's without replacement."""
     notes: list[str] = []
     overrides = group_flag_items(list(getattr(script, "extra_flags", []) or [])) if script is not None else []
     planned = {i.name for i in [*extra_items, *plan_items]}
     # the plan's flags replace the user's: a decided flag given with --megatron-args is not written twice
     overrides = [o for o in overrides if o.name not in planned and o.name not in PLAN_DECIDED_FLAGS]
     applied = [*overrides, *extra_items, *plan_items]
-    decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied})
+    decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied} | set(removed))
     generated: list[FlagItem] = []
     if script is not None:
         user_argv = list(script.megatron_flags)

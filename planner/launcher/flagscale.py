@@ -23,6 +23,7 @@ from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     Agent,
     FlagItem,
+    LaunchOverrides,
     args_file_text,
     effective_model,
     group_flag_items,
@@ -349,7 +350,7 @@ def refuse_what_flagscale_refuses(items: list[FlagItem]) -> None:
 
 def flagscale_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
-    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None, overrides: LaunchOverrides = LaunchOverrides(),
 ) -> dict[str, str]:
     """{relative path: text} for the flagscale runtime; refuses (PlannerInputError) a plan
     FlagScale cannot run, with the reason.  A job over several vendors communicates through FlagCX
@@ -366,7 +367,8 @@ def flagscale_files(
     agents = place_agents(plan, cluster, hosts)
     cross_vendor = len({profiles.vendor(s.device_type).lower() for s in plan.stages}) > 1
     plan_items, sections = flagscale_plan_items(plan, model, meshes, cross_vendor)
-    flags = launch_flags(run, model, plan_items + rule_items, script)
+    flags = launch_flags(run, model, plan_items + rule_items, script, group_flag_items(list(overrides.added)),
+                         overrides.removed)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
@@ -395,6 +397,7 @@ def flagscale_files(
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
         refs=flags.refs,
+        log_name=overrides.log_name,
     )
     items = group_flag_items(flags.final)
     refuse_what_flagscale_refuses(items)

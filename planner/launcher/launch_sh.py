@@ -77,6 +77,7 @@ class LaunchSpec:
     node_checks: dict[str, NodeCheck] = field(default_factory=dict)  # device type -> how to check a node
     real_hosts: bool = False  # host names from --hosts (else the template's): SLURM placement is emitted
     refs: list[str] = field(default_factory=list)  # variables the plan's flags refer to (${NAME}): checked set
+    log_name: str | None = None  # copy this host's output to HAPMOE_DIR/<log_name>-<host>.log (LaunchOverrides)
 
 
 def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, NodeCheck]:
@@ -110,6 +111,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     """The bash functions that apply the plan at the launch statement."""
     lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
     lines += _dry_run_and_decided(spec)
+    lines += _log_lines(spec)
     lines += dry_run_stubs(spec)
     lines += _refs_function(spec)
     lines += _agent_function(spec)
@@ -511,6 +513,23 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
         "               else echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2; fi ;;",
         "        esac",
         "    fi",
+    ]
+
+
+def _log_lines(spec: LaunchSpec) -> list[str]:
+    """With `log_name`: everything the launch prints on this host also goes to one log beside launch.sh (not
+    under --dry-run), whose path is printed first."""
+    if spec.log_name is None:
+        return []
+    name = sh_quote(spec.log_name)
+    return [
+        "",
+        "# One log per host beside launch.sh: what `cli.py calibrate --trials` reads.",
+        'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
+        f'    HAPMOE_LOG="$HAPMOE_DIR/"{name}"-$(hostname -s).log"',
+        '    echo "launch.sh: this host\'s output goes to $HAPMOE_LOG too" >&2',
+        '    exec > >(tee "$HAPMOE_LOG") 2>&1',
+        "fi",
     ]
 
 

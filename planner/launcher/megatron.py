@@ -18,6 +18,7 @@ from planner.launcher.common import (
     DEFAULT_MASTER_PORT,
     MEGATRON_ENTRY,
     FlagItem,
+    LaunchOverrides,
     args_file_text,
     effective_model,
     group_flag_items,
@@ -61,7 +62,7 @@ def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
 
 def megatron_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
-    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None, overrides: LaunchOverrides = LaunchOverrides(),
 ) -> dict[str, str]:
     """{file name: text} for the megatron runtime; refuses (PlannerInputError) a plan upstream
     Megatron cannot run, with the reason: one its rules refuse, or one whose devices span vendors."""
@@ -75,7 +76,8 @@ def megatron_files(
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     agents = place_agents(plan, cluster, hosts)
-    flags = launch_flags(run, model, megatron_plan_items(plan, model) + rule_items, script)
+    flags = launch_flags(run, model, megatron_plan_items(plan, model) + rule_items, script,
+                         group_flag_items(list(overrides.added)), overrides.removed)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
@@ -96,6 +98,7 @@ def megatron_files(
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
         refs=flags.refs,
+        log_name=overrides.log_name,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)
     return {

@@ -60,12 +60,13 @@ PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json"
               "memory.json", "placement_vs_yours.png", "placement_vs_yours.json", "summary.md")
 PLAN_OUTPUT = OutputKind("plan", "solve --out", "plan",
                          ("plan.json", "inputs.json", "summary.md", "launch/launch.sh", "launch/megatron_args.txt",
-                          "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md")))
+                          "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md"),
+                          "trials/pick/launch.sh", "trials/pick/plan.json"))
 PLOTS_OUTPUT = OutputKind("pictures", "--plot", "plots", PLOT_FILES, has_force=False)
 LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"))
 PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", ("profile_report.json",))
 CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
-                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml"))
+                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml"))
 BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
                           ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
 

@@ -596,7 +596,8 @@ class BendersSearch:
             backend="cpsat", notes=self.notes, pruning=self.pruning, pruned_space_optimal=proven,
             pruned_lower_bound_s=None if searched_us is None else min(cap, searched_us * 1e-6), configs_pruned_cp=cp,
             timed_out=self.timed_out and not proven,
-            quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=self.stats)
+            quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=self.stats,
+            runners_up=self.cands[self.settings.top_k:])
 
     def _finish_stats(self, best: Candidate, searched_us: float | None, proven: bool) -> None:
         st = self.stats
