@@ -288,8 +288,8 @@ def _qkv_width(model: ModelSpec) -> int:
 
 
 def _glu(model: ModelSpec) -> int:
-    """Up-projection outputs per FFN column: 2 with SwiGLU (gate and up), else 1."""
-    return 2 if model.swiglu else 1
+    """Up-projection outputs per FFN column: 2 with a gated MLP (gate and up: --swiglu, --quick-geglu), else 1."""
+    return 2 if model.gated_linear_unit else 1
 
 
 def _memory_pass_s(x: _LayerInputs, elements_per_token: float) -> float:
