@@ -111,6 +111,37 @@ def test_ep_overlap_hides_dispatch_but_never_all_of_it():
     assert hidden.ep_fwd_s + hidden.ep_bwd_s >= 0.1 * (plain.ep_fwd_s + plain.ep_bwd_s) - 1e-12
 
 
+# ------------------------------------------------------------------ grouped GEMM roofline
+
+
+def test_replicated_experts_weight_gradient_is_memory_bound():
+    """128 local experts with 512 tokens each (EP1, gpt-oss-like on B200): the weight-gradient pass reads and writes
+    every local expert's FP32 main gradient, 8 bytes per weight, at 2 x 512 / 8 = 128 FLOP per byte, below B200's
+    ridge; so the experts' backward takes at least that traffic over HBM, more than twice the forward.  With EP8 (16
+    local experts, 4096 tokens each) the same tokens stay compute-bound: backward = 2 x forward, as dense GEMMs."""
+    from planner.cost.layer import MAIN_GRAD_BYTES, LayerShape, _compute_parts, _layer_inputs
+    oss = ("--num-layers 2 --hidden-size 2880 --ffn-hidden-size 2880 --num-attention-heads 64 --group-query-attention "
+           "--num-query-groups 8 --kv-channels 64 --quick-geglu --normalization RMSNorm --vocab-size 201088 "
+           "--num-experts 128 --moe-router-topk 4 --moe-ffn-hidden-size 2880 --moe-grouped-gemm "
+           "--moe-router-force-load-balancing --moe-token-dispatcher-type alltoall --seq-length 4096 "
+           "--max-position-embeddings 4096 --micro-batch-size 4 --bf16")
+    cm = _cost(oss, "B200:8", gbs=32)[0]
+
+    def experts(ep: int):
+        shape = LayerShape(tp=1, cp=1, ep=ep, etp=1, micro_batch_size=4, seq_length=4096, sequence_parallel=False,
+                           imbalance=1.0)
+        x = _layer_inputs(cm.model, cm.training, is_moe=True, shape=shape, kernels=cm.kernels("B200"),
+                          links=cm.group_links("B200", tp=1, cp=1, dp=8, ep=ep, etp=1))
+        assert x.dispatch.tokens_per_expert == 4 * 4096 * 4 * ep / 128
+        return _compute_parts(x)
+
+    replicated, sharded = experts(1), experts(8)
+    wgrad_traffic_s = cm.kernels("B200").memory_s(128 * 3 * 2880 * 2880 * MAIN_GRAD_BYTES)
+    assert replicated.expert_gemm_bwd > 2 * replicated.expert_gemm
+    assert replicated.expert_gemm_bwd >= wgrad_traffic_s > replicated.expert_gemm
+    assert sharded.expert_gemm_bwd == pytest.approx(2 * sharded.expert_gemm, rel=1e-12)
+
+
 # ------------------------------------------------------------------ routing
 
 

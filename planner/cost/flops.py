@@ -116,8 +116,9 @@ def parameter_counts(model: ModelSpec) -> dict[str, float]:
     """Parameter counts (whole model, unsharded), as Megatron builds the model on one GPU: attention (with the
     layer's two norms, QK norms and biases), dense MLP, routed experts, shared experts (with their gate), router,
     word embeddings (vocabulary padded to a multiple of make_vocab_size_divisible_by) and output layer, learned
-    position embeddings, the final norm, and the MTP layers (the per-layer entries are the decoder's layers only).  A gated MLP (`--swiglu`, `--quick-geglu`) has three matrices and a doubled FC1
-    bias.  tests/test_megatron_params.py checks the total against the model Megatron itself builds
+    position embeddings, the final norm, and the MTP layers (the per-layer entries are the decoder's layers only).
+    A gated MLP (`--swiglu`, `--quick-geglu`) has three matrices and a doubled FC1 bias.
+    tests/test_megatron_params.py checks the total against the model Megatron itself builds
     (tools/megatron_params.py) for every preset, the HuggingFace configs and the calibration runs' models."""
     h = model.hidden_size
     glu_mats = 3 if model.gated_linear_unit else 2
