@@ -95,6 +95,34 @@ def test_flex_sends_a_token_once_per_node_not_once_per_expert():
     assert remote_nodes == pytest.approx(3 * (1 - comb(96, 8) / comb(128, 8)))
 
 
+def test_deepep_is_priced_per_link_from_its_own_published_tables():
+    """EP8 inside one H800 node: DeepEP's dispatch and combine run at DeepEP's published intranode figures (153 and
+    158 GB/s on H800's 200 GB/s NVLink, profiles/published/dispatch.csv), with no fitted factor: the bytes are this
+    GPU's token copies for the other 7 ranks a token's experts live on.  Across nodes (EP32 on H100, 4 nodes) the
+    RDMA leg runs at the RDMA rows' own figures (43.7 GB/s dispatch, BF16; combine at the 50 GB/s NIC), the NVLink leg
+    at the NVLink rows' (UCCL-EP on H200: 320 of 450), each leg its own, not one factor for both."""
+    from planner.cost.dispatch import _flex_comm_s, dispatch_table
+    par = ("--tensor-model-parallel-size 1 --expert-model-parallel-size 8 --moe-token-dispatcher-type flex "
+           "--moe-flex-dispatcher-backend deepep --micro-batch-size 1")
+    layer = _layer(f"{MOE} {par}", "H800:8")
+    tokens, token_bytes = 4096, 4096 * 2
+    other_ranks = 8 * p_group_hit(128, 8, 8) - p_group_hit(128, 8, 8)
+    nvl_bytes = tokens * token_bytes * other_ranks
+    latency_s = 2e-6  # H800's NVLink latency per step (profiles/devices/H800.yaml)
+    expected = sum(latency_s + nvl_bytes / (gbps * 1e9) for gbps in (153, 158))
+    assert layer.ep_fwd_s == pytest.approx(expected, rel=1e-9)
+
+    cm = _cost(f"{MOE} {par.replace('-size 8', '-size 32')}", "H100:32")[0]
+    links = cm.group_links("H100", tp=1, cp=1, dp=32, ep=32, etp=1).ep
+    assert links.inter is not None and links.ranks_per_node == 8
+    assert dispatch_table("H100", "deepep", "infiniband", 32, "dispatch").efficiency == pytest.approx(43.7 / 50)
+    assert dispatch_table("H100", "deepep", "infiniband", 32, "combine").efficiency == 1.0
+    assert dispatch_table("H100", "deepep", "nvlink", 8, "dispatch").efficiency == pytest.approx(320 / 450)
+    remote_bytes = tokens * token_bytes * 3 * p_node_hit(cm.model, 4)
+    rdma_s = sum(10e-6 + remote_bytes / (gbps * 1e9) for gbps in (43.7, 50.0))
+    assert _flex_comm_s(cm.model, links, tokens, 32, 2, "H100") == pytest.approx(rdma_s, rel=1e-9)
+
+
 def test_allgather_dispatcher_gathers_over_tp_and_ep_even_with_ep1():
     """MoEAllGatherTokenDispatcher gathers over the TPxEP group: with EP 1 and ETP 8 it still moves tokens."""
     layer = _layer(f"{MOE} --tensor-model-parallel-size 8 --sequence-parallel --expert-model-parallel-size 1 "

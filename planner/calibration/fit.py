@@ -63,8 +63,6 @@ FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("gemm", SM90, fit_on="dense", why="dense GEMMs (cuBLAS) on SM90 against the MAMF-derived curve"),
     FitParam("dispatch_alltoall", NCCL_NODES, 0.3, 3.0,
              why="alltoall token dispatcher (NCCL all-to-all) on NVIDIA NVSwitch + InfiniBand nodes"),
-    FitParam("dispatch_flex", NCCL_NODES, 0.3, 3.0,
-             why="flex token dispatcher (DeepEP/HybridEP) on NVIDIA NVSwitch + InfiniBand nodes"),
     FitParam("fp8_tensorwise", SM90, 0.5, 3.0, why="per-tensor FP8 recipes (delayed, tensorwise) on SM90"),
     FitParam("fp8_blockwise", SM90, 0.5, 3.0, why="blockwise FP8 recipe on SM90"),
     FitParam("moe_imbalance_factor", ("*",), 1.0, 3.0, default=1.1,

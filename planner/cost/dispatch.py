@@ -14,7 +14,12 @@ moves the same bytes the other way):
   - `flex` (DeepEP / HybridEP): a token goes once per destination *rank* inside a node (NVLink), and once
     per destination *node* across nodes (RDMA), where it is forwarded over NVLink to the ranks that need it
     (DeepEP `get_dispatch_layout`: `is_token_in_rank`; internode kernels send over RDMA to the same-index
-    GPU of each target node).  RDMA and NVLink run concurrently: the time is the slower of the two.
+    GPU of each target node).  RDMA and NVLink run concurrently: the time is the slower of the two.  Each
+    leg runs at the bandwidth its backend reaches on that link kind in published dispatch and combine
+    benchmarks (profiles/published/dispatch.csv, `dispatch_table`), as a fraction of the benchmarked link's
+    rated bandwidth, applied to this cluster's link: DeepEP's and HybridEP's own figures where published
+    for the device, else another GPU-initiated EP kernel's on the same link kind, else the link's
+    all-to-all curve.
   - `allgather` (MoEAllGatherTokenDispatcher): all-gather of every token over the TPxEP group, then a
     reduce-scatter back; each rank keeps the tokens of its experts.
 * **ETP**: with expert tensor parallelism the received tokens are all-gathered over the ETP group before
@@ -29,11 +34,17 @@ when a capacity factor drops the excess.
 
 from __future__ import annotations
 
+import csv
+import math
+import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cost.communication import GroupLinks, LinkChoice, collective_s, link_bandwidth_share
 from planner.cost.curves import interpolate_efficiency
 from planner.cost.kernels import Kernels
+from planner.profile_tables import PROFILES_DIR
+from planner.schemas.device import LinkProfile
 from planner.schemas.model import ModelSpec
 from planner.units import GB_BYTES, US_S
 
@@ -176,27 +187,89 @@ class DispatchCost:
         return self.router_s + self.permute_s + self.comm_s + self.etp_s
 
 
-def _stream_s(link, nbytes: float) -> float:
-    """Streaming `nbytes` out of one GPU over `link` at its all-to-all efficiency (one latency)."""
+DISPATCH_CSV = PROFILES_DIR / "published" / "dispatch.csv"
+GPU_INITIATED_BACKENDS = ("deepep", "hybridep", "uccl-ep")
+"""EP kernels that drive the links from the GPU (DeepEP and its kin): where the run's own backend has no published
+figure on a link, another of these stands for what such kernels reach on it."""
+LINK_CLASSES = {"nvlink": "nvlink", "xgmi": "xgmi", "hccs": "hccs", "infiniband": "rdma", "roce": "rdma",
+                "ethernet": "rdma", "slingshot": "rdma"}
+"""LinkProfile.kind -> the link column of dispatch.csv (a NIC of any kind is `rdma`)."""
+
+
+@dataclass(frozen=True)
+class DispatchBandwidth:
+    """What a backend's dispatch (or combine) reaches on one link kind: a fraction of the link's rated per-GPU
+    bandwidth, at the per-rank buffer the benchmark moved, from the rows of dispatch.csv named in `rows`."""
+
+    efficiency: float
+    payload_bytes: float
+    rows: tuple[str, ...]
+
+
+@lru_cache(maxsize=1)
+def _dispatch_rows() -> tuple[dict[str, str], ...]:
+    with DISPATCH_CSV.open(newline="", encoding="utf-8") as fh:
+        return tuple(csv.DictReader(fh))
+
+
+@lru_cache(maxsize=None)
+def dispatch_table(device: str, backend: str, link_kind: str, ranks: int, direction: str) -> DispatchBandwidth | None:
+    """The published dispatch (or combine) bandwidth of `backend` on `link_kind` for `device` at `ranks` EP ranks:
+    its own rows (else another GPU-initiated backend's) that apply to the device, at the benchmarked EP size
+    nearest `ranks` (in log2), BF16 rows where there are any (Megatron dispatches BF16 tokens); the median of their
+    bandwidth over the benchmarked link's rated bandwidth, at most 1 (a figure above the link's rate counts bytes the
+    benchmark's own accounting adds, such as tokens kept on the node: the leg priced here is the link's).  None
+    where nothing was published."""
+    link = LINK_CLASSES.get(link_kind)
+    rows = [r for r in _dispatch_rows() if r["link"] == link and r["direction"] == direction
+            and device in r["applies_to"].split()]
+    own = [r for r in rows if r["backend"] == backend]
+    rows = own or [r for r in rows if r["backend"] in GPU_INITIATED_BACKENDS]
+    if not rows:
+        return None
+    nearest = min(abs(math.log2(int(r["ranks"]) / max(ranks, 1))) for r in rows)
+    rows = [r for r in rows if abs(math.log2(int(r["ranks"]) / max(ranks, 1))) == nearest]
+    rows = [r for r in rows if r["dtype"] == "bf16"] or rows
+    effs = [float(r["bandwidth_gb_per_s"]) / float(r["link_gb_per_s"]) for r in rows]
+    payload = statistics.median(int(r["tokens"]) * int(r["hidden"]) * 2 for r in rows)
+    return DispatchBandwidth(efficiency=min(1.0, statistics.median(effs)), payload_bytes=payload,
+                             rows=tuple(r["id"] for r in rows))
+
+
+def _stream_s(link: LinkProfile, nbytes: float, table: DispatchBandwidth | None = None) -> float:
+    """Streaming `nbytes` out of one GPU over `link` (one latency): at the published dispatch bandwidth `table`
+    (scaled down for smaller buffers as the link's all-to-all curve falls from the benchmarked buffer), else at
+    the link's all-to-all efficiency."""
     if nbytes <= 0:
         return 0.0
-    eff = interpolate_efficiency(link.efficiency["all_to_all"], nbytes)
-    share = link_bandwidth_share(link, "all_to_all", 8)
+    curve = link.efficiency["all_to_all"]
+    eff = interpolate_efficiency(curve, nbytes)
+    if table is not None:
+        eff = table.efficiency * min(1.0, eff / interpolate_efficiency(curve, table.payload_bytes))
+    share = link_bandwidth_share(link, "all_to_all", 8) if table is None else 1.0
     return link.latency_us * US_S + nbytes / (link.bandwidth_gb_per_s * GB_BYTES * share * eff)
 
 
-def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: int, act_bytes: int) -> float:
-    """One DeepEP/HybridEP dispatch (or combine) of this GPU's tokens."""
+def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: int, act_bytes: int,
+                 device: str) -> float:
+    """One DeepEP/HybridEP dispatch and combine of this GPU's tokens: per direction, the slower of the NVLink leg
+    (a copy per other rank hit) and the RDMA leg (a copy per remote node hit), each at its own published
+    bandwidth (`dispatch_table`)."""
     e, k, h = model.num_experts or 1, model.moe_router_topk, model.hidden_size
+    backend = model.moe_flex_dispatcher_backend
     token_bytes = h * act_bytes
     ranks_hit = expected_destination_ranks(e, ep, k) - p_group_hit(e, ep, k)  # other ranks, inside or out
-    nvl_s = _stream_s(links.intra, local_tokens * token_bytes * ranks_hit)
-    if links.inter is None:
-        return nvl_s * links.factor("all_to_all")
-    nodes = max(1, round(ep / max(links.ranks_per_node, 1)))
-    remote_nodes = (nodes - 1) * p_node_hit(model, nodes)
-    rdma_s = _stream_s(links.inter, local_tokens * token_bytes * remote_nodes)
-    return max(nvl_s, rdma_s) * links.factor("all_to_all")
+    nvl_bytes = local_tokens * token_bytes * ranks_hit
+    nodes = max(1, round(ep / max(links.ranks_per_node, 1))) if links.inter is not None else 1
+    rdma_bytes = local_tokens * token_bytes * (nodes - 1) * p_node_hit(model, nodes) if nodes > 1 else 0.0
+    total = 0.0
+    for direction in ("dispatch", "combine"):
+        nvl_s = _stream_s(links.intra, nvl_bytes,
+                          dispatch_table(device, backend, links.intra.kind, min(ep, links.ranks_per_node), direction))
+        rdma_s = _stream_s(links.inter, rdma_bytes, dispatch_table(device, backend, links.inter.kind, ep, direction)
+                           ) if rdma_bytes else 0.0
+        total += max(nvl_s, rdma_s)
+    return total
 
 
 def moe_dispatch(
@@ -232,7 +305,7 @@ def moe_dispatch(
         if dispatcher == "alltoall":
             comm_s = 2 * imbalance * collective_s(links.ep, "all_to_all", sent, ep)
         elif dispatcher == "flex":
-            comm_s = 2 * imbalance * _flex_comm_s(model, links.ep, t_l, ep, act_bytes)
+            comm_s = imbalance * _flex_comm_s(model, links.ep, t_l, ep, act_bytes, kernels.device.name)
         else:  # allgather over the TPxEP group, reduce-scatter back
             gathered = t_l * token_bytes * ep * etp
             comm_s = (collective_s(links.expert_group, "all_gather", gathered, ep * etp)
