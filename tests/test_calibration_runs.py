@@ -121,7 +121,7 @@ def test_every_shipped_row_has_a_named_source():
     """Each shipped row's source column matches one of the documented source keys (runs.SOURCE_KEYS), and the rows
     come from at least the ten publications and software stacks the README names."""
     keys = {key for _, key in SOURCE_KEYS}
-    rows = load_runs(shared=None, shared_new=None)
+    rows = load_runs(shared=None, shared_new=None, shared_routing=None)
     assert {source_key(r) for r in rows} <= keys
     assert len({source_key(r) for r in rows}) >= 10
     assert source_key({"source": "x", "source_key": "mine"}) == "mine"

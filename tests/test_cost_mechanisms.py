@@ -12,7 +12,8 @@ from math import comb
 import pytest
 
 from planner.cost.dispatch import (
-    AUX_LOSS_MAX_PULL, DROPLESS_IMBALANCE_DEFAULT, expected_destination_ranks, p_group_hit, p_node_hit, routing,
+    AUX_LOSS_MAX_PULL, EXPERT_LOAD_CV, expected_destination_ranks, expected_max_normal, p_group_hit, p_node_hit,
+    routing,
 )
 from planner.cost.estimate import estimate_run
 from planner.cost.memory import ParamBytes, activation_bytes_per_token
@@ -180,22 +181,48 @@ def _moe_model(**kw) -> ModelSpec:
 
 
 def test_routing_regimes():
-    assert routing(_moe_model(moe_router_force_load_balancing=True), None, 1.4).imbalance(8) == 1.0
+    """Forced balance, padding to capacity and --moe-imbalance state the imbalance; real routing derives it."""
+    assert routing(_moe_model(moe_router_force_load_balancing=True), None, 1.4).imbalance(8, 64) == 1.0
     padded = _moe_model(moe_expert_capacity_factor=1.25, moe_pad_expert_input_to_capacity=True)
-    assert routing(padded, None, 1.4).imbalance(8) == pytest.approx(1.25)
-    r = routing(_moe_model(moe_aux_loss_coeff=1e-3), None, 1.4)
-    assert r.imbalance(1) == 1.0  # one EP rank: nobody is busier
-    assert r.imbalance(8) == pytest.approx(1.4)  # the calibrated value at the reference coefficient
-    # ten times the pull: a tenth of the excess; weak pull capped
-    assert routing(_moe_model(moe_aux_loss_coeff=1e-2), None, 1.4).imbalance(8) == pytest.approx(1.04)
-    assert routing(_moe_model(moe_aux_loss_coeff=1e-6), None, 1.4).imbalance(8) == pytest.approx(
-        1 + 0.4 * AUX_LOSS_MAX_PULL)
-    capped = routing(_moe_model(moe_aux_loss_coeff=1e-3, moe_expert_capacity_factor=1.2), None, 1.4)
-    assert capped.imbalance(8) == pytest.approx(1.2)
-    unset = routing(_moe_model(), None, None)
+    assert routing(padded, None, 1.4).imbalance(8, 64) == pytest.approx(1.25)
+    assert routing(_moe_model(), 1.7, 1.4).imbalance(8, 64) == pytest.approx(1.7)  # --moe-imbalance
+    unset = routing(_moe_model(), None)
     assert unset.assumed and "--moe-aux-loss-coeff" in unset.assumed
-    assert unset.imbalance(8) == pytest.approx(1 + (DROPLESS_IMBALANCE_DEFAULT - 1) * 0.1)
-    assert routing(_moe_model(), 1.7, 1.4).imbalance(8) == pytest.approx(1.7)  # --moe-imbalance
+    assert "pith-train" in unset.source
+
+
+def test_real_routing_imbalance_from_the_router_settings():
+    """The busiest of EP ranks, each holding E/EP experts whose loads spread log-normally (spread EXPERT_LOAD_CV x
+    1e-3/coefficient), lies E[max of EP standard normals] rank-spreads above the mean: E[max of 8] = 1.4236 (order
+    statistics tables); so the imbalance grows with EP, falls with more experts per rank, more tokens per micro-batch
+    (sampling noise 1/sqrt(tokens per expert)) and a larger coefficient, and stops at the capacity factor."""
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    model = _moe_model(num_experts=128, moe_router_topk=8, moe_aux_loss_coeff=1e-3)
+    r = routing(model, None)
+    assert r.load_cv == pytest.approx(EXPERT_LOAD_CV) == pytest.approx(math.sqrt(0.87))
+    assert r.imbalance(8, None) == pytest.approx(1 + 1.4236 * EXPERT_LOAD_CV / math.sqrt(16), abs=1e-4)
+    assert r.imbalance(1, 4096) == 1.0  # every expert on every GPU
+    by_ep = [r.imbalance(ep, 4096) for ep in (2, 4, 8, 16, 32, 64)]
+    assert by_ep == sorted(by_ep) and by_ep[0] > 1.0
+    assert r.imbalance(8, 256) > r.imbalance(8, 4096) > r.imbalance(8, None)  # sampling noise
+    stronger = routing(_moe_model(num_experts=128, moe_router_topk=8, moe_aux_loss_coeff=1e-2), None)
+    assert stronger.load_cv == pytest.approx(EXPERT_LOAD_CV / 10)
+    assert routing(_moe_model(num_experts=128, moe_router_topk=8, moe_aux_loss_coeff=1e-6), None).load_cv == (
+        pytest.approx(EXPERT_LOAD_CV * AUX_LOSS_MAX_PULL))
+    capped = [routing(model.model_copy(update={"moe_expert_capacity_factor": c}), None).imbalance(8, 4096)
+              for c in (1.0, 1.1, 1.5, 3.0)]
+    assert capped == sorted(capped) and capped[0] <= 1.0 and capped[-1] <= r.imbalance(8, 4096)
+
+
+def test_router_statistics_give_the_spread_back():
+    """A measured max/mean over E experts (calibrate --router-stats) is read back as the log-normal spread whose
+    expected maximum over E experts it is: exp(-s^2/2 + s z(E)) = max/mean, cv = sqrt(exp(s^2) - 1)."""
+    model = _moe_model(num_experts=128, moe_router_topk=8)
+    measured = routing(model, None, 3.0)
+    s = math.sqrt(math.log1p(measured.load_cv ** 2))
+    assert math.exp(-s * s / 2 + s * expected_max_normal(128)) == pytest.approx(3.0, rel=1e-9)
+    assert "router statistics" in measured.source and measured.imbalance(8, None) > routing(model, None).imbalance(8)
 
 
 def test_dropless_routing_is_slower_than_forced_balance():

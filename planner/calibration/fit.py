@@ -65,8 +65,6 @@ FIT_PARAMS: tuple[FitParam, ...] = (
              why="alltoall token dispatcher (NCCL all-to-all) on NVIDIA NVSwitch + InfiniBand nodes"),
     FitParam("fp8_tensorwise", SM90, 0.5, 3.0, why="per-tensor FP8 recipes (delayed, tensorwise) on SM90"),
     FitParam("fp8_blockwise", SM90, 0.5, 3.0, why="blockwise FP8 recipe on SM90"),
-    FitParam("moe_imbalance_factor", ("*",), 1.0, 3.0, default=1.1,
-             why="busiest EP rank over the mean under dropless aux-loss routing at coefficient 1e-3"),
     FitParam("host_overhead", ("*",), 0.1, 10.0,
              why="host time per Python-level operation (x 50 us), which bounds layers with little GPU work"),
     FitParam("gemm", GA100, 0.5, 3.0, why="dense GEMMs on GA100 with 2020-2022 software", prior=LEGACY_GEMM),
