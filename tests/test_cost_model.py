@@ -195,6 +195,43 @@ def test_mixtral_8x7b_has_46_7b_parameters():
     assert total == pytest.approx(46.7e9, rel=0.005)
 
 
+GPT_OSS_ROW = "B200-gptoss-120B-64-bf16"
+"""Megatron-Bridge's GPT-OSS-120B on 64 B200 (calibration row): published 8047 tokens/s/GPU and 219 TFLOP/s/GPU."""
+
+
+def _gpt_oss_run():
+    from planner.calibration.runs import load_runs
+    row = next(r for r in load_runs() if r["id"] == GPT_OSS_ROW)
+    return parse_megatron_flags(shlex.split(row["megatron_args"]))
+
+
+def test_gpt_oss_120b_has_116_8b_parameters():
+    """gpt-oss-120b counts 116.83B parameters (OpenAI's model card) from its HuggingFace config.json and from the
+    published run's --quick-geglu flags: its gated experts have three matrices (two would give 78.6B)."""
+    from helpers.hf_configs import GPT_OSS_120B
+    from planner.inputs.hf_config import model_from_hf_config
+    for model in (model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b"), _gpt_oss_run().model):
+        assert sum(parameter_counts(model).values()) == pytest.approx(116.83e9, rel=1e-4)
+
+
+def test_megatrons_flop_count_gives_quick_geglu_two_matrices_and_the_price_three():
+    """TFLOP/s/GPU is Megatron's count, which gives the gate to --swiglu only: Megatron-Bridge's GPT-OSS-120B
+    reports 219 TFLOP/s/GPU at 8047 tokens/s/GPU, 27.2 GFLOP per token, the two-matrix count (the three-matrix
+    count is 34.3).  The time is priced with three matrices: a --quick-geglu model's experts take as long and
+    weigh as much as the same model's with --swiglu."""
+    run = _gpt_oss_run()
+    per_token = model_flop_per_iteration(run.model, global_batch_size=1, tp=1) / run.model.seq_length
+    assert per_token == pytest.approx(219e12 / 8047, rel=0.005)
+    quick = _setup(MOE.replace("--swiglu", "--quick-geglu"), "H100:8", ep=8)[2]
+    silu = _setup(MOE, "H100:8", ep=8)[2]
+    ungated = _setup(MOE.replace("--swiglu ", ""), "H100:8", ep=8)
+    cores = [_stage(cm, ungated[1]) for cm in (quick, silu, ungated[2])]
+    assert dict(cores[0].parts)["expert_gemm"] == pytest.approx(dict(cores[1].parts)["expert_gemm"], rel=1e-12)
+    assert dict(cores[0].parts)["expert_gemm"] > 1.4 * dict(cores[2].parts)["expert_gemm"]
+    assert cores[0].weights_bytes == pytest.approx(cores[1].weights_bytes, rel=1e-12)
+    assert cores[0].optimizer_bytes == pytest.approx(cores[1].optimizer_bytes, rel=1e-12)
+
+
 def test_tflops_times_time_times_world_is_model_flops(profiles):
     """Predicted TFLOP/s/GPU x iteration time x world size gives back Megatron's model FLOPs, and MFU is
     that over the summed dense peak."""

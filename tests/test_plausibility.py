@@ -193,10 +193,11 @@ def test_a_poisoned_corrections_file_is_named(tmp_path):
     assert "implausible prediction" in line and str(prof / "corrections.yaml") in line
 
 
-def test_the_shipped_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(tmp_path):
-    """The shipped calibration's imbalance (from other models' routers) is above num_experts / topk = 1 for a
-    4-expert top-4 model: the run is priced with the imbalance capped at 1, also beside a --profiles directory of
-    the user's that states no imbalance (the property test's 4-expert cases were refused before)."""
+def test_the_routing_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(tmp_path):
+    """The real-routing imbalance (a spread measured on other models' routers) would put a 4-expert top-4 model's
+    busiest of 2 EP ranks above what it can hold (every token already uses both ranks): the run is priced with the
+    imbalance capped at 1, also beside a --profiles directory of the user's that states no imbalance (the property
+    test's 4-expert cases were refused before)."""
     from planner.cost.dispatch import routing
 
     prof = tmp_path / "prof"
@@ -207,5 +208,6 @@ def test_the_shipped_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(t
             "--micro-batch-size 1 --global-batch-size 8 --num-experts 4 --moe-router-topk 4 --moe-grouped-gemm")
     for dirs in ((), (str(prof),)):
         inputs = load_inputs(megatron_args=args, cluster="H800:8", profile_dirs=dirs)
-        assert inputs.profiles.moe_imbalance_factor() > 1.0
-        assert routing(inputs.run.model, None, inputs.profiles.moe_imbalance_factor()).imbalance(2) == 1.0
+        assert inputs.profiles.moe_imbalance_factor() is None
+        assert routing(inputs.run.model, None, None).imbalance(2, 512) == 1.0
+        assert routing(inputs.run.model.model_copy(update={"num_experts": 8}), None, None).imbalance(2, 512) > 1.0

@@ -153,7 +153,7 @@ def activation_bytes_per_token(
     attn_inputs = act * (h * 2 + qkv) + gemm_in * o * tp_region  # norm inputs, Q/K/V, attention output
     core_attn = core_attention_bytes_per_token(model, training, tp_region=tp_region,
                                                seq_length=seq_length or model.seq_length)
-    glu = 2 if model.swiglu else 1
+    glu = 2 if model.gated_linear_unit else 1  # FC1 output: gate and up
     mlp = moe_act = moe = shared = 0.0
     if is_moe:
         f = model.moe_ffn_size / etp

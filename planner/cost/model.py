@@ -329,9 +329,10 @@ class CostModel:
         self.routing = routing(model, training.moe_imbalance_factor, profiles.moe_imbalance_factor())
 
     # ---- lookups ----
-    def imbalance(self, ep: int) -> float:
-        """The busiest EP rank's tokens over the mean (planner/cost/dispatch.py `Routing`)."""
-        return self.routing.imbalance(ep)
+    def imbalance(self, ep: int, tokens_per_rank: float | None = None) -> float:
+        """The busiest EP rank's tokens over the mean, each EP rank routing `tokens_per_rank` tokens per micro-batch
+        (planner/cost/dispatch.py `Routing`)."""
+        return self.routing.imbalance(ep, tokens_per_rank)
 
     def device(self, name: str) -> DeviceProfile:
         return self.profiles.device(name)
@@ -399,9 +400,10 @@ class CostModel:
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
+        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         shape = LayerShape(
             tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, micro_batch_size=stage_mbs, seq_length=self.model.seq_length,
-            sequence_parallel=g.sequence_parallel and g.tp > 1, imbalance=self.imbalance(g.ep),
+            sequence_parallel=sp > 1, imbalance=self.imbalance(g.ep, stage_mbs * self.model.seq_length / g.cp / sp),
         )
         cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=self.kernels(device_type),
                           links=self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp),
