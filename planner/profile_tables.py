@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -303,13 +304,13 @@ class _Builder:
         for path in files:
             self.add_device_file(path, field_name)
             self.user_files.append(str(path))
-        if (root / "links.yaml").is_file():
+        if os.path.lexists(root / "links.yaml"):  # read only if a regular file: anything else is refused
             self.add_links_file(root / "links.yaml", field_name)
             self.user_files.append(str(root / "links.yaml"))
-        if (root / "corrections.yaml").is_file():
+        if os.path.lexists(root / "corrections.yaml"):
             self.add_corrections_file(root / "corrections.yaml", field_name)
             self.user_files.append(str(root / "corrections.yaml"))
-        if (root / "runtimes.yaml").is_file():
+        if os.path.lexists(root / "runtimes.yaml"):
             self.add_runtimes_file(root / "runtimes.yaml", field_name)
         if (root / "clusters").is_dir():
             self.cluster_dirs.append(root / "clusters")

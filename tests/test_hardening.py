@@ -317,3 +317,63 @@ def test_profile_checks_its_arguments_before_importing_torch(tmp_path):
             f"{str(tmp_path / 'p')!r}]); print(r.exit_code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
+
+
+# ---- issue 33: inputs that hung or were accepted ----------------------------------------------------
+
+
+@pytest.fixture
+def no_hang():
+    """Fail (SIGALRM) instead of hanging for ever on a read that blocks."""
+    import signal
+
+    def hung(signum, frame):
+        raise TimeoutError("the command blocked reading an input")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("flag", ["--model", "--cluster", "--megatron-script", "--hosts", "--plan", "--megatron-log",
+                                  "--instrument-dir", "--router-stats", "--router-stats DIR", "--profiles"])
+def test_a_fifo_as_any_input_file_is_refused_not_read(tmp_path, tiny, no_hang, flag):
+    """Reading a FIFO blocks until something writes into it: `calibrate --router-stats DIR` with a FIFO
+    router_stats_rank0.csv hung (issue 33).  Every input file is opened without blocking and checked."""
+    fifo = {"--instrument-dir": tmp_path / "inst" / "instrument_rank0.json",
+            "--router-stats DIR": tmp_path / "stats" / "router_stats_rank0.csv",
+            "--profiles": tmp_path / "prof" / "corrections.yaml"}.get(flag, tmp_path / "input.yaml")
+    fifo.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    (tmp_path / "run.log").write_bytes(log_text(["1000.0"] * 8))
+    calibrate = ["calibrate", "--model", str(tiny), "--cluster", "H800:8", "--out", str(tmp_path / "cal")]
+    args = {
+        "--model": ["estimate", "--model", str(fifo), "--cluster", "H800:8"],
+        "--cluster": ["estimate", "--model", str(tiny), "--cluster", str(fifo)],
+        "--megatron-script": ["estimate", "--megatron-script", str(fifo), "--cluster", "H800:8"],
+        "--hosts": ["solve", "--model", str(tiny), "--cluster", "H800:8", "--hosts", str(fifo)],
+        "--plan": ["emit", "--plan", str(fifo), "--out", str(tmp_path / "o")],
+        "--megatron-log": [*calibrate, "--megatron-log", str(fifo)],
+        "--instrument-dir": [*calibrate, "--instrument-dir", str(fifo.parent)],
+        "--router-stats": [*calibrate, "--megatron-log", str(tmp_path / "run.log"), "--router-stats", str(fifo)],
+        "--router-stats DIR": [*calibrate, "--megatron-log", str(tmp_path / "run.log"), "--router-stats",
+                               str(fifo.parent)],
+        "--profiles": ["estimate", "--model", str(tiny), "--cluster", "H800:8", "--profiles", str(fifo.parent)],
+    }[flag]
+    line = refused(run(args), flag.split()[0], "profiles")
+    assert "not a regular file" in line
+    assert not (tmp_path / "cal").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rows", [["0,0,1e308", "0,1,1e308", "0,0,1e308"], ["0,0,1e308", "0,1,1e308"]],
+                         ids=["one-expert", "one-layer"])
+def test_router_stats_that_overflow_are_refused(tmp_path, tiny, rows):
+    """Token sums past the largest float (1e308 + 1e308) wrote "MoE imbalance factor 0.0000" (issue 33)."""
+    (tmp_path / "run.log").write_bytes(log_text(["1000.0"] * 8))
+    (tmp_path / "stats.csv").write_text("layer,expert,tokens\n" + "\n".join(rows) + "\n1,0,5\n1,1,3\n")
+    res = run(["calibrate", "--model", str(tiny), "--cluster", "H800:8", "--megatron-log", str(tmp_path / "run.log"),
+               "--router-stats", str(tmp_path / "stats.csv"), "--out", str(tmp_path / "cal")])
+    assert "more than a number holds" in refused(res, "--router-stats")
+    assert not (tmp_path / "cal").exists()

@@ -35,7 +35,7 @@ from planner.cli_common import json_text
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
 from planner.errors import PlannerInputError
-from planner.inputs.files import load_document, path_kind
+from planner.inputs.files import load_document, path_kind, read_text
 from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
 from planner.profile_tables import (
     CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, TIME_FACTOR_RANGE, ProfileSet,
@@ -130,8 +130,9 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
     per_rank_time: dict[int, float] = {}
     peaks: dict[int, float] = {}
     for f in files:
+        text = read_text(f, "--instrument-dir", max_bytes=64 << 20)
         try:
-            data = json.loads(f.read_text(encoding="utf-8"))
+            data = json.loads(text)
             rank = int(data["rank"])
             times = [float(r["time_s"]) for r in data["iterations"]]
             peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
