@@ -253,7 +253,8 @@ def test_emit_into_the_launch_directory_solve_wrote_and_solve_again(tmp_path, ti
     assert run(solve_args(tiny, "--out", str(plan), "--mbs", "2")).exit_code == 0
     writers = manifest_writers(plan)
     assert survey(plan).family == "plan" and writers["launch.sh"] == "emit --out"
-    assert writers["launch/launch.sh"] == "solve --out" and json.loads((plan / "plan.json").read_text())["plan"]["mbs"] == 2
+    assert writers["launch/launch.sh"] == "solve --out"
+    assert json.loads((plan / "plan.json").read_text())["plan"]["mbs"] == 2
     (plan / "launch" / "launch.sh").write_text("# my edits\n")
     for extra in ([], ["--force"]):
         assert "changed after the planner wrote it" in refused(run(emit + extra), "--out")

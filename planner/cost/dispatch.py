@@ -42,9 +42,6 @@ DROPLESS_IMBALANCE_DEFAULT = 1.1
 `AUX_LOSS_REFERENCE`, before calibration (assumption; the shipped value is fitted on the dropless published
 runs: planner/calibration/fit.py, correction kind `moe_imbalance_factor`)."""
 AUX_LOSS_REFERENCE = 1e-3
-AUX_LOSS_ASSUMED = 1e-2
-"""Coefficient assumed when a run balances with an auxiliary loss but sets no --moe-aux-loss-coeff
-(Megatron's default is 0.0; Megatron-LM's MoE examples use 1e-2).  Reported as an assumption."""
 AUX_LOSS_MAX_PULL = 3.0
 """Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none')."""
 EXPERT_BIAS_PULL = 0.1
@@ -146,11 +143,10 @@ def routing(model: ModelSpec, given: float | None, calibrated: float | None) -> 
     elif lb == "none":
         pull = AUX_LOSS_MAX_PULL
     else:
-        coeff = model.moe_aux_loss_coeff
-        if coeff <= 0 and not model.moe_router_enable_expert_bias:
-            coeff = AUX_LOSS_ASSUMED
-            assumed = (f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed for {lb} routing imbalance "
-                       "(the flag is unset; Megatron's default 0.0 would mean no balancing)")
+        coeff = model.trained_aux_loss_coeff  # what the launcher writes
+        if model.aux_loss_coeff_assumed:
+            assumed = (f"--moe-aux-loss-coeff {coeff:g} assumed for {lb} routing imbalance (the flag is unset; "
+                       "Megatron's default 0.0 would mean no balancing; the launcher writes it)")
         pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff) if coeff > 0 else AUX_LOSS_MAX_PULL
     if model.moe_router_enable_expert_bias:
         pull = min(pull, EXPERT_BIAS_PULL)
