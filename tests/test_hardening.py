@@ -18,7 +18,9 @@ from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
 from tools.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
 from tools.fuzz.mutations import to_json, to_yaml
+from planner.api import load_inputs
 from planner.sanity import check_prediction
+from planner.search.space import SearchSpace, enumerate_globals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -377,3 +379,16 @@ def test_router_stats_that_overflow_are_refused(tmp_path, tiny, rows):
                "--router-stats", str(tmp_path / "stats.csv"), "--out", str(tmp_path / "cal")])
     assert "more than a number holds" in refused(res, "--router-stats")
     assert not (tmp_path / "cal").exists()
+
+
+def test_sequence_parallel_with_a_sequence_tp_does_not_divide():
+    """TP 2 with sequence parallelism and --seq 4095 was accepted; Megatron asserts at the first forward step
+    (issue 33).  estimate refuses it naming the options; solve never picks such a TP."""
+    line = refused(run(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--seq", "4095"]),
+                   "--seq")
+    assert "seq_tp_sp" in line and "--sequence-parallel" in line
+    for seq in (4096, 4095):  # the search space: TP 2 with 4096 (the control), never a TP*CP that 4095 leaves
+        run_, cluster, _ = load_inputs(model="mixtral-s", cluster="H800:16", overrides={"seq": seq})
+        gpn = {h: 8 for h in cluster.gpus_by_type()}
+        tps = {(g.tp, g.cp) for g in enumerate_globals(run_.model, run_.training, cluster, SearchSpace(), gpn)}
+        assert all(seq % (tp * cp) == 0 for tp, cp in tps) and ((2, 1) in tps) == (seq == 4096)

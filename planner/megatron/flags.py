@@ -525,6 +525,7 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "heads_tp": ("--tensor-model-parallel-size",),
     "query_groups_tp": ("--tensor-model-parallel-size",),
     "seq_cp": ("--context-parallel-size", "--seq-length"),
+    "seq_tp_sp": ("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"),
     "ep_needs_experts": ("--expert-model-parallel-size",),
     "experts_ep": ("--expert-model-parallel-size",),
     "expert_folding": ("--expert-model-parallel-size", "--expert-tensor-parallel-size"),

@@ -82,6 +82,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     common = [
         RuleFamily("heads_tp", ("tp",), lambda tp: rules.tp_allowed(model, tp)),
         RuleFamily("seq_cp", ("cp",), lambda cp: rules.cp_allowed(model, cp)),
+        RuleFamily("seq_tp_sp", ("tp", "cp"), lambda tp, cp: rules.sequence_split_ok(model, tp, cp)),
         RuleFamily("experts_ep", ("ep",), lambda ep: rules.ep_allowed(model, ep)),
         RuleFamily("moe_etp_bias", ("tp", "etp"), lambda tp, etp: rules.etp_allowed(model, tp, etp)),
     ]

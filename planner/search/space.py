@@ -241,6 +241,8 @@ def enumerate_shapes(
         for cp in space.cp:
             if not rules.cp_allowed(model, cp) or not rules.runtime_degrees_ok(space.runtime, cp, 1):
                 continue
+            if not rules.sequence_split_ok(model, tp, cp):
+                continue
             max_dp = max(n // (tp * cp) for n in hosts.values())
             if max_dp < 1:
                 continue
