@@ -13,12 +13,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.cli import refused, run
+from helpers.cli import refused, run, tree
 from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
 from tools.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
 from tools.fuzz.mutations import to_json, to_yaml
 from planner.api import load_inputs
+from planner.cost.model import CostModel
+from planner.output.report import plan_json
+from planner.profile_tables import ProfileSet
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan, StagePlan
 from planner.sanity import check_prediction
 from planner.search.space import SearchSpace, enumerate_globals
 
@@ -392,3 +398,31 @@ def test_sequence_parallel_with_a_sequence_tp_does_not_divide():
         gpn = {h: 8 for h in cluster.gpus_by_type()}
         tps = {(g.tp, g.cp) for g in enumerate_globals(run_.model, run_.training, cluster, SearchSpace(), gpn)}
         assert all(seq % (tp * cp) == 0 for tp, cp in tps) and ((2, 1) in tps) == (seq == 4096)
+
+
+def test_emit_reprices_the_memory_of_an_edited_plan(tmp_path):
+    """A layer moved onto a stage that is at its memory limit: emit prices the edited plan again and refuses
+    it, naming the stage (issue 33 lists it as still accepted).  The plan's memory headroom is set between the
+    untouched plan's need and the edited plan's, both priced here by the cost model, so the control fits."""
+    doc = base_plan_document()
+    run_ = MegatronRun.model_validate(doc["inputs"]["run"])
+    cluster = ClusterSpec.model_validate(doc["inputs"]["cluster"])
+    half = StagePlan(device_type="H800", num_layers=2, dp=4)
+    two = Plan(runtime="megatron", ep=4, gbs=64, sequence_parallel=False, stages=(half, half))
+    moved = two.model_copy(update={"stages": (two.stages[0].model_copy(update={"num_layers": 3}),
+                                              two.stages[1].model_copy(update={"num_layers": 1}))})
+    model = CostModel(run_.model, run_.training, cluster, ProfileSet.load(), memory_headroom=0.0)
+    need = [max(s.memory_bytes for s in model.evaluate(p).stages) for p in (two, moved)]
+    device = model.evaluate(two).stages[0].device_memory_bytes
+    assert need[1] > need[0]
+    headroom = 1 - (need[0] + need[1]) / 2 / device  # the limit lies between the two
+    for plan, ok in ((two, True), (moved, False)):
+        doc.update(plan=plan_json(plan), num_microbatches=plan.num_microbatches, memory_headroom=headroom)
+        (tmp_path / "plan.json").write_bytes(to_json(doc))
+        res = run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "o")])
+        if ok:
+            assert res.exit_code == 0, res.output
+            before = tree(tmp_path / "o")
+        else:
+            assert "stage 0 (H800) needs" in refused(res, "--plan")
+            assert tree(tmp_path / "o") == before  # the earlier launcher, untouched
