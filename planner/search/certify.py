@@ -186,8 +186,7 @@ class BendersSearch:
         self.deadline = settings.deadline if settings.deadline is not None else t0 + settings.time_limit_s
         self.pruning = settings.pruning
         self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
-        self.book = PriceBook(cost, space, self.builder)
-        self.book.deadline = self.deadline
+        self.book = PriceBook(cost, space, self.builder, deadline=self.deadline)
         self.levels = levels(cost, space, self.book, settings)
         self.cands: list[Candidate] = []
         self._pipeline = None  # the block pipeline of the configuration being settled

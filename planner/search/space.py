@@ -13,6 +13,7 @@ switchable.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -251,7 +252,7 @@ def enumerate_shapes(
                     yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok)
                     continue
                 for mbs in space.mbs:
-                    for dp in range(1, max_dp + 1):
+                    for dp in batch_dps(gbs, mbs, max_dp):
                         if not rules.batch_ok(gbs, mbs, dp) or not rules.expert_folding_ok(tp, cp, dp, ep, etp):
                             continue
                         s = tp * cp * dp
@@ -278,19 +279,29 @@ def enumerate_globals(
         yield from shape.choices()
 
 
+def batch_dps(gbs: int, mbs: int, max_dp: int) -> list[int]:
+    """The DPs up to `max_dp` that a global batch allows with micro-batch `mbs` (GBS % (mbs*DP) == 0,
+    rules.batch_ok): the divisors of GBS/mbs, found in O(sqrt(GBS)) steps, not max_dp (100,000 GPUs
+    would make building the space outlast any --time-limit)."""
+    if gbs % mbs:
+        return []
+    n = gbs // mbs
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({d for s in small for d in (s, n // s) if d <= max_dp})
+
+
 def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, ep: int, etp: int, b: int
                    ) -> dict[str, list[int]]:
     """Per device type, the stage DPs that samples-per-micro-batch B allows: B % DP == 0, a rank's
     micro-batch B / DP in the menu, folding."""
-    return {h: [dp for dp in range(1, n // (tp * cp) + 1)
-                if rules.flagscale_stage_mbs_ok(b, dp) and b // dp in space.mbs
-                and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
+    return {h: [dp for dp in sorted({b // m for m in space.mbs if b % m == 0})  # B / DP in the menu
+                if dp <= n // (tp * cp) and rules.flagscale_stage_mbs_ok(b, dp) and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
             for h, n in hosts.items()}
 
 
 def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok=None) -> Iterator[Shape]:
     """flagscale shapes for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
-    bs = sorted({dp * m for h, n in hosts.items() for dp in range(1, n // (tp * cp) + 1) for m in space.mbs
+    bs = sorted({dp * m for h, n in hosts.items() for m in space.mbs for dp in batch_dps(gbs, m, n // (tp * cp))
                  if rules.expert_folding_ok(tp, cp, dp, ep, etp)})
     for b in bs:
         if not rules.batch_ok(gbs, b, 1):
