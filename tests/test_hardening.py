@@ -426,3 +426,29 @@ def test_emit_reprices_the_memory_of_an_edited_plan(tmp_path):
         else:
             assert "stage 0 (H800) needs" in refused(res, "--plan")
             assert tree(tmp_path / "o") == before  # the earlier launcher, untouched
+
+
+def test_running_out_of_memory_is_said_as_such(tmp_path, tiny, monkeypatch):
+    """Under `ulimit -v 300000` the output was "internal error (MemoryError) ... this is a bug in the planner"
+    (issue 33).  Too little memory is no bug: one line saying so and what the request needs, exit 4."""
+    def no_memory(*_a, **_k):
+        raise MemoryError()
+
+    monkeypatch.setattr("planner.commands.estimate.estimate", no_memory)
+    res = run(["estimate", "--model", str(tiny), "--cluster", "H800:8"])
+    assert res.exit_code == 4 and res.output.count("\n") == 1, res.output
+    assert res.output.startswith("error: out of memory") and "needs more than" in res.output and "bug" not in res.output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ulimit -v (RLIMIT_AS) as Linux applies it")
+def test_a_process_limited_below_the_libraries_says_out_of_memory(tmp_path):
+    """The address space limit below what loading the planner's libraries takes (about 280 MiB): the import
+    fails ("failed to map segment") and the command says it is out of memory, exit 4, no traceback."""
+    import resource
+
+    limit = 200 * 2**20
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "estimate", "--model", "mixtral-s", "--cluster",
+                           "H800:8"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith("error: out of memory: the process may use 200 MiB") and "Traceback" not in proc.stderr
