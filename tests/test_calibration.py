@@ -28,7 +28,8 @@ def _eight_layers(tmp_path: Path, preset: str = "llama2-7b") -> str:
     text = (Path(__file__).resolve().parents[1] / "profiles" / "models" / f"{preset}.yaml").read_text()
     path = tmp_path / "models" / f"{preset}-8l.yaml"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(re.sub(r"(?m)^num_layers: \d+", "num_layers: 8", text).replace(f"name: {preset}", f"name: {preset}-8l"))
+    text = re.sub(r"(?m)^num_layers: \d+", "num_layers: 8", text)
+    path.write_text(text.replace(f"name: {preset}", f"name: {preset}-8l"))
     return str(path)
 
 

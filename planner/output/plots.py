@@ -519,9 +519,9 @@ def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec,
         notes.append(f"no timeline: {exc}")
     else:
         if tl["simulated_microbatches"] < tl["num_microbatches"]:
-            notes.append(f"timeline: the first {tl['simulated_microbatches']} of {tl['num_microbatches']} micro-batches "
-                         "simulated and drawn (the rest repeat the steady state); the iteration time is the cost "
-                         "model's")
+            shown, m = tl["simulated_microbatches"], tl["num_microbatches"]
+            notes.append(f"timeline: the first {shown} of {m} micro-batches simulated and drawn (the rest repeat the "
+                         "steady state); the iteration time is the cost model's")
         _write_json(out_dir / "timeline.json", tl)
         with open(out_dir / "timeline.csv", "w", newline="") as fh:
             w = csv.writer(fh)

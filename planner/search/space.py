@@ -295,7 +295,8 @@ def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, 
     """Per device type, the stage DPs that samples-per-micro-batch B allows: B % DP == 0, a rank's
     micro-batch B / DP in the menu, folding."""
     return {h: [dp for dp in sorted({b // m for m in space.mbs if b % m == 0})  # B / DP in the menu
-                if dp <= n // (tp * cp) and rules.flagscale_stage_mbs_ok(b, dp) and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
+                if dp <= n // (tp * cp) and rules.flagscale_stage_mbs_ok(b, dp)
+                and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
             for h, n in hosts.items()}
 
 
