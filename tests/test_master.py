@@ -309,7 +309,8 @@ def test_predicates_agree_with_check_plan():
     the rules it stands for, over a grid of degrees."""
     moe = reduced_cost_model("mixtral-s", 8, "H800:8", 16).model
     dense = reduced_cost_model("llama2-7b", 8, "H800:8", 16).model
-    for model in (moe, dense):
+    odd = dense.model_copy(update={"seq_length": 4092})  # a multiple of 2, 3, 4 and 6 only: seq_tp_sp bites
+    for model in (moe, dense, odd):
         for tp, cp, ep, etp, dp, mbs, pp, vpp, gbs in itertools.product(
                 (1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 3, 4), (1, 2, 4), (1, 2, 3, 4), (1, 2), (1, 2, 3), (1, 2), (12, 16)):
             if not model.is_moe and (ep != 1 or etp != tp):
@@ -319,6 +320,7 @@ def test_predicates_agree_with_check_plan():
             names = _names(model, _plan(tp, cp, ep, etp, vpp, mbs, gbs, stages))
             assert rules.tp_allowed(model, tp) == ("heads_tp" not in names and "query_groups_tp" not in names)
             assert rules.cp_allowed(model, cp) == ("seq_cp" not in names)
+            assert rules.sequence_split_ok(model, tp, cp) == ("seq_tp_sp" not in names)
             assert rules.ep_allowed(model, ep) == ("experts_ep" not in names and "ep_needs_experts" not in names)
             if model.is_moe:
                 assert rules.etp_allowed(model, tp, etp) == ("moe_etp_bias" not in names)

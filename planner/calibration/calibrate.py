@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 
@@ -36,7 +36,7 @@ from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
 from planner.cost.ranges import EVIDENCE_MIN_SHARE, RangeModel
 from planner.errors import PlannerInputError
-from planner.inputs.files import load_document, path_kind
+from planner.inputs.files import load_document, path_kind, read_text
 from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
 from planner.profile_tables import (
     CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, TIME_FACTOR_RANGE, ProfileSet,
@@ -132,8 +132,9 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
     per_rank_time: dict[int, float] = {}
     peaks: dict[int, float] = {}
     for f in files:
+        text = read_text(f, "--instrument-dir", max_bytes=64 << 20)
         try:
-            data = json.loads(f.read_text(encoding="utf-8"))
+            data = json.loads(text)
             rank = int(data["rank"])
             times = [float(r["time_s"]) for r in data["iterations"]]
             peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
@@ -240,7 +241,9 @@ def calibrate(
     stage_rows, device_factors = _device_factors(measurement, before, ranks_per_stage, canonical)  # 1.
     global_factor = _global_factor(measurement, run, cluster, profiles, device_factors, imbalance)  # 2.
     _check_factors(measurement, device_factors, global_factor)
-    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
+    fitted = _overlay(profiles, device_factors, global_factor, imbalance)
+    _check_within_peak(measurement, fitted, canonical.values())
+    _, after = _evaluate(run, cluster, fitted)
     mem_diff = _memory_differences(measurement, before, stage_rows, ranks_per_stage, canonical)  # 3.
     corrections = _corrections(measurement, run, cluster, profiles, [canonical[d] for d in devices], device_factors,
                                global_factor, mem_diff)
@@ -387,6 +390,18 @@ def _check_factors(measurement: Measurement, device_factors: dict[str, float], g
                 f"{low:g}..{high:g} (10x either way); the log does not come from the run the flags and --cluster "
                 "describe (check the model, the parallel flags, the batch sizes and the cluster); nothing was written",
             )
+
+
+def _check_within_peak(measurement: Measurement, fitted: ProfileSet, devices: Iterable[str]) -> None:
+    """Refuse corrections that make a kernel of the run's devices faster than its peak
+    (ProfileSet.faster_than_peak): `estimate --profiles` would refuse them."""
+    faster = fitted.faster_than_peak(devices)
+    if faster:
+        raise PlannerInputError(
+            "--megatron-log", f"{measurement.source}: fitting the measured times would make {faster[0]}, which no "
+                              "kernel does: the log claims an impossible speed, or does not come from the run the "
+                              "flags and --cluster describe (model, sequence, batch, parallel flags); nothing was "
+                              "written")
 
 
 def _check_ratio(measurement: Measurement, before: Any) -> None:

@@ -64,9 +64,6 @@ The loss is E x sum_i f_i P_i (f_i an expert's share of the routed tokens, P_i i
 tracking f it is E x sum_i f_i^2 = 1 + cv^2, so cv = sqrt(0.87).  (Read against the 1.0-1.2 of forced balance, the
 spread is 0.82-0.93: the larger is used.)  Not fitted to end-to-end runs."""
 AUX_LOSS_REFERENCE = 1e-3
-AUX_LOSS_ASSUMED = 1e-2
-"""Coefficient assumed when a run balances with an auxiliary loss but sets no --moe-aux-loss-coeff
-(Megatron's default is 0.0; Megatron-LM's MoE examples use 1e-2).  Reported as an assumption."""
 AUX_LOSS_MAX_PULL = 3.0
 """Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none')."""
 EXPERT_BIAS_PULL = 0.1
@@ -220,11 +217,10 @@ def routing(model: ModelSpec, given: float | None, measured: float | None = None
     elif lb == "none":
         pull = AUX_LOSS_MAX_PULL
     else:
-        coeff = model.moe_aux_loss_coeff
-        if coeff <= 0 and not model.moe_router_enable_expert_bias:
-            coeff = AUX_LOSS_ASSUMED
-            assumed = (f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed for {lb} routing imbalance "
-                       "(the flag is unset; Megatron's default 0.0 would mean no balancing)")
+        coeff = model.trained_aux_loss_coeff  # what the launcher writes
+        if model.aux_loss_coeff_assumed:
+            assumed = (f"--moe-aux-loss-coeff {coeff:g} assumed for {lb} routing imbalance (the flag is unset; "
+                       "Megatron's default 0.0 would mean no balancing; the launcher writes it)")
         pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff) if coeff > 0 else AUX_LOSS_MAX_PULL
     if model.moe_router_enable_expert_bias:
         pull = min(pull, EXPERT_BIAS_PULL)

@@ -223,6 +223,8 @@ def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
         out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"]
     elif shared_size:
         out["moe_shared_expert_intermediate_size"] = shared_size
+    if cfg.get("router_aux_loss_coef") is not None:  # Mixtral, Qwen-MoE: the load-balancing loss's weight
+        out["moe_aux_loss_coeff"] = _float(cfg, "router_aux_loss_coef", 0.0, positive=False)
     return _moe_recipe(out)
 
 
@@ -382,6 +384,9 @@ def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]
     router["moe_router_enable_expert_bias"] = method == "noaux_tc"
     factor = _float(cfg, "routed_scaling_factor", 1.0)
     router["moe_router_topk_scaling_factor"] = factor if factor != 1.0 else None
+    if cfg.get("aux_loss_alpha") is not None:  # the balance loss's weight, per sequence with seq_aux
+        router["moe_aux_loss_coeff"] = _float(cfg, "aux_loss_alpha", 0.0, positive=False)
+        router["moe_router_load_balancing_type"] = "seq_aux_loss" if _bool(cfg, "seq_aux", False) else "aux_loss"
     return router
 
 

@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 
 from planner.cost.model import CostModel, recomputed_layer_count
+from planner.errors import SearchTimeLimitError
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import option_bound
@@ -49,9 +50,11 @@ class PriceBook:
     the prices every recompute setting shares (for the degree master), `block(key)` the prices per
     recompute setting (for the shape's pipeline block, computed when first asked)."""
 
-    def __init__(self, cost: CostModel, space: SearchSpace, builder: TableBuilder):
+    def __init__(self, cost: CostModel, space: SearchSpace, builder: TableBuilder, deadline: float | None = None):
+        """`deadline` (time.perf_counter()): building the space past it is SearchTimeLimitError; pricing a
+        block past it raises DeadlinePassed."""
         self.cost, self.space, self.builder = cost, space, builder
-        self.deadline: float | None = None  # time.perf_counter(): pricing a block raises DeadlinePassed after it
+        self.deadline = deadline
         model = cost.model
         self.budget = cost.cluster.gpus_by_type()
         self.types = list(self.budget)
@@ -66,8 +69,13 @@ class PriceBook:
         else:
             self.settings = recompute_ladder(model, space.recompute, cost.training)
         self.shapes: dict[tuple, Shape] = {}
+        started = time.perf_counter()
         for shape in enumerate_shapes(model, cost.training, cost.cluster, space, self.gpn):
             self.shapes[self.key(shape.base)] = shape
+            if deadline is not None and time.perf_counter() > deadline:
+                raise SearchTimeLimitError(
+                    f"building the search space ({len(self.shapes)} configuration shapes so far) took "
+                    f"{time.perf_counter() - started:.1f} s and reached the time limit; raise --time-limit")
         self.classes = self._classes()
         self.class_of = {c.name: k for k, c in enumerate(self.classes)}
         self.master: dict[tuple, dict[int, Price]] = {}

@@ -10,7 +10,7 @@
 # Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the
 # command every node would run.
 #
-# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 4; added --context-parallel-size 1; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --pipeline-model-parallel-layout Et*5|t*5|ttt|tttL; added --recompute-granularity selective; added --recompute-modules core_attn moe_act
+# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 4; added --context-parallel-size 1; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --pipeline-model-parallel-layout Et*5|t*5|ttt|tttL; added --recompute-granularity selective; added --recompute-modules core_attn moe_act; added --moe-router-load-balancing-type aux_loss
 # note: script:73: `if [ -n "${WANDB_API_KEY}" ]; then` depends on WANDB_API_KEY, which the script does not set (read as unset); read as false: its branch was skipped (skipped flags --wandb-project)
 # note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3
 # note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
@@ -22,7 +22,7 @@ export HAPMOE_DRY_RUN HAPMOE_DIR
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
-    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
+    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--moe-router-load-balancing-type|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
     return 1
 }
 
@@ -114,7 +114,7 @@ hapmoe_launch() {
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then hapmoe_dry "$@"; else command "$@"; fi
         return
     fi
-    plan=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --context-parallel-size 1 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --sequence-parallel --pipeline-model-parallel-layout 'Et*5|t*5|ttt|tttL' --micro-batch-size 1 --global-batch-size 128 --recompute-granularity selective --recompute-modules core_attn moe_act)
+    plan=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --context-parallel-size 1 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --sequence-parallel --pipeline-model-parallel-layout 'Et*5|t*5|ttt|tttL' --micro-batch-size 1 --global-batch-size 128 --recompute-granularity selective --recompute-modules core_attn moe_act --moe-router-load-balancing-type aux_loss)
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
         if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
