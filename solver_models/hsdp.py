@@ -157,7 +157,12 @@ class _StageDP:
         self.unit_gpus = t.option_gpus[lead].astype(np.int64)
         self.budget = t.budget.astype(np.int64)
         self.p2p = t.p2p_us[np.ix_(lead, lead)].astype(np.int64)
-        self.link_values = np.unique(self.p2p)
+        # links whose price depends on where the boundary lands (tables.link_us): the node's own link when the
+        # two stages' ranks share a node, which follows from the GPUs of the type used so far (in the state)
+        self.positional = t.positional_links
+        self.near = t.near_us[np.ix_(lead, lead)].astype(np.int64)
+        self.gpn = t.gpus_per_node.astype(np.int64) if self.positional else None
+        self.link_values = np.unique(np.concatenate([self.p2p.ravel(), self.near.ravel()]))
         self.first_ok = [u for u in range(len(lead)) if t.first_stage_ok(lead[u])]
         self.last_ok = np.array([t.last_stage_ok(o) for o in lead], dtype=bool)
         self.windows = windows[lead] if windows is not None else None
@@ -324,7 +329,31 @@ class _StageDP:
             new_used = used[:, None, :] + add[None, :, :]
         if i + 1 == self.t.pp - 1:
             ok = ok & self.last_ok[None, :]
-        return ok, self.p2p[unit], new_used
+        return ok, self._out_links(st), new_used
+
+    def _out_links(self, st: dict) -> np.ndarray:
+        """[S, U]: the link from each state's current stage to a next stage on each unit (tables.link_us)."""
+        unit = st["unit"]
+        far = self.p2p[unit]
+        if not self.positional:
+            return far
+        ty = self.unit_type[unit]
+        mine = self.unit_gpus[unit]
+        offset = (st["used"][:, 1] if self.contiguous else st["used"][np.arange(unit.size), ty]) - mine
+        gpn = self.gpn[ty][:, None]
+        end = offset[:, None] + mine[:, None] + self.unit_gpus[None, :] - 1
+        stays = (self.unit_type[None, :] == ty[:, None]) & (offset[:, None] // gpn == end // gpn)
+        return np.where(stays, self.near[unit], far)
+
+    def residues(self, used: np.ndarray, unit: np.ndarray) -> list[np.ndarray]:
+        """With positional links, where each type's next stage would start inside a node (GPUs used mod GPUs
+        per node; with the contiguity rule, of the current block's type only): states that differ there face
+        different links, so neither dominates the other.  [] otherwise."""
+        if not self.positional:
+            return []
+        if self.contiguous:
+            return [used[:, 1] % self.gpn[self.unit_type[unit]]]
+        return [used[:, k] % self.gpn[k] for k in range(used.shape[1])]
 
     def _expand_stage(self, i: int, cap: int, st: dict, labels: dict, prune_above: float) -> np.ndarray | None:
         """Every candidate (state, n, next unit, label) of stage i that fits the cap and may still
@@ -431,8 +460,9 @@ class _StageDP:
 
     def _undominated(self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The states to keep, in the order the DP visits them next.  A state is dominated by one
-        with the same (layers, link in, unit; with the contiguity rule also the finished types)
-        that has used no more GPUs of any type (of the current type) and whose labels cover its
+        with the same (layers, link in, unit; with the contiguity rule also the finished types; with
+        positional links also the `residues`) that has used no more GPUs of any type (of the current type)
+        and whose labels cover its
         labels (each of its labels is no better in sum and sync than one of the other's): whatever
         the first can still do, the second can do at least as well.  States are grouped in order of
         first appearance and, within a group, taken by GPUs used (then visiting order); one is
@@ -446,6 +476,9 @@ class _StageDP:
             gradix = [1 << len(self.budget)]
         else:
             gcols, vec, gradix = [], used, []
+        residues = self.residues(used, heads[:, _UNIT])
+        gcols += residues
+        gradix += [int(self.gpn.max()) if self.gpn is not None else 1] * len(residues)
         gcode = _encode([heads[:, _ELL], *gcols, np.searchsorted(self.link_values, heads[:, _LINK]), heads[:, _UNIT]],
                         [N + 1, *gradix, self.link_values.size, len(self.units)])
         _, first, inverse = np.unique(gcode, return_index=True, return_inverse=True)
@@ -493,17 +526,18 @@ class _StageDP:
             stages.append((int(r[_OPT]), int(r[_START]), int(r[_N])))
             parent = int(r[_PARENT])
         stages.reverse()
-        t = self.t
-        actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < len(stages) else None,
-                                k, s, n) for k, (o, s, n) in enumerate(stages))
-        return _Result(value, total, sync, stages, actual)
+        return _Result(value, total, sync, stages, max(self.t.plan_stage_us(stages)))
 
 
 def candidate_caps(t: StageTables) -> np.ndarray:
-    """Every value a stage time can take (core + the p2p links its position can have), sorted."""
+    """Every value a stage time can take (core + the p2p links its position can have, across nodes or
+    inside one), sorted."""
     O = t.num_options
     vals = []
+    tables = (t.p2p_us, t.near_us) if t.positional_links else (t.p2p_us,)
     for o in range(O):
+        into = {int(p[a, o]) for p in tables for a in range(O)}
+        out = {int(p[o, b]) for p in tables for b in range(O)}
         for pos in range(4):
             core = t.core_us[o, pos]
             finite = np.unique(core[core < INF_US])
@@ -512,11 +546,11 @@ def candidate_caps(t: StageTables) -> np.ndarray:
             if pos == 3:
                 offsets = {0}
             elif pos == 1:
-                offsets = {int(t.p2p_us[o, b]) for b in range(O)}
+                offsets = out
             elif pos == 2:
-                offsets = {int(t.p2p_us[a, o]) for a in range(O)}
+                offsets = into
             else:
-                offsets = {int(t.p2p_us[a, o] + t.p2p_us[o, b]) for a in range(O) for b in range(O)}
+                offsets = {a + b for a in into for b in out}
             for off in offsets:
                 vals.append(finite + off)
     if not vals:

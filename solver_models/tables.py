@@ -4,9 +4,17 @@ calls the cost model.
 
 Index convention: [option o, position p, start layer, layer count n], with position
 0 = middle stage, 1 = first stage, 2 = last stage, 3 = the only stage (PP = 1).  A stage's
-per-micro-batch time is core[o, p, start, n] + p2p[o_prev, o] + p2p[o, o_next] (both pipeline
-links, as the evaluator charges them); it fits in memory when
+per-micro-batch time is core[o, p, start, n] + link[i-1] + link[i] (both pipeline links, as the
+evaluator charges them); it fits in memory when
 static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
+
+A link's price (`link_us`) depends on where the boundary lands: p2p_near[a, b] when the two stages' ranks share
+a node, p2p[a, b] when they do not (always between device types).  Stage i's ranks start `offset` GPUs into its
+type's GPUs (the GPUs of that type the stages before it use), and the boundary to the next stage leaves a node
+exactly when a node boundary falls inside the two blocks (planner/cost/communication.py
+`pipeline_boundary_crosses_nodes`), so a plan's links follow from its option sequence (`plan_links_us`).
+Where p2p_near equals p2p the position does not matter.  `links_exact` False: the links are lower bounds
+(interleaved sends on links slower than the overlapping compute can hide), and so is every objective.
 
 Quantisation (solver_models/scaling.py): every time is rounded DOWN to whole microseconds, so a
 plan's table objective never exceeds its float cost and falls short of it by less than
@@ -28,6 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.cost.communication import pipeline_boundary_crosses_nodes
 from planner.schemas.search import GlobalChoice, StageOption, stage_min_layers
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3
@@ -64,7 +73,7 @@ class StageTables:
     static_bytes: np.ndarray  # float [O, 4, N+1, N+1]
     act_bytes: np.ndarray  # float [O, 4, N+1, N+1]  per in-flight micro-batch
     capacity_bytes: np.ndarray  # float [O]
-    p2p_us: np.ndarray  # int64 [O, O]  one pipeline link, both directions' share as charged per stage
+    p2p_us: np.ndarray  # int64 [O, O]  one pipeline link as charged to each of its stages, across nodes
     inflight: np.ndarray  # float [PP]
     option_type: np.ndarray  # int [O]  index into `types`
     option_gpus: np.ndarray  # int [O]
@@ -75,6 +84,9 @@ class StageTables:
     memory_prune: bool = False  # pruning: a stage takes the least recompute that fits
     windows: np.ndarray | None = None  # pruning: int [O, 2] load-balance layer counts (inclusive)
     deadline: float | None = None  # time.perf_counter() value: fit_range raises DeadlinePassed after it
+    p2p_near_us: np.ndarray | None = None  # int64 [O, O]  the link when both stages' ranks share a node (None: p2p)
+    gpus_per_node: np.ndarray | None = None  # int [num types]  (with p2p_near_us)
+    links_exact: bool = True  # False: the links are lower bounds (see the module docstring)
 
     def pruned(self, *, delta: float | None, memory: bool) -> "StageTables":
         """These tables with the paper's prunings set: load balance with tolerance `delta` (None:
@@ -86,8 +98,45 @@ class StageTables:
 
     @property
     def exact(self) -> bool:
-        """Whether the tables' optimum is the configuration's optimum (no pruning on them)."""
-        return self.windows is None and not self.memory_prune
+        """Whether the tables' optimum is the configuration's optimum (no pruning on them, exact links)."""
+        return self.windows is None and not self.memory_prune and self.links_exact
+
+    @property
+    def near_us(self) -> np.ndarray:
+        """int64 [O, O]: the link when both stages' ranks share a node (p2p_us where that cannot happen)."""
+        return self.p2p_us if self.p2p_near_us is None else self.p2p_near_us
+
+    @property
+    def positional_links(self) -> bool:
+        """Whether some link's price depends on where the boundary lands."""
+        return self.p2p_near_us is not None and bool((self.p2p_near_us != self.p2p_us).any())
+
+    def crosses_nodes(self, a: int, b: int, offset: int) -> bool:
+        """Whether the boundary from a stage on option a starting `offset` GPUs into its type's GPUs to the next
+        stage, on option b, leaves a node (always between two types)."""
+        ty = int(self.option_type[a])
+        if ty != int(self.option_type[b]) or self.gpus_per_node is None:
+            return True
+        return pipeline_boundary_crosses_nodes(offset, int(self.option_gpus[a]), int(self.option_gpus[b]),
+                                               int(self.gpus_per_node[ty]))
+
+    def link_us(self, a: int, b: int, offset: int) -> int:
+        """The link from a stage on option a (starting `offset` GPUs into its type's) to the next, on option b."""
+        if self.p2p_near_us is None or self.crosses_nodes(a, b, offset):
+            return int(self.p2p_us[a, b])
+        return int(self.p2p_near_us[a, b])
+
+    def plan_links_us(self, opts: list[int] | tuple[int, ...]) -> list[int]:
+        """The links of a full option sequence, boundary by boundary."""
+        used: dict[int, int] = {}
+        out = []
+        for i, o in enumerate(opts):
+            ty = int(self.option_type[o])
+            offset = used.get(ty, 0)
+            used[ty] = offset + int(self.option_gpus[o])
+            if i + 1 < len(opts):
+                out.append(self.link_us(o, opts[i + 1], offset))
+        return out
 
     @property
     def quantisation_us(self) -> int:
@@ -194,13 +243,14 @@ class StageTables:
             self.__dict__["_fit_range"] = cached
         return cached
 
-    def stage_us(self, o_prev: int | None, o: int, o_next: int | None, i: int, start: int, n: int) -> int:
-        t = int(self.core_us[o, position(i, self.pp), start, n])
-        if o_prev is not None:
-            t += int(self.p2p_us[o_prev, o])
-        if o_next is not None:
-            t += int(self.p2p_us[o, o_next])
-        return t
+    def stage_us(self, o: int, i: int, start: int, n: int, link_in_us: int = 0, link_out_us: int = 0) -> int:
+        """Stage i's time on option o with layers [start, start + n) and the given links (0: none)."""
+        return int(self.core_us[o, position(i, self.pp), start, n]) + link_in_us + link_out_us
+
+    def plan_stage_us(self, stages: list[tuple[int, int, int]]) -> list[int]:
+        """Every stage's time of a plan [(option, start, n)], its links from its option sequence."""
+        links = [0] + self.plan_links_us([o for o, _, _ in stages]) + [0]
+        return [self.stage_us(o, i, s, n, links[i], links[i + 1]) for i, (o, s, n) in enumerate(stages)]
 
     def objective_us(self, sum_us: int, max_us: int, max_sync_us: int) -> int:
         """v x iteration time in integer us: sum t_i + (m*v - 1) * max t_i + v * max sync_i."""
@@ -210,8 +260,7 @@ class StageTables:
     def plan_objective_us(self, stages: list[tuple[int, int, int]]) -> int:
         """The objective of a plan [(option, start, n)]."""
         pp = self.pp
-        times = [self.stage_us(stages[i - 1][0] if i else None, o, stages[i + 1][0] if i + 1 < pp else None,
-                               i, s, n) for i, (o, s, n) in enumerate(stages)]
+        times = self.plan_stage_us(stages)
         syncs = [int(self.sync_us[o, position(i, pp), s, n]) for i, (o, s, n) in enumerate(stages)]
         return self.objective_us(sum(times), max(times), max(syncs))
 

@@ -48,7 +48,7 @@ def _stage(cm: CostModel, plan, *, device: str | None = None, layers: int | None
         g = GlobalShape(**{**g.__dict__, "mbs": mbs, "gbs": mbs * g.dp0 * 8})
     n = plan.stages[0].num_layers if layers is None else layers
     return cm.stage(g, index=0, device_type=device or plan.stages[0].device_type, start=0, end=n,
-                    dp=plan.stages[0].dp, recompute=recompute, prev_type=None, next_type=None)
+                    dp=plan.stages[0].dp, recompute=recompute, prev_type=None, next_type=None, offset_gpus=0)
 
 
 # ------------------------------------------------------------------ communication vanishes with degree 1

@@ -13,7 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from planner.cost.communication import GroupLinks, LinkChoice, collective_s, stage_group_links
+from planner.cost.communication import (
+    GroupLinks, LinkChoice, collective_s, pipeline_boundary_crosses_nodes, pipeline_boundary_may_stay_in_node,
+    stage_group_links,
+)
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
@@ -108,14 +111,18 @@ class StageCost(StageCore):
     index: int
     pp_comm_s: float
     inflight_microbatches: float
+    send_out_s: float = 0.0  # one message (a chunk's activations) to the next stage, before any overlap
 
     @classmethod
-    def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float) -> "StageCost":
-        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch."""
+    def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float,
+              send_out_s: float = 0.0) -> "StageCost":
+        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch (exposed) and one message to
+        the next stage taking `send_out_s`."""
         fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
         fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2,
                               parts=core.parts + (("pp_comm", pp_comm_s),))
-        return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches)
+        return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches,
+                   send_out_s=send_out_s)
 
     @property
     def activations_bytes(self) -> float:
@@ -409,16 +416,33 @@ class CostModel:
         self._layer_cache[key] = cost
         return cost
 
-    def pp_link(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str) -> LinkChoice:
-        """The link a pipeline send between stage a (type a_type) and the next (b_type) uses."""
+    def pp_link(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                crosses_nodes: bool | None) -> LinkChoice:
+        """The link a pipeline send from stage a (a_type, a_dp) to the next stage (b_type, b_dp) runs on: the link
+        between the two device types when they differ; else the node's own link when the two stages' ranks share a
+        node (`crosses_nodes` False, see `boundary_crosses_nodes`) and the inter-node link when they do not.
+        `crosses_nodes` None: the fastest link the pair can get wherever it sits in the pipeline (the search's
+        lower bounds)."""
         factors = tuple(sorted(self.corrections(a_type).items()))
         if a_type != b_type:
             link = self.profiles.cross_link(a_type, b_type, self.cluster)
             return LinkChoice(intra=link, inter=None, ranks_per_node=1, factors=factors)
         intra, inter, gpn = self._links(a_type)
-        if g.tp * g.cp * a_dp >= gpn:
-            return LinkChoice(intra=inter, inter=None, ranks_per_node=1, factors=factors)
-        return LinkChoice(intra=intra, inter=None, ranks_per_node=1, factors=factors)
+        if crosses_nodes is None:
+            crosses_nodes = not pipeline_boundary_may_stay_in_node(
+                g.tp * g.cp * a_dp, g.tp * g.cp * b_dp, gpn)
+        return LinkChoice(intra=inter if crosses_nodes else intra, inter=None, ranks_per_node=1, factors=factors)
+
+    def boundary_crosses_nodes(self, g: GlobalShape, a_type: str, a_offset_gpus: int, a_dp: int, b_type: str,
+                               b_dp: int) -> bool:
+        """Whether the pipeline sends from stage a to the next stage b leave a node: always between two device
+        types; inside one type, when a node boundary falls inside the two stages' rank blocks (stage a starts
+        `a_offset_gpus` into its type's GPUs: `type_offsets`; communication.py
+        `pipeline_boundary_crosses_nodes`)."""
+        if a_type != b_type:
+            return True
+        return pipeline_boundary_crosses_nodes(a_offset_gpus, g.tp * g.cp * a_dp, g.tp * g.cp * b_dp,
+                                               self.gpus_per_node(a_type))
 
     # ---- a stage ----
     def stage_core(
@@ -695,18 +719,32 @@ class CostModel:
         in_flight = (2 if what == "weights" else 1) / len(kinds)
         return full_bytes / shards + full_bytes * in_flight
 
-    def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
-        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b, as exposed.
-        The interleaved schedule overlaps its sends with the next chunk's compute (Megatron's overlap_p2p_comm,
-        on by default and only there): only the per-send latency stays exposed; 1F1B waits for every send."""
+    def p2p_message_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                      crosses_nodes: bool | None) -> float:
+        """One pipeline message (a micro-batch's activations, or their gradient; one virtual chunk's) between
+        adjacent stages a -> b, on the link they share (`pp_link`): latency plus its bytes over the link."""
         model = self.model
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         mbs = self.stage_mbs(g, a_dp)
-        link = self.pp_link(g, a_type, a_dp, b_type)
-        if g.vpp > 1:
-            return g.vpp * link.intra.latency_us * US_S
+        link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
         p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * self.training.activation_bytes
         return collective_s(link, "p2p", p2p_bytes, 2)
+
+    def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *, crosses_nodes: bool | None,
+              overlap_s: float) -> float:
+        """The pipeline sends on the link a -> b one of its two stages pays per micro-batch, as exposed.
+
+        1F1B waits for its one message (`p2p_message_s`).  The interleaved schedule sends one message per virtual
+        chunk and overlaps each with the compute that follows it (Megatron's overlap_p2p_comm, on by default and
+        only there: a chunk's forward output travels during the next backward, a chunk's input gradient during
+        the next forward); `overlap_s` is that compute for the whole micro-batch (all v chunks) of the paying stage.
+        Each message stays exposed for what outlasts its chunk's share, and at least its latency:
+        v * max(latency, message - overlap_s / v).  `overlap_s` math.inf: the least (v latencies)."""
+        message = self.p2p_message_s(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        if g.vpp == 1:
+            return message
+        link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        return max(g.vpp * link.intra.latency_us * US_S, g.vpp * message - overlap_s)
 
     @staticmethod
     def inflight_microbatches(g: GlobalShape, index: int) -> float:
@@ -721,23 +759,31 @@ class CostModel:
     def stage(
         self, g: GlobalShape, *, index: int, device_type: str, start: int, end: int, dp: int,
         recompute: Recompute, prev_type: str | None, next_type: str | None, prev_dp: int | None = None,
-        next_dp: int | None = None,
+        next_dp: int | None = None, offset_gpus: int,
     ) -> StageCost:
-        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`.
-        Its time includes the sends on both of its pipeline links (t_i of the schedule formula)."""
+        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`, its ranks starting
+        `offset_gpus` into its type's GPUs (`type_offsets`).  Its time includes the sends it pays on both of its
+        pipeline links (t_i of the schedule formula): its activations to the next stage, behind its backward,
+        and its input gradients to the previous one, behind its forward (`p2p_s`)."""
         core = self.stage_core(g, device_type=device_type, start=start, end=end, dp=dp, recompute=recompute,
                                is_first=prev_type is None, is_last=next_type is None)
-        pp_s = 0.0
+        pp_s = send_out_s = 0.0
         if next_type is not None:
-            pp_s += self.p2p_s(g, device_type, dp, next_type, next_dp or dp)
+            nd = next_dp or dp
+            out = self.boundary_crosses_nodes(g, device_type, offset_gpus, dp, next_type, nd)
+            send_out_s = self.p2p_message_s(g, device_type, dp, next_type, nd, crosses_nodes=out)
+            pp_s += self.p2p_s(g, device_type, dp, next_type, nd, crosses_nodes=out, overlap_s=core.backward_s)
         if prev_type is not None:
-            pp_s += self.p2p_s(g, prev_type, prev_dp or dp, device_type, dp)
-        return StageCost.place(core, index=index, pp_comm_s=pp_s,
+            pd = prev_dp or dp
+            into = self.boundary_crosses_nodes(g, prev_type, offset_gpus - g.tp * g.cp * pd, pd, device_type, dp)
+            pp_s += self.p2p_s(g, prev_type, pd, device_type, dp, crosses_nodes=into, overlap_s=core.forward_s)
+        return StageCost.place(core, index=index, pp_comm_s=pp_s, send_out_s=send_out_s,
                                inflight_microbatches=self.inflight_microbatches(g, index))
 
     # ---- a plan ----
     def evaluate(self, plan: Plan) -> PlanCost:
         g = GlobalShape.of(plan)
+        offsets = type_offsets([(sp.device_type, plan.tp * plan.cp * sp.dp) for sp in plan.stages])
         stages = []
         for i, (sp, (start, end)) in enumerate(zip(plan.stages, plan.layer_ranges())):
             stages.append(self.stage(
@@ -747,6 +793,7 @@ class CostModel:
                 next_type=plan.stages[i + 1].device_type if i + 1 < plan.pp else None,
                 prev_dp=plan.stages[i - 1].dp if i > 0 else None,
                 next_dp=plan.stages[i + 1].dp if i + 1 < plan.pp else None,
+                offset_gpus=offsets[i],
             ))
         return self.combine(plan, stages)
 
@@ -823,6 +870,18 @@ class _Params:
 
     def optimizer_bytes(self, pb: ParamBytes) -> float:
         return self.shard * pb.optimizer
+
+
+def type_offsets(stages: list[tuple[str, int]]) -> list[int]:
+    """Per stage (device type, GPUs), the GPUs of its type the stages before it hold: where its block of ranks
+    starts among its type's GPUs (the ranks of a type fill its nodes in stage order, planner/launcher/common.py
+    `place_agents`)."""
+    used: dict[str, int] = {}
+    out = []
+    for device_type, gpus in stages:
+        out.append(used.get(device_type, 0))
+        used[device_type] = out[-1] + gpus
+    return out
 
 
 def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:

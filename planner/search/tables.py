@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.cost.communication import pipeline_boundary_may_stay_in_node
 from planner.cost.model import CostModel, GlobalShape
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
@@ -46,7 +47,7 @@ class TableBuilder:
             arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
-        core, sync, static, act, cap, p2p, min_layer = arrays
+        core, sync, static, act, cap, p2p, near, links_exact, min_layer = arrays
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -57,6 +58,8 @@ class TableBuilder:
             option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
             types=types, budget=self._budget, min_layer_us=min_layer,
             contiguous_types=self.contiguous_types, deadline=deadline,
+            p2p_near_us=near, gpus_per_node=np.array([cost.gpus_per_node(t) for t in types], dtype=np.int64),
+            links_exact=bool(links_exact),
         )
 
     def _trim_cache(self) -> None:
@@ -149,11 +152,54 @@ class TableBuilder:
                                    recompute=Recompute.none(), is_first=False, is_last=False).time_s
                    for j in _distinct_layer_starts(cost)]
             min_layer[o] = to_us(min(per))
-        p2p = np.zeros((num_o, num_o), dtype=np.int64)
-        for a, oa in enumerate(options):
-            for b, ob in enumerate(options):
-                p2p[a, b] = to_us(cost.p2p_s(gs, oa.device_type, oa.dp, ob.device_type, ob.dp))
-        return core, sync, static, act, cap, p2p, min_layer
+        far, near, exact = pipeline_links(cost, gs, options)
+        return core, sync, static, act, cap, far, near, np.array(exact), min_layer
+
+
+def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
+                   ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(p2p, p2p_near, exact): int [O, O] links as each of the two stages is charged, when the boundary leaves a
+    node and when both stages share one (solver_models/tables.py), and whether they are exact.
+
+    A stage pays an interleaved link's sends less the compute that overlaps them (CostModel.p2p_s), which depends
+    on its layers; the tables charge both stages the least over the compute any stage of the two options can
+    have (`overlap_bounds`).  That is exact when even the least compute hides every message (or without
+    interleaving); otherwise the links are lower bounds."""
+    n = len(options)
+    far = np.zeros((n, n), dtype=np.int64)
+    near = np.zeros((n, n), dtype=np.int64)
+    bounds = [overlap_bounds(cost, gs, o) for o in options]
+    exact = True
+    for a, oa in enumerate(options):
+        for b, ob in enumerate(options):
+            least = min(bounds[a][0], bounds[b][0])
+            most = max(bounds[a][1], bounds[b][1])
+            for table, crosses in ((far, True), (near, False)):
+                if not crosses and (oa.device_type != ob.device_type or not pipeline_boundary_may_stay_in_node(
+                        gs.tp * gs.cp * oa.dp, gs.tp * gs.cp * ob.dp, cost.gpus_per_node(oa.device_type))):
+                    table[a, b] = far[a, b]
+                    continue
+                def p2p(overlap_s: float) -> float:
+                    return cost.p2p_s(gs, oa.device_type, oa.dp, ob.device_type, ob.dp, crosses_nodes=crosses,
+                                      overlap_s=overlap_s)
+                table[a, b] = to_us(p2p(most))
+                exact = exact and to_us(p2p(least)) == table[a, b]
+    return far, near, exact
+
+
+def overlap_bounds(cost: CostModel, gs: GlobalShape, o: StageOption) -> tuple[float, float]:
+    """(least, most) compute that can overlap an interleaved stage's sends on option o per micro-batch: a one-layer
+    middle stage's forward without recompute (the least of the layer kinds), and the whole model as the only
+    stage with full recompute (more than any stage's forward or backward, whatever its recompute).  (0, 0)
+    without interleaving (nothing overlaps)."""
+    if gs.vpp == 1:
+        return 0.0, 0.0
+    least = min(cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
+                                recompute=Recompute.none(), is_first=False, is_last=False).forward_s
+                for j in _distinct_layer_starts(cost))
+    most = cost.stage_core(gs, device_type=o.device_type, start=0, end=cost.model.num_layers, dp=o.dp,
+                           recompute=Recompute.full("uniform", 1), is_first=True, is_last=True).time_s
+    return least, most
 
 
 def _distinct_layer_starts(cost: CostModel) -> list[int]:

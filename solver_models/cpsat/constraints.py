@@ -85,12 +85,16 @@ def add_relaxation_cuts(model: cp_model.CpModel, cells: Cells, v: StageVars) -> 
 
 
 def link_classes(t: StageTables) -> list[int]:
-    """Class id per option: options with equal p2p rows and columns share a class, so links need
-    one Boolean per class pair rather than per option pair (recompute variants collapse)."""
+    """Class id per option: options with equal p2p rows and columns (both prices, and with positional
+    links the same type and GPUs) share a class, so links need one Boolean per class pair rather than per
+    option pair (recompute variants collapse)."""
     keys: dict[tuple, int] = {}
     out = []
     for o in range(t.num_options):
-        key = (tuple(int(x) for x in t.p2p_us[o, :]), tuple(int(x) for x in t.p2p_us[:, o]))
+        key = tuple(tuple(int(x) for x in table) for table in (t.p2p_us[o, :], t.p2p_us[:, o], t.near_us[o, :],
+                                                                    t.near_us[:, o]))
+        if t.positional_links:
+            key += (int(t.option_type[o]), int(t.option_gpus[o]))
         out.append(keys.setdefault(key, len(keys)))
     return out
 
@@ -98,7 +102,8 @@ def link_classes(t: StageTables) -> list[int]:
 def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, classes: list[int]) -> None:
     """y[i, a, b] = [stage i in class a and stage i+1 in class b], as a transportation polytope
     (row sums are stage i's class indicators, column sums stage i+1's), which is integral in the
-    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the time of the link between stages i and i+1."""
+    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the time of the link between stages i and i+1, less
+    (p2p - p2p_near)[a, b] where the link stays inside a node (w[i, a, b], `add_node_positions`)."""
     ids = sorted(set(classes))
     rep = {c: classes.index(c) for c in ids}
     for i in range(t.pp - 1):
@@ -108,7 +113,39 @@ def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
         for b in ids:
             model.add(sum(v.y[i, a, b] for a in ids)
                       == sum(v.x[i + 1, o] for o in v.options_of(i + 1) if classes[o] == b))
-        model.add(v.link[i] == sum(int(t.p2p_us[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids))
+        stay = sum(int(t.near_us[rep[a], rep[b]] - t.p2p_us[rep[a], rep[b]]) * w
+                   for (k, a, b), w in v.w.items() if k == i)
+        model.add(v.link[i] == sum(int(t.p2p_us[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids) + stay)
+    add_node_positions(model, t, v, classes)
+
+
+def add_node_positions(model: cp_model.CpModel, t: StageTables, v: StageVars, classes: list[int]) -> None:
+    """With positional links: stage i's block of type ty starts after the GPUs of ty the stages before it use
+    (U), so node_first = U // GPUs per node and node_last = (U + its GPUs + the next stage's - 1) // GPUs per
+    node; stay[i, ty] <=> both stages run ty and node_first == node_last (tables.crosses_nodes), and
+    w[i, a, b] <=> y[i, a, b] and stay[i, type of a]."""
+    for (i, ty), first in v.node_first.items():
+        def gpus(j: int):
+            return sum(int(t.option_gpus[o]) * v.x[j, o] for o in v.options_of(j) if int(t.option_type[o]) == ty)
+
+        def on(j: int):
+            return sum(v.x[j, o] for o in v.options_of(j) if int(t.option_type[o]) == ty)
+        before = sum(gpus(j) for j in range(i))
+        gpn = int(t.gpus_per_node[ty])
+        model.add_division_equality(first, before, gpn)
+        model.add_division_equality(v.node_last[i, ty], before + gpus(i) + gpus(i + 1) - 1, gpn)
+        same = v.same_node[i, ty]
+        model.add(first == v.node_last[i, ty]).only_enforce_if(same)
+        model.add(first != v.node_last[i, ty]).only_enforce_if(same.negated())
+        stay = v.stay[i, ty]
+        for side in (on(i), on(i + 1), same):
+            model.add(stay <= side)
+        model.add(stay >= on(i) + on(i + 1) + same - 2)
+    for (i, a, b), w in v.w.items():
+        stay = v.stay[i, int(t.option_type[classes.index(a)])]
+        model.add(w <= v.y[i, a, b])
+        model.add(w <= stay)
+        model.add(w >= v.y[i, a, b] + stay - 1)
 
 
 def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:

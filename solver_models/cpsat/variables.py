@@ -8,6 +8,12 @@ Per stage i and allowed option o (see cells.py):
 Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time.
 Per link between stages i and i+1 and option classes (a, b) with equal p2p rows/columns:
   y[i, a, b]  Boolean, stage i is in class a and stage i+1 in class b.
+With positional links (tables.link_us), per link i and device type ty whose links can stay inside a node:
+  node_first[i, ty], node_last[i, ty]  the node (of type ty) holding the first GPU of stage i's block and
+              the last of stage i+1's, counting ty's GPUs of the stages before i;
+  same_node[i, ty]  Boolean, node_first == node_last;
+  stay[i, ty] Boolean, stages i and i+1 both run ty and their blocks share one node;
+  w[i, a, b]  Boolean, y[i, a, b] and the link stays inside a node (class pairs whose two prices differ).
 Per stage and device type, when the tables carry the contiguity rule:
   block_start[i, ty]  Boolean, stage i runs type ty and stage i-1 does not.
 Global: t_max (bottleneck stage time), sync_max.
@@ -37,6 +43,11 @@ class StageVars:
     link: list[cp_model.IntVar] = field(default_factory=list)  # time of the link after stage i
     y: dict[tuple[int, int, int], cp_model.IntVar] = field(default_factory=dict)
     block_start: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    node_first: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    node_last: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    same_node: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    stay: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    w: dict[tuple[int, int, int], cp_model.IntVar] = field(default_factory=dict)
     t_max: cp_model.IntVar | None = None
     sync_max: cp_model.IntVar | None = None
 
@@ -60,7 +71,7 @@ def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, 
         v.sync[i, o] = model.new_int_var(0, max(syncs), f"sync_{i}_{o}")
     max_core = max((max(cell[2] for cell in c.cells) for c in cells.values()), default=0)
     max_sync = max((max(cell[3] for cell in c.cells) for c in cells.values()), default=0)
-    max_link = int(t.p2p_us.max()) if t.p2p_us.size else 0
+    max_link = int(max(t.p2p_us.max(), t.near_us.max())) if t.p2p_us.size else 0
     for i in range(pp):
         s_lo, s_hi = start_range(i, pp, N)
         v.start.append(model.new_int_var(s_lo, s_hi, f"start_{i}"))
@@ -72,6 +83,15 @@ def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, 
         for a in classes:
             for b in classes:
                 v.y[i, a, b] = model.new_bool_var(f"y_{i}_{a}_{b}")
+        types, pairs = positional_pairs(t, link_classes)
+        for ty in types:
+            gpn = int(t.gpus_per_node[ty])
+            v.node_first[i, ty] = model.new_int_var(0, int(t.budget[ty]) // gpn, f"node_first_{i}_{ty}")
+            v.node_last[i, ty] = model.new_int_var(0, 3 * int(t.budget[ty]) // gpn + 1, f"node_last_{i}_{ty}")
+            v.same_node[i, ty] = model.new_bool_var(f"same_node_{i}_{ty}")
+            v.stay[i, ty] = model.new_bool_var(f"stay_{i}_{ty}")
+        for a, b in pairs:
+            v.w[i, a, b] = model.new_bool_var(f"w_{i}_{a}_{b}")
     if contiguous(t):
         for ty in sorted({int(t.option_type[o]) for (_, o) in cells}):
             for i in range(pp):
@@ -79,6 +99,18 @@ def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, 
     v.t_max = model.new_int_var(0, max_core + 2 * max_link, "t_max")
     v.sync_max = model.new_int_var(0, max_sync, "sync_max")
     return v
+
+
+def positional_pairs(t: StageTables, link_classes: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """The device types whose links can stay inside a node at a different price, and the class pairs (a, b)
+    (both of such a type) whose two link prices differ.  Empty without positional links."""
+    if not t.positional_links:
+        return [], []
+    rep = {c: link_classes.index(c) for c in sorted(set(link_classes))}
+    pairs = [(a, b) for a in rep for b in rep
+             if t.near_us[rep[a], rep[b]] != t.p2p_us[rep[a], rep[b]]]
+    types = sorted({int(t.option_type[rep[a]]) for a, _ in pairs})
+    return types, pairs
 
 
 def contiguous(t: StageTables) -> bool:
@@ -89,14 +121,12 @@ def contiguous(t: StageTables) -> bool:
 def stage_values(t: StageTables, stages: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
     """Per stage (core, sync, time) of a plan [(option, start, n)], read from the tables."""
     pp = t.pp
-    cores, syncs, times = [], [], []
+    cores, syncs = [], []
     for i, (o, s, n) in enumerate(stages):
         p = position(i, pp)
         cores.append(int(t.core_us[o, p, s, n]))
         syncs.append(int(t.sync_us[o, p, s, n]))
-        times.append(t.stage_us(stages[i - 1][0] if i else None, o, stages[i + 1][0] if i + 1 < pp else None,
-                                i, s, n))
-    return cores, syncs, times
+    return cores, syncs, t.plan_stage_us(stages)
 
 
 def hint_plan(model: cp_model.CpModel, v: StageVars, t: StageTables, stages: list[tuple[int, int, int]],
@@ -115,12 +145,32 @@ def hint_plan(model: cp_model.CpModel, v: StageVars, t: StageTables, stages: lis
         model.add_hint(v.start[i], s)
         model.add_hint(v.layers[i], n)
         model.add_hint(v.t[i], times[i])
+    links = t.plan_links_us([chosen[i] for i in range(pp)])
+    used = [0] * len(t.types)  # the GPUs of each type the stages before stage i use
     for i in range(pp - 1):
         a, b = link_classes[chosen[i]], link_classes[chosen[i + 1]]
-        model.add_hint(v.link[i], int(t.p2p_us[chosen[i], chosen[i + 1]]))
+        model.add_hint(v.link[i], links[i])
         for (k, ca, cb), y in v.y.items():
             if k == i:
                 model.add_hint(y, ca == a and cb == b)
+        here, there = int(t.option_gpus[chosen[i]]), int(t.option_gpus[chosen[i + 1]])
+        same_type = int(t.option_type[chosen[i]]) == int(t.option_type[chosen[i + 1]])
+        for (k, ty), var in v.node_first.items():
+            if k != i:
+                continue
+            gpn = int(t.gpus_per_node[ty])
+            size = (here if int(t.option_type[chosen[i]]) == ty else 0) + (
+                there if int(t.option_type[chosen[i + 1]]) == ty else 0)
+            first, last = used[ty] // gpn, max(used[ty] + size - 1, 0) // gpn
+            model.add_hint(var, first)
+            model.add_hint(v.node_last[i, ty], last)
+            model.add_hint(v.same_node[i, ty], first == last)
+            model.add_hint(v.stay[i, ty], same_type and int(t.option_type[chosen[i]]) == ty and first == last)
+        stays = same_type and not t.crosses_nodes(chosen[i], chosen[i + 1], used[int(t.option_type[chosen[i]])])
+        for (k, ca, cb), w in v.w.items():
+            if k == i:
+                model.add_hint(w, ca == a and cb == b and stays)
+        used[int(t.option_type[chosen[i]])] += here
     types = [int(t.option_type[chosen[i]]) for i in range(pp)]
     for (i, ty), b in v.block_start.items():
         model.add_hint(b, types[i] == ty and (i == 0 or types[i - 1] != ty))

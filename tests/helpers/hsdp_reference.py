@@ -5,7 +5,8 @@ It visits states in order, then layer counts n upwards (stopping at the first n 
 then next units, then labels; keeps per next state the Pareto set of (sum, max sync) (or the one
 label of least sum + v*sync), the first visited among equal labels; and drops a state when an
 earlier one of its group (same layers, link in, unit, finished types) with no more GPUs has labels
-covering its labels.  Slow (a Python loop per label) but obviously what the docstring says."""
+covering its labels (with positional links, also where each type's next stage would start inside a
+node).  Slow (a Python loop per label) but obviously what the docstring says."""
 
 from __future__ import annotations
 
@@ -89,8 +90,7 @@ class ReferenceStageDP(_StageDP):
             stages.append(lab[3])
             lab = lab[2]
         stages.reverse()
-        actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < pp else None, k, s, n)
-                     for k, (o, s, n) in enumerate(stages))
+        actual = max(t.plan_stage_us(stages))
         return _Result(best[0] + v * best[1], best[0], best[1], stages, actual)
 
     def _nexts(self, unit, used, types, gpus, budget, p2p, last_ok, i):
@@ -113,8 +113,17 @@ class ReferenceStageDP(_StageDP):
                 new = used[:ty] + (used[ty] + gpus[on],) + used[ty + 1:]
             if i + 1 == self.t.pp - 1 and not last_ok[on]:
                 continue
-            out.append((on, p2p[unit][on], new))
+            out.append((on, self._link(unit, on, used, types, gpus, p2p), new))
         return out
+
+    def _link(self, unit, on, used, types, gpus, p2p):
+        """The link to the next stage: the node's own when both stages' ranks share a node."""
+        if not self.positional or types[on] != types[unit]:
+            return p2p[unit][on]
+        gpn = int(self.gpn[types[unit]])
+        offset = (used[1] if self.contiguous else used[types[unit]]) - gpus[unit]
+        stays = offset // gpn == (offset + gpus[unit] + gpus[on] - 1) // gpn
+        return int(self.near[unit][on]) if stays else p2p[unit][on]
 
     def _add(self, bucket: list, new: tuple, v: int) -> None:
         if not self.pareto:
@@ -130,6 +139,10 @@ class ReferenceStageDP(_StageDP):
         for key, labels in states.items():
             ell, used, link, unit = key
             gkey, vec = ((ell, used[0], link, unit), used[1:]) if self.contiguous else ((ell, link, unit), used)
+            if self.positional:  # states whose next stages would start elsewhere in a node face other links
+                types = self.unit_type.tolist()
+                gkey += ((used[1] % int(self.gpn[types[unit]]),) if self.contiguous
+                         else tuple(u % int(g) for u, g in zip(used, self.gpn)))
             groups.setdefault(gkey, []).append((vec, key, labels))
         out = {}
         for items in groups.values():
