@@ -51,7 +51,7 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = mat
             used[t.option_type[o]] += t.option_gpus[o]
         if any(u > b for u, b in zip(used, t.budget)):
             continue
-        links = [0] + t.plan_links_us(opts) + [0]
+        links = [(0, 0)] + t.plan_links(opts) + [(0, 0)]
         for split in compositions(N, pp):
             count += 1
             if count > limit:

@@ -8,13 +8,17 @@ per-micro-batch time is core[o, p, start, n] + link[i-1] + link[i] (both pipelin
 evaluator charges them); it fits in memory when
 static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
 
-A link's price (`link_us`) depends on where the boundary lands: p2p_near[a, b] when the two stages' ranks share
-a node, p2p[a, b] when they do not (always between device types).  Stage i's ranks start `offset` GPUs into its
-type's GPUs (the GPUs of that type the stages before it use), and the boundary to the next stage leaves a node
-exactly when a node boundary falls inside the two blocks (planner/cost/communication.py
-`pipeline_boundary_crosses_nodes`), so a plan's links follow from its option sequence (`plan_links_us`).
-Where p2p_near equals p2p the position does not matter.  `links_exact` False: the links are lower bounds
-(interleaved sends on links slower than the overlapping compute can hide), and so is every objective.
+A link is a pair (L, M) (`link`): with its two stages' forward F and backward B (core = F + B) a stage takes
+    max(F + L_in, M_in) + max(B + L_out, M_out)
+which is core + L_in + L_out unless a link's M outlasts the compute beside it: under 1F1B, L is the message and M
+is 0; interleaved, L is v latencies and M the v messages, which the compute overlaps (CostModel.p2p_s; the
+evaluator's F + B + max(L, M - F) + max(L, M - B)).  `traffic_us` (M) and `fwd_us` (F) are present only when
+some M can outlast the compute (else M never binds).  The link depends on where the boundary lands: the near
+prices when the two stages' ranks share a node, the others when they do not (always between device types).
+Stage i's ranks start `offset` GPUs into its type's GPUs (the GPUs of that type the stages before it use), and the
+boundary to the next stage leaves a node exactly when a node boundary falls inside the two blocks
+(planner/cost/communication.py `pipeline_boundary_crosses_nodes`), so a plan's links follow from its option
+sequence (`plan_links`).
 
 Quantisation (solver_models/scaling.py): every time is rounded DOWN to whole microseconds, so a
 plan's table objective never exceeds its float cost and falls short of it by less than
@@ -84,9 +88,10 @@ class StageTables:
     memory_prune: bool = False  # pruning: a stage takes the least recompute that fits
     windows: np.ndarray | None = None  # pruning: int [O, 2] load-balance layer counts (inclusive)
     deadline: float | None = None  # time.perf_counter() value: fit_range raises DeadlinePassed after it
-    p2p_near_us: np.ndarray | None = None  # int64 [O, O]  the link when both stages' ranks share a node (None: p2p)
+    p2p_near_us: np.ndarray | None = None  # int64 [O, O]  L when both stages' ranks share a node (None: p2p_us)
     gpus_per_node: np.ndarray | None = None  # int [num types]  (with p2p_near_us)
-    links_exact: bool = True  # False: the links are lower bounds (see the module docstring)
+    traffic_us: np.ndarray | None = None  # int64 [2, O, O]  M across nodes, then inside one (None: M never binds)
+    fwd_us: np.ndarray | None = None  # int64 [O, 4, N+1, N+1]  F, the forward part of core (with traffic_us)
 
     def pruned(self, *, delta: float | None, memory: bool) -> "StageTables":
         """These tables with the paper's prunings set: load balance with tolerance `delta` (None:
@@ -98,18 +103,21 @@ class StageTables:
 
     @property
     def exact(self) -> bool:
-        """Whether the tables' optimum is the configuration's optimum (no pruning on them, exact links)."""
-        return self.windows is None and not self.memory_prune and self.links_exact
+        """Whether the tables' optimum is the configuration's optimum (no pruning on them)."""
+        return self.windows is None and not self.memory_prune
 
     @property
     def near_us(self) -> np.ndarray:
-        """int64 [O, O]: the link when both stages' ranks share a node (p2p_us where that cannot happen)."""
+        """int64 [O, O]: L when both stages' ranks share a node (p2p_us where that cannot happen)."""
         return self.p2p_us if self.p2p_near_us is None else self.p2p_near_us
 
     @property
     def positional_links(self) -> bool:
-        """Whether some link's price depends on where the boundary lands."""
-        return self.p2p_near_us is not None and bool((self.p2p_near_us != self.p2p_us).any())
+        """Whether some link depends on where the boundary lands."""
+        if self.p2p_near_us is None:
+            return False
+        return bool((self.p2p_near_us != self.p2p_us).any()) or (
+            self.traffic_us is not None and bool((self.traffic_us[0] != self.traffic_us[1]).any()))
 
     def crosses_nodes(self, a: int, b: int, offset: int) -> bool:
         """Whether the boundary from a stage on option a starting `offset` GPUs into its type's GPUs to the next
@@ -120,14 +128,14 @@ class StageTables:
         return pipeline_boundary_crosses_nodes(offset, int(self.option_gpus[a]), int(self.option_gpus[b]),
                                                int(self.gpus_per_node[ty]))
 
-    def link_us(self, a: int, b: int, offset: int) -> int:
-        """The link from a stage on option a (starting `offset` GPUs into its type's) to the next, on option b."""
-        if self.p2p_near_us is None or self.crosses_nodes(a, b, offset):
-            return int(self.p2p_us[a, b])
-        return int(self.p2p_near_us[a, b])
+    def link(self, a: int, b: int, offset: int) -> tuple[int, int]:
+        """(L, M) of the link from a stage on option a (starting `offset` GPUs into its type's) to the next, on b."""
+        near = self.p2p_near_us is not None and not self.crosses_nodes(a, b, offset)
+        l_us = int((self.p2p_near_us if near else self.p2p_us)[a, b])
+        return l_us, (0 if self.traffic_us is None else int(self.traffic_us[int(near), a, b]))
 
-    def plan_links_us(self, opts: list[int] | tuple[int, ...]) -> list[int]:
-        """The links of a full option sequence, boundary by boundary."""
+    def plan_links(self, opts: list[int] | tuple[int, ...]) -> list[tuple[int, int]]:
+        """The links (L, M) of a full option sequence, boundary by boundary."""
         used: dict[int, int] = {}
         out = []
         for i, o in enumerate(opts):
@@ -135,16 +143,17 @@ class StageTables:
             offset = used.get(ty, 0)
             used[ty] = offset + int(self.option_gpus[o])
             if i + 1 < len(opts):
-                out.append(self.link_us(o, opts[i + 1], offset))
+                out.append(self.link(o, opts[i + 1], offset))
         return out
 
     @property
     def quantisation_us(self) -> int:
         """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage
-        time has three rounded-down terms (core and two links), the sync one, and the objective
-        counts stage times PP + m*v - 1 times and the sync v times."""
+        time has three rounded-down terms (core and two links; four with traffic: F and L on each side),
+        the sync one, and the objective counts stage times PP + m*v - 1 times and the sync v times."""
         v = self.g.vpp
-        return 3 * (self.pp + self.num_microbatches * v - 1) + v
+        per_stage = 3 if self.traffic_us is None else 4
+        return per_stage * (self.pp + self.num_microbatches * v - 1) + v
 
     def first_stage_ok(self, o: int) -> bool:
         """Options stage 0 may take.  megatron: every stage has the global DP.  flagscale: G fixes
@@ -243,13 +252,19 @@ class StageTables:
             self.__dict__["_fit_range"] = cached
         return cached
 
-    def stage_us(self, o: int, i: int, start: int, n: int, link_in_us: int = 0, link_out_us: int = 0) -> int:
-        """Stage i's time on option o with layers [start, start + n) and the given links (0: none)."""
-        return int(self.core_us[o, position(i, self.pp), start, n]) + link_in_us + link_out_us
+    def stage_us(self, o: int, i: int, start: int, n: int, link_in: tuple[int, int] = (0, 0),
+                 link_out: tuple[int, int] = (0, 0)) -> int:
+        """Stage i's time on option o with layers [start, start + n) and the given links ((0, 0): none)."""
+        p = position(i, self.pp)
+        core = int(self.core_us[o, p, start, n])
+        if self.traffic_us is None:
+            return core + link_in[0] + link_out[0]
+        fwd = int(self.fwd_us[o, p, start, n])
+        return max(fwd + link_in[0], link_in[1]) + max(core - fwd + link_out[0], link_out[1])
 
     def plan_stage_us(self, stages: list[tuple[int, int, int]]) -> list[int]:
         """Every stage's time of a plan [(option, start, n)], its links from its option sequence."""
-        links = [0] + self.plan_links_us([o for o, _, _ in stages]) + [0]
+        links = [(0, 0)] + self.plan_links([o for o, _, _ in stages]) + [(0, 0)]
         return [self.stage_us(o, i, s, n, links[i], links[i + 1]) for i, (o, s, n) in enumerate(stages)]
 
     def objective_us(self, sum_us: int, max_us: int, max_sync_us: int) -> int:

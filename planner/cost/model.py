@@ -730,6 +730,17 @@ class CostModel:
         p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * self.training.activation_bytes
         return collective_s(link, "p2p", p2p_bytes, 2)
 
+    def p2p_parts(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                  crosses_nodes: bool | None) -> tuple[float, float]:
+        """(L, M) of the link a -> b per micro-batch, as one of its stages pays it (`p2p_s`): under 1F1B the one
+        message and nothing to overlap (message, 0); interleaved, v latencies and the v messages
+        (v * latency, v * message)."""
+        message = self.p2p_message_s(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        if g.vpp == 1:
+            return message, 0.0
+        link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        return g.vpp * link.intra.latency_us * US_S, g.vpp * message
+
     def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *, crosses_nodes: bool | None,
               overlap_s: float) -> float:
         """The pipeline sends on the link a -> b one of its two stages pays per micro-batch, as exposed.
@@ -739,12 +750,10 @@ class CostModel:
         only there: a chunk's forward output travels during the next backward, a chunk's input gradient during
         the next forward); `overlap_s` is that compute for the whole micro-batch (all v chunks) of the paying stage.
         Each message stays exposed for what outlasts its chunk's share, and at least its latency:
-        v * max(latency, message - overlap_s / v).  `overlap_s` math.inf: the least (v latencies)."""
-        message = self.p2p_message_s(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
-        if g.vpp == 1:
-            return message
-        link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
-        return max(g.vpp * link.intra.latency_us * US_S, g.vpp * message - overlap_s)
+        v * max(latency, message - overlap_s / v) = max(L, M - overlap_s) with (L, M) = `p2p_parts`.
+        `overlap_s` math.inf: the least (v latencies)."""
+        floor_s, traffic_s = self.p2p_parts(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        return max(floor_s, traffic_s - overlap_s)
 
     @staticmethod
     def inflight_microbatches(g: GlobalShape, index: int) -> float:

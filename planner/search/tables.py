@@ -47,7 +47,7 @@ class TableBuilder:
             arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
-        core, sync, static, act, cap, p2p, near, links_exact, min_layer = arrays
+        core, sync, static, act, cap, p2p, near, traffic, fwd, min_layer = arrays
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -59,7 +59,7 @@ class TableBuilder:
             types=types, budget=self._budget, min_layer_us=min_layer,
             contiguous_types=self.contiguous_types, deadline=deadline,
             p2p_near_us=near, gpus_per_node=np.array([cost.gpus_per_node(t) for t in types], dtype=np.int64),
-            links_exact=bool(links_exact),
+            traffic_us=traffic if traffic.size else None, fwd_us=fwd if fwd.size else None,
         )
 
     def _trim_cache(self) -> None:
@@ -104,6 +104,10 @@ class TableBuilder:
         num_o = len(options)
         N = n_layers
         shape = (num_o, 4, N + 1, N + 1)
+        far, near, traffic = pipeline_links(cost, gs, options)
+        # with traffic the tables keep each cell's forward apart (rounded down apart from its backward, so that
+        # core = F + B stays a lower bound of both)
+        fwd = np.empty(shape if traffic.size else (0,), dtype=np.int64)
         # filled option by option below (with a deadline check between): on a model with hundreds
         # of layers these arrays take gigabytes, and writing them is most of a build's time
         core = np.empty(shape, dtype=np.int64)
@@ -126,12 +130,14 @@ class TableBuilder:
             check_deadline(deadline)
             core[o].fill(INF_US)
             sync[o].fill(INF_US)
+            if traffic.size:
+                fwd[o].fill(INF_US)
             static[o].fill(np.inf)
             act[o].fill(np.inf)
             for p, mask in regions.items():
                 check_deadline(deadline)
                 ids = np.unique(sig[mask])
-                vals = np.zeros((len(reps), 4))
+                vals = np.zeros((len(reps), 5))
                 for j, k in enumerate(ids):
                     if j % 64 == 63:
                         check_deadline(deadline)
@@ -139,10 +145,14 @@ class TableBuilder:
                     c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),
                                         is_last=p in (LAST, ONLY))
-                    vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes)
+                    vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes, c.forward_s)
                     cap[o] = c.capacity_bytes
                 cells = sig[mask]
-                core[o, p][mask] = to_us_array(vals[cells, 0])
+                if traffic.size:
+                    fwd[o, p][mask] = to_us_array(vals[cells, 4])
+                    core[o, p][mask] = fwd[o, p][mask] + to_us_array(vals[cells, 0] - vals[cells, 4])
+                else:
+                    core[o, p][mask] = to_us_array(vals[cells, 0])
                 sync[o, p][mask] = to_us_array(vals[cells, 1])
                 static[o, p][mask] = vals[cells, 2]
                 act[o, p][mask] = vals[cells, 3]
@@ -152,51 +162,43 @@ class TableBuilder:
                                    recompute=Recompute.none(), is_first=False, is_last=False).time_s
                    for j in _distinct_layer_starts(cost)]
             min_layer[o] = to_us(min(per))
-        far, near, exact = pipeline_links(cost, gs, options)
-        return core, sync, static, act, cap, far, near, np.array(exact), min_layer
+        return core, sync, static, act, cap, far, near, traffic, fwd, min_layer
 
 
 def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
-                   ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(p2p, p2p_near, exact): int [O, O] links as each of the two stages is charged, when the boundary leaves a
-    node and when both stages share one (solver_models/tables.py), and whether they are exact.
-
-    A stage pays an interleaved link's sends less the compute that overlaps them (CostModel.p2p_s), which depends
-    on its layers; the tables charge both stages the least over the compute any stage of the two options can
-    have (`overlap_bounds`).  That is exact when even the least compute hides every message (or without
-    interleaving); otherwise the links are lower bounds."""
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(L, L near, M) of every option pair: int [O, O] and [2, O, O] (across nodes, then inside one), the link
+    as each of its two stages pays it (CostModel.p2p_parts; solver_models/tables.py), when the boundary leaves a
+    node and when both stages share one.  M is empty when it can never outlast the compute beside it (a stage's
+    forward and backward are at least a one-layer stage's forward: `overlap_bounds`)."""
     n = len(options)
-    far = np.zeros((n, n), dtype=np.int64)
-    near = np.zeros((n, n), dtype=np.int64)
-    bounds = [overlap_bounds(cost, gs, o) for o in options]
-    exact = True
+    floor = np.zeros((2, n, n), dtype=np.int64)
+    traffic = np.zeros((2, n, n), dtype=np.int64)
     for a, oa in enumerate(options):
         for b, ob in enumerate(options):
-            least = min(bounds[a][0], bounds[b][0])
-            most = max(bounds[a][1], bounds[b][1])
-            for table, crosses in ((far, True), (near, False)):
-                if not crosses and (oa.device_type != ob.device_type or not pipeline_boundary_may_stay_in_node(
-                        gs.tp * gs.cp * oa.dp, gs.tp * gs.cp * ob.dp, cost.gpus_per_node(oa.device_type))):
-                    table[a, b] = far[a, b]
-                    continue
-                def p2p(overlap_s: float) -> float:
-                    return cost.p2p_s(gs, oa.device_type, oa.dp, ob.device_type, ob.dp, crosses_nodes=crosses,
-                                      overlap_s=overlap_s)
-                table[a, b] = to_us(p2p(most))
-                exact = exact and to_us(p2p(least)) == table[a, b]
-    return far, near, exact
+            may_stay = oa.device_type == ob.device_type and pipeline_boundary_may_stay_in_node(
+                gs.tp * gs.cp * oa.dp, gs.tp * gs.cp * ob.dp, cost.gpus_per_node(oa.device_type))
+            for near in (0, 1):
+                parts = cost.p2p_parts(gs, oa.device_type, oa.dp, ob.device_type, ob.dp,
+                                       crosses_nodes=not (near and may_stay))
+                floor[near, a, b], traffic[near, a, b] = to_us(parts[0]), to_us(parts[1])
+    least = min((overlap_bounds(cost, gs, o)[0] for o in options), default=0.0)
+    if not (traffic - floor > to_us(least)).any():
+        traffic = np.zeros((0,), dtype=np.int64)
+    return floor[0], floor[1], traffic
 
 
 def overlap_bounds(cost: CostModel, gs: GlobalShape, o: StageOption) -> tuple[float, float]:
     """(least, most) compute that can overlap an interleaved stage's sends on option o per micro-batch: a one-layer
-    middle stage's forward without recompute (the least of the layer kinds), and the whole model as the only
+    middle stage's forward or backward without recompute (the least of the layer kinds), and the whole model as the only
     stage with full recompute (more than any stage's forward or backward, whatever its recompute).  (0, 0)
     without interleaving (nothing overlaps)."""
     if gs.vpp == 1:
         return 0.0, 0.0
-    least = min(cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
-                                recompute=Recompute.none(), is_first=False, is_last=False).forward_s
-                for j in _distinct_layer_starts(cost))
+    cores = [cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
+                             recompute=Recompute.none(), is_first=False, is_last=False)
+             for j in _distinct_layer_starts(cost)]
+    least = min(min(c.forward_s, c.backward_s) for c in cores)
     most = cost.stage_core(gs, device_type=o.device_type, start=0, end=cost.model.num_layers, dp=o.dp,
                            recompute=Recompute.full("uniform", 1), is_first=True, is_last=True).time_s
     return least, most

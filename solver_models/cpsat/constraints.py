@@ -42,8 +42,8 @@ def add_layer_counts(model: cp_model.CpModel, t: StageTables, cells: Cells, v: S
 
 
 def add_stage_costs(model: cp_model.CpModel, cells: Cells, v: StageVars) -> dict[str, int]:
-    """core[i, o] and sync[i, o] are the table's values at the stage's (start, n) cell, 0 when the
-    option is not chosen (n = 0).  Only allowed cells (memory fits, the position's region) exist,
+    """core[i, o] and sync[i, o] (and fwd[i, o] where the model has it: links with traffic) are the table's
+    values at the stage's (start, n) cell, 0 when the option is not chosen (n = 0).  Only allowed cells (memory fits, the position's region) exist,
     so memory is enforced here.  Where the values do not depend on the start (first and last
     stage, single-kind models) an element over n, whose index domain is small and whose
     propagation is exact; otherwise a table over (start, n, core, sync), which propagates between
@@ -51,19 +51,24 @@ def add_stage_costs(model: cp_model.CpModel, cells: Cells, v: StageVars) -> dict
     Returns how many of each form were used."""
     used = {"element": 0, "table": 0}
     for (i, o), c in cells.items():
+        fwd = (i, o) in v.fwd
         if c.by_n is not None:
             size = max(c.by_n) + 1
-            core_vals = [0] * size
-            sync_vals = [0] * size
-            for n, (core, sync) in c.by_n.items():
-                core_vals[n], sync_vals[n] = core, sync
-            model.add_element(v.n[i, o], core_vals, v.core[i, o])
-            model.add_element(v.n[i, o], sync_vals, v.sync[i, o])
+            vals = [[0] * size for _ in range(3)]
+            for n, cell in c.by_n.items():
+                for k in range(3):
+                    vals[k][n] = cell[k]
+            model.add_element(v.n[i, o], vals[0], v.core[i, o])
+            model.add_element(v.n[i, o], vals[1], v.sync[i, o])
+            if fwd:
+                model.add_element(v.n[i, o], vals[2], v.fwd[i, o])
             used["element"] += 1
         else:
-            rows = [list(cell) for cell in c.cells]
-            rows += [[s, 0, 0, 0] for s in range(c.start_lo, c.start_hi + 1)]
-            model.add_allowed_assignments([v.start[i], v.n[i, o], v.core[i, o], v.sync[i, o]], rows)
+            width = 5 if fwd else 4
+            rows = [list(cell[:width]) for cell in c.cells]
+            rows += [[s] + [0] * (width - 1) for s in range(c.start_lo, c.start_hi + 1)]
+            columns = [v.start[i], v.n[i, o], v.core[i, o], v.sync[i, o]] + ([v.fwd[i, o]] if fwd else [])
+            model.add_allowed_assignments(columns, rows)
             used["table"] += 1
     return used
 
@@ -102,8 +107,9 @@ def link_classes(t: StageTables) -> list[int]:
 def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, classes: list[int]) -> None:
     """y[i, a, b] = [stage i in class a and stage i+1 in class b], as a transportation polytope
     (row sums are stage i's class indicators, column sums stage i+1's), which is integral in the
-    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the time of the link between stages i and i+1, less
-    (p2p - p2p_near)[a, b] where the link stays inside a node (w[i, a, b], `add_node_positions`)."""
+    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the L of the link between stages i and i+1, less
+    (p2p - p2p_near)[a, b] where the link stays inside a node (w[i, a, b], `add_node_positions`); likewise
+    traffic[i], its M (tables.link), where the tables carry traffic."""
     ids = sorted(set(classes))
     rep = {c: classes.index(c) for c in ids}
     for i in range(t.pp - 1):
@@ -113,9 +119,10 @@ def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
         for b in ids:
             model.add(sum(v.y[i, a, b] for a in ids)
                       == sum(v.x[i + 1, o] for o in v.options_of(i + 1) if classes[o] == b))
-        stay = sum(int(t.near_us[rep[a], rep[b]] - t.p2p_us[rep[a], rep[b]]) * w
-                   for (k, a, b), w in v.w.items() if k == i)
-        model.add(v.link[i] == sum(int(t.p2p_us[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids) + stay)
+        for var, far, near in ((v.link[i], t.p2p_us, t.near_us),) + (
+                ((v.traffic[i], t.traffic_us[0], t.traffic_us[1]),) if v.traffic else ()):
+            stay = sum(int(near[rep[a], rep[b]] - far[rep[a], rep[b]]) * w for (k, a, b), w in v.w.items() if k == i)
+            model.add(var == sum(int(far[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids) + stay)
     add_node_positions(model, t, v, classes)
 
 
@@ -149,15 +156,28 @@ def add_node_positions(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
 
 
 def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
-    """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them)."""
+    """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them).  With
+    traffic, t[i] = into[i] + out[i] >= max(F + L_in, M_in) + max(B + L_out, M_out) (tables.stage_us): the
+    objective only rises with t, so at the optimum both parts are the maxima."""
     pp = t.pp
     for i in range(pp):
-        expr = sum(v.core[i, o] for o in v.options_of(i))
+        core = sum(v.core[i, o] for o in v.options_of(i))
+        if not v.traffic:
+            expr = core
+            if i > 0:
+                expr += v.link[i - 1]
+            if i < pp - 1:
+                expr += v.link[i]
+            model.add(v.t[i] == expr)
+            continue
+        fwd = sum(v.fwd[i, o] for o in v.options_of(i))
+        model.add(v.into[i] >= fwd + (v.link[i - 1] if i > 0 else 0))
+        model.add(v.out[i] >= core - fwd + (v.link[i] if i < pp - 1 else 0))
         if i > 0:
-            expr += v.link[i - 1]
+            model.add(v.into[i] >= v.traffic[i - 1])
         if i < pp - 1:
-            expr += v.link[i]
-        model.add(v.t[i] == expr)
+            model.add(v.out[i] >= v.traffic[i])
+        model.add(v.t[i] == v.into[i] + v.out[i])
 
 
 def add_gpu_budget(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:

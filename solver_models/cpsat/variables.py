@@ -5,7 +5,10 @@ Per stage i and allowed option o (see cells.py):
   n[i, o]     layers stage i holds under option o (0 unless x[i, o]);
   core[i, o]  core time of stage i under option o, integer us (0 unless x[i, o]);
   sync[i, o]  exposed DP sync + optimizer time (0 unless x[i, o]);
-Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time.
+  fwd[i, o]   the forward part of core (0 unless x[i, o]; only where the tables carry traffic);
+Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time (with traffic
+  t[i] = into[i] + out[i], its forward and backward with their links: tables.stage_us).
+Per link: link[i] its L (and with traffic, traffic[i] its M: tables.link).
 Per link between stages i and i+1 and option classes (a, b) with equal p2p rows/columns:
   y[i, a, b]  Boolean, stage i is in class a and stage i+1 in class b.
 With positional links (tables.link_us), per link i and device type ty whose links can stay inside a node:
@@ -37,10 +40,14 @@ class StageVars:
     n: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     core: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     sync: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    fwd: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     start: list[cp_model.IntVar] = field(default_factory=list)
     layers: list[cp_model.IntVar] = field(default_factory=list)
     t: list[cp_model.IntVar] = field(default_factory=list)
-    link: list[cp_model.IntVar] = field(default_factory=list)  # time of the link after stage i
+    link: list[cp_model.IntVar] = field(default_factory=list)  # L of the link after stage i
+    traffic: list[cp_model.IntVar] = field(default_factory=list)  # its M (with traffic)
+    into: list[cp_model.IntVar] = field(default_factory=list)  # with traffic: max(F + L_in, M_in)
+    out: list[cp_model.IntVar] = field(default_factory=list)  # with traffic: max(B + L_out, M_out)
     y: dict[tuple[int, int, int], cp_model.IntVar] = field(default_factory=dict)
     block_start: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     node_first: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
@@ -69,16 +76,25 @@ def create_vars(model: cp_model.CpModel, t: StageTables, cells: dict[tuple[int, 
         v.n[i, o] = model.new_int_var_from_domain(cp_model.Domain.from_values([0] + counts), f"n_{i}_{o}")
         v.core[i, o] = model.new_int_var(0, max(cores), f"core_{i}_{o}")
         v.sync[i, o] = model.new_int_var(0, max(syncs), f"sync_{i}_{o}")
+        if t.traffic_us is not None:
+            v.fwd[i, o] = model.new_int_var(0, max(cell[4] for cell in c.cells), f"fwd_{i}_{o}")
     max_core = max((max(cell[2] for cell in c.cells) for c in cells.values()), default=0)
     max_sync = max((max(cell[3] for cell in c.cells) for c in cells.values()), default=0)
     max_link = int(max(t.p2p_us.max(), t.near_us.max())) if t.p2p_us.size else 0
+    max_traffic = int(t.traffic_us.max()) if t.traffic_us is not None and t.traffic_us.size else 0
+    max_link = max_link + max_traffic
     for i in range(pp):
         s_lo, s_hi = start_range(i, pp, N)
         v.start.append(model.new_int_var(s_lo, s_hi, f"start_{i}"))
         v.layers.append(model.new_int_var(1, N - (pp - 1), f"layers_{i}"))
         v.t.append(model.new_int_var(0, max_core + 2 * max_link, f"t_{i}"))
+        if t.traffic_us is not None:
+            v.into.append(model.new_int_var(0, max_core + max_link, f"into_{i}"))
+            v.out.append(model.new_int_var(0, max_core + max_link, f"out_{i}"))
     for i in range(pp - 1):
         v.link.append(model.new_int_var(0, max_link, f"link_{i}"))
+        if t.traffic_us is not None:
+            v.traffic.append(model.new_int_var(0, max_traffic, f"traffic_{i}"))
         classes = sorted(set(link_classes))
         for a in classes:
             for b in classes:
@@ -107,8 +123,10 @@ def positional_pairs(t: StageTables, link_classes: list[int]) -> tuple[list[int]
     if not t.positional_links:
         return [], []
     rep = {c: link_classes.index(c) for c in sorted(set(link_classes))}
+    traffic = t.traffic_us
     pairs = [(a, b) for a in rep for b in rep
-             if t.near_us[rep[a], rep[b]] != t.p2p_us[rep[a], rep[b]]]
+             if t.near_us[rep[a], rep[b]] != t.p2p_us[rep[a], rep[b]]
+             or (traffic is not None and traffic[1, rep[a], rep[b]] != traffic[0, rep[a], rep[b]])]
     types = sorted({int(t.option_type[rep[a]]) for a, _ in pairs})
     return types, pairs
 
@@ -141,15 +159,25 @@ def hint_plan(model: cp_model.CpModel, v: StageVars, t: StageTables, stages: lis
         model.add_hint(v.n[i, o], stages[i][2] if on else 0)
         model.add_hint(v.core[i, o], cores[i] if on else 0)
         model.add_hint(v.sync[i, o], syncs[i] if on else 0)
+        if (i, o) in v.fwd:
+            model.add_hint(v.fwd[i, o], int(t.fwd_us[o, position(i, pp), stages[i][1], stages[i][2]]) if on else 0)
     for i, (o, s, n) in enumerate(stages):
         model.add_hint(v.start[i], s)
         model.add_hint(v.layers[i], n)
         model.add_hint(v.t[i], times[i])
-    links = t.plan_links_us([chosen[i] for i in range(pp)])
+    links = t.plan_links([chosen[i] for i in range(pp)])
+    for i, (o, s, n) in enumerate(stages):
+        if v.into:
+            fwd = int(t.fwd_us[o, position(i, pp), s, n])
+            l_in, l_out = (links[i - 1] if i else (0, 0)), (links[i] if i + 1 < pp else (0, 0))
+            model.add_hint(v.into[i], max(fwd + l_in[0], l_in[1]))
+            model.add_hint(v.out[i], max(cores[i] - fwd + l_out[0], l_out[1]))
     used = [0] * len(t.types)  # the GPUs of each type the stages before stage i use
     for i in range(pp - 1):
         a, b = link_classes[chosen[i]], link_classes[chosen[i + 1]]
-        model.add_hint(v.link[i], links[i])
+        model.add_hint(v.link[i], links[i][0])
+        if v.traffic:
+            model.add_hint(v.traffic[i], links[i][1])
         for (k, ca, cb), y in v.y.items():
             if k == i:
                 model.add_hint(y, ca == a and cb == b)
@@ -188,9 +216,12 @@ def extract_plan(solver: cp_model.CpSolver, v: StageVars, pp: int) -> list[tuple
 
 
 def variable_counts(v: StageVars) -> dict[str, int]:
-    """Variables per family: `stages` (per stage and option: x, n, core, sync; per stage: start,
-    layers, t), `links` (link times and the class-pair Booleans y), `blocks` (contiguity) and
-    `bottleneck` (t_max, sync_max)."""
-    stages = len(v.x) + len(v.n) + len(v.core) + len(v.sync) + len(v.start) + len(v.layers) + len(v.t)
-    return {"stages": stages, "links": len(v.link) + len(v.y), "blocks": len(v.block_start),
+    """Variables per family: `stages` (per stage and option: x, n, core, sync, fwd; per stage: start,
+    layers, t, into, out), `links` (link L and M, the class-pair Booleans y, and the node positions),
+    `blocks` (contiguity) and `bottleneck` (t_max, sync_max)."""
+    stages = (len(v.x) + len(v.n) + len(v.core) + len(v.sync) + len(v.fwd) + len(v.start) + len(v.layers)
+              + len(v.t) + len(v.into) + len(v.out))
+    links = (len(v.link) + len(v.traffic) + len(v.y) + len(v.node_first) + len(v.node_last) + len(v.same_node)
+             + len(v.stay) + len(v.w))
+    return {"stages": stages, "links": links, "blocks": len(v.block_start),
             "bottleneck": int(v.t_max is not None) + int(v.sync_max is not None)}

@@ -25,10 +25,10 @@ class ReferenceStageDP(_StageDP):
         stats.dp_calls += 1
         t = self.t
         pp, N, v = t.pp, t.num_layers, t.g.vpp
-        core, sync = t.core_us.tolist(), t.sync_us.tolist()
+        core, sync, fwd = t.core_us.tolist(), t.sync_us.tolist(), self.fwd_us.tolist()
         units = self.units
         types, gpus, budget = self.unit_type.tolist(), self.unit_gpus.tolist(), self.budget.tolist()
-        p2p, last_ok = self.p2p.tolist(), self.last_ok.tolist()
+        last_ok = self.last_ok.tolist()
         lo, hi = t.fit_range()
         lo, hi = lo.tolist(), hi.tolist()
         # a label: (sum, sync, parent label, (option, start, n))
@@ -38,7 +38,7 @@ class ReferenceStageDP(_StageDP):
                 continue
             used = [0] * len(budget)
             used[types[u]] = gpus[u]
-            states[(0, (0, gpus[u]) if self.contiguous else tuple(used), 0, u)] = [(0, 0, None, None)]
+            states[(0, (0, gpus[u]) if self.contiguous else tuple(used), (0, 0), u)] = [(0, 0, None, None)]
         finals = []
         for i in range(pp):
             pos, last = position(i, pp), i == pp - 1
@@ -52,21 +52,22 @@ class ReferenceStageDP(_StageDP):
                     n_lo, n_hi = max(n_lo, self.windows[unit, 0]), min(n_hi, self.windows[unit, 1])
                 n_lo = max(n_lo, min(lo[o][i][ell] for o in units[unit]))
                 n_hi = min(n_hi, max(hi[o][i][ell] for o in units[unit]))
-                nexts = [] if last else self._nexts(unit, used, types, gpus, budget, p2p, last_ok, i)
+                nexts = [] if last else self._nexts(unit, used, types, gpus, budget, last_ok, i)
                 if not last and not nexts:
                     continue
-                min_out = min((x[1] for x in nexts), default=0)
+                min_l, min_m = (min((x[1][k] for x in nexts), default=0) for k in (0, 1))
                 for n in range(n_lo, n_hi + 1):
                     fitting = [o for o in units[unit] if lo[o][i][ell] <= n <= hi[o][i][ell]]
                     if not fitting:
                         continue
                     o = fitting[0]
-                    c = core[o][pos][ell][n]
-                    if c >= INF_US or c + link + min_out > cap:
+                    c, f = core[o][pos][ell][n], fwd[o][pos][ell][n]
+                    into = max(f + link[0], link[1])
+                    if c >= INF_US or into + max(c - f + min_l, min_m) > cap:
                         break  # stage time grows with n
                     s_i = sync[o][pos][ell][n]
-                    for on, out_link, new_used in nexts or [(None, 0, None)]:
-                        tt = c + link + out_link
+                    for on, out_link, new_used in nexts or [(None, (0, 0), None)]:
+                        tt = into + max(c - f + out_link[0], out_link[1])
                         if tt > cap:
                             continue
                         for lab in labels:
@@ -93,7 +94,7 @@ class ReferenceStageDP(_StageDP):
         actual = max(t.plan_stage_us(stages))
         return _Result(best[0] + v * best[1], best[0], best[1], stages, actual)
 
-    def _nexts(self, unit, used, types, gpus, budget, p2p, last_ok, i):
+    def _nexts(self, unit, used, types, gpus, budget, last_ok, i):
         out = []
         for on in range(len(types)):
             ty = types[on]
@@ -113,17 +114,18 @@ class ReferenceStageDP(_StageDP):
                 new = used[:ty] + (used[ty] + gpus[on],) + used[ty + 1:]
             if i + 1 == self.t.pp - 1 and not last_ok[on]:
                 continue
-            out.append((on, self._link(unit, on, used, types, gpus, p2p), new))
+            out.append((on, self._link(unit, on, used, types, gpus), new))
         return out
 
-    def _link(self, unit, on, used, types, gpus, p2p):
-        """The link to the next stage: the node's own when both stages' ranks share a node."""
-        if not self.positional or types[on] != types[unit]:
-            return p2p[unit][on]
-        gpn = int(self.gpn[types[unit]])
-        offset = (used[1] if self.contiguous else used[types[unit]]) - gpus[unit]
-        stays = offset // gpn == (offset + gpus[unit] + gpus[on] - 1) // gpn
-        return int(self.near[unit][on]) if stays else p2p[unit][on]
+    def _link(self, unit, on, used, types, gpus):
+        """The link (L, M) to the next stage: the near prices when both stages' ranks share a node."""
+        stays = False
+        if self.positional and types[on] == types[unit]:
+            gpn = int(self.gpn[types[unit]])
+            offset = (used[1] if self.contiguous else used[types[unit]]) - gpus[unit]
+            stays = offset // gpn == (offset + gpus[unit] + gpus[on] - 1) // gpn
+        pair = self.link_pairs[(self.near_id if stays else self.far_id)[unit][on]]
+        return int(pair[0]), int(pair[1])
 
     def _add(self, bucket: list, new: tuple, v: int) -> None:
         if not self.pareto:
