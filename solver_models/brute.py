@@ -52,6 +52,7 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = mat
         if any(u > b for u, b in zip(used, t.budget)):
             continue
         links = [(0, 0)] + t.plan_links(opts) + [(0, 0)]
+        fill = sum(link[2] for link in links[1:-1])
         for split in compositions(N, pp):
             count += 1
             if count > limit:
@@ -75,7 +76,7 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = mat
                 start += n
             if not ok:
                 continue
-            obj = t.objective_us(total, mx, sy)
+            obj = t.objective_us(total, mx, sy, fill)
             if best is None or obj < best.objective_us:
                 stages, s0 = [], 0
                 for o, n in zip(opts, split):

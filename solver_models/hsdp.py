@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.cost.model import stage_time_with_links
 from solver_models.scaling import INF_US
 from solver_models.tables import FIRST, LAST, MID, StageTables, position
 
@@ -156,16 +157,18 @@ class _StageDP:
         self.unit_type = t.option_type[lead].astype(np.int64)
         self.unit_gpus = t.option_gpus[lead].astype(np.int64)
         self.budget = t.budget.astype(np.int64)
-        # links as ids into link_pairs, rows (L, M) (tables.link); (0, 0) is "no link".  A link depends on where the
+        # links as ids into link_pairs, rows (L, M, X) (tables.link); zeros is "no link".  A link depends on where the
         # boundary lands (the near prices when the two stages' ranks share a node), which follows from the GPUs
         # of the type used so far (in the state)
         self.positional = t.positional_links
         self.gpn = t.gpus_per_node.astype(np.int64) if self.positional else None
         ix = np.ix_(lead, lead)
-        traffic = t.traffic_us if t.traffic_us is not None else np.zeros((2,) + t.p2p_us.shape, dtype=np.int64)
-        pairs = np.stack([np.stack([t.p2p_us[ix], traffic[0][ix]], axis=-1),
-                          np.stack([t.near_us[ix], traffic[1][ix]], axis=-1)])  # [far/near, U, U, 2]
-        self.link_pairs, ids = np.unique(np.concatenate([pairs.reshape(-1, 2), [[0, 0]]]), axis=0,
+        zeros = np.zeros((2,) + t.p2p_us.shape, dtype=np.int64)
+        traffic = t.traffic_us if t.traffic_us is not None else zeros
+        fill = t.fill_us if t.fill_us is not None else zeros
+        pairs = np.stack([np.stack([t.p2p_us[ix], traffic[0][ix], fill[0][ix]], axis=-1),
+                          np.stack([t.near_us[ix], traffic[1][ix], fill[1][ix]], axis=-1)])  # [far/near, U, U, 3]
+        self.link_pairs, ids = np.unique(np.concatenate([pairs.reshape(-1, 3), [[0, 0, 0]]]), axis=0,
                                          return_inverse=True)
         ids = ids.reshape(-1)
         self.far_id, self.near_id = ids[:-1].reshape(pairs.shape[:3])
@@ -250,11 +253,10 @@ class _StageDP:
 
     def _cells(self, i: int, cap: int, st: dict, active: np.ndarray, min_out: np.ndarray, fanout: np.ndarray):
         """The (state, n) a stage may take, in visiting order, per chunk of states: (state, n,
-        option, time with its link in, backward time, sync time), the stage's time being
-        max(F + L_in, M_in) + max(B + L_out, M_out) (tables.stage_us).  n runs up from its least value and
-        stops at the first n whose stage time with the least link out (`min_out` [S, 2]: the least L and
-        the least M over the next units) exceeds the cap (stage time grows with n); n that fit no member are
-        skipped.  A chunk holds at most _CANDIDATES_PER_CHUNK cells times `fanout` (the candidates
+        option, forward, backward, sync time), the stage's time being stage_time_with_links of them and its
+        links (tables.stage_us).  n runs up from its least value and stops at the first n whose stage time
+        with the least link out (`min_out` [S, 2]: the least L and the least M over the next units) exceeds
+        the cap (stage time grows with n, and with L and M); n that fit no member are skipped.  A chunk holds at most _CANDIDATES_PER_CHUNK cells times `fanout` (the candidates
         each of a state's cells makes)."""
         t, pp, N = self.t, self.t.pp, self.t.num_layers
         last = i == pp - 1
@@ -291,15 +293,15 @@ class _StageDP:
             valid = (ns >= n_lo[a:z, None]) & (ns <= n_hi[a:z, None]) & (mem >= 0)
             c = core[np.where(valid, mem, 0), e, ns[None, :]]
             f = fwd[np.where(valid, mem, 0), e, ns[None, :]]
-            into = np.maximum(f + link_in[a:z, 0, None], link_in[a:z, 1, None])
-            least = into + np.maximum(c - f + min_out[idx[a:z], 0, None], min_out[idx[a:z], 1, None])
+            least = stage_time_with_links(f, c - f, (link_in[a:z, 0, None], link_in[a:z, 1, None]),
+                                          (min_out[idx[a:z], 0, None], min_out[idx[a:z], 1, None]))
             over = valid & ((c >= INF_US) | (least > cap))
             stop = np.where(over.any(axis=1), over.argmax(axis=1), width)
             r, k = np.nonzero(valid & (np.arange(width)[None, :] < stop[:, None]))
             o = mem[r, k]
             s = idx[a + r]
             n = ns[k]
-            yield s, n, o, into[r, k], (c - f)[r, k], sync[o, st["ell"][s], n]
+            yield s, n, o, f[r, k], (c - f)[r, k], sync[o, st["ell"][s], n]
             a = z
 
     def _last_stage(self, i: int, cap: int, st: dict, labels: dict):
@@ -308,12 +310,14 @@ class _StageDP:
         v = self.t.g.vpp
         best = None
         S = st["ell"].size
-        for s, n, o, into, back, s_i in self._cells(i, cap, st, np.ones(S, dtype=bool),
-                                                    np.zeros((S, 2), dtype=np.int64), labels["count"]):
+        for s, n, o, f, back, s_i in self._cells(i, cap, st, np.ones(S, dtype=bool),
+                                                 np.zeros((S, 2), dtype=np.int64), labels["count"]):
             li, k = _expand(labels["start"][s], labels["count"][s])
             if li.size == 0:
                 continue
-            total = labels["sum"][li] + (into + back)[k]
+            link_in = self.link_pairs[st["link"][s]]
+            tt = stage_time_with_links(f, back, (link_in[:, 0], link_in[:, 1]), (0, 0))
+            total = labels["sum"][li] + tt[k]
             sync = np.maximum(labels["sync"][li], s_i[k])
             value = total + v * sync
             j = int(np.argmin(value))
@@ -375,19 +379,21 @@ class _StageDP:
         N, v = self.t.num_layers, self.t.g.vpp
         ok, out_link, new_used = self._next_units(i, st)
         has_next = ok.any(axis=1)
-        out_pair = self.link_pairs[out_link]  # [S, U, 2]
+        out_pair = self.link_pairs[out_link]  # [S, U, 3]
         min_out = np.where(has_next[:, None], np.where(ok[:, :, None], out_pair, INF_US).min(axis=1), 0)
         radices = [N + 1, *self.used_radices(), len(self.link_pairs), len(self.units)]
         parts, seq0 = [], 0
         fanout = ok.sum(axis=1) * labels["count"]
-        for s, n, o, into, back, s_i in self._cells(i, cap, st, has_next, min_out, fanout):
-            tt = into[:, None] + np.maximum(back[:, None] + out_pair[s, :, 0], out_pair[s, :, 1])
+        for s, n, o, f, back, s_i in self._cells(i, cap, st, has_next, min_out, fanout):
+            link_in = self.link_pairs[st["link"][s]]
+            tt = stage_time_with_links(f[:, None], back[:, None], (link_in[:, 0, None], link_in[:, 1, None]),
+                                       (out_pair[s, :, 0], out_pair[s, :, 1]))
             q, nxt = np.nonzero(ok[s] & (tt <= cap))
             li, k = _expand(labels["start"][s[q]], labels["count"][s[q]])
             if li.size == 0:
                 continue
             q, nxt = q[k], nxt[k]
-            total = labels["sum"][li] + tt[q, nxt]
+            total = labels["sum"][li] + tt[q, nxt] + v * out_pair[s[q], nxt, 2]  # the label sums the links' fill too
             sync = np.maximum(labels["sync"][li], s_i[q])
             seq = seq0 + np.arange(li.size)
             seq0 += li.size
@@ -568,9 +574,9 @@ def candidate_caps(t: StageTables) -> np.ndarray:
                 continue
             cells = np.unique(np.stack([t.fwd_us[o, pos][finite], core[finite]], axis=1), axis=0)
             f, back = cells[:, 0], cells[:, 1] - cells[:, 0]
-            for l_in, m_in in ins:
-                for l_out, m_out in outs:
-                    vals.append(np.maximum(f + l_in, m_in) + np.maximum(back + l_out, m_out))
+            for link_in in ins:
+                for link_out in outs:
+                    vals.append(stage_time_with_links(f, back, link_in, link_out))
     if not vals:
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.concatenate(vals))

@@ -8,12 +8,12 @@ per-micro-batch time is core[o, p, start, n] + link[i-1] + link[i] (both pipelin
 evaluator charges them); it fits in memory when
 static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
 
-A link is a pair (L, M) (`link`): with its two stages' forward F and backward B (core = F + B) a stage takes
-    max(F + L_in, M_in) + max(B + L_out, M_out)
-which is core + L_in + L_out unless a link's M outlasts the compute beside it: under 1F1B, L is the message and M
-is 0; interleaved, L is v latencies and M the v messages, which the compute overlaps (CostModel.p2p_s; the
-evaluator's F + B + max(L, M - F) + max(L, M - B)).  `traffic_us` (M) and `fwd_us` (F) are present only when
-some M can outlast the compute (else M never binds).  The link depends on where the boundary lands: the near
+A link is a pair (L, M) (`link`, CostModel.p2p_parts): under 1F1B L is the message and M is 0; interleaved, L is
+v latencies and M the v messages, which the compute overlaps.  With its forward F and backward B (core = F + B) a
+stage takes planner/cost/model.py `stage_time_with_links` (F, B, link in, link out), which is
+core + L_in + L_out unless a link's M outlasts the compute beside it.  `traffic_us` (M) and `fwd_us` (F) are
+present only when some M can (else M never binds).  Interleaved, a link also adds X to the pipeline's fill
+(`fill_us`, model.link_fill_s): the objective counts it v times per boundary (`objective_us`).  The link depends on where the boundary lands: the near
 prices when the two stages' ranks share a node, the others when they do not (always between device types).
 Stage i's ranks start `offset` GPUs into its type's GPUs (the GPUs of that type the stages before it use), and the
 boundary to the next stage leaves a node exactly when a node boundary falls inside the two blocks
@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost.communication import pipeline_boundary_crosses_nodes
+from planner.cost.model import stage_time_with_links
 from planner.schemas.search import GlobalChoice, StageOption, stage_min_layers
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3
@@ -92,6 +93,7 @@ class StageTables:
     gpus_per_node: np.ndarray | None = None  # int [num types]  (with p2p_near_us)
     traffic_us: np.ndarray | None = None  # int64 [2, O, O]  M across nodes, then inside one (None: M never binds)
     fwd_us: np.ndarray | None = None  # int64 [O, 4, N+1, N+1]  F, the forward part of core (with traffic_us)
+    fill_us: np.ndarray | None = None  # int64 [2, O, O]  X across nodes, then inside one (None: 1F1B, X = 0)
 
     def pruned(self, *, delta: float | None, memory: bool) -> "StageTables":
         """These tables with the paper's prunings set: load balance with tolerance `delta` (None:
@@ -116,8 +118,15 @@ class StageTables:
         """Whether some link depends on where the boundary lands."""
         if self.p2p_near_us is None:
             return False
-        return bool((self.p2p_near_us != self.p2p_us).any()) or (
-            self.traffic_us is not None and bool((self.traffic_us[0] != self.traffic_us[1]).any()))
+        return bool((self.p2p_near_us != self.p2p_us).any()) or any(
+            x is not None and bool((x[0] != x[1]).any()) for x in (self.traffic_us, self.fill_us))
+
+    def link_rows(self, o: int) -> tuple[tuple[int, ...], ...]:
+        """Every price of the links out of and into option o (L, M and X, across nodes and inside one): options
+        with equal rows pay equal links wherever they stand."""
+        tables = [self.p2p_us, self.near_us] + [x[k] for x in (self.traffic_us, self.fill_us) if x is not None
+                                                 for k in (0, 1)]
+        return tuple(tuple(int(v) for v in row) for table in tables for row in (table[o, :], table[:, o]))
 
     def crosses_nodes(self, a: int, b: int, offset: int) -> bool:
         """Whether the boundary from a stage on option a starting `offset` GPUs into its type's GPUs to the next
@@ -128,14 +137,16 @@ class StageTables:
         return pipeline_boundary_crosses_nodes(offset, int(self.option_gpus[a]), int(self.option_gpus[b]),
                                                int(self.gpus_per_node[ty]))
 
-    def link(self, a: int, b: int, offset: int) -> tuple[int, int]:
-        """(L, M) of the link from a stage on option a (starting `offset` GPUs into its type's) to the next, on b."""
+    def link(self, a: int, b: int, offset: int) -> tuple[int, int, int]:
+        """(L, M, X) of the link from a stage on option a (starting `offset` GPUs into its type's) to the next,
+        on b."""
         near = self.p2p_near_us is not None and not self.crosses_nodes(a, b, offset)
         l_us = int((self.p2p_near_us if near else self.p2p_us)[a, b])
-        return l_us, (0 if self.traffic_us is None else int(self.traffic_us[int(near), a, b]))
+        return (l_us, 0 if self.traffic_us is None else int(self.traffic_us[int(near), a, b]),
+                0 if self.fill_us is None else int(self.fill_us[int(near), a, b]))
 
-    def plan_links(self, opts: list[int] | tuple[int, ...]) -> list[tuple[int, int]]:
-        """The links (L, M) of a full option sequence, boundary by boundary."""
+    def plan_links(self, opts: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """The links (L, M, X) of a full option sequence, boundary by boundary."""
         used: dict[int, int] = {}
         out = []
         for i, o in enumerate(opts):
@@ -149,11 +160,13 @@ class StageTables:
     @property
     def quantisation_us(self) -> int:
         """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage
-        time has three rounded-down terms (core and two links; four with traffic: F and L on each side),
-        the sync one, and the objective counts stage times PP + m*v - 1 times and the sync v times."""
+        time has three rounded-down terms (core and two links; with traffic at most four: F, B and two L),
+        the sync one, and the objective counts stage times PP + m*v - 1 times, the sync v times and each
+        boundary's fill v times."""
         v = self.g.vpp
         per_stage = 3 if self.traffic_us is None else 4
-        return per_stage * (self.pp + self.num_microbatches * v - 1) + v
+        fill = 0 if self.fill_us is None else v * (self.pp - 1)  # one rounded X per boundary, counted v times
+        return per_stage * (self.pp + self.num_microbatches * v - 1) + v + fill
 
     def first_stage_ok(self, o: int) -> bool:
         """Options stage 0 may take.  megatron: every stage has the global DP.  flagscale: G fixes
@@ -252,32 +265,34 @@ class StageTables:
             self.__dict__["_fit_range"] = cached
         return cached
 
-    def stage_us(self, o: int, i: int, start: int, n: int, link_in: tuple[int, int] = (0, 0),
-                 link_out: tuple[int, int] = (0, 0)) -> int:
-        """Stage i's time on option o with layers [start, start + n) and the given links ((0, 0): none)."""
+    def stage_us(self, o: int, i: int, start: int, n: int, link_in: tuple[int, ...] = (0, 0),
+                 link_out: tuple[int, ...] = (0, 0)) -> int:
+        """Stage i's time on option o with layers [start, start + n) and the given links (L, M, ...) ((0, 0):
+        none)."""
         p = position(i, self.pp)
         core = int(self.core_us[o, p, start, n])
         if self.traffic_us is None:
             return core + link_in[0] + link_out[0]
         fwd = int(self.fwd_us[o, p, start, n])
-        return max(fwd + link_in[0], link_in[1]) + max(core - fwd + link_out[0], link_out[1])
+        return int(stage_time_with_links(fwd, core - fwd, link_in[:2], link_out[:2]))
 
     def plan_stage_us(self, stages: list[tuple[int, int, int]]) -> list[int]:
         """Every stage's time of a plan [(option, start, n)], its links from its option sequence."""
         links = [(0, 0)] + self.plan_links([o for o, _, _ in stages]) + [(0, 0)]
         return [self.stage_us(o, i, s, n, links[i], links[i + 1]) for i, (o, s, n) in enumerate(stages)]
 
-    def objective_us(self, sum_us: int, max_us: int, max_sync_us: int) -> int:
-        """v x iteration time in integer us: sum t_i + (m*v - 1) * max t_i + v * max sync_i."""
+    def objective_us(self, sum_us: int, max_us: int, max_sync_us: int, fill_us: int = 0) -> int:
+        """v x iteration time in integer us: sum t_i + (m*v - 1) * max t_i + v * max sync_i + v * the links' fill."""
         v = self.g.vpp
-        return sum_us + (self.num_microbatches * v - 1) * max_us + v * max_sync_us
+        return sum_us + (self.num_microbatches * v - 1) * max_us + v * max_sync_us + v * fill_us
 
     def plan_objective_us(self, stages: list[tuple[int, int, int]]) -> int:
         """The objective of a plan [(option, start, n)]."""
         pp = self.pp
         times = self.plan_stage_us(stages)
         syncs = [int(self.sync_us[o, position(i, pp), s, n]) for i, (o, s, n) in enumerate(stages)]
-        return self.objective_us(sum(times), max(times), max(syncs))
+        fill = sum(x for _, _, x in self.plan_links([o for o, _, _ in stages]))
+        return self.objective_us(sum(times), max(times), max(syncs), fill)
 
 
 def balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:

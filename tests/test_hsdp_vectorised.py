@@ -22,7 +22,7 @@ RECOMPUTES = (Recompute.none(), Recompute.full("uniform", 1))
 def random_tables(rnd: random.Random, positional: bool = False):
     """Small tables with many ties (narrow integer ranges), several options per (type, DP) with
     different recompute (for memory pruning) and per-option sync rates (Pareto label sets); `positional`:
-    links that cost less inside a node (2 or 4 GPUs per node, budgets of a few nodes) and carry traffic."""
+    links that cost less inside a node (2 or 4 GPUs per node, budgets of a few nodes), carry traffic and fill."""
     n_types = rnd.randint(1, 3)
     n_layers = rnd.randint(3, 9)
     options = []
@@ -39,10 +39,12 @@ def random_tables(rnd: random.Random, positional: bool = False):
     if positional:
         near = {k: rnd.randint(0, x) for k, x in link.items()}
         traffic = [{k: rnd.randint(0, 20) for k in link} for _ in range(2)]
+        fill = [{k: rnd.randint(0, 5) for k in link} for _ in range(2)]
         budget = [rnd.randint(3, 8) for _ in range(n_types)]
         extra = dict(gpus_per_node=[rnd.choice([2, 4]) for _ in range(n_types)],
                      p2p_near_us=[[near[a[:2], b[:2]] for b in options] for a in options],
-                     traffic_us=[[[tr[a[:2], b[:2]] for b in options] for a in options] for tr in traffic])
+                     traffic_us=[[[tr[a[:2], b[:2]] for b in options] for a in options] for tr in traffic],
+                     fill_us=[[[x[a[:2], b[:2]] for b in options] for a in options] for x in fill])
     return make_tables(
         layer_us, pp=rnd.randint(1, min(4, n_layers)), m=rnd.randint(1, 6), vpp=rnd.choice([1, 1, 2]),
         option_type=[ty for ty, _, _ in options], budget=budget, **extra,

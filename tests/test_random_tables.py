@@ -21,7 +21,7 @@ SETTINGS = SolverSettings(time_limit_s=20.0, num_workers=2)
 
 def random_tables(seed: int, positional: bool = False):
     """Random tables; `positional`: links that cost less inside a node (1-2 GPUs per option, 2-4 per node,
-    budgets of several nodes) and with traffic (M) that can outlast a stage's forward or backward."""
+    budgets of several nodes), with traffic (M) that can outlast a stage's forward or backward and a fill (X)."""
     rng = random.Random(seed)
     n_layers = rng.randint(3, 7)
     num_o = rng.randint(1, 3)
@@ -35,7 +35,8 @@ def random_tables(seed: int, positional: bool = False):
         budget = [rng.randint(4, 8) for _ in budget]
         extra = dict(dps=[rng.randint(1, 2) for _ in range(num_o)], gpus_per_node=[rng.choice([2, 4]) for _ in budget],
                      p2p_near_us=[[rng.randint(0, p2p[a][b]) for b in range(num_o)] for a in range(num_o)],
-                     traffic_us=[[[rng.randint(0, 90) for _ in range(num_o)] for _ in range(num_o)] for _ in range(2)])
+                     traffic_us=[[[rng.randint(0, 90) for _ in range(num_o)] for _ in range(num_o)] for _ in range(2)],
+                     fill_us=[[[rng.randint(0, 30) for _ in range(num_o)] for _ in range(num_o)] for _ in range(2)])
     return make_tables(
         layer_us, pp=pp, m=rng.randint(1, 8), vpp=1, option_type=option_type, budget=budget, p2p_us=p2p,
         first_extra_us=rng.randint(0, 20), cap_layers=[float(rng.randint(1, n_layers)) for _ in range(num_o)],

@@ -2,16 +2,21 @@
 optimizer step, memory) from the model, training settings, cluster and device profiles.
 
 Iteration time (1F1B, DESIGN section 3), with t_i the per-micro-batch forward+backward time of
-stage i including its pipeline sends, m micro-batches and v virtual chunks per rank:
-    T = sum_i t_i / v + (m - 1/v) * max_i t_i + max_i (exposed DP sync_i + optimizer step_i)
-For v = 1 this is sum_i t_i + (m-1) * max_i t_i; for uniform stages it is (m + (PP-1)/v) * t,
-the interleaved schedule's bubble.  planner/simulate.py checks the formula by simulation.
+stage i including its pipeline sends (`stage_time_with_links`), m micro-batches and v virtual chunks per rank:
+    T = sum_i t_i / v + (m - 1/v) * max_i t_i + fill + max_i (exposed DP sync_i + optimizer step_i)
+For v = 1 this is sum_i t_i + (m-1) * max_i t_i (fill = 0); for uniform stages it is (m + (PP-1)/v) * t,
+the interleaved schedule's bubble, plus `fill`: the first micro-batch goes through every virtual stage, so its
+forward and its backward cross each boundary v times, each a whole message, which the chunk-sized bubble does
+not hold (StageCost.fill_out_s; the wrap-around sends from the last rank to the first are not priced).
+planner/simulate.py checks the formula by simulation (tests/test_simulate_vs_model.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 from planner.cost.communication import (
     GroupLinks, LinkChoice, collective_s, pipeline_boundary_crosses_nodes, pipeline_boundary_may_stay_in_node,
@@ -112,17 +117,18 @@ class StageCost(StageCore):
     pp_comm_s: float
     inflight_microbatches: float
     send_out_s: float = 0.0  # one message (a chunk's activations) to the next stage, before any overlap
+    fill_out_s: float = 0.0  # what the boundary to the next stage adds to the pipeline's fill (`link_fill_s`)
 
     @classmethod
     def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float,
-              send_out_s: float = 0.0) -> "StageCost":
-        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch (exposed) and one message to
-        the next stage taking `send_out_s`."""
+              send_out_s: float = 0.0, fill_out_s: float = 0.0) -> "StageCost":
+        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch (exposed), one message to
+        the next stage taking `send_out_s` and `fill_out_s` of that boundary in the pipeline's fill."""
         fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
         fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2,
                               parts=core.parts + (("pp_comm", pp_comm_s),))
         return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches,
-                   send_out_s=send_out_s)
+                   send_out_s=send_out_s, fill_out_s=fill_out_s)
 
     @property
     def activations_bytes(self) -> float:
@@ -732,28 +738,14 @@ class CostModel:
 
     def p2p_parts(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
                   crosses_nodes: bool | None) -> tuple[float, float]:
-        """(L, M) of the link a -> b per micro-batch, as one of its stages pays it (`p2p_s`): under 1F1B the one
-        message and nothing to overlap (message, 0); interleaved, v latencies and the v messages
-        (v * latency, v * message)."""
+        """(L, M) of the link a -> b per micro-batch, as one of its two stages pays it (`stage_time_with_links`):
+        under 1F1B its one message, waited for, and nothing overlapped (message, 0); interleaved, v latencies
+        and the v messages (one per virtual chunk) that the compute overlaps (v * latency, v * message)."""
         message = self.p2p_message_s(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
         if g.vpp == 1:
             return message, 0.0
         link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
         return g.vpp * link.intra.latency_us * US_S, g.vpp * message
-
-    def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *, crosses_nodes: bool | None,
-              overlap_s: float) -> float:
-        """The pipeline sends on the link a -> b one of its two stages pays per micro-batch, as exposed.
-
-        1F1B waits for its one message (`p2p_message_s`).  The interleaved schedule sends one message per virtual
-        chunk and overlaps each with the compute that follows it (Megatron's overlap_p2p_comm, on by default and
-        only there: a chunk's forward output travels during the next backward, a chunk's input gradient during
-        the next forward); `overlap_s` is that compute for the whole micro-batch (all v chunks) of the paying stage.
-        Each message stays exposed for what outlasts its chunk's share, and at least its latency:
-        v * max(latency, message - overlap_s / v) = max(L, M - overlap_s) with (L, M) = `p2p_parts`.
-        `overlap_s` math.inf: the least (v latencies)."""
-        floor_s, traffic_s = self.p2p_parts(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
-        return max(floor_s, traffic_s - overlap_s)
 
     @staticmethod
     def inflight_microbatches(g: GlobalShape, index: int) -> float:
@@ -771,22 +763,24 @@ class CostModel:
         next_dp: int | None = None, offset_gpus: int,
     ) -> StageCost:
         """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`, its ranks starting
-        `offset_gpus` into its type's GPUs (`type_offsets`).  Its time includes the sends it pays on both of its
-        pipeline links (t_i of the schedule formula): its activations to the next stage, behind its backward,
-        and its input gradients to the previous one, behind its forward (`p2p_s`)."""
+        `offset_gpus` into its type's GPUs (`type_offsets`).  Its time includes what its pipeline sends on both
+        links add to its forward and backward (t_i of the schedule formula, `stage_time_with_links`)."""
         core = self.stage_core(g, device_type=device_type, start=start, end=end, dp=dp, recompute=recompute,
                                is_first=prev_type is None, is_last=next_type is None)
-        pp_s = send_out_s = 0.0
+        link_in = link_out = (0.0, 0.0)
+        send_out_s = 0.0
         if next_type is not None:
             nd = next_dp or dp
             out = self.boundary_crosses_nodes(g, device_type, offset_gpus, dp, next_type, nd)
             send_out_s = self.p2p_message_s(g, device_type, dp, next_type, nd, crosses_nodes=out)
-            pp_s += self.p2p_s(g, device_type, dp, next_type, nd, crosses_nodes=out, overlap_s=core.backward_s)
+            link_out = self.p2p_parts(g, device_type, dp, next_type, nd, crosses_nodes=out)
         if prev_type is not None:
             pd = prev_dp or dp
             into = self.boundary_crosses_nodes(g, prev_type, offset_gpus - g.tp * g.cp * pd, pd, device_type, dp)
-            pp_s += self.p2p_s(g, prev_type, pd, device_type, dp, crosses_nodes=into, overlap_s=core.forward_s)
+            link_in = self.p2p_parts(g, prev_type, pd, device_type, dp, crosses_nodes=into)
+        pp_s = float(stage_time_with_links(core.forward_s, core.backward_s, link_in, link_out)) - core.time_s
         return StageCost.place(core, index=index, pp_comm_s=pp_s, send_out_s=send_out_s,
+                               fill_out_s=link_fill_s(g.vpp, *link_out),
                                inflight_microbatches=self.inflight_microbatches(g, index))
 
     # ---- a plan ----
@@ -810,7 +804,7 @@ class CostModel:
         m = plan.num_microbatches
         v = plan.vpp
         times = [s.time_s for s in stages]
-        pipeline = sum(times) / v + (m - 1.0 / v) * max(times)
+        pipeline = sum(times) / v + (m - 1.0 / v) * max(times) + sum(s.fill_out_s for s in stages)
         busy = m * max(times)
         sync = max(s.sync_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
@@ -879,6 +873,37 @@ class _Params:
 
     def optimizer_bytes(self, pb: ParamBytes) -> float:
         return self.shard * pb.optimizer
+
+
+def stage_time_with_links(fwd, bwd, link_in, link_out):
+    """A stage's time per micro-batch with its pipeline sends: forward `fwd` and backward `bwd` (seconds, or
+    arrays of them), and its links (L, M) in and out (CostModel.p2p_parts; (0, 0): none):
+
+        max(max(F + L_in, M_in) + B + L_out,  F + L_in + max(B + L_out, M_out))
+
+    Under 1F1B (M = 0) it is F + B + both messages: the rank waits for each send.  Interleaved, Megatron
+    (overlap_p2p_comm) posts a chunk's forward output and waits for it only before the rank's next forward, and a
+    backward's input gradient before its next backward: in steady state a forward, a backward and the two waits
+    repeat with period max(max(f, s_in) + b, f + s_out) per chunk (f, b the chunk's compute, s the message),
+    which, times v chunks, is the form above with the v latencies (L) on top.  The discrete-event simulation
+    with waits for sends (planner/simulate.py) runs at exactly this rate; its fill and drain take longer
+    (tests/test_simulate_vs_model.py).  Each link's messages stay exposed for at least what outlasts the compute
+    beside them (M_in - F, M_out - B)."""
+    l_in, m_in = link_in
+    l_out, m_out = link_out
+    return np.maximum(np.maximum(fwd + l_in, m_in) + bwd + l_out, fwd + l_in + np.maximum(bwd + l_out, m_out))
+
+
+def link_fill_s(vpp: int, floor_s: float, traffic_s: float) -> float:
+    """What a pipeline boundary with link (L, M) (CostModel.p2p_parts) adds to the interleaved pipeline's fill and
+    drain: the first micro-batch crosses it v times forward and v times backward, each a whole message
+    (2 * (M - L / v): the v messages each way, less the latency the bubble's share of t_i already holds).  The
+    discrete-event simulation with waits for sends matches the formula with it to a few percent where the
+    messages are shorter than a chunk's compute (tests/test_simulate_vs_model.py).  0 under 1F1B, whose t_i
+    already waits for every message."""
+    if vpp == 1:
+        return 0.0
+    return 2.0 * (traffic_s - floor_s / vpp)
 
 
 def type_offsets(stages: list[tuple[str, int]]) -> list[int]:

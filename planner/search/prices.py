@@ -35,7 +35,7 @@ from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import option_bound
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, flagscale_modes, recompute_ladder, \
     stage_options
-from planner.search.tables import TableBuilder, overlap_bounds
+from planner.search.tables import TableBuilder
 from solver_models.cpsat.master import Price, Room, StageClass
 from solver_models.tables import check_deadline
 from solver_models.scaling import to_us
@@ -268,19 +268,19 @@ class PriceBook:
     def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int, tuple[tuple[int, int, int], ...]]:
         """The least pipeline link into and out of a stage on option o's type and DP (from or to any
         stage class), per micro-batch with all its virtual chunks: the least over the space's VPP values,
-        and per VPP value (v, into, out).  The least over where the boundary lands (the node's own link
-        wherever two stages may share a node) and, with interleaving, over the compute that overlaps the
-        sends (at most the whole model's on this option: tables.overlap_bounds)."""
+        and per VPP value (v, into, out).  A link's L (CostModel.p2p_parts: the message under 1F1B, v
+        latencies interleaved; a stage takes at least its core + both L, model.stage_time_with_links), the
+        least over where the boundary lands (the node's own link wherever two stages may share a node)."""
         ends = [(self.types[c.type_index], c.weight if self.flagscale else g.dp0) for c in self.classes]
+        mine = (o.device_type, o.dp)
         per_v = []
         for v in ((1,) if self.flagscale else tuple(sorted(set(self.space.vpp)))):
             sv = replace(gs, vpp=v)
-            most = overlap_bounds(self.cost, sv, o)[1]
 
-            def p2p(a: tuple[str, int], b: tuple[str, int]) -> float:
-                return self.cost.p2p_s(sv, *a, *b, crosses_nodes=None, overlap_s=most)
-            mine = (o.device_type, o.dp)
-            per_v.append((v, to_us(min(p2p(end, mine) for end in ends)), to_us(min(p2p(mine, end) for end in ends))))
+            def floor_s(a: tuple[str, int], b: tuple[str, int]) -> float:
+                return self.cost.p2p_parts(sv, *a, *b, crosses_nodes=None)[0]
+            per_v.append((v, to_us(min(floor_s(end, mine) for end in ends)),
+                          to_us(min(floor_s(mine, end) for end in ends))))
         return min(x[1] for x in per_v), min(x[2] for x in per_v), tuple(per_v)
 
     def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:

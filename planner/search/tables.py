@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost.communication import pipeline_boundary_may_stay_in_node
-from planner.cost.model import CostModel, GlobalShape
+from planner.cost.model import CostModel, GlobalShape, link_fill_s
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from solver_models.scaling import INF_US, to_us, to_us_array
@@ -47,7 +47,7 @@ class TableBuilder:
             arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
-        core, sync, static, act, cap, p2p, near, traffic, fwd, min_layer = arrays
+        core, sync, static, act, cap, p2p, near, traffic, fill, fwd, min_layer = arrays
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -60,6 +60,7 @@ class TableBuilder:
             contiguous_types=self.contiguous_types, deadline=deadline,
             p2p_near_us=near, gpus_per_node=np.array([cost.gpus_per_node(t) for t in types], dtype=np.int64),
             traffic_us=traffic if traffic.size else None, fwd_us=fwd if fwd.size else None,
+            fill_us=fill if fill.size else None,
         )
 
     def _trim_cache(self) -> None:
@@ -104,7 +105,7 @@ class TableBuilder:
         num_o = len(options)
         N = n_layers
         shape = (num_o, 4, N + 1, N + 1)
-        far, near, traffic = pipeline_links(cost, gs, options)
+        far, near, traffic, fill = pipeline_links(cost, gs, options)
         # with traffic the tables keep each cell's forward apart (rounded down apart from its backward, so that
         # core = F + B stays a lower bound of both)
         fwd = np.empty(shape if traffic.size else (0,), dtype=np.int64)
@@ -162,18 +163,20 @@ class TableBuilder:
                                    recompute=Recompute.none(), is_first=False, is_last=False).time_s
                    for j in _distinct_layer_starts(cost)]
             min_layer[o] = to_us(min(per))
-        return core, sync, static, act, cap, far, near, traffic, fwd, min_layer
+        return core, sync, static, act, cap, far, near, traffic, fill, fwd, min_layer
 
 
 def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(L, L near, M) of every option pair: int [O, O] and [2, O, O] (across nodes, then inside one), the link
-    as each of its two stages pays it (CostModel.p2p_parts; solver_models/tables.py), when the boundary leaves a
-    node and when both stages share one.  M is empty when it can never outlast the compute beside it (a stage's
-    forward and backward are at least a one-layer stage's forward: `overlap_bounds`)."""
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(L, L near, M, X) of every option pair: int [O, O] and [2, O, O] (across nodes, then inside one), the link
+    as each of its two stages pays it (CostModel.p2p_parts) and what it adds to the pipeline's fill
+    (model.link_fill_s; solver_models/tables.py), when the boundary leaves a node and when both stages share one.
+    M is empty when it can never outlast the compute beside it (a stage's forward and backward are at least a
+    one-layer stage's: `least_compute`); X without interleaving (it is 0)."""
     n = len(options)
     floor = np.zeros((2, n, n), dtype=np.int64)
     traffic = np.zeros((2, n, n), dtype=np.int64)
+    fill = np.zeros((2, n, n), dtype=np.int64)
     for a, oa in enumerate(options):
         for b, ob in enumerate(options):
             may_stay = oa.device_type == ob.device_type and pipeline_boundary_may_stay_in_node(
@@ -182,26 +185,22 @@ def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
                 parts = cost.p2p_parts(gs, oa.device_type, oa.dp, ob.device_type, ob.dp,
                                        crosses_nodes=not (near and may_stay))
                 floor[near, a, b], traffic[near, a, b] = to_us(parts[0]), to_us(parts[1])
-    least = min((overlap_bounds(cost, gs, o)[0] for o in options), default=0.0)
+                fill[near, a, b] = to_us(link_fill_s(gs.vpp, *parts))
+    least = min((least_compute(cost, gs, o) for o in options), default=0.0)
     if not (traffic - floor > to_us(least)).any():
         traffic = np.zeros((0,), dtype=np.int64)
-    return floor[0], floor[1], traffic
-
-
-def overlap_bounds(cost: CostModel, gs: GlobalShape, o: StageOption) -> tuple[float, float]:
-    """(least, most) compute that can overlap an interleaved stage's sends on option o per micro-batch: a one-layer
-    middle stage's forward or backward without recompute (the least of the layer kinds), and the whole model as the only
-    stage with full recompute (more than any stage's forward or backward, whatever its recompute).  (0, 0)
-    without interleaving (nothing overlaps)."""
     if gs.vpp == 1:
-        return 0.0, 0.0
+        fill = np.zeros((0,), dtype=np.int64)
+    return floor[0], floor[1], traffic, fill
+
+
+def least_compute(cost: CostModel, gs: GlobalShape, o: StageOption) -> float:
+    """The least forward or backward per micro-batch of any stage on option o: a one-layer middle stage's without
+    recompute (the least over the layer kinds)."""
     cores = [cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
                              recompute=Recompute.none(), is_first=False, is_last=False)
              for j in _distinct_layer_starts(cost)]
-    least = min(min(c.forward_s, c.backward_s) for c in cores)
-    most = cost.stage_core(gs, device_type=o.device_type, start=0, end=cost.model.num_layers, dp=o.dp,
-                           recompute=Recompute.full("uniform", 1), is_first=True, is_last=True).time_s
-    return least, most
+    return min(min(c.forward_s, c.backward_s) for c in cores)
 
 
 def _distinct_layer_starts(cost: CostModel) -> list[int]:

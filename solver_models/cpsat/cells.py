@@ -124,10 +124,9 @@ def all_cells(t: StageTables, *, drop_dominated: bool = True) -> dict[tuple[int,
 
 def interchangeable_key(t: StageTables, o: int) -> tuple:
     """Options with equal keys differ only in their stage cost tables (in practice: recompute):
-    same device type, GPUs, DP, pipeline links (p2p rows and columns, both prices) and load-balance weight."""
+    same device type, GPUs, DP, pipeline links (tables.link_rows) and load-balance weight."""
     return (int(t.option_type[o]), int(t.option_gpus[o]), t.options[o].dp, int(t.min_layer_us[o]),
-            tuple(int(x) for x in t.p2p_us[o, :]), tuple(int(x) for x in t.p2p_us[:, o]),
-            tuple(int(x) for x in t.near_us[o, :]), tuple(int(x) for x in t.near_us[:, o]))
+            t.link_rows(o))
 
 
 def cell_costs(t: StageTables, cell: tuple[int, int, int, int, int]) -> tuple[int, ...]:

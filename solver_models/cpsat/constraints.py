@@ -90,14 +90,13 @@ def add_relaxation_cuts(model: cp_model.CpModel, cells: Cells, v: StageVars) -> 
 
 
 def link_classes(t: StageTables) -> list[int]:
-    """Class id per option: options with equal p2p rows and columns (both prices, and with positional
+    """Class id per option: options with equal link rows and columns (tables.link_rows, and with positional
     links the same type and GPUs) share a class, so links need one Boolean per class pair rather than per
     option pair (recompute variants collapse)."""
     keys: dict[tuple, int] = {}
     out = []
     for o in range(t.num_options):
-        key = tuple(tuple(int(x) for x in table) for table in (t.p2p_us[o, :], t.p2p_us[:, o], t.near_us[o, :],
-                                                                    t.near_us[:, o]))
+        key = t.link_rows(o)
         if t.positional_links:
             key += (int(t.option_type[o]), int(t.option_gpus[o]))
         out.append(keys.setdefault(key, len(keys)))
@@ -109,7 +108,8 @@ def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
     (row sums are stage i's class indicators, column sums stage i+1's), which is integral in the
     LP; link[i] = sum p2p[a, b] * y[i, a, b] is the L of the link between stages i and i+1, less
     (p2p - p2p_near)[a, b] where the link stays inside a node (w[i, a, b], `add_node_positions`); likewise
-    traffic[i], its M (tables.link), where the tables carry traffic."""
+    traffic[i], its M (tables.link), where the tables carry traffic, and v.fill[i], its fill X (an expression
+    the objective counts)."""
     ids = sorted(set(classes))
     rep = {c: classes.index(c) for c in ids}
     for i in range(t.pp - 1):
@@ -119,10 +119,14 @@ def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
         for b in ids:
             model.add(sum(v.y[i, a, b] for a in ids)
                       == sum(v.x[i + 1, o] for o in v.options_of(i + 1) if classes[o] == b))
-        for var, far, near in ((v.link[i], t.p2p_us, t.near_us),) + (
-                ((v.traffic[i], t.traffic_us[0], t.traffic_us[1]),) if v.traffic else ()):
+        def price(far, near):
             stay = sum(int(near[rep[a], rep[b]] - far[rep[a], rep[b]]) * w for (k, a, b), w in v.w.items() if k == i)
-            model.add(var == sum(int(far[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids) + stay)
+            return sum(int(far[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids) + stay
+        model.add(v.link[i] == price(t.p2p_us, t.near_us))
+        if v.traffic:
+            model.add(v.traffic[i] == price(*t.traffic_us))
+        if t.fill_us is not None:
+            v.fill.append(price(*t.fill_us))
     add_node_positions(model, t, v, classes)
 
 
@@ -157,8 +161,9 @@ def add_node_positions(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
 
 def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
     """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them).  With
-    traffic, t[i] = into[i] + out[i] >= max(F + L_in, M_in) + max(B + L_out, M_out) (tables.stage_us): the
-    objective only rises with t, so at the optimum both parts are the maxima."""
+    traffic, t[i] >= into[i] + B + L_out and t[i] >= F + L_in + out[i], into[i] >= F + L_in, M_in and
+    out[i] >= B + L_out, M_out (model.stage_time_with_links, tables.stage_us): the objective only rises with t,
+    so at the optimum each is its maximum."""
     pp = t.pp
     for i in range(pp):
         core = sum(v.core[i, o] for o in v.options_of(i))
@@ -171,13 +176,16 @@ def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> No
             model.add(v.t[i] == expr)
             continue
         fwd = sum(v.fwd[i, o] for o in v.options_of(i))
-        model.add(v.into[i] >= fwd + (v.link[i - 1] if i > 0 else 0))
-        model.add(v.out[i] >= core - fwd + (v.link[i] if i < pp - 1 else 0))
+        l_in = v.link[i - 1] if i > 0 else 0
+        l_out = v.link[i] if i < pp - 1 else 0
+        model.add(v.into[i] >= fwd + l_in)
+        model.add(v.out[i] >= core - fwd + l_out)
         if i > 0:
             model.add(v.into[i] >= v.traffic[i - 1])
         if i < pp - 1:
             model.add(v.out[i] >= v.traffic[i])
-        model.add(v.t[i] == v.into[i] + v.out[i])
+        model.add(v.t[i] >= v.into[i] + core - fwd + l_out)
+        model.add(v.t[i] >= fwd + l_in + v.out[i])
 
 
 def add_gpu_budget(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
@@ -235,9 +243,10 @@ def add_load_balance(model: cp_model.CpModel, cells: Cells, v: StageVars, window
 
 
 def objective_expr(t: StageTables, v: StageVars) -> cp_model.LinearExpr:
-    """v x iteration time: sum t_i + (m*v - 1) * t_max + v * sync_max (StageTables.objective_us)."""
+    """v x iteration time: sum t_i + (m*v - 1) * t_max + v * sync_max + v * the links' fill
+    (StageTables.objective_us)."""
     vpp = t.g.vpp
-    return sum(v.t) + (t.num_microbatches * vpp - 1) * v.t_max + vpp * v.sync_max
+    return sum(v.t) + (t.num_microbatches * vpp - 1) * v.t_max + vpp * v.sync_max + vpp * sum(v.fill)
 
 
 def add_upper_bound(model: cp_model.CpModel, objective: cp_model.LinearExpr, upper_bound_us: int | None) -> None:

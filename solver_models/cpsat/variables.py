@@ -6,8 +6,8 @@ Per stage i and allowed option o (see cells.py):
   core[i, o]  core time of stage i under option o, integer us (0 unless x[i, o]);
   sync[i, o]  exposed DP sync + optimizer time (0 unless x[i, o]);
   fwd[i, o]   the forward part of core (0 unless x[i, o]; only where the tables carry traffic);
-Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time (with traffic
-  t[i] = into[i] + out[i], its forward and backward with their links: tables.stage_us).
+Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time (with traffic, into[i] and
+  out[i]: its forward with the link in and its backward with the link out, model.stage_time_with_links).
 Per link: link[i] its L (and with traffic, traffic[i] its M: tables.link).
 Per link between stages i and i+1 and option classes (a, b) with equal p2p rows/columns:
   y[i, a, b]  Boolean, stage i is in class a and stage i+1 in class b.
@@ -46,6 +46,7 @@ class StageVars:
     t: list[cp_model.IntVar] = field(default_factory=list)
     link: list[cp_model.IntVar] = field(default_factory=list)  # L of the link after stage i
     traffic: list[cp_model.IntVar] = field(default_factory=list)  # its M (with traffic)
+    fill: list = field(default_factory=list)  # its fill X, a linear expression (interleaved)
     into: list[cp_model.IntVar] = field(default_factory=list)  # with traffic: max(F + L_in, M_in)
     out: list[cp_model.IntVar] = field(default_factory=list)  # with traffic: max(B + L_out, M_out)
     y: dict[tuple[int, int, int], cp_model.IntVar] = field(default_factory=dict)
@@ -123,10 +124,10 @@ def positional_pairs(t: StageTables, link_classes: list[int]) -> tuple[list[int]
     if not t.positional_links:
         return [], []
     rep = {c: link_classes.index(c) for c in sorted(set(link_classes))}
-    traffic = t.traffic_us
-    pairs = [(a, b) for a in rep for b in rep
-             if t.near_us[rep[a], rep[b]] != t.p2p_us[rep[a], rep[b]]
-             or (traffic is not None and traffic[1, rep[a], rep[b]] != traffic[0, rep[a], rep[b]])]
+    def differ(a: int, b: int) -> bool:
+        return t.near_us[a, b] != t.p2p_us[a, b] or any(x is not None and x[1, a, b] != x[0, a, b]
+                                                        for x in (t.traffic_us, t.fill_us))
+    pairs = [(a, b) for a in rep for b in rep if differ(rep[a], rep[b])]
     types = sorted({int(t.option_type[rep[a]]) for a, _ in pairs})
     return types, pairs
 

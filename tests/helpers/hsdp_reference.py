@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from planner.cost.model import stage_time_with_links
 from solver_models.hsdp import DPStats, _Budget, _Result, _StageDP
 from solver_models.scaling import INF_US
 from solver_models.tables import position
@@ -38,7 +39,7 @@ class ReferenceStageDP(_StageDP):
                 continue
             used = [0] * len(budget)
             used[types[u]] = gpus[u]
-            states[(0, (0, gpus[u]) if self.contiguous else tuple(used), (0, 0), u)] = [(0, 0, None, None)]
+            states[(0, (0, gpus[u]) if self.contiguous else tuple(used), (0, 0, 0), u)] = [(0, 0, None, None)]
         finals = []
         for i in range(pp):
             pos, last = position(i, pp), i == pp - 1
@@ -62,16 +63,15 @@ class ReferenceStageDP(_StageDP):
                         continue
                     o = fitting[0]
                     c, f = core[o][pos][ell][n], fwd[o][pos][ell][n]
-                    into = max(f + link[0], link[1])
-                    if c >= INF_US or into + max(c - f + min_l, min_m) > cap:
+                    if c >= INF_US or stage_time_with_links(f, c - f, link[:2], (min_l, min_m)) > cap:
                         break  # stage time grows with n
                     s_i = sync[o][pos][ell][n]
-                    for on, out_link, new_used in nexts or [(None, (0, 0), None)]:
-                        tt = into + max(c - f + out_link[0], out_link[1])
+                    for on, out_link, new_used in nexts or [(None, (0, 0, 0), None)]:
+                        tt = int(stage_time_with_links(f, c - f, link[:2], out_link[:2]))
                         if tt > cap:
                             continue
                         for lab in labels:
-                            new = (lab[0] + tt, max(lab[1], s_i), lab, (o, ell, n))
+                            new = (lab[0] + tt + v * out_link[2], max(lab[1], s_i), lab, (o, ell, n))
                             if last:
                                 finals.append(new)
                                 continue
@@ -118,14 +118,13 @@ class ReferenceStageDP(_StageDP):
         return out
 
     def _link(self, unit, on, used, types, gpus):
-        """The link (L, M) to the next stage: the near prices when both stages' ranks share a node."""
+        """The link (L, M, X) to the next stage: the near prices when both stages' ranks share a node."""
         stays = False
         if self.positional and types[on] == types[unit]:
             gpn = int(self.gpn[types[unit]])
             offset = (used[1] if self.contiguous else used[types[unit]]) - gpus[unit]
             stays = offset // gpn == (offset + gpus[unit] + gpus[on] - 1) // gpn
-        pair = self.link_pairs[(self.near_id if stays else self.far_id)[unit][on]]
-        return int(pair[0]), int(pair[1])
+        return tuple(int(x) for x in self.link_pairs[(self.near_id if stays else self.far_id)[unit][on]])
 
     def _add(self, bucket: list, new: tuple, v: int) -> None:
         if not self.pareto:

@@ -17,11 +17,13 @@ def make_tables(layer_us: list[list[int]], *, pp: int = 2, m: int = 4, vpp: int 
                 sync_per_layer_us: list[int] | None = None, dps: list[int] | None = None,
                 recomputes: list[Recompute] | None = None, min_layer_us: list[int] | None = None,
                 p2p_near_us: list[list[int]] | None = None, gpus_per_node: list[int] | None = None,
-                traffic_us: list[list[list[int]]] | None = None) -> StageTables:
+                traffic_us: list[list[list[int]]] | None = None,
+                fill_us: list[list[list[int]]] | None = None) -> StageTables:
     """Tables where option o's stage core time is the sum of layer_us[o][j] over its layers (+
     first_extra_us on the first stage), memory is one unit per layer against cap_layers[o].  With
     `p2p_near_us` and `gpus_per_node`, links inside a node cost the near prices; with `traffic_us` ([far, near]
-    per option pair) links carry M and each stage's forward is a third of its core (rounded down)."""
+    per option pair) links carry M and each stage's forward is a third of its core (rounded down); with `fill_us`
+    ([far, near]) each boundary adds X to the objective."""
     num_o, n_layers = len(layer_us), len(layer_us[0])
     option_type = option_type or list(range(num_o))
     n_types = max(option_type) + 1
@@ -57,4 +59,5 @@ def make_tables(layer_us: list[list[int]], *, pp: int = 2, m: int = 4, vpp: int 
         p2p_near_us=None if p2p_near_us is None else np.array(p2p_near_us, dtype=np.int64),
         gpus_per_node=None if gpus_per_node is None else np.array(gpus_per_node, dtype=np.int64),
         traffic_us=None if traffic_us is None else np.array(traffic_us, dtype=np.int64), fwd_us=fwd,
+        fill_us=None if fill_us is None else np.array(fill_us, dtype=np.int64),
     )
