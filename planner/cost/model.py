@@ -26,7 +26,7 @@ from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
-from planner.cost.memory import ParamBytes, comm_buffer_bytes, process_groups
+from planner.cost.memory import ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
 from planner.schemas.device import DeviceProfile
@@ -81,6 +81,7 @@ class StageCore:
     comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
     device_memory_bytes: float  # the device's memory as the framework reports it
     capacity_bytes: float  # what the plan may use: device memory less the memory headroom
+    cache_fraction: float  # the allocator's cache over the allocated peak (memory.allocator_cache_fraction)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
 
     @property
@@ -91,6 +92,13 @@ class StageCore:
     @property
     def headroom_bytes(self) -> float:
         return self.device_memory_bytes - self.capacity_bytes
+
+    @property
+    def allocated_capacity_bytes(self) -> float:
+        """What the plan may hold allocated, with the memory outside the allocator: the allocated peak A fits when
+        A * (1 + cache_fraction) + other <= capacity, i.e. A + other <= this.  The search compares its
+        allocated sums (static_bytes, act_per_microbatch_bytes) with it."""
+        return self.other_bytes + (self.capacity_bytes - self.other_bytes) / (1.0 + self.cache_fraction)
 
     @property
     def time_s(self) -> float:
@@ -135,18 +143,26 @@ class StageCost(StageCore):
         return self.inflight_microbatches * self.act_per_microbatch_bytes + self.fixed_act_bytes
 
     @property
+    def allocated_bytes(self) -> float:
+        """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`, torch.cuda.max_memory_allocated):
+        weights, gradients, optimizer state and activations; not the context and the communicator buffers."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+
+    @property
+    def reserved_bytes(self) -> float:
+        """What the allocator reserves at the peak (torch.cuda.max_memory_reserved): the allocated peak and the
+        blocks it caches beyond it (cache_fraction, by the run's allocator settings)."""
+        return self.allocated_bytes * (1.0 + self.cache_fraction)
+
+    @property
     def memory_bytes(self) -> float:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.other_bytes
+        """The device memory the stage needs at its peak: what the allocator reserves and the memory outside it
+        (context, communicator buffers).  The fit check compares it with the capacity."""
+        return self.reserved_bytes + self.other_bytes
 
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GIB_BYTES
-
-    @property
-    def allocated_bytes(self) -> float:
-        """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`): everything but the
-        context and the communicator buffers."""
-        return self.memory_bytes - self.other_bytes
 
     @property
     def fits(self) -> bool:
@@ -184,6 +200,9 @@ class StageCost(StageCore):
             "optimizer_s": self.optimizer_s,
             "iteration_overhead_s": self.iteration_overhead_s,
             "memory_gib": self.memory_gib,
+            "peak_allocated_gib": self.allocated_bytes / g,
+            "peak_reserved_gib": self.reserved_bytes / g,
+            "allocator_cache_gib": (self.reserved_bytes - self.allocated_bytes) / g,
             "weights_gib": self.weights_bytes / g,
             "grads_gib": self.grads_bytes / g,
             "optimizer_gib": self.optimizer_bytes / g,
@@ -228,6 +247,14 @@ class PlanCost:
     def max_memory_gib(self) -> float:
         return max(s.memory_gib for s in self.stages)
 
+    @property
+    def max_allocated_gib(self) -> float:
+        return max(s.allocated_bytes for s in self.stages) / GIB_BYTES
+
+    @property
+    def max_reserved_gib(self) -> float:
+        return max(s.reserved_bytes for s in self.stages) / GIB_BYTES
+
     def time_breakdown(self) -> dict[str, float]:
         """Seconds of the iteration by mechanism (TIME_PARTS, zero entries omitted), summing to
         `iteration_time_s`: the slowest stage's per-micro-batch parts times the micro-batches, the pipeline
@@ -262,6 +289,8 @@ class PlanCost:
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
             "max_memory_gib": self.max_memory_gib,
+            "max_allocated_gib": self.max_allocated_gib,
+            "max_reserved_gib": self.max_reserved_gib,
             "fits": self.fits,
             "memory_headroom": self.memory_headroom,
             "overflow_stages": self.overflow_stages,
@@ -502,6 +531,7 @@ class CostModel:
             context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
+            cache_fraction=allocator_cache_fraction(self.training.expandable_segments),
             parts=_merge_parts(lay.parts, ends.parts),
         )
 

@@ -77,7 +77,7 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
         c = core(j, per_layer)
         per_kind.append((kind, c.time_s, c.weights_bytes + c.grads_bytes + c.optimizer_bytes,
                          c.act_per_microbatch_bytes))
-        free = c.capacity_bytes - c.other_bytes
+        free = c.allocated_capacity_bytes - c.other_bytes
         if block:
             rec = core(j, Recompute.full("uniform", 1))
             extra.append(rec.time_s - c.time_s)
@@ -110,7 +110,7 @@ def stage_free_bytes(cost: CostModel, gs, o: StageOption) -> tuple[float, float,
             layer = core(j, False, False)
             layer_own = layer.weights_bytes + layer.grads_bytes + layer.optimizer_bytes
             c = core(j, first, last)
-            room = max(room, c.capacity_bytes - (c.static_bytes - layer_own))
+            room = max(room, c.allocated_capacity_bytes - (c.static_bytes - layer_own))
         out.append(room)
     return tuple(out)
 

@@ -147,7 +147,7 @@ class TableBuilder:
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),
                                         is_last=p in (LAST, ONLY))
                     vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes, c.forward_s)
-                    cap[o] = c.capacity_bytes
+                    cap[o] = c.allocated_capacity_bytes
                 cells = sig[mask]
                 if traffic.size:
                     fwd[o, p][mask] = to_us_array(vals[cells, 4])
