@@ -200,6 +200,26 @@ def simulate_pipeline(
     return _run(programs, fwd_s, bwd_s, links_s, num_microbatches, chunks, schedule, wait_for_sends)
 
 
+def _ready_s(done_s: dict, links_s: list[float], wrap_s: float, num_stages: int, num_virtual: int, rank: int,
+             kind: str, mb: int, chunk: int) -> float | None:
+    """Arrival time of an op's inputs (`done_s`: end time of each finished op by (kind, micro-batch, virtual
+    stage)), or None if a producer has not run yet."""
+    g = chunk * num_stages + rank
+    if kind == "F":
+        if g == 0:
+            return 0.0
+        prev = done_s.get(("F", mb, g - 1))
+        if prev is None:
+            return None
+        return prev + _link_s(links_s, (g - 1) % num_stages, rank, wrap_s)
+    if g == num_virtual - 1:
+        return done_s.get(("F", mb, g))
+    nxt = done_s.get(("B", mb, g + 1))
+    if nxt is None:
+        return None
+    return nxt + _link_s(links_s, (g + 1) % num_stages, rank, wrap_s)
+
+
 def _run(
     programs: list[list[_Op]],
     fwd_s: list[float],
@@ -225,29 +245,12 @@ def _run(
     remaining = sum(len(p) for p in programs)
     sent_s = [{"F": 0.0, "B": 0.0} for _ in range(num_stages)]  # when each rank's last send of a kind finished
 
-    def ready_s(rank: int, kind: str, mb: int, chunk: int) -> float | None:
-        """Arrival time of the op's inputs, or None if a producer has not run yet."""
-        g = chunk * num_stages + rank
-        if kind == "F":
-            if g == 0:
-                return 0.0
-            prev = done_s.get(("F", mb, g - 1))
-            if prev is None:
-                return None
-            return prev + _link_s(links_s, (g - 1) % num_stages, rank, wrap_s)
-        if g == num_virtual - 1:
-            return done_s.get(("F", mb, g))
-        nxt = done_s.get(("B", mb, g + 1))
-        if nxt is None:
-            return None
-        return nxt + _link_s(links_s, (g + 1) % num_stages, rank, wrap_s)
-
     while pending:
         rank = pending.pop()
         program = programs[rank]
         while next_index[rank] < len(program):
             kind, mb, chunk = program[next_index[rank]]
-            arrive_s = ready_s(rank, kind, mb, chunk)
+            arrive_s = _ready_s(done_s, links_s, wrap_s, num_stages, num_virtual, rank, kind, mb, chunk)
             if arrive_s is None:
                 break
             duration_s = (fwd_s[rank] if kind == "F" else bwd_s[rank]) / chunks

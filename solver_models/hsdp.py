@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.model import stage_time_with_links
+from planner.schemas.pipeline import stage_time_with_links
 from solver_models.scaling import INF_US
 from solver_models.tables import FIRST, LAST, MID, StageTables, position
 

@@ -10,14 +10,14 @@ static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
 
 A link is a pair (L, M) (`link`, CostModel.p2p_parts): under 1F1B L is the message and M is 0; interleaved, L is
 v latencies and M the v messages, which the compute overlaps.  With its forward F and backward B (core = F + B) a
-stage takes planner/cost/model.py `stage_time_with_links` (F, B, link in, link out), which is
+stage takes planner/schemas/pipeline.py `stage_time_with_links` (F, B, link in, link out), which is
 core + L_in + L_out unless a link's M outlasts the compute beside it.  `traffic_us` (M) and `fwd_us` (F) are
 present only when some M can (else M never binds).  Interleaved, a link also adds X to the pipeline's fill
 (`fill_us`, model.link_fill_s): the objective counts it v times per boundary (`objective_us`).  The link depends on where the boundary lands: the near
 prices when the two stages' ranks share a node, the others when they do not (always between device types).
 Stage i's ranks start `offset` GPUs into its type's GPUs (the GPUs of that type the stages before it use), and the
 boundary to the next stage leaves a node exactly when a node boundary falls inside the two blocks
-(planner/cost/communication.py `pipeline_boundary_crosses_nodes`), so a plan's links follow from its option
+(planner/schemas/pipeline.py `pipeline_boundary_crosses_nodes`), so a plan's links follow from its option
 sequence (`plan_links`).
 
 Quantisation (solver_models/scaling.py): every time is rounded DOWN to whole microseconds, so a
@@ -40,8 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost.communication import pipeline_boundary_crosses_nodes
-from planner.cost.model import stage_time_with_links
+from planner.schemas.pipeline import pipeline_boundary_crosses_nodes, stage_time_with_links
 from planner.schemas.search import GlobalChoice, StageOption, stage_min_layers
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3

@@ -333,7 +333,7 @@ def test_boundary_nodes_follow_the_placement_the_planner_writes(profiles):
     plans with stage widths that do and do not divide the node, and with two device types interleaved."""
     from planner.launcher.common import place_agents, stage_rank_ranges
     from planner.baselines.common import build_plan
-    from planner.cost.communication import pipeline_boundary_crosses_nodes
+    from planner.schemas.pipeline import pipeline_boundary_crosses_nodes
     from planner.cost.model import type_offsets
 
     cluster = parse_cluster("H100:32,A100:16", profiles)

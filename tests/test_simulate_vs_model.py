@@ -108,7 +108,8 @@ def test_interleaved_formula_tracks_the_simulation_over_link_speeds():
     formula does not price, carries much: PP 2)."""
     import statistics
 
-    from planner.cost.model import link_fill_s, stage_time_with_links
+    from planner.cost.model import link_fill_s
+    from planner.schemas.pipeline import stage_time_with_links
 
     ratios = []
     for f_c, b_c, s in [(2.0, 4.0, 0.2), (2.0, 4.0, 3.0), (2.0, 4.0, 12.0)]:

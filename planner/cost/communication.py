@@ -9,10 +9,6 @@ reference/megatron.md section 3) a stage owns a contiguous block of TP*CP*DP ran
 then CP, then DP; in the expert view ETP is adjacent, then EP, then expert-DP.  A group whose ranks span
 more than one node runs at the inter-node link's speed; an all-to-all that spans nodes sends part of its
 traffic on each link.  Calibrated time multipliers per collective (profiles/corrections.yaml) apply here.
-
-A pipeline boundary (`pipeline_boundary_crosses_nodes`): stage s+1's block follows stage s's, and the ranks of one
-device type fill that type's nodes in order (the placement the planner writes, planner/launcher/common.py
-`place_agents`), so whether two neighbouring stages share a node follows from where the first one starts.
 """
 
 from __future__ import annotations
@@ -115,25 +111,6 @@ def collective_time_s(link: LinkProfile, collective: str, message_bytes: float, 
 
 
 # --------------------------------------------------------------------------------------------- a group's link
-
-
-def pipeline_boundary_crosses_nodes(offset_gpus: int, sender_gpus: int, receiver_gpus: int, gpus_per_node: int) -> bool:
-    """Whether a pipeline send between two consecutive stages of one device type leaves a node.
-
-    The sender's block of ranks starts `offset_gpus` into its type's GPUs (the GPUs of that type the stages before
-    it hold) and the receiver's block follows it; rank k of the sender sends to rank k of the receiver (the PP
-    group of Megatron's default order tp-cp-ep-dp-pp strides by the stage size).  Some pair is on two nodes
-    exactly when a node boundary falls inside the two blocks together, and the boundary's sends finish with the
-    slowest pair."""
-    first = offset_gpus // gpus_per_node
-    last = (offset_gpus + sender_gpus + receiver_gpus - 1) // gpus_per_node
-    return first != last
-
-
-def pipeline_boundary_may_stay_in_node(sender_gpus: int, receiver_gpus: int, gpus_per_node: int) -> bool:
-    """Whether some position in the pipeline lets the two stages' blocks share one node (the least a boundary
-    between them can cost, wherever it lands: the search's lower bounds)."""
-    return sender_gpus + receiver_gpus <= gpus_per_node
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from planner.cost.communication import (
-    GroupLinks, LinkChoice, collective_s, pipeline_boundary_crosses_nodes, pipeline_boundary_may_stay_in_node,
-    stage_group_links,
-)
+from planner.cost.communication import GroupLinks, LinkChoice, collective_s, stage_group_links
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
@@ -31,6 +28,9 @@ from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
 from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
+from planner.schemas.pipeline import (
+    pipeline_boundary_crosses_nodes, pipeline_boundary_may_stay_in_node, stage_time_with_links,
+)
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
 from planner.uncertainty import default_memory_headroom
@@ -472,7 +472,7 @@ class CostModel:
                                b_dp: int) -> bool:
         """Whether the pipeline sends from stage a to the next stage b leave a node: always between two device
         types; inside one type, when a node boundary falls inside the two stages' rank blocks (stage a starts
-        `a_offset_gpus` into its type's GPUs: `type_offsets`; communication.py
+        `a_offset_gpus` into its type's GPUs: `type_offsets`; planner/schemas/pipeline.py
         `pipeline_boundary_crosses_nodes`)."""
         if a_type != b_type:
             return True
@@ -903,25 +903,6 @@ class _Params:
 
     def optimizer_bytes(self, pb: ParamBytes) -> float:
         return self.shard * pb.optimizer
-
-
-def stage_time_with_links(fwd, bwd, link_in, link_out):
-    """A stage's time per micro-batch with its pipeline sends: forward `fwd` and backward `bwd` (seconds, or
-    arrays of them), and its links (L, M) in and out (CostModel.p2p_parts; (0, 0): none):
-
-        max(max(F + L_in, M_in) + B + L_out,  F + L_in + max(B + L_out, M_out))
-
-    Under 1F1B (M = 0) it is F + B + both messages: the rank waits for each send.  Interleaved, Megatron
-    (overlap_p2p_comm) posts a chunk's forward output and waits for it only before the rank's next forward, and a
-    backward's input gradient before its next backward: in steady state a forward, a backward and the two waits
-    repeat with period max(max(f, s_in) + b, f + s_out) per chunk (f, b the chunk's compute, s the message),
-    which, times v chunks, is the form above with the v latencies (L) on top.  The discrete-event simulation
-    with waits for sends (planner/simulate.py) runs at exactly this rate; its fill and drain take longer
-    (tests/test_simulate_vs_model.py).  Each link's messages stay exposed for at least what outlasts the compute
-    beside them (M_in - F, M_out - B)."""
-    l_in, m_in = link_in
-    l_out, m_out = link_out
-    return np.maximum(np.maximum(fwd + l_in, m_in) + bwd + l_out, fwd + l_in + np.maximum(bwd + l_out, m_out))
 
 
 def link_fill_s(vpp: int, floor_s: float, traffic_s: float) -> float:

@@ -269,7 +269,7 @@ class PriceBook:
         """The least pipeline link into and out of a stage on option o's type and DP (from or to any
         stage class), per micro-batch with all its virtual chunks: the least over the space's VPP values,
         and per VPP value (v, into, out).  A link's L (CostModel.p2p_parts: the message under 1F1B, v
-        latencies interleaved; a stage takes at least its core + both L, model.stage_time_with_links), the
+        latencies interleaved; a stage takes at least its core + both L, schemas.pipeline.stage_time_with_links), the
         least over where the boundary lands (the node's own link wherever two stages may share a node)."""
         ends = [(self.types[c.type_index], c.weight if self.flagscale else g.dp0) for c in self.classes]
         mine = (o.device_type, o.dp)

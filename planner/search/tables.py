@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cost.communication import pipeline_boundary_may_stay_in_node
+from planner.schemas.pipeline import pipeline_boundary_may_stay_in_node
 from planner.cost.model import CostModel, GlobalShape, link_fill_s
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption

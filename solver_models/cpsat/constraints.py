@@ -162,7 +162,7 @@ def add_node_positions(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
 def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
     """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them).  With
     traffic, t[i] >= into[i] + B + L_out and t[i] >= F + L_in + out[i], into[i] >= F + L_in, M_in and
-    out[i] >= B + L_out, M_out (model.stage_time_with_links, tables.stage_us): the objective only rises with t,
+    out[i] >= B + L_out, M_out (schemas.pipeline.stage_time_with_links, tables.stage_us): the objective only rises with t,
     so at the optimum each is its maximum."""
     pp = t.pp
     for i in range(pp):

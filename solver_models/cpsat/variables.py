@@ -7,7 +7,7 @@ Per stage i and allowed option o (see cells.py):
   sync[i, o]  exposed DP sync + optimizer time (0 unless x[i, o]);
   fwd[i, o]   the forward part of core (0 unless x[i, o]; only where the tables carry traffic);
 Per stage: start[i] (first layer), layers[i] = sum_o n[i, o], t[i] stage time (with traffic, into[i] and
-  out[i]: its forward with the link in and its backward with the link out, model.stage_time_with_links).
+  out[i]: its forward with the link in and its backward with the link out, schemas.pipeline.stage_time_with_links).
 Per link: link[i] its L (and with traffic, traffic[i] its M: tables.link).
 Per link between stages i and i+1 and option classes (a, b) with equal p2p rows/columns:
   y[i, a, b]  Boolean, stage i is in class a and stage i+1 in class b.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from planner.cost.model import stage_time_with_links
+from planner.schemas.pipeline import stage_time_with_links
 from solver_models.hsdp import DPStats, _Budget, _Result, _StageDP
 from solver_models.scaling import INF_US
 from solver_models.tables import position
