@@ -184,9 +184,10 @@ def test_against_megatrons_theoretical_memory_report(profiles):
 
 
 def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
-    """Per stage: reserved = allocated x (1 + the cache fraction of the run's allocator settings); expandable segments
-    cache less than PyTorch's default allocator; unstated settings are priced as assumed; the fit check and the
-    reported memory are the reserved peak and the memory outside the allocator (JSON: both peaks, by name)."""
+    """Per stage: reserved = allocated + the cache fraction of the run's allocator settings x the activations;
+    expandable segments cache less than PyTorch's default allocator; unstated settings are priced as assumed; the
+    fit check and the reported memory are the reserved peak and the memory outside the allocator (JSON: both peaks,
+    by name)."""
     from planner.cost.memory import ALLOCATOR_CACHE_FRACTION, EXPANDABLE_SEGMENTS_ASSUMED
 
     run, plan, unstated = _priced(GPT)
@@ -200,7 +201,8 @@ def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
     for setting, cost in priced.items():
         for st, same in zip(cost.stages, unstated.stages):
             assert st.allocated_bytes == pytest.approx(same.allocated_bytes)  # the allocator changes no tensor
-            assert st.reserved_bytes == pytest.approx(st.allocated_bytes * (1 + ALLOCATOR_CACHE_FRACTION[setting]))
+            assert st.reserved_bytes == pytest.approx(st.allocated_bytes
+                                                      + ALLOCATOR_CACHE_FRACTION[setting] * st.activations_bytes)
             assert st.memory_bytes == pytest.approx(st.reserved_bytes + st.other_bytes)
             j = st.to_json()
             assert j["peak_allocated_gib"] * GIB_BYTES == pytest.approx(st.allocated_bytes)
@@ -213,8 +215,8 @@ def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
 
 def test_fit_check_is_on_the_reserved_peak_and_the_search_agrees():
     """A headroom that leaves room for the allocated peak but not for the allocator's cache: the stage does not
-    fit, and the search's allocated-terms test (static + in-flight activations <= allocated_capacity_bytes) says the
-    same as the evaluator's reserved one, on either side of the line."""
+    fit, and the search's test (held_static_bytes + in-flight x held_act_per_microbatch_bytes <= capacity_bytes)
+    says the same as the evaluator's, on either side of the line."""
     run, plan, cost = _priced(GPT)
     st = max(cost.stages, key=lambda s: s.memory_bytes)
     dev = st.device_memory_bytes
@@ -223,8 +225,9 @@ def test_fit_check_is_on_the_reserved_peak_and_the_search_agrees():
         _, _, c = _priced(GPT, headroom=1.0 - usable / dev)
         s = c.stages[st.index]
         assert s.fits is fits
-        allocated_need = s.static_bytes + s.inflight_microbatches * s.act_per_microbatch_bytes
-        assert (allocated_need <= s.allocated_capacity_bytes * (1 + 1e-12)) is fits
+        held = s.held_static_bytes + s.inflight_microbatches * s.held_act_per_microbatch_bytes
+        assert held == pytest.approx(s.memory_bytes)
+        assert (held <= s.capacity_bytes * (1 + 1e-12)) is fits
 
 
 @pytest.mark.parametrize("line,expected", [

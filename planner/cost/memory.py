@@ -221,11 +221,13 @@ def comm_buffer_bytes(vendor: str, groups: tuple[str, ...]) -> float:
 # ------------------------------------------------------------------------------------------ the allocator's cache
 
 ALLOCATOR_CACHE_FRACTION = {True: 0.052, False: 0.125}
-"""Memory torch's caching allocator reserves beyond what it has allocated, as a fraction of the allocated peak, with
-expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and without (PyTorch's default).  Blocks
-freed by tensors of one size are cached and cannot all serve the next, larger requests: the segments the allocator
-reserves outgrow the tensors alive.  Measured when large training runs ran out of memory (what torch's message
-calls "reserved by PyTorch but unallocated", over "allocated by PyTorch"):
+"""Memory torch's caching allocator reserves beyond what it has allocated, as a fraction of the activations at the
+peak, with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and without (PyTorch's default).
+Blocks freed by tensors of one size are cached and cannot all serve the next, larger requests: the segments the
+allocator reserves outgrow the tensors alive.  The activations are what is allocated and freed every micro-batch;
+weights, gradients and optimizer state live in buffers Megatron allocates once.  Measured when large training runs
+ran out of memory (what torch's message calls "reserved by PyTorch but unallocated", over "allocated by PyTorch":
+over the whole allocated memory, so at most the share of the activations):
 * default allocator: GLM-4.7-Flash MoE (TP2 EP4, 64K context, 8 x B200), 15.50 GiB over 124.24 GiB allocated
   (0.125; github.com/NovaSky-AI/SkyRL/pull/1470, which then turned expandable segments on and ran);
 * expandable segments: a 79 GiB GPU at 74.77 GiB allocated, 3.87 GiB reserved but unallocated (0.052;
@@ -264,6 +266,6 @@ def expandable_segments_of(env: dict[str, str]) -> bool | None:
 
 
 def allocator_cache_fraction(expandable_segments: bool | None) -> float:
-    """The allocator's cache over the allocated peak (ALLOCATOR_CACHE_FRACTION); None: as assumed
+    """The allocator's cache over the activations at the peak (ALLOCATOR_CACHE_FRACTION); None: as assumed
     (EXPANDABLE_SEGMENTS_ASSUMED)."""
     return ALLOCATOR_CACHE_FRACTION[EXPANDABLE_SEGMENTS_ASSUMED if expandable_segments is None else expandable_segments]

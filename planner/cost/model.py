@@ -81,7 +81,7 @@ class StageCore:
     comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
     device_memory_bytes: float  # the device's memory as the framework reports it
     capacity_bytes: float  # what the plan may use: device memory less the memory headroom
-    cache_fraction: float  # the allocator's cache over the allocated peak (memory.allocator_cache_fraction)
+    cache_fraction: float  # the allocator's cache over the activations (memory.allocator_cache_fraction)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
 
     @property
@@ -94,11 +94,16 @@ class StageCore:
         return self.device_memory_bytes - self.capacity_bytes
 
     @property
-    def allocated_capacity_bytes(self) -> float:
-        """What the plan may hold allocated, with the memory outside the allocator: the allocated peak A fits when
-        A * (1 + cache_fraction) + other <= capacity, i.e. A + other <= this.  The search compares its
-        allocated sums (static_bytes, act_per_microbatch_bytes) with it."""
-        return self.other_bytes + (self.capacity_bytes - self.other_bytes) / (1.0 + self.cache_fraction)
+    def held_static_bytes(self) -> float:
+        """What the stage holds whatever the micro-batches in flight, as the fit check counts it: static_bytes and
+        the allocator's cache on the activation buffers alive once."""
+        return self.static_bytes + self.cache_fraction * self.fixed_act_bytes
+
+    @property
+    def held_act_per_microbatch_bytes(self) -> float:
+        """What each in-flight micro-batch adds to the fit check: its activations and the allocator's cache on
+        them.  A stage fits when held_static_bytes + in-flight * this <= capacity_bytes (StageCost.fits)."""
+        return self.act_per_microbatch_bytes * (1.0 + self.cache_fraction)
 
     @property
     def time_s(self) -> float:
@@ -151,8 +156,10 @@ class StageCost(StageCore):
     @property
     def reserved_bytes(self) -> float:
         """What the allocator reserves at the peak (torch.cuda.max_memory_reserved): the allocated peak and the
-        blocks it caches beyond it (cache_fraction, by the run's allocator settings)."""
-        return self.allocated_bytes * (1.0 + self.cache_fraction)
+        blocks it caches beyond it, a share (cache_fraction, by the run's allocator settings) of the activations,
+        which are allocated and freed every micro-batch; weights, gradients and optimizer state sit in buffers
+        allocated once."""
+        return self.allocated_bytes + self.cache_fraction * self.activations_bytes
 
     @property
     def memory_bytes(self) -> float:

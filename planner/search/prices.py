@@ -201,9 +201,10 @@ class PriceBook:
     def _transient(self, gs, o: StageOption) -> float:
         """The least buffers a stage on option o keeps once, whatever layers it holds: a one-layer
         middle stage's (the least over the layer kinds)."""
-        return min(self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
-                                        recompute=o.recompute, is_first=False, is_last=False).fixed_act_bytes
-                   for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)}))
+        cores = [self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                                      is_first=False, is_last=False)
+                 for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)})]
+        return min(c.fixed_act_bytes * (1.0 + c.cache_fraction) for c in cores)  # with the allocator's cache
 
     @property
     def prefix(self) -> tuple[tuple[int, ...], ...]:
@@ -295,10 +296,10 @@ class PriceBook:
         for j in starts:
             mid, first, last = core(False, False, j), core(True, False, j), core(False, True, j)
             times.append((first.time_s - mid.time_s, last.time_s - mid.time_s))
-            ends.append((first.static_bytes - mid.static_bytes,
-                         first.act_per_microbatch_bytes - mid.act_per_microbatch_bytes,
-                         last.static_bytes - mid.static_bytes,
-                         last.act_per_microbatch_bytes - mid.act_per_microbatch_bytes))
+            ends.append((first.held_static_bytes - mid.held_static_bytes,
+                         first.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes,
+                         last.held_static_bytes - mid.held_static_bytes,
+                         last.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes))
         t_first, t_last = (min(t[k] for t in times) for k in range(2))
         extra = tuple(min(e[k] for e in ends) for k in range(4))
         return to_us(t_first), to_us(t_last), extra

@@ -146,8 +146,8 @@ class TableBuilder:
                     c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),
                                         is_last=p in (LAST, ONLY))
-                    vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes, c.forward_s)
-                    cap[o] = c.allocated_capacity_bytes
+                    vals[k] = (c.time_s, c.sync_s, c.held_static_bytes, c.held_act_per_microbatch_bytes, c.forward_s)
+                    cap[o] = c.capacity_bytes
                 cells = sig[mask]
                 if traffic.size:
                     fwd[o, p][mask] = to_us_array(vals[cells, 4])
