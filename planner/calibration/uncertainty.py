@@ -5,8 +5,10 @@ planner/cost/ranges.py applies), and measure how often the range holds held-out 
 Memory headroom.  Over the measured peaks of torch-allocated memory (planner/calibration/memory.py), r_i =
 measured / predicted.  A plan is accepted when its prediction is at most (1 - h) of the device's memory; the run
 then fits if r (1 - h) <= 1.  The default headroom is the smallest whole percent with r_i (1 - h) <= 1 for every
-row: the worst measured under-prediction would still have fitted.  Rows of reserved memory (the allocator's cache,
-a whole run's peak) are reported beside it, not used: the model predicts allocated memory.
+row: the worst measured under-prediction would still have fitted.  The fit check applies it to the reserved peak
+(the allocated one and the allocator's cache, planner/cost/memory.py).  Rows of reserved memory are reported beside
+it, not used: the ones the calibration has are a whole run's peak (checkpoint loading inside it), not an
+iteration's.
 
 Evidence region.  Every calibration row, priced as its own plan, puts each mechanism in some conditions
 (planner/cost/mechanisms.py); the conditions carrying at least EVIDENCE_MIN_SHARE of its time are a cell of the
@@ -250,8 +252,9 @@ def memory_headroom(rows: list[MemoryRow]) -> tuple[float, str]:
            f"measured {worst.measured_gib:.2f} GiB against {worst.predicted_gib:.2f} predicted "
            f"({worst.error_pct:+.1f}%)")
     if reserved:
-        src += ("; not used: " + ", ".join(f"{r.id} ({r.error_pct:+.1f}%, reserved memory)" for r in reserved)
-                + ", whose allocator cache the model does not price: raise --memory-headroom to cover it")
+        src += ("; not used: " + ", ".join(f"{r.id} ({r.error_pct:+.1f}% on the reserved peak)" for r in reserved)
+                + ", a whole run's reserved peak (checkpoint loading inside it), not an iteration's: raise "
+                "--memory-headroom to cover such peaks")
     return h, src
 
 

@@ -18,7 +18,7 @@ extrapolation factor (`time.extrapolation`), and when the mechanism carries at l
 plan's time the plan is *extrapolated* and the conditions are named (`Evidence.unmeasured`).
 
 The top end is a CostModel (`RangeEnd`, a view sharing the nominal model's memo tables) whose `stage_core`,
-`p2p_s` and `evaluate` the search tables are built from when `solve` optimises the pessimistic time.
+`p2p_parts` and `evaluate` the search tables are built from when `solve` optimises the pessimistic time.
 """
 
 from __future__ import annotations
@@ -78,9 +78,11 @@ class RangeEnd(CostModel):
             hit = self._ends[key] = _scaled(core, self.part_factors(g, device_type, dp, recompute))
         return hit
 
-    def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
-        return super().p2p_s(g, a_type, a_dp, b_type, b_dp) * self._multiplier(
-            send_conditions(self, g, a_type, a_dp, b_type))
+    def p2p_parts(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                  crosses_nodes: bool | None) -> tuple[float, float]:
+        floor, traffic = super().p2p_parts(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        f = self._multiplier(send_conditions(self, g, a_type, a_dp, b_type))
+        return floor * f, traffic * f
 
 
 def _scaled(core: StageCore, factor: dict[str, float]) -> StageCore:

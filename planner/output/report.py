@@ -118,6 +118,8 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "tflops_per_gpu": c.tflops_per_gpu,
         "mfu": c.mfu,
         "max_memory_gib": c.max_memory_gib,
+        "max_allocated_gib": c.max_allocated_gib,
+        "max_reserved_gib": c.max_reserved_gib,
         "fits": c.fits,
         "overflow": _overflow(c),
         "violations": [{"rule": v.rule, "message": v.message, "hint": v.hint} for v in user.violations],
@@ -201,6 +203,8 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "tflops_per_gpu": cost.tflops_per_gpu,
         "mfu": cost.mfu,
         "max_memory_gib": cost.max_memory_gib,
+        "max_allocated_gib": cost.max_allocated_gib,
+        "max_reserved_gib": cost.max_reserved_gib,
         "fits": cost.fits,
         "world_size": outcome.plans[0].world_size,
         "cluster_gpus": outcome.cluster.world_size,
@@ -353,6 +357,9 @@ def memory_line(payload: dict) -> str:
     fits = "fits" if payload["fits"] else "DOES NOT FIT"
     h = payload.get("memory_headroom", 0.0)
     line = f"peak memory {payload['max_memory_gib']:.1f} GiB ({fits}); headroom {100 * h:.0f}% of each device kept free"
+    if "max_allocated_gib" in payload:
+        line += (f"; allocator peaks: {payload['max_allocated_gib']:.1f} GiB allocated, "
+                 f"{payload['max_reserved_gib']:.1f} GiB reserved")
     near = [str(s["index"]) for s in payload["stages"] if s.get("near_capacity")]
     if near:
         line += f"; stage {', '.join(near)} at 97-100% of usable memory"
@@ -413,7 +420,7 @@ def _gib(x: float) -> str:
 
 # (header, cell function, left-aligned?) per column; the default table's columns in the order they
 # are dropped when the terminal is too narrow, least important first
-_DROP_ORDER = ("compute\nms", "DP sync\nms/iter", "comm\nms", "layers")
+_DROP_ORDER = ("alloc\nGiB", "compute\nms", "DP sync\nms/iter", "comm\nms", "layers")
 
 
 def _field(key: str, fmt):
@@ -427,6 +434,7 @@ _WIDE_COLUMNS = (
     ("optim\nms/iter", "optimizer_s", _ms), ("weights\nGiB", "weights_gib", _gib), ("grads\nGiB", "grads_gib", _gib),
     ("optim\nGiB", "optimizer_gib", _gib), ("activ\nGiB", "activations_gib", _gib), ("other\nGiB", "other_gib", _gib),
     ("in-flight\nmb", "inflight_microbatches", lambda x: f"{x:.1f}"),
+    ("reserv\nGiB", "peak_reserved_gib", _gib),
 )
 
 
@@ -452,6 +460,8 @@ def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
             ("comm\nms", lambda s: _ms(s["time_s"] - s["compute_s"]), False),
             ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"] + s["iteration_overhead_s"]), False),
         ]
+    if not wide:
+        cols.append(("alloc\nGiB", lambda s: _gib(s.get("peak_allocated_gib", s["memory_gib"])), False))
     cols += [
         ("memory\nGiB", lambda s: _gib(s["memory_gib"]), False),
         ("usable\nGiB", lambda s: _gib(s.get("usable_gib", s["capacity_gib"])), False),
@@ -493,11 +503,14 @@ def _render_stage_table(console, payload: dict, wide: bool) -> None:
     console.print(stage_table(payload["stages"], wide=wide, width=console.width))
     legend = ["t/mb: forward + backward per micro-batch (compute includes recompute; comm: TP/CP/EP/PP)",
               "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)",
+              "alloc: torch's allocated peak; memory: what the allocator reserves (alloc + its cache) + context and "
+              "communicator buffers",
               "usable: device memory less the memory headroom; N%!: fits at 97-100% of usable"]
     if wide:
         legend = ["t/mb: forward + backward per micro-batch; compute includes recomp; TP/CP/EP/PP: communication "
                   "per micro-batch; DP sync and optim: per iteration",
-                  "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak"]
+                  "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak; reserv: "
+                  "the allocator's reserved peak (weights to activations + its cache); memory: reserv + other"]
     for line in legend:
         _say(console, line, style="dim")
 
@@ -670,8 +683,9 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None) 
 def _md_stage_table(stages: list[dict]) -> list[str]:
     lines = [
         "| stage | device | layers | DP | recompute | time/micro-batch (ms) | of which comm (ms) | memory (GiB) "
-        "| weights | grads | optimizer | activations | other | capacity (GiB) | usable (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| weights | grads | optimizer | activations | other | allocated peak | reserved peak | capacity (GiB) "
+        "| usable (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in stages:
         mem = f"{s['memory_gib']:.1f}" if s["fits"] else f"**{s['memory_gib']:.1f} (over)**"
@@ -681,7 +695,8 @@ def _md_stage_table(stages: list[dict]) -> list[str]:
             f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
             f"{s['time_s'] * 1e3:.1f} | {(s['time_s'] - s['compute_s']) * 1e3:.1f} | {mem} | "
             f"{s['weights_gib']:.1f} | {s['grads_gib']:.1f} | {s['optimizer_gib']:.1f} | {s['activations_gib']:.1f} | "
-            f"{s['other_gib']:.1f} | {s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
+            f"{s['other_gib']:.1f} | {s.get('peak_allocated_gib', 0.0):.1f} | {s.get('peak_reserved_gib', 0.0):.1f} | "
+            f"{s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
     return lines
 
 

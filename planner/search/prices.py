@@ -219,9 +219,10 @@ class PriceBook:
     def _transient(self, gs, o: StageOption) -> float:
         """The least buffers a stage on option o keeps once, whatever layers it holds: a one-layer
         middle stage's (the least over the layer kinds)."""
-        return min(self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
-                                        recompute=o.recompute, is_first=False, is_last=False).fixed_act_bytes
-                   for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)}))
+        cores = [self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                                      is_first=False, is_last=False)
+                 for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)})]
+        return min(c.fixed_act_bytes * (1.0 + c.cache_fraction) for c in cores)  # with the allocator's cache
 
     @property
     def prefix(self) -> tuple[tuple[int, ...], ...]:
@@ -286,15 +287,19 @@ class PriceBook:
     def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int, tuple[tuple[int, int, int], ...]]:
         """The least pipeline link into and out of a stage on option o's type and DP (from or to any
         stage class), per micro-batch with all its virtual chunks: the least over the space's VPP values,
-        and per VPP value (v, into, out).  The cost model's link depends on VPP: the interleaved schedule
-        overlaps its sends with compute (--overlap-p2p-communication), leaving v latencies exposed."""
+        and per VPP value (v, into, out).  A link's L (CostModel.p2p_parts: the message under 1F1B, v
+        latencies interleaved; a stage takes at least its core + both L, schemas.pipeline.stage_time_with_links), the
+        least over where the boundary lands (the node's own link wherever two stages may share a node)."""
         ends = [(self.types[c.type_index], c.weight if self.flagscale else g.dp0) for c in self.classes]
-        p2p = self.cost.p2p_s
+        mine = (o.device_type, o.dp)
         per_v = []
         for v in ((1,) if self.flagscale else tuple(sorted(set(self.space.vpp)))):
             sv = replace(gs, vpp=v)
-            per_v.append((v, to_us(min(p2p(sv, h, d, o.device_type, o.dp) for h, d in ends)),
-                          to_us(min(p2p(sv, o.device_type, o.dp, h, d) for h, d in ends))))
+
+            def floor_s(a: tuple[str, int], b: tuple[str, int]) -> float:
+                return self.cost.p2p_parts(sv, *a, *b, crosses_nodes=None)[0]
+            per_v.append((v, to_us(min(floor_s(end, mine) for end in ends)),
+                          to_us(min(floor_s(mine, end) for end in ends))))
         return min(x[1] for x in per_v), min(x[2] for x in per_v), tuple(per_v)
 
     def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:
@@ -309,10 +314,10 @@ class PriceBook:
         for j in starts:
             mid, first, last = core(False, False, j), core(True, False, j), core(False, True, j)
             times.append((first.time_s - mid.time_s, last.time_s - mid.time_s))
-            ends.append((first.static_bytes - mid.static_bytes,
-                         first.act_per_microbatch_bytes - mid.act_per_microbatch_bytes,
-                         last.static_bytes - mid.static_bytes,
-                         last.act_per_microbatch_bytes - mid.act_per_microbatch_bytes))
+            ends.append((first.held_static_bytes - mid.held_static_bytes,
+                         first.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes,
+                         last.held_static_bytes - mid.held_static_bytes,
+                         last.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes))
         t_first, t_last = (min(t[k] for t in times) for k in range(2))
         extra = tuple(min(e[k] for e in ends) for k in range(4))
         return to_us(t_first), to_us(t_last), extra
