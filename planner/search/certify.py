@@ -41,6 +41,7 @@ from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.prices import PriceBook
 from planner.search.screening import plan_from_solution
+from planner.search.seeds import SEED_SHARE, Seeds
 from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings, \
     status_word
 from planner.search.space import SearchSpace, pipeline_in_space, stage_options
@@ -225,9 +226,11 @@ class BendersSearch:
             self.unscreened = len(self.book.shapes) - len(self.book.master)
             self.notes.append(f"time limit: {self.unscreened} of {len(self.book.shapes)} shapes were not priced for "
                               "the screen in time and not searched; no whole-space bound")
-        self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self._screen_shapes())]
+        self.screen_order = self._screen_shapes()
+        self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self.screen_order)]
         heapq.heapify(self.queue)
         self._seq = len(self.queue)
+        self._seed()
         while self.queue:
             theta, _, key, degrees = self.queue[0]
             cutoff = self._cutoff_us()
@@ -252,6 +255,13 @@ class BendersSearch:
                 break
         self.proven = not self.timed_out and not self.unscreened
         return self._result()
+
+    def _seed(self) -> None:
+        """Good plans before the exact search (planner/search/seeds.py), within SEED_SHARE of the time left."""
+        t = time.perf_counter()
+        priced = Seeds(self).run(t + SEED_SHARE * max(0.0, self._left()))
+        self.stats.update(seed_configs=priced, seed_s=time.perf_counter() - t,
+                          seed_best_s=self.cands[0].objective_s if self.cands else None)
 
     def _dive(self) -> tuple[float, tuple, dict | None]:
         """Every DIVE_EVERY_SHAPES blocks: take the least configuration the blocks have found (rather

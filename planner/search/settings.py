@@ -36,6 +36,7 @@ class SearchSettings:
     num_workers: int = 2
     warm_start: bool = True  # flagscale: start from the best uniform-DP plan (a fast megatron-space search)
     deadline: float | None = None  # time.perf_counter() value; search() sets it on its own copy
+    seed_plans: tuple[Plan, ...] = ()  # plans to start from (the user's own): --backend cpsat prices them first
 
     def without_pruning(self) -> "SearchSettings":
         return replace(self, pruning=Pruning.off())
