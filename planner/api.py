@@ -467,6 +467,27 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
     return rows
 
 
+CONTRADICTION_REL = 1e-9  # float noise a bound may show above a plan (bounds are rounded down to whole us)
+
+
+def contradictions(rows: list[dict]) -> list[str]:
+    """The backends' results that cannot all hold, one line each naming both backends: a lower bound
+    (valid for the whole space, on the searched objective) above another backend's plan, priced the
+    same way in the same space, so that the bound, and any certificate of optimality resting on it, is
+    false."""
+    out = []
+    for a in rows:
+        lb = a.get("lower_bound_s")
+        for b in rows:
+            obj = b.get("objective_s")
+            if b is a or lb is None or obj is None or lb <= obj * (1 + CONTRADICTION_REL):
+                continue
+            what = "certifies as optimal" if a.get("certified_optimal") else "proves as a lower bound"
+            out.append(f"{a['backend']} {what} {lb:.6f} s, but {b['backend']} found a plan at {obj:.6f} s "
+                       f"({b['plan']}): {a['backend']}'s bound is false")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Emit
 
