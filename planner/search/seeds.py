@@ -17,7 +17,7 @@ then bounds everything else with the best of them:
                         with stage-type sequences near the types' throughput shares, laid out by the
                         rounding heuristic (solver_models/rounding.py) on the configuration's tables
 
-Then the best configuration found gets an exact stage solve (the CP-SAT stage model) from its plan.
+Then the best configuration found gets a short exact stage solve (the CP-SAT stage model) from its plan.
 No HS-DP code runs.  The plans are the cost model's, over the same integer tables as every other
 plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs on the
 megatron runtime over the whole space (not under --prune, whose pruned space a seed may leave; not on
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 SEED_SHARE = 0.25
 # screen-ordered shapes the heuristic tries (after the user's and the published ones)
 SEED_SHAPES = 4
+# the least time the best seed's exact stage solve gets
+POLISH_MIN_S = 1.0
 # stage-type count vectors tried per PP (the throughput share's, then its neighbours)
 COUNT_VECTORS = 6
 # model fields two runs must share to be the same architecture (published families)
@@ -185,16 +187,18 @@ class Seeds:
             if plan is not None:
                 obj = self._offer(g, tables, plan)
                 best = obj if best is None else min(best, obj)
+        self.search._report("seeding", g.label())
         return best
 
     def _polish(self) -> None:
-        """The best configuration's exact stage solve, from its plan (a hint)."""
+        """The best configuration's exact stage solve, from its plan (a hint), within what is left of the
+        seeding's time (at least POLISH_MIN_S): it improves the plan early, its proof can wait for the loop."""
         s = self.search
         if not s.cands or s.cands[0].status == "OPTIMAL":
             return
         c = s.cands[0]
         tables = self._tables(c.g)
-        sol = s._stage_solve(tables, None, list(c.stages))
+        sol = s._stage_solve(tables, None, list(c.stages), max(POLISH_MIN_S, self.until - time.perf_counter()))
         if sol is not None and sol.stages:
             s._offer(c.g, tables, sol)
 

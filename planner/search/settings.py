@@ -48,10 +48,12 @@ class SearchSettings:
 
 @dataclass(frozen=True)
 class ProgressEvent(Mapping):
-    """What a progress callback gets: configurations done of the total (both grow while the
-    memory pruning lets greater recompute settings in), seconds since the start, the best plan's
-    objective so far and the least lower bound of the configurations not yet done (seconds,
-    None before any).  Also readable as a mapping (the keys of as_dict), which is how the
+    """What a progress callback gets: configurations done of the total (--backend hsdp: both grow
+    while the memory pruning lets greater recompute settings in; --backend cpsat: those closed, settled
+    one by one or in shapes whose bound reaches the best plan, the share of the bound-ordered space the
+    search is done with), seconds since the start, the best plan's objective so far and a lower bound on
+    the searched space's optimum (seconds, None before any; --backend cpsat: the greatest it has
+    proven, so it never decreases).  Also readable as a mapping (the keys of as_dict), which is how the
     terminal's progress display (planner/progress.py) reads it."""
 
     done: int
@@ -60,7 +62,7 @@ class ProgressEvent(Mapping):
     elapsed_s: float
     best_s: float | None
     bound_s: float | None
-    phase: str  # enumerating | screening | certifying | done
+    phase: str  # enumerating | screening | certifying | seeding | searching | stage | done
     config: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,6 +133,8 @@ class SearchResult:
     timed_out: bool = False
     quantisation_s: float = 0.0  # most the best plan's float cost exceeds its table objective
     cpsat: dict | None = None  # the CP-SAT master's statistics (--backend cpsat)
+    # a second search over a pooled view of the cluster (planner/search/pools.py): how the time limit was split
+    time_split: dict | None = None
 
     @property
     def status(self) -> str:
