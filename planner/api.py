@@ -337,6 +337,17 @@ def read_input_script(megatron_script: str, script_args: Sequence[str], megatron
                        cluster=cluster)
 
 
+def input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None) -> Plan | None:
+    """The plan the input's own flags describe on its cluster, for the search to start from (None: a model
+    without flags, or flags that lay out no plan on this cluster; price_input_plan says why)."""
+    if not (megatron_script or megatron_args):
+        return None
+    try:
+        return plan_from_run(inputs.run, inputs.cluster, inputs.profiles)[0]
+    except ValueError:
+        return None
+
+
 def price_input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None,
                      outcome: SolveOutcome | None = None) -> UserPlan | None:
     """The plan the input's own flags describe, priced on the same cluster with the same cost model, headroom

@@ -31,20 +31,18 @@ import itertools
 import re
 import shlex
 import time
-from typing import TYPE_CHECKING
 
+from planner.calibration.runs import load_runs
+from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.schemas.plan import Plan
 from planner.schemas.search import GlobalChoice
 from solver_models.cpsat.model import CpSatSolution
 from solver_models.rounding import rounded_plan, within_budget
 from solver_models.tables import DeadlinePassed, StageTables
 
-if TYPE_CHECKING:
-    from planner.search.certify import BendersSearch
-
 # the seeds take at most this share of the time the search has left after pricing
 SEED_SHARE = 0.25
-# screen-ordered shapes the heuristic tries (after the user's and the published ones)
+# the shapes with the least screen bounds the heuristic tries (besides the user's and the published ones)
 SEED_SHAPES = 4
 # the least time the best seed's exact stage solve gets
 POLISH_MIN_S = 1.0
@@ -59,7 +57,7 @@ class Seeds:
     """The seeding of one Benders search (module docstring): `run(until)` offers its plans to the
     search (BendersSearch._offer) and returns the configurations it priced."""
 
-    def __init__(self, search: "BendersSearch"):
+    def __init__(self, search):  # a planner.search.certify.BendersSearch (which imports this module)
         self.search = search
         self.book = search.book
         self.until = 0.0
@@ -127,9 +125,6 @@ class Seeds:
     def _published(self, bound: dict[tuple, float]) -> list[tuple]:
         """Per published run of this model's architecture, the shape with its degrees (TP, CP, EP, ETP,
         micro-batch) whose screen bound is least."""
-        from planner.calibration.runs import load_runs
-        from planner.inputs.megatron_flags import parse_megatron_flags
-
         model = self.search.cost.model
         mine = {f: getattr(model, f) for f in ARCHITECTURE}
         out = []
