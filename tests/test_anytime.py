@@ -44,7 +44,7 @@ def test_a_plan_below_a_claimed_bound_withdraws_the_certificate(small, monkeypat
 
     honest = search(small, SPACE, SearchSettings(time_limit_s=60))
     check = honest.cpsat["self_check"]
-    assert honest.status == "OPTIMAL" and check["contradictions"] == [] and check["plans_checked"] > 1
+    assert honest.status == "OPTIMAL" and check["contradictions"] == [] and check["configs_checked"] > 1
     real = PipelineBlock.solve
 
     def inflated(self, **kw):
@@ -105,4 +105,5 @@ def test_a_pooled_second_search_says_how_the_time_limit_was_split():
     assert first and second and all(e.bound_s is None for e in first)
     bounds = [e.bound_s for e in second if e.bound_s is not None]
     assert bounds and all(b >= a for a, b in zip(bounds, bounds[1:]))
-    assert seen[-1].phase == "done" and seen[-1].done == seen[-1].total == res.configs_total
+    assert seen[-1].phase == "done" and seen[-1].total == res.configs_total
+    assert seen[-1].done == seen[-1].total if res.certified_optimal else seen[-1].done <= seen[-1].total

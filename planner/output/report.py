@@ -134,7 +134,9 @@ def search_json(result, settings) -> dict[str, Any]:
                      constraints per family, status, objective_s, bound_s, wall_s, branches, how much
                      work each part did (master_solves: pipeline-block solves, stage_solves, cuts by
                      kind, shapes screened and blocked, configs_never_priced_one_by_one; seed_configs,
-                     seed_s, seed_best_s: the seeding's, planner/search/seeds.py; self_check).
+                     seed_s, seed_best_s: the seeding's, planner/search/seeds.py; self_check: the
+                     configurations whose plans were checked against the bounds the search claims for
+                     them, and the contradictions found, which withdraw OPTIMAL and the bound).
     time_split       a second search over a pooled view of the cluster (planner/search/pools.py): the
                      search's limit_s, the seconds each search took (separate_types_s, pooled_s) and
                      the pools; None when there was one search.

@@ -207,7 +207,7 @@ class BendersSearch:
         # the self-check (_check): every plan's iteration time (us) per configuration, the bounds the search
         # claims per shape (its screen bound; its block's last value, for its unsettled configurations under
         # the settings it allows), and what contradicts them
-        self.plan_us: dict[GlobalChoice, float] = {}
+        self.plan_us: dict[tuple, dict[GlobalChoice, float]] = {}  # shape key -> configuration -> least time
         self.screen_bound: dict[tuple, float] = {}
         self.block_value: dict[tuple, tuple[float, frozenset]] = {}
         self.settled_set: set[GlobalChoice] = set()
@@ -326,9 +326,8 @@ class BendersSearch:
         self.pipelines[key, tuple(sorted(res.degrees.items()))] = (res.first, res.last, res.middle)
         self._push(max(floor_us, res.objective_us), key, res.degrees)
         self.block_value[key] = (max(floor_us, res.objective_us), self.block_value[key][1])
-        for g, t_us in list(self.plan_us.items()):
-            if self.book.key(g) == key:
-                self._check(g, t_us)
+        for g, t_us in self.plan_us.get(key, {}).items():
+            self._check(g, t_us)
 
     def _settle_config(self, key: tuple, theta_us: float, degrees: dict) -> None:
         """A configuration at the top: its exact stage solve (or a cut), forbidden in its block,
@@ -556,8 +555,9 @@ class BendersSearch:
         bounds the search claims for G (_check)."""
         obj = from_us(sol.objective_us) / g.vpp
         t_us = sol.objective_us / g.vpp
-        if t_us < self.plan_us.get(g, math.inf):
-            self.plan_us[g] = t_us
+        known = self.plan_us.setdefault(self.book.key(g), {})
+        if t_us < known.get(g, math.inf):
+            known[g] = t_us
             self._check(g, t_us)
         if any(c.g == g and c.objective_s <= obj for c in self.cands):
             return
@@ -655,7 +655,8 @@ class BendersSearch:
         best = self.cands[: self.settings.top_k]
         costs = [self.cost.evaluate(c.plan) for c in best]
         searched_us, whole_us = self._bounds_us() if not self.contradictions else (None, None)
-        self.stats["self_check"] = {"plans_checked": len(self.plan_us), "contradictions": self.contradictions[:10]}
+        self.stats["self_check"] = {"configs_checked": sum(len(p) for p in self.plan_us.values()),
+                                    "contradictions": self.contradictions[:10]}
         if self.contradictions:
             self.notes.append(f"self-check: {self.contradictions[0]}" + (
                 f" (and {len(self.contradictions) - 1} more)" if len(self.contradictions) > 1 else "") +
