@@ -5,6 +5,8 @@ nothing (the exact stage model, solver_models/cpsat/model.py, does)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.schemas.search import stage_min_layers
 from solver_models.scaling import INF_US
 from solver_models.tables import StageTables, position
@@ -19,17 +21,18 @@ def rounded_plan(t: StageTables, allowed: list[list[int]]) -> list[tuple[int, in
     cap places them (memory, or the budget and contiguity rules the tables carry)."""
     if len(allowed) != t.pp:
         return None
-    caps = sorted({int(v) for o in range(t.num_options) for v in t.core_us[o].ravel() if v < INF_US})
+    core = t.core_us[sorted({o for options in allowed for o in options})]
+    caps = np.unique(core[core < INF_US])  # the slowest stage's core time is one of these
     lo, hi = 0, len(caps) - 1
-    if not caps or _place(t, allowed, caps[hi]) is None:
+    if not caps.size or _place(t, allowed, int(caps[hi])) is None:
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        if _place(t, allowed, caps[mid]) is None:
+        if _place(t, allowed, int(caps[mid])) is None:
             lo = mid + 1
         else:
             hi = mid
-    plan = _place(t, allowed, caps[lo])
+    plan = _place(t, allowed, int(caps[lo]))
     if plan is None or not t.type_sequence_ok([o for o, _, _ in plan]) or not within_budget(t, plan):
         return None
     return plan

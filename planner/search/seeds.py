@@ -7,13 +7,14 @@ then bounds everything else with the best of them:
 
     the user's plan     (SearchSettings.seed_plans: the plan of `solve --megatron-script/--megatron-args`)
                         its own layout, priced on its configuration's tables when they hold it
-    a fast heuristic    per shape, over the shapes of the user's plan, of the published runs of this
-                        model (planner/calibration/runs.py: the measured runs of the same architecture,
-                        their TP, CP, EP, ETP and micro-batch; of those shapes, the DP whose screen bound
-                        is least) and the SEED_SHAPES whose screen bounds are least, in the order of the
-                        screen bounds (the least first, until one cannot beat the best plan found):
-                        every VPP under the most recompute (the ladder's last setting), then every
-                        other setting at the best VPP; per configuration, every PP of the shape
+    a fast heuristic    over the shapes of the user's plan, of the published runs of this model
+                        (planner/calibration/runs.py: the measured runs of the same architecture, their
+                        TP, CP, EP, ETP and micro-batch; of those shapes, the DP whose screen bound is
+                        least) and the SEED_SHAPES whose screen bounds are least, in two passes: first
+                        each shape in the order of the screen bounds (the least first, until one cannot
+                        beat the best plan found), every VPP under the most recompute (the ladder's last
+                        setting: what fits anywhere); then the shapes that found a plan, the best first,
+                        every other setting at their best VPP.  Per configuration, every PP of the shape
                         with stage-type sequences near the types' throughput shares, laid out by the
                         rounding heuristic (solver_models/rounding.py) on the configuration's tables
 
@@ -43,7 +44,7 @@ from solver_models.tables import DeadlinePassed, StageTables
 # the seeds take at most this share of the time the search has left after pricing
 SEED_SHARE = 0.25
 # the shapes with the least screen bounds the heuristic tries (besides the user's and the published ones)
-SEED_SHAPES = 4
+SEED_SHAPES = 8
 # the least time the best seed's exact stage solve gets
 POLISH_MIN_S = 1.0
 # stage-type count vectors tried per PP (the throughput share's, then its neighbours)
@@ -62,7 +63,6 @@ class Seeds:
         self.book = search.book
         self.until = 0.0
         self.priced = 0
-        self.tried: set[tuple] = set()
 
     @property
     def applies(self) -> bool:
@@ -79,12 +79,19 @@ class Seeds:
             wanted = {self._user_plan(p) for p in self.search.settings.seed_plans}
             wanted |= set(self._published({key: b for b, key in shapes}))
             wanted |= {key for _, key in shapes[:SEED_SHAPES]}
+            found = []  # (best objective s, key, its configuration) per shape the first pass found a plan in
             for b, key in shapes:
                 if key not in wanted:
                     continue
                 if self.search.cands and b >= self.search.cands[0].objective_s * 1e6:
                     break  # no configuration of this shape or any later one beats the best plan
-                self._shape(key)
+                shape = self.book.shapes[key]
+                best = self._sweep(shape, [(_settings(shape)[-1], v) for v in sorted({v for _, v in shape.pipelines})])
+                if best is not None:
+                    found.append((*best, key))
+            for _, g, key in sorted(found, key=lambda f: f[0]):
+                shape = self.book.shapes[key]
+                self._sweep(shape, [(r, g.vpp) for r in _settings(shape)[:-1]])
         except (DeadlinePassed, _OutOfTime):
             pass
         try:
@@ -147,21 +154,10 @@ class Seeds:
                 out.append(min(keys, key=bound.__getitem__))
         return out
 
-    # ---- the heuristic, one shape ----
-    def _shape(self, key: tuple) -> None:
-        """Every VPP under the ladder's last recompute setting (the most recompute: what fits anywhere),
-        then every other setting at the best VPP."""
-        if key in self.tried:
-            return
-        self.tried.add(key)
-        shape = self.book.shapes[key]
-        settings = [r for r in shape.recomputes if r is not None]
-        best = self._sweep(shape, [(settings[-1], v) for v in sorted({v for _, v in shape.pipelines})])
-        if best is not None:
-            self._sweep(shape, [(r, best.vpp) for r in settings[:-1]])
-
-    def _sweep(self, shape, pairs) -> GlobalChoice | None:
-        """Every (recompute, VPP) pair at every PP of the shape; the best configuration found."""
+    # ---- the heuristic ----
+    def _sweep(self, shape, pairs) -> tuple[float, GlobalChoice] | None:
+        """Every (recompute, VPP) pair at every PP of the shape; the best objective (s) found and its
+        configuration."""
         best: tuple[float, GlobalChoice] | None = None
         for rc, v in pairs:
             for pp in sorted(p for p, w in shape.pipelines if w == v):
@@ -170,7 +166,7 @@ class Seeds:
                 found = self._layouts(g)
                 if found is not None and (best is None or found < best[0]):
                     best = (found, g)
-        return None if best is None else best[1]
+        return best
 
     def _layouts(self, g: GlobalChoice) -> float | None:
         """G laid out by the rounding heuristic over stage-type sequences: the best objective (s) found."""
@@ -209,6 +205,11 @@ class Seeds:
     def _check_time(self) -> None:
         if time.perf_counter() > self.until:
             raise _OutOfTime
+
+
+def _settings(shape) -> list:
+    """A shape's recompute settings, the ladder's order (the last: the most recompute, what fits anywhere)."""
+    return [r for r in shape.recomputes if r is not None]
 
 
 class _OutOfTime(Exception):
