@@ -87,6 +87,27 @@ def test_the_users_plan_is_priced_before_anything_else(small):
     assert mine[0].objective_s <= own + 1e-9  # its own layout, or what its exact solve made of it
 
 
+def test_the_seeding_alone_comes_near_the_optimum(small, monkeypatch):
+    """The seeding with no exact search after it (the heuristic and its best configuration's exact solve)
+    comes within the issue's 1.15x of the optimum HS-DP certifies over the whole space, and runs no HS-DP."""
+    import time
+
+    import solver_models.hsdp as hsdp
+    from planner.search.certify import BendersSearch
+    from planner.search.seeds import Seeds
+
+    optimum = search(small, SPACE, SearchSettings(backend="hsdp", time_limit_s=120).without_pruning())
+    assert optimum.status == "OPTIMAL"
+    t0 = time.perf_counter()
+    bs = BendersSearch(small, SPACE, SearchSettings(time_limit_s=120), t0, None)
+    assert bs.book.price_master(t0 + 120)
+    bs.screen_order = bs._screen_shapes()
+    monkeypatch.setattr(hsdp, "solve_hsdp", None)  # any call fails
+    monkeypatch.setattr(hsdp._StageDP, "solve", None)
+    assert Seeds(bs).run(time.perf_counter() + 60) > 0
+    assert optimum.best[0].objective_s - 1e-9 <= bs.cands[0].objective_s <= 1.15 * optimum.best[0].objective_s
+
+
 def test_a_pooled_second_search_says_how_the_time_limit_was_split():
     """H100 with H200 is searched twice (separate types, then pooled): the result says how the limit was
     split (a note and time_split, the first search within half of it), and the progress reads as one search:
