@@ -79,7 +79,7 @@ class Seeds:
             wanted = {self._user_plan(p) for p in self.search.settings.seed_plans}
             wanted |= set(self._published({key: b for b, key in shapes}))
             wanted |= {key for _, key in shapes[:SEED_SHAPES]}
-            found = []  # (best objective s, key, its configuration) per shape the first pass found a plan in
+            found = []  # (best objective s, its configuration, shape key) per shape the first pass found a plan in
             for b, key in shapes:
                 if key not in wanted:
                     continue
@@ -217,7 +217,7 @@ class _OutOfTime(Exception):
 
 
 def _sequences(t: StageTables) -> list[list[list[int]]]:
-    """Per PP of the tables, stage-option sequences to lay out: each device type's stages in one
+    """Stage-option sequences to lay out at the tables' PP: each device type's stages in one
     block (the slowest types first, then the fastest first), as many stages per type as its share of
     the cluster's throughput (units x layers per second of one stage) gives, and near it."""
     by_type: dict[int, int] = {}
