@@ -42,7 +42,7 @@ from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.prices import PriceBook
 from planner.search.screening import plan_from_solution
-from planner.search.seeds import SEED_SHARE, Seeds
+from planner.search.seeds import SEED_SHARE, UNPROVABLE_SEED_SHARE, Seeds
 from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings, \
     status_word
 from planner.search.space import SearchSpace, pipeline_in_space, stage_options
@@ -277,9 +277,12 @@ class BendersSearch:
         return self._result()
 
     def _seed(self) -> None:
-        """Good plans before the exact search (planner/search/seeds.py), within SEED_SHARE of the time left."""
-        t = time.perf_counter()
-        priced = Seeds(self).run(t + SEED_SHARE * max(0.0, self._left()))
+        """Good plans before the exact search (planner/search/seeds.py), within SEED_SHARE of the time left;
+        UNPROVABLE_SEED_SHARE when the screen could not price every shape (the search can then prove nothing,
+        only find plans, which the seeding does faster), or while it has no plan."""
+        t, left = time.perf_counter(), max(0.0, self._left())
+        share = UNPROVABLE_SEED_SHARE if self.unscreened else SEED_SHARE
+        priced = Seeds(self).run(t + share * left, t + UNPROVABLE_SEED_SHARE * left)
         self.stats.update(seed_configs=priced, seed_s=time.perf_counter() - t,
                           seed_best_s=self.cands[0].objective_s if self.cands else None)
 

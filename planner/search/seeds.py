@@ -43,6 +43,9 @@ from solver_models.tables import DeadlinePassed, StageTables
 
 # the seeds take at most this share of the time the search has left after pricing
 SEED_SHARE = 0.25
+# ... and this share when pricing ran out of time (no whole-space bound: the search can only find plans), or
+# with no plan yet
+UNPROVABLE_SEED_SHARE = 0.75
 # the shapes with the least screen bounds the heuristic tries (besides the user's and the published ones)
 SEED_SHAPES = 8
 # the least time the best seed's exact stage solve gets
@@ -61,19 +64,21 @@ class Seeds:
     def __init__(self, search):  # a planner.search.certify.BendersSearch (which imports this module)
         self.search = search
         self.book = search.book
-        self.until = 0.0
+        self.until = self.last = 0.0
         self.priced = 0
 
     @property
     def applies(self) -> bool:
         return not self.book.flagscale and not self.search.pruning.restricts
 
-    def run(self, until: float) -> int:
-        """Seed until `until` (time.perf_counter()), then solve the best configuration found exactly
-        (within the search's own limit on one stage solve); the configurations priced."""
+    def run(self, until: float, last: float | None = None) -> int:
+        """Seed until `until` (time.perf_counter()), or while there is no plan yet until `last` (the
+        heuristic finds a first plan faster than the exact search), then solve the best configuration
+        found exactly (within what is left of the seeding's time, at least POLISH_MIN_S); the configurations
+        priced."""
         if not self.applies:
             return 0
-        self.until = until
+        self.until, self.last = until, max(until, last or until)
         shapes = self.search.screen_order  # [(bound us, key)], least first
         try:
             wanted = {self._user_plan(p) for p in self.search.settings.seed_plans}
@@ -203,7 +208,8 @@ class Seeds:
         return objective / g.vpp * 1e-6
 
     def _check_time(self) -> None:
-        if time.perf_counter() > self.until:
+        now = time.perf_counter()
+        if now > self.last or (now > self.until and self.search.cands):
             raise _OutOfTime
 
 
