@@ -278,7 +278,7 @@ def anytime(repeats: int, quick: bool) -> dict:
         ref = anytime_run(model, cluster, gbs, OPTIMUM_LIMIT_S)
         optimum = ref["objective_s"]
         print(f"{case}: optimum {optimum:.4f} s ({ref['status']} after {ref['wall_s']:.1f} s, load average "
-              f"{ref['load_avg_1min']:.1f})", flush=True)
+              f"{ref['load_avg_1min']:.1f}; {ref['plan']})", flush=True)
         runs = {lim: [anytime_run(model, cluster, gbs, lim) for _ in range(repeats)] for lim in ANYTIME_LIMITS_S}
         summary = {}
         for lim, rs in runs.items():
@@ -299,6 +299,7 @@ def anytime(repeats: int, quick: bool) -> dict:
                 ratio = "" if best is None else f"  {best / optimum:.4f}x"
                 print(f"      {t:7.2f}  {b:>9s} / {lb:>9s}{ratio}")
         out[case] = {"optimum_s": optimum, "optimum_status": ref["status"], "optimum_wall_s": ref["wall_s"],
+                     "optimum_plan": ref["plan"],
                      "runs": {str(lim): rs for lim, rs in runs.items()}, "summary": summary}
     return out
 
