@@ -10,11 +10,11 @@ then bounds everything else with the best of them:
     a fast heuristic    over the shapes of the user's plan, of the published runs of this model
                         (planner/calibration/runs.py: the measured runs of the same architecture, their
                         TP, CP, EP, ETP and micro-batch; of those shapes, the DP whose screen bound is
-                        least) and the SEED_SHAPES whose screen bounds are least, in two passes: first
-                        each shape in the order of the screen bounds (the least first, until one cannot
-                        beat the best plan found), every VPP under the most recompute (the ladder's last
-                        setting: what fits anywhere); then the shapes that found a plan, the best first,
-                        every other setting at their best VPP.  Per configuration, every PP of the shape
+                        least) and those whose screen bounds are least until SEED_SHAPES of them found
+                        a plan, in two passes: first each shape in the order of the screen bounds (the
+                        least first, until one cannot beat the best plan found), every VPP under the most
+                        recompute (the ladder's last setting: what fits anywhere); then the shapes that
+                        found a plan, the best first, every other setting at their best VPP.  Per configuration, every PP of the shape
                         with stage-type sequences near the types' throughput shares, laid out by the
                         rounding heuristic (solver_models/rounding.py) on the configuration's tables
 
@@ -46,7 +46,8 @@ SEED_SHARE = 0.25
 # ... and this share when pricing ran out of time (no whole-space bound: the search can only find plans), or
 # with no plan yet
 UNPROVABLE_SEED_SHARE = 0.75
-# the shapes with the least screen bounds the heuristic tries (besides the user's and the published ones)
+# the heuristic tries the shapes with the least screen bounds until this many found a plan (besides the user's
+# and the published ones)
 SEED_SHAPES = 8
 # the least time the best seed's exact stage solve gets
 POLISH_MIN_S = 1.0
@@ -83,10 +84,9 @@ class Seeds:
         try:
             wanted = {self._user_plan(p) for p in self.search.settings.seed_plans}
             wanted |= set(self._published({key: b for b, key in shapes}))
-            wanted |= {key for _, key in shapes[:SEED_SHAPES]}
             found = []  # (best objective s, its configuration, shape key) per shape the first pass found a plan in
             for b, key in shapes:
-                if key not in wanted:
+                if key not in wanted and len(found) >= SEED_SHAPES:
                     continue
                 if self.search.cands and b >= self.search.cands[0].objective_s * 1e6:
                     break  # no configuration of this shape or any later one beats the best plan
