@@ -1,5 +1,8 @@
 """--backend cpsat: logic-based Benders decomposition over the degrees, CP-SAT throughout.
 
+    seeds       before the loop, planner/search/seeds.py prices a few configurations fast (the user's
+                plan, published families, a rounding heuristic over the shapes with the least screen
+                bounds) so that the loop starts with a good plan to bound the rest with
     master      solver_models/cpsat/master.py: the degrees are decisions, Megatron's rules are
                 constraints (rule_families below, from planner/megatron/rules.py), and a relaxation
                 of the stage problem prices every configuration at once (planner/search/prices.py
@@ -17,6 +20,14 @@
 
 No HS-DP code runs under this backend; HS-DP (solver_models/hsdp.py, --backend hsdp) is the
 independent reference CI compares it with.
+
+Self-check (`_check`): every plan the search finds (seeds, roundings, exact solves) is held against the
+bounds the search claims for its configuration (its shape's screen bound; its pipeline block's value
+while it is unsettled there).  A plan below one proves that bound false: the result then claims neither
+OPTIMAL nor a lower bound, and says so (a note, search.cpsat.self_check).
+
+Progress (`_report`): configurations closed of the total (settled, or in shapes whose bound reaches the
+best plan: the share of the bound-ordered space closed) and the greatest bound proven so far.
 
 The prunings (planner/search/pruning.py).  `Pruning.restrict`: the search covers only the pruned
 space (cp_min_seq a rule family of the master, load balance and, on flagscale, memory in the stage
