@@ -9,59 +9,23 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
-import referencing
 from click.testing import CliRunner
-from referencing.jsonschema import DRAFT202012
 
 from cli import main
+from helpers.json_schema import SCHEMAS, check_json as check, validator
 from planner.output.report import SCHEMA_VERSION
 from tools.fuzz.inputs import TINY_FLAGS
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schema"
 RUNNER = CliRunner()
-
-
-def _schemas() -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(SCHEMA_DIR.glob("*.json"))}
-
-
-SCHEMAS = _schemas()
-REGISTRY = referencing.Registry().with_resources(
-    [(doc["$id"], DRAFT202012.create_resource(doc)) for doc in SCHEMAS.values()])
-
-
-def validator(command: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(SCHEMAS[command], registry=REGISTRY,
-                                           format_checker=jsonschema.FormatChecker())
-
-
-def documented_keys(command: str) -> set[str]:
-    """Top-level keys a command's schema describes: its own and those of the parts it includes (allOf)."""
-    doc = SCHEMAS[command]
-    keys = set(doc.get("properties", {}))
-    for part in doc.get("allOf", []):
-        ref = part["$ref"]
-        resolved = REGISTRY.resolver().lookup(ref).contents
-        keys |= set(resolved.get("properties", {}))
-    return keys
 
 
 def json_of(args: list[str]) -> dict:
     res = RUNNER.invoke(main, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
-
-
-def check(command: str, payload: dict) -> None:
-    errors = sorted(validator(command).iter_errors(payload), key=lambda e: list(e.absolute_path))
-    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message[:300]}" for e in errors)
-    assert payload["schema_version"] == SCHEMA_VERSION
-    undocumented = set(payload) - documented_keys(command)
-    assert not undocumented, f"{command} --json prints keys docs/schema/{command}.json does not describe: {undocumented}"
 
 
 def test_the_schemas_are_valid_json_schema_and_agree_on_the_version():
