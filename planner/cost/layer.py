@@ -43,6 +43,7 @@ class LayerShape:
     seq_length: int
     sequence_parallel: bool
     imbalance: float  # busiest EP rank's tokens over the mean (planner/cost/dispatch.py `routing`)
+    expert_fill: float = 1.0  # tokens each expert's GEMM computes over the mean (dispatch.py `Routing.fill`)
 
     @property
     def gathered_tokens(self) -> float:
@@ -154,7 +155,7 @@ def _layer_inputs(model: ModelSpec, training: TrainingSpec, *, is_moe: bool, sha
     dispatch = None
     if is_moe:
         dispatch = moe_dispatch(model, kernels=kernels, links=links, local_tokens=t_l, ep=shape.ep, etp=shape.etp,
-                                imbalance=shape.imbalance, act_bytes=act)
+                                imbalance=shape.imbalance, act_bytes=act, fill=shape.expert_fill)
     return _LayerInputs(
         model=model, training=training, is_moe=is_moe, shape=shape, kernels=kernels, links=links,
         flops=layer_flops(model, is_moe=is_moe, seq_length=shape.seq_length), dispatch=dispatch,
@@ -284,7 +285,14 @@ def _expert_gemm_s(x: _LayerInputs) -> tuple[float, float]:
     main gradient (MAIN_GRAD_BYTES), each pass also reading and writing the copies' activations.  With many local
     experts and few tokens each (replicated experts, EP1) the weight-gradient pass is memory-bound: its arithmetic
     intensity is 2 x tokens per expert / MAIN_GRAD_BYTES FLOP per byte, below the ridge (peak FLOP/s over HBM
-    bytes/s, ~300 on H100 and B200) under ~1,200 tokens per expert."""
+    bytes/s, ~300 on H100 and B200) under ~1,200 tokens per expert.
+
+    The kernel's rate is the one of its balanced shape (`DispatchCost.tokens_per_expert`: the mean tokens per
+    expert, times the capacity factor when experts are padded to it); the busiest rank's extra tokens under real
+    routing (or the ones a capacity factor drops) add (or save) their FLOP at that rate.  Real routing puts them in
+    a few hot experts, not on every expert of the rank, so they do not raise the rank's efficiency: priced at the
+    busiest rank's mean tokens per expert, where the tables rise steeply (512 to 2048 tokens), a busier rank came
+    out barely slower, or faster (issue 31 item 6)."""
     d = x.dispatch
     if d is None:
         return 0.0, 0.0
