@@ -141,6 +141,20 @@ def test_ep_overlap_hides_dispatch_but_never_all_of_it():
     assert hidden.ep_fwd_s + hidden.ep_bwd_s >= 0.1 * (plain.ep_fwd_s + plain.ep_bwd_s) - 1e-12
 
 
+def test_host_floor_keeps_what_ep_overlap_hides():
+    """A host-bound MoE layer (its forward host operations outlast its GPU work): EP overlap still saves exactly the dispatch seconds
+    it hides; the floor does not take them back (issue 31 item 4: the Qwen3-30B-A3B SFT pair, overlap off and on,
+    was priced the same)."""
+    small = MOE.replace("--seq-length 4096", "--seq-length 1024")
+    par = "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --micro-batch-size 1"
+    plain = _layer(f"{small} {par}", "H100:8")
+    hidden = _layer(f"{small} {par} --overlap-moe-expert-parallel-comm --delay-wgrad-compute", "H100:8")
+    assert plain.host_fwd_s > 0
+    saved = plain.ep_fwd_s + plain.ep_bwd_s - hidden.ep_fwd_s - hidden.ep_bwd_s
+    assert saved > 0
+    assert plain.fwd_s + plain.bwd_s - (hidden.fwd_s + hidden.bwd_s) == pytest.approx(saved, rel=1e-9)
+
+
 # ------------------------------------------------------------------ grouped GEMM roofline
 
 
