@@ -33,7 +33,7 @@ from planner.cost.model import CostModel, recomputed_layer_count
 from planner.errors import SearchTimeLimitError
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
-from planner.search.bounds import option_bound
+from planner.search.bounds import OptionBound, option_bound
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, flagscale_modes, recompute_ladder, \
     stage_options
 from planner.search.tables import TableBuilder
@@ -167,7 +167,7 @@ class PriceBook:
         bounds = [option_bound(self.cost, gs, o) for o in opts]
         taus = [_taus(b, len(self.groups)) for b in bounds]
         tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
-        roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
+        roomy = _least_memory(bounds)
         # the only stage of a pipeline (PP = 1) has no pipeline buffers: the bytes it has beyond
         single = max(0.0, max(option_bound(self.cost, replace(gs, pp=1), o).free_bytes for o in opts)
                      - roomy.free_bytes)
@@ -351,6 +351,20 @@ def _room(b, groups: int, saved: float, ends: tuple[float, float, float, float] 
     act = (b.layer_act_bytes,) + (tuple(k[3] for k in b.kinds) if groups > 1 else ())
     fs, fa, ls, la = ends or (0.0, 0.0, 0.0, 0.0)
     return Room(b.free_bytes, static, act, saved, transient, fs, fa, ls, la, block_layers)
+
+
+def _least_memory(bounds: list[OptionBound]) -> OptionBound:
+    """One option bound whose memory figures are every option's least (its free bytes the most): the room of a
+    class whose stages each choose among the options (FlagScale: a recompute mode per stage) holds at least
+    what a stage on any of them holds.  Taking one option's figures is not enough: the option that holds the
+    most layers by one count may keep more bytes per layer than another at a different count."""
+    kinds = tuple((k[0], k[1], min(b.kinds[i][2] for b in bounds), min(b.kinds[i][3] for b in bounds))
+                  for i, k in enumerate(bounds[0].kinds))
+    most_saved = max(bounds, key=lambda b: b.block_layers * b.act_saved_bytes)
+    return replace(bounds[0], layer_static_bytes=min(b.layer_static_bytes for b in bounds),
+                   layer_act_bytes=min(b.layer_act_bytes for b in bounds),
+                   free_bytes=max(b.free_bytes for b in bounds), kinds=kinds,
+                   block_layers=most_saved.block_layers, act_saved_bytes=most_saved.act_saved_bytes)
 
 
 def _taus(b, groups: int) -> list[float]:
