@@ -13,16 +13,18 @@ then bounds everything else with the best of them:
                         least) and those whose screen bounds are least until SEED_SHAPES of them found
                         a plan, in two passes: first each shape in the order of the screen bounds (the
                         least first, until one cannot beat the best plan found), every VPP under the most
-                        recompute (the ladder's last setting: what fits anywhere); then the shapes that
-                        found a plan, the best first, every other setting at their best VPP.  Per configuration, every PP of the shape
-                        with stage-type sequences near the types' throughput shares, laid out by the
-                        rounding heuristic (solver_models/rounding.py) on the configuration's tables
+                        recompute (the ladder's last setting: what fits anywhere; flagscale: none or full
+                        per stage); then the shapes that found a plan, the best first, every other setting
+                        at their best VPP.  Per configuration, every PP of the shape with stage-type
+                        sequences near the types' throughput shares (flagscale: each type's stages take
+                        the DPs that run the most layers per second within its GPUs, mixed where one DP
+                        would leave GPUs idle), laid out by the rounding heuristic
+                        (solver_models/rounding.py) on the configuration's tables
 
 Then the best configuration found gets a short exact stage solve (the CP-SAT stage model) from its plan.
 No HS-DP code runs.  The plans are the cost model's, over the same integer tables as every other
-plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs on the
-megatron runtime over the whole space (not under --prune, whose pruned space a seed may leave; not on
-flagscale, whose stages choose their own DP).  A search over a pooled view of the cluster
+plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs over the
+whole space (not under --prune, whose pruned space a seed may leave).  A search over a pooled view of the cluster
 (planner/search/pools.py) seeds over that view: the heuristic runs on whatever cluster it is given.
 """
 
