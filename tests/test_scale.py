@@ -49,6 +49,28 @@ def test_bounds_take_only_what_flagscale_stages_can_fill():
     assert units == {"H800 dp16": 16, "MI300X dp16": 16}
 
 
+def test_the_tighter_budget_keeps_the_certificate_sound():
+    """Llama2-7B cut to 4 layers, three GPUs a type: at 4 samples per micro-batch (stages of DP 2 or 4: only 2 of
+    the 3 GPUs fill) a class takes 2 units in the prices, and on this instance, at the edge of memory, every
+    configuration's screen bound and pipeline-block value stay at or below brute force's optimum and cpsat
+    certifies it (tools/soundness.py).  (Mixtral-S and Qwen3-30B-A3B here show an older fault: a PP-1 FlagScale
+    block called infeasible at the memory edge where brute force finds a plan, on main as well.)"""
+    from planner.schemas.plan import Recompute
+    from planner.search.prices import PriceBook
+    from planner.search.tables import TableBuilder
+    from tools.soundness import Instance, at_memory_edge, check, cost_model
+
+    space = SearchSpace(runtime="flagscale", tp=(1,), cp=(1,), mbs=(1, 2), selective=(),
+                        stage_recompute=(Recompute.none(), Recompute.full("uniform", 1)))
+    inst = at_memory_edge(Instance(0, "llama2-7b", 4, "H800:3,MI300X:3", 8, space))
+    cm = cost_model(inst)
+    book = PriceBook(cm, space, TableBuilder(cm, contiguous_types=True))
+    assert book.price_master(time.perf_counter() + 60)
+    assert {p.units for row in book.master.values() for p in row.values()} == {2, 3}  # tightened somewhere
+    v = check(inst)
+    assert v.configs_checked > 0 and v.sound, (v.block_above, v.screen_above, v.brute_s, v.cpsat_s, v.cpsat_status)
+
+
 def test_flagscale_seeds_mix_stage_dps_to_fill_an_awkward_count():
     """24 GPUs of a type at 16 samples per micro-batch: stages of 16 or 8 GPUs (EP 8 folds over DP 8 at least).
     With two stages a type,
