@@ -378,8 +378,8 @@ def weak(repeats: int, limit_s: float) -> dict:
         for h, idle in r["idle"].items():
             print(f"{size} GPUs: {idle['count']} {h} idle: {idle['why']}")
     print(f"wall s: from reading the inputs (the time limit, {limit_s:g} s, counts from there too); B: samples per")
-    print("micro-batch; iter s: the plan's nominal iteration time; obj s: the searched objective (the pessimistic time);")
-    print("bound s: the whole-space lower bound on it.  Load average at the end of each size: "
+    print("micro-batch; iter s: the plan's nominal iteration time; obj s: the searched objective (the pessimistic")
+    print("time); bound s: the whole-space lower bound on it.  Load average at the end of each size: "
           + ", ".join(f"{k} {v['load_avg']:.1f}" for k, v in rows.items()))
     return rows
 
