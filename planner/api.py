@@ -319,7 +319,7 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,
         if h in left_out:
             why = left_out[h]
         elif unfilled:
-            why = unfilled[1] + ("; among plans with other micro-batches, " if idle <= unfilled[0] else
+            why = unfilled[1] + ("; other micro-batch sizes: " if idle <= unfilled[0] else
                                  f"; the other {idle - unfilled[0]} would hold more stages, but ") + proof
         elif idle < sizes[0]:
             why = (f"fewer than one more stage of the plan's TP x CP x DP = {sizes[0]} GPUs; " + proof)
