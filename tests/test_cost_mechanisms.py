@@ -142,9 +142,9 @@ def test_ep_overlap_hides_dispatch_but_never_all_of_it():
 
 
 def test_host_floor_keeps_what_ep_overlap_hides():
-    """A host-bound MoE layer (its forward host operations outlast its GPU work): EP overlap still saves exactly the dispatch seconds
-    it hides; the floor does not take them back (issue 31 item 4: the Qwen3-30B-A3B SFT pair, overlap off and on,
-    was priced the same)."""
+    """A host-bound MoE layer (its forward host operations outlast its GPU work): EP overlap still saves exactly
+    the dispatch seconds it hides; the floor does not take them back (issue 31 item 4: the Qwen3-30B-A3B SFT pair,
+    overlap off and on, was priced the same)."""
     small = MOE.replace("--seq-length 4096", "--seq-length 1024")
     par = "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --micro-batch-size 1"
     plain = _layer(f"{small} {par}", "H100:8")
