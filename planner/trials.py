@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from planner.calibration.trials import plans_prior_sd, posterior_sd
 from planner.checker import plan_problems
+from planner.cost.mechanisms import MECHANISM_OF_PART
 from planner.cost.model import PlanCost
 from planner.cost.ranges import TimeRange
 from planner.launcher import LaunchOverrides
@@ -104,12 +105,10 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
     pool = [(p, c, "its range overlaps the pick's" if r.overlaps(pick_range) else "another shape the search found")
             for p, c, r in others if _shape(p) not in shapes]
     pool += [o for o in _probes(outcome) if _shape(o[0]) not in shapes | {_shape(p) for p, _, _ in pool}]
-    shares = {_shape(t.plan): _mechanism_shares(ranges, t.plan) for t in trials}
+    shares = {_shape(p): _mechanism_shares(c) for p, c in [(t.plan, t.cost) for t in trials] + [o[:2] for o in pool]}
     sd = plans_prior_sd((ranges, p) for p in [t.plan for t in trials] + [p for p, _, _ in pool])
     while pool and len(trials) < fixed + TRIAL_CANDIDATES:
         chosen = [shares[_shape(t.plan)] for t in trials]
-        for p, _, _ in pool:
-            shares.setdefault(_shape(p), _mechanism_shares(ranges, p))
 
         def narrowing(p: Plan) -> float:
             post = posterior_sd(chosen + [shares[_shape(p)]], sd)
@@ -122,11 +121,13 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
     return trials, "; ".join(reasons)
 
 
-def _mechanism_shares(ranges, plan: Plan) -> dict[str, float]:
-    """The share of the plan's time each mechanism carries (RangeModel.shares summed per mechanism)."""
+def _mechanism_shares(cost: PlanCost) -> dict[str, float]:
+    """The share of the plan's time each mechanism carries, from its priced breakdown (first order: one
+    evaluation, where `RangeModel.shares` prices one per conditions)."""
     out: dict[str, float] = {}
-    for c, s in ranges.shares(plan).items():
-        out[c.mechanism] = out.get(c.mechanism, 0.0) + s
+    for part, s in cost.time_shares().items():
+        if part in MECHANISM_OF_PART:
+            out[MECHANISM_OF_PART[part]] = out.get(MECHANISM_OF_PART[part], 0.0) + s
     return out
 
 

@@ -142,9 +142,9 @@ def test_ep_overlap_hides_dispatch_but_never_all_of_it():
 
 
 def test_host_floor_keeps_what_ep_overlap_hides():
-    """A host-bound MoE layer (its forward host operations outlast its GPU work): EP overlap still saves exactly the dispatch seconds
-    it hides; the floor does not take them back (issue 31 item 4: the Qwen3-30B-A3B SFT pair, overlap off and on,
-    was priced the same)."""
+    """A host-bound MoE layer (its forward host operations outlast its GPU work): EP overlap still saves exactly
+    the dispatch seconds it hides; the floor does not take them back (issue 31 item 4: the Qwen3-30B-A3B SFT pair,
+    overlap off and on, was priced the same)."""
     small = MOE.replace("--seq-length 4096", "--seq-length 1024")
     par = "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --micro-batch-size 1"
     plain = _layer(f"{small} {par}", "H100:8")
@@ -317,6 +317,29 @@ def test_fp8_speeds_up_gemms_only():
     assert 1.0 < (bf16.fwd_s + bf16.bwd_s) / (fp8.fwd_s + fp8.bwd_s) < 2.0
     # the layer input that full recompute keeps is BF16 in both
     assert fp8.activations.layer_input == bf16.activations.layer_input
+
+
+QWEN3_30B = ("--num-layers 48 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 32 --kv-channels 128 "
+             "--group-query-attention --num-query-groups 4 --qk-layernorm --swiglu --normalization RMSNorm "
+             "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 151936 "
+             "--max-position-embeddings 40960 --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "
+             "--moe-grouped-gemm --moe-router-force-load-balancing --moe-permute-fusion --seq-length 4096 "
+             "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --use-distributed-optimizer "
+             "--overlap-grad-reduce --bf16")
+
+
+@pytest.mark.parametrize("mbs", [1, 4])
+def test_fp8_blockwise_on_small_experts_is_no_faster_than_bf16(mbs):
+    """Qwen3-30B-A3B at EP8 on 32 H100 measured as fast in FP8-blockwise as in BF16 (232.4 vs 234.1 and 242.9 vs
+    240.5 TFLOP/s/GPU, two sources quoted in issue 31 item 5; their other flags are not stated: these are the
+    model's own, at micro-batch 1 and 4): the experts' GEMMs are small (hidden 2048, 768 per expert), so what FP8
+    saves there the quantisation of every GEMM input costs back, and at micro-batch 1 both wait for the host.
+    Priced within 10% of each other (issue 31 found 1.59x faster)."""
+    bf16 = _cost(f"{QWEN3_30B} --micro-batch-size {mbs}", "H100:32", gbs=512)[2]
+    fp8 = _cost(f"{QWEN3_30B} --micro-batch-size {mbs} --fp8-format e4m3 --fp8-recipe blockwise", "H100:32",
+                gbs=512)[2]
+    assert fp8.time_breakdown()["fp8_cast"] > 0
+    assert bf16.iteration_time_s / fp8.iteration_time_s == pytest.approx(1.0, abs=0.1)
 
 
 def test_blockwise_quantises_more_than_delayed():

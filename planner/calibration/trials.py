@@ -162,10 +162,9 @@ def plans_prior_sd(priced) -> dict[str, float]:
 
 def posterior_sd(shares: list[dict[str, float]], sd: dict[str, float]) -> dict[str, float]:
     """Per fitted mechanism, the sd of t_k the fit would have after trials whose log-time sensitivities are
-    `shares` (d log T_j / d t_k: the mechanisms' shares of each trial's time, `RangeModel.shares` summed per
-    mechanism), with prior sds `sd`: the module docstring's model linearised, its prior taken as the Gaussian of
-    the same variance.  Mechanisms every trial leans on alike keep their prior sd; trials that vary them apart
-    narrow it."""
+    `shares` (d log T_j / d t_k: to first order, the mechanisms' shares of each trial's time), with prior sds
+    `sd`: the module docstring's model linearised, its prior taken as the Gaussian of the same variance.
+    Mechanisms every trial leans on alike keep their prior sd; trials that vary them apart narrow it."""
     names = [m.name for m in FITTED]
     jac = np.array([[s.get(n, 0.0) for n in names] for s in shares]).reshape(len(shares), len(names))
     precision = jac.T @ jac / OBSERVATION_SD ** 2 + np.diag([1.0 / sd[n] ** 2 for n in names])
