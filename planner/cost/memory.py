@@ -273,7 +273,7 @@ def allocator_cache_fraction(expandable_segments: bool | None) -> float:
 
 # ------------------------------------------------------------------------- the reserved peak a long run records
 
-RECORDED_CACHE_SHARE = 0.51
+RECORDED_CACHE_SHARE = 0.48
 """Share of the device memory left free above the needed reserved peak that a long run's recorded reserved peak
 (torch.cuda.max_memory_reserved: a running maximum since the process started, what Megatron's and ms-swift's
 memory logs print) grows into when tensor sizes change from one micro-batch to the next.
@@ -288,12 +288,17 @@ to the allocator (the device less the context and communicator buffers).  Reques
 sizes move: buffers sized by the tokens each expert receives, under MoE routing that is neither forced balanced nor
 padded to a fixed capacity.  PyTorch's Note [Expandable Segments] (CUDACachingAllocator.cpp) describes the
 pattern, tensors slightly larger than the cached ones, repeated over 50+ layers; expandable segments shrink it but
-cannot merge free space lying between live blocks.
+cannot merge free space lying between live blocks.  Published observations of the two cases: reserved memory
+growing "until the device is full and the allocator has to release and retry" while the allocated memory stays
+small, once a small block that stays alive fences freed space off (github.com/pytorch/pytorch/pull/193400, for
+issue #123548); variable-length micro-batches that "strand large amounts of reserved-but-unallocated memory" in
+long runs (github.com/sgl-project/SpecForge/pull/739); and with packed, constant-size batches "constant peak memory
+allocated and peak memory reserved" (github.com/meta-pytorch/torchtune/issues/2830).
 
 Fitted (planner/calibration/memory.py `fit_recorded_cache_share`: the median over measured reserved peaks of
 variable-shape runs): ms-swift's Qwen3-30B-A3B PP2 EP8 SFT (expandable segments, aux-loss routing, packed
-sequences, a 3-epoch run) records 60 GiB on an 80 GB GPU where the model needs 43.5 GiB allocated and 43.9 GiB
-reserved, with 75.4 GiB left to the allocator: (60 - 43.9) / (75.4 - 43.9) = 0.51.  One row from one source: held
+sequences, a 3-epoch run) records 60 GiB on an 80 GB GPU where the model needs 45.1 GiB allocated and 45.6 GiB
+reserved, with 75.4 GiB left to the allocator: (60 - 45.6) / (75.4 - 45.6) = 0.48.  One row from one source: held
 out, nothing is left to fit the share on (`python -m planner.calibration.report` prints the leave-one-source-out
 figure), and short runs or fixed shapes record less (Megatron-LM memory reports quoted in ALLOCATOR_CACHE_FRACTION:
 0.6-1% above the allocated peak)."""

@@ -555,7 +555,7 @@ class CostModel:
             weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
             grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
-            fixed_act_bytes=_transient_peak_bytes(lay.transient, ends.transient, g.vpp),
+            fixed_act_bytes=lay.transient + ends.transient,
             context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
@@ -956,15 +956,6 @@ def type_offsets(stages: list[tuple[str, int]]) -> list[int]:
         out.append(used.get(device_type, 0))
         used[device_type] = out[-1] + gpus
     return out
-
-
-def _transient_peak_bytes(layers: float, ends: float, vpp: int) -> float:
-    """The activation buffers a stage holds once at its peak: its layers' (dispatch or unfused-attention buffers
-    while a layer runs, the recomputed chunk's activations in its backward) and its ends' (the loss's logits).  A
-    micro-batch's loss keeps its saved softmax until the backward reaches it: without interleaving that backward
-    follows at once, before any layer's backward (autograd frees a node's saved tensors when the node has run), so
-    the two phases never overlap; with interleaving the last rank runs other chunks' layers in between."""
-    return layers + ends if vpp > 1 else max(layers, ends)
 
 
 def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:
