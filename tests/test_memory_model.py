@@ -122,9 +122,9 @@ def test_headroom_takes_memory_off_what_a_plan_may_use():
 
 def test_measured_peaks(profiles):
     """Issue 19's targets on measured peak memory: median |error| <= 10%, and no run whose allocated peak was
-    measured predicted more than 10% below it.  The one reserved-memory row, compared with the predicted reserved
-    peak (the allocator's cache priced), is a whole run's peak with checkpoint conversion inside it: reported, not
-    held to the bound (calibration README)."""
+    measured predicted more than 10% below it.  The reserved-memory row, compared with the recorded reserved peak,
+    is the one the recorded cache share is fitted on: in the median, not held to the bound here (its held-out
+    figure is test_leave_one_source_out_prices_reserved_rows_with_the_other_sources_share's business)."""
     rows = memory_rows(profiles)
     assert len(rows) >= 7
     summary = summarise(rows)
@@ -252,3 +252,81 @@ def test_allocator_settings_are_read_from_the_script(tmp_path, line, expected):
     prefixed.write_text(f"#!/bin/bash\nPYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc-per-node 8 "
                         f"pretrain_gpt.py {GPT}\n")
     assert resolve_run(megatron_script=str(prefixed)).training.expandable_segments is True
+
+
+# ------------------------------------------------------------------------------ the reserved peak a long run records
+
+MOE = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings 4096 "
+       "--micro-batch-size 1 --global-batch-size 64 --vocab-size 32000 --bf16 --untie-embeddings-and-output-weights "
+       "--num-experts 16 --moe-router-topk 2 --moe-ffn-hidden-size 1024 --expert-model-parallel-size 8 "
+       "--moe-grouped-gemm --moe-aux-loss-coeff 1e-3 --use-distributed-optimizer")
+
+
+@pytest.mark.parametrize("extra,vary", [
+    ("", True),  # dropless aux-loss routing: expert buffers change size every micro-batch
+    (" --moe-expert-capacity-factor 1.0", True),  # dropped below capacity: sizes still move
+    (" --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity", False),
+    (" --moe-router-force-load-balancing", False),
+])
+def test_recorded_reserved_peak_grows_into_free_memory_only_where_shapes_vary(extra, vary):
+    """Where tensor sizes vary between micro-batches the recorded reserved peak is the needed one plus
+    RECORDED_CACHE_SHARE of the device memory left to the allocator above it (never beyond the device less the
+    memory outside the allocator); with fixed shapes, and for a dense model, it is the needed one.  The fit check
+    is on the needed peak either way (the allocator releases its cache before it would run out)."""
+    from planner.cost.memory import RECORDED_CACHE_SHARE, shapes_vary
+
+    run, _, cost = _priced(MOE + extra, cluster="H100:8")
+    _, _, fixed = _priced(MOE + " --moe-router-force-load-balancing", cluster="H100:8")
+    assert shapes_vary(run.model) is vary
+    for st, same in zip(cost.stages, fixed.stages):
+        ceiling = st.device_memory_bytes - st.other_bytes
+        share = RECORDED_CACHE_SHARE if vary else 0.0
+        assert st.recorded_reserved_bytes == pytest.approx(st.reserved_bytes + share * (ceiling - st.reserved_bytes))
+        assert st.reserved_bytes <= st.recorded_reserved_bytes <= ceiling
+        assert st.memory_bytes == pytest.approx(st.reserved_bytes + st.other_bytes)  # the fit check: needed only
+        assert st.to_json()["peak_reserved_recorded_gib"] * GIB_BYTES == pytest.approx(st.recorded_reserved_bytes)
+    assert cost.to_json()["max_reserved_recorded_gib"] == pytest.approx(cost.max_reserved_recorded_gib)
+    _, _, dense = _priced(GPT)
+    assert all(st.recorded_reserved_bytes == st.reserved_bytes for st in dense.stages)
+    from planner.output.report import memory_line
+    said = memory_line(cost.to_json())
+    assert (f"up to {cost.max_reserved_recorded_gib:.1f} GiB reserved" in said) is vary, said
+    assert "up to" not in memory_line(dense.to_json())
+
+
+def test_shipped_recorded_cache_share_is_the_fit(profiles):
+    """RECORDED_CACHE_SHARE is what the measured reserved peaks of variable-shape runs give today (to 0.01), and
+    each of them then lies between the needed reserved peak and the device memory left to the allocator."""
+    from planner.calibration.memory import fit_recorded_cache_share
+    from planner.cost.memory import RECORDED_CACHE_SHARE
+
+    rows = memory_rows(profiles)
+    fitted = fit_recorded_cache_share(rows)
+    assert fitted is not None and RECORDED_CACHE_SHARE == pytest.approx(fitted, abs=0.005)
+    for r in rows:
+        if r.metric == "max_reserved_gib" and r.shapes_vary:
+            assert r.predicted_reserved_gib <= r.measured_gib <= r.predicted_reserved_gib + r.free_gib, r.id
+
+
+def test_leave_one_source_out_prices_reserved_rows_with_the_other_sources_share():
+    """A reserved row held out with its source is priced with the share fitted on the other sources' reserved
+    rows of variable-shape runs (their median), or 0 when none is left; allocated rows keep their error."""
+    from planner.calibration.memory import MemoryRow, fit_recorded_cache_share, loso_errors
+
+    def row(id_, source, metric, measured, needed, free, vary=True):
+        return MemoryRow(id=id_, metric=metric, measured_gib=measured, predicted_gib=needed, stage=0,
+                         weights_grads_optimizer_gib=0.0, activations_gib=0.0, outside_allocator_gib=0.0,
+                         source=source, predicted_allocated_gib=needed, predicted_reserved_gib=needed, free_gib=free,
+                         shapes_vary=vary)
+
+    a = row("a", "org/one x", "max_reserved_gib", 60.0, 40.0, 40.0)  # share 0.5
+    b = row("b", "org/two y", "max_reserved_gib", 55.0, 40.0, 60.0)  # share 0.25
+    c = row("c", "org/two z", "max_reserved_gib", 49.0, 40.0, 30.0, vary=False)  # fixed shapes: not fitted on
+    d = row("d", "org/three", "max_allocated_gib", 50.0, 45.0, 30.0)
+    assert fit_recorded_cache_share([a, b, c, d]) == pytest.approx(0.375)
+    held = loso_errors([a, b, c, d])
+    assert held["a"] == pytest.approx(100 * (40.0 + 0.25 * 40.0 - 60.0) / 60.0)  # b's share
+    assert held["b"] == pytest.approx(100 * (40.0 + 0.5 * 60.0 - 55.0) / 55.0)  # a's share
+    assert held["c"] == pytest.approx(100 * (40.0 - 49.0) / 49.0)  # fixed shapes: the needed peak
+    assert held["d"] == pytest.approx(d.error_pct)
+    assert loso_errors([a])["a"] == pytest.approx(100 * (40.0 - 60.0) / 60.0)  # nothing left to fit on

@@ -7,8 +7,8 @@ measured / predicted.  A plan is accepted when its prediction is at most (1 - h)
 then fits if r (1 - h) <= 1.  The default headroom is the smallest whole percent with r_i (1 - h) <= 1 for every
 row: the worst measured under-prediction would still have fitted.  The fit check applies it to the reserved peak
 (the allocated one and the allocator's cache, planner/cost/memory.py).  Rows of reserved memory are reported beside
-it, not used: the ones the calibration has are a whole run's peak (checkpoint loading inside it), not an
-iteration's.
+it, not used: they are a long run's recorded peak, which holds cache the allocator releases before it would run
+out (planner/cost/memory.py RECORDED_CACHE_SHARE).
 
 Evidence region.  Every calibration row, priced as its own plan, puts each mechanism in some conditions
 (planner/cost/mechanisms.py); the conditions carrying at least EVIDENCE_MIN_SHARE of its time are a cell of the
@@ -252,9 +252,10 @@ def memory_headroom(rows: list[MemoryRow]) -> tuple[float, str]:
            f"measured {worst.measured_gib:.2f} GiB against {worst.predicted_gib:.2f} predicted "
            f"({worst.error_pct:+.1f}%)")
     if reserved:
-        src += ("; not used: " + ", ".join(f"{r.id} ({r.error_pct:+.1f}% on the reserved peak)" for r in reserved)
-                + ", a whole run's reserved peak (checkpoint loading inside it), not an iteration's: raise "
-                "--memory-headroom to cover such peaks")
+        src += ("; not used: "
+                + ", ".join(f"{r.id} ({r.error_pct:+.1f}% on the recorded reserved peak)" for r in reserved)
+                + ", a long run's recorded reserved peak, which holds cache the allocator releases before it would "
+                "run out (planner/cost/memory.py RECORDED_CACHE_SHARE)")
     return h, src
 
 

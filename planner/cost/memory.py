@@ -269,3 +269,51 @@ def allocator_cache_fraction(expandable_segments: bool | None) -> float:
     """The allocator's cache over the activations at the peak (ALLOCATOR_CACHE_FRACTION); None: as assumed
     (EXPANDABLE_SEGMENTS_ASSUMED)."""
     return ALLOCATOR_CACHE_FRACTION[EXPANDABLE_SEGMENTS_ASSUMED if expandable_segments is None else expandable_segments]
+
+
+# ------------------------------------------------------------------------- the reserved peak a long run records
+
+RECORDED_CACHE_SHARE = 0.48
+"""Share of the device memory left free above the needed reserved peak that a long run's recorded reserved peak
+(torch.cuda.max_memory_reserved: a running maximum since the process started, what Megatron's and ms-swift's
+memory logs print) grows into when tensor sizes change from one micro-batch to the next.
+
+Why it grows: torch's caching allocator serves a request from a cached free block when one is large enough;
+otherwise it asks the driver for a new segment first, and releases cached blocks only when that fails
+(CUDACachingAllocator.cpp `malloc`: `alloc_block(params, false)`, then `release_available_cached_blocks`, then
+`release_cached_blocks`, then the out-of-memory error).  So the cache never makes a run run out of memory
+(ALLOCATOR_CACHE_FRACTION prices what remains at that point, and the fit check uses it), but while the device has
+room each request that no cached block serves adds a segment, and the recorded peak climbs toward the memory left
+to the allocator (the device less the context and communicator buffers).  Requests miss the cache when their
+sizes move: buffers sized by the tokens each expert receives, under MoE routing that is neither forced balanced nor
+padded to a fixed capacity.  PyTorch's Note [Expandable Segments] (CUDACachingAllocator.cpp) describes the
+pattern, tensors slightly larger than the cached ones, repeated over 50+ layers; expandable segments shrink it but
+cannot merge free space lying between live blocks.  Published observations of the two cases: reserved memory
+growing "until the device is full and the allocator has to release and retry" while the allocated memory stays
+small, once a small block that stays alive fences freed space off (github.com/pytorch/pytorch/pull/193400, for
+issue #123548); variable-length micro-batches that "strand large amounts of reserved-but-unallocated memory" in
+long runs (github.com/sgl-project/SpecForge/pull/739); and with packed, constant-size batches "constant peak memory
+allocated and peak memory reserved" (github.com/meta-pytorch/torchtune/issues/2830).
+
+Fitted (planner/calibration/memory.py `fit_recorded_cache_share`: the median over measured reserved peaks of
+variable-shape runs): ms-swift's Qwen3-30B-A3B PP2 EP8 SFT (expandable segments, aux-loss routing, packed
+sequences, a 3-epoch run) records 60 GiB on an 80 GB GPU where the model needs 45.1 GiB allocated and 45.6 GiB
+reserved, with 75.4 GiB left to the allocator: (60 - 45.6) / (75.4 - 45.6) = 0.48.  One row from one source: held
+out, nothing is left to fit the share on (`python -m planner.calibration.report` prints the leave-one-source-out
+figure), and short runs or fixed shapes record less (Megatron-LM memory reports quoted in ALLOCATOR_CACHE_FRACTION:
+0.6-1% above the allocated peak)."""
+
+
+def shapes_vary(model: ModelSpec) -> bool:
+    """Whether the run's tensor sizes change between micro-batches: MoE routing neither forced balanced
+    (`--moe-router-force-load-balancing`) nor padded to a fixed capacity (`--moe-pad-expert-input-to-capacity`
+    with a capacity factor), so each expert's token count, and the buffers sized by it, move every micro-batch."""
+    if not model.is_moe or model.moe_router_force_load_balancing:
+        return False
+    return not (model.moe_expert_capacity_factor is not None and model.moe_pad_expert_input_to_capacity)
+
+
+def recorded_cache_share(model: ModelSpec, share: float = RECORDED_CACHE_SHARE) -> float:
+    """The share of the free device memory a long run's recorded reserved peak grows into (RECORDED_CACHE_SHARE
+    when its shapes vary, else 0)."""
+    return share if shapes_vary(model) else 0.0

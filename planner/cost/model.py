@@ -23,7 +23,9 @@ from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
-from planner.cost.memory import ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups
+from planner.cost.memory import (
+    ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups, recorded_cache_share,
+)
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
 from planner.schemas.device import DeviceProfile
@@ -82,6 +84,7 @@ class StageCore:
     device_memory_bytes: float  # the device's memory as the framework reports it
     capacity_bytes: float  # what the plan may use: device memory less the memory headroom
     cache_fraction: float  # the allocator's cache over the activations (memory.allocator_cache_fraction)
+    recorded_cache_share: float  # of the free memory a long run's recorded reserved peak fills (memory.py)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
 
     @property
@@ -162,6 +165,16 @@ class StageCost(StageCore):
         return self.allocated_bytes + self.cache_fraction * self.activations_bytes
 
     @property
+    def recorded_reserved_bytes(self) -> float:
+        """The reserved peak a long run records (torch.cuda.max_memory_reserved since the start): the needed
+        reserved peak, and where tensor sizes vary between micro-batches a share of the device memory left free
+        above it, which the allocator fills with cached segments while the driver still grants them (it releases
+        them before it would run out: the fit check uses reserved_bytes).  planner/cost/memory.py
+        RECORDED_CACHE_SHARE."""
+        free = max(0.0, self.device_memory_bytes - self.other_bytes - self.reserved_bytes)
+        return self.reserved_bytes + self.recorded_cache_share * free
+
+    @property
     def memory_bytes(self) -> float:
         """The device memory the stage needs at its peak: what the allocator reserves and the memory outside it
         (context, communicator buffers).  The fit check compares it with the capacity."""
@@ -210,6 +223,7 @@ class StageCost(StageCore):
             "peak_allocated_gib": self.allocated_bytes / g,
             "peak_reserved_gib": self.reserved_bytes / g,
             "allocator_cache_gib": (self.reserved_bytes - self.allocated_bytes) / g,
+            "peak_reserved_recorded_gib": self.recorded_reserved_bytes / g,
             "weights_gib": self.weights_bytes / g,
             "grads_gib": self.grads_bytes / g,
             "optimizer_gib": self.optimizer_bytes / g,
@@ -262,6 +276,10 @@ class PlanCost:
     def max_reserved_gib(self) -> float:
         return max(s.reserved_bytes for s in self.stages) / GIB_BYTES
 
+    @property
+    def max_reserved_recorded_gib(self) -> float:
+        return max(s.recorded_reserved_bytes for s in self.stages) / GIB_BYTES
+
     def time_breakdown(self) -> dict[str, float]:
         """Seconds of the iteration by mechanism (TIME_PARTS, zero entries omitted), summing to
         `iteration_time_s`: the slowest stage's per-micro-batch parts times the micro-batches, the pipeline
@@ -298,6 +316,7 @@ class PlanCost:
             "max_memory_gib": self.max_memory_gib,
             "max_allocated_gib": self.max_allocated_gib,
             "max_reserved_gib": self.max_reserved_gib,
+            "max_reserved_recorded_gib": self.max_reserved_recorded_gib,
             "fits": self.fits,
             "memory_headroom": self.memory_headroom,
             "overflow_stages": self.overflow_stages,
@@ -542,6 +561,7 @@ class CostModel:
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
             cache_fraction=allocator_cache_fraction(self.training.expandable_segments),
+            recorded_cache_share=recorded_cache_share(self.model),
             parts=_merge_parts(lay.parts, ends.parts),
         )
 

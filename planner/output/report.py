@@ -371,6 +371,9 @@ def memory_line(payload: dict) -> str:
     if "max_allocated_gib" in payload:
         line += (f"; allocator peaks: {payload['max_allocated_gib']:.1f} GiB allocated, "
                  f"{payload['max_reserved_gib']:.1f} GiB reserved")
+        recorded = payload.get("max_reserved_recorded_gib", 0.0)
+        if recorded > payload["max_reserved_gib"] + 0.05:  # expert buffers change size: the cache keeps growing
+            line += f" (a long run may record up to {recorded:.1f} GiB reserved: cache freed on demand)"
     near = [str(s["index"]) for s in payload["stages"] if s.get("near_capacity")]
     if near:
         line += f"; stage {', '.join(near)} at 97-100% of usable memory"
