@@ -162,11 +162,14 @@ def simulate_pipeline(
     schedule: ScheduleName = "1f1b",
     vpp: int = 1,
     wait_for_sends: bool = False,
+    chunk_layers: list[int] | None = None,
 ) -> ScheduleResult:
     """Simulate one iteration of Megatron's pipeline schedule and return its timeline.
 
     forward_s[i] / backward_s[i]: per-micro-batch forward / backward seconds of pipeline rank i (for
-    `interleaved`, of the whole rank: each of its `vpp` chunks takes 1/vpp of it).  p2p_s[i]: seconds to send
+    `interleaved`, of the whole rank: each of its `vpp` chunks takes 1/vpp of it, or with `chunk_layers` (decoder
+    layers per virtual stage in layout order, stage g on rank g % PP: planner/megatron/layout.py) its share of
+    the rank's layers; a rank without layers splits evenly).  p2p_s[i]: seconds to send
     one activation (or its gradient) from rank i to rank i+1, length PP-1, same in both directions; under
     interleaving the wrap-around link from the last rank to the first takes max(p2p_s).  `wait_for_sends`: a
     rank waits for its own sends as Megatron does (see the module docstring).
@@ -193,11 +196,26 @@ def simulate_pipeline(
         )
 
     chunks = vpp if schedule == "interleaved" else 1
+    shares = _chunk_shares(chunk_layers, num_stages, chunks)
     if schedule == "interleaved":
         programs = [interleaved_order(num_stages, r, num_microbatches, chunks) for r in range(num_stages)]
     else:
         programs = [one_f_one_b_order(num_stages, r, num_microbatches) for r in range(num_stages)]
-    return _run(programs, fwd_s, bwd_s, links_s, num_microbatches, chunks, schedule, wait_for_sends)
+    return _run(programs, fwd_s, bwd_s, links_s, num_microbatches, chunks, schedule, wait_for_sends, shares)
+
+
+def _chunk_shares(chunk_layers: list[int] | None, num_stages: int, chunks: int) -> list[list[float]]:
+    """Per rank, each chunk's share of the rank's time: its decoder layers over the rank's (even without
+    `chunk_layers`, or for a rank that holds none)."""
+    if chunk_layers is None:
+        return [[1.0 / chunks] * chunks for _ in range(num_stages)]
+    layers = _check_times("chunk_layers", chunk_layers, num_stages * chunks)
+    out = []
+    for rank in range(num_stages):
+        mine = [layers[c * num_stages + rank] for c in range(chunks)]
+        total = sum(mine)
+        out.append([x / total for x in mine] if total > 0 else [1.0 / chunks] * chunks)
+    return out
 
 
 def _ready_s(done_s: dict, links_s: list[float], wrap_s: float, num_stages: int, num_virtual: int, rank: int,
@@ -229,6 +247,7 @@ def _run(
     chunks: int,
     schedule: str,
     wait_for_sends: bool = False,
+    shares: list[list[float]] | None = None,
 ) -> ScheduleResult:
     """Execute the rank programs: each op starts at max(rank free, inputs arrived, and with `wait_for_sends` the
     rank's earlier send it must wait for); event-driven, O(#ops)."""
@@ -253,7 +272,8 @@ def _run(
             arrive_s = _ready_s(done_s, links_s, wrap_s, num_stages, num_virtual, rank, kind, mb, chunk)
             if arrive_s is None:
                 break
-            duration_s = (fwd_s[rank] if kind == "F" else bwd_s[rank]) / chunks
+            share = shares[rank][chunk] if shares is not None else 1.0 / chunks
+            duration_s = (fwd_s[rank] if kind == "F" else bwd_s[rank]) * share
             start_s = max(free_at_s[rank], arrive_s)
             if wait_for_sends:
                 start_s = max(start_s, sent_s[rank][kind] if schedule == "interleaved" else max(sent_s[rank].values()))

@@ -125,6 +125,23 @@ def test_deepep_is_priced_per_link_from_its_own_published_tables():
     assert _flex_comm_s(cm.model, links, tokens, 32, 2, "H100") == pytest.approx(rdma_s, rel=1e-9)
 
 
+def test_in_node_ep_gains_no_more_than_nvidia_measured_over_cross_node_ep():
+    """What `solve`'s claim for Qwen3-235B on 256 H100 rests on (issue 31: its pick, EP8 inside a node with DeepEP,
+    is priced 1.27x faster than NVIDIA's published EP32 across nodes, nearly all of it the dispatch): the Model
+    Zoo measured the same move, EP8 inside a node (with Megatron-FSDP and full recompute, 17.6 s) against EP32
+    across nodes (19.7 s), 1.119x.  The model orders the pair as measured and gives the in-node plan no more than
+    the measured gain (1.02x today), so the pick's lead is not an in-node dispatch priced too cheap."""
+    rows = {r["id"]: r for r in load_runs()}
+    inside, across = (rows[f"H100-qwen3-235B-{k}"] for k in ("tp2ep8-mfsdp-deepep-full", "ep32"))
+    priced = {}
+    for row in (inside, across):
+        _, plan, cm = flags_cost_model(row["megatron_args"], row["cluster"])
+        priced[row["id"]] = cm.evaluate(plan).iteration_time_s
+    measured = float(across["value"]) / float(inside["value"])
+    assert measured == pytest.approx(1.119, abs=1e-3)
+    assert 1.0 < priced[across["id"]] / priced[inside["id"]] <= measured
+
+
 def test_allgather_dispatcher_gathers_over_tp_and_ep_even_with_ep1():
     """MoEAllGatherTokenDispatcher gathers over the TPxEP group: with EP 1 and ETP 8 it still moves tokens."""
     layer = _layer(f"{MOE} --tensor-model-parallel-size 8 --sequence-parallel --expert-model-parallel-size 1 "

@@ -278,8 +278,10 @@ def test_interleaved_layout_maps_stage_i_to_rank_i_mod_pp():
     for rank, n in enumerate(counts):
         chunks = [per_virtual[i] for i in range(len(per_virtual)) if i % 4 == rank]
         assert sum(chunks) == n and max(chunks) - min(chunks) <= 1
-    # the first rank's spare chunk comes first (next to the embedding), the last rank's last (next to the loss)
-    assert virtual_stage_layers([3, 1], 2) == [1, 1, 2, 0]
+    # every rank follows the fullest rank's pattern (spare layers first); a rank holding fewer drops layers
+    # nearest the embedding (first rank) or the loss (the others)
+    assert virtual_stage_layers([3, 1], 2) == [2, 1, 1, 0]
+    assert virtual_stage_layers([2, 3], 2) == [1, 2, 1, 1]
     assert virtual_stage_layers([2] + [3] * 30 + [2], 3) == [0] + [1] * 94 + [0]  # E|(t|)*94L
 
 
