@@ -90,9 +90,10 @@ class Scenario:
 
 MOE_CLUSTERS_HOMO = ("h800-16", "mi300x-16", "910b-16")
 MOE_CLUSTERS_HETERO = ("h800-mi300x", "h800-910b", "mi300x-910b", "h800-mi300x-910b")
-RUNNABLE_CLUSTERS_HETERO = ("a100-h800", "h800-h20")
+RUNNABLE_CLUSTERS_HETERO = {"mixtral-s": ("a100-h800", "h800-h20"), "mixtral-l": ("a100-h800-32", "h800-h20-32")}
 """Mixed clusters besides the paper's that one public runtime runs as one job (upstream Megatron-LM: NVIDIA
-only); with the paper's h800-mi300x (FlagScale), the runnable section's mixed clusters."""
+only), per model (Mixtral-L on 2x8 + 2x8 of these 80-96 GB GPUs: no plan for MI's recipes, or none at all);
+with the paper's h800-mi300x (FlagScale), the runnable section's mixed clusters."""
 
 PAPER_SUITE: tuple[Scenario, ...] = (
     tuple(Scenario(m, "a100-910b", "dense-hetero") for m in ("llama2-7b", "llama2-13b"))
@@ -100,7 +101,7 @@ PAPER_SUITE: tuple[Scenario, ...] = (
     + tuple(Scenario(m, c, "moe-hetero") for m in ("mixtral-s", "mixtral-l") for c in MOE_CLUSTERS_HETERO)
 )
 SUITE: tuple[Scenario, ...] = PAPER_SUITE + tuple(
-    Scenario(m, c, "moe-hetero", paper=False) for m in ("mixtral-s", "mixtral-l") for c in RUNNABLE_CLUSTERS_HETERO)
+    Scenario(m, c, "moe-hetero", paper=False) for m, cs in RUNNABLE_CLUSTERS_HETERO.items() for c in cs)
 QUICK_SUITE: tuple[Scenario, ...] = (
     Scenario("llama2-7b", "a100-910b", "dense-hetero"),
     Scenario("mixtral-s", "h800-16", "moe-homo"),
@@ -139,9 +140,6 @@ class Row:
     gbs: int
     planner: str
     status: str  # ok | none
-    runtime: str = ""  # the runtime every planner planned for (PAPER_RUNTIME: the hypothetical one)
-    runnable: bool = True  # a public runtime runs the whole cluster as one job
-    paper: bool = True  # one of the paper's scenarios
     throughput_tflops_per_gpu: float = float("nan")
     mfu: float = float("nan")
     iteration_time_s: float = float("nan")
@@ -150,6 +148,10 @@ class Row:
     gpus_used: int = 0
     plan: str = ""
     notes: str = ""
+    runtime: str = ""  # the runtime every planner planned for (PAPER_RUNTIME: the hypothetical one)
+    runnable: bool = True  # a public runtime runs the whole cluster as one job
+    paper: bool = True  # one of the paper's scenarios
+    found_by: str = ""  # HAPMoE: "search" (its whole space) or "search with <baseline>'s degrees"
 
 
 def label(name: str) -> str:
@@ -232,7 +234,9 @@ def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult, world: Pl
 
 def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Progress | None = None,
                  plans_out: dict | None = None, tuners_out: dict | None = None) -> list[Row]:
-    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan).
+    """Every selected planner on one scenario: the baselines, then HAPMoE (also searching the part of its
+    space with each baseline plan's degrees: planner/baselines/hapmoe.py), then the ablation (which
+    re-splits HAPMoE's plan).
 
     Every planner plans for the same runtime over the whole cluster (planning_world): the one `--runtime
     auto` picks when a public runtime runs the cluster as one job (a baseline's plan, one DP and recompute
@@ -242,23 +246,29 @@ def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Prog
     world = planning_world(cluster, profiles, run.training.precision)
     choice = world.choice
     target = choice.runtime.name
-    names = [n for n in ("hapmoe",) + tuple(n for n in PLANNERS if n != "hapmoe") if n in settings.planners]
+    names = [n for n in (*BASELINE_NAMES, "hapmoe", "ablation") if n in settings.planners]
     rows: list[Row] = []
     hapmoe_plan = None
+    incumbents: dict = {}
     for name in names:
         opts: dict = {"time_limit_s": settings.time_limit_s, "runtime": target}
         runs: list = []
         if name == "hapmoe":
             opts = {"time_limit_s": settings.time_limit_s, "flagscale_time_limit_s": settings.flagscale_time_limit_s,
-                    "runs_out": runs}
+                    "runs_out": runs, "incumbents": incumbents}
         if name == "ablation":
             opts["hapmoe_plan"] = hapmoe_plan
         res = run_planner(name, run, choice.cluster, world.profiles, **opts)
+        if name in BASELINE_NAMES and res.priced is not None:
+            incumbents[PLANNERS[name].label] = res.priced.plan
         if name == "hapmoe":
             hapmoe_plan = next((r.plan for r in runs if r.runtime == target), None)
         if world.hypothetical:
-            res.notes.insert(0, f"HYPOTHETICAL: {choice.check.reason}; no public runtime runs this job")
+            res.notes.insert(0, f"{choice.check.reason}; no public runtime runs this job")  # says HYPOTHETICAL
         row = make_row(sc, run, cluster, profiles, res, world)
+        if name == "hapmoe" and res.priced is not None:
+            row.found_by = next((f"search with {r.seeded_from}'s degrees" if r.seeded_from else "search"
+                                 for r in runs if r.plan == res.priced.plan), "")
         rows.append(row)
         if plans_out is not None and res.priced is not None:
             plans_out[(sc.name, name)] = res.priced
@@ -384,6 +394,8 @@ def compare_planners(rows: list[Row]) -> dict:
         "min_ratio_scenario": worst[0] if worst else None,
         "ratio_vs_best_baseline_by_scenario": ratios,
         "hapmoe_slower_than_a_baseline": losses,
+        "hapmoe_plan_from_a_seeded_search": {s: d["hapmoe"].found_by for s, d in by.items()
+                                             if _ok(d.get("hapmoe")) and d["hapmoe"].found_by not in ("", "search")},
     }
 
 

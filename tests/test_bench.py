@@ -127,10 +127,12 @@ def test_suite_matches_the_paper():
 
 def test_runnable_scenarios_run_as_one_job_and_the_paper_mixes_with_the_910b_are_hypothetical(profiles):
     """Every scenario outside the paper's is a mixed cluster one public runtime runs whole (both models on
-    A100 + H800 and H800 + H20, upstream Megatron-LM); of the paper's mixed clusters, H800 + MI300X runs on
+    A100 + H800 and H800 + H20, upstream Megatron-LM; Mixtral-L on 32 + 32 GPUs); of the paper's mixed clusters, H800 + MI300X runs on
     FlagScale and the four with the 910B are planned for the hypothetical all-vendor runtime, whole."""
     extra = [s for s in SUITE if not s.paper]
-    assert {s.cluster for s in extra} == {"a100-h800", "h800-h20"} and all(s.kind == "moe-hetero" for s in extra)
+    assert {(s.model, s.cluster) for s in extra} == {("mixtral-s", "a100-h800"), ("mixtral-s", "h800-h20"),
+                                                   ("mixtral-l", "a100-h800-32"), ("mixtral-l", "h800-h20-32")}
+    assert all(s.kind == "moe-hetero" for s in extra)
     assert len(SUITE) == len(PAPER_SUITE) + len(extra) == 20
     worlds = {c: planning_world(parse_cluster(c, profiles), profiles)
               for c in {s.cluster for s in SUITE if s.kind != "moe-homo"}}
@@ -138,8 +140,8 @@ def test_runnable_scenarios_run_as_one_job_and_the_paper_mixes_with_the_910b_are
                                                                 "h800-mi300x-910b"}
     for c, w in worlds.items():
         assert not w.choice.left_out, c  # every planner plans on the whole cluster
-        assert w.runtime == {"a100-h800": "megatron", "h800-h20": "megatron", "h800-mi300x": "flagscale"}.get(
-            c, "all-vendors(HYPOTHETICAL)")
+        expected = ("all-vendors(HYPOTHETICAL)" if "910b" in c else "flagscale" if c == "h800-mi300x" else "megatron")
+        assert w.runtime == expected, c
 
 
 def test_json_clean_drops_nan():
@@ -179,10 +181,19 @@ def test_bench_quick_end_to_end(tmp_path):
     # across vendors, which cannot start)
     assert summary["geomean_speedup_vs_mi"] >= 1 - 1e-9
     assert summary["min_ratio_vs_best_baseline"] >= 1 - 1e-6
+    for section in ("runnable", "paper_assumption"):  # both comparisons, never behind a baseline
+        assert summary[section]["geomean_speedup_vs_mi"] >= 1 - 1e-9
+        assert summary[section]["min_ratio_vs_best_baseline"] >= 1 - 1e-6
+    assert summary["paper_assumption"]["hypothetical_scenarios"] == ["llama2-7b@a100-910b"]  # A100 + 910B
+    assert "llama2-7b@a100-910b" not in summary["runnable"]["scenarios"]
+    assert res.output.index("## Runnable today") < res.output.index("## As the paper assumes")
     assert "Table 2" in res.output and "Table 3" in res.output and "FlagScale auto-tuner beside HAPMoE" in res.output
     for r in rows:  # every plan is a job one runtime runs: FlagScale across vendors, upstream Megatron on one
         if r["status"] == "ok" and r["cluster"] == "h800-mi300x":
             assert r["plan"].startswith("flagscale"), r
+        if r["status"] == "ok" and r["cluster"] == "a100-910b":  # unless labelled hypothetical
+            assert r["plan"].startswith("all-vendors(HYPOTHETICAL)") and r["runnable"] == "False", r
+            assert r["notes"].startswith("HYPOTHETICAL all-vendor runtime"), r
 
 
 def test_flagscale_tuner_is_skipped_with_the_reason_without_its_environment(monkeypatch):
