@@ -494,7 +494,8 @@ def table3_markdown(rows: list[Row]) -> str:
     """Paper Table 3: change ratios when non-uniform PP/DP is disabled (ablation / HAPMoE)."""
     by = _by(rows)
     lines = ["# Table 3: performance change ratio by disabling non-uniform PP/DP", "",
-             "Ablation (megatron runtime, every stage the same number of layers) over HAPMoE. "
+             "Ablation (one DP and recompute for every stage, every stage the same number of layers, on the scenario's "
+             "runtime) over HAPMoE. "
              "Throughput/MFU < 1 and latency > 1 mean the ablation is worse.", "",
              "| scenario | kind | throughput | MFU | latency | HAPMoE plan | ablation plan |", "|---|---|---|---|---|---|---|"]
     for s, d in by.items():
