@@ -41,6 +41,7 @@ from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, 
 from planner.bench_flagscale import TUNER, TUNER_LABEL, TunerOutcome, run_flagscale_tuner
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
+from planner.profile_tables import ProfileSet
 from planner.runtime import AUTO, FLAGSCALE, RuntimeChoice, choose_runtime
 from planner.simulate import plot_timeline, simulate_pipeline
 
@@ -188,7 +189,7 @@ class PlanningWorld:
     hypothetical PAPER_RUNTIME in place of the row it extends) and the runtime choice over the whole
     cluster."""
 
-    profiles: object  # ProfileSet
+    profiles: ProfileSet
     choice: RuntimeChoice
     hypothetical: bool
 

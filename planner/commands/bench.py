@@ -21,7 +21,8 @@ from planner.profile_tables import ProfileSet
               help="directory for results.csv, summary.json, table2.md, table3.md, flagscale_tuner.md, search_time.md and PNG plots "
                    "(earlier bench results there are overwritten; any other non-empty directory is refused)")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no bench results")
-@click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, megatron runtime, 2 cluster sizes)")
+@click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, one planned for the hypothetical all-vendor "
+              "runtime; 2 cluster sizes)")
 @click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=1.0), default=None,
               help="seconds per search (default 60; 15 with --quick)")
 @click.option("--flagscale-time-limit", "flagscale_time_limit_s", type=FiniteFloat(min=0.0), default=None,
