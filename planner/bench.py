@@ -149,7 +149,7 @@ class Row:
     gpus_used: int = 0
     plan: str = ""
     notes: str = ""
-    runtime: str = ""  # the runtime every planner planned for (PAPER_RUNTIME: the hypothetical one)
+    runtime: str = ""  # the plan's runtime, or without a plan the scenario's (PlanningWorld.runtime)
     runnable: bool = True  # a public runtime runs the whole cluster as one job
     paper: bool = True  # one of the paper's scenarios
     found_by: str = ""  # HAPMoE: "search" (its whole space) or "search with <baseline>'s degrees"
@@ -229,7 +229,9 @@ def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult, world: Pl
     row.mfu = pc.model_flop_per_iteration / (pc.iteration_time_s * peak_total)
     row.peak_memory_gib = pc.max_memory_gib
     row.gpus_used = res.priced.plan.world_size
-    row.plan = plan_summary(res.priced.plan, world.runtime if world else None)
+    hypothetical = world.runtime if world and world.hypothetical else None
+    row.runtime = hypothetical or res.priced.plan.runtime
+    row.plan = plan_summary(res.priced.plan, hypothetical)
     return row
 
 
@@ -449,13 +451,15 @@ def _table2_section(rows: list[Row], paper: bool) -> list[str]:
         lines.append("| (no heterogeneous MoE scenario in this run) |")
     comp = compare_planners(rows)
     lines += ["", "Every scenario of the section (the means above: its heterogeneous MoE ones):", "",
-              "| scenario | planned for | HAPMoE / MI (throughput) | HAPMoE / best baseline | best baseline |",
+              "| scenario | runtime | HAPMoE / MI (throughput) | HAPMoE / best baseline | best baseline |",
               "|---|---|---|---|---|"]
     for s, d in by.items():
         h, mi = d.get("hapmoe"), d.get("mi")
         speed = h.throughput_tflops_per_gpu / mi.throughput_tflops_per_gpu if _ok(h) and _ok(mi) else None
         best = comp["ratio_vs_best_baseline_by_scenario"].get(s)
-        runtime = next((r.runtime for r in d.values() if r.runtime), "-")
+        runtime = next((r.runtime for r in d.values() if r.planner == "mi"), "-")
+        if _ok(h) and h.runtime != runtime:
+            runtime += f" (HAPMoE's plan: {h.runtime})"
         ratio, who = (f"{best['ratio']:.3f}", label(best["best_baseline"])) if best else ("n/a", "-")
         lines.append(f"| {s} | {runtime} | {f'{speed:.2f}x' if speed else 'n/a'} | {ratio} | {who} |")
     lines.append("")
