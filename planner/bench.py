@@ -461,7 +461,8 @@ def _table2_section(rows: list[Row], paper: bool) -> list[str]:
         if _ok(h) and h.runtime != runtime:
             runtime += f" (HAPMoE's plan: {h.runtime})"
         ratio, who = (f"{best['ratio']:.3f}", label(best["best_baseline"])) if best else ("n/a", "-")
-        lines.append(f"| {s} | {runtime} | {f'{speed:.2f}x' if speed else 'n/a'} | {ratio} | {who} |")
+        vs_mi = f"{speed:.2f}x" if speed else "no plan" if not _ok(h) else "n/a (MI: no plan)"
+        lines.append(f"| {s} | {runtime} | {vs_mi} | {ratio} | {who} |")
     lines.append("")
     return lines
 
