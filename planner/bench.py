@@ -58,16 +58,17 @@ PAPER_RUNTIME = "all-vendors"
 their whole cluster (ProfileSet.assuming)."""
 SECTIONS = {
     "runnable": ("Runnable today",
-                 "mixed clusters one public runtime runs as one job (profiles/runtimes.yaml): A100 + H800 and "
-                 "H800 + H20 on upstream Megatron-LM, H800 + MI300X on FlagScale (FlagCX); every planner plans "
-                 "for that runtime"),
+                 "the scenarios whose whole cluster one public runtime runs as one job (profiles/runtimes.yaml): "
+                 "the homogeneous ones, A100 + H800 and H800 + H20 (upstream Megatron-LM) and H800 + MI300X "
+                 "(FlagScale with FlagCX); the baselines plan for the runtime `--runtime auto` picks, HAPMoE "
+                 "searches every runtime that runs the cluster"),
     "paper_assumption": ("As the paper assumes",
-                         "the paper's mixed clusters; those with the Ascend 910B (which no public runtime runs in "
-                         "one job with NVIDIA or AMD GPUs) are planned, by every planner, for a HYPOTHETICAL "
+                         "the paper's scenarios; its mixed clusters with the Ascend 910B (which no public runtime "
+                         "runs in one job with NVIDIA or AMD GPUs) are planned, by every planner, for a HYPOTHETICAL "
                          "runtime that runs one job across NVIDIA, AMD and Huawei devices (runtimes.yaml "
                          f"`hypothetical: {PAPER_RUNTIME}`: FlagScale's per-stage meshes, the 910B reached as FlagCX "
-                         "reaches AMD), priced by the same cost model and the same cross-vendor links "
-                         "(host memory) as FlagScale's NVIDIA + AMD jobs; no launcher is written for it"),
+                         "reaches AMD), priced by the same cost model and the same cross-vendor links (host memory) "
+                         "as FlagScale's NVIDIA + AMD jobs; no launcher is written for it"),
 }
 """summary.json's sections: (title, what it assumes)."""
 
