@@ -27,6 +27,7 @@ import importlib  # noqa: E402
 import click  # noqa: E402
 
 from planner import time_budget  # noqa: E402
+from planner import cli_common  # noqa: E402
 from planner.cli_common import OneLineErrorsGroup  # noqa: E402
 
 # Each module defines a click command named `command`; the order here is the order in --help.
@@ -47,8 +48,15 @@ def main() -> None:
     """Heterogeneity-aware parallelism planner for MoE (and dense) training on Megatron-LM."""
 
 
-for _name in COMMAND_MODULES:
-    main.add_command(importlib.import_module(_name).command)
+try:
+    for _name in COMMAND_MODULES:
+        main.add_command(importlib.import_module(_name).command)
+except (MemoryError, ImportError) as _exc:  # too little memory to load the libraries: say so, no traceback
+    if not cli_common.is_out_of_memory(_exc):
+        raise
+    sys.stderr.write(f"error: {cli_common.out_of_memory_message()}\n")
+    sys.exit(cli_common.OUT_OF_MEMORY_EXIT)
+cli_common.LOADED_KIB = cli_common.status_kib("VmSize")
 
 
 if __name__ == "__main__":

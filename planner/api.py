@@ -292,8 +292,10 @@ def uniform_space_for(space: SearchSpace, runtime: str) -> SearchSpace:
 
 def relabel_result(result: SearchResult, runtime: str) -> SearchResult:
     """The result's plans as `runtime`'s (the cost model does not depend on the runtime's name)."""
-    best = [replace(c, plan=c.plan.model_copy(update={"runtime": runtime})) for c in result.best]
-    return replace(result, best=best)
+    def relabel(cands):
+        return [replace(c, plan=c.plan.model_copy(update={"runtime": runtime})) for c in cands]
+
+    return replace(result, best=relabel(result.best), runners_up=relabel(result.runners_up))
 
 
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,

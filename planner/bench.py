@@ -671,12 +671,10 @@ def plot_scaling(rows: list[ScalingRow], path: Path) -> None:
 
 
 def pipeline_inputs(pc) -> tuple[list[float], list[float], list[float]]:
-    """Per-stage forward/backward seconds without pipeline sends, and per-boundary send seconds, from a
-    PlanCost: the cost model charges stage i the sends on both its links (pp_comm_s, half to forward,
-    half to backward), so boundary b's send is stage 0's pp_comm_s, then stage b's minus boundary b-1's."""
-    p2p: list[float] = []
-    for i, st in enumerate(pc.stages[:-1]):
-        p2p.append(max(0.0, st.pp_comm_s - (p2p[i - 1] if i > 0 else 0.0)))
+    """Per-stage forward/backward seconds without pipeline sends (the cost model charges stage i the sends it
+    pays on both its links as pp_comm_s, half to forward, half to backward), and per-boundary seconds of one
+    message (StageCost.send_out_s, before any overlap) from a PlanCost."""
+    p2p = [st.send_out_s for st in pc.stages[:-1]]
     fwd = [st.forward_s - st.pp_comm_s / 2 for st in pc.stages]
     bwd = [st.backward_s - st.pp_comm_s / 2 for st in pc.stages]
     return fwd, bwd, p2p

@@ -6,8 +6,8 @@ and JSON output that is always valid JSON.
   and SIGHUP into `Interrupted`, so that a staged output is removed on the way out, and exits with
   128 + the signal's number (130, 143, 129).
 - `handle_errors`: the planner's typed errors -> one line, exit 2 (3 when the search's time limit ran
-  out before any plan was found).  Anything else is a bug: one line saying so, exit 1 (set
-  HAPMOE_DEBUG=1 for the traceback).
+  out before any plan was found; 4 when the process ran out of memory, saying how much it had and
+  needed).  Anything else is a bug: one line saying so, exit 1 (set HAPMOE_DEBUG=1 for the traceback).
 - `FiniteFloat`: a float option that refuses NaN and infinity (click's FloatRange lets NaN through).
 - `echo_json` / `json_text`: JSON without NaN or Infinity (not valid JSON): a non-finite number is a
   bug caught by the prediction guard before it gets here; should one slip through it becomes null.
@@ -58,6 +58,50 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+OUT_OF_MEMORY_EXIT = 4
+LOADED_KIB: int | None = None  # address space in use once cli.py has loaded the commands (their libraries)
+_NO_MEMORY_TEXTS = ("failed to map segment", "cannot allocate memory")  # dlopen's words when mmap fails
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A MemoryError, or an import that failed because the shared library could not be mapped."""
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, ImportError) and any(t in str(exc).lower() for t in _NO_MEMORY_TEXTS))
+
+
+def status_kib(field: str) -> int | None:
+    """A `VmPeak:`-style line of /proc/self/status, in KiB (None where there is no such file)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def out_of_memory_message() -> str:
+    """Why a MemoryError happened, for the user: the address-space limit (`ulimit -v`) or the machine's
+    memory, what the process had in use when the allocation failed, hence what the request needs."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    peak_kib = status_kib("VmPeak")
+    if peak_kib is None:  # no /proc: the resident peak (KiB on Linux) is the best lower bound there is
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    need = max(peak_kib * 1024, limit if limit != resource.RLIM_INFINITY else 0)
+    loaded = (f"; loading the planner's libraries alone took {LOADED_KIB / 1024:,.0f} MiB"
+              if LOADED_KIB is not None else "")
+    if limit != resource.RLIM_INFINITY:
+        return (f"out of memory: the process may use {limit / 2**20:,.0f} MiB of address space (ulimit -v){loaded}; "
+                f"this request needs more than {need / 2**20:,.0f} MiB: raise the limit (ulimit -v), or make the "
+                "request smaller (a smaller cluster or model)")
+    return (f"out of memory: an allocation failed with {peak_kib / 1024:,.0f} MiB of address space in use{loaded}; "
+            f"this request needs more than {need / 2**20:,.0f} MiB, more than the machine could give it: free memory, "
+            "or make the request smaller")
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the planner's typed errors into one clear line on stderr and exit status 2 (3 when the
     search's time limit ran out before any plan was found)."""
@@ -87,6 +131,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
             raise
         except Exception as exc:  # a bug: say so in one line; the traceback on request
+            if is_out_of_memory(exc):  # not a bug: too little memory for the request
+                fail(out_of_memory_message(), code=OUT_OF_MEMORY_EXIT)
             if os.environ.get(DEBUG_ENV):
                 raise
             fail(one_line(f"internal error ({type(exc).__name__}: {exc}); this is a bug in the planner, "
@@ -124,6 +170,9 @@ class OneLineErrorsGroup(click.Group):
         except click.Abort:
             click.echo("aborted", err=True)
             sys.exit(1)
+        except MemoryError:  # outside a command (importing it, parsing the command line)
+            click.echo(f"error: {out_of_memory_message()}", err=True)
+            sys.exit(OUT_OF_MEMORY_EXIT)
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -116,8 +117,9 @@ def _validation_text(exc: ValidationError) -> str:
 
 
 def name_key(name: str) -> str:
-    """Lookup key for device names: case-insensitive, ignoring '-', '_' and spaces."""
-    return "".join(ch for ch in name.strip().lower() if ch not in "-_ ")
+    """Lookup key for device names: case-insensitive, ignoring '-', '_' and blanks (a host file writes
+    `RTX 4090` as RTX_4090)."""
+    return "".join(ch for ch in name.lower() if ch not in "-_" and not ch.isspace())
 
 
 def _merge_device(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +190,7 @@ class _Builder:
     correction_files: list[FileRecord] = field(default_factory=list)
     cluster_dirs: list[Path] = field(default_factory=list)
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
+    evidence_files: list[str] = field(default_factory=list)  # evidence.yaml of --profiles dirs (planner/uncertainty.py)
     runtimes: dict[str, RuntimeSupport] = field(default_factory=dict)
     hypothetical: dict[str, HypotheticalRuntime] = field(default_factory=dict)
     probes: dict[str, VendorProbe] = field(default_factory=dict)
@@ -297,22 +300,25 @@ class _Builder:
         self.runtime_files.append(FileRecord(_display(path), _sha256(path)))
 
     def add_dir(self, root: Path, field_name: str) -> None:
-        """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/.  Other
-        files (profile_report.json, calibration_report.json, ...) are not read."""
+        """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/, and note its
+        evidence.yaml (the conditions its calibration measured).  Other files (profile_report.json,
+        calibration_report.json, ...) are not read."""
         if not root.is_dir():
             raise PlannerInputError(field_name, f"{root} is not a directory")
         files = sorted((root / "devices").glob("*.yaml")) if (root / "devices").is_dir() else []
         for path in files:
             self.add_device_file(path, field_name)
             self.user_files.append(str(path))
-        if (root / "links.yaml").is_file():
+        if os.path.lexists(root / "links.yaml"):  # read only if a regular file: anything else is refused
             self.add_links_file(root / "links.yaml", field_name)
             self.user_files.append(str(root / "links.yaml"))
-        if (root / "corrections.yaml").is_file():
+        if os.path.lexists(root / "corrections.yaml"):
             self.add_corrections_file(root / "corrections.yaml", field_name)
             self.user_files.append(str(root / "corrections.yaml"))
-        if (root / "runtimes.yaml").is_file():
+        if os.path.lexists(root / "runtimes.yaml"):
             self.add_runtimes_file(root / "runtimes.yaml", field_name)
+        if (root / "evidence.yaml").is_file():  # measured conditions, read by planner/uncertainty.py user_region
+            self.evidence_files.append(str(root / "evidence.yaml"))
         if (root / "clusters").is_dir():
             self.cluster_dirs.append(root / "clusters")
 
@@ -336,6 +342,7 @@ class ProfileSet:
         self._correction_files = tuple(builder.correction_files)
         self.cluster_dirs: tuple[Path, ...] = tuple(builder.cluster_dirs)
         self.user_files: tuple[str, ...] = tuple(builder.user_files)  # read from --profiles directories
+        self.evidence_files: tuple[str, ...] = tuple(builder.evidence_files)
         self._runtimes = dict(builder.runtimes)
         self._hypothetical = dict(builder.hypothetical)
         self._probes = dict(builder.probes)
@@ -353,7 +360,15 @@ class ProfileSet:
         builder = _shipped_builder()
         for root in extra:
             builder.add_dir(root, "--profiles")
-        return cls(builder)
+        out = cls(builder)
+        faster = out.faster_than_peak()
+        if faster:
+            files = ", ".join(out.user_files[:3]) + (", ..." if len(out.user_files) > 3 else "")
+            raise PlannerInputError("--profiles", f"{files}: the corrections make {faster[0]}; no kernel runs faster "
+                                                  "than its device's peak: the log they were fitted to claims an "
+                                                  "impossible speed, or came from another run (re-run calibrate on a "
+                                                  "log of the run the flags describe)")
+        return out
 
     @classmethod
     def uncalibrated(cls) -> "ProfileSet":
@@ -570,6 +585,25 @@ class ProfileSet:
         if entry is None:
             return 0.0 if kind in ADDITIVE_CORRECTION_KINDS else 1.0
         return entry.factor
+
+    def faster_than_peak(self, devices: Iterable[str] | None = None) -> list[str]:
+        """Each compute kernel (GEMMs, grouped GEMMs, attention, FP8 GEMMs) whose corrections make it faster
+        than the device's FLOP peak: the best point of its efficiency curve over its time factor
+        (planner/cost/kernels.py) above 1 where the factor is below 1 (a profile's own curve may reach 1.2:
+        measured clocks above the datasheet's).  Empty for any set that prices real runs (the shipped one
+        peaks at 97%).  `devices`: those to check (default: every one)."""
+        out: list[str] = []
+        for name in self.names() if devices is None else devices:
+            d, c = self.device(name), partial(self.correction, name)
+            gemm = max(p.efficiency for p in d.gemm_efficiency.points)
+            grouped = gemm * max(p.efficiency for p in d.grouped_gemm_efficiency.points)
+            fp8 = min(c(k) for k in FP8_CORRECTION_KINDS)
+            checks = (("GEMMs", gemm, c("gemm")), ("grouped expert GEMMs", grouped, c("grouped_gemm")),
+                      ("attention", max(p.efficiency for p in d.attention_efficiency.points), c("attention")),
+                      ("FP8 GEMMs", gemm * d.fp8_gemm_efficiency_ratio, fp8 * c("gemm")))
+            out += [f"{name}'s {what} run at {best / factor:.0%} of its peak (best efficiency {best:.0%}, time factor "
+                    f"{factor:.3g})" for what, best, factor in checks if factor < 1 and best / factor > 1]
+        return out
 
     def moe_imbalance_factor(self) -> float | None:
         """The calibrated MoE imbalance factor (corrections row `device: "*"`, kind moe_imbalance_factor),

@@ -10,7 +10,11 @@ when (a) the rank has finished its previous operation and (b) its cross-stage in
 * backward of j on virtual stage g waits for the backward of j on virtual stage g+1 (plus p2p); on the
   last virtual stage it waits for its own forward of j.
 
-Sends are modelled as non-blocking (the sender moves on at once; the receiver sees the data `p2p_s` later).
+Sends are modelled as non-blocking (the sender moves on at once; the receiver sees the data `p2p_s` later), or,
+with `wait_for_sends`, as Megatron waits for them: under 1F1B a rank's send finishes before its next operation
+starts; interleaved (overlap_p2p_comm), a forward's send runs during the next backward and must finish before the
+rank's next forward, a backward's likewise before its next backward.  Then a rank can go no faster than its own
+sends, which is what the cost model's exposed sends price (CostModel.p2p_s).
 Data-parallel gradient reduction and the optimizer step are not part of the schedule and not simulated.
 
 The analytic comparison `analytic_1f1b_s` is the textbook form the cost model uses
@@ -157,13 +161,15 @@ def simulate_pipeline(
     p2p_s: list[float] | None = None,
     schedule: ScheduleName = "1f1b",
     vpp: int = 1,
+    wait_for_sends: bool = False,
 ) -> ScheduleResult:
     """Simulate one iteration of Megatron's pipeline schedule and return its timeline.
 
     forward_s[i] / backward_s[i]: per-micro-batch forward / backward seconds of pipeline rank i (for
     `interleaved`, of the whole rank: each of its `vpp` chunks takes 1/vpp of it).  p2p_s[i]: seconds to send
     one activation (or its gradient) from rank i to rank i+1, length PP-1, same in both directions; under
-    interleaving the wrap-around link from the last rank to the first takes max(p2p_s).
+    interleaving the wrap-around link from the last rank to the first takes max(p2p_s).  `wait_for_sends`: a
+    rank waits for its own sends as Megatron does (see the module docstring).
     Raises PlannerInputError (a ValueError) on bad input, including m % PP != 0 for `interleaved`.
     """
     if schedule not in SCHEDULES:
@@ -191,7 +197,27 @@ def simulate_pipeline(
         programs = [interleaved_order(num_stages, r, num_microbatches, chunks) for r in range(num_stages)]
     else:
         programs = [one_f_one_b_order(num_stages, r, num_microbatches) for r in range(num_stages)]
-    return _run(programs, fwd_s, bwd_s, links_s, num_microbatches, chunks, schedule)
+    return _run(programs, fwd_s, bwd_s, links_s, num_microbatches, chunks, schedule, wait_for_sends)
+
+
+def _ready_s(done_s: dict, links_s: list[float], wrap_s: float, num_stages: int, num_virtual: int, rank: int,
+             kind: str, mb: int, chunk: int) -> float | None:
+    """Arrival time of an op's inputs (`done_s`: end time of each finished op by (kind, micro-batch, virtual
+    stage)), or None if a producer has not run yet."""
+    g = chunk * num_stages + rank
+    if kind == "F":
+        if g == 0:
+            return 0.0
+        prev = done_s.get(("F", mb, g - 1))
+        if prev is None:
+            return None
+        return prev + _link_s(links_s, (g - 1) % num_stages, rank, wrap_s)
+    if g == num_virtual - 1:
+        return done_s.get(("F", mb, g))
+    nxt = done_s.get(("B", mb, g + 1))
+    if nxt is None:
+        return None
+    return nxt + _link_s(links_s, (g + 1) % num_stages, rank, wrap_s)
 
 
 def _run(
@@ -202,8 +228,10 @@ def _run(
     num_microbatches: int,
     chunks: int,
     schedule: str,
+    wait_for_sends: bool = False,
 ) -> ScheduleResult:
-    """Execute the rank programs: each op starts at max(rank free, inputs arrived); event-driven, O(#ops)."""
+    """Execute the rank programs: each op starts at max(rank free, inputs arrived, and with `wait_for_sends` the
+    rank's earlier send it must wait for); event-driven, O(#ops)."""
     num_stages = len(programs)
     num_virtual = num_stages * chunks
     wrap_s = max(links_s) if links_s else 0.0
@@ -215,36 +243,26 @@ def _run(
     events: list[ScheduleEvent] = []
     pending = list(range(num_stages))  # ranks that may be able to make progress
     remaining = sum(len(p) for p in programs)
-
-    def ready_s(rank: int, kind: str, mb: int, chunk: int) -> float | None:
-        """Arrival time of the op's inputs, or None if a producer has not run yet."""
-        g = chunk * num_stages + rank
-        if kind == "F":
-            if g == 0:
-                return 0.0
-            prev = done_s.get(("F", mb, g - 1))
-            if prev is None:
-                return None
-            return prev + _link_s(links_s, (g - 1) % num_stages, rank, wrap_s)
-        if g == num_virtual - 1:
-            return done_s.get(("F", mb, g))
-        nxt = done_s.get(("B", mb, g + 1))
-        if nxt is None:
-            return None
-        return nxt + _link_s(links_s, (g + 1) % num_stages, rank, wrap_s)
+    sent_s = [{"F": 0.0, "B": 0.0} for _ in range(num_stages)]  # when each rank's last send of a kind finished
 
     while pending:
         rank = pending.pop()
         program = programs[rank]
         while next_index[rank] < len(program):
             kind, mb, chunk = program[next_index[rank]]
-            arrive_s = ready_s(rank, kind, mb, chunk)
+            arrive_s = _ready_s(done_s, links_s, wrap_s, num_stages, num_virtual, rank, kind, mb, chunk)
             if arrive_s is None:
                 break
             duration_s = (fwd_s[rank] if kind == "F" else bwd_s[rank]) / chunks
             start_s = max(free_at_s[rank], arrive_s)
+            if wait_for_sends:
+                start_s = max(start_s, sent_s[rank][kind] if schedule == "interleaved" else max(sent_s[rank].values()))
             end_s = start_s + duration_s
             g = chunk * num_stages + rank
+            if wait_for_sends:
+                to = g + 1 if kind == "F" else g - 1
+                if 0 <= to < num_virtual:
+                    sent_s[rank][kind] = end_s + _link_s(links_s, rank, to % num_stages, wrap_s)
             done_s[(kind, mb, g)] = end_s
             free_at_s[rank] = end_s
             busy_s[rank] += duration_s

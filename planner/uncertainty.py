@@ -1,17 +1,23 @@
-"""How far the cost model can be trusted: the memory headroom and the per-mechanism time uncertainties.
+"""How far the cost model can be trusted: the memory headroom, the per-mechanism time uncertainties and the
+region the calibration runs cover.
 
-Both come from `profiles/uncertainty.yaml`, which `python -m planner.calibration.report --write` writes from the
-calibration set (planner/calibration/uncertainty.py derives the figures; a test checks that the shipped file is
-not stale):
+All three come from `profiles/uncertainty.yaml`, which `python -m planner.calibration.report --write` writes
+from the calibration set (planner/calibration/uncertainty.py derives the figures; a test checks that the
+shipped file is not stale):
 
 * `memory.headroom`: the fraction of each device's memory a plan keeps free by default (`--memory-headroom`
   overrides it), derived from the memory model's error on measured peaks (planner/calibration/memory.py);
-* `time.mechanisms`: per named mechanism of the cost model (the parts of a layer, the pipeline bubble, the
-  DP sync and optimizer step, the fixed costs), the relative uncertainty of its seconds, fitted on the
-  leave-one-source-out residuals of the calibration runs.  A plan's iteration-time range is its time parts
-  weighted by these (planner/cost/ranges.py).
+* `time.mechanisms`: per mechanism of the cost model (planner/cost/mechanisms.py), the relative uncertainty
+  of its seconds where calibration runs cover it, fitted on the leave-one-source-out residuals of the
+  calibration runs; `time.extrapolation`: the factor on that
+  uncertainty where no run covers the plan's conditions.  A plan's range is its mechanisms' seconds at
+  these (planner/cost/ranges.py);
+* `evidence.cells`: the region each mechanism's calibration runs cover (`Region`): one cell per combination
+  of categorical conditions some run measured, with the range of its numeric conditions.  `cli.py calibrate`
+  writes cells of the user's own runs into `evidence.yaml` of its output, which `--profiles DIR` adds.
 
-Without the file (a profiles directory that lacks it) the headroom is 0 and every range is a point.
+Without the file (a profiles directory that lacks it) the headroom is 0, every range is a point and no
+mechanism is measured.
 """
 
 from __future__ import annotations
@@ -19,15 +25,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
 from pydantic import ConfigDict, Field
 
+from planner.cost.mechanisms import Conditions, conditions_words
+from planner.errors import PlannerInputError
 from planner.inputs.files import parse_yaml, read_text
 from planner.profile_tables import PROFILES_DIR
 from planner.schemas.device import Provenance
 from planner.schemas.types import StrictModel
 
 UNCERTAINTY_YAML = PROFILES_DIR / "uncertainty.yaml"
+EVIDENCE_YAML = "evidence.yaml"
+"""The file of measured cells `cli.py calibrate` writes beside its corrections (read from `--profiles DIR`)."""
+NUMERIC_SLACK = 2.0
+"""A numeric condition (tokens per expert, sequence per CP rank, bandwidth between nodes) is covered within this
+factor of the range its calibration runs span, either way: about one step of the published kernel tables, which
+double the tokens per step (DeepGEMM's FP8 grouped GEMM on H800: 47% of peak at 256 tokens per group, 53% at 512,
+62% at 1024, 68% at 4096-8192; at most about 15% per doubling: ../shared/reference/components-t4.md section 3b)."""
+EXACT_AXES = frozenset({"local_experts"})
+"""Numeric conditions covered only within the range the runs span: the grouped GEMM's weight-gradient traffic
+grows with every local expert (issue 31 item 2), a regime no table step describes."""
 
 
 class MemoryUncertainty(StrictModel):
@@ -42,7 +61,24 @@ class TimeUncertainty(StrictModel):
 
     method: str = Field(min_length=1)
     mechanisms: dict[str, float] = Field(description="relative uncertainty of each mechanism's seconds (>= 0)")
+    extrapolation: float = Field(1.0, ge=1.0, description="factor on a mechanism's uncertainty outside its region")
     provenance: Provenance
+
+
+class CellDoc(StrictModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mechanism: str
+    key: dict[str, str]
+    ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    runs: list[str] = Field(default_factory=list)
+
+
+class EvidenceDoc(StrictModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str = ""
+    cells: list[CellDoc] = Field(default_factory=list)
 
 
 class UncertaintyFile(StrictModel):
@@ -50,6 +86,88 @@ class UncertaintyFile(StrictModel):
 
     memory: MemoryUncertainty
     time: TimeUncertainty
+    evidence: EvidenceDoc = Field(default_factory=EvidenceDoc)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Conditions some calibration runs measured one mechanism in: the categorical key, the range of each
+    numeric condition over those runs, and the runs."""
+
+    mechanism: str
+    key: frozenset[tuple[str, str]]
+    ranges: tuple[tuple[str, float, float], ...]
+    runs: tuple[str, ...]
+
+    def covers(self, c: Conditions) -> bool:
+        if c.mechanism != self.mechanism or frozenset(c.key) != self.key:
+            return False
+        span = {name: (lo, hi) for name, lo, hi in self.ranges}
+
+        def near(name: str, v: float) -> bool:
+            slack = 1.0 if name in EXACT_AXES else NUMERIC_SLACK
+            return name in span and span[name][0] / slack <= v <= span[name][1] * slack
+
+        return all(near(name, v) for name, v in c.numbers)
+
+    def words(self) -> str:
+        return conditions_words(self.mechanism, dict(self.key),
+                                {n: f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}" for n, lo, hi in self.ranges})
+
+    def to_doc(self) -> dict:
+        return {"mechanism": self.mechanism, "key": dict(sorted(self.key)),
+                "ranges": {name: [lo, hi] for name, lo, hi in self.ranges}, "runs": list(self.runs)}
+
+
+def cell_of(c: Conditions, run: str) -> Cell:
+    return Cell(c.mechanism, frozenset(c.key), tuple((n, v, v) for n, v in c.numbers), (run,))
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where each mechanism was measured: cells merged by mechanism and key (their numeric ranges joined)."""
+
+    cells: tuple[Cell, ...] = ()
+    _index: dict = field(default_factory=dict, compare=False, repr=False)  # (mechanism, key) -> cell
+
+    def __post_init__(self) -> None:
+        self._index.update({(c.mechanism, c.key): c for c in self.cells})
+
+    @classmethod
+    def of(cls, cells: Iterable[Cell]) -> "Region":
+        merged: dict[tuple, Cell] = {}
+        for cell in cells:
+            k = (cell.mechanism, cell.key)
+            old = merged.get(k)
+            if old is not None:
+                span = {n: (lo, hi) for n, lo, hi in old.ranges}
+                for n, lo, hi in cell.ranges:
+                    a, b = span.get(n, (lo, hi))
+                    span[n] = (min(a, lo), max(b, hi))
+                cell = Cell(cell.mechanism, cell.key, tuple((n, a, b) for n, (a, b) in sorted(span.items())),
+                            tuple(dict.fromkeys(old.runs + cell.runs)))
+            merged[k] = cell
+        return cls(tuple(merged.values()))
+
+    def __add__(self, other: "Region") -> "Region":
+        return Region.of(self.cells + other.cells)
+
+    def covers(self, c: Conditions) -> bool:
+        cell = self._index.get((c.mechanism, frozenset(c.key)))
+        return cell is not None and cell.covers(c)
+
+    def why_not(self, c: Conditions) -> str:
+        """Why `c` is outside the region, for the user: what the calibration runs nearest to it measured (the
+        same conditions at other sizes, else those sharing the most conditions), or that none measured the
+        mechanism at all."""
+        same = [cell for cell in self.cells if cell.mechanism == c.mechanism]
+        if not same:
+            return "no calibration run measured it"
+        key = frozenset(c.key)
+        best = max(len(cell.key & key) for cell in same)
+        near = [cell for cell in same if len(cell.key & key) == best][:2]
+        what = "no calibration run in these conditions" if best < len(key) else "no calibration run at this size"
+        return f"{what}; the nearest measured: " + "; ".join(cell.words() for cell in near)
 
 
 @dataclass(frozen=True)
@@ -59,9 +177,21 @@ class Uncertainty:
     memory_headroom: float = 0.0
     memory_source: str = "no uncertainty file: no headroom"
     mechanisms: dict[str, float] = field(default_factory=dict)
+    extrapolation: float = 1.0
     method: str = ""
     time_source: str = "no uncertainty file: ranges are points"
     source: str = ""
+    region: Region = Region()
+
+
+def cells_of_docs(docs: Iterable[dict]) -> tuple[Cell, ...]:
+    """Cells from their documents (`Cell.to_doc`)."""
+    return _cells(CellDoc.model_validate(d) for d in docs)
+
+
+def _cells(docs: Iterable[CellDoc]) -> tuple[Cell, ...]:
+    return tuple(Cell(d.mechanism, frozenset(d.key.items()),
+                      tuple((n, lo, hi) for n, (lo, hi) in sorted(d.ranges.items())), tuple(d.runs)) for d in docs)
 
 
 def load_uncertainty(path: Path = UNCERTAINTY_YAML) -> Uncertainty:
@@ -72,8 +202,9 @@ def load_uncertainty(path: Path = UNCERTAINTY_YAML) -> Uncertainty:
     if bad:
         raise ValueError(f"{path}: time.mechanisms must be >= 0, got {bad}")
     return Uncertainty(memory_headroom=doc.memory.headroom, memory_source=doc.memory.provenance.source,
-                       mechanisms=dict(doc.time.mechanisms), method=doc.time.method,
-                       time_source=doc.time.provenance.source, source=str(path))
+                       mechanisms=dict(doc.time.mechanisms), extrapolation=doc.time.extrapolation,
+                       method=doc.time.method, time_source=doc.time.provenance.source, source=str(path),
+                       region=Region.of(_cells(doc.evidence.cells)))
 
 
 @lru_cache(maxsize=1)
@@ -84,3 +215,28 @@ def shipped_uncertainty() -> Uncertainty:
 def default_memory_headroom() -> float:
     """The shipped default fraction of device memory a plan keeps free."""
     return shipped_uncertainty().memory_headroom
+
+
+def user_region(paths: Iterable[str]) -> Region:
+    """The cells of the user's measured runs (`evidence.yaml` in `--profiles` directories, written by calibrate),
+    read once per version of each file."""
+    stamps = []
+    for p in paths:
+        try:
+            st = Path(p).stat()
+        except OSError:
+            raise PlannerInputError("--profiles", f"{p}: cannot be read") from None
+        stamps.append((p, st.st_mtime_ns, st.st_size))
+    return _read_region(tuple(stamps))
+
+
+@lru_cache(maxsize=32)
+def _read_region(stamps: tuple[tuple[str, int, int], ...]) -> Region:
+    cells: list[Cell] = []
+    for p, _, _ in stamps:
+        try:
+            doc = EvidenceDoc.model_validate(parse_yaml(read_text(Path(p), "--profiles"), "--profiles", p) or {})
+        except ValueError as exc:
+            raise PlannerInputError("--profiles", f"{p}: {exc}") from None
+        cells += _cells(doc.cells)
+    return Region.of(cells)

@@ -51,6 +51,8 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = mat
             used[t.option_type[o]] += t.option_gpus[o]
         if any(u > b for u, b in zip(used, t.budget)):
             continue
+        links = [(0, 0)] + t.plan_links(opts) + [(0, 0)]
+        fill = sum(link[2] for link in links[1:-1])
         for split in compositions(N, pp):
             count += 1
             if count > limit:
@@ -67,14 +69,14 @@ def solve_brute(t: StageTables, *, limit: int = 2_000_000, deadline: float = mat
                         or not t.in_window(o, n)):
                     ok = False
                     break
-                ti = t.stage_us(opts[i - 1] if i else None, o, opts[i + 1] if i + 1 < pp else None, i, start, n)
+                ti = t.stage_us(o, i, start, n, links[i], links[i + 1])
                 total += ti
                 mx = max(mx, ti)
                 sy = max(sy, int(t.sync_us[o, position(i, pp), start, n]))
                 start += n
             if not ok:
                 continue
-            obj = t.objective_us(total, mx, sy)
+            obj = t.objective_us(total, mx, sy, fill)
             if best is None or obj < best.objective_us:
                 stages, s0 = [], 0
                 for o, n in zip(opts, split):

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.schemas.pipeline import stage_time_with_links
 from solver_models.scaling import INF_US
-from solver_models.tables import StageTables, position
+from solver_models.tables import FIRST, LAST, MID, StageTables, position
 
 
 @dataclass
@@ -156,8 +157,23 @@ class _StageDP:
         self.unit_type = t.option_type[lead].astype(np.int64)
         self.unit_gpus = t.option_gpus[lead].astype(np.int64)
         self.budget = t.budget.astype(np.int64)
-        self.p2p = t.p2p_us[np.ix_(lead, lead)].astype(np.int64)
-        self.link_values = np.unique(self.p2p)
+        # links as ids into link_pairs, rows (L, M, X) (tables.link); zeros is "no link".  A link depends on where the
+        # boundary lands (the near prices when the two stages' ranks share a node), which follows from the GPUs
+        # of the type used so far (in the state)
+        self.positional = t.positional_links
+        self.gpn = t.gpus_per_node.astype(np.int64) if self.positional else None
+        ix = np.ix_(lead, lead)
+        zeros = np.zeros((2,) + t.p2p_us.shape, dtype=np.int64)
+        traffic = t.traffic_us if t.traffic_us is not None else zeros
+        fill = t.fill_us if t.fill_us is not None else zeros
+        pairs = np.stack([np.stack([t.p2p_us[ix], traffic[0][ix], fill[0][ix]], axis=-1),
+                          np.stack([t.near_us[ix], traffic[1][ix], fill[1][ix]], axis=-1)])  # [far/near, U, U, 3]
+        self.link_pairs, ids = np.unique(np.concatenate([pairs.reshape(-1, 3), [[0, 0, 0]]]), axis=0,
+                                         return_inverse=True)
+        ids = ids.reshape(-1)
+        self.far_id, self.near_id = ids[:-1].reshape(pairs.shape[:3])
+        self.no_link = int(ids[-1])
+        self.fwd_us = t.fwd_us if t.fwd_us is not None else t.core_us  # F (without traffic: F = core, B = 0)
         self.first_ok = [u for u in range(len(lead)) if t.first_stage_ok(lead[u])]
         self.last_ok = np.array([t.last_stage_ok(o) for o in lead], dtype=bool)
         self.windows = windows[lead] if windows is not None else None
@@ -210,7 +226,7 @@ class _StageDP:
             init.append((u, used))
         S = len(init)
         width = 2 if self.contiguous else len(self.budget)
-        st = {"ell": np.zeros(S, dtype=np.int64), "link": np.zeros(S, dtype=np.int64),
+        st = {"ell": np.zeros(S, dtype=np.int64), "link": np.full(S, self.no_link, dtype=np.int64),
               "unit": np.array([u for u, _ in init], dtype=np.int64),
               "used": np.array([used for _, used in init], dtype=np.int64).reshape(S, width)}
         labels = {"sum": np.zeros(S, dtype=np.int64), "sync": np.zeros(S, dtype=np.int64),
@@ -237,9 +253,10 @@ class _StageDP:
 
     def _cells(self, i: int, cap: int, st: dict, active: np.ndarray, min_out: np.ndarray, fanout: np.ndarray):
         """The (state, n) a stage may take, in visiting order, per chunk of states: (state, n,
-        option, core time, sync time).  n runs up from its least value and stops at the first n
-        whose stage time exceeds the cap (stage time grows with n); n that fit no member are
-        skipped.  A chunk holds at most _CANDIDATES_PER_CHUNK cells times `fanout` (the candidates
+        option, forward, backward, sync time), the stage's time being stage_time_with_links of them and its
+        links (tables.stage_us).  n runs up from its least value and stops at the first n whose stage time
+        with the least link out (`min_out` [S, 2]: the least L and the least M over the next units) exceeds
+        the cap (stage time grows with n, and with L and M); n that fit no member are skipped.  A chunk holds at most _CANDIDATES_PER_CHUNK cells times `fanout` (the candidates
         each of a state's cells makes)."""
         t, pp, N = self.t, self.t.pp, self.t.num_layers
         last = i == pp - 1
@@ -264,9 +281,9 @@ class _StageDP:
         ns = np.arange(lo_all, hi_all + 1)
         width = ns.size
         pos = position(i, pp)
-        core, sync = t.core_us[:, pos], t.sync_us[:, pos]
+        core, sync, fwd = t.core_us[:, pos], t.sync_us[:, pos], self.fwd_us[:, pos]
         members = self.members(i)
-        link = st["link"][idx] + min_out[idx]
+        link_in = self.link_pairs[st["link"][idx]]
         weight = np.cumsum(width * np.maximum(fanout[idx], 1))
         a = 0
         while a < idx.size:
@@ -275,14 +292,17 @@ class _StageDP:
             mem = members[unit[a:z, None], e, ns[None, :]]
             valid = (ns >= n_lo[a:z, None]) & (ns <= n_hi[a:z, None]) & (mem >= 0)
             c = core[np.where(valid, mem, 0), e, ns[None, :]]
-            over = valid & ((c >= INF_US) | (c + link[a:z, None] > cap))
+            f = fwd[np.where(valid, mem, 0), e, ns[None, :]]
+            least = stage_time_with_links(f, c - f, (link_in[a:z, 0, None], link_in[a:z, 1, None]),
+                                          (min_out[idx[a:z], 0, None], min_out[idx[a:z], 1, None]))
+            over = valid & ((c >= INF_US) | (least > cap))
             stop = np.where(over.any(axis=1), over.argmax(axis=1), width)
             r, k = np.nonzero(valid & (np.arange(width)[None, :] < stop[:, None]))
             o = mem[r, k]
             s = idx[a + r]
             n = ns[k]
+            yield s, n, o, f[r, k], (c - f)[r, k], sync[o, st["ell"][s], n]
             a = z
-            yield s, n, o, c[r, k], sync[o, st["ell"][s], n]
 
     def _last_stage(self, i: int, cap: int, st: dict, labels: dict):
         """The best final label: (value, sum, sync, parent label, option, start, n), first visited
@@ -290,12 +310,14 @@ class _StageDP:
         v = self.t.g.vpp
         best = None
         S = st["ell"].size
-        for s, n, o, c, s_i in self._cells(i, cap, st, np.ones(S, dtype=bool), np.zeros(S, dtype=np.int64),
-                                           labels["count"]):
+        for s, n, o, f, back, s_i in self._cells(i, cap, st, np.ones(S, dtype=bool),
+                                                 np.zeros((S, 2), dtype=np.int64), labels["count"]):
             li, k = _expand(labels["start"][s], labels["count"][s])
             if li.size == 0:
                 continue
-            total = labels["sum"][li] + (c + st["link"][s])[k]
+            link_in = self.link_pairs[st["link"][s]]
+            tt = stage_time_with_links(f, back, (link_in[:, 0], link_in[:, 1]), (0, 0))
+            total = labels["sum"][li] + tt[k]
             sync = np.maximum(labels["sync"][li], s_i[k])
             value = total + v * sync
             j = int(np.argmin(value))
@@ -324,7 +346,32 @@ class _StageDP:
             new_used = used[:, None, :] + add[None, :, :]
         if i + 1 == self.t.pp - 1:
             ok = ok & self.last_ok[None, :]
-        return ok, self.p2p[unit], new_used
+        return ok, self._out_links(st), new_used
+
+    def _out_links(self, st: dict) -> np.ndarray:
+        """[S, U]: the link (an id into link_pairs) from each state's current stage to a next stage on each unit
+        (tables.link)."""
+        unit = st["unit"]
+        far = self.far_id[unit]
+        if not self.positional:
+            return far
+        ty = self.unit_type[unit]
+        mine = self.unit_gpus[unit]
+        offset = (st["used"][:, 1] if self.contiguous else st["used"][np.arange(unit.size), ty]) - mine
+        gpn = self.gpn[ty][:, None]
+        end = offset[:, None] + mine[:, None] + self.unit_gpus[None, :] - 1
+        stays = (self.unit_type[None, :] == ty[:, None]) & (offset[:, None] // gpn == end // gpn)
+        return np.where(stays, self.near_id[unit], far)
+
+    def residues(self, used: np.ndarray, unit: np.ndarray) -> list[np.ndarray]:
+        """With positional links, where each type's next stage would start inside a node (GPUs used mod GPUs
+        per node; with the contiguity rule, of the current block's type only): states that differ there face
+        different links, so neither dominates the other.  [] otherwise."""
+        if not self.positional:
+            return []
+        if self.contiguous:
+            return [used[:, 1] % self.gpn[self.unit_type[unit]]]
+        return [used[:, k] % self.gpn[k] for k in range(used.shape[1])]
 
     def _expand_stage(self, i: int, cap: int, st: dict, labels: dict, prune_above: float) -> np.ndarray | None:
         """Every candidate (state, n, next unit, label) of stage i that fits the cap and may still
@@ -332,19 +379,21 @@ class _StageDP:
         N, v = self.t.num_layers, self.t.g.vpp
         ok, out_link, new_used = self._next_units(i, st)
         has_next = ok.any(axis=1)
-        min_out = np.where(has_next, np.where(ok, out_link, INF_US).min(axis=1), 0)
-        link_rank = np.searchsorted(self.link_values, out_link)
-        radices = [N + 1, *self.used_radices(), self.link_values.size, len(self.units)]
+        out_pair = self.link_pairs[out_link]  # [S, U, 3]
+        min_out = np.where(has_next[:, None], np.where(ok[:, :, None], out_pair, INF_US).min(axis=1), 0)
+        radices = [N + 1, *self.used_radices(), len(self.link_pairs), len(self.units)]
         parts, seq0 = [], 0
         fanout = ok.sum(axis=1) * labels["count"]
-        for s, n, o, c, s_i in self._cells(i, cap, st, has_next, min_out, fanout):
-            tt = (c + st["link"][s])[:, None] + out_link[s]
+        for s, n, o, f, back, s_i in self._cells(i, cap, st, has_next, min_out, fanout):
+            link_in = self.link_pairs[st["link"][s]]
+            tt = stage_time_with_links(f[:, None], back[:, None], (link_in[:, 0, None], link_in[:, 1, None]),
+                                       (out_pair[s, :, 0], out_pair[s, :, 1]))
             q, nxt = np.nonzero(ok[s] & (tt <= cap))
             li, k = _expand(labels["start"][s[q]], labels["count"][s[q]])
             if li.size == 0:
                 continue
             q, nxt = q[k], nxt[k]
-            total = labels["sum"][li] + tt[q, nxt]
+            total = labels["sum"][li] + tt[q, nxt] + v * out_pair[s[q], nxt, 2]  # the label sums the links' fill too
             sync = np.maximum(labels["sync"][li], s_i[q])
             seq = seq0 + np.arange(li.size)
             seq0 += li.size
@@ -355,7 +404,7 @@ class _StageDP:
             if q.size == 0:
                 continue
             sq = s[q]
-            code = _encode([st["ell"][sq] + n[q], *new_used[sq, nxt].T, link_rank[sq, nxt], nxt], radices)
+            code = _encode([st["ell"][sq] + n[q], *new_used[sq, nxt].T, out_link[sq, nxt], nxt], radices)
             kept, first = self._keep(code, total, sync, seq, seq)
             q, nxt, sq = q[kept], nxt[kept], sq[kept]
             rows = np.empty((kept.size, _USED + new_used.shape[2]), dtype=np.int64)
@@ -431,8 +480,9 @@ class _StageDP:
 
     def _undominated(self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The states to keep, in the order the DP visits them next.  A state is dominated by one
-        with the same (layers, link in, unit; with the contiguity rule also the finished types)
-        that has used no more GPUs of any type (of the current type) and whose labels cover its
+        with the same (layers, link in, unit; with the contiguity rule also the finished types; with
+        positional links also the `residues`) that has used no more GPUs of any type (of the current type)
+        and whose labels cover its
         labels (each of its labels is no better in sum and sync than one of the other's): whatever
         the first can still do, the second can do at least as well.  States are grouped in order of
         first appearance and, within a group, taken by GPUs used (then visiting order); one is
@@ -446,8 +496,11 @@ class _StageDP:
             gradix = [1 << len(self.budget)]
         else:
             gcols, vec, gradix = [], used, []
-        gcode = _encode([heads[:, _ELL], *gcols, np.searchsorted(self.link_values, heads[:, _LINK]), heads[:, _UNIT]],
-                        [N + 1, *gradix, self.link_values.size, len(self.units)])
+        residues = self.residues(used, heads[:, _UNIT])
+        gcols += residues
+        gradix += [int(self.gpn.max()) if self.gpn is not None else 1] * len(residues)
+        gcode = _encode([heads[:, _ELL], *gcols, heads[:, _LINK], heads[:, _UNIT]],
+                        [N + 1, *gradix, len(self.link_pairs), len(self.units)])
         _, first, inverse = np.unique(gcode, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         S = starts.size
@@ -493,32 +546,37 @@ class _StageDP:
             stages.append((int(r[_OPT]), int(r[_START]), int(r[_N])))
             parent = int(r[_PARENT])
         stages.reverse()
-        t = self.t
-        actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < len(stages) else None,
-                                k, s, n) for k, (o, s, n) in enumerate(stages))
-        return _Result(value, total, sync, stages, actual)
+        return _Result(value, total, sync, stages, max(self.t.plan_stage_us(stages)))
 
 
 def candidate_caps(t: StageTables) -> np.ndarray:
-    """Every value a stage time can take (core + the p2p links its position can have), sorted."""
+    """Every value a stage time can take (its cells with every link (L, M) its position can have, across
+    nodes or inside one: tables.stage_us), sorted."""
     O = t.num_options
+    traffic = t.traffic_us if t.traffic_us is not None else np.zeros((2, O, O), dtype=np.int64)
+    floors = (t.p2p_us, t.near_us)
     vals = []
     for o in range(O):
+        into = sorted({(int(floors[k][a, o]), int(traffic[k][a, o])) for k in (0, 1) for a in range(O)})
+        out = sorted({(int(floors[k][o, b]), int(traffic[k][o, b])) for k in (0, 1) for b in range(O)})
         for pos in range(4):
             core = t.core_us[o, pos]
-            finite = np.unique(core[core < INF_US])
-            if finite.size == 0:
+            finite = core < INF_US
+            if not finite.any():
                 continue
-            if pos == 3:
-                offsets = {0}
-            elif pos == 1:
-                offsets = {int(t.p2p_us[o, b]) for b in range(O)}
-            elif pos == 2:
-                offsets = {int(t.p2p_us[a, o]) for a in range(O)}
-            else:
-                offsets = {int(t.p2p_us[a, o] + t.p2p_us[o, b]) for a in range(O) for b in range(O)}
-            for off in offsets:
-                vals.append(finite + off)
+            ins = into if pos in (MID, LAST) else [(0, 0)]
+            outs = out if pos in (MID, FIRST) else [(0, 0)]
+            if t.traffic_us is None:
+                cores = np.unique(core[finite])
+                for l_in, _ in ins:
+                    for l_out, _ in outs:
+                        vals.append(cores + l_in + l_out)
+                continue
+            cells = np.unique(np.stack([t.fwd_us[o, pos][finite], core[finite]], axis=1), axis=0)
+            f, back = cells[:, 0], cells[:, 1] - cells[:, 0]
+            for link_in in ins:
+                for link_out in outs:
+                    vals.append(stage_time_with_links(f, back, link_in, link_out))
     if not vals:
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.concatenate(vals))

@@ -4,9 +4,21 @@ calls the cost model.
 
 Index convention: [option o, position p, start layer, layer count n], with position
 0 = middle stage, 1 = first stage, 2 = last stage, 3 = the only stage (PP = 1).  A stage's
-per-micro-batch time is core[o, p, start, n] + p2p[o_prev, o] + p2p[o, o_next] (both pipeline
-links, as the evaluator charges them); it fits in memory when
+per-micro-batch time is core[o, p, start, n] + link[i-1] + link[i] (both pipeline links, as the
+evaluator charges them); it fits in memory when
 static[o, p, start, n] + inflight[i] * act[o, p, start, n] <= capacity[o].
+
+A link is a pair (L, M) (`link`, CostModel.p2p_parts): under 1F1B L is the message and M is 0; interleaved, L is
+v latencies and M the v messages, which the compute overlaps.  With its forward F and backward B (core = F + B) a
+stage takes planner/schemas/pipeline.py `stage_time_with_links` (F, B, link in, link out), which is
+core + L_in + L_out unless a link's M outlasts the compute beside it.  `traffic_us` (M) and `fwd_us` (F) are
+present only when some M can (else M never binds).  Interleaved, a link also adds X to the pipeline's fill
+(`fill_us`, model.link_fill_s): the objective counts it v times per boundary (`objective_us`).  The link depends on where the boundary lands: the near
+prices when the two stages' ranks share a node, the others when they do not (always between device types).
+Stage i's ranks start `offset` GPUs into its type's GPUs (the GPUs of that type the stages before it use), and the
+boundary to the next stage leaves a node exactly when a node boundary falls inside the two blocks
+(planner/schemas/pipeline.py `pipeline_boundary_crosses_nodes`), so a plan's links follow from its option
+sequence (`plan_links`).
 
 Quantisation (solver_models/scaling.py): every time is rounded DOWN to whole microseconds, so a
 plan's table objective never exceeds its float cost and falls short of it by less than
@@ -28,6 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.schemas.pipeline import pipeline_boundary_crosses_nodes, stage_time_with_links
 from planner.schemas.search import GlobalChoice, StageOption, stage_min_layers
 
 MID, FIRST, LAST, ONLY = 0, 1, 2, 3
@@ -64,7 +77,7 @@ class StageTables:
     static_bytes: np.ndarray  # float [O, 4, N+1, N+1]
     act_bytes: np.ndarray  # float [O, 4, N+1, N+1]  per in-flight micro-batch
     capacity_bytes: np.ndarray  # float [O]
-    p2p_us: np.ndarray  # int64 [O, O]  one pipeline link, both directions' share as charged per stage
+    p2p_us: np.ndarray  # int64 [O, O]  one pipeline link as charged to each of its stages, across nodes
     inflight: np.ndarray  # float [PP]
     option_type: np.ndarray  # int [O]  index into `types`
     option_gpus: np.ndarray  # int [O]
@@ -75,6 +88,11 @@ class StageTables:
     memory_prune: bool = False  # pruning: a stage takes the least recompute that fits
     windows: np.ndarray | None = None  # pruning: int [O, 2] load-balance layer counts (inclusive)
     deadline: float | None = None  # time.perf_counter() value: fit_range raises DeadlinePassed after it
+    p2p_near_us: np.ndarray | None = None  # int64 [O, O]  L when both stages' ranks share a node (None: p2p_us)
+    gpus_per_node: np.ndarray | None = None  # int [num types]  (with p2p_near_us)
+    traffic_us: np.ndarray | None = None  # int64 [2, O, O]  M across nodes, then inside one (None: M never binds)
+    fwd_us: np.ndarray | None = None  # int64 [O, 4, N+1, N+1]  F, the forward part of core (with traffic_us)
+    fill_us: np.ndarray | None = None  # int64 [2, O, O]  X across nodes, then inside one (None: 1F1B, X = 0)
 
     def pruned(self, *, delta: float | None, memory: bool) -> "StageTables":
         """These tables with the paper's prunings set: load balance with tolerance `delta` (None:
@@ -90,12 +108,64 @@ class StageTables:
         return self.windows is None and not self.memory_prune
 
     @property
+    def near_us(self) -> np.ndarray:
+        """int64 [O, O]: L when both stages' ranks share a node (p2p_us where that cannot happen)."""
+        return self.p2p_us if self.p2p_near_us is None else self.p2p_near_us
+
+    @property
+    def positional_links(self) -> bool:
+        """Whether some link depends on where the boundary lands."""
+        if self.p2p_near_us is None:
+            return False
+        return bool((self.p2p_near_us != self.p2p_us).any()) or any(
+            x is not None and bool((x[0] != x[1]).any()) for x in (self.traffic_us, self.fill_us))
+
+    def link_rows(self, o: int) -> tuple[tuple[int, ...], ...]:
+        """Every price of the links out of and into option o (L, M and X, across nodes and inside one): options
+        with equal rows pay equal links wherever they stand."""
+        tables = [self.p2p_us, self.near_us] + [x[k] for x in (self.traffic_us, self.fill_us) if x is not None
+                                                 for k in (0, 1)]
+        return tuple(tuple(int(v) for v in row) for table in tables for row in (table[o, :], table[:, o]))
+
+    def crosses_nodes(self, a: int, b: int, offset: int) -> bool:
+        """Whether the boundary from a stage on option a starting `offset` GPUs into its type's GPUs to the next
+        stage, on option b, leaves a node (always between two types)."""
+        ty = int(self.option_type[a])
+        if ty != int(self.option_type[b]) or self.gpus_per_node is None:
+            return True
+        return pipeline_boundary_crosses_nodes(offset, int(self.option_gpus[a]), int(self.option_gpus[b]),
+                                               int(self.gpus_per_node[ty]))
+
+    def link(self, a: int, b: int, offset: int) -> tuple[int, int, int]:
+        """(L, M, X) of the link from a stage on option a (starting `offset` GPUs into its type's) to the next,
+        on b."""
+        near = self.p2p_near_us is not None and not self.crosses_nodes(a, b, offset)
+        l_us = int((self.p2p_near_us if near else self.p2p_us)[a, b])
+        return (l_us, 0 if self.traffic_us is None else int(self.traffic_us[int(near), a, b]),
+                0 if self.fill_us is None else int(self.fill_us[int(near), a, b]))
+
+    def plan_links(self, opts: list[int] | tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """The links (L, M, X) of a full option sequence, boundary by boundary."""
+        used: dict[int, int] = {}
+        out = []
+        for i, o in enumerate(opts):
+            ty = int(self.option_type[o])
+            offset = used.get(ty, 0)
+            used[ty] = offset + int(self.option_gpus[o])
+            if i + 1 < len(opts):
+                out.append(self.link(o, opts[i + 1], offset))
+        return out
+
+    @property
     def quantisation_us(self) -> int:
         """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage
-        time has three rounded-down terms (core and two links), the sync one, and the objective
-        counts stage times PP + m*v - 1 times and the sync v times."""
+        time has three rounded-down terms (core and two links; with traffic at most four: F, B and two L),
+        the sync one, and the objective counts stage times PP + m*v - 1 times, the sync v times and each
+        boundary's fill v times."""
         v = self.g.vpp
-        return 3 * (self.pp + self.num_microbatches * v - 1) + v
+        per_stage = 3 if self.traffic_us is None else 4
+        fill = 0 if self.fill_us is None else v * (self.pp - 1)  # one rounded X per boundary, counted v times
+        return per_stage * (self.pp + self.num_microbatches * v - 1) + v + fill
 
     def first_stage_ok(self, o: int) -> bool:
         """Options stage 0 may take.  megatron: every stage has the global DP.  flagscale: G fixes
@@ -194,26 +264,34 @@ class StageTables:
             self.__dict__["_fit_range"] = cached
         return cached
 
-    def stage_us(self, o_prev: int | None, o: int, o_next: int | None, i: int, start: int, n: int) -> int:
-        t = int(self.core_us[o, position(i, self.pp), start, n])
-        if o_prev is not None:
-            t += int(self.p2p_us[o_prev, o])
-        if o_next is not None:
-            t += int(self.p2p_us[o, o_next])
-        return t
+    def stage_us(self, o: int, i: int, start: int, n: int, link_in: tuple[int, ...] = (0, 0),
+                 link_out: tuple[int, ...] = (0, 0)) -> int:
+        """Stage i's time on option o with layers [start, start + n) and the given links (L, M, ...) ((0, 0):
+        none)."""
+        p = position(i, self.pp)
+        core = int(self.core_us[o, p, start, n])
+        if self.traffic_us is None:
+            return core + link_in[0] + link_out[0]
+        fwd = int(self.fwd_us[o, p, start, n])
+        return int(stage_time_with_links(fwd, core - fwd, link_in[:2], link_out[:2]))
 
-    def objective_us(self, sum_us: int, max_us: int, max_sync_us: int) -> int:
-        """v x iteration time in integer us: sum t_i + (m*v - 1) * max t_i + v * max sync_i."""
+    def plan_stage_us(self, stages: list[tuple[int, int, int]]) -> list[int]:
+        """Every stage's time of a plan [(option, start, n)], its links from its option sequence."""
+        links = [(0, 0)] + self.plan_links([o for o, _, _ in stages]) + [(0, 0)]
+        return [self.stage_us(o, i, s, n, links[i], links[i + 1]) for i, (o, s, n) in enumerate(stages)]
+
+    def objective_us(self, sum_us: int, max_us: int, max_sync_us: int, fill_us: int = 0) -> int:
+        """v x iteration time in integer us: sum t_i + (m*v - 1) * max t_i + v * max sync_i + v * the links' fill."""
         v = self.g.vpp
-        return sum_us + (self.num_microbatches * v - 1) * max_us + v * max_sync_us
+        return sum_us + (self.num_microbatches * v - 1) * max_us + v * max_sync_us + v * fill_us
 
     def plan_objective_us(self, stages: list[tuple[int, int, int]]) -> int:
         """The objective of a plan [(option, start, n)]."""
         pp = self.pp
-        times = [self.stage_us(stages[i - 1][0] if i else None, o, stages[i + 1][0] if i + 1 < pp else None,
-                               i, s, n) for i, (o, s, n) in enumerate(stages)]
+        times = self.plan_stage_us(stages)
         syncs = [int(self.sync_us[o, position(i, pp), s, n]) for i, (o, s, n) in enumerate(stages)]
-        return self.objective_us(sum(times), max(times), max(syncs))
+        fill = sum(x for _, _, x in self.plan_links([o for o, _, _ in stages]))
+        return self.objective_us(sum(times), max(times), max(syncs), fill)
 
 
 def balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:

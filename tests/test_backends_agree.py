@@ -113,10 +113,4 @@ def check_plan(t, stages) -> int:
         used[t.option_type[o]] += t.option_gpus[o]
     assert all(u <= b for u, b in zip(used, t.budget))
     assert all(t.fits(o, i, s, n) for i, (o, s, n) in enumerate(stages))
-    pp = t.pp
-    times = [t.stage_us(stages[i - 1][0] if i else None, o, stages[i + 1][0] if i + 1 < pp else None, i, s, n)
-             for i, (o, s, n) in enumerate(stages)]
-    from solver_models.tables import position
-
-    syncs = [int(t.sync_us[o, position(i, pp), s, n]) for i, (o, s, n) in enumerate(stages)]
-    return t.objective_us(sum(times), max(times), max(syncs))
+    return t.plan_objective_us(stages)

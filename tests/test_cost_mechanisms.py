@@ -12,7 +12,8 @@ from math import comb
 import pytest
 
 from planner.cost.dispatch import (
-    AUX_LOSS_MAX_PULL, DROPLESS_IMBALANCE_DEFAULT, expected_destination_ranks, p_group_hit, p_node_hit, routing,
+    AUX_LOSS_MAX_PULL, EXPERT_LOAD_CV, expected_destination_ranks, expected_max_normal, p_group_hit, p_node_hit,
+    routing,
 )
 from planner.cost.estimate import estimate_run
 from planner.cost.memory import ParamBytes, activation_bytes_per_token
@@ -95,6 +96,34 @@ def test_flex_sends_a_token_once_per_node_not_once_per_expert():
     assert remote_nodes == pytest.approx(3 * (1 - comb(96, 8) / comb(128, 8)))
 
 
+def test_deepep_is_priced_per_link_from_its_own_published_tables():
+    """EP8 inside one H800 node: DeepEP's dispatch and combine run at DeepEP's published intranode figures (153 and
+    158 GB/s on H800's 200 GB/s NVLink, profiles/published/dispatch.csv), with no fitted factor: the bytes are this
+    GPU's token copies for the other 7 ranks a token's experts live on.  Across nodes (EP32 on H100, 4 nodes) the
+    RDMA leg runs at the RDMA rows' own figures (43.7 GB/s dispatch, BF16; combine at the 50 GB/s NIC), the NVLink leg
+    at the NVLink rows' (UCCL-EP on H200: 320 of 450), each leg its own, not one factor for both."""
+    from planner.cost.dispatch import _flex_comm_s, dispatch_table
+    par = ("--tensor-model-parallel-size 1 --expert-model-parallel-size 8 --moe-token-dispatcher-type flex "
+           "--moe-flex-dispatcher-backend deepep --micro-batch-size 1")
+    layer = _layer(f"{MOE} {par}", "H800:8")
+    tokens, token_bytes = 4096, 4096 * 2
+    other_ranks = 8 * p_group_hit(128, 8, 8) - p_group_hit(128, 8, 8)
+    nvl_bytes = tokens * token_bytes * other_ranks
+    latency_s = 2e-6  # H800's NVLink latency per step (profiles/devices/H800.yaml)
+    expected = sum(latency_s + nvl_bytes / (gbps * 1e9) for gbps in (153, 158))
+    assert layer.ep_fwd_s == pytest.approx(expected, rel=1e-9)
+
+    cm = _cost(f"{MOE} {par.replace('-size 8', '-size 32')}", "H100:32")[0]
+    links = cm.group_links("H100", tp=1, cp=1, dp=32, ep=32, etp=1).ep
+    assert links.inter is not None and links.ranks_per_node == 8
+    assert dispatch_table("H100", "deepep", "infiniband", 32, "dispatch").efficiency == pytest.approx(43.7 / 50)
+    assert dispatch_table("H100", "deepep", "infiniband", 32, "combine").efficiency == 1.0
+    assert dispatch_table("H100", "deepep", "nvlink", 8, "dispatch").efficiency == pytest.approx(320 / 450)
+    remote_bytes = tokens * token_bytes * 3 * p_node_hit(cm.model, 4)
+    rdma_s = sum(10e-6 + remote_bytes / (gbps * 1e9) for gbps in (43.7, 50.0))
+    assert _flex_comm_s(cm.model, links, tokens, 32, 2, "H100") == pytest.approx(rdma_s, rel=1e-9)
+
+
 def test_allgather_dispatcher_gathers_over_tp_and_ep_even_with_ep1():
     """MoEAllGatherTokenDispatcher gathers over the TPxEP group: with EP 1 and ETP 8 it still moves tokens."""
     layer = _layer(f"{MOE} --tensor-model-parallel-size 8 --sequence-parallel --expert-model-parallel-size 1 "
@@ -111,6 +140,37 @@ def test_ep_overlap_hides_dispatch_but_never_all_of_it():
     assert hidden.ep_fwd_s + hidden.ep_bwd_s >= 0.1 * (plain.ep_fwd_s + plain.ep_bwd_s) - 1e-12
 
 
+# ------------------------------------------------------------------ grouped GEMM roofline
+
+
+def test_replicated_experts_weight_gradient_is_memory_bound():
+    """128 local experts with 512 tokens each (EP1, gpt-oss-like on B200): the weight-gradient pass reads and writes
+    every local expert's FP32 main gradient, 8 bytes per weight, at 2 x 512 / 8 = 128 FLOP per byte, below B200's
+    ridge; so the experts' backward takes at least that traffic over HBM, more than twice the forward.  With EP8 (16
+    local experts, 4096 tokens each) the same tokens stay compute-bound: backward = 2 x forward, as dense GEMMs."""
+    from planner.cost.layer import MAIN_GRAD_BYTES, LayerShape, _compute_parts, _layer_inputs
+    oss = ("--num-layers 2 --hidden-size 2880 --ffn-hidden-size 2880 --num-attention-heads 64 --group-query-attention "
+           "--num-query-groups 8 --kv-channels 64 --quick-geglu --normalization RMSNorm --vocab-size 201088 "
+           "--num-experts 128 --moe-router-topk 4 --moe-ffn-hidden-size 2880 --moe-grouped-gemm "
+           "--moe-router-force-load-balancing --moe-token-dispatcher-type alltoall --seq-length 4096 "
+           "--max-position-embeddings 4096 --micro-batch-size 4 --bf16")
+    cm = _cost(oss, "B200:8", gbs=32)[0]
+
+    def experts(ep: int):
+        shape = LayerShape(tp=1, cp=1, ep=ep, etp=1, micro_batch_size=4, seq_length=4096, sequence_parallel=False,
+                           imbalance=1.0)
+        x = _layer_inputs(cm.model, cm.training, is_moe=True, shape=shape, kernels=cm.kernels("B200"),
+                          links=cm.group_links("B200", tp=1, cp=1, dp=8, ep=ep, etp=1))
+        assert x.dispatch.tokens_per_expert == 4 * 4096 * 4 * ep / 128
+        return _compute_parts(x)
+
+    replicated, sharded = experts(1), experts(8)
+    wgrad_traffic_s = cm.kernels("B200").memory_s(128 * 3 * 2880 * 2880 * MAIN_GRAD_BYTES)
+    assert replicated.expert_gemm_bwd > 2 * replicated.expert_gemm
+    assert replicated.expert_gemm_bwd >= wgrad_traffic_s > replicated.expert_gemm
+    assert sharded.expert_gemm_bwd == pytest.approx(2 * sharded.expert_gemm, rel=1e-12)
+
+
 # ------------------------------------------------------------------ routing
 
 
@@ -121,22 +181,48 @@ def _moe_model(**kw) -> ModelSpec:
 
 
 def test_routing_regimes():
-    assert routing(_moe_model(moe_router_force_load_balancing=True), None, 1.4).imbalance(8) == 1.0
+    """Forced balance, padding to capacity and --moe-imbalance state the imbalance; real routing derives it."""
+    assert routing(_moe_model(moe_router_force_load_balancing=True), None, 1.4).imbalance(8, 64) == 1.0
     padded = _moe_model(moe_expert_capacity_factor=1.25, moe_pad_expert_input_to_capacity=True)
-    assert routing(padded, None, 1.4).imbalance(8) == pytest.approx(1.25)
-    r = routing(_moe_model(moe_aux_loss_coeff=1e-3), None, 1.4)
-    assert r.imbalance(1) == 1.0  # one EP rank: nobody is busier
-    assert r.imbalance(8) == pytest.approx(1.4)  # the calibrated value at the reference coefficient
-    # ten times the pull: a tenth of the excess; weak pull capped
-    assert routing(_moe_model(moe_aux_loss_coeff=1e-2), None, 1.4).imbalance(8) == pytest.approx(1.04)
-    assert routing(_moe_model(moe_aux_loss_coeff=1e-6), None, 1.4).imbalance(8) == pytest.approx(
-        1 + 0.4 * AUX_LOSS_MAX_PULL)
-    capped = routing(_moe_model(moe_aux_loss_coeff=1e-3, moe_expert_capacity_factor=1.2), None, 1.4)
-    assert capped.imbalance(8) == pytest.approx(1.2)
-    unset = routing(_moe_model(), None, None)
+    assert routing(padded, None, 1.4).imbalance(8, 64) == pytest.approx(1.25)
+    assert routing(_moe_model(), 1.7, 1.4).imbalance(8, 64) == pytest.approx(1.7)  # --moe-imbalance
+    unset = routing(_moe_model(), None)
     assert unset.assumed and "--moe-aux-loss-coeff" in unset.assumed
-    assert unset.imbalance(8) == pytest.approx(1 + (DROPLESS_IMBALANCE_DEFAULT - 1) * 0.1)
-    assert routing(_moe_model(), 1.7, 1.4).imbalance(8) == pytest.approx(1.7)  # --moe-imbalance
+    assert "pith-train" in unset.source
+
+
+def test_real_routing_imbalance_from_the_router_settings():
+    """The busiest of EP ranks, each holding E/EP experts whose loads spread log-normally (spread EXPERT_LOAD_CV x
+    1e-3/coefficient), lies E[max of EP standard normals] rank-spreads above the mean: E[max of 8] = 1.4236 (order
+    statistics tables); so the imbalance grows with EP, falls with more experts per rank, more tokens per micro-batch
+    (sampling noise 1/sqrt(tokens per expert)) and a larger coefficient, and stops at the capacity factor."""
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    model = _moe_model(num_experts=128, moe_router_topk=8, moe_aux_loss_coeff=1e-3)
+    r = routing(model, None)
+    assert r.load_cv == pytest.approx(EXPERT_LOAD_CV) == pytest.approx(math.sqrt(0.87))
+    assert r.imbalance(8, None) == pytest.approx(1 + 1.4236 * EXPERT_LOAD_CV / math.sqrt(16), abs=1e-4)
+    assert r.imbalance(1, 4096) == 1.0  # every expert on every GPU
+    by_ep = [r.imbalance(ep, 4096) for ep in (2, 4, 8, 16, 32, 64)]
+    assert by_ep == sorted(by_ep) and by_ep[0] > 1.0
+    assert r.imbalance(8, 256) > r.imbalance(8, 4096) > r.imbalance(8, None)  # sampling noise
+    stronger = routing(_moe_model(num_experts=128, moe_router_topk=8, moe_aux_loss_coeff=1e-2), None)
+    assert stronger.load_cv == pytest.approx(EXPERT_LOAD_CV / 10)
+    assert routing(_moe_model(num_experts=128, moe_router_topk=8, moe_aux_loss_coeff=1e-6), None).load_cv == (
+        pytest.approx(EXPERT_LOAD_CV * AUX_LOSS_MAX_PULL))
+    capped = [routing(model.model_copy(update={"moe_expert_capacity_factor": c}), None).imbalance(8, 4096)
+              for c in (1.0, 1.1, 1.5, 3.0)]
+    assert capped == sorted(capped) and capped[0] <= 1.0 and capped[-1] <= r.imbalance(8, 4096)
+
+
+def test_router_statistics_give_the_spread_back():
+    """A measured max/mean over E experts (calibrate --router-stats) is read back as the log-normal spread whose
+    expected maximum over E experts it is: exp(-s^2/2 + s z(E)) = max/mean, cv = sqrt(exp(s^2) - 1)."""
+    model = _moe_model(num_experts=128, moe_router_topk=8)
+    measured = routing(model, None, 3.0)
+    s = math.sqrt(math.log1p(measured.load_cv ** 2))
+    assert math.exp(-s * s / 2 + s * expected_max_normal(128)) == pytest.approx(3.0, rel=1e-9)
+    assert "router statistics" in measured.source and measured.imbalance(8, None) > routing(model, None).imbalance(8)
 
 
 def test_dropless_routing_is_slower_than_forced_balance():

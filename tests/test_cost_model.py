@@ -48,7 +48,7 @@ def _stage(cm: CostModel, plan, *, device: str | None = None, layers: int | None
         g = GlobalShape(**{**g.__dict__, "mbs": mbs, "gbs": mbs * g.dp0 * 8})
     n = plan.stages[0].num_layers if layers is None else layers
     return cm.stage(g, index=0, device_type=device or plan.stages[0].device_type, start=0, end=n,
-                    dp=plan.stages[0].dp, recompute=recompute, prev_type=None, next_type=None)
+                    dp=plan.stages[0].dp, recompute=recompute, prev_type=None, next_type=None, offset_gpus=0)
 
 
 # ------------------------------------------------------------------ communication vanishes with degree 1
@@ -195,6 +195,43 @@ def test_mixtral_8x7b_has_46_7b_parameters():
     assert total == pytest.approx(46.7e9, rel=0.005)
 
 
+GPT_OSS_ROW = "B200-gptoss-120B-64-bf16"
+"""Megatron-Bridge's GPT-OSS-120B on 64 B200 (calibration row): published 8047 tokens/s/GPU and 219 TFLOP/s/GPU."""
+
+
+def _gpt_oss_run():
+    from planner.calibration.runs import load_runs
+    row = next(r for r in load_runs() if r["id"] == GPT_OSS_ROW)
+    return parse_megatron_flags(shlex.split(row["megatron_args"]))
+
+
+def test_gpt_oss_120b_has_116_8b_parameters():
+    """gpt-oss-120b counts 116.83B parameters (OpenAI's model card) from its HuggingFace config.json and from the
+    published run's --quick-geglu flags: its gated experts have three matrices (two would give 78.6B)."""
+    from helpers.hf_configs import GPT_OSS_120B
+    from planner.inputs.hf_config import model_from_hf_config
+    for model in (model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b"), _gpt_oss_run().model):
+        assert sum(parameter_counts(model).values()) == pytest.approx(116.83e9, rel=1e-4)
+
+
+def test_megatrons_flop_count_gives_quick_geglu_two_matrices_and_the_price_three():
+    """TFLOP/s/GPU is Megatron's count, which gives the gate to --swiglu only: Megatron-Bridge's GPT-OSS-120B
+    reports 219 TFLOP/s/GPU at 8047 tokens/s/GPU, 27.2 GFLOP per token, the two-matrix count (the three-matrix
+    count is 34.3).  The time is priced with three matrices: a --quick-geglu model's experts take as long and
+    weigh as much as the same model's with --swiglu."""
+    run = _gpt_oss_run()
+    per_token = model_flop_per_iteration(run.model, global_batch_size=1, tp=1) / run.model.seq_length
+    assert per_token == pytest.approx(219e12 / 8047, rel=0.005)
+    quick = _setup(MOE.replace("--swiglu", "--quick-geglu"), "H100:8", ep=8)[2]
+    silu = _setup(MOE, "H100:8", ep=8)[2]
+    ungated = _setup(MOE.replace("--swiglu ", ""), "H100:8", ep=8)
+    cores = [_stage(cm, ungated[1]) for cm in (quick, silu, ungated[2])]
+    assert dict(cores[0].parts)["expert_gemm"] == pytest.approx(dict(cores[1].parts)["expert_gemm"], rel=1e-12)
+    assert dict(cores[0].parts)["expert_gemm"] > 1.4 * dict(cores[2].parts)["expert_gemm"]
+    assert cores[0].weights_bytes == pytest.approx(cores[1].weights_bytes, rel=1e-12)
+    assert cores[0].optimizer_bytes == pytest.approx(cores[1].optimizer_bytes, rel=1e-12)
+
+
 def test_tflops_times_time_times_world_is_model_flops(profiles):
     """Predicted TFLOP/s/GPU x iteration time x world size gives back Megatron's model FLOPs, and MFU is
     that over the summed dense peak."""
@@ -269,3 +306,92 @@ def test_estimate_is_finite_and_positive_on_random_configurations(profiles, conf
         assert s.activations_bytes > 0 and s.weights_bytes > 0
         for part in (s.tp_comm_s, s.cp_comm_s, s.ep_comm_s, s.pp_comm_s, s.dp_comm_s, s.recompute_s):
             assert math.isfinite(part) and part >= 0
+
+
+# ------------------------------------------------------------------ pipeline sends (issue 31, items 8 and 9)
+
+SLOW_NODES = "groups: [{device_type: V100, num_nodes: 4, gpus_per_node: 4, inter_node_bandwidth_gb_per_s: 0.3125}]\n"
+SMALL_GPT = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+             "--max-position-embeddings 1024 --vocab-size 52256 --global-batch-size 32 --fp16 --micro-batch-size 2")
+# one message: micro-batch 2 x sequence 1024 x hidden 1024 x 2 bytes (fp16), by hand; over 0.3125 GB/s it takes at
+# least its bytes over the bandwidth (the link's efficiency is at most 1, its latency adds)
+MESSAGE_BYTES = 2 * 1024 * 1024 * 2
+ACROSS_NODES_S = MESSAGE_BYTES / 0.3125e9  # 13.42 ms
+
+
+def _slow_cluster_cost(tmp_path, extra: str):
+    path = tmp_path / "slow.yaml"
+    path.write_text(SLOW_NODES)
+    _, plan, cm = flags_cost_model(f"{SMALL_GPT} {extra}", str(path))
+    return plan, cm.evaluate(plan)
+
+
+def test_pipeline_sends_across_nodes_cost_the_same_at_any_stage_width(tmp_path):
+    """4 nodes of 4 V100 with 10 Gb/s between them.  PP4 (DP4: a stage fills a node) sends every message across
+    nodes; PP8 (DP2: two stages per node) sends across nodes exactly at its boundaries 1-2, 3-4 and 5-6 (stage
+    s holds ranks 2s and 2s+1, nodes hold ranks 4k..4k+3) and those cost what PP4's do; the others stay on
+    NVLink."""
+    _, pp4 = _slow_cluster_cost(tmp_path, "--pipeline-model-parallel-size 4")
+    _, pp8 = _slow_cluster_cost(tmp_path, "--pipeline-model-parallel-size 8")
+    across = pp4.stages[0].send_out_s
+    assert across >= ACROSS_NODES_S
+    assert all(s.send_out_s == pytest.approx(across) for s in pp4.stages[:-1])
+    for i, s in enumerate(pp8.stages[:-1]):
+        if i % 2:  # boundaries 1-2, 3-4, 5-6 leave a node
+            assert s.send_out_s == pytest.approx(across)
+        else:  # 4 MiB over NVLink (>= 100 GB/s): well under a millisecond
+            assert s.send_out_s < 1e-3
+    # 1F1B waits for every message: a middle stage pays both of its links
+    assert pp8.stages[1].pp_comm_s == pytest.approx(pp8.stages[0].send_out_s + pp8.stages[1].send_out_s)
+
+
+def test_interleaving_hides_sends_only_behind_compute(tmp_path):
+    """Interleaving (VPP2) sends each micro-batch twice per link; the sends a stage pays are never cheaper than the
+    bytes over the link less the compute that overlaps them: v messages less the stage's forward (its input
+    gradients) or its backward (its activations).  Here a message (>= 13.4 ms) outlasts a chunk's compute, so
+    interleaving costs more than 1F1B on this cluster."""
+    _, flat = _slow_cluster_cost(tmp_path, "--pipeline-model-parallel-size 4")
+    plan, inter = _slow_cluster_cost(tmp_path, "--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2")
+    v = plan.vpp
+    assert v == 2
+    for i, s in enumerate(inter.stages):
+        fwd, bwd = s.forward_s - s.pp_comm_s / 2, s.backward_s - s.pp_comm_s / 2
+        if i > 0:
+            assert s.pp_comm_s >= v * ACROSS_NODES_S - fwd
+        if i + 1 < plan.pp:
+            assert s.pp_comm_s >= v * ACROSS_NODES_S - bwd
+            assert v * ACROSS_NODES_S - bwd > 0  # the messages do outlast the compute
+    assert inter.iteration_time_s > flat.iteration_time_s
+
+
+def test_boundary_nodes_follow_the_placement_the_planner_writes(profiles):
+    """The cost model's rule for which pipeline boundaries leave a node (type_offsets and
+    pipeline_boundary_crosses_nodes) against the hosts the launcher assigns each rank (place_agents), on
+    plans with stage widths that do and do not divide the node, and with two device types interleaved."""
+    from planner.launcher.common import place_agents, stage_rank_ranges
+    from planner.baselines.common import build_plan
+    from planner.schemas.pipeline import pipeline_boundary_crosses_nodes
+    from planner.cost.model import type_offsets
+
+    cluster = parse_cluster("H100:32,A100:16", profiles)
+    cases = [(1, 2, ["H100"] * 8), (2, 1, ["H100"] * 8), (1, 8, ["H100"] * 4), (2, 3, ["H100"] * 4),
+             (1, 2, ["H100", "A100", "H100", "A100", "H100"]), (4, 1, ["A100"] * 4)]
+    checked = 0
+    for tp, dp, types in cases:
+        plan = build_plan(tp=tp, cp=1, ep=1, etp=1, mbs=1, gbs=8 * dp, dp=dp, types=types, layers=[1] * len(types),
+                          recompute=Recompute.none(), vpp=1)
+        agents = place_agents(plan, cluster)
+        host_of = {r: a.host for a in agents for r in range(a.first_rank, a.first_rank + a.nproc)}
+        ranges = stage_rank_ranges(plan)
+        offsets = type_offsets([(s.device_type, tp * s.dp) for s in plan.stages])
+        gpn = {"H100": 8, "A100": 8}
+        for i in range(len(types) - 1):
+            (a0, a1), (b0, _) = ranges[i], ranges[i + 1]
+            on_hosts = any(host_of[r] != host_of[b0 + (r - a0)] for r in range(a0, a1))
+            if types[i] != types[i + 1]:
+                assert on_hosts
+                continue
+            rule = pipeline_boundary_crosses_nodes(offsets[i], a1 - a0, a1 - a0, gpn[types[i]])
+            assert rule == on_hosts, (tp, dp, types, i)
+            checked += 1
+    assert checked >= 10

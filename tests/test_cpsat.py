@@ -137,7 +137,7 @@ def test_dominated_cells_dropped_optimum_kept():
     assert sum(len(c.cells) for c in cells.values()) < sum(len(c.cells) for c in full.values())
     for (i, o), c in cells.items():
         if o == 1:
-            assert all(n > 2 for _, n, _, _ in c.cells)  # counts <= 2 go to the faster variant
+            assert all(n > 2 for _, n, *_ in c.cells)  # counts <= 2 go to the faster variant
     assert solve(t).objective_us == solve_brute(t).objective_us
 
 

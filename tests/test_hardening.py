@@ -13,12 +13,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.cli import refused, run
+from helpers.cli import refused, run, tree
 from planner.cli_common import json_text
 from planner.errors import ImplausiblePredictionError
 from tools.fuzz.inputs import HF_CONFIGS, SCRIPT, TINY_MODEL, base_plan_document, log_text
 from tools.fuzz.mutations import to_json, to_yaml
+from planner.api import load_inputs
+from planner.cost.model import CostModel
+from planner.output.report import plan_json
+from planner.profile_tables import ProfileSet
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan, StagePlan
 from planner.sanity import check_prediction
+from planner.search.space import SearchSpace, enumerate_globals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -317,3 +325,131 @@ def test_profile_checks_its_arguments_before_importing_torch(tmp_path):
             f"{str(tmp_path / 'p')!r}]); print(r.exit_code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
+
+
+# ---- issue 33: inputs that hung or were accepted ----------------------------------------------------
+
+
+@pytest.fixture
+def no_hang():
+    """Fail (SIGALRM) instead of hanging for ever on a read that blocks."""
+    import signal
+
+    def hung(signum, frame):
+        raise TimeoutError("the command blocked reading an input")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("flag", ["--model", "--cluster", "--megatron-script", "--hosts", "--plan", "--megatron-log",
+                                  "--instrument-dir", "--router-stats", "--router-stats DIR", "--profiles"])
+def test_a_fifo_as_any_input_file_is_refused_not_read(tmp_path, tiny, no_hang, flag):
+    """Reading a FIFO blocks until something writes into it: `calibrate --router-stats DIR` with a FIFO
+    router_stats_rank0.csv hung (issue 33).  Every input file is opened without blocking and checked."""
+    fifo = {"--instrument-dir": tmp_path / "inst" / "instrument_rank0.json",
+            "--router-stats DIR": tmp_path / "stats" / "router_stats_rank0.csv",
+            "--profiles": tmp_path / "prof" / "corrections.yaml"}.get(flag, tmp_path / "input.yaml")
+    fifo.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    (tmp_path / "run.log").write_bytes(log_text(["1000.0"] * 8))
+    calibrate = ["calibrate", "--model", str(tiny), "--cluster", "H800:8", "--out", str(tmp_path / "cal")]
+    args = {
+        "--model": ["estimate", "--model", str(fifo), "--cluster", "H800:8"],
+        "--cluster": ["estimate", "--model", str(tiny), "--cluster", str(fifo)],
+        "--megatron-script": ["estimate", "--megatron-script", str(fifo), "--cluster", "H800:8"],
+        "--hosts": ["solve", "--model", str(tiny), "--cluster", "H800:8", "--hosts", str(fifo)],
+        "--plan": ["emit", "--plan", str(fifo), "--out", str(tmp_path / "o")],
+        "--megatron-log": [*calibrate, "--megatron-log", str(fifo)],
+        "--instrument-dir": [*calibrate, "--instrument-dir", str(fifo.parent)],
+        "--router-stats": [*calibrate, "--megatron-log", str(tmp_path / "run.log"), "--router-stats", str(fifo)],
+        "--router-stats DIR": [*calibrate, "--megatron-log", str(tmp_path / "run.log"), "--router-stats",
+                               str(fifo.parent)],
+        "--profiles": ["estimate", "--model", str(tiny), "--cluster", "H800:8", "--profiles", str(fifo.parent)],
+    }[flag]
+    line = refused(run(args), flag.split()[0], "profiles")
+    assert "not a regular file" in line
+    assert not (tmp_path / "cal").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rows", [["0,0,1e308", "0,1,1e308", "0,0,1e308"], ["0,0,1e308", "0,1,1e308"]],
+                         ids=["one-expert", "one-layer"])
+def test_router_stats_that_overflow_are_refused(tmp_path, tiny, rows):
+    """Token sums past the largest float (1e308 + 1e308) wrote "MoE imbalance factor 0.0000" (issue 33)."""
+    (tmp_path / "run.log").write_bytes(log_text(["1000.0"] * 8))
+    (tmp_path / "stats.csv").write_text("layer,expert,tokens\n" + "\n".join(rows) + "\n1,0,5\n1,1,3\n")
+    res = run(["calibrate", "--model", str(tiny), "--cluster", "H800:8", "--megatron-log", str(tmp_path / "run.log"),
+               "--router-stats", str(tmp_path / "stats.csv"), "--out", str(tmp_path / "cal")])
+    assert "more than a number holds" in refused(res, "--router-stats")
+    assert not (tmp_path / "cal").exists()
+
+
+def test_sequence_parallel_with_a_sequence_tp_does_not_divide():
+    """TP 2 with sequence parallelism and --seq 4095 was accepted; Megatron asserts at the first forward step
+    (issue 33).  estimate refuses it naming the options; solve never picks such a TP."""
+    line = refused(run(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--seq", "4095"]),
+                   "--seq")
+    assert "seq_tp_sp" in line and "--sequence-parallel" in line
+    for seq in (4096, 4095):  # the search space: TP 2 with 4096 (the control), never a TP*CP that 4095 leaves
+        run_, cluster, _ = load_inputs(model="mixtral-s", cluster="H800:16", overrides={"seq": seq})
+        gpn = {h: 8 for h in cluster.gpus_by_type()}
+        tps = {(g.tp, g.cp) for g in enumerate_globals(run_.model, run_.training, cluster, SearchSpace(), gpn)}
+        assert all(seq % (tp * cp) == 0 for tp, cp in tps) and ((2, 1) in tps) == (seq == 4096)
+
+
+def test_emit_reprices_the_memory_of_an_edited_plan(tmp_path):
+    """A layer moved onto a stage that is at its memory limit: emit prices the edited plan again and refuses
+    it, naming the stage (issue 33 lists it as still accepted).  The plan's memory headroom is set between the
+    untouched plan's need and the edited plan's, both priced here by the cost model, so the control fits."""
+    doc = base_plan_document()
+    run_ = MegatronRun.model_validate(doc["inputs"]["run"])
+    cluster = ClusterSpec.model_validate(doc["inputs"]["cluster"])
+    half = StagePlan(device_type="H800", num_layers=2, dp=4)
+    two = Plan(runtime="megatron", ep=4, gbs=64, sequence_parallel=False, stages=(half, half))
+    moved = two.model_copy(update={"stages": (two.stages[0].model_copy(update={"num_layers": 3}),
+                                              two.stages[1].model_copy(update={"num_layers": 1}))})
+    model = CostModel(run_.model, run_.training, cluster, ProfileSet.load(), memory_headroom=0.0)
+    need = [max(s.memory_bytes for s in model.evaluate(p).stages) for p in (two, moved)]
+    device = model.evaluate(two).stages[0].device_memory_bytes
+    assert need[1] > need[0]
+    headroom = 1 - (need[0] + need[1]) / 2 / device  # the limit lies between the two
+    for plan, ok in ((two, True), (moved, False)):
+        doc.update(plan=plan_json(plan), num_microbatches=plan.num_microbatches, memory_headroom=headroom)
+        (tmp_path / "plan.json").write_bytes(to_json(doc))
+        res = run(["emit", "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "o")])
+        if ok:
+            assert res.exit_code == 0, res.output
+            before = tree(tmp_path / "o")
+        else:
+            assert "stage 0 (H800) needs" in refused(res, "--plan")
+            assert tree(tmp_path / "o") == before  # the earlier launcher, untouched
+
+
+def test_running_out_of_memory_is_said_as_such(tmp_path, tiny, monkeypatch):
+    """Under `ulimit -v 300000` the output was "internal error (MemoryError) ... this is a bug in the planner"
+    (issue 33).  Too little memory is no bug: one line saying so and what the request needs, exit 4."""
+    def no_memory(*_a, **_k):
+        raise MemoryError()
+
+    monkeypatch.setattr("planner.commands.estimate.estimate", no_memory)
+    res = run(["estimate", "--model", str(tiny), "--cluster", "H800:8"])
+    assert res.exit_code == 4 and res.output.count("\n") == 1, res.output
+    assert res.output.startswith("error: out of memory") and "needs more than" in res.output and "bug" not in res.output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ulimit -v (RLIMIT_AS) as Linux applies it")
+def test_a_process_limited_below_the_libraries_says_out_of_memory(tmp_path):
+    """The address space limit below what loading the planner's libraries takes (about 280 MiB): the import
+    fails ("failed to map segment") and the command says it is out of memory, exit 4, no traceback."""
+    import resource
+
+    limit = 200 * 2**20
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "estimate", "--model", "mixtral-s", "--cluster",
+                           "H800:8"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith("error: out of memory: the process may use 200 MiB")
+    assert "Traceback" not in proc.stderr

@@ -19,9 +19,10 @@ from helpers.tables import make_tables
 RECOMPUTES = (Recompute.none(), Recompute.full("uniform", 1))
 
 
-def random_tables(rnd: random.Random):
+def random_tables(rnd: random.Random, positional: bool = False):
     """Small tables with many ties (narrow integer ranges), several options per (type, DP) with
-    different recompute (for memory pruning) and per-option sync rates (Pareto label sets)."""
+    different recompute (for memory pruning) and per-option sync rates (Pareto label sets); `positional`:
+    links that cost less inside a node (2 or 4 GPUs per node, budgets of a few nodes), carry traffic and fill."""
     n_types = rnd.randint(1, 3)
     n_layers = rnd.randint(3, 9)
     options = []
@@ -33,9 +34,20 @@ def random_tables(rnd: random.Random):
     # links depend on the (type, DP) of both ends only, as in real tables (memory pruning relies on it)
     link = {(a[:2], b[:2]): rnd.randint(0, 3) for a in options for b in options}
     layer_us = [[rnd.randint(2, 6) * (1 + rc) for _ in range(n_layers)] for _, _, rc in options]
+    extra = {}
+    budget = [rnd.randint(1, 4) for _ in range(n_types)]
+    if positional:
+        near = {k: rnd.randint(0, x) for k, x in link.items()}
+        traffic = [{k: rnd.randint(0, 20) for k in link} for _ in range(2)]
+        fill = [{k: rnd.randint(0, 5) for k in link} for _ in range(2)]
+        budget = [rnd.randint(3, 8) for _ in range(n_types)]
+        extra = dict(gpus_per_node=[rnd.choice([2, 4]) for _ in range(n_types)],
+                     p2p_near_us=[[near[a[:2], b[:2]] for b in options] for a in options],
+                     traffic_us=[[[tr[a[:2], b[:2]] for b in options] for a in options] for tr in traffic],
+                     fill_us=[[[x[a[:2], b[:2]] for b in options] for a in options] for x in fill])
     return make_tables(
         layer_us, pp=rnd.randint(1, min(4, n_layers)), m=rnd.randint(1, 6), vpp=rnd.choice([1, 1, 2]),
-        option_type=[ty for ty, _, _ in options], budget=[rnd.randint(1, 4) for _ in range(n_types)],
+        option_type=[ty for ty, _, _ in options], budget=budget, **extra,
         p2p_us=[[link[a[:2], b[:2]] for b in options] for a in options],
         first_extra_us=rnd.randint(0, 4), cap_layers=[rnd.uniform(1, n_layers) * (1 + rc) for _, _, rc in options],
         sync_per_layer_us=[rnd.randint(0, 5) for _ in range(num_o)], dps=[dp for _, dp, _ in options],
@@ -55,8 +67,9 @@ def solve_both(t, monkeypatch, **kw):
     return out
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_vectorised_dp_equals_plain_loop(seed, monkeypatch):
+@pytest.mark.parametrize("seed,positional", [(s, False) for s in range(8)] + [(s, True) for s in range(4)],
+                         ids=[f"{s}-links" for s in range(8)] + [f"{s}-positional-links" for s in range(4)])
+def test_vectorised_dp_equals_plain_loop(seed, positional, monkeypatch):
     rnd = random.Random(seed)
     if seed % 2:
         # tiny chunks: the DP expands states and compares state pairs a few at a time
@@ -64,7 +77,7 @@ def test_vectorised_dp_equals_plain_loop(seed, monkeypatch):
         monkeypatch.setattr(hsdp, "_PAIRS_PER_CHUNK", 5)
     solved = 0
     for _ in range(40):
-        t = random_tables(rnd)
+        t = random_tables(rnd, positional)
         t.contiguous_types = rnd.random() < 0.5
         t = t.pruned(delta=rnd.choice([None, None, 0.3]), memory=rnd.random() < 0.4)
         kw = {"exact_sync": rnd.choice([None, True, False])}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import PlannerInputError
-from planner.inputs.hf_config import model_from_hf_config
+from planner.inputs.hf_config import hf_config_notes, model_from_hf_config
 from planner.inputs.presets import list_model_presets, load_model_preset
 from planner.schemas.model import ModelSpec
 
-from helpers.hf_configs import DSV2_LITE, DSV3, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, QWEN2_57B, QWEN3_30B
+from helpers.hf_configs import DSV2_LITE, DSV3, GPT_OSS_120B, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, QWEN2_57B, QWEN3_30B
 
 # Published totals (model cards / papers), in billions of parameters.
 PUBLISHED_TOTAL_B = {
@@ -121,10 +121,14 @@ def test_preset_yaml_path_and_errors(tmp_path):
 
 @pytest.mark.parametrize("cfg, preset", HF_PRESETS.values(), ids=HF_PRESETS)
 def test_hf_config_agrees_with_preset(cfg, preset):
-    """Converting the published config.json gives the same ModelSpec as the hand-written preset."""
+    """Converting the published config.json gives the same ModelSpec as the hand-written preset, but for
+    the balance loss's weight: config.json states its own (router_aux_loss_coef), the presets leave it to
+    the planner's assumption (reported as assumed, and written into the launcher)."""
     from_hf = model_from_hf_config(cfg, preset)
     spec, _ = load_model_preset(preset)
-    assert from_hf.model_dump() == spec.model_dump()
+    assert spec.moe_aux_loss_coeff is None
+    assert from_hf.moe_aux_loss_coeff == cfg.get("router_aux_loss_coef")
+    assert from_hf.model_dump(exclude={"moe_aux_loss_coeff"}) == spec.model_dump(exclude={"moe_aux_loss_coeff"})
 
 
 def test_hf_family_details():
@@ -142,6 +146,18 @@ def test_hf_family_details():
     assert v3.layer_is_moe.count(False) == 3 and v3.mtp_num_layers == 1 and v3.q_lora_rank == 1536
 
 
+def test_hf_hidden_act_is_the_gated_mlps_activation():
+    """`hidden_act` silu (or unset) is --swiglu; a gated activation Megatron has no flag for is refused by name;
+    gpt-oss's experts are Megatron's --quick-geglu (GptOssExperts ignores hidden_act), with biases on every linear."""
+    assert model_from_hf_config({**LLAMA2_7B, "hidden_act": "silu"}, "x").swiglu
+    with pytest.raises(PlannerInputError, match=r"hidden_act.*'gelu_pytorch_tanh'.*silu"):
+        model_from_hf_config({**LLAMA2_7B, "hidden_act": "gelu_pytorch_tanh"}, "x")
+    oss = model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b")
+    assert oss.quick_geglu and not oss.swiglu and oss.gated_linear_unit and oss.add_bias_linear
+    assert (oss.num_experts, oss.moe_router_topk, oss.moe_ffn_size, oss.head_dim) == (128, 4, 2880, 64)
+    assert any("--window-size" in note for note in hf_config_notes(GPT_OSS_120B))
+
+
 def test_hf_sparse_step_and_dense_only_layers():
     """Qwen3-MoE's decoder_sparse_step / mlp_only_layers and DeepSeek's moe_layer_freq pick the MoE layers."""
     cfg = {**QWEN3_30B, "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
@@ -154,7 +170,7 @@ def test_hf_unknown_architecture_lists_supported():
     """An unsupported architecture is refused with the supported list."""
     with pytest.raises(PlannerInputError) as exc:
         model_from_hf_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "x")
-    for fam in ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"):
+    for fam in ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"):
         assert fam in str(exc.value)
 
 

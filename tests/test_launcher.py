@@ -395,7 +395,7 @@ def test_small_blocks_share_a_host():
     plan = plan.model_copy(update={"stages": tuple(s.model_copy(update={"dp": 4}) for s in plan.stages)})
     files = render_launch_files(run, plan, cluster_of(("A100", 2)))
     assert files["hostfile"].endswith("\na100-node0 slots=8 type=A100\na100-node1 slots=4 type=A100\n")
-    assert 'HAPMOE_A_CVD="4,5,6,7"' in files["launch.sh"]
+    assert "HAPMOE_A_CVD=4,5,6,7;" in files["launch.sh"]
     assert "--nproc-per-node 4 " in files["launch.sh"]
 
 

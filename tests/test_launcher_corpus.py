@@ -35,8 +35,9 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 _RECORD = '[ -e "$HAPMOE_ARGS_OUT" ] || printf "%s\\0" "$(basename "$0")" "$@" > "$HAPMOE_ARGS_OUT"\n'
 _STUBS = {
     "torchrun": "#!/bin/bash\n" + _RECORD,
-    "python": "#!/bin/bash\n" + _RECORD,
-    "python3": "#!/bin/bash\n" + _RECORD,
+    # `python -c` asks torch for the node's GPU count (Pai-Megatron-Patch): a node of 8 answers
+    "python": "#!/bin/bash\nif [ \"$1\" = -c ]; then echo 8; exit 0; fi\n" + _RECORD,
+    "python3": "#!/bin/bash\nif [ \"$1\" = -c ]; then echo 8; exit 0; fi\n" + _RECORD,
     "srun": "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do case \"$1\" in -N|-n|-p|--nodes|--ntasks|--ntasks-per-node) shift 2 ;;"
             " *) shift ;; esac; done\nexec \"$@\"\n",
     "mpirun": "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do case \"$1\" in -np|-n|-H|-x|--hostfile|--bind-to|-map-by|--map-by) shift 2 ;;"
@@ -179,32 +180,44 @@ def test_emitted_launcher_is_the_users_command_with_the_plan(name, workdir):
 def _applied_count(out: Path) -> int:
     """How many flag items launch.sh appends (the plan's, plus overrides): read from launch.sh."""
     text = (out / "launch" / "launch.sh").read_text()
-    m = re.search(r"plan=\((.*)\)\n", text)
+    m = re.search(r"\n    plan=\((.*)\)\n", text)
     assert m, "launch.sh has no plan array"
     return len(group_flag_items(shlex.split(m.group(1))))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mixtral_8x7b_distributed.sh", "pai_megatron_patch_eval.sh", "slurm_srun_fsdp_string.sh"])
-def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir):
-    """`launch.sh --dry-run ARGS` prints one command per node (torchrun) and launches nothing."""
+@pytest.mark.parametrize("name", ["mixtral_8x7b_distributed.sh", "pai_megatron_patch_eval.sh", "pai_megatron_patch_qwen3.sh",
+                                  "slurm_srun_fsdp_string.sh"])
+def test_dry_run_prints_every_nodes_command_and_runs_nothing(name, workdir, tmp_path):
+    """`launch.sh --dry-run ARGS` prints one command per node (torchrun), with the plan's node count and
+    nothing else in torchrun's options, and launches nothing, copies nothing, makes no directory (the
+    Pai-Megatron-Patch qwen3 script makes its output directories and copies files with `xargs cp` first)."""
     c = entry(name)
     out = solved(name)
     rec = workdir / f"dry-{name}"
     rec.unlink(missing_ok=True)
+    for f in c.get("needs_files", ()):
+        (tmp_path / f).write_text("{}")
+    before = sorted(p.name for p in tmp_path.iterdir())
     env = {"PATH": f"{workdir / 'bin'}:{os.environ['PATH']}", "HOME": str(workdir), "HAPMOE_ARGS_OUT": str(rec),
            **c.get("env", {})}
-    proc = subprocess.run(["bash", str(out / "launch" / "launch.sh"), "--dry-run", *c["args"]], cwd=workdir, env=env,
+    proc = subprocess.run(["bash", str(out / "launch" / "launch.sh"), "--dry-run", *c["args"]], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing made, nothing copied
     hosts = [ln for ln in (out / "launch" / "hostfile").read_text().splitlines() if not ln.startswith("#")]
     lines = proc.stdout.splitlines()
     nodes = [k for k, ln in enumerate(lines) if ln.startswith("# node ")]
     commands = [lines[k + 1] for k in nodes]
     assert len(nodes) == len(commands) >= len(hosts)
+    entry_name = read_launcher_script(CORPUS_DIR / name, args=c["args"]).entry_script.rsplit("/", 1)[-1]
     for k, line in enumerate(commands):
         words = shlex.split(line)
         assert words[words.index("--node-rank") + 1] == str(k)
+        assert words[words.index("--nnodes") + 1] == str(len(commands))
+        launcher = words[1 : words.index(entry_name)]
+        stray = [w for i, w in enumerate(launcher) if not w.startswith("-") and (i == 0 or not launcher[i - 1].startswith("-"))]
+        assert not stray, (stray, line)  # every word of torchrun's options is an option or its value
     assert not rec.exists()
 
 

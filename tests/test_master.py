@@ -81,6 +81,19 @@ def test_memory_by_position():
     assert optimum(block(8, {0: price(room=room)}, pps=(2,), inflight=spec))[0] == "INFEASIBLE"
 
 
+def test_memory_bound_middle_stages_hold_unequal_counts():
+    """free 100, 10 per layer and 10 per layer per micro-batch in flight, PP = 4, m = 4 (1F1B: 4, 3, 2, 1
+    in flight from the first stage): the stages hold at most 2, 2, 3 and 5 layers, 12 in all.  12 layers
+    fit only as 2 + 2 + 3 + 5: T = 50, theta = 120 + 3 * 50 = 270.  The two middle stages hold 2 and 3, so
+    their total is not their count times the most either holds (a relaxation of S x K <= what their
+    positions hold forced K <= 2 and called it infeasible); 13 layers do not fit."""
+    room = Room(100.0, (10.0,), (10.0,))
+    spec = {(4, 1): (4.0, 1.0)}
+    assert [room.holds(a, 64) for a in (4.0, 3.0, 2.0, 1.0)] == [2, 2, 3, 5]
+    assert optimum(block(12, {0: price(room=room)}, pps=(4,), inflight=spec))[:2] == ("OPTIMAL", 270)
+    assert optimum(block(13, {0: price(room=room)}, pps=(4,), inflight=spec))[0] == "INFEASIBLE"
+
+
 def test_block_recompute_spares_only_the_layers_it_reruns():
     """free 100, 10 static and 10 activation bytes per layer per micro-batch, a re-run layer spares 8 of
     them, 3 micro-batches in flight.  k = 4 layers a chunk, VPP 2 (at most 8 re-run): 6 layers take
@@ -296,7 +309,8 @@ def test_predicates_agree_with_check_plan():
     the rules it stands for, over a grid of degrees."""
     moe = reduced_cost_model("mixtral-s", 8, "H800:8", 16).model
     dense = reduced_cost_model("llama2-7b", 8, "H800:8", 16).model
-    for model in (moe, dense):
+    odd = dense.model_copy(update={"seq_length": 4092})  # a multiple of 2, 3, 4 and 6 only: seq_tp_sp bites
+    for model in (moe, dense, odd):
         for tp, cp, ep, etp, dp, mbs, pp, vpp, gbs in itertools.product(
                 (1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 3, 4), (1, 2, 4), (1, 2, 3, 4), (1, 2), (1, 2, 3), (1, 2), (12, 16)):
             if not model.is_moe and (ep != 1 or etp != tp):
@@ -306,6 +320,7 @@ def test_predicates_agree_with_check_plan():
             names = _names(model, _plan(tp, cp, ep, etp, vpp, mbs, gbs, stages))
             assert rules.tp_allowed(model, tp) == ("heads_tp" not in names and "query_groups_tp" not in names)
             assert rules.cp_allowed(model, cp) == ("seq_cp" not in names)
+            assert rules.sequence_split_ok(model, tp, cp) == ("seq_tp_sp" not in names)
             assert rules.ep_allowed(model, ep) == ("experts_ep" not in names and "ep_needs_experts" not in names)
             if model.is_moe:
                 assert rules.etp_allowed(model, tp, etp) == ("moe_etp_bias" not in names)

@@ -8,6 +8,7 @@ planner writes from them pass Megatron's own validator (slow; needs the validato
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -20,11 +21,14 @@ from planner.inputs.presets import list_model_presets, load_model_file, load_mod
 from planner.inputs.resolve import resolve_run
 from planner.launcher import render_launch_files
 from planner.megatron.flags import MODEL_FLAGS, model_flags
-from planner.schemas.model import ModelSpec
+from planner.cost.model import CostModel
+from planner.inputs.script import read_launcher_script
+from planner.schemas.model import AUX_LOSS_ASSUMED, ModelSpec
 from planner.schemas.plan import Plan, StagePlan
 
 from helpers.hf_configs import DSV3, HF_PRESETS, LLAMA3_70B, MIXTRAL_8X7B, QWEN3_30B
 from helpers.launch import cluster_of
+from tools.fuzz.inputs import SCRIPT
 from helpers.megatron import NEEDS_MEGATRON, validate
 
 ARCH_FIELDS = [f for f in ModelSpec.model_fields if f != "name"]
@@ -41,7 +45,9 @@ def read_back(spec: ModelSpec) -> ModelSpec:
 
 
 def differences(a: ModelSpec, b: ModelSpec) -> dict:
-    da, db = a.model_dump(), b.model_dump()
+    """Fields that differ; the balance loss's weight as the run trains with it (the flags state the
+    coefficient a spec left unstated: the one it is priced with)."""
+    da, db = (dict(m.model_dump(), moe_aux_loss_coeff=m.trained_aux_loss_coeff) for m in (a, b))
     return {k: (da[k], db[k]) for k in da if da[k] != db[k]}
 
 
@@ -170,6 +176,51 @@ def test_the_multimodal_note_reaches_the_run_notes(tmp_path):
     notes: list[str] = []
     resolve_run(model=str(path), notes=notes)
     assert any("vision_config" in n for n in notes)
+
+
+# ---------------------------------------------------------------- the router setting that was priced
+MOE_PRESETS = [n for n in list_model_presets() if load_model_preset(n)[0].is_moe]
+
+
+@pytest.mark.parametrize("source", [*MOE_PRESETS, "Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+def test_the_aux_loss_coefficient_priced_is_the_one_emitted(tmp_path, profiles, source):
+    """The price assumed --moe-aux-loss-coeff 0.01, but megatron_args.txt carried none, so the job trained with
+    Megatron's 0.0 (no balancing); HF's router_aux_loss_coef was not read (issue 33).  Now the launcher writes the
+    balancing type and coefficient, and the flags it writes, read back, price the same router imbalance."""
+    if source in HF_PRESETS:
+        cfg = HF_PRESETS[source][0]
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        run = resolve_run(model=str(tmp_path / "config.json"))
+        expected = cfg["router_aux_loss_coef"]  # the published config.json's: 0.001 Qwen3, 0.02 Mixtral
+    else:
+        run = resolve_run(model=source)
+        expected = 0.0 if run.model.moe_router_enable_expert_bias else AUX_LOSS_ASSUMED  # no preset states one
+    argv, _ = _launcher_argv(run)
+    assert argv.count("--moe-aux-loss-coeff") == 1 and argv.count("--moe-router-load-balancing-type") == 1
+    assert float(argv[argv.index("--moe-aux-loss-coeff") + 1]) == expected
+    assert argv[argv.index("--moe-router-load-balancing-type") + 1] == run.model.moe_router_load_balancing_type
+    cluster = cluster_of(("H100", 1))
+    priced = CostModel(run.model, run.training, cluster, profiles).routing
+    back = build_run(parse_megatron_draft(argv, name=run.model.name)).model
+    assert CostModel(back, run.training, cluster, profiles).routing == dataclasses.replace(priced, assumed=None)
+    assert (priced.assumed is not None) == (expected == AUX_LOSS_ASSUMED)  # printed as assumed, with the value
+    assert priced.assumed is None or f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed" in priced.assumed
+
+
+def test_a_script_that_leaves_the_coefficient_to_megatron_gets_the_priced_one(tmp_path):
+    """The script's flags pass through; the router setting it leaves to Megatron's defaults is added, and
+    launch.sh's header says so; a script that states its coefficient keeps it, unchanged."""
+    for extra, expected in (("", "0.01"), ("--moe-aux-loss-coeff 1e-3", "1e-3")):
+        script = tmp_path / "train.sh"
+        text = SCRIPT.format(extra="", layers="4")
+        script.write_text(text.replace("--moe-grouped-gemm", f"--moe-grouped-gemm {extra}"))
+        run = resolve_run(megatron_script=str(script))
+        script_read = read_launcher_script(script)
+        plan = Plan(tp=2, ep=4, gbs=64, stages=(StagePlan(device_type="H100", num_layers=4, dp=4),))
+        files = render_launch_files(run, plan, cluster_of(("H100", 1)), script_read)
+        argv = shlex.split(files["megatron_args.txt"])
+        assert argv[argv.index("--moe-aux-loss-coeff") + 1] == expected and argv.count("--moe-aux-loss-coeff") == 1
+        assert ("added --moe-aux-loss-coeff 0.01" in files["launch.sh"]) == (not extra)
 
 
 # ---------------------------------------------------------------- Megatron's validator

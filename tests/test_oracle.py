@@ -33,9 +33,11 @@ def space_of(m: Menus) -> SearchSpace:
 
 
 def quantisation_s(res) -> float:
-    """Most the tables' objective can fall short of the float cost for the returned plan."""
+    """Most the tables' objective can fall short of the float cost for the returned plan (StageTables.quantisation_us
+    at its largest: four rounded terms per stage time, one per sync, one fill per boundary when interleaved)."""
     p = res.best[0].plan
-    return (3 * (p.pp + p.num_microbatches * p.vpp - 1) + p.vpp) * 1e-6 / p.vpp
+    fill = p.vpp * (p.pp - 1) if p.vpp > 1 else 0
+    return (4 * (p.pp + p.num_microbatches * p.vpp - 1) + p.vpp + fill) * 1e-6 / p.vpp
 
 
 def check_exact(cm: CostModel, menus: Menus, truth: float, backend: str):

@@ -14,7 +14,7 @@ import yaml
 
 from helpers.cli import refused, run
 from planner.api import estimate, load_inputs
-from planner.profile_tables import TIME_CORRECTION_KINDS
+from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from tools.fuzz.inputs import HF_CONFIGS, h800_profile_document, log_text
 
 TWO_TYPES = {"groups": [{"device_type": "H800", "num_nodes": 1, "gpus_per_node": 8},
@@ -188,15 +188,16 @@ def test_a_poisoned_corrections_file_is_named(tmp_path):
     corrections(47.9)
     line = refused(run(["estimate", *MIXTRAL, "--profiles", str(prof)]), "--profiles")
     assert "corrections.yaml" in line and "47.9" in line
-    corrections(0.11)  # within 10x, but mixtral-s at 37% MFU would run at 330%
-    line = refused(run(["estimate", *MIXTRAL, "--profiles", str(prof)]), "corrections.yaml")
-    assert "implausible prediction" in line and str(prof / "corrections.yaml") in line
+    corrections(0.11)  # within 10x, but H800's GEMMs would run at 7x their peak (issue 33: refused as it loads)
+    line = refused(run(["estimate", *MIXTRAL, "--profiles", str(prof)]), "--profiles")
+    assert "of its peak" in line and "impossible speed" in line and str(prof / "corrections.yaml") in line
 
 
-def test_the_shipped_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(tmp_path):
-    """The shipped calibration's imbalance (from other models' routers) is above num_experts / topk = 1 for a
-    4-expert top-4 model: the run is priced with the imbalance capped at 1, also beside a --profiles directory of
-    the user's that states no imbalance (the property test's 4-expert cases were refused before)."""
+def test_the_routing_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(tmp_path):
+    """The real-routing imbalance (a spread measured on other models' routers) would put a 4-expert top-4 model's
+    busiest of 2 EP ranks above what it can hold (every token already uses both ranks): the run is priced with the
+    imbalance capped at 1, also beside a --profiles directory of the user's that states no imbalance (the property
+    test's 4-expert cases were refused before)."""
     from planner.cost.dispatch import routing
 
     prof = tmp_path / "prof"
@@ -207,5 +208,27 @@ def test_the_shipped_imbalance_is_capped_for_a_model_it_cannot_fit_not_refused(t
             "--micro-batch-size 1 --global-batch-size 8 --num-experts 4 --moe-router-topk 4 --moe-grouped-gemm")
     for dirs in ((), (str(prof),)):
         inputs = load_inputs(megatron_args=args, cluster="H800:8", profile_dirs=dirs)
-        assert inputs.profiles.moe_imbalance_factor() > 1.0
-        assert routing(inputs.run.model, None, inputs.profiles.moe_imbalance_factor()).imbalance(2) == 1.0
+        assert inputs.profiles.moe_imbalance_factor() is None
+        assert routing(inputs.run.model, None, None).imbalance(2, 512) == 1.0
+        assert routing(inputs.run.model.model_copy(update={"num_experts": 8}), None, None).imbalance(2, 512) > 1.0
+
+
+def test_corrections_that_make_kernels_faster_than_peak_are_refused(tmp_path, mixtral_ms):
+    """calibrate on a log 1.5x faster than the model (MFU below 100%, so it was accepted) wrote a GEMM factor of
+    0.68: GEMMs at 116% of the H800's peak, which `estimate --profiles` then used (issue 33).  Now calibrate refuses
+    to write them, and estimate refuses such a file, naming --profiles; the shipped corrections stay below peak."""
+    assert ProfileSet.load().faster_than_peak() == []
+    log = write_log(tmp_path / "fast.log", mixtral_ms / 1.5)
+    line = refused(run(["calibrate", "--megatron-log", str(log), *MIXTRAL, "--out", str(tmp_path / "cal")]),
+                   "--megatron-log")
+    assert "of its peak" in line and "impossible speed" in line and not (tmp_path / "cal").exists()
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "corrections.yaml").write_text(yaml.safe_dump([{"device": "H800", "kind": "gemm", "factor": 0.68,
+                                                             "provenance": {"kind": "calibrated", "source": "a log"}}]))
+    line = refused(run(["estimate", *MIXTRAL, "--profiles", str(prof)]), "--profiles")
+    best = max(p.efficiency for p in ProfileSet.load().device("H800").gemm_efficiency.points)
+    assert best / 0.68 > 1 > best / 0.9 and f"H800's GEMMs run at {best / 0.68:.0%} of its peak" in line
+    (prof / "corrections.yaml").write_text(yaml.safe_dump([{"device": "H800", "kind": "gemm", "factor": 0.9,
+                                                             "provenance": {"kind": "calibrated", "source": "a log"}}]))
+    assert run(["estimate", *MIXTRAL, "--profiles", str(prof)]).exit_code == 0  # 88% of peak: possible

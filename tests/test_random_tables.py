@@ -19,7 +19,9 @@ from helpers.tables import make_tables
 SETTINGS = SolverSettings(time_limit_s=20.0, num_workers=2)
 
 
-def random_tables(seed: int):
+def random_tables(seed: int, positional: bool = False):
+    """Random tables; `positional`: links that cost less inside a node (1-2 GPUs per option, 2-4 per node,
+    budgets of several nodes), with traffic (M) that can outlast a stage's forward or backward and a fill (X)."""
     rng = random.Random(seed)
     n_layers = rng.randint(3, 7)
     num_o = rng.randint(1, 3)
@@ -27,16 +29,26 @@ def random_tables(seed: int):
     option_type = [rng.randrange(2) for _ in range(num_o)]
     layer_us = [[rng.randint(5, 60) for _ in range(n_layers)] for _ in range(num_o)]
     p2p = [[rng.randint(0, 15) for _ in range(num_o)] for _ in range(num_o)]
+    extra = {}
+    budget = [rng.randint(1, 3) for _ in range(max(option_type) + 1)]
+    if positional:
+        budget = [rng.randint(4, 8) for _ in budget]
+        extra = dict(dps=[rng.randint(1, 2) for _ in range(num_o)], gpus_per_node=[rng.choice([2, 4]) for _ in budget],
+                     p2p_near_us=[[rng.randint(0, p2p[a][b]) for b in range(num_o)] for a in range(num_o)],
+                     traffic_us=[[[rng.randint(0, 90) for _ in range(num_o)] for _ in range(num_o)] for _ in range(2)],
+                     fill_us=[[[rng.randint(0, 30) for _ in range(num_o)] for _ in range(num_o)] for _ in range(2)])
     return make_tables(
-        layer_us, pp=pp, m=rng.randint(1, 8), vpp=1, option_type=option_type,
-        budget=[rng.randint(1, 3) for _ in range(max(option_type) + 1)], p2p_us=p2p,
+        layer_us, pp=pp, m=rng.randint(1, 8), vpp=1, option_type=option_type, budget=budget, p2p_us=p2p,
         first_extra_us=rng.randint(0, 20), cap_layers=[float(rng.randint(1, n_layers)) for _ in range(num_o)],
-        sync_per_layer_us=[rng.randint(0, 10) for _ in range(num_o)])
+        sync_per_layer_us=[rng.randint(0, 10) for _ in range(num_o)], **extra)
 
 
+@pytest.mark.parametrize("positional", [False, True], ids=["links", "positional-links"])
 @pytest.mark.parametrize("seed", range(40))
-def test_backends_agree_on_random_tables(seed):
-    t = random_tables(seed)
+def test_backends_agree_on_random_tables(seed, positional):
+    """The same optimum from every backend; with positional links and traffic too (the link of each boundary
+    from where the stages' GPUs land: tables.plan_links, priced against brute force's enumeration)."""
+    t = random_tables(seed, positional)
     brute = solve_brute(t)
     dp = solve_hsdp(t)
     cp = solve_cpsat(t, upper_bound_us=None, settings=SETTINGS)

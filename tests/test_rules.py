@@ -77,6 +77,21 @@ def test_sequence_length_multiple_of_twice_cp():
     )
 
 
+def test_sequence_parallel_needs_a_sequence_that_tp_and_cp_divide():
+    """RT (megatron/core/tensor_parallel/mappings.py, _split_along_first_dim at the embedding's
+    scatter_to_sequence_parallel_region): with SP each rank's seq/CP tokens are split over TP.  TP 2, SP and
+    seq 4095 passed every check and asserted at the first forward (issue 33)."""
+    odd = DENSE.model_copy(update={"seq_length": 4095, "max_position_embeddings": 4096})
+    msg = _rules(odd, _plan(tp=2))["seq_tp_sp"]
+    assert msg == "First dimension of the tensor should be divisible by tensor parallel size"
+    assert "seq_tp_sp" not in _rules(odd, _plan(tp=2, sequence_parallel=False))  # no SP: nothing is split
+    assert "seq_tp_sp" not in _rules(odd, _plan(tp=1))
+    six = DENSE.model_copy(update={"seq_length": 6, "max_position_embeddings": 6})
+    assert "seq_tp_sp" in _rules(six, _plan(tp=2, cp=2, stages=((4, 2), (4, 2))))  # 6 / CP 2 = 3 tokens over TP 2
+    assert "seq_tp_sp" not in _rules(six.model_copy(update={"seq_length": 4}), _plan(tp=2, cp=2, stages=((4, 2),
+                                                                                                     (4, 2))))
+
+
 def test_moe_with_tp_needs_sequence_parallel():
     """Rule 14 (RT, MoELayer.forward): MoE + TP>1 without SP."""
     msg = _rules(MOE, _plan(tp=2, sequence_parallel=False))["moe_tp_sequence_parallel"]

@@ -61,6 +61,10 @@ BASH_AGREES = {
     "echo to stderr is not output": "f() { echo computing >&2; echo 64; }\ntorchrun pretrain_gpt.py --gbs $(f)\n",
     "set -e with a guarded failure": "set -euo pipefail\nfalse || true\n[ -n \"\" ] && X=1\n"
                                      "torchrun pretrain_gpt.py --ok 1\n",
+    # issue 33: ANSI-C quoting is read as bash decodes it (was `$/ckpt/a\tb`), with the script's variables
+    "ANSI-C quoting": "D=/d\nQ=$'it\\'s'\ntorchrun pretrain_gpt.py --save $'/ckpt/a\\tb' --load \"$D\"$'/x\\ny' "
+                      "--a $'\\x41\\101\\u0041\\e\\c?\\q\\0gone' --b \"$Q\" --c $\"$D z\" --d \"$'not ansi'\" "
+                      "--e $(echo $'p q')\n",
 }
 
 

@@ -343,3 +343,18 @@ def test_large_pipeline_is_fast() -> None:
     assert len(result.events) == 2 * 256 * 4 * 32
     assert result.iteration_time_s == pytest.approx(256 * 3.0 + 31 * 3.0 / 4)
     assert elapsed_s < 5.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(pipelines())
+def test_waiting_for_sends_is_never_faster(case: dict) -> None:
+    """Megatron's waits for its own sends (wait_for_sends) only add to the non-blocking schedule: never faster,
+    and equal without sends; dependencies still hold."""
+    kw = dict(p2p_s=case["p2p_s"], schedule=case["schedule"], vpp=case["vpp"])
+    free = simulate_pipeline(case["forward_s"], case["backward_s"], case["num_microbatches"], **kw)
+    waits = simulate_pipeline(case["forward_s"], case["backward_s"], case["num_microbatches"], wait_for_sends=True,
+                              **kw)
+    check_dependencies(waits, case["p2p_s"])
+    assert waits.iteration_time_s >= free.iteration_time_s - 1e-9
+    if not any(case["p2p_s"]):
+        assert waits.iteration_time_s == pytest.approx(free.iteration_time_s)

@@ -11,12 +11,17 @@ import time
 import matplotlib.axes
 import pytest
 
+from helpers.cases import reduced_cost_model
 from helpers.cli import run
+from planner.megatron import rules
 from planner.errors import SearchTimeLimitError
 from planner.inputs.cluster import parse_cluster
 from planner.output import plots
 from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Plan, StagePlan
+from planner.search.prices import PriceBook
+from planner.search.space import SearchSpace, batch_dps
+from planner.search.tables import TableBuilder
 from planner.time_budget import Budget, reading_within
 from tools.fuzz.inputs import SCRIPT, TINY_MODEL
 from tools.fuzz.mutations import to_yaml
@@ -110,3 +115,39 @@ def test_the_timer_is_not_lost_in_a_finalizer(capsys):
                 _busy(3000)
     assert time.perf_counter() - start < 10
     assert "Exception ignored" not in capsys.readouterr().err
+
+
+# ---- issue 33: the limit covers building the space and writing, at any size ----------------------------
+
+
+@pytest.mark.parametrize("gbs", [1, 12, 1024, 1 << 24, 2 * 3 * 5 * 7 * 11 * 13])
+def test_the_dps_a_batch_allows_are_the_divisors_the_rule_gives(gbs):
+    """The space tried every DP up to the cluster's size (100,000 H800: 100,000 per shape; `solve --time-limit 8`
+    took 19.2 s); now only the divisors of GBS/mbs, the same set as the rule (brute force for small limits)."""
+    for mbs in (1, 2, 3):
+        for max_dp in (1, 7, 100, 4096):
+            assert batch_dps(gbs, mbs, max_dp) == [dp for dp in range(1, max_dp + 1) if rules.batch_ok(gbs, mbs, dp)]
+    assert len(batch_dps(1 << 24, 1, 131072)) == 18  # 2^0 .. 2^17
+
+
+def test_building_the_space_past_the_deadline_is_the_time_limit():
+    cost = reduced_cost_model("mixtral-s", 8, "H800:64", 256)
+    with pytest.raises(SearchTimeLimitError, match="building the search space"):
+        PriceBook(cost, SearchSpace(), TableBuilder(cost), deadline=time.perf_counter() - 1)
+
+
+def test_the_timeline_of_millions_of_microbatches_shows_the_first_ones(tmp_path):
+    """GBS 2^24 with --out took 11 s to over 60 s: the timeline simulated and wrote every one of 2,097,152
+    micro-batches.  It simulates at most TIMELINE_MAX_MICROBATCHES (a multiple of PP) and says so."""
+    cost_model = reduced_cost_model("mixtral-s", 8, "H800:16", 1 << 24)
+    plan = Plan(tp=2, ep=8, gbs=1 << 24, stages=(StagePlan(device_type="H800", num_layers=3, dp=4),
+                                                StagePlan(device_type="H800", num_layers=5, dp=4)))
+    cost = cost_model.evaluate(plan)
+    assert cost.num_microbatches == (1 << 24) // 4
+    images, notes = plots.write_plots(tmp_path, plan, cost, cost_model.cluster, title="t", time_left=lambda: 0.0)
+    tl = json.loads((tmp_path / "timeline.json").read_text())
+    assert tl["num_microbatches"] == cost.num_microbatches and tl["simulated_microbatches"] == 1024
+    assert len(tl["events"]) == 1024 * 2 * 2  # forward and backward of each micro-batch on each of 2 stages
+    assert any(f"the first 1024 of {cost.num_microbatches} micro-batches" in n for n in notes)
+    small = plan.model_copy(update={"gbs": 64})
+    assert plots.timeline_data(small, cost_model.evaluate(small))["simulated_microbatches"] == 16  # all of them

@@ -221,3 +221,108 @@ def test_solve_interrupted_exits_128_plus_the_signal_and_leaves_no_staging(tmp_p
     assert proc.returncode == code, err
     assert "interrupted by" in err and "Traceback" not in err
     assert not out.exists() and no_staging_left(tmp_path)
+
+
+# ---- output where users write (issue 33) --------------------------------------------------------------
+
+
+def manifest_writers(out: Path) -> dict[str, str]:
+    found = survey(out)
+    assert found.ours == set(found.listed), (found.changed, found.listed)  # every listed file verifies
+    return {rel: found.writer_of(rel) for rel in found.listed}
+
+
+def test_emit_into_the_launch_directory_solve_wrote_and_solve_again(tmp_path, tiny):
+    """The README's workflow was refused ("launch.sh belongs to the planner's output ..."): `solve --out P`,
+    `emit --plan P/plan.json --out P/launch --force`; and `emit --out P` then `solve --out P` again was
+    refused ("holds no earlier plan").  Now each works, P's manifest records who wrote what, and a file
+    the user edited is still never overwritten."""
+    plan = tmp_path / "plans" / "tiny"
+    assert run(solve_args(tiny, "--out", str(plan))).exit_code == 0
+    emit = ["emit", "--plan", str(plan / "plan.json"), "--out", str(plan / "launch")]
+    assert "--force" in refused(run(emit), "--out")  # another command's files: --force, as the README writes
+    res = run(emit + ["--force"])
+    assert res.exit_code == 0, res.output
+    assert run(emit).exit_code == 0  # its own output now: no --force needed
+    assert not (plan / "launch" / MANIFEST_NAME).exists() and no_staging_left(plan, plan / "launch")
+    writers = manifest_writers(plan)
+    assert writers["launch/launch.sh"] == "emit --out" and writers["plan.json"] == "solve --out"
+    emit_here = ["emit", "--plan", str(plan / "plan.json"), "--out", str(plan), "--force"]
+    assert run(emit_here).exit_code == 0
+    assert run(emit_here[:-1]).exit_code == 0  # no --force the second time
+    assert run(solve_args(tiny, "--out", str(plan), "--mbs", "2")).exit_code == 0
+    writers = manifest_writers(plan)
+    assert survey(plan).family == "plan" and writers["launch.sh"] == "emit --out"
+    assert writers["launch/launch.sh"] == "solve --out"
+    assert json.loads((plan / "plan.json").read_text())["plan"]["mbs"] == 2
+    (plan / "launch" / "launch.sh").write_text("# my edits\n")
+    for extra in ([], ["--force"]):
+        assert "changed after the planner wrote it" in refused(run(emit + extra), "--out")
+        refused(run(solve_args(tiny, "--out", str(plan), *extra)), "--out")
+    assert (plan / "launch" / "launch.sh").read_text() == "# my edits\n"
+
+
+def other_file_system(tmp_path: Path) -> Path:
+    """An empty directory on another file system than tmp_path (/dev/shm is usually tmpfs)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no writable file system other than the temporary directory's")
+    import tempfile
+    return Path(tempfile.mkdtemp(prefix="hapmoe-test-", dir=shm))
+
+
+def test_out_through_a_link_to_another_file_system(tmp_path, tiny):
+    """`--out` a symbolic link to an empty directory on another file system: "Invalid cross-device link"."""
+    elsewhere = other_file_system(tmp_path)
+    try:
+        (tmp_path / "scratch").symlink_to(elsewhere)
+        out = tmp_path / "scratch"
+        for mbs in ("1", "2"):  # a new output, then the earlier one replaced
+            res = run(solve_args(tiny, "--out", str(out), "--mbs", mbs))
+            assert res.exit_code == 0, res.output
+        assert json.loads((elsewhere / "plan.json").read_text())["plan"]["mbs"] == 2
+        assert manifest_writers(elsewhere)["launch/launch.sh"] == "solve --out"
+        res = run(["emit", "--plan", str(out / "plan.json"), "--out", str(out / "launch"), "--force"])
+        assert res.exit_code == 0, res.output
+        assert no_staging_left(tmp_path, elsewhere, elsewhere / "launch")
+    finally:
+        subprocess.run(["rm", "-rf", str(elsewhere)], check=False)
+
+
+@pytest.fixture
+def mount_point(tmp_path):
+    """An empty tmpfs mounted at tmp_path/mnt (root only; skipped elsewhere)."""
+    where = tmp_path / "mnt"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "hapmoe-test", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_out_at_a_mount_point_and_a_mount_point_inside_an_earlier_output(tmp_path, tiny, mount_point):
+    """An empty mount point as --out (refused with "Invalid cross-device link"); and an earlier output whose
+    launch/ is a mount point, replaced: files cross file systems by a copy beside each one, then a rename."""
+    plan = tmp_path / "p"
+    assert run(solve_args(tiny, "--out", str(mount_point))).exit_code == 0
+    assert manifest_writers(mount_point)["plan.json"] == "solve --out"
+    assert run(solve_args(tiny, "--out", str(plan))).exit_code == 0
+    inner, shelf = plan / "launch", mount_point / "shelf"
+    shelf.mkdir()
+    for p in inner.iterdir():  # the same files, now on another file system
+        (shelf / p.name).write_bytes(p.read_bytes())
+        p.unlink()
+    inner.rmdir()
+    inner.symlink_to(shelf)  # a link is a user's: refused ...
+    assert "launch" in refused(run(solve_args(tiny, "--out", str(plan), "--mbs", "2")), "--out")
+    inner.unlink()
+    inner.mkdir()
+    assert subprocess.run(["mount", "--bind", str(shelf), str(inner)]).returncode == 0
+    try:
+        res = run(solve_args(tiny, "--out", str(plan), "--mbs", "2"))  # ... a mount point is not
+        assert res.exit_code == 0, res.output
+        assert manifest_writers(plan)["launch/launch.sh"] == "solve --out"
+        assert no_staging_left(plan) and not [p for p in inner.iterdir() if p.name.startswith(".hapmoe-")]
+    finally:
+        subprocess.run(["umount", "-l", str(inner)], check=False)

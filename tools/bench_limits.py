@@ -1,4 +1,4 @@
-"""How long the time-limit examples of issue 23 take: `python cli.py solve ...` wall time (the process,
+"""How long the time-limit examples of issues 23 and 33 take: `python cli.py solve ...` wall time (the process,
 imports included) against --time-limit x 1.1 + 1 s.
 
     python tools/bench_limits.py                      # this checkout
@@ -7,7 +7,11 @@ imports included) against --time-limit x 1.1 + 1 s.
 Cases (issue 23, "Limits that do not hold"):
 - qwen3-235b-a22b on 3,072 GPUs (1,024 each of H800, MI300X, 910B), --time-limit 5 --plot (took 21 s);
 - a launcher script with a loop of 900,000 rounds, --time-limit 5 (14-36 s);
-- a loop with a 500-term arithmetic body, --time-limit 10 (over 120 s).
+- a loop with a 500-term arithmetic body, --time-limit 10 (over 120 s);
+issue 33: the limit covers building the search space and writing the output at any size:
+- mixtral-s on 100,000 H800, --time-limit 8 (took 19.2 s; 78 s on a loaded 2-core machine);
+- mixtral-s on 16 H800 with a global batch of 2^24 and --out, --time-limit 30 (the timeline simulated
+  2,097,152 micro-batches: minutes; 11 s to over 60 s with --time-limit 5).
 Each runs --repeats times (default 3) in a fresh process; the median is printed with the machine's load.
 """
 
@@ -42,6 +46,9 @@ def cases(d: Path) -> list[tuple[str, list[str], float]]:
                                            "--quiet"], 5.0),
         ("loop with a 500-term arithmetic body", ["solve", "--megatron-script", str(d / "long.sh"), "--cluster",
                                                   "H800:8", "--quiet"], 10.0),
+        ("mixtral-s on 100,000 H800", ["solve", "--model", "mixtral-s", "--cluster", "H800:100000", "--quiet"], 8.0),
+        ("GBS 2^24 with --out", ["solve", "--model", "mixtral-s", "--cluster", "H800:16", "--gbs", str(1 << 24),
+                                 "--quiet", "--out", str(d / "big-batch")], 30.0),
     ]
 
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from planner.cost.model import CostModel, GlobalShape, PlanCost
+from planner.cost.model import CostModel, GlobalShape, PlanCost, type_offsets
 from planner.megatron.rules import check_plan, tp_allowed
 from planner.runtime import runtime_of
 from planner.schemas.cluster import ClusterSpec, NodeGroup
@@ -236,6 +236,7 @@ def min_bottleneck_split(cost: CostModel, plan: Plan) -> list[int] | None:
     pp = plan.pp
     g = GlobalShape.of(plan)
     stages = plan.stages
+    offsets = type_offsets([(s.device_type, plan.tp * plan.cp * s.dp) for s in stages])
 
     @lru_cache(maxsize=None)
     def stage_time(i: int, start: int, end: int) -> tuple[float, bool]:
@@ -244,7 +245,7 @@ def min_bottleneck_split(cost: CostModel, plan: Plan) -> list[int] | None:
         sc = cost.stage(g, index=i, device_type=stages[i].device_type, start=start, end=end, dp=stages[i].dp,
                         recompute=stages[i].recompute, prev_type=prev_t, next_type=next_t,
                         prev_dp=stages[i - 1].dp if i > 0 else None,
-                        next_dp=stages[i + 1].dp if i + 1 < pp else None)
+                        next_dp=stages[i + 1].dp if i + 1 < pp else None, offset_gpus=offsets[i])
         return sc.time_s, sc.fits
 
     def feasible(cap_s: float) -> list[int] | None:

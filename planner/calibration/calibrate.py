@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 
@@ -34,14 +34,16 @@ from planner.calibration.router_stats import RouterStats, load_router_stats
 from planner.cli_common import json_text
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
+from planner.cost.ranges import EVIDENCE_MIN_SHARE, RangeModel
 from planner.errors import PlannerInputError
-from planner.inputs.files import load_document, path_kind
+from planner.inputs.files import load_document, path_kind, read_text
 from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
 from planner.profile_tables import (
     CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, TIME_FACTOR_RANGE, ProfileSet,
 )
 from planner.sanity import check_prediction
 from planner.schemas.device import Provenance
+from planner.uncertainty import EVIDENCE_YAML, Region, cell_of, cells_of_docs, user_region
 from planner.units import GIB_BYTES
 
 TIME_KINDS = TIME_CORRECTION_KINDS
@@ -130,8 +132,9 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
     per_rank_time: dict[int, float] = {}
     peaks: dict[int, float] = {}
     for f in files:
+        text = read_text(f, "--instrument-dir", max_bytes=64 << 20)
         try:
-            data = json.loads(f.read_text(encoding="utf-8"))
+            data = json.loads(text)
             rank = int(data["rank"])
             times = [float(r["time_s"]) for r in data["iterations"]]
             peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
@@ -186,6 +189,14 @@ def read_router_stats(router_stats: str | Path | None, instrument_dir: str | Pat
 class CalibrationResult:
     corrections: list[dict[str, Any]]
     report: dict[str, Any]
+    evidence: list[dict[str, Any]] = field(default_factory=list)  # cells of the measured run(s), evidence.yaml
+
+
+def evidence_cells(run: Any, cluster: Any, plan: Any, profiles: Any, run_id: str) -> list[dict[str, Any]]:
+    """The conditions a measured run puts each mechanism in (those carrying at least EVIDENCE_MIN_SHARE of its
+    time), as evidence.yaml cells: what `--profiles DIR` then counts as measured (planner/uncertainty.py)."""
+    rm = RangeModel(run.model, run.training, cluster, profiles)
+    return [cell_of(c, run_id).to_doc() for c, share in rm.shares(plan).items() if share >= EVIDENCE_MIN_SHARE]
 
 
 def stage_of_rank(rank: int, ranks_per_stage: int, num_stages: int) -> int | None:
@@ -230,7 +241,9 @@ def calibrate(
     stage_rows, device_factors = _device_factors(measurement, before, ranks_per_stage, canonical)  # 1.
     global_factor = _global_factor(measurement, run, cluster, profiles, device_factors, imbalance)  # 2.
     _check_factors(measurement, device_factors, global_factor)
-    _, after = _evaluate(run, cluster, _overlay(profiles, device_factors, global_factor, imbalance))
+    fitted = _overlay(profiles, device_factors, global_factor, imbalance)
+    _check_within_peak(measurement, fitted, canonical.values())
+    _, after = _evaluate(run, cluster, fitted)
     mem_diff = _memory_differences(measurement, before, stage_rows, ranks_per_stage, canonical)  # 3.
     corrections = _corrections(measurement, run, cluster, profiles, [canonical[d] for d in devices], device_factors,
                                global_factor, mem_diff)
@@ -243,7 +256,8 @@ def calibrate(
                                                      "(iteration, layer) samples"}})
     fitted = {"device_factors": device_factors, "global_factor": global_factor, "moe_imbalance_factor": imbalance}
     report = _report(measurement, run, before, after, stage_rows, mem_diff, fitted)
-    return CalibrationResult(corrections=corrections, report=report)
+    evidence = evidence_cells(run, cluster, plan, profiles, f"{measurement.source} ({measurement.date})")
+    return CalibrationResult(corrections=corrections, report=report, evidence=evidence)
 
 
 def _stage_ranks(per_rank: dict[int, float], stage: int, ranks_per_stage: int, num_stages: int) -> list[int]:
@@ -378,6 +392,18 @@ def _check_factors(measurement: Measurement, device_factors: dict[str, float], g
             )
 
 
+def _check_within_peak(measurement: Measurement, fitted: ProfileSet, devices: Iterable[str]) -> None:
+    """Refuse corrections that make a kernel of the run's devices faster than its peak
+    (ProfileSet.faster_than_peak): `estimate --profiles` would refuse them."""
+    faster = fitted.faster_than_peak(devices)
+    if faster:
+        raise PlannerInputError(
+            "--megatron-log", f"{measurement.source}: fitting the measured times would make {faster[0]}, which no "
+                              "kernel does: the log claims an impossible speed, or does not come from the run the "
+                              "flags and --cluster describe (model, sequence, batch, parallel flags); nothing was "
+                              "written")
+
+
 def _check_ratio(measurement: Measurement, before: Any) -> None:
     """A measured iteration time beyond 10x the prediction either way is no cost-model error (the
     shipped calibration is within tens of percent of published runs): the log is of another run."""
@@ -429,9 +455,10 @@ def loader_accepts(kind: str) -> bool:
 
 def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: bool = False,
                       inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write DIR/corrections.yaml (entries of other devices already there are kept),
-    DIR/calibration_report.json.  An entry kind the loader does not accept yet (the imbalance
-    factor) goes to DIR/moe_imbalance.yaml instead, so `--profiles DIR` keeps loading."""
+    """Write DIR/corrections.yaml (entries of other devices already there are kept), DIR/evidence.yaml (the
+    measured conditions, added to those already there) and DIR/calibration_report.json.  An entry kind the
+    loader does not accept yet (the imbalance factor) goes to DIR/moe_imbalance.yaml instead, so
+    `--profiles DIR` keeps loading."""
     out = Path(out_dir)
     path = out / "corrections.yaml"
     keep: list[dict[str, Any]] = []
@@ -453,6 +480,14 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: 
             "# Entries the profile loader does not accept yet; pass the factor as\n"
             "# --moe-imbalance-factor / training.moe_imbalance_factor meanwhile.\n"
             + yaml.safe_dump(held, sort_keys=False, width=120))
+    if result.evidence:
+        have = out / EVIDENCE_YAML
+        cells = list(user_region([str(have)]).cells) if path_kind(have, "--out") == "file" else []
+        cells += cells_of_docs(result.evidence)
+        files[EVIDENCE_YAML] = ("# Conditions measured on this cluster, written by `cli.py calibrate` "
+                                "(planner/uncertainty.py reads it from --profiles DIR).\n"
+                                + yaml.safe_dump({"cells": [c.to_doc() for c in Region.of(cells).cells]},
+                                                 sort_keys=False, width=120))
     files["calibration_report.json"] = json_text(result.report)
     return write_files(out, files, "--out", CALIBRATE_OUTPUT, force=force, inputs=inputs)
 

@@ -27,17 +27,18 @@ where each starts.  Every statistic takes `run=` (an index into `runs`; None: th
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import numpy as np
 
 from planner.errors import PlannerInputError
-from planner.inputs.files import path_kind
+from planner.inputs.files import open_regular
 
 _TIMESTAMP_RE = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?\]\s*")
 _ITER_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
@@ -604,12 +605,12 @@ def parse_megatron_log_text(text: str, source: str = "<text>") -> ParsedLog:
 READ_BYTES = 1 << 20
 
 
-def _file_lines(path: Path) -> Iterator[str]:
+def _file_lines(fh: BinaryIO) -> Iterator[str]:
     """The file's lines, decoded (undecodable bytes replaced), each cut at MAX_LINE_BYTES, split as
     str.splitlines does (a carriage return ends a line too); read 1 MiB at a time."""
     tail = b""
     skipping = False  # inside an over-long line, after its first MAX_LINE_BYTES
-    with open(path, "rb") as fh:
+    with fh:
         while chunk := fh.read(READ_BYTES):
             parts = (tail + chunk).split(b"\n")
             tail = parts.pop()
@@ -629,13 +630,12 @@ def _file_lines(path: Path) -> Iterator[str]:
 def parse_megatron_log(path: str | Path) -> ParsedLog:
     """Read and parse a log file, streaming (see the module docstring)."""
     p = Path(path)
-    kind = path_kind(p, "--megatron-log")
-    if kind != "file":
-        raise PlannerInputError("--megatron-log", f"no such file: {p}" if kind == "missing" else f"{p} is not a file")
-    if p.stat().st_size > MAX_LOG_BYTES:
+    fh = open_regular(p, "--megatron-log")
+    if os.fstat(fh.fileno()).st_size > MAX_LOG_BYTES:
+        fh.close()
         raise PlannerInputError("--megatron-log", f"{p} is larger than {MAX_LOG_BYTES >> 30} GiB; give the part of "
                                                   "the log with the steady iterations")
     try:
-        return _feed_all(ParsedLog(source=p.name), _file_lines(p))
+        return _feed_all(ParsedLog(source=p.name), _file_lines(fh))
     except OSError as exc:
         raise PlannerInputError("--megatron-log", f"cannot read {p}: {exc.strerror or exc}") from None

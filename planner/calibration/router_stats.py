@@ -12,13 +12,15 @@ The factor the cost model uses is the mean of that ratio over layers (and iterat
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlannerInputError
-from planner.inputs.files import path_kind
+from planner.inputs.files import open_regular, path_kind
 
 REQUIRED_COLUMNS = ("layer", "expert", "tokens")
 
@@ -63,7 +65,7 @@ def _read_rows(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_
 
 
 def _read_csv(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_experts: int | None) -> None:
-    with path.open(newline="", encoding="utf-8") as fh:
+    with io.TextIOWrapper(open_regular(path, "--router-stats"), encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh)
         columns = [c.strip() for c in (reader.fieldnames or [])]
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -96,6 +98,8 @@ def _read_csv(path: Path, counts: dict[tuple[int, int], dict[int, float]], num_e
                 )
             per_expert = counts.setdefault((iteration, layer), {})
             per_expert[expert] = per_expert.get(expert, 0.0) + tokens
+            if not math.isfinite(per_expert[expert]):
+                raise _overflow(f"{path.name} line {line_no}", f"expert {expert} of layer {layer}")
     if num_experts is not None:
         for per_expert in counts.values():
             for e in range(num_experts):
@@ -114,10 +118,18 @@ def load_router_stats(path: str | Path, num_experts: int | None = None) -> Route
             raise PlannerInputError("--router-stats", f"{p}: no router_stats_rank*.csv files")
         for f in files:
             _read_rows(f, counts, num_experts)
-    elif kind == "file":
-        _read_rows(p, counts, num_experts)
-    else:
+    elif kind == "missing":
         raise PlannerInputError("--router-stats", f"no such file or directory: {p}")
+    else:
+        _read_rows(p, counts, num_experts)
     if not counts:
         raise PlannerInputError("--router-stats", f"{p}: no rows")
+    for (_iteration, layer), per_expert in counts.items():
+        if not math.isfinite(sum(per_expert.values())):
+            raise _overflow(p.name, f"the experts of layer {layer}")
     return RouterStats(counts=counts, source=p.name)
+
+
+def _overflow(where: str, what: str) -> PlannerInputError:
+    return PlannerInputError("--router-stats", f"{where}: the tokens routed to {what} add up to more than a number "
+                                               f"holds ({sys.float_info.max:.3g}); these are not token counts")

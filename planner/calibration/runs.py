@@ -1,8 +1,8 @@
 """The published measured runs: loading, parsing into planner inputs, and pricing.
 
 `load_runs()` reads the shipped table (planner/calibration/published/measured_runs.csv) and, when they are
-there, `../shared/calibration/measured_runs.csv` and `measured_runs_new.csv` beside the repository (rows there
-replace shipped rows with the same id; new ids are appended).  `cases()` turns each row into a
+there, `../shared/calibration/measured_runs.csv`, `measured_runs_new.csv` and `measured_runs_routing.csv` beside
+the repository (rows there replace shipped rows with the same id; new ids are appended).  `cases()` turns each row into a
 `CalibrationCase`: the parsed `MegatronRun`, the cluster, the plan Megatron runs for those flags, the
 measurement, and the row's source key (`source_key`: rows of one publication and software stack share one,
 so that validation can leave a whole source out).
@@ -32,6 +32,8 @@ SHARED_RUNS_CSV = SHARED_DIR / "measured_runs.csv"
 """../shared/calibration/measured_runs.csv next to the repository root (read when present)."""
 SHARED_NEW_RUNS_CSV = SHARED_DIR / "measured_runs_new.csv"
 """../shared/calibration/measured_runs_new.csv (read when present, after measured_runs.csv)."""
+SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
+"""../shared/calibration/measured_runs_routing.csv: real-routing runs (read when present, last)."""
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
     ("NVIDIA/skills", "nvidia-skills-megatron-bridge"),
@@ -79,10 +81,11 @@ def source_key(row: dict[str, str]) -> str:
 
 
 def load_runs(*, shared: Path | None = SHARED_RUNS_CSV, shipped: Path = SHIPPED_RUNS_CSV,
-              shared_new: Path | None = SHARED_NEW_RUNS_CSV) -> list[dict[str, str]]:
+              shared_new: Path | None = SHARED_NEW_RUNS_CSV,
+              shared_routing: Path | None = SHARED_ROUTING_RUNS_CSV) -> list[dict[str, str]]:
     """Every measured run, shipped rows first (in file order), each carrying `origin` (the file it came from)."""
     rows: dict[str, dict[str, str]] = {}
-    for path in (shipped, shared, shared_new):
+    for path in (shipped, shared, shared_new, shared_routing):
         if path is None or not path.is_file():
             continue
         for row in _read_csv(path):

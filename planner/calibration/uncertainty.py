@@ -1,109 +1,244 @@
-"""Derive profiles/uncertainty.yaml from the calibration set: the memory headroom and the per-mechanism time
-uncertainties (what planner/uncertainty.py loads and planner/cost/ranges.py applies).
+"""Derive profiles/uncertainty.yaml from the calibration set: the memory headroom, the per-mechanism time
+uncertainties, the extrapolation factor and the evidence region (what planner/uncertainty.py loads and
+planner/cost/ranges.py applies), and measure how often the range holds held-out measurements.
 
 Memory headroom.  Over the measured peaks of torch-allocated memory (planner/calibration/memory.py), r_i =
 measured / predicted.  A plan is accepted when its prediction is at most (1 - h) of the device's memory; the run
 then fits if r (1 - h) <= 1.  The default headroom is the smallest whole percent with r_i (1 - h) <= 1 for every
-row: the worst measured under-prediction would still have fitted.  Rows of reserved memory (the allocator's cache,
-a whole run's peak) are reported beside it, not used: the model predicts allocated memory.
+row: the worst measured under-prediction would still have fitted.  The fit check applies it to the reserved peak
+(the allocated one and the allocator's cache, planner/cost/memory.py).  Rows of reserved memory are reported beside
+it, not used: the ones the calibration has are a whole run's peak (checkpoint loading inside it), not an
+iteration's.
 
-Time uncertainty.  Each calibration row gives its held-out relative residual e_i = (predicted - measured) /
-measured (predicted by a fit that did not see the row, or its source) and the share s_ik of its predicted time
-each mechanism family k carries (`planner.cost.ranges.time_shares`).  Per family and side, the share-weighted
-mean of the one-sided residual magnitudes: slow_k = sum_i s_ik max(0, -e_i) / sum_i s_ik (the model too fast:
-runs slower than predicted), fast_k likewise from max(0, e_i).  Both are then scaled by one factor c, the least
-that makes the held-out range of COVERAGE_TARGET of the rows contain their measurement: a row's range is
-[T / (1 + c sum_k fast_k s_ik), T / (1 - c sum_k slow_k s_ik)], the first-order form of what the range model
-computes.  Twelve weighted means and one scale.  (Non-negative least squares of the residuals on the shares was
-tried first: on these rows, most of whose time is GEMMs, it put the whole error on two families at the cap and
-none on the rest.)
+Evidence region.  Every calibration row, priced as its own plan, puts each mechanism in some conditions
+(planner/cost/mechanisms.py); the conditions carrying at least EVIDENCE_MIN_SHARE of its time are a cell of the
+region (planner/uncertainty.py `Region`).
+
+Time uncertainty.  Each row i gives its held-out relative residual e_i = (predicted - measured) / measured
+(predicted by a fit that did not see the row's source: leave-one-source-out) and the share s_ic of its time
+each conditions c carries (`RangeModel.shares`).  Each conditions of a held-out row is *in* the region when the
+rows of the other sources cover it, else *out*: exactly what a plan from a new source meets.  Per mechanism k,
+the share-weighted root mean square residual over its conditions that were in: u_k = sqrt(sum s_ic e_i^2 /
+sum s_ic), one figure for both sides (a one-sided mean per side was tried first: on 41 rows it left some
+mechanisms with no width on one side, and the held-out rows then fell outside on that side).  Then two
+scalars, each the least that makes the range hold COVERAGE_TARGET of its rows: the scale c of every
+mechanism's figure, on the rows with no conditions out; and the extrapolation factor X (at most
+MAX_EXTRAPOLATION) on the figure of conditions out, on the rows that have some (the rows `estimate` would
+call extrapolated).  A row's range is [T / (1 + u), T / (1 - u)] with u = sum_c s_ic c u_k(c) (times X when c
+is out), the first-order form of what the range model computes.
+
+Held-out coverage (`held_out_coverage`).  The figures above are fitted on the rows they are judged on; the honest
+test leaves each source out of everything: the corrections (leave-one-source-out), the uncertainties, the
+extrapolation factor and the region are refitted on the other sources, and the source's rows are priced by the
+range model itself with them.  How often the range holds the measurement, and its median half-width, per source
+and overall, are what the report prints and what the README quotes.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
-import numpy as np
 import yaml
 
+from planner.calibration.fit import Fit, apply_factors
 from planner.calibration.memory import MemoryRow
 from planner.calibration.runs import CalibrationCase
-from planner.cost.ranges import MAX_UNCERTAINTY, MECHANISMS, time_shares
-from planner.uncertainty import UNCERTAINTY_YAML, Uncertainty
+from planner.cost.mechanisms import MECHANISMS, Conditions
+from planner.cost.ranges import EVIDENCE_MIN_SHARE, MAX_UNCERTAINTY, UNMEASURED_MIN_SHARE, RangeModel
+from planner.uncertainty import UNCERTAINTY_YAML, Region, Uncertainty, cell_of
 
 COVERAGE_TARGET = 0.8
 """The fraction of held-out calibration rows whose measured time the range must contain."""
+MAX_EXTRAPOLATION = 3.0
+"""The extrapolation factor is at most this: an unmeasured mechanism's uncertainty is at most 3x a measured one's.
+On the calibration set the fit reaches it (rows from a new stack miss by more than their unmeasured share
+explains), and a larger factor only widens the fully unmeasured plans (V100, 910B) without covering those."""
+_GRID = tuple(0.05 * 1.02 ** i for i in range(400))  # candidate scales, 0.05 .. ~140, 2% apart
 
 
 @dataclass(frozen=True)
-class HeldOutResidual:
-    """One calibration row for the uncertainty fit: its source (publication), its held-out relative residual
-    (predicted - measured) / measured of the seconds per iteration, and its predicted time's share per
-    mechanism family."""
+class HeldOutRow:
+    """One calibration row for the uncertainty fit: its source, measured and held-out predicted seconds per
+    iteration, and the share of its time each conditions carries."""
 
     id: str
     source: str
-    relative_residual: float
-    shares: dict[str, float]
+    measured_s: float
+    held_out_s: float
+    shares: dict[Conditions, float]
+
+    @property
+    def residual(self) -> float:
+        """(predicted - measured) / measured of the held-out prediction (negative: predicted too fast)."""
+        return self.held_out_s / self.measured_s - 1.0
 
 
-def held_out_residuals(cases: list[CalibrationCase], profiles, held_out_s: dict[str, float]) -> list[HeldOutResidual]:
+def held_out_rows(cases: list[CalibrationCase], profiles, held_out_s: dict[str, float]) -> list[HeldOutRow]:
     """The rows of the fit: `held_out_s` maps a row id to its predicted seconds per iteration from a fit that did
-    not see it (leave-one-out today; leave-one-source-out where the calibration provides it)."""
+    not see it (leave-one-source-out, or leave-one-out); the shares are priced with `profiles`."""
     out = []
     for c in cases:
         if c.id not in held_out_s:
             continue
-        measured = c.seconds_per_iteration()
-        shares = time_shares(c.run.model, c.run.training, c.cluster, profiles, c.plan)
-        out.append(HeldOutResidual(c.id, c.source, held_out_s[c.id] / measured - 1.0, shares))
+        rm = RangeModel(c.run.model, c.run.training, c.cluster, profiles, uncertainty=Uncertainty())
+        out.append(HeldOutRow(c.id, c.source_key, c.seconds_per_iteration(), held_out_s[c.id], rm.shares(c.plan)))
     return out
+
+
+def region_of(rows: list[HeldOutRow]) -> Region:
+    """The cells the rows measured: each row's conditions that carry at least EVIDENCE_MIN_SHARE of its time."""
+    return Region.of(cell_of(c, r.id) for r in rows for c, s in r.shares.items() if s >= EVIDENCE_MIN_SHARE)
+
+
+def outside(rows: list[HeldOutRow]) -> dict[str, frozenset[Conditions]]:
+    """Per row, its conditions the rows of the other sources do not cover."""
+    regions = {src: region_of([r for r in rows if r.source != src]) for src in {r.source for r in rows}}
+    return {r.id: frozenset(c for c in r.shares if not regions[r.source].covers(c)) for r in rows}
 
 
 @dataclass(frozen=True)
 class MechanismFit:
-    slow: dict[str, float]
-    fast: dict[str, float]
+    spread: dict[str, float]  # per mechanism, before the scale
     scale: float
-    coverage: float
+    extrapolation: float
+    coverage: float  # of the rows it was fitted on, first-order
     rows: int
+    extrapolated_rows: int
 
     def mechanisms(self) -> dict[str, float]:
-        out = {}
-        for family in MECHANISMS:
-            out[f"{family}.slow"] = round(min(MAX_UNCERTAINTY, self.scale * self.slow[family]), 4)
-            out[f"{family}.fast"] = round(min(MAX_UNCERTAINTY, self.scale * self.fast[family]), 4)
-        return out
+        return {m.name: round(min(MAX_UNCERTAINTY, self.scale * self.spread[m.name]), 4) for m in MECHANISMS}
+
+    def uncertainty(self, region: Region) -> Uncertainty:
+        """These figures as the range model reads them (with `region`)."""
+        return Uncertainty(mechanisms=self.mechanisms(), extrapolation=self.extrapolation, region=region,
+                           method="in-memory fit", source="planner.calibration.uncertainty")
 
 
-def _covered(r: HeldOutResidual, slow: dict[str, float], fast: dict[str, float], c: float) -> bool:
-    up = min(MAX_UNCERTAINTY, c * sum(slow[k] * r.shares.get(k, 0.0) for k in MECHANISMS))
-    down = c * sum(fast[k] * r.shares.get(k, 0.0) for k in MECHANISMS)
-    ratio = 1.0 / (1.0 + r.relative_residual)  # measured over predicted
-    return 1.0 / (1.0 + down) - 1e-12 <= ratio <= 1.0 / (1.0 - up) + 1e-12
+def _half(r: HeldOutRow, out: frozenset, spread: dict, c: float, x: float) -> float:
+    """The row's first-order relative uncertainty (see the module docstring)."""
+    total = sum(s * min(MAX_UNCERTAINTY, c * (x if cond in out else 1.0) * spread[cond.mechanism])
+                for cond, s in r.shares.items())
+    return min(MAX_UNCERTAINTY, total)
 
 
-def _weighted_mean(residuals: list[HeldOutResidual], family: str, values: np.ndarray) -> float:
-    w = np.array([r.shares.get(family, 0.0) for r in residuals])
-    return float(w @ values / w.sum()) if w.sum() > 0 else 0.0
+def _covered(r: HeldOutRow, out: frozenset, spread: dict, c: float, x: float) -> bool:
+    u = _half(r, out, spread, c, x)
+    ratio = 1.0 / (1.0 + r.residual)  # measured over predicted
+    return 1.0 / (1.0 + u) - 1e-12 <= ratio <= 1.0 / (1.0 - u) + 1e-12
 
 
-def fit_mechanisms(residuals: list[HeldOutResidual]) -> MechanismFit:
-    """Per family and side, the share-weighted mean of the one-sided held-out residuals, then the coverage
-    scale (see the module docstring)."""
-    e = np.array([r.relative_residual for r in residuals])
-    slow = {k: _weighted_mean(residuals, k, np.maximum(0.0, -e)) for k in MECHANISMS}
-    fast = {k: _weighted_mean(residuals, k, np.maximum(0.0, e)) for k in MECHANISMS}
-    scale = 1.0
-    for _ in range(200):
-        cov = sum(_covered(r, slow, fast, scale) for r in residuals) / max(1, len(residuals))
-        if cov >= COVERAGE_TARGET:
-            break
-        scale *= 1.05
-    cov = sum(_covered(r, slow, fast, scale) for r in residuals) / max(1, len(residuals))
-    return MechanismFit(slow=slow, fast=fast, scale=scale, coverage=cov, rows=len(residuals))
+def _least(grid, covered_share) -> float:
+    """The first value of `grid` at which the covered share reaches COVERAGE_TARGET (else the last)."""
+    for v in grid:
+        if covered_share(v) >= COVERAGE_TARGET:
+            return v
+    return grid[-1]
+
+
+def _weighted_rms(rows: list[HeldOutRow], out: dict, mechanism: str) -> float:
+    """The share-weighted root mean square held-out residual of `mechanism` over its conditions in the region
+    (over all of them when none is)."""
+    def rms(inside_only: bool) -> float | None:
+        num = den = 0.0
+        for r in rows:
+            for cond, s in r.shares.items():
+                if cond.mechanism == mechanism and not (inside_only and cond in out[r.id]):
+                    num += s * r.residual ** 2
+                    den += s
+        return math.sqrt(num / den) if den > 0 else None
+
+    value = rms(True)
+    return value if value is not None else (rms(False) or 0.0)
+
+
+def fit_mechanisms(rows: list[HeldOutRow]) -> MechanismFit:
+    """Per mechanism the weighted held-out residual, then the scale and the extrapolation factor (see the
+    module docstring)."""
+    out = outside(rows)
+    spread = {m.name: _weighted_rms(rows, out, m.name) for m in MECHANISMS}
+    extrapolated = [r for r in rows if any(r.shares[c] >= UNMEASURED_MIN_SHARE for c in out[r.id])]
+    measured = [r for r in rows if r not in extrapolated]
+
+    def share(group: list[HeldOutRow], c: float, x: float) -> float:
+        return sum(_covered(r, out[r.id], spread, c, x) for r in group) / len(group) if group else 1.0
+
+    scale = _least(_GRID, lambda c: share(measured or rows, c, 1.0))
+    grid_x = [1.0] + [x for x in _GRID if 1.0 < x <= MAX_EXTRAPOLATION] + [MAX_EXTRAPOLATION]
+    x = _least(grid_x, lambda x: share(extrapolated, scale, x)) if extrapolated else 1.0
+    return MechanismFit(spread=spread, scale=scale, extrapolation=round(x, 3), coverage=share(rows, scale, x),
+                        rows=len(rows), extrapolated_rows=len(extrapolated))
+
+
+# ------------------------------------------------------------------------------------------------
+# held-out coverage of the range model itself
+
+
+@dataclass(frozen=True)
+class RangeCheck:
+    """One row priced with everything refitted without its source: does the range hold the measurement?"""
+
+    id: str
+    source: str
+    measured_s: float
+    low_s: float
+    nominal_s: float
+    high_s: float
+    extrapolated: bool
+
+    @property
+    def covered(self) -> bool:
+        return self.low_s <= self.measured_s <= self.high_s
+
+    @property
+    def half_width(self) -> float:
+        return (self.high_s - self.low_s) / 2 / self.nominal_s
+
+
+@dataclass
+class Coverage:
+    checks: list[RangeCheck] = field(default_factory=list)
+
+    @staticmethod
+    def _stats(checks: list[RangeCheck]) -> dict:
+        if not checks:
+            return {"rows": 0, "covered": 0, "coverage": None, "median_half_width": None}
+        return {"rows": len(checks), "covered": sum(c.covered for c in checks),
+                "coverage": sum(c.covered for c in checks) / len(checks),
+                "median_half_width": statistics.median(c.half_width for c in checks)}
+
+    def summary(self) -> dict:
+        return {"all": self._stats(self.checks),
+                "measured": self._stats([c for c in self.checks if not c.extrapolated]),
+                "extrapolated": self._stats([c for c in self.checks if c.extrapolated]),
+                "by_source": {s: self._stats([c for c in self.checks if c.source == s])
+                              for s in dict.fromkeys(c.source for c in self.checks)}}
+
+
+def held_out_coverage(cases: list[CalibrationCase], rows: list[HeldOutRow], result: Fit,
+                      factors_by_row: dict[str, dict[str, float]]) -> Coverage:
+    """Each source left out of everything (see the module docstring): the corrections its rows were predicted
+    with (`factors_by_row`, from leave-one-source-out), and the uncertainties, extrapolation factor and region
+    fitted on the other sources' rows; each row priced by the range model with them."""
+    by_id = {c.id: c for c in cases}
+    out = Coverage()
+    for src in dict.fromkeys(r.source for r in rows):
+        others = [r for r in rows if r.source != src]
+        unc = fit_mechanisms(others).uncertainty(region_of(others))
+        for r in (r for r in rows if r.source == src):
+            case = by_id[r.id]
+            profiles = apply_factors(result.base, result.params, factors_by_row[r.id])
+            rm = RangeModel(case.run.model, case.run.training, case.cluster, profiles, uncertainty=unc)
+            tr = rm.time_range(case.plan)
+            out.checks.append(RangeCheck(r.id, src, r.measured_s, tr.low_s, tr.nominal_s, tr.high_s,
+                                         tr.evidence.extrapolated if tr.evidence else False))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the file
 
 
 def memory_headroom(rows: list[MemoryRow]) -> tuple[float, str]:
@@ -117,12 +252,14 @@ def memory_headroom(rows: list[MemoryRow]) -> tuple[float, str]:
            f"measured {worst.measured_gib:.2f} GiB against {worst.predicted_gib:.2f} predicted "
            f"({worst.error_pct:+.1f}%)")
     if reserved:
-        src += ("; not used: " + ", ".join(f"{r.id} ({r.error_pct:+.1f}%, reserved memory)" for r in reserved)
-                + ", whose allocator cache the model does not price: raise --memory-headroom to cover it")
+        src += ("; not used: " + ", ".join(f"{r.id} ({r.error_pct:+.1f}% on the reserved peak)" for r in reserved)
+                + ", a whole run's reserved peak (checkpoint loading inside it), not an iteration's: raise "
+                "--memory-headroom to cover such peaks")
     return h, src
 
 
-def uncertainty_yaml(headroom: float, headroom_source: str, fit: MechanismFit, residual_kind: str) -> str:
+def uncertainty_yaml(headroom: float, headroom_source: str, fit: MechanismFit, region: Region,
+                     residual_kind: str) -> str:
     today = _dt.date.today().isoformat()
     header = ("# How far the cost model can be trusted (planner/uncertainty.py loads it).\n"
               "# Written by `python -m planner.calibration.report --write` (planner/calibration/uncertainty.py) on "
@@ -130,31 +267,45 @@ def uncertainty_yaml(headroom: float, headroom_source: str, fit: MechanismFit, r
     doc = {
         "memory": {"headroom": headroom, "provenance": {"kind": "calibrated", "source": headroom_source}},
         "time": {
-            "method": (f"per mechanism family, the mean of the {residual_kind} one-sided relative "
-                       f"residuals of {fit.rows} calibration rows, weighted by each row's time share of the family "
-                       f"(slow: runs slower than predicted; fast: faster), scaled by {fit.scale:.3f} so that the range of "
-                       f"{100 * fit.coverage:.0f}% of the rows contains their measurement (target "
-                       f"{100 * COVERAGE_TARGET:.0f}%); a plan's range divides each family's seconds by (1 - slow) "
-                       f"at the high end and by (1 + fast) at the low end (planner/cost/ranges.py)"),
+            "method": (f"per mechanism, the root mean square of the {residual_kind} relative residuals of "
+                       f"{fit.rows} calibration rows, weighted by each row's time share of the mechanism in "
+                       f"conditions the other sources' rows measured, scaled by {fit.scale:.3f} so that the range "
+                       f"holds {100 * COVERAGE_TARGET:.0f}% of the rows whose conditions were all measured; outside "
+                       f"the measured region a mechanism's figure is multiplied by the extrapolation factor, the "
+                       f"least (at most {MAX_EXTRAPOLATION:g}) that makes the range hold "
+                       f"{100 * COVERAGE_TARGET:.0f}% of the {fit.extrapolated_rows} rows with unmeasured "
+                       f"conditions; a plan's range divides each mechanism's seconds by (1 - u) at the high end "
+                       f"and by (1 + u) at the low end (planner/cost/ranges.py)"),
             "mechanisms": fit.mechanisms(),
+            "extrapolation": fit.extrapolation,
             "provenance": {"kind": "calibrated", "source": f"planner.calibration.uncertainty on {fit.rows} "
                            f"published runs (planner/calibration/published/measured_runs.csv and the shared rows)"},
+        },
+        "evidence": {
+            "method": (f"each calibration row priced as its own plan: its mechanisms' conditions carrying at least "
+                       f"{100 * EVIDENCE_MIN_SHARE:.0f}% of its time (planner/cost/mechanisms.py)"),
+            "cells": [c.to_doc() for c in sorted(region.cells, key=lambda c: (c.mechanism, sorted(c.key)))],
         },
     }
     return header + yaml.safe_dump(doc, sort_keys=False, width=120)
 
 
-def stale(shipped: Uncertainty, headroom: float, fit: MechanismFit) -> list[str]:
+def stale(shipped: Uncertainty, headroom: float, fit: MechanismFit, region: Region) -> list[str]:
     """What differs between the shipped file and a fresh derivation (empty: up to date)."""
     out = []
     if abs(shipped.memory_headroom - headroom) > 1e-9:
         out.append(f"memory.headroom {shipped.memory_headroom} != {headroom}")
-    fresh = fit.mechanisms()
-    for k, v in fresh.items():
+    for k, v in fit.mechanisms().items():
         if abs(shipped.mechanisms.get(k, -1.0) - v) > 0.005:
             out.append(f"time.mechanisms.{k} {shipped.mechanisms.get(k)} != {v}")
+    if abs(shipped.extrapolation - fit.extrapolation) > 0.01 * fit.extrapolation:
+        out.append(f"time.extrapolation {shipped.extrapolation} != {fit.extrapolation}")
+    have = {(c.mechanism, c.key) for c in shipped.region.cells}
+    fresh = {(c.mechanism, c.key) for c in region.cells}
+    if have != fresh:
+        out.append(f"evidence.cells: {len(fresh - have)} missing, {len(have - fresh)} not in a fresh derivation")
     return out
 
 
-__all__ = ["COVERAGE_TARGET", "HeldOutResidual", "MechanismFit", "UNCERTAINTY_YAML", "fit_mechanisms",
-           "held_out_residuals", "memory_headroom", "stale", "uncertainty_yaml"]
+__all__ = ["COVERAGE_TARGET", "Coverage", "HeldOutRow", "MechanismFit", "UNCERTAINTY_YAML", "fit_mechanisms",
+           "held_out_coverage", "held_out_rows", "memory_headroom", "region_of", "stale", "uncertainty_yaml"]

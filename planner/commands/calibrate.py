@@ -10,17 +10,23 @@ from planner.calibration.calibrate import (
 )
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, input_files, note_printer,
+    MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, cluster_options, input_files, note_printer,
 )
+from planner.calibration.trials import render_trial_report, trial_calibration
 from planner.errors import PlannerInputError
+from planner.profile_tables import ProfileSet
 from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 
 
 @click.command("calibrate")
 @click.option("--megatron-log", type=click.Path(dir_okay=False), default=None, help="the run's stdout log")
+@click.option("--trials", "trials_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="the --out directory of a solve that proposed trials, after running them: every trials/<name>/ "
+                   "with a log is read, one multiplier per mechanism is fitted on them jointly (their plans, "
+                   "models and cluster come from their plan.json)")
 @click.option("--instrument-dir", type=click.Path(file_okay=False), default=None,
               help="output of python -m planner.instrument.megatron_wrapper (instead of, or beside, the log)")
-@apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + PARALLEL_OVERRIDES + TRAINING_OVERRIDES)
+@apply_options(MODEL_OPTIONS + cluster_options(required=False) + PARALLEL_OVERRIDES + TRAINING_OVERRIDES)
 @click.option("--router-stats", type=click.Path(), default=None,
               help="CSV layer,expert,tokens[,iteration,rank] or an instrumentation directory")
 @click.option("--skip-iterations", type=click.IntRange(min=0), default=2, show_default=True,
@@ -34,18 +40,29 @@ from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @handle_errors
-def command(megatron_log, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs, router_stats,
-            skip_iterations, log_run, out_dir, force, as_json, **overrides):
+def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs,
+            router_stats, skip_iterations, log_run, out_dir, force, as_json, **overrides):
     """Compare a real run with the cost model and write corrections (provenance calibrated).
 
     \b
     python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
+    python cli.py calibrate --trials plan/ --out calib/     # after running plan/trials/*/launch.sh
     """
     given = input_files(megatron_log, router_stats, model, megatron_script, cluster)
-    check_out_dir(out_dir, "--out", CALIBRATE_OUTPUT, force=force, inputs=given)
+    check_out_dir(out_dir, "--out", CALIBRATE_OUTPUT, force=force, inputs=given + ([trials_dir] if trials_dir else []))
+    if trials_dir is not None:
+        single = {"--megatron-log": megatron_log, "--instrument-dir": instrument_dir, "--model": model,
+                  "--megatron-args": megatron_args, "--megatron-script": megatron_script, "--cluster": cluster,
+                  "--router-stats": router_stats, **{f"--{k}": v for k, v in overrides.items()}}
+        _calibrate_trials(trials_dir, [k for k, v in single.items() if v is not None], profile_dirs, out_dir,
+                          force, as_json)
+        return
     if megatron_log is None and instrument_dir is None:
-        raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir)")
+        raise PlannerInputError("--megatron-log", "give the run's log (or --instrument-dir, or --trials DIR)")
+    if cluster is None:
+        raise PlannerInputError("--cluster", "give the cluster the logged run ran on (TYPE:COUNT[,...], a preset or "
+                                             "a YAML file)")
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides=overrides, on_note=note_printer(),
@@ -63,4 +80,21 @@ def command(megatron_log, instrument_dir, model, megatron_args, megatron_script,
         echo_json({**result.report, "written": [str(p) for p in paths]})
     else:
         click.echo(render_report(result.report))
+        click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _calibrate_trials(trials_dir: str, single: list[str], profile_dirs, out_dir: str, force: bool,
+                      as_json: bool) -> None:
+    """`--trials DIR`: the joint fit on the trials' logs (planner/calibration/trials.py); `single`: the options of
+    the one-log calibration given beside it (refused)."""
+    if single:
+        raise PlannerInputError("--trials", f"reads each trial's plan, model and cluster from its plan.json; drop "
+                                            f"{', '.join(single)}")
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    result, _ = trial_calibration(trials_dir, profiles)
+    paths = write_corrections(result, out_dir, force=force, inputs=[trials_dir])
+    if as_json:
+        echo_json({**result.report, "written": [str(p) for p in paths]})
+    else:
+        click.echo(render_trial_report(result.report))
         click.echo("wrote " + ", ".join(str(p) for p in paths))

@@ -22,12 +22,17 @@ MODEL_OPTIONS = [
 ]
 # `cli.py solve --megatron-script train.sh -- /ckpt /data`: the script's own arguments
 SCRIPT_ARGS = [click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARG...]")]
-CLUSTER_OPTIONS = [
-    click.option("--cluster", required=True, metavar="SPEC",
-                 help="TYPE:COUNT[,TYPE:COUNT...] (e.g. H800:16,MI300X:16,910B:16), a preset name, or a YAML file"),
-    click.option("--profiles", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
-                 help="directory of measured profiles / corrections (overrides shipped ones; repeatable)"),
-]
+def cluster_options(required: bool = True) -> list:
+    """--cluster (required, except where another input names the cluster) and --profiles."""
+    return [
+        click.option("--cluster", required=required, default=None, metavar="SPEC",
+                     help="TYPE:COUNT[,TYPE:COUNT...] (e.g. H800:16,MI300X:16,910B:16), a preset name, or a YAML file"),
+        click.option("--profiles", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
+                     help="directory of measured profiles / corrections (overrides shipped ones; repeatable)"),
+    ]
+
+
+CLUSTER_OPTIONS = cluster_options()
 TRAINING_OVERRIDES = [
     click.option("--mbs", type=click.IntRange(min=1), default=None, help="micro-batch size"),
     click.option("--gbs", type=click.IntRange(min=1), default=None, help="global batch size"),

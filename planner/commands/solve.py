@@ -18,13 +18,14 @@ from planner.commands.options import (
 )
 from planner.errors import PlannerInputError
 from planner.output.plan_dir import write_plan_dir, write_solve_plots
-from planner.output.report import render_solve, solve_json
+from planner.output.report import render_solve, solve_json, trials_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
 from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.search.pruning import Pruning
 from planner.search.settings import SearchSettings
 from planner.time_budget import Budget, reading_within
+from planner.trials import propose_trials
 
 SEARCH_OPTIONS = [
     click.option("--backend", type=click.Choice(["cpsat", "hsdp"]), default="cpsat", show_default=True,
@@ -62,9 +63,10 @@ SEARCH_OPTIONS = [
 @click.command("solve")
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES + SEARCH_OPTIONS + SCRIPT_ARGS)
 @click.option("--out", "out_dir", default=None, metavar="DIR",
-              help="write plan.json, inputs.json, summary.md and the launcher (launch/) here: a new or empty "
-                   "directory, or an earlier plan's (replaced; its manifest says so); files the planner did not "
-                   "write are never overwritten or deleted")
+              help="write plan.json, inputs.json, summary.md, the launcher (launch/) and, when the pick needs "
+                   "them, short trials (trials/<name>/launch.sh) here: a new or empty directory, or an earlier "
+                   "plan's (replaced; its manifest says so); files the planner did not write are never "
+                   "overwritten or deleted")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier plan "
                                             "(beside its files, which are never overwritten or deleted)")
 @click.option("--hosts", "hosts_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
@@ -120,13 +122,14 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     check_hosts(outcome)
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
-    payload = solve_json(outcome, settings, choice.runtime.name, user=user)
+    trials, trials_why = propose_trials(outcome, user)
+    payload = solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)
     written: list[Path] = []
     where = out_dir or plot_dir
     protected = given + launcher_inputs(script)
     if out_dir:
         written = write_plan_dir(Path(out_dir), payload, outcome, user, force=force, inputs=protected,
-                                 time_left=budget.remaining_s)
+                                 time_left=budget.remaining_s, trials=trials)
     elif plot_dir:
         written = write_solve_plots(Path(plot_dir), payload, outcome, user, inputs=protected,
                                     time_left=budget.remaining_s)
@@ -135,4 +138,4 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     if as_json:
         echo_json(payload)
     else:
-        render_solve(payload, wide=wide)
+        render_solve(payload, wide=wide, out_dir=out_dir)

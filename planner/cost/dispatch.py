@@ -14,37 +14,56 @@ moves the same bytes the other way):
   - `flex` (DeepEP / HybridEP): a token goes once per destination *rank* inside a node (NVLink), and once
     per destination *node* across nodes (RDMA), where it is forwarded over NVLink to the ranks that need it
     (DeepEP `get_dispatch_layout`: `is_token_in_rank`; internode kernels send over RDMA to the same-index
-    GPU of each target node).  RDMA and NVLink run concurrently: the time is the slower of the two.
+    GPU of each target node).  RDMA and NVLink run concurrently: the time is the slower of the two.  Each
+    leg runs at the bandwidth its backend reaches on that link kind in published dispatch and combine
+    benchmarks (profiles/published/dispatch.csv, `dispatch_table`), as a fraction of the benchmarked link's
+    rated bandwidth, applied to this cluster's link: DeepEP's and HybridEP's own figures where published
+    for the device, else another GPU-initiated EP kernel's on the same link kind, else the link's
+    all-to-all curve.
   - `allgather` (MoEAllGatherTokenDispatcher): all-gather of every token over the TPxEP group, then a
     reduce-scatter back; each rank keeps the tokens of its experts.
 * **ETP**: with expert tensor parallelism the received tokens are all-gathered over the ETP group before
   the expert FFN and reduce-scattered after it.
 
 Imbalance (`Routing`): the busiest EP rank computes and receives `imbalance` x the mean.  Forced balancing
-gives 1; a capacity factor c with `--moe-pad-expert-input-to-capacity` gives exactly c (every expert
-computes its full capacity); dropless routing (aux-loss and similar) gives the calibrated
-`moe_imbalance_factor` (profiles/corrections.yaml, fitted on the dropless published runs), capped by c
-when a capacity factor drops the excess.
+(`--moe-router-force-load-balancing`) gives 1; a capacity factor c with `--moe-pad-expert-input-to-capacity`
+gives exactly c (every expert computes its full capacity); `--moe-imbalance` (or a measured max/mean from
+`calibrate --router-stats`) gives its value.  Otherwise the router really routes, and the imbalance follows from
+its settings (`Routing.imbalance`): tokens per expert spread log-normally around the mean (per-rank token counts
+of DeepSeek-V3's routing fit a log-normal best: DeepEP PR #393), with a spread (standard deviation over mean) of
+EXPERT_LOAD_CV at the reference auxiliary-loss coefficient (a published load-balancing loss), scaled by the
+balancing pull of the run's coefficient (or expert bias), plus the sampling noise of the tokens per expert in one micro-batch
+(Poisson: 1/sqrt(tokens)); a capacity factor clips every expert at c x the mean (the excess is dropped); an EP
+rank holds E/EP experts, and the busiest of EP ranks lies the expected maximum of EP standard normals above the
+mean of their sums.  So the imbalance grows with EP size, falls with more experts per rank and longer sequences,
+and stops at the capacity factor.
 """
 
 from __future__ import annotations
 
+import csv
+import math
+import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cost.communication import GroupLinks, LinkChoice, collective_s, link_bandwidth_share
 from planner.cost.curves import interpolate_efficiency
 from planner.cost.kernels import Kernels
+from planner.profile_tables import PROFILES_DIR
+from planner.schemas.device import LinkProfile
 from planner.schemas.model import ModelSpec
 from planner.units import GB_BYTES, US_S
 
-DROPLESS_IMBALANCE_DEFAULT = 1.1
-"""Busiest EP rank over the mean under dropless routing with an auxiliary loss of coefficient
-`AUX_LOSS_REFERENCE`, before calibration (assumption; the shipped value is fitted on the dropless published
-runs: planner/calibration/fit.py, correction kind `moe_imbalance_factor`)."""
+EXPERT_LOAD_CV = math.sqrt(1.87 - 1.0)
+"""Spread of tokens per expert (standard deviation over mean) under real routing with an auxiliary loss of
+coefficient `AUX_LOSS_REFERENCE`: 0.93, from a measured load-balancing loss.  Qwen3-30B-A3B (128 experts, top-8,
+router_aux_loss_coef 1e-3) trained with real routing on 8 B200 logs a load-balancing loss of 1.87, where "enforced
+balancing usually sits around 1.0 to 1.2" (mlc-ai/pith-train issue #79; shared/reference/components-t4.md 3c).
+The loss is E x sum_i f_i P_i (f_i an expert's share of the routed tokens, P_i its mean router probability); with P
+tracking f it is E x sum_i f_i^2 = 1 + cv^2, so cv = sqrt(0.87).  (Read against the 1.0-1.2 of forced balance, the
+spread is 0.82-0.93: the larger is used.)  Not fitted to end-to-end runs."""
 AUX_LOSS_REFERENCE = 1e-3
-AUX_LOSS_ASSUMED = 1e-2
-"""Coefficient assumed when a run balances with an auxiliary loss but sets no --moe-aux-loss-coeff
-(Megatron's default is 0.0; Megatron-LM's MoE examples use 1e-2).  Reported as an assumption."""
 AUX_LOSS_MAX_PULL = 3.0
 """Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none')."""
 EXPERT_BIAS_PULL = 0.1
@@ -102,43 +121,95 @@ def expected_destination_ranks(num_experts: int, ep: int, topk: int) -> float:
     return ep * p_group_hit(num_experts, ep, topk)
 
 
+@lru_cache(maxsize=None)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for n = 1; 1.42 for 8, 2.07 for 32), by quadrature of
+    x n phi(x) Phi(x)^(n-1) over [-10, 10]."""
+    if n <= 1:
+        return 0.0
+    steps, lo, hi = 4000, -10.0, 10.0
+    dx = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps + 1):
+        x = lo + i * dx
+        phi = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        w = 0.5 if i in (0, steps) else 1.0
+        total += w * x * n * phi * _normal_cdf(x) ** (n - 1)
+    return total * dx
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
+def clipped_lognormal(cv: float, cap: float | None) -> tuple[float, float]:
+    """(mean, variance) of min(X, cap) for X log-normal with mean 1 and standard deviation `cv` (no cap: 1, cv^2)."""
+    if cap is None or cv <= 0:
+        return (min(1.0, cap) if cap is not None else 1.0), (cv * cv if cap is None else 0.0)
+    s2 = math.log1p(cv * cv)
+    s, mu, lc = math.sqrt(s2), -s2 / 2, math.log(cap)
+    above = 1.0 - _normal_cdf((lc - mu) / s)
+    mean = _normal_cdf((lc - mu - s2) / s) + cap * above
+    second = math.exp(2 * mu + 2 * s2) * _normal_cdf((lc - mu - 2 * s2) / s) + cap * cap * above
+    return mean, max(0.0, second - mean * mean)
+
+
 @dataclass(frozen=True)
 class Routing:
-    """How unevenly a model's routing loads its EP ranks: `imbalance(ep)` is the busiest rank's tokens
+    """How unevenly a model's routing loads its EP ranks: `imbalance(ep, tokens)` is the busiest rank's tokens
     over the mean."""
 
     regime: str  # forced | capacity-padded | capacity | dropless | given | dense
-    excess: float  # busiest rank over the mean, minus 1, for ep > 1 (dropless: scaled by the balancing pull)
+    value: float = 1.0  # given, capacity-padded: the imbalance itself
+    load_cv: float = 0.0  # real routing: spread of tokens per expert (standard deviation over mean)
     cap: float | None = None  # a capacity factor that drops what exceeds it
+    num_experts: int = 1
+    topk: int = 1
     assumed: str | None = None  # what was assumed, for the output
+    source: str = ""  # where load_cv came from, for the output
 
-    def imbalance(self, ep: int) -> float:
-        """With one EP rank every expert lives on every GPU and the grouped GEMM sums their loads: no
-        rank is busier than another."""
+    def imbalance(self, ep: int, tokens_per_rank: float | None = None) -> float:
+        """The busiest of `ep` EP ranks' expert tokens over the balanced mean, each rank routing `tokens_per_rank`
+        tokens per micro-batch (None: no sampling noise).  With one EP rank every expert lives on every GPU: only
+        what a capacity factor drops changes the work."""
         if self.regime in ("given", "capacity-padded"):
-            return 1.0 + self.excess
-        value = 1.0 + (self.excess if ep > 1 else 0.0)
-        return min(value, self.cap) if self.cap is not None else value
+            return self.value
+        if self.regime in ("forced", "dense"):
+            return 1.0
+        e, k = max(self.num_experts, 1), max(self.topk, 1)
+        per_expert = tokens_per_rank * max(ep, 1) * k / e if tokens_per_rank else math.inf
+        cv = math.sqrt(self.load_cv ** 2 + (1.0 / per_expert if per_expert > 0 else 0.0))
+        mean, var = clipped_lognormal(cv, self.cap)
+        local = max(1, e // max(ep, 1))
+        value = mean + expected_max_normal(max(ep, 1)) * math.sqrt(var / local)
+        bound = max(ep, 1) * min(k, local) / k  # every token's experts on one rank
+        return min(value, bound, self.cap if self.cap is not None else math.inf)
 
 
-def routing(model: ModelSpec, given: float | None, calibrated: float | None) -> Routing:
-    """The routing regime of a model's flags.
+def routing(model: ModelSpec, given: float | None, measured: float | None = None) -> Routing:
+    """The routing regime of a model's flags.  `given`: --moe-imbalance (the busiest rank over the mean, used as
+    it is); `measured`: max/mean tokens per expert from `calibrate --router-stats` of this model (its spread is
+    read back from it: the expected maximum of E log-normal experts).
 
-    Dropless routing with an auxiliary loss: the busiest rank's excess load is the calibrated excess at
-    the reference coefficient (1e-3) times AUX_LOSS_REFERENCE / coefficient (the auxiliary loss pulls
-    expert loads back toward the mean with a force proportional to its coefficient, against a drift the
-    language-model loss sets, so the equilibrium deviation goes as 1 / coefficient), capped for weak or
-    absent balancing.  Sinkhorn routing balances by construction."""
+    Real routing with an auxiliary loss: the spread of expert loads is EXPERT_LOAD_CV at the reference
+    coefficient (1e-3) times AUX_LOSS_REFERENCE / coefficient (the auxiliary loss pulls expert loads back toward
+    the mean with a force proportional to its coefficient, against a drift the language-model loss sets, so the
+    equilibrium deviation goes as 1 / coefficient), capped for weak or absent balancing.  Sinkhorn routing
+    balances by construction."""
     if given is not None:
-        return Routing("given", given - 1.0)
+        return Routing("given", value=given)
     if not model.is_moe:
-        return Routing("dense", 0.0)
+        return Routing("dense")
     if model.moe_router_force_load_balancing:
-        return Routing("forced", 0.0)
+        return Routing("forced")
     cf = model.moe_expert_capacity_factor
     if cf is not None and model.moe_pad_expert_input_to_capacity:
-        return Routing("capacity-padded", cf - 1.0)
-    excess_ref = (calibrated if calibrated is not None else DROPLESS_IMBALANCE_DEFAULT) - 1.0
+        return Routing("capacity-padded", value=cf)
+    e, k = model.num_experts or 1, model.moe_router_topk
+    regime = "capacity" if cf is not None else "dropless"
+    if measured is not None:
+        return Routing(regime, load_cv=_cv_of_max(measured, e), cap=cf, num_experts=e, topk=k,
+                       source=f"measured router statistics: max/mean tokens per expert {measured:g}")
     assumed = None
     lb = model.moe_router_load_balancing_type
     if lb == "sinkhorn":
@@ -146,18 +217,25 @@ def routing(model: ModelSpec, given: float | None, calibrated: float | None) -> 
     elif lb == "none":
         pull = AUX_LOSS_MAX_PULL
     else:
-        coeff = model.moe_aux_loss_coeff
-        if coeff <= 0 and not model.moe_router_enable_expert_bias:
-            coeff = AUX_LOSS_ASSUMED
-            assumed = (f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed for {lb} routing imbalance "
-                       "(the flag is unset; Megatron's default 0.0 would mean no balancing)")
+        coeff = model.trained_aux_loss_coeff  # what the launcher writes
+        if model.aux_loss_coeff_assumed:
+            assumed = (f"--moe-aux-loss-coeff {coeff:g} assumed for {lb} routing imbalance (the flag is unset; "
+                       "Megatron's default 0.0 would mean no balancing; the launcher writes it)")
         pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff) if coeff > 0 else AUX_LOSS_MAX_PULL
     if model.moe_router_enable_expert_bias:
         pull = min(pull, EXPERT_BIAS_PULL)
-    excess = excess_ref * pull
-    if model.num_experts and model.moe_router_topk:  # at most every token on the same k experts
-        excess = min(excess, model.num_experts / model.moe_router_topk - 1.0)
-    return Routing("capacity" if cf is not None else "dropless", excess, cap=cf, assumed=assumed)
+    return Routing(regime, load_cv=EXPERT_LOAD_CV * pull, cap=cf, num_experts=e, topk=k, assumed=assumed,
+                   source=f"tokens per expert spread {EXPERT_LOAD_CV:.2f} x the mean at --moe-aux-loss-coeff "
+                          f"{AUX_LOSS_REFERENCE:g} (a published load-balancing loss of 1.87: pith-train #79), "
+                          f"x{pull:.3g} for this router's balancing")
+
+
+def _cv_of_max(max_over_mean: float, experts: int) -> float:
+    """The log-normal spread whose expected maximum over `experts` experts is `max_over_mean`:
+    ln m = -s^2/2 + s z(E) solved for s (the smaller root), cv = sqrt(exp(s^2) - 1)."""
+    z, ln_m = expected_max_normal(experts), math.log(max(max_over_mean, 1.0))
+    s = z - math.sqrt(max(z * z - 2 * ln_m, 0.0))
+    return math.sqrt(math.expm1(s * s))
 
 
 @dataclass(frozen=True)
@@ -176,27 +254,89 @@ class DispatchCost:
         return self.router_s + self.permute_s + self.comm_s + self.etp_s
 
 
-def _stream_s(link, nbytes: float) -> float:
-    """Streaming `nbytes` out of one GPU over `link` at its all-to-all efficiency (one latency)."""
+DISPATCH_CSV = PROFILES_DIR / "published" / "dispatch.csv"
+GPU_INITIATED_BACKENDS = ("deepep", "hybridep", "uccl-ep")
+"""EP kernels that drive the links from the GPU (DeepEP and its kin): where the run's own backend has no published
+figure on a link, another of these stands for what such kernels reach on it."""
+LINK_CLASSES = {"nvlink": "nvlink", "xgmi": "xgmi", "hccs": "hccs", "infiniband": "rdma", "roce": "rdma",
+                "ethernet": "rdma", "slingshot": "rdma"}
+"""LinkProfile.kind -> the link column of dispatch.csv (a NIC of any kind is `rdma`)."""
+
+
+@dataclass(frozen=True)
+class DispatchBandwidth:
+    """What a backend's dispatch (or combine) reaches on one link kind: a fraction of the link's rated per-GPU
+    bandwidth, at the per-rank buffer the benchmark moved, from the rows of dispatch.csv named in `rows`."""
+
+    efficiency: float
+    payload_bytes: float
+    rows: tuple[str, ...]
+
+
+@lru_cache(maxsize=1)
+def _dispatch_rows() -> tuple[dict[str, str], ...]:
+    with DISPATCH_CSV.open(newline="", encoding="utf-8") as fh:
+        return tuple(csv.DictReader(fh))
+
+
+@lru_cache(maxsize=None)
+def dispatch_table(device: str, backend: str, link_kind: str, ranks: int, direction: str) -> DispatchBandwidth | None:
+    """The published dispatch (or combine) bandwidth of `backend` on `link_kind` for `device` at `ranks` EP ranks:
+    its own rows (else another GPU-initiated backend's) that apply to the device, at the benchmarked EP size
+    nearest `ranks` (in log2), BF16 rows where there are any (Megatron dispatches BF16 tokens); the median of their
+    bandwidth over the benchmarked link's rated bandwidth, at most 1 (a figure above the link's rate counts bytes the
+    benchmark's own accounting adds, such as tokens kept on the node: the leg priced here is the link's).  None
+    where nothing was published."""
+    link = LINK_CLASSES.get(link_kind)
+    rows = [r for r in _dispatch_rows() if r["link"] == link and r["direction"] == direction
+            and device in r["applies_to"].split()]
+    own = [r for r in rows if r["backend"] == backend]
+    rows = own or [r for r in rows if r["backend"] in GPU_INITIATED_BACKENDS]
+    if not rows:
+        return None
+    nearest = min(abs(math.log2(int(r["ranks"]) / max(ranks, 1))) for r in rows)
+    rows = [r for r in rows if abs(math.log2(int(r["ranks"]) / max(ranks, 1))) == nearest]
+    rows = [r for r in rows if r["dtype"] == "bf16"] or rows
+    effs = [float(r["bandwidth_gb_per_s"]) / float(r["link_gb_per_s"]) for r in rows]
+    payload = statistics.median(int(r["tokens"]) * int(r["hidden"]) * 2 for r in rows)
+    return DispatchBandwidth(efficiency=min(1.0, statistics.median(effs)), payload_bytes=payload,
+                             rows=tuple(r["id"] for r in rows))
+
+
+def _stream_s(link: LinkProfile, nbytes: float, table: DispatchBandwidth | None = None) -> float:
+    """Streaming `nbytes` out of one GPU over `link` (one latency): at the published dispatch bandwidth `table`
+    (scaled down for smaller buffers as the link's all-to-all curve falls from the benchmarked buffer), else at
+    the link's all-to-all efficiency."""
     if nbytes <= 0:
         return 0.0
-    eff = interpolate_efficiency(link.efficiency["all_to_all"], nbytes)
-    share = link_bandwidth_share(link, "all_to_all", 8)
+    curve = link.efficiency["all_to_all"]
+    eff = interpolate_efficiency(curve, nbytes)
+    if table is not None:
+        eff = table.efficiency * min(1.0, eff / interpolate_efficiency(curve, table.payload_bytes))
+    share = link_bandwidth_share(link, "all_to_all", 8) if table is None else 1.0
     return link.latency_us * US_S + nbytes / (link.bandwidth_gb_per_s * GB_BYTES * share * eff)
 
 
-def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: int, act_bytes: int) -> float:
-    """One DeepEP/HybridEP dispatch (or combine) of this GPU's tokens."""
+def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: int, act_bytes: int,
+                 device: str) -> float:
+    """One DeepEP/HybridEP dispatch and combine of this GPU's tokens: per direction, the slower of the NVLink leg
+    (a copy per other rank hit) and the RDMA leg (a copy per remote node hit), each at its own published
+    bandwidth (`dispatch_table`)."""
     e, k, h = model.num_experts or 1, model.moe_router_topk, model.hidden_size
+    backend = model.moe_flex_dispatcher_backend
     token_bytes = h * act_bytes
     ranks_hit = expected_destination_ranks(e, ep, k) - p_group_hit(e, ep, k)  # other ranks, inside or out
-    nvl_s = _stream_s(links.intra, local_tokens * token_bytes * ranks_hit)
-    if links.inter is None:
-        return nvl_s * links.factor("all_to_all")
-    nodes = max(1, round(ep / max(links.ranks_per_node, 1)))
-    remote_nodes = (nodes - 1) * p_node_hit(model, nodes)
-    rdma_s = _stream_s(links.inter, local_tokens * token_bytes * remote_nodes)
-    return max(nvl_s, rdma_s) * links.factor("all_to_all")
+    nvl_bytes = local_tokens * token_bytes * ranks_hit
+    nodes = max(1, round(ep / max(links.ranks_per_node, 1))) if links.inter is not None else 1
+    rdma_bytes = local_tokens * token_bytes * (nodes - 1) * p_node_hit(model, nodes) if nodes > 1 else 0.0
+    total = 0.0
+    for direction in ("dispatch", "combine"):
+        nvl_s = _stream_s(links.intra, nvl_bytes,
+                          dispatch_table(device, backend, links.intra.kind, min(ep, links.ranks_per_node), direction))
+        rdma_s = _stream_s(links.inter, rdma_bytes, dispatch_table(device, backend, links.inter.kind, ep, direction)
+                           ) if rdma_bytes else 0.0
+        total += max(nvl_s, rdma_s)
+    return total
 
 
 def moe_dispatch(
@@ -232,7 +372,7 @@ def moe_dispatch(
         if dispatcher == "alltoall":
             comm_s = 2 * imbalance * collective_s(links.ep, "all_to_all", sent, ep)
         elif dispatcher == "flex":
-            comm_s = 2 * imbalance * _flex_comm_s(model, links.ep, t_l, ep, act_bytes)
+            comm_s = imbalance * _flex_comm_s(model, links.ep, t_l, ep, act_bytes, kernels.device.name)
         else:  # allgather over the TPxEP group, reduce-scatter back
             gathered = t_l * token_bytes * ep * etp
             comm_s = (collective_s(links.expert_group, "all_gather", gathered, ep * etp)

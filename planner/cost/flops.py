@@ -4,11 +4,16 @@ Megatron reports TFLOP/s/GPU as `num_floating_point_operations(args, batch) / (t
 (megatron/training/training.py; reference/megatron.md section 4).  Its formula counts, per token:
   attention (GQA/MHA): 12*h^2*(1 + g/a + s/(2h)) * (a*d/h)     (fwd+bwd, causal half of the core)
   attention (MLA):     6 * (q term + kv term + rope + out proj + core/2)   (see `_mla_fwd_flop_per_token`)
-  dense MLP:           12*h*ffn*glu                      (glu = 3/2 with SwiGLU)
+  dense MLP:           12*h*ffn*glu                      (glu = 3/2 with a gated MLP)
   MoE layer:           12*h*(moe_ffn*topk + shared)*glu
   logits:              6*h*V_padded
 The factor 3 is forward + two backward GEMMs; we keep the forward part per layer and multiply by 3
 for the iteration, so predicted TFLOP/s/GPU means what Megatron prints.
+
+One difference between the work a GPU does and what Megatron counts: a gated MLP (`--swiglu`, `--quick-geglu`:
+ModelSpec.gated_linear_unit) runs three matrices, but Megatron's count (and its theoretical memory report) gives
+the 3/2 factor to `--swiglu` only.  `layer_flops` prices the work (`counted=False`); `model_flop_per_iteration`
+is Megatron's count (`counted=True`), the FLOPs behind a reported TFLOP/s/GPU.
 """
 
 from __future__ import annotations
@@ -35,8 +40,14 @@ class LayerFlops:
         )
 
 
-def _glu(model: ModelSpec) -> float:
-    return 1.5 if model.swiglu else 1.0
+def glu_flop_factor(model: ModelSpec, *, counted: bool = False) -> float:
+    """MLP FLOPs over those of an ungated MLP of the same FFN size: 3/2 for a gated MLP (two up-projections and
+    one down-projection).  `counted`: as Megatron's FLOP count has it (megatron/training/training.py
+    `num_floating_point_operations`: `3/2 if args.swiglu else 1`), so a --quick-geglu run (gpt-oss) is counted
+    with two matrices: Megatron-Bridge's GPT-OSS-120B on 64 B200 reports 219 TFLOP/s/GPU at 8047 tokens/s/GPU,
+    27.2 GFLOP per token, the two-matrix count (tests/test_cost_model.py)."""
+    gated = model.swiglu if counted else model.gated_linear_unit
+    return 1.5 if gated else 1.0
 
 
 def _mla_fwd_flop_per_token(model: ModelSpec, seq_length: int) -> tuple[float, float]:
@@ -54,8 +65,9 @@ def _mla_fwd_flop_per_token(model: ModelSpec, seq_length: int) -> tuple[float, f
     return 2.0 * (q_term + kv_term + rope_term + out_term), 2.0 * core
 
 
-def layer_flops(model: ModelSpec, *, is_moe: bool, seq_length: int | None = None) -> LayerFlops:
-    """Forward FLOP per token of one decoder layer, Megatron's accounting."""
+def layer_flops(model: ModelSpec, *, is_moe: bool, seq_length: int | None = None, counted: bool = False) -> LayerFlops:
+    """Forward FLOP per token of one decoder layer, Megatron's accounting; a gated MLP as it runs (three matrices),
+    or with `counted` as Megatron counts it (`glu_flop_factor`)."""
     s = seq_length or model.seq_length
     h = model.hidden_size
     if model.multi_latent_attention:
@@ -65,7 +77,7 @@ def layer_flops(model: ModelSpec, *, is_moe: bool, seq_length: int | None = None
         kv = model.query_groups * model.head_dim
         proj = 2.0 * h * (q + 2 * kv) + 2.0 * q * h
         core = 2.0 * s * q  # 2*(2*s*q) for QK^T and AV, halved for causal masking
-    glu = _glu(model)
+    glu = glu_flop_factor(model, counted=counted)
     if is_moe:
         shared = model.moe_shared_expert_intermediate_size or 0
         return LayerFlops(
@@ -86,23 +98,32 @@ def logits_fwd_flop_per_token(model: ModelSpec, tp: int) -> float:
 
 
 def model_flop_per_iteration(model: ModelSpec, *, global_batch_size: int, tp: int, seq_length: int | None = None) -> float:
-    """Megatron's `num_floating_point_operations` for one iteration (fwd + bwd = 3x fwd)."""
+    """Megatron's `num_floating_point_operations` for one iteration (fwd + bwd = 3x fwd), as Megatron counts it
+    (a --quick-geglu MLP with two matrices: `glu_flop_factor`)."""
     s = seq_length or model.seq_length
-    per_token_fwd = sum(layer_flops(model, is_moe=m, seq_length=s).total_flop for m in model.layer_is_moe)
+    per_token_fwd = sum(layer_flops(model, is_moe=m, seq_length=s, counted=True).total_flop
+                        for m in model.layer_is_moe)
     if model.mtp_num_layers:
         last_moe = model.layer_is_moe[-1]
         per_token_fwd += model.mtp_num_layers * (
-            layer_flops(model, is_moe=last_moe, seq_length=s).total_flop + 2.0 * 2 * model.hidden_size**2
+            layer_flops(model, is_moe=last_moe, seq_length=s, counted=True).total_flop + 2.0 * 2 * model.hidden_size**2
         )
     per_token_fwd += logits_fwd_flop_per_token(model, tp) * (1 + model.mtp_num_layers)
     return 3.0 * per_token_fwd * global_batch_size * s
 
 
 def parameter_counts(model: ModelSpec) -> dict[str, float]:
-    """Parameter counts (whole model, unsharded): attention, dense MLP, experts, shared, embedding."""
+    """Parameter counts (whole model, unsharded), as Megatron builds the model on one GPU: attention (with the
+    layer's two norms, QK norms and biases), dense MLP, routed experts, shared experts (with their gate), router,
+    word embeddings (vocabulary padded to a multiple of make_vocab_size_divisible_by) and output layer, learned
+    position embeddings, the final norm, and the MTP layers (the per-layer entries are the decoder's layers only).
+    A gated MLP (`--swiglu`, `--quick-geglu`) has three matrices and a doubled FC1 bias.
+    tests/test_megatron_params.py checks the total against the model Megatron itself builds
+    (tools/megatron_params.py) for every preset, the HuggingFace configs and the calibration runs' models."""
     h = model.hidden_size
-    glu_mats = 3 if model.swiglu else 2
+    glu_mats = 3 if model.gated_linear_unit else 2
     bias = 1 if model.add_bias_linear else 0
+    norm = 2 if model.normalization == "LayerNorm" else 1  # weight, and LayerNorm's bias
     if model.multi_latent_attention:
         a = model.num_attention_heads
         qk = model.qk_head_dim + model.qk_pos_emb_head_dim
@@ -110,24 +131,39 @@ def parameter_counts(model: ModelSpec) -> dict[str, float]:
         kv = h * (model.kv_lora_rank + model.qk_pos_emb_head_dim) + model.kv_lora_rank * a * (
             model.qk_head_dim + model.v_head_dim
         )
-        attn = q + kv + a * model.v_head_dim * h
+        latent_norms = model.kv_lora_rank + (model.q_lora_rank or 0) if model.qk_layernorm else 0
+        attn = q + kv + a * model.v_head_dim * h + norm * latent_norms
     else:
         qd = model.num_attention_heads * model.head_dim
         kvd = model.query_groups * model.head_dim
-        attn = h * (qd + 2 * kvd) + qd * h + bias * (qd + 2 * kvd + h)
-    norms = 2 * h * (2 if model.normalization == "LayerNorm" else 1)
-    dense_mlp = glu_mats * h * model.ffn_size + bias * (model.ffn_size + h)
-    expert = glu_mats * h * model.moe_ffn_size
-    shared = glu_mats * h * (model.moe_shared_expert_intermediate_size or 0)
+        qkv_bias = bias or (1 if model.add_qkv_bias else 0)
+        attn = h * (qd + 2 * kvd) + qd * h + qkv_bias * (qd + 2 * kvd) + bias * h
+        attn += norm * 2 * model.head_dim if model.qk_layernorm else 0
+    norms = 2 * h * norm
+    ffn_bias = (glu_mats - 1) * bias  # FC1's bias is as wide as its output (doubled when gated)
+
+    def mlp(ffn: int) -> int:
+        return glu_mats * h * ffn + ffn_bias * ffn + bias * h
+
+    shared_size = model.moe_shared_expert_intermediate_size or 0
+    shared = mlp(shared_size) + (h if shared_size and model.moe_shared_expert_gate else 0) if shared_size else 0
     n_moe = sum(model.layer_is_moe)
     n_dense = model.num_layers - n_moe
     num_experts = model.num_experts or 0
-    embedding = model.vocab_size * h
+    vocab = model.padded_vocab_size(1)
+    positions = model.max_position_embeddings or model.seq_length
+    moe_block = mlp(model.moe_ffn_size) * num_experts + shared + (h + bias) * num_experts
+    last_mlp = moe_block if model.layer_is_moe[-1] else mlp(model.ffn_size)
+    # an MTP layer: eh_proj, enorm, hnorm and its final norm, and a transformer layer like the last decoder layer
+    mtp = model.mtp_num_layers * (2 * h * h + 3 * norm * h + attn + norms + last_mlp)
     return {
         "attention": (attn + norms) * model.num_layers,
-        "dense_mlp": dense_mlp * n_dense,
-        "experts": expert * num_experts * n_moe,
+        "dense_mlp": mlp(model.ffn_size) * n_dense,
+        "experts": mlp(model.moe_ffn_size) * num_experts * n_moe,
         "shared_experts": shared * n_moe,
-        "router": h * num_experts * n_moe,
-        "embedding": embedding * (2 if model.untie_embeddings_and_output_weights else 1),
+        "router": (h + bias) * num_experts * n_moe,
+        "embedding": vocab * h * (2 if model.untie_embeddings_and_output_weights else 1),
+        "position_embedding": positions * h if model.position_embedding_type == "learned_absolute" else 0,
+        "final_norm": norm * h,
+        "mtp": mtp,
     }

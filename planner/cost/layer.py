@@ -109,7 +109,7 @@ def layer_cost(
         "attention_gemm": b * c.attention_gemm,
         "attention_core": (1 + ATTENTION_BWD_OVER_FWD) * c.attention_core,
         "mlp_gemm": b * c.mlp_gemm,
-        "expert_gemm": b * c.expert_gemm,
+        "expert_gemm": c.expert_gemm + c.expert_gemm_bwd,
         "shared_expert_gemm": b * c.shared_expert_gemm,
         "router_permute": (1 + ELEMENTWISE_BWD_OVER_FWD) * c.router_permute,
         "fp8_cast": c.fp8_cast_fwd + c.fp8_cast_bwd,
@@ -174,6 +174,7 @@ class _ComputeParts:
     attention_core: float
     mlp_gemm: float  # dense layers
     expert_gemm: float  # MoE layers: routed experts
+    expert_gemm_bwd: float  # their backward (data and weight gradients), each pass at least its HBM traffic
     shared_expert_gemm: float
     router_permute: float
     layernorm: float
@@ -183,8 +184,13 @@ class _ComputeParts:
     fp8_cast_bwd: float
 
     @property
+    def dense_gemm_s(self) -> float:
+        """GEMMs whose backward is GEMM_BWD_OVER_FWD x the forward (compute-bound at their token counts)."""
+        return self.attention_gemm + self.mlp_gemm + self.shared_expert_gemm
+
+    @property
     def gemm_s(self) -> float:
-        return self.attention_gemm + self.mlp_gemm + self.shared_expert_gemm + self.expert_gemm
+        return self.dense_gemm_s + self.expert_gemm
 
     @property
     def elementwise_s(self) -> float:
@@ -196,16 +202,19 @@ class _ComputeParts:
 
     @property
     def bwd_s(self) -> float:
-        return (GEMM_BWD_OVER_FWD * self.gemm_s + ATTENTION_BWD_OVER_FWD * self.attention_core
+        return (GEMM_BWD_OVER_FWD * self.dense_gemm_s + self.expert_gemm_bwd
+                + ATTENTION_BWD_OVER_FWD * self.attention_core
                 + ELEMENTWISE_BWD_OVER_FWD * self.elementwise_s + self.fp8_cast_bwd)
 
 
 def _compute_parts(x: _LayerInputs) -> _ComputeParts:
     attention_gemm = _attention_gemm_s(x)
     cast_fwd, cast_bwd = _fp8_cast_s(x)
+    expert_fwd, expert_bwd = _expert_gemm_s(x)
     return _ComputeParts(
         attention_gemm=attention_gemm, mla_up_proj=_mla_up_proj_s(x, attention_gemm),
-        attention_core=_attention_core_s(x), mlp_gemm=_mlp_gemm_s(x), expert_gemm=_expert_gemm_s(x),
+        attention_core=_attention_core_s(x), mlp_gemm=_mlp_gemm_s(x), expert_gemm=expert_fwd,
+        expert_gemm_bwd=expert_bwd,
         shared_expert_gemm=_shared_expert_gemm_s(x), router_permute=_router_permute_s(x), layernorm=_layernorm_s(x),
         activation=_activation_s(x), residual_rope=_residual_rope_s(x), fp8_cast_fwd=cast_fwd, fp8_cast_bwd=cast_bwd,
     )
@@ -260,18 +269,38 @@ def _shared_expert_gemm_s(x: _LayerInputs) -> float:
     return _gemm_s(x, x.gathered_tokens * x.flops.shared_expert_flop / x.shape.tp)
 
 
-def _expert_gemm_s(x: _LayerInputs) -> float:
-    """The routed experts' grouped GEMMs on this GPU: its tokens' copies after dispatch (and ETP gather)."""
+MAIN_GRAD_BYTES = 8
+"""HBM bytes per weight element of a weight-gradient GEMM: Megatron accumulates weight gradients into the FP32
+`main_grad` buffer (gradient-accumulation fusion: the GEMM reads it, 4 bytes, and writes it back, 4), every
+micro-batch, whatever the GEMM's precision."""
+
+
+def _expert_gemm_s(x: _LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds of the routed experts' grouped GEMMs on this GPU: its tokens' copies after
+    dispatch (and ETP gather).  Each of the three passes (forward, data gradient, weight gradient) runs at the
+    grouped kernel's efficiency for its tokens per expert, and takes at least the time its HBM traffic does (a
+    roofline over tokens per expert and local experts): the forward and the data gradient read every local
+    expert's weights (FP8: the quantised copy) and the weight gradient reads and writes every local expert's FP32
+    main gradient (MAIN_GRAD_BYTES), each pass also reading and writing the copies' activations.  With many local
+    experts and few tokens each (replicated experts, EP1) the weight-gradient pass is memory-bound: its arithmetic
+    intensity is 2 x tokens per expert / MAIN_GRAD_BYTES FLOP per byte, below the ridge (peak FLOP/s over HBM
+    bytes/s, ~300 on H100 and B200) under ~1,200 tokens per expert."""
     d = x.dispatch
     if d is None:
-        return 0.0
-    model = x.model
+        return 0.0, 0.0
+    model, k = x.model, x.kernels
     per_copy_flop = x.flops.expert_flop / model.moe_router_topk / x.shape.etp
     local_experts = max(1, (model.num_experts or 1) // x.shape.ep)
-    return x.kernels.grouped_gemm_s(
-        x.local_tokens * d.copies_per_token * per_copy_flop, tokens_per_expert=d.tokens_per_expert,
-        local_experts=local_experts, call_flop=d.tokens_per_expert * per_copy_flop / 2,
-        grouped=model.moe_grouped_gemm, fp8=x.fp8)
+    copies = x.local_tokens * d.copies_per_token
+    compute = k.grouped_gemm_s(
+        copies * per_copy_flop, tokens_per_expert=d.tokens_per_expert, local_experts=local_experts,
+        call_flop=d.tokens_per_expert * per_copy_flop / 2, grouped=model.moe_grouped_gemm, fp8=x.fp8)
+    h, f, glu = model.hidden_size, model.moe_ffn_size / x.shape.etp, _glu(model)
+    weights = local_experts * (glu + 1) * h * f  # FC1 (h x glu*f) and FC2 (f x h) of every local expert
+    activations = copies * (2 * h + (glu + 1) * f) * x.act  # FC1 in and out, FC2 in and out
+    weight_read = k.memory_s(weights * (1 if x.fp8 else x.act) + activations)
+    main_grad = k.memory_s(weights * MAIN_GRAD_BYTES + activations)
+    return max(compute, weight_read), max(compute, weight_read) + max(compute, main_grad)
 
 
 def _router_permute_s(x: _LayerInputs) -> float:
@@ -288,8 +317,8 @@ def _qkv_width(model: ModelSpec) -> int:
 
 
 def _glu(model: ModelSpec) -> int:
-    """Up-projection outputs per FFN column: 2 with SwiGLU (gate and up), else 1."""
-    return 2 if model.swiglu else 1
+    """Up-projection outputs per FFN column: 2 with a gated MLP (gate and up: --swiglu, --quick-geglu), else 1."""
+    return 2 if model.gated_linear_unit else 1
 
 
 def _memory_pass_s(x: _LayerInputs, elements_per_token: float) -> float:

@@ -153,7 +153,7 @@ def activation_bytes_per_token(
     attn_inputs = act * (h * 2 + qkv) + gemm_in * o * tp_region  # norm inputs, Q/K/V, attention output
     core_attn = core_attention_bytes_per_token(model, training, tp_region=tp_region,
                                                seq_length=seq_length or model.seq_length)
-    glu = 2 if model.swiglu else 1
+    glu = 2 if model.gated_linear_unit else 1  # FC1 output: gate and up
     mlp = moe_act = moe = shared = 0.0
     if is_moe:
         f = model.moe_ffn_size / etp
@@ -216,3 +216,56 @@ def process_groups(*, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, moe
 def comm_buffer_bytes(vendor: str, groups: tuple[str, ...]) -> float:
     """Bytes of communicator buffers one rank holds (COMM_BUFFER_GIB per group)."""
     return len(groups) * COMM_BUFFER_GIB.get(vendor, COMM_BUFFER_DEFAULT_GIB) * 2**30
+
+
+# ------------------------------------------------------------------------------------------ the allocator's cache
+
+ALLOCATOR_CACHE_FRACTION = {True: 0.052, False: 0.125}
+"""Memory torch's caching allocator reserves beyond what it has allocated, as a fraction of the activations at the
+peak, with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and without (PyTorch's default).
+Blocks freed by tensors of one size are cached and cannot all serve the next, larger requests: the segments the
+allocator reserves outgrow the tensors alive.  The activations are what is allocated and freed every micro-batch;
+weights, gradients and optimizer state live in buffers Megatron allocates once.  Measured when large training runs
+ran out of memory (what torch's message calls "reserved by PyTorch but unallocated", over "allocated by PyTorch":
+over the whole allocated memory, so at most the share of the activations):
+* default allocator: GLM-4.7-Flash MoE (TP2 EP4, 64K context, 8 x B200), 15.50 GiB over 124.24 GiB allocated
+  (0.125; github.com/NovaSky-AI/SkyRL/pull/1470, which then turned expandable segments on and ran);
+* expandable segments: a 79 GiB GPU at 74.77 GiB allocated, 3.87 GiB reserved but unallocated (0.052;
+  github.com/pytorch/pytorch/issues/152135, "with expandable segments set to true").
+Both are at the point where the cache matters (the device full).  Megatron's own memory reports of fixed-shape
+runs show less (max reserved 0.6-1% above max allocated, e.g. a Qwen3-30B-A3B PP4 EP2 run on Megatron-LM
+core_v0.16), an older BERT run 22% more; a default allocator can waste up to 43% of memory under interleaving and
+recompute (arXiv 2507.16274, STWeaver).  planner/calibration/memory.py compares the reserved peaks it predicts with
+measured ones."""
+
+EXPANDABLE_SEGMENTS_ASSUMED = True
+"""Allocator settings the input does not state (flags without a launcher script, or a script that exports no
+allocator variable: the environment it runs in may set one): expandable segments, as NVIDIA's Megatron-Bridge
+launch templates set them ("Most Slurm launch templates already include it",
+docs.nvidia.com/nemo/megatron-bridge/nightly/skills/perf-memory-tuning)."""
+
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+"""The environment variables that configure torch's caching allocator (CUDA, any device since torch 2.9, ROCm,
+Ascend); PyTorch reads PYTORCH_ALLOC_CONF first."""
+
+
+def expandable_segments_of(env: dict[str, str]) -> bool | None:
+    """Whether an environment's allocator settings turn expandable segments on (`expandable_segments:True`,
+    comma-separated options, the last value winning); None when no allocator variable is set."""
+    for name in ALLOCATOR_ENV:
+        conf = env.get(name)
+        if conf is None:
+            continue
+        value = False
+        for option in conf.split(","):
+            key, _, val = option.strip().partition(":")
+            if key.strip() == "expandable_segments":
+                value = val.strip().lower() in ("true", "1")
+        return value
+    return None
+
+
+def allocator_cache_fraction(expandable_segments: bool | None) -> float:
+    """The allocator's cache over the activations at the peak (ALLOCATOR_CACHE_FRACTION); None: as assumed
+    (EXPANDABLE_SEGMENTS_ASSUMED)."""
+    return ALLOCATOR_CACHE_FRACTION[EXPANDABLE_SEGMENTS_ASSUMED if expandable_segments is None else expandable_segments]

@@ -2,10 +2,13 @@
 optimizer step, memory) from the model, training settings, cluster and device profiles.
 
 Iteration time (1F1B, DESIGN section 3), with t_i the per-micro-batch forward+backward time of
-stage i including its pipeline sends, m micro-batches and v virtual chunks per rank:
-    T = sum_i t_i / v + (m - 1/v) * max_i t_i + max_i (exposed DP sync_i + optimizer step_i)
-For v = 1 this is sum_i t_i + (m-1) * max_i t_i; for uniform stages it is (m + (PP-1)/v) * t,
-the interleaved schedule's bubble.  planner/simulate.py checks the formula by simulation.
+stage i including its pipeline sends (`stage_time_with_links`), m micro-batches and v virtual chunks per rank:
+    T = sum_i t_i / v + (m - 1/v) * max_i t_i + fill + max_i (exposed DP sync_i + optimizer step_i)
+For v = 1 this is sum_i t_i + (m-1) * max_i t_i (fill = 0); for uniform stages it is (m + (PP-1)/v) * t,
+the interleaved schedule's bubble, plus `fill`: the first micro-batch goes through every virtual stage, so its
+forward and its backward cross each boundary v times, each a whole message, which the chunk-sized bubble does
+not hold (StageCost.fill_out_s; the wrap-around sends from the last rank to the first are not priced).
+planner/simulate.py checks the formula by simulation (tests/test_simulate_vs_model.py).
 """
 
 from __future__ import annotations
@@ -13,16 +16,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from planner.cost.communication import GroupLinks, LinkChoice, collective_s, stage_group_links
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import LayerCost, LayerShape, layer_cost
-from planner.cost.memory import ParamBytes, comm_buffer_bytes, process_groups
+from planner.cost.memory import ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
 from planner.schemas.device import DeviceProfile
 from planner.schemas.model import ModelSpec
+from planner.schemas.pipeline import (
+    pipeline_boundary_crosses_nodes, pipeline_boundary_may_stay_in_node, stage_time_with_links,
+)
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
 from planner.uncertainty import default_memory_headroom
@@ -73,6 +81,7 @@ class StageCore:
     comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
     device_memory_bytes: float  # the device's memory as the framework reports it
     capacity_bytes: float  # what the plan may use: device memory less the memory headroom
+    cache_fraction: float  # the allocator's cache over the activations (memory.allocator_cache_fraction)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
 
     @property
@@ -83,6 +92,18 @@ class StageCore:
     @property
     def headroom_bytes(self) -> float:
         return self.device_memory_bytes - self.capacity_bytes
+
+    @property
+    def held_static_bytes(self) -> float:
+        """What the stage holds whatever the micro-batches in flight, as the fit check counts it: static_bytes and
+        the allocator's cache on the activation buffers alive once."""
+        return self.static_bytes + self.cache_fraction * self.fixed_act_bytes
+
+    @property
+    def held_act_per_microbatch_bytes(self) -> float:
+        """What each in-flight micro-batch adds to the fit check: its activations and the allocator's cache on
+        them.  A stage fits when held_static_bytes + in-flight * this <= capacity_bytes (StageCost.fits)."""
+        return self.act_per_microbatch_bytes * (1.0 + self.cache_fraction)
 
     @property
     def time_s(self) -> float:
@@ -108,32 +129,47 @@ class StageCost(StageCore):
     index: int
     pp_comm_s: float
     inflight_microbatches: float
+    send_out_s: float = 0.0  # one message (a chunk's activations) to the next stage, before any overlap
+    fill_out_s: float = 0.0  # what the boundary to the next stage adds to the pipeline's fill (`link_fill_s`)
 
     @classmethod
-    def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float) -> "StageCost":
-        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch."""
+    def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float,
+              send_out_s: float = 0.0, fill_out_s: float = 0.0) -> "StageCost":
+        """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch (exposed), one message to
+        the next stage taking `send_out_s` and `fill_out_s` of that boundary in the pipeline's fill."""
         fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
         fields_of_core.update(forward_s=core.forward_s + pp_comm_s / 2, backward_s=core.backward_s + pp_comm_s / 2,
                               parts=core.parts + (("pp_comm", pp_comm_s),))
-        return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches)
+        return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches,
+                   send_out_s=send_out_s, fill_out_s=fill_out_s)
 
     @property
     def activations_bytes(self) -> float:
         return self.inflight_microbatches * self.act_per_microbatch_bytes + self.fixed_act_bytes
 
     @property
+    def allocated_bytes(self) -> float:
+        """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`, torch.cuda.max_memory_allocated):
+        weights, gradients, optimizer state and activations; not the context and the communicator buffers."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+
+    @property
+    def reserved_bytes(self) -> float:
+        """What the allocator reserves at the peak (torch.cuda.max_memory_reserved): the allocated peak and the
+        blocks it caches beyond it, a share (cache_fraction, by the run's allocator settings) of the activations,
+        which are allocated and freed every micro-batch; weights, gradients and optimizer state sit in buffers
+        allocated once."""
+        return self.allocated_bytes + self.cache_fraction * self.activations_bytes
+
+    @property
     def memory_bytes(self) -> float:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.other_bytes
+        """The device memory the stage needs at its peak: what the allocator reserves and the memory outside it
+        (context, communicator buffers).  The fit check compares it with the capacity."""
+        return self.reserved_bytes + self.other_bytes
 
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GIB_BYTES
-
-    @property
-    def allocated_bytes(self) -> float:
-        """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`): everything but the
-        context and the communicator buffers."""
-        return self.memory_bytes - self.other_bytes
 
     @property
     def fits(self) -> bool:
@@ -171,6 +207,9 @@ class StageCost(StageCore):
             "optimizer_s": self.optimizer_s,
             "iteration_overhead_s": self.iteration_overhead_s,
             "memory_gib": self.memory_gib,
+            "peak_allocated_gib": self.allocated_bytes / g,
+            "peak_reserved_gib": self.reserved_bytes / g,
+            "allocator_cache_gib": (self.reserved_bytes - self.allocated_bytes) / g,
             "weights_gib": self.weights_bytes / g,
             "grads_gib": self.grads_bytes / g,
             "optimizer_gib": self.optimizer_bytes / g,
@@ -215,6 +254,14 @@ class PlanCost:
     def max_memory_gib(self) -> float:
         return max(s.memory_gib for s in self.stages)
 
+    @property
+    def max_allocated_gib(self) -> float:
+        return max(s.allocated_bytes for s in self.stages) / GIB_BYTES
+
+    @property
+    def max_reserved_gib(self) -> float:
+        return max(s.reserved_bytes for s in self.stages) / GIB_BYTES
+
     def time_breakdown(self) -> dict[str, float]:
         """Seconds of the iteration by mechanism (TIME_PARTS, zero entries omitted), summing to
         `iteration_time_s`: the slowest stage's per-micro-batch parts times the micro-batches, the pipeline
@@ -249,6 +296,8 @@ class PlanCost:
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
             "max_memory_gib": self.max_memory_gib,
+            "max_allocated_gib": self.max_allocated_gib,
+            "max_reserved_gib": self.max_reserved_gib,
             "fits": self.fits,
             "memory_headroom": self.memory_headroom,
             "overflow_stages": self.overflow_stages,
@@ -329,9 +378,10 @@ class CostModel:
         self.routing = routing(model, training.moe_imbalance_factor, profiles.moe_imbalance_factor())
 
     # ---- lookups ----
-    def imbalance(self, ep: int) -> float:
-        """The busiest EP rank's tokens over the mean (planner/cost/dispatch.py `Routing`)."""
-        return self.routing.imbalance(ep)
+    def imbalance(self, ep: int, tokens_per_rank: float | None = None) -> float:
+        """The busiest EP rank's tokens over the mean, each EP rank routing `tokens_per_rank` tokens per micro-batch
+        (planner/cost/dispatch.py `Routing`)."""
+        return self.routing.imbalance(ep, tokens_per_rank)
 
     def device(self, name: str) -> DeviceProfile:
         return self.profiles.device(name)
@@ -399,9 +449,10 @@ class CostModel:
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
+        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         shape = LayerShape(
             tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, micro_batch_size=stage_mbs, seq_length=self.model.seq_length,
-            sequence_parallel=g.sequence_parallel and g.tp > 1, imbalance=self.imbalance(g.ep),
+            sequence_parallel=sp > 1, imbalance=self.imbalance(g.ep, stage_mbs * self.model.seq_length / g.cp / sp),
         )
         cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=self.kernels(device_type),
                           links=self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp),
@@ -409,16 +460,33 @@ class CostModel:
         self._layer_cache[key] = cost
         return cost
 
-    def pp_link(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str) -> LinkChoice:
-        """The link a pipeline send between stage a (type a_type) and the next (b_type) uses."""
+    def pp_link(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                crosses_nodes: bool | None) -> LinkChoice:
+        """The link a pipeline send from stage a (a_type, a_dp) to the next stage (b_type, b_dp) runs on: the link
+        between the two device types when they differ; else the node's own link when the two stages' ranks share a
+        node (`crosses_nodes` False, see `boundary_crosses_nodes`) and the inter-node link when they do not.
+        `crosses_nodes` None: the fastest link the pair can get wherever it sits in the pipeline (the search's
+        lower bounds)."""
         factors = tuple(sorted(self.corrections(a_type).items()))
         if a_type != b_type:
             link = self.profiles.cross_link(a_type, b_type, self.cluster)
             return LinkChoice(intra=link, inter=None, ranks_per_node=1, factors=factors)
         intra, inter, gpn = self._links(a_type)
-        if g.tp * g.cp * a_dp >= gpn:
-            return LinkChoice(intra=inter, inter=None, ranks_per_node=1, factors=factors)
-        return LinkChoice(intra=intra, inter=None, ranks_per_node=1, factors=factors)
+        if crosses_nodes is None:
+            crosses_nodes = not pipeline_boundary_may_stay_in_node(
+                g.tp * g.cp * a_dp, g.tp * g.cp * b_dp, gpn)
+        return LinkChoice(intra=inter if crosses_nodes else intra, inter=None, ranks_per_node=1, factors=factors)
+
+    def boundary_crosses_nodes(self, g: GlobalShape, a_type: str, a_offset_gpus: int, a_dp: int, b_type: str,
+                               b_dp: int) -> bool:
+        """Whether the pipeline sends from stage a to the next stage b leave a node: always between two device
+        types; inside one type, when a node boundary falls inside the two stages' rank blocks (stage a starts
+        `a_offset_gpus` into its type's GPUs: `type_offsets`; planner/schemas/pipeline.py
+        `pipeline_boundary_crosses_nodes`)."""
+        if a_type != b_type:
+            return True
+        return pipeline_boundary_crosses_nodes(a_offset_gpus, g.tp * g.cp * a_dp, g.tp * g.cp * b_dp,
+                                               self.gpus_per_node(a_type))
 
     # ---- a stage ----
     def stage_core(
@@ -472,6 +540,7 @@ class CostModel:
             context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
+            cache_fraction=allocator_cache_fraction(self.training.expandable_segments),
             parts=_merge_parts(lay.parts, ends.parts),
         )
 
@@ -695,18 +764,27 @@ class CostModel:
         in_flight = (2 if what == "weights" else 1) / len(kinds)
         return full_bytes / shards + full_bytes * in_flight
 
-    def p2p_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int) -> float:
-        """One pipeline send (per micro-batch, all virtual chunks) between adjacent stages a -> b, as exposed.
-        The interleaved schedule overlaps its sends with the next chunk's compute (Megatron's overlap_p2p_comm,
-        on by default and only there): only the per-send latency stays exposed; 1F1B waits for every send."""
+    def p2p_message_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                      crosses_nodes: bool | None) -> float:
+        """One pipeline message (a micro-batch's activations, or their gradient; one virtual chunk's) between
+        adjacent stages a -> b, on the link they share (`pp_link`): latency plus its bytes over the link."""
         model = self.model
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         mbs = self.stage_mbs(g, a_dp)
-        link = self.pp_link(g, a_type, a_dp, b_type)
-        if g.vpp > 1:
-            return g.vpp * link.intra.latency_us * US_S
+        link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
         p2p_bytes = mbs * model.seq_length / g.cp / sp * model.hidden_size * self.training.activation_bytes
         return collective_s(link, "p2p", p2p_bytes, 2)
+
+    def p2p_parts(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                  crosses_nodes: bool | None) -> tuple[float, float]:
+        """(L, M) of the link a -> b per micro-batch, as one of its two stages pays it (`stage_time_with_links`):
+        under 1F1B its one message, waited for, and nothing overlapped (message, 0); interleaved, v latencies
+        and the v messages (one per virtual chunk) that the compute overlaps (v * latency, v * message)."""
+        message = self.p2p_message_s(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        if g.vpp == 1:
+            return message, 0.0
+        link = self.pp_link(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        return g.vpp * link.intra.latency_us * US_S, g.vpp * message
 
     @staticmethod
     def inflight_microbatches(g: GlobalShape, index: int) -> float:
@@ -721,23 +799,33 @@ class CostModel:
     def stage(
         self, g: GlobalShape, *, index: int, device_type: str, start: int, end: int, dp: int,
         recompute: Recompute, prev_type: str | None, next_type: str | None, prev_dp: int | None = None,
-        next_dp: int | None = None,
+        next_dp: int | None = None, offset_gpus: int,
     ) -> StageCost:
-        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`.
-        Its time includes the sends on both of its pipeline links (t_i of the schedule formula)."""
+        """Price stage `index` holding decoder layers [start, end) on `device_type` with `dp`, its ranks starting
+        `offset_gpus` into its type's GPUs (`type_offsets`).  Its time includes what its pipeline sends on both
+        links add to its forward and backward (t_i of the schedule formula, `stage_time_with_links`)."""
         core = self.stage_core(g, device_type=device_type, start=start, end=end, dp=dp, recompute=recompute,
                                is_first=prev_type is None, is_last=next_type is None)
-        pp_s = 0.0
+        link_in = link_out = (0.0, 0.0)
+        send_out_s = 0.0
         if next_type is not None:
-            pp_s += self.p2p_s(g, device_type, dp, next_type, next_dp or dp)
+            nd = next_dp or dp
+            out = self.boundary_crosses_nodes(g, device_type, offset_gpus, dp, next_type, nd)
+            send_out_s = self.p2p_message_s(g, device_type, dp, next_type, nd, crosses_nodes=out)
+            link_out = self.p2p_parts(g, device_type, dp, next_type, nd, crosses_nodes=out)
         if prev_type is not None:
-            pp_s += self.p2p_s(g, prev_type, prev_dp or dp, device_type, dp)
-        return StageCost.place(core, index=index, pp_comm_s=pp_s,
+            pd = prev_dp or dp
+            into = self.boundary_crosses_nodes(g, prev_type, offset_gpus - g.tp * g.cp * pd, pd, device_type, dp)
+            link_in = self.p2p_parts(g, prev_type, pd, device_type, dp, crosses_nodes=into)
+        pp_s = float(stage_time_with_links(core.forward_s, core.backward_s, link_in, link_out)) - core.time_s
+        return StageCost.place(core, index=index, pp_comm_s=pp_s, send_out_s=send_out_s,
+                               fill_out_s=link_fill_s(g.vpp, *link_out),
                                inflight_microbatches=self.inflight_microbatches(g, index))
 
     # ---- a plan ----
     def evaluate(self, plan: Plan) -> PlanCost:
         g = GlobalShape.of(plan)
+        offsets = type_offsets([(sp.device_type, plan.tp * plan.cp * sp.dp) for sp in plan.stages])
         stages = []
         for i, (sp, (start, end)) in enumerate(zip(plan.stages, plan.layer_ranges())):
             stages.append(self.stage(
@@ -747,6 +835,7 @@ class CostModel:
                 next_type=plan.stages[i + 1].device_type if i + 1 < plan.pp else None,
                 prev_dp=plan.stages[i - 1].dp if i > 0 else None,
                 next_dp=plan.stages[i + 1].dp if i + 1 < plan.pp else None,
+                offset_gpus=offsets[i],
             ))
         return self.combine(plan, stages)
 
@@ -754,7 +843,7 @@ class CostModel:
         m = plan.num_microbatches
         v = plan.vpp
         times = [s.time_s for s in stages]
-        pipeline = sum(times) / v + (m - 1.0 / v) * max(times)
+        pipeline = sum(times) / v + (m - 1.0 / v) * max(times) + sum(s.fill_out_s for s in stages)
         busy = m * max(times)
         sync = max(s.sync_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
@@ -823,6 +912,30 @@ class _Params:
 
     def optimizer_bytes(self, pb: ParamBytes) -> float:
         return self.shard * pb.optimizer
+
+
+def link_fill_s(vpp: int, floor_s: float, traffic_s: float) -> float:
+    """What a pipeline boundary with link (L, M) (CostModel.p2p_parts) adds to the interleaved pipeline's fill and
+    drain: the first micro-batch crosses it v times forward and v times backward, each a whole message
+    (2 * (M - L / v): the v messages each way, less the latency the bubble's share of t_i already holds).  The
+    discrete-event simulation with waits for sends matches the formula with it to a few percent where the
+    messages are shorter than a chunk's compute (tests/test_simulate_vs_model.py).  0 under 1F1B, whose t_i
+    already waits for every message."""
+    if vpp == 1:
+        return 0.0
+    return 2.0 * (traffic_s - floor_s / vpp)
+
+
+def type_offsets(stages: list[tuple[str, int]]) -> list[int]:
+    """Per stage (device type, GPUs), the GPUs of its type the stages before it hold: where its block of ranks
+    starts among its type's GPUs (the ranks of a type fill its nodes in stage order, planner/launcher/common.py
+    `place_agents`)."""
+    used: dict[str, int] = {}
+    out = []
+    for device_type, gpus in stages:
+        out.append(used.get(device_type, 0))
+        used[device_type] = out[-1] + gpus
+    return out
 
 
 def _memory_overhead_gib(profiles, dev: DeviceProfile) -> float:

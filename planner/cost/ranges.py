@@ -1,118 +1,201 @@
-"""A plan's iteration time with its uncertainty: the range [low, high] around the cost model's nominal time.
+"""A plan's iteration time with its range, and the evidence behind it.
 
-The cost model's time is built from mechanisms, each scaled by its correction kinds (profiles/corrections.yaml):
-dense GEMMs, attention, expert GEMMs, memory-bound passes, MoE token dispatch, the collectives (TP/CP
-communication, pipeline sends, gradient sync) and the host's fixed costs.  `MECHANISMS` groups those kinds into
-seven families.  Each family
-has two relative uncertainties (profiles/uncertainty.yaml, fitted by planner/calibration/uncertainty.py on the
-held-out residuals of the calibration runs): `slow`, how much its seconds are under-predicted on runs the fit has
-not seen, and `fast`, how much they are over-predicted.
+One evaluation, each mechanism with its own low and high.  The cost model splits every stage's time into named
+parts, and the parts into mechanisms (planner/cost/mechanisms.py: dense GEMMs, attention, expert GEMMs,
+memory-bound passes, expert dispatch, the TP/CP/DP collectives, pipeline sends, the host's overheads, the
+recomputed forward).  The ends of the range are that same evaluation with each mechanism's seconds in each stage
+multiplied by its own factor (`RangeEnd`): at the top 1 / (1 - u), at the bottom 1 / (1 + u), where u is the
+mechanism's held-out relative uncertainty (profiles/uncertainty.yaml, fitted on the calibration runs by
+planner/calibration/uncertainty.py).  The stage times so scaled go through the same schedule (a slower stage
+also lengthens the bubble) and the same per-iteration sync, so there is no second formula.  Overlap is taken as
+the nominal evaluation found it: a mechanism's exposed seconds are scaled (a transfer the model hides stays
+hidden).
 
-A plan's range is the same evaluator run with every family's corrections scaled: the high end with each
-family's seconds divided by (1 - slow), the low end by (1 + fast).  So the range follows the mechanisms the plan
-leans on, through the schedule (a slower stage also lengthens the bubble) and the overlaps, with no second
-formula.  The pessimistic cost model (the high end) is what `solve` optimises by default: the search tables are
-built from it, and the reported nominal time is the float cost model's.
+Where the evidence ends.  Each mechanism's conditions in each stage (device, link, dispatcher, tokens per
+expert, ...: planner/cost/mechanisms.py) are compared with the region its calibration runs cover
+(planner/uncertainty.py `Region`).  Outside it the mechanism's uncertainty is multiplied by the fitted
+extrapolation factor (`time.extrapolation`), and when the mechanism carries at least UNMEASURED_MIN_SHARE of the
+plan's time the plan is *extrapolated* and the conditions are named (`Evidence.unmeasured`).
+
+The top end is a CostModel (`RangeEnd`, a view sharing the nominal model's memo tables) whose `stage_core`,
+`p2p_parts` and `evaluate` the search tables are built from when `solve` optimises the pessimistic time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from planner.cost.model import CostModel, PlanCost
-from planner.profile_tables import CORRECTION_KINDS, ProfileSet
+from planner.cost.mechanisms import MECHANISM_OF_PART, MECHANISMS, Conditions, send_conditions, \
+    stage_conditions
+from planner.cost.model import CostModel, GlobalShape, StageCore
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
-from planner.schemas.device import Provenance
 from planner.schemas.model import ModelSpec
-from planner.schemas.plan import Plan
+from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
-from planner.uncertainty import Uncertainty, shipped_uncertainty
+from planner.uncertainty import Region, Uncertainty, shipped_uncertainty, user_region
 
-_FAMILIES: dict[str, tuple[str, ...]] = {
-    "gemm": ("gemm", "fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8"),
-    "attention": ("attention",),
-    "expert_gemm": ("grouped_gemm",),
-    "memory_bound": ("memory_bound",),
-    "expert_dispatch": ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather", "all_to_all"),
-    "collectives": ("all_reduce", "all_gather", "reduce_scatter", "p2p"),
-    "host": ("host_overhead", "iteration_overhead"),
-}
-MECHANISMS: dict[str, tuple[str, ...]] = {
-    family: tuple(k for k in kinds if k in CORRECTION_KINDS) for family, kinds in _FAMILIES.items()
-}
-"""Mechanism family -> the correction kinds (planner/profile_tables.py) whose seconds it covers (a family whose
-kinds the loaded tables do not define covers nothing: its share is 0)."""
-MAX_UNCERTAINTY = 0.8  # a family's seconds are never scaled by more than 1/(1 - 0.8) = 5x
-SHARE_STEP = 0.01  # the relative step of the finite difference in `time_shares`
+MAX_UNCERTAINTY = 0.8  # a mechanism's seconds are never scaled by more than 1/(1 - 0.8) = 5x
+SHARE_STEP = 0.01  # the relative step of the finite difference in `RangeModel.shares`
+UNMEASURED_MIN_SHARE = 0.03
+"""A mechanism outside its region is named (and the plan marked extrapolated) when it carries at least this share
+of the plan's time; below it, it only widens the range."""
+EVIDENCE_MIN_SHARE = 0.02
+"""A calibration run is evidence for a mechanism's conditions when they carry at least this share of its time (a
+little below UNMEASURED_MIN_SHARE, so a run priced again as its own plan is never extrapolated)."""
+
+Multiplier = Callable[[Conditions], float]
 
 
-def scaled_profiles(profiles: ProfileSet, multipliers: dict[str, float], why: str) -> ProfileSet:
-    """`profiles` with every correction kind of each family multiplied by the family's multiplier."""
-    entries = {}
-    for family, m in multipliers.items():
-        if m == 1.0:
-            continue
-        for kind in MECHANISMS[family]:
-            for device in profiles.names():
-                entries[(device, kind)] = profiles.correction(device, kind) * m
-    if not entries:
-        return profiles
-    return profiles.with_corrections(entries, Provenance(kind="calibrated", source=why))
+class RangeEnd(CostModel):
+    """The nominal cost model's evaluation with each mechanism's seconds in each stage multiplied by
+    `multiplier(conditions)`: a view that shares the nominal model's specs and memo tables (one evaluator)."""
+
+    def __init__(self, nominal: CostModel, multiplier: Multiplier) -> None:  # shares the nominal's state instead
+        self.__dict__.update(nominal.__dict__)
+        self._multiplier = multiplier
+        self._ends: dict = {}
+        self._part_factors: dict = {}
+
+    def part_factors(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute) -> dict[str, float]:
+        """Per time part of a stage of `device_type` with `dp` and `recompute`, its mechanism's multiplier."""
+        key = (g, device_type, dp, recompute.label)
+        hit = self._part_factors.get(key)
+        if hit is None:
+            conditions = stage_conditions(self, g, device_type, dp, recompute)
+            hit = self._part_factors[key] = {part: self._multiplier(conditions[m])
+                                             for part, m in MECHANISM_OF_PART.items() if m in conditions}
+        return hit
+
+    def stage_core(self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,
+                   is_first: bool, is_last: bool) -> StageCore:
+        key = (g, device_type, self._layer_is_moe[start:end], dp, recompute.label, is_first, is_last)
+        hit = self._ends.get(key)
+        if hit is None:
+            core = super().stage_core(g, device_type=device_type, start=start, end=end, dp=dp, recompute=recompute,
+                                      is_first=is_first, is_last=is_last)
+            hit = self._ends[key] = _scaled(core, self.part_factors(g, device_type, dp, recompute))
+        return hit
+
+    def p2p_parts(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
+                  crosses_nodes: bool | None) -> tuple[float, float]:
+        floor, traffic = super().p2p_parts(g, a_type, a_dp, b_type, b_dp, crosses_nodes=crosses_nodes)
+        f = self._multiplier(send_conditions(self, g, a_type, a_dp, b_type))
+        return floor * f, traffic * f
 
 
-def side_multipliers(uncertainty: Uncertainty, side: str) -> dict[str, float]:
-    """Per family, the multiplier of its seconds at the high ("slow") or low ("fast") end of the range."""
-    out = {}
-    for family in MECHANISMS:
-        u = min(MAX_UNCERTAINTY, uncertainty.mechanisms.get(f"{family}.{side}", 0.0))
-        out[family] = 1.0 / (1.0 - u) if side == "slow" else 1.0 / (1.0 + u)
-    return out
+def _scaled(core: StageCore, factor: dict[str, float]) -> StageCore:
+    """`core` with each time part's seconds multiplied by `factor` (a part not in it keeps its seconds), the
+    forward and backward in proportion, the per-iteration sync by its parts' factors."""
+    parts = tuple((name, sec * factor.get(name, 1.0)) for name, sec in core.parts)
+    before = sum(sec for _, sec in core.parts)
+    ratio = sum(sec for _, sec in parts) / before if before > 0 else 1.0
+    f = factor.get
+    return StageCore(**{  # dataclasses.replace, without its per-field introspection (the search calls this a lot)
+        **core.__dict__, "parts": parts, "forward_s": core.forward_s * ratio, "backward_s": core.backward_s * ratio,
+        "compute_s": core.compute_s * ratio, "recompute_s": core.recompute_s * f("recompute", 1.0),
+        "tp_comm_s": core.tp_comm_s * f("tp_comm", 1.0), "cp_comm_s": core.cp_comm_s * f("cp_comm", 1.0),
+        "ep_comm_s": core.ep_comm_s * f("ep_comm", 1.0), "dp_comm_s": core.dp_comm_s * f("dp_sync", 1.0),
+        "optimizer_s": core.optimizer_s * f("optimizer", 1.0),
+        "iteration_overhead_s": core.iteration_overhead_s * f("iteration_overhead", 1.0)})
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Whether the plan leans on mechanisms outside what the calibration runs measured, and which: per
+    mechanism its conditions in words a user can act on, and what the runs nearest to them measured."""
+
+    extrapolated: bool
+    unmeasured: tuple[tuple[str, str], ...] = ()  # (conditions, what the calibration runs cover instead)
+
+    def to_json(self) -> dict:
+        return {"extrapolated": self.extrapolated, "unmeasured": [f"{what} ({why})" for what, why in self.unmeasured]}
 
 
 @dataclass(frozen=True)
 class TimeRange:
-    """Iteration time: the nominal (the cost model's) and the range around it, seconds."""
+    """Iteration time: the nominal (the cost model's) and the range around it, seconds; with the evidence and,
+    per mechanism, the seconds its uncertainty alone adds at the top of the range (largest first)."""
 
     low_s: float
     nominal_s: float
     high_s: float
+    evidence: Evidence | None = None
+    widening_s: tuple[tuple[str, float], ...] = ()
 
     def contains(self, seconds: float) -> bool:
         return self.low_s <= seconds <= self.high_s
 
+    def overlaps(self, other: "TimeRange") -> bool:
+        return self.low_s <= other.high_s and other.low_s <= self.high_s
+
 
 class RangeModel:
-    """The nominal cost model and the two ends of its range, over the same inputs."""
+    """The nominal cost model and the two ends of its range over the same inputs, with the evidence region
+    (the shipped calibration's and the user's own measured runs from `--profiles`)."""
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet, *,
                  memory_headroom: float | None = None, uncertainty: Uncertainty | None = None) -> None:
         self.uncertainty = uncertainty or shipped_uncertainty()
+        self.region: Region = self.uncertainty.region + user_region(profiles.evidence_files)
         self.nominal = CostModel(model, training, cluster, profiles, memory_headroom=memory_headroom)
-        self.high = self._side(model, training, cluster, profiles, memory_headroom, "slow")
-        self.low = self._side(model, training, cluster, profiles, memory_headroom, "fast")
+        self._spreads: dict[Conditions, float] = {}
+        self.high = RangeEnd(self.nominal, lambda c: 1.0 / (1.0 - self.spread(c)))
+        self.low = RangeEnd(self.nominal, lambda c: 1.0 / (1.0 + self.spread(c)))
 
-    def _side(self, model, training, cluster, profiles, memory_headroom, side: str) -> CostModel:
-        mult = side_multipliers(self.uncertainty, side)
-        if all(m == 1.0 for m in mult.values()):
-            return self.nominal
-        scaled = scaled_profiles(profiles, mult, f"{side} end of the range ({self.uncertainty.source})")
-        return CostModel(model, training, cluster, scaled, memory_headroom=memory_headroom)
+    def spread(self, c: Conditions) -> float:
+        """The relative uncertainty of the mechanism's seconds in conditions `c`: its held-out figure, times the
+        extrapolation factor outside the region."""
+        hit = self._spreads.get(c)
+        if hit is None:
+            u = self.uncertainty.mechanisms.get(c.mechanism, 0.0)
+            if not self.region.covers(c):
+                u *= self.uncertainty.extrapolation
+            hit = self._spreads[c] = min(MAX_UNCERTAINTY, u)
+        return hit
 
-    def time_range(self, plan: Plan, nominal: PlanCost | None = None) -> TimeRange:
+    def plan_conditions(self, plan: Plan) -> list[Conditions]:
+        """Every mechanism's conditions in every place of the plan (stages, pipeline links), each once."""
+        g = GlobalShape.of(plan)
+        out: dict[Conditions, None] = {}
+        for i, st in enumerate(plan.stages):
+            out.update(dict.fromkeys(stage_conditions(self.nominal, g, st.device_type, st.dp, st.recompute).values()))
+            if i + 1 < plan.pp:
+                out[send_conditions(self.nominal, g, st.device_type, st.dp, plan.stages[i + 1].device_type)] = None
+        return list(out)
+
+    def shares(self, plan: Plan, nominal_s: float | None = None) -> dict[Conditions, float]:
+        """Per conditions of the plan, the share of its iteration time they carry: d ln T / d ln(seconds), by a
+        finite difference of the one evaluation (overlaps, the bubble and the sync count as they do in T)."""
+        base = nominal_s if nominal_s is not None else self.nominal.evaluate(plan).iteration_time_s
+        out = {}
+        for c in self.plan_conditions(plan):
+            t = RangeEnd(self.nominal, lambda x, c=c: 1.0 + SHARE_STEP if x == c else 1.0).evaluate(plan)
+            out[c] = max(0.0, (t.iteration_time_s / base - 1.0) / SHARE_STEP)
+        return out
+
+    def evidence(self, plan: Plan, shares: dict[Conditions, float]) -> Evidence:
+        out = [(c.words(), self.region.why_not(c)) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])
+               if s >= UNMEASURED_MIN_SHARE and not self.region.covers(c)]
+        return Evidence(extrapolated=bool(out), unmeasured=tuple(out))
+
+    def widening(self, plan: Plan, nominal_s: float) -> tuple[tuple[str, float], ...]:
+        """Per mechanism, the seconds its uncertainty alone adds at the top of the range, largest first."""
+        out = []
+        for mech in MECHANISMS:
+            end = RangeEnd(self.nominal,
+                           lambda c, n=mech.name: 1.0 / (1.0 - self.spread(c)) if c.mechanism == n else 1.0)
+            added = end.evaluate(plan).iteration_time_s - nominal_s
+            if added > 0:
+                out.append((mech.name, added))
+        return tuple(sorted(out, key=lambda kv: -kv[1]))
+
+    def time_range(self, plan: Plan, nominal=None) -> TimeRange:
+        """The plan's range, with its evidence and what widens it (`nominal`: its PlanCost, when known)."""
         nominal_s = (nominal or self.nominal.evaluate(plan)).iteration_time_s
         return TimeRange(low_s=self.low.evaluate(plan).iteration_time_s, nominal_s=nominal_s,
-                         high_s=self.high.evaluate(plan).iteration_time_s)
+                         high_s=self.high.evaluate(plan).iteration_time_s,
+                         evidence=self.evidence(plan, self.shares(plan, nominal_s)),
+                         widening_s=self.widening(plan, nominal_s))
 
-
-def time_shares(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet,
-                plan: Plan) -> dict[str, float]:
-    """Per mechanism family, the share of the plan's predicted iteration time it carries: the elasticity
-    d ln(T) / d ln(family's seconds), by a finite difference of the one evaluator (so overlaps and the
-    bubble count as they do in T).  The shares sum to at most 1; the rest is time no correction kind scales."""
-    base = CostModel(model, training, cluster, profiles, memory_headroom=0.0).evaluate(plan).iteration_time_s
-    out = {}
-    for family in MECHANISMS:
-        stepped = scaled_profiles(profiles, {family: 1.0 + SHARE_STEP}, "share probe")
-        t = CostModel(model, training, cluster, stepped, memory_headroom=0.0).evaluate(plan).iteration_time_s
-        out[family] = max(0.0, (t / base - 1.0) / SHARE_STEP)
-    return out

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from planner.cost.model import CostModel
-from planner.profile_tables import ProfileSet
 from planner.schemas.parallel import Assumption, MegatronRun
 
 DISPATCHER_FLAG = "--moe-token-dispatcher-type"
@@ -85,24 +84,26 @@ def input_assumptions(
 def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False) -> MegatronRun:
     """The run with the MoE router imbalance (the busiest EP rank's tokens over the mean) added to
     `assumed` unless something states it: --moe-imbalance, forced balancing or a capacity factor
-    with padding (the cost model's routing regime), or a calibration from the user's own --profiles
-    (`user_profiles`).  The shipped calibration (published runs) is an assumption about your router."""
+    with padding (the cost model's routing regime), or router statistics from the user's own --profiles
+    (`user_profiles`).  The value printed is the one the run's own plan gets (its EP size and tokens per micro-batch);
+    other plans get their own (planner/cost/dispatch.py `Routing.imbalance`).  The shipped calibration (published
+    runs) is an assumption about your router."""
     model, training = run.model, run.training
     if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
         return run
-    calibrated = profiles.moe_imbalance_factor()
-    if user_profiles and calibrated is not None:
-        if calibrated != ProfileSet.load().moe_imbalance_factor():
-            return run  # the user's own calibration states it
+    if user_profiles and profiles.moe_imbalance_factor() is not None:
+        return run  # the user's own router statistics state it
     routing = CostModel(model, training, cluster, profiles).routing
     if routing.regime not in ("dropless", "capacity"):
         return run
-    value = routing.imbalance(2)  # any EP > 1
+    par = run.parallel
+    sp = par.tp if par.tp > 1 and par.sequence_parallel else 1
+    ep = par.ep if par.ep > 1 else 8
+    value = routing.imbalance(ep, training.micro_batch_size * model.seq_length / par.cp / sp)
     notes = [routing.assumed] if routing.assumed else []
-    source = ("shipped calibration (published runs)" if calibrated is not None
-              else "planner default (aux-loss balancing)")
-    if model.moe_expert_capacity_factor is not None and value == model.moe_expert_capacity_factor:
-        source += ", capped by --moe-expert-capacity-factor"
+    source = (f"real routing at EP {ep}, {model.num_experts // ep} experts per rank: {routing.source}"
+              + (f", clipped at --moe-expert-capacity-factor {model.moe_expert_capacity_factor:g}"
+                 if model.moe_expert_capacity_factor is not None else ""))
     source = "; ".join([source] + notes)
     extra = Assumption(name="MoE imbalance", value=round(value, 4), flag=IMBALANCE_FLAG, source=source)
     return run.model_copy(update={"assumed": tuple(run.assumed) + (extra,)})

@@ -15,8 +15,9 @@ import json
 import math
 import os
 import re
+import stat
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import yaml
 
@@ -60,15 +61,15 @@ def path_kind(path: str | Path, flag: str) -> Literal["file", "dir", "missing", 
         raise PlannerInputError(flag, f"cannot access {_short(text)}: {exc.strerror}") from None
     except ValueError:
         raise PlannerInputError(flag, "the path contains a character the system refuses") from None
-    if os.path.isdir(text):
+    if stat.S_ISDIR(st.st_mode):
         return "dir"
-    import stat
-
     return "file" if stat.S_ISREG(st.st_mode) else "other"
 
 
-def read_text(path: str | Path, flag: str, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
-    """The UTF-8 text of a regular file; every failure is one PlannerInputError naming `flag` and the file."""
+def open_regular(path: str | Path, flag: str) -> BinaryIO:
+    """`path` opened for reading in binary, once it is known to be a regular file: the check is made on
+    the opened file (opened without blocking, so a FIFO or a device never hangs the planner, and a file
+    swapped for one after a check is still refused).  Every failure is one PlannerInputError naming `flag`."""
     text_path = os.fspath(path)
     kind = path_kind(text_path, flag)
     shown = _short(text_path)
@@ -76,13 +77,28 @@ def read_text(path: str | Path, flag: str, *, max_bytes: int = MAX_DOCUMENT_BYTE
         raise PlannerInputError(flag, f"file not found: {shown}")
     if kind == "dir":
         raise PlannerInputError(flag, f"{shown} is a directory, not a file")
-    if kind == "other":
-        raise PlannerInputError(flag, f"{shown} is not a regular file")
     try:
-        with open(text_path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+        fd = os.open(text_path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
         raise PlannerInputError(flag, f"cannot read {shown}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlannerInputError(flag, f"{shown} is not a regular file (a pipe, socket or device is never read)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text(path: str | Path, flag: str, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of a regular file; every failure is one PlannerInputError naming `flag` and the file."""
+    shown = _short(os.fspath(path))
+    with open_regular(path, flag) as fh:
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise PlannerInputError(flag, f"cannot read {shown}: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
         raise PlannerInputError(flag, f"{shown} is larger than {max_bytes} bytes; this is not a file of this kind")
     try:

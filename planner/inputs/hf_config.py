@@ -1,7 +1,7 @@
 """HuggingFace `config.json` -> ModelSpec, for the families the planner knows.
 
 Field meanings follow the transformers configuration classes (LlamaConfig, MixtralConfig,
-Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config); a key the config leaves out
+Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config, GptOssConfig); a key the config leaves out
 takes that class's default.  Every architecture field is read, so that the launcher trains the
 model that was priced: rotary position embeddings (rope_theta, partial_rotary_factor, Llama-3.x
 and YaRN rope_scaling), the norm's epsilon, biases, QK-norm, the router (softmax or sigmoid,
@@ -118,8 +118,25 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**scaling, "rope_type": kind}
 
 
+GATED_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu"}
+"""`hidden_act` of the gated MLP every supported family builds (gate and up projections, then down), as Megatron's
+activation flag: SiLU is --swiglu.  Megatron has no flag for other gated activations (GeGLU, ReGLU), so a config
+naming one is refused rather than priced with the wrong MLP."""
+
+
+def _gated_activation(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The MLP activation from `hidden_act` (transformers' default for these families: silu)."""
+    act = cfg.get("hidden_act", "silu")
+    if act not in GATED_ACTIVATIONS:
+        raise PlannerInputError(
+            "config.json:hidden_act",
+            f"a gated MLP with {act!r} has no Megatron flag; supported: {', '.join(GATED_ACTIVATIONS)} (--swiglu)")
+    return {GATED_ACTIVATIONS[act]: True}
+
+
 def _common(cfg: dict[str, Any], name: str, family: str = "llama") -> dict[str, Any]:
-    """Fields every supported family shares: shape, vocabulary, GQA, RoPE, RMSNorm + SwiGLU, biases."""
+    """Fields every supported family shares: shape, vocabulary, GQA, RoPE, RMSNorm + a gated MLP (`hidden_act`),
+    biases."""
     heads = _int(cfg, "num_attention_heads")
     kv_heads = _int(cfg, "num_key_value_heads", heads)
     max_pos = _int(cfg, "max_position_embeddings", None)
@@ -134,7 +151,7 @@ def _common(cfg: dict[str, Any], name: str, family: str = "llama") -> dict[str, 
         "vocab_size": _int(cfg, "vocab_size"),
         "seq_length": seq,
         "max_position_embeddings": max_pos,
-        "swiglu": True,
+        **_gated_activation(cfg),
         "normalization": "RMSNorm",
         "norm_epsilon": _float(cfg, "rms_norm_eps", _EPS_DEFAULT.get(family, 1e-6)),
         "untie_embeddings_and_output_weights": not _bool(cfg, "tie_word_embeddings", False),
@@ -206,6 +223,8 @@ def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
         out["moe_shared_expert_intermediate_size"] = shared * out["moe_ffn_hidden_size"]
     elif shared_size:
         out["moe_shared_expert_intermediate_size"] = shared_size
+    if cfg.get("router_aux_loss_coef") is not None:  # Mixtral, Qwen-MoE: the load-balancing loss's weight
+        out["moe_aux_loss_coeff"] = _float(cfg, "router_aux_loss_coef", 0.0, positive=False)
     return _moe_recipe(out)
 
 
@@ -322,6 +341,19 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """gpt-oss (transformers' GptOssConfig): every layer MoE, biases on the attention, router and expert linears,
+    and a gated expert MLP whose activation is x * sigmoid(1.702 x) (GptOssExperts; it ignores `hidden_act`):
+    Megatron's --quick-geglu, as Megatron-Bridge's GPT-OSS provider builds it.  Its sliding-window layers, attention
+    sinks and clamped activation are not in the plan (`hf_config_notes`)."""
+    out = _common({**cfg, "hidden_act": "silu"}, name, "gpt_oss")
+    out.update(swiglu=False, quick_geglu=True, add_bias_linear=True, add_qkv_bias=False)
+    _experts(cfg, out)
+    if out["num_experts"] is None:
+        raise PlannerInputError("config.json:num_local_experts", "missing; a gpt-oss config must give its experts")
+    return _softmax_router(out, renormalised=True)  # GptOssTopKRouter: softmax over the top-k logits
+
+
 def _yarn(cfg: dict[str, Any]) -> dict[str, Any]:
     """MLA's YaRN rope scaling: --rotary-scaling-factor, --mscale, --mscale-all-dim."""
     scaling = _rope_scaling(cfg)
@@ -352,6 +384,9 @@ def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]
     router["moe_router_enable_expert_bias"] = method == "noaux_tc"
     factor = _float(cfg, "routed_scaling_factor", 1.0)
     router["moe_router_topk_scaling_factor"] = factor if factor != 1.0 else None
+    if cfg.get("aux_loss_alpha") is not None:  # the balance loss's weight, per sequence with seq_aux
+        router["moe_aux_loss_coeff"] = _float(cfg, "aux_loss_alpha", 0.0, positive=False)
+        router["moe_router_load_balancing_type"] = "seq_aux_loss" if _bool(cfg, "seq_aux", False) else "aux_loss"
     return router
 
 
@@ -365,6 +400,7 @@ _FAMILIES: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "qwen3_moe": _qwen3_moe,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
 }
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -376,6 +412,7 @@ _ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
@@ -423,6 +460,12 @@ def hf_config_notes(cfg: dict[str, Any]) -> list[str]:
                      "the other towers (vision/audio encoders and their projectors) are not in the plan, "
                      "their time or memory, nor in the launcher")
     text = _text_part(cfg)
+    if isinstance(text, dict) and _family_or_none(text) == "gpt_oss":
+        notes.append("config.json: gpt-oss's sliding-window layers (sliding_window, layer_types), attention sinks and "
+                     "clamped activation (swiglu_limit) are not in the plan: attention is priced as full causal "
+                     "attention on every layer (slower than it runs), and the launcher leaves out Megatron's "
+                     "--window-size, --window-attn-skip-freq, --softmax-type learnable and "
+                     "--activation-func-clamp-value: add them to train gpt-oss itself")
     kind = _rope_scaling(text).get("rope_type") if isinstance(text, dict) else None
     mla = _family_or_none(text) in ("deepseek_v2", "deepseek_v3")
     if kind not in (None, "default", "llama3") and not (kind == "yarn" and mla):

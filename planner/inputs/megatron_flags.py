@@ -528,8 +528,8 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     elif "position_embedding_type" in ns:
         model["position_embedding_type"] = ns["position_embedding_type"]
     if ns.get("quick_geglu"):
-        notes.append("--quick-geglu is a gated MLP (three weight matrices); the cost model prices the gate "
-                     "with --swiglu only, so this MLP is priced as two matrices")
+        notes.append("--quick-geglu is a gated MLP, priced with its three weight matrices; TFLOP/s/GPU and MFU count "
+                     "it with two, as Megatron's own FLOP count does (it gives the gate to --swiglu only)")
     if ns.get("group_query_attention"):
         model["num_query_groups"] = ns.get("num_query_groups", 1)  # Megatron's default is 1
     num_experts = ns.get("num_experts")

@@ -4,7 +4,6 @@ plus CLI overrides (`--tp 2 --pp 2 ...`).  Returns a validated MegatronRun."""
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -14,6 +13,8 @@ from planner.inputs.hf_config import hf_config_notes, looks_like_hf_config, mode
 from planner.inputs.megatron_flags import RunDraft, build_run, drop_flags, is_flag_token, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
+from planner.inputs.shell.flag_string import split_flag_string
+from planner.cost.memory import expandable_segments_of
 from planner.inputs.script import cluster_geometry, read_launcher_script, scheduler_fix
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
 from planner.schemas.cluster import ClusterSpec
@@ -186,6 +187,13 @@ def read_script(megatron_script: str, script_args: Sequence[str] | None = None, 
 _VALUE_OVERRIDES = {"gbs": "--global-batch-size", "mbs": "--micro-batch-size", "seq": "--seq-length"}
 
 
+def script_environment(script) -> dict[str, str]:
+    """The environment the script gives its launch: the variables it exports, then those assigned before the
+    launcher word (`VAR=value torchrun ...`), which win."""
+    exported = {name: value for name, value in script.env.items() if name in script.exported}
+    return {**exported, **script.launch_env}
+
+
 def _script_flags(script, extra: list[str], overrides: Mapping[str, Any]) -> list[str]:
     """The script's flags without those --megatron-args or a value override give again, then the
     --megatron-args (as argparse, the later value wins; the earlier one is not read at all)."""
@@ -236,10 +244,7 @@ def script_override_flags(megatron_args: str | list[str] | None, overrides: Mapp
 
 def _split_args(megatron_args: str | list[str]) -> list[str]:
     if isinstance(megatron_args, str):
-        try:
-            return shlex.split(megatron_args, comments=False)
-        except ValueError as exc:
-            raise PlannerInputError("--megatron-args", f"cannot split the flag string: {exc}") from None
+        return split_flag_string(megatron_args)
     return list(megatron_args)
 
 
@@ -300,6 +305,9 @@ def resolve_run(
         except PlannerInputError as exc:
             raise explain_script_error(exc, script) from None
         source, source_name = "flags", str(megatron_script)
+        expandable = expandable_segments_of(script_environment(script))
+        if expandable is not None:
+            draft.training["expandable_segments"] = expandable
         ws = script.world_size
         if world_size is None and isinstance(ws, int) and ws > 0:
             world_size = ws

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import SchedulerValue, sbatch_values
 from planner.inputs.shell.interp import (
@@ -338,12 +339,13 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
     sourced: dict[str, str] = {}
     if interp.script_dir is not None:
         base = Path(interp.script_dir)
+        texts = dict(interp.sources)  # as read when sourced (never read twice)
         for f in interp.sourced:
             try:
                 rel = f.resolve().relative_to(base)
             except ValueError:
                 continue  # outside the script's directory: it is the cluster's (e.g. set_env.sh)
-            sourced[str(rel)] = f.read_text(encoding="utf-8")
+            sourced[str(rel)] = texts[str(f)]
     return LauncherScript(
         sourced=sourced,
         self_relative=interp.self_relative,
@@ -389,14 +391,5 @@ def read_launcher_script(path: str | Path, args: Iterable[str] | None = None, *,
     """Read and evaluate a launcher script file (see parse_launcher_script); a missing or unreadable
     file names --megatron-script."""
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_SCRIPT_BYTES:
-            raise PlannerInputError(FIELD, f"{p}: larger than {MAX_SCRIPT_BYTES >> 20} MiB")
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlannerInputError(FIELD, f"file not found: {p}") from None
-    except IsADirectoryError:
-        raise PlannerInputError(FIELD, f"{p} is a directory, not a script") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlannerInputError(FIELD, f"cannot read {p}: {exc}") from None
+    text = read_text(p, FIELD, max_bytes=MAX_SCRIPT_BYTES)
     return parse_launcher_script(text, args=args, path=str(p), scheduler=scheduler, deadline=deadline)

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
+from planner.launcher.common import LaunchOverrides
 from planner.launcher.flagscale import flagscale_files
 from planner.launcher.megatron import megatron_files
 from planner.profile_tables import ProfileSet
@@ -30,15 +31,18 @@ LAUNCHERS: dict[str, Callable[..., dict[str, str]]] = {
 def render_launch_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
     profiles: ProfileSet | None = None, hosts: Sequence[Host] | None = None,
+    overrides: LaunchOverrides = LaunchOverrides(),
 ) -> dict[str, str]:
     """{relative path: text} of every launcher file for the plan's runtime.  `profiles` (default: the
     shipped ones) says each device type's vendor: a runtime that cannot hold the plan's vendors in one
     job (profiles/runtimes.yaml) is refused, and launch.sh checks each node's devices with its vendor's
-    probe.  `hosts` (--hosts FILE): the real nodes; without them the host file is a template."""
+    probe.  `hosts` (--hosts FILE): the real nodes; without them the host file is a template.
+    `overrides`: flags a short trial adds and drops, and its log (planner/trials.py)."""
     render = LAUNCHERS.get(plan.runtime)
     if render is None:
         raise PlannerInputError("--runtime", f"unknown runtime {plan.runtime!r}; allowed: {', '.join(LAUNCHERS)}")
-    return render(run, plan, cluster, script, profiles=profiles or ProfileSet.load(), hosts=hosts)
+    return render(run, plan, cluster, script, profiles=profiles or ProfileSet.load(), hosts=hosts,
+                  overrides=overrides)
 
 
-__all__ = ["render_launch_files"]
+__all__ = ["LaunchOverrides", "render_launch_files"]

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.megatron_flags import drop_flags, fork_flags_in, is_flag_token
 from planner.inputs.script import LauncherScript
+from planner.launcher.quoting import runtime_refs, sh_word
 from planner.megatron.flags import (
-    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, array_of, model_flags, training_flags,
+    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, ROUTER_BALANCING_FLAGS, array_of, model_flags,
+    training_flags,
 )
 from planner.profile_tables import ProfileSet
 from planner.runtime import RunCheck, runtime_of
@@ -140,6 +141,18 @@ def effective_model(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, list[FlagI
     return model, []
 
 
+@dataclass(frozen=True)
+class LaunchOverrides:
+    """What a launch changes beyond the plan (a short trial: `solve --out DIR` writes DIR/trials/): flags
+    added on top of the plan's and the user's (`added`), flags of the user's dropped with their values
+    (`removed`), and the file each host copies the launch's output to (`log_name`: launch.sh's directory,
+    `<log_name>-<host>.log`)."""
+
+    added: tuple[str, ...] = ()
+    removed: frozenset[str] = frozenset()
+    log_name: str | None = None
+
+
 @dataclass
 class LaunchFlags:
     """The flags of a launch: what the user's command passes (`user_argv`), what the plan applies
@@ -152,6 +165,7 @@ class LaunchFlags:
     final: list[str]
     notes: list[str]
     generated: list[FlagItem]  # without a script: the run's flags for the generated arrays
+    refs: list[str] = field(default_factory=list)  # run-time references (${NAME}) of the user's flags: NAMEs
 
 
 def launch_flags(
@@ -160,17 +174,22 @@ def launch_flags(
     plan_items: list[FlagItem],
     script: LauncherScript | None,
     extra_items: Sequence[FlagItem] = (),
+    removed: Iterable[str] = (),
 ) -> LaunchFlags:
     """All flags for the entry script.  With a script: the script's own flags (plus the CLI
     overrides it was planned with), minus the flags the plan decides, plus the plan's flags.
-    Without: the run's model/training flags and its passthrough flags, then the plan's."""
+    Without: the run's model/training flags and its passthrough flags, then the plan's.  `extra_items`
+    are applied like the plan's; `removed` flags are dropped from the user's without replacement."""
     notes: list[str] = []
     overrides = group_flag_items(list(getattr(script, "extra_flags", []) or [])) if script is not None else []
     planned = {i.name for i in [*extra_items, *plan_items]}
     # the plan's flags replace the user's: a decided flag given with --megatron-args is not written twice
     overrides = [o for o in overrides if o.name not in planned and o.name not in PLAN_DECIDED_FLAGS]
     applied = [*overrides, *extra_items, *plan_items]
-    decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied})
+    if script is not None:  # the router setting that was priced, where the script leaves it to Megatron's default
+        given = {i.name for i in [*group_flag_items(list(script.megatron_flags)), *applied]}
+        applied += [FlagItem(n, v) for n, v in model_flags(model) if n in ROUTER_BALANCING_FLAGS and n not in given]
+    decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied} | set(removed))
     generated: list[FlagItem] = []
     if script is not None:
         user_argv = list(script.megatron_flags)
@@ -194,7 +213,11 @@ def launch_flags(
     changes = plan_changes(user_argv, applied, decided)
     if changes:
         notes.insert(0, "the plan sets: " + "; ".join(changes))
-    return LaunchFlags(user_argv, applied, decided, final, notes, generated)
+    refs = runtime_refs(flatten(overrides) if script is not None else user_argv)  # the script's own: its text's
+    if refs:
+        notes.append("expanded by launch.sh when it runs (it stops when one is unset): "
+                     + ", ".join(f"${{{r}}}" for r in refs))
+    return LaunchFlags(user_argv, applied, decided, final, notes, generated, refs)
 
 
 def array_order(items: list[FlagItem]) -> list[str]:
@@ -247,39 +270,18 @@ def runtime_notes(check: RunCheck, plan: Plan | None = None, final_flags: Sequen
 
 
 # --------------------------------------------------------------------------------------------
-# Quoting
+# Flag items in the generated shell (values quoted by planner/launcher/quoting.py)
 # --------------------------------------------------------------------------------------------
-def bash_value(value: str, live_refs: Sequence[str] = ()) -> str:
-    """A value in double quotes.  Texts in `live_refs` (what the input script left for bash to
-    expand: `${DATA_PATH}`, `$1`, `$(date)`) stay live; everything else is escaped."""
-    refs = sorted((r for r in live_refs if r and r in value), key=len, reverse=True)
-    out: list[str] = []
-    i = 0
-    while i < len(value):
-        for ref in refs:
-            if value.startswith(ref, i):
-                out.append(ref)
-                i += len(ref)
-                break
-        else:
-            c = value[i]
-            out.append("\\" + c if c in '\\"$`' else c)
-            i += 1
-    return '"' + "".join(out) + '"'
+def bash_item(item: FlagItem, live: Collection[str] = ()) -> str:
+    """One flag item as bash words: every token through `sh_word`, a ${NAME} in `live` (the run-time
+    references of the user's flags) left for bash to expand, all else literal."""
+    return " ".join(sh_word(t, live) for t in item.tokens())
 
 
-def bash_item(item: FlagItem, live_refs: Sequence[str] = ()) -> str:
-    """One flag item for a bash array line: the option bare, every value double-quoted."""
-    if item.inline:
-        return item.name + "=" + bash_value(item.values[0], live_refs)
-    head = item.name if is_flag_token(item.name) else bash_value(item.name, live_refs)
-    return " ".join([head, *(bash_value(v, live_refs) for v in item.values)])
-
-
-def args_file_text(items: Iterable[FlagItem]) -> str:
-    """megatron_args.txt: one flag per line, shell-quoted; shlex.split of the file gives the
-    exact argv back."""
-    return "\n".join(" ".join(shlex.quote(t) for t in item.tokens()) for item in items) + "\n"
+def args_file_text(items: Iterable[FlagItem], live: Collection[str] = ()) -> str:
+    """megatron_args.txt: one flag per line, as bash words (a run-time reference in `live` as "${NAME}",
+    which launch.sh expands); shlex.split of the file gives the argv back, references as ${NAME}."""
+    return "\n".join(bash_item(item, live) for item in items) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,6 +431,12 @@ TEMPLATE_HEADER = (
 )
 
 
+def host_file_type(device_type: str) -> str:
+    """A device type as one word of a host file (`type=RTX_4090`): FlagScale's reader takes `type=\\S+`, so
+    blanks become `_`; --hosts reads it back (device names match ignoring case, '-', '_' and spaces)."""
+    return re.sub(r"\s+", "_", device_type)
+
+
 def hostfile_text(agents: list[Agent], template: bool = False) -> str:
     """One line per host, in node-rank order: `host slots=N type=T` (FlagScale's and MPI's host-file
     form); a template (made-up names) says so in a comment header."""
@@ -443,7 +451,7 @@ def hostfile_text(agents: list[Agent], template: bool = False) -> str:
             types[ag.host] = ag.device_type
         seen[ag.host] += ag.nproc
     for host in order:
-        lines.append(f"{host} slots={seen[host]} type={types[host]}")
+        lines.append(f"{host} slots={seen[host]} type={host_file_type(types[host])}")
     return (TEMPLATE_HEADER if template else "") + "\n".join(lines) + "\n"
 
 

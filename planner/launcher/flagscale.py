@@ -23,9 +23,11 @@ from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
     Agent,
     FlagItem,
+    LaunchOverrides,
     args_file_text,
     effective_model,
     group_flag_items,
+    host_file_type,
     hostfile_text,
     slurm_hostfiles,
     job_check,
@@ -35,6 +37,7 @@ from planner.launcher.common import (
     recompute_flag_items,
     runtime_notes,
 )
+from planner.launcher.quoting import comment_lines
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
 from planner.inputs.megatron_flags import fork_flags_in
@@ -125,8 +128,8 @@ def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh],
         "enable_hetero": True,
         "hetero_process_meshes": [n for mesh in meshes for n in mesh.numbers()],
         "hetero_pipeline_layer_split": [s.num_layers for s in plan.stages],
-        "hetero_device_types": [mesh.device_type for mesh in meshes],
-        "hetero_current_device_type": meshes[0].device_type,
+        "hetero_device_types": [host_file_type(mesh.device_type) for mesh in meshes],
+        "hetero_current_device_type": host_file_type(meshes[0].device_type),
     }
     if model.is_moe:
         hetero["expert_tensor_parallel_size_per_process_mesh"] = [mesh.etp for mesh in meshes]
@@ -170,7 +173,7 @@ def flagscale_plan_items(plan: Plan, model: ModelSpec, meshes: list[Mesh],
 # --------------------------------------------------------------------------------------------
 # YAML
 # --------------------------------------------------------------------------------------------
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z_0-9]*|[1-9])\}|\$([A-Za-z_][A-Za-z_0-9]*|[1-9])")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z_0-9]*|[1-9])\}|\$([A-Za-z_][A-Za-z_0-9]*|[1-9])|(\$\{)")
 SCRIPT_ARG_ENV = "HAPMOE_SCRIPT_ARG_"
 """`$3` of the input script becomes ${oc.env:HAPMOE_SCRIPT_ARG_3} in the YAML: FlagScale's runner writes the
 flags into a host script `cmd="torchrun ... $3"`, where the positional parameter would expand to nothing."""
@@ -182,10 +185,18 @@ def _env_name(ref: str) -> str:
 
 def _yaml_scalar(value: str) -> Any:
     """Integers as ints; `${NAME}` / `$NAME` as OmegaConf's env resolver (a positional `$N` as
-    HAPMOE_SCRIPT_ARG_N, which the user exports: the YAML has no arguments), the rest as text."""
+    HAPMOE_SCRIPT_ARG_N, which the user exports: the YAML has no arguments), the rest as text (any other
+    `${` escaped, so OmegaConf reads it as text)."""
     if re.fullmatch(r"-?\d+", value):
         return int(value)
-    return _ENV_REF.sub(lambda m: "${oc.env:" + _env_name(m.group(1) or m.group(2)) + "}", value)
+    return _ENV_REF.sub(lambda m: "\\${" if m.group(3) else "${oc.env:" + _env_name(m.group(1) or m.group(2)) + "}", value)
+
+
+def _yaml_literal(value: Any) -> Any:
+    """Text (a device type) as OmegaConf reads it back, `${` escaped; numbers and switches unchanged."""
+    if isinstance(value, list):
+        return [_yaml_literal(v) for v in value]
+    return value.replace("${", "\\${") if isinstance(value, str) else value
 
 
 def env_refs(cfg: Any) -> list[str]:
@@ -239,7 +250,7 @@ def train_yaml(items: list[FlagItem], sections: dict[str, Any]) -> dict[str, Any
         for part in path:
             node = node.setdefault(part, {})
         node[key] = _yaml_value(item)
-    cfg["system"]["hetero"] = sections["hetero"]
+    cfg["system"]["hetero"] = {key: _yaml_literal(value) for key, value in sections["hetero"].items()}
     if sections["recompute"]:
         cfg["system"]["recompute"] = sections["recompute"]
     checkpoint = cfg["system"].setdefault("checkpoint", {})
@@ -259,9 +270,9 @@ def visible_device_envs(agents: list[Agent], profiles: ProfileSet) -> dict[str, 
         probe = profiles.probe(profiles.vendor(ag.device_type))
         var = probe.visible_devices if probe is not None else "CUDA_VISIBLE_DEVICES"
         slots = sum(a.nproc for a in agents if a.host == ag.host)
-        current = out.get(ag.device_type, {}).get(var, "")
+        current = out.get(host_file_type(ag.device_type), {}).get(var, "")
         if len(current.split(",")) < slots or not current:
-            out[ag.device_type] = {var: ",".join(str(g) for g in range(slots))}
+            out[host_file_type(ag.device_type)] = {var: ",".join(str(g) for g in range(slots))}
     return out
 
 
@@ -307,7 +318,7 @@ _Dumper.add_representer(list, _represent_list)
 
 def _dump(header: str, data: dict[str, Any]) -> str:
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
-    return "".join(f"# {line}\n" for line in header.splitlines()) + body
+    return "".join(line + "\n" for line in comment_lines(header.split("\n"))) + body
 
 
 def train_config_text(run: MegatronRun) -> str:
@@ -339,7 +350,7 @@ def refuse_what_flagscale_refuses(items: list[FlagItem]) -> None:
 
 def flagscale_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
-    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None, overrides: LaunchOverrides = LaunchOverrides(),
 ) -> dict[str, str]:
     """{relative path: text} for the flagscale runtime; refuses (PlannerInputError) a plan
     FlagScale cannot run, with the reason.  A job over several vendors communicates through FlagCX
@@ -356,7 +367,8 @@ def flagscale_files(
     agents = place_agents(plan, cluster, hosts)
     cross_vendor = len({profiles.vendor(s.device_type).lower() for s in plan.stages}) > 1
     plan_items, sections = flagscale_plan_items(plan, model, meshes, cross_vendor)
-    flags = launch_flags(run, model, plan_items + rule_items, script)
+    flags = launch_flags(run, model, plan_items + rule_items, script, group_flag_items(list(overrides.added)),
+                         overrides.removed)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
@@ -365,7 +377,7 @@ def flagscale_files(
     if script is not None and script.entry_script.rsplit("/", 1)[-1] != FLAGSCALE_ENTRY.rsplit("/", 1)[-1]:
         notes.append(f"entry {script.entry_script} replaced by FlagScale's {FLAGSCALE_ENTRY}")
     per_agent = {
-        ag.node_rank: [FlagItem("--hetero-current-device-type", [ag.device_type])] for ag in agents
+        ag.node_rank: [FlagItem("--hetero-current-device-type", [host_file_type(ag.device_type)])] for ag in agents
     }
     needs_conn = needs_max_connections(plan, flags.final)
     if needs_conn:
@@ -384,6 +396,8 @@ def flagscale_files(
         master_port=_master_port(script),
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
+        refs=flags.refs,
+        log_name=overrides.log_name,
     )
     items = group_flag_items(flags.final)
     refuse_what_flagscale_refuses(items)
@@ -395,7 +409,7 @@ def flagscale_files(
                    + (f" ({SCRIPT_ARG_ENV}N: the input script's N-th argument, which solve was not given)"
                       if any(n.startswith(SCRIPT_ARG_ENV) for n in needed) else ""))
     return {
-        "megatron_args.txt": args_file_text(items),
+        "megatron_args.txt": args_file_text(items, flags.refs),
         "launch.sh": script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec),
         "hostfile": hostfile_text(agents, template=hosts is None),
         **(slurm_hostfiles(agents) if hosts is not None else {}),

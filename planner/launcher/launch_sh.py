@@ -20,18 +20,26 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
     script's when it gives them;
   * behind srun/mpirun (or plain python) the launcher's own options are kept: the scheduler
     places ranks, so its host order must follow the hostfile;
-  * with `launch.sh --dry-run ARGS...` prints the command every node would run and exits.
+  * with `launch.sh --dry-run ARGS...` prints the command every node would run and exits; before
+    that, nothing of the script runs but read-only tools (DRY_RUN_TOOLS): every other command,
+    however it is started (xargs, a `bash -c` string), prints itself instead.
+
+Every value from the input in the block (device types, host names, flags, the entry script's name)
+is written by planner/launcher/quoting.py (`sh_quote`, `sh_word`, `comment_lines`); the block's
+function and variable names are the planner's own.  What `--dry-run` does not stop: a redirection in
+the script itself (`> FILE`) still writes FILE, and a program the script runs by its full path
+(`/usr/bin/cp`) still runs.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
-from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, arrays_of, bash_item, bash_value
+from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, arrays_of, bash_item
+from planner.launcher.quoting import comment_lines, one_line, sh_quote
 from planner.profile_tables import ProfileSet
 
 # torchrun options the plan decides (placement); master address/port stay the user's.
@@ -68,6 +76,8 @@ class LaunchSpec:
     master_port: str = str(DEFAULT_MASTER_PORT)
     node_checks: dict[str, NodeCheck] = field(default_factory=dict)  # device type -> how to check a node
     real_hosts: bool = False  # host names from --hosts (else the template's): SLURM placement is emitted
+    refs: list[str] = field(default_factory=list)  # variables the plan's flags refer to (${NAME}): checked set
+    log_name: str | None = None  # copy this host's output to HAPMOE_DIR/<log_name>-<host>.log (LaunchOverrides)
 
 
 def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, NodeCheck]:
@@ -81,15 +91,29 @@ def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, 
     return out
 
 
-def _case_pattern(names: Iterable[str]) -> str:
-    return "|".join(sorted(names)) or "--hapmoe-nothing-decided"
+def _case_pattern(values: Iterable[str]) -> str:
+    """A `case` pattern that matches exactly these values (each quoted: no glob, no expansion)."""
+    return "|".join(sh_quote(v) for v in sorted(values)) or "--hapmoe-nothing-decided"
+
+
+def _ere(text: str) -> str:
+    """`text` as a POSIX extended regular expression matching it literally (a control character, which
+    grep cannot take in a pattern, matches any character)."""
+    return re.sub(r"[][\\.^$*+?(){}|]", lambda m: "\\" + m.group(0), re.sub(r"[\x00-\x1f\x7f]", ".", text))
+
+
+SHADOWED_LAUNCHERS = re.compile(r"torchrun|python[0-9.]*")
+"""The launcher words a shell function may stand in for (planner/inputs/shell/interp.launch_split): the only
+input that names a function in launch.sh, and only when it is one of these."""
 
 
 def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[str]:
     """The bash functions that apply the plan at the launch statement."""
     lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
     lines += _dry_run_and_decided(spec)
-    lines += dry_run_stubs()
+    lines += _log_lines(spec)
+    lines += dry_run_stubs(spec)
+    lines += _refs_function(spec)
     lines += _agent_function(spec)
     lines += node_check_function(spec)
     lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
@@ -100,7 +124,10 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     lines += srun_function(spec, entry_name)
     exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun"
+    exported += " hapmoe_need_refs" if spec.refs else ""
     if shadow and shadow != "srun":
+        if not SHADOWED_LAUNCHERS.fullmatch(shadow):
+            raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
         lines += [
             f"# The launch runs inside a string or a sourced file: {shadow} reaches the plan through this function.",
             f"{shadow}() {{ hapmoe_launch {shadow} \"$@\"; }}",
@@ -110,14 +137,21 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     return lines
 
 
-# Commands a dry run must not run (the cluster, the file system, the network, Python), shadowed by
-# functions that print them instead; exported, so `bash -c "..."` strings see them too.  srun runs its
-# command (a `bash -c` string, whose launch then prints every node's command) under the same stubs;
-# launch.sh's own launch (hapmoe_launch) prints and exits.
-DRY_RUN_STUBS = ("mpirun", "mpiexec", "salloc", "scancel", "python", "python3", "torchrun", "deepspeed",
-                 "mkdir", "rm", "rmdir", "cp", "mv", "ln", "touch", "chmod", "chown", "tee", "dd", "rsync", "scp",
-                 "ssh", "pdsh", "wget", "curl", "pip", "pip3", "git", "docker", "apptainer", "singularity", "enroot",
-                 "kill", "pkill", "tar", "unzip", "sleep", "nohup")
+# --dry-run runs only what reads: the tools of DRY_RUN_TOOLS (the script computes values with them); any other
+# command found on PATH prints itself instead ("[dry-run, not run] ...") and succeeds.  PATH points nowhere during
+# a dry run, so every program, whatever runs it (xargs, a `bash -c` string), reaches command_not_found_handle,
+# which runs the tools from the real PATH; the commands of DRY_RUN_STUBS are shell functions besides, in case the
+# script puts a directory of its own on PATH.  Both are exported, so child shells see them.
+DRY_RUN_TOOLS = ("basename", "dirname", "realpath", "readlink", "date", "hostname", "whoami", "id", "uname", "nproc",
+                 "seq", "expr", "cat", "head", "tail", "cut", "tr", "wc", "sort", "uniq", "grep", "egrep", "fgrep",
+                 "sed", "awk", "gawk", "mawk", "shuf", "printenv", "getconf", "ls", "stat", "du", "df", "free", "find",
+                 "scontrol", "bash", "sh")
+"""Read-only tools a dry run runs: `find` without -exec/-delete/-fprint, `sed` without -i, `sort` without -o,
+`scontrol show` only; `sh` runs as bash (which sees the exported stubs)."""
+DRY_RUN_STUBS = ("mpirun", "mpiexec", "salloc", "scancel", "torchrun", "deepspeed", "xargs", "parallel",
+                 "mkdir", "rm", "rmdir", "cp", "mv", "ln", "touch", "chmod", "chown", "install", "truncate", "unlink",
+                 "dd", "rsync", "scp", "ssh", "pdsh", "wget", "curl", "aria2c", "huggingface-cli", "pip", "pip3", "git",
+                 "docker", "apptainer", "singularity", "enroot", "kill", "pkill", "tar", "unzip", "sleep", "nohup")
 
 
 # srun/sbatch options that take their value as the next word (`--opt=value` is one word either way)
@@ -126,17 +160,46 @@ _SCHEDULER_VALUE_OPTIONS = ("-N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntask
                             "--gpus-per-node")
 
 
-def dry_run_stubs() -> list[str]:
-    """`--dry-run`: every command of DRY_RUN_STUBS prints itself on stderr and returns 0 (srun: see
-    srun_function); `cd` into a directory that does not exist yet is allowed."""
+def dry_run_stubs(spec: LaunchSpec) -> list[str]:
+    """`--dry-run`: only DRY_RUN_TOOLS run; every other command prints itself on stderr and returns 0 (srun:
+    see srun_function).  `python -c "...device_count()..."` answers node 0's GPUs (the plan's), which the
+    script may compute --nproc-per-node or --nnodes from; `cd` into a directory that does not exist yet is
+    allowed."""
+    gpus = spec.agents[0].host_gpus if spec.agents else 0
     return [
         "",
-        "# --dry-run: nothing of the script that touches the cluster, the files or the network runs.",
+        "# --dry-run: only tools that read run; every other command prints itself and succeeds.",
         "hapmoe_dry() { printf '[dry-run, not run] %s\\n' \"$*\" >&2; return 0; }",
+        "hapmoe_dry_python() {",
+        '    hapmoe_dry "$@"',
+        '    if [[ "${2:-}" == -c && "${3:-}" == *device_count\\(\\)* ]]; then',
+        f"        echo {gpus}; echo \"[dry-run] ... device_count() answered {gpus}: node 0's GPUs in the plan\" >&2",
+        "    fi",
+        "}",
         'if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
+        '    HAPMOE_REAL_PATH=$PATH; PATH=/nonexistent/hapmoe-dry-run; export HAPMOE_REAL_PATH PATH',
+        "    command_not_found_handle() {",
+        "        local a real",
+        '        case "$1" in',
+        '            python*) hapmoe_dry_python "$@"; return 0 ;;',
+        '            find) for a in "${@:2}"; do case "$a" in -exec|-execdir|-ok|-okdir|-delete|-fprint*|-fls)',
+        '                      hapmoe_dry "$@"; return 0 ;; esac; done ;;',
+        '            sed) for a in "${@:2}"; do case "$a" in -[!-]*i*|--in-place*) hapmoe_dry "$@"; return 0 ;; esac; done ;;',
+        '            sort) for a in "${@:2}"; do case "$a" in -[!-]*o*|--output*) hapmoe_dry "$@"; return 0 ;; esac; done ;;',
+        '            scontrol) [[ "${2:-}" == show ]] || { hapmoe_dry "$@"; return 0; } ;;',
+        '            sh) set -- bash "${@:2}" ;;',
+        f"            {'|'.join(t for t in DRY_RUN_TOOLS if t not in ('find', 'sed', 'sort', 'scontrol', 'sh'))}) ;;",
+        '            *) hapmoe_dry "$@"; return 0 ;;',
+        "        esac",
+        '        real=$(PATH=$HAPMOE_REAL_PATH type -P "$1") || { hapmoe_dry "$@"; return 0; }',
+        '        "$real" "${@:2}"',
+        "    }",
+        "    export -f command_not_found_handle",
         "    for hapmoe_c in " + " ".join(DRY_RUN_STUBS) + "; do",
         '        eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \\"\\$@\\"; }"; export -f "$hapmoe_c"',
         "    done",
+        '    python() { hapmoe_dry_python python "$@"; }; python3() { hapmoe_dry_python python3 "$@"; }',
+        "    export -f python python3 hapmoe_dry_python",
         "    cd() { builtin cd \"$@\" 2>/dev/null || hapmoe_dry cd \"$@\"; }; export -f cd",
         "    tee() { hapmoe_dry tee \"$@\"; command cat; }; export -f tee  # the output still shows",
         "    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints",
@@ -162,9 +225,9 @@ def node_check_function(spec: LaunchSpec) -> list[str]:
              '    local probe="" names="" vendor="" out tool',
              '    case "$3" in']
     for t, chk in spec.node_checks.items():
-        names = "|".join(re.escape(n) for n in chk.names)
-        lines.append(f"        {t}) vendor={shlex.quote(chk.vendor)}; probe={shlex.quote(chk.probe or '')}; "
-                     f"names={shlex.quote(names)} ;;")
+        names = "|".join(_ere(n) for n in chk.names)
+        lines.append(f"        {sh_quote(t)}) vendor={sh_quote(chk.vendor)}; probe={sh_quote(chk.probe or '')}; "
+                     f"names={sh_quote(names)} ;;")
     lines += [
         "    esac",
         '    if [[ -z "$probe" ]]; then echo "launch.sh: node $1 ($2): no device probe known for $3 ($vendor); '
@@ -189,7 +252,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
     stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts)."""
     place = ["    local hapmoe_train=0 w",
-             '    for w in "$@"; do [[ "$w" == *' + shlex.quote(entry_name) + '* || "$w" == *torchrun* ]] '
+             '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
     if spec.real_hosts:
         place += [
@@ -238,6 +301,27 @@ def _dry_run_and_decided(spec: LaunchSpec) -> list[str]:
     ]
 
 
+def _refs_function(spec: LaunchSpec) -> list[str]:
+    """`hapmoe_need_refs`: the variables the plan's flags refer to (${NAME}, left for run time) must be set;
+    launch.sh stops with a message naming the first one that is not.  Nothing when there are none."""
+    if not spec.refs:
+        return []
+    names = " ".join(spec.refs)  # RUNTIME_REF names: identifiers, never other text
+    return [
+        "",
+        "# The variables the plan's flags refer to, expanded when launch.sh runs: each must be set.",
+        "hapmoe_need_refs() {",
+        "    local v",
+        f"    for v in {names}; do",
+        '        if [[ -z "${!v:-}" ]]; then',
+        '            echo "launch.sh: set $v: the flags refer to \\${$v} (the plan keeps it for this run to fill in)" >&2',
+        "            exit 2",
+        "        fi",
+        "    done",
+        "}",
+    ]
+
+
 def _agent_function(spec: LaunchSpec) -> list[str]:
     """`hapmoe_agent K`: agent K's host, its GPUs (when it has part of a host) and its own extra flags."""
     lines = [
@@ -253,9 +337,9 @@ def _agent_function(spec: LaunchSpec) -> list[str]:
         check = spec.node_checks.get(ag.device_type)
         var = check.visible_devices if check is not None else "CUDA_VISIBLE_DEVICES"
         lines.append(
-            f"        {ag.node_rank}) HAPMOE_A_HOST={ag.host}; HAPMOE_A_TYPE={ag.device_type}; HAPMOE_A_VIS={var}; "
-            f"HAPMOE_A_CVD=\"{cvd}\"; HAPMOE_A_EXTRA=({extra}) ;;"
-            f"  # {ag.device_type}: ranks {ag.first_rank}-{ag.first_rank + ag.nproc - 1}, stage(s) "
+            f"        {ag.node_rank}) HAPMOE_A_HOST={sh_quote(ag.host)}; HAPMOE_A_TYPE={sh_quote(ag.device_type)}; "
+            f"HAPMOE_A_VIS={sh_quote(var)}; HAPMOE_A_CVD={sh_quote(cvd)}; HAPMOE_A_EXTRA=({extra}) ;;"
+            f"  # {one_line(ag.device_type)}: ranks {ag.first_rank}-{ag.first_rank + ag.nproc - 1}, stage(s) "
             + ",".join(map(str, ag.stages))
         )
     return lines + [
@@ -268,20 +352,22 @@ def _agent_function(spec: LaunchSpec) -> list[str]:
 def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
     """hapmoe_launch, first part: the words split into the launcher (torchrun's placement options
     dropped) and the entry script's flags (the decided ones dropped); the entry word to run."""
-    plan_words = " ".join(bash_item(i) for i in spec.applied)
+    plan_words = " ".join(bash_item(i, spec.refs) for i in spec.applied)
     placement = "|".join(dict.fromkeys(f"--{o}|--{o.replace('-', '_')}" for o in PLACEMENT_OPTIONS if o not in _SWITCH_OPTIONS))
     switches = "|".join(dict.fromkeys(f"--{o}|--{o.replace('-', '_')}" for o in _SWITCH_OPTIONS))
     entry_new = spec.entry_script
     lines = [
-        "    local -a words=(\"$@\") launcher=() args=() plan=(" + plan_words + ")",
+        "    local -a words=(\"$@\") launcher=() args=() plan=()",
         "    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0",
         "    for ((i = 0; i < n; i++)); do",
-        f"        if [[ \"${{words[i]##*/}}\" == {shlex.quote(entry_name)} ]]; then entry=$i; break; fi",
+        f"        if [[ \"${{words[i]##*/}}\" == {sh_quote(entry_name)} ]]; then entry=$i; break; fi",
         "    done",
         "    if ((entry < 0)); then  # not the training launch",
         "        if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then hapmoe_dry \"$@\"; else command \"$@\"; fi",
         "        return",
         "    fi",
+        *(["    hapmoe_need_refs"] if spec.refs else []),
+        "    plan=(" + plan_words + ")",
         "    for ((i = 0; i < entry; i++)); do",
         "        tok=${words[i]}",
         "        if ((after == 0)) && [[ \"${tok##*/}\" == torchrun ]]; then torch=1; after=1; launcher+=(\"$tok\"); continue; fi",
@@ -291,7 +377,8 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         "        if ((torch)); then",
         "            case \"${tok%%=*}\" in",
         f"                {switches}) continue ;;",
-        f"                {placement}) [[ \"$tok\" == *=* ]] || ((i++)); continue ;;",
+        "                # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)",
+        f"                {placement}) [[ \"$tok\" == *=* || \"${{words[i+1]:-}}\" == --?* ]] || ((i++)); continue ;;",
         "            esac",
         "        fi",
         "        launcher+=(\"$tok\")",
@@ -309,7 +396,7 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         "        fi",
         "        args+=(\"$tok\")",
         "    done",
-        (f"    local entry_word={bash_value(entry_new)}  # FlagScale's entry replaces {entry_name}"
+        (f"    local entry_word={sh_quote(entry_new)}  # FlagScale's entry replaces {one_line(entry_name)}"
          if entry_new.rsplit("/", 1)[-1] != entry_name else "    local entry_word=${words[entry]}"),
     ]
     if spec.needs_max_connections:
@@ -336,7 +423,7 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         "        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)",
         "            local j=${#launcher[@]}",
         "            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
-        f"            \"${{launcher[@]:0:j}}\" bash -c {shlex.quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
+        f"            \"${{launcher[@]:0:j}}\" bash -c {sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
         "\"${args[@]}\" \"${plan[@]}\"",
         "        else",
         "            hapmoe_agent 0 && hapmoe_check_node 0 \"$(hostname -s)\" \"$HAPMOE_A_TYPE\"",
@@ -353,7 +440,10 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     agents = spec.agents
     hosts = len({ag.host for ag in agents})
     lines = [
-        "    local master=() has_addr=0 has_port=0 i  # the script's master address/port win",
+        f"    local master=() has_addr=0 has_port=0 i master_host={sh_quote(agents[0].host)}"
+        f" master_port={sh_quote(spec.master_port)}  # the script's master address/port win",
+        '    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR',
+        '    [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT',
         "    for ((i = 0; i < ${#launcher[@]}; i++)); do",
         "        case \"${launcher[i]%%=*}\" in",
         "            --master-addr|--master_addr)",
@@ -361,7 +451,7 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         f"                if (({hosts} > 1)) && [[ \"$addr\" == localhost || \"$addr\" == 127.0.0.1 || \"$addr\" == ::1 ]]; then",
         "                    # a one-node address in a multi-node plan: every node would wait for itself",
         f"                    echo \"launch.sh: the script's master address $addr is one node's; the plan runs {hosts} nodes, "
-        f"so node 0's host is the master (${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}; set HAPMOE_MASTER_ADDR)\" >&2",
+        "so node 0's host is the master ($master_host; set HAPMOE_MASTER_ADDR)\" >&2",
         "                    if [[ \"${launcher[i]}\" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi",
         "                    launcher=(\"${launcher[@]}\"); i=-1; continue",
         "                fi",
@@ -369,8 +459,8 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         "            --master-port|--master_port) has_port=1 ;;",
         "        esac",
         "    done",
-        f"    ((has_addr)) || master+=(--master-addr \"${{HAPMOE_MASTER_ADDR:-{agents[0].host}}}\")",
-        f"    ((has_port)) || master+=(--master-port \"${{HAPMOE_MASTER_PORT:-{spec.master_port}}}\")",
+        "    ((has_addr)) || master+=(--master-addr \"$master_host\")",
+        "    ((has_port)) || master+=(--master-port \"$master_port\")",
     ]
     lines += _this_hosts_agents(agents)
     return lines + [
@@ -417,7 +507,7 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
     for ag in agents:
         by_host.setdefault(ag.host, []).append(ag.node_rank)
     for host, ranks in by_host.items():
-        lines.append(f"            {host}) agents=({' '.join(map(str, ranks))}) ;;")
+        lines.append(f"            {sh_quote(host)}) agents=({' '.join(map(str, ranks))}) ;;")
     return lines + [
         "            *) if [[ -n \"${SLURM_NODEID:-}\" ]]; then agents=(\"$SLURM_NODEID\")  # srun: the allocation's node order",
         "               else echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2; fi ;;",
@@ -426,8 +516,21 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
     ]
 
 
-def _comment(lines: Sequence[str]) -> list[str]:
-    return ["# " + line if line else "#" for line in lines]
+def _log_lines(spec: LaunchSpec) -> list[str]:
+    """With `log_name`: everything the launch prints on this host also goes to one log beside launch.sh (not
+    under --dry-run), whose path is printed first."""
+    if spec.log_name is None:
+        return []
+    name = sh_quote(spec.log_name)
+    return [
+        "",
+        "# One log per host beside launch.sh: what `cli.py calibrate --trials` reads.",
+        'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
+        f'    HAPMOE_LOG="$HAPMOE_DIR/"{name}"-$(hostname -s).log"',
+        '    echo "launch.sh: this host\'s output goes to $HAPMOE_LOG too" >&2',
+        '    exec > >(tee "$HAPMOE_LOG") 2>&1',
+        "fi",
+    ]
 
 
 def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
@@ -449,13 +552,13 @@ def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
     shebang = lines[0] if lines and lines[0].startswith("#!") else "#!/bin/bash"
     body = lines[1:] if lines and lines[0].startswith("#!") else lines
     out = [shebang]
-    out += _comment(spec.header)
+    out += comment_lines(spec.header)
     src = script.path or "the input script"
-    out += _comment(["", f"This is {src} with the plan applied: {how}.",
-                     "Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the",
-                     "command every node would run."])
+    out += comment_lines(["", f"This is {src} with the plan applied: {how}.",
+                          "Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the",
+                          "command every node would run."])
     if spec.notes:
-        out += _comment([""] + [f"note: {n}" for n in spec.notes])
+        out += comment_lines([""] + [f"note: {n}" for n in spec.notes])
     out += hapmoe_block(spec, entry_name, shadow)
     out += body
     result = "\n".join(out)
@@ -464,25 +567,24 @@ def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
 
 def generated_launch_sh(items: list[FlagItem], spec: LaunchSpec, launcher: Sequence[str] = ("torchrun",)) -> str:
     """A launcher for a run that came without a script: the run's flags in bash arrays per
-    concern, and one launch statement through `hapmoe_launch`."""
-    live = sorted({m.group(0) for i in items for v in i.values for m in re.finditer(r"\$\{[A-Za-z_]\w*\}", v)})
+    concern (checked first for the variables they refer to), and one launch statement through
+    `hapmoe_launch`."""
     out = ["#!/bin/bash"]
-    out += _comment(spec.header)
-    out += _comment(["", "Run it on every host of the hostfile (or set HAPMOE_NODE_RANK); `launch.sh --dry-run`",
-                     "prints the command every node would run."])
+    out += comment_lines(spec.header)
+    out += comment_lines(["", "Run it on every host of the hostfile (or set HAPMOE_NODE_RANK); `launch.sh --dry-run`",
+                          "prints the command every node would run."])
     if spec.notes:
-        out += _comment([""] + [f"note: {n}" for n in spec.notes])
+        out += comment_lines([""] + [f"note: {n}" for n in spec.notes])
     out += hapmoe_block(spec, spec.entry_script.rsplit("/", 1)[-1], None)
     out.append("")
-    for ref in live:
-        name = ref[2:-1]
-        out.append(f': "${{{name}:?launch.sh: set {name} (the run\'s flags refer to it)}}"')
+    if spec.refs:
+        out.append("hapmoe_need_refs")
     arrays = arrays_of(items)
     for name, arr_items in arrays.items():
         out.append(f"{name}=(")
-        out += [f"    {bash_item(i, live)}" for i in arr_items]
+        out += [f"    {bash_item(i, spec.refs)}" for i in arr_items]
         out.append(")")
     refs = " ".join(f'"${{{n}[@]}}"' for n in arrays)
     out.append("")
-    out.append(f"hapmoe_launch {' '.join(launcher)} {bash_value(spec.entry_script)} {refs}")
+    out.append(f"hapmoe_launch {' '.join(launcher)} {sh_quote(spec.entry_script)} {refs}")
     return "\n".join(out) + "\n"

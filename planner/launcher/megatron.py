@@ -8,14 +8,17 @@ stage s owns global ranks [s*TP*CP*DP, (s+1)*TP*CP*DP) (reference/megatron.md se
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import (
+    DEFAULT_MASTER_PORT,
     MEGATRON_ENTRY,
     FlagItem,
+    LaunchOverrides,
     args_file_text,
     effective_model,
     group_flag_items,
@@ -59,7 +62,7 @@ def megatron_plan_items(plan: Plan, model: ModelSpec) -> list[FlagItem]:
 
 def megatron_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
-    profiles: ProfileSet, hosts: Sequence[Host] | None = None,
+    profiles: ProfileSet, hosts: Sequence[Host] | None = None, overrides: LaunchOverrides = LaunchOverrides(),
 ) -> dict[str, str]:
     """{file name: text} for the megatron runtime; refuses (PlannerInputError) a plan upstream
     Megatron cannot run, with the reason: one its rules refuse, or one whose devices span vendors."""
@@ -73,7 +76,8 @@ def megatron_files(
     model, rule_items = effective_model(run.model, plan)
     assert_plan_ok(model, plan, run.training)
     agents = place_agents(plan, cluster, hosts)
-    flags = launch_flags(run, model, megatron_plan_items(plan, model) + rule_items, script)
+    flags = launch_flags(run, model, megatron_plan_items(plan, model) + rule_items, script,
+                         group_flag_items(list(overrides.added)), overrides.removed)
     notes = flags.notes + [f"{' '.join(i.tokens())} added: Megatron supports bias in MoE layers only with ETP == 1"
                            for i in rule_items]
     notes += script.warnings if script is not None else []
@@ -93,10 +97,12 @@ def megatron_files(
         master_port=_master_port(script),
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
+        refs=flags.refs,
+        log_name=overrides.log_name,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)
     return {
-        "megatron_args.txt": args_file_text(group_flag_items(flags.final)),
+        "megatron_args.txt": args_file_text(group_flag_items(flags.final), flags.refs),
         "launch.sh": launch,
         "hostfile": hostfile_text(agents, template=hosts is None),
         **(slurm_hostfiles(agents) if hosts is not None else {}),
@@ -128,4 +134,4 @@ def self_relative_notes(script: LauncherScript | None) -> list[str]:
 def _master_port(script: LauncherScript | None) -> str:
     """The script's MASTER_PORT when it sets a number, else torchrun's usual 6000."""
     port = script.env.get("MASTER_PORT", "") if script is not None else ""
-    return port if port.isdigit() else "6000"
+    return port if re.fullmatch(r"[0-9]{1,5}", port) else str(DEFAULT_MASTER_PORT)

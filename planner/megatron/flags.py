@@ -252,9 +252,10 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          write=_switch(when=_moe)),
     Flag("--moe-router-load-balancing-type",
          _list("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", observe=True, forks=_FORK_BALANCING),
-         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS, write=_value(unless="aux_loss", when=_moe)),
+         "moe_router_load_balancing_type", derived=True, array=MOE_ARGS, write=_value(when=_moe)),
     Flag("--moe-aux-loss-coeff", Read("", "floats", min_value=0.0, observe=True), "moe_aux_loss_coeff",
-         derived=True, array=MOE_ARGS, write=_value(unless=0.0, when=_moe)),
+         derived=True, array=MOE_ARGS,
+         write=lambda v, spec: [f"{spec.trained_aux_loss_coeff:g}"] if spec.is_moe else None),
     Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS,
          write=_switch(when=_moe)),
     Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS,
@@ -443,6 +444,10 @@ OVERRIDE_FLAGS: dict[str, str] = {f.override: f.name for f in TABLE if f.overrid
 
 PRECISION_FLAGS: tuple[str, ...] = tuple(f.name for f in TRAINING_FLAGS if f.field == "precision")
 
+ROUTER_BALANCING_FLAGS: tuple[str, ...] = ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff")
+"""The router setting the price assumes (ModelSpec.trained_aux_loss_coeff): every MoE launcher passes
+them, added to a script that leaves them to Megatron's defaults."""
+
 NOT_MODELLED: dict[str, str] = {f.name: f.not_modelled for f in TABLE if f.not_modelled}
 
 FORK_VALUES: dict[str, dict[str, str]] = {
@@ -520,6 +525,7 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "heads_tp": ("--tensor-model-parallel-size",),
     "query_groups_tp": ("--tensor-model-parallel-size",),
     "seq_cp": ("--context-parallel-size", "--seq-length"),
+    "seq_tp_sp": ("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"),
     "ep_needs_experts": ("--expert-model-parallel-size",),
     "experts_ep": ("--expert-model-parallel-size",),
     "expert_folding": ("--expert-model-parallel-size", "--expert-tensor-parallel-size"),

@@ -12,7 +12,7 @@ plan checker (planner/checker.py), `estimate` and the launchers:
     `interleave_violations`, `batch_violations` (the two together), `pipeline_split_violations`,
     `stage_count_violations` and the FlagScale rules `flagscale_*_violations`;
   * the booleans a search asks while it enumerates degrees are `not <rule>_violations(...)`:
-    `tp_allowed`, `cp_allowed`, `ep_allowed`, `etp_allowed`, `expert_folding_ok`, `batch_ok`,
+    `tp_allowed`, `cp_allowed`, `sequence_split_ok`, `ep_allowed`, `etp_allowed`, `expert_folding_ok`, `batch_ok`,
     `interleave_ok`, `layout_ok`, `runtime_degrees_ok`, `flagscale_stage_mbs_ok`,
     `flagscale_recompute_ok`, `flagscale_shared_embedding_ok` (those the search asks in its loops
     remember their answers: they are pure functions of integers);
@@ -26,7 +26,7 @@ Megatron (or FlagScale) has its own message, `RuleViolation.message` uses that e
 
 Rule names (stable, used by tests and reports; planner/megatron/flags.py names the flags behind
 each):
-  heads_tp, query_groups_tp, ep_needs_experts, experts_ep, expert_folding, seq_cp,
+  heads_tp, query_groups_tp, ep_needs_experts, experts_ep, expert_folding, seq_cp, seq_tp_sp,
   moe_tp_sequence_parallel, moe_etp_bias, gbs_microbatch, vpp_needs_pp, vpp_microbatches,
   world_size, pipeline_split, pipeline_split_vpp,
   layout_layers, layout_stage_count, tp_comm_overlap_sp, overlap_param_gather,
@@ -96,6 +96,20 @@ def cp_violations(model: ModelSpec, cp: int) -> list[RuleViolation]:
             "seq_cp",
             "seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1.",
             f"seq_length {model.seq_length} is not a multiple of 2*CP = {2 * cp}",
+        )]
+    return []
+
+
+def sequence_split_violations(model: ModelSpec, tp: int, cp: int, sequence_parallel: bool) -> list[RuleViolation]:
+    """RT: with sequence parallelism the embedding's output, this rank's seq_length/CP tokens, is split
+    over the TP ranks at the first forward step (scatter_to_sequence_parallel_region asserts it divides):
+    seq_length must be a multiple of TP*CP.  Megatron's argument checks do not catch it."""
+    if sequence_parallel and tp > 1 and model.seq_length % (tp * cp):
+        return [RuleViolation(
+            "seq_tp_sp",
+            "First dimension of the tensor should be divisible by tensor parallel size",
+            f"with --sequence-parallel each TP rank holds seq_length/(TP*CP) tokens: seq_length {model.seq_length} "
+            f"is not a multiple of TP*CP = {tp * cp}; choose a sequence length that is (or another TP)",
         )]
     return []
 
@@ -939,6 +953,11 @@ def cp_allowed(model: ModelSpec, cp: int) -> bool:
     return not cp_violations(model, cp)
 
 
+def sequence_split_ok(model: ModelSpec, tp: int, cp: int) -> bool:
+    """seq_tp_sp, with sequence parallelism on whenever TP > 1 (as the search plans it)."""
+    return not sequence_split_violations(model, tp, cp, True)
+
+
 def ep_allowed(model: ModelSpec, ep: int) -> bool:
     """ep_needs_experts, experts_ep."""
     return not ep_violations(model, ep)
@@ -1024,7 +1043,8 @@ def flagscale_shared_embedding_ok(first_dp: int, last_dp: int) -> bool:
 # Megatron's rules on a Plan
 # --------------------------------------------------------------------------------------------
 def _dense_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:
-    return tp_violations(model, plan.tp) + cp_violations(model, plan.cp)
+    return (tp_violations(model, plan.tp) + cp_violations(model, plan.cp)
+            + sequence_split_violations(model, plan.tp, plan.cp, plan.sequence_parallel))
 
 
 def _moe_rules(model: ModelSpec, plan: Plan) -> list[RuleViolation]:

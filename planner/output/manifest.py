@@ -53,6 +53,15 @@ class Survey:
         """The files that are the user's: not listed, or edited since the planner wrote them."""
         return sorted(set(self.others) | self.changed)
 
+    def within(self, prefix: str) -> Survey:
+        """The files under `prefix` (a subdirectory's path ending in '/'), paths kept whole; no family
+        (the manifest is the directory's above)."""
+        def inside(paths: Iterable[str]) -> list[str]:
+            return [p for p in paths if p.startswith(prefix)]
+        return Survey(root=self.root, listed={p: self.listed[p] for p in inside(self.listed)},
+                      ours=set(inside(self.ours)), changed=set(inside(self.changed)), others=inside(self.others),
+                      truncated=self.truncated)
+
     def writer_of(self, rel: str) -> str | None:
         entry = self.listed.get(rel)
         return entry.get("writer") if entry else None

@@ -12,6 +12,7 @@ from planner.launcher import render_launch_files
 from planner.output.plots import write_plots
 from planner.output.report import estimate_summary_markdown, summary_markdown
 from planner.output.run_dir import PLAN_OUTPUT, PLOTS_OUTPUT, StagedOutput, fill
+from planner.trials import TRIAL_OVERRIDES
 
 
 def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "",
@@ -27,9 +28,11 @@ def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "",
 
 
 def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: bool = False,
-                   inputs: Sequence[Path | str] = (), time_left: Callable[[], float] | None = None) -> list[Path]:
-    """plan.json, inputs.json, summary.md, the plots (plots/) and the launcher files (launch/),
-    written all-or-nothing (never over a file the planner did not write, nor over an input)."""
+                   inputs: Sequence[Path | str] = (), time_left: Callable[[], float] | None = None,
+                   trials: Sequence = ()) -> list[Path]:
+    """plan.json, inputs.json, summary.md, the plots (plots/), the launcher files (launch/) and each trial's
+    launcher and plan.json (trials/<name>/, planner/trials.py), written all-or-nothing (never over a file the
+    planner did not write, nor over an input)."""
     staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT, force=force, inputs=inputs)
     with staged as tmp:
         images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/", time_left=time_left)
@@ -47,6 +50,13 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
         (tmp / "summary.md").write_text(summary_markdown(payload, images))
         fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script,
                                                   profiles=outcome.profiles, hosts=outcome.hosts))
+        for trial, entry in zip(trials, payload.get("trials", [])):
+            fill(tmp / "trials" / trial.name, {
+                **render_launch_files(outcome.run, trial.plan, outcome.cluster, script, profiles=outcome.profiles,
+                                      hosts=outcome.hosts, overrides=TRIAL_OVERRIDES),
+                "plan.json": json_text({**entry, "model": payload["model"], "cluster": payload["cluster"],
+                                        "inputs": plan_doc["inputs"], "made_for": plan_doc["made_for"]}),
+            })
     return staged.written
 
 

@@ -33,11 +33,12 @@ from planner.schemas.plan import Plan
 from planner.simulate import simulate_pipeline
 
 GIB = float(1 << 30)
-MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "other")
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "allocator_cache", "other")
 _PART_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer states",
-                "activations": "activations", "other": "other (buffers, workspace)"}
+                "activations": "activations", "allocator_cache": "allocator cache (reserved, not allocated)",
+                "other": "other (buffers, workspace)"}
 _PART_COLOURS = {"weights": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#DD8452",
-                 "other": "#8C8C8C"}
+                 "allocator_cache": "#E5AE38", "other": "#8C8C8C"}
 _KIND_COLOURS = {"F": ("#4C72B0", "#8FAADC"), "B": ("#DD8452", "#F2B48A")}  # (even chunk, odd chunk)
 _COMM_COLOURS = {"F": "#1F3A66", "B": "#8C4A1C"}  # the communication part of a forward / backward box
 _SYNC_COLOUR = "#55A868"
@@ -231,15 +232,23 @@ def draw_placement(panels: list[tuple[str, dict[str, Any]]], path: Path) -> Path
 # Timeline
 
 
+TIMELINE_MAX_MICROBATCHES = 1024
+"""Micro-batches the timeline simulates at most: an iteration of more (GBS 2^24 gives millions, whose events
+would take minutes and gigabytes to simulate and write) is shown by its first ones, a multiple of PP."""
+
+
 def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
     """One simulated iteration: per-stage busy, communication, idle and sync seconds, and every
     forward/backward event.  Stage times are the cost model's (pipeline sends included, as the cost
     model charges them), so the simulated pipeline matches PlanCost.pipeline_s up to the formula's
-    approximation for non-uniform stages."""
+    approximation for non-uniform stages.  Beyond TIMELINE_MAX_MICROBATCHES only the first ones are
+    simulated (`simulated_microbatches`; the simulated times are theirs, the model's the iteration's)."""
 
     schedule = "interleaved" if plan.vpp > 1 else "1f1b"
+    m = cost.num_microbatches
+    shown = m if m <= TIMELINE_MAX_MICROBATCHES else max(plan.pp, TIMELINE_MAX_MICROBATCHES // plan.pp * plan.pp)
     sim = simulate_pipeline([s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
-                            cost.num_microbatches, schedule=schedule, vpp=plan.vpp)
+                            shown, schedule=schedule, vpp=plan.vpp)
     makespan = sim.iteration_time_s
     stages = []
     for st, busy in zip(cost.stages, sim.busy_s):
@@ -252,7 +261,8 @@ def timeline_data(plan: Plan, cost: PlanCost) -> dict[str, Any]:
             "bubble_fraction": (makespan - busy) / makespan if makespan > 0 else 0.0, "sync_s": sync,
         })
     return {
-        "schedule": schedule, "num_stages": plan.pp, "num_microbatches": cost.num_microbatches, "vpp": plan.vpp,
+        "schedule": schedule, "num_stages": plan.pp, "num_microbatches": m, "simulated_microbatches": shown,
+        "vpp": plan.vpp,
         "simulated_pipeline_s": makespan, "model_pipeline_s": cost.pipeline_s, "sync_s": cost.sync_s,
         "iteration_time_s": cost.iteration_time_s,
         # one bubble, the text's: the busiest stage's idle share of the pipeline (PlanCost.bubble_s / pipeline_s)
@@ -271,7 +281,7 @@ _TIMELINE_AXES_PX = 14.0 * 100 * 0.82  # drawing width of the timeline axes, in 
 def _timeline_zoom_end_s(data: dict[str, Any]) -> float:
     """End of the zoomed view: the last stage's backward of micro-batch 2*PP (warm-up and a few
     steady-state micro-batches on every stage)."""
-    n, m = data["num_stages"], data["num_microbatches"]
+    n, m = data["num_stages"], data["simulated_microbatches"]
     k = min(m - 1, 2 * n)
     ends = [e[5] for e in data["events"] if e[0] == n - 1 and e[1] == "B" and e[2] == k]
     return max(ends) if ends else data["simulated_pipeline_s"]
@@ -347,7 +357,8 @@ def draw_timeline(data: dict[str, Any], path: Path, title: str = "") -> Path:
         axes[0].add_patch(Rectangle((0, -0.5), zoom_s, n, fill=False, edgecolor="black", linewidth=1.0,
                                     linestyle="--"))
     sched = "interleaved 1F1B" if data["schedule"] == "interleaved" else "1F1B"
-    default = (f"{sched}, PP={n}, {data['num_microbatches']} micro-batches"
+    shown, m = data["simulated_microbatches"], data["num_microbatches"]
+    default = (f"{sched}, PP={n}, {shown if shown == m else f'the first {shown} of {m}'} micro-batches"
                + (f", VPP={data['vpp']}" if data["vpp"] > 1 else "")
                + f": pipeline {makespan:.3g} s simulated ({data['model_pipeline_s']:.3g} s cost model), "
                f"bubble {data.get('bubble_fraction', data['mean_bubble_fraction']):.1%} (busiest stage), all ranks "
@@ -381,7 +392,8 @@ def memory_data(cost: PlanCost) -> dict[str, Any]:
     stages = []
     for st in cost.stages:
         parts = {"weights": st.weights_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes,
-                 "activations": st.activations_bytes, "other": st.other_bytes}
+                 "activations": st.activations_bytes, "allocator_cache": st.reserved_bytes - st.allocated_bytes,
+                 "other": st.other_bytes}
         stages.append({"index": st.index, "device_type": st.device_type,
                        **{f"{k}_gib": v / GIB for k, v in parts.items()},
                        "total_gib": st.memory_bytes / GIB, "capacity_gib": st.device_memory_bytes / GIB,
@@ -508,6 +520,10 @@ def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec,
     except ValueError as exc:  # e.g. interleaving with a micro-batch count Megatron refuses
         notes.append(f"no timeline: {exc}")
     else:
+        if tl["simulated_microbatches"] < tl["num_microbatches"]:
+            shown, m = tl["simulated_microbatches"], tl["num_microbatches"]
+            notes.append(f"timeline: the first {shown} of {m} micro-batches simulated and drawn (the rest repeat the "
+                         "steady state); the iteration time is the cost model's")
         _write_json(out_dir / "timeline.json", tl)
         with open(out_dir / "timeline.csv", "w", newline="") as fh:
             w = csv.writer(fh)

@@ -14,6 +14,7 @@ import shutil
 import sys
 from typing import Any
 
+from planner.cost.mechanisms import BY_NAME
 from planner.cost.model import PlanCost
 from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
@@ -21,6 +22,7 @@ from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
 from planner.search.pruning import Pruning
 from planner.search.settings import OPTIMAL, status_reason
+from planner.trials import TRIAL_ITERATIONS, TRIAL_LOG
 from planner.uncertainty import shipped_uncertainty
 
 DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
@@ -65,16 +67,22 @@ def _overflow(cost: PlanCost) -> dict[str, Any] | None:
 
 def range_json(cost: PlanCost, time_range) -> dict[str, Any]:
     """The range keys of estimate and solve: `iteration_time_range_s` [low, high] seconds and
-    `tflops_per_gpu_range` [low, high] (planner/cost/ranges.py), and where the range comes from."""
+    `tflops_per_gpu_range` [low, high] (planner/cost/ranges.py), where the range comes from, `evidence`
+    ({extrapolated, unmeasured}: the mechanisms outside what the calibration runs measured) and
+    `range_by_mechanism_s` (per mechanism, the seconds its uncertainty alone adds at the top of the range)."""
     if time_range is None:
         return {}
     flop = cost.model_flop_per_iteration / (1e12 * cost.world_size)
     unc = shipped_uncertainty()
-    return {
+    out = {
         "iteration_time_range_s": [time_range.low_s, time_range.high_s],
         "tflops_per_gpu_range": [flop / time_range.high_s, flop / time_range.low_s],
         "range_source": unc.method or unc.time_source,
     }
+    if time_range.evidence is not None:
+        out["evidence"] = time_range.evidence.to_json()
+        out["range_by_mechanism_s"] = {BY_NAME[name].words: s for name, s in time_range.widening_s}
+    return out
 
 
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str],
@@ -100,6 +108,7 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
     keep = {} if user.time_range is None else {
         "iteration_time_range_s": [user.time_range.low_s, user.time_range.high_s],
         "keep_yours": user.keep_yours, "keep_yours_why": user.keep_why,
+        **({"evidence": user.time_range.evidence.to_json()} if user.time_range.evidence else {}),
     }
     return keep | {
         "source": user.source,
@@ -109,6 +118,8 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "tflops_per_gpu": c.tflops_per_gpu,
         "mfu": c.mfu,
         "max_memory_gib": c.max_memory_gib,
+        "max_allocated_gib": c.max_allocated_gib,
+        "max_reserved_gib": c.max_reserved_gib,
         "fits": c.fits,
         "overflow": _overflow(c),
         "violations": [{"rule": v.rule, "message": v.message, "hint": v.hint} for v in user.violations],
@@ -118,6 +129,18 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "speedup": c.iteration_time_s / ours.iteration_time_s if ours.iteration_time_s > 0 else None,
         "stages": c.to_json()["stages"],
     }
+
+
+def trials_json(trials, why: str) -> dict[str, Any]:
+    """`trials` of `solve --json` (planner/trials.py): the plans to measure, each with where `--out DIR` writes
+    its launcher and where that launcher writes its log, and `trials_why`."""
+    return {"trials_why": why, "trials": [{
+        "name": t.name, "role": t.role, "why": t.why, "plan": plan_json(t.plan),
+        "iteration_time_s": t.cost.iteration_time_s,
+        "iteration_time_range_s": [t.time_range.low_s, t.time_range.high_s],
+        **({"evidence": t.time_range.evidence.to_json()} if t.time_range.evidence else {}),
+        "launch": f"trials/{t.name}/launch.sh", "log": f"trials/{t.name}/{TRIAL_LOG}-<host>.log",
+    } for t in trials]}
 
 
 def search_json(result, settings) -> dict[str, Any]:
@@ -180,6 +203,8 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "tflops_per_gpu": cost.tflops_per_gpu,
         "mfu": cost.mfu,
         "max_memory_gib": cost.max_memory_gib,
+        "max_allocated_gib": cost.max_allocated_gib,
+        "max_reserved_gib": cost.max_reserved_gib,
         "fits": cost.fits,
         "world_size": outcome.plans[0].world_size,
         "cluster_gpus": outcome.cluster.world_size,
@@ -313,11 +338,28 @@ def headline(payload: dict) -> str:
             f"TFLOP/s/GPU | MFU {payload['mfu'] * 100:.1f}%")
 
 
+def evidence_line(payload: dict) -> str | None:
+    """Whether the prediction rests on measured mechanisms, and what widens its range most (None without one)."""
+    ev = payload.get("evidence")
+    if ev is None:
+        return None
+    widest = list(payload.get("range_by_mechanism_s", {}).items())[:2]
+    wide = ("; range widest for " + ", ".join(f"{m} (+{s:.2f} s)" for m, s in widest)) if widest else ""
+    if not ev["extrapolated"]:
+        return "evidence: every mechanism within what the calibration runs measured" + wide
+    what = [u.split(" (")[0] for u in ev["unmeasured"]]
+    return (f"evidence: EXTRAPOLATED, {len(what)} mechanism(s) outside what the calibration runs measured: "
+            + "; ".join(what) + wide)
+
+
 def memory_line(payload: dict) -> str:
     """Peak memory, the headroom the plan keeps free, and the stages near what they may use."""
     fits = "fits" if payload["fits"] else "DOES NOT FIT"
     h = payload.get("memory_headroom", 0.0)
     line = f"peak memory {payload['max_memory_gib']:.1f} GiB ({fits}); headroom {100 * h:.0f}% of each device kept free"
+    if "max_allocated_gib" in payload:
+        line += (f"; allocator peaks: {payload['max_allocated_gib']:.1f} GiB allocated, "
+                 f"{payload['max_reserved_gib']:.1f} GiB reserved")
     near = [str(s["index"]) for s in payload["stages"] if s.get("near_capacity")]
     if near:
         line += f"; stage {', '.join(near)} at 97-100% of usable memory"
@@ -378,7 +420,7 @@ def _gib(x: float) -> str:
 
 # (header, cell function, left-aligned?) per column; the default table's columns in the order they
 # are dropped when the terminal is too narrow, least important first
-_DROP_ORDER = ("compute\nms", "DP sync\nms/iter", "comm\nms", "layers")
+_DROP_ORDER = ("alloc\nGiB", "compute\nms", "DP sync\nms/iter", "comm\nms", "layers")
 
 
 def _field(key: str, fmt):
@@ -392,6 +434,7 @@ _WIDE_COLUMNS = (
     ("optim\nms/iter", "optimizer_s", _ms), ("weights\nGiB", "weights_gib", _gib), ("grads\nGiB", "grads_gib", _gib),
     ("optim\nGiB", "optimizer_gib", _gib), ("activ\nGiB", "activations_gib", _gib), ("other\nGiB", "other_gib", _gib),
     ("in-flight\nmb", "inflight_microbatches", lambda x: f"{x:.1f}"),
+    ("reserv\nGiB", "peak_reserved_gib", _gib),
 )
 
 
@@ -417,6 +460,8 @@ def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
             ("comm\nms", lambda s: _ms(s["time_s"] - s["compute_s"]), False),
             ("DP sync\nms/iter", lambda s: _ms(s["dp_comm_s"] + s["optimizer_s"] + s["iteration_overhead_s"]), False),
         ]
+    if not wide:
+        cols.append(("alloc\nGiB", lambda s: _gib(s.get("peak_allocated_gib", s["memory_gib"])), False))
     cols += [
         ("memory\nGiB", lambda s: _gib(s["memory_gib"]), False),
         ("usable\nGiB", lambda s: _gib(s.get("usable_gib", s["capacity_gib"])), False),
@@ -458,11 +503,14 @@ def _render_stage_table(console, payload: dict, wide: bool) -> None:
     console.print(stage_table(payload["stages"], wide=wide, width=console.width))
     legend = ["t/mb: forward + backward per micro-batch (compute includes recompute; comm: TP/CP/EP/PP)",
               "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)",
+              "alloc: torch's allocated peak; memory: what the allocator reserves (alloc + its cache) + context and "
+              "communicator buffers",
               "usable: device memory less the memory headroom; N%!: fits at 97-100% of usable"]
     if wide:
         legend = ["t/mb: forward + backward per micro-batch; compute includes recomp; TP/CP/EP/PP: communication "
                   "per micro-batch; DP sync and optim: per iteration",
-                  "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak"]
+                  "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak; reserv: "
+                  "the allocator's reserved peak (weights to activations + its cache); memory: reserv + other"]
     for line in legend:
         _say(console, line, style="dim")
 
@@ -491,11 +539,18 @@ def _render_overflow(console, o: dict) -> None:
          f"{100 * o.get('memory_headroom', 0.0):.0f}% headroom): {o['short_gib']:.1f} GiB short", style="bold red")
 
 
+def _say_evidence(console, payload: dict) -> None:
+    line = evidence_line(payload)
+    if line is not None:
+        _say(console, line, style="bold" if payload["evidence"]["extrapolated"] else None)
+
+
 def render_estimate(payload: dict, wide: bool = False) -> None:
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']}: {degrees_line(payload['plan'])}")
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
+    _say_evidence(console, payload)
     _say(console, shape_line(payload))
     _say(console, memory_line(payload))
     if not payload["fits"]:
@@ -557,7 +612,30 @@ def _render_user_plan(console, payload: dict) -> None:
         _say(console, f"  your plan: {n}")
 
 
-def render_solve(payload: dict, wide: bool = False) -> None:
+def trial_lines(payload: dict, where: str | None) -> list[str]:
+    """What the trials are and how to run and read them (empty without trials); `where`: the --out directory
+    they were written to (None: not written)."""
+    trials = payload.get("trials") or []
+    if not trials:
+        return []
+    lines = [f"trials: {payload['trials_why']}; measure these for {TRIAL_ITERATIONS} iterations each"
+             + ("" if where else " (--out DIR writes their launchers)") + ":"]
+    for t in trials:
+        rng = t["iteration_time_range_s"]
+        at = f": {where}/{t['launch']}, log {where}/{t['log']}" if where else ""
+        lines.append(f"  {t['name']:12s} {degrees_short(t['plan'])}, predicted {t['iteration_time_s']:.3f} s "
+                     f"({rng[0]:.3f}-{rng[1]:.3f}){at}")
+    if where:
+        lines.append(f"then: cli.py calibrate --trials {where} --out CALIB, and solve again with --profiles CALIB")
+    return lines
+
+
+def _render_trials(console, payload: dict, out_dir: str | None) -> None:
+    for i, line in enumerate(trial_lines(payload, out_dir)):
+        _say(console, line, style="bold" if i == 0 else None)
+
+
+def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None) -> None:
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
          f"{payload['backend']})")
@@ -566,6 +644,7 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     _say(console, "plan: " + degrees_line(payload["plan"]))
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
+    _say_evidence(console, payload)
     _say(console, shape_line(payload))
     _say(console, memory_line(payload))
     status, why, hint = search_status(payload)
@@ -587,6 +666,7 @@ def render_solve(payload: dict, wide: bool = False) -> None:
     if hint:
         _say(console, f"  {hint}")
     _render_user_plan(console, payload)
+    _render_trials(console, payload, out_dir)
     _render_assumed(console, payload)
     for prob in payload["problems"]:
         _say(console, f"PROBLEM: {prob}", style="bold red")
@@ -603,8 +683,9 @@ def render_solve(payload: dict, wide: bool = False) -> None:
 def _md_stage_table(stages: list[dict]) -> list[str]:
     lines = [
         "| stage | device | layers | DP | recompute | time/micro-batch (ms) | of which comm (ms) | memory (GiB) "
-        "| weights | grads | optimizer | activations | other | capacity (GiB) | usable (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| weights | grads | optimizer | activations | other | allocated peak | reserved peak | capacity (GiB) "
+        "| usable (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in stages:
         mem = f"{s['memory_gib']:.1f}" if s["fits"] else f"**{s['memory_gib']:.1f} (over)**"
@@ -614,7 +695,8 @@ def _md_stage_table(stages: list[dict]) -> list[str]:
             f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
             f"{s['time_s'] * 1e3:.1f} | {(s['time_s'] - s['compute_s']) * 1e3:.1f} | {mem} | "
             f"{s['weights_gib']:.1f} | {s['grads_gib']:.1f} | {s['optimizer_gib']:.1f} | {s['activations_gib']:.1f} | "
-            f"{s['other_gib']:.1f} | {s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
+            f"{s['other_gib']:.1f} | {s.get('peak_allocated_gib', 0.0):.1f} | {s.get('peak_reserved_gib', 0.0):.1f} | "
+            f"{s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
     return lines
 
 
@@ -690,6 +772,7 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",
+        *([f"- {evidence_line(payload)}"] if evidence_line(payload) else []),
         f"- {memory_line(payload)}",
         f"- GPUs used: {payload['world_size']} of {payload['cluster_gpus']}; {payload['num_microbatches']} "
         "micro-batches per iteration",
@@ -706,6 +789,8 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         "Times come from the float cost model (planner/cost), not from the solver's scaled objective.",
     ]
     lines += _md_user_plan(payload)
+    if payload.get("trials"):
+        lines += ["", "## Trials", ""] + [line.strip() for line in trial_lines(payload, ".")]
     lines += _md_assumed(payload)
     if images:
         lines += ["", "## Pictures"] + _md_images(images)
@@ -722,6 +807,7 @@ def estimate_summary_markdown(payload: dict, images: dict[str, str] | None = Non
         "",
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",
+        *([f"- {evidence_line(payload)}"] if evidence_line(payload) else []),
         f"- {memory_line(payload)}",
         "",
         "## Stages",

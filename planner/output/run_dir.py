@@ -1,12 +1,17 @@
 """The one staged writer: every command that writes a directory (`solve --out`, `solve/estimate --plot`,
-`emit --out`, `profile`/`calibrate --out`, `bench --out`) fills a staging directory beside it, then
-moves the files into place, so an error or a signal never leaves half-written files behind.
+`emit --out`, `profile`/`calibrate --out`, `bench --out`) fills a staging directory on the same file
+system (inside DIR when it exists, else beside it), then moves the files into place, so an error or a
+signal never leaves half-written files behind; DIR may be a mount point or a link to another file system.
 
 The user's files are sacred.  Each directory the planner writes holds a manifest
 (planner/output/manifest.py) of the files it wrote, with their hashes.  The rules:
 
 - DIR may be a new directory, an empty one, or one that holds an earlier output of the same command
   (its manifest says so).  Any other non-empty directory is refused unless `--force` is given.
+- A directory inside an earlier output (the launch/ of `solve --out DIR`) is recorded in that output's
+  manifest: `emit --out DIR/launch --force` replaces the launcher files there and the manifest above says
+  so (the next `emit` there, or `solve --out DIR` again, needs no --force).  Writing into another
+  command's output (--force) keeps that directory's family, so its own command still finds it.
 - A file the planner did not write (absent from the manifest, or edited since) is never overwritten
   or deleted, with or without --force: a new file of the same path is refused, naming it.
 - The command's own inputs (`inputs`: the launcher script and what it sources, the plan, the model,
@@ -26,6 +31,7 @@ bytes}; `fill` writes such a mapping into a directory that is already staged.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -60,12 +66,13 @@ PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json"
               "memory.json", "placement_vs_yours.png", "placement_vs_yours.json", "summary.md")
 PLAN_OUTPUT = OutputKind("plan", "solve --out", "plan",
                          ("plan.json", "inputs.json", "summary.md", "launch/launch.sh", "launch/megatron_args.txt",
-                          "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md")))
+                          "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md"),
+                          "trials/pick/launch.sh", "trials/pick/plan.json"))
 PLOTS_OUTPUT = OutputKind("pictures", "--plot", "plots", PLOT_FILES, has_force=False)
 LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"))
 PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", ("profile_report.json",))
 CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
-                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml"))
+                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml"))
 BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
                           ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
 
@@ -85,7 +92,8 @@ def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, 
         raise PlannerInputError(flag, f"{text} exists and is not a directory{why}")
     if found == "dir":
         out = Path(text)
-        _check_existing(out, flag, kind, force, _inputs(inputs), kind.paths)
+        root, prefix = _recorded_in(out)
+        _check_existing(root, flag, kind, force, _inputs(inputs), [prefix + p for p in kind.paths], prefix=prefix)
         _probe_writable(out, flag)
         return out
     ancestor = Path(os.path.abspath(text)).parent
@@ -109,10 +117,29 @@ def _is_input(path: Path, inputs: Sequence[Path]) -> bool:
     return False
 
 
+def _recorded_in(out: Path, levels: int = 8) -> tuple[Path, str]:
+    """(the directory whose manifest records what is written into the existing directory `out`, `out`'s
+    path inside it as a prefix ending in '/'): `out` itself ("") when it has a manifest or none above it
+    lists a file in it; else the planner's output above it (at most `levels` up) that holds files in `out`,
+    e.g. the launch/ directory of `solve --out DIR`, which `emit --out DIR/launch` writes into."""
+    if read_manifest(out)[0] is not None:
+        return out, ""
+    here = Path(os.path.abspath(out))
+    for parent in list(here.parents)[:levels]:
+        family, listed = read_manifest(parent)
+        if family is None:
+            continue
+        prefix = here.relative_to(parent).as_posix() + "/"
+        if any(rel.startswith(prefix) and os.path.lexists(parent / rel) for rel in listed):
+            return parent, prefix
+    return out, ""
+
+
 def _check_existing(out: Path, flag: str, kind: OutputKind, force: bool, inputs: Sequence[Path],
-                    new_paths: Iterable[str]) -> Survey:
+                    new_paths: Iterable[str], prefix: str = "") -> Survey:
     """Refuse to write `new_paths` into the existing directory `out` when that would touch a file the
-    planner did not write or an input, or when `out` is neither empty, nor an earlier output, nor --force."""
+    planner did not write or an input, or when `out` (its part under `prefix`) is neither empty, nor an
+    earlier output of the same command or family, nor --force."""
     found = survey(out)
     for rel in [*new_paths, MANIFEST_NAME]:
         dest = out / rel
@@ -129,16 +156,18 @@ def _check_existing(out: Path, flag: str, kind: OutputKind, force: bool, inputs:
             raise PlannerInputError(flag, f"{out / blocker} {_whose(blocker, found)}; the planner never overwrites or "
                                           "deletes files it did not write (--force neither): move it, or choose "
                                           "another directory")
-    if found.empty or found.family == kind.family or force:
+    part = found if not prefix else found.within(prefix)
+    earlier = any(found.writer_of(r) == kind.writer for r in part.ours)
+    if part.empty or earlier or (found.family == kind.family and not prefix) or force:
         return found
     mine = f" (it holds the planner's {found.family} files, not {_article(kind.what)})" if found.family else ""
-    users = found.users_files()
+    users = part.users_files()
     example = f"; not written by the planner: {', '.join(users[:3])}{', ...' if len(users) > 3 else ''}" if users else ""
     hint = (", or add --force to write beside those files (they are never overwritten or deleted)"
             if kind.has_force else "")
     raise PlannerInputError(
-        flag, f"{out} is a non-empty directory that holds no earlier {kind.what}{mine}{example}; choose a new or empty "
-              f"directory{hint}")
+        flag, f"{out / prefix} is a non-empty directory that holds no earlier {kind.what}{mine}{example}; choose a new "
+              f"or empty directory{hint}")
 
 
 def _article(what: str) -> str:
@@ -197,9 +226,10 @@ def _probe_writable(directory: Path, flag: str, target: str | None = None) -> No
 
 
 class StagedOutput:
-    """A temporary directory beside DIR to fill; on a normal exit its files are published into DIR
-    all-or-nothing (see the module docstring), and on an error or a signal it is removed and DIR is
-    left as it was.
+    """A temporary directory to fill; on a normal exit its files are published into DIR all-or-nothing
+    (see the module docstring), and on an error or a signal it is removed and DIR is left as it was.
+    It is made where the files will go, so that they are moved, not copied: inside DIR when DIR exists
+    (a mount point, or a link to another file system, included), else beside it.
 
         staged = StagedOutput(out_dir, "--out", PLAN_OUTPUT, inputs=[script_path])
         with staged as tmp:
@@ -217,8 +247,9 @@ class StagedOutput:
     def __enter__(self) -> Path:
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
+            where = _recorded_in(self.out)[0] if self.out.is_dir() else self.out.parent
             with held_signals():
-                self._tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.out.parent))
+                self._tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=where))
             self._tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; DIR gets the mode mkdir would give it
         except OSError as exc:
             raise PlannerInputError(self.flag, f"cannot create {self.out}: {exc.strerror or exc}") from None
@@ -246,40 +277,45 @@ class StagedOutput:
                                                            self.kind.family))
             os.rename(tmp, self.out)  # the cleanup's rmtree of `tmp` then finds nothing
             return [self.out / r for r in new]
-        found = _check_existing(self.out, self.flag, self.kind, self.force, self.inputs, new)
-        _swap_in(tmp, self.out, new, found, self.kind, self.inputs)
+        root, prefix = _recorded_in(self.out)
+        staged = {prefix + r: tmp / r for r in new}
+        found = _check_existing(root, self.flag, self.kind, self.force, self.inputs, staged, prefix=prefix)
+        _swap_in(staged, root, prefix, found, self.kind, self.inputs)
         return [self.out / r for r in new]
 
 
-def _swap_in(tmp: Path, out: Path, new: list[str], found: Survey, kind: OutputKind, inputs: Sequence[Path]) -> None:
-    """Move the staged files into `out`.  The planner's earlier files of the same command that the new
-    output does not have are removed (never an input); the planner's files it replaces are set aside
-    first and put back if a move fails.  The manifest is written last."""
-    entries = {r: entry_for(tmp / r, r, kind.writer) for r in new}
-    stale = sorted(r for r in found.ours if found.writer_of(r) == kind.writer and r not in entries
-                   and not _is_input(out / r, inputs))
+def _swap_in(staged: Mapping[str, Path], out: Path, prefix: str, found: Survey, kind: OutputKind,
+             inputs: Sequence[Path]) -> None:
+    """Move the staged files {path in `out`: staged file} into `out`.  The planner's earlier files of the
+    same command under `prefix` that the new output does not have are removed (never an input); the
+    planner's files it replaces are set aside first and put back if a move fails.  The manifest is
+    written last, with the directory's family (another command's output written into keeps its own)."""
+    entries = {r: entry_for(src, r, kind.writer) for r, src in staged.items()}
+    stale = sorted(r for r in found.ours if found.writer_of(r) == kind.writer and r.startswith(prefix)
+                   and r not in entries and not _is_input(out / r, inputs))
     keep = [found.listed[r] for r in sorted(found.ours) if r not in entries and r not in stale]
-    aside = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "old-", dir=out.parent))
+    aside = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "old-", dir=out))
     moved_aside: list[str] = []
     moved_in: list[str] = []
     made: list[Path] = []
     try:
-        for rel in [*new, *stale, MANIFEST_NAME]:
+        for rel in [*staged, *stale, MANIFEST_NAME]:
             if os.path.lexists(out / rel) and (rel in found.ours or rel == MANIFEST_NAME):
                 (aside / rel).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(out / rel, aside / rel)
+                _move(out / rel, aside / rel)
                 moved_aside.append(rel)
-        for rel in new:
+        for rel, src in staged.items():
             made += _make_parents(out, rel)
-            os.replace(tmp / rel, out / rel)
+            _move(src, out / rel)
             moved_in.append(rel)
-        (tmp / MANIFEST_NAME).write_text(manifest_text([*keep, *entries.values()], kind.family))
-        os.replace(tmp / MANIFEST_NAME, out / MANIFEST_NAME)
+        manifest = aside / (STAGING_PREFIX + MANIFEST_NAME)  # aside/MANIFEST_NAME is the earlier one
+        manifest.write_text(manifest_text([*keep, *entries.values()], found.family or kind.family))
+        _move(manifest, out / MANIFEST_NAME)
     except OSError:
         for rel in moved_in:
             (out / rel).unlink(missing_ok=True)
         for rel in moved_aside:
-            os.replace(aside / rel, out / rel)
+            _move(aside / rel, out / rel)
         for d in reversed(made):
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -287,6 +323,26 @@ def _swap_in(tmp: Path, out: Path, new: list[str], found: Survey, kind: OutputKi
     finally:
         shutil.rmtree(aside, ignore_errors=True)
     _remove_emptied(out, stale)
+
+
+def _move(src: Path, dest: Path) -> None:
+    """Rename `src` to `dest`, replacing it; where they are on different file systems (a mount point
+    below DIR), copy into a staging file beside `dest` and rename that, so `dest` is never half-written."""
+    try:
+        os.replace(src, dest)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        fd, part = tempfile.mkstemp(prefix=STAGING_PREFIX, dir=dest.parent)
+        os.close(fd)
+        try:
+            shutil.copy2(src, part)
+            os.replace(part, dest)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise
+        os.unlink(src)
 
 
 def _make_parents(out: Path, rel: str) -> list[Path]:

@@ -195,17 +195,17 @@ def bench_optimizer(num_params: int, device: str, warmup: int, repeats: int, pro
 class _Layer:
     """A minimal pre-norm transformer layer (torch modules only) at one TP shard's widths."""
 
-    def __init__(self, torch: Any, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, swiglu: bool,
+    def __init__(self, torch: Any, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, gated: bool,
                  device: str, dtype: Any):
         nn = torch.nn
         self.torch, self.heads, self.kv_heads, self.head_dim = torch, heads, kv_heads, head_dim
-        self.swiglu = swiglu
+        self.gated = gated  # a gated MLP (SwiGLU measured: quick-GeGLU has the same shapes)
         kw = {"device": device, "dtype": dtype}
         self.norm1 = nn.LayerNorm(hidden, **kw)
         self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False, **kw)
         self.proj = nn.Linear(heads * head_dim, hidden, bias=False, **kw)
         self.norm2 = nn.LayerNorm(hidden, **kw)
-        self.fc1 = nn.Linear(hidden, ffn * (2 if swiglu else 1), bias=False, **kw)
+        self.fc1 = nn.Linear(hidden, ffn * (2 if gated else 1), bias=False, **kw)
         self.fc2 = nn.Linear(ffn, hidden, bias=False, **kw)
 
     def __call__(self, x: Any) -> Any:
@@ -221,7 +221,7 @@ class _Layer:
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, -1))
         hmid = self.fc1(self.norm2(x))
-        if self.swiglu:
+        if self.gated:
             g, u = hmid.chunk(2, dim=-1)
             hmid = F.silu(g) * u
         else:
@@ -229,7 +229,7 @@ class _Layer:
         return x + self.fc2(hmid)
 
 
-def layer_memory(shapes: BenchShapes, heads: int, kv_heads: int, head_dim: int, swiglu: bool, device: str,
+def layer_memory(shapes: BenchShapes, heads: int, kv_heads: int, head_dim: int, gated: bool, device: str,
                  dtype: str) -> dict:
     """Memory of one layer's forward+backward at micro-batch 1 and TP = the smallest TP profiled.
 
@@ -240,7 +240,7 @@ def layer_memory(shapes: BenchShapes, heads: int, kv_heads: int, head_dim: int, 
     dt = getattr(torch, DTYPES[dtype])
     tp = shapes.layer_tp
     layer = _Layer(torch, shapes.hidden, max(1, heads // tp), max(1, kv_heads // tp), head_dim,
-                   max(1, shapes.ffn // tp), swiglu, device, dt)
+                   max(1, shapes.ffn // tp), gated, device, dt)
     tokens = shapes.seq
     x = torch.randn(1, tokens, shapes.hidden, device=device, dtype=dt, requires_grad=True)
     saved: dict[Any, int] = {}

@@ -240,7 +240,7 @@ def _layer_memory(opts: ProfileOptions, shapes: BenchShapes, dev: str, dtype: st
     kv = min(opts.model.query_groups, heads)
     while heads % kv:
         kv -= 1
-    memory = kernels.layer_memory(shapes, heads, kv, shapes.hidden // heads, opts.model.swiglu, dev, dtype)
+    memory = kernels.layer_memory(shapes, heads, kv, shapes.hidden // heads, opts.model.gated_linear_unit, dev, dtype)
     progress(f"one layer fwd+bwd saved {memory['saved_activation_bytes_per_token']:.0f} bytes/token"
              + (f", peak {memory['peak_allocated_above_start_bytes'] / 2**20:.1f} MiB"
                 if memory["peak_allocated_above_start_bytes"] is not None else " (CPU: no allocator peak)"))

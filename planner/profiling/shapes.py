@@ -108,7 +108,7 @@ def bench_shapes(
     With `quick`, the hidden size, FFN and sequence are scaled down (a CPU smoke run); the curves
     are then indexed by the FLOP of the shapes actually run, so they stay valid lookups."""
     h, f, mf, heads, kv, d, s, scaled = _scaled(model, quick)
-    glu = 2 if model.swiglu else 1
+    glu = 2 if model.gated_linear_unit else 1
     q = heads * d
     tokens = tuple(sorted({mbs * s for mbs in micro_batch_sizes}))
     gemms: list[GemmShape] = []

@@ -21,6 +21,11 @@ FlexBackend = Literal["deepep", "hybridep"]
 LoadBalancingType = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
 PositionEmbeddingType = Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
 ScoreFunction = Literal["softmax", "sigmoid", "sqrtsoftplus"]
+AUX_LOSS_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+AUX_LOSS_ASSUMED = 1e-2
+"""--moe-aux-loss-coeff of a run that balances with an auxiliary loss (and no expert bias) but states
+none: Megatron's default 0.0 would mean no balancing; Megatron-LM's MoE examples use 1e-2.  Priced
+(planner/cost/dispatch.py), written into the launcher, and reported as assumed."""
 
 
 class ModelSpec(StrictModel):
@@ -83,7 +88,9 @@ class ModelSpec(StrictModel):
         False, description="--moe-pad-expert-input-to-capacity: every expert computes its full capacity"
     )
     moe_router_load_balancing_type: LoadBalancingType = "aux_loss"
-    moe_aux_loss_coeff: float = Field(0.0, ge=0.0, description="--moe-aux-loss-coeff (Megatron's default 0.0)")
+    moe_aux_loss_coeff: float | None = Field(
+        None, ge=0.0, description="--moe-aux-loss-coeff (the sum, for several balancing types); None: not stated "
+                                  "(see trained_aux_loss_coeff)")
     moe_router_num_groups: int | None = Field(None, gt=0, description="--moe-router-num-groups (group-limited routing)")
     moe_router_group_topk: int | None = Field(None, gt=0, description="--moe-router-group-topk: groups a token may use")
     moe_router_enable_expert_bias: bool = Field(
@@ -139,6 +146,20 @@ class ModelSpec(StrictModel):
     @property
     def is_moe(self) -> bool:
         return self.num_experts is not None
+
+    @property
+    def aux_loss_coeff_assumed(self) -> bool:
+        """No coefficient stated where the router balances with an auxiliary loss alone."""
+        return (self.moe_aux_loss_coeff is None and self.moe_router_load_balancing_type in AUX_LOSS_BALANCING
+                and not self.moe_router_enable_expert_bias)
+
+    @property
+    def trained_aux_loss_coeff(self) -> float:
+        """The --moe-aux-loss-coeff the run trains with, which the cost model prices and the launcher
+        writes: the stated one, else AUX_LOSS_ASSUMED where aux_loss_coeff_assumed, else Megatron's 0.0."""
+        if self.moe_aux_loss_coeff is not None:
+            return self.moe_aux_loss_coeff
+        return AUX_LOSS_ASSUMED if self.aux_loss_coeff_assumed else 0.0
 
     @property
     def gated_linear_unit(self) -> bool:

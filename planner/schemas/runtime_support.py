@@ -96,8 +96,9 @@ class VendorProbe(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     probe: str = Field(min_length=1, description="shell command printing the devices' product names")
-    visible_devices: str = Field(min_length=1, description="the variable that selects a process's devices "
-                                 "(CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES, ...)")
+    visible_devices: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the variable that selects a "
+                                 "process's devices (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ...): a shell variable "
+                                 "name, which launch.sh exports")
     source: str = Field(min_length=1)
 
 

@@ -97,6 +97,10 @@ class TrainingSpec(StrictModel):
         0.1, ge=0.0, le=1.0, description="--attention-dropout (Megatron's default 0.1): a mask and a copy of the "
         "softmax output with unfused attention (fused and flash kernels regenerate the mask)"
     )
+    expandable_segments: bool | None = Field(
+        None, description="torch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True in the launcher's environment), which caches less beyond what it allocates; None:"
+        " not stated (planner/cost/memory.py EXPANDABLE_SEGMENTS_ASSUMED)")
     megatron: MegatronSettings = Field(default_factory=MegatronSettings,
                                        description="flags only Megatron's rules read (not priced)")
     moe_imbalance_factor: float | None = Field(

@@ -76,12 +76,12 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
     for kind, j in sorted(kinds.items()):
         c = core(j, per_layer)
         per_kind.append((kind, c.time_s, c.weights_bytes + c.grads_bytes + c.optimizer_bytes,
-                         c.act_per_microbatch_bytes))
+                         c.held_act_per_microbatch_bytes))
         free = c.capacity_bytes - c.other_bytes
         if block:
             rec = core(j, Recompute.full("uniform", 1))
             extra.append(rec.time_s - c.time_s)
-            saved.append(c.act_per_microbatch_bytes - rec.act_per_microbatch_bytes)
+            saved.append(c.held_act_per_microbatch_bytes - rec.held_act_per_microbatch_bytes)
     return OptionBound(layer_s=min(k[1] for k in per_kind), layer_static_bytes=min(k[2] for k in per_kind),
                        layer_act_bytes=min(k[3] for k in per_kind), free_bytes=free, kinds=tuple(per_kind),
                        block_layers=(o.recompute.num_layers or 0) if block else 0,
@@ -110,7 +110,7 @@ def stage_free_bytes(cost: CostModel, gs, o: StageOption) -> tuple[float, float,
             layer = core(j, False, False)
             layer_own = layer.weights_bytes + layer.grads_bytes + layer.optimizer_bytes
             c = core(j, first, last)
-            room = max(room, c.capacity_bytes - (c.static_bytes - layer_own))
+            room = max(room, c.capacity_bytes - (c.held_static_bytes - layer_own))
         out.append(room)
     return tuple(out)
 

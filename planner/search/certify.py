@@ -82,6 +82,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     common = [
         RuleFamily("heads_tp", ("tp",), lambda tp: rules.tp_allowed(model, tp)),
         RuleFamily("seq_cp", ("cp",), lambda cp: rules.cp_allowed(model, cp)),
+        RuleFamily("seq_tp_sp", ("tp", "cp"), lambda tp, cp: rules.sequence_split_ok(model, tp, cp)),
         RuleFamily("experts_ep", ("ep",), lambda ep: rules.ep_allowed(model, ep)),
         RuleFamily("moe_etp_bias", ("tp", "etp"), lambda tp, etp: rules.etp_allowed(model, tp, etp)),
     ]
@@ -185,8 +186,7 @@ class BendersSearch:
         self.deadline = settings.deadline if settings.deadline is not None else t0 + settings.time_limit_s
         self.pruning = settings.pruning
         self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
-        self.book = PriceBook(cost, space, self.builder)
-        self.book.deadline = self.deadline
+        self.book = PriceBook(cost, space, self.builder, deadline=self.deadline)
         self.levels = levels(cost, space, self.book, settings)
         self.cands: list[Candidate] = []
         self._pipeline = None  # the block pipeline of the configuration being settled
@@ -596,7 +596,8 @@ class BendersSearch:
             backend="cpsat", notes=self.notes, pruning=self.pruning, pruned_space_optimal=proven,
             pruned_lower_bound_s=None if searched_us is None else min(cap, searched_us * 1e-6), configs_pruned_cp=cp,
             timed_out=self.timed_out and not proven,
-            quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=self.stats)
+            quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s), cpsat=self.stats,
+            runners_up=self.cands[self.settings.top_k:])
 
     def _finish_stats(self, best: Candidate, searched_us: float | None, proven: bool) -> None:
         st = self.stats

@@ -111,6 +111,7 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
         pruned_space_optimal=pruned_optimal, pruned_lower_bound_s=pruned_lb, configs_pruned_cp=scr.pruned_cp,
         timed_out=scr.timed_out or not whole,
         quantisation_s=max(0.0, costs[0].iteration_time_s - best[0].objective_s),
+        runners_up=scr.cands[settings.top_k:],
     )
 
 

@@ -50,7 +50,7 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
     def need_bytes(i: int, start: int, end: int) -> tuple[float, float]:
         core = cost.stage_core(gs, device_type=slots[i], start=start, end=end, dp=1, recompute=full,
                                is_first=i == 0, is_last=i == pp - 1)
-        return core.static_bytes + cost.inflight_microbatches(gs, i) * core.act_per_microbatch_bytes, \
+        return core.held_static_bytes + cost.inflight_microbatches(gs, i) * core.held_act_per_microbatch_bytes, \
             core.capacity_bytes
 
     start = 0
@@ -94,7 +94,7 @@ def _hints(cost: CostModel, gs: GlobalShape, slots: list[str], types: list[str],
     while per_stage < layers_left:
         core = cost.stage_core(gs, device_type=h, start=0, end=per_stage + 1, dp=1, recompute=full,
                                is_first=False, is_last=False)
-        if core.static_bytes + core.act_per_microbatch_bytes > core.capacity_bytes:
+        if core.held_static_bytes + core.held_act_per_microbatch_bytes > core.capacity_bytes:
             break
         per_stage += 1
     remaining_stages = len(slots) - index

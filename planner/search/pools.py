@@ -57,6 +57,8 @@ def _combined(cost: CostModel, apart: SearchResult, pooled: SearchResult, pools:
     priced = [(cost.evaluate(c.plan), c, r) for r in (apart, pooled) for c in r.best]
     priced.sort(key=lambda t: t[0].iteration_time_s)
     best = priced[:top_k]
+    runners_up = sorted([c for _, c, _ in priced[top_k:]] + apart.runners_up + pooled.runners_up,
+                        key=lambda c: c.objective_s)
     winner = best[0][2]
 
     def least(a: float | None, b: float | None) -> float | None:
@@ -77,6 +79,6 @@ def _combined(cost: CostModel, apart: SearchResult, pooled: SearchResult, pools:
         certified_optimal=apart.certified_optimal and pooled.certified_optimal,
         pruned_space_optimal=apart.pruned_space_optimal and pooled.pruned_space_optimal,
         timed_out=apart.timed_out or pooled.timed_out, search_time_s=wall_s,
-        quantisation_s=max(0.0, best[0][0].iteration_time_s - best[0][1].objective_s),
+        quantisation_s=max(0.0, best[0][0].iteration_time_s - best[0][1].objective_s), runners_up=runners_up,
         notes=apart.notes + [n for n in pooled.notes if n not in apart.notes] + [note],
     )

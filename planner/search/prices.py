@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 
 from planner.cost.model import CostModel, recomputed_layer_count
+from planner.errors import SearchTimeLimitError
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from planner.search.bounds import option_bound
@@ -49,9 +50,11 @@ class PriceBook:
     the prices every recompute setting shares (for the degree master), `block(key)` the prices per
     recompute setting (for the shape's pipeline block, computed when first asked)."""
 
-    def __init__(self, cost: CostModel, space: SearchSpace, builder: TableBuilder):
+    def __init__(self, cost: CostModel, space: SearchSpace, builder: TableBuilder, deadline: float | None = None):
+        """`deadline` (time.perf_counter()): building the space past it is SearchTimeLimitError; pricing a
+        block past it raises DeadlinePassed."""
         self.cost, self.space, self.builder = cost, space, builder
-        self.deadline: float | None = None  # time.perf_counter(): pricing a block raises DeadlinePassed after it
+        self.deadline = deadline
         model = cost.model
         self.budget = cost.cluster.gpus_by_type()
         self.types = list(self.budget)
@@ -66,8 +69,13 @@ class PriceBook:
         else:
             self.settings = recompute_ladder(model, space.recompute, cost.training)
         self.shapes: dict[tuple, Shape] = {}
+        started = time.perf_counter()
         for shape in enumerate_shapes(model, cost.training, cost.cluster, space, self.gpn):
             self.shapes[self.key(shape.base)] = shape
+            if deadline is not None and time.perf_counter() > deadline:
+                raise SearchTimeLimitError(
+                    f"building the search space ({len(self.shapes)} configuration shapes so far) took "
+                    f"{time.perf_counter() - started:.1f} s and reached the time limit; raise --time-limit")
         self.classes = self._classes()
         self.class_of = {c.name: k for k, c in enumerate(self.classes)}
         self.master: dict[tuple, dict[int, Price]] = {}
@@ -116,13 +124,18 @@ class PriceBook:
             base = shape.base
             gs = replace(self.builder.shape(base), vpp=1, pp=2)
             row = {}
+            by_class: dict[int, list[StageOption]] = {}
             for o in self._options(base, None if self.flagscale else NONE):
-                if o.recompute != NONE:
-                    continue
-                fast = option_bound(self.cost, gs, o)
+                by_class.setdefault(self._class_index(o), []).append(o)
+            for c, opts in by_class.items():
+                # least time per layer: no recompute (flagscale: the least of the stage modes when none is
+                # among them)
+                fastest = [o for o in opts if o.recompute == NONE] or opts
+                taus = [_taus(option_bound(self.cost, gs, o), len(self.groups)) for o in fastest]
+                tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
+                o = opts[0]
                 room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest))
-                tau = tuple(to_us(x) for x in _taus(fast, len(self.groups)))
-                row[self._class_index(o)] = Price(
+                row[c] = Price(
                     tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers), self._units(base, o.device_type),
                     room=_room(room, len(self.groups), 0.0, None, 0.0))
             self.master[key] = row
@@ -154,16 +167,21 @@ class PriceBook:
         bounds = [option_bound(self.cost, gs, o) for o in opts]
         taus = [_taus(b, len(self.groups)) for b in bounds]
         tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
-        room = max(_max_layers(b, self.v_max, self.n_layers) for b in bounds)
         roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
+        # the only stage of a pipeline (PP = 1) has no pipeline buffers: the bytes it has beyond
+        single = max(0.0, max(option_bound(self.cost, replace(gs, pp=1), o).free_bytes for o in opts)
+                     - roomy.free_bytes)
+        room = max(_max_layers(replace(b, free_bytes=b.free_bytes + single), self.v_max, self.n_layers)
+                   for b in bounds)
         first, last, ends = self._ends(gs, opts[0])
         link_in, link_out, links_by_vpp = self._links(gs, g, opts[0])
         saved = roomy.act_saved_bytes
         k, reruns = self._reruns(opts)
         return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
                      self._units(g, opts[0].device_type), link_in, link_out,
-                     room=_room(roomy, len(self.groups), saved, ends, min(self._transient(gs, o) for o in opts),
-                                roomy.block_layers),
+                     room=replace(_room(roomy, len(self.groups), saved, ends,
+                                        min(self._transient(gs, o) for o in opts), roomy.block_layers),
+                                  single_bytes=single),
                      links_by_vpp=links_by_vpp, block_layers=k, rerun_by_vpp=reruns)
 
     def _reruns(self, opts: list[StageOption]) -> tuple[int, tuple[tuple[int, tuple[int, ...]], ...]]:
@@ -201,9 +219,10 @@ class PriceBook:
     def _transient(self, gs, o: StageOption) -> float:
         """The least buffers a stage on option o keeps once, whatever layers it holds: a one-layer
         middle stage's (the least over the layer kinds)."""
-        return min(self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
-                                        recompute=o.recompute, is_first=False, is_last=False).fixed_act_bytes
-                   for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)}))
+        cores = [self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
+                                      is_first=False, is_last=False)
+                 for j in sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)})]
+        return min(c.fixed_act_bytes * (1.0 + c.cache_fraction) for c in cores)  # with the allocator's cache
 
     @property
     def prefix(self) -> tuple[tuple[int, ...], ...]:
@@ -268,15 +287,19 @@ class PriceBook:
     def _links(self, gs, g: GlobalChoice, o: StageOption) -> tuple[int, int, tuple[tuple[int, int, int], ...]]:
         """The least pipeline link into and out of a stage on option o's type and DP (from or to any
         stage class), per micro-batch with all its virtual chunks: the least over the space's VPP values,
-        and per VPP value (v, into, out).  The cost model's link depends on VPP: the interleaved schedule
-        overlaps its sends with compute (--overlap-p2p-communication), leaving v latencies exposed."""
+        and per VPP value (v, into, out).  A link's L (CostModel.p2p_parts: the message under 1F1B, v
+        latencies interleaved; a stage takes at least its core + both L, schemas.pipeline.stage_time_with_links), the
+        least over where the boundary lands (the node's own link wherever two stages may share a node)."""
         ends = [(self.types[c.type_index], c.weight if self.flagscale else g.dp0) for c in self.classes]
-        p2p = self.cost.p2p_s
+        mine = (o.device_type, o.dp)
         per_v = []
         for v in ((1,) if self.flagscale else tuple(sorted(set(self.space.vpp)))):
             sv = replace(gs, vpp=v)
-            per_v.append((v, to_us(min(p2p(sv, h, d, o.device_type, o.dp) for h, d in ends)),
-                          to_us(min(p2p(sv, o.device_type, o.dp, h, d) for h, d in ends))))
+
+            def floor_s(a: tuple[str, int], b: tuple[str, int]) -> float:
+                return self.cost.p2p_parts(sv, *a, *b, crosses_nodes=None)[0]
+            per_v.append((v, to_us(min(floor_s(end, mine) for end in ends)),
+                          to_us(min(floor_s(mine, end) for end in ends))))
         return min(x[1] for x in per_v), min(x[2] for x in per_v), tuple(per_v)
 
     def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:
@@ -291,10 +314,10 @@ class PriceBook:
         for j in starts:
             mid, first, last = core(False, False, j), core(True, False, j), core(False, True, j)
             times.append((first.time_s - mid.time_s, last.time_s - mid.time_s))
-            ends.append((first.static_bytes - mid.static_bytes,
-                         first.act_per_microbatch_bytes - mid.act_per_microbatch_bytes,
-                         last.static_bytes - mid.static_bytes,
-                         last.act_per_microbatch_bytes - mid.act_per_microbatch_bytes))
+            ends.append((first.held_static_bytes - mid.held_static_bytes,
+                         first.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes,
+                         last.held_static_bytes - mid.held_static_bytes,
+                         last.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes))
         t_first, t_last = (min(t[k] for t in times) for k in range(2))
         extra = tuple(min(e[k] for e in ends) for k in range(4))
         return to_us(t_first), to_us(t_last), extra

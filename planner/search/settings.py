@@ -130,6 +130,8 @@ class SearchResult:
     timed_out: bool = False
     quantisation_s: float = 0.0  # most the best plan's float cost exceeds its table objective
     cpsat: dict | None = None  # the CP-SAT master's statistics (--backend cpsat)
+    runners_up: list[Candidate] = field(default_factory=list)  # other configurations' plans the search kept,
+    # beyond `best`, in objective order (nothing proven about them): what `solve` proposes as trials
 
     @property
     def status(self) -> str:

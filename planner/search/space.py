@@ -13,6 +13,7 @@ switchable.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -241,6 +242,8 @@ def enumerate_shapes(
         for cp in space.cp:
             if not rules.cp_allowed(model, cp) or not rules.runtime_degrees_ok(space.runtime, cp, 1):
                 continue
+            if not rules.sequence_split_ok(model, tp, cp):
+                continue
             max_dp = max(n // (tp * cp) for n in hosts.values())
             if max_dp < 1:
                 continue
@@ -249,7 +252,7 @@ def enumerate_shapes(
                     yield from _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok)
                     continue
                 for mbs in space.mbs:
-                    for dp in range(1, max_dp + 1):
+                    for dp in batch_dps(gbs, mbs, max_dp):
                         if not rules.batch_ok(gbs, mbs, dp) or not rules.expert_folding_ok(tp, cp, dp, ep, etp):
                             continue
                         s = tp * cp * dp
@@ -276,19 +279,30 @@ def enumerate_globals(
         yield from shape.choices()
 
 
+def batch_dps(gbs: int, mbs: int, max_dp: int) -> list[int]:
+    """The DPs up to `max_dp` that a global batch allows with micro-batch `mbs` (GBS % (mbs*DP) == 0,
+    rules.batch_ok): the divisors of GBS/mbs, found in O(sqrt(GBS)) steps, not max_dp (100,000 GPUs
+    would make building the space outlast any --time-limit)."""
+    if gbs % mbs:
+        return []
+    n = gbs // mbs
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({d for s in small for d in (s, n // s) if d <= max_dp})
+
+
 def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, ep: int, etp: int, b: int
                    ) -> dict[str, list[int]]:
     """Per device type, the stage DPs that samples-per-micro-batch B allows: B % DP == 0, a rank's
     micro-batch B / DP in the menu, folding."""
-    return {h: [dp for dp in range(1, n // (tp * cp) + 1)
-                if rules.flagscale_stage_mbs_ok(b, dp) and b // dp in space.mbs
+    return {h: [dp for dp in sorted({b // m for m in space.mbs if b % m == 0})  # B / DP in the menu
+                if dp <= n // (tp * cp) and rules.flagscale_stage_mbs_ok(b, dp)
                 and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
             for h, n in hosts.items()}
 
 
 def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok=None) -> Iterator[Shape]:
     """flagscale shapes for one (TP, CP, EP, ETP): every B with a stage DP on some type."""
-    bs = sorted({dp * m for h, n in hosts.items() for dp in range(1, n // (tp * cp) + 1) for m in space.mbs
+    bs = sorted({dp * m for h, n in hosts.items() for m in space.mbs for dp in batch_dps(gbs, m, n // (tp * cp))
                  if rules.expert_folding_ok(tp, cp, dp, ep, etp)})
     for b in bs:
         if not rules.batch_ok(gbs, b, 1):

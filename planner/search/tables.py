@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cost.model import CostModel, GlobalShape
+from planner.schemas.pipeline import pipeline_boundary_may_stay_in_node
+from planner.cost.model import CostModel, GlobalShape, link_fill_s
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
 from solver_models.scaling import INF_US, to_us, to_us_array
@@ -46,7 +47,7 @@ class TableBuilder:
             arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
-        core, sync, static, act, cap, p2p, min_layer = arrays
+        core, sync, static, act, cap, p2p, near, traffic, fill, fwd, min_layer = arrays
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -57,6 +58,9 @@ class TableBuilder:
             option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
             types=types, budget=self._budget, min_layer_us=min_layer,
             contiguous_types=self.contiguous_types, deadline=deadline,
+            p2p_near_us=near, gpus_per_node=np.array([cost.gpus_per_node(t) for t in types], dtype=np.int64),
+            traffic_us=traffic if traffic.size else None, fwd_us=fwd if fwd.size else None,
+            fill_us=fill if fill.size else None,
         )
 
     def _trim_cache(self) -> None:
@@ -101,6 +105,10 @@ class TableBuilder:
         num_o = len(options)
         N = n_layers
         shape = (num_o, 4, N + 1, N + 1)
+        far, near, traffic, fill = pipeline_links(cost, gs, options)
+        # with traffic the tables keep each cell's forward apart (rounded down apart from its backward, so that
+        # core = F + B stays a lower bound of both)
+        fwd = np.empty(shape if traffic.size else (0,), dtype=np.int64)
         # filled option by option below (with a deadline check between): on a model with hundreds
         # of layers these arrays take gigabytes, and writing them is most of a build's time
         core = np.empty(shape, dtype=np.int64)
@@ -123,12 +131,14 @@ class TableBuilder:
             check_deadline(deadline)
             core[o].fill(INF_US)
             sync[o].fill(INF_US)
+            if traffic.size:
+                fwd[o].fill(INF_US)
             static[o].fill(np.inf)
             act[o].fill(np.inf)
             for p, mask in regions.items():
                 check_deadline(deadline)
                 ids = np.unique(sig[mask])
-                vals = np.zeros((len(reps), 4))
+                vals = np.zeros((len(reps), 5))
                 for j, k in enumerate(ids):
                     if j % 64 == 63:
                         check_deadline(deadline)
@@ -136,10 +146,14 @@ class TableBuilder:
                     c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),
                                         is_last=p in (LAST, ONLY))
-                    vals[k] = (c.time_s, c.sync_s, c.static_bytes, c.act_per_microbatch_bytes)
+                    vals[k] = (c.time_s, c.sync_s, c.held_static_bytes, c.held_act_per_microbatch_bytes, c.forward_s)
                     cap[o] = c.capacity_bytes
                 cells = sig[mask]
-                core[o, p][mask] = to_us_array(vals[cells, 0])
+                if traffic.size:
+                    fwd[o, p][mask] = to_us_array(vals[cells, 4])
+                    core[o, p][mask] = fwd[o, p][mask] + to_us_array(vals[cells, 0] - vals[cells, 4])
+                else:
+                    core[o, p][mask] = to_us_array(vals[cells, 0])
                 sync[o, p][mask] = to_us_array(vals[cells, 1])
                 static[o, p][mask] = vals[cells, 2]
                 act[o, p][mask] = vals[cells, 3]
@@ -149,11 +163,44 @@ class TableBuilder:
                                    recompute=Recompute.none(), is_first=False, is_last=False).time_s
                    for j in _distinct_layer_starts(cost)]
             min_layer[o] = to_us(min(per))
-        p2p = np.zeros((num_o, num_o), dtype=np.int64)
-        for a, oa in enumerate(options):
-            for b, ob in enumerate(options):
-                p2p[a, b] = to_us(cost.p2p_s(gs, oa.device_type, oa.dp, ob.device_type, ob.dp))
-        return core, sync, static, act, cap, p2p, min_layer
+        return core, sync, static, act, cap, far, near, traffic, fill, fwd, min_layer
+
+
+def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(L, L near, M, X) of every option pair: int [O, O] and [2, O, O] (across nodes, then inside one), the link
+    as each of its two stages pays it (CostModel.p2p_parts) and what it adds to the pipeline's fill
+    (model.link_fill_s; solver_models/tables.py), when the boundary leaves a node and when both stages share one.
+    M is empty when it can never outlast the compute beside it (a stage's forward and backward are at least a
+    one-layer stage's: `least_compute`); X without interleaving (it is 0)."""
+    n = len(options)
+    floor = np.zeros((2, n, n), dtype=np.int64)
+    traffic = np.zeros((2, n, n), dtype=np.int64)
+    fill = np.zeros((2, n, n), dtype=np.int64)
+    for a, oa in enumerate(options):
+        for b, ob in enumerate(options):
+            may_stay = oa.device_type == ob.device_type and pipeline_boundary_may_stay_in_node(
+                gs.tp * gs.cp * oa.dp, gs.tp * gs.cp * ob.dp, cost.gpus_per_node(oa.device_type))
+            for near in (0, 1):
+                parts = cost.p2p_parts(gs, oa.device_type, oa.dp, ob.device_type, ob.dp,
+                                       crosses_nodes=not (near and may_stay))
+                floor[near, a, b], traffic[near, a, b] = to_us(parts[0]), to_us(parts[1])
+                fill[near, a, b] = to_us(link_fill_s(gs.vpp, *parts))
+    least = min((least_compute(cost, gs, o) for o in options), default=0.0)
+    if not (traffic - floor > to_us(least)).any():
+        traffic = np.zeros((0,), dtype=np.int64)
+    if gs.vpp == 1:
+        fill = np.zeros((0,), dtype=np.int64)
+    return floor[0], floor[1], traffic, fill
+
+
+def least_compute(cost: CostModel, gs: GlobalShape, o: StageOption) -> float:
+    """The least forward or backward per micro-batch of any stage on option o: a one-layer middle stage's without
+    recompute (the least over the layer kinds)."""
+    cores = [cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp,
+                             recompute=Recompute.none(), is_first=False, is_last=False)
+             for j in _distinct_layer_starts(cost)]
+    return min(min(c.forward_s, c.backward_s) for c in cores)
 
 
 def _distinct_layer_starts(cost: CostModel) -> list[int]:

@@ -42,8 +42,8 @@ def add_layer_counts(model: cp_model.CpModel, t: StageTables, cells: Cells, v: S
 
 
 def add_stage_costs(model: cp_model.CpModel, cells: Cells, v: StageVars) -> dict[str, int]:
-    """core[i, o] and sync[i, o] are the table's values at the stage's (start, n) cell, 0 when the
-    option is not chosen (n = 0).  Only allowed cells (memory fits, the position's region) exist,
+    """core[i, o] and sync[i, o] (and fwd[i, o] where the model has it: links with traffic) are the table's
+    values at the stage's (start, n) cell, 0 when the option is not chosen (n = 0).  Only allowed cells (memory fits, the position's region) exist,
     so memory is enforced here.  Where the values do not depend on the start (first and last
     stage, single-kind models) an element over n, whose index domain is small and whose
     propagation is exact; otherwise a table over (start, n, core, sync), which propagates between
@@ -51,19 +51,24 @@ def add_stage_costs(model: cp_model.CpModel, cells: Cells, v: StageVars) -> dict
     Returns how many of each form were used."""
     used = {"element": 0, "table": 0}
     for (i, o), c in cells.items():
+        fwd = (i, o) in v.fwd
         if c.by_n is not None:
             size = max(c.by_n) + 1
-            core_vals = [0] * size
-            sync_vals = [0] * size
-            for n, (core, sync) in c.by_n.items():
-                core_vals[n], sync_vals[n] = core, sync
-            model.add_element(v.n[i, o], core_vals, v.core[i, o])
-            model.add_element(v.n[i, o], sync_vals, v.sync[i, o])
+            vals = [[0] * size for _ in range(3)]
+            for n, cell in c.by_n.items():
+                for k in range(3):
+                    vals[k][n] = cell[k]
+            model.add_element(v.n[i, o], vals[0], v.core[i, o])
+            model.add_element(v.n[i, o], vals[1], v.sync[i, o])
+            if fwd:
+                model.add_element(v.n[i, o], vals[2], v.fwd[i, o])
             used["element"] += 1
         else:
-            rows = [list(cell) for cell in c.cells]
-            rows += [[s, 0, 0, 0] for s in range(c.start_lo, c.start_hi + 1)]
-            model.add_allowed_assignments([v.start[i], v.n[i, o], v.core[i, o], v.sync[i, o]], rows)
+            width = 5 if fwd else 4
+            rows = [list(cell[:width]) for cell in c.cells]
+            rows += [[s] + [0] * (width - 1) for s in range(c.start_lo, c.start_hi + 1)]
+            columns = [v.start[i], v.n[i, o], v.core[i, o], v.sync[i, o]] + ([v.fwd[i, o]] if fwd else [])
+            model.add_allowed_assignments(columns, rows)
             used["table"] += 1
     return used
 
@@ -85,12 +90,15 @@ def add_relaxation_cuts(model: cp_model.CpModel, cells: Cells, v: StageVars) -> 
 
 
 def link_classes(t: StageTables) -> list[int]:
-    """Class id per option: options with equal p2p rows and columns share a class, so links need
-    one Boolean per class pair rather than per option pair (recompute variants collapse)."""
+    """Class id per option: options with equal link rows and columns (tables.link_rows, and with positional
+    links the same type and GPUs) share a class, so links need one Boolean per class pair rather than per
+    option pair (recompute variants collapse)."""
     keys: dict[tuple, int] = {}
     out = []
     for o in range(t.num_options):
-        key = (tuple(int(x) for x in t.p2p_us[o, :]), tuple(int(x) for x in t.p2p_us[:, o]))
+        key = t.link_rows(o)
+        if t.positional_links:
+            key += (int(t.option_type[o]), int(t.option_gpus[o]))
         out.append(keys.setdefault(key, len(keys)))
     return out
 
@@ -98,7 +106,10 @@ def link_classes(t: StageTables) -> list[int]:
 def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, classes: list[int]) -> None:
     """y[i, a, b] = [stage i in class a and stage i+1 in class b], as a transportation polytope
     (row sums are stage i's class indicators, column sums stage i+1's), which is integral in the
-    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the time of the link between stages i and i+1."""
+    LP; link[i] = sum p2p[a, b] * y[i, a, b] is the L of the link between stages i and i+1, less
+    (p2p - p2p_near)[a, b] where the link stays inside a node (w[i, a, b], `add_node_positions`); likewise
+    traffic[i], its M (tables.link), where the tables carry traffic, and v.fill[i], its fill X (an expression
+    the objective counts)."""
     ids = sorted(set(classes))
     rep = {c: classes.index(c) for c in ids}
     for i in range(t.pp - 1):
@@ -108,19 +119,73 @@ def add_pipeline_links(model: cp_model.CpModel, t: StageTables, v: StageVars, cl
         for b in ids:
             model.add(sum(v.y[i, a, b] for a in ids)
                       == sum(v.x[i + 1, o] for o in v.options_of(i + 1) if classes[o] == b))
-        model.add(v.link[i] == sum(int(t.p2p_us[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids))
+        def price(far, near):
+            stay = sum(int(near[rep[a], rep[b]] - far[rep[a], rep[b]]) * w for (k, a, b), w in v.w.items() if k == i)
+            return sum(int(far[rep[a], rep[b]]) * v.y[i, a, b] for a in ids for b in ids) + stay
+        model.add(v.link[i] == price(t.p2p_us, t.near_us))
+        if v.traffic:
+            model.add(v.traffic[i] == price(*t.traffic_us))
+        if t.fill_us is not None:
+            v.fill.append(price(*t.fill_us))
+    add_node_positions(model, t, v, classes)
+
+
+def add_node_positions(model: cp_model.CpModel, t: StageTables, v: StageVars, classes: list[int]) -> None:
+    """With positional links: stage i's block of type ty starts after the GPUs of ty the stages before it use
+    (U), so node_first = U // GPUs per node and node_last = (U + its GPUs + the next stage's - 1) // GPUs per
+    node; stay[i, ty] <=> both stages run ty and node_first == node_last (tables.crosses_nodes), and
+    w[i, a, b] <=> y[i, a, b] and stay[i, type of a]."""
+    for (i, ty), first in v.node_first.items():
+        def gpus(j: int):
+            return sum(int(t.option_gpus[o]) * v.x[j, o] for o in v.options_of(j) if int(t.option_type[o]) == ty)
+
+        def on(j: int):
+            return sum(v.x[j, o] for o in v.options_of(j) if int(t.option_type[o]) == ty)
+        before = sum(gpus(j) for j in range(i))
+        gpn = int(t.gpus_per_node[ty])
+        model.add_division_equality(first, before, gpn)
+        model.add_division_equality(v.node_last[i, ty], before + gpus(i) + gpus(i + 1) - 1, gpn)
+        same = v.same_node[i, ty]
+        model.add(first == v.node_last[i, ty]).only_enforce_if(same)
+        model.add(first != v.node_last[i, ty]).only_enforce_if(same.negated())
+        stay = v.stay[i, ty]
+        for side in (on(i), on(i + 1), same):
+            model.add(stay <= side)
+        model.add(stay >= on(i) + on(i + 1) + same - 2)
+    for (i, a, b), w in v.w.items():
+        stay = v.stay[i, int(t.option_type[classes.index(a)])]
+        model.add(w <= v.y[i, a, b])
+        model.add(w <= stay)
+        model.add(w >= v.y[i, a, b] + stay - 1)
 
 
 def add_stage_times(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
-    """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them)."""
+    """t[i] = core of the chosen option + the links on both sides (as the evaluator charges them).  With
+    traffic, t[i] >= into[i] + B + L_out and t[i] >= F + L_in + out[i], into[i] >= F + L_in, M_in and
+    out[i] >= B + L_out, M_out (schemas.pipeline.stage_time_with_links, tables.stage_us): the objective only rises with t,
+    so at the optimum each is its maximum."""
     pp = t.pp
     for i in range(pp):
-        expr = sum(v.core[i, o] for o in v.options_of(i))
+        core = sum(v.core[i, o] for o in v.options_of(i))
+        if not v.traffic:
+            expr = core
+            if i > 0:
+                expr += v.link[i - 1]
+            if i < pp - 1:
+                expr += v.link[i]
+            model.add(v.t[i] == expr)
+            continue
+        fwd = sum(v.fwd[i, o] for o in v.options_of(i))
+        l_in = v.link[i - 1] if i > 0 else 0
+        l_out = v.link[i] if i < pp - 1 else 0
+        model.add(v.into[i] >= fwd + l_in)
+        model.add(v.out[i] >= core - fwd + l_out)
         if i > 0:
-            expr += v.link[i - 1]
+            model.add(v.into[i] >= v.traffic[i - 1])
         if i < pp - 1:
-            expr += v.link[i]
-        model.add(v.t[i] == expr)
+            model.add(v.out[i] >= v.traffic[i])
+        model.add(v.t[i] >= v.into[i] + core - fwd + l_out)
+        model.add(v.t[i] >= fwd + l_in + v.out[i])
 
 
 def add_gpu_budget(model: cp_model.CpModel, t: StageTables, v: StageVars) -> None:
@@ -178,9 +243,10 @@ def add_load_balance(model: cp_model.CpModel, cells: Cells, v: StageVars, window
 
 
 def objective_expr(t: StageTables, v: StageVars) -> cp_model.LinearExpr:
-    """v x iteration time: sum t_i + (m*v - 1) * t_max + v * sync_max (StageTables.objective_us)."""
+    """v x iteration time: sum t_i + (m*v - 1) * t_max + v * sync_max + v * the links' fill
+    (StageTables.objective_us)."""
     vpp = t.g.vpp
-    return sum(v.t) + (t.num_microbatches * vpp - 1) * v.t_max + vpp * v.sync_max
+    return sum(v.t) + (t.num_microbatches * vpp - 1) * v.t_max + vpp * v.sync_max + vpp * sum(v.fill)
 
 
 def add_upper_bound(model: cp_model.CpModel, objective: cp_model.LinearExpr, upper_bound_us: int | None) -> None:

@@ -60,9 +60,10 @@ class Room:
     """What one stage of a class holds in memory: n layers of group g fit with a micro-batches in
     flight when n * (static[g] + a * act[g]) <= free + a * saved x (layers re-run), less the first
     stage's (embedding) or the last stage's (output layer, logits, MTP) own bytes at the ends of the
-    pipeline.  Full block recompute of k layers per virtual chunk re-runs at most min(n, k x VPP) of
-    a stage's n layers (of group 0, all layers; a layer kind's group counts k x VPP, as its stage may
-    hold other layers too)."""
+    pipeline.  A stage that is both (PP = 1) has `single_bytes` more: no pipeline communication
+    buffers (the other figures are priced for PP > 1).  Full block recompute of k layers per virtual
+    chunk re-runs at most min(n, k x VPP) of a stage's n layers (of group 0, all layers; a layer kind's
+    group counts k x VPP, as its stage may hold other layers too)."""
 
     free_bytes: float  # capacity less the framework's overhead
     static_bytes: tuple[float, ...]  # per layer group: weights, gradients and optimizer state of one layer
@@ -74,6 +75,7 @@ class Room:
     last_static_bytes: float = 0.0
     last_act_bytes: float = 0.0
     block_layers: int = 0  # k: layers re-run per virtual chunk
+    single_bytes: float = 0.0  # more room for the only stage of a pipeline (PP = 1)
 
     def holds(self, inflight: float, limit: int, group: int = 0, first: bool = False, last: bool = False,
               vpp: int = 1) -> int:
@@ -85,6 +87,8 @@ class Room:
             room -= self.first_static_bytes + inflight * self.first_act_bytes
         if last:
             room -= self.last_static_bytes + inflight * self.last_act_bytes
+        if first and last:
+            room += self.single_bytes
         if room < 0:
             return 0
         cap = self.block_layers * vpp
@@ -104,6 +108,8 @@ class Room:
             room = room - (self.first_static_bytes + a * self.first_act_bytes)
         if last:
             room = room - (self.last_static_bytes + a * self.last_act_bytes)
+        if first and last:
+            room = room + self.single_bytes
         short = room < 0
         room = np.maximum(room, 0.0)
         cap = self.block_layers * vpp

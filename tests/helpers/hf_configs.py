@@ -21,7 +21,7 @@ MIXTRAL_8X7B = {
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
     "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
     "vocab_size": 32000, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-    "rms_norm_eps": 1e-05, "rope_theta": 1e6,
+    "rms_norm_eps": 1e-05, "rope_theta": 1e6, "router_aux_loss_coef": 0.02,
 }  # fmt: skip
 QWEN2_57B = {
     "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 3584,
@@ -37,7 +37,7 @@ QWEN3_30B = {
     "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_attention_heads": 32,
     "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
     "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False, "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0, "norm_topk_prob": True, "attention_bias": False,
+    "rope_theta": 1000000.0, "norm_topk_prob": True, "attention_bias": False, "router_aux_loss_coef": 0.001,
 }  # fmt: skip
 DSV2_LITE = {
     "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
@@ -64,6 +64,19 @@ DSV3 = {
                      "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 }  # fmt: skip
 
+GPT_OSS_120B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+    "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "vocab_size": 201088, "max_position_embeddings": 131072, "initial_context_length": 4096,
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-05, "rope_theta": 150000, "attention_bias": True,
+    "hidden_act": "silu", "swiglu_limit": 7.0, "sliding_window": 128, "router_aux_loss_coef": 0.9,
+    "output_router_logits": False,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "original_max_position_embeddings": 4096, "truncate": False},
+}  # fmt: skip
+"""openai/gpt-oss-120b (no preset): OpenAI's model card counts 116.83B parameters."""
 
 
 # config -> the preset it describes

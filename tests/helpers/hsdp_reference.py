@@ -5,12 +5,14 @@ It visits states in order, then layer counts n upwards (stopping at the first n 
 then next units, then labels; keeps per next state the Pareto set of (sum, max sync) (or the one
 label of least sum + v*sync), the first visited among equal labels; and drops a state when an
 earlier one of its group (same layers, link in, unit, finished types) with no more GPUs has labels
-covering its labels.  Slow (a Python loop per label) but obviously what the docstring says."""
+covering its labels (with positional links, also where each type's next stage would start inside a
+node).  Slow (a Python loop per label) but obviously what the docstring says."""
 
 from __future__ import annotations
 
 import time
 
+from planner.schemas.pipeline import stage_time_with_links
 from solver_models.hsdp import DPStats, _Budget, _Result, _StageDP
 from solver_models.scaling import INF_US
 from solver_models.tables import position
@@ -24,10 +26,10 @@ class ReferenceStageDP(_StageDP):
         stats.dp_calls += 1
         t = self.t
         pp, N, v = t.pp, t.num_layers, t.g.vpp
-        core, sync = t.core_us.tolist(), t.sync_us.tolist()
+        core, sync, fwd = t.core_us.tolist(), t.sync_us.tolist(), self.fwd_us.tolist()
         units = self.units
         types, gpus, budget = self.unit_type.tolist(), self.unit_gpus.tolist(), self.budget.tolist()
-        p2p, last_ok = self.p2p.tolist(), self.last_ok.tolist()
+        last_ok = self.last_ok.tolist()
         lo, hi = t.fit_range()
         lo, hi = lo.tolist(), hi.tolist()
         # a label: (sum, sync, parent label, (option, start, n))
@@ -37,7 +39,7 @@ class ReferenceStageDP(_StageDP):
                 continue
             used = [0] * len(budget)
             used[types[u]] = gpus[u]
-            states[(0, (0, gpus[u]) if self.contiguous else tuple(used), 0, u)] = [(0, 0, None, None)]
+            states[(0, (0, gpus[u]) if self.contiguous else tuple(used), (0, 0, 0), u)] = [(0, 0, None, None)]
         finals = []
         for i in range(pp):
             pos, last = position(i, pp), i == pp - 1
@@ -51,25 +53,25 @@ class ReferenceStageDP(_StageDP):
                     n_lo, n_hi = max(n_lo, self.windows[unit, 0]), min(n_hi, self.windows[unit, 1])
                 n_lo = max(n_lo, min(lo[o][i][ell] for o in units[unit]))
                 n_hi = min(n_hi, max(hi[o][i][ell] for o in units[unit]))
-                nexts = [] if last else self._nexts(unit, used, types, gpus, budget, p2p, last_ok, i)
+                nexts = [] if last else self._nexts(unit, used, types, gpus, budget, last_ok, i)
                 if not last and not nexts:
                     continue
-                min_out = min((x[1] for x in nexts), default=0)
+                min_l, min_m = (min((x[1][k] for x in nexts), default=0) for k in (0, 1))
                 for n in range(n_lo, n_hi + 1):
                     fitting = [o for o in units[unit] if lo[o][i][ell] <= n <= hi[o][i][ell]]
                     if not fitting:
                         continue
                     o = fitting[0]
-                    c = core[o][pos][ell][n]
-                    if c >= INF_US or c + link + min_out > cap:
+                    c, f = core[o][pos][ell][n], fwd[o][pos][ell][n]
+                    if c >= INF_US or stage_time_with_links(f, c - f, link[:2], (min_l, min_m)) > cap:
                         break  # stage time grows with n
                     s_i = sync[o][pos][ell][n]
-                    for on, out_link, new_used in nexts or [(None, 0, None)]:
-                        tt = c + link + out_link
+                    for on, out_link, new_used in nexts or [(None, (0, 0, 0), None)]:
+                        tt = int(stage_time_with_links(f, c - f, link[:2], out_link[:2]))
                         if tt > cap:
                             continue
                         for lab in labels:
-                            new = (lab[0] + tt, max(lab[1], s_i), lab, (o, ell, n))
+                            new = (lab[0] + tt + v * out_link[2], max(lab[1], s_i), lab, (o, ell, n))
                             if last:
                                 finals.append(new)
                                 continue
@@ -89,11 +91,10 @@ class ReferenceStageDP(_StageDP):
             stages.append(lab[3])
             lab = lab[2]
         stages.reverse()
-        actual = max(t.stage_us(stages[k - 1][0] if k else None, o, stages[k + 1][0] if k + 1 < pp else None, k, s, n)
-                     for k, (o, s, n) in enumerate(stages))
+        actual = max(t.plan_stage_us(stages))
         return _Result(best[0] + v * best[1], best[0], best[1], stages, actual)
 
-    def _nexts(self, unit, used, types, gpus, budget, p2p, last_ok, i):
+    def _nexts(self, unit, used, types, gpus, budget, last_ok, i):
         out = []
         for on in range(len(types)):
             ty = types[on]
@@ -113,8 +114,17 @@ class ReferenceStageDP(_StageDP):
                 new = used[:ty] + (used[ty] + gpus[on],) + used[ty + 1:]
             if i + 1 == self.t.pp - 1 and not last_ok[on]:
                 continue
-            out.append((on, p2p[unit][on], new))
+            out.append((on, self._link(unit, on, used, types, gpus), new))
         return out
+
+    def _link(self, unit, on, used, types, gpus):
+        """The link (L, M, X) to the next stage: the near prices when both stages' ranks share a node."""
+        stays = False
+        if self.positional and types[on] == types[unit]:
+            gpn = int(self.gpn[types[unit]])
+            offset = (used[1] if self.contiguous else used[types[unit]]) - gpus[unit]
+            stays = offset // gpn == (offset + gpus[unit] + gpus[on] - 1) // gpn
+        return tuple(int(x) for x in self.link_pairs[(self.near_id if stays else self.far_id)[unit][on]])
 
     def _add(self, bucket: list, new: tuple, v: int) -> None:
         if not self.pareto:
@@ -130,6 +140,10 @@ class ReferenceStageDP(_StageDP):
         for key, labels in states.items():
             ell, used, link, unit = key
             gkey, vec = ((ell, used[0], link, unit), used[1:]) if self.contiguous else ((ell, link, unit), used)
+            if self.positional:  # states whose next stages would start elsewhere in a node face other links
+                types = self.unit_type.tolist()
+                gkey += ((used[1] % int(self.gpn[types[unit]]),) if self.contiguous
+                         else tuple(u % int(g) for u, g in zip(used, self.gpn)))
             groups.setdefault(gkey, []).append((vec, key, labels))
         out = {}
         for items in groups.values():

@@ -15,7 +15,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from planner.cost.model import CostModel, GlobalShape
+from planner.cost.model import CostModel, GlobalShape, type_offsets
 from planner.megatron.rules import check_plan
 from planner.schemas.plan import Plan, Recompute, StagePlan
 from planner.schemas.search import stage_min_layers
@@ -190,6 +190,7 @@ class Oracle:
         pp = len(stages)
         template = self._plan(tp, cp, ep, etp, mbs, vpp, stages, [1] * pp)
         g = GlobalShape.of(template)
+        offsets = type_offsets([(h, tp * cp * dp) for h, dp, _ in stages])
         for layers in _compositions(self.n_layers, pp, vpp):
             self.plans += 1
             costs = []
@@ -198,13 +199,15 @@ class Oracle:
             for i, ((h, dp, rc), n) in enumerate(zip(stages, layers)):
                 prev = stages[i - 1] if i else None
                 nxt = stages[i + 1] if i + 1 < pp else None
-                key_i = (g, i, h, dp, rc.label, start, n, prev[:2] if prev else None, nxt[:2] if nxt else None)
+                key_i = (g, i, h, dp, rc.label, start, n, prev[:2] if prev else None, nxt[:2] if nxt else None,
+                         offsets[i])
                 sc = self._stages.get(key_i)
                 if sc is None:
                     sc = self._stages[key_i] = self.cost.stage(
                         g, index=i, device_type=h, start=start, end=start + n, dp=dp, recompute=rc,
                         prev_type=prev[0] if prev else None, next_type=nxt[0] if nxt else None,
-                        prev_dp=prev[1] if prev else None, next_dp=nxt[1] if nxt else None)
+                        prev_dp=prev[1] if prev else None, next_dp=nxt[1] if nxt else None,
+                        offset_gpus=offsets[i])
                 if not sc.fits:
                     fits = False
                     break

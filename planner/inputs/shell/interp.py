@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from planner.errors import PlannerInputError
+from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import (
     SchedulerValue, basename_of, dirname_of, echo_text, expr_value, ifs_split, printf_text, read_fields,
@@ -1302,12 +1303,7 @@ class Interp:
 
 
 def _read_sourced(path: Path) -> str:
-    try:
-        if path.stat().st_size > MAX_SCRIPT_BYTES:
-            raise PlannerInputError(str(path), f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlannerInputError(str(path), f"cannot read: {exc}") from None
+    return read_text(path, str(path), max_bytes=MAX_SCRIPT_BYTES)
 
 
 class _Quoted(str):

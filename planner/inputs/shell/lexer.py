@@ -29,6 +29,54 @@ def location(path: str | None, line: int) -> str:
     return f"{path or 'script'}:{line}"
 
 
+_ANSI_C_ESCAPES = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+                   "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_ANSI_C_NUMBER = {"x": re.compile(r"[0-9A-Fa-f]{1,2}"), "u": re.compile(r"[0-9A-Fa-f]{1,4}"),
+                  "U": re.compile(r"[0-9A-Fa-f]{1,8}")}
+_OCTAL = re.compile(r"[0-7]{1,3}")
+
+
+def ansi_c_string(text: str, start: int) -> tuple[str, int] | None:
+    r"""The value of bash's ANSI-C quoting `$'...'` whose body starts at text[start] (just after `$'`), and
+    the index after its closing quote; None when it is not closed.  Escapes as bash decodes them: \n \t
+    \e ..., \NNN (octal), \xHH, \uHHHH, \UHHHHHHHH, \cX (control-X); an unknown escape stays as
+    written; a NUL ends the value (bash drops the rest of the quoted text)."""
+    out: list[str] = []
+    i, n = start, len(text)
+    while i < n:
+        c = text[i]
+        if c == "'":
+            return "".join(out).split("\x00", 1)[0], i + 1
+        if c != "\\" or i + 1 >= n:
+            out.append(c)
+            i += 1
+            continue
+        e = text[i + 1]
+        number = _ANSI_C_NUMBER.get(e)
+        if e in _ANSI_C_ESCAPES:
+            out.append(_ANSI_C_ESCAPES[e])
+            i += 2
+        elif e in "01234567":
+            m = _OCTAL.match(text, i + 1)
+            assert m is not None
+            out.append(chr(int(m.group(0), 8) & 0xFF))
+            i = m.end()
+        elif number is not None and (m := number.match(text, i + 2)):
+            code = int(m.group(0), 16)
+            valid = code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF  # else no character: kept as written
+            out.append(chr(code) if valid else "\\" + e + m.group(0))
+            i = m.end()
+        elif e == "c" and i + 2 < n:
+            ctl = text[i + 2]
+            skip = 2 if ctl == "\\" and text.startswith("\\", i + 3) else 1  # \c\\ is control-backslash
+            out.append("\x7f" if ctl == "?" else chr(ord(ctl) & 0x1F))
+            i += 2 + skip
+        else:
+            out.append("\\" + e)
+            i += 2
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Lexer: words made of parts, array assignments, operators, heredocs
 # --------------------------------------------------------------------------------------------
@@ -255,6 +303,12 @@ class Lexer:
             if c == "\\":
                 i += 2
                 continue
+            if c == "$" and text.startswith("'", i + 1) and open_ch != "{":
+                found = ansi_c_string(text, i + 2)
+                if found is None:
+                    return -1
+                i = found[1]
+                continue
             if c == "'" and open_ch != "{":
                 j = text.find("'", i + 1)
                 if j < 0:
@@ -379,6 +433,8 @@ class Lexer:
                 self._dquote_body(parts, limit, open_at)
                 if len(parts) == before:
                     parts.append(Part("lit", "", True))
+            elif c == "$" and text.startswith('"', self.pos + 1):
+                self.pos += 1  # $"...": a translated string; as "..." (no message catalog here)
             elif c == "$":
                 flush()
                 parts.append(self._dollar(quoted=False, limit=limit))
@@ -444,6 +500,12 @@ class Lexer:
     def _dollar(self, quoted: bool, limit: int) -> Part:
         text, start = self.text, self.pos
         nxt = text[self.pos + 1 : self.pos + 2]
+        if nxt == "'" and not quoted:  # $'...': ANSI-C quoting (inside double quotes, plain text)
+            found = ansi_c_string(text[:limit], self.pos + 2)
+            if found is None:
+                raise self.fail(start, "unterminated $' quote")
+            self.pos = found[1]
+            return Part("lit", found[0], True)
         if text.startswith("$((", self.pos):
             close = self._match_close(self.pos + 3, "(", ")")
             if close >= 0 and text.startswith(")", close + 1):

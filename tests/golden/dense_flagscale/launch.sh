@@ -26,12 +26,38 @@ hapmoe_is_decided() {
     return 1
 }
 
-# --dry-run: nothing of the script that touches the cluster, the files or the network runs.
+# --dry-run: only tools that read run; every other command prints itself and succeeds.
 hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&2; return 0; }
+hapmoe_dry_python() {
+    hapmoe_dry "$@"
+    if [[ "${2:-}" == -c && "${3:-}" == *device_count\(\)* ]]; then
+        echo 8; echo "[dry-run] ... device_count() answered 8: node 0's GPUs in the plan" >&2
+    fi
+}
 if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-    for hapmoe_c in mpirun mpiexec salloc scancel python python3 torchrun deepspeed mkdir rm rmdir cp mv ln touch chmod chown tee dd rsync scp ssh pdsh wget curl pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
+    HAPMOE_REAL_PATH=$PATH; PATH=/nonexistent/hapmoe-dry-run; export HAPMOE_REAL_PATH PATH
+    command_not_found_handle() {
+        local a real
+        case "$1" in
+            python*) hapmoe_dry_python "$@"; return 0 ;;
+            find) for a in "${@:2}"; do case "$a" in -exec|-execdir|-ok|-okdir|-delete|-fprint*|-fls)
+                      hapmoe_dry "$@"; return 0 ;; esac; done ;;
+            sed) for a in "${@:2}"; do case "$a" in -[!-]*i*|--in-place*) hapmoe_dry "$@"; return 0 ;; esac; done ;;
+            sort) for a in "${@:2}"; do case "$a" in -[!-]*o*|--output*) hapmoe_dry "$@"; return 0 ;; esac; done ;;
+            scontrol) [[ "${2:-}" == show ]] || { hapmoe_dry "$@"; return 0; } ;;
+            sh) set -- bash "${@:2}" ;;
+            basename|dirname|realpath|readlink|date|hostname|whoami|id|uname|nproc|seq|expr|cat|head|tail|cut|tr|wc|uniq|grep|egrep|fgrep|awk|gawk|mawk|shuf|printenv|getconf|ls|stat|du|df|free|bash) ;;
+            *) hapmoe_dry "$@"; return 0 ;;
+        esac
+        real=$(PATH=$HAPMOE_REAL_PATH type -P "$1") || { hapmoe_dry "$@"; return 0; }
+        "$real" "${@:2}"
+    }
+    export -f command_not_found_handle
+    for hapmoe_c in mpirun mpiexec salloc scancel torchrun deepspeed xargs parallel mkdir rm rmdir cp mv ln touch chmod chown install truncate unlink dd rsync scp ssh pdsh wget curl aria2c huggingface-cli pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
         eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \"\$@\"; }"; export -f "$hapmoe_c"
     done
+    python() { hapmoe_dry_python python "$@"; }; python3() { hapmoe_dry_python python3 "$@"; }
+    export -f python python3 hapmoe_dry_python
     cd() { builtin cd "$@" 2>/dev/null || hapmoe_dry cd "$@"; }; export -f cd
     tee() { hapmoe_dry tee "$@"; command cat; }; export -f tee  # the output still shows
     # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints
@@ -50,8 +76,8 @@ fi
 hapmoe_agent() {
     HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
     case "$1" in
-        0) HAPMOE_A_HOST=a100-node0; HAPMOE_A_TYPE=A100; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "A100") ;;  # A100: ranks 0-7, stage(s) 0
-        1) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_TYPE=MI300X; HAPMOE_A_VIS=HIP_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "MI300X") ;;  # MI300X: ranks 8-15, stage(s) 1,2
+        0) HAPMOE_A_HOST=a100-node0; HAPMOE_A_TYPE=A100; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=''; HAPMOE_A_EXTRA=(--hetero-current-device-type A100) ;;  # A100: ranks 0-7, stage(s) 0
+        1) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_TYPE=MI300X; HAPMOE_A_VIS=HIP_VISIBLE_DEVICES; HAPMOE_A_CVD=''; HAPMOE_A_EXTRA=(--hetero-current-device-type MI300X) ;;  # MI300X: ranks 8-15, stage(s) 1,2
         *) return 1 ;;
     esac
 }
@@ -61,8 +87,8 @@ hapmoe_check_node() {
     [[ "${HAPMOE_SKIP_NODE_CHECK:-0}" == 1 ]] && return 0
     local probe="" names="" vendor="" out tool
     case "$3" in
-        A100) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='A100|A100\-80GB|A100\-SXM\-80GB|A100\-SXM4\-80GB' ;;
-        MI300X) vendor=AMD; probe='rocm-smi --showproductname'; names='MI300X|MI300|Instinct\-MI300X|AMD\-MI300X' ;;
+        A100) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='A100|A100-80GB|A100-SXM-80GB|A100-SXM4-80GB' ;;
+        MI300X) vendor=AMD; probe='rocm-smi --showproductname'; names='MI300X|MI300|Instinct-MI300X|AMD-MI300X' ;;
     esac
     if [[ -z "$probe" ]]; then echo "launch.sh: node $1 ($2): no device probe known for $3 ($vendor); not checked" >&2; return 0; fi
     tool=${probe%% *}
@@ -77,7 +103,7 @@ hapmoe_check_node() {
 
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
-    local -a words=("$@") launcher=() args=() plan=(--tensor-model-parallel-size "2" --pipeline-model-parallel-size "3" --sequence-parallel --distributed-backend "flagcx" --enable-hetero --hetero-process-meshes "2" "1" "1" "4" "1" "2" "1" "1" "2" "2" --hetero-pipeline-layer-split "5" "2" "1" --hetero-device-types "A100" "MI300X" --use-partial-reduce-for-shared-embedding --micro-batch-size "1" --global-batch-size "32" --recompute-granularity "full" --recompute-method "block" --recompute-num-layers "1" --recompute-granularity-per-stage-micro-batch "[1, 8, 0]" "[2, 8, 1]" --recompute-method-per-stage-micro-batch "[1, 8, 0]" "[2, 8, 1]" --recompute-num-layers-per-stage-micro-batch "[1, 8, 0]" "[2, 8, 1]")
+    local -a words=("$@") launcher=() args=() plan=()
     local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == train_gpt.py ]]; then entry=$i; break; fi
@@ -86,6 +112,7 @@ hapmoe_launch() {
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then hapmoe_dry "$@"; else command "$@"; fi
         return
     fi
+    plan=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 3 --sequence-parallel --distributed-backend flagcx --enable-hetero --hetero-process-meshes 2 1 1 4 1 2 1 1 2 2 --hetero-pipeline-layer-split 5 2 1 --hetero-device-types A100 MI300X --use-partial-reduce-for-shared-embedding --micro-batch-size 1 --global-batch-size 32 --recompute-granularity full --recompute-method block --recompute-num-layers 1 --recompute-granularity-per-stage-micro-batch '[1, 8, 0]' '[2, 8, 1]' --recompute-method-per-stage-micro-batch '[1, 8, 0]' '[2, 8, 1]' --recompute-num-layers-per-stage-micro-batch '[1, 8, 0]' '[2, 8, 1]')
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
         if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
@@ -95,7 +122,8 @@ hapmoe_launch() {
         if ((torch)); then
             case "${tok%%=*}" in
                 --standalone|--standalone) continue ;;
-                --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* ]] || ((i++)); continue ;;
+                # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)
+                --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* || "${words[i+1]:-}" == --?* ]] || ((i++)); continue ;;
             esac
         fi
         launcher+=("$tok")
@@ -131,14 +159,16 @@ hapmoe_launch() {
         fi
         return
     fi
-    local master=() has_addr=0 has_port=0 i  # the script's master address/port win
+    local master=() has_addr=0 has_port=0 i master_host=a100-node0 master_port=6000  # the script's master address/port win
+    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR
+    [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT
     for ((i = 0; i < ${#launcher[@]}; i++)); do
         case "${launcher[i]%%=*}" in
             --master-addr|--master_addr)
                 local addr=${launcher[i]#*=}; [[ "${launcher[i]}" == *=* ]] || addr=${launcher[i+1]:-}
                 if ((2 > 1)) && [[ "$addr" == localhost || "$addr" == 127.0.0.1 || "$addr" == ::1 ]]; then
                     # a one-node address in a multi-node plan: every node would wait for itself
-                    echo "launch.sh: the script's master address $addr is one node's; the plan runs 2 nodes, so node 0's host is the master (${HAPMOE_MASTER_ADDR:-a100-node0}; set HAPMOE_MASTER_ADDR)" >&2
+                    echo "launch.sh: the script's master address $addr is one node's; the plan runs 2 nodes, so node 0's host is the master ($master_host; set HAPMOE_MASTER_ADDR)" >&2
                     if [[ "${launcher[i]}" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi
                     launcher=("${launcher[@]}"); i=-1; continue
                 fi
@@ -146,8 +176,8 @@ hapmoe_launch() {
             --master-port|--master_port) has_port=1 ;;
         esac
     done
-    ((has_addr)) || master+=(--master-addr "${HAPMOE_MASTER_ADDR:-a100-node0}")
-    ((has_port)) || master+=(--master-port "${HAPMOE_MASTER_PORT:-6000}")
+    ((has_addr)) || master+=(--master-addr "$master_host")
+    ((has_port)) || master+=(--master-port "$master_port")
     local -a agents=()
     if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
         agents=(0 1)
@@ -206,26 +236,26 @@ export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_
 # ---- end of hapmoe block ----
 
 MODEL_ARGS=(
-    --num-layers "8"
-    --hidden-size "2048"
-    --num-attention-heads "16"
-    --seq-length "2048"
-    --max-position-embeddings "2048"
+    --num-layers 8
+    --hidden-size 2048
+    --num-attention-heads 16
+    --seq-length 2048
+    --max-position-embeddings 2048
     --swiglu
-    --normalization "RMSNorm"
+    --normalization RMSNorm
 )
 DATA_ARGS=(
-    --vocab-size "32000"
+    --vocab-size 32000
     --mock-data
-    --tokenizer-type "NullTokenizer"
+    --tokenizer-type NullTokenizer
 )
 TRAINING_ARGS=(
     --bf16
-    --lr "3e-4"
-    --train-iters "100"
+    --lr 3e-4
+    --train-iters 100
 )
 MODEL_PARALLEL_ARGS=(
     --use-distributed-optimizer
 )
 
-hapmoe_launch torchrun "flagscale/train/train_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}"
+hapmoe_launch torchrun flagscale/train/train_gpt.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}"

@@ -10,7 +10,7 @@
 # Run it with the same arguments as the input script; `launch.sh --dry-run ARGS...` prints the
 # command every node would run.
 #
-# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 3; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --distributed-backend flagcx; added --enable-hetero; added --hetero-process-meshes 2 1 4 4 2 2 1 4 4 1; added --hetero-pipeline-layer-split 6 5 5; added --hetero-device-types H800 MI300X; added --expert-tensor-parallel-size-per-process-mesh 1 1; added --recompute-granularity full; added --recompute-method block; added --recompute-num-layers 2; added --recompute-granularity-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-method-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-num-layers-per-stage-micro-batch [1, 32, 2] [2, 32, 0]
+# note: the plan sets: --tensor-model-parallel-size 4 -> --tensor-model-parallel-size 2; --pipeline-model-parallel-size 2 -> --pipeline-model-parallel-size 3; --expert-model-parallel-size 8 -> --expert-model-parallel-size 4; added --expert-tensor-parallel-size 1; added --distributed-backend flagcx; added --enable-hetero; added --hetero-process-meshes 2 1 4 4 2 2 1 4 4 1; added --hetero-pipeline-layer-split 6 5 5; added --hetero-device-types H800 MI300X; added --expert-tensor-parallel-size-per-process-mesh 1 1; added --recompute-granularity full; added --recompute-method block; added --recompute-num-layers 2; added --recompute-granularity-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-method-per-stage-micro-batch [1, 32, 1] [2, 32, 0]; added --recompute-num-layers-per-stage-micro-batch [1, 32, 2] [2, 32, 0]; added --moe-router-load-balancing-type aux_loss
 # note: script:73: `if [ -n "${WANDB_API_KEY}" ]; then` depends on WANDB_API_KEY, which the script does not set (read as unset); read as false: its branch was skipped (skipped flags --wandb-project)
 # note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3
 # note: FlagScale heterogeneous meshes runs H800 (NVIDIA) and MI300X (AMD) in one job with FlagCX (--distributed-backend flagcx); needs FlagCX >= 0.5 with its PyTorch plug-in on every node, the same PyTorch version everywhere
@@ -24,16 +24,42 @@ export HAPMOE_DRY_RUN HAPMOE_DIR
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
-    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--distributed-backend|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
+    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--distributed-backend|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--moe-router-load-balancing-type|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
     return 1
 }
 
-# --dry-run: nothing of the script that touches the cluster, the files or the network runs.
+# --dry-run: only tools that read run; every other command prints itself and succeeds.
 hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&2; return 0; }
+hapmoe_dry_python() {
+    hapmoe_dry "$@"
+    if [[ "${2:-}" == -c && "${3:-}" == *device_count\(\)* ]]; then
+        echo 8; echo "[dry-run] ... device_count() answered 8: node 0's GPUs in the plan" >&2
+    fi
+}
 if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-    for hapmoe_c in mpirun mpiexec salloc scancel python python3 torchrun deepspeed mkdir rm rmdir cp mv ln touch chmod chown tee dd rsync scp ssh pdsh wget curl pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
+    HAPMOE_REAL_PATH=$PATH; PATH=/nonexistent/hapmoe-dry-run; export HAPMOE_REAL_PATH PATH
+    command_not_found_handle() {
+        local a real
+        case "$1" in
+            python*) hapmoe_dry_python "$@"; return 0 ;;
+            find) for a in "${@:2}"; do case "$a" in -exec|-execdir|-ok|-okdir|-delete|-fprint*|-fls)
+                      hapmoe_dry "$@"; return 0 ;; esac; done ;;
+            sed) for a in "${@:2}"; do case "$a" in -[!-]*i*|--in-place*) hapmoe_dry "$@"; return 0 ;; esac; done ;;
+            sort) for a in "${@:2}"; do case "$a" in -[!-]*o*|--output*) hapmoe_dry "$@"; return 0 ;; esac; done ;;
+            scontrol) [[ "${2:-}" == show ]] || { hapmoe_dry "$@"; return 0; } ;;
+            sh) set -- bash "${@:2}" ;;
+            basename|dirname|realpath|readlink|date|hostname|whoami|id|uname|nproc|seq|expr|cat|head|tail|cut|tr|wc|uniq|grep|egrep|fgrep|awk|gawk|mawk|shuf|printenv|getconf|ls|stat|du|df|free|bash) ;;
+            *) hapmoe_dry "$@"; return 0 ;;
+        esac
+        real=$(PATH=$HAPMOE_REAL_PATH type -P "$1") || { hapmoe_dry "$@"; return 0; }
+        "$real" "${@:2}"
+    }
+    export -f command_not_found_handle
+    for hapmoe_c in mpirun mpiexec salloc scancel torchrun deepspeed xargs parallel mkdir rm rmdir cp mv ln touch chmod chown install truncate unlink dd rsync scp ssh pdsh wget curl aria2c huggingface-cli pip pip3 git docker apptainer singularity enroot kill pkill tar unzip sleep nohup; do
         eval "$hapmoe_c() { hapmoe_dry $hapmoe_c \"\$@\"; }"; export -f "$hapmoe_c"
     done
+    python() { hapmoe_dry_python python "$@"; }; python3() { hapmoe_dry_python python3 "$@"; }
+    export -f python python3 hapmoe_dry_python
     cd() { builtin cd "$@" 2>/dev/null || hapmoe_dry cd "$@"; }; export -f cd
     tee() { hapmoe_dry tee "$@"; command cat; }; export -f tee  # the output still shows
     # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints
@@ -52,9 +78,9 @@ fi
 hapmoe_agent() {
     HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
     case "$1" in
-        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "H800") ;;  # H800: ranks 0-7, stage(s) 0
-        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "H800") ;;  # H800: ranks 8-15, stage(s) 1
-        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_TYPE=MI300X; HAPMOE_A_VIS=HIP_VISIBLE_DEVICES; HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=(--hetero-current-device-type "MI300X") ;;  # MI300X: ranks 16-23, stage(s) 2
+        0) HAPMOE_A_HOST=h800-node0; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=''; HAPMOE_A_EXTRA=(--hetero-current-device-type H800) ;;  # H800: ranks 0-7, stage(s) 0
+        1) HAPMOE_A_HOST=h800-node1; HAPMOE_A_TYPE=H800; HAPMOE_A_VIS=CUDA_VISIBLE_DEVICES; HAPMOE_A_CVD=''; HAPMOE_A_EXTRA=(--hetero-current-device-type H800) ;;  # H800: ranks 8-15, stage(s) 1
+        2) HAPMOE_A_HOST=mi300x-node0; HAPMOE_A_TYPE=MI300X; HAPMOE_A_VIS=HIP_VISIBLE_DEVICES; HAPMOE_A_CVD=''; HAPMOE_A_EXTRA=(--hetero-current-device-type MI300X) ;;  # MI300X: ranks 16-23, stage(s) 2
         *) return 1 ;;
     esac
 }
@@ -64,8 +90,8 @@ hapmoe_check_node() {
     [[ "${HAPMOE_SKIP_NODE_CHECK:-0}" == 1 ]] && return 0
     local probe="" names="" vendor="" out tool
     case "$3" in
-        H800) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='H800|H800\-SXM|H800\-80GB' ;;
-        MI300X) vendor=AMD; probe='rocm-smi --showproductname'; names='MI300X|MI300|Instinct\-MI300X|AMD\-MI300X' ;;
+        H800) vendor=NVIDIA; probe='nvidia-smi --query-gpu=name --format=csv,noheader'; names='H800|H800-SXM|H800-80GB' ;;
+        MI300X) vendor=AMD; probe='rocm-smi --showproductname'; names='MI300X|MI300|Instinct-MI300X|AMD-MI300X' ;;
     esac
     if [[ -z "$probe" ]]; then echo "launch.sh: node $1 ($2): no device probe known for $3 ($vendor); not checked" >&2; return 0; fi
     tool=${probe%% *}
@@ -80,7 +106,7 @@ hapmoe_check_node() {
 
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
-    local -a words=("$@") launcher=() args=() plan=(--tensor-model-parallel-size "2" --pipeline-model-parallel-size "3" --expert-model-parallel-size "4" --expert-tensor-parallel-size "1" --sequence-parallel --distributed-backend "flagcx" --enable-hetero --hetero-process-meshes "2" "1" "4" "4" "2" "2" "1" "4" "4" "1" --hetero-pipeline-layer-split "6" "5" "5" --hetero-device-types "H800" "MI300X" --expert-tensor-parallel-size-per-process-mesh "1" "1" --micro-batch-size "1" --global-batch-size "128" --recompute-granularity "full" --recompute-method "block" --recompute-num-layers "2" --recompute-granularity-per-stage-micro-batch "[1, 32, 1]" "[2, 32, 0]" --recompute-method-per-stage-micro-batch "[1, 32, 1]" "[2, 32, 0]" --recompute-num-layers-per-stage-micro-batch "[1, 32, 2]" "[2, 32, 0]")
+    local -a words=("$@") launcher=() args=() plan=()
     local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
@@ -89,6 +115,7 @@ hapmoe_launch() {
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then hapmoe_dry "$@"; else command "$@"; fi
         return
     fi
+    plan=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 3 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --sequence-parallel --distributed-backend flagcx --enable-hetero --hetero-process-meshes 2 1 4 4 2 2 1 4 4 1 --hetero-pipeline-layer-split 6 5 5 --hetero-device-types H800 MI300X --expert-tensor-parallel-size-per-process-mesh 1 1 --micro-batch-size 1 --global-batch-size 128 --recompute-granularity full --recompute-method block --recompute-num-layers 2 --recompute-granularity-per-stage-micro-batch '[1, 32, 1]' '[2, 32, 0]' --recompute-method-per-stage-micro-batch '[1, 32, 1]' '[2, 32, 0]' --recompute-num-layers-per-stage-micro-batch '[1, 32, 2]' '[2, 32, 0]' --moe-router-load-balancing-type aux_loss)
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
         if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
@@ -98,7 +125,8 @@ hapmoe_launch() {
         if ((torch)); then
             case "${tok%%=*}" in
                 --standalone|--standalone) continue ;;
-                --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* ]] || ((i++)); continue ;;
+                # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)
+                --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* || "${words[i+1]:-}" == --?* ]] || ((i++)); continue ;;
             esac
         fi
         launcher+=("$tok")
@@ -116,7 +144,7 @@ hapmoe_launch() {
         fi
         args+=("$tok")
     done
-    local entry_word="flagscale/train/train_gpt.py"  # FlagScale's entry replaces pretrain_gpt.py
+    local entry_word=flagscale/train/train_gpt.py  # FlagScale's entry replaces pretrain_gpt.py
     export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
     local i
     if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
@@ -134,14 +162,16 @@ hapmoe_launch() {
         fi
         return
     fi
-    local master=() has_addr=0 has_port=0 i  # the script's master address/port win
+    local master=() has_addr=0 has_port=0 i master_host=h800-node0 master_port=6001  # the script's master address/port win
+    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR
+    [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT
     for ((i = 0; i < ${#launcher[@]}; i++)); do
         case "${launcher[i]%%=*}" in
             --master-addr|--master_addr)
                 local addr=${launcher[i]#*=}; [[ "${launcher[i]}" == *=* ]] || addr=${launcher[i+1]:-}
                 if ((3 > 1)) && [[ "$addr" == localhost || "$addr" == 127.0.0.1 || "$addr" == ::1 ]]; then
                     # a one-node address in a multi-node plan: every node would wait for itself
-                    echo "launch.sh: the script's master address $addr is one node's; the plan runs 3 nodes, so node 0's host is the master (${HAPMOE_MASTER_ADDR:-h800-node0}; set HAPMOE_MASTER_ADDR)" >&2
+                    echo "launch.sh: the script's master address $addr is one node's; the plan runs 3 nodes, so node 0's host is the master ($master_host; set HAPMOE_MASTER_ADDR)" >&2
                     if [[ "${launcher[i]}" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi
                     launcher=("${launcher[@]}"); i=-1; continue
                 fi
@@ -149,8 +179,8 @@ hapmoe_launch() {
             --master-port|--master_port) has_port=1 ;;
         esac
     done
-    ((has_addr)) || master+=(--master-addr "${HAPMOE_MASTER_ADDR:-h800-node0}")
-    ((has_port)) || master+=(--master-port "${HAPMOE_MASTER_PORT:-6001}")
+    ((has_addr)) || master+=(--master-addr "$master_host")
+    ((has_port)) || master+=(--master-port "$master_port")
     local -a agents=()
     if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
         agents=(0 1 2)

@@ -1,0 +1,216 @@
+"""Calibrate from trials: the logs of the short runs `solve --out DIR` proposed (planner/trials.py), one
+multiplier per mechanism fitted on all of them jointly.
+
+Reading.  DIR/trials/<name>/ (or DIR/<name>/) holds the trial's plan.json (the plan, the run and the cluster it
+was made for) and the logs its launch.sh wrote, one per host (`train-<host>.log`).  Megatron's last rank prints
+the iteration lines, so the log holding them is the trial's measurement: its median steady iteration time after
+TRIAL_SKIP warm-up iterations (planner/calibration/calibrate.py `measurement_from_log`).  A trial without a log
+(not run yet) is left out, and said so.
+
+Fitting.  Each mechanism k that correction kinds scale (planner/cost/mechanisms.py) gets one multiplier exp(t_k)
+on its kinds' factors, for every device of the trials.  The t_k are the maximum a posteriori estimate under
+    log T_j(t) - log M_j ~ N(0, OBSERVATION_SD^2)     (T_j: the cost model's time of trial j, M_j: measured)
+    t_k ~ N(0, s_k^2),  s_k = -log(1 - u_k)            (u_k: the mechanism's uncertainty on these plans)
+where u_k is the largest the range model gives the mechanism in any trial's conditions
+(`RangeModel.spread`: the held-out figure, times the extrapolation factor where no calibration run measured
+them).  So the measured discrepancy goes to the mechanisms the shipped calibration knows least and the trials
+tell apart (a mechanism every trial leans on alike is not separated from the others, and stays near 1).
+Gauss-Newton on log T with a finite-difference Jacobian of the one evaluator (each step prices every trial
+with each multiplier moved by FD_STEP), until no multiplier moves by more than 0.1%.
+
+Writing (`trial_calibration`): corrections.yaml (each kind of each fitted mechanism, each trial device: the
+current factor times the multiplier), evidence.yaml (the conditions the trials measured: planner/uncertainty.py
+reads it from `--profiles DIR`, so the measured plans are no longer extrapolated) and calibration_report.json.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner.calibration.calibrate import CalibrationResult, choose_run, evidence_cells, measurement_from_log
+from planner.calibration.megatron_log import parse_megatron_log
+from planner.cost.mechanisms import MECHANISMS
+from planner.cost.model import CostModel
+from planner.cost.ranges import RangeModel
+from planner.errors import PlannerInputError
+from planner.inputs.plan_file import load_plan_file, resolve_plan_inputs
+from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.device import Provenance
+from planner.schemas.parallel import MegatronRun
+from planner.schemas.plan import Plan
+
+TRIAL_SKIP = 5
+"""Warm-up iterations of a trial left out of its median (data loaders, allocator, NCCL set-up)."""
+OBSERVATION_SD = 0.02
+"""A trial's measured time against the model's, log scale: run-to-run variation of a steady iteration (about
+2%; the calibration report calls plans measured within 3% a tie)."""
+MIN_PRIOR_SD = 0.02
+FD_STEP = 0.05
+MAX_STEPS = 8
+FITTED = tuple(m for m in MECHANISMS if any(k in TIME_CORRECTION_KINDS for k in m.kinds))
+"""The mechanisms correction kinds scale (the recomputed forward runs the others' kernels: it has none)."""
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """One trial with its measurement."""
+
+    name: str
+    plan: Plan
+    run: MegatronRun
+    cluster: ClusterSpec
+    measured_s: float
+    log: str
+    steady_iterations: int
+
+
+def _trial_dirs(directory: Path) -> list[Path]:
+    root = directory / "trials" if (directory / "trials").is_dir() else directory
+    if not root.is_dir():
+        raise PlannerInputError("--trials", f"{directory} is not a directory")
+    dirs = sorted(d for d in root.iterdir() if (d / "plan.json").is_file())
+    if not dirs:
+        raise PlannerInputError("--trials", f"{directory}: no trials/<name>/plan.json (solve --out DIR writes them "
+                                            "when the pick needs trials)")
+    return dirs
+
+
+def _measured(d: Path) -> tuple[float, str, int] | None:
+    """(median steady seconds, log, steady iterations) from the log of `d` that holds iteration lines; None
+    without one."""
+    best = None
+    for log in sorted(d.glob("*.log")):
+        try:
+            parsed = parse_megatron_log(log)
+            if not parsed.it_number:
+                continue
+            m = measurement_from_log(parsed, TRIAL_SKIP, choose_run(parsed, None))
+        except PlannerInputError as exc:  # named for --megatron-log; here the log is a trial's
+            raise PlannerInputError("--trials", f"{log}: {str(exc).split(': ', 1)[-1]}") from None
+        if best is None or m.steady_iterations > best[2]:
+            best = (m.iteration_time_s, str(log), m.steady_iterations)
+    return best
+
+
+def read_trials(directory: str | Path, profiles: ProfileSet) -> tuple[list[TrialRun], list[str]]:
+    """The trials of `directory` that have a log, and a note for each that has none."""
+    runs, notes = [], []
+    for d in _trial_dirs(Path(directory)):
+        try:
+            found = resolve_plan_inputs(load_plan_file(d / "plan.json"), model=None, megatron_args=None,
+                                        megatron_script=None, cluster=None, profiles=profiles)
+        except PlannerInputError as exc:
+            raise PlannerInputError("--trials", f"{d / 'plan.json'}: {exc}") from None
+        measured = _measured(d)
+        if measured is None:
+            notes.append(f"trial {d.name}: no log with iteration lines in {d} (not run yet?): left out")
+            continue
+        runs.append(TrialRun(d.name, found.plan, found.run, found.cluster, *measured))
+    if not runs:
+        raise PlannerInputError("--trials", f"{directory}: no trial has a log with iteration lines yet; run each "
+                                            "trials/<name>/launch.sh first")
+    return runs, notes
+
+
+def _devices(trials: list[TrialRun], profiles: ProfileSet) -> list[str]:
+    return sorted({profiles.canonical_name(t) for tr in trials for t in tr.plan.member_types()})
+
+
+def scaled(profiles: ProfileSet, t: dict[str, float], devices: list[str], why: str) -> ProfileSet:
+    """`profiles` with each fitted mechanism's correction kinds multiplied by exp(t[mechanism]) on `devices`."""
+    entries = {(d, kind): profiles.correction(d, kind) * math.exp(t[m.name])
+               for m in FITTED if t.get(m.name) for kind in m.kinds if kind in TIME_CORRECTION_KINDS for d in devices}
+    return profiles.with_corrections(entries, Provenance(kind="calibrated", source=why)) if entries else profiles
+
+
+def _log_times(trials: list[TrialRun], profiles: ProfileSet) -> np.ndarray:
+    return np.array([math.log(CostModel(tr.run.model, tr.run.training, tr.cluster, profiles, memory_headroom=0.0)
+                              .evaluate(tr.plan).iteration_time_s) for tr in trials])
+
+
+def prior_sd(trials: list[TrialRun], profiles: ProfileSet) -> dict[str, float]:
+    """Per fitted mechanism, s_k (see the module docstring)."""
+    out = {m.name: MIN_PRIOR_SD for m in FITTED}
+    for tr in trials:
+        rm = RangeModel(tr.run.model, tr.run.training, tr.cluster, profiles)
+        for c in rm.plan_conditions(tr.plan):
+            if c.mechanism in out:
+                out[c.mechanism] = max(out[c.mechanism], -math.log(1.0 - rm.spread(c)))
+    return out
+
+
+@dataclass(frozen=True)
+class TrialFit:
+    multipliers: dict[str, float]  # per fitted mechanism
+    prior_sd: dict[str, float]
+    before_s: list[float]
+    after_s: list[float]
+    devices: list[str]
+
+
+def fit_trials(trials: list[TrialRun], profiles: ProfileSet) -> TrialFit:
+    """The maximum a posteriori multipliers (see the module docstring)."""
+    devices = _devices(trials, profiles)
+    sd = prior_sd(trials, profiles)
+    names = [m.name for m in FITTED]
+    inv_prior = np.diag([1.0 / sd[n] ** 2 for n in names])
+    measured = np.log([tr.measured_s for tr in trials])
+    t = np.zeros(len(names))
+    before = _log_times(trials, profiles)
+    for _ in range(MAX_STEPS):
+        base = _log_times(trials, scaled(profiles, dict(zip(names, t)), devices, "fit"))
+        jac = np.column_stack([
+            (_log_times(trials, scaled(profiles, dict(zip(names, t + FD_STEP * np.eye(len(names))[k])), devices,
+                                       "fit")) - base) / FD_STEP for k in range(len(names))])
+        a = jac.T @ jac / OBSERVATION_SD ** 2 + inv_prior
+        b = jac.T @ (measured - base) / OBSERVATION_SD ** 2 - inv_prior @ t
+        step = np.linalg.solve(a, b)
+        t += step
+        if np.max(np.abs(step)) < 1e-3:
+            break
+    after = _log_times(trials, scaled(profiles, dict(zip(names, t)), devices, "fit"))
+    return TrialFit(multipliers={n: float(math.exp(v)) for n, v in zip(names, t)}, prior_sd=sd,
+                    before_s=[float(math.exp(v)) for v in before], after_s=[float(math.exp(v)) for v in after],
+                    devices=devices)
+
+
+def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[CalibrationResult, list[str]]:
+    """Read the trials of `directory`, fit, and the corrections, evidence and report to write (with the notes
+    on trials left out)."""
+    trials, notes = read_trials(directory, profiles)
+    fit = fit_trials(trials, profiles)
+    source = (f"cli.py calibrate --trials {directory}: one multiplier per mechanism fitted jointly on {len(trials)} "
+              f"trial log(s) ({', '.join(tr.name for tr in trials)})")
+    fitted = scaled(profiles, {n: math.log(f) for n, f in fit.multipliers.items()}, fit.devices, source)
+    corrections = [{"device": d, "kind": kind, "factor": round(fitted.correction(d, kind), 6),
+                    "provenance": {"kind": "calibrated", "source": source}}
+                   for m in FITTED if abs(fit.multipliers[m.name] - 1.0) > 1e-4
+                   for kind in m.kinds if kind in TIME_CORRECTION_KINDS for d in fit.devices]
+    evidence = [cell for tr in trials
+                for cell in evidence_cells(tr.run, tr.cluster, tr.plan, fitted, f"trial {tr.name} ({tr.log})")]
+    report = {
+        "method": "joint maximum a posteriori fit of one multiplier per mechanism on the trials' logs "
+                  "(planner/calibration/trials.py)",
+        "multipliers": fit.multipliers, "prior_sd": fit.prior_sd, "devices": fit.devices, "notes": notes,
+        "trials": [{"name": tr.name, "log": tr.log, "steady_iterations": tr.steady_iterations,
+                    "measured_s": tr.measured_s, "predicted_before_s": b, "predicted_after_s": a,
+                    "error_before": b / tr.measured_s - 1.0, "error_after": a / tr.measured_s - 1.0}
+                   for tr, b, a in zip(trials, fit.before_s, fit.after_s)],
+    }
+    return CalibrationResult(corrections=corrections, report=report, evidence=evidence), notes
+
+
+def render_trial_report(report: dict) -> str:
+    lines = [f"note: {n}" for n in report["notes"]]
+    for t in report["trials"]:
+        lines.append(f"trial {t['name']:12s} measured {t['measured_s']:.4f} s over {t['steady_iterations']} steady "
+                     f"iterations; predicted {t['predicted_before_s']:.4f} s before ({t['error_before']:+.1%}), "
+                     f"{t['predicted_after_s']:.4f} s after ({t['error_after']:+.1%})")
+    moved = {n: f for n, f in report["multipliers"].items() if abs(f - 1.0) > 1e-3}
+    lines.append("fitted multipliers: " + (", ".join(f"{n} x{f:.3f}" for n, f in moved.items()) or "none moved"))
+    return "\n".join(lines)

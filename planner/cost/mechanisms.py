@@ -1,0 +1,201 @@
+"""The cost model's mechanisms, each with the conditions a plan puts it in.
+
+A *mechanism* is a group of the cost model's named time parts (planner/cost/model.py TIME_PARTS) that one kind of
+evidence prices: dense GEMMs, attention, expert GEMMs, memory-bound passes, expert dispatch, the TP/CP/DP
+collectives, pipeline sends, the host's overheads and the recomputed forward.  Each also names the correction
+kinds (planner/profile_tables.py) that scale its seconds: what `calibrate` fits when it reads trial logs.
+
+A mechanism's *conditions* in one stage of a plan (`Conditions`) are the axes along which its evidence does or
+does not carry over: categorical axes that must match a calibration run exactly, and numeric axes that must lie
+near the range the runs cover (planner/uncertainty.py `Region`).  The axes, per mechanism:
+
+    mechanism         categorical axes                                      numeric axes
+    gemm              device family, precision recipe                       -
+    attention         device family                                          sequence per CP rank
+    expert_gemm       device family, precision recipe, routing               tokens per expert, local experts
+    memory_bound      device family                                          -
+    expert_dispatch   device, dispatcher/backend, EP inside/across nodes     GB/s between nodes (across nodes)
+                      and over which link kind, routing (forced or real)
+    collectives       device, TP and DP inside/across nodes, link kinds      GB/s between nodes (across nodes)
+    pipeline_sends    devices of the two stages, inside/across nodes, link   GB/s between nodes (across nodes)
+                      kind, schedule (1F1B or interleaved)
+    host              device family                                          -
+    recompute         recompute granularity                                  -
+
+A device family is the set of parts that run the same kernels (the calibration fit shares their GEMM constants:
+planner/calibration/fit.py SM90, GA100); communication mechanisms keep the device itself, whose links differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.profile_tables import TIME_CORRECTION_KINDS
+from planner.schemas.cluster import pool_members
+from planner.schemas.plan import Recompute
+
+FP8_KINDS = ("fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8")
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One mechanism: its name, how the output names it, the time parts it carries, the correction kinds that
+    scale them, and how its conditions read (`conditions`: a format string over the conditions' axes)."""
+
+    name: str
+    words: str
+    parts: tuple[str, ...]
+    kinds: tuple[str, ...]
+    conditions: str
+
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism("gemm", "dense GEMMs",
+              ("attention_gemm", "mlp_gemm", "shared_expert_gemm", "embedding", "logits_loss", "mtp_proj"),
+              ("gemm",) + FP8_KINDS, "dense GEMMs in {precision} on {device}"),
+    Mechanism("attention", "attention", ("attention_core",), ("attention",),
+              "attention on {device} at {sequence_chunk} tokens per sequence chunk"),
+    Mechanism("expert_gemm", "expert GEMMs", ("expert_gemm",), ("grouped_gemm",),
+              "expert GEMMs in {precision} on {device} at {tokens_per_expert} tokens per expert and "
+              "{local_experts} local experts, {routing}"),
+    Mechanism("memory_bound", "memory-bound passes", ("router_permute", "fp8_cast", "elementwise", "optimizer"),
+              ("memory_bound",), "memory-bound passes on {device}"),
+    Mechanism("expert_dispatch", "expert dispatch", ("ep_comm",),
+              ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather", "all_to_all"),
+              "{dispatcher} dispatch with EP {ep} on {device}, {routing}"),
+    Mechanism("collectives", "TP/CP/DP collectives", ("tp_comm", "cp_comm", "fsdp_comm", "dp_sync"),
+              ("all_reduce", "all_gather", "reduce_scatter"),
+              "TP/CP/DP collectives on {device}: TP {tp}, DP {dp}"),
+    Mechanism("pipeline_sends", "pipeline sends", ("pp_comm",), ("p2p",),
+              "{schedule} pipeline sends {link} between {devices}"),
+    Mechanism("host", "host overhead", ("host_overhead", "iteration_overhead"),
+              ("host_overhead", "iteration_overhead"), "host overhead on {device}"),
+    Mechanism("recompute", "recomputed forward", ("recompute",), (), "recomputed forward ({recompute} recompute)"),
+)
+"""Every mechanism (a test checks that each time part and each time correction kind belongs to exactly one)."""
+BY_NAME: dict[str, Mechanism] = {m.name: m for m in MECHANISMS}
+MECHANISM_OF_PART: dict[str, str] = {p: m.name for m in MECHANISMS for p in m.parts}
+MECHANISM_OF_KIND: dict[str, str] = {k: m.name for m in MECHANISMS for k in m.kinds if k in TIME_CORRECTION_KINDS}
+
+DEVICE_FAMILIES: dict[str, str] = {
+    **{d: "H100/H800/H200/H20" for d in ("H100", "H800", "H200", "H20")},
+    **{d: "A100/A800" for d in ("A100", "A100-40GB", "A800")},
+}
+"""Parts that run the same kernels (the calibration fit's device groups); any other device is its own family."""
+
+
+def device_family(device_type: str) -> str:
+    """The family of a device type; a pooled type's ("H100+H200") when its members share one."""
+    families = {DEVICE_FAMILIES.get(m, m) for m in pool_members(device_type)}
+    return families.pop() if len(families) == 1 else device_type
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """One mechanism's conditions in one place of a plan: categorical axes (`key`, matched exactly) and numeric
+    axes (`numbers`, matched within a slack of the calibration runs' range)."""
+
+    mechanism: str
+    key: tuple[tuple[str, str], ...]
+    numbers: tuple[tuple[str, float], ...] = ()
+
+    def words(self) -> str:
+        """The conditions as a user reads them: "DeepEP dispatch with EP across nodes (infiniband) on H100, real
+        routing, 50 GB/s between nodes"."""
+        return conditions_words(self.mechanism, dict(self.key), {n: f"{v:.0f}" for n, v in self.numbers})
+
+
+BETWEEN_NODES = "GB/s between nodes"
+"""The numeric axis of communication across nodes: the inter-node link's bandwidth (a cluster file may set it)."""
+
+
+def conditions_words(mechanism: str, key: dict[str, str], numbers: dict[str, str]) -> str:
+    """A mechanism's conditions in words, numeric axes given as text (a value, or a range of values); those its
+    format does not name follow it."""
+    template = BY_NAME[mechanism].conditions
+    text = template.format(**key, **numbers)
+    extra = [f"{v} {n}" for n, v in numbers.items() if "{" + n + "}" not in template]
+    return ", ".join([text] + extra)
+
+
+def _node_links(cost, device_type: str):
+    """(intra-node, inter-node) link of a device type's nodes on the cluster (its overrides applied); a pooled
+    type's limiting member's."""
+    try:
+        return cost.profiles.group_links(cost.cluster.group_of(device_type))
+    except KeyError:
+        dev = cost.device(device_type)
+        return dev.intra_node, dev.inter_node
+
+
+def _placement(link) -> str:
+    return f"inside a node ({link.intra.kind})" if link.inter is None else f"across nodes ({link.inter.kind})"
+
+
+def _between_nodes(*links) -> tuple[tuple[str, float], ...]:
+    """The bandwidth axis when some of `links` (LinkChoice) cross nodes."""
+    crossing = [link.inter.bandwidth_gb_per_s for link in links if link.inter is not None]
+    return ((BETWEEN_NODES, min(crossing)),) if crossing else ()
+
+
+def precision_recipe(training) -> str:
+    return f"fp8-{training.fp8_recipe}" if training.precision == "fp8" else training.precision
+
+
+def routing_words(cost) -> str:
+    """Forced balance (`--moe-router-force-load-balancing`) or the real router's loads."""
+    return "forced balance" if cost.routing.regime == "forced" else "real routing"
+
+
+def dispatcher_words(model) -> str:
+    d = model.moe_token_dispatcher_type
+    if d == "flex":
+        return {"deepep": "DeepEP", "hybridep": "HybridEP"}.get(model.moe_flex_dispatcher_backend,
+                                                                  model.moe_flex_dispatcher_backend)
+    return d
+
+
+def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -> dict[str, Conditions]:
+    """The conditions of every mechanism but the pipeline sends in one stage (`cost` a CostModel, `g` its
+    GlobalShape)."""
+    model, tr = cost.model, cost.training
+    fam = ("device", device_family(device_type))
+    dev = ("device", device_type)
+    links = cost.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp)
+    precision = ("precision", precision_recipe(tr))
+    routed = ("routing", routing_words(cost))
+    sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
+    local_tokens = cost.stage_mbs(g, dp) * model.seq_length / g.cp / sp
+    experts = max(1, (model.num_experts or 1) // g.ep)
+    per_expert = local_tokens * g.etp * max(1, model.moe_router_topk or 1) / experts
+    out = [
+        Conditions("gemm", (fam, precision)),
+        Conditions("attention", (fam,), (("sequence_chunk", model.seq_length / g.cp),)),
+        Conditions("expert_gemm", (fam, precision, routed),
+                   (("tokens_per_expert", per_expert), ("local_experts", float(experts)))),
+        Conditions("memory_bound", (fam,)),
+        Conditions("expert_dispatch", (("dispatcher", dispatcher_words(model)), ("ep", _placement(links.ep)), dev,
+                                       routed), _between_nodes(links.ep)),
+        Conditions("collectives", (("tp", _placement(links.tp) if g.tp > 1 else "none"),
+                                   ("dp", _placement(links.dp) if g.cp * dp > 1 else "none"), dev),
+                   _between_nodes(*([links.tp] if g.tp > 1 else []), *([links.dp] if g.cp * dp > 1 else []))),
+        Conditions("host", (fam,)),
+        Conditions("recompute", (("recompute", recompute.granularity),)),
+    ]
+    return {c.mechanism: c for c in out}
+
+
+def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
+    """The conditions of the pipeline sends between a stage of `a_type` (DP `a_dp`) and the next.  A stage owns
+    TP x CP x DP consecutive ranks (Megatron's order), so a send stays inside a node only when the whole
+    pipeline fits in one node."""
+    schedule = ("schedule", "interleaved" if g.vpp > 1 else "1F1B")
+    if a_type != b_type:
+        link = cost.profiles.cross_link(a_type, b_type, cost.cluster)
+        return Conditions("pipeline_sends", (("devices", f"{a_type} and {b_type}"), ("link", f"across nodes "
+                          f"({link.kind})"), schedule), ((BETWEEN_NODES, link.bandwidth_gb_per_s),))
+    intra, inter = _node_links(cost, a_type)
+    if g.pp * g.tp * g.cp * a_dp <= cost.gpus_per_node(a_type):
+        return Conditions("pipeline_sends", (("devices", a_type), ("link", f"inside a node ({intra.kind})"), schedule))
+    return Conditions("pipeline_sends", (("devices", a_type), ("link", f"across nodes ({inter.kind})"), schedule),
+                      ((BETWEEN_NODES, inter.bandwidth_gb_per_s),))

@@ -1,0 +1,128 @@
+"""Trials instead of faith: the few plans to run briefly when the cost model cannot vouch for its pick.
+
+`solve` proposes trials when its pick rests on mechanisms the calibration runs never measured (its range's
+evidence is extrapolated, planner/cost/ranges.py), or when its range overlaps the user's plan's or that of
+another plan the search found: then the predicted gain is not one the model can tell from its error.  The
+trials are the pick, the user's plan (when Megatron would start it, even if the model predicts it does not fit
+in memory: the run tells), and up to TRIAL_CANDIDATES other plans the search kept
+(`SearchResult.runners_up`, one per configuration), the best ones whose range overlaps the pick's, each of
+another shape (TP, CP, EP, PP, VPP, micro-batch).  FlagScale's auto-tuner and NeMo's auto-configurator run
+grids of trials; this runs only the few the model cannot separate.
+
+`solve --out DIR` writes each as DIR/trials/<name>/: the launcher files (planner/launcher/, the same flags as
+the plan's launch, with TRIAL_OVERRIDES: a few dozen iterations, no checkpoint saved or loaded, one log per
+host, `train-<host>.log` beside launch.sh) and a plan.json (as `solve --out` writes one, so `emit` and
+`calibrate --trials` read it).  `cli.py calibrate --trials DIR --out CALIB` reads the logs, fits one
+multiplier per mechanism on them jointly (planner/calibration/trials.py) and `solve --profiles CALIB` re-prices
+and re-picks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.checker import plan_problems
+from planner.cost.model import PlanCost
+from planner.cost.ranges import TimeRange
+from planner.launcher import LaunchOverrides
+from planner.schemas.plan import Plan
+
+TRIAL_ITERATIONS = 30
+"""Iterations of a trial: the first few are warm-up (calibrate skips them), the rest give a median."""
+TRIAL_CANDIDATES = 2
+"""Plans besides the pick and the user's plan."""
+TRIAL_LOG = "train"
+TRIAL_OVERRIDES = LaunchOverrides(
+    added=("--train-iters", str(TRIAL_ITERATIONS), "--eval-iters", "0", "--log-interval", "1", "--log-throughput"),
+    removed=frozenset({"--save", "--save-interval", "--non-persistent-save-interval", "--load",
+                       "--pretrained-checkpoint", "--train-samples", "--lr-decay-samples", "--lr-warmup-samples",
+                       "--lr-wsd-decay-samples", "--rampup-batch-size", "--exit-interval", "--exit-duration-in-mins",
+                       "--eval-interval"}),
+    log_name=TRIAL_LOG,
+)
+"""What a trial's launch changes: TRIAL_ITERATIONS iterations, every one logged with its throughput, no
+evaluation; no checkpoint saved (Megatron saves only with --save) or loaded (a loaded iteration count would end
+the trial before it starts); the sample-based schedule flags Megatron refuses beside --train-iters
+(arguments.py: "expected iteration-based training") and a batch ramp-up dropped."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One plan to measure: `name` (its directory under trials/), `role` (pick, yours, candidate)."""
+
+    name: str
+    role: str
+    plan: Plan
+    cost: PlanCost
+    time_range: TimeRange
+    why: str
+
+
+def _shape(plan: Plan) -> tuple:
+    return (plan.tp, plan.cp, plan.ep, plan.pp, plan.vpp, plan.mbs)
+
+
+def trial_reasons(pick: TimeRange, yours: TimeRange | None, others: list[TimeRange]) -> list[str]:
+    """Why the pick needs a trial (empty: it does not): unmeasured mechanisms, ranges that overlap."""
+    out = []
+    if pick.evidence is not None and pick.evidence.extrapolated:
+        out.append("the pick rests on mechanisms no calibration run measured ("
+                   + "; ".join(what for what, _ in pick.evidence.unmeasured) + ")")
+    if yours is not None and yours.overlaps(pick):
+        out.append("its range overlaps your plan's")
+    close = sum(r.overlaps(pick) for r in others)
+    if close:
+        out.append(f"its range overlaps that of {close} other plan(s) the search found")
+    return out
+
+
+def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
+    """The trials for a `solve` outcome (planner/api.py SolveOutcome) and the user's plan (planner/user_plan.py
+    UserPlan, or None), and why (see the module docstring).  No trials when the pick is measured and no range
+    overlaps it."""
+    ranges = outcome.range_model
+    pick_plan, pick_cost, pick_range = outcome.plans[0], outcome.costs[0], outcome.ranges[0]
+    mine = user if (user is not None and user.time_range is not None and not user.violations
+                    and user.cannot_run is None) else None
+    others = _candidates(outcome)
+    reasons = trial_reasons(pick_range, mine.time_range if mine else None, [r for _, _, r in others])
+    if not reasons:
+        return [], ("no trial needed: the pick's mechanisms were all measured and its range overlaps no other "
+                    "plan's")
+    trials = [Trial("pick", "pick", pick_plan, pick_cost, pick_range, "the plan solve picked")]
+    if mine is not None and mine.plan != pick_plan:
+        fit = "" if mine.cost.fits else ("; predicted not to fit the usable memory, which the trial measures too "
+                                         "(a run that ran says more than the memory model)")
+        trials.append(Trial("yours", "yours", mine.plan, mine.cost, mine.time_range, f"your plan ({user.source}){fit}"))
+    fixed, shapes = len(trials), {_shape(t.plan) for t in trials}
+    overlapping = [o for o in others if o[2].overlaps(pick_range)]
+    for plan, cost, _ in overlapping + [o for o in others if o not in overlapping]:
+        if len(trials) == fixed + TRIAL_CANDIDATES:
+            break
+        if _shape(plan) in shapes:
+            continue
+        shapes.add(_shape(plan))
+        rng = ranges.time_range(plan, cost)
+        why = "its range overlaps the pick's" if rng.overlaps(pick_range) else "another shape the search found"
+        trials.append(Trial(f"candidate-{len(trials) - fixed + 1}", "candidate", plan, cost, rng, why))
+    return trials, "; ".join(reasons)
+
+
+def _candidates(outcome) -> list[tuple[Plan, PlanCost, TimeRange]]:
+    """The other plans of the outcome (the alternatives of --top, then the search's runners-up) that the
+    checker accepts, each with its cost and the ends of its range (no evidence: that is priced for the chosen
+    ones only)."""
+    ranges = outcome.range_model
+    out, seen = [], {_shape(outcome.plans[0])}
+    plans = list(zip(outcome.plans[1:], outcome.costs[1:])) + [(c.plan, None) for c in outcome.result.runners_up]
+    for plan, cost in plans:
+        if _shape(plan) in seen:
+            continue
+        problems, cost = plan_problems(ranges.nominal, plan) if cost is None else ([], cost)
+        if problems:
+            continue
+        seen.add(_shape(plan))
+        out.append((plan, cost, TimeRange(low_s=ranges.low.evaluate(plan).iteration_time_s,
+                                          nominal_s=cost.iteration_time_s,
+                                          high_s=ranges.high.evaluate(plan).iteration_time_s)))
+    return out
