@@ -339,6 +339,17 @@ def read_input_script(megatron_script: str, script_args: Sequence[str], megatron
                        cluster=cluster)
 
 
+def input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None) -> Plan | None:
+    """The plan the input's own flags describe on its cluster, for the search to start from (None: a model
+    without flags, or flags that lay out no plan on this cluster; price_input_plan says why)."""
+    if not (megatron_script or megatron_args):
+        return None
+    try:
+        return plan_from_run(inputs.run, inputs.cluster, inputs.profiles)[0]
+    except ValueError:
+        return None
+
+
 def price_input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None,
                      outcome: SolveOutcome | None = None) -> UserPlan | None:
     """The plan the input's own flags describe, priced on the same cluster with the same cost model, headroom
@@ -467,6 +478,27 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
         row["vs_best"] = row["objective_s"] / ref - 1.0 if ref and row["objective_s"] is not None else None
         row["runtime"] = choice.runtime.name
     return rows
+
+
+CONTRADICTION_REL = 1e-9  # float noise a bound may show above a plan (bounds are rounded down to whole us)
+
+
+def contradictions(rows: list[dict]) -> list[str]:
+    """The backends' results that cannot all hold, one line each naming both backends: a lower bound
+    (valid for the whole space, on the searched objective) above another backend's plan, priced the
+    same way in the same space, so that the bound, and any certificate of optimality resting on it, is
+    false."""
+    out = []
+    for a in rows:
+        lb = a.get("lower_bound_s")
+        for b in rows:
+            obj = b.get("objective_s")
+            if b is a or lb is None or obj is None or lb <= obj * (1 + CONTRADICTION_REL):
+                continue
+            what = "certifies as optimal" if a.get("certified_optimal") else "proves as a lower bound"
+            out.append(f"{a['backend']} {what} {lb:.6f} s, but {b['backend']} found a plan at {obj:.6f} s "
+                       f"({b['plan']}): {a['backend']}'s bound is false")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ nothing (the exact stage model, solver_models/cpsat/model.py, does)."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from planner.schemas.search import stage_min_layers
 from solver_models.scaling import INF_US
 from solver_models.tables import StageTables, position
 
@@ -13,22 +16,24 @@ def rounded_plan(t: StageTables, allowed: list[list[int]]) -> list[tuple[int, in
     """A plan [(option, start, n)] whose stage i takes an option of `allowed[i]` (earlier ones
     preferred), layers split so that the slowest stage's core time is the least the greedy
     test reaches: for a cap c, each stage in turn takes the most layers that fit in memory and
-    within c, leaving one for every later stage; the least c that places every layer.  None when no
+    within c, leaving every later stage its least (a layer per virtual chunk: stage_min_layers);
+    the least c that places every layer.  None when no
     cap places them (memory, or the budget and contiguity rules the tables carry)."""
     if len(allowed) != t.pp:
         return None
-    caps = sorted({int(v) for o in range(t.num_options) for v in t.core_us[o].ravel() if v < INF_US})
+    core = t.core_us[sorted({o for options in allowed for o in options})]
+    caps = np.unique(core[core < INF_US])  # the slowest stage's core time is one of these
     lo, hi = 0, len(caps) - 1
-    if not caps or _place(t, allowed, caps[hi]) is None:
+    if not caps.size or _place(t, allowed, int(caps[hi])) is None:
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        if _place(t, allowed, caps[mid]) is None:
+        if _place(t, allowed, int(caps[mid])) is None:
             lo = mid + 1
         else:
             hi = mid
-    plan = _place(t, allowed, caps[lo])
-    if plan is None or not t.type_sequence_ok([o for o, _, _ in plan]) or not _within_budget(t, plan):
+    plan = _place(t, allowed, int(caps[lo]))
+    if plan is None or not t.type_sequence_ok([o for o, _, _ in plan]) or not within_budget(t, plan):
         return None
     return plan
 
@@ -36,9 +41,10 @@ def rounded_plan(t: StageTables, allowed: list[list[int]]) -> list[tuple[int, in
 def _place(t: StageTables, allowed: list[list[int]], cap: int) -> list[tuple[int, int, int]] | None:
     lo, hi = t.fit_range()
     n_layers, pp = t.num_layers, t.pp
+    fewest = [stage_min_layers(i, pp, t.g.vpp) for i in range(pp)]
     start, plan = 0, []
     for i in range(pp):
-        later = pp - 1 - i
+        later = sum(fewest[i + 1:])
         p = position(i, pp)
         choice = None
         for o in allowed[i]:
@@ -59,7 +65,7 @@ def _place(t: StageTables, allowed: list[list[int]], cap: int) -> list[tuple[int
     return plan if start == n_layers else None
 
 
-def _within_budget(t: StageTables, plan: list[tuple[int, int, int]]) -> bool:
+def within_budget(t: StageTables, plan: list[tuple[int, int, int]]) -> bool:
     used = [0] * len(t.types)
     for o, _, _ in plan:
         used[int(t.option_type[o])] += int(t.option_gpus[o])

@@ -221,3 +221,19 @@ def test_rounded_plan_is_a_plan_and_no_better_than_the_optimum():
     assert t.plan_objective_us(plan) == solve_brute(t).objective_us == 140  # 3 layers on A, 1 on B
     tight = make_tables(AB, cap_layers=[1.0, 1.0], budget=[1, 1])
     assert rounded_plan(tight, [[0], [1]]) is None  # two stages hold 2 of the 4 layers at most
+
+
+def test_rounded_plan_leaves_every_later_stage_a_layer_per_virtual_chunk():
+    """With interleaving, a stage holds at least a layer per virtual chunk (the first and the last one
+    fewer: stage_min_layers): the greedy split leaves every later stage that many.  Three stages, VPP 2, six
+    layers, the last stage on a slow option: the first may take at most 6 - 2 - 1 = 3 layers (leaving one a
+    stage, the rounding found no plan at all)."""
+    from planner.schemas.search import stage_min_layers
+    from solver_models.rounding import rounded_plan
+
+    t = make_tables([[10] * 6, [40] * 6], pp=3, vpp=2, option_type=[0, 1], budget=[2, 1])
+    plan = rounded_plan(t, [[0], [0], [1]])
+    assert plan is not None and sum(n for _, _, n in plan) == 6 and [o for o, _, _ in plan] == [0, 0, 1]
+    assert all(n >= stage_min_layers(i, 3, 2) for i, (_, _, n) in enumerate(plan))
+    assert [n for _, _, n in plan] == [3, 2, 1]  # the slowest stage holds one layer: 40 us, the least cap
+    assert t.plan_objective_us(plan) >= solve_brute(t).objective_us

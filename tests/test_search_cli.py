@@ -115,6 +115,56 @@ def test_compare_layers_runs_brute_force_and_agrees():
     assert sum(line.split()[0] in rows for line in text.splitlines() if line.strip()) == 3
 
 
+def test_compare_flags_a_false_certificate(monkeypatch):
+    """A backend whose lower bound lies above another backend's plan (cpsat made to claim 10% more than its
+    own plan, certified) is named with that backend, on a line of the table and in the JSON, and compare
+    exits with status 1; the honest run of the same case exits 0 with no contradiction."""
+    from dataclasses import replace
+
+    import planner.api as api
+
+    args = ["compare", "--model", "llama2-7b", "--layers", "2", "--cluster", "H800:2", "--gbs", "4", "--no-brute",
+            "--no-prune", "--time-limit", "30"]
+    honest = RUNNER.invoke(main, [*args, "--json"])
+    assert honest.exit_code == 0, honest.output
+    assert json.loads(honest.stdout)["contradictions"] == []
+    real = api.solve
+
+    def broken(*a, settings, **k):
+        out = real(*a, settings=settings, **k)
+        if settings.backend == "cpsat":
+            out.result = replace(out.result, lower_bound_s=1.1 * out.objective_s, certified_optimal=True)
+        return out
+
+    monkeypatch.setattr(api, "solve", broken)
+    res = RUNNER.invoke(main, [*args, "--json"])
+    assert res.exit_code == 1, res.output
+    false = json.loads(res.stdout)["contradictions"]
+    assert len(false) == 1 and false[0].startswith("cpsat certifies as optimal") and "hsdp found a plan" in false[0]
+    assert "contradiction: cpsat" in res.stderr
+    text = RUNNER.invoke(main, args)
+    assert text.exit_code == 1
+    assert [line for line in text.stdout.splitlines() if line.startswith("contradiction:")] == \
+        [f"contradiction: {false[0]}"]
+
+
+def test_contradictions_compare_every_bound_with_every_other_plan():
+    """Only a bound above another backend's plan is a contradiction (a bound at a plan is not; a backend's own
+    plan is not compared with its bound; a row with no plan or no bound has nothing to contradict)."""
+    from planner.api import contradictions
+
+    def row(name, obj, lb, certified=False):
+        return {"backend": name, "objective_s": obj, "lower_bound_s": lb, "certified_optimal": certified,
+                "plan": f"{name}'s"}
+
+    assert contradictions([row("hsdp", 2.0, 2.0, True), row("cpsat", 2.0, 1.9)]) == []
+    assert contradictions([row("hsdp", 2.0, None), row("cpsat", None, None)]) == []
+    assert len(contradictions([row("hsdp", 2.0, None), row("cpsat", None, 5.0)])) == 1
+    found = contradictions([row("hsdp", 2.0, 1.5), row("cpsat", 2.1, 2.1, True), row("brute", 2.05, 1.9)])
+    assert len(found) == 2 and all(line.startswith("cpsat certifies") for line in found)
+    assert "hsdp found a plan at 2.000000 s" in found[0] and "brute found a plan at 2.050000 s" in found[1]
+
+
 def test_compare_layers_rejects_more_layers_than_the_model():
     res = RUNNER.invoke(main, ["compare", "--model", "mixtral-s", "--layers", "99", "--cluster", "H800:8"])
     assert res.exit_code == 2 and "--layers" in res.output

@@ -18,15 +18,29 @@ GPU, the whole-space lower bound and gap, the status, and the target it is held 
 
 `--gap-table` prints instead the gap table CI shows: reduced presets, both runtimes, every backend
 with brute force, one line per backend (objective, bound, status, time).
+
+`--anytime` prints instead the anytime curves (issue 32: good plans early): per case of ANYTIME_CASES, the
+optimum (a --backend cpsat run with a long limit until it certifies), then R runs of the default solve at
+each limit of ANYTIME_LIMITS_S, each run's best plan and proven bound against seconds since the inputs were
+read (the solve's progress events, every 0.2 s), and per limit the median of best plan / optimum at the end,
+both the searched objective of the plan on the real cluster (the issue's bars: <= 1.05 at 60 s, <= 1.15 at
+10 s, on a 2-core machine).  The time limit counts from reading the inputs (the CLI's also counts Python's
+imports).  `--json PATH` writes what
+was printed (the rows, or the curves) as JSON too.  The figures depend on how busy the machine is: the
+curves carry the load average the run saw.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from planner.api import compare_rows, load_inputs, make_space, reduce_layers, solve
 from planner.errors import SearchTimeLimitError
@@ -133,7 +147,7 @@ def run_one(sc: Scenario) -> dict:
             "notes": "; ".join(n for n in r.notes if "idle" not in n)}
 
 
-def bench(repeats: int, quick: bool) -> None:
+def bench(repeats: int, quick: bool) -> dict:
     rows = [sc for sc in SCENARIOS if sc.label.startswith("48 GPUs") and "flagscale" not in sc.label] if quick \
         else SCENARIOS
     print(f"{'scenario':42s} {'median s':>8s} {'cpu s':>7s} {'runs':>4s} {'iter s':>8s} {'smp/s/GPU':>9s} "
@@ -161,6 +175,7 @@ def bench(repeats: int, quick: bool) -> None:
     print("(the pessimistic time, the top of the plan's range, unless --objective nominal); bound s: the whole-space")
     print("lower bound on that objective; gap: the objective to the bound.")
     print("OPTIMAL: certified over the whole space; FEASIBLE: pruned or stopped by the time limit")
+    return {label: {**results[label], "median_wall_s": medians[label]} for label in results}
 
 
 def _verdict(sc: Scenario, med: float, medians: dict, results: dict) -> str:
@@ -195,37 +210,135 @@ GAP_CASES = [
 ]
 
 
-def gap_table(time_limit_s: float) -> None:
+def gap_table(time_limit_s: float) -> dict:
     """The gap table: per case and backend, objective, bound, gap, status, time (pruning off, so
     every OPTIMAL row is certified; brute force runs on every case)."""
     profiles = ProfileSet.load()
     print(f"{'case':44s} {'backend':7s} {'status':9s} {'objective s':>12s} {'bound s':>12s} {'gap':>9s} "
           f"{'time s':>7s}")
+    out: dict[str, list[dict]] = {}
     for model, layers, cluster, gbs, runtime in GAP_CASES:
         run, cl, _ = load_inputs(model=model, cluster=cluster, profiles=profiles, overrides={"gbs": gbs})
         run = reduce_layers(run, layers)
         rows = compare_rows(run, cl, profiles, runtime=runtime, backends=["hsdp", "cpsat", "brute"],
                             time_limit_s=time_limit_s, delta=0.2, no_prune=True)
         case = f"{model} {layers}L {cluster} {runtime}"
+        out[case] = rows
         for row in rows:
             obj = f"{row['objective_s']:12.6f}" if row["objective_s"] is not None else f"{'-':>12s}"
             lb = f"{row['lower_bound_s']:12.6f}" if row["lower_bound_s"] is not None else f"{'-':>12s}"
             gap = f"{row['gap'] * 100:8.4f}%" if row["gap"] is not None else f"{'-':>9s}"
             print(f"{case:44s} {row['backend']:7s} {row['status']:9s} {obj} {lb} {gap} {row['search_time_s']:7.2f}",
                   flush=True)
+    return out
+
+
+ANYTIME_CASES = [
+    # (model, cluster, global batch or None: the preset's); the first is issue 32's
+    ("qwen3-30b-a3b", "H800:16,H20:16", 256),
+    ("mixtral-l", "H800:24,A100:24", None),
+    ("qwen3-235b-a22b", "H100:128,H200:128", None),  # a pooled cluster: two searches share the limit
+    ("deepseek-v3", "H100:128,H200:128", None),
+]
+ANYTIME_LIMITS_S = (10.0, 60.0)
+ANYTIME_TARGET = {10.0: 1.15, 60.0: 1.05}  # best plan / optimum at the end of the limit (issue 32)
+OPTIMUM_LIMIT_S = 1200.0
+
+
+def anytime_run(model: str, cluster: str, gbs: int | None, limit_s: float) -> dict:
+    """One default solve (cpsat, the prunings ordering the work) within `limit_s` from reading the inputs
+    on: its curve [(seconds, best plan s, bound s)], a point each time either changes, and the result."""
+    t_in = time.perf_counter()
+    load = os.getloadavg()[0]
+    profiles = ProfileSet.load()
+    run, cl, _ = load_inputs(model=model, cluster=cluster, profiles=profiles,
+                             overrides={} if gbs is None else {"gbs": gbs})
+    curve: list[list[float | None]] = []
+
+    def progress(ev) -> None:
+        if not curve or (ev.best_s, ev.bound_s) != tuple(curve[-1][1:]):
+            curve.append([time.perf_counter() - t_in, ev.best_s, ev.bound_s])
+
+    settings = SearchSettings(backend="cpsat", time_limit_s=limit_s, deadline=t_in + limit_s)
+    try:
+        out = solve(run, cl, profiles, settings=settings, space=make_space(run, "megatron"), progress=progress)
+    except SearchTimeLimitError:
+        return {"limit_s": limit_s, "load_avg_1min": load, "curve": curve, "objective_s": None, "status": "NO PLAN",
+                "wall_s": time.perf_counter() - t_in}
+    r = out.result
+    # objective_s: the searched objective's value for the plan on the real cluster (compare's); the curve's
+    # are the search's own (its tables'; on a pooled view of the cluster, the view's, planner/search/pools.py)
+    return {"limit_s": limit_s, "load_avg_1min": load, "curve": curve, "wall_s": time.perf_counter() - t_in,
+            "objective_s": out.objective_s, "solver_objective_s": r.best[0].objective_s,
+            "bound_s": r.lower_bound_s, "status": r.status,
+            "plan": r.best[0].g.label(), "seed_best_s": (r.cpsat or {}).get("seed_best_s"),
+            "notes": [n for n in r.notes if "limit" in n]}
+
+
+def anytime(repeats: int, quick: bool, only: str | None = None) -> dict:
+    """The anytime curves (module docstring): per case, the optimum and the runs at each limit."""
+    out: dict[str, dict] = {}
+    cases = [c for c in ANYTIME_CASES if only is None or only in f"{c[0]} {c[1]}"]
+    for model, cluster, gbs in cases[:1] if quick else cases:
+        case = f"{model} {cluster}" + (f" gbs {gbs}" if gbs else "")
+        ref = anytime_run(model, cluster, gbs, OPTIMUM_LIMIT_S)
+        optimum = ref["objective_s"]
+        print(f"{case}: optimum {optimum:.4f} s ({ref['status']} after {ref['wall_s']:.1f} s, load average "
+              f"{ref['load_avg_1min']:.1f}; {ref['plan']})", flush=True)
+        runs = {lim: [anytime_run(model, cluster, gbs, lim) for _ in range(repeats)] for lim in ANYTIME_LIMITS_S}
+        summary = {}
+        for lim, rs in runs.items():
+            ratios = [r["objective_s"] / optimum for r in rs if r["objective_s"] is not None]
+            med = statistics.median(ratios) if len(ratios) == len(rs) else None
+            target = ANYTIME_TARGET.get(lim)
+            verdict = "" if target is None or med is None else ("ok" if med <= target else "OVER")
+            summary[str(lim)] = {"median_ratio": med, "ratios": ratios, "target": target, "verdict": verdict}
+            loads = ", ".join(f"{r['load_avg_1min']:.1f}" for r in rs)
+            print(f"  --time-limit {lim:g}: best / optimum {', '.join(f'{x:.4f}' for x in ratios)}; median "
+                  f"{'-' if med is None else f'{med:.4f}'} (target <= {target}) {verdict}; load averages {loads}")
+            mid = sorted(rs, key=lambda r: r["objective_s"] or math.inf)[len(rs) // 2]
+            print("    curve of the median run (s since reading the inputs: best plan s / bound s as the search")
+            print("    reports them, on its tables (a pooled view's own in a pooled search), and best/optimum;")
+            print("    each new best plan, and the bound every 5 s; the JSON has every point):")
+            for t, best, bound in _condensed(mid["curve"], 5.0):
+                b = "-" if best is None else f"{best:.4f}"
+                lb = "-" if bound is None else f"{bound:.4f}"
+                ratio = "" if best is None else f"  {best / optimum:.4f}x"
+                print(f"      {t:7.2f}  {b:>9s} / {lb:>9s}{ratio}")
+        out[case] = {"optimum_s": optimum, "optimum_status": ref["status"], "optimum_wall_s": ref["wall_s"],
+                     "optimum_plan": ref["plan"],
+                     "runs": {str(lim): rs for lim, rs in runs.items()}, "summary": summary}
+    return out
+
+
+def _condensed(curve: list[list], every_s: float) -> list[list]:
+    """The points of a curve where the best plan changes, the first and the last, and one every `every_s`."""
+    out, next_t = [], 0.0
+    for k, (t, best, bound) in enumerate(curve):
+        if k in (0, len(curve) - 1) or best != curve[k - 1][1] or t >= next_t:
+            out.append([t, best, bound])
+            next_t = t + every_s
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="only the 48-GPU megatron rows")
+    ap.add_argument("--quick", action="store_true", help="only the 48-GPU megatron rows (--anytime: the first case)")
     ap.add_argument("--gap-table", action="store_true", help="the CI gap table instead of the timings")
+    ap.add_argument("--anytime", action="store_true", help="the anytime curves instead of the timings")
+    ap.add_argument("--only", metavar="TEXT", help="--anytime: only the cases whose model and cluster contain TEXT")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per case, for --gap-table")
+    ap.add_argument("--json", metavar="PATH", help="also write what was printed as JSON")
     args = ap.parse_args(argv)
     if args.gap_table:
-        gap_table(args.time_limit)
+        data = {"gap_table": gap_table(args.time_limit)}
+    elif args.anytime:
+        data = {"anytime": anytime(args.repeats, args.quick, args.only)}
     else:
-        bench(args.repeats, args.quick)
+        data = {"search_time": bench(args.repeats, args.quick)}
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

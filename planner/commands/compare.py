@@ -1,6 +1,8 @@
 """`cli.py compare`: both backends (and brute force when the case is small) side by side, with the
 gap between each plan and the best proven bound.  `--layers N` keeps only the first N decoder
-layers of the model, so brute force can run on a reduced preset."""
+layers of the model, so brute force can run on a reduced preset.  Results that contradict each other (a
+backend's lower bound above another backend's plan: a false certificate) are named, one line each, and
+the command exits with status 1."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import time
 
 import click
 
-from planner.api import OBJECTIVES, compare_backends, compare_rows, load_inputs, reduce_layers
+from planner.api import OBJECTIVES, compare_backends, compare_rows, contradictions, load_inputs, reduce_layers
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer,
@@ -52,7 +54,9 @@ def gap_lines(rows: list[dict]) -> list[str]:
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, runtime, time_limit_s,
             delta, no_prune, contiguous_types, layers, brute, objective, memory_headroom, as_json):
-    """Run cpsat, hsdp (and brute force when small) on one request; print objective, bound, gap, time."""
+    """Run cpsat, hsdp (and brute force when small) on one request; print objective, bound, gap, time.
+
+    Exit status 1 when the results contradict each other (a backend's lower bound above another's plan)."""
     budget = Budget.start(time_limit_s)  # reading the inputs counts too
     with reading_within(budget):
         run, cluster_spec, profiles = load_inputs(
@@ -68,11 +72,17 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
                         memory_headroom=memory_headroom)
     runtime = rows[0].get("runtime", runtime) if rows else runtime
+    false = contradictions(rows)
     if as_json:
         echo_json({"model": run.model.name, "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
-                   "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows})
-        return
-    click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {cluster_spec.describe()} ({runtime}; "
-               f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
-    for line in gap_lines(rows):
-        click.echo(line)
+                   "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows,
+                   "contradictions": false})
+    else:
+        click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {cluster_spec.describe()} ({runtime}; "
+                   f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
+        for line in gap_lines(rows):
+            click.echo(line)
+    for line in false:  # a false bound is a bug of the planner: a line each (on stderr beside the JSON), exit status 1
+        click.echo(f"contradiction: {line}", err=as_json)
+    if false:
+        raise SystemExit(1)

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from planner.api import (
-    OBJECTIVES, check_hosts, check_predictions, load_inputs, make_space, price_input_plan, read_input_script,
-    runtime_choice, solve,
+    OBJECTIVES, check_hosts, check_predictions, input_plan, load_inputs, make_space, price_input_plan,
+    read_input_script, runtime_choice, solve,
 )
 from planner.inputs.hosts import read_hosts
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
@@ -105,8 +105,9 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
                                    inputs.cluster) \
             if megatron_script else None
+    yours = input_plan(inputs, megatron_script, megatron_args)  # the search starts from the user's own plan
     settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta, restrict=prune), time_limit_s=time_limit_s,
-                              top_k=top_k, deadline=budget.search_deadline)
+                              top_k=top_k, deadline=budget.search_deadline, seed_plans=(yours,) if yours else ())
     if no_prune:
         settings = settings.without_pruning()
     hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles) if hosts_path else None

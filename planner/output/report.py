@@ -156,7 +156,13 @@ def search_json(result, settings) -> dict[str, Any]:
     cpsat            --backend cpsat's statistics (planner/search/certify.py): variables and
                      constraints per family, status, objective_s, bound_s, wall_s, branches, how much
                      work each part did (master_solves: pipeline-block solves, stage_solves, cuts by
-                     kind, shapes screened and blocked, configs_never_priced_one_by_one).
+                     kind, shapes screened and blocked, configs_never_priced_one_by_one; seed_configs,
+                     seed_s, seed_best_s: the seeding's, planner/search/seeds.py; self_check: the
+                     configurations whose plans were checked against the bounds the search claims for
+                     them, and the contradictions found, which withdraw OPTIMAL and the bound).
+    time_split       a second search over a pooled view of the cluster (planner/search/pools.py): the
+                     search's limit_s, the seconds each search took (separate_types_s, pooled_s) and
+                     the pools; None when there was one search.
     """
     best = result.best[0]
     pruned_optimal = result.pruned_space_optimal
@@ -180,6 +186,7 @@ def search_json(result, settings) -> dict[str, Any]:
                     "bounded": result.configs_bounded, "infeasible": result.configs_infeasible},
         "quantisation_s": result.quantisation_s,
         "cpsat": result.cpsat,
+        "time_split": result.time_split,
     }
 
 

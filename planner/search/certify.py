@@ -1,5 +1,8 @@
 """--backend cpsat: logic-based Benders decomposition over the degrees, CP-SAT throughout.
 
+    seeds       before the loop, planner/search/seeds.py prices a few configurations fast (the user's
+                plan, published families, a rounding heuristic over the shapes with the least screen
+                bounds) so that the loop starts with a good plan to bound the rest with
     master      solver_models/cpsat/master.py: the degrees are decisions, Megatron's rules are
                 constraints (rule_families below, from planner/megatron/rules.py), and a relaxation
                 of the stage problem prices every configuration at once (planner/search/prices.py
@@ -18,6 +21,14 @@
 No HS-DP code runs under this backend; HS-DP (solver_models/hsdp.py, --backend hsdp) is the
 independent reference CI compares it with.
 
+Self-check (`_check`): every plan the search finds (seeds, roundings, exact solves) is held against the
+bounds the search claims for its configuration (its shape's screen bound; its pipeline block's value
+while it is unsettled there).  A plan below one proves that bound false: the result then claims neither
+OPTIMAL nor a lower bound, and says so (a note, search.cpsat.self_check).
+
+Progress (`_report`): configurations closed of the total (settled, or in shapes whose bound reaches the
+best plan: the share of the bound-ordered space closed) and the greatest bound proven so far.
+
 The prunings (planner/search/pruning.py).  `Pruning.restrict`: the search covers only the pruned
 space (cp_min_seq a rule family of the master, load balance and, on flagscale, memory in the stage
 tables, megatron's least recompute that fits as cuts).  Otherwise they only order the work: with no
@@ -30,6 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -41,6 +53,7 @@ from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.prices import PriceBook
 from planner.search.screening import plan_from_solution
+from planner.search.seeds import SEED_SHARE, UNPROVABLE_SEED_SHARE, Seeds
 from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings, \
     status_word
 from planner.search.space import SearchSpace, pipeline_in_space, stage_options
@@ -64,6 +77,7 @@ PROGRESS_EVERY_S = 0.2
 # limit is gone), the least configuration the blocks found is solved at once (a dive), for a better
 # plan to bound the rest with
 DIVE_EVERY_SHAPES = 8
+SELF_CHECK_US = 1.0  # a bound (us, rounded down) may exceed a plan's time by this much before the self-check objects
 MICROBATCH_SCOPE = ("mbs", "dp", "samples")  # the shape degrees the number of micro-batches reads
 
 MEGATRON_FAMILIES = ("tp", "cp", "ep", "etp", "mbs", "dp", "pp", "vpp", "recompute")
@@ -197,6 +211,18 @@ class BendersSearch:
         self._next_dive = DIVE_EVERY_SHAPES
         self.proven = False
         self.timed_out = False
+        self.settled_in: Counter = Counter()  # shape key -> its configurations settled
+        self.unscreened_configs = 0  # configurations of the shapes the screen never priced
+        self._shown_bound_us: float | None = None  # the greatest bound progress has shown (monotone)
+        self._working: tuple[float, tuple] | None = None  # (bound, shape key) of the entry being worked on
+        # the self-check (_check): every plan's iteration time (us) per configuration, the bounds the search
+        # claims per shape (its screen bound; its block's last value, for its unsettled configurations under
+        # the settings it allows), and what contradicts them
+        self.plan_us: dict[tuple, dict[GlobalChoice, float]] = {}  # shape key -> configuration -> least time
+        self.screen_bound: dict[tuple, float] = {}
+        self.block_value: dict[tuple, tuple[float, frozenset]] = {}
+        self.settled_set: set[GlobalChoice] = set()
+        self.contradictions: list[str] = []
         self.notes: list[str] = []
         self.clock = ProgressClock(PROGRESS_EVERY_S)
         self.stats: dict[str, Any] = {
@@ -223,11 +249,15 @@ class BendersSearch:
         if not self.book.price_master(self.t0 + PRICING_SHARE * budget):
             self.timed_out = True
             self.unscreened = len(self.book.shapes) - len(self.book.master)
+            self.unscreened_configs = sum(sh.size for k, sh in self.book.shapes.items() if k not in self.book.master)
             self.notes.append(f"time limit: {self.unscreened} of {len(self.book.shapes)} shapes were not priced for "
                               "the screen in time and not searched; no whole-space bound")
-        self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self._screen_shapes())]
+        self.screen_order = self._screen_shapes()
+        self.screen_bound = {key: theta for theta, key in self.screen_order}
+        self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self.screen_order)]
         heapq.heapify(self.queue)
         self._seq = len(self.queue)
+        self._seed()
         while self.queue:
             theta, _, key, degrees = self.queue[0]
             cutoff = self._cutoff_us()
@@ -241,6 +271,7 @@ class BendersSearch:
                 theta, key, degrees = self._dive()
             else:
                 heapq.heappop(self.queue)
+            self._working = (theta, key)  # out of the queue while it is worked on: still open (_closed)
             try:
                 if degrees is None:
                     self._open_shape(key, theta)
@@ -250,8 +281,21 @@ class BendersSearch:
                 self._push(theta, key, degrees)
                 self.timed_out = True
                 break
+            finally:
+                self._working = None
+            self._report("searching")
         self.proven = not self.timed_out and not self.unscreened
         return self._result()
+
+    def _seed(self) -> None:
+        """Good plans before the exact search (planner/search/seeds.py), within SEED_SHARE of the time left;
+        UNPROVABLE_SEED_SHARE when the screen could not price every shape (the search can then prove nothing,
+        only find plans, which the seeding does faster), or while it has no plan."""
+        t, left = time.perf_counter(), max(0.0, self._left())
+        share = UNPROVABLE_SEED_SHARE if self.unscreened else SEED_SHARE
+        priced = Seeds(self).run(t + share * left, t + UNPROVABLE_SEED_SHARE * left)
+        self.stats.update(seed_configs=priced, seed_s=time.perf_counter() - t,
+                          seed_best_s=self.cands[0].objective_s if self.cands else None)
 
     def _dive(self) -> tuple[float, tuple, dict | None]:
         """Every DIVE_EVERY_SHAPES blocks: take the least configuration the blocks have found (rather
@@ -278,6 +322,7 @@ class BendersSearch:
             self.stats["shapes_screened_out"] = self.stats.get("shapes_screened_out", 0) + 1
             return
         self._block(key, settings).allow("recompute", settings)
+        self.block_value[key] = (theta_us, frozenset(settings))
         self._next_config(key, theta_us)
 
     def _next_config(self, key: tuple, floor_us: float) -> None:
@@ -294,6 +339,9 @@ class BendersSearch:
             return
         self.pipelines[key, tuple(sorted(res.degrees.items()))] = (res.first, res.last, res.middle)
         self._push(max(floor_us, res.objective_us), key, res.degrees)
+        self.block_value[key] = (max(floor_us, res.objective_us), self.block_value[key][1])
+        for g, t_us in self.plan_us.get(key, {}).items():
+            self._check(g, t_us)
 
     def _settle_config(self, key: tuple, theta_us: float, degrees: dict) -> None:
         """A configuration at the top: its exact stage solve (or a cut), forbidden in its block,
@@ -382,6 +430,8 @@ class BendersSearch:
     def _settle(self, g: GlobalChoice, kind: str, bound_us: float | None = None, whole_us: float | None = None,
                 theta_us: float | None = None) -> None:
         self.settled.append(Settled(g, kind, bound_us, whole_us, theta_us))
+        self.settled_in[self.book.key(g)] += 1
+        self.settled_set.add(g)
         cuts = self.stats["cuts"]
         cuts[kind] = cuts.get(kind, 0) + 1
 
@@ -463,9 +513,10 @@ class BendersSearch:
         v_us = round(c.objective_s * c.g.vpp * 1e6)
         return -(-v_us * g.vpp // c.g.vpp)
 
-    def _stage_solve(self, tables: StageTables, ub: int | None, hint: list | None):
+    def _stage_solve(self, tables: StageTables, ub: int | None, hint: list | None, limit_s: float | None = None):
+        """One exact stage solve, within `limit_s` (default: STAGE_SHARE of the time left, at least STAGE_MIN_S)."""
         left = self._left()
-        limit = min(left, max(STAGE_MIN_S, STAGE_SHARE * left))
+        limit = min(left, max(STAGE_MIN_S, STAGE_SHARE * left) if limit_s is None else limit_s)
         sub: dict = {}
         sol = solve_cpsat(tables, upper_bound_us=ub, hint_stages=hint, stats=sub,
                           settings=SolverSettings(time_limit_s=limit, num_workers=self.settings.num_workers,
@@ -514,8 +565,14 @@ class BendersSearch:
         return sol.stages
 
     def _offer(self, g: GlobalChoice, tables: StageTables, sol) -> None:
-        """Keep a plan of G among the best (one per configuration, the better)."""
+        """Keep a plan of G among the best (one per configuration, the better), and check it against the
+        bounds the search claims for G (_check)."""
         obj = from_us(sol.objective_us) / g.vpp
+        t_us = sol.objective_us / g.vpp
+        known = self.plan_us.setdefault(self.book.key(g), {})
+        if t_us < known.get(g, math.inf):
+            known[g] = t_us
+            self._check(g, t_us)
         if any(c.g == g and c.objective_s <= obj for c in self.cands):
             return
         self.cands = [c for c in self.cands if c.g != g]
@@ -526,16 +583,51 @@ class BendersSearch:
         self.cands.sort(key=lambda c: c.objective_s)
         del self.cands[self.settings.top_k * 4:]
 
+    def _check(self, g: GlobalChoice, t_us: float) -> None:
+        """The self-check: a plan of G (iteration time t_us on the tables) below a bound the search claims
+        for G -- its shape's screen bound, or its block's value while G is unsettled there -- proves that
+        bound false; so would it the certificate resting on it (_result withdraws both)."""
+        key = self.book.key(g)
+        claims = [("the shape screen", self.screen_bound.get(key))]
+        value, allowed = self.block_value.get(key, (None, frozenset()))
+        if g not in self.settled_set and self.book.block_degrees(g)["recompute"] in allowed:
+            claims.append(("its pipeline block", value))
+        for what, bound_us in claims:
+            if bound_us is not None and t_us < bound_us - SELF_CHECK_US:
+                self.contradictions.append(
+                    f"a plan of {g.label()} takes {t_us * 1e-6:.6f} s, below the {bound_us * 1e-6:.6f} s "
+                    f"{what} claims for it")
+
     def _report(self, phase: str, config: str = "", force: bool = False) -> None:
+        """A progress event: configurations closed (`_closed`) of the total, and the greatest bound shown so
+        far (every bound the search proves holds for good, so the event's never decreases)."""
         if not self.progress or not self.clock.due(force):
             return
         now = time.perf_counter()
         total = self.stats["configs_total"]
-        done = total if phase == "done" and self.proven else len(self.settled)
-        bound = self._open_bound_us()
-        self.progress(ProgressEvent(done=done, total=total, solved=self.stats["stage_solves"],
-                                    elapsed_s=now - self.t0, best_s=self.cands[0].objective_s if self.cands else None,
+        best = self.cands[0].objective_s if self.cands else None
+        known = not (self.unscreened or self.contradictions)
+        bound = self._open_bound_us() if known else None
+        if best is not None and known:
+            bound = best * 1e6 if bound is None else min(bound, best * 1e6)
+        if bound is not None:
+            bound = self._shown_bound_us = max(bound, self._shown_bound_us or bound)
+        self.progress(ProgressEvent(done=total if phase == "done" and self.proven else self._closed(), total=total,
+                                    solved=self.stats["stage_solves"], elapsed_s=now - self.t0, best_s=best,
                                     bound_s=None if bound is None else bound * 1e-6, phase=phase, config=config))
+
+    def _closed(self) -> int:
+        """Configurations the search is done with: settled one by one, or in shapes it left (infeasible,
+        screened out, their block empty below the best plan) or whose bound reaches the best plan -- the
+        share of the bound-ordered space closed.  Open: the shapes in the queue below the best plan (less
+        what they settled), the configurations whose stage solve stopped unproven below it, the shapes
+        the screen never priced."""
+        cutoff = self._cutoff_us()
+        entries = [(theta, key) for theta, _, key, _ in self.queue] + ([self._working] if self._working else [])
+        below = [key for theta, key in entries if cutoff is None or theta < cutoff]
+        open_ = sum(self.book.shapes[key].size - self.settled_in[key] for key in below)
+        open_ += sum(1 for st in self.settled if st.bound_us is not None and (cutoff is None or st.bound_us < cutoff))
+        return max(0, self.stats["configs_total"] - open_ - self.unscreened_configs)
 
     # ---- what was proven ----
     def _open_bound_us(self) -> float | None:
@@ -576,7 +668,14 @@ class BendersSearch:
             raise explain_infeasible(self.cost, self.space, len(self.book.shapes))
         best = self.cands[: self.settings.top_k]
         costs = [self.cost.evaluate(c.plan) for c in best]
-        searched_us, whole_us = self._bounds_us()
+        searched_us, whole_us = self._bounds_us() if not self.contradictions else (None, None)
+        self.stats["self_check"] = {"configs_checked": sum(len(p) for p in self.plan_us.values()),
+                                    "contradictions": self.contradictions[:10]}
+        if self.contradictions:
+            self.notes.append(f"self-check: {self.contradictions[0]}" + (
+                f" (and {len(self.contradictions) - 1} more)" if len(self.contradictions) > 1 else "") +
+                "; a bound the search relies on is false, so it claims no optimality and no lower bound (a bug of "
+                "the planner: please report it)")
         cap = best[0].objective_s
         proven = self.proven and (searched_us is not None and searched_us >= cap * 1e6 - 1e-6)
         solved = self.stats["stage_solves"] - self.stats.get("window_solves", 0)

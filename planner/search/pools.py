@@ -4,9 +4,10 @@ On the megatron runtime a cluster with such a pair (planner/search/space.py `sha
 H200: one vendor, one software stack) is searched twice: with every stage on one device type, and with the
 pair pooled (`pooled_view`: the pair's nodes as one group of the pooled type "H100+H200", which runs at the
 slower member's speed, in the smaller memory, its inter-node link the slowest between members).  The time
-limit is shared: the second search has what the first left.  The answer is the better of the two, priced
-by the cost model on the real cluster (a pooled stage type draws its GPUs from its members); it is proven
-optimal only when both searches are, and the lower bound is the lesser of theirs.
+limit is shared: the first search has at most half of it, the second what the first left; the result says
+how it was split (a note, and `time_split`), and the progress reads as one search over both.  The answer is
+the better of the two, priced by the cost model on the real cluster (a pooled stage type draws its GPUs from
+its members); it is proven optimal only when both searches are, and the lower bound is the lesser of theirs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import replace
 from planner.cost.model import CostModel
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.search.driver import search
-from planner.search.settings import ProgressFn, SearchResult, SearchSettings
+from planner.search.settings import ProgressEvent, ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace, pooled_view, shared_pools
 
 
@@ -33,22 +34,66 @@ def search_with_pools(cost: CostModel, space: SearchSpace, settings: SearchSetti
     first_settings = replace(settings, deadline=start + (end - start) / 2, time_limit_s=settings.time_limit_s / 2)
     results: list[SearchResult] = []
     failures: list[Exception] = []
+    walls: list[float] = []
+    both = _BothSearches(progress) if progress is not None else None
     for view_cost, view_settings in ((cost, first_settings), (None, None)):
         if view_cost is None:
             view_cost = CostModel(cost.model, cost.training, pooled_view(cost.cluster, cost.profiles, pools),
                                   cost.profiles, memory_headroom=cost.memory_headroom)
             view_settings = replace(settings, deadline=end, time_limit_s=max(0.1, end - time.perf_counter()))
+            if both is not None:
+                both.second()
+        t = time.perf_counter()
         try:
-            results.append(search(view_cost, space, view_settings, progress=progress))
+            results.append(search(view_cost, space, view_settings, progress=both))
         except (InfeasibleError, SearchTimeLimitError) as exc:
             failures.append(exc)
+        walls.append(time.perf_counter() - t)
+    split = {"limit_s": end - start, "separate_types_s": walls[0], "pooled_s": walls[1], "pools": list(pools)}
+    note = (f"the time limit ({end - start:.1f} s for the search) was split between two searches: at most half "
+            f"for the cluster with every stage on one device type (it took {walls[0]:.1f} s), the rest for the "
+            f"one with {', '.join(pools)} pooled (it took {walls[1]:.1f} s)")
     if not results:
         raise failures[-1]
     if len(results) == 1:
         results[0].notes.append(f"one of the two searches (separate types; {', '.join(pools)} pooled) found no "
                                 f"plan: {failures[0]}")
-        return results[0]
-    return _combined(cost, results[0], results[1], pools, settings.top_k, time.perf_counter() - start)
+        results[0].notes.append(note)
+        return replace(results[0], time_split=split)
+    out = _combined(cost, results[0], results[1], pools, settings.top_k, time.perf_counter() - start)
+    out.notes.append(note)
+    return replace(out, time_split=split)
+
+
+class _BothSearches:
+    """The progress of the two searches as one: configurations of both (the second's once it starts),
+    the best plan of either, and a bound only once both have one (the lesser: a bound on the first
+    search's space is none on the second's), never decreasing."""
+
+    def __init__(self, progress: ProgressFn):
+        self.progress = progress
+        self.t0 = time.perf_counter()
+        self.first: ProgressEvent | None = None  # the first search's last event, once the second runs
+        self.last: ProgressEvent | None = None
+        self.shown_bound_s: float | None = None
+
+    def second(self) -> None:
+        self.first, self.last = self.last, None
+
+    def __call__(self, ev: ProgressEvent) -> None:
+        self.last = ev
+        elapsed = time.perf_counter() - self.t0
+        if self.first is None:  # the first search: the second's space is not bounded yet
+            self.progress(replace(ev, bound_s=None, elapsed_s=elapsed,
+                                  phase=ev.phase if ev.phase != "done" else "searching"))
+            return
+        a = self.first
+        bests = [x for x in (a.best_s, ev.best_s) if x is not None]
+        bound = None if a.bound_s is None or ev.bound_s is None else min(a.bound_s, ev.bound_s)
+        if bound is not None:
+            bound = self.shown_bound_s = max(bound, self.shown_bound_s or bound)
+        self.progress(replace(ev, done=a.done + ev.done, total=a.total + ev.total, solved=a.solved + ev.solved,
+                              elapsed_s=elapsed, best_s=min(bests, default=None), bound_s=bound))
 
 
 def _combined(cost: CostModel, apart: SearchResult, pooled: SearchResult, pools: list[str], top_k: int,

@@ -36,6 +36,7 @@ class SearchSettings:
     num_workers: int = 2
     warm_start: bool = True  # flagscale: start from the best uniform-DP plan (a fast megatron-space search)
     deadline: float | None = None  # time.perf_counter() value; search() sets it on its own copy
+    seed_plans: tuple[Plan, ...] = ()  # plans to start from (the user's own): --backend cpsat prices them first
 
     def without_pruning(self) -> "SearchSettings":
         return replace(self, pruning=Pruning.off())
@@ -47,10 +48,12 @@ class SearchSettings:
 
 @dataclass(frozen=True)
 class ProgressEvent(Mapping):
-    """What a progress callback gets: configurations done of the total (both grow while the
-    memory pruning lets greater recompute settings in), seconds since the start, the best plan's
-    objective so far and the least lower bound of the configurations not yet done (seconds,
-    None before any).  Also readable as a mapping (the keys of as_dict), which is how the
+    """What a progress callback gets: configurations done of the total (--backend hsdp: both grow
+    while the memory pruning lets greater recompute settings in; --backend cpsat: those closed, settled
+    one by one or in shapes whose bound reaches the best plan, the share of the bound-ordered space the
+    search is done with), seconds since the start, the best plan's objective so far and a lower bound on
+    the searched space's optimum (seconds, None before any; --backend cpsat: the greatest it has
+    proven, so it never decreases).  Also readable as a mapping (the keys of as_dict), which is how the
     terminal's progress display (planner/progress.py) reads it."""
 
     done: int
@@ -59,7 +62,7 @@ class ProgressEvent(Mapping):
     elapsed_s: float
     best_s: float | None
     bound_s: float | None
-    phase: str  # enumerating | screening | certifying | done
+    phase: str  # enumerating | screening | certifying | seeding | searching | stage | done
     config: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -132,6 +135,8 @@ class SearchResult:
     cpsat: dict | None = None  # the CP-SAT master's statistics (--backend cpsat)
     runners_up: list[Candidate] = field(default_factory=list)  # other configurations' plans the search kept,
     # beyond `best`, in objective order (nothing proven about them): what `solve` proposes as trials
+    # a second search over a pooled view of the cluster (planner/search/pools.py): how the time limit was split
+    time_split: dict | None = None
 
     @property
     def status(self) -> str:
