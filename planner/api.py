@@ -42,7 +42,7 @@ from planner.schemas.plan import Plan
 from planner.search.pools import search_with_pools
 from planner.search.pruning import Pruning
 from planner.search.settings import ProgressFn, SearchResult, SearchSettings
-from planner.search.space import SearchSpace
+from planner.search.space import SearchSpace, fillable, flagscale_stage_gpus
 from planner.user_plan import UserPlan, price_user_plan
 
 # ------------------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     if not choice.runtime.contiguous_types:
         result, plans, costs = _grouped_by_type(cost, result, plans, costs)
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
-                        idle=idle_gpus(plans[0], cluster, result, choice.left_out), choice=choice,
+                        idle=idle_gpus(plans[0], cluster, result, choice.left_out, space), choice=choice,
                         profiles=profiles,
                         ranges=[ranges.time_range(p, c) for p, c in zip(plans, costs)], objective=objective,
                         memory_headroom=cost.memory_headroom, range_model=ranges)
@@ -299,10 +299,12 @@ def relabel_result(result: SearchResult, runtime: str) -> SearchResult:
 
 
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,
-              left_out: dict[str, str] | None = None) -> list[IdleGpus]:
+              left_out: dict[str, str] | None = None, space: SearchSpace | None = None) -> list[IdleGpus]:
     """Per device type, the GPUs the plan leaves idle and why: no job of the runtime can hold that type
-    (`left_out`, from the runtime choice), too few left for one more stage of the plan's shape, or
-    (when more stages would fit) the search found no faster plan using them."""
+    (`left_out`, from the runtime choice), no sum of the stage sizes the plan's micro-batch allows fills them
+    (flagscale, with the `space` searched: every stage splits the micro-batch's samples evenly over its DP),
+    too few left for one more stage of the plan's shape, or (when more stages would fit) the search found no
+    faster plan using them."""
     used = cluster.spread(plan.gpus_by_type())  # a pooled stage type's GPUs counted on its members
     left_out = left_out or {}
     out = []
@@ -313,14 +315,41 @@ def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,
         idle = n - used.get(h, 0)
         if idle <= 0:
             continue
+        unfilled = _unfilled_by_stages(plan, h, n, space)
         if h in left_out:
             why = left_out[h]
+        elif unfilled:
+            why = unfilled[1] + ("; other micro-batch sizes: " if idle <= unfilled[0] else
+                                 f"; the other {idle - unfilled[0]} would hold more stages, but ") + proof
         elif idle < sizes[0]:
             why = (f"fewer than one more stage of the plan's TP x CP x DP = {sizes[0]} GPUs; " + proof)
         else:
             why = proof
         out.append(IdleGpus(h, idle, why))
     return out
+
+
+def _unfilled_by_stages(plan: Plan, device_type: str, gpus: int, space: SearchSpace | None
+                        ) -> tuple[int, str] | None:
+    """flagscale: the GPUs of a type no stages of the plan's micro-batch can use (space.fillable), and why;
+    None when they fill every GPU (or on megatron, whose stages all take TP x CP x DP)."""
+    if space is None or not runtime_of(plan.runtime).per_stage_meshes:
+        return None
+    samples = plan.mbs * plan.dp0
+    sizes = flagscale_stage_gpus(space, plan.tp, plan.cp, plan.ep, plan.etp or plan.tp, samples, gpus)
+    most = fillable(sizes, gpus) if sizes else 0
+    if most >= gpus:
+        return None
+    per_gpu = sorted({samples // (s // (plan.tp * plan.cp)) for s in sizes})
+    return gpus - most, (
+        f"every stage splits the plan's {samples} samples per micro-batch (a divisor of GBS {plan.gbs}) evenly over "
+        f"its DP, {_or(per_gpu)} per GPU, so {device_type} stages take {_or(sizes)} GPUs (TP x CP x DP), which fill "
+        f"at most {most} of its {gpus}")
+
+
+def _or(values: Sequence[int]) -> str:
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def check_predictions(outcome: SolveOutcome, profiles: ProfileSet | None = None) -> None:

@@ -4,9 +4,13 @@
 evidence is extrapolated, planner/cost/ranges.py), or when its range overlaps the user's plan's or that of
 another plan the search found: then the predicted gain is not one the model can tell from its error.  The
 trials are the pick, the user's plan (when Megatron would start it, even if the model predicts it does not fit
-in memory: the run tells), and up to TRIAL_CANDIDATES other plans the search kept
-(`SearchResult.runners_up`, one per configuration), the best ones whose range overlaps the pick's, each of
-another shape (TP, CP, EP, PP, VPP, micro-batch).  FlagScale's auto-tuner and NeMo's auto-configurator run
+in memory: the run tells), and up to TRIAL_CANDIDATES other plans, each of another shape (TP, CP, EP, PP, VPP,
+micro-batch): from the plans the search kept (`SearchResult.runners_up`, one per configuration) and the pick at
+other EP sizes and micro-batches (`_probes`), one at a time the one that most narrows the mechanisms the fit
+could not tell apart from the trials chosen so far (the sum over mechanisms of log(posterior sd / prior sd),
+planner/calibration/trials.py `posterior_sd`; the search's order breaks ties).  Trials whose mechanisms'
+shares vary alike (the pick at EP 8 and at EP 4: expert dispatch and the expert GEMMs each about 13%) cannot
+tell which one is off; the pick at EP 1 (no dispatch) can.  FlagScale's auto-tuner and NeMo's auto-configurator run
 grids of trials; this runs only the few the model cannot separate.
 
 `solve --out DIR` writes each as DIR/trials/<name>/: the launcher files (planner/launcher/, the same flags as
@@ -19,9 +23,12 @@ and re-picks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from planner.calibration.trials import plans_prior_sd, posterior_sd
 from planner.checker import plan_problems
+from planner.cost.mechanisms import MECHANISM_OF_PART
 from planner.cost.model import PlanCost
 from planner.cost.ranges import TimeRange
 from planner.launcher import LaunchOverrides
@@ -95,17 +102,54 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
                                          "(a run that ran says more than the memory model)")
         trials.append(Trial("yours", "yours", mine.plan, mine.cost, mine.time_range, f"your plan ({user.source}){fit}"))
     fixed, shapes = len(trials), {_shape(t.plan) for t in trials}
-    overlapping = [o for o in others if o[2].overlaps(pick_range)]
-    for plan, cost, _ in overlapping + [o for o in others if o not in overlapping]:
-        if len(trials) == fixed + TRIAL_CANDIDATES:
-            break
-        if _shape(plan) in shapes:
-            continue
-        shapes.add(_shape(plan))
-        rng = ranges.time_range(plan, cost)
-        why = "its range overlaps the pick's" if rng.overlaps(pick_range) else "another shape the search found"
-        trials.append(Trial(f"candidate-{len(trials) - fixed + 1}", "candidate", plan, cost, rng, why))
+    pool = [(p, c, "its range overlaps the pick's" if r.overlaps(pick_range) else "another shape the search found")
+            for p, c, r in others if _shape(p) not in shapes]
+    pool += [o for o in _probes(outcome) if _shape(o[0]) not in shapes | {_shape(p) for p, _, _ in pool}]
+    shares = {_shape(p): _mechanism_shares(c) for p, c in [(t.plan, t.cost) for t in trials] + [o[:2] for o in pool]}
+    sd = plans_prior_sd((ranges, p) for p in [t.plan for t in trials] + [p for p, _, _ in pool])
+    while pool and len(trials) < fixed + TRIAL_CANDIDATES:
+        chosen = [shares[_shape(t.plan)] for t in trials]
+
+        def narrowing(p: Plan) -> float:
+            post = posterior_sd(chosen + [shares[_shape(p)]], sd)
+            return sum(math.log(post[n] / sd[n]) for n in post)
+
+        plan, cost, why = min(pool, key=lambda o: narrowing(o[0]))  # the first of equals: the search's order
+        pool = [o for o in pool if o[0] is not plan]
+        trials.append(Trial(f"candidate-{len(trials) - fixed + 1}", "candidate", plan, cost,
+                            ranges.time_range(plan, cost), why))
     return trials, "; ".join(reasons)
+
+
+def _mechanism_shares(cost: PlanCost) -> dict[str, float]:
+    """The share of the plan's time each mechanism carries, from its priced breakdown (first order: one
+    evaluation, where `RangeModel.shares` prices one per conditions)."""
+    out: dict[str, float] = {}
+    for part, s in cost.time_shares().items():
+        if part in MECHANISM_OF_PART:
+            out[MECHANISM_OF_PART[part]] = out.get(MECHANISM_OF_PART[part], 0.0) + s
+    return out
+
+
+def _probes(outcome) -> list[tuple[Plan, PlanCost, str]]:
+    """The pick at each other expert-parallel size and at half and twice its micro-batch, where the checker
+    accepts it: plans the search need not have kept, which move expert dispatch, the expert GEMMs' shape and the
+    host's share apart from the rest, so that the trials can tell those mechanisms apart."""
+    pick, cost_model = outcome.plans[0], outcome.range_model.nominal
+    experts = cost_model.model.num_experts or 1
+    variants = [("EP", {"ep": e}) for e in range(1, experts + 1) if experts % e == 0 and e != pick.ep]
+    variants += [("micro-batch", {"mbs": m}) for m in (pick.mbs // 2, 2 * pick.mbs) if m >= 1 and m != pick.mbs]
+    out = []
+    for what, change in variants:
+        try:
+            plan = Plan.from_json({**pick.model_dump(), **change})
+        except ValueError:
+            continue
+        problems, cost = plan_problems(cost_model, plan)
+        if not problems:
+            out.append((plan, cost, f"the pick at {what} {next(iter(change.values()))}: measures what the "
+                                    f"pick's mechanisms cost in another proportion"))
+    return out
 
 
 def _candidates(outcome) -> list[tuple[Plan, PlanCost, TimeRange]]:

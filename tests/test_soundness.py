@@ -35,6 +35,24 @@ def test_cpsat_is_sound_on_memory_bound_instances(seed):
     assert v.configs_checked > 0 and v.brute_s is not None  # the seed exercises something
 
 
+@pytest.mark.parametrize("preset", ["mixtral-s", "qwen3-30b-a3b"])
+def test_flagscale_class_room_holds_what_each_stage_mode_holds(preset):
+    """A FlagScale class whose stages choose none or full-uniform recompute: its room per layer must be the
+    least of the modes'.  It was the mode that held the most layers by a count capped at the model's layers
+    (a tie: the first, no recompute, with 27x the activations per layer), so the one-stage pipeline that holds
+    all 4 layers with recompute on the MI300Xs (as brute force finds) was called infeasible."""
+    from planner.schemas.plan import Recompute
+    from planner.search.space import SearchSpace
+    from tools.soundness import Instance
+
+    space = SearchSpace(runtime="flagscale", tp=(1,), cp=(1,), mbs=(1, 2), selective=(),
+                        stage_recompute=(Recompute.none(), Recompute.full("uniform", 1)))
+    inst = at_memory_edge(Instance(0, preset, 4, "H800:3,MI300X:3", 8, space))
+    v = check(inst)
+    assert v.configs_checked > 0 and not v.block_above, inst.label() + "\n" + "\n".join(v.block_above)
+    assert v.sound, (inst.label(), v.brute_s, v.cpsat_status, v.cpsat_s, v.cpsat_bound_s)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [s for s in range(30) if s not in DEFAULT_SEEDS])
 def test_cpsat_is_sound_sweep(seed):

@@ -130,6 +130,31 @@ def test_calibrate_on_trial_logs_finds_the_slow_mechanism(solved, tmp_path):
     assert min(priced, key=priced.get) == min(measured, key=measured.get)
 
 
+def test_a_mechanism_multiplier_scales_its_seconds_once(solved):
+    """The truth's dispatch is twice the shipped model's, not four times: the alltoall dispatcher's seconds carry
+    its dispatcher correction and the link's all-to-all factor, and only the first is expert dispatch's (the
+    second is a collective's, as for CP's all-to-all)."""
+    _, out = solved
+    found = _trial_inputs(out, "pick")
+    ep_s = [CostModel(found.run.model, found.run.training, found.cluster, p).evaluate(found.plan).time_breakdown()
+            ["ep_comm"] for p in (ProfileSet.load(), _truth())]
+    assert ep_s[1] / ep_s[0] == pytest.approx(DISPATCH_SLOWER, rel=1e-6)
+
+
+def test_trials_tell_apart_what_their_shares_do():
+    """Two trials whose mechanisms' shares vary alike leave those mechanisms as uncertain as they were; a trial
+    without the one mechanism pins both down."""
+    from planner.calibration.trials import FITTED, posterior_sd
+
+    sd = {m.name: 0.2 for m in FITTED}
+    alike = [{"expert_gemm": 0.5, "expert_dispatch": 0.5}, {"expert_gemm": 0.25, "expert_dispatch": 0.25}]
+    apart = alike + [{"expert_gemm": 0.5}]
+    post_alike, post_apart = posterior_sd(alike, sd), posterior_sd(apart, sd)
+    assert min(post_alike["expert_dispatch"], post_alike["expert_gemm"]) > 0.6 * 0.2
+    assert max(post_apart["expert_dispatch"], post_apart["expert_gemm"]) < 0.3 * 0.2
+    assert post_apart["attention"] == pytest.approx(sd["attention"])
+
+
 @pytest.mark.slow
 def test_the_loop_re_picks_when_the_perturbation_should_change_the_pick(solved, tmp_path):
     """Independently: solve with the truth itself picks another plan than the shipped model's pick.  The loop

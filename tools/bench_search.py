@@ -19,6 +19,14 @@ GPU, the whole-space lower bound and gap, the status, and the target it is held 
 `--gap-table` prints instead the gap table CI shows: reduced presets, both runtimes, every backend
 with brute force, one line per backend (objective, bound, status, time).
 
+`--weak` prints instead the issue's weak scaling (issue 32 item 5: scale without loss): Mixtral-L at 16 samples per
+GPU on H800 + MI300X + 910B (WEAK_ISSUE: 768, 1024 and 4096 GPUs), the default solve (`--runtime auto`: one FlagScale
+job of the H800 and MI300X, the 910B idle, as `solve` says) with --time-limit (60 s), R runs each: per size the
+wall seconds from reading the inputs, the status, the plan (PP, the stages' DP), the GPUs it uses, the nominal
+iteration time, the searched (pessimistic) objective and the whole-space bound on it, and their ratios to the 768-GPU
+run's; 1024 is held to "objective within 5% of 768's, or certified, or a bound above 1.05 x 768's objective"
+and 4096 to "a whole-space bound, wall <= 1.1 x the limit".  The idle GPUs' reasons follow the table.
+
 `--anytime` prints instead the anytime curves (issue 32: good plans early): per case of ANYTIME_CASES, the
 optimum (a --backend cpsat run with a long limit until it certifies), then R runs of the default solve at
 each limit of ANYTIME_LIMITS_S, each run's best plan and proven bound against seconds since the inputs were
@@ -42,7 +50,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.api import compare_rows, load_inputs, make_space, reduce_layers, solve
+from planner.api import compare_rows, load_inputs, make_space, reduce_layers, runtime_choice, solve
 from planner.errors import SearchTimeLimitError
 from planner.inputs.cluster import parse_cluster
 from planner.profile_tables import ProfileSet
@@ -73,6 +81,8 @@ class Scenario:
 
 WEAK = {"768": "H800:256,A100:256,H20:256", "1024": "H800:344,A100:344,H20:336",
         "4096": "H800:1368,A100:1368,H20:1360"}  # the issue's type counts, on types one upstream job holds
+WEAK_ISSUE = {"768": "H800:256,MI300X:256,910B:256", "1024": "H800:344,MI300X:344,910B:336",
+              "4096": "H800:1376,MI300X:1376,910B:1344"}  # the issue's clusters: FlagScale runs the H800 + MI300X
 SCENARIOS = [
     # the --no-prune rows run until they certify (a 600 s limit): the target is a ratio of times to certify
     Scenario("48 GPUs gbs768 hsdp --no-prune", "mixtral-l", MIXTRAL_48, "hsdp", pruning="no-prune", limit_s=600,
@@ -321,18 +331,74 @@ def _condensed(curve: list[list], every_s: float) -> list[list]:
     return out
 
 
+def weak_run(cluster: str, limit_s: float) -> dict:
+    """One default solve of Mixtral-L at 16 samples per GPU on `cluster`, as `solve` runs it (--runtime auto), timed
+    from reading the inputs."""
+    start = time.perf_counter()
+    profiles = ProfileSet.load()
+    cl = parse_cluster(cluster, profiles)
+    run, cl, _ = load_inputs(model="mixtral-l", cluster=cl, profiles=profiles, overrides={"gbs": 16 * cl.world_size})
+    choice = runtime_choice("auto", cl, profiles, run)
+    settings = SearchSettings(time_limit_s=limit_s, deadline=start + limit_s)
+    out = solve(run, cl, profiles, settings=settings, space=make_space(run, choice.runtime.name), choice=choice)
+    r, plan = out.result, out.plans[0]
+    return {"wall_s": time.perf_counter() - start, "runtime": choice.runtime.name, "status": r.status,
+            "iteration_time_s": out.costs[0].iteration_time_s, "objective_s": out.objective_s,
+            "bound_s": r.lower_bound_s, "certified": r.certified_optimal, "pp": len(plan.stages),
+            "dp": [s.dp for s in plan.stages], "samples_per_microbatch": plan.mbs * plan.dp0,
+            "gpus_used": plan.world_size, "gpus": cl.world_size,
+            "idle": {i.device_type: {"count": i.count, "why": i.why} for i in out.idle}}
+
+
+def weak(repeats: int, limit_s: float) -> dict:
+    """The issue's weak-scaling rows (module docstring): per size the median run by objective."""
+    print(f"{'GPUs':>5s} {'used':>5s} {'wall s':>7s} {'status':8s} {'PP':>3s} {'B':>4s} {'iter s':>8s} {'obj s':>8s} "
+          f"{'bound s':>8s} {'obj/768':>7s} {'iter/768':>8s}  verdict", flush=True)
+    rows: dict[str, dict] = {}
+    for size, cluster in WEAK_ISSUE.items():
+        runs = sorted((weak_run(cluster, limit_s) for _ in range(repeats)), key=lambda r: r["objective_s"])
+        r = rows[size] = {**runs[len(runs) // 2], "load_avg": os.getloadavg()[0],
+                          "median_wall_s": statistics.median(x["wall_s"] for x in runs),
+                          "objectives_s": [x["objective_s"] for x in runs]}
+        ref = rows["768"]
+        r["objective_vs_768"] = r["objective_s"] / ref["objective_s"]
+        r["iteration_vs_768"] = r["iteration_time_s"] / ref["iteration_time_s"]
+        timely = r["median_wall_s"] <= 1.1 * limit_s and r["bound_s"] is not None
+        verdict = "ok" if timely else "OVER"
+        if size == "1024":
+            bound_says = r["bound_s"] is not None and r["bound_s"] > 1.05 * ref["objective_s"]
+            why = "within 5%" if r["objective_vs_768"] <= 1.05 else "certified" if r["certified"] else \
+                "the bound shows no plan is within 5%" if bound_says else "5% short"
+            verdict = f"{'ok' if timely and why != '5% short' else 'SHORT'} ({why})"
+        bound = f"{r['bound_s']:8.3f}" if r["bound_s"] is not None else f"{'-':>8s}"
+        print(f"{size:>5s} {r['gpus_used']:5d} {r['median_wall_s']:7.2f} {r['status']:8s} {r['pp']:3d} "
+              f"{r['samples_per_microbatch']:4d} {r['iteration_time_s']:8.3f} {r['objective_s']:8.3f} {bound} "
+              f"{r['objective_vs_768']:7.3f} {r['iteration_vs_768']:8.3f}  {verdict}", flush=True)
+    for size, r in rows.items():
+        for h, idle in r["idle"].items():
+            print(f"{size} GPUs: {idle['count']} {h} idle: {idle['why']}")
+    print(f"wall s: from reading the inputs (the time limit, {limit_s:g} s, counts from there too); B: samples per")
+    print("micro-batch; iter s: the plan's nominal iteration time; obj s: the searched objective (the pessimistic")
+    print("time); bound s: the whole-space lower bound on it.  Load average at the end of each size: "
+          + ", ".join(f"{k} {v['load_avg']:.1f}" for k, v in rows.items()))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="only the 48-GPU megatron rows (--anytime: the first case)")
     ap.add_argument("--gap-table", action="store_true", help="the CI gap table instead of the timings")
     ap.add_argument("--anytime", action="store_true", help="the anytime curves instead of the timings")
+    ap.add_argument("--weak", action="store_true", help="the issue's weak scaling on H800 + MI300X + 910B instead")
     ap.add_argument("--only", metavar="TEXT", help="--anytime: only the cases whose model and cluster contain TEXT")
-    ap.add_argument("--time-limit", type=float, default=60.0, help="per case, for --gap-table")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="per case, for --gap-table and --weak")
     ap.add_argument("--json", metavar="PATH", help="also write what was printed as JSON")
     args = ap.parse_args(argv)
     if args.gap_table:
         data = {"gap_table": gap_table(args.time_limit)}
+    elif args.weak:
+        data = {"weak": weak(args.repeats, args.time_limit)}
     elif args.anytime:
         data = {"anytime": anytime(args.repeats, args.quick, args.only)}
     else:

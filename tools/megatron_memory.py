@@ -17,8 +17,9 @@ import io
 import json
 import os
 import sys
-import traceback
 import warnings
+
+from megatron_validate import run_cases  # this directory is on sys.path when run as a script
 
 
 def main() -> None:
@@ -35,28 +36,19 @@ def main() -> None:
 
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
     arguments.get_device_arch_version = lambda: 9
-    results = []
-    for case in cases:
+    def measure(case: dict, out: dict) -> None:
         os.environ.update({"WORLD_SIZE": str(int(case["world_size"])), "RANK": "0", "LOCAL_RANK": "0",
                            "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
         sys.argv = ["pretrain_gpt.py", *case["argv"], "--no-rope-fusion", "--transformer-impl", "local"]
-        out = {"name": case.get("name", ""), "ok": True, "error": None}
-        sink = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                args = arguments.parse_args()
-                arguments.validate_args(args)
-                # what building the tokenizer sets at start-up (NullTokenizer / --vocab-size runs)
-                args.padded_vocab_size = calculate_padded_vocab_size(
-                    args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, False)
-                out["weight_and_optimizer_bytes"] = compute_weight_and_optimizer_memory(args)
-                out["activation_bytes"] = compute_activation_memory(args, case.get("num_microbatches"))
-        except SystemExit as exc:
-            out.update(ok=False, error=f"argparse exited with {exc.code}: {sink.getvalue()[-300:]}")
-        except BaseException as exc:  # noqa: BLE001 - report whatever Megatron raised
-            last = traceback.extract_tb(exc.__traceback__)[-1]
-            out.update(ok=False, error=f"{type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})")
-        results.append(out)
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        # what building the tokenizer sets at start-up (NullTokenizer / --vocab-size runs)
+        args.padded_vocab_size = calculate_padded_vocab_size(
+            args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size, False)
+        out["weight_and_optimizer_bytes"] = compute_weight_and_optimizer_memory(args)
+        out["activation_bytes"] = compute_activation_memory(args, case.get("num_microbatches"))
+
+    results = run_cases(cases, measure)
     json.dump(results, sys.stdout)
 
 

@@ -26,8 +26,9 @@ import io
 import json
 import os
 import sys
-import traceback
 import warnings
+
+from megatron_validate import run_cases  # this directory is on sys.path when run as a script
 
 
 def main() -> None:
@@ -63,44 +64,33 @@ def main() -> None:
     os.environ.update({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
     torch.distributed.init_process_group(backend="fake", rank=0, world_size=1, store=FakeStore())
     parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
-    results = []
-    for case in cases:
+    def count(case: dict, out: dict) -> None:
         sys.argv = ["pretrain_gpt.py", *case["argv"], "--no-rope-fusion", "--transformer-impl", "local",
                     "--use-cpu-initialization"]
-        out = {"name": case.get("name", ""), "ok": True, "error": None}
-        sink = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                args = arguments.parse_args()
-                arguments.validate_args(args)
-                config = core_transformer_config_from_args(args)
-                config.perform_initialization = False
-                config.persist_layer_norm = False  # a Transformer Engine option; the local norm refuses it
-                config.gradient_accumulation_fusion = False
-                vocab = calculate_padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, 1, False)
-                with torch.device("meta"):
-                    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
-                                                      normalization=args.normalization)
-                    mtp = (get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
-                           if args.mtp_num_layers else None)
-                    model = GPTModel(
-                        config, spec, vocab_size=vocab, max_sequence_length=args.max_position_embeddings,
-                        pre_process=True, post_process=True,
-                        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                        position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
-                        rotary_base=args.rotary_base, mtp_block_spec=mtp)
-            by_module: dict[str, int] = {}
-            for name, p in model.named_parameters():
-                key = ".".join(part for part in name.split(".") if not part.isdigit())
-                by_module[key] = by_module.get(key, 0) + p.numel()
-            out["parameters"] = sum(by_module.values())
-            out["by_module"] = by_module
-        except SystemExit as exc:
-            out.update(ok=False, error=f"argparse exited with {exc.code}: {sink.getvalue()[-300:]}")
-        except BaseException as exc:  # noqa: BLE001 - report whatever Megatron raised
-            last = traceback.extract_tb(exc.__traceback__)[-1]
-            out.update(ok=False, error=f"{type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})")
-        results.append(out)
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        config = core_transformer_config_from_args(args)
+        config.perform_initialization = False
+        config.persist_layer_norm = False  # a Transformer Engine option; the local norm refuses it
+        config.gradient_accumulation_fusion = False
+        vocab = calculate_padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, 1, False)
+        with torch.device("meta"):
+            spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization)
+            mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if args.mtp_num_layers else None
+            model = GPTModel(
+                config, spec, vocab_size=vocab, max_sequence_length=args.max_position_embeddings,
+                pre_process=True, post_process=True,
+                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                rotary_base=args.rotary_base, mtp_block_spec=mtp)
+        by_module: dict[str, int] = {}
+        for name, p in model.named_parameters():
+            key = ".".join(part for part in name.split(".") if not part.isdigit())
+            by_module[key] = by_module.get(key, 0) + p.numel()
+        out["parameters"] = sum(by_module.values())
+        out["by_module"] = by_module
+
+    results = run_cases(cases, count)
     json.dump(results, sys.stdout)
 
 

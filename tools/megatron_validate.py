@@ -23,6 +23,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+from typing import Callable
 
 DEFAULT_ENV = Path.home() / ".cache" / "hapmoe" / "megatron-venv"
 
@@ -36,6 +37,28 @@ def megatron_python() -> str | None:
     if (DEFAULT_ENV / ".hapmoe-ready").exists() and (DEFAULT_ENV / "bin" / "python").exists():
         return str(DEFAULT_ENV / "bin" / "python")
     return None
+
+
+def run_cases(cases: list[dict], run: Callable[[dict, dict], None]) -> list[dict]:
+    """Each case through `run(case, out)` with Megatron's prints captured.  `out` starts as {"name", "ok": True,
+    "error": None} and `run` adds what it measures; argparse's exit (an unknown flag, a bad value) and anything
+    Megatron raises make it ok=False with Megatron's reason.  Shared by the tools that run Megatron's code
+    (megatron_params.py, megatron_memory.py import it from this directory)."""
+    results = []
+    for case in cases:
+        out = {"name": case.get("name", ""), "ok": True, "error": None}
+        sink = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                run(case, out)
+        except SystemExit as exc:  # argparse: unknown flag, bad value
+            lines = [ln for ln in sink.getvalue().splitlines() if "error" in ln.lower()]
+            out.update(ok=False, error=(lines[-1] if lines else f"argparse exited with {exc.code}").strip())
+        except BaseException as exc:  # noqa: BLE001 - report whatever Megatron raised
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            out.update(ok=False, error=f"{type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})")
+        results.append(out)
+    return results
 
 
 def main() -> None:
@@ -71,46 +94,36 @@ def main() -> None:
     for name in dir(moe_utils):
         if name.startswith("fused_") and getattr(moe_utils, name) is None:
             setattr(moe_utils, name, lambda *a, **k: None)
-    results = []
-    for case in cases:
+    def check(case: dict, out: dict) -> None:
         world = int(case["world_size"])
         os.environ.update({"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0"})
         os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
         os.environ.update(case.get("env", {}))  # what the launcher exports
         sys.argv = ["pretrain_gpt.py", *case["argv"], "--no-rope-fusion", "--transformer-impl", "local"]
-        error = None
-        sink = io.StringIO()
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        core_transformer_config_from_args(args)
+        destroy_num_microbatches_calculator()
+        init_num_microbatches_calculator(
+            0, None, args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False
+        )
+        destroy_num_microbatches_calculator()
+        torch.distributed.init_process_group(backend="fake", rank=0, world_size=world, store=FakeStore())
         try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                args = arguments.parse_args()
-                arguments.validate_args(args)
-                core_transformer_config_from_args(args)
-                destroy_num_microbatches_calculator()
-                init_num_microbatches_calculator(
-                    0, None, args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False
-                )
-                destroy_num_microbatches_calculator()
-                torch.distributed.init_process_group(backend="fake", rank=0, world_size=world, store=FakeStore())
-                try:
-                    parallel_state.initialize_model_parallel(
-                        tensor_model_parallel_size=args.tensor_model_parallel_size,
-                        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-                        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-                        context_parallel_size=args.context_parallel_size,
-                        expert_model_parallel_size=args.expert_model_parallel_size,
-                        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-                        create_gloo_process_groups=False,
-                    )
-                finally:
-                    parallel_state.destroy_model_parallel()
-                    torch.distributed.destroy_process_group()
-        except SystemExit as exc:  # argparse: unknown flag, bad value
-            lines = [ln for ln in sink.getvalue().splitlines() if "error" in ln.lower()]
-            error = (lines[-1] if lines else f"argparse exited with {exc.code}").strip()
-        except BaseException as exc:  # noqa: BLE001 - report whatever Megatron raised
-            last = traceback.extract_tb(exc.__traceback__)[-1]
-            error = f"{type(exc).__name__}: {exc} ({os.path.basename(last.filename)}:{last.lineno})"
-        results.append({"name": case.get("name", ""), "ok": error is None, "error": error})
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=args.tensor_model_parallel_size,
+                pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+                context_parallel_size=args.context_parallel_size,
+                expert_model_parallel_size=args.expert_model_parallel_size,
+                expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+                create_gloo_process_groups=False,
+            )
+        finally:
+            parallel_state.destroy_model_parallel()
+            torch.distributed.destroy_process_group()
+
+    results = run_cases(cases, check)
     json.dump(results, sys.stdout)
 
 

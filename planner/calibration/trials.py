@@ -10,13 +10,21 @@ TRIAL_SKIP warm-up iterations (planner/calibration/calibrate.py `measurement_fro
 Fitting.  Each mechanism k that correction kinds scale (planner/cost/mechanisms.py) gets one multiplier exp(t_k)
 on its kinds' factors, for every device of the trials.  The t_k are the maximum a posteriori estimate under
     log T_j(t) - log M_j ~ N(0, OBSERVATION_SD^2)     (T_j: the cost model's time of trial j, M_j: measured)
-    t_k ~ N(0, s_k^2),  s_k = -log(1 - u_k)            (u_k: the mechanism's uncertainty on these plans)
+    t_k ~ Laplace(0, s_k / sqrt 2),  s_k = -log(1 - u_k)   (u_k: the mechanism's uncertainty on these plans)
 where u_k is the largest the range model gives the mechanism in any trial's conditions
 (`RangeModel.spread`: the held-out figure, times the extrapolation factor where no calibration run measured
 them).  So the measured discrepancy goes to the mechanisms the shipped calibration knows least and the trials
-tell apart (a mechanism every trial leans on alike is not separated from the others, and stays near 1).
+tell apart (a mechanism every trial leans on alike is not separated from the others, and stays near 1).  The
+prior is a Laplace one (standard deviation s_k): a few trials against eight mechanisms leave the fit
+underdetermined, and a Gaussian prior then spreads a discrepancy over every mechanism whose shares vary alike
+across the trials, with opposite signs where they cancel (on the test's trials, one mechanism twice as slow came
+out as x1.41 on it, x1.73 and x0.85 on two others); a mechanism's error is more often one kernel or link off
+than all of them a little, which the Laplace prior prefers (the fewest mechanisms that explain the logs).
 Gauss-Newton on log T with a finite-difference Jacobian of the one evaluator (each step prices every trial
-with each multiplier moved by FD_STEP), until no multiplier moves by more than 0.1%.
+with each multiplier moved by FD_STEP), the prior's |t_k| made locally quadratic (sqrt(t_k^2 + eps_k^2), eps_k
+from s_k down to EPS_FLOOR), each step halved until the objective falls (the evaluator has kinks: the host
+floor), until no multiplier moves by more than 0.1%.  `planner/trials.py` chooses the trials so that the fit
+can tell the mechanisms apart (`posterior_sd`).
 
 Writing (`trial_calibration`): corrections.yaml (each kind of each fitted mechanism, each trial device: the
 current factor times the multiplier), evidence.yaml (the conditions the trials measured: planner/uncertainty.py
@@ -51,7 +59,10 @@ OBSERVATION_SD = 0.02
 2%; the calibration report calls plans measured within 3% a tie)."""
 MIN_PRIOR_SD = 0.02
 FD_STEP = 0.05
-MAX_STEPS = 8
+MAX_STEPS = 20
+MAX_HALVINGS = 6
+EPS_SHRINK = 0.3
+EPS_FLOOR = 1e-3
 FITTED = tuple(m for m in MECHANISMS if any(k in TIME_CORRECTION_KINDS for k in m.kinds))
 """The mechanisms correction kinds scale (the recomputed forward runs the others' kernels: it has none)."""
 
@@ -135,13 +146,30 @@ def _log_times(trials: list[TrialRun], profiles: ProfileSet) -> np.ndarray:
 
 def prior_sd(trials: list[TrialRun], profiles: ProfileSet) -> dict[str, float]:
     """Per fitted mechanism, s_k (see the module docstring)."""
+    return plans_prior_sd((RangeModel(tr.run.model, tr.run.training, tr.cluster, profiles), tr.plan) for tr in trials)
+
+
+def plans_prior_sd(priced) -> dict[str, float]:
+    """s_k over (RangeModel, Plan) pairs: the largest -log(1 - u) the range model gives the mechanism in any
+    plan's conditions."""
     out = {m.name: MIN_PRIOR_SD for m in FITTED}
-    for tr in trials:
-        rm = RangeModel(tr.run.model, tr.run.training, tr.cluster, profiles)
-        for c in rm.plan_conditions(tr.plan):
+    for rm, plan in priced:
+        for c in rm.plan_conditions(plan):
             if c.mechanism in out:
                 out[c.mechanism] = max(out[c.mechanism], -math.log(1.0 - rm.spread(c)))
     return out
+
+
+def posterior_sd(shares: list[dict[str, float]], sd: dict[str, float]) -> dict[str, float]:
+    """Per fitted mechanism, the sd of t_k the fit would have after trials whose log-time sensitivities are
+    `shares` (d log T_j / d t_k: to first order, the mechanisms' shares of each trial's time), with prior sds
+    `sd`: the module docstring's model linearised, its prior taken as the Gaussian of the same variance.
+    Mechanisms every trial leans on alike keep their prior sd; trials that vary them apart narrow it."""
+    names = [m.name for m in FITTED]
+    jac = np.array([[s.get(n, 0.0) for n in names] for s in shares]).reshape(len(shares), len(names))
+    precision = jac.T @ jac / OBSERVATION_SD ** 2 + np.diag([1.0 / sd[n] ** 2 for n in names])
+    cov = np.linalg.inv(precision)
+    return {n: float(math.sqrt(cov[k, k])) for k, n in enumerate(names)}
 
 
 @dataclass(frozen=True)
@@ -158,22 +186,39 @@ def fit_trials(trials: list[TrialRun], profiles: ProfileSet) -> TrialFit:
     devices = _devices(trials, profiles)
     sd = prior_sd(trials, profiles)
     names = [m.name for m in FITTED]
-    inv_prior = np.diag([1.0 / sd[n] ** 2 for n in names])
+    scale = np.array([sd[n] for n in names])
     measured = np.log([tr.measured_s for tr in trials])
-    t = np.zeros(len(names))
     before = _log_times(trials, profiles)
+
+    def log_times(t: np.ndarray) -> np.ndarray:
+        return _log_times(trials, scaled(profiles, dict(zip(names, t)), devices, "fit"))
+
+    def objective(t: np.ndarray, logs: np.ndarray, eps: np.ndarray) -> float:
+        return float(np.sum(((measured - logs) / OBSERVATION_SD) ** 2)
+                     + 2 * math.sqrt(2) * np.sum(np.sqrt(t ** 2 + eps ** 2) / scale))
+
+    t, base, eps = np.zeros(len(names)), before, scale.copy()
     for _ in range(MAX_STEPS):
-        base = _log_times(trials, scaled(profiles, dict(zip(names, t)), devices, "fit"))
-        jac = np.column_stack([
-            (_log_times(trials, scaled(profiles, dict(zip(names, t + FD_STEP * np.eye(len(names))[k])), devices,
-                                       "fit")) - base) / FD_STEP for k in range(len(names))])
-        a = jac.T @ jac / OBSERVATION_SD ** 2 + inv_prior
-        b = jac.T @ (measured - base) / OBSERVATION_SD ** 2 - inv_prior @ t
+        jac = np.column_stack([(log_times(t + FD_STEP * np.eye(len(names))[k]) - base) / FD_STEP
+                               for k in range(len(names))])
+        weight = np.diag(math.sqrt(2) / (scale * np.sqrt(t ** 2 + eps ** 2)))  # the Laplace prior, locally quadratic
+        a = jac.T @ jac / OBSERVATION_SD ** 2 + weight
+        b = jac.T @ (measured - base) / OBSERVATION_SD ** 2 - weight @ t
         step = np.linalg.solve(a, b)
-        t += step
-        if np.max(np.abs(step)) < 1e-3:
+        for _ in range(MAX_HALVINGS):  # kinks (the host floor): take the step only as far as it helps
+            logs = log_times(t + step)
+            if objective(t + step, logs, eps) < objective(t, base, eps):
+                break
+            step = step / 2
+        else:
+            step = np.zeros(len(names))
+            logs = base
+        t, base = t + step, logs
+        done = np.max(np.abs(step)) < 1e-3 and np.all(eps <= EPS_FLOOR)
+        eps = np.maximum(EPS_FLOOR, eps * EPS_SHRINK)
+        if done:
             break
-    after = _log_times(trials, scaled(profiles, dict(zip(names, t)), devices, "fit"))
+    after = base
     return TrialFit(multipliers={n: float(math.exp(v)) for n, v in zip(names, t)}, prior_sd=sd,
                     before_s=[float(math.exp(v)) for v in before], after_s=[float(math.exp(v)) for v in after],
                     devices=devices)

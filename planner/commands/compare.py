@@ -14,7 +14,9 @@ from planner.api import OBJECTIVES, compare_backends, compare_rows, contradictio
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer,
+    time_limit_option,
 )
+from planner.output.report import SCHEMA_VERSION
 from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.time_budget import Budget, reading_within
 
@@ -39,8 +41,7 @@ def gap_lines(rows: list[dict]) -> list[str]:
 @apply_options(MODEL_OPTIONS + CLUSTER_OPTIONS + TRAINING_OVERRIDES)
 @click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
               help="as solve's --runtime (profiles/runtimes.yaml)")
-@click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
-              help="seconds for the whole comparison, shared between the backends")
+@time_limit_option("seconds for the whole comparison, shared between the backends")
 @click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True)
 @click.option("--no-prune", is_flag=True, help="compare the exact searches (pruning off)")
 @click.option("--contiguous-types", is_flag=True, help="megatron: each device type's stages in one block")
@@ -74,7 +75,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     runtime = rows[0].get("runtime", runtime) if rows else runtime
     false = contradictions(rows)
     if as_json:
-        echo_json({"model": run.model.name, "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
+        echo_json({"schema_version": SCHEMA_VERSION, "model": run.model.name,
+                   "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
                    "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows,
                    "contradictions": false})
     else:

@@ -44,6 +44,15 @@ ASSUMPTION_OPTIONS = [
                       "--profiles, else the shipped calibration of the published runs; the output lists the "
                       "value used and where it came from)"),
 ]
+TIME_LIMIT_ENV = "HAPMOE_TIME_LIMIT"  # when set, the default of solve's and compare's --time-limit
+
+
+def time_limit_option(help_text: str):
+    """--time-limit S (default 60 s, or $HAPMOE_TIME_LIMIT when it is set; the option wins)."""
+    return click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
+                        envvar=TIME_LIMIT_ENV, show_envvar=True, help=help_text)
+
+
 MAX_MEMORY_HEADROOM = 0.9
 HEADROOM_OPTIONS = [
     click.option("--memory-headroom", "memory_headroom", type=FiniteFloat(min=0.0, max=MAX_MEMORY_HEADROOM),

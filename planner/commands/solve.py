@@ -14,7 +14,7 @@ from planner.inputs.hosts import read_hosts
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
-    TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer,
+    TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer, time_limit_option,
 )
 from planner.errors import PlannerInputError
 from planner.output.plan_dir import write_plan_dir, write_solve_plots
@@ -38,8 +38,7 @@ SEARCH_OPTIONS = [
                       "(NVIDIA+AMD through FlagCX), else the part of the cluster one job can span, the rest idle "
                       "(profiles/runtimes.yaml); megatron: one DP/recompute for all stages; flagscale: per-stage DP "
                       "and recompute"),
-    click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
-                 help="seconds for the whole command: reading the inputs, the search, drawing and writing"),
+    time_limit_option("seconds for the whole command: reading the inputs, the search, drawing and writing"),
     click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
                  help="load-balance tolerance of the paper's pruning; by default the prunings only order the work "
                       "(the whole space is searched and certified when the time limit allows), with --prune they "

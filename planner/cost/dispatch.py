@@ -31,12 +31,13 @@ gives exactly c (every expert computes its full capacity); `--moe-imbalance` (or
 `calibrate --router-stats`) gives its value.  Otherwise the router really routes, and the imbalance follows from
 its settings (`Routing.imbalance`): tokens per expert spread log-normally around the mean (per-rank token counts
 of DeepSeek-V3's routing fit a log-normal best: DeepEP PR #393), with a spread (standard deviation over mean) of
-EXPERT_LOAD_CV at the reference auxiliary-loss coefficient (a published load-balancing loss), scaled by the
-balancing pull of the run's coefficient (or expert bias), plus the sampling noise of the tokens per expert in one micro-batch
-(Poisson: 1/sqrt(tokens)); a capacity factor clips every expert at c x the mean (the excess is dropped); an EP
-rank holds E/EP experts, and the busiest of EP ranks lies the expected maximum of EP standard normals above the
-mean of their sums.  So the imbalance grows with EP size, falls with more experts per rank and longer sequences,
-and stops at the capacity factor.
+EXPERT_LOAD_CV at the reference auxiliary-loss coefficient (a published load-balancing loss), scaled
+by the balancing pull of the run's coefficient (or expert bias), plus the sampling noise of the tokens per expert in
+one micro-batch (Poisson: 1/sqrt(tokens)); a capacity factor clips every expert at c x the mean (the excess is
+dropped); an EP rank holds E/EP experts, and the busiest of EP ranks lies the expected maximum of EP standard normals
+above the mean of their sums.  So the imbalance grows with EP size, falls with more experts per rank and longer
+sequences, and stops at the capacity factor.  The busiest rank receives `imbalance` x the mean tokens (dispatch and
+combine) and computes them at the rate of a balanced rank's grouped GEMM (planner/cost/layer.py `_expert_gemm_s`).
 """
 
 from __future__ import annotations
@@ -61,8 +62,16 @@ coefficient `AUX_LOSS_REFERENCE`: 0.93, from a measured load-balancing loss.  Qw
 router_aux_loss_coef 1e-3) trained with real routing on 8 B200 logs a load-balancing loss of 1.87, where "enforced
 balancing usually sits around 1.0 to 1.2" (mlc-ai/pith-train issue #79; shared/reference/components-t4.md 3c).
 The loss is E x sum_i f_i P_i (f_i an expert's share of the routed tokens, P_i its mean router probability); with P
-tracking f it is E x sum_i f_i^2 = 1 + cv^2, so cv = sqrt(0.87).  (Read against the 1.0-1.2 of forced balance, the
-spread is 0.82-0.93: the larger is used.)  Not fitted to end-to-end runs."""
+tracking f it is E x sum_i f_i^2 = 1 + cv^2, so cv = sqrt(0.87).  Not fitted to end-to-end runs.
+
+Checked against the published step-time A/B of real routing (tests/test_cost_mechanisms.py): the Megatron MoE Model
+Zoo's Qwen3-235B on 256 H100 (TP4 EP8 PP8 VPP4, DeepEP, 16 experts per rank), dropless over forced balance, measured
+1.24 / 1.21 / 1.15 / 1.09x at 16k / 32k / 64k / 128k tokens per sequence, is priced 1.15 / 1.11 / 1.08 / 1.05x: the
+fall with the sequence (the experts' share of the step shrinks) is reproduced, about half the penalty is.  A spread
+of 1.7 prices that sweep within 3%, but then the real-routing calibration rows of other plans (Qwen3-235B TP2 EP8
+all-to-all at 4k, DeepSeek-V2-Lite on 910B, Mixtral) come out 7-18% slower than measured and the leave-one-source-out
+median error rises from 9.3% to 10.6%: the loss reading is kept, and P being smoother than f makes it a lower
+bound."""
 AUX_LOSS_REFERENCE = 1e-3
 AUX_LOSS_MAX_PULL = 3.0
 """Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none')."""
@@ -168,6 +177,13 @@ class Routing:
     assumed: str | None = None  # what was assumed, for the output
     source: str = ""  # where load_cv came from, for the output
 
+    @property
+    def fill(self) -> float:
+        """Tokens every expert's GEMM computes, over the balanced mean: the capacity factor when experts are padded
+        to capacity (each expert runs exactly c x the mean), else 1 (real routing spreads the busiest rank's tokens
+        unevenly over its experts: its grouped GEMM is priced as `imbalance` times a balanced one's)."""
+        return self.value if self.regime == "capacity-padded" else 1.0
+
     def imbalance(self, ep: int, tokens_per_rank: float | None = None) -> float:
         """The busiest of `ep` EP ranks' expert tokens over the balanced mean, each rank routing `tokens_per_rank`
         tokens per micro-batch (None: no sampling noise).  With one EP rank every expert lives on every GPU: only
@@ -247,7 +263,8 @@ class DispatchCost:
     comm_s: float  # dispatch + combine
     etp_s: float  # ETP all-gather + reduce-scatter
     copies_per_token: float  # token copies this GPU's experts compute, per local token
-    tokens_per_expert: float
+    tokens_per_expert: float  # rows of one expert's GEMM: the balanced mean, times the fill (padding to capacity)
+    load: float  # the busiest rank's expert work over `local experts x tokens_per_expert` (imbalance / fill)
 
     @property
     def total_s(self) -> float:
@@ -341,9 +358,9 @@ def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: i
 
 def moe_dispatch(
     model: ModelSpec, *, kernels: Kernels, links: GroupLinks, local_tokens: float, ep: int, etp: int,
-    imbalance: float, act_bytes: int,
+    imbalance: float, act_bytes: int, fill: float = 1.0,
 ) -> DispatchCost:
-    """Routing and token movement of one MoE layer (see the module docstring)."""
+    """Routing and token movement of one MoE layer (see the module docstring).  `fill`: Routing.fill."""
     e = model.num_experts or 1
     k = model.moe_router_topk
     h = model.hidden_size
@@ -352,7 +369,7 @@ def moe_dispatch(
     t_l = local_tokens
     copies = etp * k * imbalance  # token copies per local token this GPU's experts compute (after ETP gather)
     local_experts = max(1, e // ep)
-    tokens_per_expert = t_l * copies / local_experts
+    tokens_per_expert = t_l * etp * k * fill / local_experts
 
     router_flop = 2.0 * t_l * h * e
     router_s = kernels.gemm_s(router_flop, router_flop) + kernels.memory_s(ROUTER_PASSES * t_l * e * 4)
@@ -384,4 +401,4 @@ def moe_dispatch(
         etp_s = collective_s(links.etp, "all_gather", gathered, etp) + collective_s(
             links.etp, "reduce_scatter", gathered, etp)
     return DispatchCost(router_s=router_s, permute_s=permute_s, comm_s=comm_s, etp_s=etp_s,
-                        copies_per_token=copies, tokens_per_expert=tokens_per_expert)
+                        copies_per_token=copies, tokens_per_expert=tokens_per_expert, load=imbalance / fill)

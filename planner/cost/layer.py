@@ -43,6 +43,7 @@ class LayerShape:
     seq_length: int
     sequence_parallel: bool
     imbalance: float  # busiest EP rank's tokens over the mean (planner/cost/dispatch.py `routing`)
+    expert_fill: float = 1.0  # tokens each expert's GEMM computes over the mean (dispatch.py `Routing.fill`)
 
     @property
     def gathered_tokens(self) -> float:
@@ -101,9 +102,16 @@ def layer_cost(
     cp_fwd, cp_bwd = _cp_comm_s(x, c.attention_core)
     ep_fwd, ep_bwd = _ep_comm_s(x, hide_s=c.fwd_s + c.bwd_s, shared_s=c.shared_expert_gemm)
     launches = _launches_fwd(x)
-    host_fwd = max(0.0, x.kernels.host_s(sum(launches.values())) - (c.fwd_s + tp_s + cp_fwd + ep_fwd))
+    # The host floor: a layer waits for its host operations where they outlast its GPU work.  The EP
+    # communication counts in full there, also the part the overlaps hide: the fitted host time (HOST_OP_S x
+    # host_overhead, ~137 us per operation, far above a launch) is mostly the host stalled at the dispatcher's
+    # device-to-host copy of the tokens per expert, which the overlaps hide with the dispatch it waits for (one
+    # micro-batch's copy while the other's compute runs).  Before, the floor took back what the overlap hid:
+    # Qwen3-30B-A3B SFT, EP overlap off and on, priced 34.314 s both times, measured 41.25 and 31.31 s.
+    ep_raw = x.dispatch.comm_s if x.dispatch else 0.0  # each way, before the overlaps hide any of it
+    host_fwd = max(0.0, x.kernels.host_s(sum(launches.values())) - (c.fwd_s + tp_s + cp_fwd + ep_raw))
     host_bwd = max(0.0, x.kernels.host_s(BWD_LAUNCHES_OVER_FWD * sum(launches.values()))
-                   - (c.bwd_s + tp_s + cp_bwd + ep_bwd))
+                   - (c.bwd_s + tp_s + cp_bwd + ep_raw))
     b = GEMM_BWD_OVER_FWD + 1
     parts = {
         "attention_gemm": b * c.attention_gemm,
@@ -154,7 +162,7 @@ def _layer_inputs(model: ModelSpec, training: TrainingSpec, *, is_moe: bool, sha
     dispatch = None
     if is_moe:
         dispatch = moe_dispatch(model, kernels=kernels, links=links, local_tokens=t_l, ep=shape.ep, etp=shape.etp,
-                                imbalance=shape.imbalance, act_bytes=act)
+                                imbalance=shape.imbalance, act_bytes=act, fill=shape.expert_fill)
     return _LayerInputs(
         model=model, training=training, is_moe=is_moe, shape=shape, kernels=kernels, links=links,
         flops=layer_flops(model, is_moe=is_moe, seq_length=shape.seq_length), dispatch=dispatch,
@@ -284,7 +292,14 @@ def _expert_gemm_s(x: _LayerInputs) -> tuple[float, float]:
     main gradient (MAIN_GRAD_BYTES), each pass also reading and writing the copies' activations.  With many local
     experts and few tokens each (replicated experts, EP1) the weight-gradient pass is memory-bound: its arithmetic
     intensity is 2 x tokens per expert / MAIN_GRAD_BYTES FLOP per byte, below the ridge (peak FLOP/s over HBM
-    bytes/s, ~300 on H100 and B200) under ~1,200 tokens per expert."""
+    bytes/s, ~300 on H100 and B200) under ~1,200 tokens per expert.
+
+    The kernel's rate is the one of its balanced shape (`DispatchCost.tokens_per_expert`: the mean tokens per
+    expert, times the capacity factor when experts are padded to it); the busiest rank's extra tokens under real
+    routing (or the ones a capacity factor drops) add (or save) their FLOP at that rate.  Real routing puts them in
+    a few hot experts, not on every expert of the rank, so they do not raise the rank's efficiency: priced at the
+    busiest rank's mean tokens per expert, where the tables rise steeply (512 to 2048 tokens), a busier rank came
+    out barely slower, or faster (issue 31 item 6)."""
     d = x.dispatch
     if d is None:
         return 0.0, 0.0

@@ -61,10 +61,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("memory_bound", "memory-bound passes", ("router_permute", "fp8_cast", "elementwise", "optimizer"),
               ("memory_bound",), "memory-bound passes on {device}"),
     Mechanism("expert_dispatch", "expert dispatch", ("ep_comm",),
-              ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather", "all_to_all"),
+              ("dispatch_alltoall", "dispatch_flex", "dispatch_allgather"),
               "{dispatcher} dispatch with EP {ep} on {device}, {routing}"),
     Mechanism("collectives", "TP/CP/DP collectives", ("tp_comm", "cp_comm", "fsdp_comm", "dp_sync"),
-              ("all_reduce", "all_gather", "reduce_scatter"),
+              ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"),
               "TP/CP/DP collectives on {device}: TP {tp}, DP {dp}"),
     Mechanism("pipeline_sends", "pipeline sends", ("pp_comm",), ("p2p",),
               "{schedule} pipeline sends {link} between {devices}"),
@@ -142,9 +142,19 @@ def precision_recipe(training) -> str:
     return f"fp8-{training.fp8_recipe}" if training.precision == "fp8" else training.precision
 
 
+ROUTING_WORDS = {
+    "forced": "forced balance", "dense": "forced balance", "capacity-padded": "experts padded to capacity",
+    "capacity": "real routing, tokens dropped above capacity", "dropless": "real routing, dropless",
+    "given": "real routing, a stated imbalance",
+}
+"""The routing regime (planner/cost/dispatch.py `Routing.regime`) as the evidence records it: forced balance
+(`--moe-router-force-load-balancing`), every expert padded to its capacity, or the real router's loads, dropless
+or clipped at a capacity factor (which drops tokens and moves the busiest rank's load: xtuner's capacity table)."""
+
+
 def routing_words(cost) -> str:
-    """Forced balance (`--moe-router-force-load-balancing`) or the real router's loads."""
-    return "forced balance" if cost.routing.regime == "forced" else "real routing"
+    """The plan's routing regime in words (ROUTING_WORDS)."""
+    return ROUTING_WORDS[cost.routing.regime]
 
 
 def dispatcher_words(model) -> str:

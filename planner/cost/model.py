@@ -453,6 +453,7 @@ class CostModel:
         shape = LayerShape(
             tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp, micro_batch_size=stage_mbs, seq_length=self.model.seq_length,
             sequence_parallel=sp > 1, imbalance=self.imbalance(g.ep, stage_mbs * self.model.seq_length / g.cp / sp),
+            expert_fill=self.routing.fill,
         )
         cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=self.kernels(device_type),
                           links=self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp),

@@ -26,6 +26,9 @@ from planner.trials import TRIAL_ITERATIONS, TRIAL_LOG
 from planner.uncertainty import shipped_uncertainty
 
 DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
+# `schema_version` of the --json objects of solve, estimate and compare (and plan.json), described by
+# docs/schema/*.json: raised when a key is removed or changes meaning; new keys may appear without it
+SCHEMA_VERSION = 1
 WIDE_MIN_WIDTH = 200  # --wide never squeezes its table below this
 
 
@@ -87,7 +90,7 @@ def range_json(cost: PlanCost, time_range) -> dict[str, Any]:
 
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str],
                   time_range=None) -> dict:
-    out = cost.to_json()
+    out = {"schema_version": SCHEMA_VERSION, **cost.to_json()}
     out.update(range_json(cost, time_range))
     out["model"] = run.model.name
     out["cluster"] = cluster.describe()
@@ -201,6 +204,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
     lower = r.lower_bound_s
     objective_s = outcome.objective_s if outcome.ranges else it
     out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "status": r.status,
         "backend": r.backend,
         "runtime": runtime,

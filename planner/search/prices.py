@@ -12,7 +12,8 @@ model:
     max_layers  most layers one stage holds with one micro-batch in flight, against the capacity less
                 the framework's overhead (every stage holds at least that many micro-batches)
     units       the stage budget of the class's type (megatron: GPUs // (TP x CP x DP) stages;
-                flagscale: GPUs // (TP x CP), each stage taking its DP of them)
+                flagscale: GPUs // (TP x CP), each stage taking its DP of them, less what no sum of the
+                type's stage DPs fills: space.fillable)
 
 Every figure is rounded towards the optimistic side (times down, room up), so the master's value
 of a configuration never exceeds its optimum over the integer tables.
@@ -33,8 +34,8 @@ from planner.cost.model import CostModel, recomputed_layer_count
 from planner.errors import SearchTimeLimitError
 from planner.schemas.plan import Recompute
 from planner.schemas.search import GlobalChoice, StageOption
-from planner.search.bounds import option_bound
-from planner.search.space import SearchSpace, Shape, enumerate_shapes, flagscale_modes, recompute_ladder, \
+from planner.search.bounds import OptionBound, option_bound
+from planner.search.space import SearchSpace, Shape, enumerate_shapes, fillable, flagscale_modes, recompute_ladder, \
     stage_options
 from planner.search.tables import TableBuilder
 from solver_models.cpsat.master import Price, Room, StageClass
@@ -104,9 +105,14 @@ class PriceBook:
     def _class_index(self, o: StageOption) -> int:
         return self.class_of[o.device_type if not self.flagscale else f"{o.device_type} dp{o.dp}"]
 
-    def _units(self, g: GlobalChoice, h: str) -> int:
+    def _units(self, g: GlobalChoice, h: str, opts: list[StageOption]) -> int:
+        """The stage budget of type h (module docstring); flagscale: what its stages' DPs (those of `opts`
+        on h) can fill of it (space.fillable: stages of DP 32, 64 or 128 fill 320 of 344 units)."""
         per = g.tp * g.cp * (1 if self.flagscale else g.dp0)
-        return self.budget[h] // per
+        units = self.budget[h] // per
+        if not self.flagscale:
+            return units
+        return fillable(tuple(sorted({o.dp for o in opts if o.device_type == h})), units)
 
     # ---- the degree master's prices: what every recompute setting shares ----
     def price_master(self, deadline: float) -> bool:
@@ -125,7 +131,8 @@ class PriceBook:
             gs = replace(self.builder.shape(base), vpp=1, pp=2)
             row = {}
             by_class: dict[int, list[StageOption]] = {}
-            for o in self._options(base, None if self.flagscale else NONE):
+            options = self._options(base, None if self.flagscale else NONE)
+            for o in options:
                 by_class.setdefault(self._class_index(o), []).append(o)
             for c, opts in by_class.items():
                 # least time per layer: no recompute (flagscale: the least of the stage modes when none is
@@ -136,7 +143,8 @@ class PriceBook:
                 o = opts[0]
                 room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest))
                 row[c] = Price(
-                    tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers), self._units(base, o.device_type),
+                    tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers),
+                    self._units(base, o.device_type, options),
                     room=_room(room, len(self.groups), 0.0, None, 0.0))
             self.master[key] = row
         self.pricing_s += time.perf_counter() - t0
@@ -157,17 +165,18 @@ class PriceBook:
         g = replace(base, recompute=setting)
         gs = replace(self.builder.shape(g), vpp=1, pp=2)
         by_class: dict[int, list[StageOption]] = {}
-        for o in self._options(base, setting):
+        options = self._options(base, setting)
+        for o in options:
             by_class.setdefault(self._class_index(o), []).append(o)
-        return {c: self._class_price(g, gs, opts) for c, opts in by_class.items()}
+        return {c: self._class_price(g, gs, opts, options) for c, opts in by_class.items()}
 
-    def _class_price(self, g: GlobalChoice, gs, opts: list[StageOption]) -> Price:
+    def _class_price(self, g: GlobalChoice, gs, opts: list[StageOption], options: list[StageOption]) -> Price:
         """One class's price: the best of its options (flagscale: the per-stage recompute choices;
         memory: the roomiest option's figures)."""
         bounds = [option_bound(self.cost, gs, o) for o in opts]
         taus = [_taus(b, len(self.groups)) for b in bounds]
         tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
-        roomy = max(bounds, key=lambda b: _max_layers(b, self.v_max, self.n_layers))
+        roomy = _least_memory(bounds)
         # the only stage of a pipeline (PP = 1) has no pipeline buffers: the bytes it has beyond
         single = max(0.0, max(option_bound(self.cost, replace(gs, pp=1), o).free_bytes for o in opts)
                      - roomy.free_bytes)
@@ -178,7 +187,7 @@ class PriceBook:
         saved = roomy.act_saved_bytes
         k, reruns = self._reruns(opts)
         return Price(tau, min(to_us(b.stage_extra_s) for b in bounds), first, last, room,
-                     self._units(g, opts[0].device_type), link_in, link_out,
+                     self._units(g, opts[0].device_type, options), link_in, link_out,
                      room=replace(_room(roomy, len(self.groups), saved, ends,
                                         min(self._transient(gs, o) for o in opts), roomy.block_layers),
                                   single_bytes=single),
@@ -351,6 +360,20 @@ def _room(b, groups: int, saved: float, ends: tuple[float, float, float, float] 
     act = (b.layer_act_bytes,) + (tuple(k[3] for k in b.kinds) if groups > 1 else ())
     fs, fa, ls, la = ends or (0.0, 0.0, 0.0, 0.0)
     return Room(b.free_bytes, static, act, saved, transient, fs, fa, ls, la, block_layers)
+
+
+def _least_memory(bounds: list[OptionBound]) -> OptionBound:
+    """One option bound whose memory figures are every option's least (its free bytes the most): the room of a
+    class whose stages each choose among the options (FlagScale: a recompute mode per stage) holds at least
+    what a stage on any of them holds.  Taking one option's figures is not enough: the option that holds the
+    most layers by one count may keep more bytes per layer than another at a different count."""
+    kinds = tuple((k[0], k[1], min(b.kinds[i][2] for b in bounds), min(b.kinds[i][3] for b in bounds))
+                  for i, k in enumerate(bounds[0].kinds))
+    most_saved = max(bounds, key=lambda b: b.block_layers * b.act_saved_bytes)
+    return replace(bounds[0], layer_static_bytes=min(b.layer_static_bytes for b in bounds),
+                   layer_act_bytes=min(b.layer_act_bytes for b in bounds),
+                   free_bytes=max(b.free_bytes for b in bounds), kinds=kinds,
+                   block_layers=most_saved.block_layers, act_saved_bytes=most_saved.act_saved_bytes)
 
 
 def _taus(b, groups: int) -> list[float]:

@@ -13,21 +13,24 @@ then bounds everything else with the best of them:
                         least) and those whose screen bounds are least until SEED_SHAPES of them found
                         a plan, in two passes: first each shape in the order of the screen bounds (the
                         least first, until one cannot beat the best plan found), every VPP under the most
-                        recompute (the ladder's last setting: what fits anywhere); then the shapes that
-                        found a plan, the best first, every other setting at their best VPP.  Per configuration, every PP of the shape
-                        with stage-type sequences near the types' throughput shares, laid out by the
-                        rounding heuristic (solver_models/rounding.py) on the configuration's tables
+                        recompute (the ladder's last setting: what fits anywhere; flagscale: none or full
+                        per stage); then the shapes that found a plan, the best first, every other setting
+                        at their best VPP.  Per configuration, every PP of the shape with stage-type
+                        sequences near the types' throughput shares (flagscale: each type's stages take
+                        the DPs that run the most layers per second within its GPUs, mixed where one DP
+                        would leave GPUs idle), laid out by the rounding heuristic
+                        (solver_models/rounding.py) on the configuration's tables
 
 Then the best configuration found gets a short exact stage solve (the CP-SAT stage model) from its plan.
 No HS-DP code runs.  The plans are the cost model's, over the same integer tables as every other
-plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs on the
-megatron runtime over the whole space (not under --prune, whose pruned space a seed may leave; not on
-flagscale, whose stages choose their own DP).  A search over a pooled view of the cluster
+plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs over the
+whole space (not under --prune, whose pruned space a seed may leave).  A search over a pooled view of the cluster
 (planner/search/pools.py) seeds over that view: the heuristic runs on whatever cluster it is given.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import shlex
@@ -70,7 +73,7 @@ class Seeds:
 
     @property
     def applies(self) -> bool:
-        return not self.book.flagscale and not self.search.pruning.restricts
+        return not self.search.pruning.restricts
 
     def run(self, until: float, last: float | None = None) -> int:
         """Seed until `until` (time.perf_counter()), or while there is no plan yet until `last` (the
@@ -109,7 +112,8 @@ class Seeds:
     def _user_plan(self, plan: Plan) -> tuple | None:
         """The user's plan priced on its configuration's tables (offered when they hold its layout);
         its shape's key (None when the space has no such shape)."""
-        if plan.runtime != "megatron" or len({(s.dp, s.recompute.label) for s in plan.stages}) != 1:
+        if self.book.flagscale or plan.runtime != "megatron" or \
+                len({(s.dp, s.recompute.label) for s in plan.stages}) != 1:
             return None
         s0 = plan.stages[0]
         g = GlobalChoice("megatron", plan.tp, plan.cp, plan.ep, plan.etp or plan.tp, plan.mbs, len(plan.stages),
@@ -154,7 +158,7 @@ class Seeds:
                 continue
             p = run.parallel
             family = (p.tp, p.cp, p.ep, p.etp or p.tp, run.training.micro_batch_size)
-            keys = [k for k in bound if k[:5] == family]
+            keys = [k for k in bound if k[:4] == family[:4] and (self.book.flagscale or k[4] == family[4])]
             if keys:
                 out.append(min(keys, key=bound.__getitem__))
         return out
@@ -214,8 +218,9 @@ class Seeds:
 
 
 def _settings(shape) -> list:
-    """A shape's recompute settings, the ladder's order (the last: the most recompute, what fits anywhere)."""
-    return [r for r in shape.recomputes if r is not None]
+    """A shape's recompute settings, the ladder's order, the last fitting anywhere: megatron's most recompute;
+    flagscale's None (each stage none or full on its own) after its shared selective modes."""
+    return [r for r in shape.recomputes if r is not None] + [None] * (None in shape.recomputes)
 
 
 class _OutOfTime(Exception):
@@ -225,20 +230,56 @@ class _OutOfTime(Exception):
 def _sequences(t: StageTables) -> list[list[list[int]]]:
     """Stage-option sequences to lay out at the tables' PP: each device type's stages in one
     block (the slowest types first, then the fastest first), as many stages per type as its share of
-    the cluster's throughput (units x layers per second of one stage) gives, and near it."""
-    by_type: dict[int, int] = {}
+    the cluster's throughput (units x layers per second of one stage) gives, and near it.  A type's
+    stages take the stage classes (flagscale: one per DP; megatron: the one) that give its stages the
+    most layers per second within its GPUs (`_stage_classes`), the largest first."""
+    classes: dict[int, dict[int, list[int]]] = {}  # type -> GPUs per stage -> its options, the tables' order
     for o in range(t.num_options):
-        by_type.setdefault(int(t.option_type[o]), o)
-    units = {ty: int(t.budget[ty] // t.option_gpus[o]) for ty, o in by_type.items()}
-    rate = {ty: units[ty] / max(1, int(t.min_layer_us[o])) for ty, o in by_type.items()}
-    types = sorted((ty for ty in by_type if units[ty] > 0), key=lambda ty: rate[ty] / max(1, units[ty]))
+        classes.setdefault(int(t.option_type[o]), {}).setdefault(int(t.option_gpus[o]), []).append(o)
+    speed = {ty: tuple((g, max(1, int(t.min_layer_us[opts].min()))) for g, opts in sorted(cls.items(), reverse=True))
+             for ty, cls in classes.items()}  # (GPUs per stage, least per-layer time), the largest stage first
+    units = {ty: int(t.budget[ty] // speed[ty][-1][0]) for ty in classes}
+    rate = {ty: max((int(t.budget[ty]) // g) / tau for g, tau in speed[ty]) for ty in classes}
+    types = sorted((ty for ty in classes if units[ty] > 0), key=lambda ty: rate[ty] / max(1, units[ty]))
     out = []
     for counts in _count_vectors(types, units, rate, t.pp):
+        picked = {ty: _stage_classes(speed[ty], counts[ty], int(t.budget[ty])) for ty in types}
+        if any(p is None for p in picked.values()):
+            continue
         for order in (types, types[::-1]) if len(types) > 1 else (types,):
-            seq = [[by_type[ty]] for ty in order for _ in range(counts[ty])]
+            seq = [classes[ty][g] for ty in order for g in picked[ty]]
             if seq not in out:
                 out.append(seq)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_classes(speed: tuple[tuple[int, int], ...], k: int, budget: int) -> tuple[int, ...] | None:
+    """The GPUs per stage of k stages of one device type (from `speed`: (GPUs per stage, least per-layer
+    time) per class) within `budget` GPUs whose layers per second add up the most (ties: the fewer GPUs),
+    the largest first; None when k stages do not fit.  An awkward count (344 GPUs, stages of 32, 64 or
+    128) mixes classes to use what one class would leave idle."""
+    best, best_key = None, None
+    for counts in _compositions(k, len(speed)):
+        gpus = sum(n * g for n, (g, _) in zip(counts, speed))
+        if gpus > budget:
+            continue
+        key = (sum(n / tau for n, (_, tau) in zip(counts, speed)), -gpus)
+        if best_key is None or key > best_key:
+            best, best_key = counts, key
+    if best is None:
+        return None
+    return tuple(g for n, (g, _) in zip(best, speed) for _ in range(n))
+
+
+def _compositions(k: int, parts: int):
+    """Every way to write k as an ordered sum of `parts` non-negative integers."""
+    if parts == 1:
+        yield (k,)
+        return
+    for first in range(k, -1, -1):
+        for rest in _compositions(k - first, parts - 1):
+            yield (first,) + rest
 
 
 def _count_vectors(types: list[int], units: dict[int, int], rate: dict[int, float], pp: int

@@ -13,6 +13,7 @@ switchable.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator
@@ -290,6 +291,24 @@ def batch_dps(gbs: int, mbs: int, max_dp: int) -> list[int]:
     return sorted({d for s in small for d in (s, n // s) if d <= max_dp})
 
 
+@functools.lru_cache(maxsize=4096)
+def fillable(sizes: tuple[int, ...], budget: int) -> int:
+    """The most of `budget` that stages of the given sizes (any number of each) add up to: flagscale stages of
+    32, 64 or 128 GPUs (every stage's DP divides the samples of a micro-batch, a power of two when GBS is)
+    fill 320 of 344 GPUs.  No plan's stages of one device type use more of its GPUs, so this is the budget
+    the bounds may take (planner/search/prices.py), and the reason the rest stays idle (planner/api.py)."""
+    step = math.gcd(*sizes)
+    units = budget // step
+    reduced = sorted({s // step for s in sizes})
+    if reduced[0] == 1:
+        return units * step
+    reach = bytearray(units + 1)
+    reach[0] = 1
+    for v in range(reduced[0], units + 1):
+        reach[v] = any(reach[v - s] for s in reduced if s <= v)
+    return max(v for v in range(units + 1) if reach[v]) * step
+
+
 def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, ep: int, etp: int, b: int
                    ) -> dict[str, list[int]]:
     """Per device type, the stage DPs that samples-per-micro-batch B allows: B % DP == 0, a rank's
@@ -298,6 +317,13 @@ def _flagscale_dps(hosts: dict[str, int], space: SearchSpace, tp: int, cp: int, 
                 if dp <= n // (tp * cp) and rules.flagscale_stage_mbs_ok(b, dp)
                 and rules.expert_folding_ok(tp, cp, dp, ep, etp)]
             for h, n in hosts.items()}
+
+
+def flagscale_stage_gpus(space: SearchSpace, tp: int, cp: int, ep: int, etp: int, samples: int, budget: int
+                         ) -> tuple[int, ...]:
+    """The GPUs (TP x CP x DP) a flagscale stage may take on a device type of `budget` GPUs when a micro-batch
+    holds `samples` samples: every stage splits them evenly over its DP, a micro-batch of the menu per GPU."""
+    return tuple(tp * cp * dp for dp in _flagscale_dps({"": budget}, space, tp, cp, ep, etp, samples)[""])
 
 
 def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, flags_ok=None) -> Iterator[Shape]:
