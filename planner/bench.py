@@ -1,9 +1,19 @@
 """The evaluation suite behind `cli.py bench` (paper section 5; DESIGN section 7).
 
 Scenarios like the paper's: dense LLaMA-2 7B/13B on 2x8 A100 + 2x8 910B; Mixtral-S and Mixtral-L on
-homogeneous H800, MI300X and 910B clusters (16 each), on each mix of two and on all three.  Every
-planner of planner.baselines runs on every scenario under the same cost model; the global batch size
-scales with the cluster (GBS_PER_GPU x GPUs), sequence length 4096, micro-batch searched.
+homogeneous H800, MI300X and 910B clusters (16 each), on each mix of two and on all three; and Mixtral-S
+and Mixtral-L on mixed clusters one public runtime runs as one job (A100 + H800 and H800 + H20 on upstream
+Megatron-LM, H800 + MI300X on FlagScale).  Every planner of planner.baselines runs on every scenario under
+the same cost model; the global batch size scales with the cluster (GBS_PER_GPU x GPUs), sequence length
+4096, micro-batch searched.
+
+Two comparisons (SECTIONS), each over its own scenarios:
+* runnable: the scenarios whose whole cluster one public runtime runs as one job (profiles/runtimes.yaml),
+  every planner planning for that runtime;
+* paper_assumption: the paper's scenarios.  No public runtime runs the Ascend 910B in one job with NVIDIA
+  or AMD GPUs, so where no runtime runs the whole cluster every planner plans for runtimes.yaml's
+  HYPOTHETICAL all-vendor runtime (PAPER_RUNTIME: FlagScale's meshes over NVIDIA + AMD + Huawei, priced by
+  the same cost model and cross-vendor links as FlagScale's NVIDIA + AMD jobs); its plans get no launcher.
 
 Metrics (all predicted by the cost model):
 * throughput_tflops_per_gpu: model FLOPs per iteration / (iteration time x the cluster's GPUs), so a
@@ -31,7 +41,8 @@ from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, 
 from planner.bench_flagscale import TUNER, TUNER_LABEL, TunerOutcome, run_flagscale_tuner
 from planner.cost.model import CostModel
 from planner.inputs.cluster import parse_cluster
-from planner.runtime import AUTO, FLAGSCALE, choose_runtime
+from planner.profile_tables import ProfileSet
+from planner.runtime import AUTO, FLAGSCALE, RuntimeChoice, choose_runtime
 from planner.simulate import plot_timeline, simulate_pipeline
 
 GBS_PER_GPU = 16
@@ -42,17 +53,37 @@ SCALING_TYPES = ("H800", "A100", "H20")
 """Three device types one upstream Megatron-LM job can hold (all NVIDIA: profiles/runtimes.yaml); the paper's
 H800 + MI300X + 910B spans three vendors, which no public runtime runs as one job."""
 SCALING_MODEL = "mixtral-l"
+PAPER_RUNTIME = "all-vendors"
+"""runtimes.yaml's hypothetical runtime the paper's scenarios are planned for where no public runtime runs
+their whole cluster (ProfileSet.assuming)."""
+SECTIONS = {
+    "runnable": ("Runnable today",
+                 "the scenarios whose whole cluster one public runtime runs as one job (profiles/runtimes.yaml): "
+                 "the homogeneous ones, A100 + H800 and H800 + H20 (upstream Megatron-LM) and H800 + MI300X "
+                 "(FlagScale with FlagCX); the baselines plan for the runtime `--runtime auto` picks, HAPMoE "
+                 "searches every runtime that runs the cluster"),
+    "paper_assumption": ("As the paper assumes",
+                         "the paper's scenarios; its mixed clusters with the Ascend 910B (which no public runtime "
+                         "runs in one job with NVIDIA or AMD GPUs) are planned, by every planner, for a HYPOTHETICAL "
+                         "runtime that runs one job across NVIDIA, AMD and Huawei devices (runtimes.yaml "
+                         f"`hypothetical: {PAPER_RUNTIME}`: FlagScale's per-stage meshes, the 910B reached as FlagCX "
+                         "reaches AMD), priced by the same cost model and the same cross-vendor links (host memory) "
+                         "as FlagScale's NVIDIA + AMD jobs; no launcher is written for it"),
+}
+"""summary.json's sections: (title, what it assumes)."""
 
 Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """One model on one cluster; `kind` is dense-hetero, moe-homo or moe-hetero."""
+    """One model on one cluster; `kind` is dense-hetero, moe-homo or moe-hetero; `paper`: one of the
+    paper's scenarios (the others: mixed clusters a public runtime runs as one job)."""
 
     model: str
     cluster: str
     kind: str
+    paper: bool = True
 
     @property
     def name(self) -> str:
@@ -61,12 +92,18 @@ class Scenario:
 
 MOE_CLUSTERS_HOMO = ("h800-16", "mi300x-16", "910b-16")
 MOE_CLUSTERS_HETERO = ("h800-mi300x", "h800-910b", "mi300x-910b", "h800-mi300x-910b")
+RUNNABLE_CLUSTERS_HETERO = {"mixtral-s": ("a100-h800", "h800-h20"), "mixtral-l": ("a100-h800-32", "h800-h20-32")}
+"""Mixed clusters besides the paper's that one public runtime runs as one job (upstream Megatron-LM: NVIDIA
+only), per model (Mixtral-L on 2x8 + 2x8 of these 80-96 GB GPUs: no plan for MI's recipes, or none at all);
+with the paper's h800-mi300x (FlagScale), the runnable section's mixed clusters."""
 
-SUITE: tuple[Scenario, ...] = (
+PAPER_SUITE: tuple[Scenario, ...] = (
     tuple(Scenario(m, "a100-910b", "dense-hetero") for m in ("llama2-7b", "llama2-13b"))
     + tuple(Scenario(m, c, "moe-homo") for m in ("mixtral-s", "mixtral-l") for c in MOE_CLUSTERS_HOMO)
     + tuple(Scenario(m, c, "moe-hetero") for m in ("mixtral-s", "mixtral-l") for c in MOE_CLUSTERS_HETERO)
 )
+SUITE: tuple[Scenario, ...] = PAPER_SUITE + tuple(
+    Scenario(m, c, "moe-hetero", paper=False) for m, cs in RUNNABLE_CLUSTERS_HETERO.items() for c in cs)
 QUICK_SUITE: tuple[Scenario, ...] = (
     Scenario("llama2-7b", "a100-910b", "dense-hetero"),
     Scenario("mixtral-s", "h800-16", "moe-homo"),
@@ -113,6 +150,10 @@ class Row:
     gpus_used: int = 0
     plan: str = ""
     notes: str = ""
+    runtime: str = ""  # the plan's runtime, or without a plan the scenario's (PlanningWorld.runtime)
+    runnable: bool = True  # a public runtime runs the whole cluster as one job
+    paper: bool = True  # one of the paper's scenarios
+    found_by: str = ""  # HAPMoE: "search" (its whole space) or "search with <baseline>'s degrees"
 
 
 def label(name: str) -> str:
@@ -120,9 +161,10 @@ def label(name: str) -> str:
     return TUNER_LABEL if name == TUNER else PLANNERS[name].label
 
 
-def plan_summary(plan) -> str:
-    """A one-line description of a plan: degrees, then device:layers(dp,recompute) per stage."""
-    head = (f"{plan.runtime} tp{plan.tp} cp{plan.cp} ep{plan.ep} etp{plan.etp} pp{plan.pp} vpp{plan.vpp} "
+def plan_summary(plan, runtime: str | None = None) -> str:
+    """A one-line description of a plan: its runtime (`runtime`, default the plan's), degrees, then
+    device:layers(dp,recompute) per stage."""
+    head = (f"{runtime or plan.runtime} tp{plan.tp} cp{plan.cp} ep{plan.ep} etp{plan.etp} pp{plan.pp} vpp{plan.vpp} "
             f"mbs{plan.mbs}")
     stages = " ".join(f"{s.device_type}:{s.num_layers}(dp{s.dp},{s.recompute.label})" for s in plan.stages)
     return f"{head} | {stages}"
@@ -142,11 +184,40 @@ def scaled_inputs(model: str, cluster_spec: str, profiles):
     return run, cluster
 
 
-def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult) -> Row:
+@dataclass(frozen=True)
+class PlanningWorld:
+    """What every planner of a scenario plans for: the profiles (the shipped ones, or with the
+    hypothetical PAPER_RUNTIME in place of the row it extends) and the runtime choice over the whole
+    cluster."""
+
+    profiles: ProfileSet
+    choice: RuntimeChoice
+    hypothetical: bool
+
+    @property
+    def runtime(self) -> str:
+        """The runtime's name in results.csv and the tables."""
+        return f"{PAPER_RUNTIME}(HYPOTHETICAL)" if self.hypothetical else self.choice.runtime.name
+
+
+def planning_world(cluster, profiles, precision: str = "bf16") -> PlanningWorld:
+    """The runtime `--runtime auto` picks when one public runtime runs the whole cluster as one job;
+    otherwise (a mix no public runtime runs in one job: the 910B with NVIDIA or AMD GPUs) the paper's
+    assumption, the hypothetical PAPER_RUNTIME over the whole cluster."""
+    choice = choose_runtime(AUTO, cluster, profiles, precision)
+    if not choice.left_out:
+        return PlanningWorld(profiles, choice, hypothetical=False)
+    world = profiles.assuming(PAPER_RUNTIME)
+    extends = profiles.hypothetical_runtimes()[PAPER_RUNTIME].extends
+    return PlanningWorld(world, choose_runtime(extends, cluster, world, precision), hypothetical=True)
+
+
+def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult, world: PlanningWorld | None = None) -> Row:
     """Price a planner's result on the scenario's whole cluster."""
     row = Row(scenario=sc.name, kind=sc.kind, model=sc.model, cluster=sc.cluster, gpus=cluster.world_size,
               gbs=run.training.global_batch_size, planner=res.name, status="none", search_time_s=res.search_time_s,
-              notes="; ".join(res.notes))
+              notes="; ".join(res.notes), runtime=world.runtime if world else "",
+              runnable=not (world and world.hypothetical), paper=sc.paper)
     if res.priced is None:
         return row
     pc = res.priced.cost
@@ -159,39 +230,49 @@ def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult) -> Row:
     row.mfu = pc.model_flop_per_iteration / (pc.iteration_time_s * peak_total)
     row.peak_memory_gib = pc.max_memory_gib
     row.gpus_used = res.priced.plan.world_size
-    row.plan = plan_summary(res.priced.plan)
+    hypothetical = world.runtime if world and world.hypothetical else None
+    row.runtime = hypothetical or res.priced.plan.runtime
+    row.plan = plan_summary(res.priced.plan, hypothetical)
     return row
 
 
 def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Progress | None = None,
                  plans_out: dict | None = None, tuners_out: dict | None = None) -> list[Row]:
-    """Every selected planner on one scenario (HAPMoE first: the ablation re-splits its plan).
+    """Every selected planner on one scenario: the baselines, then HAPMoE (also searching the part of its
+    space with each baseline plan's degrees: planner/baselines/hapmoe.py), then the ablation (which
+    re-splits HAPMoE's plan).
 
-    Every planner plans a job that can run (profiles/runtimes.yaml): on the part of the cluster
-    `--runtime auto` picks (the whole cluster when one runtime spans it), for that runtime; a baseline's
-    plan (one DP and recompute for every stage) runs on upstream Megatron-LM for one vendor, on FlagScale
-    across vendors.  Throughput is still over every GPU of the cluster, so idle GPUs are charged."""
+    Every planner plans for the same runtime over the whole cluster (planning_world): the one `--runtime
+    auto` picks when a public runtime runs the cluster as one job (a baseline's plan, one DP and recompute
+    for every stage, runs on upstream Megatron-LM for one vendor, on FlagScale across NVIDIA + AMD);
+    otherwise the hypothetical PAPER_RUNTIME, every row saying so."""
     run, cluster = resolve_scenario(sc, profiles)
-    choice = choose_runtime(AUTO, cluster, profiles, run.training.precision)
+    world = planning_world(cluster, profiles, run.training.precision)
+    choice = world.choice
     target = choice.runtime.name
-    names = [n for n in ("hapmoe",) + tuple(n for n in PLANNERS if n != "hapmoe") if n in settings.planners]
+    names = [n for n in (*BASELINE_NAMES, "hapmoe", "ablation") if n in settings.planners]
     rows: list[Row] = []
     hapmoe_plan = None
+    incumbents: dict = {}
     for name in names:
         opts: dict = {"time_limit_s": settings.time_limit_s, "runtime": target}
         runs: list = []
         if name == "hapmoe":
             opts = {"time_limit_s": settings.time_limit_s, "flagscale_time_limit_s": settings.flagscale_time_limit_s,
-                    "runs_out": runs}
+                    "runs_out": runs, "incumbents": incumbents}
         if name == "ablation":
             opts["hapmoe_plan"] = hapmoe_plan
-        res = run_planner(name, run, choice.cluster, profiles, **opts)
+        res = run_planner(name, run, choice.cluster, world.profiles, **opts)
+        if name in BASELINE_NAMES and res.priced is not None:
+            incumbents[PLANNERS[name].label] = res.priced.plan
         if name == "hapmoe":
             hapmoe_plan = next((r.plan for r in runs if r.runtime == target), None)
-        if choice.left_out:
-            res.notes.insert(0, f"planned on {choice.cluster.describe()} ({target}); idle: "
-                             + "; ".join(f"{t}: {why}" for t, why in choice.left_out.items()))
-        row = make_row(sc, run, cluster, profiles, res)
+        if world.hypothetical:
+            res.notes.insert(0, f"{choice.check.reason}; no public runtime runs this job")  # says HYPOTHETICAL
+        row = make_row(sc, run, cluster, profiles, res, world)
+        if name == "hapmoe" and res.priced is not None:
+            row.found_by = next((f"search with {r.seeded_from}'s degrees" if r.seeded_from else "search"
+                                 for r in runs if r.plan == res.priced.plan), "")
         rows.append(row)
         if plans_out is not None and res.priced is not None:
             plans_out[(sc.name, name)] = res.priced
@@ -200,14 +281,15 @@ def run_scenario(sc: Scenario, profiles, settings: BenchSettings, progress: Prog
                     if row.status == "ok" else "no plan")
             progress(f"  {PLANNERS[name].label:28s} {what} ({row.search_time_s:.1f} s)")
     if TUNER in settings.planners:
-        rows.append(tuner_row(sc, run, cluster, choice, profiles, settings, progress, plans_out, tuners_out))
+        rows.append(tuner_row(sc, run, cluster, world, profiles, settings, progress, plans_out, tuners_out))
     return rows
 
 
-def tuner_row(sc: Scenario, run, cluster, choice, profiles, settings: BenchSettings, progress: Progress | None,
-              plans_out: dict | None, tuners_out: dict | None = None) -> Row:
-    """FlagScale's own auto-tuner on the part of the cluster the runtime choice plans on, where FlagScale
-    runs it (planner/bench_flagscale.py); skipped, with the reason, elsewhere."""
+def tuner_row(sc: Scenario, run, cluster, world: PlanningWorld, profiles, settings: BenchSettings,
+              progress: Progress | None, plans_out: dict | None, tuners_out: dict | None = None) -> Row:
+    """FlagScale's own auto-tuner on the cluster, where FlagScale runs it (the shipped `profiles`, not a
+    hypothetical runtime's: planner/bench_flagscale.py); skipped, with the reason, elsewhere."""
+    choice = world.choice
     runs = FLAGSCALE.can_run(choice.cluster, profiles)
     if settings.tuner_time_limit_s <= 0:
         out = TunerOutcome("skipped", "--flagscale-tuner-time-limit 0")
@@ -216,7 +298,7 @@ def tuner_row(sc: Scenario, run, cluster, choice, profiles, settings: BenchSetti
     else:
         out = run_flagscale_tuner(run, choice.cluster, profiles, time_limit_s=settings.tuner_time_limit_s)
     res = PlannerResult(name=TUNER, priced=out.best, search_time_s=out.search_time_s, notes=out.notes())
-    row = make_row(sc, run, cluster, profiles, res)
+    row = make_row(sc, run, cluster, profiles, res, world)
     if plans_out is not None and out.best is not None:
         plans_out[(sc.name, TUNER)] = out.best
     if tuners_out is not None:
@@ -258,9 +340,35 @@ def _ok(r: Row | None) -> bool:
     return r is not None and r.status == "ok"
 
 
+def section_rows(rows: list[Row], section: str) -> list[Row]:
+    """The rows of a summary section (SECTIONS): the scenarios a public runtime runs as one job
+    (`runnable`), or the paper's scenarios (`paper_assumption`)."""
+    if section == "runnable":
+        return [r for r in rows if r.runnable]
+    if section == "paper_assumption":
+        return [r for r in rows if r.paper]
+    raise ValueError(f"unknown section {section!r}; known: {', '.join(SECTIONS)}")
+
+
 def summarize(rows: list[Row]) -> dict:
-    """summary.json: HAPMoE over MI (geometric mean over heterogeneous MoE scenarios, overall and per
-    model), HAPMoE over the best baseline (worst scenario), and every scenario where HAPMoE loses."""
+    """summary.json: the comparison over every scenario of the run (the keys of `compare_planners`),
+    then the same comparison per section (SECTIONS: `runnable`, `paper_assumption`), each saying what it
+    assumes and which scenarios it holds."""
+    out = compare_planners(rows)
+    out["paper_table2_throughput_vs_mi"] = {m: v["throughput"] for m, v in PAPER_TABLE2.items()}
+    out["no_plan"] = sorted(f"{r.scenario}:{r.planner}" for r in rows if r.status != "ok")
+    out["metrics"] = "throughput and MFU over all GPUs of the cluster; predicted by the cost model"
+    for section, (title, assumes) in SECTIONS.items():
+        part = section_rows(rows, section)
+        out[section] = {"title": title, "assumes": assumes, "scenarios": list(_by(part)),
+                        "hypothetical_scenarios": list(_by([r for r in part if not r.runnable])),
+                        **compare_planners(part)}
+    return out
+
+
+def compare_planners(rows: list[Row]) -> dict:
+    """HAPMoE over MI (geometric mean over the heterogeneous MoE scenarios, overall and per model),
+    HAPMoE over the best baseline (per scenario and the worst), and every scenario where HAPMoE loses."""
     by = _by(rows)
     hetero = [s for s, d in by.items() if next(iter(d.values())).kind == "moe-hetero"]
     speed = {s: by[s]["hapmoe"].throughput_tflops_per_gpu / by[s]["mi"].throughput_tflops_per_gpu
@@ -282,18 +390,16 @@ def summarize(rows: list[Row]) -> dict:
             losses.append({"scenario": s, "ratio": ratio, "baseline": best.planner, "baseline_plan": best.plan,
                            "hapmoe_plan": h.plan, "why": explain_loss(h, best)})
     worst = min(ratios.items(), key=lambda kv: kv[1]["ratio"]) if ratios else None
-    no_plan = sorted(f"{r.scenario}:{r.planner}" for r in rows if r.status != "ok")
     return {
         "geomean_speedup_vs_mi": geomean(list(speed.values())) if speed else None,
         "geomean_speedup_vs_mi_by_model": per_model,
         "speedup_vs_mi_by_scenario": speed,
-        "paper_table2_throughput_vs_mi": {m: v["throughput"] for m, v in PAPER_TABLE2.items()},
         "min_ratio_vs_best_baseline": worst[1]["ratio"] if worst else None,
         "min_ratio_scenario": worst[0] if worst else None,
         "ratio_vs_best_baseline_by_scenario": ratios,
         "hapmoe_slower_than_a_baseline": losses,
-        "no_plan": no_plan,
-        "metrics": "throughput and MFU over all GPUs of the cluster; predicted by the cost model",
+        "hapmoe_plan_from_a_seeded_search": {s: d["hapmoe"].found_by for s, d in by.items()
+                                             if _ok(d.get("hapmoe")) and d["hapmoe"].found_by not in ("", "search")},
     }
 
 
@@ -314,13 +420,22 @@ TABLE2_PLANNERS = ("mi", "alpa", "metis", "hetermoe", "deepspeed", TUNER, "hapmo
 
 
 def table2_markdown(rows: list[Row]) -> str:
-    """Paper Table 2: geometric means over the heterogeneous MoE scenarios, normalised to MI."""
-    by = _by(rows)
+    """Paper Table 2, once per section (SECTIONS, runnable first): geometric means over the section's
+    heterogeneous MoE scenarios normalised to MI, then each scenario's HAPMoE ratios."""
     lines = ["# Table 2: geometric mean on heterogeneous MoE clusters, normalised to MI", "",
              "Higher is better for throughput and MFU, lower for latency. Predicted by the cost model; "
              "throughput/MFU over all GPUs of the cluster. n = scenarios where both MI and the planner have a plan.",
-             "", "| model | metric | " + " | ".join(label(p) for p in TABLE2_PLANNERS) + " | paper HAPMoE |",
-             "|---|---|" + "---|" * (len(TABLE2_PLANNERS) + 1)]
+             ""]
+    for section, (title, assumes) in SECTIONS.items():
+        lines += [f"## {title}", "", f"Assumes: {assumes}.", ""]
+        lines += _table2_section(section_rows(rows, section), paper=section == "paper_assumption")
+    return "\n".join(lines) + "\n"
+
+
+def _table2_section(rows: list[Row], paper: bool) -> list[str]:
+    by = _by(rows)
+    head = "| model | metric | " + " | ".join(label(p) for p in TABLE2_PLANNERS) + (" | paper HAPMoE |" if paper else " |")
+    lines = [head, "|---|---|" + "---|" * (len(TABLE2_PLANNERS) + paper)]
     models = sorted({r.model for r in rows if r.kind == "moe-hetero"})
     for model in models:
         scen = [s for s, d in by.items() if any(r.kind == "moe-hetero" and r.model == model for r in d.values())]
@@ -331,11 +446,26 @@ def table2_markdown(rows: list[Row]) -> str:
                 vals = [getattr(by[s][p], attr) / getattr(by[s]["mi"], attr)
                         for s in scen if _ok(by[s].get(p)) and _ok(by[s].get("mi"))]
                 cells.append(f"{geomean(vals):.2f}x (n={len(vals)})" if vals else "n/a")
-            paper = PAPER_TABLE2.get(model, {}).get(paper_key) if paper_key else None
-            lines.append(f"| {model} | {metric} | " + " | ".join(cells) + f" | {paper if paper else '-'} |")
+            ref = PAPER_TABLE2.get(model, {}).get(paper_key) if paper_key else None
+            lines.append(f"| {model} | {metric} | " + " | ".join(cells) + (f" | {ref or '-'} |" if paper else " |"))
     if not models:
         lines.append("| (no heterogeneous MoE scenario in this run) |")
-    return "\n".join(lines) + "\n"
+    comp = compare_planners(rows)
+    lines += ["", "Every scenario of the section (the means above: its heterogeneous MoE ones):", "",
+              "| scenario | runtime | HAPMoE / MI (throughput) | HAPMoE / best baseline | best baseline |",
+              "|---|---|---|---|---|"]
+    for s, d in by.items():
+        h, mi = d.get("hapmoe"), d.get("mi")
+        speed = h.throughput_tflops_per_gpu / mi.throughput_tflops_per_gpu if _ok(h) and _ok(mi) else None
+        best = comp["ratio_vs_best_baseline_by_scenario"].get(s)
+        runtime = next((r.runtime for r in d.values() if r.planner == "mi"), "-")
+        if _ok(h) and h.runtime != runtime:
+            runtime += f" (HAPMoE's plan: {h.runtime})"
+        ratio, who = (f"{best['ratio']:.3f}", label(best["best_baseline"])) if best else ("n/a", "-")
+        vs_mi = f"{speed:.2f}x" if speed else "no plan" if not _ok(h) else "n/a (MI: no plan)"
+        lines.append(f"| {s} | {runtime} | {vs_mi} | {ratio} | {who} |")
+    lines.append("")
+    return lines
 
 
 def tuner_markdown(rows: list[Row], tuners: dict) -> str:
@@ -371,7 +501,8 @@ def table3_markdown(rows: list[Row]) -> str:
     """Paper Table 3: change ratios when non-uniform PP/DP is disabled (ablation / HAPMoE)."""
     by = _by(rows)
     lines = ["# Table 3: performance change ratio by disabling non-uniform PP/DP", "",
-             "Ablation (megatron runtime, every stage the same number of layers) over HAPMoE. "
+             "Ablation (one DP and recompute for every stage, every stage the same number of layers, on the scenario's "
+             "runtime) over HAPMoE. "
              "Throughput/MFU < 1 and latency > 1 mean the ablation is worse.", "",
              "| scenario | kind | throughput | MFU | latency | HAPMoE plan | ablation plan |", "|---|---|---|---|---|---|---|"]
     for s, d in by.items():
@@ -485,7 +616,9 @@ def plot_throughput(rows: list[Row], path: Path) -> None:
         ax.bar([i + k * width for i in range(len(scen))], vals, width, label=label(p))
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scen))])
-    ax.set_xticklabels(scen, rotation=35, ha="right", fontsize=8)
+    hypothetical = {r.scenario for r in rows if not r.runnable}
+    ax.set_xticklabels([f"{s} (hypothetical)" if s in hypothetical else s for s in scen], rotation=35, ha="right",
+                       fontsize=8)
     ax.set_ylabel("throughput / MI (predicted)")
     ax.set_title("Throughput normalised to MI (0 = no plan)")
     ax.legend(fontsize=7, ncol=3)

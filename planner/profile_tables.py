@@ -25,7 +25,7 @@ from planner.errors import MissingProfileError, PlannerInputError
 from planner.inputs.files import parse_yaml, read_text
 from planner.schemas.cluster import POOL_SEP, ClusterSpec, CrossTypeLink, NodeGroup, pool_members
 from planner.schemas.device import DeviceProfile, LinkProfile, Provenance
-from planner.schemas.runtime_support import RuntimesFile, RuntimeSupport, VendorProbe
+from planner.schemas.runtime_support import HypotheticalRuntime, RuntimesFile, RuntimeSupport, VendorProbe
 from planner.schemas.types import StrictModel
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -192,6 +192,7 @@ class _Builder:
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
     evidence_files: list[str] = field(default_factory=list)  # evidence.yaml of --profiles dirs (planner/uncertainty.py)
     runtimes: dict[str, RuntimeSupport] = field(default_factory=dict)
+    hypothetical: dict[str, HypotheticalRuntime] = field(default_factory=dict)
     probes: dict[str, VendorProbe] = field(default_factory=dict)
     reported_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
     runtime_files: list[FileRecord] = field(default_factory=list)
@@ -294,6 +295,7 @@ class _Builder:
                                                     f"{', '.join(sorted(self.raw_devices))}")
             self.reported_names[canonical] = tuple(names)
         self.runtimes.update(parsed.runtimes)
+        self.hypothetical.update(parsed.hypothetical)
         self.probes.update(parsed.probes)
         self.runtime_files.append(FileRecord(_display(path), _sha256(path)))
 
@@ -342,6 +344,7 @@ class ProfileSet:
         self.user_files: tuple[str, ...] = tuple(builder.user_files)  # read from --profiles directories
         self.evidence_files: tuple[str, ...] = tuple(builder.evidence_files)
         self._runtimes = dict(builder.runtimes)
+        self._hypothetical = dict(builder.hypothetical)
         self._probes = dict(builder.probes)
         self._reported_names = dict(builder.reported_names)
         self._runtime_files = tuple(builder.runtime_files)
@@ -470,6 +473,30 @@ class ProfileSet:
 
     def runtime_rows(self) -> dict[str, RuntimeSupport]:
         return dict(self._runtimes)
+
+    def hypothetical_runtimes(self) -> dict[str, HypotheticalRuntime]:
+        """runtimes.yaml's `hypothetical` entries: runtimes no public release provides."""
+        return dict(self._hypothetical)
+
+    def assuming(self, name: str) -> "ProfileSet":
+        """These profiles with the hypothetical runtime `name` in place of the row it extends: that
+        runtime then runs the widened vendor groups in one job, its row says HYPOTHETICAL and what it
+        assumes (`RuntimeSupport.hypothetical`; the launchers refuse such a row).  Devices, links and
+        corrections are these, so a plan is priced as it would be on the runtime it extends.  For the
+        bench's table "as the paper assumes" only."""
+        if name not in self._hypothetical:
+            raise MissingProfileError(f"runtimes.yaml has no hypothetical runtime {name!r} (hypothetical: "
+                                      f"{', '.join(sorted(self._hypothetical)) or 'none'})")
+        hyp = self._hypothetical[name]
+        base = self.runtime_support(hyp.extends)
+        added = {v.lower() for v in hyp.vendors}
+        row = base.model_copy(update={
+            "title": hyp.title, "hypothetical": hyp.assumes, "plannable": False,
+            "vendors": {**base.vendors, **hyp.vendors}, "cross_vendor": hyp.cross_vendor,
+            "refuses": tuple(r for r in base.refuses if r.vendor.lower() not in added)})
+        out = copy.copy(self)
+        out._runtimes = {**self._runtimes, hyp.extends: row}
+        return out
 
     def probe(self, vendor: str) -> VendorProbe | None:
         """How launch.sh asks a node of this vendor for its device names (None: no probe known)."""

@@ -62,6 +62,7 @@ class Runtime:
         cluster_types = getattr(types, "device_types", None)  # a ClusterSpec
         device_types = list(cluster_types if cluster_types is not None else dict.fromkeys(types))
         row = profiles.runtime_support(self.name)
+        title = row.title  # the row's: a hypothetical row (ProfileSet.assuming) says so in every message
         by_vendor: dict[str, list[str]] = {}
         for t in device_types:
             by_vendor.setdefault(_vendor_key(row, profiles.vendor(t)), []).append(t)
@@ -69,20 +70,20 @@ class Runtime:
         missing = [v for v in by_vendor if v not in row.vendors]
         if missing:
             why = "; ".join(_refusal(row, v) or f"runtimes.yaml lists no {v} support" for v in missing)
-            return RunCheck(False, f"{self.title} cannot run {_vendors_text({v: by_vendor[v] for v in missing})}: {why}",
+            return RunCheck(False, f"{title} cannot run {_vendors_text({v: by_vendor[v] for v in missing})}: {why}",
                             why=why)
         if len(by_vendor) == 1:
             (vendor,) = by_vendor
             lib = row.vendors[vendor]
-            return RunCheck(True, f"{self.title} runs {what} with {lib.library}", lib.library,
+            return RunCheck(True, f"{title} runs {what} with {lib.library}", lib.library,
                             tuple(n for n in (lib.needs,) if n))
         for group in row.cross_vendor:
             if set(by_vendor) <= set(group.vendors):
-                return RunCheck(True, f"{self.title} runs {what} in one job with {group.library}", group.library,
+                return RunCheck(True, f"{title} runs {what} in one job with {group.library}", group.library,
                                 tuple(n for n in (group.needs,) if n))
         why = _refusal(row, "*") or (f"no cross-vendor group of runtimes.yaml holds "
                                      f"{' + '.join(by_vendor)}")
-        return RunCheck(False, f"{self.title} cannot run one job over {what}: {why}", why=why)
+        return RunCheck(False, f"{title} cannot run one job over {what}: {why}", why=why)
 
 
 MEGATRON = Runtime(

@@ -249,3 +249,36 @@ def test_megatron_search_refuses_a_cross_vendor_cluster(profiles):
     notes: list[str] = []
     search_hapmoe(run, cluster, profiles, runtimes=("megatron",), notes=notes, time_limit_s=30)
     assert any("HAPMoE megatron: not searched" in n for n in notes)
+
+
+@pytest.fixture(scope="module")
+def mi_hetero(profiles, hetero):
+    run, cluster = hetero
+    return search_mi(run, cluster, profiles)
+
+
+def test_seeded_searches_take_each_distinct_degree_tuple_once_on_runtimes_hapmoe_searches(mi_hetero):
+    from planner.baselines.hapmoe import seeded_searches
+
+    plan = mi_hetero.plan
+    other = plan.model_copy(update={"tp": plan.tp * 2 if plan.tp < 8 else 1})
+    flagscale = plan.model_copy(update={"runtime": "flagscale"})
+    seeds = seeded_searches({"MI": plan, "Copy": plan, "Other": other, "FS": flagscale}, ["megatron"])
+    assert [who for who, _, _ in seeds] == ["MI", "Other"]  # the copy adds nothing; flagscale is not searched
+    assert seeds[0][1:] == ("megatron", {k: (getattr(plan, k),) for k in ("tp", "cp", "ep", "etp", "mbs", "vpp")})
+
+
+def test_the_search_with_an_incumbents_degrees_is_never_behind_it(profiles, hetero, mi_hetero):
+    """MI's plan lies in HAPMoE's space (every stage one device type), so the part of the space with its
+    degrees holds it: searched to the end, that part gives a plan with those degrees at least as fast."""
+    from planner.baselines.hapmoe import seeded_searches
+
+    run, cluster = hetero
+    mi = mi_hetero
+    assert not mi.mixed_stages
+    ((who, rt, narrow),) = seeded_searches({"MI": mi.plan}, ["megatron"])
+    sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=60, narrow=narrow, seeded_from=who)
+    assert sr.status == "ok" and sr.seeded_from == "MI" and "time limit" not in sr.detail, sr.detail
+    assert all((getattr(sr.plan, k),) == v for k, v in narrow.items())
+    ours = cost_model(run, cluster, profiles).evaluate(sr.plan)
+    assert ours.fits and ours.iteration_time_s <= mi.cost.iteration_time_s * (1 + 1e-9)

@@ -10,15 +10,18 @@ import pytest
 from click.testing import CliRunner
 
 from planner.bench import (
-    QUICK_SUITE, SUITE, Row, json_clean, summarize, table2_markdown, table3_markdown, three_type_cluster,
+    PAPER_SUITE, QUICK_SUITE, SECTIONS, SUITE, Row, json_clean, planning_world, summarize, table2_markdown,
+    table3_markdown, three_type_cluster,
 )
+from planner.inputs.cluster import parse_cluster
 
 
-def row(scenario, planner, tput, kind="moe-hetero", model="mixtral-s", plan="p"):
+def row(scenario, planner, tput, kind="moe-hetero", model="mixtral-s", plan="p", runnable=True, paper=True):
     """A results row whose latency is the inverse of its throughput (fixed GBS)."""
     return Row(scenario=scenario, kind=kind, model=model, cluster=scenario.split("@")[1], gpus=32, gbs=512,
                planner=planner, status="ok", throughput_tflops_per_gpu=tput, mfu=tput / 1000,
-               iteration_time_s=100.0 / tput, peak_memory_gib=50.0, search_time_s=1.0, gpus_used=32, plan=plan)
+               iteration_time_s=100.0 / tput, peak_memory_gib=50.0, search_time_s=1.0, gpus_used=32, plan=plan,
+               runnable=runnable, paper=paper)
 
 
 SYNTH = [
@@ -44,12 +47,54 @@ def test_summary_geomean_and_worst_ratio():
 
 def test_table2_normalises_to_mi():
     """Table 2: HAPMoE's throughput geomean 4.00x, latency 0.25x; Metis sqrt(1.5*9) = 3.67x."""
-    md = table2_markdown(SYNTH)
-    hap_col = md.splitlines()[4].split(" | ").index("HAPMoE")
-    lines = {ln.split(" | ")[1]: ln.split(" | ") for ln in md.splitlines() if ln.startswith("| mixtral-s")}
+    md = table2_markdown(SYNTH).split("## ")[1]  # the first section (runnable: every SYNTH row is)
+    table = [ln for ln in md.splitlines() if ln.startswith("| model")]
+    hap_col = [c.strip(" |") for c in table[0].split(" | ")].index("HAPMoE")
+    lines = {ln.split(" | ")[1]: ln.split(" | ") for ln in md.splitlines() if ln.startswith("| mixtral-s |")}
     assert lines["throughput"][hap_col].startswith("4.00x (n=2)")
     assert lines["latency"][hap_col].startswith("0.25x")
     assert f"{math.sqrt(1.5 * 9):.2f}x" in " ".join(lines["throughput"])
+
+
+# Two worlds: mixtral-l@x runs on a public runtime but is not one of the paper's scenarios; mixtral-l@y is the
+# paper's and planned for the hypothetical runtime; mixtral-l@z is both (the paper's h800-mi300x).
+SECTIONED = [
+    row("mixtral-l@x", "mi", 100.0, model="mixtral-l", paper=False), row("mixtral-l@x", "hapmoe", 150.0,
+                                                                         model="mixtral-l", paper=False),
+    row("mixtral-l@x", "metis", 160.0, model="mixtral-l", paper=False),
+    row("mixtral-l@y", "mi", 100.0, model="mixtral-l", runnable=False),
+    row("mixtral-l@y", "hapmoe", 400.0, model="mixtral-l", runnable=False),
+    row("mixtral-l@y", "metis", 300.0, model="mixtral-l", runnable=False),
+    row("mixtral-l@z", "mi", 100.0, model="mixtral-l"), row("mixtral-l@z", "hapmoe", 100.0, model="mixtral-l"),
+]
+
+
+def test_summary_has_a_section_per_world_over_its_own_scenarios():
+    """runnable: x (1.5x over MI, 150/160 behind Metis) and z (1x) -> sqrt(1.5); paper_assumption: y (4x) and z
+    -> 2x, worst ratio 1 (z); the whole run's keys stay, over x, y and z."""
+    s = summarize(SECTIONED)
+    run, paper = s["runnable"], s["paper_assumption"]
+    assert run["scenarios"] == ["mixtral-l@x", "mixtral-l@z"] and run["hypothetical_scenarios"] == []
+    assert paper["scenarios"] == ["mixtral-l@y", "mixtral-l@z"] and paper["hypothetical_scenarios"] == ["mixtral-l@y"]
+    assert run["geomean_speedup_vs_mi"] == pytest.approx(math.sqrt(1.5))
+    assert run["min_ratio_vs_best_baseline"] == pytest.approx(150 / 160) and run["min_ratio_scenario"] == "mixtral-l@x"
+    assert paper["geomean_speedup_vs_mi"] == pytest.approx(2.0)
+    assert paper["min_ratio_vs_best_baseline"] == pytest.approx(1.0) and paper["min_ratio_scenario"] == "mixtral-l@z"
+    assert s["geomean_speedup_vs_mi"] == pytest.approx((1.5 * 4) ** (1 / 3))
+    assert s["min_ratio_vs_best_baseline"] == pytest.approx(150 / 160)
+    assert {run["title"], paper["title"]} == {t for t, _ in SECTIONS.values()}
+    assert "HYPOTHETICAL" in paper["assumes"] and "HYPOTHETICAL" not in run["assumes"]
+
+
+def test_table2_shows_runnable_first_then_the_paper_assumption_each_saying_what_it_assumes():
+    md = table2_markdown(SECTIONED)
+    heads = [ln for ln in md.splitlines() if ln.startswith("## ")]
+    assert heads == ["## Runnable today", "## As the paper assumes"]
+    runnable, paper = md.split("## ")[1:]
+    assert runnable.count("Assumes: ") == 1 and paper.count("Assumes: ") == 1
+    assert "mixtral-l@y" not in runnable and "mixtral-l@x" not in paper
+    assert "paper HAPMoE" in paper and "paper HAPMoE" not in runnable
+    assert "| mixtral-l@y | " in paper and "4.00x | 1.333 | Metis-style |" in paper
 
 
 def test_table3_change_ratios():
@@ -74,10 +119,29 @@ def test_three_type_cluster_sizes(total):
 
 def test_suite_matches_the_paper():
     """Two dense scenarios on A100+910B and Mixtral-S/L on 3 homogeneous and 4 mixed clusters (16 in all)."""
-    assert len(SUITE) == 16
-    assert sum(s.kind == "moe-hetero" for s in SUITE) == 8 and sum(s.kind == "moe-homo" for s in SUITE) == 6
-    assert {s.cluster for s in SUITE if s.kind == "dense-hetero"} == {"a100-910b"}
+    assert len(PAPER_SUITE) == 16 and all(s.paper for s in PAPER_SUITE)
+    assert sum(s.kind == "moe-hetero" for s in PAPER_SUITE) == 8 and sum(s.kind == "moe-homo" for s in PAPER_SUITE) == 6
+    assert {s.cluster for s in PAPER_SUITE if s.kind == "dense-hetero"} == {"a100-910b"}
     assert any(s.kind == "moe-hetero" for s in QUICK_SUITE)
+
+
+def test_runnable_scenarios_run_as_one_job_and_the_paper_mixes_with_the_910b_are_hypothetical(profiles):
+    """Every scenario outside the paper's is a mixed cluster one public runtime runs whole (both models on
+    A100 + H800 and H800 + H20, upstream Megatron-LM; Mixtral-L on 32 + 32 GPUs); of the paper's mixed clusters, H800 + MI300X runs on
+    FlagScale and the four with the 910B are planned for the hypothetical all-vendor runtime, whole."""
+    extra = [s for s in SUITE if not s.paper]
+    assert {(s.model, s.cluster) for s in extra} == {("mixtral-s", "a100-h800"), ("mixtral-s", "h800-h20"),
+                                                   ("mixtral-l", "a100-h800-32"), ("mixtral-l", "h800-h20-32")}
+    assert all(s.kind == "moe-hetero" for s in extra)
+    assert len(SUITE) == len(PAPER_SUITE) + len(extra) == 20
+    worlds = {c: planning_world(parse_cluster(c, profiles), profiles)
+              for c in {s.cluster for s in SUITE if s.kind != "moe-homo"}}
+    assert {c for c, w in worlds.items() if w.hypothetical} == {"a100-910b", "h800-910b", "mi300x-910b",
+                                                                "h800-mi300x-910b"}
+    for c, w in worlds.items():
+        assert not w.choice.left_out, c  # every planner plans on the whole cluster
+        expected = ("all-vendors(HYPOTHETICAL)" if "910b" in c else "flagscale" if c == "h800-mi300x" else "megatron")
+        assert w.runtime == expected, c
 
 
 def test_json_clean_drops_nan():
@@ -117,10 +181,19 @@ def test_bench_quick_end_to_end(tmp_path):
     # across vendors, which cannot start)
     assert summary["geomean_speedup_vs_mi"] >= 1 - 1e-9
     assert summary["min_ratio_vs_best_baseline"] >= 1 - 1e-6
+    for section in ("runnable", "paper_assumption"):  # both comparisons, never behind a baseline
+        assert summary[section]["geomean_speedup_vs_mi"] >= 1 - 1e-9
+        assert summary[section]["min_ratio_vs_best_baseline"] >= 1 - 1e-6
+    assert summary["paper_assumption"]["hypothetical_scenarios"] == ["llama2-7b@a100-910b"]  # A100 + 910B
+    assert "llama2-7b@a100-910b" not in summary["runnable"]["scenarios"]
+    assert res.output.index("## Runnable today") < res.output.index("## As the paper assumes")
     assert "Table 2" in res.output and "Table 3" in res.output and "FlagScale auto-tuner beside HAPMoE" in res.output
     for r in rows:  # every plan is a job one runtime runs: FlagScale across vendors, upstream Megatron on one
         if r["status"] == "ok" and r["cluster"] == "h800-mi300x":
             assert r["plan"].startswith("flagscale"), r
+        if r["status"] == "ok" and r["cluster"] == "a100-910b":  # unless labelled hypothetical
+            assert r["plan"].startswith("all-vendors(HYPOTHETICAL)") and r["runnable"] == "False", r
+            assert r["notes"].startswith("HYPOTHETICAL all-vendor runtime"), r
 
 
 def test_flagscale_tuner_is_skipped_with_the_reason_without_its_environment(monkeypatch):

@@ -140,3 +140,41 @@ def test_interleaved_types_are_grouped_when_that_costs_nothing(profiles):
         other = plan.model_copy(update={"stages": tuple(StagePlan(device_type=t, num_layers=8, dp=2) for t in order)})
         assert new_cost.iteration_time_s <= cost.evaluate(other).iteration_time_s * (1 + 1e-12)
     assert contiguous_order(cost, new, new_cost) == (new, new_cost, None)  # already grouped: nothing to say
+
+
+def test_the_hypothetical_all_vendor_runtime_is_flagscale_widened_and_never_runs(profiles):
+    """runtimes.yaml's `hypothetical: all-vendors` (the bench's table "as the paper assumes"): applied with
+    ProfileSet.assuming, FlagScale's row runs H800 + MI300X + 910B in one job and says HYPOTHETICAL, and
+    nothing else changes (devices, links, the other rows).  It is no --runtime value, auto never picks it,
+    and the launcher refuses its plans; the shipped profiles still leave the 910Bs idle."""
+    from planner.runtime import RUNTIME_CHOICES, plannable_runtimes
+
+    cl = parse_cluster(README_CLUSTER, profiles)
+    assert "all-vendors" in profiles.hypothetical_runtimes() and "all-vendors" not in RUNTIME_CHOICES
+    assert "all-vendors" not in profiles.runtime_rows() and choose_runtime("auto", cl, profiles).left_out
+    paper = profiles.assuming("all-vendors")
+    check = FLAGSCALE.can_run(cl, paper)
+    assert check.ok and check.reason.startswith("HYPOTHETICAL all-vendor runtime")
+    row = paper.runtime_support("flagscale")
+    assert "FlagCX's HCCL adaptor carrying cross-vendor traffic" in row.hypothetical
+    assert FLAGSCALE not in plannable_runtimes(paper)  # never --runtime auto's choice
+    assert paper.runtime_support("megatron") == profiles.runtime_support("megatron")
+    assert profiles.runtime_support("flagscale").hypothetical is None  # the shipped row is untouched
+    # priced as FlagScale's NVIDIA + AMD jobs: a 910B stage meets the others over the same host-memory link
+    for other in ("H800", "MI300X"):
+        assert paper.cross_link(other, "910B", cl) == profiles.cross_link("H800", "MI300X", cl)
+    run = load_inputs(model="mixtral-s", cluster="H800:8,910B:8").run
+    plan = Plan(runtime="flagscale", tp=1, ep=8, etp=1, gbs=run.training.global_batch_size,
+                stages=(StagePlan(device_type="H800", num_layers=20, dp=8),
+                        StagePlan(device_type="910B", num_layers=12, dp=8)))
+    for ps, says in ((paper, "is hypothetical"), (profiles, "FlagCX's HCCL backend has no cross-vendor")):
+        with pytest.raises(PlannerInputError) as err:
+            render_launch_files(run, plan, parse_cluster("H800:8,910B:8", profiles), profiles=ps)
+        assert err.value.field == "--runtime" and says in str(err.value) and "no launcher written" in str(err.value)
+
+
+def test_an_unknown_hypothetical_runtime_is_refused_naming_the_known_ones(profiles):
+    from planner.errors import MissingProfileError
+
+    with pytest.raises(MissingProfileError, match="hypothetical: all-vendors"):
+        profiles.assuming("nope")

@@ -3,7 +3,11 @@
 HAPMoE: planner.api.solve with the HS-DP backend on the megatron runtime (per-stage device type and
 layer count) and on the flagscale runtime (per-stage DP and recompute too: the paper's non-uniform
 PP/DP); the faster plan wins.  Each search runs in a child process under a hard wall-clock limit, since
-a search's own time limit is only checked between configurations.
+a search's own time limit is only checked between configurations.  Given other planners' plans
+(`incumbents`, the bench's baselines), HAPMoE also searches, to the end, the part of its space with
+each one's degrees (TP, CP, EP, ETP, micro-batch, VPP; layers, device types, DP, PP and recompute still
+free): a plan of its space is in that part, so HAPMoE is never behind it for want of search time, and
+a plan outside its space (a stage spanning device types) is not copied.
 
 Ablation ("non-uniform PP/DP disabled"): megatron runtime and every stage holding the same number of
 layers.  The search cannot be told "uniform layers", so without touching planner/search the ablation
@@ -45,13 +49,14 @@ class SearchRun:
     search_time_s: float
     status: str  # ok | infeasible | timeout | error
     detail: str = ""
+    seeded_from: str = ""  # the incumbent whose degrees narrowed the space ("": HAPMoE's whole space)
 
 
-def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_s: float) -> None:
+def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_s: float, narrow: dict) -> None:
     """Child-process body: run the search and send back (plan, detail)."""
     try:
         out = solve(run, cluster, profiles, settings=SearchSettings(backend=backend, time_limit_s=time_limit_s),
-                    space=make_space(run, runtime), objective="nominal")
+                    space=make_space(run, runtime).with_(**narrow), objective="nominal")
         conn.send(("ok", out.plans[0], "; ".join(out.result.notes)))
     except InfeasibleError as exc:
         conn.send(("infeasible", None, str(exc)))
@@ -64,14 +69,15 @@ def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_
 
 
 def solve_with_limit(run: MegatronRun, cluster: ClusterSpec, profiles, *, runtime: str, backend: str = "hsdp",
-                     hard_limit_s: float = 60.0) -> SearchRun:
+                     hard_limit_s: float = 60.0, narrow: dict | None = None, seeded_from: str = "") -> SearchRun:
     """planner.api.solve in a forked child, killed after `hard_limit_s` seconds of wall time (the
-    search's own soft limit is set a little lower)."""
+    search's own soft limit is set a little lower); `narrow`: SearchSpace menus (make_space)."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     t0 = time.perf_counter()
     soft = max(0.5, 0.8 * hard_limit_s)
-    proc = ctx.Process(target=_child, args=(child, run, cluster, profiles, runtime, backend, soft), daemon=True)
+    proc = ctx.Process(target=_child, args=(child, run, cluster, profiles, runtime, backend, soft, narrow or {}),
+                       daemon=True)
     proc.start()
     child.close()
     try:
@@ -87,16 +93,17 @@ def solve_with_limit(run: MegatronRun, cluster: ClusterSpec, profiles, *, runtim
         proc.join(5)
         parent.close()
     return SearchRun(runtime=runtime, plan=plan, search_time_s=time.perf_counter() - t0, status=status,
-                     detail=detail)
+                     detail=detail, seeded_from=seeded_from)
 
 
 def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[str] | None = None,
                   time_limit_s: float = 60.0, flagscale_time_limit_s: float | None = None,
                   runtimes: tuple[str, ...] = HAPMOE_RUNTIMES, runs_out: list[SearchRun] | None = None,
-                  **_ignored) -> PricedPlan | None:
+                  incumbents: dict[str, Plan] | None = None, **_ignored) -> PricedPlan | None:
     """The faster of HAPMoE's megatron- and flagscale-runtime plans, each search under its own hard
     limit (`time_limit_s`; the flagscale one `flagscale_time_limit_s` if given, 0 skips it).  A runtime
-    that cannot hold the cluster's vendors in one job (profiles/runtimes.yaml) is not searched."""
+    that cannot hold the cluster's vendors in one job (profiles/runtimes.yaml) is not searched.
+    `incumbents` ({who: plan}): each one's degrees narrow a further search (seeded_searches)."""
     cost = cost_model(run, cluster, profiles)
     best: PricedPlan | None = None
     runnable = [rt for rt in runtimes if runtime_of(rt).can_run(cluster, profiles).ok]
@@ -122,7 +129,35 @@ def search_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: li
             pc = cost.evaluate(sr.plan)
             if pc.fits:
                 best = better(best, PricedPlan(plan=sr.plan, cost=pc))
+    for who, rt, narrow in seeded_searches(incumbents or {}, [rt for rt in runtimes if rt in runnable]):
+        sr = solve_with_limit(run, cluster, profiles, runtime=rt, hard_limit_s=time_limit_s, narrow=narrow,
+                              seeded_from=who)
+        if runs_out is not None:
+            runs_out.append(sr)
+        found = cost.evaluate(sr.plan) if sr.plan is not None else None
+        if notes is not None:
+            notes.append(f"HAPMoE {rt} with {who}'s degrees ({', '.join(f'{k} {v[0]}' for k, v in narrow.items())}): "
+                         f"{sr.status} in {sr.search_time_s:.1f} s" + (f", {found.iteration_time_s:.3f} s/iter"
+                                                                        if found is not None else ""))
+        if found is not None and found.fits:
+            best = better(best, PricedPlan(plan=sr.plan, cost=found))
     return best
+
+
+SEED_DEGREES = ("tp", "cp", "ep", "etp", "mbs", "vpp")
+"""The degrees an incumbent fixes in a seeded search (planner.search.space.SearchSpace menus)."""
+
+
+def seeded_searches(incumbents: dict[str, Plan], runtimes: list[str]) -> list[tuple[str, str, dict]]:
+    """(who, runtime, narrowed menus) per distinct degree tuple among the incumbents planned for a
+    runtime HAPMoE searches (the first planner to give each tuple names it)."""
+    out: dict[tuple, tuple[str, str, dict]] = {}
+    for who, plan in incumbents.items():
+        if plan.runtime not in runtimes:
+            continue
+        narrow = {k: (getattr(plan, k),) for k in SEED_DEGREES}
+        out.setdefault((plan.runtime, *(v for v, in narrow.values())), (who, plan.runtime, narrow))
+    return list(out.values())
 
 
 def plan_hapmoe(run: MegatronRun, cluster: ClusterSpec, profiles, **kw) -> Plan | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from planner.baselines import PLANNERS
-from planner.bench import QUICK_SUITE, SUITE, BenchSettings, run_bench
+from planner.bench import QUICK_SUITE, SECTIONS, SUITE, BenchSettings, run_bench
 from planner.bench_flagscale import TUNER
 from planner.cli_common import FiniteFloat, handle_errors
 from planner.errors import PlannerInputError
@@ -21,7 +21,8 @@ from planner.profile_tables import ProfileSet
               help="directory for results.csv, summary.json, table2.md, table3.md, flagscale_tuner.md, search_time.md and PNG plots "
                    "(earlier bench results there are overwritten; any other non-empty directory is refused)")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no bench results")
-@click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, megatron runtime, 2 cluster sizes)")
+@click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, one planned for the hypothetical all-vendor "
+              "runtime; 2 cluster sizes)")
 @click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=1.0), default=None,
               help="seconds per search (default 60; 15 with --quick)")
 @click.option("--flagscale-time-limit", "flagscale_time_limit_s", type=FiniteFloat(min=0.0), default=None,
@@ -93,13 +94,16 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, tuner_t
     with StagedOutput(out_dir, "--out", BENCH_OUTPUT, force=force) as staging:  # published when the bench is done
         report = run_bench(staging, ProfileSet.load(), settings, progress=progress)
     s = report.summary
-    gm = s.get("geomean_speedup_vs_mi")
-    mr = s.get("min_ratio_vs_best_baseline")
     click.echo(f"wrote {len(report.files)} files to {out_dir}: {', '.join(report.files)}")
-    click.echo(f"geomean speedup vs MI (heterogeneous MoE): {gm:.2f}x" if gm else
-               "geomean speedup vs MI: n/a (no heterogeneous MoE scenario)")
-    if mr is not None:
-        click.echo(f"HAPMoE / best baseline, worst scenario: {mr:.3f} ({s.get('min_ratio_scenario')})")
+    for section in SECTIONS:  # runnable first
+        part = s[section]
+        gm, mr = part.get("geomean_speedup_vs_mi"), part.get("min_ratio_vs_best_baseline")
+        click.echo(f"{part['title']}: geomean speedup vs MI (heterogeneous MoE) "
+                   + (f"{gm:.2f}x" if gm else "n/a (no heterogeneous MoE scenario)")
+                   + (f"; HAPMoE / best baseline, worst scenario {mr:.3f} ({part.get('min_ratio_scenario')})"
+                      if mr is not None else "")
+                   + (f" [{len(part['hypothetical_scenarios'])} scenario(s) planned for a HYPOTHETICAL runtime]"
+                      if part["hypothetical_scenarios"] else ""))
     for loss in s.get("hapmoe_slower_than_a_baseline", []):
         click.echo(f"HAPMoE slower than {loss['baseline']} on {loss['scenario']} ({loss['ratio']:.3f}): {loss['why']}")
     click.echo("")

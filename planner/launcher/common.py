@@ -241,8 +241,13 @@ def arrays_of(items: list[FlagItem]) -> dict[str, list[FlagItem]]:
 
 def job_check(plan: Plan, profiles: ProfileSet) -> RunCheck:
     """Whether the plan's runtime can hold the plan's device types in one job (profiles/runtimes.yaml);
-    PlannerInputError naming --runtime otherwise: no launcher is written for a job that cannot start."""
+    PlannerInputError naming --runtime otherwise, and for a hypothetical runtime's row
+    (ProfileSet.assuming): no launcher is written for a job that cannot start."""
     rt = runtime_of(plan.runtime)
+    row = profiles.runtime_support(rt.name)
+    if row.hypothetical:
+        raise PlannerInputError("--runtime", f"{row.title} is hypothetical (it assumes {row.hypothetical}); no "
+                                "launcher written: no public runtime runs this job")
     check = rt.can_run(plan.member_types(), profiles)
     if not check.ok:
         other = "flagscale" if rt.name != "flagscale" else "megatron"

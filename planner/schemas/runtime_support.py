@@ -61,6 +61,8 @@ class RuntimeSupport(StrictModel):
     uneven_stages: str = Field(min_length=1)
     notes: tuple[str, ...] = ()
     plannable: bool = Field(True, description="false: documented only (no launcher; not a --runtime value)")
+    hypothetical: str | None = Field(None, description="set on a row no public release provides (a `hypothetical` "
+                                     "entry applied by ProfileSet.assuming): what it assumes; no launcher is written")
 
     @model_validator(mode="after")
     def _groups_use_known_vendors(self) -> "RuntimeSupport":
@@ -70,6 +72,22 @@ class RuntimeSupport(StrictModel):
                 raise ValueError(f"cross_vendor group {list(group.vendors)} names {unknown}, which `vendors` "
                                  "does not list (a job of those vendors alone must be runnable too)")
         return self
+
+
+class HypotheticalRuntime(StrictModel):
+    """A runtime no public release provides, for the bench's table "as the paper assumes": the row of
+    an existing runtime (`extends`: its meshes, rules and launcher shape, priced by the same cost model
+    and links) widened to vendors it does not run in one job today.  Never picked by `--runtime auto`
+    and never given a launcher: only `ProfileSet.assuming(name)` applies it, for the bench."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    extends: str = Field(min_length=1, description="the runtime whose row this widens (e.g. flagscale)")
+    title: str = Field(min_length=1, description="its name in messages and tables; says HYPOTHETICAL")
+    assumes: str = Field(min_length=1, description="what it assumes that no public runtime does")
+    vendors: dict[str, VendorLibrary] = Field(description="vendors added to the row's own")
+    cross_vendor: tuple[VendorGroup, ...] = Field(min_length=1, description="replaces the row's groups")
+    source: str = Field(min_length=1)
 
 
 class VendorProbe(StrictModel):
@@ -90,6 +108,7 @@ class RuntimesFile(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     runtimes: dict[str, RuntimeSupport]
+    hypothetical: dict[str, HypotheticalRuntime] = {}
     probes: dict[str, VendorProbe] = {}
     reported_names: dict[str, tuple[str, ...]] = Field(
         {}, description="device -> extra names its vendor's probe prints (besides the device's name and aliases)")
