@@ -290,7 +290,7 @@ def _solve_out(name: str, args: list[str]) -> Path | str:
     """solve's launch/ directory, or the planner's one-line refusal (exit 2)."""
     out = _EMITTED / name
     own, script_args = (args[:args.index("--")], args[args.index("--"):]) if "--" in args else (args, [])
-    res = CliRunner().invoke(main, ["solve", *own, "--backend", "hsdp", "--time-limit", "20", "--quiet",
+    res = CliRunner().invoke(main, ["solve", *own, "--backend", "hsdp", "--time-limit", "10", "--quiet",
                                     "--out", str(out), *script_args])
     if res.exit_code == 2:
         return res.output.strip()

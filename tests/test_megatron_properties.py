@@ -33,7 +33,7 @@ from helpers.megatron import NEEDS_MEGATRON, validate
 from helpers.rule_cases import Case, cluster_for, draw_cases, planner_verdict, profiles
 from test_megatron_validator import _concrete, _upstream_only
 
-SEED, CASES, SOLVED = 20, 400, 24
+SEED, CASES, SOLVED = 20, 250, 24  # 250 seeded flag sets in CI (its time budget); raise CASES for a longer sweep
 ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # what the planner's launchers export with TP or CP > 1
 
 INVISIBLE = {
@@ -115,7 +115,7 @@ def _solved_case(case: Case, cluster: str | None = None) -> dict:
     """`solve` on the case's flags (HS-DP, a short time limit) and the launcher's flags for its plan."""
     inputs = load_inputs(megatron_args=list(case.argv), cluster=cluster or cluster_for(case.world),
                          profiles=profiles(), allow_invalid=True)
-    settings = SearchSettings(backend="hsdp", time_limit_s=20.0)
+    settings = SearchSettings(backend="hsdp", time_limit_s=10.0)
     out = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=SearchSpace())
     plan = out.plans[0]
     argv, _ = _upstream_only(shlex.split(render_launch_files(inputs.run, plan, inputs.cluster)["megatron_args.txt"]))
