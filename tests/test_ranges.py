@@ -15,9 +15,10 @@ from planner.api import compare_rows, estimate, load_inputs
 from planner.calibration.memory import memory_rows
 from planner.calibration.runs import load_runs
 from planner.calibration.uncertainty import HeldOutRow, fit_mechanisms, memory_headroom
-from planner.cost.mechanisms import MECHANISM_OF_KIND, MECHANISM_OF_PART, MECHANISMS, Conditions
+from planner.cost.mechanisms import MECHANISM_OF_KIND, MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern, \
+    schedule_conditions
 from planner.cost.model import TIME_PARTS, PlanCost
-from planner.cost.ranges import RangeModel, TimeRange
+from planner.cost.ranges import RangeModel, TimeRange, schedule_stall
 from planner.profile_tables import TIME_CORRECTION_KINDS
 from planner.uncertainty import Region, Uncertainty, cell_of, shipped_uncertainty
 from planner.user_plan import UserPlan
@@ -277,3 +278,37 @@ def test_keep_yours_end_to_end():
     slow = _invoke(base + ["--json", "--megatron-args", MODEL + " --pipeline-model-parallel-size 8"])
     us = json.loads(slow.stdout)["user_plan"]
     assert us["runs"] and not us["keep_yours"] and "above our plan's pessimistic" in us["keep_yours_why"]
+
+
+def _interleaved(second_chunk: int):
+    """PP 4 with VPP 2 as a layout (Megatron refuses unequal chunks from --num-virtual-stages-per-pipeline-rank):
+    two layers in every rank's first chunk, `second_chunk` in its second."""
+    c = "t" * second_chunk
+    layout = f"Et*2|t*2|t*2|t*2|{c}|{c}|{c}|{c}L"
+    flags = DENSE.replace("--num-layers 8", f"--num-layers {8 + 4 * second_chunk}") + \
+        f" --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout {layout}"
+    return flags_cost_model(flags, "H100:32")
+
+
+def test_unequal_interleaved_chunks_are_named_unmeasured_with_their_simulated_stall():
+    """PP 4 with VPP 2, 2 and 1 layers in a rank's chunks, and 2 and 2.  Megatron's schedule
+    (the discrete-event simulator, independent of the cost model's formula) stalls on the first and not on the
+    second; no calibration run has unequal chunks, so the shipped region names the first plan's schedule as
+    unmeasured, with the stall, and not the second's.  The schedule is evidence only: it never widens the range."""
+    run, plan, cm = _interleaved(1)
+    assert chunk_pattern(plan) == (2, 1) and "unequal" in schedule_conditions(plan).words()
+    stall = schedule_stall(cm, plan)
+    assert stall > 0.02
+    rm = RangeModel(run.model, run.training, cm.cluster, cm.profiles)
+    ev = rm.time_range(plan).evidence
+    assert ev.extrapolated and any("unequal virtual chunks" in what and f"about {100 * stall:.0f}%" in what
+                                   for what, _ in ev.unmeasured), ev
+    unc = Uncertainty(mechanisms={"pipeline_schedule": 0.5}, extrapolation=3.0, source="test")
+    wide = RangeModel(run.model, run.training, cm.cluster, cm.profiles, uncertainty=unc).time_range(plan)
+    assert wide.low_s == wide.nominal_s == wide.high_s
+
+    run, plan, cm = _interleaved(2)
+    assert chunk_pattern(plan) == (2, 2) and "equal virtual chunks" in schedule_conditions(plan).words()
+    assert abs(schedule_stall(cm, plan)) < 0.005
+    ev = RangeModel(run.model, run.training, cm.cluster, cm.profiles).time_range(plan).evidence
+    assert not any("virtual chunks" in what for what, _ in ev.unmeasured), ev

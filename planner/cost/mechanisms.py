@@ -21,6 +21,14 @@ near the range the runs cover (planner/uncertainty.py `Region`).  The axes, per 
                       kind, schedule (1F1B or interleaved)
     host              device family                                          -
     recompute         recompute granularity                                  -
+    pipeline_schedule 1F1B, or interleaved with equal or unequal chunks      -
+
+`pipeline_schedule` is evidence only: it carries no time part of its own (its seconds are the schedule's idle time,
+which the cost model derives from the stages' times, `PlanCost.bubble_s`), so it has no uncertainty and never widens
+the range; it marks plans whose schedule no calibration run measured.  Megatron's interleaved schedule stalls when a
+rank's virtual chunks hold unequal layer counts (steady state, so in proportion to the micro-batches: 2-8% in
+planner/simulate.py for patterns like [2, 2, 2, 2, 1, 1, 1, 1]), which the nominal's formula does not price; no
+calibration run has such chunks (planner/cost/ranges.py names the plan extrapolated and quotes the simulated stall).
 
 A device family is the set of parts that run the same kernels (the calibration fit shares their GEMM constants:
 planner/calibration/fit.py SM90, GA100); communication mechanisms keep the device itself, whose links differ.
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.megatron.layout import chunk_split
 from planner.profile_tables import TIME_CORRECTION_KINDS
 from planner.schemas.cluster import pool_members
 from planner.schemas.plan import Recompute
@@ -71,8 +80,11 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("host", "host overhead", ("host_overhead", "iteration_overhead"),
               ("host_overhead", "iteration_overhead"), "host overhead on {device}"),
     Mechanism("recompute", "recomputed forward", ("recompute",), (), "recomputed forward ({recompute} recompute)"),
+    Mechanism("pipeline_schedule", "pipeline schedule", (), (), "{schedule}"),
 )
 """Every mechanism (a test checks that each time part and each time correction kind belongs to exactly one)."""
+EVIDENCE_ONLY = frozenset(m.name for m in MECHANISMS if not m.parts)
+"""Mechanisms without time parts: they mark where the evidence ends and carry no uncertainty (module docstring)."""
 BY_NAME: dict[str, Mechanism] = {m.name: m for m in MECHANISMS}
 MECHANISM_OF_PART: dict[str, str] = {p: m.name for m in MECHANISMS for p in m.parts}
 MECHANISM_OF_KIND: dict[str, str] = {k: m.name for m in MECHANISMS for k in m.kinds if k in TIME_CORRECTION_KINDS}
@@ -209,3 +221,31 @@ def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
         return Conditions("pipeline_sends", (("devices", a_type), ("link", f"inside a node ({intra.kind})"), schedule))
     return Conditions("pipeline_sends", (("devices", a_type), ("link", f"across nodes ({inter.kind})"), schedule),
                       ((BETWEEN_NODES, inter.bandwidth_gb_per_s),))
+
+
+def chunk_pattern(plan) -> tuple[int, ...]:
+    """The decoder layers per virtual chunk of the plan's fullest pipeline rank (one chunk under 1F1B): its own
+    layout's (virtual stage i on rank i % PP), else the planner's (planner/megatron/layout.py `chunk_split`:
+    every rank follows this pattern)."""
+    pp, v = plan.pp, plan.vpp
+    if plan.layout is not None:
+        counts = [stage.count("t") for stage in plan.layout]
+    elif v > 1:
+        counts = chunk_split([s.num_layers for s in plan.stages], v)
+    else:
+        counts = [s.num_layers for s in plan.stages]
+    ranks = [[counts[c * pp + r] for c in range(v)] for r in range(pp)]
+    return tuple(max(ranks, key=sum))
+
+
+def schedule_conditions(plan) -> Conditions:
+    """The conditions of the plan's pipeline schedule (the `pipeline_schedule` mechanism): 1F1B, or interleaved
+    with equal or unequal chunks on its fullest rank."""
+    pattern = chunk_pattern(plan)
+    if len(pattern) == 1:
+        words = "1F1B pipeline schedule"
+    elif max(pattern) == min(pattern):
+        words = "interleaved pipeline schedule with equal virtual chunks"
+    else:
+        words = "interleaved pipeline schedule with unequal virtual chunks"
+    return Conditions("pipeline_schedule", (("schedule", words),))

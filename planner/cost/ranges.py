@@ -26,14 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.cost.mechanisms import MECHANISM_OF_PART, MECHANISMS, Conditions, send_conditions, \
-    stage_conditions
+from planner.cost.mechanisms import EVIDENCE_ONLY, MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern, \
+    schedule_conditions, send_conditions, stage_conditions
 from planner.cost.model import CostModel, GlobalShape, StageCore
+from planner.megatron.layout import chunk_split
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Plan, Recompute
 from planner.schemas.training import TrainingSpec
+from planner.simulate import simulate_pipeline
 from planner.uncertainty import Region, Uncertainty, shipped_uncertainty, user_region
 
 MAX_UNCERTAINTY = 0.8  # a mechanism's seconds are never scaled by more than 1/(1 - 0.8) = 5x
@@ -163,22 +165,40 @@ class RangeModel:
             out.update(dict.fromkeys(stage_conditions(self.nominal, g, st.device_type, st.dp, st.recompute).values()))
             if i + 1 < plan.pp:
                 out[send_conditions(self.nominal, g, st.device_type, st.dp, plan.stages[i + 1].device_type)] = None
+        out[schedule_conditions(plan)] = None
         return list(out)
 
     def shares(self, plan: Plan, nominal_s: float | None = None) -> dict[Conditions, float]:
         """Per conditions of the plan, the share of its iteration time they carry: d ln T / d ln(seconds), by a
         finite difference of the one evaluation (overlaps, the bubble and the sync count as they do in T)."""
-        base = nominal_s if nominal_s is not None else self.nominal.evaluate(plan).iteration_time_s
+        cost = self.nominal.evaluate(plan)
+        base = nominal_s if nominal_s is not None else cost.iteration_time_s
         out = {}
         for c in self.plan_conditions(plan):
+            if c.mechanism in EVIDENCE_ONLY:  # the schedule's idle time, which no time part carries
+                out[c] = max(0.0, cost.bubble_s / base)
+                continue
             t = RangeEnd(self.nominal, lambda x, c=c: 1.0 + SHARE_STEP if x == c else 1.0).evaluate(plan)
             out[c] = max(0.0, (t.iteration_time_s / base - 1.0) / SHARE_STEP)
         return out
 
     def evidence(self, plan: Plan, shares: dict[Conditions, float]) -> Evidence:
-        out = [(c.words(), self.region.why_not(c)) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])
+        out = [(self._words(plan, c), self.region.why_not(c))
+               for c, s in sorted(shares.items(), key=lambda kv: -kv[1])
                if s >= UNMEASURED_MIN_SHARE and not self.region.covers(c)]
         return Evidence(extrapolated=bool(out), unmeasured=tuple(out))
+
+    def _words(self, plan: Plan, c: Conditions) -> str:
+        """The conditions in words; an unmeasured schedule with what it is and the stall it simulates to."""
+        if c.mechanism != "pipeline_schedule" or plan.vpp == 1:
+            return c.words()
+        pattern = chunk_pattern(plan)
+        words = f"{c.words()} (VPP {plan.vpp}, {'/'.join(map(str, pattern))} layers per chunk on the fullest rank)"
+        stall = schedule_stall(self.nominal, plan)
+        if stall > 0.001:
+            words += (f"; Megatron's schedule stalls on them: about {100 * stall:.0f}% slower than priced in the "
+                      "simulation (planner/simulate.py), which the estimate does not include")
+        return words
 
     def widening(self, plan: Plan, nominal_s: float) -> tuple[tuple[str, float], ...]:
         """Per mechanism, the seconds its uncertainty alone adds at the top of the range, largest first."""
@@ -199,3 +219,44 @@ class RangeModel:
                          evidence=self.evidence(plan, self.shares(plan, nominal_s)),
                          widening_s=self.widening(plan, nominal_s))
 
+
+
+STALL_MICROBATCH_ROUNDS = 4
+"""`schedule_stall` simulates at most this many rounds of PP micro-batches: the stall per micro-batch is a steady
+state, so its share settles within a few rounds and a long iteration is not simulated op by op."""
+
+
+def schedule_stall(cost: CostModel, plan: Plan) -> float:
+    """How much slower Megatron's interleaved schedule runs the plan's pipeline than the cost model's formula
+    (planner/cost/model.py `combine`), as a fraction, by simulating the plan's stages with their chunks
+    (planner/simulate.py, sends left out): each chunk takes its decoder layers' share of its rank's layer time,
+    the embedding the first rank's first chunk, the output layer and loss the last rank's last; 0 under 1F1B."""
+    if plan.vpp == 1 or plan.pp == 1:
+        return 0.0
+    m = min(plan.num_microbatches, STALL_MICROBATCH_ROUNDS * plan.pp)
+    m -= m % plan.pp
+    if m < plan.pp:
+        return 0.0
+    stages = cost.evaluate(plan).stages
+    layers = ([stage.count("t") for stage in plan.layout] if plan.layout is not None
+              else chunk_split([s.num_layers for s in plan.stages], plan.vpp))
+    pp, v = plan.pp, plan.vpp
+    weights = [0.0] * (pp * v)
+    for r, st in enumerate(stages):
+        ends = {name: sec for name, sec in st.parts if name in END_PARTS}
+        mine = [layers[c * pp + r] for c in range(v)]
+        body = st.time_s - sum(ends.values())
+        for c in range(v):
+            weights[c * pp + r] = body * mine[c] / sum(mine) if sum(mine) else body / v
+        weights[r] += ends.get("embedding", 0.0)  # chunk 0 of rank r
+        weights[(v - 1) * pp + r] += ends.get("logits_loss", 0.0) + ends.get("mtp_proj", 0.0)
+    fwd = [s.forward_s for s in stages]
+    bwd = [s.backward_s for s in stages]
+    times = [f + b for f, b in zip(fwd, bwd)]
+    formula = sum(times) / v + (m - 1.0 / v) * max(times)
+    simulated = simulate_pipeline(fwd, bwd, m, schedule="interleaved", vpp=v, chunk_layers=weights).iteration_time_s
+    return simulated / formula - 1.0
+
+
+END_PARTS = ("embedding", "logits_loss", "mtp_proj")
+"""The time parts of a stage's ends, which sit in one chunk each (`schedule_stall`)."""
