@@ -40,9 +40,6 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 TIME_LIMIT_S = "20"  # HAPMOE_TIME_LIMIT for the README's searches: the README says so
 MAX_LINES = 250
 COMMAND_TIMEOUT_S = 180
-# pages another branch writes (the cost model's, h31c): a link to one is checked once the page exists;
-# remove the entry when it has landed
-PENDING_PAGES = {ROOT / "docs" / "cost-model.md"}
 
 
 def bash_blocks(text: str) -> list[list[str]]:
@@ -165,7 +162,7 @@ def test_the_readme_is_short_and_links_only_inside_the_repository():
             assert "://" not in target and not target.startswith("/"), (page.name, target)
             path = (page.parent / target.split("#")[0]).resolve()
             assert path.is_relative_to(ROOT), (page.name, target)
-            assert path.exists() or path in PENDING_PAGES, \
+            assert path.exists(), \
                 f"{page.relative_to(ROOT)} links to {target}, which is not in the repository"
 
 
