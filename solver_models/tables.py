@@ -159,11 +159,12 @@ class StageTables:
     @property
     def quantisation_us(self) -> int:
         """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage
-        time has three rounded-down terms (core and two links; with traffic at most four: F, B and two L),
+        time has three rounded-down terms (core and two links; with traffic at most four: F, B and two L;
+        interleaved, two more: the middle stages' schedule stall on unequal chunks and its forward part),
         the sync one, and the objective counts stage times PP + m*v - 1 times, the sync v times and each
         boundary's fill v times."""
         v = self.g.vpp
-        per_stage = 3 if self.traffic_us is None else 4
+        per_stage = (3 if self.traffic_us is None else 4) + (2 if v > 1 else 0)  # the stall, and its forward part
         fill = 0 if self.fill_us is None else v * (self.pp - 1)  # one rounded X per boundary, counted v times
         return per_stage * (self.pp + self.num_microbatches * v - 1) + v + fill
 

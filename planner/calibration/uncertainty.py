@@ -46,7 +46,7 @@ import yaml
 from planner.calibration.fit import Fit, apply_factors
 from planner.calibration.memory import MemoryRow
 from planner.calibration.runs import CalibrationCase
-from planner.cost.mechanisms import EVIDENCE_ONLY, MECHANISMS, Conditions
+from planner.cost.mechanisms import MECHANISMS, Conditions
 from planner.cost.ranges import EVIDENCE_MIN_SHARE, MAX_UNCERTAINTY, UNMEASURED_MIN_SHARE, RangeModel
 from planner.uncertainty import UNCERTAINTY_YAML, Region, Uncertainty, cell_of
 
@@ -140,9 +140,7 @@ def _least(grid, covered_share) -> float:
 
 def _weighted_rms(rows: list[HeldOutRow], out: dict, mechanism: str) -> float:
     """The share-weighted root mean square held-out residual of `mechanism` over its conditions in the region
-    (over all of them when none is); 0 for an evidence-only mechanism, which the range never scales."""
-    if mechanism in EVIDENCE_ONLY:
-        return 0.0
+    (over all of them when none is); 0 when no row leans on it."""
     def rms(inside_only: bool) -> float | None:
         num = den = 0.0
         for r in rows:

@@ -23,15 +23,9 @@ near the range the runs cover (planner/uncertainty.py `Region`).  The axes, per 
     recompute         recompute granularity                                  -
     pipeline_schedule 1F1B, or interleaved with equal or unequal chunks      -
 
-`pipeline_schedule` is evidence only: it carries no time part of its own (its seconds are the schedule's idle time,
-which the cost model derives from the stages' times, `PlanCost.bubble_s`), so it has no uncertainty and never widens
-the range; it marks plans whose schedule no calibration run measured.  Megatron's interleaved schedule stalls when a
-rank's virtual chunks hold unequal layer counts (steady state, so in proportion to the micro-batches: 2-8% in
-planner/simulate.py for patterns like [2, 2, 2, 2, 1, 1, 1, 1]), which the nominal's formula does not price; no
-calibration run has such chunks (planner/cost/ranges.py names the plan extrapolated and quotes the simulated stall).
-
-A device family is the set of parts that run the same kernels (the calibration fit shares their GEMM constants:
-planner/calibration/fit.py SM90, GA100); communication mechanisms keep the device itself, whose links differ.
+`pipeline_schedule` is the stall of Megatron's interleaved schedule on a rank whose virtual chunks hold unequal
+layer counts (planner/cost/model.py `chunk_stall_layers`, from the schedule's simulation); no calibration run has
+such chunks, so a plan that leans on it is extrapolated (planner/cost/ranges.py quotes the plan's own simulation).
 """
 
 from __future__ import annotations
@@ -80,11 +74,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("host", "host overhead", ("host_overhead", "iteration_overhead"),
               ("host_overhead", "iteration_overhead"), "host overhead on {device}"),
     Mechanism("recompute", "recomputed forward", ("recompute",), (), "recomputed forward ({recompute} recompute)"),
-    Mechanism("pipeline_schedule", "pipeline schedule", (), (), "{schedule}"),
+    Mechanism("pipeline_schedule", "pipeline schedule", ("chunk_stall",), (), "{schedule}"),
 )
 """Every mechanism (a test checks that each time part and each time correction kind belongs to exactly one)."""
-EVIDENCE_ONLY = frozenset(m.name for m in MECHANISMS if not m.parts)
-"""Mechanisms without time parts: they mark where the evidence ends and carry no uncertainty (module docstring)."""
 BY_NAME: dict[str, Mechanism] = {m.name: m for m in MECHANISMS}
 MECHANISM_OF_PART: dict[str, str] = {p: m.name for m in MECHANISMS for p in m.parts}
 MECHANISM_OF_KIND: dict[str, str] = {k: m.name for m in MECHANISMS for k in m.kinds if k in TIME_CORRECTION_KINDS}
@@ -238,13 +230,12 @@ def chunk_pattern(plan) -> tuple[int, ...]:
     return tuple(max(ranks, key=sum))
 
 
-def schedule_conditions(plan) -> Conditions:
-    """The conditions of the plan's pipeline schedule (the `pipeline_schedule` mechanism): 1F1B, or interleaved
-    with equal or unequal chunks on its fullest rank."""
-    pattern = chunk_pattern(plan)
-    if len(pattern) == 1:
+def schedule_conditions(g, num_layers: int) -> Conditions:
+    """The conditions of a stage's pipeline schedule (the `pipeline_schedule` mechanism) with `num_layers` decoder
+    layers: 1F1B, or interleaved with equal or unequal virtual chunks (GlobalShape `g`)."""
+    if g.vpp == 1:
         words = "1F1B pipeline schedule"
-    elif max(pattern) == min(pattern):
+    elif num_layers % g.vpp == 0:
         words = "interleaved pipeline schedule with equal virtual chunks"
     else:
         words = "interleaved pipeline schedule with unequal virtual chunks"

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.cost.mechanisms import EVIDENCE_ONLY, MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern, \
-    schedule_conditions, send_conditions, stage_conditions
-from planner.cost.model import CostModel, GlobalShape, StageCore
+from planner.cost.mechanisms import MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern, schedule_conditions, \
+    send_conditions, stage_conditions
+from planner.cost.model import END_PARTS, CostModel, GlobalShape, StageCore
 from planner.megatron.layout import chunk_split
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
@@ -79,6 +79,10 @@ class RangeEnd(CostModel):
                                       is_first=is_first, is_last=is_last)
             hit = self._ends[key] = _scaled(core, self.part_factors(g, device_type, dp, recompute))
         return hit
+
+    def chunk_stall_share(self, g: GlobalShape, num_layers: int) -> float:
+        share = super().chunk_stall_share(g, num_layers)  # of this end's own (scaled) stage time
+        return share * self._multiplier(schedule_conditions(g, num_layers)) if share else 0.0
 
     def p2p_parts(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
                   crosses_nodes: bool | None) -> tuple[float, float]:
@@ -163,21 +167,17 @@ class RangeModel:
         out: dict[Conditions, None] = {}
         for i, st in enumerate(plan.stages):
             out.update(dict.fromkeys(stage_conditions(self.nominal, g, st.device_type, st.dp, st.recompute).values()))
+            out[schedule_conditions(g, st.num_layers)] = None
             if i + 1 < plan.pp:
                 out[send_conditions(self.nominal, g, st.device_type, st.dp, plan.stages[i + 1].device_type)] = None
-        out[schedule_conditions(plan)] = None
         return list(out)
 
     def shares(self, plan: Plan, nominal_s: float | None = None) -> dict[Conditions, float]:
         """Per conditions of the plan, the share of its iteration time they carry: d ln T / d ln(seconds), by a
         finite difference of the one evaluation (overlaps, the bubble and the sync count as they do in T)."""
-        cost = self.nominal.evaluate(plan)
-        base = nominal_s if nominal_s is not None else cost.iteration_time_s
+        base = nominal_s if nominal_s is not None else self.nominal.evaluate(plan).iteration_time_s
         out = {}
         for c in self.plan_conditions(plan):
-            if c.mechanism in EVIDENCE_ONLY:  # the schedule's idle time, which no time part carries
-                out[c] = max(0.0, cost.bubble_s / base)
-                continue
             t = RangeEnd(self.nominal, lambda x, c=c: 1.0 + SHARE_STEP if x == c else 1.0).evaluate(plan)
             out[c] = max(0.0, (t.iteration_time_s / base - 1.0) / SHARE_STEP)
         return out
@@ -189,16 +189,13 @@ class RangeModel:
         return Evidence(extrapolated=bool(out), unmeasured=tuple(out))
 
     def _words(self, plan: Plan, c: Conditions) -> str:
-        """The conditions in words; an unmeasured schedule with what it is and the stall it simulates to."""
+        """The conditions in words; an unequal-chunk schedule with its chunks and this plan's simulated stall."""
         if c.mechanism != "pipeline_schedule" or plan.vpp == 1:
             return c.words()
-        pattern = chunk_pattern(plan)
-        words = f"{c.words()} (VPP {plan.vpp}, {'/'.join(map(str, pattern))} layers per chunk on the fullest rank)"
-        stall = schedule_stall(self.nominal, plan)
-        if stall > 0.001:
-            words += (f"; Megatron's schedule stalls on them: about {100 * stall:.0f}% slower than priced in the "
-                      "simulation (planner/simulate.py), which the estimate does not include")
-        return words
+        pattern = "/".join(map(str, chunk_pattern(plan)))
+        return (f"{c.words()} (VPP {plan.vpp}, {pattern} layers per chunk on the fullest rank): Megatron's schedule "
+                f"stalls on them, priced from its simulation on equal ranks; simulated with this plan's own stages, "
+                f"{100 * schedule_stall(self.nominal, plan):.0f}% of the pipeline")
 
     def widening(self, plan: Plan, nominal_s: float) -> tuple[tuple[str, float], ...]:
         """Per mechanism, the seconds its uncertainty alone adds at the top of the range, largest first."""
@@ -227,10 +224,12 @@ state, so its share settles within a few rounds and a long iteration is not simu
 
 
 def schedule_stall(cost: CostModel, plan: Plan) -> float:
-    """How much slower Megatron's interleaved schedule runs the plan's pipeline than the cost model's formula
-    (planner/cost/model.py `combine`), as a fraction, by simulating the plan's stages with their chunks
-    (planner/simulate.py, sends left out): each chunk takes its decoder layers' share of its rank's layer time,
-    the embedding the first rank's first chunk, the output layer and loss the last rank's last; 0 under 1F1B."""
+    """How much slower Megatron's interleaved schedule runs the plan's pipeline than the schedule formula without
+    the stall (planner/cost/model.py `combine`, each stage's `chunk_stall` left out), as a fraction, by simulating
+    the plan's own stages with their chunks (planner/simulate.py, sends left out): each chunk takes its decoder
+    layers' share of its rank's layer time, the embedding the first rank's first chunk, the output layer and loss
+    the last rank's last; 0 under 1F1B.  What the estimate prices for the stall is the simulation on equal ranks
+    (`chunk_stall_layers`); this is the plan's own, which unequal ranks can raise."""
     if plan.vpp == 1 or plan.pp == 1:
         return 0.0
     m = min(plan.num_microbatches, STALL_MICROBATCH_ROUNDS * plan.pp)
@@ -242,21 +241,21 @@ def schedule_stall(cost: CostModel, plan: Plan) -> float:
               else chunk_split([s.num_layers for s in plan.stages], plan.vpp))
     pp, v = plan.pp, plan.vpp
     weights = [0.0] * (pp * v)
+    fwd, bwd = [], []
     for r, st in enumerate(stages):
-        ends = {name: sec for name, sec in st.parts if name in END_PARTS}
+        parts = dict(st.parts)
+        stall = parts.get("chunk_stall", 0.0)
+        keep = (st.time_s - stall) / st.time_s if st.time_s > 0 else 1.0
+        fwd.append(st.forward_s * keep)
+        bwd.append(st.backward_s * keep)
+        ends = {name: parts.get(name, 0.0) for name in END_PARTS}
         mine = [layers[c * pp + r] for c in range(v)]
-        body = st.time_s - sum(ends.values())
+        body = st.time_s - stall - sum(ends.values())
         for c in range(v):
             weights[c * pp + r] = body * mine[c] / sum(mine) if sum(mine) else body / v
-        weights[r] += ends.get("embedding", 0.0)  # chunk 0 of rank r
-        weights[(v - 1) * pp + r] += ends.get("logits_loss", 0.0) + ends.get("mtp_proj", 0.0)
-    fwd = [s.forward_s for s in stages]
-    bwd = [s.backward_s for s in stages]
+        weights[r] += ends["embedding"]  # chunk 0 of rank r
+        weights[(v - 1) * pp + r] += ends["logits_loss"] + ends["mtp_proj"]
     times = [f + b for f, b in zip(fwd, bwd)]
     formula = sum(times) / v + (m - 1.0 / v) * max(times)
     simulated = simulate_pipeline(fwd, bwd, m, schedule="interleaved", vpp=v, chunk_layers=weights).iteration_time_s
     return simulated / formula - 1.0
-
-
-END_PARTS = ("embedding", "logits_loss", "mtp_proj")
-"""The time parts of a stage's ends, which sit in one chunk each (`schedule_stall`)."""

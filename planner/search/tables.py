@@ -48,6 +48,8 @@ class TableBuilder:
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
         core, sync, static, act, cap, p2p, near, traffic, fill, fwd, min_layer = arrays
+        if g.vpp > 1 and g.pp > 2:
+            core, fwd = self._with_stall(gs, core, fwd)
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -62,6 +64,25 @@ class TableBuilder:
             traffic_us=traffic if traffic.size else None, fwd_us=fwd if fwd.size else None,
             fill_us=fill if fill.size else None,
         )
+
+    def _with_stall(self, gs: GlobalShape, core: np.ndarray, fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The middle stages' times with the interleaved schedule's stall on unequal chunks added, as
+        CostModel.stage adds it (`chunk_stall_share` of a middle stage's time, which is all its decoder layers');
+        copies, since the cached arrays serve every PP and the stall depends on it.  Rounded down like the rest."""
+        share = np.array([self.cost.chunk_stall_share(gs, n) for n in range(core.shape[-1])])
+        if not share.any():
+            return core, fwd
+        mid = core[:, MID]
+        ok = mid < INF_US
+        stall = np.where(ok, np.floor(mid * share[None, None, :]), 0).astype(np.int64)
+        core = core.copy()
+        core[:, MID] = np.where(ok, mid + stall, mid)
+        if fwd.size:
+            f = fwd[:, MID]
+            part = np.where(ok, np.floor(stall * (f / np.maximum(mid, 1))), 0).astype(np.int64)
+            fwd = fwd.copy()
+            fwd[:, MID] = np.where(ok, f + part, f)
+        return core, fwd
 
     def _trim_cache(self) -> None:
         """Least recently used tables out while the cache holds more than CACHE_BYTES (a model with
