@@ -41,7 +41,7 @@ def test_every_row_is_priced(report):
     """Every shipped (and shared) row parses, prices, and gives a finite positive prediction."""
     ids = [r["id"] for r in load_runs()]
     assert [r.id for r in report.rows] == ids
-    assert len(ids) >= 41 and SHIPPED_RUNS_CSV.is_file()
+    assert len(ids) >= 53 and SHIPPED_RUNS_CSV.is_file()
     assert all(r.predicted > 0 and math.isfinite(r.predicted) for r in report.rows)
 
 
@@ -59,17 +59,46 @@ def test_dense_rows_do_not_regress(report):
     assert report.summary()["in_sample_dense"]["median_abs_pct"] <= 6.0, report.text()
 
 
+_DEEPEP_EP32 = "H800-qwen3-235B-tp2ep32pp8vpp4-deepep-mbs1-select-gbs2048"
+KNOWN_MISORDERED = {
+    **{(fast, _DEEPEP_EP32): "DeepEP across 4 nodes priced 1.6-1.9x too fast: the row is predicted 21% fast while "
+                             "its alltoall twin is 5% fast (measured 1.375x apart, predicted 1.67x)"
+       for fast in ("H800-qwen3-235B-tp2ep8pp32vpp3-mbs4-full-gbs4096",
+                    "H800-qwen3-235B-tp1ep8pp32vpp3-mbs4-full-gbs4096",
+                    "H800-qwen3-235B-tp2ep8pp32-mbs4-full-gbs8192",
+                    "H800-qwen3-235B-tp1ep8pp32vpp3-mbs8-full-gbs8192",
+                    "H800-qwen3-235B-tp2ep8pp32vpp3-mbs1-select-gbs2048",
+                    "H800-qwen3-235B-tp1ep8pp32vpp3-mbs1-moe-gbs2048")},
+    **{("H800-qwen3-235B-tp2ep8pp8-mbs1-select-gbs2048", slow):
+       "distributed-optimizer overlap measured 6-8% slower at 128 micro-batches per step (the source: 'doesn't change "
+       "much'); the model prices it 0.2 s faster"
+       for slow in ("H800-qwen3-235B-tp2ep8pp8-mbs1-select-zero-gbs2048",
+                    "H800-qwen3-235B-tp2ep8pp8-mbs1-select-zero-tpoverlap-gbs2048")},
+    ("H800-qwen3-235B-tp2ep8pp32-mbs4-full-gbs8192", "H800-qwen3-235B-tp2ep8pp8-mbs1-select-zero-tpoverlap-gbs2048"):
+        "PP8 without VPP near memory capacity priced 6-14% fast, PP32 with full recompute 9-12% slow",
+    ("H800-qwen3-235B-tp2ep8pp32vpp3-mbs4-full-gbs4096", "H800-qwen3-235B-tp1ep8pp32vpp3-mbs1-moe-gbs2048"):
+        "full recompute at micro-batch 4 priced 12% slow, MoE recompute at micro-batch 1 6% slow (measured 1.055x)",
+}
+"""(measured faster, measured slower) pairs of xtuner's forced-balance rows (annotation batch 4, issue 31) that the
+model orders wrongly, each with the mechanism the rows show mispriced (planner/calibration/published/README.md).
+Named here so that every other pair stays held to the order, and a new misordered pair fails."""
+
+
 def test_plan_pairs_are_ordered_as_measured(report):
     """Rows on one model, sequence and cluster that differ in plan, batch, dispatcher, routing or precision, compared
-    per sample: every pair measured more than 3 % apart is ordered as measured (closer pairs are ties)."""
-    assert len(report.pairs) >= 30 and sum(not p.tie for p in report.pairs) >= 25
-    wrong = [p for p in report.pairs if not p.ordered and not p.tie and not p.routing]  # report.ROUTING_BATCH
+    per sample: every pair measured more than 3 % apart is ordered as measured (closer pairs are ties), but for the
+    real-routing rows (report.ROUTING_BATCH) and the named KNOWN_MISORDERED pairs."""
+    assert len(report.pairs) >= 140 and sum(not p.tie for p in report.pairs) >= 130
+    pairs = {(p.faster_measured, p.slower_measured) for p in report.pairs}
+    assert set(KNOWN_MISORDERED) <= pairs, set(KNOWN_MISORDERED) - pairs
+    wrong = [p for p in report.pairs if not p.ordered and not p.tie and not p.routing
+             and (p.faster_measured, p.slower_measured) not in KNOWN_MISORDERED]
     assert not wrong, wrong
 
 
 def test_runs_with_known_memory_settings_fit(report):
     known = [r for r in report.rows if r.memory_settings == "known"]
-    assert len(known) >= 29
+    assert len(known) >= 41
     assert [r.id for r in known if not r.fits] == []
 
 

@@ -114,6 +114,18 @@ def test_fit_weights_residuals_in_the_region_and_widens_outside_it():
     assert two.extrapolation == 1.0 and two.extrapolated_rows == 0
 
 
+def test_fit_raises_the_scale_when_the_extrapolation_cap_falls_short():
+    """As above, but three sources each alone on its device are 40% too fast: at the cap (x3) their figure is
+    0.3 and holds none of them, so the range would hold 2 of 5 rows.  The scale rises until it holds 80%: each
+    needs u >= 0.4, a scale of 4/3 (the first grid value above it, grid 2% apart)."""
+    rows = [HeldOutRow("a1", "a", 1.0, 0.9, {_gemm("X"): 1.0}), HeldOutRow("b1", "b", 1.0, 1.1, {_gemm("X"): 1.0})]
+    rows += [HeldOutRow(f"{s}1", s, 1.0, 0.6, {_gemm(f"Y{s}"): 1.0}) for s in "cde"]
+    fit = fit_mechanisms(rows)
+    assert fit.spread["gemm"] == pytest.approx(0.1) and fit.extrapolation == pytest.approx(3.0)
+    assert 4 / 3 <= fit.scale <= 4 / 3 * 1.021
+    assert fit.coverage == 1.0
+
+
 def test_shipped_headroom_is_the_derivation_from_the_measured_peaks(profiles):
     """profiles/uncertainty.yaml's headroom is what the measured peaks give today (regenerate with
     python -m planner.calibration.report --write); its time part is checked by the slow test below."""

@@ -150,6 +150,7 @@ class PairCheck:
     predicted_ratio: float
     fresh: bool = False  # at least one of the two rows is of batch 2 (added for issue 19)
     routing: bool = False  # at least one of the two rows is of batch 3 (issue 31's real-routing table: reported)
+    batches: tuple[str, ...] = ()  # the two rows' annotation batches
 
     @property
     def ordered(self) -> bool:
@@ -175,7 +176,8 @@ def pair_checks(all_cases: list[CalibrationCase], rows: dict[str, Row]) -> list[
             fast, slow, gf, gs = ((ra, rb, ga, gb) if ra.measured_s / ga <= rb.measured_s / gb else (rb, ra, gb, ga))
             out.append(PairCheck(fast.id, slow.id, (slow.measured_s / gs) / (fast.measured_s / gf),
                                  (slow.predicted_s / gs) / (fast.predicted_s / gf),
-                                 fresh="2" in (ra.batch, rb.batch), routing=ROUTING_BATCH in (ra.batch, rb.batch)))
+                                 fresh="2" in (ra.batch, rb.batch), routing=ROUTING_BATCH in (ra.batch, rb.batch),
+                                 batches=(ra.batch, rb.batch)))
     return out
 
 
@@ -231,6 +233,17 @@ class Report:
             out[src] = {"rows": len(rs), **{k: self._stats(rs, a) for k, a in self._kinds()}}
         return out
 
+    def by_batch(self) -> dict[str, dict]:
+        """Per annotation batch (planner/calibration/published/README.md says what each is): rows, each error
+        figure's statistics over its rows, and how many of the pairs with a row of the batch are ordered."""
+        out: dict[str, dict] = {}
+        for batch in sorted(dict.fromkeys(r.batch for r in self.rows)):
+            rs = [r for r in self.rows if r.batch == batch]
+            ps = [p for p in self.pairs if batch in p.batches]
+            out[batch] = {"rows": len(rs), **{k: self._stats(rs, a) for k, a in self._kinds()},
+                          "pairs": len(ps), "pairs_ordered": sum(p.ordered for p in ps)}
+        return out
+
     def summary(self) -> dict:
         """Errors here are in time terms (positive: predicted slower than measured), whatever the row's metric."""
         dense = [r for r in self.rows if not r.is_moe]
@@ -275,6 +288,7 @@ class Report:
         return {
             "summary": self.summary(),
             "by_source": self.by_source(),
+            "by_batch": self.by_batch(),
             "targets": {"median_abs_pct": TARGET_MEDIAN_PCT, "worst_abs_pct": TARGET_WORST_PCT,
                         "leave_one_source_out_median_abs_pct": TARGET_LOSO_MEDIAN_PCT,
                         "leave_one_source_out_signed_median_abs_pct": TARGET_LOSO_SIGNED_PCT},
@@ -366,14 +380,20 @@ class Report:
         return lines
 
     def _source_lines(self) -> list[str]:
-        kinds = self._kinds()
-        short = {"in_sample": "in-sample", "leave_one_out": "LORO", "leave_one_source_out": "LOSO"}
         lines = ["by source (median |error| / worst / signed median, time terms):"]
         for src, st in self.by_source().items():
-            cells = [f"{short[k]} {st[k]['median_abs_pct']:5.1f}/{st[k]['worst_abs_pct']:5.1f}/"
-                     f"{st[k]['signed_median_pct']:+6.1f}" for k, _ in kinds]
-            lines.append(f"  {src:36s} {st['rows']:3d} rows  " + "   ".join(cells))
+            lines.append(f"  {src:36s} {st['rows']:3d} rows  " + self._error_cells(st))
+        lines.append("by annotation batch (planner/calibration/published/README.md; same figures, and the pairs "
+                     "with a row of the batch ordered as measured):")
+        for batch, st in self.by_batch().items():
+            lines.append(f"  batch {batch or '-':30s} {st['rows']:3d} rows  " + self._error_cells(st)
+                         + f"   pairs {st['pairs_ordered']} of {st['pairs']}")
         return lines
+
+    def _error_cells(self, st: dict) -> str:
+        short = {"in_sample": "in-sample", "leave_one_out": "LORO", "leave_one_source_out": "LOSO"}
+        return "   ".join(f"{short[k]} {st[k]['median_abs_pct']:5.1f}/{st[k]['worst_abs_pct']:5.1f}/"
+                          f"{st[k]['signed_median_pct']:+6.1f}" for k, _ in self._kinds())
 
     def _uncertainty_lines(self) -> list[str]:
         u = self.uncertainty
