@@ -16,6 +16,7 @@ import math
 import pytest
 
 from planner.calibration.fit import FIT_PARAMS, fit, leave_one_out
+from planner.calibration.memory import load_memory_rows
 from planner.calibration.report import (
     CORRECTIONS_YAML, ONE_LINER_MFU, TARGET_LOSO_MEDIAN_PCT, TARGET_LOSO_SIGNED_PCT, TARGET_MEDIAN_PCT,
     TARGET_WORST_PCT, build_report, shipped_factors,
@@ -41,7 +42,7 @@ def test_every_row_is_priced(report):
     """Every shipped (and shared) row parses, prices, and gives a finite positive prediction."""
     ids = [r["id"] for r in load_runs()]
     assert [r.id for r in report.rows] == ids
-    assert len(ids) >= 53 and SHIPPED_RUNS_CSV.is_file()
+    assert len(ids) >= 56 and SHIPPED_RUNS_CSV.is_file()
     assert all(r.predicted > 0 and math.isfinite(r.predicted) for r in report.rows)
 
 
@@ -98,7 +99,7 @@ def test_plan_pairs_are_ordered_as_measured(report):
 
 def test_runs_with_known_memory_settings_fit(report):
     known = [r for r in report.rows if r.memory_settings == "known"]
-    assert len(known) >= 41
+    assert len(known) >= 44
     assert [r.id for r in known if not r.fits] == []
 
 
@@ -149,12 +150,25 @@ def test_leave_one_out_refits_without_the_row():
 
 def test_every_shipped_row_has_a_named_source():
     """Each shipped row's source column matches one of the documented source keys (runs.SOURCE_KEYS), and the rows
-    come from at least the ten publications and software stacks the README names."""
+    come from at least the eleven publications and software stacks the README names."""
     keys = {key for _, key in SOURCE_KEYS}
     rows = load_runs(shared=None, shared_new=None, shared_routing=None)
     assert {source_key(r) for r in rows} <= keys
-    assert len({source_key(r) for r in rows}) >= 10
+    assert len({source_key(r) for r in rows}) >= 11
     assert source_key({"source": "x", "source_key": "mine"}) == "mine"
+
+
+def test_megatron_ci_time_rows_are_their_memory_rows_runs():
+    """Megatron-LM's CI rows (source key megatron-lm-ci) time the runs whose peaks measured_memory.csv holds: each
+    has a memory row with the same id, source, cluster and flags, so the one source is held out together."""
+    runs = [r for r in load_runs(shared=None, shared_new=None, shared_routing=None)
+            if source_key(r) == "megatron-lm-ci"]
+    memory = {r["id"]: r for r in load_memory_rows(shared=None)}
+    assert len(runs) >= 3
+    for r in runs:
+        m = memory[r["id"]]
+        assert r["metric"] == "iteration_time_s"
+        assert (r["source"], r["cluster"], r["megatron_args"]) == (m["source"], m["cluster"], m["megatron_args"])
 
 
 @pytest.mark.slow

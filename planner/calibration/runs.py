@@ -36,6 +36,7 @@ SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
 """../shared/calibration/measured_runs_routing.csv: real-routing runs (read when present, last)."""
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
+    ("NVIDIA/Megatron-LM tests/functional_tests", "megatron-lm-ci"),
     ("NVIDIA/skills", "nvidia-skills-megatron-bridge"),
     ("performance-summary", "megatron-bridge-performance-summary"),
     ("xtuner", "xtuner-pai-megatron-patch"),
