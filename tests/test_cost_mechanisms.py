@@ -442,3 +442,18 @@ def test_unmodelled_flags_are_named_in_the_notes(profiles):
                                world_size=8)
     assert any("--fine-grained-activation-offloading" in n for n in estimate_run(run, cl, profiles).notes)
     assert math.isfinite(estimate_run(run, cl, profiles).iteration_time_s)
+
+
+def test_settings_priced_for_memory_only_are_named_in_the_notes(profiles):
+    """Megatron-LM's CI runs deterministic kernels without gradient-accumulation fusion, and one of its MoE tests
+    unfused attention: the time model prices none of them (unfused attention only in memory), and says so."""
+    cl = parse_cluster("H100:8", profiles)
+    flags = f"{DENSE} --global-batch-size 8 --attention-backend unfused --deterministic-mode " \
+            "--no-gradient-accumulation-fusion"
+    notes = estimate_run(parse_megatron_flags(shlex.split(flags), world_size=8), cl, profiles).notes
+    assert any(n.startswith("--deterministic-mode is not modelled") for n in notes)
+    assert any(n.startswith("--no-gradient-accumulation-fusion is not modelled") for n in notes)
+    assert any("--attention-backend unfused is modelled for memory only" in n for n in notes)
+    plain = estimate_run(parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8"), world_size=8), cl,
+                         profiles).notes
+    assert not any("attention-backend" in n or "deterministic" in n for n in plain)

@@ -78,7 +78,7 @@ def _kept_layout(par, layers: list[int], vpp: int) -> tuple[str, ...] | None:
 def estimate_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> PlanCost:
     """Price the configuration a Megatron flag list describes on `cluster`."""
     plan, notes = plan_from_run(run, cluster, profiles)
-    notes += unmodelled_notes(run.passthrough)
+    notes += unmodelled_notes(run.passthrough, run.training)
     cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)
     if notes:
         cost = replace(cost, notes=tuple(notes))

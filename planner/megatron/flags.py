@@ -395,6 +395,8 @@ OTHER_FLAGS = _rows(
         ("--use-cpu-initialization", "initialisation only"),
         ("--sequence-packing", "packed variable-length sequences: attention work differs from full-length sequences"),
         ("--window-size", "sliding-window attention: attention work lower than the full causal count priced"),
+        ("--deterministic-mode", "deterministic kernels (Megatron's CI runs): slower GEMM and attention algorithms"),
+        ("--no-gradient-accumulation-fusion", "weight gradients accumulated by a separate pass: more memory traffic"),
     )),
 )
 
@@ -593,12 +595,16 @@ def rule_options(rule: str) -> str | None:
     return "/".join(options or flags)
 
 
-def unmodelled_notes(passthrough: Iterable[str]) -> list[str]:
+def unmodelled_notes(passthrough: Iterable[str], training=None) -> list[str]:
     """One note per flag in `passthrough` (the run's flags the planner does not read) that changes time
-    or memory but is not priced."""
+    or memory but is not priced, and (`training`, a TrainingSpec) for a setting it reads for memory only."""
     seen: list[str] = []
     for tok in passthrough:
         name = tok.split("=", 1)[0]
         if name in NOT_MODELLED and name not in seen:
             seen.append(name)
-    return [f"{name} is not modelled: {NOT_MODELLED[name]}; the prediction ignores it" for name in seen]
+    notes = [f"{name} is not modelled: {NOT_MODELLED[name]}; the prediction ignores it" for name in seen]
+    if training is not None and training.unfused_attention:
+        notes.append(f"--attention-backend {training.attention_backend} is modelled for memory only (the s x s scores "
+                     "and softmax it keeps); its time is priced as flash attention, which runs faster")
+    return notes

@@ -245,7 +245,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "assumed": assumed_json(outcome.run),
         "problems": outcome.problems[0],
         "notes": list(r.notes) + [f"{i.count} {i.device_type} GPUs stay idle: {i.why}" for i in outcome.idle]
-        + unmodelled_notes(outcome.run.passthrough),
+        + unmodelled_notes(outcome.run.passthrough, outcome.run.training),
     }
     if outcome.ranges:
         out.update(range_json(cost, outcome.ranges[0]))
