@@ -379,11 +379,14 @@ class BendersSearch:
         those whose bound reaches the best plan too (bounded), all out of the block in one cut."""
         cutoff = self._cutoff_us()
         out = []
+        t0 = time.perf_counter()
         for pp in sorted({p for p, v in self.book.shapes[key].pipelines if v == g.vpp} | {g.pp}):
             c = replace(g, pp=pp)
             if c in self.settled_set or c in self.lone:
                 continue
             bound = self._tight_us(c, cutoff)
+            if c in self.plan_us.get(key, {}):  # a plan found before the bound: held against it
+                self._check(c, self.plan_us[key][c])
             if math.isinf(bound) or (cutoff is not None and bound >= cutoff):
                 self._settle(c, "infeasible" if math.isinf(bound) else "bounded")
                 self.stats["tight_cuts"] = self.stats.get("tight_cuts", 0) + 1
@@ -391,6 +394,7 @@ class BendersSearch:
             if self._late():
                 break
         self.blocks[key].forbid(out)
+        self.stats["tight_s"] = self.stats.get("tight_s", 0.0) + time.perf_counter() - t0
 
     def _tight_us(self, g: GlobalChoice, cutoff_us: int | None) -> float:
         """G's tight bound on its tables' iteration time (us): the float cost's less the most the tables round

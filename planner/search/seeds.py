@@ -172,10 +172,17 @@ class Seeds:
             for pp in sorted(p for p, w in shape.pipelines if w == v):
                 self._check_time()
                 g = shape.choice(pp, v, rc)
+                if self._hopeless(g):
+                    continue
                 found = self._layouts(g)
                 if found is not None and (best is None or found < best[0]):
                     best = (found, g)
         return best
+
+    def _hopeless(self, g: GlobalChoice) -> bool:
+        """Whether G's tight bound (the search's, kept for its loop) shows it cannot beat the best plan found."""
+        cutoff = self.search._cutoff_us()
+        return cutoff is not None and self.search._tight_us(g, cutoff) >= cutoff
 
     def _layouts(self, g: GlobalChoice) -> float | None:
         """G laid out by the rounding heuristic over stage-type sequences: the best objective (s) found."""
