@@ -7,9 +7,14 @@
                 constraints (rule_families below, from planner/megatron/rules.py), and a relaxation
                 of the stage problem prices every configuration at once (planner/search/prices.py
                 builds its per-layer tables from the cost model)
-    subproblem  the configuration the master picks (least relaxation value) gets an exact stage
-                solve by the CP-SAT stage model (solver_models/cpsat/model.py) over its integer
-                tables, bounded by the best plan so far
+    tight       the configuration the master picks (least relaxation value) first gets its tight bound
+                (planner/search/bounds.py lower_bound_s: integral layers, memory per pipeline position, each
+                device type's GPUs), and so does every PP of its shape with its other degrees: those it
+                shows no layout fits or no plan beats the best are settled at once, no stage solve (deep
+                pipelines, whose block value the tight bound far exceeds and whose stage solves are slow);
+                a configuration whose tight bound is above its block value waits in the queue on it
+    subproblem  else the configuration gets an exact stage solve by the CP-SAT stage model
+                (solver_models/cpsat/model.py) over its integer tables, bounded by the best plan so far
     cuts        the configuration is then settled: forbidden in the master (no-good; by kind:
                 solved, bounded by the best plan, infeasible), or, when its solve stopped
                 unproven, kept out with its proven bound for the final bound.  A shape the master

@@ -21,7 +21,9 @@ then bounds everything else with the best of them:
                         would leave GPUs idle), laid out by the rounding heuristic
                         (solver_models/rounding.py) on the configuration's tables
 
-Then the best configuration found gets a short exact stage solve (the CP-SAT stage model) from its plan.
+A configuration whose tight bound (the search's, planner/search/bounds.py) shows it cannot beat the best plan
+found is skipped.  Then the best configuration found gets a short exact stage solve (the CP-SAT stage model)
+from its plan.
 No HS-DP code runs.  The plans are the cost model's, over the same integer tables as every other
 plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs over the
 whole space (not under --prune, whose pruned space a seed may leave).  A search over a pooled view of the cluster
