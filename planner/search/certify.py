@@ -385,7 +385,8 @@ class BendersSearch:
         cutoff = self._cutoff_us()
         out = []
         t0 = time.perf_counter()
-        for pp in sorted({p for p, v in self.book.shapes[key].pipelines if v == g.vpp} | {g.pp}):
+        others = sorted({p for p, v in self.book.shapes[key].pipelines if v == g.vpp} - {g.pp})
+        for pp in [g.pp] + others:  # G's first: the caller reads it
             c = replace(g, pp=pp)
             if c in self.settled_set or c in self.lone:
                 continue
