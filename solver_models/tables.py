@@ -291,11 +291,12 @@ class StageTables:
 
 def quantisation_us(pp: int, microbatches: int, vpp: int, *, traffic: bool = True, fill: bool = True) -> int:
     """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage time has three
-    rounded-down terms (core and two links; with traffic at most four: F, B and two L), the sync one, and the
+    rounded-down terms (core and two links; with traffic at most four: F, B and two L; interleaved, up to two
+    more: the middle stages' schedule stall on unequal chunks and its forward part), the sync one, and the
     objective counts stage times PP + m*v - 1 times, the sync v times and, interleaved (`fill`), each boundary's
     fill v times.  With the defaults, the most over any tables of (PP, m, v): a bound on the float costs less
     this (divided by v) is a bound on the tables."""
-    per_stage = 4 if traffic else 3
+    per_stage = (4 if traffic else 3) + (2 if vpp > 1 else 0)
     fills = vpp * (pp - 1) if fill else 0  # one rounded X per boundary, counted v times
     return per_stage * (pp + microbatches * vpp - 1) + vpp + fills
 
