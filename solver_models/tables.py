@@ -158,15 +158,9 @@ class StageTables:
 
     @property
     def quantisation_us(self) -> int:
-        """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage
-        time has three rounded-down terms (core and two links; with traffic at most four: F, B and two L;
-        interleaved, two more: the middle stages' schedule stall on unequal chunks and its forward part),
-        the sync one, and the objective counts stage times PP + m*v - 1 times, the sync v times and each
-        boundary's fill v times."""
-        v = self.g.vpp
-        per_stage = (3 if self.traffic_us is None else 4) + (2 if v > 1 else 0)  # the stall, and its forward part
-        fill = 0 if self.fill_us is None else v * (self.pp - 1)  # one rounded X per boundary, counted v times
-        return per_stage * (self.pp + self.num_microbatches * v - 1) + v + fill
+        """Most a plan's float cost exceeds its table objective, in v x T microseconds (`quantisation_us`)."""
+        return quantisation_us(self.pp, self.num_microbatches, self.g.vpp, traffic=self.traffic_us is not None,
+                               fill=self.fill_us is not None)
 
     def first_stage_ok(self, o: int) -> bool:
         """Options stage 0 may take.  megatron: every stage has the global DP.  flagscale: G fixes
@@ -293,6 +287,18 @@ class StageTables:
         syncs = [int(self.sync_us[o, position(i, pp), s, n]) for i, (o, s, n) in enumerate(stages)]
         fill = sum(x for _, _, x in self.plan_links([o for o, _, _ in stages]))
         return self.objective_us(sum(times), max(times), max(syncs), fill)
+
+
+def quantisation_us(pp: int, microbatches: int, vpp: int, *, traffic: bool = True, fill: bool = True) -> int:
+    """Most a plan's float cost exceeds its table objective, in v x T microseconds: each stage time has three
+    rounded-down terms (core and two links; with traffic at most four: F, B and two L; interleaved, up to two
+    more: the middle stages' schedule stall on unequal chunks and its forward part), the sync one, and the
+    objective counts stage times PP + m*v - 1 times, the sync v times and, interleaved (`fill`), each boundary's
+    fill v times.  With the defaults, the most over any tables of (PP, m, v): a bound on the float costs less
+    this (divided by v) is a bound on the tables."""
+    per_stage = (4 if traffic else 3) + (2 if vpp > 1 else 0)
+    fills = vpp * (pp - 1) if fill else 0  # one rounded X per boundary, counted v times
+    return per_stage * (pp + microbatches * vpp - 1) + vpp + fills
 
 
 def balance_windows(t: StageTables, delta: float | None) -> np.ndarray | None:

@@ -1,7 +1,7 @@
 """--backend cpsat's certificate against brute force on generated instances (tools/soundness.py): two device
 types of unequal memory, the memory headroom at the edge of what the best plan needs, so that plans are
 memory-bound and middle stages of one class hold unequal layer counts.  On every configuration the shape
-screen's bound and the pipeline block's value are at most brute force's optimum; on every instance cpsat's
+screen's bound, the pipeline block's value and the tight bound are at most brute force's optimum; on every instance cpsat's
 OPTIMAL is brute force's optimum, with its bound at or below it.
 
 The default run checks a few seeds chosen for what they cover (each a different failure of an earlier
@@ -25,6 +25,7 @@ def _check(seed: int) -> None:
     v = check(inst)
     assert not v.block_above, inst.label() + "\n" + "\n".join(v.block_above)
     assert not v.screen_above, inst.label() + "\n" + "\n".join(v.screen_above)
+    assert not v.tight_above, inst.label() + "\n" + "\n".join(v.tight_above)
     assert v.sound, (inst.label(), v.brute_s, v.cpsat_status, v.cpsat_s, v.cpsat_bound_s)
     return v
 
@@ -50,6 +51,7 @@ def test_flagscale_class_room_holds_what_each_stage_mode_holds(preset):
     inst = at_memory_edge(Instance(0, preset, 4, "H800:3,MI300X:3", 8, space))
     v = check(inst)
     assert v.configs_checked > 0 and not v.block_above, inst.label() + "\n" + "\n".join(v.block_above)
+    assert not v.tight_above, inst.label() + "\n" + "\n".join(v.tight_above)
     assert v.sound, (inst.label(), v.brute_s, v.cpsat_status, v.cpsat_s, v.cpsat_bound_s)
 
 

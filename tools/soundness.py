@@ -2,8 +2,9 @@
 two ways against it (issue 32):
 
 * every configuration: the shape screen's bound (the degree master's prices, and its recompute setting's
-  own) and the CP-SAT pipeline block's value with the configuration's degrees fixed are at most the
-  configuration's brute-force optimum over the exact integer tables (both are relaxations);
+  own), the CP-SAT pipeline block's value with the configuration's degrees fixed and its tight bound
+  (planner/search/bounds.py, which the search settles configurations with before their stage solve) are at
+  most the configuration's brute-force optimum over the exact integer tables (all three are relaxations);
 * the instance: cpsat's OPTIMAL over the whole space (no pruning) is brute force's optimum, and its
   lower bound is at or below it.
 
@@ -120,6 +121,7 @@ class Verdict:
     configs_checked: int = 0
     block_above: list[str] = field(default_factory=list)  # configurations whose block value exceeds brute force
     screen_above: list[str] = field(default_factory=list)  # ... whose shape screen's bound does
+    tight_above: list[str] = field(default_factory=list)  # ... whose tight bound does
     brute_s: float | None = None
     cpsat_s: float | None = None
     cpsat_status: str | None = None
@@ -131,7 +133,7 @@ class Verdict:
             self.brute_s is not None and self.cpsat_s is not None and self.cpsat_status == "OPTIMAL"
             and abs(self.cpsat_s - self.brute_s) <= 1e-9 * self.brute_s
             and self.cpsat_bound_s is not None and self.cpsat_bound_s <= self.brute_s * (1 + 1e-9))
-        return agree and not self.block_above and not self.screen_above
+        return agree and not self.block_above and not self.screen_above and not self.tight_above
 
 
 def check(inst: Instance) -> Verdict:
@@ -157,6 +159,9 @@ def check(inst: Instance) -> Verdict:
             if coarse is None or coarse > best_us or own is None or own > best_us:
                 v.screen_above.append(f"{g.label()}: screen {coarse} us, with its recompute's prices {own} us > "
                                       f"brute force {best_us:.0f} us")
+            tight = bs._tight_us(g, None)
+            if tight > best_us:
+                v.tight_above.append(f"{g.label()}: tight bound {tight:.0f} us > brute force {best_us:.0f} us")
             fixed = PipelineBlock(block.spec)
             for f, value in book.block_degrees(g).items():
                 fixed.model.add(fixed.x[f] == value)
@@ -200,7 +205,7 @@ def main(argv=None) -> int:
         bad += not v.sound
         print(f"{'ok  ' if v.sound else 'FAIL'} {inst.label()}: {v.configs_checked} configurations, brute "
               f"{v.brute_s}, cpsat {v.cpsat_status} {v.cpsat_s} bound {v.cpsat_bound_s}", flush=True)
-        for line in v.block_above + v.screen_above:
+        for line in v.block_above + v.screen_above + v.tight_above:
             print("     " + line)
     print(f"{bad} unsound of {args.seeds} seeds in {time.perf_counter() - t0:.0f} s")
     return 1 if bad else 0

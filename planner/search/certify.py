@@ -7,9 +7,14 @@
                 constraints (rule_families below, from planner/megatron/rules.py), and a relaxation
                 of the stage problem prices every configuration at once (planner/search/prices.py
                 builds its per-layer tables from the cost model)
-    subproblem  the configuration the master picks (least relaxation value) gets an exact stage
-                solve by the CP-SAT stage model (solver_models/cpsat/model.py) over its integer
-                tables, bounded by the best plan so far
+    tight       the configuration the master picks (least relaxation value) first gets its tight bound
+                (planner/search/bounds.py lower_bound_s: integral layers, memory per pipeline position, each
+                device type's GPUs), and so does every PP of its shape with its other degrees: those it
+                shows no layout fits or no plan beats the best are settled at once, no stage solve (deep
+                pipelines, whose block value the tight bound far exceeds and whose stage solves are slow);
+                a configuration whose tight bound is above its block value waits in the queue on it
+    subproblem  else the configuration gets an exact stage solve by the CP-SAT stage model
+                (solver_models/cpsat/model.py) over its integer tables, bounded by the best plan so far
     cuts        the configuration is then settled: forbidden in the master (no-good; by kind:
                 solved, bounded by the best plan, infeasible), or, when its solve stopped
                 unproven, kept out with its proven bound for the final bound.  A shape the master
@@ -52,7 +57,7 @@ from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible
 from planner.search.prices import PriceBook
-from planner.search.screening import plan_from_solution
+from planner.search.screening import Configurations, plan_from_solution
 from planner.search.seeds import SEED_SHARE, UNPROVABLE_SEED_SHARE, Seeds
 from planner.search.settings import Candidate, ProgressClock, ProgressEvent, ProgressFn, SearchResult, SearchSettings, \
     status_word
@@ -65,7 +70,7 @@ from solver_models.cpsat.pipeline import BlockSpec, PipelineBlock
 from solver_models.fitting import has_fitting_layout
 from solver_models.rounding import rounded_plan
 from solver_models.scaling import bound_s, from_us
-from solver_models.tables import DeadlinePassed, StageTables
+from solver_models.tables import DeadlinePassed, StageTables, quantisation_us
 
 # the prices of every shape are computed up front while this share of the time limit lasts
 PRICING_SHARE = 0.4
@@ -201,6 +206,9 @@ class BendersSearch:
         self.pruning = settings.pruning
         self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
         self.book = PriceBook(cost, space, self.builder, deadline=self.deadline)
+        self.configs = Configurations(cost, space, self.builder)  # the tight bounds (_tight_us)
+        self.tight: dict[GlobalChoice, float] = {}  # configuration -> its tight bound (us, on the tables)
+        self.lone: dict[GlobalChoice, tuple] = {}  # configurations out of their block, queued on their tight bound
         self.levels = levels(cost, space, self.book, settings)
         self.cands: list[Candidate] = []
         self._pipeline = None  # the block pipeline of the configuration being settled
@@ -214,7 +222,7 @@ class BendersSearch:
         self.settled_in: Counter = Counter()  # shape key -> its configurations settled
         self.unscreened_configs = 0  # configurations of the shapes the screen never priced
         self._shown_bound_us: float | None = None  # the greatest bound progress has shown (monotone)
-        self._working: tuple[float, tuple] | None = None  # (bound, shape key) of the entry being worked on
+        self._working: tuple[float, tuple, dict | None] | None = None  # (bound, shape key, degrees) being worked on
         # the self-check (_check): every plan's iteration time (us) per configuration, the bounds the search
         # claims per shape (its screen bound; its block's last value, for its unsettled configurations under
         # the settings it allows), and what contradicts them
@@ -271,7 +279,7 @@ class BendersSearch:
                 theta, key, degrees = self._dive()
             else:
                 heapq.heappop(self.queue)
-            self._working = (theta, key)  # out of the queue while it is worked on: still open (_closed)
+            self._working = (theta, key, degrees)  # out of the queue while it is worked on: still open (_closed)
             try:
                 if degrees is None:
                     self._open_shape(key, theta)
@@ -344,14 +352,65 @@ class BendersSearch:
             self._check(g, t_us)
 
     def _settle_config(self, key: tuple, theta_us: float, degrees: dict) -> None:
-        """A configuration at the top: its exact stage solve (or a cut), forbidden in its block,
-        and the block's next configuration into the queue."""
+        """A configuration at the top: its tight bound first (`_tight_sweep`: settled when it reaches the best
+        plan; back into the queue on its own, out of its block, when it is above the block's value), else its
+        exact stage solve (or a cut); forbidden in its block, and the block's next configuration into the queue."""
         g = self.book.choice(dict(zip(self.levels.shape, key)), degrees)
-        self._pipeline = self.pipelines.pop((key, tuple(sorted(degrees.items()))), None)
-        if not (self._lazy_rule_cut(g) or self._least_recompute_cut(g, theta_us)):
-            self._subproblem(g, theta_us)
+        pipeline = self.pipelines.pop((key, tuple(sorted(degrees.items()))), None)
+        lone = g in self.lone  # queued on its tight bound, already out of its block
+        if not lone:
+            self._tight_sweep(key, g)
+            if g not in self.settled_set and self.tight[g] > theta_us + SELF_CHECK_US:
+                self.blocks[key].forbid([degrees])
+                self.lone[g] = key
+                self.pipelines[key, tuple(sorted(degrees.items()))] = pipeline
+                self._push(self.tight[g], key, degrees)
+                self._next_config(key, theta_us)
+                return
+        if g not in self.settled_set:
+            self._pipeline = pipeline
+            if not (self._lazy_rule_cut(g) or self._least_recompute_cut(g, theta_us)):
+                self._subproblem(g, theta_us)
+        if lone:
+            del self.lone[g]
+            return
         self.blocks[key].forbid([degrees])
         self._next_config(key, theta_us)
+
+    def _tight_sweep(self, key: tuple, g: GlobalChoice) -> None:
+        """The tight bound (planner/search/bounds.py lower_bound_s: integral layers, memory per position, GPU
+        budgets; far above the block's value on deep pipelines, whose stage solves are slow) of G and of every
+        PP of its shape with its other degrees, not yet settled: those no layout fits are settled (infeasible),
+        those whose bound reaches the best plan too (bounded), all out of the block in one cut."""
+        cutoff = self._cutoff_us()
+        out = []
+        t0 = time.perf_counter()
+        others = sorted({p for p, v in self.book.shapes[key].pipelines if v == g.vpp} - {g.pp})
+        for pp in [g.pp] + others:  # G's first: the caller reads it
+            c = replace(g, pp=pp)
+            if c in self.settled_set or c in self.lone:
+                continue
+            bound = self._tight_us(c, cutoff)
+            if c in self.plan_us.get(key, {}):  # a plan found before the bound: held against it
+                self._check(c, self.plan_us[key][c])
+            if math.isinf(bound) or (cutoff is not None and bound >= cutoff):
+                self._settle(c, "infeasible" if math.isinf(bound) else "bounded")
+                self.stats["tight_cuts"] = self.stats.get("tight_cuts", 0) + 1
+                out.append(self.book.block_degrees(c))
+            if self._late():
+                break
+        self.blocks[key].forbid(out)
+        self.stats["tight_s"] = self.stats.get("tight_s", 0.0) + time.perf_counter() - t0
+
+    def _tight_us(self, g: GlobalChoice, cutoff_us: int | None) -> float:
+        """G's tight bound on its tables' iteration time (us): the float cost's less the most the tables round
+        down (solver_models/tables.py quantisation_us); once it reaches `cutoff_us`, maybe only that."""
+        if g not in self.tight:
+            m = self.configs.num_microbatches(g)
+            slack_us = quantisation_us(g.pp, m, g.vpp) / g.vpp
+            beat_s = math.inf if cutoff_us is None else (cutoff_us + slack_us) * 1e-6
+            self.tight[g] = self.configs.tight_bound_s(g, beat_s) * 1e6 - slack_us
+        return self.tight[g]
 
     def _screen_shapes(self) -> list[tuple[int, tuple]]:
         """Every shape with its screen bound (us), least first; shapes none of whose layers fit
@@ -504,7 +563,7 @@ class BendersSearch:
         if sol.stages and sol.status == "OPTIMAL":
             self._settle(g, "solved", None, whole, theta_us)
         else:  # the time ran out before the proof
-            bound = max(theta_us, sol.bound_us // g.vpp)
+            bound = max(theta_us, sol.bound_us // g.vpp, self.tight.get(g, 0.0))
             self._settle(g, "unresolved", bound, theta_us if restricted else bound)
 
     def _stage_upper_bound(self, g: GlobalChoice) -> int:
@@ -588,9 +647,9 @@ class BendersSearch:
         for G -- its shape's screen bound, or its block's value while G is unsettled there -- proves that
         bound false; so would it the certificate resting on it (_result withdraws both)."""
         key = self.book.key(g)
-        claims = [("the shape screen", self.screen_bound.get(key))]
+        claims = [("the shape screen", self.screen_bound.get(key)), ("its tight bound", self.tight.get(g))]
         value, allowed = self.block_value.get(key, (None, frozenset()))
-        if g not in self.settled_set and self.book.block_degrees(g)["recompute"] in allowed:
+        if g not in self.settled_set and g not in self.lone and self.book.block_degrees(g)["recompute"] in allowed:
             claims.append(("its pipeline block", value))
         for what, bound_us in claims:
             if bound_us is not None and t_us < bound_us - SELF_CHECK_US:
@@ -623,9 +682,13 @@ class BendersSearch:
         what they settled), the configurations whose stage solve stopped unproven below it, the shapes
         the screen never priced."""
         cutoff = self._cutoff_us()
-        entries = [(theta, key) for theta, _, key, _ in self.queue] + ([self._working] if self._working else [])
-        below = [key for theta, key in entries if cutoff is None or theta < cutoff]
-        open_ = sum(self.book.shapes[key].size - self.settled_in[key] for key in below)
+        entries = [(theta, key, d) for theta, _, key, d in self.queue] + ([self._working] if self._working else [])
+        below = [(key, d) for theta, key, d in entries if cutoff is None or theta < cutoff]
+        is_lone = [d is not None and self.book.choice(dict(zip(self.levels.shape, key)), d) in self.lone
+                   for key, d in below]
+        shapes = {key for (key, _), alone in zip(below, is_lone) if not alone}  # its block has configurations left
+        open_ = sum(self.book.shapes[key].size - self.settled_in[key] for key in shapes)
+        open_ += sum(1 for (key, _), alone in zip(below, is_lone) if alone and key not in shapes)  # itself only
         open_ += sum(1 for st in self.settled if st.bound_us is not None and (cutoff is None or st.bound_us < cutoff))
         return max(0, self.stats["configs_total"] - open_ - self.unscreened_configs)
 

@@ -202,17 +202,25 @@ class Configurations:
 
     def tight_entry(self, e: QueueEntry, beat_s: float) -> QueueEntry:
         """Level 2 (bound math.inf: no layout fits); the bound computation stops early at beat_s."""
-        g = e.g
+        return replace(e, bound_s=max(e.bound_s, self.tight_bound_s(e.g, beat_s)), level=2)
+
+    def tight_bound_s(self, g: GlobalChoice, beat_s: float = math.inf) -> float:
+        """G's tight bound (bounds.lower_bound_s: integral layers, memory per position, GPU budgets) on its
+        float cost; math.inf when no layout fits; once it reaches beat_s, beat_s.  --backend cpsat reads it
+        too (planner/search/certify.py)."""
+        options = self.options(g)
+        if not options:
+            return math.inf
         free_at = {}
-        for o in e.options:
-            key = (shape_key(g), o)
+        pp = min(g.pp, 2)  # the only stage of a pipeline (PP 1) has no pipeline buffers, every other stage has
+        for o in options:
+            key = (shape_key(g), o, pp)
             if key not in self._room:
-                self._room[key] = stage_free_bytes(self.cost, replace(self.builder.shape(g), vpp=1, pp=2), o)
+                self._room[key] = stage_free_bytes(self.cost, replace(self.builder.shape(g), vpp=1, pp=pp), o)
             free_at[o] = self._room[key]
-        lb = lower_bound_s(e.obs, g, e.options, self.budget, self.cost.model.num_layers,
-                           self.num_microbatches(g), self.inflight(g), tight=True, beat_s=beat_s,
-                           cache=self._bound_cache, kind_counts=self.kind_counts, free_at=free_at)
-        return replace(e, bound_s=max(e.bound_s, lb), level=2)
+        return lower_bound_s(self.option_bounds(g, options), g, options, self.budget, self.cost.model.num_layers,
+                             self.num_microbatches(g), self.inflight(g), tight=True, beat_s=beat_s,
+                             cache=self._bound_cache, kind_counts=self.kind_counts, free_at=free_at)
 
 
 class Screening:

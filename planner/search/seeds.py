@@ -21,7 +21,9 @@ then bounds everything else with the best of them:
                         would leave GPUs idle), laid out by the rounding heuristic
                         (solver_models/rounding.py) on the configuration's tables
 
-Then the best configuration found gets a short exact stage solve (the CP-SAT stage model) from its plan.
+A configuration whose tight bound (the search's, planner/search/bounds.py) shows it cannot beat the best plan
+found is skipped.  Then the best configuration found gets a short exact stage solve (the CP-SAT stage model)
+from its plan.
 No HS-DP code runs.  The plans are the cost model's, over the same integer tables as every other
 plan of the search; they prove nothing (the Benders loop does), so they change no bound.  Runs over the
 whole space (not under --prune, whose pruned space a seed may leave).  A search over a pooled view of the cluster
@@ -172,10 +174,17 @@ class Seeds:
             for pp in sorted(p for p, w in shape.pipelines if w == v):
                 self._check_time()
                 g = shape.choice(pp, v, rc)
+                if self._hopeless(g):
+                    continue
                 found = self._layouts(g)
                 if found is not None and (best is None or found < best[0]):
                     best = (found, g)
         return best
+
+    def _hopeless(self, g: GlobalChoice) -> bool:
+        """Whether G's tight bound (the search's, kept for its loop) shows it cannot beat the best plan found."""
+        cutoff = self.search._cutoff_us()
+        return cutoff is not None and self.search._tight_us(g, cutoff) >= cutoff
 
     def _layouts(self, g: GlobalChoice) -> float | None:
         """G laid out by the rounding heuristic over stage-type sequences: the best objective (s) found."""
