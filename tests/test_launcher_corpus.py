@@ -54,7 +54,10 @@ def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("corpus")
     bindir = root / "bin"
     bindir.mkdir()
-    for prog, text in _STUBS.items():
+    # `date` at one fixed instant: a launcher that names its output by the time (Pai-Megatron-Patch's
+    # --tensorboard-dir) gives the input script and the emitted launcher the same name, whatever second each runs in
+    stubs = {**_STUBS, "date": f"#!/bin/bash\nexec {shutil.which('date')} -d @1764892800 \"$@\"\n"}
+    for prog, text in stubs.items():
         (bindir / prog).write_text(text)
         (bindir / prog).chmod(0o755)
     return root
