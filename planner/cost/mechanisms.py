@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.megatron.layout import chunk_split
+from planner.megatron.layout import plan_layout
 from planner.profile_tables import TIME_CORRECTION_KINDS
 from planner.schemas.cluster import pool_members
 from planner.schemas.plan import Recompute
@@ -216,16 +216,11 @@ def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
 
 
 def chunk_pattern(plan) -> tuple[int, ...]:
-    """The decoder layers per virtual chunk of the plan's fullest pipeline rank (one chunk under 1F1B): its own
-    layout's (virtual stage i on rank i % PP), else the planner's (planner/megatron/layout.py `chunk_split`:
-    every rank follows this pattern)."""
+    """The decoder layers per virtual chunk of the plan's fullest pipeline rank (one chunk under 1F1B), from its
+    layout (planner/megatron/layout.py `plan_layout`: its own, else the planner's split, virtual stage i on rank
+    i % PP)."""
+    counts = [stage.count("t") for stage in plan_layout(plan)]
     pp, v = plan.pp, plan.vpp
-    if plan.layout is not None:
-        counts = [stage.count("t") for stage in plan.layout]
-    elif v > 1:
-        counts = chunk_split([s.num_layers for s in plan.stages], v)
-    else:
-        counts = [s.num_layers for s in plan.stages]
     ranks = [[counts[c * pp + r] for c in range(v)] for r in range(pp)]
     return tuple(max(ranks, key=sum))
 

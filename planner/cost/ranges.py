@@ -29,7 +29,7 @@ from typing import Callable
 from planner.cost.mechanisms import MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern, schedule_conditions, \
     send_conditions, stage_conditions
 from planner.cost.model import END_PARTS, CostModel, GlobalShape, StageCore
-from planner.megatron.layout import chunk_split
+from planner.megatron.layout import plan_layout
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -237,8 +237,7 @@ def schedule_stall(cost: CostModel, plan: Plan) -> float:
     if m < plan.pp:
         return 0.0
     stages = cost.evaluate(plan).stages
-    layers = ([stage.count("t") for stage in plan.layout] if plan.layout is not None
-              else chunk_split([s.num_layers for s in plan.stages], plan.vpp))
+    layers = [stage.count("t") for stage in plan_layout(plan)]
     pp, v = plan.pp, plan.vpp
     weights = [0.0] * (pp * v)
     fwd, bwd = [], []
