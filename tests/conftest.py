@@ -6,13 +6,28 @@ Shared builders live in tests/helpers/."""
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from pathlib import Path
 
 import pytest
 
 from planner.profile_tables import ProfileSet
+from helpers.run_dir import shared_run_dir
 from tools.fuzz.inputs import TINY_MODEL
 from tools.fuzz.mutations import to_yaml
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On pytest-xdist's controller: fix the run's id before the workers start, so that their shared directory
+    (tests/helpers/run_dir.py) is known here and removed at the end."""
+    if not hasattr(config, "workerinput") and hasattr(config.option, "testrunuid"):
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", None):
+        shutil.rmtree(shared_run_dir(config.option.testrunuid), ignore_errors=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

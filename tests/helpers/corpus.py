@@ -1,9 +1,11 @@
-"""The launcher corpus (tests/launchers/corpus.yaml) and its scripts solved once per test session,
-for the corpus tests and Megatron's validator tests alike."""
+"""The launcher corpus (tests/launchers/corpus.yaml) and its scripts solved once per test run, for the corpus tests
+and Megatron's validator tests alike: under pytest-xdist the workers share the solves (tests/helpers/run_dir.py), the
+first to need a script solving it under a lock while the others wait for it."""
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import shutil
 import tempfile
 from functools import lru_cache
@@ -13,13 +15,16 @@ import yaml
 from click.testing import CliRunner
 
 from cli import main
+from helpers.run_dir import worker_run_dir
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "launchers"
 CORPUS = yaml.safe_load((CORPUS_DIR / "corpus.yaml").read_text())
 NAMES = [c["script"] for c in CORPUS]
 
-_SOLVED_ROOT = Path(tempfile.mkdtemp(prefix="hapmoe-corpus-"))
-atexit.register(shutil.rmtree, _SOLVED_ROOT, True)
+_SOLVED_ROOT = worker_run_dir()
+if _SOLVED_ROOT is None:
+    _SOLVED_ROOT = Path(tempfile.mkdtemp(prefix="hapmoe-corpus-"))
+    atexit.register(shutil.rmtree, _SOLVED_ROOT, True)
 
 
 def entry(name: str) -> dict:
@@ -35,6 +40,12 @@ def solved(name: str, runtime: str = "megatron", cluster: str | None = None) -> 
     out = _SOLVED_ROOT / f"{name}-{runtime}-{(cluster or 'own').replace(':', '_').replace(',', '+')}"
     args = ["solve", "--megatron-script", str(CORPUS_DIR / name), "--cluster", cluster or c["cluster"], "--backend", "hsdp",
             "--runtime", runtime, "--time-limit", "30", "--quiet", "--out", str(out), "--", *c["args"]]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
+    done = out.with_name(out.name + ".done")
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker solving it: wait, then read its output
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a worker that failed left
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 0, result.output
+            done.write_text("")
     return out
