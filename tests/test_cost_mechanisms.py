@@ -18,7 +18,8 @@ from planner.cost.dispatch import (
 from planner.cost.estimate import estimate_run
 from planner.cost.memory import ParamBytes, activation_bytes_per_token
 from planner.calibration.runs import load_runs
-from planner.cost.model import GlobalShape
+from planner.cost.estimate import plan_from_run
+from planner.cost.model import CostModel, GlobalShape
 from planner.megatron.flags import unmodelled_notes
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
@@ -444,16 +445,44 @@ def test_unmodelled_flags_are_named_in_the_notes(profiles):
     assert math.isfinite(estimate_run(run, cl, profiles).iteration_time_s)
 
 
+def test_unfused_attention_pays_its_score_passes_and_the_whole_square(profiles):
+    """Unfused attention (Megatron's DotProductAttention) writes and reads the b x heads/TP x s x s scores in HBM:
+    4 passes forward and 7 backward (UNFUSED_SCORE_PASSES), 5 more with attention dropout, and its GEMMs compute the
+    whole square, twice the causal FLOP a flash kernel does.  By hand, for the dense test model at micro-batch 1:
+    the core takes at least 11 passes of the score matrix over HBM, dropout adds exactly 5 passes when the passes
+    bound the GEMMs, and the core is slower than the fused one."""
+    from planner.cost.layer import UNFUSED_SCORE_PASSES
+    cl = parse_cluster("H100:8", profiles)
+
+    def core_s(extra: str) -> tuple[float, object]:
+        run = parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8 {extra}"), world_size=8)
+        cm, plan = CostModel(run.model, run.training, cl, profiles), plan_from_run(run, cl, profiles)[0]
+        return cm.evaluate(plan).time_breakdown()["attention_core"], (cm, run, plan)
+
+    fused, _ = core_s("")
+    plain, (cm, run, plan) = core_s("--attention-backend unfused --attention-dropout 0.0")
+    dropped, _ = core_s("--attention-backend unfused --attention-dropout 0.1")
+    m = run.model
+    per_layer_mb = run.training.micro_batch_size * m.seq_length ** 2 * m.num_attention_heads * 2  # bytes, TP 1
+    assert plan.tp == plan.pp == 1  # one stage of every layer, DP 8
+    calls = m.num_layers * run.training.global_batch_size // (run.training.micro_batch_size * plan.stages[0].dp)
+    one_pass_s = cm.kernels("H100").memory_s(per_layer_mb) * calls
+    assert UNFUSED_SCORE_PASSES["fwd"] + UNFUSED_SCORE_PASSES["bwd"] == 11
+    assert plain >= 11 * one_pass_s * (1 - 1e-9) and plain > fused
+    assert dropped - plain == pytest.approx(5 * one_pass_s, rel=1e-6)
+
+
 def test_settings_priced_for_memory_only_are_named_in_the_notes(profiles):
     """Megatron-LM's CI runs deterministic kernels without gradient-accumulation fusion, and one of its MoE tests
-    unfused attention: the time model prices none of them (unfused attention only in memory), and says so."""
+    unfused attention: the time model prices neither of the first two, and unfused attention from its GEMMs and
+    HBM passes with no kernel measurement, and says so."""
     cl = parse_cluster("H100:8", profiles)
     flags = f"{DENSE} --global-batch-size 8 --attention-backend unfused --deterministic-mode " \
             "--no-gradient-accumulation-fusion"
     notes = estimate_run(parse_megatron_flags(shlex.split(flags), world_size=8), cl, profiles).notes
     assert any(n.startswith("--deterministic-mode is not modelled") for n in notes)
     assert any(n.startswith("--no-gradient-accumulation-fusion is not modelled") for n in notes)
-    assert any("--attention-backend unfused is modelled for memory only" in n for n in notes)
+    assert any(n.startswith("--attention-backend unfused: the s x s scores are priced") for n in notes)
     plain = estimate_run(parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8"), world_size=8), cl,
                          profiles).notes
     assert not any("attention-backend" in n or "deterministic" in n for n in plain)

@@ -115,7 +115,7 @@ def layer_cost(
     b = GEMM_BWD_OVER_FWD + 1
     parts = {
         "attention_gemm": b * c.attention_gemm,
-        "attention_core": (1 + ATTENTION_BWD_OVER_FWD) * c.attention_core,
+        "attention_core": c.attention_core + c.attention_core_bwd,
         "mlp_gemm": b * c.mlp_gemm,
         "expert_gemm": c.expert_gemm + c.expert_gemm_bwd,
         "shared_expert_gemm": b * c.shared_expert_gemm,
@@ -180,6 +180,7 @@ class _ComputeParts:
     attention_gemm: float  # QKV (or MLA) and output projections
     mla_up_proj: float  # MLA's up-projections: the share of attention_gemm selective recompute re-runs
     attention_core: float
+    attention_core_bwd: float  # its backward: ATTENTION_BWD_OVER_FWD x the forward, or the unfused core's own
     mlp_gemm: float  # dense layers
     expert_gemm: float  # MoE layers: routed experts
     expert_gemm_bwd: float  # their backward (data and weight gradients), each pass at least its HBM traffic
@@ -211,7 +212,7 @@ class _ComputeParts:
     @property
     def bwd_s(self) -> float:
         return (GEMM_BWD_OVER_FWD * self.dense_gemm_s + self.expert_gemm_bwd
-                + ATTENTION_BWD_OVER_FWD * self.attention_core
+                + self.attention_core_bwd
                 + ELEMENTWISE_BWD_OVER_FWD * self.elementwise_s + self.fp8_cast_bwd)
 
 
@@ -219,9 +220,14 @@ def _compute_parts(x: _LayerInputs) -> _ComputeParts:
     attention_gemm = _attention_gemm_s(x)
     cast_fwd, cast_bwd = _fp8_cast_s(x)
     expert_fwd, expert_bwd = _expert_gemm_s(x)
+    if x.training.unfused_attention:
+        core_fwd, core_bwd = _unfused_attention_s(x)
+    else:
+        core_fwd = _attention_core_s(x)
+        core_bwd = ATTENTION_BWD_OVER_FWD * core_fwd
     return _ComputeParts(
         attention_gemm=attention_gemm, mla_up_proj=_mla_up_proj_s(x, attention_gemm),
-        attention_core=_attention_core_s(x), mlp_gemm=_mlp_gemm_s(x), expert_gemm=expert_fwd,
+        attention_core=core_fwd, attention_core_bwd=core_bwd, mlp_gemm=_mlp_gemm_s(x), expert_gemm=expert_fwd,
         expert_gemm_bwd=expert_bwd,
         shared_expert_gemm=_shared_expert_gemm_s(x), router_permute=_router_permute_s(x), layernorm=_layernorm_s(x),
         activation=_activation_s(x), residual_rope=_residual_rope_s(x), fp8_cast_fwd=cast_fwd, fp8_cast_bwd=cast_bwd,
@@ -267,6 +273,35 @@ def _attention_core_s(x: _LayerInputs) -> float:
     if cp > 1 and x.training.cp_comm_type in ("p2p", "a2a+p2p"):
         return max(x.kernels.attention_s(flop, flop / cp), x.kernels.attention_s(flop) / CP_RING_EFFICIENCY)
     return x.kernels.attention_s(flop)
+
+
+UNFUSED_SCORE_PASSES = {"fwd": 4, "bwd": 7, "dropout_fwd": 2.5, "dropout_bwd": 2.5}
+"""HBM passes over the s x s score matrix per head (elements of `activation_bytes` each; a dropout mask byte counts
+half) of unfused attention (Megatron's DotProductAttention, `--attention-backend unfused` or `local`): forward, the
+scores GEMM writes it, the scale-mask-softmax kernel reads and writes it, the probabilities-times-values GEMM reads
+it; backward, the GEMM of the probabilities' gradient writes it, the values' gradient GEMM reads the probabilities,
+the softmax backward reads the probabilities and the gradient and writes the scores' gradient, and the gradients of
+the queries and keys read it once each.  With `--attention-dropout` > 0, the dropout reads the probabilities and
+writes the dropped copy and its mask, and its backward reads the gradient and the mask and writes the gradient."""
+
+
+def _unfused_attention_s(x: _LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds of unfused attention: explicit batched GEMMs over the whole s x s square (no
+    causal skipping: Megatron's count, `attn_core_flop`, is the causal half), two forward and four backward, each
+    at least the HBM time of the score matrix it writes or reads, plus the softmax (and dropout) passes over it
+    (UNFUSED_SCORE_PASSES)."""
+    flop = 2.0 * x.gathered_tokens * x.flops.attn_core_flop / x.shape.tp  # QK^T and PV, the whole square
+    scores = x.gathered_tokens * x.shape.seq_length * x.model.num_attention_heads / x.shape.tp * x.act  # bytes
+    k = x.kernels
+    gemm = k.gemm_s(flop / 2, flop / 2)  # one of the two forward GEMMs
+    one_pass = k.memory_s(scores)
+    dropout = x.training.attention_dropout > 0
+    fwd = 2 * max(gemm, one_pass) + (UNFUSED_SCORE_PASSES["fwd"] - 2) * one_pass
+    bwd = 4 * max(gemm, one_pass) + (UNFUSED_SCORE_PASSES["bwd"] - 4) * one_pass
+    if dropout:
+        fwd += UNFUSED_SCORE_PASSES["dropout_fwd"] * one_pass
+        bwd += UNFUSED_SCORE_PASSES["dropout_bwd"] * one_pass
+    return fwd, bwd
 
 
 def _mlp_gemm_s(x: _LayerInputs) -> float:

@@ -597,7 +597,8 @@ def rule_options(rule: str) -> str | None:
 
 def unmodelled_notes(passthrough: Iterable[str], training=None) -> list[str]:
     """One note per flag in `passthrough` (the run's flags the planner does not read) that changes time
-    or memory but is not priced, and (`training`, a TrainingSpec) for a setting it reads for memory only."""
+    or memory but is not priced, and (`training`, a TrainingSpec) for a setting priced without a measurement of
+    its own (unfused attention)."""
     seen: list[str] = []
     for tok in passthrough:
         name = tok.split("=", 1)[0]
@@ -605,6 +606,7 @@ def unmodelled_notes(passthrough: Iterable[str], training=None) -> list[str]:
             seen.append(name)
     notes = [f"{name} is not modelled: {NOT_MODELLED[name]}; the prediction ignores it" for name in seen]
     if training is not None and training.unfused_attention:
-        notes.append(f"--attention-backend {training.attention_backend} is modelled for memory only (the s x s scores "
-                     "and softmax it keeps); its time is priced as flash attention, which runs faster")
+        notes.append(f"--attention-backend {training.attention_backend}: the s x s scores are priced from their "
+                     "GEMMs and HBM passes (planner/cost/layer.py UNFUSED_SCORE_PASSES), not from a measured unfused "
+                     "attention kernel")
     return notes
