@@ -89,7 +89,7 @@ def test_checker_failure_exits_2(monkeypatch):
         return res
 
     monkeypatch.setattr(api, "search_with_pools", broken)
-    res = RUNNER.invoke(main, ["solve", *SMALL, "--backend", "hsdp", "--json", "--quiet"])
+    res = RUNNER.invoke(main, ["solve", *IDLE, "--backend", "hsdp", "--json", "--quiet"])  # a 4 s search
     assert res.exit_code == 2
     assert "checker rejects" in res.output and "PROBLEM" not in res.output
 
