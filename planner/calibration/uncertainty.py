@@ -113,7 +113,7 @@ def outside(rows: list[HeldOutRow], by_source: dict[str, Region] | None = None) 
     """Per row, its conditions the rows of the other sources do not cover (`by_source`: `source_regions`, given
     when the caller has it)."""
     by_source = by_source if by_source is not None else source_regions(rows)
-    sources = set(dict.fromkeys(r.source for r in rows))
+    sources = {r.source for r in rows}
     regions = {src: _union(by_source, sources - {src}) for src in sources}
     return {r.id: frozenset(c for c in r.shares if not regions[r.source].covers(c)) for r in rows}
 
