@@ -30,6 +30,15 @@ class SearchTimeLimitError(RuntimeError):
     """The search's time limit ran out before any plan was found (not a statement about feasibility)."""
 
 
+class ReadingTimeLimitError(SearchTimeLimitError):
+    """Reading a launcher script ran into the command's time limit: names the script line it reached.
+    A time-limit error (exit status 3), like the timer's own, whichever of the two comes first."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
 class ImplausiblePredictionError(RuntimeError):
     """A prediction that cannot be true (above the devices' peak, not finite): the input lies outside
     what the cost model covers.  Never reported as a result."""

@@ -42,6 +42,18 @@ def test_a_script_that_loops_is_stopped_at_the_time_limit(tmp_path):
     assert time.perf_counter() - start < 30  # the reader's own step budget would take minutes
 
 
+def test_the_readers_own_deadline_is_a_time_limit_too(tmp_path, monkeypatch):
+    """The script reader checks the same deadline as the command's timer and names the line it reached; which of
+    the two comes first is a race, and both are the time limit (exit 3), not bad input (CI saw exit 2 once)."""
+    import planner.time_budget as time_budget
+    monkeypatch.setattr(time_budget, "_arm", lambda left_s: None)  # no timer: only the reader's check can stop it
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.format(extra="i=0\nwhile true; do i=$((i+1)); done", layers="4"))
+    res = run(["solve", "--megatron-script", str(script), "--cluster", "H800:8", "--time-limit", "1", "--quiet"])
+    assert res.exit_code == 3, res.output
+    assert "reading the inputs took" in res.output and f"{script}:8" in res.output
+
+
 def test_reading_within_stops_a_python_loop_and_restores_the_timer():
     budget = Budget(time.perf_counter(), 0.3, 0.0)
     with pytest.raises(SearchTimeLimitError, match="reading the inputs took"):

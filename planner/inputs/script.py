@@ -196,7 +196,8 @@ def parse_launcher_script(
     `scheduler`: the job geometry known before the script runs (SLURM_* from `#SBATCH` lines and the
     cluster, planner.inputs.shell.builtins.SchedulerValue); the script's own `#SBATCH` lines are read
     here and win.  `deadline` (a time.monotonic() value) and `max_steps` bound the reading: past
-    either, the reader stops with PlannerInputError naming the line it reached.
+    either, the reader stops naming the line it reached, with ReadingTimeLimitError (a time-limit error, exit
+    status 3) past the deadline and PlannerInputError past the statements.
 
     Raises PlannerInputError naming the script file and line for a syntax error, a hostile
     construct, or a script that exits before it launches; naming --megatron-script when no

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from planner.errors import PlannerInputError
+from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import (
@@ -212,10 +212,11 @@ class Interp:
                 "(a loop that never ends?); the reader stops here",
             )
         if self.deadline is not None and self.steps % DEADLINE_CHECK_STEPS == 0 and time.monotonic() > self.deadline:
-            raise PlannerInputError(
+            raise ReadingTimeLimitError(
                 self.where(line, src),
-                f"reading the script ran into the time limit after {time.monotonic() - self.started:.1f} s and "
-                f"{self.steps} statements, before it launches training (a long loop?); the reader stops here",
+                f"reading the inputs took {time.monotonic() - self.started:.1f} s ({self.steps} statements of the "
+                "script before it launches training: a long loop?), which leaves no time to search; the reader "
+                "stops at this line; raise --time-limit",
             )
 
     def _note(self, raw: str) -> str:
