@@ -120,12 +120,18 @@ def test_mi_is_uniform_megatron(profiles, homo):
     assert problems == []
 
 
+@pytest.fixture(scope="module")
+def hapmoe_homo(profiles, homo):
+    run, cluster = homo
+    return search_hapmoe(run, cluster, profiles, runtimes=("megatron",), time_limit_s=60)
+
+
 @pytest.mark.parametrize("search", [search_alpa, search_metis])
-def test_alpa_and_metis_equal_hapmoe_megatron_on_one_type(profiles, homo, search):
+def test_alpa_and_metis_equal_hapmoe_megatron_on_one_type(profiles, homo, hapmoe_homo, search):
     """On a homogeneous cluster 'as if the slowest type' and 'EP/ETP from the fastest type' change nothing:
     both baselines find HAPMoE's megatron-runtime optimum."""
     run, cluster = homo
-    ours = search_hapmoe(run, cluster, profiles, runtimes=("megatron",), time_limit_s=60)
+    ours = hapmoe_homo
     theirs = search(run, cluster, profiles, time_limit_s=60)
     assert theirs.cost.iteration_time_s == pytest.approx(ours.cost.iteration_time_s, rel=1e-9)
 
