@@ -293,3 +293,26 @@ def test_dry_run_of_every_corpus_launcher_runs_nothing(name, recording_bin, tmp_
     script = read_launcher_script(CORPUS_DIR / name, args=c["args"])
     entry_name = script.entry_script.rsplit("/", 1)[-1]
     assert any(entry_name in line for line in proc.stdout.splitlines()), proc.stdout + proc.stderr
+
+
+def test_solve_out_refuses_what_flagscale_refuses_before_searching(tmp_path, monkeypatch):
+    """A script FlagScale's fork cannot take whatever the plan (here --rampup-batch-size with --train-iters) is
+    refused by `solve --out --runtime flagscale` before the search, which ran its whole time limit first: exit 2,
+    the reason and what would help, and no --out directory."""
+    import planner.commands.solve as solve_command
+    from click.testing import CliRunner
+
+    from cli import main
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(solve_command, "solve", no_search)
+    c = entry("gpt3_175b_distributed.sh")
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(CORPUS_DIR / c["script"]), "--cluster",
+                                    c["cluster"], "--runtime", "flagscale", "--quiet", "--out", str(out), "--",
+                                    *c["args"]])
+    assert res.exit_code == 2, res.output
+    assert "refuses --rampup-batch-size with --train-iters" in res.output and "--train-samples" in res.output
+    assert not out.exists()

@@ -11,6 +11,7 @@ from planner.api import (
     read_input_script, runtime_choice, solve,
 )
 from planner.inputs.hosts import read_hosts
+from planner.launcher import refuse_unlaunchable_inputs
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
@@ -111,6 +112,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         settings = settings.without_pruning()
     hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles) if hosts_path else None
     choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run)
+    if out_dir:
+        refuse_unlaunchable_inputs(choice.runtime.name, inputs.run, script)
     space = make_space(inputs.run, choice.runtime.name, mbs=mbs, contiguous_types=contiguous_types or None)
     with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
         outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress,

@@ -14,7 +14,7 @@ from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
 from planner.launcher.common import LaunchOverrides
-from planner.launcher.flagscale import flagscale_files
+from planner.launcher.flagscale import flagscale_files, refuse_flagscale_inputs
 from planner.launcher.megatron import megatron_files
 from planner.profile_tables import ProfileSet
 from planner.runtime import FLAGSCALE, MEGATRON
@@ -45,4 +45,11 @@ def render_launch_files(
                   overrides=overrides)
 
 
-__all__ = ["LaunchOverrides", "render_launch_files"]
+def refuse_unlaunchable_inputs(runtime: str, run: MegatronRun, script: LauncherScript | None) -> None:
+    """Refuse (PlannerInputError) now what the runtime's launcher would refuse for any plan: checked before a
+    search whose plan is to be written (`solve --out`), which would otherwise run its whole time limit first."""
+    if runtime == FLAGSCALE.name:
+        refuse_flagscale_inputs(run, script)
+
+
+__all__ = ["LaunchOverrides", "refuse_unlaunchable_inputs", "render_launch_files"]

@@ -348,6 +348,12 @@ def refuse_what_flagscale_refuses(items: list[FlagItem]) -> None:
                                 "or plan for --runtime megatron on one vendor's devices")
 
 
+def refuse_flagscale_inputs(run: MegatronRun, script: LauncherScript | None) -> None:
+    """`refuse_what_flagscale_refuses` on the run's own flags, before any plan: what it refuses does not depend on
+    the plan, so `solve --out` for the flagscale runtime says so at once instead of after its search."""
+    refuse_what_flagscale_refuses(group_flag_items(launch_flags(run, run.model, [], script).final))
+
+
 def flagscale_files(
     run: MegatronRun, plan: Plan, cluster: ClusterSpec, script: LauncherScript | None = None, *,
     profiles: ProfileSet, hosts: Sequence[Host] | None = None, overrides: LaunchOverrides = LaunchOverrides(),
