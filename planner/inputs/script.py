@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from planner.errors import PlannerInputError
+from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import SchedulerValue, sbatch_values
@@ -312,7 +312,7 @@ def _other_launches(text: str, path_text: str | None, given: list[str], body: li
     stopped = ""
     try:
         second.run_list(body)
-    except PlannerInputError:
+    except (PlannerInputError, ReadingTimeLimitError):  # the scan stops there; the plan's launch was found
         stopped = second.where(*second.cur)
     except (ScriptExit, Break, Continue, Return, RecursionError):
         pass  # the rest of the script is not needed for the plan
