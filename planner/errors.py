@@ -1,12 +1,17 @@
 """Typed errors.  The CLI maps `PlannerInputError` to exit status 2 with its message, no traceback."""
 
 
-class PlannerInputError(ValueError):
-    """Bad user input: names the field (flag, key, option) and what is allowed."""
+class _Located:
+    """An error that names where it is (a flag, key or option; a script's file and line): `field`, and the message
+    `field: message`."""
 
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class PlannerInputError(_Located, ValueError):
+    """Bad user input: names the field (flag, key, option) and what is allowed."""
 
 
 class MissingProfileError(KeyError):
@@ -30,13 +35,9 @@ class SearchTimeLimitError(RuntimeError):
     """The search's time limit ran out before any plan was found (not a statement about feasibility)."""
 
 
-class ReadingTimeLimitError(SearchTimeLimitError):
+class ReadingTimeLimitError(_Located, SearchTimeLimitError):
     """Reading a launcher script ran into the command's time limit: names the script line it reached.
     A time-limit error (exit status 3), like the timer's own, whichever of the two comes first."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
 
 
 class ImplausiblePredictionError(RuntimeError):
