@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers.cli import refused, run
 from planner.errors import PlannerInputError
 from planner.cost.communication import collective_time_s
 from planner.cost.curves import interpolate_efficiency
@@ -15,7 +17,7 @@ from planner.profile_tables import PROFILES_DIR, ProfileSet
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
 from planner.schemas.device import DeviceProfile, EfficiencyCurve, LinkProfile, Provenance
 
-REQUIRED = ["V100", "A40", "A100-40GB", "A100", "A800", "H100", "H800", "H20", "H200", "B200", "L40S",
+REQUIRED = ["V100", "T4", "A40", "A100-40GB", "A100", "A800", "H100", "H800", "H20", "H200", "B200", "L40S",
             "MI250X", "MI300X", "MI325X", "910B", "Gaudi2"]
 GIB = 2**30
 MIB = 2**20
@@ -65,6 +67,47 @@ def test_device_file_validates_with_provenance_everywhere(path):
     # overhead is a few GiB and leaves most of the memory usable
     assert 1.0 <= prof.memory_overhead_gib <= 0.1 * prof.memory_gib
 
+
+# T4 (issue 31 item 10's mixed cluster: one node of 4 V100 and nodes of 4 T4)
+T4_GPT = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --max-position-embeddings 1024 "
+          "--vocab-size 52256 --global-batch-size 32 --micro-batch-size 2 --pipeline-model-parallel-size 4")
+
+
+def test_t4_profile_matches_its_component_measurements(profiles):
+    """T4 runs fp16 and fp32, no bf16; it has the memory the framework sees with ECC on (nvidia-smi 15109 MiB); its
+    4096^3 GEMM point is the sustained power-capped cuBLAS figure (24 of 65 TFLOP/s, NVIDIA forum 264462), its best
+    point stays below the short-burst torch.mm figure (42.71) and below V100's best, which beats T4 in those bursts
+    too (94.84 of 125); its memory-bound rate is the measured torch copy, 240 GB/s."""
+    t4 = profiles.device("Tesla-T4")
+    assert t4.name == "T4" and set(t4.peak_tflops) == {"fp16", "fp32"}
+    assert t4.memory_gib == pytest.approx(15109 * MIB / GIB, abs=0.01)
+    assert interpolate_efficiency(t4.gemm_efficiency, 2 * 4096**3) * t4.peak_tflops["fp16"] == pytest.approx(24.0, rel=1e-3)
+    top = max(p.efficiency for p in t4.gemm_efficiency.points)
+    assert top < 42.71 / 65.0
+    assert top < max(p.efficiency for p in profiles.device("V100").gemm_efficiency.points)
+    assert t4.hbm_bandwidth_tb_per_s * t4.hbm_efficiency * 1e3 == pytest.approx(240.0, rel=1e-3)
+    assert (t4.intra_node.kind, t4.gpus_per_node) == ("pcie", 4)
+
+
+def _estimate_json(flags: str, cluster: str) -> dict:
+    res = run(["estimate", "--megatron-args", flags, "--cluster", cluster, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_t4_clusters_estimate_and_refuse_bf16():
+    """`estimate` prices an fp16 GPT (PP4) on 4 T4 and on 4 V100 + 12 T4: a time and per-stage memory that fits each
+    device; the same plan on 4 T4 is slower than on 4 V100.  A bf16 run on T4 is refused, naming --cluster."""
+    t4 = _estimate_json(T4_GPT + " --fp16", "T4:4")
+    v100 = _estimate_json(T4_GPT + " --fp16", "V100:4")
+    mixed = _estimate_json(T4_GPT + " --fp16", "V100:4,T4:12")
+    assert 0 < v100["iteration_time_s"] < t4["iteration_time_s"]
+    assert mixed["world_size"] == 16 and {s["device_type"] for s in mixed["stages"]} == {"V100", "T4"}
+    for est in (t4, mixed):
+        assert est["iteration_time_s"] > 0 and est["fits"]
+        assert all(0 < s["memory_gib"] <= s["usable_gib"] for s in est["stages"])
+    line = refused(run(["estimate", "--megatron-args", T4_GPT + " --bf16", "--cluster", "T4:4"]), "--cluster")
+    assert "T4 does not run bf16" in line
 
 def test_910b_marked_low_confidence(profiles):
     """The 910B's datasheet numbers are flagged as low confidence in its provenance text."""
