@@ -109,6 +109,7 @@ def test_t4_clusters_estimate_and_refuse_bf16():
     line = refused(run(["estimate", "--megatron-args", T4_GPT + " --bf16", "--cluster", "T4:4"]), "--cluster")
     assert "T4 does not run bf16" in line
 
+
 def test_910b_marked_low_confidence(profiles):
     """The 910B's datasheet numbers are flagged as low confidence in its provenance text."""
     dev = profiles.device("910B")
