@@ -255,7 +255,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     if not choice.runtime.contiguous_types:
         result, plans, costs = _grouped_by_type(cost, result, plans, costs)
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
-                        idle=idle_gpus(plans[0], cluster, result, choice.left_out, space), choice=choice,
+                        idle=idle_gpus(plans[0], cluster, result, choice.left_out, space, objective), choice=choice,
                         profiles=profiles,
                         ranges=[ranges.time_range(p, c) for p, c in zip(plans, costs)], objective=objective,
                         memory_headroom=cost.memory_headroom, range_model=ranges)
@@ -299,17 +299,19 @@ def relabel_result(result: SearchResult, runtime: str) -> SearchResult:
 
 
 def idle_gpus(plan: Plan, cluster: ClusterSpec, result: SearchResult,
-              left_out: dict[str, str] | None = None, space: SearchSpace | None = None) -> list[IdleGpus]:
+              left_out: dict[str, str] | None = None, space: SearchSpace | None = None,
+              objective: str = "nominal") -> list[IdleGpus]:
     """Per device type, the GPUs the plan leaves idle and why: no job of the runtime can hold that type
     (`left_out`, from the runtime choice), no sum of the stage sizes the plan's micro-batch allows fills them
     (flagscale, with the `space` searched: every stage splits the micro-batch's samples evenly over its DP),
     too few left for one more stage of the plan's shape, or (when more stages would fit) the search found no
-    faster plan using them."""
+    faster plan using them (`objective`: what "faster" compares, the nominal time or the top of the range)."""
     used = cluster.spread(plan.gpus_by_type())  # a pooled stage type's GPUs counted on its members
     left_out = left_out or {}
     out = []
-    proof = "the search proved that no plan using them is faster" if result.certified_optimal else \
-        "no plan using them was faster among those searched"
+    faster = "faster" if objective == "nominal" else "faster at the top of its range (the pessimistic objective)"
+    proof = f"the search proved that no plan using them is {faster}" if result.certified_optimal else \
+        f"no plan using them was {faster} among those searched"
     sizes = sorted({plan.tp * plan.cp * s.dp for s in plan.stages})
     for h, n in cluster.gpus_by_type().items():
         idle = n - used.get(h, 0)

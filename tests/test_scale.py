@@ -125,6 +125,10 @@ def test_idle_gpus_no_stage_size_fills_are_explained():
     # without the space searched, the generic reason
     (plain,) = idle_gpus(plan, cluster, SimpleNamespace(certified_optimal=False), {})
     assert plain.why.startswith("fewer than one more stage")
+    # a certified search under the pessimistic objective says what "faster" compared
+    (proved,) = idle_gpus(plan, cluster, SimpleNamespace(certified_optimal=True), {}, objective="pessimistic")
+    assert proved.why.endswith("the search proved that no plan using them is faster at the top of its range "
+                               "(the pessimistic objective)")
 
 
 def test_the_tight_bound_prices_memory_and_budget_bound_pipelines_above_the_block():
