@@ -158,12 +158,10 @@ def test_shipped_time_uncertainty_is_the_fit_and_stays_narrow_held_out(held_out_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 31 not met: with xtuner's 16 Qwen3-235B rows and Megatron-LM's CI rows "
-                   "the held-out range holds 39 of 56 runs (70%); 12 of the 17 misses are xtuner's (real routing "
-                   "at capacity factors 1-5 up to 31% fast, DeepEP across nodes 21% fast, distributed-optimizer "
-                   "overlap 13% fast, full recompute 11% slow), errors no width the fit allows covers")
 def test_the_range_holds_three_quarters_of_held_out_runs(held_out_report):
-    """Issue 31's acceptance: the range holds >= 75% of held-out runs (leave-one-source-out stand-in)."""
+    """Issue 31's acceptance: the range holds >= 75% of held-out runs (leave-one-source-out stand-in).  Met since
+    Megatron-Bridge's three H100 MoE rows joined (46 of 59, 78%; 39 of 56 before): their held-out errors (up to +24%)
+    widen the ranges fitted without each source, so xtuner's and the Model Zoo's near misses are held."""
     held = held_out_report.coverage.summary()["all"]
     assert held["coverage"] >= 0.75, held
 
