@@ -20,6 +20,7 @@ from planner.runtime import MEGATRON
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+from planner.units import GIB_BYTES
 
 
 @dataclass
@@ -43,11 +44,20 @@ class UserPlan:
         kept free)."""
         return self.cost is not None and self.cost.fits and not self.violations and self.cannot_run is None
 
+    @property
+    def over_headroom(self) -> bool:
+        """It would run but for the memory headroom: within the device's whole memory, above what the planner's
+        own picks may use.  The headroom is the memory model's worst under-prediction on measured peaks, so such
+        a plan may run (the published Qwen3-235B TP2 PP32 EP8 run is predicted at 74.9 GiB of 74.4 usable on an
+        80 GB H100, and ran) or run out: the prediction cannot tell."""
+        return (self.cost is not None and not self.cost.fits and self.cost.fits_device and not self.violations
+                and self.cannot_run is None)
+
     def judge(self, ours: TimeRange, our_cost: PlanCost) -> None:
         """Set `keep_yours`: the plan runs, and its predicted time lies within the best plan's range (at most
         the top of it): the gain the search predicts is smaller than what the cost model can tell apart on
         the mechanisms these plans lean on.  `keep_why` says why, either way."""
-        if not self.runs or self.cost is None:
+        if not (self.runs or self.over_headroom) or self.cost is None:
             self.keep_yours, self.keep_why = False, "your plan does not run as given (see above)"
             return
         mine, nominal = self.cost.iteration_time_s, our_cost.iteration_time_s
@@ -63,6 +73,12 @@ class UserPlan:
         else:
             why = (f"your plan's predicted {mine:.3f} s is above our plan's pessimistic {ours.high_s:.3f} s: ours is "
                    f"predicted faster even at the top of its range ({100 * (mine / ours.high_s - 1):.1f}% beyond it)")
+        if self.over_headroom:
+            worst = max(self.cost.stages, key=lambda s: s.memory_bytes - s.capacity_bytes)
+            why = (f"{why}; but your plan is predicted at {worst.memory_gib:.1f} GiB on stage {worst.index}, within "
+                   f"the {worst.device_memory_bytes / GIB_BYTES:.1f} GiB device and over the "
+                   f"{worst.capacity_bytes / GIB_BYTES:.1f} GiB usable: it may run out of memory (if it already runs, "
+                   f"the measurement outranks the memory model)")
         self.keep_yours, self.keep_why = mine <= ours.high_s, why
 
 

@@ -196,6 +196,12 @@ class StageCost(StageCore):
         return self.memory_bytes <= self.capacity_bytes
 
     @property
+    def fits_device(self) -> bool:
+        """Within the device's whole memory (the headroom not kept free): a stage that fits the device but not
+        the usable memory may run, or run out, within the memory model's error (the headroom)."""
+        return self.memory_bytes <= self.device_memory_bytes
+
+    @property
     def capacity_fraction(self) -> float:
         """Memory over what the plan may use (capacity less headroom)."""
         return self.memory_bytes / self.capacity_bytes if self.capacity_bytes > 0 else math.inf
@@ -245,6 +251,7 @@ class StageCost(StageCore):
             "near_capacity": self.near_capacity,
             "inflight_microbatches": self.inflight_microbatches,
             "fits": self.fits,
+            "fits_device": self.fits_device,
         }
 
 
@@ -312,6 +319,11 @@ class PlanCost:
         return all(s.fits for s in self.stages)
 
     @property
+    def fits_device(self) -> bool:
+        """Every stage within its device's whole memory (StageCost.fits_device)."""
+        return all(s.fits_device for s in self.stages)
+
+    @property
     def overflow_stages(self) -> list[int]:
         return [s.index for s in self.stages if not s.fits]
 
@@ -325,6 +337,7 @@ class PlanCost:
             "max_reserved_gib": self.max_reserved_gib,
             "max_reserved_recorded_gib": self.max_reserved_recorded_gib,
             "fits": self.fits,
+            "fits_device": self.fits_device,
             "memory_headroom": self.memory_headroom,
             "overflow_stages": self.overflow_stages,
             "world_size": self.world_size,

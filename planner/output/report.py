@@ -124,6 +124,8 @@ def user_plan_json(user, ours: PlanCost) -> dict[str, Any]:
         "max_allocated_gib": c.max_allocated_gib,
         "max_reserved_gib": c.max_reserved_gib,
         "fits": c.fits,
+        "fits_device": c.fits_device,
+        "over_headroom": user.over_headroom,
         "overflow": _overflow(c),
         "violations": [{"rule": v.rule, "message": v.message, "hint": v.hint} for v in user.violations],
         "runs": user.runs,
@@ -585,7 +587,8 @@ def _render_user_plan(console, payload: dict) -> None:
     from rich.table import Table
 
     def fit(d: dict) -> str:
-        return f"{d['max_memory_gib']:.1f} GiB " + ("(fits)" if d["fits"] else "(DOES NOT FIT)")
+        return f"{d['max_memory_gib']:.1f} GiB " + (
+            "(fits)" if d["fits"] else "(over the headroom)" if d.get("over_headroom") else "(DOES NOT FIT)")
 
     t = Table(title=f"your plan ({u['source']}) against the planner's, same cluster and batch", title_justify="left",
               box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
@@ -606,7 +609,12 @@ def _render_user_plan(console, payload: dict) -> None:
     console.print(t)
     speed = u["speedup"]
     verdict = f"speed-up: {speed:.2f}x (the planner's plan against yours, per iteration)"
-    if not u["runs"]:
+    if u.get("over_headroom"):
+        o = u["overflow"]
+        verdict += (f"; your plan is over the memory headroom: stage {o['stage']} ({o['device_type']}) needs "
+                    f"{o['memory_gib']:.1f} of {o['usable_gib']:.1f} GiB usable, within the {o['capacity_gib']:.1f} "
+                    f"GiB device, so it may run or run out of memory")
+    elif not u["runs"]:
         why = []
         if not u["fits"]:
             o = u["overflow"]
@@ -754,7 +762,8 @@ def _md_user_plan(payload: dict) -> list[str]:
         f"| iteration (s) | {u['iteration_time_s']:.3f} | {payload['iteration_time_s']:.3f} |",
         f"| TFLOP/s/GPU | {u['tflops_per_gpu']:.1f} | {payload['tflops_per_gpu']:.1f} |",
         f"| MFU | {u['mfu'] * 100:.1f}% | {payload['mfu'] * 100:.1f}% |",
-        f"| peak memory (GiB) | {u['max_memory_gib']:.1f}{'' if u['fits'] else ' (does not fit)'} | "
+        f"| peak memory (GiB) | {u['max_memory_gib']:.1f}"
+        f"{'' if u['fits'] else ' (over the headroom)' if u.get('over_headroom') else ' (does not fit)'} | "
         f"{payload['max_memory_gib']:.1f} |",
         f"| rules | {rules} | ok |",
         "",
@@ -762,7 +771,12 @@ def _md_user_plan(payload: dict) -> list[str]:
     ]
     if "keep_yours" in u:
         lines.append(("**Keep yours**: " if u["keep_yours"] else "**Switch**: ") + u["keep_yours_why"] + ".")
-    if not u["fits"]:
+    if u.get("over_headroom"):
+        o = u["overflow"]
+        lines.append(f"Your plan is over the memory headroom: stage {o['stage']} ({o['device_type']}) needs "
+                     f"{o['memory_gib']:.1f} GiB of {o['usable_gib']:.1f} GiB usable, within the "
+                     f"{o['capacity_gib']:.1f} GiB device: it may run or run out of memory.")
+    elif not u["fits"]:
         o = u["overflow"]
         lines.append(f"Your plan does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB "
                      f"of {o.get('usable_gib', o['capacity_gib']):.1f} GiB usable.")
