@@ -367,3 +367,8 @@ def test_a_plan_over_the_headroom_but_within_the_device_is_compared_not_refused(
     assert "over the memory headroom" in text and "would not run as is" not in text
     fits = json.loads(_invoke(base + ["--megatron-args", mine]).stdout)["user_plan"]
     assert fits["fits"] and not fits["over_headroom"]
+    est = ["estimate", "--cluster", "H100:16", "--memory-headroom", f"{1 - used + 0.05:.3f}", "--megatron-args", mine]
+    e = json.loads(_invoke(est + ["--json"]).stdout)
+    assert not e["fits"] and e["fits_device"] and e["overflow"]["fits_device"], e["overflow"]
+    text = " ".join(_invoke(est).output.split())
+    assert "(over the headroom, within the device)" in text and "it may run or run out of memory" in text

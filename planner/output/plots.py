@@ -397,7 +397,8 @@ def memory_data(cost: PlanCost) -> dict[str, Any]:
         stages.append({"index": st.index, "device_type": st.device_type,
                        **{f"{k}_gib": v / GIB for k, v in parts.items()},
                        "total_gib": st.memory_bytes / GIB, "capacity_gib": st.device_memory_bytes / GIB,
-                       "usable_gib": st.capacity_bytes / GIB, "fits": st.fits, "near_capacity": st.near_capacity})
+                       "usable_gib": st.capacity_bytes / GIB, "fits": st.fits, "fits_device": st.fits_device,
+                       "near_capacity": st.near_capacity})
     return {"parts": list(MEMORY_PARTS), "stages": stages}
 
 
@@ -433,8 +434,9 @@ def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
     ax.set_ylim(0, top * 1.18)
     ax.set_xlim(-0.6, n - 0.4)
     fits = all(s["fits"] for s in stages)
-    ax.set_title((title + "\n" if title else "") + ("memory per GPU by stage: fits" if fits else
-                 "memory per GPU by stage: DOES NOT FIT (red)"), fontsize=10, loc="left")
+    verdict = ("fits" if fits else "over the headroom, within the device (red)"
+               if all(s.get("fits_device", False) for s in stages) else "DOES NOT FIT (red)")
+    ax.set_title((title + "\n" if title else "") + f"memory per GPU by stage: {verdict}", fontsize=10, loc="left")
     handles = [Patch(color=_PART_COLOURS[p], label=_PART_LABELS[p]) for p in MEMORY_PARTS]
     handles.append(Line2D([0], [0], color="black", linewidth=2.0, label="device capacity"))
     handles.append(Line2D([0], [0], color="black", linewidth=1.0, linestyle="dashed",
@@ -553,7 +555,7 @@ def _write_yours(out_dir: Path, user: tuple[Plan, PlanCost, str], place: dict[st
     if not drawing.allowed("placement_vs_yours"):
         return
     speed = u_cost.iteration_time_s / cost.iteration_time_s if cost.iteration_time_s > 0 else float("nan")
-    fit = "" if u_cost.fits else ", DOES NOT FIT"
+    fit = "" if u_cost.fits else ", over the headroom" if u_cost.fits_device else ", DOES NOT FIT"
     draw_placement([
         (f"your plan ({u_label}): {u_cost.iteration_time_s:.3f} s per iteration{fit}", u_place),
         (f"planner's plan: {cost.iteration_time_s:.3f} s per iteration, {speed:.2f}x the speed of yours", place),

@@ -65,6 +65,7 @@ def _overflow(cost: PlanCost) -> dict[str, Any] | None:
         "usable_gib": worst.capacity_bytes / 2**30,
         "memory_headroom": cost.memory_headroom,
         "short_gib": (worst.memory_bytes - worst.capacity_bytes) / 2**30,
+        "fits_device": cost.fits_device,
     }
 
 
@@ -367,7 +368,8 @@ def evidence_line(payload: dict) -> str | None:
 
 def memory_line(payload: dict) -> str:
     """Peak memory, the headroom the plan keeps free, and the stages near what they may use."""
-    fits = "fits" if payload["fits"] else "DOES NOT FIT"
+    fits = ("fits" if payload["fits"] else "over the headroom, within the device" if payload.get("fits_device")
+            else "DOES NOT FIT")
     h = payload.get("memory_headroom", 0.0)
     line = f"peak memory {payload['max_memory_gib']:.1f} GiB ({fits}); headroom {100 * h:.0f}% of each device kept free"
     if "max_allocated_gib" in payload:
@@ -550,9 +552,12 @@ def _render_assumed(console, payload: dict) -> None:
 
 
 def _render_overflow(console, o: dict) -> None:
+    within = o.get("fits_device", False)
     _say(console, f"stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB of "
          f"{o.get('usable_gib', o['capacity_gib']):.1f} GiB usable ({o['capacity_gib']:.1f} GiB less "
-         f"{100 * o.get('memory_headroom', 0.0):.0f}% headroom): {o['short_gib']:.1f} GiB short", style="bold red")
+         f"{100 * o.get('memory_headroom', 0.0):.0f}% headroom): {o['short_gib']:.1f} GiB short"
+         + (", within the device: it may run or run out of memory (the headroom is the memory model's error on "
+            "measured peaks)" if within else ""), style="bold" if within else "bold red")
 
 
 def _say_evidence(console, payload: dict) -> None:
