@@ -47,15 +47,25 @@ TARGET_WORST_UNDER_PCT = -10.0
 VALIDATOR_ONLY_FLAGS = ("--moe-permute-fusion",)
 
 
+SUPERSEDED = {
+    "H100-swift-qwen3-30b-a3b-pp2ep8-sft": "A800-swift-qwen3-30b-a3b-tp2ep8-sft",
+}
+"""Rows of the shared copy the shipped file corrects under a new id (old id -> new): ms-swift's '16 * 60GiB' was
+measured on 16 A800 with the script's April 2025 flags (TP2 EP8), not with the PP2 flags on H100 the shared row
+carries (measured_memory.csv notes)."""
+
+
 def load_memory_rows(*, shared: Path | None = SHARED_MEMORY_CSV, shipped: Path = SHIPPED_MEMORY_CSV) -> list[dict]:
-    """Every measured-memory row, shipped first; a shared row with the same id replaces the shipped one."""
+    """Every measured-memory row, shipped first; a shared row with the same id replaces the shipped one, and a
+    shared row the shipped file corrects (SUPERSEDED) is left out."""
     rows: dict[str, dict] = {}
     for path in (shipped, shared):
         if path is None or not path.is_file():
             continue
         with path.open(newline="", encoding="utf-8") as fh:
             for row in csv.DictReader(fh):
-                rows[row["id"]] = {**row, "origin": str(path)}
+                if row["id"] not in SUPERSEDED:
+                    rows[row["id"]] = {**row, "origin": str(path)}
     return list(rows.values())
 
 
