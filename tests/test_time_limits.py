@@ -48,7 +48,10 @@ def test_the_readers_own_deadline_is_a_time_limit_too(tmp_path, monkeypatch):
     import planner.time_budget as time_budget
     monkeypatch.setattr(time_budget, "_arm", lambda left_s: None)  # no timer: only the reader's check can stop it
     script = tmp_path / "train.sh"
-    script.write_text(SCRIPT.format(extra="i=0\nwhile true; do i=$((i+1)); done", layers="4"))
+    # a long arithmetic body per pass, as above: on an idle fast machine a bare `i=$((i+1))` loop used up the
+    # reader's 200k-statement budget (exit 2) before the 1 s deadline
+    body = "+".join(f"(i*{k}%7)" for k in range(1, 400))
+    script.write_text(SCRIPT.format(extra=f"i=0\nwhile true; do i=$((i+1)); x=$(({body})); done", layers="4"))
     res = run(["solve", "--megatron-script", str(script), "--cluster", "H800:8", "--time-limit", "1", "--quiet"])
     assert res.exit_code == 3, res.output
     assert "reading the inputs took" in res.output and f"{script}:8" in res.output
