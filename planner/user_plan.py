@@ -20,7 +20,6 @@ from planner.runtime import MEGATRON
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
-from planner.units import GIB_BYTES
 
 
 @dataclass
@@ -74,11 +73,8 @@ class UserPlan:
             why = (f"your plan's predicted {mine:.3f} s is above our plan's pessimistic {ours.high_s:.3f} s: ours is "
                    f"predicted faster even at the top of its range ({100 * (mine / ours.high_s - 1):.1f}% beyond it)")
         if self.over_headroom:
-            worst = max(self.cost.stages, key=lambda s: s.memory_bytes - s.capacity_bytes)
-            why = (f"{why}; but your plan is predicted at {worst.memory_gib:.1f} GiB on stage {worst.index}, within "
-                   f"the {worst.device_memory_bytes / GIB_BYTES:.1f} GiB device and over the "
-                   f"{worst.capacity_bytes / GIB_BYTES:.1f} GiB usable: it may run out of memory (if it already runs, "
-                   f"the measurement outranks the memory model)")
+            why += ("; but your plan is over the memory headroom, within the device: it may run out of memory (if it "
+                    "already runs, the measurement outranks the memory model)")
         self.keep_yours, self.keep_why = mine <= ours.high_s, why
 
 

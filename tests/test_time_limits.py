@@ -27,14 +27,16 @@ from tools.fuzz.inputs import SCRIPT, TINY_MODEL
 from tools.fuzz.mutations import to_yaml
 
 
+ENDLESS_BUSY_LOOP = "i=0\nwhile true; do i=$((i+1)); x=$((" + "+".join(f"(i*{k}%7)" for k in range(1, 400)) + ")); done"
+"""An endless shell loop with a long arithmetic body per pass: the reader's statement budget (200k) is far off when
+a 1 s limit comes, on any machine (a bare `i=$((i+1))` loop used the budget up first on an idle fast one)."""
+
+
 def test_a_script_that_loops_is_stopped_at_the_time_limit(tmp_path):
     """`solve --time-limit 5` on a script loop ran 14-36 s (issue 23): reading the inputs is bounded by the
     limit too (here an endless loop and a 1 s limit: exit 3, saying that reading used the time)."""
     script = tmp_path / "train.sh"
-    # each pass evaluates a long arithmetic body, so the reader's statement budget (200k) is far off when the
-    # 1 s limit comes, on any machine
-    body = "+".join(f"(i*{k}%7)" for k in range(1, 400))
-    script.write_text(SCRIPT.format(extra=f"i=0\nwhile true; do i=$((i+1)); x=$(({body})); done", layers="4"))
+    script.write_text(SCRIPT.format(extra=ENDLESS_BUSY_LOOP, layers="4"))
     start = time.perf_counter()
     res = run(["solve", "--megatron-script", str(script), "--cluster", "H800:8", "--time-limit", "1", "--quiet"])
     assert res.exit_code == 3, res.output
@@ -48,10 +50,7 @@ def test_the_readers_own_deadline_is_a_time_limit_too(tmp_path, monkeypatch):
     import planner.time_budget as time_budget
     monkeypatch.setattr(time_budget, "_arm", lambda left_s: None)  # no timer: only the reader's check can stop it
     script = tmp_path / "train.sh"
-    # a long arithmetic body per pass, as above: on an idle fast machine a bare `i=$((i+1))` loop used up the
-    # reader's 200k-statement budget (exit 2) before the 1 s deadline
-    body = "+".join(f"(i*{k}%7)" for k in range(1, 400))
-    script.write_text(SCRIPT.format(extra=f"i=0\nwhile true; do i=$((i+1)); x=$(({body})); done", layers="4"))
+    script.write_text(SCRIPT.format(extra=ENDLESS_BUSY_LOOP, layers="4"))
     res = run(["solve", "--megatron-script", str(script), "--cluster", "H800:8", "--time-limit", "1", "--quiet"])
     assert res.exit_code == 3, res.output
     assert "reading the inputs took" in res.output and f"{script}:8" in res.output

@@ -581,6 +581,13 @@ def render_estimate(payload: dict, wide: bool = False) -> None:
         _say(console, f"note: {n}")
 
 
+def _over_headroom_text(o: dict) -> str:
+    """Your plan above the usable memory but within the device (`user_plan.over_headroom`), from its overflow."""
+    return (f"your plan is over the memory headroom: stage {o['stage']} ({o['device_type']}) needs "
+            f"{o['memory_gib']:.1f} of {o['usable_gib']:.1f} GiB usable, within the {o['capacity_gib']:.1f} GiB "
+            f"device, so it may run or run out of memory")
+
+
 def _render_user_plan(console, payload: dict) -> None:
     u = payload.get("user_plan")
     if not u:
@@ -615,10 +622,7 @@ def _render_user_plan(console, payload: dict) -> None:
     speed = u["speedup"]
     verdict = f"speed-up: {speed:.2f}x (the planner's plan against yours, per iteration)"
     if u.get("over_headroom"):
-        o = u["overflow"]
-        verdict += (f"; your plan is over the memory headroom: stage {o['stage']} ({o['device_type']}) needs "
-                    f"{o['memory_gib']:.1f} of {o['usable_gib']:.1f} GiB usable, within the {o['capacity_gib']:.1f} "
-                    f"GiB device, so it may run or run out of memory")
+        verdict += "; " + _over_headroom_text(u["overflow"])
     elif not u["runs"]:
         why = []
         if not u["fits"]:
@@ -777,10 +781,8 @@ def _md_user_plan(payload: dict) -> list[str]:
     if "keep_yours" in u:
         lines.append(("**Keep yours**: " if u["keep_yours"] else "**Switch**: ") + u["keep_yours_why"] + ".")
     if u.get("over_headroom"):
-        o = u["overflow"]
-        lines.append(f"Your plan is over the memory headroom: stage {o['stage']} ({o['device_type']}) needs "
-                     f"{o['memory_gib']:.1f} GiB of {o['usable_gib']:.1f} GiB usable, within the "
-                     f"{o['capacity_gib']:.1f} GiB device: it may run or run out of memory.")
+        text = _over_headroom_text(u["overflow"])
+        lines.append(text[0].upper() + text[1:] + ".")
     elif not u["fits"]:
         o = u["overflow"]
         lines.append(f"Your plan does not fit: stage {o['stage']} ({o['device_type']}) needs {o['memory_gib']:.1f} GiB "
