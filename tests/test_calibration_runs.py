@@ -12,6 +12,8 @@ dense rows no worse than before (median 6 %); leave-one-source-out median <= 12 
 from __future__ import annotations
 
 import math
+import re
+import shlex
 
 import pytest
 
@@ -21,7 +23,9 @@ from planner.calibration.report import (
     CORRECTIONS_YAML, ONE_LINER_MFU, TARGET_LOSO_MEDIAN_PCT, TARGET_LOSO_SIGNED_PCT, TARGET_MEDIAN_PCT,
     TARGET_WORST_PCT, build_report, shipped_factors,
 )
-from planner.calibration.runs import SHIPPED_RUNS_CSV, SOURCE_KEYS, cases, load_runs, source_key
+from planner.calibration.runs import (
+    SHIPPED_RUNS_CSV, SOURCE_KEYS, cases, load_runs, load_unfitted_runs, source_key,
+)
 from planner.profile_tables import ProfileSet
 
 
@@ -181,3 +185,34 @@ def test_leave_one_source_out_within_target():
     assert s["rows"] == len(rep.rows)
     assert s["median_abs_pct"] <= TARGET_LOSO_MEDIAN_PCT, s
     assert abs(s["signed_median_pct"]) <= TARGET_LOSO_SIGNED_PCT, s
+
+
+def test_unfitted_runs_are_priced_apart_from_the_fit(report):
+    """planner/calibration/published/unfitted_runs.csv: every row says why it is not fitted, none is a calibration
+    row (the fit never sees it), and the report prices each with the shipped corrections and range."""
+    unfitted = load_unfitted_runs()
+    assert len(unfitted) >= 10
+    assert not {r["id"] for r in unfitted} & {r["id"] for r in load_runs()}
+    assert [c.id for c in report.unfitted] == [r["id"] for r in unfitted]
+    for c in report.unfitted:
+        assert c.why_not_fitted and math.isfinite(c.predicted_s) and c.low_s <= c.predicted_s <= c.high_s
+    doc = report.to_json()["unfitted"]
+    assert doc["summary"]["rows"] == len(unfitted)
+    assert doc["summary"]["covered"] == sum(c.covered for c in report.unfitted)
+
+
+def test_sc21_rows_are_the_papers_throughput_in_seconds():
+    """The SC21 rows' seconds are the paper's TFLOP/s per GPU (Table 1, quoted in each row's notes) turned into time
+    with its own FLOP count, eq. (3): 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with V = 51200, recomputed here from the
+    row's flags and cluster."""
+    rows = [r for r in load_unfitted_runs() if source_key(r) == "megatron-lm-sc21"]
+    assert len(rows) == 10
+    for r in rows:
+        a = shlex.split(r["megatron_args"])
+        flag = {k: int(a[i + 1]) for i, k in enumerate(a) if k in (
+            "--num-layers", "--hidden-size", "--seq-length", "--global-batch-size")}
+        b, s, l, h = (flag[k] for k in ("--global-batch-size", "--seq-length", "--num-layers", "--hidden-size"))
+        tflops = float(re.search(r"derived from ([0-9.]+) TFLOP/s/GPU", r["notes"]).group(1))
+        gpus = int(r["cluster"].split(":")[1])
+        flop = 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + 51200 / (16 * l * h))
+        assert float(r["value"]) == pytest.approx(flop / (tflops * 1e12 * gpus), abs=1e-3), r["id"]

@@ -37,7 +37,8 @@ from planner.calibration.uncertainty import (
     region_of, stale as uncertainty_stale, uncertainty_yaml,
 )
 from planner.uncertainty import UNCERTAINTY_YAML, Region, load_uncertainty
-from planner.calibration.runs import CalibrationCase, cases, load_runs
+from planner.calibration.runs import CalibrationCase, case_from_row, cases, load_runs, load_unfitted_runs
+from planner.cost.ranges import RangeModel
 from planner.profile_tables import PROFILES_DIR, ProfileSet
 from planner.schemas.device import Provenance
 
@@ -199,6 +200,51 @@ def _time_error(r: Row, attr: str) -> float | None:
     return 100.0 * (1.0 / (1.0 + v / 100.0) - 1.0)  # TFLOP/s error e -> time error 1/(1+e) - 1
 
 
+@dataclass(frozen=True)
+class UnfittedCheck:
+    """A published run the fit does not see (planner/calibration/published/unfitted_runs.csv), priced as a run from
+    a new source is: the corrections and the range the planner ships."""
+
+    id: str
+    source: str
+    why_not_fitted: str
+    measured_s: float
+    predicted_s: float
+    low_s: float
+    high_s: float
+    extrapolated: bool
+
+    @property
+    def error_pct(self) -> float:
+        """In time terms (positive: predicted slower than measured)."""
+        return _err_pct(self.predicted_s, self.measured_s)
+
+    @property
+    def covered(self) -> bool:
+        return self.low_s <= self.measured_s <= self.high_s
+
+    @property
+    def half_width(self) -> float:
+        return (self.high_s - self.low_s) / 2 / self.predicted_s
+
+
+def unfitted_checks(profiles: ProfileSet) -> list[UnfittedCheck]:
+    """Every unfitted run priced with `profiles` and the shipped uncertainty (profiles/uncertainty.yaml)."""
+    out = []
+    for row in load_unfitted_runs():
+        case = case_from_row(row, profiles, {})
+        tr = RangeModel(case.run.model, case.run.training, case.cluster, profiles).time_range(case.plan)
+        out.append(UnfittedCheck(case.id, case.source_key, row["why_not_fitted"], case.seconds_per_iteration(),
+                                 tr.nominal_s, tr.low_s, tr.high_s, bool(tr.evidence and tr.evidence.extrapolated)))
+    return out
+
+
+def unfitted_summary(checks: list[UnfittedCheck]) -> dict:
+    """Error statistics (time terms) and how often the shipped range holds the measurement."""
+    return {**error_stats([c.error_pct for c in checks]), "covered": sum(c.covered for c in checks),
+            "median_half_width": statistics.median(c.half_width for c in checks) if checks else None}
+
+
 ERROR_KINDS = (("in_sample", "error_pct"), ("leave_one_out", "loo_error_pct"),
                ("leave_one_source_out", "loso_error_pct"))
 """(summary key, Row attribute) of the three error figures, all in time terms in the summary."""
@@ -217,6 +263,7 @@ class Report:
     uncertainty: MechanismFit | None = None  # per-mechanism time uncertainty (with --loo, --loso or --write)
     region: Region | None = None  # the conditions the rows measured (with the uncertainty)
     coverage: Coverage | None = None  # the range's held-out coverage (with --loso or --write)
+    unfitted: list[UnfittedCheck] = field(default_factory=list)  # published runs the fit does not see
 
     def _stats(self, rows: list[Row], attr: str) -> dict:
         return error_stats([_time_error(r, attr) for r in rows])
@@ -302,6 +349,9 @@ class Report:
             "time_uncertainty": None if self.uncertainty is None else {
                 "mechanisms": self.uncertainty.mechanisms(), "extrapolation": self.uncertainty.extrapolation,
                 "scale": self.uncertainty.scale, "fitted_coverage": self.uncertainty.coverage},
+            "unfitted": {"summary": unfitted_summary(self.unfitted),
+                         "rows": [c.__dict__ | {"error_pct": c.error_pct, "covered": c.covered,
+                                                "half_width": c.half_width} for c in self.unfitted]},
             "held_out_range": None if self.coverage is None else {
                 **self.coverage.summary(), "rows": [c.__dict__ | {"covered": c.covered, "half_width": c.half_width}
                                                     for c in self.coverage.checks]},
@@ -337,6 +387,7 @@ class Report:
             h, why = memory_headroom(self.memory)
             lines.append(f"memory headroom {100 * h:.0f}%: {why}")
         lines += self._uncertainty_lines()
+        lines += self._unfitted_lines()
         return "\n".join(lines)
 
     def _row_lines(self) -> list[str]:
@@ -414,6 +465,24 @@ class Report:
                            + " (run python -m planner.calibration.report --write)")
         return out
 
+    def _unfitted_lines(self) -> list[str]:
+        if not self.unfitted:
+            return []
+        st = unfitted_summary(self.unfitted)
+        out = ["", "published runs the fit does not see (planner/calibration/published/unfitted_runs.csv), priced with "
+                   "the shipped corrections and range, as a run from a new source is:"]
+        for c in self.unfitted:
+            out.append(f"  {c.id:30s} {c.source:20s} measured {c.measured_s:9.3f} s  predicted {c.predicted_s:9.3f} s "
+                       f"{c.error_pct:+6.1f}%  range {c.low_s:.3f}-{c.high_s:.3f} "
+                       f"{'holds it' if c.covered else 'MISSES'}{' (extrapolated)' if c.extrapolated else ''}")
+        out.append(f"  |error| median {st['median_abs_pct']:.1f}%, worst {st['worst_abs_pct']:.1f}%, signed median "
+                   f"{st['signed_median_pct']:+.1f}% (time terms); the range holds {st['covered']} of {st['rows']}, "
+                   f"median half-width {100 * st['median_half_width']:.1f}%")
+        for why in dict.fromkeys(c.why_not_fitted for c in self.unfitted):
+            ids = [c.id for c in self.unfitted if c.why_not_fitted == why]
+            out.append(f"  not fitted ({len(ids)} rows): {why}")
+        return out
+
     def _coverage_lines(self) -> list[str]:
         if self.coverage is None:
             return []
@@ -464,7 +533,7 @@ def build_report(*, loo: bool = False, loso: bool = False, refit: bool = False) 
     factors = result.factors if refit else have
     held = loso_s or loo_s  # the uncertainty rests on leave-one-source-out residuals when they were computed
     report = Report(rows, pair_checks(all_cases, by_id), factors, result.rows, [] if refit else stale, loo, loso,
-                    memory_rows(profiles))
+                    memory_rows(profiles), unfitted=unfitted_checks(profiles))
     if held:
         held_rows = held_out_rows(all_cases, profiles, held)
         report.uncertainty, report.region = fit_mechanisms(held_rows), region_of(held_rows)

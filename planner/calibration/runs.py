@@ -5,7 +5,9 @@ there, `../shared/calibration/measured_runs.csv`, `measured_runs_new.csv` and `m
 the repository (rows there replace shipped rows with the same id; new ids are appended).  `cases()` turns each row into a
 `CalibrationCase`: the parsed `MegatronRun`, the cluster, the plan Megatron runs for those flags, the
 measurement, and the row's source key (`source_key`: rows of one publication and software stack share one,
-so that validation can leave a whole source out).
+so that validation can leave a whole source out).  `load_unfitted_runs()` reads the published runs the fit does
+not see (planner/calibration/published/unfitted_runs.csv, each with its `why_not_fitted`): the report prices them
+with the shipped corrections and ranges, as it would a run from a source it never saw.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from planner.schemas.plan import Plan
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 SHIPPED_RUNS_CSV = PUBLISHED_DIR / "measured_runs.csv"
 ANNOTATIONS_CSV = PUBLISHED_DIR / "annotations.csv"
+UNFITTED_RUNS_CSV = PUBLISHED_DIR / "unfitted_runs.csv"
+"""Published measured runs priced but kept out of the fit, each with `why_not_fitted` (published/README.md)."""
 SHARED_DIR = Path(__file__).resolve().parents[3] / "shared" / "calibration"
 SHARED_RUNS_CSV = SHARED_DIR / "measured_runs.csv"
 """../shared/calibration/measured_runs.csv next to the repository root (read when present)."""
@@ -36,6 +40,7 @@ SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
 """../shared/calibration/measured_runs_routing.csv: real-routing runs (read when present, last)."""
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
+    ("arXiv 2104.04473", "megatron-lm-sc21"),
     ("NVIDIA/Megatron-LM tests/functional_tests", "megatron-lm-ci"),
     ("NVIDIA/skills", "nvidia-skills-megatron-bridge"),
     ("performance-summary", "megatron-bridge-performance-summary"),
@@ -92,6 +97,15 @@ def load_runs(*, shared: Path | None = SHARED_RUNS_CSV, shipped: Path = SHIPPED_
         for row in _read_csv(path):
             rows[row["id"]] = {**row, "origin": str(path)}
     return list(rows.values())
+
+
+def load_unfitted_runs(path: Path = UNFITTED_RUNS_CSV) -> list[dict[str, str]]:
+    """The runs the fit does not see, in file order, each with its `why_not_fitted`."""
+    rows = _read_csv(path)
+    for r in rows:
+        if not (r.get("why_not_fitted") or "").strip():
+            raise ValueError(f"{path}: row {r['id']} has no why_not_fitted")
+    return rows
 
 
 def load_annotations(path: Path = ANNOTATIONS_CSV) -> dict[str, dict[str, str]]:
