@@ -202,8 +202,8 @@ def _time_error(r: Row, attr: str) -> float | None:
 
 @dataclass(frozen=True)
 class UnfittedCheck:
-    """A published run the fit does not see (planner/calibration/published/unfitted_runs.csv), priced as a run from
-    a new source is: the corrections and the range the planner ships."""
+    """A published run the fit does not see (planner/calibration/published/unfitted_runs.csv), priced with the
+    corrections and the range the planner ships."""
 
     id: str
     source: str
@@ -239,10 +239,14 @@ def unfitted_checks(profiles: ProfileSet) -> list[UnfittedCheck]:
     return out
 
 
-def unfitted_summary(checks: list[UnfittedCheck]) -> dict:
-    """Error statistics (time terms) and how often the shipped range holds the measurement."""
-    return {**error_stats([c.error_pct for c in checks]), "covered": sum(c.covered for c in checks),
-            "median_half_width": statistics.median(c.half_width for c in checks) if checks else None}
+def unfitted_summary(checks: list[UnfittedCheck], *, by_source: bool = False) -> dict:
+    """Error statistics (time terms) and how often the shipped range holds the measurement (and per source key)."""
+    out = {**error_stats([c.error_pct for c in checks]), "covered": sum(c.covered for c in checks),
+           "median_half_width": statistics.median(c.half_width for c in checks) if checks else None}
+    if by_source:
+        out["by_source"] = {src: unfitted_summary([c for c in checks if c.source == src])
+                            for src in dict.fromkeys(c.source for c in checks)}
+    return out
 
 
 ERROR_KINDS = (("in_sample", "error_pct"), ("leave_one_out", "loo_error_pct"),
@@ -349,7 +353,7 @@ class Report:
             "time_uncertainty": None if self.uncertainty is None else {
                 "mechanisms": self.uncertainty.mechanisms(), "extrapolation": self.uncertainty.extrapolation,
                 "scale": self.uncertainty.scale, "fitted_coverage": self.uncertainty.coverage},
-            "unfitted": {"summary": unfitted_summary(self.unfitted),
+            "unfitted": {"summary": unfitted_summary(self.unfitted, by_source=True),
                          "rows": [c.__dict__ | {"error_pct": c.error_pct, "covered": c.covered,
                                                 "half_width": c.half_width} for c in self.unfitted]},
             "held_out_range": None if self.coverage is None else {
@@ -468,19 +472,25 @@ class Report:
     def _unfitted_lines(self) -> list[str]:
         if not self.unfitted:
             return []
-        st = unfitted_summary(self.unfitted)
+
+        def fmt(checks: list[UnfittedCheck]) -> str:
+            st = unfitted_summary(checks)
+            return (f"|error| median {st['median_abs_pct']:.1f}%, worst {st['worst_abs_pct']:.1f}%, signed median "
+                    f"{st['signed_median_pct']:+.1f}%; the range holds {st['covered']} of {st['rows']}, median "
+                    f"half-width {100 * st['median_half_width']:.1f}%")
+
         out = ["", "published runs the fit does not see (planner/calibration/published/unfitted_runs.csv), priced with "
-                   "the shipped corrections and range, as a run from a new source is:"]
+                   "the shipped corrections and range (time terms; + = predicted slower than measured):"]
         for c in self.unfitted:
-            out.append(f"  {c.id:30s} {c.source:20s} measured {c.measured_s:9.3f} s  predicted {c.predicted_s:9.3f} s "
+            out.append(f"  {c.id:40s} {c.source:24s} measured {c.measured_s:9.3f} s  predicted {c.predicted_s:9.3f} s "
                        f"{c.error_pct:+6.1f}%  range {c.low_s:.3f}-{c.high_s:.3f} "
                        f"{'holds it' if c.covered else 'MISSES'}{' (extrapolated)' if c.extrapolated else ''}")
-        out.append(f"  |error| median {st['median_abs_pct']:.1f}%, worst {st['worst_abs_pct']:.1f}%, signed median "
-                   f"{st['signed_median_pct']:+.1f}% (time terms); the range holds {st['covered']} of {st['rows']}, "
-                   f"median half-width {100 * st['median_half_width']:.1f}%")
+        out.append(f"  all: {fmt(self.unfitted)}")
+        for src in dict.fromkeys(c.source for c in self.unfitted):
+            out.append(f"  {src:24s} {fmt([c for c in self.unfitted if c.source == src])}")
         for why in dict.fromkeys(c.why_not_fitted for c in self.unfitted):
             ids = [c.id for c in self.unfitted if c.why_not_fitted == why]
-            out.append(f"  not fitted ({len(ids)} rows): {why}")
+            out.append(f"  not fitted, {len(ids)} row{'s' if len(ids) > 1 else ''}: {why}")
         return out
 
     def _coverage_lines(self) -> list[str]:

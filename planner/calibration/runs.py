@@ -41,6 +41,7 @@ SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
     ("arXiv 2104.04473", "megatron-lm-sc21"),
+    ("ms-swift Megatron-SWIFT", "ms-swift-megatron-swift"),
     ("NVIDIA/Megatron-LM tests/functional_tests", "megatron-lm-ci"),
     ("NVIDIA/skills", "nvidia-skills-megatron-bridge"),
     ("performance-summary", "megatron-bridge-performance-summary"),
