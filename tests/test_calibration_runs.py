@@ -195,7 +195,7 @@ def test_unfitted_runs_are_priced_apart_from_the_fit(report):
     assert not {r["id"] for r in unfitted} & {r["id"] for r in load_runs()}
     assert [c.id for c in report.unfitted] == [r["id"] for r in unfitted]
     for c in report.unfitted:
-        assert c.why_not_fitted and math.isfinite(c.predicted_s) and c.low_s <= c.predicted_s <= c.high_s
+        assert c.why_not_fitted and math.isfinite(c.nominal_s) and c.low_s <= c.nominal_s <= c.high_s
     doc = report.to_json()["unfitted"]
     assert doc["summary"]["rows"] == len(unfitted)
     assert doc["summary"]["covered"] == sum(c.covered for c in report.unfitted)

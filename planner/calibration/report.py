@@ -33,8 +33,8 @@ import yaml
 from planner.calibration.fit import FIT_PARAMS, Fit, fit, leave_one_out, leave_one_source_out
 from planner.calibration.memory import MemoryRow, memory_rows, memory_text, summarise
 from planner.calibration.uncertainty import (
-    COVERAGE_TARGET, Coverage, MechanismFit, fit_mechanisms, held_out_coverage, held_out_rows, memory_headroom,
-    region_of, stale as uncertainty_stale, uncertainty_yaml,
+    COVERAGE_TARGET, Coverage, MechanismFit, RangeCheck, fit_mechanisms, held_out_coverage, held_out_rows,
+    memory_headroom, region_of, stale as uncertainty_stale, uncertainty_yaml,
 )
 from planner.uncertainty import UNCERTAINTY_YAML, Region, load_uncertainty
 from planner.calibration.runs import CalibrationCase, case_from_row, cases, load_runs, load_unfitted_runs
@@ -201,31 +201,16 @@ def _time_error(r: Row, attr: str) -> float | None:
 
 
 @dataclass(frozen=True)
-class UnfittedCheck:
+class UnfittedCheck(RangeCheck):
     """A published run the fit does not see (planner/calibration/published/unfitted_runs.csv), priced with the
     corrections and the range the planner ships."""
 
-    id: str
-    source: str
-    why_not_fitted: str
-    measured_s: float
-    predicted_s: float
-    low_s: float
-    high_s: float
-    extrapolated: bool
+    why_not_fitted: str = ""
 
     @property
     def error_pct(self) -> float:
         """In time terms (positive: predicted slower than measured)."""
-        return _err_pct(self.predicted_s, self.measured_s)
-
-    @property
-    def covered(self) -> bool:
-        return self.low_s <= self.measured_s <= self.high_s
-
-    @property
-    def half_width(self) -> float:
-        return (self.high_s - self.low_s) / 2 / self.predicted_s
+        return _err_pct(self.nominal_s, self.measured_s)
 
 
 def unfitted_checks(profiles: ProfileSet) -> list[UnfittedCheck]:
@@ -234,8 +219,8 @@ def unfitted_checks(profiles: ProfileSet) -> list[UnfittedCheck]:
     for row in load_unfitted_runs():
         case = case_from_row(row, profiles, {})
         tr = RangeModel(case.run.model, case.run.training, case.cluster, profiles).time_range(case.plan)
-        out.append(UnfittedCheck(case.id, case.source_key, row["why_not_fitted"], case.seconds_per_iteration(),
-                                 tr.nominal_s, tr.low_s, tr.high_s, bool(tr.evidence and tr.evidence.extrapolated)))
+        out.append(UnfittedCheck(case.id, case.source_key, case.seconds_per_iteration(), tr.low_s, tr.nominal_s,
+                                 tr.high_s, bool(tr.evidence and tr.evidence.extrapolated), row["why_not_fitted"]))
     return out
 
 
@@ -482,7 +467,7 @@ class Report:
         out = ["", "published runs the fit does not see (planner/calibration/published/unfitted_runs.csv), priced with "
                    "the shipped corrections and range (time terms; + = predicted slower than measured):"]
         for c in self.unfitted:
-            out.append(f"  {c.id:40s} {c.source:24s} measured {c.measured_s:9.3f} s  predicted {c.predicted_s:9.3f} s "
+            out.append(f"  {c.id:40s} {c.source:24s} measured {c.measured_s:9.3f} s  predicted {c.nominal_s:9.3f} s "
                        f"{c.error_pct:+6.1f}%  range {c.low_s:.3f}-{c.high_s:.3f} "
                        f"{'holds it' if c.covered else 'MISSES'}{' (extrapolated)' if c.extrapolated else ''}")
         out.append(f"  all: {fmt(self.unfitted)}")
