@@ -216,3 +216,17 @@ def test_sc21_rows_are_the_papers_throughput_in_seconds():
         gpus = int(r["cluster"].split(":")[1])
         flop = 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + 51200 / (16 * l * h))
         assert float(r["value"]) == pytest.approx(flop / (tflops * 1e12 * gpus), abs=1e-3), r["id"]
+
+
+def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
+    """FlagPerf's rows: the seconds are the suite's tokens per GPU per second (quoted in each row's notes) turned back
+    into time, global batch x sequence / (tokens/GPU/s x GPUs), with the batch, sequence and GPU count of the row's
+    own flags and cluster."""
+    rows = [r for r in load_unfitted_runs() if source_key(r) == "flagperf"]
+    assert len(rows) >= 15
+    for r in rows:
+        gbs, seq, per_gpu, gpus, _ = re.search(r"(\d+) x (\d+) / \(([\d.]+) x (\d+)\) = ([\d.]+) s", r["notes"]).groups()
+        a = shlex.split(r["megatron_args"])
+        assert (a[a.index("--global-batch-size") + 1], a[a.index("--seq-length") + 1]) == (gbs, seq), r["id"]
+        assert int(gpus) == int(r["cluster"].split(":")[1]), r["id"]
+        assert float(r["value"]) == pytest.approx(int(gbs) * int(seq) / (float(per_gpu) * int(gpus)), abs=1e-3)
