@@ -40,6 +40,7 @@ SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
 """../shared/calibration/measured_runs_routing.csv: real-routing runs (read when present, last)."""
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
+    ("ROCm Megatron-LM docs", "rocm-megatron-lm-docs"),  # AMD's docs: first, before any pattern naming Megatron-LM
     ("FlagPerf", "flagperf"),  # before "Pai-Megatron-Patch": FlagPerf runs one MoE case under Pai's launcher
     ("arXiv 2104.04473", "megatron-lm-sc21"),
     ("ms-swift Megatron-SWIFT", "ms-swift-megatron-swift"),
