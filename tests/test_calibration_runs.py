@@ -230,3 +230,27 @@ def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
         assert (a[a.index("--global-batch-size") + 1], a[a.index("--seq-length") + 1]) == (gbs, seq), r["id"]
         assert int(gpus) == int(r["cluster"].split(":")[1]), r["id"]
         assert float(r["value"]) == pytest.approx(int(gbs) * int(seq) / (float(per_gpu) * int(gpus)), abs=1e-3)
+
+
+def test_rocm_doc_rows_are_the_screenshots_token_throughput_in_seconds():
+    """The MI300X rows of the ROCm Megatron-LM docs: the seconds are the screenshot's tokens per GPU per second turned
+    back into time, global batch x sequence / (tokens/GPU/s x GPUs), and Megatron Core 0.9's FLOP count at the row's
+    flags, 12 B s l h^2 ((1 + g/a + s/h) + 1.5 f/h + V/(2 l h)), over that time matches the screenshot's TFLOP/s per
+    GPU (both quoted in each row's notes): the model shape, vocabulary and time agree."""
+    rows = [r for r in load_unfitted_runs() if source_key(r) == "rocm-megatron-lm-docs"]
+    assert len(rows) >= 2
+    for r in rows:
+        gbs, seq, per_gpu, gpus, _ = re.search(r"(\d+) x (\d+) / \(([\d.]+) x (\d+)\) = ([\d.]+) s", r["notes"]).groups()
+        a = shlex.split(r["megatron_args"])
+        flag = {k: int(a[i + 1]) for i, k in enumerate(a) if k in (
+            "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
+            "--num-attention-heads", "--num-query-groups", "--vocab-size")}
+        assert (flag["--global-batch-size"], flag["--seq-length"]) == (int(gbs), int(seq)), r["id"]
+        assert int(gpus) == int(r["cluster"].split(":")[1]), r["id"]
+        seconds = int(gbs) * int(seq) / (float(per_gpu) * int(gpus))
+        assert float(r["value"]) == pytest.approx(seconds, abs=1e-3), r["id"]
+        b, s, l, h = int(gbs), int(seq), flag["--num-layers"], flag["--hidden-size"]
+        flop = 12 * b * s * l * h ** 2 * ((1 + flag["--num-query-groups"] / flag["--num-attention-heads"] + s / h)
+                                          + 1.5 * flag["--ffn-hidden-size"] / h + flag["--vocab-size"] / (2 * l * h))
+        shown = float(re.search(r"against the screenshot's ([\d.]+)", r["notes"]).group(1))
+        assert flop / (seconds * int(gpus) * 1e12) == pytest.approx(shown, rel=1e-3), r["id"]
