@@ -232,6 +232,34 @@ def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
         assert float(r["value"]) == pytest.approx(int(gbs) * int(seq) / (float(per_gpu) * int(gpus)), abs=1e-3)
 
 
+def test_parallel_folding_rows_are_the_papers_throughput_in_seconds():
+    """The MoE Parallel Folding paper's rows (arXiv 2504.14960): the seconds are the paper's TFLOP/s per GPU (Table 2) or
+    its MFU times its 989.5 TFLOP/s peak (Tables 1, 3, 4), both quoted in each row's notes, turned into time with the FLOP
+    count of the paper's Megatron (core_r0.10/0.11, full s/h attention term), 12 B s l h^2 ((1 + g/a + s/h) (a d/h)
+    + 1.5 k F/h + V/(2 l h)), recomputed here from the row's flags and cluster; and the notes' causal-count alternative
+    is 3.4% shorter."""
+    rows = [r for r in load_unfitted_runs() if source_key(r) == "moe-parallel-folding-paper"]
+    assert len(rows) >= 12
+    for r in rows:
+        a = shlex.split(r["megatron_args"])
+        f = {k: int(a[i + 1]) for i, k in enumerate(a) if k in (
+            "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
+            "--num-attention-heads", "--num-query-groups", "--vocab-size", "--moe-router-topk")}
+        tflops = re.search(r"The paper's ([\d.]+) TFLOP/s per GPU", r["notes"])
+        mfu = re.search(r"The paper's ([\d.]+)% MFU", r["notes"])
+        per_gpu = float(tflops.group(1)) if tflops else float(mfu.group(1)) / 100 * 989.5
+        b, s, l, h = f["--global-batch-size"], f["--seq-length"], f["--num-layers"], f["--hidden-size"]
+        g_a, k, ffn, v = f["--num-query-groups"] / f["--num-attention-heads"], f["--moe-router-topk"], f["--ffn-hidden-size"], f["--vocab-size"]
+
+        def seconds(attn_s: float) -> float:
+            flop = 12 * b * s * l * h ** 2 * ((1 + g_a + attn_s) + 1.5 * k * ffn / h + v / (2 * l * h))
+            return flop / (per_gpu * 1e12 * int(r["cluster"].split(":")[1]))
+
+        assert float(r["value"]) == pytest.approx(seconds(s / h), abs=1e-3), r["id"]
+        causal = float(re.search(r"3\.4% shorter \(([\d.]+) s\)", r["notes"]).group(1))
+        assert causal == pytest.approx(seconds(s / (2 * h)), abs=1e-3), r["id"]
+
+
 def test_rocm_doc_rows_are_the_screenshots_token_throughput_in_seconds():
     """The MI300X rows of the ROCm Megatron-LM docs: the seconds are the screenshot's tokens per GPU per second turned
     back into time, global batch x sequence / (tokens/GPU/s x GPUs), and Megatron Core 0.9's FLOP count at the row's

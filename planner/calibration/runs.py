@@ -41,6 +41,7 @@ SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
     ("ROCm Megatron-LM docs", "rocm-megatron-lm-docs"),  # AMD's docs: first, before any pattern naming Megatron-LM
+    ("arXiv 2504.14960", "moe-parallel-folding-paper"),  # before "Megatron-MoE-ModelZoo", which its notes cite
     ("FlagPerf", "flagperf"),  # before "Pai-Megatron-Patch": FlagPerf runs one MoE case under Pai's launcher
     ("arXiv 2104.04473", "megatron-lm-sc21"),
     ("ms-swift Megatron-SWIFT", "ms-swift-megatron-swift"),
