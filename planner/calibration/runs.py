@@ -44,6 +44,7 @@ SOURCE_KEYS: tuple[tuple[str, str], ...] = (
     ("arXiv 2504.14960", "moe-parallel-folding-paper"),  # before "Megatron-MoE-ModelZoo", which its notes cite
     ("FlagPerf", "flagperf"),  # before "Pai-Megatron-Patch": FlagPerf runs one MoE case under Pai's launcher
     ("arXiv 2104.04473", "megatron-lm-sc21"),
+    ("Pai-Megatron-Patch issue #", "pai-megatron-patch-issues"),  # before "Pai-Megatron-Patch", its repository
     ("ms-swift Megatron-SWIFT", "ms-swift-megatron-swift"),
     ("NVIDIA/Megatron-LM tests/functional_tests", "megatron-lm-ci"),
     ("NVIDIA/skills", "nvidia-skills-megatron-bridge"),
