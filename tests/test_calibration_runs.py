@@ -201,84 +201,90 @@ def test_unfitted_runs_are_priced_apart_from_the_fit(report):
     assert doc["summary"]["covered"] == sum(c.covered for c in report.unfitted)
 
 
+def _source_rows(key: str) -> list[dict[str, str]]:
+    return [r for r in load_unfitted_runs() if source_key(r) == key]
+
+
+def _int_flags(row: dict[str, str]) -> dict[str, int]:
+    """The row's integer-valued flags, keyed by flag name (e.g. "--hidden-size")."""
+    a = shlex.split(row["megatron_args"])
+    return {k: int(v) for k, v in zip(a, a[1:]) if k.startswith("--") and v.isdigit()}
+
+
+def _gpus(row: dict[str, str]) -> int:
+    return int(row["cluster"].split(":")[1])
+
+
+def _token_throughput_seconds(row: dict[str, str]) -> float:
+    """The seconds of a row converted from tokens per GPU per second, as its notes quote it ("GBS x SEQ / (TOKENS x
+    GPUS) = T s"), checked against the row's own batch, sequence and GPU count."""
+    gbs, seq, per_gpu, gpus, _ = re.search(r"(\d+) x (\d+) / \(([\d.]+) x (\d+)\) = ([\d.]+) s", row["notes"]).groups()
+    f = _int_flags(row)
+    assert (f["--global-batch-size"], f["--seq-length"]) == (int(gbs), int(seq)), row["id"]
+    assert int(gpus) == _gpus(row), row["id"]
+    return int(gbs) * int(seq) / (float(per_gpu) * int(gpus))
+
+
+def _megatron_flop(f: dict[str, int], *, causal: bool = False) -> float:
+    """Megatron Core's FLOP count of an iteration (core_r0.9-0.11, GQA, SwiGLU, top-k experts; `causal`: the attention
+    term halved, as Megatron counts it since 2025-03): 12 B s l h^2 ((1 + g/a + s/h) + 1.5 k F/h + V/(2 l h))."""
+    b, s, l, h = f["--global-batch-size"], f["--seq-length"], f["--num-layers"], f["--hidden-size"]
+    attention = s / h / (2 if causal else 1)
+    return 12 * b * s * l * h ** 2 * ((1 + f["--num-query-groups"] / f["--num-attention-heads"] + attention)
+                                      + 1.5 * f.get("--moe-router-topk", 1) * f["--ffn-hidden-size"] / h
+                                      + f["--vocab-size"] / (2 * l * h))
+
+
 def test_sc21_rows_are_the_papers_throughput_in_seconds():
     """The SC21 rows' seconds are the paper's TFLOP/s per GPU (Table 1, quoted in each row's notes) turned into time
     with its own FLOP count, eq. (3): 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with V = 51200, recomputed here from the
     row's flags and cluster."""
-    rows = [r for r in load_unfitted_runs() if source_key(r) == "megatron-lm-sc21"]
+    rows = _source_rows("megatron-lm-sc21")
     assert len(rows) == 10
     for r in rows:
-        a = shlex.split(r["megatron_args"])
-        flag = {k: int(a[i + 1]) for i, k in enumerate(a) if k in (
-            "--num-layers", "--hidden-size", "--seq-length", "--global-batch-size")}
-        b, s, l, h = (flag[k] for k in ("--global-batch-size", "--seq-length", "--num-layers", "--hidden-size"))
+        f = _int_flags(r)
+        b, s, l, h = (f[k] for k in ("--global-batch-size", "--seq-length", "--num-layers", "--hidden-size"))
         tflops = float(re.search(r"derived from ([0-9.]+) TFLOP/s/GPU", r["notes"]).group(1))
-        gpus = int(r["cluster"].split(":")[1])
         flop = 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + 51200 / (16 * l * h))
-        assert float(r["value"]) == pytest.approx(flop / (tflops * 1e12 * gpus), abs=1e-3), r["id"]
+        assert float(r["value"]) == pytest.approx(flop / (tflops * 1e12 * _gpus(r)), abs=1e-3), r["id"]
 
 
 def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
     """FlagPerf's rows: the seconds are the suite's tokens per GPU per second (quoted in each row's notes) turned back
     into time, global batch x sequence / (tokens/GPU/s x GPUs), with the batch, sequence and GPU count of the row's
     own flags and cluster."""
-    rows = [r for r in load_unfitted_runs() if source_key(r) == "flagperf"]
+    rows = _source_rows("flagperf")
     assert len(rows) >= 15
     for r in rows:
-        gbs, seq, per_gpu, gpus, _ = re.search(r"(\d+) x (\d+) / \(([\d.]+) x (\d+)\) = ([\d.]+) s", r["notes"]).groups()
-        a = shlex.split(r["megatron_args"])
-        assert (a[a.index("--global-batch-size") + 1], a[a.index("--seq-length") + 1]) == (gbs, seq), r["id"]
-        assert int(gpus) == int(r["cluster"].split(":")[1]), r["id"]
-        assert float(r["value"]) == pytest.approx(int(gbs) * int(seq) / (float(per_gpu) * int(gpus)), abs=1e-3)
+        assert float(r["value"]) == pytest.approx(_token_throughput_seconds(r), abs=1e-3), r["id"]
 
 
 def test_parallel_folding_rows_are_the_papers_throughput_in_seconds():
     """The MoE Parallel Folding paper's rows (arXiv 2504.14960): the seconds are the paper's TFLOP/s per GPU (Table 2) or
     its MFU times its 989.5 TFLOP/s peak (Tables 1, 3, 4), both quoted in each row's notes, turned into time with the FLOP
-    count of the paper's Megatron (core_r0.10/0.11, full s/h attention term), 12 B s l h^2 ((1 + g/a + s/h) (a d/h)
-    + 1.5 k F/h + V/(2 l h)), recomputed here from the row's flags and cluster; and the notes' causal-count alternative
-    is 3.4% shorter."""
-    rows = [r for r in load_unfitted_runs() if source_key(r) == "moe-parallel-folding-paper"]
+    count of the paper's Megatron (core_r0.10/0.11, full s/h attention term), recomputed here from the row's flags and
+    cluster; and the notes' causal-count alternative is 3.4% shorter."""
+    rows = _source_rows("moe-parallel-folding-paper")
     assert len(rows) >= 12
     for r in rows:
-        a = shlex.split(r["megatron_args"])
-        f = {k: int(a[i + 1]) for i, k in enumerate(a) if k in (
-            "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
-            "--num-attention-heads", "--num-query-groups", "--vocab-size", "--moe-router-topk")}
+        f = _int_flags(r)
         tflops = re.search(r"The paper's ([\d.]+) TFLOP/s per GPU", r["notes"])
         mfu = re.search(r"The paper's ([\d.]+)% MFU", r["notes"])
         per_gpu = float(tflops.group(1)) if tflops else float(mfu.group(1)) / 100 * 989.5
-        b, s, l, h = f["--global-batch-size"], f["--seq-length"], f["--num-layers"], f["--hidden-size"]
-        g_a, k, ffn, v = f["--num-query-groups"] / f["--num-attention-heads"], f["--moe-router-topk"], f["--ffn-hidden-size"], f["--vocab-size"]
-
-        def seconds(attn_s: float) -> float:
-            flop = 12 * b * s * l * h ** 2 * ((1 + g_a + attn_s) + 1.5 * k * ffn / h + v / (2 * l * h))
-            return flop / (per_gpu * 1e12 * int(r["cluster"].split(":")[1]))
-
-        assert float(r["value"]) == pytest.approx(seconds(s / h), abs=1e-3), r["id"]
+        assert float(r["value"]) == pytest.approx(_megatron_flop(f) / (per_gpu * 1e12 * _gpus(r)), abs=1e-3), r["id"]
         causal = float(re.search(r"3\.4% shorter \(([\d.]+) s\)", r["notes"]).group(1))
-        assert causal == pytest.approx(seconds(s / (2 * h)), abs=1e-3), r["id"]
+        assert causal == pytest.approx(_megatron_flop(f, causal=True) / (per_gpu * 1e12 * _gpus(r)), abs=1e-3), r["id"]
 
 
 def test_rocm_doc_rows_are_the_screenshots_token_throughput_in_seconds():
     """The MI300X rows of the ROCm Megatron-LM docs: the seconds are the screenshot's tokens per GPU per second turned
     back into time, global batch x sequence / (tokens/GPU/s x GPUs), and Megatron Core 0.9's FLOP count at the row's
-    flags, 12 B s l h^2 ((1 + g/a + s/h) + 1.5 f/h + V/(2 l h)), over that time matches the screenshot's TFLOP/s per
-    GPU (both quoted in each row's notes): the model shape, vocabulary and time agree."""
-    rows = [r for r in load_unfitted_runs() if source_key(r) == "rocm-megatron-lm-docs"]
+    flags over that time matches the screenshot's TFLOP/s per GPU (both quoted in each row's notes): the model shape,
+    vocabulary and time agree."""
+    rows = _source_rows("rocm-megatron-lm-docs")
     assert len(rows) >= 2
     for r in rows:
-        gbs, seq, per_gpu, gpus, _ = re.search(r"(\d+) x (\d+) / \(([\d.]+) x (\d+)\) = ([\d.]+) s", r["notes"]).groups()
-        a = shlex.split(r["megatron_args"])
-        flag = {k: int(a[i + 1]) for i, k in enumerate(a) if k in (
-            "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
-            "--num-attention-heads", "--num-query-groups", "--vocab-size")}
-        assert (flag["--global-batch-size"], flag["--seq-length"]) == (int(gbs), int(seq)), r["id"]
-        assert int(gpus) == int(r["cluster"].split(":")[1]), r["id"]
-        seconds = int(gbs) * int(seq) / (float(per_gpu) * int(gpus))
+        seconds = _token_throughput_seconds(r)
         assert float(r["value"]) == pytest.approx(seconds, abs=1e-3), r["id"]
-        b, s, l, h = int(gbs), int(seq), flag["--num-layers"], flag["--hidden-size"]
-        flop = 12 * b * s * l * h ** 2 * ((1 + flag["--num-query-groups"] / flag["--num-attention-heads"] + s / h)
-                                          + 1.5 * flag["--ffn-hidden-size"] / h + flag["--vocab-size"] / (2 * l * h))
         shown = float(re.search(r"against the screenshot's ([\d.]+)", r["notes"]).group(1))
-        assert flop / (seconds * int(gpus) * 1e12) == pytest.approx(shown, rel=1e-3), r["id"]
+        assert _megatron_flop(_int_flags(r)) / (seconds * _gpus(r) * 1e12) == pytest.approx(shown, rel=1e-3), r["id"]
