@@ -174,6 +174,23 @@ def test_every_calibration_run_priced_as_its_own_plan_is_measured():
         assert not ev.extrapolated, (row["id"], ev.unmeasured)
 
 
+def test_fewer_local_experts_than_measured_are_covered_more_are_not():
+    """Local experts are covered from 1 up to the most a run measured (planner/uncertainty.py AT_MOST_AXES): at a
+    covered tokens per expert a smaller grouped call is priced from the measured dense-GEMM curve, a larger one is a
+    grouped kernel no run timed.  Tokens per expert keep their slack of one table step either way."""
+    key = (("device", "H100/H800/H200/H20"), ("precision", "bf16"), ("routing", "forced balance"))
+
+    def expert(tokens: float, local: float) -> Conditions:
+        return Conditions("expert_gemm", key, (("tokens_per_expert", tokens), ("local_experts", local)))
+
+    region = Region.of([cell_of(expert(1024.0, 8.0), "a"), cell_of(expert(4096.0, 16.0), "b")])
+    assert region.covers(expert(2048.0, 1.0)) and region.covers(expert(4096.0, 16.0))
+    assert not region.covers(expert(2048.0, 17.0))  # more local experts than any run: a grouped call no run timed
+    assert region.covers(expert(8192.0, 2.0)) and not region.covers(expert(8193.0, 2.0))  # one step above 4096
+    assert region.covers(expert(512.0, 4.0)) and not region.covers(expert(511.0, 4.0))  # one step below 1024
+    assert region.why_not(expert(2048.0, 17.0)).startswith("no calibration run at this size")
+
+
 def _cost(seconds: float) -> PlanCost:
     return PlanCost(iteration_time_s=seconds, pipeline_s=seconds, bubble_s=0.0, sync_s=0.0, num_microbatches=1,
                     world_size=1, model_flop_per_iteration=1.0, peak_flop_per_s_total=1.0, stages=())
