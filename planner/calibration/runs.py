@@ -40,6 +40,7 @@ SHARED_ROUTING_RUNS_CSV = SHARED_DIR / "measured_runs_routing.csv"
 """../shared/calibration/measured_runs_routing.csv: real-routing runs (read when present, last)."""
 
 SOURCE_KEYS: tuple[tuple[str, str], ...] = (
+    ("awsome-distributed", "aws-awsome-distributed"),  # AWS's repositories: first, their sources cite Bridge recipes
     ("ROCm Megatron-LM docs", "rocm-megatron-lm-docs"),  # AMD's docs: first, before any pattern naming Megatron-LM
     ("arXiv 2504.14960", "moe-parallel-folding-paper"),  # before "Megatron-MoE-ModelZoo", which its notes cite
     ("FlagPerf", "flagperf"),  # before "Pai-Megatron-Patch": FlagPerf runs one MoE case under Pai's launcher
