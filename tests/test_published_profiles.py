@@ -8,9 +8,11 @@ import pytest
 import yaml
 
 from planner.cost.curves import interpolate_efficiency
-from planner.cost.kernels import ATTENTION_BWD_OVER_FWD
+from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, Kernels
 from planner.profile_tables import ProfileSet
 from planner.profiling.published import COMPONENTS_CSV, PUBLISHED_DIR, TABLES, load_components, overlays, render
+
+from helpers.cases import flags_cost_model
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +75,43 @@ def test_a_users_measured_table_beats_the_published_one(tmp_path):
     assert ps.device("H100").grouped_gemm_efficiency.provenance.kind == "published"
     row = next(r for r in ps.provenance_manifest() if r["name"] == "H100")
     assert len(row["layers"]) == 3 and {"published", "measured"} <= set(row["provenance_kinds"])
+
+
+def _attention_core_s(flags: str, cluster: str) -> float:
+    _, plan, cost = flags_cost_model(flags, cluster)
+    return dict(cost.evaluate(plan).stages[0].parts)["attention_core"]
+
+
+ATTN = ("--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 "
+        "--vocab-size 32000 --micro-batch-size 1 --global-batch-size 8 --bf16")
+"""One attention call per layer of 2 x 4096^2 x 32 x 128 = 137.4 GFLOP (causal forward), the size of the published
+figures' 2048-token point (16k tokens of 16 heads): no interpolation between points."""
+
+
+def test_flash_backend_runs_flashattention2_on_h100_and_nothing_changes_on_a100(profiles):
+    """`--attention-backend flash` makes Transformer Engine run the FlashAttention package (Megatron sets
+    NVTE_FUSED_ATTN=0): on H100 its attention core takes cuDNN's combined efficiency at 137.4 GFLOP over
+    FlashAttention-2's published 265 TFLOP/s / 989 longer (flash-attention's H100 benchmark, causal, head dim 128);
+    on A100, whose table is FlashAttention-2 already, nothing changes."""
+    e_cudnn = interpolate_efficiency(profiles.device("H100").attention_efficiency, 137438953472.0)
+    auto = _attention_core_s(ATTN, "H100:8")
+    flash = _attention_core_s(ATTN + " --attention-backend flash", "H100:8")
+    assert flash / auto == pytest.approx(e_cudnn / (265 / 989), rel=5e-4)  # the tables keep 4 decimals
+    assert 1.3 < flash / auto < 1.6
+    a100 = (_attention_core_s(ATTN, "A100:8"), _attention_core_s(ATTN + " --attention-backend flash", "A100:8"))
+    assert a100[0] == pytest.approx(a100[1], rel=1e-12)
+    assert profiles.device("A100").flash_attention_efficiency is None
+
+
+def test_a_users_measured_attention_table_prices_the_flash_backend_too(tmp_path):
+    """A measured attention table (`cli.py profile` times the kernel the user's stack runs) wins over the published
+    FlashAttention-2 table as it wins over the published cuDNN one."""
+    measured = {"points": [{"size": 1e9, "efficiency": 0.3}, {"size": 1e12, "efficiency": 0.6}],
+                "provenance": {"kind": "measured", "source": "cli.py profile on node-3"}}
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "devices" / "h100.yaml").write_text(yaml.safe_dump({"name": "H100", "attention_efficiency": measured}))
+    ps = ProfileSet.load([str(tmp_path)])
+    kernels = [Kernels(ps.device("H100"), {"attention": 1.0}, "bf16", None, flash_attention=f) for f in (False, True)]
+    assert kernels[0].attention_s(1e11) == kernels[1].attention_s(1e11)
+    shipped = Kernels(ProfileSet.load().device("H100"), {"attention": 1.0}, "bf16", None, flash_attention=True)
+    assert shipped.attention_s(1e11) > kernels[1].attention_s(1e11) * 1.5

@@ -36,7 +36,7 @@ from planner.calibration.uncertainty import (
     COVERAGE_TARGET, Coverage, MechanismFit, RangeCheck, fit_mechanisms, held_out_coverage, held_out_rows,
     memory_headroom, region_of, stale as uncertainty_stale, uncertainty_yaml,
 )
-from planner.uncertainty import UNCERTAINTY_YAML, Region, load_uncertainty
+from planner.uncertainty import UNCERTAINTY_YAML, Region, load_uncertainty, shipped_uncertainty
 from planner.calibration.runs import CalibrationCase, case_from_row, cases, load_runs, load_unfitted_runs
 from planner.cost.ranges import RangeModel
 from planner.profile_tables import PROFILES_DIR, ProfileSet
@@ -575,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         text = uncertainty_yaml(h, why, report.uncertainty, report.region, "leave-one-source-out")
         UNCERTAINTY_YAML.write_text(text, encoding="utf-8")
         print(f"wrote {UNCERTAINTY_YAML}", file=sys.stderr)
+        shipped_uncertainty.cache_clear()  # the unfitted runs are priced with what was just written, as users will be
+        report.unfitted = unfitted_checks(ProfileSet.load())
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

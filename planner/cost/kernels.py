@@ -65,6 +65,7 @@ class Kernels:
     corrections: Mapping[str, float]
     compute_dtype: str  # bf16 | fp16 | fp32: everything that is not an FP8 GEMM
     fp8_recipe: str | None  # None: no FP8 GEMMs
+    flash_attention: bool = False  # --attention-backend flash: the FlashAttention package, not cuDNN's fused kernel
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -111,7 +112,11 @@ class Kernels:
         (one call by default; context parallelism splits it into ring steps)."""
         if flop <= 0:
             return 0.0
-        eff = interpolate_efficiency(self.device.attention_efficiency, max(call_flop or flop, 1.0))
+        curve, flash = self.device.attention_efficiency, self.device.flash_attention_efficiency
+        if self.flash_attention and flash is not None and (
+                flash.provenance.kind == "measured" or curve.provenance.kind != "measured"):
+            curve = flash  # H100: FlashAttention-2, 0.65-0.75x cuDNN's rate; a user's measured table wins over it
+        eff = interpolate_efficiency(curve, max(call_flop or flop, 1.0))
         return flop / (self.device.peak_flop_per_s(self.compute_dtype) * eff) * self.corrections["attention"]
 
     def host_s(self, ops: float) -> float:

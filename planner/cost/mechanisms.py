@@ -57,7 +57,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
               ("attention_gemm", "mlp_gemm", "shared_expert_gemm", "embedding", "logits_loss", "mtp_proj"),
               ("gemm",) + FP8_KINDS, "dense GEMMs in {precision} on {device}"),
     Mechanism("attention", "attention", ("attention_core",), ("attention",),
-              "attention on {device} at {sequence_chunk} tokens per sequence chunk"),
+              "{kernel} attention on {device} at {sequence_chunk} tokens per sequence chunk"),
     Mechanism("expert_gemm", "expert GEMMs", ("expert_gemm",), ("grouped_gemm",),
               "expert GEMMs in {precision} on {device} at {tokens_per_expert} tokens per expert and "
               "{local_experts} local experts, {routing}"),
@@ -113,11 +113,19 @@ BETWEEN_NODES = "GB/s between nodes"
 """The numeric axis of communication across nodes: the inter-node link's bandwidth (a cluster file may set it)."""
 
 
+class _Blank(dict):
+    """Format arguments where an axis the conditions lack (a cell written before the axis existed) reads as
+    nothing."""
+
+    def __missing__(self, name: str) -> str:
+        return ""
+
+
 def conditions_words(mechanism: str, key: dict[str, str], numbers: dict[str, str]) -> str:
     """A mechanism's conditions in words, numeric axes given as text (a value, or a range of values); those its
     format does not name follow it."""
     template = BY_NAME[mechanism].conditions
-    text = template.format(**key, **numbers)
+    text = " ".join(template.format_map(_Blank({**key, **numbers})).split())
     extra = [f"{v} {n}" for n, v in numbers.items() if "{" + n + "}" not in template]
     return ", ".join([text] + extra)
 
@@ -156,6 +164,15 @@ ROUTING_WORDS = {
 or clipped at a capacity factor (which drops tokens and moves the busiest rank's load: xtuner's capacity table)."""
 
 
+def attention_kernel(training) -> str:
+    """The attention kernel `--attention-backend` runs: Transformer Engine's choice (auto, fused: cuDNN's fused
+    kernel on the GPUs the calibration measured), the FlashAttention package (flash), or explicit score GEMMs and a
+    softmax (unfused, local)."""
+    if training.unfused_attention:
+        return "unfused"
+    return "FlashAttention" if training.attention_backend == "flash" else "fused"
+
+
 def routing_words(cost) -> str:
     """The plan's routing regime in words (ROUTING_WORDS)."""
     return ROUTING_WORDS[cost.routing.regime]
@@ -184,7 +201,7 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
     per_expert = local_tokens * g.etp * max(1, model.moe_router_topk or 1) / experts
     out = [
         Conditions("gemm", (fam, precision)),
-        Conditions("attention", (fam,), (("sequence_chunk", model.seq_length / g.cp),)),
+        Conditions("attention", (fam, ("kernel", attention_kernel(tr))), (("sequence_chunk", model.seq_length / g.cp),)),
         Conditions("expert_gemm", (fam, precision, routed),
                    (("tokens_per_expert", per_expert), ("local_experts", float(experts)))),
         Conditions("memory_bound", (fam,)),

@@ -438,7 +438,7 @@ class CostModel:
             tr = self.training
             hit = self._kernel_cache[device_type] = Kernels(
                 self.device(device_type), self.corrections(device_type), tr.compute_dtype,
-                tr.fp8_recipe if tr.precision == "fp8" else None)
+                tr.fp8_recipe if tr.precision == "fp8" else None, flash_attention=tr.attention_backend == "flash")
         return hit
 
     def _links(self, device_type: str):

@@ -605,6 +605,11 @@ def unmodelled_notes(passthrough: Iterable[str], training=None) -> list[str]:
         if name in NOT_MODELLED and name not in seen:
             seen.append(name)
     notes = [f"{name} is not modelled: {NOT_MODELLED[name]}; the prediction ignores it" for name in seen]
+    if training is not None and training.attention_backend == "flash":
+        notes.append("--attention-backend flash: Transformer Engine runs the FlashAttention package, not cuDNN's fused "
+                     "attention; on H100, H800 and H200 it is priced at FlashAttention-2's published rates (0.65-0.75x "
+                     "cuDNN's, profiles/published/components.csv); FlashAttention-3, where installed, runs faster than "
+                     "priced")
     if training is not None and training.unfused_attention:
         notes.append(f"--attention-backend {training.attention_backend}: the s x s scores are priced from their "
                      "GEMMs and HBM passes (planner/cost/layer.py UNFUSED_SCORE_PASSES), not from a measured unfused "

@@ -16,6 +16,9 @@ Tables and their arithmetic (the cost model's conventions):
 - `grouped_gemm_efficiency` (size = tokens per expert): a multiplier on the device's dense GEMM efficiency at
   the whole grouped call's FLOP, tile padding taken out (as kernels.py `grouped_gemm_s` reads it): the median
   over rows at one size of achieved / (peak x gemm_efficiency(call FLOP) x padding).
+- `flash_attention_efficiency` (size = causal forward FLOP per call): the FlashAttention package's causal
+  forward+backward efficiency, value / peak, from a figure that times forward and backward together with the
+  model's FLOP convention; kernels.py `attention_s` reads it for `--attention-backend flash`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from planner.schemas.device import EfficiencyCurve, EfficiencyPoint, Provenance
 
 PUBLISHED_DIR = PROFILES_DIR / "published"
 COMPONENTS_CSV = PUBLISHED_DIR / "components.csv"
-TABLES = ("attention_fwd", "attention_fwd_causal", "attention_bwd", "grouped_gemm")
+TABLES = ("attention_fwd", "attention_fwd_causal", "attention_bwd", "grouped_gemm", "flash2_attention_fwd_bwd_causal")
 COLUMNS = ("id", "table", "measured_on", "applies_to", "shape", "size", "call_flop", "value", "unit", "peak_tflops",
            "source", "notes")
 HEADER = ("# Written by `python -m planner.profiling.published --write` from profiles/published/components.csv\n"
@@ -84,6 +87,17 @@ def attention_curve(rows: list[dict[str, str]]) -> EfficiencyCurve:
     return EfficiencyCurve(points=tuple(points), provenance=Provenance(kind="published", source=source))
 
 
+def flash_curve(rows: list[dict[str, str]]) -> EfficiencyCurve:
+    points = tuple(EfficiencyPoint(size=float(r["call_flop"]), efficiency=round(_efficiency(r), 4))
+                   for r in sorted(rows, key=lambda r: float(r["call_flop"])))
+    source = (f"published: FlashAttention-2 (the flash-attn package, which Transformer Engine runs for Megatron's "
+              f"--attention-backend flash) on H100 SXM5, head dim 128, causal, forward+backward as its repository's "
+              f"benchmark measured it (components.csv rows {_ids(rows)}); efficiency = TFLOP/s / 989 with the "
+              "benchmark's FLOP count (forward + 2.5 x forward, causal halved), the model's convention; size = the "
+              "causal forward FLOP of the benchmark call (batch x seq = 16k tokens, 16 heads of 128)")
+    return EfficiencyCurve(points=points, provenance=Provenance(kind="published", source=source))
+
+
 def grouped_curve(rows: list[dict[str, str]], gemm: EfficiencyCurve) -> EfficiencyCurve:
     by_size: dict[int, list[float]] = defaultdict(list)
     for r in rows:
@@ -110,6 +124,9 @@ def overlays(rows: list[dict[str, str]], base: ProfileSet) -> dict[str, dict]:
         attention = [r for r in mine if r["table"].startswith("attention")]
         if attention:
             overlay["attention_efficiency"] = attention_curve(attention).model_dump(mode="json")
+        flash = [r for r in mine if r["table"] == "flash2_attention_fwd_bwd_causal"]
+        if flash:
+            overlay["flash_attention_efficiency"] = flash_curve(flash).model_dump(mode="json")
         grouped = [r for r in mine if r["table"] == "grouped_gemm"]
         if grouped:
             overlay["grouped_gemm_efficiency"] = grouped_curve(grouped, base.device(dev).gemm_efficiency).model_dump(
@@ -118,7 +135,7 @@ def overlays(rows: list[dict[str, str]], base: ProfileSet) -> dict[str, dict]:
         if measured_on:
             note = (f"measured on {', '.join(measured_on)}, applied to {dev}: the same SM90 die and clocks (only "
                     "NVLink, memory or FP64 differ, which these kernels do not use)")
-            for key in ("attention_efficiency", "grouped_gemm_efficiency"):
+            for key in ("attention_efficiency", "flash_attention_efficiency", "grouped_gemm_efficiency"):
                 if key in overlay:
                     overlay[key]["provenance"]["source"] += "; " + note
         out[dev] = overlay

@@ -84,6 +84,11 @@ class DeviceProfile(StrictModel):
     gpus_per_node: int = Field(gt=0)
     gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
     attention_efficiency: EfficiencyCurve = Field(description="flash attention fwd+bwd, size = FLOP per call")
+    flash_attention_efficiency: EfficiencyCurve | None = Field(
+        None, description="the FlashAttention package's fwd+bwd, size = FLOP per call, where it differs from the"
+        " kernel `attention_efficiency` describes (H100: FlashAttention-2 against cuDNN's fused attention); read for"
+        " --attention-backend flash; None: attention_efficiency"
+    )
     grouped_gemm_efficiency: EfficiencyCurve = Field(
         description="multiplier on gemm efficiency (at the whole grouped call's FLOP) for grouped expert GEMMs,"
         " beyond tile padding; size = tokens per expert"
