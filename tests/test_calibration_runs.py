@@ -318,3 +318,20 @@ def test_aws_rows_are_the_published_iteration_times():
             flop = 12 * b * s * l * h ** 2 * (2 + s / (2 * h) + 4 + v / (2 * l * h))
             assert value == pytest.approx(flop / (tflops * 1e12 * gpus), abs=1e-3), r["id"]
             assert value == pytest.approx(float(re.search(r"~([\d.]+) s/iter", r["notes"]).group(1)), rel=0.01), r["id"]
+
+
+def test_pre_flash_attention_rows_run_unfused_attention():
+    """annotations.csv `extra_flags` says what a row's software did without a flag of today's Megatron, each with why:
+    the Megatron-LM 2020 and NeMo-Megatron 2022 rows predate FlashAttention (their notes or launcher configs say so), so
+    they are priced with explicit score GEMMs and softmax passes, as the SC21 rows are; no other row is touched."""
+    from planner.calibration.runs import load_annotations
+    ann = load_annotations()
+    annotated = {i for i, a in ann.items() if a.get("extra_flags")}
+    assert annotated == {"V100-gpt2-1B", "V100-gpt2-4B", "A100-gpt2-1B-2020", "A100-gpt2-4B-2020",
+                         "A100-gpt3-5B-8", "A100-gpt3-175B-64"}
+    assert all(ann[i]["extra_flags_why"].strip() for i in annotated)
+    by_id = {c.id: c for c in cases(ProfileSet.load())}
+    for i in annotated:
+        assert by_id[i].run.training.attention_backend == "unfused", i
+        assert "--attention-backend" not in next(r for r in load_runs() if r["id"] == i)["megatron_args"], i
+    assert all(c.run.training.attention_backend == "auto" for c in by_id.values() if c.id not in annotated)

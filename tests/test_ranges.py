@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from cli import main
 from planner.api import compare_rows, estimate, load_inputs
 from planner.calibration.memory import memory_rows
-from planner.calibration.runs import load_runs
+from planner.calibration.runs import load_annotations, load_runs
 from planner.calibration.uncertainty import HeldOutRow, fit_mechanisms, memory_headroom
 from planner.cost.mechanisms import MECHANISM_OF_KIND, MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern
 from planner.cost.model import TIME_PARTS, PlanCost
@@ -167,9 +167,12 @@ def test_the_range_holds_three_quarters_of_held_out_runs(held_out_report):
 
 
 def test_every_calibration_run_priced_as_its_own_plan_is_measured():
-    """The published plans of the calibration set lie inside the region their own runs recorded."""
+    """The published plans of the calibration set, with the flags the calibration prices them with (annotations.csv
+    `extra_flags` included), lie inside the region their own runs recorded."""
+    extra = {i: a.get("extra_flags") or "" for i, a in load_annotations().items()}
     for row in load_runs():
-        inputs = load_inputs(megatron_args=row["megatron_args"], cluster=row["cluster"], allow_invalid=True)
+        args = f"{row['megatron_args']} {extra.get(row['id'], '')}".strip()
+        inputs = load_inputs(megatron_args=args, cluster=row["cluster"], allow_invalid=True)
         ev = estimate(inputs, allow_invalid=True).time_range.evidence
         assert not ev.extrapolated, (row["id"], ev.unmeasured)
 

@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         UNCERTAINTY_YAML.write_text(text, encoding="utf-8")
         print(f"wrote {UNCERTAINTY_YAML}", file=sys.stderr)
         shipped_uncertainty.cache_clear()  # the unfitted runs are priced with what was just written, as users will be
-        report.unfitted = unfitted_checks(ProfileSet.load())
+        report.unfitted = unfitted_checks(result.profiles())
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -183,9 +183,12 @@ def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str
     if metric not in METRICS:
         raise ValueError(f"row {row['id']}: unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     cluster = parse_cluster(row["cluster"], profiles)
-    run = parse_megatron_flags(shlex.split(row["megatron_args"]), world_size=cluster.world_size)
-    plan, notes = plan_from_run(run, cluster, profiles)
     ann = annotations.get(row["id"])
+    # flags the run's software applied without a flag of today's Megatron (annotations.csv `extra_flags`, each with
+    # its `extra_flags_why`): appended to the row's own, in whichever file the row comes from
+    extra = shlex.split((ann or {}).get("extra_flags") or "")
+    run = parse_megatron_flags(shlex.split(row["megatron_args"]) + extra, world_size=cluster.world_size)
+    plan, notes = plan_from_run(run, cluster, profiles)
     return CalibrationCase(
         id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
         plan_notes=tuple(notes), memory_settings=ann["memory_settings"] if ann else "unclassified",
