@@ -170,7 +170,7 @@ def attention_kernel(training) -> str:
     softmax (unfused, local)."""
     if training.unfused_attention:
         return "unfused"
-    return "FlashAttention" if training.attention_backend == "flash" else "fused"
+    return "flash" if training.attention_backend == "flash" else "fused"
 
 
 def routing_words(cost) -> str:
