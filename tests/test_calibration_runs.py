@@ -335,3 +335,9 @@ def test_pre_flash_attention_rows_run_unfused_attention():
         assert by_id[i].run.training.attention_backend == "unfused", i
         assert "--attention-backend" not in next(r for r in load_runs() if r["id"] == i)["megatron_args"], i
     assert all(c.run.training.attention_backend == "auto" for c in by_id.values() if c.id not in annotated)
+    # and the two 2020 tensor-parallel rows without the sequence parallelism their flags carry (it arrived in 2022)
+    dropped = {i for i, a in ann.items() if a.get("drop_flags")}
+    assert dropped == {"V100-gpt2-4B", "A100-gpt2-4B-2020"} and dropped <= annotated
+    for i in dropped:
+        assert "--sequence-parallel" in next(r for r in load_runs() if r["id"] == i)["megatron_args"]
+        assert not by_id[i].plan.sequence_parallel and by_id[i].plan.tp == 4, i

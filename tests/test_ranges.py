@@ -169,9 +169,12 @@ def test_the_range_holds_three_quarters_of_held_out_runs(held_out_report):
 def test_every_calibration_run_priced_as_its_own_plan_is_measured():
     """The published plans of the calibration set, with the flags the calibration prices them with (annotations.csv
     `extra_flags` included), lie inside the region their own runs recorded."""
-    extra = {i: a.get("extra_flags") or "" for i, a in load_annotations().items()}
+    ann = load_annotations()
     for row in load_runs():
-        args = f"{row['megatron_args']} {extra.get(row['id'], '')}".strip()
+        a = ann.get(row["id"], {})
+        drop = set(shlex.split(a.get("drop_flags") or ""))
+        args = " ".join([t for t in shlex.split(row["megatron_args"]) if t not in drop]
+                        + shlex.split(a.get("extra_flags") or ""))
         inputs = load_inputs(megatron_args=args, cluster=row["cluster"], allow_invalid=True)
         ev = estimate(inputs, allow_invalid=True).time_range.evidence
         assert not ev.extrapolated, (row["id"], ev.unmeasured)

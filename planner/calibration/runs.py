@@ -184,10 +184,12 @@ def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str
         raise ValueError(f"row {row['id']}: unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     cluster = parse_cluster(row["cluster"], profiles)
     ann = annotations.get(row["id"])
-    # flags the run's software applied without a flag of today's Megatron (annotations.csv `extra_flags`, each with
-    # its `extra_flags_why`): appended to the row's own, in whichever file the row comes from
+    # what the run's software did that today's flags spell differently (annotations.csv, with `extra_flags_why`):
+    # `extra_flags` appended to the row's own, `drop_flags` (switches) taken out, whichever file the row comes from
     extra = shlex.split((ann or {}).get("extra_flags") or "")
-    run = parse_megatron_flags(shlex.split(row["megatron_args"]) + extra, world_size=cluster.world_size)
+    drop = set(shlex.split((ann or {}).get("drop_flags") or ""))
+    argv = [t for t in shlex.split(row["megatron_args"]) if t not in drop] + extra
+    run = parse_megatron_flags(argv, world_size=cluster.world_size)
     plan, notes = plan_from_run(run, cluster, profiles)
     return CalibrationCase(
         id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
