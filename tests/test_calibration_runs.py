@@ -259,6 +259,22 @@ def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
         assert float(r["value"]) == pytest.approx(_token_throughput_seconds(r), abs=1e-3), r["id"]
 
 
+def test_bridge_summary_held_out_rows_are_the_tables_token_throughput_in_seconds():
+    """The held-out rows of Megatron-Bridge's performance summary (v0.4.2, '26.04.01 NeMo Container' pre-training tables):
+    the seconds are the table's tokens per GPU per second (quoted in each row's notes, and as its 'Published' figure)
+    turned back into time, global batch x sequence / (tokens/GPU/s x GPUs), with the batch, sequence and GPU count of the
+    row's own flags and cluster; none of them is a fitted row of that source."""
+    rows = _source_rows("megatron-bridge-performance-summary")
+    assert len(rows) >= 5
+    fitted = {r["id"] for r in load_runs() if source_key(r) == "megatron-bridge-performance-summary"}
+    for r in rows:
+        assert r["id"] not in fitted, r["id"]
+        assert "v0.4.2" in r["source"] and "26.04.01" in r["source"], r["id"]
+        assert float(r["value"]) == pytest.approx(_token_throughput_seconds(r), abs=1e-3), r["id"]
+        published = re.search(r"Published (\d+) tok/s/GPU", r["notes"]).group(1)
+        assert re.search(rf"/ \({published} x \d+\) =", r["notes"]), r["id"]
+
+
 def test_parallel_folding_rows_are_the_papers_throughput_in_seconds():
     """The MoE Parallel Folding paper's rows (arXiv 2504.14960): the seconds are the paper's TFLOP/s per GPU (Table 2) or
     its MFU times its 989.5 TFLOP/s peak (Tables 1, 3, 4), both quoted in each row's notes, turned into time with the FLOP
