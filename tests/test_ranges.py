@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from cli import main
 from planner.api import compare_rows, estimate, load_inputs
 from planner.calibration.memory import memory_rows
-from planner.calibration.runs import load_annotations, load_runs
+from planner.calibration.runs import load_annotations, load_runs, priced_argv
 from planner.calibration.uncertainty import HeldOutRow, fit_mechanisms, memory_headroom
 from planner.cost.mechanisms import MECHANISM_OF_KIND, MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern
 from planner.cost.model import TIME_PARTS, PlanCost
@@ -171,10 +171,7 @@ def test_every_calibration_run_priced_as_its_own_plan_is_measured():
     `extra_flags` included), lie inside the region their own runs recorded."""
     ann = load_annotations()
     for row in load_runs():
-        a = ann.get(row["id"], {})
-        drop = set(shlex.split(a.get("drop_flags") or ""))
-        args = " ".join([t for t in shlex.split(row["megatron_args"]) if t not in drop]
-                        + shlex.split(a.get("extra_flags") or ""))
+        args = shlex.join(priced_argv(row, ann))
         inputs = load_inputs(megatron_args=args, cluster=row["cluster"], allow_invalid=True)
         ev = estimate(inputs, allow_invalid=True).time_range.evidence
         assert not ev.extrapolated, (row["id"], ev.unmeasured)

@@ -178,18 +178,22 @@ class CalibrationCase:
                                         tp=self.plan.tp)
 
 
+def priced_argv(row: dict[str, str], annotations: dict[str, dict[str, str]]) -> list[str]:
+    """The row's Megatron flags as the calibration prices them: what the run's software did that today's flags spell
+    differently (annotations.csv, each with its `extra_flags_why`), `extra_flags` appended to the row's own and
+    `drop_flags` (switches) taken out, whichever file the row comes from."""
+    ann = annotations.get(row["id"]) or {}
+    drop = set(shlex.split(ann.get("drop_flags") or ""))
+    return [t for t in shlex.split(row["megatron_args"]) if t not in drop] + shlex.split(ann.get("extra_flags") or "")
+
+
 def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str, str]]) -> CalibrationCase:
     metric = row["metric"]
     if metric not in METRICS:
         raise ValueError(f"row {row['id']}: unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     cluster = parse_cluster(row["cluster"], profiles)
     ann = annotations.get(row["id"])
-    # what the run's software did that today's flags spell differently (annotations.csv, with `extra_flags_why`):
-    # `extra_flags` appended to the row's own, `drop_flags` (switches) taken out, whichever file the row comes from
-    extra = shlex.split((ann or {}).get("extra_flags") or "")
-    drop = set(shlex.split((ann or {}).get("drop_flags") or ""))
-    argv = [t for t in shlex.split(row["megatron_args"]) if t not in drop] + extra
-    run = parse_megatron_flags(argv, world_size=cluster.world_size)
+    run = parse_megatron_flags(priced_argv(row, annotations), world_size=cluster.world_size)
     plan, notes = plan_from_run(run, cluster, profiles)
     return CalibrationCase(
         id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
