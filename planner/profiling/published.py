@@ -40,7 +40,9 @@ from planner.schemas.device import EfficiencyCurve, EfficiencyPoint, Provenance
 
 PUBLISHED_DIR = PROFILES_DIR / "published"
 COMPONENTS_CSV = PUBLISHED_DIR / "components.csv"
-TABLES = ("attention_fwd", "attention_fwd_causal", "attention_bwd", "grouped_gemm", "flash2_attention_fwd_bwd_causal")
+FLASH_TABLE = "flash2_attention_fwd_bwd_causal"
+"""components.csv table of the FlashAttention package's forward+backward figures (`flash_attention_efficiency`)."""
+TABLES = ("attention_fwd", "attention_fwd_causal", "attention_bwd", "grouped_gemm", FLASH_TABLE)
 COLUMNS = ("id", "table", "measured_on", "applies_to", "shape", "size", "call_flop", "value", "unit", "peak_tflops",
            "source", "notes")
 HEADER = ("# Written by `python -m planner.profiling.published --write` from profiles/published/components.csv\n"
@@ -124,7 +126,7 @@ def overlays(rows: list[dict[str, str]], base: ProfileSet) -> dict[str, dict]:
         attention = [r for r in mine if r["table"].startswith("attention")]
         if attention:
             overlay["attention_efficiency"] = attention_curve(attention).model_dump(mode="json")
-        flash = [r for r in mine if r["table"] == "flash2_attention_fwd_bwd_causal"]
+        flash = [r for r in mine if r["table"] == FLASH_TABLE]
         if flash:
             overlay["flash_attention_efficiency"] = flash_curve(flash).model_dump(mode="json")
         grouped = [r for r in mine if r["table"] == "grouped_gemm"]
