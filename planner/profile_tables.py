@@ -44,12 +44,17 @@ FP8_CORRECTION_KINDS = ("fp8_tensorwise", "fp8_blockwise", "fp8_mxfp8")
 HOST_CORRECTION_KINDS = ("host_overhead", "iteration_overhead")
 """Time multipliers on the host-side costs (planner/cost/kernels.py): the CPU time per kernel launch that bounds a
 small layer (`host_overhead`) and the fixed cost of every iteration (`iteration_overhead`)."""
+LEGACY_SOFTWARE_KINDS = ("gemm_legacy_software",)
+"""Time multipliers on the dense GEMMs of runs made with software older than the runtime the planner plans for
+(Megatron-LM 2020, NeMo-Megatron 2022: cuBLAS and CUDA of their day on GA100 and V100).  Fitted on, and applied to,
+only the calibration rows annotated `software: legacy` (planner/calibration/runs.py `CalibrationCase.profiles_for`):
+the cost model never reads them, so a plan the planner writes is priced with today's kernels."""
 TIME_CORRECTION_KINDS = (KERNEL_CORRECTION_KINDS + COLLECTIVES + DISPATCH_CORRECTION_KINDS + FP8_CORRECTION_KINDS
                          + HOST_CORRECTION_KINDS)
 ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)
 IMBALANCE_KIND = "moe_imbalance_factor"
 """Measured MoE router imbalance (max/mean tokens per expert, >= 1); written by `cli.py calibrate` for device *."""
-CORRECTION_KINDS = TIME_CORRECTION_KINDS + ADDITIVE_CORRECTION_KINDS + (IMBALANCE_KIND,)
+CORRECTION_KINDS = TIME_CORRECTION_KINDS + LEGACY_SOFTWARE_KINDS + ADDITIVE_CORRECTION_KINDS + (IMBALANCE_KIND,)
 
 TIME_FACTOR_RANGE = (0.1, 10.0)
 """A time correction beyond 10x either way is no cost-model error: the log it came from was another run."""
@@ -162,7 +167,7 @@ def _provenance_kinds(obj: Any) -> set[str]:
 
 def _check_correction_range(entry: CorrectionEntry, where: str, field_name: str) -> None:
     """Time factors within TIME_FACTOR_RANGE, the memory overhead and the imbalance within theirs."""
-    if entry.kind in TIME_CORRECTION_KINDS:
+    if entry.kind in TIME_CORRECTION_KINDS + LEGACY_SOFTWARE_KINDS:
         (low, high), what = TIME_FACTOR_RANGE, (
             "a correction beyond 10x either way is no cost-model error: the log it was fitted to came from another "
             "run (model, cluster, flags); re-run calibrate on a log of the run the flags describe")

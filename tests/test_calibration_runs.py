@@ -357,3 +357,48 @@ def test_pre_flash_attention_rows_run_unfused_attention():
     for i in dropped:
         assert "--sequence-parallel" in next(r for r in load_runs() if r["id"] == i)["megatron_args"]
         assert not by_id[i].plan.sequence_parallel and by_id[i].plan.tp == 4, i
+
+
+def test_legacy_software_constant_prices_legacy_rows_only():
+    """The six rows run with 2020-2022 software (annotations.csv `software: legacy`) are priced with their devices'
+    `gemm_legacy_software` factor on their dense GEMMs; every other row, and every plan the planner prices, at the
+    device's own GEMM correction (for A100/A800/V100: none, their measured curves).  Hand check: with that factor at
+    1 a legacy row costs what the cost model gives it directly, and raising it slows the row's GEMMs only."""
+    from planner.calibration.runs import LEGACY_SOFTWARE, case_from_row, load_annotations, load_unfitted_runs
+    from planner.cost.model import CostModel
+    from planner.schemas.device import Provenance
+
+    shipped = ProfileSet.load()
+    ann = load_annotations()
+    legacy = {i for i, a in ann.items() if a.get("software") == LEGACY_SOFTWARE}
+    assert legacy == {"V100-gpt2-1B", "V100-gpt2-4B", "A100-gpt2-1B-2020", "A100-gpt2-4B-2020",
+                      "A100-gpt3-5B-8", "A100-gpt3-175B-64"}
+    for dev in ("A100", "A800", "V100"):
+        assert shipped.correction(dev, "gemm") == 1.0, dev  # today's kernels: the measured curve
+        assert shipped.correction(dev, "gemm_legacy_software") > 1.2, dev  # the old stacks ran slower
+    by_id = {c.id: c for c in cases(shipped)}
+    prov = Provenance(kind="calibrated", source="test")
+    for i in legacy:
+        c = by_id[i]
+        direct = CostModel(c.run.model, c.run.training, c.cluster, shipped).evaluate(c.plan)
+        assert c.price(shipped).iteration_time_s > 1.05 * direct.iteration_time_s, i
+        neutral = shipped.with_corrections({(d, "gemm_legacy_software"): 1.0 for d in c.device_types}, prov)
+        assert c.price(neutral).iteration_time_s == pytest.approx(direct.iteration_time_s, rel=1e-12), i
+        # the factor is on dense GEMMs only: the row's time grows by less than the factor itself
+        factor = shipped.correction(c.device_types[0], "gemm_legacy_software")
+        assert c.price(shipped).iteration_time_s < factor * direct.iteration_time_s, i
+    # a current-stack A100 run (SC21, held out) is priced as the cost model prices it, without the legacy factor
+    sc21 = case_from_row(next(r for r in load_unfitted_runs() if r["id"] == "A100-sc21-gpt-1T"), shipped, ann)
+    assert sc21.software == ""
+    direct = CostModel(sc21.run.model, sc21.run.training, sc21.cluster, shipped).evaluate(sc21.plan)
+    assert sc21.price(shipped).iteration_time_s == direct.iteration_time_s
+    bumped = shipped.with_corrections({(d, "gemm_legacy_software"): 3.0 for d in ("A100", "A800", "V100")}, prov)
+    assert CostModel(sc21.run.model, sc21.run.training, sc21.cluster, bumped).evaluate(
+        sc21.plan).iteration_time_s == direct.iteration_time_s  # the cost model never reads the legacy factor
+
+
+def test_unknown_software_annotation_is_refused():
+    from planner.calibration.runs import case_from_row
+    row = next(r for r in load_runs() if r["id"] == "A100-gpt2-1B-2020")
+    with pytest.raises(ValueError, match="software 'ancient'"):
+        case_from_row(row, ProfileSet.load(), {row["id"]: {"memory_settings": "unknown", "software": "ancient"}})

@@ -23,6 +23,7 @@ from planner.cost.model import CostModel, PlanCost
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.schemas.cluster import ClusterSpec
+from planner.schemas.device import Provenance
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
 
@@ -66,6 +67,10 @@ stack share a key (planner/calibration/published/README.md, "Sources").  A row m
 a `source_key` column."""
 
 METRICS = ("iteration_time_s", "tflops_per_gpu")
+LEGACY_SOFTWARE = "legacy"
+"""annotations.csv `software` of a row run with software older than the runtime the planner plans for (its dense
+GEMMs are priced with the fitted `gemm_legacy_software` factor on top; published/README.md, 'Legacy software')."""
+SOFTWARE_VALUES = ("", LEGACY_SOFTWARE)
 REQUIRED_COLUMNS = ("id", "source", "cluster", "megatron_args", "metric", "value")
 
 
@@ -134,6 +139,7 @@ class CalibrationCase:
     source: str
     source_key: str = ""  # rows of one publication and software stack share it (`source_key`)
     batch: str = ""  # annotations.csv: 1 = the first 26 rows, 2 = the rows added for issue 19 (fresh to the model)
+    software: str = ""  # annotations.csv `software`: "" (a runtime the planner plans for) or LEGACY_SOFTWARE
 
     @property
     def device_types(self) -> tuple[str, ...]:
@@ -157,8 +163,21 @@ class CalibrationCase:
                                       "moe_router_topk_scaling_factor"})
         return (self.cluster.describe(), tuple(sorted(shape.items())))
 
+    def profiles_for(self, profiles):
+        """The profiles this row is priced with: `profiles` itself, except for a row run with legacy software
+        (`software` = LEGACY_SOFTWARE), whose dense GEMMs also carry its devices' `gemm_legacy_software` factor
+        (planner/profile_tables.py LEGACY_SOFTWARE_KINDS): the kernels of its day, which no plan the planner
+        writes runs."""
+        if self.software != LEGACY_SOFTWARE:
+            return profiles
+        entries = {(d, "gemm"): profiles.correction(d, "gemm") * profiles.correction(d, "gemm_legacy_software")
+                   for d in self.device_types}
+        return profiles.with_corrections(entries, Provenance(kind="calibrated", source=(
+            "gemm x gemm_legacy_software (profiles/corrections.yaml): a calibration row run with legacy software")))
+
     def price(self, profiles) -> PlanCost:
-        return CostModel(self.run.model, self.run.training, self.cluster, profiles).evaluate(self.plan)
+        return CostModel(self.run.model, self.run.training, self.cluster,
+                         self.profiles_for(profiles)).evaluate(self.plan)
 
     def predicted(self, cost: PlanCost) -> float:
         """The prediction in the row's own metric."""
@@ -199,7 +218,15 @@ def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str
         id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
         plan_notes=tuple(notes), memory_settings=ann["memory_settings"] if ann else "unclassified",
         source=row.get("source", ""), source_key=source_key(row), batch=(ann or {}).get("batch", ""),
+        software=_software(row["id"], ann),
     )
+
+
+def _software(row_id: str, ann: dict[str, str] | None) -> str:
+    value = ((ann or {}).get("software") or "").strip()
+    if value not in SOFTWARE_VALUES:
+        raise ValueError(f"annotations.csv row {row_id}: software {value!r}; allowed: '' (current) or {LEGACY_SOFTWARE!r}")
+    return value
 
 
 def cases(profiles, rows: list[dict[str, str]] | None = None) -> list[CalibrationCase]:

@@ -90,7 +90,7 @@ def held_out_rows(cases: list[CalibrationCase], profiles, held_out_s: dict[str, 
     for c in cases:
         if c.id not in held_out_s:
             continue
-        rm = RangeModel(c.run.model, c.run.training, c.cluster, profiles, uncertainty=Uncertainty())
+        rm = RangeModel(c.run.model, c.run.training, c.cluster, c.profiles_for(profiles), uncertainty=Uncertainty())
         out.append(HeldOutRow(c.id, c.source_key, c.seconds_per_iteration(), held_out_s[c.id], rm.shares(c.plan)))
     return out
 
@@ -259,7 +259,8 @@ def held_out_coverage(cases: list[CalibrationCase], rows: list[HeldOutRow], resu
         for r in (r for r in rows if r.source == src):
             case = by_id[r.id]
             profiles = apply_factors(result.base, result.params, factors_by_row[r.id])
-            rm = RangeModel(case.run.model, case.run.training, case.cluster, profiles, uncertainty=unc)
+            rm = RangeModel(case.run.model, case.run.training, case.cluster, case.profiles_for(profiles),
+                            uncertainty=unc)
             tr = rm.time_range(case.plan)
             out.checks.append(RangeCheck(r.id, src, r.measured_s, tr.low_s, tr.nominal_s, tr.high_s,
                                          tr.evidence.extrapolated if tr.evidence else False))
