@@ -54,9 +54,11 @@ class FitParam:
         return {(d, self.kind): factor for d in self.devices}
 
 
-LEGACY_SOFTWARE = "legacy-software"
-"""The prior group of the `gemm_legacy_software` constants (GA100, V100): how far the dense GEMMs of 2020-2022
-software ran below today's measured kernel curves.  With one family's rows held out, it takes the other's."""
+ASSUMED_CURVE = "assumed-gemm-curve"
+"""The GEMM constants of the device families whose GEMM curve is an assumption, not a kernel measurement (V100: the
+A100 curve scaled; 910B: no public table): how far their software ran below the assumed curve.  A run on one of
+them from a source the fit has not seen is assumed to run as far below it as the others did (their geometric
+mean), not at the assumption."""
 
 FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("gemm", SM90, fit_on="dense", why="dense GEMMs (cuBLAS) on SM90 against the MAMF-derived curve"),
@@ -66,14 +68,15 @@ FIT_PARAMS: tuple[FitParam, ...] = (
     FitParam("fp8_blockwise", SM90, 0.5, 3.0, why="blockwise FP8 recipe on SM90"),
     FitParam("host_overhead", ("*",), 0.1, 10.0,
              why="host time per Python-level operation (x 50 us), which bounds layers with little GPU work"),
-    FitParam("gemm", ("910B",), 0.5, 3.0, why="GEMMs (CANN) on Ascend 910B"),
-    # GA100 and V100 dense GEMMs of today's software are their measured (MAMF) curves, uncalibrated: every fitted
-    # row on them ran Megatron-LM 2020 or NeMo-Megatron 2022, whose slower kernels are their own constant, applied
-    # to those rows only (planner/profile_tables.py LEGACY_SOFTWARE_KINDS; published/README.md, 'Legacy software').
-    FitParam("gemm_legacy_software", GA100, 0.5, 3.0, prior=LEGACY_SOFTWARE,
+    FitParam("gemm", ("V100",), 0.5, 3.0, prior=ASSUMED_CURVE,
+             why="dense GEMMs on V100 (its curve an assumption: the A100 curve scaled), from 2020 software"),
+    FitParam("gemm", ("910B",), 0.5, 3.0, prior=ASSUMED_CURVE, why="GEMMs (CANN) on Ascend 910B"),
+    # GA100 dense GEMMs of today's software are its measured (MAMF) curve, uncalibrated: every fitted row on it ran
+    # Megatron-LM 2020 or NeMo-Megatron 2022, whose slower kernels are their own constant, applied to those rows only
+    # (planner/profile_tables.py LEGACY_SOFTWARE_KINDS; published/README.md, 'Legacy software').  V100 has no
+    # measured curve, so its 2020 rows calibrate its `gemm` itself (their legacy factor is none).
+    FitParam("gemm_legacy_software", GA100, 0.5, 3.0,
              why="dense GEMMs of 2020-2022 software (Megatron-LM 2020, NeMo-Megatron 2022) on GA100"),
-    FitParam("gemm_legacy_software", ("V100",), 0.5, 3.0, prior=LEGACY_SOFTWARE,
-             why="dense GEMMs of 2020 software (Megatron-LM 2020) on V100"),
 )
 
 TOLERANCE = 1e-3

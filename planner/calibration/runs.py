@@ -167,7 +167,8 @@ class CalibrationCase:
         """The profiles this row is priced with: `profiles` itself, except for a row run with legacy software
         (`software` = LEGACY_SOFTWARE), whose dense GEMMs also carry its devices' `gemm_legacy_software` factor
         (planner/profile_tables.py LEGACY_SOFTWARE_KINDS): the kernels of its day, which no plan the planner
-        writes runs."""
+        writes runs.  A device without that factor (V100: no measured curve, its `gemm` is fitted on these rows
+        itself) gets none."""
         if self.software != LEGACY_SOFTWARE:
             return profiles
         entries = {(d, "gemm"): profiles.correction(d, "gemm") * profiles.correction(d, "gemm_legacy_software")
