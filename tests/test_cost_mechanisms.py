@@ -486,3 +486,38 @@ def test_settings_priced_for_memory_only_are_named_in_the_notes(profiles):
     plain = estimate_run(parse_megatron_flags(shlex.split(f"{DENSE} --global-batch-size 8"), world_size=8), cl,
                          profiles).notes
     assert not any("attention-backend" in n or "deterministic" in n for n in plain)
+
+
+def test_fewer_kv_groups_than_tp_ranks_pay_a_qkv_gather():
+    """Megatron-core (attention.py get_query_key_value_tensors) all-gathers the QKV projection output over TP when
+    num_query_groups < TP, and reduce-scatters its gradient backward.  Hand check: a dense GQA layer with 4 groups at
+    TP8 pays, each way, the mean of an all-gather and a reduce-scatter of the whole projection output ((Q + 2 KV
+    columns) / hidden = 2.5 times the bytes of the sequence-parallel all-gather of the hidden state), on top of the
+    layer's usual TP time; at TP4 (groups = TP) it pays nothing, nor does MLA."""
+    from planner.cost.communication import collective_s
+    from planner.cost.layer import LayerShape, _layer_inputs, _qkv_gather_s, _tp_comm_s
+
+    flags = ("--num-layers 2 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 32 --kv-channels 128 "
+             "--group-query-attention --num-query-groups 4 --swiglu --seq-length 4096 --max-position-embeddings 4096 "
+             "--vocab-size 32000 --micro-batch-size 4 --global-batch-size 32 --bf16 --sequence-parallel "
+             "--tensor-model-parallel-size 8")
+    run, plan, cm = flags_cost_model(flags, "H100:8")
+
+    def inputs(tp: int, model=run.model):
+        shape = LayerShape(tp=tp, cp=1, ep=1, etp=1, micro_batch_size=4, seq_length=4096, sequence_parallel=True,
+                           imbalance=1.0)
+        return _layer_inputs(model, cm.training, is_moe=False, shape=shape, kernels=cm.kernels("H100"),
+                             links=cm.group_links("H100", tp=tp, cp=1, dp=1, ep=1, etp=1))
+
+    x8 = inputs(8)
+    gather = _qkv_gather_s(x8)
+    hidden_ag = collective_s(x8.links.tp, "all_gather", x8.gathered_tokens * 2048 * x8.act, 8)
+    width = 32 * 128 + 2 * 4 * 128  # Q + K + V columns: 5120, 2.5x the hidden size
+    # 2.5x the bytes of the hidden state's gather; the link curve's efficiency rises with the message, so between
+    # 2x (the larger message at the curve's plateau) and 2.5x (at equal efficiency) its time
+    assert 2.0 * hidden_ag <= gather <= width / 2048 * hidden_ag
+    assert _tp_comm_s(x8, False)[0] == pytest.approx(gather + 2 * (hidden_ag + collective_s(
+        x8.links.tp, "reduce_scatter", x8.gathered_tokens * 2048 * x8.act, 8)), rel=1e-9)
+    assert _qkv_gather_s(inputs(4)) == 0.0  # 4 groups over 4 ranks: one group each, no gather
+    mla = run.model.model_copy(update={"multi_latent_attention": True})
+    assert _qkv_gather_s(inputs(8, mla)) == 0.0

@@ -441,8 +441,23 @@ def _tp_comm_s(x: _LayerInputs, tp_comm_overlap: bool) -> tuple[float, float]:
             mlp_tp *= TP_COMM_OVERLAP_EXPOSED
     if tp_comm_overlap:  # userbuffers overlap the TP linear layers' collectives, not the dispatcher's
         tp_s *= TP_COMM_OVERLAP_EXPOSED
+    tp_s += _qkv_gather_s(x)
     tp_s += x.dispatch.etp_s if x.dispatch else 0.0
     return tp_s, mlp_tp
+
+
+def _qkv_gather_s(x: _LayerInputs) -> float:
+    """Seconds each way of the QKV gather that fewer KV groups than TP ranks cost.  Megatron-core (attention.py
+    `get_query_key_value_tensors`, NVIDIA/Megatron-LM @d98e8a64): when num_query_groups < TP, each rank all-gathers
+    the QKV projection's output over TP along its last dimension and slices out its group's heads, so the forward
+    moves the whole projection output (every gathered token x (heads + 2 x groups) x head_dim) and the backward its
+    gradient's reduce-scatter; a standalone collective, not one the userbuffer overlap hides.  Priced as the mean of
+    the two each way (the layer charges its TP time both ways).  MLA attention has no such step."""
+    tp, model = x.shape.tp, x.model
+    if tp <= 1 or model.multi_latent_attention or model.query_groups >= tp:
+        return 0.0
+    full = x.gathered_tokens * _qkv_width(model) * x.act
+    return 0.5 * (collective_s(x.links.tp, "all_gather", full, tp) + collective_s(x.links.tp, "reduce_scatter", full, tp))
 
 
 def _cp_comm_s(x: _LayerInputs, attention_core_s: float) -> tuple[float, float]:
