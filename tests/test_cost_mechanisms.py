@@ -521,3 +521,10 @@ def test_fewer_kv_groups_than_tp_ranks_pay_a_qkv_gather():
     assert _qkv_gather_s(inputs(4)) == 0.0  # 4 groups over 4 ranks: one group each, no gather
     mla = run.model.model_copy(update={"multi_latent_attention": True})
     assert _qkv_gather_s(inputs(8, mla)) == 0.0
+    # no calibration run gathered QKV: the range says that mechanism is unmeasured, and only for such plans
+    from planner.cost.ranges import RangeModel
+    evidence = RangeModel(run.model, run.training, cm.cluster, cm.profiles).time_range(plan).evidence
+    assert evidence.extrapolated and any("QKV all-gather" in u for u in evidence.to_json()["unmeasured"])
+    run4, plan4, cm4 = flags_cost_model(flags.replace("--num-query-groups 4", "--num-query-groups 8"), "H100:8")
+    ev4 = RangeModel(run4.model, run4.training, cm4.cluster, cm4.profiles).time_range(plan4).evidence
+    assert not any("QKV all-gather" in u for u in ev4.to_json()["unmeasured"])

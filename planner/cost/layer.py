@@ -446,6 +446,11 @@ def _tp_comm_s(x: _LayerInputs, tp_comm_overlap: bool) -> tuple[float, float]:
     return tp_s, mlp_tp
 
 
+def gathers_qkv(model: ModelSpec, tp: int) -> bool:
+    """Whether Megatron-core all-gathers the QKV projection output over TP: fewer KV groups than TP ranks, not MLA."""
+    return tp > 1 and not model.multi_latent_attention and model.query_groups < tp
+
+
 def _qkv_gather_s(x: _LayerInputs) -> float:
     """Seconds each way of the QKV gather that fewer KV groups than TP ranks cost.  Megatron-core (attention.py
     `get_query_key_value_tensors`, NVIDIA/Megatron-LM @d98e8a64): when num_query_groups < TP, each rank all-gathers
@@ -454,7 +459,7 @@ def _qkv_gather_s(x: _LayerInputs) -> float:
     gradient's reduce-scatter; a standalone collective, not one the userbuffer overlap hides.  Priced as the mean of
     the two each way (the layer charges its TP time both ways).  MLA attention has no such step."""
     tp, model = x.shape.tp, x.model
-    if tp <= 1 or model.multi_latent_attention or model.query_groups >= tp:
+    if not gathers_qkv(model, tp):
         return 0.0
     full = x.gathered_tokens * _qkv_width(model) * x.act
     return 0.5 * (collective_s(x.links.tp, "all_gather", full, tp) + collective_s(x.links.tp, "reduce_scatter", full, tp))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.layer import gathers_qkv
 from planner.megatron.layout import plan_layout
 from planner.profile_tables import TIME_CORRECTION_KINDS
 from planner.schemas.cluster import pool_members
@@ -144,6 +145,15 @@ def _placement(link) -> str:
     return f"inside a node ({link.intra.kind})" if link.inter is None else f"across nodes ({link.inter.kind})"
 
 
+def _tp_words(model, tp: int, link) -> str:
+    """TP's placement, and the QKV all-gather that fewer KV groups than TP ranks add (a mechanism of its own: no
+    calibration run had it, so such plans read it as unmeasured)."""
+    if tp <= 1:
+        return "none"
+    return _placement(link) + (", with the QKV all-gather of fewer KV groups than TP ranks"
+                               if gathers_qkv(model, tp) else "")
+
+
 def _between_nodes(*links) -> tuple[tuple[str, float], ...]:
     """The bandwidth axis when some of `links` (LinkChoice) cross nodes."""
     crossing = [link.inter.bandwidth_gb_per_s for link in links if link.inter is not None]
@@ -207,7 +217,7 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
         Conditions("memory_bound", (fam,)),
         Conditions("expert_dispatch", (("dispatcher", dispatcher_words(model)), ("ep", _placement(links.ep)), dev,
                                        routed), _between_nodes(links.ep)),
-        Conditions("collectives", (("tp", _placement(links.tp) if g.tp > 1 else "none"),
+        Conditions("collectives", (("tp", _tp_words(model, g.tp, links.tp)),
                                    ("dp", _placement(links.dp) if g.cp * dp > 1 else "none"), dev),
                    _between_nodes(*([links.tp] if g.tp > 1 else []), *([links.dp] if g.cp * dp > 1 else []))),
         Conditions("host", (fam,)),
