@@ -47,8 +47,9 @@ small layer (`host_overhead`) and the fixed cost of every iteration (`iteration_
 LEGACY_SOFTWARE_KINDS = ("gemm_legacy_software",)
 """Time multipliers on the dense GEMMs of runs made with software older than the runtime the planner plans for
 (Megatron-LM 2020, NeMo-Megatron 2022: cuBLAS and CUDA of their day on GA100, whose curve measures today's).  Fitted
-on, and applied to, only the calibration rows annotated `software: legacy` (planner/calibration/runs.py `CalibrationCase.profiles_for`):
-the cost model never reads them, so a plan the planner writes is priced with today's kernels."""
+on, and applied to, only the calibration rows annotated `software: legacy` (planner/calibration/runs.py
+`CalibrationCase.profiles_for`): the cost model never reads them, so a plan the planner writes is priced with today's
+kernels."""
 TIME_CORRECTION_KINDS = (KERNEL_CORRECTION_KINDS + COLLECTIVES + DISPATCH_CORRECTION_KINDS + FP8_CORRECTION_KINDS
                          + HOST_CORRECTION_KINDS)
 ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)

@@ -462,7 +462,8 @@ def _qkv_gather_s(x: _LayerInputs) -> float:
     if not gathers_qkv(model, tp):
         return 0.0
     full = x.gathered_tokens * _qkv_width(model) * x.act
-    return 0.5 * (collective_s(x.links.tp, "all_gather", full, tp) + collective_s(x.links.tp, "reduce_scatter", full, tp))
+    links = x.links.tp
+    return 0.5 * (collective_s(links, "all_gather", full, tp) + collective_s(links, "reduce_scatter", full, tp))
 
 
 def _cp_comm_s(x: _LayerInputs, attention_core_s: float) -> tuple[float, float]:
