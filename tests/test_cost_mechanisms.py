@@ -528,3 +528,35 @@ def test_fewer_kv_groups_than_tp_ranks_pay_a_qkv_gather():
     run4, plan4, cm4 = flags_cost_model(flags.replace("--num-query-groups 4", "--num-query-groups 8"), "H100:8")
     ev4 = RangeModel(run4.model, run4.training, cm4.cluster, cm4.profiles).time_range(plan4).evidence
     assert not any("QKV all-gather" in u for u in ev4.to_json()["unmeasured"])
+
+
+# ------------------------------------------------------------------ dropout
+
+
+@pytest.mark.parametrize("device,fwd_x,bwd_x", [
+    ("H100", 1.20, 1.21),  # FlashAttention paper appendix E.6 (A100), taken for Hopper
+    ("B200", 1 / 0.80, 1 / 0.65),  # FlashAttention PR #2597 (GB200): 75-85% / 60-70% of the no-dropout TFLOP/s
+])
+def test_attention_dropout_slows_the_fused_core_by_the_measured_ratios(device, fwd_x, bwd_x):
+    """A fused attention core with --attention-dropout 0.1 takes the no-dropout time times the measured slowdowns,
+    forward and backward, whatever else the run sets."""
+    from planner.cost.kernels import ATTENTION_BWD_OVER_FWD
+    base = f"{DENSE} --tensor-model-parallel-size 2 --hidden-dropout 0.0"
+    off = _layer(f"{base} --attention-dropout 0.0", f"{device}:8").parts["attention_core"]
+    on = _layer(f"{base} --attention-dropout 0.1", f"{device}:8").parts["attention_core"]
+    fwd = off / (1 + ATTENTION_BWD_OVER_FWD)
+    assert on == pytest.approx(fwd * fwd_x + ATTENTION_BWD_OVER_FWD * fwd * bwd_x, rel=1e-9)
+
+
+def test_hidden_dropout_adds_its_two_masks_to_the_memory_passes():
+    """--hidden-dropout > 0: each of the two bias-dropout-adds writes a 1-byte mask per element (and the backward
+    reads it), 2 x hidden bytes per token more through HBM each way; nothing else moves."""
+    base = f"{DENSE} --tensor-model-parallel-size 1 --attention-dropout 0.0"
+    cm, plan, _ = _cost(f"{base} --hidden-dropout 0.0", "H100:8")
+    off = _layer(f"{base} --hidden-dropout 0.0", "H100:8")
+    on = _layer(f"{base} --hidden-dropout 0.1", "H100:8")
+    kernels = cm.kernels(plan.stages[0].device_type)
+    mask_s = kernels.memory_s(2 * 4096 * on.local_tokens)  # bytes: two 1-byte masks of hidden 4096 per token
+    assert on.parts["elementwise"] - off.parts["elementwise"] == pytest.approx(3 * mask_s, rel=1e-9)
+    assert {k: v for k, v in on.parts.items() if k != "elementwise"} == {
+        k: v for k, v in off.parts.items() if k != "elementwise"}

@@ -225,6 +225,10 @@ def _compute_parts(x: _LayerInputs) -> _ComputeParts:
     else:
         core_fwd = _attention_core_s(x)
         core_bwd = ATTENTION_BWD_OVER_FWD * core_fwd
+        if x.training.attention_dropout > 0:
+            slowdown = attention_dropout_slowdown(x.kernels.device.name)
+            core_fwd *= slowdown["fwd"]
+            core_bwd *= slowdown["bwd"]
     return _ComputeParts(
         attention_gemm=attention_gemm, mla_up_proj=_mla_up_proj_s(x, attention_gemm),
         attention_core=core_fwd, attention_core_bwd=core_bwd, mlp_gemm=_mlp_gemm_s(x), expert_gemm=expert_fwd,
@@ -273,6 +277,30 @@ def _attention_core_s(x: _LayerInputs) -> float:
     if cp > 1 and x.training.cp_comm_type in ("p2p", "a2a+p2p"):
         return max(x.kernels.attention_s(flop, flop / cp), x.kernels.attention_s(flop) / CP_RING_EFFICIENCY)
     return x.kernels.attention_s(flop)
+
+
+FUSED_ATTENTION_DROPOUT_SLOWDOWN = {
+    "tensor-core-to-alu ~16 (Ampere, Hopper, others)": {"fwd": 1.20, "bwd": 1.21},
+    "Blackwell": {"fwd": 1.0 / 0.80, "bwd": 1.0 / 0.65},
+}
+"""Fused attention (FlashAttention, cuDNN) with `--attention-dropout` > 0 against the same call without: the kernel
+draws a Philox random number for every score element in the forward and draws them again in the backward, ALU work
+beside the tensor-core GEMMs, so the cost grows with the ratio of tensor-core to ALU throughput.  Measured:
+- A100: FlashAttention's own with/without-dropout tables (arXiv 2205.14135 appendix E.6, tables 15-20: fp16, p 0.1,
+  head dim 64, 2k-8k tokens): forward 1.17-1.23x, backward 1.19-1.23x; taken as 1.20 and 1.21 for every device but
+  Blackwell (H100's tensor-core-to-FP32 ratio, ~15, is A100's, ~16; no Hopper table at training sizes was found:
+  Transformer Engine's cuDNN kernel on H200 at 4x1024 tokens, where fixed costs dominate, is 1.03x forward and
+  backward together, NVIDIA/TransformerEngine issue #3312).
+- GB200: FlashAttention-4 against its no-dropout kernel (bf16, p 0.125, 16 heads, ~32k tokens): forward at 75-85%
+  and backward at 60-70% of the no-dropout TFLOP/s, cuDNN 9.24 within 1.1-1.2x of it (Dao-AILab/flash-attention PR
+  #2597); midpoints, for B200 and B300 (Blackwell's tensor cores are ~28x its FP32 ALUs)."""
+BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
+
+
+def attention_dropout_slowdown(device_name: str) -> dict[str, float]:
+    """FUSED_ATTENTION_DROPOUT_SLOWDOWN's row for a device."""
+    key = "Blackwell" if device_name in BLACKWELL_DEVICES else "tensor-core-to-alu ~16 (Ampere, Hopper, others)"
+    return FUSED_ATTENTION_DROPOUT_SLOWDOWN[key]
 
 
 UNFUSED_SCORE_PASSES = {"fwd": 4, "bwd": 7, "dropout_fwd": 2.5, "dropout_bwd": 2.5}
@@ -380,8 +408,12 @@ def _layernorm_s(x: _LayerInputs) -> float:
 
 
 def _residual_rope_s(x: _LayerInputs) -> float:
+    """The two bias-dropout-adds (read the branch and the residual, write the sum) and RoPE on Q and K; with
+    `--hidden-dropout` > 0 each bias-dropout-add also writes its 1-byte keep mask (the backward reads it)."""
     tp_region = x.sp / x.shape.tp
-    return _memory_pass_s(x, 6 * x.model.hidden_size + 2 * _qkv_width(x.model) * tp_region)  # two adds, RoPE on Q, K
+    h = x.model.hidden_size
+    masks = 2 * h / x.act if x.training.hidden_dropout > 0 else 0.0  # elements of activation_bytes each
+    return _memory_pass_s(x, 6 * h + masks + 2 * _qkv_width(x.model) * tp_region)
 
 
 def _activation_s(x: _LayerInputs) -> float:
