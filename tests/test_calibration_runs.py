@@ -342,7 +342,7 @@ def test_pre_flash_attention_rows_run_unfused_attention():
     they are priced with explicit score GEMMs and softmax passes, as the SC21 rows are; no other row is touched."""
     from planner.calibration.runs import load_annotations
     ann = load_annotations()
-    annotated = {i for i, a in ann.items() if a.get("extra_flags")}
+    annotated = {i for i, a in ann.items() if "--attention-backend" in (a.get("extra_flags") or "")}
     assert annotated == {"V100-gpt2-1B", "V100-gpt2-4B", "A100-gpt2-1B-2020", "A100-gpt2-4B-2020",
                          "A100-gpt3-5B-8", "A100-gpt3-175B-64"}
     assert all(ann[i]["extra_flags_why"].strip() for i in annotated)
@@ -357,6 +357,28 @@ def test_pre_flash_attention_rows_run_unfused_attention():
     for i in dropped:
         assert "--sequence-parallel" in next(r for r in load_runs() if r["id"] == i)["megatron_args"]
         assert not by_id[i].plan.sequence_parallel and by_id[i].plan.tp == 4, i
+
+
+def test_dropout_annotations_state_what_ran():
+    """annotations.csv `extra_flags` carries the dropout each source's scripts, configs or model providers set where the
+    row's own flags leave Megatron's default (0.1) in place, each with the file, commit and line in `extra_flags_why`:
+    the parsed run takes them, no row states a dropout twice, and the rows whose sources set nothing keep 0.1."""
+    from planner.calibration.runs import load_annotations
+    ann = load_annotations()
+    by_id = {c.id: c for c in cases(ProfileSet.load())}
+    rows = {r["id"]: r for r in load_runs()}
+    for i, c in by_id.items():
+        extra = shlex.split(ann.get(i, {}).get("extra_flags") or "")
+        own = shlex.split(rows[i]["megatron_args"])
+        for flag, field in (("--attention-dropout", "attention_dropout"), ("--hidden-dropout", "hidden_dropout")):
+            stated = [float(t[k + 1]) for t in (own, extra) for k, x in enumerate(t) if x == flag]
+            assert len(stated) <= 1, (i, flag)
+            if flag in extra:
+                assert "dropout: " in ann[i]["extra_flags_why"], i
+            assert getattr(c.run.training, field) == (stated[0] if stated else 0.1), (i, flag)
+    zero = {i for i, c in by_id.items() if c.run.training.attention_dropout == 0.0 and c.run.training.hidden_dropout == 0.0}
+    assert {i for i in by_id if i.startswith(("H100-gpt-", "V100-gpt2-", "A100-gpt2-", "A100-gpt3-"))}.isdisjoint(zero)
+    assert len(zero) == len(by_id) - 11, sorted(set(by_id) - zero)
 
 
 def test_legacy_software_constant_prices_legacy_rows_only():
