@@ -70,9 +70,9 @@ def test_gbs_mismatch_is_reported(profiles):
     """A run whose GBS differs from the log's is calibrated anyway, with a warning naming both; when the
     run's batch in the log's time would exceed the devices' peak (MFU > 100%), it is refused, naming both."""
     base = profiles
-    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=32)
+    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=16)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
-    assert any("64" in w and "32" in w for w in calibrate(meas, run, cluster, base).report["warnings"])
+    assert any("64" in w and "16" in w for w in calibrate(meas, run, cluster, base).report["warnings"])
     run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=128)
     with pytest.raises(PlannerInputError, match=r"MFU \d+%.*global batch size is 64, the run's 128"):
         calibrate(meas, run, cluster, base)

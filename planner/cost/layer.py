@@ -115,7 +115,8 @@ def layer_cost(
     b = GEMM_BWD_OVER_FWD + 1
     parts = {
         "attention_gemm": b * c.attention_gemm,
-        "attention_core": c.attention_core + c.attention_core_bwd,
+        "attention_core": c.attention_core + c.attention_core_bwd - c.attention_dropout,
+        "attention_dropout": c.attention_dropout,
         "mlp_gemm": b * c.mlp_gemm,
         "expert_gemm": c.expert_gemm + c.expert_gemm_bwd,
         "shared_expert_gemm": b * c.shared_expert_gemm,
@@ -179,8 +180,9 @@ class _ComputeParts:
 
     attention_gemm: float  # QKV (or MLA) and output projections
     mla_up_proj: float  # MLA's up-projections: the share of attention_gemm selective recompute re-runs
-    attention_core: float
+    attention_core: float  # with what attention dropout adds to a fused core
     attention_core_bwd: float  # its backward: ATTENTION_BWD_OVER_FWD x the forward, or the unfused core's own
+    attention_dropout: float  # forward + backward seconds that --attention-dropout adds to a fused core
     mlp_gemm: float  # dense layers
     expert_gemm: float  # MoE layers: routed experts
     expert_gemm_bwd: float  # their backward (data and weight gradients), each pass at least its HBM traffic
@@ -220,18 +222,21 @@ def _compute_parts(x: _LayerInputs) -> _ComputeParts:
     attention_gemm = _attention_gemm_s(x)
     cast_fwd, cast_bwd = _fp8_cast_s(x)
     expert_fwd, expert_bwd = _expert_gemm_s(x)
+    dropout = 0.0
     if x.training.unfused_attention:
-        core_fwd, core_bwd = _unfused_attention_s(x)
+        core_fwd, core_bwd = _unfused_attention_s(x)  # its dropout passes included
     else:
         core_fwd = _attention_core_s(x)
         core_bwd = ATTENTION_BWD_OVER_FWD * core_fwd
         if x.training.attention_dropout > 0:
-            slowdown = attention_dropout_slowdown(x.kernels.device.name)
+            slowdown = attention_dropout_slowdown(x.kernels.device.name, x.kernels.flash_attention)
+            dropout = (slowdown["fwd"] - 1) * core_fwd + (slowdown["bwd"] - 1) * core_bwd
             core_fwd *= slowdown["fwd"]
             core_bwd *= slowdown["bwd"]
     return _ComputeParts(
         attention_gemm=attention_gemm, mla_up_proj=_mla_up_proj_s(x, attention_gemm),
-        attention_core=core_fwd, attention_core_bwd=core_bwd, mlp_gemm=_mlp_gemm_s(x), expert_gemm=expert_fwd,
+        attention_core=core_fwd, attention_core_bwd=core_bwd, attention_dropout=dropout, mlp_gemm=_mlp_gemm_s(x),
+        expert_gemm=expert_fwd,
         expert_gemm_bwd=expert_bwd,
         shared_expert_gemm=_shared_expert_gemm_s(x), router_permute=_router_permute_s(x), layernorm=_layernorm_s(x),
         activation=_activation_s(x), residual_rope=_residual_rope_s(x), fp8_cast_fwd=cast_fwd, fp8_cast_bwd=cast_bwd,
@@ -280,27 +285,32 @@ def _attention_core_s(x: _LayerInputs) -> float:
 
 
 FUSED_ATTENTION_DROPOUT_SLOWDOWN = {
-    "tensor-core-to-alu ~16 (Ampere, Hopper, others)": {"fwd": 1.20, "bwd": 1.21},
+    "flash": {"fwd": 1.20, "bwd": 1.21},
+    "fused": {"fwd": 1.03, "bwd": 1.03},
     "Blackwell": {"fwd": 1.0 / 0.80, "bwd": 1.0 / 0.65},
 }
-"""Fused attention (FlashAttention, cuDNN) with `--attention-dropout` > 0 against the same call without: the kernel
-draws a Philox random number for every score element in the forward and draws them again in the backward, ALU work
-beside the tensor-core GEMMs, so the cost grows with the ratio of tensor-core to ALU throughput.  Measured:
-- A100: FlashAttention's own with/without-dropout tables (arXiv 2205.14135 appendix E.6, tables 15-20: fp16, p 0.1,
-  head dim 64, 2k-8k tokens): forward 1.17-1.23x, backward 1.19-1.23x; taken as 1.20 and 1.21 for every device but
-  Blackwell (H100's tensor-core-to-FP32 ratio, ~15, is A100's, ~16; no Hopper table at training sizes was found:
-  Transformer Engine's cuDNN kernel on H200 at 4x1024 tokens, where fixed costs dominate, is 1.03x forward and
-  backward together, NVIDIA/TransformerEngine issue #3312).
-- GB200: FlashAttention-4 against its no-dropout kernel (bf16, p 0.125, 16 heads, ~32k tokens): forward at 75-85%
-  and backward at 60-70% of the no-dropout TFLOP/s, cuDNN 9.24 within 1.1-1.2x of it (Dao-AILab/flash-attention PR
-  #2597); midpoints, for B200 and B300 (Blackwell's tensor cores are ~28x its FP32 ALUs)."""
+"""A fused attention core with `--attention-dropout` > 0 against the same call without, by kernel: it draws a Philox
+random number for every score element in the forward and again in the backward, ALU work beside the tensor-core
+GEMMs, which a kernel may or may not hide behind them.  Measured:
+- flash (the FlashAttention package, `--attention-backend flash`), Ampere and Hopper: FlashAttention's own
+  with/without-dropout tables on A100 (arXiv 2205.14135 appendix E.6, tables 15-20: fp16, p 0.1, head dim 64, 2k-8k
+  tokens): forward 1.17-1.23x, backward 1.19-1.23x, taken as 1.20 and 1.21 (FlashAttention-2 keeps that design; no
+  Hopper table at training sizes was found, and H100's tensor-core-to-FP32 ratio, ~15, is A100's, ~16).
+- fused (cuDNN through Transformer Engine, Megatron's default), Ampere and Hopper: Transformer Engine's
+  DotProductAttention on H200, bf16, sbhd, 4 x 1024 tokens, 16 heads of 128: 0.594 -> 0.614 ms forward and backward
+  together, 1.03x (NVIDIA/TransformerEngine issue #3312): the only cuDNN figure on these GPUs, at a small size, so a
+  floor (cuDNN hides the random numbers behind the GEMMs, arXiv 2410.07531 from NVIDIA describes the method).
+- Blackwell (B200, B300), either kernel: FlashAttention-4 against its no-dropout kernel on GB200 (bf16, p 0.125, 16
+  heads, ~32k tokens): forward at 75-85% and backward at 60-70% of the no-dropout TFLOP/s, cuDNN 9.24 within
+  1.1-1.2x of it (Dao-AILab/flash-attention PR #2597); midpoints (Blackwell's tensor cores outrun its ALUs ~28x)."""
 BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
 
 
-def attention_dropout_slowdown(device_name: str) -> dict[str, float]:
-    """FUSED_ATTENTION_DROPOUT_SLOWDOWN's row for a device."""
-    key = "Blackwell" if device_name in BLACKWELL_DEVICES else "tensor-core-to-alu ~16 (Ampere, Hopper, others)"
-    return FUSED_ATTENTION_DROPOUT_SLOWDOWN[key]
+def attention_dropout_slowdown(device_name: str, flash: bool) -> dict[str, float]:
+    """FUSED_ATTENTION_DROPOUT_SLOWDOWN's row for a device and kernel (`flash`: --attention-backend flash)."""
+    if device_name in BLACKWELL_DEVICES:
+        return FUSED_ATTENTION_DROPOUT_SLOWDOWN["Blackwell"]
+    return FUSED_ATTENTION_DROPOUT_SLOWDOWN["flash" if flash else "fused"]
 
 
 UNFUSED_SCORE_PASSES = {"fwd": 4, "bwd": 7, "dropout_fwd": 2.5, "dropout_bwd": 2.5}

@@ -11,7 +11,8 @@ near the range the runs cover (planner/uncertainty.py `Region`).  The axes, per 
 
     mechanism         categorical axes                                      numeric axes
     gemm              device family, precision recipe                       -
-    attention         device family, kernel, dropout                         sequence per CP rank
+    attention         device family, kernel                                  sequence per CP rank
+    attention_dropout device family, kernel                                  -
     expert_gemm       device family, precision recipe, routing               tokens per expert, local experts
     memory_bound      device family                                          -
     expert_dispatch   device, dispatcher/backend, EP inside/across nodes     GB/s between nodes (across nodes)
@@ -58,7 +59,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
               ("attention_gemm", "mlp_gemm", "shared_expert_gemm", "embedding", "logits_loss", "mtp_proj"),
               ("gemm",) + FP8_KINDS, "dense GEMMs in {precision} on {device}"),
     Mechanism("attention", "attention", ("attention_core",), ("attention",),
-              "{kernel} attention {dropout} on {device} at {sequence_chunk} tokens per sequence chunk"),
+              "{kernel} attention on {device} at {sequence_chunk} tokens per sequence chunk"),
+    Mechanism("attention_dropout", "attention dropout", ("attention_dropout",), (),
+              "{kernel} attention's dropout on {device}"),
     Mechanism("expert_gemm", "expert GEMMs", ("expert_gemm",), ("grouped_gemm",),
               "expert GEMMs in {precision} on {device} at {tokens_per_expert} tokens per expert and "
               "{local_experts} local experts, {routing}"),
@@ -183,12 +186,6 @@ def attention_kernel(training) -> str:
     return "flash" if training.attention_backend == "flash" else "fused"
 
 
-def attention_dropout_words(training) -> str:
-    """Whether the attention core drops (`--attention-dropout` > 0: a random number per score element, forward and
-    backward; planner/cost/layer.py FUSED_ATTENTION_DROPOUT_SLOWDOWN)."""
-    return "with dropout" if training.attention_dropout > 0 else "without dropout"
-
-
 def routing_words(cost) -> str:
     """The plan's routing regime in words (ROUTING_WORDS)."""
     return ROUTING_WORDS[cost.routing.regime]
@@ -217,8 +214,8 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
     per_expert = local_tokens * g.etp * max(1, model.moe_router_topk or 1) / experts
     out = [
         Conditions("gemm", (fam, precision)),
-        Conditions("attention", (fam, ("kernel", attention_kernel(tr)), ("dropout", attention_dropout_words(tr))),
-                   (("sequence_chunk", model.seq_length / g.cp),)),
+        Conditions("attention", (fam, ("kernel", attention_kernel(tr))), (("sequence_chunk", model.seq_length / g.cp),)),
+        Conditions("attention_dropout", (fam, ("kernel", attention_kernel(tr)))),
         Conditions("expert_gemm", (fam, precision, routed),
                    (("tokens_per_expert", per_expert), ("local_experts", float(experts)))),
         Conditions("memory_bound", (fam,)),

@@ -43,9 +43,9 @@ NEAR_CAPACITY_FRACTION = 0.97
 """A stage at 97-100% of what it may use (capacity less headroom) fits, but is marked in the output (issue 19)."""
 
 TIME_PARTS = (
-    "attention_gemm", "attention_core", "mlp_gemm", "expert_gemm", "shared_expert_gemm", "router_permute",
-    "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "fsdp_comm", "recompute", "embedding",
-    "logits_loss", "mtp_proj", "pp_comm", "chunk_stall", "pipeline_bubble", "dp_sync", "optimizer",
+    "attention_gemm", "attention_core", "attention_dropout", "mlp_gemm", "expert_gemm", "shared_expert_gemm",
+    "router_permute", "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "fsdp_comm",
+    "recompute", "embedding", "logits_loss", "mtp_proj", "pp_comm", "chunk_stall", "pipeline_bubble", "dp_sync", "optimizer",
     "iteration_overhead",
 )
 """The mechanisms an iteration's time is split into (PlanCost.time_breakdown): a decoder layer's named parts
