@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from planner.api import OBJECTIVES, load_inputs, make_space, price_input_plan, solve
-from planner.calibration.runs import load_runs
+from planner.calibration.runs import load_annotations, load_runs, priced_argv
 from planner.inputs.megatron_flags import known_flags
 from planner.launcher import render_launch_files
 from planner.output.report import degrees_short, plan_json
@@ -93,15 +93,17 @@ def validate(cases: list[dict]) -> dict[str, dict]:
 
 
 def run_case(row: dict, profiles: ProfileSet, time_limit_s: float, objective: str) -> dict:
-    inputs = load_inputs(cluster=row["cluster"], megatron_args=row["megatron_args"], profiles=profiles,
-                         allow_invalid=True)
+    # the published run's flags as the calibration prices them (annotations.csv: what its software did that its
+    # listed flags leave out, such as the dropout its recipe turned off)
+    megatron_args = shlex.join(priced_argv(row, load_annotations()))
+    inputs = load_inputs(cluster=row["cluster"], megatron_args=megatron_args, profiles=profiles, allow_invalid=True)
     settings = SearchSettings(backend="cpsat", time_limit_s=time_limit_s,
                               deadline=time.perf_counter() + time_limit_s)
     started = time.perf_counter()
     outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings,
                     space=make_space(inputs.run, "megatron"), objective=objective)
     wall = time.perf_counter() - started
-    user = price_input_plan(inputs, None, row["megatron_args"], outcome)
+    user = price_input_plan(inputs, None, megatron_args, outcome)
     pick, cost, rng = outcome.plans[0], outcome.costs[0], outcome.ranges[0]
     files = render_launch_files(inputs.run, pick, inputs.cluster)
     trials, _ = propose_trials(outcome, user)
