@@ -264,17 +264,18 @@ def test_estimate_plot_interleaved_and_plot_dir_rules(tmp_path):
 
 
 def test_preset_assumptions_are_listed_with_their_flags():
-    """A preset: global batch, sequence, dispatcher and MoE imbalance are assumed, each with its flag;
+    """A preset: global batch, sequence, dropout, dispatcher and MoE imbalance are assumed, each with its flag;
     an override states the value; --moe-imbalance is applied (EP time grows with it)."""
     base = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4", "--json"]
     d = json.loads(invoke(base).stdout)
     assumed = {a["name"]: a for a in d["assumed"]}
-    assert set(assumed) == {"global batch size", "sequence length", "token dispatcher", "MoE imbalance"}
+    assert set(assumed) == {"global batch size", "sequence length", "dropout", "token dispatcher", "MoE imbalance"}
+    assert assumed["dropout"]["value"] == "0.1/0.1" and "training" in assumed["dropout"]["flag"]
     assert assumed["global batch size"]["flag"] == "--gbs" and assumed["global batch size"]["value"] == d["plan"]["gbs"]
     assert assumed["MoE imbalance"]["flag"] == "--moe-imbalance"
     assert assumed["token dispatcher"]["value"] == "alltoall"
     d2 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048", "--moe-imbalance", "2.0"]).stdout)
-    assert {a["name"] for a in d2["assumed"]} == {"token dispatcher"}
+    assert {a["name"] for a in d2["assumed"]} == {"token dispatcher", "dropout"}
     d3 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048"]).stdout)
     assert sum(s["ep_comm_s"] for s in d2["stages"]) > sum(s["ep_comm_s"] for s in d3["stages"])
     for bad in ("0.5", "nan", "inf"):
@@ -293,15 +294,19 @@ def test_flag_and_hf_assumptions(tmp_path):
     assert "sequence length" not in names and "vocabulary" not in names
     stated = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
                                 "--global-batch-size 64", "--cluster", "H800:16", "--json"]).stdout)
-    assert {a["name"] for a in stated["assumed"]} == {"MoE imbalance"}
+    assert {a["name"] for a in stated["assumed"]} == {"MoE imbalance", "dropout"}
+    both = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
+                              "--global-batch-size 64 --attention-dropout 0.0 --hidden-dropout 0.0",
+                              "--cluster", "H800:16", "--json"]).stdout)
+    assert {a["name"] for a in both["assumed"]} == {"MoE imbalance"}  # both stated: nothing assumed about dropout
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({
         "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 1024,
         "intermediate_size": 3584, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
         "vocab_size": 32000, "max_position_embeddings": 4096, "num_local_experts": 4, "num_experts_per_tok": 2}))
     h = json.loads(invoke(["estimate", "--model", str(cfg), "--cluster", "H800:8", "--json"]).stdout)
-    assert {a["name"] for a in h["assumed"]} == {"global batch size", "sequence length", "token dispatcher",
-                                                "MoE imbalance"}
+    assert {a["name"] for a in h["assumed"]} == {"global batch size", "sequence length", "dropout",
+                                                "token dispatcher", "MoE imbalance"}
 
 
 # ----------------------------------------------------------------------------------------------------------

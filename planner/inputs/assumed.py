@@ -13,6 +13,8 @@ What counts as assumed, by source:
 * Megatron flags (`--megatron-args`, `--megatron-script`): any of --global-batch-size,
   --seq-length, --vocab-size, --moe-token-dispatcher-type the flags leave out;
 * a model YAML of your own: the global batch when its training block has none;
+* dropout, unless the source states both --attention-dropout and --hidden-dropout (or the model file's training
+  block both fields): Megatron's default 0.1, which the launcher keeps and the cost model prices;
 * every MoE model: the router imbalance, unless --moe-imbalance, forced balancing (or padding
   to a capacity factor) or the user's own calibration (`--profiles DIR`) gives it; the shipped
   calibration, fitted on published runs, is still an assumption about the user's router.
@@ -71,6 +73,8 @@ def input_assumptions(
             out.append(Assumption(name="sequence length", value=model.seq_length, flag="--seq", source=where))
     if source == "flags" and not _given(flags, "--vocab-size"):
         out.append(Assumption(name="vocabulary", value=model.vocab_size, flag="--vocab-size", source=where))
+    if "attention_dropout" not in stated_training or "hidden_dropout" not in stated_training:
+        out.append(_dropout_assumption(run, source, where))
     if model.is_moe:
         if source in ("preset", "hf-config"):
             out.append(Assumption(name="token dispatcher", value=model.moe_token_dispatcher_type,
@@ -79,6 +83,19 @@ def input_assumptions(
             out.append(Assumption(name="token dispatcher", value=model.moe_token_dispatcher_type,
                                   flag=DISPATCHER_FLAG, source=f"{where}; Megatron's default"))
     return tuple(out)
+
+
+def _dropout_assumption(run: MegatronRun, source: str, where: str) -> Assumption:
+    """Dropout the input left at Megatron's default (0.1 attention, 0.1 hidden), which the written launcher keeps: the
+    cost model prices its time (a fused attention core's dropout, the hidden-dropout masks), and NVIDIA's recipes for
+    current models turn both off."""
+    tr = run.training
+    flag = "--attention-dropout" if source == "flags" else "training: attention_dropout"
+    how = ("--attention-dropout and --hidden-dropout" if source == "flags"
+           else "attention_dropout and hidden_dropout in a model YAML's training block")
+    return Assumption(name="dropout", value=f"{tr.attention_dropout:g}/{tr.hidden_dropout:g}", flag=flag,
+                      source=f"{where}: attention/hidden at Megatron's default, which the launcher keeps and the "
+                             f"cost model prices (NVIDIA's recipes set 0.0; set {how})")
 
 
 def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False) -> MegatronRun:
