@@ -302,7 +302,9 @@ GEMMs, which a kernel may or may not hide behind them.  Measured:
   floor (cuDNN hides the random numbers behind the GEMMs, arXiv 2410.07531 from NVIDIA describes the method).
 - Blackwell (B200, B300), either kernel: FlashAttention-4 against its no-dropout kernel on GB200 (bf16, p 0.125, 16
   heads, ~32k tokens): forward at 75-85% and backward at 60-70% of the no-dropout TFLOP/s, cuDNN 9.24 within
-  1.1-1.2x of it (Dao-AILab/flash-attention PR #2597); midpoints (Blackwell's tensor cores outrun its ALUs ~28x)."""
+  1.1-1.2x of it (Dao-AILab/flash-attention PR #2597); midpoints (Blackwell's tensor cores outrun its ALUs ~28x).
+Other accelerators (AMD, Ascend, Gaudi) take the flash or fused row by their --attention-backend: an assumption, no
+table found."""
 BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
 
 

@@ -45,8 +45,8 @@ NEAR_CAPACITY_FRACTION = 0.97
 TIME_PARTS = (
     "attention_gemm", "attention_core", "attention_dropout", "mlp_gemm", "expert_gemm", "shared_expert_gemm",
     "router_permute", "fp8_cast", "elementwise", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "fsdp_comm",
-    "recompute", "embedding", "logits_loss", "mtp_proj", "pp_comm", "chunk_stall", "pipeline_bubble", "dp_sync", "optimizer",
-    "iteration_overhead",
+    "recompute", "embedding", "logits_loss", "mtp_proj", "pp_comm", "chunk_stall", "pipeline_bubble", "dp_sync",
+    "optimizer", "iteration_overhead",
 )
 """The mechanisms an iteration's time is split into (PlanCost.time_breakdown): a decoder layer's named parts
 (planner/cost/layer.py LayerCost.parts: host_overhead is the time a layer waits for its kernel launches),
