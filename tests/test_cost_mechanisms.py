@@ -564,3 +564,26 @@ def test_hidden_dropout_adds_its_two_masks_to_the_memory_passes():
     assert on.parts["elementwise"] - off.parts["elementwise"] == pytest.approx(3 * mask_s, rel=1e-9)
     assert {k: v for k, v in on.parts.items() if k != "elementwise"} == {
         k: v for k, v in off.parts.items() if k != "elementwise"}
+
+
+def test_dropout_the_calibration_never_measured_widens_only_its_own_seconds():
+    """FlashAttention with dropout on Hopper: no calibration row ran it (the rows with dropout on H100 run cuDNN's
+    kernel), so the range names that dropout as unmeasured and widens its own seconds, not the attention core's; the
+    same plan without dropout names nothing about it, and cuDNN's kernel with dropout (the Megatron-core weak-scaling
+    rows) is measured."""
+    from planner.cost.ranges import RangeModel
+
+    def evidence(extra: str):
+        run, plan, cm = flags_cost_model(f"{DENSE} --tensor-model-parallel-size 2 --global-batch-size 64 {extra}",
+                                         "H100:8")
+        rng = RangeModel(run.model, run.training, cm.cluster, cm.profiles).time_range(plan)
+        return rng.evidence.to_json()["unmeasured"], cm.evaluate(plan).time_breakdown()
+
+    flash_drop, parts = evidence("--attention-backend flash --attention-dropout 0.1")
+    assert any("attention's dropout" in u for u in flash_drop), flash_drop
+    assert parts["attention_dropout"] > 0.0
+    flash_none, parts0 = evidence("--attention-backend flash --attention-dropout 0.0")
+    assert not any("dropout" in u for u in flash_none) and parts0.get("attention_dropout", 0.0) == 0.0
+    assert parts0["attention_core"] == pytest.approx(parts["attention_core"], rel=1e-12)  # the core is the same
+    cudnn_drop, _ = evidence("--attention-dropout 0.1")
+    assert not any("dropout" in u for u in cudnn_drop), cudnn_drop
