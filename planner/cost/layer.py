@@ -287,22 +287,23 @@ def _attention_core_s(x: _LayerInputs) -> float:
 FUSED_ATTENTION_DROPOUT_SLOWDOWN = {
     "flash": {"fwd": 1.20, "bwd": 1.21},
     "fused": {"fwd": 1.03, "bwd": 1.03},
-    "Blackwell": {"fwd": 1.0 / 0.80, "bwd": 1.0 / 0.65},
+    "fused-Blackwell": {"fwd": 1.09, "bwd": 1.09},
 }
 """A fused attention core with `--attention-dropout` > 0 against the same call without, by kernel: it draws a Philox
 random number for every score element in the forward and again in the backward, ALU work beside the tensor-core
 GEMMs, which a kernel may or may not hide behind them.  Measured:
-- flash (the FlashAttention package, `--attention-backend flash`), Ampere and Hopper: FlashAttention's own
-  with/without-dropout tables on A100 (arXiv 2205.14135 appendix E.6, tables 15-20: fp16, p 0.1, head dim 64, 2k-8k
-  tokens): forward 1.17-1.23x, backward 1.19-1.23x, taken as 1.20 and 1.21 (FlashAttention-2 keeps that design; no
-  Hopper table at training sizes was found, and H100's tensor-core-to-FP32 ratio, ~15, is A100's, ~16).
-- fused (cuDNN through Transformer Engine, Megatron's default), Ampere and Hopper: Transformer Engine's
-  DotProductAttention on H200, bf16, sbhd, 4 x 1024 tokens, 16 heads of 128: 0.594 -> 0.614 ms forward and backward
-  together, 1.03x (NVIDIA/TransformerEngine issue #3312): the only cuDNN figure on these GPUs, at a small size, so a
-  floor (cuDNN hides the random numbers behind the GEMMs, arXiv 2410.07531 from NVIDIA describes the method).
-- Blackwell (B200, B300), either kernel: FlashAttention-4 against its no-dropout kernel on GB200 (bf16, p 0.125, 16
-  heads, ~32k tokens): forward at 75-85% and backward at 60-70% of the no-dropout TFLOP/s, cuDNN 9.24 within
-  1.1-1.2x of it (Dao-AILab/flash-attention PR #2597); midpoints (Blackwell's tensor cores outrun its ALUs ~28x).
+- flash (the FlashAttention package, `--attention-backend flash`): FlashAttention's own with/without-dropout tables on
+  A100 (arXiv 2205.14135 appendix E.6, tables 15-20: fp16, p 0.1, head dim 64, 2k-8k tokens): forward 1.17-1.23x,
+  backward 1.19-1.23x, taken as 1.20 and 1.21 on every device (FlashAttention-2 keeps that design; no Hopper table at
+  training sizes was found; FlashAttention-2 on B300 at 4 x 1024 packed tokens pays 1.05x, where fixed costs
+  dominate: NVIDIA/TransformerEngine PR #3313).
+- fused (cuDNN through Transformer Engine, Megatron's default): Transformer Engine's DotProductAttention, bf16, sbhd,
+  4 x 1024 tokens, 16 heads of 128, forward and backward together: H200 0.594 -> 0.614 ms, 1.03x; B300 0.480 ->
+  0.525 ms, 1.09x (NVIDIA/TransformerEngine issue #3312; "the same work in sbhd pays almost nothing for the same
+  dropout"): the only cuDNN figures, at a small size, so floors (cuDNN hides the random numbers behind the GEMMs, the
+  method of arXiv 2410.07531 from NVIDIA).  Not used: FlashAttention-4 on GB200, a kernel Megatron does not run,
+  forward at 75-85% and backward at 60-70% of its no-dropout TFLOP/s at ~32k tokens (Dao-AILab/flash-attention PR
+  #2597).
 Other accelerators (AMD, Ascend, Gaudi) take the flash or fused row by their --attention-backend: an assumption, no
 table found."""
 BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
@@ -310,9 +311,9 @@ BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
 
 def attention_dropout_slowdown(device_name: str, flash: bool) -> dict[str, float]:
     """FUSED_ATTENTION_DROPOUT_SLOWDOWN's row for a device and kernel (`flash`: --attention-backend flash)."""
-    if device_name in BLACKWELL_DEVICES:
-        return FUSED_ATTENTION_DROPOUT_SLOWDOWN["Blackwell"]
-    return FUSED_ATTENTION_DROPOUT_SLOWDOWN["flash" if flash else "fused"]
+    if flash:
+        return FUSED_ATTENTION_DROPOUT_SLOWDOWN["flash"]
+    return FUSED_ATTENTION_DROPOUT_SLOWDOWN["fused-Blackwell" if device_name in BLACKWELL_DEVICES else "fused"]
 
 
 UNFUSED_SCORE_PASSES = {"fwd": 4, "bwd": 7, "dropout_fwd": 2.5, "dropout_bwd": 2.5}
