@@ -46,10 +46,11 @@ HOST_CORRECTION_KINDS = ("host_overhead", "iteration_overhead")
 small layer (`host_overhead`) and the fixed cost of every iteration (`iteration_overhead`)."""
 LEGACY_SOFTWARE_KINDS = ("gemm_legacy_software",)
 """Time multipliers on the dense GEMMs of runs made with software older than the runtime the planner plans for
-(Megatron-LM 2020, NeMo-Megatron 2022: cuBLAS and CUDA of their day on GA100, whose curve measures today's).  Fitted
-on, and applied to, only the calibration rows annotated `software: legacy` (planner/calibration/runs.py
-`CalibrationCase.profiles_for`): the cost model never reads them, so a plan the planner writes is priced with today's
-kernels."""
+(Megatron-LM 2020, NeMo-Megatron 2022: cuBLAS and CUDA of their day on GA100, whose curve measures today's; ROCm 6.1
+on MI300X, whose curve measures ROCm 6.3's).  GA100's is fitted; MI300X's is published (the ratio of one benchmark on
+the two ROCm versions, profiles/published/corrections.yaml).  Applied to only the calibration rows annotated
+`software: legacy` (planner/calibration/runs.py `CalibrationCase.profiles_for`): the cost model never reads them, so a
+plan the planner writes is priced with today's kernels."""
 TIME_CORRECTION_KINDS = (KERNEL_CORRECTION_KINDS + COLLECTIVES + DISPATCH_CORRECTION_KINDS + FP8_CORRECTION_KINDS
                          + HOST_CORRECTION_KINDS)
 ADDITIVE_CORRECTION_KINDS = ("memory_overhead_gib",)
@@ -194,6 +195,7 @@ class _Builder:
     vendor_pairs: dict[frozenset[str], str] = field(default_factory=dict)
     corrections: dict[tuple[str, str], CorrectionEntry] = field(default_factory=dict)
     correction_files: list[FileRecord] = field(default_factory=list)
+    published_corrections: dict[tuple[str, str], CorrectionEntry] = field(default_factory=dict)  # not fitted
     cluster_dirs: list[Path] = field(default_factory=list)
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
     evidence_files: list[str] = field(default_factory=list)  # evidence.yaml of --profiles dirs (planner/uncertainty.py)
@@ -379,7 +381,8 @@ class ProfileSet:
     @classmethod
     def uncalibrated(cls) -> "ProfileSet":
         """The shipped device and link tables without profiles/corrections.yaml: the datasheet-derived
-        model the calibration fit (planner/calibration/fit.py) starts from."""
+        model the calibration fit (planner/calibration/fit.py) starts from, with the published (not fitted)
+        factors of profiles/published/corrections.yaml."""
         return _load_shipped_uncalibrated()
 
     def with_corrections(self, factors: dict[tuple[str, str], float], provenance: Provenance) -> "ProfileSet":
@@ -685,6 +688,9 @@ def _shipped_builder_cached() -> _Builder:
         builder.add_device_file(path, "profiles")  # published component tables over the datasheet ones
     if (root / "links.yaml").is_file():
         builder.add_links_file(root / "links.yaml", "profiles")
+    if (root / PUBLISHED_SUBDIR / "corrections.yaml").is_file():  # ratios of public kernel measurements, not fitted
+        builder.add_corrections_file(root / PUBLISHED_SUBDIR / "corrections.yaml", "profiles")
+        builder.published_corrections = dict(builder.corrections)
     if (root / "corrections.yaml").is_file():
         builder.add_corrections_file(root / "corrections.yaml", "profiles")
     builder.add_runtimes_file(root / "runtimes.yaml", "profiles")
@@ -705,6 +711,6 @@ def _load_shipped() -> ProfileSet:
 @lru_cache(maxsize=1)
 def _load_shipped_uncalibrated() -> ProfileSet:
     builder = copy.copy(_shipped_builder_cached())
-    builder.corrections = {}
-    builder.correction_files = []
+    builder.corrections = dict(builder.published_corrections)  # the fit starts from the published factors
+    builder.correction_files = builder.correction_files[:1] if builder.published_corrections else []
     return ProfileSet(builder)

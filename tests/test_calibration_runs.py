@@ -427,3 +427,39 @@ def test_unknown_software_annotation_is_refused():
     row = next(r for r in load_runs() if r["id"] == "A100-gpt2-1B-2020")
     with pytest.raises(ValueError, match="software 'ancient'"):
         case_from_row(row, ProfileSet.load(), {row["id"]: {"memory_settings": "unknown", "software": "ancient"}})
+
+
+def test_rocm61_rows_carry_the_published_mi300x_gemm_ratio(report):
+    """The two held-out MI300X rows ran AMD's ROCm 6.1 image (unfitted_runs.csv `software: legacy`).  Their dense GEMMs
+    carry MI300X's `gemm_legacy_software` from profiles/published/corrections.yaml: published, not fitted, the ratio of
+    one benchmark (ml-engineering's MAMF) on ROCm 6.3 with TunableOp (668.4 TFLOP/s, the top of the MI300X curve) to the
+    same on ROCm 6.1 (450), by hand 668.4 / 450 = 1.4853.  Every other held-out row is current software; the fit starts
+    from the published factor and never refits it; the cost model never reads it."""
+    from planner.calibration.runs import LEGACY_SOFTWARE, case_from_row
+    from planner.cost.model import CostModel
+
+    shipped = ProfileSet.load()
+    assert shipped.correction("MI300X", "gemm_legacy_software") == pytest.approx(668.4 / 450, abs=1e-4)
+    entry = next(e for e in shipped.correction_entries() if (e.device, e.kind) == ("MI300X", "gemm_legacy_software"))
+    assert entry.provenance.kind == "published" and "ROCm 6.1" in entry.provenance.source
+    assert ProfileSet.uncalibrated().correction("MI300X", "gemm_legacy_software") == entry.factor
+    assert ProfileSet.uncalibrated().correction("A100", "gemm_legacy_software") == 1.0  # fitted ones are not there
+    assert not any(p.kind == "gemm_legacy_software" and "MI300X" in p.devices for p in FIT_PARAMS)
+    rows = load_unfitted_runs()
+    legacy = {r["id"] for r in rows if r["software"] == LEGACY_SOFTWARE}
+    assert legacy == {"MI300X-rocm-llama2-70b-tp8-sgd", "MI300X-rocm-llama2-70b-16-tp8-sgd"}
+    assert all(r["software"] == "" for r in rows if r["id"] not in legacy)
+    checks = {c.id: c for c in report.unfitted}
+    for r in rows:
+        if r["id"] not in legacy:
+            continue
+        c = case_from_row(r, shipped, {})
+        assert c.software == LEGACY_SOFTWARE
+        direct = CostModel(c.run.model, c.run.training, c.cluster, shipped).evaluate(c.plan)
+        legacy_s = c.price(shipped).iteration_time_s
+        assert checks[r["id"]].nominal_s == pytest.approx(legacy_s, rel=1e-9)  # the report prices it so
+        # the ratio is on dense GEMMs only: slower than today's software, by less than the ratio itself
+        assert direct.iteration_time_s * 1.1 < legacy_s < direct.iteration_time_s * entry.factor
+    bad = dict(next(r for r in rows if r["id"] in legacy), software="rocm61")
+    with pytest.raises(ValueError, match="unfitted_runs.csv row .*software 'rocm61'"):
+        case_from_row(bad, shipped, {})

@@ -290,7 +290,8 @@ def test_corrections_round_trip(tmp_path):
     assert ps.correction("H800", "memory_overhead_gib") == 0.0
     assert ps.corrections_for("H800")["gemm"] == 1.15
     assert ps.moe_imbalance_factor() == 1.3 and ProfileSet.uncalibrated().moe_imbalance_factor() is None
-    assert any(r["item"] == "corrections" and r["provenance_kinds"] == ["calibrated", "measured"]
+    # the loaded corrections' kinds: the user's (calibrated, measured) over the shipped published ratios
+    assert any(r["item"] == "corrections" and r["provenance_kinds"] == ["calibrated", "measured", "published"]
                for r in ps.provenance_manifest())
     assert ProfileSet.load().correction("H800", "gemm") == shipped.correction("H800", "gemm") != 1.15
     with pytest.raises(PlannerInputError):

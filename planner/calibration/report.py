@@ -218,7 +218,8 @@ def unfitted_checks(profiles: ProfileSet) -> list[UnfittedCheck]:
     out = []
     for row in load_unfitted_runs():
         case = case_from_row(row, profiles, {})
-        tr = RangeModel(case.run.model, case.run.training, case.cluster, profiles).time_range(case.plan)
+        tr = RangeModel(case.run.model, case.run.training, case.cluster, case.profiles_for(profiles)
+                        ).time_range(case.plan)
         out.append(UnfittedCheck(case.id, case.source_key, case.seconds_per_iteration(), tr.low_s, tr.nominal_s,
                                  tr.high_s, bool(tr.evidence and tr.evidence.extrapolated), row["why_not_fitted"]))
     return out

@@ -219,14 +219,16 @@ def case_from_row(row: dict[str, str], profiles, annotations: dict[str, dict[str
         id=row["id"], metric=metric, measured=float(row["value"]), run=run, cluster=cluster, plan=plan,
         plan_notes=tuple(notes), memory_settings=ann["memory_settings"] if ann else "unclassified",
         source=row.get("source", ""), source_key=source_key(row), batch=(ann or {}).get("batch", ""),
-        software=_software(row["id"], ann),
+        software=_software(row, ann),
     )
 
 
-def _software(row_id: str, ann: dict[str, str] | None) -> str:
-    value = ((ann or {}).get("software") or "").strip()
+def _software(row: dict[str, str], ann: dict[str, str] | None) -> str:
+    """The row's `software`: its annotation's (fitted rows, annotations.csv), else its own column (unfitted_runs.csv)."""
+    where = "annotations.csv" if ann and "software" in ann else "unfitted_runs.csv"
+    value = ((ann or {}).get("software") or row.get("software") or "").strip()
     if value not in SOFTWARE_VALUES:
-        raise ValueError(f"annotations.csv row {row_id}: software {value!r}; allowed: '' (current) or {LEGACY_SOFTWARE!r}")
+        raise ValueError(f"{where} row {row['id']}: software {value!r}; allowed: '' (current) or {LEGACY_SOFTWARE!r}")
     return value
 
 
