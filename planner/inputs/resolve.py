@@ -194,6 +194,18 @@ def script_environment(script) -> dict[str, str]:
     return {**exported, **script.launch_env}
 
 
+def _max_connections_notes(env: Mapping[str, str], training: Mapping[str, Any]) -> list[str]:
+    """Where the script's own CUDA_DEVICE_MAX_CONNECTIONS keeps the EP all-to-all overlap from happening: it needs
+    more than one hardware queue (Megatron's MoE README).  The estimate prices the overlap as the planner's launch.sh
+    runs it (planner/launcher/megatron.py `max_connections`)."""
+    value = (env.get("CUDA_DEVICE_MAX_CONNECTIONS") or "").strip()
+    if value != "1" or not training.get("overlap_moe_expert_parallel_comm"):
+        return []
+    return ["the script exports CUDA_DEVICE_MAX_CONNECTIONS=1, but --overlap-moe-expert-parallel-comm needs more than "
+            "one hardware queue (Megatron's MoE README): run as it is, the EP all-to-all may not overlap; the estimate "
+            "prices the overlap, as the launch.sh the planner writes runs it (CUDA_DEVICE_MAX_CONNECTIONS=32)"]
+
+
 def _script_flags(script, extra: list[str], overrides: Mapping[str, Any]) -> list[str]:
     """The script's flags without those --megatron-args or a value override give again, then the
     --megatron-args (as argparse, the later value wins; the earlier one is not read at all)."""
@@ -308,6 +320,7 @@ def resolve_run(
         expandable = expandable_segments_of(script_environment(script))
         if expandable is not None:
             draft.training["expandable_segments"] = expandable
+        sink.extend(_max_connections_notes(script_environment(script), draft.training))
         ws = script.world_size
         if world_size is None and isinstance(ws, int) and ws > 0:
             world_size = ws

@@ -39,7 +39,9 @@ from planner.launcher.common import (
 )
 from planner.launcher.quoting import comment_lines
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
-from planner.launcher.megatron import _master_port, needs_max_connections, self_relative_notes, sourced_files
+from planner.launcher.megatron import (
+    _master_port, max_connections, max_connections_notes, self_relative_notes, sourced_files,
+)
 from planner.inputs.megatron_flags import fork_flags_in
 from planner.megatron.flags import array_of
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations, tied_embeddings
@@ -276,12 +278,12 @@ def visible_device_envs(agents: list[Agent], profiles: ProfileSet) -> dict[str, 
     return out
 
 
-def experiment_yaml(entry: str, agents: list[Agent], needs_max_connections: bool,
+def experiment_yaml(entry: str, agents: list[Agent], max_connections: int | None,
                     device_envs: dict[str, dict[str, str]]) -> dict[str, Any]:
     """FlagScale's experiment config: runner, host file and environment."""
     envs: dict[str, Any] = {}
-    if needs_max_connections:
-        envs["CUDA_DEVICE_MAX_CONNECTIONS"] = 1
+    if max_connections is not None:
+        envs["CUDA_DEVICE_MAX_CONNECTIONS"] = max_connections
     envs["device_type_specific"] = device_envs
     nnodes = len({ag.host for ag in agents})
     nproc = max(sum(a.nproc for a in agents if a.host == ag.host) for ag in agents)
@@ -385,16 +387,15 @@ def flagscale_files(
     per_agent = {
         ag.node_rank: [FlagItem("--hetero-current-device-type", [host_file_type(ag.device_type)])] for ag in agents
     }
-    needs_conn = needs_max_connections(plan, flags.final)
-    if needs_conn:
-        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
+    connections = max_connections(plan, flags.final)
+    notes += max_connections_notes(connections)
     spec = LaunchSpec(
         runtime="flagscale",
         entry_script=entry,
         header=plan_header(plan, model, agents)
         + [f"FlagScale meshes (TP CP EP DP PP): {[m.numbers() for m in meshes]}"],
         notes=notes,
-        needs_max_connections=needs_conn,
+        max_connections=connections,
         applied=flags.applied,
         decided=flags.decided | {"--hetero-current-device-type"},
         agents=agents,
@@ -422,7 +423,7 @@ def flagscale_files(
         f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
         "flagscale/conf/config.yaml": _dump(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",
-            experiment_yaml(entry, agents, needs_conn, visible_device_envs(agents, profiles)),
+            experiment_yaml(entry, agents, connections, visible_device_envs(agents, profiles)),
         ),
         **sourced_files(script),
     }

@@ -68,7 +68,7 @@ class LaunchSpec:
     entry_script: str  # the entry the plan runs (FlagScale replaces pretrain_gpt.py)
     header: list[str]
     notes: list[str]
-    needs_max_connections: bool
+    max_connections: int | None  # the CUDA_DEVICE_MAX_CONNECTIONS launch.sh exports (None: none)
     applied: list[FlagItem]
     decided: frozenset[str]
     agents: list[Agent]
@@ -399,8 +399,11 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         (f"    local entry_word={sh_quote(entry_new)}  # FlagScale's entry replaces {one_line(entry_name)}"
          if entry_new.rsplit("/", 1)[-1] != entry_name else "    local entry_word=${words[entry]}"),
     ]
-    if spec.needs_max_connections:
+    if spec.max_connections == 1:
         lines.append("    export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)")
+    elif spec.max_connections is not None:
+        lines.append(f"    export CUDA_DEVICE_MAX_CONNECTIONS={int(spec.max_connections)}"
+                     "  # --overlap-moe-expert-parallel-comm needs more than one hardware queue")
     return lines
 
 

@@ -82,15 +82,14 @@ def megatron_files(
                            for i in rule_items]
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
-    needs_conn = needs_max_connections(plan, flags.final)
-    if needs_conn:
-        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)")
+    connections = max_connections(plan, flags.final)
+    notes += max_connections_notes(connections)
     spec = LaunchSpec(
         runtime="megatron",
         entry_script=script.entry_script if script is not None else MEGATRON_ENTRY,
         header=plan_header(plan, model, agents),
         notes=notes,
-        needs_max_connections=needs_conn,
+        max_connections=connections,
         applied=flags.applied,
         decided=flags.decided,
         agents=agents,
@@ -116,10 +115,36 @@ def sourced_files(script: LauncherScript | None) -> dict[str, str]:
     return dict(script.sourced) if script is not None else {}
 
 
-def needs_max_connections(plan: Plan, final_flags: list[str]) -> bool:
-    """Megatron wants CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1, except under Megatron-FSDP,
-    which refuses it ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", args.py)."""
-    return (plan.tp > 1 or plan.cp > 1) and "--use-megatron-fsdp" not in final_flags
+EP_OVERLAP_MAX_CONNECTIONS = 32
+"""CUDA_DEVICE_MAX_CONNECTIONS for --overlap-moe-expert-parallel-comm: the overlap needs more than one hardware queue
+(megatron/core/transformer/moe/README.md, 'Requirements for EP A2A Overlap: ... CUDA_DEVICE_MAX_CONNECTIONS > 1');
+32 is what NVIDIA's MoE Model Zoo exports with it (yanring/Megatron-MoE-ModelZoo sbatch_benchmarking.sh, A2A_OVERLAP=1)
+and one of the two values Megatron offers when TP or CP > 1 shares the run (megatron/training/arguments.py: "1 or 32,
+which depends on which parallelization you want to prioritize")."""
+
+
+def max_connections(plan: Plan, final_flags: list[str]) -> int | None:
+    """The CUDA_DEVICE_MAX_CONNECTIONS the launch exports, None for none.  With the EP all-to-all overlap
+    (--overlap-moe-expert-parallel-comm) EP_OVERLAP_MAX_CONNECTIONS, whatever TP and CP: at 1 the overlap the cost
+    model prices cannot happen.  Else 1 with TP or CP > 1, which Megatron requires on Hopper and earlier
+    (arguments.py asserts it), except under Megatron-FSDP, which refuses it ("FSDP requires
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", args.py)."""
+    if "--overlap-moe-expert-parallel-comm" in final_flags:
+        return EP_OVERLAP_MAX_CONNECTIONS
+    if (plan.tp > 1 or plan.cp > 1) and "--use-megatron-fsdp" not in final_flags:
+        return 1
+    return None
+
+
+def max_connections_notes(connections: int | None) -> list[str]:
+    """What the launch's CUDA_DEVICE_MAX_CONNECTIONS is for, in the output's words."""
+    if connections is None:
+        return []
+    if connections == 1:
+        return ["CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)"]
+    return [f"CUDA_DEVICE_MAX_CONNECTIONS={connections} is exported: --overlap-moe-expert-parallel-comm needs more "
+            "than one hardware queue (Megatron's MoE README); with TP or CP > 1 on Hopper or earlier Megatron warns "
+            "that their communication then loses its launch order, and the overlap is what it keeps"]
 
 
 def self_relative_notes(script: LauncherScript | None) -> list[str]:
