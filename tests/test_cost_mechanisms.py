@@ -150,6 +150,26 @@ def test_allgather_dispatcher_gathers_over_tp_and_ep_even_with_ep1():
     assert layer.ep_fwd_s > 0
 
 
+def test_tp_comm_overlap_gives_way_to_ep_overlap_before_blackwell():
+    """--tp-comm-overlap needs CUDA_DEVICE_MAX_CONNECTIONS=1 on NVIDIA GPUs before Blackwell, the EP overlap more than
+    one queue, and the launch exports 32 with it: there the userbuffer overlap hides nothing, so the layer's TP seconds
+    are those of a run without --tp-comm-overlap.  On B200 (no such requirement) both overlaps keep their price."""
+    par = ("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 8 "
+           "--expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall --micro-batch-size 1 "
+           "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2")
+    for cluster, gives_way in (("H100:16", True), ("B200:16", False)):
+        plain = _layer(f"{MOE} {par}", cluster)
+        tpov = _layer(f"{MOE} {par} --tp-comm-overlap", cluster)
+        both = _layer(f"{MOE} {par} --tp-comm-overlap --overlap-moe-expert-parallel-comm", cluster)
+        epov = _layer(f"{MOE} {par} --overlap-moe-expert-parallel-comm", cluster)
+        assert tpov.tp_fwd_s < plain.tp_fwd_s  # userbuffers hide some TP time
+        assert both.ep_fwd_s == pytest.approx(epov.ep_fwd_s)  # the EP overlap keeps its price
+        if gives_way:
+            assert both.tp_fwd_s == pytest.approx(plain.tp_fwd_s)
+        else:
+            assert both.tp_fwd_s == pytest.approx(tpov.tp_fwd_s)
+
+
 def test_ep_overlap_hides_dispatch_but_never_all_of_it():
     par = ("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 32 "
            "--moe-token-dispatcher-type alltoall --micro-batch-size 1")

@@ -22,7 +22,7 @@ from planner.cost.communication import GroupLinks, LinkChoice, collective_s, sta
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.layer import LayerCost, LayerShape, layer_cost
+from planner.cost.layer import BLACKWELL_DEVICES, LayerCost, LayerShape, layer_cost
 from planner.cost.memory import (
     ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups, recorded_cache_share,
 )
@@ -381,6 +381,18 @@ class GlobalShape:
                    dp0=plan.dp0, pp=plan.pp, sequence_parallel=plan.sequence_parallel)
 
 
+
+def tp_overlap_runs(training, device) -> bool:
+    """Whether --tp-comm-overlap (Transformer Engine's userbuffers) hides TP communication on `device`.  On NVIDIA
+    GPUs before Blackwell it needs CUDA_DEVICE_MAX_CONNECTIONS=1, or the communication kernels queue behind the GEMM
+    they should overlap (Megatron-Bridge docs/performance-guide.md); with --overlap-moe-expert-parallel-comm the
+    launch exports 32 for the EP overlap (planner/launcher/megatron.py `max_connections`; Megatron: "1 or 32, which
+    depends on which parallelization you want to prioritize"), so there the TP overlap is priced as absent."""
+    if not training.tp_comm_overlap:
+        return False
+    pre_blackwell_nvidia = device.vendor.upper() == "NVIDIA" and device.name not in BLACKWELL_DEVICES
+    return not (training.overlap_moe_expert_parallel_comm and pre_blackwell_nvidia)
+
 class CostModel:
     """Binds model, training, cluster and profiles; prices stages and plans.
 
@@ -494,9 +506,10 @@ class CostModel:
             sequence_parallel=sp > 1, imbalance=self.imbalance(g.ep, stage_mbs * self.model.seq_length / g.cp / sp),
             expert_fill=self.routing.fill,
         )
-        cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=self.kernels(device_type),
+        kernels = self.kernels(device_type)
+        cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=kernels,
                           links=self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp),
-                          tp_comm_overlap=self.training.tp_comm_overlap)
+                          tp_comm_overlap=tp_overlap_runs(self.training, kernels.device))
         self._layer_cache[key] = cost
         return cost
 

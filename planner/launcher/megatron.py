@@ -144,7 +144,8 @@ def max_connections_notes(connections: int | None) -> list[str]:
         return ["CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)"]
     return [f"CUDA_DEVICE_MAX_CONNECTIONS={connections} is exported: --overlap-moe-expert-parallel-comm needs more "
             "than one hardware queue (Megatron's MoE README); with TP or CP > 1 on Hopper or earlier Megatron warns "
-            "that their communication then loses its launch order, and the overlap is what it keeps"]
+            "that their communication then loses its launch order (--tp-comm-overlap is priced as hiding nothing "
+            "there: planner/cost/model.py `tp_overlap_runs`)"]
 
 
 def self_relative_notes(script: LauncherScript | None) -> list[str]:
