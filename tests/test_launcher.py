@@ -33,7 +33,7 @@ from planner.profile_tables import ProfileSet
 from planner.schemas import ModelSpec, Plan, Recompute, StagePlan, TrainingSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 
-from helpers.launch import DENSE, args_of, cluster_of, dense_plan
+from helpers.launch import DENSE, EP_OVERLAP_MOE, args_of, cluster_of, dense_plan, ep_overlap_launch
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("HAPMOE_UPDATE_GOLDEN") == "1"
@@ -394,33 +394,22 @@ def test_cuda_device_max_connections_only_with_tp_or_cp():
 def test_ep_overlap_launches_with_more_than_one_hardware_queue(tmp_path):
     """--overlap-moe-expert-parallel-comm needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron's MoE README); the launch
     exports 32 for it, as NVIDIA's MoE Model Zoo does, also with TP > 1 (where it would otherwise export the 1 Megatron
-    requires), and says why.  A script of the user's that exports 1 with the overlap is told it may not overlap."""
+    requires), and says why (Megatron's validator accepts each: test_megatron_validator.py).  A script of the user's
+    that exports 1 with the overlap is told it may not overlap."""
     from planner.api import load_inputs
-    from planner.cost.estimate import plan_from_run
 
-    moe = ("--num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --moe-ffn-hidden-size 512 --num-attention-heads 8 "
-           "--swiglu --normalization RMSNorm --disable-bias-linear --vocab-size 32000 --seq-length 2048 "
-           "--max-position-embeddings 2048 --num-experts 16 --moe-router-topk 2 --moe-grouped-gemm "
-           "--moe-router-force-load-balancing --moe-token-dispatcher-type alltoall --bf16 --micro-batch-size 1 "
-           "--global-batch-size 64 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
-           "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1")
-    profiles = ProfileSet.load()
     for tp, ovl, want in ((2, True, "32"), (1, True, "32"), (2, False, "1"), (1, False, None)):
-        flags = moe + f" --tensor-model-parallel-size {tp}" + (" --sequence-parallel" if tp > 1 else "")
-        flags += " --overlap-moe-expert-parallel-comm" if ovl else ""
-        inputs = load_inputs(cluster="H100:8", megatron_args=flags, profiles=profiles)
-        plan, _ = plan_from_run(inputs.run, inputs.cluster, profiles)
-        files = render_launch_files(inputs.run, plan, inputs.cluster)
+        files, _ = ep_overlap_launch(tp, ovl)
         exports = re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=(\d+)", files["launch.sh"])
         assert exports == ([want] if want else []), (tp, ovl, exports)
         if ovl:
             assert "needs more than one hardware queue" in files["launch.sh"]
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n"
-                      f"torchrun --nproc-per-node 8 pretrain_gpt.py {moe} --tensor-model-parallel-size 2 "
+                      f"torchrun --nproc-per-node 8 pretrain_gpt.py {EP_OVERLAP_MOE} --tensor-model-parallel-size 2 "
                       "--sequence-parallel --overlap-moe-expert-parallel-comm\n")
     notes: list[str] = []
-    load_inputs(cluster="H100:8", megatron_script=str(script), profiles=profiles, on_note=notes.append)
+    load_inputs(cluster="H100:8", megatron_script=str(script), profiles=ProfileSet.load(), on_note=notes.append)
     assert any("exports CUDA_DEVICE_MAX_CONNECTIONS=1, but --overlap-moe-expert-parallel-comm" in n for n in notes)
 
 

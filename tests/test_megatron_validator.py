@@ -28,7 +28,7 @@ from planner.launcher import render_launch_files
 from planner.megatron.flags import FORK_VALUES
 
 from helpers.corpus import CORPUS, NAMES, solved
-from helpers.launch import args_of, dense_plan
+from helpers.launch import args_of, dense_plan, ep_overlap_launch
 from helpers.megatron import NEEDS_MEGATRON, validate
 
 HERE = Path(__file__).parent
@@ -62,6 +62,8 @@ CONTROLS: dict[str, tuple[list[str], int]] = {
 
 PIPELINE_SPLITS = [((4, 4, 4, 4), 1), ((3, 5, 5, 5), 1), ((5, 5, 5, 2), 1), ((3, 6, 6, 7), 1), ((7, 9), 1),
                    ((6, 4, 5, 7), 1), ((8, 0, 8), 1), ((7, 6, 5, 4), 3), ((4, 4), 2)]
+EP_OVERLAP_CASES = [(2, True), (1, True), (2, False)]
+"""(TP, --overlap-moe-expert-parallel-comm) of the launches whose CUDA_DEVICE_MAX_CONNECTIONS test_launcher.py checks."""
 
 
 def _concrete(argv: list[str]) -> list[str]:
@@ -93,7 +95,11 @@ def _upstream_only(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _exported(launch_sh: Path) -> dict[str, str]:
     """CUDA_DEVICE_MAX_CONNECTIONS as launch.sh sets it (or the input script it wraps)."""
-    m = re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=\$?\{?[A-Z_]*:?-?(\d+)", launch_sh.read_text())
+    return _exported_text(launch_sh.read_text())
+
+
+def _exported_text(text: str) -> dict[str, str]:
+    m = re.findall(r"export CUDA_DEVICE_MAX_CONNECTIONS=\$?\{?[A-Z_]*:?-?(\d+)", text)
     return {"CUDA_DEVICE_MAX_CONNECTIONS": m[-1]} if m else {}
 
 
@@ -124,6 +130,11 @@ def results() -> dict[str, dict]:
         run, plan, cluster = dense_plan(list(counts), vpp=vpp)
         cases.append({"name": f"split/{counts}/vpp{vpp}", "argv": args_of(render_launch_files(run, plan, cluster)),
                       "world_size": plan.world_size})
+    for tp, ovl in EP_OVERLAP_CASES:  # CUDA_DEVICE_MAX_CONNECTIONS as launch.sh exports it with the EP overlap
+        files, world = ep_overlap_launch(tp, ovl)
+        argv, _ = _upstream_only(args_of(files))
+        cases.append({"name": f"ep-overlap/tp{tp}/{ovl}", "argv": _concrete(argv), "world_size": world,
+                      "env": _exported_text(files["launch.sh"])})
     for name, (argv, world) in CONTROLS.items():
         cases.append({"name": f"control/{name}", "argv": argv, "world_size": world,
                       "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
@@ -133,6 +144,14 @@ def results() -> dict[str, dict]:
 @pytest.mark.parametrize("golden", ["dense_megatron", "moe_megatron"])
 def test_golden_launchers_pass_megatrons_validator(golden):
     r = results()[f"golden/{golden}"]
+    assert r["ok"], r["error"]
+
+
+@pytest.mark.parametrize("tp,overlap", EP_OVERLAP_CASES)
+def test_ep_overlap_launches_pass_megatrons_validator(tp, overlap):
+    """Megatron accepts the flags and the CUDA_DEVICE_MAX_CONNECTIONS launch.sh exports with and without the EP
+    overlap (32 with it, also at TP 2, where Megatron only warns; 1 without it, which it requires at TP 2)."""
+    r = results()[f"ep-overlap/tp{tp}/{overlap}"]
     assert r["ok"], r["error"]
 
 

@@ -30,3 +30,30 @@ def dense_plan(counts, vpp=1, **kw) -> tuple[MegatronRun, Plan, ClusterSpec]:
 def args_of(files: dict[str, str]) -> list[str]:
     """The Megatron flags of rendered launch files (megatron_args.txt, split as bash would)."""
     return shlex.split(files["megatron_args.txt"])
+
+
+EP_OVERLAP_MOE = (
+    "--num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --moe-ffn-hidden-size 512 --num-attention-heads 8 "
+    "--swiglu --normalization RMSNorm --disable-bias-linear --vocab-size 32000 --seq-length 2048 "
+    "--max-position-embeddings 2048 --num-experts 16 --moe-router-topk 2 --moe-grouped-gemm "
+    "--moe-router-force-load-balancing --moe-token-dispatcher-type alltoall --bf16 --micro-batch-size 1 "
+    "--global-batch-size 64 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+    "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1"
+)
+"""A small MoE on one node of 8 H100 (PP2 VPP2 EP4) for the CUDA_DEVICE_MAX_CONNECTIONS cases."""
+
+
+def ep_overlap_launch(tp: int, overlap: bool) -> tuple[dict[str, str], int]:
+    """(launch files, world size) of EP_OVERLAP_MOE at TP `tp`, with or without --overlap-moe-expert-parallel-comm,
+    rendered as `estimate`'s plan of those flags."""
+    from planner.api import load_inputs
+    from planner.cost.estimate import plan_from_run
+    from planner.launcher import render_launch_files
+    from planner.profile_tables import ProfileSet
+
+    flags = EP_OVERLAP_MOE + f" --tensor-model-parallel-size {tp}" + (" --sequence-parallel" if tp > 1 else "")
+    flags += " --overlap-moe-expert-parallel-comm" if overlap else ""
+    profiles = ProfileSet.load()
+    inputs = load_inputs(cluster="H100:8", megatron_args=flags, profiles=profiles)
+    plan, _ = plan_from_run(inputs.run, inputs.cluster, profiles)
+    return render_launch_files(inputs.run, plan, inputs.cluster), plan.world_size
