@@ -463,6 +463,11 @@ def test_unmodelled_flags_are_named_in_the_notes(profiles):
                                world_size=8)
     assert any("--fine-grained-activation-offloading" in n for n in estimate_run(run, cl, profiles).notes)
     assert math.isfinite(estimate_run(run, cl, profiles).iteration_time_s)
+    # a Mamba hybrid's layer pattern is not priced (every layer is a transformer layer to the cost model): said so
+    hybrid = unmodelled_notes(["--is-hybrid-model", "--hybrid-override-pattern", "M-M*", "--hybrid-layer-pattern=M*"])
+    assert [n.split()[0] for n in hybrid] == ["--is-hybrid-model", "--hybrid-override-pattern",
+                                              "--hybrid-layer-pattern"]
+    assert all("Mamba layers are not" in n for n in hybrid)
 
 
 def test_unfused_attention_pays_its_score_passes_and_the_whole_square(profiles):

@@ -397,6 +397,12 @@ OTHER_FLAGS = _rows(
         ("--window-size", "sliding-window attention: attention work lower than the full causal count priced"),
         ("--deterministic-mode", "deterministic kernels (Megatron's CI runs): slower GEMM and attention algorithms"),
         ("--no-gradient-accumulation-fusion", "weight gradients accumulated by a separate pass: more memory traffic"),
+        ("--hybrid-override-pattern", "a hybrid Mamba / attention / MLP layer pattern: every layer is priced as a "
+                                      "transformer layer (attention and MLP), Mamba layers are not"),
+        ("--hybrid-layer-pattern", "a hybrid Mamba / attention / MLP layer pattern: every layer is priced as a "
+                                   "transformer layer (attention and MLP), Mamba layers are not"),
+        ("--is-hybrid-model", "a hybrid Mamba model: every layer is priced as a transformer layer (attention and MLP), "
+                              "Mamba layers are not"),
     )),
 )
 
