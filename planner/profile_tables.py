@@ -196,6 +196,7 @@ class _Builder:
     corrections: dict[tuple[str, str], CorrectionEntry] = field(default_factory=dict)
     correction_files: list[FileRecord] = field(default_factory=list)
     published_corrections: dict[tuple[str, str], CorrectionEntry] = field(default_factory=dict)  # not fitted
+    published_correction_files: list[FileRecord] = field(default_factory=list)
     cluster_dirs: list[Path] = field(default_factory=list)
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
     evidence_files: list[str] = field(default_factory=list)  # evidence.yaml of --profiles dirs (planner/uncertainty.py)
@@ -691,6 +692,7 @@ def _shipped_builder_cached() -> _Builder:
     if (root / PUBLISHED_SUBDIR / "corrections.yaml").is_file():  # ratios of public kernel measurements, not fitted
         builder.add_corrections_file(root / PUBLISHED_SUBDIR / "corrections.yaml", "profiles")
         builder.published_corrections = dict(builder.corrections)
+        builder.published_correction_files = list(builder.correction_files)
     if (root / "corrections.yaml").is_file():
         builder.add_corrections_file(root / "corrections.yaml", "profiles")
     builder.add_runtimes_file(root / "runtimes.yaml", "profiles")
@@ -712,5 +714,5 @@ def _load_shipped() -> ProfileSet:
 def _load_shipped_uncalibrated() -> ProfileSet:
     builder = copy.copy(_shipped_builder_cached())
     builder.corrections = dict(builder.published_corrections)  # the fit starts from the published factors
-    builder.correction_files = builder.correction_files[:1] if builder.published_corrections else []
+    builder.correction_files = list(builder.published_correction_files)
     return ProfileSet(builder)
