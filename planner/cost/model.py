@@ -381,7 +381,6 @@ class GlobalShape:
                    dp0=plan.dp0, pp=plan.pp, sequence_parallel=plan.sequence_parallel)
 
 
-
 def tp_overlap_runs(training, device) -> bool:
     """Whether --tp-comm-overlap (Transformer Engine's userbuffers) hides TP communication on `device`.  On NVIDIA
     GPUs before Blackwell it needs CUDA_DEVICE_MAX_CONNECTIONS=1, or the communication kernels queue behind the GEMM
@@ -392,6 +391,7 @@ def tp_overlap_runs(training, device) -> bool:
         return False
     pre_blackwell_nvidia = device.vendor.upper() == "NVIDIA" and device.name not in BLACKWELL_DEVICES
     return not (training.overlap_moe_expert_parallel_comm and pre_blackwell_nvidia)
+
 
 class CostModel:
     """Binds model, training, cluster and profiles; prices stages and plans.
