@@ -16,6 +16,7 @@ from planner.inputs.presets import list_model_presets, load_model_preset, model_
 from planner.inputs.shell.flag_string import split_flag_string
 from planner.cost.memory import expandable_segments_of
 from planner.inputs.script import cluster_geometry, read_launcher_script, scheduler_fix
+from planner.launcher.megatron import EP_OVERLAP_MAX_CONNECTIONS
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
@@ -203,7 +204,8 @@ def _max_connections_notes(env: Mapping[str, str], training: Mapping[str, Any]) 
         return []
     return ["the script exports CUDA_DEVICE_MAX_CONNECTIONS=1, but --overlap-moe-expert-parallel-comm needs more than "
             "one hardware queue (Megatron's MoE README): run as it is, the EP all-to-all may not overlap; the estimate "
-            "prices the overlap, as the launch.sh the planner writes runs it (CUDA_DEVICE_MAX_CONNECTIONS=32)"]
+            f"prices the overlap, as the launch.sh the planner writes runs it "
+            f"(CUDA_DEVICE_MAX_CONNECTIONS={EP_OVERLAP_MAX_CONNECTIONS})"]
 
 
 def _script_flags(script, extra: list[str], overrides: Mapping[str, Any]) -> list[str]:
