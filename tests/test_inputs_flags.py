@@ -76,14 +76,14 @@ def test_passthrough_keeps_unknown_flags_verbatim_in_order():
     """Unused flags and their values (nargs included) pass through unchanged and in order."""
     argv = [
         "--lr", "1e-4", "--num-layers", "4", "--data-path", "0.5", "/d/a", "0.5", "/d/b",
-        "--hidden-size", "64", "--tokenizer-type", "NullTokenizer", "--no-rope-fusion",
+        "--hidden-size", "64", "--tokenizer-type", "NullTokenizer", "--no-persist-layer-norm",
         "--num-attention-heads", "4", "--min-lr=1e-5", "--vocab-size", "1000",
         "--global-batch-size", "8", "--init-method-std", "-1e-3", "--use-fused-rmsnorm",
     ]  # fmt: skip
     r = parse_megatron_flags(argv)
     assert r.passthrough == (
         "--lr", "1e-4", "--data-path", "0.5", "/d/a", "0.5", "/d/b", "--tokenizer-type",
-        "NullTokenizer", "--no-rope-fusion", "--min-lr=1e-5", "--init-method-std", "-1e-3", "--use-fused-rmsnorm",
+        "NullTokenizer", "--no-persist-layer-norm", "--min-lr=1e-5", "--init-method-std", "-1e-3", "--use-fused-rmsnorm",
     )  # fmt: skip
 
 
@@ -117,7 +117,7 @@ def test_fork_flags_pass_through_and_are_listed_as_not_modelled():
 def test_switches_take_no_values_and_valued_flags_need_one():
     """Megatron's nargs: a switch followed by a value is an error; a valued flag needs its value."""
     with pytest.raises(PlannerInputError, match="unexpected value"):
-        run_of("--no-rope-fusion", "yes")
+        run_of("--no-persist-layer-norm", "yes")
     with pytest.raises(PlannerInputError, match="expects a value"):
         run_of("--lr")
 

@@ -111,6 +111,9 @@ VARIANTS: list[tuple[ModelSpec, dict]] = [
     (GQA_MOE, {"moe_router_pre_softmax": True, "moe_router_topk_scaling_factor": 2.5}),
     (GQA_MOE, {"moe_router_dtype": "fp32"}), (GQA_MOE, {"moe_grouped_gemm": True}),
     (GQA_MOE, {"moe_router_force_load_balancing": True}),
+    (GQA_MOE, {"quick_geglu": True, "activation_func_clamp_value": 7.0}), (GQA_MOE, {"apply_rope_fusion": False}),
+    (GQA_MOE, {"window_size": (127, 0)}), (GQA_MOE, {"window_size": (127, 0), "window_attn_skip_freq": 2}),
+    (GQA_MOE, {"window_size": (63, 0), "window_attn_skip_freq": (1, 1, 0, 0)}),
 ]  # fmt: skip
 
 

@@ -550,6 +550,7 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
         if max_pos is not None and max_pos < default_seq:
             model["seq_length"] = max_pos
     _moe_layers(ns, model)
+    _window_layers(ns, model)
     _fork_model_flags(ns, model)
 
     training: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(TRAINING_FLAGS) if dest in ns}
@@ -592,6 +593,40 @@ def _moe_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
                                 f"got {first_dense}")
     pattern = (0,) * first_dense + pattern[first_dense:]
     model["moe_layer_pattern"] = None if all(pattern) else pattern
+
+
+def _window_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
+    """--window-size as Megatron's tuple_type reads it ("127,0" or "(127,0)"), and --window-attn-skip-freq as its
+    moe_freq_type does (an int, or a list expression of one 0/1 per layer)."""
+    if "window_size" in ns:
+        text = str(ns["window_size"]).strip().strip("()")
+        try:
+            sides = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            sides = ()
+        if len(sides) != 2:
+            raise PlannerInputError("--window-size", f"expected two integers 'left,right', got {ns['window_size']!r}")
+        model["window_size"] = sides
+    if "window_attn_skip_freq" in ns:
+        text = str(ns["window_attn_skip_freq"]).strip()
+        if "[" not in text:
+            try:
+                model["window_attn_skip_freq"] = int(text)
+            except ValueError:
+                raise PlannerInputError("--window-attn-skip-freq", f"expected an integer or a list expression such as "
+                                        f"([1]*3+[0])*9, got {text!r}") from None
+            return
+        if any(c not in _FREQ_CHARS for c in text):
+            raise PlannerInputError("--window-attn-skip-freq", f"{text!r}: only the characters ,digits[]()+* are "
+                                    "allowed")
+        try:
+            value = _eval_freq(ast.parse(text, mode="eval").body, max(ns["num_layers"], 1))
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            raise PlannerInputError("--window-attn-skip-freq", f"{text!r} is not a valid list expression: {exc}") \
+                from None
+        if not isinstance(value, list):
+            raise PlannerInputError("--window-attn-skip-freq", f"{text!r} does not evaluate to a list")
+        model["window_attn_skip_freq"] = tuple(value)
 
 
 def _fork_model_flags(ns: dict[str, Any], model: dict[str, Any]) -> None:

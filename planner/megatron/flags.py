@@ -210,10 +210,19 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
     Flag("--norm-epsilon", _float(), "norm_epsilon", array=MODEL_ARGS, write=_value(unless=1e-5)),
     Flag("--untie-embeddings-and-output-weights", _TRUE, "untie_embeddings_and_output_weights", array=MODEL_ARGS,
          write=_switch()),
+    Flag("--activation-func-clamp-value", _float(), "activation_func_clamp_value", array=MODEL_ARGS,
+         write=_value()),
+    Flag("--no-rope-fusion", Read("apply_rope_fusion", "false"), "apply_rope_fusion", array=MODEL_ARGS,
+         write=_switch(on=False)),
     Flag("--disable-bias-linear", Read("add_bias_linear", "false"), "add_bias_linear", array=MODEL_ARGS,
          write=_switch(on=False)),
     Flag("--add-qkv-bias", _TRUE, "add_qkv_bias", array=MODEL_ARGS, write=_switch()),
     Flag("--qk-layernorm", _TRUE, "qk_layernorm", array=MODEL_ARGS, write=_switch()),
+    # sliding-window attention
+    Flag("--window-size", _str(), "window_size", derived=True, array=MODEL_ARGS,
+         write=lambda v, m: None if v is None else [f"{v[0]},{v[1]}"]),
+    Flag("--window-attn-skip-freq", _str(), "window_attn_skip_freq", derived=True, array=MODEL_ARGS,
+         write=lambda v, m: None if v is None else [v if isinstance(v, int) else moe_layer_freq_text(v)]),
     # multi-latent attention
     Flag("--multi-latent-attention", _TRUE, "multi_latent_attention", array=MODEL_ARGS, write=_switch()),
     Flag("--q-lora-rank", _int(), "q_lora_rank", array=MODEL_ARGS, write=_value(when=_mla)),
@@ -394,7 +403,8 @@ OTHER_FLAGS = _rows(
         ("--empty-unused-memory-level", "frees cached memory between phases: small time and peak-memory effect"),
         ("--use-cpu-initialization", "initialisation only"),
         ("--sequence-packing", "packed variable-length sequences: attention work differs from full-length sequences"),
-        ("--window-size", "sliding-window attention: attention work lower than the full causal count priced"),
+        ("--softmax-type", "attention sinks (off-by-one or learnable softmax): cuDNN runs them inside its fused "
+                           "attention kernel; their cost is not priced (no published figure)"),
         ("--deterministic-mode", "deterministic kernels (Megatron's CI runs): slower GEMM and attention algorithms"),
         ("--no-gradient-accumulation-fusion", "weight gradients accumulated by a separate pass: more memory traffic"),
         ("--hybrid-override-pattern", "a hybrid Mamba / attention / MLP layer pattern: every layer is priced as a "

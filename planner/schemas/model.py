@@ -59,6 +59,16 @@ class ModelSpec(StrictModel):
     swiglu: bool = False
     quick_geglu: bool = Field(False, description="--quick-geglu: gated, quick-GeLU (gpt-oss)")
     squared_relu: bool = Field(False, description="--squared-relu: not gated")
+    activation_func_clamp_value: float | None = Field(
+        None, gt=0.0, description="--activation-func-clamp-value: the gated activation's inputs clamped (gpt-oss: 7.0)")
+    apply_rope_fusion: bool = Field(
+        True, description="--no-rope-fusion sets False: RoPE as eager PyTorch ops, not Transformer Engine's fused kernel")
+    # sliding-window attention (gpt-oss): Megatron's is_layer_window_attention
+    window_size: tuple[int, int] | None = Field(
+        None, description="--window-size (left, right): keys each query sees besides itself; None: full attention")
+    window_attn_skip_freq: int | tuple[int, ...] | None = Field(
+        None, description="--window-attn-skip-freq: int N (layer n, 1-based, is windowed unless n % N == 0) or one "
+                          "0/1 per layer (1 = windowed); None: every layer windowed (with --window-size)")
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     norm_epsilon: float = Field(1e-5, gt=0.0, description="--norm-epsilon")
     untie_embeddings_and_output_weights: bool = False
@@ -133,6 +143,14 @@ class ModelSpec(StrictModel):
             if any(v not in (0, 1) for v in self.moe_layer_pattern):
                 raise ValueError(f"Invalid layer pattern: {list(self.moe_layer_pattern)} (entries must be 0, dense, or "
                                  "1, MoE)")
+        if self.window_size is not None and (self.window_size[0] < -1 or self.window_size[1] < -1):
+            raise ValueError(f"window_size {self.window_size}: each side is -1 (unbounded) or a number of tokens >= 0")
+        freq = self.window_attn_skip_freq
+        if isinstance(freq, int) and freq < 1:
+            raise ValueError(f"window_attn_skip_freq must be a positive integer, got {freq}")
+        if isinstance(freq, tuple) and (len(freq) != self.num_layers or any(v not in (0, 1) for v in freq)):
+            raise ValueError(f"window_attn_skip_freq: one 0 (full) or 1 (windowed) per layer, {self.num_layers} "
+                             f"entries, got {list(freq)}")
         if sum((self.swiglu, self.quick_geglu, self.squared_relu)) > 1:
             raise ValueError("swiglu, quick_geglu and squared_relu are activations: give at most one")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
@@ -167,6 +185,13 @@ class ModelSpec(StrictModel):
         return self.swiglu or self.quick_geglu
 
     @property
+    def clamped_quick_geglu(self) -> bool:
+        """Routed experts run a quick-GEGLU whose inputs are clamped (gpt-oss: --quick-geglu
+        --activation-func-clamp-value 7.0), an eager clamp before the compiled activation (planner/cost/layer.py
+        QUICK_GEGLU_CLAMP_PASSES)."""
+        return self.is_moe and self.quick_geglu and self.activation_func_clamp_value is not None
+
+    @property
     def ffn_size(self) -> int:
         if self.ffn_hidden_size is not None:
             return self.ffn_hidden_size
@@ -194,6 +219,21 @@ class ModelSpec(StrictModel):
         if self.moe_layer_pattern is None:
             return (True,) * self.num_layers
         return tuple(bool(v) for v in self.moe_layer_pattern)
+
+    @property
+    def layer_is_windowed(self) -> tuple[bool, ...]:
+        """Per decoder layer: True where its attention is sliding-window (Megatron-LM @2edffadb
+        megatron/core/transformer/utils.py `is_layer_window_attention`, layer numbers from 1): every layer with
+        --window-size and no --window-attn-skip-freq; with an int N, the layers whose number is not a multiple
+        of N; with a list, the layers marked 1.  A window of (-1, *) is no window."""
+        if self.window_size is None or self.window_size[0] < 0:
+            return (False,) * self.num_layers
+        freq = self.window_attn_skip_freq
+        if freq is None:
+            return (True,) * self.num_layers
+        if isinstance(freq, int):
+            return tuple((n + 1) % freq != 0 for n in range(self.num_layers))
+        return tuple(bool(v) for v in freq)
 
     def padded_vocab_size(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * TP."""
