@@ -612,3 +612,68 @@ def test_dropout_the_calibration_never_measured_widens_only_its_own_seconds():
     assert parts0["attention_core"] == pytest.approx(parts["attention_core"], rel=1e-12)  # the core is the same
     cudnn_drop, _ = evidence("--attention-dropout 0.1")
     assert not any("dropout" in u for u in cudnn_drop), cudnn_drop
+
+
+# gpt-oss's layer (Megatron-Bridge's GPT-OSS-120B: hidden 2880, 64 heads of 64 in 8 groups, 128 experts of 2880,
+# top-4, quick-GEGLU, biases), four layers on one H100 node, EP8, forced balance: 4096 tokens per GPU per micro-batch
+GPT_OSS = ("--num-layers 4 --hidden-size 2880 --moe-ffn-hidden-size 2880 --num-attention-heads 64 "
+           "--group-query-attention --num-query-groups 8 --kv-channels 64 --quick-geglu --normalization RMSNorm "
+           "--untie-embeddings-and-output-weights --vocab-size 201088 --seq-length 4096 --max-position-embeddings 4096 "
+           "--num-experts 128 --moe-router-topk 4 --moe-grouped-gemm --moe-router-force-load-balancing "
+           "--moe-token-dispatcher-type alltoall --expert-model-parallel-size 8 --bf16 --use-distributed-optimizer "
+           "--position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0")
+
+
+def _gpt_oss_layer(extra: str):
+    cm, plan, _ = _cost(f"{GPT_OSS} {extra}", "H100:8")
+    g, st = GlobalShape.of(plan), plan.stages[0]
+    return cm, cm.layer(g, st.device_type, st.dp, cm.stage_mbs(g, st.dp), is_moe=True)
+
+
+def test_sliding_window_layers_run_only_the_band_of_the_score_matrix():
+    """--window-size 127,0 --window-attn-skip-freq 2 (gpt-oss): layers 1, 3, ... (Megatron's 1-based numbers not a
+    multiple of 2) see 128 keys each (fewer at the sequence's start); cuDNN visits only the band's tiles.  By hand, for
+    4096 tokens: mean keys 128 - 127 x 128 / 8192 = 126.016, so a windowed layer's core is 2 x 126.016 / 4096 =
+    6.15% of the causal count, priced at the attention efficiency of its smaller call; half the layers are windowed.
+    With attention dropout (cuDNN's window needs none) or without --window-size, every layer is full causal."""
+    from planner.cost.kernels import ATTENTION_BWD_OVER_FWD
+    cm, full = _gpt_oss_layer("")
+    _, win = _gpt_oss_layer("--window-size 127,0 --window-attn-skip-freq 2")
+    _, every = _gpt_oss_layer("--window-size 127,0")
+    m = ModelSpec.model_validate({**cm.model.model_dump(), "window_size": (127, 0), "window_attn_skip_freq": 2,
+                                  "num_layers": 36})
+    assert m.layer_is_windowed[:4] == (True, False, True, False) and sum(m.layer_is_windowed) == 18
+    k = cm.kernels("H100")
+    fwd_flop = 4096 * 2 * 4096 * 64 * 64  # tokens x 2 s q, Megatron's causal count, TP 1
+    band_flop = fwd_flop * 2 * (128 - 127 * 128 / 8192) / 4096
+    assert band_flop / fwd_flop == pytest.approx(0.061531, rel=1e-4)
+    full_s, band_s = (1 + ATTENTION_BWD_OVER_FWD) * k.attention_s(fwd_flop), (1 + ATTENTION_BWD_OVER_FWD) * k.attention_s(band_flop)
+    assert full.parts["attention_core"] == pytest.approx(full_s, rel=1e-9)
+    assert win.parts["attention_core"] == pytest.approx(0.5 * full_s + 0.5 * band_s, rel=1e-9)
+    assert every.parts["attention_core"] == pytest.approx(band_s, rel=1e-9)
+    _, dropped = _gpt_oss_layer("--window-size 127,0 --attention-dropout 0.1")
+    assert dropped.parts["attention_core"] == pytest.approx(full.parts["attention_core"], rel=1e-9)
+
+
+def test_gpt_oss_eager_passes_are_priced_by_their_counted_bytes():
+    """What Megatron-core runs eagerly for gpt-oss, in HBM bytes per micro-batch (BF16, 4096 tokens x 4 routed
+    copies on each GPU, f = h = 2880): the quick-GEGLU clamp 8 f per copy forward, and twice that backward; the
+    experts' FC2 bias outside the GEMM 6 h forward + 8 h backward per copy (gone with --disable-bias-linear); RoPE
+    as eager ops (--no-rope-fusion, or YaRN) 12 + 13 passes over Q and K (64 x 64 + 8 x 64 columns) instead of the
+    fused kernel's read and write of Q, K and V (2 x 5120 columns, backward twice that)."""
+    cm, base = _gpt_oss_layer("")
+    k = cm.kernels("H100")
+    copies, tokens, f, h, qk, qkv = 4, 4096, 2880, 2880, 72 * 64, 80 * 64
+
+    def mem(elements_per_token: float) -> float:
+        return k.memory_s(elements_per_token * tokens * 2)
+
+    _, clamp = _gpt_oss_layer("--activation-func-clamp-value 7.0")
+    assert clamp.parts["elementwise"] - base.parts["elementwise"] == pytest.approx(3 * mem(8 * f * copies), rel=1e-9)
+    assert clamp.activations.moe_act - base.activations.moe_act == pytest.approx(copies * 2 * 2 * f)  # clamped copy
+    _, no_bias = _gpt_oss_layer("--disable-bias-linear")
+    assert base.parts["elementwise"] - no_bias.parts["elementwise"] == pytest.approx(mem(14 * h * copies), rel=1e-9)
+    for eager in ("--no-rope-fusion", "--position-embedding-type yarn"):
+        _, rope = _gpt_oss_layer(eager)
+        assert rope.parts["elementwise"] - base.parts["elementwise"] == pytest.approx(
+            mem(25 * qk) - 3 * mem(2 * qkv), rel=1e-9)

@@ -7,6 +7,8 @@ Megatron reports TFLOP/s/GPU as `num_floating_point_operations(args, batch) / (t
   dense MLP:           12*h*ffn*glu                      (glu = 3/2 with a gated MLP)
   MoE layer:           12*h*(moe_ffn*topk + shared)*glu
   logits:              6*h*V_padded
+A sliding-window layer (--window-size) runs fewer: `windowed_attn_core_flop` is what its kernel computes;
+Megatron's count keeps the causal core.
 The factor 3 is forward + two backward GEMMs; we keep the forward part per layer and multiply by 3
 for the iteration, so predicted TFLOP/s/GPU means what Megatron prints.
 
@@ -91,6 +93,31 @@ def layer_flops(model: ModelSpec, *, is_moe: bool, seq_length: int | None = None
         attn_proj_flop=proj, attn_core_flop=core, mlp_flop=4.0 * h * model.ffn_size * glu,
         expert_flop=0.0, shared_expert_flop=0.0,
     )
+
+
+def window_keys_per_query(model: ModelSpec, seq_length: int) -> float:
+    """Mean keys a query of a sliding-window layer attends to (itself included), over a causal sequence of
+    `seq_length` tokens: with --window-size (L, R) query i sees keys max(0, i - L)..i, min(i, L) + 1 of them; the
+    causal mask bounds the right side (Transformer Engine runs a causal layer's window as (L, 0):
+    TransformerEngine v2.14.1 @366798ef transformer_engine/pytorch/attention/dot_product_attention/utils.py
+    `check_set_window_size`).  Mean over the sequence: (L + 1) - L (L + 1) / (2 s) for L < s; at most s / 2, the
+    causal count's."""
+    s = seq_length
+    left = model.window_size[0] if model.window_size is not None else -1
+    if left < 0 or left >= s - 1:
+        return s / 2
+    return min(s / 2, (left + 1) - left * (left + 1) / (2 * s))
+
+
+def windowed_attn_core_flop(model: ModelSpec, seq_length: int | None = None) -> float:
+    """Forward FLOP per token of a sliding-window layer's attention core, QK^T and AV over the keys its queries see
+    (4 x q x `window_keys_per_query`; the causal count 2 x s x q is the same with s / 2 keys).  Megatron's own FLOP
+    count (`model_flop_per_iteration`) ignores windows: megatron/training/training.py
+    `num_floating_point_operations` @2edffadb has no window term."""
+    s = seq_length or model.seq_length
+    if model.multi_latent_attention:
+        return layer_flops(model, is_moe=False, seq_length=s).attn_core_flop
+    return 4.0 * model.num_attention_heads * model.head_dim * window_keys_per_query(model, s)
 
 
 def logits_fwd_flop_per_token(model: ModelSpec, tp: int) -> float:

@@ -2,7 +2,8 @@
 
 Every part of a layer's time is named, the way Vidur names the parts of a stage (`LayerCost.parts`):
 attention projections, the attention core, the dense MLP or the experts, shared experts, the router and
-token permutation, FP8 quantisation, other memory-bound work (norms, residual adds, RoPE, activations),
+token permutation, FP8 quantisation, other memory-bound work (norms, residual adds, RoPE, activations, and the
+passes Megatron-core runs as eager PyTorch ops: gpt-oss's activation clamp, its experts' output bias, unfused RoPE),
 and the communication of tensor, context and expert parallelism; `layer_cost` composes one small function
 per part over the layer's `_LayerInputs`.  A stage is a sum of these per-layer pieces plus its extras
 (embedding, logits, MTP, pipeline sends, gradient sync, optimizer), composed in planner/cost/model.py.  The
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.communication import GroupLinks, collective_s
 from planner.cost.dispatch import DispatchCost, moe_dispatch
-from planner.cost.flops import LayerFlops, layer_flops
+from planner.cost.flops import LayerFlops, layer_flops, windowed_attn_core_flop
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.memory import ActivationModules, activation_bytes_per_token, attention_transient_bytes
 from planner.schemas.model import ModelSpec
@@ -122,7 +123,8 @@ def layer_cost(
         "shared_expert_gemm": b * c.shared_expert_gemm,
         "router_permute": (1 + ELEMENTWISE_BWD_OVER_FWD) * c.router_permute,
         "fp8_cast": c.fp8_cast_fwd + c.fp8_cast_bwd,
-        "elementwise": (1 + ELEMENTWISE_BWD_OVER_FWD) * (c.layernorm + c.activation + c.residual_rope),
+        "elementwise": ((1 + ELEMENTWISE_BWD_OVER_FWD) * (c.layernorm + c.activation + c.residual_rope)
+                        + c.eager_fwd + c.eager_bwd),
         "tp_comm": tp_s + tp_s,
         "cp_comm": cp_fwd + cp_bwd,
         "ep_comm": ep_fwd + ep_bwd,
@@ -193,6 +195,8 @@ class _ComputeParts:
     residual_rope: float  # residual adds and RoPE
     fp8_cast_fwd: float
     fp8_cast_bwd: float
+    eager_fwd: float = 0.0  # eager PyTorch passes with their own counted backward (`_eager_passes_s`)
+    eager_bwd: float = 0.0
 
     @property
     def dense_gemm_s(self) -> float:
@@ -209,19 +213,20 @@ class _ComputeParts:
 
     @property
     def fwd_s(self) -> float:
-        return self.gemm_s + self.attention_core + self.elementwise_s + self.fp8_cast_fwd
+        return self.gemm_s + self.attention_core + self.elementwise_s + self.fp8_cast_fwd + self.eager_fwd
 
     @property
     def bwd_s(self) -> float:
         return (GEMM_BWD_OVER_FWD * self.dense_gemm_s + self.expert_gemm_bwd
                 + self.attention_core_bwd
-                + ELEMENTWISE_BWD_OVER_FWD * self.elementwise_s + self.fp8_cast_bwd)
+                + ELEMENTWISE_BWD_OVER_FWD * self.elementwise_s + self.fp8_cast_bwd + self.eager_bwd)
 
 
 def _compute_parts(x: _LayerInputs) -> _ComputeParts:
     attention_gemm = _attention_gemm_s(x)
     cast_fwd, cast_bwd = _fp8_cast_s(x)
     expert_fwd, expert_bwd = _expert_gemm_s(x)
+    eager_fwd, eager_bwd = _eager_passes_s(x)
     dropout = 0.0
     if x.training.unfused_attention:
         core_fwd, core_bwd = _unfused_attention_s(x)  # its dropout passes included
@@ -240,6 +245,7 @@ def _compute_parts(x: _LayerInputs) -> _ComputeParts:
         expert_gemm_bwd=expert_bwd,
         shared_expert_gemm=_shared_expert_gemm_s(x), router_permute=_router_permute_s(x), layernorm=_layernorm_s(x),
         activation=_activation_s(x), residual_rope=_residual_rope_s(x), fp8_cast_fwd=cast_fwd, fp8_cast_bwd=cast_bwd,
+        eager_fwd=eager_fwd, eager_bwd=eager_bwd,
     )
 
 
@@ -276,12 +282,41 @@ partial-softmax merges, smaller calls and step synchronisation of context parall
 def _attention_core_s(x: _LayerInputs) -> float:
     """The fused attention core.  With context parallelism (p2p ring) it runs as CP steps of a CP-th of this
     rank's work each (its load-balanced chunks against one peer's keys and values): priced at the efficiency of
-    those calls, and at least the whole call's time over CP_RING_EFFICIENCY (the measured ring loss)."""
+    those calls, and at least the whole call's time over CP_RING_EFFICIENCY (the measured ring loss).  Without it,
+    the model's sliding-window layers run the band of the score matrix only (`_windowed_share`)."""
     flop = x.gathered_tokens * x.flops.attn_core_flop / x.shape.tp
     cp = x.shape.cp
     if cp > 1 and x.training.cp_comm_type in ("p2p", "a2a+p2p"):
         return max(x.kernels.attention_s(flop, flop / cp), x.kernels.attention_s(flop) / CP_RING_EFFICIENCY)
-    return x.kernels.attention_s(flop)
+    full = x.kernels.attention_s(flop)
+    share = _windowed_share(x)
+    if not share:
+        return full
+    band = flop * windowed_attn_core_flop(x.model, x.shape.seq_length) / x.flops.attn_core_flop
+    return (1.0 - share) * full + share * x.kernels.attention_s(band)
+
+
+def _windowed_share(x: _LayerInputs) -> float:
+    """The share of the model's layers whose fused attention core runs a sliding window (ModelSpec.layer_is_windowed).
+    cuDNN's fused attention (the backend Transformer Engine picks for --window-size with attention sinks:
+    TransformerEngine v2.14.1 @366798ef dot_product_attention/utils.py `get_attention_backend` turns FlashAttention
+    off for softmax_type != vanilla, and common/fused_attn/fused_attn.cpp takes the F16_arbitrary_seqlen sub-backend
+    for a (left, 0) window, no dropout, bshd/sbhd, and sinks from cuDNN 9.13.1) visits only the tiles inside the band:
+    NVIDIA/cudnn-frontend@3929da2 benchmark/sdpa_benchmark_training/results/gpt_oss (cuDNN 9.22, BF16, 128 heads of 64,
+    batch 2, window 128, top-left causal) runs in time linear in the sequence, forward 0.109, 0.210, 0.414, 0.822 ms
+    at 2k, 4k, 8k, 16k tokens on GB200.  The band is priced at the device's attention efficiency for its (smaller)
+    call: for that benchmark's 4k call (the shape of a gpt-oss layer at 4 x 4096 tokens: 256 heads x batch of 64)
+    0.48 ms forward + backward on B300's table against 0.644 ms measured on GB300 (0.202 + 0.442), and on B200's
+    0.48 ms against GB200's 0.675; on H100's table 1.11 ms for a 1024-token window against 1.40 ms measured on H200
+    (results/h200_919_only_cudnn/gpt_oss: cuDNN 9.19, 64 heads of 64 in 8 groups, batch 2, 4k).  The mean share over the model's layers prices every layer alike (a stage's
+    layers alternate as the model's do, to within one layer); under context parallelism, with unfused attention
+    (`_unfused_attention_s`, a mask over the whole square) and with dropout (cuDNN's window needs none) a window is
+    priced as full causal attention."""
+    tr = x.training
+    if x.shape.cp > 1 or tr.unfused_attention or tr.attention_dropout > 0 or x.model.multi_latent_attention:
+        return 0.0
+    windowed = x.model.layer_is_windowed
+    return sum(windowed) / len(windowed) if windowed else 0.0
 
 
 FUSED_ATTENTION_DROPOUT_SLOWDOWN = {
@@ -421,25 +456,98 @@ def _layernorm_s(x: _LayerInputs) -> float:
 
 
 def _residual_rope_s(x: _LayerInputs) -> float:
-    """The two bias-dropout-adds (read the branch and the residual, write the sum) and RoPE on Q and K; with
-    `--hidden-dropout` > 0 each bias-dropout-add also writes its 1-byte keep mask (the backward reads it)."""
+    """The two bias-dropout-adds (read the branch and the residual, write the sum) and RoPE on Q and K (Transformer
+    Engine's fused kernel: one read and one write; the eager RoPE is `_eager_passes_s`'s); with `--hidden-dropout`
+    > 0 each bias-dropout-add also writes its 1-byte keep mask (the backward reads it)."""
     tp_region = x.sp / x.shape.tp
     h = x.model.hidden_size
     masks = 2 * h / x.act if x.training.hidden_dropout > 0 else 0.0  # elements of activation_bytes each
-    return _memory_pass_s(x, 6 * h + masks + 2 * _qkv_width(x.model) * tp_region)
+    rope = 0.0 if _eager_rope(x.model) else 2 * _qkv_width(x.model) * tp_region
+    return _memory_pass_s(x, 6 * h + masks + rope)
 
 
 def _activation_s(x: _LayerInputs) -> float:
+    """The activation functions: the compiled kernel reads the FC1 output and writes the activation, and routed
+    experts with a clamped quick-GEGLU add its eager clamp (QUICK_GEGLU_CLAMP_PASSES)."""
     model, glu = x.model, _glu(x.model)
     tp_region = x.sp / x.shape.tp
     if x.is_moe:
         f = model.moe_ffn_size / x.shape.etp
-        elems = (glu + 1) * f * x.dispatch.copies_per_token
+        elems = (glu + 1 + (QUICK_GEGLU_CLAMP_PASSES if model.clamped_quick_geglu else 0)) * f \
+            * x.dispatch.copies_per_token
         s_f = model.moe_shared_expert_intermediate_size or 0
         elems += (glu + 1) * s_f * tp_region
     else:
         elems = (glu + 1) * model.ffn_size * tp_region
     return _memory_pass_s(x, elems)
+
+
+QUICK_GEGLU_CLAMP_PASSES = 8
+"""Elements read and written per FFN column of each routed copy by the eager clamp of a quick-GEGLU with
+--activation-func-clamp-value, forward.  Megatron-LM @2edffadb (the submodule of Megatron-Bridge v0.4.2,
+NVIDIA-NeMo/Megatron-Bridge@c8101293 3rdparty/Megatron-LM) megatron/core/fusions/fused_bias_geglu.py
+`weighted_bias_quick_geglu_impl`, which TEGroupedMLP calls with bias_activation_fusion (experts.py `bias_act_func`):
+before the compiled activation (megatron/core/jit.py: jit_fuser = torch.compile) it splits the FC1 output in its two
+halves, clamps each (`x_glu.clamp(max=c)`, `x_linear.clamp(-c, c)`: read f, write f, twice = 4f) and concatenates them
+again (`torch.cat`: read 2f, write 2f = 4f); unchanged at d98e8a64.  Backward: PyTorch's clamp_backward (the
+comparisons, their logical_and and a `where`: about 4f and 7f) and the split's gradient concatenation (4f), 15f by
+count, priced as ELEMENTWISE_BWD_OVER_FWD x 8f = 16f.  Selective `moe_act` recompute re-runs it (it is inside the
+checkpointed function).  SwiGLU's clamp is inside its compiled function (fused_bias_swiglu.py `clamped_swiglu`
+@d98e8a64), not priced here."""
+EXPERT_BIAS_PASSES = {"fwd": 6, "bwd": 8}
+"""Elements read and written per hidden column of each routed copy by the routed experts' FC2 bias, added outside the
+GEMM: Megatron-LM @2edffadb megatron/core/transformer/moe/experts.py TEGroupedMLP builds linear_fc2 with
+skip_bias_add=True and adds its bias in `_apply_bias`, an eager loop over the local experts: `t + b * p` on each
+expert's rows of the FC2 output (torch.split), then `torch.cat`.  Forward: b * p writes 1, the add reads 2 and writes
+1, the cat reads 1 and writes 1 = 6.  Backward (autograd of those ops): the bias gradient (grad x p, then its sum over
+the rows: 3), the routing probabilities' gradient (grad x b, then its sum over the columns: 3), and the split's
+gradient concatenation (2) = 8.  FC1's bias costs nothing extra: TEGroupedMLP keeps it in Transformer Engine's GEMM
+(skip_bias_add=False; TransformerEngine v2.14.1 @366798ef, the version Megatron-Bridge v0.4.2 locks,
+transformer_engine/pytorch/module/grouped_linear.py: the bias in the GEMM epilogue, its gradient fused with the
+weight-gradient GEMM in BF16).  Priced where the experts have biases (no --disable-bias-linear) and run as one
+grouped GEMM (--moe-grouped-gemm); SequentialMLP's per-expert MLPs are not priced for it."""
+EAGER_ROPE_PASSES = {"fwd": 12, "bwd": 13}
+"""Elements read and written per rotated Q and K element by RoPE as eager PyTorch ops, where Transformer Engine's
+fused RoPE does not run (`_eager_rope`): Megatron-LM @2edffadb megatron/core/models/common/embeddings/rope_utils.py
+`_apply_rotary_pos_emb_bshd`: forward t * cos (read 1, write 1), the rotated half's negation (0.5, 0.5) and
+concatenation (1, 1), x sin (1, 1), the sum (2, 1), and the concatenation with the (empty) unrotated part (1, 1) = 12;
+backward the two products' gradients (2 + 2), the negation's (1), the split's gradient concatenation (2), the two
+branches' sum (3) and the slice's zero-filled gradient (3) = 13.  The fused kernel's read and write of Q, K and V
+(`_residual_rope_s`) is then not charged."""
+
+
+def _eager_rope(model: ModelSpec) -> bool:
+    """RoPE runs as eager PyTorch ops, not Transformer Engine's fused kernel: with --no-rope-fusion, and with any
+    position embedding other than plain `rope` (Megatron-LM @2edffadb megatron/training/arguments.py: "if
+    args.position_embedding_type != 'rope': args.apply_rope_fusion = False"; YaRN's attention scale (mscale != 1)
+    also takes the unfused path in rope_utils.py `apply_rotary_pos_emb`; Megatron-Bridge v0.4.2's GPTModelProvider
+    disables the fusion by the same rule, src/megatron/bridge/utils/fusions.py `validate_rope_fusion_compatibility`).
+    Rotary embeddings only (rope, yarn, mrope), not multi-latent attention (its RoPE is priced as before)."""
+    if model.multi_latent_attention or model.position_embedding_type not in ("rope", "yarn", "mrope"):
+        return False
+    return not model.apply_rope_fusion or model.position_embedding_type != "rope"
+
+
+def _expert_bias_s(x: _LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds of the routed experts' FC2 bias added outside the GEMM (EXPERT_BIAS_PASSES)."""
+    model = x.model
+    if not (x.is_moe and model.add_bias_linear and model.moe_grouped_gemm):
+        return 0.0, 0.0
+    elems = model.hidden_size * x.dispatch.copies_per_token
+    return (_memory_pass_s(x, EXPERT_BIAS_PASSES["fwd"] * elems), _memory_pass_s(x, EXPERT_BIAS_PASSES["bwd"] * elems))
+
+
+def _eager_passes_s(x: _LayerInputs) -> tuple[float, float]:
+    """(forward, backward) seconds of the layer's eager PyTorch passes priced with their own counted backward: the
+    routed experts' FC2 bias (EXPERT_BIAS_PASSES) and eager RoPE on Q and K (EAGER_ROPE_PASSES)."""
+    fwd, bwd = _expert_bias_s(x)
+    if _eager_rope(x.model):
+        model = x.model
+        qk = (model.num_attention_heads + model.query_groups) * model.head_dim * model.rotary_percent
+        qk *= x.sp / x.shape.tp
+        fwd += _memory_pass_s(x, EAGER_ROPE_PASSES["fwd"] * qk)
+        bwd += _memory_pass_s(x, EAGER_ROPE_PASSES["bwd"] * qk)
+    return fwd, bwd
 
 
 def _fp8_cast_s(x: _LayerInputs) -> tuple[float, float]:
@@ -571,7 +679,7 @@ def _module_fwd_s(x: _LayerInputs, c: _ComputeParts, mlp_tp_s: float, launches: 
         "layernorm": c.layernorm,
         "moe_act": c.activation if x.is_moe else 0.0,
         "mlp": (c.mlp_gemm + c.activation + mlp_tp_s) if not x.is_moe else 0.0,
-        "moe": (c.expert_gemm + c.activation + x.dispatch.total_s) if x.is_moe else 0.0,
+        "moe": (c.expert_gemm + c.activation + _expert_bias_s(x)[0] + x.dispatch.total_s) if x.is_moe else 0.0,
         "shared_experts": c.shared_expert_gemm,
         "mla_up_proj": c.mla_up_proj,
     }

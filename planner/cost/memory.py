@@ -162,6 +162,8 @@ def activation_bytes_per_token(
         # the expert activation (TEGroupedMLP), so the expert output is not kept
         moe = c * (gemm_in * h + act * glu * f) + ROUTER_PROB_BYTES * (model.num_experts or 1)
         moe_act = c * gemm_in * f
+        if model.clamped_quick_geglu:  # the clamped copy of the FC1 output the compiled activation saves
+            moe_act += c * act * glu * f
         s_f = model.moe_shared_expert_intermediate_size or 0
         shared = (act * glu * s_f + gemm_in * s_f) * tp_region
     else:
