@@ -155,7 +155,26 @@ def test_hf_hidden_act_is_the_gated_mlps_activation():
     oss = model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b")
     assert oss.quick_geglu and not oss.swiglu and oss.gated_linear_unit and oss.add_bias_linear
     assert (oss.num_experts, oss.moe_router_topk, oss.moe_ffn_size, oss.head_dim) == (128, 4, 2880, 64)
-    assert any("--window-size" in note for note in hf_config_notes(GPT_OSS_120B))
+    assert any("--softmax-type learnable" in note for note in hf_config_notes(GPT_OSS_120B))
+
+
+def test_hf_gpt_oss_windows_and_clamp_are_read_as_megatron_bridge_sets_them():
+    """gpt-oss's `sliding_window` 128 is --window-size 127,0 (a query sees itself and 127 keys before it) on the layers
+    `layer_types` marks sliding: every second one, --window-attn-skip-freq 2 (GPTOSSProvider); `swiglu_limit` is
+    --activation-func-clamp-value.  Another pattern is kept layer by layer; a bad one is refused by name."""
+    oss = model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b")
+    assert (oss.window_size, oss.window_attn_skip_freq, oss.activation_func_clamp_value) == ((127, 0), 2, 7.0)
+    assert oss.layer_is_windowed == (True, False) * 18  # Megatron's layer 1 (index 0) slides, as layer_types[0]
+    assert oss.clamped_quick_geglu
+    kinds = ["sliding_attention"] * 3 + ["full_attention"]
+    other = model_from_hf_config({**GPT_OSS_120B, "layer_types": kinds * 9}, "x")
+    assert other.window_attn_skip_freq == (1, 1, 1, 0) * 9 and sum(other.layer_is_windowed) == 27
+    full = model_from_hf_config({**GPT_OSS_120B, "layer_types": ["full_attention"] * 36, "swiglu_limit": None}, "x")
+    assert full.window_size is None and not any(full.layer_is_windowed) and full.activation_func_clamp_value is None
+    with pytest.raises(PlannerInputError, match=r"config.json:layer_types.*36 entries"):
+        model_from_hf_config({**GPT_OSS_120B, "layer_types": ["sliding_attention"] * 35}, "x")
+    with pytest.raises(PlannerInputError, match=r"config.json:layer_types.*sliding_attention, full_attention"):
+        model_from_hf_config({**GPT_OSS_120B, "layer_types": ["chunked_attention"] * 36}, "x")
 
 
 def test_hf_sparse_step_and_dense_only_layers():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from planner.launcher import render_launch_files
 from planner.megatron.flags import FORK_VALUES
 
 from helpers.corpus import CORPUS, NAMES, solved
-from helpers.launch import args_of, dense_plan, ep_overlap_launch
+from helpers.hf_configs import GPT_OSS_120B
+from helpers.launch import args_of, dense_plan, ep_overlap_launch, hf_config_launch
 from helpers.megatron import NEEDS_MEGATRON, validate
 
 HERE = Path(__file__).parent
@@ -135,6 +137,12 @@ def results() -> dict[str, dict]:
         argv, _ = _upstream_only(args_of(files))
         cases.append({"name": f"ep-overlap/tp{tp}/{ovl}", "argv": _concrete(argv), "world_size": world,
                       "env": _exported_text(files["launch.sh"])})
+    with tempfile.TemporaryDirectory() as tmp:  # gpt-oss from its config.json: windows and clamp written back
+        files, world = hf_config_launch(GPT_OSS_120B, "B200:64", {"tp": 1, "pp": 4, "ep": 8, "mbs": 1, "gbs": 1280,
+                                                                 "seq": 4096}, tmp)
+    argv, _ = _upstream_only(args_of(files))
+    cases.append({"name": "hf/gpt-oss-120b", "argv": _concrete(argv), "world_size": world,
+                  "env": _exported_text(files["launch.sh"])})
     for name, (argv, world) in CONTROLS.items():
         cases.append({"name": f"control/{name}", "argv": argv, "world_size": world,
                       "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
@@ -153,6 +161,21 @@ def test_ep_overlap_launches_pass_megatrons_validator(tp, overlap):
     overlap (32 with it, also at TP 2, where Megatron only warns; 1 without it, which it requires at TP 2)."""
     r = results()[f"ep-overlap/tp{tp}/{overlap}"]
     assert r["ok"], r["error"]
+
+
+def test_gpt_oss_from_its_config_launches_with_its_windows_and_clamp_and_megatron_accepts_them():
+    """A plan of gpt-oss-120b read from its HuggingFace config.json writes the sliding-window layers and the clamp the
+    cost model prices (--window-size 127,0, --window-attn-skip-freq 2, --activation-func-clamp-value 7.0), and
+    Megatron's validator accepts the launch."""
+    r = results()["hf/gpt-oss-120b"]
+    assert r["ok"], r["error"]
+    with tempfile.TemporaryDirectory() as tmp:
+        files, _ = hf_config_launch(GPT_OSS_120B, "B200:64", {"tp": 1, "pp": 4, "ep": 8, "mbs": 1, "gbs": 1280,
+                                                             "seq": 4096}, tmp)
+    argv = args_of(files)
+    for flag, value in (("--window-size", "127,0"), ("--window-attn-skip-freq", "2"),
+                        ("--activation-func-clamp-value", "7.0")):
+        assert argv[argv.index(flag) + 1] == value, flag
 
 
 @pytest.mark.parametrize("name", NAMES)

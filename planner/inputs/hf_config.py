@@ -344,14 +344,46 @@ def _deepseek(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """gpt-oss (transformers' GptOssConfig): every layer MoE, biases on the attention, router and expert linears,
     and a gated expert MLP whose activation is x * sigmoid(1.702 x) (GptOssExperts; it ignores `hidden_act`):
-    Megatron's --quick-geglu, as Megatron-Bridge's GPT-OSS provider builds it.  Its sliding-window layers, attention
-    sinks and clamped activation are not in the plan (`hf_config_notes`)."""
+    Megatron's --quick-geglu, as Megatron-Bridge's GPT-OSS provider builds it.  Its sliding-window layers and the
+    activation's clamp are read as that provider sets them (`_gpt_oss_window`, `swiglu_limit`); its attention sinks
+    and the GLU's linear offset are not in the plan (`hf_config_notes`)."""
     out = _common({**cfg, "hidden_act": "silu"}, name, "gpt_oss")
     out.update(swiglu=False, quick_geglu=True, add_bias_linear=True, add_qkv_bias=False)
     _experts(cfg, out)
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_local_experts", "missing; a gpt-oss config must give its experts")
+    out.update(_gpt_oss_window(cfg, out["num_layers"]))
+    limit = _float(cfg, "swiglu_limit", 0.0, positive=False)
+    if limit < 0:
+        raise PlannerInputError("config.json:swiglu_limit", f"expected a number >= 0, got {limit!r}")
+    if limit:
+        out["activation_func_clamp_value"] = limit  # GptOssExperts clamps the gate at +limit, the linear at +-limit
     return _softmax_router(out, renormalised=True)  # GptOssTopKRouter: softmax over the top-k logits
+
+
+_WINDOW_LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
+
+
+def _gpt_oss_window(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """gpt-oss's sliding-window layers as Megatron's flags say them: `sliding_window` W keys is --window-size W-1,0
+    (a query sees itself and the W-1 keys before it: transformers' sliding-window mask; Megatron-Bridge's
+    GPTOSSProvider sets window_size (sliding_window - 1, 0)), and `layer_types` marks which layers slide
+    (--window-attn-skip-freq: 2 when every second layer is full, as the provider sets it, else one 0/1 per layer).
+    Without `layer_types` every layer slides (transformers' default for a config with a sliding window)."""
+    window = _int(cfg, "sliding_window", None)
+    if window is None:
+        return {}
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        return {"window_size": (window - 1, 0)}
+    if not isinstance(kinds, list) or len(kinds) != num_layers or any(k not in _WINDOW_LAYER_TYPES for k in kinds):
+        raise PlannerInputError("config.json:layer_types", f"expected {num_layers} entries, each one of "
+                                f"{', '.join(_WINDOW_LAYER_TYPES)}; got {str(kinds)[:120]}")
+    pattern = tuple(_WINDOW_LAYER_TYPES[k] for k in kinds)
+    if not any(pattern):
+        return {}
+    every_second = tuple(int((n + 1) % 2 != 0) for n in range(num_layers))
+    return {"window_size": (window - 1, 0), "window_attn_skip_freq": 2 if pattern == every_second else pattern}
 
 
 def _yarn(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -461,11 +493,11 @@ def hf_config_notes(cfg: dict[str, Any]) -> list[str]:
                      "their time or memory, nor in the launcher")
     text = _text_part(cfg)
     if isinstance(text, dict) and _family_or_none(text) == "gpt_oss":
-        notes.append("config.json: gpt-oss's sliding-window layers (sliding_window, layer_types), attention sinks and "
-                     "clamped activation (swiglu_limit) are not in the plan: attention is priced as full causal "
-                     "attention on every layer (slower than it runs), and the launcher leaves out Megatron's "
-                     "--window-size, --window-attn-skip-freq, --softmax-type learnable and "
-                     "--activation-func-clamp-value: add them to train gpt-oss itself")
+        notes.append("config.json: gpt-oss's attention sinks and the GLU's linear offset are not in the plan (their "
+                     "time is not priced) and the launcher leaves out Megatron's --softmax-type learnable and "
+                     "--glu-linear-offset 1.0: add them to train gpt-oss itself (its sliding-window layers and "
+                     "clamped activation are priced and written: --window-size, --window-attn-skip-freq, "
+                     "--activation-func-clamp-value)")
     kind = _rope_scaling(text).get("rope_type") if isinstance(text, dict) else None
     mla = _family_or_none(text) in ("deepseek_v2", "deepseek_v3")
     if kind not in (None, "default", "llama3") and not (kind == "yarn" and mla):

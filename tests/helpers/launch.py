@@ -57,3 +57,22 @@ def ep_overlap_launch(tp: int, overlap: bool) -> tuple[dict[str, str], int]:
     inputs = load_inputs(cluster="H100:8", megatron_args=flags, profiles=profiles)
     plan, _ = plan_from_run(inputs.run, inputs.cluster, profiles)
     return render_launch_files(inputs.run, plan, inputs.cluster), plan.world_size
+
+
+def hf_config_launch(config: dict, cluster: str, overrides: dict, tmp_dir) -> tuple[dict[str, str], int]:
+    """(launch files, world size) of a HuggingFace config.json (written under `tmp_dir`) at the degrees in
+    `overrides` (load_inputs' names: tp, pp, ep, mbs, gbs, seq, ...), rendered as `estimate`'s plan of them."""
+    import json
+    from pathlib import Path
+
+    from planner.api import load_inputs
+    from planner.cost.estimate import plan_from_run
+    from planner.launcher import render_launch_files
+    from planner.profile_tables import ProfileSet
+
+    path = Path(tmp_dir) / "config.json"
+    path.write_text(json.dumps(config))
+    profiles = ProfileSet.load()
+    inputs = load_inputs(cluster=cluster, model=str(path), overrides=overrides, profiles=profiles)
+    plan, _ = plan_from_run(inputs.run, inputs.cluster, profiles)
+    return render_launch_files(inputs.run, plan, inputs.cluster), plan.world_size
