@@ -115,3 +115,52 @@ def test_a_users_measured_attention_table_prices_the_flash_backend_too(tmp_path)
     assert kernels[0].attention_s(1e11) == kernels[1].attention_s(1e11)
     shipped = Kernels(ProfileSet.load().device("H100"), {"attention": 1.0}, "bf16", None, flash_attention=True)
     assert shipped.attention_s(1e11) > kernels[1].attention_s(1e11) * 1.5
+
+
+def _row(rid: str, table: str, seq: int, call_flop: float, tflops: float, peak: float = 2500.0) -> dict[str, str]:
+    return {"id": rid, "table": table, "measured_on": "GB200", "applies_to": "B200", "shape": "synthetic",
+            "size": str(seq), "call_flop": str(call_flop), "value": str(tflops), "unit": "TFLOP/s",
+            "peak_tflops": str(peak), "source": "test @0", "notes": ""}
+
+
+def test_a_published_causal_backward_is_combined_without_the_scaling_assumption():
+    """Rows of `attention_bwd_causal` (a benchmark that times the causal backward itself) pair with the causal
+    forward at each length: (1+R)/(1/e_fc + R/e_bc), each figure over its own peak, and the provenance says nothing is
+    assumed; a length with a forward and no backward is an error, not a silent gap."""
+    rows = [_row("f2k", "attention_fwd_causal", 2048, 1.374e11, 1097), _row("b2k", "attention_bwd_causal", 2048,
+                                                                          1.374e11, 885),
+            _row("f8k", "attention_fwd_causal", 8192, 2.199e12, 1574), _row("b8k", "attention_bwd_causal", 8192,
+                                                                          2.199e12, 1332)]
+    r = ATTENTION_BWD_OVER_FWD
+    curve = overlays(rows, ProfileSet.uncalibrated())["B200"]["attention_efficiency"]
+    for p, (f, b) in zip(curve["points"], ((1097, 885), (1574, 1332))):
+        assert p["efficiency"] == pytest.approx((1 + r) / (2500 / f + r * 2500 / b), abs=1e-4)
+    source = curve["provenance"]["source"]
+    assert "nothing assumed" in source and "ASSUMED: the published backward" not in source
+    assert "measured on GB200, applied to B200" in source
+    with pytest.raises(ValueError, match="both or neither"):
+        overlays(rows[:3], ProfileSet.uncalibrated())
+
+
+def test_a_sliding_window_band_is_priced_on_its_own_curve():
+    """`attention_window_fwd` / `attention_window_bwd` rows make `windowed_attention_efficiency`; the attention core
+    reads it for a sliding-window layer's band (`windowed=True`), keeps the causal curve for everything else and for
+    the FlashAttention backend, and a device without one prices the band on the causal curve as before."""
+    rows = [_row("wf", "attention_window_fwd", 4096, 3.38e10, 161), _row("wb", "attention_window_bwd", 4096,
+                                                                        3.38e10, 182)]
+    overlay = overlays(rows, ProfileSet.uncalibrated())["B200"]
+    assert set(overlay) == {"name", "windowed_attention_efficiency"}
+    r = ATTENTION_BWD_OVER_FWD
+    e = (1 + r) / (2500 / 161 + r * 2500 / 182)
+    assert overlay["windowed_attention_efficiency"]["points"][0]["efficiency"] == pytest.approx(e, abs=1e-4)
+    base = ProfileSet.uncalibrated().device("B200")
+    dev = base.model_copy(update={"windowed_attention_efficiency": base.attention_efficiency.model_validate(
+        overlay["windowed_attention_efficiency"])})
+    k = Kernels(dev, {"attention": 1.0}, "bf16", None)
+    band = 3.38e10
+    assert k.attention_s(band, windowed=True) == pytest.approx(band / (2250e12 * round(e, 4)), rel=1e-9)
+    assert k.attention_s(band) == Kernels(base, {"attention": 1.0}, "bf16", None).attention_s(band)
+    flash = Kernels(dev, {"attention": 1.0}, "bf16", None, flash_attention=True)
+    assert flash.attention_s(band, windowed=True) == flash.attention_s(band)
+    plain = Kernels(base.model_copy(update={"windowed_attention_efficiency": None}), {"attention": 1.0}, "bf16", None)
+    assert plain.attention_s(band, windowed=True) == plain.attention_s(band)

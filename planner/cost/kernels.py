@@ -107,13 +107,18 @@ class Kernels:
         rate = self._rate(call_flop * max(local_experts, 1), fp8) * padding * mult
         return flop / rate * self.corrections["grouped_gemm"]
 
-    def attention_s(self, flop: float, call_flop: float | None = None) -> float:
+    def attention_s(self, flop: float, call_flop: float | None = None, windowed: bool = False) -> float:
         """Forward of the fused attention core (always in the compute dtype), `flop` in calls of `call_flop` each
-        (one call by default; context parallelism splits it into ring steps)."""
+        (one call by default; context parallelism splits it into ring steps).  `windowed`: the band of a
+        sliding-window layer, priced on the device's `windowed_attention_efficiency` where it has one (cuDNN's rate
+        for a band: planner/cost/layer.py `_windowed_share`), else on the causal curve at the band's FLOP."""
         if flop <= 0:
             return 0.0
         curve, flash = self.device.attention_efficiency, self.device.flash_attention_efficiency
-        if self.flash_attention and flash is not None and (
+        window = self.device.windowed_attention_efficiency
+        if windowed and window is not None and not self.flash_attention:
+            curve = window
+        elif self.flash_attention and flash is not None and (
                 flash.provenance.kind == "measured" or curve.provenance.kind != "measured"):
             curve = flash  # H100: FlashAttention-2, 0.65-0.75x cuDNN's rate; a user's measured table wins over it
         eff = interpolate_efficiency(curve, max(call_flop or flop, 1.0))

@@ -293,7 +293,7 @@ def _attention_core_s(x: _LayerInputs) -> float:
     if not share:
         return full
     band = flop * windowed_attn_core_flop(x.model, x.shape.seq_length) / x.flops.attn_core_flop
-    return (1.0 - share) * full + share * x.kernels.attention_s(band)
+    return (1.0 - share) * full + share * x.kernels.attention_s(band, windowed=True)
 
 
 def _windowed_share(x: _LayerInputs) -> float:
@@ -304,7 +304,8 @@ def _windowed_share(x: _LayerInputs) -> float:
     for a (left, 0) window, no dropout, bshd/sbhd, and sinks from cuDNN 9.13.1) visits only the tiles inside the band:
     NVIDIA/cudnn-frontend@3929da2 benchmark/sdpa_benchmark_training/results/gpt_oss (cuDNN 9.22, BF16, 128 heads of 64,
     batch 2, window 128, top-left causal) runs in time linear in the sequence, forward 0.109, 0.210, 0.414, 0.822 ms
-    at 2k, 4k, 8k, 16k tokens on GB200.  The band is priced at the device's attention efficiency for its (smaller)
+    at 2k, 4k, 8k, 16k tokens on GB200.  The band is priced at the device's `windowed_attention_efficiency` (that
+    benchmark's figures, profiles/published/) where it has one, else at its attention efficiency for the (smaller)
     call: for that benchmark's 4k call (the shape of a gpt-oss layer at 4 x 4096 tokens: 256 heads x batch of 64)
     0.48 ms forward + backward on B300's table against 0.644 ms measured on GB300 (0.202 + 0.442), and on B200's
     0.48 ms against GB200's 0.675; on H100's table 1.11 ms for a 1024-token window against 1.40 ms measured on H200

@@ -89,6 +89,11 @@ class DeviceProfile(StrictModel):
         " kernel `attention_efficiency` describes (H100: FlashAttention-2 against cuDNN's fused attention); read for"
         " --attention-backend flash; None: attention_efficiency"
     )
+    windowed_attention_efficiency: EfficiencyCurve | None = Field(
+        None, description="the fused attention core of a sliding-window layer, fwd+bwd, size = the band's forward"
+        " FLOP per call (the keys each query sees); a kernel visiting the band's tiles runs at its own, lower rate"
+        " (B200, B300: cuDNN's gpt_oss benchmark); None: attention_efficiency at the band's FLOP"
+    )
     grouped_gemm_efficiency: EfficiencyCurve = Field(
         description="multiplier on gemm efficiency (at the whole grouped call's FLOP) for grouped expert GEMMs,"
         " beyond tile padding; size = tokens per expert"
