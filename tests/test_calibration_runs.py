@@ -20,8 +20,8 @@ import pytest
 from planner.calibration.fit import FIT_PARAMS, fit, leave_one_out
 from planner.calibration.memory import load_memory_rows
 from planner.calibration.report import (
-    CORRECTIONS_YAML, ONE_LINER_MFU, TARGET_LOSO_MEDIAN_PCT, TARGET_LOSO_SIGNED_PCT, TARGET_MEDIAN_PCT,
-    TARGET_WORST_PCT, build_report, shipped_factors,
+    CORRECTIONS_YAML, NVIDIA_PERFORMANCE_SOURCES, ONE_LINER_MFU, TARGET_LOSO_MEDIAN_PCT, TARGET_LOSO_SIGNED_PCT,
+    TARGET_MEDIAN_PCT, TARGET_WORST_PCT, build_report, shipped_factors,
 )
 from planner.calibration.runs import (
     SHIPPED_RUNS_CSV, SOURCE_KEYS, cases, load_runs, load_unfitted_runs, source_key,
@@ -199,6 +199,15 @@ def test_unfitted_runs_are_priced_apart_from_the_fit(report):
     doc = report.to_json()["unfitted"]
     assert doc["summary"]["rows"] == len(unfitted)
     assert doc["summary"]["covered"] == sum(c.covered for c in report.unfitted)
+    # the groups the README quotes: NVIDIA's performance publications against the rest, and one group per device type;
+    # each row in exactly one of the two source groups and one device group
+    groups, devices = doc["groups"], {r["cluster"].split(":")[0] for r in unfitted}
+    nvidia = [r for r in unfitted if source_key(r) in NVIDIA_PERFORMANCE_SOURCES]
+    assert 0 < groups["NVIDIA's performance publications"]["rows"] == len(nvidia) < len(unfitted)
+    assert groups["NVIDIA's performance publications"]["rows"] + groups["the other sources"]["rows"] == len(unfitted)
+    assert {k for k in groups if k.startswith("on ")} == {f"on {d}" for d in devices}
+    assert sum(groups[f"on {d}"]["rows"] for d in devices) == len(unfitted)
+    assert sum(groups[f"on {d}"]["covered"] for d in devices) == doc["summary"]["covered"]
 
 
 def _source_rows(key: str) -> list[dict[str, str]]:

@@ -206,6 +206,7 @@ class UnfittedCheck(RangeCheck):
     corrections and the range the planner ships."""
 
     why_not_fitted: str = ""
+    device: str = ""  # the cluster's device types, '+'-joined in cluster order
 
     @property
     def error_pct(self) -> float:
@@ -220,9 +221,28 @@ def unfitted_checks(profiles: ProfileSet) -> list[UnfittedCheck]:
         case = case_from_row(row, profiles, {})
         tr = RangeModel(case.run.model, case.run.training, case.cluster, case.profiles_for(profiles)
                         ).time_range(case.plan)
+        devices = "+".join(dict.fromkeys(g.device_type for g in case.cluster.groups))
         out.append(UnfittedCheck(case.id, case.source_key, case.seconds_per_iteration(), tr.low_s, tr.nominal_s,
-                                 tr.high_s, bool(tr.evidence and tr.evidence.extrapolated), row["why_not_fitted"]))
+                                 tr.high_s, bool(tr.evidence and tr.evidence.extrapolated), row["why_not_fitted"],
+                                 devices))
     return out
+
+
+NVIDIA_PERFORMANCE_SOURCES = ("moe-parallel-folding-paper", "megatron-bridge-performance-summary")
+"""Source keys of the held-out runs NVIDIA published as performance results on its own tuned stack (the MoE Parallel
+Folding paper, Megatron-Bridge's performance summary); the report and the README quote them apart from the runs of
+other stacks (Megatron-LM's CI runs are functional tests with deterministic kernels: among the others)."""
+
+
+def unfitted_groups(checks: list[UnfittedCheck]) -> dict[str, list[UnfittedCheck]]:
+    """The held-out runs grouped as the README quotes them: NVIDIA's performance publications against the other
+    sources, then by device type."""
+    nvidia = [c for c in checks if c.source in NVIDIA_PERFORMANCE_SOURCES]
+    groups = {"NVIDIA's performance publications": nvidia,
+              "the other sources": [c for c in checks if c.source not in NVIDIA_PERFORMANCE_SOURCES]}
+    for device in sorted(dict.fromkeys(c.device for c in checks)):
+        groups[f"on {device}"] = [c for c in checks if c.device == device]
+    return {k: v for k, v in groups.items() if v}
 
 
 def unfitted_summary(checks: list[UnfittedCheck], *, by_source: bool = False) -> dict:
@@ -340,6 +360,8 @@ class Report:
                 "mechanisms": self.uncertainty.mechanisms(), "extrapolation": self.uncertainty.extrapolation,
                 "scale": self.uncertainty.scale, "fitted_coverage": self.uncertainty.coverage},
             "unfitted": {"summary": unfitted_summary(self.unfitted, by_source=True),
+                         "groups": {name: unfitted_summary(checks)
+                                    for name, checks in unfitted_groups(self.unfitted).items()},
                          "rows": [c.__dict__ | {"error_pct": c.error_pct, "covered": c.covered,
                                                 "half_width": c.half_width} for c in self.unfitted]},
             "held_out_range": None if self.coverage is None else {
@@ -474,6 +496,8 @@ class Report:
         out.append(f"  all: {fmt(self.unfitted)}")
         for src in dict.fromkeys(c.source for c in self.unfitted):
             out.append(f"  {src:24s} {fmt([c for c in self.unfitted if c.source == src])}")
+        for name, checks in unfitted_groups(self.unfitted).items():
+            out.append(f"  {name} ({len(checks)} rows): {fmt(checks)}")
         for why in dict.fromkeys(c.why_not_fitted for c in self.unfitted):
             ids = [c.id for c in self.unfitted if c.why_not_fitted == why]
             out.append(f"  not fitted, {len(ids)} row{'s' if len(ids) > 1 else ''}: {why}")
