@@ -34,7 +34,7 @@ from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
 from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
-from planner.megatron.rules import format_violations, input_violations, run_violations
+from planner.megatron.rules import format_violations, input_violations, run_violations, runtime_model_refusal
 from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -199,8 +199,10 @@ def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow)
 def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRun) -> RuntimeChoice:
     """`--runtime` resolved against profiles/runtimes.yaml: the runtime and the part of the cluster one
     job of it runs on.  A named runtime that cannot run the whole cluster is refused (PlannerInputError
-    naming --runtime, with the reason and what would run it)."""
-    return choose_runtime(runtime, cluster, profiles, run.training.precision)
+    naming --runtime, with the reason and what would run it), and so is one whose own rules refuse the model
+    (planner/megatron/rules.py `runtime_model_refusal`: `auto` then plans with a runtime that runs it)."""
+    return choose_runtime(runtime, cluster, profiles, run.training.precision,
+                          refuses=lambda rt: runtime_model_refusal(rt.name, run.model))
 
 
 def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchSettings, space: SearchSpace,

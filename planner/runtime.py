@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Literal
+from typing import TYPE_CHECKING, Callable, Iterable, Literal
 
 from planner.errors import MissingProfileError, PlannerInputError
 
@@ -168,23 +168,35 @@ def _peak_flop_per_s(cluster: ClusterSpec, profiles: "ProfileSet", precision: st
     return total
 
 
+Refusal = Callable[["Runtime"], "str | None"]
+"""Why a runtime cannot run the model at any degrees (planner/megatron/rules.py `runtime_model_refusal`), or None."""
+
+
+def _no_refusal(rt: "Runtime") -> None:
+    return None
+
+
 def choose_runtime(requested: str, cluster: ClusterSpec, profiles: "ProfileSet",
-                   precision: str = "bf16") -> RuntimeChoice:
-    """`--runtime` resolved.  A named runtime must run the whole cluster (PlannerInputError with the
-    reason and what would run it otherwise).  `auto`: the first runtime (megatron, then flagscale)
-    that runs the whole cluster; when none does, the part one job can span with the most peak compute
-    (at `precision`), every other device type idle with the reason."""
+                   precision: str = "bf16", refuses: Refusal = _no_refusal) -> RuntimeChoice:
+    """`--runtime` resolved.  A named runtime must run the whole cluster and the model (PlannerInputError with
+    the reason and what would run it otherwise).  `auto`: the first runtime (megatron, then flagscale)
+    that runs the whole cluster and the model; when none does, the part one job can span with the most peak
+    compute (at `precision`), every other device type idle with the reason.  `refuses(runtime)`: why the runtime
+    cannot run the model (its model-level rules), or None."""
     if requested != AUTO:
         rt = runtime_of(requested)
         check = rt.can_run(cluster, profiles)
         if not check.ok:
             raise PlannerInputError("--runtime", f"{check.reason}; {_steer(rt, cluster, profiles, precision)}")
+        why = refuses(rt)
+        if why:
+            raise PlannerInputError("--runtime", f"{rt.title} cannot run this model: {why}")
         return RuntimeChoice(requested, rt, cluster, check)
     for rt in plannable_runtimes(profiles):
         check = rt.can_run(cluster, profiles)
-        if check.ok:
+        if check.ok and not refuses(rt):
             return RuntimeChoice(AUTO, rt, cluster, check)
-    return _best_part(cluster, profiles, precision)
+    return _best_part(cluster, profiles, precision, refuses)
 
 
 def plannable_runtimes(profiles: "ProfileSet") -> list[Runtime]:
@@ -193,9 +205,10 @@ def plannable_runtimes(profiles: "ProfileSet") -> list[Runtime]:
     return [rt for rt in RUNTIMES.values() if rt.name in rows and rows[rt.name].plannable]
 
 
-def _best_part(cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> RuntimeChoice:
+def _best_part(cluster: ClusterSpec, profiles: "ProfileSet", precision: str,
+               refuses: Refusal = _no_refusal) -> RuntimeChoice:
     """No runtime runs the whole cluster: the vendor subset one job can span with the most peak
-    compute (then the most GPUs, then runtime order)."""
+    compute (then the most GPUs, then runtime order), of a runtime that runs the model."""
     by_vendor: dict[str, list[str]] = {}
     for t in cluster.device_types:
         by_vendor.setdefault(profiles.vendor(t).lower(), []).append(t)
@@ -205,24 +218,29 @@ def _best_part(cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> 
             part = sub_cluster(cluster, [t for v in vendors for t in by_vendor[v]])
             for order, rt in enumerate(plannable_runtimes(profiles)):
                 check = rt.can_run(part, profiles)
-                if check.ok:
+                if check.ok and not refuses(rt):
                     key = (_peak_flop_per_s(part, profiles, precision), part.world_size, -order)
                     if best is None or key > best[0]:
                         best = (key, rt, part, check)
     if best is None:
+        refused = "; ".join(f"{rt.name}: {why}" for rt in plannable_runtimes(profiles) if (why := refuses(rt)))
         raise PlannerInputError("--cluster", "no runtime of profiles/runtimes.yaml runs any of its device types "
-                                f"({', '.join(cluster.device_types)})")
+                                f"({', '.join(cluster.device_types)})"
+                                + (f" with this model ({refused})" if refused else ""))
     _, rt, part, check = best
-    left = {t: _why_left_out(t, part, cluster, profiles) for t in cluster.device_types if t not in part.device_types}
+    left = {t: _why_left_out(t, part, cluster, profiles, refuses) for t in cluster.device_types
+            if t not in part.device_types}
     return RuntimeChoice(AUTO, rt, part, check, left)
 
 
-def _why_left_out(device_type: str, part: ClusterSpec, cluster: ClusterSpec, profiles: "ProfileSet") -> str:
+def _why_left_out(device_type: str, part: ClusterSpec, cluster: ClusterSpec, profiles: "ProfileSet",
+                  refuses: Refusal = _no_refusal) -> str:
     """Why no job of any runtime holds `device_type` together with `part`."""
     reasons = []
     for rt in plannable_runtimes(profiles):
         check = rt.can_run([*part.device_types, device_type], profiles)
-        reasons.append(f"{rt.name}: {check.why}")
+        why = check.why if not check.ok else refuses(rt)
+        reasons.append(f"{rt.name}: {why}")
     n = cluster.gpus_by_type()[device_type]
     return (f"no runtime runs {device_type} ({profiles.vendor(device_type)}) in one job with "
             f"{'+'.join(part.device_types)} ({'; '.join(reasons)}); plan them as a job of their own "

@@ -165,6 +165,8 @@ CONTROLS: dict[str, tuple[list[str], str, str | None]] = {
     "query groups over a mesh's TP (checked on that mesh's rank)": (
         with_flag(BASE, "--hetero-process-meshes", "2 1 4 4 2 8 1 4 1 1".split()), HOSTS,
         "ValueError: num_query_groups (4) must be a multiple of tensor_model_parallel_size (8)"),
+    "linear biases in an MoE model (gpt-oss has them)": (
+        with_flag(BASE, "--disable-bias-linear", None), HOSTS, "AssertionError: Bias is not supported for MoE"),
 }
 
 
@@ -207,6 +209,33 @@ def test_flagscale_refuses_bad_meshes_with_its_own_message(name):
     else:
         assert not r["ok"]
         assert r["error"].startswith(expected), r["error"]
+
+
+def test_the_planner_refuses_flagscale_for_an_moe_model_with_biases_as_flagscale_does():
+    """FlagScale's fork refuses linear biases in an MoE model (the control above); the planner's rule says the same
+    words, `solve --runtime flagscale` refuses with them (exit 2, nothing written), and `auto` plans such a model on a
+    runtime that runs it, saying why FlagScale could not."""
+    from planner.megatron.rules import flagscale_model_violations
+    from planner.inputs.megatron_flags import parse_megatron_flags
+
+    fs = raw_results()["linear biases in an MoE model (gpt-oss has them)"]
+    assert not fs["ok"]
+    flags = "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 " \
+            "--max-position-embeddings 1024 --global-batch-size 64 --num-experts 8 --moe-router-topk 2"
+    (v,) = flagscale_model_violations(parse_megatron_flags(shlex.split(flags), world_size=16).model)
+    assert v.rule == "flagscale_moe_bias" and fs["error"].startswith(f"AssertionError: {v.message} ("), fs["error"]
+    without = parse_megatron_flags(shlex.split(flags + " --disable-bias-linear"), world_size=16)
+    assert not flagscale_model_violations(without.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan"
+        res = CliRunner().invoke(main, ["solve", "--megatron-args", flags, "--cluster", "H800:8,MI300X:8",
+                                        "--runtime", "flagscale", "--time-limit", "10", "--out", str(out)])
+        assert res.exit_code == 2 and "--runtime" in res.output and "Bias is not supported for MoE" in res.output
+        assert not out.exists()
+        res = CliRunner().invoke(main, ["solve", "--megatron-args", flags, "--cluster", "H800:8,MI300X:8",
+                                        "--time-limit", "10"])
+        assert res.exit_code == 0, res.output
+        assert "runtime=megatron" in res.output and "Bias is not supported for MoE" in res.output
 
 
 @pytest.mark.parametrize("golden", GOLDEN, ids=lambda p: p.name)

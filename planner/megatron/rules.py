@@ -32,7 +32,7 @@ each):
   layout_layers, layout_stage_count, tp_comm_overlap_sp, overlap_param_gather,
   megatron_uniform_dp, megatron_global_recompute,
   flagscale_cp, flagscale_vpp, flagscale_stage_mbs, flagscale_tied_tp,
-  flagscale_shared_embedding_dp, flagscale_contiguous_types, flagscale_recompute
+  flagscale_shared_embedding_dp, flagscale_contiguous_types, flagscale_recompute, flagscale_moe_bias
 """
 
 from __future__ import annotations
@@ -882,6 +882,28 @@ def flagscale_tp_violations(model: ModelSpec, tp: int) -> list[RuleViolation]:
     return []
 
 
+def flagscale_model_violations(model: ModelSpec) -> list[RuleViolation]:
+    """FlagScale 0.8.0's Megatron fork (megatron-core 0.15) takes no linear biases in an MoE model: its
+    TransformerConfig asserts `not add_bias_linear` whenever there are experts
+    (flag_scale/third_party/Megatron-LM/megatron/core/transformer/transformer_config.py); upstream Megatron takes
+    them at ETP 1 (moe_etp_bias).  gpt-oss has biases.  Found by FlagScale's own validator on a plan of gpt-oss."""
+    if model.is_moe and model.add_bias_linear:
+        return [RuleViolation(
+            "flagscale_moe_bias", "Bias is not supported for MoE",
+            "FlagScale's Megatron fork refuses linear biases in an MoE model: use --runtime megatron (upstream "
+            "Megatron takes them at ETP 1), or --disable-bias-linear if the model has none",
+        )]
+    return []
+
+
+def runtime_model_refusal(runtime: str, model: ModelSpec) -> str | None:
+    """Why `runtime` cannot run `model` at any degrees (its model-level rules), or None."""
+    if not runtime_of(runtime).per_stage_meshes:
+        return None
+    found = flagscale_model_violations(model)
+    return "; ".join(f"{v.message} ({v.rule}: {v.hint})" for v in found) if found else None
+
+
 def runtime_tp_ok(runtime: str, model: ModelSpec, tp: int) -> bool:
     """flagscale_query_groups_tp on the flagscale runtime (upstream Megatron: tp_allowed alone)."""
     return not runtime_of(runtime).per_stage_meshes or not flagscale_tp_violations(model, tp)
@@ -1125,7 +1147,7 @@ def _flagscale_runtime_rules(
 ) -> list[RuleViolation]:
     out = flagscale_degree_violations(plan.cp, plan.vpp)
     if model is not None:
-        out += flagscale_tp_violations(model, plan.tp)
+        out += flagscale_model_violations(model) + flagscale_tp_violations(model, plan.tp)
     out += flagscale_stage_mbs_violations(plan.dp0, plan.mbs, [s.dp for s in plan.stages])
     tied = model is not None and tied_embeddings(model)
     first, last = plan.stages[0], plan.stages[-1]
