@@ -239,7 +239,7 @@ def _why_left_out(device_type: str, part: ClusterSpec, cluster: ClusterSpec, pro
     reasons = []
     for rt in plannable_runtimes(profiles):
         check = rt.can_run([*part.device_types, device_type], profiles)
-        why = check.why if not check.ok else refuses(rt)
+        why = check.why if not check.ok else (refuses(rt) or check.reason)
         reasons.append(f"{rt.name}: {why}")
     n = cluster.gpus_by_type()[device_type]
     return (f"no runtime runs {device_type} ({profiles.vendor(device_type)}) in one job with "
