@@ -29,7 +29,7 @@ from typing import Iterable
 
 from pydantic import ConfigDict, Field
 
-from planner.cost.mechanisms import Conditions, conditions_words
+from planner.cost.mechanisms import UNPRICED, UNPRICED_SEP, Conditions, conditions_words, unpriced_of
 from planner.errors import PlannerInputError
 from planner.inputs.files import parse_yaml, read_text
 from planner.profile_tables import PROFILES_DIR
@@ -107,6 +107,10 @@ class Cell:
     def covers(self, c: Conditions) -> bool:
         if c.mechanism != self.mechanism or frozenset(c.key) != self.key:
             return False
+        return self.covers_numbers(c)
+
+    def covers_numbers(self, c: Conditions) -> bool:
+        """Whether `c`'s numeric conditions lie within this cell's ranges (with NUMERIC_SLACK)."""
         span = {name: (lo, hi) for name, lo, hi in self.ranges}
 
         def near(name: str, v: float) -> bool:
@@ -132,18 +136,33 @@ def cell_of(c: Conditions, run: str) -> Cell:
     return Cell(c.mechanism, frozenset(c.key), tuple((n, v, v) for n, v in c.numbers), (run,))
 
 
+def _base(key: frozenset) -> frozenset:
+    """A cell's key without its `unpriced` axis."""
+    return frozenset(kv for kv in key if kv[0] != UNPRICED)
+
+
 @dataclass(frozen=True)
 class Region:
-    """Where each mechanism was measured: cells merged by mechanism and key (their numeric ranges joined)."""
+    """Where each mechanism was measured: cells merged by mechanism and key (their numeric ranges joined).
+
+    The `unpriced` axis (the run's flags that change a mechanism's time unpriced, planner/cost/mechanisms.py) is
+    matched flag by flag: conditions are covered when the cells of their other axes cover them and each of their
+    unpriced flags was in some calibration run of the mechanism (whose fitted constants carry its effect), so
+    two flags measured apart do not make their pair unmeasured."""
 
     cells: tuple[Cell, ...] = ()
-    _index: dict = field(default_factory=dict, compare=False, repr=False)  # (mechanism, key) -> cell
+    _index: dict = field(default_factory=dict, compare=False, repr=False)  # (mechanism, key without unpriced) -> cell
+    _unpriced: dict = field(default_factory=dict, compare=False, repr=False)  # mechanism -> flags some run had
 
     def __post_init__(self) -> None:
-        self._index.update({(c.mechanism, c.key): c for c in self.cells})
+        for c in Region._merged(Cell(c.mechanism, _base(c.key), c.ranges, c.runs) for c in self.cells):
+            self._index[(c.mechanism, c.key)] = c
+        for c in self.cells:
+            self._unpriced.setdefault(c.mechanism, set()).update(unpriced_of(c.key))
 
-    @classmethod
-    def of(cls, cells: Iterable[Cell]) -> "Region":
+    @staticmethod
+    def _merged(cells: Iterable[Cell]) -> list[Cell]:
+        """Cells of one mechanism and key merged into one, their numeric ranges joined and runs listed once."""
         merged: dict[tuple, Cell] = {}
         for cell in cells:
             k = (cell.mechanism, cell.key)
@@ -156,27 +175,41 @@ class Region:
                 cell = Cell(cell.mechanism, cell.key, tuple((n, a, b) for n, (a, b) in sorted(span.items())),
                             tuple(dict.fromkeys(old.runs + cell.runs)))
             merged[k] = cell
-        return cls(tuple(merged.values()))
+        return list(merged.values())
+
+    @classmethod
+    def of(cls, cells: Iterable[Cell]) -> "Region":
+        return cls(tuple(cls._merged(cells)))
 
     def __add__(self, other: "Region") -> "Region":
         return Region.of(self.cells + other.cells)
 
+    def unmeasured_flags(self, c: Conditions) -> list[str]:
+        """The unpriced flags of `c` that no calibration run of its mechanism had, sorted."""
+        return sorted(unpriced_of(c.key) - self._unpriced.get(c.mechanism, set()))
+
     def covers(self, c: Conditions) -> bool:
-        cell = self._index.get((c.mechanism, frozenset(c.key)))
-        return cell is not None and cell.covers(c)
+        cell = self._index.get((c.mechanism, _base(frozenset(c.key))))
+        return cell is not None and cell.covers_numbers(c) and not self.unmeasured_flags(c)
 
     def why_not(self, c: Conditions) -> str:
-        """Why `c` is outside the region, for the user: what the calibration runs nearest to it measured (the
-        same conditions at other sizes, else those sharing the most conditions), or that none measured the
-        mechanism at all."""
-        same = [cell for cell in self.cells if cell.mechanism == c.mechanism]
+        """Why `c` is outside the region, for the user: the unpriced flags no calibration run had, else what the
+        calibration runs nearest to it measured (the same conditions at other sizes, else those sharing the most
+        conditions), or that none measured the mechanism at all."""
+        same = [cell for cell in self._index.values() if cell.mechanism == c.mechanism]
         if not same:
             return "no calibration run measured it"
-        key = frozenset(c.key)
+        missing = self.unmeasured_flags(c)
+        base = Conditions(c.mechanism, tuple(kv for kv in c.key if kv[0] != UNPRICED), c.numbers)
+        flags = f"no calibration run had {UNPRICED_SEP.join(missing)}" if missing else ""
+        if missing and self.covers(base):
+            return flags
+        key = frozenset(base.key)
         best = max(len(cell.key & key) for cell in same)
         near = [cell for cell in same if len(cell.key & key) == best][:2]
         what = "no calibration run in these conditions" if best < len(key) else "no calibration run at this size"
-        return f"{what}; the nearest measured: " + "; ".join(cell.words() for cell in near)
+        return "; ".join(filter(None, (flags, f"{what}; the nearest measured: "
+                                       + "; ".join(cell.words() for cell in near))))
 
 
 @dataclass(frozen=True)

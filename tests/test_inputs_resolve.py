@@ -174,3 +174,24 @@ def test_megatron_script(tmp_path):
     assert run.passthrough == ("--lr", "1e-4")
     with pytest.raises(PlannerInputError, match="not found"):
         resolve_run(megatron_script=str(tmp_path / "missing.sh"))
+
+
+@pytest.mark.parametrize("env, recorded", [
+    ("export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0", ("NVTE_ALLOW_NONDETERMINISTIC_ALGO=0",)),
+    ("export NVTE_ALLOW_NONDETERMINISTIC_ALGO=1", ()),
+    ("export NCCL_ALGO=Ring", ("NCCL_ALGO",)),
+    ("NCCL_ALGO=Ring  # set, never exported: torchrun does not see it", ()),
+])
+def test_a_script_environment_that_changes_time_unpriced_is_recorded(tmp_path, env, recorded):
+    """Environment settings Megatron's deterministic mode makes (megatron/training/determinism.py: TE's
+    deterministic attention backward, NCCL's algorithm pinned) change time the cost model does not price: the run
+    records them beside its unpriced flags, so the evidence compares them with the calibration runs', and a note
+    names them."""
+    pytest.importorskip("planner.inputs.script")
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\n{env}\ntorchrun --nproc_per_node 8 pretrain_gpt.py {SMALL_MOE} "
+                      "--global-batch-size 8 --deterministic-mode\n")
+    notes: list[str] = []
+    run = resolve_run(megatron_script=str(script), notes=notes)
+    assert run.training.unpriced_flags == tuple(sorted(("--deterministic-mode",) + recorded))
+    assert any(n.startswith(f"{recorded[0].split('=')[0]}=") and "not modelled" in n for n in notes) == bool(recorded)

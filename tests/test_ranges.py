@@ -17,6 +17,7 @@ from planner.calibration.runs import load_annotations, load_runs, priced_argv
 from planner.calibration.uncertainty import HeldOutRow, fit_mechanisms, memory_headroom
 from planner.cost.mechanisms import MECHANISM_OF_KIND, MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern
 from planner.cost.model import TIME_PARTS, PlanCost
+from planner.megatron.flags import NOT_MODELLED, UNPRICED_ENV, UNPRICED_IN, unmodelled_notes
 from planner.cost.ranges import RangeModel, TimeRange, schedule_stall
 from planner.profile_tables import TIME_CORRECTION_KINDS
 from planner.uncertainty import Region, Uncertainty, cell_of, shipped_uncertainty
@@ -192,6 +193,71 @@ def test_fewer_local_experts_than_measured_are_covered_more_are_not():
     assert region.covers(expert(8192.0, 2.0)) and not region.covers(expert(8193.0, 2.0))  # one step above 4096
     assert region.covers(expert(512.0, 4.0)) and not region.covers(expert(511.0, 4.0))  # one step below 1024
     assert region.why_not(expert(2048.0, 17.0)).startswith("no calibration run at this size")
+
+
+def test_unpriced_flags_are_matched_one_by_one_against_the_runs_that_had_them():
+    """The `unpriced` axis (the run's flags that change a mechanism's time without a price): conditions are covered
+    when their other axes are and every one of their unpriced flags was in some run of the mechanism; two flags
+    measured in different runs cover their pair, a flag no run had does not, and the reason names it."""
+    base = (("device", "H100/H800/H200/H20"),)
+
+    def bound(flags: str = "") -> Conditions:
+        return Conditions("memory_bound", base + ((("unpriced", flags),) if flags else ()))
+
+    region = Region.of([cell_of(bound(), "a"), cell_of(bound("--moe-permute-fusion"), "b"),
+                        cell_of(bound("--moe-router-fusion"), "c")])
+    assert region.covers(bound()) and region.covers(bound("--moe-permute-fusion, --moe-router-fusion"))
+    assert not region.covers(bound("--deterministic-mode, --moe-permute-fusion"))
+    assert region.why_not(bound("--deterministic-mode, --moe-permute-fusion")) == \
+        "no calibration run had --deterministic-mode"
+    other = Conditions("memory_bound", (("device", "B300"), ("unpriced", "--deterministic-mode")))
+    assert region.why_not(other).startswith("no calibration run had --deterministic-mode; no calibration run in these")
+    assert "with --deterministic-mode (not priced)" in other.words()
+
+
+def test_an_unpriced_flag_no_run_had_makes_the_estimate_extrapolated_and_wider():
+    """Megatron's --deterministic-mode (NCCL's ring, TE's deterministic attention backward, cuBLAS's fixed workspace,
+    torch's deterministic algorithms: Megatron-LM megatron/training/determinism.py) is priced as if absent; no shipped
+    calibration run had it, so the plan is extrapolated on the mechanisms it changes, named with the flag, and the
+    range is wider around the same nominal time.  --manual-gc, which fitted runs had, changes nothing."""
+    def priced(extra: str):
+        inputs = load_inputs(megatron_args=f"{DENSE} {extra}", cluster="H100:8")
+        return inputs.run.training.unpriced_flags, estimate(inputs).time_range
+
+    flags0, plain = priced("")
+    flags1, det = priced("--deterministic-mode")
+    flags2, gc = priced("--manual-gc")
+    assert (flags0, flags1, flags2) == ((), ("--deterministic-mode",), ("--manual-gc",))
+    assert gc.evidence == plain.evidence and det.evidence.extrapolated
+    named = [u for u in det.evidence.to_json()["unmeasured"] if u not in plain.evidence.to_json()["unmeasured"]]
+    assert any(u.startswith("dense GEMMs in bf16 on H100/H800/H200/H20, with --deterministic-mode (not priced)")
+               for u in named), named
+    assert all("no calibration run had --deterministic-mode" in u for u in named), named
+    assert det.nominal_s == pytest.approx(plain.nominal_s)
+    assert det.high_s > plain.high_s and det.low_s < plain.low_s
+    assert gc.high_s == pytest.approx(plain.high_s) and gc.low_s == pytest.approx(plain.low_s)
+
+
+def test_the_default_softmax_is_priced_as_is_and_attention_sinks_are_not():
+    """--softmax-type vanilla is Megatron's default softmax, which the cost model prices; another value is an
+    unpriced flag (its note and its evidence axis)."""
+    def read(extra: str):
+        return load_inputs(megatron_args=f"{DENSE} {extra}", cluster="H100:8").run
+
+    assert read("--softmax-type vanilla").training.unpriced_flags == ()
+    assert read("--softmax-type off-by-one").training.unpriced_flags == ("--softmax-type",)
+    assert not unmodelled_notes(["--softmax-type", "vanilla"])
+    assert unmodelled_notes(["--softmax-type=learnable"])[0].startswith("--softmax-type is not modelled")
+
+
+UNPRICED_ENV_ENTRIES = tuple(f"{n}={v}" if v else n for n, (v, _, _) in UNPRICED_ENV.items())
+
+
+def test_unpriced_flags_name_mechanisms_of_the_cost_model():
+    """Every flag or environment setting marked as changing time unpriced names mechanisms that exist."""
+    names = {m.name for m in MECHANISMS}
+    assert UNPRICED_IN and all(ms and set(ms) <= names for ms in UNPRICED_IN.values()), UNPRICED_IN
+    assert set(UNPRICED_IN) - set(UNPRICED_ENV_ENTRIES) <= set(NOT_MODELLED)
 
 
 def _cost(seconds: float) -> PlanCost:

@@ -24,6 +24,12 @@ near the range the runs cover (planner/uncertainty.py `Region`).  The axes, per 
     recompute         recompute granularity                                  -
     pipeline_schedule 1F1B, or interleaved with equal or unequal chunks      -
 
+Every mechanism but the pipeline's also has the categorical axis `unpriced`: the run's flags that change its time
+without a price (planner/megatron/flags.py UNPRICED_IN: --deterministic-mode, attention sinks, a Mamba hybrid
+pattern, ...).  It is matched flag by flag, not as a whole (planner/uncertainty.py `Region`): a plan is measured
+there when every one of its unpriced flags was in some calibration run of that mechanism, whose fitted constants
+then carry the flag's effect; one no run had leaves the mechanism unmeasured, and the output names the flag.
+
 `pipeline_schedule` is the stall of Megatron's interleaved schedule on a rank whose virtual chunks hold unequal
 layer counts (planner/cost/model.py `chunk_stall_layers`, from the schedule's simulation); no calibration run has
 such chunks, so a plan that leans on it is extrapolated (planner/cost/ranges.py quotes the plan's own simulation).
@@ -34,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.layer import gathers_qkv
+from planner.megatron.flags import UNPRICED_IN
 from planner.megatron.layout import plan_layout
 from planner.profile_tables import TIME_CORRECTION_KINDS
 from planner.schemas.cluster import pool_members
@@ -113,6 +120,25 @@ class Conditions:
         return conditions_words(self.mechanism, dict(self.key), {n: f"{v:.0f}" for n, v in self.numbers})
 
 
+UNPRICED = "unpriced"
+"""The categorical axis of the run's unpriced flags that change a mechanism's time: their names, ", "-joined, sorted;
+absent when there are none."""
+UNPRICED_SEP = ", "
+
+
+def unpriced_axis(training, mechanism: str) -> tuple[tuple[str, str], ...]:
+    """The `unpriced` axis of `mechanism` for a run with TrainingSpec `training` (none when no flag of the run
+    changes its time unpriced)."""
+    flags = [f for f in training.unpriced_flags if mechanism in UNPRICED_IN.get(f, ())]
+    return ((UNPRICED, UNPRICED_SEP.join(flags)),) if flags else ()
+
+
+def unpriced_of(key) -> frozenset[str]:
+    """The flags a conditions key's `unpriced` axis names."""
+    value = dict(key).get(UNPRICED, "")
+    return frozenset(value.split(UNPRICED_SEP)) if value else frozenset()
+
+
 BETWEEN_NODES = "GB/s between nodes"
 """The numeric axis of communication across nodes: the inter-node link's bandwidth (a cluster file may set it)."""
 
@@ -131,6 +157,8 @@ def conditions_words(mechanism: str, key: dict[str, str], numbers: dict[str, str
     template = BY_NAME[mechanism].conditions
     text = " ".join(template.format_map(_Blank({**key, **numbers})).split())
     extra = [f"{v} {n}" for n, v in numbers.items() if "{" + n + "}" not in template]
+    if key.get(UNPRICED):
+        extra.append(f"with {key[UNPRICED]} (not priced)")
     return ", ".join([text] + extra)
 
 
@@ -227,7 +255,7 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
         Conditions("host", (fam,)),
         Conditions("recompute", (("recompute", recompute.granularity),)),
     ]
-    return {c.mechanism: c for c in out}
+    return {c.mechanism: Conditions(c.mechanism, c.key + unpriced_axis(tr, c.mechanism), c.numbers) for c in out}
 
 
 def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:

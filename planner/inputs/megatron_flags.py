@@ -39,6 +39,7 @@ from planner.megatron.flags import (
     Read,
     copied_fields,
     rule_flag,
+    unpriced_time_flags,
 )
 from planner.megatron.layout import check_pipeline
 from planner.megatron.rules import cp_violations, ep_violations, etp_violations, input_violations, tp_violations
@@ -717,6 +718,8 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
                 f"{world_size} is not divisible by TP*PP*CP = {model_parallel}",
             )
         training["global_batch_size"] = training.get("micro_batch_size", 1) * (world_size // model_parallel)
+    training["unpriced_flags"] = tuple(sorted(set(unpriced_time_flags(draft.passthrough))
+                                              | set(training.get("unpriced_flags", ()))))  # + the script's environment
     try:
         training_spec = TrainingSpec(**training)
     except ValidationError as exc:

@@ -17,7 +17,7 @@ from planner.inputs.shell.flag_string import split_flag_string
 from planner.cost.memory import expandable_segments_of
 from planner.inputs.script import cluster_geometry, read_launcher_script, scheduler_fix
 from planner.launcher.megatron import EP_OVERLAP_MAX_CONNECTIONS
-from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE
+from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE, unpriced_env
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -323,6 +323,10 @@ def resolve_run(
         if expandable is not None:
             draft.training["expandable_segments"] = expandable
         sink.extend(_max_connections_notes(script_environment(script), draft.training))
+        env_unpriced = unpriced_env(script_environment(script))
+        if env_unpriced:
+            draft.training["unpriced_flags"] = tuple(entry for entry, _ in env_unpriced)
+            sink.extend(note for _, note in env_unpriced)
         ws = script.world_size
         if world_size is None and isinstance(ws, int) and ws > 0:
             world_size = ws

@@ -81,7 +81,9 @@ class Flag:
     """One row of the table: the flag's `name`; how it is `read` (None: passes through unread); the
     `field` of its section's spec it sets, copied unless `derived`; whether the plan `decided`s it
     (the launchers write those from the plan); its launch.sh `array`; the CLI `override` that sets
-    it; how the launcher `write`s it from the spec; what it changes that is `not_modelled`."""
+    it; how the launcher `write`s it from the spec; what it changes that is `not_modelled`, and the cost model's
+    mechanisms whose time that changes (`unpriced_in`: where no calibration run had the flag, a plan with it is
+    outside the measured region there, planner/cost/mechanisms.py)."""
 
     name: str
     read: Read | None = None
@@ -92,6 +94,7 @@ class Flag:
     override: str = ""
     write: Writer | None = None
     not_modelled: str = ""
+    unpriced_in: tuple[str, ...] = ()  # the mechanisms (planner/cost/mechanisms.py) whose time it changes unpriced
 
 
 # -- how a flag is read ---------------------------------------------------------------------------
@@ -381,45 +384,56 @@ OTHER_FLAGS = _rows(
                                                    "--timing-log-level", "--timing-log-option")),
     # Flags that change time or memory but that the cost model does not price: each one present is
     # named beside the prediction.  When one becomes modelled, give it a field and price it.
-    *(Flag(name, not_modelled=text) for name, text in (
-        ("--fine-grained-activation-offloading", "offloads activations to host memory: activation memory lower, "
-                                                 "PCIe traffic added"),
-        ("--optimizer-cpu-offload", "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
-        ("--moe-router-padding-for-fp8", "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
-        ("--moe-permute-fusion", "fused permute/unpermute kernels: fewer memory passes than priced"),
-        ("--moe-router-fusion", "fused router kernels: fewer memory passes than priced"),
-        ("--cross-entropy-loss-fusion", "fused cross-entropy: less logits memory and time than priced"),
-        ("--moe-upcycling-granularity", "upcycled experts: expert shapes differ from --moe-ffn-hidden-size"),
-        ("--moe-latent-size", "latent MoE: expert inputs projected to a smaller size"),
-        ("--swap-attention", "MindSpeed: swaps attention activations to host memory"),
-        ("--use-mc2", "MindSpeed: fuses TP communication into compute (mc2): TP time lower than priced"),
-        ("--moe-alltoall-overlap-comm", "MindSpeed: overlaps the EP all-to-all with compute"),
-        ("--use-fused-rmsnorm", "MindSpeed fused kernel: norm time lower than priced"),
-        ("--use-fused-swiglu", "MindSpeed fused kernel: activation time lower than priced"),
-        ("--use-distributed-optimizer-offload", "offloads optimizer states"),
-        ("--hybrid-context-parallel", "hybrid context parallelism: attention communication differs from the CP model"),
-        ("--delay-param-gather", "parameter gather scheduling differs from the priced overlap"),
-        ("--manual-gc", "Python garbage collection at fixed intervals: small time effect"),
-        ("--empty-unused-memory-level", "frees cached memory between phases: small time and peak-memory effect"),
-        ("--use-cpu-initialization", "initialisation only"),
-        ("--sequence-packing", "packed variable-length sequences: attention work differs from full-length sequences"),
-        ("--softmax-type", "attention sinks (off-by-one or learnable softmax): cuDNN runs them inside its fused "
-                           "attention kernel; their cost is not priced (no published figure)"),
-        ("--deterministic-mode", "deterministic kernels (Megatron's CI runs): slower GEMM and attention algorithms"),
-        ("--no-gradient-accumulation-fusion", "weight gradients accumulated by a separate pass: more memory traffic"),
-        ("--hybrid-override-pattern", "a hybrid Mamba / attention / MLP layer pattern: every layer is priced as a "
-                                      "transformer layer (attention and MLP), Mamba layers are not"),
-        ("--hybrid-layer-pattern", "a hybrid Mamba / attention / MLP layer pattern: every layer is priced as a "
-                                   "transformer layer (attention and MLP), Mamba layers are not"),
-        ("--is-hybrid-model", "a hybrid Mamba model: every layer is priced as a transformer layer (attention and MLP), "
-                              "Mamba layers are not"),
+    *(Flag(name, not_modelled=text, unpriced_in=tuple(mechanisms.split())) for name, mechanisms, text in (
+        ("--fine-grained-activation-offloading", "memory_bound",
+         "offloads activations to host memory: activation memory lower, PCIe traffic added"),
+        ("--optimizer-cpu-offload", "memory_bound",
+         "runs the optimizer step on the CPU: optimizer memory lower, step time different"),
+        ("--moe-router-padding-for-fp8", "expert_gemm",
+         "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
+        ("--moe-permute-fusion", "memory_bound", "fused permute/unpermute kernels: fewer memory passes than priced"),
+        ("--moe-router-fusion", "memory_bound", "fused router kernels: fewer memory passes than priced"),
+        ("--cross-entropy-loss-fusion", "gemm", "fused cross-entropy: less logits memory and time than priced"),
+        ("--moe-upcycling-granularity", "expert_gemm",
+         "upcycled experts: expert shapes differ from --moe-ffn-hidden-size"),
+        ("--moe-latent-size", "expert_gemm expert_dispatch", "latent MoE: expert inputs projected to a smaller size"),
+        ("--swap-attention", "memory_bound", "MindSpeed: swaps attention activations to host memory"),
+        ("--use-mc2", "collectives", "MindSpeed: fuses TP communication into compute (mc2): TP time lower than priced"),
+        ("--moe-alltoall-overlap-comm", "expert_dispatch", "MindSpeed: overlaps the EP all-to-all with compute"),
+        ("--use-fused-rmsnorm", "memory_bound", "MindSpeed fused kernel: norm time lower than priced"),
+        ("--use-fused-swiglu", "memory_bound", "MindSpeed fused kernel: activation time lower than priced"),
+        ("--use-distributed-optimizer-offload", "memory_bound", "offloads optimizer states"),
+        ("--hybrid-context-parallel", "collectives",
+         "hybrid context parallelism: attention communication differs from the CP model"),
+        ("--delay-param-gather", "collectives", "parameter gather scheduling differs from the priced overlap"),
+        ("--manual-gc", "host", "Python garbage collection at fixed intervals: small time effect"),
+        ("--empty-unused-memory-level", "host",
+         "frees cached memory between phases: small time and peak-memory effect"),
+        ("--use-cpu-initialization", "", "initialisation only"),
+        ("--sequence-packing", "attention",
+         "packed variable-length sequences: attention work differs from full-length sequences"),
+        ("--softmax-type", "attention",
+         "attention sinks (off-by-one or learnable softmax): cuDNN runs them inside its fused attention kernel; "
+         "their cost is not priced (no published figure)"),
+        # Megatron-LM megatron/training/determinism.py (@d98e8a64): NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
+        # (TE's deterministic attention backward), CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.use_deterministic_algorithms
+        ("--deterministic-mode", "gemm attention expert_gemm memory_bound collectives",
+         "deterministic kernels (Megatron's CI runs): NCCL's ring algorithm, Transformer Engine's deterministic "
+         "attention backward, a fixed cuBLAS workspace and torch's deterministic algorithms"),
+        ("--no-gradient-accumulation-fusion", "memory_bound",
+         "weight gradients accumulated by a separate pass: more memory traffic"),
+        *((name, "gemm attention", "a hybrid Mamba / attention / MLP layer pattern: every layer is priced as a "
+                                   "transformer layer (attention and MLP), Mamba layers are not")
+          for name in ("--hybrid-override-pattern", "--hybrid-layer-pattern")),
+        ("--is-hybrid-model", "gemm attention",
+         "a hybrid Mamba model: every layer is priced as a transformer layer (attention and MLP), Mamba layers are not"),
     )),
 )
 
 
 SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, passed through as given
     Flag("--hierarchical-context-parallel-sizes", Read("", "ints", min_value=1, observe=True),
-         "hierarchical_context_parallel_sizes", array=PARALLEL_ARGS,
+         "hierarchical_context_parallel_sizes", array=PARALLEL_ARGS, unpriced_in=("collectives",),
          not_modelled="hierarchical CP: attention communication differs from the CP model"),
     Flag("--no-overlap-p2p-communication", Read("overlap_p2p_comm", "false", observe=True), "overlap_p2p_comm",
          array=PARALLEL_ARGS),
@@ -428,17 +442,18 @@ SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, pas
     Flag("--num-distributed-optimizer-instances", _int(observe=True), "num_distributed_optimizer_instances",
          array=PARALLEL_ARGS),
     Flag("--ckpt-format", _str(observe=True), "ckpt_format", array=LOGGING_ARGS),
-    Flag("--use-torch-fsdp2", _SEEN, "use_torch_fsdp2",
+    Flag("--use-torch-fsdp2", _SEEN, "use_torch_fsdp2", unpriced_in=("collectives",),
          not_modelled="PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
     Flag("--transformer-impl", _str("transformer_engine", "local", "inference_optimized", observe=True),
          "transformer_impl", array=MODEL_ARGS),
-    Flag("--enable-cuda-graph", _SEEN, "enable_cuda_graph", not_modelled=_GRAPHS),  # older: --cuda-graph-impl local
-    Flag("--external-cuda-graph", _SEEN, "external_cuda_graph", not_modelled=_GRAPHS),  # older: transformer_engine
+    Flag("--enable-cuda-graph", _SEEN, "enable_cuda_graph", not_modelled=_GRAPHS, unpriced_in=("host",)),  # older: --cuda-graph-impl local
+    Flag("--external-cuda-graph", _SEEN, "external_cuda_graph", not_modelled=_GRAPHS, unpriced_in=("host",)),  # older: transformer_engine
     Flag("--moe-input-jitter-eps", Read("", "float", min_value=0.0, observe=True), "moe_input_jitter_eps",
          array=MOE_ARGS),
     Flag("--moe-enable-deepep", _SEEN, "moe_enable_deepep", array=MOE_ARGS),  # older spelling: flex with DeepEP
     Flag("--distribute-saved-activations", _SEEN, "distribute_saved_activations", array=TRAINING_ARGS),
-    Flag("--cpu-offloading", _SEEN, "cpu_offloading", not_modelled="offloads activations or weights to host memory"),
+    Flag("--cpu-offloading", _SEEN, "cpu_offloading", not_modelled="offloads activations or weights to host memory",
+         unpriced_in=("memory_bound",)),
     Flag("--no-check-for-nan-in-loss-and-grad", Read("check_for_nan_in_loss_and_grad", "false", observe=True),
          "check_for_nan_in_loss_and_grad"),
 )
@@ -467,6 +482,33 @@ ROUTER_BALANCING_FLAGS: tuple[str, ...] = ("--moe-router-load-balancing-type", "
 them, added to a script that leaves them to Megatron's defaults."""
 
 NOT_MODELLED: dict[str, str] = {f.name: f.not_modelled for f in TABLE if f.not_modelled}
+UNPRICED_IN: dict[str, tuple[str, ...]] = {f.name: f.unpriced_in for f in TABLE if f.unpriced_in}
+"""Flag -> the cost model's mechanisms whose time it changes without a price (planner/cost/mechanisms.py)."""
+UNPRICED_ENV: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # Megatron-LM megatron/training/determinism.py (@d98e8a64) sets both under --deterministic-mode
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("0", ("attention",), "Transformer Engine's deterministic attention backward"),
+    "NCCL_ALGO": ("", ("collectives",), "NCCL's collective algorithm pinned instead of NCCL's own choice"),
+}
+"""Environment variable -> (the value that changes time unpriced, "" for any; mechanisms; what it does): a script's
+environment setting that changes a mechanism's time as an UNPRICED_IN flag does (`unpriced_env`)."""
+UNPRICED_IN.update({f"{name}={value}" if value else name: mechanisms
+                    for name, (value, mechanisms, _) in UNPRICED_ENV.items()})
+
+
+def unpriced_env(env) -> list[tuple[str, str]]:
+    """(entry, note) per environment setting of UNPRICED_ENV in `env` (a script's environment): the entry as
+    TrainingSpec.unpriced_flags records it (`NAME=value`, or `NAME` for any value)."""
+    out = []
+    for name, (value, _, what) in UNPRICED_ENV.items():
+        got = (env.get(name) or "").strip()
+        if got and (not value or got == value):
+            out.append((f"{name}={value}" if value else name,
+                        f"{name}={got} is not modelled: {what}; the prediction ignores it"))
+    return out
+
+
+PRICED_AS_IS: dict[str, frozenset[str]] = {"--softmax-type": frozenset({"vanilla"})}
+"""Flag -> values that leave the run as the cost model prices it (Megatron's default softmax)."""
 
 FORK_VALUES: dict[str, dict[str, str]] = {
     **{f.name: {c.value: c.priced_as for c in f.read.fork_choices} for f in TABLE if f.read and f.read.fork_choices},
@@ -611,15 +653,34 @@ def rule_options(rule: str) -> str | None:
     return "/".join(options or flags)
 
 
+def _not_modelled_in(passthrough: Iterable[str]) -> list[str]:
+    """The flags of `passthrough` that change time or memory unpriced (NOT_MODELLED), in order, each once; one
+    given only values the cost model prices as they are (PRICED_AS_IS) left out."""
+    seen: list[str] = []
+    toks = list(passthrough)
+    for i, tok in enumerate(toks):
+        name, eq, value = tok.partition("=")
+        if name not in NOT_MODELLED or name in seen:
+            continue
+        if not eq:
+            value = toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("--") else ""
+        if value and value in PRICED_AS_IS.get(name, ()):
+            continue
+        seen.append(name)
+    return seen
+
+
+def unpriced_time_flags(passthrough: Iterable[str]) -> tuple[str, ...]:
+    """The flags of `passthrough` whose time effect the cost model does not price (UNPRICED_IN), sorted: the
+    run's TrainingSpec.unpriced_flags, which the evidence compares with the calibration runs'."""
+    return tuple(sorted(name for name in _not_modelled_in(passthrough) if name in UNPRICED_IN))
+
+
 def unmodelled_notes(passthrough: Iterable[str], training=None) -> list[str]:
     """One note per flag in `passthrough` (the run's flags the planner does not read) that changes time
     or memory but is not priced, and (`training`, a TrainingSpec) for a setting priced without a measurement of
     its own (unfused attention)."""
-    seen: list[str] = []
-    for tok in passthrough:
-        name = tok.split("=", 1)[0]
-        if name in NOT_MODELLED and name not in seen:
-            seen.append(name)
+    seen = _not_modelled_in(passthrough)
     notes = [f"{name} is not modelled: {NOT_MODELLED[name]}; the prediction ignores it" for name in seen]
     if training is not None and training.attention_backend == "flash":
         notes.append("--attention-backend flash: Transformer Engine runs the FlashAttention package, not cuDNN's fused "

@@ -101,6 +101,10 @@ class TrainingSpec(StrictModel):
         None, description="torch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF="
         "expandable_segments:True in the launcher's environment), which caches less beyond what it allocates; None:"
         " not stated (planner/cost/memory.py EXPANDABLE_SEGMENTS_ASSUMED)")
+    unpriced_flags: tuple[str, ...] = Field(
+        (), description="the run's flags that change time without a price in the cost model (planner/megatron/flags.py"
+        " UNPRICED_IN), sorted: where no calibration run had one, the mechanisms it changes are outside the measured"
+        " region (planner/cost/mechanisms.py)")
     megatron: MegatronSettings = Field(default_factory=MegatronSettings,
                                        description="flags only Megatron's rules read (not priced)")
     moe_imbalance_factor: float | None = Field(
