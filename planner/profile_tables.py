@@ -454,13 +454,15 @@ class ProfileSet:
         return min(members, key=lambda m: (self._devices[m].memory_gib, min(self._devices[m].peak_tflops.values()), m))
 
     def group_links(self, group: NodeGroup) -> tuple[LinkProfile, LinkProfile]:
-        """(intra_node, inter_node) links of a node group, with the group's bandwidth overrides applied."""
+        """(intra_node, inter_node) links of a node group, with the group's bandwidth and NIC-kind overrides applied."""
         dev = self.device(group.device_type)
         intra, inter = dev.intra_node, dev.inter_node
         if group.intra_node_bandwidth_gb_per_s is not None:
             intra = intra.model_copy(update={"bandwidth_gb_per_s": group.intra_node_bandwidth_gb_per_s})
         if group.inter_node_bandwidth_gb_per_s is not None:
             inter = inter.model_copy(update={"bandwidth_gb_per_s": group.inter_node_bandwidth_gb_per_s})
+        if group.inter_node_kind is not None:
+            inter = inter.model_copy(update={"kind": group.inter_node_kind})
         return intra, inter
 
     def vendor(self, name: str) -> str:

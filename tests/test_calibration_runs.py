@@ -201,7 +201,7 @@ def test_unfitted_runs_are_priced_apart_from_the_fit(report):
     assert doc["summary"]["covered"] == sum(c.covered for c in report.unfitted)
     # the groups the README quotes: NVIDIA's performance publications against the rest, and one group per device type;
     # each row in exactly one of the two source groups and one device group
-    groups, devices = doc["groups"], {r["cluster"].split(":")[0] for r in unfitted}
+    groups, devices = doc["groups"], {_device(r) for r in unfitted}
     nvidia = [r for r in unfitted if source_key(r) in NVIDIA_PERFORMANCE_SOURCES]
     assert 0 < groups["NVIDIA's performance publications"]["rows"] == len(nvidia) < len(unfitted)
     assert groups["NVIDIA's performance publications"]["rows"] + groups["the other sources"]["rows"] == len(unfitted)
@@ -220,8 +220,19 @@ def _int_flags(row: dict[str, str]) -> dict[str, int]:
     return {k: int(v) for k, v in zip(a, a[1:]) if k.startswith("--") and v.isdigit()}
 
 
+def _cluster(row: dict[str, str]):
+    """The row's cluster (TYPE:COUNT, or a preset such as p5-h100-64 for AWS's EFA nodes)."""
+    from planner.inputs.cluster import parse_cluster
+    from planner.profile_tables import ProfileSet
+    return parse_cluster(row["cluster"], ProfileSet.load())
+
+
 def _gpus(row: dict[str, str]) -> int:
-    return int(row["cluster"].split(":")[1])
+    return _cluster(row).world_size
+
+
+def _device(row: dict[str, str]) -> str:
+    return _cluster(row).groups[0].device_type
 
 
 def _token_throughput_seconds(row: dict[str, str]) -> float:
@@ -323,7 +334,8 @@ def test_aws_rows_are_the_published_iteration_times():
     B200 GPT row's seconds are the page's ~134 TFLOP/s/GPU turned into time with Megatron core_v0.17.0's causal count
     (GeLU MLP of 4h, vocabulary padded to 128 x TP), which gives back the page's ~6.4 s/iter."""
     rows = _source_rows("aws-awsome-distributed")
-    assert len(rows) >= 17 and sum(r["cluster"].startswith("B300:") for r in rows) == 10
+    assert len(rows) >= 17 and sum(_device(r) == "B300" for r in rows) == 10
+    assert all(_cluster(r).groups[0].inter_node_kind == "efa" for r in rows)  # p5 / p6 nodes over EFA
     for r in rows:
         f, gpus, value = _int_flags(r), _gpus(r), float(r["value"])
         b, s, l, h = (f[k] for k in ("--global-batch-size", "--seq-length", "--num-layers", "--hidden-size"))

@@ -107,6 +107,7 @@ def test_yaml_file_with_overrides_and_links(profiles, tmp_path):
     ({"groups": [{"device_type": "H800", "num_nodes": 1}], "links": [{"between": ["H800"], "kind": "roce"}]}, "between"),
     ({"groups": [{"device_type": "H800", "num_nodes": 1}],
       "links": [{"between": ["H800", "MI300X"], "kind": "carrier-pigeon"}]}, "carrier-pigeon"),
+    ({"groups": [{"device_type": "H100", "num_nodes": 2, "inter_node_kind": "pigeon"}]}, "inter_node_kind"),
 ])
 def test_bad_cluster_file_names_the_key(profiles, tmp_path, body, needle):
     """A bad cluster file raises PlannerInputError on --cluster naming the offending key."""
@@ -124,3 +125,22 @@ def test_presets_from_profiles_dir(tmp_path):
         {"name": "lab", "groups": [{"device_type": "A800", "num_nodes": 1}]}))
     ps = ProfileSet.load([tmp_path])
     assert parse_cluster("lab", ps).gpus_by_type() == {"A800": 8}
+
+
+def test_a_group_states_its_fabric_and_the_links_carry_it(profiles, tmp_path):
+    """`inter_node_kind: efa` (AWS's EFA) replaces the device's NIC kind between nodes and keeps its curves and rate;
+    a pool of the group keeps it too."""
+    f = tmp_path / "aws.yaml"
+    f.write_text(yaml.safe_dump({"groups": [{"device_type": "H100", "num_nodes": 2, "inter_node_kind": "efa"}]}))
+    c = parse_cluster(str(f), profiles)
+    intra, inter = profiles.group_links(c.groups[0])
+    default = profiles.device("H100").inter_node
+    assert (inter.kind, intra.kind) == ("efa", "nvlink")
+    assert (inter.bandwidth_gb_per_s, inter.efficiency) == (default.bandwidth_gb_per_s, default.efficiency)
+    assert profiles.group_links(parse_cluster("H100:16", profiles).groups[0])[1].kind == "infiniband"
+    assert parse_cluster("p5-h100-64", profiles).groups[0].inter_node_kind == "efa"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"groups": [{"device_type": "H100", "num_nodes": 2, "inter_node_kind": "ib"}]}))
+    with pytest.raises(PlannerInputError) as info:
+        parse_cluster(str(bad), profiles)
+    assert all(k in str(info.value) for k in ("inter_node_kind", "infiniband", "efa")), str(info.value)

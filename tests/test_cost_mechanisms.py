@@ -102,8 +102,10 @@ def test_deepep_is_priced_per_link_from_its_own_published_tables():
     """EP8 inside one H800 node: DeepEP's dispatch and combine run at DeepEP's published intranode figures (153 and
     158 GB/s on H800's 200 GB/s NVLink, profiles/published/dispatch.csv), with no fitted factor: the bytes are this
     GPU's token copies for the other 7 ranks a token's experts live on.  Across nodes (EP32 on H100, 4 nodes) the
-    RDMA leg runs at the RDMA rows' own figures (43.7 GB/s dispatch, BF16; combine at the 50 GB/s NIC), the NVLink leg
-    at the NVLink rows' (UCCL-EP on H200: 320 of 450), each leg its own, not one factor for both."""
+    RDMA leg runs at its own fabric's rows: over InfiniBand DeepEP's own table (58 and 57 GB/s at EP32 on a 50 GB/s
+    NIC: the NIC's rate), over AWS's EFA (`inter_node_kind: efa`) AWS's table (43.7 GB/s dispatch, 46.1 combine,
+    BF16); the NVLink leg at the NVLink rows' (UCCL-EP on H200: 320 of 450), each leg its own, not one factor for
+    both."""
     from planner.cost.dispatch import _flex_comm_s, dispatch_table
     par = ("--tensor-model-parallel-size 1 --expert-model-parallel-size 8 --moe-token-dispatcher-type flex "
            "--moe-flex-dispatcher-backend deepep --micro-batch-size 1")
@@ -118,12 +120,18 @@ def test_deepep_is_priced_per_link_from_its_own_published_tables():
     cm = _cost(f"{MOE} {par.replace('-size 8', '-size 32')}", "H100:32")[0]
     links = cm.group_links("H100", tp=1, cp=1, dp=32, ep=32, etp=1).ep
     assert links.inter is not None and links.ranks_per_node == 8
-    assert dispatch_table("H100", "deepep", "infiniband", 32, "dispatch").efficiency == pytest.approx(43.7 / 50)
+    assert dispatch_table("H100", "deepep", "infiniband", 32, "dispatch").efficiency == 1.0
     assert dispatch_table("H100", "deepep", "infiniband", 32, "combine").efficiency == 1.0
+    assert dispatch_table("H100", "deepep", "efa", 32, "dispatch").efficiency == pytest.approx(43.7 / 50)
+    assert dispatch_table("H100", "deepep", "efa", 32, "combine").efficiency == pytest.approx(46.1 / 50)
     assert dispatch_table("H100", "deepep", "nvlink", 8, "dispatch").efficiency == pytest.approx(320 / 450)
     remote_bytes = tokens * token_bytes * 3 * p_node_hit(cm.model, 4)
-    rdma_s = sum(10e-6 + remote_bytes / (gbps * 1e9) for gbps in (43.7, 50.0))
-    assert _flex_comm_s(cm.model, links, tokens, 32, 2, "H100") == pytest.approx(rdma_s, rel=1e-9)
+    ib_s = sum(10e-6 + remote_bytes / (gbps * 1e9) for gbps in (50.0, 50.0))
+    assert _flex_comm_s(cm.model, links, tokens, 32, 2, "H100") == pytest.approx(ib_s, rel=1e-9)
+    efa = cm.group_links("H100", tp=1, cp=1, dp=32, ep=32, etp=1).ep
+    efa = type(efa)(**{**efa.__dict__, "inter": efa.inter.model_copy(update={"kind": "efa"})})
+    efa_s = sum(10e-6 + remote_bytes / (gbps * 1e9) for gbps in (43.7, 46.1))
+    assert _flex_comm_s(cm.model, efa, tokens, 32, 2, "H100") == pytest.approx(efa_s, rel=1e-9)
 
 
 def test_in_node_ep_gains_no_more_than_nvidia_measured_over_cross_node_ep():

@@ -458,3 +458,20 @@ def test_a_plan_over_the_headroom_but_within_the_device_is_compared_not_refused(
     assert not e["fits"] and e["fits_device"] and e["overflow"]["fits_device"], e["overflow"]
     text = " ".join(_invoke(est).output.split())
     assert "(over the headroom, within the device)" in text and "it may run or run out of memory" in text
+
+
+def test_efa_is_a_fabric_of_its_own_for_the_evidence_and_priced_as_infiniband_at_its_rate():
+    """The same MoE plan on 64 H100 over InfiniBand (the device's NIC) and over AWS's EFA (preset p5-h100-64,
+    `inter_node_kind: efa`, the same 50 GB/s per GPU): NCCL's all-to-all is priced alike on both (EFA at the
+    InfiniBand curves), but no calibration run trained over EFA, so there the dispatch across nodes is unmeasured,
+    named with its fabric, and the range wider."""
+    args = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings "
+            "4096 --vocab-size 32000 --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 --moe-grouped-gemm "
+            "--moe-router-force-load-balancing --disable-bias-linear --swiglu --micro-batch-size 2 --global-batch-size 256 "
+            "--expert-model-parallel-size 32 --moe-token-dispatcher-type alltoall --bf16")
+    ib, efa = (estimate(load_inputs(megatron_args=args, cluster=c)).time_range for c in ("H100:64", "p5-h100-64"))
+    assert efa.nominal_s == pytest.approx(ib.nominal_s, rel=1e-9)
+    named = [u for u in efa.evidence.to_json()["unmeasured"] if u.startswith("alltoall dispatch with EP across nodes")]
+    assert named and "across nodes (efa)" in named[0], efa.evidence.unmeasured
+    assert not any("(efa)" in u for u in ib.evidence.to_json()["unmeasured"])
+    assert efa.high_s > ib.high_s

@@ -276,8 +276,10 @@ GPU_INITIATED_BACKENDS = ("deepep", "hybridep", "uccl-ep")
 """EP kernels that drive the links from the GPU (DeepEP and its kin): where the run's own backend has no published
 figure on a link, another of these stands for what such kernels reach on it."""
 LINK_CLASSES = {"nvlink": "nvlink", "xgmi": "xgmi", "hccs": "hccs", "infiniband": "rdma", "roce": "rdma",
-                "ethernet": "rdma", "slingshot": "rdma"}
-"""LinkProfile.kind -> the link column of dispatch.csv (a NIC of any kind is `rdma`)."""
+                "ethernet": "rdma", "slingshot": "rdma", "efa": "efa"}
+"""LinkProfile.kind -> the link column of dispatch.csv: a verbs NIC (InfiniBand, RoCE, ...) is `rdma`; AWS's EFA, whose
+GPU-initiated EP kernels run over libfabric (DeepEP through NVSHMEM's host proxy, UCCL-EP through its own) and
+measure apart from them (AWS's ep-backend-comparison tables), is `efa`."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ _ITEM = re.compile(r"^\s*([^:\s][^:]*?)\s*:\s*(\S+)\s*$")
 _NODES_X_GPUS = re.compile(r"^([0-9]{1,9})[xX*]([0-9]{1,9})$")
 _COUNT = re.compile(r"^[0-9]{1,9}$")
 _GROUP_KEYS = {"device_type", "num_nodes", "gpus_per_node", "num_gpus",
-               "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"}
+               "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s", "inter_node_kind"}
 _TOP_KEYS = {"name", "groups", "links"}
 _LINK_KEYS = {"between", "kind", "bandwidth_gb_per_s", "latency_us"}
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ConfigDict, Field, model_validator
 
 from planner.schemas.types import MAX_GPUS, BandwidthGBps, LatencyUs, StrictModel
+
+
+NicKind = Literal["infiniband", "roce", "ethernet", "efa", "slingshot"]
+"""The kinds of network between nodes a node group may state (LinkProfile.kind of a NIC)."""
 
 
 class NodeGroup(StrictModel):
@@ -15,6 +21,10 @@ class NodeGroup(StrictModel):
     gpus_per_node: int = Field(gt=0)
     intra_node_bandwidth_gb_per_s: BandwidthGBps | None = Field(None, description="override, per GPU per direction")
     inter_node_bandwidth_gb_per_s: BandwidthGBps | None = Field(None, description="override, per GPU per direction")
+    inter_node_kind: NicKind | None = Field(
+        None, description="override of the device profile's NIC kind between nodes (efa: AWS's Elastic Fabric "
+        "Adapter); priced with the device's inter-node curves at the group's bandwidth, and told apart by the evidence "
+        "(a fabric no calibration run used is unmeasured)")
 
     @property
     def num_gpus(self) -> int:

@@ -57,7 +57,7 @@ class LinkProfile(StrictModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, host-memory")
+    kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, efa, slingshot, host-memory")
     bandwidth_gb_per_s: BandwidthGBps = Field(description="per GPU per direction, GB/s (10^9 bytes)")
     latency_us: LatencyUs
     efficiency: dict[str, EfficiencyCurve] = Field(

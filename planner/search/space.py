@@ -125,6 +125,7 @@ def pooled_view(cluster: ClusterSpec, profiles, pools: list[str]) -> ClusterSpec
         limiting = cluster.group_of(profiles.limiting_member(pool))
         groups.append(NodeGroup(device_type=pool, num_nodes=nodes, gpus_per_node=limiting.gpus_per_node,
                                 intra_node_bandwidth_gb_per_s=limiting.intra_node_bandwidth_gb_per_s,
+                                inter_node_kind=limiting.inter_node_kind,
                                 inter_node_bandwidth_gb_per_s=profiles.cross_link(pool, pool, cluster).bandwidth_gb_per_s))
     pooled = {m for p in pools for m in pool_members(p)}
     order = {p: min(k for k, g in enumerate(cluster.groups) if g.device_type in pool_members(p)) for p in pools}
