@@ -475,3 +475,22 @@ def test_efa_is_a_fabric_of_its_own_for_the_evidence_and_priced_as_infiniband_at
     assert named and "across nodes (efa)" in named[0], efa.evidence.unmeasured
     assert not any("(efa)" in u for u in ib.evidence.to_json()["unmeasured"])
     assert efa.high_s > ib.high_s
+
+
+def test_flex_dispatch_across_efa_nodes_says_what_training_measured():
+    """DeepEP across EFA nodes is priced from AWS's EFA microbenchmark, which AWS's own training runs contradict
+    (DeepEP 1.28-1.86x NCCL's iteration time at EP32): the estimate says so, for flex dispatch across EFA nodes
+    only (not over InfiniBand, not with NCCL's all-to-all)."""
+    args = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings "
+            "4096 --vocab-size 32000 --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 --moe-grouped-gemm "
+            "--moe-router-force-load-balancing --disable-bias-linear --swiglu --micro-batch-size 2 --global-batch-size 256 "
+            "--expert-model-parallel-size 32 --bf16 --moe-token-dispatcher-type ")
+
+    def efa_notes(dispatcher: str, cluster: str) -> list[str]:
+        notes = estimate(load_inputs(megatron_args=args + dispatcher, cluster=cluster)).notes
+        return [n for n in notes if "over EFA" in n]
+
+    flex = "flex --moe-flex-dispatcher-backend deepep"
+    [note] = efa_notes(flex, "p5-h100-64")
+    assert note.startswith("DeepEP dispatch with EP across nodes over EFA") and "1.28-1.86x" in note
+    assert efa_notes(flex, "H100:64") == [] and efa_notes("alltoall", "p5-h100-64") == []

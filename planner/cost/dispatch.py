@@ -358,6 +358,31 @@ def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: i
     return total
 
 
+EFA_FLEX_NOTE = (
+    "{backend} dispatch with EP across nodes over EFA is priced from dispatch microbenchmarks on EFA (DeepEP's reaches "
+    "78-92% of the NIC on p5 H100: profiles/published/dispatch.csv), but training runs slower than that: over EFA, "
+    "NVSHMEM (DeepEP's transport) goes through a host proxy thread rather than GPU-initiated RDMA, and AWS measured "
+    "Megatron-Bridge training of Qwen3-30B-A3B on 64 H100 with DeepEP at 1.03-1.07x NCCL all-to-all's iteration time "
+    "at EP16 (2 nodes) and 1.28-1.86x at EP32 (4 nodes), with UCCL-EP at 1.3-2.9x (awslabs/awsome-distributed-ai "
+    "@95b939cd 3.test_cases/megatron/megatron-bridge/qwen3-30b/benchmarks/RESULTS.md); over EFA "
+    "--moe-token-dispatcher-type alltoall is the measured choice")
+"""What the estimate of a flex (DeepEP/HybridEP) dispatch across EFA nodes does not price (`fabric_notes`)."""
+
+
+def fabric_notes(cost, plan) -> list[str]:
+    """Notes on a plan's expert dispatch over a fabric whose measured training time its price misses: flex
+    (DeepEP/HybridEP) dispatch with EP across nodes over EFA (`cost` a CostModel)."""
+    model = cost.model
+    if not model.is_moe or model.moe_token_dispatcher_type != "flex":
+        return []
+    for st in plan.stages:
+        links = cost.group_links(st.device_type, tp=plan.tp, cp=plan.cp, dp=st.dp, ep=plan.ep, etp=plan.etp).ep
+        if links.inter is not None and links.inter.kind == "efa":
+            return [EFA_FLEX_NOTE.format(backend={"deepep": "DeepEP", "hybridep": "HybridEP"}.get(
+                model.moe_flex_dispatcher_backend, model.moe_flex_dispatcher_backend))]
+    return []
+
+
 def moe_dispatch(
     model: ModelSpec, *, kernels: Kernels, links: GroupLinks, local_tokens: float, ep: int, etp: int,
     imbalance: float, act_bytes: int, fill: float = 1.0,
