@@ -134,6 +134,26 @@ def test_deepep_is_priced_per_link_from_its_own_published_tables():
     assert _flex_comm_s(cm.model, efa, tokens, 32, 2, "H100") == pytest.approx(efa_s, rel=1e-9)
 
 
+def test_the_alltoall_dispatcher_all_gathers_tokens_per_expert_in_the_forward():
+    """Megatron's alltoall dispatcher gathers every rank's tokens per expert over the TPxEP group before the host
+    copy its split sizes need (token_dispatcher.py `preprocess`): one all-gather of E int64 per rank, forward only
+    (the backward reuses the splits), priced by the group's link (across nodes: one inter-node latency per ring step).
+    At EP16 over two H100 nodes: 128 experts x 8 bytes x 16 ranks, 15 ring steps of 10 us and the bytes; none at EP1
+    and none for DeepEP, whose dispatch exchanges its counts inside the benchmarked kernel."""
+    from planner.cost.communication import collective_s
+    par = "--tensor-model-parallel-size 1 --micro-batch-size 1 --moe-token-dispatcher-type "
+    cm, plan, _ = _cost(f"{MOE} {par}alltoall --expert-model-parallel-size 16", "H100:16")
+    layer = _layer(f"{MOE} {par}alltoall --expert-model-parallel-size 16", "H100:16")
+    group = cm.group_links("H100", tp=1, cp=1, dp=16, ep=16, etp=1).expert_group
+    gather_s = collective_s(group, "all_gather", 128 * 8 * 16, 16)
+    assert 15 * 10e-6 <= gather_s < 15 * 10e-6 * 1.2
+    gather_s *= cm.kernels("H100").corrections["dispatch_alltoall"]  # the dispatcher's own constant, as its all-to-all
+    assert layer.ep_fwd_s - layer.ep_bwd_s == pytest.approx(gather_s, rel=1e-9)
+    one = _layer(f"{MOE} {par}alltoall --expert-model-parallel-size 1", "H100:8")
+    flex = _layer(f"{MOE} {par}flex --moe-flex-dispatcher-backend deepep --expert-model-parallel-size 16", "H100:16")
+    assert one.ep_fwd_s == one.ep_bwd_s == 0.0 and flex.ep_fwd_s == pytest.approx(flex.ep_bwd_s, rel=1e-9)
+
+
 def test_in_node_ep_gains_no_more_than_nvidia_measured_over_cross_node_ep():
     """What `solve`'s claim for Qwen3-235B on 256 H100 rests on (issue 31: its pick, EP8 inside a node with DeepEP,
     is priced 1.27x faster than NVIDIA's published EP32 across nodes, nearly all of it the dispatch): the Model

@@ -11,6 +11,8 @@ moves the same bytes the other way):
 * **Dispatch + combine on the wire**, by `--moe-token-dispatcher-type`:
   - `alltoall` (MoEAlltoAllTokenDispatcher): permutes first, so a token goes once per selected expert
     (k copies), to every EP rank, over NVLink inside a node and the NIC across nodes (`communication.collective_s`).
+    Before it, in the forward only, the split sizes: every rank's tokens per expert all-gathered over the TPxEP
+    group (E int64 per rank, latency-bound; across nodes where EP spans them) and copied to the host.
   - `flex` (DeepEP / HybridEP): a token goes once per destination *rank* inside a node (NVLink), and once
     per destination *node* across nodes (RDMA), where it is forwarded over NVLink to the ranks that need it
     (DeepEP `get_dispatch_layout`: `is_token_in_rank`; internode kernels send over RDMA to the same-index
@@ -265,10 +267,12 @@ class DispatchCost:
     copies_per_token: float  # token copies this GPU's experts compute, per local token
     tokens_per_expert: float  # rows of one expert's GEMM: the balanced mean, times the fill (padding to capacity)
     load: float  # the busiest rank's expert work over `local experts x tokens_per_expert` (imbalance / fill)
+    counts_s: float = 0.0  # forward only: the all-gather of tokens per expert the alltoall dispatcher's splits need
 
     @property
     def total_s(self) -> float:
-        return self.router_s + self.permute_s + self.comm_s + self.etp_s
+        """The forward's seconds."""
+        return self.router_s + self.permute_s + self.comm_s + self.etp_s + self.counts_s
 
 
 DISPATCH_CSV = PROFILES_DIR / "published" / "dispatch.csv"
@@ -411,7 +415,14 @@ def moe_dispatch(
         permute_bytes += 2 * t_l * ep * etp * token_bytes  # masking the gathered tokens
     permute_s = kernels.memory_s(permute_bytes)
 
-    comm_s = 0.0
+    comm_s = counts_s = 0.0
+    if dispatcher == "alltoall" and ep * etp > 1:
+        # MoEAlltoAllTokenDispatcher.preprocess (megatron/core/transformer/moe/token_dispatcher.py @d98e8a64): the
+        # all-to-all's split sizes need every rank's tokens per expert, all-gathered over the TPxEP group (E int64
+        # per rank) before the device-to-host copy the host then waits for: a latency-bound collective on the
+        # forward's critical path, across nodes where EP spans them.  The dispatcher's correction scales it with
+        # the all-to-all: every second of the dispatcher's communication is expert dispatch's (planner/cost/mechanisms.py).
+        counts_s = corr * collective_s(links.expert_group, "all_gather", e * 8.0 * ep * etp, ep * etp)
     if ep > 1 or (dispatcher == "allgather" and etp > 1):
         if dispatcher == "alltoall":
             comm_s = 2 * imbalance * collective_s(links.ep, "all_to_all", sent, ep)
@@ -427,5 +438,5 @@ def moe_dispatch(
         gathered = etp * t_l * k * imbalance * token_bytes
         etp_s = collective_s(links.etp, "all_gather", gathered, etp) + collective_s(
             links.etp, "reduce_scatter", gathered, etp)
-    return DispatchCost(router_s=router_s, permute_s=permute_s, comm_s=comm_s, etp_s=etp_s,
+    return DispatchCost(router_s=router_s, permute_s=permute_s, comm_s=comm_s, etp_s=etp_s, counts_s=counts_s,
                         copies_per_token=copies, tokens_per_expert=tokens_per_expert, load=imbalance / fill)

@@ -110,7 +110,8 @@ def layer_cost(
     # micro-batch's copy while the other's compute runs).  Before, the floor took back what the overlap hid:
     # Qwen3-30B-A3B SFT, EP overlap off and on, priced 34.314 s both times, measured 41.25 and 31.31 s.
     ep_raw = x.dispatch.comm_s if x.dispatch else 0.0  # each way, before the overlaps hide any of it
-    host_fwd = max(0.0, x.kernels.host_s(sum(launches.values())) - (c.fwd_s + tp_s + cp_fwd + ep_raw))
+    counts = x.dispatch.counts_s if x.dispatch else 0.0  # the forward's only
+    host_fwd = max(0.0, x.kernels.host_s(sum(launches.values())) - (c.fwd_s + tp_s + cp_fwd + ep_raw + counts))
     host_bwd = max(0.0, x.kernels.host_s(BWD_LAUNCHES_OVER_FWD * sum(launches.values()))
                    - (c.bwd_s + tp_s + cp_bwd + ep_raw))
     b = GEMM_BWD_OVER_FWD + 1
@@ -651,10 +652,12 @@ def _ep_comm_s(x: _LayerInputs, *, hide_s: float, shared_s: float) -> tuple[floa
     compute) and --moe-shared-expert-overlap behind the shared experts."""
     d, tr = x.dispatch, x.training
     ep_fwd = ep_bwd = d.comm_s if d else 0.0
+    if d:
+        ep_fwd += d.counts_s  # the forward's all-gather of tokens per expert (planner/cost/dispatch.py)
     if d and tr.overlap_moe_expert_parallel_comm:
         total = ep_fwd + ep_bwd
         exposed = max((1.0 - EP_OVERLAP_HIDDEN) * total, total - hide_s)
-        ep_fwd = ep_bwd = exposed / 2
+        ep_fwd, ep_bwd = (exposed * ep_fwd / total, exposed * ep_bwd / total) if total > 0 else (0.0, 0.0)
     if d and tr.moe_shared_expert_overlap and shared_s:
         ep_fwd = max(0.0, ep_fwd - shared_s)
         ep_bwd = max(0.0, ep_bwd - GEMM_BWD_OVER_FWD * shared_s)
