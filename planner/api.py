@@ -435,8 +435,8 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal.evaluate(plan)
     check_prediction(cost, "the configuration", profiles.user_files)
-    notes = (notes + [f"rule {v.rule}: {v.message}" for v in violations] + unmodelled_notes(run.passthrough, run.training)
-             + fabric_notes(ranges.nominal, plan))
+    notes = (notes + [f"rule {v.rule}: {v.message}" for v in violations]
+             + unmodelled_notes(run.passthrough, run.training) + fabric_notes(ranges.nominal, plan))
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
 

@@ -466,8 +466,9 @@ def test_efa_is_a_fabric_of_its_own_for_the_evidence_and_priced_as_infiniband_at
     InfiniBand curves), but no calibration run trained over EFA, so there the dispatch across nodes is unmeasured,
     named with its fabric, and the range wider."""
     args = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings "
-            "4096 --vocab-size 32000 --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 --moe-grouped-gemm "
-            "--moe-router-force-load-balancing --disable-bias-linear --swiglu --micro-batch-size 2 --global-batch-size 256 "
+            "4096 --vocab-size 32000 --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 "
+            "--moe-grouped-gemm --moe-router-force-load-balancing --disable-bias-linear --swiglu --micro-batch-size 2 "
+            "--global-batch-size 256 "
             "--expert-model-parallel-size 32 --moe-token-dispatcher-type alltoall --bf16")
     ib, efa = (estimate(load_inputs(megatron_args=args, cluster=c)).time_range for c in ("H100:64", "p5-h100-64"))
     assert efa.nominal_s == pytest.approx(ib.nominal_s, rel=1e-9)
@@ -482,8 +483,9 @@ def test_flex_dispatch_across_efa_nodes_says_what_training_measured():
     (DeepEP 1.28-1.86x NCCL's iteration time at EP32): the estimate says so, for flex dispatch across EFA nodes
     only (not over InfiniBand, not with NCCL's all-to-all)."""
     args = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --max-position-embeddings "
-            "4096 --vocab-size 32000 --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 --moe-grouped-gemm "
-            "--moe-router-force-load-balancing --disable-bias-linear --swiglu --micro-batch-size 2 --global-batch-size 256 "
+            "4096 --vocab-size 32000 --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 1024 "
+            "--moe-grouped-gemm --moe-router-force-load-balancing --disable-bias-linear --swiglu --micro-batch-size 2 "
+            "--global-batch-size 256 "
             "--expert-model-parallel-size 32 --bf16 --moe-token-dispatcher-type ")
 
     def efa_notes(dispatcher: str, cluster: str) -> list[str]:

@@ -421,7 +421,8 @@ def moe_dispatch(
         # all-to-all's split sizes need every rank's tokens per expert, all-gathered over the TPxEP group (E int64
         # per rank) before the device-to-host copy the host then waits for: a latency-bound collective on the
         # forward's critical path, across nodes where EP spans them.  The dispatcher's correction scales it with
-        # the all-to-all: every second of the dispatcher's communication is expert dispatch's (planner/cost/mechanisms.py).
+        # the all-to-all: every second of the dispatcher's communication is expert dispatch's
+        # (planner/cost/mechanisms.py).
         counts_s = corr * collective_s(links.expert_group, "all_gather", e * 8.0 * ep * etp, ep * etp)
     if ep > 1 or (dispatcher == "allgather" and etp > 1):
         if dispatcher == "alltoall":

@@ -426,7 +426,8 @@ OTHER_FLAGS = _rows(
                                    "transformer layer (attention and MLP), Mamba layers are not")
           for name in ("--hybrid-override-pattern", "--hybrid-layer-pattern")),
         ("--is-hybrid-model", "gemm attention",
-         "a hybrid Mamba model: every layer is priced as a transformer layer (attention and MLP), Mamba layers are not"),
+         "a hybrid Mamba model: every layer is priced as a transformer layer (attention and MLP), Mamba layers are "
+         "not"),
     )),
 )
 
@@ -446,8 +447,9 @@ SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, pas
          not_modelled="PyTorch FSDP2 sharding: memory lower, extra all-gathers per layer"),
     Flag("--transformer-impl", _str("transformer_engine", "local", "inference_optimized", observe=True),
          "transformer_impl", array=MODEL_ARGS),
-    Flag("--enable-cuda-graph", _SEEN, "enable_cuda_graph", not_modelled=_GRAPHS, unpriced_in=("host",)),  # older: --cuda-graph-impl local
-    Flag("--external-cuda-graph", _SEEN, "external_cuda_graph", not_modelled=_GRAPHS, unpriced_in=("host",)),  # older: transformer_engine
+    # older spellings of --cuda-graph-impl local and transformer_engine
+    Flag("--enable-cuda-graph", _SEEN, "enable_cuda_graph", not_modelled=_GRAPHS, unpriced_in=("host",)),
+    Flag("--external-cuda-graph", _SEEN, "external_cuda_graph", not_modelled=_GRAPHS, unpriced_in=("host",)),
     Flag("--moe-input-jitter-eps", Read("", "float", min_value=0.0, observe=True), "moe_input_jitter_eps",
          array=MOE_ARGS),
     Flag("--moe-enable-deepep", _SEEN, "moe_enable_deepep", array=MOE_ARGS),  # older spelling: flex with DeepEP
