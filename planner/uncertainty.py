@@ -104,13 +104,9 @@ class Cell:
     ranges: tuple[tuple[str, float, float], ...]
     runs: tuple[str, ...]
 
-    def covers(self, c: Conditions) -> bool:
-        if c.mechanism != self.mechanism or frozenset(c.key) != self.key:
-            return False
-        return self.covers_numbers(c)
-
     def covers_numbers(self, c: Conditions) -> bool:
-        """Whether `c`'s numeric conditions lie within this cell's ranges (with NUMERIC_SLACK)."""
+        """Whether `c`'s numeric conditions lie within this cell's ranges (with NUMERIC_SLACK); the key is the
+        Region's to match (its `unpriced` axis flag by flag)."""
         span = {name: (lo, hi) for name, lo, hi in self.ranges}
 
         def near(name: str, v: float) -> bool:
