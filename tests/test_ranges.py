@@ -495,4 +495,29 @@ def test_flex_dispatch_across_efa_nodes_says_what_training_measured():
     flex = "flex --moe-flex-dispatcher-backend deepep"
     [note] = efa_notes(flex, "p5-h100-64")
     assert note.startswith("DeepEP dispatch with EP across nodes over EFA") and "1.28-1.86x" in note
-    assert efa_notes(flex, "H100:64") == [] and efa_notes("alltoall", "p5-h100-64") == []
+    assert efa_notes(flex, "H100:64") == [] and efa_notes("alltoall", "H100:64") == []
+    [note] = efa_notes("alltoall", "p5-h100-64")
+    assert note.startswith("alltoall dispatch with EP across nodes over EFA") and "DeepEP" not in note
+
+
+def test_alltoall_across_efa_nodes_note_quotes_what_aws_training_measured_against_this_model():
+    """The note on NCCL's all-to-all across EFA nodes quotes AWS's held-out training rows against this planner's
+    own estimate: re-priced here, every row's measured over predicted time lies in the range quoted for its
+    micro-batch size (the quote goes stale when the model moves); EP inside one node over EFA gets no note."""
+    from planner.calibration.runs import load_unfitted_runs
+    from planner.cost.dispatch import EFA_ALLTOALL_RATIO
+
+    rows = [r for r in load_unfitted_runs() if "-aws-qwen3" in r["id"] and "-a2a-" in r["id"]]
+    assert len(rows) >= 12
+    for r in rows:
+        est = estimate(load_inputs(megatron_args=r["megatron_args"], cluster=r["cluster"]))
+        ratio = float(r["value"]) / est.cost.iteration_time_s
+        lo, hi = EFA_ALLTOALL_RATIO[est.plan.mbs]
+        assert lo <= ratio <= hi, (r["id"], ratio)
+        notes = [n for n in est.notes if n.startswith("alltoall dispatch with EP across nodes over EFA")]
+        assert len(notes) == 1 and f"{lo:.2f}-{hi:.2f}x" in notes[0], r["id"]
+    inside = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --max-position-embeddings "
+              "2048 --vocab-size 32000 --num-experts 16 --moe-router-topk 2 --moe-grouped-gemm "
+              "--micro-batch-size 1 --global-batch-size 64 --expert-model-parallel-size 8 --bf16 "
+              "--moe-token-dispatcher-type alltoall")
+    assert not [n for n in estimate(load_inputs(megatron_args=inside, cluster="p5-h100-64")).notes if "over EFA" in n]
