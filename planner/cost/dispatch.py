@@ -379,11 +379,12 @@ EFA_ALLTOALL_NOTE = (
     "alltoall dispatch with EP across nodes over EFA is priced at the device's inter-node all-to-all curve (AWS's "
     "NCCL all-to-all microbenchmarks on EFA: busbw 40-45 GB/s per GPU at 32-64 ranks on p5 H100, at or above that "
     "price; 74-105 GB/s at 16-64 ranks on p6-b300, from 10% below it to 53% above: awslabs/awsome-distributed-ai "
-    "@95b939cd micro-benchmarks/expert-parallelism/ep-backend-comparison/RESULTS*.md), but AWS's Megatron-Bridge training with it ran slower: Qwen3-30B-A3B on 64 "
-    "p5 H100 and Qwen3-235B-A22B on 32-64 p6-b300 (EP16-EP32 across 2-4 nodes) measured {lo:.2f}-{hi:.2f}x this "
-    "planner's estimate at micro-batch 4 and {lo1:.2f}-{hi1:.2f}x at micro-batch 1, where the host bounds the step; the "
-    "all-to-all at about half its microbenchmark rate would account for it (no profile published). Keep EP inside "
-    "a node where it fits, or measure a short trial (solve --out writes one) before trusting this estimate")
+    "@95b939cd micro-benchmarks/expert-parallelism/ep-backend-comparison/RESULTS*.md), but AWS's Megatron-Bridge "
+    "training with it ran slower: Qwen3-30B-A3B on 64 p5 H100 and Qwen3-235B-A22B on 32-64 p6-b300 (EP16-EP32 "
+    "across 2-4 nodes) measured {lo:.2f}-{hi:.2f}x this planner's estimate at micro-batch 4 and {lo1:.2f}-{hi1:.2f}x "
+    "at micro-batch 1, where the host bounds the step; the all-to-all at about half its microbenchmark rate would "
+    "account for it (no profile published). Keep EP inside a node where it fits, or measure a short trial (solve "
+    "--out writes one) before trusting this estimate")
 """What the estimate of NCCL's all-to-all dispatch across EFA nodes does not price (`fabric_notes`)."""
 
 
