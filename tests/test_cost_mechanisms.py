@@ -453,8 +453,15 @@ def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
     cl = parse_cluster("H100:8", profiles)
     run = parse_megatron_flags(shlex.split(flags + " --global-batch-size 128"), world_size=8)
     cost = estimate_run(run, cl, profiles)
-    # it ran: it must fit in the device's memory (the planning headroom is a margin on top, not a measurement)
-    assert all(s.memory_bytes <= s.device_memory_bytes for s in cost.stages), cost.max_memory_gib
+    # it ran: its predicted memory must be within the device's, up to the most the memory model has over-predicted a
+    # measured peak (planner/calibration/memory.py; the planning headroom is a margin on top, not a measurement).
+    # The example fills the device: 79.5 GiB predicted of 79.1 (0.81 of it the unitemised allocations every stage
+    # carries), the model's worst measured over-prediction 4.3%.
+    from planner.calibration.memory import memory_rows
+    over = max(r.error_pct for r in memory_rows(profiles)) / 100
+    assert 0 < over < 0.1
+    assert all(s.memory_bytes <= s.device_memory_bytes * (1 + over) for s in cost.stages), cost.max_memory_gib
+    assert all(s.allocated_bytes + s.other_bytes <= s.device_memory_bytes for s in cost.stages)  # allocated: inside
 
 
 def test_mtp_layers_cost_time_and_parameters_on_the_last_stage_only():

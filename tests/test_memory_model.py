@@ -308,10 +308,34 @@ def test_shipped_recorded_cache_share_is_the_fit(profiles):
             assert r.predicted_reserved_gib <= r.measured_gib <= r.predicted_reserved_gib + r.free_gib, r.id
 
 
+
+def test_shipped_unitemised_allocated_memory_is_the_fit_and_every_stage_carries_it(profiles):
+    """UNITEMISED_ALLOCATED_GIB is what the measured allocated peaks give today (to 0.01 GiB); it is the same in
+    every stage, inside the allocated peak (and so the reserved one) and named in the stage's JSON."""
+    from planner.calibration.memory import fit_unitemised_gib
+    from planner.cost.memory import UNITEMISED_ALLOCATED_GIB
+
+    rows = memory_rows(profiles)
+    fitted = fit_unitemised_gib(rows)
+    assert fitted is not None and UNITEMISED_ALLOCATED_GIB == pytest.approx(fitted, abs=0.01)
+    assert all(r.unitemised_gib == pytest.approx(UNITEMISED_ALLOCATED_GIB) for r in rows)
+    run = parse_megatron_flags(shlex.split(
+        "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+        "--vocab-size 32000 --micro-batch-size 2 --global-batch-size 64 --pipeline-model-parallel-size 2 --bf16"),
+        world_size=8)
+    cluster = parse_cluster("H100:8", profiles)
+    plan, _ = plan_from_run(run, cluster, profiles)
+    for st in CostModel(run.model, run.training, cluster, profiles).evaluate(plan).stages:
+        itemised = st.weights_bytes + st.grads_bytes + st.optimizer_bytes + st.activations_bytes
+        assert st.allocated_bytes - itemised == pytest.approx(UNITEMISED_ALLOCATED_GIB * 2**30)
+        assert st.to_json()["unitemised_gib"] == pytest.approx(UNITEMISED_ALLOCATED_GIB)
+
 def test_leave_one_source_out_prices_reserved_rows_with_the_other_sources_share():
-    """A reserved row held out with its source is priced with the share fitted on the other sources' reserved
-    rows of variable-shape runs (their median), or 0 when none is left; allocated rows keep their error."""
-    from planner.calibration.memory import MemoryRow, fit_recorded_cache_share, loso_errors
+    """A row held out with its source is priced with the share fitted on the other sources' reserved rows of
+    variable-shape runs (their median), or 0 when none is left, and with the unitemised allocated memory fitted on
+    their allocated rows (the median of measured less itemised), or 0 when none is left: it adds to the needed peak
+    and takes from the free memory the share applies to."""
+    from planner.calibration.memory import MemoryRow, fit_recorded_cache_share, fit_unitemised_gib, loso_errors
 
     def row(id_, source, metric, measured, needed, free, vary=True):
         return MemoryRow(id=id_, metric=metric, measured_gib=measured, predicted_gib=needed, stage=0,
@@ -322,11 +346,12 @@ def test_leave_one_source_out_prices_reserved_rows_with_the_other_sources_share(
     a = row("a", "org/one x", "max_reserved_gib", 60.0, 40.0, 40.0)  # share 0.5
     b = row("b", "org/two y", "max_reserved_gib", 55.0, 40.0, 60.0)  # share 0.25
     c = row("c", "org/two z", "max_reserved_gib", 49.0, 40.0, 30.0, vary=False)  # fixed shapes: not fitted on
-    d = row("d", "org/three", "max_allocated_gib", 50.0, 45.0, 30.0)
+    d = row("d", "org/three", "max_allocated_gib", 50.0, 45.0, 30.0)  # 5 GiB above its itemised prediction
     assert fit_recorded_cache_share([a, b, c, d]) == pytest.approx(0.375)
+    assert fit_unitemised_gib([a, b, c, d]) == pytest.approx(5.0) and fit_unitemised_gib([a, b, c]) is None
     held = loso_errors([a, b, c, d])
-    assert held["a"] == pytest.approx(100 * (40.0 + 0.25 * 40.0 - 60.0) / 60.0)  # b's share
-    assert held["b"] == pytest.approx(100 * (40.0 + 0.5 * 60.0 - 55.0) / 55.0)  # a's share
-    assert held["c"] == pytest.approx(100 * (40.0 - 49.0) / 49.0)  # fixed shapes: the needed peak
-    assert held["d"] == pytest.approx(d.error_pct)
+    assert held["a"] == pytest.approx(100 * (40.0 + 5.0 + 0.25 * (40.0 - 5.0) - 60.0) / 60.0)  # b's share, d's 5
+    assert held["b"] == pytest.approx(100 * (40.0 + 5.0 + 0.5 * (60.0 - 5.0) - 55.0) / 55.0)  # a's share, d's 5
+    assert held["c"] == pytest.approx(100 * (40.0 + 5.0 - 49.0) / 49.0)  # fixed shapes: the needed peak
+    assert held["d"] == pytest.approx(d.error_pct)  # no other allocated row: nothing added
     assert loso_errors([a])["a"] == pytest.approx(100 * (40.0 - 60.0) / 60.0)  # nothing left to fit on

@@ -135,6 +135,26 @@ def test_shipped_headroom_is_the_derivation_from_the_measured_peaks(profiles):
     assert 0.0 <= h < 0.2
 
 
+
+def test_headroom_counts_allocated_peaks_and_fixed_shape_reserved_peaks_only():
+    """The headroom is the smallest whole percent that would have fitted every allocated peak and every reserved
+    peak of a fixed-shape run (its recorded peak is the needed one the fit check prices); a variable-shape run's
+    recorded reserved peak, which holds cache the allocator would release, does not set it."""
+    from planner.calibration.memory import MemoryRow
+
+    def row(id_, metric, measured, predicted, vary=False):
+        return MemoryRow(id=id_, metric=metric, measured_gib=measured, predicted_gib=predicted, stage=0,
+                         weights_grads_optimizer_gib=0.0, activations_gib=0.0, outside_allocator_gib=0.0,
+                         source="org/x", shapes_vary=vary)
+
+    alloc = row("a", "max_allocated_gib", 51.0, 50.0)  # 2% over the prediction: 2% headroom
+    fixed = row("f", "max_reserved_gib", 10.4, 10.0)  # 4% over: 4%
+    vary = row("v", "max_reserved_gib", 20.0, 10.0, vary=True)  # 100% over, not used
+    assert memory_headroom([alloc])[0] == pytest.approx(0.02)
+    assert memory_headroom([alloc, fixed])[0] == pytest.approx(0.04)
+    h, why = memory_headroom([alloc, fixed, vary])
+    assert h == pytest.approx(0.04) and "not used: v" in why
+
 @pytest.fixture(scope="module")
 def held_out_report():
     from planner.calibration.report import build_report

@@ -13,9 +13,11 @@ The metric says what was measured:
 * `max_reserved_gib`: the allocator's reserved peak, which adds its cache; compared with the reserved peak the
   stage's run records (StageCost.recorded_reserved_bytes: the needed reserved peak, the allocated one and the cache
   planner/cost/memory.py prices for the run's allocator settings, and where tensor sizes vary between
-  micro-batches the share RECORDED_CACHE_SHARE of the device memory left above it).  The share is the one constant
-  fitted here (`fit_recorded_cache_share`); `loso_errors` prices each reserved row with the share fitted on the
-  other sources' rows.
+  micro-batches the share RECORDED_CACHE_SHARE of the device memory left above it).
+
+Two constants are fitted here: the share (`fit_recorded_cache_share`) and the torch-allocated memory the itemised
+terms leave out (`fit_unitemised_gib`, planner/cost/memory.py UNITEMISED_ALLOCATED_GIB); `loso_errors` prices each
+row with both fitted on the other sources' rows.
 
 The errors feed the memory headroom (planner/calibration/uncertainty.py): the fraction of memory a plan keeps free
 so that the worst measured under-prediction would still have fitted.
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from planner.calibration.runs import PUBLISHED_DIR
 from planner.cost.estimate import plan_from_run
-from planner.cost.memory import RECORDED_CACHE_SHARE, shapes_vary
+from planner.cost.memory import RECORDED_CACHE_SHARE, UNITEMISED_ALLOCATED_GIB, shapes_vary
 from planner.cost.model import CostModel, StageCost
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
@@ -94,6 +96,7 @@ class MemoryRow:
     predicted_reserved_gib: float = 0.0  # needed (the fit check's), without the recorded cache
     free_gib: float = 0.0  # device memory left to the allocator above the needed reserved peak
     shapes_vary: bool = False  # tensor sizes change between micro-batches (planner/cost/memory.py shapes_vary)
+    unitemised_gib: float = 0.0  # the unitemised allocated memory the prediction includes (UNITEMISED_ALLOCATED_GIB)
 
     @property
     def source_key(self) -> str:
@@ -104,11 +107,15 @@ class MemoryRow:
         """The recorded reserved peak with `share` of the free memory (0 where the shapes are fixed)."""
         return self.predicted_reserved_gib + (share if self.shapes_vary else 0.0) * self.free_gib
 
-    def error_with_share_pct(self, share: float) -> float:
-        """The error of a reserved row priced with `share` (an allocated row's error, unchanged)."""
+    def error_with_share_pct(self, share: float, unitemised_gib: float | None = None) -> float:
+        """The error of the row priced with `share` (reserved rows) and `unitemised_gib` (None: as priced)."""
+        shift = 0.0 if unitemised_gib is None else unitemised_gib - self.unitemised_gib
         if self.metric == "max_allocated_gib":
-            return self.error_pct
-        return 100.0 * (self.recorded_gib(share) - self.measured_gib) / self.measured_gib
+            predicted = self.predicted_gib + shift
+        else:
+            free = max(0.0, self.free_gib - shift)
+            predicted = self.predicted_reserved_gib + shift + (share if self.shapes_vary else 0.0) * free
+        return 100.0 * (predicted - self.measured_gib) / self.measured_gib
 
     @property
     def error_pct(self) -> float:
@@ -151,7 +158,7 @@ def memory_row(row: dict, profiles, which: str, expandable_segments: bool | None
         activations_gib=st.activations_bytes / GIB_BYTES, outside_allocator_gib=st.other_bytes / GIB_BYTES,
         source=row.get("source", ""),
         free_gib=max(0.0, st.device_memory_bytes - st.other_bytes - st.reserved_bytes) / GIB_BYTES,
-        shapes_vary=shapes_vary(run.model),
+        shapes_vary=shapes_vary(run.model), unitemised_gib=st.unitemised_bytes / GIB_BYTES,
     )
 
 
@@ -173,13 +180,22 @@ def fit_recorded_cache_share(rows: list[MemoryRow]) -> float | None:
     return statistics.median(shares) if shares else None
 
 
+def fit_unitemised_gib(rows: list[MemoryRow]) -> float | None:
+    """UNITEMISED_ALLOCATED_GIB from measured allocated peaks: the median over them of the measured peak less the
+    itemised prediction (weights, gradients, optimizer state, activations); None without such rows."""
+    gaps = [r.measured_gib - (r.predicted_gib - r.unitemised_gib) for r in rows if r.metric == "max_allocated_gib"]
+    return statistics.median(gaps) if gaps else None
+
+
 def loso_errors(rows: list[MemoryRow]) -> dict[str, float]:
-    """Leave-one-source-out: each row's error (%) with the share fitted on the other sources' rows (0 when
-    none of them measured a reserved peak of a variable-shape run)."""
+    """Leave-one-source-out: each row's error (%) with the share and the unitemised memory fitted on the other
+    sources' rows (share 0 when none of them measured a reserved peak of a variable-shape run; unitemised 0 when
+    none measured an allocated peak)."""
     out = {}
     for r in rows:
-        share = fit_recorded_cache_share([o for o in rows if o.source_key != r.source_key])
-        out[r.id] = r.error_with_share_pct(share or 0.0)
+        others = [o for o in rows if o.source_key != r.source_key]
+        share = fit_recorded_cache_share(others)
+        out[r.id] = r.error_with_share_pct(share or 0.0, fit_unitemised_gib(others) or 0.0)
     return out
 
 
@@ -225,4 +241,9 @@ def memory_text(rows: list[MemoryRow]) -> str:
     lines.append(f"recorded cache share (reserved peaks of variable-shape runs): shipped {RECORDED_CACHE_SHARE:.2f}, "
                  + (f"fitted {fitted:.2f}" if fitted is not None else "no row to fit it on")
                  + " (planner/cost/memory.py RECORDED_CACHE_SHARE)")
+    unitemised = fit_unitemised_gib(rows)
+    lines.append(f"unitemised allocated memory (allocated peaks less weights, gradients, optimizer state and "
+                 f"activations): shipped {UNITEMISED_ALLOCATED_GIB:.2f} GiB, "
+                 + (f"fitted {unitemised:.2f} GiB" if unitemised is not None else "no row to fit it on")
+                 + " (planner/cost/memory.py UNITEMISED_ALLOCATED_GIB)")
     return "\n".join(lines)

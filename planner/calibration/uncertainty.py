@@ -2,13 +2,14 @@
 uncertainties, the extrapolation factor and the evidence region (what planner/uncertainty.py loads and
 planner/cost/ranges.py applies), and measure how often the range holds held-out measurements.
 
-Memory headroom.  Over the measured peaks of torch-allocated memory (planner/calibration/memory.py), r_i =
-measured / predicted.  A plan is accepted when its prediction is at most (1 - h) of the device's memory; the run
-then fits if r (1 - h) <= 1.  The default headroom is the smallest whole percent with r_i (1 - h) <= 1 for every
-row: the worst measured under-prediction would still have fitted.  The fit check applies it to the reserved peak
-(the allocated one and the allocator's cache, planner/cost/memory.py).  Rows of reserved memory are reported beside
-it, not used: they are a long run's recorded peak, which holds cache the allocator releases before it would run
-out (planner/cost/memory.py RECORDED_CACHE_SHARE).
+Memory headroom.  Over the measured peaks of torch-allocated memory (planner/calibration/memory.py), and the
+reserved peaks of runs whose tensor sizes are fixed (there the recorded peak is the needed one the fit check
+prices), r_i = measured / predicted.  A plan is accepted when its prediction is at most (1 - h) of the device's
+memory; the run then fits if r (1 - h) <= 1.  The default headroom is the smallest whole percent with
+r_i (1 - h) <= 1 for every row: the worst measured under-prediction would still have fitted.  The fit check applies
+it to the reserved peak (the allocated one and the allocator's cache, planner/cost/memory.py).  Reserved peaks of
+variable-shape runs are reported beside it, not used: they are a long run's recorded peak, which holds cache the
+allocator releases before it would run out (planner/cost/memory.py RECORDED_CACHE_SHARE).
 
 Evidence region.  Every calibration row, priced as its own plan, puts each mechanism in some conditions
 (planner/cost/mechanisms.py); the conditions carrying at least EVIDENCE_MIN_SHARE of its time are a cell of the
@@ -273,14 +274,14 @@ def held_out_coverage(cases: list[CalibrationCase], rows: list[HeldOutRow], resu
 
 def memory_headroom(rows: list[MemoryRow]) -> tuple[float, str]:
     """The default headroom and the sentence that says where it comes from (see the module docstring)."""
-    allocated = [r for r in rows if r.metric == "max_allocated_gib"]
-    worst = max(allocated, key=lambda r: r.under_ratio)
+    used = [r for r in rows if r.metric == "max_allocated_gib" or not r.shapes_vary]
+    worst = max(used, key=lambda r: r.under_ratio)
     h = max(0.0, math.ceil(100 * (1.0 - 1.0 / worst.under_ratio) - 1e-9) / 100)
-    reserved = [r for r in rows if r.metric != "max_allocated_gib"]
-    src = (f"smallest whole percent h with measured <= predicted / (1 - h) on every measured allocated peak "
-           f"({len(allocated)} rows of planner/calibration/published/measured_memory.csv); the worst, {worst.id}, "
-           f"measured {worst.measured_gib:.2f} GiB against {worst.predicted_gib:.2f} predicted "
-           f"({worst.error_pct:+.1f}%)")
+    reserved = [r for r in rows if r not in used]
+    src = (f"smallest whole percent h with measured <= predicted / (1 - h) on every measured allocated peak and "
+           f"every reserved peak of a fixed-shape run ({len(used)} rows of "
+           f"planner/calibration/published/measured_memory.csv); the worst, {worst.id}, measured "
+           f"{worst.measured_gib:.2f} GiB against {worst.predicted_gib:.2f} predicted ({worst.error_pct:+.1f}%)")
     if reserved:
         src += ("; not used: "
                 + ", ".join(f"{r.id} ({r.error_pct:+.1f}% on the recorded reserved peak)" for r in reserved)

@@ -24,7 +24,8 @@ from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iterati
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import BLACKWELL_DEVICES, LayerCost, LayerShape, layer_cost
 from planner.cost.memory import (
-    ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups, recorded_cache_share,
+    UNITEMISED_ALLOCATED_GIB, ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups,
+    recorded_cache_share,
 )
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
@@ -82,6 +83,7 @@ class StageCore:
     optimizer_bytes: float
     act_per_microbatch_bytes: float  # activations one in-flight micro-batch keeps
     fixed_act_bytes: float  # activation buffers alive once, whatever the micro-batches in flight
+    unitemised_bytes: float  # torch-allocated memory the terms above leave out (memory.UNITEMISED_ALLOCATED_GIB)
     context_bytes: float  # CUDA/ROCm/CANN context of the process (the device's memory_overhead_gib)
     comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
     device_memory_bytes: float  # the device's memory as the framework reports it
@@ -118,7 +120,8 @@ class StageCore:
 
     @property
     def static_bytes(self) -> float:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes + self.other_bytes
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes
+                + self.unitemised_bytes + self.other_bytes)
 
     @property
     def sync_s(self) -> float:
@@ -160,8 +163,10 @@ class StageCost(StageCore):
     @property
     def allocated_bytes(self) -> float:
         """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`, torch.cuda.max_memory_allocated):
-        weights, gradients, optimizer state and activations; not the context and the communicator buffers."""
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+        weights, gradients, optimizer state, activations and what these terms leave out (unitemised_bytes); not the
+        context and the communicator buffers."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.unitemised_bytes)
 
     @property
     def reserved_bytes(self) -> float:
@@ -241,6 +246,7 @@ class StageCost(StageCore):
             "grads_gib": self.grads_bytes / g,
             "optimizer_gib": self.optimizer_bytes / g,
             "activations_gib": self.activations_bytes / g,
+            "unitemised_gib": self.unitemised_bytes / g,
             "other_gib": self.other_bytes / g,
             "context_gib": self.context_bytes / g,
             "comm_buffers_gib": self.comm_buffer_bytes / g,
@@ -589,7 +595,7 @@ class CostModel:
             weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
             grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
-            fixed_act_bytes=lay.transient + ends.transient,
+            fixed_act_bytes=lay.transient + ends.transient, unitemised_bytes=UNITEMISED_ALLOCATED_GIB * GIB_BYTES,
             context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),

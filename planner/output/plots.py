@@ -33,12 +33,13 @@ from planner.schemas.plan import Plan
 from planner.simulate import simulate_pipeline
 
 GIB = float(1 << 30)
-MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "allocator_cache", "other")
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "unitemised", "allocator_cache", "other")
 _PART_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer states",
-                "activations": "activations", "allocator_cache": "allocator cache (reserved, not allocated)",
-                "other": "other (buffers, workspace)"}
+                "activations": "activations", "unitemised": "allocated, not itemised (workspaces, ...)",
+                "allocator_cache": "allocator cache (reserved, not allocated)",
+                "other": "other (context, communicator buffers)"}
 _PART_COLOURS = {"weights": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#DD8452",
-                 "allocator_cache": "#E5AE38", "other": "#8C8C8C"}
+                 "unitemised": "#B07AA1", "allocator_cache": "#E5AE38", "other": "#8C8C8C"}
 _KIND_COLOURS = {"F": ("#4C72B0", "#8FAADC"), "B": ("#DD8452", "#F2B48A")}  # (even chunk, odd chunk)
 _COMM_COLOURS = {"F": "#1F3A66", "B": "#8C4A1C"}  # the communication part of a forward / backward box
 _SYNC_COLOUR = "#55A868"
@@ -392,7 +393,8 @@ def memory_data(cost: PlanCost) -> dict[str, Any]:
     stages = []
     for st in cost.stages:
         parts = {"weights": st.weights_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes,
-                 "activations": st.activations_bytes, "allocator_cache": st.reserved_bytes - st.allocated_bytes,
+                 "activations": st.activations_bytes, "unitemised": st.unitemised_bytes,
+                 "allocator_cache": st.reserved_bytes - st.allocated_bytes,
                  "other": st.other_bytes}
         stages.append({"index": st.index, "device_type": st.device_type,
                        **{f"{k}_gib": v / GIB for k, v in parts.items()},
