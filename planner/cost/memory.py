@@ -319,10 +319,9 @@ variable-shape runs): ms-swift's Qwen3-30B-A3B SFT on 16 A800 (TP2 EP8 ETP2, aux
 its April 2025 script: measured_memory.csv) records 60 GiB where the model needs 41.9 GiB allocated and 42.2 GiB
 reserved (UNITEMISED_ALLOCATED_GIB included), with 75.5 GiB left to the allocator: (60 - 42.2) / (75.5 - 42.2) =
 0.534; two Qwen1.5-MoE-A2.7B SFT scripts of the same repository on 8 A800 give 0.551 (TP2 EP4, "8 * 65GiB") and
-0.463 (PP2 EP4 with expandable segments, "8 * 57GiB").  Three rows from one source, and how their figures were read is not stated: held out,
-nothing is left to fit the share on (`python -m planner.calibration.report` prints the leave-one-source-out
-figure), and short runs or fixed shapes record less
-(Megatron-LM memory reports quoted in ALLOCATOR_CACHE_FRACTION: 0.6-1% above the allocated peak; NVIDIA/skills'
+0.463 (PP2 EP4 with expandable segments, "8 * 57GiB").  Three rows from one source, and how their figures were read
+is not stated: held out, nothing is left to fit the share on (`python -m planner.calibration.report` prints the
+leave-one-source-out figure), and short runs or fixed shapes record less (Megatron-LM memory reports quoted in ALLOCATOR_CACHE_FRACTION: 0.6-1% above the allocated peak; NVIDIA/skills'
 20-step Moonlight-16B study, "near 40 GB" reserved, about 0.08 of the free memory: docs/cost-model.md)."""
 
 
