@@ -321,8 +321,9 @@ reserved (UNITEMISED_ALLOCATED_GIB included), with 75.5 GiB left to the allocato
 0.534; two Qwen1.5-MoE-A2.7B SFT scripts of the same repository on 8 A800 give 0.551 (TP2 EP4, "8 * 65GiB") and
 0.463 (PP2 EP4 with expandable segments, "8 * 57GiB").  Three rows from one source, and how their figures were read
 is not stated: held out, nothing is left to fit the share on (`python -m planner.calibration.report` prints the
-leave-one-source-out figure), and short runs or fixed shapes record less (Megatron-LM memory reports quoted in ALLOCATOR_CACHE_FRACTION: 0.6-1% above the allocated peak; NVIDIA/skills'
-20-step Moonlight-16B study, "near 40 GB" reserved, about 0.08 of the free memory: docs/cost-model.md)."""
+leave-one-source-out figure), and short runs or fixed shapes record less (Megatron-LM memory reports quoted in
+ALLOCATOR_CACHE_FRACTION: 0.6-1% above the allocated peak; NVIDIA/skills' 20-step Moonlight-16B study, "near 40 GB"
+reserved, about 0.08 of the free memory: docs/cost-model.md)."""
 
 
 def shapes_vary(model: ModelSpec) -> bool:
