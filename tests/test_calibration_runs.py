@@ -330,16 +330,38 @@ def test_aws_rows_are_the_published_iteration_times():
     """AWS's awsome-distributed-ai rows: the Qwen3-30B-A3B (H100) and Qwen3-235B-A22B (B300) seconds are RESULTS.md's
     mean iteration time (its table cell quoted in each row's notes: bold or not, with or without an 's'), and its tok/s
     (GBS x seq / time) and MODEL TFLOP/s/GPU (a causal FLOP count at the row's flags, attention projections sized by
-    --kv-channels, top-k experts of --moe-ffn-hidden-size) follow from that time; the
+    --kv-channels, top-k experts of --moe-ffn-hidden-size) follow from that time; the DeepSeek-V3 (MLA) rows' seconds
+    are in the quoted cell and the table's MODEL TFLOP/s/GPU, quoted too, follows from them with Megatron-Bridge
+    v0.4.2's own count (training/utils/flop_utils.py: MLA projections, causal core attention, the MTP layer and head,
+    vocabulary padded to 1280 x TP); the
     B200 GPT row's seconds are the page's ~134 TFLOP/s/GPU turned into time with Megatron core_v0.17.0's causal count
     (GeLU MLP of 4h, vocabulary padded to 128 x TP), which gives back the page's ~6.4 s/iter."""
     rows = _source_rows("aws-awsome-distributed")
-    assert len(rows) >= 17 and sum(_device(r) == "B300" for r in rows) == 10
+    assert len(rows) >= 20 and sum(_device(r) == "B300" for r in rows) == 13
     assert all(_cluster(r).groups[0].inter_node_kind == "efa" for r in rows)  # p5 / p6 nodes over EFA
     for r in rows:
         f, gpus, value = _int_flags(r), _gpus(r), float(r["value"])
         b, s, l, h = (f[k] for k in ("--global-batch-size", "--seq-length", "--num-layers", "--hidden-size"))
-        if "--num-experts" in f:
+        if "--multi-latent-attention" in r["megatron_args"]:
+            quote = re.search(r"Quoted: '([^']*)'", r["notes"]).group(1)
+            assert re.search(rf"(?<![\d.]){re.escape(r['value'])}(?!\d)", quote), r["id"]
+            tflops = re.search(r"TFLOP/s/GPU \(table ([\d.]+)", r["notes"]).group(1)
+            assert tflops in quote, r["id"]
+            dense, moe = (int(x) for x in re.search(r"\[0\]\*(\d+)\+\[1\]\*(\d+)", r["megatron_args"]).groups())
+            mtp = f.get("--mtp-num-layers", 0)
+            n, moe = l + mtp, moe + mtp  # the MTP layer is an MoE layer, as the last decoder layer is
+            a, qk, rope, v = (f[k] for k in ("--num-attention-heads", "--qk-head-dim", "--qk-pos-emb-head-dim",
+                                             "--v-head-dim"))
+            attn = 6 * n * (f["--q-lora-rank"] * (h + a * (qk + rope) + 1)
+                            + f["--kv-lora-rank"] * (h + a * (qk + v) + 1)
+                            + h * rope + a * v * h + s * a * (qk + rope) / 2 + s * a * v / 2)
+            mlp = 18 * h * (f["--ffn-hidden-size"] * dense + moe * (f["--moe-router-topk"] * f["--moe-ffn-hidden-size"]
+                                                                  + f["--moe-shared-expert-intermediate-size"]))
+            pad = 1280 * f["--tensor-model-parallel-size"]
+            vocab = -(-f["--vocab-size"] // pad) * pad
+            flop = b * s * (mlp + attn + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * vocab * (mtp + 1))
+            assert flop / (value * gpus * 1e12) == pytest.approx(float(tflops), rel=2e-3), r["id"]
+        elif "--num-experts" in f:
             quoted = re.search(r"Quoted: '\|[^']*?\| \**([\d.]+)(?: s)? · ([\d.]+) · ([\d.]+)k\** \|'", r["notes"])
             t, tflops, ktok = (float(x) for x in quoted.groups())
             assert value == t, r["id"]
