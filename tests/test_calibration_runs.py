@@ -330,14 +330,13 @@ def test_aws_rows_are_the_published_iteration_times():
     """AWS's awsome-distributed-ai rows: the Qwen3-30B-A3B (H100) and Qwen3-235B-A22B (B300) seconds are RESULTS.md's
     mean iteration time (its table cell quoted in each row's notes: bold or not, with or without an 's'), and its tok/s
     (GBS x seq / time) and MODEL TFLOP/s/GPU (a causal FLOP count at the row's flags, attention projections sized by
-    --kv-channels, top-k experts of --moe-ffn-hidden-size) follow from that time; the DeepSeek-V3 (MLA) rows' seconds
-    are in the quoted cell and the table's MODEL TFLOP/s/GPU, quoted too, follows from them with Megatron-Bridge
-    v0.4.2's own count (training/utils/flop_utils.py: MLA projections, causal core attention, the MTP layer and head,
-    vocabulary padded to 1280 x TP); the
-    B200 GPT row's seconds are the page's ~134 TFLOP/s/GPU turned into time with Megatron core_v0.17.0's causal count
+    --kv-channels, top-k experts of --moe-ffn-hidden-size) follow from that time; the DeepSeek-V3 and Kimi-K2 (MLA)
+    rows' seconds are in the quoted cell and the table's MODEL TFLOP/s/GPU, quoted too, follows from them with
+    Megatron-Bridge v0.4.2's own count (training/utils/flop_utils.py: MLA projections, causal core attention, the MTP
+    layer and head, vocabulary padded to 1280 x TP); the B200 GPT row's seconds are the page's ~134 TFLOP/s/GPU turned into time with Megatron core_v0.17.0's causal count
     (GeLU MLP of 4h, vocabulary padded to 128 x TP), which gives back the page's ~6.4 s/iter."""
     rows = _source_rows("aws-awsome-distributed")
-    assert len(rows) >= 20 and sum(_device(r) == "B300" for r in rows) == 13
+    assert len(rows) >= 26 and sum(_device(r) == "B300" for r in rows) == 19
     assert all(_cluster(r).groups[0].inter_node_kind == "efa" for r in rows)  # p5 / p6 nodes over EFA
     for r in rows:
         f, gpus, value = _int_flags(r), _gpus(r), float(r["value"])
