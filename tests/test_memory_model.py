@@ -335,13 +335,11 @@ def test_leave_one_source_out_prices_reserved_rows_with_the_other_sources_share(
     variable-shape runs (their median), or 0 when none is left, and with the unitemised allocated memory fitted on
     their allocated rows (the median of measured less itemised), or 0 when none is left: it adds to the needed peak
     and takes from the free memory the share applies to."""
-    from planner.calibration.memory import MemoryRow, fit_recorded_cache_share, fit_unitemised_gib, loso_errors
+    from helpers.cases import memory_row_stub
+    from planner.calibration.memory import fit_recorded_cache_share, fit_unitemised_gib, loso_errors
 
     def row(id_, source, metric, measured, needed, free, vary=True):
-        return MemoryRow(id=id_, metric=metric, measured_gib=measured, predicted_gib=needed, stage=0,
-                         weights_grads_optimizer_gib=0.0, activations_gib=0.0, outside_allocator_gib=0.0,
-                         source=source, predicted_allocated_gib=needed, predicted_reserved_gib=needed, free_gib=free,
-                         shapes_vary=vary)
+        return memory_row_stub(id_, metric, measured, needed, source=source, free=free, vary=vary)
 
     a = row("a", "org/one x", "max_reserved_gib", 60.0, 40.0, 40.0)  # share 0.5
     b = row("b", "org/two y", "max_reserved_gib", 55.0, 40.0, 60.0)  # share 0.25

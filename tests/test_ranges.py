@@ -140,12 +140,7 @@ def test_headroom_counts_allocated_peaks_and_fixed_shape_reserved_peaks_only():
     """The headroom is the smallest whole percent that would have fitted every allocated peak and every reserved
     peak of a fixed-shape run (its recorded peak is the needed one the fit check prices); a variable-shape run's
     recorded reserved peak, which holds cache the allocator would release, does not set it."""
-    from planner.calibration.memory import MemoryRow
-
-    def row(id_, metric, measured, predicted, vary=False):
-        return MemoryRow(id=id_, metric=metric, measured_gib=measured, predicted_gib=predicted, stage=0,
-                         weights_grads_optimizer_gib=0.0, activations_gib=0.0, outside_allocator_gib=0.0,
-                         source="org/x", shapes_vary=vary)
+    from helpers.cases import memory_row_stub as row
 
     alloc = row("a", "max_allocated_gib", 51.0, 50.0)  # 2% over the prediction: 2% headroom
     fixed = row("f", "max_reserved_gib", 10.4, 10.0)  # 4% over: 4%

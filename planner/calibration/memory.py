@@ -103,18 +103,17 @@ class MemoryRow:
         """The publisher (the repository the source names first): leave-one-source-out holds out its rows."""
         return self.source.split()[0] if self.source else self.id
 
-    def recorded_gib(self, share: float) -> float:
-        """The recorded reserved peak with `share` of the free memory (0 where the shapes are fixed)."""
-        return self.predicted_reserved_gib + (share if self.shapes_vary else 0.0) * self.free_gib
+    def recorded_gib(self, share: float, shift_gib: float = 0.0) -> float:
+        """The recorded reserved peak with `share` of the free memory (0 where the shapes are fixed), the needed
+        peak moved by `shift_gib` (and the free memory above it by as much the other way)."""
+        free = max(0.0, self.free_gib - shift_gib)
+        return self.predicted_reserved_gib + shift_gib + (share if self.shapes_vary else 0.0) * free
 
     def error_with_share_pct(self, share: float, unitemised_gib: float | None = None) -> float:
         """The error of the row priced with `share` (reserved rows) and `unitemised_gib` (None: as priced)."""
         shift = 0.0 if unitemised_gib is None else unitemised_gib - self.unitemised_gib
-        if self.metric == "max_allocated_gib":
-            predicted = self.predicted_gib + shift
-        else:
-            free = max(0.0, self.free_gib - shift)
-            predicted = self.predicted_reserved_gib + shift + (share if self.shapes_vary else 0.0) * free
+        predicted = (self.predicted_gib + shift if self.metric == "max_allocated_gib"
+                     else self.recorded_gib(share, shift))
         return 100.0 * (predicted - self.measured_gib) / self.measured_gib
 
     @property

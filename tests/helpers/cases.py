@@ -39,3 +39,15 @@ def flags_cost_model(flags: str, cluster: str):
     run = parse_megatron_flags(shlex.split(flags), world_size=cl.world_size)
     plan, _ = plan_from_run(run, cl, profiles)
     return run, plan, CostModel(run.model, run.training, cl, profiles)
+
+
+def memory_row_stub(id_: str, metric: str, measured: float, predicted: float, *, source: str = "org/x",
+                    free: float = 0.0, vary: bool = False):
+    """A measured-memory row priced by hand (planner/calibration/memory.py MemoryRow): `predicted` stands for the
+    allocated and the needed reserved peak alike, `free` for the device memory left above it."""
+    from planner.calibration.memory import MemoryRow
+
+    return MemoryRow(id=id_, metric=metric, measured_gib=measured, predicted_gib=predicted, stage=0,
+                     weights_grads_optimizer_gib=0.0, activations_gib=0.0, outside_allocator_gib=0.0, source=source,
+                     predicted_allocated_gib=predicted, predicted_reserved_gib=predicted, free_gib=free,
+                     shapes_vary=vary)
