@@ -5,6 +5,7 @@ them: the iteration-time range (planner/cost/ranges.py), the pessimistic objecti
 from __future__ import annotations
 
 import json
+import math
 import shlex
 
 import pytest
@@ -113,6 +114,19 @@ def test_fit_weights_residuals_in_the_region_and_widens_outside_it():
     assert fit.coverage == 1.0
     two = fit_mechanisms(rows[:2])
     assert two.extrapolation == 1.0 and two.extrapolated_rows == 0
+
+
+def test_fit_judges_each_row_with_the_other_sources_figures():
+    """Three sources measured the same conditions: 10% too fast, 10% too slow, 30% too slow.  Over all three the
+    figure is sqrt((0.01 + 0.01 + 0.09) / 3) = 0.19, and a scale of 1.57 would make it 0.3, enough to hold the
+    30% row.  But judged as a new source, that row meets the figure of the other two alone, 0.1: it needs a scale
+    of 3 (u >= 0.3), and holding 80% of three rows means holding all three."""
+    rows = [HeldOutRow("a1", "a", 1.0, 0.9, {_gemm("X"): 1.0}), HeldOutRow("b1", "b", 1.0, 1.1, {_gemm("X"): 1.0}),
+            HeldOutRow("c1", "c", 1.0, 1.3, {_gemm("X"): 1.0})]
+    fit = fit_mechanisms(rows)
+    assert fit.spread["gemm"] == pytest.approx(math.sqrt(0.11 / 3))
+    assert 3.0 <= fit.scale <= 3.0 * 1.021
+    assert fit.extrapolated_rows == 0 and fit.coverage == 1.0
 
 
 def test_fit_raises_the_scale_when_the_extrapolation_cap_falls_short():
