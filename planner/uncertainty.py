@@ -10,8 +10,9 @@ shipped file is not stale):
 * `time.mechanisms`: per mechanism of the cost model (planner/cost/mechanisms.py), the relative uncertainty
   of its seconds where calibration runs cover it, fitted on the leave-one-source-out residuals of the
   calibration runs; `time.extrapolation`: the factor on that
-  uncertainty where no run covers the plan's conditions.  A plan's range is its mechanisms' seconds at
-  these (planner/cost/ranges.py);
+  uncertainty where no run covers the plan's conditions, and `time.unmeasured_floor` the least uncertainty
+  there (what a mechanism in conditions no run measured gets when its own figure, multiplied, is smaller).  A
+  plan's range is its mechanisms' seconds at these (planner/cost/ranges.py);
 * `evidence.cells`: the region each mechanism's calibration runs cover (`Region`): one cell per combination
   of categorical conditions some run measured, with the range of its numeric conditions.  `cli.py calibrate`
   writes cells of the user's own runs into `evidence.yaml` of its output, which `--profiles DIR` adds.
@@ -67,6 +68,8 @@ class TimeUncertainty(StrictModel):
     method: str = Field(min_length=1)
     mechanisms: dict[str, float] = Field(description="relative uncertainty of each mechanism's seconds (>= 0)")
     extrapolation: float = Field(1.0, ge=1.0, description="factor on a mechanism's uncertainty outside its region")
+    unmeasured_floor: float = Field(0.0, ge=0.0, lt=1.0, description=(
+        "least relative uncertainty of a mechanism outside its region, whatever its own figure"))
     provenance: Provenance
 
 
@@ -216,6 +219,7 @@ class Uncertainty:
     memory_source: str = "no uncertainty file: no headroom"
     mechanisms: dict[str, float] = field(default_factory=dict)
     extrapolation: float = 1.0
+    unmeasured_floor: float = 0.0
     method: str = ""
     time_source: str = "no uncertainty file: ranges are points"
     source: str = ""
@@ -241,7 +245,7 @@ def load_uncertainty(path: Path = UNCERTAINTY_YAML) -> Uncertainty:
         raise ValueError(f"{path}: time.mechanisms must be >= 0, got {bad}")
     return Uncertainty(memory_headroom=doc.memory.headroom, memory_source=doc.memory.provenance.source,
                        mechanisms=dict(doc.time.mechanisms), extrapolation=doc.time.extrapolation,
-                       method=doc.time.method, time_source=doc.time.provenance.source, source=str(path),
+                       unmeasured_floor=doc.time.unmeasured_floor, method=doc.time.method, time_source=doc.time.provenance.source, source=str(path),
                        region=Region.of(_cells(doc.evidence.cells)))
 
 

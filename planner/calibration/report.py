@@ -358,6 +358,7 @@ class Report:
                        "summary": summarise(self.memory).__dict__ if self.memory else None},
             "time_uncertainty": None if self.uncertainty is None else {
                 "mechanisms": self.uncertainty.mechanisms(), "extrapolation": self.uncertainty.extrapolation,
+                "unmeasured_floor": self.uncertainty.floor,
                 "scale": self.uncertainty.scale, "fitted_coverage": self.uncertainty.coverage},
             "unfitted": {"summary": unfitted_summary(self.unfitted, by_source=True),
                          "groups": {name: unfitted_summary(checks)
@@ -463,7 +464,8 @@ class Report:
         if u is None:
             return ["(time uncertainty per mechanism: with --loso, --loo or --write)"]
         out = ["", f"time uncertainty per mechanism (held-out residuals of {u.rows} rows, scale {u.scale:.2f}; "
-                   f"x{u.extrapolation:.2f} outside the measured region, fitted on the {u.extrapolated_rows} rows with "
+                   f"x{u.extrapolation:.2f} outside the measured region and at least {100 * u.floor:.1f}%, fitted on the "
+                   f"{u.extrapolated_rows} rows with "
                    f"conditions no other source measured; first-order, the range holds {100 * u.coverage:.0f}% of "
                    f"the rows it was fitted on, target {100 * COVERAGE_TARGET:.0f}%):"]
         for k, v in u.mechanisms().items():

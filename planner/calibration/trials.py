@@ -12,8 +12,8 @@ on its kinds' factors, for every device of the trials.  The t_k are the maximum 
     log T_j(t) - log M_j ~ N(0, OBSERVATION_SD^2)     (T_j: the cost model's time of trial j, M_j: measured)
     t_k ~ Laplace(0, s_k / sqrt 2),  s_k = -log(1 - u_k)   (u_k: the mechanism's uncertainty on these plans)
 where u_k is the largest the range model gives the mechanism in any trial's conditions
-(`RangeModel.spread`: the held-out figure, times the extrapolation factor where no calibration run measured
-them).  So the measured discrepancy goes to the mechanisms the shipped calibration knows least and the trials
+(`RangeModel.spread`: the held-out figure, times the extrapolation factor and at least the unmeasured floor
+where no calibration run measured them).  So the measured discrepancy goes to the mechanisms the shipped calibration knows least and the trials
 tell apart (a mechanism every trial leans on alike is not separated from the others, and stays near 1).  The
 prior is a Laplace one (standard deviation s_k): a few trials against eight mechanisms leave the fit
 underdetermined, and a Gaussian prior then spreads a discrepancy over every mechanism whose shares vary alike

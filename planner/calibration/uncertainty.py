@@ -31,9 +31,15 @@ user's run, a new source, meets.  (Before, with each row inside its own figures,
 held 61 of the 83 published runs the fit does not see, 73%; judged by the other sources it is 0.88 and holds 65,
 78%, at a median half-width of 20.0% against 18.6%; the leave-one-source-out coverage below held 45 of 59 both
 times.)  Where X reaches its cap with the range holding less than COVERAGE_TARGET of all the rows,
-the scale rises until it holds that share of them (the figures then promise no more than the rows they were fitted
-on get: with issue 31's seven further xtuner rows the range held 64% of the 53 rows at the cap, and the scale fitted
-on the 13 measured rows alone fell from 0.87 to 0.59 as those rows' held-out residuals shrank).  A row's range is
+a floor F on the figure of conditions out rises until the rows with some hold that share (an unmeasured
+mechanism's figure is then max(c X u_k, F)): a mechanism that fits its own sources closely, expert dispatch at
+5%, says little about a fabric or a size no run measured, and multiplying its figure reaches none of the
+extrapolated misses.  Only if the rows still fall short does the common scale rise.  (Before the floor, the
+scale rose instead, widening the measured rows' ranges for the unmeasured ones: scale 0.88, held out by source
+the range held 45 of 59, 15 of the 16 measured rows at a median half-width of 11.1% and 30 of the 43
+extrapolated at 18.0%; with the floor, F = 0.345 and scale 0.56, it holds 48 of 59: 13 of 16 at 7.6%, 35 of 43
+at 23.2%.  On the 83 published runs the fit does not see it holds 65 either way, NVIDIA's 22: 20 at 11.0% ->
+21 at 7.4%, the other 61: 45 at 20.6% -> 44 at 23.0%.)  A row's range is
 [T / (1 + u), T / (1 - u)] with u = sum_c s_ic c u_k(c) (times X when c is out), the first-order form of what the
 range model computes.  (Tried for issue 31 and not kept: a "new-source factor", the least multiplier that makes
 each source's rows, checked against everything fitted on the other sources alone, hold 80%.  On X it was 1.77 and
@@ -66,10 +72,11 @@ from planner.uncertainty import UNCERTAINTY_YAML, Region, Uncertainty, cell_of
 COVERAGE_TARGET = 0.8
 """The fraction of held-out calibration rows whose measured time the range must contain."""
 MAX_EXTRAPOLATION = 3.0
-"""The extrapolation factor is at most this: an unmeasured mechanism's uncertainty is at most 3x a measured one's.
-On the calibration set the fit reaches it (rows from a new stack miss by more than their unmeasured share
-explains), and a larger factor only widens the fully unmeasured plans (V100, 910B) without covering those."""
+"""The extrapolation factor is at most this: an unmeasured mechanism's uncertainty is at most 3x a measured one's,
+unless the floor (`MechanismFit.floor`) is higher.  On the calibration set the fit reaches it (rows from a new stack
+miss by more than their unmeasured share explains); beyond it the floor, not a larger factor, takes over."""
 _GRID = tuple(0.05 * 1.02 ** i for i in range(400))  # candidate scales, 0.05 .. ~140, 2% apart
+_FLOOR_GRID = tuple(0.005 * i for i in range(1, 101))  # candidate floors, 0.5% .. 50%, 0.5% apart
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,7 @@ class MechanismFit:
     spread: dict[str, float]  # per mechanism, before the scale
     scale: float
     extrapolation: float
+    floor: float  # the least uncertainty of a mechanism outside the region
     coverage: float  # of the rows it was fitted on, first-order
     rows: int
     extrapolated_rows: int
@@ -138,19 +146,21 @@ class MechanismFit:
 
     def uncertainty(self, region: Region) -> Uncertainty:
         """These figures as the range model reads them (with `region`)."""
-        return Uncertainty(mechanisms=self.mechanisms(), extrapolation=self.extrapolation, region=region,
+        return Uncertainty(mechanisms=self.mechanisms(), extrapolation=self.extrapolation,
+                           unmeasured_floor=self.floor, region=region,
                            method="in-memory fit", source="planner.calibration.uncertainty")
 
 
-def _half(r: HeldOutRow, out: frozenset, spread: dict, c: float, x: float) -> float:
+def _half(r: HeldOutRow, out: frozenset, spread: dict, c: float, x: float, f: float = 0.0) -> float:
     """The row's first-order relative uncertainty (see the module docstring)."""
-    total = sum(s * min(MAX_UNCERTAINTY, c * (x if cond in out else 1.0) * spread[cond.mechanism])
+    total = sum(s * min(MAX_UNCERTAINTY, max(c * x * spread[cond.mechanism], f) if cond in out
+                        else c * spread[cond.mechanism])
                 for cond, s in r.shares.items())
     return min(MAX_UNCERTAINTY, total)
 
 
-def _covered(r: HeldOutRow, out: frozenset, spread: dict, c: float, x: float) -> bool:
-    u = _half(r, out, spread, c, x)
+def _covered(r: HeldOutRow, out: frozenset, spread: dict, c: float, x: float, f: float = 0.0) -> bool:
+    u = _half(r, out, spread, c, x, f)
     ratio = 1.0 / (1.0 + r.residual)  # measured over predicted
     return 1.0 / (1.0 + u) - 1e-12 <= ratio <= 1.0 / (1.0 - u) + 1e-12
 
@@ -200,16 +210,19 @@ def fit_mechanisms(rows: list[HeldOutRow], by_source: dict[str, Region] | None =
     jack = {src: {m.name: _weighted_rms([r for r in rows if r.source != src], out, m.name) for m in MECHANISMS}
             for src in sources} if len(sources) > 1 else {src: spread for src in sources}
 
-    def share(group: list[HeldOutRow], c: float, x: float) -> float:
-        return sum(_covered(r, out[r.id], jack[r.source], c, x) for r in group) / len(group) if group else 1.0
+    def share(group: list[HeldOutRow], c: float, x: float, f: float = 0.0) -> float:
+        return sum(_covered(r, out[r.id], jack[r.source], c, x, f) for r in group) / len(group) if group else 1.0
 
     scale = _least(_GRID, lambda c: share(measured or rows, c, 1.0))
     grid_x = [1.0] + [x for x in _GRID if 1.0 < x <= MAX_EXTRAPOLATION] + [MAX_EXTRAPOLATION]
     x = _least(grid_x, lambda x: share(extrapolated, scale, x)) if extrapolated else 1.0
-    if share(rows, scale, x) < COVERAGE_TARGET:  # X at its cap: the common scale makes up the rest
-        scale = _least([c for c in _GRID if c >= scale], lambda c: share(rows, c, x))
-    return MechanismFit(spread=spread, scale=scale, extrapolation=round(x, 3), coverage=share(rows, scale, x),
-                        rows=len(rows), extrapolated_rows=len(extrapolated))
+    floor = 0.0
+    if extrapolated and share(extrapolated, scale, x) < COVERAGE_TARGET:  # X at its cap: a floor makes up the rest
+        floor = _least(_FLOOR_GRID, lambda f: share(extrapolated, scale, x, f))
+    if share(rows, scale, x, floor) < COVERAGE_TARGET:  # the common scale makes up what is left
+        scale = _least([c for c in _GRID if c >= scale], lambda c: share(rows, c, x, floor))
+    return MechanismFit(spread=spread, scale=scale, extrapolation=round(x, 3), floor=round(floor, 3),
+                        coverage=share(rows, scale, x, floor), rows=len(rows), extrapolated_rows=len(extrapolated))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,10 +331,12 @@ def uncertainty_yaml(headroom: float, headroom_source: str, fit: MechanismFit, r
                        f"the measured region a mechanism's figure is multiplied by the extrapolation factor, the "
                        f"least (at most {MAX_EXTRAPOLATION:g}) that makes the range hold "
                        f"{100 * COVERAGE_TARGET:.0f}% of the {fit.extrapolated_rows} rows with unmeasured "
-                       f"conditions; a plan's range divides each mechanism's seconds by (1 - u) at the high end "
+                       f"conditions, and where that factor falls short raised to at least the unmeasured floor, "
+                       f"the least that does; a plan's range divides each mechanism's seconds by (1 - u) at the high end "
                        f"and by (1 + u) at the low end (planner/cost/ranges.py)"),
             "mechanisms": fit.mechanisms(),
             "extrapolation": fit.extrapolation,
+            "unmeasured_floor": fit.floor,
             "provenance": {"kind": "calibrated", "source": f"planner.calibration.uncertainty on {fit.rows} "
                            f"published runs (planner/calibration/published/measured_runs.csv and the shared rows)"},
         },
@@ -344,6 +359,8 @@ def stale(shipped: Uncertainty, headroom: float, fit: MechanismFit, region: Regi
             out.append(f"time.mechanisms.{k} {shipped.mechanisms.get(k)} != {v}")
     if abs(shipped.extrapolation - fit.extrapolation) > 0.01 * fit.extrapolation:
         out.append(f"time.extrapolation {shipped.extrapolation} != {fit.extrapolation}")
+    if abs(shipped.unmeasured_floor - fit.floor) > 0.005:
+        out.append(f"time.unmeasured_floor {shipped.unmeasured_floor} != {fit.floor}")
     have = {(c.mechanism, c.key) for c in shipped.region.cells}
     fresh = {(c.mechanism, c.key) for c in region.cells}
     if have != fresh:

@@ -14,7 +14,8 @@ hidden).
 Where the evidence ends.  Each mechanism's conditions in each stage (device, link, dispatcher, tokens per
 expert, ...: planner/cost/mechanisms.py) are compared with the region its calibration runs cover
 (planner/uncertainty.py `Region`).  Outside it the mechanism's uncertainty is multiplied by the fitted
-extrapolation factor (`time.extrapolation`), and when the mechanism carries at least UNMEASURED_MIN_SHARE of the
+extrapolation factor (`time.extrapolation`) and raised to at least the fitted floor (`time.unmeasured_floor`: a
+mechanism that fits its own runs closely is no better known where none ran), and when the mechanism carries at least UNMEASURED_MIN_SHARE of the
 plan's time the plan is *extrapolated* and the conditions are named (`Evidence.unmeasured`).
 
 The top end is a CostModel (`RangeEnd`, a view sharing the nominal model's memo tables) whose `stage_core`,
@@ -151,13 +152,13 @@ class RangeModel:
         self.low = RangeEnd(self.nominal, lambda c: 1.0 / (1.0 + self.spread(c)))
 
     def spread(self, c: Conditions) -> float:
-        """The relative uncertainty of the mechanism's seconds in conditions `c`: its held-out figure, times the
-        extrapolation factor outside the region."""
+        """The relative uncertainty of the mechanism's seconds in conditions `c`: its held-out figure; outside the
+        region that times the extrapolation factor, and at least the unmeasured floor."""
         hit = self._spreads.get(c)
         if hit is None:
             u = self.uncertainty.mechanisms.get(c.mechanism, 0.0)
             if not self.region.covers(c):
-                u *= self.uncertainty.extrapolation
+                u = max(u * self.uncertainty.extrapolation, self.uncertainty.unmeasured_floor)
             hit = self._spreads[c] = min(MAX_UNCERTAINTY, u)
         return hit
 
