@@ -11,6 +11,7 @@ dense rows no worse than before (median 6 %); leave-one-source-out median <= 12 
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 import shlex
@@ -150,6 +151,23 @@ def test_leave_one_out_refits_without_the_row():
             if ev.fit_rows[p.name] == {c.id}:
                 assert used[c.id][p.name] == p.default  # nothing else calibrates it
     assert any(len(ev.fit_rows[p.name]) == 1 for p in FIT_PARAMS)  # the FP8 recipes have one row each
+
+
+def test_a_shipped_row_wins_over_a_shared_row_with_its_id(tmp_path):
+    """The shipped file is the curated copy: a shared row with a shipped id is left out, a new one is added, so the
+    fit is the same with and without ../shared beside the clone."""
+    shipped = load_runs(shared=None, shared_new=None, shared_routing=None)
+    first = shipped[0]
+    shared = tmp_path / "measured_runs.csv"
+    with shared.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=[k for k in first if k != "origin"])
+        w.writeheader()
+        w.writerow({k: v for k, v in first.items() if k != "origin"} | {"value": "123456"})
+        w.writerow({k: v for k, v in first.items() if k != "origin"} | {"id": "new-shared-row"})
+    rows = load_runs(shared=shared, shared_new=None, shared_routing=None)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id[first["id"]]["value"] == first["value"] and by_id[first["id"]]["origin"] == first["origin"]
+    assert [r["id"] for r in rows] == [r["id"] for r in shipped] + ["new-shared-row"]
 
 
 def test_every_shipped_row_has_a_named_source():

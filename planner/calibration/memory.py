@@ -58,8 +58,9 @@ carries (measured_memory.csv notes)."""
 
 
 def load_memory_rows(*, shared: Path | None = SHARED_MEMORY_CSV, shipped: Path = SHIPPED_MEMORY_CSV) -> list[dict]:
-    """Every measured-memory row, shipped first; a shared row with the same id replaces the shipped one, and a
-    shared row the shipped file corrects (SUPERSEDED) is left out."""
+    """Every measured-memory row, shipped first; a shared row with an id the shipped file has is left out (the
+    shipped row is the curated one, as in runs.load_runs), and so is a shared row the shipped file corrects under a
+    new id (SUPERSEDED)."""
     rows: dict[str, dict] = {}
     for path in (shipped, shared):
         if path is None or not path.is_file():
@@ -67,7 +68,7 @@ def load_memory_rows(*, shared: Path | None = SHARED_MEMORY_CSV, shipped: Path =
         with path.open(newline="", encoding="utf-8") as fh:
             for row in csv.DictReader(fh):
                 if row["id"] not in SUPERSEDED:
-                    rows[row["id"]] = {**row, "origin": str(path)}
+                    rows.setdefault(row["id"], {**row, "origin": str(path)})
     return list(rows.values())
 
 

@@ -100,13 +100,16 @@ def source_key(row: dict[str, str]) -> str:
 def load_runs(*, shared: Path | None = SHARED_RUNS_CSV, shipped: Path = SHIPPED_RUNS_CSV,
               shared_new: Path | None = SHARED_NEW_RUNS_CSV,
               shared_routing: Path | None = SHARED_ROUTING_RUNS_CSV) -> list[dict[str, str]]:
-    """Every measured run, shipped rows first (in file order), each carrying `origin` (the file it came from)."""
+    """Every measured run, shipped rows first (in file order), each carrying `origin` (the file it came from).  A
+    shared row whose id the shipped file has is left out: the shipped row is the curated one (its flags corrected
+    from the run's recipe, e.g. the Moonlight rows' --grad-reduce-in-bf16), and the fit must not depend on whether
+    ../shared sits beside the clone (before, it replaced the shipped row, and a clean clone fitted other figures)."""
     rows: dict[str, dict[str, str]] = {}
     for path in (shipped, shared, shared_new, shared_routing):
         if path is None or not path.is_file():
             continue
         for row in _read_csv(path):
-            rows[row["id"]] = {**row, "origin": str(path)}
+            rows.setdefault(row["id"], {**row, "origin": str(path)})
     return list(rows.values())
 
 

@@ -362,14 +362,21 @@ def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: i
     return total
 
 
+EFA_FLEX_RATIO = (1.06, 1.54)
+"""The range of measured over predicted iteration time of AWS's DeepSeek-V3 training on 256 p6-b300 with UCCL-EP's
+DeepEP drop-in across EFA nodes (micro-batch 1; micro-batch 4; micro-batch 4 with EP overlap and VPP 2): what
+EFA_FLEX_NOTE quotes (a test re-prices the three cells and checks the quote)."""
 EFA_FLEX_NOTE = (
     "{backend} dispatch with EP across nodes over EFA is priced from dispatch microbenchmarks on EFA (DeepEP's reaches "
     "78-92% of the NIC on p5 H100: profiles/published/dispatch.csv), but training runs slower than that: over EFA, "
-    "NVSHMEM (DeepEP's transport) goes through a host proxy thread rather than GPU-initiated RDMA, and AWS measured "
-    "Megatron-Bridge training of Qwen3-30B-A3B on 64 H100 with DeepEP at 1.03-1.07x NCCL all-to-all's iteration time "
-    "at EP16 (2 nodes) and 1.28-1.86x at EP32 (4 nodes), with UCCL-EP at 1.3-2.9x (awslabs/awsome-distributed-ai "
-    "@95b939cd 3.test_cases/megatron/megatron-bridge/qwen3-30b/benchmarks/RESULTS.md); over EFA "
-    "--moe-token-dispatcher-type alltoall is the measured choice")
+    "NVSHMEM (DeepEP's transport) goes through a host proxy thread rather than GPU-initiated RDMA. AWS measured "
+    "Megatron-Bridge training of Qwen3-30B-A3B on 64 p5 H100 with DeepEP at 1.03-1.07x NCCL all-to-all's iteration "
+    "time at EP16 (2 nodes) and 1.28-1.86x at EP32 (4 nodes), with UCCL-EP at 1.3-2.9x (awslabs/awsome-distributed-ai "
+    "@95b939cd 3.test_cases/megatron/megatron-bridge/qwen3-30b/benchmarks/RESULTS.md), and DeepSeek-V3 on 256 p6-b300 "
+    "(EP32 across 4 nodes) with UCCL-EP's DeepEP drop-in at 1.13x NCCL's time at micro-batch 1 and 0.64x at "
+    "micro-batch 4, with EP overlap or without: {lo:.2f}-{hi:.2f}x this planner's estimate (.../dsv3/benchmarks/"
+    "RESULTS.md). Which dispatcher wins over EFA depends on the GPU and the micro-batch: measure a short trial of "
+    "both (solve --out writes one)")
 """What the estimate of a flex (DeepEP/HybridEP) dispatch across EFA nodes does not price (`fabric_notes`)."""
 EFA_ALLTOALL_RATIO = {4: (1.15, 2.25), 1: (0.94, 1.15)}
 """Per micro-batch size, the range of measured over predicted iteration time of AWS's training rows with NCCL's
@@ -383,8 +390,10 @@ EFA_ALLTOALL_NOTE = (
     "training with it ran slower: Qwen3-30B-A3B on 64 p5 H100, Qwen3-235B-A22B on 32-64 p6-b300, DeepSeek-V3 and "
     "Kimi-K2 on 128-256 p6-b300 (EP16-EP32 across 2-4 nodes) measured {lo:.2f}-{hi:.2f}x this planner's estimate "
     "at micro-batch 4 and {lo1:.2f}-{hi1:.2f}x at micro-batch 1, where the host bounds the step; the all-to-all at "
-    "about half its microbenchmark rate would account for most of it (no profile published). Keep EP inside a node "
-    "where it fits, or measure a short trial (solve --out writes one) before trusting this estimate")
+    "about half its microbenchmark rate would account for most of it (no profile published), and on p6-b300 "
+    "UCCL-EP's DeepEP drop-in ran DeepSeek-V3 36% faster than it at micro-batch 4 (with EP overlap or without). Keep "
+    "EP inside a node where it fits, or measure a short trial (solve --out writes one) before trusting this "
+    "estimate")
 """What the estimate of NCCL's all-to-all dispatch across EFA nodes does not price (`fabric_notes`)."""
 
 
@@ -402,7 +411,8 @@ def fabric_notes(cost, plan) -> list[str]:
                 (lo, hi), (lo1, hi1) = EFA_ALLTOALL_RATIO[4], EFA_ALLTOALL_RATIO[1]
                 return [EFA_ALLTOALL_NOTE.format(lo=lo, hi=hi, lo1=lo1, hi1=hi1)]
             return [EFA_FLEX_NOTE.format(backend={"deepep": "DeepEP", "hybridep": "HybridEP"}.get(
-                model.moe_flex_dispatcher_backend, model.moe_flex_dispatcher_backend))]
+                model.moe_flex_dispatcher_backend, model.moe_flex_dispatcher_backend), lo=EFA_FLEX_RATIO[0],
+                hi=EFA_FLEX_RATIO[1])]
     return []
 
 
