@@ -245,7 +245,8 @@ def load_uncertainty(path: Path = UNCERTAINTY_YAML) -> Uncertainty:
         raise ValueError(f"{path}: time.mechanisms must be >= 0, got {bad}")
     return Uncertainty(memory_headroom=doc.memory.headroom, memory_source=doc.memory.provenance.source,
                        mechanisms=dict(doc.time.mechanisms), extrapolation=doc.time.extrapolation,
-                       unmeasured_floor=doc.time.unmeasured_floor, method=doc.time.method, time_source=doc.time.provenance.source, source=str(path),
+                       unmeasured_floor=doc.time.unmeasured_floor, method=doc.time.method,
+                       time_source=doc.time.provenance.source, source=str(path),
                        region=Region.of(_cells(doc.evidence.cells)))
 
 

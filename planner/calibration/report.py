@@ -464,7 +464,8 @@ class Report:
         if u is None:
             return ["(time uncertainty per mechanism: with --loso, --loo or --write)"]
         out = ["", f"time uncertainty per mechanism (held-out residuals of {u.rows} rows, scale {u.scale:.2f}; "
-                   f"x{u.extrapolation:.2f} outside the measured region and at least {100 * u.floor:.1f}%, fitted on the "
+                   f"x{u.extrapolation:.2f} outside the measured region and at least {100 * u.floor:.1f}%, fitted on "
+                   f"the "
                    f"{u.extrapolated_rows} rows with "
                    f"conditions no other source measured; first-order, the range holds {100 * u.coverage:.0f}% of "
                    f"the rows it was fitted on, target {100 * COVERAGE_TARGET:.0f}%):"]

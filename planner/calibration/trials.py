@@ -11,15 +11,15 @@ Fitting.  Each mechanism k that correction kinds scale (planner/cost/mechanisms.
 on its kinds' factors, for every device of the trials.  The t_k are the maximum a posteriori estimate under
     log T_j(t) - log M_j ~ N(0, OBSERVATION_SD^2)     (T_j: the cost model's time of trial j, M_j: measured)
     t_k ~ Laplace(0, s_k / sqrt 2),  s_k = -log(1 - u_k)   (u_k: the mechanism's uncertainty on these plans)
-where u_k is the largest the range model gives the mechanism in any trial's conditions
-(`RangeModel.spread`: the held-out figure, times the extrapolation factor and at least the unmeasured floor
-where no calibration run measured them).  So the measured discrepancy goes to the mechanisms the shipped calibration knows least and the trials
-tell apart (a mechanism every trial leans on alike is not separated from the others, and stays near 1).  The
-prior is a Laplace one (standard deviation s_k): a few trials against eight mechanisms leave the fit
-underdetermined, and a Gaussian prior then spreads a discrepancy over every mechanism whose shares vary alike
-across the trials, with opposite signs where they cancel (on the test's trials, one mechanism twice as slow came
-out as x1.41 on it, x1.73 and x0.85 on two others); a mechanism's error is more often one kernel or link off
-than all of them a little, which the Laplace prior prefers (the fewest mechanisms that explain the logs).
+where u_k is the largest the range model gives the mechanism in any trial's conditions (`RangeModel.spread`: the
+held-out figure, times the extrapolation factor and at least the unmeasured floor where no calibration run measured
+them).  So the measured discrepancy goes to the mechanisms the shipped calibration knows least and the trials tell
+apart (a mechanism every trial leans on alike is not separated from the others, and stays near 1).  The prior is a
+Laplace one (standard deviation s_k): a few trials against eight mechanisms leave the fit underdetermined, and a
+Gaussian prior then spreads a discrepancy over every mechanism whose shares vary alike across the trials, with
+opposite signs where they cancel (on the test's trials, one mechanism twice as slow came out as x1.41 on it, x1.73
+and x0.85 on two others); a mechanism's error is more often one kernel or link off than all of them a little, which
+the Laplace prior prefers (the fewest mechanisms that explain the logs).
 Gauss-Newton on log T with a finite-difference Jacobian of the one evaluator (each step prices every trial
 with each multiplier moved by FD_STEP), the prior's |t_k| made locally quadratic (sqrt(t_k^2 + eps_k^2), eps_k
 from s_k down to EPS_FLOOR), each step halved until the objective falls (the evaluator has kinks: the host

@@ -33,19 +33,20 @@ held 61 of the 83 published runs the fit does not see, 73%; judged by the other 
 times.)  Where X reaches its cap with the range holding less than COVERAGE_TARGET of all the rows,
 a floor F on the figure of conditions out rises until the rows with some hold that share (an unmeasured
 mechanism's figure is then max(c X u_k, F)): a mechanism that fits its own sources closely, expert dispatch at
-5%, says little about a fabric or a size no run measured, and multiplying its figure reaches none of the
+3-5%, says little about a fabric or a size no run measured, and multiplying its figure reaches none of the
 extrapolated misses.  Only if the rows still fall short does the common scale rise.  (Before the floor, the
 scale rose instead, widening the measured rows' ranges for the unmeasured ones: scale 0.88, held out by source
 the range held 45 of 59, 15 of the 16 measured rows at a median half-width of 11.1% and 30 of the 43
 extrapolated at 18.0%; with the floor, F = 0.345 and scale 0.56, it held 48 of 59: 13 of 16 at 7.6%, 35 of 43
 at 23.2%.  On the 83 published runs the fit does not see it held 65 either way, NVIDIA's 22: 20 at 11.0% ->
 21 at 7.4%, the other 61: 45 at 20.6% -> 44 at 23.0%.  With the Moonlight rows as shipped rather than as
-../shared had them (runs.load_runs), F = 0.33 and scale 0.58: 48 of 59 again, and 65 of 83 at 21.0%.)  A row's range is
-[T / (1 + u), T / (1 - u)] with u = sum_c s_ic c u_k(c) (times X when c is out), the first-order form of what the
-range model computes.  (Tried for issue 31 and not kept: a "new-source factor", the least multiplier that makes
-each source's rows, checked against everything fitted on the other sources alone, hold 80%.  On X it was 1.77 and
-widened the fully unmeasured sources' held-out ranges to +-90-150% for one more row held of 56; on the scale it held
-the same one row more with the median half-width over 15%.  The misses are xtuner's rows, which no widening reaches.)
+../shared had them (runs.load_runs), F = 0.33 and scale 0.58: 48 of 59 again, and 65 of 83 at 21.0%.)
+A row's range is [T / (1 + u), T / (1 - u)] with u = sum_c s_ic c u_k(c) (times X when c is out, and at least F),
+the first-order form of what the range model computes.  (Tried for issue 31 and not kept: a "new-source factor", the
+least multiplier that makes each source's rows, checked against everything fitted on the other sources alone, hold
+80%.  On X it was 1.77 and widened the fully unmeasured sources' held-out ranges to +-90-150% for one more row held
+of 56; on the scale it held the same one row more with the median half-width over 15%.  The misses are xtuner's
+rows, which no widening reaches.)
 
 Held-out coverage (`held_out_coverage`).  The figures above are fitted on the rows they are judged on; the honest
 test leaves each source out of everything: the corrections (leave-one-source-out), the uncertainties, the
@@ -333,8 +334,8 @@ def uncertainty_yaml(headroom: float, headroom_source: str, fit: MechanismFit, r
                        f"least (at most {MAX_EXTRAPOLATION:g}) that makes the range hold "
                        f"{100 * COVERAGE_TARGET:.0f}% of the {fit.extrapolated_rows} rows with unmeasured "
                        f"conditions, and where that factor falls short raised to at least the unmeasured floor, "
-                       f"the least that does; a plan's range divides each mechanism's seconds by (1 - u) at the high end "
-                       f"and by (1 + u) at the low end (planner/cost/ranges.py)"),
+                       f"the least that does; a plan's range divides each mechanism's seconds by (1 - u) at the high "
+                       f"end and by (1 + u) at the low end (planner/cost/ranges.py)"),
             "mechanisms": fit.mechanisms(),
             "extrapolation": fit.extrapolation,
             "unmeasured_floor": fit.floor,

@@ -15,8 +15,9 @@ Where the evidence ends.  Each mechanism's conditions in each stage (device, lin
 expert, ...: planner/cost/mechanisms.py) are compared with the region its calibration runs cover
 (planner/uncertainty.py `Region`).  Outside it the mechanism's uncertainty is multiplied by the fitted
 extrapolation factor (`time.extrapolation`) and raised to at least the fitted floor (`time.unmeasured_floor`: a
-mechanism that fits its own runs closely is no better known where none ran), and when the mechanism carries at least UNMEASURED_MIN_SHARE of the
-plan's time the plan is *extrapolated* and the conditions are named (`Evidence.unmeasured`).
+mechanism that fits its own runs closely is no better known where none ran), and when the mechanism carries at
+least UNMEASURED_MIN_SHARE of the plan's time the plan is *extrapolated* and the conditions are named
+(`Evidence.unmeasured`).
 
 The top end is a CostModel (`RangeEnd`, a view sharing the nominal model's memo tables) whose `stage_core`,
 `p2p_parts` and `evaluate` the search tables are built from when `solve` optimises the pessimistic time.
