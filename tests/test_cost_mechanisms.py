@@ -207,6 +207,36 @@ def test_ep_overlap_hides_dispatch_but_never_all_of_it():
     assert hidden.ep_fwd_s + hidden.ep_bwd_s >= 0.1 * (plain.ep_fwd_s + plain.ep_bwd_s) - 1e-12
 
 
+@pytest.mark.parametrize("pp,vpp,m,paired", [
+    (1, 1, 64, 63 / 64),  # no pipelining: the first forward and the last backward alone
+    (4, 2, 16, 24 / 32),  # rank r warms up with (3 - r) x 2 + 4 + 1 = 11, 9, 7, 5 of 32 chunks
+    (8, 2, 16, 16 / 32),  # 23, 21, ..., 9 of 32: AWS's DeepSeek-V3 overlap cells on 256 B300
+    (8, 2, 4, 0.0),  # every chunk in the warm-up
+])
+def test_ep_overlap_pairs_only_the_steady_steps(pp, vpp, m, paired):
+    """The share of chunk steps Megatron's combined 1F1B schedule pairs (hand-counted from schedules.py's warm-up
+    count with the EP overlap's extra forward, and combined_1f1b.py's no-pipelining order)."""
+    from planner.cost.layer import ep_overlap_steady_share
+
+    assert ep_overlap_steady_share(pp, vpp, m) == pytest.approx(paired)
+
+
+def test_ep_overlap_hides_nothing_with_one_micro_batch():
+    """With one micro-batch no forward runs beside a backward: the EP overlap hides nothing, and the step costs
+    what it costs without the flag; with 64 micro-batches it saves 63/64 of what one paired step hides."""
+    par = ("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 8 "
+           "--moe-token-dispatcher-type alltoall --micro-batch-size 1")
+    for gbs, paired in ((4, 0.0), (256, 63 / 64)):
+        _, _, plain = _cost(f"{MOE} {par}", "H100:8", gbs=gbs)
+        _, _, hidden = _cost(f"{MOE} {par} --overlap-moe-expert-parallel-comm", "H100:8", gbs=gbs)
+        layer = _layer(f"{MOE} {par} --overlap-moe-expert-parallel-comm", "H100:8", gbs=gbs)
+        per_step = layer.ep_hidden_fwd_s + layer.ep_hidden_bwd_s
+        assert per_step > 0
+        saved = plain.iteration_time_s - hidden.iteration_time_s
+        layers = 4  # MOE's decoder layers, all on the one stage
+        assert saved == pytest.approx(paired * layers * per_step * plain.num_microbatches, rel=1e-6, abs=1e-9)
+
+
 def test_host_floor_keeps_what_ep_overlap_hides():
     """A host-bound MoE layer (its forward host operations outlast its GPU work): EP overlap still saves exactly
     the dispatch seconds it hides; the floor does not take them back (issue 31 item 4: the Qwen3-30B-A3B SFT pair,

@@ -95,6 +95,33 @@ def test_tables_price_plans_like_the_evaluator():
     assert seen >= 3
 
 
+def test_tables_price_ep_overlap_like_the_evaluator():
+    """With --overlap-moe-expert-parallel-comm the tables charge the schedule's unpaired steps as the evaluator does
+    (a share that depends on PP, which the cached arrays do not): equal to rounding, on plans with and without
+    pipelining, and the unpaired share is charged (the plans with PP > 1 cost more than with the steady share)."""
+    base = reduced_cost_model("qwen3-30b-a3b", 6, "H100:16", 32)
+    training = base.training.model_copy(update={"overlap_moe_expert_parallel_comm": True})
+    cm = CostModel(base.model, training, base.cluster, base.profiles)
+    assert cm.model.is_moe
+    tb = TableBuilder(cm)
+    seen, charged = 0, 0
+    for g, opts in _globals(cm, SMALL_SPACE):
+        if g.ep <= 1:
+            continue
+        t = tb.build(g, opts)
+        sol = solve_brute(t)
+        if sol is None:
+            continue
+        table_s = sol.objective_us * 1e-6 / g.vpp
+        float_s = _float_objective(cm, g, t, sol.stages)
+        assert table_s <= float_s <= table_s + t.quantisation_us * 1e-6 / g.vpp, g.label()
+        charged += cm.ep_unpaired_share(tb.shape(g)) > 0.05
+        seen += 1
+        if seen >= 10 and charged >= 3:
+            break
+    assert seen >= 3 and charged >= 1
+
+
 def test_lower_bounds_never_exceed_the_optimum():
     """The driver's cheap and tight bounds are below each configuration's exact optimum."""
     from planner.search.bounds import lower_bound_s as _lower_bound_s, option_bound as _option_bound

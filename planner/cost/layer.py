@@ -24,12 +24,36 @@ from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
 TP_COMM_OVERLAP_EXPOSED = 0.3  # fraction of TP traffic left exposed with --tp-comm-overlap (assumption)
-EP_OVERLAP_HIDDEN = 0.3655
+EP_OVERLAP_HIDDEN_RUN = 0.3655
 """With --overlap-moe-expert-parallel-comm, the share of the EP dispatch and combine time hidden behind the other
-micro-batch's compute: 36.55% measured by Nsight on Megatron-Bridge's Qwen3-30B-A3B HybridEP benchmark on 16 H100
-(NVIDIA/skills @7149a88 skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md, "communication time hidden by
-compute", overlap on; 0.11% with it off).  That run is also two calibration rows (source
-nvidia-skills-megatron-bridge), so those rows do not validate this constant independently."""
+micro-batch's compute over a whole iteration: 36.55% measured by Nsight on Megatron-Bridge's Qwen3-30B-A3B HybridEP
+benchmark on 16 H100 (NVIDIA/skills @7149a88 skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md,
+"communication time hidden by compute", overlap on; 0.11% with it off).  That run is also two calibration rows
+(source nvidia-skills-megatron-bridge), so those rows do not validate this constant independently."""
+EP_OVERLAP_RUN_MICROBATCHES = 64
+"""The micro-batches of that run (global batch 1024 over DP16 at micro-batch 1, no pipelining: the calibration rows
+H100-qwen3-30B-A3B-16-bf16-hybridep-*): of its 64 forward and 64 backward steps, the first forward and the last
+backward run alone (`ep_overlap_steady_share`), so 126 of 128 could hide communication."""
+EP_OVERLAP_HIDDEN = EP_OVERLAP_HIDDEN_RUN * EP_OVERLAP_RUN_MICROBATCHES / (EP_OVERLAP_RUN_MICROBATCHES - 1)
+"""The share hidden in a step where a forward and a backward run together (37.1%): the run's share over the share of
+its steps that pair a forward with a backward."""
+
+
+def ep_overlap_steady_share(pp: int, vpp: int, num_microbatches: int) -> float:
+    """Of a pipeline rank's forward and backward chunk steps, the share Megatron's combined 1F1B schedule (what
+    --overlap-moe-expert-parallel-comm runs) pairs with a step of the other kind, averaged over the PP ranks: only
+    those hide EP communication behind the other step's compute.  The warm-up forwards and the cool-down backwards
+    run alone.  NVIDIA/Megatron-LM @d98e8a64 megatron/core/pipeline_parallel/schedules.py
+    `get_pp_rank_microbatches`: an interleaved rank r of PP p with V chunks and m micro-batches warms up with
+    (p - r - 1) x 2 + (V - 1) x p (the micro-batch group per virtual stage, default p) + 1 (the extra forward EP
+    overlap schedules) of its m x V chunks; combined_1f1b.py `combined_1f1b_schedule_for_no_pipelining` without
+    pipelining runs the first forward and the last backward alone (1 of m)."""
+    total = max(1, num_microbatches * vpp)
+    if pp <= 1:
+        warmups = [1]
+    else:
+        warmups = [(pp - r - 1) * 2 + (vpp - 1) * pp + 1 for r in range(pp)]
+    return sum(total - min(w, total) for w in warmups) / (len(warmups) * total)
 
 
 @dataclass(frozen=True)
@@ -78,6 +102,8 @@ class LayerCost:
 
     host_fwd_s: float = 0.0  # host time beyond the GPU work: the layer waits for its kernel launches (forward)
     host_bwd_s: float = 0.0
+    ep_hidden_fwd_s: float = 0.0  # EP seconds --overlap-moe-expert-parallel-comm hid (forward), in a paired step
+    ep_hidden_bwd_s: float = 0.0
 
     @property
     def fwd_s(self) -> float:
@@ -101,7 +127,7 @@ def layer_cost(
     c = _compute_parts(x)
     tp_s, mlp_tp_s = _tp_comm_s(x, tp_comm_overlap)
     cp_fwd, cp_bwd = _cp_comm_s(x, c.attention_core)
-    ep_fwd, ep_bwd = _ep_comm_s(x, hide_s=c.fwd_s + c.bwd_s, shared_s=c.shared_expert_gemm)
+    ep_fwd, ep_bwd, ep_hidden = _ep_comm_s(x, hide_s=c.fwd_s + c.bwd_s, shared_s=c.shared_expert_gemm)
     launches = _launches_fwd(x)
     # The host floor: a layer waits for its host operations where they outlast its GPU work.  The EP
     # communication counts in full there, also the part the overlaps hide: the fitted host time (HOST_OP_S x
@@ -135,7 +161,7 @@ def layer_cost(
         fwd_compute_s=c.fwd_s, bwd_compute_s=c.bwd_s, tp_fwd_s=tp_s, tp_bwd_s=tp_s, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, module_fwd_s=_module_fwd_s(x, c, mlp_tp_s, launches),
         activations=_activations(x), local_tokens=x.local_tokens, parts=parts, transient_bytes=_transient_bytes(x),
-        host_fwd_s=host_fwd, host_bwd_s=host_bwd,
+        host_fwd_s=host_fwd, host_bwd_s=host_bwd, ep_hidden_fwd_s=ep_hidden[0], ep_hidden_bwd_s=ep_hidden[1],
     )
 
 
@@ -646,22 +672,28 @@ def _cp_comm_s(x: _LayerInputs, attention_core_s: float) -> tuple[float, float]:
     return fwd, fwd + collective_s(links.cp, "reduce_scatter", kv_bytes * cp, cp)
 
 
-def _ep_comm_s(x: _LayerInputs, *, hide_s: float, shared_s: float) -> tuple[float, float]:
+def _ep_comm_s(x: _LayerInputs, *, hide_s: float, shared_s: float
+               ) -> tuple[float, float, tuple[float, float]]:
     """(forward, backward) exposed expert-parallel seconds: dispatch + combine each way, less what
     --overlap-moe-expert-parallel-comm hides behind `hide_s` (the other micro-batch's forward and backward
-    compute) and --moe-shared-expert-overlap behind the shared experts."""
+    compute) in a step that pairs a forward with a backward, and --moe-shared-expert-overlap behind the shared
+    experts; and the (forward, backward) seconds the EP overlap hid, which a step running alone (the schedule's
+    warm-up and cool-down: `ep_overlap_steady_share`) pays back (CostModel.stage)."""
     d, tr = x.dispatch, x.training
     ep_fwd = ep_bwd = d.comm_s if d else 0.0
     if d:
         ep_fwd += d.counts_s  # the forward's all-gather of tokens per expert (planner/cost/dispatch.py)
+    hidden = (0.0, 0.0)
     if d and tr.overlap_moe_expert_parallel_comm:
         total = ep_fwd + ep_bwd
         exposed = max((1.0 - EP_OVERLAP_HIDDEN) * total, total - hide_s)
+        raw = ep_fwd, ep_bwd
         ep_fwd, ep_bwd = (exposed * ep_fwd / total, exposed * ep_bwd / total) if total > 0 else (0.0, 0.0)
+        hidden = raw[0] - ep_fwd, raw[1] - ep_bwd
     if d and tr.moe_shared_expert_overlap and shared_s:
         ep_fwd = max(0.0, ep_fwd - shared_s)
         ep_bwd = max(0.0, ep_bwd - GEMM_BWD_OVER_FWD * shared_s)
-    return ep_fwd, ep_bwd
+    return ep_fwd, ep_bwd, hidden
 
 
 # --------------------------------------------------------------------------------------------- memory, recompute

@@ -22,7 +22,7 @@ from planner.cost.communication import GroupLinks, LinkChoice, collective_s, sta
 from planner.cost.dispatch import routing
 from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iteration, parameter_counts
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
-from planner.cost.layer import BLACKWELL_DEVICES, LayerCost, LayerShape, layer_cost
+from planner.cost.layer import BLACKWELL_DEVICES, LayerCost, LayerShape, ep_overlap_steady_share, layer_cost
 from planner.cost.memory import (
     UNITEMISED_ALLOCATED_GIB, ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups,
     recorded_cache_share,
@@ -91,6 +91,8 @@ class StageCore:
     cache_fraction: float  # the allocator's cache over the activations (memory.allocator_cache_fraction)
     recorded_cache_share: float  # of the free memory a long run's recorded reserved peak fills (memory.py)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
+    ep_hidden_fwd_s: float  # EP seconds the EP overlap hid per micro-batch in paired steps (forward chunks)
+    ep_hidden_bwd_s: float  # ... (backward chunks); the schedule's unpaired steps pay them (CostModel.stage)
 
     @property
     def other_bytes(self) -> float:
@@ -143,15 +145,18 @@ class StageCost(StageCore):
 
     @classmethod
     def place(cls, core: StageCore, *, index: int, pp_comm_s: float, inflight_microbatches: float,
-              send_out_s: float = 0.0, fill_out_s: float = 0.0, stall: tuple[float, float] = (0.0, 0.0)
-              ) -> "StageCost":
+              send_out_s: float = 0.0, fill_out_s: float = 0.0, stall: tuple[float, float] = (0.0, 0.0),
+              ep_unpaired: tuple[float, float] = (0.0, 0.0)) -> "StageCost":
         """`core` as stage `index` with `pp_comm_s` of pipeline sends per micro-batch (exposed), one message to
-        the next stage taking `send_out_s` and `fill_out_s` of that boundary in the pipeline's fill, and the
-        interleaved schedule's stall (forward, backward seconds: `CostModel.chunk_stall`)."""
+        the next stage taking `send_out_s` and `fill_out_s` of that boundary in the pipeline's fill, the
+        interleaved schedule's stall (forward, backward seconds: `CostModel.chunk_stall`) and the EP communication
+        the schedule's unpaired steps leave exposed (forward, backward seconds: `CostModel.ep_unpaired`)."""
         fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
         extra = (("chunk_stall", sum(stall)),) if any(stall) else ()
-        fields_of_core.update(forward_s=core.forward_s + stall[0] + pp_comm_s / 2,
-                              backward_s=core.backward_s + stall[1] + pp_comm_s / 2,
+        extra += (("ep_comm", sum(ep_unpaired)),) if any(ep_unpaired) else ()
+        fields_of_core.update(forward_s=core.forward_s + stall[0] + ep_unpaired[0] + pp_comm_s / 2,
+                              backward_s=core.backward_s + stall[1] + ep_unpaired[1] + pp_comm_s / 2,
+                              ep_comm_s=core.ep_comm_s + sum(ep_unpaired),
                               parts=core.parts + extra + (("pp_comm", pp_comm_s),))
         return cls(**fields_of_core, index=index, pp_comm_s=pp_comm_s, inflight_microbatches=inflight_microbatches,
                    send_out_s=send_out_s, fill_out_s=fill_out_s)
@@ -602,6 +607,8 @@ class CostModel:
             cache_fraction=allocator_cache_fraction(self.training.expandable_segments),
             recorded_cache_share=recorded_cache_share(self.model),
             parts=_merge_parts(lay.parts, ends.parts),
+            ep_hidden_fwd_s=lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s,
+            ep_hidden_bwd_s=lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s,
         )
 
     def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
@@ -631,6 +638,8 @@ class CostModel:
             out.tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
             out.cp_s += cnt * (c.cp_fwd_s + c.cp_bwd_s) + nf * c.cp_fwd_s
             out.ep_s += cnt * (c.ep_fwd_s + c.ep_bwd_s) + nf * c.ep_fwd_s
+            out.ep_hidden_fwd_s += cnt * c.ep_hidden_fwd_s
+            out.ep_hidden_bwd_s += cnt * c.ep_hidden_bwd_s
             out.recompute_s += nf * c.fwd_s
             gather_s, scatter_s = self._fsdp_layer_s(g, device_type, dp, kind)
             fsdp_gather += cnt * gather_s
@@ -702,6 +711,8 @@ class CostModel:
             out.tp_s += d * (mtp.tp_fwd_s + mtp.tp_bwd_s)
             out.cp_s += d * (mtp.cp_fwd_s + mtp.cp_bwd_s)
             out.ep_s += d * (mtp.ep_fwd_s + mtp.ep_bwd_s)
+            out.ep_hidden_fwd_s += d * mtp.ep_hidden_fwd_s
+            out.ep_hidden_bwd_s += d * mtp.ep_hidden_bwd_s
             for name, sec in mtp.parts.items():
                 out.add(name, d * sec)
             out.add("mtp_proj", d * (1 + GEMM_BWD_OVER_FWD) * proj_s)
@@ -878,11 +889,28 @@ class CostModel:
             into = self.boundary_crosses_nodes(g, prev_type, offset_gpus - g.tp * g.cp * pd, pd, device_type, dp)
             link_in = self.p2p_parts(g, prev_type, pd, device_type, dp, crosses_nodes=into)
         stall = self.chunk_stall(g, core) if prev_type is not None and next_type is not None else (0.0, 0.0)
-        fwd, bwd = core.forward_s + stall[0], core.backward_s + stall[1]
+        unpaired = self.ep_unpaired(g, core)
+        fwd, bwd = core.forward_s + stall[0] + unpaired[0], core.backward_s + stall[1] + unpaired[1]
         pp_s = float(stage_time_with_links(fwd, bwd, link_in, link_out)) - (fwd + bwd)
         return StageCost.place(core, index=index, pp_comm_s=pp_s, send_out_s=send_out_s,
-                               fill_out_s=link_fill_s(g.vpp, *link_out), stall=stall,
+                               fill_out_s=link_fill_s(g.vpp, *link_out), stall=stall, ep_unpaired=unpaired,
                                inflight_microbatches=self.inflight_microbatches(g, index))
+
+    def ep_unpaired_share(self, g: GlobalShape) -> float:
+        """With --overlap-moe-expert-parallel-comm, the share of a stage's chunk steps that run alone (the combined
+        1F1B schedule's warm-up forwards and cool-down backwards, averaged over the PP ranks:
+        planner/cost/layer.py `ep_overlap_steady_share`), which hide no EP communication; else 0.  A mean over the
+        ranks, so that every stage of a plan pays the same share whatever its index (the search's tables price a
+        stage by its position, not its index)."""
+        if not (self.model.is_moe and self.training.overlap_moe_expert_parallel_comm):
+            return 0.0
+        return 1.0 - ep_overlap_steady_share(g.pp, g.vpp, g.num_microbatches)
+
+    def ep_unpaired(self, g: GlobalShape, core: StageCore) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch of EP communication that the EP overlap hides in paired
+        steps and the unpaired ones pay (`ep_unpaired_share` of `core`'s hidden seconds)."""
+        share = self.ep_unpaired_share(g)
+        return share * core.ep_hidden_fwd_s, share * core.ep_hidden_bwd_s
 
     def chunk_stall(self, g: GlobalShape, core: StageCore) -> tuple[float, float]:
         """What Megatron's interleaved schedule stalls a stage of `core` per micro-batch when its virtual chunks
@@ -951,6 +979,8 @@ class _Part:
     tp_s: float = 0.0
     cp_s: float = 0.0
     ep_s: float = 0.0
+    ep_hidden_fwd_s: float = 0.0  # what --overlap-moe-expert-parallel-comm hid, in a step pairing fwd and bwd
+    ep_hidden_bwd_s: float = 0.0
     act_per_mb: float = 0.0
     transient: float = 0.0
     parts: dict = field(default_factory=dict)  # forward + backward seconds by mechanism

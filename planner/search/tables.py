@@ -47,9 +47,11 @@ class TableBuilder:
             arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
-        core, sync, static, act, cap, p2p, near, traffic, fill, fwd, min_layer = arrays
+        core, sync, static, act, cap, p2p, near, traffic, fill, fwd, min_layer, hidden, hidden_fwd = arrays
         if g.vpp > 1 and g.pp > 2:
             core, fwd = self._with_stall(gs, core, fwd)
+        if hidden.size:
+            core, fwd = self._with_ep_unpaired(gs, core, fwd, hidden, hidden_fwd)
         types = self._types
         inflight = np.array([cost.inflight_microbatches(gs, i) for i in range(g.pp)])
         return StageTables(
@@ -82,6 +84,21 @@ class TableBuilder:
             part = np.where(ok, np.floor(stall * (f / np.maximum(mid, 1))), 0).astype(np.int64)
             fwd = fwd.copy()
             fwd[:, MID] = np.where(ok, f + part, f)
+        return core, fwd
+
+    def _with_ep_unpaired(self, gs: GlobalShape, core: np.ndarray, fwd: np.ndarray, hidden: np.ndarray,
+                          hidden_fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every stage's time with the EP communication the schedule's unpaired steps leave exposed added, as
+        CostModel.stage adds it (`ep_unpaired_share` of the seconds the EP overlap hid: the same share at every
+        position, since it depends on PP, VPP and the micro-batches only); copies, since the cached arrays serve
+        every PP.  Rounded down like the rest."""
+        share = self.cost.ep_unpaired_share(gs)
+        if not share:
+            return core, fwd
+        ok = core < INF_US
+        core = np.where(ok, core + np.floor(share * hidden).astype(np.int64), core)
+        if fwd.size:
+            fwd = np.where(ok, fwd + np.floor(share * hidden_fwd).astype(np.int64), fwd)
         return core, fwd
 
     def _trim_cache(self) -> None:
@@ -133,6 +150,11 @@ class TableBuilder:
         # filled option by option below (with a deadline check between): on a model with hundreds
         # of layers these arrays take gigabytes, and writing them is most of a build's time
         core = np.empty(shape, dtype=np.int64)
+        # the EP seconds --overlap-moe-expert-parallel-comm hid per cell (and their forward part), which `build`
+        # charges at the PP's unpaired share (`_with_ep_unpaired`); empty without the overlap
+        overlap = cost.model.is_moe and cost.training.overlap_moe_expert_parallel_comm
+        hidden = np.zeros(shape if overlap else (0,), dtype=np.int64)
+        hidden_fwd = np.zeros(shape if overlap and traffic.size else (0,), dtype=np.int64)
         sync = np.empty(shape, dtype=np.int64)
         static = np.empty(shape)
         act = np.empty(shape)
@@ -159,7 +181,7 @@ class TableBuilder:
             for p, mask in regions.items():
                 check_deadline(deadline)
                 ids = np.unique(sig[mask])
-                vals = np.zeros((len(reps), 5))
+                vals = np.zeros((len(reps), 7))
                 for j, k in enumerate(ids):
                     if j % 64 == 63:
                         check_deadline(deadline)
@@ -167,7 +189,8 @@ class TableBuilder:
                     c = cost.stage_core(gs, device_type=opt.device_type, start=st, end=st + n, dp=opt.dp,
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),
                                         is_last=p in (LAST, ONLY))
-                    vals[k] = (c.time_s, c.sync_s, c.held_static_bytes, c.held_act_per_microbatch_bytes, c.forward_s)
+                    vals[k] = (c.time_s, c.sync_s, c.held_static_bytes, c.held_act_per_microbatch_bytes, c.forward_s,
+                               c.ep_hidden_fwd_s + c.ep_hidden_bwd_s, c.ep_hidden_fwd_s)
                     cap[o] = c.capacity_bytes
                 cells = sig[mask]
                 if traffic.size:
@@ -176,6 +199,10 @@ class TableBuilder:
                 else:
                     core[o, p][mask] = to_us_array(vals[cells, 0])
                 sync[o, p][mask] = to_us_array(vals[cells, 1])
+                if hidden.size:
+                    hidden[o, p][mask] = to_us_array(vals[cells, 5])
+                if hidden_fwd.size:
+                    hidden_fwd[o, p][mask] = to_us_array(vals[cells, 6])
                 static[o, p][mask] = vals[cells, 2]
                 act[o, p][mask] = vals[cells, 3]
             # least per-layer time (for lower bounds): a one-layer middle stage without recompute,
@@ -184,7 +211,7 @@ class TableBuilder:
                                    recompute=Recompute.none(), is_first=False, is_last=False).time_s
                    for j in _distinct_layer_starts(cost)]
             min_layer[o] = to_us(min(per))
-        return core, sync, static, act, cap, far, near, traffic, fill, fwd, min_layer
+        return core, sync, static, act, cap, far, near, traffic, fill, fwd, min_layer, hidden, hidden_fwd
 
 
 def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
