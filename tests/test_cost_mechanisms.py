@@ -11,6 +11,7 @@ from math import comb
 
 import pytest
 
+from planner.api import estimate, load_inputs
 from planner.cost.dispatch import (
     AUX_LOSS_MAX_PULL, EXPERT_LOAD_CV, expected_destination_ranks, expected_max_normal, p_group_hit, p_node_hit,
     routing,
@@ -235,6 +236,23 @@ def test_ep_overlap_hides_nothing_with_one_micro_batch():
         saved = plain.iteration_time_s - hidden.iteration_time_s
         layers = 4  # MOE's decoder layers, all on the one stage
         assert saved == pytest.approx(paired * layers * per_step * plain.num_microbatches, rel=1e-6, abs=1e-9)
+
+
+def test_ep_overlap_note_says_what_the_unpaired_steps_cost():
+    """AWS's DeepSeek-V3 cell with the EP overlap (PP8 VPP2, 16 micro-batches): half the chunk steps run alone, and
+    the estimate says so with what they pay; NVIDIA's Qwen3-30B-A3B overlap run (no pipelining, 64 micro-batches)
+    pairs 63 of 64 and gets no such note."""
+    from planner.calibration.runs import load_unfitted_runs
+
+    rows = {r["id"]: r for r in load_runs() + load_unfitted_runs()}
+    notes = {}
+    for rid in ("B300-aws-dsv3-671B-256-tp8pp8vpp2ep32-mb4-a2a-epovl", "H100-qwen3-30B-A3B-16-bf16-hybridep-epovl"):
+        r = rows[rid]
+        est = estimate(load_inputs(megatron_args=r["megatron_args"], cluster=r["cluster"]))
+        notes[rid] = [n for n in est.notes if "combined 1F1B" in n]
+    (note,) = notes["B300-aws-dsv3-671B-256-tp8pp8vpp2ep32-mb4-a2a-epovl"]
+    assert "with 16 micro-batches per pipeline at PP8 VPP2, 50% of the chunk steps" in note
+    assert not notes["H100-qwen3-30B-A3B-16-bf16-hybridep-epovl"]
 
 
 def test_host_floor_keeps_what_ep_overlap_hides():

@@ -1026,6 +1026,33 @@ class _Params:
         return self.shard * pb.optimizer
 
 
+EP_UNPAIRED_NOTE_MIN_SHARE = 0.03
+"""`ep_overlap_notes` speaks when the EP seconds the schedule's unpaired steps pay are at least this share of the
+iteration."""
+
+
+def ep_overlap_notes(cost: CostModel, plan: Plan, plan_cost: PlanCost | None = None) -> list[str]:
+    """A note when --overlap-moe-expert-parallel-comm hides little because few of the schedule's steps pair a
+    forward with a backward (`CostModel.ep_unpaired_share`): what the unpaired steps cost and what would pair
+    more of them."""
+    g = GlobalShape.of(plan)
+    share = cost.ep_unpaired_share(g)
+    if not share:
+        return []
+    plan_cost = plan_cost or cost.evaluate(plan)
+    slowest = max(plan_cost.stages, key=lambda s: s.time_s)
+    paid_s = plan_cost.num_microbatches * sum(cost.ep_unpaired(g, slowest))
+    if paid_s < EP_UNPAIRED_NOTE_MIN_SHARE * plan_cost.iteration_time_s:
+        return []
+    shape = f"at PP{plan.pp} VPP{plan.vpp}" if plan.pp > 1 else "without pipelining"
+    return [f"--overlap-moe-expert-parallel-comm hides EP communication only in the steps where Megatron's combined "
+            f"1F1B schedule runs one micro-batch's forward beside another's backward: with {g.num_microbatches} "
+            f"micro-batches per pipeline {shape}, {share:.0%} of the chunk steps (the warm-up forwards and the "
+            f"cool-down backwards) run alone and pay their dispatch in full, {paid_s:.2f} s of the "
+            f"{plan_cost.iteration_time_s:.2f} s iteration; more micro-batches per pipeline (a larger global batch, "
+            f"a smaller DP or micro-batch) or fewer pipeline stages pair more of them"]
+
+
 def link_fill_s(vpp: int, floor_s: float, traffic_s: float) -> float:
     """What a pipeline boundary with link (L, M) (CostModel.p2p_parts) adds to the interleaved pipeline's fill and
     drain: the first micro-batch crosses it v times forward and v times backward, each a whole message

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from planner.cost.mechanisms import BY_NAME
-from planner.cost.model import PlanCost
+from planner.cost.model import PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
 from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
@@ -250,7 +250,9 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "problems": outcome.problems[0],
         "notes": list(r.notes) + [f"{i.count} {i.device_type} GPUs stay idle: {i.why}" for i in outcome.idle]
         + unmodelled_notes(outcome.run.passthrough, outcome.run.training)
-        + (fabric_notes(outcome.range_model.nominal, outcome.plans[0]) if outcome.range_model is not None else []),
+        + (fabric_notes(outcome.range_model.nominal, outcome.plans[0]) if outcome.range_model is not None else [])
+        + (ep_overlap_notes(outcome.range_model.nominal, outcome.plans[0], cost)
+           if outcome.range_model is not None else []),
     }
     if outcome.ranges:
         out.update(range_json(cost, outcome.ranges[0]))
