@@ -91,8 +91,10 @@ class StageCore:
     cache_fraction: float  # the allocator's cache over the activations (memory.allocator_cache_fraction)
     recorded_cache_share: float  # of the free memory a long run's recorded reserved peak fills (memory.py)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
-    ep_hidden_fwd_s: float  # EP seconds the EP overlap hid per micro-batch in paired steps (forward chunks)
-    ep_hidden_bwd_s: float  # ... (backward chunks); the schedule's unpaired steps pay them (CostModel.stage)
+    # (forward, backward) EP seconds per micro-batch the EP overlap hid in the schedule's paired steps, which its
+    # unpaired steps pay (CostModel.stage); one field, not two: 30 instance attributes or more cost CPython its
+    # key-sharing dict, 5x the memory of each of the ~10^5 cores a search keeps
+    ep_hidden_s: tuple[float, float]
 
     @property
     def other_bytes(self) -> float:
@@ -607,8 +609,7 @@ class CostModel:
             cache_fraction=allocator_cache_fraction(self.training.expandable_segments),
             recorded_cache_share=recorded_cache_share(self.model),
             parts=_merge_parts(lay.parts, ends.parts),
-            ep_hidden_fwd_s=lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s,
-            ep_hidden_bwd_s=lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s,
+            ep_hidden_s=(lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s, lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s),
         )
 
     def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
@@ -910,7 +911,7 @@ class CostModel:
         """(forward, backward) seconds per micro-batch of EP communication that the EP overlap hides in paired
         steps and the unpaired ones pay (`ep_unpaired_share` of `core`'s hidden seconds)."""
         share = self.ep_unpaired_share(g)
-        return share * core.ep_hidden_fwd_s, share * core.ep_hidden_bwd_s
+        return share * core.ep_hidden_s[0], share * core.ep_hidden_s[1]
 
     def chunk_stall(self, g: GlobalShape, core: StageCore) -> tuple[float, float]:
         """What Megatron's interleaved schedule stalls a stage of `core` per micro-batch when its virtual chunks

@@ -105,8 +105,7 @@ def _scaled(core: StageCore, factor: dict[str, float]) -> StageCore:
         "compute_s": core.compute_s * ratio, "recompute_s": core.recompute_s * f("recompute", 1.0),
         "tp_comm_s": core.tp_comm_s * f("tp_comm", 1.0), "cp_comm_s": core.cp_comm_s * f("cp_comm", 1.0),
         "ep_comm_s": core.ep_comm_s * f("ep_comm", 1.0), "dp_comm_s": core.dp_comm_s * f("dp_sync", 1.0),
-        "ep_hidden_fwd_s": core.ep_hidden_fwd_s * f("ep_comm", 1.0),
-        "ep_hidden_bwd_s": core.ep_hidden_bwd_s * f("ep_comm", 1.0),
+        "ep_hidden_s": (core.ep_hidden_s[0] * f("ep_comm", 1.0), core.ep_hidden_s[1] * f("ep_comm", 1.0)),
         "optimizer_s": core.optimizer_s * f("optimizer", 1.0),
         "iteration_overhead_s": core.iteration_overhead_s * f("iteration_overhead", 1.0)})
 

@@ -96,9 +96,9 @@ class TableBuilder:
         if not share:
             return core, fwd
         ok = core < INF_US
-        core = np.where(ok, core + np.floor(share * hidden).astype(np.int64), core)
+        core = np.where(ok, core + np.floor(share * hidden.astype(np.int64)).astype(np.int64), core)
         if fwd.size:
-            fwd = np.where(ok, fwd + np.floor(share * hidden_fwd).astype(np.int64), fwd)
+            fwd = np.where(ok, fwd + np.floor(share * hidden_fwd.astype(np.int64)).astype(np.int64), fwd)
         return core, fwd
 
     def _trim_cache(self) -> None:
@@ -153,8 +153,9 @@ class TableBuilder:
         # the EP seconds --overlap-moe-expert-parallel-comm hid per cell (and their forward part), which `build`
         # charges at the PP's unpaired share (`_with_ep_unpaired`); empty without the overlap
         overlap = cost.model.is_moe and cost.training.overlap_moe_expert_parallel_comm
-        hidden = np.zeros(shape if overlap else (0,), dtype=np.int64)
-        hidden_fwd = np.zeros(shape if overlap and traffic.size else (0,), dtype=np.int64)
+        # (int32: microseconds of one stage's hidden dispatch per micro-batch stay far below 2^31; half the memory)
+        hidden = np.zeros(shape if overlap else (0,), dtype=np.int32)
+        hidden_fwd = np.zeros(shape if overlap and traffic.size else (0,), dtype=np.int32)
         sync = np.empty(shape, dtype=np.int64)
         static = np.empty(shape)
         act = np.empty(shape)
@@ -190,7 +191,7 @@ class TableBuilder:
                                         recompute=opt.recompute, is_first=p in (FIRST, ONLY),
                                         is_last=p in (LAST, ONLY))
                     vals[k] = (c.time_s, c.sync_s, c.held_static_bytes, c.held_act_per_microbatch_bytes, c.forward_s,
-                               c.ep_hidden_fwd_s + c.ep_hidden_bwd_s, c.ep_hidden_fwd_s)
+                               sum(c.ep_hidden_s), c.ep_hidden_s[0])
                     cap[o] = c.capacity_bytes
                 cells = sig[mask]
                 if traffic.size:
