@@ -239,3 +239,14 @@ def test_fork_flags_are_the_only_ones_removed_before_validation():
     kept, dropped = _upstream_only(argv)
     assert kept == ["--lr", "1e-4"] and dropped == ["--use-fused-rmsnorm", "--patch-tokenizer-type"]
     assert set(fork_flags_in(argv)) == {"MindSpeed", "Pai-Megatron-Patch"}
+
+
+def test_bench_removes_only_what_the_cpu_validator_cannot_judge():
+    """tools/bench_published.py validates a pick's flags on the CPU validator: the flags that need Transformer Engine
+    (absent there) are removed, TE's cross-entropy fusion is checked as native, everything else is kept."""
+    from tools.bench_published import upstream_argv
+
+    argv = ["--moe-permute-fusion", "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm",
+            "--cross-entropy-fusion-impl", "te", "--lr", "1e-4"]
+    assert upstream_argv(argv) == ["--overlap-moe-expert-parallel-comm", "--cross-entropy-fusion-impl", "native",
+                                   "--lr", "1e-4"]

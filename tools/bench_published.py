@@ -21,8 +21,8 @@ and cluster through the planner's one input path, prices the published plan (the
   trials include the published plan;
 * validator: Megatron's own validator (tools/megatron_validate.py, in the environment `.ci/megatron_env.sh`
   builds, or $HAPMOE_MEGATRON_PYTHON) on the flags the planner's launcher writes for the pick.  Flags only a
-  fork knows are removed first; `--moe-permute-fusion` (needs Transformer Engine, absent on the CPU validator)
-  is removed and `--cross-entropy-fusion-impl te` (refused by megatron-core 0.19) is checked as `native`, as the
+  fork knows are removed first; `--moe-permute-fusion` and `--delay-wgrad-compute` (they need Transformer Engine,
+  absent on the CPU validator) are removed and `--cross-entropy-fusion-impl te` (refused by megatron-core 0.19) is checked as `native`, as the
   calibration README does for the published rows themselves.
 
 A benchmark, not a test: it prints figures (the medians and the worst ratio at the end).
@@ -64,6 +64,11 @@ CASES = (
 )
 
 
+NEEDS_TE = ("--moe-permute-fusion", "--delay-wgrad-compute")
+"""Flags Megatron refuses without Transformer Engine, which the CPU validator lacks (the calibration README removes
+them from the published rows' check the same way)."""
+
+
 def upstream_argv(argv: list[str]) -> list[str]:
     """The flags upstream Megatron's CPU validator can judge (see the module docstring)."""
     table = known_flags()
@@ -71,7 +76,7 @@ def upstream_argv(argv: list[str]) -> list[str]:
     for tok in argv:
         name = tok.partition("=")[0]
         if tok.startswith("--"):
-            skip = name == "--moe-permute-fusion" or (name in table and table[name].source != "megatron")
+            skip = name in NEEDS_TE or (name in table and table[name].source != "megatron")
             if skip:
                 continue
         elif skip:
