@@ -198,7 +198,9 @@ def grouped_curve(rows: list[dict[str, str]], gemm: EfficiencyCurve) -> Efficien
               "Engine GroupedLinear (TE 2.2 and 2.7) at 2048 and 4096 tokens per expert, the grouped_gemm package's "
               "five backends at 512; multiplier = median of achieved / (989 TFLOP/s x gemm_efficiency at the whole "
               "call's FLOP x tile padding), gemm_efficiency being the device's datasheet-derived curve; clamped "
-              "outside 512-4096 tokens per expert")
+              "outside 512-4096 tokens per expert. Megatron runs TE's GroupedLinear; no TE figure below 2048 tokens "
+              "per expert is published (a search of TE, Megatron-LM, PyTorch, DeepGEMM and SonicMoE sources, 2026-12), "
+              "so the 512-token point, another library's, may understate what TE reaches there")
     return EfficiencyCurve(points=points, provenance=Provenance(kind="published", source=source))
 
 
