@@ -112,3 +112,51 @@ def test_profile_quick_cpu_end_to_end(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert est.returncode == 0, est.stderr[-2000:]
     assert json.loads(est.stdout)["iteration_time_s"] > 0
+
+
+class _StubGroupedLinear:
+    """Stands in for transformer_engine.pytorch.GroupedLinear on CPU: records how it was built and called, and
+    computes what the real module does (one [tokens, k] @ [k, n] per split)."""
+
+    built: list = []
+    splits: list = []
+
+    def __init__(self, num_gemms, in_features, out_features, *, bias, params_dtype, device):
+        import torch
+
+        type(self).built.append((num_gemms, in_features, out_features, bias, params_dtype, device))
+        self.w = [torch.randn(in_features, out_features, dtype=params_dtype) for _ in range(num_gemms)]
+
+    def __call__(self, inp, m_splits):
+        import torch
+
+        sizes = m_splits.tolist() if hasattr(m_splits, "tolist") else list(m_splits)
+        type(self).splits.append(sizes)
+        return torch.cat([x @ w for x, w in zip(torch.split(inp, sizes), self.w)])
+
+
+def test_grouped_gemms_are_timed_as_the_run_runs_them():
+    """With --moe-grouped-gemm and Transformer Engine, the expert GEMMs are timed as TE's GroupedLinear over the local
+    experts (Megatron's TEGroupedMLP), and the profile's provenance says so; without the flag (SequentialMLP), or
+    where TE does not import, as one matmul per local expert."""
+    pytest.importorskip("torch")
+    import types
+
+    from planner.profiling.kernels import SEQUENTIAL_EXPERTS, bench_grouped
+    from planner.profiling.shapes import GroupedGemmShape
+    from planner.profiling.tables import grouped_curve
+    from planner.schemas.device import EfficiencyCurve, EfficiencyPoint, Provenance
+
+    te = types.SimpleNamespace(GroupedLinear=_StubGroupedLinear, __version__="9.9")
+    shape = GroupedGemmShape("g", local_experts=4, tokens_per_expert=32, hidden=64, ffn=48)
+    (grouped,) = bench_grouped((shape,), "cpu", "fp32", 0, 1, lambda _: None, grouped_gemm=True, te=te)
+    assert grouped.impl == "Transformer Engine GroupedLinear 9.9"
+    assert _StubGroupedLinear.built[-1][:4] == (4, 64, 48, False)
+    assert _StubGroupedLinear.splits and all(s == [32] * 4 for s in _StubGroupedLinear.splits)
+    (sequential,) = bench_grouped((shape,), "cpu", "fp32", 0, 1, lambda _: None, grouped_gemm=False, te=te)
+    (no_te,) = bench_grouped((shape,), "cpu", "fp32", 0, 1, lambda _: None, grouped_gemm=True)  # CPU: TE not tried
+    assert sequential.impl == no_te.impl == SEQUENTIAL_EXPERTS
+    dense = EfficiencyCurve(points=(EfficiencyPoint(size=1.0, efficiency=0.5),),
+                            provenance=Provenance(kind="measured", source="unit test"))
+    curve = grouped_curve([grouped], dense, 1e12, "unit test")
+    assert curve.provenance.source.endswith("expert GEMMs timed as Transformer Engine GroupedLinear 9.9")

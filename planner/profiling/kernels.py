@@ -34,6 +34,7 @@ class KernelResult:
     bytes_moved: float = 0.0
     tokens_per_expert: int = 0
     flop_per_call: float = 0.0
+    impl: str = ""  # what ran, where it matters (grouped GEMMs: TE's GroupedLinear or one matmul per expert)
 
     @property
     def flop_per_s(self) -> float:
@@ -123,25 +124,67 @@ def bench_attention(shapes: tuple[AttentionShape, ...], device: str, dtype: str,
     return out
 
 
-def bench_grouped(shapes: tuple[GroupedGemmShape, ...], device: str, dtype: str, warmup: int, repeats: int,
-                  progress: ProgressFn) -> list[KernelResult]:
-    """Expert GEMMs as Megatron's sequential experts run them: one matmul per local expert."""
+SEQUENTIAL_EXPERTS = "torch.matmul per expert"
+"""The grouped-GEMM implementation `bench_grouped` times without Transformer Engine: Megatron's SequentialMLP (no
+--moe-grouped-gemm), one GEMM per local expert."""
+
+
+def _transformer_engine() -> Any | None:
+    """transformer_engine.pytorch where it imports, else None."""
+    try:
+        import transformer_engine.pytorch as te  # noqa: PLC0415 - optional dependency
+    except Exception:  # noqa: BLE001 - absent, or present without a GPU build: time the per-expert loop instead
+        return None
+    return te
+
+
+def grouped_runner(shape: GroupedGemmShape, device: str, dtype: str, *, grouped_gemm: bool,
+                   te: Any | None = None) -> tuple[Callable[[], Any], str]:
+    """(one forward of `shape`'s expert fc1, what runs it): with --moe-grouped-gemm and Transformer Engine (`te`,
+    else imported where it can be), TE's GroupedLinear over the local experts, as Megatron's TEGroupedMLP runs them
+    (transformer_engine/pytorch/module/grouped_linear.py); else one matmul per local expert, as SequentialMLP."""
     torch = _torch()
     dt = getattr(torch, DTYPES[dtype])
+    if grouped_gemm and te is None and device.startswith("cuda"):
+        te = _transformer_engine()
+    if grouped_gemm and te is not None:
+        layer = te.GroupedLinear(shape.local_experts, shape.hidden, shape.ffn, bias=False, params_dtype=dt,
+                                 device=device)
+        inp = torch.randn(shape.local_experts * shape.tokens_per_expert, shape.hidden, device=device, dtype=dt)
+        splits = [shape.tokens_per_expert] * shape.local_experts
+        try:  # TE 2.x takes the split sizes as a tensor (CUDA int64 preferred), older releases as a list
+            m_splits: Any = torch.tensor(splits, dtype=torch.int64, device=device)
+            layer(inp, m_splits)
+        except (TypeError, AttributeError):
+            m_splits = splits
+        version = getattr(te, "__version__", "") or getattr(getattr(te, "te", None), "__version__", "")
+        return (lambda: layer(inp, m_splits)), f"Transformer Engine GroupedLinear {version}".strip()
+    xs = [torch.randn(shape.tokens_per_expert, shape.hidden, device=device, dtype=dt)
+          for _ in range(shape.local_experts)]
+    ws = [torch.randn(shape.hidden, shape.ffn, device=device, dtype=dt) for _ in range(shape.local_experts)]
+
+    def run() -> None:
+        for x, w in zip(xs, ws):
+            torch.matmul(x, w)
+
+    return run, SEQUENTIAL_EXPERTS
+
+
+def bench_grouped(shapes: tuple[GroupedGemmShape, ...], device: str, dtype: str, warmup: int, repeats: int,
+                  progress: ProgressFn, *, grouped_gemm: bool = False, te: Any | None = None) -> list[KernelResult]:
+    """Expert GEMMs as the run's Megatron runs them (`grouped_runner`): TE's GroupedLinear with --moe-grouped-gemm
+    where Transformer Engine imports, else one matmul per local expert; each result names what ran."""
+    torch = _torch()
     out = []
-    for shape in shapes:
-        xs = [torch.randn(shape.tokens_per_expert, shape.hidden, device=device, dtype=dt)
-              for _ in range(shape.local_experts)]
-        ws = [torch.randn(shape.hidden, shape.ffn, device=device, dtype=dt) for _ in range(shape.local_experts)]
-
-        def run() -> None:
-            for x, w in zip(xs, ws):
-                torch.matmul(x, w)
-
-        t = median_time_s(run, device, warmup, repeats)
-        out.append(KernelResult("grouped_gemm", shape.name, t, flop=shape.flop,
-                                tokens_per_expert=shape.tokens_per_expert, flop_per_call=shape.flop_per_expert))
-        progress(f"grouped gemm {shape.name} ({shape.local_experts} experts): {shape.flop / t / 1e12:.3f} TFLOP/s")
+    with torch.no_grad():
+        for shape in shapes:
+            run, impl = grouped_runner(shape, device, dtype, grouped_gemm=grouped_gemm, te=te)
+            t = median_time_s(run, device, warmup, repeats)
+            out.append(KernelResult("grouped_gemm", shape.name, t, flop=shape.flop,
+                                    tokens_per_expert=shape.tokens_per_expert,
+                                    flop_per_call=shape.flop_per_expert, impl=impl))
+            progress(f"grouped gemm {shape.name} ({shape.local_experts} experts, {impl}): "
+                     f"{shape.flop / t / 1e12:.3f} TFLOP/s")
     return out
 
 

@@ -224,7 +224,8 @@ def _bench_kernels(opts: ProfileOptions, shapes: BenchShapes, dev: str, dtype: s
     results = []
     results += kernels.bench_gemms(shapes.gemms, dev, dtype, warmup, repeats, progress)
     results += kernels.bench_attention(shapes.attention, dev, dtype, warmup, repeats, progress)
-    results += kernels.bench_grouped(shapes.grouped, dev, dtype, warmup, repeats, progress)
+    results += kernels.bench_grouped(shapes.grouped, dev, dtype, warmup, repeats, progress,
+                                     grouped_gemm=shapes.moe_grouped_gemm)
     copy_bytes = (64 << 20) if opts.quick else ((1 << 30) if dev != "cpu" else (256 << 20))
     results += kernels.bench_elementwise(shapes.elementwise_elems, shapes.hidden, dev, dtype, warmup, repeats,
                                          copy_bytes, progress)

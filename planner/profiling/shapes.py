@@ -77,6 +77,7 @@ class BenchShapes:
     elementwise_elems: tuple[int, ...]
     optimizer_params: int
     layer_tp: int
+    moe_grouped_gemm: bool = False  # --moe-grouped-gemm: Megatron runs the experts as TE's GroupedLinear
 
 
 def _div(value: int, by: int) -> int:
@@ -141,4 +142,4 @@ def bench_shapes(
     elementwise = tuple(sorted({t * h for t in tokens} | {t * _div(f, min(tp_list)) for t in tokens}))
     optimizer_params = 1 << 20 if quick else 1 << 26
     return BenchShapes(model.name, scaled, h, f, s, tokens, tuple(gemms), tuple(attention), tuple(grouped),
-                       elementwise, optimizer_params, min(tp_list))
+                       elementwise, optimizer_params, min(tp_list), moe_grouped_gemm=model.moe_grouped_gemm)

@@ -81,6 +81,9 @@ def grouped_curve(results: list[KernelResult], gemm: EfficiencyCurve, peak_flop_
             padding = m / (math.ceil(m / GROUPED_GEMM_TILE_ROWS) * GROUPED_GEMM_TILE_ROWS)
             # relative to a dense GEMM of the whole grouped call's FLOP, tile padding taken out (cost model)
             by_size[float(m)].append(grouped_eff / (interpolate_points(dense, r.flop) * padding))
+    impls = sorted({r.impl for r in results if r.kind == "grouped_gemm" and r.impl})
+    if impls:
+        source += f"; expert GEMMs timed as {' and '.join(impls)}"
     return _curve(by_size, source) if by_size else None
 
 
