@@ -22,8 +22,8 @@ and cluster through the planner's one input path, prices the published plan (the
 * validator: Megatron's own validator (tools/megatron_validate.py, in the environment `.ci/megatron_env.sh`
   builds, or $HAPMOE_MEGATRON_PYTHON) on the flags the planner's launcher writes for the pick.  Flags only a
   fork knows are removed first; `--moe-permute-fusion` and `--delay-wgrad-compute` (they need Transformer Engine,
-  absent on the CPU validator) are removed and `--cross-entropy-fusion-impl te` (refused by megatron-core 0.19) is checked as `native`, as the
-  calibration README does for the published rows themselves.
+  absent on the CPU validator) are removed and `--cross-entropy-fusion-impl te` (refused by megatron-core 0.19) is
+  checked as `native`, as the calibration README does for the published rows themselves.
 
 A benchmark, not a test: it prints figures (the medians and the worst ratio at the end).
 """

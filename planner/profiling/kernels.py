@@ -6,6 +6,7 @@ one layer's forward/backward.  Each timing is the median of `repeats` runs after
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -157,7 +158,8 @@ def grouped_runner(shape: GroupedGemmShape, device: str, dtype: str, *, grouped_
             layer(inp, m_splits)
         except (TypeError, AttributeError):
             m_splits = splits
-        version = getattr(te, "__version__", "") or getattr(getattr(te, "te", None), "__version__", "")
+        # transformer_engine.pytorch carries no version of its own; its package does
+        version = getattr(te, "__version__", "") or getattr(sys.modules.get("transformer_engine"), "__version__", "")
         return (lambda: layer(inp, m_splits)), f"Transformer Engine GroupedLinear {version}".strip()
     xs = [torch.randn(shape.tokens_per_expert, shape.hidden, device=device, dtype=dt)
           for _ in range(shape.local_experts)]
