@@ -26,7 +26,7 @@ import pytest
 from planner.errors import PlannerInputError
 from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_megatron_flags
 from planner.launcher import render_launch_files
-from planner.megatron.flags import FORK_VALUES
+from planner.megatron.flags import FORK_VALUES, REMOVED_FLAGS
 
 from helpers.corpus import CORPUS, NAMES, solved
 from helpers.hf_configs import GPT_OSS_120B
@@ -59,6 +59,10 @@ CONTROLS: dict[str, tuple[list[str], int]] = {
     "Qwen3-235B TP2 PP8 VPP4 accounted": (QWEN3_235B + ACCOUNT, 256),
     "Qwen3-235B TP2 PP8 VPP4 not accounted": (QWEN3_235B, 256),
     "heads over TP": (BASE + ["--tensor-model-parallel-size", "3"], 3),
+    **{f"removed {flag}": (BASE + [flag] + ([] if flag == "--checkpoint-activations" else ["2"]), 8)
+       for flag in REMOVED_FLAGS},
+    "learned positions with --no-position-embedding": (BASE + ["--no-position-embedding"], 8),
+    "rope with --no-position-embedding": (BASE + ["--position-embedding-type", "rope", "--no-position-embedding"], 8),
 }
 
 
@@ -200,6 +204,25 @@ def test_megatron_refuses_a_typo_and_so_does_the_planner():
     assert not r["ok"] and "unrecognized arguments: --num-expert" in r["error"]
     with pytest.raises(PlannerInputError, match="did you mean --num-experts"):
         parse_megatron_flags(CONTROLS["typo --num-expert"][0])
+
+
+@pytest.mark.parametrize("flag", sorted(REMOVED_FLAGS))
+def test_megatron_refuses_its_removed_flags_and_so_does_the_planner(flag):
+    """Flags Megatron's parser lists but validate_args refuses: a launcher passing one cannot start, so the
+    reader stops there too (exit 2, naming the flag and its replacement)."""
+    argv, _ = CONTROLS[f"removed {flag}"]
+    assert not results()[f"control/removed {flag}"]["ok"]
+    with pytest.raises(PlannerInputError) as exc:
+        parse_megatron_flags(argv)
+    assert exc.value.field == flag and "no longer valid" in str(exc.value)
+
+
+def test_megatron_takes_no_position_embedding_only_with_rope_and_so_does_the_planner():
+    assert not results()["control/learned positions with --no-position-embedding"]["ok"]
+    with pytest.raises(PlannerInputError, match="--position-embedding-type rope"):
+        parse_megatron_flags(CONTROLS["learned positions with --no-position-embedding"][0])
+    assert results()["control/rope with --no-position-embedding"]["ok"]
+    parse_megatron_flags(CONTROLS["rope with --no-position-embedding"][0])
 
 
 def test_megatron_refuses_bad_expert_folding_with_the_planners_message():

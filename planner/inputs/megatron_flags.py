@@ -32,6 +32,7 @@ from planner.megatron.flags import (
     PARALLEL_FIELD_FLAGS,
     PARALLEL_FLAGS,
     READ_FLAGS,
+    REMOVED_FLAGS,
     SETTINGS_FIELD_FLAGS,
     SETTINGS_FLAGS,
     TRAINING_FIELD_FLAGS,
@@ -203,6 +204,8 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
             known = table.get(name)
             if known is None:
                 raise unknown_flag_error(name)
+            if name in REMOVED_FLAGS:
+                raise PlannerInputError(name, f"Megatron-LM refuses it (validate_args): {REMOVED_FLAGS[name]}")
             passthrough.append(tok)
             if eq:
                 if known.nargs == "0":
@@ -220,6 +223,12 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
         i = _read_flag(name, spec, eq, explicit, argv, i, ns)
         if spec.observe:
             passthrough.extend(argv[start:i])
+    rope = ns.get("position_embedding_type") == "rope" or ns.get("use_rotary_position_embeddings")
+    if "--no-position-embedding" in passthrough and not rope:
+        # validate_args (megatron/training/arguments.py @d98e8a64): NoPE only as rope's absence of learned positions
+        raise PlannerInputError("--no-position-embedding", "Megatron-LM refuses it (validate_args): "
+                                "--no-position-embedding is deprecated, use --position-embedding-type (it is only "
+                                "accepted with --position-embedding-type rope)")
     return ns, passthrough
 
 

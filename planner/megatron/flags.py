@@ -512,6 +512,18 @@ def unpriced_env(env) -> list[tuple[str, str]]:
     return out
 
 
+REMOVED_FLAGS: dict[str, str] = {
+    "--batch-size": "--batch-size argument is no longer valid, use --micro-batch-size instead",
+    "--warmup": "--warmup argument is no longer valid, use --lr-warmup-fraction instead",
+    "--model-parallel-size": "--model-parallel-size is no longer valid, use --tensor-model-parallel-size instead",
+    "--checkpoint-activations": "--checkpoint-activations is no longer valid, use --recompute-activations, or, for "
+                                "more control, --recompute-granularity and --recompute-method.",
+}
+"""Flags Megatron's parser still lists but its validate_args refuses whatever their value (megatron/training/
+arguments.py @d98e8a64, 'Deprecated arguments'): the message it stops with.  A launcher that passes one cannot
+start, so the reader refuses it too.  (--no-position-embedding is refused unless the position embedding is rope:
+planner/inputs/megatron_flags.py.)"""
+
 PRICED_AS_IS: dict[str, frozenset[str]] = {"--softmax-type": frozenset({"vanilla"})}
 """Flag -> values that leave the run as the cost model prices it (Megatron's default softmax)."""
 
