@@ -474,6 +474,12 @@ def test_param_bytes_by_setting():
                                     exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16", grad_reduce_in_bf16=True))
     assert (pa.grad, pa.optimizer) == (2, 4 + 2 + 2)
     assert ParamBytes.of(TrainingSpec(global_batch_size=8, exp_avg_dtype="bf16")).optimizer == 12  # needs the flag
+    # --main-grads-dtype bf16 (precision-aware optimizer): validate_args leaves FP32 gradient accumulation off, so the
+    # gradient buffer and its reduce-scatter are BF16, 2 bytes, as with --grad-reduce-in-bf16; read for BF16 and FP8
+    main_bf16 = dict(global_batch_size=8, use_precision_aware_optimizer=True, main_grads_dtype="bf16")
+    assert ParamBytes.of(TrainingSpec(**main_bf16)).grad == 2
+    assert ParamBytes.of(TrainingSpec(**main_bf16, precision="fp8")).grad == 2
+    assert ParamBytes.of(TrainingSpec(global_batch_size=8, use_precision_aware_optimizer=True)).grad == 4
     fp8 = ParamBytes.of(TrainingSpec(global_batch_size=8, precision="fp8"))
     fp8_gather = ParamBytes.of(TrainingSpec(global_batch_size=8, precision="fp8", fp8_param_gather=True))
     assert (fp8.linear_weight, fp8_gather.linear_weight) == (4, 2)  # BF16 + FP8 copy + transpose, or FP8 + transpose

@@ -118,6 +118,17 @@ def test_flags_megatrons_validation_refuses_are_refused_with_the_replacement(arg
     run_of("--position-embedding-type", "rope", "--no-position-embedding")  # NoPE as rope's absence: accepted
 
 
+def test_bf16_main_grads_are_read_and_need_the_precision_aware_optimizer():
+    """--main-grads-dtype bf16 halves the gradient buffer (test_cost_mechanisms.py); without
+    --use-precision-aware-optimizer Megatron's OptimizerConfig stops the launch, and so does the reader."""
+    run = run_of("--use-distributed-optimizer", "--use-precision-aware-optimizer", "--main-grads-dtype", "bf16")
+    assert run.training.main_grads_dtype == "bf16"
+    assert "--main-grads-dtype" in run.passthrough  # written back as given
+    with pytest.raises(PlannerInputError) as exc:
+        run_of("--main-grads-dtype", "bf16")
+    assert "--main-grads-dtype" in exc.value.field and "precision-aware optimizer" in str(exc.value)
+
+
 def test_fork_flags_pass_through_and_are_listed_as_not_modelled():
     """MindSpeed (910B) and Pai-Megatron-Patch flags are accepted, kept, and named in the notes."""
     from planner.inputs.megatron_flags import parse_megatron_draft

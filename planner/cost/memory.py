@@ -53,7 +53,8 @@ class ParamBytes:
         linear = weight
         if training.precision == "fp8":
             linear = 2.0 if training.fp8_param_gather else weight + 2.0
-        if training.precision == "fp16" or training.grad_reduce_in_bf16:
+        bf16_main_grads = training.main_grads_dtype == "bf16" and training.precision in ("bf16", "fp8")
+        if training.precision == "fp16" or training.grad_reduce_in_bf16 or bf16_main_grads:
             grad = 2.0
         else:
             grad = 4.0

@@ -307,6 +307,7 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--grad-reduce-in-bf16", _SEEN, "grad_reduce_in_bf16", array=TRAINING_ARGS),
     Flag("--use-precision-aware-optimizer", _SEEN, "use_precision_aware_optimizer", array=TRAINING_ARGS),
     Flag("--main-params-dtype", _str("fp32", "fp16", observe=True), "main_params_dtype", array=TRAINING_ARGS),
+    Flag("--main-grads-dtype", _str("fp32", "bf16", observe=True), "main_grads_dtype", array=TRAINING_ARGS),
     Flag("--exp-avg-dtype", _str(*_DTYPES, observe=True), "exp_avg_dtype", array=TRAINING_ARGS),
     Flag("--exp-avg-sq-dtype", _str(*_DTYPES, observe=True), "exp_avg_sq_dtype", array=TRAINING_ARGS),
     # observed: they change activation memory (planner/cost/memory.py), never decided
@@ -638,6 +639,7 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "cp_comm_type": ("--cp-comm-type", "--hierarchical-context-parallel-sizes", "--context-parallel-size"),
     "overlap_param_gather_step": ("--overlap-param-gather-with-optimizer-step",),
     "fp8_param_gather": ("--fp8-param-gather",),
+    "main_grads_dtype": ("--main-grads-dtype", "--use-precision-aware-optimizer"),
     "megatron_fsdp": ("--ckpt-format", "--use-megatron-fsdp"),
     "delay_wgrad_compute": ("--delay-wgrad-compute",),
     # the run's flags against the plan (rules.degree_flag_violations, recompute_violations)

@@ -566,6 +566,12 @@ def settings_violations(model: ModelSpec, training: TrainingSpec) -> list[RuleVi
         out.append(RuleViolation("delay_wgrad_compute",
                                  "Delaying wgrad compute is only supported with transformer_engine implementation",
                                  "use --transformer-impl transformer_engine"))
+    if training.main_grads_dtype != "fp32" and not training.use_precision_aware_optimizer:
+        # megatron/core/optimizer/optimizer_config.py (@d98e8a64) OptimizerConfig.__post_init__, when the optimizer is
+        # built (validate_args lets it pass): the launch stops there
+        out.append(RuleViolation("main_grads_dtype",
+                                 "main_grads_dtype can only be fp32 when not using precision-aware optimizer",
+                                 "add --use-precision-aware-optimizer, or drop --main-grads-dtype"))
     if training.fp8_param_gather and training.precision != "fp8":
         out.append(RuleViolation("fp8_param_gather", "fp8_param must be used together with fp8 mode.",
                                  "add --fp8-format, or drop --fp8-param-gather"))

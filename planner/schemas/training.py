@@ -70,6 +70,11 @@ class TrainingSpec(StrictModel):
     main_params_dtype: Literal["fp32", "fp16"] = Field(
         "fp32", description="--main-params-dtype (read only with --use-precision-aware-optimizer, as Megatron does)"
     )
+    main_grads_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="--main-grads-dtype (with --use-precision-aware-optimizer): bf16 keeps the gradient buffer "
+        "and its reduction in BF16, as --grad-reduce-in-bf16 does (validate_args then leaves gradient accumulation in "
+        "FP32 off)"
+    )
     exp_avg_dtype: OptimizerStateDtype = Field("fp32", description="--exp-avg-dtype (Adam first moment)")
     exp_avg_sq_dtype: OptimizerStateDtype = Field("fp32", description="--exp-avg-sq-dtype (Adam second moment)")
     overlap_moe_expert_parallel_comm: bool = Field(
