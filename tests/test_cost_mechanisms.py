@@ -559,6 +559,26 @@ def test_unmodelled_flags_are_named_in_the_notes(profiles):
     assert all("Mamba layers are not" in n for n in hybrid)
 
 
+def test_newer_megatron_switches_that_change_time_are_named_and_widen_the_range():
+    """Megatron 0.19's fused-kernel, precision, offloading and overlap switches the cost model has no term for are
+    named beside the prediction, and a plan with one is outside the measured region (its mechanism's range widens):
+    Megatron-Bridge 26.06's fused grouped MLP (--use-transformer-engine-op-fuser), NVFP4 (--fp4-format), an unfused
+    kernel, BF16 weight gradients under FP8."""
+    flags = ["--use-transformer-engine-op-fuser", "--fp4-format", "nvfp4", "--no-bias-swiglu-fusion",
+             "--no-fp8-wgrad", "--lr", "1e-4"]
+    assert [n.split()[0] for n in unmodelled_notes(flags)] == [
+        "--use-transformer-engine-op-fuser", "--fp4-format", "--no-bias-swiglu-fusion", "--no-fp8-wgrad"]
+    plain = load_inputs(megatron_args=f"{DENSE} --global-batch-size 8", cluster="H100:8")
+    fused = load_inputs(megatron_args=f"{DENSE} --global-batch-size 8 --use-transformer-engine-op-fuser",
+                        cluster="H100:8")
+    assert fused.run.training.unpriced_flags == ("--use-transformer-engine-op-fuser",)
+    est = estimate(fused)
+    assert any(n.startswith("--use-transformer-engine-op-fuser is not modelled") for n in est.notes)
+    assert est.time_range.evidence.extrapolated
+    assert est.time_range.high_s - est.time_range.low_s > (
+        estimate(plain).time_range.high_s - estimate(plain).time_range.low_s)
+
+
 def test_unfused_attention_pays_its_score_passes_and_the_whole_square(profiles):
     """Unfused attention (Megatron's DotProductAttention) writes and reads the b x heads/TP x s x s scores in HBM:
     4 passes forward and 7 backward (UNFUSED_SCORE_PASSES), 5 more with attention dropout, and its GEMMs compute the

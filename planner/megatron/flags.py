@@ -432,6 +432,100 @@ OTHER_FLAGS = _rows(
         ("--is-hybrid-model", "gemm attention",
          "a hybrid Mamba model: every layer is priced as a transformer layer (attention and MLP), Mamba layers are "
          "not"),
+        # Megatron-LM's other switches that change a training step's time or memory (megatron-core 0.19.2's parser,
+        # megatron/training/arguments.py and transformer_config.py @d98e8a64): fused or unfused kernels
+        ("--use-transformer-engine-op-fuser", "expert_gemm gemm memory_bound",
+         "Transformer Engine's operation fuser: fused MLP kernels (with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 on Blackwell, "
+         "one CuTe-DSL kernel runs the experts' grouped GEMMs with their activation and quantisation): MLP time "
+         "lower than priced"),
+        ("--use-grouped-gemm-for-dense-mlp", "gemm memory_bound",
+         "the dense MLP through the fused grouped-MLP path (with the operation fuser, MXFP8 on Blackwell): fewer "
+         "memory passes than priced"),
+        ("--use-grouped-gemm-for-shared-expert", "gemm memory_bound",
+         "the shared expert through Transformer Engine's grouped SwiGLU fusion: fewer memory passes than priced"),
+        ("--moe-permute-fusion-into-hybridep", "memory_bound expert_dispatch",
+         "token permutation fused into HybridEP's dispatch: fewer memory passes than priced"),
+        ("--fused-residual-rmsnorm", "memory_bound",
+         "the residual add fused into RMSNorm's backward: fewer memory passes than priced"),
+        ("--mla-down-proj-fusion", "gemm memory_bound",
+         "MLA's q/kv down-projections fused with the input norm: fewer kernels and memory passes than priced"),
+        ("--use-fused-weighted-squared-relu", "memory_bound",
+         "a fused weighted squared-ReLU expert activation: fewer memory passes than priced"),
+        *((name, "memory_bound", f"{what} unfused: more memory passes than priced") for name, what in (
+            ("--no-masked-softmax-fusion", "scale-mask-softmax (unfused attention)"),
+            ("--no-bias-swiglu-fusion", "bias-SwiGLU"), ("--no-bias-gelu-fusion", "bias-GeLU"),
+            ("--no-bias-dropout-fusion", "bias-dropout-add"), ("--disable-jit-fuser", "the JIT-fused elementwise ops"))),
+        ("--no-persist-layer-norm", "memory_bound",
+         "the persistent layer-norm kernel off (local transformer implementation): norm time differs from priced"),
+        ("--fp32-residual-connection", "memory_bound",
+         "the residual stream in FP32: more activation memory and memory traffic than priced"),
+        # precision
+        *((name, "gemm expert_gemm", "weight-gradient GEMMs in BF16 instead of FP8: slower than priced")
+          for name in ("--no-fp8-wgrad", "--disable-fp8-wgrad")),
+        *((name, "gemm expert_gemm", "layers at the start or end kept in BF16 instead of FP8: slower than priced")
+          for name in ("--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")),
+        ("--fp8-output-proj", "gemm", "the output (logits) projection in MXFP8: faster than priced"),
+        *((name, "gemm expert_gemm memory_bound",
+           "NVFP4 GEMMs (Blackwell): priced as the run's BF16 or FP8 GEMMs; faster than priced, weights and casts "
+           "differ") for name in ("--fp4-format", "--fp4-recipe")),
+        ("--fp4-param-gather", "collectives", "NVFP4 parameter all-gather: less memory and traffic than priced"),
+        # memory: offloading and chunking
+        *((name, "memory_bound", "offloads the named modules' inputs to host memory (fine-grained activation "
+           "offloading): activation memory lower, PCIe traffic added")
+          for name in ("--offload-modules", "--activation-offload-fraction")),
+        ("--cpu-offloading-num-layers", "memory_bound", "offloads that many layers' activations to host memory"),
+        ("--moe-paged-stash", "memory_bound",
+         "a paged stash of the routed experts' activations (device and host buffers): activation memory differs "
+         "from priced"),
+        ("--mlp-chunks-for-training", "memory_bound",
+         "the MLP computed in sequence chunks: activation memory lower, more kernels than priced"),
+        ("--ep-overlap-early-attn-memory-release", "",
+         "the EP overlap releases attention activations early: peak memory lower than priced"),
+        # host, communication and schedule
+        ("--optimizer-cuda-graph", "host", "the optimizer step in a CUDA graph: less host time than priced"),
+        ("--use-nccl-ub", "collectives",
+         "NCCL user-buffer registration for DP/FSDP buffers: fewer SMs taken from the compute they overlap"),
+        ("--high-priority-a2a-comm-stream", "expert_dispatch",
+         "the EP overlap's communication stream at high priority: its scheduling differs from the measured overlap"),
+        ("--high-priority-stream-groups", "collectives",
+         "communicators on high-priority streams: overlap scheduling differs from priced"),
+        ("--overlap-dispatch-backward-with-experts-wgrad", "expert_dispatch",
+         "expert weight gradients overlapped with the EP all-to-all (FSDP): less dispatch exposed than priced"),
+        ("--defer-embedding-wgrad-compute", "pipeline_schedule",
+         "embedding weight gradients deferred into the pipeline flush: part of the bubble hidden"),
+        ("--overlap-p2p-communication-warmup-flush", "pipeline_sends",
+         "pipeline sends overlapped in the warm-up and flush too"),
+        ("--use-ring-exchange-p2p", "pipeline_sends", "a custom ring-exchange kernel for pipeline sends"),
+        ("--tp-comm-overlap-rs-dgrad", "collectives",
+         "the TP reduce-scatter overlapped with the data-gradient GEMM: less TP time exposed than priced"),
+        *((name, "collectives", "one of --tp-comm-overlap's overlaps turned off: more TP time exposed than priced")
+          for name in ("--no-tp-comm-bulk-wgrad", "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-dgrad",
+                       "--disable-tp-comm-bulk-dgrad", "--no-tp-comm-overlap-ag", "--disable-tp-comm-overlap-ag",
+                       "--no-tp-comm-overlap-rs", "--disable-tp-comm-overlap-rs")),
+        ("--ddp-reduce-scatter-with-fp32-accumulation", "collectives",
+         "the gradient reduce-scatter as an all-to-all with local FP32 accumulation: traffic differs from the ring "
+         "priced"),
+        *((name, "collectives", "the data-parallel buckets' size: overlap granularity differs from priced")
+          for name in ("--ddp-bucket-size", "--ddp-num-buckets")),
+        *((name, "collectives", "PP stages launch their gradient reduces independently: overlap differs from priced")
+          for name in ("--no-align-grad-reduce", "--disable-align-grad-reduce")),
+        ("--create-all-gather-group", "collectives",
+         "a separate all-gather group overlaps the reduce-scatter and the all-gather"),
+        # MoE routing and shapes
+        ("--moe-router-padding-for-quantization", "expert_gemm",
+         "pads expert inputs to quantised-GEMM alignment: slightly more expert work"),
+        ("--moe-router-force-biased", "expert_gemm expert_dispatch",
+         "a random expert bias on the router logits: routing imbalance differs from the one priced"),
+        ("--moe-expert-rank-capacity-factor", "expert_gemm expert_dispatch",
+         "a fixed per-rank receive capacity (static shapes): expert work and dispatch padded to it"),
+        # architecture the cost model prices as the plain transformer
+        ("--experimental-attention-variant", "attention",
+         "an attention variant (gated delta net, DSA) priced as softmax attention"),
+        ("--linear-attention-freq", "attention", "linear-attention layers, priced as softmax attention"),
+        ("--attention-output-gate", "gemm", "an output gate on attention: one more GEMM than priced"),
+        *((name, "collectives memory_bound",
+           "weights sharded beyond TP and re-materialised (GTP): memory lower, all-gathers added")
+          for name in ("--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards")),
     )),
 )
 
