@@ -18,6 +18,7 @@ from planner.megatron.flags import READ_FLAGS
 from planner.schemas import ModelSpec, TrainingSpec
 from planner.schemas.parallel import ParallelConfig
 from planner.megatron.layout import format_layout, layout_stages, parse_layout
+from helpers.switch_cases import BASE as SWITCH_BASE, SWITCH_CASES, WORLD as SWITCH_WORLD
 
 
 BASE = [
@@ -127,6 +128,23 @@ def test_bf16_main_grads_are_read_and_need_the_precision_aware_optimizer():
     with pytest.raises(PlannerInputError) as exc:
         run_of("--main-grads-dtype", "bf16")
     assert "--main-grads-dtype" in exc.value.field and "precision-aware optimizer" in str(exc.value)
+
+
+@pytest.mark.parametrize("flag, bad, good, words", SWITCH_CASES, ids=[c[0] for c in SWITCH_CASES])
+def test_passed_through_switches_megatron_refuses_without_their_needs_are_refused(flag, bad, good, words):
+    """A switch the planner does not read but passes to the launcher, without what Megatron needs beside it
+    (tests/helpers/switch_cases.py; Megatron's own validator refuses and accepts the same lists in
+    tests/test_megatron_validator.py): refused naming the switch, before anything is written; with it, accepted."""
+    from planner.api import estimate, load_inputs
+
+    def price(extra: str):
+        return estimate(load_inputs(megatron_args=" ".join(SWITCH_BASE + extra.split()), cluster=f"H100:{SWITCH_WORLD}"))
+
+    with pytest.raises(PlannerInputError) as exc:
+        price(bad)
+    assert exc.value.field == flag and words in str(exc.value)
+    if good is not None:
+        assert price(good).cost.iteration_time_s > 0
 
 
 def test_fork_flags_pass_through_and_are_listed_as_not_modelled():

@@ -32,6 +32,7 @@ from helpers.corpus import CORPUS, NAMES, solved
 from helpers.hf_configs import GPT_OSS_120B
 from helpers.launch import args_of, dense_plan, ep_overlap_launch, hf_config_launch
 from helpers.megatron import NEEDS_MEGATRON, validate
+from helpers.switch_cases import BASE as SWITCH_BASE, SWITCH_CASES, WORLD as SWITCH_WORLD
 
 HERE = Path(__file__).parent
 pytestmark = [
@@ -63,6 +64,8 @@ CONTROLS: dict[str, tuple[list[str], int]] = {
        for flag in REMOVED_FLAGS},
     "learned positions with --no-position-embedding": (BASE + ["--no-position-embedding"], 8),
     "rope with --no-position-embedding": (BASE + ["--position-embedding-type", "rope", "--no-position-embedding"], 8),
+    **{f"switch {flag} without": (SWITCH_BASE + bad.split(), SWITCH_WORLD) for flag, bad, _, _ in SWITCH_CASES},
+    **{f"switch {flag} with": (SWITCH_BASE + good.split(), SWITCH_WORLD) for flag, _, good, _ in SWITCH_CASES if good},
 }
 
 
@@ -215,6 +218,17 @@ def test_megatron_refuses_its_removed_flags_and_so_does_the_planner(flag):
     with pytest.raises(PlannerInputError) as exc:
         parse_megatron_flags(argv)
     assert exc.value.field == flag and "no longer valid" in str(exc.value)
+
+
+@pytest.mark.parametrize("flag, good", [(c[0], c[2]) for c in SWITCH_CASES], ids=[c[0] for c in SWITCH_CASES])
+def test_megatron_refuses_passed_through_switches_without_their_needs_as_the_planner_does(flag, good):
+    """The switch lists tests/test_inputs_flags.py shows the planner refusing (and accepting): Megatron refuses the
+    same ones and accepts the same ones."""
+    r = results()[f"control/switch {flag} without"]
+    assert not r["ok"], flag
+    if good is not None:
+        r = results()[f"control/switch {flag} with"]
+        assert r["ok"], r["error"]
 
 
 def test_megatron_takes_no_position_embedding_only_with_rope_and_so_does_the_planner():

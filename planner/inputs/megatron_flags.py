@@ -43,7 +43,9 @@ from planner.megatron.flags import (
     unpriced_time_flags,
 )
 from planner.megatron.layout import check_pipeline
-from planner.megatron.rules import cp_violations, ep_violations, etp_violations, input_violations, tp_violations
+from planner.megatron.rules import (
+    cp_violations, ep_violations, etp_violations, input_violations, passthrough_violations, tp_violations,
+)
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 from planner.schemas.plan import RECOMPUTE_MODULES, Recompute
@@ -223,12 +225,6 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
         i = _read_flag(name, spec, eq, explicit, argv, i, ns)
         if spec.observe:
             passthrough.extend(argv[start:i])
-    rope = ns.get("position_embedding_type") == "rope" or ns.get("use_rotary_position_embeddings")
-    if "--no-position-embedding" in passthrough and not rope:
-        # validate_args (megatron/training/arguments.py @d98e8a64): NoPE only as rope's absence of learned positions
-        raise PlannerInputError("--no-position-embedding", "Megatron-LM refuses it (validate_args): "
-                                "--no-position-embedding is deprecated, use --position-embedding-type (it is only "
-                                "accepted with --position-embedding-type rope)")
     return ns, passthrough
 
 
@@ -733,7 +729,8 @@ def build_run(draft: RunDraft, *, world_size: int | None = None, allow_invalid: 
         training_spec = TrainingSpec(**training)
     except ValidationError as exc:
         raise _validation_to_input_error(exc, {**TRAINING_FIELD_FLAGS, **SETTINGS_FIELD_FLAGS}, "training") from None
-    deferred += [(rule_flag(v.rule), v) for v in input_violations(model, training_spec)]
+    deferred += [(rule_flag(v.rule), v) for v in input_violations(model, training_spec)
+                 + passthrough_violations(model, training_spec, draft.passthrough)]
     if deferred and not allow_invalid:
         flag, first = deferred[0]
         more = "".join(f"; {v.message} ({v.hint})" for _, v in deferred[1:])

@@ -491,8 +491,6 @@ OTHER_FLAGS = _rows(
          "communicators on high-priority streams: overlap scheduling differs from priced"),
         ("--overlap-dispatch-backward-with-experts-wgrad", "expert_dispatch",
          "expert weight gradients overlapped with the EP all-to-all (FSDP): less dispatch exposed than priced"),
-        ("--defer-embedding-wgrad-compute", "gemm",
-         "the embedding's weight-gradient GEMMs deferred into the pipeline flush: part of the bubble hidden"),
         ("--overlap-p2p-communication-warmup-flush", "pipeline_sends",
          "pipeline sends overlapped in the warm-up and flush too"),
         ("--use-ring-exchange-p2p", "pipeline_sends", "a custom ring-exchange kernel for pipeline sends"),
@@ -552,6 +550,10 @@ SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, pas
          array=MOE_ARGS),
     Flag("--moe-enable-deepep", _SEEN, "moe_enable_deepep", array=MOE_ARGS),  # older spelling: flex with DeepEP
     Flag("--distribute-saved-activations", _SEEN, "distribute_saved_activations", array=TRAINING_ARGS),
+    Flag("--defer-embedding-wgrad-compute", _SEEN, "defer_embedding_wgrad_compute", array=TRAINING_ARGS,
+         unpriced_in=("gemm",),
+         not_modelled="the embedding's weight-gradient GEMMs deferred into the pipeline flush: part of the bubble "
+                      "hidden"),
     Flag("--cpu-offloading", _SEEN, "cpu_offloading", not_modelled="offloads activations or weights to host memory",
          unpriced_in=("memory_bound",)),
     Flag("--no-check-for-nan-in-loss-and-grad", Read("check_for_nan_in_loss_and_grad", "false", observe=True),
@@ -744,6 +746,7 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "cuda_graph_recompute": ("--recompute-granularity", "--cuda-graph-impl"),
     "cpu_offloading": ("--cpu-offloading",),
     "distribute_saved_activations": ("--distribute-saved-activations",),
+    "defer_embedding_wgrad": ("--defer-embedding-wgrad-compute",),
     "flex_tp_ep": ("--expert-model-parallel-size", "--tensor-model-parallel-size"),
     "dist_opt_instances": ("--num-distributed-optimizer-instances",),
     "torch_fsdp2": ("--use-torch-fsdp2",),
@@ -752,17 +755,18 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
 
 
 def rule_flag(rule: str) -> str:
-    """The Megatron flag a rule's refusal names (the first behind it)."""
-    return RULE_FLAGS[rule][0]
+    """The Megatron flag a rule's refusal names (the first behind it); a rule named after its switch
+    (planner/megatron/rules.py passthrough_violations) names the switch."""
+    return rule if rule.startswith("--") else RULE_FLAGS[rule][0]
 
 
 def rule_options(rule: str) -> str | None:
     """The CLI options that change a rule's flags (`--ep/--etp`), else the flags themselves; None for
     a rule no flag stands behind."""
-    flags = RULE_FLAGS.get(rule)
+    flags = (rule,) if rule.startswith("--") else RULE_FLAGS.get(rule)
     if flags is None:
         return None
-    options = ["--" + BY_NAME[f].override for f in flags if BY_NAME[f].override]
+    options = ["--" + BY_NAME[f].override for f in flags if f in BY_NAME and BY_NAME[f].override]
     return "/".join(options or flags)
 
 

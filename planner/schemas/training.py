@@ -47,6 +47,8 @@ class MegatronSettings(StrictModel):
         (), description="every value of --moe-router-load-balancing-type, when more than one")
     moe_aux_loss_coeffs: tuple[float, ...] = Field((), description="every value of --moe-aux-loss-coeff")
     distribute_saved_activations: bool = False
+    defer_embedding_wgrad_compute: bool = Field(
+        False, description="--defer-embedding-wgrad-compute (needs PP > 1: model_parallel_config.py)")
     cpu_offloading: bool = False
     check_for_nan_in_loss_and_grad: bool = Field(True, description="False with --no-check-for-nan-in-loss-and-grad")
 
