@@ -391,6 +391,19 @@ def test_cuda_device_max_connections_only_with_tp_or_cp():
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in render_launch_files(run, tp2, cluster2)["launch.sh"]
 
 
+def test_fsdp_launches_never_export_one_hardware_queue():
+    """Megatron-FSDP and Torch-FSDP2 refuse CUDA_DEVICE_MAX_CONNECTIONS=1 (validate_args: 'FSDP requires
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset', 'FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than
+    one'): with TP > 1 the launch exports nothing for them."""
+    from planner.launcher.megatron import max_connections
+
+    _, plan, _ = dense_plan([4, 4])
+    tp2 = plan.model_copy(update={"tp": 2})
+    assert max_connections(tp2, ["--lr", "1e-4"]) == 1
+    assert max_connections(tp2, ["--use-megatron-fsdp"]) is None
+    assert max_connections(tp2, ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]) is None
+
+
 def test_ep_overlap_launches_with_more_than_one_hardware_queue(tmp_path):
     """--overlap-moe-expert-parallel-comm needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron's MoE README); the launch
     exports 32 for it, as NVIDIA's MoE Model Zoo does, also with TP > 1 (where it would otherwise export the 1 Megatron

@@ -127,11 +127,12 @@ def max_connections(plan: Plan, final_flags: list[str]) -> int | None:
     """The CUDA_DEVICE_MAX_CONNECTIONS the launch exports, None for none.  With the EP all-to-all overlap
     (--overlap-moe-expert-parallel-comm) EP_OVERLAP_MAX_CONNECTIONS, whatever TP and CP: at 1 the overlap the cost
     model prices cannot happen.  Else 1 with TP or CP > 1, which Megatron requires on Hopper and earlier
-    (arguments.py asserts it), except under Megatron-FSDP, which refuses it ("FSDP requires
-    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", args.py)."""
+    (arguments.py asserts it), except under Megatron-FSDP or Torch-FSDP2, which refuse it ("FSDP requires
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than
+    one": validate_args)."""
     if "--overlap-moe-expert-parallel-comm" in final_flags:
         return EP_OVERLAP_MAX_CONNECTIONS
-    if (plan.tp > 1 or plan.cp > 1) and "--use-megatron-fsdp" not in final_flags:
+    if (plan.tp > 1 or plan.cp > 1) and not {"--use-megatron-fsdp", "--use-torch-fsdp2"} & set(final_flags):
         return 1
     return None
 

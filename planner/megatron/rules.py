@@ -740,6 +740,12 @@ def passthrough_violations(model: ModelSpec, training: TrainingSpec, passthrough
          "--use-torch-fsdp2 is not supported with gradient accumulation fusion", "add --no-gradient-accumulation-fusion")
     need("--use-torch-fsdp2", model.untie_embeddings_and_output_weights,  # VA
          "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights", "add --untie-embeddings-and-output-weights")
+    need("--use-torch-fsdp2", not training.use_distributed_optimizer,  # VA
+         "--use-torch-fsdp2 is not supported with MCore's distributed optimizer", "drop --use-distributed-optimizer")
+    need("--use-torch-fsdp2", training.megatron.ckpt_format in ("torch_dist", "torch_dcp"),  # VA
+         "--use-torch-fsdp2 requires --ckpt-format torch_dist or torch_dcp", "use --ckpt-format torch_dist")
+    need("--use-torch-fsdp2", training.precision != "fp16",  # VA
+         "--use-torch-fsdp2 not supported with fp16 yet", "train in --bf16")
     need("--batch-invariant-mode", training.attention_backend == "flash",  # TC
          "Batch invariant mode only supports FlashAttention (--attention-backend flash)", "add --attention-backend flash")
     fa_version = _value_of(passthrough, "--flash-attention-version")
