@@ -577,6 +577,11 @@ def test_newer_megatron_switches_that_change_time_are_named_and_widen_the_range(
     assert est.time_range.evidence.extrapolated
     assert est.time_range.high_s - est.time_range.low_s > (
         estimate(plain).time_range.high_s - estimate(plain).time_range.low_s)
+    # valued flags: only a value other than the one priced is named (Adam's states, FlashAttention-2, NCCL sends)
+    assert not unmodelled_notes(["--optimizer", "adam", "--flash-attention-version", "2",
+                                 "--pipeline-model-parallel-comm-backend", "nccl"])
+    assert [n.split()[0] for n in unmodelled_notes(["--optimizer", "muon", "--flash-attention-version=3"])] == [
+        "--optimizer", "--flash-attention-version"]
 
 
 def test_unfused_attention_pays_its_score_passes_and_the_whole_square(profiles):

@@ -524,6 +524,16 @@ OTHER_FLAGS = _rows(
         *((name, "collectives memory_bound",
            "weights sharded beyond TP and re-materialised (GTP): memory lower, all-gathers added")
           for name in ("--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards")),
+        # valued flags: a value other than PRICED_AS_IS's
+        ("--optimizer", "memory_bound",
+         "an optimizer other than Adam: its states and its step are priced as Adam's (two FP32 moments and a master "
+         "copy per parameter; Muon adds Newton-Schulz iterations on every weight matrix, SGD and Lion keep one state)"),
+        ("--flash-attention-version", "attention",
+         "FlashAttention 3 or 4 pinned: faster than the FlashAttention-2 rates --attention-backend flash is priced at"),
+        ("--pipeline-model-parallel-comm-backend", "pipeline_sends", "pipeline sends over UCC instead of NCCL"),
+        *((name, "", "Megatron-FSDP's buffer precision: its memory differs from the BF16/FP32 buffers priced")
+          for name in ("--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype",
+                       "--megatron-fsdp-grad-comm-dtype")),
     )),
 )
 
@@ -621,7 +631,12 @@ arguments.py @d98e8a64, 'Deprecated arguments'): the message it stops with.  A l
 start, so the reader refuses it too.  (--no-position-embedding is refused unless the position embedding is rope:
 planner/inputs/megatron_flags.py.)"""
 
-PRICED_AS_IS: dict[str, frozenset[str]] = {"--softmax-type": frozenset({"vanilla"})}
+PRICED_AS_IS: dict[str, frozenset[str]] = {
+    "--softmax-type": frozenset({"vanilla"}), "--optimizer": frozenset({"adam"}),
+    "--flash-attention-version": frozenset({"2"}), "--pipeline-model-parallel-comm-backend": frozenset({"nccl"}),
+    "--megatron-fsdp-main-params-dtype": frozenset({"fp32"}), "--megatron-fsdp-main-grads-dtype": frozenset({"auto"}),
+    "--megatron-fsdp-grad-comm-dtype": frozenset({"auto"}),
+}
 """Flag -> values that leave the run as the cost model prices it (Megatron's default softmax)."""
 
 FORK_VALUES: dict[str, dict[str, str]] = {
