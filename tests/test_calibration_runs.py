@@ -298,8 +298,8 @@ def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
 
 
 def test_bridge_summary_held_out_rows_are_the_tables_token_throughput_in_seconds():
-    """The held-out rows of Megatron-Bridge's performance summary (v0.4.2's '26.04.01 NeMo Container' pre-training tables,
-    v0.5.1's '26.06 NeMo Container' pre-training and SFT tables):
+    """The held-out rows of Megatron-Bridge's performance summary (v0.4.2's '26.04.01 NeMo Container' pre-training
+    tables, v0.5.1's '26.06 NeMo Container' pre-training and SFT tables):
     the seconds are the table's tokens per GPU per second (quoted in each row's notes, and as its 'Published' figure)
     turned back into time, global batch x sequence / (tokens/GPU/s x GPUs), with the batch, sequence and GPU count of the
     row's own flags and cluster; none of them is a fitted row of that source."""

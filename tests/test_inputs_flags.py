@@ -138,7 +138,8 @@ def test_passed_through_switches_megatron_refuses_without_their_needs_are_refuse
     from planner.api import estimate, load_inputs
 
     def price(extra: str):
-        return estimate(load_inputs(megatron_args=" ".join(SWITCH_BASE + extra.split()), cluster=f"H100:{SWITCH_WORLD}"))
+        argv = " ".join(SWITCH_BASE + extra.split())
+        return estimate(load_inputs(megatron_args=argv, cluster=f"H100:{SWITCH_WORLD}"))
 
     with pytest.raises(PlannerInputError) as exc:
         price(bad)

@@ -92,7 +92,8 @@ VARIANTS: list[tuple[ModelSpec, dict]] = [
     (GQA_MOE, {"position_embedding_type": "rope"}), (GQA_MOE, {"position_embedding_type": "none"}),
     (GQA_MOE, {"rotary_base": 500000}), (GQA_MOE, {"rotary_percent": 0.5}),
     (GQA_MOE, {"use_rope_scaling": True, "rope_scaling_factor": 32.0}),
-    (GQA_MOE, {"swiglu": True}), (GQA_MOE, {"quick_geglu": True}), (GQA_MOE, {"squared_relu": True}),
+    (GQA_MOE, {"swiglu": True}), (GQA_MOE, {"quick_geglu": True}),
+    (GQA_MOE, {"squared_relu": True, "add_bias_linear": False}),  # with bias, Megatron refuses it (bias fusion)
     (GQA_MOE, {"normalization": "RMSNorm", "norm_epsilon": 1e-6}),
     (GQA_MOE, {"untie_embeddings_and_output_weights": True}), (GQA_MOE, {"add_bias_linear": False}),
     (GQA_MOE, {"add_bias_linear": False, "add_qkv_bias": True}), (GQA_MOE, {"qk_layernorm": True}),

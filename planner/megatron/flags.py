@@ -454,7 +454,8 @@ OTHER_FLAGS = _rows(
         *((name, "memory_bound", f"{what} unfused: more memory passes than priced") for name, what in (
             ("--no-masked-softmax-fusion", "scale-mask-softmax (unfused attention)"),
             ("--no-bias-swiglu-fusion", "bias-SwiGLU"), ("--no-bias-gelu-fusion", "bias-GeLU"),
-            ("--no-bias-dropout-fusion", "bias-dropout-add"), ("--disable-jit-fuser", "the JIT-fused elementwise ops"))),
+            ("--no-bias-dropout-fusion", "bias-dropout-add"),
+            ("--disable-jit-fuser", "the JIT-fused elementwise ops"))),
         ("--no-persist-layer-norm", "memory_bound",
          "the persistent layer-norm kernel off (local transformer implementation): norm time differs from priced"),
         ("--fp32-residual-connection", "memory_bound",

@@ -668,93 +668,110 @@ def _ep_overlap_flag_violations(model: ModelSpec, training: TrainingSpec) -> lis
 
 
 # -- Megatron's refusals of switches the planner passes through ---------------------------------------
+Need = tuple[str, bool, str, str]
+"""A switch, whether what it needs is there, Megatron's message, what helps."""
+
+
 def passthrough_violations(model: ModelSpec, training: TrainingSpec, passthrough: Sequence[str]) -> list[RuleViolation]:
     """What validate_args (VA) and TransformerConfig (TC) refuse in switches the planner passes through unread, against
     what each needs (megatron-core 0.19.2; tests/test_megatron_validator.py runs Megatron on every one, refused without
     its need and accepted with it).  Each rule is named after its switch."""
     present = {tok.partition("=")[0] for tok in passthrough if tok.startswith("--")}
-    out: list[RuleViolation] = []
-
-    def need(flag: str, ok: bool, message: str, hint: str) -> None:
-        if flag in present and not ok:
-            out.append(RuleViolation(flag, message, hint))
-
-    fusion_off = "--no-bias-swiglu-fusion" if model.swiglu else "--no-bias-gelu-fusion"
-    need("--no-position-embedding", model.position_embedding_type == "rope",  # VA
-         "--no-position-embedding is deprecated, use --position-embedding-type", "use it with --position-embedding-type "
-         "rope only")
-    if model.squared_relu and model.add_bias_linear and "--no-bias-gelu-fusion" not in present:  # TC
+    out = [RuleViolation(flag, message, hint)
+           for flag, ok, message, hint in _kernel_switch_needs(model, training, present)
+           + _run_switch_needs(model, training, present, passthrough) if flag in present and not ok]
+    if model.squared_relu and model.add_bias_linear and "--no-bias-gelu-fusion" not in present:  # TC, a read flag
         out.append(RuleViolation("--squared-relu", "When bias_activation_fusion is True, activation function should be "
-                                 "either gelu, swiglu, or quick_geglu", "add --disable-bias-linear or --no-bias-gelu-fusion"))
-    need("--use-te-activation-func", not model.add_bias_linear or fusion_off in present,  # TC
-         "bias_activation_fusion and use_te_activation_func cannot be both true.",
-         f"add --disable-bias-linear or {fusion_off}")
-    need("--ep-overlap-early-attn-memory-release", training.overlap_moe_expert_parallel_comm,  # TC
-         "overlap_moe_expert_parallel_comm must be enabled when enabling ep_overlap_early_attn_memory_release",
-         "add --overlap-moe-expert-parallel-comm")
+                                 "either gelu, swiglu, or quick_geglu",
+                                 "add --disable-bias-linear or --no-bias-gelu-fusion"))
+    return out
+
+
+def _kernel_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[str]) -> list[Need]:
+    """Kernel, precision and layer switches: positions, activation fusions, FP8/FP4, norms, MLA, grouped weights."""
+    fusion_off = "--no-bias-swiglu-fusion" if model.swiglu else "--no-bias-gelu-fusion"
     recipe = training.fp8_recipe if training.precision == "fp8" else None
-    need("--fp8-output-proj", recipe == "mxfp8",  # TC
-         "fp8_output_proj must be used together with fp8 mode." if recipe is None else
-         f"fp8_output_proj requires fp8_recipe='mxfp8', got '{recipe}'.", "use it with --fp8-recipe mxfp8")
     quantised = training.precision == "fp8" or "--fp4-format" in present
-    for flag in ("--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization"):
-        need(flag, quantised, "fp8/fp4 must be specified when moe_router_padding_for_quantization is True.",  # TC
-             "use it with --fp8-format or --fp4-format")
-        need(flag, not quantised or model.moe_token_dispatcher_type in ("alltoall", "flex"),
-             "allgather and alltoall_seq dispatcher does not support moe_router_padding_for_quantization.",
-             "use --moe-token-dispatcher-type alltoall or flex")
-    need("--fp16-lm-cross-entropy", training.precision == "fp16",  # VA
-         "lm cross entropy in fp16 only support in fp16 mode.", "drop it, or train in --fp16")
-    need("--fp4-param-gather", "--fp4-format" in present,  # VA
-         "--fp4-param-gather must be used together with --fp4-format.", "add --fp4-format")
-    need("--fused-residual-rmsnorm", model.normalization == "RMSNorm",  # TC
-         "fused_residual_rmsnorm is only supported when normalization is RMSNorm.", "drop it, or use RMSNorm")
-    need("--mla-down-proj-fusion", model.multi_latent_attention,  # VA
-         "--mla-down-proj-fusion requires --multi-latent-attention", "drop it")
-    for flag in ("--moe-single-grouped-weight", "--moe-single-grouped-bias"):
-        need(flag, model.moe_grouped_gemm,  # TC
-             "moe_single_grouped_weight and moe_single_grouped_bias require moe_grouped_gemm=True.",
-             "add --moe-grouped-gemm")
-    need("--moe-single-grouped-weight", not model.moe_grouped_gemm or "--use-transformer-engine-op-fuser" in present,
+    padding = ("--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization")
+    return [
+        ("--no-position-embedding", model.position_embedding_type == "rope",  # VA
+         "--no-position-embedding is deprecated, use --position-embedding-type",
+         "use it with --position-embedding-type rope only"),
+        ("--use-te-activation-func", not model.add_bias_linear or fusion_off in present,  # TC
+         "bias_activation_fusion and use_te_activation_func cannot be both true.",
+         f"add --disable-bias-linear or {fusion_off}"),
+        ("--fp8-output-proj", recipe == "mxfp8",  # TC
+         "fp8_output_proj must be used together with fp8 mode." if recipe is None else
+         f"fp8_output_proj requires fp8_recipe='mxfp8', got '{recipe}'.", "use it with --fp8-recipe mxfp8"),
+        *((flag, quantised, "fp8/fp4 must be specified when moe_router_padding_for_quantization is True.",  # TC
+           "use it with --fp8-format or --fp4-format") for flag in padding),
+        *((flag, not quantised or model.moe_token_dispatcher_type in ("alltoall", "flex"),  # TC
+           "allgather and alltoall_seq dispatcher does not support moe_router_padding_for_quantization.",
+           "use --moe-token-dispatcher-type alltoall or flex") for flag in padding),
+        ("--fp16-lm-cross-entropy", training.precision == "fp16",  # VA
+         "lm cross entropy in fp16 only support in fp16 mode.", "drop it, or train in --fp16"),
+        ("--fp4-param-gather", "--fp4-format" in present,  # VA
+         "--fp4-param-gather must be used together with --fp4-format.", "add --fp4-format"),
+        ("--fused-residual-rmsnorm", model.normalization == "RMSNorm",  # TC
+         "fused_residual_rmsnorm is only supported when normalization is RMSNorm.", "drop it, or use RMSNorm"),
+        ("--mla-down-proj-fusion", model.multi_latent_attention,  # VA
+         "--mla-down-proj-fusion requires --multi-latent-attention", "drop it"),
+        *((flag, model.moe_grouped_gemm,  # TC
+           "moe_single_grouped_weight and moe_single_grouped_bias require moe_grouped_gemm=True.",
+           "add --moe-grouped-gemm") for flag in ("--moe-single-grouped-weight", "--moe-single-grouped-bias")),
+        ("--moe-single-grouped-weight", not model.moe_grouped_gemm or "--use-transformer-engine-op-fuser" in present,
          "moe_single_grouped_weight requires use_transformer_engine_op_fuser=True.",  # TC
-         "add --use-transformer-engine-op-fuser")
-    need("--optimizer-cpu-offload", training.use_precision_aware_optimizer,  # VA
+         "add --use-transformer-engine-op-fuser"),
+    ]
+
+
+def _run_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[str], passthrough: Sequence[str]
+                      ) -> list[Need]:
+    """Overlap, optimizer, checkpoint, MoE capacity, FSDP2, attention-mode and data switches."""
+    fa_version = _value_of(passthrough, "--flash-attention-version")
+    fsdp2 = "--use-torch-fsdp2"
+    return [
+        ("--ep-overlap-early-attn-memory-release", training.overlap_moe_expert_parallel_comm,  # TC
+         "overlap_moe_expert_parallel_comm must be enabled when enabling ep_overlap_early_attn_memory_release",
+         "add --overlap-moe-expert-parallel-comm"),
+        ("--optimizer-cpu-offload", training.use_precision_aware_optimizer,  # VA
          "The optimizer cpu offload must be used in conjunction with `--use-precision-aware-optimizer`, as the hybrid "
-         "device optimizer reuses the code path of this flag.", "add --use-precision-aware-optimizer")
-    need("--hybrid-context-parallel", "--calculate-per-token-loss" in present,  # VA
-         "Hybrid context parallelism must be used with --calculate-per-token-loss", "add --calculate-per-token-loss")
-    need("--load-main-params-from-ckpt", "--no-load-optim" in present,  # VA
-         "--load-main-params-from-ckpt must be used with --no-load-optim.", "add --no-load-optim")
-    need("--moe-paged-stash", "--moe-expert-rank-capacity-factor" in present,  # TC
+         "device optimizer reuses the code path of this flag.", "add --use-precision-aware-optimizer"),
+        ("--hybrid-context-parallel", "--calculate-per-token-loss" in present,  # VA
+         "Hybrid context parallelism must be used with --calculate-per-token-loss", "add --calculate-per-token-loss"),
+        ("--load-main-params-from-ckpt", "--no-load-optim" in present,  # VA
+         "--load-main-params-from-ckpt must be used with --no-load-optim.", "add --no-load-optim"),
+        ("--moe-paged-stash", "--moe-expert-rank-capacity-factor" in present,  # TC
          "moe_paged_stash requires moe_expert_rank_capacity_factor to be set; there is no need to use paged stashing "
-         "without it.", "add --moe-expert-rank-capacity-factor")
-    need("--moe-expert-rank-capacity-factor", model.moe_token_dispatcher_type == "flex"
+         "without it.", "add --moe-expert-rank-capacity-factor"),
+        ("--moe-expert-rank-capacity-factor", model.moe_token_dispatcher_type == "flex"
          and model.moe_flex_dispatcher_backend in ("hybridep", "ncclep"),  # TC
          "moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'.",
-         "use --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep")
-    need("--moe-expert-rank-capacity-factor", model.moe_flex_dispatcher_backend != "hybridep"
+         "use --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"),
+        ("--moe-expert-rank-capacity-factor", model.moe_flex_dispatcher_backend != "hybridep"
          or "--use-transformer-engine-op-fuser" in present,  # TC
          "moe_expert_rank_capacity_factor with the 'hybridep' backend requires use_transformer_engine_op_fuser to be "
-         "enabled.", "add --use-transformer-engine-op-fuser")
-    need("--use-torch-fsdp2", "--no-gradient-accumulation-fusion" in present,  # VA
-         "--use-torch-fsdp2 is not supported with gradient accumulation fusion", "add --no-gradient-accumulation-fusion")
-    need("--use-torch-fsdp2", model.untie_embeddings_and_output_weights,  # VA
-         "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights", "add --untie-embeddings-and-output-weights")
-    need("--use-torch-fsdp2", not training.use_distributed_optimizer,  # VA
-         "--use-torch-fsdp2 is not supported with MCore's distributed optimizer", "drop --use-distributed-optimizer")
-    need("--use-torch-fsdp2", training.megatron.ckpt_format in ("torch_dist", "torch_dcp"),  # VA
-         "--use-torch-fsdp2 requires --ckpt-format torch_dist or torch_dcp", "use --ckpt-format torch_dist")
-    need("--use-torch-fsdp2", training.precision != "fp16",  # VA
-         "--use-torch-fsdp2 not supported with fp16 yet", "train in --bf16")
-    need("--batch-invariant-mode", training.attention_backend == "flash",  # TC
-         "Batch invariant mode only supports FlashAttention (--attention-backend flash)", "add --attention-backend flash")
-    fa_version = _value_of(passthrough, "--flash-attention-version")
-    need("--batch-invariant-mode", training.attention_backend != "flash" or fa_version in ("3", "4"),  # TC
+         "enabled.", "add --use-transformer-engine-op-fuser"),
+        (fsdp2, "--no-gradient-accumulation-fusion" in present,  # VA
+         "--use-torch-fsdp2 is not supported with gradient accumulation fusion",
+         "add --no-gradient-accumulation-fusion"),
+        (fsdp2, model.untie_embeddings_and_output_weights,  # VA
+         "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights",
+         "add --untie-embeddings-and-output-weights"),
+        (fsdp2, not training.use_distributed_optimizer,  # VA
+         "--use-torch-fsdp2 is not supported with MCore's distributed optimizer", "drop --use-distributed-optimizer"),
+        (fsdp2, training.megatron.ckpt_format in ("torch_dist", "torch_dcp"),  # VA
+         "--use-torch-fsdp2 requires --ckpt-format torch_dist or torch_dcp", "use --ckpt-format torch_dist"),
+        (fsdp2, training.precision != "fp16", "--use-torch-fsdp2 not supported with fp16 yet", "train in --bf16"),  # VA
+        ("--batch-invariant-mode", training.attention_backend == "flash",  # TC
+         "Batch invariant mode only supports FlashAttention (--attention-backend flash)",
+         "add --attention-backend flash"),
+        ("--batch-invariant-mode", training.attention_backend != "flash" or fa_version in ("3", "4"),  # TC
          "Batch invariant mode requires --flash-attention-version 3 or 4 so the training and inference attention paths "
-         f"run the same batch-invariant FlashAttention kernel (got {fa_version}).", "add --flash-attention-version 3")
-    need("--fim-data", "--mock-data" not in present,  # VA
-         "Mock dataset is not supported with FIM dataset.", "drop --mock-data or --fim-data")
-    return out
+         f"run the same batch-invariant FlashAttention kernel (got {fa_version}).", "add --flash-attention-version 3"),
+        ("--fim-data", "--mock-data" not in present,  # VA
+         "Mock dataset is not supported with FIM dataset.", "drop --mock-data or --fim-data"),
+    ]
 
 
 def _value_of(passthrough: Sequence[str], flag: str) -> str | None:
