@@ -39,6 +39,7 @@ from planner.megatron.flags import (
     TRAINING_FLAGS,
     Read,
     copied_fields,
+    flag_value,
     rule_flag,
     unpriced_time_flags,
 )
@@ -362,16 +363,6 @@ _NAME_VOCAB: tuple[tuple[str, int], ...] = (
 )  # fmt: skip
 
 
-def _flag_value(tokens: Sequence[str], flag: str) -> str | None:
-    value = None
-    for k, tok in enumerate(tokens):
-        if tok == flag and k + 1 < len(tokens):
-            value = tokens[k + 1]
-        elif tok.startswith(flag + "="):
-            value = tok.split("=", 1)[1]
-    return value
-
-
 def _tokenizer_file_vocab(path_text: str) -> tuple[int, str] | None:
     """Entries of a readable tokenizer.json (model vocab plus added tokens) or vocab file."""
     if not path_text or _unresolved(path_text):
@@ -407,19 +398,19 @@ def infer_vocab_size(passthrough: Sequence[str], name: str = "") -> tuple[int, s
     tokenizer (tokenizer.json, or the vocab file's entries); --padded-vocab-size; the tokenizer
     type or a known model name in the tokenizer path or the run's name; a HF config.json next to
     the tokenizer; else DEFAULT_VOCAB_SIZE.  The plan barely depends on it."""
-    model_path = _flag_value(passthrough, "--tokenizer-model") or ""
-    for path_text in (model_path, _flag_value(passthrough, "--vocab-file") or ""):
+    model_path = flag_value(passthrough, "--tokenizer-model") or ""
+    for path_text in (model_path, flag_value(passthrough, "--vocab-file") or ""):
         found = _tokenizer_file_vocab(path_text)
         if found is not None:
             return found
-    padded = _flag_value(passthrough, "--padded-vocab-size")
+    padded = flag_value(passthrough, "--padded-vocab-size")
     if padded and padded.isdigit() and int(padded) > 0:
         return int(padded), "from --padded-vocab-size"
-    ttype = _flag_value(passthrough, "--tokenizer-type") or ""
+    ttype = flag_value(passthrough, "--tokenizer-type") or ""
     if ttype in _TOKENIZER_TYPE_VOCAB:
         return _TOKENIZER_TYPE_VOCAB[ttype], f"assumed for --tokenizer-type {ttype}"
-    named = (("the tokenizer path", model_path), ("the vocab file", _flag_value(passthrough, "--vocab-file") or ""),
-             ("--patch-tokenizer-type", _flag_value(passthrough, "--patch-tokenizer-type") or ""),
+    named = (("the tokenizer path", model_path), ("the vocab file", flag_value(passthrough, "--vocab-file") or ""),
+             ("--patch-tokenizer-type", flag_value(passthrough, "--patch-tokenizer-type") or ""),
              ("the run's name", name))
     for where, text in named:
         low = text.lower()

@@ -629,8 +629,8 @@ REMOVED_FLAGS: dict[str, str] = {
 }
 """Flags Megatron's parser still lists but its validate_args refuses whatever their value (megatron/training/
 arguments.py @d98e8a64, 'Deprecated arguments'): the message it stops with.  A launcher that passes one cannot
-start, so the reader refuses it too.  (--no-position-embedding is refused unless the position embedding is rope:
-planner/inputs/megatron_flags.py.)"""
+start, so the reader refuses it too.  (--no-position-embedding is refused unless the position embedding is rope, and
+other switches without what they need: planner/megatron/rules.py `passthrough_violations`.)"""
 
 PRICED_AS_IS: dict[str, frozenset[str]] = {
     "--softmax-type": frozenset({"vanilla"}), "--optimizer": frozenset({"adam"}),
@@ -784,6 +784,18 @@ def rule_options(rule: str) -> str | None:
         return None
     options = ["--" + BY_NAME[f].override for f in flags if f in BY_NAME and BY_NAME[f].override]
     return "/".join(options or flags)
+
+
+def flag_value(tokens: Sequence[str], flag: str) -> str | None:
+    """The value `flag` was given in a token list (`--flag value` or `--flag=value`; the last occurrence wins, as
+    in argparse), else None."""
+    value = None
+    for k, tok in enumerate(tokens):
+        if tok == flag and k + 1 < len(tokens):
+            value = tokens[k + 1]
+        elif tok.startswith(flag + "="):
+            value = tok.split("=", 1)[1]
+    return value
 
 
 def _not_modelled_in(passthrough: Iterable[str]) -> list[str]:

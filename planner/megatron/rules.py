@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.errors import PlannerInputError
+from planner.megatron.flags import flag_value
 from planner.runtime import runtime_of
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
@@ -728,7 +729,7 @@ def _kernel_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[
 def _run_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[str], passthrough: Sequence[str]
                       ) -> list[Need]:
     """Overlap, optimizer, checkpoint, MoE capacity, FSDP2, attention-mode and data switches."""
-    fa_version = _value_of(passthrough, "--flash-attention-version")
+    fa_version = flag_value(passthrough, "--flash-attention-version")
     fsdp2 = "--use-torch-fsdp2"
     return [
         ("--ep-overlap-early-attn-memory-release", training.overlap_moe_expert_parallel_comm,  # TC
@@ -772,16 +773,6 @@ def _run_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[str
         ("--fim-data", "--mock-data" not in present,  # VA
          "Mock dataset is not supported with FIM dataset.", "drop --mock-data or --fim-data"),
     ]
-
-
-def _value_of(passthrough: Sequence[str], flag: str) -> str | None:
-    """The value a passed-through flag was given (its last occurrence, as argparse), else None."""
-    value = None
-    for i, tok in enumerate(passthrough):
-        name, eq, given = tok.partition("=")
-        if name == flag:
-            value = given if eq else (passthrough[i + 1] if i + 1 < len(passthrough) else None)
-    return value
 
 
 def input_violations(model: ModelSpec, training: TrainingSpec | None) -> list[RuleViolation]:
