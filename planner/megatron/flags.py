@@ -492,8 +492,6 @@ OTHER_FLAGS = _rows(
          "communicators on high-priority streams: overlap scheduling differs from priced"),
         ("--overlap-dispatch-backward-with-experts-wgrad", "expert_dispatch",
          "expert weight gradients overlapped with the EP all-to-all (FSDP): less dispatch exposed than priced"),
-        ("--overlap-p2p-communication-warmup-flush", "pipeline_sends",
-         "pipeline sends overlapped in the warm-up and flush too"),
         ("--use-ring-exchange-p2p", "pipeline_sends", "a custom ring-exchange kernel for pipeline sends"),
         ("--tp-comm-overlap-rs-dgrad", "collectives",
          "the TP reduce-scatter overlapped with the data-gradient GEMM: less TP time exposed than priced"),
@@ -561,6 +559,8 @@ SETTINGS_FLAGS = _rows(  # MegatronSettings: read for Megatron's rules only, pas
          array=MOE_ARGS),
     Flag("--moe-enable-deepep", _SEEN, "moe_enable_deepep", array=MOE_ARGS),  # older spelling: flex with DeepEP
     Flag("--distribute-saved-activations", _SEEN, "distribute_saved_activations", array=TRAINING_ARGS),
+    Flag("--overlap-p2p-communication-warmup-flush", _SEEN, "overlap_p2p_comm_warmup_flush", array=PARALLEL_ARGS,
+         unpriced_in=("pipeline_sends",), not_modelled="pipeline sends overlapped in the warm-up and flush too"),
     Flag("--defer-embedding-wgrad-compute", _SEEN, "defer_embedding_wgrad_compute", array=TRAINING_ARGS,
          unpriced_in=("gemm",),
          not_modelled="the embedding's weight-gradient GEMMs deferred into the pipeline flush: part of the bubble "
@@ -763,6 +763,7 @@ RULE_FLAGS: dict[str, tuple[str, ...]] = {
     "cpu_offloading": ("--cpu-offloading",),
     "distribute_saved_activations": ("--distribute-saved-activations",),
     "defer_embedding_wgrad": ("--defer-embedding-wgrad-compute",),
+    "p2p_warmup_flush": ("--overlap-p2p-communication-warmup-flush",),
     "flex_tp_ep": ("--expert-model-parallel-size", "--tensor-model-parallel-size"),
     "dist_opt_instances": ("--num-distributed-optimizer-instances",),
     "torch_fsdp2": ("--use-torch-fsdp2",),

@@ -720,6 +720,8 @@ def _kernel_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[
         *((flag, model.moe_grouped_gemm,  # TC
            "moe_single_grouped_weight and moe_single_grouped_bias require moe_grouped_gemm=True.",
            "add --moe-grouped-gemm") for flag in ("--moe-single-grouped-weight", "--moe-single-grouped-bias")),
+        ("--moe-single-grouped-bias", model.add_bias_linear,  # TC
+         "moe_single_grouped_bias requires add_bias_linear=True.", "drop --disable-bias-linear, or this flag"),
         ("--moe-single-grouped-weight", not model.moe_grouped_gemm or "--use-transformer-engine-op-fuser" in present,
          "moe_single_grouped_weight requires use_transformer_engine_op_fuser=True.",  # TC
          "add --use-transformer-engine-op-fuser"),
@@ -770,6 +772,10 @@ def _run_switch_needs(model: ModelSpec, training: TrainingSpec, present: set[str
         ("--batch-invariant-mode", training.attention_backend != "flash" or fa_version in ("3", "4"),  # TC
          "Batch invariant mode requires --flash-attention-version 3 or 4 so the training and inference attention paths "
          f"run the same batch-invariant FlashAttention kernel (got {fa_version}).", "add --flash-attention-version 3"),
+        ("--fsdp-manual-registration", training.use_megatron_fsdp,  # VA
+         "FSDP manual registration is only supported with Megatron FSDP.", "add --use-megatron-fsdp"),
+        ("--replication", "--replication-jump" in present,  # VA
+         "--replication requires the value of --replication-jump!", "add --replication-jump"),
         ("--fim-data", "--mock-data" not in present,  # VA
          "Mock dataset is not supported with FIM dataset.", "drop --mock-data or --fim-data"),
     ]
@@ -926,6 +932,11 @@ def degree_flag_violations(model: ModelSpec, training: TrainingSpec | None, *, t
             "overlap_param_gather_step",
             "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism",
             "use VPP > 1, or drop --overlap-param-gather-with-optimizer-step"))
+    if st.overlap_p2p_comm_warmup_flush and (vpp <= 1 or not st.overlap_p2p_comm):
+        # megatron/core/model_parallel_config.py (@d98e8a64) __post_init__: p2p overlap is the interleaved schedule's
+        out.append(RuleViolation(
+            "p2p_warmup_flush", "Pipeline parallel communication overlapping in warmup and flush is only compatible "
+            "with overlap_p2p_comm but not batch_p2p_comm.", "use VPP > 1 (with p2p overlap on), or drop the flag"))
     return out + _group_flag_violations(model, training, tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=pp,
                                         sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel)
 
@@ -1146,7 +1157,8 @@ def degree_flags_check(model: ModelSpec, training: TrainingSpec | None):
     if not (training.overlap_moe_expert_parallel_comm or st.hierarchical_context_parallel_sizes
             or len(st.cp_comm_types) > 1 or deepep or st.overlap_param_gather_with_optimizer_step
             or st.num_distributed_optimizer_instances > 1 or st.cpu_offloading or st.use_torch_fsdp2
-            or st.distribute_saved_activations or st.defer_embedding_wgrad_compute or training.tp_comm_overlap):
+            or st.distribute_saved_activations or st.defer_embedding_wgrad_compute or st.overlap_p2p_comm_warmup_flush
+            or training.tp_comm_overlap):
         return None
 
     @functools.lru_cache(maxsize=1 << 16)

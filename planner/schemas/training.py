@@ -49,6 +49,8 @@ class MegatronSettings(StrictModel):
     distribute_saved_activations: bool = False
     defer_embedding_wgrad_compute: bool = Field(
         False, description="--defer-embedding-wgrad-compute (needs PP > 1: model_parallel_config.py)")
+    overlap_p2p_comm_warmup_flush: bool = Field(
+        False, description="--overlap-p2p-communication-warmup-flush (needs the interleaved schedule's p2p overlap)")
     cpu_offloading: bool = False
     check_for_nan_in_loss_and_grad: bool = Field(True, description="False with --no-check-for-nan-in-loss-and-grad")
 

@@ -46,6 +46,14 @@ SWITCH_CASES: list[tuple[str, str, str | None, str]] = [
     ("--use-torch-fsdp2", "--use-torch-fsdp2", None, "gradient accumulation fusion"),
     ("--batch-invariant-mode", "--batch-invariant-mode --attention-backend flash", None, "--flash-attention-version"),
     ("--fim-data", "--fim-data", None, "FIM"),
+    ("--moe-single-grouped-bias", f"{MOE} --moe-grouped-gemm --moe-single-grouped-bias",
+     "--num-experts 8 --moe-grouped-gemm --moe-single-grouped-bias", "add_bias_linear=True"),
+    ("--fsdp-manual-registration", "--fsdp-manual-registration", None, "Megatron FSDP"),
+    ("--replication", "--replication", None, "--replication-jump"),
+    ("--overlap-p2p-communication-warmup-flush",
+     "--overlap-p2p-communication-warmup-flush --pipeline-model-parallel-size 2",
+     "--overlap-p2p-communication-warmup-flush --pipeline-model-parallel-size 2 "
+     "--num-layers-per-virtual-pipeline-stage 2", "overlap_p2p_comm but not batch_p2p_comm"),
     ("--defer-embedding-wgrad-compute", "--defer-embedding-wgrad-compute",
      "--defer-embedding-wgrad-compute --pipeline-model-parallel-size 2", "pipeline model parallel is not used"),
 ]
