@@ -32,7 +32,7 @@ from helpers.corpus import CORPUS, NAMES, solved
 from helpers.hf_configs import GPT_OSS_120B
 from helpers.launch import args_of, dense_plan, ep_overlap_launch, hf_config_launch
 from helpers.megatron import NEEDS_MEGATRON, validate
-from helpers.switch_cases import BASE as SWITCH_BASE, SWITCH_CASES, WORLD as SWITCH_WORLD
+from helpers.switch_cases import BASE, SWITCH_CASES, WORLD as SWITCH_WORLD
 
 HERE = Path(__file__).parent
 pytestmark = [
@@ -40,9 +40,6 @@ pytestmark = [
     NEEDS_MEGATRON,
 ]
 
-BASE = ("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
-        "--micro-batch-size 1 --global-batch-size 16 --vocab-size 1000 --tokenizer-type NullTokenizer --mock-data "
-        "--bf16").split()  # fmt: skip
 QWEN3_235B = (
     "--num-layers 94 --hidden-size 4096 --num-attention-heads 64 --group-query-attention --num-query-groups 4 "
     "--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 1024 "
@@ -64,8 +61,8 @@ CONTROLS: dict[str, tuple[list[str], int]] = {
        for flag in REMOVED_FLAGS},
     "learned positions with --no-position-embedding": (BASE + ["--no-position-embedding"], 8),
     "rope with --no-position-embedding": (BASE + ["--position-embedding-type", "rope", "--no-position-embedding"], 8),
-    **{f"switch {flag} without": (SWITCH_BASE + bad.split(), SWITCH_WORLD) for flag, bad, _, _ in SWITCH_CASES},
-    **{f"switch {flag} with": (SWITCH_BASE + good.split(), SWITCH_WORLD) for flag, _, good, _ in SWITCH_CASES if good},
+    **{f"switch {flag} without": (BASE + bad.split(), SWITCH_WORLD) for flag, bad, _, _ in SWITCH_CASES},
+    **{f"switch {flag} with": (BASE + good.split(), SWITCH_WORLD) for flag, _, good, _ in SWITCH_CASES if good},
 }
 
 

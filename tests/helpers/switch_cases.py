@@ -1,7 +1,8 @@
 """Switches the planner passes through unread but Megatron refuses without what they need (planner/megatron/rules.py
-`passthrough_violations`, and `degree_flag_violations` for --defer-embedding-wgrad-compute): each as the extra flags
-Megatron refuses and, where a small flag set satisfies it, the extra flags it accepts.  The planner's side is checked
-in tests/test_inputs_flags.py, Megatron's own validator on both lists in tests/test_megatron_validator.py."""
+`passthrough_violations`, and `degree_flag_violations` for --defer-embedding-wgrad-compute and the p2p warm-up
+overlap): each as the extra flags Megatron refuses and, where a small flag set satisfies it, the extra flags it
+accepts.  The planner's side is checked in tests/test_inputs_flags.py, Megatron's own validator on both lists in
+tests/test_megatron_validator.py, whose other controls start from the same small GPT (BASE)."""
 
 from __future__ import annotations
 
