@@ -89,7 +89,7 @@ class StageTables:
     windows: np.ndarray | None = None  # pruning: int [O, 2] load-balance layer counts (inclusive)
     deadline: float | None = None  # time.perf_counter() value: fit_range raises DeadlinePassed after it
     p2p_near_us: np.ndarray | None = None  # int64 [O, O]  L when both stages' ranks share a node (None: p2p_us)
-    gpus_per_node: np.ndarray | None = None  # int [num types]  (with p2p_near_us)
+    gpus_per_node: np.ndarray | None = None  # int [num types]: GPUs sharing the intra-node link (cost.domain_gpus)
     traffic_us: np.ndarray | None = None  # int64 [2, O, O]  M across nodes, then inside one (None: M never binds)
     fwd_us: np.ndarray | None = None  # int64 [O, 4, N+1, N+1]  F, the forward part of core (with traffic_us)
     fill_us: np.ndarray | None = None  # int64 [2, O, O]  X across nodes, then inside one (None: 1F1B, X = 0)

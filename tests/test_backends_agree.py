@@ -37,7 +37,7 @@ def build_case(model: str, layers: int, pattern, cluster: str, runtime: str, cou
     cm = reduced_cost_model(model, layers, cluster, 64, pattern=pattern, seq=4096)
     spec, training, cl = cm.model, cm.training, cm.cluster
     builder = TableBuilder(cm)
-    gpn = {h: cm.gpus_per_node(h) for h in cl.gpus_by_type()}
+    gpn = {h: cm.domain_gpus(h) for h in cl.gpus_by_type()}
     space = SearchSpace(runtime=runtime, recompute=SHORT_LADDER)
     out = []
     for g in enumerate_globals(spec, training, cl, space, gpn):

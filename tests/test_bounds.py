@@ -108,7 +108,7 @@ def test_bound_never_exceeds_the_exact_optimum(case):
               Recompute.full("block", 2), Recompute.full("uniform", 1))
     space = SearchSpace(runtime=runtime, mbs=(1, 2), recompute=ladder,
                         stage_recompute=(Recompute.none(), Recompute.full("uniform", 1)))
-    gpn = {h: cm.gpus_per_node(h) for h in cl.gpus_by_type()}
+    gpn = {h: cm.domain_gpus(h) for h in cl.gpus_by_type()}
     tb = TableBuilder(cm)
     budget = cl.gpus_by_type()
     configs = [g for g in enumerate_globals(model, training, cl, space, gpn) if 2 <= g.pp <= 4]

@@ -144,3 +144,42 @@ def test_a_group_states_its_fabric_and_the_links_carry_it(profiles, tmp_path):
     with pytest.raises(PlannerInputError) as info:
         parse_cluster(str(bad), profiles)
     assert all(k in str(info.value) for k in ("inter_node_kind", "infiniband", "efa")), str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# NVLink domains beyond one host (GB200/GB300 NVL72)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,shape", [
+    # (trays, GPUs per tray, domain): NVIDIA's launcher gives a job all its trays up to a rack's 18, else the
+    # largest tray count up to 18 that divides the job's (Megatron-Bridge scripts/performance/utils/executors.py)
+    ("GB200:8", (2, 4, 8)),
+    ("GB200:72", (18, 4, 72)),
+    ("GB200:256", (64, 4, 64)),  # 64 trays: 16 divides 64, 17 and 18 do not
+    ("GB300:96", (24, 4, 48)),  # 24 trays: 12
+    ("GB200:76", (19, 4, 4)),  # 19 trays, a prime: domains of one tray
+    ("B200:64", (8, 8, 8)),  # an HGX node is its own domain
+])
+def test_nvl72_domains_follow_the_segment_rule(profiles, text, shape):
+    (g,) = parse_cluster(text, profiles).groups
+    assert (g.num_nodes, g.gpus_per_node, g.domain_gpus) == shape
+
+
+def test_a_cluster_file_states_its_domain(profiles, tmp_path):
+    f = tmp_path / "nvl.yaml"
+    f.write_text(yaml.safe_dump({"groups": [{"device_type": "GB200", "num_gpus": 144, "scale_up_domain_gpus": 72}]}))
+    (g,) = parse_cluster(str(f), profiles).groups
+    assert (g.num_nodes, g.gpus_per_node, g.domain_gpus) == (36, 4, 72)
+
+
+@pytest.mark.parametrize("group,needles", [
+    ({"device_type": "GB200", "num_gpus": 144, "scale_up_domain_gpus": 70}, ("scale_up_domain_gpus", "multiple")),
+    ({"device_type": "GB200", "num_gpus": 128, "scale_up_domain_gpus": 72}, ("scale_up_domain_gpus", "whole domains",
+                                                                             "segment")),
+    ({"device_type": "GB200", "num_gpus": 64, "scale_up_domain_gpus": 0}, ("scale_up_domain_gpus",)),
+])
+def test_a_bad_domain_is_refused_by_name(profiles, tmp_path, group, needles):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump({"groups": [group]}))
+    with pytest.raises(PlannerInputError) as info:
+        parse_cluster(str(f), profiles)
+    assert info.value.field == "--cluster" and all(n in str(info.value) for n in needles), str(info.value)

@@ -395,3 +395,22 @@ def test_boundary_nodes_follow_the_placement_the_planner_writes(profiles):
             assert rule == on_hosts, (tp, dp, types, i)
             checked += 1
     assert checked >= 10
+
+
+def test_an_nvl72_domain_is_one_node_for_every_link(profiles):
+    """On GB200 NVL72 (trays of 4, domains of 64 GPUs in a 256-GPU job) EP64 stays on NVLink, where on 8-GPU B200
+    hosts it crosses 8 nodes; past the domain the inter-node link returns; pipeline boundaries leave a node only
+    where they leave a domain (stages of 32 GPUs: boundaries 1-2, 3-4, 5-6 of PP8)."""
+    from planner.cost.model import type_offsets
+    from planner.schemas.pipeline import pipeline_boundary_crosses_nodes
+
+    flags = f"{MOE} --expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 256"
+    _, _, gb = flags_cost_model(flags, "GB200:256")
+    _, _, b2 = flags_cost_model(flags, "B200:256")
+    assert (gb.domain_gpus("GB200"), b2.domain_gpus("B200")) == (64, 8)
+    assert gb.group_links("GB200", tp=1, cp=1, dp=64, ep=64, etp=1).ep.inter is None
+    assert b2.group_links("B200", tp=1, cp=1, dp=64, ep=64, etp=1).ep.inter is not None
+    assert gb.group_links("GB200", tp=1, cp=1, dp=128, ep=128, etp=1).ep.inter is not None
+    offsets = type_offsets([("GB200", 32)] * 8)
+    crossing = [pipeline_boundary_crosses_nodes(offsets[i], 32, 32, gb.domain_gpus("GB200")) for i in range(7)]
+    assert crossing == [False, True, False, True, False, True, False]

@@ -33,7 +33,7 @@ SPACE = SearchSpace(tp=(1, 2), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp=4)
 
 
 def _configs(cm: CostModel, count: int):
-    gpn = {h: cm.gpus_per_node(h) for h in cm.cluster.gpus_by_type()}
+    gpn = {h: cm.domain_gpus(h) for h in cm.cluster.gpus_by_type()}
     out = []
     for g in enumerate_globals(cm.model, cm.training, cm.cluster, SPACE, gpn):
         opts = stage_options(g, cm.model, cm.training, cm.cluster, SPACE, gpn)

@@ -688,3 +688,25 @@ def test_srun_places_tasks_in_stage_order_with_real_hosts(tmp_path):
     assert got[0] == f"SLURM_HOSTFILE={out / 'launch' / 'slurm_hostfile.nodes'}" and got[1] == "--distribution=arbitrary"
     assert (out / "launch" / "slurm_hostfile.nodes").read_text() == "b2\nb1\n"
     assert "srun places the tasks in stage order" in proc.stderr
+
+
+@pytest.mark.parametrize("cluster,ep,exported", [("GB200:64", 64, "64"), ("GB200:64", 8, "8"), ("B200:64", 64, None)])
+def test_hybridep_is_told_its_nvlink_domain(cluster, ep, exported):
+    """HybridEP with EP across the 4-GPU trays of an NVL72 domain is launched with its EP ranks per domain
+    (min(EP, domain), as NVIDIA's launchers set NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN); on 8-GPU hosts nothing
+    is exported; the hostfile's hosts are the trays (4 slots each) whatever the domain."""
+    from helpers.cases import flags_cost_model
+
+    flags = ("--num-layers 4 --hidden-size 1024 --ffn-hidden-size 2048 --num-attention-heads 8 --seq-length 1024 "
+             "--max-position-embeddings 1024 --vocab-size 32000 --num-experts 64 --moe-router-topk 2 "
+             "--moe-grouped-gemm --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
+             f"--expert-model-parallel-size {ep} --micro-batch-size 1 --global-batch-size 128 --bf16")
+    run, plan, cm = flags_cost_model(flags, cluster)
+    files = render_launch_files(run, plan, cm.cluster)
+    line = f"export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={exported}"
+    assert (line in files["launch.sh"]) == (exported is not None)
+    assert ("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN" in files["launch.sh"]) == (exported is not None)
+    slots = {ln.split()[1] for ln in files["hostfile"].splitlines() if not ln.startswith("#")}
+    assert slots == {"slots=4" if cluster.startswith("GB200") else "slots=8"}
+    if exported is not None:
+        assert "sbatch --segment=16" in files["launch.sh"]

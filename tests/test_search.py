@@ -39,7 +39,7 @@ SMALL_SPACE = SearchSpace(tp=(1, 2, 4, 8), cp=(1,), mbs=(1,), vpp=(1, 2), max_pp
 
 
 def _globals(cm: CostModel, space: SearchSpace):
-    gpn = {h: cm.gpus_per_node(h) for h in cm.cluster.gpus_by_type()}
+    gpn = {h: cm.domain_gpus(h) for h in cm.cluster.gpus_by_type()}
     for g in enumerate_globals(cm.model, cm.training, cm.cluster, space, gpn):
         opts = stage_options(g, cm.model, cm.training, cm.cluster, space, gpn)
         if opts:

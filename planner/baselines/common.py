@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.cost.model import CostModel, GlobalShape, PlanCost, type_offsets
+from planner.inputs.cluster import default_domain
 from planner.megatron.rules import check_plan, tp_allowed
 from planner.runtime import runtime_of
 from planner.schemas.cluster import ClusterSpec, NodeGroup
@@ -72,9 +73,12 @@ def homogeneous_cluster(cluster: ClusterSpec, device_type: str, profiles) -> Clu
     world = cluster.world_size
     gpn = profiles.device(device_type).gpus_per_node
     if world % gpn == 0:
-        groups = (NodeGroup(device_type=device_type, num_nodes=world // gpn, gpus_per_node=gpn),)
+        groups = (NodeGroup(device_type=device_type, num_nodes=world // gpn, gpus_per_node=gpn,
+                            scale_up_domain_gpus=default_domain(profiles, device_type, world // gpn, gpn)),)
     else:
-        groups = tuple(NodeGroup(device_type=device_type, num_nodes=g.num_nodes, gpus_per_node=g.gpus_per_node)
+        groups = tuple(NodeGroup(device_type=device_type, num_nodes=g.num_nodes, gpus_per_node=g.gpus_per_node,
+                                 scale_up_domain_gpus=default_domain(profiles, device_type, g.num_nodes,
+                                                                     g.gpus_per_node))
                        for g in cluster.groups)
     return ClusterSpec(name=f"{device_type}:{world}", groups=groups)
 

@@ -202,7 +202,7 @@ def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles, runtim
     cost = cost_model(run, cluster, profiles)
     model, training = run.model, run.training
     budget = cluster.gpus_by_type()
-    gpn = {h: cost.gpus_per_node(h) for h in budget}
+    gpn = {h: cost.domain_gpus(h) for h in budget}
     order = types_by_speed(cost)
     best: PricedPlan | None = None
     fitted: set = set()

@@ -49,7 +49,7 @@ def search_hetermoe(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: 
     model, gbs = run.model, run.training.global_batch_size
     ordered = _newest_first(cluster, types_by_speed(cost))
     world = cluster.world_size
-    node_gpus = min(g.gpus_per_node for g in cluster.groups)
+    node_gpus = min(g.domain_gpus for g in cluster.groups)
     best: PricedPlan | None = None
     for pp in sorted(divisors(num_nodes(cluster)), reverse=True):
         if pp > model.num_layers or world % pp:

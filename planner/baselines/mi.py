@@ -26,7 +26,7 @@ def search_mi(run: MegatronRun, cluster: ClusterSpec, profiles, *, notes: list[s
     cost = cost_model(run, cluster, profiles)
     model, gbs = run.model, run.training.global_batch_size
     world = cluster.world_size
-    node_gpus = min(g.gpus_per_node for g in cluster.groups)
+    node_gpus = min(g.domain_gpus for g in cluster.groups)
     best: PricedPlan | None = None
     tried = 0
     for pp in sorted(divisors(num_nodes(cluster)), reverse=True):

@@ -28,10 +28,10 @@ from planner.schemas.device import Provenance
 SM90 = ("H100", "H800", "H200", "H20")
 """Hopper parts: same SM90 tensor cores and kernels (cuBLAS, FlashAttention, TE), so one factor each."""
 GA100 = ("A100", "A100-40GB", "A800")
-NCCL_NODES = SM90 + ("B200", "B300") + GA100
+NCCL_NODES = SM90 + ("B200", "B300", "GB200", "GB300") + GA100
 """NVIDIA nodes (NVSwitch inside, InfiniBand/RoCE across): token dispatch runs NCCL (alltoall) or DeepEP (flex) on
 the same kind of fabric, so the dispatchers' constants are shared by these parts (B300: HGX B300, NVLink5 NVSwitch
-and one NIC per GPU, as B200)."""
+and one NIC per GPU, as B200; GB200/GB300: the same GPUs in NVL72 racks, whose NVLink switch trays join 72 of them)."""
 
 
 @dataclass(frozen=True)

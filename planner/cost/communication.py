@@ -6,8 +6,9 @@ efficiency curve per collective (profiles/README.md, "Collective time").
 
 A group (`stage_group_links`, `collective_s`): under Megatron's default rank order (tp-cp-ep-dp-pp;
 reference/megatron.md section 3) a stage owns a contiguous block of TP*CP*DP ranks: TP ranks are adjacent,
-then CP, then DP; in the expert view ETP is adjacent, then EP, then expert-DP.  A group whose ranks span
-more than one node runs at the inter-node link's speed; an all-to-all that spans nodes sends part of its
+then CP, then DP; in the expert view ETP is adjacent, then EP, then expert-DP.  A node here is the GPUs that share
+the intra-node link (`domain_gpus`: one host, or the hosts of a scale-up domain such as a GB200 NVL72 rack's NVLink
+trays).  A group whose ranks span more than one node runs at the inter-node link's speed; an all-to-all that spans nodes sends part of its
 traffic on each link.  Calibrated time multipliers per collective (profiles/corrections.yaml) apply here.
 """
 
@@ -140,22 +141,22 @@ class GroupLinks:
     expert_group: LinkChoice  # the ETPxEP ranks of one expert group, contiguous (allgather dispatcher)
 
 
-def _choice(intra: LinkProfile, inter: LinkProfile, span_ranks: int, gpus_per_node: int, stride: int,
+def _choice(intra: LinkProfile, inter: LinkProfile, span_ranks: int, domain_gpus: int, stride: int,
             factors: tuple = ()) -> LinkChoice:
     """A group of `span_ranks` consecutive-block ranks with member stride `stride`."""
-    if span_ranks <= gpus_per_node:
+    if span_ranks <= domain_gpus:
         return LinkChoice(intra=intra, inter=None, ranks_per_node=span_ranks // max(stride, 1), factors=factors)
-    members_per_node = max(1, gpus_per_node // max(stride, 1))
+    members_per_node = max(1, domain_gpus // max(stride, 1))
     return LinkChoice(intra=intra, inter=inter, ranks_per_node=members_per_node, factors=factors)
 
 
 def stage_group_links(
-    *, intra: LinkProfile, inter: LinkProfile, gpus_per_node: int, tp: int, cp: int, dp: int, ep: int, etp: int,
+    *, intra: LinkProfile, inter: LinkProfile, domain_gpus: int, tp: int, cp: int, dp: int, ep: int, etp: int,
     factors: dict[str, float] | None = None,
 ) -> GroupLinks:
     """Links of every group inside one stage (block of tp*cp*dp ranks).  `factors` are the
     device's calibrated collective corrections (time multipliers)."""
-    gpn = gpus_per_node
+    gpn = domain_gpus
     edp = max(1, tp * cp * dp // (etp * ep))
     f = tuple(sorted((factors or {}).items()))
     return GroupLinks(

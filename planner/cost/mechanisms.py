@@ -268,7 +268,7 @@ def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
         return Conditions("pipeline_sends", (("devices", f"{a_type} and {b_type}"), ("link", f"across nodes "
                           f"({link.kind})"), schedule), ((BETWEEN_NODES, link.bandwidth_gb_per_s),))
     intra, inter = _node_links(cost, a_type)
-    if g.pp * g.tp * g.cp * a_dp <= cost.gpus_per_node(a_type):
+    if g.pp * g.tp * g.cp * a_dp <= cost.domain_gpus(a_type):
         return Conditions("pipeline_sends", (("devices", a_type), ("link", f"inside a node ({intra.kind})"), schedule))
     return Conditions("pipeline_sends", (("devices", a_type), ("link", f"across nodes ({inter.kind})"), schedule),
                       ((BETWEEN_NODES, inter.bandwidth_gb_per_s),))

@@ -473,17 +473,17 @@ class CostModel:
         return hit
 
     def _links_uncached(self, device_type: str):
-        """(intra-node link, inter-node link, GPUs per node) of a type, with the cluster's overrides."""
+        """(intra-node link, inter-node link, GPUs that share the intra-node link) of a type, with the cluster's
+        overrides: the group's scale-up domain (an NVL72 rack's trays), else its host."""
         try:
             group = self.cluster.group_of(device_type)
         except KeyError:
             if POOL_SEP in device_type:
                 return self._pool_links(device_type)
             dev = self.device(device_type)
-            return dev.intra_node, dev.inter_node, dev.gpus_per_node
+            return dev.intra_node, dev.inter_node, dev.scale_up_domain_gpus or dev.gpus_per_node
         intra, inter = self.profiles.group_links(group)
-        gpn = group.gpus_per_node
-        return intra, inter, gpn
+        return intra, inter, group.domain_gpus
 
     def _pool_links(self, device_type: str):
         """A pooled type (a stage whose DP spans the members' nodes): its limiting member's links, the
@@ -495,7 +495,9 @@ class CostModel:
             inter = inter.model_copy(update={"bandwidth_gb_per_s": slowest.bandwidth_gb_per_s})
         return intra, inter, gpn
 
-    def gpus_per_node(self, device_type: str) -> int:
+    def domain_gpus(self, device_type: str) -> int:
+        """GPUs of a type that share its intra-node link (what every link choice calls a node): one host, or the
+        hosts of a scale-up domain (GB200/GB300 NVL72).  The launcher's hosts are the groups' gpus_per_node."""
         return self._links(device_type)[2]
 
     def group_links(self, device_type: str, *, tp: int, cp: int, dp: int, ep: int, etp: int) -> GroupLinks:
@@ -504,7 +506,7 @@ class CostModel:
         if hit is None:
             intra, inter, gpn = self._links(device_type)
             hit = self._group_link_cache[key] = stage_group_links(
-                intra=intra, inter=inter, gpus_per_node=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
+                intra=intra, inter=inter, domain_gpus=gpn, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp,
                 factors=self.corrections(device_type))
         return hit
 
@@ -552,7 +554,7 @@ class CostModel:
         if a_type != b_type:
             return True
         return pipeline_boundary_crosses_nodes(a_offset_gpus, g.tp * g.cp * a_dp, g.tp * g.cp * b_dp,
-                                               self.gpus_per_node(a_type))
+                                               self.domain_gpus(a_type))
 
     # ---- a stage ----
     def stage_core(

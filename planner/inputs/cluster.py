@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from planner.errors import PlannerInputError
 from planner.inputs.files import load_document, path_kind, require_string_keys
 from planner.profile_tables import ProfileSet
-from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
+from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup, largest_segment
 from planner.schemas.types import MAX_GPUS
 
 FIELD = "--cluster"
@@ -27,7 +27,7 @@ FORMS = (
 _ITEM = re.compile(r"^\s*([^:\s][^:]*?)\s*:\s*(\S+)\s*$")
 _NODES_X_GPUS = re.compile(r"^([0-9]{1,9})[xX*]([0-9]{1,9})$")
 _COUNT = re.compile(r"^[0-9]{1,9}$")
-_GROUP_KEYS = {"device_type", "num_nodes", "gpus_per_node", "num_gpus",
+_GROUP_KEYS = {"device_type", "num_nodes", "gpus_per_node", "num_gpus", "scale_up_domain_gpus",
                "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s", "inter_node_kind"}
 _TOP_KEYS = {"name", "groups", "links"}
 _LINK_KEYS = {"between", "kind", "bandwidth_gb_per_s", "latency_us"}
@@ -76,7 +76,7 @@ def _group_for(device_type: str, count_text: str, profiles: ProfileSet, item: st
         nodes, per_node = int(m.group(1)), int(m.group(2))
         if nodes < 1 or per_node < 1:
             raise PlannerInputError(FIELD, f"{item!r}: NODESxGPUS must both be >= 1")
-        return _node_group(item, device_type=canonical, num_nodes=nodes, gpus_per_node=per_node)
+        return _node_group(item, profiles, device_type=canonical, num_nodes=nodes, gpus_per_node=per_node)
     if not _COUNT.match(count_text) or int(count_text) < 1:
         raise PlannerInputError(
             FIELD, f"{_short(item)!r}: COUNT must be a positive integer (digits 0-9) or NODESxGPUS, e.g. 2x8"
@@ -85,17 +85,31 @@ def _group_for(device_type: str, count_text: str, profiles: ProfileSet, item: st
     if count > MAX_GPUS:
         raise PlannerInputError(FIELD, f"{item!r}: {count} GPUs; the planner handles at most {MAX_GPUS}")
     if count < node_size:
-        return _node_group(item, device_type=canonical, num_nodes=1, gpus_per_node=count)
+        return _node_group(item, profiles, device_type=canonical, num_nodes=1, gpus_per_node=count)
     if count % node_size:
         raise PlannerInputError(
             FIELD,
             f"{item!r}: {count} {canonical} is not a multiple of its {node_size} GPUs per node; "
             f"use a multiple of {node_size}, a count below {node_size} (one partial node), or NODESxGPUS",
         )
-    return _node_group(item, device_type=canonical, num_nodes=count // node_size, gpus_per_node=node_size)
+    return _node_group(item, profiles, device_type=canonical, num_nodes=count // node_size, gpus_per_node=node_size)
 
 
-def _node_group(item: str, **fields: Any) -> NodeGroup:
+def default_domain(profiles: ProfileSet, device_type: str, num_nodes: int, gpus_per_node: int) -> int | None:
+    """The scale-up domain of a group that does not state one: none where the device's intra-node link stops at
+    the host; else (GB200/GB300 NVL72) the hosts Slurm's --segment keeps together as NVIDIA's launcher sizes it
+    (`largest_segment`: all of them up to the rack's, else the largest divisor of the host count up to it)."""
+    domain = profiles.device(device_type).scale_up_domain_gpus
+    if domain is None or domain % gpus_per_node or domain <= gpus_per_node:
+        return None
+    hosts = largest_segment(num_nodes, domain // gpus_per_node)
+    return hosts * gpus_per_node if hosts > 1 else None
+
+
+def _node_group(item: str, profiles: ProfileSet | None = None, **fields: Any) -> NodeGroup:
+    if profiles is not None and fields.get("scale_up_domain_gpus") is None:
+        fields["scale_up_domain_gpus"] = default_domain(profiles, fields["device_type"], fields["num_nodes"],
+                                                        fields["gpus_per_node"])
     try:
         return NodeGroup(**fields)
     except ValidationError as exc:
@@ -191,6 +205,9 @@ def _group_from_row(row: Any, i: int, profiles: ProfileSet, where: str) -> NodeG
         if not _is_int(num_gpus) or not _is_int(gpn) or num_gpus < 1 or gpn < 1 or num_gpus % gpn:
             raise PlannerInputError(FIELD, f"{at}: num_gpus {num_gpus!r} must be a positive multiple of gpus_per_node {gpn!r}")
         body["num_nodes"] = num_gpus // gpn
+    if body.get("scale_up_domain_gpus") is None and _is_int(body.get("num_nodes")) and _is_int(body["gpus_per_node"]):
+        if body["num_nodes"] >= 1 and body["gpus_per_node"] >= 1:
+            body["scale_up_domain_gpus"] = default_domain(profiles, canonical, body["num_nodes"], body["gpus_per_node"])
     try:
         return NodeGroup(device_type=canonical, **body)
     except ValidationError as exc:

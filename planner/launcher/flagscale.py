@@ -40,7 +40,8 @@ from planner.launcher.common import (
 from planner.launcher.quoting import comment_lines
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.launcher.megatron import (
-    _master_port, max_connections, max_connections_notes, self_relative_notes, sourced_files,
+    _master_port, domain_exports, domain_notes, max_connections, max_connections_notes, self_relative_notes,
+    sourced_files,
 )
 from planner.inputs.megatron_flags import fork_flags_in
 from planner.megatron.flags import array_of
@@ -279,11 +280,12 @@ def visible_device_envs(agents: list[Agent], profiles: ProfileSet) -> dict[str, 
 
 
 def experiment_yaml(entry: str, agents: list[Agent], max_connections: int | None,
-                    device_envs: dict[str, dict[str, str]]) -> dict[str, Any]:
+                    device_envs: dict[str, dict[str, str]], exports: dict[str, str] | None = None) -> dict[str, Any]:
     """FlagScale's experiment config: runner, host file and environment."""
     envs: dict[str, Any] = {}
     if max_connections is not None:
         envs["CUDA_DEVICE_MAX_CONNECTIONS"] = max_connections
+    envs.update(exports or {})
     envs["device_type_specific"] = device_envs
     nnodes = len({ag.host for ag in agents})
     nproc = max(sum(a.nproc for a in agents if a.host == ag.host) for ag in agents)
@@ -388,7 +390,8 @@ def flagscale_files(
         ag.node_rank: [FlagItem("--hetero-current-device-type", [host_file_type(ag.device_type)])] for ag in agents
     }
     connections = max_connections(plan, flags.final)
-    notes += max_connections_notes(connections)
+    exports = domain_exports(model, plan, cluster)
+    notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
     spec = LaunchSpec(
         runtime="flagscale",
         entry_script=entry,
@@ -396,6 +399,7 @@ def flagscale_files(
         + [f"FlagScale meshes (TP CP EP DP PP): {[m.numbers() for m in meshes]}"],
         notes=notes,
         max_connections=connections,
+        exports=exports,
         applied=flags.applied,
         decided=flags.decided | {"--hetero-current-device-type"},
         agents=agents,
@@ -423,7 +427,7 @@ def flagscale_files(
         f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
         "flagscale/conf/config.yaml": _dump(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",
-            experiment_yaml(entry, agents, connections, visible_device_envs(agents, profiles)),
+            experiment_yaml(entry, agents, connections, visible_device_envs(agents, profiles), exports),
         ),
         **sourced_files(script),
     }

@@ -78,6 +78,7 @@ class LaunchSpec:
     real_hosts: bool = False  # host names from --hosts (else the template's): SLURM placement is emitted
     refs: list[str] = field(default_factory=list)  # variables the plan's flags refer to (${NAME}): checked set
     log_name: str | None = None  # copy this host's output to HAPMOE_DIR/<log_name>-<host>.log (LaunchOverrides)
+    exports: dict[str, str] = field(default_factory=dict)  # more environment the plan needs (name -> value)
 
 
 def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, NodeCheck]:
@@ -404,6 +405,10 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
     elif spec.max_connections is not None:
         lines.append(f"    export CUDA_DEVICE_MAX_CONNECTIONS={int(spec.max_connections)}"
                      "  # --overlap-moe-expert-parallel-comm needs more than one hardware queue")
+    for name, value in spec.exports.items():
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+            raise ValueError(f"launch.sh exports only environment names, got {name!r}")
+        lines.append(f"    export {name}={sh_quote(value)}")
     return lines
 
 

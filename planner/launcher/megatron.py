@@ -35,7 +35,7 @@ from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_che
 from planner.megatron.layout import split_flags
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.profile_tables import ProfileSet
-from planner.schemas.cluster import ClusterSpec
+from planner.schemas.cluster import ClusterSpec, pool_members
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -83,13 +83,15 @@ def megatron_files(
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
     connections = max_connections(plan, flags.final)
-    notes += max_connections_notes(connections)
+    exports = domain_exports(model, plan, cluster)
+    notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
     spec = LaunchSpec(
         runtime="megatron",
         entry_script=script.entry_script if script is not None else MEGATRON_ENTRY,
         header=plan_header(plan, model, agents),
         notes=notes,
         max_connections=connections,
+        exports=exports,
         applied=flags.applied,
         decided=flags.decided,
         agents=agents,
@@ -135,6 +137,36 @@ def max_connections(plan: Plan, final_flags: list[str]) -> int | None:
     if (plan.tp > 1 or plan.cp > 1) and not {"--use-megatron-fsdp", "--use-torch-fsdp2"} & set(final_flags):
         return 1
     return None
+
+
+HYBRID_EP_DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+"""HybridEP's count of EP ranks that share one NVLink domain (DeepEP hybrid-ep), which NVIDIA's launchers set to the EP
+size inside a GB200/GB300 NVL72 domain and to min(EP, 8) on 8-GPU hosts (Megatron-Bridge scripts/performance/utils/
+overrides.py; Megatron-LM's GB200 functional tests export it)."""
+
+
+def domain_exports(model, plan: Plan, cluster: ClusterSpec) -> dict[str, str]:
+    """Environment a plan needs for NVLink domains beyond one host: HybridEP told how many of its EP ranks share a
+    domain, where the domain (cluster group `domain_gpus`) is wider than a host; nothing elsewhere."""
+    if plan.ep <= 1 or model.moe_token_dispatcher_type != "flex" or model.moe_flex_dispatcher_backend != "hybridep":
+        return {}
+    widths = {cluster.group_of(m).domain_gpus for t in plan.member_types() for m in pool_members(t)
+              if cluster.group_of(m).domain_gpus > cluster.group_of(m).gpus_per_node}
+    return {HYBRID_EP_DOMAIN_ENV: str(min(plan.ep, min(widths)))} if widths else {}
+
+
+def domain_notes(plan: Plan, cluster: ClusterSpec, exports: dict[str, str]) -> list[str]:
+    """What a plan on NVLink domains wider than a host (NVL72) assumes of the placement, and what it exports."""
+    notes = []
+    for t in dict.fromkeys(m for t in plan.member_types() for m in pool_members(t)):
+        g = cluster.group_of(t)
+        if g.domain_gpus > g.gpus_per_node:
+            hosts = g.domain_gpus // g.gpus_per_node
+            notes.append(f"{t}: NVLink domains of {g.domain_gpus} GPUs ({hosts} hosts of {g.gpus_per_node}) are priced "
+                         f"as one node: list each domain's {hosts} hosts one after another (the hostfile's order) and "
+                         f"keep them in one NVL72 rack (Slurm: sbatch --segment={hosts})")
+    notes += [f"{name}={value} is exported: HybridEP's EP ranks per NVLink domain" for name, value in exports.items()]
+    return notes
 
 
 def max_connections_notes(connections: int | None) -> list[str]:

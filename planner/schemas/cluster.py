@@ -26,9 +26,44 @@ class NodeGroup(StrictModel):
         "Adapter); priced with the device's inter-node curves at the group's bandwidth, and told apart by the evidence "
         "(a fabric no calibration run used is unmeasured)")
 
+    scale_up_domain_gpus: int | None = Field(
+        None, gt=0, description="GPUs that share the intra-node link, a multiple of gpus_per_node: an NVLink domain "
+        "of several hosts (GB200/GB300 NVL72 racks: the trays Slurm's --segment keeps together, 4 GPUs each); None: "
+        "one host")
+
+    @model_validator(mode="after")
+    def _check_domain(self) -> "NodeGroup":
+        d = self.scale_up_domain_gpus
+        if d is None:
+            return self
+        if d % self.gpus_per_node:
+            raise ValueError(f"scale_up_domain_gpus {d} must be a multiple of gpus_per_node {self.gpus_per_node}: "
+                             "a domain joins whole hosts")
+        if self.num_gpus > d and self.num_gpus % d:
+            raise ValueError(
+                f"scale_up_domain_gpus {d}: the group's {self.num_gpus} GPUs are not whole domains of {d}; give a "
+                f"domain that divides {self.num_gpus} (the trays of each rack a job uses, as sbatch --segment places "
+                f"them: e.g. {self.num_gpus // self.gpus_per_node} hosts in domains of "
+                f"{largest_segment(self.num_nodes, d // self.gpus_per_node)} hosts)")
+        return self
+
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs that share the intra-node link: the scale-up domain, else the host."""
+        return min(self.scale_up_domain_gpus or self.gpus_per_node, self.num_gpus)
+
+
+def largest_segment(num_nodes: int, max_hosts: int) -> int:
+    """The hosts of one scale-up domain a job of `num_nodes` hosts gets when each domain holds at most `max_hosts`:
+    all of them where they fit, else the largest count up to `max_hosts` that divides `num_nodes` (how NVIDIA's
+    Megatron-Bridge launcher sizes Slurm's --segment on GB200/GB300: scripts/performance/utils/executors.py)."""
+    if num_nodes <= max_hosts:
+        return num_nodes
+    return next(k for k in range(max_hosts, 0, -1) if num_nodes % k == 0)
 
 
 class CrossTypeLink(StrictModel):
@@ -77,7 +112,8 @@ class ClusterSpec(StrictModel):
                 first[g.device_type] = (i, g)
                 continue
             j, f = first[g.device_type]
-            for key in ("gpus_per_node", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
+            for key in ("gpus_per_node", "scale_up_domain_gpus", "intra_node_bandwidth_gb_per_s",
+                        "inter_node_bandwidth_gb_per_s"):
                 if getattr(g, key) != getattr(f, key):
                     raise ValueError(
                         f"groups[{i}].{key}: {g.device_type} is also groups[{j}] with {key} {getattr(f, key)}, here "

@@ -81,7 +81,10 @@ class DeviceProfile(StrictModel):
     )
     hbm_bandwidth_tb_per_s: HbmTBps
     hbm_efficiency: float = Field(gt=0, le=1, description="achieved fraction of HBM bandwidth (STREAM-like)")
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, description="GPUs per host (what one launcher agent starts)")
+    scale_up_domain_gpus: int | None = Field(
+        None, gt=0, description="GPUs the intra-node link joins beyond one host (GB200/GB300 NVL72: 72, four per "
+        "host tray); None: the host's GPUs")
     gemm_efficiency: EfficiencyCurve = Field(description="dense GEMM, size = FLOP per GEMM call")
     attention_efficiency: EfficiencyCurve = Field(description="flash attention fwd+bwd, size = FLOP per call")
     flash_attention_efficiency: EfficiencyCurve | None = Field(
@@ -112,6 +115,9 @@ class DeviceProfile(StrictModel):
         if self.memory_overhead_gib >= self.memory_gib:
             raise ValueError(f"memory_overhead_gib ({self.memory_overhead_gib:g}) must be below memory_gib "
                              f"({self.memory_gib:g})")
+        if self.scale_up_domain_gpus is not None and self.scale_up_domain_gpus % self.gpus_per_node:
+            raise ValueError(f"scale_up_domain_gpus ({self.scale_up_domain_gpus}) must be a multiple of "
+                             f"gpus_per_node ({self.gpus_per_node}): a domain joins whole hosts")
         return self
 
     def peak_flop_per_s(self, precision: str) -> float:

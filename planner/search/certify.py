@@ -96,7 +96,7 @@ def rule_families(cost: CostModel, space: SearchSpace) -> list[RuleFamily]:
     model, training, cluster = cost.model, cost.training, cost.cluster
     gbs, n_layers = training.global_batch_size, model.num_layers
     budget = cluster.gpus_by_type()
-    gpn = {h: cost.gpus_per_node(h) for h in budget}
+    gpn = {h: cost.domain_gpus(h) for h in budget}
     runtime = space.runtime
     common = [
         RuleFamily("heads_tp", ("tp",), lambda tp: rules.tp_allowed(model, tp)),

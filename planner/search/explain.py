@@ -30,7 +30,7 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
             f"no parallel configuration of {model.name} satisfies Megatron's rules on {cluster}",
             ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],
         )
-    gpn = min(cost.gpus_per_node(h) for h in budget)
+    gpn = min(cost.domain_gpus(h) for h in budget)
     tps = [t for t in space.tp if t <= gpn and tp_allowed(model, t) and any(n >= t for n in budget.values())]
     tp = max(tps) if tps else 1
     experts = model.num_experts or 1

@@ -59,7 +59,7 @@ class PriceBook:
         model = cost.model
         self.budget = cost.cluster.gpus_by_type()
         self.types = list(self.budget)
-        self.gpn = {h: cost.gpus_per_node(h) for h in self.types}
+        self.gpn = {h: cost.domain_gpus(h) for h in self.types}
         self.flagscale = space.runtime_spec.per_stage_meshes
         self.n_layers = model.num_layers
         kinds = sorted(set(model.layer_is_moe))

@@ -104,7 +104,7 @@ class Configurations:
         self.cost, self.space, self.builder = cost, space, builder
         model = cost.model
         self.budget = cost.cluster.gpus_by_type()
-        self.gpn = {h: cost.gpus_per_node(h) for h in self.budget}
+        self.gpn = {h: cost.domain_gpus(h) for h in self.budget}
         self.kind_counts = {k: model.layer_is_moe.count(k) for k in (False, True)}
         self.ladder_rank = {r.label: k for k, r in enumerate(recompute_ladder(model, space.recompute, cost.training))}
         self._options: dict = {}

@@ -98,13 +98,15 @@ def shared_pools(cluster: ClusterSpec, profiles, precision: str) -> list[str]:
     """Pooled stage types (planner/schemas/cluster.py POOL_SEP) for the megatron runtime on this cluster:
     pairs of device types that can share one job (ProfileSet.pool: one vendor, both run the precision, the
     member with the least memory also the slowest, so that a stage whose DP spans both runs at its speed
-    and fits in its memory) with equal GPUs per node.  Disjoint pairs, the closest in speed first."""
+    and fits in its memory) with equal GPUs per node and no scale-up domain beyond the host.  Disjoint pairs, the closest in speed first."""
     candidates = []
     types = cluster.device_types
     for i, a in enumerate(types):
         for b in types[i + 1:]:
             pool = profiles.pool(a, b, precision)
-            if pool is None or cluster.group_of(a).gpus_per_node != cluster.group_of(b).gpus_per_node:
+            ga, gb = cluster.group_of(a), cluster.group_of(b)
+            if pool is None or ga.gpus_per_node != gb.gpus_per_node or ga.domain_gpus != ga.gpus_per_node \
+                    or gb.domain_gpus != gb.gpus_per_node:
                 continue
             low, high = (profiles.device(m).peak_flop_per_s(precision) for m in pool_members(pool))
             candidates.append((high / low, pool))
@@ -191,9 +193,9 @@ def expert_degrees(model: ModelSpec, space: SearchSpace, tp: int) -> list[tuple[
             for etp in etps if rules.etp_allowed(model, tp, etp)]
 
 
-def _hosting_types(cluster: ClusterSpec, tp: int, gpus_per_node: dict[str, int]) -> dict[str, int]:
-    """GPUs per device type for the types a TP group fits in (one node)."""
-    return {h: n for h, n in cluster.gpus_by_type().items() if tp <= gpus_per_node[h]}
+def _hosting_types(cluster: ClusterSpec, tp: int, domain_gpus: dict[str, int]) -> dict[str, int]:
+    """GPUs per device type for the types a TP group fits in (one node: the GPUs sharing the intra-node link)."""
+    return {h: n for h, n in cluster.gpus_by_type().items() if tp <= domain_gpus[h]}
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,7 @@ class Shape:
 
 
 def enumerate_shapes(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, gpus_per_node: dict[str, int]
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, domain_gpus: dict[str, int]
 ) -> Iterator[Shape]:
     """Every shape of the space with at least one global choice that keeps the rules and has room
     for its stages."""
@@ -238,7 +240,7 @@ def enumerate_shapes(
     for tp in space.tp:
         if not rules.tp_allowed(model, tp) or not rules.runtime_tp_ok(space.runtime, model, tp):
             continue
-        hosts = _hosting_types(cluster, tp, gpus_per_node)
+        hosts = _hosting_types(cluster, tp, domain_gpus)
         if not hosts:
             continue
         for cp in space.cp:
@@ -273,11 +275,11 @@ def enumerate_shapes(
 
 
 def enumerate_globals(
-    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, gpus_per_node: dict[str, int]
+    model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace, domain_gpus: dict[str, int]
 ) -> Iterator[GlobalChoice]:
     """Every global choice of the space that keeps the rules and has room for its stages (the
     choices of every shape).  Yields in no particular order; the driver orders them by a bound."""
-    for shape in enumerate_shapes(model, training, cluster, space, gpus_per_node):
+    for shape in enumerate_shapes(model, training, cluster, space, domain_gpus):
         yield from shape.choices()
 
 
@@ -350,11 +352,11 @@ def _flagscale_shapes(model, space, hosts, gbs, tp, cp, ep, etp, modes, tied, fl
 
 def stage_options(
     g: GlobalChoice, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, space: SearchSpace,
-    gpus_per_node: dict[str, int],
+    domain_gpus: dict[str, int],
 ) -> list[StageOption]:
     """The options a stage may take under G (stage 0 and the last stage may be narrower: see
     StageTables.first_stage_ok / last_stage_ok)."""
-    hosts = _hosting_types(cluster, g.tp, gpus_per_node)
+    hosts = _hosting_types(cluster, g.tp, domain_gpus)
     out: list[StageOption] = []
     if not g.per_stage_meshes:
         return [StageOption(h, g.dp0, g.recompute) for h, n in hosts.items() if g.stage_gpus <= n]

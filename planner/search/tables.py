@@ -62,7 +62,7 @@ class TableBuilder:
             option_gpus=np.array([g.tp * g.cp * o.dp for o in options], dtype=np.int64),
             types=types, budget=self._budget, min_layer_us=min_layer,
             contiguous_types=self.contiguous_types, deadline=deadline,
-            p2p_near_us=near, gpus_per_node=np.array([cost.gpus_per_node(t) for t in types], dtype=np.int64),
+            p2p_near_us=near, gpus_per_node=np.array([cost.domain_gpus(t) for t in types], dtype=np.int64),
             traffic_us=traffic if traffic.size else None, fwd_us=fwd if fwd.size else None,
             fill_us=fill if fill.size else None,
         )
@@ -229,7 +229,7 @@ def pipeline_links(cost: CostModel, gs: GlobalShape, options: list[StageOption]
     for a, oa in enumerate(options):
         for b, ob in enumerate(options):
             may_stay = oa.device_type == ob.device_type and pipeline_boundary_may_stay_in_node(
-                gs.tp * gs.cp * oa.dp, gs.tp * gs.cp * ob.dp, cost.gpus_per_node(oa.device_type))
+                gs.tp * gs.cp * oa.dp, gs.tp * gs.cp * ob.dp, cost.domain_gpus(oa.device_type))
             for near in (0, 1):
                 parts = cost.p2p_parts(gs, oa.device_type, oa.dp, ob.device_type, ob.dp,
                                        crosses_nodes=not (near and may_stay))

@@ -68,7 +68,7 @@ class Oracle:
         self.cost, self.menus = cost, menus
         self.model, self.training = cost.model, cost.training
         self.budget = cost.cluster.gpus_by_type()
-        self.gpn = {h: cost.gpus_per_node(h) for h in self.budget}
+        self.gpn = {h: cost.domain_gpus(h) for h in self.budget}
         self.n_layers = self.model.num_layers
         self.best: tuple[float, Plan] | None = None
         self.plans = self.fitting = 0
