@@ -19,6 +19,7 @@ from planner.checker import plan_problems
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
+from planner.cost.layer import blackwell_eager_notes
 from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import (
     ImplausiblePredictionError, MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError,
@@ -437,7 +438,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     check_prediction(cost, "the configuration", profiles.user_files)
     notes = (notes + [f"rule {v.rule}: {v.message}" for v in violations]
              + unmodelled_notes(run.passthrough, run.training) + fabric_notes(ranges.nominal, plan)
-             + ep_overlap_notes(ranges.nominal, plan, cost))
+             + blackwell_eager_notes(run.model, run.training, plan) + ep_overlap_notes(ranges.nominal, plan, cost))
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
 

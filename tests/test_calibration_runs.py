@@ -299,7 +299,8 @@ def test_flagperf_rows_are_the_suites_token_throughput_in_seconds():
 
 def test_bridge_summary_held_out_rows_are_the_tables_token_throughput_in_seconds():
     """The held-out rows of Megatron-Bridge's performance summary (v0.4.2's '26.04.01 NeMo Container' pre-training
-    tables, v0.5.1's '26.06 NeMo Container' pre-training and SFT tables):
+    tables, v0.5.1's '26.06 NeMo Container' pre-training and SFT tables, the '26.08 NeMo Container' tables first tagged
+    in v0.6.0):
     the seconds are the table's tokens per GPU per second (quoted in each row's notes, and as its 'Published' figure)
     turned back into time, global batch x sequence / (tokens/GPU/s x GPUs), with the batch, sequence and GPU count of the
     row's own flags and cluster; none of them is a fitted row of that source."""
@@ -309,7 +310,8 @@ def test_bridge_summary_held_out_rows_are_the_tables_token_throughput_in_seconds
     for r in rows:
         assert r["id"] not in fitted, r["id"]
         assert any(tag in r["source"] and container in r["source"]
-                   for tag, container in (("v0.4.2", "26.04.01"), ("v0.5.1", "26.06 NeMo Container"))), r["id"]
+                   for tag, container in (("v0.4.2", "26.04.01"), ("v0.5.1", "26.06 NeMo Container"),
+                                          ("v0.6.0", "26.08 NeMo Container"))), r["id"]
         assert float(r["value"]) == pytest.approx(_token_throughput_seconds(r), abs=1e-3), r["id"]
         published = re.search(r"Published (\d+) tok/s/GPU", r["notes"]).group(1)
         assert re.search(rf"/ \({published} x \d+\) =", r["notes"]), r["id"]

@@ -608,3 +608,30 @@ def test_alltoall_across_efa_nodes_note_quotes_what_aws_training_measured_agains
               "--micro-batch-size 1 --global-batch-size 64 --expert-model-parallel-size 8 --bf16 "
               "--moe-token-dispatcher-type alltoall")
     assert not [n for n in estimate(load_inputs(megatron_args=inside, cluster="p5-h100-64")).notes if "over EFA" in n]
+
+
+def test_blackwell_eager_moe_note_quotes_nvidias_runs_against_this_model():
+    """The note on MoE on Blackwell without full-iteration CUDA graphs quotes NVIDIA's held-out Megatron-Bridge rows
+    against this planner's own estimate: re-priced here, each row's measured over predicted time lies in the range
+    quoted for its kind (eager, or one full-iteration graph), the ranges are tight (they move when the model does),
+    and only the eager rows get the note."""
+    from planner.calibration.runs import load_unfitted_runs
+    from planner.cost.layer import BLACKWELL_EAGER_MOE_RATIO, BLACKWELL_GRAPHED_MOE_RATIO
+
+    rows = [r for r in load_unfitted_runs() if r["id"].split("-")[0] in {"B200", "B300", "GB200", "GB300"}
+            and "-aws-" not in r["id"] and "--num-experts" in r["megatron_args"]]
+    ratios: dict[bool, list[float]] = {True: [], False: []}
+    for r in rows:
+        est = estimate(load_inputs(megatron_args=r["megatron_args"], cluster=r["cluster"]))
+        graphed = "--cuda-graph-impl full_iteration" in r["megatron_args"]
+        lo, hi = BLACKWELL_GRAPHED_MOE_RATIO if graphed else BLACKWELL_EAGER_MOE_RATIO
+        ratio = float(r["value"]) / est.cost.iteration_time_s
+        assert lo <= ratio <= hi, (r["id"], ratio)
+        notes = [n for n in est.notes if n.startswith("MoE on ") and "full-iteration CUDA graphs" in n]
+        assert len(notes) == (0 if graphed else 1), r["id"]
+        if notes:
+            assert f"{lo:.2f}-{hi:.2f}x on B200 and B300" in notes[0]
+        ratios[graphed].append(ratio)
+    assert len(ratios[True]) >= 9 and len(ratios[False]) >= 10
+    for graphed, (lo, hi) in ((True, BLACKWELL_GRAPHED_MOE_RATIO), (False, BLACKWELL_EAGER_MOE_RATIO)):
+        assert min(ratios[graphed]) < lo + 0.02 and max(ratios[graphed]) > hi - 0.02, (graphed, ratios[graphed])

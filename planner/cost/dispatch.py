@@ -362,7 +362,7 @@ def _flex_comm_s(model: ModelSpec, links: LinkChoice, local_tokens: float, ep: i
     return total
 
 
-EFA_FLEX_RATIO = (1.06, 1.49)
+EFA_FLEX_RATIO = (1.06, 1.61)
 """The range of measured over predicted iteration time of AWS's DeepSeek-V3 training on 256 p6-b300 with UCCL-EP's
 DeepEP drop-in across EFA nodes (micro-batch 1; micro-batch 4; micro-batch 4 with EP overlap and VPP 2): what
 EFA_FLEX_NOTE quotes (a test re-prices the three cells and checks the quote)."""
@@ -378,7 +378,7 @@ EFA_FLEX_NOTE = (
     "RESULTS.md). Which dispatcher wins over EFA depends on the GPU and the micro-batch: measure a short trial of "
     "both (solve --out writes one)")
 """What the estimate of a flex (DeepEP/HybridEP) dispatch across EFA nodes does not price (`fabric_notes`)."""
-EFA_ALLTOALL_RATIO = {4: (1.18, 1.98), 1: (0.94, 1.14)}
+EFA_ALLTOALL_RATIO = {4: (1.21, 2.12), 1: (0.94, 1.14)}
 """Per micro-batch size, the range of measured over predicted iteration time of AWS's training rows with NCCL's
 all-to-all across EFA nodes (held-out rows of planner/calibration/published/unfitted_runs.csv, `python -m
 planner.calibration.report`): what EFA_ALLTOALL_NOTE quotes (a test re-prices the rows and checks the quote)."""

@@ -20,6 +20,7 @@ from planner.cost.dispatch import DispatchCost, moe_dispatch
 from planner.cost.flops import LayerFlops, layer_flops, windowed_attn_core_flop
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.memory import ActivationModules, activation_bytes_per_token, attention_transient_bytes
+from planner.schemas.cluster import POOL_SEP
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
@@ -332,9 +333,9 @@ def _windowed_share(x: _LayerInputs) -> float:
     NVIDIA/cudnn-frontend@3929da2 benchmark/sdpa_benchmark_training/results/gpt_oss (cuDNN 9.22, BF16, 128 heads of 64,
     batch 2, window 128, top-left causal) runs in time linear in the sequence, forward 0.109, 0.210, 0.414, 0.822 ms
     at 2k, 4k, 8k, 16k tokens on GB200.  The band is priced at the device's `windowed_attention_efficiency` (that
-    benchmark's figures, profiles/published/) where it has one, else at its attention efficiency for the (smaller)
-    call: for that benchmark's 4k call (the shape of a gpt-oss layer at 4 x 4096 tokens: 256 heads x batch of 64)
-    0.48 ms forward + backward on B300's table against 0.644 ms measured on GB300 (0.202 + 0.442), and on B200's
+    benchmark's figures, profiles/published/: B200, B300, GB200 and GB300 have one) where it has one, else at its
+    attention efficiency for the (smaller) call: for that benchmark's 4k call (the shape of a gpt-oss layer at 4 x 4096 tokens: 256 heads x batch of 64)
+    0.48 ms forward + backward on B300's datasheet table against 0.644 ms measured on GB300 (0.202 + 0.442), and on B200's
     0.48 ms against GB200's 0.675; on H100's table 1.11 ms for a 1024-token window against 1.40 ms measured on H200
     (results/h200_919_only_cudnn/gpt_oss: cuDNN 9.19, 64 heads of 64 in 8 groups, batch 2, 4k).  The mean share over the model's layers prices every layer alike (a stage's
     layers alternate as the model's do, to within one layer); under context parallelism, with unfused attention
@@ -370,6 +371,32 @@ GEMMs, which a kernel may or may not hide behind them.  Measured:
 Other accelerators (AMD, Ascend, Gaudi) take the flash or fused row by their --attention-backend: an assumption, no
 table found."""
 BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
+
+BLACKWELL_EAGER_MOE_RATIO = (1.09, 1.61)
+"""The range of measured over predicted iteration time of NVIDIA's held-out MoE runs on Blackwell without full-iteration
+CUDA graphs (Megatron-Bridge's performance summary, 26.04.01 and 26.06 containers, B200 and B300 over NVLink and
+InfiniBand: planner/calibration/published/unfitted_runs.csv, `python -m planner.calibration.report`): what
+BLACKWELL_EAGER_MOE_NOTE quotes (a test re-prices the rows and checks the quote)."""
+BLACKWELL_GRAPHED_MOE_RATIO = (0.92, 1.15)
+"""The same for its held-out MoE runs on Blackwell with them (26.06 and 26.08 containers, B300, GB200, GB300)."""
+BLACKWELL_EAGER_MOE_NOTE = (
+    "MoE on {devices} without full-iteration CUDA graphs (--cuda-graph-impl full_iteration) is priced at the "
+    "kernels' published rates (cuDNN's fused attention on GB200/GB300; profiles/published/), which NVIDIA's newest "
+    "runs reach: its Megatron-Bridge 26.06 and 26.08 MoE runs with full-iteration graphs and Transformer Engine's "
+    "fused grouped MLP measured {glo:.2f}-{ghi:.2f}x this planner's estimate on B300, GB200 and GB300, but its 26.04.01 and "
+    "26.06 runs without them measured {lo:.2f}-{hi:.2f}x on B200 and B300 (the eager MoE path's time beyond its "
+    "kernels, no profile published: planner/calibration/published/README.md 'Blackwell attention'); expect this "
+    "plan to run up to that much slower, or measure a short trial (solve --out writes one)")
+"""What the estimate of an eager (not fully graphed) MoE step on Blackwell does not price (`blackwell_eager_notes`)."""
+
+
+def blackwell_eager_notes(model, training, plan) -> list[str]:
+    """The note on a MoE plan with a stage on Blackwell whose step is not one full-iteration CUDA graph."""
+    devices = sorted({m for s in plan.stages for m in s.device_type.split(POOL_SEP)} & BLACKWELL_DEVICES)
+    if not model.is_moe or not devices or training.cuda_graph_impl == "full_iteration":
+        return []
+    (lo, hi), (glo, ghi) = BLACKWELL_EAGER_MOE_RATIO, BLACKWELL_GRAPHED_MOE_RATIO
+    return [BLACKWELL_EAGER_MOE_NOTE.format(devices="/".join(devices), lo=lo, hi=hi, glo=glo, ghi=ghi)]
 
 
 def attention_dropout_slowdown(device_name: str, flash: bool) -> dict[str, float]:

@@ -17,6 +17,7 @@ from typing import Any
 from planner.cost.mechanisms import BY_NAME
 from planner.cost.model import PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
+from planner.cost.layer import blackwell_eager_notes
 from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -251,6 +252,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "notes": list(r.notes) + [f"{i.count} {i.device_type} GPUs stay idle: {i.why}" for i in outcome.idle]
         + unmodelled_notes(outcome.run.passthrough, outcome.run.training)
         + (fabric_notes(outcome.range_model.nominal, outcome.plans[0]) if outcome.range_model is not None else [])
+        + blackwell_eager_notes(outcome.run.model, outcome.run.training, outcome.plans[0])
         + (ep_overlap_notes(outcome.range_model.nominal, outcome.plans[0], cost)
            if outcome.range_model is not None else []),
     }
