@@ -372,7 +372,7 @@ Other accelerators (AMD, Ascend, Gaudi) take the flash or fused row by their --a
 table found."""
 BLACKWELL_DEVICES = frozenset({"B200", "B300", "GB200", "GB300"})
 
-BLACKWELL_EAGER_MOE_RATIO = (1.09, 1.61)
+BLACKWELL_EAGER_MOE_RATIO = (1.09, 1.74)
 """The range of measured over predicted iteration time of NVIDIA's held-out MoE runs on Blackwell without full-iteration
 CUDA graphs (Megatron-Bridge's performance summary, 26.04.01 and 26.06 containers, B200 and B300 over NVLink and
 InfiniBand: planner/calibration/published/unfitted_runs.csv, `python -m planner.calibration.report`): what
