@@ -1,5 +1,5 @@
 """Scenario suite: on small real cases (dense and MoE, one to three device types, up to 32 GPUs,
-megatron and flagscale runtimes) brute force, HS-DP and CP-SAT agree on every configuration's
+megatron and flagscale runtimes, one with NVLink domains of several hosts) brute force, HS-DP and CP-SAT agree on every configuration's
 optimum over the shared integer tables; with load-balance pruning on, HS-DP and CP-SAT agree and
 the gap to the true optimum is printed."""
 
@@ -29,6 +29,9 @@ CASES = [
     ("dense-1type", "llama3-8b", 12, None, "H800:16", "megatron", 3),
     ("dense-flagscale", "llama2-7b", 8, None, "H800:8,A100:8,910B:8", "flagscale", 4),
     ("moe-flagscale", "mixtral-s", 8, None, "H800:8,MI300X:8", "flagscale", 3),
+    # an NVLink domain wider than a host (GB200: trays of 4, all 16 in one domain): pipeline boundaries inside it
+    # stay on NVLink although they cross hosts, in every backend's positional prices alike
+    ("moe-nvl-domain", "mixtral-s", 8, None, "GB200:16,H100:8", "megatron", 4),
 ]
 
 
