@@ -710,3 +710,22 @@ def test_hybridep_is_told_its_nvlink_domain(cluster, ep, exported):
     assert slots == {"slots=4" if cluster.startswith("GB200") else "slots=8"}
     if exported is not None:
         assert "sbatch --segment=16" in files["launch.sh"]
+
+
+@pytest.mark.parametrize("cluster,exported", [("GB200:16", False), ("B200:16", False), ("H100:16", True),
+                                              ("B200:8,H100:8", True)])
+def test_max_connections_1_only_where_megatron_asks_for_it(cluster, exported):
+    """TP > 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell only (Megatron's validate_args checks it for
+    get_device_arch_version() < 10): a plan whose GPUs are all Blackwell leaves it unset, one with any older GPU
+    exports it."""
+    from helpers.cases import flags_cost_model
+
+    flags = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings "
+             "1024 --vocab-size 32000 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 1 "
+             "--global-batch-size 64 --bf16")
+    if "," in cluster:
+        flags += " --pipeline-model-parallel-size 2"
+    run, plan, cm = flags_cost_model(flags, cluster)
+    assert len({s.device_type for s in plan.stages}) == cluster.count(",") + 1
+    launch = render_launch_files(run, plan, cm.cluster)["launch.sh"]
+    assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch) == exported

@@ -28,6 +28,7 @@ from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_mega
 from planner.launcher import render_launch_files
 from planner.megatron.flags import FORK_VALUES, REMOVED_FLAGS
 
+from helpers.cases import flags_cost_model
 from helpers.corpus import CORPUS, NAMES, solved
 from helpers.hf_configs import GPT_OSS_120B
 from helpers.launch import args_of, dense_plan, ep_overlap_launch, hf_config_launch
@@ -70,6 +71,12 @@ PIPELINE_SPLITS = [((4, 4, 4, 4), 1), ((3, 5, 5, 5), 1), ((5, 5, 5, 2), 1), ((3,
                    ((6, 4, 5, 7), 1), ((8, 0, 8), 1), ((7, 6, 5, 4), 3), ((4, 4), 2)]
 EP_OVERLAP_CASES = [(2, True), (1, True), (2, False)]
 """(TP, --overlap-moe-expert-parallel-comm) of the launches whose CUDA_DEVICE_MAX_CONNECTIONS test_launcher.py checks."""
+ARCH_CASES = {"GB200:16": 10, "B200:16": 10, "H100:16": 9}
+"""TP 2 launches on Blackwell and Hopper, judged at the GPUs' own compute capability: launch.sh exports
+CUDA_DEVICE_MAX_CONNECTIONS=1 on Hopper only (test_launcher.py), and Megatron asks it there only."""
+TP2_FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings "
+             "1024 --vocab-size 32000 --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 1 "
+             "--global-batch-size 64 --bf16")
 
 
 def _concrete(argv: list[str]) -> list[str]:
@@ -147,6 +154,13 @@ def results() -> dict[str, dict]:
     argv, _ = _upstream_only(args_of(files))
     cases.append({"name": "hf/gpt-oss-120b", "argv": _concrete(argv), "world_size": world,
                   "env": _exported_text(files["launch.sh"])})
+    for cluster, arch in ARCH_CASES.items():
+        run, plan, cm = flags_cost_model(TP2_FLAGS, cluster)
+        files = render_launch_files(run, plan, cm.cluster)
+        cases.append({"name": f"arch/{cluster}", "argv": _concrete(args_of(files)), "world_size": plan.world_size,
+                      "env": _exported_text(files["launch.sh"]), "arch": arch})
+        if arch >= 10:  # the same launch judged as if on Hopper: refused for the unset variable
+            cases.append({**cases[-1], "name": f"arch/{cluster}/as-hopper", "arch": 9})
     for name, (argv, world) in CONTROLS.items():
         cases.append({"name": f"control/{name}", "argv": argv, "world_size": world,
                       "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
@@ -165,6 +179,18 @@ def test_ep_overlap_launches_pass_megatrons_validator(tp, overlap):
     overlap (32 with it, also at TP 2, where Megatron only warns; 1 without it, which it requires at TP 2)."""
     r = results()[f"ep-overlap/tp{tp}/{overlap}"]
     assert r["ok"], r["error"]
+
+
+@pytest.mark.parametrize("cluster", list(ARCH_CASES))
+def test_tp_launches_set_max_connections_as_megatron_asks_on_each_architecture(cluster):
+    """Megatron accepts a TP 2 launch at its GPUs' own compute capability (Blackwell: no CUDA_DEVICE_MAX_CONNECTIONS
+    exported, none asked; Hopper: 1 exported, 1 asked); the Blackwell launch judged as Hopper is refused, so the
+    check can fail."""
+    r = results()[f"arch/{cluster}"]
+    assert r["ok"], r["error"]
+    if ARCH_CASES[cluster] >= 10:
+        hopper = results()[f"arch/{cluster}/as-hopper"]
+        assert not hopper["ok"] and "CUDA_DEVICE_MAX_CONNECTIONS" in hopper["error"], hopper
 
 
 def test_gpt_oss_from_its_config_launches_with_its_windows_and_clamp_and_megatron_accepts_them():

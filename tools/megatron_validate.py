@@ -2,14 +2,14 @@
 
 Runs with the Python of the validator environment (`.ci/megatron_env.sh` builds it and prints its
 path); the tests (tests/test_megatron_validator.py) call it as a subprocess.  Reads a JSON list of
-cases on stdin, each {"name", "argv", "world_size", "env"} (env: what the launcher exports), and prints a JSON list of
-{"name", "ok", "error"} on stdout.
+cases on stdin, each {"name", "argv", "world_size", "env"} (env: what the launcher exports; optional "arch": the GPUs'
+compute capability major, 9 by default, 10 for Blackwell), and prints a JSON list of {"name", "ok", "error"} on stdout.
 
 For each case, as reference/megatron.md section 5 describes: WORLD_SIZE/RANK set, then
 `parse_args()`, `validate_args()`, `core_transformer_config_from_args()` (the TransformerConfig
 and ModelParallelConfig checks), the micro-batch calculator, and `initialize_model_parallel()` on
 a fake process group (the expert-folding rules that only process-group setup checks).  Two CUDA
-queries are patched for CPU (compute capability 9.0); `--no-rope-fusion` and
+queries are patched for CPU (compute capability 9.0, or the case's "arch"); `--no-rope-fusion` and
 `--transformer-impl local` are appended because Transformer Engine is not installed.
 """
 
@@ -96,6 +96,9 @@ def main() -> None:
             setattr(moe_utils, name, lambda *a, **k: None)
     def check(case: dict, out: dict) -> None:
         world = int(case["world_size"])
+        arch = int(case.get("arch", 9))  # validate_args asks some things of GPUs before Blackwell (arch < 10) only
+        torch.cuda.get_device_capability = lambda *a, **k: (arch, 0)
+        arguments.get_device_arch_version = lambda: arch
         os.environ.update({"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0"})
         os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
         os.environ.update(case.get("env", {}))  # what the launcher exports

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from planner.cost.layer import BLACKWELL_DEVICES
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
@@ -131,10 +132,15 @@ def max_connections(plan: Plan, final_flags: list[str]) -> int | None:
     model prices cannot happen.  Else 1 with TP or CP > 1, which Megatron requires on Hopper and earlier
     (arguments.py asserts it), except under Megatron-FSDP or Torch-FSDP2, which refuse it ("FSDP requires
     CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset", "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than
-    one": validate_args)."""
+    one": validate_args), and where every GPU of the plan is a Blackwell part, where validate_args asks nothing
+    ("CUDA_DEVICE_MAX_CONNECTIONS requirement no longer exists since the Blackwell architecture": the check runs for
+    get_device_arch_version() < 10 only) and the cost model prices TP overlap as running without it
+    (planner/cost/model.py `tp_overlap_runs`)."""
     if "--overlap-moe-expert-parallel-comm" in final_flags:
         return EP_OVERLAP_MAX_CONNECTIONS
-    if (plan.tp > 1 or plan.cp > 1) and not {"--use-megatron-fsdp", "--use-torch-fsdp2"} & set(final_flags):
+    blackwell_only = all(m in BLACKWELL_DEVICES for t in plan.member_types() for m in pool_members(t))
+    if (plan.tp > 1 or plan.cp > 1) and not {"--use-megatron-fsdp", "--use-torch-fsdp2"} & set(final_flags) \
+            and not blackwell_only:
         return 1
     return None
 
