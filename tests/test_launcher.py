@@ -692,9 +692,10 @@ def test_srun_places_tasks_in_stage_order_with_real_hosts(tmp_path):
 
 @pytest.mark.parametrize("cluster,ep,exported", [("GB200:64", 64, "64"), ("GB200:64", 8, "8"), ("B200:64", 64, None)])
 def test_hybridep_is_told_its_nvlink_domain(cluster, ep, exported):
-    """HybridEP with EP across the 4-GPU trays of an NVL72 domain is launched with its EP ranks per domain
-    (min(EP, domain), as NVIDIA's launchers set NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN); on 8-GPU hosts nothing
-    is exported; the hostfile's hosts are the trays (4 slots each) whatever the domain."""
+    """HybridEP with EP across the 4-GPU trays of an NVL72 domain is launched with the topology NVIDIA's launcher
+    sets (Megatron-Bridge scripts/performance/utils/utils.py): its EP ranks per domain (min(EP, domain)), the rack's
+    72-GPU domain and multi-node NVLink on; on 8-GPU hosts nothing is exported (HybridEP's defaults are theirs); the
+    hostfile's hosts are the trays (4 slots each) whatever the domain."""
     from helpers.cases import flags_cost_model
 
     flags = ("--num-layers 4 --hidden-size 1024 --ffn-hidden-size 2048 --num-attention-heads 8 --seq-length 1024 "
@@ -703,9 +704,11 @@ def test_hybridep_is_told_its_nvlink_domain(cluster, ep, exported):
              f"--expert-model-parallel-size {ep} --micro-batch-size 1 --global-batch-size 128 --bf16")
     run, plan, cm = flags_cost_model(flags, cluster)
     files = render_launch_files(run, plan, cm.cluster)
-    line = f"export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={exported}"
-    assert (line in files["launch.sh"]) == (exported is not None)
-    assert ("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN" in files["launch.sh"]) == (exported is not None)
+    lines = [f"export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={exported}", "export NVLINK_DOMAIN_SIZE=72",
+             "export USE_MNNVL=1"]
+    assert all((line in files["launch.sh"]) == (exported is not None) for line in lines)
+    for name in ("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "NVLINK_DOMAIN_SIZE", "USE_MNNVL"):
+        assert (name in files["launch.sh"]) == (exported is not None)
     slots = {ln.split()[1] for ln in files["hostfile"].splitlines() if not ln.startswith("#")}
     assert slots == {"slots=4" if cluster.startswith("GB200") else "slots=8"}
     if exported is not None:

@@ -390,7 +390,7 @@ def flagscale_files(
         ag.node_rank: [FlagItem("--hetero-current-device-type", [host_file_type(ag.device_type)])] for ag in agents
     }
     connections = max_connections(plan, flags.final)
-    exports = domain_exports(model, plan, cluster)
+    exports = domain_exports(model, plan, cluster, profiles)
     notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
     spec = LaunchSpec(
         runtime="flagscale",

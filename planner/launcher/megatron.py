@@ -84,7 +84,7 @@ def megatron_files(
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
     connections = max_connections(plan, flags.final)
-    exports = domain_exports(model, plan, cluster)
+    exports = domain_exports(model, plan, cluster, profiles)
     notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
     spec = LaunchSpec(
         runtime="megatron",
@@ -146,19 +146,25 @@ def max_connections(plan: Plan, final_flags: list[str]) -> int | None:
 
 
 HYBRID_EP_DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
-"""HybridEP's count of EP ranks that share one NVLink domain (DeepEP hybrid-ep), which NVIDIA's launchers set to the EP
-size inside a GB200/GB300 NVL72 domain and to min(EP, 8) on 8-GPU hosts (Megatron-Bridge scripts/performance/utils/
-overrides.py; Megatron-LM's GB200 functional tests export it)."""
+"""HybridEP's topology (DeepEP hybrid-ep): the EP ranks that share one NVLink domain, the domain's size and whether it
+spans hosts (multi-node NVLink).  NVIDIA's launcher sets the three for GB200/GB300 NVL72 to the EP size (at most 72),
+72 and 1, and on 8-GPU hosts to min(EP, 8), 8 and 0 (Megatron-Bridge scripts/performance/utils/utils.py at 4ab94dfad3,
+the HybridEP topology step; Megatron-LM's GB200 functional tests export the same)."""
 
 
-def domain_exports(model, plan: Plan, cluster: ClusterSpec) -> dict[str, str]:
-    """Environment a plan needs for NVLink domains beyond one host: HybridEP told how many of its EP ranks share a
-    domain, where the domain (cluster group `domain_gpus`) is wider than a host; nothing elsewhere."""
+def domain_exports(model, plan: Plan, cluster: ClusterSpec, profiles: ProfileSet) -> dict[str, str]:
+    """Environment a plan needs for NVLink domains beyond one host: HybridEP's topology (HYBRID_EP_DOMAIN_ENV), where
+    the domain (cluster group `domain_gpus`) is wider than a host; nothing elsewhere (HybridEP's defaults are an
+    8-GPU host's)."""
     if plan.ep <= 1 or model.moe_token_dispatcher_type != "flex" or model.moe_flex_dispatcher_backend != "hybridep":
         return {}
-    widths = {cluster.group_of(m).domain_gpus for t in plan.member_types() for m in pool_members(t)
-              if cluster.group_of(m).domain_gpus > cluster.group_of(m).gpus_per_node}
-    return {HYBRID_EP_DOMAIN_ENV: str(min(plan.ep, min(widths)))} if widths else {}
+    wide = [m for t in plan.member_types() for m in pool_members(t)
+            if cluster.group_of(m).domain_gpus > cluster.group_of(m).gpus_per_node]
+    if not wide:
+        return {}
+    ranks = min(plan.ep, *(cluster.group_of(m).domain_gpus for m in wide))
+    rack = min(profiles.device(m).scale_up_domain_gpus or cluster.group_of(m).domain_gpus for m in wide)
+    return {HYBRID_EP_DOMAIN_ENV: str(ranks), "NVLINK_DOMAIN_SIZE": str(rack), "USE_MNNVL": "1"}
 
 
 def domain_notes(plan: Plan, cluster: ClusterSpec, exports: dict[str, str]) -> list[str]:
@@ -171,7 +177,9 @@ def domain_notes(plan: Plan, cluster: ClusterSpec, exports: dict[str, str]) -> l
             notes.append(f"{t}: NVLink domains of {g.domain_gpus} GPUs ({hosts} hosts of {g.gpus_per_node}) are priced "
                          f"as one node: list each domain's {hosts} hosts one after another (the hostfile's order) and "
                          f"keep them in one NVL72 rack (Slurm: sbatch --segment={hosts})")
-    notes += [f"{name}={value} is exported: HybridEP's EP ranks per NVLink domain" for name, value in exports.items()]
+    if exports:
+        notes.append(", ".join(f"{k}={v}" for k, v in exports.items()) + " are exported: HybridEP's topology on an "
+                     "NVLink domain that spans hosts, as NVIDIA's launcher sets it")
     return notes
 
 
