@@ -74,6 +74,21 @@ def test_build_profile_from_synthetic_results():
     assert all(pt.efficiency == pytest.approx(2.0 / prof.intra_node.bandwidth_gb_per_s, rel=0.05) for pt in p2p)
 
 
+@pytest.mark.parametrize("device,domain", [("GB200", 72), ("B200", None)])
+def test_a_measured_tray_keeps_its_racks_nvlink_domain(device, domain):
+    """A profile measured on one host of a shipped device keeps what one host cannot measure from the shipped
+    profile: the NVLink domain beyond the host (GB200: 72 GPUs over trays of 4), as it keeps the inter-node link."""
+    from planner.profile_tables import ProfileSet
+
+    ref = ProfileSet.load().device(device)
+    k = [KernelResult("gemm", "a", 1.0, flop=2e12, flop_per_call=2e12), KernelResult("copy", "c", 1.0, bytes_moved=4e9),
+         KernelResult("attention_fwd_bwd", "att", 1.0, flop=0.4e12, flop_per_call=0.4e12)]
+    prof = build_device_profile(name=device, vendor="NVIDIA", memory_gib=180, memory_overhead_gib=1.0,
+                                gpus_per_node=ref.gpus_per_node, dtype="bf16", kernels=k, collectives=[],
+                                source="unit test", link_kind="nvlink", reference=ref)
+    assert prof.scale_up_domain_gpus == domain and prof.inter_node == ref.inter_node
+
+
 def test_profile_without_torch_exits_2(monkeypatch):
     """Without torch the command exits 2 and names the extra to install."""
     import cli

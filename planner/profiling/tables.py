@@ -132,13 +132,21 @@ def link_profile(samples: list[CollectiveSample], kind: str, reference_gb_per_s:
     )
 
 
+def _reference_domain(reference: DeviceProfile | None, gpus_per_node: int) -> int | None:
+    """The shipped profile's NVLink domain beyond the host, where the measured host is the shipped one's size."""
+    if reference is None or reference.scale_up_domain_gpus is None or reference.gpus_per_node != gpus_per_node:
+        return None
+    return reference.scale_up_domain_gpus
+
+
 def build_device_profile(
     *, name: str, vendor: str, memory_gib: float, memory_overhead_gib: float, gpus_per_node: int, dtype: str,
     kernels: list[KernelResult], collectives: list[CollectiveSample], source: str, link_kind: str,
     reference: DeviceProfile | None = None, progress: Callable[[str], None] = lambda _m: None,
 ) -> DeviceProfile:
     """Assemble the measured DeviceProfile; `reference` (a shipped profile of the same device)
-    supplies datasheet peaks and the inter-node link, which one host cannot measure."""
+    supplies datasheet peaks, the inter-node link and the NVLink domain beyond the host (GB200/GB300 NVL72), which
+    one host cannot measure."""
     if reference is not None and dtype in reference.peak_tflops:
         peak = reference.peak_tflops[dtype] * 1e12
         peak_note = f"efficiency = achieved / datasheet peak {reference.peak_tflops[dtype]} TFLOP/s ({dtype})"
@@ -177,7 +185,7 @@ def build_device_profile(
         name=name, aliases=(), vendor=vendor, memory_gib=round(memory_gib, 3),
         memory_overhead_gib=round(memory_overhead_gib, 3), peak_tflops=peaks,
         hbm_bandwidth_tb_per_s=round(hbm_tb_per_s, 6), hbm_efficiency=round(hbm_eff, 4), gpus_per_node=gpus_per_node,
-        gemm_efficiency=gemm, attention_efficiency=attention, grouped_gemm_efficiency=grouped,
+        scale_up_domain_gpus=_reference_domain(reference, gpus_per_node), gemm_efficiency=gemm, attention_efficiency=attention, grouped_gemm_efficiency=grouped,
         intra_node=intra, inter_node=inter,
         datasheet=Provenance(kind="measured", source=src + f"; memory: {hbm_note}"),
     )
