@@ -20,7 +20,6 @@ from planner.cost.dispatch import DispatchCost, moe_dispatch
 from planner.cost.flops import LayerFlops, layer_flops, windowed_attn_core_flop
 from planner.cost.kernels import ATTENTION_BWD_OVER_FWD, ELEMENTWISE_BWD_OVER_FWD, GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.memory import ActivationModules, activation_bytes_per_token, attention_transient_bytes
-from planner.schemas.cluster import POOL_SEP
 from planner.schemas.model import ModelSpec
 from planner.schemas.training import TrainingSpec
 
@@ -392,7 +391,7 @@ BLACKWELL_EAGER_MOE_NOTE = (
 
 def blackwell_eager_notes(model, training, plan) -> list[str]:
     """The note on a MoE plan with a stage on Blackwell whose step is not one full-iteration CUDA graph."""
-    devices = sorted({m for s in plan.stages for m in s.device_type.split(POOL_SEP)} & BLACKWELL_DEVICES)
+    devices = sorted(set(plan.member_types()) & BLACKWELL_DEVICES)
     if not model.is_moe or not devices or training.cuda_graph_impl == "full_iteration":
         return []
     (lo, hi), (glo, ghi) = BLACKWELL_EAGER_MOE_RATIO, BLACKWELL_GRAPHED_MOE_RATIO

@@ -36,7 +36,7 @@ from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_che
 from planner.megatron.layout import split_flags
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.profile_tables import ProfileSet
-from planner.schemas.cluster import ClusterSpec, pool_members
+from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -138,7 +138,7 @@ def max_connections(plan: Plan, final_flags: list[str]) -> int | None:
     (planner/cost/model.py `tp_overlap_runs`)."""
     if "--overlap-moe-expert-parallel-comm" in final_flags:
         return EP_OVERLAP_MAX_CONNECTIONS
-    blackwell_only = all(m in BLACKWELL_DEVICES for t in plan.member_types() for m in pool_members(t))
+    blackwell_only = all(t in BLACKWELL_DEVICES for t in plan.member_types())
     if (plan.tp > 1 or plan.cp > 1) and not {"--use-megatron-fsdp", "--use-torch-fsdp2"} & set(final_flags) \
             and not blackwell_only:
         return 1
@@ -158,8 +158,7 @@ def domain_exports(model, plan: Plan, cluster: ClusterSpec, profiles: ProfileSet
     8-GPU host's)."""
     if plan.ep <= 1 or model.moe_token_dispatcher_type != "flex" or model.moe_flex_dispatcher_backend != "hybridep":
         return {}
-    wide = [m for t in plan.member_types() for m in pool_members(t)
-            if cluster.group_of(m).domain_gpus > cluster.group_of(m).gpus_per_node]
+    wide = [t for t in plan.member_types() if cluster.group_of(t).domain_gpus > cluster.group_of(t).gpus_per_node]
     if not wide:
         return {}
     ranks = min(plan.ep, *(cluster.group_of(m).domain_gpus for m in wide))
@@ -170,7 +169,7 @@ def domain_exports(model, plan: Plan, cluster: ClusterSpec, profiles: ProfileSet
 def domain_notes(plan: Plan, cluster: ClusterSpec, exports: dict[str, str]) -> list[str]:
     """What a plan on NVLink domains wider than a host (NVL72) assumes of the placement, and what it exports."""
     notes = []
-    for t in dict.fromkeys(m for t in plan.member_types() for m in pool_members(t)):
+    for t in plan.member_types():
         g = cluster.group_of(t)
         if g.domain_gpus > g.gpus_per_node:
             hosts = g.domain_gpus // g.gpus_per_node
