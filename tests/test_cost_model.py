@@ -414,3 +414,28 @@ def test_an_nvl72_domain_is_one_node_for_every_link(profiles):
     offsets = type_offsets([("GB200", 32)] * 8)
     crossing = [pipeline_boundary_crosses_nodes(offsets[i], 32, 32, gb.domain_gpus("GB200")) for i in range(7)]
     assert crossing == [False, True, False, True, False, True, False]
+
+
+def test_conditions_name_an_nvlink_domain_beyond_the_host(profiles):
+    """The evidence's words tell an EP group across the trays of one NVL72 domain from one inside an 8-GPU host:
+    "inside an NVLink domain" / "across NVLink domains" on GB200, "inside a node" / "across nodes" on B200."""
+    from planner.cost.mechanisms import node_words, stage_conditions
+    from planner.cost.model import GlobalShape
+    from planner.schemas.plan import Recompute
+
+    flags = f"{MOE} --expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 256"
+    _, _, gb = flags_cost_model(flags, "GB200:256")
+    _, _, b2 = flags_cost_model(flags, "B200:256")
+    assert node_words(gb, "GB200") == ("an NVLink domain", "NVLink domains")
+    assert node_words(b2, "B200") == ("a node", "nodes")
+
+    def ep_words(cost, device_type, ep):
+        g = GlobalShape(tp=1, cp=1, ep=ep, etp=1, vpp=1, mbs=1, gbs=256, dp0=ep, pp=256 // ep,
+                        sequence_parallel=False)
+        cond = stage_conditions(cost, g, device_type, dp=ep, recompute=Recompute())
+        return dict(cond["expert_dispatch"].key)["ep"]
+
+    assert ep_words(gb, "GB200", 64).startswith("inside an NVLink domain (")
+    assert ep_words(gb, "GB200", 128).startswith("across NVLink domains (")
+    assert ep_words(b2, "B200", 8).startswith("inside a node (")
+    assert ep_words(b2, "B200", 64).startswith("across nodes (")

@@ -172,17 +172,28 @@ def _node_links(cost, device_type: str):
         return dev.intra_node, dev.inter_node
 
 
-def _placement(link) -> str:
-    return f"inside a node ({link.intra.kind})" if link.inter is None else f"across nodes ({link.inter.kind})"
+def node_words(cost, device_type: str) -> tuple[str, str]:
+    """What the words call a node for a device type: ("a node", "nodes") for one host, ("an NVLink domain",
+    "NVLink domains") where the intra-node link spans hosts (GB200/GB300 NVL72 trays).  An EP group across four
+    trays of one rack is not an 8-GPU host, and no calibration run measured one, so its conditions read apart."""
+    try:
+        host = cost.cluster.group_of(device_type).gpus_per_node
+    except KeyError:
+        return "a node", "nodes"
+    return ("an NVLink domain", "NVLink domains") if cost.domain_gpus(device_type) > host else ("a node", "nodes")
 
 
-def _tp_words(model, tp: int, link) -> str:
+def _placement(link, node: tuple[str, str] = ("a node", "nodes")) -> str:
+    return f"inside {node[0]} ({link.intra.kind})" if link.inter is None else f"across {node[1]} ({link.inter.kind})"
+
+
+def _tp_words(model, tp: int, link, node: tuple[str, str]) -> str:
     """TP's placement, and the QKV all-gather that fewer KV groups than TP ranks add (a mechanism of its own: no
     calibration run had it, so such plans read it as unmeasured)."""
     if tp <= 1:
         return "none"
-    return _placement(link) + (", with the QKV all-gather of fewer KV groups than TP ranks"
-                               if gathers_qkv(model, tp) else "")
+    return _placement(link, node) + (", with the QKV all-gather of fewer KV groups than TP ranks"
+                                     if gathers_qkv(model, tp) else "")
 
 
 def _between_nodes(*links) -> tuple[tuple[str, float], ...]:
@@ -234,6 +245,7 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
     fam = ("device", device_family(device_type))
     dev = ("device", device_type)
     links = cost.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp)
+    node = node_words(cost, device_type)
     precision = ("precision", precision_recipe(tr))
     routed = ("routing", routing_words(cost))
     sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
@@ -247,10 +259,10 @@ def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -
         Conditions("expert_gemm", (fam, precision, routed),
                    (("tokens_per_expert", per_expert), ("local_experts", float(experts)))),
         Conditions("memory_bound", (fam,)),
-        Conditions("expert_dispatch", (("dispatcher", dispatcher_words(model)), ("ep", _placement(links.ep)), dev,
+        Conditions("expert_dispatch", (("dispatcher", dispatcher_words(model)), ("ep", _placement(links.ep, node)), dev,
                                        routed), _between_nodes(links.ep)),
-        Conditions("collectives", (("tp", _tp_words(model, g.tp, links.tp)),
-                                   ("dp", _placement(links.dp) if g.cp * dp > 1 else "none"), dev),
+        Conditions("collectives", (("tp", _tp_words(model, g.tp, links.tp, node)),
+                                   ("dp", _placement(links.dp, node) if g.cp * dp > 1 else "none"), dev),
                    _between_nodes(*([links.tp] if g.tp > 1 else []), *([links.dp] if g.cp * dp > 1 else []))),
         Conditions("host", (fam,)),
         Conditions("recompute", (("recompute", recompute.granularity),)),
@@ -268,9 +280,10 @@ def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
         return Conditions("pipeline_sends", (("devices", f"{a_type} and {b_type}"), ("link", f"across nodes "
                           f"({link.kind})"), schedule), ((BETWEEN_NODES, link.bandwidth_gb_per_s),))
     intra, inter = _node_links(cost, a_type)
+    inside, across = node_words(cost, a_type)
     if g.pp * g.tp * g.cp * a_dp <= cost.domain_gpus(a_type):
-        return Conditions("pipeline_sends", (("devices", a_type), ("link", f"inside a node ({intra.kind})"), schedule))
-    return Conditions("pipeline_sends", (("devices", a_type), ("link", f"across nodes ({inter.kind})"), schedule),
+        return Conditions("pipeline_sends", (("devices", a_type), ("link", f"inside {inside} ({intra.kind})"), schedule))
+    return Conditions("pipeline_sends", (("devices", a_type), ("link", f"across {across} ({inter.kind})"), schedule),
                       ((BETWEEN_NODES, inter.bandwidth_gb_per_s),))
 
 
