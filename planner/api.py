@@ -24,7 +24,7 @@ from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import (
     ImplausiblePredictionError, MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError,
 )
-from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption
+from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run, script_override_flags
@@ -438,7 +438,8 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     check_prediction(cost, "the configuration", profiles.user_files)
     notes = (notes + [f"rule {v.rule}: {v.message}" for v in violations]
              + unmodelled_notes(run.passthrough, run.training) + fabric_notes(ranges.nominal, plan)
-             + blackwell_eager_notes(run.model, run.training, plan) + ep_overlap_notes(ranges.nominal, plan, cost))
+             + blackwell_eager_notes(run.model, run.training, plan) + ep_overlap_notes(ranges.nominal, plan, cost)
+             + measured_imbalance_notes(run, cluster, profiles))
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
 

@@ -732,3 +732,32 @@ def test_max_connections_1_only_where_megatron_asks_for_it(cluster, exported):
     assert len({s.device_type for s in plan.stages}) == cluster.count(",") + 1
     launch = render_launch_files(run, plan, cm.cluster)["launch.sh"]
     assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch) == exported
+
+
+# --------------------------------------------------------------------------------------------
+# The allocator setting the memory estimate assumed
+# --------------------------------------------------------------------------------------------
+def test_the_assumed_allocator_is_set_only_where_nothing_sets_one():
+    """An input that states no allocator setting is priced with expandable segments: launch.sh then sets
+    PYTORCH_CUDA_ALLOC_CONF, but only where the environment sets neither allocator variable (run here in bash);
+    an input script that states its own gets nothing from the planner."""
+    import subprocess
+
+    run, plan, cluster, script = case("dense_megatron")
+    assert run.training.expandable_segments is None
+    text = render_launch_files(run, plan, cluster, script)["launch.sh"]
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "PYTORCH_ALLOC_CONF:-}" in line)
+    block = "\n".join(lines[start:start + 3]) + '\necho "${PYTORCH_CUDA_ALLOC_CONF:-unset}"'
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+
+    def after(extra: dict[str, str]) -> str:
+        return subprocess.run(["bash", "-c", block], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert after({}) == "expandable_segments:True"
+    assert after({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == "max_split_size_mb:512"
+    assert after({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == "unset"
+    stated = run.model_copy(update={"training": run.training.model_copy(update={"expandable_segments": False})})
+    text = render_launch_files(stated, plan, cluster, script)["launch.sh"]
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in text

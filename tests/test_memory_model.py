@@ -248,6 +248,7 @@ def test_allocator_settings_are_read_from_the_script(tmp_path, line, expected):
     script.write_text(f"#!/bin/bash\n{line}\ntorchrun --nproc-per-node 8 pretrain_gpt.py {GPT}\n")
     run = resolve_run(megatron_script=str(script))
     assert run.training.expandable_segments is expected
+    assert ("allocator" in {a.name for a in run.assumed}) is (expected is None)  # listed as assumed when unstated
     prefixed = tmp_path / "prefixed.sh"
     prefixed.write_text(f"#!/bin/bash\nPYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc-per-node 8 "
                         f"pretrain_gpt.py {GPT}\n")

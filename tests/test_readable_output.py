@@ -269,13 +269,15 @@ def test_preset_assumptions_are_listed_with_their_flags():
     base = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4", "--json"]
     d = json.loads(invoke(base).stdout)
     assumed = {a["name"]: a for a in d["assumed"]}
-    assert set(assumed) == {"global batch size", "sequence length", "dropout", "token dispatcher", "MoE imbalance"}
+    assert set(assumed) == {"global batch size", "sequence length", "dropout", "token dispatcher", "MoE imbalance",
+                            "allocator"}
+    assert assumed["allocator"]["flag"] == "PYTORCH_CUDA_ALLOC_CONF"
     assert assumed["dropout"]["value"] == "0.1/0.1" and "training" in assumed["dropout"]["flag"]
     assert assumed["global batch size"]["flag"] == "--gbs" and assumed["global batch size"]["value"] == d["plan"]["gbs"]
     assert assumed["MoE imbalance"]["flag"] == "--moe-imbalance"
     assert assumed["token dispatcher"]["value"] == "alltoall"
     d2 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048", "--moe-imbalance", "2.0"]).stdout)
-    assert {a["name"] for a in d2["assumed"]} == {"token dispatcher", "dropout"}
+    assert {a["name"] for a in d2["assumed"]} == {"token dispatcher", "dropout", "allocator"}
     d3 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048"]).stdout)
     assert sum(s["ep_comm_s"] for s in d2["stages"]) > sum(s["ep_comm_s"] for s in d3["stages"])
     for bad in ("0.5", "nan", "inf"):
@@ -294,11 +296,11 @@ def test_flag_and_hf_assumptions(tmp_path):
     assert "sequence length" not in names and "vocabulary" not in names
     stated = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
                                 "--global-batch-size 64", "--cluster", "H800:16", "--json"]).stdout)
-    assert {a["name"] for a in stated["assumed"]} == {"MoE imbalance", "dropout"}
+    assert {a["name"] for a in stated["assumed"]} == {"MoE imbalance", "dropout", "allocator"}
     both = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
                               "--global-batch-size 64 --attention-dropout 0.0 --hidden-dropout 0.0",
                               "--cluster", "H800:16", "--json"]).stdout)
-    assert {a["name"] for a in both["assumed"]} == {"MoE imbalance"}  # both stated: nothing assumed about dropout
+    assert {a["name"] for a in both["assumed"]} == {"MoE imbalance", "allocator"}  # nothing assumed about dropout
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({
         "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 1024,
@@ -306,7 +308,7 @@ def test_flag_and_hf_assumptions(tmp_path):
         "vocab_size": 32000, "max_position_embeddings": 4096, "num_local_experts": 4, "num_experts_per_tok": 2}))
     h = json.loads(invoke(["estimate", "--model", str(cfg), "--cluster", "H800:8", "--json"]).stdout)
     assert {a["name"] for a in h["assumed"]} == {"global batch size", "sequence length", "dropout",
-                                                "token dispatcher", "MoE imbalance"}
+                                                "token dispatcher", "MoE imbalance", "allocator"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -369,5 +371,8 @@ def test_own_calibration_states_the_imbalance(tmp_path):
     args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--json"]
     mine = json.loads(invoke(args + ["--profiles", str(tmp_path)]).stdout)
     assert "MoE imbalance" not in {a["name"] for a in mine["assumed"]}
+    # but the output names the value used and where it came from (--moe-imbalance's promise)
+    named = [n for n in mine["notes"] if n.startswith("MoE imbalance ") and "your router statistics" in n]
+    assert len(named) == 1 and "max/mean tokens per expert 1.3" in named[0], mine["notes"]
     shipped = json.loads(invoke(args).stdout)
     assert "MoE imbalance" in {a["name"] for a in shipped["assumed"]}

@@ -15,6 +15,9 @@ What counts as assumed, by source:
 * a model YAML of your own: the global batch when its training block has none;
 * dropout, unless the source states both --attention-dropout and --hidden-dropout (or the model file's training
   block both fields): Megatron's default 0.1, which the launcher keeps and the cost model prices;
+* the allocator (expandable segments), unless the input script's environment sets PYTORCH_CUDA_ALLOC_CONF (or
+  PYTORCH_ALLOC_CONF): the reserved memory is priced with it, and the written launch.sh sets it where the
+  environment sets none;
 * every MoE model: the router imbalance, unless --moe-imbalance, forced balancing (or padding
   to a capacity factor) or the user's own calibration (`--profiles DIR`) gives it; the shipped
   calibration, fitted on published runs, is still an assumption about the user's router.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from planner.cost.memory import EXPANDABLE_SEGMENTS_ASSUMED
 from planner.cost.model import CostModel
 from planner.schemas.parallel import Assumption, MegatronRun
 
@@ -75,6 +79,13 @@ def input_assumptions(
         out.append(Assumption(name="vocabulary", value=model.vocab_size, flag="--vocab-size", source=where))
     if "attention_dropout" not in stated_training or "hidden_dropout" not in stated_training:
         out.append(_dropout_assumption(run, source, where))
+    if training.expandable_segments is None and EXPANDABLE_SEGMENTS_ASSUMED:
+        out.append(Assumption(
+            name="allocator", value="expandable_segments:True", flag="PYTORCH_CUDA_ALLOC_CONF",
+            source=f"{where if source != 'flags' else 'no allocator variable in the input'}: the reserved memory is "
+                   "priced with expandable segments, as NVIDIA's Megatron-Bridge launch templates set them (torch's "
+                   "default is off, which reserves more); the written launch.sh sets it where the environment sets "
+                   "none; export it in a --megatron-script to state yours"))
     if model.is_moe:
         if source in ("preset", "hf-config"):
             out.append(Assumption(name="token dispatcher", value=model.moe_token_dispatcher_type,
@@ -105,22 +116,51 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
     (`user_profiles`).  The value printed is the one the run's own plan gets (its EP size and tokens per micro-batch);
     other plans get their own (planner/cost/dispatch.py `Routing.imbalance`).  The shipped calibration (published
     runs) is an assumption about your router."""
-    model, training = run.model, run.training
-    if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
-        return run
+    model = run.model
     if user_profiles and profiles.moe_imbalance_factor() is not None:
-        return run  # the user's own router statistics state it
-    routing = CostModel(model, training, cluster, profiles).routing
-    if routing.regime not in ("dropless", "capacity"):
+        return run  # the user's own router statistics state it (measured_imbalance_note)
+    real = _real_routing(run, cluster, profiles)
+    if real is None:
         return run
-    par = run.parallel
-    sp = par.tp if par.tp > 1 and par.sequence_parallel else 1
-    ep = par.ep if par.ep > 1 else 8
-    value = routing.imbalance(ep, training.micro_batch_size * model.seq_length / par.cp / sp)
+    routing, ep, value = real
     notes = [routing.assumed] if routing.assumed else []
     source = (f"real routing at EP {ep}, {model.num_experts // ep} experts per rank: {routing.source}"
               + (f", clipped at --moe-expert-capacity-factor {model.moe_expert_capacity_factor:g}"
                  if model.moe_expert_capacity_factor is not None else ""))
+    if value < 1.0:
+        notes.append("below 1: the capacity drops tokens, and the busiest rank computes less than the balanced load")
     source = "; ".join([source] + notes)
     extra = Assumption(name="MoE imbalance", value=round(value, 4), flag=IMBALANCE_FLAG, source=source)
     return run.model_copy(update={"assumed": tuple(run.assumed) + (extra,)})
+
+
+def _real_routing(run: MegatronRun, cluster, profiles):
+    """(routing, EP size, the busiest rank's load over the mean) of the run's own plan under real routing (its EP
+    size, else 8; its tokens per micro-batch), or None where nothing is left to assume: a dense model,
+    --moe-imbalance, forced balancing or padding to capacity."""
+    model, training = run.model, run.training
+    if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
+        return None
+    routing = CostModel(model, training, cluster, profiles).routing
+    if routing.regime not in ("dropless", "capacity"):
+        return None
+    par = run.parallel
+    sp = par.tp if par.tp > 1 and par.sequence_parallel else 1
+    ep = par.ep if par.ep > 1 else 8
+    return routing, ep, routing.imbalance(ep, training.micro_batch_size * model.seq_length / par.cp / sp)
+
+
+def measured_imbalance_notes(run: MegatronRun, cluster, profiles) -> list[str]:
+    """The MoE imbalance the user's own router statistics (--profiles, `calibrate --router-stats`) give the run:
+    not an assumption, but a value the output names with where it came from, as --moe-imbalance promises (the
+    shipped corrections hold none: a calibrated imbalance comes from a --profiles directory)."""
+    if not profiles.user_files or profiles.moe_imbalance_factor() is None:
+        return []
+    real = _real_routing(run, cluster, profiles)
+    if real is None:
+        return []
+    routing, ep, value = real
+    return [f"MoE imbalance {value:.4g} (the busiest EP rank's tokens over the mean, at EP {ep}; other plans get "
+            f"their own) from your router statistics in --profiles: {routing.source}"
+            + (f", clipped at --moe-expert-capacity-factor {run.model.moe_expert_capacity_factor:g}"
+               if run.model.moe_expert_capacity_factor is not None else "")]

@@ -40,8 +40,8 @@ from planner.launcher.common import (
 from planner.launcher.quoting import comment_lines
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.launcher.megatron import (
-    _master_port, domain_exports, domain_notes, max_connections, max_connections_notes, self_relative_notes,
-    sourced_files,
+    _master_port, allocator_default, allocator_notes, domain_exports, domain_notes, max_connections,
+    max_connections_notes, self_relative_notes, sourced_files,
 )
 from planner.inputs.megatron_flags import fork_flags_in
 from planner.megatron.flags import array_of
@@ -392,6 +392,8 @@ def flagscale_files(
     connections = max_connections(plan, flags.final)
     exports = domain_exports(model, plan, cluster, profiles)
     notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
+    allocator = allocator_default(run.training)
+    notes += allocator_notes(allocator, conditional=False)
     spec = LaunchSpec(
         runtime="flagscale",
         entry_script=entry,
@@ -427,7 +429,8 @@ def flagscale_files(
         f"flagscale/conf/train/{TRAIN_CONFIG_NAME}.yaml": _dump(header, train),
         "flagscale/conf/config.yaml": _dump(
             header + "\nRun: python run.py --config-path <this dir> --config-name config",
-            experiment_yaml(entry, agents, connections, visible_device_envs(agents, profiles), exports),
+            experiment_yaml(entry, agents, connections, visible_device_envs(agents, profiles),
+                            {**exports, **({"PYTORCH_CUDA_ALLOC_CONF": allocator} if allocator else {})}),
         ),
         **sourced_files(script),
     }

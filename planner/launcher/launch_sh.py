@@ -79,6 +79,7 @@ class LaunchSpec:
     refs: list[str] = field(default_factory=list)  # variables the plan's flags refer to (${NAME}): checked set
     log_name: str | None = None  # copy this host's output to HAPMOE_DIR/<log_name>-<host>.log (LaunchOverrides)
     exports: dict[str, str] = field(default_factory=dict)  # more environment the plan needs (name -> value)
+    allocator_default: str | None = None  # PYTORCH_CUDA_ALLOC_CONF when the environment sets none (allocator_env)
 
 
 def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, NodeCheck]:
@@ -409,6 +410,14 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
             raise ValueError(f"launch.sh exports only environment names, got {name!r}")
         lines.append(f"    export {name}={sh_quote(value)}")
+    if spec.allocator_default is not None:
+        lines += [
+            "    # the allocator setting the memory estimate assumed (the input states none): kept if the environment",
+            "    # sets one",
+            '    if [[ -z "${PYTORCH_ALLOC_CONF:-}${PYTORCH_CUDA_ALLOC_CONF:-}" ]]; then',
+            f"        export PYTORCH_CUDA_ALLOC_CONF={sh_quote(spec.allocator_default)}",
+            "    fi",
+        ]
     return lines
 
 

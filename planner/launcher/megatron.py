@@ -12,6 +12,7 @@ import re
 from typing import Sequence
 
 from planner.cost.layer import BLACKWELL_DEVICES
+from planner.cost.memory import EXPANDABLE_SEGMENTS_ASSUMED
 from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.script import LauncherScript
@@ -86,6 +87,8 @@ def megatron_files(
     connections = max_connections(plan, flags.final)
     exports = domain_exports(model, plan, cluster, profiles)
     notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
+    allocator = allocator_default(run.training)
+    notes += allocator_notes(allocator, conditional=True)
     spec = LaunchSpec(
         runtime="megatron",
         entry_script=script.entry_script if script is not None else MEGATRON_ENTRY,
@@ -93,6 +96,7 @@ def megatron_files(
         notes=notes,
         max_connections=connections,
         exports=exports,
+        allocator_default=allocator,
         applied=flags.applied,
         decided=flags.decided,
         agents=agents,
@@ -192,6 +196,26 @@ def max_connections_notes(connections: int | None) -> list[str]:
             "than one hardware queue (Megatron's MoE README); with TP or CP > 1 on Hopper or earlier Megatron warns "
             "that their communication then loses its launch order (--tp-comm-overlap is priced as hiding nothing "
             "there: planner/cost/model.py `tp_overlap_runs`)"]
+
+
+def allocator_default(training) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF the launch sets where the input states no allocator setting: the one the memory
+    estimate assumed (planner/cost/memory.py EXPANDABLE_SEGMENTS_ASSUMED), so that the plan runs as it was priced.
+    None where the input's script states one (its environment is kept as it is)."""
+    if training.expandable_segments is not None or not EXPANDABLE_SEGMENTS_ASSUMED:
+        return None
+    return "expandable_segments:True"
+
+
+def allocator_notes(value: str | None, *, conditional: bool) -> list[str]:
+    """What the launch's allocator setting is for, in the output's words."""
+    if value is None:
+        return []
+    where = ("where the environment sets neither PYTORCH_ALLOC_CONF nor PYTORCH_CUDA_ALLOC_CONF" if conditional
+             else "(the input states none; it replaces the environment's)")
+    return [f"PYTORCH_CUDA_ALLOC_CONF={value} is exported {where}: the reserved memory was priced with expandable "
+            "segments (torch's default is off, which reserves more); state the allocator setting in the input "
+            "script to price and keep yours"]
 
 
 def self_relative_notes(script: LauncherScript | None) -> list[str]:

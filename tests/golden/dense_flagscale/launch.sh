@@ -14,6 +14,7 @@
 # note: --tokenizer-type NullTokenizer added: the run names no data or tokenizer; replace it for a real run
 # note: FlagScale heterogeneous meshes runs A100 (NVIDIA) and MI300X (AMD) in one job with FlagCX (--distributed-backend flagcx); needs FlagCX >= 0.5 with its PyTorch plug-in on every node, the same PyTorch version everywhere
 # note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
+# note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is exported (the input states none; it replaces the environment's): the reserved memory was priced with expandable segments (torch's default is off, which reserves more); state the allocator setting in the input script to price and keep yours
 # ---- hapmoe: the plan, applied where the script launches training ----
 HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi

@@ -13,6 +13,7 @@
 # note: --mock-data added: the run names no data or tokenizer; replace it for a real run
 # note: --tokenizer-type NullTokenizer added: the run names no data or tokenizer; replace it for a real run
 # note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
+# note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is exported where the environment sets neither PYTORCH_ALLOC_CONF nor PYTORCH_CUDA_ALLOC_CONF: the reserved memory was priced with expandable segments (torch's default is off, which reserves more); state the allocator setting in the input script to price and keep yours
 # ---- hapmoe: the plan, applied where the script launches training ----
 HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
@@ -142,6 +143,11 @@ hapmoe_launch() {
     done
     local entry_word=${words[entry]}
     export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    # the allocator setting the memory estimate assumed (the input states none): kept if the environment
+    # sets one
+    if [[ -z "${PYTORCH_ALLOC_CONF:-}${PYTORCH_CUDA_ALLOC_CONF:-}" ]]; then
+        export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    fi
     local i
     if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
