@@ -128,3 +128,20 @@ def test_a_pooled_second_search_says_how_the_time_limit_was_split():
     assert bounds and all(b >= a for a, b in zip(bounds, bounds[1:]))
     assert seen[-1].phase == "done" and seen[-1].total == res.configs_total
     assert seen[-1].done == seen[-1].total if res.certified_optimal else seen[-1].done <= seen[-1].total
+
+
+def _parts(res) -> int:
+    return (res.configs_solved + res.configs_bounded + res.configs_infeasible + res.configs_pruned_memory
+            + res.configs_pruned_cp + res.configs_unsearched)
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "hsdp"])
+def test_configurations_a_time_limit_left_open_are_not_called_bounded_out(small, backend):
+    """The counts add up to the configurations in all.  A search cut short by its time limit counts what it never
+    closed as not searched, not as bounded out (it proved nothing about them); a complete search leaves none."""
+    whole = search(small, SPACE, SearchSettings(backend=backend, time_limit_s=120))
+    assert whole.certified_optimal and whole.configs_unsearched == 0 and _parts(whole) == whole.configs_total
+    big = reduced_cost_model("mixtral-l", 8, "H100:64", 256)
+    cut = search(big, SPACE, SearchSettings(backend=backend, time_limit_s=4))
+    assert not cut.certified_optimal and cut.configs_unsearched > 0
+    assert _parts(cut) == cut.configs_total

@@ -192,7 +192,8 @@ def search_json(result, settings) -> dict[str, Any]:
                     "configs_pruned_memory": result.configs_pruned_memory,
                     "configs_pruned_cp_min_seq": result.configs_pruned_cp},
         "configs": {"total": result.configs_total, "solved": result.configs_solved,
-                    "bounded": result.configs_bounded, "infeasible": result.configs_infeasible},
+                    "bounded": result.configs_bounded, "infeasible": result.configs_infeasible,
+                    "unsearched": result.configs_unsearched},
         "quantisation_s": result.quantisation_s,
         "cpsat": result.cpsat,
         "time_split": result.time_split,
@@ -237,6 +238,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "configs_total": r.configs_total,
         "configs_solved": r.configs_solved,
         "configs_bounded": r.configs_bounded,
+        "configs_unsearched": r.configs_unsearched,
         "configs_infeasible": r.configs_infeasible,
         "configs_pruned_memory": r.configs_pruned_memory,
         "pruning": settings.pruning.to_json(),
@@ -693,7 +695,9 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None) 
     _say(console, f"  {bound_text(payload)}; searched for {payload['search_time_s']:.1f} s")
     _say(console, f"  configurations: {payload['configs_total']} in all, {payload['configs_solved']} solved, "
          f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
-         f"{payload['configs_pruned_memory']} memory-pruned")
+         f"{payload['configs_pruned_memory']} memory-pruned"
+         + (f", {payload['configs_unsearched']} not searched (time limit)" if payload.get("configs_unsearched")
+            else ""))
     sj = payload.get("search", {})
     cs = sj.get("cpsat")
     if cs:
@@ -824,7 +828,9 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         + (f"{payload['lower_bound_s']:.3f} s" if payload["lower_bound_s"] is not None else "unknown")
         + (f" (gap {gap * 100:.2f}%)" if gap is not None else "")
         + f", {payload['configs_solved']} solved / {payload['configs_bounded']} bounded / "
-        f"{payload['configs_total']} total",
+        + (f"{payload['configs_unsearched']} not searched (time limit) / " if payload.get("configs_unsearched")
+           else "")
+        + f"{payload['configs_total']} total",
         "",
         "## Stages",
         "",

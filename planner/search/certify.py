@@ -746,13 +746,15 @@ class BendersSearch:
         memory = sum(1 for s in self.settled if s.kind == "least_recompute")
         cp = self._cp_pruned_configs()
         total = self.stats["configs_total"]
+        open_ = 0 if proven else max(0, total - self._closed())  # left open by the time limit, not bounded out
         self._finish_stats(best[0], searched_us, proven)
         if self.timed_out and not proven:
             self.notes.append(f"time limit {self.settings.time_limit_s:g} s reached after {solved} stage solve(s) "
                               f"and {self.stats['master_solves']} pipeline-block solve(s)")
         return SearchResult(
             best=best, costs=costs, configs_total=total, configs_solved=solved,
-            configs_bounded=max(0, total - solved - infeasible - memory - cp), configs_infeasible=infeasible,
+            configs_bounded=max(0, total - open_ - solved - infeasible - memory - cp), configs_infeasible=infeasible,
+            configs_unsearched=open_,
             configs_pruned_memory=memory, lower_bound_s=None if whole_us is None else min(cap, whole_us * 1e-6),
             certified_optimal=proven and not self.pruning.restricts, search_time_s=time.perf_counter() - self.t0,
             backend="cpsat", notes=self.notes, pruning=self.pruning, pruned_space_optimal=proven,

@@ -106,6 +106,8 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
     return SearchResult(
         best=best, costs=costs, configs_total=scr.total, configs_solved=scr.solved, configs_bounded=scr.bounded,
         configs_infeasible=scr.infeasible, configs_pruned_memory=scr.pruned_memory, lower_bound_s=whole_lb,
+        configs_unsearched=0 if pruned_optimal else max(0, scr.total - scr.solved - scr.bounded - scr.infeasible
+                                                        - scr.pruned_memory - scr.pruned_cp),
         certified_optimal=certified, search_time_s=time.perf_counter() - t0, backend=settings.backend,
         notes=scr.notes, pruning=scr.pruning,
         pruned_space_optimal=pruned_optimal, pruned_lower_bound_s=pruned_lb, configs_pruned_cp=scr.pruned_cp,

@@ -130,6 +130,7 @@ class SearchResult:
     pruned_space_optimal: bool = False
     pruned_lower_bound_s: float | None = None  # valid for the pruned space
     configs_pruned_cp: int = 0
+    configs_unsearched: int = 0  # configurations a time limit left open: neither solved nor bounded out
     timed_out: bool = False
     quantisation_s: float = 0.0  # most the best plan's float cost exceeds its table objective
     cpsat: dict | None = None  # the CP-SAT master's statistics (--backend cpsat)
