@@ -184,6 +184,7 @@ class SolveOutcome:
     choice: RuntimeChoice | None = None  # the runtime and the part of the cluster its job runs on
     profiles: ProfileSet | None = None  # what priced it: vendors and node probes for the launcher
     hosts: tuple[Host, ...] | None = None  # --hosts: the real nodes the launcher places the stages on
+    space: SearchSpace | None = None  # what the search covered (its certificate says nothing beyond it)
 
     @property
     def objective_s(self) -> float:
@@ -262,7 +263,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
                         idle=idle_gpus(plans[0], cluster, result, choice.left_out, space, objective), choice=choice,
                         profiles=profiles,
                         ranges=[ranges.time_range(p, c) for p, c in zip(plans, costs)], objective=objective,
-                        memory_headroom=cost.memory_headroom, range_model=ranges)
+                        memory_headroom=cost.memory_headroom, range_model=ranges, space=space)
 
 
 def _grouped_by_type(cost: CostModel, result: SearchResult, plans: list[Plan], costs: list[PlanCost]):

@@ -118,7 +118,30 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
         pool = [o for o in pool if o[0] is not plan]
         trials.append(Trial(f"candidate-{len(trials) - fixed + 1}", "candidate", plan, cost,
                             ranges.time_range(plan, cost), why))
+    trials = [_beyond_the_search(outcome, t) for t in trials]
     return trials, "; ".join(reasons)
+
+
+def _beyond_the_search(outcome, trial: Trial) -> Trial:
+    """A candidate predicted better than the pick on the searched objective lies outside the space the search
+    covered (its certificate, OPTIMAL included, says nothing beyond it): its `why` says so, and for a micro-batch
+    the search did not try, how to search it."""
+    if trial.role != "candidate":
+        return trial
+    pick = outcome.ranges[0]
+    pessimistic = outcome.objective == "pessimistic"
+    mine, theirs = ((trial.time_range.high_s, pick.high_s) if pessimistic
+                    else (trial.cost.iteration_time_s, outcome.costs[0].iteration_time_s))
+    if mine >= theirs:
+        return trial
+    what = "the top of its range" if pessimistic else "its time"
+    extra = (f"; {what} ({mine:.3f} s) is below the pick's ({theirs:.3f} s): it lies outside the space the search "
+             "covered, whose certificate says nothing beyond it")
+    space = getattr(outcome, "space", None)
+    if space is not None and trial.plan.mbs not in space.mbs:
+        extra += (f" (micro-batch {trial.plan.mbs}; the search tried {', '.join(map(str, space.mbs))}: "
+                  f"`solve --mbs {trial.plan.mbs}` searches it)")
+    return Trial(trial.name, trial.role, trial.plan, trial.cost, trial.time_range, trial.why + extra)
 
 
 def _mechanism_shares(cost: PlanCost) -> dict[str, float]:

@@ -227,3 +227,24 @@ def test_calibrate_trials_refuses_what_it_cannot_read(tmp_path, solved):
         res = RUNNER.invoke(main, ["calibrate", *args, "--out", str(tmp_path / "calib")])
         assert res.exit_code == 2 and "--trials" in res.output and why in res.output, res.output
         assert "Traceback" not in res.output and not (tmp_path / "calib").exists()
+
+
+def test_a_candidate_beyond_the_searched_space_says_so():
+    """The pick at twice its micro-batch (8) lies outside the micro-batch sizes the search tries (1, 2, 4): where
+    such a candidate is predicted better than the pick on the searched objective (the top of its range), its
+    trial says that the certificate covers the searched space only, and how to search that size; a candidate
+    predicted worse says nothing of the kind."""
+    flags = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+             "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 50304")
+    r = RUNNER.invoke(main, ["solve", "--megatron-args", flags, "--cluster", "H100:8", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    pick_high = d["iteration_time_range_s"][1]
+    candidates = [t for t in d["trials"] if t["role"] == "candidate"]
+    beyond = [t for t in candidates if "outside the space the search covered" in t["why"]]
+    assert beyond, [t["why"] for t in candidates]
+    for t in candidates:
+        assert (t in beyond) == (t["iteration_time_range_s"][1] < pick_high)
+    for t in beyond:
+        if t["plan"]["mbs"] not in (1, 2, 4):
+            assert f"`solve --mbs {t['plan']['mbs']}` searches it" in t["why"]
