@@ -124,7 +124,9 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
         return run
     routing, ep, value = real
     notes = [routing.assumed] if routing.assumed else []
-    source = (f"real routing at EP {ep}, {model.num_experts // ep} experts per rank: {routing.source}"
+    at = (f"at the input's EP {ep}" if run.parallel.ep > 1 else f"at EP {ep} (the input's EP is 1)")
+    source = (f"real routing {at}, {model.num_experts // ep} experts per rank; every plan, the pick included, gets "
+              f"its own at its EP size and micro-batch: {routing.source}"
               + (f", clipped at --moe-expert-capacity-factor {model.moe_expert_capacity_factor:g}"
                  if model.moe_expert_capacity_factor is not None else ""))
     if value < 1.0:
