@@ -36,7 +36,9 @@ from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
 from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
-from planner.megatron.rules import format_violations, input_violations, run_violations, runtime_model_refusal
+from planner.megatron.rules import (
+    format_violations, input_violations, run_violations, runtime_model_refusal, world_violations,
+)
 from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -86,6 +88,7 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
                           script_deadline=script_deadline)
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
+    check_world_overrides(run, cluster_spec, clean)
     check_precision(run.training.precision, cluster_spec, profiles)
     check_imbalance(run, profiles, moe_imbalance)
     if on_note is not None:
@@ -107,6 +110,30 @@ def _in_override_terms(exc, overrides: dict):
             message = str(exc)[len(field) + 2:] if str(exc).startswith(field + ": ") else str(exc)
             return PlannerInputError(f"--{key} ({flag})", message)
     return exc
+
+
+def check_world_overrides(run: MegatronRun, cluster_spec: ClusterSpec, overrides: dict) -> None:
+    """A --tp/--pp/--cp override whose TP*PP*CP does not divide the cluster's GPUs (Megatron's "world size is
+    not divisible by total_model_size") is refused naming the override that broke it, not --cluster; when the
+    degrees the input itself states already fail to divide, the input's error stands (plan_from_run)."""
+    par, world = run.parallel, cluster_spec.world_size
+    degrees = {"tp": par.tp, "pp": par.pp, "cp": par.cp}
+    if not world_violations(world, **degrees):
+        return
+    given = [key for key in degrees if key in overrides and degrees[key] > 1]
+    stated = math.prod(value for key, value in degrees.items() if key not in given)
+    if not given or world % stated:
+        return
+    size = math.prod(degrees.values())
+    named = " and ".join(f"{key.upper()} {degrees[key]}" for key in given)
+    product = f"TP*PP*CP = {par.tp}*{par.pp}*{par.cp} = {size}" if len(given) > 1 or stated > 1 else named
+    why = (f"exceeds the cluster's {world} GPUs" if size > world else f"does not divide the cluster's {world} GPUs")
+    fix = "smaller degrees or a larger cluster" if size > world else f"degrees whose product divides {world}"
+    raise PlannerInputError(
+        " / ".join(f"--{key}" for key in given),
+        f"{product} {why} ({cluster_spec.describe()}): one model replica spans TP*PP*CP GPUs, which must divide the "
+        f"number of GPUs (Megatron: world size ({world}) is not divisible by total_model_size ({size})); choose "
+        f"{fix}")
 
 
 def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None) -> None:

@@ -1,0 +1,38 @@
+"""Refusals that name the input the user gave, and checks made where the docs say (walkthrough 53, items 10 and 12):
+an override that breaks the world size names the override; a HF config's errors name its own file and say why a
+head size is needed; --moe-imbalance on a dense model is refused; `emit` takes `solve --json`'s output as plan.json;
+a --hosts file short of the cluster's nodes is refused before the search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.cli import refused, run
+from planner.inputs.plan_file import made_for
+from planner.schemas.cluster import ClusterSpec
+from planner.schemas.parallel import MegatronRun
+
+SMALL_FLAGS = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+               "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+               "--tokenizer-type GPT2BPETokenizer --vocab-size 50304")
+
+
+# ---- item 10: the override that breaks TP*PP*CP | GPUs is named -----------------------------------------------
+
+def test_a_tp_override_beyond_the_cluster_names_tp_and_says_why():
+    line = refused(run(["estimate", "--model", "llama3-8b", "--cluster", "H100:8", "--tp", "16"]), "--tp")
+    assert line.startswith("error: --tp: TP 16 exceeds the cluster's 8 GPUs (H100:8)"), line
+    line = refused(run(["estimate", "--model", "llama3-8b", "--cluster", "H100:24", "--tp", "16"]), "--tp")
+    assert line.startswith("error: --tp: TP 16 does not divide the cluster's 24 GPUs"), line
+    line = refused(run(["estimate", "--model", "llama3-8b", "--cluster", "H100:8", "--tp", "4", "--pp", "4"]), "--tp")
+    assert line.startswith("error: --tp / --pp: TP*PP*CP = 4*4*1 = 16 exceeds the cluster's 8 GPUs"), line
+
+
+def test_degrees_the_input_states_still_blame_the_cluster():
+    """TP 16 from the flags themselves: the override (--pp 1) is not what broke it."""
+    line = refused(run(["estimate", "--megatron-args", SMALL_FLAGS + " --tensor-model-parallel-size 16",
+                        "--cluster", "H100:8", "--pp", "1"]), "--cluster")
+    assert line.startswith("error: --cluster: world size (8) is not divisible"), line
+
