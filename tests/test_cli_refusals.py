@@ -36,3 +36,27 @@ def test_degrees_the_input_states_still_blame_the_cluster():
                         "--cluster", "H100:8", "--pp", "1"]), "--cluster")
     assert line.startswith("error: --cluster: world size (8) is not divisible"), line
 
+
+# ---- item 10: a HF config's errors -----------------------------------------------------------------------------
+
+HF_30_HEADS = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+               "num_attention_heads": 30, "num_hidden_layers": 4, "intermediate_size": 11008, "vocab_size": 32000,
+               "max_position_embeddings": 4096}
+
+
+def test_hidden_not_divisible_by_heads_says_so_under_the_files_own_name(tmp_path):
+    path = tmp_path / "unk.json"
+    path.write_text(json.dumps(HF_30_HEADS))
+    line = refused(run(["estimate", "--model", str(path), "--cluster", "H100:8"]), "unk.json")
+    assert line.startswith("error: unk.json:hidden_size: 4096 is not divisible by num_attention_heads 30"), line
+    assert "give head_dim" in line and "config.json" not in line
+    path.write_text(json.dumps({**HF_30_HEADS, "head_dim": 128}))  # with head_dim it is a model
+    assert run(["estimate", "--model", str(path), "--cluster", "H100:8", "--json"]).exit_code == 0
+    path.write_text(json.dumps({**HF_30_HEADS, "num_attention_heads": 32, "vocab_size": "x"}))
+    line = refused(run(["estimate", "--model", str(path), "--cluster", "H100:8"]), "unk.json")
+    assert line.startswith("error: unk.json:vocab_size: expected an integer"), line
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(HF_30_HEADS))  # the file is config.json: so named
+    assert refused(run(["estimate", "--model", str(tmp_path / "m"), "--cluster", "H100:8"]),
+                   "config.json").startswith("error: config.json:hidden_size:")
+

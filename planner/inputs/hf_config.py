@@ -162,8 +162,12 @@ def _common(cfg: dict[str, Any], name: str, family: str = "llama") -> dict[str, 
     head_dim = _int(cfg, "head_dim", None)  # checked even where it equals hidden/heads: 128.0 is no head size
     if head_dim is not None and head_dim != out["hidden_size"] // heads:
         out["kv_channels"] = _int(cfg, "head_dim")
-    elif out["hidden_size"] % heads:
-        out["kv_channels"] = _int(cfg, "head_dim")
+    elif head_dim is None and out["hidden_size"] % heads:
+        raise PlannerInputError(
+            "config.json:hidden_size",
+            f"{out['hidden_size']} is not divisible by num_attention_heads {heads}, so the head size cannot be "
+            f"derived from them (Megatron's --kv-channels defaults to hidden_size / heads); the config must then "
+            f"give head_dim")
     return out
 
 
@@ -482,8 +486,12 @@ def _text_part(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def hf_config_notes(cfg: dict[str, Any]) -> list[str]:
-    """What of the config the plan and the launcher leave out, one line each."""
+def hf_config_notes(cfg: dict[str, Any], source: str = "config.json") -> list[str]:
+    """What of the config the plan and the launcher leave out, one line each, naming the file `source`."""
+    return [note.replace("config.json", source, 1) for note in _config_notes(cfg)]
+
+
+def _config_notes(cfg: dict[str, Any]) -> list[str]:
     notes: list[str] = []
     towers = [k for k in _OTHER_TOWERS if cfg.get(k)]
     if towers or (isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg):
@@ -525,16 +533,28 @@ def model_fields_from_hf_config(cfg: dict[str, Any], name: str) -> dict[str, Any
     return {k: v for k, v in fields.items() if v is not None or k in ("num_query_groups",)}
 
 
-def model_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
+def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from a HuggingFace config dict; unsupported families raise
-    PlannerInputError listing the supported ones."""
-    fields = model_fields_from_hf_config(cfg, name)
+    PlannerInputError listing the supported ones.  `source`: the file's own name, which the errors name
+    (`unk.json:head_dim`, not `config.json:head_dim`)."""
+    try:
+        fields = model_fields_from_hf_config(cfg, name)
+    except PlannerInputError as exc:
+        raise _named(exc, source) from None
     try:
         return ModelSpec(**fields)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err.get("loc", ())) or "model"
-        raise PlannerInputError(f"config.json ({loc})", str(err.get("msg")).removeprefix("Value error, ")) from None
+        raise PlannerInputError(f"{source} ({loc})", str(err.get("msg")).removeprefix("Value error, ")) from None
+
+
+def _named(exc: PlannerInputError, source: str) -> PlannerInputError:
+    """The error with its `config.json` field under the file's own name."""
+    if source == "config.json" or not exc.field.startswith("config.json"):
+        return exc
+    message = str(exc).removeprefix(exc.field + ": ")
+    return PlannerInputError(source + exc.field.removeprefix("config.json"), message)
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:

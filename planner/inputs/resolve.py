@@ -161,8 +161,10 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
         else:
             name = path.stem
         if looks_like_hf_config(data):
-            draft = _draft_from_spec(model_from_hf_config(data, name), {"global_batch_size": DEFAULT_GLOBAL_BATCH})
-            draft.notes.extend(hf_config_notes(data))
+            source = "config.json" if path.is_dir() else path.name  # the file's own name in errors and notes
+            spec = model_from_hf_config(data, name, source)
+            draft = _draft_from_spec(spec, {"global_batch_size": DEFAULT_GLOBAL_BATCH})
+            draft.notes.extend(hf_config_notes(data, source))
             return draft, "hf-config", str(path)  # the batch is printed as assumed (planner/inputs/assumed.py)
         spec, training = model_from_mapping(data, name=name, where=str(path))
         return _draft_from_spec(spec, training), "model-file", str(path)
