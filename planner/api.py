@@ -138,8 +138,12 @@ def check_world_overrides(run: MegatronRun, cluster_spec: ClusterSpec, overrides
 
 def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None) -> None:
     """The MoE imbalance the run states (max/mean tokens per expert, from --moe-imbalance, the model file or a
-    calibration in the user's --profiles) is at most num_experts / topk: every token on the same k experts."""
+    calibration in the user's --profiles) is at most num_experts / topk: every token on the same k experts.
+    --moe-imbalance on a dense model is refused (it would be accepted and change nothing)."""
     model = run.model
+    if given is not None and not model.is_moe:
+        raise PlannerInputError(IMBALANCE_FLAG, "the model has no experts (it is dense): the MoE router's "
+                                "imbalance does not apply to it; drop --moe-imbalance")
     if not model.is_moe or not model.num_experts or not model.moe_router_topk:
         return
     bound = model.num_experts / model.moe_router_topk

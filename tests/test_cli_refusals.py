@@ -60,3 +60,12 @@ def test_hidden_not_divisible_by_heads_says_so_under_the_files_own_name(tmp_path
     assert refused(run(["estimate", "--model", str(tmp_path / "m"), "--cluster", "H100:8"]),
                    "config.json").startswith("error: config.json:hidden_size:")
 
+
+# ---- item 12: --moe-imbalance on a dense model ------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["estimate", "solve"])
+def test_moe_imbalance_on_a_dense_model_is_refused(command):
+    line = refused(run([command, "--model", "llama3-8b", "--cluster", "H100:8", "--moe-imbalance", "2"]),
+                   "--moe-imbalance")
+    assert line.startswith("error: --moe-imbalance: the model has no experts"), line
+
