@@ -594,8 +594,8 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     check_plan_document(data, plan, run, cluster_spec)
     check_emitted_plan(found, profiles, memory_headroom=data.get("memory_headroom"))
     if not found.has_record and "plan" in data and on_note is not None:
-        on_note("plan.json has no made_for record (written before this version): the model and cluster in it "
-                "were checked, not compared with what solve planned for")
+        on_note(f"{Path(plan_path).name} has no made_for record (plan.json and solve --json of this version carry "
+                "one): the model and cluster were checked, not compared with what solve planned for")
     script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
     hosts = read_hosts(hosts_path, cluster_spec, profiles) if hosts_path else None
     return render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts), script

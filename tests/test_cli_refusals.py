@@ -69,3 +69,24 @@ def test_moe_imbalance_on_a_dense_model_is_refused(command):
                    "--moe-imbalance")
     assert line.startswith("error: --moe-imbalance: the model has no experts"), line
 
+
+# ---- item 12: emit takes solve --json's output --------------------------------------------------------------------
+
+def test_emit_takes_solve_json_output_with_its_made_for_record(tmp_path, tiny):
+    res = run(["solve", "--model", str(tiny), "--cluster", "H800:8", "--time-limit", "10", "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["made_for"] == made_for(MegatronRun.model_validate(doc["inputs"]["run"]),
+                                       ClusterSpec.model_validate(doc["inputs"]["cluster"]))
+    assert doc["made_for"]["cluster"] == "H800:8"
+    path = tmp_path / "solved.json"
+    path.write_text(res.stdout)
+    out = run(["emit", "--plan", str(path), "--out", str(tmp_path / "launch")])
+    assert out.exit_code == 0, out.output
+    assert "no made_for record" not in out.output and (tmp_path / "launch" / "launch.sh").is_file()
+    del doc["made_for"]  # a file without the record: the note names the file and says what it lacks, truly
+    path.write_text(json.dumps(doc))
+    out = run(["emit", "--plan", str(path), "--out", str(tmp_path / "launch2")])
+    assert out.exit_code == 0, out.output
+    assert "solved.json has no made_for record" in out.output and "written before this version" not in out.output
+

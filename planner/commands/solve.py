@@ -18,7 +18,7 @@ from planner.commands.options import (
     TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer, time_limit_option,
 )
 from planner.errors import PlannerInputError
-from planner.output.plan_dir import write_plan_dir, write_solve_plots
+from planner.output.plan_dir import plan_record, write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json, trials_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
@@ -126,7 +126,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
     trials, trials_why = propose_trials(outcome, user)
-    payload = solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)
+    payload = (solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)
+               | plan_record(outcome))  # inputs and made_for, as plan.json: emit takes solve --json's output too
     written: list[Path] = []
     where = out_dir or plot_dir
     protected = given + launcher_inputs(script)

@@ -27,6 +27,18 @@ def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "",
     return {name: prefix + rel for name, rel in images.items()}
 
 
+def plan_record(outcome) -> dict:
+    """What `emit` reads besides the plan: `inputs` (the resolved run and cluster, and the input launcher, from
+    which emit rebuilds the launcher without the file) and `made_for` (their SHA-256, to tell an edit).  plan.json
+    and `solve --json` both carry it, so that emit takes either."""
+    inputs = {"run": outcome.run.model_dump(mode="json"), "cluster": outcome.cluster.model_dump(mode="json")}
+    script = outcome.script
+    if script is not None:
+        inputs["script"] = {"path": script.path, "args": list(script.args), "extra_flags": list(script.extra_flags),
+                            "text": script.text}
+    return {"inputs": inputs, "made_for": made_for(outcome.run, outcome.cluster)}
+
+
 def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: bool = False,
                    inputs: Sequence[Path | str] = (), time_left: Callable[[], float] | None = None,
                    trials: Sequence = ()) -> list[Path]:
@@ -37,14 +49,8 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
     with staged as tmp:
         images = plot_files(tmp / "plots", payload, outcome, user, prefix="plots/", time_left=time_left)
         payload["plots"] = images
-        plan_doc = dict(payload)
-        plan_doc["inputs"] = {"run": outcome.run.model_dump(mode="json"),
-                              "cluster": outcome.cluster.model_dump(mode="json")}
-        plan_doc["made_for"] = made_for(outcome.run, outcome.cluster)
+        plan_doc = dict(payload) | plan_record(outcome)
         script = outcome.script
-        if script is not None:  # emit rebuilds the launcher from this, without the file
-            plan_doc["inputs"]["script"] = {"path": script.path, "args": list(script.args),
-                                            "extra_flags": list(script.extra_flags), "text": script.text}
         (tmp / "plan.json").write_text(json_text(plan_doc))
         (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
         (tmp / "summary.md").write_text(summary_markdown(payload, images))
