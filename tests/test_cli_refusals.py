@@ -90,3 +90,16 @@ def test_emit_takes_solve_json_output_with_its_made_for_record(tmp_path, tiny):
     assert out.exit_code == 0, out.output
     assert "solved.json has no made_for record" in out.output and "written before this version" not in out.output
 
+
+# ---- item 12: --hosts is checked against the cluster before the search --------------------------------------------
+
+def test_hosts_short_of_the_cluster_is_refused_before_the_search(tmp_path, tiny, monkeypatch):
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran before --hosts was checked")
+
+    monkeypatch.setattr("planner.commands.solve.solve", no_search)
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("n1 H800 8\n")
+    line = refused(run(["solve", "--model", str(tiny), "--cluster", "H800:16", "--hosts", str(hosts), "--quiet"]),
+                   "--hosts")
+    assert "lists 1 H800 node(s) (n1), but --cluster has 2 (H800:16): 1 short" in line, line

@@ -10,7 +10,7 @@ from planner.api import (
     OBJECTIVES, check_hosts, check_predictions, input_plan, load_inputs, make_space, price_input_plan,
     read_input_script, runtime_choice, solve,
 )
-from planner.inputs.hosts import read_hosts
+from planner.inputs.hosts import check_hosts_cover, read_hosts
 from planner.launcher import refuse_unlaunchable_inputs
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
@@ -105,12 +105,15 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
                                    inputs.cluster) \
             if megatron_script else None
+    hosts = None
+    if hosts_path:  # checked before the search: the file's nodes against the cluster's
+        hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles)
+        check_hosts_cover(hosts, inputs.cluster, hosts_path)
     yours = input_plan(inputs, megatron_script, megatron_args)  # the search starts from the user's own plan
     settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta, restrict=prune), time_limit_s=time_limit_s,
                               top_k=top_k, deadline=budget.search_deadline, seed_plans=(yours,) if yours else ())
     if no_prune:
         settings = settings.without_pruning()
-    hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles) if hosts_path else None
     choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run)
     if out_dir:
         refuse_unlaunchable_inputs(choice.runtime.name, inputs.run, script)

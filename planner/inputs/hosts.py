@@ -101,6 +101,23 @@ def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> 
     return tuple(hosts)
 
 
+def check_hosts_cover(hosts: tuple[Host, ...], cluster: ClusterSpec, path: str | Path) -> None:
+    """Before `solve` searches: the file lists at least the cluster's nodes of each type, as the search may
+    place stages on all of them (after the search the launcher refuses a file short of what the plan uses;
+    `emit` checks only that, as its plan is known)."""
+    have: dict[str, int] = {}
+    for g in cluster.groups:
+        have[g.device_type] = have.get(g.device_type, 0) + g.num_nodes
+    for device_type, count in have.items():
+        listed = [h.name for h in hosts if h.device_type == device_type]
+        if len(listed) < count:
+            shown = ", ".join(listed[:8]) + (", ..." if len(listed) > 8 else "") or "none"
+            raise PlannerInputError(
+                FIELD, f"{path} lists {len(listed)} {device_type} node(s) ({shown}), but --cluster has {count} "
+                       f"({cluster.describe()}): {count - len(listed)} short; list every node of the cluster (the "
+                       "search may use them all), or give --cluster for the nodes listed")
+
+
 def _known(profiles: ProfileSet, name: str) -> bool:
     try:
         profiles.canonical_name(name)
