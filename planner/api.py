@@ -25,7 +25,7 @@ from planner.errors import (
     ImplausiblePredictionError, MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError,
 )
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
-from planner.inputs.cluster import parse_cluster
+from planner.inputs.cluster import domain_notes, parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run, script_override_flags
 from planner.inputs.script import LauncherScript
@@ -471,7 +471,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     notes = (notes + [f"rule {v.rule}: {v.message}" for v in violations]
              + unmodelled_notes(run.passthrough, run.training) + fabric_notes(ranges.nominal, plan)
              + blackwell_eager_notes(run.model, run.training, plan) + ep_overlap_notes(ranges.nominal, plan, cost)
-             + measured_imbalance_notes(run, cluster, profiles))
+             + measured_imbalance_notes(run, cluster, profiles) + domain_notes(cluster, profiles))
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
 

@@ -183,3 +183,19 @@ def test_a_bad_domain_is_refused_by_name(profiles, tmp_path, group, needles):
     with pytest.raises(PlannerInputError) as info:
         parse_cluster(str(f), profiles)
     assert info.value.field == "--cluster" and all(n in str(info.value) for n in needles), str(info.value)
+
+
+def test_a_domain_smaller_than_the_rack_is_named_in_the_output(profiles):
+    """GB200:76 (19 trays, a prime) gets one-tray domains by NVIDIA's --segment rule: the output says so and
+    what would span trays (GB200:72); GB200:256 says its 64-GPU domains; a full rack, a part of one, and 8-GPU
+    hosts say nothing."""
+    from planner.inputs.cluster import domain_notes
+
+    def notes(spec):
+        return domain_notes(parse_cluster(spec, profiles), profiles)
+
+    (odd,) = notes("GB200:76")
+    assert "NVLink domains of 4 GPUs (1 host)" in odd and "divides 19" in odd and "--cluster GB200:72" in odd
+    (big,) = notes("GB200:256")
+    assert "NVLink domains of 64 GPUs (16 hosts)" in big and "divides 64" in big and "--cluster" not in big
+    assert notes("GB200:72") == notes("GB300:64") == notes("GB200:8") == notes("H100:16") == []

@@ -106,6 +106,29 @@ def default_domain(profiles: ProfileSet, device_type: str, num_nodes: int, gpus_
     return hosts * gpus_per_node if hosts > 1 else None
 
 
+def domain_notes(cluster, profiles: ProfileSet) -> list[str]:
+    """What a group of a multi-host NVLink device (GB200/GB300 NVL72) is priced with where its domain is smaller
+    than the device's: the domain, and where it stops at the host, what would span trays."""
+    out = []
+    for g in cluster.groups:
+        full = profiles.device(g.device_type).scale_up_domain_gpus
+        if full is None or full <= g.gpus_per_node or g.domain_gpus >= min(full, g.num_gpus):
+            continue
+        hosts = g.domain_gpus // g.gpus_per_node
+        text = (f"{g.device_type}: {g.num_nodes} hosts of {g.gpus_per_node} GPUs are priced in NVLink domains of "
+                f"{g.domain_gpus} GPUs ({hosts} host{'s' if hosts > 1 else ''}), not the device's {full}")
+        max_hosts = full // g.gpus_per_node
+        if hosts == largest_segment(g.num_nodes, max_hosts):
+            text += (f": the largest host count up to {max_hosts} that divides {g.num_nodes} (how NVIDIA's launcher "
+                     "sizes sbatch --segment)")
+        if hosts == 1:
+            whole = (g.num_nodes // max_hosts) * max_hosts * g.gpus_per_node
+            text += (f"; every group across hosts then crosses the NIC. A cluster of whole domains spans trays "
+                     f"on NVLink (--cluster {g.device_type}:{whole} leaves the rest out)" if whole else "")
+        out.append(text)
+    return out
+
+
 def _node_group(item: str, profiles: ProfileSet | None = None, **fields: Any) -> NodeGroup:
     if profiles is not None and fields.get("scale_up_domain_gpus") is None:
         fields["scale_up_domain_gpus"] = default_domain(profiles, fields["device_type"], fields["num_nodes"],

@@ -19,6 +19,7 @@ from planner.cost.model import PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.inputs.assumed import measured_imbalance_notes
+from planner.inputs.cluster import domain_notes
 from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -259,7 +260,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         + (ep_overlap_notes(outcome.range_model.nominal, outcome.plans[0], cost)
            if outcome.range_model is not None else [])
         + (measured_imbalance_notes(outcome.run, outcome.cluster, outcome.profiles)
-           if outcome.profiles is not None else []),
+           + domain_notes(outcome.cluster, outcome.profiles) if outcome.profiles is not None else []),
     }
     if outcome.ranges:
         out.update(range_json(cost, outcome.ranges[0]))
