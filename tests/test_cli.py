@@ -113,6 +113,8 @@ def test_infeasible_solve_exits_2_and_says_why(tmp_path):
     res = run(["solve", "--model", "deepseek-v3", "--cluster", "H800:8", "--quiet", "--out", str(out)])
     assert res.exit_code == 2, res.output
     assert "GiB" in res.output and "short" in res.output
+    # the layout counts GPUs: one TP=8 stage is 8 GPUs, not "1 stages: 1 H800"
+    assert "1 stage of 8 GPUs: 8 H800" in res.output, res.output
     assert not out.exists()
 
 

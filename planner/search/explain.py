@@ -44,8 +44,10 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
     slots = slots[:pp]
     gs = GlobalShape(tp=tp, cp=1, ep=ep, etp=1, vpp=1, mbs=1, gbs=cost.training.global_batch_size, dp0=1, pp=pp,
                      sequence_parallel=tp > 1)
-    layout = (f"TP={tp}, EP={ep}, DP=1, full recompute, micro-batch 1, {pp} stages: "
-              + ", ".join(f"{slots.count(h)} {h}" for h in types if h in slots))
+    # GPUs, not stages, per device type: each stage is one TP group of `tp` GPUs
+    layout = (f"TP={tp}, EP={ep}, DP=1, full recompute, micro-batch 1, {pp} stage{'s' if pp != 1 else ''} "
+              f"of {tp} GPU{'s' if tp != 1 else ''}: "
+              + ", ".join(f"{slots.count(h) * tp} {h}" for h in types if h in slots))
 
     def need_bytes(i: int, start: int, end: int) -> tuple[float, float]:
         core = cost.stage_core(gs, device_type=slots[i], start=start, end=end, dp=1, recompute=full,
