@@ -1,4 +1,4 @@
-"""docs/schema/*.json against the real --json output of solve, estimate and compare.
+"""docs/schema/*.json against the real --json output of solve, estimate, compare and calibrate.
 
 The schemas are JSON Schema (draft 2020-12) files that document every public key; common.json holds the
 parts the commands share.  Each test runs a command on a small input, validates what it printed, and checks
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -29,7 +31,7 @@ def json_of(args: list[str]) -> dict:
 
 
 def test_the_schemas_are_valid_json_schema_and_agree_on_the_version():
-    assert set(SCHEMAS) >= {"common", "solve", "estimate", "compare"}
+    assert set(SCHEMAS) >= {"common", "solve", "estimate", "compare", "calibrate"}
     for name, doc in SCHEMAS.items():
         jsonschema.Draft202012Validator.check_schema(doc)
         assert doc["$id"] == f"urn:hapmoe:schema:{name}"
@@ -59,6 +61,26 @@ def test_compare_json_follows_the_schema(tiny):
     payload = json_of(["compare", "--model", str(tiny), "--cluster", "H800:4", "--layers", "2", "--brute", "--json"])
     assert {r["backend"] for r in payload["results"]} == {"cpsat", "hsdp", "brute"}
     check("compare", payload)
+
+
+def test_calibrate_json_follows_the_schema(tmp_path):
+    """One run's log (the fixture of tests/test_calibration.py, on llama2-7b cut to 8 layers): the report carries
+    schema_version, follows docs/schema/calibrate.json, and calibration_report.json holds the same object less
+    `written`.  (The --trials shape is checked in tests/test_trials.py.)"""
+    root = Path(__file__).resolve().parents[1]
+    model = tmp_path / "llama2-7b-8l.yaml"
+    text = (root / "profiles" / "models" / "llama2-7b.yaml").read_text()
+    model.write_text(re.sub(r"(?m)^num_layers: \d+", "num_layers: 8", text).replace("name: llama2-7b", "name: l8"))
+    out = tmp_path / "calib"
+    payload = json_of(["calibrate", "--megatron-log", str(root / "tests" / "data" / "logs" / "megatron_core018_minmax.log"),
+                       "--model", str(model), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64",
+                       "--out", str(out), "--json"])
+    check("calibrate", payload)
+    written = json.loads((out / "calibration_report.json").read_text())
+    assert written == {k: v for k, v in payload.items() if k != "written"}
+    bad = copy.deepcopy(payload)
+    bad["stages"][0].pop("predicted_memory_gib")
+    assert list(validator("calibrate").iter_errors(bad))
 
 
 def test_the_schemas_refuse_what_they_should(tiny):

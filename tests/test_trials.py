@@ -28,6 +28,7 @@ from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Plan
 from planner.trials import TRIAL_CANDIDATES, TRIAL_ITERATIONS, trial_reasons
 
+from helpers.json_schema import check_json
 from helpers.megatron import NEEDS_MEGATRON, validate
 from helpers.synthetic_log import megatron_log
 
@@ -115,6 +116,7 @@ def test_calibrate_on_trial_logs_finds_the_slow_mechanism(solved, tmp_path):
     res = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(calib), "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
+    check_json("calibrate", report)
     fitted = report["multipliers"]
     assert abs(fitted["expert_dispatch"] / DISPATCH_SLOWER - 1) < 0.15, fitted
     assert all(abs(f - 1) < 0.1 for n, f in fitted.items() if n != "expert_dispatch"), fitted

@@ -6,7 +6,7 @@ import click
 
 from planner.api import load_inputs
 from planner.calibration.calibrate import (
-    calibrate, read_measurement, read_router_stats, render_report, write_corrections,
+    CalibrationResult, calibrate, read_measurement, read_router_stats, render_report, write_corrections,
 )
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
@@ -14,6 +14,7 @@ from planner.commands.options import (
 )
 from planner.calibration.trials import render_trial_report, trial_calibration
 from planner.errors import PlannerInputError
+from planner.output.report import SCHEMA_VERSION
 from planner.profile_tables import ProfileSet
 from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 
@@ -74,7 +75,7 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
         if parsed.problem_count > 10:
             click.echo(f"warning: {parsed.problem_count - 10} more unreadable lines", err=True)
     router = read_router_stats(router_stats, instrument_dir, run.model.num_experts)
-    result = calibrate(measurement, run, cluster_spec, profiles, router)
+    result = _versioned(calibrate(measurement, run, cluster_spec, profiles, router))
     paths = write_corrections(result, out_dir, force=force, inputs=given)
     if as_json:
         echo_json({**result.report, "written": [str(p) for p in paths]})
@@ -92,9 +93,17 @@ def _calibrate_trials(trials_dir: str, single: list[str], profile_dirs, out_dir:
                                             f"{', '.join(single)}")
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     result, _ = trial_calibration(trials_dir, profiles)
+    result = _versioned(result)
     paths = write_corrections(result, out_dir, force=force, inputs=[trials_dir])
     if as_json:
         echo_json({**result.report, "written": [str(p) for p in paths]})
     else:
         click.echo(render_trial_report(result.report))
         click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _versioned(result: CalibrationResult) -> CalibrationResult:
+    """The report with `schema_version` first (docs/schema/calibrate.json), as --json prints it and
+    calibration_report.json holds it."""
+    result.report = {"schema_version": SCHEMA_VERSION, **result.report}
+    return result

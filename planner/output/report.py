@@ -30,7 +30,8 @@ from planner.trials import TRIAL_ITERATIONS, TRIAL_LOG
 from planner.uncertainty import shipped_uncertainty
 
 DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is unset
-# `schema_version` of the --json objects of solve, estimate and compare (and plan.json), described by
+# `schema_version` of the --json objects of solve, estimate, compare and calibrate (and plan.json and
+# calibration_report.json), described by
 # docs/schema/*.json: raised when a key is removed or changes meaning; new keys may appear without it
 SCHEMA_VERSION = 1
 WIDE_MIN_WIDTH = 200  # --wide never squeezes its table below this
