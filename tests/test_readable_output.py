@@ -83,6 +83,35 @@ def test_default_table_fits_100_columns_and_wide_shows_the_memory_breakdown():
     assert "memory" in narrow_header and " compute " not in narrow_header  # the least important column went
 
 
+def _stage_rows(text: str) -> list[list[str]]:
+    """The per-stage table's rows, split on blanks (every cell of these rows is one word)."""
+    rows = text.split("per stage")[1].split("\n")[4:]  # after the title line's end, two header lines and the rule
+    return [ln.split() for ln in rows[:next(i for i, ln in enumerate(rows) if not re.match(r"\s+\d+ ", ln))]]
+
+
+def test_wide_shows_every_part_of_the_compact_dp_sync():
+    """The default table's "DP sync" is gradient sync + optimizer step + the fixed host time per iteration, and
+    its legend says so; --wide shows each of the three (the host time was in no column: 71.4 ms shown as 6.6 +
+    14.8)."""
+    args = ["estimate", "--model", "mixtral-s", "--cluster", "H800:32", "--tp", "2", "--pp", "4", "--ep", "4"]
+    compact, wide = invoke(args), invoke([*args, "--wide"], columns=250)
+    assert compact.exit_code == 0 and wide.exit_code == 0, compact.output + wide.output
+    assert "gradient sync + optimizer step + fixed host time" in compact.stdout
+    assert "host (fixed host time)" in wide.stdout
+    stages = json.loads(invoke([*args, "--json"]).stdout)["stages"]
+    short, long_ = _stage_rows(compact.stdout), _stage_rows(wide.stdout)
+    assert len(short) == len(long_) == len(stages) == 4
+    for s, c, w in zip(stages, short, long_):
+        # compact: stage device layers DP recompute t/mb compute comm DP-sync ...;
+        # wide: ... t/mb compute recomp TP CP EP PP DP-sync optim host ...
+        assert float(c[8]) == pytest.approx(1e3 * (s["dp_comm_s"] + s["optimizer_s"] + s["iteration_overhead_s"]),
+                                            abs=0.06)
+        assert [float(x) for x in w[12:15]] == pytest.approx(
+            [1e3 * s[k] for k in ("dp_comm_s", "optimizer_s", "iteration_overhead_s")], abs=0.06)
+        assert s["iteration_overhead_s"] > 0
+        assert sum(float(x) for x in w[12:15]) == pytest.approx(float(c[8]), abs=0.15)
+
+
 def test_wide_terminal_keeps_the_default_table(solved_out):
     """A wide terminal does not switch columns on by itself: --wide does."""
     res = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4"],

@@ -462,7 +462,8 @@ def _field(key: str, fmt):
 _WIDE_COLUMNS = (
     ("recomp\nms", "recompute_s", _ms), ("TP\nms", "tp_comm_s", _ms), ("CP\nms", "cp_comm_s", _ms),
     ("EP\nms", "ep_comm_s", _ms), ("PP\nms", "pp_comm_s", _ms), ("DP sync\nms/iter", "dp_comm_s", _ms),
-    ("optim\nms/iter", "optimizer_s", _ms), ("weights\nGiB", "weights_gib", _gib), ("grads\nGiB", "grads_gib", _gib),
+    ("optim\nms/iter", "optimizer_s", _ms), ("host\nms/iter", "iteration_overhead_s", _ms),
+    ("weights\nGiB", "weights_gib", _gib), ("grads\nGiB", "grads_gib", _gib),
     ("optim\nGiB", "optimizer_gib", _gib), ("activ\nGiB", "activations_gib", _gib), ("other\nGiB", "other_gib", _gib),
     ("in-flight\nmb", "inflight_microbatches", lambda x: f"{x:.1f}"),
     ("reserv\nGiB", "peak_reserved_gib", _gib),
@@ -533,13 +534,15 @@ def stage_table(stages: list[dict], *, wide: bool, width: int, title: str = "per
 def _render_stage_table(console, payload: dict, wide: bool) -> None:
     console.print(stage_table(payload["stages"], wide=wide, width=console.width))
     legend = ["t/mb: forward + backward per micro-batch (compute includes recompute; comm: TP/CP/EP/PP)",
-              "DP sync: exposed gradient sync + optimizer step per iteration; memory per GPU (--wide: by part)",
+              "DP sync: exposed gradient sync + optimizer step + fixed host time, per iteration (--wide: each "
+              "part); memory per GPU (--wide: by part)",
               "alloc: torch's allocated peak; memory: what the allocator reserves (alloc + its cache) + context and "
               "communicator buffers",
               "usable: device memory less the memory headroom; N%!: fits at 97-100% of usable"]
     if wide:
         legend = ["t/mb: forward + backward per micro-batch; compute includes recomp; TP/CP/EP/PP: communication "
-                  "per micro-batch; DP sync and optim: per iteration",
+                  "per micro-batch; DP sync (exposed gradient sync), optim (optimizer step) and host (fixed host "
+                  "time): per iteration; their sum is the default table's DP sync",
                   "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak; reserv: "
                   "the allocator's reserved peak (weights to activations + its cache); memory: reserv + other"]
     for line in legend:
