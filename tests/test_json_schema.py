@@ -72,9 +72,9 @@ def test_calibrate_json_follows_the_schema(tmp_path):
     text = (root / "profiles" / "models" / "llama2-7b.yaml").read_text()
     model.write_text(re.sub(r"(?m)^num_layers: \d+", "num_layers: 8", text).replace("name: llama2-7b", "name: l8"))
     out = tmp_path / "calib"
-    payload = json_of(["calibrate", "--megatron-log", str(root / "tests" / "data" / "logs" / "megatron_core018_minmax.log"),
-                       "--model", str(model), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64",
-                       "--out", str(out), "--json"])
+    log = root / "tests" / "data" / "logs" / "megatron_core018_minmax.log"
+    payload = json_of(["calibrate", "--megatron-log", str(log), "--model", str(model), "--cluster", "H100:8",
+                       "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out), "--json"])
     check("calibrate", payload)
     written = json.loads((out / "calibration_report.json").read_text())
     assert written == {k: v for k, v in payload.items() if k != "written"}

@@ -119,6 +119,52 @@ def test_wide_terminal_keeps_the_default_table(solved_out):
     assert "weights" not in res.stdout and "DP sync" in res.stdout
 
 
+def test_top_k_lists_the_other_plans_in_the_text_and_summary(tmp_path):
+    """--top K: the text and summary.md list the K-1 plans after the pick (time, range, memory, degrees, what
+    differs from the pick), the same ones as the JSON's `alternatives`, whose keys stay as they were; --top 1
+    prints no such table."""
+    base = ["solve", "--megatron-args", TINY_FLAGS, "--cluster", "H800:4", "--backend", "hsdp", "--quiet"]
+    res = invoke([*base, "--top", "3", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    payload = json.loads((tmp_path / "p" / "plan.json").read_text())
+    alts = payload["alternatives"]
+    assert len(alts) == 2
+    assert {frozenset(a) for a in alts} == {frozenset({"iteration_time_s", "tflops_per_gpu", "mfu", "plan",
+                                                       "iteration_time_range_s", "tflops_per_gpu_range",
+                                                       "range_source", "evidence", "range_by_mechanism_s"})}
+    assert "--top 3: the 2 plans after the pick" in res.stdout
+    summary = (tmp_path / "p" / "summary.md").read_text()
+    assert "## Other plans" in summary
+    table = res.stdout.split("--top 3:")[1]
+    for rank, a in enumerate(alts, start=2):
+        lo, hi = a["iteration_time_range_s"]
+        row = next(ln for ln in summary.splitlines() if ln.startswith(f"| {rank} | "))
+        assert f"| {a['iteration_time_s']:.3f} | {lo:.3f}-{hi:.3f} |" in row, row
+        assert f"{a['iteration_time_s']:.3f}" in table and f"{lo:.3f}-{hi:.3f}" in table
+        assert re.search(r"\| \d+\.\d \| TP\d", row), row  # the peak memory, then the degrees
+        assert "->" in row.split(" | ")[-1] or "same plan" in row, row  # what differs from the pick
+    one = invoke([*base, "--top", "1"])
+    assert one.exit_code == 0 and "--top" not in one.stdout and "after the pick" not in one.stdout
+
+
+def test_plan_difference_names_what_changes():
+    from planner.output.report import plan_difference
+
+    def plan(tp=1, pp=2, mbs=1, layers=(4, 4), dp=2, rec="none", types=("H800", "H800")):
+        return {"tp": tp, "pp": pp, "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": mbs, "dp": [dp] * pp,
+                "sequence_parallel": tp > 1,
+                "stages": [{"device_type": t, "num_layers": n, "recompute_label": rec} for t, n in zip(types, layers)]}
+
+    pick = plan()
+    assert plan_difference(pick, plan(mbs=2)) == "mbs 1->2"
+    assert plan_difference(pick, plan(tp=2, dp=1)) == "TP 1->2, DP 2->1, sequence parallel on"
+    assert plan_difference(pick, plan(layers=(5, 3))) == "layers 4/4->5/3"
+    assert plan_difference(pick, plan(rec="full:uniform:1")) == "recompute none->full-uniform:1"
+    assert plan_difference(pick, plan(pp=4, layers=(2, 2, 2, 2), dp=1, types=("H800",) * 4)) == \
+        "PP 2->4, DP 2->1, stages 4 H800, layers 2/2/2/2"
+    assert plan_difference(pick, plan(types=("MI300X", "H800"))) == "stages 1 MI300X, 1 H800"
+
+
 def test_solve_terminal_output_and_final_progress_line(solved_out):
     """Without a terminal, stderr holds exactly the final search line and the files line; stdout the
     plan, the status in the shared vocabulary, and the assumed values with their flags."""

@@ -18,7 +18,7 @@ from planner.commands.options import (
     TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer, time_limit_option,
 )
 from planner.errors import PlannerInputError
-from planner.output.plan_dir import plan_record, write_plan_dir, write_solve_plots
+from planner.output.plan_dir import alternatives_memory_gib, plan_record, write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json, trials_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
@@ -53,7 +53,9 @@ SEARCH_OPTIONS = [
     click.option("--contiguous-types", is_flag=True,
                  help="megatron runtime: keep each device type's stages in one contiguous block (FlagScale "
                       "always does; upstream Megatron does not need it)"),
-    click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, help="plans to report"),
+    click.option("--top", "top_k", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
+                 help="plans to report: the pick and the next K-1 by the objective (a table after the pick, in "
+                      "summary.md, and `alternatives` in --json)"),
     click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="pessimistic", show_default=True,
                  help="pessimistic: the plan whose time at the top of its range is best (each mechanism at its "
                       "held-out uncertainty, profiles/uncertainty.yaml); nominal: the cost model's time alone"),
@@ -136,13 +138,13 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     protected = given + launcher_inputs(script)
     if out_dir:
         written = write_plan_dir(Path(out_dir), payload, outcome, user, force=force, inputs=protected,
-                                 time_left=budget.remaining_s, trials=trials)
+                                 time_left=budget.remaining_s, trials=trials, top_k=top_k)
     elif plot_dir:
         written = write_solve_plots(Path(plot_dir), payload, outcome, user, inputs=protected,
-                                    time_left=budget.remaining_s)
+                                    time_left=budget.remaining_s, top_k=top_k)
     if written and not quiet:
         click.echo(f"wrote {len(written)} files to {where}", err=True)
     if as_json:
         echo_json(payload)
     else:
-        render_solve(payload, wide=wide, out_dir=out_dir)
+        render_solve(payload, wide=wide, out_dir=out_dir, top_k=top_k, alt_memory_gib=alternatives_memory_gib(outcome))

@@ -39,9 +39,14 @@ def plan_record(outcome) -> dict:
     return {"inputs": inputs, "made_for": made_for(outcome.run, outcome.cluster)}
 
 
+def alternatives_memory_gib(outcome) -> list[float]:
+    """The peak memory per GPU of the plans after the pick (solve --top K), for the text and summary.md."""
+    return [c.max_memory_gib for c in outcome.costs[1:]]
+
+
 def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: bool = False,
                    inputs: Sequence[Path | str] = (), time_left: Callable[[], float] | None = None,
-                   trials: Sequence = ()) -> list[Path]:
+                   trials: Sequence = (), top_k: int = 1) -> list[Path]:
     """plan.json, inputs.json, summary.md, the plots (plots/), the launcher files (launch/) and each trial's
     launcher and plan.json (trials/<name>/, planner/trials.py), written all-or-nothing (never over a file the
     planner did not write, nor over an input)."""
@@ -53,7 +58,7 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
         script = outcome.script
         (tmp / "plan.json").write_text(json_text(plan_doc))
         (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
-        (tmp / "summary.md").write_text(summary_markdown(payload, images))
+        (tmp / "summary.md").write_text(summary_markdown(payload, images, top_k, alternatives_memory_gib(outcome)))
         fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script,
                                                   profiles=outcome.profiles, hosts=outcome.hosts))
         for trial, entry in zip(trials, payload.get("trials", [])):
@@ -67,14 +72,14 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
 
 
 def write_solve_plots(plot_dir: Path, payload: dict, outcome, user=None, *, inputs: Sequence[Path | str] = (),
-                      time_left: Callable[[], float] | None = None) -> list[Path]:
+                      time_left: Callable[[], float] | None = None, top_k: int = 1) -> list[Path]:
     """`solve --plot DIR` without --out: the pictures, their data and a summary.md that shows them."""
     plot_dir = Path(plot_dir)
     staged = StagedOutput(plot_dir, "--plot", PLOTS_OUTPUT, inputs=inputs)
     with staged as tmp:
         images = plot_files(tmp, payload, outcome, user, time_left=time_left)
         payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
-        (tmp / "summary.md").write_text(summary_markdown(payload, images))
+        (tmp / "summary.md").write_text(summary_markdown(payload, images, top_k, alternatives_memory_gib(outcome)))
     return staged.written
 
 

@@ -9,6 +9,7 @@ the reason (pruning, time limit) spelled out.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -355,6 +356,71 @@ def degrees_short(plan: dict) -> str:
             f"VPP{plan['vpp']} mbs{plan['mbs']} " + "/".join(rec))
 
 
+def _dp_text(plan: dict) -> str:
+    return str(plan["dp"][0]) if len(set(plan["dp"])) == 1 else "/".join(str(d) for d in plan["dp"])
+
+
+def _recompute_text(plan: dict) -> str:
+    labels = [recompute_short(s["recompute_label"]) for s in plan["stages"]]
+    return labels[0] if len(set(labels)) == 1 else "/".join(labels)
+
+
+def _devices_text(plan: dict) -> str:
+    """The stages' device types in order, runs counted: "4 MI300X, 4 H800"."""
+    runs: list[list] = []
+    for s in plan["stages"]:
+        if runs and runs[-1][1] == s["device_type"]:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, s["device_type"]])
+    return ", ".join(f"{n} {t}" for n, t in runs)
+
+
+def plan_difference(pick: dict, other: dict) -> str:
+    """What `other` (a plan_json) changes against `pick`, in a few words: "TP 1->2, mbs 1->2, layers 16/16"."""
+    parts = [f"{name} {pick[key]}->{other[key]}"
+             for key, name in (("tp", "TP"), ("pp", "PP"), ("cp", "CP"), ("ep", "EP"), ("etp", "ETP"), ("vpp", "VPP"),
+                               ("mbs", "mbs")) if pick[key] != other[key]]
+    if _dp_text(pick) != _dp_text(other):
+        parts.append(f"DP {_dp_text(pick)}->{_dp_text(other)}")
+    if pick.get("sequence_parallel") != other.get("sequence_parallel"):
+        parts.append("sequence parallel " + ("on" if other.get("sequence_parallel") else "off"))
+    if _recompute_text(pick) != _recompute_text(other):
+        parts.append(f"recompute {_recompute_text(pick)}->{_recompute_text(other)}")
+    if _devices_text(pick) != _devices_text(other):
+        parts.append(f"stages {_devices_text(other)}")
+    layers = ["/".join(str(s["num_layers"]) for s in p["stages"]) for p in (pick, other)]
+    if layers[0] != layers[1]:
+        parts.append(f"layers {layers[0]}->{layers[1]}" if pick["pp"] == other["pp"] else f"layers {layers[1]}")
+    return ", ".join(parts) or "the same degrees, stages and layers; another placement of the stages"
+
+
+def alternative_rows(payload: dict, memory_gib: list[float]) -> list[tuple[str, ...]]:
+    """`solve --top K`: the plans after the pick (the payload's `alternatives`), each as (rank, iteration s,
+    range s, peak memory GiB, degrees, what differs from the pick); `memory_gib`: their peak memory per GPU."""
+    rows = []
+    seen = {json.dumps(payload["plan"], sort_keys=True): "the pick"}
+    for i, a in enumerate(payload.get("alternatives", [])):
+        rng = a.get("iteration_time_range_s")
+        key = json.dumps(a["plan"], sort_keys=True)
+        # the search may hold one plan twice (two stage orders that group into one: planner/placement.py)
+        differs = f"none: the same plan as {seen[key]}" if key in seen else plan_difference(payload["plan"], a["plan"])
+        seen.setdefault(key, f"#{i + 2}")
+        rows.append((str(i + 2), f"{a['iteration_time_s']:.3f}", f"{rng[0]:.3f}-{rng[1]:.3f}" if rng else "-",
+                     f"{memory_gib[i]:.1f}" if i < len(memory_gib) else "-", degrees_short(a["plan"]), differs))
+    return rows
+
+
+def alternatives_title(payload: dict, top_k: int) -> str:
+    """The heading of the --top table: how many plans follow the pick, ranked by what."""
+    n = len(payload.get("alternatives", []))
+    by = "pessimistic time (top of the range)" if payload.get("objective") == "pessimistic" else "nominal time"
+    title = f"--top {top_k}: the {n} plan{'s' if n != 1 else ''} after the pick, by the {by}"
+    if n < top_k - 1:
+        title += f" (the search kept {n} other plan{'s' if n != 1 else ''}, not {top_k - 1})"
+    return title
+
+
 def headline(payload: dict) -> str:
     """Time, throughput (each with its range) and MFU; memory has its own line (`memory_line`)."""
     rng = payload.get("iteration_time_range_s")
@@ -682,7 +748,31 @@ def _render_trials(console, payload: dict, out_dir: str | None) -> None:
         _say(console, line, style="bold" if i == 0 else None)
 
 
-def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None) -> None:
+def _render_alternatives(console, payload: dict, top_k: int, memory_gib: list[float]) -> None:
+    """--top K: the other plans in a compact table (nothing with --top 1)."""
+    if top_k <= 1:
+        return
+    rows = alternative_rows(payload, memory_gib)
+    if not rows:
+        _say(console, alternatives_title(payload, top_k))
+        return
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=alternatives_title(payload, top_k), title_justify="left", box=box.SIMPLE_HEAD,
+              collapse_padding=True, pad_edge=False, show_edge=False)
+    for header, fold in (("#", False), ("iteration\ns", False), ("range\ns", False), ("memory\nGiB", False),
+                         ("plan", True), ("differs from the pick", True)):
+        t.add_column(header, justify="left" if fold else "right", overflow="fold", no_wrap=not fold)
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
+
+
+def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, top_k: int = 1,
+                 alt_memory_gib: list[float] = ()) -> None:
+    """The solve's terminal output; `top_k` and `alt_memory_gib` (the peak memory of the plans after the pick):
+    the --top table."""
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
          f"{payload['backend']})")
@@ -714,6 +804,7 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None) 
              f"{cs['wall_s']:.2f} s in CP-SAT")
     if hint:
         _say(console, f"  {hint}")
+    _render_alternatives(console, payload, top_k, list(alt_memory_gib))
     _render_user_plan(console, payload)
     _render_trials(console, payload, out_dir)
     _render_assumed(console, payload)
@@ -812,9 +903,23 @@ def _md_user_plan(payload: dict) -> list[str]:
     return lines
 
 
-def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str:
-    """summary.md of a solve: the plan, the search status, assumed values, your plan against
-    ours, and the pictures (`images`: plot name -> path relative to summary.md)."""
+def _md_alternatives(payload: dict, top_k: int, memory_gib: list[float]) -> list[str]:
+    if top_k <= 1:
+        return []
+    lines = ["", "## Other plans", "", alternatives_title(payload, top_k) + "."]
+    rows = alternative_rows(payload, memory_gib)
+    if rows:
+        lines += ["", "| # | iteration (s) | range (s) | peak memory (GiB) | plan | differs from the pick |",
+                  "|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def summary_markdown(payload: dict, images: dict[str, str] | None = None, top_k: int = 1,
+                     alt_memory_gib: list[float] = ()) -> str:
+    """summary.md of a solve: the plan, the search status, the other plans of --top K (`alt_memory_gib`: their
+    peak memory), assumed values, your plan against ours, and the pictures (`images`: plot name -> path relative
+    to summary.md)."""
     status, why, hint = search_status(payload)
     gap = payload.get("gap")
     lines = [
@@ -843,6 +948,7 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None) -> str
         "",
         "Times come from the float cost model (planner/cost), not from the solver's scaled objective.",
     ]
+    lines += _md_alternatives(payload, top_k, list(alt_memory_gib))
     lines += _md_user_plan(payload)
     if payload.get("trials"):
         lines += ["", "## Trials", ""] + [line.strip() for line in trial_lines(payload, ".")]
