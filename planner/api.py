@@ -290,6 +290,10 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
         problems.append(probs)
     if not choice.runtime.contiguous_types:
         result, plans, costs = _grouped_by_type(cost, result, plans, costs)
+    distinct = [k for k, p in enumerate(plans) if p not in plans[:k]]  # grouping by type can make two plans one
+    if len(distinct) < len(plans):
+        result = replace(result, best=[result.best[k] for k in distinct], costs=[result.costs[k] for k in distinct])
+        plans, costs, problems = ([xs[k] for k in distinct] for xs in (plans, costs, problems))
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
                         idle=idle_gpus(plans[0], cluster, result, choice.left_out, space, objective), choice=choice,
                         profiles=profiles,

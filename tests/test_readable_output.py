@@ -451,3 +451,14 @@ def test_own_calibration_states_the_imbalance(tmp_path):
     assert len(named) == 1 and "max/mean tokens per expert 1.3" in named[0], mine["notes"]
     shipped = json.loads(invoke(args).stdout)
     assert "MoE imbalance" in {a["name"] for a in shipped["assumed"]}
+
+
+def test_top_k_never_lists_one_plan_twice():
+    """Grouping each plan's device types into one block can turn two searched plans into the same one: --top K
+    lists each plan once (here six asked, three distinct on H800 + MI300X)."""
+    r = invoke(["solve", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64", "--top", "6",
+                "--backend", "hsdp", "--json", "--quiet"])
+    d = json.loads(r.stdout)
+    plans = [json.dumps(d["plan"], sort_keys=True)] + [json.dumps(a["plan"], sort_keys=True)
+                                                       for a in d.get("alternatives", [])]
+    assert len(plans) >= 2 and len(set(plans)) == len(plans)
