@@ -77,3 +77,44 @@ def test_unknown_flag_in_a_script_is_refused_with_a_suggestion(tmp_path):
     script.write_text(SCRIPT.replace("--lr 1e-4", "--lr 1e-4 --num-expert 8"))
     res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), "--cluster", "H100:8", "--", "/c"])
     assert res.exit_code == 2 and "--num-expert: unknown flag" in res.output and "did you mean --num-experts?" in res.output
+
+
+CALIBRATE_SCRIPT = """#!/bin/bash
+# llama2-7b cut to $1 layers (the fixture log is TP2 PP2 DP2 on 8 H100, 64 x 4096 tokens)
+NUM_LAYERS=${1:?usage: run.sh NUM_LAYERS}
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $NUM_LAYERS --hidden-size 4096 --ffn-hidden-size 11008 \\
+    --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 --swiglu --normalization RMSNorm \\
+    --disable-bias-linear --untie-embeddings-and-output-weights --position-embedding-type rope --vocab-size 32000 \\
+    --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 \\
+    --bf16 --use-distributed-optimizer --tokenizer-type Llama2Tokenizer --tokenizer-model /t.model
+"""
+
+
+def test_calibrate_passes_arguments_after_double_dash_to_the_script(tmp_path):
+    """`calibrate ... -- 8`: the script's own arguments reach it ($1 sets the layers), as in estimate and solve
+    (they were refused: "Got unexpected extra arguments"); with --trials they are refused by name."""
+    script = tmp_path / "run.sh"
+    script.write_text(CALIBRATE_SCRIPT)
+    log = Path(__file__).parent / "data" / "logs" / "megatron_core018_minmax.log"
+    args = ["calibrate", "--megatron-log", str(log), "--megatron-script", str(script), "--cluster", "H100:8"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "cal"), "--json", "--", "8"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{"):])
+    assert any(p.endswith("corrections.yaml") for p in report["written"])
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "cal2")])  # no $1: the script's own refusal
+    assert res.exit_code == 2 and "run.sh:3" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["calibrate", "--trials", str(tmp_path), "--out", str(tmp_path / "t"), "--", "8"])
+    assert res.exit_code == 2 and "drop arguments after `--`" in res.output
+
+
+def test_compare_passes_arguments_after_double_dash_to_the_script(tmp_path):
+    """`compare --megatron-script train.sh ... -- /ckpt` reads the script with its argument."""
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT)
+    args = ["compare", "--megatron-script", str(script), "--cluster", "H100:8", "--layers", "2", "--no-brute",
+            "--time-limit", "20", "--json"]
+    res = CliRunner().invoke(main, [*args, "--", "/my/ckpt"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output[res.output.index("{"):])["num_layers"] == 2
+    res = CliRunner().invoke(main, args)  # without it the script stops at `${1:?usage}`: refused with its line
+    assert res.exit_code == 2 and "train.sh:2" in res.output and "Traceback" not in res.output

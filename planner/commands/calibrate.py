@@ -10,7 +10,8 @@ from planner.calibration.calibrate import (
 )
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    MODEL_OPTIONS, PARALLEL_OVERRIDES, TRAINING_OVERRIDES, apply_options, cluster_options, input_files, note_printer,
+    MODEL_OPTIONS, PARALLEL_OVERRIDES, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, cluster_options, input_files,
+    note_printer,
 )
 from planner.calibration.trials import render_trial_report, trial_calibration
 from planner.errors import PlannerInputError
@@ -27,7 +28,7 @@ from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
                    "models and cluster come from their plan.json)")
 @click.option("--instrument-dir", type=click.Path(file_okay=False), default=None,
               help="output of python -m planner.instrument.megatron_wrapper (instead of, or beside, the log)")
-@apply_options(MODEL_OPTIONS + cluster_options(required=False) + PARALLEL_OVERRIDES + TRAINING_OVERRIDES)
+@apply_options(MODEL_OPTIONS + cluster_options(required=False) + PARALLEL_OVERRIDES + TRAINING_OVERRIDES + SCRIPT_ARGS)
 @click.option("--router-stats", type=click.Path(), default=None,
               help="CSV layer,expert,tokens[,iteration,rank] or an instrumentation directory")
 @click.option("--skip-iterations", type=click.IntRange(min=0), default=2, show_default=True,
@@ -42,11 +43,12 @@ from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @handle_errors
 def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs,
-            router_stats, skip_iterations, log_run, out_dir, force, as_json, **overrides):
+            router_stats, skip_iterations, log_run, out_dir, force, as_json, script_args, **overrides):
     """Compare a real run with the cost model and write corrections (provenance calibrated).
 
     \b
     python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/
+    python cli.py calibrate --megatron-log train.log --megatron-script run.sh --cluster H800:16 --out calib/ -- 70B 16
     python cli.py estimate --megatron-script run.sh --cluster H800:64 --profiles calib/
     python cli.py calibrate --trials plan/ --out calib/     # after running plan/trials/*/launch.sh
     """
@@ -55,7 +57,8 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
     if trials_dir is not None:
         single = {"--megatron-log": megatron_log, "--instrument-dir": instrument_dir, "--model": model,
                   "--megatron-args": megatron_args, "--megatron-script": megatron_script, "--cluster": cluster,
-                  "--router-stats": router_stats, **{f"--{k}": v for k, v in overrides.items()}}
+                  "--router-stats": router_stats, **{f"--{k}": v for k, v in overrides.items()},
+                  "arguments after `--`": script_args or None}
         _calibrate_trials(trials_dir, [k for k, v in single.items() if v is not None], profile_dirs, out_dir,
                           force, as_json)
         return
@@ -66,7 +69,7 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
                                              "a YAML file)")
     run, cluster_spec, profiles = load_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides=overrides, on_note=note_printer(),
+        profile_dirs=profile_dirs, overrides=overrides, script_args=script_args, on_note=note_printer(),
     )
     measurement, parsed = read_measurement(megatron_log, instrument_dir, skip_iterations, log_run)
     if parsed is not None:

@@ -13,7 +13,7 @@ import click
 from planner.api import OBJECTIVES, compare_backends, compare_rows, contradictions, load_inputs, reduce_layers
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
-    CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, TRAINING_OVERRIDES, apply_options, note_printer,
+    CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, note_printer,
     time_limit_option,
 )
 from planner.output.report import SCHEMA_VERSION
@@ -50,20 +50,24 @@ def gap_lines(rows: list[dict]) -> list[str]:
 @click.option("--brute/--no-brute", default=None, help="force brute force on or off (default: only when small)")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="pessimistic", show_default=True,
               help="what the backends minimise: the top of each plan's range, or the nominal time")
-@apply_options(HEADROOM_OPTIONS)
+@apply_options(HEADROOM_OPTIONS + SCRIPT_ARGS)
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, runtime, time_limit_s,
-            delta, no_prune, contiguous_types, layers, brute, objective, memory_headroom, as_json):
+            delta, no_prune, contiguous_types, layers, brute, objective, memory_headroom, as_json, script_args):
     """Run cpsat, hsdp (and brute force when small) on one request; print objective, bound, gap, time.
+
+    \b
+    python cli.py compare --model mixtral-s --cluster H800:8 --layers 4
+    python cli.py compare --megatron-script train.sh --cluster H800:8 --layers 4 -- /ckpt /tokenizer /data
 
     Exit status 1 when the results contradict each other (a backend's lower bound above another's plan)."""
     budget = Budget.start(time_limit_s)  # reading the inputs counts too
     with reading_within(budget):
         run, cluster_spec, profiles = load_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-            profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, on_note=note_printer(),
-            script_deadline=budget.reading_deadline_monotonic(),
+            profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, script_args=script_args,
+            on_note=note_printer(), script_deadline=budget.reading_deadline_monotonic(),
         )
     if layers is not None:
         run = reduce_layers(run, layers)
