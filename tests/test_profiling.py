@@ -99,6 +99,67 @@ def test_profile_without_torch_exits_2(monkeypatch):
     assert "pip install -e '.[profile]'" in result.output
 
 
+def _profile_cli_with(monkeypatch, tmp_path, prof):
+    """`cli.py profile` with the measurement replaced by `prof` (no torch run): the lines it prints."""
+    import shlex
+    import types
+
+    import cli
+    from planner.commands import profile as profile_command
+    from planner.profiling.runner import ProfileOutcome
+
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or types.ModuleType("torch"))
+    monkeypatch.setattr(profile_command, "run_profile", lambda opts, progress: ProfileOutcome(prof, {}))
+    out = tmp_path / "my prof"
+    res = CliRunner().invoke(cli.main, ["profile", "--model", "mixtral-s", "--device", "cpu", "--quick",
+                                        "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return res.output, out, shlex
+
+
+def _synthetic_kernels():
+    return [KernelResult("gemm", "a", 1.0, flop=2e12, flop_per_call=2e12),
+            KernelResult("copy", "c", 1.0, bytes_moved=4e9),
+            KernelResult("attention_fwd_bwd", "att", 1.0, flop=0.4e12, flop_per_call=0.4e12)]
+
+
+def test_profile_suggests_a_command_that_works_on_a_cpu_profile(monkeypatch, tmp_path):
+    """A CPU profile is a smoke test of the profiler: no runtime runs a CPU, so `--cluster CPU-x:2` alone (the
+    old suggestion) exits 2 in estimate and solve; the printed command, estimate --allow-invalid, runs."""
+    import cli
+
+    coll = [CollectiveSample(c, s, 1e-5 + s / 2e9, 2, "native")
+            for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p") for s in (1 << 16, 1 << 22)]
+    prof = build_device_profile(name="CPU-test", vendor="cpu", memory_gib=8, memory_overhead_gib=0.2,
+                                gpus_per_node=2, dtype="fp32", kernels=_synthetic_kernels(), collectives=coll,
+                                source="unit test", link_kind="host-memory")
+    output, out, shlex = _profile_cli_with(monkeypatch, tmp_path, prof)
+    assert "use it:" not in output and "smoke test of the profiler, not a plannable device" in output
+    (line,) = [ln for ln in output.splitlines() if ln.strip().startswith("python cli.py estimate")]
+    argv = shlex.split(line)[2:]
+    assert argv[argv.index("--cluster") + 1] == "CPU-test:2" and argv[argv.index("--profiles") + 1] == str(out)
+    assert "--allow-invalid" in argv
+    res = CliRunner().invoke(cli.main, [*argv, "--json"])
+    assert res.exit_code == 0, res.output
+    for refused in (["estimate", *[a for a in argv[1:] if a != "--allow-invalid"]],
+                    ["solve", "--model", "mixtral-s", "--cluster", "CPU-test:2", "--profiles", str(out)]):
+        res = CliRunner().invoke(cli.main, refused)
+        assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_profile_suggestion_for_a_gpu_is_unchanged(monkeypatch, tmp_path):
+    """A GPU profile (a shipped device's name, NVIDIA) keeps `use it: --cluster NAME:N --profiles DIR`."""
+    from planner.profile_tables import ProfileSet
+
+    ref = ProfileSet.load().device("H100")
+    prof = build_device_profile(name="H100", vendor="NVIDIA", memory_gib=80, memory_overhead_gib=1.0,
+                                gpus_per_node=ref.gpus_per_node, dtype="bf16", kernels=_synthetic_kernels(),
+                                collectives=[], source="unit test", link_kind="nvlink", reference=ref)
+    output, out, _ = _profile_cli_with(monkeypatch, tmp_path, prof)
+    assert f"use it: --cluster H100:{ref.gpus_per_node} --profiles {out}" in output
+    assert "--allow-invalid" not in output
+
+
 @pytest.mark.slow
 def test_profile_quick_cpu_end_to_end(tmp_path):
     """`profile --quick --device cpu` runs (two gloo processes), writes a measured DeviceProfile the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 
@@ -52,8 +53,13 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
     """Measure kernels and collectives with torch; write a DeviceProfile (provenance measured).
 
     \b
-    python cli.py profile --model mixtral-s --device cpu --quick --out prof/
-    python cli.py estimate --model mixtral-s --cluster CPU-xxxxxx:2 --profiles prof/
+    python cli.py profile --model mixtral-s --device cuda --out prof/
+    python cli.py solve --model mixtral-s --cluster H100:8 --profiles prof/    # the --cluster it prints
+    python cli.py profile --model mixtral-s --device cpu --quick --out cpu/   # a smoke test of the profiler
+    python cli.py estimate --model mixtral-s --cluster CPU-xxxxxx:2 --profiles cpu/ --allow-invalid
+
+    A CPU profile is no plannable device (no runtime runs a CPU): solve refuses it, estimate prices it with
+    --allow-invalid.
     """
     # every argument is checked before torch is imported (seconds) and before anything is measured
     check_out_dir(out_dir, "--out", PROFILE_OUTPUT, force=force)
@@ -82,4 +88,24 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
     outcome = run_profile(opts, progress)
     paths = write_profile(outcome, out_dir, force=force)
     click.echo(f"wrote {paths[0]} (device {outcome.profile.name}, provenance measured) and {paths[1]}")
-    click.echo(f"use it: --cluster {outcome.profile.name}:{outcome.profile.gpus_per_node} --profiles {out_dir}")
+    for line in next_step(outcome.profile, model, out_dir):
+        click.echo(line)
+
+
+def next_step(profile, model: str, out_dir: str) -> list[str]:
+    """What to run with the profile just written: `--cluster NAME:N --profiles DIR` where a runtime of
+    profiles/runtimes.yaml runs the device; otherwise (a CPU: a smoke test of the profiler) the one command that
+    prices on it, `estimate ... --allow-invalid`, since solve and a plain estimate refuse it."""
+    from planner.profile_tables import ProfileSet
+    from planner.runtime import plannable_runtimes
+
+    cluster = f"{profile.name}:{profile.gpus_per_node}"
+    profiles = ProfileSet.load(extra_dirs=[out_dir])
+    if any(rt.can_run([profile.name], profiles).ok for rt in plannable_runtimes(profiles)):
+        return [f"use it: --cluster {cluster} --profiles {out_dir}"]
+    what = ("a CPU profile is a smoke test of the profiler, not a plannable device" if profile.vendor == "cpu"
+            else f"{profile.name} ({profile.vendor}) is not a plannable device")
+    return [f"{what}: no runtime of profiles/runtimes.yaml runs it, so solve (and estimate without --allow-invalid) "
+            f"refuse it; to price the model on it:",
+            f"  python cli.py estimate --model {shlex.quote(model)} --cluster {cluster} --profiles "
+            f"{shlex.quote(out_dir)} --allow-invalid"]
