@@ -119,7 +119,8 @@ def _read_yaml(path: Path, field_name: str) -> Any:
 
 def _validation_text(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in err.get('loc', ())) or '(top)'}: {err.get('msg')}" for err in exc.errors()
+        f"{'.'.join(str(p) for p in err.get('loc', ())) or '(top)'}: {str(err.get('msg')).removeprefix('Value error, ')}"
+        for err in exc.errors()
     )
 
 

@@ -453,3 +453,85 @@ def test_a_process_limited_below_the_libraries_says_out_of_memory(tmp_path):
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr.startswith("error: out of memory: the process may use 200 MiB")
     assert "Traceback" not in proc.stderr
+
+
+# ---- walk53 item 7: names with control characters are refused at input, never echoed raw
+CONTROL_NAMES = {"esc": "a\x1b[31mRED\x1b[0m", "newline": "x\ntouch pwned\n#", "cr": "a\rb", "nul": "a\x00b",
+                 "bell": "a\x07b", "tab": "a\tb", "del": "a\x7fb", "c1": "a\x85b", "line-separator": "a\u2028b"}
+
+
+def _refused_clean(res, *names: str) -> str:
+    """refused(), and the output (the error line) holds no control character but its final newline."""
+    from planner.schemas.types import CONTROL_CHARACTER
+
+    line = refused(res, *names)
+    assert not CONTROL_CHARACTER.search(res.output.rstrip("\n")), repr(res.output)
+    assert "control characters are not allowed" in line
+    return line
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+@pytest.mark.parametrize("what", list(CONTROL_NAMES))
+def test_a_model_name_with_a_control_character_is_refused(tmp_path, what, fmt):
+    """`name:` of a model file: exit 2 naming `name`, the character escaped, nothing written (--out)."""
+    import yaml
+
+    value = CONTROL_NAMES[what]
+    path = tmp_path / f"m.{fmt}"
+    path.write_bytes((to_json if fmt == "json" else to_yaml)({**TINY_MODEL, "name": value}))
+    assert yaml.safe_load(path.read_text())["name"] == value  # the file holds the raw character
+    out = tmp_path / "out"
+    line = _refused_clean(run(["solve", "--model", str(path), "--cluster", "H800:8", "--quiet", "--out", str(out)]),
+                          "name")
+    assert f"{path}:name:" in line and ascii(value[1])[1:-1] in line
+    assert not out.exists()
+
+
+def test_a_name_taken_from_a_path_names_the_option_that_gave_the_path(tmp_path):
+    """Where no file states the name, the name is a file or directory name: the error names --model (a HF config's
+    directory, a model file without `name:`), --megatron-script (the script's file name) or --cluster (a cluster file
+    without `name:`)."""
+    hf = tmp_path / "m\x1b[31mX"
+    hf.mkdir()
+    (hf / "config.json").write_bytes(to_json(HF_CONFIGS["llama"]))
+    assert "directory name" in _refused_clean(run(["estimate", "--model", str(hf), "--cluster", "H800:8"]), "--model")
+    doc = {k: v for k, v in TINY_MODEL.items() if k != "name"}
+    nameless = tmp_path / "x\ny.yaml"
+    nameless.write_bytes(to_yaml(doc))
+    assert "states no `name:`" in _refused_clean(run(["estimate", "--model", str(nameless), "--cluster", "H800:8"]),
+                                                 "--model")
+    script = tmp_path / "tr\rain.sh"
+    script.write_text(SCRIPT.format(extra="", layers="4"))
+    _refused_clean(run(["estimate", "--megatron-script", str(script), "--cluster", "H800:8"]), "--megatron-script")
+    cluster = tmp_path / "c\x1b.yaml"
+    cluster.write_bytes(to_yaml({"groups": [{"device_type": "H800", "num_nodes": 1}]}))
+    line = _refused_clean(run(["estimate", "--model", "mixtral-s", "--cluster", str(cluster)]), "--cluster")
+    assert "states no `name:`" in line
+
+
+@pytest.mark.parametrize("where", ["cluster name", "link kind", "device name", "device alias", "device vendor"])
+def test_other_names_the_output_shows_are_refused_the_same_way(tmp_path, tiny, where):
+    """A cluster file's `name` and a link's `kind`, a --profiles device's name, alias or vendor: one shared check."""
+    args = ["estimate", "--model", str(tiny), "--cluster", "H800:8"]
+    bad = "x\x1b[31m"
+    if where.startswith("cluster") or where.startswith("link"):
+        doc = {"groups": [{"device_type": "H800", "num_nodes": 1}, {"device_type": "MI300X", "num_nodes": 1}],
+               "links": [{"between": ["H800", "MI300X"], "kind": "ethernet", "bandwidth_gb_per_s": 10.0,
+                          "latency_us": 20.0}]}
+        if where == "cluster name":
+            doc["name"] = bad
+        else:
+            doc["links"][0]["kind"] = bad
+        (tmp_path / "c.yaml").write_bytes(to_yaml(doc))
+        args[4] = str(tmp_path / "c.yaml")
+        _refused_clean(run([*args, "--allow-invalid"]), "name" if where == "cluster name" else "kind")
+        return
+    import yaml
+
+    device = yaml.safe_load((ROOT / "profiles" / "devices" / "H800.yaml").read_text())
+    key = where.removeprefix("device ")
+    device.update({"name": "H9"} if key != "name" else {})
+    device[key if key != "alias" else "aliases"] = [bad] if key == "alias" else bad
+    (tmp_path / "prof" / "devices").mkdir(parents=True)
+    (tmp_path / "prof" / "devices" / "new.yaml").write_bytes(to_yaml(device))
+    _refused_clean(run([*args, "--profiles", str(tmp_path / "prof")]), "aliases" if key == "alias" else key)

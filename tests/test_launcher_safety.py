@@ -5,7 +5,9 @@
     FlagScale's files through one quoting function (planner/launcher/quoting.py): a property test puts
     hostile strings in each field and checks that every file parses, that `launch.sh --dry-run` creates
     nothing and runs nothing injected, and that the values it prints (and passes, under a stub torchrun)
-    are the input values.
+    are the input values.  A device type (and a model name read from a file) with a control character is refused
+    at input (planner/schemas/types.py DisplayText; tests/test_hardening.py), so device types here have none; the
+    model name, set on the run directly, keeps them (the launcher escapes them all the same).
   * Run-time references in --megatron-args (`${DATA_DIR}`) stay references that launch.sh expands and checks;
     `$(...)` and backquotes there are refused.
   * `launch.sh --dry-run` of a Pai-Megatron-Patch style script (GPU count from python, `xargs cp`, eval)
@@ -39,6 +41,7 @@ from planner.launcher.common import host_file_type
 from planner.launcher.quoting import RUNTIME_REF
 from planner.profile_tables import ProfileSet, name_key
 from planner.schemas import ClusterSpec, NodeGroup, Plan, StagePlan
+from planner.schemas.types import CONTROL_CHARACTER
 from tools.fuzz.inputs import TINY_FLAGS, TINY_MODEL
 
 from helpers.corpus import CORPUS_DIR, entry
@@ -55,14 +58,17 @@ PIECES = ("\n", "\r", "\t", " ", "$(touch PWNED)", "`touch PWNED`", "'", '"', "$
           "\u2028", "=", "${HOME}", "; touch PWNED #")
 
 
-def hostile(extra: str = "") -> st.SearchStrategy[str]:
-    return st.lists(st.one_of(st.sampled_from(PIECES), st.text(st.characters(exclude_characters="\x00/" + extra),
-                                                                   max_size=3)),
-                    min_size=1, max_size=4).map("".join)
+def hostile(extra: str = "", *, controls: bool = True) -> st.SearchStrategy[str]:
+    """Hostile text; `controls=False`: without control characters (CONTROL_CHARACTER), as a field the input refuses
+    them in (a device type, planner/schemas/types.py DisplayText) can only be."""
+    pieces = PIECES if controls else tuple(p for p in PIECES if not CONTROL_CHARACTER.search(p))
+    chars = st.characters(exclude_characters="\x00/" + extra,
+                          **({} if controls else {"exclude_categories": ("Cc", "Cs", "Zl", "Zp")}))
+    return st.lists(st.one_of(st.sampled_from(pieces), st.text(chars, max_size=3)), min_size=1, max_size=4).map("".join)
 
 
 KNOWN_KEYS = {name_key(n) for n in ProfileSet.load().names()}
-device_types = hostile("+").filter(lambda t: name_key(t) not in KNOWN_KEYS and name_key(t) != "")
+device_types = hostile("+", controls=False).filter(lambda t: name_key(t) not in KNOWN_KEYS and name_key(t) != "")
 # a flag's value: what bash passes (not blank, not an option itself); `${NAME}` is a reference (tested below)
 flag_values = hostile().filter(lambda v: v.strip() and not v.startswith("-") and not RUNTIME_REF.search(v))
 host_names = hostile().map(lambda h: "".join(h.split()) or "h")  # --hosts names are one word
@@ -203,19 +209,28 @@ def test_no_input_value_runs_or_breaks_the_launcher(runtime, with_script, model_
 
 
 def test_the_issues_injections_through_solve_and_emit_run_nothing(tmp_path):
-    """A model YAML whose name holds a newline and a command, a device type `XPU$(...)` from --profiles, a
-    launcher script whose file name holds a newline, then `emit` of a plan.json whose inputs.script.path holds a
-    newline and a command: every launch.sh parses, and its dry run creates nothing."""
-    model = dict(TINY_MODEL, name="tiny\ntouch PWNED")
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
+    """A model YAML whose name holds a command, a device type `XPU$(...)` from --profiles, a launcher script whose
+    file name holds a command, then `emit` of a plan.json whose inputs.script.path holds a newline and a command:
+    every launch.sh parses, and its dry run creates nothing.  A name with a newline (the model's, or a script's
+    file name the model's name comes from) is refused at input: exit 2, nothing written."""
     profiles = tmp_path / "prof"
     profiles_with("XPU$(touch PWNED)", profiles)
-    script = tmp_path / "train\ntouch PWNED.sh"
-    script.write_text(SCRIPT.format(save="/ckpt", entry="pretrain_gpt.py", flags=TINY_FLAGS))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     common = ["--cluster", "XPU$(touch PWNED):8", "--profiles", str(profiles), "--backend", "hsdp", "--quiet",
               "--time-limit", "3"]  # a short limit: the plots are skipped (the launcher is what is tested)
+    (tmp_path / "nl.yaml").write_text(yaml.safe_dump(dict(TINY_MODEL, name="tiny\ntouch PWNED")))
+    newline_script = tmp_path / "train\ntouch PWNED.sh"
+    newline_script.write_text(SCRIPT.format(save="/ckpt", entry="pretrain_gpt.py", flags=TINY_FLAGS))
+    for refused_input, field in ((["--model", str(tmp_path / "nl.yaml")], "name"),
+                                 (["--megatron-script", str(newline_script), "--", "/load"], "--megatron-script")):
+        res = CliRunner().invoke(main, ["solve", *common, "--out", str(tmp_path / "x"), *refused_input])
+        assert res.exit_code == 2 and field in res.output and "control characters" in res.output, res.output
+        assert not (tmp_path / "x").exists() and list(cwd.iterdir()) == []
+    model = dict(TINY_MODEL, name="tiny;touch PWNED`touch PWNED`$(touch PWNED)")
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
+    script = tmp_path / "train;touch PWNED$(touch PWNED).sh"
+    script.write_text(SCRIPT.format(save="/ckpt", entry="pretrain_gpt.py", flags=TINY_FLAGS))
     res = CliRunner().invoke(main, ["solve", "--model", str(tmp_path / "m.yaml"), *common, "--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), *common, "--out", str(tmp_path / "b"),

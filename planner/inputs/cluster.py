@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
-from planner.inputs.files import load_document, path_kind, require_string_keys
+from planner.inputs.files import load_document, name_from_path, path_kind, require_string_keys
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup, largest_segment
 from planner.schemas.types import MAX_GPUS
@@ -196,7 +196,9 @@ def cluster_from_dict(raw: Any, profiles: ProfileSet, *, source: str = "cluster"
         raise PlannerInputError(FIELD, f"{where}: `links` must be a list of {{between: [A, B], kind, "
                                        f"bandwidth_gb_per_s, latency_us}} (or left out), got {links_raw!r}")
     name = raw.get("name")
-    name = default_name if name is None or name == "" else name
+    if name is None or name == "":
+        name = name_from_path(default_name, FIELD, "the cluster's name comes from its file name (the file states no "
+                                                   "`name:`)")
     if not isinstance(name, str):
         raise PlannerInputError(FIELD, f"{where}: `name` must be a string, got {name!r}")
     groups = [_group_from_row(row, i, profiles, where) for i, row in enumerate(rows)]

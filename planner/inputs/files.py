@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Literal
 import yaml
 
 from planner.errors import PlannerInputError
+from planner.schemas.types import control_character_problem
 
 MAX_DOCUMENT_BYTES = 1 << 20  # model, cluster, plan, HF config files: 1 MiB (real ones are a few KiB)
 MAX_NESTING_DEPTH = 64  # lists/mappings inside each other (real files: <= 6)
@@ -267,6 +268,15 @@ def load_document(path: str | Path, flag: str) -> Any:
     if os.fspath(path).lower().endswith(".json"):
         return parse_json(text, flag, source)
     return parse_yaml(text, flag, source)
+
+
+def name_from_path(name: str, flag: str, what: str) -> str:
+    """`name`, taken from a file or directory name (`what`: which one, and what it names), as the output will show
+    it: refused naming `flag` when it holds a control character, as a name stated in a file is (DisplayText)."""
+    problem = control_character_problem(name)
+    if problem is not None:
+        raise PlannerInputError(flag, f"{what}: {problem}")
+    return name
 
 
 def require_string_keys(data: dict[Any, Any], flag: str, where: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
-from planner.inputs.files import load_document, path_kind, require_string_keys
+from planner.inputs.files import load_document, name_from_path, path_kind, require_string_keys
 from planner.inputs.megatron_flags import moe_pattern_from_flag
 from planner.schemas.model import ModelSpec, moe_pattern_from_freq
 from planner.schemas.types import MAX_LAYERS
@@ -63,7 +63,9 @@ def model_from_mapping(data: Any, *, name: str, where: str) -> tuple[ModelSpec, 
             f"{where}:training", f"unknown key(s) {unknown}; allowed: {', '.join(sorted(TRAINING_KEYS))}"
         )
     _check_training(training, where)
-    fields.setdefault("name", name)
+    if "name" not in fields:  # a name stated in the file is checked by ModelSpec (errors name `where`:name)
+        fields["name"] = name_from_path(name, "--model", "the model's name comes from its path (the file states no "
+                                                         "`name:`)")
     if "moe_layer_freq" in fields:
         if "moe_layer_pattern" in fields:
             raise PlannerInputError(f"{where}:moe_layer_freq", "give moe_layer_freq or moe_layer_pattern, not both")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
-from planner.inputs.files import path_kind
+from planner.inputs.files import name_from_path, path_kind
 from planner.inputs.hf_config import hf_config_notes, looks_like_hf_config, model_from_hf_config, read_hf_config
 from planner.inputs.megatron_flags import RunDraft, build_run, drop_flags, is_flag_token, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
@@ -161,6 +161,9 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
         else:
             name = path.stem
         if looks_like_hf_config(data):
+            what = "directory" if path.is_dir() or path.name == "config.json" else "file"
+            name_from_path(name, "--model", f"the model's name comes from the {what} name (a HF config.json states "
+                                            f"none)")
             source = "config.json" if path.is_dir() else path.name  # the file's own name in errors and notes
             spec = model_from_hf_config(data, name, source)
             draft = _draft_from_spec(spec, {"global_batch_size": DEFAULT_GLOBAL_BATCH})
@@ -313,11 +316,13 @@ def resolve_run(
         source, source_name = "flags", "--megatron-args"
     else:
         extra = _split_args(megatron_args) if megatron_args is not None else []
+        name = name_from_path(Path(megatron_script).stem, "--megatron-script",
+                              "the model's name comes from the script's file name")
         script = read_script(megatron_script, script_args, extra, cluster=cluster, deadline=script_deadline)
         sink.extend(script.warnings)
         flags = _script_flags(script, extra, overrides or {})
         try:
-            draft = parse_megatron_draft(flags, name=Path(megatron_script).stem)
+            draft = parse_megatron_draft(flags, name=name)
         except PlannerInputError as exc:
             raise explain_script_error(exc, script) from None
         source, source_name = "flags", str(megatron_script)

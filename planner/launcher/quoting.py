@@ -21,6 +21,7 @@ import re
 from typing import Collection, Iterable
 
 from planner.errors import PlannerInputError
+from planner.schemas.types import CONTROL_CHARACTER
 
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 """Words bash reads literally without quotes (no glob, tilde, expansion, blank or operator character)."""
@@ -28,7 +29,7 @@ _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 RUNTIME_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """A run-time reference in a flag value: the launcher expands ${NAME} from its environment."""
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = CONTROL_CHARACTER  # the characters the inputs' names may not hold (planner/schemas/types.py)
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import MAX_GPUS, BandwidthGBps, LatencyUs, StrictModel
+from planner.schemas.types import MAX_GPUS, BandwidthGBps, DisplayText, LatencyUs, StrictModel
 
 
 NicKind = Literal["infiniband", "roce", "ethernet", "efa", "slingshot"]
@@ -16,7 +16,7 @@ NicKind = Literal["infiniband", "roce", "ethernet", "efa", "slingshot"]
 class NodeGroup(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device_type: str = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
+    device_type: DisplayText = Field(description="canonical device name, e.g. H800 (see profiles/devices)")
     num_nodes: int = Field(gt=0)
     gpus_per_node: int = Field(gt=0)
     intra_node_bandwidth_gb_per_s: BandwidthGBps | None = Field(None, description="override, per GPU per direction")
@@ -71,8 +71,8 @@ class CrossTypeLink(StrictModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    between: tuple[str, str]
-    kind: str = Field(description="e.g. host-memory, ethernet, infiniband")
+    between: tuple[DisplayText, DisplayText]
+    kind: DisplayText = Field(description="e.g. host-memory, ethernet, infiniband")
     bandwidth_gb_per_s: BandwidthGBps = Field(description="per GPU per direction")
     latency_us: LatencyUs = 20.0
 
@@ -89,7 +89,7 @@ def pool_members(device_type: str) -> tuple[str, ...]:
 class ClusterSpec(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = "cluster"
+    name: DisplayText = "cluster"
     groups: tuple[NodeGroup, ...]
     links: tuple[CrossTypeLink, ...] = ()
 

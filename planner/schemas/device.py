@@ -12,7 +12,9 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from planner.errors import MissingProfileError
-from planner.schemas.types import BandwidthGBps, HbmTBps, LatencyUs, MemoryGiB, PeakTflops, StrictModel
+from planner.schemas.types import (
+    BandwidthGBps, DisplayText, HbmTBps, LatencyUs, MemoryGiB, PeakTflops, StrictModel,
+)
 
 ProvenanceKind = Literal["measured", "published", "datasheet-derived", "calibrated"]
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
@@ -57,7 +59,7 @@ class LinkProfile(StrictModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: str = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, efa, slingshot, host-memory")
+    kind: DisplayText = Field(description="nvlink, xgmi, hccs, pcie, infiniband, roce, ethernet, efa, slingshot, host-memory")
     bandwidth_gb_per_s: BandwidthGBps = Field(description="per GPU per direction, GB/s (10^9 bytes)")
     latency_us: LatencyUs
     efficiency: dict[str, EfficiencyCurve] = Field(
@@ -69,9 +71,9 @@ class LinkProfile(StrictModel):
 class DeviceProfile(StrictModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(description="canonical name, e.g. H800")
-    aliases: tuple[str, ...] = ()
-    vendor: str
+    name: DisplayText = Field(description="canonical name, e.g. H800")
+    aliases: tuple[DisplayText, ...] = ()
+    vendor: DisplayText
     memory_gib: MemoryGiB = Field(description="device memory as the framework sees it, GiB")
     memory_overhead_gib: float = Field(
         ge=0, description="context, communication buffers, allocator fragmentation, GiB"

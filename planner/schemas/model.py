@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import StrictModel
+from planner.schemas.types import DisplayText, StrictModel
 
 DispatcherName = Literal["allgather", "alltoall", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
@@ -33,7 +33,7 @@ class ModelSpec(StrictModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field("custom", description="preset or file name, for reports")
+    name: DisplayText = Field("custom", description="preset or file name, for reports (no control character)")
     num_layers: int = Field(gt=0, description="decoder layers (--num-layers)")
     hidden_size: int = Field(gt=0, description="--hidden-size")
     ffn_hidden_size: int | None = Field(None, gt=0, description="dense MLP size; None: Megatron default")

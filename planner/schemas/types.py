@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import types
 from typing import Annotated, Any, Callable, Union, get_args, get_origin
 
@@ -89,6 +90,42 @@ LatencyUs = Annotated[float, physical("latency")]
 MemoryGiB = Annotated[float, physical("memory")]
 PeakTflops = Annotated[float, physical("peak")]
 HbmTBps = Annotated[float, physical("hbm")]
+
+
+# ---- free text that reaches the terminal, summary.md and plot titles (names, device types, link kinds)
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""A character a terminal, a Markdown heading or a plot title does not show as itself: C0 (\\x00-\\x1f: ESC,
+newline, carriage return, tab, ...), DEL (\\x7f), C1 (\\x80-\\x9f) and the Unicode line and paragraph separators."""
+NOT_ALLOWED = ("control characters are not allowed: C0 \\x00-\\x1f (ESC, newline, carriage return, tab, ...), "
+               "DEL \\x7f, C1 \\x80-\\x9f, and \\u2028/\\u2029")
+_CHARACTER_NAMES = {"\x1b": "ESC", "\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x7f": "DEL",
+                    "\x00": "NUL"}
+_SHOWN = 60  # characters of the refused text the message shows (escaped)
+
+
+def control_character_problem(text: str) -> str | None:
+    """Why `text` may not be shown as it is (its first control character, escaped, and what is not allowed), or
+    None.  The one check of every free-text name the planner prints (DisplayText; planner/inputs/files.py
+    name_from_path for a name taken from a path)."""
+    found = CONTROL_CHARACTER.search(text)
+    if found is None:
+        return None
+    char = found.group(0)
+    code = ascii(char)[1:-1]  # \x1b, \n, \u2028: never the raw character
+    what = f"{_CHARACTER_NAMES[char]} ({code})" if char in _CHARACTER_NAMES else code
+    shown = repr(text[:_SHOWN])  # repr escapes every control character (and keeps other letters readable) + (" ..." if len(text) > _SHOWN else "")
+    return f"{shown} holds {what} at character {found.start() + 1}; {NOT_ALLOWED}"
+
+
+def _display_text(value: str) -> str:
+    problem = control_character_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+DisplayText = Annotated[str, AfterValidator(_display_text)]
+"""A name the output shows (model, cluster, device, vendor, link kind): no control character (NOT_ALLOWED)."""
 
 
 def _reject_bool_and_text(value: Any, expected: str) -> None:
