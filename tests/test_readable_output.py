@@ -128,11 +128,13 @@ def test_top_k_lists_the_other_plans_in_the_text_and_summary(tmp_path):
     assert res.exit_code == 0, res.output
     payload = json.loads((tmp_path / "p" / "plan.json").read_text())
     alts = payload["alternatives"]
-    assert len(alts) == 2
+    assert 1 <= len(alts) <= 2  # the search may hold fewer distinct plans than asked
     assert {frozenset(a) for a in alts} == {frozenset({"iteration_time_s", "tflops_per_gpu", "mfu", "plan",
                                                        "iteration_time_range_s", "tflops_per_gpu_range",
                                                        "range_source", "evidence", "range_by_mechanism_s"})}
-    assert "--top 3: the 2 plans after the pick" in res.stdout
+    text = " ".join(res.stdout.split())
+    assert (f"--top 3: the {len(alts)} plan{'s' if len(alts) > 1 else ''} after the pick" in text
+            and (len(alts) == 2 or f"the search kept {len(alts)} other plan" in text)), res.stdout
     summary = (tmp_path / "p" / "summary.md").read_text()
     assert "## Other plans" in summary
     table = res.stdout.split("--top 3:")[1]

@@ -12,7 +12,9 @@ from planner.cli_common import handle_errors
 from planner.errors import PlannerInputError
 from planner.inputs.presets import load_model_preset
 from planner.output.run_dir import PROFILE_OUTPUT, check_out_dir
+from planner.profile_tables import ProfileSet
 from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
+from planner.runtime import plannable_runtimes
 
 TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
 MAX_LIST_VALUE = 1024  # TP/EP/ETP degrees and micro-batch sizes a single-device benchmark can time
@@ -96,9 +98,6 @@ def next_step(profile, model: str, out_dir: str) -> list[str]:
     """What to run with the profile just written: `--cluster NAME:N --profiles DIR` where a runtime of
     profiles/runtimes.yaml runs the device; otherwise (a CPU: a smoke test of the profiler) the one command that
     prices on it, `estimate ... --allow-invalid`, since solve and a plain estimate refuse it."""
-    from planner.profile_tables import ProfileSet
-    from planner.runtime import plannable_runtimes
-
     cluster = f"{profile.name}:{profile.gpus_per_node}"
     profiles = ProfileSet.load(extra_dirs=[out_dir])
     if any(rt.can_run([profile.name], profiles).ok for rt in plannable_runtimes(profiles)):

@@ -15,7 +15,7 @@ from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
 from planner.inputs.shell.flag_string import split_flag_string
 from planner.cost.memory import expandable_segments_of
-from planner.inputs.script import cluster_geometry, read_launcher_script, scheduler_fix
+from planner.inputs.script import LauncherScript, cluster_geometry, read_launcher_script, scheduler_fix
 from planner.launcher.megatron import EP_OVERLAP_MAX_CONNECTIONS
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE, unpriced_env
 from planner.schemas.cluster import ClusterSpec
@@ -326,14 +326,7 @@ def resolve_run(
         except PlannerInputError as exc:
             raise explain_script_error(exc, script) from None
         source, source_name = "flags", str(megatron_script)
-        expandable = expandable_segments_of(script_environment(script))
-        if expandable is not None:
-            draft.training["expandable_segments"] = expandable
-        sink.extend(_max_connections_notes(script_environment(script), draft.training))
-        env_unpriced = unpriced_env(script_environment(script))
-        if env_unpriced:
-            draft.training["unpriced_flags"] = tuple(entry for entry, _ in env_unpriced)
-            sink.extend(note for _, note in env_unpriced)
+        sink.extend(_apply_script_environment(draft, script))
         ws = script.world_size
         if world_size is None and isinstance(ws, int) and ws > 0:
             world_size = ws
@@ -349,6 +342,21 @@ def resolve_run(
     assumed = input_assumptions(run, source=source, source_name=source_name, stated_training=stated_training,
                                 stated_model=stated_model, flags=flags, overrides=overrides)
     return run.model_copy(update={"assumed": assumed})
+
+
+def _apply_script_environment(draft: RunDraft, script: LauncherScript) -> list[str]:
+    """What the script's environment states about the run (the allocator, unpriced settings) set on the draft;
+    the notes it calls for."""
+    env = script_environment(script)
+    expandable = expandable_segments_of(env)
+    if expandable is not None:
+        draft.training["expandable_segments"] = expandable
+    notes = _max_connections_notes(env, draft.training)
+    env_unpriced = unpriced_env(env)
+    if env_unpriced:
+        draft.training["unpriced_flags"] = tuple(entry for entry, _ in env_unpriced)
+        notes.extend(note for _, note in env_unpriced)
+    return notes
 
 
 def _require_sp_for_moe(draft: RunDraft, *, explicit: Any) -> None:
