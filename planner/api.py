@@ -456,6 +456,13 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     options behind the broken rules, unless `allow_invalid` (then each broken rule is a note)."""
     run, cluster, profiles = inputs
     plan, notes = plan_from_run(run, cluster, profiles)
+    return price_plan(inputs, plan, notes, allow_invalid=allow_invalid, memory_headroom=memory_headroom)
+
+
+def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: bool = False,
+               memory_headroom: float | None = None) -> Estimate:
+    """`estimate`'s pricing of one plan of the run on its cluster (the flags' plan, or a plan file's)."""
+    run, cluster, profiles = inputs
     violations = run_violations(run, plan)
     if violations and not allow_invalid:
         raise PlannerInputError(
@@ -603,6 +610,32 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
     hosts = read_hosts(hosts_path, cluster_spec, profiles) if hosts_path else None
     return render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts), script
+
+
+def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
+                     megatron_script: str | None = None, cluster: str | None = None, script_args: Sequence[str] = (),
+                     profile_dirs: Sequence[str] = (), moe_imbalance: float | None = None,
+                     on_note: Callable[[str], None] | None = None) -> tuple[Inputs, Plan, dict]:
+    """A saved plan to price (`estimate --plan`): plan.json or a `solve --json` output (its run and cluster
+    included), or a bare Plan with the model and cluster given, checked for consistency as `emit` checks it; its
+    inputs as load_inputs gives them (the imbalance assumed or given), the plan, and the file's data."""
+    data = load_plan_file(Path(plan_path))
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                                cluster=cluster, script_args=tuple(script_args), profiles=profiles)
+    run, plan, cluster_spec = found.run, found.plan, found.cluster
+    check_plan_document(data, plan, run, cluster_spec)
+    if found.edited and on_note is not None:
+        on_note(f"{' and '.join(found.edited)} changed after solve wrote {Path(plan_path).name}: priced for them as "
+                "they are now")
+    check_imbalance(run, profiles, moe_imbalance)
+    if moe_imbalance is not None:  # stated now: no longer assumed
+        run = run.model_copy(update={
+            "training": run.training.model_copy(update={"moe_imbalance_factor": float(moe_imbalance)}),
+            "assumed": tuple(a for a in run.assumed if a.name != "MoE imbalance")})
+    elif not any(a.name == "MoE imbalance" for a in run.assumed):
+        run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
+    return Inputs(run, cluster_spec, profiles), plan, data
 
 
 def check_hosts(outcome: SolveOutcome) -> None:

@@ -1,0 +1,62 @@
+"""`estimate --plan`: a saved plan (solve --out's plan.json, a solve --json output, or the same edited) priced with
+its model and cluster from the file, for re-pricing solve's pick (e.g. with --profiles after calibrate) or a plan
+edited by hand."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from cli import main
+
+RUNNER = CliRunner()
+FLAGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 8 --vocab-size 32000 --seq-length 2048 "
+         "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16")
+
+
+def _run(args):
+    r = RUNNER.invoke(main, args)
+    return r.exit_code, r.stdout, r.output
+
+
+def test_a_saved_plan_is_priced_as_solve_priced_it_and_an_edit_is_priced_anew(tmp_path):
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--json"])
+    assert code == 0, out
+    again = json.loads(stdout)
+    assert again["plan"] == saved["plan"]
+    assert again["iteration_time_s"] == saved["iteration_time_s"]  # one evaluator, two paths
+    assert again["max_memory_gib"] == saved["max_memory_gib"]
+    # solve --json's own output is a plan file too
+    code, stdout, _ = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                            "--json"])
+    (tmp_path / "solved.json").write_text(stdout)
+    code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "solved.json"), "--json"])
+    assert code == 0, out
+    assert json.loads(stdout)["iteration_time_s"] == saved["iteration_time_s"]
+    # an edit: every stage recomputes every layer in full -> slower, less activation memory
+    edited = dict(saved)
+    edited["plan"] = dict(saved["plan"], stages=[dict(s, recompute={"granularity": "full", "method": "uniform",
+                                                                    "num_layers": 1, "modules": []})
+                                                 for s in saved["plan"]["stages"]])
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "edited.json"), "--json"])
+    assert code == 0, out
+    full = json.loads(stdout)
+    assert all(s["recompute"]["granularity"] == "full" for s in full["plan"]["stages"])
+    if any(s["recompute"]["granularity"] != "full" for s in saved["plan"]["stages"]):
+        assert full["iteration_time_s"] > saved["iteration_time_s"]
+
+
+def test_plan_refuses_changes_from_the_command_line_and_cluster_is_needed_without_it(tmp_path):
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--tp", "2"])
+    assert code == 2 and "--plan" in out and "--tp" in out and "Traceback" not in out
+    code, _, out = _run(["estimate", "--megatron-args", FLAGS])
+    assert code == 2 and "--cluster" in out and "Traceback" not in out
