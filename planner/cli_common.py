@@ -27,6 +27,7 @@ from typing import Any, Callable
 import click
 from pydantic import ValidationError
 
+from planner.schemas.types import CONTROL_CHARACTER
 from planner.signals import deliver, received
 from planner.errors import (
     ImplausiblePredictionError, InfeasibleError, Interrupted, MissingProfileError, PlannerInputError,
@@ -53,8 +54,14 @@ def one_line(message: str) -> str:
     return " ".join(w if len(w) <= MAX_WORD_CHARS else f"{w[:60]}...({len(w)} characters)...{w[-20:]}" for w in words)
 
 
+def shown(message: str) -> str:
+    """`message` with every control character but the newline escaped (\\x1b, \\r, \\u2028): a path or a
+    value quoted in an error never reaches the terminal as a control sequence (CONTROL_CHARACTER)."""
+    return CONTROL_CHARACTER.sub(lambda m: m.group(0) if m.group(0) == "\n" else ascii(m.group(0))[1:-1], message)
+
+
 def fail(message: str, code: int = 2) -> None:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {shown(message)}", err=True)
     sys.exit(code)
 
 

@@ -535,3 +535,12 @@ def test_other_names_the_output_shows_are_refused_the_same_way(tmp_path, tiny, w
     (tmp_path / "prof" / "devices").mkdir(parents=True)
     (tmp_path / "prof" / "devices" / "new.yaml").write_bytes(to_yaml(device))
     _refused_clean(run([*args, "--profiles", str(tmp_path / "prof")]), "aliases" if key == "alias" else key)
+
+
+@pytest.mark.parametrize("char", ["\x1b", "\x07", "\x9b", "\u2028", "\r"])
+def test_a_control_character_in_a_quoted_path_never_reaches_the_terminal(tmp_path, char):
+    """An error quotes the path the user gave; a control character in it (ESC starting a colour, BEL, the C1 CSI,
+    a line separator, a carriage return that would overwrite the line) is shown escaped, never raw."""
+    res = run(["estimate", "--megatron-args", "--num-layers 2", "--cluster", str(tmp_path / f"no{char}[31mpe.yaml")])
+    line = refused(res, "--cluster")
+    assert char not in line and "[31mpe.yaml" in line  # escaped, or (whitespace) one space of the one line

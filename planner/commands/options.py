@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from planner.cli_common import FiniteFloat
+from planner.cli_common import FiniteFloat, shown
 from planner.errors import PlannerInputError
 from planner.uncertainty import shipped_uncertainty
 from planner.output.run_dir import PLOTS_OUTPUT, check_out_dir
@@ -127,7 +127,7 @@ def note_printer(quiet: bool = False):
     """The `on_note` of planner.api.load_inputs: each note on stderr as `note: ...` (none under --quiet)."""
     if quiet:
         return None
-    return lambda note: click.echo(f"note: {note}", err=True)
+    return lambda note: click.echo(f"note: {shown(note)}", err=True)
 
 
 def launcher_inputs(script) -> list[str]:
