@@ -37,7 +37,7 @@ from planner.profile_tables import ProfileSet
 from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
 from planner.megatron.rules import (
-    format_violations, input_violations, run_violations, runtime_model_refusal, world_violations,
+    check_plan, format_violations, input_violations, run_violations, runtime_model_refusal, world_violations,
 )
 from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
@@ -460,22 +460,26 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
 
 
 def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: bool = False,
-               memory_headroom: float | None = None) -> Estimate:
-    """`estimate`'s pricing of one plan of the run on its cluster (the flags' plan, or a plan file's)."""
+               memory_headroom: float | None = None, saved: bool = False) -> Estimate:
+    """`estimate`'s pricing of one plan of the run on its cluster: the flags' plan (checked with the flags that
+    place it), or a `saved` plan file's (checked as itself, on the runtime it names: a FlagScale plan too)."""
     run, cluster, profiles = inputs
-    violations = run_violations(run, plan)
+    violations = check_plan(run.model, plan, run.training) if saved else run_violations(run, plan)
     if violations and not allow_invalid:
         raise PlannerInputError(
             " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
-    runs = MEGATRON.can_run(plan.member_types(), profiles)
+    runtime = runtime_of(plan.runtime) if saved else MEGATRON
+    # the flags' plan spans the whole cluster: a stage straddling two types is priced as one of them
+    runs = runtime.can_run(plan.member_types() if saved else cluster, profiles)
     if not runs.ok:
         if not allow_invalid:
-            raise PlannerInputError("--cluster", f"{runs.reason}; `solve` plans a runtime that can (FlagScale for "
-                                    "NVIDIA+AMD); --allow-invalid prices these flags anyway")
-        notes = notes + [f"no upstream Megatron-LM job runs this: {runs.reason}"]
+            raise PlannerInputError("--plan" if saved else "--cluster",
+                                    f"{runs.reason}; `solve` plans a runtime that can (FlagScale for NVIDIA+AMD); "
+                                    "--allow-invalid prices it anyway")
+        notes = notes + [f"no {runtime.title} job runs this: {runs.reason}"]
     ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal.evaluate(plan)
     check_prediction(cost, "the configuration", profiles.user_files)

@@ -90,8 +90,8 @@ def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: st
         return out
     out.plan, out.notes = plan, list(notes)
     out.violations = run_violations(run, plan)
-    runs = MEGATRON.can_run(plan.member_types(), profiles)
-    if not runs.ok:
+    runs = MEGATRON.can_run(cluster, profiles)  # the flags' plan spans the whole cluster (plan_from_run), whose
+    if not runs.ok:  # stages may straddle types that the plan prices as the slower one
         out.cannot_run = runs.reason
     try:
         if range_model is None:

@@ -60,3 +60,18 @@ def test_plan_refuses_changes_from_the_command_line_and_cluster_is_needed_withou
     assert code == 2 and "--plan" in out and "--tp" in out and "Traceback" not in out
     code, _, out = _run(["estimate", "--megatron-args", FLAGS])
     assert code == 2 and "--cluster" in out and "Traceback" not in out
+
+
+def test_a_saved_flagscale_plan_is_priced_on_its_runtime(tmp_path):
+    """A mixed-vendor pick runs on FlagScale: estimate --plan prices it on the runtime the file names (the price
+    solve gave), not refused as a job upstream Megatron cannot run."""
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H800:4,MI300X:4", "--backend", "hsdp",
+                         "--quiet", "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert saved["runtime"] == "flagscale"
+    code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--json"])
+    assert code == 0, out
+    priced = json.loads(stdout)
+    assert priced["iteration_time_s"] == saved["iteration_time_s"]
+    assert not any("job runs this" in n for n in priced["notes"])

@@ -464,3 +464,19 @@ def test_top_k_never_lists_one_plan_twice():
     plans = [json.dumps(d["plan"], sort_keys=True)] + [json.dumps(a["plan"], sort_keys=True)
                                                        for a in d.get("alternatives", [])]
     assert len(plans) >= 2 and len(set(plans)) == len(plans)
+
+
+def test_flags_whose_one_stage_spans_vendors_cannot_run_upstream(tmp_path):
+    """Flags without model parallelism on H800 + MI300X make one data-parallel stage over both vendors, which the
+    plan prices as the slower type: estimate refuses it as upstream Megatron would (one vendor's collective library
+    per job), and solve calls the user's plan one that does not run, proposes no trial of it, and writes its
+    launchers (it used to fail writing a trial launcher for 8 H800 on a cluster of 4)."""
+    flags = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 8 --vocab-size 32000 --seq-length 2048 "
+             "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16")
+    r = invoke(["estimate", "--megatron-args", flags, "--cluster", "H800:4,MI300X:4"])
+    assert r.exit_code == 2 and "cannot run one job over" in r.output
+    r = invoke(["solve", "--megatron-args", flags, "--cluster", "H800:4,MI300X:4", "--backend", "hsdp", "--quiet",
+                "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    d = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert d["user_plan"]["runs"] is False and "yours" not in {t["name"] for t in d["trials"]}

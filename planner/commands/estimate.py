@@ -54,13 +54,14 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
     else:
         changed = sorted(f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None)
         if changed:
-            raise PlannerInputError("--plan", f"prices the plan as the file holds it; {', '.join(changed)} would "
-                                              "change it: edit the file's plan, or give them without --plan")
+            raise PlannerInputError("--plan", f"prices the plan and run the file holds; {', '.join(changed)} would "
+                                              "change them: edit the file (its plan, or inputs.run), or give them "
+                                              "without --plan")
         inputs, plan, data = load_plan_inputs(
             plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
             script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer())
         headroom = memory_headroom if memory_headroom is not None else data.get("memory_headroom")
-        priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom)
+        priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom, saved=True)
     payload = estimate_json(inputs.run, inputs.cluster, priced.plan, priced.cost, notes=priced.notes,
                             time_range=priced.time_range)
     if plot_dir:

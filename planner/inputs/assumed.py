@@ -162,7 +162,8 @@ def measured_imbalance_notes(run: MegatronRun, cluster, profiles) -> list[str]:
     if real is None:
         return []
     routing, ep, value = real
-    return [f"MoE imbalance {value:.4g} (the busiest EP rank's tokens over the mean, at EP {ep}; other plans get "
-            f"their own) from your router statistics in --profiles: {routing.source}"
+    at = f"at the input's EP {ep}" if run.parallel.ep > 1 else f"at EP {ep} (the input's EP is 1)"
+    return [f"MoE imbalance {value:.4g} (the busiest EP rank's tokens over the mean, {at}; every plan, the pick "
+            f"included, gets its own at its EP size) from your router statistics in --profiles: {routing.source}"
             + (f", clipped at --moe-expert-capacity-factor {run.model.moe_expert_capacity_factor:g}"
                if run.model.moe_expert_capacity_factor is not None else "")]
