@@ -601,12 +601,10 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     memory, Megatron's rules; the prediction guard), and a plan whose model or cluster differs from
     the one it was made for is refused (planner/inputs/plan_file.py).  `hosts_path` (--hosts FILE): the
     real nodes (planner/inputs/hosts.py); without it the host file is a template."""
-    data = load_plan_file(Path(plan_path))
-    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
-    found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                                cluster=cluster, script_args=tuple(script_args), profiles=profiles)
+    data, profiles, found = _read_plan_file(plan_path, model=model, megatron_args=megatron_args,
+                                            megatron_script=megatron_script, cluster=cluster,
+                                            script_args=script_args, profile_dirs=profile_dirs)
     run, plan, cluster_spec = found.run, found.plan, found.cluster
-    check_plan_document(data, plan, run, cluster_spec)
     check_emitted_plan(found, profiles, memory_headroom=data.get("memory_headroom"))
     if not found.has_record and "plan" in data and on_note is not None:
         on_note(f"{Path(plan_path).name} has no made_for record (plan.json and solve --json of this version carry "
@@ -616,6 +614,18 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     return render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts), script
 
 
+def _read_plan_file(plan_path: str | Path, *, model, megatron_args, megatron_script, cluster, script_args,
+                    profile_dirs):
+    """(the file's data, the profiles, its PlanInputs) of a saved plan, its derived keys checked against its
+    stages (planner/inputs/plan_file.py): what emit and estimate --plan read."""
+    data = load_plan_file(Path(plan_path))
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+                                cluster=cluster, script_args=tuple(script_args), profiles=profiles)
+    check_plan_document(data, found.plan, found.run, found.cluster)
+    return data, profiles, found
+
+
 def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
                      megatron_script: str | None = None, cluster: str | None = None, script_args: Sequence[str] = (),
                      profile_dirs: Sequence[str] = (), moe_imbalance: float | None = None,
@@ -623,12 +633,10 @@ def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatro
     """A saved plan to price (`estimate --plan`): plan.json or a `solve --json` output (its run and cluster
     included), or a bare Plan with the model and cluster given, checked for consistency as `emit` checks it; its
     inputs as load_inputs gives them (the imbalance assumed or given), the plan, and the file's data."""
-    data = load_plan_file(Path(plan_path))
-    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
-    found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                                cluster=cluster, script_args=tuple(script_args), profiles=profiles)
+    data, profiles, found = _read_plan_file(plan_path, model=model, megatron_args=megatron_args,
+                                            megatron_script=megatron_script, cluster=cluster,
+                                            script_args=script_args, profile_dirs=profile_dirs)
     run, plan, cluster_spec = found.run, found.plan, found.cluster
-    check_plan_document(data, plan, run, cluster_spec)
     if found.edited and on_note is not None:
         on_note(f"{' and '.join(found.edited)} changed after solve wrote {Path(plan_path).name}: priced for them as "
                 "they are now")
