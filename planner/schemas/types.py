@@ -113,7 +113,8 @@ def control_character_problem(text: str) -> str | None:
     char = found.group(0)
     code = ascii(char)[1:-1]  # \x1b, \n, \u2028: never the raw character
     what = f"{_CHARACTER_NAMES[char]} ({code})" if char in _CHARACTER_NAMES else code
-    shown = repr(text[:_SHOWN])  # repr escapes every control character (and keeps other letters readable) + (" ..." if len(text) > _SHOWN else "")
+    # repr escapes every control character (and keeps other letters readable)
+    shown = repr(text[:_SHOWN]) + (" ..." if len(text) > _SHOWN else "")
     return f"{shown} holds {what} at character {found.start() + 1}; {NOT_ALLOWED}"
 
 
