@@ -234,16 +234,17 @@ def manifest_writers(out: Path) -> dict[str, str]:
 
 def test_emit_into_the_launch_directory_solve_wrote_and_solve_again(tmp_path, tiny):
     """The README's workflow was refused ("launch.sh belongs to the planner's output ..."): `solve --out P`,
-    `emit --plan P/plan.json --out P/launch --force`; and `emit --out P` then `solve --out P` again was
-    refused ("holds no earlier plan").  Now each works, P's manifest records who wrote what, and a file
-    the user edited is still never overwritten."""
+    `emit --plan P/plan.json --out P/launch`; and `emit --out P` then `solve --out P` again was
+    refused ("holds no earlier plan").  Now each works without --force (walk53b #3: the launcher files solve
+    wrote into P/launch are emit's earlier output), P's manifest records who wrote what, and a file the user
+    edited is still never overwritten."""
     plan = tmp_path / "plans" / "tiny"
     assert run(solve_args(tiny, "--out", str(plan))).exit_code == 0
     emit = ["emit", "--plan", str(plan / "plan.json"), "--out", str(plan / "launch")]
-    assert "--force" in refused(run(emit), "--out")  # another command's files: --force, as the README writes
-    res = run(emit + ["--force"])
+    res = run(emit)  # solve's launcher files: replaced, as docs/running.md writes it (no --force)
     assert res.exit_code == 0, res.output
-    assert run(emit).exit_code == 0  # its own output now: no --force needed
+    assert run(emit + ["--force"]).exit_code == 0  # --force changes nothing here
+    assert run(emit).exit_code == 0
     assert not (plan / "launch" / MANIFEST_NAME).exists() and no_staging_left(plan, plan / "launch")
     writers = manifest_writers(plan)
     assert writers["launch/launch.sh"] == "emit --out" and writers["plan.json"] == "solve --out"
@@ -260,6 +261,37 @@ def test_emit_into_the_launch_directory_solve_wrote_and_solve_again(tmp_path, ti
         assert "changed after the planner wrote it" in refused(run(emit + extra), "--out")
         refused(run(solve_args(tiny, "--out", str(plan), *extra)), "--out")
     assert (plan / "launch" / "launch.sh").read_text() == "# my edits\n"
+
+
+def test_emit_replaces_the_launcher_files_solve_wrote_and_keeps_the_users(tmp_path, tiny):
+    """walk53b #3: `emit --plan S/plan.json --out S/launch` (docs/running.md) said S/launch "holds no earlier
+    launcher files" though solve had written launch.sh, hostfile and megatron_args.txt there (S's manifest
+    lists them).  Now emit replaces solve's launcher files (their stale slurm_hostfile.* included), keeps a
+    file of the user's beside them, and an edited launcher file still stops it, --force or not."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("n0 H800 8\n")
+    plan = tmp_path / "S"
+    res = run(solve_args(tiny, "--out", str(plan), "--hosts", str(hosts)))
+    assert res.exit_code == 0, res.output
+    launch = plan / "launch"
+    assert {"launch.sh", "hostfile", "megatron_args.txt", "slurm_hostfile.nodes"} <= {p.name for p in launch.iterdir()}
+    (launch / "notes.txt").write_text("mine")
+    res = run(["emit", "--plan", str(plan / "plan.json"), "--out", str(launch)])  # no --hosts this time
+    assert res.exit_code == 0, res.output
+    writers = manifest_writers(plan)
+    assert {r: w for r, w in writers.items() if r.startswith("launch/")} == {
+        f"launch/{n}": "emit --out" for n in ("launch.sh", "hostfile", "megatron_args.txt")}
+    assert not (launch / "slurm_hostfile.nodes").exists() and (launch / "notes.txt").read_text() == "mine"
+    assert "template" in (launch / "hostfile").read_text().lower()
+    assert writers["plan.json"] == "solve --out" and survey(plan).family == "plan"
+    (launch / "hostfile").write_text("n0 slots=8 type=H800\n")  # the user's now
+    for extra in ([], ["--force"]):
+        line = refused(run(["emit", "--plan", str(plan / "plan.json"), "--out", str(launch), *extra]), "--out")
+        assert "hostfile was changed after the planner wrote it" in line
+    assert (launch / "hostfile").read_text() == "n0 slots=8 type=H800\n"
+    # solve's launcher files elsewhere in S are not emit's: writing into S itself still asks for --force
+    assert "--force" in refused(run(["emit", "--plan", str(plan / "plan.json"), "--out", str(plan / "plots")]),
+                                "--out")
 
 
 def other_file_system(tmp_path: Path) -> Path:

@@ -16,10 +16,13 @@ from planner.output.run_dir import LAUNCHER_OUTPUT, check_out_dir, write_files
               help="plan.json as `solve --out` writes it (or a bare Plan with --model/--cluster)")
 @click.option("--out", "out_dir", required=True, metavar="DIR",
               help="directory for the launcher files: a new or empty directory, or one with earlier launcher files "
-                   "(replaced; its manifest says so); files the planner did not write, and the input script, are "
-                   "never overwritten or deleted")
-@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no launcher files "
-                                            "(beside its files, which are never overwritten or deleted)")
+                   "(replaced; a manifest there or above says so: `solve --out DIR`'s DIR/launch included); files the "
+                   "planner did not write or that were edited since, and the input script, are never overwritten or "
+                   "deleted")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no earlier launcher "
+                                            "files, beside its files; the planner's own unchanged files of the same "
+                                            "name are replaced, and files it did not write or that were edited since "
+                                            "are never overwritten or deleted (the command is refused)")
 @click.option("--megatron-script", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="the user's launcher (default: the one plan.json saved); launch.sh is it with the plan applied; "
                    "it must describe the model the plan was made for")

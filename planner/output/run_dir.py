@@ -9,15 +9,17 @@ The user's files are sacred.  Each directory the planner writes holds a manifest
 - DIR may be a new directory, an empty one, or one that holds an earlier output of the same command
   (its manifest says so).  Any other non-empty directory is refused unless `--force` is given.
 - A directory inside an earlier output (the launch/ of `solve --out DIR`) is recorded in that output's
-  manifest: `emit --out DIR/launch --force` replaces the launcher files there and the manifest above says
-  so (the next `emit` there, or `solve --out DIR` again, needs no --force).  Writing into another
-  command's output (--force) keeps that directory's family, so its own command still finds it.
+  manifest.  The launcher files `solve --out DIR` wrote into DIR/launch/ are an earlier output of
+  `emit --out` (LAUNCHER_OUTPUT.earlier_from): `emit --out DIR/launch` replaces them without --force, and
+  the manifest above says so (the next `emit` there, or `solve --out DIR` again, needs no --force either).
+  Writing into another command's output (--force) keeps that directory's family, so its own command
+  still finds it.
 - A file the planner did not write (absent from the manifest, or edited since) is never overwritten
   or deleted, with or without --force: a new file of the same path is refused, naming it.
 - The command's own inputs (`inputs`: the launcher script and what it sources, the plan, the model,
   cluster and log files), whatever their path, are never a write target.
 - Replacing an earlier output removes only the earlier output's own files (listed, unchanged, written
-  by the same command); other files in DIR are left alone.
+  by the same command, or solve's launcher files in launch/ for emit); other files in DIR are left alone.
 - SIGINT, SIGTERM and SIGHUP are held back while files are moved into place, so the directory is
   either as it was or complete; the staging directory is always removed (the CLI then exits 130/143).
 
@@ -60,6 +62,17 @@ class OutputKind:
     family: str
     paths: tuple[str, ...] = ()
     has_force: bool = True  # the command has a --force option (--plot has none)
+    # (writer, subdirectory ending in '/'): files that another command wrote into that subdirectory of its
+    # output which are this kind's files too (solve --out's launch/ holds launcher files); written into
+    # that subdirectory, this command replaces them as its own earlier output
+    earlier_from: tuple[tuple[str, str], ...] = ()
+
+    def is_earlier(self, writer: str | None, rel: str, prefix: str) -> bool:
+        """Whether the planner's file `rel` (written by `writer`, in the directory of the manifest) is
+        an earlier output of this kind when writing into that directory's `prefix` subdirectory."""
+        if writer == self.writer:
+            return True
+        return any(writer == w and prefix == sub and rel.startswith(sub) for w, sub in self.earlier_from)
 
 
 PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json", "timeline.csv", "memory.png",
@@ -69,7 +82,8 @@ PLAN_OUTPUT = OutputKind("plan", "solve --out", "plan",
                           "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md"),
                           "trials/pick/launch.sh", "trials/pick/plan.json"))
 PLOTS_OUTPUT = OutputKind("pictures", "--plot", "plots", PLOT_FILES, has_force=False)
-LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"))
+LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"),
+                             earlier_from=(("solve --out", "launch/"),))
 PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", ("profile_report.json",))
 CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
                               ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml"))
@@ -157,13 +171,14 @@ def _check_existing(out: Path, flag: str, kind: OutputKind, force: bool, inputs:
                                           "deletes files it did not write (--force neither): move it, or choose "
                                           "another directory")
     part = found if not prefix else found.within(prefix)
-    earlier = any(found.writer_of(r) == kind.writer for r in part.ours)
+    earlier = any(kind.is_earlier(found.writer_of(r), r, prefix) for r in part.ours)
     if part.empty or earlier or (found.family == kind.family and not prefix) or force:
         return found
     mine = f" (it holds the planner's {found.family} files, not {_article(kind.what)})" if found.family else ""
     users = part.users_files()
     example = f"; not written by the planner: {', '.join(users[:3])}{', ...' if len(users) > 3 else ''}" if users else ""
-    hint = (", or add --force to write beside those files (they are never overwritten or deleted)"
+    hint = (", or add --force to write beside those files (files the planner did not write are never overwritten "
+            "or deleted)"
             if kind.has_force else "")
     raise PlannerInputError(
         flag, f"{out / prefix} is a non-empty directory that holds no earlier {kind.what}{mine}{example}; choose a new "
@@ -287,11 +302,11 @@ class StagedOutput:
 def _swap_in(staged: Mapping[str, Path], out: Path, prefix: str, found: Survey, kind: OutputKind,
              inputs: Sequence[Path]) -> None:
     """Move the staged files {path in `out`: staged file} into `out`.  The planner's earlier files of the
-    same command under `prefix` that the new output does not have are removed (never an input); the
+    same kind (OutputKind.is_earlier) under `prefix` that the new output does not have are removed (never an input); the
     planner's files it replaces are set aside first and put back if a move fails.  The manifest is
     written last, with the directory's family (another command's output written into keeps its own)."""
     entries = {r: entry_for(src, r, kind.writer) for r, src in staged.items()}
-    stale = sorted(r for r in found.ours if found.writer_of(r) == kind.writer and r.startswith(prefix)
+    stale = sorted(r for r in found.ours if kind.is_earlier(found.writer_of(r), r, prefix) and r.startswith(prefix)
                    and r not in entries and not _is_input(out / r, inputs))
     keep = [found.listed[r] for r in sorted(found.ours) if r not in entries and r not in stale]
     aside = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "old-", dir=out))
