@@ -38,10 +38,12 @@ def test_a_saved_plan_is_priced_as_solve_priced_it_and_an_edit_is_priced_anew(tm
     code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "solved.json"), "--json"])
     assert code == 0, out
     assert json.loads(stdout)["iteration_time_s"] == saved["iteration_time_s"]
-    # an edit: every stage recomputes every layer in full -> slower, less activation memory
+    # an edit: every stage recomputes every layer in full -> slower, less activation memory (the derived
+    # recompute_label dropped: one that no longer names recompute is refused, walk53b #4)
     edited = dict(saved)
-    edited["plan"] = dict(saved["plan"], stages=[dict(s, recompute={"granularity": "full", "method": "uniform",
-                                                                    "num_layers": 1, "modules": []})
+    edited["plan"] = dict(saved["plan"], stages=[{**{k: v for k, v in s.items() if k != "recompute_label"},
+                                                  "recompute": {"granularity": "full", "method": "uniform",
+                                                                "num_layers": 1, "modules": []}}
                                                  for s in saved["plan"]["stages"]])
     (tmp_path / "edited.json").write_text(json.dumps(edited))
     code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "edited.json"), "--json"])
@@ -75,3 +77,43 @@ def test_a_saved_flagscale_plan_is_priced_on_its_runtime(tmp_path):
     priced = json.loads(stdout)
     assert priced["iteration_time_s"] == saved["iteration_time_s"]
     assert not any("job runs this" in n for n in priced["notes"])
+
+
+def test_a_recompute_label_that_contradicts_recompute_is_refused(tmp_path):
+    """walk53b #4: stage 2's recompute_label set to "full:uniform:1" with recompute left at none was priced
+    and emitted as none without a word; the label is derived from recompute and never read.  Now
+    estimate --plan and emit refuse it (exit 2), naming the stage, the label and recompute; the label
+    edited to match (selective modules in any order) or deleted is accepted."""
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    k = len(saved["plan"]["stages"]) - 1
+    stage = saved["plan"]["stages"][k]
+    assert stage["recompute_label"] in ("none", "selective:core_attn", "full:uniform:1"), stage
+    stage["recompute"], stage["recompute_label"] = {"granularity": "none"}, "none"  # a consistent edit: accepted
+    (tmp_path / "none.json").write_text(json.dumps(saved))
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "none.json")])
+    assert code == 0, out
+    doc = json.loads(json.dumps(saved))
+    doc["plan"]["stages"][k]["recompute_label"] = "full:uniform:1"  # the label alone edited
+    (tmp_path / "label.json").write_text(json.dumps(doc))
+    for args in (["estimate", "--plan", str(tmp_path / "label.json")],
+                 ["emit", "--plan", str(tmp_path / "label.json"), "--out", str(tmp_path / "launch")]):
+        code, _, out = _run(args)
+        assert code == 2 and "--plan" in out and "Traceback" not in out, out
+        assert f"stage {k}" in out and "'full:uniform:1'" in out and '"granularity": "none"' in out, out
+        assert "gives 'none'" in out
+    assert not (tmp_path / "launch").exists()
+    # recompute edited to selective, its label to match with the modules in another order: accepted
+    sel = json.loads(json.dumps(saved))
+    sel["plan"]["stages"][k]["recompute"] = {"granularity": "selective", "modules": ["core_attn", "mlp"]}
+    sel["plan"]["stages"][k]["recompute_label"] = "selective:mlp+core_attn"
+    (tmp_path / "sel.json").write_text(json.dumps(sel))
+    code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "sel.json"), "--json"])
+    assert code == 0, out
+    assert json.loads(stdout)["plan"]["stages"][k]["recompute"]["granularity"] == "selective"
+    del doc["plan"]["stages"][k]["recompute_label"]  # the label deleted: recompute (none) is what counts
+    (tmp_path / "nolabel.json").write_text(json.dumps(doc))
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "nolabel.json")])
+    assert code == 0, out

@@ -49,6 +49,7 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
         if stated is not None and stated != value:
             raise PlannerInputError("--plan", f"plan.{key} is {stated!r} but the stages give {value!r}; "
                                               "the file was edited inconsistently (fix it or re-run solve)")
+    _check_recompute_labels(raw_plan, plan)
     if "plan" in data:
         top = {"world_size": plan.world_size, "num_microbatches": plan.num_microbatches, "runtime": plan.runtime,
                "model": run.model.name, "cluster": cluster_spec.describe(), "cluster_gpus": cluster_spec.world_size}
@@ -65,6 +66,37 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
                                           f"({run.training.global_batch_size})")
     for problem in cluster_spec.shortfalls(plan.gpus_by_type()):  # a pooled type ("H100+H200") uses its members'
         raise PlannerInputError("--plan", problem)
+
+
+def _label_key(label: str) -> str:
+    """A recompute label with its selective modules in a fixed order (Megatron's --recompute-modules is a set)."""
+    if label.startswith("selective:"):
+        return "selective:" + "+".join(sorted(label.removeprefix("selective:").split("+")))
+    return label
+
+
+def _check_recompute_labels(raw_plan: Any, plan: Plan) -> None:
+    """Each stage's `recompute_label` (what solve writes beside `recompute`, derived from it and never read)
+    must name that stage's `recompute`: a label edited alone was silently ignored (walk53b #4).  The label
+    cannot stand for `recompute` ("none" drops the modules), so a disagreement is refused, not resolved."""
+    stages = raw_plan.get("stages") if isinstance(raw_plan, dict) else None
+    if not isinstance(stages, list):
+        return
+    for i, (raw, stage) in enumerate(zip(stages, plan.stages)):
+        if not isinstance(raw, dict) or "recompute_label" not in raw:
+            continue
+        stated, derived = raw["recompute_label"], stage.recompute.label
+        if not isinstance(stated, str) or _label_key(stated) != _label_key(derived):
+            text = repr(stated) if len(repr(stated)) <= 60 else repr(stated)[:57] + "..."
+            raise PlannerInputError(
+                "--plan", f"stage {i}: plan.stages[{i}].recompute_label is {text} but its recompute "
+                          f"{_recompute_text(stage.recompute)} gives {derived!r}; recompute_label only describes "
+                          "recompute, which is what the launcher and the prices use: edit recompute (and the "
+                          "label to match, or delete the label), or re-run solve")
+
+
+def _recompute_text(recompute) -> str:
+    return json.dumps(recompute.model_dump(mode="json", exclude_none=True), separators=(", ", ": "))
 
 
 MADE_FOR_KEYS = ("model", "run_sha256", "cluster", "cluster_sha256")

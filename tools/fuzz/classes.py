@@ -6,8 +6,8 @@ and signalled), `timeout_s`.
 - user-files: output directories that hold the user's files (and the input script), with and without
   --force, beside or instead of a genuine earlier output (a manifest with the right hashes), with an
   edited earlier file; every one of the user's files must come out byte for byte the same;
-- edited-plan: plan.json edited after solve (the model, the cluster, a stage's device type, the made_for
-  record), a bare plan that cannot fit (a preset's weights alone exceed the GPU), a plan emitted with
+- edited-plan: plan.json edited after solve (the model, the cluster, a stage's device type or recompute_label,
+  the made_for record), a bare plan that cannot fit (a preset's weights alone exceed the GPU), a plan emitted with
   another model's script or another cluster;
 - signal: solve/estimate/emit/calibrate writing an output, sent SIGTERM, SIGINT or SIGHUP at a random
   moment: exit 128+N, no staging directory left, the output either as it was or complete;
@@ -190,7 +190,8 @@ def gen_edited_plan(rng: random.Random) -> tuple:
     """plan.json edited after solve, a plan that cannot fit, a plan for another model or cluster."""
     doc = base_plan_document()
     form = rng.choice(("model field", "cluster field", "stage type", "made_for", "no made_for", "bare too big",
-                       "another script", "same script", "another cluster", "same", "layers", "recompute"))
+                       "another script", "same script", "another cluster", "same", "layers", "recompute",
+                       "recompute label"))
     argv: tuple[str, ...] = ("emit", "--plan", "{d}/plan.json", "--out", "{d}/launch")
     files: dict[str, bytes] = {}
     names: tuple[str, ...] = ("--plan",)
@@ -235,7 +236,11 @@ def gen_edited_plan(rng: random.Random) -> tuple:
         what = f"plan.stages[0].num_layers = {doc['plan']['stages'][0]['num_layers']} (the model has 4)"
     elif form == "recompute":
         doc["plan"]["stages"][0]["recompute"] = {"granularity": "full", "method": "uniform", "num_layers": 1}
+        doc["plan"]["stages"][0]["recompute_label"] = "full:uniform:1"
         valid, what = None, "recompute full (a hand-tuned plan the checker decides on)"
+    elif form == "recompute label":
+        doc["plan"]["stages"][0]["recompute_label"] = "full:uniform:1"  # recompute left at none
+        what = "plan.stages[0].recompute_label = full:uniform:1 (its recompute is none)"
     else:
         valid, what = None, "the untouched plan"
     files["plan.json"] = to_json(doc)
