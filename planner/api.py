@@ -31,7 +31,7 @@ from planner.inputs.resolve import read_script, resolve_run, script_override_fla
 from planner.inputs.script import LauncherScript
 from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
-from planner.launcher.common import place_agents
+from planner.launcher.common import unused_hosts_note
 from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
 from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
@@ -611,7 +611,11 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
                 "one): the model and cluster were checked, not compared with what solve planned for")
     script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
     hosts = read_hosts(hosts_path, cluster_spec, profiles) if hosts_path else None
-    return render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts), script
+    files = render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts)
+    unused = unused_hosts_note(plan, cluster_spec, hosts)
+    if unused and on_note is not None:
+        on_note(unused)
+    return files, script
 
 
 def _read_plan_file(plan_path: str | Path, *, model, megatron_args, megatron_script, cluster, script_args,
@@ -650,10 +654,13 @@ def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatro
     return Inputs(run, cluster_spec, profiles), plan, data
 
 
-def check_hosts(outcome: SolveOutcome) -> None:
-    """--hosts against the plan: enough nodes of each type (PlannerInputError naming the shortfall)."""
+def check_hosts(outcome: SolveOutcome, on_note: Callable[[str], None] | None = None) -> None:
+    """--hosts against the plan: enough nodes of each type (PlannerInputError naming the shortfall); the
+    nodes it leaves unused go to `on_note`."""
     if outcome.hosts is not None:
-        place_agents(outcome.plans[0], outcome.cluster, outcome.hosts)
+        unused = unused_hosts_note(outcome.plans[0], outcome.cluster, outcome.hosts)
+        if unused and on_note is not None:
+            on_note(unused)
 
 
 def check_emitted_plan(found, profiles: ProfileSet, memory_headroom: float | None = None) -> None:

@@ -653,6 +653,10 @@ def test_hosts_file_places_the_stages_on_real_nodes(tmp_path):
     ("h1 H100 4\nx A100\n", "h1 has 4 GPUs, but the plan is for H100 nodes of 8"),
     ("h1 MI300X\n", "h1 is MI300X, which the cluster does not have"),
     ("h1 H100 slots=8\n", "mix of `key=value` and bare words"),
+    # walk53b #13: the refusal listed '-' among the allowed characters and did not say why '-n0' is refused
+    ("-n0 H100\n", "'-n0' is not a host name: it may not start with '-' (letters, digits"),
+    (".n0 H100\n", "it may not start with '.'"),
+    ("n0/x H100\n", "'n0/x' is not a host name: letters, digits, '.', '_' and '-', starting with a letter or digit"),
 ])
 def test_hosts_file_refusals_name_the_problem(tmp_path, text, message):
     run, plan, cluster, script = case("dense_megatron")
@@ -660,6 +664,26 @@ def test_hosts_file_refusals_name_the_problem(tmp_path, text, message):
         hosts = read_hosts(_hosts_file(tmp_path, text), cluster, ProfileSet.load())
         render_launch_files(run, plan, cluster, script, hosts=hosts)
     assert err.value.field == "--hosts" and message in str(err.value)
+
+
+def test_hosts_the_plan_leaves_unused_are_named(tmp_path, tiny):
+    """walk53b #13: `emit --hosts` with 5 H800 nodes for a 4-node plan dropped n4 without a word.  Now solve and
+    emit name each listed node the plan places no agent on (here a one-node plan, a file of two)."""
+    hosts = _hosts_file(tmp_path, "n0 H800\n# spare\nn1 H800 8\n")
+    res = CliRunner().invoke(main, ["solve", "--model", str(tiny), "--cluster", "H800:8", "--time-limit", "5",
+                                    "--out", str(tmp_path / "p"), "--hosts", str(hosts)])
+    assert res.exit_code == 0, res.output
+    note = "--hosts: 1 of the 2 node(s) listed are not used by this plan and get no agent"
+    assert note in res.output and "n1 (H800, line 3)" in res.output
+    assert (tmp_path / "p" / "launch" / "hostfile").read_text() == "n0 slots=8 type=H800\n"
+    res = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "e"),
+                                    "--hosts", str(hosts)])
+    assert res.exit_code == 0, res.output
+    assert f"note: {note}" in res.output and "n1 (H800, line 3)" in res.output
+    _hosts_file(tmp_path, "n0 H800\n")  # every node used: no note
+    res = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "e"),
+                                    "--hosts", str(hosts)])
+    assert res.exit_code == 0 and "not used by this plan" not in res.output, res.output
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

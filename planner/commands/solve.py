@@ -127,7 +127,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     progress.finish(best_s=outcome.objective_s, lower_bound_s=outcome.result.pruned_lower_bound_s)
     check_predictions(outcome, inputs.profiles)
     outcome.hosts = hosts
-    check_hosts(outcome)
+    check_hosts(outcome, on_note=note_printer(quiet))
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
     trials, trials_why = propose_trials(outcome, user)

@@ -10,7 +10,7 @@ NAME is the node's host name as `hostname -s` prints it (launch.sh picks a node'
 device name or alias (profiles/devices); GPUS defaults to the cluster's node size for that type and must
 equal it (the plan was priced on those node shapes).  Each name once.  The launcher takes the nodes of
 each type in the order the file lists them; a plan that needs more nodes of a type than the file lists is
-refused, naming the shortfall.
+refused, naming the shortfall, and the nodes it leaves unused are named in a note (solve, emit).
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ def _int(text: str, where: str) -> int:
     return int(text)
 
 
+def _name_rule(name: str) -> str:
+    """What a host name may be, said for the way `name` breaks it."""
+    rule = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 253 characters"
+    if name[:1] in "._-":
+        return f"it may not start with {name[0]!r} ({rule})"
+    if len(name) > 253:
+        return f"{len(name)} characters ({rule})"
+    return rule
+
+
 def _fields(tokens: list[str], where: str) -> tuple[str | None, str | None]:
     """(type, gpus text) of a line's tokens after the name: `TYPE [GPUS]` or key=value pairs."""
     kv = [t for t in tokens if "=" in t]
@@ -76,7 +86,7 @@ def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> 
         where = f"{path} line {k}"
         name = tokens[0]
         if not _NAME.match(name):
-            raise PlannerInputError(FIELD, f"{where}: {name!r} is not a host name (letters, digits, '.', '_', '-')")
+            raise PlannerInputError(FIELD, f"{where}: {name!r} is not a host name: {_name_rule(name)}")
         if name in seen:
             raise PlannerInputError(FIELD, f"{where}: {name} is listed twice (first on line {seen[name]})")
         type_text, gpus_text = _fields(tokens[1:], where)

@@ -358,6 +358,20 @@ def place_agents(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | None 
     return agents
 
 
+def unused_hosts_note(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | None) -> str | None:
+    """The note for a --hosts file that lists nodes the plan places no agent on (a file of more nodes than
+    the plan uses, or nodes of a type it idles): which ones, by name and line; None when every node is used."""
+    if hosts is None:
+        return None
+    used = {a.host for a in place_agents(plan, cluster, hosts)}
+    left = [h for h in hosts if h.name not in used]
+    if not left:
+        return None
+    shown = ", ".join(f"{h.name} ({h.device_type}, line {h.line})" for h in left[:8]) + (", ..." if len(left) > 8 else "")
+    return (f"--hosts: {len(left)} of the {len(hosts)} node(s) listed are not used by this plan and get no agent "
+            f"(not in the host file nor in launch.sh): {shown}")
+
+
 def _type_runs(plan: Plan, ranges: list[tuple[int, int]]) -> list[tuple[str, int, int, list[int]]]:
     """Runs of consecutive stages of one device type: (type, first rank, end rank, stages)."""
     runs: list[tuple[str, int, int, list[int]]] = []
