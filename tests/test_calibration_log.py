@@ -162,3 +162,31 @@ def test_runs_are_told_apart():
     assert log.run_count == 3 and [r.line_no for r in log.runs] == [1, 6, 11]
     assert [log.median_iteration_time_s(skip=1, run=k) for k in range(3)] == pytest.approx([0.1, 0.3, 0.2])
     assert log.steady_iterations(skip=2, run=1) == [5, 6, 7]
+
+
+def test_the_configuration_the_log_states():
+    """Megatron's start-up lines (NVIDIA/Megatron-LM@d98e8a64dd megatron/training/arguments.py: `using world size:
+    ...` and `_print_args`) state the run's configuration; each run of a concatenated log keeps its own, an
+    older version's "encoder-tensor-model-parallel size" is not TP, and None values are not stated."""
+    assert parse_megatron_log(LOGS / "megatron_core018_minmax.log").stated_config() == {
+        "world_size": 8, "dp": 2, "cp": 1, "tp": 2, "pp": 2}
+    assert parse_megatron_log(LOGS / "megatron_core015_all_timers.log").stated_config() == {}
+
+    def run(world: int, tp: int, layers: str) -> str:
+        return (f"using world size: {world}, data-parallel size: 1, context-parallel size: 1, hierarchical "
+                f"context-parallel sizes: None, tensor-model-parallel size: {tp}, encoder-tensor-model-parallel "
+                "size: 0, pipeline-model-parallel size: 1, encoder-pipeline-model-parallel size: 0\n"
+                "------------------------ arguments ------------------------\n"
+                "  expert_model_parallel_size ...................... 2\n"
+                f"  num_layers ...................................... {layers}\n"
+                "  seq_length ...................................... 4096\n"
+                "-------------------- end of arguments ---------------------\n"
+                " iteration        1/       2 | elapsed time per iteration (ms): 900.0 | global batch size:    16 |\n"
+                " iteration        2/       2 | elapsed time per iteration (ms): 900.0 | global batch size:    16 |\n")
+
+    log = parse_megatron_log_text(run(4, 4, "None") + run(8, 8, "32"))
+    assert log.run_count == 2
+    assert log.stated_config(0) == {"world_size": 4, "dp": 1, "cp": 1, "tp": 4, "pp": 1, "ep": 2, "seq_length": 4096}
+    assert log.stated_config(1) == {"world_size": 8, "dp": 1, "cp": 1, "tp": 8, "pp": 1, "ep": 2, "seq_length": 4096,
+                                    "num_layers": 32}
+    assert log.problem_count == 0

@@ -1,13 +1,19 @@
 """Parse a Megatron-LM training log (formats: ../shared/reference/megatron.md section 4), streaming.
 
-Reads three kinds of lines:
+Reads four kinds of lines:
 - iteration lines (printed by the last rank): elapsed time per iteration (ms), throughput per
   GPU (TFLOP/s/GPU), global batch size (`parse_iteration_line` gives every other `key: value |`
   pair of one line);
 - memory lines (`[Rank r] (after it iterations) memory (MB) | allocated: ...`), one per rank
   with DP rank 0;
 - timer blocks, in the `(min, max)`, `max` and `all` formats, with or without the
-  `INFO:megatron.core.timers:` prefix.
+  `INFO:megatron.core.timers:` prefix;
+- what the run states about its configuration at start-up: Megatron's `using world size: W,
+  data-parallel size: D, context-parallel size: C, ..., tensor-model-parallel size: T,
+  pipeline-model-parallel size: P` line and its `------ arguments ------` block (`  name ..... value`,
+  one argument a line), both printed by rank 0 (NVIDIA/Megatron-LM@d98e8a64dd
+  megatron/training/arguments.py, `validate_args` and `_print_args`).  Only the arguments in
+  `STATED_ARGUMENTS` are kept, per run (`ParsedLog.stated_config`).
 
 Lines that look like one of these but do not parse (garbled, truncated) are counted, and the first
 `MAX_PROBLEMS_KEPT` kept in `ParsedLog.problems`; they never raise.  Everything else is ignored.
@@ -56,6 +62,20 @@ _TIMER_MINMAX_RE = re.compile(r"^\s+([\w\-.]+?)\s*\.*:\s*\(([\d.]+),\s*([\d.]+)\
 _TIMER_MAX_RE = re.compile(r"^\s+([\w\-.]+?)\s*\.*:\s*([\d.]+)\s*$")
 _TIMER_ALL_NAME_RE = re.compile(r"^\s+([\w\-.]+):\s*$")
 _TIMER_ALL_RANK_RE = re.compile(r"^\s+rank\s+(\d+):\s*([\d.]+)\s*$")
+
+# The start-up line of the parallel sizes; "encoder-tensor-model-parallel size" (older versions) is not TP.
+_WORLD_LINE_RE = re.compile(r"using world size:\s*(\d+)")
+_WORLD_SIZES_RE = re.compile(r"(?<![\w-])(data-parallel|context-parallel|tensor-model-parallel|"
+                             r"pipeline-model-parallel) size:\s*(\d+)")
+# One line of Megatron's arguments block: two spaces, the name, a run of dots, the value.
+_ARGUMENT_RE = re.compile(r"^\s+([a-z_]+) \.+ (\S+)\s*$")
+STATED_ARGUMENTS = {  # Megatron's argument name -> the key in ParsedLog.stated_config
+    "world_size": "world_size", "data_parallel_size": "dp", "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp", "expert_model_parallel_size": "ep",
+    "micro_batch_size": "mbs", "global_batch_size": "gbs", "seq_length": "seq_length", "num_layers": "num_layers",
+}
+_WORLD_LINE_KEYS = {"data-parallel": "dp", "context-parallel": "cp", "tensor-model-parallel": "tp",
+                    "pipeline-model-parallel": "pp"}
 
 ELAPSED_KEY = "elapsed time per iteration (ms)"
 THROUGHPUT_KEY = "throughput per GPU (TFLOP/s/GPU)"
@@ -208,6 +228,14 @@ class ParsedLog:
     it_line: array = field(default_factory=lambda: array("q"))
     peaks: dict[tuple[int, int], MemoryRecord] = field(default_factory=dict)  # (run, rank) -> peak record
     timer_cols: _Timers = field(default_factory=_Timers)
+    # per run (the run whose iterations follow the lines), what its start-up lines state: STATED_ARGUMENTS' keys
+    stated: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def stated_config(self, run: int | None = None) -> dict[str, int]:
+        """What the log's start-up lines state about the run's configuration (world size, tp, pp, cp, ep,
+        dp, mbs, gbs, seq_length, num_layers; only those printed), for one run (0-based; None: the
+        first, which is the whole log when it holds one)."""
+        return dict(self.stated.get(run or 0, {}))
 
     # ---- runs
 
@@ -511,6 +539,9 @@ class _Reader:
             else:
                 self._memory(rec)
             return
+        if " ..." in line or "using world size" in line:
+            self._stated(line)
+            return
         if "across ranks" in line:
             header = _TIMER_HEADER_RE.match(line)
             if header:
@@ -538,6 +569,27 @@ class _Reader:
         log.it_tflops.append(tflops)
         log.it_gbs.append(gbs)
         log.it_line.append(line_no)
+
+    def _stated(self, line: str) -> None:
+        """A start-up line stating the configuration: kept for the run that starts next (the first value
+        of each key wins: the two start-up reports state the same arguments)."""
+        log = self.log
+        if log.run_count >= MAX_RUNS:
+            return
+        found: dict[str, int] = {}
+        world = _WORLD_LINE_RE.search(line)
+        if world is not None:
+            found["world_size"] = int(world.group(1))
+            found.update((_WORLD_LINE_KEYS[name], int(v)) for name, v in _WORLD_SIZES_RE.findall(line))
+        else:
+            arg = _ARGUMENT_RE.match(_TIMESTAMP_RE.sub("", line))
+            if arg is None or arg.group(1) not in STATED_ARGUMENTS or not arg.group(2).isdigit():
+                return  # another argument, or None
+            found[STATED_ARGUMENTS[arg.group(1)]] = int(arg.group(2))
+        kept = log.stated.setdefault(log.run_count, {})
+        for key, value in found.items():
+            if 0 < value < 1 << 62:
+                kept.setdefault(key, value)
 
     def _memory(self, rec: MemoryRecord) -> None:
         log = self.log
