@@ -25,11 +25,16 @@ def _eight_layers(tmp_path: Path, preset: str = "llama2-7b") -> str:
     """The preset cut to 8 layers: the fixture log (1.5 s per iteration of 64 x 4096 tokens on 8 GPUs) is 25%
     MFU for it; for the whole llama2-7b it would be 93%, which the fit can only match with GEMMs faster than the
     devices' peak (calibrate refuses that)."""
+    return _cut(tmp_path, preset, 8)
+
+
+def _cut(tmp_path: Path, preset: str, layers: int) -> str:
+    """The preset cut to `layers` layers, as a model file."""
     text = (Path(__file__).resolve().parents[1] / "profiles" / "models" / f"{preset}.yaml").read_text()
-    path = tmp_path / "models" / f"{preset}-8l.yaml"
+    path = tmp_path / "models" / f"{preset}-{layers}l.yaml"
     path.parent.mkdir(exist_ok=True)
-    text = re.sub(r"(?m)^num_layers: \d+", "num_layers: 8", text)
-    path.write_text(text.replace(f"name: {preset}", f"name: {preset}-8l"))
+    text = re.sub(r"(?m)^num_layers: \d+", f"num_layers: {layers}", text)
+    path.write_text(text.replace(f"name: {preset}", f"name: {preset}-{layers}l"))
     return str(path)
 
 
@@ -41,12 +46,13 @@ def _inputs(cluster: str, profiles: ProfileSet, **overrides):
 
 def test_log_calibration_round_trip(tmp_path, profiles):
     """Corrections fitted on the fixture log (1.500 s/iteration, TP2 PP2 DP2 on 8 H100) load with
-    --profiles and make the cost model reproduce the measured iteration time and stage memory."""
+    --profiles and make the cost model reproduce the measured iteration time and stage memory.  The fixture's
+    memory (2.7x the 8-layer model's) is beyond the bound calibrate writes unasked: forced here (--force)."""
     base = profiles
     run, cluster = _inputs("H100:8", base, model=_eight_layers(tmp_path), tp=2, pp=2, gbs=64)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"), skip=2)
-    result = calibrate(meas, run, cluster, base)
-    assert result.report["warnings"] == []
+    result = calibrate(meas, run, cluster, base, allow_memory_excess=True)
+    assert len(result.report["warnings"]) == 1 and "written because of --force" in result.report["warnings"][0]
     write_corrections(result, tmp_path / "cal")
     loaded = ProfileSet.load(extra_dirs=[tmp_path / "cal"])
     assert loaded.correction("H100", "gemm") == pytest.approx(
@@ -66,31 +72,32 @@ def test_log_calibration_round_trip(tmp_path, profiles):
     assert "megatron_core018_minmax.log (2025-03-04)" in result.corrections[0]["provenance"]["source"]
 
 
-def test_gbs_mismatch_is_reported(profiles):
-    """A run whose GBS differs from the log's is calibrated anyway, with a warning naming both; when the
-    run's batch in the log's time would exceed the devices' peak (MFU > 100%), it is refused, naming both."""
+def test_gbs_mismatch_is_refused(profiles):
+    """A run whose GBS differs from the log's is refused (it was calibrated with a warning: walk53b item 2),
+    naming --gbs and both values, whether the fit would be plausible (16) or not (128: MFU above 100%)."""
     base = profiles
-    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=16)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
-    assert any("64" in w and "16" in w for w in calibrate(meas, run, cluster, base).report["warnings"])
-    run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=128)
-    with pytest.raises(PlannerInputError, match=r"MFU \d+%.*global batch size is 64, the run's 128"):
-        calibrate(meas, run, cluster, base)
+    for gbs in (16, 128):
+        run, cluster = _inputs("H100:8", base, tp=2, pp=2, gbs=gbs)
+        with pytest.raises(PlannerInputError, match=rf"^--gbs: .*the log states 64, the run priced has {gbs}"):
+            calibrate(meas, run, cluster, base)
 
 
 # ------------------------------------------------------------------------------------------------
 # synthetic measurements: the cost model with known perturbations plays the real cluster
 
 
-def _render_log(cost, ranks_per_stage: int, fwd_share: float = 0.4) -> str:
+def _render_log(cost, ranks_per_stage: int, global_batch_size: int, fwd_share: float = 0.4) -> str:
     """A Megatron log (reference/megatron.md section 4 formats) of a run that took `cost`: 5 iteration
-    lines, per-rank compute timers (option all), memory lines from the first rank of every stage."""
+    lines (of the run's global batch: calibrate refuses another), per-rank compute timers (option all), memory
+    lines from the first rank of every stage."""
     lines = []
     m = cost.num_microbatches
     for k, it in enumerate((1, 10, 20, 30, 40)):
         ms = cost.iteration_time_s * 1e3 * (3.0 if it == 1 else 1.0)
         lines.append(f" [2026-01-0{1 + k % 5} 00:00:00.000000] iteration {it:8d}/{40:8d} | consumed samples: "
-                     f"{it:12d} | elapsed time per iteration (ms): {ms:.1f} | global batch size: {1:5d} | "
+                     f"{it:12d} | elapsed time per iteration (ms): {ms:.1f} | "
+                     f"global batch size: {global_batch_size:5d} | "
                      f"lm loss: {1.0:.6E} | loss scale: {1.0:.1f} | number of skipped iterations: {0:3d} | "
                      f"number of nan iterations: {0:3d} |")
         lines.append("INFO:megatron.core.timers:times across ranks (ms):")
@@ -146,7 +153,8 @@ def test_profile_scaling_4_to_16_nodes(tmp_path, case, profiles):
     run_l, cl_l = _inputs(large, shipped, gbs=1024, **dict(knobs))
     measured_small = estimate_run(run_s, cl_s, truth)
     rps = run_s.parallel.tp * run_s.parallel.cp * (cl_s.world_size // (run_s.parallel.tp * run_s.parallel.pp))
-    log = parse_megatron_log_text(_render_log(measured_small, rps), source=f"synthetic-{case}.log")
+    log = parse_megatron_log_text(_render_log(measured_small, rps, run_s.training.global_batch_size),
+                                  source=f"synthetic-{case}.log")
     assert log.problems == []
     result = calibrate(measurement_from_log(log), run_s, cl_s, shipped)
     out = tmp_path / "calib"
@@ -170,7 +178,7 @@ def test_router_stats_become_an_entry(tmp_path, profiles):
     base = profiles
     run, cluster = _inputs("H100:8", base, model=_eight_layers(tmp_path), tp=2, pp=2, gbs=64)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"))
-    result = calibrate(meas, run, cluster, base, load_router_stats(f))
+    result = calibrate(meas, run, cluster, base, load_router_stats(f), allow_memory_excess=True)
     entry = [e for e in result.corrections if e["kind"] == "moe_imbalance_factor"]
     assert len(entry) == 1 and entry[0]["factor"] == pytest.approx(1.25)
     paths = write_corrections(result, tmp_path / "out")
@@ -181,10 +189,10 @@ def test_router_stats_become_an_entry(tmp_path, profiles):
         (tmp_path / "out" / "corrections.yaml").read_text()
     ):
         # time factors were fitted with the measured imbalance in place: a MoE run reproduces its
-        # measured time with both loaded
-        moe_run, moe_cluster = _inputs("H800:16", base, model=_eight_layers(tmp_path, "mixtral-s"), tp=2, pp=2, ep=4,
+        # measured time with both loaded (on the 8 GPUs the log states; 4 layers, which it does not state)
+        moe_run, moe_cluster = _inputs("H800:8", base, model=_cut(tmp_path, "mixtral-s", 4), tp=2, pp=2, ep=4,
                                        gbs=64)
-        res = calibrate(meas, moe_run, moe_cluster, base, load_router_stats(f))
+        res = calibrate(meas, moe_run, moe_cluster, base, load_router_stats(f), allow_memory_excess=True)
         write_corrections(res, tmp_path / "moe")
         both = ProfileSet.load(extra_dirs=[tmp_path / "moe"])
         assert both.moe_imbalance_factor() == pytest.approx(1.25)
@@ -200,7 +208,8 @@ def test_calibrate_cli(tmp_path):
 
     out = tmp_path / "calib"
     args = ["calibrate", "--megatron-log", str(LOGS / "megatron_core018_minmax.log"), "--model",
-            _eight_layers(tmp_path), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out)]
+            _eight_layers(tmp_path), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out),
+            "--force"]  # the fixture's memory is beyond the bound (test_memory_excess_is_refused_unless_forced)
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 0, result.output
     assert "after calibration (+0.0%)" in result.output
@@ -208,3 +217,175 @@ def test_calibrate_cli(tmp_path):
     assert (out / "corrections.yaml").is_file() and (out / "calibration_report.json").is_file()
     bad = CliRunner().invoke(cli.main, args[:1] + ["--megatron-log", str(tmp_path / "none.log")] + args[3:])
     assert bad.exit_code == 2 and "--megatron-log" in bad.output
+
+
+# ------------------------------------------------------------------------------------------------
+# walk53b items 2, 5, 6 and 8: the configuration the log states, what is printed, memory, instrumentation
+
+
+def _cli(args: list[str]):
+    from click.testing import CliRunner
+
+    import cli
+
+    return CliRunner().invoke(cli.main, args)
+
+
+ARGUMENTS_BLOCK = """------------------------ arguments ------------------------
+  context_parallel_size ........................... 1
+  expert_model_parallel_size ...................... 1
+  global_batch_size ............................... 64
+  micro_batch_size ................................ {mbs}
+  num_layers ...................................... {layers}
+  rampup_batch_size ............................... None
+  seq_length ...................................... 4096
+-------------------- end of arguments ---------------------
+"""
+
+
+def test_calibrate_refuses_a_run_other_than_the_logged_one(tmp_path):
+    """walk53b item 2: the log states its global batch (iteration lines), world size, TP and PP (Megatron's `using
+    world size` line) and, with its arguments block, CP, EP, micro-batch, sequence and layers.  A run priced with
+    any other value is refused (exit 2) naming the option and both values, and nothing is written; it was fitted
+    and written (--gbs 32 with a warning, --tp 4 and no --tp/--pp without a word).  Matching flags are accepted."""
+    log = LOGS / "megatron_core018_minmax.log"
+    with_args = tmp_path / "with_args.log"
+    lines = log.read_text().splitlines(keepends=True)
+    with_args.write_text(lines[0] + ARGUMENTS_BLOCK.format(mbs=2, layers=32) + "".join(lines[1:]))
+    l8 = _eight_layers(tmp_path)
+    cases = [
+        (log, ["--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "32"],
+         ["--gbs (--global-batch-size): the log states 64, the run priced has 32"]),
+        (log, ["--cluster", "H100:8", "--tp", "4", "--pp", "2", "--gbs", "64"],
+         ["--tp (--tensor-model-parallel-size): the log states 2, the run priced has 4"]),
+        (log, ["--cluster", "H100:8", "--gbs", "64"],
+         ["--tp (--tensor-model-parallel-size): the log states 2, the run priced has 1",
+          "--pp (--pipeline-model-parallel-size): the log states 2, the run priced has 1"]),
+        (log, ["--cluster", "H100:16", "--tp", "2", "--pp", "2", "--gbs", "64"],
+         ["--cluster (world size): the log states 8, the run priced has 16"]),
+        (with_args, ["--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64"],
+         ["--mbs (--micro-batch-size): the log states 2, the run priced has 1",
+          "--model (num_layers; --num-layers): the log states 32, the run priced has 8"]),
+    ]
+    for k, (path, flags, expected) in enumerate(cases):
+        out = tmp_path / f"cal{k}"
+        res = _cli(["calibrate", "--megatron-log", str(path), "--model", l8, *flags, "--out", str(out)])
+        assert res.exit_code == 2, (flags, res.output)
+        error = next(line for line in res.output.splitlines() if line.startswith("error: "))
+        assert error.startswith(f"error: {expected[0].split()[0]}: "), error
+        assert all(e in error for e in expected) and "nothing was written" in error, error
+        assert not out.exists() and "Traceback" not in res.output
+    with_args.write_text(lines[0] + ARGUMENTS_BLOCK.format(mbs=1, layers=8) + "".join(lines[1:]))
+    res = _cli(["calibrate", "--megatron-log", str(with_args), "--model", l8, "--cluster", "H100:8", "--tp", "2",
+                "--pp", "2", "--gbs", "64", "--out", str(tmp_path / "ok"), "--force"])
+    assert res.exit_code == 0, res.output
+
+
+def test_printed_factors_are_the_written_ones(tmp_path):
+    """walk53b item 5: calibrate printed "global x0.6730, H100 compute x2.6799" while corrections.yaml held x1.80
+    (their product).  The summary lists each written entry (device, factor, kinds) as corrections.yaml holds it,
+    and labels the fit's decomposition with how it maps to the written factors."""
+    import yaml
+
+    out = tmp_path / "cal"
+    res = _cli(["calibrate", "--megatron-log", str(LOGS / "megatron_core015_all_timers.log"), "--model",
+                _eight_layers(tmp_path), "--cluster", "H100:4", "--pp", "4", "--gbs", "16", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    written = yaml.safe_load((out / "corrections.yaml").read_text())
+    lines = res.output.splitlines()
+    start = lines.index("written    (device, factor, kinds)")
+    printed = set()
+    for line in lines[start + 1:]:
+        row = re.fullmatch(r"  (\S+) +(x[\d.]+|\+[\d.]+ GiB) +(?:all \d+ time kinds \((.*)\)|(.*))", line)
+        if row is None:
+            break
+        printed |= {(row[1], row[2], kind) for kind in (row[3] or row[4]).split(", ")}
+    expected = {(c["device"], f"+{c['factor']:.2f} GiB" if c["kind"] == "memory_overhead_gib"
+                 else f"x{c['factor']:.4f}", c["kind"]) for c in written}
+    assert printed == expected and len(expected) == len(written)
+    fit = next(line for line in lines if line.startswith("fit "))
+    report = (out / "calibration_report.json").read_text()
+    import json
+
+    data = json.loads(report)
+    g, h100 = data["global_factor"], data["device_factors"]["H100"]
+    assert "the fit's decomposition" in fit and f"x{h100:.4f} x {g:.4f} = x{h100 * g:.4f}" in fit
+    assert data["written_corrections"] == [{k: c[k] for k in ("device", "kind", "factor")} for c in written]
+    gemm = next(c["factor"] for c in written if c["kind"] == "gemm")
+    assert gemm == pytest.approx(ProfileSet.load().correction("H100", "gemm") * h100 * g, rel=1e-5)
+
+
+def test_memory_excess_is_refused_unless_forced(tmp_path):
+    """walk53b item 6: the fixture log's max reserved is 2.7x what the 8-layer model needs (+21.35 GiB a GPU), which
+    calibrate wrote as memory_overhead_gib without a word.  Above 1.5x the prediction by more than 10% of the
+    device's memory it is refused (exit 2, the figures, what to check, nothing written); --force writes it with a
+    warning."""
+    args = ["calibrate", "--megatron-log", str(LOGS / "megatron_core018_minmax.log"), "--model",
+            _eight_layers(tmp_path), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64",
+            "--out", str(tmp_path / "cal")]
+    res = _cli(args)
+    assert res.exit_code == 2, res.output
+    error = next(line for line in res.output.splitlines() if line.startswith("error: "))
+    assert re.search(r"^error: --megatron-log: .*H100: measured max reserved 3\d\.\d\d GiB against 1\d\.\d\d GiB "
+                     r"predicted \(2\.\d\dx.*memory_overhead_gib of \+21\.35 GiB", error), error
+    assert "PYTORCH_CUDA_ALLOC_CONF" in error and "--force" in error and "nothing was written" in error
+    assert not (tmp_path / "cal").exists()
+    res = _cli([*args, "--force"])
+    assert res.exit_code == 0, res.output
+    assert "warning: memory correction above 1.5x the prediction" in res.output
+    assert re.search(r"(?m)^  H100 +\+21\.35 GiB +memory_overhead_gib$", res.output), res.output
+
+
+def test_memory_excess_bound():
+    """The bound needs both: above 1.5x the prediction and an overhead above 10% of the device's memory (a small
+    run's few GiB of allocator cache keep their small correction: test_profile_scaling_4_to_16_nodes)."""
+    from types import SimpleNamespace
+
+    from planner.calibration.calibrate import Measurement, _check_memory_excess
+
+    profiles = SimpleNamespace(device=lambda name: SimpleNamespace(memory_gib=80.0))
+    meas = Measurement(source="run.log", date="2025-03-04", iteration_time_s=1.0)
+
+    def rows(predicted, measured):
+        return [{"device": "H100", "predicted_memory_gib": predicted, "measured_max_reserved_gib": measured,
+                 "memory_difference_gib": measured - predicted}]
+
+    for predicted, measured in ((40.0, 59.0), (4.0, 11.9), (60.0, 78.0)):  # 1.48x; 2.98x but 7.9 GiB; 1.3x
+        assert _check_memory_excess(meas, profiles, rows(predicted, measured), {"H100": "H100"}, False) == []
+    with pytest.raises(PlannerInputError, match=r"2\.00x.*\+20\.00 GiB \(25% of the device's 80 GiB\)"):
+        _check_memory_excess(meas, profiles, rows(20.0, 40.0), {"H100": "H100"}, False)
+    assert "written because of --force" in _check_memory_excess(meas, profiles, rows(20.0, 40.0),
+                                                                {"H100": "H100"}, True)[0]
+
+
+def test_instrument_dir_reports_its_iterations_and_date(tmp_path):
+    """walk53b item 8: `calibrate --instrument-dir` said "1 steady iterations" and dated the run today.  It reports
+    the iterations recorded (5 per rank here) and the date the files record (recorded_utc), else "unknown"; the
+    world size they record is compared with --cluster like a log's."""
+    import datetime
+    import json
+
+    def instrument(directory: Path, dated: bool) -> Path:
+        directory.mkdir()
+        for rank in range(8):
+            data = {"rank": rank, "world_size": 8, "skipped_iterations": 1,
+                    "iterations": [{"iteration": it, "time_s": 1.5} for it in range(1, 6)]}
+            if dated:
+                data["recorded_utc"] = "2025-03-04T10:05:00+00:00"
+            (directory / f"instrument_rank{rank}.json").write_text(json.dumps(data))
+        return directory
+
+    run = ["--model", _eight_layers(tmp_path), "--tp", "2", "--pp", "2", "--gbs", "64"]
+    for dated, date in ((True, "2025-03-04"), (False, "unknown")):
+        out = tmp_path / f"cal{dated}"
+        res = _cli(["calibrate", "--instrument-dir", str(instrument(tmp_path / f"i{dated}", dated)), *run,
+                    "--cluster", "H100:8", "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert "over 5 steady iterations" in res.output
+        source = json.loads((out / "calibration_report.json").read_text())["measured"]
+        assert source["steady_iterations"] == 5 and source["date"] == date
+        text = (out / "corrections.yaml").read_text()
+        assert f"({date}), 5 steady iterations" in text and datetime.date.today().isoformat() not in text
+    res = _cli(["calibrate", "--instrument-dir", str(tmp_path / "iTrue"), *run, "--cluster", "H100:16",
+                "--out", str(tmp_path / "c16")])
+    assert res.exit_code == 2 and "the log states 8, the run priced has 16" in res.output, res.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import textwrap
@@ -99,6 +100,8 @@ def test_session_records_n_iterations_then_removes_itself(tmp_path):
     summary = json.loads((tmp_path / "instrument_rank0.json").read_text())
     assert [r["iteration"] for r in summary["iterations"]] == [1, 2]
     assert all(r["forward_backward_s"] <= r["time_s"] for r in summary["iterations"])
+    # the run's date, for calibrate's provenance (it wrote today's date instead: walk53b item 8)
+    assert datetime.datetime.fromisoformat(summary["recorded_utc"]).tzinfo is not None
     assert summary["max_memory_allocated_bytes"] is None  # CPU: not available, said so
     stats = load_router_stats(tmp_path)
     assert sorted({it for it, _ in stats.counts}) == [1, 2]

@@ -12,9 +12,15 @@ Method (documented in the report):
 3. Memory: per stage, the largest `max reserved` among its ranks (rank -> stage by Megatron's
    default order, stage = rank // (TP*CP*DP)) against the predicted memory; the mean excess per
    device becomes `memory_overhead_gib` (added; never negative, so calibration cannot make the
-   planner optimistic about memory; a negative difference is reported only).
+   planner optimistic about memory; a negative difference is reported only).  An excess beyond
+   MEMORY_EXCESS_RATIO x the prediction *and* MEMORY_EXCESS_DEVICE_SHARE of the device's memory is
+   refused (--force writes it, with a warning): that is another run, not an allocator overhead.
 4. Router statistics give the MoE imbalance factor (max/mean tokens per expert, mean over layers).
 Existing corrections (from --profiles) are composed: new factor = old factor x fitted ratio.
+
+Before any of this the run's own start-up lines (world size, TP, PP, CP, EP, micro and global batch,
+sequence length, layers: whichever the log prints) are compared with the run priced; a difference is
+refused (`check_stated_config`): corrections fitted to another configuration would be wrong everywhere.
 """
 
 from __future__ import annotations
@@ -53,6 +59,22 @@ GLOBAL_FIT_ITERATIONS = 8
 # (wrong model, cluster or batch), not that the cost model is off by that much; the loader refuses
 # such factors too (planner/profile_tables.py), so calibrate never writes a file --profiles refuses.
 FACTOR_RANGE = TIME_FACTOR_RANGE
+# A measured peak more than 1.5x the predicted one, by more than a tenth of the device's memory, is no
+# allocator overhead (the memory model's worst error on the measured published peaks is a few per cent:
+# README's accuracy section, `python -m planner.calibration.report`; its target is 10%, planner/calibration/
+# memory.py): the run holds something the planner did not price (other flags, another model, another
+# allocator setting).  Both must hold, so that small runs (a few GiB predicted, CUDA context and
+# allocator cache dominating) keep their small corrections.
+MEMORY_EXCESS_RATIO = 1.5
+MEMORY_EXCESS_DEVICE_SHARE = 0.10
+# What the log states (ParsedLog.stated_config keys) against the run priced: the option that sets it.
+STATED_OPTIONS = {
+    "world_size": "--cluster (world size)", "tp": "--tp (--tensor-model-parallel-size)",
+    "pp": "--pp (--pipeline-model-parallel-size)", "cp": "--cp (--context-parallel-size)",
+    "ep": "--ep (--expert-model-parallel-size)", "mbs": "--mbs (--micro-batch-size)",
+    "gbs": "--gbs (--global-batch-size)", "seq_length": "--seq (--seq-length)",
+    "num_layers": "--model (num_layers; --num-layers)",
+}
 
 
 @dataclass
@@ -69,6 +91,8 @@ class Measurement:
     steady_iterations: int = 0
     problems: int = 0
     global_batch_size: int | None = None
+    stated: dict[str, int] = field(default_factory=dict)  # the run's configuration as its log states it
+    memory_option: str = "--megatron-log"  # where per_rank_peak_bytes came from
 
 
 def choose_run(log: ParsedLog, run: int | None) -> int | None:
@@ -118,19 +142,25 @@ def measurement_from_log(log: ParsedLog, skip: int = 2, run: int | None = None) 
         forward_backward_s=fb / 1e3 if fb is not None else None,
         throughput_tflops=log.median_throughput_tflops(skip, run),
         steady_iterations=len(log.steady_indices(skip, run)), problems=log.problem_count,
-        global_batch_size=log.global_batch_size(skip, run),
+        global_batch_size=log.global_batch_size(skip, run), stated=log.stated_config(run),
     )
 
 
 def measurement_from_instrument(directory: str | Path) -> Measurement:
     """Iteration time (median over recorded iterations of the slowest rank) and per-rank peak
-    memory from `planner.instrument` output (instrument_rank*.json)."""
+    memory from `planner.instrument` output (instrument_rank*.json).  The steady iterations are the
+    distinct iterations recorded (the instrumentation skips its warm-up ones itself); the date is the
+    one the files record (`recorded_utc`), else "unknown"; `world_size` is what the run states."""
     d = Path(directory)
     files = sorted(d.glob("instrument_rank*.json"))
     if not files:
         raise PlannerInputError("--instrument-dir", f"{d}: no instrument_rank*.json files")
     per_rank_time: dict[int, float] = {}
     peaks: dict[int, float] = {}
+    iterations: set[int] = set()
+    counts: list[int] = []
+    dates: set[str] = set()
+    worlds: set[int] = set()
     for f in files:
         text = read_text(f, "--instrument-dir", max_bytes=64 << 20)
         try:
@@ -139,6 +169,10 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
             times = [float(r["time_s"]) for r in data["iterations"]]
             peak = data.get("max_memory_reserved_bytes") or data.get("max_memory_allocated_bytes")
             peak = float(peak) if peak else None
+            numbers = {int(r["iteration"]) for r in data["iterations"] if "iteration" in r}
+            recorded = data.get("recorded_utc")
+            world = data.get("world_size")
+            world = int(world) if world is not None else None
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError) as exc:
             raise PlannerInputError("--instrument-dir", f"{f.name}: unreadable ({exc})") from None
         bad = [t for t in times if not (math.isfinite(t) and t > 0)]
@@ -147,13 +181,29 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
                                                         f"rank >= 0 (got {bad[:3] or peak or rank})")
         if times:
             per_rank_time[rank] = statistics.median(times)
+            counts.append(len(times))
+            iterations |= numbers
         if peak:
             peaks[rank] = peak
+        if isinstance(recorded, str) and _is_date(recorded[:10]):
+            dates.add(recorded[:10])
+        if world is not None and world > 0:
+            worlds.add(world)
     if not per_rank_time:
         raise PlannerInputError("--instrument-dir", f"{d}: no recorded iterations")
-    return Measurement(source=d.name, date=_dt.date.today().isoformat(),
+    return Measurement(source=d.name, date=min(dates) if dates else "unknown",
                        iteration_time_s=max(per_rank_time.values()), per_rank_peak_bytes=peaks,
-                       steady_iterations=min(len(files), 1))
+                       steady_iterations=max(len(iterations), max(counts)),
+                       stated={"world_size": worlds.pop()} if len(worlds) == 1 else {},
+                       memory_option="--instrument-dir")
+
+
+def _is_date(text: str) -> bool:
+    try:
+        _dt.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 def read_measurement(megatron_log: str | Path | None, instrument_dir: str | Path | None,
@@ -169,6 +219,9 @@ def read_measurement(megatron_log: str | Path | None, instrument_dir: str | Path
         extra = measurement_from_instrument(instrument_dir)
         if not measurement.per_rank_peak_bytes:
             measurement.per_rank_peak_bytes = extra.per_rank_peak_bytes
+            measurement.memory_option = extra.memory_option
+        if "world_size" in extra.stated:
+            measurement.stated.setdefault("world_size", extra.stated["world_size"])
     return measurement, parsed
 
 
@@ -224,10 +277,36 @@ def _overlay(base: ProfileSet, device_factors: dict[str, float], global_factor: 
     return base.with_corrections(factors, Provenance(kind="calibrated", source="cli.py calibrate (fitting)"))
 
 
+def check_stated_config(measurement: Measurement, run: Any, cluster: Any) -> None:
+    """Refuse a run priced with another configuration than the one its log states (world size, TP, PP,
+    CP, EP, micro and global batch, sequence length, layers; a value the log does not state is not
+    compared), naming each option to fix with both values.  The global batch the iteration lines print
+    (what the measured iterations ran) comes before the arguments' one (which --rampup-batch-size can
+    precede)."""
+    stated = dict(measurement.stated)
+    if measurement.global_batch_size is not None:
+        stated["gbs"] = measurement.global_batch_size
+    priced = {"world_size": cluster.world_size, "tp": run.parallel.tp, "pp": run.parallel.pp, "cp": run.parallel.cp,
+              "ep": run.parallel.ep, "mbs": run.training.micro_batch_size, "gbs": run.training.global_batch_size,
+              "seq_length": run.model.seq_length, "num_layers": run.model.num_layers}
+    wrong = [(key, stated[key], priced[key]) for key in STATED_OPTIONS if key in stated and stated[key] != priced[key]]
+    if wrong:
+        what = "; ".join(f"{STATED_OPTIONS[k]}: the log states {s}, the run priced has {p}" for k, s, p in wrong)
+        raise PlannerInputError(
+            STATED_OPTIONS[wrong[0][0]].split()[0],
+            f"{measurement.source} was run with another configuration than the one given ({what}); corrections "
+            "fitted to it would be wrong for every later estimate: pass the flags the logged run used; nothing "
+            "was written")
+
+
 def calibrate(
     measurement: Measurement, run: Any, cluster: Any, profiles: Any, router: RouterStats | None = None,
+    *, allow_memory_excess: bool = False,
 ) -> CalibrationResult:
-    """Fit corrections so that the cost model reproduces `measurement` (see the module docstring)."""
+    """Fit corrections so that the cost model reproduces `measurement` (see the module docstring).
+    `allow_memory_excess` (--force) writes a memory correction beyond the bound (MEMORY_EXCESS_RATIO)
+    with a warning instead of refusing it."""
+    check_stated_config(measurement, run, cluster)
     imbalance = router.imbalance_factor() if router is not None else None
     if imbalance is not None:  # fit the time factors with the measured imbalance already in place
         profiles = _overlay(profiles, {}, 1.0, imbalance)
@@ -245,6 +324,7 @@ def calibrate(
     _check_within_peak(measurement, fitted, canonical.values())
     _, after = _evaluate(run, cluster, fitted)
     mem_diff = _memory_differences(measurement, before, stage_rows, ranks_per_stage, canonical)  # 3.
+    memory_warnings = _check_memory_excess(measurement, profiles, stage_rows, canonical, allow_memory_excess)
     corrections = _corrections(measurement, run, cluster, profiles, [canonical[d] for d in devices], device_factors,
                                global_factor, mem_diff)
     _check_written(measurement, corrections)
@@ -255,7 +335,8 @@ def calibrate(
                                                      f"expert, mean over {len(router.layer_imbalance())} "
                                                      "(iteration, layer) samples"}})
     fitted = {"device_factors": device_factors, "global_factor": global_factor, "moe_imbalance_factor": imbalance}
-    report = _report(measurement, run, before, after, stage_rows, mem_diff, fitted)
+    report = _report(measurement, run, before, after, stage_rows, mem_diff, fitted, corrections)
+    report["warnings"] += memory_warnings
     evidence = evidence_cells(run, cluster, plan, profiles, f"{measurement.source} ({measurement.date})")
     return CalibrationResult(corrections=corrections, report=report, evidence=evidence)
 
@@ -324,6 +405,40 @@ def _memory_differences(measurement: Measurement, before: Any, stage_rows: list[
     return mem_diff
 
 
+def _check_memory_excess(measurement: Measurement, profiles: Any, stage_rows: list[dict[str, Any]],
+                         canonical: dict[str, str], allow: bool) -> list[str]:
+    """Refuse a memory correction beyond the bound (MEMORY_EXCESS_RATIO x the prediction and more than
+    MEMORY_EXCESS_DEVICE_SHARE of the device's memory; per device, over its measured stages, as
+    `_corrections` writes it); with `allow` (--force), the warnings to report instead."""
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for row in stage_rows:
+        if "measured_max_reserved_gib" in row:
+            by_device.setdefault(canonical[row["device"]], []).append(row)
+    found = []
+    for name, rows in by_device.items():
+        predicted = statistics.fmean(r["predicted_memory_gib"] for r in rows)
+        measured = statistics.fmean(r["measured_max_reserved_gib"] for r in rows)
+        extra = max(0.0, statistics.fmean(r["memory_difference_gib"] for r in rows))
+        capacity = profiles.device(name).memory_gib
+        if (predicted > 0 and measured > MEMORY_EXCESS_RATIO * predicted
+                and extra > MEMORY_EXCESS_DEVICE_SHARE * capacity):
+            found.append(f"{name}: measured max reserved {measured:.2f} GiB against {predicted:.2f} GiB predicted "
+                         f"({measured / predicted:.2f}x, mean over {len(rows)} stage(s)), a memory_overhead_gib of "
+                         f"+{extra:.2f} GiB ({extra / capacity:.0%} of the device's {capacity:g} GiB)")
+    if not found:
+        return []
+    bound = (f"above {MEMORY_EXCESS_RATIO:g}x the prediction and {MEMORY_EXCESS_DEVICE_SHARE:.0%} of the device's "
+             "memory")
+    if allow:
+        return [f"memory correction {bound}, written because of --force: {f}" for f in found]
+    raise PlannerInputError(
+        measurement.memory_option,
+        f"{measurement.source}: {'; '.join(found)}: {bound}, which no allocator overhead explains; the run is not "
+        "what the planner priced: check the memory flags (--recompute-*, --use-distributed-optimizer, "
+        "--sequence-parallel, --mbs), the model (--model, --num-layers, hidden sizes) and the allocator settings "
+        "(PYTORCH_CUDA_ALLOC_CONF), or pass --force to write it anyway; nothing was written")
+
+
 def _corrections(measurement: Measurement, run: Any, cluster: Any, profiles: Any, names: list[str],
                  device_factors: dict[str, float], global_factor: float,
                  mem_diff: dict[str, list[float]]) -> list[dict[str, Any]]:
@@ -349,14 +464,11 @@ def _corrections(measurement: Measurement, run: Any, cluster: Any, profiles: Any
 
 
 def _report(measurement: Measurement, run: Any, before: Any, after: Any, stage_rows: list[dict[str, Any]],
-            mem_diff: dict[str, list[float]], fitted: dict[str, Any]) -> dict[str, Any]:
+            mem_diff: dict[str, list[float]], fitted: dict[str, Any],
+            corrections: list[dict[str, Any]]) -> dict[str, Any]:
     """The calibration report: what was measured, predicted before and after, the fitted factors
-    (`fitted`), the stage rows and the warnings."""
+    (`fitted`), what is written (`corrections`: device, kind, factor), the stage rows and the warnings."""
     warnings = []
-    gbs = measurement.global_batch_size
-    if gbs is not None and gbs != run.training.global_batch_size:
-        warnings.append(f"the log's global batch size {gbs} differs from the run's {run.training.global_batch_size}; "
-                        "pass the flags the logged run used")
     if measurement.per_rank_peak_bytes and not mem_diff:
         warnings.append("memory lines name ranks outside every stage of this configuration")
     return {
@@ -373,6 +485,7 @@ def _report(measurement: Measurement, run: Any, before: Any, after: Any, stage_r
         "predicted_after": {"iteration_time_s": after.iteration_time_s, "tflops_per_gpu": after.tflops_per_gpu,
                             "error": after.iteration_time_s / measurement.iteration_time_s - 1.0},
         **fitted,
+        "written_corrections": [{"device": c["device"], "kind": c["kind"], "factor": c["factor"]} for c in corrections],
         "stages": stage_rows,
         "method": "per-device compute factor from per-rank compute timers when present, then one global factor "
                   "on the remaining iteration time; memory: mean positive excess of max reserved per device",
@@ -438,12 +551,9 @@ def _check_measured_mfu(measurement: Measurement, before: Any, run: Any) -> None
         return
     mfu = flop / measurement.iteration_time_s / peak
     if mfu > 1.0:
-        gbs = measurement.global_batch_size
-        hint = (f" (the log's global batch size is {gbs}, the run's {run.training.global_batch_size})"
-                if gbs is not None and gbs != run.training.global_batch_size else "")
         raise PlannerInputError(
             "--megatron-log", f"{measurement.source}: {measurement.iteration_time_s:.4g} s per iteration means "
-                              f"MFU {mfu:.0%} for this model and batch on these GPUs, above the devices' peak{hint}; the "
+                              f"MFU {mfu:.0%} for this model and batch on these GPUs, above the devices' peak; the "
                               "log does not come from the run the flags and --cluster describe (check the model, the "
                               "global batch and the cluster); nothing was written")
 
@@ -492,6 +602,27 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: 
     return write_files(out, files, "--out", CALIBRATE_OUTPUT, force=force, inputs=inputs)
 
 
+def _written_lines(report: dict[str, Any]) -> list[str]:
+    """What corrections.yaml receives, as written (device, factor, kinds: time kinds of one device with the
+    same factor on one line), then the fit's decomposition of the time factors and how it maps to them."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for c in report.get("written_corrections", []):
+        value = (f"+{c['factor']:.2f} GiB" if c["kind"] == MEMORY_KIND else f"x{c['factor']:.4f}")
+        groups.setdefault((c["device"], value), []).append(c["kind"])
+    lines = ["written    (device, factor, kinds)"]
+    for (device, value), kinds in groups.items():
+        every = sorted(kinds) == sorted(TIME_KINDS)
+        named = f"all {len(kinds)} time kinds ({', '.join(kinds)})" if every else ", ".join(kinds)
+        lines.append(f"  {device:<10} {value:<12} {named}")
+    device_factors, g = report["device_factors"], report["global_factor"]
+    parts = "".join(f", {d} compute x{f:.4f}" for d, f in device_factors.items())
+    maps = "; ".join(f"{d}: x{f:.4f} x {g:.4f} = x{f * g:.4f}" for d, f in device_factors.items())
+    lines.append(f"fit        global x{g:.4f}{parts}: the fit's decomposition, not separate entries; each device's "
+                 "written time factor = its --profiles factor for the kind (1 without) x its compute factor (1 without "
+                 f"compute timers) x global" + (f" ({maps})" if maps else ""))
+    return lines
+
+
 def render_report(report: dict[str, Any]) -> str:
     """A short human summary of a calibration report."""
     meas, before, after = report["measured"], report["predicted_before"], report["predicted_after"]
@@ -500,9 +631,8 @@ def render_report(report: dict[str, Any]) -> str:
         f"({meas['source']}, {meas['unreadable_lines']} unreadable lines)",
         f"predicted  {before['iteration_time_s']:.4f} s before ({before['error']:+.1%}), "
         f"{after['iteration_time_s']:.4f} s after calibration ({round(after['error'], 4) + 0.0:+.1%})",
-        f"factors    global x{report['global_factor']:.4f}"
-        + "".join(f", {d} compute x{f:.4f}" for d, f in report["device_factors"].items()),
     ]
+    lines += _written_lines(report)
     if report.get("moe_imbalance_factor") is not None:
         lines.append(f"MoE imbalance factor {report['moe_imbalance_factor']:.4f} (max/mean tokens per expert)")
     for row in report["stages"]:

@@ -39,7 +39,9 @@ from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 @click.option("--out", "out_dir", required=True, metavar="DIR",
               help="directory for corrections.yaml and calibration_report.json (pass it as --profiles); a "
                    "profiles directory is updated, any other non-empty directory is refused")
-@click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory; "
+                                            "also write a memory correction beyond the bound (measured above 1.5x "
+                                            "the prediction by more than 10% of the device's memory), with a warning")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @handle_errors
 def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs,
@@ -78,7 +80,7 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
         if parsed.problem_count > 10:
             click.echo(f"warning: {parsed.problem_count - 10} more unreadable lines", err=True)
     router = read_router_stats(router_stats, instrument_dir, run.model.num_experts)
-    result = _versioned(calibrate(measurement, run, cluster_spec, profiles, router))
+    result = _versioned(calibrate(measurement, run, cluster_spec, profiles, router, allow_memory_excess=force))
     paths = write_corrections(result, out_dir, force=force, inputs=given)
     if as_json:
         echo_json({**result.report, "written": [str(p) for p in paths]})

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import csv
+import datetime as _dt
 import json
 import os
 import time
@@ -245,6 +246,7 @@ class InstrumentSession:
             "world_size": world,
             "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "recorded_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "skipped_iterations": self.skip,
             "routers": dict(sorted((self.router.layer_names if self.router else {}).items())),
             "unreadable_router_outputs": self.router.unreadable_outputs if self.router else 0,
