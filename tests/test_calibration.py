@@ -47,12 +47,12 @@ def _inputs(cluster: str, profiles: ProfileSet, **overrides):
 def test_log_calibration_round_trip(tmp_path, profiles):
     """Corrections fitted on the fixture log (1.500 s/iteration, TP2 PP2 DP2 on 8 H100) load with
     --profiles and make the cost model reproduce the measured iteration time and stage memory.  The fixture's
-    memory (2.7x the 8-layer model's) is beyond the bound calibrate writes unasked: forced here (--force)."""
+    memory (2.7x the 8-layer model's) is beyond the bound calibrate writes unasked: forced here (--allow-memory-excess)."""
     base = profiles
     run, cluster = _inputs("H100:8", base, model=_eight_layers(tmp_path), tp=2, pp=2, gbs=64)
     meas = measurement_from_log(parse_megatron_log(LOGS / "megatron_core018_minmax.log"), skip=2)
     result = calibrate(meas, run, cluster, base, allow_memory_excess=True)
-    assert len(result.report["warnings"]) == 1 and "written because of --force" in result.report["warnings"][0]
+    assert len(result.report["warnings"]) == 1 and "written because of --allow-memory-excess" in result.report["warnings"][0]
     write_corrections(result, tmp_path / "cal")
     loaded = ProfileSet.load(extra_dirs=[tmp_path / "cal"])
     assert loaded.correction("H100", "gemm") == pytest.approx(
@@ -209,7 +209,7 @@ def test_calibrate_cli(tmp_path):
     out = tmp_path / "calib"
     args = ["calibrate", "--megatron-log", str(LOGS / "megatron_core018_minmax.log"), "--model",
             _eight_layers(tmp_path), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out),
-            "--force"]  # the fixture's memory is beyond the bound (test_memory_excess_is_refused_unless_forced)
+            "--allow-memory-excess"]  # the fixture's memory is beyond the bound (test_memory_excess_is_refused_unless_forced)
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 0, result.output
     assert "after calibration (+0.0%)" in result.output
@@ -277,7 +277,7 @@ def test_calibrate_refuses_a_run_other_than_the_logged_one(tmp_path):
         assert not out.exists() and "Traceback" not in res.output
     with_args.write_text(lines[0] + ARGUMENTS_BLOCK.format(mbs=1, layers=8) + "".join(lines[1:]))
     res = _cli(["calibrate", "--megatron-log", str(with_args), "--model", l8, "--cluster", "H100:8", "--tp", "2",
-                "--pp", "2", "--gbs", "64", "--out", str(tmp_path / "ok"), "--force"])
+                "--pp", "2", "--gbs", "64", "--out", str(tmp_path / "ok"), "--allow-memory-excess"])
     assert res.exit_code == 0, res.output
 
 
@@ -318,7 +318,7 @@ def test_printed_factors_are_the_written_ones(tmp_path):
 def test_memory_excess_is_refused_unless_forced(tmp_path):
     """walk53b item 6: the fixture log's max reserved is 2.7x what the 8-layer model needs (+21.35 GiB a GPU), which
     calibrate wrote as memory_overhead_gib without a word.  Above 1.5x the prediction by more than 10% of the
-    device's memory it is refused (exit 2, the figures, what to check, nothing written); --force writes it with a
+    device's memory it is refused (exit 2, the figures, what to check, nothing written); --allow-memory-excess writes it with a
     warning."""
     args = ["calibrate", "--megatron-log", str(LOGS / "megatron_core018_minmax.log"), "--model",
             _eight_layers(tmp_path), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64",
@@ -328,9 +328,9 @@ def test_memory_excess_is_refused_unless_forced(tmp_path):
     error = next(line for line in res.output.splitlines() if line.startswith("error: "))
     assert re.search(r"^error: --megatron-log: .*H100: measured max reserved 3\d\.\d\d GiB against 1\d\.\d\d GiB "
                      r"predicted \(2\.\d\dx.*memory_overhead_gib of \+21\.35 GiB", error), error
-    assert "PYTORCH_CUDA_ALLOC_CONF" in error and "--force" in error and "nothing was written" in error
+    assert "PYTORCH_CUDA_ALLOC_CONF" in error and "--allow-memory-excess" in error and "nothing was written" in error
     assert not (tmp_path / "cal").exists()
-    res = _cli([*args, "--force"])
+    res = _cli([*args, "--allow-memory-excess"])
     assert res.exit_code == 0, res.output
     assert "warning: memory correction above 1.5x the prediction" in res.output
     assert re.search(r"(?m)^  H100 +\+21\.35 GiB +memory_overhead_gib$", res.output), res.output
@@ -354,7 +354,7 @@ def test_memory_excess_bound():
         assert _check_memory_excess(meas, profiles, rows(predicted, measured), {"H100": "H100"}, False) == []
     with pytest.raises(PlannerInputError, match=r"2\.00x.*\+20\.00 GiB \(25% of the device's 80 GiB\)"):
         _check_memory_excess(meas, profiles, rows(20.0, 40.0), {"H100": "H100"}, False)
-    assert "written because of --force" in _check_memory_excess(meas, profiles, rows(20.0, 40.0),
+    assert "written because of --allow-memory-excess" in _check_memory_excess(meas, profiles, rows(20.0, 40.0),
                                                                 {"H100": "H100"}, True)[0]
 
 

@@ -97,8 +97,8 @@ def test_calibrate_passes_arguments_after_double_dash_to_the_script(tmp_path):
     script.write_text(CALIBRATE_SCRIPT)
     log = Path(__file__).parent / "data" / "logs" / "megatron_core018_minmax.log"
     args = ["calibrate", "--megatron-log", str(log), "--megatron-script", str(script), "--cluster", "H100:8"]
-    # --force: the fixture's memory is beyond what calibrate writes unasked (tests/test_calibration.py)
-    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "cal"), "--json", "--force", "--", "8"])
+    # --allow-memory-excess: the fixture's memory is beyond what calibrate writes unasked (tests/test_calibration.py)
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "cal"), "--json", "--allow-memory-excess", "--", "8"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{"):])
     assert any(p.endswith("corrections.yaml") for p in report["written"])

@@ -75,7 +75,7 @@ def test_calibrate_json_follows_the_schema(tmp_path):
     log = root / "tests" / "data" / "logs" / "megatron_core018_minmax.log"
     payload = json_of(["calibrate", "--megatron-log", str(log), "--model", str(model), "--cluster", "H100:8",
                        "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out), "--json",
-                       "--force"])  # the fixture's memory is beyond what calibrate writes unasked
+                       "--allow-memory-excess"])  # the fixture's memory is beyond what calibrate writes unasked
     check("calibrate", payload)
     written = json.loads((out / "calibration_report.json").read_text())
     assert written == {k: v for k, v in payload.items() if k != "written"}

@@ -14,7 +14,7 @@ Method (documented in the report):
    device becomes `memory_overhead_gib` (added; never negative, so calibration cannot make the
    planner optimistic about memory; a negative difference is reported only).  An excess beyond
    MEMORY_EXCESS_RATIO x the prediction *and* MEMORY_EXCESS_DEVICE_SHARE of the device's memory is
-   refused (--force writes it, with a warning): that is another run, not an allocator overhead.
+   refused (--allow-memory-excess writes it, with a warning): that is another run, not an allocator overhead.
 4. Router statistics give the MoE imbalance factor (max/mean tokens per expert, mean over layers).
 Existing corrections (from --profiles) are composed: new factor = old factor x fitted ratio.
 
@@ -304,7 +304,7 @@ def calibrate(
     *, allow_memory_excess: bool = False,
 ) -> CalibrationResult:
     """Fit corrections so that the cost model reproduces `measurement` (see the module docstring).
-    `allow_memory_excess` (--force) writes a memory correction beyond the bound (MEMORY_EXCESS_RATIO)
+    `allow_memory_excess` (--allow-memory-excess) writes a memory correction beyond the bound (MEMORY_EXCESS_RATIO)
     with a warning instead of refusing it."""
     check_stated_config(measurement, run, cluster)
     imbalance = router.imbalance_factor() if router is not None else None
@@ -409,7 +409,7 @@ def _check_memory_excess(measurement: Measurement, profiles: Any, stage_rows: li
                          canonical: dict[str, str], allow: bool) -> list[str]:
     """Refuse a memory correction beyond the bound (MEMORY_EXCESS_RATIO x the prediction and more than
     MEMORY_EXCESS_DEVICE_SHARE of the device's memory; per device, over its measured stages, as
-    `_corrections` writes it); with `allow` (--force), the warnings to report instead."""
+    `_corrections` writes it); with `allow` (--allow-memory-excess), the warnings to report instead."""
     by_device: dict[str, list[dict[str, Any]]] = {}
     for row in stage_rows:
         if "measured_max_reserved_gib" in row:
@@ -430,13 +430,13 @@ def _check_memory_excess(measurement: Measurement, profiles: Any, stage_rows: li
     bound = (f"above {MEMORY_EXCESS_RATIO:g}x the prediction and {MEMORY_EXCESS_DEVICE_SHARE:.0%} of the device's "
              "memory")
     if allow:
-        return [f"memory correction {bound}, written because of --force: {f}" for f in found]
+        return [f"memory correction {bound}, written because of --allow-memory-excess: {f}" for f in found]
     raise PlannerInputError(
         measurement.memory_option,
         f"{measurement.source}: {'; '.join(found)}: {bound}, which no allocator overhead explains; the run is not "
         "what the planner priced: check the memory flags (--recompute-*, --use-distributed-optimizer, "
         "--sequence-parallel, --mbs), the model (--model, --num-layers, hidden sizes) and the allocator settings "
-        "(PYTORCH_CUDA_ALLOC_CONF), or pass --force to write it anyway; nothing was written")
+        "(PYTORCH_CUDA_ALLOC_CONF), or pass --allow-memory-excess to write it anyway; nothing was written")
 
 
 def _corrections(measurement: Measurement, run: Any, cluster: Any, profiles: Any, names: list[str],

@@ -39,13 +39,15 @@ from planner.output.run_dir import CALIBRATE_OUTPUT, check_out_dir
 @click.option("--out", "out_dir", required=True, metavar="DIR",
               help="directory for corrections.yaml and calibration_report.json (pass it as --profiles); a "
                    "profiles directory is updated, any other non-empty directory is refused")
-@click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory; "
-                                            "also write a memory correction beyond the bound (measured above 1.5x "
-                                            "the prediction by more than 10% of the device's memory), with a warning")
+@click.option("--force", is_flag=True, help="write into a non-empty --out directory that is no profiles directory")
+@click.option("--allow-memory-excess", is_flag=True,
+              help="write a memory correction beyond the bound (measured above 1.5x the prediction by more than 10% "
+                   "of the device's memory: likely another run than the one priced), with a warning")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @handle_errors
 def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, megatron_script, cluster, profile_dirs,
-            router_stats, skip_iterations, log_run, out_dir, force, as_json, script_args, **overrides):
+            router_stats, skip_iterations, log_run, out_dir, force, allow_memory_excess, as_json, script_args,
+            **overrides):
     """Compare a real run with the cost model and write corrections (provenance calibrated).
 
     \b
@@ -80,7 +82,7 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
         if parsed.problem_count > 10:
             click.echo(f"warning: {parsed.problem_count - 10} more unreadable lines", err=True)
     router = read_router_stats(router_stats, instrument_dir, run.model.num_experts)
-    result = _versioned(calibrate(measurement, run, cluster_spec, profiles, router, allow_memory_excess=force))
+    result = _versioned(calibrate(measurement, run, cluster_spec, profiles, router, allow_memory_excess=allow_memory_excess))
     paths = write_corrections(result, out_dir, force=force, inputs=given)
     if as_json:
         echo_json({**result.report, "written": [str(p) for p in paths]})
