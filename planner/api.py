@@ -543,7 +543,8 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
         except SearchTimeLimitError:
             rows.append({"backend": name, "status": "UNKNOWN", "objective_s": None, "iteration_time_s": None,
                          "lower_bound_s": None, "gap": None, "certified_optimal": False, "search_time_s": share,
-                         "configs_solved": 0, "plan": "(no plan within its share of the time limit)"})
+                         "configs_solved": 0, "plan": "(no plan within its share of the time limit)",
+                         "stages": None})
             continue
         check_prediction(out.costs[0], f"the {name} plan", profiles.user_files)
         r = out.result
@@ -555,7 +556,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
             "gap": max(0.0, (it - lb) / it) if lb is not None else None,
             "pruned_space_status": r.pruned_space_status,
             "certified_optimal": r.certified_optimal, "search_time_s": r.search_time_s, "timed_out": r.timed_out,
-            "configs_solved": r.configs_solved, "plan": r.best[0].g.label(),
+            "configs_solved": r.configs_solved, "plan": r.best[0].g.label(), "stages": compare_stages(out.plans[0]),
         })
     found = [row["objective_s"] for row in rows if row["objective_s"] is not None]
     ref = min(found) if found else None
@@ -563,6 +564,14 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
         row["vs_best"] = row["objective_s"] / ref - 1.0 if ref and row["objective_s"] is not None else None
         row["runtime"] = choice.runtime.name
     return rows
+
+
+def compare_stages(plan: Plan) -> list[dict]:
+    """A compare row's stages: what `plan`'s one-line label leaves out under per-stage meshes (FlagScale: each
+    stage's device type, layers, DP, recompute and micro-batch), so that two backends' plans can be told apart."""
+    return [{"index": i, "device_type": st.device_type, "num_layers": st.num_layers, "dp": st.dp,
+             "recompute": st.recompute.label, "micro_batch_size": plan.stage_mbs(i)}
+            for i, st in enumerate(plan.stages)]
 
 
 CONTRADICTION_REL = 1e-9  # float noise a bound may show above a plan (bounds are rounded down to whole us)

@@ -16,7 +16,7 @@ from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, note_printer,
     time_limit_option,
 )
-from planner.output.report import SCHEMA_VERSION
+from planner.output.report import SCHEMA_VERSION, recompute_short
 from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.time_budget import Budget, reading_within
 
@@ -35,6 +35,18 @@ def gap_lines(rows: list[dict]) -> list[str]:
                    f"{f(row['lower_bound_s'], '12.4f'):>12s} {gap} {vs} {row['search_time_s']:8.2f} "
                    f"{row['configs_solved']:7d}  {row['plan']}")
     return out
+
+
+def stage_lines(rows: list[dict]) -> list[str]:
+    """Each plan's stages (device type, layers, DP, micro-batch, recompute), one line per distinct plan naming the
+    backends that found it: the table's configuration leaves them out under FlagScale's per-stage meshes."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        if row.get("stages"):
+            text = " | ".join(f"S{s['index']} {s['device_type']} {s['num_layers']} layer{'' if s['num_layers'] == 1 else 's'} DP{s['dp']} "
+                              f"mbs{s['micro_batch_size']} {recompute_short(s['recompute'])}" for s in row["stages"])
+            groups.setdefault(text, []).append(row["backend"])
+    return [f"stages ({', '.join(names)}): {text}" for text, names in groups.items()]
 
 
 @click.command("compare")
@@ -86,7 +98,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     else:
         click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {cluster_spec.describe()} ({runtime}; "
                    f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
-        for line in gap_lines(rows):
+        for line in gap_lines(rows) + stage_lines(rows):
             click.echo(line)
     for line in false:  # a false bound is a bug of the planner: a line each (on stderr beside the JSON), exit status 1
         click.echo(f"contradiction: {line}", err=as_json)
