@@ -12,6 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.hosts import Host
+from planner.launcher.common import hostfile_text, place_agents, stage_rank_ranges
+from planner.output.plots import node_caption, placement_data
+from planner.schemas.plan import Plan, StagePlan
 
 # the pick of `solve --model mixtral-s --cluster H800:16,MI300X:16` (walk53b item 1): stage 0 on MI300X at DP 16,
 # stages 1-2 on H800 at DP 8, so FlagScale runs 2-sample micro-batches on them (DP0 x mbs / DP)
@@ -81,5 +86,64 @@ def test_compare_under_flagscale_shows_each_plans_stages():
     first = d["results"][0]["stages"][0]
     assert any(f"S0 {first['device_type']} {first['num_layers']} layer" in line and f"DP{first['dp']}" in line
                for line in lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 11: the placement picture numbers nodes as the launcher does
+
+
+def _check_launcher_numbering(plan: Plan, cluster, hosts=None) -> dict:
+    place = placement_data(plan, cluster, hosts=hosts)
+    agents = place_agents(plan, cluster, hosts)
+    listed = [line.split()[0] for line in hostfile_text(agents).splitlines() if line and not line.startswith("#")]
+    assert place["node_numbering"] == "launcher"
+    used = [n for n in place["nodes"] if n["node_ranks"]]
+    assert [n["host"] for n in used] == listed  # the picture's order is the hostfile's
+    by_host = {n["host"]: n for n in place["nodes"]}
+    ranges = stage_rank_ranges(plan)
+    for a in agents:
+        node = by_host[a.host]
+        assert a.node_rank in node["node_ranks"] and node["device_type"] == a.device_type
+        for j, gpu in enumerate(a.gpu_ids):
+            stage = next(i for i, (lo, hi) in enumerate(ranges) if lo <= a.first_rank + j < hi)
+            assert node["gpus"][gpu] == stage
+    return place
+
+
+def test_placement_numbers_nodes_as_launch_sh_and_the_hostfile(profiles):
+    """Stage 0 on MI300X: launch.sh's node 0 is the first MI300X node, though the cluster lists H800 first; the
+    picture's data give each node its node rank and hostfile name, the GPUs hold the stages the launcher puts
+    there, and the captions say both; --hosts names are the file's."""
+    plan = Plan.from_json(HET)
+    cluster = parse_cluster(HET_CLUSTER, profiles)
+    place = _check_launcher_numbering(plan, cluster)
+    assert [(n["device_type"], n["node_ranks"], n["host"]) for n in place["nodes"]] == [
+        ("MI300X", [0], "mi300x-node0"), ("MI300X", [1], "mi300x-node1"),
+        ("H800", [2], "h800-node0"), ("H800", [3], "h800-node1")]
+    assert [node_caption(n) for n in place["nodes"]][2] == "node 2 (h800-node0)"
+
+    hosts = (Host("gpu-a", "H800", 8, 1), Host("gpu-b", "H800", 8, 2), Host("amd-x", "MI300X", 8, 3),
+             Host("amd-y", "MI300X", 8, 4))
+    place = _check_launcher_numbering(plan, cluster, hosts)
+    assert [node_caption(n) for n in place["nodes"]] == ["node 0 (amd-x)", "node 1 (amd-y)", "node 2 (gpu-a)",
+                                                         "node 3 (gpu-b)"]
+
+    # a plan on part of the cluster: the unused nodes come last, named but not numbered
+    small = Plan(runtime="flagscale", tp=1, ep=8, mbs=1, gbs=64,
+                 stages=(StagePlan(device_type="H800", num_layers=16, dp=8),
+                         StagePlan(device_type="MI300X", num_layers=16, dp=8)))
+    place = _check_launcher_numbering(small, cluster)
+    assert [node_caption(n) for n in place["nodes"]] == ["node 0 (h800-node0)", "node 1 (mi300x-node0)",
+                                                         "h800-node1, unused", "mi300x-node1, unused"]
+
+
+def test_solve_out_placement_matches_its_hostfile(solved):
+    place = json.loads((solved / "plots" / "placement.json").read_text())
+    hostfile = (solved / "launch" / "hostfile").read_text()
+    listed = [(line.split()[0], line.split("type=")[1]) for line in hostfile.splitlines()
+              if line and not line.startswith("#")]
+    used = [(n["host"], n["device_type"]) for n in place["nodes"] if n["node_ranks"]]
+    assert used == listed
+    assert [r for n in place["nodes"] for r in n["node_ranks"]] == list(range(len(listed)))
 
 

@@ -419,6 +419,12 @@ def _nodes_by_type(used: Sequence[str], cluster: ClusterSpec, hosts: Sequence[Ho
     return nodes
 
 
+def node_names(cluster: ClusterSpec, hosts: Sequence[Host] | None = None) -> dict[str, list[str]]:
+    """The names the launcher gives each device type's nodes, in its order: the --hosts file's, else the template
+    names of hostfile (`h800-node0`, ...), for every type of the cluster."""
+    return {t: [name for name, _ in nodes] for t, nodes in _nodes_by_type(cluster.device_types, cluster, hosts).items()}
+
+
 def _check_enough_hosts(runs: list[tuple[str, int, int, list[int]]], nodes: dict[str, list[tuple[str, int]]],
                         nproc: int) -> None:
     """--hosts must list as many nodes of each type as the plan's agents fill; the shortfall is named."""

@@ -22,7 +22,7 @@ def plot_files(tmp: Path, payload: dict, outcome, user, *, prefix: str = "",
     title = f"{payload['model']} on {payload['cluster']}"
     mine = (user.plan, user.cost, user.source) if user is not None and user.cost is not None else None
     images, notes = write_plots(tmp, outcome.plans[0], outcome.costs[0], outcome.cluster, title=title, user=mine,
-                                time_left=time_left)
+                                time_left=time_left, hosts=outcome.hosts)
     payload["notes"] = list(payload["notes"]) + notes
     return {name: prefix + rel for name, rel in images.items()}
 

@@ -4,7 +4,8 @@ Three plots, each written as NAME.png plus NAME.json (the numbers drawn, so test
 read them without looking at pixels):
 
 * placement: the cluster's nodes by device type, every GPU coloured by the pipeline stage it holds,
-  with each stage's layers, TP, CP, DP and EP in the legend.  `placement_vs_yours` puts the plan the
+  with each stage's layers, TP, CP, DP and EP in the legend; each node captioned with its node rank as
+  launch.sh numbers it (HAPMOE_NODE_RANK, the hostfile's order) and its hostfile name.  `placement_vs_yours` puts the plan the
   user's flags describe and the planner's plan in one picture.
 * timeline: one iteration of the pipeline schedule (1F1B, or interleaved 1F1B with VPP > 1), simulated
   by planner/simulate.py from the cost model's per-stage forward and backward times.  Each box is one
@@ -25,9 +26,12 @@ import csv
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from planner.cost.model import PlanCost
+from planner.errors import PlannerInputError
+from planner.inputs.hosts import Host
+from planner.launcher.common import node_names, place_agents, stage_rank_ranges
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.plan import Plan
 from planner.simulate import simulate_pipeline
@@ -72,42 +76,43 @@ def _new_figure(width_in: float, height_in: float):
 # Placement
 
 
-def placement_data(plan: Plan, cluster: ClusterSpec, *, rank_order: bool = False) -> dict[str, Any]:
-    """Which stage every GPU of the cluster holds.
+def placement_data(plan: Plan, cluster: ClusterSpec, *, rank_order: bool = False,
+                   hosts: Sequence[Host] | None = None) -> dict[str, Any]:
+    """Which stage every GPU of the cluster holds, and each node's number as the job numbers it.
 
-    rank_order=False: the planner's launcher order (planner/launcher): each stage takes the next free
-    GPUs of its own device type, nodes in the cluster's order.  rank_order=True: Megatron's default
-    rank order on the nodes as the cluster lists them (rank r on the r-th GPU), which is how a user's
-    own script runs; a stage may then straddle two device types (`mixed_types` in its entry).
+    rank_order=False: the planner's launcher (planner/launcher: place_agents, with the --hosts file's nodes as
+    `hosts`): each stage takes the next free GPUs of its own device type; a node's `node_ranks` are the node
+    ranks launch.sh gives its torchrun agents (HAPMOE_NODE_RANK, the hostfile's order) and `host` its hostfile
+    name; the nodes are listed in that order, unused ones last.  rank_order=True: Megatron's default rank order
+    on the nodes as the cluster lists them (rank r on the r-th GPU, node k the k-th node), which is how a user's
+    own script runs; a stage may then straddle two device types (`mixed_types` in its entry).  `node` stays each
+    node's number within its device type.
     """
     nodes: list[dict[str, Any]] = []
     for g in cluster.groups:
         k = sum(1 for n in nodes if n["device_type"] == g.device_type)
         for j in range(g.num_nodes):
-            nodes.append({"device_type": g.device_type, "node": k + j, "gpus": [None] * g.gpus_per_node})
+            nodes.append({"device_type": g.device_type, "node": k + j, "gpus": [None] * g.gpus_per_node,
+                          "host": None, "node_ranks": []})
     stage_gpus = [plan.tp * plan.cp * s.dp for s in plan.stages]
+    if rank_order:
+        numbering = "rank order"
+        _fill_in_rank_order(nodes, stage_gpus)
+        for k, n in enumerate(nodes):
+            n["node_ranks"] = [k] if any(x is not None for x in n["gpus"]) else []
+    else:
+        numbering = "launcher" if _fill_as_launched(nodes, plan, cluster, hosts) else "per type"
+        if numbering == "per type":  # the launcher cannot place it (a type short of nodes): each type in order
+            _fill_by_type(nodes, plan, stage_gpus)
+        last = len(nodes)  # (the list reads as empty while it sorts)
+        nodes.sort(key=lambda n: min(n["node_ranks"], default=last))  # stable: unused ones keep their order
     placed = [0] * plan.pp
     types_of: list[set[str]] = [set() for _ in plan.stages]
-    if rank_order:
-        slots = [(n, i) for n in nodes for i in range(len(n["gpus"]))]
-        pos = 0
-        for s, count in enumerate(stage_gpus):
-            for n, i in slots[pos:pos + count]:
-                n["gpus"][i] = s
-                types_of[s].add(n["device_type"])
-                placed[s] += 1
-            pos += count
-    else:
-        free: dict[str, list[tuple[dict, int]]] = {}
-        for n in nodes:
-            free.setdefault(n["device_type"], []).extend((n, i) for i in range(len(n["gpus"])))
-        for s, (stage, count) in enumerate(zip(plan.stages, stage_gpus)):
-            queue = free.get(stage.device_type, [])
-            for n, i in queue[:count]:
-                n["gpus"][i] = s
-                types_of[s].add(n["device_type"])
-                placed[s] += 1
-            del queue[:count]
+    for n in nodes:
+        for owner in n["gpus"]:
+            if owner is not None:
+                placed[owner] += 1
+                types_of[owner].add(n["device_type"])
     stages = []
     for s, ((start, end), st) in enumerate(zip(plan.layer_ranges(), plan.stages)):
         stages.append({
@@ -118,11 +123,72 @@ def placement_data(plan: Plan, cluster: ClusterSpec, *, rank_order: bool = False
         })
     return {
         "order": "rank" if rank_order else "launcher",
+        "node_numbering": numbering,
         "vpp": plan.vpp,
         "nodes": nodes,
         "stages": stages,
         "unused_gpus": sum(1 for n in nodes for x in n["gpus"] if x is None),
     }
+
+
+def _fill_in_rank_order(nodes: list[dict[str, Any]], stage_gpus: list[int]) -> None:
+    slots = [(n, i) for n in nodes for i in range(len(n["gpus"]))]
+    pos = 0
+    for s, count in enumerate(stage_gpus):
+        for n, i in slots[pos:pos + count]:
+            n["gpus"][i] = s
+        pos += count
+
+
+def _fill_by_type(nodes: list[dict[str, Any]], plan: Plan, stage_gpus: list[int]) -> None:
+    free: dict[str, list[tuple[dict, int]]] = {}
+    for n in nodes:
+        free.setdefault(n["device_type"], []).extend((n, i) for i in range(len(n["gpus"])))
+    for s, (stage, count) in enumerate(zip(plan.stages, stage_gpus)):
+        queue = free.get(stage.device_type, [])
+        for n, i in queue[:count]:
+            n["gpus"][i] = s
+        del queue[:count]
+
+
+def _fill_as_launched(nodes: list[dict[str, Any]], plan: Plan, cluster: ClusterSpec,
+                      hosts: Sequence[Host] | None) -> bool:
+    """Name the nodes and place the stages' ranks on their GPUs as launch.sh does (place_agents); False, with the
+    nodes untouched, where the launcher would refuse the plan on this cluster."""
+    try:
+        agents = place_agents(plan, cluster, hosts)
+    except PlannerInputError:
+        return False
+    names = node_names(cluster, hosts)
+    by_host: dict[str, dict[str, Any]] = {}
+    for n in nodes:
+        listed = names.get(n["device_type"], [])
+        if n["node"] < len(listed):
+            by_host[listed[n["node"]]] = n
+    if any(a.host not in by_host for a in agents):
+        return False
+    ranges = stage_rank_ranges(plan)
+    for n in nodes:
+        n["host"] = next((h for h, m in by_host.items() if m is n), None)
+    for a in agents:
+        n = by_host[a.host]
+        n["node_ranks"].append(a.node_rank)
+        for j, gpu in enumerate(a.gpu_ids):
+            rank = a.first_rank + j
+            n["gpus"][gpu] = next(i for i, (lo, hi) in enumerate(ranges) if lo <= rank < hi)
+    return True
+
+
+def node_caption(n: dict[str, Any]) -> str:
+    """A node's caption in the placement picture: its number as launch.sh and the hostfile give it, and its host
+    name ("node 2 (h800-node0)"; an unused node: "h800-node3, unused"); without the launcher's numbering, its
+    number within its device type."""
+    ranks = n.get("node_ranks") or []
+    number = "node " + "+".join(str(r) for r in ranks) if ranks else ""
+    host = n.get("host")
+    if host:
+        return f"{number} ({host})" if number else f"{host}, unused"
+    return number or f"node {n['node']}"
 
 
 def _stage_caption(s: dict[str, Any], vpp: int) -> str:
@@ -184,7 +250,7 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
                 if owner is not None:
                     texts.append((x0 + i + 0.5, y0 + 0.5, str(owner)))
             if cell_px >= 14 and len(nodes) <= _MAX_NODE_CAPTIONS:  # room for the caption between rows
-                ax.text(x0 + len(n["gpus"]) / 2, y0 + 1.2, f"node {n['node']}", ha="center", va="bottom",
+                ax.text(x0 + len(n["gpus"]) / 2, y0 + 1.2, node_caption(n), ha="center", va="bottom",
                         fontsize=6, color="#555555")
         y += lay["group_h"][dtype] + 0.6
     ax.add_collection(PatchCollection(frames, facecolor="white", edgecolor="#999999", linewidth=0.8))
@@ -195,12 +261,24 @@ def _draw_placement_panel(ax, data: dict[str, Any], lay: dict[str, Any], label_w
     if cell_px >= 11 and len(texts) <= _MAX_CELL_LABELS:  # stage numbers inside cells large enough to hold them
         for x, yy, t in texts:
             ax.text(x, yy, t, ha="center", va="center", fontsize=min(8.0, cell_px * 0.4), color="white")
-    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_title(_panel_title(title, data), fontsize=10, loc="left")
     handles = [Patch(color=colours[s["index"]], label=_stage_caption(s, data["vpp"])) for s in data["stages"]]
     if data["unused_gpus"]:
         handles.append(Patch(facecolor=_UNUSED_COLOUR, edgecolor="#999999", label=f"unused ({data['unused_gpus']} GPUs)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.01), ncol=lay["legend_cols"], fontsize=8,
               frameon=False, borderaxespad=0.0)
+
+
+_NUMBERING_NOTES = {
+    "launcher": "node k: launch.sh's node rank (HAPMOE_NODE_RANK; the hostfile's order), its host in brackets",
+    "rank order": "node k: the k-th node as the cluster lists them (Megatron's default rank order)",
+}
+
+
+def _panel_title(title: str, data: dict[str, Any]) -> str:
+    """The panel's title, and under it what the node numbers are (where the picture numbers nodes as a job does)."""
+    note = _NUMBERING_NOTES.get(data.get("node_numbering", ""))
+    return f"{title}\n{note}" if note else title
 
 
 def draw_placement(panels: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
@@ -210,13 +288,15 @@ def draw_placement(panels: list[tuple[str, dict[str, Any]]], path: Path) -> Path
     lays = [_placement_layout(d, min_group_cells=0.5 / cell_in) for _, d in panels]
     width_in = cells_w * cell_in + _LABEL_IN + 0.2
     label_w = _LABEL_IN / cell_in
-    title_in, legend_row_in = 0.45, 0.19
-    heights = [title_in + lay["height"] * cell_in + lay["legend_rows"] * legend_row_in + 0.25 for lay in lays]
+    title_ins = [0.45 + 0.17 * _panel_title(title, d).count("\n") for title, d in panels]
+    legend_row_in = 0.19
+    heights = [t_in + lay["height"] * cell_in + lay["legend_rows"] * legend_row_in + 0.25
+               for t_in, lay in zip(title_ins, lays)]
     total_in = sum(heights)
     fig = _new_figure(width_in, total_in)
     colours = _stage_colours(max(len(d["stages"]) for _, d in panels))
     top_in = total_in
-    for (title, data), lay, h in zip(panels, lays, heights):
+    for (title, data), lay, h, title_in in zip(panels, lays, heights, title_ins):
         body_in = lay["height"] * cell_in
         bottom_in = top_in - title_in - body_in
         ax = fig.add_axes((0.1 / width_in, bottom_in / total_in, (label_w + lay["width"]) * cell_in / width_in,
@@ -501,11 +581,13 @@ class _Drawing:
 
 def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec, *, title: str,
                 user: tuple[Plan, PlanCost, str] | None = None, rank_order: bool = False,
-                time_left: Callable[[], float] | None = None) -> tuple[dict[str, str], list[str]]:
+                time_left: Callable[[], float] | None = None,
+                hosts: Sequence[Host] | None = None) -> tuple[dict[str, str], list[str]]:
     """Write placement, timeline and memory (PNG + JSON; the timeline's events also as CSV) into
     `out_dir`; with `user` = (plan, cost, label) also placement_vs_yours.  `rank_order`: place the
     plan as Megatron's default rank order would (see placement_data).  `time_left`: seconds the time
-    limit leaves; a PNG that would not fit in them is left out (see _Drawing).  Returns ({plot name: PNG
+    limit leaves; a PNG that would not fit in them is left out (see _Drawing).  `hosts`: the --hosts file's
+    nodes, named in the placement as the launcher names them.  Returns ({plot name: PNG
     file name}, notes on plots that could not be drawn)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -513,7 +595,7 @@ def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec,
     notes: list[str] = []
     drawing = _Drawing(time_left, cluster.world_size, notes)
 
-    place = placement_data(plan, cluster, rank_order=rank_order)
+    place = placement_data(plan, cluster, rank_order=rank_order, hosts=hosts)
     _write_json(out_dir / "placement.json", place)
     if drawing.allowed("placement"):
         draw_placement([(f"{title}: placement", place)], out_dir / "placement.png")
