@@ -15,7 +15,7 @@ from cli import main
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.hosts import Host
 from planner.launcher.common import hostfile_text, place_agents, stage_rank_ranges
-from planner.output.plots import node_caption, placement_data
+from planner.output.plots import _memory_figure, memory_label_bottom, node_caption, placement_data
 from planner.schemas.plan import Plan, StagePlan
 
 # the pick of `solve --model mixtral-s --cluster H800:16,MI300X:16` (walk53b item 1): stage 0 on MI300X at DP 16,
@@ -147,3 +147,32 @@ def test_solve_out_placement_matches_its_hostfile(solved):
     assert [r for n in place["nodes"] for r in n["node_ranks"]] == list(range(len(listed)))
 
 
+# ---------------------------------------------------------------------------------------------------------
+# item 12: memory.png's labels and summary.md's memory parts
+
+
+def test_memory_labels_do_not_cross_the_capacity_lines(het_estimate):
+    """Stage 1 of the FlagScale pick is at 98% of usable memory: its label, as drawn, lies clear of both its
+    usable and its capacity line (so does every other stage's)."""
+    _, plots = het_estimate
+    data = json.loads((plots / "memory.json").read_text())
+    assert any(s["near_capacity"] for s in data["stages"])
+    fig = _memory_figure(data)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    to_data = ax.transData.inverted()
+    labels = [t for t in ax.texts if "GiB" in t.get_text() or "%" in t.get_text()]
+    assert len(labels) == len(data["stages"])
+    for s, text in zip(data["stages"], labels):
+        box = text.get_window_extent(renderer)
+        (_, y0), (_, y1) = to_data.transform([(box.x0, box.y0), (box.x1, box.y1)])
+        for line in (s["usable_gib"], s["capacity_gib"]):
+            assert not y0 <= line <= y1, (s["index"], y0, y1, line)
+        assert y0 >= s["total_gib"]  # above its bar
+    assert y1 <= ax.get_ylim()[1]
+
+
+def test_memory_label_bottom_clears_each_line_it_would_cross():
+    assert memory_label_bottom(50.0, (75.0, 79.0), 10.0, 1.0) == 51.0  # far below: on its bar
+    assert memory_label_bottom(73.8, (75.1, 79.1), 10.0, 1.0) == pytest.approx(80.1)  # under both: above both
+    assert memory_label_bottom(90.0, (75.1, 79.1), 10.0, 1.0) == 91.0  # over the capacity: on its bar

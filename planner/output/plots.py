@@ -484,8 +484,33 @@ def memory_data(cost: PlanCost) -> dict[str, Any]:
     return {"parts": list(MEMORY_PARTS), "stages": stages}
 
 
+_MEMORY_LABEL_PT = 7.0  # the labels' font size
+_MEMORY_PAD = 0.01  # the gap between a label and a bar or line, a fraction of the axis' top value
+
+
+def memory_label_bottom(total: float, lines: Sequence[float], label_h: float, pad: float) -> float:
+    """Where a stage's label of height `label_h` (GiB on the axis) starts: just above the bar (`total`), or, where
+    it would cross one of the `lines` drawn over the bar (usable, capacity), just above that line, and so on until
+    no line passes through it (each line it crosses lifts it above)."""
+    y = total + pad
+    for _ in range(len(lines) + 1):
+        crossed = [c for c in lines if y - pad <= c <= y + label_h + pad]
+        if not crossed:
+            return y
+        y = max(crossed) + pad
+    return y
+
+
 def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
     """Stacked bars per stage against the device's capacity; returns `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _memory_figure(data, title).savefig(path, format="png")
+    return path
+
+
+def _memory_figure(data: dict[str, Any], title: str = ""):
+    """The memory figure, laid out (labels placed clear of the capacity and usable lines)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -501,15 +526,9 @@ def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
         bottom = [b + v for b, v in zip(bottom, vals)]
     top = max(max(s["total_gib"], s["capacity_gib"]) for s in stages) if stages else 1.0
     for x, s in zip(xs, stages):
-        cap, total = s.get("usable_gib", s["capacity_gib"]), s["total_gib"]
         ax.hlines(s["capacity_gib"], x - 0.42, x + 0.42, colors="black", linewidth=2.0)
-        ax.hlines(cap, x - 0.42, x + 0.42, colors="black", linewidth=1.0, linestyles="dashed")
-        colour = "black" if s["fits"] and not s.get("near_capacity") else "#C00000"
-        pct = total / cap * 100 if cap else 0.0
-        label = f"{total:.1f} GiB\n{pct:.0f}% of {cap:.1f}" if n <= 14 else f"{pct:.0f}%"
-        near = abs(total - cap) < 0.09 * top  # the label would sit on the capacity line: put it above both
-        ax.text(x, (max(total, cap) if near else total) + 0.01 * top, label, ha="center", va="bottom", fontsize=7,
-                color=colour, fontweight="normal" if s["fits"] else "bold")
+        ax.hlines(s.get("usable_gib", s["capacity_gib"]), x - 0.42, x + 0.42, colors="black", linewidth=1.0,
+                  linestyles="dashed")
     ax.set_xticks(xs)
     ax.set_xticklabels([f"S{s['index']}\n{s['device_type']}" for s in stages], fontsize=8 if n <= 16 else 6)
     ax.set_ylabel("memory per GPU (GiB)")
@@ -527,10 +546,27 @@ def draw_memory(data: dict[str, Any], path: Path, title: str = "") -> Path:
     ax.grid(axis="y", color="#DDDDDD", linewidth=0.6)
     ax.set_axisbelow(True)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    _memory_labels(ax, stages, top)
+    return fig
+
+
+def _memory_labels(ax, stages: list[dict[str, Any]], top: float) -> None:
+    """Each stage's total and share of its usable memory over its bar, clear of its capacity and usable lines
+    (memory_label_bottom), red at 97-100% of usable or over it; placed after the layout, whose axis height
+    turns the labels' height in points into GiB."""
+    n = len(stages)
+    lines_n = 2 if n <= 14 else 1
+    axis_px = ax.get_window_extent().height
+    gib_per_px = (ax.get_ylim()[1] - ax.get_ylim()[0]) / axis_px if axis_px > 0 else 0.0
+    label_h = lines_n * _MEMORY_LABEL_PT * 1.25 * ax.figure.dpi / 72.0 * gib_per_px
+    for x, s in enumerate(stages):
+        cap, total = s.get("usable_gib", s["capacity_gib"]), s["total_gib"]
+        colour = "black" if s["fits"] and not s.get("near_capacity") else "#C00000"
+        pct = total / cap * 100 if cap else 0.0
+        label = f"{total:.1f} GiB\n{pct:.0f}% of {cap:.1f}" if lines_n == 2 else f"{pct:.0f}%"
+        y = memory_label_bottom(total, (cap, s["capacity_gib"]), label_h, _MEMORY_PAD * top)
+        ax.text(x, y, label, ha="center", va="bottom", fontsize=_MEMORY_LABEL_PT, color=colour,
+                fontweight="normal" if s["fits"] else "bold")
 
 
 # ------------------------------------------------------------------------------------------------
