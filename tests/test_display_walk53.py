@@ -16,6 +16,7 @@ from planner.inputs.cluster import parse_cluster
 from planner.inputs.hosts import Host
 from planner.launcher.common import hostfile_text, place_agents, stage_rank_ranges
 from planner.output.plots import _memory_figure, memory_label_bottom, node_caption, placement_data
+from planner.output.report import degrees_line, plan_json
 from planner.schemas.plan import Plan, StagePlan
 
 # the pick of `solve --model mixtral-s --cluster H800:16,MI300X:16` (walk53b item 1): stage 0 on MI300X at DP 16,
@@ -58,6 +59,29 @@ def _md_table(summary: str) -> list[dict[str, str]]:
     lines = summary.split("## Stages", 1)[1].strip().split("\n\n", 1)[0].splitlines()
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
     return [dict(zip(rows[0], r)) for r in rows[2:]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 9: each stage's own micro-batch
+
+
+def test_flagscale_per_stage_micro_batches_are_shown(het_estimate):
+    """The header says mbs=1/2/2, not mbs=1; the terminal table and summary.md have a column of each stage's
+    micro-batch; a plan whose stages share one micro-batch keeps the single number and no column."""
+    text, plots = het_estimate
+    assert "mbs=1/2/2" in text and "mbs=1 " not in text
+    header = next(line for line in text.splitlines() if line.startswith("stage "))
+    assert header.split()[:5] == ["stage", "device", "layers", "DP", "mbs"]
+    rows = [line.split() for line in text.splitlines() if re.match(r"\s+\d+\s+(MI300X|H800)\s", line)]
+    assert [r[4] for r in rows] == ["1", "2", "2"]
+    summary = (plots / "summary.md").read_text()
+    assert "mbs=1/2/2" in summary
+    assert [r["micro-batch (samples per DP rank)"] for r in _md_table(summary)] == ["1", "2", "2"]
+
+    uniform = Plan(runtime="flagscale", mbs=2, gbs=64, stages=(StagePlan(device_type="H800", num_layers=2, dp=8),
+                                                               StagePlan(device_type="MI300X", num_layers=2, dp=8)))
+    line = degrees_line(plan_json(uniform))
+    assert "mbs=2 " in line and "per stage" not in line
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -176,3 +200,19 @@ def test_memory_label_bottom_clears_each_line_it_would_cross():
     assert memory_label_bottom(50.0, (75.0, 79.0), 10.0, 1.0) == 51.0  # far below: on its bar
     assert memory_label_bottom(73.8, (75.1, 79.1), 10.0, 1.0) == pytest.approx(80.1)  # under both: above both
     assert memory_label_bottom(90.0, (75.1, 79.1), 10.0, 1.0) == 91.0  # over the capacity: on its bar
+
+
+def _parts_sum(row: dict[str, str]) -> float:
+    return sum(float(row[k]) for k in ("weights", "grads", "optimizer", "activations", "allocated, not itemised",
+                                       "allocator cache", "other"))
+
+
+def test_summary_memory_parts_add_up_to_the_total(solved, het_estimate):
+    """solve --out (and estimate --plot): in every stage row of summary.md the memory parts add up to the
+    stage's memory, within the rounding of 8 numbers to 0.1 GiB."""
+    for summary in ((solved / "summary.md").read_text(), (het_estimate[1] / "summary.md").read_text()):
+        rows = _md_table(summary)
+        assert rows
+        for row in rows:
+            total = float(re.search(r"[\d.]+", row["memory (GiB)"]).group())
+            assert abs(_parts_sum(row) - total) <= 8 * 0.05 + 1e-9, row

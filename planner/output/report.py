@@ -341,11 +341,25 @@ def recompute_short(label: str) -> str:
     return label
 
 
+def stage_mbs(plan: dict) -> list[int]:
+    """Samples per micro-batch on one DP rank of each stage (a plan_json): the plan's mbs on every stage under
+    one DP; FlagScale's DP0 * mbs / DP_i where the stages' DP differ (Plan.stage_mbs)."""
+    return [plan["mbs"] * plan["dp"][0] // d for d in plan["dp"]]
+
+
+def mbs_text(plan: dict) -> str:
+    """The micro-batch size, one number, or each stage's ("1/2/2") where the stages' micro-batches differ."""
+    sizes = stage_mbs(plan)
+    return str(sizes[0]) if len(set(sizes)) == 1 else "/".join(str(m) for m in sizes)
+
+
 def degrees_line(plan: dict) -> str:
     dps = sorted(set(plan["dp"]))
     dp = str(dps[0]) if len(dps) == 1 else "/".join(str(d) for d in plan["dp"])
+    mbs = mbs_text(plan)
+    per_stage = " (per stage: samples per DP rank, DP0 x mbs / DP)" if "/" in mbs else ""
     return (f"TP={plan['tp']} PP={plan['pp']} CP={plan['cp']} EP={plan['ep']} ETP={plan['etp']} DP={dp} "
-            f"VPP={plan['vpp']} mbs={plan['mbs']} gbs={plan['gbs']} runtime={plan['runtime']}")
+            f"VPP={plan['vpp']} mbs={mbs}{per_stage} gbs={plan['gbs']} runtime={plan['runtime']}")
 
 
 def degrees_short(plan: dict) -> str:
@@ -353,7 +367,7 @@ def degrees_short(plan: dict) -> str:
     dp = str(dps[0]) if len(dps) == 1 else "/".join(str(d) for d in plan["dp"])
     rec = sorted({recompute_short(s["recompute_label"]) for s in plan["stages"]})
     return (f"TP{plan['tp']} PP{plan['pp']} CP{plan['cp']} EP{plan['ep']} ETP{plan['etp']} DP{dp} "
-            f"VPP{plan['vpp']} mbs{plan['mbs']} " + "/".join(rec))
+            f"VPP{plan['vpp']} mbs{mbs_text(plan)} " + "/".join(rec))
 
 
 def _dp_text(plan: dict) -> str:
@@ -536,7 +550,12 @@ _WIDE_COLUMNS = (
 )
 
 
-def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
+def _per_stage_mbs(stages: list[dict]) -> bool:
+    """The stages run micro-batches of different sizes (FlagScale's per-stage DP): the tables show each one's."""
+    return len({s.get("micro_batch_size") for s in stages}) > 1
+
+
+def _columns(wide: bool, per_stage_mbs: bool = False) -> list[tuple[str, Any, bool]]:
     def fits(s: dict) -> str:
         if not s["fits"]:
             return "NO"
@@ -547,6 +566,7 @@ def _columns(wide: bool) -> list[tuple[str, Any, bool]]:
         ("device", lambda s: s["device_type"], True),
         ("layers", lambda s: str(s["num_layers"]), False),
         ("DP", lambda s: str(s["dp"]), False),
+        *([("mbs", lambda s: str(s["micro_batch_size"]), False)] if per_stage_mbs else []),
         ("recompute", (lambda s: s["recompute"]) if wide else (lambda s: recompute_short(s["recompute"])), True),
         ("t/mb\nms", lambda s: _ms(s["time_s"]), False),
         ("compute\nms", lambda s: _ms(s["compute_s"]), False),
@@ -574,7 +594,7 @@ def stage_table(stages: list[dict], *, wide: bool, width: int, title: str = "per
     from rich.console import Console
     from rich.table import Table
 
-    cols = _columns(wide)
+    cols = _columns(wide, _per_stage_mbs(stages))
     measure = Console(width=10_000, file=open(os.devnull, "w"))
 
     def build(columns):
@@ -610,7 +630,11 @@ def _render_stage_table(console, payload: dict, wide: bool) -> None:
                   "per micro-batch; DP sync (exposed gradient sync), optim (optimizer step) and host (fixed host "
                   "time): per iteration; their sum is the default table's DP sync",
                   "memory per GPU; in-flight mb: micro-batches whose activations a stage holds at its peak; reserv: "
-                  "the allocator's reserved peak (weights to activations + its cache); memory: reserv + other"]
+                  "the allocator's reserved peak (weights to activations + allocated workspaces + its cache); "
+                  "memory: reserv + other"]
+    if _per_stage_mbs(payload["stages"]):
+        legend.insert(0, "mbs: each stage's own micro-batch, samples per DP rank (DP0 x mbs / DP of the stage); "
+                         "t/mb is the time of that micro-batch, so stages with another mbs do not compare 1:1")
     for line in legend:
         _say(console, line, style="dim")
 
@@ -820,23 +844,38 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, 
 # summary.md
 
 
+MD_MEMORY_PARTS = (("weights", "weights_gib"), ("grads", "grads_gib"), ("optimizer", "optimizer_gib"),
+                   ("activations", "activations_gib"), ("allocated, not itemised", "unitemised_gib"),
+                   ("allocator cache", "allocator_cache_gib"), ("other", "other_gib"))
+"""summary.md's memory parts, in memory.png's order: together they are the stage's memory (GiB)."""
+
+
 def _md_stage_table(stages: list[dict]) -> list[str]:
-    lines = [
-        "| stage | device | layers | DP | recompute | time/micro-batch (ms) | of which comm (ms) | memory (GiB) "
-        "| weights | grads | optimizer | activations | other | allocated peak | reserved peak | capacity (GiB) "
-        "| usable (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    """The stages in markdown; the memory parts (MD_MEMORY_PARTS) add up to the memory column, and a column of each
+    stage's micro-batch appears where the stages' micro-batches differ (FlagScale's per-stage DP)."""
+    per_stage = _per_stage_mbs(stages)
+    heads = (["stage", "device", "layers", "DP"] + (["micro-batch (samples per DP rank)"] if per_stage else [])
+             + ["recompute", "time/micro-batch (ms)", "of which comm (ms)", "memory (GiB)"]
+             + [name for name, _ in MD_MEMORY_PARTS]
+             + ["allocated peak", "reserved peak", "capacity (GiB)", "usable (GiB)"])
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for s in stages:
         mem = f"{s['memory_gib']:.1f}" if s["fits"] else f"**{s['memory_gib']:.1f} (over)**"
         if s.get("near_capacity"):
             mem = f"**{s['memory_gib']:.1f} ({100 * s['capacity_used_fraction']:.0f}% of usable)**"
-        lines.append(
-            f"| {s['index']} | {s['device_type']} | {s['num_layers']} | {s['dp']} | {s['recompute']} | "
-            f"{s['time_s'] * 1e3:.1f} | {(s['time_s'] - s['compute_s']) * 1e3:.1f} | {mem} | "
-            f"{s['weights_gib']:.1f} | {s['grads_gib']:.1f} | {s['optimizer_gib']:.1f} | {s['activations_gib']:.1f} | "
-            f"{s['other_gib']:.1f} | {s.get('peak_allocated_gib', 0.0):.1f} | {s.get('peak_reserved_gib', 0.0):.1f} | "
-            f"{s['capacity_gib']:.1f} | {s.get('usable_gib', s['capacity_gib']):.1f} |")
+        cells = ([s["index"], s["device_type"], s["num_layers"], s["dp"]]
+                 + ([s["micro_batch_size"]] if per_stage else [])
+                 + [s["recompute"], f"{s['time_s'] * 1e3:.1f}", f"{(s['time_s'] - s['compute_s']) * 1e3:.1f}", mem]
+                 + [f"{s.get(key, 0.0):.1f}" for _, key in MD_MEMORY_PARTS]
+                 + [f"{s.get('peak_allocated_gib', 0.0):.1f}", f"{s.get('peak_reserved_gib', 0.0):.1f}",
+                    f"{s['capacity_gib']:.1f}", f"{s.get('usable_gib', s['capacity_gib']):.1f}"])
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += ["", "Memory per GPU: weights to other add up to the memory column (allocated, not itemised: workspaces "
+              "and buffers torch allocates beyond the itemised terms; allocator cache: reserved, not allocated; other: "
+              "context and communicator buffers); allocated peak and reserved peak are the allocator's peaks."]
+    if per_stage:
+        lines.append("Each stage runs micro-batches of its own size (DP0 x mbs / DP of the stage), so its time per "
+                     "micro-batch is for that many samples per DP rank.")
     return lines
 
 
