@@ -1,6 +1,6 @@
-"""What the second new-user walk (walk53b, items 9-12) found hard to read: FlagScale's per-stage micro-batches,
-compare's plan under per-stage meshes, the placement picture's node numbers against the launcher's, and the
-memory picture's labels and summary.md's memory parts."""
+"""Display details a new user found hard to read: FlagScale's per-stage micro-batches, compare's plan under
+per-stage meshes, the placement picture's node numbers against the launcher's, and the memory picture's labels
+and summary.md's memory parts."""
 
 from __future__ import annotations
 
