@@ -478,7 +478,7 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
         if not allow_invalid:
             raise PlannerInputError("--plan" if saved else "--cluster",
                                     f"{runs.reason}; `solve` plans a runtime that can (FlagScale for NVIDIA+AMD); "
-                                    "--allow-invalid prices it anyway")
+                                    f"--allow-invalid prices {'this plan' if saved else 'these flags'} anyway")
         notes = notes + [f"no {runtime.title} job runs this: {runs.reason}"]
     ranges = RangeModel(run.model, run.training, cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal.evaluate(plan)
