@@ -294,6 +294,27 @@ def test_emit_replaces_the_launcher_files_solve_wrote_and_keeps_the_users(tmp_pa
                                 "--out")
 
 
+def test_solve_again_replaces_what_emit_wrote_into_its_launch_directory(tmp_path, tiny):
+    """The reverse of the test above: after `emit --out S/launch --hosts` (Slurm host files beside launch.sh),
+    `solve --out S` again without --hosts replaces emit's files as its own earlier output: no stale
+    slurm_hostfile.* is left beside the new launch.sh, and a file of the user's stays."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("n0 H800 8\n")
+    plan = tmp_path / "S"
+    assert run(solve_args(tiny, "--out", str(plan))).exit_code == 0
+    launch = plan / "launch"
+    res = run(["emit", "--plan", str(plan / "plan.json"), "--out", str(launch), "--hosts", str(hosts)])
+    assert res.exit_code == 0, res.output
+    assert (launch / "slurm_hostfile.nodes").exists()
+    (launch / "notes.txt").write_text("mine")
+    res = run(solve_args(tiny, "--out", str(plan)))
+    assert res.exit_code == 0, res.output
+    assert not any(p.name.startswith("slurm_hostfile") for p in launch.iterdir())
+    assert (launch / "notes.txt").read_text() == "mine" and (launch / "launch.sh").exists()
+    assert {r: w for r, w in manifest_writers(plan).items() if r.startswith("launch/")} == {
+        f"launch/{n}": "solve --out" for n in ("launch.sh", "hostfile", "megatron_args.txt")}
+
+
 def other_file_system(tmp_path: Path) -> Path:
     """An empty directory on another file system than tmp_path (/dev/shm is usually tmpfs)."""
     shm = Path("/dev/shm")

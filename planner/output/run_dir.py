@@ -11,7 +11,8 @@ The user's files are sacred.  Each directory the planner writes holds a manifest
 - A directory inside an earlier output (the launch/ of `solve --out DIR`) is recorded in that output's
   manifest.  The launcher files `solve --out DIR` wrote into DIR/launch/ are an earlier output of
   `emit --out` (LAUNCHER_OUTPUT.earlier_from): `emit --out DIR/launch` replaces them without --force, and
-  the manifest above says so (the next `emit` there, or `solve --out DIR` again, needs no --force either).
+  the manifest above says so (the next `emit` there, or `solve --out DIR` again, needs no --force either;
+  solve again replaces what emit wrote there, the Slurm host files of `emit --hosts` included, as its own).
   Writing into another command's output (--force) keeps that directory's family, so its own command
   still finds it.
 - A file the planner did not write (absent from the manifest, or edited since) is never overwritten
@@ -69,10 +70,11 @@ class OutputKind:
 
     def is_earlier(self, writer: str | None, rel: str, prefix: str) -> bool:
         """Whether the planner's file `rel` (written by `writer`, in the directory of the manifest) is
-        an earlier output of this kind when writing into that directory's `prefix` subdirectory."""
+        an earlier output of this kind when writing into that directory's `prefix` subdirectory (the
+        subdirectory itself, or the whole directory holding it)."""
         if writer == self.writer:
             return True
-        return any(writer == w and prefix == sub and rel.startswith(sub) for w, sub in self.earlier_from)
+        return any(writer == w and prefix in (sub, "") and rel.startswith(sub) for w, sub in self.earlier_from)
 
 
 PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json", "timeline.csv", "memory.png",
@@ -80,7 +82,8 @@ PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json"
 PLAN_OUTPUT = OutputKind("plan", "solve --out", "plan",
                          ("plan.json", "inputs.json", "summary.md", "launch/launch.sh", "launch/megatron_args.txt",
                           "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md"),
-                          "trials/pick/launch.sh", "trials/pick/plan.json"))
+                          "trials/pick/launch.sh", "trials/pick/plan.json"),
+                         earlier_from=(("emit --out", "launch/"),))
 PLOTS_OUTPUT = OutputKind("pictures", "--plot", "plots", PLOT_FILES, has_force=False)
 LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"),
                              earlier_from=(("solve --out", "launch/"),))
