@@ -216,3 +216,17 @@ def test_summary_memory_parts_add_up_to_the_total(solved, het_estimate):
         for row in rows:
             total = float(re.search(r"[\d.]+", row["memory (GiB)"]).group())
             assert abs(_parts_sum(row) - total) <= 8 * 0.05 + 1e-9, row
+
+
+def test_a_name_the_plot_font_cannot_draw_warns_once_in_the_notes(tmp_path):
+    """A model named in CJK: matplotlib's font has no glyph for it and warns per character; under --quiet nothing
+    reaches stderr, and the output says once that the title's characters are drawn as boxes."""
+    model = tmp_path / "cjk.yaml"
+    model.write_text("name: 中文模型\nnum_layers: 4\nhidden_size: 1024\nnum_attention_heads: 8\nvocab_size: 32000\n"
+                     "seq_length: 1024\nmax_position_embeddings: 1024\n")
+    res = CliRunner().invoke(main, ["estimate", "--model", str(model), "--cluster", "H100:8", "--plot",
+                                    str(tmp_path / "plots"), "--quiet", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "Glyph" not in res.stderr
+    notes = [n for n in json.loads(res.stdout)["notes"] if "no glyph" in n]
+    assert len(notes) == 1

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -619,6 +621,30 @@ def write_plots(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec,
                 user: tuple[Plan, PlanCost, str] | None = None, rank_order: bool = False,
                 time_left: Callable[[], float] | None = None,
                 hosts: Sequence[Host] | None = None) -> tuple[dict[str, str], list[str]]:
+    """write_plots_unguarded, with matplotlib's warnings about glyphs its font lacks (a model named in CJK) kept
+    off stderr (--quiet means quiet) and said once as a note."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", message=r"Glyph \d+ .*missing from", category=UserWarning)
+        images, notes = write_plots_unguarded(out_dir, plan, cost, cluster, title=title, user=user,
+                                              rank_order=rank_order, time_left=time_left, hosts=hosts)
+    glyphs = [w for w in caught if GLYPH_WARNING.search(str(w.message))]
+    for w in caught:
+        if w not in glyphs:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if glyphs:
+        notes.append("the plots' font has no glyph for some characters of the title (the model's name): they are "
+                     "drawn as boxes")
+    return images, notes
+
+
+GLYPH_WARNING = re.compile(r"Glyph \d+ .*missing from")
+"""matplotlib's warning for a character its font cannot draw."""
+
+
+def write_plots_unguarded(out_dir: Path, plan: Plan, cost: PlanCost, cluster: ClusterSpec, *, title: str,
+                          user: tuple[Plan, PlanCost, str] | None = None, rank_order: bool = False,
+                          time_left: Callable[[], float] | None = None,
+                          hosts: Sequence[Host] | None = None) -> tuple[dict[str, str], list[str]]:
     """Write placement, timeline and memory (PNG + JSON; the timeline's events also as CSV) into
     `out_dir`; with `user` = (plan, cost, label) also placement_vs_yours.  `rank_order`: place the
     plan as Megatron's default rank order would (see placement_data).  `time_left`: seconds the time
