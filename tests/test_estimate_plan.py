@@ -67,16 +67,25 @@ def test_plan_refuses_changes_from_the_command_line_and_cluster_is_needed_withou
 def test_a_saved_flagscale_plan_is_priced_on_its_runtime(tmp_path):
     """A mixed-vendor pick runs on FlagScale: estimate --plan prices it on the runtime the file names (the price
     solve gave), not refused as a job upstream Megatron cannot run."""
-    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H800:4,MI300X:4", "--backend", "hsdp",
+    # MI300X listed first: Megatron's rank order would put the pick's first stage on the MI300X nodes
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "MI300X:4,H800:4", "--backend", "hsdp",
                          "--quiet", "--out", str(tmp_path / "p")])
     assert code == 0, out
     saved = json.loads((tmp_path / "p" / "plan.json").read_text())
-    assert saved["runtime"] == "flagscale"
+    assert saved["runtime"] == "flagscale" and saved["plan"]["stages"][0]["device_type"] == "H800"
     code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--json"])
     assert code == 0, out
     priced = json.loads(stdout)
     assert priced["iteration_time_s"] == saved["iteration_time_s"]
     assert not any("job runs this" in n for n in priced["notes"])
+    # its picture places each stage on its own device type, as its launcher does (not Megatron's rank order)
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--plot", str(tmp_path / "pic"),
+                         "--quiet"])
+    assert code == 0, out
+    place = json.loads((tmp_path / "pic" / "placement.json").read_text())
+    types = [s["device_type"] for s in saved["plan"]["stages"]]
+    on = [(n["device_type"], g) for n in place["nodes"] for g in n["gpus"] if g is not None]
+    assert on and all(types[g] == t for t, g in on), on
 
 
 def test_a_recompute_label_that_contradicts_recompute_is_refused(tmp_path):

@@ -66,7 +66,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
                             time_range=priced.time_range)
     if plot_dir:
         written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster,
-                                       inputs=given)
+                                       inputs=given, saved=plan_path is not None)
         if not quiet:
             click.echo(f"wrote {len(written)} files to {plot_dir}", err=True)
     if as_json:

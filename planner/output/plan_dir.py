@@ -84,14 +84,15 @@ def write_solve_plots(plot_dir: Path, payload: dict, outcome, user=None, *, inpu
 
 
 def write_estimate_plots(plot_dir: Path, payload: dict, plan, cost, cluster, *,
-                         inputs: Sequence[Path | str] = ()) -> list[Path]:
-    """The estimate's pictures (placement in Megatron's rank order), their data and a summary.md,
-    written all-or-nothing into `plot_dir`."""
+                         inputs: Sequence[Path | str] = (), saved: bool = False) -> list[Path]:
+    """The estimate's pictures, their data and a summary.md, written all-or-nothing into `plot_dir`: the flags'
+    plan placed in Megatron's rank order (as the flags run it), a `saved` plan (estimate --plan) as its launcher
+    places it (a FlagScale plan's stages on their own device types)."""
     plot_dir = Path(plot_dir)
     staged = StagedOutput(plot_dir, "--plot", PLOTS_OUTPUT, inputs=inputs)
     with staged as tmp:
         images, notes = write_plots(tmp, plan, cost, cluster, title=f"{payload['model']} on {payload['cluster']}",
-                                    rank_order=True)
+                                    rank_order=not saved)
         payload["notes"] = list(payload["notes"]) + notes
         payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
         (tmp / "summary.md").write_text(estimate_summary_markdown(payload, images))
