@@ -676,6 +676,8 @@ def test_hosts_the_plan_leaves_unused_are_named(tmp_path, tiny):
     note = "--hosts: 1 of the 2 node(s) listed are not used by this plan and get no agent"
     assert note in res.output and "n1 (H800, line 3)" in res.output
     assert (tmp_path / "p" / "launch" / "hostfile").read_text() == "n0 slots=8 type=H800\n"
+    launch_sh = (tmp_path / "p" / "launch" / "launch.sh").read_text()
+    assert f"# note: {note}" in launch_sh and "n1 (H800, line 3)" in launch_sh  # the file says so too
     res = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "e"),
                                     "--hosts", str(hosts)])
     assert res.exit_code == 0, res.output

@@ -369,7 +369,7 @@ def unused_hosts_note(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | 
         return None
     shown = ", ".join(f"{h.name} ({h.device_type}, line {h.line})" for h in left[:8]) + (", ..." if len(left) > 8 else "")
     return (f"--hosts: {len(left)} of the {len(hosts)} node(s) listed are not used by this plan and get no agent "
-            f"(not in the host file nor in launch.sh): {shown}")
+            f"(the host file leaves them out): {shown}")
 
 
 def _type_runs(plan: Plan, ranges: list[tuple[int, int]]) -> list[tuple[str, int, int, list[int]]]:

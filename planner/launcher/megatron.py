@@ -32,6 +32,7 @@ from planner.launcher.common import (
     plan_header,
     recompute_flag_items,
     runtime_notes,
+    unused_hosts_note,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.megatron.layout import split_flags
@@ -84,6 +85,8 @@ def megatron_files(
                            for i in rule_items]
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
+    unused = unused_hosts_note(plan, cluster, hosts)  # also in launch.sh: the file says which nodes sit idle
+    notes += [unused] if unused else []
     connections = max_connections(plan, flags.final)
     exports = domain_exports(model, plan, cluster, profiles)
     notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)
