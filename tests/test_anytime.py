@@ -145,3 +145,5 @@ def test_configurations_a_time_limit_left_open_are_not_called_bounded_out(small,
     cut = search(big, SPACE, SearchSettings(backend=backend, time_limit_s=4))
     assert not cut.certified_optimal and cut.configs_unsearched > 0
     assert _parts(cut) == cut.configs_total
+    # where the time limit stopped the enumeration itself (hsdp), the total is what was enumerated, and it says so
+    assert cut.space_counted == (not any("enumeration stopped" in n for n in cut.notes))

@@ -196,7 +196,7 @@ def search_json(result, settings) -> dict[str, Any]:
                     "configs_pruned_cp_min_seq": result.configs_pruned_cp},
         "configs": {"total": result.configs_total, "solved": result.configs_solved,
                     "bounded": result.configs_bounded, "infeasible": result.configs_infeasible,
-                    "unsearched": result.configs_unsearched},
+                    "unsearched": result.configs_unsearched, "space_counted": result.space_counted},
         "quantisation_s": result.quantisation_s,
         "cpsat": result.cpsat,
         "time_split": result.time_split,
@@ -812,7 +812,10 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, 
     _say(console, f"search: {status}, {why}")
     _say(console, "  " + objective_line(payload))
     _say(console, f"  {bound_text(payload)}; searched for {payload['search_time_s']:.1f} s")
-    _say(console, f"  configurations: {payload['configs_total']} in all, {payload['configs_solved']} solved, "
+    counted = payload.get("search", {}).get("configs", {}).get("space_counted", True)
+    total = (f"{payload['configs_total']} in all" if counted else
+             f"{payload['configs_total']} enumerated before the time limit (the space holds more)")
+    _say(console, f"  configurations: {total}, {payload['configs_solved']} solved, "
          f"{payload['configs_bounded']} bounded out, {payload['configs_infeasible']} infeasible, "
          f"{payload['configs_pruned_memory']} memory-pruned"
          + (f", {payload['configs_unsearched']} not searched (time limit)" if payload.get("configs_unsearched")

@@ -108,6 +108,7 @@ def _result(scr: Screening, settings: SearchSettings, t0: float) -> SearchResult
         configs_infeasible=scr.infeasible, configs_pruned_memory=scr.pruned_memory, lower_bound_s=whole_lb,
         configs_unsearched=0 if pruned_optimal else max(0, scr.total - scr.solved - scr.bounded - scr.infeasible
                                                         - scr.pruned_memory - scr.pruned_cp),
+        space_counted=whole,
         certified_optimal=certified, search_time_s=time.perf_counter() - t0, backend=settings.backend,
         notes=scr.notes, pruning=scr.pruning,
         pruned_space_optimal=pruned_optimal, pruned_lower_bound_s=pruned_lb, configs_pruned_cp=scr.pruned_cp,

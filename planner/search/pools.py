@@ -120,6 +120,7 @@ def _combined(cost: CostModel, apart: SearchResult, pooled: SearchResult, pools:
         configs_pruned_memory=apart.configs_pruned_memory + pooled.configs_pruned_memory,
         configs_pruned_cp=apart.configs_pruned_cp + pooled.configs_pruned_cp,
         configs_unsearched=apart.configs_unsearched + pooled.configs_unsearched,
+        space_counted=apart.space_counted and pooled.space_counted,
         lower_bound_s=least(apart.lower_bound_s, pooled.lower_bound_s),
         pruned_lower_bound_s=least(apart.pruned_lower_bound_s, pooled.pruned_lower_bound_s),
         certified_optimal=apart.certified_optimal and pooled.certified_optimal,

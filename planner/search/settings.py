@@ -131,6 +131,7 @@ class SearchResult:
     pruned_lower_bound_s: float | None = None  # valid for the pruned space
     configs_pruned_cp: int = 0
     configs_unsearched: int = 0  # configurations a time limit left open: neither solved nor bounded out
+    space_counted: bool = True  # False: the time limit stopped enumerating the space, which holds more than the total
     timed_out: bool = False
     quantisation_s: float = 0.0  # most the best plan's float cost exceeds its table objective
     cpsat: dict | None = None  # the CP-SAT master's statistics (--backend cpsat)
