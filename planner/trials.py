@@ -137,7 +137,7 @@ def _beyond_the_search(outcome, trial: Trial) -> Trial:
     what = "the top of its range" if pessimistic else "its time"
     extra = (f"; {what} ({mine:.3f} s) is below the pick's ({theirs:.3f} s): it lies outside the space the search "
              "covered, whose certificate says nothing beyond it")
-    space = getattr(outcome, "space", None)
+    space = outcome.space
     if space is not None and trial.plan.mbs not in space.mbs:
         extra += (f" (micro-batch {trial.plan.mbs}; the search tried {', '.join(map(str, space.mbs))}: "
                   f"`solve --mbs {trial.plan.mbs}` searches it)")

@@ -118,17 +118,14 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
     runs) is an assumption about your router."""
     model = run.model
     if user_profiles and profiles.moe_imbalance_factor() is not None:
-        return run  # the user's own router statistics state it (measured_imbalance_note)
+        return run  # the user's own router statistics state it (measured_imbalance_notes)
     real = _real_routing(run, cluster, profiles)
     if real is None:
         return run
-    routing, ep, value = real
+    routing, ep, value, at = real
     notes = [routing.assumed] if routing.assumed else []
-    at = (f"at the input's EP {ep}" if run.parallel.ep > 1 else f"at EP {ep} (the input's EP is 1)")
     source = (f"real routing {at}, {model.num_experts // ep} experts per rank; every plan, the pick included, gets "
-              f"its own at its EP size and micro-batch: {routing.source}"
-              + (f", clipped at --moe-expert-capacity-factor {model.moe_expert_capacity_factor:g}"
-                 if model.moe_expert_capacity_factor is not None else ""))
+              f"its own at its EP size and micro-batch: {routing.source}{_clipped(model)}")
     if value < 1.0:
         notes.append("below 1: the capacity drops tokens, and the busiest rank computes less than the balanced load")
     source = "; ".join([source] + notes)
@@ -137,9 +134,9 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
 
 
 def _real_routing(run: MegatronRun, cluster, profiles):
-    """(routing, EP size, the busiest rank's load over the mean) of the run's own plan under real routing (its EP
-    size, else 8; its tokens per micro-batch), or None where nothing is left to assume: a dense model,
-    --moe-imbalance, forced balancing or padding to capacity."""
+    """(routing, EP size, the busiest rank's load over the mean, that EP in words) of the run's own plan under real
+    routing (its EP size, else 8; its tokens per micro-batch), or None where nothing is left to assume: a dense
+    model, --moe-imbalance, forced balancing or padding to capacity."""
     model, training = run.model, run.training
     if not model.is_moe or training.moe_imbalance_factor is not None or model.moe_router_force_load_balancing:
         return None
@@ -149,7 +146,13 @@ def _real_routing(run: MegatronRun, cluster, profiles):
     par = run.parallel
     sp = par.tp if par.tp > 1 and par.sequence_parallel else 1
     ep = par.ep if par.ep > 1 else 8
-    return routing, ep, routing.imbalance(ep, training.micro_batch_size * model.seq_length / par.cp / sp)
+    at = f"at the input's EP {ep}" if par.ep > 1 else f"at EP {ep} (the input's EP is 1)"
+    return routing, ep, routing.imbalance(ep, training.micro_batch_size * model.seq_length / par.cp / sp), at
+
+
+def _clipped(model) -> str:
+    cf = model.moe_expert_capacity_factor
+    return f", clipped at --moe-expert-capacity-factor {cf:g}" if cf is not None else ""
 
 
 def measured_imbalance_notes(run: MegatronRun, cluster, profiles) -> list[str]:
@@ -161,9 +164,7 @@ def measured_imbalance_notes(run: MegatronRun, cluster, profiles) -> list[str]:
     real = _real_routing(run, cluster, profiles)
     if real is None:
         return []
-    routing, ep, value = real
-    at = f"at the input's EP {ep}" if run.parallel.ep > 1 else f"at EP {ep} (the input's EP is 1)"
+    routing, _, value, at = real
     return [f"MoE imbalance {value:.4g} (the busiest EP rank's tokens over the mean, {at}; every plan, the pick "
             f"included, gets its own at its EP size) from your router statistics in --profiles: {routing.source}"
-            + (f", clipped at --moe-expert-capacity-factor {run.model.moe_expert_capacity_factor:g}"
-               if run.model.moe_expert_capacity_factor is not None else "")]
+            f"{_clipped(run.model)}"]

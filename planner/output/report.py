@@ -9,7 +9,6 @@ the reason (pruning, time limit) spelled out.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -413,13 +412,9 @@ def alternative_rows(payload: dict, memory_gib: list[float]) -> list[tuple[str, 
     """`solve --top K`: the plans after the pick (the payload's `alternatives`), each as (rank, iteration s,
     range s, peak memory GiB, degrees, what differs from the pick); `memory_gib`: their peak memory per GPU."""
     rows = []
-    seen = {json.dumps(payload["plan"], sort_keys=True): "the pick"}
-    for i, a in enumerate(payload.get("alternatives", [])):
+    for i, a in enumerate(payload.get("alternatives", [])):  # distinct plans (planner/api.py solve)
         rng = a.get("iteration_time_range_s")
-        key = json.dumps(a["plan"], sort_keys=True)
-        # the search may hold one plan twice (two stage orders that group into one: planner/placement.py)
-        differs = f"none: the same plan as {seen[key]}" if key in seen else plan_difference(payload["plan"], a["plan"])
-        seen.setdefault(key, f"#{i + 2}")
+        differs = plan_difference(payload["plan"], a["plan"])
         rows.append((str(i + 2), f"{a['iteration_time_s']:.3f}", f"{rng[0]:.3f}-{rng[1]:.3f}" if rng else "-",
                      f"{memory_gib[i]:.1f}" if i < len(memory_gib) else "-", degrees_short(a["plan"]), differs))
     return rows
