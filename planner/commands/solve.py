@@ -18,7 +18,7 @@ from planner.commands.options import (
     TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer, time_limit_option,
 )
 from planner.errors import PlannerInputError
-from planner.output.plan_dir import alternatives_memory_gib, plan_record, write_plan_dir, write_solve_plots
+from planner.output.plan_dir import plan_record, write_plan_dir, write_solve_plots
 from planner.output.report import render_solve, solve_json, trials_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
@@ -147,4 +147,4 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     if as_json:
         echo_json(payload)
     else:
-        render_solve(payload, wide=wide, out_dir=out_dir, top_k=top_k, alt_memory_gib=alternatives_memory_gib(outcome))
+        render_solve(payload, wide=wide, out_dir=out_dir, top_k=top_k)

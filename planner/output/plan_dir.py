@@ -39,11 +39,6 @@ def plan_record(outcome) -> dict:
     return {"inputs": inputs, "made_for": made_for(outcome.run, outcome.cluster)}
 
 
-def alternatives_memory_gib(outcome) -> list[float]:
-    """The peak memory per GPU of the plans after the pick (solve --top K), for the text and summary.md."""
-    return [c.max_memory_gib for c in outcome.costs[1:]]
-
-
 def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: bool = False,
                    inputs: Sequence[Path | str] = (), time_left: Callable[[], float] | None = None,
                    trials: Sequence = (), top_k: int = 1) -> list[Path]:
@@ -58,7 +53,7 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
         script = outcome.script
         (tmp / "plan.json").write_text(json_text(plan_doc))
         (tmp / "inputs.json").write_text(json_text(plan_doc["inputs"]))
-        (tmp / "summary.md").write_text(summary_markdown(payload, images, top_k, alternatives_memory_gib(outcome)))
+        (tmp / "summary.md").write_text(summary_markdown(payload, images, top_k))
         fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script,
                                                   profiles=outcome.profiles, hosts=outcome.hosts))
         for trial, entry in zip(trials, payload.get("trials", [])):
@@ -79,7 +74,7 @@ def write_solve_plots(plot_dir: Path, payload: dict, outcome, user=None, *, inpu
     with staged as tmp:
         images = plot_files(tmp, payload, outcome, user, time_left=time_left)
         payload["plots"] = {name: str(plot_dir / rel) for name, rel in images.items()}
-        (tmp / "summary.md").write_text(summary_markdown(payload, images, top_k, alternatives_memory_gib(outcome)))
+        (tmp / "summary.md").write_text(summary_markdown(payload, images, top_k))
     return staged.written
 
 

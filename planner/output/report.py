@@ -273,7 +273,8 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         rngs = outcome.ranges[1:] if outcome.ranges else [None] * (len(outcome.plans) - 1)
         out["alternatives"] = [
             {"iteration_time_s": c.iteration_time_s, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
-             "plan": plan_json(p), **range_json(c, r)}
+             "max_memory_gib": c.max_memory_gib, "max_allocated_gib": c.max_allocated_gib,
+             "max_reserved_gib": c.max_reserved_gib, "fits": c.fits, "plan": plan_json(p), **range_json(c, r)}
             for p, c, r in zip(outcome.plans[1:], outcome.costs[1:], rngs)
         ]
     return out
@@ -408,15 +409,15 @@ def plan_difference(pick: dict, other: dict) -> str:
     return ", ".join(parts) or "the same degrees, stages and layers; another placement of the stages"
 
 
-def alternative_rows(payload: dict, memory_gib: list[float]) -> list[tuple[str, ...]]:
+def alternative_rows(payload: dict) -> list[tuple[str, ...]]:
     """`solve --top K`: the plans after the pick (the payload's `alternatives`), each as (rank, iteration s,
-    range s, peak memory GiB, degrees, what differs from the pick); `memory_gib`: their peak memory per GPU."""
+    range s, peak memory GiB, degrees, what differs from the pick)."""
     rows = []
     for i, a in enumerate(payload.get("alternatives", [])):  # distinct plans (planner/api.py solve)
         rng = a.get("iteration_time_range_s")
         differs = plan_difference(payload["plan"], a["plan"])
         rows.append((str(i + 2), f"{a['iteration_time_s']:.3f}", f"{rng[0]:.3f}-{rng[1]:.3f}" if rng else "-",
-                     f"{memory_gib[i]:.1f}" if i < len(memory_gib) else "-", degrees_short(a["plan"]), differs))
+                     f"{a['max_memory_gib']:.1f}", degrees_short(a["plan"]), differs))
     return rows
 
 
@@ -767,11 +768,11 @@ def _render_trials(console, payload: dict, out_dir: str | None) -> None:
         _say(console, line, style="bold" if i == 0 else None)
 
 
-def _render_alternatives(console, payload: dict, top_k: int, memory_gib: list[float]) -> None:
+def _render_alternatives(console, payload: dict, top_k: int) -> None:
     """--top K: the other plans in a compact table (nothing with --top 1)."""
     if top_k <= 1:
         return
-    rows = alternative_rows(payload, memory_gib)
+    rows = alternative_rows(payload)
     if not rows:
         _say(console, alternatives_title(payload, top_k))
         return
@@ -788,10 +789,8 @@ def _render_alternatives(console, payload: dict, top_k: int, memory_gib: list[fl
     console.print(t)
 
 
-def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, top_k: int = 1,
-                 alt_memory_gib: list[float] = ()) -> None:
-    """The solve's terminal output; `top_k` and `alt_memory_gib` (the peak memory of the plans after the pick):
-    the --top table."""
+def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, top_k: int = 1) -> None:
+    """The solve's terminal output; `top_k`: the --top table."""
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
          f"{payload['backend']})")
@@ -826,7 +825,7 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, 
              f"{cs['wall_s']:.2f} s in CP-SAT")
     if hint:
         _say(console, f"  {hint}")
-    _render_alternatives(console, payload, top_k, list(alt_memory_gib))
+    _render_alternatives(console, payload, top_k)
     _render_user_plan(console, payload)
     _render_trials(console, payload, out_dir)
     _render_assumed(console, payload)
@@ -940,11 +939,11 @@ def _md_user_plan(payload: dict) -> list[str]:
     return lines
 
 
-def _md_alternatives(payload: dict, top_k: int, memory_gib: list[float]) -> list[str]:
+def _md_alternatives(payload: dict, top_k: int) -> list[str]:
     if top_k <= 1:
         return []
     lines = ["", "## Other plans", "", alternatives_title(payload, top_k) + "."]
-    rows = alternative_rows(payload, memory_gib)
+    rows = alternative_rows(payload)
     if rows:
         lines += ["", "| # | iteration (s) | range (s) | peak memory (GiB) | plan | differs from the pick |",
                   "|---|---|---|---|---|---|"]
@@ -952,11 +951,9 @@ def _md_alternatives(payload: dict, top_k: int, memory_gib: list[float]) -> list
     return lines
 
 
-def summary_markdown(payload: dict, images: dict[str, str] | None = None, top_k: int = 1,
-                     alt_memory_gib: list[float] = ()) -> str:
-    """summary.md of a solve: the plan, the search status, the other plans of --top K (`alt_memory_gib`: their
-    peak memory), assumed values, your plan against ours, and the pictures (`images`: plot name -> path relative
-    to summary.md)."""
+def summary_markdown(payload: dict, images: dict[str, str] | None = None, top_k: int = 1) -> str:
+    """summary.md of a solve: the plan, the search status, the other plans of --top K, assumed values, your plan
+    against ours, and the pictures (`images`: plot name -> path relative to summary.md)."""
     status, why, hint = search_status(payload)
     gap = payload.get("gap")
     lines = [
@@ -985,7 +982,7 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None, top_k:
         "",
         "Times come from the float cost model (planner/cost), not from the solver's scaled objective.",
     ]
-    lines += _md_alternatives(payload, top_k, list(alt_memory_gib))
+    lines += _md_alternatives(payload, top_k)
     lines += _md_user_plan(payload)
     if payload.get("trials"):
         lines += ["", "## Trials", ""] + [line.strip() for line in trial_lines(payload, ".")]
