@@ -217,14 +217,22 @@ def test_trials_are_proposed_only_when_the_model_cannot_vouch_for_the_pick():
 
 
 def test_calibrate_trials_refuses_what_it_cannot_read(tmp_path, solved):
-    """No trial directory, trials not run yet, or single-run options beside --trials: exit 2, one line naming
-    the option, nothing written."""
+    """No trial directory, trials not run yet, single-run options beside --trials, or a trial's log from another
+    configuration than its plan: exit 2, one line naming the option, nothing written."""
     _, out = solved
     empty = tmp_path / "empty"
     empty.mkdir()
     cases = [(["--trials", str(empty)], "no trials/<name>/plan.json"),
              (["--trials", str(out)], "run each trials/<name>/launch.sh first"),
              (["--trials", str(out), "--model", "mixtral-s"], "drop --model")]
+    # a log another run wrote (here: twice the global batch) put in the pick's directory
+    wrong = _run_trials(out, tmp_path / "wrong")
+    found = _trial_inputs(wrong, "pick")
+    cost = CostModel(found.run.model, found.run.training, found.cluster, _truth()).evaluate(found.plan)
+    (wrong / "trials" / "pick" / "train-node0.log").write_text(
+        megatron_log(cost, vpp=found.plan.vpp, global_batch_size=2 * found.plan.gbs, iterations=TRIAL_ITERATIONS))
+    cases.append((["--trials", str(wrong)], f"gbs: the log states {2 * found.plan.gbs}, the trial's plan has "
+                                            f"{found.plan.gbs}"))
     for args, why in cases:
         res = RUNNER.invoke(main, ["calibrate", *args, "--out", str(tmp_path / "calib")])
         assert res.exit_code == 2 and "--trials" in res.output and why in res.output, res.output

@@ -277,19 +277,25 @@ def _overlay(base: ProfileSet, device_factors: dict[str, float], global_factor: 
     return base.with_corrections(factors, Provenance(kind="calibrated", source="cli.py calibrate (fitting)"))
 
 
-def check_stated_config(measurement: Measurement, run: Any, cluster: Any) -> None:
-    """Refuse a run priced with another configuration than the one its log states (world size, TP, PP,
-    CP, EP, micro and global batch, sequence length, layers; a value the log does not state is not
-    compared), naming each option to fix with both values.  The global batch the iteration lines print
-    (what the measured iterations ran) comes before the arguments' one (which --rampup-batch-size can
-    precede)."""
+def stated_differences(measurement: Measurement, priced: dict[str, int]) -> list[tuple[str, int, int]]:
+    """(key, what the log states, what was priced) for each STATED_OPTIONS key the log states otherwise; the
+    global batch the iteration lines print (what the measured iterations ran) comes before the arguments' one
+    (which --rampup-batch-size can precede)."""
     stated = dict(measurement.stated)
     if measurement.global_batch_size is not None:
         stated["gbs"] = measurement.global_batch_size
+    return [(key, stated[key], priced[key]) for key in STATED_OPTIONS
+            if key in stated and key in priced and stated[key] != priced[key]]
+
+
+def check_stated_config(measurement: Measurement, run: Any, cluster: Any) -> None:
+    """Refuse a run priced with another configuration than the one its log states (world size, TP, PP,
+    CP, EP, micro and global batch, sequence length, layers; a value the log does not state is not
+    compared), naming each option to fix with both values (`stated_differences`)."""
     priced = {"world_size": cluster.world_size, "tp": run.parallel.tp, "pp": run.parallel.pp, "cp": run.parallel.cp,
               "ep": run.parallel.ep, "mbs": run.training.micro_batch_size, "gbs": run.training.global_batch_size,
               "seq_length": run.model.seq_length, "num_layers": run.model.num_layers}
-    wrong = [(key, stated[key], priced[key]) for key in STATED_OPTIONS if key in stated and stated[key] != priced[key]]
+    wrong = stated_differences(measurement, priced)
     if wrong:
         what = "; ".join(f"{STATED_OPTIONS[k]}: the log states {s}, the run priced has {p}" for k, s, p in wrong)
         raise PlannerInputError(

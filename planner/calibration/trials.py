@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.calibration.calibrate import CalibrationResult, choose_run, evidence_cells, measurement_from_log
+from planner.calibration.calibrate import STATED_OPTIONS, CalibrationResult, choose_run, evidence_cells, \
+    measurement_from_log, stated_differences
 from planner.calibration.megatron_log import parse_megatron_log
 from planner.cost.mechanisms import MECHANISMS
 from planner.cost.model import CostModel
@@ -91,10 +92,14 @@ def _trial_dirs(directory: Path) -> list[Path]:
     return dirs
 
 
-def _measured(d: Path) -> tuple[float, str, int] | None:
+def _measured(d: Path, plan: Plan, run: MegatronRun) -> tuple[float, str, int] | None:
     """(median steady seconds, log, steady iterations) from the log of `d` that holds iteration lines; None
-    without one."""
+    without one.  A log that states another configuration than the trial's plan (another run's log copied in)
+    is refused, as `calibrate --megatron-log` refuses one (`stated_differences`)."""
     best = None
+    priced = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep,
+              "mbs": plan.mbs, "gbs": plan.gbs, "seq_length": run.model.seq_length,
+              "num_layers": run.model.num_layers}
     for log in sorted(d.glob("*.log")):
         try:
             parsed = parse_megatron_log(log)
@@ -103,6 +108,13 @@ def _measured(d: Path) -> tuple[float, str, int] | None:
             m = measurement_from_log(parsed, TRIAL_SKIP, choose_run(parsed, None))
         except PlannerInputError as exc:  # named for --megatron-log; here the log is a trial's
             raise PlannerInputError("--trials", f"{log}: {str(exc).split(': ', 1)[-1]}") from None
+        wrong = stated_differences(m, priced)
+        if wrong:
+            what = "; ".join(f"{STATED_OPTIONS[k].split(' (')[0].lstrip('-')}: the log states {s}, the trial's "
+                             f"plan has {p}" for k, s, p in wrong)
+            raise PlannerInputError("--trials", f"{log} was run with another configuration than trial {d.name}'s "
+                                                f"plan.json ({what}): put each trial's own log in its directory; "
+                                                "nothing was written")
         if best is None or m.steady_iterations > best[2]:
             best = (m.iteration_time_s, str(log), m.steady_iterations)
     return best
@@ -117,7 +129,7 @@ def read_trials(directory: str | Path, profiles: ProfileSet) -> tuple[list[Trial
                                         megatron_script=None, cluster=None, profiles=profiles)
         except PlannerInputError as exc:
             raise PlannerInputError("--trials", f"{d / 'plan.json'}: {exc}") from None
-        measured = _measured(d)
+        measured = _measured(d, found.plan, found.run)
         if measured is None:
             notes.append(f"trial {d.name}: no log with iteration lines in {d} (not run yet?): left out")
             continue
