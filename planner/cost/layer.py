@@ -375,7 +375,8 @@ BLACKWELL_EAGER_MOE_RATIO = (1.09, 1.74)
 """The range of measured over predicted iteration time of NVIDIA's held-out MoE runs on Blackwell without full-iteration
 CUDA graphs (Megatron-Bridge's performance summary, 26.04.01 and 26.06 containers, B200 and B300 over NVLink and
 InfiniBand: planner/calibration/published/unfitted_runs.csv, `python -m planner.calibration.report`): what
-BLACKWELL_EAGER_MOE_NOTE quotes (a test re-prices the rows and checks the quote)."""
+BLACKWELL_EAGER_MOE_NOTE quotes (a test re-prices the rows and checks the quote).  The bounds are rounded outward to
+hundredths (the rows' ratios are 1.096-1.732; graphed, 0.920-1.144), so that every row lies inside the quoted range."""
 BLACKWELL_GRAPHED_MOE_RATIO = (0.92, 1.15)
 """The same for its held-out MoE runs on Blackwell with them (26.06 and 26.08 containers, B300, GB200, GB300)."""
 BLACKWELL_EAGER_MOE_NOTE = (
