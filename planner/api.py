@@ -379,7 +379,12 @@ def _unfilled_by_stages(plan: Plan, device_type: str, gpus: int, space: SearchSp
         return None
     samples = plan.mbs * plan.dp0
     sizes = flagscale_stage_gpus(space, plan.tp, plan.cp, plan.ep, plan.etp or plan.tp, samples, gpus)
-    most = fillable(sizes, gpus) if sizes else 0
+    if not sizes:  # no DP of this type splits the micro-batch into a per-GPU size of the menu
+        return gpus, (
+            f"every stage splits the plan's {samples} samples per micro-batch (a divisor of GBS {plan.gbs}) evenly "
+            f"over its DP, {_or(sorted(space.mbs))} per GPU, and no such split gives a {device_type} stage of the "
+            f"plan's TP x CP = {plan.tp * plan.cp} (EP {plan.ep}) within its {gpus} GPUs")
+    most = fillable(sizes, gpus)
     if most >= gpus:
         return None
     per_gpu = sorted({samples // (s // (plan.tp * plan.cp)) for s in sizes})

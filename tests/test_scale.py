@@ -129,6 +129,15 @@ def test_idle_gpus_no_stage_size_fills_are_explained():
     (proved,) = idle_gpus(plan, cluster, SimpleNamespace(certified_optimal=True), {}, objective="pessimistic")
     assert proved.why.endswith("the search proved that no plan using them is faster at the top of its range "
                                "(the pessimistic objective)")
+    # a type where no DP splits the micro-batch into a size of the menu (8 MI300X at 64 samples, 4 per GPU at
+    # most): every GPU of it idle, and said why (this crashed: fuzz seed 5407 case 264)
+    mixed = parse_cluster("H800:24,MI300X:8", ProfileSet.load())
+    idle = {i.device_type: i for i in idle_gpus(plan, mixed, SimpleNamespace(certified_optimal=False), {}, FLAGSCALE)}
+    assert idle["MI300X"].count == 8 and sorted(FLAGSCALE.mbs) == [1, 2, 4]
+    assert idle["MI300X"].why.startswith(
+        "every stage splits the plan's 64 samples per micro-batch (a divisor of GBS 64) evenly over its DP, 1, 2 or 4 "
+        "per GPU, and no such split gives a MI300X stage of the plan's TP x CP = 1 (EP 1) within its 8 GPUs"), \
+        idle["MI300X"].why
 
 
 def test_the_tight_bound_prices_memory_and_budget_bound_pipelines_above_the_block():
