@@ -787,3 +787,69 @@ def test_the_assumed_allocator_is_set_only_where_nothing_sets_one():
     stated = run.model_copy(update={"training": run.training.model_copy(update={"expandable_segments": False})})
     text = render_launch_files(stated, plan, cluster, script)["launch.sh"]
     assert "PYTORCH_CUDA_ALLOC_CONF" not in text
+
+
+def _split_host_launch(tmp_path: Path, hosts: str | None = None) -> Path:
+    """A plan whose A100 node runs two torchrun agents of 4 GPUs (its type's run of ranks is 8, the H100's 4):
+    agent 0 on h100-node0, agents 1 and 2 on a100-node0."""
+    run = MegatronRun(model=DENSE, training=TrainingSpec(global_batch_size=16, use_distributed_optimizer=True),
+                      parallel=ParallelConfig())
+    none = Recompute.none()
+    plan = Plan(tp=2, mbs=1, gbs=16, stages=_stages(("H100", 8, 2, none), ("A100", 7, 2, none), ("A100", 7, 2, none)))
+    cluster = cluster_of(("H100", 1), ("A100", 1))
+    listed = None if hosts is None else read_hosts(_hosts_file(tmp_path, hosts), cluster, ProfileSet.load())
+    write_files(tmp_path / "out", render_launch_files(run, plan, cluster, None, hosts=listed), "--out", LAUNCHER_OUTPUT)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "torchrun"  # appends its node rank: two agents of one host run in the background
+    fake.write_text('#!/bin/bash\nwhile [[ $# -gt 0 && "$1" != --node-rank ]]; do shift; done\n'
+                    'echo "$2" >> "$HAPMOE_RANKS_OUT"\n')
+    fake.chmod(0o755)
+    return tmp_path / "out" / "launch.sh"
+
+
+def _ranks_started(launch: Path, tmp_path: Path, **env: str) -> tuple[int, list[int], str]:
+    out = tmp_path / "ranks"
+    out.unlink(missing_ok=True)
+    environ = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HAPMOE_RANKS_OUT": str(out),
+               "HAPMOE_SKIP_NODE_CHECK": "1", "HAPMOE_HOST": "not-a-listed-host", **env}
+    proc = subprocess.run(["bash", str(launch)], env=environ, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    ranks = sorted(int(r) for r in out.read_text().split()) if out.exists() else []
+    return proc.returncode, ranks, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_nodeid_starts_every_agent_of_its_node(tmp_path):
+    """walk54: under `srun --ntasks-per-node=1 bash launch.sh` with template host names, SLURM_NODEID (a node of
+    the allocation, the hostfile's line) was taken for a torchrun node rank: the A100 node (SLURM_NODEID 1) started
+    agent 1 only, and agent 2 (its other 4 GPUs) never started, so the static rendezvous waited forever."""
+    launch = _split_host_launch(tmp_path)
+    hostfile = [ln.split()[0] for ln in (tmp_path / "out" / "hostfile").read_text().splitlines()
+                if not ln.startswith("#")]
+    assert hostfile == ["h100-node0", "a100-node0"]
+    assert _ranks_started(launch, tmp_path, SLURM_NODEID="0")[:2] == (0, [0])
+    assert _ranks_started(launch, tmp_path, SLURM_NODEID="1")[:2] == (0, [1, 2])
+    rc, ranks, err = _ranks_started(launch, tmp_path, SLURM_NODEID="2")
+    assert rc == 2 and not ranks and "SLURM_NODEID 2 is not a node of the hostfile (0-1)" in err
+    rc, ranks, err = _ranks_started(launch, tmp_path)
+    assert rc == 2 and not ranks and "is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" in err
+    # the host name and HAPMOE_NODE_RANK (one torchrun node rank) as before
+    assert _ranks_started(launch, tmp_path, HAPMOE_HOST="a100-node0")[:2] == (0, [1, 2])
+    assert _ranks_started(launch, tmp_path, HAPMOE_NODE_RANK="2", SLURM_NODEID="1")[:2] == (0, [2])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_srun_task_per_agent_starts_its_own_agent_only(tmp_path):
+    """walk54: a script's own `srun bash -c "... torchrun ..."` with --hosts runs one task per torchrun agent
+    (slurm_hostfile.nodes lists the A100 node twice); each task found its agents by host name, so both tasks on the
+    A100 node started agents 1 and 2: four torchruns there, each node rank twice.  launch.sh's srun now tells
+    its tasks that task k is agent k (SLURM_PROCID)."""
+    launch = _split_host_launch(tmp_path, "hh H100\naa A100\n")
+    assert (tmp_path / "out" / "slurm_hostfile.nodes").read_text() == "hh\naa\naa\n"
+    text = launch.read_text()
+    assert 'HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"' in text
+    for task in (1, 2):
+        assert _ranks_started(launch, tmp_path, HAPMOE_HOST="aa", SLURM_PROCID=str(task), SLURM_NODEID="1",
+                              HAPMOE_SRUN_TASK_PER_AGENT="1")[:2] == (0, [task])
+    # an srun of the user's own, one task per node: the host name's agents, all of them
+    assert _ranks_started(launch, tmp_path, HAPMOE_HOST="aa", SLURM_PROCID="1", SLURM_NODEID="1")[:2] == (0, [1, 2])

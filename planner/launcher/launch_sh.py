@@ -253,7 +253,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
     """`srun` shadowed: under --dry-run it prints itself and runs its command under the stubs (a
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
     stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts)."""
-    place = ["    local hapmoe_train=0 w",
+    place = ["    local hapmoe_train=0 w per_agent=",
              '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
     if spec.real_hosts:
@@ -261,6 +261,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
             '    if ((hapmoe_train)) && [[ -z "${HAPMOE_NO_SLURM_PLACEMENT:-}" ]]; then',
             '        local per=nodes; for w in "$@"; do [[ "${w##*/}" == python* ]] && per=ranks; done',
             '        export SLURM_HOSTFILE="$HAPMOE_DIR/slurm_hostfile.$per"',
+            '        [[ "$per" == nodes ]] && per_agent=1  # task k runs agent k (SLURM_PROCID)',
             '        set -- --distribution=arbitrary "$@"',
             '        echo "launch.sh: srun places the tasks in stage order (SLURM_HOSTFILE=$SLURM_HOSTFILE, '
             '--distribution=arbitrary)" >&2',
@@ -282,7 +283,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         '        if [[ $# -gt 0 ]]; then "$@"; fi',
         "        return 0",
         "    fi",
-        '    command srun "$@"',
+        '    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
         "}",
     ]
 
@@ -509,14 +510,18 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
 
 
 def _this_hosts_agents(agents: list[Agent]) -> list[str]:
-    """The agents to start here: all under --dry-run, else HAPMOE_NODE_RANK's, the host name's
-    (hostfile order), or srun's node id."""
+    """The agents to start here: all under --dry-run, else HAPMOE_NODE_RANK's (one torchrun node rank), the
+    srun task's own when launch.sh's srun placed one task per agent (slurm_hostfile.nodes: task k is agent k),
+    the host name's, or those of srun's node id (SLURM_NODEID counts hosts in the hostfile's order, and a host
+    whose GPUs the plan splits over several agents runs them all, as its host name would)."""
     lines = [
         "    local -a agents=()",
         "    if [[ \"$HAPMOE_DRY_RUN\" == 1 ]]; then",
         f"        agents=({' '.join(str(a.node_rank) for a in agents)})",
         "    elif [[ -n \"${HAPMOE_NODE_RANK:-}\" ]]; then",
         "        agents=(\"$HAPMOE_NODE_RANK\")",
+        "    elif [[ -n \"${HAPMOE_SRUN_TASK_PER_AGENT:-}\" && -n \"${SLURM_PROCID:-}\" ]]; then",
+        "        agents=(\"$SLURM_PROCID\")  # srun placed one task per agent (slurm_hostfile.nodes)",
         "    else",
         "        case \"${HAPMOE_HOST:-$(hostname -s)}\" in",
     ]
@@ -525,9 +530,15 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
         by_host.setdefault(ag.host, []).append(ag.node_rank)
     for host, ranks in by_host.items():
         lines.append(f"            {sh_quote(host)}) agents=({' '.join(map(str, ranks))}) ;;")
+    lines += [
+        "            *) case \"${SLURM_NODEID:-}\" in  # srun: the allocation's node order, the hostfile's lines",
+    ]
+    for k, ranks in enumerate(by_host.values()):
+        lines.append(f"                   {k}) agents=({' '.join(map(str, ranks))}) ;;")
     return lines + [
-        "            *) if [[ -n \"${SLURM_NODEID:-}\" ]]; then agents=(\"$SLURM_NODEID\")  # srun: the allocation's node order",
-        "               else echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2; fi ;;",
+        "                   '') echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2 ;;",
+        f"                   *) echo \"launch.sh: SLURM_NODEID $SLURM_NODEID is not a node of the hostfile (0-{len(by_host) - 1})\" >&2; exit 2 ;;",
+        "               esac ;;",
         "        esac",
         "    fi",
     ]

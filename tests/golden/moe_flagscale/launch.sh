@@ -187,13 +187,20 @@ hapmoe_launch() {
         agents=(0 1 2)
     elif [[ -n "${HAPMOE_NODE_RANK:-}" ]]; then
         agents=("$HAPMOE_NODE_RANK")
+    elif [[ -n "${HAPMOE_SRUN_TASK_PER_AGENT:-}" && -n "${SLURM_PROCID:-}" ]]; then
+        agents=("$SLURM_PROCID")  # srun placed one task per agent (slurm_hostfile.nodes)
     else
         case "${HAPMOE_HOST:-$(hostname -s)}" in
             h800-node0) agents=(0) ;;
             h800-node1) agents=(1) ;;
             mi300x-node0) agents=(2) ;;
-            *) if [[ -n "${SLURM_NODEID:-}" ]]; then agents=("$SLURM_NODEID")  # srun: the allocation's node order
-               else echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2; fi ;;
+            *) case "${SLURM_NODEID:-}" in  # srun: the allocation's node order, the hostfile's lines
+                   0) agents=(0) ;;
+                   1) agents=(1) ;;
+                   2) agents=(2) ;;
+                   '') echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
+                   *) echo "launch.sh: SLURM_NODEID $SLURM_NODEID is not a node of the hostfile (0-2)" >&2; exit 2 ;;
+               esac ;;
         esac
     fi
     local k status=0
@@ -224,7 +231,7 @@ hapmoe_eval() { eval "hapmoe_launch $*"; }
 
 # srun: the training launch placed in stage order; printed, not run, under --dry-run.
 srun() {
-    local hapmoe_train=0 w
+    local hapmoe_train=0 w per_agent=
     for w in "$@"; do [[ "$w" == *pretrain_gpt.py* || "$w" == *torchrun* ]] && hapmoe_train=1; done
     ((hapmoe_train)) && echo "launch.sh: the host names are a template (solve --hosts FILE writes the placement): srun places the nodes in the allocation's order; each node checks its device type at start-up" >&2
     if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
@@ -235,7 +242,7 @@ srun() {
         if [[ $# -gt 0 ]]; then "$@"; fi
         return 0
     fi
-    command srun "$@"
+    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
 export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun
 # ---- end of hapmoe block ----
