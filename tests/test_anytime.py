@@ -147,3 +147,27 @@ def test_configurations_a_time_limit_left_open_are_not_called_bounded_out(small,
     assert _parts(cut) == cut.configs_total
     # where the time limit stopped the enumeration itself (hsdp), the total is what was enumerated, and it says so
     assert cut.space_counted == (not any("enumeration stopped" in n for n in cut.notes))
+
+
+def test_the_pooled_search_prices_the_objective_the_first_does():
+    """walk54: under the pessimistic objective the pooled second search priced the nominal cost model (a plain
+    CostModel on the pooled view, not the range's top end): `solve --model mixtral-s --cluster H100:16,H200:8`
+    said "OPTIMAL, certified" with "lower bound 31.437 s (gap 1.34%)", 31.437 s being the pooled plan's nominal
+    time, which the top of its range puts at 34.608 s.  Now both searches price the top of the range: each
+    returned plan's objective is its pessimistic time on the real cluster, and a certified result has no gap."""
+    from planner.cost.ranges import RangeEnd, RangeModel
+    from planner.search.pools import search_with_pools
+
+    cm = reduced_cost_model("llama2-7b", 2, "H100:2,H200:2", 8)
+    ranges = RangeModel(cm.model, cm.training, cm.cluster, cm.profiles)
+    res = search_with_pools(ranges.high, SPACE, SearchSettings(time_limit_s=30))
+    assert res.time_split["pools"] == ["H100+H200"]
+    high = ranges.high
+    for c in res.best:
+        assert c.objective_s == pytest.approx(high.evaluate(c.plan).iteration_time_s, rel=1e-3)
+    if res.certified_optimal:
+        assert res.lower_bound_s == pytest.approx(res.best[0].objective_s, rel=1e-3)
+    from planner.search.pools import _on_cluster
+    view = _on_cluster(high, cm.cluster)
+    assert isinstance(view, RangeEnd) and view.multiplier is high.multiplier
+    assert not isinstance(_on_cluster(ranges.nominal, cm.cluster), RangeEnd)

@@ -62,6 +62,11 @@ class RangeEnd(CostModel):
         self._ends: dict = {}
         self._part_factors: dict = {}
 
+    @property
+    def multiplier(self) -> Multiplier:
+        """What each mechanism's seconds are multiplied by, from its conditions."""
+        return self._multiplier
+
     def part_factors(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute) -> dict[str, float]:
         """Per time part of a stage of `device_type` with `dp` and `recompute`, its mechanism's multiplier."""
         key = (g, device_type, dp, recompute.label)
