@@ -73,6 +73,21 @@ def test_one_device_type_in_two_node_sizes_is_refused(tmp_path, tiny):
     assert run(["estimate", "--model", str(tiny), "--cluster", str(same)]).exit_code == 0
 
 
+def test_one_device_type_on_two_networks_is_refused(tmp_path, tiny):
+    """walk54: two H800 groups, one node on EFA and three on InfiniBand, were planned as one group: the first
+    group's inter_node_kind applied to all four nodes (EP across nodes was priced and reported as EFA, or as
+    InfiniBand with the groups swapped), silently.  The bandwidth overrides were already refused so."""
+    for kinds in (("efa", "infiniband"), ("infiniband", "efa")):
+        cluster = cluster_file(tmp_path, "groups: [" + ", ".join(
+            f"{{device_type: H800, num_nodes: {n}, gpus_per_node: 8, inter_node_kind: {k}}}"
+            for n, k in zip((1, 3), kinds)) + "]")
+        line = refused(run(["estimate", "--model", str(tiny), "--cluster", str(cluster)]), "--cluster")
+        assert "groups[1].inter_node_kind" in line and "one node shape per device type" in line
+    same = cluster_file(tmp_path, "groups: [{device_type: H800, num_nodes: 1, gpus_per_node: 8, inter_node_kind: efa}, "
+                                  "{device_type: H800, num_nodes: 3, gpus_per_node: 8, inter_node_kind: efa}]")
+    assert run(["estimate", "--model", str(tiny), "--cluster", str(same)]).exit_code == 0
+
+
 @pytest.mark.parametrize("links,needle", [
     ("[{between: [H800, MI300X], kind: ethernet}, {between: [MI300X, H800], kind: infiniband}]", "already links[0]"),
     ("[{between: [H800, 910B], kind: ethernet}]", "no 910B GPUs"),

@@ -105,7 +105,8 @@ class ClusterSpec(StrictModel):
 
     def _check_node_shapes(self) -> None:
         """The planner prices one node shape per device type: groups of one type must agree on GPUs per
-        node and on the bandwidth overrides (else the first group's would silently apply to all)."""
+        node, on the bandwidth overrides and on the network between nodes (else the first group's would silently
+        apply to all)."""
         first: dict[str, tuple[int, NodeGroup]] = {}
         for i, g in enumerate(self.groups):
             if g.device_type not in first:
@@ -113,7 +114,7 @@ class ClusterSpec(StrictModel):
                 continue
             j, f = first[g.device_type]
             for key in ("gpus_per_node", "scale_up_domain_gpus", "intra_node_bandwidth_gb_per_s",
-                        "inter_node_bandwidth_gb_per_s"):
+                        "inter_node_bandwidth_gb_per_s", "inter_node_kind"):
                 if getattr(g, key) != getattr(f, key):
                     raise ValueError(
                         f"groups[{i}].{key}: {g.device_type} is also groups[{j}] with {key} {getattr(f, key)}, here "
