@@ -471,8 +471,8 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
     run, cluster, profiles = inputs
     violations = check_plan(run.model, plan, run.training) if saved else run_violations(run, plan)
     if violations and not allow_invalid:
-        raise PlannerInputError(
-            " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),
+        raise PlannerInputError(  # a saved plan's rule breaks are the file's, not options the user passed
+            "--plan" if saved else " / ".join(sorted({rule_options(v.rule) or "configuration" for v in violations})),
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )

@@ -126,3 +126,24 @@ def test_a_recompute_label_that_contradicts_recompute_is_refused(tmp_path):
     (tmp_path / "nolabel.json").write_text(json.dumps(doc))
     code, _, out = _run(["estimate", "--plan", str(tmp_path / "nolabel.json")])
     assert code == 0, out
+
+
+def test_a_saved_plan_that_breaks_a_rule_is_refused_naming_the_file(tmp_path):
+    """walk54: a hand-edited plan.json that breaks Megatron's rules was refused naming options the user never passed
+    ("error: --ep/--etp: Megatron would refuse it: ... stage 0: TP*CP*DP = 4 must be a multiple of ETP*EP = 8" for
+    a stage's DP edited below EP; "error: configuration: ..." for per-stage recompute on the megatron runtime).  The
+    file is what breaks it: the message names --plan, as emit's does."""
+    moe = FLAGS + " --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8"
+    code, _, out = _run(["solve", "--megatron-args", moe, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    doc = json.loads(json.dumps(saved))
+    doc["plan"]["ep"] = 16  # more experts' ranks than any stage's TP*CP*DP
+    (tmp_path / "ep.json").write_text(json.dumps(doc))
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "ep.json")])
+    assert code == 2 and "Traceback" not in out, out
+    line = [ln for ln in out.splitlines() if ln.startswith("error:")][0]
+    assert line.startswith("error: --plan: Megatron would refuse it:") and "--ep" not in line.split("refuse it")[0], line
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "ep.json"), "--allow-invalid"])
+    assert code == 0, out
