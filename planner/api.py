@@ -491,7 +491,8 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
     notes = (notes + [f"rule {v.rule}: {v.message}" for v in violations]
              + unmodelled_notes(run.passthrough, run.training) + fabric_notes(ranges.nominal, plan)
              + blackwell_eager_notes(run.model, run.training, plan) + ep_overlap_notes(ranges.nominal, plan, cost)
-             + measured_imbalance_notes(run, cluster, profiles) + domain_notes(cluster, profiles))
+             + measured_imbalance_notes(as_planned(run, plan) if saved else run, cluster, profiles)
+             + domain_notes(cluster, profiles))
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
 
 
@@ -663,9 +664,21 @@ def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatro
         run = run.model_copy(update={
             "training": run.training.model_copy(update={"moe_imbalance_factor": float(moe_imbalance)}),
             "assumed": tuple(a for a in run.assumed if a.name != "MoE imbalance")})
-    elif not any(a.name == "MoE imbalance" for a in run.assumed):
-        run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
+    else:  # assumed for the plan priced (its EP, TP, CP and micro-batch), not for the flags solve started from
+        kept = tuple(a for a in run.assumed if a.name != "MoE imbalance")
+        assumed = imbalance_assumption(as_planned(run, plan).model_copy(update={"assumed": kept}), cluster_spec,
+                                       profiles, user_profiles=bool(profile_dirs)).assumed
+        run = run.model_copy(update={"assumed": assumed})
     return Inputs(run, cluster_spec, profiles), plan, data
+
+
+def as_planned(run: MegatronRun, plan: Plan) -> MegatronRun:
+    """The run with the degrees and micro-batch of `plan` (a saved plan priced by estimate --plan): what the notes
+    about the run's own plan (the MoE imbalance at its EP size and tokens per micro-batch) describe."""
+    parallel = run.parallel.model_copy(update={"tp": plan.tp, "cp": plan.cp, "ep": plan.ep,
+                                               "sequence_parallel": plan.sequence_parallel})
+    return run.model_copy(update={"parallel": parallel,
+                                  "training": run.training.model_copy(update={"micro_batch_size": plan.mbs})})
 
 
 def check_hosts(outcome: SolveOutcome, on_note: Callable[[str], None] | None = None) -> None:

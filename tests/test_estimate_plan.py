@@ -147,3 +147,25 @@ def test_a_saved_plan_that_breaks_a_rule_is_refused_naming_the_file(tmp_path):
     assert line.startswith("error: --plan: Megatron would refuse it:") and "--ep" not in line.split("refuse it")[0], line
     code, _, out = _run(["estimate", "--plan", str(tmp_path / "ep.json"), "--allow-invalid"])
     assert code == 0, out
+
+
+def test_the_assumed_moe_imbalance_is_the_priced_plans(tmp_path):
+    """walk54: estimate --plan of a plan at EP 4 (solve's trial candidate, or an edit) printed the MoE imbalance solve
+    had assumed for its input ("1.1337 real routing at EP 8 (the input's EP is 1)"), not the EP-4 plan's own that
+    it priced (1.0688).  Now the assumption is the saved plan's: its EP size and micro-batch."""
+    moe = FLAGS + " --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8"
+    code, _, out = _run(["solve", "--megatron-args", moe, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    value = {}
+    for ep in (8, 4, 2):
+        doc = json.loads(json.dumps(saved))
+        doc["plan"]["ep"] = ep
+        (tmp_path / f"ep{ep}.json").write_text(json.dumps(doc))
+        code, stdout, out = _run(["estimate", "--plan", str(tmp_path / f"ep{ep}.json"), "--json"])
+        assert code == 0, out
+        (moe_row,) = [a for a in json.loads(stdout)["assumed"] if a["name"] == "MoE imbalance"]
+        assert f"at the input's EP {ep}, {8 // ep} experts per rank" in moe_row["source"], moe_row
+        value[ep] = moe_row["value"]
+    assert value[8] > value[4] > value[2]  # more experts per rank: the busiest rank is nearer the mean
