@@ -169,3 +169,30 @@ def test_the_assumed_moe_imbalance_is_the_priced_plans(tmp_path):
         assert f"at the input's EP {ep}, {8 // ep} experts per rank" in moe_row["source"], moe_row
         value[ep] = moe_row["value"]
     assert value[8] > value[4] > value[2]  # more experts per rank: the busiest rank is nearer the mean
+
+
+def test_an_edit_that_leaves_derived_keys_behind_is_refused_once_naming_them_all(tmp_path):
+    """walk54: halving a stage's DP in plan.json took one round of errors per stale copy (plan.dp, plan.world_size,
+    plan.num_microbatches, world_size, num_microbatches).  One refusal names them all with the values the stages
+    give; setting them (or deleting the derived ones) is accepted."""
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    doc = json.loads(json.dumps(saved))
+    stage = doc["plan"]["stages"][0]
+    stage["dp"] = max(1, stage["dp"] // 2)
+    (tmp_path / "half.json").write_text(json.dumps(doc))
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "half.json")])
+    assert code == 2 and "Traceback" not in out, out
+    line = " ".join(ln for ln in out.splitlines() if ln.strip())
+    stale = [k for k in ("plan.dp", "plan.world_size", "plan.num_microbatches") if k.split(".")[1] in saved["plan"]]
+    stale += [k for k in ("world_size", "num_microbatches") if k in saved]
+    assert len(stale) >= 3 and all(f"{k} is " in line for k in stale), line
+    assert line.count("error:") == 1 and "delete the derived ones" in line, line
+    for key in ("pp", "dp", "num_microbatches", "world_size"):
+        doc["plan"].pop(key, None)
+        doc.pop(key, None)
+    (tmp_path / "clean.json").write_text(json.dumps(doc))
+    code, _, out = _run(["estimate", "--plan", str(tmp_path / "clean.json"), "--allow-invalid"])
+    assert code == 0, out

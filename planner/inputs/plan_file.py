@@ -42,21 +42,23 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
         "num_microbatches": plan.num_microbatches,
         "world_size": plan.world_size,
     }
+    wrong = []  # every derived or summary key that contradicts the stages, so one edit fixes them all
     for key, value in derived.items():
         stated = raw_plan.get(key) if isinstance(raw_plan, dict) else None
         if key == "dp" and isinstance(stated, int) and not isinstance(stated, bool):
             stated = [stated] * plan.pp if len(set(derived["dp"])) == 1 else stated
         if stated is not None and stated != value:
-            raise PlannerInputError("--plan", f"plan.{key} is {stated!r} but the stages give {value!r}; "
-                                              "the file was edited inconsistently (fix it or re-run solve)")
-    _check_recompute_labels(raw_plan, plan)
+            wrong.append(f"plan.{key} is {stated!r} but the stages give {value!r}")
     if "plan" in data:
         top = {"world_size": plan.world_size, "num_microbatches": plan.num_microbatches, "runtime": plan.runtime,
                "model": run.model.name, "cluster": cluster_spec.describe(), "cluster_gpus": cluster_spec.world_size}
-        for key, value in top.items():
-            if key in data and data[key] != value:
-                raise PlannerInputError("--plan", f"{key} is {data[key]!r} but the plan and its inputs give "
-                                                  f"{value!r}; the file was edited inconsistently")
+        wrong += [f"{key} is {data[key]!r} but the plan and its inputs give {value!r}"
+                  for key, value in top.items() if key in data and data[key] != value]
+    if wrong:
+        raise PlannerInputError("--plan", "; ".join(wrong) + "; the file was edited inconsistently: set "
+                                + ("these keys" if len(wrong) > 1 else "it") + " to the values given (or delete "
+                                "the derived ones: pp, dp, num_microbatches, world_size), or re-run solve")
+    _check_recompute_labels(raw_plan, plan)
     layers = sum(s.num_layers for s in plan.stages)
     if layers != run.model.num_layers:
         raise PlannerInputError("--plan", f"the stages hold {layers} layers but the model "
