@@ -122,6 +122,17 @@ def test_a_recompute_label_that_contradicts_recompute_is_refused(tmp_path):
     code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "sel.json"), "--json"])
     assert code == 0, out
     assert json.loads(stdout)["plan"]["stages"][k]["recompute"]["granularity"] == "selective"
+    # recompute edited to full, its label in --recompute's spelling (walk54: refused before): accepted
+    full = json.loads(json.dumps(saved))
+    full["plan"]["stages"][k]["recompute"] = {"granularity": "full", "method": "uniform", "num_layers": 1}
+    for label in ("full-uniform:1", "full", "full:uniform:1"):
+        full["plan"]["stages"][k]["recompute_label"] = label
+        (tmp_path / "full.json").write_text(json.dumps(full))
+        code, _, out = _run(["estimate", "--plan", str(tmp_path / "full.json")])
+        assert code == 0, (label, out)
+    full["plan"]["stages"][k]["recompute_label"] = "full-block:1"  # another method: still refused
+    (tmp_path / "full.json").write_text(json.dumps(full))
+    assert _run(["estimate", "--plan", str(tmp_path / "full.json")])[0] == 2
     del doc["plan"]["stages"][k]["recompute_label"]  # the label deleted: recompute (none) is what counts
     (tmp_path / "nolabel.json").write_text(json.dumps(doc))
     code, _, out = _run(["estimate", "--plan", str(tmp_path / "nolabel.json")])

@@ -71,7 +71,13 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
 
 
 def _label_key(label: str) -> str:
-    """A recompute label with its selective modules in a fixed order (Megatron's --recompute-modules is a set)."""
+    """A recompute label with its selective modules in a fixed order (Megatron's --recompute-modules is a set), and
+    the --recompute spelling of full recompute (full, full-uniform:K, full-block:K) read as the label's
+    (full:uniform:1, full:uniform:K, full:block:K)."""
+    if label == "full":
+        return "full:uniform:1"
+    if label.startswith(("full-uniform:", "full-block:")):
+        return "full:" + label.removeprefix("full-")
     if label.startswith("selective:"):
         return "selective:" + "+".join(sorted(label.removeprefix("selective:").split("+")))
     return label
