@@ -207,3 +207,26 @@ def test_an_edit_that_leaves_derived_keys_behind_is_refused_once_naming_them_all
     (tmp_path / "clean.json").write_text(json.dumps(doc))
     code, _, out = _run(["estimate", "--plan", str(tmp_path / "clean.json"), "--allow-invalid"])
     assert code == 0, out
+
+
+def test_a_stage_device_type_is_read_case_insensitively_as_everywhere_else(tmp_path):
+    """walk54: a plan.json edited to `"device_type": "h100"` was refused ("h100 is not in the cluster (H100:8)")
+    though device names are case-insensitive elsewhere; it prices as H100, and an unknown name is refused naming
+    the stage and the known devices."""
+    code, _, out = _run(["solve", "--megatron-args", FLAGS, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())
+    for name, want in (("h100", 0), ("h100_sxm", 0), ("h1000", 2)):
+        doc = json.loads(json.dumps(saved))
+        for st in doc["plan"]["stages"]:
+            st["device_type"] = name
+        (tmp_path / "t.json").write_text(json.dumps(doc))
+        code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "t.json"), "--json"])
+        assert code == want, (name, out)
+        if want == 0:
+            got = json.loads(stdout)
+            assert got["iteration_time_s"] == saved["iteration_time_s"]
+            assert {s["device_type"] for s in got["plan"]["stages"]} == {"H100"}
+        else:
+            assert "plan.stages[0].device_type: unknown device 'h1000'" in out and "H100" in out, out

@@ -140,6 +140,20 @@ def _plan_of(raw_plan: Any) -> Plan:
         raise PlannerInputError("--plan", f"not a plan: {format_validation_error(exc)}") from None
 
 
+def _canonical_types(plan: Plan, profiles: ProfileSet) -> Plan:
+    """The plan with each stage's device type spelled as the profiles name it (device names are case-insensitive
+    and take aliases everywhere else: an edited "h800" is H800)."""
+    stages = []
+    for i, st in enumerate(plan.stages):
+        try:
+            name = profiles.canonical_name(st.device_type)
+        except PlannerInputError as exc:
+            raise PlannerInputError("--plan", f"plan.stages[{i}].device_type: {str(exc).split(': ', 1)[-1]}") \
+                from None
+        stages.append(st if name == st.device_type else st.model_copy(update={"device_type": name}))
+    return plan if all(a is b for a, b in zip(stages, plan.stages)) else plan.model_copy(update={"stages": tuple(stages)})
+
+
 def _saved_inputs(data: dict[str, Any], profiles: ProfileSet) -> tuple[MegatronRun | None, ClusterSpec | None]:
     """inputs.run and inputs.cluster of plan.json, typed (None where absent)."""
     if "inputs" in data and not isinstance(data["inputs"], dict):
@@ -206,7 +220,7 @@ def resolve_plan_inputs(
     command line, else those the file holds), and what no longer matches what it was made for.  A model
     or cluster given on the command line that differs from the one the plan was made for is refused."""
     profiles = profiles or ProfileSet.load()
-    plan = _plan_of(data.get("plan", data))
+    plan = _canonical_types(_plan_of(data.get("plan", data)), profiles)
     saved_run, saved_cluster = _saved_inputs(data, profiles)
     edited, has_record = _edited(data, saved_run, saved_cluster)
     run = saved_run
