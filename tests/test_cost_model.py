@@ -242,6 +242,17 @@ def test_tflops_times_time_times_world_is_model_flops(profiles):
     assert cost.mfu == pytest.approx(cost.tflops_per_gpu * 1e12 / profiles.device("H100").peak_flop_per_s("bf16"))
 
 
+def test_mfu_counts_every_gpu_at_its_own_peak_where_a_stage_straddles_two_types(profiles):
+    """walk54: a flags plan whose one stage spans 8 A100 and 8 H800 is priced on the slower A100, and its MFU was
+    taken at 16 A100 peaks (69.6% for llama3-8b); its 16 GPUs are 8 of each, so the peak is 8 x 312 + 8 x 989."""
+    run, plan, cm = _setup(GPT, "A100:8,H800:8", gbs=64)
+    cost = cm.evaluate(plan)
+    assert {s.device_type for s in plan.stages} == {"A100"} and plan.world_size == 16
+    peak = sum(8 * profiles.device(t).peak_flop_per_s("bf16") for t in ("A100", "H800"))
+    assert cost.mfu == pytest.approx(cost.model_flop_per_iteration / (cost.iteration_time_s * peak), rel=1e-9)
+    assert cost.mfu < cost.tflops_per_gpu * 1e12 / profiles.device("A100").peak_flop_per_s("bf16")
+
+
 # ------------------------------------------------------------------ property test
 
 

@@ -952,6 +952,17 @@ class CostModel:
             ))
         return self.combine(plan, stages)
 
+    def _gpus_of(self, plan: Plan) -> dict[str, int]:
+        """The GPUs the plan runs on, per device type, for its MFU's peak: a plan using every GPU of the cluster runs
+        on all of them (a flags plan's stage straddling two types is priced as the slower one, but half its GPUs
+        are the other's); a pooled stage type's GPUs are its members' (ClusterSpec.spread); else the stages'
+        types."""
+        if plan.world_size == self.cluster.world_size:
+            return self.cluster.gpus_by_type()
+        used = plan.gpus_by_type()
+        spread = self.cluster.spread(used)
+        return spread if sum(spread.values()) == plan.world_size else used
+
     def combine(self, plan: Plan, stages: list[StageCost]) -> PlanCost:
         m = plan.num_microbatches
         v = plan.vpp
@@ -960,10 +971,8 @@ class CostModel:
         busy = m * max(times)
         sync = max(s.sync_s for s in stages)
         flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
-        peak_total = sum(
-            plan.tp * plan.cp * s.dp * self.device(s.device_type).peak_flop_per_s(self.training.compute_dtype)
-            for s in stages
-        )
+        peak_total = sum(n * self.device(t).peak_flop_per_s(self.training.compute_dtype)
+                         for t, n in self._gpus_of(plan).items())
         return PlanCost(
             iteration_time_s=pipeline + sync, pipeline_s=pipeline, bubble_s=pipeline - busy, sync_s=sync,
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
