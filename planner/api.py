@@ -22,7 +22,8 @@ from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import (
-    ImplausiblePredictionError, MissingProfileError, PlanCheckError, PlannerInputError, SearchTimeLimitError,
+    ImplausiblePredictionError, InfeasibleError, MissingProfileError, PlanCheckError, PlannerInputError,
+    SearchTimeLimitError,
 )
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
 from planner.inputs.cluster import domain_notes, parse_cluster
@@ -275,8 +276,15 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
         raise ValueError(f"the search is for {target}, the runtime choice is {choice.runtime.name}")
     ranges = RangeModel(run.model, run.training, choice.cluster, profiles, memory_headroom=memory_headroom)
     cost = ranges.nominal
-    result = search_with_pools(ranges.high if objective == "pessimistic" else cost, space, settings,
-                               progress=progress)
+    try:
+        result = search_with_pools(ranges.high if objective == "pessimistic" else cost, space, settings,
+                                   progress=progress)
+    except InfeasibleError as exc:  # say which GPUs the runtime choice left out of the search
+        if not choice.left_out:
+            raise
+        have = cluster.gpus_by_type()
+        left = [f"{t}:{have.get(t, 0)} of the cluster were not searched: {why}" for t, why in choice.left_out.items()]
+        raise InfeasibleError(exc.reason, left + exc.hints) from None
     if target != space.runtime:
         result = relabel_result(result, target)
     plans = [c.plan for c in result.best]

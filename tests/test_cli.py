@@ -116,6 +116,11 @@ def test_infeasible_solve_exits_2_and_says_why(tmp_path):
     # the layout counts GPUs: one TP=8 stage is 8 GPUs, not "1 stages: 1 H800"
     assert "1 stage of 8 GPUs: 8 H800" in res.output, res.output
     assert not out.exists()
+    # device types the runtime choice left out are named (walk54: "fits nowhere on H800:8,H20:8" said nothing of
+    # the 910B:8 beside them)
+    res = run(["solve", "--model", "mixtral-l", "--cluster", "H800:8,H20:8,910B:8", "--quiet", "--time-limit", "10"])
+    assert res.exit_code == 2 and "fits nowhere on H800:8,H20:8" in res.output, res.output
+    assert "910B:8 of the cluster were not searched: no runtime runs 910B" in res.output, res.output
 
 
 def test_time_limit_without_a_plan_exits_3_and_says_so(tmp_path):
