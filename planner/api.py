@@ -538,11 +538,12 @@ def compare_backends(run: MegatronRun, cluster: ClusterSpec, brute: bool | None)
 
 def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[str], time_limit_s: float,
                  delta: float, no_prune: bool, contiguous_types: bool = False, objective: str = "pessimistic",
-                 memory_headroom: float | None = None) -> list[dict]:
+                 memory_headroom: float | None = None, choice: RuntimeChoice | None = None) -> list[dict]:
     """Solve with each backend in turn, the time limit shared between them (each gets what is
     left divided by the backends still to run), and return one row per backend.  `objective_s` is the
-    searched objective's float value (the plan's pessimistic or nominal time); `iteration_time_s` the nominal."""
-    choice = runtime_choice(runtime, cluster_spec, profiles, run)
+    searched objective's float value (the plan's pessimistic or nominal time); `iteration_time_s` the nominal.
+    `choice`: the runtime and the part of the cluster it runs (runtime_choice), when the caller has it."""
+    choice = choice or runtime_choice(runtime, cluster_spec, profiles, run)
     space = make_space(run, choice.runtime.name, contiguous_types=contiguous_types or None)
     end = time.perf_counter() + time_limit_s
     rows = []

@@ -10,7 +10,9 @@ import time
 
 import click
 
-from planner.api import OBJECTIVES, compare_backends, compare_rows, contradictions, load_inputs, reduce_layers
+from planner.api import (
+    OBJECTIVES, compare_backends, compare_rows, contradictions, load_inputs, reduce_layers, runtime_choice,
+)
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, note_printer,
@@ -85,21 +87,26 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         run = reduce_layers(run, layers)
     backends = compare_backends(run, cluster_spec, brute)
     left_s = max(0.1, budget.search_deadline - time.perf_counter())
+    choice = runtime_choice(runtime, cluster_spec, profiles, run)
     rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=left_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
-                        memory_headroom=memory_headroom)
+                        memory_headroom=memory_headroom, choice=choice)
+    have = cluster_spec.gpus_by_type()
+    left_out = {t: {"count": have.get(t, 0), "why": why} for t, why in choice.left_out.items()}
     runtime = rows[0].get("runtime", runtime) if rows else runtime
     false = contradictions(rows)
     if as_json:
         echo_json({"schema_version": SCHEMA_VERSION, "model": run.model.name,
                    "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
                    "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows,
-                   "contradictions": false})
+                   "contradictions": false, "left_out": left_out})
     else:
         click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {cluster_spec.describe()} ({runtime}; "
                    f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
         for line in gap_lines(rows) + stage_lines(rows):
             click.echo(line)
+        for t, out in left_out.items():
+            click.echo(f"note: {t}:{out['count']} of the cluster were not searched: {out['why']}")
     for line in false:  # a false bound is a bug of the planner: a line each (on stderr beside the JSON), exit status 1
         click.echo(f"contradiction: {line}", err=as_json)
     if false:
