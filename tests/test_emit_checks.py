@@ -118,9 +118,12 @@ def test_a_plan_for_one_model_is_not_emitted_with_another_models_script(tmp_path
     assert "tiny-moe" in (tmp_path / "launch" / "launch.sh").read_text()
 
 
-def test_a_plan_is_not_emitted_for_another_cluster(tmp_path):
+def test_a_plan_is_not_emitted_for_another_cluster(tmp_path, mixtral):
     line = refused(emit(tmp_path, base_plan_document(), "--cluster", "H800:16"), "--cluster")
-    assert "made for H800:8" in line
+    assert "made for H800:8" in line and "H800:16 (H800:16)" not in line and "re-run solve" in line
+    # the same groups in another order (walk54: "not H200:16,H800:16 (H200:16,H800:16)"): said so
+    line = refused(emit(tmp_path, mixtral, "--cluster", "H200:16,H800:16"), "--cluster")
+    assert "made for H800:16,H200:16, not H200:16,H800:16; the same groups in another order" in line, line
 
 
 def test_an_edited_cluster_or_record_is_refused_and_an_old_plan_json_still_checked(tmp_path):

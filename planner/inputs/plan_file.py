@@ -241,9 +241,13 @@ def resolve_plan_inputs(
         given_cluster = parse_cluster(cluster, profiles)
         if saved_cluster is not None and saved_cluster.model_copy(update={"name": ""}) != \
                 given_cluster.model_copy(update={"name": ""}):
-            raise PlannerInputError("--cluster", f"the plan was made for {saved_cluster.describe()}, not "
-                                                 f"{given_cluster.describe()} ({cluster}); re-run solve for that "
-                                                 "cluster, or drop --cluster")
+            given = given_cluster.describe() + ("" if cluster == given_cluster.describe() else f" ({cluster})")
+            reordered = sorted(g.model_dump_json() for g in saved_cluster.groups) == \
+                sorted(g.model_dump_json() for g in given_cluster.groups)
+            raise PlannerInputError("--cluster", f"the plan was made for {saved_cluster.describe()}, not {given}; "
+                                    + ("the same groups in another order, which orders the ranks: give them in the "
+                                       "plan's order, or drop --cluster" if reordered else
+                                       "re-run solve for that cluster, or drop --cluster"))
         cluster_spec = given_cluster
     if cluster_spec is None:
         raise PlannerInputError("--cluster", "the plan file has no inputs.cluster; give --cluster")
