@@ -167,7 +167,7 @@ def test_the_pooled_search_prices_the_objective_the_first_does():
         assert c.objective_s == pytest.approx(high.evaluate(c.plan).iteration_time_s, rel=1e-3)
     if res.certified_optimal:
         assert res.lower_bound_s == pytest.approx(res.best[0].objective_s, rel=1e-3)
-    from planner.search.pools import _on_cluster
-    view = _on_cluster(high, cm.cluster)
+    view = high.on_cluster(cm.cluster)
     assert isinstance(view, RangeEnd) and view.multiplier is high.multiplier
-    assert not isinstance(_on_cluster(ranges.nominal, cm.cluster), RangeEnd)
+    assert view.memory_headroom == high.memory_headroom
+    assert not isinstance(ranges.nominal.on_cluster(cm.cluster), RangeEnd)

@@ -189,8 +189,7 @@ def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -
         return None
     if mixed:
         mixed_types = {h for i in mixed for h in members[i]}
-        cost = CostModel(cost.model, cost.training, mixed_cluster(cost.cluster, cost.profiles, mixed_types),
-                         cost.profiles)
+        cost = cost.on_cluster(mixed_cluster(cost.cluster, cost.profiles, mixed_types))
     speed = {h: layer_time_s(cost, h) for ms in members for h in ms}
     slow = [max(ms, key=lambda h: speed[h]) for ms in members]
     priced = plan.model_copy(update={"stages": tuple(s.model_copy(update={"device_type": slow[i]})

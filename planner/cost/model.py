@@ -442,6 +442,13 @@ class CostModel:
         self.routing = routing(model, training.moe_imbalance_factor, profiles.moe_imbalance_factor())
 
     # ---- lookups ----
+
+    def on_cluster(self, cluster: ClusterSpec) -> "CostModel":
+        """This cost model on another cluster (a view of its cluster: pooled types, capped links), pricing as this
+        one does: same model, training, profiles and memory headroom (planner/cost/ranges.py RangeEnd keeps its
+        multipliers too)."""
+        return CostModel(self.model, self.training, cluster, self.profiles, memory_headroom=self.memory_headroom)
+
     def imbalance(self, ep: int, tokens_per_rank: float | None = None) -> float:
         """The busiest EP rank's tokens over the mean, each EP rank routing `tokens_per_rank` tokens per micro-batch
         (planner/cost/dispatch.py `Routing`)."""

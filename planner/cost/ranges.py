@@ -67,6 +67,11 @@ class RangeEnd(CostModel):
         """What each mechanism's seconds are multiplied by, from its conditions."""
         return self._multiplier
 
+    def on_cluster(self, cluster: ClusterSpec) -> "RangeEnd":
+        """The same range end on another cluster: the nominal model there, each mechanism's seconds multiplied
+        as here."""
+        return RangeEnd(super().on_cluster(cluster), self._multiplier)
+
     def part_factors(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute) -> dict[str, float]:
         """Per time part of a stage of `device_type` with `dp` and `recompute`, its mechanism's multiplier."""
         key = (g, device_type, dp, recompute.label)

@@ -16,7 +16,6 @@ import time
 from dataclasses import replace
 
 from planner.cost.model import CostModel
-from planner.cost.ranges import RangeEnd
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.search.driver import search
 from planner.search.settings import ProgressEvent, ProgressFn, SearchResult, SearchSettings
@@ -39,7 +38,7 @@ def search_with_pools(cost: CostModel, space: SearchSpace, settings: SearchSetti
     both = _BothSearches(progress) if progress is not None else None
     for view_cost, view_settings in ((cost, first_settings), (None, None)):
         if view_cost is None:
-            view_cost = _on_cluster(cost, pooled_view(cost.cluster, cost.profiles, pools))
+            view_cost = cost.on_cluster(pooled_view(cost.cluster, cost.profiles, pools))
             view_settings = replace(settings, deadline=end, time_limit_s=max(0.1, end - time.perf_counter()))
             if both is not None:
                 both.second()
@@ -63,13 +62,6 @@ def search_with_pools(cost: CostModel, space: SearchSpace, settings: SearchSetti
     out = _combined(cost, results[0], results[1], pools, settings.top_k, time.perf_counter() - start)
     out.notes.append(note)
     return replace(out, time_split=split)
-
-
-def _on_cluster(cost: CostModel, cluster) -> CostModel:
-    """`cost` on another view of its cluster, pricing as `cost` does: a range end (the pessimistic objective's
-    tables, planner/cost/ranges.py RangeEnd) stays that end, with the same multiplier per mechanism."""
-    nominal = CostModel(cost.model, cost.training, cluster, cost.profiles, memory_headroom=cost.memory_headroom)
-    return RangeEnd(nominal, cost.multiplier) if isinstance(cost, RangeEnd) else nominal
 
 
 class _BothSearches:
