@@ -171,3 +171,19 @@ def test_the_pooled_search_prices_the_objective_the_first_does():
     assert isinstance(view, RangeEnd) and view.multiplier is high.multiplier
     assert view.memory_headroom == high.memory_headroom
     assert not isinstance(ranges.nominal.on_cluster(cm.cluster), RangeEnd)
+
+
+def test_an_enumeration_cut_at_its_share_goes_on_while_no_plan_is_found(small, monkeypatch):
+    """On a loaded machine the enumeration can reach its share of the time limit (ENUMERATION_SHARE) before it has
+    put a single configuration in the queue: `solve` then said "no plan found within the 5 s time limit (0 of 0
+    configurations solved after 2.5 s)" with half the limit left (the slow suite, session 54).  With no plan yet
+    the search enumerates on (here: from a share of 0, so the first enumeration stops at once), solves what that
+    adds, and returns the plan an uncut search returns; the note of the cut is gone once the space is enumerated."""
+    import planner.search.screening as screening
+
+    whole = search(small, SPACE, SearchSettings(backend="hsdp", time_limit_s=60))
+    monkeypatch.setattr(screening, "ENUMERATION_SHARE", 0.0)
+    cut = search(small, SPACE, SearchSettings(backend="hsdp", time_limit_s=60))
+    assert cut.best and cut.costs[0].iteration_time_s == pytest.approx(whole.costs[0].iteration_time_s, rel=1e-9)
+    assert cut.space_counted and cut.configs_total == whole.configs_total
+    assert not any("enumeration stopped" in n for n in cut.notes), cut.notes

@@ -74,6 +74,13 @@ def _screen(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: f
     if scr.timed_out and not scr.cands and time.perf_counter() < deadline and not allow_empty:
         scr.stop_at = deadline  # no plan yet: take the rest of the time limit
         scr.run()
+    while not scr.cands and not allow_empty and not scr.enumeration_complete \
+            and (now := time.perf_counter()) < deadline:
+        # no plan yet and the enumeration stopped at its share (a loaded machine): enumerate on for half of what
+        # is left, then solve what that added, rather than stopping with time left
+        scr.enumerate(until=now + (deadline - now) / 2)
+        scr.stop_at = deadline
+        scr.run()
     if scr.timed_out:
         scr.notes.append(f"time limit {settings.time_limit_s:g} s reached after {scr.done} of {scr.total} "
                          "configurations")

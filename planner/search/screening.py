@@ -22,6 +22,7 @@ whole-space lower bound (Screening.whole_space_bound).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -248,23 +249,37 @@ class Screening:
         self.seq = 0
         self.complete = True  # every configuration solved was solved to optimality (no budget cut)
         self.enumeration_complete = True
+        self._shapes: Iterator[Shape] | None = None  # the space's shapes, as far as enumerate() took them
+        self._shapes_seen = 0
+        self._stopped_note = ""
         self.delta_fallbacks = 0
         self.timed_out = False
         self.clock = ProgressClock(PROGRESS_EVERY_S)
 
     # ---- filling the queue ----
-    def enumerate(self) -> None:
+    def enumerate(self, until: float | None = None) -> None:
         """Every shape of the space into the queue with its least relaxed bound (cp_min_seq sets
-        some aside).  Stops at ENUMERATION_SHARE of the time limit."""
-        stop_at = self.t0 + ENUMERATION_SHARE * self.budget_s
+        some aside).  Stops at ENUMERATION_SHARE of the time limit (or at `until`); a later call goes on
+        from the shape it stopped at."""
+        stop_at = self.t0 + ENUMERATION_SHARE * self.budget_s if until is None else until
+        if self._shapes is None:
+            self._shapes = iter(self.configs.shapes())
+        elif self.enumeration_complete:
+            return
+        if self._stopped_note in self.notes:
+            self.notes.remove(self._stopped_note)
+        self.enumeration_complete = True
         model = self.cost.model
         # the run's flags fix CP (--hierarchical-context-parallel-sizes): cp_min_seq would leave no CP
         cp_fixed = self.cost.training.megatron.hierarchical_context_parallel_sizes is not None
-        for k, shape in enumerate(self.configs.shapes()):
+        for shape in self._shapes:
+            k, self._shapes_seen = self._shapes_seen, self._shapes_seen + 1
             if k % 64 == 0 and time.perf_counter() > stop_at:
                 self.enumeration_complete = False
-                self.notes.append(f"time limit: enumeration stopped after {k} shapes (it may take "
-                                  f"{ENUMERATION_SHARE:.0%} of --time-limit); the rest were not searched")
+                self._shapes, self._shapes_seen = itertools.chain([shape], self._shapes), k  # resumed from here
+                self._stopped_note = (f"time limit: enumeration stopped after {k} shapes (it may take "
+                                      f"{ENUMERATION_SHARE:.0%} of --time-limit); the rest were not searched")
+                self.notes.append(self._stopped_note)
                 break
             if self.pruning.cp_pruned(model, shape.base) and not cp_fixed:
                 self.cp_pruned.append(shape)
