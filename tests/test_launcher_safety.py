@@ -379,3 +379,46 @@ def test_pai_style_dry_run_copies_nothing_and_prints_the_plans_node_count(tmp_pa
         assert launcher[launcher.index("--nnodes") + 1] == "2" and launcher[launcher.index("--node-rank") + 1] == str(k)
         assert launcher[launcher.index("--nproc-per-node") + 1] == "8"
         assert all(w.startswith("-") or launcher[i - 1].startswith("-") for i, w in enumerate(launcher) if i), launcher
+
+
+PRICED_SCRIPT = """#!/bin/bash
+MORE=$(cat "$(dirname "$0")/more_args.txt" 2>/dev/null)
+torchrun --nproc_per_node 8 pretrain_gpt.py {flags} --global-batch-size ${{GBS:-64}} --seq-length ${{SEQ:-1024}} \\
+    --tensor-model-parallel-size ${{TP:-1}} $MORE
+"""
+
+
+def test_launch_sh_stops_when_the_run_passes_flags_other_than_those_priced(tmp_path):
+    """The planner reads a script without the environment it runs in: `${GBS:-64}` at its default, `$(cat FILE)` not
+    at all.  A run that passes another global batch or sequence, or a priced switch the planner never saw (--fp16 from
+    the file), was not priced, and launch.sh would replace the batch with the plan's without a word: it stops (exit
+    2) naming each flag and the value priced, unless HAPMOE_ALLOW_UNPRICED=1.  A decided flag (TP) the plan replaces
+    anyway is not in the way; the run the planner read starts."""
+    flags = TINY_FLAGS.replace(" --global-batch-size 64", "").replace(" --seq-length 1024", "")
+    script = tmp_path / "train.sh"
+    script.write_text(PRICED_SCRIPT.format(flags=flags))
+    run = resolve_run(megatron_script=str(script))
+    plan = Plan(mbs=1, gbs=64, stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
+    cluster = ClusterSpec(groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
+    out = tmp_path / "launch"
+    out.mkdir()
+    for rel, text in render_launch_files(run, plan, cluster, parse_launcher_script(script.read_text(),
+                                                                                    path=str(script))).items():
+        (out / rel).write_text(text)
+
+    def dry(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(out / "launch.sh"), "--dry-run"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, **env})
+
+    as_read = dry(TP="2")
+    assert as_read.returncode == 0 and "--global-batch-size 64" in as_read.stdout, as_read.stderr
+    changed = dry(GBS="512", SEQ="2048")
+    assert changed.returncode == 2 and not changed.stdout, changed.stdout
+    assert "--global-batch-size 512 (priced: --global-batch-size 64)" in changed.stderr, changed.stderr
+    assert "--seq-length 2048 (priced: --seq-length 1024)" in changed.stderr
+    (out / "more_args.txt").write_text("--fp16 --global-batch-size 128\n")
+    from_file = dry()
+    assert from_file.returncode == 2 and "--fp16 (priced without it)" in from_file.stderr, from_file.stderr
+    assert "--global-batch-size 128 (priced: --global-batch-size 64)" in from_file.stderr
+    anyway = dry(HAPMOE_ALLOW_UNPRICED="1")
+    assert anyway.returncode == 0 and "--fp16" in anyway.stdout and "--global-batch-size 64" in anyway.stdout

@@ -23,7 +23,7 @@ from planner.inputs.megatron_flags import drop_flags, fork_flags_in, is_flag_tok
 from planner.inputs.script import LauncherScript
 from planner.launcher.quoting import runtime_refs, sh_word
 from planner.megatron.flags import (
-    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, ROUTER_BALANCING_FLAGS, array_of, model_flags,
+    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, READ_FLAGS, ROUTER_BALANCING_FLAGS, array_of, model_flags,
     training_flags,
 )
 from planner.profile_tables import ProfileSet
@@ -166,6 +166,47 @@ class LaunchFlags:
     notes: list[str]
     generated: list[FlagItem]  # without a script: the run's flags for the generated arrays
     refs: list[str] = field(default_factory=list)  # run-time references (${NAME}) of the user's flags: NAMEs
+    priced: PricedFlags | None = None  # with a script: what launch.sh checks the run's own flags against
+
+
+@dataclass(frozen=True)
+class PricedFlags:
+    """The flags of the user's command that the price rests on, as the planner read them, for launch.sh to compare
+    with what the command passes when it runs (`hapmoe_check_priced`).  The planner reads a script without the
+    environment it runs in: a variable's `${X:-default}` read at its default, text bash alone expands (`$(cat
+    args.txt)`, an array the reader cannot fill) or a branch the reader could not decide may pass other values
+    there, which the plan was not priced with (and a plan-decided flag among them would be replaced silently).
+
+    `names`: every flag compared (the cost model's flags the plan leaves to the user's command, and
+    --global-batch-size where the plan keeps the user's batch); `read`: those the command passed as read, with
+    their values joined by spaces ('' for a switch); `optional`: flags the plan writes itself, which the command
+    may leave out."""
+
+    names: frozenset[str]
+    read: dict[str, str]
+    optional: frozenset[str] = frozenset()
+
+
+GLOBAL_BATCH_FLAG = "--global-batch-size"
+
+
+def priced_flags(user_argv: Sequence[str], applied: Sequence[FlagItem], decided: Collection[str]) -> PricedFlags:
+    """The user's flags launch.sh checks at run time (PricedFlags): the cost model's (READ_FLAGS) that no applied
+    item replaces, and the global batch where the plan keeps the command's own (a --gbs override replaces it on
+    purpose: not checked).  Text the reader left for bash (`$EXTRA`) is not a value."""
+    read: dict[str, str] = {}
+    for item in group_flag_items(list(user_argv)):
+        if is_flag_token(item.name):
+            read[item.name] = " ".join(v for v in item.values if not v.startswith(("$", "`")))
+    applied_values = {i.name: " ".join(i.values) for i in applied}
+    names = {n for n in READ_FLAGS if n not in decided and n not in applied_values}
+    optional: set[str] = set()
+    planned_gbs = applied_values.get(GLOBAL_BATCH_FLAG)
+    if planned_gbs is not None and read.get(GLOBAL_BATCH_FLAG, planned_gbs) == planned_gbs:
+        names.add(GLOBAL_BATCH_FLAG)
+        optional.add(GLOBAL_BATCH_FLAG)
+        read[GLOBAL_BATCH_FLAG] = planned_gbs
+    return PricedFlags(frozenset(names), {n: v for n, v in read.items() if n in names}, frozenset(optional))
 
 
 def launch_flags(
@@ -217,7 +258,8 @@ def launch_flags(
     if refs:
         notes.append("expanded by launch.sh when it runs (it stops when one is unset): "
                      + ", ".join(f"${{{r}}}" for r in refs))
-    return LaunchFlags(user_argv, applied, decided, final, notes, generated, refs)
+    priced = priced_flags(user_argv, applied, decided) if script is not None else None
+    return LaunchFlags(user_argv, applied, decided, final, notes, generated, refs, priced)
 
 
 def array_order(items: list[FlagItem]) -> list[str]:

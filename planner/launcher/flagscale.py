@@ -413,6 +413,7 @@ def flagscale_files(
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
         refs=flags.refs,
+        priced=flags.priced,
         log_name=overrides.log_name,
     )
     items = group_flag_items(flags.final)

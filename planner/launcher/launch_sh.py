@@ -13,6 +13,9 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
   * removes from the entry script's flags every flag the plan decides (with its values), keeps
     every other flag in order, and appends the plan's flags (`common.apply_plan` is the same
     rule in Python, which writes megatron_args.txt);
+  * stops (exit 2) when the command passes other priced flags than the planner read from the script
+    (`hapmoe_check_priced`, common.PricedFlags: an environment variable's default read in place of the
+    run's value, text only bash expands), unless HAPMOE_ALLOW_UNPRICED=1;
   * for torchrun (or `python -m torch.distributed.run`): replaces the placement options
     (nproc-per-node, nnodes, node-rank, rdzv-*) with static rendezvous and an explicit node rank,
     picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
-from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, arrays_of, bash_item
+from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, PricedFlags, arrays_of, bash_item
 from planner.launcher.quoting import comment_lines, one_line, sh_quote
 from planner.profile_tables import ProfileSet
 
@@ -80,6 +83,7 @@ class LaunchSpec:
     log_name: str | None = None  # copy this host's output to HAPMOE_DIR/<log_name>-<host>.log (LaunchOverrides)
     exports: dict[str, str] = field(default_factory=dict)  # more environment the plan needs (name -> value)
     allocator_default: str | None = None  # PYTORCH_CUDA_ALLOC_CONF when the environment sets none (allocator_env)
+    priced: PricedFlags | None = None  # the user's flags the price rests on, as read: checked when the launch runs
 
 
 def node_checks(device_types: Iterable[str], profiles: ProfileSet) -> dict[str, NodeCheck]:
@@ -116,6 +120,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += _log_lines(spec)
     lines += dry_run_stubs(spec)
     lines += _refs_function(spec)
+    lines += _priced_function(spec)
     lines += _agent_function(spec)
     lines += node_check_function(spec)
     lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
@@ -127,6 +132,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += srun_function(spec, entry_name)
     exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun"
     exported += " hapmoe_need_refs" if spec.refs else ""
+    exported += " hapmoe_check_priced" if spec.priced is not None else ""
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -325,6 +331,53 @@ def _refs_function(spec: LaunchSpec) -> list[str]:
     ]
 
 
+def _priced_function(spec: LaunchSpec) -> list[str]:
+    """`hapmoe_check_priced FLAGS...`: the command's own flags against those the price rests on as the planner read
+    them (PricedFlags): one the run passes with another value, passes though the planner read none, or leaves out
+    though the planner read it, stops the launch (exit 2) naming each, unless HAPMOE_ALLOW_UNPRICED=1.  Nothing
+    without a script (the generated launcher passes what was read)."""
+    p = spec.priced
+    if p is None:
+        return []
+    read = " ".join(f"[{sh_quote(n)}]={sh_quote(v)}" for n, v in sorted(p.read.items()))
+    optional = " ".join(sh_quote(n) for n in sorted(p.optional))
+    return [
+        "",
+        "# The flags of the script's command that the price rests on, as the planner read them (without this",
+        "# environment): a run that passes others (a variable's default read in its place, text only bash expands)",
+        "# was not priced, and the plan would replace a decided one among them without a word.",
+        "hapmoe_check_priced() {",
+        f"    local -A read=({read}) seen=()",
+        f"    local -a optional=({optional}) diff=()",
+        "    local tok cur='' f",
+        "    for tok in \"$@\"; do",
+        "        if [[ \"$tok\" == -?* && ! \"$tok\" =~ ^-?[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then",
+        "            cur=${tok%%=*}",
+        f"            case \"$cur\" in {_case_pattern(p.names)}) ;; *) cur=''; continue ;; esac",
+        "            if [[ \"$tok\" == *=* ]]; then seen[$cur]=${tok#*=}; cur=''; else seen[$cur]=''; fi",
+        "        elif [[ -n \"$cur\" ]]; then",
+        "            seen[$cur]+=\"${seen[$cur]:+ }$tok\"",
+        "        fi",
+        "    done",
+        "    for f in \"${!seen[@]}\"; do",
+        "        if [[ -z \"${read[$f]+x}\" ]]; then diff+=(\"$f${seen[$f]:+ ${seen[$f]}} (priced without it)\")",
+        "        elif [[ \"${seen[$f]}\" != \"${read[$f]}\" ]]; then diff+=(\"$f${seen[$f]:+ ${seen[$f]}} (priced: $f${read[$f]:+ ${read[$f]}})\"); fi",
+        "    done",
+        "    for f in \"${!read[@]}\"; do",
+        "        [[ -n \"${seen[$f]+x}\" || \" ${optional[*]} \" == *\" $f \"* ]] || diff+=(\"no $f (priced: $f${read[$f]:+ ${read[$f]}})\")",
+        "    done",
+        "    ((${#diff[@]})) || return 0",
+        "    local msg",
+        "    printf -v msg ' %s;' \"${diff[@]}\"",
+        "    echo \"launch.sh: the command passes other flags than the plan was priced with:${msg%;}; the planner read the \"\\",
+        "\"script without this run's environment (a variable's default in its place, text only bash expands, a branch \"\\",
+        "\"it could not decide): plan again with these values (--gbs, --seq, --megatron-args, or set them in the \"\\",
+        "\"script), or HAPMOE_ALLOW_UNPRICED=1 to start anyway\" >&2",
+        "    [[ \"${HAPMOE_ALLOW_UNPRICED:-0}\" == 1 ]] || exit 2",
+        "}",
+    ]
+
+
 def _agent_function(spec: LaunchSpec) -> list[str]:
     """`hapmoe_agent K`: agent K's host, its GPUs (when it has part of a host) and its own extra flags."""
     lines = [
@@ -399,6 +452,7 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         "        fi",
         "        args+=(\"$tok\")",
         "    done",
+        *(["    hapmoe_check_priced \"${words[@]:entry+1}\""] if spec.priced is not None else []),
         (f"    local entry_word={sh_quote(entry_new)}  # FlagScale's entry replaces {one_line(entry_name)}"
          if entry_new.rsplit("/", 1)[-1] != entry_name else "    local entry_word=${words[entry]}"),
     ]

@@ -107,6 +107,7 @@ def megatron_files(
         node_checks=node_checks(plan.member_types(), profiles),
         real_hosts=hosts is not None,
         refs=flags.refs,
+        priced=flags.priced,
         log_name=overrides.log_name,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)

@@ -75,6 +75,39 @@ if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
     export -f sbatch
 fi
 
+# The flags of the script's command that the price rests on, as the planner read them (without this
+# environment): a run that passes others (a variable's default read in its place, text only bash expands)
+# was not priced, and the plan would replace a decided one among them without a word.
+hapmoe_check_priced() {
+    local -A read=([--bf16]='' [--disable-bias-linear]='' [--ffn-hidden-size]=3584 [--global-batch-size]=128 [--group-query-attention]='' [--hidden-size]=1024 [--max-position-embeddings]=32768 [--moe-aux-loss-coeff]=1e-2 [--moe-grouped-gemm]='' [--moe-router-topk]=2 [--moe-token-dispatcher-type]=alltoall [--normalization]=RMSNorm [--num-attention-heads]=16 [--num-experts]=8 [--num-layers]=16 [--num-query-groups]=4 [--seq-length]=4096 [--swiglu]='' [--untie-embeddings-and-output-weights]='' [--use-distributed-optimizer]='' [--vocab-size]=32000) seen=()
+    local -a optional=(--global-batch-size) diff=()
+    local tok cur='' f
+    for tok in "$@"; do
+        if [[ "$tok" == -?* && ! "$tok" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then
+            cur=${tok%%=*}
+            case "$cur" in --activation-func-clamp-value|--add-qkv-bias|--attention-backend|--attention-dropout|--bf16|--ckpt-format|--cp-comm-type|--cpu-offloading|--cuda-graph-impl|--cuda-graph-modules|--cuda-graph-scope|--data-parallel-sharding-strategy|--defer-embedding-wgrad-compute|--delay-wgrad-compute|--disable-bias-linear|--distribute-saved-activations|--enable-cuda-graph|--exp-avg-dtype|--exp-avg-sq-dtype|--external-cuda-graph|--ffn-hidden-size|--first-k-dense-replace|--fp16|--fp8-format|--fp8-param-gather|--fp8-recipe|--global-batch-size|--grad-reduce-in-bf16|--group-query-attention|--hidden-dropout|--hidden-size|--hierarchical-context-parallel-sizes|--kv-channels|--kv-lora-rank|--main-grads-dtype|--main-params-dtype|--make-vocab-size-divisible-by|--max-position-embeddings|--moe-aux-loss-coeff|--moe-enable-deepep|--moe-expert-capacity-factor|--moe-ffn-hidden-size|--moe-flex-dispatcher-backend|--moe-grouped-gemm|--moe-input-jitter-eps|--moe-intermediate-size|--moe-layer-freq|--moe-pad-expert-input-to-capacity|--moe-router-dtype|--moe-router-enable-expert-bias|--moe-router-force-load-balancing|--moe-router-group-topk|--moe-router-num-groups|--moe-router-pre-softmax|--moe-router-score-function|--moe-router-topk|--moe-router-topk-scaling-factor|--moe-shared-expert-gate|--moe-shared-expert-intermediate-size|--moe-shared-expert-overlap|--moe-token-dispatcher-type|--mscale|--mscale-all-dim|--mtp-num-layers|--multi-head-latent-attention|--multi-latent-attention|--n-shared-experts|--no-check-for-nan-in-loss-and-grad|--no-overlap-p2p-communication|--no-rope-fusion|--norm-epsilon|--normalization|--num-attention-heads|--num-distributed-optimizer-instances|--num-experts|--num-layers|--num-query-groups|--overlap-grad-reduce|--overlap-moe-expert-parallel-comm|--overlap-p2p-communication-warmup-flush|--overlap-param-gather|--overlap-param-gather-with-optimizer-step|--position-embedding-type|--q-lora-rank|--qk-head-dim|--qk-layernorm|--qk-nope-head-dim|--qk-pos-emb-head-dim|--qk-rope-head-dim|--quick-geglu|--rope-scaling-factor|--rotary-base|--rotary-percent|--rotary-scaling-factor|--routed-scaling-factor|--seq-length|--squared-relu|--swiglu|--tp-comm-overlap|--transformer-impl|--untie-embeddings-and-output-weights|--use-distributed-optimizer|--use-megatron-fsdp|--use-precision-aware-optimizer|--use-rope-scaling|--use-rotary-position-embeddings|--use-torch-fsdp2|--v-head-dim|--vocab-size|--window-attn-skip-freq|--window-size) ;; *) cur=''; continue ;; esac
+            if [[ "$tok" == *=* ]]; then seen[$cur]=${tok#*=}; cur=''; else seen[$cur]=''; fi
+        elif [[ -n "$cur" ]]; then
+            seen[$cur]+="${seen[$cur]:+ }$tok"
+        fi
+    done
+    for f in "${!seen[@]}"; do
+        if [[ -z "${read[$f]+x}" ]]; then diff+=("$f${seen[$f]:+ ${seen[$f]}} (priced without it)")
+        elif [[ "${seen[$f]}" != "${read[$f]}" ]]; then diff+=("$f${seen[$f]:+ ${seen[$f]}} (priced: $f${read[$f]:+ ${read[$f]}})"); fi
+    done
+    for f in "${!read[@]}"; do
+        [[ -n "${seen[$f]+x}" || " ${optional[*]} " == *" $f "* ]] || diff+=("no $f (priced: $f${read[$f]:+ ${read[$f]}})")
+    done
+    ((${#diff[@]})) || return 0
+    local msg
+    printf -v msg ' %s;' "${diff[@]}"
+    echo "launch.sh: the command passes other flags than the plan was priced with:${msg%;}; the planner read the "\
+"script without this run's environment (a variable's default in its place, text only bash expands, a branch "\
+"it could not decide): plan again with these values (--gbs, --seq, --megatron-args, or set them in the "\
+"script), or HAPMOE_ALLOW_UNPRICED=1 to start anyway" >&2
+    [[ "${HAPMOE_ALLOW_UNPRICED:-0}" == 1 ]] || exit 2
+}
+
 # Agent k of the plan: its host, its device type, its GPUs, its own extra flags.
 hapmoe_agent() {
     HAPMOE_A_CVD=""; HAPMOE_A_EXTRA=()
@@ -145,6 +178,7 @@ hapmoe_launch() {
         fi
         args+=("$tok")
     done
+    hapmoe_check_priced "${words[@]:entry+1}"
     local entry_word=flagscale/train/train_gpt.py  # FlagScale's entry replaces pretrain_gpt.py
     export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
     local i
@@ -244,7 +278,7 @@ srun() {
     fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
-export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun hapmoe_check_priced
 # ---- end of hapmoe block ----
 # Mixtral-style launcher, as Megatron's examples write them
 export CUDA_DEVICE_MAX_CONNECTIONS=1
