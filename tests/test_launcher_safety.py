@@ -422,3 +422,28 @@ def test_launch_sh_stops_when_the_run_passes_flags_other_than_those_priced(tmp_p
     assert "--global-batch-size 128 (priced: --global-batch-size 64)" in from_file.stderr
     anyway = dry(HAPMOE_ALLOW_UNPRICED="1")
     assert anyway.returncode == 0 and "--fp16" in anyway.stdout and "--global-batch-size 64" in anyway.stdout
+
+
+def test_dry_run_prints_the_command_of_a_launch_whose_output_the_script_redirects(tmp_path):
+    """`nohup torchrun ... > train.log 2>&1 &` (and `2>&1 > log`): `launch.sh --dry-run` prints each node's command and
+    what it did not run where launch.sh's own output goes, not into the script's log (it printed nothing: the
+    command went to train.log).  The redirection itself still creates the (empty) log, as docs/running.md says."""
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\nmkdir -p logs > /dev/null 2>&1\nnohup torchrun --nproc_per_node 8 pretrain_gpt.py "
+                      f"{TINY_FLAGS} > logs/train.log 2>&1 &\nwait\n")
+    run = resolve_run(megatron_script=str(script))
+    plan = Plan(mbs=1, gbs=64, stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
+    cluster = ClusterSpec(groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
+    out = tmp_path / "launch"
+    out.mkdir()
+    for rel, text in render_launch_files(run, plan, cluster, parse_launcher_script(script.read_text(),
+                                                                                    path=str(script))).items():
+        (out / rel).write_text(text)
+    cwd = tmp_path / "cwd"
+    (cwd / "logs").mkdir(parents=True)
+    proc = subprocess.run(["bash", str(out / "launch.sh"), "--dry-run"], cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# node 0 (h800-node0, H800)\nnohup torchrun ") and "--global-batch-size 64" in proc.stdout
+    assert "[dry-run, not run] mkdir -p logs" in proc.stderr
+    assert (cwd / "logs" / "train.log").read_text() == ""

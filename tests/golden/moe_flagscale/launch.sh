@@ -22,6 +22,8 @@ HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
 HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
 export HAPMOE_DRY_RUN HAPMOE_DIR
+# --dry-run prints where launch.sh's own output goes, also from a launch whose output the script redirects
+if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR; fi
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
@@ -30,11 +32,11 @@ hapmoe_is_decided() {
 }
 
 # --dry-run: only tools that read run; every other command prints itself and succeeds.
-hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&2; return 0; }
+hapmoe_dry() { printf '[dry-run, not run] %s\n' "$*" >&"${HAPMOE_DRY_ERR:-2}"; return 0; }
 hapmoe_dry_python() {
     hapmoe_dry "$@"
     if [[ "${2:-}" == -c && "${3:-}" == *device_count\(\)* ]]; then
-        echo 8; echo "[dry-run] ... device_count() answered 8: node 0's GPUs in the plan" >&2
+        echo 8; echo "[dry-run] ... device_count() answered 8: node 0's GPUs in the plan" >&"${HAPMOE_DRY_ERR:-2}"
     fi
 }
 if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
@@ -104,7 +106,7 @@ hapmoe_check_priced() {
     echo "launch.sh: the command passes other flags than the plan was priced with:${msg%;}; the planner read the "\
 "script without this run's environment (a variable's default in its place, text only bash expands, a branch "\
 "it could not decide): plan again with these values (--gbs, --seq, --megatron-args, or set them in the "\
-"script), or HAPMOE_ALLOW_UNPRICED=1 to start anyway" >&2
+"script), or HAPMOE_ALLOW_UNPRICED=1 to start anyway" >&"${HAPMOE_DRY_ERR:-2}"
     [[ "${HAPMOE_ALLOW_UNPRICED:-0}" == 1 ]] || exit 2
 }
 
@@ -184,7 +186,7 @@ hapmoe_launch() {
     local i
     if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-            printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo
+            { printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo; } >&"${HAPMOE_DRY_OUT:-1}"
             exit 0
         fi
         if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)
@@ -243,9 +245,11 @@ hapmoe_launch() {
         local -a cmd=("${launcher[@]}" --nproc-per-node 8 --nnodes 3 --node-rank "$k"
             --rdzv-backend static "${master[@]}" "$entry_word" "${args[@]}" "${plan[@]}" "${HAPMOE_A_EXTRA[@]}")
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
-            echo "# node $k ($HAPMOE_A_HOST, $HAPMOE_A_TYPE)"
-            [[ -n "$HAPMOE_A_CVD" ]] && printf '%s=%s ' "$HAPMOE_A_VIS" "$HAPMOE_A_CVD"
-            printf '%q ' "${cmd[@]}"; echo
+            {
+                echo "# node $k ($HAPMOE_A_HOST, $HAPMOE_A_TYPE)"
+                [[ -n "$HAPMOE_A_CVD" ]] && printf '%s=%s ' "$HAPMOE_A_VIS" "$HAPMOE_A_CVD"
+                printf '%q ' "${cmd[@]}"; echo
+            } >&"${HAPMOE_DRY_OUT:-1}"
             continue
         fi
         hapmoe_check_node "$k" "$HAPMOE_A_HOST" "$HAPMOE_A_TYPE"
