@@ -408,3 +408,32 @@ def test_getopts_option_loop():
             '    f) F=--fp16 ;;\n  esac\ndone\nshift $((OPTIND-1))\ntorchrun train.py --tp $TP --pp $PP $F "$@"\n')
     s = parse_launcher_script(text, args=["-t", "4", "-p2", "-f", "--", "--extra", "1"])
     assert s.megatron_flags == ["--tp", "4", "--pp", "2", "--fp16", "--extra", "1"]
+
+
+UNREAD_SCRIPT = """#!/bin/bash
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mapfile -t EXTRA < <(echo --lr; echo 1e-4)
+torchrun --nproc_per_node 8 pretrain_gpt.py $(cat $HERE/args.txt) "${EXTRA[@]}" --train-iters 10 --mock-data \\
+    --tokenizer-type NullTokenizer --vocab-size 32000 --save ${CKPT}
+"""
+
+
+def test_text_only_bash_expands_where_flags_go_is_named(tmp_path):
+    """`$(cat args.txt)` and an array the reader cannot fill stand where flags go: the missing-model-flags error names
+    them as what may hold the flags (it named only the flags), and a run planned with the flags given says they are
+    not read nor priced; a value (${CKPT} after --save) is not among them."""
+    from planner.inputs.resolve import resolve_run
+
+    script = tmp_path / "train.sh"
+    script.write_text(UNREAD_SCRIPT)
+    with pytest.raises(PlannerInputError) as err:
+        resolve_run(megatron_script=str(script))
+    said = str(err.value)
+    assert "(required model shape flags); the command passes $(cat $HERE/args.txt), ${EXTRA[@]} where flags go" in said
+    assert "give the flags they hold with --megatron-args" in said and "${CKPT}" not in said
+    notes: list[str] = []
+    resolve_run(megatron_script=str(script), notes=notes, megatron_args="--num-layers 2 --hidden-size 256 "
+                "--num-attention-heads 8 --seq-length 512 --max-position-embeddings 512")
+    unread = [n for n in notes if "where flags go" in n]
+    assert len(unread) == 1 and "$(cat $HERE/args.txt), ${EXTRA[@]} where" in unread[0], notes
+    assert "not read nor priced" in unread[0] and "${CKPT}" not in unread[0]

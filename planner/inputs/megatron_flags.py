@@ -83,6 +83,7 @@ _is_flag = is_flag_token
 
 
 FORK_CHOICES_KEY = "_fork_choices"  # ns entry: the fork choices read, as (flag, ForkChoice)
+UNREAD_WORDS_KEY = "_unread_words"  # ns entry: text left for bash where a flag goes (`$(cat args.txt)`)
 
 
 def _convert(name: str, spec: Read, raw: str, ns: dict[str, Any] | None = None) -> Any:
@@ -190,6 +191,8 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
             raise PlannerInputError("megatron args", f"every token must be a string, got {tok!r}")
         if not _is_flag(tok):
             if open_values or _unresolved(tok):
+                if not open_values:  # where a flag goes: what bash makes of it when the script runs is not read
+                    ns.setdefault(UNREAD_WORDS_KEY, []).append(tok)
                 passthrough.append(tok)
                 i += 1
                 continue
@@ -505,8 +508,13 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     if missing:  # Megatron's words: validate_args, then _check_arg_is_not_none
         said = ["either num-layers or encoder-num-layers should be specified" if f == "--num-layers"
                 else f"{READ_FLAGS[f].dest} argument is None" for f in missing]
-        raise PlannerInputError(", ".join(missing), "; ".join(said) + " (required model shape flags)")
+        raise PlannerInputError(", ".join(missing), "; ".join(said) + " (required model shape flags)"
+                                + "".join(f"; {_unread_words_said(ns)}: give the flags they hold with --megatron-args"
+                                          for _ in ns.get(UNREAD_WORDS_KEY, [])[:1]))
     notes: list[str] = []
+    if ns.get(UNREAD_WORDS_KEY):
+        notes.append(f"{_unread_words_said(ns)}: the flags they hold are not read nor priced (give them with "
+                     "--megatron-args); launch.sh stops if they pass a priced flag other than was read")
     model: dict[str, Any] = {"name": name}
     model.update({f: ns[dest] for dest, f in copied_fields(MODEL_FLAGS) if dest in ns})
     if "vocab_size" not in ns:
@@ -641,6 +649,11 @@ def _fork_model_flags(ns: dict[str, Any], model: dict[str, Any]) -> None:
         if expert is None:
             raise PlannerInputError("--n-shared-experts", "needs --moe-ffn-hidden-size (the size of one expert)")
         model["moe_shared_expert_intermediate_size"] = shared * expert  # MindSpeed-LLM: n x the expert's size
+
+
+def _unread_words_said(ns: dict[str, Any]) -> str:
+    words = ", ".join(dict.fromkeys(ns[UNREAD_WORDS_KEY]))
+    return f"the command passes {words} where flags go, which only bash expands when the script runs"
 
 
 def parse_megatron_draft(argv: Sequence[str], *, name: str = "custom") -> RunDraft:

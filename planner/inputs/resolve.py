@@ -240,7 +240,7 @@ def explain_script_error(exc: PlannerInputError, script) -> PlannerInputError:
         if literal:
             hints.append(f"{', '.join(literal)} may come from `source {target}` ({where}), a file that is not "
                          "here; put it next to the script, or give the value with --megatron-args")
-    if literal and not script.missing_sources:
+    if literal and not script.missing_sources and "where flags go" not in text:  # else said where they stand
         hints.append(f"{', '.join(literal)} is text bash expands when the script runs (a command's output or an "
                      "environment variable the script never sets); give the value with --megatron-args")
     if not hints:
