@@ -77,6 +77,30 @@ def test_the_reader_passes_what_bash_passes(name, tmp_path):
     assert parse_launcher_script(text).megatron_flags == bash_flags(text, tmp_path)
 
 
+# walk54b: slices of the script's arguments and of arrays were read as slices of one joined string ("${@:2}" one
+# word ' --eval-iters=3 --seed 7' or '-' for "${@:2:1}"), and "${A[@]:1}" not at all
+SLICES = {
+    "quoted $@ from 2": 'torchrun pretrain_gpt.py --x 1 "${@:2}"\n',
+    "$@ from 1, and 0 (the script)": 'torchrun pretrain_gpt.py --x 1 "${@:1}" --name "$(basename "${@:0:1}")"\n',
+    "$@ offset and length": 'torchrun pretrain_gpt.py --x 1 "${@:2:1}" ${@:3:2}\n',
+    "$@ from the end": 'torchrun pretrain_gpt.py --x 1 "${@: -2}" "${@:$#}" "${@: -9}"\n',
+    "$* joined": 'torchrun pretrain_gpt.py --x 1 --j "${*:2}"\n',
+    "in a function": 'run() { torchrun pretrain_gpt.py --x "$1" "${@:2}"; }\nrun 4 "${@:2}"\n',
+    "array slices": 'A=("$@")\nB=(--p 1 --q 2)\ntorchrun pretrain_gpt.py "${A[@]:1}" "${B[@]: -2}" ${B[@]:0:2} "${B[*]:1:2}"\n',
+}
+SLICE_ARGS = ("size", "--eval-iters=3", "--seed", "7")
+
+
+@needs_bash
+@pytest.mark.parametrize("name", SLICES)
+def test_slices_of_the_arguments_and_arrays_are_read_as_bash_slices_them(name, tmp_path):
+    """${@:off:len}, ${*:off}, ${A[@]:off:len}: whole elements, negative offsets from the end, as bash passes them."""
+    text = "#!/bin/bash\n" + SLICES[name]
+    script = tmp_path / "s.sh"  # where bash_flags runs it: $0 is its path
+    assert parse_launcher_script(text, args=SLICE_ARGS, path=str(script)).megatron_flags == \
+        bash_flags(text, tmp_path, SLICE_ARGS)
+
+
 def test_declare_i_and_printf_v_reach_the_plan(tmp_path):
     """The issue's examples: `declare -i TP=2*2`, `printf -v TP '%d' 4` give TP 4."""
     for line in ("declare -i TP=2*2", "printf -v TP '%d' 4"):

@@ -304,6 +304,15 @@ class Interp:
             if part.op == "*" and part.quoted:
                 return " ".join(values), False
             return list(values), split
+        if kind == "aslice":
+            var = self.vars.get(part.text)
+            ref = "${" + part.text + "[" + part.op + "]:...}"
+            if var is None:
+                if self.test_mode or part.text in self.assigned:
+                    return [], split
+                return self._note(ref), False
+            values = var.value if isinstance(var.value, list) else [var.value]
+            return self._slice(values, part, ref, split, params=False)
         if kind == "alen":
             var = self.vars.get(part.text)
             values = [] if var is None else (var.value if isinstance(var.value, list) else [var.value])
@@ -414,6 +423,9 @@ class Interp:
             if part.quoted and name == "@":
                 return list(self.positional), False
             return " ".join(self.positional), split
+        if name in ("@", "*") and part.op == ":":  # ${@:offset[:length]}: offset 0 is $0
+            return self._slice([self.path or "script.sh", *self.positional], part, "${" + name + ":...}", split,
+                               params=True)
         is_name = bool(NAME_RE.fullmatch(name))
         ref = "${" + name + "}" if is_name else "$" + name
         value, resolved = self.scalar(name)
@@ -454,6 +466,24 @@ class Interp:
         if op and op not in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
             return self._string_op(value, part), split
         return value, split
+
+    def _slice(self, values: list[str], part: Part, ref: str, split: bool, *, params: bool) -> tuple[list[str] | str, bool]:
+        """${@:off:len} (values: $0 and the positional parameters) or ${A[@]:off:len}, as bash slices them: whole
+        elements, a negative offset counted from the end (past the first: nothing), a negative length an error (left
+        for bash, as text).  Quoted with @: one word per element; with *: joined by a blank."""
+        try:
+            off = self.arith(self.expand_text(part.arg)[0])
+            length = None if part.arg2 is None else self.arith(self.expand_text(part.arg2)[0])
+        except ValueError:
+            return self._note(ref), False
+        if length is not None and length < 0:
+            return self._note(ref), False
+        if off < 0:
+            off += len(values)
+        picked = [] if off < 0 else values[off:] if length is None else values[off:off + length]
+        if (part.text == "*" if params else part.op == "*") and part.quoted:
+            return " ".join(picked), False
+        return picked, split
 
     def _string_op(self, value: str, part: Part) -> str:
         op = part.op

@@ -82,7 +82,7 @@ def ansi_c_string(text: str, start: int) -> tuple[str, int] | None:
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Part:
-    kind: str  # lit | var | arr | idx | raw | arith | len | alen | pos
+    kind: str  # lit | var | arr | aslice | idx | raw | arith | len | alen | pos
     text: str
     quoted: bool
     op: str = ""  # ${X<op>arg}
@@ -551,6 +551,12 @@ class Lexer:
         m = re.fullmatch(r"([A-Za-z_][A-Za-z_0-9]*)\[([@*])\]", inner)
         if m:
             return Part("arr", m.group(1), quoted, op=m.group(2))
+        m = re.match(r"([A-Za-z_][A-Za-z_0-9]*)\[([@*])\]:", inner)
+        if m:  # ${A[@]:offset[:length]}: a slice of the elements
+            colon = find_unescaped(inner, ":", m.end())
+            end = colon if colon >= 0 else len(inner)
+            return Part("aslice", m.group(1), quoted, op=m.group(2), arg=self._sub_word(inner_pos + m.end(), inner_pos + end),
+                        arg2=self._sub_word(inner_pos + colon + 1, inner_pos + len(inner)) if colon >= 0 else None)
         m = re.fullmatch(r"#([A-Za-z_][A-Za-z_0-9]*)\[[@*]\]", inner)
         if m:
             return Part("alen", m.group(1), quoted)
