@@ -101,6 +101,39 @@ def test_slices_of_the_arguments_and_arrays_are_read_as_bash_slices_them(name, t
         bash_flags(text, tmp_path, SLICE_ARGS)
 
 
+# walk54b: util-linux getopt normalises the arguments of an option loop; the reader did not run it, so the loop
+# never met `--` and the script was refused after 200000 statements ("a loop that never ends?")
+GETOPT_LOOP = """OPTS=$(getopt -o l:t:v --long layers:,tp:,verbose -n train.sh -- "$@")
+eval set -- "$OPTS"
+L=2; T=1
+while true; do
+  case "$1" in
+    -l|--layers) L=$2; shift 2 ;;
+    -t|--tp) T=$2; shift 2 ;;
+    -v|--verbose) shift ;;
+    --) shift; break ;;
+    *) echo "bad $1"; exit 1 ;;
+  esac
+done
+torchrun pretrain_gpt.py --num-layers $L --tp $T "$@"
+"""
+GETOPT_ARGS = {
+    "long and short": ("--layers", "16", "-t2", "-v", "--seed", "--", "7"),
+    "abbreviated, attached, permuted": ("--lay=8", "pos", "--tp", "4", "it's"),
+    "an unknown option is left out": ("--layers", "4", "--bogus", "-x", "1"),
+}
+
+
+@needs_bash
+@pytest.mark.skipif(shutil.which("getopt") is None, reason="needs util-linux getopt")
+@pytest.mark.parametrize("name", GETOPT_ARGS)
+def test_an_option_loop_over_getopt_is_read_as_bash_runs_it(name, tmp_path):
+    """`eval set -- "$(getopt ...)"` then a `while true; case $1` loop: the reader runs getopt as util-linux does."""
+    text = "#!/bin/bash\n" + GETOPT_LOOP
+    args = GETOPT_ARGS[name]
+    assert parse_launcher_script(text, args=args).megatron_flags == bash_flags(text, tmp_path, args)
+
+
 def test_declare_i_and_printf_v_reach_the_plan(tmp_path):
     """The issue's examples: `declare -i TP=2*2`, `printf -v TP '%d' 4` give TP 4."""
     for line in ("declare -i TP=2*2", "printf -v TP '%d' 4"):

@@ -16,7 +16,7 @@ What it evaluates:
     ...; esac; shift; done` and `while getopts ...` option loops), `&&`/`||`, `[ ]`, `[[ ]]`,
     `test`, `(( ))`, functions, `set -e` (a failing command stops the script, as in bash);
   * `$(...)` and backquotes whose commands only print what is known: echo, printf, the script's
-    own functions that do, `cat <<EOF`, expr, seq, basename, dirname;
+    own functions that do, `cat <<EOF`, expr, seq, basename, dirname, util-linux getopt;
   * `source FILE` / `. FILE` (read relative to the script), `eval`, `bash -c STRING`, here-documents;
   * a Slurm job's SLURM_* variables, from its `#SBATCH` lines (or the cluster, `scheduler=`).
 

@@ -1,6 +1,6 @@
 """The shell builtins and small utilities the launcher-script reader evaluates as bash would, as pure
 functions over strings: field splitting by IFS, `echo`, `printf`, `read`, `expr`, `seq`, `basename`,
-`dirname`, and the job geometry `#SBATCH` lines give a Slurm job (its SLURM_* variables).
+`dirname`, util-linux `getopt`, and the job geometry `#SBATCH` lines give a Slurm job (its SLURM_* variables).
 
 Each raises ValueError where bash would fail or where the result depends on something the reader does
 not know; the interpreter then reads the command as one whose output is unknown."""
@@ -228,6 +228,140 @@ def seq_words(args: list[str]) -> list[str]:
     if count > MAX_SEQ_WORDS:
         raise ValueError(f"seq: more than {MAX_SEQ_WORDS} numbers")
     return [str(first + k * step) for k in range(count)]
+
+
+def _getopt_quote(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def getopt_text(args: list[str]) -> tuple[str, bool]:
+    """util-linux `getopt` (the enhanced one option loops use: `eval set -- "$(getopt -o l: --long layers: -- "$@")"`):
+    its options (-o, -l/--long/--longoptions, -n, -a, -q, -Q, -s bash, -u; or the first word as the short options),
+    then the parameters parsed as getopt(3) does: short clusters (`-abc`, `-lVALUE`, `-l VALUE`, `::` optional
+    attached only), long options (`--x=V`, `--x V`, unique abbreviations; with -a also one dash), permuted (non-options
+    after `--`, unless the short options start with `+` or `-`); the output as getopt prints it for bash, and whether
+    every parameter parsed (an unknown option, or one missing its argument, is left out: getopt says so on stderr and
+    exits 1).  ValueError for an option of getopt itself that is not read."""
+    short: str | None = None
+    longs: list[str] = []
+    alternative, quoted = False, True
+    k = 0
+    while k < len(args):
+        a = args[k]
+        if a in ("-o", "--options") and k + 1 < len(args):
+            short, k = args[k + 1], k + 2
+        elif a.startswith("--options="):
+            short, k = a.split("=", 1)[1], k + 1
+        elif a.startswith("-o") and not a.startswith("--"):
+            short, k = a[2:], k + 1
+        elif a in ("-l", "--long", "--longoptions") and k + 1 < len(args):
+            longs, k = longs + args[k + 1].split(","), k + 2
+        elif a.startswith(("--long=", "--longoptions=")):
+            longs, k = longs + a.split("=", 1)[1].split(","), k + 1
+        elif a.startswith("-l") and not a.startswith("--") and len(a) > 2:
+            longs, k = longs + a[2:].split(","), k + 1
+        elif a in ("-n", "--name", "-s", "--shell") and k + 1 < len(args):
+            if a in ("-s", "--shell") and args[k + 1] not in ("bash", "sh"):
+                raise ValueError(f"getopt: shell {args[k + 1]!r} is not read")
+            k += 2
+        elif a in ("-a", "--alternative"):
+            alternative, k = True, k + 1
+        elif a in ("-u", "--unquoted"):
+            quoted, k = False, k + 1
+        elif a in ("-q", "--quiet", "-Q", "--quiet-output"):
+            k += 1
+        elif a == "--":
+            k += 1
+            break
+        elif a.startswith("-"):
+            raise ValueError(f"getopt: option {a!r} of getopt itself is not read")
+        else:
+            break
+    params = args[k:]
+    if short is None:
+        if not params:
+            raise ValueError("getopt: missing optstring")
+        short, params, quoted = params[0], params[1:], False  # the old form: getopt prints it unquoted
+    permute = not short.startswith(("+", "-"))
+    short = short.lstrip("+-")
+    long_specs: dict[str, str] = {}
+    for spec in (x.strip() for x in longs):
+        if spec:
+            name = spec.rstrip(":")
+            long_specs[name] = spec[len(name):]
+    out: list[str] = []
+    rest: list[str] = []
+    errors: list[str] = []
+    q = _getopt_quote if quoted else (lambda w: w)
+
+    def long_option(body: str, i: int) -> int:
+        name, eq, value = body.partition("=")
+        matches = [n for n in long_specs if n == name] or [n for n in long_specs if n.startswith(name)]
+        if len(matches) != 1:
+            errors.append(f"option '--{name}' is {'ambiguous' if matches else 'unrecognized'}")
+            return i + 1
+        kind = long_specs[matches[0]]
+        out.append(f"--{matches[0]}")
+        if kind == ":":
+            if eq:
+                out.append(q(value))
+            elif i + 1 < len(params):
+                out.append(q(params[i + 1]))
+                return i + 2
+            else:
+                out.pop()
+                errors.append(f"option '--{name}' requires an argument")
+        elif kind == "::":
+            out.append(q(value if eq else ""))
+        elif eq:
+            out.pop()
+            errors.append(f"option '--{name}' doesn't allow an argument")
+        return i + 1
+
+    i = 0
+    while i < len(params):
+        a = params[i]
+        if a == "--":
+            rest += params[i + 1:]
+            break
+        if a.startswith("--"):
+            i = long_option(a[2:], i)
+            continue
+        if alternative and a.startswith("-") and len(a) > 1 and a[1:].partition("=")[0] in long_specs:
+            i = long_option(a[1:], i)
+            continue
+        if not a.startswith("-") or a == "-":
+            if not permute:
+                rest += params[i:]
+                break
+            rest.append(a)
+            i += 1
+            continue
+        j = 1
+        while j < len(a):
+            c = a[j]
+            at = short.find(c)
+            if c == ":" or at < 0:
+                errors.append(f"invalid option -- '{c}'")
+                j += 1
+                continue
+            kind = ":" * (len(short[at + 1:]) - len(short[at + 1:].lstrip(":")))
+            out.append(f"-{c}")
+            if kind:
+                if j + 1 < len(a):
+                    out.append(q(a[j + 1:]))
+                elif kind == ":" and i + 1 < len(params):
+                    out.append(q(params[i + 1]))
+                    i += 1
+                elif kind == ":":
+                    out.pop()
+                    errors.append(f"option requires an argument -- '{c}'")
+                else:
+                    out.append(q(""))
+                break
+            j += 1
+        i += 1
+    return "".join(f" {w}" for w in out) + " --" + "".join(f" {q(w)}" for w in rest), not errors
 
 
 def basename_of(args: list[str]) -> str:

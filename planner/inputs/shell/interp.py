@@ -16,7 +16,7 @@ from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import (
-    SchedulerValue, basename_of, dirname_of, echo_text, expr_value, ifs_split, printf_text, read_fields,
+    SchedulerValue, basename_of, dirname_of, echo_text, expr_value, getopt_text, ifs_split, printf_text, read_fields,
     sbatch_values, seq_words,
 )
 from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Lexer, Op, Part, Word, location
@@ -1608,6 +1608,18 @@ def _pure(fn: Callable[[list[str]], "str | list[str]"]) -> Builtin:
     return run
 
 
+def _b_getopt(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
+    """util-linux getopt: the parameters it parsed, printed; status 1 when one did not parse (getopt_text)."""
+    try:
+        text, ok = getopt_text(f[1:])
+    except ValueError:
+        if it.capture:
+            raise _CannotCapture() from None
+        return None
+    it.output(text + "\n", node)
+    return 0 if ok else 1
+
+
 def _b_cat(it: Interp, f: list[str], node: Simple, env: dict[str, str]) -> int | None:
     """`cat` of a here-document (as in VAR=$(cat <<EOF ...)); of files: unknown."""
     text = it.stdin_text(node) if len(f) == 1 else None
@@ -1624,7 +1636,7 @@ _BUILTINS: dict[str, Builtin] = {
     "exit": _b_exit, "return": _b_exit, "break": _b_break, "continue": _b_break, "true": _b_status(0),
     ":": _b_status(0), "false": _b_status(1), "getopts": _b_getopts, "echo": _b_echo, "printf": _b_printf,
     "let": _b_let, "read": _b_read, "expr": _pure(expr_value), "seq": _pure(seq_words),
-    "basename": _pure(basename_of), "dirname": _pure(dirname_of), "cat": _b_cat,
+    "basename": _pure(basename_of), "dirname": _pure(dirname_of), "cat": _b_cat, "getopt": _b_getopt,
 }
 
 
