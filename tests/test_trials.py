@@ -132,6 +132,22 @@ def test_calibrate_on_trial_logs_finds_the_slow_mechanism(solved, tmp_path):
     assert min(priced, key=priced.get) == min(measured, key=measured.get)
 
 
+def test_calibrate_says_when_the_trials_were_priced_with_other_profiles(solved, tmp_path):
+    """A second round of the loop (trials of a solve given --profiles C, calibrated without it, or the reverse) fits
+    on other prices than the solve's: calibrate says so, with both prices, and how to fit on top of C (walk54b: the
+    'predicted before' contradicted the trial list without a word).  With the solve's own profiles: no such note."""
+    _, out = solved
+    ran = _run_trials(out, tmp_path / "ran")
+    first = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(tmp_path / "c1")])
+    assert first.exit_code == 0 and "priced them otherwise" not in first.output, first.output
+    again = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--profiles", str(tmp_path / "c1"),
+                                 "--out", str(tmp_path / "c2")])
+    assert again.exit_code == 0, again.output
+    pick = json.loads((ran / "trials" / "pick" / "plan.json").read_text())["iteration_time_s"]
+    assert "the solve that proposed these trials priced them otherwise (" in again.output
+    assert f"pick {pick:.3f} s there, " in again.output and "pass the same --profiles here" in again.output
+
+
 def test_a_mechanism_multiplier_scales_its_seconds_once(solved):
     """The truth's dispatch is twice the shipped model's, not four times: the alltoall dispatcher's seconds carry
     its dispatcher correction and the link's all-to-all factor, and only the first is expert dispatch's (the

@@ -79,6 +79,11 @@ class TrialRun:
     measured_s: float
     log: str
     steady_iterations: int
+    solved_s: float | None = None  # what the solve that proposed it predicted (plan.json's iteration_time_s)
+
+
+PRICED_AGAIN_TOLERANCE = 0.01
+"""A trial priced here more than this share away from what its solve predicted was priced with other profiles."""
 
 
 def _trial_dirs(directory: Path) -> list[Path]:
@@ -125,15 +130,18 @@ def read_trials(directory: str | Path, profiles: ProfileSet) -> tuple[list[Trial
     runs, notes = [], []
     for d in _trial_dirs(Path(directory)):
         try:
-            found = resolve_plan_inputs(load_plan_file(d / "plan.json"), model=None, megatron_args=None,
-                                        megatron_script=None, cluster=None, profiles=profiles)
+            data = load_plan_file(d / "plan.json")
+            found = resolve_plan_inputs(data, model=None, megatron_args=None, megatron_script=None, cluster=None,
+                                        profiles=profiles)
         except PlannerInputError as exc:
             raise PlannerInputError("--trials", f"{d / 'plan.json'}: {exc}") from None
         measured = _measured(d, found.plan, found.run)
         if measured is None:
             notes.append(f"trial {d.name}: no log with iteration lines in {d} (not run yet?): left out")
             continue
-        runs.append(TrialRun(d.name, found.plan, found.run, found.cluster, *measured))
+        solved = data.get("iteration_time_s")
+        runs.append(TrialRun(d.name, found.plan, found.run, found.cluster, *measured,
+                             solved_s=float(solved) if isinstance(solved, (int, float)) and solved > 0 else None))
     if not runs:
         raise PlannerInputError("--trials", f"{directory}: no trial has a log with iteration lines yet; run each "
                                             "trials/<name>/launch.sh first")
@@ -241,6 +249,13 @@ def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[Cali
     on trials left out)."""
     trials, notes = read_trials(directory, profiles)
     fit = fit_trials(trials, profiles)
+    again = [(tr, b) for tr, b in zip(trials, fit.before_s)
+             if tr.solved_s is not None and abs(b / tr.solved_s - 1.0) > PRICED_AGAIN_TOLERANCE]
+    if again:
+        notes.append("the solve that proposed these trials priced them otherwise ("
+                     + ", ".join(f"{tr.name} {tr.solved_s:.3f} s there, {b:.3f} s here" for tr, b in again)
+                     + "): it was given other profiles than this command's; to fit on top of them, as that solve "
+                       "priced, pass the same --profiles here, then both to solve (--profiles OLD --profiles NEW)")
     source = (f"cli.py calibrate --trials {directory}: one multiplier per mechanism fitted jointly on {len(trials)} "
               f"trial log(s) ({', '.join(tr.name for tr in trials)})")
     fitted = scaled(profiles, {n: math.log(f) for n, f in fit.multipliers.items()}, fit.devices, source)
