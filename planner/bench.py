@@ -306,7 +306,8 @@ def tuner_row(sc: Scenario, run, cluster, world: PlanningWorld, profiles, settin
     if progress:
         what = (f"{row.throughput_tflops_per_gpu:.1f} TFLOP/s/GPU, {row.iteration_time_s:.2f} s/iter"
                 if row.status == "ok" else f"no plan ({out.status}: {out.why})")
-        progress(f"  {TUNER_LABEL:28s} {what} ({out.search_time_s:.1f} s)")
+        took = "not run" if math.isnan(out.search_time_s) else f"{out.search_time_s:.1f} s"
+        progress(f"  {TUNER_LABEL:28s} {what} ({took})")
     return row
 
 
@@ -490,7 +491,8 @@ def tuner_markdown(rows: list[Row], tuners: dict) -> str:
         ours = f"{h.iteration_time_s:.2f}" if _ok(h) else "none"
         speed = f"{t.iteration_time_s / h.iteration_time_s:.2f}x" if _ok(h) and _ok(t) else "n/a"
         hs = f"{h.search_time_s:.1f}" if h is not None else "-"
-        lines.append(f"| {scenario} | {part} | {out.search_time_s:.1f} | {counts} | {tuner_it} | {ours} | {speed} | "
+        took = "-" if math.isnan(out.search_time_s) else f"{out.search_time_s:.1f}"
+        lines.append(f"| {scenario} | {part} | {took} | {counts} | {tuner_it} | {ours} | {speed} | "
                      f"{hs} | {out.validated or '-'} | {out.first or '-'} |")
     if not tuners:
         lines.append("| (the tuner did not run: --flagscale-tuner-time-limit 0, --quick, or no FlagScale environment) |")

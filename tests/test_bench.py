@@ -188,6 +188,7 @@ def test_bench_quick_end_to_end(tmp_path):
     assert "llama2-7b@a100-910b" not in summary["runnable"]["scenarios"]
     assert res.output.index("## Runnable today") < res.output.index("## As the paper assumes")
     assert "Table 2" in res.output and "Table 3" in res.output and "FlagScale auto-tuner beside HAPMoE" in res.output
+    assert "nan" not in (out / "flagscale_tuner.md").read_text()  # a tuner not run has no search time: '-'
     for r in rows:  # every plan is a job one runtime runs: FlagScale across vendors, upstream Megatron on one
         if r["status"] == "ok" and r["cluster"] == "h800-mi300x":
             assert r["plan"].startswith("flagscale"), r
