@@ -167,6 +167,32 @@ def test_set_e_agrees_with_bash(tmp_path):
         bash_flags(text, tmp_path)
 
 
+COMMENT_BREAKS = {
+    "a commented-out flag line": ("torchrun pretrain_gpt.py \\\n    --num-layers 4 \\\n    # --tp 2 \\\n"
+                                  "    --hidden-size 256 --bf16\n", 4, "--hidden-size"),
+    "a comment after a flag": ("torchrun pretrain_gpt.py \\\n    --num-layers 4  # four \\\n    --hidden-size 256\n",
+                               3, "--hidden-size"),
+}
+
+
+@needs_bash
+@pytest.mark.parametrize("name", COMMENT_BREAKS)
+def test_a_comment_inside_the_launch_command_is_refused_at_its_line(name, tmp_path):
+    """A comment line (or a comment after a flag) inside the continued launch command: bash reads the comment to the
+    end of its line, backslash included, so training starts without the flags below, which bash then runs as a
+    command ('--hidden-size: command not found').  Read as bash reads it, the flags were silently lost (walk54b):
+    refused, naming the comment's line and the first lost flag; a comment line after a complete command is not."""
+    text, line, lost = COMMENT_BREAKS[name]
+    text = "#!/bin/bash\n" + text
+    assert lost not in bash_flags(text, tmp_path)  # bash drops them
+    with pytest.raises(PlannerInputError) as err:
+        parse_launcher_script(text, path="train.sh")
+    assert str(err.value).startswith(f"train.sh:{line}: this comment ends the command that launches training")
+    assert f"({lost} ...) are not part of it" in str(err.value)
+    fine = "#!/bin/bash\ntorchrun pretrain_gpt.py \\\n    --num-layers 4\n# --tp 2 \\\n--hidden-size() { :; }\n"
+    assert parse_launcher_script(fine, path="train.sh").megatron_flags == ["--num-layers", "4"]
+
+
 def test_a_stray_backslash_space_is_refused_at_its_line(tmp_path):
     """`\\ ` at the end of a line (a space after the continuation backslash): bash passes a lone
     space and ends the command; the reader refuses it naming that line."""

@@ -32,8 +32,9 @@ sets, whether a file exists on the cluster) is handled so the result is predicta
   past the first one, SCAN_STEPS_AFTER_LAUNCH statements at most).
 
 Refused, as bash or Megatron would not run them: a script that exits (or stops under `set -e`)
-before it launches; a lone space argument (`\\ ` at the end of a line); an entry script that builds
-another model (pretrain_bert.py, NON_GPT_ENTRIES).
+before it launches; a lone space argument (`\\ ` at the end of a line); a comment inside the continued launch
+command, which ends it before the flags below (bash runs those as a command of their own); an entry script that
+builds another model (pretrain_bert.py, NON_GPT_ENTRIES).
 
 Limits (a hostile or broken script is refused with one line naming the file and line, never a
 hang): expansions nested more than MAX_NESTING deep, unterminated quotes or brackets, arithmetic
@@ -249,9 +250,40 @@ def _run(interp: Interp, body: list, given: list[str]) -> None:
         raise PlannerInputError(interp.path or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
 
 
+def _comment_break(lines: list[str], first: int) -> int | None:
+    """The 1-based line of a comment that ends the command starting on line `first` (1-based) while its lines
+    continue (a backslash at their ends), when the line after the comment starts with a flag: bash reads a comment
+    to the end of its line, backslash included, so the command ends there and the flags below run as a command of
+    their own."""
+    k = first - 1
+    while k < len(lines) - 1:
+        line = lines[k]
+        head, hash_, _ = line.partition(" #")
+        full_line = k > first - 1 and line.lstrip().startswith("#")  # reached by a continuation
+        inline = bool(hash_) and not set("'\"`") & set(head) and line.rstrip().endswith("\\")
+        if full_line or inline:
+            return k + 1 if lines[k + 1].lstrip().startswith("-") else None
+        if not line.rstrip().endswith("\\"):
+            return None
+        k += 1
+    return None
+
+
 def _check_launch(interp: Interp, found) -> None:
     """What bash would run but Megatron would not take: a lone blank argument (a backslash followed by
-    a space where a line continuation was meant), an entry script that builds another model."""
+    a space where a line continuation was meant), an entry script that builds another model; a comment inside
+    the launch command, which ends it before flags that follow."""
+    lines = interp.text.splitlines()
+    site = found.site
+    if site is not None and site.via == "direct" and 0 < site.line <= len(lines):
+        broken = _comment_break(lines, site.line)
+        if broken is not None:
+            after = lines[broken].split()[0] if lines[broken].split() else ""
+            raise PlannerInputError(
+                interp.where(broken), f"this comment ends the command that launches training (bash reads a comment "
+                f"to the end of its line, backslash included): the flags from the next line on ({after} ...) are "
+                "not part of it, and bash runs them as a command of their own after training; move the comment out "
+                "of the command or delete it")
     entry = found.entry.rsplit("/", 1)[-1]
     if entry in NON_GPT_ENTRIES:
         raise PlannerInputError(
