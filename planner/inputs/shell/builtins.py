@@ -234,14 +234,20 @@ def _getopt_quote(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
 
 
-def getopt_text(args: list[str]) -> tuple[str, bool]:
-    """util-linux `getopt` (the enhanced one option loops use: `eval set -- "$(getopt -o l: --long layers: -- "$@")"`):
-    its options (-o, -l/--long/--longoptions, -n, -a, -q, -Q, -s bash, -u; or the first word as the short options),
-    then the parameters parsed as getopt(3) does: short clusters (`-abc`, `-lVALUE`, `-l VALUE`, `::` optional
-    attached only), long options (`--x=V`, `--x V`, unique abbreviations; with -a also one dash), permuted (non-options
-    after `--`, unless the short options start with `+` or `-`); the output as getopt prints it for bash, and whether
-    every parameter parsed (an unknown option, or one missing its argument, is left out: getopt says so on stderr and
-    exits 1).  ValueError for an option of getopt itself that is not read."""
+@dataclass(frozen=True)
+class _GetoptSpec:
+    """What getopt's own options say: the short options, the long ones (name -> '', ':' or '::'), -a, quoting and
+    whether non-options are permuted to the end."""
+
+    short: str
+    long_specs: dict[str, str]
+    alternative: bool
+    quoted: bool
+    permute: bool
+
+
+def _getopt_spec(args: list[str]) -> tuple[_GetoptSpec, list[str]]:
+    """getopt's own options, and the parameters to parse (getopt_text)."""
     short: str | None = None
     longs: list[str] = []
     alternative, quoted = False, True
@@ -289,34 +295,51 @@ def getopt_text(args: list[str]) -> tuple[str, bool]:
         if spec:
             name = spec.rstrip(":")
             long_specs[name] = spec[len(name):]
+    return _GetoptSpec(short, long_specs, alternative, quoted, permute), params
+
+
+def _getopt_long(body: str, i: int, params: list[str], long_specs: dict[str, str], out: list[str], errors: list[str],
+                 q) -> int:
+    """One long option `--NAME[=VALUE]` (at params[i]) into `out`; the index of the next parameter."""
+    name, eq, value = body.partition("=")
+    matches = [n for n in long_specs if n == name] or [n for n in long_specs if n.startswith(name)]
+    if len(matches) != 1:
+        errors.append(f"option '--{name}' is {'ambiguous' if matches else 'unrecognized'}")
+        return i + 1
+    kind = long_specs[matches[0]]
+    out.append(f"--{matches[0]}")
+    if kind == ":":
+        if eq:
+            out.append(q(value))
+        elif i + 1 < len(params):
+            out.append(q(params[i + 1]))
+            return i + 2
+        else:
+            out.pop()
+            errors.append(f"option '--{name}' requires an argument")
+    elif kind == "::":
+        out.append(q(value if eq else ""))
+    elif eq:
+        out.pop()
+        errors.append(f"option '--{name}' doesn't allow an argument")
+    return i + 1
+
+
+def getopt_text(args: list[str]) -> tuple[str, bool]:
+    """util-linux `getopt` (the enhanced one option loops use: `eval set -- "$(getopt -o l: --long layers: -- "$@")"`):
+    its options (-o, -l/--long/--longoptions, -n, -a, -q, -Q, -s bash, -u; or the first word as the short options),
+    then the parameters parsed as getopt(3) does: short clusters (`-abc`, `-lVALUE`, `-l VALUE`, `::` optional
+    attached only), long options (`--x=V`, `--x V`, unique abbreviations; with -a also one dash), permuted (non-options
+    after `--`, unless the short options start with `+` or `-`); the output as getopt prints it for bash, and whether
+    every parameter parsed (an unknown option, or one missing its argument, is left out: getopt says so on stderr and
+    exits 1).  ValueError for an option of getopt itself that is not read."""
+    spec, params = _getopt_spec(args)
+    short, long_specs, alternative, quoted, permute = (spec.short, spec.long_specs, spec.alternative,
+                                                       spec.quoted, spec.permute)
     out: list[str] = []
     rest: list[str] = []
     errors: list[str] = []
     q = _getopt_quote if quoted else (lambda w: w)
-
-    def long_option(body: str, i: int) -> int:
-        name, eq, value = body.partition("=")
-        matches = [n for n in long_specs if n == name] or [n for n in long_specs if n.startswith(name)]
-        if len(matches) != 1:
-            errors.append(f"option '--{name}' is {'ambiguous' if matches else 'unrecognized'}")
-            return i + 1
-        kind = long_specs[matches[0]]
-        out.append(f"--{matches[0]}")
-        if kind == ":":
-            if eq:
-                out.append(q(value))
-            elif i + 1 < len(params):
-                out.append(q(params[i + 1]))
-                return i + 2
-            else:
-                out.pop()
-                errors.append(f"option '--{name}' requires an argument")
-        elif kind == "::":
-            out.append(q(value if eq else ""))
-        elif eq:
-            out.pop()
-            errors.append(f"option '--{name}' doesn't allow an argument")
-        return i + 1
 
     i = 0
     while i < len(params):
@@ -325,10 +348,10 @@ def getopt_text(args: list[str]) -> tuple[str, bool]:
             rest += params[i + 1:]
             break
         if a.startswith("--"):
-            i = long_option(a[2:], i)
+            i = _getopt_long(a[2:], i, params, long_specs, out, errors, q)
             continue
         if alternative and a.startswith("-") and len(a) > 1 and a[1:].partition("=")[0] in long_specs:
-            i = long_option(a[1:], i)
+            i = _getopt_long(a[1:], i, params, long_specs, out, errors, q)
             continue
         if not a.startswith("-") or a == "-":
             if not permute:
