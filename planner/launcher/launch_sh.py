@@ -132,7 +132,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += srun_function(spec, entry_name)
     exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun"
     exported += " hapmoe_need_refs" if spec.refs else ""
-    exported += " hapmoe_check_priced" if spec.priced is not None else ""
+    exported += " hapmoe_priced_read hapmoe_check_priced" if spec.priced is not None else ""
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -302,7 +302,10 @@ def _dry_run_and_decided(spec: LaunchSpec) -> list[str]:
         'HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie',
         "export HAPMOE_DRY_RUN HAPMOE_DIR",
         "# --dry-run prints where launch.sh's own output goes, also from a launch whose output the script redirects",
-        'if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR; fi',
+        "# (file descriptors a variable names: bash 4.1 and later; an older bash prints where the script says)",
+        'if [[ "$HAPMOE_DRY_RUN" == 1 ]] && ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 401)); then',
+        "    eval 'exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2'; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR",
+        "fi",
         "",
         "# Flags the plan decides: removed (with their values) from what the script passes.",
         "hapmoe_is_decided() {",
@@ -337,39 +340,47 @@ def _priced_function(spec: LaunchSpec) -> list[str]:
     """`hapmoe_check_priced FLAGS...`: the command's own flags against those the price rests on as the planner read
     them (PricedFlags): one the run passes with another value, passes though the planner read none, or leaves out
     though the planner read it, stops the launch (exit 2) naming each, unless HAPMOE_ALLOW_UNPRICED=1.  Nothing
-    without a script (the generated launcher passes what was read)."""
+    without a script (the generated launcher passes what was read).  Bash 3.2 as well: no associative arrays."""
     p = spec.priced
     if p is None:
         return []
-    read = " ".join(f"[{sh_quote(n)}]={sh_quote(v)}" for n, v in sorted(p.read.items()))
-    optional = " ".join(sh_quote(n) for n in sorted(p.optional))
+    cases = [f"        {sh_quote(n)}) HAPMOE_R={sh_quote(v)} ;;" for n, v in sorted(p.read.items())]
+    required = " ".join(sh_quote(n) for n in sorted(p.read) if n not in p.optional)
     return [
         "",
         "# The flags of the script's command that the price rests on, as the planner read them (without this",
         "# environment): a run that passes others (a variable's default read in its place, text only bash expands)",
         "# was not priced, and the plan would replace a decided one among them without a word.",
+        "hapmoe_priced_read() {  # HAPMOE_R: the value read for flag $1 ('' for a switch); status 1: none was read",
+        '    case "$1" in',
+        *cases,
+        "        *) return 1 ;;",
+        "    esac",
+        "}",
         "hapmoe_check_priced() {",
-        f"    local -A read=({read}) seen=()",
-        f"    local -a optional=({optional}) diff=()",
-        "    local tok cur='' f",
-        "    for tok in \"$@\"; do",
-        "        if [[ \"$tok\" == -?* && ! \"$tok\" =~ ^-?[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then",
-        "            cur=${tok%%=*}",
-        f"            case \"$cur\" in {_case_pattern(p.names)}) ;; *) cur=''; continue ;; esac",
-        "            if [[ \"$tok\" == *=* ]]; then seen[$cur]=${tok#*=}; cur=''; else seen[$cur]=''; fi",
-        "        elif [[ -n \"$cur\" ]]; then",
-        "            seen[$cur]+=\"${seen[$cur]:+ }$tok\"",
+        "    local -a names=() values=() diff=()",
+        "    local tok f i cur=-1 msg",
+        '    for tok in "$@"; do',
+        r'        if [[ "$tok" == -?* && ! "$tok" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then',
+        "            f=${tok%%=*}; cur=-1",
+        f'            case "$f" in {_case_pattern(p.names)}) ;; *) continue ;; esac',
+        '            for ((i = 0; i < ${#names[@]}; i++)); do [[ "${names[i]}" == "$f" ]] && break; done',
+        "            names[i]=$f  # the last one counts, as for Megatron's parser",
+        '            if [[ "$tok" == *=* ]]; then values[i]=${tok#*=}; else values[i]=""; cur=$i; fi',
+        "        elif ((cur >= 0)); then",
+        '            values[cur]+="${values[cur]:+ }$tok"',
         "        fi",
         "    done",
-        "    for f in \"${!seen[@]}\"; do",
-        "        if [[ -z \"${read[$f]+x}\" ]]; then diff+=(\"$f${seen[$f]:+ ${seen[$f]}} (priced without it)\")",
-        "        elif [[ \"${seen[$f]}\" != \"${read[$f]}\" ]]; then diff+=(\"$f${seen[$f]:+ ${seen[$f]}} (priced: $f${read[$f]:+ ${read[$f]}})\"); fi",
+        "    for ((i = 0; i < ${#names[@]}; i++)); do",
+        "        f=${names[i]}",
+        '        if ! hapmoe_priced_read "$f"; then diff+=("$f${values[i]:+ ${values[i]}} (priced without it)")',
+        '        elif [[ "${values[i]}" != "$HAPMOE_R" ]]; then diff+=("$f${values[i]:+ ${values[i]}} (priced: $f${HAPMOE_R:+ $HAPMOE_R})"); fi',
         "    done",
-        "    for f in \"${!read[@]}\"; do",
-        "        [[ -n \"${seen[$f]+x}\" || \" ${optional[*]} \" == *\" $f \"* ]] || diff+=(\"no $f (priced: $f${read[$f]:+ ${read[$f]}})\")",
+        f"    for f in {required}; do",
+        '        for ((i = 0; i < ${#names[@]}; i++)); do [[ "${names[i]}" == "$f" ]] && continue 2; done',
+        '        hapmoe_priced_read "$f"; diff+=("no $f (priced: $f${HAPMOE_R:+ $HAPMOE_R})")',
         "    done",
         "    ((${#diff[@]})) || return 0",
-        "    local msg",
         "    printf -v msg ' %s;' \"${diff[@]}\"",
         "    echo \"launch.sh: the command passes other flags than the plan was priced with:${msg%;}; the planner read the \"\\",
         "\"script without this run's environment (a variable's default in its place, text only bash expands, a branch \"\\",

@@ -21,7 +21,10 @@ if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
 HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
 export HAPMOE_DRY_RUN HAPMOE_DIR
 # --dry-run prints where launch.sh's own output goes, also from a launch whose output the script redirects
-if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR; fi
+# (file descriptors a variable names: bash 4.1 and later; an older bash prints where the script says)
+if [[ "$HAPMOE_DRY_RUN" == 1 ]] && ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 401)); then
+    eval 'exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2'; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR
+fi
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {

@@ -21,7 +21,10 @@ if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
 HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
 export HAPMOE_DRY_RUN HAPMOE_DIR
 # --dry-run prints where launch.sh's own output goes, also from a launch whose output the script redirects
-if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR; fi
+# (file descriptors a variable names: bash 4.1 and later; an older bash prints where the script says)
+if [[ "$HAPMOE_DRY_RUN" == 1 ]] && ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 401)); then
+    eval 'exec {HAPMOE_DRY_OUT}>&1 {HAPMOE_DRY_ERR}>&2'; export HAPMOE_DRY_OUT HAPMOE_DRY_ERR
+fi
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
@@ -78,28 +81,56 @@ fi
 # The flags of the script's command that the price rests on, as the planner read them (without this
 # environment): a run that passes others (a variable's default read in its place, text only bash expands)
 # was not priced, and the plan would replace a decided one among them without a word.
+hapmoe_priced_read() {  # HAPMOE_R: the value read for flag $1 ('' for a switch); status 1: none was read
+    case "$1" in
+        --bf16) HAPMOE_R='' ;;
+        --disable-bias-linear) HAPMOE_R='' ;;
+        --ffn-hidden-size) HAPMOE_R=3584 ;;
+        --global-batch-size) HAPMOE_R=128 ;;
+        --group-query-attention) HAPMOE_R='' ;;
+        --hidden-size) HAPMOE_R=1024 ;;
+        --max-position-embeddings) HAPMOE_R=32768 ;;
+        --moe-aux-loss-coeff) HAPMOE_R=1e-2 ;;
+        --moe-grouped-gemm) HAPMOE_R='' ;;
+        --moe-router-topk) HAPMOE_R=2 ;;
+        --moe-token-dispatcher-type) HAPMOE_R=alltoall ;;
+        --normalization) HAPMOE_R=RMSNorm ;;
+        --num-attention-heads) HAPMOE_R=16 ;;
+        --num-experts) HAPMOE_R=8 ;;
+        --num-layers) HAPMOE_R=16 ;;
+        --num-query-groups) HAPMOE_R=4 ;;
+        --seq-length) HAPMOE_R=4096 ;;
+        --swiglu) HAPMOE_R='' ;;
+        --untie-embeddings-and-output-weights) HAPMOE_R='' ;;
+        --use-distributed-optimizer) HAPMOE_R='' ;;
+        --vocab-size) HAPMOE_R=32000 ;;
+        *) return 1 ;;
+    esac
+}
 hapmoe_check_priced() {
-    local -A read=([--bf16]='' [--disable-bias-linear]='' [--ffn-hidden-size]=3584 [--global-batch-size]=128 [--group-query-attention]='' [--hidden-size]=1024 [--max-position-embeddings]=32768 [--moe-aux-loss-coeff]=1e-2 [--moe-grouped-gemm]='' [--moe-router-topk]=2 [--moe-token-dispatcher-type]=alltoall [--normalization]=RMSNorm [--num-attention-heads]=16 [--num-experts]=8 [--num-layers]=16 [--num-query-groups]=4 [--seq-length]=4096 [--swiglu]='' [--untie-embeddings-and-output-weights]='' [--use-distributed-optimizer]='' [--vocab-size]=32000) seen=()
-    local -a optional=(--global-batch-size) diff=()
-    local tok cur='' f
+    local -a names=() values=() diff=()
+    local tok f i cur=-1 msg
     for tok in "$@"; do
         if [[ "$tok" == -?* && ! "$tok" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; then
-            cur=${tok%%=*}
-            case "$cur" in --activation-func-clamp-value|--add-qkv-bias|--attention-backend|--attention-dropout|--bf16|--ckpt-format|--cp-comm-type|--cpu-offloading|--cuda-graph-impl|--cuda-graph-modules|--cuda-graph-scope|--data-parallel-sharding-strategy|--defer-embedding-wgrad-compute|--delay-wgrad-compute|--disable-bias-linear|--distribute-saved-activations|--enable-cuda-graph|--exp-avg-dtype|--exp-avg-sq-dtype|--external-cuda-graph|--ffn-hidden-size|--first-k-dense-replace|--fp16|--fp8-format|--fp8-param-gather|--fp8-recipe|--global-batch-size|--grad-reduce-in-bf16|--group-query-attention|--hidden-dropout|--hidden-size|--hierarchical-context-parallel-sizes|--kv-channels|--kv-lora-rank|--main-grads-dtype|--main-params-dtype|--make-vocab-size-divisible-by|--max-position-embeddings|--moe-aux-loss-coeff|--moe-enable-deepep|--moe-expert-capacity-factor|--moe-ffn-hidden-size|--moe-flex-dispatcher-backend|--moe-grouped-gemm|--moe-input-jitter-eps|--moe-intermediate-size|--moe-layer-freq|--moe-pad-expert-input-to-capacity|--moe-router-dtype|--moe-router-enable-expert-bias|--moe-router-force-load-balancing|--moe-router-group-topk|--moe-router-num-groups|--moe-router-pre-softmax|--moe-router-score-function|--moe-router-topk|--moe-router-topk-scaling-factor|--moe-shared-expert-gate|--moe-shared-expert-intermediate-size|--moe-shared-expert-overlap|--moe-token-dispatcher-type|--mscale|--mscale-all-dim|--mtp-num-layers|--multi-head-latent-attention|--multi-latent-attention|--n-shared-experts|--no-check-for-nan-in-loss-and-grad|--no-overlap-p2p-communication|--no-rope-fusion|--norm-epsilon|--normalization|--num-attention-heads|--num-distributed-optimizer-instances|--num-experts|--num-layers|--num-query-groups|--overlap-grad-reduce|--overlap-moe-expert-parallel-comm|--overlap-p2p-communication-warmup-flush|--overlap-param-gather|--overlap-param-gather-with-optimizer-step|--position-embedding-type|--q-lora-rank|--qk-head-dim|--qk-layernorm|--qk-nope-head-dim|--qk-pos-emb-head-dim|--qk-rope-head-dim|--quick-geglu|--rope-scaling-factor|--rotary-base|--rotary-percent|--rotary-scaling-factor|--routed-scaling-factor|--seq-length|--squared-relu|--swiglu|--tp-comm-overlap|--transformer-impl|--untie-embeddings-and-output-weights|--use-distributed-optimizer|--use-megatron-fsdp|--use-precision-aware-optimizer|--use-rope-scaling|--use-rotary-position-embeddings|--use-torch-fsdp2|--v-head-dim|--vocab-size|--window-attn-skip-freq|--window-size) ;; *) cur=''; continue ;; esac
-            if [[ "$tok" == *=* ]]; then seen[$cur]=${tok#*=}; cur=''; else seen[$cur]=''; fi
-        elif [[ -n "$cur" ]]; then
-            seen[$cur]+="${seen[$cur]:+ }$tok"
+            f=${tok%%=*}; cur=-1
+            case "$f" in --activation-func-clamp-value|--add-qkv-bias|--attention-backend|--attention-dropout|--bf16|--ckpt-format|--cp-comm-type|--cpu-offloading|--cuda-graph-impl|--cuda-graph-modules|--cuda-graph-scope|--data-parallel-sharding-strategy|--defer-embedding-wgrad-compute|--delay-wgrad-compute|--disable-bias-linear|--distribute-saved-activations|--enable-cuda-graph|--exp-avg-dtype|--exp-avg-sq-dtype|--external-cuda-graph|--ffn-hidden-size|--first-k-dense-replace|--fp16|--fp8-format|--fp8-param-gather|--fp8-recipe|--global-batch-size|--grad-reduce-in-bf16|--group-query-attention|--hidden-dropout|--hidden-size|--hierarchical-context-parallel-sizes|--kv-channels|--kv-lora-rank|--main-grads-dtype|--main-params-dtype|--make-vocab-size-divisible-by|--max-position-embeddings|--moe-aux-loss-coeff|--moe-enable-deepep|--moe-expert-capacity-factor|--moe-ffn-hidden-size|--moe-flex-dispatcher-backend|--moe-grouped-gemm|--moe-input-jitter-eps|--moe-intermediate-size|--moe-layer-freq|--moe-pad-expert-input-to-capacity|--moe-router-dtype|--moe-router-enable-expert-bias|--moe-router-force-load-balancing|--moe-router-group-topk|--moe-router-num-groups|--moe-router-pre-softmax|--moe-router-score-function|--moe-router-topk|--moe-router-topk-scaling-factor|--moe-shared-expert-gate|--moe-shared-expert-intermediate-size|--moe-shared-expert-overlap|--moe-token-dispatcher-type|--mscale|--mscale-all-dim|--mtp-num-layers|--multi-head-latent-attention|--multi-latent-attention|--n-shared-experts|--no-check-for-nan-in-loss-and-grad|--no-overlap-p2p-communication|--no-rope-fusion|--norm-epsilon|--normalization|--num-attention-heads|--num-distributed-optimizer-instances|--num-experts|--num-layers|--num-query-groups|--overlap-grad-reduce|--overlap-moe-expert-parallel-comm|--overlap-p2p-communication-warmup-flush|--overlap-param-gather|--overlap-param-gather-with-optimizer-step|--position-embedding-type|--q-lora-rank|--qk-head-dim|--qk-layernorm|--qk-nope-head-dim|--qk-pos-emb-head-dim|--qk-rope-head-dim|--quick-geglu|--rope-scaling-factor|--rotary-base|--rotary-percent|--rotary-scaling-factor|--routed-scaling-factor|--seq-length|--squared-relu|--swiglu|--tp-comm-overlap|--transformer-impl|--untie-embeddings-and-output-weights|--use-distributed-optimizer|--use-megatron-fsdp|--use-precision-aware-optimizer|--use-rope-scaling|--use-rotary-position-embeddings|--use-torch-fsdp2|--v-head-dim|--vocab-size|--window-attn-skip-freq|--window-size) ;; *) continue ;; esac
+            for ((i = 0; i < ${#names[@]}; i++)); do [[ "${names[i]}" == "$f" ]] && break; done
+            names[i]=$f  # the last one counts, as for Megatron's parser
+            if [[ "$tok" == *=* ]]; then values[i]=${tok#*=}; else values[i]=""; cur=$i; fi
+        elif ((cur >= 0)); then
+            values[cur]+="${values[cur]:+ }$tok"
         fi
     done
-    for f in "${!seen[@]}"; do
-        if [[ -z "${read[$f]+x}" ]]; then diff+=("$f${seen[$f]:+ ${seen[$f]}} (priced without it)")
-        elif [[ "${seen[$f]}" != "${read[$f]}" ]]; then diff+=("$f${seen[$f]:+ ${seen[$f]}} (priced: $f${read[$f]:+ ${read[$f]}})"); fi
+    for ((i = 0; i < ${#names[@]}; i++)); do
+        f=${names[i]}
+        if ! hapmoe_priced_read "$f"; then diff+=("$f${values[i]:+ ${values[i]}} (priced without it)")
+        elif [[ "${values[i]}" != "$HAPMOE_R" ]]; then diff+=("$f${values[i]:+ ${values[i]}} (priced: $f${HAPMOE_R:+ $HAPMOE_R})"); fi
     done
-    for f in "${!read[@]}"; do
-        [[ -n "${seen[$f]+x}" || " ${optional[*]} " == *" $f "* ]] || diff+=("no $f (priced: $f${read[$f]:+ ${read[$f]}})")
+    for f in --bf16 --disable-bias-linear --ffn-hidden-size --group-query-attention --hidden-size --max-position-embeddings --moe-aux-loss-coeff --moe-grouped-gemm --moe-router-topk --moe-token-dispatcher-type --normalization --num-attention-heads --num-experts --num-layers --num-query-groups --seq-length --swiglu --untie-embeddings-and-output-weights --use-distributed-optimizer --vocab-size; do
+        for ((i = 0; i < ${#names[@]}; i++)); do [[ "${names[i]}" == "$f" ]] && continue 2; done
+        hapmoe_priced_read "$f"; diff+=("no $f (priced: $f${HAPMOE_R:+ $HAPMOE_R})")
     done
     ((${#diff[@]})) || return 0
-    local msg
     printf -v msg ' %s;' "${diff[@]}"
     echo "launch.sh: the command passes other flags than the plan was priced with:${msg%;}; the planner read the "\
 "script without this run's environment (a variable's default in its place, text only bash expands, a branch "\
@@ -288,7 +319,7 @@ srun() {
     fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
-export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun hapmoe_check_priced
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun hapmoe_priced_read hapmoe_check_priced
 # ---- end of hapmoe block ----
 # Mixtral-style launcher, as Megatron's examples write them
 export CUDA_DEVICE_MAX_CONNECTIONS=1
