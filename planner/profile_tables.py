@@ -201,6 +201,7 @@ class _Builder:
     cluster_dirs: list[Path] = field(default_factory=list)
     user_files: list[str] = field(default_factory=list)  # files read from --profiles directories
     evidence_files: list[str] = field(default_factory=list)  # evidence.yaml of --profiles dirs (planner/uncertainty.py)
+    measured_plan_files: list[str] = field(default_factory=list)  # measured_plans.json of --profiles dirs (trials)
     runtimes: dict[str, RuntimeSupport] = field(default_factory=dict)
     hypothetical: dict[str, HypotheticalRuntime] = field(default_factory=dict)
     probes: dict[str, VendorProbe] = field(default_factory=dict)
@@ -311,8 +312,9 @@ class _Builder:
 
     def add_dir(self, root: Path, field_name: str) -> None:
         """Read one profiles directory: devices/*.yaml, links.yaml, corrections.yaml, clusters/, and note its
-        evidence.yaml (the conditions its calibration measured).  Other files (profile_report.json,
-        calibration_report.json, ...) are not read."""
+        evidence.yaml (the conditions its calibration measured) and measured_plans.json (the plans its trials
+        measured, `calibrate --trials`).  Other files (profile_report.json, calibration_report.json, ...) are not
+        read."""
         if not root.is_dir():
             raise PlannerInputError(field_name, f"{root} is not a directory")
         files = sorted((root / "devices").glob("*.yaml")) if (root / "devices").is_dir() else []
@@ -329,6 +331,8 @@ class _Builder:
             self.add_runtimes_file(root / "runtimes.yaml", field_name)
         if (root / "evidence.yaml").is_file():  # measured conditions, read by planner/uncertainty.py user_region
             self.evidence_files.append(str(root / "evidence.yaml"))
+        if (root / "measured_plans.json").is_file():  # the trials' measured plans, read by planner/trials.py
+            self.measured_plan_files.append(str(root / "measured_plans.json"))
         if (root / "clusters").is_dir():
             self.cluster_dirs.append(root / "clusters")
 
@@ -353,6 +357,7 @@ class ProfileSet:
         self.cluster_dirs: tuple[Path, ...] = tuple(builder.cluster_dirs)
         self.user_files: tuple[str, ...] = tuple(builder.user_files)  # read from --profiles directories
         self.evidence_files: tuple[str, ...] = tuple(builder.evidence_files)
+        self.measured_plan_files: tuple[str, ...] = tuple(builder.measured_plan_files)
         self._runtimes = dict(builder.runtimes)
         self._hypothetical = dict(builder.hypothetical)
         self._probes = dict(builder.probes)

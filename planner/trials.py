@@ -32,6 +32,9 @@ from planner.cost.mechanisms import MECHANISM_OF_PART
 from planner.cost.model import PlanCost
 from planner.cost.ranges import TimeRange
 from planner.launcher import LaunchOverrides
+from planner.errors import PlannerInputError
+from planner.inputs.files import parse_json, read_text
+from planner.inputs.plan_file import made_for
 from planner.schemas.plan import Plan
 
 TRIAL_ITERATIONS = 30
@@ -69,10 +72,51 @@ def _shape(plan: Plan) -> tuple:
     return (plan.tp, plan.cp, plan.ep, plan.pp, plan.vpp, plan.mbs)
 
 
-def trial_reasons(pick: TimeRange, yours: TimeRange | None, others: list[TimeRange]) -> list[str]:
-    """Why the pick needs a trial (empty: it does not): unmeasured mechanisms, ranges that overlap."""
+@dataclass(frozen=True)
+class MeasuredPlan:
+    """A plan a trial measured (`calibrate --trials` wrote it into measured_plans.json of a --profiles directory)."""
+
+    name: str
+    measured_s: float
+    source: str
+
+
+def measured_plans(outcome) -> dict[Plan, MeasuredPlan]:
+    """The plans trials measured for this run on this cluster (the same `made_for` record as the outcome's: model,
+    run and cluster digests), from measured_plans.json of the --profiles directories; a later directory's
+    measurement of a plan replaces an earlier one's."""
+    profiles = outcome.profiles
+    if profiles is None or not profiles.measured_plan_files:
+        return {}
+    want = made_for(outcome.run, outcome.cluster)
+    out: dict[Plan, MeasuredPlan] = {}
+    for path in profiles.measured_plan_files:
+        doc = parse_json(read_text(path, "--profiles"), "--profiles", path)
+        entries = doc.get("measured_plans") if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            raise PlannerInputError("--profiles", f"{path}: expected an object with a measured_plans list (as "
+                                                  "calibrate --trials writes it)")
+        for k, e in enumerate(entries):
+            if not isinstance(e, dict) or e.get("made_for") != want:
+                continue
+            try:
+                plan, seconds = Plan.from_json(e["plan"]), float(e["measured_s"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PlannerInputError("--profiles", f"{path}: measured_plans[{k}] is not a measured plan ({exc}); "
+                                                      "write it again with calibrate --trials") from None
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise PlannerInputError("--profiles", f"{path}: measured_plans[{k}].measured_s must be a positive "
+                                                      f"number of seconds, not {e['measured_s']!r}")
+            out[plan] = MeasuredPlan(str(e.get("name", k)), seconds, path)
+    return out
+
+
+def trial_reasons(pick: TimeRange, yours: TimeRange | None, others: list[TimeRange], *,
+                  measured: bool = False) -> list[str]:
+    """Why the pick needs a trial (empty: it does not): unmeasured mechanisms (unless a trial measured the pick
+    itself, `measured`), ranges that overlap."""
     out = []
-    if pick.evidence is not None and pick.evidence.extrapolated:
+    if pick.evidence is not None and pick.evidence.extrapolated and not measured:
         out.append("the pick rests on mechanisms no calibration run measured ("
                    + "; ".join(what for what, _ in pick.evidence.unmeasured) + ")")
     if yours is not None and yours.overlaps(pick):
@@ -91,20 +135,31 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
     pick_plan, pick_cost, pick_range = outcome.plans[0], outcome.costs[0], outcome.ranges[0]
     mine = user if (user is not None and user.time_range is not None and not user.violations
                     and user.cannot_run is None) else None
-    others = _candidates(outcome)
-    reasons = trial_reasons(pick_range, mine.time_range if mine else None, [r for _, _, r in others])
+    candidates = _candidates(outcome)
+    measured = measured_plans(outcome)  # a plan a trial measured needs none again
+    others = [o for o in candidates if o[0] not in measured]
+    settled = pick_plan in measured  # then only plans no trial measured can still call for one
+    if settled:
+        known = [(p, r) for p, _, r in candidates if p in measured]
+        if mine is not None and mine.plan in measured:
+            known, mine = known + [(mine.plan, mine.time_range)], None
+    reasons = trial_reasons(pick_range, mine.time_range if mine else None,
+                            [r for _, _, r in (others if settled else candidates)], measured=settled)
     if not reasons:
+        if settled:
+            return [], "no trial needed: " + _measured_text(measured, pick_plan, pick_range, known)
         return [], ("no trial needed: the pick's mechanisms were all measured and its range overlaps no other "
                     "plan's")
     trials = [Trial("pick", "pick", pick_plan, pick_cost, pick_range, "the plan solve picked")]
-    if mine is not None and mine.plan != pick_plan:
+    if mine is not None and mine.plan != pick_plan and mine.plan not in measured:
         fit = "" if mine.cost.fits else ("; predicted not to fit the usable memory, which the trial measures too "
                                          "(a run that ran says more than the memory model)")
         trials.append(Trial("yours", "yours", mine.plan, mine.cost, mine.time_range, f"your plan ({user.source}){fit}"))
     fixed, shapes = len(trials), {_shape(t.plan) for t in trials}
     pool = [(p, c, "its range overlaps the pick's" if r.overlaps(pick_range) else "another shape the search found")
             for p, c, r in others if _shape(p) not in shapes]
-    pool += [o for o in _probes(outcome) if _shape(o[0]) not in shapes | {_shape(p) for p, _, _ in pool}]
+    pool += [o for o in _probes(outcome) if _shape(o[0]) not in shapes | {_shape(p) for p, _, _ in pool}
+             and o[0] not in measured]
     shares = {_shape(p): _mechanism_shares(c) for p, c in [(t.plan, t.cost) for t in trials] + [o[:2] for o in pool]}
     sd = plans_prior_sd((ranges, p) for p in [t.plan for t in trials] + [p for p, _, _ in pool])
     while pool and len(trials) < fixed + TRIAL_CANDIDATES:
@@ -120,6 +175,18 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
                             ranges.time_range(plan, cost), why))
     trials = [_beyond_the_search(outcome, t) for t in trials]
     return trials, "; ".join(reasons)
+
+
+def _measured_text(measured: dict[Plan, MeasuredPlan], pick: Plan, pick_range: TimeRange,
+                   known: list[tuple[Plan, TimeRange]]) -> str:
+    """The pick's measurement and those of the measured plans whose ranges overlap the pick's, and where from."""
+    m = measured[pick]
+    close = [measured[p] for p, r in known if r.overlaps(pick_range)]
+    text = f"trial {m.name} measured the pick at {m.measured_s:.3f} s ({m.source})"
+    if close:
+        text += ("; the plans whose ranges overlap the pick's were measured too (" + ", ".join(
+            f"{o.name} at {o.measured_s:.3f} s" for o in close) + "): the measurements decide between them")
+    return text
 
 
 def _beyond_the_search(outcome, trial: Trial) -> Trial:

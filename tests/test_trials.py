@@ -274,3 +274,70 @@ def test_a_candidate_beyond_the_searched_space_says_so():
     for t in beyond:
         if t["plan"]["mbs"] not in (1, 2, 4):
             assert f"`solve --mbs {t['plan']['mbs']}` searches it" in t["why"]
+
+
+def _outcome(profiles: ProfileSet):
+    from planner.api import load_inputs, make_space, solve
+    from planner.search.settings import SearchSettings
+
+    inputs = load_inputs(megatron_args=FLAGS, cluster=CLUSTER, profiles=profiles)
+    return solve(inputs.run, inputs.cluster, profiles, settings=SearchSettings(backend="hsdp", time_limit_s=20),
+                 space=make_space(inputs.run, "megatron"))
+
+
+def _measured_dir(path, outcome, plans, seconds=1.0):
+    from planner.inputs.plan_file import made_for
+
+    path.mkdir()
+    (path / "measured_plans.json").write_text(json.dumps({"measured_plans": [
+        {"name": f"t{k}", "plan": p.model_dump(mode="json"), "made_for": made_for(outcome.run, outcome.cluster),
+         "measured_s": seconds * (1 + k / 100)} for k, p in enumerate(plans)]}))
+    return ProfileSet.load(extra_dirs=[path])
+
+
+def test_a_plan_a_trial_measured_is_not_proposed_again(tmp_path):
+    """walk54b: every solve after `calibrate --trials` proposed trials again (near-equal plans' ranges always
+    overlap) and the loop never said it was done.  calibrate --trials writes each trial's plan and time into
+    measured_plans.json; solve --profiles reads it: with the pick and every plan whose range overlaps it measured,
+    no trial is proposed and the why names the measurements; with only the pick measured, the trials it proposes
+    are other plans than the measured ones."""
+    from planner.trials import _candidates, propose_trials
+
+    outcome = _outcome(ProfileSet.load())
+    first, why = propose_trials(outcome)
+    assert first, why
+    pick = outcome.plans[0]
+    everything = [pick] + [p for p, _, _ in _candidates(outcome)]
+    outcome.profiles = _measured_dir(tmp_path / "all", outcome, everything)
+    trials, why = propose_trials(outcome)
+    assert trials == [] and why.startswith("no trial needed: trial t0 measured the pick at 1.000 s"), why
+    outcome.profiles = _measured_dir(tmp_path / "pick", outcome, [pick])
+    trials, why = propose_trials(outcome)
+    assert trials and trials[0].plan == pick
+    assert all(t.plan != pick for t in trials[1:])
+    # a measurement of another run or cluster (another made_for) counts for nothing
+    other = json.loads((tmp_path / "all" / "measured_plans.json").read_text())
+    for e in other["measured_plans"]:
+        e["made_for"]["run_sha256"] = "0" * 64
+    (tmp_path / "all" / "measured_plans.json").write_text(json.dumps(other))
+    outcome.profiles = ProfileSet.load(extra_dirs=[tmp_path / "all"])
+    assert propose_trials(outcome)[0], "a measurement made for another run was taken"
+
+
+def test_calibrate_trials_writes_the_measured_plans(solved, tmp_path):
+    """measured_plans.json holds one entry per trial that ran: its plan (as plan.json holds it), the made_for
+    record of the solve, and the measured seconds calibration_report.json reports."""
+    payload, out = solved
+    ran = _run_trials(out, tmp_path / "ran")
+    calib = tmp_path / "calib"
+    res = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(calib), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    written = json.loads((calib / "measured_plans.json").read_text())["measured_plans"]
+    made = json.loads((out / "plan.json").read_text())["made_for"]
+    by_name = {t["name"]: t for t in payload["trials"]}
+    assert {e["name"] for e in written} == set(by_name) == {t["name"] for t in report["trials"]}
+    for e in written:
+        assert Plan.from_json(e["plan"]) == Plan.from_json(by_name[e["name"]]["plan"]) and e["made_for"] == made
+        assert e["measured_s"] == next(t["measured_s"] for t in report["trials"] if t["name"] == e["name"])
+    assert str(calib / "measured_plans.json") in ProfileSet.load(extra_dirs=[calib]).measured_plan_files

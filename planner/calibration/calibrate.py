@@ -42,7 +42,7 @@ from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
 from planner.cost.ranges import EVIDENCE_MIN_SHARE, RangeModel
 from planner.errors import PlannerInputError
-from planner.inputs.files import load_document, path_kind, read_text
+from planner.inputs.files import load_document, parse_json, path_kind, read_text
 from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
 from planner.profile_tables import (
     CORRECTION_KINDS, IMBALANCE_KIND, TIME_CORRECTION_KINDS, TIME_FACTOR_RANGE, ProfileSet,
@@ -243,6 +243,7 @@ class CalibrationResult:
     corrections: list[dict[str, Any]]
     report: dict[str, Any]
     evidence: list[dict[str, Any]] = field(default_factory=list)  # cells of the measured run(s), evidence.yaml
+    measured_plans: list[dict[str, Any]] = field(default_factory=list)  # trials' plans and times, measured_plans.json
 
 
 def evidence_cells(run: Any, cluster: Any, plan: Any, profiles: Any, run_id: str) -> list[dict[str, Any]]:
@@ -604,8 +605,32 @@ def write_corrections(result: CalibrationResult, out_dir: str | Path, *, force: 
                                 "(planner/uncertainty.py reads it from --profiles DIR).\n"
                                 + yaml.safe_dump({"cells": [c.to_doc() for c in Region.of(cells).cells]},
                                                  sort_keys=False, width=120))
+    if result.measured_plans:
+        files[MEASURED_PLANS_JSON] = json_text({"measured_plans": _merged_plans(out / MEASURED_PLANS_JSON,
+                                                                                result.measured_plans)})
     files["calibration_report.json"] = json_text(result.report)
     return write_files(out, files, "--out", CALIBRATE_OUTPUT, force=force, inputs=inputs)
+
+
+MEASURED_PLANS_JSON = "measured_plans.json"
+"""The plans `calibrate --trials` measured (plan, what it was made for, seconds): `solve --profiles DIR` reads them
+(planner/trials.py `measured_plans`) and proposes no trial of a plan measured already."""
+
+
+def _merged_plans(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured plans already in `path` (a file an earlier calibrate wrote there) that the new ones do not
+    measure again, then the new ones."""
+    if path_kind(path, "--out") != "file":
+        return list(new)
+    old = parse_json(read_text(path, "--out"), "--out", str(path))
+    entries = old.get("measured_plans") if isinstance(old, dict) else None
+    if not isinstance(entries, list):
+        raise PlannerInputError("--out", f"{path}: expected an object with a measured_plans list; keeping its "
+                                         "entries is not possible")
+    again = {(json.dumps(e.get("plan"), sort_keys=True), json.dumps(e.get("made_for"), sort_keys=True)) for e in new}
+    kept = [e for e in entries if isinstance(e, dict)
+            and (json.dumps(e.get("plan"), sort_keys=True), json.dumps(e.get("made_for"), sort_keys=True)) not in again]
+    return kept + list(new)
 
 
 def _written_lines(report: dict[str, Any]) -> list[str]:

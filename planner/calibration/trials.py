@@ -28,7 +28,9 @@ can tell the mechanisms apart (`posterior_sd`).
 
 Writing (`trial_calibration`): corrections.yaml (each kind of each fitted mechanism, each trial device: the
 current factor times the multiplier), evidence.yaml (the conditions the trials measured: planner/uncertainty.py
-reads it from `--profiles DIR`, so the measured plans are no longer extrapolated) and calibration_report.json.
+reads it from `--profiles DIR`, so the measured plans are no longer extrapolated), measured_plans.json (each trial's
+plan, what it was made for and its measured time: `solve --profiles DIR` proposes no trial of a plan measured
+already, planner/trials.py) and calibration_report.json.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from planner.cost.mechanisms import MECHANISMS
 from planner.cost.model import CostModel
 from planner.cost.ranges import RangeModel
 from planner.errors import PlannerInputError
-from planner.inputs.plan_file import load_plan_file, resolve_plan_inputs
+from planner.inputs.plan_file import load_plan_file, made_for, resolve_plan_inputs
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.device import Provenance
@@ -274,7 +276,11 @@ def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[Cali
                     "error_before": b / tr.measured_s - 1.0, "error_after": a / tr.measured_s - 1.0}
                    for tr, b, a in zip(trials, fit.before_s, fit.after_s)],
     }
-    return CalibrationResult(corrections=corrections, report=report, evidence=evidence), notes
+    measured = [{"name": tr.name, "plan": tr.plan.model_dump(mode="json"), "made_for": made_for(tr.run, tr.cluster),
+                 "measured_s": tr.measured_s, "steady_iterations": tr.steady_iterations, "log": tr.log}
+                for tr in trials]
+    return CalibrationResult(corrections=corrections, report=report, evidence=evidence,
+                             measured_plans=measured), notes
 
 
 def render_trial_report(report: dict) -> str:

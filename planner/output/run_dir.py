@@ -89,7 +89,8 @@ LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launc
                              earlier_from=(("solve --out", "launch/"),))
 PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", ("profile_report.json",))
 CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
-                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml"))
+                              ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml",
+                               "measured_plans.json"))
 BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
                           ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
 
