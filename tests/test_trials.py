@@ -341,3 +341,19 @@ def test_calibrate_trials_writes_the_measured_plans(solved, tmp_path):
         assert Plan.from_json(e["plan"]) == Plan.from_json(by_name[e["name"]]["plan"]) and e["made_for"] == made
         assert e["measured_s"] == next(t["measured_s"] for t in report["trials"] if t["name"] == e["name"])
     assert str(calib / "measured_plans.json") in ProfileSet.load(extra_dirs=[calib]).measured_plan_files
+
+
+def test_the_trial_list_gives_the_scripts_own_arguments(monkeypatch):
+    """walk54b: a trial's launch.sh is the user's script, which takes its own arguments, but the trial list gave only
+    the path; it now says how to run each, with the arguments solve read the script with (quoted)."""
+    import planner.output.report as report
+
+    monkeypatch.setattr(report, "degrees_short", lambda plan: "TP1")
+    payload = {"trials_why": "why", "trials": [{"name": "pick", "plan": None, "launch": "trials/pick/launch.sh",
+                                                "log": "trials/pick/train-<host>.log",
+                                                "iteration_time_s": 1.0, "iteration_time_range_s": [0.9, 1.1]}],
+               "inputs": {"script": {"args": ["/ckpt/m", "/data/a b"]}}}
+    lines = report.trial_lines(payload, "out")
+    assert "run each with the script's arguments: bash out/trials/pick/launch.sh /ckpt/m '/data/a b'" in lines
+    payload["inputs"] = {"script": {"args": []}}
+    assert not any("arguments" in ln for ln in report.trial_lines(payload, "out"))

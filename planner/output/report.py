@@ -20,6 +20,7 @@ from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.inputs.assumed import measured_imbalance_notes
 from planner.inputs.cluster import domain_notes
+from planner.launcher.quoting import sh_quote
 from planner.megatron.flags import unmodelled_notes
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
@@ -758,6 +759,10 @@ def trial_lines(payload: dict, where: str | None) -> list[str]:
         at = f": {where}/{t['launch']}, log {where}/{t['log']}" if where else ""
         lines.append(f"  {t['name']:12s} {degrees_short(t['plan'])}, predicted {t['iteration_time_s']:.3f} s "
                      f"({rng[0]:.3f}-{rng[1]:.3f}){at}")
+    args = ((payload.get("inputs") or {}).get("script") or {}).get("args") or []
+    if where and args:  # each trial's launch.sh is the user's script: it takes the script's own arguments
+        lines.append("run each with the script's arguments: bash " + sh_quote(f"{where}/{trials[0]['launch']}") + " "
+                     + " ".join(sh_quote(str(a)) for a in args))
     if where:
         lines.append(f"then: cli.py calibrate --trials {where} --out CALIB, and solve again with --profiles CALIB")
     return lines
