@@ -381,6 +381,18 @@ def test_pai_style_dry_run_copies_nothing_and_prints_the_plans_node_count(tmp_pa
         assert all(w.startswith("-") or launcher[i - 1].startswith("-") for i, w in enumerate(launcher) if i), launcher
 
 
+def _tiny_launch(script: Path, out: Path) -> Path:
+    """The launcher files of one 4-layer stage of DP 8 on one H800 node for `script`, written into `out`."""
+    run = resolve_run(megatron_script=str(script))
+    plan = Plan(mbs=1, gbs=64, stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
+    cluster = ClusterSpec(groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
+    out.mkdir()
+    parsed = parse_launcher_script(script.read_text(), path=str(script))
+    for rel, text in render_launch_files(run, plan, cluster, parsed).items():
+        (out / rel).write_text(text)
+    return out
+
+
 PRICED_SCRIPT = """#!/bin/bash
 MORE=$(cat "$(dirname "$0")/more_args.txt" 2>/dev/null)
 torchrun --nproc_per_node 8 pretrain_gpt.py {flags} --global-batch-size ${{GBS:-64}} --seq-length ${{SEQ:-1024}} \\
@@ -397,14 +409,7 @@ def test_launch_sh_stops_when_the_run_passes_flags_other_than_those_priced(tmp_p
     flags = TINY_FLAGS.replace(" --global-batch-size 64", "").replace(" --seq-length 1024", "")
     script = tmp_path / "train.sh"
     script.write_text(PRICED_SCRIPT.format(flags=flags))
-    run = resolve_run(megatron_script=str(script))
-    plan = Plan(mbs=1, gbs=64, stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
-    cluster = ClusterSpec(groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
-    out = tmp_path / "launch"
-    out.mkdir()
-    for rel, text in render_launch_files(run, plan, cluster, parse_launcher_script(script.read_text(),
-                                                                                    path=str(script))).items():
-        (out / rel).write_text(text)
+    out = _tiny_launch(script, tmp_path / "launch")
 
     def dry(**env: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(out / "launch.sh"), "--dry-run"], cwd=tmp_path, capture_output=True,
@@ -431,14 +436,7 @@ def test_dry_run_prints_the_command_of_a_launch_whose_output_the_script_redirect
     script = tmp_path / "train.sh"
     script.write_text(f"#!/bin/bash\nmkdir -p logs > /dev/null 2>&1\nnohup torchrun --nproc_per_node 8 pretrain_gpt.py "
                       f"{TINY_FLAGS} > logs/train.log 2>&1 &\nwait\n")
-    run = resolve_run(megatron_script=str(script))
-    plan = Plan(mbs=1, gbs=64, stages=(StagePlan(device_type="H800", num_layers=4, dp=8),))
-    cluster = ClusterSpec(groups=(NodeGroup(device_type="H800", num_nodes=1, gpus_per_node=8),))
-    out = tmp_path / "launch"
-    out.mkdir()
-    for rel, text in render_launch_files(run, plan, cluster, parse_launcher_script(script.read_text(),
-                                                                                    path=str(script))).items():
-        (out / rel).write_text(text)
+    out = _tiny_launch(script, tmp_path / "launch")
     cwd = tmp_path / "cwd"
     (cwd / "logs").mkdir(parents=True)
     proc = subprocess.run(["bash", str(out / "launch.sh"), "--dry-run"], cwd=cwd, capture_output=True, text=True,

@@ -81,6 +81,16 @@ def _run_trials(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _calibrated(out: Path, tmp_path: Path) -> tuple[Path, Path, dict]:
+    """The solve's output with each trial's log under TRUTH (tmp_path/ran), `calibrate --trials` on it into
+    tmp_path/calib, and its --json report."""
+    ran = _run_trials(out, tmp_path / "ran")
+    calib = tmp_path / "calib"
+    res = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(calib), "--json"])
+    assert res.exit_code == 0, res.output
+    return ran, calib, json.loads(res.stdout)
+
+
 def test_solve_proposes_trials_and_writes_their_launchers(solved):
     """The pick rests on dispatch on H800 inside a node, which no calibration run measured: trials are the pick,
     the user's plan and up to two other shapes; each launcher runs the same flags for a few dozen iterations,
@@ -111,11 +121,7 @@ def test_calibrate_on_trial_logs_finds_the_slow_mechanism(solved, tmp_path):
     no other mechanism by more than 10%; re-priced with its corrections every trial is within 3% of what it
     measured, the trials rank as they measured, and none is extrapolated any more."""
     payload, out = solved
-    ran = _run_trials(out, tmp_path / "ran")
-    calib = tmp_path / "calib"
-    res = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(calib), "--json"])
-    assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
+    ran, calib, report = _calibrated(out, tmp_path)
     check_json("calibrate", report)
     fitted = report["multipliers"]
     assert abs(fitted["expert_dispatch"] / DISPATCH_SLOWER - 1) < 0.15, fitted
@@ -328,11 +334,7 @@ def test_calibrate_trials_writes_the_measured_plans(solved, tmp_path):
     """measured_plans.json holds one entry per trial that ran: its plan (as plan.json holds it), the made_for
     record of the solve, and the measured seconds calibration_report.json reports."""
     payload, out = solved
-    ran = _run_trials(out, tmp_path / "ran")
-    calib = tmp_path / "calib"
-    res = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(calib), "--json"])
-    assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
+    ran, calib, report = _calibrated(out, tmp_path)
     written = json.loads((calib / "measured_plans.json").read_text())["measured_plans"]
     made = json.loads((out / "plan.json").read_text())["made_for"]
     by_name = {t["name"]: t for t in payload["trials"]}
