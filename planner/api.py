@@ -231,6 +231,18 @@ def make_space(run: MegatronRun, runtime: str, mbs: int | None = None, **narrow)
     return space
 
 
+def left_out_json(choice: RuntimeChoice, cluster: ClusterSpec) -> dict[str, dict]:
+    """The device types the runtime choice left out of the search: type -> {count, why}."""
+    have = cluster.gpus_by_type()
+    return {t: {"count": have.get(t, 0), "why": why} for t, why in choice.left_out.items()}
+
+
+def left_out_lines(choice: RuntimeChoice, cluster: ClusterSpec) -> list[str]:
+    """The same, one line each, as solve's hints and compare's notes say them."""
+    return [f"{t}:{o['count']} of the cluster were not searched: {o['why']}"
+            for t, o in left_out_json(choice, cluster).items()]
+
+
 def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRun) -> RuntimeChoice:
     """`--runtime` resolved against profiles/runtimes.yaml: the runtime and the part of the cluster one
     job of it runs on.  A named runtime that cannot run the whole cluster is refused (PlannerInputError
@@ -282,9 +294,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     except InfeasibleError as exc:  # say which GPUs the runtime choice left out of the search
         if not choice.left_out:
             raise
-        have = cluster.gpus_by_type()
-        left = [f"{t}:{have.get(t, 0)} of the cluster were not searched: {why}" for t, why in choice.left_out.items()]
-        raise InfeasibleError(exc.reason, left + exc.hints) from None
+        raise InfeasibleError(exc.reason, left_out_lines(choice, cluster) + exc.hints) from None
     if target != space.runtime:
         result = relabel_result(result, target)
     plans = [c.plan for c in result.best]

@@ -11,7 +11,8 @@ import time
 import click
 
 from planner.api import (
-    OBJECTIVES, compare_backends, compare_rows, contradictions, load_inputs, reduce_layers, runtime_choice,
+    OBJECTIVES, compare_backends, compare_rows, contradictions, left_out_json, left_out_lines, load_inputs,
+    reduce_layers, runtime_choice,
 )
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
@@ -91,8 +92,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=left_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
                         memory_headroom=memory_headroom, choice=choice)
-    have = cluster_spec.gpus_by_type()
-    left_out = {t: {"count": have.get(t, 0), "why": why} for t, why in choice.left_out.items()}
+    left_out = left_out_json(choice, cluster_spec)
     runtime = rows[0].get("runtime", runtime) if rows else runtime
     false = contradictions(rows)
     if as_json:
@@ -105,8 +105,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                    f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
         for line in gap_lines(rows) + stage_lines(rows):
             click.echo(line)
-        for t, out in left_out.items():
-            click.echo(f"note: {t}:{out['count']} of the cluster were not searched: {out['why']}")
+        for line in left_out_lines(choice, cluster_spec):
+            click.echo(f"note: {line}")
     for line in false:  # a false bound is a bug of the planner: a line each (on stderr beside the JSON), exit status 1
         click.echo(f"contradiction: {line}", err=as_json)
     if false:

@@ -151,7 +151,7 @@ def _canonical_types(plan: Plan, profiles: ProfileSet) -> Plan:
             raise PlannerInputError("--plan", f"plan.stages[{i}].device_type: {str(exc).split(': ', 1)[-1]}") \
                 from None
         stages.append(st if name == st.device_type else st.model_copy(update={"device_type": name}))
-    return plan if all(a is b for a, b in zip(stages, plan.stages)) else plan.model_copy(update={"stages": tuple(stages)})
+    return plan.model_copy(update={"stages": tuple(stages)})
 
 
 def _saved_inputs(data: dict[str, Any], profiles: ProfileSet) -> tuple[MegatronRun | None, ClusterSpec | None]:
