@@ -26,6 +26,12 @@ from s_k down to EPS_FLOOR), each step halved until the objective falls (the eva
 floor), until no multiplier moves by more than 0.1%.  `planner/trials.py` chooses the trials so that the fit
 can tell the mechanisms apart (`posterior_sd`).
 
+What the trials could not tell.  A few trials fix a few combinations of the multipliers; the rest stays the
+prior's.  From the fit's last Jacobian (`identification`), the report gives each multiplier its sd after the trials
+and names the mechanisms no trial has (`absent`), those the trials barely narrow (`uninformed`: a discrepancy of
+theirs is credited to the others, as the test's expert GEMMs x1.3 went to TP/CP/DP collectives), and the pairs told
+apart only partly (`confounded`), in the JSON and in words.
+
 Writing (`trial_calibration`): corrections.yaml (each kind of each fitted mechanism, each trial device: the
 current factor times the multiplier), evidence.yaml (the conditions the trials measured: planner/uncertainty.py
 reads it from `--profiles DIR`, so the measured plans are no longer extrapolated), measured_plans.json (each trial's
@@ -182,16 +188,57 @@ def plans_prior_sd(priced) -> dict[str, float]:
     return out
 
 
+def posterior_covariance(jac: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """The covariance of t the fit has after trials with log-time sensitivities `jac` (trials x mechanisms) and
+    prior sds `sd`: the module docstring's model linearised, its prior taken as the Gaussian of the same variance."""
+    return np.linalg.inv(jac.T @ jac / OBSERVATION_SD ** 2 + np.diag(1.0 / sd ** 2))
+
+
 def posterior_sd(shares: list[dict[str, float]], sd: dict[str, float]) -> dict[str, float]:
     """Per fitted mechanism, the sd of t_k the fit would have after trials whose log-time sensitivities are
     `shares` (d log T_j / d t_k: to first order, the mechanisms' shares of each trial's time), with prior sds
-    `sd`: the module docstring's model linearised, its prior taken as the Gaussian of the same variance.
-    Mechanisms every trial leans on alike keep their prior sd; trials that vary them apart narrow it."""
+    `sd` (`posterior_covariance`).  Mechanisms every trial leans on alike keep their prior sd; trials that vary
+    them apart narrow it."""
     names = [m.name for m in FITTED]
     jac = np.array([[s.get(n, 0.0) for n in names] for s in shares]).reshape(len(shares), len(names))
-    precision = jac.T @ jac / OBSERVATION_SD ** 2 + np.diag([1.0 / sd[n] ** 2 for n in names])
-    cov = np.linalg.inv(precision)
+    cov = posterior_covariance(jac, np.array([sd[n] for n in names]))
     return {n: float(math.sqrt(cov[k, k])) for k, n in enumerate(names)}
+
+
+UNINFORMED_RATIO = 0.7
+"""A mechanism whose sd after the trials is still this share of its prior sd or more is one the trials barely
+inform: its multiplier stays where the shipped calibration put it, and a discrepancy of its own goes to the
+mechanisms the trials do inform (a test: expert GEMMs x1.3 slower beside dispatch x1.8 came out as TP/CP/DP
+collectives x1.14)."""
+ABSENT_SHARE = 0.01
+"""A mechanism below this share of every trial's time is not in the trials at all."""
+CONFOUNDED_CORRELATION = 0.6
+"""Two mechanisms in the trials whose multipliers' correlation after the trials reaches this (either sign) are told
+apart only partly: the trials fix a combination of the two better than either."""
+
+
+@dataclass(frozen=True)
+class Identification:
+    """What the trials tell about each fitted mechanism (from the fit's last Jacobian, `posterior_covariance`)."""
+
+    posterior_sd: dict[str, float]  # per fitted mechanism, log scale
+    absent: list[str]  # mechanisms no trial spends time on
+    uninformed: list[str]  # in the trials, but the trials barely narrow them (UNINFORMED_RATIO)
+    confounded: list[tuple[str, str, float]]  # pairs told apart only partly, with their correlation
+
+
+def identification(jac: np.ndarray, sd: dict[str, float]) -> Identification:
+    names = [m.name for m in FITTED]
+    prior = np.array([sd[n] for n in names])
+    cov = posterior_covariance(jac, prior)
+    post = np.sqrt(np.diag(cov))
+    absent = [n for k, n in enumerate(names) if np.max(np.abs(jac[:, k]), initial=0.0) < ABSENT_SHARE]
+    uninformed = [n for k, n in enumerate(names) if n not in absent and post[k] >= UNINFORMED_RATIO * prior[k]]
+    present = [k for k, n in enumerate(names) if n not in absent]
+    confounded = [(names[a], names[b], float(cov[a, b] / (post[a] * post[b])))
+                  for i, a in enumerate(present) for b in present[i + 1:]
+                  if abs(cov[a, b]) >= CONFOUNDED_CORRELATION * post[a] * post[b]]
+    return Identification({n: float(post[k]) for k, n in enumerate(names)}, absent, uninformed, confounded)
 
 
 @dataclass(frozen=True)
@@ -201,6 +248,7 @@ class TrialFit:
     before_s: list[float]
     after_s: list[float]
     devices: list[str]
+    identified: Identification
 
 
 def fit_trials(trials: list[TrialRun], profiles: ProfileSet) -> TrialFit:
@@ -220,6 +268,7 @@ def fit_trials(trials: list[TrialRun], profiles: ProfileSet) -> TrialFit:
                      + 2 * math.sqrt(2) * np.sum(np.sqrt(t ** 2 + eps ** 2) / scale))
 
     t, base, eps = np.zeros(len(names)), before, scale.copy()
+    jac = np.zeros((len(trials), len(names)))
     for _ in range(MAX_STEPS):
         jac = np.column_stack([(log_times(t + FD_STEP * np.eye(len(names))[k]) - base) / FD_STEP
                                for k in range(len(names))])
@@ -243,7 +292,7 @@ def fit_trials(trials: list[TrialRun], profiles: ProfileSet) -> TrialFit:
     after = base
     return TrialFit(multipliers={n: float(math.exp(v)) for n, v in zip(names, t)}, prior_sd=sd,
                     before_s=[float(math.exp(v)) for v in before], after_s=[float(math.exp(v)) for v in after],
-                    devices=devices)
+                    devices=devices, identified=identification(jac, sd))
 
 
 def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[CalibrationResult, list[str]]:
@@ -267,10 +316,14 @@ def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[Cali
                    for kind in m.kinds if kind in TIME_CORRECTION_KINDS for d in fit.devices]
     evidence = [cell for tr in trials
                 for cell in evidence_cells(tr.run, tr.cluster, tr.plan, fitted, f"trial {tr.name} ({tr.log})")]
+    notes.extend(identification_notes(fit))
+    ident = fit.identified
     report = {
         "method": "joint maximum a posteriori fit of one multiplier per mechanism on the trials' logs "
                   "(planner/calibration/trials.py)",
         "multipliers": fit.multipliers, "prior_sd": fit.prior_sd, "devices": fit.devices, "notes": notes,
+        "posterior_sd": ident.posterior_sd, "absent": ident.absent, "uninformed": ident.uninformed,
+        "confounded": [{"mechanisms": [a, b], "correlation": r} for a, b, r in ident.confounded],
         "trials": [{"name": tr.name, "log": tr.log, "steady_iterations": tr.steady_iterations,
                     "measured_s": tr.measured_s, "predicted_before_s": b, "predicted_after_s": a,
                     "error_before": b / tr.measured_s - 1.0, "error_after": a / tr.measured_s - 1.0}
@@ -283,6 +336,23 @@ def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[Cali
                              measured_plans=measured), notes
 
 
+def identification_notes(fit: TrialFit) -> list[str]:
+    """What the trials could not tell, in words: the mechanisms they barely inform and the pairs they tell
+    apart only partly (`Identification`)."""
+    words = {m.name: m.words for m in FITTED}
+    ident, out = fit.identified, []
+    if ident.uninformed:
+        out.append(f"these trials barely inform {', '.join(words[n] for n in ident.uninformed)}: the fit leaves "
+                   "their multipliers near the shipped calibration's, and a discrepancy of theirs is credited to "
+                   "the mechanisms the trials do inform; to measure one, add a trial whose share of time in it "
+                   "differs from these trials' (another EP, micro-batch or device)")
+    for a, b, r in ident.confounded:
+        out.append(f"these trials tell {words[a]} and {words[b]} apart only partly (correlation {r:+.2f} after the "
+                   f"fit): their multipliers x{fit.multipliers[a]:.3f} and x{fit.multipliers[b]:.3f} are surer "
+                   "together than apart")
+    return out
+
+
 def render_trial_report(report: dict) -> str:
     lines = [f"note: {n}" for n in report["notes"]]
     for t in report["trials"]:
@@ -290,5 +360,7 @@ def render_trial_report(report: dict) -> str:
                      f"iterations; predicted {t['predicted_before_s']:.4f} s before ({t['error_before']:+.1%}), "
                      f"{t['predicted_after_s']:.4f} s after ({t['error_after']:+.1%})")
     moved = {n: f for n, f in report["multipliers"].items() if abs(f - 1.0) > 1e-3}
-    lines.append("fitted multipliers: " + (", ".join(f"{n} x{f:.3f}" for n, f in moved.items()) or "none moved"))
+    sd = report["posterior_sd"]
+    lines.append("fitted multipliers: " + (", ".join(f"{n} x{f:.3f} (+-{math.expm1(sd[n]):.0%})"
+                                                     for n, f in moved.items()) or "none moved"))
     return "\n".join(lines)
