@@ -95,6 +95,8 @@ class LauncherScript:
     unresolved: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     scheduler_unset: dict[str, str] = field(default_factory=dict)  # scheduler variable read while unset -> where
+    launch_defaults: dict[str, str] = field(default_factory=dict)  # scheduler variable unset here, read through
+    # its default (`${NNODES:-1}`): the value the job's environment replaces when it runs -> where
     missing_sources: list[tuple[str, str]] = field(default_factory=list)  # (where, file) of a `source` not found
     split_elements: list[tuple[str, str, str, int]] = field(default_factory=list)  # (where, array, element, words)
 
@@ -107,9 +109,10 @@ class LauncherScript:
         """GPUs the script asks for: torchrun's nnodes * nproc-per-node (defaults 1, 1), or srun's
         nodes * tasks per node, or mpirun's -np; 1 for a plain `python train.py`; None when a
         count is not a plain integer."""
-        if self.wrapper and self.wrapper[0].rsplit("/", 1)[-1] in ("srun", "mpirun", "mpiexec") and not self._torch_launcher:
+        by = self.launched_by
+        if by in ("srun", "mpirun", "mpiexec"):
             return _wrapper_world(self.wrapper)
-        if not self._torch_launcher:
+        if by is None:
             return 1
         values = _options(self.launcher_args, {"nproc-per-node", "nnodes"})
         nproc = values.get("nproc-per-node", "1")
@@ -119,6 +122,35 @@ class LauncherScript:
         if not (nproc.isdigit() and nnodes.isdigit()):
             return None
         return int(nproc) * int(nnodes)
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """GPUs the script starts on each node: torchrun's nproc-per-node (default 1), or srun's
+        ntasks-per-node (or ntasks / nodes); 1 for a plain `python train.py`; None where the launch does not
+        say (mpirun -np) or a count is not a plain integer."""
+        by = self.launched_by
+        if by == "torchrun":
+            nproc = _options(self.launcher_args, {"nproc-per-node"}).get("nproc-per-node", "1")
+            return int(nproc) if nproc.isdigit() else None
+        if by is None:
+            return 1
+        if by != "srun":
+            return None
+        per = _options(self.wrapper, {"ntasks-per-node"}).get("ntasks-per-node")
+        if per is not None:
+            return int(per) if per.isdigit() else None
+        world, nodes = _wrapper_world(self.wrapper), _wrapper_nodes(self.wrapper)
+        return world // nodes if world is not None and nodes and world % nodes == 0 else None
+
+    @property
+    def launched_by(self) -> str | None:
+        """What starts the ranks: "torchrun" (also `python -m torch.distributed.run|launch`), else "srun",
+        "mpirun" or "mpiexec" in front of the entry script; None for python started by the script itself (one
+        process, unless whatever runs the script starts more)."""
+        if self._torch_launcher:
+            return "torchrun"
+        name = self.wrapper[0].rsplit("/", 1)[-1] if self.wrapper else ""
+        return name if name in ("srun", "mpirun", "mpiexec") else None
 
     @property
     def _torch_launcher(self) -> bool:
@@ -134,6 +166,16 @@ def _options(args: list[str], keys: set[str]) -> dict[str, str]:
         if tok.startswith("-") and key in keys:
             out[key] = val if eq else (args[i + 1] if i + 1 < len(args) else "")
     return out
+
+
+def _wrapper_nodes(words: list[str]) -> int | None:
+    """srun's -N/--nodes (1 when not given), None when not a plain integer."""
+    nodes = _options(words, {"nodes"}).get("nodes")
+    for i, tok in enumerate(words[:-1]):
+        if tok == "-N":
+            nodes = words[i + 1]
+    nodes = nodes or "1"
+    return int(nodes) if nodes.isdigit() else None
 
 
 def _wrapper_world(words: list[str]) -> int | None:
@@ -399,6 +441,7 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
         unresolved=list(interp.unresolved),
         warnings=warnings,
         scheduler_unset={n: interp.where(line) for n, line in interp.scheduler_unset.items()},
+        launch_defaults=dict(interp.launch_defaults),
         missing_sources=list(interp.missing_sources),
         split_elements=[(interp.where(line), name, element, n) for line, name, element, n in interp.split_elements],
     )

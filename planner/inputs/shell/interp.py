@@ -188,6 +188,7 @@ class Interp:
             self.vars[value.name] = _Var(value.value)
         self.scheduler_used: dict[str, int] = {}  # scheduler variable -> first line that read its value
         self.scheduler_unset: dict[str, int] = {}  # scheduler variable read while unset -> first line
+        self.launch_defaults: dict[str, str] = {}  # scheduler variable unset here, read through its default -> where
         self.errexit = False  # set -e
         self.errexit_ignored = 0  # > 0 inside conditions and && / || lists, where set -e does not exit
         self._andor_tail = False  # the last && / || list ran its final command
@@ -440,6 +441,8 @@ class Interp:
                     return self._note(ref), False
                 return (self.expand_text(part.arg)[0] if present else ""), split
             if not present:
+                if not is_set and is_name and SCHEDULER_VAR.fullmatch(name):
+                    self.launch_defaults.setdefault(name, self.where(*self.cur))
                 if op.endswith("?"):
                     if name.isdigit() or name in self.assigned:  # bash stops the script here
                         message, _ = self.expand_text(part.arg)
