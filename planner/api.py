@@ -30,6 +30,7 @@ from planner.inputs.cluster import domain_notes, parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run, script_override_flags
 from planner.inputs.script import LauncherScript
+from planner.inputs.script_gpus import script_gpus
 from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
 from planner.launcher.common import unused_hosts_note
@@ -100,6 +101,29 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
             update={"moe_imbalance_factor": float(moe_imbalance)})})
     run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
     return Inputs(run, cluster_spec, profiles)
+
+
+def load_estimate_inputs(*, cluster: str | ClusterSpec, model=None, megatron_script=None,
+                         script_args: Sequence[str] = (), profile_dirs: Sequence[str] = (),
+                         on_note: Callable[[str], None] | None = None, **options) -> tuple[Inputs, ClusterSpec]:
+    """load_inputs for `estimate`, and the whole cluster given: a --megatron-script's flags are priced on the GPUs
+    its own launch uses (its torchrun/srun/mpirun counts, on the first nodes of the cluster:
+    planner/inputs/script_gpus.py), the global batch Megatron defaults to included; a launch the cluster cannot
+    hold is refused.  Which GPUs are priced, where not the whole cluster or where the script states no count, goes
+    to `on_note`.  `options`: load_inputs' other keywords."""
+    profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
+    whole = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster, profiles)
+    part = whole
+    if megatron_script is not None and model is None:  # with --model too, load_inputs refuses the pair
+        script = read_script(megatron_script, script_args, cluster=whole,
+                             deadline=options.get("script_deadline"))
+        gpus = script_gpus(script, whole)
+        part = gpus.cluster
+        if gpus.note and on_note is not None:
+            on_note(gpus.note)
+    inputs = load_inputs(cluster=part, model=model, megatron_script=megatron_script, script_args=script_args,
+                         profile_dirs=profile_dirs, profiles=profiles, on_note=on_note, **options)
+    return inputs, whole
 
 
 def _in_override_terms(exc, overrides: dict):

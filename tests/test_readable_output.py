@@ -32,8 +32,10 @@ def invoke(args: list[str], columns: int | None = 100):
     return CliRunner().invoke(main, args, env=env, catch_exceptions=False)
 
 
-def write_script(tmp_path: Path, parallel: str, batch: str = "--micro-batch-size 1 --global-batch-size 256") -> Path:
-    """A launcher in the style of Megatron-LM's examples: arrays per concern, torchrun pretrain_gpt.py."""
+def write_script(tmp_path: Path, parallel: str, batch: str = "--micro-batch-size 1 --global-batch-size 256",
+                 nodes: int = 1) -> Path:
+    """A launcher in the style of Megatron-LM's examples: arrays per concern, torchrun pretrain_gpt.py on `nodes`
+    nodes of 8 GPUs."""
     path = tmp_path / "train_mixtral.sh"
     path.write_text(
         "#!/bin/bash\n"
@@ -41,8 +43,8 @@ def write_script(tmp_path: Path, parallel: str, batch: str = "--micro-batch-size
         f"MODEL_ARGS=({MIXTRAL_FLAGS})\n"
         f"TRAINING_ARGS=({batch})\n"
         f"PARALLEL_ARGS=({parallel})\n"
-        "torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} "
-        "${PARALLEL_ARGS[@]} --data-path /data/x\n"
+        f"torchrun --nproc_per_node $GPUS_PER_NODE{f' --nnodes {nodes}' if nodes > 1 else ''} pretrain_gpt.py "
+        "${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} ${PARALLEL_ARGS[@]} --data-path /data/x\n"
     )
     return path
 
@@ -395,10 +397,11 @@ def test_flag_and_hf_assumptions(tmp_path):
 
 def test_script_plan_is_priced_against_the_planners(tmp_path):
     """solve --megatron-script prices the script's own plan on the same cluster: the same numbers
-    estimate gives for that script, the speed-up is the ratio of iteration times, and both
-    placements are drawn in one picture whose data hold each plan's stages."""
+    estimate gives for that script where it launches the whole cluster (estimate prices the GPUs a script
+    launches), the speed-up is the ratio of iteration times, and both placements are drawn in one picture
+    whose data hold each plan's stages."""
     script = write_script(tmp_path, "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-                                    "--expert-model-parallel-size 2 --sequence-parallel")
+                                    "--expert-model-parallel-size 2 --sequence-parallel", nodes=2)
     cluster = ["--cluster", "H800:8,A100:8"]
     out = tmp_path / "o"
     res = invoke(["solve", "--megatron-script", str(script), *cluster, "--backend", "hsdp", "--out", str(out)])

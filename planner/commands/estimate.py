@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from planner.api import estimate, load_inputs, load_plan_inputs, price_plan
+from planner.api import estimate, load_estimate_inputs, load_plan_inputs, price_plan
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, SCRIPT_ARGS,
@@ -45,7 +45,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         if cluster is None:
             raise PlannerInputError("--cluster", "required: the cluster to price on (or --plan with a saved plan "
                                                  "that holds its cluster)")
-        inputs = load_inputs(
+        inputs, whole = load_estimate_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
             profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
             allow_invalid=allow_invalid, on_note=note_printer(),
@@ -62,7 +62,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
             script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer())
         headroom = memory_headroom if memory_headroom is not None else data.get("memory_headroom")
         priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom, saved=True)
-    payload = estimate_json(inputs.run, inputs.cluster, priced.plan, priced.cost, notes=priced.notes,
+        whole = inputs.cluster
+    payload = estimate_json(inputs.run, whole, priced.plan, priced.cost, notes=priced.notes,
                             time_range=priced.time_range)
     if plot_dir:
         written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster,

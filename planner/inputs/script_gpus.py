@@ -1,0 +1,155 @@
+"""The GPUs a launcher script's own launch uses, on the cluster given (`estimate --megatron-script`).
+
+A script states its GPU count in its launch: torchrun's --nnodes and --nproc-per-node, srun's nodes and tasks
+per node, mpirun's -np (planner/inputs/script.py `world_size`, `gpus_per_node`).  `estimate` prices the run the
+script makes: its TP/PP/CP/EP with DP over those GPUs, on the first nodes of the cluster in the order it lists
+them (Megatron's rank order over the nodes, as planner/cost/estimate.py places stages), each node with the
+script's GPUs per node.  A launch the cluster cannot hold (more GPUs or nodes than it has, more GPUs per node
+than its nodes hold) is refused, naming both.
+
+The whole cluster is priced, with a note that says so, where the script states no count: a count that is not a
+plain number here, python started by the script itself (whatever runs the script starts the ranks), or a count
+that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}`: the reader sees the default,
+the job gets what its launcher exports).
+
+`solve` does not use this: it plans for the whole cluster (the search may leave GPUs idle) and the launcher it
+writes sets torchrun's counts to the plan's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from planner.errors import PlannerInputError
+from planner.inputs.script import LauncherScript
+from planner.inputs.shell.lexer import location
+from planner.schemas.cluster import ClusterSpec, NodeGroup, largest_segment
+
+FIELD = "--megatron-script / --cluster"
+
+# launch variables that hold a GPU, task or node count (the others a launcher sets are ranks, addresses, ids)
+COUNT_VARIABLE = re.compile(
+    r"WORLD_SIZE|\w*N_?NODES|\w*NUM_NODES|NODE_COUNT|NODE_NUM|HOST_NUM|\w*NPROC_PER_NODE|\w*GPUS_PER_NODE|NGPUS|"
+    r"SLURM_(JOB_NUM_NODES|NTASKS\w*|NPROCS|TASKS_PER_NODE|GPUS\w*|JOB_GPUS)|OMPI_COMM_WORLD_(LOCAL_)?SIZE|"
+    r"PMIX?_SIZE|MLP_WORKER_(NUM|GPU)|KUBERNETES_CONTAINER_RESOURCE_GPU|LSB_\w*NUM\w*|PBS_\w*(NUM|NP)\w*")
+
+
+@dataclass(frozen=True)
+class ScriptGpus:
+    """The part of the cluster a script's run is priced on, and the note that says which and why (None: the
+    script launches the whole cluster)."""
+
+    cluster: ClusterSpec
+    note: str | None
+
+
+def script_gpus(script: LauncherScript, cluster: ClusterSpec) -> ScriptGpus:
+    """The GPUs of `cluster` the script's launch uses (see the module docstring); PlannerInputError naming both
+    counts when the cluster cannot hold the launch."""
+    world, per_node = script.world_size, script.gpus_per_node
+    if world is not None and per_node and world % per_node:  # srun -n 12 --ntasks-per-node 8: nodes not all full
+        per_node = None
+    whole = f"priced on the whole --cluster ({cluster.describe()}, {cluster.world_size} GPUs)"
+    unstated = _unstated(script)
+    if unstated is not None or world is None:
+        return ScriptGpus(cluster, None if world == cluster.world_size else f"{unstated}: {whole}")
+    launch = _launch_words(script, world, per_node)
+    if world > cluster.world_size:
+        raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster "
+                                f"{cluster.describe()} has {cluster.world_size}: give a --cluster that holds the "
+                                "script's run, or change the script's counts")
+    part = first_gpus(cluster, world, per_node, launch)
+    if part == cluster:
+        return ScriptGpus(cluster, None)
+    nodes = sum(g.num_nodes for g in part.groups)
+    fewer = [g for g in part.groups if g.gpus_per_node < cluster.group_of(g.device_type).gpus_per_node]
+    return ScriptGpus(part, (
+        f"the script launches {world} GPUs ({launch}): priced on those, "
+        f"{f'the first {nodes} nodes' if nodes > 1 else 'the first node'} of --cluster {cluster.describe()} "
+        f"({part.describe()}{f', {fewer[0].gpus_per_node} GPUs on each node' if fewer else ''}); its other "
+        f"{cluster.world_size - world} GPUs are not priced (the same flags on more GPUs are another run: change "
+        "the script's counts)"))
+
+
+def _unstated(script: LauncherScript) -> str | None:
+    """Why the script states no GPU count the planner can price, or None when it does."""
+    if script.launched_by is None:
+        return (f"the script starts {script.entry_script} with python itself, not torchrun, srun or mpirun, so its "
+                "GPU count is that of whatever runs the script")
+    if script.world_size is None:
+        words = " ".join([*script.wrapper, *script.launcher, *script.launcher_args])
+        return (f"the script's launch ({words if len(words) <= 100 else words[:97] + '...'} {script.entry_script}) "
+                "states no GPU count as plain numbers")
+    rests = {name: where for name, where in script.launch_defaults.items() if COUNT_VARIABLE.fullmatch(name)}
+    if rests:
+        named = ", ".join(f"{name} ({where})" for name, where in rests.items())
+        return (f"the script's GPU count rests on {named}, set by the job's environment when it runs and unset "
+                f"here, where its default launches {script.world_size} GPUs")
+    return None
+
+
+def _launch_words(script: LauncherScript, world: int, per_node: int | None) -> str:
+    """The launch's counts as the script gives them, and where."""
+    site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
+    if script.launched_by == "torchrun" and per_node:
+        return f"{' '.join(script.launcher)} --nnodes {world // per_node} --nproc-per-node {per_node}{site}"
+    if per_node:
+        return f"{script.launched_by}: {world // per_node} nodes x {per_node} tasks{site}"
+    return f"{script.launched_by}: {world} tasks{site}"
+
+
+def first_gpus(cluster: ClusterSpec, world: int, per_node: int | None, launch: str) -> ClusterSpec:
+    """The first nodes of `cluster`, in the order it lists them, that hold `world` GPUs with `per_node` GPUs on
+    each (None: each node's own, as mpirun fills its slots); PlannerInputError when they cannot."""
+    groups: list[NodeGroup] = []
+    left = world
+    for g in cluster.groups:
+        if left <= 0:
+            break
+        nodes, size = _take(g, left, per_node, first_of_type=all(h.device_type != g.device_type for h in groups))
+        if size > g.gpus_per_node:
+            raise PlannerInputError(FIELD, f"the script starts {size} GPUs on each node ({launch}); the "
+                                    f"{g.device_type} nodes of --cluster {cluster.describe()} hold {g.gpus_per_node}: "
+                                    "give a --cluster whose nodes hold the script's run, or change its counts")
+        if nodes == 0:
+            raise PlannerInputError(FIELD, f"the script's {world} GPUs ({launch}) do not fill whole nodes of --cluster "
+                                    f"{cluster.describe()} ({g.device_type}: {g.gpus_per_node} per node); give the "
+                                    "--cluster the script runs on (TYPE:NODESxGPUS)")
+        groups.append(_first_nodes(g, nodes, size))
+        left -= nodes * size
+    if left > 0:
+        total = sum(g.num_nodes for g in cluster.groups)
+        raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster {cluster.describe()} "
+                                f"has {total} nodes, which hold {world - left} of them: give a --cluster that holds "
+                                "the script's run, or change its counts")
+    if groups == list(cluster.groups):
+        return cluster
+    types = {g.device_type for g in groups}
+    links = tuple(link for link in cluster.links if set(link.between) <= types)
+    return ClusterSpec(name=cluster.name, groups=tuple(groups), links=links)
+
+
+def _take(group: NodeGroup, left: int, per_node: int | None, *, first_of_type: bool) -> tuple[int, int]:
+    """(nodes, GPUs on each) the launch takes of `group` with `left` GPUs still to place: `per_node` on each of
+    as many of its nodes as they need; without `per_node`, whole nodes, or one partial node where it is the
+    type's only one (a group's nodes are all one size); (0, 0) where neither fits."""
+    if per_node is not None:
+        return min(group.num_nodes, -(-left // per_node)), per_node
+    gpus = min(left, group.num_gpus)
+    if gpus % group.gpus_per_node == 0:
+        return gpus // group.gpus_per_node, group.gpus_per_node
+    if gpus < group.gpus_per_node and first_of_type:
+        return 1, gpus
+    return 0, 0
+
+
+def _first_nodes(group: NodeGroup, nodes: int, per_node: int) -> NodeGroup:
+    """`nodes` hosts of `group` with `per_node` GPUs each, in scale-up domains of as many of its hosts as the
+    group's own domain spans (largest_segment: as sbatch --segment sizes them for a job of that many hosts)."""
+    if nodes == group.num_nodes and per_node == group.gpus_per_node:
+        return group
+    hosts = largest_segment(nodes, group.domain_gpus // group.gpus_per_node)
+    fields = group.model_dump() | {"num_nodes": nodes, "gpus_per_node": per_node,
+                                   "scale_up_domain_gpus": hosts * per_node if hosts > 1 else None}
+    return NodeGroup(**fields)

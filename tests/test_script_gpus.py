@@ -1,0 +1,128 @@
+"""`estimate --megatron-script` prices the run the script launches: its own GPU count (torchrun, srun, mpirun) on
+the first nodes of --cluster, refused where the cluster cannot hold it; the whole cluster, with a note, where the
+script states no count (planner/inputs/script_gpus.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from planner.errors import PlannerInputError
+from planner.inputs.script_gpus import first_gpus
+from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
+
+FLAGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+         "--micro-batch-size 1 --lr 1e-4 --bf16 --tokenizer-type GPT2BPETokenizer --vocab-size 50257 "
+         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
+
+
+def _script(tmp_path: Path, launch: str, *, gbs: int | None = 64, prelude: str = "", name: str = "train.sh") -> Path:
+    path = tmp_path / name
+    batch = f" --global-batch-size {gbs}" if gbs else ""
+    path.write_text(f"#!/bin/bash\n{prelude}\n{launch} pretrain_gpt.py {FLAGS}{batch}\n")
+    return path
+
+
+def _estimate(script: Path, cluster: str) -> tuple[int, dict | None, str]:
+    res = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", cluster, "--json"])
+    payload = json.loads(res.stdout) if res.exit_code == 0 else None
+    return res.exit_code, payload, res.stderr
+
+
+def test_prices_the_gpus_the_script_launches_not_the_whole_cluster(tmp_path):
+    """torchrun 2 nodes x 8 on a 64-GPU cluster: 16 GPUs priced (DP = 16 / (TP 2 * PP 2) = 4), the same price as the
+    script on a cluster of exactly its 16 GPUs; the JSON keeps the cluster given and says the world size priced."""
+    script = _script(tmp_path, "torchrun --nnodes 2 --nproc-per-node 8")
+    code, big, err = _estimate(script, "H100:64")
+    assert code == 0, err
+    assert big["world_size"] == 16 and big["plan"]["dp"] == [4, 4]
+    assert big["cluster"] == "H100:64"
+    assert "launches 16 GPUs" in err and "H100:64" in err and "48 GPUs are not priced" in err
+    code, exact, err = _estimate(script, "H100:16")
+    assert code == 0, err
+    assert "launches 16 GPUs" not in err  # the script's own cluster: nothing to say
+    assert big["iteration_time_s"] == exact["iteration_time_s"]
+    assert big["max_memory_gib"] == exact["max_memory_gib"]
+
+
+def test_megatrons_default_global_batch_is_over_the_scripts_gpus(tmp_path):
+    """No --global-batch-size: Megatron's default mbs * DP is over the 16 GPUs the script launches (1 * 4), not the
+    cluster's 64 (1 * 16)."""
+    code, payload, err = _estimate(_script(tmp_path, "torchrun --nnodes 2 --nproc-per-node 8", gbs=None), "H100:64")
+    assert code == 0, err
+    assert payload["plan"]["gbs"] == 4 and payload["world_size"] == 16
+
+
+def test_fewer_gpus_per_node_than_the_nodes_hold(tmp_path):
+    """torchrun --nproc-per-node 4 on 8-GPU nodes: two nodes of 4 GPUs, priced as the cluster H100:2x4 prices it
+    (TP 2 x PP 2 replicas across the two hosts)."""
+    script = _script(tmp_path, "torchrun --nnodes 2 --nproc-per-node 4")
+    code, part, err = _estimate(script, "H100:32")
+    assert code == 0, err
+    assert part["world_size"] == 8 and "4 GPUs on each node" in err
+    code, exact, err = _estimate(script, "H100:2x4")
+    assert code == 0, err
+    assert part["iteration_time_s"] == exact["iteration_time_s"]
+
+
+@pytest.mark.parametrize("launch, cluster, named", [
+    ("torchrun --nnodes 2 --nproc-per-node 8", "H100:8", ["16 GPUs", "H100:8 has 8"]),  # more GPUs than the cluster
+    ("torchrun --nnodes 2 --nproc-per-node 8", "H100:4x4", ["8 GPUs on each node", "hold 4"]),  # nodes too small
+    ("torchrun --nnodes 4 --nproc-per-node 4", "H100:2x8", ["16 GPUs", "2 nodes"]),  # too few nodes
+    ("mpirun -np 12 python", "H100:16", ["12 GPUs", "whole nodes"]),  # 8 + 4 on nodes of 8
+])
+def test_a_launch_the_cluster_cannot_hold_is_refused_naming_both(tmp_path, launch, cluster, named):
+    code, _, err = _estimate(_script(tmp_path, launch), cluster)
+    assert code == 2, err
+    assert "--megatron-script / --cluster" in err and "Traceback" not in err
+    for text in named:
+        assert text in err
+
+
+def test_a_count_from_a_launch_variables_default_prices_the_whole_cluster(tmp_path):
+    """`NNODES=${NNODES:-1}`: the job's environment sets NNODES; the default the reader sees is not the run's
+    count, so the whole cluster is priced and a note names the variable.  A count the script sets itself is
+    the script's."""
+    env = _script(tmp_path, 'torchrun --nnodes "$NNODES" --nproc-per-node 8', prelude="NNODES=${NNODES:-1}")
+    code, payload, err = _estimate(env, "H100:16")
+    assert code == 0, err
+    assert payload["world_size"] == 16
+    assert "NNODES" in err and "whole --cluster" in err and "default launches 8 GPUs" in err
+    fixed = _script(tmp_path, 'torchrun --nnodes "$NNODES" --nproc-per-node 8', prelude="NNODES=1", name="fixed.sh")
+    code, payload, err = _estimate(fixed, "H100:16")
+    assert code == 0, err
+    assert payload["world_size"] == 8
+
+
+@pytest.mark.parametrize("launch, why", [
+    ("torchrun --nnodes 1 --nproc-per-node $(nvidia-smi -L | wc -l)", "no GPU count as plain numbers"),
+    ("python", "python itself"),
+])
+def test_no_count_in_the_script_prices_the_whole_cluster_with_a_note(tmp_path, launch, why):
+    code, payload, err = _estimate(_script(tmp_path, launch), "H100:16")
+    assert code == 0, err
+    assert payload["world_size"] == 16
+    assert why in err and "whole --cluster (H100:16, 16 GPUs)" in err
+
+
+def _group(device_type: str, nodes: int, per_node: int, domain: int | None = None) -> NodeGroup:
+    return NodeGroup(device_type=device_type, num_nodes=nodes, gpus_per_node=per_node, scale_up_domain_gpus=domain)
+
+
+def test_first_gpus_takes_nodes_in_the_clusters_order():
+    """Three nodes of 8 on H800 x2, H100 x2: both H800 nodes and one H100 node, the link between them kept; a
+    multi-host NVLink domain shrinks to the hosts taken (as sbatch --segment sizes it for that job)."""
+    link = CrossTypeLink(between=("H800", "H100"), kind="infiniband", bandwidth_gb_per_s=25)
+    cluster = ClusterSpec(groups=(_group("H800", 2, 8), _group("H100", 2, 8)), links=(link,))
+    part = first_gpus(cluster, 24, 8, "torchrun")
+    assert part.groups == (_group("H800", 2, 8), _group("H100", 1, 8)) and part.links == (link,)
+    assert first_gpus(cluster, 32, 8, "torchrun") is cluster
+    rack = ClusterSpec(groups=(_group("GB200", 16, 4, domain=64),))
+    assert first_gpus(rack, 16, 4, "torchrun").groups == (_group("GB200", 4, 4, domain=16),)
+    assert first_gpus(rack, 4, 4, "torchrun").groups == (_group("GB200", 1, 4),)
+    with pytest.raises(PlannerInputError, match="hold 8"):
+        first_gpus(cluster, 32, 16, "torchrun")
