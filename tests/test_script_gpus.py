@@ -40,13 +40,15 @@ def test_prices_the_gpus_the_script_launches_not_the_whole_cluster(tmp_path):
     code, big, err = _estimate(script, "H100:64")
     assert code == 0, err
     assert big["world_size"] == 16 and big["plan"]["dp"] == [4, 4]
-    assert big["cluster"] == "H100:64"
+    assert big["cluster"] == "H100:64" and big["cluster_gpus"] == 64
     assert "launches 16 GPUs" in err and "H100:64" in err and "48 GPUs are not priced" in err
     code, exact, err = _estimate(script, "H100:16")
     assert code == 0, err
     assert "launches 16 GPUs" not in err  # the script's own cluster: nothing to say
     assert big["iteration_time_s"] == exact["iteration_time_s"]
     assert big["max_memory_gib"] == exact["max_memory_gib"]
+    text = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", "H100:64"])
+    assert text.exit_code == 0 and "16 of 64 GPUs" in text.stdout, text.output
 
 
 def test_megatrons_default_global_batch_is_over_the_scripts_gpus(tmp_path):

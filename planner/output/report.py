@@ -101,6 +101,7 @@ def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: Plan
     out.update(range_json(cost, time_range))
     out["model"] = run.model.name
     out["cluster"] = cluster.describe()
+    out["cluster_gpus"] = cluster.world_size
     out["plan"] = plan_json(plan)
     out["assumed"] = assumed_json(run)
     out["notes"] = list(cost.notes) + list(notes)
