@@ -128,3 +128,17 @@ def test_first_gpus_takes_nodes_in_the_clusters_order():
     assert first_gpus(rack, 4, 4, "torchrun").groups == (_group("GB200", 1, 4),)
     with pytest.raises(PlannerInputError, match="hold 8"):
         first_gpus(cluster, 32, 16, "torchrun")
+
+
+def test_solves_your_plan_says_the_script_launches_another_count(tmp_path):
+    """solve plans for the whole cluster and prices the script's degrees with DP over all of it, as the plans it is
+    compared with; where the script launches fewer GPUs, "your plan" says so (and points at estimate); where it
+    launches the whole cluster, nothing is said."""
+    script = _script(tmp_path, "torchrun --nnodes 2 --nproc-per-node 8")
+    for cluster, said in (("H100:32", True), ("H100:16", False)):
+        res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), "--cluster", cluster, "--backend",
+                                        "hsdp", "--time-limit", "5", "--json", "--quiet"])
+        assert res.exit_code == 0, res.output
+        notes = json.loads(res.stdout)["user_plan"]["notes"]
+        assert any("the script launches 16 GPUs" in n and "estimate --megatron-script" in n for n in notes) == said, \
+            notes

@@ -13,6 +13,7 @@ from planner.api import (
 from planner.inputs.hosts import check_hosts_cover, read_hosts
 from planner.launcher import refuse_unlaunchable_inputs
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
+from planner.inputs.script_gpus import solve_note
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
     TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer, time_limit_option,
@@ -130,6 +131,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     check_hosts(outcome, on_note=note_printer(quiet))
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
+    if user is not None and script is not None and (note := solve_note(script, inputs.cluster)):
+        user.notes.append(note)
     trials, trials_why = propose_trials(outcome, user)
     payload = (solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)
                | plan_record(outcome))  # inputs and made_for, as plan.json: emit takes solve --json's output too

@@ -13,7 +13,8 @@ that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}
 the job gets what its launcher exports).
 
 `solve` does not use this: it plans for the whole cluster (the search may leave GPUs idle) and the launcher it
-writes sets torchrun's counts to the plan's.
+writes sets torchrun's counts to the plan's; where the script launches another count, its "your plan" (the
+script's degrees with DP over the whole cluster, as the plans it is compared with) says so (`solve_note`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ def script_gpus(script: LauncherScript, cluster: ClusterSpec) -> ScriptGpus:
         f"({part.describe()}{f', {fewer[0].gpus_per_node} GPUs on each node' if fewer else ''}); its other "
         f"{cluster.world_size - world} GPUs are not priced (the same flags on more GPUs are another run: change "
         "the script's counts)"))
+
+
+def solve_note(script: LauncherScript, cluster: ClusterSpec) -> str | None:
+    """For solve's "your plan": the script launches a GPU count of its own, not the cluster's (None: the same,
+    or no count stated)."""
+    world = script.world_size
+    if world is None or world == cluster.world_size or _unstated(script) is not None:
+        return None
+    return (f"the script launches {world} GPUs ({_launch_words(script, world, script.gpus_per_node)}); your plan "
+            f"is priced with its degrees over all {cluster.world_size} GPUs of --cluster {cluster.describe()}, as "
+            f"the plans it is compared with; `estimate --megatron-script` prices the run as the script launches it")
 
 
 def _unstated(script: LauncherScript) -> str | None:
