@@ -320,6 +320,37 @@ def test_routing_regimes():
     assert "pith-train" in unset.source
 
 
+ROUTED_FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+                "--max-position-embeddings 2048 --vocab-size 32000 --num-experts 8 --moe-router-topk 2 "
+                "--moe-token-dispatcher-type alltoall "
+                "--expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16")
+
+
+def test_a_router_trained_without_a_balancing_loss_is_priced_as_such_and_said_extrapolated():
+    """Megatron's --moe-aux-loss-coeff defaults to 0.0: flags that leave it out train with no load-balancing loss.
+    Their routing was priced at an assumed 0.01 (a tenth of the reference spread), which the launcher then added to
+    the user's run.  Now the spread is the one for no balancing pull, as for 'none', and the imbalance printed as
+    assumed says that the run has no balancing loss and that no published figure measures that (extrapolated)."""
+    omitted = parse_megatron_flags(shlex.split(ROUTED_FLAGS), world_size=8).model
+    stated = parse_megatron_flags(shlex.split(ROUTED_FLAGS + " --moe-aux-loss-coeff 1e-2"), world_size=8).model
+    none = _moe_model(moe_router_load_balancing_type="none")
+    r, r_stated, r_none = routing(omitted, None), routing(stated, None), routing(none, None)
+    assert omitted.trained_aux_loss_coeff == 0.0
+    assert r.load_cv == pytest.approx(r_none.load_cv) == pytest.approx(EXPERT_LOAD_CV * AUX_LOSS_MAX_PULL)
+    assert r_stated.load_cv == pytest.approx(EXPERT_LOAD_CV * 1e-3 / 1e-2) and r_stated.assumed is None
+    assert r.unbalanced and r_none.unbalanced and not r_stated.unbalanced
+    for words in (r.source, r_none.source):
+        assert "no published figure" in words and "extrapolated" in words and "unmeasured" in words
+    assert "--moe-aux-loss-coeff 0" in r.assumed and "no load-balancing loss" in r.assumed
+    assert "extrapolated" not in r_stated.source
+    # the printed assumption: the value the run's own plan gets, with where it comes from
+    printed = {a.name: a for a in load_inputs(cluster="H100:8", megatron_args=ROUTED_FLAGS).run.assumed}
+    imbalance = printed["MoE imbalance"]
+    assert imbalance.value == pytest.approx(r.imbalance(8, 2048), abs=1e-4)
+    assert "extrapolated" in imbalance.source and "no load-balancing loss" in imbalance.source
+    assert "0.01 assumed" not in imbalance.source
+
+
 def test_real_routing_imbalance_from_the_router_settings():
     """The busiest of EP ranks, each holding E/EP experts whose loads spread log-normally (spread EXPERT_LOAD_CV x
     1e-3/coefficient), lies E[max of EP standard normals] rank-spreads above the mean: E[max of 8] = 1.4236 (order

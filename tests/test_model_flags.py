@@ -190,7 +190,8 @@ MOE_PRESETS = [n for n in list_model_presets() if load_model_preset(n)[0].is_moe
 def test_the_aux_loss_coefficient_priced_is_the_one_emitted(tmp_path, profiles, source):
     """The price assumed --moe-aux-loss-coeff 0.01, but megatron_args.txt carried none, so the job trained with
     Megatron's 0.0 (no balancing); HF's router_aux_loss_coef was not read (issue 33).  Now the launcher writes the
-    balancing type and coefficient, and the flags it writes, read back, price the same router imbalance."""
+    balancing type and the coefficient (none where it is Megatron's 0.0: expert bias), and the flags it writes, read
+    back, price the same router imbalance."""
     if source in HF_PRESETS:
         cfg = HF_PRESETS[source][0]
         (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -200,8 +201,9 @@ def test_the_aux_loss_coefficient_priced_is_the_one_emitted(tmp_path, profiles, 
         run = resolve_run(model=source)
         expected = 0.0 if run.model.moe_router_enable_expert_bias else AUX_LOSS_ASSUMED  # no preset states one
     argv, _ = _launcher_argv(run)
-    assert argv.count("--moe-aux-loss-coeff") == 1 and argv.count("--moe-router-load-balancing-type") == 1
-    assert float(argv[argv.index("--moe-aux-loss-coeff") + 1]) == expected
+    assert argv.count("--moe-aux-loss-coeff") == (1 if expected else 0)
+    assert argv.count("--moe-router-load-balancing-type") == 1
+    assert not expected or float(argv[argv.index("--moe-aux-loss-coeff") + 1]) == expected
     assert argv[argv.index("--moe-router-load-balancing-type") + 1] == run.model.moe_router_load_balancing_type
     cluster = cluster_of(("H100", 1))
     priced = CostModel(run.model, run.training, cluster, profiles).routing
@@ -211,20 +213,30 @@ def test_the_aux_loss_coefficient_priced_is_the_one_emitted(tmp_path, profiles, 
     assert priced.assumed is None or f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed" in priced.assumed
 
 
-def test_a_script_that_leaves_the_coefficient_to_megatron_gets_the_priced_one(tmp_path):
-    """The script's flags pass through; the router setting it leaves to Megatron's defaults is added, and
-    launch.sh's header says so; a script that states its coefficient keeps it, unchanged."""
-    for extra, expected in (("", "0.01"), ("--moe-aux-loss-coeff 1e-3", "1e-3")):
+@pytest.mark.parametrize("runtime", ["megatron", "flagscale"])
+def test_a_script_keeps_its_own_router_setting(tmp_path, runtime):
+    """A script that left --moe-aux-loss-coeff to Megatron's default (0.0: no load-balancing loss) was launched with
+    --moe-aux-loss-coeff 0.01 and --moe-router-load-balancing-type aux_loss added, a loss term the user never asked
+    for.  The launcher changes the parallel plan only: the script's router setting passes through as it stands, left
+    out where the script leaves it out (megatron_args.txt, launch.sh and FlagScale's YAML alike), as written where it
+    states it, and the run is priced with what it trains with."""
+    for extra, expected in (("", None), ("--moe-aux-loss-coeff 1e-3", "1e-3"), ("--moe-aux-loss-coeff 0", "0")):
         script = tmp_path / "train.sh"
         text = SCRIPT.format(extra="", layers="4")
         script.write_text(text.replace("--moe-grouped-gemm", f"--moe-grouped-gemm {extra}"))
         run = resolve_run(megatron_script=str(script))
-        script_read = read_launcher_script(script)
-        plan = Plan(tp=2, ep=4, gbs=64, stages=(StagePlan(device_type="H100", num_layers=4, dp=4),))
-        files = render_launch_files(run, plan, cluster_of(("H100", 1)), script_read)
+        assert run.model.trained_aux_loss_coeff == float(expected or 0)  # what the run trains with is priced
+        plan = Plan(runtime=runtime, tp=2, ep=4, gbs=64, stages=(StagePlan(device_type="H100", num_layers=4, dp=4),))
+        files = render_launch_files(run, plan, cluster_of(("H100", 1)), read_launcher_script(script))
         argv = shlex.split(files["megatron_args.txt"])
-        assert argv[argv.index("--moe-aux-loss-coeff") + 1] == expected and argv.count("--moe-aux-loss-coeff") == 1
-        assert ("added --moe-aux-loss-coeff 0.01" in files["launch.sh"]) == (not extra)
+        assert "--moe-router-load-balancing-type" not in argv, extra
+        assert (argv[argv.index("--moe-aux-loss-coeff") + 1] if "--moe-aux-loss-coeff" in argv else None) == expected
+        assert argv.count("--moe-aux-loss-coeff") == (expected is not None)
+        assert "added --moe-aux-loss-coeff" not in files["launch.sh"]
+        assert "added --moe-router-load-balancing-type" not in files["launch.sh"]
+        yaml_text = "".join(t for path, t in files.items() if path.endswith(".yaml"))
+        assert ("moe_aux_loss_coeff" in yaml_text) == (runtime == "flagscale" and expected is not None)
+        assert "moe_router_load_balancing_type" not in yaml_text
 
 
 # ---------------------------------------------------------------- Megatron's validator

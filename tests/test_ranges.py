@@ -228,6 +228,23 @@ def test_every_calibration_run_priced_as_its_own_plan_is_measured():
         assert not ev.extrapolated, (row["id"], ev.unmeasured)
 
 
+def test_a_router_without_a_balancing_loss_is_outside_what_the_calibration_measured():
+    """A calibration run with real routing (Megatron CI's Mixtral 8x7B, --moe-aux-loss-coeff 1e-2, dropless) lies in
+    its own region; the same run with the coefficient left out (Megatron's 0.0: no load-balancing loss, which no
+    calibration run trained with) leans on expert mechanisms no run measured, and says so."""
+    ann = load_annotations()
+    row = next(r for r in load_runs() if r["id"] == "H100-mlmci-mixtral8x7b-tp2pp4ep4-rel")
+    argv = priced_argv(row, ann)
+    at = argv.index("--moe-aux-loss-coeff")
+    assert argv[at + 1] == "1e-2"
+    for flags, extrapolated in ((argv, False), (argv[:at] + argv[at + 2:], True)):
+        inputs = load_inputs(megatron_args=shlex.join(flags), cluster=row["cluster"], allow_invalid=True)
+        ev = estimate(inputs, allow_invalid=True).time_range.evidence
+        unbalanced = [u for u in ev.to_json()["unmeasured"] if "real routing, dropless, no load balancing" in u]
+        assert ev.extrapolated is extrapolated and bool(unbalanced) is extrapolated, ev.unmeasured
+        assert not extrapolated or any(u.startswith("expert GEMMs") for u in unbalanced)
+
+
 def test_fewer_local_experts_than_measured_are_covered_more_are_not():
     """Local experts are covered from 1 up to the most a run measured (planner/uncertainty.py AT_MOST_AXES): at a
     covered tokens per expert a smaller grouped call is priced from the measured dense-GEMM curve, a larger one is a

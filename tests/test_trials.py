@@ -35,7 +35,8 @@ from helpers.synthetic_log import megatron_log
 RUNNER = CliRunner()
 FLAGS = ("--num-layers 4 --hidden-size 2048 --ffn-hidden-size 5632 --num-attention-heads 16 --seq-length 4096 "
          "--max-position-embeddings 4096 --num-experts 16 --moe-router-topk 2 --moe-ffn-hidden-size 2048 "
-         "--moe-token-dispatcher-type alltoall --moe-grouped-gemm --swiglu --micro-batch-size 1 "
+         "--moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm --swiglu "
+         "--micro-batch-size 1 "
          "--global-batch-size 32 --bf16 --vocab-size 32000 --expert-model-parallel-size 8 "
          "--save /ckpt/run --load /ckpt/run --save-interval 500 --train-iters 5000")
 CLUSTER = "H800:8"

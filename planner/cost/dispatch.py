@@ -76,7 +76,13 @@ median error rises from 9.3% to 10.6%: the loss reading is kept, and P being smo
 bound."""
 AUX_LOSS_REFERENCE = 1e-3
 AUX_LOSS_MAX_PULL = 3.0
-"""Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none')."""
+"""Cap on AUX_LOSS_REFERENCE / coefficient: routing with little or no balancing pull ('none', or an auxiliary loss of
+coefficient 0, Megatron's default).  An extrapolation, not a measurement: no published figure gives the expert loads of
+a router trained without balancing (shared/reference/components-t4.md 3c has GLM-5's, 'no aux loss', only as the
+straggler a rebalancer removes), so such a run's routing is priced with it, said so where its imbalance is printed
+(NO_BALANCING_SOURCE), and its expert mechanisms read as unmeasured (planner/cost/mechanisms.py ROUTING_WORDS)."""
+NO_BALANCING_SOURCE = (f"no published figure measures routing trained without a balancing loss, so this is "
+                       f"extrapolated: the cap of {AUX_LOSS_MAX_PULL:g}x the reference's spread is unmeasured")
 EXPERT_BIAS_PULL = 0.1
 """Auxiliary-loss-free balancing (`--moe-router-enable-expert-bias`, DeepSeek-V3) adjusts a per-expert bias
 every step toward balance; assumed to keep loads as close to the mean as an auxiliary loss ten times the
@@ -178,6 +184,7 @@ class Routing:
     topk: int = 1
     assumed: str | None = None  # what was assumed, for the output
     source: str = ""  # where load_cv came from, for the output
+    unbalanced: bool = False  # real routing with no balancing pull (ModelSpec.unbalanced_routing): extrapolated
 
     @property
     def fill(self) -> float:
@@ -228,24 +235,44 @@ def routing(model: ModelSpec, given: float | None, measured: float | None = None
     if measured is not None:
         return Routing(regime, load_cv=_cv_of_max(measured, e), cap=cf, num_experts=e, topk=k,
                        source=f"measured router statistics: max/mean tokens per expert {measured:g}")
-    assumed = None
+    pull = balancing_pull(model)
+    source = (f"tokens per expert spread {EXPERT_LOAD_CV:.2f} x the mean at --moe-aux-loss-coeff "
+              f"{AUX_LOSS_REFERENCE:g} (a published load-balancing loss of 1.87: pith-train #79), "
+              f"x{pull:.3g} for this router's balancing")
+    if model.unbalanced_routing:
+        source += f"; {NO_BALANCING_SOURCE}"
+    return Routing(regime, load_cv=EXPERT_LOAD_CV * pull, cap=cf, num_experts=e, topk=k,
+                   assumed=_balancing_assumed(model), source=source, unbalanced=model.unbalanced_routing)
+
+
+def balancing_pull(model: ModelSpec) -> float:
+    """How far the router's balancing lets expert loads spread, over the reference auxiliary loss's: 0 for Sinkhorn,
+    AUX_LOSS_REFERENCE / coefficient for an auxiliary loss (the coefficient the run trains with), AUX_LOSS_MAX_PULL at
+    most (no balancing: 'none' or coefficient 0), EXPERT_BIAS_PULL at most with expert bias."""
     lb = model.moe_router_load_balancing_type
+    coeff = model.trained_aux_loss_coeff
     if lb == "sinkhorn":
         pull = 0.0
-    elif lb == "none":
+    elif lb == "none" or coeff <= 0:
         pull = AUX_LOSS_MAX_PULL
     else:
-        coeff = model.trained_aux_loss_coeff  # what the launcher writes
-        if model.aux_loss_coeff_assumed:
-            assumed = (f"--moe-aux-loss-coeff {coeff:g} assumed for {lb} routing imbalance (the flag is unset; "
-                       "Megatron's default 0.0 would mean no balancing; the launcher writes it)")
-        pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff) if coeff > 0 else AUX_LOSS_MAX_PULL
-    if model.moe_router_enable_expert_bias:
-        pull = min(pull, EXPERT_BIAS_PULL)
-    return Routing(regime, load_cv=EXPERT_LOAD_CV * pull, cap=cf, num_experts=e, topk=k, assumed=assumed,
-                   source=f"tokens per expert spread {EXPERT_LOAD_CV:.2f} x the mean at --moe-aux-loss-coeff "
-                          f"{AUX_LOSS_REFERENCE:g} (a published load-balancing loss of 1.87: pith-train #79), "
-                          f"x{pull:.3g} for this router's balancing")
+        pull = min(AUX_LOSS_MAX_PULL, AUX_LOSS_REFERENCE / coeff)
+    return min(pull, EXPERT_BIAS_PULL) if model.moe_router_enable_expert_bias else pull
+
+
+def _balancing_assumed(model: ModelSpec) -> str | None:
+    """What the routing's price assumes about the router's balancing, for the output: a coefficient a preset, HF
+    config or model YAML left unstated, or a router trained with no balancing at all (its spread extrapolated: the
+    routing's `source` says so)."""
+    lb = model.moe_router_load_balancing_type
+    if model.aux_loss_coeff_assumed:
+        return (f"--moe-aux-loss-coeff {model.trained_aux_loss_coeff:g} assumed for {lb} routing imbalance (the model "
+                "states none; Megatron-LM's MoE examples use it; the launcher writes it)")
+    if not model.unbalanced_routing:
+        return None
+    how = ("--moe-router-load-balancing-type none" if lb == "none"
+           else f"{lb} with --moe-aux-loss-coeff 0 (Megatron's default where the flags leave it out)")
+    return f"{how}: the run trains with no load-balancing loss, as the launcher keeps it"
 
 
 def _cv_of_max(max_over_mean: float, experts: int) -> float:

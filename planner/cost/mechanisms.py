@@ -225,9 +225,18 @@ def attention_kernel(training) -> str:
     return "flash" if training.attention_backend == "flash" else "fused"
 
 
+NO_BALANCING_WORDS = ", no load balancing"
+"""Added to real routing's words where nothing balances the router (dispatch.py `Routing.unbalanced`): no calibration
+run trained so, and its imbalance is extrapolated (dispatch.py AUX_LOSS_MAX_PULL), so the expert mechanisms' conditions
+read apart from the measured real routing and the plan as extrapolated where they carry its time."""
+
+
 def routing_words(cost) -> str:
-    """The plan's routing regime in words (ROUTING_WORDS)."""
-    return ROUTING_WORDS[cost.routing.regime]
+    """The plan's routing regime in words (ROUTING_WORDS, and NO_BALANCING_WORDS for an unbalanced router's real
+    routing)."""
+    r = cost.routing
+    return ROUTING_WORDS[r.regime] + (NO_BALANCING_WORDS if r.unbalanced and r.regime in ("dropless", "capacity")
+                                      else "")
 
 
 def dispatcher_words(model) -> str:

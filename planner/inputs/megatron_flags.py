@@ -545,8 +545,10 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
     if lb_types:
         model["moe_router_load_balancing_type"] = lb_types[0]
     coeffs = ns.get("moe_aux_loss_coeff")
-    if coeffs:
-        model["moe_aux_loss_coeff"] = sum(coeffs)  # one coefficient per balancing type; their sum is the pull
+    # one coefficient per balancing type, their sum the pull; unset, Megatron's default 0.0: the run has no auxiliary
+    # loss, and the launcher keeps it so (schemas/model.py AUX_LOSS_ASSUMED is for descriptions that are no command)
+    if coeffs or model["num_experts"] is not None:
+        model["moe_aux_loss_coeff"] = sum(coeffs) if coeffs else 0.0
     cf = ns.get("moe_expert_capacity_factor")
     model["moe_expert_capacity_factor"] = cf if cf is not None and cf > 0 else None
     if "seq_length" not in ns:

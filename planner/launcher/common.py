@@ -23,7 +23,7 @@ from planner.inputs.megatron_flags import drop_flags, fork_flags_in, is_flag_tok
 from planner.inputs.script import LauncherScript
 from planner.launcher.quoting import runtime_refs, sh_word
 from planner.megatron.flags import (
-    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, READ_FLAGS, ROUTER_BALANCING_FLAGS, array_of, model_flags,
+    CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, READ_FLAGS, array_of, model_flags,
     training_flags,
 )
 from planner.profile_tables import ProfileSet
@@ -227,9 +227,6 @@ def launch_flags(
     # the plan's flags replace the user's: a decided flag given with --megatron-args is not written twice
     overrides = [o for o in overrides if o.name not in planned and o.name not in PLAN_DECIDED_FLAGS]
     applied = [*overrides, *extra_items, *plan_items]
-    if script is not None:  # the router setting that was priced, where the script leaves it to Megatron's default
-        given = {i.name for i in [*group_flag_items(list(script.megatron_flags)), *applied]}
-        applied += [FlagItem(n, v) for n, v in model_flags(model) if n in ROUTER_BALANCING_FLAGS and n not in given]
     decided = frozenset(PLAN_DECIDED_FLAGS | {i.name for i in applied} | set(removed))
     generated: list[FlagItem] = []
     if script is not None:

@@ -267,7 +267,8 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          "moe_router_load_balancing_type", derived=True, array=MOE_ARGS, write=_value(when=_moe)),
     Flag("--moe-aux-loss-coeff", Read("", "floats", min_value=0.0, observe=True), "moe_aux_loss_coeff",
          derived=True, array=MOE_ARGS,
-         write=lambda v, spec: [f"{spec.trained_aux_loss_coeff:g}"] if spec.is_moe else None),
+         write=lambda v, spec: [f"{spec.trained_aux_loss_coeff:g}"] if spec.is_moe and spec.trained_aux_loss_coeff
+         else None),  # 0: Megatron's default, left out as a command that leaves it out
     Flag("--moe-router-enable-expert-bias", _SEEN, "moe_router_enable_expert_bias", array=MOE_ARGS,
          write=_switch(when=_moe)),
     Flag("--moe-router-num-groups", _int(1, MAX_COUNT, observe=True), "moe_router_num_groups", array=MOE_ARGS,
@@ -589,10 +590,6 @@ OVERRIDE_FLAGS: dict[str, str] = {f.override: f.name for f in TABLE if f.overrid
 """CLI override (`tp` for --tp) -> the Megatron flag it sets."""
 
 PRECISION_FLAGS: tuple[str, ...] = tuple(f.name for f in TRAINING_FLAGS if f.field == "precision")
-
-ROUTER_BALANCING_FLAGS: tuple[str, ...] = ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff")
-"""The router setting the price assumes (ModelSpec.trained_aux_loss_coeff): every MoE launcher passes
-them, added to a script that leaves them to Megatron's defaults."""
 
 NOT_MODELLED: dict[str, str] = {f.name: f.not_modelled for f in TABLE if f.not_modelled}
 UNPRICED_IN: dict[str, tuple[str, ...]] = {f.name: f.unpriced_in for f in TABLE if f.unpriced_in}

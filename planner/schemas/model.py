@@ -23,9 +23,12 @@ PositionEmbeddingType = Literal["learned_absolute", "rope", "yarn", "mrope", "re
 ScoreFunction = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 AUX_LOSS_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 AUX_LOSS_ASSUMED = 1e-2
-"""--moe-aux-loss-coeff of a run that balances with an auxiliary loss (and no expert bias) but states
-none: Megatron's default 0.0 would mean no balancing; Megatron-LM's MoE examples use 1e-2.  Priced
-(planner/cost/dispatch.py), written into the launcher, and reported as assumed."""
+"""--moe-aux-loss-coeff of a model description that is not a Megatron command (a preset, an HF config.json, a model
+YAML) whose router balances with an auxiliary loss (and no expert bias) but states no coefficient: Megatron-LM's MoE
+examples use 1e-2.  Priced (planner/cost/dispatch.py), written into the launcher the planner generates for it, and
+reported as assumed.  Megatron flags (`--megatron-args`, `--megatron-script`) always state one: Megatron's default 0.0
+where they leave the flag out (planner/inputs/megatron_flags.py), which the run trains with, so the launcher keeps
+it and the cost model prices it."""
 
 
 class ModelSpec(StrictModel):
@@ -100,7 +103,8 @@ class ModelSpec(StrictModel):
     moe_router_load_balancing_type: LoadBalancingType = "aux_loss"
     moe_aux_loss_coeff: float | None = Field(
         None, ge=0.0, description="--moe-aux-loss-coeff (the sum, for several balancing types); None: not stated "
-                                  "(see trained_aux_loss_coeff)")
+                                  "by a preset, HF config or model YAML (see trained_aux_loss_coeff); Megatron flags "
+                                  "state Megatron's default 0.0 when they leave it out")
     moe_router_num_groups: int | None = Field(None, gt=0, description="--moe-router-num-groups (group-limited routing)")
     moe_router_group_topk: int | None = Field(None, gt=0, description="--moe-router-group-topk: groups a token may use")
     moe_router_enable_expert_bias: bool = Field(
@@ -178,6 +182,15 @@ class ModelSpec(StrictModel):
         if self.moe_aux_loss_coeff is not None:
             return self.moe_aux_loss_coeff
         return AUX_LOSS_ASSUMED if self.aux_loss_coeff_assumed else 0.0
+
+    @property
+    def unbalanced_routing(self) -> bool:
+        """A MoE router that nothing pulls toward balance: no auxiliary loss (coefficient 0, Megatron's default, or
+        load balancing 'none'), no expert bias, no Sinkhorn, no forced balance."""
+        if not self.is_moe or self.moe_router_force_load_balancing or self.moe_router_enable_expert_bias:
+            return False
+        lb = self.moe_router_load_balancing_type
+        return lb == "none" or (lb in AUX_LOSS_BALANCING and self.trained_aux_loss_coeff == 0.0)
 
     @property
     def gated_linear_unit(self) -> bool:
