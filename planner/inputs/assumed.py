@@ -20,7 +20,10 @@ What counts as assumed, by source:
   environment sets none;
 * every MoE model: the router imbalance, unless --moe-imbalance, forced balancing (or padding
   to a capacity factor) or the user's own calibration (`--profiles DIR`) gives it; the shipped
-  calibration, fitted on published runs, is still an assumption about the user's router.
+  calibration, fitted on published runs, is still an assumption about the user's router; its source names the
+  router setting it rests on (a preset's, HF config's or model YAML's unstated --moe-aux-loss-coeff, priced and
+  written as 0.01; flags that leave it out train with Megatron's 0.0, no balancing loss, which no published figure
+  measures: extrapolated).
 A CLI override (--gbs, --seq) states the value.
 """
 
