@@ -15,14 +15,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-from planner.checker import plan_problems
+from planner import precision as precisions
+from planner.checker import plan_problems, precision_problems
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import (
-    ImplausiblePredictionError, InfeasibleError, MissingProfileError, PlanCheckError, PlannerInputError,
+    ImplausiblePredictionError, InfeasibleError, PlanCheckError, PlannerInputError,
     SearchTimeLimitError,
 )
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
@@ -36,7 +37,7 @@ from planner.launcher import render_launch_files
 from planner.launcher.common import unused_hosts_note
 from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
-from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of
+from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of, sub_cluster
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
 from planner.megatron.rules import (
     check_plan, format_violations, input_violations, run_violations, runtime_model_refusal, world_violations,
@@ -191,18 +192,10 @@ def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None)
 
 
 def check_precision(precision: str, cluster_spec, profiles) -> None:
-    """Every device of the cluster must run the run's precision (a V100 has no bf16)."""
-    for device_type in cluster_spec.device_types:
-        device = profiles.device(device_type)
-        try:
-            device.peak_flop_per_s(precision)
-        except MissingProfileError:
-            supported = ", ".join(sorted(device.peak_tflops))
-            raise PlannerInputError(
-                "--cluster",
-                f"{device_type} does not run {precision} (it runs {supported}); choose other devices, or a "
-                f"precision it runs (--fp16 in --megatron-args, or precision: in the model file's training block)",
-            ) from None
+    """Some device type of the cluster must run the run's precision (a V100 or T4 has no bf16): PlannerInputError
+    naming --cluster and the types otherwise.  The types that do not run it stay idle (planner/precision.py:
+    the runtime choice leaves them out with the reason; a plan with a stage on one is refused)."""
+    precisions.left_out(cluster_spec, profiles, precision)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -518,6 +511,7 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
+    check_plan_precision(inputs, plan, saved, notes)
     runtime = runtime_of(plan.runtime) if saved else MEGATRON
     # the flags' plan spans the whole cluster: a stage straddling two types is priced as one of them
     runs = runtime.can_run(plan.member_types() if saved else cluster, profiles)
@@ -536,6 +530,31 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
              + measured_imbalance_notes(as_planned(run, plan) if saved else run, cluster, profiles)
              + domain_notes(cluster, profiles))
     return Estimate(plan=plan, cost=cost, notes=notes, time_range=ranges.time_range(plan, cost))
+
+
+def check_plan_precision(inputs: Inputs, plan: Plan, saved: bool = False, notes: Sequence[str] = ()) -> None:
+    """A plan with a stage on a device type that does not run the run's precision cannot be priced (the type
+    has no peak for it), --allow-invalid or not: PlannerInputError naming the stages (with `notes`' word on a
+    stage that straddles two types), and what to do instead (the flags' plan spans the whole cluster: `solve`
+    leaves such a type idle)."""
+    run, cluster, profiles = inputs
+    precision = run.training.precision
+    problems = precision_problems(plan, profiles, precision)
+    if not problems:
+        return
+    problems += [n.split(";")[0] for n in notes if " spans " in n]
+    idle = precisions.left_out(cluster, profiles, precision)
+    lacking = "+".join(idle)
+    solve_instead = f"`solve`, which leaves {lacking} idle"
+    if saved:
+        raise PlannerInputError("--plan", f"{'; '.join(problems)}: the plan cannot be priced in {precision}; price "
+                                          f"it in a precision {lacking} runs, or re-plan with {solve_instead}")
+    runs = sub_cluster(cluster, [t for t in cluster.device_types if t not in idle]).describe()
+    raise PlannerInputError(
+        precisions.PRECISION_FIELD,
+        f"{'; '.join(problems)}: the flags' plan, which spans the whole cluster, cannot be priced in {precision}; "
+        f"price it in a precision {lacking} runs, estimate on the types that run {precision} (--cluster {runs}), "
+        f"or {solve_instead}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from planner import precision as precisions
 from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
 from planner.bench_flagscale import TUNER, TUNER_LABEL, TunerOutcome, run_flagscale_tuner
@@ -203,9 +204,10 @@ class PlanningWorld:
 def planning_world(cluster, profiles, precision: str = "bf16") -> PlanningWorld:
     """The runtime `--runtime auto` picks when one public runtime runs the whole cluster as one job;
     otherwise (a mix no public runtime runs in one job: the 910B with NVIDIA or AMD GPUs) the paper's
-    assumption, the hypothetical PAPER_RUNTIME over the whole cluster."""
+    assumption, the hypothetical PAPER_RUNTIME over the whole cluster.  Either way a device type without the
+    run's precision stays idle (choose_runtime), and a public runtime that runs all the others is no hypothesis."""
     choice = choose_runtime(AUTO, cluster, profiles, precision)
-    if not choice.left_out:
+    if set(choice.left_out) <= set(choice.lacks_precision):  # a type without the precision stays idle either way
         return PlanningWorld(profiles, choice, hypothetical=False)
     world = profiles.assuming(PAPER_RUNTIME)
     extends = profiles.hypothetical_runtimes()[PAPER_RUNTIME].extends
@@ -221,9 +223,7 @@ def make_row(sc: Scenario, run, cluster, profiles, res: PlannerResult, world: Pl
     if res.priced is None:
         return row
     pc = res.priced.cost
-    cost = CostModel(run.model, run.training, cluster, profiles)
-    peak_total = sum(g.num_gpus * cost.device(g.device_type).peak_flop_per_s(run.training.precision)
-                     for g in cluster.groups)
+    peak_total = precisions.peak_flop_per_s(cluster, profiles, run.training.precision)  # a type without it: none
     row.status = "ok"
     row.iteration_time_s = pc.iteration_time_s
     row.throughput_tflops_per_gpu = pc.model_flop_per_iteration / (pc.iteration_time_s * 1e12 * cluster.world_size)

@@ -20,10 +20,11 @@ stage shapes in planner/search/space.py.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Literal
 
-from planner.errors import MissingProfileError, PlannerInputError
+from planner import precision as precisions
+from planner.errors import PlannerInputError
 
 if TYPE_CHECKING:  # types only: planner.schemas.plan imports this module (Plan.runtime), so no schema here
     from planner.profile_tables import ProfileSet
@@ -117,13 +118,15 @@ class RunCheck:
 @dataclass(frozen=True)
 class RuntimeChoice:
     """What `--runtime` resolves to: the runtime, the part of the cluster its job runs on (the whole
-    cluster when it can), and for every device type left out, why it stays idle."""
+    cluster when it can), and for every device type left out, why it stays idle: it does not run the run's
+    precision (those in `lacks_precision`), or no job of the runtime holds it with the others."""
 
     requested: str
     runtime: Runtime
     cluster: ClusterSpec
     check: RunCheck
     left_out: dict[str, str] = field(default_factory=dict)
+    lacks_precision: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
         return {"requested": self.requested, "runtime": self.runtime.name, "library": self.check.library,
@@ -157,17 +160,6 @@ def sub_cluster(cluster: ClusterSpec, types: Iterable[str]) -> ClusterSpec:
     return cluster.model_copy(update={"groups": groups, "links": links})
 
 
-def _peak_flop_per_s(cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> float:
-    total = 0.0
-    for g in cluster.groups:
-        device = profiles.device(g.device_type)
-        try:
-            total += g.num_gpus * device.peak_flop_per_s(precision)
-        except MissingProfileError:
-            total += g.num_gpus * device.peak_flop_per_s("bf16")
-    return total
-
-
 Refusal = Callable[["Runtime"], "str | None"]
 """Why a runtime cannot run the model at any degrees (planner/megatron/rules.py `runtime_model_refusal`), or None."""
 
@@ -178,11 +170,25 @@ def _no_refusal(rt: "Runtime") -> None:
 
 def choose_runtime(requested: str, cluster: ClusterSpec, profiles: "ProfileSet",
                    precision: str = "bf16", refuses: Refusal = _no_refusal) -> RuntimeChoice:
-    """`--runtime` resolved.  A named runtime must run the whole cluster and the model (PlannerInputError with
-    the reason and what would run it otherwise).  `auto`: the first runtime (megatron, then flagscale)
-    that runs the whole cluster and the model; when none does, the part one job can span with the most peak
-    compute (at `precision`), every other device type idle with the reason.  `refuses(runtime)`: why the runtime
-    cannot run the model (its model-level rules), or None."""
+    """`--runtime` resolved.  The device types that do not run `precision` stay idle with the reason
+    (planner/precision.py; none running it: PlannerInputError naming --cluster); the rest is the cluster the
+    runtime is chosen for.  A named runtime must run all of it and the model (PlannerInputError with the reason
+    and what would run it otherwise).  `auto`: the first runtime (megatron, then flagscale) that runs all of it
+    and the model; when none does, the part one job can span with the most peak compute (at `precision`), every
+    other device type idle with the reason.  `refuses(runtime)`: why the runtime cannot run the model (its
+    model-level rules), or None."""
+    idle = precisions.left_out(cluster, profiles, precision)
+    choice = _choose(requested, sub_cluster(cluster, [t for t in cluster.device_types if t not in idle]), profiles,
+                     precision, refuses)
+    if not idle:
+        return choice
+    left = {t: idle.get(t) or choice.left_out[t] for t in cluster.device_types if t in idle or t in choice.left_out}
+    return replace(choice, left_out=left, lacks_precision=tuple(idle))
+
+
+def _choose(requested: str, cluster: ClusterSpec, profiles: "ProfileSet", precision: str,
+            refuses: Refusal) -> RuntimeChoice:
+    """choose_runtime on a cluster every type of which runs the precision."""
     if requested != AUTO:
         rt = runtime_of(requested)
         check = rt.can_run(cluster, profiles)
@@ -219,7 +225,7 @@ def _best_part(cluster: ClusterSpec, profiles: "ProfileSet", precision: str,
             for order, rt in enumerate(plannable_runtimes(profiles)):
                 check = rt.can_run(part, profiles)
                 if check.ok and not refuses(rt):
-                    key = (_peak_flop_per_s(part, profiles, precision), part.world_size, -order)
+                    key = (precisions.peak_flop_per_s(part, profiles, precision), part.world_size, -order)
                     if best is None or key > best[0]:
                         best = (key, rt, part, check)
     if best is None:

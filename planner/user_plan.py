@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.checker import precision_problems
 from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel, PlanCost
 from planner.cost.ranges import RangeModel, TimeRange
@@ -93,6 +94,10 @@ def price_user_plan(run: MegatronRun, cluster: ClusterSpec, profiles, source: st
     runs = MEGATRON.can_run(cluster, profiles)  # the flags' plan spans the whole cluster (plan_from_run), whose
     if not runs.ok:  # stages may straddle types that the plan prices as the slower one
         out.cannot_run = runs.reason
+    lacking = precision_problems(plan, profiles, run.training.precision)
+    if lacking:  # no peak to price those stages with
+        out.error = f"cannot be priced: {'; '.join(lacking)}"
+        return out
     try:
         if range_model is None:
             out.cost = CostModel(run.model, run.training, cluster, profiles).evaluate(plan)

@@ -8,6 +8,7 @@ from planner.cost.model import CostModel, PlanCost
 from planner.megatron.flags import unmodelled_notes
 from planner.megatron.rules import microbatch_violations, world_violations
 from planner.errors import PlannerInputError
+from planner.precision import runs_precision
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan, StagePlan
@@ -51,7 +52,7 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
         dev_type = first
         if first != last:
             pool = profiles.pool(first, last, tr.precision)
-            slower = min((first, last), key=lambda t: profiles.device(t).peak_flop_per_s(tr.precision))
+            slower = min((first, last), key=lambda t: _peak_flop_per_s(t, profiles, tr.precision))
             dev_type = pool or slower
             notes.append(f"stage {s} spans {first} and {last}; priced on the slower {slower}"
                          + (f" (the pooled type {pool}: DP over both, the slower link between them)" if pool else ""))
@@ -64,6 +65,13 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
         layout=_kept_layout(par, layers, vpp),
     )
     return plan, notes
+
+
+def _peak_flop_per_s(device_type: str, profiles, precision: str) -> float:
+    """A type's peak at the run's precision; 0 for a type that does not run it (the stage is then put on it, and
+    refused for it: api.check_plan_precision)."""
+    return profiles.device(device_type).peak_flop_per_s(precision) if runs_precision(device_type, profiles,
+                                                                                       precision) else 0.0
 
 
 def _kept_layout(par, layers: list[int], vpp: int) -> tuple[str, ...] | None:

@@ -86,6 +86,10 @@ class StagePlan(StrictModel):
     dp: int = Field(1, gt=0, description="data-parallel size of this stage")
     recompute: Recompute = Recompute()
 
+    def member_types(self) -> tuple[str, ...]:
+        """The device types the stage's GPUs come from: its type, or a pooled type's members."""
+        return pool_members(self.device_type)
+
 
 class Plan(StrictModel):
     """A complete parallel plan: global degrees plus one entry per pipeline stage."""
@@ -183,4 +187,4 @@ class Plan(StrictModel):
     def member_types(self) -> list[str]:
         """The device types the stages run on, in stage order, once each; a pooled stage type ("H100+H200")
         counts as its members (what a runtime must hold in one job)."""
-        return list(dict.fromkeys(m for s in self.stages for m in pool_members(s.device_type)))
+        return list(dict.fromkeys(m for s in self.stages for m in s.member_types()))
