@@ -70,7 +70,7 @@ def left_out(cluster: "ClusterSpec", profiles: "ProfileSet", precision: str) -> 
 
 
 def _none_runs(lacking: list[str], cluster: "ClusterSpec", profiles: "ProfileSet", precision: str) -> str:
-    each = "; ".join(f"{t} runs {listed(t, profiles)}" for t in lacking)
+    each = "; ".join(f"{t} does not run {precision} (it runs {listed(t, profiles)})" for t in lacking)
     instead = _instead(cluster, profiles)
-    return (f"no device type of the cluster runs {precision}, the run's precision ({each}); choose other devices"
+    return (f"no device type of the cluster runs {precision}, the run's precision: {each}; choose other devices"
             + (f", or a precision they run: {instead}" if instead else ""))

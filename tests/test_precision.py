@@ -39,7 +39,8 @@ def test_a_cluster_none_of_whose_types_runs_the_precision_is_refused_naming_them
     with pytest.raises(PlannerInputError) as err:
         load_inputs(model="llama2-7b", cluster="V100:8,T4:8")
     assert err.value.field == "--cluster"
-    assert "V100 runs fp16, fp32" in str(err.value) and "T4 runs fp16, fp32" in str(err.value)
+    assert "V100 does not run bf16 (it runs fp16, fp32)" in str(err.value)
+    assert "T4 does not run bf16 (it runs fp16, fp32)" in str(err.value)
     with pytest.raises(PlannerInputError):
         choose_runtime("auto", parse_cluster("V100:8,T4:8", profiles), profiles, "bf16")
     refused(run(["solve", "--model", "llama2-7b", "--cluster", "V100:8,T4:8", "--quiet"]), "--cluster")
