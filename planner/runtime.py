@@ -10,7 +10,8 @@ Which runtime can run which cluster is data: profiles/runtimes.yaml (one row per
 it runs, the vendor groups one job may span, each with its communication library and source), loaded by
 planner/profile_tables.py.  `Runtime.can_run(types, profiles)` answers for a set of device types (a
 cluster, or a plan's stages) with the reason; `choose_runtime` turns `--runtime auto|megatron|flagscale`
-into the runtime and the part of the cluster one job of it can span.
+into the runtime and the part of the cluster one job of it can span, after leaving out the device types that do
+not run the run's precision (planner/precision.py).
 
 To add a runtime: a `Runtime` here and its row in profiles/runtimes.yaml, its rules in
 planner/megatron/rules.py (`runtime_violations`), its launcher in planner/launcher/ (`LAUNCHERS`), and its
@@ -178,8 +179,9 @@ def choose_runtime(requested: str, cluster: ClusterSpec, profiles: "ProfileSet",
     other device type idle with the reason.  `refuses(runtime)`: why the runtime cannot run the model (its
     model-level rules), or None."""
     idle = precisions.left_out(cluster, profiles, precision)
+    have = cluster.gpus_by_type()
     choice = _choose(requested, sub_cluster(cluster, [t for t in cluster.device_types if t not in idle]), profiles,
-                     precision, refuses)
+                     precision, refuses, {t: have[t] for t in idle})
     if not idle:
         return choice
     left = {t: idle.get(t) or choice.left_out[t] for t in cluster.device_types if t in idle or t in choice.left_out}
@@ -187,13 +189,14 @@ def choose_runtime(requested: str, cluster: ClusterSpec, profiles: "ProfileSet",
 
 
 def _choose(requested: str, cluster: ClusterSpec, profiles: "ProfileSet", precision: str,
-            refuses: Refusal) -> RuntimeChoice:
-    """choose_runtime on a cluster every type of which runs the precision."""
+            refuses: Refusal, idle: dict[str, int]) -> RuntimeChoice:
+    """choose_runtime on a cluster every type of which runs the precision (`idle`: the GPUs per type left out
+    for the precision, for a refusal's steer)."""
     if requested != AUTO:
         rt = runtime_of(requested)
         check = rt.can_run(cluster, profiles)
         if not check.ok:
-            raise PlannerInputError("--runtime", f"{check.reason}; {_steer(rt, cluster, profiles, precision)}")
+            raise PlannerInputError("--runtime", f"{check.reason}; {_steer(rt, cluster, profiles, precision, idle)}")
         why = refuses(rt)
         if why:
             raise PlannerInputError("--runtime", f"{rt.title} cannot run this model: {why}")
@@ -253,15 +256,17 @@ def _why_left_out(device_type: str, part: ClusterSpec, cluster: ClusterSpec, pro
             f"(--cluster {device_type}:{n})")
 
 
-def _steer(rt: Runtime, cluster: ClusterSpec, profiles: "ProfileSet", precision: str) -> str:
-    """What runs this cluster instead of `rt`: another runtime, or auto's part of it."""
+def _steer(rt: Runtime, cluster: ClusterSpec, profiles: "ProfileSet", precision: str,
+           idle: dict[str, int]) -> str:
+    """What runs this cluster instead of `rt`: another runtime, or auto's part of it (`idle`: the GPUs per type
+    already left out for the precision, idle either way)."""
     for other in plannable_runtimes(profiles):
         if other is not rt and other.can_run(cluster, profiles).ok:
             return f"use --runtime {other.name} ({other.can_run(cluster, profiles).reason})"
     part = _best_part(cluster, profiles, precision)
-    idle = ", ".join(f"{t}:{cluster.gpus_by_type()[t]}" for t in part.left_out)
+    left = {**{t: cluster.gpus_by_type()[t] for t in part.left_out}, **idle}
     return (f"no runtime runs the whole cluster; --runtime auto plans {part.runtime.name} on "
-            f"{part.cluster.describe()} and leaves {idle} idle")
+            f"{part.cluster.describe()} and leaves {', '.join(f'{t}:{n}' for t, n in left.items())} idle")
 
 
 def runtime_of(name: str) -> Runtime:

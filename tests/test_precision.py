@@ -35,6 +35,12 @@ def test_a_type_without_the_precision_is_left_out_with_the_reason(profiles, requ
     assert fp16.cluster.describe() == CLUSTER and not fp16.left_out  # the T4 runs fp16
 
 
+def test_a_named_runtime_that_cannot_hold_the_rest_steers_to_auto_naming_every_idle_type():
+    line = refused(run(["solve", "--model", "llama3-8b", "--runtime", "megatron", "--cluster", "H800:8,910B:8,T4:8",
+                        "--quiet"]), "--runtime")
+    assert "--runtime auto plans megatron on H800:8 and leaves 910B:8, T4:8 idle" in line
+
+
 def test_a_cluster_none_of_whose_types_runs_the_precision_is_refused_naming_them(profiles):
     with pytest.raises(PlannerInputError) as err:
         load_inputs(model="llama2-7b", cluster="V100:8,T4:8")
