@@ -160,6 +160,31 @@ def test_profile_suggestion_for_a_gpu_is_unchanged(monkeypatch, tmp_path):
     assert "--allow-invalid" not in output
 
 
+
+@pytest.mark.parametrize("extra, flag, says", [
+    (["--tp-list", "3"], "--tp-list", "num_attention_heads (32) must be a multiple"),  # measured, then a pydantic error
+    (["--tp-list", "16", "--quick"], "--tp-list", "8 attention heads"),  # --quick shrinks 32 heads to 8
+    (["--ep-list", "3"], "--ep-list", "num_experts 8 is not a multiple of EP 3"),  # was "dense model: no expert GEMMs"
+    (["--skip-collectives", "--quick"], "--skip-collectives", "drop --skip-collectives"),  # refused after measuring
+])
+def test_profile_refuses_splits_it_cannot_time_before_measuring(monkeypatch, tmp_path, extra, flag, says):
+    """A --tp-list or --ep-list Megatron refuses for the model, a TP that leaves no attention shape, and
+    --skip-collectives on a CPU (no shipped links) exit 2 naming the flag, before anything is measured."""
+    import types
+
+    import cli
+    from planner.commands import profile as profile_command
+
+    def measured(opts, progress):
+        raise AssertionError("measured before the options were checked")
+
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or types.ModuleType("torch"))
+    monkeypatch.setattr(profile_command, "run_profile", measured)
+    res = CliRunner().invoke(cli.main, ["profile", "--model", "mixtral-s", "--device", "cpu", *extra,
+                                        "--out", str(tmp_path / "prof")])
+    assert res.exit_code == 2 and f"error: {flag}: " in res.output and says in res.output, res.output
+    assert not (tmp_path / "prof").exists()
+
 @pytest.mark.slow
 def test_profile_quick_cpu_end_to_end(tmp_path):
     """`profile --quick --device cpu` runs (two gloo processes), writes a measured DeviceProfile the

@@ -14,6 +14,7 @@ from planner.inputs.presets import load_model_preset
 from planner.output.run_dir import PROFILE_OUTPUT, check_out_dir
 from planner.profile_tables import ProfileSet
 from planner.profiling.runner import ProfileOptions, default_ep_list, run_profile, write_profile
+from planner.profiling.shapes import allowed_tps, check_splits
 from planner.runtime import plannable_runtimes
 
 TORCH_MISSING = "install the profile extra: pip install -e '.[profile]'"
@@ -68,16 +69,20 @@ def command(model, device, out_dir, force, quick, tp_list, ep_list, etp_list, mb
     spec, _training = load_model_preset(model)
     lists = {flag: _int_list(flag, text) for flag, text in
              (("--tp-list", tp_list), ("--ep-list", ep_list), ("--etp-list", etp_list), ("--mbs-list", mbs_list))}
+    gpu = device == "cuda"
+    tps = lists["--tp-list"] or allowed_tps(spec, [1, 2, 4, 8] if gpu and not quick else [1, 2])
+    eps = lists["--ep-list"] or default_ep_list(spec, 2 if quick else 8)
+    check_splits(spec, tps, eps, quick)
+    if skip_collectives and not gpu:
+        raise PlannerInputError("--skip-collectives", "a CPU has no shipped profile to take its links from; "
+                                "drop --skip-collectives (--device cpu times the collectives on two local processes)")
     try:
         import torch  # noqa: F401
     except ImportError:
         click.echo(f"error: torch is not installed; {TORCH_MISSING}", err=True)
         sys.exit(2)
-    gpu = device == "cuda"
     opts = ProfileOptions(
-        model=spec, device=device, quick=quick,
-        tp_list=lists["--tp-list"] or ([1, 2, 4, 8] if gpu and not quick else [1, 2]),
-        ep_list=lists["--ep-list"] or default_ep_list(spec, 2 if quick else 8),
+        model=spec, device=device, quick=quick, tp_list=tps, ep_list=eps,
         etp_list=lists["--etp-list"] or [1],
         micro_batch_sizes=lists["--mbs-list"] or ([1] if quick else [1, 2]),
         dtype=dtype, warmup=warmup, repeats=repeats, skip_collectives=skip_collectives,

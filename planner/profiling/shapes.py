@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.errors import PlannerInputError
+from planner.megatron.rules import ep_violations, tp_violations
 from planner.schemas.model import ModelSpec
 
 QUICK_MAX_HIDDEN = 256
@@ -143,3 +145,23 @@ def bench_shapes(
     optimizer_params = 1 << 20 if quick else 1 << 26
     return BenchShapes(model.name, scaled, h, f, s, tokens, tuple(gemms), tuple(attention), tuple(grouped),
                        elementwise, optimizer_params, min(tp_list), moe_grouped_gemm=model.moe_grouped_gemm)
+
+
+def check_splits(model: ModelSpec, tp_list: list[int], ep_list: list[int], quick: bool) -> None:
+    """Refuse a --tp-list or --ep-list value Megatron would refuse for `model` (nothing timed there could be
+    planned), and a --tp-list that leaves no attention shape (--quick shrinks the heads): checked before torch."""
+    for flag, values, rule in (("--tp-list", tp_list, tp_violations), ("--ep-list", ep_list, ep_violations)):
+        for value in values:
+            found = rule(model, value)
+            if found:
+                raise PlannerInputError(flag, f"{value}: {found[0].message} ({found[0].hint})")
+    heads = _scaled(model, quick)[3]
+    if not any(heads % tp == 0 or tp == 1 for tp in tp_list):
+        raise PlannerInputError("--tp-list", f"no TP in {','.join(map(str, tp_list))} divides the {heads} attention "
+                                f"heads timed{' (--quick shrinks the model)' if quick else ''}: include 1 or a divisor "
+                                f"of {heads}")
+
+
+def allowed_tps(model: ModelSpec, candidates: list[int]) -> list[int]:
+    """The default TP sizes Megatron allows for `model` (1 always)."""
+    return [tp for tp in candidates if tp == 1 or not tp_violations(model, tp)]
