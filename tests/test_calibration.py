@@ -281,6 +281,24 @@ def test_calibrate_refuses_a_run_other_than_the_logged_one(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+
+def test_calibrate_refuses_a_log_whose_ranks_the_run_priced_has_not(tmp_path):
+    """walk55: a log of 16 GPUs without its `using world size` line (or cut above it) names ranks 8..15 in its memory
+    lines; calibrated as 8 GPUs, those ranks were dropped without a word and ranks 4..7 (stage 0 at DP 4) were
+    counted as stage 1's memory.  A rank at or beyond the world size priced is refused naming --cluster."""
+    lines = (LOGS / "megatron_core018_minmax.log").read_text().splitlines(keepends=True)
+    memory = next(i for i, line in enumerate(lines) if line.startswith("[Rank 5]"))
+    extra = lines[memory].replace("[Rank 5]", "[Rank 13]")
+    for name, head in (("no_header.log", []), ("header_8.log", lines[:1])):
+        path = tmp_path / name
+        path.write_text("".join(head + lines[1:memory + 1] + [extra] + lines[memory + 1:]))
+        out = tmp_path / f"cal-{name}"
+        res = _cli(["calibrate", "--megatron-log", str(path), "--model", _eight_layers(tmp_path), "--cluster",
+                    "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64", "--out", str(out), "--allow-memory-excess"])
+        assert res.exit_code == 2, res.output
+        assert "error: --cluster: " in res.output and "the log states 14, the run priced has 8" in res.output
+        assert not out.exists() and "Traceback" not in res.output
+
 def test_printed_factors_are_the_written_ones(tmp_path):
     """walk53b item 5: calibrate printed "global x0.6730, H100 compute x2.6799" while corrections.yaml held x1.80
     (their product).  The summary lists each written entry (device, factor, kinds) as corrections.yaml holds it,

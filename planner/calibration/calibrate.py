@@ -74,6 +74,7 @@ STATED_OPTIONS = {
     "ep": "--ep (--expert-model-parallel-size)", "mbs": "--mbs (--micro-batch-size)",
     "gbs": "--gbs (--global-batch-size)", "seq_length": "--seq (--seq-length)",
     "num_layers": "--model (num_layers; --num-layers)",
+    "ranks": "--cluster (world size, counted from the ranks its memory or timer lines name)",
 }
 
 
@@ -285,6 +286,9 @@ def stated_differences(measurement: Measurement, priced: dict[str, int]) -> list
     stated = dict(measurement.stated)
     if measurement.global_batch_size is not None:
         stated["gbs"] = measurement.global_batch_size
+    ranks = [*measurement.per_rank_compute_s, *measurement.per_rank_peak_bytes]
+    if ranks and "world_size" in priced and max(ranks) >= stated.get("world_size", priced["world_size"]):
+        stated["ranks"], priced = max(ranks) + 1, {**priced, "ranks": priced["world_size"]}  # a rank not priced
     return [(key, stated[key], priced[key]) for key in STATED_OPTIONS
             if key in stated and key in priced and stated[key] != priced[key]]
 
