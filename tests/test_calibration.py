@@ -407,3 +407,29 @@ def test_instrument_dir_reports_its_iterations_and_date(tmp_path):
     res = _cli(["calibrate", "--instrument-dir", str(tmp_path / "iTrue"), *run, "--cluster", "H100:16",
                 "--out", str(tmp_path / "c16")])
     assert res.exit_code == 2 and "the log states 8, the run priced has 16" in res.output, res.output
+
+
+def test_instrument_dir_of_another_run_is_refused(tmp_path):
+    """walk55: instrumentation files of two runs in one directory (world sizes 8 and 16), or of another run than
+    --megatron-log's (16 GPUs against the log's 8), were taken without a word (the disagreeing world size dropped,
+    the other run's memory and router statistics used).  Both exit 2 naming --instrument-dir, nothing written."""
+    import json
+
+    def instrument(directory: Path, worlds: list[int]) -> Path:
+        directory.mkdir()
+        for rank, world in enumerate(worlds):
+            data = {"rank": rank, "world_size": world, "skipped_iterations": 1,
+                    "iterations": [{"iteration": it, "time_s": 1.5} for it in range(1, 6)]}
+            (directory / f"instrument_rank{rank}.json").write_text(json.dumps(data))
+        return directory
+
+    run = ["--model", _eight_layers(tmp_path), "--cluster", "H100:8", "--tp", "2", "--pp", "2", "--gbs", "64"]
+    mixed = instrument(tmp_path / "mixed", [8] * 4 + [16] * 4)
+    other = instrument(tmp_path / "other", [16] * 8)
+    for extra, says in ((["--instrument-dir", str(mixed)], "world sizes 8, 16: files of more than one run"),
+                        (["--instrument-dir", str(other), "--megatron-log", str(LOGS / "megatron_core018_minmax.log")],
+                         "its files state world size 16, megatron_core018_minmax.log states 8")):
+        out = tmp_path / "cal"
+        res = _cli(["calibrate", *extra, *run, "--out", str(out), "--allow-memory-excess"])
+        assert res.exit_code == 2 and "error: --instrument-dir: " in res.output and says in res.output, res.output
+        assert not out.exists() and "Traceback" not in res.output

@@ -192,6 +192,9 @@ def measurement_from_instrument(directory: str | Path) -> Measurement:
             worlds.add(world)
     if not per_rank_time:
         raise PlannerInputError("--instrument-dir", f"{d}: no recorded iterations")
+    if len(worlds) > 1:
+        raise PlannerInputError("--instrument-dir", f"{d}: its files state world sizes {', '.join(map(str, sorted(worlds)))}"
+                                                    ": files of more than one run; keep one run's files in it")
     return Measurement(source=d.name, date=min(dates) if dates else "unknown",
                        iteration_time_s=max(per_rank_time.values()), per_rank_peak_bytes=peaks,
                        steady_iterations=max(len(iterations), max(counts)),
@@ -222,7 +225,11 @@ def read_measurement(megatron_log: str | Path | None, instrument_dir: str | Path
             measurement.per_rank_peak_bytes = extra.per_rank_peak_bytes
             measurement.memory_option = extra.memory_option
         if "world_size" in extra.stated:
-            measurement.stated.setdefault("world_size", extra.stated["world_size"])
+            logged = measurement.stated.setdefault("world_size", extra.stated["world_size"])
+            if logged != extra.stated["world_size"]:
+                raise PlannerInputError("--instrument-dir", f"{instrument_dir}: its files state world size "
+                                        f"{extra.stated['world_size']}, {parsed.source} states {logged}: they are of "
+                                        "different runs; give the instrumentation of the logged run")
     return measurement, parsed
 
 
