@@ -294,6 +294,23 @@ def test_emit_replaces_the_launcher_files_solve_wrote_and_keeps_the_users(tmp_pa
                                 "--out")
 
 
+
+def test_emit_into_the_solve_directory_itself_keeps_its_launch_directory(tmp_path, tiny):
+    """walk55: `emit --plan S/plan.json --out S` (S, not S/launch) was taken without --force as a replacement of
+    solve's launcher files: it deleted S/launch/ and wrote launch.sh beside plan.json, leaving summary.md and
+    docs/running.md pointing at a launch/ that was gone.  S holds a plan, not launcher files: it asks for --force,
+    and with it emit's files go beside solve's, whose launch/ stays as solve wrote it."""
+    plan = tmp_path / "S"
+    assert run(solve_args(tiny, "--out", str(plan))).exit_code == 0
+    before = (plan / "launch" / "launch.sh").read_bytes()
+    emit = ["emit", "--plan", str(plan / "plan.json"), "--out", str(plan)]
+    assert "--force" in refused(run(emit), "--out")
+    assert not (plan / "launch.sh").exists() and (plan / "launch" / "launch.sh").read_bytes() == before
+    assert run(emit + ["--force"]).exit_code == 0
+    writers = manifest_writers(plan)
+    assert writers["launch.sh"] == "emit --out" and writers["launch/launch.sh"] == "solve --out"
+    assert (plan / "launch" / "launch.sh").read_bytes() == before and no_staging_left(plan)
+
 def test_solve_again_replaces_what_emit_wrote_into_its_launch_directory(tmp_path, tiny):
     """The reverse of the test above: after `emit --out S/launch --hosts` (Slurm host files beside launch.sh),
     `solve --out S` again without --hosts replaces emit's files as its own earlier output: no stale

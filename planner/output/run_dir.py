@@ -63,18 +63,18 @@ class OutputKind:
     family: str
     paths: tuple[str, ...] = ()
     has_force: bool = True  # the command has a --force option (--plot has none)
-    # (writer, subdirectory ending in '/'): files that another command wrote into that subdirectory of its
-    # output which are this kind's files too (solve --out's launch/ holds launcher files); written into
-    # that subdirectory, this command replaces them as its own earlier output
-    earlier_from: tuple[tuple[str, str], ...] = ()
+    # (writer, subdirectory ending in '/', where this kind writes: a prefix): files that another command wrote
+    # into that subdirectory of the manifest's directory which are this kind's files too, when this command
+    # writes at that prefix: `emit --out DIR/launch` ("launch/") replaces the launcher files of solve --out DIR,
+    # and `solve --out DIR` ("") the ones emit wrote into DIR/launch; `emit --out DIR` replaces none of them
+    earlier_from: tuple[tuple[str, str, str], ...] = ()
 
     def is_earlier(self, writer: str | None, rel: str, prefix: str) -> bool:
         """Whether the planner's file `rel` (written by `writer`, in the directory of the manifest) is
-        an earlier output of this kind when writing into that directory's `prefix` subdirectory (the
-        subdirectory itself, or the whole directory holding it)."""
+        an earlier output of this kind when writing into that directory's `prefix` subdirectory."""
         if writer == self.writer:
             return True
-        return any(writer == w and prefix in (sub, "") and rel.startswith(sub) for w, sub in self.earlier_from)
+        return any(writer == w and prefix == at and rel.startswith(sub) for w, sub, at in self.earlier_from)
 
 
 PLOT_FILES = ("placement.png", "placement.json", "timeline.png", "timeline.json", "timeline.csv", "memory.png",
@@ -83,10 +83,10 @@ PLAN_OUTPUT = OutputKind("plan", "solve --out", "plan",
                          ("plan.json", "inputs.json", "summary.md", "launch/launch.sh", "launch/megatron_args.txt",
                           "launch/hostfile", *(f"plots/{p}" for p in PLOT_FILES if p != "summary.md"),
                           "trials/pick/launch.sh", "trials/pick/plan.json"),
-                         earlier_from=(("emit --out", "launch/"),))
+                         earlier_from=(("emit --out", "launch/", ""),))
 PLOTS_OUTPUT = OutputKind("pictures", "--plot", "plots", PLOT_FILES, has_force=False)
 LAUNCHER_OUTPUT = OutputKind("launcher files", "emit --out", "launcher", ("launch.sh", "megatron_args.txt", "hostfile"),
-                             earlier_from=(("solve --out", "launch/"),))
+                             earlier_from=(("solve --out", "launch/", "launch/"),))
 PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", ("profile_report.json",))
 CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
                               ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml",
