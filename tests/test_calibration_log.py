@@ -190,3 +190,43 @@ def test_the_configuration_the_log_states():
     assert log.stated_config(1) == {"world_size": 8, "dp": 1, "cp": 1, "tp": 8, "pp": 1, "ep": 2, "seq_length": 4096,
                                     "num_layers": 32}
     assert log.problem_count == 0
+
+
+def _line(it: int, ms: float, skipped: int = 0, nan: int = 0, interval: int = 10) -> str:
+    return (f" iteration {it * interval:8d}/     100 | consumed samples: {it * 640:10d} | elapsed time per iteration "
+            f"(ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): 100.0 | learning rate: 1.0E-04 | global batch "
+            f"size:    64 | lm loss: {'nan' if nan else '7.5E+00'} | loss scale: 65536.0 | number of skipped "
+            f"iterations: {skipped:3d} | number of nan iterations: {nan:3d} |")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_lines_whose_interval_skipped_optimizer_steps_are_not_timed(monkeypatch, fast):
+    """walk55: an fp16 loss-scale overflow or a NaN loss skips the optimizer step, so its log line's time is short;
+    such lines are left out of the median where others remain (1000, 1000, 1010 ms; not 600 and 700), counted, and
+    timed only where every line has them.  The count of steady iterations is the iterations the lines average
+    (log interval 10), not the lines.  Both the fast and the full line reader."""
+    if not fast:
+        monkeypatch.setattr(megatron_log, "_ONE_LINE_RE", __import__("re").compile(r"(?!)"))
+    text = "\n".join([_line(1, 3000), _line(2, 1500), _line(3, 600, skipped=3), _line(4, 1000), _line(5, 1000),
+                      _line(6, 700, nan=1), _line(7, 1010)]) + "\n"
+    log = parse_megatron_log_text(text)
+    assert log.median_iteration_time_s(skip=2) == pytest.approx(1.000)
+    assert log.skipped_lines(skip=2) == 2 and log.steady_iterations(skip=2) == [40, 50, 70]
+    assert log.steady_iteration_count(skip=2) == 30
+    every = parse_megatron_log_text("\n".join([_line(1, 3000), _line(2, 600, skipped=1), _line(3, 650, nan=1)]))
+    assert every.median_iteration_time_s(skip=1) == pytest.approx(0.625) and every.skipped_lines(skip=1) == 2
+
+
+def test_calibrate_says_what_the_skipped_steps_did():
+    """The calibration report warns about the lines left out, and about a median that had to time them."""
+    from planner.calibration.calibrate import measurement_from_log, skipped_step_warnings
+
+    some = parse_megatron_log_text("\n".join([_line(1, 3000), _line(2, 1000), _line(3, 600, skipped=2),
+                                              _line(4, 1000)]))
+    (warning,) = skipped_step_warnings(measurement_from_log(some, skip=1))
+    assert warning.startswith("1 log line(s)") and warning.endswith("left out of the median")
+    every = parse_megatron_log_text("\n".join([_line(1, 3000), _line(2, 600, skipped=1), _line(3, 650, nan=1)]))
+    (warning,) = skipped_step_warnings(measurement_from_log(every, skip=1))
+    assert "every one of them" in warning and "shorter than a training step" in warning
+    clean = parse_megatron_log_text("\n".join([_line(1, 3000), _line(2, 1000), _line(3, 1000)]))
+    assert skipped_step_warnings(measurement_from_log(clean, skip=1)) == []

@@ -94,6 +94,8 @@ class Measurement:
     global_batch_size: int | None = None
     stated: dict[str, int] = field(default_factory=dict)  # the run's configuration as its log states it
     memory_option: str = "--megatron-log"  # where per_rank_peak_bytes came from
+    skipped_lines: int = 0  # log lines after the warm-up whose interval skipped optimizer steps (fp16 overflow, NaN)
+    skipped_timed: bool = False  # every such line: the median had to time them
 
 
 def choose_run(log: ParsedLog, run: int | None) -> int | None:
@@ -142,9 +144,26 @@ def measurement_from_log(log: ParsedLog, skip: int = 2, run: int | None = None) 
         source=log.source, date=date, iteration_time_s=t, per_rank_compute_s=compute, per_rank_peak_bytes=peaks,
         forward_backward_s=fb / 1e3 if fb is not None else None,
         throughput_tflops=log.median_throughput_tflops(skip, run),
-        steady_iterations=len(log.steady_indices(skip, run)), problems=log.problem_count,
+        steady_iterations=log.steady_iteration_count(skip, run), problems=log.problem_count,
         global_batch_size=log.global_batch_size(skip, run), stated=log.stated_config(run),
+        skipped_lines=log.skipped_lines(skip, run),
+        skipped_timed=0 < log.skipped_lines(skip, run) == len(log.after_warmup(skip, run)),
     )
+
+
+def skipped_step_warnings(measurement: Measurement) -> list[str]:
+    """What the log's skipped optimizer steps did to the measurement (Megatron's `number of skipped iterations`
+    and `number of nan iterations`: an fp16 loss-scale overflow or a NaN loss skips the step, so the line's
+    time is short)."""
+    n = measurement.skipped_lines
+    if not n:
+        return []
+    what = (f"{n} log line(s) after the warm-up report iterations that skipped their optimizer step (number of "
+            "skipped or nan iterations above 0: an fp16 loss-scale overflow, a NaN loss)")
+    if measurement.skipped_timed:
+        return [f"{what}, every one of them: the median times them and is shorter than a training step; measure "
+                "a longer run, past the loss scale's first overflows, or fix the NaN loss"]
+    return [f"{what}: left out of the median"]
 
 
 def measurement_from_instrument(directory: str | Path) -> Measurement:
@@ -486,7 +505,7 @@ def _report(measurement: Measurement, run: Any, before: Any, after: Any, stage_r
             corrections: list[dict[str, Any]]) -> dict[str, Any]:
     """The calibration report: what was measured, predicted before and after, the fitted factors
     (`fitted`), what is written (`corrections`: device, kind, factor), the stage rows and the warnings."""
-    warnings = []
+    warnings = skipped_step_warnings(measurement)
     if measurement.per_rank_peak_bytes and not mem_diff:
         warnings.append("memory lines name ranks outside every stage of this configuration")
     return {
@@ -669,7 +688,8 @@ def render_report(report: dict[str, Any]) -> str:
     """A short human summary of a calibration report."""
     meas, before, after = report["measured"], report["predicted_before"], report["predicted_after"]
     lines = [f"warning: {w}" for w in report.get("warnings", [])] + [
-        f"measured   {meas['iteration_time_s']:.4f} s/iteration over {meas['steady_iterations']} steady iterations "
+        f"measured   {meas['iteration_time_s']:.4f} s/iteration over {meas['steady_iterations']} steady iteration"
+        f"{'' if meas['steady_iterations'] == 1 else 's'} "
         f"({meas['source']}, {meas['unreadable_lines']} unreadable lines)",
         f"predicted  {before['iteration_time_s']:.4f} s before ({before['error']:+.1%}), "
         f"{after['iteration_time_s']:.4f} s after calibration ({round(after['error'], 4) + 0.0:+.1%})",

@@ -2,8 +2,10 @@
 
 Reads four kinds of lines:
 - iteration lines (printed by the last rank): elapsed time per iteration (ms), throughput per
-  GPU (TFLOP/s/GPU), global batch size (`parse_iteration_line` gives every other `key: value |`
-  pair of one line);
+  GPU (TFLOP/s/GPU), global batch size and the iterations of the interval that skipped their optimizer step
+  (`number of skipped iterations` + `number of nan iterations`: an fp16 loss-scale overflow, a NaN loss; such a
+  line's time is short and not the run's: `steady_indices` leaves it out where others remain)
+  (`parse_iteration_line` gives every other `key: value |` pair of one line);
 - memory lines (`[Rank r] (after it iterations) memory (MB) | allocated: ...`), one per rank
   with DP rank 0;
 - timer blocks, in the `(min, max)`, `max` and `all` formats, with or without the
@@ -220,11 +222,13 @@ class ParsedLog:
     memory_lines: int = 0
     runs: list[RunStart] = field(default_factory=list)
     run_count: int = 0
-    # iteration columns: number, elapsed seconds, TFLOP/s per GPU, global batch (nan / -1: not in the line)
+    # iteration columns: number, elapsed seconds, TFLOP/s per GPU, global batch, skipped + nan iterations of the
+    # interval (nan / -1: not in the line)
     it_number: array = field(default_factory=lambda: array("q"))
     it_elapsed_s: array = field(default_factory=lambda: array("d"))
     it_tflops: array = field(default_factory=lambda: array("d"))
     it_gbs: array = field(default_factory=lambda: array("q"))
+    it_skipped: array = field(default_factory=lambda: array("q"))
     it_line: array = field(default_factory=lambda: array("q"))
     peaks: dict[tuple[int, int], MemoryRecord] = field(default_factory=dict)  # (run, rank) -> peak record
     timer_cols: _Timers = field(default_factory=_Timers)
@@ -271,21 +275,45 @@ class ParsedLog:
             out.append(IterationRecord(self.it_number[i], 0, fields, self.it_line[i]))
         return out
 
-    def steady_indices(self, skip: int = 2, run: int | None = None) -> range:
+    def after_warmup(self, skip: int = 2, run: int | None = None) -> range:
         """Indices of the iteration lines after the first `skip` ones of the run (the first lines
         include start-up time; megatron.md section 4)."""
         if skip < 0:
             raise PlannerInputError("--skip-iterations", f"must be >= 0, got {skip}")
         return self._run_range(run)[skip:]
 
+    def skipped_lines(self, skip: int = 2, run: int | None = None) -> int:
+        """Lines after the warm-up whose interval holds iterations that skipped their optimizer step."""
+        after = self.after_warmup(skip, run)
+        return int(np.count_nonzero(self._skip_counts(after) > 0))
+
+    def _skip_counts(self, indices: range) -> np.ndarray:
+        return (np.frombuffer(self.it_skipped, dtype=np.int64)[indices.start:indices.stop] if len(self.it_skipped)
+                else np.empty(0, dtype=np.int64))
+
+    def steady_indices(self, skip: int = 2, run: int | None = None) -> list[int]:
+        """The lines timed: those after the warm-up, less those whose interval skipped optimizer steps (their
+        time is not the run's) unless every line did."""
+        after = self.after_warmup(skip, run)
+        clean = self._skip_counts(after) <= 0
+        if clean.all() or not clean.any():
+            return list(after)
+        return [i for i, ok in zip(after, clean) if ok]
+
     def steady_iterations(self, skip: int = 2, run: int | None = None) -> list[int]:
         """The iteration numbers of the steady lines."""
-        steady = self.steady_indices(skip, run)
-        return self.it_number[steady.start:steady.stop].tolist()
+        return [self.it_number[i] for i in self.steady_indices(skip, run)]
+
+    def steady_iteration_count(self, skip: int = 2, run: int | None = None) -> int:
+        """The iterations the steady lines time: a line averages the iterations since the line before it (the
+        log interval), one where it opens its run."""
+        starts = {r.index for r in self.runs}
+        return sum(1 if i in starts or i == 0 else max(1, self.it_number[i] - self.it_number[i - 1])
+                   for i in self.steady_indices(skip, run))
 
     def _steady_column(self, column: array, skip: int, run: int | None) -> np.ndarray:
         steady = self.steady_indices(skip, run)
-        values = np.frombuffer(column, dtype=np.float64)[steady.start:steady.stop] if len(column) else np.empty(0)
+        values = np.frombuffer(column, dtype=np.float64)[steady] if len(column) and steady else np.empty(0)
         return values[~np.isnan(values)]
 
     def median_iteration_time_s(self, skip: int = 2, run: int | None = None) -> float | None:
@@ -298,8 +326,7 @@ class ParsedLog:
         return float(np.median(values)) if values.size else None
 
     def global_batch_size(self, skip: int = 2, run: int | None = None) -> int | None:
-        steady = self.steady_indices(skip, run)
-        return next((g for g in self.it_gbs[steady.start:steady.stop] if g >= 0), None)
+        return next((g for g in (self.it_gbs[i] for i in self.after_warmup(skip, run)) if g >= 0), None)
 
     # ---- memory
 
@@ -436,12 +463,16 @@ def _checked_record(line: str, line_no: int, match: re.Match, rest: str,
     return record
 
 
-_Figures = tuple  # (iteration, total, elapsed s, TFLOP/s per GPU or nan, global batch or -1, line)
+_Figures = tuple  # (iteration, total, elapsed s, TFLOP/s per GPU or nan, global batch or -1, skipped or -1, line)
+_SKIPPED_RE = re.compile(r"number of (?:skipped|nan) iterations:\s*(\d{1,18})\s*\|")
 
 
 _ONE_LINE_RE = re.compile(  # Megatron's iteration line with the three figures in its order, in one search
     r"iteration\s+(\d{1,18})/\s*(\d{1,18})\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)\s*\|"
     r"(?:.*?throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+)\s*\|)?(?:.*?global batch size:\s*(\d{1,18})\s*\|)?")
+_SKIPPED_TAIL_RE = re.compile(  # after them, Megatron's skipped and nan counts (searched apart: 2x faster than optional
+    # groups in _ONE_LINE_RE)
+    r"number of skipped iterations:\s*(\d{1,18})\s*\|(?:.*?number of nan iterations:\s*(\d{1,18})\s*\|)?")
 
 
 def _fast_iteration(line: str, line_no: int) -> _Figures | LogProblem:
@@ -456,7 +487,9 @@ def _fast_iteration(line: str, line_no: int) -> _Figures | LogProblem:
             elapsed = NONE
         if 0 < elapsed <= MAX_ELAPSED_MS and (tflops != tflops or math.isfinite(tflops)):
             gbs = int(quick.group(5)) if quick.group(5) else -1
-            return int(quick.group(1)), int(quick.group(2)), elapsed / 1e3, tflops, gbs, line_no
+            tail = _SKIPPED_TAIL_RE.search(line, quick.end())
+            skipped = -1 if tail is None else int(tail.group(1)) + int(tail.group(2) or 0)
+            return int(quick.group(1)), int(quick.group(2)), elapsed / 1e3, tflops, gbs, skipped, line_no
     return _slow_iteration(line, line_no)
 
 
@@ -481,8 +514,9 @@ def _slow_iteration(line: str, line_no: int) -> _Figures | LogProblem:
     tflops = _to_float(tput.group(1)) if tput is not None else None
     batch = _FIELD_RES["global batch size"].search(rest)
     gbs = _to_float(batch.group(1)) if batch is not None else None
+    skipped = [int(n) for n in _SKIPPED_RE.findall(rest)]
     return (int(match.group(1)), int(match.group(2)), elapsed / 1e3, NONE if tflops is None else tflops,
-            int(gbs) if gbs is not None and 0 <= gbs < 2.0**62 else -1, line_no)
+            int(gbs) if gbs is not None and 0 <= gbs < 2.0**62 else -1, sum(skipped) if skipped else -1, line_no)
 
 
 def _parse_memory(line: str, line_no: int) -> MemoryRecord | LogProblem:
@@ -558,7 +592,7 @@ class _Reader:
         if isinstance(parsed, LogProblem):
             self.problem(parsed.line_no, parsed.kind, parsed.reason, parsed.text)
             return
-        iteration, total, elapsed_s, tflops, gbs, line_no = parsed
+        iteration, total, elapsed_s, tflops, gbs, skipped, line_no = parsed
         if not log.it_number or iteration <= self.last_iteration or total != self.last_total:
             log.run_count += 1
             if len(log.runs) < MAX_RUNS:
@@ -568,6 +602,7 @@ class _Reader:
         log.it_elapsed_s.append(elapsed_s)
         log.it_tflops.append(tflops)
         log.it_gbs.append(gbs)
+        log.it_skipped.append(skipped)
         log.it_line.append(line_no)
 
     def _stated(self, line: str) -> None:

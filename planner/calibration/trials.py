@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.calibration.calibrate import STATED_OPTIONS, CalibrationResult, choose_run, evidence_cells, \
-    measurement_from_log, stated_differences
+    measurement_from_log, skipped_step_warnings, stated_differences
 from planner.calibration.megatron_log import parse_megatron_log
 from planner.cost.mechanisms import MECHANISMS
 from planner.cost.model import CostModel
@@ -105,9 +105,9 @@ def _trial_dirs(directory: Path) -> list[Path]:
     return dirs
 
 
-def _measured(d: Path, plan: Plan, run: MegatronRun) -> tuple[float, str, int] | None:
-    """(median steady seconds, log, steady iterations) from the log of `d` that holds iteration lines; None
-    without one.  A log that states another configuration than the trial's plan (another run's log copied in)
+def _measured(d: Path, plan: Plan, run: MegatronRun) -> tuple[float, str, int, list[str]] | None:
+    """(median steady seconds, log, steady iterations, warnings on its skipped steps) from the log of `d` that
+    holds iteration lines; None without one.  A log that states another configuration than the trial's plan (another run's log copied in)
     is refused, as `calibrate --megatron-log` refuses one (`stated_differences`)."""
     best = None
     priced = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep,
@@ -129,7 +129,7 @@ def _measured(d: Path, plan: Plan, run: MegatronRun) -> tuple[float, str, int] |
                                                 f"plan.json ({what}): put each trial's own log in its directory; "
                                                 "nothing was written")
         if best is None or m.steady_iterations > best[2]:
-            best = (m.iteration_time_s, str(log), m.steady_iterations)
+            best = (m.iteration_time_s, str(log), m.steady_iterations, skipped_step_warnings(m))
     return best
 
 
@@ -148,6 +148,8 @@ def read_trials(directory: str | Path, profiles: ProfileSet) -> tuple[list[Trial
             notes.append(f"trial {d.name}: no log with iteration lines in {d} (not run yet?): left out")
             continue
         solved = data.get("iteration_time_s")
+        *measured, warnings = measured
+        notes.extend(f"trial {d.name}: {w}" for w in warnings)
         runs.append(TrialRun(d.name, found.plan, found.run, found.cluster, *measured,
                              solved_s=float(solved) if isinstance(solved, (int, float)) and solved > 0 else None))
     if not runs:
