@@ -52,8 +52,14 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
     if "plan" in data:
         top = {"world_size": plan.world_size, "num_microbatches": plan.num_microbatches, "runtime": plan.runtime,
                "model": run.model.name, "cluster": cluster_spec.describe(), "cluster_gpus": cluster_spec.world_size}
-        wrong += [f"{key} is {data[key]!r} but the plan and its inputs give {value!r}"
-                  for key, value in top.items() if key in data and data[key] != value]
+        for key, value in top.items():
+            if key not in data or data[key] == value:
+                continue
+            same = f"plan.{key} is {data[key]!r} but the stages give {value!r}"
+            if same in wrong:  # plan.world_size and world_size, one edit: said once
+                wrong[wrong.index(same)] = f"plan.{key} and {key} are {data[key]!r} but the stages give {value!r}"
+            else:
+                wrong.append(f"{key} is {data[key]!r} but the plan and its inputs give {value!r}")
     if wrong:
         raise PlannerInputError("--plan", "; ".join(wrong) + "; the file was edited inconsistently: set "
                                 + ("these keys" if len(wrong) > 1 else "it") + " to the values given (or delete "
