@@ -484,3 +484,16 @@ def test_flags_whose_one_stage_spans_vendors_cannot_run_upstream(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert d["user_plan"]["runs"] is False and "yours" not in {t["name"] for t in d["trials"]}
+
+
+def test_the_headline_shows_small_figures_with_their_digits():
+    """walk55: a CPU profile's estimate printed '0.0 (0-0) TFLOP/s/GPU' beside 'MFU 39.2%'; a figure the fixed
+    decimals would hide keeps two significant digits, the usual ones keep their decimals."""
+    from planner.output.report import headline
+
+    small = headline({"iteration_time_s": 1.5, "iteration_time_range_s": [1.2, 1.9], "tflops_per_gpu": 0.0043,
+                      "tflops_per_gpu_range": [0.0031, 0.0052], "mfu": 0.392})
+    assert "0.0043 (0.0031-0.0052) TFLOP/s/GPU" in small and "iteration 1.500 s (range 1.20-1.90)" in small
+    usual = headline({"iteration_time_s": 0.387, "iteration_time_range_s": [0.37, 0.41], "tflops_per_gpu": 21.5,
+                      "tflops_per_gpu_range": [20.2, 23.1], "mfu": 0.022})
+    assert usual == "iteration 0.387 s (range 0.37-0.41) | 21.5 (20-23) TFLOP/s/GPU | MFU 2.2%"

@@ -433,14 +433,20 @@ def alternatives_title(payload: dict, top_k: int) -> str:
     return title
 
 
+def _figure(x: float, decimals: int) -> str:
+    """`x` with `decimals` decimals, or two significant digits where those would show fewer (a CPU profile's
+    0.0043 TFLOP/s/GPU printed as 0.0)."""
+    return f"{x:.{decimals}f}" if x == 0 or abs(x) >= 10.0 ** (1 - decimals) else f"{x:.2g}"
+
+
 def headline(payload: dict) -> str:
     """Time, throughput (each with its range) and MFU; memory has its own line (`memory_line`)."""
     rng = payload.get("iteration_time_range_s")
-    t_rng = f" (range {rng[0]:.2f}-{rng[1]:.2f})" if rng else ""
+    t_rng = f" (range {_figure(rng[0], 2)}-{_figure(rng[1], 2)})" if rng else ""
     f_rng = payload.get("tflops_per_gpu_range")
-    f_txt = f" ({f_rng[0]:.0f}-{f_rng[1]:.0f})" if f_rng else ""
-    return (f"iteration {payload['iteration_time_s']:.3f} s{t_rng} | {payload['tflops_per_gpu']:.1f}{f_txt} "
-            f"TFLOP/s/GPU | MFU {payload['mfu'] * 100:.1f}%")
+    f_txt = f" ({_figure(f_rng[0], 0)}-{_figure(f_rng[1], 0)})" if f_rng else ""
+    return (f"iteration {_figure(payload['iteration_time_s'], 3)} s{t_rng} | {_figure(payload['tflops_per_gpu'], 1)}"
+            f"{f_txt} TFLOP/s/GPU | MFU {payload['mfu'] * 100:.1f}%")
 
 
 def evidence_line(payload: dict) -> str | None:
