@@ -690,7 +690,7 @@ def render_report(report: dict[str, Any]) -> str:
     lines = [f"warning: {w}" for w in report.get("warnings", [])] + [
         f"measured   {meas['iteration_time_s']:.4f} s/iteration over {meas['steady_iterations']} steady iteration"
         f"{'' if meas['steady_iterations'] == 1 else 's'} "
-        f"({meas['source']}, {meas['unreadable_lines']} unreadable lines)",
+        f"({meas['source']}" + (f", {meas['unreadable_lines']} unreadable lines)" if meas['unreadable_lines'] else ")"),
         f"predicted  {before['iteration_time_s']:.4f} s before ({before['error']:+.1%}), "
         f"{after['iteration_time_s']:.4f} s after calibration ({round(after['error'], 4) + 0.0:+.1%})",
     ]
