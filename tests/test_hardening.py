@@ -86,6 +86,29 @@ def test_hf_config_keys_are_strictly_typed(tmp_path, key, value, name):
     refused(run(["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "H800:8"]), name)
 
 
+@pytest.mark.parametrize("family, key, value, name", [
+    ("llama", "hidden_act", ["silu"], "hidden_act"),
+    ("deepseek_v3", "scoring_func", {"kind": "sigmoid"}, "scoring_func"),
+    ("deepseek_v3", "topk_method", "noaux", "topk_method"),
+    ("llama", "rope_scaling", {"rope_type": ["llama3"]}, "rope_scaling.rope_type"),
+    ("llama", "rope_scaling", {"rope_type": "llama3", "factor": "8"}, "rope_scaling.factor"),
+    ("deepseek_v3", "rope_scaling", {"type": "yarn", "factor": 40, "mscale": "1"}, "rope_scaling.mscale"),
+])
+def test_hf_config_names_are_checked_as_names(tmp_path, family, key, value, name):
+    """A list or mapping where the config names a choice is refused by key (was: internal error, unhashable type),
+    an unknown DeepSeek topk_method is refused rather than routed as greedy, and a bad rope_scaling entry names
+    rope_scaling.<entry> (was `config.json:factor`)."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(HF_CONFIGS[family], **{key: value})))
+    refused(run(["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "H800:8"]), f"config.json:{name}")
+
+
+def test_hf_layer_types_entries_are_names(tmp_path):
+    """gpt-oss's layer_types with a list for an entry: refused naming layer_types (was: unhashable type)."""
+    from helpers.hf_configs import GPT_OSS_120B
+    (tmp_path / "config.json").write_text(json.dumps({**GPT_OSS_120B, "layer_types": [["full_attention"]] * 36}))
+    refused(run(["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "H800:8"]), "config.json:layer_types")
+
+
 def test_model_yaml_with_an_integer_key_or_a_directory_config(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_bytes(to_yaml(TINY_MODEL) + b"5: 3\n")

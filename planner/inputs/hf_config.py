@@ -72,15 +72,25 @@ def _int_list(cfg: dict[str, Any], key: str, *, minimum: int, maximum: int) -> l
     return value
 
 
-def _float(cfg: dict[str, Any], key: str, default: float, *, positive: bool = True) -> float:
-    """A number (no bool or string), finite, positive unless told otherwise."""
+def _float(cfg: dict[str, Any], key: str, default: float, *, positive: bool = True, within: str = "") -> float:
+    """A number (no bool or string), finite, positive unless told otherwise; `within`: the mapping it is a key of
+    (`rope_scaling`), for the error's field."""
     value = cfg.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
             float("inf"), float("-inf")) or (positive and value <= 0):
-        raise PlannerInputError(f"config.json:{key}", f"expected a {'positive ' if positive else ''}number, got {value!r}")
+        raise PlannerInputError(f"config.json:{within + '.' if within else ''}{key}",
+                                f"expected a {'positive ' if positive else ''}number, got {value!r}")
     return float(value)
+
+
+def _choice(cfg: dict[str, Any], key: str, default: str, allowed: Any) -> str:
+    """A string key whose value is one of `allowed` (a list, a list inside it or a number is refused by name)."""
+    value = cfg.get(key, default)
+    if not isinstance(value, str) or value not in allowed:
+        raise PlannerInputError(f"config.json:{key}", f"expected one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 # transformers' defaults where the families differ (the configuration classes' __init__)
@@ -103,7 +113,7 @@ def _positions(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     scaling = _rope_scaling(cfg)
     if scaling.get("rope_type") == "llama3":
         out["use_rope_scaling"] = True
-        out["rope_scaling_factor"] = _float(scaling, "factor", 8.0)
+        out["rope_scaling_factor"] = _float(scaling, "factor", 8.0, within="rope_scaling")
     return out
 
 
@@ -115,6 +125,8 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(scaling, dict):
         raise PlannerInputError("config.json:rope_scaling", f"expected a mapping or null, got {scaling!r}")
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise PlannerInputError("config.json:rope_scaling.rope_type", f"expected a name or null, got {kind!r}")
     return {**scaling, "rope_type": kind}
 
 
@@ -127,7 +139,7 @@ naming one is refused rather than priced with the wrong MLP."""
 def _gated_activation(cfg: dict[str, Any]) -> dict[str, Any]:
     """The MLP activation from `hidden_act` (transformers' default for these families: silu)."""
     act = cfg.get("hidden_act", "silu")
-    if act not in GATED_ACTIVATIONS:
+    if not isinstance(act, str) or act not in GATED_ACTIVATIONS:
         raise PlannerInputError(
             "config.json:hidden_act",
             f"a gated MLP with {act!r} has no Megatron flag; supported: {', '.join(GATED_ACTIVATIONS)} (--swiglu)")
@@ -380,7 +392,8 @@ def _gpt_oss_window(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     kinds = cfg.get("layer_types")
     if kinds is None:
         return {"window_size": (window - 1, 0)}
-    if not isinstance(kinds, list) or len(kinds) != num_layers or any(k not in _WINDOW_LAYER_TYPES for k in kinds):
+    if not isinstance(kinds, list) or len(kinds) != num_layers or any(
+            not isinstance(k, str) or k not in _WINDOW_LAYER_TYPES for k in kinds):
         raise PlannerInputError("config.json:layer_types", f"expected {num_layers} entries, each one of "
                                 f"{', '.join(_WINDOW_LAYER_TYPES)}; got {str(kinds)[:120]}")
     pattern = tuple(_WINDOW_LAYER_TYPES[k] for k in kinds)
@@ -395,24 +408,26 @@ def _yarn(cfg: dict[str, Any]) -> dict[str, Any]:
     scaling = _rope_scaling(cfg)
     if scaling.get("rope_type") != "yarn":
         return {}
-    return {"rotary_scaling_factor": _float(scaling, "factor", 1.0), "mscale": _float(scaling, "mscale", 1.0),
-            "mscale_all_dim": _float(scaling, "mscale_all_dim", 0.0, positive=False)}
+    return {"rotary_scaling_factor": _float(scaling, "factor", 1.0, within="rope_scaling"),
+            "mscale": _float(scaling, "mscale", 1.0, within="rope_scaling"),
+            "mscale_all_dim": _float(scaling, "mscale_all_dim", 0.0, positive=False, within="rope_scaling")}
 
 
 _SCORING = {"softmax": "softmax", "sigmoid": "sigmoid"}
+_TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+"""DeepSeek's `topk_method` values (DeepseekV2MoEGate / DeepseekV3TopkRouter): another would be read as greedy
+routing without its groups or expert bias, so it is refused."""
 
 
 def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """scoring_func, norm_topk_prob, group-limited routing (n_group / topk_group), the
     auxiliary-loss-free expert bias (topk_method noaux_tc) and routed_scaling_factor."""
-    scoring = cfg.get("scoring_func", "softmax")
-    if scoring not in _SCORING:
-        raise PlannerInputError("config.json:scoring_func", f"expected softmax or sigmoid, got {scoring!r}")
+    scoring = _choice(cfg, "scoring_func", "softmax", tuple(_SCORING))
     router: dict[str, Any] = {"moe_router_score_function": _SCORING[scoring],
                               "moe_router_topk": out["moe_router_topk"]}
     if scoring == "softmax":  # sigmoid scores are renormalised over the top-k whatever the flag says
         _softmax_router(router, renormalised=_bool(cfg, "norm_topk_prob", False))
-    method = cfg.get("topk_method", "greedy")
+    method = _choice(cfg, "topk_method", "greedy", _TOPK_METHODS)
     groups = _int(cfg, "n_group", None)
     if method in ("group_limited_greedy", "noaux_tc") and groups and groups > 1:
         router["moe_router_num_groups"] = groups
