@@ -9,7 +9,8 @@ from planner.inputs.hf_config import hf_config_notes, model_from_hf_config
 from planner.inputs.presets import list_model_presets, load_model_preset
 from planner.schemas.model import ModelSpec
 
-from helpers.hf_configs import DSV2_LITE, DSV3, GPT_OSS_120B, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, QWEN2_57B, QWEN3_30B
+from helpers.hf_configs import (DSV2_LITE, DSV3, GPT_OSS_120B, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, MIXTRAL_8X7B, QWEN2_57B,
+                                QWEN3_30B)
 
 # Published totals (model cards / papers), in billions of parameters.
 PUBLISHED_TOTAL_B = {
@@ -175,6 +176,26 @@ def test_hf_gpt_oss_windows_and_clamp_are_read_as_megatron_bridge_sets_them():
         model_from_hf_config({**GPT_OSS_120B, "layer_types": ["sliding_attention"] * 35}, "x")
     with pytest.raises(PlannerInputError, match=r"config.json:layer_types.*sliding_attention, full_attention"):
         model_from_hf_config({**GPT_OSS_120B, "layer_types": ["chunked_attention"] * 36}, "x")
+
+
+def test_hf_mistral_and_mixtral_windows_are_read():
+    """Mistral-7B-v0.1's `sliding_window` 4096 slides on every layer (MistralAttention), --window-size 4095,0, as
+    gpt-oss's; a Mistral config without the key gets MistralConfig's 4096, null is full attention; Mixtral reads its
+    own (null in the published configs).  Were dropped: priced and launched with full attention at any --seq."""
+    mistral = {**LLAMA2_7B, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4096}
+    model = model_from_hf_config(mistral, "mistral-7b")
+    assert model.window_size == (4095, 0) and all(model.layer_is_windowed)
+    assert model_from_hf_config({k: v for k, v in mistral.items() if k != "sliding_window"}, "x").window_size == (4095, 0)
+    assert model_from_hf_config({**mistral, "sliding_window": None}, "x").window_size is None
+    assert model_from_hf_config({**MIXTRAL_8X7B, "sliding_window": 2048}, "x").window_size == (2047, 0)
+    assert model_from_hf_config(MIXTRAL_8X7B, "x").window_size is None
+
+
+def test_hf_qwen_sliding_window_is_named():
+    """A Qwen config with use_sliding_window true is planned with full attention, and a note says so (was silent)."""
+    cfg = {**QWEN3_30B, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28}
+    assert any("use_sliding_window" in note for note in hf_config_notes(cfg))
+    assert not any("sliding" in note for note in hf_config_notes({**QWEN3_30B, "use_sliding_window": False}))
 
 
 def test_hf_sparse_step_and_dense_only_layers():

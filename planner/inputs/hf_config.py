@@ -262,6 +262,17 @@ def _llama(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return _common(cfg, name, "llama")
 
 
+MISTRAL_WINDOW_DEFAULT = 4096  # transformers' MistralConfig(sliding_window=4096)
+
+
+def _mistral(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """Mistral: Llama's layers, each attending over a sliding window (MistralAttention passes `sliding_window` to
+    every layer; Mistral-7B-v0.1 states 4096, later releases null)."""
+    out = _common(cfg, name, "mistral")
+    out.update(_sliding_window(cfg, out["num_layers"], MISTRAL_WINDOW_DEFAULT))
+    return out
+
+
 def _qwen2(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """Qwen2: biases on Q, K and V (always, in transformers' Qwen2Attention)."""
     out = _common(cfg, name, "qwen2")
@@ -271,6 +282,7 @@ def _qwen2(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _mixtral(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out = _common(cfg, name, "mixtral")
+    out.update(_sliding_window(cfg, out["num_layers"]))  # MixtralAttention: every layer (MixtralConfig: None)
     _experts(cfg, out)
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_local_experts", "missing; a Mixtral config must give its experts")
@@ -361,14 +373,14 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """gpt-oss (transformers' GptOssConfig): every layer MoE, biases on the attention, router and expert linears,
     and a gated expert MLP whose activation is x * sigmoid(1.702 x) (GptOssExperts; it ignores `hidden_act`):
     Megatron's --quick-geglu, as Megatron-Bridge's GPT-OSS provider builds it.  Its sliding-window layers and the
-    activation's clamp are read as that provider sets them (`_gpt_oss_window`, `swiglu_limit`); its attention sinks
+    activation's clamp are read as that provider sets them (`_sliding_window`, `swiglu_limit`); its attention sinks
     and the GLU's linear offset are not in the plan (`hf_config_notes`)."""
     out = _common({**cfg, "hidden_act": "silu"}, name, "gpt_oss")
     out.update(swiglu=False, quick_geglu=True, add_bias_linear=True, add_qkv_bias=False)
     _experts(cfg, out)
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_local_experts", "missing; a gpt-oss config must give its experts")
-    out.update(_gpt_oss_window(cfg, out["num_layers"]))
+    out.update(_sliding_window(cfg, out["num_layers"]))
     limit = _float(cfg, "swiglu_limit", 0.0, positive=False)
     if limit < 0:
         raise PlannerInputError("config.json:swiglu_limit", f"expected a number >= 0, got {limit!r}")
@@ -380,13 +392,14 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 _WINDOW_LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
 
 
-def _gpt_oss_window(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """gpt-oss's sliding-window layers as Megatron's flags say them: `sliding_window` W keys is --window-size W-1,0
-    (a query sees itself and the W-1 keys before it: transformers' sliding-window mask; Megatron-Bridge's
-    GPTOSSProvider sets window_size (sliding_window - 1, 0)), and `layer_types` marks which layers slide
-    (--window-attn-skip-freq: 2 when every second layer is full, as the provider sets it, else one 0/1 per layer).
-    Without `layer_types` every layer slides (transformers' default for a config with a sliding window)."""
-    window = _int(cfg, "sliding_window", None)
+def _sliding_window(cfg: dict[str, Any], num_layers: int, default: int | None = None) -> dict[str, Any]:
+    """Sliding-window layers (gpt-oss, Mistral, Mixtral) as Megatron's flags say them: `sliding_window` W keys is
+    --window-size W-1,0 (a query sees itself and the W-1 keys before it: transformers' sliding-window mask;
+    Megatron-Bridge's GPTOSSProvider sets window_size (sliding_window - 1, 0)), and `layer_types` marks which layers
+    slide (--window-attn-skip-freq: 2 when every second layer is full, as the provider sets it, else one 0/1 per
+    layer).  Without `layer_types` every layer slides (transformers' default for a config with a sliding window).
+    `default`: the window of a config without the key (MistralConfig's 4096); null is full attention."""
+    window = _int(cfg, "sliding_window", None) if "sliding_window" in cfg else default
     if window is None:
         return {}
     kinds = cfg.get("layer_types")
@@ -443,7 +456,7 @@ def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]
 
 _FAMILIES: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "llama": _llama,
-    "mistral": _llama,
+    "mistral": _mistral,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "mixtral": _mixtral,
@@ -490,6 +503,8 @@ def _family(cfg: dict[str, Any]) -> str:
     )
 
 
+_QWEN_FAMILIES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+
 # the parts of a multimodal config besides its text decoder
 _OTHER_TOWERS = ("vision_config", "audio_config", "speech_config", "visual", "vision_tower")
 
@@ -521,6 +536,10 @@ def _config_notes(cfg: dict[str, Any]) -> list[str]:
                      "--glu-linear-offset 1.0: add them to train gpt-oss itself (its sliding-window layers and "
                      "clamped activation are priced and written: --window-size, --window-attn-skip-freq, "
                      "--activation-func-clamp-value)")
+    if isinstance(text, dict) and _family_or_none(text) in _QWEN_FAMILIES and text.get("use_sliding_window") is True \
+            and text.get("sliding_window") is not None:
+        notes.append("config.json:use_sliding_window is true: Qwen's sliding-window layers (from max_window_layers on) "
+                     "are not in the plan: priced, and written to the launcher, with full attention on every layer")
     kind = _rope_scaling(text).get("rope_type") if isinstance(text, dict) else None
     mla = _family_or_none(text) in ("deepseek_v2", "deepseek_v3")
     if kind not in (None, "default", "llama3") and not (kind == "yarn" and mla):
