@@ -198,6 +198,13 @@ def test_hf_qwen_sliding_window_is_named():
     assert not any("sliding" in note for note in hf_config_notes({**QWEN3_30B, "use_sliding_window": False}))
 
 
+def test_hf_qwen3_null_head_dim_is_hidden_over_heads():
+    """Qwen3's `head_dim: null` is hidden_size / heads (Qwen3Config), not a missing key (was refused as missing)."""
+    assert model_from_hf_config({**QWEN3_30B, "head_dim": None}, "x").head_dim == 2048 // 32
+    assert model_from_hf_config({**QWEN3_30B, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                                 "head_dim": None}, "x").head_dim == 2048 // 32
+
+
 def test_hf_sparse_step_and_dense_only_layers():
     """Qwen3-MoE's decoder_sparse_step / mlp_only_layers and DeepSeek's moe_layer_freq pick the MoE layers."""
     cfg = {**QWEN3_30B, "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]}

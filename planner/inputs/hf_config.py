@@ -321,7 +321,7 @@ def _qwen2_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 def _qwen3_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out = _qwen_moe(cfg, name, "qwen3_moe")
     out["qk_layernorm"] = True
-    if "head_dim" in cfg:
+    if cfg.get("head_dim") is not None:  # null: hidden_size / heads, as Qwen3Config reads it
         out["kv_channels"] = _int(cfg, "head_dim")
     return out
 
@@ -329,7 +329,7 @@ def _qwen3_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 def _qwen3(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out = _common(cfg, name, "qwen3")
     out["qk_layernorm"] = True
-    if "head_dim" in cfg:
+    if cfg.get("head_dim") is not None:  # null: hidden_size / heads, as Qwen3Config reads it
         out["kv_channels"] = _int(cfg, "head_dim")
     return out
 
