@@ -261,3 +261,45 @@ def test_hf_unknown_expert_keys_are_refused():
         model_from_hf_config(cfg, "x")
     assert err.value.field in ("config.json:num_experts_total", "config.json:experts_topk")
     assert "does not understand" in str(err.value)
+
+
+def test_hf_config_dropout_is_the_configs_and_is_written(tmp_path):
+    """walk55m: a config's `attention_dropout` (0.0 in current configs, transformers' default) was ignored, the run
+    priced and launched at Megatron's default 0.1/0.1, another model than the config's (which has no hidden
+    dropout at all).  Now the config's value is priced and written, hidden dropout 0.0, nothing assumed; a model
+    YAML stating dropout gets it written too (it was priced and not written); a bad value is refused naming the key."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cli import main
+
+    def solve(model: str) -> tuple[list[str], dict]:
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        res = CliRunner().invoke(main, ["solve", "--model", model, "--cluster", "H100:8", "--backend", "hsdp",
+                                        "--time-limit", "5", "--out", str(out), "--json", "--quiet"])
+        assert res.exit_code == 0, res.output
+        return (out / "launch" / "megatron_args.txt").read_text().split(), json.loads(res.stdout)
+
+    def dropout(args: list[str]) -> tuple[str | None, str | None]:
+        return tuple(args[args.index(f) + 1] if f in args else None for f in ("--attention-dropout", "--hidden-dropout"))
+
+    for value, written in ((None, ("0.0", "0.0")), (0.0, ("0.0", "0.0")), (0.1, (None, "0.0"))):
+        cfg = {**MIXTRAL_8X7B, "num_hidden_layers": 2}
+        cfg.pop("attention_dropout", None)
+        if value is not None:
+            cfg["attention_dropout"] = value
+        path = tmp_path / f"c{value}.json"
+        path.write_text(json.dumps(cfg))
+        args, payload = solve(str(path))
+        assert dropout(args) == written, (value, args)
+        assert "dropout" not in {a["name"] for a in payload["assumed"]}
+    yaml_file = tmp_path / "m.yaml"
+    yaml_file.write_text("name: tiny\nnum_layers: 2\nhidden_size: 512\nnum_attention_heads: 8\nseq_length: 1024\n"
+                         "vocab_size: 32000\ntraining:\n  attention_dropout: 0.0\n  hidden_dropout: 0.0\n")
+    args, _ = solve(str(yaml_file))
+    assert dropout(args) == ("0.0", "0.0"), args
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**MIXTRAL_8X7B, "attention_dropout": "high"}))
+    res = CliRunner().invoke(main, ["estimate", "--model", str(bad), "--cluster", "H100:8"])
+    assert res.exit_code == 2 and "bad.json:attention_dropout" in res.output, res.output

@@ -567,6 +567,17 @@ def model_fields_from_hf_config(cfg: dict[str, Any], name: str) -> dict[str, Any
     return {k: v for k, v in fields.items() if v is not None or k in ("num_query_groups",)}
 
 
+def hf_dropout(cfg: dict[str, Any], source: str = "config.json") -> dict[str, float]:
+    """The training's dropout as the config states it: `attention_dropout` (transformers' default 0.0 for every
+    supported family), and no hidden dropout (their HF models have none: 0.0); Megatron's own default, 0.1 each,
+    would train another model."""
+    text = _text_part(cfg) if isinstance(cfg, dict) else {}
+    value = text.get("attention_dropout", 0.0) if isinstance(text, dict) else 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise PlannerInputError(f"{source}:attention_dropout", f"expected a number in [0, 1], got {value!r}")
+    return {"attention_dropout": float(value), "hidden_dropout": 0.0}
+
+
 def model_from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from a HuggingFace config dict; unsupported families raise
     PlannerInputError listing the supported ones.  `source`: the file's own name, which the errors name

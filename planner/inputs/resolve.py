@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.files import name_from_path, path_kind
-from planner.inputs.hf_config import hf_config_notes, looks_like_hf_config, model_from_hf_config, read_hf_config
+from planner.inputs.hf_config import hf_config_notes, hf_dropout, looks_like_hf_config, model_from_hf_config, \
+    read_hf_config
 from planner.inputs.megatron_flags import RunDraft, build_run, drop_flags, is_flag_token, parse_megatron_draft
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
@@ -166,7 +167,7 @@ def _draft_from_model(model: str) -> tuple[RunDraft, str, str]:
                                             f"none)")
             source = "config.json" if path.is_dir() else path.name  # the file's own name in errors and notes
             spec = model_from_hf_config(data, name, source)
-            draft = _draft_from_spec(spec, {"global_batch_size": DEFAULT_GLOBAL_BATCH})
+            draft = _draft_from_spec(spec, {"global_batch_size": DEFAULT_GLOBAL_BATCH, **hf_dropout(data, source)})
             draft.notes.extend(hf_config_notes(data, source))
             return draft, "hf-config", str(path)  # the batch is printed as assumed (planner/inputs/assumed.py)
         spec, training = model_from_mapping(data, name=name, where=str(path))

@@ -314,10 +314,11 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     # observed: they change activation memory (planner/cost/memory.py), never decided
     Flag("--attention-backend", _str("flash", "fused", "unfused", "local", "auto", observe=True), "attention_backend",
          array=MODEL_ARGS),
+    # written where a model file, preset or HF config states another value than Megatron's default (0.1)
     Flag("--hidden-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "hidden_dropout",
-         array=MODEL_ARGS),
+         array=MODEL_ARGS, write=_value(unless=0.1)),
     Flag("--attention-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "attention_dropout",
-         array=MODEL_ARGS),
+         array=MODEL_ARGS, write=_value(unless=0.1)),
     Flag("--overlap-moe-expert-parallel-comm", _SEEN, "overlap_moe_expert_parallel_comm", array=TRAINING_ARGS),
     Flag("--delay-wgrad-compute", _SEEN, "delay_wgrad_compute", array=TRAINING_ARGS, unpriced_in=("expert_dispatch",),
          not_modelled="the EP overlap is priced as measured without it (NVIDIA's Nsight figure: 37% of the dispatch "
