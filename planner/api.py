@@ -27,7 +27,7 @@ from planner.errors import (
     SearchTimeLimitError,
 )
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
-from planner.inputs.cluster import domain_notes, parse_cluster
+from planner.inputs.cluster import describe_cluster, domain_notes, parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run, script_override_flags
 from planner.inputs.script import LauncherScript
@@ -91,7 +91,7 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
                           script_deadline=script_deadline)
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
-    check_world_overrides(run, cluster_spec, clean)
+    check_world_overrides(run, cluster_spec, clean, profiles)
     check_precision(run.training.precision, cluster_spec, profiles)
     check_imbalance(run, profiles, moe_imbalance)
     if on_note is not None:
@@ -118,7 +118,7 @@ def load_estimate_inputs(*, cluster: str | ClusterSpec, model=None, megatron_scr
     if megatron_script is not None and model is None:  # with --model too, load_inputs refuses the pair
         script = read_script(megatron_script, script_args, cluster=whole,
                              deadline=options.get("script_deadline"))
-        gpus = script_gpus(script, whole)
+        gpus = script_gpus(script, whole, profiles)
         part = gpus.cluster
         if gpus.note and on_note is not None:
             on_note(gpus.note)
@@ -138,7 +138,7 @@ def _in_override_terms(exc, overrides: dict):
     return exc
 
 
-def check_world_overrides(run: MegatronRun, cluster_spec: ClusterSpec, overrides: dict) -> None:
+def check_world_overrides(run: MegatronRun, cluster_spec: ClusterSpec, overrides: dict, profiles: ProfileSet) -> None:
     """A --tp/--pp/--cp override whose TP*PP*CP does not divide the cluster's GPUs (Megatron's "world size is
     not divisible by total_model_size") is refused naming the override that broke it, not --cluster; when the
     degrees the input itself states already fail to divide, the input's error stands (plan_from_run)."""
@@ -157,9 +157,9 @@ def check_world_overrides(run: MegatronRun, cluster_spec: ClusterSpec, overrides
     fix = "smaller degrees or a larger cluster" if size > world else f"degrees whose product divides {world}"
     raise PlannerInputError(
         " / ".join(f"--{key}" for key in given),
-        f"{product} {why} ({cluster_spec.describe()}): one model replica spans TP*PP*CP GPUs, which must divide the "
-        f"number of GPUs (Megatron: world size ({world}) is not divisible by total_model_size ({size})); choose "
-        f"{fix}")
+        f"{product} {why} ({describe_cluster(cluster_spec, profiles)}): one model replica spans TP*PP*CP GPUs, "
+        f"which must divide the number of GPUs (Megatron: world size ({world}) is not divisible by total_model_size "
+        f"({size})); choose {fix}")
 
 
 def check_imbalance(run: MegatronRun, profiles: ProfileSet, given: float | None) -> None:
@@ -254,9 +254,10 @@ def left_out_json(choice: RuntimeChoice, cluster: ClusterSpec) -> dict[str, dict
     return {t: {"count": have.get(t, 0), "why": why} for t, why in choice.left_out.items()}
 
 
-def left_out_lines(choice: RuntimeChoice, cluster: ClusterSpec) -> list[str]:
-    """The same, one line each, as solve's hints and compare's notes say them."""
-    return [f"{t}:{o['count']} of the cluster were not searched: {o['why']}"
+def left_out_lines(choice: RuntimeChoice, cluster: ClusterSpec, profiles: ProfileSet) -> list[str]:
+    """The same, one line each, as solve's hints and compare's notes say them (each type's GPUs as --cluster
+    gives them)."""
+    return [f"{describe_cluster(sub_cluster(cluster, [t]), profiles)} of the cluster were not searched: {o['why']}"
             for t, o in left_out_json(choice, cluster).items()]
 
 
@@ -311,7 +312,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     except InfeasibleError as exc:  # say which GPUs the runtime choice left out of the search
         if not choice.left_out:
             raise
-        raise InfeasibleError(exc.reason, left_out_lines(choice, cluster) + exc.hints) from None
+        raise InfeasibleError(exc.reason, left_out_lines(choice, cluster, profiles) + exc.hints) from None
     if target != space.runtime:
         result = relabel_result(result, target)
     plans = [c.plan for c in result.best]
@@ -549,7 +550,7 @@ def check_plan_precision(inputs: Inputs, plan: Plan, saved: bool = False, notes:
     if saved:
         raise PlannerInputError("--plan", f"{'; '.join(problems)}: the plan cannot be priced in {precision}; price "
                                           f"it in a precision {lacking} runs, or re-plan with {solve_instead}")
-    runs = sub_cluster(cluster, [t for t in cluster.device_types if t not in idle]).describe()
+    runs = describe_cluster(sub_cluster(cluster, [t for t in cluster.device_types if t not in idle]), profiles)
     raise PlannerInputError(
         precisions.PRECISION_FIELD,
         f"{'; '.join(problems)}: the flags' plan, which spans the whole cluster, cannot be priced in {precision}; "
@@ -703,7 +704,7 @@ def _read_plan_file(plan_path: str | Path, *, model, megatron_args, megatron_scr
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     found = resolve_plan_inputs(data, model=model, megatron_args=megatron_args, megatron_script=megatron_script,
                                 cluster=cluster, script_args=tuple(script_args), profiles=profiles)
-    check_plan_document(data, found.plan, found.run, found.cluster)
+    check_plan_document(data, found.plan, found.run, found.cluster, profiles)
     return data, profiles, found
 
 
@@ -762,7 +763,8 @@ def check_emitted_plan(found, profiles: ProfileSet, memory_headroom: float | Non
     edited = f" ({' and '.join(found.edited)} changed after solve wrote plan.json)" if found.edited else ""
     if problems:
         raise PlannerInputError("--plan", f"the plan checker rejects this plan for {found.run.model.name} on "
-                                          f"{found.cluster.describe()}: {'; '.join(problems)}{edited}; re-run solve")
+                                          f"{describe_cluster(found.cluster, profiles)}: {'; '.join(problems)}"
+                                          f"{edited}; re-run solve")
     if found.edited:
         raise PlannerInputError("--plan", f"{' and '.join(found.edited)} changed after solve wrote plan.json (their "
                                           "SHA-256 no longer matches made_for); emit writes only what solve planned: "

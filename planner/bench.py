@@ -41,7 +41,7 @@ from planner.api import load_inputs
 from planner.baselines import BASELINE_NAMES, PLANNERS, PlannerResult, geomean, run_planner, solve_with_limit
 from planner.bench_flagscale import TUNER, TUNER_LABEL, TunerOutcome, run_flagscale_tuner
 from planner.cost.model import CostModel
-from planner.inputs.cluster import parse_cluster
+from planner.inputs.cluster import describe_cluster, parse_cluster
 from planner.profile_tables import ProfileSet
 from planner.runtime import AUTO, FLAGSCALE, RuntimeChoice, choose_runtime
 from planner.simulate import plot_timeline, simulate_pipeline
@@ -302,7 +302,7 @@ def tuner_row(sc: Scenario, run, cluster, world: PlanningWorld, profiles, settin
     if plans_out is not None and out.best is not None:
         plans_out[(sc.name, TUNER)] = out.best
     if tuners_out is not None:
-        tuners_out[sc.name] = (out, choice.cluster.describe())
+        tuners_out[sc.name] = (out, describe_cluster(choice.cluster, profiles))
     if progress:
         what = (f"{row.throughput_tflops_per_gpu:.1f} TFLOP/s/GPU, {row.iteration_time_s:.2f} s/iter"
                 if row.status == "ok" else f"no plan ({out.status}: {out.why})")

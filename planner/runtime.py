@@ -264,9 +264,9 @@ def _steer(rt: Runtime, cluster: ClusterSpec, profiles: "ProfileSet", precision:
         if other is not rt and other.can_run(cluster, profiles).ok:
             return f"use --runtime {other.name} ({other.can_run(cluster, profiles).reason})"
     part = _best_part(cluster, profiles, precision)
-    left = {**{t: cluster.gpus_by_type()[t] for t in part.left_out}, **idle}
-    return (f"no runtime runs the whole cluster; --runtime auto plans {part.runtime.name} on "
-            f"{part.cluster.describe()} and leaves {', '.join(f'{t}:{n}' for t, n in left.items())} idle")
+    left = {**sub_cluster(cluster, part.left_out).gpus_by_type(), **idle}
+    return (f"no runtime runs the whole cluster; --runtime auto plans {part.runtime.name} on its "
+            f"{part.cluster.gpus_text()} and leaves its {' + '.join(f'{n} {t}' for t, n in left.items())} idle")
 
 
 def runtime_of(name: str) -> Runtime:

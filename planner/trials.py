@@ -34,7 +34,7 @@ from planner.cost.ranges import TimeRange
 from planner.launcher import LaunchOverrides
 from planner.errors import PlannerInputError
 from planner.inputs.files import parse_json, read_text
-from planner.inputs.plan_file import made_for
+from planner.inputs.plan_file import same_made_for
 from planner.schemas.plan import Plan
 
 TRIAL_ITERATIONS = 30
@@ -88,7 +88,6 @@ def measured_plans(outcome) -> dict[Plan, MeasuredPlan]:
     profiles = outcome.profiles
     if profiles is None or not profiles.measured_plan_files:
         return {}
-    want = made_for(outcome.run, outcome.cluster)
     out: dict[Plan, MeasuredPlan] = {}
     for path in profiles.measured_plan_files:
         doc = parse_json(read_text(path, "--profiles"), "--profiles", path)
@@ -97,7 +96,7 @@ def measured_plans(outcome) -> dict[Plan, MeasuredPlan]:
             raise PlannerInputError("--profiles", f"{path}: expected an object with a measured_plans list (as "
                                                   "calibrate --trials writes it)")
         for k, e in enumerate(entries):
-            if not isinstance(e, dict) or e.get("made_for") != want:
+            if not isinstance(e, dict) or not same_made_for(e.get("made_for"), outcome.run, outcome.cluster, profiles):
                 continue
             try:
                 plan, seconds = Plan.from_json(e["plan"]), float(e["measured_s"])

@@ -11,6 +11,7 @@ import pytest
 
 from helpers.cli import refused, run
 from planner.inputs.plan_file import made_for
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 
@@ -77,7 +78,7 @@ def test_emit_takes_solve_json_output_with_its_made_for_record(tmp_path, tiny):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["made_for"] == made_for(MegatronRun.model_validate(doc["inputs"]["run"]),
-                                       ClusterSpec.model_validate(doc["inputs"]["cluster"]))
+                                       ClusterSpec.model_validate(doc["inputs"]["cluster"]), ProfileSet.load())
     assert doc["made_for"]["cluster"] == "H800:8"
     path = tmp_path / "solved.json"
     path.write_text(res.stdout)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from planner.errors import PlannerInputError
-from planner.inputs.cluster import parse_cluster, preset_paths
+from planner.inputs.cluster import describe_cluster, parse_cluster, preset_paths
 from planner.profile_tables import PROFILES_DIR, ProfileSet
 
 
@@ -199,3 +199,68 @@ def test_a_domain_smaller_than_the_rack_is_named_in_the_output(profiles):
     (big,) = notes("GB200:256")
     assert "NVLink domains of 64 GPUs (16 hosts)" in big and "divides 64" in big and "--cluster" not in big
     assert notes("GB200:72") == notes("GB300:64") == notes("GB200:8") == notes("H100:16") == []
+    # trays of 3 GPUs (not the GB200's usual 4): the suggestion gives the node shape, which GB200:72 would not
+    (three,) = notes("GB200:29x3")
+    assert "--cluster GB200:24x3 leaves the rest out" in three, three
+    assert parse_cluster("GB200:24x3", profiles).groups[0].domain_gpus == 72
+
+
+# --------------------------------------------------------------------------------------------
+# The description the planner prints and writes reads back as the same cluster
+# --------------------------------------------------------------------------------------------
+SHAPES = ["H800:16", "H800:2x6", "H800:4", "H800:1x4", "h800:1x8", "H800:12x8", "GB200:72", "GB200:18x4",
+          "GB200:2x8", "GB200:76", "GB300:96", "T4:4", "T4:2x8", "V100:4,T4:12", "A100:3x4,H100:16",
+          "H800:16,MI300X:2x4,910B:8", "910B:1x2,H800:2x8"]
+PRESETS = sorted(p.stem for p in (PROFILES_DIR / "clusters").glob("*.yaml"))
+
+
+def _unnamed(cluster):
+    return cluster.model_copy(update={"name": ""})
+
+
+@pytest.mark.parametrize("spec", SHAPES + PRESETS)
+def test_the_description_parses_back_to_the_same_cluster(profiles, spec):
+    """parse(describe(c)) == c (the name aside: a preset described by its GPUs is named by them) for single and
+    mixed types, node shapes other than the device's usual one, and every shipped preset, those with a NIC of
+    their own (p5/p6: EFA) included."""
+    cluster = parse_cluster(spec, profiles)
+    again = parse_cluster(describe_cluster(cluster, profiles), profiles)
+    assert _unnamed(again) == _unnamed(cluster), describe_cluster(cluster, profiles)
+
+
+@pytest.mark.parametrize("spec,text", [
+    ("H800:2x6", "H800:2x6"),  # was H800:12, which --cluster refuses (not a multiple of 8)
+    ("GB200:2x8", "GB200:2x8"),  # was GB200:16, which --cluster reads as 4 trays of 4
+    ("H800:1x4", "H800:4"), ("H800:2x8", "H800:16"), ("GB200:18x4", "GB200:72"),  # the usual node: TYPE:COUNT
+    ("p5-h100-64", "p5-h100-64"),  # H100:64 would drop its EFA
+    ("h800-mi300x", "H800:16,MI300X:16"),
+])
+def test_the_description_gives_the_node_shape_where_the_count_does_not(profiles, spec, text):
+    assert describe_cluster(parse_cluster(spec, profiles), profiles) == text
+
+
+def test_a_yaml_cluster_is_described_by_its_shorthand_or_refused_not_misread(profiles, tmp_path):
+    """A cluster file of usual nodes reads back from its shorthand; one with what the shorthand cannot say (a
+    link, an override, a scale-up domain of its own, a type in two groups) is described by its name, the
+    shorthand of its GPUs and what that leaves out, a text --cluster refuses rather than reading as another
+    cluster."""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"groups": [{"device_type": "h800", "num_nodes": 2},
+                                                {"device_type": "A100", "num_nodes": 3, "gpus_per_node": 4}]}))
+    cluster = parse_cluster(str(plain), profiles)
+    assert describe_cluster(cluster, profiles) == "H800:16,A100:3x4"
+    assert _unnamed(parse_cluster("H800:16,A100:3x4", profiles)) == _unnamed(cluster)
+    odd = [{"groups": [{"device_type": "H800", "num_nodes": 2}, {"device_type": "MI300X", "num_nodes": 2}],
+            "links": [{"between": ["H800", "MI300X"], "kind": "roce", "bandwidth_gb_per_s": 25, "latency_us": 10}]},
+           {"groups": [{"device_type": "H800", "num_nodes": 2, "inter_node_bandwidth_gb_per_s": 25}]},
+           {"groups": [{"device_type": "GB200", "num_gpus": 144, "scale_up_domain_gpus": 36}]},
+           {"groups": [{"device_type": "H800", "num_nodes": 1}, {"device_type": "H800", "num_nodes": 1}]}]
+    said = ["link H800-MI300X roce", "H800 inter_node_bandwidth_gb_per_s 25.0", "GB200 scale_up_domain_gpus 36",
+            "H800 in 2 groups"]
+    for k, (body, words) in enumerate(zip(odd, said)):
+        path = tmp_path / f"lab{k}.yaml"
+        path.write_text(yaml.safe_dump(body))
+        text = describe_cluster(parse_cluster(str(path), profiles), profiles)
+        assert text.startswith(f"lab{k} (") and words in text, text
+        with pytest.raises(PlannerInputError):
+            parse_cluster(text, profiles)

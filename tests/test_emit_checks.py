@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from helpers.cli import refused, run
-from planner.inputs.cluster import parse_cluster
+from planner.inputs.cluster import describe_cluster, parse_cluster
 from planner.inputs.plan_file import made_for
 from planner.inputs.resolve import resolve_run
 from planner.output.report import plan_json
 from planner.profile_tables import ProfileSet
+from planner.schemas.cluster import ClusterSpec, NodeGroup
+from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan, StagePlan
 from tools.fuzz.inputs import SCRIPT, TINY_MODEL, base_plan_document
 from tools.fuzz.mutations import to_json, to_yaml
@@ -33,10 +35,11 @@ def mixtral_plan_document() -> dict:
     cluster = parse_cluster(CLUSTER, ProfileSet.load())
     plan = Plan(runtime="megatron", tp=1, cp=1, ep=1, etp=1, vpp=1, mbs=1, gbs=1024, sequence_parallel=False,
                 stages=tuple(StagePlan(device_type=t, num_layers=4, dp=4) for t in TYPES))
-    return {"runtime": "megatron", "model": run.model.name, "cluster": cluster.describe(), "world_size": 32,
+    return {"runtime": "megatron", "model": run.model.name, "cluster": describe_cluster(cluster, ProfileSet.load()),
+            "world_size": 32,
             "cluster_gpus": 32, "num_microbatches": plan.num_microbatches, "plan": plan_json(plan),
             "inputs": {"run": run.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")},
-            "made_for": made_for(run, cluster)}
+            "made_for": made_for(run, cluster, ProfileSet.load())}
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +140,52 @@ def test_an_edited_cluster_or_record_is_refused_and_an_old_plan_json_still_check
     del doc["made_for"]  # written before made_for existed: checked, and said so
     res = emit(tmp_path, doc)
     assert res.exit_code == 0 and "no made_for record" in res.output
+
+
+def _on_two_nodes_of_four(doc: dict, description: str) -> dict:
+    """base_plan_document's plan on two nodes of 4 H800 (not the H800's 8 a node), the cluster described as
+    `description` and recorded as the version that wrote that description did (a shorthand cluster named by it)."""
+    cluster = ClusterSpec(name=description, groups=(NodeGroup(device_type="H800", num_nodes=2, gpus_per_node=4),))
+    run_spec = MegatronRun.model_validate(doc["inputs"]["run"])
+    doc["inputs"]["cluster"] = cluster.model_dump(mode="json")
+    doc["cluster"] = description
+    doc["made_for"] = made_for(run_spec, cluster, ProfileSet.load()) | {"cluster": description}
+    return doc
+
+
+@pytest.mark.parametrize("description", ["H800:2x4", "H800:8"])
+def test_a_plan_json_on_other_nodes_is_read_in_its_description_and_the_old_one(tmp_path, description):
+    """On 2x4 H800 this version writes `cluster: H800:2x4`, which --cluster reads back; earlier versions wrote
+    H800:8 (which --cluster reads as one node of 8).  A file with either is emitted and priced, also with
+    --cluster H800:2x4; one whose description is of another cluster is still refused."""
+    doc = _on_two_nodes_of_four(base_plan_document(), description)
+    res = emit(tmp_path, doc, "--cluster", "H800:2x4")
+    assert res.exit_code == 0, res.output
+    assert "changed after solve" not in res.output
+    res = run(["estimate", "--plan", str(tmp_path / "plan.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["cluster"] == "H800:2x4"
+    doc["cluster"] = "H800:16"
+    (tmp_path / "other").mkdir()
+    line = refused(emit(tmp_path / "other", doc), "--plan")
+    assert "cluster is 'H800:16' but the plan and its inputs give 'H800:2x4'" in line, line
+
+
+def test_solve_out_describes_other_nodes_as_cluster_reads_them(tmp_path):
+    """solve on H800:2x4 says H800:2x4 in plan.json (cluster, made_for), summary.md and its JSON, not H800:8
+    (one node of 8 to --cluster), and that text given back as --cluster is the plan's cluster."""
+    model = tmp_path / "tiny.yaml"
+    model.write_bytes(to_yaml(TINY_MODEL))
+    out = tmp_path / "plan"
+    res = run(["solve", "--model", str(model), "--cluster", "H800:2x4", "--quiet", "--time-limit", "30", "--out",
+               str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["cluster"] == doc["made_for"]["cluster"] == "H800:2x4"
+    assert "on H800:2x4" in (out / "summary.md").read_text()
+    res = run(["estimate", "--plan", str(out / "plan.json"), "--cluster", doc["cluster"]])
+    assert res.exit_code == 0, res.output
+    assert "on H800:2x4" in res.output
 
 
 def test_solve_out_writes_the_made_for_record(tmp_path):

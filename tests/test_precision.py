@@ -14,7 +14,7 @@ from helpers.json_schema import check_json
 from planner.api import load_inputs
 from planner.bench import planning_world
 from planner.errors import PlannerInputError
-from planner.inputs.cluster import parse_cluster
+from planner.inputs.cluster import describe_cluster, parse_cluster
 from planner.runtime import MEGATRON, choose_runtime
 from planner.schemas import Plan, StagePlan
 from tools.fuzz.inputs import TINY_FLAGS
@@ -27,18 +27,18 @@ FP16 = PP2.replace("--bf16", "--fp16")
 @pytest.mark.parametrize("requested", ["auto", "megatron"])
 def test_a_type_without_the_precision_is_left_out_with_the_reason(profiles, requested):
     choice = choose_runtime(requested, parse_cluster(CLUSTER, profiles), profiles, "bf16")
-    assert choice.runtime is MEGATRON and choice.cluster.describe() == "H800:8"
+    assert choice.runtime is MEGATRON and describe_cluster(choice.cluster, profiles) == "H800:8"
     assert list(choice.left_out) == ["T4"] and choice.lacks_precision == ("T4",)
     why = choice.left_out["T4"]
     assert why.startswith("T4 has no bf16") and "--fp16" in why and "--cluster T4:8" in why
     fp16 = choose_runtime(requested, parse_cluster(CLUSTER, profiles), profiles, "fp16")
-    assert fp16.cluster.describe() == CLUSTER and not fp16.left_out  # the T4 runs fp16
+    assert describe_cluster(fp16.cluster, profiles) == CLUSTER and not fp16.left_out  # the T4 runs fp16
 
 
 def test_a_named_runtime_that_cannot_hold_the_rest_steers_to_auto_naming_every_idle_type():
     line = refused(run(["solve", "--model", "llama3-8b", "--runtime", "megatron", "--cluster", "H800:8,910B:8,T4:8",
                         "--quiet"]), "--runtime")
-    assert "--runtime auto plans megatron on H800:8 and leaves 910B:8, T4:8 idle" in line
+    assert "--runtime auto plans megatron on its 8 H800 and leaves its 8 910B + 8 T4 idle" in line
 
 
 def test_a_cluster_none_of_whose_types_runs_the_precision_is_refused_naming_them(profiles):
@@ -113,4 +113,4 @@ def test_bench_plans_the_public_runtime_on_the_types_that_run_the_precision(prof
     any runtime."""
     world = planning_world(parse_cluster(CLUSTER, profiles), profiles, "bf16")
     assert not world.hypothetical and world.choice.runtime is MEGATRON
-    assert world.choice.cluster.describe() == "H800:8" and list(world.choice.left_out) == ["T4"]
+    assert describe_cluster(world.choice.cluster, profiles) == "H800:8" and list(world.choice.left_out) == ["T4"]

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from cli import main
 from planner.api import load_inputs
 from planner.errors import PlannerInputError
-from planner.inputs.cluster import parse_cluster
+from planner.inputs.cluster import describe_cluster, parse_cluster
 from planner.launcher import render_launch_files
 from planner.placement import contiguous_order, type_blocks
 from planner.cost.model import CostModel
@@ -52,7 +52,7 @@ def test_auto_plans_the_part_one_job_can_span(profiles):
     """No runtime runs H800 + MI300X + 910B: auto takes FlagScale on H800 + MI300X (the most peak compute) and
     says why the 910Bs stay idle."""
     choice = choose_runtime("auto", parse_cluster(README_CLUSTER, profiles), profiles)
-    assert choice.runtime is FLAGSCALE and choice.cluster.describe() == "H800:16,MI300X:16"
+    assert choice.runtime is FLAGSCALE and describe_cluster(choice.cluster, profiles) == "H800:16,MI300X:16"
     assert list(choice.left_out) == ["910B"]
     assert "FlagCX's HCCL backend has no cross-vendor" in choice.left_out["910B"]
     assert "--cluster 910B:16" in choice.left_out["910B"]

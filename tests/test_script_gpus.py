@@ -115,19 +115,19 @@ def _group(device_type: str, nodes: int, per_node: int, domain: int | None = Non
     return NodeGroup(device_type=device_type, num_nodes=nodes, gpus_per_node=per_node, scale_up_domain_gpus=domain)
 
 
-def test_first_gpus_takes_nodes_in_the_clusters_order():
+def test_first_gpus_takes_nodes_in_the_clusters_order(profiles):
     """Three nodes of 8 on H800 x2, H100 x2: both H800 nodes and one H100 node, the link between them kept; a
     multi-host NVLink domain shrinks to the hosts taken (as sbatch --segment sizes it for that job)."""
     link = CrossTypeLink(between=("H800", "H100"), kind="infiniband", bandwidth_gb_per_s=25)
     cluster = ClusterSpec(groups=(_group("H800", 2, 8), _group("H100", 2, 8)), links=(link,))
-    part = first_gpus(cluster, 24, 8, "torchrun")
+    part = first_gpus(cluster, 24, 8, "torchrun", profiles)
     assert part.groups == (_group("H800", 2, 8), _group("H100", 1, 8)) and part.links == (link,)
-    assert first_gpus(cluster, 32, 8, "torchrun") is cluster
+    assert first_gpus(cluster, 32, 8, "torchrun", profiles) is cluster
     rack = ClusterSpec(groups=(_group("GB200", 16, 4, domain=64),))
-    assert first_gpus(rack, 16, 4, "torchrun").groups == (_group("GB200", 4, 4, domain=16),)
-    assert first_gpus(rack, 4, 4, "torchrun").groups == (_group("GB200", 1, 4),)
+    assert first_gpus(rack, 16, 4, "torchrun", profiles).groups == (_group("GB200", 4, 4, domain=16),)
+    assert first_gpus(rack, 4, 4, "torchrun", profiles).groups == (_group("GB200", 1, 4),)
     with pytest.raises(PlannerInputError, match="hold 8"):
-        first_gpus(cluster, 32, 16, "torchrun")
+        first_gpus(cluster, 32, 16, "torchrun", profiles)
 
 
 def test_solves_your_plan_says_the_script_launches_another_count(tmp_path):

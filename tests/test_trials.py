@@ -22,7 +22,9 @@ from cli import main
 from planner.calibration.trials import scaled
 from planner.cost.model import CostModel
 from planner.cost.ranges import Evidence, RangeModel, TimeRange
-from planner.inputs.plan_file import load_plan_file, resolve_plan_inputs
+from planner.inputs.cluster import parse_cluster
+from planner.inputs.plan_file import load_plan_file, made_for, resolve_plan_inputs, same_made_for
+from planner.inputs.resolve import resolve_run
 from planner.launcher.quoting import sh_quote
 from planner.profile_tables import ProfileSet
 from planner.schemas.plan import Plan
@@ -340,7 +342,8 @@ def _measured_dir(path, outcome, plans, seconds=1.0):
 
     path.mkdir()
     (path / "measured_plans.json").write_text(json.dumps({"measured_plans": [
-        {"name": f"t{k}", "plan": p.model_dump(mode="json"), "made_for": made_for(outcome.run, outcome.cluster),
+        {"name": f"t{k}", "plan": p.model_dump(mode="json"),
+         "made_for": made_for(outcome.run, outcome.cluster, outcome.profiles),
          "measured_s": seconds * (1 + k / 100)} for k, p in enumerate(plans)]}))
     return ProfileSet.load(extra_dirs=[path])
 
@@ -403,3 +406,21 @@ def test_the_trial_list_gives_the_scripts_own_arguments(monkeypatch):
     assert "run each with the script's arguments: bash out/trials/pick/launch.sh /ckpt/m '/data/a b'" in lines
     payload["inputs"] = {"script": {"args": []}}
     assert not any("arguments" in ln for ln in report.trial_lines(payload, "out"))
+
+
+def test_a_measured_plan_recorded_before_the_description_gave_the_node_shape_still_counts(profiles):
+    """Earlier versions described 2x6 H800 as H800:12 (made_for.cluster, and the name of the shorthand cluster, so
+    its digest too): such a record is still this run's on H800:2x6; one made for 3x4 H800 (also H800:12 then)
+    is not, and neither is one of another run."""
+    run = resolve_run(model="llama2-7b", world_size=12)
+    cluster = parse_cluster("H800:2x6", profiles)
+
+    def old_record(spec: str, run=run) -> dict:
+        old = parse_cluster(spec, profiles).model_copy(update={"name": "H800:12"})
+        return made_for(run, old, profiles) | {"cluster": "H800:12"}
+
+    assert same_made_for(made_for(run, cluster, profiles), run, cluster, profiles)
+    assert same_made_for(old_record("H800:2x6"), run, cluster, profiles)
+    assert not same_made_for(old_record("H800:3x4"), run, cluster, profiles)
+    other = resolve_run(model="llama2-13b", world_size=12)
+    assert not same_made_for(old_record("H800:2x6", other), run, cluster, profiles)

@@ -42,6 +42,7 @@ from planner.cost.estimate import plan_from_run
 from planner.cost.model import CostModel
 from planner.cost.ranges import EVIDENCE_MIN_SHARE, RangeModel
 from planner.errors import PlannerInputError
+from planner.inputs.cluster import describe_cluster
 from planner.inputs.files import load_document, parse_json, path_kind, read_text
 from planner.output.run_dir import CALIBRATE_OUTPUT, write_files
 from planner.profile_tables import (
@@ -484,7 +485,7 @@ def _corrections(measurement: Measurement, run: Any, cluster: Any, profiles: Any
     provenance = {"kind": "calibrated",
                   "source": f"cli.py calibrate on {measurement.source} ({measurement.date}), "
                             f"{measurement.steady_iterations} steady iterations, "
-                            f"run {run.model.name} on {cluster.describe()}"}
+                            f"run {run.model.name} on {describe_cluster(cluster, profiles)}"}
     corrections: list[dict[str, Any]] = []
     for name in names:
         ratio = device_factors.get(name, 1.0) * global_factor

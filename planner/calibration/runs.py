@@ -164,7 +164,7 @@ class CalibrationCase:
                                       "rotary_base", "rotary_percent", "norm_epsilon", "rope_scaling_factor",
                                       "rotary_scaling_factor", "mscale", "mscale_all_dim", "use_rope_scaling",
                                       "moe_router_topk_scaling_factor"})
-        return (self.cluster.describe(), tuple(sorted(shape.items())))
+        return (self.cluster.legacy_description(), tuple(sorted(shape.items())))
 
     def profiles_for(self, profiles):
         """The profiles this row is priced with: `profiles` itself, except for a row run with legacy software

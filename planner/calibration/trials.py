@@ -331,8 +331,9 @@ def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[Cali
                     "error_before": b / tr.measured_s - 1.0, "error_after": a / tr.measured_s - 1.0}
                    for tr, b, a in zip(trials, fit.before_s, fit.after_s)],
     }
-    measured = [{"name": tr.name, "plan": tr.plan.model_dump(mode="json"), "made_for": made_for(tr.run, tr.cluster),
-                 "measured_s": tr.measured_s, "steady_iterations": tr.steady_iterations, "log": tr.log}
+    measured = [{"name": tr.name, "plan": tr.plan.model_dump(mode="json"),
+                 "made_for": made_for(tr.run, tr.cluster, profiles), "measured_s": tr.measured_s,
+                 "steady_iterations": tr.steady_iterations, "log": tr.log}
                 for tr in trials]
     return CalibrationResult(corrections=corrections, report=report, evidence=evidence,
                              measured_plans=measured), notes

@@ -19,6 +19,7 @@ from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, note_printer,
     time_limit_option,
 )
+from planner.inputs.cluster import describe_cluster
 from planner.output.report import SCHEMA_VERSION, recompute_short
 from planner.runtime import AUTO, RUNTIME_CHOICES
 from planner.time_budget import Budget, reading_within
@@ -97,15 +98,15 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     false = contradictions(rows)
     if as_json:
         echo_json({"schema_version": SCHEMA_VERSION, "model": run.model.name,
-                   "num_layers": run.model.num_layers, "cluster": cluster_spec.describe(),
+                   "num_layers": run.model.num_layers, "cluster": describe_cluster(cluster_spec, profiles),
                    "runtime": runtime, "pruning": not no_prune, "objective": objective, "results": rows,
                    "contradictions": false, "left_out": left_out})
     else:
-        click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {cluster_spec.describe()} ({runtime}; "
-                   f"pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
+        click.echo(f"{run.model.name} ({run.model.num_layers} layers) on {describe_cluster(cluster_spec, profiles)} "
+                   f"({runtime}; pruning {'off' if no_prune else 'on'}; objective: {objective} time)")
         for line in gap_lines(rows) + stage_lines(rows):
             click.echo(line)
-        for line in left_out_lines(choice, cluster_spec):
+        for line in left_out_lines(choice, cluster_spec, profiles):
             click.echo(f"note: {line}")
     for line in false:  # a false bound is a bug of the planner: a line each (on stderr beside the JSON), exit status 1
         click.echo(f"contradiction: {line}", err=as_json)

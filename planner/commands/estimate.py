@@ -64,7 +64,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom, saved=True)
         whole = inputs.cluster
     payload = estimate_json(inputs.run, whole, priced.plan, priced.cost, notes=priced.notes,
-                            time_range=priced.time_range)
+                            time_range=priced.time_range, profiles=inputs.profiles)
     if plot_dir:
         written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster,
                                        inputs=given, saved=plan_path is not None)

@@ -111,7 +111,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     hosts = None
     if hosts_path:  # checked before the search: the file's nodes against the cluster's
         hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles)
-        check_hosts_cover(hosts, inputs.cluster, hosts_path)
+        check_hosts_cover(hosts, inputs.cluster, hosts_path, inputs.profiles)
     yours = input_plan(inputs, megatron_script, megatron_args)  # the search starts from the user's own plan
     settings = SearchSettings(backend=backend, pruning=Pruning(delta=delta, restrict=prune), time_limit_s=time_limit_s,
                               top_k=top_k, deadline=budget.search_deadline, seed_plans=(yours,) if yours else ())
@@ -131,7 +131,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     check_hosts(outcome, on_note=note_printer(quiet))
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
-    if user is not None and script is not None and (note := solve_note(script, inputs.cluster)):
+    if user is not None and script is not None and (note := solve_note(script, inputs.cluster, inputs.profiles)):
         user.notes.append(note)
     trials, trials_why = propose_trials(outcome, user)
     payload = (solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)

@@ -26,7 +26,7 @@ def plan_from_run(run: MegatronRun, cluster: ClusterSpec, profiles) -> tuple[Pla
     world = cluster.world_size
     denom = par.tp * par.pp * par.cp
     for v in world_violations(world, tp=par.tp, pp=par.pp, cp=par.cp):
-        raise PlannerInputError("--cluster", f"{v.message} ({cluster.describe()}: {v.hint})")
+        raise PlannerInputError("--cluster", f"{v.message} ({cluster.gpus_text()}: {v.hint})")
     dp = world // denom
     layers = par.stage_layers(model.num_layers)
     for v in microbatch_violations(tr.global_batch_size, mbs=tr.micro_batch_size, dp=dp):

@@ -122,9 +122,12 @@ def domain_notes(cluster, profiles: ProfileSet) -> list[str]:
             text += (f": the largest host count up to {max_hosts} that divides {g.num_nodes} (how NVIDIA's launcher "
                      "sizes sbatch --segment)")
         if hosts == 1:
-            whole = (g.num_nodes // max_hosts) * max_hosts * g.gpus_per_node
+            whole = (g.num_nodes // max_hosts) * max_hosts
+            racks = _node_group(g.device_type, profiles, device_type=g.device_type, num_nodes=max(whole, 1),
+                                gpus_per_node=g.gpus_per_node)
+            item = _shorthand_item(racks, profiles)[0]
             text += (f"; every group across hosts then crosses the NIC. A cluster of whole domains spans trays "
-                     f"on NVLink (--cluster {g.device_type}:{whole} leaves the rest out)" if whole else "")
+                     f"on NVLink (--cluster {item} leaves the rest out)" if whole else "")
         out.append(text)
     return out
 
@@ -167,7 +170,61 @@ def parse_shorthand(spec: str, profiles: ProfileSet) -> ClusterSpec:
         cluster = ClusterSpec(name="cluster", groups=tuple(groups))
     except ValidationError as exc:
         raise PlannerInputError(FIELD, f"{_short(spec)!r}: {_errors(exc)}") from None
-    return cluster.model_copy(update={"name": cluster.describe()})
+    return cluster.model_copy(update={"name": describe_cluster(cluster, profiles)})
+
+
+_GROUP_SHAPE_KEYS = ("num_nodes", "gpus_per_node", "scale_up_domain_gpus", "intra_node_bandwidth_gb_per_s",
+                     "inter_node_bandwidth_gb_per_s", "inter_node_kind")
+
+
+def describe_cluster(cluster: ClusterSpec, profiles: ProfileSet) -> str:
+    """The text `--cluster` reads back as this cluster (parse_cluster of it equals `cluster` but for the name):
+    the shorthand, each group as TYPE:COUNT where the device's usual node makes COUNT mean that group, else
+    TYPE:NODESxGPUS.  A cluster the shorthand cannot state (links, bandwidth or NIC overrides, a scale-up domain
+    of its own, a type in several groups) is its preset's name where that preset loads as it, else its name with
+    the shorthand of its GPUs and what that leaves out (no --cluster text but its file gives it)."""
+    items = [_shorthand_item(g, profiles) for g in cluster.groups]
+    text = ",".join(item for item, _ in items)
+    unsaid = [f"{g.device_type} {', '.join(left)}" for g, (_, left) in zip(cluster.groups, items) if left]
+    types = [g.device_type for g in cluster.groups]
+    unsaid += [f"{t} in {types.count(t)} groups" for t in cluster.device_types if types.count(t) > 1]
+    unsaid += [f"link {'-'.join(link.between)} {link.kind}" for link in cluster.links]
+    if not unsaid:
+        return text
+    if _is_preset(cluster, profiles):
+        return cluster.name
+    return f"{cluster.name} ({text} with {'; '.join(unsaid)})"
+
+
+def _shorthand_item(group: NodeGroup, profiles: ProfileSet) -> tuple[str, list[str]]:
+    """TYPE:COUNT where it parses to `group`, else TYPE:NODESxGPUS, and the fields of `group` that item does not
+    give (empty: it parses to `group`)."""
+    explicit = f"{group.num_nodes}x{group.gpus_per_node}"
+    parsed = None
+    for count in (str(group.num_gpus), explicit):
+        item = f"{group.device_type}:{count}"
+        try:
+            parsed = _group_for(group.device_type, count, profiles, item)
+        except PlannerInputError:
+            continue
+        if parsed == group:
+            return item, []
+    item = f"{group.device_type}:{explicit}"
+    if parsed is None:
+        return item, ["(not a device of these profiles)"]
+    return item, [f"{key} {getattr(group, key)}" for key in _GROUP_SHAPE_KEYS
+                  if getattr(group, key) != getattr(parsed, key)]
+
+
+def _is_preset(cluster: ClusterSpec, profiles: ProfileSet) -> bool:
+    """Whether `cluster` is the preset of its name, as parse_cluster loads it."""
+    path = preset_paths(profiles).get(cluster.name.lower())
+    if path is None:
+        return False
+    try:
+        return load_cluster_file(path, profiles) == cluster
+    except PlannerInputError:
+        return False
 
 
 def load_cluster_file(path: Path, profiles: ProfileSet) -> ClusterSpec:

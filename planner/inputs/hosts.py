@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlannerInputError
+from planner.inputs.cluster import describe_cluster
 from planner.inputs.files import read_text
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
@@ -97,7 +98,7 @@ def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> 
             raise PlannerInputError(FIELD, f"{where}: unknown device {type_text!r}; known: {', '.join(profiles.names())}")
         if device_type not in node_size:
             raise PlannerInputError(FIELD, f"{where}: {name} is {device_type}, which the cluster does not have "
-                                           f"({cluster.describe()})")
+                                           f"({describe_cluster(cluster, profiles)})")
         gpus = _int(gpus_text, where) if gpus_text is not None else node_size[device_type]
         if gpus != node_size[device_type]:
             raise PlannerInputError(FIELD, f"{where}: {name} has {gpus} GPUs, but the plan is for {device_type} nodes of "
@@ -111,7 +112,7 @@ def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> 
     return tuple(hosts)
 
 
-def check_hosts_cover(hosts: tuple[Host, ...], cluster: ClusterSpec, path: str | Path) -> None:
+def check_hosts_cover(hosts: tuple[Host, ...], cluster: ClusterSpec, path: str | Path, profiles: ProfileSet) -> None:
     """Before `solve` searches: the file lists at least the cluster's nodes of each type, as the search may
     place stages on all of them (after the search the launcher refuses a file short of what the plan uses;
     `emit` checks only that, as its plan is known)."""
@@ -124,8 +125,8 @@ def check_hosts_cover(hosts: tuple[Host, ...], cluster: ClusterSpec, path: str |
             shown = ", ".join(listed[:8]) + (", ..." if len(listed) > 8 else "") or "none"
             raise PlannerInputError(
                 FIELD, f"{path} lists {len(listed)} {device_type} node(s) ({shown}), but --cluster has {count} "
-                       f"({cluster.describe()}): {count - len(listed)} short; list every node of the cluster (the "
-                       "search may use them all), or give --cluster for the nodes listed")
+                       f"({describe_cluster(cluster, profiles)}): {count - len(listed)} short; list every node of the "
+                       "cluster (the search may use them all), or give --cluster for the nodes listed")
 
 
 def _known(profiles: ProfileSet, name: str) -> bool:

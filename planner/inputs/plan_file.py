@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from planner.cli_common import format_validation_error
 from planner.errors import PlannerInputError
-from planner.inputs.cluster import parse_cluster
+from planner.inputs.cluster import describe_cluster, parse_cluster
 from planner.inputs.files import parse_json, read_text
 from planner.inputs.resolve import read_script, resolve_run
 from planner.inputs.script import LauncherScript, cluster_geometry, parse_launcher_script
@@ -31,10 +31,11 @@ def load_plan_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
+def check_plan_document(data: dict[str, Any], plan, run, cluster_spec, profiles: ProfileSet) -> None:
     """Re-derive what plan.json states besides the plan itself and refuse any contradiction: the
     derived keys (pp, dp, num_microbatches, world_size), the top-level summary keys, and the fit of the
-    plan to its model (layers, global batch) and its cluster (device types, GPUs per type)."""
+    plan to its model (layers, global batch) and its cluster (device types, GPUs per type).  The `cluster`
+    key may also hold the description of earlier versions (`ClusterSpec.legacy_description`)."""
     raw_plan = data.get("plan", data)
     derived = {
         "pp": plan.pp,
@@ -51,7 +52,10 @@ def check_plan_document(data: dict[str, Any], plan, run, cluster_spec) -> None:
             wrong.append(f"plan.{key} is {stated!r} but the stages give {value!r}")
     if "plan" in data:
         top = {"world_size": plan.world_size, "num_microbatches": plan.num_microbatches, "runtime": plan.runtime,
-               "model": run.model.name, "cluster": cluster_spec.describe(), "cluster_gpus": cluster_spec.world_size}
+               "model": run.model.name, "cluster": describe_cluster(cluster_spec, profiles),
+               "cluster_gpus": cluster_spec.world_size}
+        if data.get("cluster") == cluster_spec.legacy_description():
+            top.pop("cluster")
         for key, value in top.items():
             if key not in data or data[key] == value:
                 continue
@@ -120,11 +124,27 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def made_for(run: MegatronRun, cluster: ClusterSpec) -> dict[str, str]:
+def made_for(run: MegatronRun, cluster: ClusterSpec, profiles: ProfileSet) -> dict[str, str]:
     """What a plan was made for, as plan.json records it: the model's name and a SHA-256 of the whole
-    run (model, training, flags) and of the cluster, each as inputs.run / inputs.cluster hold them."""
+    run (model, training, flags) and of the cluster, each as inputs.run / inputs.cluster hold them, and the
+    cluster's description (its --cluster text)."""
     return {"model": run.model.name, "run_sha256": _digest(run.model_dump(mode="json")),
-            "cluster": cluster.describe(), "cluster_sha256": _digest(cluster.model_dump(mode="json"))}
+            "cluster": describe_cluster(cluster, profiles), "cluster_sha256": _digest(cluster.model_dump(mode="json"))}
+
+
+def same_made_for(record: Any, run: MegatronRun, cluster: ClusterSpec, profiles: ProfileSet) -> bool:
+    """Whether a made_for record is this run's on this cluster: the model and both digests as made_for gives
+    them, the description its own or the one earlier versions wrote (`ClusterSpec.legacy_description`), and
+    for a shorthand cluster (named by its description) the digest of the name those versions gave it."""
+    want = made_for(run, cluster, profiles)
+    if not isinstance(record, dict) or set(record) != set(want) or record["cluster"] not in \
+            (want["cluster"], cluster.legacy_description()):
+        return False
+    digests = {want["cluster_sha256"]}
+    if cluster.name == want["cluster"]:
+        legacy = cluster.model_copy(update={"name": cluster.legacy_description()})
+        digests.add(_digest(legacy.model_dump(mode="json")))
+    return all(record[k] == want[k] for k in ("model", "run_sha256")) and record["cluster_sha256"] in digests
 
 
 @dataclass
@@ -247,10 +267,12 @@ def resolve_plan_inputs(
         given_cluster = parse_cluster(cluster, profiles)
         if saved_cluster is not None and saved_cluster.model_copy(update={"name": ""}) != \
                 given_cluster.model_copy(update={"name": ""}):
-            given = given_cluster.describe() + ("" if cluster == given_cluster.describe() else f" ({cluster})")
+            given_text = describe_cluster(given_cluster, profiles)
+            given = given_text + ("" if cluster == given_text else f" ({cluster})")
             reordered = sorted(g.model_dump_json() for g in saved_cluster.groups) == \
                 sorted(g.model_dump_json() for g in given_cluster.groups)
-            raise PlannerInputError("--cluster", f"the plan was made for {saved_cluster.describe()}, not {given}; "
+            raise PlannerInputError("--cluster", f"the plan was made for {describe_cluster(saved_cluster, profiles)}, "
+                                                 f"not {given}; "
                                     + ("the same groups in another order, which orders the ranks: give them in the "
                                        "plan's order, or drop --cluster" if reordered else
                                        "re-run solve for that cluster, or drop --cluster"))

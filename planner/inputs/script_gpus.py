@@ -23,8 +23,10 @@ import re
 from dataclasses import dataclass
 
 from planner.errors import PlannerInputError
+from planner.inputs.cluster import describe_cluster
 from planner.inputs.script import LauncherScript
 from planner.inputs.shell.lexer import location
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec, NodeGroup, largest_segment
 
 FIELD = "--megatron-script / --cluster"
@@ -45,42 +47,45 @@ class ScriptGpus:
     note: str | None
 
 
-def script_gpus(script: LauncherScript, cluster: ClusterSpec) -> ScriptGpus:
+def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileSet) -> ScriptGpus:
     """The GPUs of `cluster` the script's launch uses (see the module docstring); PlannerInputError naming both
     counts when the cluster cannot hold the launch."""
     world, per_node = script.world_size, script.gpus_per_node
     if world is not None and per_node and world % per_node:  # srun -n 12 --ntasks-per-node 8: nodes not all full
         per_node = None
-    whole = f"priced on the whole --cluster ({cluster.describe()}, {cluster.world_size} GPUs)"
+    text = describe_cluster(cluster, profiles)
+    whole = f"priced on the whole --cluster ({text}, {cluster.world_size} GPUs)"
     unstated = _unstated(script)
     if unstated is not None or world is None:
         return ScriptGpus(cluster, None if world == cluster.world_size else f"{unstated}: {whole}")
     launch = _launch_words(script, world, per_node)
     if world > cluster.world_size:
         raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster "
-                                f"{cluster.describe()} has {cluster.world_size}: give a --cluster that holds the "
+                                f"{text} has {cluster.world_size}: give a --cluster that holds the "
                                 "script's run, or change the script's counts")
-    part = first_gpus(cluster, world, per_node, launch)
+    part = first_gpus(cluster, world, per_node, launch, profiles)
     if part == cluster:
         return ScriptGpus(cluster, None)
     nodes = sum(g.num_nodes for g in part.groups)
     fewer = [g for g in part.groups if g.gpus_per_node < cluster.group_of(g.device_type).gpus_per_node]
     return ScriptGpus(part, (
         f"the script launches {world} GPUs ({launch}): priced on those, "
-        f"{f'the first {nodes} nodes' if nodes > 1 else 'the first node'} of --cluster {cluster.describe()} "
-        f"({part.describe()}{f', {fewer[0].gpus_per_node} GPUs on each node' if fewer else ''}); its other "
+        f"{f'the first {nodes} nodes' if nodes > 1 else 'the first node'} of --cluster {text} "
+        f"({describe_cluster(part, profiles)}{f', {fewer[0].gpus_per_node} GPUs on each node' if fewer else ''}); "
+        f"its other "
         f"{cluster.world_size - world} GPUs are not priced (the same flags on more GPUs are another run: change "
         "the script's counts)"))
 
 
-def solve_note(script: LauncherScript, cluster: ClusterSpec) -> str | None:
+def solve_note(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileSet) -> str | None:
     """For solve's "your plan": the script launches a GPU count of its own, not the cluster's (None: the same,
     or no count stated)."""
     world = script.world_size
     if world is None or world == cluster.world_size or _unstated(script) is not None:
         return None
     return (f"the script launches {world} GPUs ({_launch_words(script, world, script.gpus_per_node)}); your plan "
-            f"is priced with its degrees over all {cluster.world_size} GPUs of --cluster {cluster.describe()}, as "
+            f"is priced with its degrees over all {cluster.world_size} GPUs of --cluster "
+            f"{describe_cluster(cluster, profiles)}, as "
             f"the plans it is compared with; `estimate --megatron-script` prices the run as the script launches it")
 
 
@@ -111,7 +116,8 @@ def _launch_words(script: LauncherScript, world: int, per_node: int | None) -> s
     return f"{script.launched_by}: {world} tasks{site}"
 
 
-def first_gpus(cluster: ClusterSpec, world: int, per_node: int | None, launch: str) -> ClusterSpec:
+def first_gpus(cluster: ClusterSpec, world: int, per_node: int | None, launch: str, profiles: ProfileSet
+               ) -> ClusterSpec:
     """The first nodes of `cluster`, in the order it lists them, that hold `world` GPUs with `per_node` GPUs on
     each (None: each node's own, as mpirun fills its slots); PlannerInputError when they cannot."""
     groups: list[NodeGroup] = []
@@ -122,17 +128,20 @@ def first_gpus(cluster: ClusterSpec, world: int, per_node: int | None, launch: s
         nodes, size = _take(g, left, per_node, first_of_type=all(h.device_type != g.device_type for h in groups))
         if size > g.gpus_per_node:
             raise PlannerInputError(FIELD, f"the script starts {size} GPUs on each node ({launch}); the "
-                                    f"{g.device_type} nodes of --cluster {cluster.describe()} hold {g.gpus_per_node}: "
+                                    f"{g.device_type} nodes of --cluster {describe_cluster(cluster, profiles)} hold "
+                                    f"{g.gpus_per_node}: "
                                     "give a --cluster whose nodes hold the script's run, or change its counts")
         if nodes == 0:
             raise PlannerInputError(FIELD, f"the script's {world} GPUs ({launch}) do not fill whole nodes of --cluster "
-                                    f"{cluster.describe()} ({g.device_type}: {g.gpus_per_node} per node); give the "
+                                    f"{describe_cluster(cluster, profiles)} ({g.device_type}: {g.gpus_per_node} per "
+                                    "node); give the "
                                     "--cluster the script runs on (TYPE:NODESxGPUS)")
         groups.append(_first_nodes(g, nodes, size))
         left -= nodes * size
     if left > 0:
         total = sum(g.num_nodes for g in cluster.groups)
-        raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster {cluster.describe()} "
+        raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster "
+                                f"{describe_cluster(cluster, profiles)} "
                                 f"has {total} nodes, which hold {world - left} of them: give a --cluster that holds "
                                 "the script's run, or change its counts")
     if groups == list(cluster.groups):

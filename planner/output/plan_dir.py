@@ -36,7 +36,7 @@ def plan_record(outcome) -> dict:
     if script is not None:
         inputs["script"] = {"path": script.path, "args": list(script.args), "extra_flags": list(script.extra_flags),
                             "text": script.text}
-    return {"inputs": inputs, "made_for": made_for(outcome.run, outcome.cluster)}
+    return {"inputs": inputs, "made_for": made_for(outcome.run, outcome.cluster, outcome.profiles)}
 
 
 def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: bool = False,

@@ -19,9 +19,10 @@ from planner.cost.model import PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.inputs.assumed import measured_imbalance_notes
-from planner.inputs.cluster import domain_notes
+from planner.inputs.cluster import describe_cluster, domain_notes
 from planner.launcher.quoting import sh_quote
 from planner.megatron.flags import unmodelled_notes
+from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
@@ -96,11 +97,11 @@ def range_json(cost: PlanCost, time_range) -> dict[str, Any]:
 
 
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str],
-                  time_range=None) -> dict:
+                  time_range=None, *, profiles: ProfileSet) -> dict:
     out = {"schema_version": SCHEMA_VERSION, **cost.to_json()}
     out.update(range_json(cost, time_range))
     out["model"] = run.model.name
-    out["cluster"] = cluster.describe()
+    out["cluster"] = describe_cluster(cluster, profiles)
     out["cluster_gpus"] = cluster.world_size
     out["plan"] = plan_json(plan)
     out["assumed"] = assumed_json(run)
@@ -220,7 +221,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "backend": r.backend,
         "runtime": runtime,
         "model": outcome.run.model.name,
-        "cluster": outcome.cluster.describe(),
+        "cluster": describe_cluster(outcome.cluster, outcome.profiles or ProfileSet.load()),
         "iteration_time_s": it,
         "tflops_per_gpu": cost.tflops_per_gpu,
         "mfu": cost.mfu,

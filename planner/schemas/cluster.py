@@ -163,7 +163,7 @@ class ClusterSpec(StrictModel):
         """What the cluster lacks for `used` GPUs per stage type, a pooled type drawing on any of its members'
         GPUs (Hall's condition: every set of stage types fits in the GPUs of the types it may use)."""
         have = self.gpus_by_type()
-        out = [f"{t} is not in the cluster ({self.describe()})" for t in used
+        out = [f"{t} is not in the cluster ({self.gpus_text()})" for t in used
                if any(m not in have for m in pool_members(t))]
         if out:
             return out
@@ -174,7 +174,7 @@ class ClusterSpec(StrictModel):
             need, supply = sum(used[k] for k in chosen), sum(have[m] for m in types)
             if need > supply:
                 return [f"the plan uses {need} {'/'.join(chosen)} GPUs, the cluster has {supply} "
-                        f"{'/'.join(sorted(types))} ({self.describe()})"]
+                        f"{'/'.join(sorted(types))} ({self.gpus_text()})"]
         return []
 
     def spread(self, used: dict[str, int]) -> dict[str, int]:
@@ -201,5 +201,13 @@ class ClusterSpec(StrictModel):
                 return link
         return None
 
-    def describe(self) -> str:
+    def gpus_text(self) -> str:
+        """The GPUs of each type in words ("16 H800 + 8 A100"), for messages; the text --cluster reads back as
+        this cluster is planner/inputs/cluster.py `describe_cluster`."""
+        return " + ".join(f"{n} {t}" for t, n in self.gpus_by_type().items())
+
+    def legacy_description(self) -> str:
+        """TYPE:COUNT per type: how earlier versions described a cluster in plan.json (`cluster`, made_for) and
+        named a shorthand cluster.  It leaves the node shape out (2x6 H800 read "H800:12", which --cluster
+        refuses), so it is only for accepting what those versions wrote."""
         return ",".join(f"{t}:{n}" for t, n in self.gpus_by_type().items())

@@ -14,6 +14,7 @@ import math
 
 from planner.cost.model import CostModel, GlobalShape
 from planner.errors import InfeasibleError
+from planner.inputs.cluster import describe_cluster
 from planner.megatron.rules import tp_allowed
 from planner.schemas.plan import Recompute
 from planner.search.space import SearchSpace
@@ -23,7 +24,7 @@ GIB = 2**30
 
 def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -> InfeasibleError:
     model = cost.model
-    cluster = cost.cluster.describe()
+    cluster = describe_cluster(cost.cluster, cost.profiles)
     budget = cost.cluster.gpus_by_type()
     if not n_enumerated:
         return InfeasibleError(

@@ -111,6 +111,7 @@ def base_plan_document() -> dict[str, Any]:
         from planner.inputs.plan_file import made_for
         from planner.inputs.resolve import resolve_run
         from planner.output.report import plan_json
+        from planner.profile_tables import ProfileSet
         from planner.schemas.cluster import ClusterSpec, NodeGroup
         from planner.schemas.plan import Plan, StagePlan
 
@@ -126,7 +127,7 @@ def base_plan_document() -> dict[str, Any]:
             "status": "OPTIMAL", "runtime": "megatron", "model": run.model.name, "cluster": "H800:8",
             "world_size": 8, "cluster_gpus": 8, "num_microbatches": plan.num_microbatches, "plan": plan_json(plan),
             "inputs": {"run": run.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")},
-            "made_for": made_for(run, cluster),
+            "made_for": made_for(run, cluster, ProfileSet.load()),
         }
     return json.loads(json.dumps(_CACHE["doc"]))
 
