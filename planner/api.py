@@ -23,7 +23,7 @@ from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import (
-    ImplausiblePredictionError, InfeasibleError, PlanCheckError, PlannerInputError,
+    ImplausiblePredictionError, InfeasibleError, MissingProfileError, PlanCheckError, PlannerInputError,
     SearchTimeLimitError,
 )
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
@@ -37,7 +37,9 @@ from planner.launcher import render_launch_files
 from planner.launcher.common import unused_hosts_note
 from planner.placement import contiguous_order
 from planner.profile_tables import ProfileSet
-from planner.runtime import MEGATRON, RuntimeChoice, choose_runtime, runtime_of, sub_cluster
+from planner.runtime import (
+    MEGATRON, Refusal, Runtime, RuntimeChoice, choose_runtime, plannable_runtimes, runtime_of, sub_cluster,
+)
 from planner.megatron.flags import OVERRIDE_FLAGS, rule_options, unmodelled_notes
 from planner.megatron.rules import (
     check_plan, format_violations, input_violations, run_violations, runtime_model_refusal, world_violations,
@@ -46,6 +48,7 @@ from planner.sanity import check_prediction
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.parallel import MegatronRun
 from planner.schemas.plan import Plan
+from planner.search.explain import fits_nowhere
 from planner.search.pools import search_with_pools
 from planner.search.pruning import Pruning
 from planner.search.settings import ProgressFn, SearchResult, SearchSettings
@@ -261,13 +264,57 @@ def left_out_lines(choice: RuntimeChoice, cluster: ClusterSpec, profiles: Profil
             for t, o in left_out_json(choice, cluster).items()]
 
 
-def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRun) -> RuntimeChoice:
+def runtime_choice(runtime: str, cluster: ClusterSpec, profiles, run: MegatronRun,
+                   memory_headroom: float | None = None) -> RuntimeChoice:
     """`--runtime` resolved against profiles/runtimes.yaml: the runtime and the part of the cluster one
     job of it runs on.  A named runtime that cannot run the whole cluster is refused (PlannerInputError
     naming --runtime, with the reason and what would run it), and so is one whose own rules refuse the model
-    (planner/megatron/rules.py `runtime_model_refusal`: `auto` then plans with a runtime that runs it)."""
-    return choose_runtime(runtime, cluster, profiles, run.training.precision,
-                          refuses=lambda rt: runtime_model_refusal(rt.name, run.model))
+    (planner/megatron/rules.py `runtime_model_refusal`: `auto` then plans with a runtime that runs it).  Each
+    device type left out says, after why, whether its GPUs may run the model as a job of their own
+    (`own_job_advice`, with `memory_headroom` kept free; a type without the run's precision in one it runs)."""
+    def refuses(rt: Runtime) -> str | None:
+        return runtime_model_refusal(rt.name, run.model)
+
+    choice = choose_runtime(runtime, cluster, profiles, run.training.precision, refuses=refuses)
+    left = {}
+    for t, why in choice.left_out.items():
+        own = _own_job_run(t, choice, profiles, run)
+        left[t] = why if own is None else \
+            f"{why}; {own_job_advice(sub_cluster(cluster, [t]), profiles, own[0], refuses, memory_headroom, own[1])}"
+    return replace(choice, left_out=left)
+
+
+def _own_job_run(device_type: str, choice: RuntimeChoice, profiles: ProfileSet, run: MegatronRun
+                 ) -> tuple[MegatronRun, str] | None:
+    """The run a left-out type's job of its own would train and the words that offer it: the run itself; for a
+    type without the run's precision, the run in the first mixed precision it has (None: it has none)."""
+    if device_type not in choice.lacks_precision:
+        return run, "plan them as a job of their own"
+    runs_in = next((p for p in precisions.MIXED_PRECISIONS if precisions.runs_precision(device_type, profiles, p)),
+                   None)
+    if runs_in is None:
+        return None
+    training = run.training.model_copy(update={"precision": runs_in})
+    return run.model_copy(update={"training": training}), f"plan them as a job of their own in {runs_in}"
+
+
+def own_job_advice(part: ClusterSpec, profiles: ProfileSet, run: MegatronRun, refuses: Refusal,
+                   memory_headroom: float | None = None, lead: str = "plan them as a job of their own") -> str:
+    """What to do with GPUs no job of the chosen runtime holds: `lead` and their --cluster text where a runtime
+    runs them alone and the model's most memory-friendly layout fits in them, else why not.  The fit is the cheap
+    one of planner/search/explain.py `fits_nowhere` (one layout priced, no search: the judgement of solve's "fits
+    nowhere" message), so a cluster it offers may still hold no plan passing every rule."""
+    runs = [rt for rt in plannable_runtimes(profiles) if rt.can_run(part, profiles).ok and not refuses(rt)]
+    if not runs:
+        return "no runtime runs them in a job of their own either"
+    try:
+        cost = CostModel(run.model, run.training, part, profiles, memory_headroom=memory_headroom)
+        why = fits_nowhere(cost, SearchSpace(runtime=runs[0].name))
+    except MissingProfileError as exc:
+        return f"a job of their own is not priced here ({exc})"
+    if why is not None:
+        return f"no job of their own holds the model either: {why}"
+    return f"{lead} (--cluster {describe_cluster(part, profiles)})"
 
 
 def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchSettings, space: SearchSpace,
@@ -301,7 +348,7 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     if as_runtime is not None and as_runtime != space.runtime:
         space = uniform_space_for(space, as_runtime)
     if choice is None:
-        choice = runtime_choice(target, cluster, profiles, run)
+        choice = runtime_choice(target, cluster, profiles, run, memory_headroom)
     elif choice.runtime.name != target:
         raise ValueError(f"the search is for {target}, the runtime choice is {choice.runtime.name}")
     ranges = RangeModel(run.model, run.training, choice.cluster, profiles, memory_headroom=memory_headroom)
@@ -597,7 +644,7 @@ def compare_rows(run, cluster_spec, profiles, *, runtime: str, backends: list[st
     left divided by the backends still to run), and return one row per backend.  `objective_s` is the
     searched objective's float value (the plan's pessimistic or nominal time); `iteration_time_s` the nominal.
     `choice`: the runtime and the part of the cluster it runs (runtime_choice), when the caller has it."""
-    choice = choice or runtime_choice(runtime, cluster_spec, profiles, run)
+    choice = choice or runtime_choice(runtime, cluster_spec, profiles, run, memory_headroom)
     space = make_space(run, choice.runtime.name, contiguous_types=contiguous_types or None)
     end = time.perf_counter() + time_limit_s
     rows = []

@@ -61,11 +61,9 @@ def left_out(cluster: "ClusterSpec", profiles: "ProfileSet", precision: str) -> 
         return {}
     if len(lacking) == len(cluster.device_types):
         raise PlannerInputError(PRECISION_FIELD, _none_runs(lacking, cluster, profiles, precision))
-    have = cluster.gpus_by_type()
     instead = _instead(cluster, profiles)
-    use = f"use {instead} to plan with {'+'.join(lacking)} too, or " if instead else ""
-    return {t: (f"{t} has no {precision}, the run's precision (its profile lists {listed(t, profiles)}); {use}plan "
-                f"it as a job of its own in a precision it runs (--cluster {t}:{have[t]})")
+    use = f"; use {instead} to plan with {'+'.join(lacking)} too" if instead else ""
+    return {t: f"{t} has no {precision}, the run's precision (its profile lists {listed(t, profiles)}){use}"
             for t in lacking}
 
 

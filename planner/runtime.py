@@ -237,23 +237,21 @@ def _best_part(cluster: ClusterSpec, profiles: "ProfileSet", precision: str,
                                 f"({', '.join(cluster.device_types)})"
                                 + (f" with this model ({refused})" if refused else ""))
     _, rt, part, check = best
-    left = {t: _why_left_out(t, part, cluster, profiles, refuses) for t in cluster.device_types
+    left = {t: _why_left_out(t, part, profiles, refuses) for t in cluster.device_types
             if t not in part.device_types}
     return RuntimeChoice(AUTO, rt, part, check, left)
 
 
-def _why_left_out(device_type: str, part: ClusterSpec, cluster: ClusterSpec, profiles: "ProfileSet",
-                  refuses: Refusal = _no_refusal) -> str:
+def _why_left_out(device_type: str, part: ClusterSpec, profiles: "ProfileSet", refuses: Refusal = _no_refusal
+                  ) -> str:
     """Why no job of any runtime holds `device_type` together with `part`."""
     reasons = []
     for rt in plannable_runtimes(profiles):
         check = rt.can_run([*part.device_types, device_type], profiles)
         why = check.why if not check.ok else (refuses(rt) or check.reason)
         reasons.append(f"{rt.name}: {why}")
-    n = cluster.gpus_by_type()[device_type]
     return (f"no runtime runs {device_type} ({profiles.vendor(device_type)}) in one job with "
-            f"{'+'.join(part.device_types)} ({'; '.join(reasons)}); plan them as a job of their own "
-            f"(--cluster {device_type}:{n})")
+            f"{'+'.join(part.device_types)} ({'; '.join(reasons)})")
 
 
 def _steer(rt: Runtime, cluster: ClusterSpec, profiles: "ProfileSet", precision: str,

@@ -11,10 +11,11 @@ import pytest
 
 from helpers.cli import refused, run
 from helpers.json_schema import check_json
-from planner.api import load_inputs
+from planner.api import load_inputs, runtime_choice
 from planner.bench import planning_world
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import describe_cluster, parse_cluster
+from planner.inputs.resolve import resolve_run
 from planner.runtime import MEGATRON, choose_runtime
 from planner.schemas import Plan, StagePlan
 from tools.fuzz.inputs import TINY_FLAGS
@@ -30,9 +31,21 @@ def test_a_type_without_the_precision_is_left_out_with_the_reason(profiles, requ
     assert choice.runtime is MEGATRON and describe_cluster(choice.cluster, profiles) == "H800:8"
     assert list(choice.left_out) == ["T4"] and choice.lacks_precision == ("T4",)
     why = choice.left_out["T4"]
-    assert why.startswith("T4 has no bf16") and "--fp16" in why and "--cluster T4:8" in why
+    assert why.startswith("T4 has no bf16") and "--fp16" in why
     fp16 = choose_runtime(requested, parse_cluster(CLUSTER, profiles), profiles, "fp16")
     assert describe_cluster(fp16.cluster, profiles) == CLUSTER and not fp16.left_out  # the T4 runs fp16
+
+
+@pytest.mark.parametrize("model,fits", [("llama2-7b", True), ("mixtral-l", False)])
+def test_a_type_without_the_precision_is_offered_as_its_own_job_only_where_the_model_fits(profiles, model, fits):
+    """The T4s (2 nodes of 8, not the T4's usual 4) are offered as a job of their own in fp16, in the shape
+    --cluster reads back, where the model may fit in them: LLaMA-2 7B (about 6.7e9 parameters x 18 bytes of
+    weights, gradients and Adam state: 0.12 TB) in 16 x 15 GiB = 0.24 TB; never Mixtral-L (2.5 TB)."""
+    cluster = parse_cluster("H800:8,T4:2x8", profiles)
+    why = runtime_choice("auto", cluster, profiles, resolve_run(model=model, world_size=24)).left_out["T4"]
+    assert why.startswith("T4 has no bf16") and "--fp16" in why
+    assert ("plan them as a job of their own in fp16 (--cluster T4:2x8)" in why) is fits, why
+    assert (f"no job of their own holds the model either: {model} fits nowhere on T4:2x8" in why) is not fits, why
 
 
 def test_a_named_runtime_that_cannot_hold_the_rest_steers_to_auto_naming_every_idle_type():

@@ -10,9 +10,10 @@ import yaml
 from click.testing import CliRunner
 
 from cli import main
-from planner.api import load_inputs
+from planner.api import load_inputs, runtime_choice
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import describe_cluster, parse_cluster
+from planner.inputs.resolve import resolve_run
 from planner.launcher import render_launch_files
 from planner.placement import contiguous_order, type_blocks
 from planner.cost.model import CostModel
@@ -55,8 +56,27 @@ def test_auto_plans_the_part_one_job_can_span(profiles):
     assert choice.runtime is FLAGSCALE and describe_cluster(choice.cluster, profiles) == "H800:16,MI300X:16"
     assert list(choice.left_out) == ["910B"]
     assert "FlagCX's HCCL backend has no cross-vendor" in choice.left_out["910B"]
-    assert "--cluster 910B:16" in choice.left_out["910B"]
+    run = resolve_run(model="llama2-7b", world_size=48)
+    assert "plan them as a job of their own (--cluster 910B:16)" in \
+        runtime_choice("auto", parse_cluster(README_CLUSTER, profiles), profiles, run).left_out["910B"]
     assert choose_runtime("auto", parse_cluster("H800:8,A100:8", profiles), profiles).runtime is MEGATRON
+
+
+@pytest.mark.parametrize("spec,item", [("H800:8,H20:8,910B:8", "910B:8"), ("H800:8,H20:8,910B:2x4", "910B:2x4")])
+def test_left_out_gpus_are_offered_as_a_job_of_their_own_only_where_the_model_may_fit(profiles, spec, item):
+    """No runtime runs the 910Bs with the H800s and H20s.  LLaMA-2 7B (about 6.7e9 parameters x 18 bytes of
+    weights, gradients and Adam state: 0.12 TB) may fit on the 8 910Bs (8 x 61 GiB = 0.52 TB): the note offers
+    them as a job of their own, in the shape --cluster reads back (2x4 is not 910B:8).  Mixtral-L (about 1.4e11
+    parameters: 2.5 TB of such state) fits nowhere on them: the note says so instead of offering them (walk: it
+    offered --cluster 910B:8 where the model could not run)."""
+    cluster = parse_cluster(spec, profiles)
+    small = runtime_choice("auto", cluster, profiles, resolve_run(model="llama2-7b", world_size=24))
+    assert f"plan them as a job of their own (--cluster {item})" in small.left_out["910B"], small.left_out
+    big = runtime_choice("auto", cluster, profiles, resolve_run(model="mixtral-l", world_size=24))
+    why = big.left_out["910B"]
+    assert "--cluster" not in why and f"no job of their own holds the model either: mixtral-l fits nowhere on {item}" \
+        in why, why
+    assert why.startswith("no runtime runs 910B (Huawei) in one job with H800+H20")
 
 
 def test_readme_first_command_plans_a_job_that_can_run():

@@ -89,7 +89,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         run = reduce_layers(run, layers)
     backends = compare_backends(run, cluster_spec, brute)
     left_s = max(0.1, budget.search_deadline - time.perf_counter())
-    choice = runtime_choice(runtime, cluster_spec, profiles, run)
+    choice = runtime_choice(runtime, cluster_spec, profiles, run, memory_headroom)
     rows = compare_rows(run, cluster_spec, profiles, runtime=runtime, backends=backends, time_limit_s=left_s,
                         delta=delta, no_prune=no_prune, contiguous_types=contiguous_types, objective=objective,
                         memory_headroom=memory_headroom, choice=choice)

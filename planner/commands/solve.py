@@ -117,7 +117,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
                               top_k=top_k, deadline=budget.search_deadline, seed_plans=(yours,) if yours else ())
     if no_prune:
         settings = settings.without_pruning()
-    choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run)
+    choice = runtime_choice(runtime, inputs.cluster, inputs.profiles, inputs.run, memory_headroom)
     if out_dir:
         refuse_unlaunchable_inputs(choice.runtime.name, inputs.run, script)
     space = make_space(inputs.run, choice.runtime.name, mbs=mbs, contiguous_types=contiguous_types or None)

@@ -11,6 +11,7 @@ the cost model's own memory figures, and says how many more GPUs would hold the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from planner.cost.model import CostModel, GlobalShape
 from planner.errors import InfeasibleError
@@ -22,69 +23,118 @@ from planner.search.space import SearchSpace
 GIB = 2**30
 
 
+FULL_RECOMPUTE = Recompute.full("uniform", 1)
+
+
+@dataclass(frozen=True)
+class FriendlyLayout:
+    """The most memory-friendly layout the rules allow on a cluster (the module's docstring says which)."""
+
+    tp: int
+    shape: GlobalShape
+    slots: list[str]  # each stage's device type, the roomiest types first
+    types: list[str]  # the cluster's device types, roomiest first
+    text: str  # the layout in words
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """The first stage of the friendliest layout that does not fit: its index, type, layers and bytes."""
+
+    stage: int
+    device_type: str
+    start: int
+    layers: int
+    need_bytes: float
+    capacity_bytes: float
+
+
 def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -> InfeasibleError:
     model = cost.model
     cluster = describe_cluster(cost.cluster, cost.profiles)
-    budget = cost.cluster.gpus_by_type()
     if not n_enumerated:
         return InfeasibleError(
             f"no parallel configuration of {model.name} satisfies Megatron's rules on {cluster}",
             ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],
         )
+    layout = friendliest_layout(cost, space)
+    over = first_overflow(cost, layout)
+    if over is not None:
+        return InfeasibleError(overflow_text(cost, layout, over),
+                               _hints(cost, layout.shape, layout.slots, layout.types, layout.tp, FULL_RECOMPUTE,
+                                      model.num_layers - over.start, over.stage))
+    return InfeasibleError(
+        f"no plan for {model.name} on {cluster} fits: the most memory-friendly layout ({layout.text}) fits in "
+        f"memory by itself, but no configuration passing the search space's rules does",
+        ["widen the search space (--mbs, the allowed TP/EP, more pipeline stages)", "use more GPUs"],
+    )
+
+
+def fits_nowhere(cost: CostModel, space: SearchSpace) -> str | None:
+    """Why the model fits nowhere on the cost model's cluster, cheaply (one layout priced, no search): the
+    message explain_infeasible gives when the most memory-friendly layout overflows a stage; None where it fits
+    (which does not promise that a plan passing every rule does)."""
+    layout = friendliest_layout(cost, space)
+    over = first_overflow(cost, layout)
+    return None if over is None else overflow_text(cost, layout, over)
+
+
+def friendliest_layout(cost: CostModel, space: SearchSpace) -> FriendlyLayout:
+    """The largest TP within a scale-up domain (of the space's), the largest EP dividing it, DP 1, micro-batch 1,
+    one stage per TP group of GPUs (as many as there are layers), the roomiest device types first."""
+    model, budget = cost.model, cost.cluster.gpus_by_type()
     gpn = min(cost.domain_gpus(h) for h in budget)
     tps = [t for t in space.tp if t <= gpn and tp_allowed(model, t) and any(n >= t for n in budget.values())]
     tp = max(tps) if tps else 1
     experts = model.num_experts or 1
     ep = max(e for e in range(1, tp + 1) if experts % e == 0 and tp % e == 0) if model.is_moe else 1
-    full = Recompute.full("uniform", 1)
-    # stage slots, roomiest device type first
     types = sorted(budget, key=lambda h: -cost.device(h).memory_gib)
     slots = [h for h in types for _ in range(budget[h] // tp)]
-    n_layers = model.num_layers
-    pp = min(len(slots), n_layers)
+    pp = min(len(slots), model.num_layers)
     slots = slots[:pp]
     gs = GlobalShape(tp=tp, cp=1, ep=ep, etp=1, vpp=1, mbs=1, gbs=cost.training.global_batch_size, dp0=1, pp=pp,
                      sequence_parallel=tp > 1)
     # GPUs, not stages, per device type: each stage is one TP group of `tp` GPUs
-    layout = (f"TP={tp}, EP={ep}, DP=1, full recompute, micro-batch 1, {pp} stage{'s' if pp != 1 else ''} "
-              f"of {tp} GPU{'s' if tp != 1 else ''}: "
-              + ", ".join(f"{slots.count(h) * tp} {h}" for h in types if h in slots))
+    text = (f"TP={tp}, EP={ep}, DP=1, full recompute, micro-batch 1, {pp} stage{'s' if pp != 1 else ''} "
+            f"of {tp} GPU{'s' if tp != 1 else ''}: "
+            + ", ".join(f"{slots.count(h) * tp} {h}" for h in types if h in slots))
+    return FriendlyLayout(tp, gs, slots, types, text)
+
+
+def first_overflow(cost: CostModel, layout: FriendlyLayout) -> Overflow | None:
+    """Fill the layout's stages in order, each with as many layers as fit (leaving one for each later stage),
+    the last with the rest: the first stage that is short, or None where every stage fits."""
+    n_layers, pp = cost.model.num_layers, len(layout.slots)
 
     def need_bytes(i: int, start: int, end: int) -> tuple[float, float]:
-        core = cost.stage_core(gs, device_type=slots[i], start=start, end=end, dp=1, recompute=full,
-                               is_first=i == 0, is_last=i == pp - 1)
-        return core.held_static_bytes + cost.inflight_microbatches(gs, i) * core.held_act_per_microbatch_bytes, \
-            core.capacity_bytes
+        core = cost.stage_core(layout.shape, device_type=layout.slots[i], start=start, end=end, dp=1,
+                               recompute=FULL_RECOMPUTE, is_first=i == 0, is_last=i == pp - 1)
+        return core.held_static_bytes + cost.inflight_microbatches(layout.shape, i) * \
+            core.held_act_per_microbatch_bytes, core.capacity_bytes
 
     start = 0
-    for i, h in enumerate(slots):
-        last = i == pp - 1
-        if last:
-            end = n_layers
-        else:
-            # as many layers as fit, leaving at least one for each later stage
-            end = start
-            while end < n_layers - (pp - 1 - i):
-                need, cap = need_bytes(i, start, end + 1)
-                if need > cap:
-                    break
-                end += 1
-            end = max(end, start + 1)
+    for i, h in enumerate(layout.slots):
+        end = n_layers if i == pp - 1 else start
+        while i < pp - 1 and end < n_layers - (pp - 1 - i):
+            need, cap = need_bytes(i, start, end + 1)
+            if need > cap:
+                break
+            end += 1
+        end = max(end, start + 1)
         need, cap = need_bytes(i, start, end)
         if need > cap:
-            short = (need - cap) / GIB
-            held = end - start
-            msg = (f"{model.name} fits nowhere on {cluster}: even the most memory-friendly layout ({layout}) "
-                   f"leaves stage {i} ({h}) with {held} layer{'s' if held != 1 else ''} needing "
-                   f"{need / GIB:.1f} GiB of {cap / GIB:.1f} GiB usable ({short:.1f} GiB short; "
-                   f"--memory-headroom {100 * cost.memory_headroom:.0f}% kept free)")
-            return InfeasibleError(msg, _hints(cost, gs, slots, types, tp, full, n_layers - start, i))
+            return Overflow(i, h, start, end - start, need, cap)
         start = end
-    return InfeasibleError(
-        f"no plan for {model.name} on {cluster} fits: the most memory-friendly layout ({layout}) fits in memory "
-        f"by itself, but no configuration passing the search space's rules does",
-        ["widen the search space (--mbs, the allowed TP/EP, more pipeline stages)", "use more GPUs"],
-    )
+    return None
+
+
+def overflow_text(cost: CostModel, layout: FriendlyLayout, over: Overflow) -> str:
+    held = over.layers
+    return (f"{cost.model.name} fits nowhere on {describe_cluster(cost.cluster, cost.profiles)}: even the most "
+            f"memory-friendly layout ({layout.text}) leaves stage {over.stage} ({over.device_type}) with {held} "
+            f"layer{'s' if held != 1 else ''} needing {over.need_bytes / GIB:.1f} GiB of "
+            f"{over.capacity_bytes / GIB:.1f} GiB usable ({(over.need_bytes - over.capacity_bytes) / GIB:.1f} GiB "
+            f"short; --memory-headroom {100 * cost.memory_headroom:.0f}% kept free)")
 
 
 def _hints(cost: CostModel, gs: GlobalShape, slots: list[str], types: list[str], tp: int, full: Recompute,
