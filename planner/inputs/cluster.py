@@ -1,7 +1,8 @@
 """`--cluster`: a preset name, a YAML file, or the shorthand TYPE:COUNT[,TYPE:COUNT...] -> ClusterSpec.
 
 Device types are canonicalised through the ProfileSet (case-insensitive, aliases accepted), so every
-ClusterSpec this module returns names devices exactly as `ProfileSet.device()` does.
+ClusterSpec this module returns names devices exactly as `ProfileSet.device()` does.  `describe_cluster` is the
+way back: the text every output names a cluster by, which parse_cluster reads as the same cluster.
 """
 
 from __future__ import annotations
