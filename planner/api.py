@@ -543,7 +543,13 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     range and the memory headroom kept free.  A configuration Megatron would refuse is refused, naming the
     options behind the broken rules, unless `allow_invalid` (then each broken rule is a note)."""
     run, cluster, profiles = inputs
-    plan, notes = plan_from_run(run, cluster, profiles)
+    try:
+        plan, notes = plan_from_run(run, cluster, profiles)
+    except PlannerInputError:  # the flags' plan spans the whole cluster: a type that cannot run the precision is
+        idle = precisions.left_out(cluster, profiles, run.training.precision)  # said before the rules its layout
+        if idle:  # breaks there (fuzz 77777 #12)
+            raise _flags_precision_error(inputs, [why.split(";")[0] for why in idle.values()]) from None
+        raise
     return price_plan(inputs, plan, notes, allow_invalid=allow_invalid, memory_headroom=memory_headroom)
 
 
@@ -552,6 +558,7 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
     """`estimate`'s pricing of one plan of the run on its cluster: the flags' plan (checked with the flags that
     place it), or a `saved` plan file's (checked as itself, on the runtime it names: a FlagScale plan too)."""
     run, cluster, profiles = inputs
+    check_plan_precision(inputs, plan, saved, notes)  # before the rules: no precision, no run at all
     violations = check_plan(run.model, plan, run.training) if saved else run_violations(run, plan)
     if violations and not allow_invalid:
         raise PlannerInputError(  # a saved plan's rule breaks are the file's, not options the user passed
@@ -559,7 +566,6 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
             "Megatron would refuse it: " + format_violations(violations)
             + "; --allow-invalid prices it anyway",
         )
-    check_plan_precision(inputs, plan, saved, notes)
     runtime = runtime_of(plan.runtime) if saved else MEGATRON
     # the flags' plan spans the whole cluster: a stage straddling two types is priced as one of them
     runs = runtime.can_run(plan.member_types() if saved else cluster, profiles)
@@ -597,12 +603,22 @@ def check_plan_precision(inputs: Inputs, plan: Plan, saved: bool = False, notes:
     if saved:
         raise PlannerInputError("--plan", f"{'; '.join(problems)}: the plan cannot be priced in {precision}; price "
                                           f"it in a precision {lacking} runs, or re-plan with {solve_instead}")
+    raise _flags_precision_error(inputs, problems)
+
+
+def _flags_precision_error(inputs: Inputs, problems: list[str]) -> PlannerInputError:
+    """The refusal of the flags' plan (which spans the whole cluster) on a cluster with types that do not run the
+    run's precision: `problems`, and what to do instead."""
+    run, cluster, profiles = inputs
+    precision = run.training.precision
+    idle = precisions.left_out(cluster, profiles, precision)
+    lacking = "+".join(idle)
     runs = describe_cluster(sub_cluster(cluster, [t for t in cluster.device_types if t not in idle]), profiles)
-    raise PlannerInputError(
+    return PlannerInputError(
         precisions.PRECISION_FIELD,
         f"{'; '.join(problems)}: the flags' plan, which spans the whole cluster, cannot be priced in {precision}; "
         f"price it in a precision {lacking} runs, estimate on the types that run {precision} (--cluster {runs}), "
-        f"or {solve_instead}")
+        f"or `solve`, which leaves {lacking} idle")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -127,3 +127,16 @@ def test_bench_plans_the_public_runtime_on_the_types_that_run_the_precision(prof
     world = planning_world(parse_cluster(CLUSTER, profiles), profiles, "bf16")
     assert not world.hypothetical and world.choice.runtime is MEGATRON
     assert describe_cluster(world.choice.cluster, profiles) == "H800:8" and list(world.choice.left_out) == ["T4"]
+
+
+def test_the_flags_plan_on_a_type_without_the_precision_is_refused_before_its_layout_rules(tmp_path):
+    """fuzz seed 77777 case 12: on V100:2x8,MI300X:32 (48 GPUs) the flags' global batch 64 is no multiple of DP 48,
+    and the V100s have no bf16; the estimate named --global-batch-size, so the user fixed the batch to meet the
+    precision refusal next.  The precision comes first, naming --cluster and the GPUs that run bf16."""
+    from tools.fuzz.inputs import TINY_MODEL
+    from tools.fuzz.mutations import to_yaml
+
+    model = tmp_path / "tiny.yaml"
+    model.write_bytes(to_yaml(TINY_MODEL))
+    line = refused(run(["estimate", "--model", str(model), "--cluster", "V100:2x8,mi300x:32"]), "--cluster")
+    assert "V100 has no bf16" in line and "--cluster MI300X:32" in line and "global-batch" not in line, line
