@@ -245,6 +245,25 @@ def test_a_router_without_a_balancing_loss_is_outside_what_the_calibration_measu
         assert not extrapolated or any(u.startswith("expert GEMMs") for u in unbalanced)
 
 
+def test_a_sinkhorn_router_is_outside_what_the_calibration_measured():
+    """Sinkhorn routing is priced as fully balanced (dispatch.py `balancing_pull` 0), but no calibration run trained
+    with it: the same Megatron CI Mixtral run with --moe-router-load-balancing-type sinkhorn leans on expert mechanisms
+    no run measured and is marked extrapolated, and the MoE imbalance it prints says that its balance is an
+    assumption, not a measurement."""
+    ann = load_annotations()
+    row = next(r for r in load_runs() if r["id"] == "H100-mlmci-mixtral8x7b-tp2pp4ep4-rel")
+    argv = priced_argv(row, ann)
+    at = argv.index("--moe-router-load-balancing-type")
+    assert argv[at + 1] == "aux_loss"
+    flags = argv[:at + 1] + ["sinkhorn"] + argv[at + 2:]
+    inputs = load_inputs(megatron_args=shlex.join(flags), cluster=row["cluster"], allow_invalid=True)
+    ev = estimate(inputs, allow_invalid=True).time_range.evidence
+    sinkhorn = [u for u in ev.to_json()["unmeasured"] if "real routing, dropless, Sinkhorn" in u]
+    assert ev.extrapolated and any(u.startswith("expert GEMMs") for u in sinkhorn), ev.unmeasured
+    imbalance = {a.name: a for a in inputs.run.assumed}["MoE imbalance"]
+    assert "Sinkhorn" in imbalance.source and "assum" in imbalance.source and "unmeasured" in imbalance.source
+
+
 def test_fewer_local_experts_than_measured_are_covered_more_are_not():
     """Local experts are covered from 1 up to the most a run measured (planner/uncertainty.py AT_MOST_AXES): at a
     covered tokens per expert a smaller grouped call is priced from the measured dense-GEMM curve, a larger one is a

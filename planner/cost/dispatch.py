@@ -83,6 +83,13 @@ straggler a rebalancer removes), so such a run's routing is priced with it, said
 (NO_BALANCING_SOURCE), and its expert mechanisms read as unmeasured (planner/cost/mechanisms.py ROUTING_WORDS)."""
 NO_BALANCING_SOURCE = (f"no published figure measures routing trained without a balancing loss, so this is "
                        f"extrapolated: the cap of {AUX_LOSS_MAX_PULL:g}x the reference's spread is unmeasured")
+SINKHORN_SOURCE = ("Sinkhorn routing (--moe-router-load-balancing-type sinkhorn) is assumed to balance the experts' loads "
+                   "fully (no spread beyond the sampling noise of the tokens per expert): no calibration run or published "
+                   "figure measures a Sinkhorn-balanced router, so this is an assumption, extrapolated and unmeasured")
+"""Where a Sinkhorn router's imbalance comes from, printed with it: `balancing_pull` gives Sinkhorn 0 because its
+normalisation makes the routing probabilities doubly stochastic over a batch, not because a run measured it (its top-k
+of the normalised scores need not be even), so its expert mechanisms read as unmeasured (planner/cost/mechanisms.py
+UNMEASURED_BALANCING_WORDS)."""
 EXPERT_BIAS_PULL = 0.1
 """Auxiliary-loss-free balancing (`--moe-router-enable-expert-bias`, DeepSeek-V3) adjusts a per-expert bias
 every step toward balance; assumed to keep loads as close to the mean as an auxiliary loss ten times the
@@ -184,7 +191,13 @@ class Routing:
     topk: int = 1
     assumed: str | None = None  # what was assumed, for the output
     source: str = ""  # where load_cv came from, for the output
-    unbalanced: bool = False  # real routing with no balancing pull (ModelSpec.unbalanced_routing): extrapolated
+    unmeasured_balancing: str | None = None  # the router's balancing no calibration run trained with: 'none' (nothing
+    # balances it: ModelSpec.unbalanced_routing) or 'sinkhorn'; its spread is extrapolated
+
+    @property
+    def unbalanced(self) -> bool:
+        """Real routing with no balancing pull (ModelSpec.unbalanced_routing): extrapolated."""
+        return self.unmeasured_balancing == "none"
 
     @property
     def fill(self) -> float:
@@ -239,10 +252,21 @@ def routing(model: ModelSpec, given: float | None, measured: float | None = None
     source = (f"tokens per expert spread {EXPERT_LOAD_CV:.2f} x the mean at --moe-aux-loss-coeff "
               f"{AUX_LOSS_REFERENCE:g} (a published load-balancing loss of 1.87: pith-train #79), "
               f"x{pull:.3g} for this router's balancing")
-    if model.unbalanced_routing:
-        source += f"; {NO_BALANCING_SOURCE}"
+    unmeasured = _unmeasured_balancing(model)
+    if unmeasured is not None:
+        source += f"; {NO_BALANCING_SOURCE if unmeasured == 'none' else SINKHORN_SOURCE}"
     return Routing(regime, load_cv=EXPERT_LOAD_CV * pull, cap=cf, num_experts=e, topk=k,
-                   assumed=_balancing_assumed(model), source=source, unbalanced=model.unbalanced_routing)
+                   assumed=_balancing_assumed(model), source=source, unmeasured_balancing=unmeasured)
+
+
+def _unmeasured_balancing(model: ModelSpec) -> str | None:
+    """The router's balancing where no calibration run trained with it: 'none' (nothing pulls it toward balance) or
+    'sinkhorn' (priced as fully balanced, SINKHORN_SOURCE); None for a balancing the calibration measured."""
+    if model.unbalanced_routing:
+        return "none"
+    if model.moe_router_load_balancing_type == "sinkhorn" and not model.moe_router_force_load_balancing:
+        return "sinkhorn"
+    return None
 
 
 def balancing_pull(model: ModelSpec) -> float:

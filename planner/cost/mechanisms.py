@@ -225,18 +225,19 @@ def attention_kernel(training) -> str:
     return "flash" if training.attention_backend == "flash" else "fused"
 
 
-NO_BALANCING_WORDS = ", no load balancing"
-"""Added to real routing's words where nothing balances the router (dispatch.py `Routing.unbalanced`): no calibration
-run trained so, and its imbalance is extrapolated (dispatch.py AUX_LOSS_MAX_PULL), so the expert mechanisms' conditions
-read apart from the measured real routing and the plan as extrapolated where they carry its time."""
+UNMEASURED_BALANCING_WORDS = {"none": ", no load balancing", "sinkhorn": ", Sinkhorn balancing"}
+"""Added to real routing's words where the router's balancing is one no calibration run trained with (dispatch.py
+`Routing.unmeasured_balancing`): nothing balancing it (its imbalance extrapolated at dispatch.py AUX_LOSS_MAX_PULL), or
+Sinkhorn (priced as fully balanced, an assumption: dispatch.py SINKHORN_SOURCE).  The expert mechanisms' conditions
+then read apart from the measured real routing, and the plan as extrapolated where they carry its time."""
 
 
 def routing_words(cost) -> str:
-    """The plan's routing regime in words (ROUTING_WORDS, and NO_BALANCING_WORDS for an unbalanced router's real
-    routing)."""
+    """The plan's routing regime in words (ROUTING_WORDS, and UNMEASURED_BALANCING_WORDS for real routing under a
+    balancing no calibration run measured)."""
     r = cost.routing
-    return ROUTING_WORDS[r.regime] + (NO_BALANCING_WORDS if r.unbalanced and r.regime in ("dropless", "capacity")
-                                      else "")
+    extra = r.unmeasured_balancing if r.regime in ("dropless", "capacity") else None
+    return ROUTING_WORDS[r.regime] + (UNMEASURED_BALANCING_WORDS[extra] if extra else "")
 
 
 def dispatcher_words(model) -> str:
