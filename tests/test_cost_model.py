@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.cost.estimate import estimate_run
-from planner.cost.flops import model_flop_per_iteration, parameter_counts
+from planner.cost.flops import model_flop_per_iteration, parameter_counts, parameter_totals
 from planner.cost.dispatch import expected_destination_ranks
 from planner.cost.model import CostModel, GlobalShape
 from planner.errors import PlannerInputError
@@ -193,6 +193,67 @@ def test_mixtral_8x7b_has_46_7b_parameters():
     model, _ = load_model_preset("mixtral-s")
     total = sum(parameter_counts(model).values())
     assert total == pytest.approx(46.7e9, rel=0.005)
+
+
+def _hf(name: str):
+    from helpers import hf_configs
+    from planner.inputs.hf_config import model_from_hf_config
+    return model_from_hf_config(getattr(hf_configs, name), name)
+
+
+def test_total_and_active_parameters_match_the_published_counts():
+    """Each published count against ours as it counts (planner/cost/flops.py `parameter_totals`), like with like, to
+    the digits it is given, from the preset and from the model's HuggingFace config.json:
+    - Mixtral 8x7B: "46.7B total parameters but only uses 12.9B parameters per token" (Mistral AI, 'Mixtral of
+      experts', 2023-12-11): embeddings in both (without the input embedding the active count would read 12.7B).
+    - Mixtral 8x22B: "only 39B active parameters out of 141B" (Mistral AI, 'Cheaper, Better, Faster, Stronger',
+      2024-04-17), counted as 8x7B's.
+    - Qwen3-30B-A3B: 30.5B in total, 29.9B non-embedding, 3.3B activated (Qwen/Qwen3-30B-A3B model card): the
+      non-embedding count is the total less the input embedding and the output layer; the activated one holds both
+      (it would read 3.0B without the input embedding) and is given truncated, 3.35B -> 3.3B.
+    - Qwen3-235B-A22B: 235B in total, 234B non-embedding, 22B activated (its model card).
+    - DeepSeek-V3: 671B total, 37B activated per token (technical report, arXiv 2412.19437): the main model, without
+      the MTP module (README_WEIGHTS.md: 671B main model weights + 14B MTP module); the 37B rounds our count only
+      without the input embedding (with it 37.6B), which is what it is compared with.
+    - gpt-oss-120b: 5.1B active per token (OpenAI's gpt-oss model card), without the input embedding as well (with it
+      5.7B); the total, 116.83B, is test_gpt_oss_120b_has_116_8b_parameters."""
+    def b(n: float, digits: int = 0) -> float:
+        return round(n / 1e9, digits)
+
+    for name, model in (("mixtral", load_model_preset("mixtral-s")[0]), ("mixtral", _hf("MIXTRAL_8X7B")),
+                        ("mixtral-8x22b", load_model_preset("mixtral-l")[0]),
+                        ("qwen3-30b", load_model_preset("qwen3-30b-a3b")[0]), ("qwen3-30b", _hf("QWEN3_30B")),
+                        ("qwen3-235b", load_model_preset("qwen3-235b-a22b")[0]),
+                        ("deepseek-v3", load_model_preset("deepseek-v3")[0]), ("deepseek-v3", _hf("DSV3")),
+                        ("gpt-oss", _hf("GPT_OSS_120B"))):
+        p = parameter_totals(model)
+        both_tables = parameter_counts(model)["embedding"]  # input embedding and output layer (untied)
+        if name == "mixtral":
+            assert (b(p.total, 1), b(p.active, 1)) == (46.7, 12.9) and p.mtp == 0
+        elif name == "mixtral-8x22b":
+            assert (b(p.total), b(p.active)) == (141, 39)
+        elif name == "qwen3-30b":
+            assert (b(p.total, 1), b(p.total - both_tables, 1)) == (30.5, 29.9)
+            assert int(p.active / 1e8) == 33
+        elif name == "qwen3-235b":
+            assert (b(p.total), b(p.total - both_tables), b(p.active)) == (235, 234, 22)
+        elif name == "deepseek-v3":
+            assert model.mtp_num_layers == 1 and p.mtp > 10e9
+            main = model.model_copy(update={"mtp_num_layers": 0})
+            q = parameter_totals(main)
+            assert q.total == p.total - p.mtp and b(q.total) == 671
+            assert b(q.active - q.input_embedding) == 37 and b(q.active) == 38
+        else:
+            assert b(p.active - p.input_embedding, 1) == 5.1 and b(p.active, 1) == 5.7
+
+
+def test_active_parameters_are_the_total_less_the_experts_a_token_skips():
+    """A dense model uses every parameter per token; a MoE model all but (experts - top-k) experts in each MoE layer,
+    the MTP layer's included (DeepSeek-V3: 58 MoE layers and one MTP layer, 248 of 256 experts of 3 x 7168 x 2048)."""
+    llama = parameter_totals(load_model_preset("llama2-7b")[0])
+    assert llama.active == llama.total and llama.input_embedding == 32000 * 4096
+    dsv3 = parameter_totals(load_model_preset("deepseek-v3")[0])
+    assert dsv3.total - dsv3.active == (256 - 8) * 3 * 7168 * 2048 * (58 + 1)
 
 
 GPT_OSS_ROW = "B200-gptoss-120B-64-bf16"

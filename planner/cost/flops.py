@@ -194,3 +194,34 @@ def parameter_counts(model: ModelSpec) -> dict[str, float]:
         "final_norm": norm * h,
         "mtp": mtp,
     }
+
+
+@dataclass(frozen=True)
+class ParameterTotals:
+    """The model's parameters (`parameter_counts`, as Megatron builds the model on one GPU) and those one token's
+    forward pass uses.  Published figures differ in what they count: Mistral (Mixtral 8x7B: 46.7B, 12.9B active) and
+    Qwen (Qwen3-30B-A3B: 30.5B, 3.3B active) count the input embedding and the output layer in both; DeepSeek-V3's
+    671B / 37B leave out the MTP module, and its 37B and gpt-oss-120b's 5.1B active the input embedding
+    (tests/test_cost_model.py)."""
+
+    total: int  # every parameter, the MTP layers and the input embedding included
+    active: int  # total less the routed experts a token is not routed to: (experts - top-k) in each MoE layer and MTP
+    # layer; so the top-k routed and the shared experts, routers, attention, dense MLPs, norms, the input embedding
+    # table and the output layer (one table where they are tied), position embeddings and the MTP layers
+    input_embedding: int  # the word embedding table (padded vocabulary x hidden), counted in total and active
+    mtp: int  # the MTP layers' share of total (0 without --mtp-num-layers)
+
+
+def parameter_totals(model: ModelSpec) -> ParameterTotals:
+    """Total and active (per token) parameters of `model` (ParameterTotals)."""
+    counts = parameter_counts(model)
+    total = int(sum(counts.values()))
+    n_moe = sum(model.layer_is_moe)
+    experts = model.num_experts or 0
+    idle = 0
+    if n_moe and experts:
+        per_expert = int(counts["experts"]) // (n_moe * experts)
+        moe_layers = n_moe + (model.mtp_num_layers if model.layer_is_moe[-1] else 0)
+        idle = (experts - min(model.moe_router_topk, experts)) * per_expert * moe_layers
+    return ParameterTotals(total=total, active=total - idle,
+                           input_embedding=model.padded_vocab_size(1) * model.hidden_size, mtp=int(counts["mtp"]))
