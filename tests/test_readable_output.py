@@ -391,6 +391,28 @@ def test_flag_and_hf_assumptions(tmp_path):
                                                 "MoE imbalance", "allocator"}  # dropout: the config's (walk55m)
 
 
+def test_the_models_parameters_are_printed_and_in_the_json(tmp_path, solved_out):
+    """A model brought as a HuggingFace config.json (Qwen3-30B-A3B's): estimate --json gives its total and active
+    parameter counts, and the text one line with them (the model card: 30.5B in total, 3.3B activated, given
+    truncated; ours 3.353B).  solve gives them in its JSON (plan.json), text and summary.md (Mixtral 8x7B: 46.7B
+    total, 12.9B per token, Mistral's announcement).  tests/test_cost_model.py checks the counts themselves."""
+    from helpers.hf_configs import QWEN3_30B
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(QWEN3_30B))
+    args = ["estimate", "--model", str(cfg), "--cluster", "H800:8", "--ep", "8"]
+    d = json.loads(invoke([*args, "--json"]).stdout)
+    assert round(d["parameters_total"] / 1e9, 1) == 30.5 and int(d["parameters_active"] / 1e8) == 33
+    assert d["parameters_input_embedding"] == 151936 * 2048 and d["parameters_mtp"] == 0
+    assert all(isinstance(d[k], int) for k in ("parameters_total", "parameters_active"))
+    text = invoke(args, columns=200).output
+    assert "model: 30.5 B parameters, 3.35 B active per token (both count the 311 M input embedding)" in text
+    res, out = solved_out
+    plan = json.loads((out / "plan.json").read_text())
+    assert (round(plan["parameters_total"] / 1e9, 1), round(plan["parameters_active"] / 1e9, 1)) == (46.7, 12.9)
+    line = "model: 46.7 B parameters, 12.9 B active per token (both count the 131 M input embedding)"
+    assert line in res.output and f"- {line}" in (out / "summary.md").read_text()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Your plan against ours
 

@@ -14,6 +14,7 @@ import shutil
 import sys
 from typing import Any
 
+from planner.cost.flops import parameter_totals
 from planner.cost.mechanisms import BY_NAME
 from planner.cost.model import PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
@@ -96,11 +97,21 @@ def range_json(cost: PlanCost, time_range) -> dict[str, Any]:
     return out
 
 
+def parameters_json(model) -> dict[str, int]:
+    """The model's parameter counts (planner/cost/flops.py `parameter_totals`): `parameters_total`,
+    `parameters_active` (per token), and the parts published counts often leave out, `parameters_input_embedding`
+    (in both) and `parameters_mtp` (in the total)."""
+    p = parameter_totals(model)
+    return {"parameters_total": p.total, "parameters_active": p.active,
+            "parameters_input_embedding": p.input_embedding, "parameters_mtp": p.mtp}
+
+
 def estimate_json(run: MegatronRun, cluster: ClusterSpec, plan: Plan, cost: PlanCost, notes: list[str],
                   time_range=None, *, profiles: ProfileSet) -> dict:
     out = {"schema_version": SCHEMA_VERSION, **cost.to_json()}
     out.update(range_json(cost, time_range))
     out["model"] = run.model.name
+    out.update(parameters_json(run.model))
     out["cluster"] = describe_cluster(cluster, profiles)
     out["cluster_gpus"] = cluster.world_size
     out["plan"] = plan_json(plan)
@@ -221,6 +232,7 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         "backend": r.backend,
         "runtime": runtime,
         "model": outcome.run.model.name,
+        **parameters_json(outcome.run.model),
         "cluster": describe_cluster(outcome.cluster, outcome.profiles or ProfileSet.load()),
         "iteration_time_s": it,
         "tflops_per_gpu": cost.tflops_per_gpu,
@@ -464,6 +476,28 @@ def evidence_line(payload: dict) -> str | None:
             + "; ".join(what) + wide)
 
 
+def _count_text(n: int) -> str:
+    """A parameter count in B (three significant digits, one decimal from 100 B) or M."""
+    if n >= 1e11:
+        return f"{n / 1e9:.1f} B"
+    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+
+
+def parameters_line(payload: dict) -> str | None:
+    """The model's parameters, total and active per token, with the parts published counts often leave out (None in
+    a payload without them: a plan.json of an earlier version)."""
+    if "parameters_total" not in payload:
+        return None
+    total, active = payload["parameters_total"], payload["parameters_active"]
+    embedding = _count_text(payload["parameters_input_embedding"])
+    mtp = payload.get("parameters_mtp", 0)
+    if active == total:
+        return f"model: {_count_text(total)} parameters, all active per token ({embedding} of them the input embedding)"
+    also = f" and the MTP layers, {_count_text(mtp)} of the total" if mtp else ""
+    return (f"model: {_count_text(total)} parameters, {_count_text(active)} active per token (both count the "
+            f"{embedding} input embedding{also})")
+
+
 def memory_line(payload: dict) -> str:
     """Peak memory, the headroom the plan keeps free, and the stages near what they may use."""
     fits = ("fits" if payload["fits"] else "over the headroom, within the device" if payload.get("fits_device")
@@ -677,9 +711,16 @@ def _say_evidence(console, payload: dict) -> None:
         _say(console, line, style="bold" if payload["evidence"]["extrapolated"] else None)
 
 
+def _say_parameters(console, payload: dict) -> None:
+    line = parameters_line(payload)
+    if line is not None:
+        _say(console, line)
+
+
 def render_estimate(payload: dict, wide: bool = False) -> None:
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']}: {degrees_line(payload['plan'])}")
+    _say_parameters(console, payload)
     _render_stage_table(console, payload, wide)
     _say(console, headline(payload))
     _say_evidence(console, payload)
@@ -807,6 +848,7 @@ def render_solve(payload: dict, wide: bool = False, out_dir: str | None = None, 
     console = _console(wide)
     _say(console, f"{payload['model']} on {payload['cluster']} ({payload['runtime']} runtime, backend "
          f"{payload['backend']})")
+    _say_parameters(console, payload)
     if payload.get("runtime_choice"):
         _say(console, "runtime: " + runtime_line(payload["runtime_choice"]))
     _say(console, "plan: " + degrees_line(payload["plan"]))
@@ -975,6 +1017,7 @@ def summary_markdown(payload: dict, images: dict[str, str] | None = None, top_k:
         f"- runtime: {payload['runtime']}; backend: {payload['backend']}"
         + (f" ({runtime_line(payload['runtime_choice'])})" if payload.get("runtime_choice") else ""),
         f"- search status: **{status}**, {why}" + (f" ({hint})" if hint else ""),
+        *([f"- {parameters_line(payload)}"] if parameters_line(payload) else []),
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",
         *([f"- {evidence_line(payload)}"] if evidence_line(payload) else []),
@@ -1013,6 +1056,7 @@ def estimate_summary_markdown(payload: dict, images: dict[str, str] | None = Non
     lines = [
         f"# Estimate: {payload['model']} on {payload['cluster']}",
         "",
+        *([f"- {parameters_line(payload)}"] if parameters_line(payload) else []),
         f"- degrees: {degrees_line(payload['plan'])}",
         f"- predicted: {headline(payload)}",
         *([f"- {evidence_line(payload)}"] if evidence_line(payload) else []),
