@@ -142,3 +142,43 @@ def test_solves_your_plan_says_the_script_launches_another_count(tmp_path):
         notes = json.loads(res.stdout)["user_plan"]["notes"]
         assert any("the script launches 16 GPUs" in n and "estimate --megatron-script" in n for n in notes) == said, \
             notes
+
+
+# ------------------------------------------------------------------------------------------------
+# calibrate prices the script's run as estimate does
+
+LOG = Path(__file__).parent / "data" / "logs" / "megatron_core018_minmax.log"  # 8 GPUs, TP 2, PP 2, GBS 64
+LLAMA_8L = ("--num-layers 8 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 --seq-length 4096 "
+            "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 2 "
+            "--pipeline-model-parallel-size 2 --bf16 --swiglu --normalization RMSNorm --disable-bias-linear "
+            "--untie-embeddings-and-output-weights --position-embedding-type rope --vocab-size 32000 "
+            "--use-distributed-optimizer --lr 1e-4 --tokenizer-type GPT2BPETokenizer")
+
+
+def _calibrate(tmp_path: Path, log: Path, script: Path, cluster: str) -> tuple[int, dict | None, str]:
+    out = tmp_path / f"calib-{cluster.replace(':', '-')}-{log.stem}"
+    res = CliRunner().invoke(main, ["calibrate", "--megatron-log", str(log), "--megatron-script", str(script),
+                                    "--cluster", cluster, "--out", str(out), "--allow-memory-excess", "--json"])
+    return res.exit_code, json.loads(res.stdout) if res.exit_code == 0 else None, res.stderr
+
+
+def test_calibrate_prices_the_gpus_the_script_launches(tmp_path):
+    """The log of an 8-GPU run and its script (torchrun 1 x 8), calibrated with --cluster H100:16: it was refused
+    (the log's world size 8 against the 16 priced); now the script's 8 GPUs are priced, with estimate's note, and
+    the fit is the one on the script's own cluster.  A log that states no world size was compared with a 16-GPU
+    run (DP 4, not the logged DP 2) without a word; now with the logged run.  A launch the cluster cannot hold is
+    refused as estimate refuses it."""
+    script = tmp_path / "llama.sh"
+    script.write_text(f"#!/bin/bash\ntorchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py {LLAMA_8L}\n")
+    headless = tmp_path / "headless.log"  # the log without its `using world size` line
+    headless.write_text("".join(LOG.read_text().splitlines(keepends=True)[1:]))
+    for log in (LOG, headless):
+        code, exact, err = _calibrate(tmp_path, log, script, "H100:8")
+        assert code == 0, err
+        code, part, err = _calibrate(tmp_path, log, script, "H100:16")
+        assert code == 0, err
+        assert "the script launches 8 GPUs" in err and "its other 8 GPUs are not priced" in err, err
+        assert part["predicted_before"] == exact["predicted_before"]
+        assert part["written_corrections"] == exact["written_corrections"]
+    code, _, err = _calibrate(tmp_path, LOG, script, "H100:4")
+    assert code == 2 and "--megatron-script / --cluster" in err and "H100:4 has 4" in err, err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from planner.api import load_inputs
+from planner.api import load_estimate_inputs
 from planner.calibration.calibrate import (
     CalibrationResult, calibrate, read_measurement, read_router_stats, render_report, write_corrections,
 )
@@ -71,7 +71,8 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
     if cluster is None:
         raise PlannerInputError("--cluster", "give the cluster the logged run ran on (TYPE:COUNT[,...], a preset or "
                                              "a YAML file)")
-    run, cluster_spec, profiles = load_inputs(
+    # a --megatron-script's flags are priced on the GPUs its own launch uses, as `estimate` prices them
+    (run, cluster_spec, profiles), _ = load_estimate_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
         profile_dirs=profile_dirs, overrides=overrides, script_args=script_args, on_note=note_printer(),
     )

@@ -12,9 +12,15 @@ plain number here, python started by the script itself (whatever runs the script
 that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}`: the reader sees the default,
 the job gets what its launcher exports).
 
+`calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):
+on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's
+plan.json, cluster included.
+
 `solve` does not use this: it plans for the whole cluster (the search may leave GPUs idle) and the launcher it
 writes sets torchrun's counts to the plan's; where the script launches another count, its "your plan" (the
 script's degrees with DP over the whole cluster, as the plans it is compared with) says so (`solve_note`).
+`compare` plans for the whole cluster too and prices no plan of the script's (the backends search; the script
+gives the model and training only), so it has nothing to say about the script's count.
 """
 
 from __future__ import annotations
