@@ -145,6 +145,67 @@ def test_solves_your_plan_says_the_script_launches_another_count(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
+# srun takes what it does not give from the job's #SBATCH lines (planner/inputs/srun_tasks.py)
+
+
+def _job(tmp_path: Path, text: str, name: str = "job.sh") -> Path:
+    path = tmp_path / name
+    path.write_text(text.replace("FLAGS", FLAGS + " --global-batch-size 64"))
+    return path
+
+
+@pytest.mark.parametrize("text, where", [
+    # a bare srun in a job of 2 nodes x 8 tasks: it was 'no GPU count', the whole cluster priced
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\nsrun python pretrain_gpt.py FLAGS\n",
+     ["`#SBATCH --nodes=2` ({path}:2)", "`#SBATCH --ntasks-per-node=8` ({path}:3)"]),
+    # srun's own tasks per node, its nodes the job's (-N 2): it was priced as 1 node of 8
+    ("#!/bin/bash\n#SBATCH -N 2\nsrun --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n",
+     ["`#SBATCH --nodes=2` ({path}:2)"]),
+    # srun -n 16 with no nodes: Slurm places the tasks (whole nodes of 8); it was read as 16 on one node, refused
+    ("#!/bin/bash\nsrun -n 16 python pretrain_gpt.py FLAGS\n", ["srun: 16 tasks"]),
+    # the job script of `sbatch <<EOF`: its #SBATCH lines at their lines of the file (they were the heredoc's)
+    ("#!/bin/bash\nsbatch <<EOF\n#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=8\n"
+     "srun python pretrain_gpt.py FLAGS\nEOF\n", ["`#SBATCH --nodes=2` ({path}:4)"]),
+    # sbatch's own options, long ones with their value as the next word (it was read as the job script's name)
+    ("#!/bin/bash\nsbatch --nodes 2 --ntasks-per-node 8 <<EOF\n#!/bin/bash\nsrun python pretrain_gpt.py FLAGS\nEOF\n",
+     ["`sbatch --nodes=2`", "`sbatch --ntasks-per-node=8`"]),
+])
+def test_srun_takes_the_counts_it_does_not_give_from_the_jobs_sbatch_lines(tmp_path, text, where):
+    """srun inside a Slurm job inherits the allocation's nodes and tasks: 16 GPUs on 2 nodes of H100:64, priced as
+    the script's own 16-GPU cluster prices them, the note naming the lines the counts come from."""
+    script = _job(tmp_path, text)
+    code, part, err = _estimate(script, "H100:64")
+    assert code == 0, err
+    assert part["world_size"] == 16 and part["plan"]["dp"] == [4, 4]
+    assert "launches 16 GPUs" in err and "the first 2 nodes of --cluster H100:64" in err, err
+    for text_ in where:
+        assert text_.format(path=script) in err, err
+    code, exact, err = _estimate(script, "H100:16")
+    assert code == 0, err
+    assert part["iteration_time_s"] == exact["iteration_time_s"]
+
+
+@pytest.mark.parametrize("text, why", [
+    # nodes and GPUs per node, no tasks: Slurm starts one task per node (it said 'no GPU count as plain numbers')
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gpus-per-node=8\nsrun python pretrain_gpt.py FLAGS\n",
+     "so Slurm starts one task per node"),
+    # tasks per node, nodes nowhere: the allocation's, set where the job is submitted (it was priced as 1 node)
+    ("#!/bin/bash\nsrun --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n",
+     "node count neither srun (-N) nor the script's #SBATCH lines (--nodes) state"),
+    # sbatch's node count from a launch variable's default: the job's environment sets NNODES
+    ("#!/bin/bash\nNNODES=${NNODES:-2}\nsbatch -N $NNODES --ntasks-per-node 8 <<EOF\n#!/bin/bash\n"
+     "srun python pretrain_gpt.py FLAGS\nEOF\n", "rests on NNODES"),
+])
+def test_srun_counts_the_script_does_not_state_price_the_whole_cluster(tmp_path, text, why):
+    """A count srun takes from where the job runs, not from the script (no #SBATCH count, a variable's default,
+    the SLURM_* node count the reader takes from --cluster), is not the script's: the whole cluster, with a note."""
+    code, payload, err = _estimate(_job(tmp_path, text), "H100:32")
+    assert code == 0, err
+    assert payload["world_size"] == 32
+    assert why in err and "whole --cluster (H100:32, 32 GPUs)" in err, err
+
+
+# ------------------------------------------------------------------------------------------------
 # calibrate prices the script's run as estimate does
 
 LOG = Path(__file__).parent / "data" / "logs" / "megatron_core018_minmax.log"  # 8 GPUs, TP 2, PP 2, GBS 64

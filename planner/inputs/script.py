@@ -61,6 +61,7 @@ from planner.inputs.shell.interp import (
 )
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
+from planner.inputs.srun_tasks import SrunTasks, srun_tasks
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -99,6 +100,8 @@ class LauncherScript:
     # its default (`${NNODES:-1}`): the value the job's environment replaces when it runs -> where
     missing_sources: list[tuple[str, str]] = field(default_factory=list)  # (where, file) of a `source` not found
     split_elements: list[tuple[str, str, str, int]] = field(default_factory=list)  # (where, array, element, words)
+    job: dict[str, SchedulerValue] = field(default_factory=dict)  # the SLURM_* geometry the script's own #SBATCH
+    # lines (or sbatch options) state where it launches, by name: what an srun that states no count takes
 
     @property
     def lines(self) -> list[str]:
@@ -106,11 +109,13 @@ class LauncherScript:
 
     @property
     def world_size(self) -> int | None:
-        """GPUs the script asks for: torchrun's nnodes * nproc-per-node (defaults 1, 1), or srun's
-        nodes * tasks per node, or mpirun's -np; 1 for a plain `python train.py`; None when a
-        count is not a plain integer."""
+        """GPUs the script asks for: torchrun's nnodes * nproc-per-node (defaults 1, 1), or srun's tasks (its own
+        counts and those it takes from the job's #SBATCH lines: `srun_tasks`), or mpirun's -np; 1 for a plain
+        `python train.py`; None when a count is not a plain integer or not the script's."""
         by = self.launched_by
-        if by in ("srun", "mpirun", "mpiexec"):
+        if by == "srun":
+            return self.srun.world
+        if by in ("mpirun", "mpiexec"):
             return _wrapper_world(self.wrapper)
         if by is None:
             return 1
@@ -125,22 +130,21 @@ class LauncherScript:
 
     @property
     def gpus_per_node(self) -> int | None:
-        """GPUs the script starts on each node: torchrun's nproc-per-node (default 1), or srun's
-        ntasks-per-node (or ntasks / nodes); 1 for a plain `python train.py`; None where the launch does not
-        say (mpirun -np) or a count is not a plain integer."""
+        """GPUs the script starts on each node: torchrun's nproc-per-node (default 1), or srun's tasks per node
+        (`srun_tasks`); 1 for a plain `python train.py`; None where the launch does not say (mpirun -np, srun -n
+        without nodes) or a count is not a plain integer."""
         by = self.launched_by
         if by == "torchrun":
             nproc = _options(self.launcher_args, {"nproc-per-node"}).get("nproc-per-node", "1")
             return int(nproc) if nproc.isdigit() else None
         if by is None:
             return 1
-        if by != "srun":
-            return None
-        per = _options(self.wrapper, {"ntasks-per-node"}).get("ntasks-per-node")
-        if per is not None:
-            return int(per) if per.isdigit() else None
-        world, nodes = _wrapper_world(self.wrapper), _wrapper_nodes(self.wrapper)
-        return world // nodes if world is not None and nodes and world % nodes == 0 else None
+        return self.srun.per_node if by == "srun" else None
+
+    @property
+    def srun(self) -> SrunTasks:
+        """The tasks the launch's srun starts, with what it takes from the job (planner/inputs/srun_tasks.py)."""
+        return srun_tasks(self.wrapper, self.job)
 
     @property
     def launched_by(self) -> str | None:
@@ -168,18 +172,8 @@ def _options(args: list[str], keys: set[str]) -> dict[str, str]:
     return out
 
 
-def _wrapper_nodes(words: list[str]) -> int | None:
-    """srun's -N/--nodes (1 when not given), None when not a plain integer."""
-    nodes = _options(words, {"nodes"}).get("nodes")
-    for i, tok in enumerate(words[:-1]):
-        if tok == "-N":
-            nodes = words[i + 1]
-    nodes = nodes or "1"
-    return int(nodes) if nodes.isdigit() else None
-
-
 def _wrapper_world(words: list[str]) -> int | None:
-    """World size from srun (-N/--nodes times --ntasks-per-node, or -n/--ntasks) or mpirun -np."""
+    """World size from mpirun's -np (or -n/--ntasks, -N times --ntasks-per-node)."""
     short: dict[str, str] = {}
     for i, tok in enumerate(words[:-1]):
         if tok in ("-N", "-n", "-np", "-c"):
@@ -253,7 +247,7 @@ def parse_launcher_script(
         body, stray = _parsed(text, path_text)
     except RecursionError:  # a last guard; the nesting limits refuse such scripts first
         raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
-    geometry = {v.name: v for v in scheduler} | {v.name: v for v in sbatch_values(text)}
+    geometry = {v.name: v for v in scheduler} | {v.name: v for v in sbatch_values(text, path=path_text)}
     interp = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=max_steps)
     interp.stray_lines += [(0, k) for k in stray]
     _run(interp, body, given)
@@ -444,6 +438,7 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
         launch_defaults=dict(interp.launch_defaults),
         missing_sources=list(interp.missing_sources),
         split_elements=[(interp.where(line), name, element, n) for line, name, element, n in interp.split_elements],
+        job=dict(found.job),
     )
 
 
@@ -454,11 +449,13 @@ def cluster_geometry(cluster: ClusterSpec | None) -> list[SchedulerValue]:
         return []
     nodes = str(sum(g.num_nodes for g in cluster.groups))
     source = "--cluster"
-    out = [SchedulerValue(n, nodes, f"{source} ({nodes} nodes)") for n in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")]
+    out = [SchedulerValue(n, nodes, f"{source} ({nodes} nodes)", stated=False)
+           for n in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")]
     sizes = {g.gpus_per_node for g in cluster.groups}
     if len(sizes) == 1:
         gpn = str(sizes.pop())
-        out += [SchedulerValue(n, gpn, f"{source} ({gpn} GPUs per node)") for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
+        out += [SchedulerValue(n, gpn, f"{source} ({gpn} GPUs per node)", stated=False)
+                for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
     return out
 
 

@@ -1,7 +1,8 @@
 """The GPUs a launcher script's own launch uses, on the cluster given (`estimate --megatron-script`).
 
 A script states its GPU count in its launch: torchrun's --nnodes and --nproc-per-node, srun's nodes and tasks
-per node, mpirun's -np (planner/inputs/script.py `world_size`, `gpus_per_node`).  `estimate` prices the run the
+per node (those srun does not give, from the job's own `#SBATCH` lines: planner/inputs/srun_tasks.py), mpirun's
+-np (planner/inputs/script.py `world_size`, `gpus_per_node`).  `estimate` prices the run the
 script makes: its TP/PP/CP/EP with DP over those GPUs, on the first nodes of the cluster in the order it lists
 them (Megatron's rank order over the nodes, as planner/cost/estimate.py places stages), each node with the
 script's GPUs per node.  A launch the cluster cannot hold (more GPUs or nodes than it has, more GPUs per node
@@ -10,7 +11,9 @@ than its nodes hold) is refused, naming both.
 The whole cluster is priced, with a note that says so, where the script states no count: a count that is not a
 plain number here, python started by the script itself (whatever runs the script starts the ranks), or a count
 that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}`: the reader sees the default,
-the job gets what its launcher exports).
+the job gets what its launcher exports), an srun whose nodes or tasks neither it nor the script's #SBATCH lines
+state (the allocation's, set where the job is submitted; the SLURM_* counts the reader takes from --cluster are
+not the script's).
 
 `calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):
 on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's
@@ -102,8 +105,9 @@ def _unstated(script: LauncherScript) -> str | None:
                 "GPU count is that of whatever runs the script")
     if script.world_size is None:
         words = " ".join([*script.wrapper, *script.launcher, *script.launcher_args])
-        return (f"the script's launch ({words if len(words) <= 100 else words[:97] + '...'} {script.entry_script}) "
-                "states no GPU count as plain numbers")
+        srun = script.srun.unstated if script.launched_by == "srun" else None
+        why = f": {srun}" if srun else " states no GPU count as plain numbers"
+        return f"the script's launch ({words if len(words) <= 100 else words[:97] + '...'} {script.entry_script}){why}"
     rests = {name: where for name, where in script.launch_defaults.items() if COUNT_VARIABLE.fullmatch(name)}
     if rests:
         named = ", ".join(f"{name} ({where})" for name, where in rests.items())
@@ -117,8 +121,11 @@ def _launch_words(script: LauncherScript, world: int, per_node: int | None) -> s
     site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
     if script.launched_by == "torchrun" and per_node:
         return f"{' '.join(script.launcher)} --nnodes {world // per_node} --nproc-per-node {per_node}{site}"
+    inherited = script.srun.inherited if script.launched_by == "srun" else ()
+    site += f"; what srun does not give comes from the job's {', '.join(inherited)}" if inherited else ""
     if per_node:
-        return f"{script.launched_by}: {world // per_node} nodes x {per_node} tasks{site}"
+        nodes = world // per_node
+        return f"{script.launched_by}: {nodes} node{'s' if nodes > 1 else ''} x {per_node} tasks{site}"
     return f"{script.launched_by}: {world} tasks{site}"
 
 

@@ -412,11 +412,13 @@ def dirname_of(args: list[str]) -> str:
 @dataclass(frozen=True)
 class SchedulerValue:
     """A variable the scheduler sets when the job runs, the value the reader gives it, and where
-    that value comes from (`#SBATCH --nodes=2` on line 3, --cluster)."""
+    that value comes from (`#SBATCH --nodes=2` on line 3, --cluster); `stated`: by the script itself (its
+    `#SBATCH` lines, sbatch's options), not by the reader from --cluster."""
 
     name: str
     value: str
     source: str
+    stated: bool = True
 
 
 _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
@@ -442,10 +444,11 @@ def sbatch_options(words: list[str]) -> dict[str, str]:
     return out
 
 
-def sbatch_directives(text: str) -> list[tuple[int, dict[str, str]]]:
-    """(line, options) of the `#SBATCH` lines sbatch reads: those before the first command."""
+def sbatch_directives(text: str, first_line: int = 1) -> list[tuple[int, dict[str, str]]]:
+    """(line, options) of the `#SBATCH` lines sbatch reads: those before the first command (`first_line`: the
+    line `text` starts on in its file, a here-document's)."""
     out: list[tuple[int, dict[str, str]]] = []
-    for k, line in enumerate(text.splitlines(), 1):
+    for k, line in enumerate(text.splitlines(), first_line):
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
             break
@@ -490,12 +493,14 @@ def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
     return out
 
 
-def sbatch_values(text: str, command_words: list[str] | None = None) -> list[SchedulerValue]:
-    """The SLURM_* variables a job script's `#SBATCH` lines (and sbatch's own options, which win) set."""
+def sbatch_values(text: str, command_words: list[str] | None = None, *, path: str | None = None,
+                  first_line: int = 1) -> list[SchedulerValue]:
+    """The SLURM_* variables a job script's `#SBATCH` lines (and sbatch's own options, which win) set; `path` and
+    `first_line`: the file the text is in and its line there, for where each value comes from."""
     options: dict[str, tuple[str, str]] = {}
-    for line, opts in sbatch_directives(text):
+    for line, opts in sbatch_directives(text, first_line):
         for key, value in opts.items():
-            options[key] = (value, f"`#SBATCH --{key}={value}` (line {line})")
+            options[key] = (value, f"`#SBATCH --{key}={value}` ({f'{path}:{line}' if path else f'line {line}'})")
     for key, value in sbatch_options(command_words or []).items():
         options[key] = (value, f"`sbatch --{key}={value}`")
     return slurm_values(options)

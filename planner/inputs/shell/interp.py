@@ -40,7 +40,12 @@ _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set",
 # commands that print nothing (a command substitution around them is still known)
 _SILENT = {"cd", "mkdir", "export", "set", "ulimit", "trap", "shopt", "umask", "alias", "hash", "wait", "sleep", "touch",
            "cp", "mv", "rm", "ln", "chmod", "sync", "module", "ml", "conda"}
-_SBATCH_VALUED = {"-N", "-n", "-p", "-J", "-t", "-A", "-o", "-e", "-c", "-G", "-w", "-x", "-q", "-d", "-D", "-C"}
+_SBATCH_VALUED = {"-N", "-n", "-p", "-J", "-t", "-A", "-o", "-e", "-c", "-G", "-w", "-x", "-q", "-d", "-D", "-C",
+                  # long options that take a value, given as the next word (`--nodes 2`)
+                  "--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node", "--gres", "--gpus", "--partition",
+                  "--job-name", "--time", "--account", "--output", "--error", "--cpus-per-task", "--qos",
+                  "--dependency", "--chdir", "--constraint", "--nodelist", "--exclude", "--mem", "--reservation",
+                  "--segment", "--array", "--export"}
 _ARITH_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?")  # $X / ${X} / $1 inside $(( ))
 _TRAIN_ENTRY = re.compile(r"(pretrain|train|finetune|sft)", re.IGNORECASE)
 _ASSIGNED_NAME = re.compile(r"(?:^|[\s;(&|])(?:(?:export|declare|local|typeset|readonly)(?:\s+-\w+)*\s+)?([A-Za-z_][A-Za-z_0-9]*)(?:\[[^\]]*\])?\+?=", re.M)
@@ -132,6 +137,7 @@ class Found:
     prefix_env: dict[str, str]
     site: LaunchSite | None
     line: int
+    job: dict[str, SchedulerValue] = field(default_factory=dict)  # the geometry the script states at the launch
 
 
 class _CannotCapture(Exception):
@@ -1223,7 +1229,7 @@ class Interp:
         if child and args is not None:
             self.positional = list(args[1:]) if args else []
         if sbatch is not None:
-            self._job_geometry(sbatch_values(text, sbatch))
+            self._job_geometry(sbatch_values(text, sbatch, path=path, first_line=line or node.line))
         self.via.append(via)
         try:
             return self.run_list(body)
@@ -1269,7 +1275,8 @@ class Interp:
             stray: list[int] = []
             body = parse(text, str(path), src, stray=stray)
             self.stray_lines += [(src, k) for k in stray]
-            return self._run_sourced(body, args, child, sbatch_values(text, sbatch) if sbatch is not None else None)
+            return self._run_sourced(body, args, child,
+                                     sbatch_values(text, sbatch, path=str(path)) if sbatch is not None else None)
         finally:
             self.depth -= 1
 
@@ -1332,8 +1339,9 @@ class Interp:
             w = words[0] if words else None
             if w is not None:
                 site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
+        job = {name: value for name, value in self.scheduler.items() if value.stated}
         return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
-                      fields[entry + 1 :], prefix_env, site, node.line)
+                      fields[entry + 1 :], prefix_env, site, node.line, job)
 
 
 def _read_sourced(path: Path) -> str:
