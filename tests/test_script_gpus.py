@@ -100,6 +100,16 @@ def test_a_count_from_a_launch_variables_default_prices_the_whole_cluster(tmp_pa
     assert payload["world_size"] == 8
 
 
+@pytest.mark.parametrize("launch", ["torchrun --nnodes 2 --nproc-per-node 0", "srun -n 0 python",
+                                    "srun -n 16 --ntasks-per-node 0 python"])
+def test_a_launch_with_a_count_of_zero_is_refused(tmp_path, launch):
+    """A count of 0 starts no rank: refused naming the script (it was 'ClusterSpec: a cluster needs at least one
+    node group', or a division by zero)."""
+    code, _, err = _estimate(_script(tmp_path, launch), "H100:16")
+    assert code == 2 and "error: --megatron-script: " in err and "has a count of 0" in err, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("launch, why", [
     ("torchrun --nnodes 1 --nproc-per-node $(nvidia-smi -L | wc -l)", "no GPU count as plain numbers"),
     ("python", "python itself"),

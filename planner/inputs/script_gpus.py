@@ -68,6 +68,9 @@ def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileS
     if unstated is not None or world is None:
         return ScriptGpus(cluster, None if world == cluster.world_size else f"{unstated}: {whole}")
     launch = _launch_words(script, world, per_node)
+    if world == 0 or per_node == 0:  # torchrun --nproc-per-node 0, srun -n 0: no rank to price
+        raise PlannerInputError("--megatron-script", f"the script's launch ({launch}) has a count of 0: it starts "
+                                "no rank; give its counts positive numbers")
     if world > cluster.world_size:
         raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster "
                                 f"{text} has {cluster.world_size}: give a --cluster that holds the "
