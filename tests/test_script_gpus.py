@@ -253,3 +253,13 @@ def test_calibrate_prices_the_gpus_the_script_launches(tmp_path):
         assert part["written_corrections"] == exact["written_corrections"]
     code, _, err = _calibrate(tmp_path, LOG, script, "H100:4")
     assert code == 2 and "--megatron-script / --cluster" in err and "H100:4 has 4" in err, err
+
+
+def test_the_command_srun_runs_keeps_its_own_options(tmp_path):
+    """`srun numactl -N 0 python ...` (CPU binding in front of the trainer): numactl's -N 0 is not srun's node count
+    (it was read as srun -N 0 and the launch refused as starting no rank); srun's nodes and tasks come from the job."""
+    prelude = "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8"
+    script = _script(tmp_path, "srun --label numactl -N 0 --membind 0 python", prelude=prelude)
+    code, payload, err = _estimate(script, "H100:32")
+    assert code == 0, err
+    assert payload["world_size"] == 16 and "launches 16 GPUs" in err

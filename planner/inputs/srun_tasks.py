@@ -33,10 +33,31 @@ class SrunTasks:
     unstated: str | None = None
 
 
+SRUN_SWITCHES = frozenset({
+    "--exclusive", "--overlap", "--label", "-l", "--unbuffered", "-u", "--pty", "--no-kill", "-k", "--overcommit",
+    "-O", "--oversubscribe", "-s", "--quiet", "-Q", "--verbose", "-v", "-vv", "-vvv", "--disable-status", "-X",
+    "--test-only", "--multi-prog", "--spread-job", "--use-min-nodes", "--contiguous", "--exact", "--whole",
+    "--kill-on-bad-exit", "-K", "--preserve-env", "-E", "--hold", "-H", "--immediate", "-I", "--no-allocate", "-Z",
+    "--mpi", "--nice", "--propagate", "--help", "-h", "--usage", "--version", "-V"})
+"""srun's options that take no value of their own in the next word (the others do, unless written `--opt=value` or
+`-N2`): Slurm's srun man page.  Optional values (`--kill-on-bad-exit=1`, `--nice=5`) are attached with '='."""
+
+
+def srun_words(words: list[str]) -> list[str]:
+    """srun's own words of a wrapper `srun OPTIONS COMMAND ...`: up to the first word that is neither an option nor
+    an option's value, so that `srun numactl -N 0 python ...` does not read numactl's -N as srun's nodes."""
+    i = 1
+    while i < len(words) and words[i].startswith("-") and words[i] != "-":
+        word = words[i]
+        attached = "=" in word or (not word.startswith("--") and len(word) > 2)  # --nodes=2, -N2
+        i += 1 if attached or word in SRUN_SWITCHES else 2
+    return words[:min(i, len(words))]
+
+
 def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks:
-    """The tasks of `srun` with options `words` in a job whose geometry the script states (`job`: the SLURM_*
-    values of its #SBATCH lines and sbatch options, by name); see the module docstring."""
-    own = {key: value for key, value in sbatch_options(words).items() if key in COUNT_KEYS}
+    """The tasks of `srun` with options `words` (`srun_words`: its own) in a job whose geometry the script states
+    (`job`: the SLURM_* values of its #SBATCH lines and sbatch options, by name); see the module docstring."""
+    own = {key: value for key, value in sbatch_options(srun_words(words)).items() if key in COUNT_KEYS}
     if any(not value.isdigit() for value in own.values()):
         return SrunTasks(None, None)  # a count that is not a plain number
     taken: list[str] = []
