@@ -657,6 +657,11 @@ def test_hosts_file_places_the_stages_on_real_nodes(tmp_path):
     ("-n0 H100\n", "'-n0' is not a host name: it may not start with '-' (letters, digits"),
     (".n0 H100\n", "it may not start with '.'"),
     ("n0/x H100\n", "'n0/x' is not a host name: letters, digits, '.', '_' and '-', starting with a letter or digit"),
+    # walk55s: a repeated or empty key was taken silently (the last type=; an empty slots= as the node size)
+    ("h1 type=H100 type=A100\n", "line 1: type= repeats type= (each once)"),
+    ("h1 slots=8 gpus=4 type=H100\n", "line 1: gpus= repeats slots= (each once)"),
+    ("h1 slots= type=H100\n", "line 1: slots= has no value"),
+    ("h1 ram=8 type=H100\n", "unknown key 'ram'; allowed: slots (or gpus), type"),
 ])
 def test_hosts_file_refusals_name_the_problem(tmp_path, text, message):
     run, plan, cluster, script = case("dense_megatron")

@@ -64,14 +64,30 @@ def _fields(tokens: list[str], where: str) -> tuple[str | None, str | None]:
         raise PlannerInputError(FIELD, f"{where}: mix of `key=value` and bare words; write NAME TYPE [GPUS] or "
                                        "NAME slots=GPUS type=TYPE")
     if kv:
-        pairs = dict(t.split("=", 1) for t in kv)
-        unknown = sorted(set(pairs) - {"slots", "type", "gpus"})
-        if unknown:
-            raise PlannerInputError(FIELD, f"{where}: unknown key(s) {unknown}; allowed: slots, type")
-        return pairs.get("type"), pairs.get("slots") or pairs.get("gpus")
+        return _pairs(kv, where)
     if len(tokens) > 2:
         raise PlannerInputError(FIELD, f"{where}: expected NAME TYPE [GPUS], got {len(tokens) + 1} words")
     return (tokens[0] if tokens else None), (tokens[1] if len(tokens) > 1 else None)
+
+
+_KEYS = {"slots": "slots", "gpus": "slots", "type": "type"}
+"""The keys of the `key=value` form, each to what it sets (gpus= is slots='s other name)."""
+
+
+def _pairs(kv: list[str], where: str) -> tuple[str | None, str | None]:
+    """(type, gpus text) of `key=value` words: each known key once (slots and gpus are one), with a value; a
+    repeated or empty one was taken silently before (the last type, or the node size for an empty slots=)."""
+    found: dict[str, tuple[str, str]] = {}
+    for word in kv:
+        key, value = word.split("=", 1)
+        if key not in _KEYS:
+            raise PlannerInputError(FIELD, f"{where}: unknown key {key!r}; allowed: slots (or gpus), type")
+        if not value:
+            raise PlannerInputError(FIELD, f"{where}: {key}= has no value")
+        if _KEYS[key] in found:
+            raise PlannerInputError(FIELD, f"{where}: {key}= repeats {found[_KEYS[key]][0]}= (each once)")
+        found[_KEYS[key]] = (key, value)
+    return found.get("type", (None, None))[1], found.get("slots", (None, None))[1]
 
 
 def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> tuple[Host, ...]:
