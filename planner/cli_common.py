@@ -214,6 +214,24 @@ def signals_raise_interrupted():
             signal.signal(signum, handler)
 
 
+class EnvDefaultOption(click.Option):
+    """An option whose default an environment variable can set: a bad value names the variable only when it came
+    from there (click's hint named it beside the option whatever the source: `--time-limit 0` on the command line
+    was refused as "'--time-limit' (env var: 'HAPMOE_TIME_LIMIT')")."""
+
+    def consume_value(self, ctx: click.Context, opts: Any) -> Any:
+        value, source = super().consume_value(ctx, opts)
+        ctx.meta[f"{__name__}.source.{self.name}"] = source
+        return value, source
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        hint = click.Parameter.get_error_hint(self, ctx)
+        source = None if ctx is None else ctx.meta.get(f"{__name__}.source.{self.name}")
+        if self.envvar and source == click.core.ParameterSource.ENVIRONMENT:
+            hint += f" (from the environment variable {self.envvar})"
+        return hint
+
+
 class FiniteFloat(click.ParamType):
     """A finite float in [min, max] (NaN and infinity are refused, unlike click.FloatRange)."""
 

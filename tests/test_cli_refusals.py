@@ -104,3 +104,18 @@ def test_hosts_short_of_the_cluster_is_refused_before_the_search(tmp_path, tiny,
     line = refused(run(["solve", "--model", str(tiny), "--cluster", "H800:16", "--hosts", str(hosts), "--quiet"]),
                    "--hosts")
     assert "lists 1 H800 node(s) (n1), but --cluster has 2 (H800:16): 1 short" in line, line
+
+
+def test_a_bad_time_limit_names_the_environment_variable_only_when_it_came_from_there(monkeypatch):
+    """walk55s: `--time-limit 0` typed on the command line was refused as "'--time-limit' (env var:
+    'HAPMOE_TIME_LIMIT')", as if the variable were involved; the variable is named only when its value is the bad
+    one (docs/search.md: "a bad value is refused naming the variable")."""
+    monkeypatch.delenv("HAPMOE_TIME_LIMIT", raising=False)
+    typed = refused(run(["solve", "--model", "llama3-8b", "--cluster", "H800:8", "--time-limit", "0"]), "--time-limit")
+    assert "HAPMOE_TIME_LIMIT" not in typed
+    monkeypatch.setenv("HAPMOE_TIME_LIMIT", "0")
+    from_env = refused(run(["solve", "--model", "llama3-8b", "--cluster", "H800:8"]), "--time-limit")
+    assert "from the environment variable HAPMOE_TIME_LIMIT" in from_env
+    overridden = refused(run(["compare", "--model", "llama3-8b", "--cluster", "H800:8", "--time-limit", "0.05"]),
+                         "--time-limit")
+    assert "HAPMOE_TIME_LIMIT" not in overridden

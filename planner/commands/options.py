@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from planner.cli_common import FiniteFloat, shown
+from planner.cli_common import EnvDefaultOption, FiniteFloat, shown
 from planner.errors import PlannerInputError
 from planner.uncertainty import shipped_uncertainty
 from planner.output.run_dir import PLOTS_OUTPUT, check_out_dir
@@ -50,7 +50,7 @@ TIME_LIMIT_ENV = "HAPMOE_TIME_LIMIT"  # when set, the default of solve's and com
 def time_limit_option(help_text: str):
     """--time-limit S (default 60 s, or $HAPMOE_TIME_LIMIT when it is set; the option wins)."""
     return click.option("--time-limit", "time_limit_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
-                        envvar=TIME_LIMIT_ENV, show_envvar=True, help=help_text)
+                        envvar=TIME_LIMIT_ENV, show_envvar=True, cls=EnvDefaultOption, help=help_text)
 
 
 MAX_MEMORY_HEADROOM = 0.9
