@@ -519,3 +519,19 @@ def test_the_headline_shows_small_figures_with_their_digits():
     usual = headline({"iteration_time_s": 0.387, "iteration_time_range_s": [0.37, 0.41], "tflops_per_gpu": 21.5,
                       "tflops_per_gpu_range": [20.2, 23.1], "mfu": 0.022})
     assert usual == "iteration 0.387 s (range 0.37-0.41) | 21.5 (20-23) TFLOP/s/GPU | MFU 2.2%"
+
+
+def test_full_recompute_is_spelled_one_way_in_every_output():
+    """walk55s: --wide and summary.md printed `full:uniform:1` where the default table, --top and the trials print
+    the --recompute form `full-uniform:1`; every output now spells it the CLI's way (selective keeps its modules
+    where there is room)."""
+    from planner.output.report import _md_stage_table, recompute_long, recompute_short
+
+    assert recompute_long("full:uniform:1") == recompute_short("full:uniform:1") == "full-uniform:1"
+    assert recompute_long("selective:core_attn+moe_act") == "selective:core_attn+moe_act"
+    wide = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8", "--recompute", "full", "--wide"])
+    assert wide.exit_code == 0 and "full-uniform:1" in wide.stdout and "full:uniform" not in wide.stdout, wide.output
+    payload = json.loads(invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:8", "--recompute",
+                                 "full-block:2", "--json"]).stdout)
+    table = "\n".join(_md_stage_table(payload["stages"]))
+    assert "full-block:2" in table and "full:block" not in table, table

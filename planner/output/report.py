@@ -350,6 +350,12 @@ def recompute_short(label: str) -> str:
     """A Recompute.label in the CLI's --recompute form, short enough for a table column."""
     if label.startswith("selective"):
         return "selective"
+    return recompute_long(label)
+
+
+def recompute_long(label: str) -> str:
+    """A Recompute.label with its selective modules, full recompute in the CLI's --recompute form (as
+    `recompute_short` writes it: every output spells full recompute one way)."""
     if label.startswith("full:"):
         _, method, k = label.split(":")
         return f"full-{method}:{k}"
@@ -606,7 +612,8 @@ def _columns(wide: bool, per_stage_mbs: bool = False) -> list[tuple[str, Any, bo
         ("layers", lambda s: str(s["num_layers"]), False),
         ("DP", lambda s: str(s["dp"]), False),
         *([("mbs", lambda s: str(s["micro_batch_size"]), False)] if per_stage_mbs else []),
-        ("recompute", (lambda s: s["recompute"]) if wide else (lambda s: recompute_short(s["recompute"])), True),
+        ("recompute", (lambda s: recompute_long(s["recompute"])) if wide else (lambda s: recompute_short(s["recompute"])),
+         True),
         ("t/mb\nms", lambda s: _ms(s["time_s"]), False),
         ("compute\nms", lambda s: _ms(s["compute_s"]), False),
     ]
@@ -917,7 +924,7 @@ def _md_stage_table(stages: list[dict]) -> list[str]:
             mem = f"**{s['memory_gib']:.1f} ({100 * s['capacity_used_fraction']:.0f}% of usable)**"
         cells = ([s["index"], s["device_type"], s["num_layers"], s["dp"]]
                  + ([s["micro_batch_size"]] if per_stage else [])
-                 + [s["recompute"], f"{s['time_s'] * 1e3:.1f}", f"{(s['time_s'] - s['compute_s']) * 1e3:.1f}", mem]
+                 + [recompute_long(s["recompute"]), f"{s['time_s'] * 1e3:.1f}", f"{(s['time_s'] - s['compute_s']) * 1e3:.1f}", mem]
                  + [f"{s.get(key, 0.0):.1f}" for _, key in MD_MEMORY_PARTS]
                  + [f"{s.get('peak_allocated_gib', 0.0):.1f}", f"{s.get('peak_reserved_gib', 0.0):.1f}",
                     f"{s['capacity_gib']:.1f}", f"{s.get('usable_gib', s['capacity_gib']):.1f}"])
