@@ -807,13 +807,12 @@ def as_planned(run: MegatronRun, plan: Plan) -> MegatronRun:
                                   "training": run.training.model_copy(update={"micro_batch_size": plan.mbs})})
 
 
-def check_hosts(outcome: SolveOutcome, on_note: Callable[[str], None] | None = None) -> None:
-    """--hosts against the plan: enough nodes of each type (PlannerInputError naming the shortfall); the
-    nodes it leaves unused go to `on_note`."""
-    if outcome.hosts is not None:
-        unused = unused_hosts_note(outcome.plans[0], outcome.cluster, outcome.hosts)
-        if unused and on_note is not None:
-            on_note(unused)
+def hosts_notes(outcome: SolveOutcome) -> list[str]:
+    """--hosts against the plan: the nodes it leaves unused (solve's notes: text, JSON, plan.json, summary.md)."""
+    if outcome.hosts is None:
+        return []
+    unused = unused_hosts_note(outcome.plans[0], outcome.cluster, outcome.hosts)
+    return [unused] if unused else []
 
 
 def check_emitted_plan(found, profiles: ProfileSet, memory_headroom: float | None = None) -> None:

@@ -680,6 +680,11 @@ def test_hosts_the_plan_leaves_unused_are_named(tmp_path, tiny):
     assert res.exit_code == 0, res.output
     note = "--hosts: 1 of the 2 node(s) listed are not used by this plan and get no agent"
     assert note in res.output and "n1 (H800, line 3)" in res.output
+    saved = json.loads((tmp_path / "p" / "plan.json").read_text())  # walk55s: it went to stderr only
+    assert any(note in n for n in saved["notes"]) and note in (tmp_path / "p" / "summary.md").read_text()
+    quiet = CliRunner().invoke(main, ["solve", "--model", str(tiny), "--cluster", "H800:8", "--time-limit", "5",
+                                      "--hosts", str(hosts), "--json", "--quiet"])
+    assert quiet.exit_code == 0 and any(note in n for n in json.loads(quiet.stdout)["notes"]), quiet.output
     assert (tmp_path / "p" / "launch" / "hostfile").read_text() == "n0 slots=8 type=H800\n"
     launch_sh = (tmp_path / "p" / "launch" / "launch.sh").read_text()
     assert f"# note: {note}" in launch_sh and "n1 (H800, line 3)" in launch_sh  # the file says so too

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from planner.api import (
-    OBJECTIVES, check_hosts, check_predictions, input_plan, load_inputs, make_space, price_input_plan,
+    OBJECTIVES, check_predictions, hosts_notes, input_plan, load_inputs, make_space, price_input_plan,
     read_input_script, runtime_choice, solve,
 )
 from planner.inputs.hosts import check_hosts_cover, read_hosts
@@ -128,7 +128,6 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     progress.finish(best_s=outcome.objective_s, lower_bound_s=outcome.result.pruned_lower_bound_s)
     check_predictions(outcome, inputs.profiles)
     outcome.hosts = hosts
-    check_hosts(outcome, on_note=note_printer(quiet))
     outcome.script = script
     user = price_input_plan(inputs, megatron_script, megatron_args, outcome)
     if user is not None and script is not None and (note := solve_note(script, inputs.cluster, inputs.profiles)):
@@ -136,6 +135,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     trials, trials_why = propose_trials(outcome, user)
     payload = (solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)
                | plan_record(outcome))  # inputs and made_for, as plan.json: emit takes solve --json's output too
+    payload["notes"] += hosts_notes(outcome)  # --hosts' nodes the plan leaves unused
     written: list[Path] = []
     where = out_dir or plot_dir
     protected = given + launcher_inputs(script)
