@@ -696,6 +696,11 @@ def test_hosts_the_plan_leaves_unused_are_named(tmp_path, tiny):
     res = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "e"),
                                     "--hosts", str(hosts)])
     assert res.exit_code == 0 and "not used by this plan" not in res.output, res.output
+    _hosts_file(tmp_path, "n0 H800 4\n")  # walk55s: emit cannot take --cluster; the advice is to solve again
+    res = CliRunner().invoke(main, ["emit", "--plan", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "e"),
+                                    "--hosts", str(hosts)])
+    assert res.exit_code == 2 and "re-run solve with --cluster H800:NODESx4" in res.output, res.output
+    assert "give --cluster" not in res.output
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -90,8 +90,10 @@ def _pairs(kv: list[str], where: str) -> tuple[str | None, str | None]:
     return found.get("type", (None, None))[1], found.get("slots", (None, None))[1]
 
 
-def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> tuple[Host, ...]:
-    """The nodes of a --hosts file, checked against the cluster (types it has, its node sizes)."""
+def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet, *, saved_plan: bool = False
+               ) -> tuple[Host, ...]:
+    """The nodes of a --hosts file, checked against the cluster (types it has, its node sizes); `saved_plan`: the
+    cluster is a plan file's (emit), which a node size the file does not match cannot change."""
     text = read_text(path, FIELD)
     node_size = {g.device_type: g.gpus_per_node for g in cluster.groups}
     hosts: list[Host] = []
@@ -117,8 +119,12 @@ def read_hosts(path: str | Path, cluster: ClusterSpec, profiles: ProfileSet) -> 
                                            f"({describe_cluster(cluster, profiles)})")
         gpus = _int(gpus_text, where) if gpus_text is not None else node_size[device_type]
         if gpus != node_size[device_type]:
+            fix = (f"re-run solve with --cluster {device_type}:NODESx{gpus} for these nodes, or list nodes of "
+                   f"{node_size[device_type]}" if saved_plan else "give --cluster with that node size "
+                   f"({device_type}:NODESx{gpus})")
             raise PlannerInputError(FIELD, f"{where}: {name} has {gpus} GPUs, but the plan is for {device_type} nodes of "
-                                           f"{node_size[device_type]} (--cluster); give --cluster with that node size")
+                                           f"{node_size[device_type]} ({'its plan file' if saved_plan else '--cluster'}); "
+                                           f"{fix}")
         seen[name] = k
         hosts.append(Host(name, device_type, gpus, k))
         if len(hosts) > MAX_GPUS:
