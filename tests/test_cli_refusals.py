@@ -119,3 +119,15 @@ def test_a_bad_time_limit_names_the_environment_variable_only_when_it_came_from_
     overridden = refused(run(["compare", "--model", "llama3-8b", "--cluster", "H800:8", "--time-limit", "0.05"]),
                          "--time-limit")
     assert "HAPMOE_TIME_LIMIT" not in overridden
+
+
+def test_a_batch_no_rule_allows_is_named_with_its_figures():
+    """walk55s: `--mbs 3 --gbs 1024` was told 'check the global batch size' though only the micro-batch was wrong;
+    the hint now names both figures and their options; an odd batch for allowed micro-batches names them too."""
+    from planner.search.explain import batch_hint
+
+    res = run(["solve", "--model", "mixtral-s", "--cluster", "H800:8", "--mbs", "3", "--gbs", "1024",
+               "--time-limit", "10", "--backend", "hsdp"])
+    assert res.exit_code == 2, res.output  # infeasible input
+    assert "the global batch (1024, --gbs) is no multiple of the micro-batch (3, --mbs)" in res.output, res.output
+    assert "(7, --gbs)" in batch_hint(7, (1, 2))

@@ -55,7 +55,7 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
     if not n_enumerated:
         return InfeasibleError(
             f"no parallel configuration of {model.name} satisfies Megatron's rules on {cluster}",
-            ["check the global batch size (it must be divisible by micro-batch x DP)", "use more GPUs"],
+            [batch_hint(cost.training.global_batch_size, space.mbs), "use more GPUs"],
         )
     layout = friendliest_layout(cost, space)
     over = first_overflow(cost, layout)
@@ -68,6 +68,17 @@ def explain_infeasible(cost: CostModel, space: SearchSpace, n_enumerated: int) -
         f"memory by itself, but no configuration passing the search space's rules does",
         ["widen the search space (--mbs, the allowed TP/EP, more pipeline stages)", "use more GPUs"],
     )
+
+
+def batch_hint(gbs: int, mbs_menu: tuple[int, ...]) -> str:
+    """What to check about the batch when no configuration passes the rules: the global batch must be a multiple
+    of micro-batch x DP; micro-batches of the menu it is no multiple of are named with the flags that set them."""
+    odd = [m for m in mbs_menu if gbs % m]
+    if odd and len(odd) == len(mbs_menu):
+        return (f"the global batch ({gbs}, --gbs) is no multiple of the micro-batch ({', '.join(map(str, odd))}, "
+                "--mbs): give a global batch that micro-batch x DP divides, or another --mbs")
+    return (f"check the global batch ({gbs}, --gbs): it must be a multiple of micro-batch x DP for a DP these GPUs "
+            f"allow (micro-batch {', '.join(map(str, mbs_menu))})")
 
 
 def fits_nowhere(cost: CostModel, space: SearchSpace) -> str | None:
