@@ -82,7 +82,10 @@ a router trained without balancing (shared/reference/components-t4.md 3c has GLM
 straggler a rebalancer removes), so such a run's routing is priced with it, said so where its imbalance is printed
 (NO_BALANCING_SOURCE), and its expert mechanisms read as unmeasured (planner/cost/mechanisms.py ROUTING_WORDS)."""
 NO_BALANCING_SOURCE = (f"no published figure measures routing trained without a balancing loss, so this is "
-                       f"extrapolated: the cap of {AUX_LOSS_MAX_PULL:g}x the reference's spread is unmeasured")
+                       f"extrapolated: the cap of {AUX_LOSS_MAX_PULL:g}x the reference's spread is unmeasured, and such "
+                       "a router can collapse onto a few experts (GShard and Switch Transformer add their balancing "
+                       "loss against it), far beyond the cap; state --moe-aux-loss-coeff (Megatron's MoE examples use "
+                       "1e-2) or measure the routing (calibrate --router-stats)")
 SINKHORN_SOURCE = ("Sinkhorn routing (--moe-router-load-balancing-type sinkhorn) is assumed to balance the experts' loads "
                    "fully (no spread beyond the sampling noise of the tokens per expert): no calibration run or published "
                    "figure measures a Sinkhorn-balanced router, so this is an assumption, extrapolated and unmeasured")
