@@ -441,7 +441,11 @@ def test_script_plan_is_priced_against_the_planners(tmp_path):
     assert [s["num_layers"] for s in both["planner"]["stages"]] == [s["num_layers"] for s in plan["plan"]["stages"]]
     assert both["yours"]["order"] == "rank"
     _png(out / "plots" / "placement_vs_yours.png")
-    assert "## Your plan against the planner's" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "## Your plan against the planner's" in summary
+    rng = "| range (s) | {:.3f}-{:.3f} | {:.3f}-{:.3f} |".format(*u["iteration_time_range_s"],
+                                                              *plan["iteration_time_range_s"])
+    assert rng in summary, summary  # walk55s: the text table had the ranges, summary.md did not
 
 
 def test_script_plan_that_does_not_fit_or_breaks_a_rule_or_cannot_run_says_so(tmp_path):

@@ -976,6 +976,9 @@ def _md_user_plan(payload: dict) -> list[str]:
         "| | yours | planner |", "|---|---|---|",
         f"| plan | {degrees_short(u['plan'])} | {degrees_short(payload['plan'])} |",
         f"| iteration (s) | {u['iteration_time_s']:.3f} | {payload['iteration_time_s']:.3f} |",
+        *([("| range (s) | {:.3f}-{:.3f} | {:.3f}-{:.3f} |").format(*u["iteration_time_range_s"],
+                                                                  *payload["iteration_time_range_s"])]
+          if u.get("iteration_time_range_s") and payload.get("iteration_time_range_s") else []),
         f"| TFLOP/s/GPU | {u['tflops_per_gpu']:.1f} | {payload['tflops_per_gpu']:.1f} |",
         f"| MFU | {u['mfu'] * 100:.1f}% | {payload['mfu'] * 100:.1f}% |",
         f"| peak memory (GiB) | {u['max_memory_gib']:.1f}"
