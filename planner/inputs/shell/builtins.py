@@ -423,17 +423,19 @@ class SchedulerValue:
 
 _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 _SBATCH_KEYS = {"-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks-per-node", "-n": "ntasks",
-                "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres"}
+                "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres", "-G": "gpus",
+                "--gpus": "gpus", "--gpus-per-task": "gpus-per-task", "--ntasks-per-gpu": "ntasks-per-gpu"}
+GPU_KEYS = frozenset({"gpus-per-node", "gres", "gpus", "gpus-per-task"})  # values `[type:]count` (gres: gpu:[type:]N)
 
 
 def sbatch_options(words: list[str]) -> dict[str, str]:
-    """The job-geometry options among sbatch's words (`--nodes=2`, `-N 2`, `-N2`, `--gres=gpu:8`)."""
+    """The job-geometry options among sbatch's words (`--nodes=2`, `-N 2`, `-N2`, `-G16`, `--gres=gpu:8`)."""
     out: dict[str, str] = {}
     i = 0
     while i < len(words):
         word = words[i]
         name, eq, value = word.partition("=")
-        if not eq and re.fullmatch(r"-[Nn]\d+", word):
+        if not eq and re.fullmatch(r"-[NnG]\d+", word):
             name, value, eq = word[:2], word[2:], "="
         key = _SBATCH_KEYS.get(name)
         if key is not None and not eq and i + 1 < len(words):
@@ -464,8 +466,8 @@ def sbatch_directives(text: str, first_line: int = 1) -> list[tuple[int, dict[st
     return out
 
 
-def _gpus(value: str) -> str:
-    """The GPU count of `8`, `h100:8`, `gpu:8` or `gpu:h100:8`."""
+def gpu_count(value: str) -> str:
+    """The GPU count of `8`, `h100:8`, `gpu:8` or `gpu:h100:8` ('' where it has none)."""
     last = value.split(",")[0].rsplit(":", 1)[-1]
     return last if last.isdigit() else ""
 
@@ -474,7 +476,7 @@ def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
     """SLURM_* variables of a job with these options ({key: (value, where given)}); only integers."""
     def num(key: str) -> tuple[str, str] | None:
         value, where = options.get(key, ("", ""))
-        value = _gpus(value) if key in ("gpus-per-node", "gres") else value
+        value = gpu_count(value) if key in GPU_KEYS else value
         return (value, where) if value.isdigit() else None
 
     out: list[SchedulerValue] = []
@@ -490,6 +492,10 @@ def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
         out += [SchedulerValue(n, tasks[0], tasks[1]) for n in ("SLURM_NTASKS", "SLURM_NPROCS")]
     if gpus:
         out += [SchedulerValue(n, gpus[0], gpus[1]) for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
+    for key in ("gpus", "gpus-per-task", "ntasks-per-gpu"):  # sbatch sets each where the job asks for it
+        given = num(key)
+        if given:
+            out.append(SchedulerValue(f"SLURM_{key.upper().replace('-', '_')}", given[0], given[1]))
     return out
 
 

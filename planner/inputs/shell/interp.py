@@ -45,7 +45,7 @@ _SBATCH_VALUED = {"-N", "-n", "-p", "-J", "-t", "-A", "-o", "-e", "-c", "-G", "-
                   "--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node", "--gres", "--gpus", "--partition",
                   "--job-name", "--time", "--account", "--output", "--error", "--cpus-per-task", "--qos",
                   "--dependency", "--chdir", "--constraint", "--nodelist", "--exclude", "--mem", "--reservation",
-                  "--segment", "--array", "--export"}
+                  "--segment", "--array", "--export", "--gpus-per-task", "--ntasks-per-gpu"}
 _ARITH_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?")  # $X / ${X} / $1 inside $(( ))
 _TRAIN_ENTRY = re.compile(r"(pretrain|train|finetune|sft)", re.IGNORECASE)
 _ASSIGNED_NAME = re.compile(r"(?:^|[\s;(&|])(?:(?:export|declare|local|typeset|readonly)(?:\s+-\w+)*\s+)?([A-Za-z_][A-Za-z_0-9]*)(?:\[[^\]]*\])?\+?=", re.M)
