@@ -179,6 +179,22 @@ def _job(tmp_path: Path, text: str, name: str = "job.sh") -> Path:
     # sbatch's own options, long ones with their value as the next word (it was read as the job script's name)
     ("#!/bin/bash\nsbatch --nodes 2 --ntasks-per-node 8 <<EOF\n#!/bin/bash\nsrun python pretrain_gpt.py FLAGS\nEOF\n",
      ["`sbatch --nodes=2`", "`sbatch --ntasks-per-node=8`"]),
+    # one task on each GPU, 2 nodes x 8 GPUs (Slurm: tasks = --ntasks-per-gpu x GPUs): it was read as 'one task per
+    # node', the whole cluster priced
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gpus-per-node=8\n#SBATCH --ntasks-per-gpu=1\n"
+     "srun python pretrain_gpt.py FLAGS\n", ["`#SBATCH --ntasks-per-gpu=1` ({path}:4)",
+                                           "`#SBATCH --gpus-per-node=8` ({path}:3)", "srun: 2 nodes x 8 tasks"]),
+    # srun's own, its GPUs per node as --gres (was: the whole cluster)
+    ("#!/bin/bash\nsrun -N 2 --gres=gpu:8 --ntasks-per-gpu=1 python pretrain_gpt.py FLAGS\n",
+     ["srun: 2 nodes x 8 tasks"]),
+    # -G16 (all the job's GPUs) and one task on each (was: the whole cluster)
+    ("#!/bin/bash\n#SBATCH -G16\n#SBATCH --ntasks-per-gpu=1\nsrun python pretrain_gpt.py FLAGS\n",
+     ["`#SBATCH --gpus=16` ({path}:2)", "srun: 16 tasks"]),
+    # --gpus=X --gpus-per-task=1: X tasks, Slurm's other task count with --gpus-per-task (was: the whole cluster)
+    ("#!/bin/bash\nsrun --gpus=16 --gpus-per-task=1 python pretrain_gpt.py FLAGS\n", ["srun: 16 tasks"]),
+    # sbatch's --ntasks-per-gpu with its value as the next word (it was read as the job script's name)
+    ("#!/bin/bash\nsbatch --ntasks-per-gpu 1 --gpus 16 <<EOF\n#!/bin/bash\nsrun python pretrain_gpt.py FLAGS\nEOF\n",
+     ["`sbatch --ntasks-per-gpu=1`", "`sbatch --gpus=16`"]),
 ])
 def test_srun_takes_the_counts_it_does_not_give_from_the_jobs_sbatch_lines(tmp_path, text, where):
     """srun inside a Slurm job inherits the allocation's nodes and tasks: 16 GPUs on 2 nodes of H100:64, priced as
@@ -205,6 +221,9 @@ def test_srun_takes_the_counts_it_does_not_give_from_the_jobs_sbatch_lines(tmp_p
     # sbatch's node count from a launch variable's default: the job's environment sets NNODES
     ("#!/bin/bash\nNNODES=${NNODES:-2}\nsbatch -N $NNODES --ntasks-per-node 8 <<EOF\n#!/bin/bash\n"
      "srun python pretrain_gpt.py FLAGS\nEOF\n", "rests on NNODES"),
+    # one task on each GPU of an allocation whose GPUs the script does not state (it said 'one task per node')
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-gpu=1\nsrun python pretrain_gpt.py FLAGS\n",
+     "srun starts one task on each GPU (`#SBATCH --ntasks-per-gpu=1`"),
 ])
 def test_srun_counts_the_script_does_not_state_price_the_whole_cluster(tmp_path, text, why):
     """A count srun takes from where the job runs, not from the script (no #SBATCH count, a variable's default,
@@ -213,6 +232,46 @@ def test_srun_counts_the_script_does_not_state_price_the_whole_cluster(tmp_path,
     assert code == 0, err
     assert payload["world_size"] == 32
     assert why in err and "whole --cluster (H100:32, 32 GPUs)" in err, err
+
+
+@pytest.mark.parametrize("text, named", [
+    # two tasks on each GPU: two Megatron ranks on one GPU (it was the whole cluster, one rank per GPU)
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=gpu:8\n#SBATCH --ntasks-per-gpu=2\n"
+     "srun python pretrain_gpt.py FLAGS\n", ["2 tasks on each GPU", "`#SBATCH --ntasks-per-gpu=2` ({path}:4)"]),
+    # 8 GPUs for each of 4 tasks that run the trainer itself: 4 ranks (it was priced as 4 nodes x 1 GPU)
+    ("#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-task=8\n"
+     "srun python pretrain_gpt.py FLAGS\n", ["each task 8 GPUs", "`#SBATCH --gpus-per-task=8` ({path}:4)",
+                                           "torchrun --nproc-per-node 8 in each task"]),
+    # srun's own (it was priced as 4 tasks on one node)
+    ("#!/bin/bash\nsrun -n 4 --gpus-per-task=4 python pretrain_gpt.py FLAGS\n",
+     ["each task 4 GPUs", "`srun --gpus-per-task=4`", "python pretrain_gpt.py, {path}:2)"]),
+    # options Slurm refuses together (srun's --ntasks-per-gpu was not read: 16 tasks priced)
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\nsrun --ntasks-per-gpu=1 python pretrain_gpt.py "
+     "FLAGS\n", ["`srun --ntasks-per-gpu=1`", "--ntasks-per-node (`#SBATCH --ntasks-per-node=8` ({path}:3))",
+                  "not compatible"]),
+])
+def test_an_srun_that_does_not_start_one_rank_on_each_gpu_is_refused_naming_the_option(tmp_path, text, named):
+    """--ntasks-per-gpu other than 1, or --gpus-per-task other than 1 with the trainer started by srun itself, is not
+    one Megatron rank on each GPU, and Slurm refuses --ntasks-per-gpu beside --ntasks-per-node: refused (exit 2),
+    naming the option and where it is given, not priced on a count the run does not have."""
+    script = _job(tmp_path, text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "error: --megatron-script: the script's launch (srun" in err, err
+    assert "Traceback" not in err
+    for text_ in named:
+        assert text_.format(path=script) in err, err
+
+
+def test_a_torchrun_in_each_task_of_gpus_per_task_is_read_by_its_own_counts(tmp_path):
+    """--gpus-per-task=8, one task per node: the trainer behind srun directly is refused (one rank per task), a
+    torchrun in each task starts the ranks, and its counts (2 x 8) are the launch's."""
+    job = "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-task=8\nsrun {} FLAGS\n"
+    code, _, err = _estimate(_job(tmp_path, job.format("python pretrain_gpt.py")), "H100:64")
+    assert code == 2 and "--gpus-per-task=8" in err, err
+    torchrun = _job(tmp_path, job.format("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py"), "torchrun.sh")
+    code, payload, err = _estimate(torchrun, "H100:64")
+    assert code == 0, err
+    assert payload["world_size"] == 16 and "launches 16 GPUs" in err
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,6 +312,21 @@ def test_calibrate_prices_the_gpus_the_script_launches(tmp_path):
         assert part["written_corrections"] == exact["written_corrections"]
     code, _, err = _calibrate(tmp_path, LOG, script, "H100:4")
     assert code == 2 and "--megatron-script / --cluster" in err and "H100:4 has 4" in err, err
+
+
+def test_calibrate_prices_the_tasks_an_srun_starts_on_each_gpu(tmp_path):
+    """The same 8-GPU log, its script an srun with one task on each of 8 GPUs (#SBATCH --gpus-per-node=8,
+    --ntasks-per-gpu=1), calibrated with --cluster H100:16: it was read as one task per node, the whole 16 GPUs
+    priced against the log's 8 and refused; now the 8 are priced, as on the script's own H100:8."""
+    script = tmp_path / "srun.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gpus-per-node=8\n#SBATCH --ntasks-per-gpu=1\n"
+                      f"srun python pretrain_gpt.py {LLAMA_8L}\n")
+    code, exact, err = _calibrate(tmp_path, LOG, script, "H100:8")
+    assert code == 0, err
+    code, part, err = _calibrate(tmp_path, LOG, script, "H100:16")
+    assert code == 0, err
+    assert "the script launches 8 GPUs" in err and "`#SBATCH --ntasks-per-gpu=1`" in err, err
+    assert part["predicted_before"] == exact["predicted_before"]
 
 
 def test_the_command_srun_runs_keeps_its_own_options(tmp_path):

@@ -1,19 +1,21 @@
 """The GPUs a launcher script's own launch uses, on the cluster given (`estimate --megatron-script`).
 
 A script states its GPU count in its launch: torchrun's --nnodes and --nproc-per-node, srun's nodes and tasks
-per node (those srun does not give, from the job's own `#SBATCH` lines: planner/inputs/srun_tasks.py), mpirun's
--np (planner/inputs/script.py `world_size`, `gpus_per_node`).  `estimate` prices the run the
-script makes: its TP/PP/CP/EP with DP over those GPUs, on the first nodes of the cluster in the order it lists
-them (Megatron's rank order over the nodes, as planner/cost/estimate.py places stages), each node with the
-script's GPUs per node.  A launch the cluster cannot hold (more GPUs or nodes than it has, more GPUs per node
-than its nodes hold) is refused, naming both.
+per node, or its tasks per GPU or GPUs per task (those srun does not give, from the job's own `#SBATCH` lines:
+planner/inputs/srun_tasks.py), mpirun's -np (planner/inputs/script.py `world_size`, `gpus_per_node`).  `estimate`
+prices the run the script makes: its TP/PP/CP/EP with DP over those GPUs, on the first nodes of the cluster in the
+order it lists them (Megatron's rank order over the nodes, as planner/cost/estimate.py places stages), each node
+with the script's GPUs per node.  A launch the cluster cannot hold (more GPUs or nodes than it has, more GPUs per
+node than its nodes hold) is refused, naming both.
 
 The whole cluster is priced, with a note that says so, where the script states no count: a count that is not a
 plain number here, python started by the script itself (whatever runs the script starts the ranks), or a count
 that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}`: the reader sees the default,
 the job gets what its launcher exports), an srun whose nodes or tasks neither it nor the script's #SBATCH lines
 state (the allocation's, set where the job is submitted; the SLURM_* counts the reader takes from --cluster are
-not the script's).
+not the script's).  An srun that starts the trainer as other than one rank on each GPU (--ntasks-per-gpu=2,
+--gpus-per-task=8 without a torchrun in each task), or with options Slurm does not combine, is refused, naming the
+option.
 
 `calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):
 on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's
@@ -58,7 +60,11 @@ class ScriptGpus:
 
 def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileSet) -> ScriptGpus:
     """The GPUs of `cluster` the script's launch uses (see the module docstring); PlannerInputError naming both
-    counts when the cluster cannot hold the launch."""
+    counts when the cluster cannot hold the launch, or naming srun's option when it is not one rank on each GPU."""
+    refused = script.srun.refused if script.launched_by == "srun" else None
+    if refused is not None:  # srun --ntasks-per-gpu=2, --gpus-per-task=8 in front of the trainer: not a rank per GPU
+        site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
+        raise PlannerInputError("--megatron-script", f"the script's launch ({_launch_text(script)}{site}): {refused}")
     world, per_node = script.world_size, script.gpus_per_node
     if world is not None and per_node and world % per_node:  # srun -n 12 --ntasks-per-node 8: nodes not all full
         per_node = None
@@ -107,16 +113,21 @@ def _unstated(script: LauncherScript) -> str | None:
         return (f"the script starts {script.entry_script} with python itself, not torchrun, srun or mpirun, so its "
                 "GPU count is that of whatever runs the script")
     if script.world_size is None:
-        words = " ".join([*script.wrapper, *script.launcher, *script.launcher_args])
         srun = script.srun.unstated if script.launched_by == "srun" else None
         why = f": {srun}" if srun else " states no GPU count as plain numbers"
-        return f"the script's launch ({words if len(words) <= 100 else words[:97] + '...'} {script.entry_script}){why}"
+        return f"the script's launch ({_launch_text(script)}){why}"
     rests = {name: where for name, where in script.launch_defaults.items() if COUNT_VARIABLE.fullmatch(name)}
     if rests:
         named = ", ".join(f"{name} ({where})" for name, where in rests.items())
         return (f"the script's GPU count rests on {named}, set by the job's environment when it runs and unset "
                 f"here, where its default launches {script.world_size} GPUs")
     return None
+
+
+def _launch_text(script: LauncherScript) -> str:
+    """The launch's words up to the entry script (the first 100 characters of its options)."""
+    words = " ".join([*script.wrapper, *script.launcher, *script.launcher_args])
+    return f"{words if len(words) <= 100 else words[:97] + '...'} {script.entry_script}"
 
 
 def _launch_words(script: LauncherScript, world: int, per_node: int | None) -> str:

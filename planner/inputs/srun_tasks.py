@@ -1,36 +1,91 @@
 """The tasks a launcher script's `srun` starts (one GPU each): its own counts, and those it takes from the job.
 
 srun inside a Slurm job takes what it does not give itself from the job's allocation: the job's nodes
-(SLURM_NNODES), tasks per node (SLURM_NTASKS_PER_NODE) and tasks (SLURM_NTASKS), as the job script's `#SBATCH`
-lines or sbatch's own options state them (planner/inputs/shell/builtins.py `sbatch_values`; those the reader
-takes from --cluster are not the script's).  So `#SBATCH --nodes=2` and `--ntasks-per-node=8` (or `-N 2`) above a
-bare `srun python pretrain_gpt.py` start 16 tasks, 8 on each node.
+(SLURM_NNODES), tasks per node (SLURM_NTASKS_PER_NODE), tasks (SLURM_NTASKS), GPUs (SLURM_GPUS, SLURM_GPUS_PER_NODE),
+GPUs per task (SLURM_GPUS_PER_TASK) and tasks per GPU (SLURM_NTASKS_PER_GPU), as the job script's `#SBATCH` lines or
+sbatch's own options state them (planner/inputs/shell/builtins.py `sbatch_values`; those the reader takes from
+--cluster are not the script's).  So `#SBATCH --nodes=2` and `--ntasks-per-node=8` (or `-N 2`) above a bare
+`srun python pretrain_gpt.py` start 16 tasks, 8 on each node.
+
+The GPU options, as Slurm's srun and sbatch man pages define them:
+
+* `--ntasks-per-gpu=N`: N tasks on each GPU: with --ntasks, that many tasks (Slurm sizes the GPUs to them); without,
+  N times the GPUs (-G/--gpus, or --gpus-per-node / --gres=gpu:G times the nodes: N x G on each node).  Slurm refuses
+  it beside --gpus-per-task or --ntasks-per-node.  Each task is a Megatron rank, one on each GPU (NCCL refuses two
+  ranks on one GPU), so N other than 1 is refused.
+* `--gpus-per-task=G`: G GPUs for each task; the tasks are those the other counts give, or --gpus=X over G.  A task
+  that runs the trainer itself is one process, one Megatron rank on one GPU, so G other than 1 is refused there
+  (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/script.py).
 
 No count, with the reason, where it is not the script's: srun's node count without -N where the job states none
-(the allocation's that runs the script: `sbatch -N 4 train.sh` sets it, not the script); and no --ntasks or
---ntasks-per-node in srun or the job, where Slurm starts one task per node, whatever GPUs the nodes hold.
+(the allocation's that runs the script: `sbatch -N 4 train.sh` sets it, not the script); no --ntasks or
+--ntasks-per-node in srun or the job, where Slurm starts one task per node, whatever GPUs the nodes hold; and
+--ntasks-per-gpu where neither srun nor the job states the GPUs (or the tasks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
-from planner.inputs.shell.builtins import SchedulerValue, sbatch_options
+from planner.inputs.shell.builtins import GPU_KEYS, SchedulerValue, gpu_count, sbatch_options
 
-COUNT_KEYS = ("nodes", "ntasks", "ntasks-per-node")  # srun's own count options, as sbatch_options names them
+# srun's own count options, as sbatch_options names them: plain numbers, or the launch states no count
+COUNT_KEYS = frozenset({"nodes", "ntasks", "ntasks-per-node", "ntasks-per-gpu", "gpus-per-task"})
+JOB_NAMES = {"nodes": "SLURM_NNODES", "ntasks": "SLURM_NTASKS", "ntasks-per-node": "SLURM_NTASKS_PER_NODE",
+             "ntasks-per-gpu": "SLURM_NTASKS_PER_GPU", "gpus-per-task": "SLURM_GPUS_PER_TASK", "gpus": "SLURM_GPUS",
+             "gpus-per-node": "SLURM_GPUS_PER_NODE"}  # the job's variable srun takes each option from
 
 
 @dataclass(frozen=True)
 class SrunTasks:
     """srun's tasks (None: no count the script states), tasks on each node (None: Slurm places them), where the
-    counts it takes from the job are stated, and why there is no count (None: a count, or one not given as plain
-    numbers)."""
+    counts it takes from the job are stated, why there is no count (None: a count, or one not given as plain
+    numbers), and why the launch is refused (None: it is not; the planner prices one rank on each GPU)."""
 
     world: int | None
     per_node: int | None
     inherited: tuple[str, ...] = ()
     unstated: str | None = None
+    refused: str | None = None
+
+
+@dataclass
+class _Counts:
+    """srun's own options (`own`, as given) and the job's SLURM_* values (`job`), read by option name, srun's own
+    first; `taken`: where the job's values read are stated."""
+
+    own: dict[str, str]
+    job: Mapping[str, SchedulerValue]
+    taken: list[str] = field(default_factory=list)
+
+    def gives(self, key: str) -> bool:
+        """srun gives `key` itself (--gres=gpu:G is its --gpus-per-node)."""
+        return key in self.own or (key == "gpus-per-node" and "gres" in self.own)
+
+    def take(self, key: str, *, own: bool | None = None) -> int | None:
+        """The value srun runs with: its own where it gives `key` (`own`: True, srun's only; False, the job's only),
+        else the job's, its place kept; None where that is not a plain number."""
+        if own if own is not None else self.gives(key):
+            raw = self.own.get(key, self.own.get("gres") if key == "gpus-per-node" else None) or ""
+            value = gpu_count(raw) if key in GPU_KEYS else raw
+            return int(value) if value.isdigit() else None
+        stated = self.job.get(JOB_NAMES[key])
+        if stated is None or not stated.value.isdigit():
+            return None
+        self.taken.append(stated.source)
+        return int(stated.value)
+
+    def where(self, key: str) -> str:
+        """Where the value of `key` srun runs with is given."""
+        if self.gives(key):
+            name = key if key in self.own else "gres"
+            return f"`srun --{name}={self.own[name]}`"
+        return self.job[JOB_NAMES[key]].source
+
+    def result(self, world: int | None, per_node: int | None, *, unstated: str | None = None,
+               refused: str | None = None) -> SrunTasks:
+        return SrunTasks(world, per_node, tuple(dict.fromkeys(self.taken)), unstated, refused)
 
 
 SRUN_SWITCHES = frozenset({
@@ -57,39 +112,82 @@ def srun_words(words: list[str]) -> list[str]:
 def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks:
     """The tasks of `srun` with options `words` (`srun_words`: its own) in a job whose geometry the script states
     (`job`: the SLURM_* values of its #SBATCH lines and sbatch options, by name); see the module docstring."""
-    own = {key: value for key, value in sbatch_options(srun_words(words)).items() if key in COUNT_KEYS}
-    if any(not value.isdigit() for value in own.values()):
+    own = {key: value for key, value in sbatch_options(srun_words(words)).items() if key in COUNT_KEYS | GPU_KEYS}
+    if any(not (gpu_count(value) if key in GPU_KEYS else value).isdigit()
+           for key, value in own.items() if key in COUNT_KEYS):
         return SrunTasks(None, None)  # a count that is not a plain number
-    taken: list[str] = []
+    counts = _Counts(own, job)
+    if counts.take("ntasks-per-gpu") is not None:
+        return _tasks_per_gpu(counts)
+    per_task = counts.take("gpus-per-task")
+    if per_task is not None and per_task != 1:
+        torchrun = (f"start torchrun --nproc-per-node {per_task} in each task (its counts are then the launch's), or "
+                    if per_task > 1 else "")
+        return counts.result(None, None, refused=(
+            f"srun gives each task {per_task} GPUs ({counts.where('gpus-per-task')}) and starts the trainer itself "
+            "in each task: one process, so one Megatron rank, where Megatron runs one rank on each GPU; "
+            f"{torchrun}give --gpus-per-task=1"))
+    tasks = _node_tasks(counts)
+    if per_task is None or tasks.world is not None:
+        return tasks
+    gpus = counts.take("gpus")  # --gpus=X --gpus-per-task=1: X tasks, Slurm's other task count with --gpus-per-task
+    return tasks if gpus is None else counts.result(gpus, _even(gpus, counts.take("nodes")))
 
-    def inherit(name: str) -> int | None:
-        value = job.get(name)
-        if value is None or not value.value.isdigit():
-            return None
-        taken.append(value.source)
-        return int(value.value)
 
-    nodes = int(own["nodes"]) if "nodes" in own else inherit("SLURM_NNODES")
-    per = int(own["ntasks-per-node"]) if "ntasks-per-node" in own else (
-        inherit("SLURM_NTASKS_PER_NODE") if "ntasks" not in own else None)
-    total = int(own["ntasks"]) if "ntasks" in own else None
+def _node_tasks(counts: _Counts) -> SrunTasks:
+    """The tasks srun's node and task counts (its own, else the job's) give."""
+    nodes = counts.take("nodes")
+    per = counts.take("ntasks-per-node") if counts.gives("ntasks-per-node") or not counts.gives("ntasks") else None
+    total = counts.take("ntasks", own=True) if counts.gives("ntasks") else None
     if total is None and per is not None:
         if nodes is None:
-            return SrunTasks(None, None, unstated=(
+            return counts.result(None, None, unstated=(
                 f"srun starts {per} tasks on each node of the allocation it runs in, whose node count neither srun "
                 "(-N) nor the script's #SBATCH lines (--nodes) state as a plain number; it is set where the job is "
                 "submitted"))
         total = nodes * per
     if total is None:
-        total = inherit("SLURM_NTASKS")
+        total = counts.take("ntasks")
     if total is None and nodes is not None:
-        return SrunTasks(None, None, unstated=(
+        return counts.result(None, None, unstated=(
             "neither srun nor the script's #SBATCH lines give --ntasks or --ntasks-per-node, so Slurm starts one "
             "task per node, whatever GPUs it holds"))
     if total is None:
-        return SrunTasks(None, None, unstated=(
+        return counts.result(None, None, unstated=(
             "neither srun nor the script's #SBATCH lines state its nodes or tasks as plain numbers (-N, -n, "
             "--ntasks-per-node); they are the allocation's it runs in, set where the job is submitted"))
-    if per is None and nodes and total % nodes == 0:
-        per = total // nodes
-    return SrunTasks(total, per, tuple(dict.fromkeys(taken)))
+    return counts.result(total, per if per is not None else _even(total, nodes))
+
+
+def _tasks_per_gpu(counts: _Counts) -> SrunTasks:
+    """The tasks of srun with --ntasks-per-gpu (its own, else the job's): one on each GPU (see the module
+    docstring)."""
+    per_gpu = counts.take("ntasks-per-gpu")
+    for other in ("gpus-per-task", "ntasks-per-node"):
+        if counts.take(other) is not None:
+            return counts.result(None, None, refused=(
+                f"--ntasks-per-gpu ({counts.where('ntasks-per-gpu')}) with --{other} ({counts.where(other)}), which "
+                "Slurm refuses together (srun's and sbatch's man pages: --ntasks-per-gpu is not compatible with "
+                "--gpus-per-task or --ntasks-per-node); give one of them"))
+    if per_gpu != 1:
+        return counts.result(None, None, refused=(
+            f"srun starts {per_gpu} tasks on each GPU ({counts.where('ntasks-per-gpu')}), each a Megatron rank, "
+            "where Megatron runs one rank on each GPU (NCCL refuses two on one GPU); give --ntasks-per-gpu=1"))
+    nodes = counts.take("nodes")
+    tasks = counts.take("ntasks")
+    if tasks is not None:  # Slurm sizes the GPUs to the tasks
+        return counts.result(tasks, _even(tasks, nodes))
+    own = counts.gives("gpus-per-node") or counts.gives("gpus")  # the step has all the job's GPUs, unless srun asks
+    per_node = counts.take("gpus-per-node", own=own) if nodes is not None else None
+    gpus = nodes * per_node if nodes is not None and per_node is not None else counts.take("gpus", own=own)
+    if gpus is None:
+        return counts.result(None, None, unstated=(
+            f"srun starts one task on each GPU ({counts.where('ntasks-per-gpu')}) of the allocation it runs in, "
+            "whose GPUs neither srun nor the script's #SBATCH lines state as plain numbers (-G/--gpus, or "
+            "--gpus-per-node with --nodes); they are set where the job is submitted"))
+    return counts.result(gpus, per_node if per_node is not None else _even(gpus, nodes))
+
+
+def _even(tasks: int, nodes: int | None) -> int | None:
+    """Tasks on each node where Slurm spreads `tasks` evenly over `nodes` (None: not stated, or not evenly)."""
+    return tasks // nodes if nodes and tasks % nodes == 0 else None
