@@ -332,6 +332,25 @@ def test_solve_again_replaces_what_emit_wrote_into_its_launch_directory(tmp_path
         f"launch/{n}": "solve --out" for n in ("launch.sh", "hostfile", "megatron_args.txt")}
 
 
+def test_solve_into_the_launch_directory_of_an_earlier_plan_is_refused(tmp_path, tiny):
+    """`solve --out S/launch` (a typo for `emit --out S/launch`) took S's own launcher files in S/launch for an
+    earlier output of solve: it deleted launch.sh, megatron_args.txt and hostfile and put a whole plan directory
+    there.  S/launch is part of S's plan: refused before the search, naming `emit`, with nothing written or
+    deleted; with --force the plan goes beside S's files, and every file of S stays as it was."""
+    plan = tmp_path / "S"
+    assert run(solve_args(tiny, "--out", str(plan))).exit_code == 0
+    before = tree(plan)
+    line = refused(run(solve_args(tiny, "--out", str(plan / "launch"))), "--out")
+    assert f"{plan / 'launch'} is the launch/ directory of the planner's plan in {plan}" in line
+    assert f"`emit --out {plan / 'launch'}`" in line and "another directory" in line
+    assert tree(plan) == before and no_staging_left(plan, plan / "launch")
+    assert run(solve_args(tiny, "--out", str(plan / "launch"), "--force")).exit_code == 0
+    after = tree(plan)
+    assert {rel: after.get(rel) for rel in before if rel != MANIFEST_NAME} == {
+        rel: data for rel, data in before.items() if rel != MANIFEST_NAME}
+    assert (plan / "launch" / "plan.json").exists() and manifest_writers(plan)["launch/launch.sh"] == "solve --out"
+
+
 def other_file_system(tmp_path: Path) -> Path:
     """An empty directory on another file system than tmp_path (/dev/shm is usually tmpfs)."""
     shm = Path("/dev/shm")

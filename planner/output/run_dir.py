@@ -13,6 +13,8 @@ The user's files are sacred.  Each directory the planner writes holds a manifest
   `emit --out` (LAUNCHER_OUTPUT.earlier_from): `emit --out DIR/launch` replaces them without --force, and
   the manifest above says so (the next `emit` there, or `solve --out DIR` again, needs no --force either;
   solve again replaces what emit wrote there, the Slurm host files of `emit --hosts` included, as its own).
+  A subdirectory of an output is no earlier output of the command that wrote it: `solve --out DIR/launch`
+  is refused (naming `emit --out DIR/launch`), and with --force the new plan goes beside DIR's files.
   Writing into another command's output (--force) keeps that directory's family, so its own command
   still finds it.
 - A file the planner did not write (absent from the manifest, or edited since) is never overwritten
@@ -69,11 +71,15 @@ class OutputKind:
     # and `solve --out DIR` ("") the ones emit wrote into DIR/launch; `emit --out DIR` replaces none of them
     earlier_from: tuple[tuple[str, str, str], ...] = ()
 
-    def is_earlier(self, writer: str | None, rel: str, prefix: str) -> bool:
-        """Whether the planner's file `rel` (written by `writer`, in the directory of the manifest) is
-        an earlier output of this kind when writing into that directory's `prefix` subdirectory."""
+    def is_earlier(self, writer: str | None, rel: str, prefix: str, family: str | None) -> bool:
+        """Whether the planner's file `rel` (written by `writer`, in the directory of the manifest of
+        `family`) is an earlier output of this kind when writing into that directory's `prefix`
+        subdirectory.  This command's own file is one, but not in a subdirectory of its own family's output:
+        there it is part of that output, written at its top (S/launch/launch.sh of `solve --out S` is no
+        earlier output of `solve --out S/launch`); in another family's directory it was written at a prefix
+        (`emit --out S/launch`)."""
         if writer == self.writer:
-            return True
+            return not prefix or family != self.family
         return any(writer == w and prefix == at and rel.startswith(sub) for w, sub, at in self.earlier_from)
 
 
@@ -93,6 +99,7 @@ CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles
                                "measured_plans.json"))
 BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
                           ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
+_KINDS = (PLAN_OUTPUT, PLOTS_OUTPUT, LAUNCHER_OUTPUT, PROFILE_OUTPUT, CALIBRATE_OUTPUT, BENCH_OUTPUT)
 
 
 def check_out_dir(path: str | os.PathLike[str], flag: str, kind: OutputKind, *, force: bool = False,
@@ -175,9 +182,11 @@ def _check_existing(out: Path, flag: str, kind: OutputKind, force: bool, inputs:
                                           "deletes files it did not write (--force neither): move it, or choose "
                                           "another directory")
     part = found if not prefix else found.within(prefix)
-    earlier = any(kind.is_earlier(found.writer_of(r), r, prefix) for r in part.ours)
+    earlier = any(kind.is_earlier(found.writer_of(r), r, prefix, found.family) for r in part.ours)
     if part.empty or earlier or (found.family == kind.family and not prefix) or force:
         return found
+    if found.family == kind.family:
+        raise PlannerInputError(flag, _inside_own_output(out, prefix, kind))
     mine = f" (it holds the planner's {found.family} files, not {_article(kind.what)})" if found.family else ""
     users = part.users_files()
     example = f"; not written by the planner: {', '.join(users[:3])}{', ...' if len(users) > 3 else ''}" if users else ""
@@ -187,6 +196,15 @@ def _check_existing(out: Path, flag: str, kind: OutputKind, force: bool, inputs:
     raise PlannerInputError(
         flag, f"{out / prefix} is a non-empty directory that holds no earlier {kind.what}{mine}{example}; choose a new "
               f"or empty directory{hint}")
+
+
+def _inside_own_output(out: Path, prefix: str, kind: OutputKind) -> str:
+    """Why writing into the `prefix` subdirectory of an output of this kind's own family is refused (`solve
+    --out S/launch` would put a plan among S's launcher files), naming the command that rewrites it."""
+    here = out / prefix.rstrip("/")
+    rewriters = [k for k in _KINDS if (kind.writer, prefix, prefix) in k.earlier_from]
+    how = "".join(f"to rewrite that {kind.what}'s {k.what}, use `{k.writer} {here}`, or " for k in rewriters[:1])
+    return f"{here} is the {prefix} directory of the planner's {kind.what} in {out}; {how}choose another directory"
 
 
 def _article(what: str) -> str:
@@ -310,8 +328,8 @@ def _swap_in(staged: Mapping[str, Path], out: Path, prefix: str, found: Survey, 
     planner's files it replaces are set aside first and put back if a move fails.  The manifest is
     written last, with the directory's family (another command's output written into keeps its own)."""
     entries = {r: entry_for(src, r, kind.writer) for r, src in staged.items()}
-    stale = sorted(r for r in found.ours if kind.is_earlier(found.writer_of(r), r, prefix) and r.startswith(prefix)
-                   and r not in entries and not _is_input(out / r, inputs))
+    stale = sorted(r for r in found.ours if kind.is_earlier(found.writer_of(r), r, prefix, found.family)
+                   and r.startswith(prefix) and r not in entries and not _is_input(out / r, inputs))
     keep = [found.listed[r] for r in sorted(found.ours) if r not in entries and r not in stale]
     aside = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "old-", dir=out))
     moved_aside: list[str] = []
