@@ -4,7 +4,7 @@ and JSON output that is always valid JSON.
 - `OneLineErrorsGroup`: click's usage errors (unknown option, missing value, bad choice) as one line
   on stderr, exit status 2, instead of click's four-line usage block.  It also turns SIGINT, SIGTERM
   and SIGHUP into `Interrupted`, so that a staged output is removed on the way out, and exits with
-  128 + the signal's number (130, 143, 129).
+  128 + the signal's number (130, 143, 129), saying what the command had found (`Interrupted.found`).
 - `handle_errors`: the planner's typed errors -> one line, exit 2 (3 when the search's time limit ran
   out before any plan was found; 4 when the process ran out of memory, saying how much it had and
   needed).  Anything else is a bug: one line saying so, exit 1 (set HAPMOE_DEBUG=1 for the traceback).
@@ -166,6 +166,8 @@ class OneLineErrorsGroup(click.Group):
             name = _signal_name(exc.signum)
             click.echo(f"error: interrupted by {name}; nothing is left half-written (an output directory is either "
                        "as it was or complete)", err=True)
+            if exc.found:
+                click.echo(exc.found, err=True)
             sys.exit(128 + exc.signum)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else (prog_name or "cli.py")

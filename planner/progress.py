@@ -4,7 +4,8 @@ left, and the best plan so far with its gap to the lower bound.
 ProgressDisplay is the search's progress callback: it reads each ProgressEvent
 (planner/search/settings.py), or any mapping with its keys, as a mapping: `tried` and `total`
 configurations, `solved`, `best_s` (the best objective so far, seconds, or None), optionally
-`bound_s` (a lower bound on the searched space's optimum so far), and `config` ("done" on the last call).  The gap
+`bound_s` (a lower bound on the searched space's optimum so far), `best_plan` (the plan of `best_s`, kept for
+an interrupted solve to name) and `config` ("done" on the last call).  The gap
 shown is the report's searched-space gap: (best - bound) / best, the same formula on the same bound.  Under --quiet nothing is printed; when stderr is not a terminal only one final line is.
 """
 
@@ -101,6 +102,11 @@ class ProgressDisplay:
         if self.time_limit_s is not None:
             left.append(max(0.0, self.time_limit_s - elapsed))
         return f"<= {_fmt_s(min(left))} left" if left else ""
+
+    @property
+    def best_plan(self) -> Any:
+        """The best plan so far (the Plan of `best_s`), None before any: what an interrupted solve names."""
+        return self.last.get("best_plan")
 
     def final_line(self) -> str:
         d = self.last

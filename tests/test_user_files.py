@@ -223,6 +223,65 @@ def test_solve_interrupted_exits_128_plus_the_signal_and_leaves_no_staging(tmp_p
     assert not out.exists() and no_staging_left(tmp_path)
 
 
+
+def test_an_interrupted_solve_names_the_best_plan_it_had_found(tmp_path):
+    """Ctrl-C during a search printed only "interrupted by SIGINT": what the search had found was lost.  Once
+    the live progress shows a best plan (stderr a terminal), SIGINT still exits 130 with nothing written and the
+    --json stdout empty, and a second line on stderr names that plan (its time and degrees), says it was not
+    written and how --time-limit returns the best plan within a time."""
+    import pty
+    import select
+
+    out = tmp_path / "plan"
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "solve", "--model", "qwen3-30b-a3b", "--cluster",
+                             "H800:32,MI300X:32", "--time-limit", "60", "--json", "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=child, text=True,
+                            env={**os.environ, "COLUMNS": "200"})  # the bar's best plan is never cut off
+    os.close(child)
+    seen, deadline = b"", time.monotonic() + 60
+    while b"best " not in seen and time.monotonic() < deadline and proc.poll() is None:
+        if select.select([main], [], [], 0.2)[0]:
+            seen += os.read(main, 65536)
+    assert proc.poll() is None, seen.decode(errors="replace")  # the search is still on: interrupt it
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=60)
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    err = seen.decode(errors="replace")
+    assert proc.returncode == 130, err
+    lines = [ln.strip() for ln in err.splitlines() if "not written" in ln]
+    assert len(lines) == 1 and lines[0].startswith("best plan found so far, not written: TP"), err
+    assert "s per iteration" in lines[0] and "--time-limit N" in lines[0] and "HAPMOE_TIME_LIMIT" in lines[0]
+    assert "interrupted by SIGINT" in err and "Traceback" not in err
+    assert stdout == "" and not out.exists() and no_staging_left(tmp_path)
+
+
+def test_the_best_plan_of_an_interrupted_solve_is_kept_under_quiet():
+    """--quiet prints no progress, yet the display keeps the search's best plan for the interrupted solve's line
+    (which is about the result, not the progress)."""
+    from planner.commands.solve import interrupted_line
+    from planner.progress import ProgressDisplay
+    from planner.schemas.plan import Plan, Recompute, StagePlan
+    from planner.search.settings import ProgressEvent
+
+    stages = tuple(StagePlan(device_type="H800", num_layers=2, dp=2, recompute=Recompute.none()) for _ in range(2))
+    plan = Plan(runtime="megatron", tp=1, cp=1, ep=1, etp=1, vpp=1, mbs=1, gbs=8, stages=stages)
+    with ProgressDisplay(quiet=True) as progress:
+        assert interrupted_line(progress, "nominal") is None  # no plan yet: no line
+        progress(ProgressEvent(done=1, total=9, solved=1, elapsed_s=1.0, best_s=2.5, bound_s=None, phase="searching",
+                               best_plan=plan))
+    line = interrupted_line(progress, "nominal")
+    assert line is not None and "not written: TP1 PP2 CP1 EP1 ETP1 DP2 VPP1 mbs1 " in line
+    assert "nominal time 2.500 s per iteration" in line
+
 # ---- output where users write (issue 33) --------------------------------------------------------------
 
 

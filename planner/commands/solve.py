@@ -16,11 +16,12 @@ from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.inputs.script_gpus import solve_note
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
-    TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer, time_limit_option,
+    TIME_LIMIT_ENV, TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer,
+    time_limit_option,
 )
-from planner.errors import PlannerInputError
+from planner.errors import Interrupted, PlannerInputError
 from planner.output.plan_dir import plan_record, write_plan_dir, write_solve_plots
-from planner.output.report import render_solve, solve_json, trials_json
+from planner.output.report import best_so_far_text, render_solve, solve_json, trials_json
 from planner.output.run_dir import PLAN_OUTPUT, check_out_dir
 from planner.progress import ProgressDisplay
 from planner.runtime import AUTO, RUNTIME_CHOICES
@@ -121,9 +122,14 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     if out_dir:
         refuse_unlaunchable_inputs(choice.runtime.name, inputs.run, script)
     space = make_space(inputs.run, choice.runtime.name, mbs=mbs, contiguous_types=contiguous_types or None)
-    with ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s) as progress:
-        outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space, progress=progress,
-                        memory_headroom=memory_headroom, objective=objective, choice=choice)
+    progress = ProgressDisplay(quiet=quiet, time_limit_s=time_limit_s)
+    try:
+        with progress:
+            outcome = solve(inputs.run, inputs.cluster, inputs.profiles, settings=settings, space=space,
+                            progress=progress, memory_headroom=memory_headroom, objective=objective, choice=choice)
+    except Interrupted as exc:  # nothing is written: say what the search had found (stderr, --quiet or not)
+        exc.found = interrupted_line(progress, objective)
+        raise
     # the same gap as the live bar and the report: the searched objective against the searched space's bound
     progress.finish(best_s=outcome.objective_s, lower_bound_s=outcome.result.pruned_lower_bound_s)
     check_predictions(outcome, inputs.profiles)
@@ -151,3 +157,12 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         echo_json(payload)
     else:
         render_solve(payload, wide=wide, out_dir=out_dir, top_k=top_k)
+
+
+def interrupted_line(progress: ProgressDisplay, objective: str) -> str | None:
+    """An interrupted search's best plan so far (None before any), which is not written, and how to get it."""
+    plan, best_s = progress.best_plan, progress.last.get("best_s")
+    if plan is None or best_s is None:
+        return None
+    return (f"best plan found so far, not written: {best_so_far_text(plan, best_s, objective)}; `--time-limit N` "
+            f"(or {TIME_LIMIT_ENV}=N) returns the best plan found within N seconds")

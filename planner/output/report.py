@@ -442,10 +442,20 @@ def alternative_rows(payload: dict) -> list[tuple[str, ...]]:
     return rows
 
 
+def objective_name(objective: str | None) -> str:
+    return "pessimistic time (top of the range)" if objective == "pessimistic" else "nominal time"
+
+
+def best_so_far_text(plan: Plan, objective_s: float, objective: str) -> str:
+    """An interrupted search's best plan so far: its time by the search's objective and its degrees, as the
+    --top table shows a plan (TP2 PP4 ... mbs1 full-block:1)."""
+    return f"{degrees_short(plan_json(plan))}, {objective_name(objective)} {objective_s:.3f} s per iteration"
+
+
 def alternatives_title(payload: dict, top_k: int) -> str:
     """The heading of the --top table: how many plans follow the pick, ranked by what."""
     n = len(payload.get("alternatives", []))
-    by = "pessimistic time (top of the range)" if payload.get("objective") == "pessimistic" else "nominal time"
+    by = objective_name(payload.get("objective"))
     title = f"--top {top_k}: the {n} plan{'s' if n != 1 else ''} after the pick, by the {by}"
     if n < top_k - 1:
         title += f" (the search kept {n} other plan{'s' if n != 1 else ''}, not {top_k - 1})"

@@ -665,6 +665,7 @@ class BendersSearch:
         now = time.perf_counter()
         total = self.stats["configs_total"]
         best = self.cands[0].objective_s if self.cands else None
+        best_plan = self.cands[0].plan if self.cands else None
         known = not (self.unscreened or self.contradictions)
         bound = self._open_bound_us() if known else None
         if best is not None and known:
@@ -673,7 +674,8 @@ class BendersSearch:
             bound = self._shown_bound_us = max(bound, self._shown_bound_us or bound)
         self.progress(ProgressEvent(done=total if phase == "done" and self.proven else self._closed(), total=total,
                                     solved=self.stats["stage_solves"], elapsed_s=now - self.t0, best_s=best,
-                                    bound_s=None if bound is None else bound * 1e-6, phase=phase, config=config))
+                                    bound_s=None if bound is None else bound * 1e-6, phase=phase, config=config,
+                                    best_plan=best_plan))
 
     def _closed(self) -> int:
         """Configurations the search is done with: settled one by one, or in shapes it left (infeasible,

@@ -66,8 +66,8 @@ def search_with_pools(cost: CostModel, space: SearchSpace, settings: SearchSetti
 
 class _BothSearches:
     """The progress of the two searches as one: configurations of both (the second's once it starts),
-    the best plan of either, and a bound only once both have one (the lesser: a bound on the first
-    search's space is none on the second's), never decreasing."""
+    the best plan of either (its objective and the plan), and a bound only once both have one (the lesser: a
+    bound on the first search's space is none on the second's), never decreasing."""
 
     def __init__(self, progress: ProgressFn):
         self.progress = progress
@@ -87,12 +87,13 @@ class _BothSearches:
                                   phase=ev.phase if ev.phase != "done" else "searching"))
             return
         a = self.first
-        bests = [x for x in (a.best_s, ev.best_s) if x is not None]
+        bests = [(x.best_s, x.best_plan) for x in (a, ev) if x.best_s is not None]
+        best_s, best_plan = min(bests, key=lambda b: b[0], default=(None, None))
         bound = None if a.bound_s is None or ev.bound_s is None else min(a.bound_s, ev.bound_s)
         if bound is not None:
             bound = self.shown_bound_s = max(bound, self.shown_bound_s or bound)
         self.progress(replace(ev, done=a.done + ev.done, total=a.total + ev.total, solved=a.solved + ev.solved,
-                              elapsed_s=elapsed, best_s=min(bests, default=None), bound_s=bound))
+                              elapsed_s=elapsed, best_s=best_s, best_plan=best_plan, bound_s=bound))
 
 
 def _combined(cost: CostModel, apart: SearchResult, pooled: SearchResult, pools: list[str], top_k: int,

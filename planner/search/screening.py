@@ -446,7 +446,8 @@ class Screening:
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
             best_s=self.cands[0].objective_s if self.cands else None,
             # the searched space's lower bound so far, the one the final report's searched-space gap uses
-            bound_s=self.pruned_space_bound() if (self.heap or self.records) else None, phase=phase, config=config))
+            bound_s=self.pruned_space_bound() if (self.heap or self.records) else None, phase=phase, config=config,
+            best_plan=self.cands[0].plan if self.cands else None))
 
     # ---- what was proven ----
     @property

@@ -53,8 +53,9 @@ class ProgressEvent(Mapping):
     one by one or in shapes whose bound reaches the best plan, the share of the bound-ordered space the
     search is done with), seconds since the start, the best plan's objective so far and a lower bound on
     the searched space's optimum (seconds, None before any; --backend cpsat: the greatest it has
-    proven, so it never decreases).  Also readable as a mapping (the keys of as_dict), which is how the
-    terminal's progress display (planner/progress.py) reads it."""
+    proven, so it never decreases), and that best plan (which an interrupted `solve` names).  Also readable
+    as a mapping (the keys of as_dict), which is how the terminal's progress display (planner/progress.py)
+    reads it."""
 
     done: int
     total: int
@@ -64,11 +65,13 @@ class ProgressEvent(Mapping):
     bound_s: float | None
     phase: str  # enumerating | screening | certifying | seeding | searching | stage | done
     config: str = ""
+    best_plan: Plan | None = None  # the plan of best_s
 
     def as_dict(self) -> dict[str, Any]:
         return {"done": self.done, "tried": self.done, "total": self.total, "solved": self.solved,
                 "elapsed_s": self.elapsed_s, "best_s": self.best_s, "bound_s": self.bound_s,
-                "phase": self.phase, "config": "done" if self.phase == "done" else self.config}
+                "phase": self.phase, "config": "done" if self.phase == "done" else self.config,
+                "best_plan": self.best_plan}
 
     def __getitem__(self, key: str) -> Any:
         return self.as_dict()[key]
