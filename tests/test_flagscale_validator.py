@@ -315,11 +315,16 @@ SOLVES: dict[str, list[str]] = {
 }
 
 
+SOLVE_LIMIT_S = "6"
+"""Each solve's time limit: FlagScale judges the config of whatever plan solve returns (every one had a plan within 4 s
+on a 2-core machine with other work running; at 10 s the 22 solves took 93 s, at 4 s 60 s)."""
+
+
 def _solve_out(name: str, args: list[str]) -> Path | str:
     """solve's launch/ directory, or the planner's one-line refusal (exit 2)."""
     out = _EMITTED / name
     own, script_args = (args[:args.index("--")], args[args.index("--"):]) if "--" in args else (args, [])
-    res = CliRunner().invoke(main, ["solve", *own, "--backend", "hsdp", "--time-limit", "10", "--quiet",
+    res = CliRunner().invoke(main, ["solve", *own, "--backend", "hsdp", "--time-limit", SOLVE_LIMIT_S, "--quiet",
                                     "--out", str(out), *script_args])
     if res.exit_code == 2:
         return res.output.strip()

@@ -243,6 +243,14 @@ def _search(preset, layers, cluster, gbs, space, pattern=None):
 MEGATRON_CASES = [c for c in CASES if c[4].runtime == "megatron"]
 
 
+def _one_worker() -> cp_model.CpSolver:
+    """A solver for the tiny feasibility models below: one search worker (CP-SAT's default portfolio starts a worker
+    per core for each of the thousands of models, which was most of this file's time)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    return solver
+
+
 @pytest.mark.parametrize("case", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
 def test_block_rules_admit_exactly_the_enumerated_pipelines(case):
     """With the memory family off, a shape's pipeline block admits exactly the (recompute, PP, VPP)
@@ -258,7 +266,7 @@ def test_block_rules_admit_exactly_the_enumerated_pipelines(case):
             b = PipelineBlock(spec)
             for f, v in (("recompute", r), ("pp", pp), ("vpp", vpp)):
                 b.model.add(b.x[f] == v)
-            if cp_model.CpSolver().solve(b.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if _one_worker().solve(b.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 got.add((r, pp, vpp))
         assert got == wanted, key
 
