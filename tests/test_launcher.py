@@ -869,3 +869,36 @@ def test_srun_task_per_agent_starts_its_own_agent_only(tmp_path):
                               HAPMOE_SRUN_TASK_PER_AGENT="1")[:2] == (0, [task])
     # an srun of the user's own, one task per node: the host name's agents, all of them
     assert _ranks_started(launch, tmp_path, HAPMOE_HOST="aa", SLURM_PROCID="1", SLURM_NODEID="1")[:2] == (0, [1, 2])
+
+
+_SMALL_FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 "
+                "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+                "--tokenizer-type NullTokenizer --vocab-size 32000 --mock-data --train-iters 10")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_dry_run_skips_the_value_of_every_srun_and_sbatch_option(tmp_path):
+    """`launch.sh --dry-run` runs the job script an sbatch submits and the command an srun starts (a `bash -c` string
+    with torchrun) past their options.  An option whose value is the next word and that launch.sh's own list lacked
+    (-G 16, --gpus-per-task 8, pyxis's --container-image IMG, --mpi pmix) left its value taken for the command:
+    `bash 16 --gpus-per-task ...` (no such file) for sbatch, `8 --container-image ...` printed as not run for srun,
+    and no node's command either way."""
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n"
+        f'CMD="torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py {_SMALL_FLAGS}"\n'
+        "srun -N 2 --ntasks-per-node 1 --gpus-per-task 8 --container-image nvcr.io/nvidia/pytorch:25.04-py3 "
+        '--mpi pmix -G 16 bash -c "$CMD"\n')
+    submit = tmp_path / "submit.sh"
+    submit.write_text('#!/bin/bash\ncd "$(dirname "$0")"\nsbatch -G 16 --gpus-per-task 8 --ntasks-per-gpu 1 '
+                      "--wait-all-nodes 1 job.sh\n")
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(submit), "--cluster", "H100:16",
+                                    "--backend", "hsdp", "--quiet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    proc = subprocess.run(["bash", str(out / "launch" / "launch.sh"), "--dry-run"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert "No such file" not in proc.stderr and "not run] 16 " not in proc.stderr
+    assert "[dry-run, not run] srun -N 2 --ntasks-per-node 1 --gpus-per-task 8" in proc.stderr  # the job script ran
+    nodes = [ln for ln in proc.stdout.splitlines() if ln.startswith("torchrun ")]
+    assert len(nodes) == 2 and all("pretrain_gpt.py" in ln for ln in nodes), proc.stdout + proc.stderr

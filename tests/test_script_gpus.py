@@ -195,6 +195,12 @@ def _job(tmp_path: Path, text: str, name: str = "job.sh") -> Path:
     # sbatch's --ntasks-per-gpu with its value as the next word (it was read as the job script's name)
     ("#!/bin/bash\nsbatch --ntasks-per-gpu 1 --gpus 16 <<EOF\n#!/bin/bash\nsrun python pretrain_gpt.py FLAGS\nEOF\n",
      ["`sbatch --ntasks-per-gpu=1`", "`sbatch --gpus=16`"]),
+    # srun's --mpi takes a value (Slurm's slurm_opt.c): pmix was read as the command, srun's -N 2 and tasks per node
+    # not read (the whole cluster priced)
+    ("#!/bin/bash\nsrun --mpi pmix -N 2 --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n", ["srun: 2 nodes x 8 tasks"]),
+    # sbatch's --mem-per-gpu with its value as the next word: 80G was read as the end of sbatch's options
+    ("#!/bin/bash\nsbatch --mem-per-gpu 80G --nodes 2 --ntasks-per-node 8 <<EOF\n#!/bin/bash\n"
+     "srun python pretrain_gpt.py FLAGS\nEOF\n", ["`sbatch --nodes=2`", "`sbatch --ntasks-per-node=8`"]),
 ])
 def test_srun_takes_the_counts_it_does_not_give_from_the_jobs_sbatch_lines(tmp_path, text, where):
     """srun inside a Slurm job inherits the allocation's nodes and tasks: 16 GPUs on 2 nodes of H100:64, priced as

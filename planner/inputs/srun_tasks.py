@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from planner.inputs.shell.builtins import GPU_KEYS, SchedulerValue, gpu_count, sbatch_options
+from planner.inputs.slurm_options import options_end
 
 # srun's own count options, as sbatch_options names them: plain numbers, or the launch states no count
 COUNT_KEYS = frozenset({"nodes", "ntasks", "ntasks-per-node", "ntasks-per-gpu", "gpus-per-task"})
@@ -88,25 +89,11 @@ class _Counts:
         return SrunTasks(world, per_node, tuple(dict.fromkeys(self.taken)), unstated, refused)
 
 
-SRUN_SWITCHES = frozenset({
-    "--exclusive", "--overlap", "--label", "-l", "--unbuffered", "-u", "--pty", "--no-kill", "-k", "--overcommit",
-    "-O", "--oversubscribe", "-s", "--quiet", "-Q", "--verbose", "-v", "-vv", "-vvv", "--disable-status", "-X",
-    "--test-only", "--multi-prog", "--spread-job", "--use-min-nodes", "--contiguous", "--exact", "--whole",
-    "--kill-on-bad-exit", "-K", "--preserve-env", "-E", "--hold", "-H", "--immediate", "-I", "--no-allocate", "-Z",
-    "--mpi", "--nice", "--propagate", "--help", "-h", "--usage", "--version", "-V"})
-"""srun's options that take no value of their own in the next word (the others do, unless written `--opt=value` or
-`-N2`): Slurm's srun man page.  Optional values (`--kill-on-bad-exit=1`, `--nice=5`) are attached with '='."""
-
-
 def srun_words(words: list[str]) -> list[str]:
-    """srun's own words of a wrapper `srun OPTIONS COMMAND ...`: up to the first word that is neither an option nor
-    an option's value, so that `srun numactl -N 0 python ...` does not read numactl's -N as srun's nodes."""
-    i = 1
-    while i < len(words) and words[i].startswith("-") and words[i] != "-":
-        word = words[i]
-        attached = "=" in word or (not word.startswith("--") and len(word) > 2)  # --nodes=2, -N2
-        i += 1 if attached or word in SRUN_SWITCHES else 2
-    return words[:min(i, len(words))]
+    """srun's own words of a wrapper `srun OPTIONS COMMAND ...`: up to the first word that is neither an option nor an
+    option's value (planner/inputs/slurm_options.py), so that `srun numactl -N 0 python ...` does not read numactl's
+    -N as srun's nodes."""
+    return words[:1 + options_end(words[1:], "srun")]
 
 
 def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks:

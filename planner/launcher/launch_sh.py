@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
+from planner.inputs.slurm_options import VALUED, Scheduler
 from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, PricedFlags, arrays_of, bash_item
 from planner.launcher.quoting import comment_lines, one_line, sh_quote
 from planner.profile_tables import ProfileSet
@@ -162,10 +163,21 @@ DRY_RUN_STUBS = ("mpirun", "mpiexec", "salloc", "scancel", "torchrun", "deepspee
                  "docker", "apptainer", "singularity", "enroot", "kill", "pkill", "tar", "unzip", "sleep", "nohup")
 
 
-# srun/sbatch options that take their value as the next word (`--opt=value` is one word either way)
-_SCHEDULER_VALUE_OPTIONS = ("-N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|"
-                            "--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|"
-                            "--gpus-per-node")
+def _skip_options(scheduler: Scheduler, indent: str) -> list[str]:
+    """bash lines that shift srun's or sbatch's options off "$@", up to the command it runs or the job script it
+    submits: an option that takes a value (planner/inputs/slurm_options.py, the list the script reader skips by)
+    takes the next word with it, unless the value is attached (`--nodes=2`, `-N2`)."""
+    rows: list[str] = []
+    for option in sorted(VALUED[scheduler]):
+        if rows and len(rows[-1]) + len(option) < 100:
+            rows[-1] += f"|{sh_quote(option)}"
+        else:
+            rows.append(sh_quote(option))
+    pad = indent + " " * 8
+    return [f"{indent}# {scheduler}'s options off \"$@\": one that takes a value takes the next word with it",
+            f'{indent}while [[ $# -gt 0 && "$1" == -* ]]; do', f'{indent}    case "$1" in',
+            f"{pad}--) shift; break ;;", *(f"{pad}{row}|\\" for row in rows[:-1]),
+            f"{pad}{rows[-1]}) shift 2 ;;", f"{pad}*) shift ;;", f"{indent}    esac", f"{indent}done"]
 
 
 def dry_run_stubs(spec: LaunchSpec) -> list[str]:
@@ -213,9 +225,7 @@ def dry_run_stubs(spec: LaunchSpec) -> list[str]:
         "    # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints",
         "    sbatch() {",
         "        hapmoe_dry sbatch \"$@\"",
-        "        while [[ $# -gt 0 && \"$1\" == -* ]]; do",
-        f"            case \"$1\" in {_SCHEDULER_VALUE_OPTIONS}) shift 2 ;; *) shift ;; esac",
-        "        done",
+        *_skip_options("sbatch", " " * 8),
         "        if [[ $# -gt 0 ]]; then bash \"$@\"; else bash -s; fi",
         "        return 0",
         "    }",
@@ -283,9 +293,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
             "srun() {"] + place + [
         '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
         '        hapmoe_dry srun "$@"',
-        '        while [[ $# -gt 0 && "$1" == -* ]]; do',
-        f'            case "$1" in {_SCHEDULER_VALUE_OPTIONS}) shift 2 ;; *) shift ;; esac',
-        "        done",
+        *_skip_options("srun", " " * 8),
         '        if [[ $# -gt 0 ]]; then "$@"; fi',
         "        return 0",
         "    fi",

@@ -21,6 +21,7 @@ from planner.inputs.shell.builtins import (
 )
 from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Lexer, Op, Part, Word, location
 from planner.inputs.shell.syntax import AndOr, Arith, Case, Cond, Func, Group, If, Loop, Pipe, Simple, parse
+from planner.inputs.slurm_options import options_end
 
 MAX_STEPS = 200_000  # statements evaluated (a launcher runs a few thousand; bash itself needs seconds for this)
 DEADLINE_CHECK_STEPS = 256  # the clock is read every this many statements
@@ -40,12 +41,6 @@ _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set",
 # commands that print nothing (a command substitution around them is still known)
 _SILENT = {"cd", "mkdir", "export", "set", "ulimit", "trap", "shopt", "umask", "alias", "hash", "wait", "sleep", "touch",
            "cp", "mv", "rm", "ln", "chmod", "sync", "module", "ml", "conda"}
-_SBATCH_VALUED = {"-N", "-n", "-p", "-J", "-t", "-A", "-o", "-e", "-c", "-G", "-w", "-x", "-q", "-d", "-D", "-C",
-                  # long options that take a value, given as the next word (`--nodes 2`)
-                  "--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node", "--gres", "--gpus", "--partition",
-                  "--job-name", "--time", "--account", "--output", "--error", "--cpus-per-task", "--qos",
-                  "--dependency", "--chdir", "--constraint", "--nodelist", "--exclude", "--mem", "--reservation",
-                  "--segment", "--array", "--export", "--gpus-per-task", "--ntasks-per-gpu"}
 _ARITH_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z_0-9]*|\d+)\}?")  # $X / ${X} / $1 inside $(( ))
 _TRAIN_ENTRY = re.compile(r"(pretrain|train|finetune|sft)", re.IGNORECASE)
 _ASSIGNED_NAME = re.compile(r"(?:^|[\s;(&|])(?:(?:export|declare|local|typeset|readonly)(?:\s+-\w+)*\s+)?([A-Za-z_][A-Za-z_0-9]*)(?:\[[^\]]*\])?\+?=", re.M)
@@ -1148,9 +1143,7 @@ class Interp:
         sbatch = fields[0].rsplit("/", 1)[-1] == "sbatch"
         text = self.stdin_text(node)
         words = fields[1:]
-        k = 0
-        while sbatch and k < len(words) and words[k].startswith("-"):
-            k += 1 + (1 if "=" not in words[k] and words[k] in _SBATCH_VALUED else 0)
+        k = options_end(words, "sbatch") if sbatch else 0
         options = words[:k] if sbatch else []
         if text is None:
             if sbatch and k < len(words):

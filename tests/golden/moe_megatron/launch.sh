@@ -69,8 +69,26 @@ if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
     # sbatch: the job script (a file, or a here-document) runs here under the same stubs, so its launch prints
     sbatch() {
         hapmoe_dry sbatch "$@"
+        # sbatch's options off "$@": one that takes a value takes the next word with it
         while [[ $# -gt 0 && "$1" == -* ]]; do
-            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+            case "$1" in
+                --) shift; break ;;
+                --account|--acctg-freq|--array|--autocomplete|--batch|--bb|--bbf|--begin|--chdir|--cluster|\
+                --cluster-constraint|--clusters|--comment|--constraint|--container|--container-env|--container-id|\
+                --container-image|--container-mounts|--container-name|--container-save|--container-workdir|--context|\
+                --core-spec|--cores-per-socket|--cpu-freq|--cpus-per-gpu|--cpus-per-task|--deadline|--delay-boot|\
+                --dependency|--distribution|--error|--exclude|--export|--export-file|--extra|--extra-node-info|--gid|\
+                --gpu-bind|--gpu-freq|--gpus|--gpus-per-node|--gpus-per-socket|--gpus-per-task|--gres|--gres-flags|\
+                --hint|--input|--job-name|--kill-on-invalid-dep|--licenses|--mail-type|--mail-user|--mcs-label|--mem|\
+                --mem-bind|--mem-per-cpu|--mem-per-gpu|--mem-update|--mincpus|--network|--nodefile|--nodelist|\
+                --nodes|--ntasks|--ntasks-per-core|--ntasks-per-gpu|--ntasks-per-node|--ntasks-per-socket|\
+                --ntasks-per-tres|--open-mode|--output|--partition|--prefer|--priority|--profile|--qos|--reservation|\
+                --resources|--runtime|--segment|--signal|--sockets-per-node|--switches|--tasks-per-node|\
+                --thread-spec|--threads-per-core|--time|--time-min|--tmp|--tres-bind|--tres-per-task|--uid|\
+                --wait-all-nodes|--wckey|--wrap|-A|-B|-C|-D|-F|-G|-J|-L|-M|-N|-S|-a|-b|-c|-d|-e|-i|-m|-n|-o|-p|-q|-t|\
+                -w|-x) shift 2 ;;
+                *) shift ;;
+            esac
         done
         if [[ $# -gt 0 ]]; then bash "$@"; else bash -s; fi
         return 0
@@ -311,8 +329,27 @@ srun() {
     ((hapmoe_train)) && echo "launch.sh: the host names are a template (solve --hosts FILE writes the placement): srun places the nodes in the allocation's order; each node checks its device type at start-up" >&2
     if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
         hapmoe_dry srun "$@"
+        # srun's options off "$@": one that takes a value takes the next word with it
         while [[ $# -gt 0 && "$1" == -* ]]; do
-            case "$1" in -N|-n|-p|-c|-t|-w|-x|-o|-e|-J|-A|-q|--nodes|--ntasks|--ntasks-per-node|--partition|--time|--nodelist|--exclude|--output|--error|--job-name|--account|--qos|--cpus-per-task|--gpus-per-node) shift 2 ;; *) shift ;; esac
+            case "$1" in
+                --) shift; break ;;
+                --accel-bind|--account|--acctg-freq|--autocomplete|--bb|--bbf|--bcast-exclude|--begin|--chdir|\
+                --cluster|--cluster-constraint|--clusters|--comment|--constraint|--container|--container-env|\
+                --container-id|--container-image|--container-mounts|--container-name|--container-save|\
+                --container-workdir|--context|--core-spec|--cores-per-socket|--cpu-bind|--cpu-freq|--cpu_bind|\
+                --cpus-per-gpu|--cpus-per-task|--deadline|--delay-boot|--dependency|--distribution|--epilog|--error|\
+                --exclude|--export|--extra|--extra-node-info|--gpu-bind|--gpu-freq|--gpus|--gpus-per-node|\
+                --gpus-per-socket|--gpus-per-task|--gres|--gres-flags|--het-group|--hint|--ignore-signals|--input|\
+                --job-name|--jobid|--licenses|--mail-type|--mail-user|--mcs-label|--mem|--mem-bind|--mem-per-cpu|\
+                --mem-per-gpu|--mem-update|--mincpus|--mpi|--msg-timeout|--network|--nodefile|--nodelist|--nodes|\
+                --ntasks|--ntasks-per-core|--ntasks-per-gpu|--ntasks-per-node|--ntasks-per-socket|--ntasks-per-tres|\
+                --open-mode|--output|--pack-group|--partition|--prefer|--priority|--profile|--prolog|--qos|\
+                --relative|--reservation|--resources|--runtime|--segment|--signal|--slurmd-debug|--sockets-per-node|\
+                --switches|--task-epilog|--task-prolog|--tasks-per-node|--thread-spec|--threads|--threads-per-core|\
+                --time|--time-min|--tmp|--treewidth|--tres-bind|--tres-per-task|--wait|--wckey|-A|-B|-C|-D|-F|-G|-J|\
+                -L|-M|-N|-S|-T|-W|-b|-c|-d|-e|-i|-m|-n|-o|-p|-q|-r|-t|-w|-x) shift 2 ;;
+                *) shift ;;
+            esac
         done
         if [[ $# -gt 0 ]]; then "$@"; fi
         return 0
