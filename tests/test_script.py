@@ -334,6 +334,22 @@ def test_source_of_a_file_next_to_the_script(tmp_path):
     assert "NCCL_DEBUG" in s.exported
 
 
+def test_the_files_copied_next_to_launch_sh_are_the_files_read(tmp_path):
+    """The files the script sources or submits from its directory are copied next to launch.sh as they were read:
+    the copy of a file with a command substitution or an eval in it was the last of these (`hostname`), so the job
+    that launch.sh's `sbatch job.sh` submitted ran hostname, not training."""
+    common = "RUN_ID=$(date +%s)\neval 'MODEL=(--num-layers 4 --hidden-size 64)'\n"
+    job = ('#!/bin/bash\nsource common.sh\nexport MASTER_ADDR=$(hostname)\n'
+           'srun -N 1 --ntasks-per-node 8 python pretrain_gpt.py "${MODEL[@]}"\n')
+    (tmp_path / "common.sh").write_text(common)
+    (tmp_path / "job.sh").write_text(job)
+    script = tmp_path / "submit.sh"
+    script.write_text('#!/bin/bash\ncd "$(dirname "$0")"\nsbatch -N 1 job.sh\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4", "--hidden-size", "64"]
+    assert s.sourced == {"job.sh": job, "common.sh": common}
+
+
 def test_functions_and_python_m_torch_distributed_run():
     """A function that launches, called with arguments; python -m torch.distributed.run."""
     text = 'go() {\n  python -m torch.distributed.run --nproc_per_node 4 train.py --lr "$1" "${@:2}"\n}\ngo 0.1 --a b\n'

@@ -408,7 +408,9 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
     sourced: dict[str, str] = {}
     if interp.script_dir is not None:
         base = Path(interp.script_dir)
-        texts = dict(interp.sources)  # as read when sourced (never read twice)
+        texts: dict[str | None, str] = {}
+        for source_path, source_text in interp.sources:  # a file's own text comes first: as read when sourced
+            texts.setdefault(source_path, source_text)  # (the later entries of its path are its $(...) and eval strings)
         for f in interp.sourced:
             try:
                 rel = f.resolve().relative_to(base)
