@@ -17,7 +17,7 @@ import pytest
 
 from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.resolve import resolve_run
-from planner.inputs.script import parse_launcher_script
+from planner.inputs.script import parse_launcher_script, read_launcher_script
 from planner.inputs.shell.builtins import SchedulerValue
 
 from helpers.corpus import CORPUS_DIR
@@ -233,6 +233,25 @@ def test_a_second_launch_is_named():
     assert note.startswith("two.sh:3:") and "only the first launch (two.sh:1)" in note
     loop = parse_launcher_script(f"for i in 1 2; do torchrun pretrain_gpt.py {MODEL}; done\n", path="l.sh")
     assert any("runs 2 times" in w for w in loop.warnings)
+
+
+@pytest.mark.parametrize("run", ["sbatch -n 16 job2.sh", "bash job2.sh", "source job2.sh"])
+def test_a_launch_in_a_file_the_script_runs_is_placed_in_that_file(tmp_path, run):
+    """The launch in a job script the script submits (or runs, or sources) is at that file's line: its line was
+    placed in the script itself (submit.sh:2 for job2.sh's line 2), so the second pass, which places it right,
+    named it as a second launch ("launches pretrain_gpt.py again") and an unknown entry script pointed at the
+    script's line."""
+    (tmp_path / "job2.sh").write_text(f"#!/bin/bash\nsrun -N 2 --ntasks-per-node 8 python pretrain_gpt.py {MODEL}\n"
+                                      f"srun -N 2 --ntasks-per-node 8 python my_train.py {MODEL}\n")
+    script = tmp_path / "submit.sh"
+    script.write_text(f'#!/bin/bash\ncd "$(dirname "$0")"\n\n{run}\n')
+    s = read_launcher_script(script)
+    (note,) = [w for w in s.warnings if "again" in w]  # the second launch only, placed against the first's line
+    assert note.startswith(f"{tmp_path / 'job2.sh'}:3:") and f"first launch ({tmp_path / 'job2.sh'}:2)" in note, note
+    (tmp_path / "job2.sh").write_text(f"#!/bin/bash\n\nsrun -N 2 --ntasks-per-node 8 python my_train.py {MODEL}\n")
+    s = read_launcher_script(script)
+    assert not any("again" in w for w in s.warnings), s.warnings
+    assert any(w.startswith(f"{tmp_path / 'job2.sh'}:3: the entry script my_train.py") for w in s.warnings)
 
 
 # ------------------------------------------------------------------ messages that point at the fault

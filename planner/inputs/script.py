@@ -323,11 +323,11 @@ def _check_launch(interp: Interp, found) -> None:
     entry = found.entry.rsplit("/", 1)[-1]
     if entry in NON_GPT_ENTRIES:
         raise PlannerInputError(
-            FIELD, f"{interp.where(found.line)}: {found.entry} builds {NON_GPT_ENTRIES[entry]}, not the GPT decoder "
-            "(pretrain_gpt.py) the planner prices and plans; it cannot plan this launch")
+            FIELD, f"{interp.where(found.line, found.src)}: {found.entry} builds {NON_GPT_ENTRIES[entry]}, not the GPT "
+            "decoder (pretrain_gpt.py) the planner prices and plans; it cannot plan this launch")
     if any(tok and not tok.strip() for tok in found.flags):
-        lines = sorted({line for src, line in interp.stray_lines})
-        where = ", ".join(interp.where(line) for line in lines) or interp.where(found.line)
+        stray = sorted(set(interp.stray_lines))
+        where = ", ".join(interp.where(line, src) for src, line in stray) or interp.where(found.line, found.src)
         raise PlannerInputError(
             where, f"a backslash followed by a space (`\\ `) ends this line: bash passes a lone space to {entry} "
             "as an argument and ends the command at the end of the line, so the flags on the next lines are not "
@@ -344,8 +344,8 @@ def _warnings(interp: Interp, found, path_text: str | None) -> list[str]:
         )
     entry = found.entry.rsplit("/", 1)[-1]
     if not _GPT_ENTRY.fullmatch(entry):
-        warnings.append(f"{interp.where(found.line)}: the entry script {found.entry} is not pretrain_gpt.py: it is "
-                        "planned as Megatron's GPT decoder with these flags; if it builds another model the plan "
+        warnings.append(f"{interp.where(found.line, found.src)}: the entry script {found.entry} is not pretrain_gpt.py: "
+                        "it is planned as Megatron's GPT decoder with these flags; if it builds another model the plan "
                         "does not hold")
     for name, line in interp.scheduler_used.items():
         value = interp.scheduler[name]
@@ -384,7 +384,7 @@ def _other_launches(text: str, path_text: str | None, given: list[str], body: li
         stopped = second.where(*second.cur)
     except (ScriptExit, Break, Continue, Return, RecursionError):
         pass  # the rest of the script is not needed for the plan
-    first_where = first.where(first.found.line) if first.found is not None else None
+    first_where = first.where(first.found.line, first.found.src) if first.found is not None else None
     seen: dict[tuple[str, str], int] = {}
     for where, entry in second.scan_launches:
         seen[(where, entry)] = seen.get((where, entry), 0) + 1

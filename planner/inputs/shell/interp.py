@@ -133,6 +133,7 @@ class Found:
     site: LaunchSite | None
     line: int
     job: dict[str, SchedulerValue] = field(default_factory=dict)  # the geometry the script states at the launch
+    src: int = 0  # the source the launch's line is in (Interp.where): the script, or a file it sources or submits
 
 
 class _CannotCapture(Exception):
@@ -1334,7 +1335,7 @@ class Interp:
                 site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
         job = {name: value for name, value in self.scheduler.items() if value.stated}
         return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
-                      fields[entry + 1 :], prefix_env, site, node.line, job)
+                      fields[entry + 1 :], prefix_env, site, node.line, job, node.src)
 
 
 def _read_sourced(path: Path) -> str:
