@@ -255,6 +255,16 @@ def test_srun_counts_the_script_does_not_state_price_the_whole_cluster(tmp_path,
     ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\nsrun --ntasks-per-gpu=1 python pretrain_gpt.py "
      "FLAGS\n", ["`srun --ntasks-per-gpu=1`", "--ntasks-per-node (`#SBATCH --ntasks-per-node=8` ({path}:3))",
                   "not compatible"]),
+    # 8 tasks on each node of 4 GPUs: two ranks on each GPU (it was priced as 2 nodes x 8 GPUs)
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n#SBATCH --gpus-per-node=4\n"
+     "srun python pretrain_gpt.py FLAGS\n", ["8 tasks on each node", "`#SBATCH --ntasks-per-node=8` ({path}:3)",
+                                           "4 GPUs each (`#SBATCH --gpus-per-node=4` ({path}:4))"]),
+    # srun's own, its tasks per node as --ntasks over --nodes, its GPUs per node as --gres
+    ("#!/bin/bash\nsrun -N 2 -n 16 --gres=gpu:4 python pretrain_gpt.py FLAGS\n",
+     ["8 tasks on each node (`srun --ntasks=16` over `srun --nodes=2`)", "4 GPUs each (`srun --gres=gpu:4`)"]),
+    # more tasks than the GPUs srun has (-G 8): it was priced as 16 GPUs
+    ("#!/bin/bash\nsrun -G 8 -n 16 python pretrain_gpt.py FLAGS\n",
+     ["16 tasks (`srun --ntasks=16`) with 8 GPUs (`srun --gpus=8`)"]),
 ])
 def test_an_srun_that_does_not_start_one_rank_on_each_gpu_is_refused_naming_the_option(tmp_path, text, named):
     """--ntasks-per-gpu other than 1, or --gpus-per-task other than 1 with the trainer started by srun itself, is not

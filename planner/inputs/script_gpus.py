@@ -14,8 +14,8 @@ that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}
 the job gets what its launcher exports), an srun whose nodes or tasks neither it nor the script's #SBATCH lines
 state (the allocation's, set where the job is submitted; the SLURM_* counts the reader takes from --cluster are
 not the script's).  An srun that starts the trainer as other than one rank on each GPU (--ntasks-per-gpu=2,
---gpus-per-task=8 without a torchrun in each task), or with options Slurm does not combine, is refused, naming the
-option.
+--gpus-per-task=8 without a torchrun in each task, more tasks on a node than the GPUs it states there), or with
+options Slurm does not combine, is refused, naming the option.
 
 `calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):
 on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's

@@ -17,6 +17,10 @@ The GPU options, as Slurm's srun and sbatch man pages define them:
   that runs the trainer itself is one process, one Megatron rank on one GPU, so G other than 1 is refused there
   (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/script.py).
 
+More tasks on a node than its GPUs (--ntasks-per-node=8, or --ntasks over --nodes, with --gpus-per-node=4 or
+--gres=gpu:4), or more tasks than the GPUs (-G/--gpus), srun's own or the job's, is refused too: two ranks would
+share a GPU.
+
 No count, with the reason, where it is not the script's: srun's node count without -N where the job states none
 (the allocation's that runs the script: `sbatch -N 4 train.sh` sets it, not the script); no --ntasks or
 --ntasks-per-node in srun or the job, where Slurm starts one task per node, whatever GPUs the nodes hold; and
@@ -64,9 +68,9 @@ class _Counts:
         """srun gives `key` itself (--gres=gpu:G is its --gpus-per-node)."""
         return key in self.own or (key == "gpus-per-node" and "gres" in self.own)
 
-    def take(self, key: str, *, own: bool | None = None) -> int | None:
+    def take(self, key: str, *, own: bool | None = None, record: bool = True) -> int | None:
         """The value srun runs with: its own where it gives `key` (`own`: True, srun's only; False, the job's only),
-        else the job's, its place kept; None where that is not a plain number."""
+        else the job's, its place kept (`record`); None where that is not a plain number."""
         if own if own is not None else self.gives(key):
             raw = self.own.get(key, self.own.get("gres") if key == "gpus-per-node" else None) or ""
             value = gpu_count(raw) if key in GPU_KEYS else raw
@@ -74,7 +78,8 @@ class _Counts:
         stated = self.job.get(JOB_NAMES[key])
         if stated is None or not stated.value.isdigit():
             return None
-        self.taken.append(stated.source)
+        if record:
+            self.taken.append(stated.source)
         return int(stated.value)
 
     def where(self, key: str) -> str:
@@ -116,9 +121,50 @@ def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks
             f"{torchrun}give --gpus-per-task=1"))
     tasks = _node_tasks(counts)
     if per_task is None or tasks.world is not None:
-        return tasks
+        return _one_gpu_each(counts, tasks)
     gpus = counts.take("gpus")  # --gpus=X --gpus-per-task=1: X tasks, Slurm's other task count with --gpus-per-task
     return tasks if gpus is None else counts.result(gpus, _even(gpus, counts.take("nodes")))
+
+
+def _one_gpu_each(counts: _Counts, tasks: SrunTasks) -> SrunTasks:
+    """`tasks`, refused where srun starts more tasks on a node than the GPUs its nodes have (--gpus-per-node, or
+    --gres=gpu:G), or more tasks than the GPUs it has (-G/--gpus, or GPUs per node x nodes), srun's own or the job's:
+    each task is a Megatron rank, and two ranks would share a GPU (NCCL refuses two on one GPU)."""
+    if tasks.world is None:
+        return tasks
+    per_node_gpus = counts.take("gpus-per-node", record=False)
+    nodes = counts.take("nodes", record=False)
+    if tasks.per_node is not None and per_node_gpus is not None and tasks.per_node > per_node_gpus:
+        return counts.result(None, None, refused=(
+            f"srun starts {tasks.per_node} tasks on each node ({_tasks_per_node_where(counts)}) on nodes with "
+            f"{per_node_gpus} GPUs each ({counts.where('gpus-per-node')}): each task is a Megatron rank, so two "
+            "would share a GPU, which NCCL refuses; give as many tasks on each node as GPUs (--ntasks-per-node="
+            f"{per_node_gpus}) or GPUs as tasks (--gpus-per-node={tasks.per_node})"))
+    gpus = counts.take("gpus", record=False)
+    key = "gpus" if gpus is not None else "gpus-per-node"
+    if gpus is None and per_node_gpus is not None and nodes is not None:
+        gpus = per_node_gpus * nodes
+    if gpus is not None and tasks.world > gpus:
+        stated = counts.where(key) + (f" x {nodes} nodes ({counts.where('nodes')})" if key == "gpus-per-node" else "")
+        return counts.result(None, None, refused=(
+            f"srun starts {tasks.world} tasks ({_tasks_where(counts)}) with {gpus} GPUs ({stated}): each task is a "
+            "Megatron rank, so two would share a GPU, which NCCL refuses; give as many tasks as GPUs"))
+    return tasks
+
+
+def _tasks_per_node_where(counts: _Counts) -> str:
+    """Where srun's tasks on each node are given: --ntasks-per-node, or --ntasks over --nodes (_node_tasks)."""
+    if counts.gives("ntasks-per-node") or not counts.gives("ntasks"):
+        if counts.take("ntasks-per-node", record=False) is not None:
+            return counts.where("ntasks-per-node")
+    return f"{_tasks_where(counts)} over {counts.where('nodes')}"
+
+
+def _tasks_where(counts: _Counts) -> str:
+    """Where srun's task count is given: --ntasks, else --ntasks-per-node x --nodes (_node_tasks)."""
+    if counts.gives("ntasks") or counts.take("ntasks-per-node", record=False) is None:
+        return counts.where("ntasks")
+    return f"{counts.where('ntasks-per-node')} x {counts.where('nodes')}"
 
 
 def _node_tasks(counts: _Counts) -> SrunTasks:
