@@ -254,6 +254,16 @@ def test_a_launch_in_a_file_the_script_runs_is_placed_in_that_file(tmp_path, run
     assert any(w.startswith(f"{tmp_path / 'job2.sh'}:3: the entry script my_train.py") for w in s.warnings)
 
 
+def test_a_scheduler_variable_read_in_a_file_the_script_runs_is_placed_in_that_file(tmp_path):
+    """SLURM_NNODES read unset on line 3 of the job script: the note was placed at the submitting script's line 3."""
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n\nNN=$SLURM_NNODES\ntorchrun --nnodes 2 pretrain_gpt.py {MODEL}\n")
+    script = tmp_path / "submit.sh"
+    script.write_text('#!/bin/bash\ncd "$(dirname "$0")"\nbash job.sh\n')
+    s = read_launcher_script(script)
+    assert any(w.startswith(f"{tmp_path / 'job.sh'}:3: SLURM_NNODES is set by the scheduler") for w in s.warnings), \
+        s.warnings
+
+
 # ------------------------------------------------------------------ messages that point at the fault
 def test_a_variable_from_a_missing_sourced_file_is_explained(tmp_path):
     script = tmp_path / "m.sh"

@@ -347,12 +347,12 @@ def _warnings(interp: Interp, found, path_text: str | None) -> list[str]:
         warnings.append(f"{interp.where(found.line, found.src)}: the entry script {found.entry} is not pretrain_gpt.py: "
                         "it is planned as Megatron's GPT decoder with these flags; if it builds another model the plan "
                         "does not hold")
-    for name, line in interp.scheduler_used.items():
+    for name, where in interp.scheduler_used.items():
         value = interp.scheduler[name]
-        warnings.append(f"{interp.where(line)}: {name}={value.value} (set by the scheduler when the job runs), "
+        warnings.append(f"{where}: {name}={value.value} (set by the scheduler when the job runs), "
                         f"from {value.source}")
-    for name, line in interp.scheduler_unset.items():
-        warnings.append(f"{interp.where(line)}: {name} is set by the scheduler or launcher when the job runs and is "
+    for name, where in interp.scheduler_unset.items():
+        warnings.append(f"{where}: {name} is set by the scheduler or launcher when the job runs and is "
                         "unset here, so it reads as empty (0 in arithmetic); " + scheduler_fix(name))
     return warnings
 
@@ -436,10 +436,10 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
         decisions=list(interp.decisions),
         unresolved=list(interp.unresolved),
         warnings=warnings,
-        scheduler_unset={n: interp.where(line) for n, line in interp.scheduler_unset.items()},
+        scheduler_unset=dict(interp.scheduler_unset),
         launch_defaults=dict(interp.launch_defaults),
         missing_sources=list(interp.missing_sources),
-        split_elements=[(interp.where(line), name, element, n) for line, name, element, n in interp.split_elements],
+        split_elements=list(interp.split_elements),
         job=dict(found.job),
     )
 

@@ -188,8 +188,8 @@ class Interp:
         for value in scheduler:
             self.scheduler[value.name] = value
             self.vars[value.name] = _Var(value.value)
-        self.scheduler_used: dict[str, int] = {}  # scheduler variable -> first line that read its value
-        self.scheduler_unset: dict[str, int] = {}  # scheduler variable read while unset -> first line
+        self.scheduler_used: dict[str, str] = {}  # scheduler variable -> where its value was first read (file:line)
+        self.scheduler_unset: dict[str, str] = {}  # scheduler variable read while unset -> where first (file:line)
         self.launch_defaults: dict[str, str] = {}  # scheduler variable unset here, read through its default -> where
         self.errexit = False  # set -e
         self.errexit_ignored = 0  # > 0 inside conditions and && / || lists, where set -e does not exit
@@ -198,7 +198,7 @@ class Interp:
         self.capture: list[list[str]] = []  # output of the command substitutions being evaluated
         self._substitutions: dict[tuple[str, int], tuple[int, list]] = {}  # (text, line) -> (src, tree)
         self.stray_lines: list[tuple[int, int]] = []  # (src, line) of a `\ ` at the end of a line
-        self.split_elements: list[tuple[int, str, str, int]] = []  # (line, array, element, words) split by bash
+        self.split_elements: list[tuple[str, str, str, int]] = []  # (where, array, element, words) split by bash
         self.missing_sources: list[tuple[str, str]] = []  # (where, file) of a `source` whose file is not here
         self.scan_launches: list[tuple[str, str]] | None = None  # second pass: (where, entry) of every launch
 
@@ -251,16 +251,17 @@ class Interp:
         var = self.vars.get(name)
         if var is None:
             return None, True
-        if name in self.scheduler:
-            self.scheduler_used.setdefault(name, self.cur[0])
+        if name in self.scheduler and name not in self.scheduler_used:
+            self.scheduler_used[name] = self.where(*self.cur)
         if isinstance(var.value, list):
             return (var.value[0] if var.value else ""), var.resolved
         return var.value, var.resolved
 
     def note_unset(self, name: str) -> None:
         """A scheduler's variable read while unset (bash reads it as empty; arithmetic as 0)."""
-        if name not in self.assigned and SCHEDULER_VAR.fullmatch(name) and not self.capture:
-            self.scheduler_unset.setdefault(name, self.cur[0])
+        if (name not in self.assigned and name not in self.scheduler_unset and SCHEDULER_VAR.fullmatch(name)
+                and not self.capture):
+            self.scheduler_unset[name] = self.where(*self.cur)
 
     def set_scalar(self, name: str, value: str, resolved: bool = True) -> None:
         self.vars[name] = _Var(value, resolved)
@@ -629,7 +630,7 @@ class Interp:
         for v in values:
             words = ifs_split(v, self.ifs())[0]
             if len(words) > 1 and part.kind == "arr" and part.text not in ("@", "*"):
-                self.split_elements.append((self.cur[0], part.text, v, len(words)))
+                self.split_elements.append((self.where(*self.cur), part.text, v, len(words)))
             pieces.extend(words)
         return pieces
 
