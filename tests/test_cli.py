@@ -130,9 +130,24 @@ def test_time_limit_without_a_plan_exits_3_and_says_so(tmp_path):
     res = RUNNER.invoke(main, ["solve", "--model", "mixtral-l", "--cluster", "H800:16,A100:16,H20:16",
                                "--backend", "hsdp", "--time-limit", "0.1", "--json", "--out", str(out)])
     assert res.exit_code == 3, res.output
-    assert "time limit" in res.stderr and "--time-limit" in res.stderr and "infeasible" not in res.stderr
+    assert "time limit" in res.stderr and "raise --time-limit" in res.stderr and "infeasible" not in res.stderr
+    assert "likely none fits" not in res.stderr
     assert res.stdout == ""
     assert not out.exists()
+
+
+def test_time_limit_without_a_plan_says_when_likely_nothing_fits():
+    """DeepSeek-V3 on 128 H100: nothing fits (its 671e9 parameters' weights, grads and optimizer state are about
+    12 TB against 128 x 80 GB; HS-DP took 229 s to prove it, cpsat 9 s).  When HS-DP's time runs out first, the line
+    says that more time would likely not help and what would (the friendliest layout, priced: no search), still
+    exit 3; where that layout fits (the test above: mixtral-l on 48 GPUs) it says only to raise the limit."""
+    res = RUNNER.invoke(main, ["solve", "--model", "deepseek-v3", "--cluster", "H100:128", "--backend", "hsdp",
+                               "--time-limit", "1", "--quiet"])
+    assert res.exit_code == 3, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: time limit: no plan found within the 1 s time limit"), lines
+    assert "likely none fits, so more time would not help" in lines[0] and "fits nowhere on H100:128" in lines[0]
+    assert "what would: more GPUs: about" in lines[0] and "raise --time-limit" not in lines[0]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -52,10 +52,9 @@ from typing import Any, Callable
 
 from planner.megatron import rules
 from planner.cost.model import CostModel
-from planner.errors import SearchTimeLimitError
 from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
-from planner.search.explain import explain_infeasible
+from planner.search.explain import explain_infeasible, time_limit_error
 from planner.search.prices import PriceBook
 from planner.search.screening import Configurations, plan_from_solution
 from planner.search.seeds import SEED_SHARE, UNPROVABLE_SEED_SHARE, Seeds
@@ -725,11 +724,9 @@ class BendersSearch:
         self._report("done", force=True)
         if not self.cands:
             if self.timed_out:
-                raise SearchTimeLimitError(
-                    f"no plan found within the {self.settings.time_limit_s:g} s time limit "
-                    f"({self.stats['stage_solves']} stage solves, {self.stats['master_solves']} pipeline-block "
-                    "solves); "
-                    "raise --time-limit")
+                raise time_limit_error(self.cost, self.space, f"the {self.settings.time_limit_s:g} s time limit "
+                                       f"({self.stats['stage_solves']} stage solves, {self.stats['master_solves']} "
+                                       "pipeline-block solves)")
             raise explain_infeasible(self.cost, self.space, len(self.book.shapes))
         best = self.cands[: self.settings.top_k]
         costs = [self.cost.evaluate(c.plan) for c in best]

@@ -28,7 +28,7 @@ from planner.megatron import rules
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.search import GlobalChoice
 from planner.search.certify import search_cpsat
-from planner.search.explain import explain_infeasible
+from planner.search.explain import explain_infeasible, time_limit_error
 from planner.search.screening import Screening
 from planner.search.pruning import Pruning
 from planner.search.settings import FEASIBLE, Candidate, ProgressFn, SearchResult, SearchSettings
@@ -90,9 +90,8 @@ def _screen(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: f
     if not scr.cands and not allow_empty:
         scr.report_progress("done", "", force=True)
         if scr.timed_out or not scr.enumeration_complete:
-            raise SearchTimeLimitError(
-                f"no plan found within the {settings.time_limit_s:g} s time limit ({scr.solved} of {scr.total} "
-                f"configurations solved after {time.perf_counter() - t0:.1f} s); raise --time-limit")
+            raise time_limit_error(cost, space, f"the {settings.time_limit_s:g} s time limit ({scr.solved} of "
+                                   f"{scr.total} configurations solved after {time.perf_counter() - t0:.1f} s)")
         raise explain_infeasible(cost, space, scr.enumerated)
     return scr
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from planner.cost.model import CostModel, GlobalShape
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.inputs.cluster import describe_cluster
 from planner.megatron.rules import tp_allowed
 from planner.schemas.plan import Recompute
@@ -88,6 +88,21 @@ def fits_nowhere(cost: CostModel, space: SearchSpace) -> str | None:
     layout = friendliest_layout(cost, space)
     over = first_overflow(cost, layout)
     return None if over is None else overflow_text(cost, layout, over)
+
+
+def time_limit_error(cost: CostModel, space: SearchSpace, what: str) -> SearchTimeLimitError:
+    """The time limit ran out before any plan was found (`what`: the limit and how far the search got).  Where even
+    the most memory-friendly layout overflows (fits_nowhere: one layout priced, no search) the likely cause is that
+    none fits, which more time does not change: the message says so, with what would help, instead of only 'raise
+    --time-limit' (DeepSeek-V3 on 128 H100: 60 s ran out, 229 s proved that nothing fits)."""
+    layout = friendliest_layout(cost, space)
+    over = first_overflow(cost, layout)
+    if over is None:
+        return SearchTimeLimitError(f"no plan found within {what}; raise --time-limit")
+    hints = _hints(cost, layout.shape, layout.slots, layout.types, layout.tp, FULL_RECOMPUTE,
+                   cost.model.num_layers - over.start, over.stage)
+    return SearchTimeLimitError(f"no plan found within {what}, and likely none fits, so more time would not help: "
+                                f"{overflow_text(cost, layout, over)}; what would: {'; '.join(hints)}")
 
 
 def friendliest_layout(cost: CostModel, space: SearchSpace) -> FriendlyLayout:
