@@ -1,5 +1,5 @@
-"""Search progress on stderr: a rich bar over configurations, elapsed time, an estimate of the time
-left, and the best plan so far with its gap to the lower bound.
+"""Search progress on stderr: a rich bar over configurations, elapsed time, the time left at most (the time
+limit's), and the best plan so far with its gap to the lower bound.
 
 ProgressDisplay is the search's progress callback: it reads each ProgressEvent
 (planner/search/settings.py), or any mapping with its keys, as a mapping: `tried` and `total`
@@ -90,18 +90,13 @@ class ProgressDisplay:
         return f"best {best:.3f} s" + (f", gap {gap * 100:.2f}%" if gap is not None else "")
 
     def eta_text(self) -> str:
-        """At most the time limit left; the rate over configurations tried so far when it says less
-        (the search usually stops early, once the lower bound reaches the best plan)."""
+        """At most the time limit left: a bound the search keeps.  The configurations' rate is no estimate of it: the
+        cheap ones close first (4,100 of 4,360 after 1 s of an 11 s search said '<= 0.1 s left'), and the search
+        usually stops early, once the lower bound reaches the best plan."""
         tried, total = self.last.get("tried", 0), self.last.get("total", 0)
-        if self.last.get("config") == "done" or (total and tried >= total):
+        if self.last.get("config") == "done" or (total and tried >= total) or self.time_limit_s is None:
             return ""
-        elapsed = self.elapsed_s()
-        left = []
-        if tried and total and tried < total:
-            left.append(elapsed / tried * (total - tried))
-        if self.time_limit_s is not None:
-            left.append(max(0.0, self.time_limit_s - elapsed))
-        return f"<= {_fmt_s(min(left))} left" if left else ""
+        return f"<= {_fmt_s(max(0.0, self.time_limit_s - self.elapsed_s()))} left"
 
     @property
     def best_plan(self) -> Any:
