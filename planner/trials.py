@@ -150,6 +150,15 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
         return [], ("no trial needed: the pick's mechanisms were all measured and its range overlaps no other "
                     "plan's")
     trials = [Trial("pick", "pick", pick_plan, pick_cost, pick_range, "the plan solve picked")]
+    short = outcome.cluster.shortfalls(mine.plan.gpus_by_type()) if mine is not None else []
+    if short and mine.plan != pick_plan and mine.plan not in measured:
+        # a stage over two types that pool into none (H800 and A100 in one DP group) is priced on the slower, which
+        # places no launcher: the user's own script measures it
+        reasons.append(f"your plan is not among the trials: a stage of it spans two device types and is priced on "
+                       f"the slower, so that {short[0].replace('the plan uses', 'it uses')}, and no launcher the "
+                       f"planner writes can place it; measure it with your own script for {TRIAL_ITERATIONS} "
+                       "iterations")
+        mine = None
     if mine is not None and mine.plan != pick_plan and mine.plan not in measured:
         fit = "" if mine.cost.fits else ("; predicted not to fit the usable memory, which the trial measures too "
                                          "(a run that ran says more than the memory model)")

@@ -424,3 +424,21 @@ def test_a_measured_plan_recorded_before_the_description_gave_the_node_shape_sti
     assert not same_made_for(old_record("H800:3x4"), run, cluster, profiles)
     other = resolve_run(model="llama2-13b", world_size=12)
     assert not same_made_for(old_record("H800:2x6", other), run, cluster, profiles)
+
+
+@pytest.mark.slow  # one search of about 10 s
+def test_a_plan_of_yours_no_launcher_can_place_is_left_out_of_the_trials_saying_why(tmp_path):
+    """Flags without TP/PP on H800:8,A100:8 make one stage of DP 16 over both types, which upstream Megatron runs and the
+    planner prices on the slower A100: 16 A100 GPUs, more than the cluster's 8.  Its trial launcher could not be
+    placed, and `solve --out` failed on it ("the plan needs 16 A100 GPUs").  Now the trials leave it out and say why,
+    and the others are written."""
+    flags = FLAGS.replace(" --save /ckpt/run --load /ckpt/run --save-interval 500 --train-iters 5000", "")
+    out = tmp_path / "plan"
+    res = RUNNER.invoke(main, ["solve", "--megatron-args", flags, "--cluster", "H800:8,A100:8", "--backend", "hsdp",
+                               "--time-limit", "20", "--json", "--quiet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["trials"] and "yours" not in {t["role"] for t in payload["trials"]}
+    assert "your plan is not among the trials" in payload["trials_why"]
+    assert "it uses 16 A100 GPUs, the cluster has 8 A100" in payload["trials_why"], payload["trials_why"]
+    assert {t["name"] for t in payload["trials"]} == {p.name for p in (out / "trials").iterdir()}
