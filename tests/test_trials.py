@@ -442,3 +442,18 @@ def test_a_plan_of_yours_no_launcher_can_place_is_left_out_of_the_trials_saying_
     assert "your plan is not among the trials" in payload["trials_why"]
     assert "it uses 16 A100 GPUs, the cluster has 8 A100" in payload["trials_why"], payload["trials_why"]
     assert {t["name"] for t in payload["trials"]} == {p.name for p in (out / "trials").iterdir()}
+
+
+def test_calibrate_trials_refuses_corrections_faster_than_the_peak(solved, tmp_path):
+    """Logs five times faster than the model on every mechanism would need kernels beyond the GPUs' peak: as for one
+    log (calibrate --megatron-log), nothing is written, one line says why (the corrections had been written, and every
+    later `--profiles` use of them refused)."""
+    from planner.calibration.trial_units import FITTED
+
+    _, out = solved
+    ran = _run_trials(out, tmp_path / "ran", _truth(**{m.name: 0.2 for m in FITTED}))
+    calib = tmp_path / "calib"
+    res = RUNNER.invoke(main, ["calibrate", "--trials", str(ran), "--out", str(calib), "--json"])
+    assert res.exit_code == 2, res.output
+    assert "of its peak" in res.stderr and "nothing was written" in res.stderr and "\n" not in res.stderr.strip()
+    assert res.stdout == "" and not calib.exists()

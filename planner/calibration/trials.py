@@ -383,6 +383,12 @@ def trial_calibration(directory: str | Path, profiles: ProfileSet) -> tuple[Cali
     source = (f"cli.py calibrate --trials {directory}: {what} fitted jointly on {len(trials)} "
               f"trial log(s) ({', '.join(tr.name for tr in trials)})")
     corrections, fitted = _corrections(fit, profiles, source)
+    faster = fitted.faster_than_peak(fit.devices)
+    if faster:  # what `--profiles` would refuse (as calibrate --megatron-log refuses it): write nothing
+        raise PlannerInputError(
+            "--trials", f"{directory}: fitting the trials' logs would make {faster[0]}, which no kernel does: a log "
+                        "claims an impossible speed, or a trial's log is not of the plan its plan.json describes "
+                        "(model, batch, cluster); nothing was written")
     evidence = [cell for tr in trials
                 for cell in evidence_cells(tr.run, tr.cluster, tr.plan, fitted, f"trial {tr.name} ({tr.log})")]
     notes.extend(identification_notes(fit))
