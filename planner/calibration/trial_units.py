@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.mechanisms import BY_NAME, MECHANISMS, stage_conditions
-from planner.cost.model import GlobalShape
+from planner.cost.mechanisms import BY_NAME, MECHANISM_OF_PART, MECHANISMS, stage_conditions
+from planner.cost.model import GlobalShape, PlanCost
 from planner.cost.ranges import RangeModel
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.device import Provenance
@@ -125,6 +125,44 @@ def prior_sds(priced: list[tuple[RangeModel, Plan]]) -> tuple[dict[str, float], 
                     key = (c.mechanism, rm.nominal.profiles.canonical_name(d))
                     device_sd[key] = max(device_sd.get(key, MIN_PRIOR_SD), -math.log(1.0 - rm.spread(c)))
     return sd, device_sd
+
+
+def unit_shares(cost: PlanCost, plan: Plan, profiles: ProfileSet,
+                log_multipliers: dict[str, float] | None = None) -> dict[str, float]:
+    """Per unit (`Unit.key`) of trials on several device types, its share of `plan`'s time: d log T / d log of its
+    multiplier to first order, what the fit's Jacobian measures; at the shipped profiles, or with each unit's
+    seconds scaled by exp(`log_multipliers[key]`) (the fit's multipliers somewhere in its prior: which stage is
+    the slowest can change).  The schedule formula (planner/cost/model.py `CostModel.combine`) gives each stage's
+    per-micro-batch parts the weight 1/vpp (the pipeline's fill) and the slowest stage's m - 1/vpp more, so a type
+    whose stage is not the slowest still has a share; the DP sync, optimizer step and host time of the stage whose
+    sync is longest count once, the boundaries' fill as pipeline sends.  The shares sum to 1.  A mechanism that
+    runs on one device is the unit of the stage's type (a pooled stage's limiting member, whose corrections price
+    it); the others are the mechanism's one unit."""
+    scale = log_multipliers or {}
+
+    def unit_seconds(part: str, device_type: str, seconds: float) -> tuple[str, float]:
+        mechanism = MECHANISM_OF_PART.get(part)
+        if mechanism is None:
+            return "", seconds
+        key = Unit(mechanism, profiles.limiting_member(device_type) if mechanism in PER_DEVICE else None).key
+        return key, seconds * math.exp(scale.get(key, 0.0))
+
+    stages = [[unit_seconds(part, st.device_type, sec) for part, sec in st.parts] for st in cost.stages]
+    times = [sum(sec for _, sec in parts) for parts in stages]
+    syncs = [[unit_seconds(part, st.device_type, sec) for part, sec in (
+        ("dp_sync", st.dp_comm_s), ("optimizer", st.optimizer_s), ("iteration_overhead", st.iteration_overhead_s))]
+        for st in cost.stages]
+    m, v, slowest = cost.num_microbatches, plan.vpp, times.index(max(times))
+    weights = [1.0 / v + ((m - 1.0 / v) if i == slowest else 0.0) for i in range(len(times))]
+    terms = [(key, w * sec) for w, parts in zip(weights, stages) for key, sec in parts]
+    terms += [unit_seconds("pp_comm", st.device_type, st.fill_out_s) for st in cost.stages]
+    terms += max(syncs, key=lambda parts: sum(sec for _, sec in parts))
+    total = sum(sec for _, sec in terms)
+    out: dict[str, float] = {}
+    for key, sec in terms:
+        if key and sec:
+            out[key] = out.get(key, 0.0) + sec / total
+    return out
 
 
 def scaled(profiles: ProfileSet, t: dict[str, float], devices: list[str], why: str,

@@ -25,7 +25,8 @@ Gauss-Newton on log T with a finite-difference Jacobian of the one evaluator (ea
 with each multiplier moved by FD_STEP), the prior's |t_k| made locally quadratic (sqrt(t_k^2 + eps_k^2), eps_k
 from s_k down to EPS_FLOOR), each step halved until the objective falls (the evaluator has kinks: the host
 floor), until no multiplier moves by more than 0.1%.  `planner/trials.py` chooses the trials so that the fit
-can tell the mechanisms apart (`posterior_sd`).
+can tell the mechanisms apart (`posterior_sd`; with several device types, the parameters below:
+`parameters_posterior_sd`).
 
 Several device types.  Where the trials' plans use more than one device type, the mechanisms that run on one
 device (their conditions name a stage's device: the GEMMs, attention, the memory-bound passes, expert dispatch and
@@ -207,10 +208,18 @@ def posterior_sd(shares: list[dict[str, float]], sd: dict[str, float]) -> dict[s
     `shares` (d log T_j / d t_k: to first order, the mechanisms' shares of each trial's time), with prior sds
     `sd` (`posterior_covariance`).  Mechanisms every trial leans on alike keep their prior sd; trials that vary
     them apart narrow it."""
-    names = [m.name for m in FITTED]
-    jac = np.array([[s.get(n, 0.0) for n in names] for s in shares]).reshape(len(shares), len(names))
-    cov = posterior_covariance(jac, np.array([sd[n] for n in names]))
-    return {n: float(math.sqrt(cov[k, k])) for k, n in enumerate(names)}
+    return parameters_posterior_sd(shares, parameters([], sd, {}))
+
+
+def parameters_posterior_sd(shares: list[dict[str, float]], params: Parameters) -> dict[str, float]:
+    """Per parameter of `params` (trial_units.py `Parameters.keys`), its sd after trials whose log-time
+    sensitivities to the units are `shares` (keyed by `Unit.key`: trial_units.py `unit_shares` on several device
+    types, the mechanisms' shares on one), as `posterior_sd` for one type: on several, a type's own part t_kd
+    narrows only where the trials' shares of that type vary apart from the other types'."""
+    keys = [u.key for u in params.units]
+    jac = np.array([[s.get(k, 0.0) for k in keys] for s in shares]).reshape(len(shares), len(keys))
+    cov = posterior_covariance(params.jacobian(jac), params.prior_sd)
+    return {n: float(math.sqrt(cov[k, k])) for k, n in enumerate(params.keys)}
 
 
 UNINFORMED_RATIO = 0.7
