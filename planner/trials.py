@@ -13,6 +13,15 @@ shares vary alike (the pick at EP 8 and at EP 4: expert dispatch and the expert 
 tell which one is off; the pick at EP 1 (no dispatch) can.  FlagScale's auto-tuner and NeMo's auto-configurator run
 grids of trials; this runs only the few the model cannot separate.
 
+On a mixed cluster the fit has a part per device type for each mechanism that runs on one device
+(planner/calibration/trial_units.py), and the candidates are scored on those parameters, with each plan's shares
+per mechanism and type (`unit_shares`: a type whose stage is the slowest carries its share m times over, the
+others' stages only the pipeline's fill), averaged over multipliers drawn from the prior: a plan whose stages are
+near a tie rests on one type or the other depending on the truth, and trials that all rest on one type leave the
+split between the types to the fit's prior.  The pool then also holds the pick with a decoder layer moved across
+each boundary between two types' stages (`_split_probes`, where the checker accepts it), and trials differ by
+shape or by the layers each type holds (`_kind`).  On one device type nothing of this applies.
+
 `solve --out DIR` writes each as DIR/trials/<name>/: the launcher files (planner/launcher/, the same flags as
 the plan's launch, with TRIAL_OVERRIDES: a few dozen iterations, no checkpoint saved or loaded, one log per
 host, `train-<host>.log` beside launch.sh) and a plan.json (as `solve --out` writes one, so `emit` and
@@ -26,7 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.calibration.trials import plans_prior_sd, posterior_sd
+import numpy as np
+
+from planner.calibration.trial_units import Parameters, parameters, prior_sds, unit_shares
+from planner.calibration.trials import parameters_posterior_sd
 from planner.checker import plan_problems
 from planner.cost.mechanisms import MECHANISM_OF_PART
 from planner.cost.model import PlanCost
@@ -130,7 +142,6 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
     """The trials for a `solve` outcome (planner/api.py SolveOutcome) and the user's plan (planner/user_plan.py
     UserPlan, or None), and why (see the module docstring).  No trials when the pick is measured and no range
     overlaps it."""
-    ranges = outcome.range_model
     pick_plan, pick_cost, pick_range = outcome.plans[0], outcome.costs[0], outcome.ranges[0]
     mine = user if (user is not None and user.time_range is not None and not user.violations
                     and user.cannot_run is None) else None
@@ -163,26 +174,70 @@ def propose_trials(outcome, user=None) -> tuple[list[Trial], str]:
         fit = "" if mine.cost.fits else ("; predicted not to fit the usable memory, which the trial measures too "
                                          "(a run that ran says more than the memory model)")
         trials.append(Trial("yours", "yours", mine.plan, mine.cost, mine.time_range, f"your plan ({user.source}){fit}"))
-    fixed, shapes = len(trials), {_shape(t.plan) for t in trials}
+    kinds = {_kind(t.plan) for t in trials}
     pool = [(p, c, "its range overlaps the pick's" if r.overlaps(pick_range) else "another shape the search found")
-            for p, c, r in others if _shape(p) not in shapes]
-    pool += [o for o in _probes(outcome) if _shape(o[0]) not in shapes | {_shape(p) for p, _, _ in pool}
-             and o[0] not in measured]
-    shares = {_shape(p): _mechanism_shares(c) for p, c in [(t.plan, t.cost) for t in trials] + [o[:2] for o in pool]}
-    sd = plans_prior_sd((ranges, p) for p in [t.plan for t in trials] + [p for p, _, _ in pool])
-    while pool and len(trials) < fixed + TRIAL_CANDIDATES:
-        chosen = [shares[_shape(t.plan)] for t in trials]
+            for p, c, r in others if _kind(p) not in kinds]
+    pool += [o for o in _probes(outcome) + _split_probes(outcome)
+             if _kind(o[0]) not in kinds | {_kind(p) for p, _, _ in pool} and o[0] not in measured]
+    trials += _candidate_trials(outcome, trials, pool)
+    trials = [_beyond_the_search(outcome, t) for t in trials]
+    return trials, "; ".join(reasons)
+
+
+def _candidate_trials(outcome, trials: list[Trial], pool: list[tuple[Plan, PlanCost, str]]) -> list[Trial]:
+    """Up to TRIAL_CANDIDATES plans of `pool`, one at a time the one that most narrows the parameters the fit
+    would have after `trials` and the ones chosen so far (`_narrowing`, with the fit's own parameters and priors:
+    planner/calibration/trial_units.py `parameters`, `prior_sds`); the first of equals (the search's order).  On
+    one device type the parameters are the mechanisms and a plan's sensitivities its mechanisms' shares
+    (`_mechanism_shares`).  On several, a mechanism that runs on one device has a part per type, a plan's
+    sensitivities are its shares per mechanism and type (trial_units.py `unit_shares`), and the narrowing is the
+    mean over PRIOR_DRAWS multipliers drawn from the prior: which stage is the slowest, and so which type a plan's
+    time rests on, can change within it (a 6/2 H800/A100 split whose H800 stage is 5% the slower rests on the
+    A100 once its expert GEMMs are x1.2), and a trial that informs a type only at the shipped multipliers would
+    leave the fit's split to its prior."""
+    ranges = outcome.range_model
+    profiles = ranges.nominal.profiles
+    plans = [t.plan for t in trials] + [p for p, _, _ in pool]
+    sd, device_sd = prior_sds([(ranges, p) for p in plans])
+    params = parameters(sorted({profiles.canonical_name(d) for p in plans for d in p.member_types()}), sd, device_sd)
+    priced = [(t.plan, t.cost) for t in trials] + [o[:2] for o in pool]
+    if params.per_device:
+        draws = _prior_draws(params)
+        shares = {p: [unit_shares(c, p, profiles, d) for d in draws] for p, c in priced}
+    else:
+        shares = {p: [_mechanism_shares(c)] for p, c in priced}
+    chosen: list[Trial] = []
+    while pool and len(chosen) < TRIAL_CANDIDATES:
+        before = [shares[t.plan] for t in trials + chosen]
 
         def narrowing(p: Plan) -> float:
-            post = posterior_sd(chosen + [shares[_shape(p)]], sd)
-            return sum(math.log(post[n] / sd[n]) for n in post)
+            each = [_narrowing([s[k] for s in before] + [shares[p][k]], params) for k in range(len(shares[p]))]
+            return sum(each) / len(each)
 
         plan, cost, why = min(pool, key=lambda o: narrowing(o[0]))  # the first of equals: the search's order
         pool = [o for o in pool if o[0] is not plan]
-        trials.append(Trial(f"candidate-{len(trials) - fixed + 1}", "candidate", plan, cost,
-                            ranges.time_range(plan, cost), why))
-    trials = [_beyond_the_search(outcome, t) for t in trials]
-    return trials, "; ".join(reasons)
+        chosen.append(Trial(f"candidate-{len(chosen) + 1}", "candidate", plan, cost, ranges.time_range(plan, cost),
+                            why))
+    return chosen
+
+
+PRIOR_DRAWS = 32
+"""On several device types, the multipliers from the fit's prior at which `_candidate_trials` takes each plan's
+shares (seeded: the same inputs propose the same trials)."""
+
+
+def _prior_draws(params: Parameters) -> list[dict[str, float]]:
+    """PRIOR_DRAWS log multipliers per unit (`Unit.key`), the parameters drawn from the Gaussian of the prior's
+    sds (as `posterior_covariance` takes the prior)."""
+    draws = np.random.default_rng(0).standard_normal((PRIOR_DRAWS, len(params.keys))) * params.prior_sd
+    return [{u.key: float(v) for u, v in zip(params.units, params.unit_values(d))} for d in draws]
+
+
+def _narrowing(shares: list[dict[str, float]], params: Parameters) -> float:
+    """The sum over the fit's parameters of log(posterior sd / prior sd) after trials of these sensitivities
+    (planner/calibration/trials.py `parameters_posterior_sd`): the more negative, the more the trials tell."""
+    post = parameters_posterior_sd(shares, params)
+    return sum(math.log(post[n] / float(s)) for n, s in zip(params.keys, params.prior_sd))
 
 
 def _measured_text(measured: dict[Plan, MeasuredPlan], pick: Plan, pick_range: TimeRange,
@@ -226,6 +281,41 @@ def _mechanism_shares(cost: PlanCost) -> dict[str, float]:
     for part, s in cost.time_shares().items():
         if part in MECHANISM_OF_PART:
             out[MECHANISM_OF_PART[part]] = out.get(MECHANISM_OF_PART[part], 0.0) + s
+    return out
+
+
+def _kind(plan: Plan) -> tuple:
+    """What makes two trials different: the shape, and for a plan on several device types, the decoder layers
+    each type holds (its share of the plan's time)."""
+    layers: dict[str, int] = {}
+    for s in plan.stages:
+        layers[s.device_type] = layers.get(s.device_type, 0) + s.num_layers
+    return _shape(plan) + (tuple(sorted(layers.items())) if len(layers) > 1 else ())
+
+
+def _split_probes(outcome) -> list[tuple[Plan, PlanCost, str]]:
+    """The pick with one decoder layer moved across each boundary between two stages of different device types,
+    each way, where the checker accepts it (Megatron's rules, the runtime's, memory): plans with another share of
+    each type, where the search's other plans and the probes often keep the pick's split, so that the trials can
+    tell a mechanism's multiplier on one type from the other's (planner/calibration/trial_units.py)."""
+    pick, cost_model = outcome.plans[0], outcome.range_model.nominal
+    limiting = cost_model.profiles.limiting_member
+    out = []
+    for i in range(pick.pp - 1):
+        if limiting(pick.stages[i].device_type) == limiting(pick.stages[i + 1].device_type):
+            continue
+        for src, dst in ((i, i + 1), (i + 1, i)):
+            layers = [s.num_layers + (k == dst) - (k == src) for k, s in enumerate(pick.stages)]
+            try:
+                plan = Plan.from_json({**pick.model_dump(), "layout": None, "stages": [
+                    {**s.model_dump(), "num_layers": n} for s, n in zip(pick.stages, layers)]})
+            except ValueError:
+                continue
+            problems, cost = plan_problems(cost_model, plan)
+            if not problems:
+                out.append((plan, cost, f"the pick with a decoder layer moved from its {pick.stages[src].device_type} "
+                                        f"stage to its {pick.stages[dst].device_type} stage: measures each device "
+                                        "type's mechanisms in another proportion"))
     return out
 
 
