@@ -53,6 +53,9 @@ TRIAL_ITERATIONS = 30
 """Iterations of a trial: the first few are warm-up (calibrate skips them), the rest give a median."""
 TRIAL_CANDIDATES = 2
 """Plans besides the pick and the user's plan."""
+PRIOR_DRAWS = 32
+"""On several device types, the multipliers from the fit's prior at which `_candidate_trials` takes each plan's
+shares (seeded: the same inputs propose the same trials)."""
 TRIAL_LOG = "train"
 TRIAL_OVERRIDES = LaunchOverrides(
     added=("--train-iters", str(TRIAL_ITERATIONS), "--eval-iters", "0", "--log-interval", "1", "--log-throughput"),
@@ -219,11 +222,6 @@ def _candidate_trials(outcome, trials: list[Trial], pool: list[tuple[Plan, PlanC
         chosen.append(Trial(f"candidate-{len(chosen) + 1}", "candidate", plan, cost, ranges.time_range(plan, cost),
                             why))
     return chosen
-
-
-PRIOR_DRAWS = 32
-"""On several device types, the multipliers from the fit's prior at which `_candidate_trials` takes each plan's
-shares (seeded: the same inputs propose the same trials)."""
 
 
 def _prior_draws(params: Parameters) -> list[dict[str, float]]:
