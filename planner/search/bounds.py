@@ -14,7 +14,9 @@ For v x T = sum_i t_i + (m*v - 1) * max_i t_i + v * max sync_i:
   - max_i t_i >= the least cap c for which PP stages, stage i on some option o holding at most
     min(floor((c - extra_o) / tau_o), layers of o that fit in memory at position i) layers, can
     hold all N layers while the GPUs each device type lends to its stages stay within its budget
-    (extra_o: the per-stage recompute of full block recompute).  That test is a small DP over
+    (extra_o: the per-stage recompute of full block recompute; the layers that fit: `_holds`, full
+    block recompute sparing the activations of at most k x VPP of a stage's layers, and never of more
+    layers than the stage holds).  That test is a small DP over
     positions with GPUs-used-per-type as state (numpy, one array per position); when the state
     space is too large it drops the budget and lets every position take its best option.  Each
     layer kind's layers are tested on their own too.
@@ -200,7 +202,7 @@ class ShapeBounds:
         if memory:
             for k, grp in enumerate(self.groups):
                 memo = self._room.setdefault((k, vpp), {})
-                if _room(grp, self.n_layers, self.ob, self.options, inflight, vpp, memo) < grp.count:
+                if _room(grp, self.ob, self.options, inflight, vpp, memo) < grp.count:
                     return math.inf
         fluid = 0.0
         for grp, rates in zip(self.groups, self.rates):
@@ -229,7 +231,7 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
         return math.inf
     v = g.vpp
     groups = _layer_groups(ob, options, n_layers, kind_counts, cache)
-    if not tight and any(_room(grp, n_layers, ob, options, inflight, v,
+    if not tight and any(_room(grp, ob, options, inflight, v,
                                cache.setdefault(("room", id(grp), v), {}) if cache is not None else None)
                          < grp.count for grp in groups):
         return math.inf  # checked first: most choices that fail, fail here
@@ -254,12 +256,13 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
         slot = [3] if g.pp == 1 else [1] + [0] * (g.pp - 2) + [2]  # only, or first, middles, last
         free = np.array([[free_at[o][k] for o in options] for k in slot])  # [PP, O]
     offset_s = np.array([ob[o].stage_extra_s for o in options])  # [O] per-stage recompute time
-    saved_bytes = np.array([ob[o].block_layers * v * ob[o].act_saved_bytes for o in options])  # per in-flight mb
+    rerun = np.array([ob[o].block_layers * v for o in options])  # [O] most layers a stage re-runs (k x VPP)
+    saved_bytes = np.array([ob[o].act_saved_bytes for o in options])  # [O] per re-run layer, per in-flight mb
     test = _budget_test(g, options, budget)
     tmax = 0.0
     for k, grp in enumerate(groups):
         cap, above = _least_cap(grp, free, inflight, test, c_star, every_stage_holds_one=k == 0,
-                                offset_s=offset_s, saved_bytes=saved_bytes)
+                                offset_s=offset_s, rerun=rerun, saved_bytes=saved_bytes)
         if not math.isfinite(cap):
             return math.inf
         tmax = max(tmax, cap)
@@ -269,7 +272,8 @@ def lower_bound_s(ob: dict[StageOption, OptionBound], g: GlobalChoice, options: 
 
 
 def _least_cap(grp: _LayerGroup, free: np.ndarray, inflight: list[float], test, c_star: float,
-               every_stage_holds_one: bool, offset_s: np.ndarray, saved_bytes: np.ndarray) -> tuple[float, bool]:
+               every_stage_holds_one: bool, offset_s: np.ndarray, rerun: np.ndarray,
+               saved_bytes: np.ndarray) -> tuple[float, bool]:
     """(cap, above): the least cap c on stage time for which PP stages, each on an option holding at
     most min(floor(c / tau_o), layers that fit in memory) of the group's layers, can hold them all
     (math.inf: not even with unbounded time); above=True when that cap is proven to exceed c_star
@@ -286,10 +290,9 @@ def _least_cap(grp: _LayerGroup, free: np.ndarray, inflight: list[float], test, 
             return inner(cell + 1, n + pp)
     tau = np.array(grp.tau_s)
     load = np.asarray(inflight)[:, None]
-    per = np.array(grp.static_bytes)[None, :] + load * np.array(grp.act_bytes)[None, :]
-    room = free + load * saved_bytes[None, :]  # block recompute spares some activations per stage
-    nmem = np.where(per > 0, np.floor(np.maximum(room, 0) / np.maximum(per, 1e-30)), count)
-    nmem = np.minimum(nmem, count)  # [PP, O] the group's layers option o holds in memory at position i
+    # [PP, O] the group's layers option o holds in memory at position i
+    nmem = _holds_each(free, load, np.array(grp.static_bytes)[None, :], np.array(grp.act_bytes)[None, :],
+                       rerun[None, :], saved_bytes[None, :], count)
     if nmem.max(axis=1).sum() < count:
         return math.inf, False  # cannot fit even with every stage on its roomiest option
     # every cap that matters: n layers plus the option's per-stage time
@@ -380,7 +383,7 @@ def _knapsack_rates(items: dict[int, float], n: int, max_stages: int) -> np.ndar
     return np.array(per_k)
 
 
-def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float], vpp: int,
+def _room(grp: _LayerGroup, ob, options, inflight: list[float], vpp: int,
           per_load: dict | None = None) -> int:
     """The group's layers the stages can hold in memory at best (each position on its roomiest
     option).  `per_load` memoises the layers one position holds per in-flight load (loads repeat
@@ -391,17 +394,48 @@ def _room(grp: _LayerGroup, n_layers: int, ob, options, inflight: list[float], v
         if best_n is None:
             best_n = 0
             for j, o in enumerate(options):
-                per = grp.static_bytes[j] + load * grp.act_bytes[j]
                 b = ob[o]
-                room_bytes = b.free_bytes + load * b.block_layers * vpp * b.act_saved_bytes
-                best_n = max(best_n, int(max(room_bytes, 0.0) // per) if per > 0 else n_layers)
-            best_n = min(best_n, grp.count)
+                best_n = max(best_n, _holds(b.free_bytes, load, grp.static_bytes[j], grp.act_bytes[j],
+                                            b.block_layers * vpp, b.act_saved_bytes, grp.count))
             if per_load is not None:
                 per_load[load] = best_n
         room += best_n
         if room >= grp.count:
             break
     return room
+
+
+def _holds(room: float, load: float, static: float, act: float, rerun: int, saved: float, count: int) -> int:
+    """Most layers (at most `count`) a stage holds in `room` bytes with `load` micro-batches in flight, each
+    layer taking `static` + load x `act` bytes and at most `rerun` of them (full block recompute: k x VPP)
+    sparing `saved` bytes per micro-batch in flight (never more than its activations): the greatest n with
+    n x (static + load x act) - load x min(n, rerun) x min(saved, act) <= room.  That grows with n, so up to
+    `rerun` layers each takes its re-run size, and every layer past them its full one (`_holds_each`: the
+    same over arrays)."""
+    if room < 0:
+        return 0
+    per = static + load * act
+    spare = load * min(saved, act)
+    if rerun > 0:
+        upto = int(room // (per - spare)) if per - spare > 0 else count
+        if upto <= rerun:
+            return min(upto, count)
+    return min(int((room + rerun * spare) // per) if per > 0 else count, count)
+
+
+def _holds_each(room: np.ndarray, load: np.ndarray, static: np.ndarray, act: np.ndarray, rerun: np.ndarray,
+                saved: np.ndarray, count: int) -> np.ndarray:
+    """`_holds` over broadcast arrays (floats holding whole numbers)."""
+    room = np.asarray(room, dtype=float)
+    free = np.maximum(room, 0.0)
+    per = static + load * act
+    spare = load * np.minimum(saved, act)
+    rest = per - spare
+    with np.errstate(divide="ignore", invalid="ignore"):
+        beyond = np.where(per > 0, np.floor((free + rerun * spare) / np.where(per > 0, per, 1.0)), count)
+        upto = np.where(rest > 0, np.floor(free / np.where(rest > 0, rest, 1.0)), count)
+    n = np.where((rerun > 0) & (upto <= rerun), upto, beyond)
+    return np.where(room < 0, 0, np.minimum(n, count))
 
 
 def _budget_test(g: GlobalChoice, options: list[StageOption], budget: dict[str, int]):
