@@ -16,6 +16,7 @@ from planner.schemas.plan import Recompute
 from planner.search.bounds import OptionBound, _budget_test, _holds, _holds_each, lower_bound_s, option_bound, \
     stage_free_bytes
 from planner.schemas.search import GlobalChoice, StageOption
+from planner.search.screening import Configurations
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
 from solver_models.fitting import has_fitting_layout
@@ -98,9 +99,10 @@ SLOW_CASES = {("qwen3-235b-a22b", "megatron")}
 ])
 def test_bound_never_exceeds_the_exact_optimum(case):
     """For sampled configurations with PP 2..4 (dense, MoE, and mixed dense/MoE layers): the tight
-    bound is at most brute force's optimum; given a plan to beat, it is unchanged when below it and
-    at least that plan when not; and has_fitting_layout says a layout fits exactly when brute force
-    finds one."""
+    bound and the screening's relaxed one (its shape's, with the memory test of weights, gradients and
+    optimizer state alone) are at most brute force's optimum; given a plan to beat, the tight bound is
+    unchanged when below it and at least that plan when not; and has_fitting_layout says a layout fits
+    exactly when brute force finds one."""
     preset, layers, pattern, cluster, gbs, runtime = case
     cm = reduced_cost_model(preset, layers, cluster, gbs, pattern=pattern)
     model, training, cl = cm.model, cm.training, cm.cluster
@@ -113,6 +115,9 @@ def test_bound_never_exceeds_the_exact_optimum(case):
     tb = TableBuilder(cm)
     budget = cl.gpus_by_type()
     configs = [g for g in enumerate_globals(model, training, cl, space, gpn) if 2 <= g.pp <= 4]
+    screen = Configurations(cm, space, tb)
+    for shape in screen.shapes():
+        screen.shape_bounds(shape)
     checked = fit_checked = 0  # fit_checked: configurations where nothing fits
     # memory-tight cases: every third of their 5,200 configurations (the bound's memory side decides many of them;
     # every one cost the slow run 50 s more); the others: about 24
@@ -142,6 +147,7 @@ def test_bound_never_exceeds_the_exact_optimum(case):
         opt_s = sol.objective_us * 1e-6 / g.vpp
         slack_s = (m * g.vpp + g.pp) * 1e-6  # the tables round each stage time to 1 us
         assert lb <= opt_s + slack_s, g.label()
+        assert screen.relaxed_bound(g) <= opt_s + slack_s, g.label()
         for beat in (opt_s, 0.5 * (lb + opt_s), 0.99 * lb, 1.5 * opt_s):
             lb_beat = lower_bound_s(obs, g, opts, budget, layers, m, inflight, tight=True, beat_s=beat,
                                     kind_counts=kinds, free_at=room)

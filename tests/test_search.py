@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 
@@ -19,9 +20,11 @@ from planner.inputs.resolve import resolve_run
 from planner.schemas.plan import Plan, StagePlan
 from planner.search.driver import search
 from planner.search.pruning import Pruning
+from planner.search.screening import Screening
 from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace, enumerate_globals, stage_options
 from solver_models.brute import solve_brute
+from solver_models.fitting import has_fitting_layout
 from solver_models.hsdp import solve_hsdp
 from planner.search.tables import TableBuilder
 
@@ -216,3 +219,28 @@ def test_flagscale_search_without_pruning_equals_exhaustive_brute_force(cluster,
     res = search(cm, space, SearchSettings(backend="hsdp").without_pruning())
     assert res.best[0].objective_s == pytest.approx(truth, rel=1e-9)
     assert res.certified_optimal and res.configs_bounded > 0
+
+
+def test_nothing_fits_is_proven_by_the_bounds_alone():
+    """Qwen3-235B cut to 16 layers on 8 H800: no configuration of the megatron space has a layout that fits
+    (each sampled one's tables say so), and the HS-DP screening proves it from its bounds alone: every
+    configuration infeasible, no plan, no table built.  (The memory test once let full block recompute spare
+    k x VPP layers' activations on stages holding fewer layers: 138 configurations reached their tables.)"""
+    cm = reduced_cost_model("qwen3-235b-a22b", 16, "H800:8", 64)
+    space = SearchSpace(runtime="megatron")
+    tb = TableBuilder(cm)
+    sampled = 0
+    for g, opts in itertools.islice(_globals(cm, space), 0, None, 97):
+        assert not has_fitting_layout(tb.build(g, opts)), g.label()
+        sampled += 1
+    assert sampled >= 50
+    settings = SearchSettings(backend="hsdp", pruning=Pruning.off(), deadline=time.perf_counter() + 600)
+    scr = Screening(cm, space, settings, time.perf_counter(), None)
+    scr.enumerate(until=math.inf)
+    scr.run()
+    assert not scr.cands and not scr.timed_out and scr.enumeration_complete
+    assert scr.enumerated > 5000 and scr.infeasible == scr.enumerated
+    assert scr.tables_built == 0
+    # no stage holds even its layers' weights, gradients and optimizer state: every shape is settled as it is
+    # enumerated, and no configuration enters the queue
+    assert scr.total == 0

@@ -20,6 +20,10 @@ For v x T = sum_i t_i + (m*v - 1) * max_i t_i + v * max sync_i:
     positions with GPUs-used-per-type as state (numpy, one array per position); when the state
     space is too large it drops the budget and lets every position take its best option.  Each
     layer kind's layers are tested on their own too.
+
+Before any of that, for a whole shape at once (every PP, VPP and recompute setting): no layout fits
+where PP stages within the GPU budgets cannot hold the layers' weights, gradients and optimizer state
+alone (`_static_held`, the relaxed bound's memory test: the same per-layer figures, no activations).
 """
 
 from __future__ import annotations
@@ -183,17 +187,21 @@ class ShapeBounds:
                 if cache is not None:
                     cache[key] = rates
             self.rates.append(rates)
+        self.held = [_static_held(g, ob, options, grp, budget, n_layers, cache) for grp in groups]
         self._room: dict = {}
 
     def pipeline_bounds(self, pipelines: tuple[tuple[int, int], ...]) -> np.ndarray:
-        """The bound without the memory test for each (PP, VPP) of `pipelines`, at once."""
+        """The bound without the memory test for each (PP, VPP) of `pipelines`, at once; math.inf where
+        PP stages cannot hold the layers' weights, gradients and optimizer state alone (`held`: no
+        activations, so it holds for every recompute setting, VPP and in-flight load alike)."""
         pps = np.array([p for p, _ in pipelines], dtype=np.int64)
         vs = np.array([v for _, v in pipelines], dtype=float)
         fluid = np.zeros(len(pipelines))
-        for grp, rates in zip(self.groups, self.rates):
+        for grp, rates, held in zip(self.groups, self.rates, self.held):
             r = np.where(pps < len(rates), rates[np.minimum(pps, len(rates) - 1)], 0.0)
+            fits = np.where(pps < len(held), held[np.minimum(pps, len(held) - 1)], -np.inf) >= grp.count
             with np.errstate(divide="ignore"):
-                fluid = np.maximum(fluid, np.where(r > 0, grp.count / np.where(r > 0, r, 1.0), np.inf))
+                fluid = np.maximum(fluid, np.where((r > 0) & fits, grp.count / np.where(r > 0, r, 1.0), np.inf))
         return (self.sum_lb + (self.m * vs - 1) * fluid) / vs
 
     def bound(self, pp: int, vpp: int, inflight: list[float], memory: bool = True) -> float:
@@ -341,17 +349,41 @@ def _fluid_tmax_s(g: GlobalChoice, options, tau_s: tuple[float, ...], budget: di
     return count / rates[g.pp]
 
 
+def _static_held(g: GlobalChoice, ob, options, grp: _LayerGroup, budget: dict[str, int], max_stages: int,
+                 cache: dict | None) -> np.ndarray:
+    """[k] = the most of the group's layers k stages within the GPU budgets hold by their weights, gradients
+    and optimizer state alone (-inf where k stages do not fit): a stage on option o holds at most
+    floor(free_o / static_o) of them, whatever its recompute, VPP or micro-batches in flight (activations only
+    add; `_holds` is never above it)."""
+    held = tuple(float(min(grp.count, math.floor(max(ob[o].free_bytes, 0.0) / s))) if s > 0 else float(grp.count)
+                 for o, s in zip(options, grp.static_bytes))
+    key = ("held", tuple((o.device_type, g.tp * g.cp * o.dp, h) for o, h in zip(options, held)),
+           tuple(budget.items()), max_stages)
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        hit = _max_sums(g, options, held, budget, max_stages)
+        if cache is not None:
+            cache[key] = hit
+    return hit
+
+
 def _max_rates(g: GlobalChoice, options, tau_s, budget: dict[str, int], max_stages: int) -> np.ndarray:
     """rates[k] = the largest summed layer rate of exactly k stages within the GPU budgets
     (-inf where k stages do not fit), by a knapsack per device type and a max-plus merge."""
+    return _max_sums(g, options, [1.0 / tau for tau in tau_s], budget, max_stages)
+
+
+def _max_sums(g: GlobalChoice, options, amounts, budget: dict[str, int], max_stages: int) -> np.ndarray:
+    """sums[k] = the largest summed amount of exactly k stages within the GPU budgets, a stage on option o
+    adding amounts[o] (-inf where k stages do not fit), by a knapsack per device type and a max-plus merge."""
     total = np.array([0.0])
     for h, n in budget.items():
-        # per GPU count, the fastest option of this type
+        # per GPU count, the largest amount of an option of this type
         items: dict[int, float] = {}
-        for o, tau in zip(options, tau_s):
+        for o, amount in zip(options, amounts):
             if o.device_type == h:
                 gpus = g.tp * g.cp * o.dp
-                items[gpus] = max(items.get(gpus, 0.0), 1.0 / tau)
+                items[gpus] = max(items.get(gpus, 0.0), amount)
         if not items:
             continue
         if len(items) == 1:  # one GPU count (the megatron runtime): k stages at the best rate

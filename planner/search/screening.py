@@ -6,8 +6,9 @@ The queue holds entries ordered by a lower bound, refined in levels as an entry 
 
   shape   a set of global choices differing only in PP, VPP and recompute (space.Shape), with
           the least relaxed bound over its pipelines; at the top it is expanded into its choices
-  0       a global choice G with the relaxed bound (its shape's no-recompute per-layer times, no
-          memory test; valid for every recompute setting, planner/search/bounds.ShapeBounds)
+  0       a global choice G with the relaxed bound (its shape's no-recompute per-layer times, and
+          math.inf where its stages cannot hold the layers' weights, gradients and optimizer state
+          alone; valid for every recompute setting, planner/search/bounds.ShapeBounds)
   1       the cheap bound (G's own stage options, with the memory test)
   2       the tight bound (integral layers, memory per position, GPU budgets)
   then    G's stage problem is solved by the backend over the integer tables.
@@ -245,6 +246,7 @@ class Screening:
         self.cands: list[Candidate] = []
         self.notes: list[str] = []
         self.total = self.solved = self.bounded = self.infeasible = self.done = 0
+        self.tables_built = 0  # configurations whose integer tables were built (the bounds settled the rest)
         self.enumerated = 0  # configurations with at least one stage option
         self.seq = 0
         self.complete = True  # every configuration solved was solved to optimality (no budget cut)
@@ -377,6 +379,7 @@ class Screening:
                                          stages=stages or [])
 
     def tables(self, g: GlobalChoice, options: list[StageOption]) -> StageTables:
+        self.tables_built += 1
         t = self.builder.build(g, options, deadline=self.settings.deadline)
         return t.pruned(delta=self.pruning.delta, memory=self.pruning.memory and g.per_stage_recompute)
 
