@@ -29,7 +29,7 @@ from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.search import GlobalChoice
 from planner.search.certify import search_cpsat
 from planner.search.explain import explain_infeasible, time_limit_error
-from planner.search.screening import Screening
+from planner.search.screening import Configurations, Screening
 from planner.search.pruning import Pruning
 from planner.search.settings import FEASIBLE, Candidate, ProgressFn, SearchResult, SearchSettings
 from planner.search.space import SearchSpace
@@ -54,18 +54,21 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     # the prunings order the work: the pruned space first, then the whole space from its plans
     first = _screen(cost, space, replace(settings, pruning=pruning.restricting()), t0, progress,
                     t0 + ORDER_SHARE * (deadline - t0), [], allow_empty=True)
-    whole = _screen(cost, space, replace(settings, pruning=Pruning.off()), t0, progress, deadline, first.cands)
+    whole = _screen(cost, space, replace(settings, pruning=Pruning.off()), t0, progress, deadline, first.cands,
+                    configs=first.configs)
     res = _result(whole, settings, t0)
     res.pruning = pruning
     return res
 
 
 def _screen(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float, progress: ProgressFn | None,
-            stop_at: float, seed: list[Candidate], allow_empty: bool = False) -> Screening:
+            stop_at: float, seed: list[Candidate], allow_empty: bool = False,
+            configs: Configurations | None = None) -> Screening:
     """One best-first screening until `stop_at` (the deadline when it has no plan yet), starting
-    from the plans `seed` (found in a narrower space, so valid here)."""
+    from the plans `seed` (found in a narrower space, so valid here) and the bounds and tables an
+    earlier screening's `configs` cached."""
     deadline = settings.deadline
-    scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=deadline - t0)
+    scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=deadline - t0, configs=configs)
     scr.cands = list(seed)
     scr.enumerate()
     if space.runtime_spec.per_stage_meshes and settings.warm_start and not seed:

@@ -229,14 +229,20 @@ class Screening:
     """Best-first search over the configurations with one backend (module docstring)."""
 
     def __init__(self, cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float,
-                 progress: ProgressFn | None, stop_at: float | None = None, budget_s: float | None = None):
+                 progress: ProgressFn | None, stop_at: float | None = None, budget_s: float | None = None,
+                 configs: Configurations | None = None):
+        """`configs`: the configurations (and their table builder) of an earlier screening of the same cost
+        model and space, whose cached bounds and tables hold whatever the pruning (the driver's second pass)."""
         self.cost, self.space, self.settings, self.t0, self.progress = cost, space, settings, t0, progress
         self.solver_settings = settings.solver_settings()  # what each backend solve gets
         self.stop_at = stop_at if stop_at is not None else settings.deadline  # screening's own deadline
         self.budget_s = budget_s if budget_s is not None else settings.time_limit_s
         self.pruning = settings.pruning
-        self.builder = TableBuilder(cost, contiguous_types=space.contiguous)
-        self.configs = Configurations(cost, space, self.builder)
+        if configs is None:
+            configs = Configurations(cost, space, TableBuilder(cost, contiguous_types=space.contiguous))
+        elif configs.cost is not cost or configs.space != space:
+            raise ValueError("the configurations of another cost model or space")
+        self.builder, self.configs = configs.builder, configs
         self.backend_name = settings.backend
         self.backend = get_backend(self.backend_name)
         self.heap: list[QueueEntry] = []
