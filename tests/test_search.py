@@ -243,4 +243,20 @@ def test_nothing_fits_is_proven_by_the_bounds_alone():
     assert scr.tables_built == 0
     # no stage holds even its layers' weights, gradients and optimizer state: every shape is settled as it is
     # enumerated, and no configuration enters the queue
-    assert scr.total == 0
+    assert scr.seq == 0 and scr.total == scr.done == scr.enumerated
+
+
+def test_configurations_settled_with_their_shape_count_in_all():
+    """Qwen3-235B cut to 12 layers on 8 H800: most shapes hold no layout (the relaxed bound's memory test settles
+    them as they are enumerated), the rest hold the plan.  The counts still add up to every configuration of
+    the space with a stage option (enumerated here on their own), with and without the prunings ordering the
+    work."""
+    cm = reduced_cost_model("qwen3-235b-a22b", 12, "H800:8", 64)
+    space = SearchSpace(runtime="megatron")
+    every = sum(1 for _ in _globals(cm, space))
+    for settings in (SearchSettings(backend="hsdp"), SearchSettings(backend="hsdp").without_pruning()):
+        res = search(cm, space, settings)
+        assert res.certified_optimal and res.configs_infeasible > every // 2
+        parts = (res.configs_solved + res.configs_bounded + res.configs_infeasible + res.configs_pruned_memory
+                 + res.configs_pruned_cp + res.configs_unsearched)
+        assert parts == res.configs_total == every

@@ -297,8 +297,10 @@ class Screening:
                 continue
             self.enumerated += shape.size
             least = min(bounds.values())
-            if not math.isfinite(least):
+            if not math.isfinite(least):  # no layout fits, whatever its PP, VPP and recompute: settled here
                 self.infeasible += shape.size
+                self.total += shape.size
+                self.done += shape.size
                 continue
             self.total += shape.size
             heapq.heappush(self.heap, QueueEntry(least, 0, self._next_seq(), SHAPE, shape=shape))
