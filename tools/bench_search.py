@@ -33,7 +33,13 @@ each limit of ANYTIME_LIMITS_S, each run's best plan and proven bound against se
 read (the solve's progress events, every 0.2 s), and per limit the median of best plan / optimum at the end,
 both the searched objective of the plan on the real cluster (the issue's bars: <= 1.05 at 60 s, <= 1.15 at
 10 s, on a 2-core machine).  The time limit counts from reading the inputs (the CLI's also counts Python's
-imports).  `--json PATH` writes what
+imports).
+
+`--infeasible` prints instead how long each backend takes to prove that nothing fits in memory (INFEASIBLE_CASES:
+models too large for their cluster), R runs each with --time-limit (60 s): per case and backend the median wall
+seconds from reading the inputs, and the outcome (`infeasible`, the proof; `time limit`, none within the limit).
+
+`--json PATH` writes what
 was printed (the rows, or the curves) as JSON too.  The figures depend on how busy the machine is: the
 curves carry the load average the run saw.
 """
@@ -51,7 +57,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.api import compare_rows, load_inputs, make_space, reduce_layers, runtime_choice, solve
-from planner.errors import SearchTimeLimitError
+from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.inputs.cluster import parse_cluster
 from planner.profile_tables import ProfileSet
 from planner.search.settings import SearchSettings
@@ -350,6 +356,44 @@ def weak_run(cluster: str, limit_s: float) -> dict:
             "idle": {i.device_type: {"count": i.count, "why": i.why} for i in out.idle}}
 
 
+INFEASIBLE_CASES = [
+    # (model, cluster): no layout fits in memory (the preset's global batch)
+    ("qwen3-235b-a22b", "H800:32"),
+    ("deepseek-v3", "H100:128"),
+]
+
+
+def infeasible_run(model: str, cluster: str, backend: str, limit_s: float) -> dict:
+    """One solve that should find nothing fits: wall seconds from reading the inputs, and its outcome."""
+    start = time.perf_counter()
+    profiles = ProfileSet.load()
+    run, cl, _ = load_inputs(model=model, cluster=cluster, profiles=profiles)
+    settings = SearchSettings(backend=backend, time_limit_s=limit_s, deadline=start + limit_s)
+    try:
+        solve(run, cl, profiles, settings=settings, space=make_space(run, "megatron"))
+        outcome = "plan found"
+    except InfeasibleError:
+        outcome = "infeasible"
+    except SearchTimeLimitError:
+        outcome = "time limit"
+    return {"wall_s": time.perf_counter() - start, "outcome": outcome}
+
+
+def infeasible(repeats: int, limit_s: float) -> dict:
+    """Per case of INFEASIBLE_CASES and backend: the median wall seconds of `repeats` runs and their outcomes."""
+    print(f"{'case':32s} {'backend':7s} {'median s':>9s}  outcomes   (load average {os.getloadavg()[0]:.1f})")
+    out: dict[str, dict] = {}
+    for model, cluster in INFEASIBLE_CASES:
+        case = f"{model} {cluster}"
+        for backend in ("hsdp", "cpsat"):
+            runs = [infeasible_run(model, cluster, backend, limit_s) for _ in range(repeats)]
+            med = statistics.median(r["wall_s"] for r in runs)
+            outcomes = sorted({r["outcome"] for r in runs})
+            out.setdefault(case, {})[backend] = {"median_wall_s": med, "runs": runs}
+            print(f"{case:32s} {backend:7s} {med:9.2f}  {', '.join(outcomes)}", flush=True)
+    return out
+
+
 def weak(repeats: int, limit_s: float) -> dict:
     """The issue's weak-scaling rows (module docstring): per size the median run by objective."""
     print(f"{'GPUs':>5s} {'used':>5s} {'wall s':>7s} {'status':8s} {'PP':>3s} {'B':>4s} {'iter s':>8s} {'obj s':>8s} "
@@ -391,14 +435,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gap-table", action="store_true", help="the CI gap table instead of the timings")
     ap.add_argument("--anytime", action="store_true", help="the anytime curves instead of the timings")
     ap.add_argument("--weak", action="store_true", help="the issue's weak scaling on H800 + MI300X + 910B instead")
+    ap.add_argument("--infeasible", action="store_true",
+                    help="how long each backend takes to prove that nothing fits, instead")
     ap.add_argument("--only", metavar="TEXT", help="--anytime: only the cases whose model and cluster contain TEXT")
-    ap.add_argument("--time-limit", type=float, default=60.0, help="per case, for --gap-table and --weak")
+    ap.add_argument("--time-limit", type=float, default=60.0,
+                    help="per case, for --gap-table, --weak and --infeasible")
     ap.add_argument("--json", metavar="PATH", help="also write what was printed as JSON")
     args = ap.parse_args(argv)
     if args.gap_table:
         data = {"gap_table": gap_table(args.time_limit)}
     elif args.weak:
         data = {"weak": weak(args.repeats, args.time_limit)}
+    elif args.infeasible:
+        data = {"infeasible": infeasible(args.repeats, args.time_limit)}
     elif args.anytime:
         data = {"anytime": anytime(args.repeats, args.quick, args.only)}
     else:
