@@ -224,8 +224,9 @@ def test_metis_falls_back_to_next_type_when_fastest_cannot_hold_model(profiles, 
     monkeypatch.setattr(metis, "types_by_speed", lambda cost: ["H800", "MI300X"])
     run, cluster = scenario(profiles, "qwen3-235b-a22b", "h800-mi300x")
     notes: list[str] = []
-    # the limit only guards against a hang: proving that nothing fits on H800:32 is a whole search (33 s alone on
-    # this machine, 101 s with other work running, where 60 s ended it first and the note said "ran out of time")
+    # the limit only guards against a hang: proving that nothing fits on H800:32 took a whole search (33 s alone on
+    # this machine, 101 s with other work running, where 60 s ended it first and the note said "ran out of time");
+    # HS-DP's relaxed bound now settles it in about 4 s
     priced = search_metis(run, cluster, profiles, notes=notes, time_limit_s=400, runtime="flagscale")
     assert any("does not fit on a homogeneous H800:32" in n for n in notes), notes
     assert any("from a homogeneous MI300X:32" in n for n in notes)
