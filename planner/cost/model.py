@@ -572,7 +572,16 @@ class CostModel:
         per-micro-batch forward/backward (no pipeline sends), per-iteration sync and optimizer,
         static memory and activation bytes per in-flight micro-batch.  Memoised by the layer kinds
         of the range, so the search tables and `evaluate` share the work and the numbers."""
-        kinds = self._layer_is_moe[start:end]
+        return self.stage_core_of_kinds(g, device_type=device_type, kinds=self._layer_is_moe[start:end], dp=dp,
+                                        recompute=recompute, is_first=is_first, is_last=is_last)
+
+    def stage_core_of_kinds(
+        self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int, recompute: Recompute,
+        is_first: bool, is_last: bool,
+    ) -> "StageCore":
+        """`stage_core` of a stage whose decoder layers have the kinds `kinds` (True: MoE), in order, wherever
+        the model has such a range or not (the search's bounds price stages of one kind and many layers)."""
+        kinds = tuple(kinds)
         key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.sequence_parallel, g.pp > 1,
                device_type, dp, recompute.label, kinds, is_first, is_last)
         hit = self._core_cache.get(key)

@@ -63,7 +63,9 @@ class OptionBound:
 
 
 def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
-    """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss).
+    """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss); the static
+    bytes per layer are what each layer adds (`layer_static_split`), and the free bytes are less what any
+    stage holds once beside them (Megatron-FSDP's unsharded layers in flight).
     Selective and full uniform recompute: every layer pays it and keeps the reduced activations.
     Full block recompute: layers are priced without recompute and with full activations, and the
     recompute enters as a per-stage time and a bounded memory saving (OptionBound.block_layers)."""
@@ -78,12 +80,13 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
         return cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=rec,
                                is_first=False, is_last=False)
 
+    split = layer_static_split(cost, gs, o)
+    held_once = min(once for _, once in split.values())
     per_kind, free, extra, saved = [], 0.0, [], []
     for kind, j in sorted(kinds.items()):
         c = core(j, per_layer)
-        per_kind.append((kind, c.time_s, c.weights_bytes + c.grads_bytes + c.optimizer_bytes,
-                         c.held_act_per_microbatch_bytes))
-        free = c.capacity_bytes - c.other_bytes
+        per_kind.append((kind, c.time_s, split[kind][0], c.held_act_per_microbatch_bytes))
+        free = c.capacity_bytes - c.other_bytes - held_once
         if block:
             rec = core(j, Recompute.full("uniform", 1))
             extra.append(rec.time_s - c.time_s)
@@ -97,28 +100,50 @@ def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
 
 def stage_free_bytes(cost: CostModel, gs, o: StageOption) -> tuple[float, float, float, float]:
     """Bytes option o has for its layers' own weights, grads, optimizer state and activations at
-    each position (middle, first, last, only stage): capacity minus everything a one-layer stage
-    there holds besides its layer (framework overhead, transient recompute buffers, and the
-    embedding on the first stage, the output layer and logits on the last).  The most over the
-    layer kinds, so it never understates the room."""
-    kinds: dict[bool, int] = {}
-    for j, k in enumerate(cost.model.layer_is_moe):
-        kinds.setdefault(k, j)
-
-    def core(j: int, first: bool, last: bool):
-        return cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=o.recompute,
-                               is_first=first, is_last=last)
-
+    each position (middle, first, last, only stage), each layer counted at what it adds
+    (`layer_static_split`): capacity minus everything a stage there holds besides its layers'
+    (framework overhead, transient recompute buffers, what a stage holds once beside its layers, and
+    the embedding on the first stage, the output layer and logits on the last).  The most over the
+    layer kinds and over stages of one layer and of all the model's layers (with Megatron-FSDP the
+    ends' unsharded copy in flight is spread over the stage's layers: the more layers, the less per
+    stage), less the least that any stage holds once, so it never understates the room."""
+    split = layer_static_split(cost, gs, o)
+    held_once = min(once for _, once in split.values())
+    sizes = sorted({1, cost.model.num_layers})
     out = []
     for first, last in ((False, False), (True, False), (False, True), (True, True)):
         room = -math.inf
-        for j in kinds.values():
-            layer = core(j, False, False)
-            layer_own = layer.weights_bytes + layer.grads_bytes + layer.optimizer_bytes
-            c = core(j, first, last)
-            room = max(room, c.capacity_bytes - (c.held_static_bytes - layer_own))
-        out.append(room)
+        for kind, (per_layer, once) in split.items():
+            for n in sizes:
+                c = _one_kind_core(cost, gs, o, kind, n, first, last)
+                room = max(room, c.capacity_bytes - (c.held_static_bytes - n * per_layer - once))
+        out.append(room - held_once)
     return tuple(out)
+
+
+def layer_static_split(cost: CostModel, gs, o: StageOption) -> dict[bool, tuple[float, float]]:
+    """Per layer kind of the model (True: MoE): (the weights, gradients and optimizer state each layer of
+    the kind adds to a middle stage on option o: a two-layer stage's less a one-layer stage's; the rest of
+    the one-layer stage's, which a stage holds once whatever its layers).  The rest is 0 but with
+    Megatron-FSDP sharding gradients or parameters, whose unsharded layers in flight (the average of the
+    stage's layers: at least the least of the kinds') a stage of n layers holds once, not n times."""
+    out = {}
+    for kind in sorted(set(cost.model.layer_is_moe)):
+        one, two = (_own_bytes(_one_kind_core(cost, gs, o, kind, n, False, False)) for n in (1, 2))
+        once = max(0.0, 2 * one - two)
+        out[kind] = (one - once, once)
+    return out
+
+
+def _one_kind_core(cost: CostModel, gs, o: StageOption, kind: bool, n: int, first: bool, last: bool):
+    """A stage of n layers of one kind on option o at a position (first, last)."""
+    return cost.stage_core_of_kinds(gs, device_type=o.device_type, kinds=(kind,) * n, dp=o.dp,
+                                    recompute=o.recompute, is_first=first, is_last=last)
+
+
+def _own_bytes(c) -> float:
+    """A stage's weights, gradients and optimizer state (StageCore)."""
+    return c.weights_bytes + c.grads_bytes + c.optimizer_bytes
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ model:
     first_us    the first stage's extra time (the embedding): a one-layer first stage minus a one-layer
                 middle stage; last_us likewise (output layer, loss, MTP)
     max_layers  most layers one stage holds with one micro-batch in flight, against the capacity less
-                the framework's overhead (every stage holds at least that many micro-batches)
+                the framework's overhead and what any stage holds once beside its layers (every stage holds
+                at least that many micro-batches; each layer at what it adds: bounds.layer_static_split)
     units       the stage budget of the class's type (megatron: GPUs // (TP x CP x DP) stages;
                 flagscale: GPUs // (TP x CP), each stage taking its DP of them, less what no sum of the
                 type's stage DPs fills: space.fillable)
@@ -314,19 +315,24 @@ class PriceBook:
     def _ends(self, gs, o: StageOption) -> tuple[int, int, tuple[float, float, float, float]]:
         """The first and the last stage's extra time over a middle stage, one layer each, and their
         extra bytes (static, per micro-batch in flight: first, then last), the least of them that
-        any layer kind shows; the ends do not depend on the recompute setting."""
-        def core(first: bool, last: bool, j: int):
-            return self.cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=NONE,
-                                        is_first=first, is_last=last)
-        starts = sorted({self.cost.model.layer_is_moe.index(k) for k in set(self.cost.model.layer_is_moe)})
+        any layer kind shows; the static bytes also the least over stages of one layer and of all the
+        model's layers (with Megatron-FSDP an end's unsharded copy in flight is spread over the
+        stage's layers: the more layers, the less it adds).  The ends do not depend on the recompute
+        setting."""
+        def core(first: bool, last: bool, kind: bool, n: int = 1):
+            return self.cost.stage_core_of_kinds(gs, device_type=o.device_type, kinds=(kind,) * n, dp=o.dp,
+                                                 recompute=NONE, is_first=first, is_last=last)
+        sizes = sorted({1, self.n_layers})
         times, ends = [], []
-        for j in starts:
-            mid, first, last = core(False, False, j), core(True, False, j), core(False, True, j)
+        for kind in sorted(set(self.cost.model.layer_is_moe)):
+            mid, first, last = core(False, False, kind), core(True, False, kind), core(False, True, kind)
             times.append((first.time_s - mid.time_s, last.time_s - mid.time_s))
-            ends.append((first.held_static_bytes - mid.held_static_bytes,
-                         first.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes,
-                         last.held_static_bytes - mid.held_static_bytes,
-                         last.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes))
+
+            def static(first_: bool, last_: bool, kind=kind) -> float:
+                return min(core(first_, last_, kind, n).held_static_bytes
+                           - core(False, False, kind, n).held_static_bytes for n in sizes)
+            ends.append((static(True, False), first.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes,
+                         static(False, True), last.held_act_per_microbatch_bytes - mid.held_act_per_microbatch_bytes))
         t_first, t_last = (min(t[k] for t in times) for k in range(2))
         extra = tuple(min(e[k] for e in ends) for k in range(4))
         return to_us(t_first), to_us(t_last), extra
