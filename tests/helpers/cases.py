@@ -15,11 +15,14 @@ from planner.profile_tables import ProfileSet
 
 
 def reduced_cost_model(preset: str, layers: int, cluster: str, gbs: int, *, pattern: Sequence[int] | None = None,
-                       tied: bool = False, seq: int | None = None) -> CostModel:
+                       tied: bool = False, seq: int | None = None, fsdp: str | None = None,
+                       memory_headroom: float | None = None) -> CostModel:
     """The preset with its first `layers` decoder layers (as `sed s/^num_layers: .*/num_layers: N/`) on
     `cluster` with global batch `gbs`: MoE layers where `pattern` says, else every layer of an MoE
     model; with `tied`, its embeddings tied to the output layer (FlagScale's first and last stage DPs
-    must then divide one another); `seq` sets the sequence length."""
+    must then divide one another); `seq` sets the sequence length; `fsdp` trains with Megatron-FSDP and
+    that --data-parallel-sharding-strategy (with the distributed optimizer and the fsdp_dtensor checkpoint
+    format it asks for); `memory_headroom` as --memory-headroom (a fraction; None: the shipped default)."""
     profiles = ProfileSet.load()
     cl = parse_cluster(cluster, profiles)
     overrides: dict[str, int] = {"gbs": gbs} if seq is None else {"gbs": gbs, "seq": seq}
@@ -28,7 +31,13 @@ def reduced_cost_model(preset: str, layers: int, cluster: str, gbs: int, *, patt
     if tied:
         update["untie_embeddings_and_output_weights"] = False
     model = run.model.model_validate({**run.model.model_dump(), **update})
-    return CostModel(model, run.training, cl, profiles)
+    training = run.training
+    if fsdp is not None:
+        megatron = {**training.megatron.model_dump(), "ckpt_format": "fsdp_dtensor"}
+        training = training.model_validate({**training.model_dump(), "use_megatron_fsdp": True,
+                                            "data_parallel_sharding_strategy": fsdp, "use_distributed_optimizer": True,
+                                            "megatron": megatron})
+    return CostModel(model, training, cl, profiles, memory_headroom=memory_headroom)
 
 
 def flags_cost_model(flags: str, cluster: str):
