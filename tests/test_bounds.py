@@ -237,3 +237,21 @@ def test_layers_held_match_enumeration():
         sub = np.array([c for c in cases if c[6] == count])
         got = _holds_each(sub[:, 0], sub[:, 1], sub[:, 2], sub[:, 3], sub[:, 4], sub[:, 5], count)
         assert got.tolist() == sub[:, 7].tolist()
+
+
+def test_pipeline_bounds_of_one_micro_batch_with_no_rate_are_infinite_not_nan():
+    """One micro-batch (m x VPP - 1 = 0) where no stage option holds the layers (no rate): 0 x inf made the relaxed
+    bound NaN (a RuntimeWarning on a Megatron-FSDP search), which compares false with everything in the search's
+    queue; it is infinite."""
+    import warnings
+
+    from planner.search.bounds import ShapeBounds
+
+    class Group:
+        count = 4
+
+    sb = ShapeBounds.__new__(ShapeBounds)  # the fields pipeline_bounds reads, as __init__ sets them
+    sb.groups, sb.rates, sb.held, sb.sum_lb, sb.m = [Group()], [np.zeros(3)], [np.full(3, 10)], 1.0, 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sb.pipeline_bounds(((1, 1), (2, 1))).tolist() == [math.inf, math.inf]

@@ -227,7 +227,9 @@ class ShapeBounds:
             fits = np.where(pps < len(held), held[np.minimum(pps, len(held) - 1)], -np.inf) >= grp.count
             with np.errstate(divide="ignore"):
                 fluid = np.maximum(fluid, np.where((r > 0) & fits, grp.count / np.where(r > 0, r, 1.0), np.inf))
-        return (self.sum_lb + (self.m * vs - 1) * fluid) / vs
+        with np.errstate(invalid="ignore"):  # one micro-batch (m * v - 1 = 0) times an infinite fluid bound: NaN
+            out = (self.sum_lb + (self.m * vs - 1) * fluid) / vs
+        return np.where(np.isinf(fluid), np.inf, out)  # no layout holds the layers: infinite, never NaN
 
     def bound(self, pp: int, vpp: int, inflight: list[float], memory: bool = True) -> float:
         """The cheap bound at (PP, VPP) with the in-flight micro-batches per position;
