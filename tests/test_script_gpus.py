@@ -201,6 +201,25 @@ def _job(tmp_path: Path, text: str, name: str = "job.sh") -> Path:
     # sbatch's --mem-per-gpu with its value as the next word: 80G was read as the end of sbatch's options
     ("#!/bin/bash\nsbatch --mem-per-gpu 80G --nodes 2 --ntasks-per-node 8 <<EOF\n#!/bin/bash\n"
      "srun python pretrain_gpt.py FLAGS\nEOF\n", ["`sbatch --nodes=2`", "`sbatch --ntasks-per-node=8`"]),
+    # a gres other than gpu is no GPU count: --gres=nvme:1 was read as 1 GPU on each node (refused: 8 tasks on 1 GPU)
+    ("#!/bin/bash\nsrun -N 2 --gres=nvme:1 --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n",
+     ["srun: 2 nodes x 8 tasks"]),
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n#SBATCH --gres=shard:2\n"
+     "srun python pretrain_gpt.py FLAGS\n", ["`#SBATCH --ntasks-per-node=8` ({path}:3)"]),
+    # the gpu entry of a gres list, wherever it stands (the first entry, nvme:1, was read: 2 tasks on 1 GPU each)
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=nvme:1,gpu:8\n#SBATCH --ntasks-per-gpu=1\n"
+     "srun python pretrain_gpt.py FLAGS\n", ["`#SBATCH --gres=nvme:1,gpu:8` ({path}:3)", "srun: 2 nodes x 8 tasks"]),
+    ("#!/bin/bash\nsrun -N 2 --gres=gres/gpu:h100:8,nvme:1 --ntasks-per-gpu=1 python pretrain_gpt.py FLAGS\n",
+     ["srun: 2 nodes x 8 tasks"]),
+    # long options by an unambiguous prefix of their names, as Slurm's getopt_long reads them: --ntasks-per-n was
+    # not read (one task per node: the whole cluster), its value taken for srun's command
+    ("#!/bin/bash\nsrun --nodes 2 --ntasks-per-n 8 python pretrain_gpt.py FLAGS\n", ["srun: 2 nodes x 8 tasks"]),
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-n=8\nsrun python pretrain_gpt.py FLAGS\n",
+     ["`#SBATCH --ntasks-per-node=8` ({path}:3)"]),
+    ("#!/bin/bash\nsbatch -N 2 --ntasks-per-no 8 <<EOF\n#!/bin/bash\nsrun --gpus-per-t 1 python pretrain_gpt.py "
+     "FLAGS\nEOF\n", ["`sbatch --ntasks-per-node=8`"]),
+    # --tasks-per-node, the second name of --ntasks-per-node (slurm_opt.c), here by a prefix
+    ("#!/bin/bash\n#SBATCH -N 2\nsrun --tasks 8 python pretrain_gpt.py FLAGS\n", ["srun: 2 nodes x 8 tasks"]),
 ])
 def test_srun_takes_the_counts_it_does_not_give_from_the_jobs_sbatch_lines(tmp_path, text, where):
     """srun inside a Slurm job inherits the allocation's nodes and tasks: 16 GPUs on 2 nodes of H100:64, priced as
@@ -274,6 +293,27 @@ def test_an_srun_that_does_not_start_one_rank_on_each_gpu_is_refused_naming_the_
     code, _, err = _estimate(script, "H100:64")
     assert code == 2 and "error: --megatron-script: the script's launch (srun" in err, err
     assert "Traceback" not in err
+    for text_ in named:
+        assert text_.format(path=script) in err, err
+
+
+@pytest.mark.parametrize("text, named", [
+    # srun's option given by a prefix of three options' names: srun refuses it (getopt_long: ambiguous); it was read
+    # as an option without a value, its value 2 as srun's command (the whole cluster priced)
+    ("#!/bin/bash\nsrun --nod 2 --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n",
+     ["{path}:2", "srun's option --nod is ambiguous", "--nodefile, --nodelist, --nodes"]),
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gre=gpu:8\nsrun --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n",
+     ["error: {path}:3: #SBATCH: sbatch's option --gre is ambiguous", "--gres, --gres-flags"]),
+    ("#!/bin/bash\nsbatch --ntasks-per 8 -N 2 <<EOF\n#!/bin/bash\nsrun python pretrain_gpt.py FLAGS\nEOF\n",
+     ["{path}:2", "sbatch's option --ntasks-per is ambiguous", "--ntasks-per-gpu, --ntasks-per-node"]),
+])
+def test_an_ambiguous_prefix_of_a_slurm_option_is_refused_naming_the_candidates(tmp_path, text, named):
+    """srun and sbatch read a long option by an unambiguous prefix of its name (getopt_long) and refuse one that
+    starts several options' names; the reader refuses it too (exit 2), naming the line, the option and the
+    candidates."""
+    script = _job(tmp_path, text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "Traceback" not in err, err
     for text_ in named:
         assert text_.format(path=script) in err, err
 

@@ -61,7 +61,8 @@ from planner.inputs.shell.interp import (
 )
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
-from planner.inputs.srun_tasks import SrunTasks, srun_tasks
+from planner.inputs.slurm_options import SlurmOptionError
+from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -308,7 +309,7 @@ def _comment_break(lines: list[str], first: int) -> int | None:
 def _check_launch(interp: Interp, found) -> None:
     """What bash would run but Megatron would not take: a lone blank argument (a backslash followed by
     a space where a line continuation was meant), an entry script that builds another model; a comment inside
-    the launch command, which ends it before flags that follow."""
+    the launch command, which ends it before flags that follow; an srun option srun refuses as ambiguous."""
     lines = interp.text.splitlines()
     site = found.site
     if site is not None and site.via == "direct" and 0 < site.line <= len(lines):
@@ -320,6 +321,11 @@ def _check_launch(interp: Interp, found) -> None:
                 f"to the end of its line, backslash included): the flags from the next line on ({after} ...) are "
                 "not part of it, and bash runs them as a command of their own after training; move the comment out "
                 "of the command or delete it")
+    if found.wrapper and found.wrapper[0].rsplit("/", 1)[-1] == "srun":
+        try:
+            srun_words(found.wrapper)
+        except SlurmOptionError as exc:  # an ambiguous prefix of an option: srun refuses the launch
+            raise PlannerInputError(FIELD, f"{interp.where(found.line, found.src)}: {exc}") from None
     entry = found.entry.rsplit("/", 1)[-1]
     if entry in NON_GPT_ENTRIES:
         raise PlannerInputError(

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from planner.inputs.shell.builtins import GPU_KEYS, SchedulerValue, gpu_count, sbatch_options
+from planner.inputs.shell.builtins import GPU_KEYS, SchedulerValue, gpu_value, gres_gpus, sbatch_options
 from planner.inputs.slurm_options import options_end
 
 # srun's own count options, as sbatch_options names them: plain numbers, or the launch states no count
@@ -65,15 +65,15 @@ class _Counts:
     taken: list[str] = field(default_factory=list)
 
     def gives(self, key: str) -> bool:
-        """srun gives `key` itself (--gres=gpu:G is its --gpus-per-node)."""
-        return key in self.own or (key == "gpus-per-node" and "gres" in self.own)
+        """srun gives `key` itself (--gres=gpu:G is its --gpus-per-node; --gres=nvme:1 gives no GPUs)."""
+        return key in self.own or (key == "gpus-per-node" and gres_gpus(self.own.get("gres", "")) is not None)
 
     def take(self, key: str, *, own: bool | None = None, record: bool = True) -> int | None:
         """The value srun runs with: its own where it gives `key` (`own`: True, srun's only; False, the job's only),
         else the job's, its place kept (`record`); None where that is not a plain number."""
         if own if own is not None else self.gives(key):
-            raw = self.own.get(key, self.own.get("gres") if key == "gpus-per-node" else None) or ""
-            value = gpu_count(raw) if key in GPU_KEYS else raw
+            name = key if key in self.own or key != "gpus-per-node" else "gres"
+            value = gpu_value(name, self.own.get(name, "")) or ""
             return int(value) if value.isdigit() else None
         stated = self.job.get(JOB_NAMES[key])
         if stated is None or not stated.value.isdigit():
@@ -101,12 +101,17 @@ def srun_words(words: list[str]) -> list[str]:
     return words[:1 + options_end(words[1:], "srun")]
 
 
+def _own(words: list[str]) -> dict[str, str]:
+    """srun's own count and GPU options among `words` (`srun_words`), as sbatch_options names them."""
+    return {key: value for key, value in sbatch_options(srun_words(words), "srun").items()
+            if key in COUNT_KEYS | GPU_KEYS}
+
+
 def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks:
     """The tasks of `srun` with options `words` (`srun_words`: its own) in a job whose geometry the script states
     (`job`: the SLURM_* values of its #SBATCH lines and sbatch options, by name); see the module docstring."""
-    own = {key: value for key, value in sbatch_options(srun_words(words)).items() if key in COUNT_KEYS | GPU_KEYS}
-    if any(not (gpu_count(value) if key in GPU_KEYS else value).isdigit()
-           for key, value in own.items() if key in COUNT_KEYS):
+    own = _own(words)
+    if any(not (gpu_value(key, value) or "").isdigit() for key, value in own.items() if key in COUNT_KEYS):
         return SrunTasks(None, None)  # a count that is not a plain number
     counts = _Counts(own, job)
     if counts.take("ntasks-per-gpu") is not None:

@@ -11,6 +11,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from planner.errors import PlannerInputError
+from planner.inputs.slurm_options import VALUED, Scheduler, SlurmOptionError, long_option
+
 IFS_DEFAULT = " \t\n"
 MAX_SEQ_WORDS = 100_000  # `seq` longer than this is not expanded (a loop bound, not a flag list)
 
@@ -424,21 +427,25 @@ class SchedulerValue:
 _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 _SBATCH_KEYS = {"-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks-per-node", "-n": "ntasks",
                 "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres", "-G": "gpus",
-                "--gpus": "gpus", "--gpus-per-task": "gpus-per-task", "--ntasks-per-gpu": "ntasks-per-gpu"}
-GPU_KEYS = frozenset({"gpus-per-node", "gres", "gpus", "gpus-per-task"})  # values `[type:]count` (gres: gpu:[type:]N)
+                "--gpus": "gpus", "--gpus-per-task": "gpus-per-task", "--ntasks-per-gpu": "ntasks-per-gpu",
+                "--tasks-per-node": "ntasks-per-node"}  # --tasks-per-node: its second name (slurm_opt.c)
+GPU_KEYS = frozenset({"gpus-per-node", "gres", "gpus", "gpus-per-task"})  # `[type:]count`; gres: `gres_gpus`
 
 
-def sbatch_options(words: list[str]) -> dict[str, str]:
-    """The job-geometry options among sbatch's words (`--nodes=2`, `-N 2`, `-N2`, `-G16`, `--gres=gpu:8`)."""
+def sbatch_options(words: list[str], scheduler: Scheduler = "sbatch") -> dict[str, str]:
+    """The job-geometry options among sbatch's (or srun's) words (`--nodes=2`, `-N 2`, `-N2`, `-G16`,
+    `--gres=gpu:8`, `--ntasks-per-n 8`: a long option by an unambiguous prefix, planner/inputs/slurm_options.py
+    `long_option`, whose SlurmOptionError an ambiguous one raises); the value of another option that takes one is
+    skipped with it, not read as an option."""
     out: dict[str, str] = {}
     i = 0
     while i < len(words):
-        word = words[i]
+        word = long_option(words[i], scheduler)
         name, eq, value = word.partition("=")
         if not eq and re.fullmatch(r"-[NnG]\d+", word):
             name, value, eq = word[:2], word[2:], "="
         key = _SBATCH_KEYS.get(name)
-        if key is not None and not eq and i + 1 < len(words):
+        if not eq and i + 1 < len(words) and (key is not None or word in VALUED[scheduler]):
             value, i = words[i + 1], i + 1
         if key is not None:
             out[key] = value
@@ -446,9 +453,10 @@ def sbatch_options(words: list[str]) -> dict[str, str]:
     return out
 
 
-def sbatch_directives(text: str, first_line: int = 1) -> list[tuple[int, dict[str, str]]]:
+def sbatch_directives(text: str, first_line: int = 1, path: str | None = None) -> list[tuple[int, dict[str, str]]]:
     """(line, options) of the `#SBATCH` lines sbatch reads: those before the first command (`first_line`: the
-    line `text` starts on in its file, a here-document's)."""
+    line `text` starts on in its file `path`, a here-document's); PlannerInputError naming the line for an option
+    sbatch refuses as ambiguous."""
     out: list[tuple[int, dict[str, str]]] = []
     for k, line in enumerate(text.splitlines(), first_line):
         stripped = line.strip()
@@ -460,7 +468,10 @@ def sbatch_directives(text: str, first_line: int = 1) -> list[tuple[int, dict[st
                 words = shlex.split(m.group(1), comments=True)
             except ValueError:
                 continue
-            opts = sbatch_options(words)
+            try:
+                opts = sbatch_options(words)
+            except SlurmOptionError as exc:
+                raise PlannerInputError(f"{path}:{k}" if path else f"line {k}", f"#SBATCH: {exc}") from None
             if opts:
                 out.append((k, opts))
     return out
@@ -472,12 +483,61 @@ def gpu_count(value: str) -> str:
     return last if last.isdigit() else ""
 
 
+# Slurm's count suffixes (src/common/slurm_protocol_defs.c `suffix_mult`, case-insensitive)
+_SUFFIX_MULT = {"": 1} | {s: 1024 ** p for p, c in enumerate("kmgtp", 1) for s in (c, f"{c}ib")} | {
+    f"{c}b": 1000 ** p for p, c in enumerate("kmgtp", 1)}
+_GRES_COUNT = re.compile(r"(\d+)([a-zA-Z]*)")
+
+
+def _gres_number(text: str) -> int | None:
+    """A gres count (`8`, `1k`) as Slurm reads it (`_is_valid_number`: digits, then a suffix of `suffix_mult`);
+    None where `text` is not one."""
+    m = _GRES_COUNT.fullmatch(text)
+    mult = _SUFFIX_MULT.get(m.group(2).lower()) if m else None
+    return int(m.group(1)) * mult if m and mult is not None else None
+
+
+def gres_gpus(value: str) -> str | None:
+    """The GPUs on each node a --gres list asks for: the sum of its `gpu` entries' counts, as digits; None where
+    it has no `gpu` entry (`nvme:1`, `shard:2`: no GPU count); '' where Slurm would not read it (`gpu:8(S:0-1)`,
+    `none`, text the reader left unexpanded: `gpu:$N`, `$GRES`).
+
+    The grammar (srun(1)/sbatch(1) --gres: "a comma-delimited list ... The format for each entry in the list is
+    name[[:type]:count] ... count ... with a default value of 1 ... can have a suffix of k|K, m|M, g|G, t|T, p|P"), as
+    Slurm parses it (src/common/slurm_protocol_defs.c `slurm_get_next_tres`, called from src/interfaces/gres.c
+    `_get_next_gres`; slurm_opt.c `arg_set_gres` puts `gres/` in front of each entry, `gres_prepend_tres_type`):
+    an entry may start `gres/`; its last `:` part is the count where it is a number (digits and a suffix), else the
+    type (count 1), and a type followed by another `:` part is refused; the name is matched exactly (`gpu`); an
+    entry of count 0 asks for nothing."""
+    if value.lower() == "none" or "$" in value or "`" in value:
+        return ""
+    total: int | None = None
+    for entry in value.split(","):
+        parts = entry.removeprefix("gres/").split(":")
+        if parts == [""]:
+            continue  # an empty entry, as Slurm skips it
+        count = _gres_number(parts[-1]) if len(parts) > 1 else 1
+        if len(parts) > 3 or "" in parts or (count is None and len(parts) == 3):
+            return ""  # `gpu:`, `gpu:a:b:8`, `gpu:8(S:0-1)`: refused by Slurm
+        if parts[0] == "gpu":
+            total = (total or 0) + (count if count is not None else 1)
+    return None if total is None else str(total)
+
+
+def gpu_value(key: str, value: str) -> str | None:
+    """The count an sbatch_options key's value gives: the GPU count of a GPU option (`gpu_count`, `gres_gpus`;
+    None where a --gres asks for no GPU), else the value as given."""
+    if key == "gres":
+        return gres_gpus(value)
+    return gpu_count(value) if key in GPU_KEYS else value
+
+
 def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
     """SLURM_* variables of a job with these options ({key: (value, where given)}); only integers."""
     def num(key: str) -> tuple[str, str] | None:
         value, where = options.get(key, ("", ""))
-        value = gpu_count(value) if key in GPU_KEYS else value
-        return (value, where) if value.isdigit() else None
+        count = gpu_value(key, value)
+        return (count, where) if count is not None and count.isdigit() else None
 
     out: list[SchedulerValue] = []
     nodes, per, tasks = num("nodes"), num("ntasks-per-node"), num("ntasks")
@@ -504,7 +564,7 @@ def sbatch_values(text: str, command_words: list[str] | None = None, *, path: st
     """The SLURM_* variables a job script's `#SBATCH` lines (and sbatch's own options, which win) set; `path` and
     `first_line`: the file the text is in and its line there, for where each value comes from."""
     options: dict[str, tuple[str, str]] = {}
-    for line, opts in sbatch_directives(text, first_line):
+    for line, opts in sbatch_directives(text, first_line, path):
         for key, value in opts.items():
             options[key] = (value, f"`#SBATCH --{key}={value}` ({f'{path}:{line}' if path else f'line {line}'})")
     for key, value in sbatch_options(command_words or []).items():

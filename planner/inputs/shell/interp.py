@@ -21,7 +21,7 @@ from planner.inputs.shell.builtins import (
 )
 from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Lexer, Op, Part, Word, location
 from planner.inputs.shell.syntax import AndOr, Arith, Case, Cond, Func, Group, If, Loop, Pipe, Simple, parse
-from planner.inputs.slurm_options import options_end
+from planner.inputs.slurm_options import SlurmOptionError, options_end
 
 MAX_STEPS = 200_000  # statements evaluated (a launcher runs a few thousand; bash itself needs seconds for this)
 DEADLINE_CHECK_STEPS = 256  # the clock is read every this many statements
@@ -1145,7 +1145,10 @@ class Interp:
         sbatch = fields[0].rsplit("/", 1)[-1] == "sbatch"
         text = self.stdin_text(node)
         words = fields[1:]
-        k = options_end(words, "sbatch") if sbatch else 0
+        try:
+            k = options_end(words, "sbatch") if sbatch else 0
+        except SlurmOptionError as exc:  # an ambiguous prefix of an option: sbatch refuses the job
+            raise PlannerInputError(self.where(node.line, node.src), str(exc)) from None
         options = words[:k] if sbatch else []
         if text is None:
             if sbatch and k < len(words):
