@@ -318,6 +318,26 @@ def test_an_ambiguous_prefix_of_a_slurm_option_is_refused_naming_the_candidates(
         assert text_.format(path=script) in err, err
 
 
+@pytest.mark.parametrize("launch, nproc", [
+    ("torchrun --nnodes 2 --nproc-per-node 4", "--nproc-per-node 4: 4 ranks on 8 GPUs"),  # 4 GPUs of each idle
+    ("torchrun --nnodes 2 --nproc_per_node 16", "--nproc-per-node 16: 16 ranks on 8 GPUs"),  # two ranks on a GPU
+    ("torchrun --nnodes 2", "no --nproc-per-node (torchrun's default: 1): 1 rank on 8 GPUs"),
+    ("python -m torch.distributed.run --nnodes=2 --nproc-per-node=2", "--nproc-per-node 2: 2 ranks on 8 GPUs"),
+])
+def test_a_torchrun_in_each_task_with_other_ranks_than_the_tasks_gpus_is_refused_naming_both(tmp_path, launch, nproc):
+    """srun --gpus-per-task=8 with a torchrun in each task that starts another number of ranks: the GPUs per node
+    were torchrun's (4 priced on each node whose task holds 8); refused (exit 2), naming both values, where they are
+    given and the two ways to make them agree.  Refused, not read as either: fewer ranks leave GPUs the job holds
+    idle, more put two ranks on a GPU (NCCL refuses that), so one of the two numbers is not the run the user means."""
+    job = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+           "srun --gpus-per-task=8 {} pretrain_gpt.py FLAGS\n")
+    script = _job(tmp_path, job.format(launch))
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "Traceback" not in err, err
+    assert "srun gives each task 8 GPUs (`srun --gpus-per-task=8`)" in err and nproc in err, err
+    assert "give torchrun --nproc-per-node 8, or srun --gpus-per-task=" in err, err
+
+
 def test_a_torchrun_in_each_task_of_gpus_per_task_is_read_by_its_own_counts(tmp_path):
     """--gpus-per-task=8, one task per node: the trainer behind srun directly is refused (one rank per task), a
     torchrun in each task starts the ranks, and its counts (2 x 8) are the launch's."""

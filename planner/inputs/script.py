@@ -62,7 +62,7 @@ from planner.inputs.shell.interp import (
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
 from planner.inputs.slurm_options import SlurmOptionError
-from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
+from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words, torchrun_per_task
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -146,6 +146,23 @@ class LauncherScript:
     def srun(self) -> SrunTasks:
         """The tasks the launch's srun starts, with what it takes from the job (planner/inputs/srun_tasks.py)."""
         return srun_tasks(self.wrapper, self.job)
+
+    @property
+    def refused(self) -> str | None:
+        """Why the launch is not one Megatron rank on each GPU it holds (None: it is): srun's (`SrunTasks.refused`),
+        or a torchrun in each srun task whose --nproc-per-node is not the task's --gpus-per-task
+        (`torchrun_per_task`: the ranks torchrun starts, not srun's GPUs, would set the GPUs per node)."""
+        by = self.launched_by
+        if by == "srun":
+            return self.srun.refused
+        if by != "torchrun" or not self.wrapper or self.wrapper[0].rsplit("/", 1)[-1] != "srun":
+            return None
+        given = _options(self.launcher_args, {"nproc-per-node"}).get("nproc-per-node")
+        nproc = given if given is not None else "1"  # torchrun's default
+        if not nproc.isdigit():
+            return None
+        words = f"--nproc-per-node {nproc}" if given is not None else "no --nproc-per-node (torchrun's default: 1)"
+        return torchrun_per_task(self.wrapper, self.job, int(nproc), words)
 
     @property
     def launched_by(self) -> str | None:

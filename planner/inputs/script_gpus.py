@@ -14,8 +14,8 @@ that rests on a launch variable the job's environment sets (`NNODES=${NNODES:-1}
 the job gets what its launcher exports), an srun whose nodes or tasks neither it nor the script's #SBATCH lines
 state (the allocation's, set where the job is submitted; the SLURM_* counts the reader takes from --cluster are
 not the script's).  An srun that starts the trainer as other than one rank on each GPU (--ntasks-per-gpu=2,
---gpus-per-task=8 without a torchrun in each task, more tasks on a node than the GPUs it states there), or with
-options Slurm does not combine, is refused, naming the option.
+--gpus-per-task=8 without a torchrun in each task, or with one whose --nproc-per-node is not 8, more tasks on a node
+than the GPUs it states there), or with options Slurm does not combine, is refused, naming the option.
 
 `calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):
 on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's
@@ -61,8 +61,9 @@ class ScriptGpus:
 def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileSet) -> ScriptGpus:
     """The GPUs of `cluster` the script's launch uses (see the module docstring); PlannerInputError naming both
     counts when the cluster cannot hold the launch, or naming srun's option when it is not one rank on each GPU."""
-    refused = script.srun.refused if script.launched_by == "srun" else None
-    if refused is not None:  # srun --ntasks-per-gpu=2, --gpus-per-task=8 in front of the trainer: not a rank per GPU
+    refused = script.refused
+    if refused is not None:  # srun --ntasks-per-gpu=2, --gpus-per-task=8 in front of the trainer (or of a torchrun
+        # with --nproc-per-node 4): not a rank on each GPU
         site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
         raise PlannerInputError("--megatron-script", f"the script's launch ({_launch_text(script)}{site}): {refused}")
     world, per_node = script.world_size, script.gpus_per_node

@@ -15,7 +15,8 @@ The GPU options, as Slurm's srun and sbatch man pages define them:
   ranks on one GPU), so N other than 1 is refused.
 * `--gpus-per-task=G`: G GPUs for each task; the tasks are those the other counts give, or --gpus=X over G.  A task
   that runs the trainer itself is one process, one Megatron rank on one GPU, so G other than 1 is refused there
-  (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/script.py).
+  (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/script.py; its
+  --nproc-per-node other than G is refused, `torchrun_per_task`).
 
 More tasks on a node than its GPUs (--ntasks-per-node=8, or --ntasks over --nodes, with --gpus-per-node=4 or
 --gres=gpu:4), or more tasks than the GPUs (-G/--gpus), srun's own or the job's, is refused too: two ranks would
@@ -105,6 +106,25 @@ def _own(words: list[str]) -> dict[str, str]:
     """srun's own count and GPU options among `words` (`srun_words`), as sbatch_options names them."""
     return {key: value for key, value in sbatch_options(srun_words(words), "srun").items()
             if key in COUNT_KEYS | GPU_KEYS}
+
+
+def torchrun_per_task(words: list[str], job: Mapping[str, SchedulerValue], nproc: int, nproc_words: str
+                      ) -> str | None:
+    """Why a torchrun that `srun` (options `words`, in a job of geometry `job`) starts in each task is refused:
+    its `nproc` ranks (`nproc_words`: where torchrun gives them) are not the task's GPUs, --gpus-per-task (srun's
+    own, else the job's).  More ranks than GPUs: two ranks on a GPU, which NCCL refuses (or a rank whose device
+    is not there); fewer: GPUs the job holds idle, and the launch's GPUs per node are not what the job asks for.
+    None where they are the same, or srun states no GPUs per task as a plain number."""
+    counts = _Counts(_own(words), job)
+    per_task = counts.take("gpus-per-task", record=False)
+    if per_task is None or per_task == nproc:
+        return None
+    what = ("more ranks than GPUs, so two would share a GPU, which NCCL refuses" if nproc > per_task else
+            f"{per_task - nproc} of each task's GPUs idle, held by the job but not priced")
+    ranks = f"{nproc} rank{'s' if nproc != 1 else ''}"
+    return (f"srun gives each task {per_task} GPUs ({counts.where('gpus-per-task')}) and starts torchrun in each "
+            f"task with {nproc_words}: {ranks} on {per_task} GPUs, {what}; give torchrun --nproc-per-node "
+            f"{per_task}, or srun --gpus-per-task={nproc}")
 
 
 def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks:
