@@ -902,3 +902,29 @@ def test_dry_run_skips_the_value_of_every_srun_and_sbatch_option(tmp_path):
     assert "[dry-run, not run] srun -N 2 --ntasks-per-node 1 --gpus-per-task 8" in proc.stderr  # the job script ran
     nodes = [ln for ln in proc.stdout.splitlines() if ln.startswith("torchrun ")]
     assert len(nodes) == 2 and all("pretrain_gpt.py" in ln for ln in nodes), proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_dry_run_skips_the_value_of_an_option_given_by_a_prefix_of_its_name(tmp_path):
+    """Slurm reads a long option by an unambiguous prefix of its name (getopt_long), and so does the reader;
+    `launch.sh --dry-run` took the value of `--ntasks-per-n 1` (srun) or `--gpus-per-t 8` (sbatch) for the command
+    (`1 --gpus-per-t ...` printed as not run, `bash 8 ...`: no such file), and no node's command printed.  An
+    option's full name that starts another's (sbatch --wait, --wait-all-nodes) keeps its own reading."""
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n"
+        f'CMD="torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py {_SMALL_FLAGS}"\n'
+        "srun --label -N 2 --ntasks-per-n 1 --gpus-per-t 8 --container-ima nvcr.io/nvidia/pytorch:25.04-py3 "
+        'bash -c "$CMD"\n')
+    submit = tmp_path / "submit.sh"
+    submit.write_text('#!/bin/bash\ncd "$(dirname "$0")"\nsbatch --wait --gpus-per-t 8 --wait-all 1 -N 2 job.sh\n')
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(submit), "--cluster", "H100:16",
+                                    "--backend", "hsdp", "--quiet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    proc = subprocess.run(["bash", str(out / "launch" / "launch.sh"), "--dry-run"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert "No such file" not in proc.stderr and "not run] 1 " not in proc.stderr, proc.stderr
+    assert "[dry-run, not run] srun --label -N 2 --ntasks-per-n 1" in proc.stderr  # the job script ran
+    nodes = [ln for ln in proc.stdout.splitlines() if ln.startswith("torchrun ")]
+    assert len(nodes) == 2 and all("pretrain_gpt.py" in ln for ln in nodes), proc.stdout + proc.stderr

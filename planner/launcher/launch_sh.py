@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from planner.inputs.script import LauncherScript
-from planner.inputs.slurm_options import VALUED, Scheduler
+from planner.inputs.slurm_options import LONG_NAMES, VALUED, Scheduler
 from planner.launcher.common import DEFAULT_MASTER_PORT, Agent, FlagItem, PricedFlags, arrays_of, bash_item
 from planner.launcher.quoting import comment_lines, one_line, sh_quote
 from planner.profile_tables import ProfileSet
@@ -131,7 +131,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     lines += srun_function(spec, entry_name)
-    exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun"
+    exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun"
     exported += " hapmoe_need_refs" if spec.refs else ""
     exported += " hapmoe_priced_read hapmoe_check_priced" if spec.priced is not None else ""
     if shadow and shadow != "srun":
@@ -166,18 +166,46 @@ DRY_RUN_STUBS = ("mpirun", "mpiexec", "salloc", "scancel", "torchrun", "deepspee
 def _skip_options(scheduler: Scheduler, indent: str) -> list[str]:
     """bash lines that shift srun's or sbatch's options off "$@", up to the command it runs or the job script it
     submits: an option that takes a value (planner/inputs/slurm_options.py, the list the script reader skips by)
-    takes the next word with it, unless the value is attached (`--nodes=2`, `-N2`)."""
-    rows: list[str] = []
-    for option in sorted(VALUED[scheduler]):
-        if rows and len(rows[-1]) + len(option) < 100:
-            rows[-1] += f"|{sh_quote(option)}"
-        else:
-            rows.append(sh_quote(option))
+    takes the next word with it, unless the value is attached (`--nodes=2`, `-N2`); a long option also when given
+    by an unambiguous prefix of its name, as Slurm's getopt_long reads it (`hapmoe_slurm_valued`: `--ntasks-per-n 8`;
+    an ambiguous one, which srun and sbatch refuse, takes no value here)."""
+    shorts = "|".join(sh_quote(option) for option in sorted(VALUED[scheduler]) if not option.startswith("--"))
+    valued = sorted(name for name in LONG_NAMES[scheduler] if f"--{name}" in VALUED[scheduler])
+    others = sorted(LONG_NAMES[scheduler] - set(valued))
     pad = indent + " " * 8
     return [f"{indent}# {scheduler}'s options off \"$@\": one that takes a value takes the next word with it",
+            f"{indent}local hapmoe_valued={_name_lines(valued, indent, len('local hapmoe_valued='))}",
+            f"{indent}local hapmoe_other={_name_lines(others, indent, len('local hapmoe_other='))}",
             f'{indent}while [[ $# -gt 0 && "$1" == -* ]]; do', f'{indent}    case "$1" in',
-            f"{pad}--) shift; break ;;", *(f"{pad}{row}|\\" for row in rows[:-1]),
-            f"{pad}{rows[-1]}) shift 2 ;;", f"{pad}*) shift ;;", f"{indent}    esac", f"{indent}done"]
+            f"{pad}--) shift; break ;;", f"{pad}{shorts}) shift 2 || shift ;;",
+            f'{pad}--?*) if hapmoe_slurm_valued "$1" "$hapmoe_valued" "$hapmoe_other"; then shift 2 || shift',
+            f"{pad}      else shift; fi ;;",
+            f"{pad}*) shift ;;", f"{indent}    esac", f"{indent}done"]
+
+
+def _name_lines(names: list[str], indent: str, head: int) -> str:
+    """`names` as one quoted bash word, one name from the next by a blank or a line break (lines under 100
+    characters; `head`: the characters before the word on its first line)."""
+    rows: list[str] = []
+    for name in names:
+        if rows and len(indent) + 4 + len(rows[-1]) + len(name) + (head - 4 if len(rows) == 1 else 0) < 96:
+            rows[-1] += f" {name}"
+        else:
+            rows.append(name)
+    return sh_quote(f"\n{indent}    ".join(rows))
+
+
+_SLURM_VALUED = [
+    "# Slurm reads a long option by an unambiguous prefix of its name too (getopt_long: --ntasks-per-n 8): does $1",
+    "# (--NAME) name one that takes a value, among $2 (the long options that do) and $3 (the others)?",
+    "hapmoe_slurm_valued() {",
+    "    local IFS=$' \\t\\n' x=${1#--} n k=0 valued=0",
+    '    for n in $2; do [[ $n == "$x" ]] && return 0; [[ $n == "$x"* ]] && k=$((k + 1)) valued=1; done',
+    '    for n in $3; do [[ $n == "$x" ]] && return 1; [[ $n == "$x"* ]] && k=$((k + 1)) valued=0; done',
+    "    ((k == 1 && valued))",
+    "}",
+]
+"""Exact where no prefix starts two names of one option and nothing else (slurm_options `_SAME_OPTION`: tested)."""
 
 
 def dry_run_stubs(spec: LaunchSpec) -> list[str]:
@@ -196,6 +224,7 @@ def dry_run_stubs(spec: LaunchSpec) -> list[str]:
         f"        echo {gpus}; echo \"[dry-run] ... device_count() answered {gpus}: node 0's GPUs in the plan\" >&\"${{HAPMOE_DRY_ERR:-2}}\"",
         "    fi",
         "}",
+        *_SLURM_VALUED,
         'if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
         '    HAPMOE_REAL_PATH=$PATH; PATH=/nonexistent/hapmoe-dry-run; export HAPMOE_REAL_PATH PATH',
         "    command_not_found_handle() {",

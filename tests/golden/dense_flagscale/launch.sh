@@ -40,6 +40,14 @@ hapmoe_dry_python() {
         echo 8; echo "[dry-run] ... device_count() answered 8: node 0's GPUs in the plan" >&"${HAPMOE_DRY_ERR:-2}"
     fi
 }
+# Slurm reads a long option by an unambiguous prefix of its name too (getopt_long: --ntasks-per-n 8): does $1
+# (--NAME) name one that takes a value, among $2 (the long options that do) and $3 (the others)?
+hapmoe_slurm_valued() {
+    local IFS=$' \t\n' x=${1#--} n k=0 valued=0
+    for n in $2; do [[ $n == "$x" ]] && return 0; [[ $n == "$x"* ]] && k=$((k + 1)) valued=1; done
+    for n in $3; do [[ $n == "$x" ]] && return 1; [[ $n == "$x"* ]] && k=$((k + 1)) valued=0; done
+    ((k == 1 && valued))
+}
 if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
     HAPMOE_REAL_PATH=$PATH; PATH=/nonexistent/hapmoe-dry-run; export HAPMOE_REAL_PATH PATH
     command_not_found_handle() {
@@ -70,23 +78,32 @@ if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
     sbatch() {
         hapmoe_dry sbatch "$@"
         # sbatch's options off "$@": one that takes a value takes the next word with it
+        local hapmoe_valued='account acctg-freq array autocomplete batch bb bbf begin chdir
+            cluster cluster-constraint clusters comment constraint container container-env
+            container-id container-image container-mounts container-name container-save
+            container-workdir context core-spec cores-per-socket cpu-freq cpus-per-gpu
+            cpus-per-task deadline delay-boot dependency distribution error exclude export
+            export-file extra extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node
+            gpus-per-socket gpus-per-task gres gres-flags hint input job-name
+            kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu
+            mem-per-gpu mem-update mincpus network nodefile nodelist nodes ntasks
+            ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres
+            open-mode output partition prefer priority profile qos reservation resources runtime
+            segment signal sockets-per-node switches tasks-per-node thread-spec threads-per-core
+            time time-min tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap'
+        local hapmoe_other='consolidate-segments container-entrypoint container-entrypoint-log
+            container-mount-home container-readonly container-remap-root container-writable
+            contiguous exclusive external get-user-env help hold ignore-pbs nice
+            no-container-entrypoint no-container-mount-home no-container-remap-root no-kill
+            no-requeue oom-kill-step overcommit oversubscribe parsable propagate quiet reboot
+            requeue resv-ports spread-job spread-segments stepmgr test-only usage use-min-nodes
+            verbose version wait'
         while [[ $# -gt 0 && "$1" == -* ]]; do
             case "$1" in
                 --) shift; break ;;
-                --account|--acctg-freq|--array|--autocomplete|--batch|--bb|--bbf|--begin|--chdir|--cluster|\
-                --cluster-constraint|--clusters|--comment|--constraint|--container|--container-env|--container-id|\
-                --container-image|--container-mounts|--container-name|--container-save|--container-workdir|--context|\
-                --core-spec|--cores-per-socket|--cpu-freq|--cpus-per-gpu|--cpus-per-task|--deadline|--delay-boot|\
-                --dependency|--distribution|--error|--exclude|--export|--export-file|--extra|--extra-node-info|--gid|\
-                --gpu-bind|--gpu-freq|--gpus|--gpus-per-node|--gpus-per-socket|--gpus-per-task|--gres|--gres-flags|\
-                --hint|--input|--job-name|--kill-on-invalid-dep|--licenses|--mail-type|--mail-user|--mcs-label|--mem|\
-                --mem-bind|--mem-per-cpu|--mem-per-gpu|--mem-update|--mincpus|--network|--nodefile|--nodelist|\
-                --nodes|--ntasks|--ntasks-per-core|--ntasks-per-gpu|--ntasks-per-node|--ntasks-per-socket|\
-                --ntasks-per-tres|--open-mode|--output|--partition|--prefer|--priority|--profile|--qos|--reservation|\
-                --resources|--runtime|--segment|--signal|--sockets-per-node|--switches|--tasks-per-node|\
-                --thread-spec|--threads-per-core|--time|--time-min|--tmp|--tres-bind|--tres-per-task|--uid|\
-                --wait-all-nodes|--wckey|--wrap|-A|-B|-C|-D|-F|-G|-J|-L|-M|-N|-S|-a|-b|-c|-d|-e|-i|-m|-n|-o|-p|-q|-t|\
-                -w|-x) shift 2 ;;
+                -A|-B|-C|-D|-F|-G|-J|-L|-M|-N|-S|-a|-b|-c|-d|-e|-i|-m|-n|-o|-p|-q|-t|-w|-x) shift 2 || shift ;;
+                --?*) if hapmoe_slurm_valued "$1" "$hapmoe_valued" "$hapmoe_other"; then shift 2 || shift
+                      else shift; fi ;;
                 *) shift ;;
             esac
         done
@@ -257,24 +274,36 @@ srun() {
     if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
         hapmoe_dry srun "$@"
         # srun's options off "$@": one that takes a value takes the next word with it
+        local hapmoe_valued='accel-bind account acctg-freq autocomplete bb bbf bcast-exclude
+            begin chdir cluster cluster-constraint clusters comment constraint container
+            container-env container-id container-image container-mounts container-name
+            container-save container-workdir context core-spec cores-per-socket cpu-bind
+            cpu-freq cpu_bind cpus-per-gpu cpus-per-task deadline delay-boot dependency
+            distribution epilog error exclude export extra extra-node-info gpu-bind gpu-freq
+            gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags het-group hint
+            ignore-signals input job-name jobid licenses mail-type mail-user mcs-label mem
+            mem-bind mem-per-cpu mem-per-gpu mem-update mincpus mpi msg-timeout network nodefile
+            nodelist nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node
+            ntasks-per-socket ntasks-per-tres open-mode output pack-group partition prefer
+            priority profile prolog qos relative reservation resources runtime segment signal
+            slurmd-debug sockets-per-node switches task-epilog task-prolog tasks-per-node
+            thread-spec threads threads-per-core time time-min tmp treewidth tres-bind
+            tres-per-task wait wckey'
+        local hapmoe_other='async bcast compress consolidate-segments container-entrypoint
+            container-entrypoint-log container-mount-home container-readonly
+            container-remap-root container-writable contiguous debugger-test disable-status
+            exact exclusive external-launcher help hold immediate interactive kill-on-bad-exit
+            label multi-prog nice no-allocate no-container-entrypoint no-container-mount-home
+            no-container-remap-root no-kill oom-kill-step overcommit overlap oversubscribe
+            parsable preserve-env propagate pty quiet quit-on-interrupt reboot resv-ports
+            send-libs spread-job spread-segments stepmgr test-only unbuffered usage
+            use-min-nodes verbose version wait-for-children whole x11'
         while [[ $# -gt 0 && "$1" == -* ]]; do
             case "$1" in
                 --) shift; break ;;
-                --accel-bind|--account|--acctg-freq|--autocomplete|--bb|--bbf|--bcast-exclude|--begin|--chdir|\
-                --cluster|--cluster-constraint|--clusters|--comment|--constraint|--container|--container-env|\
-                --container-id|--container-image|--container-mounts|--container-name|--container-save|\
-                --container-workdir|--context|--core-spec|--cores-per-socket|--cpu-bind|--cpu-freq|--cpu_bind|\
-                --cpus-per-gpu|--cpus-per-task|--deadline|--delay-boot|--dependency|--distribution|--epilog|--error|\
-                --exclude|--export|--extra|--extra-node-info|--gpu-bind|--gpu-freq|--gpus|--gpus-per-node|\
-                --gpus-per-socket|--gpus-per-task|--gres|--gres-flags|--het-group|--hint|--ignore-signals|--input|\
-                --job-name|--jobid|--licenses|--mail-type|--mail-user|--mcs-label|--mem|--mem-bind|--mem-per-cpu|\
-                --mem-per-gpu|--mem-update|--mincpus|--mpi|--msg-timeout|--network|--nodefile|--nodelist|--nodes|\
-                --ntasks|--ntasks-per-core|--ntasks-per-gpu|--ntasks-per-node|--ntasks-per-socket|--ntasks-per-tres|\
-                --open-mode|--output|--pack-group|--partition|--prefer|--priority|--profile|--prolog|--qos|\
-                --relative|--reservation|--resources|--runtime|--segment|--signal|--slurmd-debug|--sockets-per-node|\
-                --switches|--task-epilog|--task-prolog|--tasks-per-node|--thread-spec|--threads|--threads-per-core|\
-                --time|--time-min|--tmp|--treewidth|--tres-bind|--tres-per-task|--wait|--wckey|-A|-B|-C|-D|-F|-G|-J|\
-                -L|-M|-N|-S|-T|-W|-b|-c|-d|-e|-i|-m|-n|-o|-p|-q|-r|-t|-w|-x) shift 2 ;;
+                -A|-B|-C|-D|-F|-G|-J|-L|-M|-N|-S|-T|-W|-b|-c|-d|-e|-i|-m|-n|-o|-p|-q|-r|-t|-w|-x) shift 2 || shift ;;
+                --?*) if hapmoe_slurm_valued "$1" "$hapmoe_valued" "$hapmoe_other"; then shift 2 || shift
+                      else shift; fi ;;
                 *) shift ;;
             esac
         done
@@ -283,7 +312,7 @@ srun() {
     fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
-export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry srun
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun
 # ---- end of hapmoe block ----
 
 MODEL_ARGS=(
