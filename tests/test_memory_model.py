@@ -213,6 +213,27 @@ def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
     assert {"max_allocated_gib", "max_reserved_gib", "max_memory_gib"} <= set(unstated.to_json())
 
 
+def test_qk_layernorm_keeps_the_q_and_k_norm_inputs_and_statistics():
+    """--qk-layernorm: each layer keeps, per token and in-flight micro-batch, the Q and K norms' saved inputs (BF16,
+    (heads + query groups) / TP x head_dim) and their FP32 statistics per head row (4 bytes for RMSNorm, 8 for
+    LayerNorm: the mean too); GPT at TP2 without SP: 4096 tokens x (16 + 16) / 2 heads x (2 x 128 + 8) bytes per layer,
+    and with 4 query groups (16 + 4) / 2 heads; MLA's latent norms are not this term."""
+    from planner.cost.memory import activation_bytes_per_token
+
+    s_b = 2048 * 2
+    for extra, heads, stats in (("", 16 + 16, 8), (" --normalization RMSNorm", 16 + 16, 4),
+                                (" --group-query-attention --num-query-groups 4", 16 + 4, 8)):
+        _, plan, plain = _priced(GPT + extra)
+        run, _, qk = _priced(GPT + extra + " --qk-layernorm")
+        per_layer = s_b * heads / 2 * (2 * 128 + stats)
+        for i, (a, z) in enumerate(zip(qk.stages, plain.stages)):
+            kept = a.inflight_microbatches * plan.stages[i].num_layers * per_layer
+            assert a.activations_bytes - z.activations_bytes == pytest.approx(kept)
+    mla = run.model.model_copy(update={"multi_latent_attention": True, "qk_layernorm": True})
+    acts = activation_bytes_per_token(mla, run.training, is_moe=False, tp=2, etp=1, sequence_parallel=False)
+    assert acts.qk_norm == 0.0
+
+
 def test_fit_check_is_on_the_reserved_peak_and_the_search_agrees():
     """A headroom that leaves room for the allocated peak but not for the allocator's cache: the stage does not
     fit, and the search's test (held_static_bytes + in-flight x held_act_per_microbatch_bytes <= capacity_bytes)

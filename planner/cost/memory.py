@@ -19,6 +19,8 @@ Beyond Korthikanti's flash-attention count:
 * dropout masks: with `--hidden-dropout` > 0 (Megatron's default 0.1) each of the layer's two bias-dropout-add
   steps keeps a 1-byte mask of its [s, b, h] input (Korthikanti's "sbh" mask terms; Megatron's own theoretical
   memory report counts them);
+* Q/K norms (`--qk-layernorm`, attention other than MLA): the two norms' saved inputs and statistics
+  (`qk_norm_bytes_per_token`);
 * unfused attention (`--attention-backend unfused` or `local`): the core keeps the BF16 softmax output,
   b x heads/TP x s x s (2 bytes an element), and with `--attention-dropout` > 0 also the dropout mask (1 byte)
   and the dropped-out copy (2 bytes): Korthikanti's 5as^2b.  Flash and fused kernels keep only the softmax
@@ -82,11 +84,12 @@ class ActivationModules:
     shared_experts: float  # shared-expert internals
     layer_input: float  # what full recompute keeps: the layer's input
     dropout_masks: float = 0.0  # bias-dropout-add masks (kept unless full recompute)
+    qk_norm: float = 0.0  # --qk-layernorm: the Q and K norms' saved inputs and statistics (kept unless full recompute)
 
     @property
     def total(self) -> float:
         return (self.layernorm + self.attn_inputs + self.core_attn + self.mlp + self.moe_act + self.moe
-                + self.shared_experts + self.dropout_masks)
+                + self.shared_experts + self.dropout_masks + self.qk_norm)
 
     def after_selective(self, modules: tuple[str, ...]) -> float:
         """Bytes kept when the given modules are recomputed (their inputs are kept elsewhere)."""
@@ -118,6 +121,38 @@ def core_attention_bytes_per_token(model: ModelSpec, training: TrainingSpec, *, 
         return 4.0 * heads
     per_element = training.activation_bytes + (1 + training.activation_bytes if training.attention_dropout else 0)
     return per_element * heads * seq_length
+
+
+QK_NORM_STATISTICS_BYTES = {"RMSNorm": 4, "LayerNorm": 8}
+"""FP32 statistics Transformer Engine's norm saves per normalised row: RMSNorm the reciprocal RMS, LayerNorm the mean
+too (TransformerEngine@d0067d0 transformer_engine/pytorch/ops/basic/rmsnorm.py:209, layer_norm.py:228)."""
+
+
+def qk_norm_bytes_per_token(model: ModelSpec, training: TrainingSpec, *, tp_region: float) -> float:
+    """Bytes per local token the Q and K norms of `--qk-layernorm` keep for backward, beyond Korthikanti's Q/K/V (0
+    without the flag, and for MLA, whose latent norms are another module).
+
+    Megatron-LM@d98e8a64 megatron/core/transformer/attention.py: with `qk_layernorm` the norms are Transformer
+    Engine's (TENorm, :1714), one per head (`hidden_size_per_attention_head`, :1734-1750), applied to Q and K after the
+    QKV GEMM's output is split (:1913) and Q reshaped to heads (:1918): `query = apply_module(self.q_layernorm)(query)`
+    (:1933), the same for K (:1936).  Transformer Engine's norm op saves a contiguous copy of its input and its FP32
+    statistics per row (TransformerEngine@d0067d0 transformer_engine/pytorch/ops/basic/rmsnorm.py:189
+    `x = maybe_dequantize(input_.contiguous(), ...)`, :209 `ctx.save_for_backward(x, rstdevs)`; layer_norm.py:206,
+    :228 with the means): Q and K are strided views of the QKV output (Q copied by the reshape where a group has
+    more than one head), so the saved inputs are new tensors of Q's and K's size in the activation dtype.  Their
+    normed outputs go through RoPE (the fused kernel saves no input) into the attention core, which keeps its own
+    Q/K/V (counted in `attn_inputs`).  Per local token: activation bytes x (heads + query groups) x head_dim, and
+    QK_NORM_STATISTICS_BYTES per head row, inside the TP region.  Kept unless the whole layer is recomputed (the
+    `layernorm` recompute module covers the input and pre-MLP norms only).
+
+    Calibration rows (planner/calibration/published/measured_memory.csv) with the flag: LAION's open-sci-ref 1.7B
+    (`A100-laion-osr-1.7b-dp252-rcsel`, MHA, 24 layers: 3.0 GiB, allocated peak -5.0% without it), Megatron-Bridge's
+    Qwen3-30B-A3B HybridEP run and ms-swift's Qwen3-30B-A3B SFT (GQA 32/4)."""
+    if not model.qk_layernorm or model.multi_latent_attention:
+        return 0.0
+    heads = model.num_attention_heads + model.query_groups
+    per_head = training.activation_bytes * model.head_dim + QK_NORM_STATISTICS_BYTES[model.normalization]
+    return heads * per_head * tp_region
 
 
 def attention_transient_bytes(model: ModelSpec, training: TrainingSpec, *, tp: int, gathered_tokens: float,
@@ -174,6 +209,7 @@ def activation_bytes_per_token(
         layernorm=layernorm, attn_inputs=attn_inputs, mla_up_proj=act * mla_up, core_attn=core_attn, mlp=mlp,
         moe_act=moe_act, moe=moe, shared_experts=shared, layer_input=act * h,
         dropout_masks=2.0 * h if training.hidden_dropout else 0.0,  # two 1-byte masks of [s/SP, b, h]
+        qk_norm=qk_norm_bytes_per_token(model, training, tp_region=tp_region),
     )
 
 
