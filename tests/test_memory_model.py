@@ -184,7 +184,8 @@ def test_against_megatrons_theoretical_memory_report(profiles):
 
 
 def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
-    """Per stage: reserved = allocated + the cache fraction of the run's allocator settings x the activations;
+    """Per stage: reserved = allocated + the cache fraction of the run's allocator settings x the activations (+ the
+    unfused loss's FP32 logits segment on the last stage: test_unfused_loss_reserves_an_fp32_copy_of_the_logits);
     expandable segments cache less than PyTorch's default allocator; unstated settings are priced as assumed; the
     fit check and the reported memory are the reserved peak and the memory outside the allocator (JSON: both peaks,
     by name)."""
@@ -201,7 +202,7 @@ def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
     for setting, cost in priced.items():
         for st, same in zip(cost.stages, unstated.stages):
             assert st.allocated_bytes == pytest.approx(same.allocated_bytes)  # the allocator changes no tensor
-            assert st.reserved_bytes == pytest.approx(st.allocated_bytes
+            assert st.reserved_bytes == pytest.approx(st.allocated_bytes + st.loss_reserved_bytes
                                                       + ALLOCATOR_CACHE_FRACTION[setting] * st.activations_bytes)
             assert st.memory_bytes == pytest.approx(st.reserved_bytes + st.other_bytes)
             j = st.to_json()
@@ -211,6 +212,34 @@ def test_reserved_peak_is_the_allocated_peak_and_the_allocators_cache():
     assert unstated.max_reserved_gib == pytest.approx(priced[EXPANDABLE_SEGMENTS_ASSUMED].max_reserved_gib)
     assert priced[False].max_reserved_gib > priced[True].max_reserved_gib > priced[True].max_allocated_gib
     assert {"max_allocated_gib", "max_reserved_gib", "max_memory_gib"} <= set(unstated.to_json())
+
+
+def test_unfused_loss_reserves_an_fp32_copy_of_the_logits():
+    """Without --cross-entropy-loss-fusion (Megatron's default) the last stage reserves, beyond its allocated peak and
+    the allocator's cache, one FP32 copy of a micro-batch's logits per loss head (planner/cost/memory.py
+    loss_reserved_bytes): tokens x vocab/TP x 4 bytes, here 2 x 2048 x 32000/2 x 4 = 262,144,000, with and without
+    expandable segments, and twice with one MTP depth; none with the fused loss, none on the first stage; the
+    allocated peak is the same, and the fit check (the search's held static bytes) counts it."""
+    fp32_logits = 2 * 2048 * (32000 // 2) * 4
+    profiles = ProfileSet.load()
+    cl = parse_cluster("H100:16", profiles)
+    for extra, heads in (("", 1), (" --position-embedding-type rope --mtp-num-layers 1", 2)):
+        run, plan, _ = _priced(GPT + extra)
+        for setting in (True, False):
+            priced = {}
+            for fused in (False, True):
+                training = run.training.model_copy(update={"expandable_segments": setting,
+                                                           "cross_entropy_loss_fusion": fused})
+                priced[fused] = CostModel(run.model, training, cl, profiles, memory_headroom=0.0).evaluate(plan)
+            (first_u, last_u), (first_f, last_f) = priced[False].stages, priced[True].stages
+            assert last_u.allocated_bytes == pytest.approx(last_f.allocated_bytes)
+            assert last_u.loss_reserved_bytes == heads * fp32_logits and last_f.loss_reserved_bytes == 0.0
+            assert last_u.reserved_bytes - last_f.reserved_bytes == pytest.approx(heads * fp32_logits)
+            assert last_u.held_static_bytes - last_f.held_static_bytes == pytest.approx(heads * fp32_logits)
+            assert first_u.reserved_bytes == pytest.approx(first_f.reserved_bytes)
+    assert parse_megatron_flags(shlex.split(GPT + " --cross-entropy-loss-fusion"),
+                                world_size=16).training.cross_entropy_loss_fusion
+    assert not parse_megatron_flags(shlex.split(GPT), world_size=16).training.cross_entropy_loss_fusion
 
 
 def test_qk_layernorm_keeps_the_q_and_k_norm_inputs_and_statistics():

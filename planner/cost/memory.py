@@ -327,6 +327,48 @@ def allocator_cache_fraction(expandable_segments: bool | None) -> float:
     return ALLOCATOR_CACHE_FRACTION[EXPANDABLE_SEGMENTS_ASSUMED if expandable_segments is None else expandable_segments]
 
 
+# ------------------------------------------------------------------- the unfused loss's logits segment, reserved anew
+
+LOSS_FP32_BYTES = 4
+"""Bytes per logit of the FP32 block Megatron's cross-entropy holds from the loss's forward to its backward."""
+
+
+def loss_reserved_bytes(training: TrainingSpec, *, tokens: float, vocab_local: float, heads: int) -> float:
+    """Bytes the last stage's allocator reserves beyond its allocated peak and the cache on its activations
+    (ALLOCATOR_CACHE_FRACTION) under Megatron's default unfused cross-entropy (no `--cross-entropy-loss-fusion`): one
+    FP32 copy of a micro-batch's logits, `tokens` x `vocab_local` (vocabulary / TP) x LOSS_FP32_BYTES, per loss head
+    (`heads`: the output layer's, and one per MTP depth); 0 with the fused loss.
+
+    The block, in Megatron-LM@d98e8a64: without the fusion the loss is `tensor_parallel.vocab_parallel_cross_entropy`
+    (megatron/core/models/common/language_module/language_module.py:173, :199-202), which casts the logits to FP32
+    (megatron/core/tensor_parallel/cross_entropy.py:25 `vocab_parallel_logits.float()`), normalises them in place
+    (:42, :62, :77) and saves the result for backward (:181); the backward writes the logits' gradient into that same
+    FP32 block (:88 `grad_input = softmax`, :111, :114), which autograd casts to the logits' dtype and frees.  So one
+    FP32 block of tokens x vocab / TP lives from each micro-batch's loss forward to its backward (the allocated peak
+    counts it beside the logits: CostModel._stage_ends' transient), and each MTP depth's loss goes through the same
+    function (megatron/core/transformer/multi_token_prediction.py:1027), its block saved until its own backward.
+
+    Why it is reserved twice: torch's caching allocator serves a request from the smallest cached free block that
+    holds it and splits that block (CUDACachingAllocator.cpp); once the freed FP32 block is split by other requests
+    (activations, gradients, optimizer state allocated after the first micro-batch), the next micro-batch's
+    same-size request finds no block large enough and the allocator reserves a new segment, while the pieces of
+    the old one stay cached.  Measured (planner/calibration/published/measured_memory.csv, fixed-shape runs, unfused
+    loss, allocator settings not stated): the max reserved exceeds the max allocated by 7.66 GiB in SeunghyunSEO's
+    dense 0.2B run (`A100-shseo-dense0.2b-dp8-reserved`, FP32 logits 8 x 2048 x 128256 x 4 B = 7.83 GiB), 3.04 GiB in
+    LAION's open-sci-ref 1.7B (`A100-laion-osr-1.7b-dp252-rcsel-reserved`, 4 x 4096 x 50304 x 4 B = 3.07 GiB) and
+    4.49 GiB in SeunghyunSEO's capacity-padded MoE run (`A100-shseo-moe64top1-ep4-cap1pad-reserved`, 7.83 GiB).
+    The one fixed-shape reserved row with the fused loss (Megatron-Bridge's Llama-3.2-1B, `--cross-entropy-fusion-impl
+    native`, `H100-bridge-llama32-1b-dp8-mock-reserved`) shows 0.22 GiB for a 0.49 GiB block, so the fused paths are
+    not priced, although they hold an FP32 block too (megatron/core/fusions/fused_cross_entropy.py:18 the same
+    `.float()`; TransformerEngine@d0067d0 transformer_engine/pytorch/triton/cross_entropy.py:58 an FP32 gradient,
+    saved at transformer_engine/pytorch/cross_entropy.py:62).  No row measured the unfused loss with expandable
+    segments, which cannot merge free space lying between live blocks either: priced with and without them (an
+    over-prediction of the reserved peak is the safe side).  No constant is fitted: the block's size is the term."""
+    if training.cross_entropy_loss_fusion:
+        return 0.0
+    return heads * tokens * vocab_local * LOSS_FP32_BYTES
+
+
 # ------------------------------------------------------------------------- the reserved peak a long run records
 
 RECORDED_CACHE_SHARE = 0.534

@@ -24,8 +24,8 @@ from planner.cost.flops import logits_fwd_flop_per_token, model_flop_per_iterati
 from planner.cost.kernels import GEMM_BWD_OVER_FWD, Kernels
 from planner.cost.layer import BLACKWELL_DEVICES, LayerCost, LayerShape, ep_overlap_steady_share, layer_cost
 from planner.cost.memory import (
-    UNITEMISED_ALLOCATED_GIB, ParamBytes, allocator_cache_fraction, comm_buffer_bytes, process_groups,
-    recorded_cache_share,
+    UNITEMISED_ALLOCATED_GIB, ParamBytes, allocator_cache_fraction, comm_buffer_bytes, loss_reserved_bytes,
+    process_groups, recorded_cache_share,
 )
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
@@ -88,13 +88,27 @@ class StageCore:
     comm_buffer_bytes: float  # NCCL/RCCL/HCCL communicator buffers of the groups the rank uses
     device_memory_bytes: float  # the device's memory as the framework reports it
     capacity_bytes: float  # what the plan may use: device memory less the memory headroom
-    cache_fraction: float  # the allocator's cache over the activations (memory.allocator_cache_fraction)
+    # what the allocator reserves beyond the allocated peak: (its cache over the activations, a share:
+    # memory.allocator_cache_fraction; the bytes it reserves anew for the unfused loss's FP32 logits:
+    # memory.loss_reserved_bytes); one field, for the reason ep_hidden_s gives
+    allocator_cache: tuple[float, float]
     recorded_cache_share: float  # of the free memory a long run's recorded reserved peak fills (memory.py)
     parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
     # (forward, backward) EP seconds per micro-batch the EP overlap hid in the schedule's paired steps, which its
     # unpaired steps pay (CostModel.stage); one field, not two: 30 instance attributes or more cost CPython its
     # key-sharing dict, 5x the memory of each of the ~10^5 cores a search keeps
     ep_hidden_s: tuple[float, float]
+
+    @property
+    def cache_fraction(self) -> float:
+        """The allocator's cache over the activations (memory.allocator_cache_fraction)."""
+        return self.allocator_cache[0]
+
+    @property
+    def loss_reserved_bytes(self) -> float:
+        """What the allocator reserves anew for the unfused loss's FP32 logits (memory.loss_reserved_bytes; 0 but on
+        the last stage)."""
+        return self.allocator_cache[1]
 
     @property
     def other_bytes(self) -> float:
@@ -107,9 +121,10 @@ class StageCore:
 
     @property
     def held_static_bytes(self) -> float:
-        """What the stage holds whatever the micro-batches in flight, as the fit check counts it: static_bytes and
-        the allocator's cache on the activation buffers alive once."""
-        return self.static_bytes + self.cache_fraction * self.fixed_act_bytes
+        """What the stage holds whatever the micro-batches in flight, as the fit check counts it: static_bytes, the
+        allocator's cache on the activation buffers alive once and the segment it reserves anew for the unfused
+        loss's logits."""
+        return self.static_bytes + self.cache_fraction * self.fixed_act_bytes + self.loss_reserved_bytes
 
     @property
     def held_act_per_microbatch_bytes(self) -> float:
@@ -180,8 +195,9 @@ class StageCost(StageCore):
         """What the allocator reserves at the peak (torch.cuda.max_memory_reserved): the allocated peak and the
         blocks it caches beyond it, a share (cache_fraction, by the run's allocator settings) of the activations,
         which are allocated and freed every micro-batch; weights, gradients and optimizer state sit in buffers
-        allocated once."""
-        return self.allocated_bytes + self.cache_fraction * self.activations_bytes
+        allocated once; on the last stage under the unfused loss, one more FP32 copy of a micro-batch's logits per
+        loss head (loss_reserved_bytes)."""
+        return self.allocated_bytes + self.cache_fraction * self.activations_bytes + self.loss_reserved_bytes
 
     @property
     def recorded_reserved_bytes(self) -> float:
@@ -624,7 +640,7 @@ class CostModel:
             context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
-            cache_fraction=allocator_cache_fraction(self.training.expandable_segments),
+            allocator_cache=(allocator_cache_fraction(self.training.expandable_segments), ends.loss_reserved),
             recorded_cache_share=recorded_cache_share(self.model),
             parts=_merge_parts(lay.parts, ends.parts),
             ep_hidden_s=(lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s, lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s),
@@ -718,6 +734,7 @@ class CostModel:
         out.compute_s += heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s)
         out.add("logits_loss", heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s))
         out.transient += t_g * vocab_local * (act + 4)  # logits + FP32 copy of one micro-batch
+        out.loss_reserved = loss_reserved_bytes(self.training, tokens=t_g, vocab_local=vocab_local, heads=heads)
         if model.mtp_num_layers:
             # each MTP depth: one more decoder layer (of the last layer's kind) and a 2h -> h projection
             mtp = self.layer(g, device_type, dp, stage_mbs, self._layer_is_moe[-1])
@@ -1011,6 +1028,7 @@ class _Part:
     ep_hidden_bwd_s: float = 0.0
     act_per_mb: float = 0.0
     transient: float = 0.0
+    loss_reserved: float = 0.0  # reserved, not allocated: the unfused loss's FP32 logits segment (memory.py)
     parts: dict = field(default_factory=dict)  # forward + backward seconds by mechanism
 
     def add(self, name: str, seconds: float) -> None:

@@ -320,6 +320,10 @@ TRAINING_FLAGS = _rows(  # TrainingSpec (1.5, 1.6, 1.8)
     Flag("--attention-dropout", Read("", "float", min_value=0.0, max_value=1.0, observe=True), "attention_dropout",
          array=MODEL_ARGS, write=_value(unless=0.1)),
     Flag("--overlap-moe-expert-parallel-comm", _SEEN, "overlap_moe_expert_parallel_comm", array=TRAINING_ARGS),
+    # the reserved FP32 logits segment of the unfused loss is priced (planner/cost/memory.py loss_reserved_bytes)
+    Flag("--cross-entropy-loss-fusion", _SEEN, "cross_entropy_loss_fusion", array=TRAINING_ARGS, write=_switch(),
+         unpriced_in=("gemm",), not_modelled="fused cross-entropy: its time and its allocated logits memory are "
+                                             "priced as the unfused loss's"),
     Flag("--delay-wgrad-compute", _SEEN, "delay_wgrad_compute", array=TRAINING_ARGS, unpriced_in=("expert_dispatch",),
          not_modelled="the EP overlap is priced as measured without it (NVIDIA's Nsight figure: 37% of the dispatch "
                       "hidden in a step pairing a forward with a backward); splitting out the weight-gradient GEMMs "
@@ -399,7 +403,6 @@ OTHER_FLAGS = _rows(
          "pads expert inputs to FP8 GEMM alignment: slightly more expert work"),
         ("--moe-permute-fusion", "memory_bound", "fused permute/unpermute kernels: fewer memory passes than priced"),
         ("--moe-router-fusion", "memory_bound", "fused router kernels: fewer memory passes than priced"),
-        ("--cross-entropy-loss-fusion", "gemm", "fused cross-entropy: less logits memory and time than priced"),
         ("--moe-upcycling-granularity", "expert_gemm",
          "upcycled experts: expert shapes differ from --moe-ffn-hidden-size"),
         ("--moe-latent-size", "expert_gemm expert_dispatch", "latent MoE: expert inputs projected to a smaller size"),

@@ -106,6 +106,10 @@ class TrainingSpec(StrictModel):
         0.1, ge=0.0, le=1.0, description="--attention-dropout (Megatron's default 0.1): a mask and a copy of the "
         "softmax output with unfused attention (fused and flash kernels regenerate the mask)"
     )
+    cross_entropy_loss_fusion: bool = Field(
+        False, description="--cross-entropy-loss-fusion (Megatron's default: off): without it the last stage's "
+        "allocator reserves one more FP32 copy of a micro-batch's logits per loss head (planner/cost/memory.py "
+        "loss_reserved_bytes)")
     expandable_segments: bool | None = Field(
         None, description="torch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF="
         "expandable_segments:True in the launcher's environment), which caches less beyond what it allocates; None:"
