@@ -540,9 +540,9 @@ def test_llama3_8b_fp8_example_fits_on_8_h100(profiles):
     cost = estimate_run(run, cl, profiles)
     # it ran: its predicted memory must be within the device's, up to the most the memory model has over-predicted a
     # measured peak (planner/calibration/memory.py; the planning headroom is a margin on top, not a measurement).
-    # The example fills the device: 79.5 GiB predicted of 79.1 (0.81 of it the unitemised allocations every stage
+    # The example fills the device: 79.5 GiB predicted of 79.1 (0.74 of it the unitemised allocations every stage
     # carries; 83.4 without its fused cross-entropy: the unfused loss's FP32 logits segment, 3.9 GiB), the model's
-    # worst measured over-prediction 11.1% (a capacity-padded MoE run's reserved peak, where the unfused loss's
+    # worst measured over-prediction 10.9% (a capacity-padded MoE run's reserved peak, where the unfused loss's
     # 7.83 GiB segment is priced in full and 4.49 GiB was measured above the allocated peak).
     from planner.calibration.memory import memory_rows
     over = max(r.error_pct for r in memory_rows(profiles)) / 100

@@ -733,7 +733,10 @@ class CostModel:
         out.bwd_s += heads * (GEMM_BWD_OVER_FWD * logit_s + ce_s)
         out.compute_s += heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s)
         out.add("logits_loss", heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s))
-        out.transient += t_g * vocab_local * (act + 4)  # logits + FP32 copy of one micro-batch
+        # the logits of one micro-batch, and the FP32 copy each loss head's cross-entropy saves for its backward: the
+        # output layer's and each MTP depth's are alive together from the last loss's forward to the first backward
+        # (memory.loss_reserved_bytes cites where Megatron makes and saves them)
+        out.transient += t_g * vocab_local * (act + 4 * heads)
         out.loss_reserved = loss_reserved_bytes(self.training, tokens=t_g, vocab_local=vocab_local, heads=heads)
         if model.mtp_num_layers:
             # each MTP depth: one more decoder layer (of the last layer's kind) and a 2h -> h projection
