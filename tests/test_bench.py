@@ -158,13 +158,22 @@ def test_bench_rejects_bad_planner():
     assert "known: mi" in res.output
 
 
+BENCH_LIMIT_S = 5.0
+"""Each search's limit in the quick bench below (--quick's default: 15 s per search, 8 s for the scaling run).  HAPMoE
+is never behind a baseline because it also searches, to the end, the part of its space with each baseline's degrees
+(planner/baselines/hapmoe.py seeded_searches: 0.1-0.5 s each here), not because its own search certifies: at 5 s every
+row's plan is the one 15 s gives (mixtral-s@h800-16 from the search with Alpa-style's degrees) and the 48-GPU scaling
+search finds its 8 s plan at a 2 s limit; the run takes 55 s, not 95 s."""
+
+
 @pytest.mark.slow
 def test_bench_quick_end_to_end(tmp_path):
     """`bench --quick` writes every output; HAPMoE is at least as fast as each baseline, MI included."""
     from cli import main
 
     out = tmp_path / "bench"
-    res = CliRunner().invoke(main, ["bench", "--quick", "--scaling-sizes", "48", "--out", str(out), "--quiet"])
+    res = CliRunner().invoke(main, ["bench", "--quick", "--scaling-sizes", "48", "--time-limit", str(BENCH_LIMIT_S),
+                                    "--scaling-time-limit", str(BENCH_LIMIT_S), "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     for name in ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md", "scaling.csv",
                  "throughput_vs_mi.png", "ablation.png", "search_time.png"):
