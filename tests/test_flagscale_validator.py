@@ -315,9 +315,10 @@ SOLVES: dict[str, list[str]] = {
 }
 
 
-SOLVE_LIMIT_S = "6"
-"""Each solve's time limit: FlagScale judges the config of whatever plan solve returns (every one had a plan within 4 s
-on a 2-core machine with other work running; at 10 s the 22 solves took 93 s, at 4 s 60 s)."""
+SOLVE_LIMIT_S = "3"
+"""Each solve's time limit: FlagScale judges the config of whatever plan solve returns (the flagscale runtime's search
+starts from the best uniform-DP plan: every one had a plan at --time-limit 1 on a 2-core machine at load 4; at 10 s
+the 22 solves took 93 s, at 6 s 73 s)."""
 
 
 def _solve_out(name: str, args: list[str]) -> Path | str:
