@@ -131,6 +131,9 @@ class _Evaluator:
         """Each row weighs 1/(rows of its source): every source (one publication, one software stack) has one vote,
         so a source with many rows does not bend the shared constants to its own software."""
         self._cache: dict[tuple, float] = {}
+        self._profiles: dict[tuple, ProfileSet] = {}
+        """The corrected profiles per factors: a golden-section step prices every row of a parameter with the same
+        factors, so they are built once per step, not once per row."""
         self.touches: dict[str, set[str]] = {}
         ones = {p.name: p.default for p in params}
         base_t = {cid: self._time(cid, ones) for cid in self.cases}
@@ -148,9 +151,15 @@ class _Evaluator:
         key = (cid, relevant)
         hit = self._cache.get(key)
         if hit is None:
-            profiles = apply_factors(self.base, self.params, factors)
-            hit = self._cache[key] = self.cases[cid].price(profiles).iteration_time_s
+            hit = self._cache[key] = self.cases[cid].price(self._profiles_of(factors)).iteration_time_s
         return hit
+
+    def _profiles_of(self, factors: dict[str, float]) -> ProfileSet:
+        key = tuple(sorted(factors.items()))
+        profiles = self._profiles.get(key)
+        if profiles is None:
+            profiles = self._profiles[key] = apply_factors(self.base, self.params, factors)
+        return profiles
 
     def log_error(self, cid: str, factors: dict[str, float]) -> float:
         return math.log(self._time(cid, factors) / self.measured[cid])
