@@ -128,8 +128,9 @@ def model_flop_per_iteration(model: ModelSpec, *, global_batch_size: int, tp: in
     """Megatron's `num_floating_point_operations` for one iteration (fwd + bwd = 3x fwd), as Megatron counts it
     (a --quick-geglu MLP with two matrices: `glu_flop_factor`)."""
     s = seq_length or model.seq_length
-    per_token_fwd = sum(layer_flops(model, is_moe=m, seq_length=s, counted=True).total_flop
-                        for m in model.layer_is_moe)
+    kinds = model.layer_is_moe
+    per_kind = {m: layer_flops(model, is_moe=m, seq_length=s, counted=True).total_flop for m in set(kinds)}
+    per_token_fwd = sum(per_kind[m] for m in kinds)  # a layer's FLOPs are its kind's: once per kind
     if model.mtp_num_layers:
         last_moe = model.layer_is_moe[-1]
         per_token_fwd += model.mtp_num_layers * (
