@@ -25,6 +25,7 @@ from planner.uncertainty import Region, Uncertainty, cell_of, shipped_uncertaint
 from planner.user_plan import UserPlan
 
 from helpers.cases import flags_cost_model
+from helpers.held_out import loso_report
 
 RUNNER = CliRunner()
 DENSE = ("--num-layers 8 --hidden-size 8192 --num-attention-heads 64 --seq-length 4096 --max-position-embeddings 4096 "
@@ -179,10 +180,7 @@ def test_headroom_counts_allocated_peaks_and_fixed_shape_reserved_peaks_only():
 
 @pytest.fixture(scope="module")
 def held_out_report():
-    from planner.calibration.report import build_report
-
-    rep, _ = build_report(loso=True)
-    return rep
+    return loso_report()  # once per test run: test_calibration_runs' leave-one-source-out target reads it too
 
 
 @pytest.mark.slow
