@@ -96,11 +96,28 @@ def test_checker_failure_exits_2(monkeypatch):
 
 
 @pytest.mark.slow
-def test_compare_layers_runs_brute_force_and_agrees():
+def test_compare_layers_runs_brute_force_and_agrees(monkeypatch):
     """compare --layers 4 on a reduced preset: brute force runs, and without pruning all three
-    backends certify the same optimum; the table has one line per backend."""
-    res = RUNNER.invoke(main, ["compare", "--model", "mixtral-s", "--layers", "4", "--cluster", "H800:4,MI300X:4",
-                               "--gbs", "16", "--no-prune", "--time-limit", "60", "--json"])
+    backends certify the same optimum; the table has one line per backend, with the JSON's status and objective.
+    The text run prints the rows of the --json run's searches (compare_rows once: the same request twice, the
+    text run's time limit aside); each run reads its inputs and prints end to end."""
+    import planner.commands.compare as compare_command
+
+    searched: list[tuple[dict, list[dict]]] = []  # (what was asked, the rows)
+
+    def searched_once(run, cluster_spec, profiles, **options):
+        asked = {"run": run, "cluster": cluster_spec, "choice": options["choice"],
+                 **{k: v for k, v in options.items() if k not in ("time_limit_s", "choice")}}
+        if not searched:
+            searched.append((asked, real(run, cluster_spec, profiles, **options)))
+        assert asked == searched[0][0]  # the text run asks for the very same comparison
+        return searched[0][1]
+
+    real = compare_command.compare_rows
+    monkeypatch.setattr(compare_command, "compare_rows", searched_once)
+    args = ["compare", "--model", "mixtral-s", "--layers", "4", "--cluster", "H800:4,MI300X:4", "--gbs", "16",
+            "--no-prune", "--time-limit", "60"]
+    res = RUNNER.invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["num_layers"] == 4
@@ -111,9 +128,12 @@ def test_compare_layers_runs_brute_force_and_agrees():
     for r in rows.values():
         assert abs(r["objective_s"] - best) <= 1e-4 * best
         assert r["lower_bound_s"] <= best
-    text = RUNNER.invoke(main, ["compare", "--model", "mixtral-s", "--layers", "4", "--cluster", "H800:4,MI300X:4",
-                                "--gbs", "16", "--no-prune", "--time-limit", "60"]).output
-    assert sum(line.split()[0] in rows for line in text.splitlines() if line.strip()) == 3
+    text = RUNNER.invoke(main, args)
+    assert text.exit_code == 0, text.output
+    table = [line.split() for line in text.output.splitlines() if line.strip() and line.split()[0] in rows]
+    assert len(table) == 3 and {t[0] for t in table} == set(rows)
+    for backend, status, objective_s, *_ in table:
+        assert (status, float(objective_s)) == ("OPTIMAL", pytest.approx(rows[backend]["objective_s"], abs=1e-4))
 
 
 def test_compare_flags_a_false_certificate(monkeypatch):
