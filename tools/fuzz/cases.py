@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tools.fuzz.classes import (
@@ -754,4 +754,17 @@ def make_case(seed: int, index: int, kinds: tuple[str, ...] = KINDS) -> Case:
     )
 
 
-__all__ = ["Case", "GENERATORS", "KINDS", "make_case"]
+def distinct(cases: list[Case]) -> list[Case]:
+    """`cases` without the repeats: a case equal to an earlier one but for its index (the stream drew the same
+    input twice: the same command line, files, signal and expectation) runs the same command on the same input."""
+    seen: set[Case] = set()
+    out = []
+    for case in cases:
+        key = replace(case, index=0)
+        if key not in seen:
+            seen.add(key)
+            out.append(case)
+    return out
+
+
+__all__ = ["Case", "GENERATORS", "KINDS", "distinct", "make_case"]
