@@ -440,7 +440,6 @@ class CostModel:
         self.profiles: ProfileSet = profiles
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
-        self._flop_cache: dict[tuple[int, int], float] = {}  # (gbs, tp) -> Megatron's FLOPs per iteration
         self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
         self._corr_cache: dict = {}
         self._link_cache: dict = {}
@@ -1007,10 +1006,7 @@ class CostModel:
         pipeline = sum(times) / v + (m - 1.0 / v) * max(times) + sum(s.fill_out_s for s in stages)
         busy = m * max(times)
         sync = max(s.sync_s for s in stages)
-        flop = self._flop_cache.get((plan.gbs, plan.tp))
-        if flop is None:  # per layer and per plan it is a quarter of a search's evaluation time: once per (gbs, tp)
-            flop = self._flop_cache[(plan.gbs, plan.tp)] = model_flop_per_iteration(
-                self.model, global_batch_size=plan.gbs, tp=plan.tp)
+        flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
         peak_total = sum(n * self.device(t).peak_flop_per_s(self.training.compute_dtype)
                          for t, n in self._gpus_of(plan).items())
         return PlanCost(
