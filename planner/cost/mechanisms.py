@@ -286,7 +286,7 @@ def send_conditions(cost, g, a_type: str, a_dp: int, b_type: str) -> Conditions:
     pipeline fits in one node."""
     schedule = ("schedule", "interleaved" if g.vpp > 1 else "1F1B")
     if a_type != b_type:
-        link = cost.profiles.cross_link(a_type, b_type, cost.cluster)
+        link = cost.cross_link(a_type, b_type)
         return Conditions("pipeline_sends", (("devices", f"{a_type} and {b_type}"), ("link", f"across nodes "
                           f"({link.kind})"), schedule), ((BETWEEN_NODES, link.bandwidth_gb_per_s),))
     intra, inter = _node_links(cost, a_type)

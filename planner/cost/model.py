@@ -29,7 +29,7 @@ from planner.cost.memory import (
 )
 from planner.profile_tables import TIME_CORRECTION_KINDS, ProfileSet
 from planner.schemas.cluster import POOL_SEP, ClusterSpec
-from planner.schemas.device import DeviceProfile
+from planner.schemas.device import DeviceProfile, LinkProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.pipeline import (
     pipeline_boundary_crosses_nodes, pipeline_boundary_may_stay_in_node, stage_time_with_links,
@@ -445,6 +445,9 @@ class CostModel:
         self._link_cache: dict = {}
         self._group_link_cache: dict = {}
         self._kernel_cache: dict[str, Kernels] = {}
+        self._flop_cache: dict[tuple[int, int], float] = {}  # Megatron's FLOP count per (global batch, TP)
+        self._cross_link_cache: dict[tuple[str, str], LinkProfile] = {}
+        self._p2p_cache: dict = {}  # one pipeline message's seconds per (shape, the two stages, node crossing)
         self.param_bytes = ParamBytes.of(training)
         counts = parameter_counts(model)
         n_moe = sum(model.layer_is_moe)
@@ -513,10 +516,18 @@ class CostModel:
         inter-node one no faster than the slowest member's NIC or link between members."""
         limiting = self.profiles.limiting_member(device_type)
         intra, inter, gpn = self._links(limiting)
-        slowest = self.profiles.cross_link(device_type, device_type, self.cluster)
+        slowest = self.cross_link(device_type, device_type)
         if slowest.bandwidth_gb_per_s < inter.bandwidth_gb_per_s:
             inter = inter.model_copy(update={"bandwidth_gb_per_s": slowest.bandwidth_gb_per_s})
         return intra, inter, gpn
+
+    def cross_link(self, type_a: str, type_b: str) -> LinkProfile:
+        """The link pipeline activations cross between two device types of this cluster
+        (`ProfileSet.cross_link`), memoised: every pipeline send of every stage the search prices asks for it."""
+        hit = self._cross_link_cache.get((type_a, type_b))
+        if hit is None:
+            hit = self._cross_link_cache[(type_a, type_b)] = self.profiles.cross_link(type_a, type_b, self.cluster)
+        return hit
 
     def domain_gpus(self, device_type: str) -> int:
         """GPUs of a type that share its intra-node link (what every link choice calls a node): one host, or the
@@ -560,7 +571,7 @@ class CostModel:
         lower bounds)."""
         factors = tuple(sorted(self.corrections(a_type).items()))
         if a_type != b_type:
-            link = self.profiles.cross_link(a_type, b_type, self.cluster)
+            link = self.cross_link(a_type, b_type)
             return LinkChoice(intra=link, inter=None, ranks_per_node=1, factors=factors)
         intra, inter, gpn = self._links(a_type)
         if crosses_nodes is None:
@@ -877,7 +888,16 @@ class CostModel:
     def p2p_message_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int, *,
                       crosses_nodes: bool | None) -> float:
         """One pipeline message (a micro-batch's activations, or their gradient; one virtual chunk's) between
-        adjacent stages a -> b, on the link they share (`pp_link`): latency plus its bytes over the link."""
+        adjacent stages a -> b, on the link they share (`pp_link`): latency plus its bytes over the link.  Memoised:
+        a stage's two sends are priced for every layer split and every stage it neighbours."""
+        key = (g, a_type, a_dp, b_type, b_dp, crosses_nodes)
+        hit = self._p2p_cache.get(key)
+        if hit is None:
+            hit = self._p2p_cache[key] = self._p2p_message_s(g, a_type, a_dp, b_type, b_dp, crosses_nodes)
+        return hit
+
+    def _p2p_message_s(self, g: GlobalShape, a_type: str, a_dp: int, b_type: str, b_dp: int,
+                       crosses_nodes: bool | None) -> float:
         model = self.model
         sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
         mbs = self.stage_mbs(g, a_dp)
@@ -999,6 +1019,15 @@ class CostModel:
         spread = self.cluster.spread(used)
         return spread if sum(spread.values()) == plan.world_size else used
 
+    def model_flop(self, gbs: int, tp: int) -> float:
+        """Megatron's FLOP count of one iteration (`model_flop_per_iteration`), memoised: a sum over the layers that
+        every `evaluate` needed, and the baselines' enumerations and the brute force evaluate plans by the
+        ten thousand."""
+        hit = self._flop_cache.get((gbs, tp))
+        if hit is None:
+            hit = self._flop_cache[(gbs, tp)] = model_flop_per_iteration(self.model, global_batch_size=gbs, tp=tp)
+        return hit
+
     def combine(self, plan: Plan, stages: list[StageCost]) -> PlanCost:
         m = plan.num_microbatches
         v = plan.vpp
@@ -1006,7 +1035,7 @@ class CostModel:
         pipeline = sum(times) / v + (m - 1.0 / v) * max(times) + sum(s.fill_out_s for s in stages)
         busy = m * max(times)
         sync = max(s.sync_s for s in stages)
-        flop = model_flop_per_iteration(self.model, global_batch_size=plan.gbs, tp=plan.tp)
+        flop = self.model_flop(plan.gbs, plan.tp)
         peak_total = sum(n * self.device(t).peak_flop_per_s(self.training.compute_dtype)
                          for t, n in self._gpus_of(plan).items())
         return PlanCost(
