@@ -19,6 +19,8 @@ from planner.output.plots import _memory_figure, memory_label_bottom, node_capti
 from planner.output.report import degrees_line, plan_json
 from planner.schemas.plan import Plan, StagePlan
 
+from helpers.shared_cli import run_once
+
 # the pick of `solve --model mixtral-s --cluster H800:16,MI300X:16` (walk53b item 1): stage 0 on MI300X at DP 16,
 # stages 1-2 on H800 at DP 8, so FlagScale runs 2-sample micro-batches on them (DP0 x mbs / DP)
 HET = {"runtime": "flagscale", "tp": 1, "ep": 8, "mbs": 1, "gbs": 1024,
@@ -46,12 +48,12 @@ def het_estimate(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def solved(tmp_path_factory):
-    out = tmp_path_factory.mktemp("solve") / "plan"
-    res = invoke(["solve", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64", "--backend", "hsdp",
-                  "--out", str(out), "--quiet"])
-    assert res.exit_code == 0, res.output
-    return out
+def solved():
+    """solve --out of mixtral-s on H800:8,MI300X:8 (test_readable_output.py's --quiet test runs the same solve)."""
+    res = run_once("solve", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64", "--backend", "hsdp",
+                   "--quiet", out=True)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    return res.out
 
 
 def _md_table(summary: str) -> list[dict[str, str]]:
