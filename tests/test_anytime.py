@@ -22,11 +22,17 @@ def small():
     return reduced_cost_model("llama2-7b", 4, "H800:2,H20:2", 8)
 
 
-def test_progress_bound_never_decreases_and_the_closed_share_moves(small):
+@pytest.fixture(scope="module")
+def honest(small):
+    """The default search of `small`, to the end, and every progress event it reported."""
+    seen = []
+    return search(small, SPACE, SearchSettings(time_limit_s=60), progress=seen.append), seen
+
+
+def test_progress_bound_never_decreases_and_the_closed_share_moves(honest):
     """Every progress event's bound is at least the one before (and at most the best plan); the configurations
     closed never go back and take several values before the end, where all are closed (OPTIMAL)."""
-    seen = []
-    res = search(small, SPACE, SearchSettings(time_limit_s=60), progress=seen.append)
+    res, seen = honest
     assert res.status == "OPTIMAL"
     bounds = [e.bound_s for e in seen if e.bound_s is not None]
     assert bounds and all(b >= a for a, b in zip(bounds, bounds[1:]))
@@ -36,13 +42,13 @@ def test_progress_bound_never_decreases_and_the_closed_share_moves(small):
     assert len(set(done[:-1])) >= 3 and seen[-1].phase == "done" and seen[-1].done == seen[-1].total
 
 
-def test_a_plan_below_a_claimed_bound_withdraws_the_certificate(small, monkeypatch):
+def test_a_plan_below_a_claimed_bound_withdraws_the_certificate(small, honest, monkeypatch):
     """The pipeline blocks made to claim twice their value: a plan the search holds (a seed's, an exact
     solve's) falls below what its block claims, so the search says so, claims neither OPTIMAL nor a bound, and
     keeps its best plan; unbroken, the same search checks every plan it found and certifies."""
     from solver_models.cpsat.pipeline import PipelineBlock
 
-    honest = search(small, SPACE, SearchSettings(time_limit_s=60))
+    honest = honest[0]
     check = honest.cpsat["self_check"]
     assert honest.status == "OPTIMAL" and check["contradictions"] == [] and check["configs_checked"] > 1
     real = PipelineBlock.solve
