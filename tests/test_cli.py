@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cli import main
-from helpers.shared_cli import run_once
+from helpers.once import run_once
 
 RUNNER = CliRunner()
 SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]

@@ -19,7 +19,7 @@ from planner.output.plots import _memory_figure, memory_label_bottom, node_capti
 from planner.output.report import degrees_line, plan_json
 from planner.schemas.plan import Plan, StagePlan
 
-from helpers.shared_cli import run_once
+from helpers.once import run_once
 
 # the pick of `solve --model mixtral-s --cluster H800:16,MI300X:16` (walk53b item 1): stage 0 on MI300X at DP 16,
 # stages 1-2 on H800 at DP 8, so FlagScale runs 2-sample micro-batches on them (DP0 x mbs / DP)

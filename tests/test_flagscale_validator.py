@@ -40,6 +40,7 @@ from planner.runtime import FLAGSCALE
 
 from helpers import flagscale_plans
 from helpers.corpus import CORPUS, CORPUS_DIR
+from helpers.once import once_per_run
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -112,13 +113,10 @@ def round_trip() -> tuple[FlagScaleConfig, PlanCost, Path]:
     return cfg, cost, _written("roundtrip-dp2dp4_shared_embedding", render_launch_files(cfg.run, cfg.plan, cfg.cluster))
 
 
-@lru_cache(maxsize=None)
 def config_results() -> dict[str, dict]:
-    """Every YAML input of the default run in one process (the imports take ~15 s): FlagScale's functional
-    configs, the golden configs, the round trip and the property sample."""
-    emitted = [round_trip()[2]] + [_written(name, files) for name, files in flagscale_plans.sample(PROPERTY_PLANS)]
-    results = run_tool(VALIDATE, *map(str, functional_configs() + GOLDEN + emitted))
-    return {Path(r["name"]).stem if r["name"].endswith(".yaml") else Path(r["name"]).name: r for r in results}
+    """FlagScale's verdict on every YAML input of the default run (`validator_results`): its functional configs,
+    the golden configs, the round trip and the property sample."""
+    return validator_results()[0]
 
 
 BASE = shlex.split((HERE / "golden" / "moe_flagscale" / "megatron_args.txt").read_text())
@@ -182,13 +180,30 @@ def hostfile_hosts(path: Path) -> list[list]:
     return hosts
 
 
-@lru_cache(maxsize=None)
 def raw_results() -> dict[str, dict]:
-    """The controls and the golden megatron_args.txt (with their host files), in one process."""
+    """FlagScale's verdict on the controls and the golden megatron_args.txt, with their host files
+    (`validator_results`)."""
+    return validator_results()[1]
+
+
+@lru_cache(maxsize=None)
+def validator_results() -> tuple[dict[str, dict], dict[str, dict]]:
+    """Every input of the default run in one FlagScale process, once per test run (its imports take ~8 s; pytest-xdist's
+    workers share the run): the YAML inputs of `config_results` by name, the raw cases of `raw_results` by name."""
+    return tuple(once_per_run("flagscale-validate", _validate))
+
+
+def _validate() -> tuple[dict[str, dict], dict[str, dict]]:
+    configs = functional_configs() + GOLDEN + [round_trip()[2]] + [
+        _written(name, files) for name, files in flagscale_plans.sample(PROPERTY_PLANS)]
     cases = [{"name": name, "argv": argv, "hosts": hosts, "env": ENV} for name, (argv, hosts, _m) in CONTROLS.items()]
     cases += [{"name": g.name, "argv": shlex.split((g / "megatron_args.txt").read_text()),
                "hosts": hostfile_hosts(g / "hostfile"), "env": ENV} for g in GOLDEN]
-    return {r["name"]: r for r in run_tool(VALIDATE, "--cases", "-", stdin=json.dumps(cases))}
+    results = run_tool(VALIDATE, *map(str, configs), "--cases", "-", stdin=json.dumps(cases))
+    assert len(results) == len(configs) + len(cases), [r["name"] for r in results]
+    yaml_part, raw_part = results[:len(configs)], results[len(configs):]
+    return ({Path(r["name"]).stem if r["name"].endswith(".yaml") else Path(r["name"]).name: r for r in yaml_part},
+            {r["name"]: r for r in raw_part})
 
 
 def test_flagscales_own_hetero_functional_tests_pass_its_checks():

@@ -26,7 +26,7 @@ from planner.user_plan import UserPlan
 
 from helpers.cases import flags_cost_model
 from helpers.held_out import loso_report
-from helpers.shared_cli import run_once
+from helpers.once import run_once
 
 RUNNER = CliRunner()
 DENSE = ("--num-layers 8 --hidden-size 8192 --num-attention-heads 64 --seq-length 4096 --max-position-embeddings 4096 "

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from cli import main
 
-from helpers.shared_cli import run_once
+from helpers.once import run_once
 
 SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]
 TINY_FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --vocab-size 32000 --seq-length 1024 "
