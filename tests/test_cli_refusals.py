@@ -74,12 +74,12 @@ def test_moe_imbalance_on_a_dense_model_is_refused(command):
 # ---- item 12: emit takes solve --json's output --------------------------------------------------------------------
 
 def test_emit_takes_solve_json_output_with_its_made_for_record(tmp_path, tiny):
-    res = run(["solve", "--model", str(tiny), "--cluster", "H800:8", "--time-limit", "10", "--json", "--quiet"])
+    res = run(["solve", "--model", str(tiny), "--cluster", "H800:2", "--time-limit", "10", "--json", "--quiet"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["made_for"] == made_for(MegatronRun.model_validate(doc["inputs"]["run"]),
                                        ClusterSpec.model_validate(doc["inputs"]["cluster"]), ProfileSet.load())
-    assert doc["made_for"]["cluster"] == "H800:8"
+    assert doc["made_for"]["cluster"] == "H800:2"
     path = tmp_path / "solved.json"
     path.write_text(res.stdout)
     out = run(["emit", "--plan", str(path), "--out", str(tmp_path / "launch")])

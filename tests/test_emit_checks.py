@@ -192,9 +192,9 @@ def test_solve_out_writes_the_made_for_record(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_bytes(to_yaml(TINY_MODEL))
     out = tmp_path / "plan"
-    assert run(["solve", "--model", str(model), "--cluster", "H800:8", "--quiet", "--time-limit", "5", "--out",
+    assert run(["solve", "--model", str(model), "--cluster", "H800:2", "--quiet", "--time-limit", "5", "--out",
                 str(out)]).exit_code == 0
     doc = json.loads((out / "plan.json").read_text())
-    assert doc["made_for"]["model"] == "tiny-moe" and doc["made_for"]["cluster"] == "H800:8"
+    assert doc["made_for"]["model"] == "tiny-moe" and doc["made_for"]["cluster"] == "H800:2"
     res = run(["emit", "--plan", str(out / "plan.json"), "--out", str(tmp_path / "launch")])
     assert res.exit_code == 0, res.output
