@@ -25,6 +25,8 @@ class TableBuilder:
         self.cost = cost
         self.contiguous_types = contiguous_types
         self._cache: dict = {}
+        self._cache_sizes: dict = {}  # bytes of each cached entry, and their sum: kept as entries come and go
+        self._cache_bytes = 0
         types = list(cost.cluster.gpus_by_type().keys())
         self._types = types
         self._budget = np.array([cost.cluster.gpus_by_type()[t] for t in types], dtype=np.int64)
@@ -45,6 +47,8 @@ class TableBuilder:
         arrays = self._cache.pop(key, None)
         if arrays is None:
             arrays = self._build_arrays(gs, options, n_layers, multi_stage=g.pp > 1, deadline=deadline)
+            self._cache_sizes[key] = size = sum(a.nbytes for a in arrays)
+            self._cache_bytes += size
         self._cache[key] = arrays  # most recently used last
         self._trim_cache()
         core, sync, static, act, cap, p2p, near, traffic, fill, fwd, min_layer, hidden, hidden_fwd = arrays
@@ -103,14 +107,13 @@ class TableBuilder:
 
     def _trim_cache(self) -> None:
         """Least recently used tables out while the cache holds more than CACHE_BYTES (a model with
-        hundreds of layers takes hundreds of MB per configuration); the newest always stays."""
-        sizes = {k: sum(a.nbytes for a in v) for k, v in self._cache.items()}
-        total = sum(sizes.values())
-        for k in list(self._cache)[:-1]:
-            if total <= CACHE_BYTES:
-                break
-            total -= sizes[k]
-            del self._cache[k]
+        hundreds of layers takes hundreds of MB per configuration); the newest always stays.  The sizes are
+        counted as entries come and go (summing every entry's arrays at every build took a fifth of a search
+        that builds a thousand tables)."""
+        while self._cache_bytes > CACHE_BYTES and len(self._cache) > 1:
+            oldest = next(iter(self._cache))
+            del self._cache[oldest]
+            self._cache_bytes -= self._cache_sizes.pop(oldest)
 
     def _signatures(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """sig[start, n]: an id per distinct layer-kind sequence of the range [start, start+n),
