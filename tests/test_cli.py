@@ -78,9 +78,10 @@ def test_bad_input_exits_2_with_a_message_and_no_traceback(args, field):
 def test_solve_json_and_out_dir(tmp_path):
     """solve --json has the public keys; --out writes plan.json, summary.md and a launcher that emit
     regenerates identically from plan.json."""
-    out = tmp_path / "plan"
-    res = RUNNER.invoke(main, ["solve", *SMALL, "--backend", "hsdp", "--json", "--quiet", "--out", str(out)])
-    assert res.exit_code == 0, res.output
+    # the same solve as test_display_details.py's and test_readable_output.py's --quiet test read
+    res = run_once("solve", *SMALL, "--backend", "hsdp", "--json", "--quiet", out=True)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    out = res.out
     d = json.loads(res.stdout)
     for key in ("status", "iteration_time_s", "tflops_per_gpu", "mfu", "search_time_s", "lower_bound_s",
                 "world_size", "plan"):

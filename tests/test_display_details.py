@@ -49,9 +49,10 @@ def het_estimate(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def solved():
-    """solve --out of mixtral-s on H800:8,MI300X:8 (test_readable_output.py's --quiet test runs the same solve)."""
+    """solve --out of mixtral-s on H800:8,MI300X:8 (test_cli.py's --json test and test_readable_output.py's --quiet
+    test read the same solve)."""
     res = run_once("solve", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64", "--backend", "hsdp",
-                   "--quiet", out=True)
+                   "--json", "--quiet", out=True)
     assert res.exit_code == 0, res.stdout + res.stderr
     return res.out
 

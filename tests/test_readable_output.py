@@ -187,11 +187,15 @@ def test_solve_terminal_output_and_final_progress_line(solved_out):
 
 
 def test_quiet_is_quiet(tmp_path):
-    """--quiet: nothing at all on stderr, even with --out (no 'wrote N files')."""
-    res = run_once("solve", *SMALL, "--backend", "hsdp", "--quiet", out=True)  # test_display_details.py reads it too
+    """--quiet: nothing at all on stderr, even with --out (no 'wrote N files'), with the text output or --json (which
+    alone still prints the search's last line and the files line there)."""
+    res = run_once("solve", *SMALL, "--backend", "hsdp", "--json", "--quiet", out=True)  # test_cli.py reads it too
     assert res.exit_code == 0, res.stdout + res.stderr
     assert res.stderr == ""
     assert (res.out / "plan.json").exists()
+    text = invoke(["solve", "--megatron-args", TINY_FLAGS, "--cluster", "H800:2", "--quiet", "--out", str(tmp_path / "t")])
+    assert text.exit_code == 0 and text.stderr == "" and "search: " in text.stdout, text.output
+    assert (tmp_path / "t" / "plan.json").exists()
     est = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--quiet", "--plot",
                   str(tmp_path / "e")])
     assert est.exit_code == 0 and est.stderr == ""
