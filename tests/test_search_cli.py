@@ -209,20 +209,17 @@ def test_compare_layers_rejects_more_layers_than_the_model():
     assert res.exit_code == 2 and "--layers" in res.output
 
 
-def test_progress_callback_reports_counts_time_best_and_bound(profiles):
+def test_progress_callback_reports_counts_time_best_and_bound():
     """The progress callback gets done/total, elapsed seconds, the best objective and the open
-    bound, and ends with phase 'done'; old dict-style readers still work."""
-    from planner.cost.model import CostModel
-    from planner.inputs.cluster import parse_cluster
-    from planner.inputs.resolve import resolve_run
+    bound, and ends with phase 'done'; old dict-style readers still work.  (mixtral-s cut to 4 layers on
+    H800:4,MI300X:4: every phase reported, the whole model's search on twice the GPUs took twice as long.)"""
+    from helpers.cases import reduced_cost_model
     from planner.search.driver import search
     from planner.search.settings import SearchSettings
     from planner.search.space import SearchSpace
 
-    cl = parse_cluster("H800:8,MI300X:8", profiles)
-    run = resolve_run(model="mixtral-s", world_size=cl.world_size, overrides={"gbs": 64})
     seen = []
-    search(CostModel(run.model, run.training, cl, profiles), SearchSpace(), SearchSettings(backend="hsdp"),
+    search(reduced_cost_model("mixtral-s", 4, "H800:4,MI300X:4", 32), SearchSpace(), SearchSettings(backend="hsdp"),
            progress=seen.append)
     last = seen[-1]
     assert last.phase == "done" and last["config"] == "done"
