@@ -459,7 +459,7 @@ MODEL = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-lengt
 def test_keep_yours_end_to_end():
     """The planner's own pick given back as the user's flags is no slower than itself: keep yours, in the JSON
     and the text.  Eight pipeline stages of one layer each at 4 micro-batches (a long bubble) do not."""
-    base = ["solve", "--cluster", "H100:16", "--quiet"]
+    base = ["solve", "--cluster", "H100:8", "--quiet"]
     first = _invoke(base + ["--json", "--megatron-args", MODEL])
     assert first.exit_code == 0, first.output
     p = json.loads(first.stdout)["plan"]
@@ -525,9 +525,9 @@ def test_a_plan_over_the_headroom_but_within_the_device_is_compared_not_refused(
     run (the headroom is the memory model's worst under-prediction; NVIDIA's Qwen3-235B TP2 PP32 EP8 run is
     predicted 0.5 GiB over it, and ran): it is priced against the pick and said to be at risk, not called a plan
     that does not run.  Above the whole device it still does not fit."""
-    base = ["solve", "--cluster", "H100:16", "--quiet", "--json"]
+    base = ["solve", "--cluster", "H100:8", "--quiet", "--json"]
     mine = MODEL.replace("--micro-batch-size 1", "--micro-batch-size 4")
-    probe = json.loads(_invoke(["estimate", "--cluster", "H100:16", "--json", "--megatron-args", mine]).stdout)
+    probe = json.loads(_invoke(["estimate", "--cluster", "H100:8", "--json", "--megatron-args", mine]).stdout)
     worst = max(probe["stages"], key=lambda s: s["memory_gib"])
     used = worst["memory_gib"] / worst["capacity_gib"]
     assert 0.2 < used < 0.9, used  # room for a headroom between the plan's need and the device
@@ -541,7 +541,7 @@ def test_a_plan_over_the_headroom_but_within_the_device_is_compared_not_refused(
     assert "over the memory headroom" in text and "would not run as is" not in text
     fits = json.loads(_invoke(base + ["--megatron-args", mine]).stdout)["user_plan"]
     assert fits["fits"] and not fits["over_headroom"]
-    est = ["estimate", "--cluster", "H100:16", "--memory-headroom", f"{1 - used + 0.05:.3f}", "--megatron-args", mine]
+    est = ["estimate", "--cluster", "H100:8", "--memory-headroom", f"{1 - used + 0.05:.3f}", "--megatron-args", mine]
     e = json.loads(_invoke(est + ["--json"]).stdout)
     assert not e["fits"] and e["fits_device"] and e["overflow"]["fits_device"], e["overflow"]
     text = " ".join(_invoke(est).output.split())
