@@ -56,12 +56,12 @@ def write_script(tmp_path: Path, parallel: str, batch: str = "--micro-batch-size
 
 
 @pytest.fixture(scope="module")
-def solved_out(tmp_path_factory):
-    """One solve with --out (plots always written there); the result object and the directory."""
-    out = tmp_path_factory.mktemp("solve") / "plan"
-    res = invoke(["solve", *SMALL, "--backend", "hsdp", "--out", str(out)])
+def solved_out():
+    """One solve with --out (plots always written there), once per test run (the module's tests may run on several
+    pytest-xdist workers); what it printed and the directory."""
+    res = run_once("solve", *SMALL, "--backend", "hsdp", out=True, columns=100)
     assert res.exit_code == 0, res.output
-    return res, out
+    return res, res.out
 
 
 def test_default_table_fits_100_columns_and_wide_shows_the_memory_breakdown():

@@ -29,6 +29,7 @@ from planner.profile_tables import ProfileSet
 from planner.trials import TRIAL_ITERATIONS
 
 from helpers.json_schema import check_json
+from helpers.once import run_once
 from helpers.synthetic_log import megatron_log
 
 RUNNER = CliRunner()
@@ -53,12 +54,13 @@ PRICE_TOLERANCE = 0.02
 
 
 @pytest.fixture(scope="module")
-def solved(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("mixed") / "plan"
-    res = RUNNER.invoke(main, ["solve", "--megatron-args", FLAGS, "--cluster", CLUSTER, "--backend", "hsdp",
-                               "--time-limit", "20", "--json", "--quiet", "--out", str(out)])
+def solved() -> Path:
+    """The solve whose proposed trials the tests run, once per test run (the module's tests may run on several
+    pytest-xdist workers); they copy what they change."""
+    res = run_once("solve", "--megatron-args", FLAGS, "--cluster", CLUSTER, "--backend", "hsdp", "--time-limit", "20",
+                   "--json", "--quiet", out=True)
     assert res.exit_code == 0, res.output
-    return out
+    return res.out
 
 
 def _inputs(plan_json: Path):

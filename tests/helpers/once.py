@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import traceback
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,11 @@ class Ran:
     stderr: str
     out: Path | None  # the --out directory, when asked for one
 
+    @property
+    def output(self) -> str:
+        """Both streams (stdout first; click's Result.output interleaves them as written)."""
+        return self.stdout + self.stderr
+
 
 def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
     """compute()'s JSON-able value, computed once per test run under the name `name` (a file name): the first
@@ -54,17 +60,21 @@ def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
 
 
 @lru_cache(maxsize=None)
-def run_once(*args: str, out: bool = False) -> Ran:
-    """`python cli.py ARGS` (with `--out DIR` appended when `out`), run once per test run."""
-    key = hashlib.sha256(json.dumps([args, out]).encode()).hexdigest()[:16]
+def run_once(*args: str, out: bool = False, columns: int | None = None) -> Ran:
+    """`python cli.py ARGS` (with `--out DIR` appended when `out`, in a terminal `columns` wide when given), run once
+    per test run.  An exception the command raised is in `stderr`, with its traceback."""
+    key = hashlib.sha256(json.dumps([args, out, columns]).encode()).hexdigest()[:16]
     where = _ROOT / f"cli-{key}"
     out_dir = where / "out" if out else None
 
     def run() -> dict:
         shutil.rmtree(where, ignore_errors=True)  # what a worker that failed left
         where.mkdir(parents=True)
-        res = CliRunner().invoke(main, [*args, *(["--out", str(out_dir)] if out_dir else [])])
-        return {"exit_code": res.exit_code, "stdout": res.stdout, "stderr": res.stderr}
+        res = CliRunner().invoke(main, [*args, *(["--out", str(out_dir)] if out_dir else [])],
+                                 env={"COLUMNS": str(columns)} if columns else None)
+        crashed = res.exception is not None and not isinstance(res.exception, SystemExit)
+        return {"exit_code": res.exit_code, "stdout": res.stdout,
+                "stderr": res.stderr + ("".join(traceback.format_exception(*res.exc_info)) if crashed else "")}
 
     saved = once_per_run(f"cli-{key}", run)
     return Ran(saved["exit_code"], saved["stdout"], saved["stderr"], out_dir)
