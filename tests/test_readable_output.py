@@ -193,7 +193,8 @@ def test_quiet_is_quiet(tmp_path):
     assert res.exit_code == 0, res.stdout + res.stderr
     assert res.stderr == ""
     assert (res.out / "plan.json").exists()
-    text = invoke(["solve", "--megatron-args", TINY_FLAGS, "--cluster", "H800:2", "--quiet", "--out", str(tmp_path / "t")])
+    text = invoke(["solve", "--megatron-args", TINY_FLAGS, "--cluster", "H800:2", "--quiet", "--out",
+                   str(tmp_path / "t")])
     assert text.exit_code == 0 and text.stderr == "" and "search: " in text.stdout, text.output
     assert (tmp_path / "t" / "plan.json").exists()
     est = invoke(["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--quiet", "--plot",
