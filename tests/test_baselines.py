@@ -9,15 +9,17 @@ from planner.baselines import (
     search_hapmoe, search_hetermoe, search_metis, search_mi, solve_with_limit,
 )
 from planner.baselines.common import (
-    build_plan, cost_model, even_split, homogeneous_cluster, mixed_cluster, price_members, stage_members,
+    PricedPlan, build_plan, cost_model, even_split, homogeneous_cluster, mixed_cluster, price_members, stage_members,
     types_by_speed,
 )
 from planner.checker import plan_problems
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.resolve import resolve_run
-from planner.schemas.plan import Recompute
+from planner.schemas.plan import Plan, Recompute
 import planner.baselines.metis as metis
+
+from helpers.once import once_per_run
 
 
 def scenario(profiles, model, cluster_name):
@@ -39,8 +41,16 @@ def homo(profiles):
 
 @pytest.fixture(scope="module")
 def hapmoe_hetero(profiles, hetero):
+    """HAPMoE's megatron plan on `hetero`, searched once per test run (the module's tests may run on several
+    pytest-xdist workers), priced by the one evaluator as search_hapmoe prices it."""
     run, cluster = hetero
-    return search_hapmoe(run, cluster, profiles, runtimes=("megatron",), time_limit_s=60)
+
+    def plan_json() -> dict:
+        priced = search_hapmoe(run, cluster, profiles, runtimes=("megatron",), time_limit_s=60)
+        return priced.plan.model_dump(mode="json")
+
+    plan = Plan.model_validate(once_per_run("baselines-hapmoe-hetero", plan_json))
+    return PricedPlan(plan=plan, cost=cost_model(run, cluster, profiles).evaluate(plan))
 
 
 # ---- helpers ------------------------------------------------------------------------------
