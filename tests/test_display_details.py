@@ -19,6 +19,7 @@ from planner.output.plots import _memory_figure, memory_label_bottom, node_capti
 from planner.output.report import degrees_line, plan_json
 from planner.schemas.plan import Plan, StagePlan
 
+from helpers.cli import compare_searches_once
 from helpers.once import run_once
 
 # the pick of `solve --model mixtral-s --cluster H800:16,MI300X:16` (walk53b item 1): stage 0 on MI300X at DP 16,
@@ -91,9 +92,11 @@ def test_flagscale_per_stage_micro_batches_are_shown(het_estimate):
 # item 10: compare shows the stages
 
 
-def test_compare_under_flagscale_shows_each_plans_stages():
+def test_compare_under_flagscale_shows_each_plans_stages(monkeypatch):
     """compare --json keeps `plan` and adds `stages` (device type, layers, DP, recompute, micro-batch per stage);
-    the text names the stages after the table, once per distinct plan with the backends that found it."""
+    the text names the stages after the table, once per distinct plan with the backends that found it.  The text
+    run prints the --json run's rows (one comparison searched: helpers/cli.py compare_searches_once)."""
+    compare_searches_once(monkeypatch)
     args = ["compare", "--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--layers", "4", "--time-limit", "60"]
     res = invoke([*args, "--json"])
     assert res.exit_code == 0, res.output

@@ -42,3 +42,22 @@ def tree(path: Path) -> dict[str, bytes]:
         elif p.is_file():
             out[str(p.relative_to(path))] = p.read_bytes()
     return out
+
+
+def compare_searches_once(monkeypatch) -> None:
+    """In the calling test, `compare` searches for its first invocation only: a later one must ask for the very same
+    comparison (its time limit aside: the clock runs on) and prints the first one's rows.  Each invocation still
+    reads its inputs and prints end to end; for a test that reads the --json and the text of one comparison."""
+    import planner.commands.compare as compare_command
+
+    real = compare_command.compare_rows
+    searched: list[tuple[dict, list[dict]]] = []  # (what was asked, the rows)
+
+    def once(run, cluster_spec, profiles, **options):
+        asked = {"run": run, "cluster": cluster_spec, **{k: v for k, v in options.items() if k != "time_limit_s"}}
+        if not searched:
+            searched.append((asked, real(run, cluster_spec, profiles, **options)))
+        assert asked == searched[0][0]  # the very same comparison
+        return searched[0][1]
+
+    monkeypatch.setattr(compare_command, "compare_rows", once)
