@@ -26,6 +26,7 @@ from planner.user_plan import UserPlan
 from tools.fuzz.inputs import TINY_FLAGS
 
 from helpers.cases import flags_cost_model
+from helpers.cli import solve_searches_once
 from helpers.held_out import loso_report
 from helpers.once import run_once
 
@@ -456,9 +457,11 @@ MODEL = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-lengt
          "4096 --global-batch-size 64 --vocab-size 32000 --bf16 --micro-batch-size 1")
 
 
-def test_keep_yours_end_to_end():
+def test_keep_yours_end_to_end(monkeypatch):
     """The planner's own pick given back as the user's flags is no slower than itself: keep yours, in the JSON
-    and the text.  Eight pipeline stages of one layer each at 4 micro-batches (a long bubble) do not."""
+    and the text.  Eight pipeline stages of one layer each at 4 micro-batches (a long bubble) do not.  (The text
+    run prints the --json run's search: helpers/cli.py solve_searches_once.)"""
+    solve_searches_once(monkeypatch)
     base = ["solve", "--cluster", "H100:8", "--quiet"]
     first = _invoke(base + ["--json", "--megatron-args", MODEL])
     assert first.exit_code == 0, first.output
@@ -520,11 +523,13 @@ def test_unequal_interleaved_chunks_are_priced_and_named_unmeasured():
     assert not any("virtual chunks" in what for what, _ in ev.unmeasured), ev
 
 
-def test_a_plan_over_the_headroom_but_within_the_device_is_compared_not_refused():
+def test_a_plan_over_the_headroom_but_within_the_device_is_compared_not_refused(monkeypatch):
     """A user's plan predicted above the usable memory (the device less the headroom) but within the device may
     run (the headroom is the memory model's worst under-prediction; NVIDIA's Qwen3-235B TP2 PP32 EP8 run is
     predicted 0.5 GiB over it, and ran): it is priced against the pick and said to be at risk, not called a plan
-    that does not run.  Above the whole device it still does not fit."""
+    that does not run.  Above the whole device it still does not fit.  (The text run prints the --json run's search:
+    helpers/cli.py solve_searches_once.)"""
+    solve_searches_once(monkeypatch)
     base = ["solve", "--cluster", "H100:8", "--quiet", "--json"]
     mine = MODEL.replace("--micro-batch-size 1", "--micro-batch-size 4")
     probe = json.loads(_invoke(["estimate", "--cluster", "H100:8", "--json", "--megatron-args", mine]).stdout)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from cli import main
 
+from helpers.cli import solve_searches_once
 from helpers.once import run_once
 
 SMALL = ["--model", "mixtral-s", "--cluster", "H800:8,MI300X:8", "--gbs", "64"]
@@ -468,9 +469,11 @@ def test_script_plan_is_priced_against_the_planners(tmp_path):
     assert rng in summary, summary  # walk55s: the text table had the ranges, summary.md did not
 
 
-def test_script_plan_that_does_not_fit_or_breaks_a_rule_or_cannot_run_says_so(tmp_path):
+def test_script_plan_that_does_not_fit_or_breaks_a_rule_or_cannot_run_says_so(tmp_path, monkeypatch):
     """No model parallelism for Mixtral on 16 H800: does not fit.  VPP with too few micro-batches:
-    breaks Megatron's rule.  TP*PP*CP not dividing the cluster: cannot run, and says why."""
+    breaks Megatron's rule.  TP*PP*CP not dividing the cluster: cannot run, and says why.  (The text run prints
+    the --json run's search: helpers/cli.py solve_searches_once.)"""
+    solve_searches_once(monkeypatch)
     cluster = ["--cluster", "H800:16", "--backend", "hsdp", "--quiet"]
     oom = write_script(tmp_path, "--tensor-model-parallel-size 1")
     r = invoke(["solve", "--megatron-script", str(oom), *cluster, "--json"])

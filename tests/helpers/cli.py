@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -61,3 +62,25 @@ def compare_searches_once(monkeypatch) -> None:
         return searched[0][1]
 
     monkeypatch.setattr(compare_command, "compare_rows", once)
+
+
+def solve_searches_once(monkeypatch) -> None:
+    """In the calling test, `solve` searches each distinct request once: a later invocation that asks for the very same
+    search (the same run, cluster, space, settings and objective; its deadline aside: the clock runs on) gets the first
+    one's outcome, and prints it end to end; for a test that reads the --json and the text of one solve."""
+    import planner.commands.solve as solve_command
+
+    real = solve_command.solve
+    searched: list[tuple[dict, object]] = []  # (what was asked, the outcome)
+
+    def once(run, cluster, profiles, *, settings, space, progress=None, **options):
+        asked = {"run": run, "cluster": cluster, "settings": replace(settings, deadline=None), "space": space,
+                 **options}
+        for was, outcome in searched:
+            if was == asked:
+                return outcome
+        outcome = real(run, cluster, profiles, settings=settings, space=space, progress=progress, **options)
+        searched.append((asked, outcome))
+        return outcome
+
+    monkeypatch.setattr(solve_command, "solve", once)
