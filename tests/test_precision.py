@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers.cli import refused, run
+from helpers.cli import refused, run, solve_searches_once
 from helpers.json_schema import check_json
 from planner.api import load_inputs, runtime_choice
 from planner.bench import planning_world
@@ -65,7 +65,8 @@ def test_a_cluster_none_of_whose_types_runs_the_precision_is_refused_naming_them
     refused(run(["solve", "--model", "llama2-7b", "--cluster", "V100:8,T4:8", "--quiet"]), "--cluster")
 
 
-def test_solve_plans_the_types_that_run_the_precision_and_says_why_the_rest_is_idle():
+def test_solve_plans_the_types_that_run_the_precision_and_says_why_the_rest_is_idle(monkeypatch):
+    solve_searches_once(monkeypatch)  # the text run prints the --json run's search
     res = run(["solve", "--megatron-args", PP2, "--cluster", CLUSTER, "--backend", "hsdp", "--json", "--quiet"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
