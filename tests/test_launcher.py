@@ -33,6 +33,7 @@ from planner.profile_tables import ProfileSet
 from planner.schemas import ModelSpec, Plan, Recompute, StagePlan, TrainingSpec
 from planner.schemas.parallel import MegatronRun, ParallelConfig
 
+from helpers.cli import solve_searches_once
 from helpers.launch import DENSE, EP_OVERLAP_MOE, args_of, cluster_of, dense_plan, ep_overlap_launch
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -671,9 +672,11 @@ def test_hosts_file_refusals_name_the_problem(tmp_path, text, message):
     assert err.value.field == "--hosts" and message in str(err.value)
 
 
-def test_hosts_the_plan_leaves_unused_are_named(tmp_path, tiny):
+def test_hosts_the_plan_leaves_unused_are_named(tmp_path, tiny, monkeypatch):
     """walk53b #13: `emit --hosts` with 5 H800 nodes for a 4-node plan dropped n4 without a word.  Now solve and
-    emit name each listed node the plan places no agent on (here a one-node plan, a file of two)."""
+    emit name each listed node the plan places no agent on (here a one-node plan, a file of two).  (The --json run
+    prints the first run's search: helpers/cli.py solve_searches_once.)"""
+    solve_searches_once(monkeypatch)
     hosts = _hosts_file(tmp_path, "n0 H800\n# spare\nn1 H800 8\n")
     res = CliRunner().invoke(main, ["solve", "--model", str(tiny), "--cluster", "H800:8", "--time-limit", "5",
                                     "--out", str(tmp_path / "p"), "--hosts", str(hosts)])
