@@ -351,6 +351,125 @@ def test_a_torchrun_in_each_task_of_gpus_per_task_is_read_by_its_own_counts(tmp_
     assert payload["world_size"] == 16 and "launches 16 GPUs" in err
 
 
+def _same_as_two_nodes_of_eight(tmp_path: Path, script: Path) -> None:
+    """`script` on H100:64 is priced on 16 GPUs, 2 nodes of 8, as on a cluster of just those (H100:16)."""
+    code, part, err = _estimate(script, "H100:64")
+    assert code == 0, err
+    assert part["world_size"] == 16 and "the first 2 nodes of --cluster H100:64 (H100:16)" in err, err
+    code, exact, err = _estimate(script, "H100:16")
+    assert code == 0, err
+    assert part["iteration_time_s"] == exact["iteration_time_s"]
+
+
+@pytest.mark.parametrize("text", [
+    # torchrun starts a rank on each GPU its task sees: the 8 --gpus-per-task binds to it (it was 'no GPU count as
+    # plain numbers', the whole cluster priced)
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-task=8\n"
+    "srun torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+    "srun --gpus-per-task=8 torchrun --nnodes 2 --nproc_per_node=auto pretrain_gpt.py FLAGS\n",
+    # one task on each node, which sees all the node's GPUs (--gres, srun's own; or the job's --gpus-per-node, and
+    # no task count: Slurm starts one task per node)
+    "srun -N 2 --ntasks-per-node 1 --gres=gpu:8 torchrun --nnodes 2 --nproc-per-node=auto pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --gpus-per-node=8\n"
+    "srun torchrun --nnodes 2 --nproc_per_node gpu pretrain_gpt.py FLAGS\n",
+    # --gpu-bind=per_task:8 binds 8 GPUs to each task as --gpus-per-task=8 does
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:8\n"
+    "srun --gpu-bind=verbose,per_task:8 torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py FLAGS\n",
+])
+def test_torchrun_per_gpu_under_srun_starts_a_rank_on_each_gpu_slurm_gives_the_task(tmp_path, text):
+    """torchrun --nproc-per-node gpu|auto (torch/distributed/run.py `determine_local_world_size`: the GPUs the
+    process sees) in each srun task: the GPUs Slurm gives the task, 8, on 2 nodes: priced as the script's own 16."""
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, "#!/bin/bash\n" + text))
+
+
+@pytest.mark.parametrize("text, named", [
+    # neither srun nor the job states the task's GPUs (it was the whole cluster, with a note)
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nsrun torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py "
+     "FLAGS\n", ["torchrun (--nproc-per-node gpu) starts one rank on each GPU its srun task sees",
+                 "neither srun nor the script's #SBATCH lines state them (--gpus-per-task, or --gres=gpu:N",
+                 "give torchrun --nproc-per-node N, or srun --gpus-per-task=N"]),
+    ("srun -N 2 torchrun --nnodes 2 --nproc_per_node auto pretrain_gpt.py FLAGS\n",
+     ["torchrun (--nproc-per-node auto) starts one rank on each GPU"]),
+    # a binding that states no count: which GPUs each task sees is Slurm's choice there
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:8\n#SBATCH --gpu-bind=closest\n"
+     "srun torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py FLAGS\n",
+     ["`#SBATCH --gpu-bind=closest` ({path}:5) binds them, which states no count"]),
+    # two tasks on each node, no GPU bound to a task: each torchrun starts 8 ranks on the node's same 8 GPUs
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres=gpu:8\n"
+     "srun torchrun --nnodes 4 --nproc-per-node gpu pretrain_gpt.py FLAGS\n",
+     ["srun starts 2 tasks on each node (`#SBATCH --ntasks-per-node=2` ({path}:3)), a torchrun in each",
+      "each task sees all 8 GPUs of its node (`#SBATCH --gres=gpu:8` ({path}:4))", "share GPUs"]),
+])
+def test_torchrun_per_gpu_under_srun_is_refused_where_the_tasks_gpus_are_not_known(tmp_path, text, named):
+    """--nproc-per-node gpu|auto where the script does not state the GPUs Slurm gives each task: refused (exit 2),
+    naming the flag and what would make it readable, not priced on a guess."""
+    script = _job(tmp_path, "#!/bin/bash\n" + text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "error: --megatron-script: the script's launch (srun" in err, err
+    assert "Traceback" not in err
+    for text_ in named:
+        assert text_.format(path=script) in err, err
+
+
+def test_several_tasks_on_a_node_each_with_its_gpus_run_all_their_ranks_there(tmp_path):
+    """srun --ntasks-per-node=2 --gpus-per-task=4, a torchrun of 4 ranks in each of the 4 tasks: 8 ranks on each of
+    2 nodes (it was priced as 4 nodes of 4 GPUs: torchrun's --nproc-per-node alone as the GPUs per node)."""
+    job = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-task=4\n"
+           "srun torchrun --nnodes 4 --nproc-per-node {} pretrain_gpt.py FLAGS\n")
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, job.format(4)))
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, job.format("gpu"), "gpu.sh"))
+    # no GPU bound to a task by Slurm, but each task's own 4 set by the script in front of its torchrun
+    per_task = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres=gpu:8\n"
+                "srun bash -c 'CUDA_VISIBLE_DEVICES=$(seq -s, $((SLURM_LOCALID * 4)) $((SLURM_LOCALID * 4 + 3))) "
+                "torchrun --nnodes 4 --nproc-per-node 4 pretrain_gpt.py FLAGS'\n")
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, per_task, "visible.sh"))
+
+
+@pytest.mark.parametrize("text, named", [
+    # two tasks on each node that bind no GPU: both torchruns put their local rank 0 on GPU 0 (it was priced as 4
+    # nodes of 4)
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres=gpu:8\n"
+     "srun torchrun --nnodes 4 --nproc-per-node 4 pretrain_gpt.py FLAGS\n",
+     ["srun starts 2 tasks on each node", "binds no GPU to a task", "--gpus-per-task=G"]),
+    # 4 tasks, each a torchrun agent, where torchrun's rendezvous waits for 2 (--nnodes: the nodes, not the tasks)
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-task=4\n"
+     "srun torchrun --nnodes 2 --nproc-per-node 4 pretrain_gpt.py FLAGS\n",
+     ["srun starts 4 tasks (`#SBATCH --ntasks-per-node=2` ({path}:3) x `#SBATCH --nodes=2` ({path}:2))",
+      "torchrun (--nnodes 2) waits for 2 agents", "give torchrun --nnodes 4"]),
+])
+def test_several_tasks_on_a_node_that_do_not_run_a_rank_on_each_gpu_are_refused(tmp_path, text, named):
+    script = _job(tmp_path, "#!/bin/bash\n" + text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "error: --megatron-script: the script's launch (srun" in err and "Traceback" not in err, err
+    for text_ in named:
+        assert text_.format(path=script) in err, err
+
+
+@pytest.mark.parametrize("text", [
+    # torchrun reads PET_<OPTION> where the option is not given (torch/distributed/argparse_util.py `env`): it was
+    # read as torchrun's default, 1 rank on each of 2 nodes
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nexport PET_NPROC_PER_NODE=8\n"
+    "srun torchrun --nnodes 2 pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+    "PET_NPROC_PER_NODE=8 srun torchrun --nnodes 2 pretrain_gpt.py FLAGS\n",
+    "export PET_NNODES=2\nPET_NPROC_PER_NODE=8 torchrun pretrain_gpt.py FLAGS\n",
+])
+def test_torchrun_reads_its_pet_variables_where_the_option_is_not_given(tmp_path, text):
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, "#!/bin/bash\n" + text))
+
+
+def test_torchrun_reads_a_pet_variable_it_gets_and_under_its_option(tmp_path):
+    """PET_NPROC_PER_NODE=8: exported, torchrun's 8 ranks on each of 4 nodes; the option, where given, wins over it;
+    a shell variable the script does not export is not in torchrun's environment: its default, 1 on each node."""
+    for prelude, launch, world in (("export PET_NPROC_PER_NODE=8", "torchrun --nnodes 4", 32),
+                                   ("export PET_NPROC_PER_NODE=8", "torchrun --nnodes 4 --nproc-per-node 2", 8),
+                                   ("PET_NPROC_PER_NODE=8", "torchrun --nnodes 4", 4)):
+        code, payload, err = _estimate(_script(tmp_path, launch, prelude=prelude), "H100:64")
+        assert code == 0, err
+        assert payload["world_size"] == world, (prelude, launch, err)
+
+
 # ------------------------------------------------------------------------------------------------
 # calibrate prices the script's run as estimate does
 

@@ -62,7 +62,9 @@ from planner.inputs.shell.interp import (
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
 from planner.inputs.slurm_options import SlurmOptionError
-from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words, torchrun_per_task
+from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
+from planner.inputs.srun_torchrun import TorchrunTasks, torchrun_tasks
+from planner.inputs.torchrun_counts import options, torchrun_count
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -110,34 +112,25 @@ class LauncherScript:
 
     @property
     def world_size(self) -> int | None:
-        """GPUs the script asks for: torchrun's nnodes * nproc-per-node (defaults 1, 1), or srun's tasks (its own
-        counts and those it takes from the job's #SBATCH lines: `srun_tasks`), or mpirun's -np; 1 for a plain
-        `python train.py`; None when a count is not a plain integer or not the script's."""
+        """GPUs the script asks for: torchrun's nnodes * nproc-per-node (options, else PET_* variables, else 1 and
+        1: `torchrun`; under srun, its tasks x torchrun's ranks in each: planner/inputs/srun_torchrun.py), or srun's
+        tasks (its own counts and those it takes from the job's #SBATCH lines: `srun_tasks`), or mpirun's -np; 1 for
+        a plain `python train.py`; None when a count is not a plain integer or not the script's."""
         by = self.launched_by
         if by == "srun":
             return self.srun.world
         if by in ("mpirun", "mpiexec"):
             return _wrapper_world(self.wrapper)
-        if by is None:
-            return 1
-        values = _options(self.launcher_args, {"nproc-per-node", "nnodes"})
-        nproc = values.get("nproc-per-node", "1")
-        nnodes = values.get("nnodes", "1")
-        if ":" in nnodes:  # elastic min:max
-            nnodes = nnodes.split(":")[-1]
-        if not (nproc.isdigit() and nnodes.isdigit()):
-            return None
-        return int(nproc) * int(nnodes)
+        return 1 if by is None else self.torchrun.world
 
     @property
     def gpus_per_node(self) -> int | None:
-        """GPUs the script starts on each node: torchrun's nproc-per-node (default 1), or srun's tasks per node
-        (`srun_tasks`); 1 for a plain `python train.py`; None where the launch does not say (mpirun -np, srun -n
-        without nodes) or a count is not a plain integer."""
+        """GPUs the script starts on each node: torchrun's nproc-per-node (under srun, times srun's tasks on each
+        node), or srun's tasks per node (`srun_tasks`); 1 for a plain `python train.py`; None where the launch does
+        not say (mpirun -np, srun -n without nodes) or a count is not a plain integer."""
         by = self.launched_by
         if by == "torchrun":
-            nproc = _options(self.launcher_args, {"nproc-per-node"}).get("nproc-per-node", "1")
-            return int(nproc) if nproc.isdigit() else None
+            return self.torchrun.per_node
         if by is None:
             return 1
         return self.srun.per_node if by == "srun" else None
@@ -148,21 +141,36 @@ class LauncherScript:
         return srun_tasks(self.wrapper, self.job)
 
     @property
+    def torchrun(self) -> TorchrunTasks:
+        """The ranks the launch's torchrun starts (its counts: planner/inputs/torchrun_counts.py), one torchrun in each
+        task where srun runs it (planner/inputs/srun_torchrun.py)."""
+        env = self.torchrun_env
+        nproc = torchrun_count(self.launcher_args, env, "nproc-per-node")
+        nnodes = torchrun_count(self.launcher_args, env, "nnodes")
+        if self.under_srun:
+            return torchrun_tasks(self.wrapper, self.job, nproc, nnodes, env)
+        if not (nproc.value.isdigit() and nnodes.number is not None):
+            return TorchrunTasks(None, None)
+        return TorchrunTasks(int(nproc.value) * nnodes.number, int(nproc.value))
+
+    @property
+    def torchrun_env(self) -> dict[str, str]:
+        """The variables the script gives the launch: those it exports, and those set in front of the command."""
+        return {name: self.env[name] for name in self.exported if name in self.env} | self.launch_env
+
+    @property
+    def under_srun(self) -> bool:
+        return bool(self.wrapper) and self.wrapper[0].rsplit("/", 1)[-1] == "srun"
+
+    @property
     def refused(self) -> str | None:
         """Why the launch is not one Megatron rank on each GPU it holds (None: it is): srun's (`SrunTasks.refused`),
-        or a torchrun in each srun task whose --nproc-per-node is not the task's --gpus-per-task
-        (`torchrun_per_task`: the ranks torchrun starts, not srun's GPUs, would set the GPUs per node)."""
+        or a torchrun in each srun task that does not start one rank on each GPU Slurm gives the task
+        (`TorchrunTasks.refused`)."""
         by = self.launched_by
         if by == "srun":
             return self.srun.refused
-        if by != "torchrun" or not self.wrapper or self.wrapper[0].rsplit("/", 1)[-1] != "srun":
-            return None
-        given = _options(self.launcher_args, {"nproc-per-node"}).get("nproc-per-node")
-        nproc = given if given is not None else "1"  # torchrun's default
-        if not nproc.isdigit():
-            return None
-        words = f"--nproc-per-node {nproc}" if given is not None else "no --nproc-per-node (torchrun's default: 1)"
-        return torchrun_per_task(self.wrapper, self.job, int(nproc), words)
+        return self.torchrun.refused if by == "torchrun" and self.under_srun else None
 
     @property
     def launched_by(self) -> str | None:
@@ -179,24 +187,13 @@ class LauncherScript:
         return bool(self.launcher) and (self.launcher[0].rsplit("/", 1)[-1] == "torchrun" or "-m" in self.launcher)
 
 
-def _options(args: list[str], keys: set[str]) -> dict[str, str]:
-    """{key: value} of long options given as `--k v` or `--k=v` (`_` and `-` alike)."""
-    out: dict[str, str] = {}
-    for i, tok in enumerate(args):
-        name, eq, val = tok.partition("=")
-        key = name.lstrip("-").replace("_", "-")
-        if tok.startswith("-") and key in keys:
-            out[key] = val if eq else (args[i + 1] if i + 1 < len(args) else "")
-    return out
-
-
 def _wrapper_world(words: list[str]) -> int | None:
     """World size from mpirun's -np (or -n/--ntasks, -N times --ntasks-per-node)."""
     short: dict[str, str] = {}
     for i, tok in enumerate(words[:-1]):
         if tok in ("-N", "-n", "-np", "-c"):
             short[tok] = words[i + 1]
-    longs = _options(words, {"nodes", "ntasks-per-node", "ntasks", "np"})
+    longs = options(words, {"nodes", "ntasks-per-node", "ntasks", "np"})
     total = longs.get("ntasks") or short.get("-n") or short.get("-np") or longs.get("np")
     if total and total.isdigit():
         return int(total)

@@ -1,7 +1,8 @@
 """The GPUs a launcher script's own launch uses, on the cluster given (`estimate --megatron-script`).
 
-A script states its GPU count in its launch: torchrun's --nnodes and --nproc-per-node, srun's nodes and tasks
-per node, or its tasks per GPU or GPUs per task (those srun does not give, from the job's own `#SBATCH` lines:
+A script states its GPU count in its launch: torchrun's --nnodes and --nproc-per-node (or its PET_* variables;
+under srun, one torchrun in each task: planner/inputs/srun_torchrun.py), srun's nodes and tasks per node, or its
+tasks per GPU or GPUs per task (those srun does not give, from the job's own `#SBATCH` lines:
 planner/inputs/srun_tasks.py), mpirun's -np (planner/inputs/script.py `world_size`, `gpus_per_node`).  `estimate`
 prices the run the script makes: its TP/PP/CP/EP with DP over those GPUs, on the first nodes of the cluster in the
 order it lists them (Megatron's rank order over the nodes, as planner/cost/estimate.py places stages), each node
@@ -15,7 +16,8 @@ the job gets what its launcher exports), an srun whose nodes or tasks neither it
 state (the allocation's, set where the job is submitted; the SLURM_* counts the reader takes from --cluster are
 not the script's).  An srun that starts the trainer as other than one rank on each GPU (--ntasks-per-gpu=2,
 --gpus-per-task=8 without a torchrun in each task, or with one whose --nproc-per-node is not 8, more tasks on a node
-than the GPUs it states there), or with options Slurm does not combine, is refused, naming the option.
+than the GPUs it states there, a torchrun in each of several tasks on a node with no GPU bound to each), or with
+options Slurm does not combine, is refused, naming the option.
 
 `calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):
 on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's
@@ -134,6 +136,8 @@ def _launch_text(script: LauncherScript) -> str:
 def _launch_words(script: LauncherScript, world: int, per_node: int | None) -> str:
     """The launch's counts as the script gives them, and where."""
     site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
+    if script.launched_by == "torchrun" and script.under_srun:
+        return f"{script.torchrun.words}{site}"
     if script.launched_by == "torchrun" and per_node:
         return f"{' '.join(script.launcher)} --nnodes {world // per_node} --nproc-per-node {per_node}{site}"
     inherited = script.srun.inherited if script.launched_by == "srun" else ()

@@ -15,8 +15,8 @@ The GPU options, as Slurm's srun and sbatch man pages define them:
   ranks on one GPU), so N other than 1 is refused.
 * `--gpus-per-task=G`: G GPUs for each task; the tasks are those the other counts give, or --gpus=X over G.  A task
   that runs the trainer itself is one process, one Megatron rank on one GPU, so G other than 1 is refused there
-  (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/script.py; its
-  --nproc-per-node other than G is refused, `torchrun_per_task`).
+  (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/srun_torchrun.py; its
+  --nproc-per-node other than G is refused there).
 
 More tasks on a node than its GPUs (--ntasks-per-node=8, or --ntasks over --nodes, with --gpus-per-node=4 or
 --gres=gpu:4), or more tasks than the GPUs (-G/--gpus), srun's own or the job's, is refused too: two ranks would
@@ -38,9 +38,11 @@ from planner.inputs.slurm_options import options_end
 
 # srun's own count options, as sbatch_options names them: plain numbers, or the launch states no count
 COUNT_KEYS = frozenset({"nodes", "ntasks", "ntasks-per-node", "ntasks-per-gpu", "gpus-per-task"})
+BIND_KEYS = frozenset({"gpu-bind", "tres-bind"})  # which GPUs each task sees (planner/inputs/srun_torchrun.py)
 JOB_NAMES = {"nodes": "SLURM_NNODES", "ntasks": "SLURM_NTASKS", "ntasks-per-node": "SLURM_NTASKS_PER_NODE",
              "ntasks-per-gpu": "SLURM_NTASKS_PER_GPU", "gpus-per-task": "SLURM_GPUS_PER_TASK", "gpus": "SLURM_GPUS",
-             "gpus-per-node": "SLURM_GPUS_PER_NODE"}  # the job's variable srun takes each option from
+             "gpus-per-node": "SLURM_GPUS_PER_NODE", "gpu-bind": "SLURM_GPU_BIND",
+             "tres-bind": "SLURM_TRES_BIND"}  # the job's variable srun takes each option from
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class SrunTasks:
 
 
 @dataclass
-class _Counts:
+class SrunCounts:
     """srun's own options (`own`, as given) and the job's SLURM_* values (`job`), read by option name, srun's own
     first; `taken`: where the job's values read are stated."""
 
@@ -83,6 +85,14 @@ class _Counts:
             self.taken.append(stated.source)
         return int(stated.value)
 
+    def given(self, key: str) -> tuple[str, str] | None:
+        """The value of `key` as given, not read as a count (srun's own, else the job's), and where; None where
+        neither gives it."""
+        if key in self.own:
+            return self.own[key], f"`srun --{key}={self.own[key]}`"
+        stated = self.job.get(JOB_NAMES[key])
+        return (stated.value, stated.source) if stated is not None else None
+
     def where(self, key: str) -> str:
         """Where the value of `key` srun runs with is given."""
         if self.gives(key):
@@ -103,28 +113,14 @@ def srun_words(words: list[str]) -> list[str]:
 
 
 def _own(words: list[str]) -> dict[str, str]:
-    """srun's own count and GPU options among `words` (`srun_words`), as sbatch_options names them."""
+    """srun's own count, GPU and GPU-binding options among `words` (`srun_words`), as sbatch_options names them."""
     return {key: value for key, value in sbatch_options(srun_words(words), "srun").items()
-            if key in COUNT_KEYS | GPU_KEYS}
+            if key in COUNT_KEYS | GPU_KEYS | BIND_KEYS}
 
 
-def torchrun_per_task(words: list[str], job: Mapping[str, SchedulerValue], nproc: int, nproc_words: str
-                      ) -> str | None:
-    """Why a torchrun that `srun` (options `words`, in a job of geometry `job`) starts in each task is refused:
-    its `nproc` ranks (`nproc_words`: where torchrun gives them) are not the task's GPUs, --gpus-per-task (srun's
-    own, else the job's).  More ranks than GPUs: two ranks on a GPU, which NCCL refuses (or a rank whose device
-    is not there); fewer: GPUs the job holds idle, and the launch's GPUs per node are not what the job asks for.
-    None where they are the same, or srun states no GPUs per task as a plain number."""
-    counts = _Counts(_own(words), job)
-    per_task = counts.take("gpus-per-task", record=False)
-    if per_task is None or per_task == nproc:
-        return None
-    what = ("more ranks than GPUs, so two would share a GPU, which NCCL refuses" if nproc > per_task else
-            f"{per_task - nproc} of each task's GPUs idle, held by the job but not priced")
-    ranks = f"{nproc} rank{'s' if nproc != 1 else ''}"
-    return (f"srun gives each task {per_task} GPUs ({counts.where('gpus-per-task')}) and starts torchrun in each "
-            f"task with {nproc_words}: {ranks} on {per_task} GPUs, {what}; give torchrun --nproc-per-node "
-            f"{per_task}, or srun --gpus-per-task={nproc}")
+def srun_counts(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunCounts:
+    """The counts of `srun` with options `words` in a job of geometry `job`: its own, else the job's."""
+    return SrunCounts(_own(words), job)
 
 
 def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks:
@@ -133,7 +129,7 @@ def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks
     own = _own(words)
     if any(not (gpu_value(key, value) or "").isdigit() for key, value in own.items() if key in COUNT_KEYS):
         return SrunTasks(None, None)  # a count that is not a plain number
-    counts = _Counts(own, job)
+    counts = SrunCounts(own, job)
     if counts.take("ntasks-per-gpu") is not None:
         return _tasks_per_gpu(counts)
     per_task = counts.take("gpus-per-task")
@@ -144,14 +140,14 @@ def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks
             f"srun gives each task {per_task} GPUs ({counts.where('gpus-per-task')}) and starts the trainer itself "
             "in each task: one process, so one Megatron rank, where Megatron runs one rank on each GPU; "
             f"{torchrun}give --gpus-per-task=1"))
-    tasks = _node_tasks(counts)
+    tasks = node_tasks(counts)
     if per_task is None or tasks.world is not None:
         return _one_gpu_each(counts, tasks)
     gpus = counts.take("gpus")  # --gpus=X --gpus-per-task=1: X tasks, Slurm's other task count with --gpus-per-task
     return tasks if gpus is None else counts.result(gpus, _even(gpus, counts.take("nodes")))
 
 
-def _one_gpu_each(counts: _Counts, tasks: SrunTasks) -> SrunTasks:
+def _one_gpu_each(counts: SrunCounts, tasks: SrunTasks) -> SrunTasks:
     """`tasks`, refused where srun starts more tasks on a node than the GPUs its nodes have (--gpus-per-node, or
     --gres=gpu:G), or more tasks than the GPUs it has (-G/--gpus, or GPUs per node x nodes), srun's own or the job's:
     each task is a Megatron rank, and two ranks would share a GPU (NCCL refuses two on one GPU)."""
@@ -161,7 +157,7 @@ def _one_gpu_each(counts: _Counts, tasks: SrunTasks) -> SrunTasks:
     nodes = counts.take("nodes", record=False)
     if tasks.per_node is not None and per_node_gpus is not None and tasks.per_node > per_node_gpus:
         return counts.result(None, None, refused=(
-            f"srun starts {tasks.per_node} tasks on each node ({_tasks_per_node_where(counts)}) on nodes with "
+            f"srun starts {tasks.per_node} tasks on each node ({tasks_per_node_where(counts)}) on nodes with "
             f"{per_node_gpus} GPUs each ({counts.where('gpus-per-node')}): each task is a Megatron rank, so two "
             "would share a GPU, which NCCL refuses; give as many tasks on each node as GPUs (--ntasks-per-node="
             f"{per_node_gpus}) or GPUs as tasks (--gpus-per-node={tasks.per_node})"))
@@ -172,27 +168,27 @@ def _one_gpu_each(counts: _Counts, tasks: SrunTasks) -> SrunTasks:
     if gpus is not None and tasks.world > gpus:
         stated = counts.where(key) + (f" x {nodes} nodes ({counts.where('nodes')})" if key == "gpus-per-node" else "")
         return counts.result(None, None, refused=(
-            f"srun starts {tasks.world} tasks ({_tasks_where(counts)}) with {gpus} GPUs ({stated}): each task is a "
+            f"srun starts {tasks.world} tasks ({tasks_where(counts)}) with {gpus} GPUs ({stated}): each task is a "
             "Megatron rank, so two would share a GPU, which NCCL refuses; give as many tasks as GPUs"))
     return tasks
 
 
-def _tasks_per_node_where(counts: _Counts) -> str:
-    """Where srun's tasks on each node are given: --ntasks-per-node, or --ntasks over --nodes (_node_tasks)."""
+def tasks_per_node_where(counts: SrunCounts) -> str:
+    """Where srun's tasks on each node are given: --ntasks-per-node, or --ntasks over --nodes (node_tasks)."""
     if counts.gives("ntasks-per-node") or not counts.gives("ntasks"):
         if counts.take("ntasks-per-node", record=False) is not None:
             return counts.where("ntasks-per-node")
-    return f"{_tasks_where(counts)} over {counts.where('nodes')}"
+    return f"{tasks_where(counts)} over {counts.where('nodes')}"
 
 
-def _tasks_where(counts: _Counts) -> str:
-    """Where srun's task count is given: --ntasks, else --ntasks-per-node x --nodes (_node_tasks)."""
+def tasks_where(counts: SrunCounts) -> str:
+    """Where srun's task count is given: --ntasks, else --ntasks-per-node x --nodes (node_tasks)."""
     if counts.gives("ntasks") or counts.take("ntasks-per-node", record=False) is None:
         return counts.where("ntasks")
     return f"{counts.where('ntasks-per-node')} x {counts.where('nodes')}"
 
 
-def _node_tasks(counts: _Counts) -> SrunTasks:
+def node_tasks(counts: SrunCounts) -> SrunTasks:
     """The tasks srun's node and task counts (its own, else the job's) give."""
     nodes = counts.take("nodes")
     per = counts.take("ntasks-per-node") if counts.gives("ntasks-per-node") or not counts.gives("ntasks") else None
@@ -217,7 +213,7 @@ def _node_tasks(counts: _Counts) -> SrunTasks:
     return counts.result(total, per if per is not None else _even(total, nodes))
 
 
-def _tasks_per_gpu(counts: _Counts) -> SrunTasks:
+def _tasks_per_gpu(counts: SrunCounts) -> SrunTasks:
     """The tasks of srun with --ntasks-per-gpu (its own, else the job's): one on each GPU (see the module
     docstring)."""
     per_gpu = counts.take("ntasks-per-gpu")

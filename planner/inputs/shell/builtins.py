@@ -428,7 +428,8 @@ _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 _SBATCH_KEYS = {"-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks-per-node", "-n": "ntasks",
                 "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres", "-G": "gpus",
                 "--gpus": "gpus", "--gpus-per-task": "gpus-per-task", "--ntasks-per-gpu": "ntasks-per-gpu",
-                "--tasks-per-node": "ntasks-per-node"}  # --tasks-per-node: its second name (slurm_opt.c)
+                "--tasks-per-node": "ntasks-per-node", "--gpu-bind": "gpu-bind", "--tres-bind": "tres-bind"}
+# --tasks-per-node: --ntasks-per-node's second name (slurm_opt.c)
 GPU_KEYS = frozenset({"gpus-per-node", "gres", "gpus", "gpus-per-task"})  # `[type:]count`; gres: `gres_gpus`
 
 
@@ -556,6 +557,9 @@ def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
         given = num(key)
         if given:
             out.append(SchedulerValue(f"SLURM_{key.upper().replace('-', '_')}", given[0], given[1]))
+    for key in ("gpu-bind", "tres-bind"):  # the GPUs each task sees, as given (sbatch(1): SLURM_GPU_BIND; the
+        if key in options:  # job's SLURM_TRES_BIND, src/common/env.c), which srun reads as its own (srun/opt.c)
+            out.append(SchedulerValue(f"SLURM_{key.upper().replace('-', '_')}", *options[key]))
     return out
 
 
