@@ -470,6 +470,26 @@ def test_torchrun_reads_a_pet_variable_it_gets_and_under_its_option(tmp_path):
         assert payload["world_size"] == world, (prelude, launch, err)
 
 
+@pytest.mark.parametrize("text", [
+    "#SBATCH --nodes=2\n#SBATCH --gres=gpu:8\n#SBATCH --ntasks-per-gpu=2\nsrun python pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nsrun --gpus-per-task=8 torchrun --nnodes 2 --nproc-per-node 4 "
+    "pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nsrun torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py "
+    "FLAGS\n",
+    "torchrun --nnodes 2 --nproc-per-node 0 pretrain_gpt.py FLAGS\n",
+])
+def test_solve_refuses_the_launches_estimate_refuses_with_the_same_message(tmp_path, text):
+    """A launch that is not one rank on each GPU (srun --ntasks-per-gpu=2, a torchrun of 4 ranks in a task of 8
+    GPUs, `gpu` ranks on GPUs the script does not state) or that starts no rank: `solve` searched and wrote a
+    launcher for it (exit 0); it is refused before the search, exit 2, with estimate's message."""
+    script = _job(tmp_path, "#!/bin/bash\n" + text)
+    code, _, estimated = _estimate(script, "H100:16")
+    assert code == 2 and "error: --megatron-script: the script's launch (" in estimated, estimated
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), "--cluster", "H100:16", "--backend",
+                                    "hsdp", "--time-limit", "5", "--json", "--quiet"])
+    assert res.exit_code == 2 and res.stderr == estimated, res.output
+
+
 # ------------------------------------------------------------------------------------------------
 # calibrate prices the script's run as estimate does
 

@@ -13,7 +13,7 @@ from planner.api import (
 from planner.inputs.hosts import check_hosts_cover, read_hosts
 from planner.launcher import refuse_unlaunchable_inputs
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
-from planner.inputs.script_gpus import solve_note
+from planner.inputs.script_gpus import check_launch, solve_note
 from planner.commands.options import (
     ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
     TIME_LIMIT_ENV, TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer,
@@ -109,6 +109,8 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
         script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
                                    inputs.cluster) \
             if megatron_script else None
+    if script is not None:  # a launch that is not one rank on each GPU: refused as estimate and calibrate refuse it
+        check_launch(script)
     hosts = None
     if hosts_path:  # checked before the search: the file's nodes against the cluster's
         hosts = read_hosts(hosts_path, inputs.cluster, inputs.profiles)

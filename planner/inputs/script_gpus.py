@@ -23,7 +23,8 @@ options Slurm does not combine, is refused, naming the option.
 on the GPUs the script launches, with the same notes and refusals; `calibrate --trials` reads each trial's
 plan.json, cluster included.
 
-`solve` does not use this: it plans for the whole cluster (the search may leave GPUs idle) and the launcher it
+`solve` refuses the same launches (`check_launch`, the one place: the same message and exit status), but does not
+price on the script's GPUs: it plans for the whole cluster (the search may leave GPUs idle) and the launcher it
 writes sets torchrun's counts to the plan's; where the script launches another count, its "your plan" (the
 script's degrees with DP over the whole cluster, as the plans it is compared with) says so (`solve_note`).
 `compare` plans for the whole cluster too and prices no plan of the script's (the backends search; the script
@@ -63,11 +64,7 @@ class ScriptGpus:
 def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileSet) -> ScriptGpus:
     """The GPUs of `cluster` the script's launch uses (see the module docstring); PlannerInputError naming both
     counts when the cluster cannot hold the launch, or naming srun's option when it is not one rank on each GPU."""
-    refused = script.refused
-    if refused is not None:  # srun --ntasks-per-gpu=2, --gpus-per-task=8 in front of the trainer (or of a torchrun
-        # with --nproc-per-node 4): not a rank on each GPU
-        site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
-        raise PlannerInputError("--megatron-script", f"the script's launch ({_launch_text(script)}{site}): {refused}")
+    check_launch(script)
     world, per_node = script.world_size, script.gpus_per_node
     if world is not None and per_node and world % per_node:  # srun -n 12 --ntasks-per-node 8: nodes not all full
         per_node = None
@@ -77,9 +74,6 @@ def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileS
     if unstated is not None or world is None:
         return ScriptGpus(cluster, None if world == cluster.world_size else f"{unstated}: {whole}")
     launch = _launch_words(script, world, per_node)
-    if world == 0 or per_node == 0:  # torchrun --nproc-per-node 0, srun -n 0: no rank to price
-        raise PlannerInputError("--megatron-script", f"the script's launch ({launch}) has a count of 0: it starts "
-                                "no rank; give its counts positive numbers")
     if world > cluster.world_size:
         raise PlannerInputError(FIELD, f"the script launches {world} GPUs ({launch}); --cluster "
                                 f"{text} has {cluster.world_size}: give a --cluster that holds the "
@@ -96,6 +90,23 @@ def script_gpus(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileS
         f"its other "
         f"{cluster.world_size - world} GPUs are not priced (the same flags on more GPUs are another run: change "
         "the script's counts)"))
+
+
+def check_launch(script: LauncherScript) -> None:
+    """PlannerInputError (--megatron-script, exit status 2) where the script's launch is not one Megatron rank on
+    each GPU it holds (`LauncherScript.refused`: srun's options, a torchrun in each srun task), or starts no rank (a
+    count of 0).  The one check of the launch as the script writes it, whatever cluster it runs on: `estimate`,
+    `calibrate` (through `script_gpus`) and `solve` apply it."""
+    refused = script.refused
+    if refused is not None:  # srun --ntasks-per-gpu=2, --gpus-per-task=8 in front of the trainer (or of a torchrun
+        # with --nproc-per-node 4): not a rank on each GPU
+        site = f", {location(script.path, script.site.line)}" if script.site is not None else ""
+        raise PlannerInputError("--megatron-script", f"the script's launch ({_launch_text(script)}{site}): {refused}")
+    world, per_node = script.world_size, script.gpus_per_node
+    if _unstated(script) is None and world is not None and (world == 0 or per_node == 0):
+        # torchrun --nproc-per-node 0, srun -n 0: no rank to price
+        raise PlannerInputError("--megatron-script", f"the script's launch ({_launch_words(script, world, per_node)}) "
+                                "has a count of 0: it starts no rank; give its counts positive numbers")
 
 
 def solve_note(script: LauncherScript, cluster: ClusterSpec, profiles: ProfileSet) -> str | None:
