@@ -46,6 +46,17 @@ def test_an_ambiguous_prefix_is_refused_naming_the_candidates(word, scheduler, c
         long_option(word, scheduler)
 
 
+def test_the_ambiguity_error_says_the_table_is_slurms_and_pyxiss_and_site_plugins_add_options():
+    """The table is Slurm's own options and pyxis's: a site's SPANK plugins add options that make more prefixes
+    ambiguous there (and a site without pyxis reads `--container-i` as --container-id), so the error says whose
+    options it names, and the fix, the full name, holds on every site."""
+    with pytest.raises(SlurmOptionError) as err:
+        long_option("--container-i", "srun")
+    assert "--container-id, --container-image" in str(err.value)
+    assert "options of Slurm and of NVIDIA's pyxis plugin" in str(err.value)
+    assert "a site's own SPANK plugins add options" in str(err.value)
+
+
 def test_options_end_skips_the_value_of_an_option_given_by_a_prefix():
     """`srun --ntasks-per-n 8 python ...`: 8 was taken for srun's command."""
     assert options_end(["--ntasks-per-n", "8", "--container-ima", "img", "python", "x.py"], "srun") == 4

@@ -101,7 +101,8 @@ def long_option(word: str, scheduler: Scheduler) -> str:
         raise SlurmOptionError(
             f"{scheduler}'s option --{name} is ambiguous: it starts {', '.join(f'--{n}' for n in candidates)}, and "
             f"{scheduler} refuses it as Slurm's getopt_long does (\"option '--{name}' is ambiguous\"); give the "
-            "option's full name")
+            "option's full name (these are the options of Slurm and of NVIDIA's pyxis plugin; a site's own SPANK "
+            "plugins add options of their own, which can make other prefixes ambiguous there too)")
     return f"--{candidates[0]}{eq}{value}" if candidates else word
 
 
