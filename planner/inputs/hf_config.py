@@ -1,8 +1,8 @@
 """HuggingFace `config.json` -> ModelSpec, for the families the planner knows.
 
 Field meanings follow the transformers configuration classes (LlamaConfig, MixtralConfig,
-Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config, GptOssConfig); a key the config leaves out
-takes that class's default.  Every architecture field is read, so that the launcher trains the
+Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config/DeepseekV3Config, GptOssConfig, Glm4MoeConfig, OlmoeConfig); a key
+the config leaves out takes that class's default.  Every architecture field is read, so that the launcher trains the
 model that was priced: rotary position embeddings (rope_theta, partial_rotary_factor, Llama-3.x
 and YaRN rope_scaling), the norm's epsilon, biases, QK-norm, the router (softmax or sigmoid,
 top-k renormalisation as Megatron's --moe-router-pre-softmax, groups, expert bias, scaling),
@@ -94,8 +94,9 @@ def _choice(cfg: dict[str, Any], key: str, default: str, allowed: Any) -> str:
 
 
 # transformers' defaults where the families differ (the configuration classes' __init__)
-_EPS_DEFAULT = {"mixtral": 1e-5}  # every other supported family: 1e-6
+_EPS_DEFAULT = {"mixtral": 1e-5, "glm4_moe": 1e-5, "olmoe": 1e-5}  # every other supported family: 1e-6
 _THETA_DEFAULT = {"mixtral": 1e6}  # every other supported family: 10000
+_ROTARY_DEFAULT = {"glm4_moe": 0.5}  # Glm4MoeConfig(partial_rotary_factor=0.5); every other family: 1.0
 
 
 def _positions(cfg: dict[str, Any], family: str) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def _positions(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "position_embedding_type": "rope",
         "rotary_base": int(theta),
-        "rotary_percent": _float(cfg, "partial_rotary_factor", 1.0),
+        "rotary_percent": _float(cfg, "partial_rotary_factor", _ROTARY_DEFAULT.get(family, 1.0)),
     }
     scaling = _rope_scaling(cfg)
     if scaling.get("rope_type") == "llama3":
@@ -389,6 +390,91 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return _softmax_router(out, renormalised=True)  # GptOssTopKRouter: softmax over the top-k logits
 
 
+GLM_BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987d src/megatron/bridge/models/glm/glm45_bridge.py"
+OLMOE_BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987d src/megatron/bridge/models/olmoe/olmoe_bridge.py"
+"""Megatron-Bridge's readers of these families' configs, which the mappings below follow (provider_bridge, on top of
+the common CONFIG_MAPPING of src/megatron/bridge/models/conversion/model_bridge.py at that commit)."""
+
+
+def _glm4_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """GLM-4.5, GLM-4.5-Air, GLM-4.6 (transformers' Glm4MoeConfig and modeling_glm4_moe.py), as GLM_BRIDGE maps them:
+    - attention (Glm4MoeAttention): GQA, heads of `head_dim` (128 where hidden / heads is not: --kv-channels),
+      biases on Q, K and V only (`attention_bias`; o_proj has none: --add-qkv-bias), Q and K RMSNorm per head when
+      `use_qk_norm` (Glm4MoeRMSNorm(head_dim): --qk-layernorm), RoPE on the first `partial_rotary_factor` of each
+      head (default 0.5: --rotary-percent);
+    - layers (Glm4MoeDecoderLayer): the first `first_k_dense_replace` (default 1) have a dense MLP of
+      `intermediate_size`, the others the MoE block (--moe-layer-freq, as the bridge's moe_layer_freq);
+    - experts (Glm4MoeMoE): `n_routed_experts` of `moe_intermediate_size` (default 1408), the top
+      `num_experts_per_tok` (default 8), and an ungated shared MLP of moe_intermediate_size x `n_shared_experts`
+      (default 1) (--moe-shared-expert-intermediate-size; the bridge writes moe_intermediate_size alone, the same
+      where n_shared_experts is 1, as in GLM-4.5 and GLM-4.5-Air);
+    - router (Glm4MoeTopkRouter): sigmoid scores, the top-k chosen on the scores plus e_score_correction_bias
+      (--moe-router-score-function sigmoid, --moe-router-enable-expert-bias; the bridge's moe_router_pre_softmax
+      False), within `topk_group` of `n_group` groups (--moe-router-num-groups, --moe-router-group-topk where
+      n_group > 1), renormalised over the top-k when `norm_topk_prob` (Megatron always renormalises sigmoid top-k
+      scores: false is named in the notes), scaled by `routed_scaling_factor` (--moe-router-topk-scaling-factor);
+    - `num_nextn_predict_layers` MTP layers (--mtp-num-layers: transformers leaves them out of its module, the bridge
+      trains them).
+    Glm4MoeForCausalLM has no balancing loss (the expert bias balances), so none is written, as for DeepSeek-V3's
+    noaux_tc; the bridge's recipe adds a sequence-level one (seq_aux_loss, 1e-3) that no config.json states."""
+    out = _common(cfg, name, "glm4_moe")
+    out.update(add_qkv_bias=_bool(cfg, "attention_bias", False), add_bias_linear=False,
+               qk_layernorm=_bool(cfg, "use_qk_norm", False))
+    experts = expert_count(cfg)
+    if experts is None:
+        raise PlannerInputError("config.json:n_routed_experts", "missing; a GLM-4.5 config must give its experts")
+    num_layers = out["num_layers"]
+    moe_size = _int(cfg, "moe_intermediate_size", 1408)
+    shared = _first_int(cfg, SHARED_COUNT_KEYS, 1, minimum=0, maximum=MAX_EXPERTS)
+    first_dense = _int(cfg, "first_k_dense_replace", 1, minimum=0, maximum=num_layers - 1)
+    pattern = tuple(int(i >= first_dense) for i in range(num_layers))
+    out.update(num_experts=experts, moe_router_topk=_first_int(cfg, EXPERT_TOPK_KEYS, 8, maximum=MAX_EXPERTS),
+               moe_ffn_hidden_size=moe_size, moe_shared_expert_intermediate_size=shared * moe_size or None,
+               moe_layer_pattern=None if all(pattern) else pattern)
+    _bool(cfg, "norm_topk_prob", True)  # checked here; what Megatron does with it is in the notes
+    out.update(_moe_recipe(_glm_router(cfg)))
+    mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0, maximum=MAX_LAYERS)
+    if mtp:
+        out["mtp_num_layers"] = mtp
+    return out
+
+
+def _glm_router(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Glm4MoeTopkRouter as Megatron's flags (Glm4MoeConfig's defaults: n_group 1, topk_group 1, scaling 1.0)."""
+    router: dict[str, Any] = {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                              "moe_router_pre_softmax": False}
+    groups = _int(cfg, "n_group", 1)
+    if groups > 1:
+        router["moe_router_num_groups"] = groups
+        router["moe_router_group_topk"] = _int(cfg, "topk_group", 1, maximum=groups)
+    factor = _float(cfg, "routed_scaling_factor", 1.0)
+    router["moe_router_topk_scaling_factor"] = factor if factor != 1.0 else None
+    return router
+
+
+def _olmoe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """OLMoE (transformers' OlmoeConfig and modeling_olmoe.py), as OLMOE_BRIDGE maps it: every layer is the MoE block
+    (OlmoeSparseMoeBlock), `num_experts` experts of `intermediate_size` each (the bridge's moe_ffn_hidden_size), no
+    shared expert and no dense MLP; the top `num_experts_per_tok` (default 8) of a softmax over all the experts,
+    renormalised when `norm_topk_prob` (default false: --moe-router-pre-softmax, which the bridge sets whatever the key
+    says); `router_aux_loss_coef` weighs the Switch balancing loss, which transformers takes over every token of the
+    batch (Megatron's aux_loss; the bridge's recipe trains seq_aux_loss); Q and K are always normalised (--qk-layernorm,
+    as the bridge's qk_layernorm; OLMoE normalises the whole projections, Megatron each head: the notes say so), the
+    head size is hidden / heads, and `attention_bias` puts biases on Q, K, V (--add-qkv-bias) and the output
+    projection (not in the plan: the notes)."""
+    out = _common(cfg, name, "olmoe")
+    experts = expert_count(cfg)
+    if experts is None:
+        raise PlannerInputError("config.json:num_experts", "missing; an OLMoE config must give its experts")
+    out.update(qk_layernorm=True, num_experts=experts, moe_ffn_hidden_size=out["ffn_hidden_size"],
+               moe_router_topk=_first_int(cfg, EXPERT_TOPK_KEYS, 8, maximum=MAX_EXPERTS))
+    if cfg.get("router_aux_loss_coef") is not None:
+        out["moe_aux_loss_coeff"] = _float(cfg, "router_aux_loss_coef", 0.0, positive=False)
+    _float(cfg, "clip_qkv", 1.0)  # checked here; not in the plan (the notes)
+    _moe_recipe(out)
+    return _softmax_router(out, renormalised=_bool(cfg, "norm_topk_prob", False))
+
+
 _WINDOW_LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
 
 
@@ -465,6 +551,8 @@ _FAMILIES: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
     "gpt_oss": _gpt_oss,
+    "glm4_moe": _glm4_moe,
+    "olmoe": _olmoe,
 }
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -477,6 +565,8 @@ _ARCHITECTURES = {
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "GptOssForCausalLM": "gpt_oss",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "OlmoeForCausalLM": "olmoe",
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
@@ -540,11 +630,53 @@ def _config_notes(cfg: dict[str, Any]) -> list[str]:
             and text.get("sliding_window") is not None:
         notes.append("config.json:use_sliding_window is true: Qwen's sliding-window layers (from max_window_layers on) "
                      "are not in the plan: priced, and written to the launcher, with full attention on every layer")
+    family = _family_or_none(text) if isinstance(text, dict) else None
+    notes.extend(_glm_notes(text) if family == "glm4_moe" else _olmoe_notes(text) if family == "olmoe" else [])
     kind = _rope_scaling(text).get("rope_type") if isinstance(text, dict) else None
     mla = _family_or_none(text) in ("deepseek_v2", "deepseek_v3")
     if kind not in (None, "default", "llama3") and not (kind == "yarn" and mla):
         notes.append(f"config.json:rope_scaling type {kind!r} is not written to the launcher (Megatron's flags "
                      "for it differ per version): the model trains with plain RoPE; time and memory are the same")
+    return notes
+
+
+def _glm_notes(cfg: dict[str, Any]) -> list[str]:
+    """What of a GLM-4.5 router Megatron's flags cannot say (megatron-core 0.19.2 moe_utils.py
+    topk_routing_with_score_function and group_limited_topk)."""
+    notes = []
+    if cfg.get("norm_topk_prob") is False:
+        notes.append("config.json:norm_topk_prob is false: GLM's router keeps the top-k sigmoid scores as they are, "
+                     "Megatron's sigmoid router always renormalises them over the top-k (no flag turns that off): "
+                     "the launcher trains renormalised routing weights; time and memory are the same")
+    groups, group_topk, topk = (cfg.get(k) for k in ("n_group", "topk_group", "num_experts_per_tok"))
+    if all(isinstance(v, int) and v > 0 for v in (groups, group_topk, topk)) and groups > 1 and topk // group_topk != 2:
+        notes.append(f"config.json:n_group {groups}: GLM ranks a group by its top-2 scores, Megatron's "
+                     f"--moe-router-group-topk by its top num_experts_per_tok / topk_group = {topk // group_topk}: "
+                     "the launcher trains that group choice; time and memory are the same")
+    return notes
+
+
+def _olmoe_notes(cfg: dict[str, Any]) -> list[str]:
+    """What of OLMoE's attention Megatron-LM's flags cannot say (transformers' OlmoeAttention)."""
+    heads, kv_heads, hidden, layers = (cfg.get(k) for k in ("num_attention_heads", "num_key_value_heads",
+                                                             "hidden_size", "num_hidden_layers"))
+    kv_heads = kv_heads if kv_heads is not None else heads
+    sizes = (heads, kv_heads, hidden, layers)
+    valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)
+    fewer = f" (Megatron's hold {(heads + kv_heads - 2) * (hidden // heads) * layers:,} norm weights fewer than " \
+            "OLMoE's)" if valid else ""
+    notes = [f"config.json: OLMoE's q_norm and k_norm normalise the whole Q and K projections (one RMSNorm over all "
+             f"heads), Megatron's --qk-layernorm each head: the launcher writes --qk-layernorm, which trains per-head "
+             f"norms (Megatron-Bridge builds OLMoE's with its own attention module, OLMoESelfAttention, which no "
+             f"Megatron-LM flag asks for); time and memory are priced as the per-head norms, which normalise the same "
+             f"elements{fewer}"]
+    if cfg.get("attention_bias") is True:
+        notes.append("config.json:attention_bias is true: OLMoE's output projection has a bias too, which Megatron "
+                     "gives only with --add-bias-linear (every MLP's as well): planned and launched with Q, K and V "
+                     "biases (--add-qkv-bias) and none on the output projection")
+    if cfg.get("clip_qkv") is not None:
+        notes.append(f"config.json:clip_qkv {cfg.get('clip_qkv')!r}: Megatron has no flag to clamp Q, K and V: the "
+                     "launcher trains without the clamp; time and memory are the same")
     return notes
 
 
