@@ -3,6 +3,17 @@ uses (copied from each model's config.json on huggingface.co), and which preset 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+CONFIG_FILES = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+"""Published config.json files kept whole, with their sources (SOURCES.md there)."""
+
+
+def _config_file(name: str) -> dict:
+    return json.loads((CONFIG_FILES / f"{name}.json").read_text())
+
+
 LLAMA2_7B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
     "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -77,6 +88,15 @@ GPT_OSS_120B = {
                      "original_max_position_embeddings": 4096, "truncate": False},
 }  # fmt: skip
 """openai/gpt-oss-120b (no preset): OpenAI's model card counts 116.83B parameters."""
+
+GLM45_AIR = _config_file("GLM-4.5-Air")
+"""zai-org/GLM-4.5-Air (no preset): 106B total, 12B active (its model card and arXiv 2508.06471)."""
+OLMOE_1B_7B = _config_file("OLMoE-1B-7B-0924")
+"""allenai/OLMoE-1B-7B-0924 (no preset): 6.9B total, 1.3B active (arXiv 2409.02060, Table 1)."""
+
+# the config.json files of tests/data/hf_configs/, by model, for the tests that take every config (no preset describes
+# them)
+HF_CONFIG_FILES: dict[str, dict] = {"GLM-4.5-Air": GLM45_AIR, "OLMoE-1B-7B-0924": OLMOE_1B_7B}
 
 
 # config -> the preset it describes
