@@ -247,6 +247,35 @@ def test_total_and_active_parameters_match_the_published_counts():
             assert b(p.active - p.input_embedding, 1) == 5.1 and b(p.active, 1) == 5.7
 
 
+def test_glm45_air_and_olmoe_count_their_published_parameters():
+    """Ours (`parameter_totals`) from the published config.json files (tests/data/hf_configs/) against the published
+    counts, like with like, the totals within 1% and the active counts to the digits given:
+    - GLM-4.5-Air: 106B total, 12B active (zai-org/GLM-4.5-Air model card; GLM-4.5 report, arXiv 2508.06471): the main
+      model, without its MTP layer (with it 109.2B), and the active count without the input embedding and the output
+      layer (12.18B; with them 13.4B).  GLM-4.5 (355B / 32B; its sizes in Megatron-Bridge's test fixture and slime's
+      scripts/models/glm4.5-355B-A32B.sh) counts alike: 352.8B and 32.1B.
+    - OLMoE-1B-7B: 6.9B total, 1.3B active (arXiv 2409.02060, Table 1): both tables in both (1.28B active; without
+      them 1.08B).  Ours has Megatron's per-head QK norms, 61,440 weights fewer than OLMoE's (hf_config_notes)."""
+    from helpers.hf_configs import GLM45_AIR, OLMOE_1B_7B
+    from planner.inputs.hf_config import model_from_hf_config
+
+    def b(n: float, digits: int = 0) -> float:
+        return round(n / 1e9, digits)
+
+    glm45 = {**GLM45_AIR, "hidden_size": 5120, "num_hidden_layers": 92, "first_k_dense_replace": 3,
+             "intermediate_size": 12288, "moe_intermediate_size": 1536, "n_routed_experts": 160, "use_qk_norm": True}
+    for name, cfg, total_b, active_b in (("GLM-4.5-Air", GLM45_AIR, 106, 12), ("GLM-4.5", glm45, 355, 32)):
+        model = model_from_hf_config(cfg, name)
+        assert model.mtp_num_layers == 1
+        main = parameter_totals(model.model_copy(update={"mtp_num_layers": 0}))
+        both_tables = parameter_counts(model)["embedding"]
+        assert main.total == pytest.approx(total_b * 1e9, rel=0.01)
+        assert b(main.active - both_tables) == active_b and b(main.active) > active_b
+    olmoe = parameter_totals(model_from_hf_config(OLMOE_1B_7B, "olmoe"))
+    assert olmoe.total == pytest.approx(6.9e9, rel=0.01) and olmoe.mtp == 0
+    assert b(olmoe.active, 1) == 1.3
+
+
 def test_active_parameters_are_the_total_less_the_experts_a_token_skips():
     """A dense model uses every parameter per token; a MoE model all but (experts - top-k) experts in each MoE layer,
     the MTP layer's included (DeepSeek-V3: 58 MoE layers and one MTP layer, 248 of 256 experts of 3 x 7168 x 2048)."""

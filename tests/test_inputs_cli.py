@@ -119,3 +119,20 @@ def test_compare_passes_arguments_after_double_dash_to_the_script(tmp_path):
     assert json.loads(res.output[res.output.index("{"):])["num_layers"] == 2
     res = CliRunner().invoke(main, args)  # without it the script stops at `${1:?usage}`: refused with its line
     assert res.exit_code == 2 and "train.sh:2" in res.output and "Traceback" not in res.output
+
+
+def test_estimate_prices_glm45_air_and_olmoe_from_their_config_json():
+    """GLM-4.5-Air and OLMoE-1B-7B's published config.json (tests/data/hf_configs/) were refused ("unsupported
+    architecture"); `estimate` prices each on a small cluster, with the parameters Megatron builds for them
+    (tools/megatron_params.py, megatron-core 0.19.2, whole models: 109,227,304,960 with GLM-4.5-Air's MTP layer, and
+    6,919,100,416), and OLMoE's QK-norm note on stderr."""
+    from helpers.hf_configs import CONFIG_FILES
+    for name, cluster, shape, total in (("GLM-4.5-Air", "H100:16", ["--ep", "8", "--pp", "2"], 109_227_304_960),
+                                        ("OLMoE-1B-7B-0924", "H100:8", ["--ep", "8"], 6_919_100_416)):
+        res = CliRunner().invoke(main, ["estimate", "--model", str(CONFIG_FILES / f"{name}.json"), "--cluster", cluster,
+                                        *shape, "--recompute", "full", "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["model"] == name and out["parameters_total"] == total and out["iteration_time_s"] > 0
+        assert out["plan"]["ep"] == 8 and out["world_size"] == int(cluster.split(":")[1])
+        assert ("whole Q and K projections" in res.stderr) == (name.startswith("OLMoE"))

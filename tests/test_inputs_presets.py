@@ -9,8 +9,8 @@ from planner.inputs.hf_config import hf_config_notes, model_from_hf_config
 from planner.inputs.presets import list_model_presets, load_model_preset
 from planner.schemas.model import ModelSpec
 
-from helpers.hf_configs import (DSV2_LITE, DSV3, GPT_OSS_120B, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, MIXTRAL_8X7B, QWEN2_57B,
-                                QWEN3_30B)
+from helpers.hf_configs import (DSV2_LITE, DSV3, GLM45_AIR, GPT_OSS_120B, HF_PRESETS, LLAMA2_7B, LLAMA3_70B, MIXTRAL_8X7B,
+                                OLMOE_1B_7B, QWEN2_57B, QWEN3_30B)
 
 # Published totals (model cards / papers), in billions of parameters.
 PUBLISHED_TOTAL_B = {
@@ -217,8 +217,86 @@ def test_hf_unknown_architecture_lists_supported():
     """An unsupported architecture is refused with the supported list."""
     with pytest.raises(PlannerInputError) as exc:
         model_from_hf_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "x")
-    for fam in ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"):
+    for fam in ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "glm4_moe",
+                "olmoe", "Glm4MoeForCausalLM", "OlmoeForCausalLM"):
         assert fam in str(exc.value)
+
+
+def test_hf_glm4_moe_reads_each_field_as_transformers_builds_it():
+    """GLM-4.5-Air's config.json as transformers' Glm4MoeAttention, Glm4MoeDecoderLayer, Glm4MoeMoE and
+    Glm4MoeTopkRouter build it (was refused: "unsupported architecture"): head_dim 128 with 96 heads over hidden 4096,
+    biases on Q, K and V only, RoPE on half of each head, one dense layer of intermediate_size then MoE layers of 128
+    experts of 1408 with one ungated shared expert of 1408, a sigmoid router with the expert bias, one MTP layer."""
+    m = model_from_hf_config(GLM45_AIR, "glm-4.5-air")
+    assert (m.head_dim, m.query_groups, m.rotary_percent, m.rotary_base, m.norm_epsilon) == (128, 8, 0.5, 1000000, 1e-5)
+    assert m.add_qkv_bias and not m.add_bias_linear and not m.qk_layernorm and m.swiglu
+    assert m.layer_is_moe == (False,) + (True,) * 45 and m.ffn_size == 10944
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_size, m.moe_shared_expert_intermediate_size) == (128, 8, 1408, 1408)
+    assert not m.moe_shared_expert_gate and m.untie_embeddings_and_output_weights and m.mtp_num_layers == 1
+    assert (m.moe_router_score_function, m.moe_router_enable_expert_bias, m.moe_router_pre_softmax) == ("sigmoid", True,
+                                                                                                        False)
+    assert m.moe_router_num_groups is None and m.moe_router_topk_scaling_factor is None  # n_group 1, scaling 1.0
+    assert m.moe_aux_loss_coeff is None and m.trained_aux_loss_coeff == 0.0  # no balancing loss in Glm4MoeForCausalLM
+    assert hf_config_notes(GLM45_AIR) == []
+    # GLM-4.5's own switches: QK norm per head, 3 dense layers, grouped routing, routed scaling 2.5
+    glm45 = model_from_hf_config({**GLM45_AIR, "use_qk_norm": True, "first_k_dense_replace": 3, "n_group": 8,
+                                  "topk_group": 4, "routed_scaling_factor": 2.5}, "glm-4.5")
+    assert glm45.qk_layernorm and glm45.layer_is_moe[:4] == (False, False, False, True)
+    assert (glm45.moe_router_num_groups, glm45.moe_router_group_topk, glm45.moe_router_topk_scaling_factor) == (8, 4, 2.5)
+    # Glm4MoeConfig's defaults where a key is left out; by architecture without model_type
+    bare = {k: v for k, v in GLM45_AIR.items() if k not in ("partial_rotary_factor", "n_shared_experts", "model_type",
+                                                             "first_k_dense_replace", "rms_norm_eps", "use_qk_norm")}
+    assert model_from_hf_config(bare, "x").model_dump() == m.model_copy(update={"name": "x"}).model_dump()
+    assert model_from_hf_config({**GLM45_AIR, "n_shared_experts": 2}, "x").moe_shared_expert_intermediate_size == 2816
+    assert model_from_hf_config({**GLM45_AIR, "n_shared_experts": 0}, "x").moe_shared_expert_intermediate_size is None
+    assert model_from_hf_config({**GLM45_AIR, "first_k_dense_replace": 0}, "x").moe_layer_pattern is None
+
+
+def test_hf_glm4_moe_says_what_megatron_routes_otherwise_and_refuses_bad_keys():
+    """Megatron renormalises sigmoid top-k scores whatever norm_topk_prob says, and ranks a group by its top
+    topk/topk_group scores where GLM takes the top 2: both named in a note; a missing or mistyped key is named."""
+    (note,) = hf_config_notes({**GLM45_AIR, "norm_topk_prob": False})
+    assert "norm_topk_prob is false" in note and "renormalises" in note
+    assert hf_config_notes({**GLM45_AIR, "n_group": 8, "topk_group": 4}) == []  # top 8 / 4 groups = top 2: the same
+    (note,) = hf_config_notes({**GLM45_AIR, "n_group": 8, "topk_group": 2})
+    assert "n_group 8" in note and "= 4" in note
+    with pytest.raises(PlannerInputError, match="n_routed_experts"):
+        model_from_hf_config({k: v for k, v in GLM45_AIR.items() if k != "n_routed_experts"}, "x")
+    with pytest.raises(PlannerInputError, match="use_qk_norm"):
+        model_from_hf_config({**GLM45_AIR, "use_qk_norm": "yes"}, "x")
+    with pytest.raises(PlannerInputError, match="norm_topk_prob"):
+        model_from_hf_config({**GLM45_AIR, "norm_topk_prob": 1}, "x")
+
+
+def test_hf_olmoe_reads_each_field_as_transformers_builds_it():
+    """OLMoE-1B-7B's config.json as transformers' OlmoeAttention and OlmoeSparseMoeBlock build it (was refused):
+    every layer MoE with 64 experts of intermediate_size 1024, top 8 of a softmax over all of them, not renormalised
+    (norm_topk_prob false: --moe-router-pre-softmax), the Switch loss at router_aux_loss_coef, no shared expert, Q and
+    K normalised, no biases."""
+    m = model_from_hf_config(OLMOE_1B_7B, "olmoe")
+    assert (m.head_dim, m.query_groups, m.rotary_percent, m.norm_epsilon) == (128, 16, 1.0, 1e-5)
+    assert m.qk_layernorm and not m.add_qkv_bias and not m.add_bias_linear and m.swiglu
+    assert all(m.layer_is_moe) and m.moe_shared_expert_intermediate_size is None
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_size) == (64, 8, 1024)
+    assert (m.moe_router_score_function, m.moe_router_pre_softmax, m.moe_router_enable_expert_bias) == ("softmax", True,
+                                                                                                        False)
+    assert (m.moe_aux_loss_coeff, m.moe_router_load_balancing_type) == (0.01, "aux_loss")
+    assert not model_from_hf_config({**OLMOE_1B_7B, "norm_topk_prob": True}, "x").moe_router_pre_softmax
+    assert model_from_hf_config({**OLMOE_1B_7B, "attention_bias": True}, "x").add_qkv_bias
+    with pytest.raises(PlannerInputError, match="num_experts"):
+        model_from_hf_config({k: v for k, v in OLMOE_1B_7B.items() if k != "num_experts"}, "x")
+
+
+def test_hf_olmoe_notes_what_megatron_cannot_build():
+    """OLMoE's q_norm is RMSNorm(hidden_size) and its k_norm RMSNorm(key heads x head_dim) over the whole projections
+    (OlmoeAttention), Megatron's --qk-layernorm one per head: always named, with the weights that differ, per layer
+    (2048 - 128) + (16 x 128 - 128) over 16 layers; an output-projection bias and clip_qkv are named where set."""
+    (note,) = hf_config_notes(OLMOE_1B_7B)
+    assert "whole Q and K projections" in note and "--qk-layernorm" in note and "time and memory" in note
+    assert f"{((2048 - 128) + (16 * 128 - 128)) * 16:,}" in note
+    notes = hf_config_notes({**OLMOE_1B_7B, "attention_bias": True, "clip_qkv": 8.0}, "olmoe.json")
+    assert len(notes) == 3 and all(n.startswith("olmoe.json") for n in notes)
+    assert "output projection" in notes[1] and "clip_qkv 8.0" in notes[2]
 
 
 def test_hf_missing_or_bad_fields_are_named():

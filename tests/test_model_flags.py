@@ -26,7 +26,7 @@ from planner.inputs.script import read_launcher_script
 from planner.schemas.model import AUX_LOSS_ASSUMED, ModelSpec
 from planner.schemas.plan import Plan, StagePlan
 
-from helpers.hf_configs import DSV3, HF_PRESETS, LLAMA3_70B, MIXTRAL_8X7B, QWEN3_30B
+from helpers.hf_configs import DSV3, HF_CONFIG_FILES, HF_PRESETS, LLAMA3_70B, MIXTRAL_8X7B, QWEN3_30B
 from helpers.launch import cluster_of
 from tools.fuzz.inputs import SCRIPT
 from helpers.megatron import NEEDS_MEGATRON, validate
@@ -63,7 +63,11 @@ def test_every_preset_round_trips_through_its_flags(name):
     assert differences(spec, read_back(spec)) == {}
 
 
-@pytest.mark.parametrize("cfg", [c for c, _ in HF_PRESETS.values()], ids=list(HF_PRESETS))
+HF_CONFIGS = {**{name: cfg for name, (cfg, _) in HF_PRESETS.items()}, **HF_CONFIG_FILES}
+"""Every HF config fixture: those a preset describes and the published files of tests/data/hf_configs/."""
+
+
+@pytest.mark.parametrize("cfg", HF_CONFIGS.values(), ids=list(HF_CONFIGS))
 def test_every_hf_config_round_trips_through_its_flags(cfg):
     spec = model_from_hf_config(cfg, "hf")
     assert differences(spec, read_back(spec)) == {}
@@ -186,17 +190,17 @@ def test_the_multimodal_note_reaches_the_run_notes(tmp_path):
 MOE_PRESETS = [n for n in list_model_presets() if load_model_preset(n)[0].is_moe]
 
 
-@pytest.mark.parametrize("source", [*MOE_PRESETS, "Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+@pytest.mark.parametrize("source", [*MOE_PRESETS, "Qwen3-30B-A3B", "Mixtral-8x7B-v0.1", "OLMoE-1B-7B-0924"])
 def test_the_aux_loss_coefficient_priced_is_the_one_emitted(tmp_path, profiles, source):
     """The price assumed --moe-aux-loss-coeff 0.01, but megatron_args.txt carried none, so the job trained with
     Megatron's 0.0 (no balancing); HF's router_aux_loss_coef was not read (issue 33).  Now the launcher writes the
     balancing type and the coefficient (none where it is Megatron's 0.0: expert bias), and the flags it writes, read
     back, price the same router imbalance."""
-    if source in HF_PRESETS:
-        cfg = HF_PRESETS[source][0]
+    if source in HF_CONFIGS:
+        cfg = HF_CONFIGS[source]
         (tmp_path / "config.json").write_text(json.dumps(cfg))
         run = resolve_run(model=str(tmp_path / "config.json"))
-        expected = cfg["router_aux_loss_coef"]  # the published config.json's: 0.001 Qwen3, 0.02 Mixtral
+        expected = cfg["router_aux_loss_coef"]  # the published config.json's: 0.001 Qwen3, 0.02 Mixtral, 0.01 OLMoE
     else:
         run = resolve_run(model=source)
         expected = 0.0 if run.model.moe_router_enable_expert_bias else AUX_LOSS_ASSUMED  # no preset states one
@@ -209,7 +213,8 @@ def test_the_aux_loss_coefficient_priced_is_the_one_emitted(tmp_path, profiles, 
     priced = CostModel(run.model, run.training, cluster, profiles).routing
     back = build_run(parse_megatron_draft(argv, name=run.model.name)).model
     assert CostModel(back, run.training, cluster, profiles).routing == dataclasses.replace(priced, assumed=None)
-    assert (priced.assumed is not None) == (expected == AUX_LOSS_ASSUMED)  # printed as assumed, with the value
+    stated = source in HF_CONFIGS  # OLMoE states 0.01, the assumed value: stated, so not printed as assumed
+    assert (priced.assumed is not None) == (not stated and expected == AUX_LOSS_ASSUMED)  # printed as assumed
     assert priced.assumed is None or f"--moe-aux-loss-coeff {AUX_LOSS_ASSUMED:g} assumed" in priced.assumed
 
 
@@ -258,12 +263,13 @@ def _launcher_argv(run) -> tuple[list[str], int]:
 @NEEDS_MEGATRON
 def test_megatron_accepts_the_launchers_of_every_preset_and_hf_config(tmp_path):
     """Megatron-LM's parse_args, validate_args, TransformerConfig and process-group setup accept the
-    flags the launcher writes for every shipped preset and HF config fixture (one validator process)."""
+    flags the launcher writes for every shipped preset and HF config fixture, the published config.json files of
+    tests/data/hf_configs/ (GLM-4.5-Air, OLMoE-1B-7B) included (one validator process)."""
     cases = []
     for name in list_model_presets():
         argv, world = _launcher_argv(resolve_run(model=name))
         cases.append({"name": f"preset/{name}", "argv": argv, "world_size": world, "env": LAUNCH_ENV})
-    for hf_name, (cfg, _) in HF_PRESETS.items():
+    for hf_name, cfg in HF_CONFIGS.items():
         path = tmp_path / hf_name / "config.json"
         path.parent.mkdir()
         path.write_text(json.dumps(cfg))
@@ -272,4 +278,4 @@ def test_megatron_accepts_the_launchers_of_every_preset_and_hf_config(tmp_path):
     results = validate(cases)
     refused = {name: r["error"] for name, r in results.items() if not r["ok"]}
     assert refused == {}
-    assert len(results) == len(list_model_presets()) + len(HF_PRESETS)
+    assert len(results) == len(list_model_presets()) + len(HF_CONFIGS)
