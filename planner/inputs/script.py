@@ -28,7 +28,7 @@ sets, whether a file exists on the cluster) is handled so the result is predicta
   Every such reading of a branch that holds flags is recorded in `decisions` and reported in
   `warnings`: which line, which way it was read, and which flags the branch holds.  So are a
   scheduler's variable read while unset (`$SLURM_NNODES`), a sourced file that is not here, an entry
-  script other than pretrain_gpt.py, and every later launch of the script (a second pass reads on
+  script other than pretrain_gpt.py, and every later launch of the script (the reading goes on
   past the first one, SCAN_STEPS_AFTER_LAUNCH statements at most).
 
 Refused, as bash or Megatron would not run them: a script that exits (or stops under `set -e`)
@@ -56,8 +56,7 @@ from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import SchedulerValue, sbatch_values
 from planner.inputs.shell.interp import (
-    MAX_DEPTH, MAX_SCRIPT_BYTES, MAX_STEPS, BranchDecision, LaunchSite, Break, Continue, ScriptExit, Interp, Launched,
-    Return,
+    MAX_DEPTH, MAX_SCRIPT_BYTES, MAX_STEPS, BranchDecision, LaunchSite, Break, Continue, ScriptExit, Interp, Return,
 )
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
@@ -263,11 +262,12 @@ def parse_launcher_script(
     except RecursionError:  # a last guard; the nesting limits refuse such scripts first
         raise PlannerInputError(path_text or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
     geometry = {v.name: v for v in scheduler} | {v.name: v for v in sbatch_values(text, path=path_text)}
-    interp = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=max_steps)
+    interp = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=max_steps,
+                    steps_after_launch=SCAN_STEPS_AFTER_LAUNCH)
     interp.stray_lines += [(0, k) for k in stray]
-    _run(interp, body, given)
-    found = interp.found
-    if found is None:
+    stopped = _run(interp, body, given)
+    launch = interp.at_launch  # the reader's state at the first launch: what the script gives it
+    if launch is None or launch.found is None:
         extra = f" (not a training entry: {', '.join(interp.skipped_launches)})" if interp.skipped_launches else ""
         raise PlannerInputError(
             FIELD,
@@ -275,20 +275,25 @@ def parse_launcher_script(
             "`torchrun [args] pretrain_gpt.py <flags>`, `python -m torch.distributed.run [args] <script>.py "
             f"<flags>` or `python <train>.py <flags>`, possibly behind srun/mpirun, eval, bash -c or sbatch){extra}",
         )
-    _check_launch(interp, found)
-    warnings = _warnings(interp, found, path_text)
-    warnings += _other_launches(text, path_text, given, body, geometry, interp, deadline, max_steps)
-    return _script_of(interp, found, text, path_text, given, warnings)
+    found = launch.found
+    _check_launch(launch, found)
+    warnings = _warnings(launch, found, path_text)
+    warnings += _other_launches(interp, stopped)
+    return _script_of(launch, found, text, path_text, given, warnings)
 
 
-def _run(interp: Interp, body: list, given: list[str]) -> None:
-    """Evaluate until the launch (or the end)."""
+def _run(interp: Interp, body: list, given: list[str]) -> str:
+    """Evaluate the script, in one pass: to its first launch (an error before it is the script's), then on for
+    SCAN_STEPS_AFTER_LAUNCH statements at most, looking for other launches.  Returns where the reading past the
+    launch stopped short of the end of the script ("": it did not)."""
     try:
         interp.run_list(body)
-    except Launched:
-        pass
+    except (PlannerInputError, ReadingTimeLimitError):
+        if interp.at_launch is None:
+            raise
+        return interp.where(*interp.cur)  # the scan stops there; the plan's launch was found
     except ScriptExit as exc:
-        if interp.found is None:
+        if interp.at_launch is None:
             where = interp.where(exc.line, exc.src)
             hint = "" if given or "set -e" in exc.message else "; pass the script's own arguments after `--`"
             why = f" ({exc.message})" if exc.message else ""
@@ -298,7 +303,10 @@ def _run(interp: Interp, body: list, given: list[str]) -> None:
     except (Break, Continue, Return):
         pass
     except RecursionError:  # a last guard; the nesting limits above refuse such scripts first
-        raise PlannerInputError(interp.path or FIELD, f"nested more deeply than the reader follows ({MAX_NESTING})") from None
+        if interp.at_launch is None:
+            raise PlannerInputError(interp.path or FIELD,
+                                    f"nested more deeply than the reader follows ({MAX_NESTING})") from None
+    return ""
 
 
 def _comment_break(lines: list[str], first: int) -> int | None:
@@ -390,23 +398,12 @@ def scheduler_fix(name: str) -> str:
     return how + "; flags computed from it can be set with --gbs / --mbs / --tp ... or --megatron-args"
 
 
-def _other_launches(text: str, path_text: str | None, given: list[str], body: list, geometry: dict,
-                    first: Interp, deadline: float | None, max_steps: int) -> list[str]:
-    """A second pass that goes on past every launch: the script's other launch statements, named (the
-    plan covers the first one only)."""
-    budget = min(max_steps, first.steps + SCAN_STEPS_AFTER_LAUNCH)
-    second = Interp(text, path_text, given, scheduler=geometry.values(), deadline=deadline, max_steps=budget)
-    second.scan_launches = []
-    stopped = ""
-    try:
-        second.run_list(body)
-    except (PlannerInputError, ReadingTimeLimitError):  # the scan stops there; the plan's launch was found
-        stopped = second.where(*second.cur)
-    except (ScriptExit, Break, Continue, Return, RecursionError):
-        pass  # the rest of the script is not needed for the plan
-    first_where = first.where(first.found.line, first.found.src) if first.found is not None else None
+def _other_launches(interp: Interp, stopped: str) -> list[str]:
+    """The script's launch statements other than the first, named (the plan covers the first one only), and
+    `stopped`, where the reading past the launch stopped short of the end (_run)."""
+    first_where = interp.where(interp.found.line, interp.found.src) if interp.found is not None else None
     seen: dict[tuple[str, str], int] = {}
-    for where, entry in second.scan_launches:
+    for where, entry in interp.launches:
         seen[(where, entry)] = seen.get((where, entry), 0) + 1
     out: list[str] = []
     for (where, entry), count in seen.items():

@@ -5,6 +5,7 @@ cannot be known is read)."""
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import re
 import time
@@ -117,10 +118,6 @@ class ScriptExit(Exception):
         self.message = message
 
 
-class Launched(Exception):
-    pass
-
-
 @dataclass
 class Found:
     fields: list[str]
@@ -151,7 +148,7 @@ class Interp:
     """Variables, positional parameters, functions and the statement evaluator."""
 
     def __init__(self, text: str, path: str | None, args: list[str], *, scheduler: Iterable[SchedulerValue] = (),
-                 deadline: float | None = None, max_steps: int = MAX_STEPS):
+                 deadline: float | None = None, max_steps: int = MAX_STEPS, steps_after_launch: int = 0):
         self.text = text
         self.path = path
         self.script_dir = str(Path(path).resolve().parent) if path else None
@@ -173,7 +170,10 @@ class Interp:
         self.cur = (1, 0)  # (line, source) of the statement being run
         self.decisions: list[BranchDecision] = []
         self.warnings: list[str] = []
-        self.found: Found | None = None
+        self.found: Found | None = None  # the first launch
+        self.at_launch: Interp | None = None  # a copy of this reader's state at the first launch (what it reports)
+        self.launches: list[tuple[str, str]] = []  # (where, entry) of every launch, the first included
+        self.steps_after_launch = steps_after_launch  # statements read past the first launch, for other launches
         self.skipped_launches: list[str] = []
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
         self.self_relative = False  # the script locates files from its own directory ($0, BASH_SOURCE)
@@ -200,7 +200,6 @@ class Interp:
         self.stray_lines: list[tuple[int, int]] = []  # (src, line) of a `\ ` at the end of a line
         self.split_elements: list[tuple[str, str, str, int]] = []  # (where, array, element, words) split by bash
         self.missing_sources: list[tuple[str, str]] = []  # (where, file) of a `source` whose file is not here
-        self.scan_launches: list[tuple[str, str]] | None = None  # second pass: (where, entry) of every launch
 
     # -- errors / bookkeeping ------------------------------------------------------------------
     def where(self, line: int, src: int = 0) -> str:
@@ -381,7 +380,7 @@ class Interp:
             self.run_list(tree)
         except (ScriptExit, Return):
             pass  # exit / return end the substitution's subshell
-        except (_CannotCapture, _Unknown, Break, Continue, Launched):
+        except (_CannotCapture, _Unknown, Break, Continue):
             return None
         finally:
             out = self.capture.pop()
@@ -742,8 +741,7 @@ class Interp:
                 except ScriptExit as exc:
                     return exc.status
                 finally:
-                    if self.found is None:
-                        self.vars, self.positional = saved
+                    self.vars, self.positional = saved
             return self.run_list(node.body)
         if isinstance(node, Func):
             self.functions[node.name] = node.body
@@ -1102,15 +1100,27 @@ class Interp:
 
     def _at_launch(self, fields: list[str], split: tuple[int, int, int], node: Simple,
                    prefix_env: dict[str, str]) -> int:
-        """The statement starts training: the first one is read (Launched), the later ones recorded
-        (the second pass, which looks for more launches)."""
+        """The statement starts training: every launch is recorded in `launches`; at the first, the reader's
+        state is kept in `at_launch` and the reading goes on for `steps_after_launch` statements more (bash
+        runs on past a launch), looking for the script's other launches."""
         if self.capture:
             raise _CannotCapture()
-        if self.scan_launches is not None:
-            self.scan_launches.append((self.where(node.line, node.src), fields[split[2]]))
-            return 0
-        self.found = self._found(fields, split, node, prefix_env)
-        raise Launched()
+        if self.at_launch is None:
+            self.found = self._found(fields, split, node, prefix_env)
+            self.at_launch = self._state_copy()
+            self.max_steps = min(self.max_steps, self.steps + self.steps_after_launch)
+        self.launches.append((self.where(node.line, node.src), fields[split[2]]))
+        return 0
+
+    def _state_copy(self) -> "Interp":
+        """This reader as it stands: its lists, dicts and sets copied, and the arrays of its variables (which
+        `+=` extends in place), so that reading on does not change the copy."""
+        state = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, (list, dict, set)):
+                setattr(state, name, copy.copy(value))
+        state.vars = {k: _Var(list(v.value), v.resolved) if isinstance(v.value, list) else v for k, v in self.vars.items()}
+        return state
 
     def child_shell(self, fields: list[str], node: Simple) -> int | None:
         """`bash -c STRING` (also behind srun/mpirun) and `bash FILE ARGS`."""
@@ -1123,8 +1133,7 @@ class Interp:
                 try:
                     return self.run_string(fields[c + 1], node, "string", args=fields[c + 2 :])
                 finally:
-                    if self.found is None:
-                        self.outer_wrapper = saved_outer
+                    self.outer_wrapper = saved_outer
         if idx is not None and idx + 1 < len(fields) and not fields[idx + 1].startswith("-"):
             return self.source(fields[idx + 1], fields[idx + 2 :], node, child=True)
         return None
@@ -1238,7 +1247,7 @@ class Interp:
         finally:
             self.via.pop()
             self.depth -= 1
-            if saved is not None and self.found is None:
+            if saved is not None:
                 self.vars, self.positional = saved
 
     def _job_geometry(self, values: list[SchedulerValue]) -> None:
@@ -1296,10 +1305,9 @@ class Interp:
             raise
         finally:
             self.via.pop()
-            if self.found is None:
-                self.positional = saved_pos
-                if saved_vars is not None:
-                    self.vars = saved_vars
+            self.positional = saved_pos
+            if saved_vars is not None:
+                self.vars = saved_vars
 
     # -- tests ----------------------------------------------------------------------------------
     def test_words(self, name: str, words: list[Word]) -> bool:
