@@ -582,6 +582,9 @@ class Interp:
 
     def expand_fields(self, word: Word) -> list[str]:
         """A command word expanded to fields (word splitting of unquoted expansions by IFS, arrays)."""
+        parts = word.parts
+        if len(parts) == 1 and parts[0].kind == "lit":  # a plain word (most of a long array): itself
+            return [parts[0].text] if parts[0].text or parts[0].quoted else []
         fields: list[str] = []
         current: list[str] = []
         has_content = False
@@ -592,27 +595,31 @@ class Interp:
                 fields.append("".join(current))
             current, has_content = [], False
 
-        for part in word.parts:
+        def pieces_of(pieces: list[str]) -> None:
+            """The words of one expansion: the first ends the field being built, each later one is a field of
+            its own, the last one starts the next field."""
+            nonlocal current, has_content
+            if not pieces:
+                return
+            current.append(pieces[0])
+            if len(pieces) > 1:
+                fields.append("".join(current))
+                fields.extend(pieces[1:-1])
+                current = [pieces[-1]]
+            has_content = True
+
+        for part in parts:
             value, split = self.expand_part(part)
             if part.kind == "lit" and part.quoted:
                 has_content = True
             if isinstance(value, list):
-                pieces = self._split_elements(part, value) if split else value
-                for k, piece in enumerate(pieces):
-                    if k > 0:
-                        flush()
-                    current.append(piece)
-                    has_content = True
+                pieces_of(self._split_elements(part, value) if split else value)
                 continue
             if split and value:
                 chunks, lead, trail = ifs_split(value, self.ifs())
                 if lead:
                     flush()
-                for k, chunk in enumerate(chunks):
-                    if k > 0:
-                        flush()
-                    current.append(chunk)
-                    has_content = True
+                pieces_of(chunks)
                 if trail:
                     flush()
                 continue
