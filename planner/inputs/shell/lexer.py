@@ -22,6 +22,8 @@ SPACE = frozenset(" \t\r\n")
 _PLAIN_RUN = re.compile(r"[^\s;&|()<>\\'\"$`]+")
 _DQ_PLAIN_RUN = re.compile(r'[^"\\$`]+')
 _BLANKS_TO_EOL = re.compile(r"[ \t]+(?:\n|$)")
+_NEWLINE = re.compile("\n")
+_PLAIN_WORD = re.compile(r"[^\s;&|()<>\\'\"$`]+(?=[ \t\r\n;&|()<>]|\Z)")  # _PLAIN_RUN that ends the word
 
 
 def location(path: str | None, line: int) -> str:
@@ -80,7 +82,7 @@ def ansi_c_string(text: str, start: int) -> tuple[str, int] | None:
 # --------------------------------------------------------------------------------------------
 # Lexer: words made of parts, array assignments, operators, heredocs
 # --------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class Part:
     kind: str  # lit | var | arr | aslice | idx | raw | arith | len | alen | pos
     text: str
@@ -90,7 +92,7 @@ class Part:
     arg2: "Word | None" = None  # ${X/pat/rep}: the replacement; ${X:off:len}: the length
 
 
-@dataclass
+@dataclass(slots=True)
 class Word:
     parts: list[Part]
     raw: str
@@ -144,7 +146,7 @@ class Lexer:
         self.path = path
         self.line_offset = line_offset
         self.pos = 0
-        self.newlines = [i for i, c in enumerate(text) if c == "\n"]
+        self.newlines = [m.start() for m in _NEWLINE.finditer(text)]
         self.depth = 0
         self.scan_depth = 0
         self.heredocs: list[tuple[str, bool, bool, Op]] = []  # (delimiter, strip tabs, quoted, operator)
@@ -358,14 +360,18 @@ class Lexer:
             self.pos = m.end() + 1
             words: list[Word] = []
             text = self.text
+            line = self.line_at(self.pos)  # the line of the next word
             while True:
                 if self.pos >= len(text):
                     raise self.fail(start, f"array assignment {m.group(1)}=( is not closed with )")
                 c = text[self.pos]
                 if c in SPACE:
                     self.pos += 1
+                    if c == "\n":
+                        line += 1
                 elif c == "\\" and text.startswith("\n", self.pos + 1):
                     self.pos += 2
+                    line += 1
                 elif c == "#" and text[self.pos - 1] in SPACE:
                     end = text.find("\n", self.pos)
                     self.pos = len(text) if end < 0 else end
@@ -375,7 +381,14 @@ class Lexer:
                 elif c in OP_CHARS:
                     raise self.fail(self.pos, f"syntax error near unexpected token `{c}` in {m.group(1)}=( ... )")
                 else:
-                    words.append(self._word())
+                    plain = _PLAIN_WORD.match(text, self.pos)
+                    if plain is None:
+                        words.append(self._word())
+                        line = self.line_at(self.pos)
+                        continue
+                    self.pos = plain.end()  # a plain word (most of a long list): read here, for speed
+                    word_text = plain.group(0)
+                    words.append(Word([Part("lit", word_text, False)], word_text, line, plain.start()))
             return ArrayAssign(m.group(1), bool(m.group(3)), words, text[start : self.pos], self.line_at(start), start)
         return self._word()
 
