@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from planner.errors import PlannerInputError
 from planner.inputs.script import parse_launcher_script, read_launcher_script
+from planner.inputs.shell.interp import Interp
 
 # Written in the style of Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh
 # (arrays per concern, ${X:-default}, positional paths, `torchrun ${ARR[@]} pretrain_gpt.py`).
@@ -410,6 +411,24 @@ def test_long_lines_and_long_arrays_are_read():
     assert len(s.megatron_flags[1]) == 2_000_000
     text = "\n".join(f"A+=(--x{i})" for i in range(20_000)) + '\ntorchrun train.py "${A[@]}"\n'
     assert len(parse_launcher_script(text).megatron_flags) == 20_000
+
+
+@pytest.mark.parametrize("text", [
+    "A=(" + " ".join(f"x{i}" for i in range(1000)) + ')\ntorchrun pretrain_gpt.py "${A[@]}"\n',
+    "DATA=()\n" + "".join(f"DATA+=(1.0 /data/file_{i})\n" for i in range(500))
+    + 'torchrun pretrain_gpt.py --data-path "${DATA[@]}"\n',
+], ids=["literal-array", "appended-lines"])
+def test_each_array_element_is_expanded_once(text, monkeypatch):
+    """A 1,000-element array (a long --data-path list) is expanded once per element: the reader went over the
+    script twice (the second time for the launches after the first), and `solve` reads it twice, so a
+    200,000-element array took seconds.  Counted, not timed: every word of the script is expanded once."""
+    words: list[tuple[int, int]] = []  # (line, offset) of each word expanded
+    expand = Interp.expand_fields
+    monkeypatch.setattr(Interp, "expand_fields",
+                        lambda self, word: words.append((word.line, word.pos)) or expand(self, word))
+    s = parse_launcher_script(text)
+    assert len(s.megatron_flags) >= 1000
+    assert len(words) == len(set(words)) <= 1005, f"{len(words)} expansions of {len(set(words))} words"
 
 
 def test_break_and_continue_in_loops():

@@ -233,6 +233,13 @@ def test_a_second_launch_is_named():
     assert note.startswith("two.sh:3:") and "only the first launch (two.sh:1)" in note
     loop = parse_launcher_script(f"for i in 1 2; do torchrun pretrain_gpt.py {MODEL}; done\n", path="l.sh")
     assert any("runs 2 times" in w for w in loop.warnings)
+    # what runs after the first launch is read for other launches only: the script is what it was at the launch
+    after = parse_launcher_script(f'A=(--global-batch-size 16)\nX=1\ntorchrun pretrain_gpt.py {MODEL} "${{A[@]}}"\n'
+                                  'A+=(--x)\nX=2\nsource missing.sh\nY=$(hostname)\nwhile true; do Z=1; done\n',
+                                  path="after.sh")
+    assert after.arrays["A"] == ["--global-batch-size", "16"] and after.env["X"] == "1" and "Y" not in after.env
+    assert not after.missing_sources and not after.unresolved and not any("missing.sh" in w for w in after.warnings)
+    assert any(w.startswith("after.sh:8: the script goes on past the launch") for w in after.warnings), after.warnings
 
 
 @pytest.mark.parametrize("run", ["sbatch -n 16 job2.sh", "bash job2.sh", "source job2.sh"])
