@@ -245,9 +245,9 @@ def test_a_second_launch_is_named():
 @pytest.mark.parametrize("run", ["sbatch -n 16 job2.sh", "bash job2.sh", "source job2.sh"])
 def test_a_launch_in_a_file_the_script_runs_is_placed_in_that_file(tmp_path, run):
     """The launch in a job script the script submits (or runs, or sources) is at that file's line: its line was
-    placed in the script itself (submit.sh:2 for job2.sh's line 2), so the scan for other launches, which placed it right,
-    named it as a second launch ("launches pretrain_gpt.py again") and an unknown entry script pointed at the
-    script's line."""
+    placed in the script itself (submit.sh:2 for job2.sh's line 2), so the scan for other launches, which placed
+    it right, named it as a second launch ("launches pretrain_gpt.py again") and an unknown entry script pointed at
+    the script's line."""
     (tmp_path / "job2.sh").write_text(f"#!/bin/bash\nsrun -N 2 --ntasks-per-node 8 python pretrain_gpt.py {MODEL}\n"
                                       f"srun -N 2 --ntasks-per-node 8 python my_train.py {MODEL}\n")
     script = tmp_path / "submit.sh"

@@ -1126,7 +1126,8 @@ class Interp:
         for name, value in vars(self).items():
             if isinstance(value, (list, dict, set)):
                 setattr(state, name, copy.copy(value))
-        state.vars = {k: _Var(list(v.value), v.resolved) if isinstance(v.value, list) else v for k, v in self.vars.items()}
+        state.vars = {name: _Var(list(var.value), var.resolved) if isinstance(var.value, list) else var
+                      for name, var in self.vars.items()}
         return state
 
     def child_shell(self, fields: list[str], node: Simple) -> int | None:
