@@ -6,8 +6,9 @@
 Prints, for a long single line, for many array lines and for the large arrays of generated launchers
 (a literal 200,000-element array, a 20,000-file `--data-path` list appended in 5,000 `DATA+=(...)`
 lines), the median wall time (and CPU time, for the arrays) of
-planner.inputs.script.parse_launcher_script over 3 runs and the time per MB / per 1000 lines.  Each run reads the script from scratch (the syntax-tree cache is emptied
-first), as the first read of a `solve` does.
+planner.inputs.script.parse_launcher_script over 3 runs and the time per MB / per 1000 lines.  Each
+run reads the script from scratch (the syntax-tree cache is emptied first), as the first read of a
+`solve` does.
 """
 
 from __future__ import annotations
