@@ -73,7 +73,7 @@ def main() -> None:
         text = 'A="' + "a" * n + '"\ntorchrun train.py --x "$A"\n'
         s = _median_s(text)
         print(f"one line of {mb:>4} MB                {len(text):>10,d}  {s:9.3f}   {s / mb:.3f} s/MB")
-    for lines in (50_000, 100_000, 200_000):
+    for lines in (50_000, 100_000, 150_000):  # one statement a line: 200,000 are past MAX_STEPS
         text = "\n".join(f"A+=(--x{i})" for i in range(lines)) + '\ntorchrun train.py "${A[@]}"\n'
         s = _median_s(text, repeats=1 if lines > 100_000 else 3)
         print(f"{lines:>7,d} array lines A+=(...)   {len(text):>10,d}  {s:9.3f}   {1000 * s / lines:.3f} s/1000 lines")
