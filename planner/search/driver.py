@@ -55,7 +55,7 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
     first = _screen(cost, space, replace(settings, pruning=pruning.restricting()), t0, progress,
                     t0 + ORDER_SHARE * (deadline - t0), [], allow_empty=True)
     whole = _screen(cost, space, replace(settings, pruning=Pruning.off()), t0, progress, deadline, first.cands,
-                    configs=first.configs)
+                    configs=first.configs, early=first.early)
     res = _result(whole, settings, t0)
     res.pruning = pruning
     return res
@@ -63,13 +63,16 @@ def search(cost: CostModel, space: SearchSpace, settings: SearchSettings, progre
 
 def _screen(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: float, progress: ProgressFn | None,
             stop_at: float, seed: list[Candidate], allow_empty: bool = False,
-            configs: Configurations | None = None) -> Screening:
+            configs: Configurations | None = None, early: list[Candidate] | None = None) -> Screening:
     """One best-first screening until `stop_at` (the deadline when it has no plan yet), starting
     from the plans `seed` (found in a narrower space, so valid here) and the bounds and tables an
-    earlier screening's `configs` cached."""
+    earlier screening's `configs` cached; `early`: the plans an earlier screening's enumeration found at
+    once (Screening.first_plan), which this one adopts only when cut short (allow_empty: never, the
+    caller does)."""
     deadline = settings.deadline
     scr = Screening(cost, space, settings, t0, progress, stop_at=stop_at, budget_s=deadline - t0, configs=configs)
     scr.cands = list(seed)
+    scr.early = list(early or [])
     scr.enumerate()
     if space.runtime_spec.per_stage_meshes and settings.warm_start and not seed:
         scr.cands += _flagscale_warm_start(cost, space, settings)
@@ -90,6 +93,8 @@ def _screen(cost: CostModel, space: SearchSpace, settings: SearchSettings, t0: f
     if scr.delta_fallbacks:
         scr.notes.append(f"load-balance pruning (delta {settings.pruning.delta:g}) left no layout that fits in memory "
                          f"for {scr.delta_fallbacks} configuration(s); those were solved without it")
+    if not allow_empty:
+        scr.adopt_first_plans()
     if not scr.cands and not allow_empty:
         scr.report_progress("done", "", force=True)
         if scr.timed_out or not scr.enumeration_complete:

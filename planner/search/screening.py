@@ -18,6 +18,14 @@ pruning lets a configuration's greater recompute settings in only when the lesse
 layout that fits; cp_min_seq sets shapes aside (planner/search/pruning.py).  Every bound is
 valid for the whole space, so what is left in the queue, set aside or pruned still yields a
 whole-space lower bound (Screening.whole_space_bound).
+
+First plan: bounding every shape takes most of a large space's time before the queue's best-first
+order can start (13,000 configurations and a few seconds).  With no plan yet, each shape the
+enumeration bounds (up to FIRST_PLAN_SHAPES) has a few of its configurations solved at once, in the
+queue's order (Screening.first_plan), so an anytime search holds a plan within milliseconds.  Those plans
+are kept apart (`early`) and change nothing the best-first search does (its bounds, its order, its
+upper bounds): they join its plans only when it is cut short or found none (adopt_first_plans), so a
+search that runs to its end returns exactly what it returned without them.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from planner.search.settings import Candidate, ProgressClock, ProgressEvent, Pro
 from planner.search.space import SearchSpace, Shape, enumerate_shapes, recompute_ladder, stage_options
 from planner.search.tables import TableBuilder
 from solver_models.backends import get_backend
+from solver_models.base import Solution
 from solver_models.fitting import has_fitting_layout
 from solver_models.scaling import bound_s, from_us
 from solver_models.tables import DeadlinePassed, StageTables
@@ -48,6 +57,10 @@ PROGRESS_EVERY_S = 0.2
 # configuration whose tight bound is finite instead of waiting for it to reach the top of the queue
 DIVE_AFTER = 0.0
 SHAPE = -1  # QueueEntry.level of a shape entry
+# with no plan yet: the enumeration tries this many shapes at most at once (Screening.first_plan) ...
+FIRST_PLAN_SHAPES = 32
+# ... and of each, this many configurations whose bounds show a layout that fits, at most
+FIRST_PLAN_TRIES = 2
 
 
 @dataclass(order=True)
@@ -250,6 +263,8 @@ class Screening:
         self.cp_pruned: list[Shape] = []
         self.records: dict[GlobalChoice, ConfigRecord] = {}
         self.cands: list[Candidate] = []
+        self.early: list[Candidate] = []  # plans the enumeration found at once (first_plan), kept apart
+        self.first_plan_shapes = 0  # shapes first_plan tried
         self.notes: list[str] = []
         self.total = self.solved = self.bounded = self.infeasible = self.done = 0
         self.tables_built = 0  # configurations whose integer tables were built (the bounds settled the rest)
@@ -304,6 +319,8 @@ class Screening:
                 continue
             self.total += shape.size
             heapq.heappush(self.heap, QueueEntry(least, 0, self._next_seq(), SHAPE, shape=shape))
+            if not self.cands and not self.early and self.first_plan_shapes < FIRST_PLAN_SHAPES:
+                self.first_plan(shape, bounds)
             self.report_progress("enumerating", "")
 
     def _next_seq(self) -> int:
@@ -335,6 +352,61 @@ class Screening:
             nxt = waiting.pop(0)
             heapq.heappush(self.heap, QueueEntry(self.configs.relaxed_bound(nxt), self.configs.rank(nxt),
                                                  self._next_seq(), 0, g=nxt))
+
+    # ---- a first plan, while the space is bounded ----
+    def first_plan(self, shape: Shape, bounds: dict[tuple[int, int], float]) -> None:
+        """No plan yet: solve some of this newly bounded shape's configurations at once, in the queue's order
+        (least relaxed bound, then least recompute), the first FIRST_PLAN_TRIES whose tight bound is finite
+        (their stages hold a layout), until one gives a plan.  The plan goes to `early`, apart from the
+        best-first search (module docstring); the configurations stay in the queue as they were."""
+        self.first_plan_shapes += 1
+        order = sorted((b, self.configs.rank(g), k, g) for k, g in enumerate(shape.choices())
+                       if math.isfinite(b := bounds[(g.pp, g.vpp)]))
+        tries = 0
+        for b, rank, _, g in order:
+            if tries >= FIRST_PLAN_TRIES or time.perf_counter() > self.stop_at:
+                return
+            e = self.configs.cheap_entry(QueueEntry(b, rank, 0, 0, g=g))
+            if math.isfinite(e.bound_s):
+                e = self.configs.tight_entry(e, math.inf)
+            if not math.isfinite(e.bound_s):
+                continue
+            tries += 1
+            try:
+                found = self._first_solution(e)
+            except DeadlinePassed:
+                return
+            if found is not None:
+                self.early.append(found)
+                self.report_progress("enumerating", g.label(), force=True)
+                return
+
+    def _first_solution(self, e: QueueEntry) -> Candidate | None:
+        """e's configuration solved with no upper bound (the load-balance pruning dropped when it leaves no
+        layout that fits), or None."""
+        tables = self.tables(e.g, e.options)
+        if not has_fitting_layout(tables):
+            return None
+        sol = self.backend.solve(tables, upper_bound_us=None, settings=self.solver_settings)
+        if sol is None and tables.windows is not None:
+            tables = tables.pruned(delta=None, memory=tables.memory_prune)
+            sol = self.backend.solve(tables, upper_bound_us=None, settings=self.solver_settings)
+        if sol is None or not sol.stages:
+            return None
+        return self._candidate(e, tables, sol)
+
+    def adopt_first_plans(self) -> None:
+        """At the end of a screening cut short (or one that found no plan of its own), the plans first_plan
+        found join its plans (after them on ties); a screening that ran to its end keeps its own alone."""
+        if not self.early or (self.cands and not self.timed_out and self.enumeration_complete):
+            return
+        have = {c.g for c in self.cands}
+        self.cands = sorted(self.cands + [c for c in self.early if c.g not in have], key=lambda c: c.objective_s)
+        del self.cands[self.settings.top_k * 4:]
+
+    def best_known(self) -> Candidate | None:
+        """The best plan found so far, the search's or first_plan's (the search's on a tie)."""
+        return min(self.cands[:1] + self.early, key=lambda c: c.objective_s, default=None)
 
     # ---- solving ----
     def kth_best(self) -> float:
@@ -374,8 +446,9 @@ class Screening:
                     continue
                 # no plan yet (after DIVE_AFTER of the time): solve the first configuration whose
                 # tight bound is finite at once, for a plan to bound the others with
+            first = self.best_known() is None
             self._solve(e, kth)
-            self.report_progress("screening", e.g.label())
+            self.report_progress("screening", e.g.label(), force=first and bool(self.cands))
             if self.timed_out:  # the deadline passed inside the solve
                 break
 
@@ -436,15 +509,20 @@ class Screening:
         complete = sol.status == "OPTIMAL"
         if not complete:
             self.complete = False
-        obj = from_us(sol.objective_us) / g.vpp
-        self.record(e, obj if complete else e.bound_s, obj if sol.exact else e.bound_s, solved=complete,
-                    stages=sol.stages)
-        plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
-        self.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend=self.backend_name, status=sol.status,
-                                    bound_s=bound_s(sol.bound_us, g.vpp) if complete else e.bound_s,
-                                    options=e.options, stages=sol.stages))
+        cand = self._candidate(e, tables, sol)
+        self.record(e, cand.objective_s if complete else e.bound_s, cand.objective_s if sol.exact else e.bound_s,
+                    solved=complete, stages=sol.stages)
+        self.cands.append(cand)
         self.cands.sort(key=lambda c: c.objective_s)
         del self.cands[s.top_k * 4:]
+
+    def _candidate(self, e: QueueEntry, tables: StageTables, sol: Solution) -> Candidate:
+        """The plan of a backend's solution for e's configuration."""
+        g = e.g
+        plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
+        return Candidate(g=g, objective_s=from_us(sol.objective_us) / g.vpp, plan=plan, backend=self.backend_name,
+                         status=sol.status, bound_s=bound_s(sol.bound_us, g.vpp) if sol.status == "OPTIMAL"
+                         else e.bound_s, options=e.options, stages=sol.stages)
 
     def report_progress(self, phase: str, config: str, force: bool = False) -> None:
         """Call the progress callback (at most every PROGRESS_EVERY_S unless forced).  At the end
@@ -453,12 +531,13 @@ class Screening:
             return
         now = time.perf_counter()
         finished = phase == "done" and not self.timed_out and self.enumeration_complete
+        best = self.best_known()
         self.progress(ProgressEvent(
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
-            best_s=self.cands[0].objective_s if self.cands else None,
+            best_s=best.objective_s if best else None,
             # the searched space's lower bound so far, the one the final report's searched-space gap uses
-            bound_s=self.pruned_space_bound() if (self.heap or self.records) else None, phase=phase, config=config,
-            best_plan=self.cands[0].plan if self.cands else None))
+            bound_s=min(self.pruned_space_bound(), best.objective_s if best else math.inf)
+            if (self.heap or self.records) else None, phase=phase, config=config, best_plan=best.plan if best else None))
 
     # ---- what was proven ----
     @property
