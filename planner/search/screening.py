@@ -532,12 +532,14 @@ class Screening:
         now = time.perf_counter()
         finished = phase == "done" and not self.timed_out and self.enumeration_complete
         best = self.best_known()
+        # the searched space's lower bound so far, the one the final report's searched-space gap uses (no higher
+        # than the best plan: first_plan's may lie outside a pruned space)
+        bound = min(self.pruned_space_bound(), best.objective_s if best else math.inf) \
+            if (self.heap or self.records) else None
         self.progress(ProgressEvent(
             done=self.total if finished else self.done, total=self.total, solved=self.solved, elapsed_s=now - self.t0,
-            best_s=best.objective_s if best else None,
-            # the searched space's lower bound so far, the one the final report's searched-space gap uses
-            bound_s=min(self.pruned_space_bound(), best.objective_s if best else math.inf)
-            if (self.heap or self.records) else None, phase=phase, config=config, best_plan=best.plan if best else None))
+            best_s=best.objective_s if best else None, bound_s=bound, phase=phase, config=config,
+            best_plan=best.plan if best else None))
 
     # ---- what was proven ----
     @property
