@@ -25,11 +25,11 @@ from tools.fuzz.inputs import (
     h800_profile_document, log_text,
 )
 from tools.fuzz.mutations import (
-    DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_INT_KEYS, LINK_FIELDS, MODEL_FIELDS, NAN, TEXT_VALUES,
+    DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_FAMILY_KEYS, HF_INT_KEYS, LINK_FIELDS, MODEL_FIELDS, NAN, TEXT_VALUES,
     TRAINING_FIELDS, FieldRule, document_mutations, to_json, to_yaml,
 )
 from planner.profile_tables import TIME_FACTOR_RANGE
-from planner.schemas.types import MAX_GPUS, MAX_LAYERS, PHYSICAL_RANGES
+from planner.schemas.types import MAX_GPUS, MAX_INT, MAX_LAYERS, PHYSICAL_RANGES
 
 
 @dataclass(frozen=True)
@@ -310,12 +310,62 @@ def gen_model_file(rng: random.Random) -> CaseParts:
     return "model-file:" + what, argv, files, valid, names, None
 
 
+HF_DEFAULTS: dict[str, dict[str, int]] = {
+    "mixtral": {"num_experts_per_tok": 2},
+    "glm4_moe": {"num_experts_per_tok": 8, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1},
+    "olmoe": {"num_experts_per_tok": 8},
+}
+"""The transformers configuration classes' defaults of the keys that rules between fields read."""
+HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _whole(*values: object) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def hf_refused_between_fields(family: str, doc: dict) -> bool:
+    """True when a rule between keys certainly refuses the config `doc` of `family` (each key alone valid):
+    more experts per token than experts, query heads not a multiple of the KV heads, a head size that hidden / heads
+    cannot give; GLM: no MoE layer after the first_k_dense_replace dense ones, experts that n_group cannot split
+    into groups of two or more (Glm4MoeMoE ranks a group by its top-2 scores), topk_group over n_group; GLM and
+    OLMoE: a rope_theta that is no integer Megatron's --rotary-base takes."""
+    defaults = HF_DEFAULTS.get(family, {})
+
+    def get(key: str, default: object = None) -> object:
+        value = doc.get(key)
+        return defaults.get(key, default) if value is None else value
+
+    experts = next((doc[k] for k in HF_EXPERT_KEYS if doc.get(k) is not None), None)
+    topk, heads, hidden = get("num_experts_per_tok"), doc.get("num_attention_heads"), doc.get("hidden_size")
+    kv_heads = get("num_key_value_heads", heads)
+    if _whole(experts, topk) and topk > experts:  # type: ignore[operator]
+        return True
+    if _whole(heads, kv_heads) and heads % kv_heads:  # type: ignore[operator]
+        return True
+    if doc.get("head_dim") is None and _whole(hidden, heads) and hidden % heads:  # type: ignore[operator]
+        return True
+    if family == "glm4_moe":
+        layers, first_dense = doc.get("num_hidden_layers"), get("first_k_dense_replace")
+        groups, group_topk = get("n_group"), get("topk_group")
+        if _whole(layers) and isinstance(first_dense, int) and first_dense >= layers:  # type: ignore[operator]
+            return True
+        if _whole(experts, groups) and (experts % groups or experts // groups < 2):  # type: ignore[operator]
+            return True
+        if _whole(groups, group_topk) and groups > 1 and group_topk > groups:  # type: ignore[operator]
+            return True
+    theta = doc.get("rope_theta")
+    if family in ("glm4_moe", "olmoe") and isinstance(theta, (int, float)) and not isinstance(theta, bool) \
+            and 0 < theta < float("inf") and (theta != int(theta) or theta > MAX_INT):
+        return True
+    return False
+
+
 def gen_hf_config(rng: random.Random) -> CaseParts:
     """--model config.json: a HuggingFace config of one family with one key changed."""
     family = rng.choice(sorted(HF_CONFIGS))
     doc = json.loads(json.dumps(HF_CONFIGS[family]))
     r = rng.random()
-    rules = {k: v for k, v in HF_INT_KEYS.items() if k in doc}
+    rules = {k: v for k, v in {**HF_INT_KEYS, **HF_FAMILY_KEYS.get(family, {})}.items() if k in doc}
     names: tuple[str, ...]
     if r < 0.6:
         key = rng.choice(sorted(rules))
@@ -347,11 +397,13 @@ def gen_hf_config(rng: random.Random) -> CaseParts:
             valid = False  # NaN is not JSON
         if key == "mlp_only_layers" and family != "qwen2_moe":
             valid = None  # other families ignore the key
-        if key == "first_k_dense_replace" and family != "deepseek_v3":
+        if key == "first_k_dense_replace" and family not in ("deepseek_v3", "glm4_moe"):
             valid = None
         what, names = f"{family}.{key} = {label}", (key,)
     else:
         body, what, valid, names = document_mutations(rng, doc, "json", {}, strict_keys=False)
+    if valid is None and r < 0.75 and hf_refused_between_fields(family, doc):
+        valid = False
     files = {"hf/config.json": body}
     target = rng.choice(("{d}/hf/config.json", "{d}/hf"))
     if rng.random() < 0.05:

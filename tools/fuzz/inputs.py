@@ -1,5 +1,5 @@
 """The valid inputs every fuzz case starts from: a tiny MoE model (as YAML, as Megatron flags, as a
-launcher script, as HuggingFace configs of four families), a two-type cluster, a solved plan.json and
+launcher script, as HuggingFace configs of six families), a two-type cluster, a solved plan.json and
 a Megatron training log.  Each is small, so that a case runs in milliseconds.
 """
 
@@ -61,6 +61,22 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
                     "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
                     "moe_intermediate_size": 128, "n_shared_experts": 1, "first_k_dense_replace": 1,
                     "moe_layer_freq": 1, "num_nextn_predict_layers": 1},
+    # GLM-4.5-Air's keys (tests/data/hf_configs/GLM-4.5-Air.json), shrunk; head_dim differs from hidden / heads and
+    # n_group > 1, so that --kv-channels and group-limited routing are read
+    "glm4_moe": {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "hidden_size": 256,
+                 "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+                 "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 2048, "hidden_act": "silu",
+                 "rms_norm_eps": 1e-05, "rope_theta": 1000000, "partial_rotary_factor": 0.5, "attention_bias": True,
+                 "use_qk_norm": True, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                 "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+                 "norm_topk_prob": True, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1,
+                 "tie_word_embeddings": False},
+    # OLMoE-1B-7B-0924's keys (tests/data/hf_configs/OLMoE-1B-7B-0924.json), shrunk, with a clip_qkv to read
+    "olmoe": {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 256,
+              "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+              "vocab_size": 1024, "max_position_embeddings": 2048, "hidden_act": "silu", "rms_norm_eps": 1e-05,
+              "rope_theta": 10000.0, "attention_bias": False, "num_experts": 8, "num_experts_per_tok": 2,
+              "norm_topk_prob": False, "router_aux_loss_coef": 0.01, "clip_qkv": 8.0, "tie_word_embeddings": False},
 }
 SCRIPT = """#!/bin/bash
 # a launcher as people write them

@@ -161,6 +161,40 @@ HF_INT_KEYS: dict[str, FieldRule] = {
     "num_nextn_predict_layers": FieldRule("int", 0, MAX_LAYERS, optional=True),
     "tie_word_embeddings": FieldRule("bool", optional=True),
 }
+_POSITIVE = FieldRule("float", 0, None, optional=True, low_open=True)
+_FLAG = FieldRule("bool", optional=True)
+_HF_COMMON_KEYS: dict[str, FieldRule] = {
+    "hidden_act": FieldRule("choice", choices=("silu", "swish")),  # the gated MLP's; null is no activation
+    "rms_norm_eps": _POSITIVE,
+    "rope_theta": _POSITIVE,  # an integer too (Megatron's --rotary-base): checked between fields
+    "attention_bias": _FLAG,
+    "norm_topk_prob": _FLAG,
+}
+HF_FAMILY_KEYS: dict[str, dict[str, FieldRule]] = {
+    # planner/inputs/hf_config.py `_glm4_moe`: the keys it reads besides HF_INT_KEYS, and the keys whose rule
+    # differs (Glm4MoeConfig gives moe_intermediate_size 1408 and num_experts_per_tok 8 by default; experts are
+    # required; first_k_dense_replace and topk_group are bounded by other keys, checked between fields)
+    "glm4_moe": {
+        **_HF_COMMON_KEYS,
+        "head_dim": FieldRule("int", 1, MAX_SIZE, optional=True),
+        "partial_rotary_factor": FieldRule("float", 0, 1, optional=True, low_open=True),
+        "use_qk_norm": _FLAG,
+        "n_routed_experts": FieldRule("int", 1, MAX_EXPERTS),
+        "num_experts_per_tok": FieldRule("int", 1, MAX_EXPERTS, optional=True),
+        "moe_intermediate_size": FieldRule("int", 1, MAX_SIZE, optional=True),
+        "first_k_dense_replace": FieldRule("int", 0, MAX_LAYERS, optional=True),
+        "n_group": FieldRule("int", 1, MAX_SIZE, optional=True),
+        "topk_group": FieldRule("int", 1, MAX_SIZE, optional=True),
+        "routed_scaling_factor": _POSITIVE,
+    },
+    # `_olmoe`: OlmoeConfig's num_experts_per_tok defaults to 8; the balancing loss's weight is >= 0
+    "olmoe": {
+        **_HF_COMMON_KEYS,
+        "num_experts_per_tok": FieldRule("int", 1, MAX_EXPERTS, optional=True),
+        "router_aux_loss_coef": FieldRule("float", 0, None, optional=True),
+        "clip_qkv": _POSITIVE,
+    },
+}
 
 
 DEVICE_FIELDS: dict[str, FieldRule] = {
