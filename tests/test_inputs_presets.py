@@ -268,6 +268,20 @@ def test_hf_glm4_moe_says_what_megatron_routes_otherwise_and_refuses_bad_keys():
         model_from_hf_config({**GLM45_AIR, "norm_topk_prob": 1}, "x")
 
 
+def test_hf_glm4_moe_refuses_expert_groups_its_router_cannot_form():
+    """Glm4MoeMoE views the n_routed_experts scores as n_group equal groups and takes each group's top 2: 128 experts
+    in 3 groups leave a remainder, in 128 groups of one, or a single expert, have no top 2 (was: accepted, or refused
+    under Megatron's --moe-router-num-groups, a flag the config does not have)."""
+    for groups in (3, 128, 256):
+        with pytest.raises(PlannerInputError) as exc:
+            model_from_hf_config({**GLM45_AIR, "n_group": groups, "topk_group": 1}, "x")
+        assert exc.value.field == "config.json:n_group" and "at most 64" in str(exc.value)
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**GLM45_AIR, "n_routed_experts": 1, "num_experts_per_tok": 1}, "x")
+    assert exc.value.field == "config.json:n_routed_experts"
+    assert model_from_hf_config({**GLM45_AIR, "n_group": 64, "topk_group": 4}, "x").moe_router_num_groups == 64
+
+
 def test_hf_olmoe_reads_each_field_as_transformers_builds_it():
     """OLMoE-1B-7B's config.json as transformers' OlmoeAttention and OlmoeSparseMoeBlock build it (was refused):
     every layer MoE with 64 experts of intermediate_size 1024, top 8 of a softmax over all of them, not renormalised

@@ -432,18 +432,28 @@ def _glm4_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                moe_ffn_hidden_size=moe_size, moe_shared_expert_intermediate_size=shared * moe_size or None,
                moe_layer_pattern=None if all(pattern) else pattern)
     _bool(cfg, "norm_topk_prob", True)  # checked here; what Megatron does with it is in the notes
-    out.update(_moe_recipe(_glm_router(cfg)))
+    out.update(_moe_recipe(_glm_router(cfg, experts)))
     mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0, maximum=MAX_LAYERS)
     if mtp:
         out["mtp_num_layers"] = mtp
     return out
 
 
-def _glm_router(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Glm4MoeTopkRouter as Megatron's flags (Glm4MoeConfig's defaults: n_group 1, topk_group 1, scaling 1.0)."""
+def _glm_router(cfg: dict[str, Any], experts: int) -> dict[str, Any]:
+    """Glm4MoeTopkRouter as Megatron's flags (Glm4MoeConfig's defaults: n_group 1, topk_group 1, scaling 1.0).
+    Glm4MoeMoE.route_tokens_to_experts splits the `experts` scores into `n_group` equal groups and ranks each group by
+    its top-2 scores, whatever n_group is: a split that leaves a remainder or a group of one fails there."""
     router: dict[str, Any] = {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
                               "moe_router_pre_softmax": False}
     groups = _int(cfg, "n_group", 1)
+    if experts < 2:
+        raise PlannerInputError("config.json:n_routed_experts", f"expected 2 or more, got {experts}: GLM's router "
+                                "ranks the experts of a group by their top 2 scores")
+    if experts % groups or experts // groups < 2:
+        raise PlannerInputError(
+            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: GLM's router splits the experts "
+            f"into n_group equal groups of 2 or more (it ranks a group by its top 2 scores), so n_group must divide "
+            f"{experts} and be at most {experts // 2}")
     if groups > 1:
         router["moe_router_num_groups"] = groups
         router["moe_router_group_topk"] = _int(cfg, "topk_group", 1, maximum=groups)
