@@ -313,6 +313,23 @@ def test_hf_olmoe_notes_what_megatron_cannot_build():
     assert "output projection" in notes[1] and "clip_qkv 8.0" in notes[2]
 
 
+def test_hf_rules_between_keys_name_the_config_keys():
+    """Key/value heads that do not divide the query heads, and more experts per token than experts, are refused
+    under the config's keys (was: "config.json (model): ... num_query_groups" / "moe_router_topk", Megatron's
+    names, which the config does not use); a top-k left out is named with its default."""
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**OLMOE_1B_7B, "num_key_value_heads": 3}, "x")
+    assert exc.value.field == "config.json:num_key_value_heads" and "num_attention_heads 16" in str(exc.value)
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**MIXTRAL_8X7B, "num_experts_per_tok": 9}, "x")
+    assert exc.value.field == "config.json:num_experts_per_tok" and "num_local_experts 8" in str(exc.value)
+    bare = {k: v for k, v in GLM45_AIR.items() if k != "num_experts_per_tok"}
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**bare, "n_routed_experts": 4, "n_group": 2}, "x")  # Glm4MoeConfig's default top 8
+    assert exc.value.field == "config.json:num_experts_per_tok" and "default" in str(exc.value)
+    assert model_from_hf_config({**bare, "n_routed_experts": 8}, "x").moe_router_topk == 8
+
+
 def test_hf_missing_or_bad_fields_are_named():
     """A missing or mistyped config key is named in the error."""
     cfg = dict(LLAMA2_7B)

@@ -706,7 +706,25 @@ def model_fields_from_hf_config(cfg: dict[str, Any], name: str) -> dict[str, Any
     fields = _FAMILIES[_family(cfg)](cfg, name)
     if fields.get("num_experts") is None and expert_count(cfg):
         _experts(cfg, fields)  # a family read as dense whose config names experts: read them
+    _check_between_keys(cfg, fields)
     return {k: v for k, v in fields.items() if v is not None or k in ("num_query_groups",)}
+
+
+def _check_between_keys(cfg: dict[str, Any], fields: dict[str, Any]) -> None:
+    """The rules between keys that ModelSpec would otherwise refuse under Megatron's names (num_query_groups,
+    moe_router_topk), named by the config's keys."""
+    heads, groups = fields["num_attention_heads"], fields.get("num_query_groups")
+    if groups and heads % groups:
+        raise PlannerInputError("config.json:num_key_value_heads", f"{groups} does not divide num_attention_heads "
+                                f"{heads}: each key/value head serves an equal group of query heads")
+    experts, topk = fields.get("num_experts"), fields.get("moe_router_topk")
+    if experts and topk and topk > experts:
+        key = next((k for k in EXPERT_TOPK_KEYS if cfg.get(k) is not None), None)
+        count_key = next((k for k in EXPERT_COUNT_KEYS if cfg.get(k) is not None), EXPERT_COUNT_KEYS[0])
+        raise PlannerInputError(
+            f"config.json:{key or EXPERT_TOPK_KEYS[0]}",
+            f"{topk} experts per token{'' if key else ' (the default, the config leaves the key out)'} exceed the "
+            f"{count_key} {experts} experts")
 
 
 def hf_dropout(cfg: dict[str, Any], source: str = "config.json") -> dict[str, float]:
