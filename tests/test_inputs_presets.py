@@ -330,6 +330,19 @@ def test_hf_rules_between_keys_name_the_config_keys():
     assert model_from_hf_config({**bare, "n_routed_experts": 8}, "x").moe_router_topk == 8
 
 
+def test_hf_rotary_keys_out_of_range_are_named():
+    """A rope_theta past the planner's limit on --rotary-base and a partial_rotary_factor over 1 are refused under
+    their keys, the number shown short (was: "config.json (rotary_base)" with all 309 digits of 1e308, and
+    "config.json (rotary_percent)": Megatron's names)."""
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**OLMOE_1B_7B, "rope_theta": 1e308}, "x")
+    assert exc.value.field == "config.json:rope_theta" and len(str(exc.value)) < 200
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**GLM45_AIR, "partial_rotary_factor": 2}, "x")
+    assert exc.value.field == "config.json:partial_rotary_factor" and "(0, 1]" in str(exc.value)
+    assert model_from_hf_config({**GLM45_AIR, "partial_rotary_factor": 1}, "x").rotary_percent == 1.0
+
+
 def test_hf_missing_or_bad_fields_are_named():
     """A missing or mistyped config key is named in the error."""
     cfg = dict(LLAMA2_7B)

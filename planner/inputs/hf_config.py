@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from planner.errors import PlannerInputError
 from planner.inputs.files import parse_json, path_kind, read_text
 from planner.schemas.model import ModelSpec
-from planner.schemas.types import MAX_EXPERTS, MAX_LAYERS, MAX_SIZE
+from planner.schemas.types import MAX_EXPERTS, MAX_INT, MAX_LAYERS, MAX_SIZE
 
 DEFAULT_SEQ_LENGTH = 4096  # training sequence when the caller gives none (capped by the model's context)
 
@@ -106,11 +106,14 @@ def _positions(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     theta = _float(cfg, "rope_theta", _THETA_DEFAULT.get(family, 10000.0))
     if theta != int(theta):
         raise PlannerInputError("config.json:rope_theta", f"Megatron's --rotary-base is an integer, got {theta!r}")
-    out: dict[str, Any] = {
-        "position_embedding_type": "rope",
-        "rotary_base": int(theta),
-        "rotary_percent": _float(cfg, "partial_rotary_factor", _ROTARY_DEFAULT.get(family, 1.0)),
-    }
+    if theta > MAX_INT:
+        raise PlannerInputError("config.json:rope_theta", f"expected at most {MAX_INT} (the planner's limit on "
+                                f"Megatron's --rotary-base), got {theta:.6g}")
+    share = _float(cfg, "partial_rotary_factor", _ROTARY_DEFAULT.get(family, 1.0))
+    if share > 1:
+        raise PlannerInputError("config.json:partial_rotary_factor", f"expected a number in (0, 1], the share of "
+                                f"each head's dimensions that RoPE rotates; got {share!r}")
+    out: dict[str, Any] = {"position_embedding_type": "rope", "rotary_base": int(theta), "rotary_percent": share}
     scaling = _rope_scaling(cfg)
     if scaling.get("rope_type") == "llama3":
         out["use_rope_scaling"] = True
