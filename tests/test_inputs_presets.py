@@ -343,6 +343,17 @@ def test_hf_rotary_keys_out_of_range_are_named():
     assert model_from_hf_config({**GLM45_AIR, "partial_rotary_factor": 1}, "x").rotary_percent == 1.0
 
 
+def test_hf_negative_balancing_loss_weights_are_named():
+    """A negative router_aux_loss_coef (OLMoE, Mixtral) or aux_loss_alpha (DeepSeek) is refused under its key (was:
+    "config.json (moe_aux_loss_coeff)", Megatron's name)."""
+    for cfg, key in ((OLMOE_1B_7B, "router_aux_loss_coef"), (MIXTRAL_8X7B, "router_aux_loss_coef"),
+                     (DSV2_LITE, "aux_loss_alpha")):
+        with pytest.raises(PlannerInputError) as exc:
+            model_from_hf_config({**cfg, key: -0.01}, "x")
+        assert exc.value.field == f"config.json:{key}" and ">= 0" in str(exc.value)
+    assert model_from_hf_config({**OLMOE_1B_7B, "router_aux_loss_coef": 0}, "x").moe_aux_loss_coeff == 0.0
+
+
 def test_hf_missing_or_bad_fields_are_named():
     """A missing or mistyped config key is named in the error."""
     cfg = dict(LLAMA2_7B)

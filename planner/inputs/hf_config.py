@@ -85,6 +85,14 @@ def _float(cfg: dict[str, Any], key: str, default: float, *, positive: bool = Tr
     return float(value)
 
 
+def _non_negative(cfg: dict[str, Any], key: str, default: float = 0.0) -> float:
+    """A finite number >= 0: a loss's weight, a clamp."""
+    value = _float(cfg, key, default, positive=False)
+    if value < 0:
+        raise PlannerInputError(f"config.json:{key}", f"expected a number >= 0, got {value!r}")
+    return value
+
+
 def _choice(cfg: dict[str, Any], key: str, default: str, allowed: Any) -> str:
     """A string key whose value is one of `allowed` (a list, a list inside it or a number is refused by name)."""
     value = cfg.get(key, default)
@@ -244,7 +252,7 @@ def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     elif shared_size:
         out["moe_shared_expert_intermediate_size"] = shared_size
     if cfg.get("router_aux_loss_coef") is not None:  # Mixtral, Qwen-MoE: the load-balancing loss's weight
-        out["moe_aux_loss_coeff"] = _float(cfg, "router_aux_loss_coef", 0.0, positive=False)
+        out["moe_aux_loss_coeff"] = _non_negative(cfg, "router_aux_loss_coef")
     return _moe_recipe(out)
 
 
@@ -385,9 +393,7 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     if out["num_experts"] is None:
         raise PlannerInputError("config.json:num_local_experts", "missing; a gpt-oss config must give its experts")
     out.update(_sliding_window(cfg, out["num_layers"]))
-    limit = _float(cfg, "swiglu_limit", 0.0, positive=False)
-    if limit < 0:
-        raise PlannerInputError("config.json:swiglu_limit", f"expected a number >= 0, got {limit!r}")
+    limit = _non_negative(cfg, "swiglu_limit")
     if limit:
         out["activation_func_clamp_value"] = limit  # GptOssExperts clamps the gate at +limit, the linear at +-limit
     return _softmax_router(out, renormalised=True)  # GptOssTopKRouter: softmax over the top-k logits
@@ -482,7 +488,7 @@ def _olmoe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out.update(qk_layernorm=True, num_experts=experts, moe_ffn_hidden_size=out["ffn_hidden_size"],
                moe_router_topk=_first_int(cfg, EXPERT_TOPK_KEYS, 8, maximum=MAX_EXPERTS))
     if cfg.get("router_aux_loss_coef") is not None:
-        out["moe_aux_loss_coeff"] = _float(cfg, "router_aux_loss_coef", 0.0, positive=False)
+        out["moe_aux_loss_coeff"] = _non_negative(cfg, "router_aux_loss_coef")
     _float(cfg, "clip_qkv", 1.0)  # checked here; not in the plan (the notes)
     _moe_recipe(out)
     return _softmax_router(out, renormalised=_bool(cfg, "norm_topk_prob", False))
@@ -548,7 +554,7 @@ def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]
     factor = _float(cfg, "routed_scaling_factor", 1.0)
     router["moe_router_topk_scaling_factor"] = factor if factor != 1.0 else None
     if cfg.get("aux_loss_alpha") is not None:  # the balance loss's weight, per sequence with seq_aux
-        router["moe_aux_loss_coeff"] = _float(cfg, "aux_loss_alpha", 0.0, positive=False)
+        router["moe_aux_loss_coeff"] = _non_negative(cfg, "aux_loss_alpha")
         router["moe_router_load_balancing_type"] = "seq_aux_loss" if _bool(cfg, "seq_aux", False) else "aux_loss"
     return router
 
