@@ -354,6 +354,32 @@ def test_hf_negative_balancing_loss_weights_are_named():
     assert model_from_hf_config({**OLMOE_1B_7B, "router_aux_loss_coef": 0}, "x").moe_aux_loss_coeff == 0.0
 
 
+def test_hf_moe_families_refuse_zero_experts_without_calling_the_key_missing():
+    """An expert count of 0 in a family that is MoE by construction is refused as out of range under the key given
+    (was: "missing", though the key is there); a key left out is still called missing."""
+    for cfg, key in ((GLM45_AIR, "n_routed_experts"), (OLMOE_1B_7B, "num_experts"), (MIXTRAL_8X7B, "num_local_experts"),
+                     (QWEN3_30B, "num_experts"), (GPT_OSS_120B, "num_local_experts")):
+        with pytest.raises(PlannerInputError) as exc:
+            model_from_hf_config({**cfg, key: 0}, "x")
+        assert exc.value.field == f"config.json:{key}" and "got 0" in str(exc.value)
+        assert "missing" not in str(exc.value)
+        with pytest.raises(PlannerInputError, match="missing"):
+            model_from_hf_config({k: v for k, v in cfg.items() if k != key}, "x")
+
+
+def test_hf_glm4_moe_first_dense_layers_name_the_layer_count_and_the_default():
+    """first_k_dense_replace must leave a MoE layer: the refusal names num_hidden_layers, and says where the 1 comes
+    from when the key is left out (was: "expected an integer in 0..0, got 1" of a key the config does not have)."""
+    bare = {k: v for k, v in GLM45_AIR.items() if k != "first_k_dense_replace"}
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**bare, "num_hidden_layers": 1}, "x")
+    assert exc.value.field == "config.json:first_k_dense_replace"
+    assert "default" in str(exc.value) and "num_hidden_layers 1" in str(exc.value)
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**GLM45_AIR, "first_k_dense_replace": 46}, "x")
+    assert "default" not in str(exc.value) and "0..45" in str(exc.value)
+
+
 def test_hf_missing_or_bad_fields_are_named():
     """A missing or mistyped config key is named in the error."""
     cfg = dict(LLAMA2_7B)

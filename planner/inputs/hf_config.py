@@ -240,6 +240,17 @@ def expert_count(cfg: dict[str, Any]) -> int | None:
     return _first_int(cfg, EXPERT_COUNT_KEYS, None, minimum=0, maximum=MAX_EXPERTS) or None
 
 
+def _no_experts(cfg: dict[str, Any], key: str, family: str) -> PlannerInputError:
+    """The refusal of a config of a MoE-only `family` (`a Mixtral config`) without routed experts: `key` missing or
+    null, or an expert count of 0 (under whichever of EXPERT_COUNT_KEYS it gives)."""
+    given = next((k for k in EXPERT_COUNT_KEYS if cfg.get(k) is not None), None)
+    if given is not None:
+        return PlannerInputError(f"config.json:{given}",
+                                 f"expected an integer in 1..{MAX_EXPERTS}, got {cfg[given]!r}: {family} must give its "
+                                 "experts")
+    return PlannerInputError(f"config.json:{key}", f"missing; {family} must give its experts")
+
+
 def _experts(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """Routed and shared experts, whatever the family calls them."""
     out["num_experts"] = expert_count(cfg)
@@ -297,7 +308,7 @@ def _mixtral(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out.update(_sliding_window(cfg, out["num_layers"]))  # MixtralAttention: every layer (MixtralConfig: None)
     _experts(cfg, out)
     if out["num_experts"] is None:
-        raise PlannerInputError("config.json:num_local_experts", "missing; a Mixtral config must give its experts")
+        raise _no_experts(cfg, "num_local_experts", "a Mixtral config")
     return _softmax_router(out, renormalised=True)  # MixtralSparseMoeBlock renormalises the top-k
 
 
@@ -315,7 +326,7 @@ def _qwen_moe_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...] |
 def _qwen_moe(cfg: dict[str, Any], name: str, family: str) -> dict[str, Any]:
     out = _experts(cfg, _common(cfg, name, family))
     if out["num_experts"] is None:
-        raise PlannerInputError("config.json:num_experts", "missing; a Qwen-MoE config must give its experts")
+        raise _no_experts(cfg, "num_experts", "a Qwen-MoE config")
     out["moe_router_topk"] = _first_int(cfg, EXPERT_TOPK_KEYS, maximum=MAX_EXPERTS)
     out["moe_ffn_hidden_size"] = _int(cfg, "moe_intermediate_size")
     out["moe_layer_pattern"] = _qwen_moe_pattern(cfg, out["num_layers"])
@@ -391,7 +402,7 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out.update(swiglu=False, quick_geglu=True, add_bias_linear=True, add_qkv_bias=False)
     _experts(cfg, out)
     if out["num_experts"] is None:
-        raise PlannerInputError("config.json:num_local_experts", "missing; a gpt-oss config must give its experts")
+        raise _no_experts(cfg, "num_local_experts", "a gpt-oss config")
     out.update(_sliding_window(cfg, out["num_layers"]))
     limit = _non_negative(cfg, "swiglu_limit")
     if limit:
@@ -431,11 +442,16 @@ def _glm4_moe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                qk_layernorm=_bool(cfg, "use_qk_norm", False))
     experts = expert_count(cfg)
     if experts is None:
-        raise PlannerInputError("config.json:n_routed_experts", "missing; a GLM-4.5 config must give its experts")
+        raise _no_experts(cfg, "n_routed_experts", "a GLM-4.5 config")
     num_layers = out["num_layers"]
     moe_size = _int(cfg, "moe_intermediate_size", 1408)
     shared = _first_int(cfg, SHARED_COUNT_KEYS, 1, minimum=0, maximum=MAX_EXPERTS)
-    first_dense = _int(cfg, "first_k_dense_replace", 1, minimum=0, maximum=num_layers - 1)
+    first_dense = _int(cfg, "first_k_dense_replace", 1, minimum=0, maximum=MAX_LAYERS)
+    if first_dense >= num_layers:
+        given = cfg.get("first_k_dense_replace") is not None
+        stated = "" if given else " (Glm4MoeConfig's default: the key is left out or null)"
+        raise PlannerInputError("config.json:first_k_dense_replace", f"{first_dense}{stated} dense layers leave no MoE "
+                                f"layer of the num_hidden_layers {num_layers}; expected 0..{num_layers - 1}")
     pattern = tuple(int(i >= first_dense) for i in range(num_layers))
     out.update(num_experts=experts, moe_router_topk=_first_int(cfg, EXPERT_TOPK_KEYS, 8, maximum=MAX_EXPERTS),
                moe_ffn_hidden_size=moe_size, moe_shared_expert_intermediate_size=shared * moe_size or None,
@@ -460,8 +476,8 @@ def _glm_router(cfg: dict[str, Any], experts: int) -> dict[str, Any]:
                                 "ranks the experts of a group by their top 2 scores")
     if experts % groups or experts // groups < 2:
         raise PlannerInputError(
-            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: GLM's router splits the experts "
-            f"into n_group equal groups of 2 or more (it ranks a group by its top 2 scores), so n_group must divide "
+            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: GLM's router splits the "
+            f"experts into n_group equal groups of 2 or more (it ranks a group by its top 2 scores), so n_group must divide "
             f"{experts} and be at most {experts // 2}")
     if groups > 1:
         router["moe_router_num_groups"] = groups
@@ -484,7 +500,7 @@ def _olmoe(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     out = _common(cfg, name, "olmoe")
     experts = expert_count(cfg)
     if experts is None:
-        raise PlannerInputError("config.json:num_experts", "missing; an OLMoE config must give its experts")
+        raise _no_experts(cfg, "num_experts", "an OLMoE config")
     out.update(qk_layernorm=True, num_experts=experts, moe_ffn_hidden_size=out["ffn_hidden_size"],
                moe_router_topk=_first_int(cfg, EXPERT_TOPK_KEYS, 8, maximum=MAX_EXPERTS))
     if cfg.get("router_aux_loss_coef") is not None:
