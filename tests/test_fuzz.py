@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from tools.fuzz.cases import KINDS, Case, distinct, make_case
+from tools.fuzz.inputs import HF_CONFIGS
 from tools.fuzz.runner import _lost, _materialise, _protected, classify, run_cases
 
 CI_SEED = 13
@@ -32,6 +33,14 @@ def test_a_few_hundred_cases_of_every_kind_are_refused_cleanly_or_accepted():
     assert len(summary.outcomes) == len(cases)
     report = "\n".join(f"{o.verdict}: {o.case.describe()}\n    {o.detail[-400:]}" for o in summary.failures)
     assert not summary.failures, report
+
+
+def test_the_ci_sample_fuzzes_every_hf_config_family_including_glm_and_olmoe():
+    """The CI sample changes keys of a config of each family in tools/fuzz/inputs.py HF_CONFIGS, GLM-4.5 (glm4_moe)
+    and OLMoE among them, so that their readers' refusals run in CI."""
+    cases = [make_case(CI_SEED, i, CI_KINDS) for i in range(CI_CASES)]
+    families = {f for c in cases if c.kind == "hf-config" for f in HF_CONFIGS if c.what.startswith(f + ".")}
+    assert families == set(HF_CONFIGS) and {"glm4_moe", "olmoe"} <= families, families
 
 
 def test_distinct_leaves_out_the_repeats_of_an_earlier_case_only():

@@ -12,6 +12,7 @@ Case `i` of seed `s` is always the same case (`make_case(s, i)`), so every findi
 from __future__ import annotations
 
 import json
+import math
 import random
 import shlex
 from dataclasses import dataclass, replace
@@ -25,8 +26,8 @@ from tools.fuzz.inputs import (
     h800_profile_document, log_text,
 )
 from tools.fuzz.mutations import (
-    DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_FAMILY_KEYS, HF_INT_KEYS, LINK_FIELDS, MODEL_FIELDS, NAN, TEXT_VALUES,
-    TRAINING_FIELDS, FieldRule, document_mutations, to_json, to_yaml,
+    BIG_INT, DEVICE_FIELDS, FLOAT_VALUES, GROUP_FIELDS, HF_FAMILY_KEYS, HF_FAMILY_VALUES, HF_INT_KEYS, LINK_FIELDS,
+    MODEL_FIELDS, NAN, TEXT_VALUES, TRAINING_FIELDS, FieldRule, document_mutations, to_json, to_yaml,
 )
 from planner.profile_tables import TIME_FACTOR_RANGE
 from planner.schemas.types import MAX_GPUS, MAX_INT, MAX_LAYERS, PHYSICAL_RANGES
@@ -360,8 +361,31 @@ def hf_refused_between_fields(family: str, doc: dict) -> bool:
     return False
 
 
+HF_RELATED_KEYS: dict[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("first_k_dense_replace", "mlp_only_layers"),
+    "first_k_dense_replace": ("num_hidden_layers",),
+    "num_attention_heads": ("num_key_value_heads", "hidden_size", "head_dim"),
+    "num_key_value_heads": ("num_attention_heads",),
+    "hidden_size": ("num_attention_heads", "head_dim"),
+    **{key: ("num_experts_per_tok", "n_group") for key in HF_EXPERT_KEYS},
+    "num_experts_per_tok": HF_EXPERT_KEYS,
+    "n_group": ("n_routed_experts", "topk_group"),
+    "topk_group": ("n_group",),
+}
+"""The keys a refusal of a changed key may name instead: the other side of a rule between keys."""
+
+
+def _hf_key_names(key: str, value: object) -> tuple[str, ...]:
+    """What the refusal of `key` = `value` must name: `config.json:KEY` (or a related key's), the field as the
+    reader names it; a value JSON cannot hold (NaN, infinity, 5,000 digits) is refused as a document, by --model."""
+    if value == BIG_INT or (isinstance(value, float) and not math.isfinite(value)):
+        return ("--model", key)
+    return tuple(f"config.json:{k}" for k in (key, *HF_RELATED_KEYS.get(key, ())))
+
+
 def gen_hf_config(rng: random.Random) -> CaseParts:
-    """--model config.json: a HuggingFace config of one family with one key changed."""
+    """--model config.json: a HuggingFace config of one family with one key changed.  A refusal of a changed key
+    must name it as `config.json:KEY` (or a key it is checked against), not only the file or a Megatron field."""
     family = rng.choice(sorted(HF_CONFIGS))
     doc = json.loads(json.dumps(HF_CONFIGS[family]))
     r = rng.random()
@@ -370,6 +394,9 @@ def gen_hf_config(rng: random.Random) -> CaseParts:
     if r < 0.6:
         key = rng.choice(sorted(rules))
         value, label = rng.choice(rules[key].values())
+        if family in HF_FAMILY_VALUES and rng.random() < 0.3:
+            key, value, label = rng.choice(HF_FAMILY_VALUES[family])
+            rules = {**HF_INT_KEYS, **HF_FAMILY_KEYS[family]}
         doc[key] = value
         valid = rules[key].accepts(value)
         if value is None and key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
@@ -377,7 +404,7 @@ def gen_hf_config(rng: random.Random) -> CaseParts:
             valid = False
         if value is None and (family, key) == ("mixtral", "num_experts_per_tok"):
             valid = None  # MixtralConfig's default, 2
-        body, what, names = to_json(doc), f"{family}.{key} = {label}", (key,)
+        body, what, names = to_json(doc), f"{family}.{key} = {label}", _hf_key_names(key, value)
     elif r < 0.75:
         key, value, label = rng.choice((
             ("architectures", 5, "5"), ("architectures", "LlamaForCausalLM", "a string"), ("architectures", [5], "[5]"),
@@ -399,18 +426,19 @@ def gen_hf_config(rng: random.Random) -> CaseParts:
             valid = None  # other families ignore the key
         if key == "first_k_dense_replace" and family not in ("deepseek_v3", "glm4_moe"):
             valid = None
-        what, names = f"{family}.{key} = {label}", (key,)
+        what, names = f"{family}.{key} = {label}", _hf_key_names(key, value)
     else:
         body, what, valid, names = document_mutations(rng, doc, "json", {}, strict_keys=False)
+        names += ("config.json", "--model")
     if valid is None and r < 0.75 and hf_refused_between_fields(family, doc):
         valid = False
     files = {"hf/config.json": body}
     target = rng.choice(("{d}/hf/config.json", "{d}/hf"))
     if rng.random() < 0.05:
         files = {"hf/config.json/": b""}
-        valid, what, names = False, "config.json is a directory", ("config.json",)
+        valid, what, names = False, "config.json is a directory", ("config.json", "--model")
     argv = ("estimate", "--model", target, "--cluster", "H800:8")
-    return "hf-config:" + what, argv, files, valid, names + ("config.json", "--model"), None
+    return "hf-config:" + what, argv, files, valid, names, None
 
 
 HOSTILE_SCRIPT_LINES = (

@@ -193,7 +193,24 @@ HF_FAMILY_KEYS: dict[str, dict[str, FieldRule]] = {
         "num_experts_per_tok": FieldRule("int", 1, MAX_EXPERTS, optional=True),
         "router_aux_loss_coef": FieldRule("float", 0, None, optional=True),
         "clip_qkv": _POSITIVE,
+        "partial_rotary_factor": FieldRule("float", 0, 1, optional=True, low_open=True),
     },
+}
+HF_FAMILY_VALUES: dict[str, tuple[tuple[str, Any, str], ...]] = {
+    # (key, value, label): values at the edges of the rules between keys, which the generic ones rarely hit
+    "glm4_moe": (
+        ("n_group", 8, "8 (groups of one expert)"), ("n_group", 4, "4"), ("topk_group", 2, "2"),
+        ("n_routed_experts", 2, "2 (one per group)"), ("n_routed_experts", 4, "4"), ("num_hidden_layers", 1, "1"),
+        ("first_k_dense_replace", 3, "3"), ("first_k_dense_replace", 0, "0"), ("partial_rotary_factor", 1.5, "1.5"),
+        ("rope_theta", 1.5, "1.5"), ("num_experts_per_tok", None, "null (default 8)"),
+        ("num_experts_per_tok", 8, "8"), ("n_shared_experts", 0, "0"), ("n_shared_experts", None, "null (default 1)"),
+    ),
+    "olmoe": (
+        ("num_experts", 1, "1"), ("num_experts", 0, "0"), ("num_experts_per_tok", None, "null (default 8)"),
+        ("num_experts_per_tok", 9, "9"), ("router_aux_loss_coef", -0.01, "-0.01"), ("router_aux_loss_coef", 0, "0"),
+        ("clip_qkv", None, "null"), ("num_key_value_heads", 4, "4"), ("num_key_value_heads", 3, "3"),
+        ("partial_rotary_factor", 0.25, "0.25"), ("partial_rotary_factor", 2, "2"), ("rope_theta", 1e308, "1e308"),
+    ),
 }
 
 
