@@ -462,3 +462,22 @@ def test_hf_config_dropout_is_the_configs_and_is_written(tmp_path):
     bad.write_text(json.dumps({**MIXTRAL_8X7B, "attention_dropout": "high"}))
     res = CliRunner().invoke(main, ["estimate", "--model", str(bad), "--cluster", "H100:8"])
     assert res.exit_code == 2 and "bad.json:attention_dropout" in res.output, res.output
+
+
+def test_hf_deepseek_refuses_expert_groups_its_router_cannot_form():
+    """DeepseekV3TopkRouter (noaux_tc) views the 256 scores as n_group equal groups and ranks each by its top 2;
+    DeepseekV2MoEGate (group_limited_greedy) by its best: a remainder, or for V3 a group of one, cannot be formed, and
+    topk_group cannot exceed n_group (was: refused under Megatron's --moe-router-num-groups / group-topk, flags the
+    config does not have, or accepted)."""
+    for groups in (3, 256):
+        with pytest.raises(PlannerInputError) as exc:
+            model_from_hf_config({**DSV3, "n_group": groups, "topk_group": 1}, "x")
+        assert exc.value.field == "config.json:n_group" and "at most 128" in str(exc.value)
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**DSV3, "topk_group": 9}, "x")
+    assert exc.value.field == "config.json:topk_group" and "1..8" in str(exc.value)
+    v2 = {**DSV2_LITE, "topk_method": "group_limited_greedy", "n_group": 64, "topk_group": 8}  # 64 groups of one
+    assert model_from_hf_config(v2, "x").moe_router_num_groups == 64
+    with pytest.raises(PlannerInputError) as exc:
+        model_from_hf_config({**v2, "n_group": 5}, "x")
+    assert exc.value.field == "config.json:n_group" and "at most 64" in str(exc.value)

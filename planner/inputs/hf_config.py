@@ -553,6 +553,20 @@ _TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 routing without its groups or expert bias, so it is refused."""
 
 
+def _deepseek_groups(groups: int, experts: int, method: str) -> None:
+    """Group-limited routing as transformers runs it: DeepseekV2MoEGate (group_limited_greedy) views the scores as
+    `n_group` equal groups and ranks each by its best score, DeepseekV3TopkRouter (noaux_tc) by the sum of its top 2
+    (modeling_deepseek_v2.py / modeling_deepseek_v3.py, `scores.view(..., n_group, -1)`): n_group must divide the
+    experts, into groups of 2 or more for noaux_tc."""
+    smallest = 2 if method == "noaux_tc" else 1
+    if experts % groups or experts // groups < smallest:
+        ranked = "by the sum of its top 2 scores" if method == "noaux_tc" else "by its best score"
+        raise PlannerInputError(
+            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: topk_method {method!r} splits the "
+            f"experts into n_group equal groups{' of 2 or more' if smallest == 2 else ''} (it ranks a group {ranked}), "
+            f"so n_group must divide {experts} and be at most {experts // smallest}")
+
+
 def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """scoring_func, norm_topk_prob, group-limited routing (n_group / topk_group), the
     auxiliary-loss-free expert bias (topk_method noaux_tc) and routed_scaling_factor."""
@@ -564,8 +578,9 @@ def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]
     method = _choice(cfg, "topk_method", "greedy", _TOPK_METHODS)
     groups = _int(cfg, "n_group", None)
     if method in ("group_limited_greedy", "noaux_tc") and groups and groups > 1:
+        _deepseek_groups(groups, expert_count(cfg), method)
         router["moe_router_num_groups"] = groups
-        router["moe_router_group_topk"] = _int(cfg, "topk_group")
+        router["moe_router_group_topk"] = _int(cfg, "topk_group", maximum=groups)
     router["moe_router_enable_expert_bias"] = method == "noaux_tc"
     factor = _float(cfg, "routed_scaling_factor", 1.0)
     router["moe_router_topk_scaling_factor"] = factor if factor != 1.0 else None
