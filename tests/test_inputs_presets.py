@@ -476,8 +476,8 @@ def test_hf_deepseek_refuses_expert_groups_its_router_cannot_form():
     with pytest.raises(PlannerInputError) as exc:
         model_from_hf_config({**DSV3, "topk_group": 9}, "x")
     assert exc.value.field == "config.json:topk_group" and "1..8" in str(exc.value)
-    v2 = {**DSV2_LITE, "topk_method": "group_limited_greedy", "n_group": 64, "topk_group": 8}  # 64 groups of one
-    assert model_from_hf_config(v2, "x").moe_router_num_groups == 64
+    v2 = {**DSV2_LITE, "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3}  # as DeepSeek-V2's gate
+    assert model_from_hf_config(v2, "x").moe_router_num_groups == 8
     with pytest.raises(PlannerInputError) as exc:
         model_from_hf_config({**v2, "n_group": 5}, "x")
     assert exc.value.field == "config.json:n_group" and "at most 64" in str(exc.value)
