@@ -472,3 +472,47 @@ def test_text_only_bash_expands_where_flags_go_is_named(tmp_path):
     unread = [n for n in notes if "where flags go" in n]
     assert len(unread) == 1 and "$(cat $HERE/args.txt), ${EXTRA[@]} where" in unread[0], notes
     assert "not read nor priced" in unread[0] and "${CKPT}" not in unread[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# which of the --cluster SLURM_* values a reading may have seen (one read serves every cluster that gives the same)
+
+GEOMETRY_LAUNCH = "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --global-batch-size $GBS\n"
+
+
+@pytest.mark.parametrize("text, seen", [
+    ("GBS=64\n", []),  # nothing of the cluster's
+    ("GBS=$((SLURM_NNODES * 32))\n", ["SLURM_NNODES"]),
+    ('N=SLURM_NN; M="${N}ODES"; GBS=$((M * 32))\n', ["SLURM_NNODES"]),  # a name computed, then read
+    ('N=("${SLURM_NNODES[@]}"); GBS=$((N * 32))\n', ["SLURM_NNODES"]),  # read as an array
+    ('N=SLURM_GPUS_; V="${N}ON_NODE"; if [[ -v $V ]]; then GBS=64; else GBS=32; fi\n', ["SLURM_GPUS_ON_NODE"]),
+    ('P=SLURM; eval "GBS=\\$((\\${${P}_JOB_NUM_NODES:-1} * 32))"\n', ["SLURM_JOB_NUM_NODES"]),  # in an eval string
+    ("#SBATCH --nodes=2\nGBS=$((SLURM_NNODES * 32))\n", []),  # the script's own count, whatever the cluster
+])
+def test_cluster_reads_names_the_cluster_values_a_reading_may_have_seen(text, seen):
+    """`cluster_reads`: the SLURM_* values --cluster gives that the reading may have seen, named in its text or
+    looked up by a computed name, not those its own #SBATCH lines state; a reading that saw none of them is the
+    same on every cluster (reads_alike), so estimate reuses it on the GPUs the launch uses."""
+    from planner.inputs.cluster import parse_cluster
+    from planner.inputs.script import cluster_geometry, reads_alike
+    from planner.profile_tables import ProfileSet
+
+    profiles = ProfileSet.load()
+    whole, part, narrow = (parse_cluster(c, profiles) for c in ("H100:16", "H100:8", "H100:1x4"))
+    script = parse_launcher_script("#!/bin/bash\n" + text + GEOMETRY_LAUNCH, scheduler=cluster_geometry(whole))
+    assert script.cluster_reads == seen
+    assert reads_alike(script, whole, whole)
+    nodes_seen = bool({"SLURM_NNODES", "SLURM_JOB_NUM_NODES"} & set(seen))
+    assert reads_alike(script, whole, part) == (not nodes_seen)  # 2 nodes against 1 (8 GPUs each)
+    assert reads_alike(script, part, narrow) == (seen != ["SLURM_GPUS_ON_NODE"])  # 1 node of 8 GPUs against 4
+
+
+def test_cluster_reads_covers_every_variable_the_cluster_gives():
+    """CLUSTER_GEOMETRY_VARS, which the reader watches, are the names cluster_geometry gives."""
+    from planner.inputs.cluster import parse_cluster
+    from planner.inputs.script import cluster_geometry
+    from planner.inputs.shell.builtins import CLUSTER_GEOMETRY_VARS
+    from planner.profile_tables import ProfileSet
+
+    given = {v.name for v in cluster_geometry(parse_cluster("H100:16", ProfileSet.load()))}
+    assert given == set(CLUSTER_GEOMETRY_VARS)

@@ -54,7 +54,7 @@ from typing import Any, Iterable
 from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
-from planner.inputs.shell.builtins import SchedulerValue, sbatch_values
+from planner.inputs.shell.builtins import CLUSTER_GEOMETRY_VARS, SchedulerValue, sbatch_values
 from planner.inputs.shell.interp import (
     MAX_DEPTH, MAX_SCRIPT_BYTES, MAX_STEPS, BranchDecision, LaunchSite, Break, Continue, ScriptExit, Interp, Return,
 )
@@ -69,7 +69,7 @@ from planner.schemas.cluster import ClusterSpec
 FIELD = "--megatron-script"
 
 __all__ = [
-    "FIELD", "NON_GPT_ENTRIES", "SchedulerValue", "cluster_geometry", "scheduler_fix", "MAX_ARITH_CHARS", "MAX_DEPTH", "MAX_NESTING", "MAX_SCRIPT_BYTES", "MAX_STEPS", "BranchDecision",
+    "FIELD", "NON_GPT_ENTRIES", "SchedulerValue", "cluster_geometry", "reads_alike", "scheduler_fix", "MAX_ARITH_CHARS", "MAX_DEPTH", "MAX_NESTING", "MAX_SCRIPT_BYTES", "MAX_STEPS", "BranchDecision",
     "LaunchSite", "LauncherScript", "eval_arith", "parse_launcher_script", "read_launcher_script",
 ]
 
@@ -104,6 +104,8 @@ class LauncherScript:
     split_elements: list[tuple[str, str, str, int]] = field(default_factory=list)  # (where, array, element, words)
     job: dict[str, SchedulerValue] = field(default_factory=dict)  # the SLURM_* geometry the script's own #SBATCH
     # lines (or sbatch options) state where it launches, by name: what an srun that states no count takes
+    cluster_reads: list[str] = field(default_factory=list)  # the --cluster SLURM_* values the reading may have
+    # seen (`reads_alike`)
 
     @property
     def lines(self) -> list[str]:
@@ -279,7 +281,19 @@ def parse_launcher_script(
     _check_launch(launch, found)
     warnings = _warnings(launch, found, path_text)
     warnings += _other_launches(interp, stopped)
-    return _script_of(launch, found, text, path_text, given, warnings)
+    script = _script_of(launch, found, text, path_text, given, warnings)
+    script.cluster_reads = _cluster_reads(interp, geometry)
+    return script
+
+
+def _cluster_reads(interp: Interp, geometry: dict[str, SchedulerValue]) -> list[str]:
+    """The SLURM_* variables --cluster gives (CLUSTER_GEOMETRY_VARS) that the reading may have seen, whole script
+    included: looked up by name (a computed one too), or named in a text it read (the script, a file it sourced,
+    an eval, bash -c or $(...) string); those the script's own #SBATCH lines state are its own, whatever the
+    cluster."""
+    return sorted(name for name in CLUSTER_GEOMETRY_VARS
+                  if not (name in geometry and geometry[name].stated)
+                  and (name in interp.geometry_lookups or any(name in t for _, t in interp.sources)))
 
 
 def _run(interp: Interp, body: list, given: list[str]) -> str:
@@ -476,6 +490,14 @@ def cluster_geometry(cluster: ClusterSpec | None) -> list[SchedulerValue]:
         out += [SchedulerValue(n, gpn, f"{source} ({gpn} GPUs per node)", stated=False)
                 for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
     return out
+
+
+def reads_alike(script: LauncherScript, read_on: ClusterSpec | None, other: ClusterSpec | None) -> bool:
+    """Whether `script`, read as a job on `read_on`, reads the same as a job on `other` would: the SLURM_* values
+    the two clusters give are the same for each one the reading may have seen (`cluster_reads`).  The reading
+    depends on nothing else of the cluster."""
+    ours, theirs = ({v.name: v for v in cluster_geometry(c)} for c in (read_on, other))
+    return all(ours.get(name) == theirs.get(name) for name in script.cluster_reads)
 
 
 def read_launcher_script(path: str | Path, args: Iterable[str] | None = None, *,

@@ -424,6 +424,10 @@ class SchedulerValue:
     stated: bool = True
 
 
+# the SLURM_* variables the reader gives a job on --cluster (planner/inputs/script.py `cluster_geometry`): what a
+# reading of the script may take from the cluster it is read for
+CLUSTER_GEOMETRY_VARS = frozenset({"SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"})
+
 _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 _SBATCH_KEYS = {"-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks-per-node", "-n": "ntasks",
                 "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres", "-G": "gpus",

@@ -17,7 +17,7 @@ from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
 from planner.inputs.shell.builtins import (
-    SchedulerValue, basename_of, dirname_of, echo_text, expr_value, getopt_text, ifs_split, printf_text, read_fields,
+    CLUSTER_GEOMETRY_VARS, SchedulerValue, basename_of, dirname_of, echo_text, expr_value, getopt_text, ifs_split, printf_text, read_fields,
     sbatch_values, seq_words,
 )
 from planner.inputs.shell.lexer import ASSIGN_RE, NAME_RE, ArrayAssign, Lexer, Op, Part, Word, location
@@ -191,6 +191,8 @@ class Interp:
         self.scheduler_used: dict[str, str] = {}  # scheduler variable -> where its value was first read (file:line)
         self.scheduler_unset: dict[str, str] = {}  # scheduler variable read while unset -> where first (file:line)
         self.launch_defaults: dict[str, str] = {}  # scheduler variable unset here, read through its default -> where
+        self.geometry_lookups: set[str] = set()  # CLUSTER_GEOMETRY_VARS looked up by name, set or not (a computed
+        # name too: `$((N))` with N=SLURM_NNODES, `[[ -v $N ]]`)
         self.errexit = False  # set -e
         self.errexit_ignored = 0  # > 0 inside conditions and && / || lists, where set -e does not exit
         self._andor_tail = False  # the last && / || list ran its final command
@@ -247,6 +249,8 @@ class Interp:
             return "0", True
         if name == "BASH_SOURCE":
             return (self.path or "script.sh"), True
+        if name in CLUSTER_GEOMETRY_VARS:
+            self.geometry_lookups.add(name)
         var = self.vars.get(name)
         if var is None:
             return None, True
@@ -1456,6 +1460,8 @@ class _TestEval:
             raise _Unknown(f"tests a file on the machine that runs the script ({tok} {nxt})")
         if tok == "-v" and nxt is not None:
             self.i += 2
+            if nxt in CLUSTER_GEOMETRY_VARS:
+                self.interp.geometry_lookups.add(nxt)
             return nxt in self.interp.vars
         self.i += 1
         return tok != ""
