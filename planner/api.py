@@ -29,8 +29,8 @@ from planner.errors import (
 from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
 from planner.inputs.cluster import describe_cluster, domain_notes, parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
-from planner.inputs.resolve import read_script, resolve_run, script_override_flags
-from planner.inputs.script import LauncherScript
+from planner.inputs.resolve import read_script, resolve_run_script, script_override_flags
+from planner.inputs.script import LauncherScript, reads_alike
 from planner.inputs.script_gpus import script_gpus
 from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
@@ -60,25 +60,29 @@ from planner.user_plan import UserPlan, price_user_plan
 
 
 class Inputs(NamedTuple):
-    """A run, the cluster it runs on and the profiles that price it."""
+    """A run, the cluster it runs on and the profiles that price it; with the --megatron-script it was read from,
+    as read (once: the launcher files, the launch checks and the notes take it from here)."""
 
     run: MegatronRun
     cluster: ClusterSpec
     profiles: ProfileSet
+    script: LauncherScript | None = None
 
 
 def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, megatron_script=None,
                 script_args: Sequence[str] = (), overrides: dict | None = None, profile_dirs: Sequence[str] = (),
                 profiles: ProfileSet | None = None, moe_imbalance: float | None = None, allow_invalid: bool = False,
-                on_note: Callable[[str], None] | None = None, script_deadline: float | None = None) -> Inputs:
-    """Resolve (MegatronRun, ClusterSpec, ProfileSet) from the inputs as the CLI names them.
+                on_note: Callable[[str], None] | None = None, script_deadline: float | None = None,
+                script: LauncherScript | None = None) -> Inputs:
+    """Resolve (MegatronRun, ClusterSpec, ProfileSet, the LauncherScript) from the inputs as the CLI names them.
 
     `overrides`: {tp, pp, cp, ep, etp, vpp, mbs, gbs, seq, layout, recompute} (None values are
     ignored).  `profiles`: the profile set to use (loaded once by a caller that reads many inputs);
     by default the shipped one with `profile_dirs` on top.  The run lists in `assumed` the values no
     input stated (planner/inputs/assumed.py); what the input reader did not model goes to `on_note`,
     one line each (dropped when None).  `script_deadline` (time.monotonic()): reading a --megatron-script
-    stops there with an error naming the line it reached (the command's time limit)."""
+    stops there with an error naming the line it reached (the command's time limit).  `script`: the
+    --megatron-script already read as a job on `cluster` (load_estimate_inputs), not read again."""
     if moe_imbalance is not None and not (math.isfinite(moe_imbalance) and moe_imbalance >= 1.0):
         raise PlannerInputError(IMBALANCE_FLAG, f"expected a finite number >= 1 (max/mean tokens per expert), "
                                 f"got {moe_imbalance}")
@@ -88,10 +92,10 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     notes: list[str] = []
     try:
-        run = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                          script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean,
-                          notes=notes, allow_invalid=allow_invalid, cluster=cluster_spec,
-                          script_deadline=script_deadline)
+        run, script = resolve_run_script(
+            model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+            script_args=list(script_args or ()), world_size=cluster_spec.world_size, overrides=clean, notes=notes,
+            allow_invalid=allow_invalid, cluster=cluster_spec, script_deadline=script_deadline, script=script)
     except PlannerInputError as exc:
         raise _in_override_terms(exc, clean) from None
     check_world_overrides(run, cluster_spec, clean, profiles)
@@ -104,7 +108,7 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
         run = run.model_copy(update={"training": run.training.model_copy(
             update={"moe_imbalance_factor": float(moe_imbalance)})})
     run = imbalance_assumption(run, cluster_spec, profiles, user_profiles=bool(profile_dirs))
-    return Inputs(run, cluster_spec, profiles)
+    return Inputs(run, cluster_spec, profiles, script)
 
 
 def load_estimate_inputs(*, cluster: str | ClusterSpec, model=None, megatron_script=None,
@@ -114,10 +118,12 @@ def load_estimate_inputs(*, cluster: str | ClusterSpec, model=None, megatron_scr
     its own launch uses (its torchrun/srun/mpirun counts, on the first nodes of the cluster:
     planner/inputs/script_gpus.py), the global batch Megatron defaults to included; a launch the cluster cannot
     hold is refused.  Which GPUs are priced, where not the whole cluster or where the script states no count, goes
-    to `on_note`.  `options`: load_inputs' other keywords."""
+    to `on_note`.  The script is read once, as a job on the whole cluster; again as a job on the GPUs priced only
+    where the SLURM_* values it reads differ there (planner.inputs.script `reads_alike`).  `options`: load_inputs'
+    other keywords."""
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     whole = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster, profiles)
-    part = whole
+    part, script = whole, None
     if megatron_script is not None and model is None:  # with --model too, load_inputs refuses the pair
         script = read_script(megatron_script, script_args, cluster=whole,
                              deadline=options.get("script_deadline"))
@@ -126,7 +132,9 @@ def load_estimate_inputs(*, cluster: str | ClusterSpec, model=None, megatron_scr
         if gpus.note and on_note is not None:
             on_note(gpus.note)
     inputs = load_inputs(cluster=part, model=model, megatron_script=megatron_script, script_args=script_args,
-                         profile_dirs=profile_dirs, profiles=profiles, on_note=on_note, **options)
+                         profile_dirs=profile_dirs, profiles=profiles, on_note=on_note,
+                         script=script if script is not None and reads_alike(script, whole, part) else None,
+                         **options)
     return inputs, whole
 
 
@@ -489,13 +497,13 @@ def check_predictions(outcome: SolveOutcome, profiles: ProfileSet | None = None)
                          profiles.user_files if profiles is not None else ())
 
 
-def read_input_script(megatron_script: str, script_args: Sequence[str], megatron_args: str | None,
-                      overrides: dict, run: MegatronRun, cluster: ClusterSpec | None = None) -> LauncherScript:
-    """The input launcher, read with its own arguments as a job on `cluster` (as load_inputs read it);
-    the flags the launcher files apply on top of it (--megatron-args, a --seq override) ride along."""
-    return read_script(megatron_script, script_args,
-                       script_override_flags(megatron_args, overrides, run.model.max_position_embeddings),
-                       cluster=cluster)
+def input_script(inputs: Inputs, megatron_args: str | None, overrides: dict) -> LauncherScript | None:
+    """The input launcher as load_inputs read it (None: no --megatron-script), with the flags the launcher files
+    apply on top of it (--megatron-args, a --seq override) riding along."""
+    if inputs.script is None:
+        return None
+    extra = script_override_flags(megatron_args, overrides, inputs.run.model.max_position_embeddings)
+    return replace(inputs.script, extra_flags=extra)
 
 
 def input_plan(inputs: Inputs, megatron_script: str | None, megatron_args: str | None) -> Plan | None:
@@ -542,7 +550,7 @@ def estimate(inputs: Inputs, *, allow_invalid: bool = False, memory_headroom: fl
     """Price the configuration the run's flags give on its cluster, no search, with its iteration-time
     range and the memory headroom kept free.  A configuration Megatron would refuse is refused, naming the
     options behind the broken rules, unless `allow_invalid` (then each broken rule is a note)."""
-    run, cluster, profiles = inputs
+    run, cluster, profiles = inputs.run, inputs.cluster, inputs.profiles
     try:
         plan, notes = plan_from_run(run, cluster, profiles)
     except PlannerInputError:  # the flags' plan spans the whole cluster: a type that cannot run the precision is
@@ -557,7 +565,7 @@ def price_plan(inputs: Inputs, plan: Plan, notes: list[str], *, allow_invalid: b
                memory_headroom: float | None = None, saved: bool = False) -> Estimate:
     """`estimate`'s pricing of one plan of the run on its cluster: the flags' plan (checked with the flags that
     place it), or a `saved` plan file's (checked as itself, on the runtime it names: a FlagScale plan too)."""
-    run, cluster, profiles = inputs
+    run, cluster, profiles = inputs.run, inputs.cluster, inputs.profiles
     check_plan_precision(inputs, plan, saved, notes)  # before the rules: no precision, no run at all
     violations = check_plan(run.model, plan, run.training) if saved else run_violations(run, plan)
     if violations and not allow_invalid:
@@ -591,7 +599,7 @@ def check_plan_precision(inputs: Inputs, plan: Plan, saved: bool = False, notes:
     has no peak for it), --allow-invalid or not: PlannerInputError naming the stages (with `notes`' word on a
     stage that straddles two types), and what to do instead (the flags' plan spans the whole cluster: `solve`
     leaves such a type idle)."""
-    run, cluster, profiles = inputs
+    run, cluster, profiles = inputs.run, inputs.cluster, inputs.profiles
     precision = run.training.precision
     problems = precision_problems(plan, profiles, precision)
     if not problems:
@@ -609,7 +617,7 @@ def check_plan_precision(inputs: Inputs, plan: Plan, saved: bool = False, notes:
 def _flags_precision_error(inputs: Inputs, problems: list[str]) -> PlannerInputError:
     """The refusal of the flags' plan (which spans the whole cluster) on a cluster with types that do not run the
     run's precision: `problems`, and what to do instead."""
-    run, cluster, profiles = inputs
+    run, cluster, profiles = inputs.run, inputs.cluster, inputs.profiles
     precision = run.training.precision
     idle = precisions.left_out(cluster, profiles, precision)
     lacking = "+".join(idle)

@@ -180,9 +180,9 @@ def scaled_inputs(model: str, cluster_spec: str, profiles):
     """(run, cluster) read as the CLI reads them (planner.api.load_inputs), with the global batch
     scaled to the cluster (GBS_PER_GPU x GPUs) and sequence length SEQ_LENGTH."""
     cluster = parse_cluster(cluster_spec, profiles)
-    run, cluster, _ = load_inputs(model=model, cluster=cluster, profiles=profiles,
-                                  overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
-    return run, cluster
+    inputs = load_inputs(model=model, cluster=cluster, profiles=profiles,
+                         overrides={"gbs": GBS_PER_GPU * cluster.world_size, "seq": SEQ_LENGTH})
+    return inputs.run, inputs.cluster
 
 
 @dataclass(frozen=True)

@@ -419,7 +419,7 @@ def test_sequence_parallel_with_a_sequence_tp_does_not_divide():
                    "--seq")
     assert "seq_tp_sp" in line and "--sequence-parallel" in line
     for seq in (4096, 4095):  # the search space: TP 2 with 4096 (the control), never a TP*CP that 4095 leaves
-        run_, cluster, _ = load_inputs(model="mixtral-s", cluster="H800:16", overrides={"seq": seq})
+        run_, cluster, *_ = load_inputs(model="mixtral-s", cluster="H800:16", overrides={"seq": seq})
         gpn = {h: 8 for h in cluster.gpus_by_type()}
         tps = {(g.tp, g.cp) for g in enumerate_globals(run_.model, run_.training, cluster, SearchSpace(), gpn)}
         assert all(seq % (tp * cp) == 0 for tp, cp in tps) and ((2, 1) in tps) == (seq == 4096)

@@ -136,3 +136,69 @@ def test_estimate_prices_glm45_air_and_olmoe_from_their_config_json():
         assert out["model"] == name and out["parameters_total"] == total and out["iteration_time_s"] > 0
         assert out["plan"]["ep"] == 8 and out["world_size"] == int(cluster.split(":")[1])
         assert ("whole Q and K projections" in res.stderr) == (name.startswith("OLMoE"))
+
+
+# ------------------------------------------------------------------------------------------------
+# each command reads the script once
+
+ONE_NODE = """#!/bin/bash
+ARGS=(--num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048
+      --micro-batch-size 1 --global-batch-size 64 --lr 1e-4 --bf16 --tokenizer-type GPT2BPETokenizer
+      --vocab-file /v.json --merge-file /m.txt --data-path /d)
+torchrun --nnodes 1 --nproc_per_node 8 pretrain_gpt.py "${ARGS[@]}" --tensor-model-parallel-size 2
+"""
+
+
+def _reads(monkeypatch) -> list[str]:
+    """The scripts the launcher-script interpreter evaluates from here on (planner.inputs.script's entry point)."""
+    import planner.inputs.script as script_module
+
+    read, real = [], script_module.parse_launcher_script
+
+    def counted(text, **options):
+        read.append(str(options.get("path")))
+        return real(text, **options)
+
+    monkeypatch.setattr(script_module, "parse_launcher_script", counted)
+    return read
+
+
+def test_solve_reads_the_script_once_for_the_run_and_the_launcher(tmp_path, monkeypatch):
+    """solve --megatron-script --out: the run, the launch check, "your plan"'s note and launch.sh all come from one
+    evaluation of the script (it was evaluated twice: load_inputs, then again for the launcher)."""
+    read = _reads(monkeypatch)
+    code, output, out = _solve(tmp_path, "--megatron-args", "--lr 3e-4", "--seq", "1024", "--", "/my/ckpt")
+    assert code == 0, output
+    assert read == [str(tmp_path / "train.sh")]
+    argv = shlex.split((out / "launch" / "megatron_args.txt").read_text())  # the launcher has the script's flags,
+    assert argv[argv.index("--save") + 1] == "/my/ckpt"  # its arguments, and what rides on top of it
+    assert argv[argv.index("--lr") + 1] == "3e-4" and argv[argv.index("--seq-length") + 1] == "1024"
+
+
+def test_estimate_and_calibrate_read_the_script_once_where_it_reads_alike_on_the_gpus_priced(tmp_path, monkeypatch):
+    """estimate / calibrate --megatron-script on a cluster larger than the launch: the script is read once, as a
+    job on the whole cluster, and its 8 GPUs priced (it was read a second time, as a job on those 8 GPUs, which
+    reads the same where it uses no SLURM_* value of the cluster's).  A script that computes its batch from
+    SLURM_NNODES is still read as a job on the node priced (SLURM_NNODES=1: GBS 32, the note says so), a second
+    reading there."""
+    script = tmp_path / "one_node.sh"
+    script.write_text(ONE_NODE)
+    read = _reads(monkeypatch)
+    res = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", "H100:16", "--json"])
+    assert res.exit_code == 0, res.output
+    assert read == [str(script)]
+    assert "priced on those, the first node" in res.stderr
+    log = Path(__file__).parent / "data" / "logs" / "megatron_core018_minmax.log"
+    read.clear()
+    CliRunner().invoke(main, ["calibrate", "--megatron-log", str(log), "--megatron-script", str(script),
+                              "--cluster", "H100:16", "--out", str(tmp_path / "cal"), "--json"])
+    assert read == [str(script)]  # (the log is another run: refused after the reading)
+    geo = tmp_path / "geo.sh"
+    geo.write_text(ONE_NODE.replace("--global-batch-size 64", "--global-batch-size $((SLURM_NNODES * 32))"))
+    read.clear()
+    res = CliRunner().invoke(main, ["estimate", "--megatron-script", str(geo), "--cluster", "H100:16", "--json"])
+    assert res.exit_code == 0, res.output
+    assert read == [str(geo)] * 2
+    priced = json.loads(res.stdout)
+    assert priced["world_size"] == 8 and priced["num_microbatches"] == 32 // 4  # GBS 32 over DP 4 (TP 2), not 64
+    assert "SLURM_NNODES=1 (set by the scheduler when the job runs), from --cluster (1 nodes)" in res.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import estimate, load_inputs, make_space, price_input_plan, read_input_script, solve
+from planner.api import estimate, input_script, load_inputs, make_space, price_input_plan, solve
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
 from planner.launcher import render_launch_files
@@ -179,7 +179,7 @@ def test_a_decided_flag_given_again_is_written_once(tmp_path):
     out = solve(inputs.run, inputs.cluster, inputs.profiles, settings=SearchSettings(backend="hsdp", time_limit_s=20),
                 space=make_space(inputs.run, "megatron"))
     files = render_launch_files(inputs.run, out.plans[0], inputs.cluster,
-                                read_input_script(str(script), (), "--pipeline-model-parallel-size 4", {}, inputs.run))
+                                input_script(inputs, "--pipeline-model-parallel-size 4", {}))
     argv = args_of(files)
     assert argv.count("--pipeline-model-parallel-size") == 1
     assert argv[argv.index("--pipeline-model-parallel-size") + 1] == str(out.plans[0].pp)

@@ -371,7 +371,7 @@ def test_keep_yours_when_your_time_lies_within_our_range():
 def test_pessimistic_search_agrees_with_brute_force():
     """compare on a reduced preset, pruning off: hsdp, cpsat and brute force, all over tables built from the
     top of the range, find the same pessimistic optimum (within the tables' whole-microsecond quantisation)."""
-    run, cluster, profiles = load_inputs(model="mixtral-s", cluster="H800:4,A100:2", overrides={"gbs": 16})
+    run, cluster, profiles, *_ = load_inputs(model="mixtral-s", cluster="H800:4,A100:2", overrides={"gbs": 16})
     cut = run.model.model_validate({**run.model.model_dump(), "num_layers": 3, "moe_layer_pattern": None})
     run = run.model_copy(update={"model": cut})
     rows = compare_rows(run, cluster, profiles, runtime="megatron", backends=["hsdp", "cpsat", "brute"],

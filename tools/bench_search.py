@@ -141,7 +141,7 @@ def run_one(sc: Scenario) -> dict:
     profiles = ProfileSet.load()
     cl = parse_cluster(sc.cluster, profiles)
     overrides = {} if sc.gbs_per_gpu is None else {"gbs": sc.gbs_per_gpu * cl.world_size}
-    run, cl, _ = load_inputs(model=sc.model, cluster=cl, profiles=profiles, overrides=overrides)
+    run, cl, *_ = load_inputs(model=sc.model, cluster=cl, profiles=profiles, overrides=overrides)
     t0, c0 = time.perf_counter(), time.process_time()
     start = t_in if sc.time_limit_row else t0
     try:
@@ -234,7 +234,7 @@ def gap_table(time_limit_s: float) -> dict:
           f"{'time s':>7s}")
     out: dict[str, list[dict]] = {}
     for model, layers, cluster, gbs, runtime in GAP_CASES:
-        run, cl, _ = load_inputs(model=model, cluster=cluster, profiles=profiles, overrides={"gbs": gbs})
+        run, cl, *_ = load_inputs(model=model, cluster=cluster, profiles=profiles, overrides={"gbs": gbs})
         run = reduce_layers(run, layers)
         rows = compare_rows(run, cl, profiles, runtime=runtime, backends=["hsdp", "cpsat", "brute"],
                             time_limit_s=time_limit_s, delta=0.2, no_prune=True)
@@ -267,7 +267,7 @@ def anytime_run(model: str, cluster: str, gbs: int | None, limit_s: float) -> di
     t_in = time.perf_counter()
     load = os.getloadavg()[0]
     profiles = ProfileSet.load()
-    run, cl, _ = load_inputs(model=model, cluster=cluster, profiles=profiles,
+    run, cl, *_ = load_inputs(model=model, cluster=cluster, profiles=profiles,
                              overrides={} if gbs is None else {"gbs": gbs})
     curve: list[list[float | None]] = []
 
@@ -343,7 +343,7 @@ def weak_run(cluster: str, limit_s: float) -> dict:
     start = time.perf_counter()
     profiles = ProfileSet.load()
     cl = parse_cluster(cluster, profiles)
-    run, cl, _ = load_inputs(model="mixtral-l", cluster=cl, profiles=profiles, overrides={"gbs": 16 * cl.world_size})
+    run, cl, *_ = load_inputs(model="mixtral-l", cluster=cl, profiles=profiles, overrides={"gbs": 16 * cl.world_size})
     choice = runtime_choice("auto", cl, profiles, run)
     settings = SearchSettings(time_limit_s=limit_s, deadline=start + limit_s)
     out = solve(run, cl, profiles, settings=settings, space=make_space(run, choice.runtime.name), choice=choice)
@@ -367,7 +367,7 @@ def infeasible_run(model: str, cluster: str, backend: str, limit_s: float) -> di
     """One solve that should find nothing fits: wall seconds from reading the inputs, and its outcome."""
     start = time.perf_counter()
     profiles = ProfileSet.load()
-    run, cl, _ = load_inputs(model=model, cluster=cluster, profiles=profiles)
+    run, cl, *_ = load_inputs(model=model, cluster=cluster, profiles=profiles)
     settings = SearchSettings(backend=backend, time_limit_s=limit_s, deadline=start + limit_s)
     try:
         solve(run, cl, profiles, settings=settings, space=make_space(run, "megatron"))

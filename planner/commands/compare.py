@@ -80,11 +80,12 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     Exit status 1 when the results contradict each other (a backend's lower bound above another's plan)."""
     budget = Budget.start(time_limit_s)  # reading the inputs counts too
     with reading_within(budget):
-        run, cluster_spec, profiles = load_inputs(
+        inputs = load_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
             profile_dirs=profile_dirs, overrides={"gbs": gbs, "seq": seq, "mbs": mbs}, script_args=script_args,
             on_note=note_printer(), script_deadline=budget.reading_deadline_monotonic(),
         )
+    run, cluster_spec, profiles = inputs.run, inputs.cluster, inputs.profiles
     if layers is not None:
         run = reduce_layers(run, layers)
     backends = compare_backends(run, cluster_spec, brute)

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from planner.api import (
-    OBJECTIVES, check_predictions, hosts_notes, input_plan, load_inputs, make_space, price_input_plan,
-    read_input_script, runtime_choice, solve,
+    OBJECTIVES, check_predictions, hosts_notes, input_plan, input_script, load_inputs, make_space, price_input_plan,
+    runtime_choice, solve,
 )
 from planner.inputs.hosts import check_hosts_cover, read_hosts
 from planner.launcher import refuse_unlaunchable_inputs
@@ -106,9 +106,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
             script_args=script_args, on_note=note_printer(quiet), script_deadline=budget.reading_deadline_monotonic(),
             allow_invalid=True,  # the plan replaces the input's degrees; a refusal Megatron would give is a note
         )
-        script = read_input_script(megatron_script, script_args, megatron_args, {"seq": seq}, inputs.run,
-                                   inputs.cluster) \
-            if megatron_script else None
+    script = input_script(inputs, megatron_args, {"seq": seq})  # the script as load_inputs read it
     if script is not None:  # a launch that is not one rank on each GPU: refused as estimate and calibrate refuse it
         check_launch(script)
     hosts = None

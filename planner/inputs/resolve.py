@@ -4,6 +4,7 @@ plus CLI overrides (`--tp 2 --pp 2 ...`).  Returns a validated MegatronRun."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -268,7 +269,12 @@ def _split_args(megatron_args: str | list[str]) -> list[str]:
     return list(megatron_args)
 
 
-def resolve_run(
+def resolve_run(**options: Any) -> MegatronRun:
+    """The run of resolve_run_script (its keywords), without the script."""
+    return resolve_run_script(**options)[0]
+
+
+def resolve_run_script(
     *,
     model: str | None = None,
     megatron_args: str | list[str] | None = None,
@@ -280,9 +286,11 @@ def resolve_run(
     allow_invalid: bool = False,
     cluster: ClusterSpec | None = None,
     script_deadline: float | None = None,
-) -> MegatronRun:
+    script: LauncherScript | None = None,
+) -> tuple[MegatronRun, LauncherScript | None]:
     """Read the run from one source (--model, --megatron-args, or --megatron-script with
-    --megatron-args as overrides on top), apply `overrides` (keys: OVERRIDE_KEYS), and validate.
+    --megatron-args as overrides on top), apply `overrides` (keys: OVERRIDE_KEYS), and validate; with the
+    --megatron-script as read (its `extra_flags` the --megatron-args), None for another source.
 
     A missing global batch size becomes Megatron's default mbs*DP when `world_size` is known; a
     MoE model with TP>1 gets sequence parallelism (Megatron requires it).  What was assumed or
@@ -292,7 +300,8 @@ def resolve_run(
 
     `cluster`: the script is read as a job on it (SLURM_* node counts where it has no #SBATCH lines);
     `script_deadline` (time.monotonic()): reading the script stops there (the command's time limit).
-    A flag the script gets wrong is fixed by an override: --gbs/--mbs/--seq and --megatron-args replace
+    `script`: the --megatron-script already read as a job on `cluster` (planner.inputs.script `reads_alike`), not
+    read again.  A flag the script gets wrong is fixed by an override: --gbs/--mbs/--seq and --megatron-args replace
     the script's own value before it is read; a flag error names what in the script made the value."""
     sources = [n for n, v in (("--model", model), ("--megatron-args", megatron_args), ("--megatron-script", megatron_script)) if v is not None]
     combined = sources == ["--megatron-args", "--megatron-script"]
@@ -308,7 +317,7 @@ def resolve_run(
         world_size = _positive_int("world-size", world_size)
     sink = notes if notes is not None else []
     flags: list[str] = []
-    script = None
+    given_script, script = script, None
     if model is not None:
         draft, source, source_name = _draft_from_model(model)
     elif megatron_script is None:
@@ -319,7 +328,8 @@ def resolve_run(
         extra = _split_args(megatron_args) if megatron_args is not None else []
         name = name_from_path(Path(megatron_script).stem, "--megatron-script",
                               "the model's name comes from the script's file name")
-        script = read_script(megatron_script, script_args, extra, cluster=cluster, deadline=script_deadline)
+        script = read_script(megatron_script, script_args, extra, cluster=cluster, deadline=script_deadline) \
+            if given_script is None else replace(given_script, extra_flags=list(extra))
         sink.extend(script.warnings)
         flags = _script_flags(script, extra, overrides or {})
         try:
@@ -342,7 +352,7 @@ def resolve_run(
     sink.extend(n for n in draft.notes if n not in sink)
     assumed = input_assumptions(run, source=source, source_name=source_name, stated_training=stated_training,
                                 stated_model=stated_model, flags=flags, overrides=overrides)
-    return run.model_copy(update={"assumed": assumed})
+    return run.model_copy(update={"assumed": assumed}), script
 
 
 def _apply_script_environment(draft: RunDraft, script: LauncherScript) -> list[str]:
