@@ -26,6 +26,12 @@
 No HS-DP code runs under this backend; HS-DP (solver_models/hsdp.py, --backend hsdp) is the
 independent reference CI compares it with.
 
+First plan (planner/search/first_plan.py): while the shapes are priced and no plan exists, the first shapes
+priced are laid out at once, so that a search cut short holds a plan within milliseconds.  Those plans stay
+apart from the search's (they move no cut-off, bound or counter) and join them only when the search is cut
+short or ends with none (`_adopt_first_plans`, checked against the search's bounds as any plan is), so a search
+that runs to its end returns exactly what it returned without them.
+
 Self-check (`_check`): every plan the search finds (seeds, roundings, exact solves) is held against the
 bounds the search claims for its configuration (its shape's screen bound; its pipeline block's value
 while it is unsettled there).  A plan below one proves that bound false: the result then claims neither
@@ -55,6 +61,7 @@ from planner.cost.model import CostModel
 from planner.runtime import runtime_of
 from planner.schemas.search import GlobalChoice
 from planner.search.explain import explain_infeasible, time_limit_error
+from planner.search.first_plan import FirstPlans
 from planner.search.prices import PriceBook
 from planner.search.screening import Configurations, plan_from_solution
 from planner.search.seeds import SEED_SHARE, UNPROVABLE_SEED_SHARE, Seeds
@@ -232,6 +239,8 @@ class BendersSearch:
         self.contradictions: list[str] = []
         self.notes: list[str] = []
         self.clock = ProgressClock(PROGRESS_EVERY_S)
+        self.first = FirstPlans(self)  # the plans found while the shapes are priced, apart from the search's
+        self.screened = False  # whether the screen has bounded the shapes (before: no bound, nothing closed)
         self.stats: dict[str, Any] = {
             "status": "UNKNOWN", "objective_s": None, "bound_s": None, "wall_s": 0.0, "branches": 0,
             "variables": {}, "constraints": {}, "master_solves": 0, "subproblems": 0, "rows": 0, "rows_left_out": 0,
@@ -253,7 +262,8 @@ class BendersSearch:
         the queue empties (proven) or the time limit passes."""
         budget = self.deadline - self.t0
         self.unscreened = 0
-        if not self.book.price_master(self.t0 + PRICING_SHARE * budget):
+        priced_by = self.t0 + PRICING_SHARE * budget
+        if not self.book.price_master(priced_by, lambda key: self._first_plan(key, priced_by)):
             self.timed_out = True
             self.unscreened = len(self.book.shapes) - len(self.book.master)
             self.unscreened_configs = sum(sh.size for k, sh in self.book.shapes.items() if k not in self.book.master)
@@ -263,6 +273,7 @@ class BendersSearch:
         self.screen_bound = {key: theta for theta, key in self.screen_order}
         self.queue = [(theta, k, key, None) for k, (theta, key) in enumerate(self.screen_order)]
         heapq.heapify(self.queue)
+        self.screened = True
         self._seq = len(self.queue)
         self._seed()
         while self.queue:
@@ -293,6 +304,29 @@ class BendersSearch:
             self._report("searching")
         self.proven = not self.timed_out and not self.unscreened
         return self._result()
+
+    def _first_plan(self, key: tuple, until: float) -> None:
+        """A shape just priced: with no plan yet, a first plan from it (planner/search/first_plan.py), shown
+        at once."""
+        if not self.first.wanted:
+            return
+        self.first.shape_priced(key, until)
+        best = self.first.best()
+        if best is not None:
+            self._report("pricing", best.g.label(), force=True)
+
+    def _adopt_first_plans(self) -> None:
+        """A search cut short, or one that found no plan: the plans found while pricing join its own (after
+        them on ties), each held against the bounds the search claims (_check).  A search that proved the
+        space holds no plan is contradicted by one."""
+        if not self.first.plans or (self.cands and self.proven):
+            return
+        if self.proven:
+            self.contradictions.append(f"a plan of {self.first.plans[0][0].g.label()} was found while the shapes "
+                                       "were priced, but the search proved the space holds none")
+        for cand, t_us in self.first.plans:
+            self._note_plan(cand.g, t_us)
+            self._keep(cand)
 
     def _seed(self) -> None:
         """Good plans before the exact search (planner/search/seeds.py), within SEED_SHARE of the time left;
@@ -626,18 +660,26 @@ class BendersSearch:
         """Keep a plan of G among the best (one per configuration, the better), and check it against the
         bounds the search claims for G (_check)."""
         obj = from_us(sol.objective_us) / g.vpp
-        t_us = sol.objective_us / g.vpp
+        self._note_plan(g, sol.objective_us / g.vpp)
+        if any(c.g == g and c.objective_s <= obj for c in self.cands):
+            return
+        plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
+        self._keep(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
+                             bound_s=bound_s(sol.bound_us, g.vpp), options=list(tables.options), stages=sol.stages))
+
+    def _note_plan(self, g: GlobalChoice, t_us: float) -> None:
+        """A plan of G taking t_us on its tables: the least per configuration, held against its bounds (_check)."""
         known = self.plan_us.setdefault(self.book.key(g), {})
         if t_us < known.get(g, math.inf):
             known[g] = t_us
             self._check(g, t_us)
-        if any(c.g == g and c.objective_s <= obj for c in self.cands):
+
+    def _keep(self, cand: Candidate) -> None:
+        """One plan per configuration among the best (the better; the one kept first on ties)."""
+        if any(c.g == cand.g and c.objective_s <= cand.objective_s for c in self.cands):
             return
-        self.cands = [c for c in self.cands if c.g != g]
-        plan = plan_from_solution(g, tables, sol.stages, self.cost.training.global_batch_size)
-        self.cands.append(Candidate(g=g, objective_s=obj, plan=plan, backend="cpsat", status=sol.status,
-                                    bound_s=bound_s(sol.bound_us, g.vpp), options=list(tables.options),
-                                    stages=sol.stages))
+        self.cands = [c for c in self.cands if c.g != cand.g]
+        self.cands.append(cand)
         self.cands.sort(key=lambda c: c.objective_s)
         del self.cands[self.settings.top_k * 4:]
 
@@ -663,15 +705,18 @@ class BendersSearch:
             return
         now = time.perf_counter()
         total = self.stats["configs_total"]
-        best = self.cands[0].objective_s if self.cands else None
-        best_plan = self.cands[0].plan if self.cands else None
-        known = not (self.unscreened or self.contradictions)
+        # the best plan so far: the search's, or one found while pricing (the search's on a tie)
+        top = min(self.cands[:1] + [c for c, _ in self.first.plans], key=lambda c: c.objective_s, default=None)
+        best = top.objective_s if top else None
+        best_plan = top.plan if top else None
+        known = self.screened and not (self.unscreened or self.contradictions)
         bound = self._open_bound_us() if known else None
         if best is not None and known:
             bound = best * 1e6 if bound is None else min(bound, best * 1e6)
         if bound is not None:
             bound = self._shown_bound_us = max(bound, self._shown_bound_us or bound)
-        self.progress(ProgressEvent(done=total if phase == "done" and self.proven else self._closed(), total=total,
+        done = total if phase == "done" and self.proven else self._closed() if self.screened else 0
+        self.progress(ProgressEvent(done=done, total=total,
                                     solved=self.stats["stage_solves"], elapsed_s=now - self.t0, best_s=best,
                                     bound_s=None if bound is None else bound * 1e-6, phase=phase, config=config,
                                     best_plan=best_plan))
@@ -721,6 +766,7 @@ class BendersSearch:
         return sum(s.size for s in self.book.shapes.values() if self.pruning.cp_pruned(self.cost.model, s.base))
 
     def _result(self) -> SearchResult:
+        self._adopt_first_plans()
         self._report("done", force=True)
         if not self.cands:
             if self.timed_out:

@@ -30,6 +30,7 @@ import itertools
 import math
 import time
 from dataclasses import replace
+from typing import Callable
 
 from planner.cost.model import CostModel, recomputed_layer_count
 from planner.errors import SearchTimeLimitError
@@ -116,9 +117,10 @@ class PriceBook:
         return fillable(tuple(sorted({o.dp for o in opts if o.device_type == h})), units)
 
     # ---- the degree master's prices: what every recompute setting shares ----
-    def price_master(self, deadline: float) -> bool:
+    def price_master(self, deadline: float, priced: Callable[[tuple], None] | None = None) -> bool:
         """Price every shape for the degree master (least time per layer: no recompute; most room:
-        the least activations a recompute setting keeps); False if `deadline` passed first."""
+        the least activations a recompute setting keeps); False if `deadline` passed first.  `priced`: called
+        with each shape's key once it is priced (its time not counted in pricing_s)."""
         t0 = time.perf_counter()
         rooms = [r for r in self.settings if r is not None and r.granularity != "none"]
         roomiest = FULL if rooms or self.flagscale else NONE
@@ -148,6 +150,10 @@ class PriceBook:
                     self._units(base, o.device_type, options),
                     room=_room(room, len(self.groups), 0.0, None, 0.0))
             self.master[key] = row
+            if priced is not None:
+                t1 = time.perf_counter()
+                priced(key)
+                t0 += time.perf_counter() - t1
         self.pricing_s += time.perf_counter() - t0
         return True
 

@@ -96,12 +96,13 @@ class Seeds:
                 if self.search.cands and b >= self.search.cands[0].objective_s * 1e6:
                     break  # no configuration of this shape or any later one beats the best plan
                 shape = self.book.shapes[key]
-                best = self._sweep(shape, [(_settings(shape)[-1], v) for v in sorted({v for _, v in shape.pipelines})])
+                most = shape_settings(shape)[-1]
+                best = self._sweep(shape, [(most, v) for v in sorted({v for _, v in shape.pipelines})])
                 if best is not None:
                     found.append((*best, key))
             for _, g, key in sorted(found, key=lambda f: f[0]):
                 shape = self.book.shapes[key]
-                self._sweep(shape, [(r, g.vpp) for r in _settings(shape)[:-1]])
+                self._sweep(shape, [(r, g.vpp) for r in shape_settings(shape)[:-1]])
         except (DeadlinePassed, _OutOfTime):
             pass
         try:
@@ -191,7 +192,7 @@ class Seeds:
         tables = self._tables(g)
         self.priced += 1
         best = None
-        for allowed in _sequences(tables):
+        for allowed in sequences(tables):
             plan = rounded_plan(tables, allowed)
             if plan is not None:
                 obj = self._offer(g, tables, plan)
@@ -226,7 +227,7 @@ class Seeds:
             raise _OutOfTime
 
 
-def _settings(shape) -> list:
+def shape_settings(shape) -> list:
     """A shape's recompute settings, the ladder's order, the last fitting anywhere: megatron's most recompute;
     flagscale's None (each stage none or full on its own) after its shared selective modes."""
     return [r for r in shape.recomputes if r is not None] + [None] * (None in shape.recomputes)
@@ -236,7 +237,7 @@ class _OutOfTime(Exception):
     """The seeding's share of the time is spent."""
 
 
-def _sequences(t: StageTables) -> list[list[list[int]]]:
+def sequences(t: StageTables) -> list[list[list[int]]]:
     """Stage-option sequences to lay out at the tables' PP: each device type's stages in one
     block (the slowest types first, then the fastest first), as many stages per type as its share of
     the cluster's throughput (units x layers per second of one stage) gives, and near it.  A type's

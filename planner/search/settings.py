@@ -63,7 +63,7 @@ class ProgressEvent(Mapping):
     elapsed_s: float
     best_s: float | None
     bound_s: float | None
-    phase: str  # enumerating | screening | certifying | seeding | searching | stage | done
+    phase: str  # enumerating | screening | certifying | pricing | seeding | searching | stage | done
     config: str = ""
     best_plan: Plan | None = None  # the plan of best_s
 

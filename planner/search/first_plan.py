@@ -1,0 +1,139 @@
+"""--backend cpsat: a first plan while the shapes are priced (FirstPlans).
+
+Pricing every shape for the degree master (planner/search/prices.py PriceBook.price_master) comes before the
+seeds and the Benders loop (planner/search/certify.py) and takes most of a large space's time before its first
+plan (2,702 shapes and about 3 s on a 12-layer MoE over 72 GPUs).  With no plan yet, each shape just priced (up
+to FIRST_PLAN_SHAPES) is tried at once: its most recompute (the likeliest to fit) at its least VPP, the deepest
+FIRST_PLAN_TRIES pipelines whose tables hold a layout that fits, laid out by the seeds' rounding heuristic
+(planner/search/seeds.py), or, when rounding places none, a short exact stage solve of the first; then the
+best of those at each other recompute setting.  The first shape that gives a plan ends it.
+
+Those plans are kept apart (`plans`): they change nothing the search does (its plans, cut-offs, bounds, tables of
+tight bounds, counters), and join its plans only when it is cut short or ends with none
+(BendersSearch._adopt_first_plans), so a search that runs to its end returns exactly what it returned without
+them.  They prove nothing.  Not under --prune (the pruned space a plan may leave), as the seeds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from planner.schemas.search import GlobalChoice
+from planner.search.screening import plan_from_solution
+from planner.search.seeds import sequences, shape_settings
+from planner.search.settings import Candidate
+from solver_models.base import SolverSettings
+from solver_models.cpsat.model import solve_cpsat
+from solver_models.fitting import has_fitting_layout
+from solver_models.rounding import rounded_plan
+from solver_models.scaling import from_us
+from solver_models.tables import DeadlinePassed, StageTables
+
+# with no plan yet: at most this many shapes are tried as they are priced ...
+FIRST_PLAN_SHAPES = 32
+# ... each at most this many pipelines (the deepest whose tables hold a layout that fits)
+FIRST_PLAN_TRIES = 3
+# the exact stage solve when rounding places no layout gets at most this long
+FIRST_PLAN_SOLVE_S = 0.5
+
+
+class FirstPlans:
+    """The plans found while the shapes are priced (module docstring), apart from the search's."""
+
+    def __init__(self, search):  # a planner.search.certify.BendersSearch (which imports this module)
+        self.search = search
+        self.plans: list[tuple[Candidate, float]] = []  # (plan, its iteration time on its tables, us)
+        self.shapes_tried = 0
+        self.deadline = search.deadline
+
+    @property
+    def wanted(self) -> bool:
+        return not self.plans and self.shapes_tried < FIRST_PLAN_SHAPES and not self.search.pruning.restricts
+
+    def best(self) -> Candidate | None:
+        return min((c for c, _ in self.plans), key=lambda c: c.objective_s, default=None)
+
+    def shape_priced(self, key: tuple, until: float) -> None:
+        """A shape just priced: with no plan yet, try it (module docstring) until `until` (time.perf_counter())."""
+        if not self.wanted or not self.search.book.master.get(key):
+            return  # a plan already, or none of the shape's layers fits any stage
+        self.shapes_tried += 1
+        self.deadline = min(self.search.deadline, until)
+        try:
+            found = self._deepest(key)
+            if found is not None:
+                found = self._other_settings(key, found)
+        except DeadlinePassed:
+            return
+        if found is not None:
+            self.plans.append(found)
+
+    # ---- which configurations ----
+    def _deepest(self, key: tuple) -> tuple[Candidate, float] | None:
+        """The most recompute at the least VPP, the deepest FIRST_PLAN_TRIES pipelines that fit: the best
+        rounded plan, or the first's exact stage solve when rounding placed none."""
+        shape = self.search.book.shapes[key]
+        vpp = min(v for _, v in shape.pipelines)
+        rc = shape_settings(shape)[-1]
+        fitting: list[tuple[GlobalChoice, StageTables]] = []
+        for pp in sorted((p for p, v in shape.pipelines if v == vpp), reverse=True):
+            if len(fitting) >= FIRST_PLAN_TRIES:
+                break
+            g = shape.choice(pp, vpp, rc)
+            tables = self._tables(g)
+            if has_fitting_layout(tables):
+                fitting.append((g, tables))
+        found = _least([self._rounded(g, t) for g, t in fitting])
+        if found is None and fitting:
+            found = self._solved(*fitting[0])
+        return found
+
+    def _other_settings(self, key: tuple, found: tuple[Candidate, float]) -> tuple[Candidate, float]:
+        """The found plan's pipeline at each other recompute setting of its shape, rounded: the best."""
+        shape = self.search.book.shapes[key]
+        g = found[0].g
+        tried = [found]
+        for rc in shape_settings(shape)[:-1]:
+            h = shape.choice(g.pp, g.vpp, rc)
+            tables = self._tables(h)
+            if has_fitting_layout(tables):
+                tried.append(self._rounded(h, tables))
+        return _least(tried)
+
+    # ---- plans ----
+    def _rounded(self, g: GlobalChoice, tables: StageTables) -> tuple[Candidate, float] | None:
+        """G laid out by the rounding heuristic over the seeds' stage-type sequences: the best plan."""
+        best = None
+        for allowed in sequences(tables):
+            stages = rounded_plan(tables, allowed)
+            if stages is not None:
+                best = _least([best, self._candidate(g, tables, stages, tables.plan_objective_us(stages))])
+        return best
+
+    def _solved(self, g: GlobalChoice, tables: StageTables) -> tuple[Candidate, float] | None:
+        """G's exact stage solve, no upper bound, within FIRST_PLAN_SOLVE_S: its plan (proven or not)."""
+        limit = min(FIRST_PLAN_SOLVE_S, self.deadline - time.perf_counter())
+        if limit <= 0:
+            raise DeadlinePassed
+        sol = solve_cpsat(tables, upper_bound_us=None, settings=SolverSettings(
+            time_limit_s=limit, num_workers=self.search.settings.num_workers, deadline=self.deadline))
+        if sol is None or not sol.stages:
+            return None
+        return self._candidate(g, tables, sol.stages, sol.objective_us)
+
+    def _candidate(self, g: GlobalChoice, tables: StageTables, stages: list, objective_us: float
+                   ) -> tuple[Candidate, float]:
+        plan = plan_from_solution(g, tables, stages, self.search.cost.training.global_batch_size)
+        return (Candidate(g=g, objective_s=from_us(objective_us) / g.vpp, plan=plan, backend="cpsat",
+                          status="FEASIBLE", bound_s=0.0, options=list(tables.options), stages=list(stages)),
+                objective_us / g.vpp)
+
+    def _tables(self, g: GlobalChoice) -> StageTables:
+        if time.perf_counter() > self.deadline:
+            raise DeadlinePassed
+        return self.search._tables(g, exact=True)
+
+
+def _least(found: list[tuple[Candidate, float] | None]) -> tuple[Candidate, float] | None:
+    """The plan of least objective (the first on ties)."""
+    return min((f for f in found if f is not None), key=lambda f: f[0].objective_s, default=None)
