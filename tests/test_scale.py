@@ -81,7 +81,7 @@ def test_flagscale_seeds_mix_stage_dps_to_fill_an_awkward_count():
     checker accepts (it did not run on FlagScale before)."""
     from planner.checker import plan_problems
     from planner.search.certify import BendersSearch
-    from planner.search.seeds import Seeds, _sequences
+    from planner.search.seeds import Seeds, sequences
     from planner.search.settings import SearchSettings
 
     cm = reduced_cost_model("mixtral-s", 2, "H800:24,MI300X:24", 32)
@@ -92,7 +92,7 @@ def test_flagscale_seeds_mix_stage_dps_to_fill_an_awkward_count():
     shape = bs.book.shapes[(1, 1, 8, 1, 16)]
     tables = bs._tables(shape.choice(4, 1, None), exact=True)
     pairs = []  # the DPs of a type's stages, for every type with two stages in a sequence
-    for seq in _sequences(tables):
+    for seq in sequences(tables):
         per_type: dict[str, list[int]] = {}
         for options in seq:
             opt = tables.options[options[0]]
