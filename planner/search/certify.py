@@ -263,6 +263,7 @@ class BendersSearch:
         budget = self.deadline - self.t0
         self.unscreened = 0
         priced_by = self.t0 + PRICING_SHARE * budget
+        self.first.since = time.perf_counter()
         if not self.book.price_master(priced_by, lambda key: self._first_plan(key, priced_by)):
             self.timed_out = True
             self.unscreened = len(self.book.shapes) - len(self.book.master)
@@ -307,13 +308,10 @@ class BendersSearch:
 
     def _first_plan(self, key: tuple, until: float) -> None:
         """A shape just priced: with no plan yet, a first plan from it (planner/search/first_plan.py), shown
-        at once."""
+        at once (the better ones its other recompute settings give at the next event)."""
         if not self.first.wanted:
             return
-        self.first.shape_priced(key, until)
-        best = self.first.best()
-        if best is not None:
-            self._report("pricing", best.g.label(), force=True)
+        self.first.shape_priced(key, until, lambda: self._report("pricing", self.first.best().g.label(), force=True))
 
     def _adopt_first_plans(self) -> None:
         """A search cut short, or one that found no plan: the plans found while pricing join its own (after
@@ -448,12 +446,9 @@ class BendersSearch:
     def _screen_shapes(self) -> list[tuple[int, tuple]]:
         """Every shape with its screen bound (us), least first; shapes none of whose layers fit
         are left out (counted as infeasible)."""
-        lv, book = self.levels, self.book
-        vpps = lv.domains[lv.vpp] if lv.vpp else (1,)
         out = []
-        for key, row in book.master.items():
-            m = lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in MICROBATCH_SCOPE))
-            bound = shape_bound_us(row, book.classes, book.groups, int(m), vpps) if m and row else None
+        for key in self.book.master:
+            bound = self._screen_bound_us(key)
             if bound is None:
                 self.stats["shapes_infeasible"] = self.stats.get("shapes_infeasible", 0) + 1
                 continue
@@ -461,6 +456,14 @@ class BendersSearch:
         out.sort()
         self.stats["shapes_screened"] = len(out)
         return out
+
+    def _screen_bound_us(self, key: tuple) -> int | None:
+        """A priced shape's screen bound (us); None when none of its layers fit."""
+        lv, book = self.levels, self.book
+        row = book.master[key]
+        vpps = lv.domains[lv.vpp] if lv.vpp else (1,)
+        m = lv.microbatches(*(v for f, v in zip(lv.shape, key) if f in MICROBATCH_SCOPE))
+        return shape_bound_us(row, book.classes, book.groups, int(m), vpps) if m and row else None
 
     def _settings_below(self, key: tuple) -> list[int]:
         """The recompute settings of a shape whose screen bound, with their own prices, is below
