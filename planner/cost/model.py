@@ -58,26 +58,12 @@ END_PARTS = ("embedding", "logits_loss", "mtp_proj")
 
 
 @dataclass(frozen=True)
-class StageCore:
-    """The neighbour- and index-independent part of a stage (see CostModel.stage_core): per-micro-batch
-    times without pipeline sends, per-iteration sync and optimizer step, per-GPU memory without the
-    in-flight activations."""
+class StageMemory:
+    """What one GPU of a stage holds, but for the activations of the micro-batches in flight (its index fixes how
+    many: CostModel.inflight_microbatches): the memory part of a StageCore, which CostModel.stage_memory gives
+    without pricing the stage's time (the same numbers: StageCore holds these fields).  The fit check of a stage
+    holding `inflight` micro-batches is `fits_at(inflight)`; StageCost.fits is it at the stage's own count."""
 
-    device_type: str
-    num_layers: int
-    dp: int
-    recompute: str
-    micro_batch_size: int
-    forward_s: float
-    backward_s: float  # includes recompute
-    compute_s: float  # fwd + bwd + recompute compute, per micro-batch
-    recompute_s: float
-    tp_comm_s: float
-    cp_comm_s: float
-    ep_comm_s: float
-    dp_comm_s: float  # exposed, per iteration
-    optimizer_s: float  # per iteration
-    iteration_overhead_s: float  # fixed host time per iteration (kernels.py ITERATION_HOST_S, calibrated)
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
@@ -90,14 +76,9 @@ class StageCore:
     capacity_bytes: float  # what the plan may use: device memory less the memory headroom
     # what the allocator reserves beyond the allocated peak: (its cache over the activations, a share:
     # memory.allocator_cache_fraction; the bytes it reserves anew for the unfused loss's FP32 logits:
-    # memory.loss_reserved_bytes); one field, for the reason ep_hidden_s gives
+    # memory.loss_reserved_bytes); one field, for the reason StageCore.ep_hidden_s gives
     allocator_cache: tuple[float, float]
     recorded_cache_share: float  # of the free memory a long run's recorded reserved peak fills (memory.py)
-    parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
-    # (forward, backward) EP seconds per micro-batch the EP overlap hid in the schedule's paired steps, which its
-    # unpaired steps pay (CostModel.stage); one field, not two: 30 instance attributes or more cost CPython its
-    # key-sharing dict, 5x the memory of each of the ~10^5 cores a search keeps
-    ep_hidden_s: tuple[float, float]
 
     @property
     def cache_fraction(self) -> float:
@@ -133,19 +114,70 @@ class StageCore:
         return self.act_per_microbatch_bytes * (1.0 + self.cache_fraction)
 
     @property
+    def static_bytes(self) -> float:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes
+                + self.unitemised_bytes + self.other_bytes)
+
+    # the peak with `inflight` micro-batches in flight: StageCost's properties of the same names at its own count
+
+    def activations_bytes_at(self, inflight: float) -> float:
+        return inflight * self.act_per_microbatch_bytes + self.fixed_act_bytes
+
+    def allocated_bytes_at(self, inflight: float) -> float:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes_at(inflight)
+                + self.unitemised_bytes)
+
+    def reserved_bytes_at(self, inflight: float) -> float:
+        activations = self.activations_bytes_at(inflight)
+        return self.allocated_bytes_at(inflight) + self.cache_fraction * activations + self.loss_reserved_bytes
+
+    def memory_bytes_at(self, inflight: float) -> float:
+        return self.reserved_bytes_at(inflight) + self.other_bytes
+
+    def fits_at(self, inflight: float) -> bool:
+        return self.memory_bytes_at(inflight) <= self.capacity_bytes
+
+
+@dataclass(frozen=True)
+class StageCore(StageMemory):
+    """The neighbour- and index-independent part of a stage (see CostModel.stage_core): per-micro-batch
+    times without pipeline sends, per-iteration sync and optimizer step, per-GPU memory without the
+    in-flight activations (its StageMemory fields)."""
+
+    device_type: str
+    num_layers: int
+    dp: int
+    recompute: str
+    micro_batch_size: int
+    forward_s: float
+    backward_s: float  # includes recompute
+    compute_s: float  # fwd + bwd + recompute compute, per micro-batch
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    dp_comm_s: float  # exposed, per iteration
+    optimizer_s: float  # per iteration
+    iteration_overhead_s: float  # fixed host time per iteration (kernels.py ITERATION_HOST_S, calibrated)
+    parts: tuple[tuple[str, float], ...]  # forward + backward seconds per micro-batch by mechanism (TIME_PARTS)
+    # (forward, backward) EP seconds per micro-batch the EP overlap hid in the schedule's paired steps, which its
+    # unpaired steps pay (CostModel.stage); one field, not two: 30 instance attributes or more cost CPython its
+    # key-sharing dict, 5x the memory of each of the ~10^5 cores a search keeps
+    ep_hidden_s: tuple[float, float]
+
+    @property
     def time_s(self) -> float:
         """Per-micro-batch forward + backward (of a StageCost: the t_i of the schedule formula)."""
         return self.forward_s + self.backward_s
 
     @property
-    def static_bytes(self) -> float:
-        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.fixed_act_bytes
-                + self.unitemised_bytes + self.other_bytes)
-
-    @property
     def sync_s(self) -> float:
         """Per iteration, after the pipeline: exposed DP sync, optimizer step and the fixed host time."""
         return self.dp_comm_s + self.optimizer_s + self.iteration_overhead_s
+
+
+_MEMORY_FIELDS = tuple(f.name for f in fields(StageMemory))
+_CORE_FIELDS = tuple(f.name for f in fields(StageCore))
 
 
 @dataclass(frozen=True)
@@ -168,7 +200,7 @@ class StageCost(StageCore):
         the next stage taking `send_out_s` and `fill_out_s` of that boundary in the pipeline's fill, the
         interleaved schedule's stall (forward, backward seconds: `CostModel.chunk_stall`) and the EP communication
         the schedule's unpaired steps leave exposed (forward, backward seconds: `CostModel.ep_unpaired`)."""
-        fields_of_core = {f.name: getattr(core, f.name) for f in fields(StageCore)}
+        fields_of_core = {name: getattr(core, name) for name in _CORE_FIELDS}
         extra = (("chunk_stall", sum(stall)),) if any(stall) else ()
         extra += (("ep_comm", sum(ep_unpaired)),) if any(ep_unpaired) else ()
         fields_of_core.update(forward_s=core.forward_s + stall[0] + ep_unpaired[0] + pp_comm_s / 2,
@@ -180,15 +212,14 @@ class StageCost(StageCore):
 
     @property
     def activations_bytes(self) -> float:
-        return self.inflight_microbatches * self.act_per_microbatch_bytes + self.fixed_act_bytes
+        return self.activations_bytes_at(self.inflight_microbatches)
 
     @property
     def allocated_bytes(self) -> float:
         """What torch's allocator holds at the peak (Megatron's `mem-max-allocated`, torch.cuda.max_memory_allocated):
         weights, gradients, optimizer state, activations and what these terms leave out (unitemised_bytes); not the
         context and the communicator buffers."""
-        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.unitemised_bytes)
+        return self.allocated_bytes_at(self.inflight_microbatches)
 
     @property
     def reserved_bytes(self) -> float:
@@ -197,7 +228,7 @@ class StageCost(StageCore):
         which are allocated and freed every micro-batch; weights, gradients and optimizer state sit in buffers
         allocated once; on the last stage under the unfused loss, one more FP32 copy of a micro-batch's logits per
         loss head (loss_reserved_bytes)."""
-        return self.allocated_bytes + self.cache_fraction * self.activations_bytes + self.loss_reserved_bytes
+        return self.reserved_bytes_at(self.inflight_microbatches)
 
     @property
     def recorded_reserved_bytes(self) -> float:
@@ -213,7 +244,7 @@ class StageCost(StageCore):
     def memory_bytes(self) -> float:
         """The device memory the stage needs at its peak: what the allocator reserves and the memory outside it
         (context, communicator buffers).  The fit check compares it with the capacity."""
-        return self.reserved_bytes + self.other_bytes
+        return self.memory_bytes_at(self.inflight_microbatches)
 
     @property
     def memory_gib(self) -> float:
@@ -221,7 +252,7 @@ class StageCost(StageCore):
 
     @property
     def fits(self) -> bool:
-        return self.memory_bytes <= self.capacity_bytes
+        return self.fits_at(self.inflight_microbatches)
 
     @property
     def fits_device(self) -> bool:
@@ -440,6 +471,8 @@ class CostModel:
         self.profiles: ProfileSet = profiles
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
+        self._memory_cache: dict = {}  # StageMemory by the core's key (stage_memory)
+        self._context_cache: dict[str, float] = {}
         self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
         self._corr_cache: dict = {}
         self._link_cache: dict = {}
@@ -481,6 +514,14 @@ class CostModel:
         if hit is None:
             hit = {k: self.profiles.correction(device, k) for k in TIME_CORRECTION_KINDS}
             self._corr_cache[device] = hit
+        return hit
+
+    def _context_bytes(self, device_type: str) -> float:
+        """The process context on one GPU of `device_type` (its memory_overhead_gib with its correction), memoised."""
+        hit = self._context_cache.get(device_type)
+        if hit is None:
+            hit = self._context_cache[device_type] = _memory_overhead_gib(self.profiles, self.device(device_type)) \
+                * GIB_BYTES
         return hit
 
     def kernels(self, device_type: str) -> Kernels:
@@ -609,13 +650,30 @@ class CostModel:
         """`stage_core` of a stage whose decoder layers have the kinds `kinds` (True: MoE), in order, wherever
         the model has such a range or not (the search's bounds price stages of one kind and many layers)."""
         kinds = tuple(kinds)
-        key = (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.sequence_parallel, g.pp > 1,
-               device_type, dp, recompute.label, kinds, is_first, is_last)
+        key = _core_key(g, device_type, dp, recompute, kinds, is_first, is_last)
         hit = self._core_cache.get(key)
         if hit is None:
             hit = self._stage_core(g, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute,
                                    is_first=is_first, is_last=is_last)
             self._core_cache[key] = hit
+        return hit
+
+    def stage_memory(
+        self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,
+        is_first: bool, is_last: bool,
+    ) -> StageMemory:
+        """The memory fields of `stage_core` (the same numbers) without pricing the stage's time: what a fit check
+        needs.  Memoised by the same key; `stage_core` takes its memory from here."""
+        return self._memory_of_kinds(g, device_type, self._layer_is_moe[start:end], dp, recompute, is_first, is_last)
+
+    def _memory_of_kinds(self, g: GlobalShape, device_type: str, kinds: tuple[bool, ...], dp: int,
+                         recompute: Recompute, is_first: bool, is_last: bool) -> StageMemory:
+        key = _core_key(g, device_type, dp, recompute, kinds, is_first, is_last)
+        hit = self._memory_cache.get(key)
+        if hit is None:
+            hit = self._memory_cache[key] = self._stage_memory(g, device_type=device_type, kinds=kinds, dp=dp,
+                                                               recompute=recompute, is_first=is_first,
+                                                               is_last=is_last)
         return hit
 
     def stage_mbs(self, g: GlobalShape, dp: int) -> int:
@@ -626,41 +684,54 @@ class CostModel:
                     recompute: Recompute, is_first: bool, is_last: bool) -> "StageCore":
         """A stage = its decoder layers (with recompute) + its ends (embedding; logits, loss and MTP)
         + the parameters it holds (memory, gradient sync, optimizer step)."""
-        dev = self.device(device_type)
+        memory = self._memory_of_kinds(g, device_type, kinds, dp, recompute, is_first, is_last)
         stage_mbs = self.stage_mbs(g, dp)
         lay = self._stage_layers(g, device_type, dp, stage_mbs, kinds, recompute)
         ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
         params = self._stage_params(g, kinds, dp, is_first, is_last)
         fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
         dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
-        pb = self.param_bytes
-        optimizer_s = self.kernels(device_type).memory_s(params.shard * pb.optimizer_step_moved)
-        groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
-                                tied_embedding_stage=(is_first or is_last)
-                                and not self.model.untie_embeddings_and_output_weights)
+        optimizer_s = self.kernels(device_type).memory_s(params.shard * self.param_bytes.optimizer_step_moved)
         return StageCore(
+            **{name: getattr(memory, name) for name in _MEMORY_FIELDS},
             device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
             micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
             recompute_s=lay.recompute_s, tp_comm_s=lay.tp_s + ends.tp_s, cp_comm_s=lay.cp_s + ends.cp_s,
             ep_comm_s=lay.ep_s + ends.ep_s, dp_comm_s=dp_s, optimizer_s=optimizer_s,
             iteration_overhead_s=self.kernels(device_type).iteration_host_s,
-            weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
-            grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
-            optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay.act_per_mb + ends.act_per_mb,
-            fixed_act_bytes=lay.transient + ends.transient, unitemised_bytes=UNITEMISED_ALLOCATED_GIB * GIB_BYTES,
-            context_bytes=_memory_overhead_gib(self.profiles, dev) * GIB_BYTES,
-            comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
-            capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
-            allocator_cache=(allocator_cache_fraction(self.training.expandable_segments), ends.loss_reserved),
-            recorded_cache_share=recorded_cache_share(self.model),
             parts=_merge_parts(lay.parts, ends.parts),
             ep_hidden_s=(lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s, lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s),
         )
 
+    def _stage_memory(self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int,
+                      recompute: Recompute, is_first: bool, is_last: bool) -> StageMemory:
+        """What one GPU of the stage holds: its parameters' weights, gradients and optimizer state, its decoder
+        layers' and its ends' activations, the context and the communicator buffers."""
+        dev = self.device(device_type)
+        stage_mbs = self.stage_mbs(g, dp)
+        lay_act, lay_transient = self._layers_memory(g, device_type, dp, stage_mbs, kinds, recompute)
+        ends_act, ends_transient, loss_reserved = self._ends_memory(g, device_type, dp, stage_mbs, is_first, is_last)
+        params = self._stage_params(g, kinds, dp, is_first, is_last)
+        pb = self.param_bytes
+        groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
+                                tied_embedding_stage=(is_first or is_last)
+                                and not self.model.untie_embeddings_and_output_weights)
+        return StageMemory(
+            weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
+            grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
+            optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay_act + ends_act,
+            fixed_act_bytes=lay_transient + ends_transient, unitemised_bytes=UNITEMISED_ALLOCATED_GIB * GIB_BYTES,
+            context_bytes=self._context_bytes(device_type),
+            comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
+            capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
+            allocator_cache=(allocator_cache_fraction(self.training.expandable_segments), loss_reserved),
+            recorded_cache_share=recorded_cache_share(self.model),
+        )
+
     def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
                       recompute: Recompute) -> "_Part":
-        """The stage's decoder layers, per micro-batch: forward, backward with recompute, and the
-        activations each in-flight micro-batch keeps.  Counts per layer kind make this O(1) in the layers."""
+        """The stage's decoder layers, per micro-batch: forward, backward with recompute (their activations:
+        `_layers_memory`).  Counts per layer kind make this O(1) in the layers."""
         n = len(kinds)
         counts = {False: n - sum(kinds), True: sum(kinds)}
         full = _recomputed_full_layers(recompute, n, g.vpp)
@@ -690,15 +761,10 @@ class CostModel:
             gather_s, scatter_s = self._fsdp_layer_s(g, device_type, dp, kind)
             fsdp_gather += cnt * gather_s
             fsdp_scatter += cnt * scatter_s
-            out.act_per_mb += nf * c.act_bytes(c.activations.layer_input)
-            out.transient = max(out.transient, c.transient_bytes)
             if recompute.granularity == "selective":
                 extra = sum(c.module_fwd_s.get(mod, 0.0) for mod in recompute.modules)
                 out.recompute_s += rest * extra
                 out.compute_s += rest * extra
-                out.act_per_mb += rest * c.act_bytes(c.activations.after_selective(recompute.modules))
-            else:
-                out.act_per_mb += rest * c.act_bytes(c.activations.total)
         out.bwd_s += out.recompute_s
         out.add("recompute", out.recompute_s)
         if fsdp_gather or fsdp_scatter:  # Megatron-FSDP: prefetched behind the stage's compute, the excess exposed
@@ -706,17 +772,42 @@ class CostModel:
             out.fwd_s += exposed[0]
             out.bwd_s += exposed[1]
             out.add("fsdp_comm", exposed[0] + exposed[1])
+        return out
+
+    def _layers_memory(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
+                       recompute: Recompute) -> tuple[float, float]:
+        """The stage's decoder layers' activation bytes: (what each in-flight micro-batch keeps, with recompute;
+        the buffers alive once: the largest layer's transient, and under full recompute a recomputed chunk's full
+        activations)."""
+        n = len(kinds)
+        counts = {False: n - sum(kinds), True: sum(kinds)}
+        n_full = {False: 0, True: 0}
+        for j in _recomputed_full_layers(recompute, n, g.vpp):
+            n_full[kinds[j]] += 1
+        act_per_mb = transient = 0.0
+        for kind in (False, True):
+            if not counts[kind]:
+                continue
+            c = self.layer(g, device_type, dp, stage_mbs, kind)
+            nf, rest = n_full[kind], counts[kind] - n_full[kind]
+            act_per_mb += nf * c.act_bytes(c.activations.layer_input)
+            transient = max(transient, c.transient_bytes)
+            if recompute.granularity == "selective":
+                act_per_mb += rest * c.act_bytes(c.activations.after_selective(recompute.modules))
+            else:
+                act_per_mb += rest * c.act_bytes(c.activations.total)
         if recompute.granularity == "full" and kinds:
             # during a recomputed chunk's backward its layers' full activations exist at once
             chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
             layers = [self.layer(g, device_type, dp, stage_mbs, kd) for kd in set(kinds)]
             worst = max(c.act_bytes(c.activations.total) for c in layers)
-            out.transient += chunk * worst
-        return out
+            transient += chunk * worst
+        return act_per_mb, transient
 
     def _stage_ends(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_first: bool,
                     is_last: bool) -> "_Part":
-        """The embedding on the first stage; the output layer, loss and MTP layers on the last."""
+        """The embedding on the first stage; the output layer, loss and MTP layers on the last (their activations:
+        `_ends_memory`)."""
         model = self.model
         k = self.kernels(device_type)
         act = self.training.activation_bytes
@@ -730,9 +821,6 @@ class CostModel:
             out.bwd_s += emb
             out.compute_s += 2 * emb
             out.add("embedding", 2 * emb)
-            out.act_per_mb += t_g / sp * h * act  # embedding output kept per in-flight micro-batch
-            if self.training.hidden_dropout:
-                out.act_per_mb += t_g / sp * h  # the embedding dropout's 1-byte mask
         if not is_last:
             return out
         vocab_local = model.padded_vocab_size(g.tp) / g.tp
@@ -744,11 +832,6 @@ class CostModel:
         out.bwd_s += heads * (GEMM_BWD_OVER_FWD * logit_s + ce_s)
         out.compute_s += heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s)
         out.add("logits_loss", heads * ((1 + GEMM_BWD_OVER_FWD) * logit_s + 2 * ce_s))
-        # the logits of one micro-batch, and the FP32 copy each loss head's cross-entropy saves for its backward: the
-        # output layer's and each MTP depth's are alive together from the last loss's forward to the first backward
-        # (memory.loss_reserved_bytes cites where Megatron makes and saves them)
-        out.transient += t_g * vocab_local * (act + 4 * heads)
-        out.loss_reserved = loss_reserved_bytes(self.training, tokens=t_g, vocab_local=vocab_local, heads=heads)
         if model.mtp_num_layers:
             # each MTP depth: one more decoder layer (of the last layer's kind) and a 2h -> h projection
             mtp = self.layer(g, device_type, dp, stage_mbs, self._layer_is_moe[-1])
@@ -766,8 +849,35 @@ class CostModel:
             for name, sec in mtp.parts.items():
                 out.add(name, d * sec)
             out.add("mtp_proj", d * (1 + GEMM_BWD_OVER_FWD) * proj_s)
-            out.act_per_mb += d * (mtp.act_bytes(mtp.activations.total) + 2 * t_g / sp * h * act)
         return out
+
+    def _ends_memory(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_first: bool,
+                     is_last: bool) -> tuple[float, float, float]:
+        """The stage ends' bytes: (activations each in-flight micro-batch keeps, the buffers alive once, what the
+        allocator reserves anew for the unfused loss's FP32 logits: reserved, not allocated, memory.py)."""
+        model = self.model
+        act = self.training.activation_bytes
+        t_g = stage_mbs * model.seq_length / g.cp
+        sp = g.tp if g.sequence_parallel and g.tp > 1 else 1
+        h = model.hidden_size
+        act_per_mb = transient = loss_reserved = 0.0
+        if is_first:
+            act_per_mb += t_g / sp * h * act  # embedding output kept per in-flight micro-batch
+            if self.training.hidden_dropout:
+                act_per_mb += t_g / sp * h  # the embedding dropout's 1-byte mask
+        if not is_last:
+            return act_per_mb, transient, loss_reserved
+        vocab_local = model.padded_vocab_size(g.tp) / g.tp
+        heads = 1 + model.mtp_num_layers
+        # the logits of one micro-batch, and the FP32 copy each loss head's cross-entropy saves for its backward: the
+        # output layer's and each MTP depth's are alive together from the last loss's forward to the first backward
+        # (memory.loss_reserved_bytes cites where Megatron makes and saves them)
+        transient += t_g * vocab_local * (act + 4 * heads)
+        loss_reserved = loss_reserved_bytes(self.training, tokens=t_g, vocab_local=vocab_local, heads=heads)
+        if model.mtp_num_layers:  # each MTP depth: one more decoder layer (of the last layer's kind)
+            mtp = self.layer(g, device_type, dp, stage_mbs, self._layer_is_moe[-1])
+            act_per_mb += model.mtp_num_layers * (mtp.act_bytes(mtp.activations.total) + 2 * t_g / sp * h * act)
+        return act_per_mb, transient, loss_reserved
 
     def _stage_params(self, g: GlobalShape, kinds: tuple[bool, ...], dp: int, is_first: bool,
                       is_last: bool) -> "_Params":
@@ -992,6 +1102,21 @@ class CostModel:
         return chunk_stall_layers(num_layers, g.vpp, g.pp) / num_layers if num_layers else 0.0
 
     # ---- a plan ----
+    def fits(self, plan: Plan, stages: list[int] | None = None) -> bool:
+        """`evaluate(plan).fits` from the stages' memory alone (stage_memory: the same numbers and the same fit
+        check, StageMemory.fits_at), without pricing their time: a screen for the plans that cannot fit.  `stages`:
+        whether those stages (indices) fit."""
+        g = GlobalShape.of(plan)
+        last = plan.pp - 1
+        for i, (sp, (start, end)) in enumerate(zip(plan.stages, plan.layer_ranges())):
+            if stages is not None and i not in stages:
+                continue
+            memory = self.stage_memory(g, device_type=sp.device_type, start=start, end=end, dp=sp.dp,
+                                       recompute=sp.recompute, is_first=i == 0, is_last=i == last)
+            if not memory.fits_at(self.inflight_microbatches(g, i)):
+                return False
+        return True
+
     def evaluate(self, plan: Plan) -> PlanCost:
         g = GlobalShape.of(plan)
         offsets = type_offsets([(sp.device_type, plan.tp * plan.cp * sp.dp) for sp in plan.stages])
@@ -1047,7 +1172,7 @@ class CostModel:
 
 @dataclass
 class _Part:
-    """Seconds per micro-batch and activation bytes of a piece of a stage (layers, or its ends)."""
+    """Seconds per micro-batch of a piece of a stage (layers, or its ends)."""
 
     fwd_s: float = 0.0
     bwd_s: float = 0.0
@@ -1058,9 +1183,6 @@ class _Part:
     ep_s: float = 0.0
     ep_hidden_fwd_s: float = 0.0  # what --overlap-moe-expert-parallel-comm hid, in a step pairing fwd and bwd
     ep_hidden_bwd_s: float = 0.0
-    act_per_mb: float = 0.0
-    transient: float = 0.0
-    loss_reserved: float = 0.0  # reserved, not allocated: the unfused loss's FP32 logits segment (memory.py)
     parts: dict = field(default_factory=dict)  # forward + backward seconds by mechanism
 
     def add(self, name: str, seconds: float) -> None:
@@ -1154,6 +1276,13 @@ def chunk_stall_layers(num_layers: int, vpp: int, pp: int) -> float:
     if vpp <= 1 or pp < 2 or num_layers % vpp == 0:
         return 0.0
     return max(0.0, 1.0 - (num_layers // vpp + 2) / pp)
+
+
+def _core_key(g: GlobalShape, device_type: str, dp: int, recompute: Recompute, kinds: tuple[bool, ...],
+              is_first: bool, is_last: bool) -> tuple:
+    """What a StageCore (and its StageMemory) depends on: the memo key of both."""
+    return (g.tp, g.cp, g.ep, g.etp, g.vpp, g.mbs, g.dp0, g.sequence_parallel, g.pp > 1,
+            device_type, dp, recompute.label, kinds, is_first, is_last)
 
 
 def type_offsets(stages: list[tuple[str, int]]) -> list[int]:
