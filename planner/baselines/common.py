@@ -151,9 +151,14 @@ def build_plan(*, tp: int, cp: int, ep: int, etp: int, mbs: int, gbs: int, dp: i
     upstream Megatron-LM, or FlagScale when the job spans vendors (profiles/runtimes.yaml); the runtime's
     rules (rule_problems) then refuse what it cannot run."""
     return Plan(runtime=runtime, tp=tp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
-                sequence_parallel=tp > 1,
-                stages=tuple(StagePlan(device_type=h, num_layers=n, dp=dp, recompute=recompute)
-                             for h, n in zip(types, layers)))
+                sequence_parallel=tp > 1, stages=tuple(stage_plan(h, n, dp, recompute) for h, n in zip(types, layers)))
+
+
+@lru_cache(maxsize=4096)
+def stage_plan(device_type: str, num_layers: int, dp: int, recompute: Recompute) -> StagePlan:
+    """One StagePlan per distinct stage (frozen, so plans share it): the enumerations build plans by the ten
+    thousand, most of whose stages are alike."""
+    return StagePlan(device_type=device_type, num_layers=num_layers, dp=dp, recompute=recompute)
 
 
 def rule_problems(model: ModelSpec, plan: Plan, run: MegatronRun) -> list[str]:
@@ -194,15 +199,14 @@ def price_members(cost: CostModel, plan: Plan, members: list[tuple[str, ...]]) -
     slow = [max(ms, key=lambda h: speed[h]) for ms in members]
     priced = plan.model_copy(update={"stages": tuple(s.model_copy(update={"device_type": slow[i]})
                                                      for i, s in enumerate(plan.stages))})
-    pc = cost.evaluate(priced)
-    if not pc.fits:
+    if not cost.fits(priced):  # the memory alone: a plan that cannot fit is not priced
         return None
+    pc = cost.evaluate(priced)
     for h in {h for i in mixed for h in members[i]}:
         variant = priced.model_copy(update={"stages": tuple(
             s.model_copy(update={"device_type": h}) if (i in mixed and h in members[i]) else s
             for i, s in enumerate(priced.stages))})
-        vc = cost.evaluate(variant)
-        if any(not vc.stages[i].fits for i in mixed if h in members[i]):
+        if not cost.fits(variant, stages=[i for i in mixed if h in members[i]]):
             return None
     notes = (f"stages {list(mixed)} span several device types; priced as their slowest member, DP over the "
              "slowest cross-type link",) if mixed else ()

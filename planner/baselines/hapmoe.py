@@ -225,10 +225,9 @@ def uniform_enumeration(run: MegatronRun, cluster: ClusterSpec, profiles, runtim
         if rule_problems(model, plan, run):
             fitted.add(key)
             continue
-        pc = cost.evaluate(plan)
-        if pc.fits:
+        if cost.fits(plan):  # the memory alone (most configurations do not fit): only those that fit are priced
             fitted.add(key)  # more recompute of this configuration only costs time
-            best = better(best, PricedPlan(plan=plan, cost=pc))
+            best = better(best, PricedPlan(plan=plan, cost=cost.evaluate(plan)))
     return best
 
 
