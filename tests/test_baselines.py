@@ -205,6 +205,26 @@ def test_ablation_is_uniform(profiles, hetero, hapmoe_hetero):
     assert priced.cost.fits
 
 
+def test_ablation_enumeration_prices_only_what_fits(profiles, homo_cut, monkeypatch):
+    """The even-split enumeration screens each configuration's memory (CostModel.fits, the evaluator's own memory
+    figures) before pricing its time: every plan it evaluates fits, and its best plan is the fastest of those."""
+    from planner.baselines.hapmoe import uniform_enumeration
+    from planner.cost.model import CostModel
+
+    run, cluster = homo_cut
+    priced: list = []
+    evaluate = CostModel.evaluate
+
+    def counted(self, plan):
+        priced.append(evaluate(self, plan))
+        return priced[-1]
+
+    monkeypatch.setattr(CostModel, "evaluate", counted)
+    best = uniform_enumeration(run, cluster, profiles)
+    assert priced and all(pc.fits for pc in priced)
+    assert best.cost.iteration_time_s == min(pc.iteration_time_s for pc in priced)
+
+
 def test_hapmoe_beats_every_baseline_on_mixed_cluster(profiles, hetero, hapmoe_hetero):
     """Target: on H800+A100 HAPMoE's plan is at least as fast as each baseline's and clearly faster than MI's."""
     run, cluster = hetero

@@ -14,7 +14,7 @@ import pytest
 from planner.calibration.memory import TARGET_MEDIAN_ABS_PCT, TARGET_WORST_UNDER_PCT, memory_rows, summarise
 from planner.cost.estimate import plan_from_run
 from planner.cost.memory import COMM_BUFFER_GIB, comm_buffer_bytes, process_groups
-from planner.cost.model import CostModel
+from planner.cost.model import CostModel, GlobalShape, StageMemory
 from planner.inputs.cluster import parse_cluster
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.profile_tables import ProfileSet
@@ -278,6 +278,31 @@ def test_fit_check_is_on_the_reserved_peak_and_the_search_agrees():
         held = s.held_static_bytes + s.inflight_microbatches * s.held_act_per_microbatch_bytes
         assert held == pytest.approx(s.memory_bytes)
         assert (held <= s.capacity_bytes * (1 + 1e-12)) is fits
+
+
+def test_the_memory_screen_is_the_evaluators_fit_check():
+    """CostModel.fits (the stages' memory alone, which the baselines screen with) says what evaluate(plan).fits says,
+    on the line too: usable memory a hair under, at and over the fullest stage's peak; its figures are the cores'."""
+    profiles = ProfileSet.load()
+    cluster = parse_cluster("H100:16", profiles)
+    run = parse_megatron_flags(shlex.split(GPT), world_size=cluster.world_size)
+    plan, _ = plan_from_run(run, cluster, profiles)
+    cost = CostModel(run.model, run.training, cluster, profiles, memory_headroom=0.0).evaluate(plan)
+    st = max(cost.stages, key=lambda s: s.memory_bytes)
+    verdicts = set()
+    for usable in (st.memory_bytes * (1 - 1e-15), st.memory_bytes, st.memory_bytes * (1 + 1e-15)):
+        model = CostModel(run.model, run.training, cluster, profiles,
+                          memory_headroom=1.0 - usable / st.device_memory_bytes)
+        assert model.fits(plan) is model.evaluate(plan).fits
+        verdicts.add(model.fits(plan))
+    assert verdicts == {True, False}
+    fresh = CostModel(run.model, run.training, cluster, profiles)
+    for i, (s, (start, end)) in enumerate(zip(plan.stages, plan.layer_ranges())):
+        where = dict(device_type=s.device_type, start=start, end=end, dp=s.dp, recompute=s.recompute,
+                     is_first=i == 0, is_last=i == plan.pp - 1)
+        memory = fresh.stage_memory(GlobalShape.of(plan), **where)
+        assert memory == StageMemory(**{k: getattr(fresh.stage_core(GlobalShape.of(plan), **where), k)
+                                        for k in memory.__dataclass_fields__})
 
 
 @pytest.mark.parametrize("line,expected", [
