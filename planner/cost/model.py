@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -176,7 +177,6 @@ class StageCore(StageMemory):
         return self.dp_comm_s + self.optimizer_s + self.iteration_overhead_s
 
 
-_MEMORY_FIELDS = tuple(f.name for f in fields(StageMemory))
 _CORE_FIELDS = tuple(f.name for f in fields(StageCore))
 
 
@@ -667,13 +667,18 @@ class CostModel:
         return self._memory_of_kinds(g, device_type, self._layer_is_moe[start:end], dp, recompute, is_first, is_last)
 
     def _memory_of_kinds(self, g: GlobalShape, device_type: str, kinds: tuple[bool, ...], dp: int,
-                         recompute: Recompute, is_first: bool, is_last: bool) -> StageMemory:
+                         recompute: Recompute, is_first: bool, is_last: bool, *,
+                         parts: "tuple[list[_KindLayers], _Params] | None" = None) -> StageMemory:
+        """stage_memory, memoised; `parts`: the stage's layers by kind and its parameters, if at hand."""
         key = _core_key(g, device_type, dp, recompute, kinds, is_first, is_last)
         hit = self._memory_cache.get(key)
         if hit is None:
-            hit = self._memory_cache[key] = self._stage_memory(g, device_type=device_type, kinds=kinds, dp=dp,
-                                                               recompute=recompute, is_first=is_first,
-                                                               is_last=is_last)
+            if parts is None:
+                stage_mbs = self.stage_mbs(g, dp)
+                parts = (self._kind_layers(g, device_type, dp, stage_mbs, kinds, recompute),
+                         self._stage_params(g, kinds, dp, is_first, is_last))
+            hit = self._memory_cache[key] = self._stage_memory(g, device_type, dp, kinds, recompute, is_first,
+                                                               is_last, *parts)
         return hit
 
     def stage_mbs(self, g: GlobalShape, dp: int) -> int:
@@ -684,16 +689,18 @@ class CostModel:
                     recompute: Recompute, is_first: bool, is_last: bool) -> "StageCore":
         """A stage = its decoder layers (with recompute) + its ends (embedding; logits, loss and MTP)
         + the parameters it holds (memory, gradient sync, optimizer step)."""
-        memory = self._memory_of_kinds(g, device_type, kinds, dp, recompute, is_first, is_last)
         stage_mbs = self.stage_mbs(g, dp)
-        lay = self._stage_layers(g, device_type, dp, stage_mbs, kinds, recompute)
-        ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
+        by_kind = self._kind_layers(g, device_type, dp, stage_mbs, kinds, recompute)
         params = self._stage_params(g, kinds, dp, is_first, is_last)
+        memory = self._memory_of_kinds(g, device_type, kinds, dp, recompute, is_first, is_last,
+                                       parts=(by_kind, params))
+        lay = self._stage_layers(g, device_type, dp, by_kind, recompute)
+        ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
         fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
         dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
         optimizer_s = self.kernels(device_type).memory_s(params.shard * self.param_bytes.optimizer_step_moved)
         return StageCore(
-            **{name: getattr(memory, name) for name in _MEMORY_FIELDS},
+            **memory.__dict__,
             device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
             micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
             recompute_s=lay.recompute_s, tp_comm_s=lay.tp_s + ends.tp_s, cp_comm_s=lay.cp_s + ends.cp_s,
@@ -703,15 +710,14 @@ class CostModel:
             ep_hidden_s=(lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s, lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s),
         )
 
-    def _stage_memory(self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int,
-                      recompute: Recompute, is_first: bool, is_last: bool) -> StageMemory:
+    def _stage_memory(self, g: GlobalShape, device_type: str, dp: int, kinds: tuple[bool, ...], recompute: Recompute,
+                      is_first: bool, is_last: bool, by_kind: "list[_KindLayers]", params: "_Params") -> StageMemory:
         """What one GPU of the stage holds: its parameters' weights, gradients and optimizer state, its decoder
-        layers' and its ends' activations, the context and the communicator buffers."""
+        layers' (`by_kind`) and its ends' activations, the context and the communicator buffers."""
         dev = self.device(device_type)
-        stage_mbs = self.stage_mbs(g, dp)
-        lay_act, lay_transient = self._layers_memory(g, device_type, dp, stage_mbs, kinds, recompute)
-        ends_act, ends_transient, loss_reserved = self._ends_memory(g, device_type, dp, stage_mbs, is_first, is_last)
-        params = self._stage_params(g, kinds, dp, is_first, is_last)
+        lay_act, lay_transient = self._layers_memory(by_kind, recompute)
+        ends_act, ends_transient, loss_reserved = self._ends_memory(g, device_type, dp, self.stage_mbs(g, dp),
+                                                                    is_first, is_last)
         pb = self.param_bytes
         groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
                                 tied_embedding_stage=(is_first or is_last)
@@ -728,24 +734,26 @@ class CostModel:
             recorded_cache_share=recorded_cache_share(self.model),
         )
 
-    def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
-                      recompute: Recompute) -> "_Part":
-        """The stage's decoder layers, per micro-batch: forward, backward with recompute (their activations:
-        `_layers_memory`).  Counts per layer kind make this O(1) in the layers."""
+    def _kind_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
+                     recompute: Recompute) -> "list[_KindLayers]":
+        """The stage's decoder layers by kind (dense, then MoE; the kinds it has): counts per kind make a stage's
+        figures O(1) in its layers."""
         n = len(kinds)
         counts = {False: n - sum(kinds), True: sum(kinds)}
-        full = _recomputed_full_layers(recompute, n, g.vpp)
         n_full = {False: 0, True: 0}
-        for j in full:
+        for j in _recomputed_full_layers(recompute, n, g.vpp):
             n_full[kinds[j]] += 1
+        return [_KindLayers(kind, self.layer(g, device_type, dp, stage_mbs, kind), counts[kind], n_full[kind])
+                for kind in (False, True) if counts[kind]]
+
+    def _stage_layers(self, g: GlobalShape, device_type: str, dp: int, by_kind: "list[_KindLayers]",
+                      recompute: Recompute) -> "_Part":
+        """The stage's decoder layers, per micro-batch: forward, backward with recompute (their activations:
+        `_layers_memory`)."""
         out = _Part()
         fsdp_gather = fsdp_scatter = 0.0
-        for kind in (False, True):
-            cnt = counts[kind]
-            if not cnt:
-                continue
-            c = self.layer(g, device_type, dp, stage_mbs, kind)
-            nf, rest = n_full[kind], cnt - n_full[kind]
+        for kind, c, cnt, nf in by_kind:
+            rest = cnt - nf
             out.fwd_s += cnt * c.fwd_s
             out.bwd_s += cnt * c.bwd_s
             for name, sec in c.parts.items():
@@ -774,33 +782,24 @@ class CostModel:
             out.add("fsdp_comm", exposed[0] + exposed[1])
         return out
 
-    def _layers_memory(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
-                       recompute: Recompute) -> tuple[float, float]:
+    @staticmethod
+    def _layers_memory(by_kind: "list[_KindLayers]", recompute: Recompute) -> tuple[float, float]:
         """The stage's decoder layers' activation bytes: (what each in-flight micro-batch keeps, with recompute;
         the buffers alive once: the largest layer's transient, and under full recompute a recomputed chunk's full
         activations)."""
-        n = len(kinds)
-        counts = {False: n - sum(kinds), True: sum(kinds)}
-        n_full = {False: 0, True: 0}
-        for j in _recomputed_full_layers(recompute, n, g.vpp):
-            n_full[kinds[j]] += 1
         act_per_mb = transient = 0.0
-        for kind in (False, True):
-            if not counts[kind]:
-                continue
-            c = self.layer(g, device_type, dp, stage_mbs, kind)
-            nf, rest = n_full[kind], counts[kind] - n_full[kind]
+        for _, c, cnt, nf in by_kind:
+            rest = cnt - nf
             act_per_mb += nf * c.act_bytes(c.activations.layer_input)
             transient = max(transient, c.transient_bytes)
             if recompute.granularity == "selective":
                 act_per_mb += rest * c.act_bytes(c.activations.after_selective(recompute.modules))
             else:
                 act_per_mb += rest * c.act_bytes(c.activations.total)
-        if recompute.granularity == "full" and kinds:
+        if recompute.granularity == "full" and by_kind:
             # during a recomputed chunk's backward its layers' full activations exist at once
             chunk = (recompute.num_layers or 1) if recompute.method == "uniform" else 1
-            layers = [self.layer(g, device_type, dp, stage_mbs, kd) for kd in set(kinds)]
-            worst = max(c.act_bytes(c.activations.total) for c in layers)
+            worst = max(k.layer.act_bytes(k.layer.activations.total) for k in by_kind)
             transient += chunk * worst
         return act_per_mb, transient
 
@@ -1168,6 +1167,16 @@ class CostModel:
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
             peak_flop_per_s_total=peak_total, stages=tuple(stages), memory_headroom=self.memory_headroom,
         )
+
+
+class _KindLayers(NamedTuple):
+    """A stage's decoder layers of one kind: the layer's cost, how many the stage holds, how many full recompute
+    re-runs."""
+
+    is_moe: bool
+    layer: LayerCost
+    count: int
+    full_recomputed: int
 
 
 @dataclass
