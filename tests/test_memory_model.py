@@ -296,13 +296,13 @@ def test_the_memory_screen_is_the_evaluators_fit_check():
         assert model.fits(plan) is model.evaluate(plan).fits
         verdicts.add(model.fits(plan))
     assert verdicts == {True, False}
-    fresh = CostModel(run.model, run.training, cluster, profiles)
+    screen, priced = (CostModel(run.model, run.training, cluster, profiles) for _ in range(2))
     for i, (s, (start, end)) in enumerate(zip(plan.stages, plan.layer_ranges())):
         where = dict(device_type=s.device_type, start=start, end=end, dp=s.dp, recompute=s.recompute,
                      is_first=i == 0, is_last=i == plan.pp - 1)
-        memory = fresh.stage_memory(GlobalShape.of(plan), **where)
-        assert memory == StageMemory(**{k: getattr(fresh.stage_core(GlobalShape.of(plan), **where), k)
-                                        for k in memory.__dataclass_fields__})
+        memory = screen.stage_memory(GlobalShape.of(plan), **where)
+        core = priced.stage_core(GlobalShape.of(plan), **where)
+        assert memory == StageMemory(**{k: getattr(core, k) for k in memory.__dataclass_fields__})
 
 
 @pytest.mark.parametrize("line,expected", [

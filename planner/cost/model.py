@@ -653,7 +653,7 @@ class CostModel:
         key = _core_key(g, device_type, dp, recompute, kinds, is_first, is_last)
         hit = self._core_cache.get(key)
         if hit is None:
-            hit = self._stage_core(g, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute,
+            hit = self._stage_core(g, key, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute,
                                    is_first=is_first, is_last=is_last)
             self._core_cache[key] = hit
         return hit
@@ -662,45 +662,41 @@ class CostModel:
         self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,
         is_first: bool, is_last: bool,
     ) -> StageMemory:
-        """The memory fields of `stage_core` (the same numbers) without pricing the stage's time: what a fit check
-        needs.  Memoised by the same key; `stage_core` takes its memory from here."""
-        return self._memory_of_kinds(g, device_type, self._layer_is_moe[start:end], dp, recompute, is_first, is_last)
-
-    def _memory_of_kinds(self, g: GlobalShape, device_type: str, kinds: tuple[bool, ...], dp: int,
-                         recompute: Recompute, is_first: bool, is_last: bool, *,
-                         parts: "tuple[list[_KindLayers], _Params] | None" = None) -> StageMemory:
-        """stage_memory, memoised; `parts`: the stage's layers by kind and its parameters, if at hand."""
+        """The memory fields of `stage_core` (the same numbers: the same function gives both) without pricing the
+        stage's time: what a fit check needs.  Memoised by the same key (a core already priced is its own memory)."""
+        kinds = self._layer_is_moe[start:end]
         key = _core_key(g, device_type, dp, recompute, kinds, is_first, is_last)
-        hit = self._memory_cache.get(key)
+        hit = self._core_cache.get(key)
         if hit is None:
-            if parts is None:
-                stage_mbs = self.stage_mbs(g, dp)
-                parts = (self._kind_layers(g, device_type, dp, stage_mbs, kinds, recompute),
-                         self._stage_params(g, kinds, dp, is_first, is_last))
-            hit = self._memory_cache[key] = self._stage_memory(g, device_type, dp, kinds, recompute, is_first,
-                                                               is_last, *parts)
+            hit = self._memory_cache.get(key)
+        if hit is None:
+            by_kind = self._kind_layers(g, device_type, dp, self.stage_mbs(g, dp), kinds, recompute)
+            params = self._stage_params(g, kinds, dp, is_first, is_last)
+            hit = self._memory_cache[key] = StageMemory(**self._stage_memory(g, device_type, dp, kinds, recompute,
+                                                                             is_first, is_last, by_kind, params))
         return hit
 
     def stage_mbs(self, g: GlobalShape, dp: int) -> int:
         """Samples per micro-batch on one DP rank of a stage with `dp` (FlagScale: DP0*mbs/DP_i)."""
         return max(1, g.mbs * g.dp0 // dp)
 
-    def _stage_core(self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int,
+    def _stage_core(self, g: GlobalShape, key: tuple, *, device_type: str, kinds: tuple[bool, ...], dp: int,
                     recompute: Recompute, is_first: bool, is_last: bool) -> "StageCore":
         """A stage = its decoder layers (with recompute) + its ends (embedding; logits, loss and MTP)
-        + the parameters it holds (memory, gradient sync, optimizer step)."""
+        + the parameters it holds (memory, gradient sync, optimizer step).  `key`: its memo key (_core_key)."""
         stage_mbs = self.stage_mbs(g, dp)
         by_kind = self._kind_layers(g, device_type, dp, stage_mbs, kinds, recompute)
         params = self._stage_params(g, kinds, dp, is_first, is_last)
-        memory = self._memory_of_kinds(g, device_type, kinds, dp, recompute, is_first, is_last,
-                                       parts=(by_kind, params))
+        screened = self._memory_cache.pop(key, None)  # a stage_memory of it before: the core replaces it
+        memory = screened.__dict__ if screened is not None else \
+            self._stage_memory(g, device_type, dp, kinds, recompute, is_first, is_last, by_kind, params)
         lay = self._stage_layers(g, device_type, dp, by_kind, recompute)
         ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
         fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
         dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
         optimizer_s = self.kernels(device_type).memory_s(params.shard * self.param_bytes.optimizer_step_moved)
         return StageCore(
-            **memory.__dict__,
+            **memory,
             device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
             micro_batch_size=stage_mbs, forward_s=fwd, backward_s=bwd, compute_s=lay.compute_s + ends.compute_s,
             recompute_s=lay.recompute_s, tp_comm_s=lay.tp_s + ends.tp_s, cp_comm_s=lay.cp_s + ends.cp_s,
@@ -711,9 +707,10 @@ class CostModel:
         )
 
     def _stage_memory(self, g: GlobalShape, device_type: str, dp: int, kinds: tuple[bool, ...], recompute: Recompute,
-                      is_first: bool, is_last: bool, by_kind: "list[_KindLayers]", params: "_Params") -> StageMemory:
-        """What one GPU of the stage holds: its parameters' weights, gradients and optimizer state, its decoder
-        layers' (`by_kind`) and its ends' activations, the context and the communicator buffers."""
+                      is_first: bool, is_last: bool, by_kind: "list[_KindLayers]", params: "_Params") -> dict:
+        """What one GPU of the stage holds, StageMemory's fields: its parameters' weights, gradients and optimizer
+        state, its decoder layers' (`by_kind`) and its ends' activations, the context and the communicator
+        buffers."""
         dev = self.device(device_type)
         lay_act, lay_transient = self._layers_memory(by_kind, recompute)
         ends_act, ends_transient, loss_reserved = self._ends_memory(g, device_type, dp, self.stage_mbs(g, dp),
@@ -722,7 +719,7 @@ class CostModel:
         groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
                                 tied_embedding_stage=(is_first or is_last)
                                 and not self.model.untie_embeddings_and_output_weights)
-        return StageMemory(
+        return dict(
             weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
             grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
             optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay_act + ends_act,
