@@ -225,6 +225,28 @@ def test_ablation_enumeration_prices_only_what_fits(profiles, homo_cut, monkeypa
     assert best.cost.iteration_time_s == min(pc.iteration_time_s for pc in priced)
 
 
+def test_min_bottleneck_split_prices_no_stage_when_no_split_fits(profiles, homo_cut, monkeypatch):
+    """Every expert of 16 mixtral-s layers on 8 H800 without expert parallelism: no split over two stages fits, which
+    the stages' memory alone shows (CostModel.stage_memory), so HeterMoE-style's split prices no stage's time."""
+    from planner.baselines.common import min_bottleneck_split
+    from planner.cost.model import CostModel
+
+    run, cluster = homo_cut
+    cost = cost_model(run, cluster, profiles)
+    plan = build_plan(tp=1, cp=1, ep=1, etp=1, mbs=1, gbs=run.training.global_batch_size, dp=4, types=["H800", "H800"],
+                      layers=[8, 8], recompute=Recompute.none())
+    priced: list[int] = []
+    stage = CostModel.stage
+
+    def counted(self, *args, **kw):
+        priced.append(kw["index"])
+        return stage(self, *args, **kw)
+
+    monkeypatch.setattr(CostModel, "stage", counted)
+    assert min_bottleneck_split(cost, plan) is None
+    assert priced == []
+
+
 def test_hapmoe_beats_every_baseline_on_mixed_cluster(profiles, hetero, hapmoe_hetero):
     """Target: on H800+A100 HAPMoE's plan is at least as fast as each baseline's and clearly faster than MI's."""
     run, cluster = hetero

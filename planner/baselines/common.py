@@ -238,7 +238,8 @@ def better(a: PricedPlan | None, b: PricedPlan | None) -> PricedPlan | None:
 def min_bottleneck_split(cost: CostModel, plan: Plan) -> list[int] | None:
     """Layer counts per stage (same degrees, device types and recompute as `plan`) minimising the
     largest per-micro-batch stage time, each stage holding >= 1 layer and fitting in memory: bisection
-    on the bottleneck over every achievable stage time.  None when no split fits."""
+    on the bottleneck over every achievable stage time.  None when no split fits (found from the stages'
+    memory alone, before any stage is priced)."""
     n_layers = cost.model.num_layers
     pp = plan.pp
     g = GlobalShape.of(plan)
@@ -246,16 +247,26 @@ def min_bottleneck_split(cost: CostModel, plan: Plan) -> list[int] | None:
     offsets = type_offsets([(s.device_type, plan.tp * plan.cp * s.dp) for s in stages])
 
     @lru_cache(maxsize=None)
-    def stage_time(i: int, start: int, end: int) -> tuple[float, bool]:
+    def stage_time(i: int, start: int, end: int) -> float:
         prev_t = stages[i - 1].device_type if i > 0 else None
         next_t = stages[i + 1].device_type if i + 1 < pp else None
-        sc = cost.stage(g, index=i, device_type=stages[i].device_type, start=start, end=end, dp=stages[i].dp,
-                        recompute=stages[i].recompute, prev_type=prev_t, next_type=next_t,
-                        prev_dp=stages[i - 1].dp if i > 0 else None,
-                        next_dp=stages[i + 1].dp if i + 1 < pp else None, offset_gpus=offsets[i])
-        return sc.time_s, sc.fits
+        return cost.stage(g, index=i, device_type=stages[i].device_type, start=start, end=end, dp=stages[i].dp,
+                          recompute=stages[i].recompute, prev_type=prev_t, next_type=next_t,
+                          prev_dp=stages[i - 1].dp if i > 0 else None,
+                          next_dp=stages[i + 1].dp if i + 1 < pp else None, offset_gpus=offsets[i]).time_s
 
-    def feasible(cap_s: float) -> list[int] | None:
+    @lru_cache(maxsize=None)
+    def stage_fits(i: int, start: int, end: int) -> bool:
+        """StageCost.fits of the stage `stage_time` prices, from its memory alone."""
+        memory = cost.stage_memory(g, device_type=stages[i].device_type, start=start, end=end, dp=stages[i].dp,
+                                   recompute=stages[i].recompute, is_first=i == 0, is_last=i + 1 == pp)
+        return memory.fits_at(cost.inflight_microbatches(g, i))
+
+    def over(i: int, start: int, end: int, cap_s: float | None) -> bool:
+        """The stage does not fit, or takes longer than `cap_s` (None: no cap)."""
+        return not stage_fits(i, start, end) or (cap_s is not None and stage_time(i, start, end) > cap_s * (1 + 1e-12))
+
+    def feasible(cap_s: float | None) -> list[int] | None:
         """Greedy: each stage takes as many layers as fit under the cap (reserving one per later stage)."""
         out, start = [], 0
         for i in range(pp):
@@ -263,14 +274,12 @@ def min_bottleneck_split(cost: CostModel, plan: Plan) -> list[int] | None:
             best = 0
             hi = n_layers - start - left_for_rest
             if i == pp - 1:
-                t, ok = stage_time(i, start, n_layers)
-                if hi < 1 or t > cap_s * (1 + 1e-12) or not ok:
+                if hi < 1 or over(i, start, n_layers, cap_s):
                     return None
                 out.append(n_layers - start)
                 return out
             for n in range(1, hi + 1):
-                t, ok = stage_time(i, start, start + n)
-                if t > cap_s * (1 + 1e-12) or not ok:
+                if over(i, start, start + n, cap_s):
                     break
                 best = n
             if best == 0:
@@ -279,11 +288,15 @@ def min_bottleneck_split(cost: CostModel, plan: Plan) -> list[int] | None:
             start += best
         return None
 
-    caps = sorted({stage_time(i, 0, n)[0] for i in range(pp) for n in range(1, n_layers - pp + 2)})
+    # without a cap the greedy fails only where memory binds, as it does under the largest stage time below (no
+    # stage it tries is slower): then no split fits, and no stage is priced
+    if feasible(None) is None:
+        return None
+    caps = sorted({stage_time(i, 0, n) for i in range(pp) for n in range(1, n_layers - pp + 2)})
     # stage time depends on the range only through its layer kinds, so (0, n) covers every value for
     # uniform models; add every value for mixed dense/MoE models by probing all ranges lazily if needed
     if len(set(cost.model.layer_is_moe)) > 1:
-        caps = sorted({stage_time(i, a, b)[0] for i in range(pp) for a in range(n_layers)
+        caps = sorted({stage_time(i, a, b) for i in range(pp) for a in range(n_layers)
                        for b in range(a + 1, n_layers + 1)})
     lo, hi = 0, len(caps) - 1
     if feasible(caps[hi]) is None:
