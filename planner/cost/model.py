@@ -672,8 +672,8 @@ class CostModel:
         if hit is None:
             by_kind = self._kind_layers(g, device_type, dp, self.stage_mbs(g, dp), kinds, recompute)
             params = self._stage_params(g, kinds, dp, is_first, is_last)
-            hit = self._memory_cache[key] = StageMemory(**self._stage_memory(g, device_type, dp, kinds, recompute,
-                                                                             is_first, is_last, by_kind, params))
+            fields_ = self._memory_fields(g, device_type, dp, kinds, recompute, is_first, is_last, by_kind, params)
+            hit = self._memory_cache[key] = StageMemory(**fields_)
         return hit
 
     def stage_mbs(self, g: GlobalShape, dp: int) -> int:
@@ -689,7 +689,7 @@ class CostModel:
         params = self._stage_params(g, kinds, dp, is_first, is_last)
         screened = self._memory_cache.pop(key, None)  # a stage_memory of it before: the core replaces it
         memory = screened.__dict__ if screened is not None else \
-            self._stage_memory(g, device_type, dp, kinds, recompute, is_first, is_last, by_kind, params)
+            self._memory_fields(g, device_type, dp, kinds, recompute, is_first, is_last, by_kind, params)
         lay = self._stage_layers(g, device_type, dp, by_kind, recompute)
         ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
         fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
@@ -706,7 +706,7 @@ class CostModel:
             ep_hidden_s=(lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s, lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s),
         )
 
-    def _stage_memory(self, g: GlobalShape, device_type: str, dp: int, kinds: tuple[bool, ...], recompute: Recompute,
+    def _memory_fields(self, g: GlobalShape, device_type: str, dp: int, kinds: tuple[bool, ...], recompute: Recompute,
                       is_first: bool, is_last: bool, by_kind: "list[_KindLayers]", params: "_Params") -> dict:
         """What one GPU of the stage holds, StageMemory's fields: its parameters' weights, gradients and optimizer
         state, its decoder layers' (`by_kind`) and its ends' activations, the context and the communicator
