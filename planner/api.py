@@ -758,7 +758,7 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     if not found.has_record and "plan" in data and on_note is not None:
         on_note(f"{Path(plan_path).name} has no made_for record (plan.json and solve --json of this version carry "
                 "one): the model and cluster were checked, not compared with what solve planned for")
-    script = script_from_plan(data, megatron_script, tuple(script_args), cluster=cluster_spec)
+    script = script_from_plan(data, found)  # the --megatron-script as read for the model check
     hosts = read_hosts(hosts_path, cluster_spec, profiles, saved_plan=True) if hosts_path else None
     files = render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts)
     unused = unused_hosts_note(plan, cluster_spec, hosts)

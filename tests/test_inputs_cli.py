@@ -175,6 +175,29 @@ def test_solve_reads_the_script_once_for_the_run_and_the_launcher(tmp_path, monk
     assert argv[argv.index("--lr") + 1] == "3e-4" and argv[argv.index("--seq-length") + 1] == "1024"
 
 
+def test_emit_reads_the_script_once_on_the_plan_cluster_for_the_model_check_and_the_launcher(tmp_path, monkeypatch):
+    """emit --megatron-script: the script is read once, as a job on the plan's cluster, and both the check of its run
+    against the plan and launch.sh come from that reading.  A script that computes its batch and its node count from
+    SLURM_NNODES gets the plan cluster's 2 nodes in the check too (it was read a second time with no cluster there:
+    SLURM_NNODES unset, GBS 0, and emit refused the plan solve had made from the same script)."""
+    script = tmp_path / "geo.sh"
+    script.write_text(ONE_NODE.replace("--global-batch-size 64", "--global-batch-size $((SLURM_NNODES * 32))")
+                      .replace("--nnodes 1", "--nnodes $SLURM_NNODES"))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["solve", "--megatron-script", str(script), "--cluster", "H100:16", "--backend",
+                                    "hsdp", "--quiet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "plan.json").read_text())["plan"]["gbs"] == 2 * 32  # two nodes of 8 GPUs
+    read = _reads(monkeypatch)
+    res = CliRunner().invoke(main, ["emit", "--plan", str(out / "plan.json"), "--out", str(tmp_path / "emit"),
+                                    "--megatron-script", str(script)])
+    assert res.exit_code == 0, res.output
+    assert read == [str(script)]
+    argv = shlex.split((tmp_path / "emit" / "megatron_args.txt").read_text())
+    assert argv[argv.index("--global-batch-size") + 1] == "64"
+    assert "--nnodes 2" in (tmp_path / "emit" / "launch.sh").read_text()
+
+
 def test_estimate_and_calibrate_read_the_script_once_where_it_reads_alike_on_the_gpus_priced(tmp_path, monkeypatch):
     """estimate / calibrate --megatron-script on a cluster larger than the launch: the script is read once, as a
     job on the whole cluster, and its 8 GPUs priced (it was read a second time, as a job on those 8 GPUs, which

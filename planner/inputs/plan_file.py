@@ -16,7 +16,7 @@ from planner.cli_common import format_validation_error
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import describe_cluster, parse_cluster
 from planner.inputs.files import parse_json, read_text
-from planner.inputs.resolve import read_script, resolve_run
+from planner.inputs.resolve import read_script, resolve_run_script
 from planner.inputs.script import LauncherScript, cluster_geometry, parse_launcher_script
 from planner.profile_tables import ProfileSet
 from planner.schemas import ClusterSpec, Plan
@@ -150,13 +150,16 @@ def same_made_for(record: Any, run: MegatronRun, cluster: ClusterSpec, profiles:
 @dataclass
 class PlanInputs:
     """What `emit` reads: the plan, the run and cluster it is emitted for, and what the file says it
-    was made for (`edited`: inputs plan.json holds that differ from its made_for record)."""
+    was made for (`edited`: inputs plan.json holds that differ from its made_for record); `script`: the
+    --megatron-script given, as read once on that cluster (the run's model check and the launcher), None without
+    one."""
 
     plan: Plan
     run: MegatronRun
     cluster: ClusterSpec
     edited: list[str] = field(default_factory=list)
     has_record: bool = False
+    script: LauncherScript | None = None
 
 
 def _plan_of(raw_plan: Any) -> Plan:
@@ -244,16 +247,22 @@ def resolve_plan_inputs(
     """The plan of a plan.json object ({"plan": ..., "inputs": {"run": ..., "cluster": ...}, "made_for": ...}
     as `solve --out` writes it, or a bare Plan), the run and cluster to emit it for (those given on the
     command line, else those the file holds), and what no longer matches what it was made for.  A model
-    or cluster given on the command line that differs from the one the plan was made for is refused."""
+    or cluster given on the command line that differs from the one the plan was made for is refused.  A
+    --megatron-script is read once, as a job on that cluster: its model is checked and its launcher written from
+    that one reading (PlanInputs.script; a script that counts SLURM_NNODES gets the same count for both)."""
     profiles = profiles or ProfileSet.load()
     plan = _canonical_types(_plan_of(data.get("plan", data)), profiles)
     saved_run, saved_cluster = _saved_inputs(data, profiles)
     edited, has_record = _edited(data, saved_run, saved_cluster)
+    cluster_spec = _plan_cluster(saved_cluster, cluster, profiles)
+    script = _given_script(data, megatron_script, script_args, cluster_spec) \
+        if megatron_script is not None and model is None else None  # with --model too, resolve_run_script refuses
     run = saved_run
     if model is not None or megatron_args is not None or megatron_script is not None:
-        given = resolve_run(model=model, megatron_args=megatron_args, megatron_script=megatron_script,
-                            script_args=list(script_args) if megatron_script else None, world_size=plan.world_size,
-                            allow_invalid=True)
+        given, _ = resolve_run_script(
+            model=model, megatron_args=megatron_args, megatron_script=megatron_script,
+            script_args=list(script_args) if megatron_script else None, world_size=plan.world_size,
+            allow_invalid=True, cluster=cluster_spec, script=script)
         if saved_run is not None:
             _same_model(saved_run, given, "--model" if model else "--megatron-script" if megatron_script
                         else "--megatron-args")
@@ -262,24 +271,28 @@ def resolve_plan_inputs(
     if run is None:
         raise PlannerInputError("--model / --megatron-args / --megatron-script",
                                 "the plan file has no inputs.run; give the model the plan was made for")
-    cluster_spec = saved_cluster
-    if cluster is not None:
-        given_cluster = parse_cluster(cluster, profiles)
-        if saved_cluster is not None and saved_cluster.model_copy(update={"name": ""}) != \
-                given_cluster.model_copy(update={"name": ""}):
-            given_text = describe_cluster(given_cluster, profiles)
-            given = given_text + ("" if cluster == given_text else f" ({cluster})")
-            reordered = sorted(g.model_dump_json() for g in saved_cluster.groups) == \
-                sorted(g.model_dump_json() for g in given_cluster.groups)
-            raise PlannerInputError("--cluster", f"the plan was made for {describe_cluster(saved_cluster, profiles)}, "
-                                                 f"not {given}; "
-                                    + ("the same groups in another order, which orders the ranks: give them in the "
-                                       "plan's order, or drop --cluster" if reordered else
-                                       "re-run solve for that cluster, or drop --cluster"))
-        cluster_spec = given_cluster
     if cluster_spec is None:
         raise PlannerInputError("--cluster", "the plan file has no inputs.cluster; give --cluster")
-    return PlanInputs(plan=plan, run=run, cluster=cluster_spec, edited=edited, has_record=has_record)
+    return PlanInputs(plan=plan, run=run, cluster=cluster_spec, edited=edited, has_record=has_record, script=script)
+
+
+def _plan_cluster(saved: ClusterSpec | None, cluster: str | None, profiles: ProfileSet) -> ClusterSpec | None:
+    """The cluster to emit for: --cluster, which must be the one plan.json holds (if it holds one), else that one;
+    None: neither."""
+    if cluster is None:
+        return saved
+    given_cluster = parse_cluster(cluster, profiles)
+    if saved is not None and saved.model_copy(update={"name": ""}) != given_cluster.model_copy(update={"name": ""}):
+        given_text = describe_cluster(given_cluster, profiles)
+        given = given_text + ("" if cluster == given_text else f" ({cluster})")
+        reordered = sorted(g.model_dump_json() for g in saved.groups) == \
+            sorted(g.model_dump_json() for g in given_cluster.groups)
+        raise PlannerInputError("--cluster", f"the plan was made for {describe_cluster(saved, profiles)}, "
+                                             f"not {given}; "
+                                + ("the same groups in another order, which orders the ranks: give them in the "
+                                   "plan's order, or drop --cluster" if reordered else
+                                   "re-run solve for that cluster, or drop --cluster"))
+    return given_cluster
 
 
 def _same_model(saved: MegatronRun, given: MegatronRun, flag: str) -> None:
@@ -289,20 +302,32 @@ def _same_model(saved: MegatronRun, given: MegatronRun, flag: str) -> None:
                                       f"{'; '.join(diff)} (given vs planned); re-run solve with it, or drop {flag}")
 
 
-def script_from_plan(data: dict[str, Any], megatron_script: str | None,
-                     script_args: tuple[str, ...], cluster: ClusterSpec | None = None) -> LauncherScript | None:
-    """The input launcher: the --megatron-script file (read with the arguments after `--`), or
-    the script `solve --out` saved in plan.json's inputs.script, or None; read as a job on `cluster`."""
+def _saved_script(data: dict[str, Any]) -> dict[str, Any] | None:
+    """plan.json's inputs.script (the input launcher `solve --out` saved), None where absent."""
     inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
-    saved = inputs.get("script") if isinstance(inputs.get("script"), dict) else None
-    if megatron_script is not None:
-        extra = saved.get("extra_flags", []) if saved else []
-        return read_script(megatron_script, script_args or (saved or {}).get("args", []), extra, cluster=cluster)
+    return inputs.get("script") if isinstance(inputs.get("script"), dict) else None
+
+
+def _given_script(data: dict[str, Any], megatron_script: str, script_args: tuple[str, ...],
+                  cluster: ClusterSpec | None) -> LauncherScript:
+    """The --megatron-script file read once, as a job on `cluster` (the one the launcher is for), with the
+    arguments after `--` (else those plan.json saved) and the --megatron-args solve applied on top riding along."""
+    saved = _saved_script(data)
+    extra = saved.get("extra_flags", []) if saved else []
+    return read_script(megatron_script, script_args or (saved or {}).get("args", []), extra, cluster=cluster)
+
+
+def script_from_plan(data: dict[str, Any], found: PlanInputs) -> LauncherScript | None:
+    """The input launcher: the --megatron-script file as resolve_plan_inputs read it (`found.script`), or
+    the script `solve --out` saved in plan.json's inputs.script read as a job on `found.cluster`, or None."""
+    if found.script is not None:
+        return found.script
+    saved = _saved_script(data)
     if saved is None:
         return None
     text, args = saved.get("text"), saved.get("args", [])
     if not isinstance(text, str) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise PlannerInputError("--plan", "inputs.script must hold the script's text and its arguments")
-    script = parse_launcher_script(text, args=args, path=saved.get("path"), scheduler=cluster_geometry(cluster))
+    script = parse_launcher_script(text, args=args, path=saved.get("path"), scheduler=cluster_geometry(found.cluster))
     script.extra_flags = [str(f) for f in saved.get("extra_flags", [])]
     return script
