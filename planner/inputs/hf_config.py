@@ -474,11 +474,7 @@ def _glm_router(cfg: dict[str, Any], experts: int) -> dict[str, Any]:
     if experts < 2:
         raise PlannerInputError("config.json:n_routed_experts", f"expected 2 or more, got {experts}: GLM's router "
                                 "ranks the experts of a group by their top 2 scores")
-    if experts % groups or experts // groups < 2:
-        raise PlannerInputError(
-            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: GLM's router splits the "
-            f"experts into n_group equal groups of 2 or more (it ranks a group by its top 2 scores), so n_group must divide "
-            f"{experts} and be at most {experts // 2}")
+    _expert_groups(groups, experts, "GLM's router", top2=True)
     if groups > 1:
         router["moe_router_num_groups"] = groups
         router["moe_router_group_topk"] = _int(cfg, "topk_group", 1, maximum=groups)
@@ -553,18 +549,18 @@ _TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 routing without its groups or expert bias, so it is refused."""
 
 
-def _deepseek_groups(groups: int, experts: int, method: str) -> None:
-    """Group-limited routing as transformers runs it: DeepseekV2MoEGate (group_limited_greedy) views the scores as
-    `n_group` equal groups and ranks each by its best score, DeepseekV3TopkRouter (noaux_tc) by the sum of its top 2
-    (modeling_deepseek_v2.py / modeling_deepseek_v3.py, `scores.view(..., n_group, -1)`): n_group must divide the
-    experts, into groups of 2 or more for noaux_tc."""
-    smallest = 2 if method == "noaux_tc" else 1
+def _expert_groups(groups: int, experts: int, router: str, *, top2: bool) -> None:
+    """Group-limited routing as transformers runs it: the scores viewed as `n_group` equal groups
+    (`scores.view(..., n_group, -1)`), each ranked by the sum of its top 2 scores (`top2`: DeepseekV3TopkRouter,
+    Glm4MoeMoE) or by its best (DeepseekV2MoEGate): n_group must divide the experts, into groups of 2 or more
+    with `top2`."""
+    smallest = 2 if top2 else 1
     if experts % groups or experts // groups < smallest:
-        ranked = "by the sum of its top 2 scores" if method == "noaux_tc" else "by its best score"
+        ranked = "by the sum of its top 2 scores" if top2 else "by its best score"
         raise PlannerInputError(
-            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: topk_method {method!r} splits the "
-            f"experts into n_group equal groups{' of 2 or more' if smallest == 2 else ''} (it ranks a group {ranked}), "
-            f"so n_group must divide {experts} and be at most {experts // smallest}")
+            "config.json:n_group", f"{groups} groups of the n_routed_experts {experts}: {router} splits the experts "
+            f"into n_group equal groups{' of 2 or more' if top2 else ''} (it ranks a group {ranked}), so n_group must "
+            f"divide {experts} and be at most {experts // smallest}")
 
 
 def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -578,7 +574,7 @@ def _deepseek_router(cfg: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]
     method = _choice(cfg, "topk_method", "greedy", _TOPK_METHODS)
     groups = _int(cfg, "n_group", None)
     if method in ("group_limited_greedy", "noaux_tc") and groups and groups > 1:
-        _deepseek_groups(groups, expert_count(cfg), method)
+        _expert_groups(groups, expert_count(cfg), f"topk_method {method!r}", top2=method == "noaux_tc")
         router["moe_router_num_groups"] = groups
         router["moe_router_group_topk"] = _int(cfg, "topk_group", maximum=groups)
     router["moe_router_enable_expert_bias"] = method == "noaux_tc"

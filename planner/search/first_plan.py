@@ -22,7 +22,7 @@ import time
 from typing import Callable
 
 from planner.schemas.search import GlobalChoice
-from planner.search.screening import plan_from_solution
+from planner.search.screening import FIRST_PLAN_SHAPES, plan_from_solution
 from planner.search.seeds import sequences, shape_settings
 from planner.search.settings import Candidate
 from solver_models.base import SolverSettings
@@ -32,9 +32,8 @@ from solver_models.rounding import rounded_plan
 from solver_models.scaling import from_us
 from solver_models.tables import DeadlinePassed, StageTables
 
-# with no plan yet: at most this many shapes are tried as they are priced ...
-FIRST_PLAN_SHAPES = 32
-# ... each at most this many pipelines (the deepest whose tables hold a layout that fits), of its deepest
+# with no plan yet: at most FIRST_PLAN_SHAPES shapes are tried as they are priced (HS-DP's number: screening.py),
+# each at most this many pipelines (the deepest whose tables hold a layout that fits), of its deepest
 # FIRST_PLAN_TABLES
 FIRST_PLAN_TRIES = 3
 FIRST_PLAN_TABLES = 6
