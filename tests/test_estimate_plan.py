@@ -185,7 +185,8 @@ def test_the_assumed_moe_imbalance_is_the_priced_plans(tmp_path):
         code, stdout, out = _run(["estimate", "--plan", str(tmp_path / f"ep{ep}.json"), "--json"])
         assert code == 0, out
         (moe_row,) = [a for a in json.loads(stdout)["assumed"] if a["name"] == "MoE imbalance"]
-        assert f"at the input's EP {ep}, {8 // ep} experts per rank" in moe_row["source"], moe_row
+        local = {8: "1 expert", 4: "2 experts", 2: "4 experts"}[ep]  # singular at one expert per rank
+        assert f"at the input's EP {ep}, {local} per rank" in moe_row["source"], moe_row
         value[ep] = moe_row["value"]
     assert value[8] > value[4] > value[2]  # more experts per rank: the busiest rank is nearer the mean
 
