@@ -553,3 +553,34 @@ def test_the_command_srun_runs_keeps_its_own_options(tmp_path):
     code, payload, err = _estimate(script, "H100:32")
     assert code == 0, err
     assert payload["world_size"] == 16 and "launches 16 GPUs" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# torchrun's options by a prefix (argparse's allow_abbrev), Slurm's --tres-per-task, srun's --export
+
+@pytest.mark.parametrize("text", [
+    # torchrun's argparse reads a unique prefix of one spelling as the option (it was read as no option: torchrun's
+    # defaults, 1 x 1)
+    "torchrun --nnod 2 --nproc-p 8 pretrain_gpt.py FLAGS\n",
+    "torchrun --nn=2 --nproc_per=8 pretrain_gpt.py FLAGS\n",
+    "python -m torch.distributed.run --nnodes 2 --nproc-per-n 8 pretrain_gpt.py FLAGS\n",
+])
+def test_torchrun_reads_an_option_given_by_a_unique_prefix(tmp_path, text):
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, "#!/bin/bash\n" + text))
+
+
+@pytest.mark.parametrize("launch, prefix, candidates", [
+    # a prefix of both spellings of one option: argparse counts them apart and refuses it
+    ("torchrun --nnodes 2 --nproc 8", "--nproc", "--nproc-per-node, --nproc_per_node"),
+    ("torchrun --n 2 --nproc-per-node 8", "--n", "--nnodes, --nproc-per-node, --nproc_per_node"),
+    ("python -m torch.distributed.launch --use 1 --nnodes 2 --nproc-per-node 8", "--use", "--use-env, --use_env"),
+])
+def test_an_ambiguous_prefix_of_a_torchrun_option_is_refused_naming_the_candidates(tmp_path, launch, prefix,
+                                                                                    candidates):
+    """torchrun exits with argparse's "ambiguous option" error; the reader refuses the script (exit 2), naming the
+    line, the prefix and the options it starts (it was read as no option: torchrun's default)."""
+    script = _script(tmp_path, launch)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "Traceback" not in err, err
+    assert f"error: --megatron-script: {script}:3: torchrun's option {prefix} is ambiguous" in err, err
+    assert f"it starts {candidates}" in err, err

@@ -63,7 +63,7 @@ from planner.inputs.shell.syntax import parse
 from planner.inputs.slurm_options import SlurmOptionError
 from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
 from planner.inputs.srun_torchrun import TorchrunTasks, torchrun_tasks
-from planner.inputs.torchrun_counts import options, torchrun_count
+from planner.inputs.torchrun_counts import TorchrunOptionError, options, torchrun_count, torchrun_options
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -145,9 +145,9 @@ class LauncherScript:
     def torchrun(self) -> TorchrunTasks:
         """The ranks the launch's torchrun starts (its counts: planner/inputs/torchrun_counts.py), one torchrun in each
         task where srun runs it (planner/inputs/srun_torchrun.py)."""
-        env = self.torchrun_env
-        nproc = torchrun_count(self.launcher_args, env, "nproc-per-node")
-        nnodes = torchrun_count(self.launcher_args, env, "nnodes")
+        env, launch = self.torchrun_env, _legacy_launch(self.launcher)
+        nproc = torchrun_count(self.launcher_args, env, "nproc-per-node", launch=launch)
+        nnodes = torchrun_count(self.launcher_args, env, "nnodes", launch=launch)
         if self.under_srun:
             return torchrun_tasks(self.wrapper, self.job, nproc, nnodes, env)
         if not (nproc.value.isdigit() and nnodes.number is not None):
@@ -186,6 +186,11 @@ class LauncherScript:
     @property
     def _torch_launcher(self) -> bool:
         return bool(self.launcher) and (self.launcher[0].rsplit("/", 1)[-1] == "torchrun" or "-m" in self.launcher)
+
+
+def _legacy_launch(launcher: list[str]) -> bool:
+    """The launcher is `python -m torch.distributed.launch`, whose parser has --use-env on top of torchrun's."""
+    return launcher[-1:] == ["torch.distributed.launch"]
 
 
 def _wrapper_world(words: list[str]) -> int | None:
@@ -361,6 +366,11 @@ def _check_launch(interp: Interp, found) -> None:
         try:
             srun_words(found.wrapper)
         except SlurmOptionError as exc:  # an ambiguous prefix of an option: srun refuses the launch
+            raise PlannerInputError(FIELD, f"{interp.where(found.line, found.src)}: {exc}") from None
+    if found.launcher and (found.launcher[0].rsplit("/", 1)[-1] == "torchrun" or "-m" in found.launcher):
+        try:
+            torchrun_options(found.launcher_args, launch=_legacy_launch(found.launcher))
+        except TorchrunOptionError as exc:  # an ambiguous prefix of an option: torchrun exits with argparse's error
             raise PlannerInputError(FIELD, f"{interp.where(found.line, found.src)}: {exc}") from None
     entry = found.entry.rsplit("/", 1)[-1]
     if entry in NON_GPT_ENTRIES:

@@ -13,6 +13,16 @@ the launch (`PET_NPROC_PER_NODE=8 torchrun ...`, or in front of srun, whose task
 `auto` (the accelerator's device count where there is one, else os.cpu_count()), `cpu`, `xpu`: on a GPU node `gpu`
 and `auto` start one process on each GPU the process sees (CUDA_VISIBLE_DEVICES), a count the script does not state
 (under srun, planner/inputs/srun_torchrun.py reads it from what Slurm gives each task).
+
+torchrun reads its options with argparse, and run.py's `ArgumentParser(description=...)` leaves `allow_abbrev` at its
+default, True: a long option may be given by a prefix of one of its spellings (`--nnod 2` is `--nnodes 2`,
+`--nproc-p 8` is `--nproc-per-node 8`).  argparse counts each spelling on its own (CPython Lib/argparse.py,
+python/cpython 0006cbca2a82136e978f1c24400230c0d788b0e7, `_get_option_tuples` returns one tuple per option string that
+starts with the prefix and `consume_optional` refuses more than one: "ambiguous option: --nproc could match
+--nproc-per-node, --nproc_per_node"), so a prefix of both spellings of one option (`--nproc`, `--npr`) is refused like
+a prefix of two options (`--n`).  `torchrun_options` reads the options so, and refuses an ambiguous prefix naming it and
+its candidates (TorchrunOptionError), as torchrun exits with that error.  The option table is run.py's at the commit
+above (`python -m torch.distributed.launch` adds --use-env, --use_env: torch/distributed/launch.py `parse_args`).
 """
 
 from __future__ import annotations
@@ -47,6 +57,66 @@ class TorchrunCount:
         return int(first) if first.isdigit() and self.number is not None else None
 
 
+# torchrun's long options (run.py `get_args_parser`), each with its spellings, by whether it takes a value
+_VALUED = """nnodes nproc-per-node rdzv-backend rdzv-endpoint rdzv-id rdzv-conf max-restarts monitor-interval
+start-method event-log-handler role log-dir redirects tee local-ranks-filter node-rank master-addr master-port local-addr
+logs-specs numa-binding signals-to-handle""".split()
+_FLAGS = "standalone module no-python run-path help".split()  # `action=check_env` (no value), and argparse's -h
+_ONE_SPELLING = {"nnodes", "role", "redirects", "tee", "standalone", "module", "help"}  # no `_` alias in run.py
+_LAUNCH_ONLY = ["use-env"]  # torch/distributed/launch.py: `--use-env`, `--use_env`, store_true
+
+
+def _spellings(names: list[str]) -> dict[str, str]:
+    """{`--spelling`: option name} of `names`, each also with `_` for `-` where run.py declares it so."""
+    out: dict[str, str] = {}
+    for name in names:
+        out[f"--{name}"] = name
+        if name not in _ONE_SPELLING:
+            out[f"--{name.replace('-', '_')}"] = name
+    return out
+
+
+class TorchrunOptionError(ValueError):
+    """An option torchrun's argparse refuses as ambiguous: the message names the prefix and its candidates."""
+
+
+def torchrun_option(word: str, *, launch: bool = False) -> tuple[str, str | None] | None:
+    """(option name, value given with `=` or None) of a long option word as torchrun's argparse reads it: a
+    spelling in full, or a prefix of exactly one spelling (see the module docstring); None for a word that is not
+    one of its long options.  `launch`: `python -m torch.distributed.launch`, whose parser adds --use-env.
+    TorchrunOptionError for a prefix of several spellings."""
+    if not word.startswith("--") or word == "--":
+        return None
+    spellings = _spellings(_VALUED + _FLAGS + (_LAUNCH_ONLY if launch else []))
+    prefix, eq, value = word.partition("=")
+    if prefix in spellings:
+        return spellings[prefix], value if eq else None
+    candidates = [s for s in spellings if s.startswith(prefix)]
+    if len(candidates) > 1:
+        raise TorchrunOptionError(
+            f"torchrun's option {prefix} is ambiguous: it starts {', '.join(candidates)}, and torchrun's argparse "
+            f"refuses it (\"ambiguous option: {prefix} could match {', '.join(candidates)}\"; a prefix must start one "
+            "spelling only, `-` and `_` spellings counted apart); give the option's full name")
+    return (spellings[candidates[0]], value if eq else None) if candidates else None
+
+
+def torchrun_options(args: list[str], *, launch: bool = False) -> dict[str, str]:
+    """{option name: value} of torchrun's own options `args` (before its entry script), as torchrun reads them:
+    `--name v` or `--name=v`, a name by a unique prefix (`torchrun_option`); the last one given wins, as argparse's.
+    TorchrunOptionError for an ambiguous prefix."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        read = torchrun_option(args[i], launch=launch)
+        if read is not None and read[0] in _VALUED:
+            name, value = read
+            if value is None:
+                value, i = (args[i + 1] if i + 1 < len(args) else ""), i + 1
+            out[name] = value
+        i += 1
+    return out
+
+
 def options(args: list[str], keys: set[str]) -> dict[str, str]:
     """{key: value} of long options given as `--k v` or `--k=v` (`_` and `-` alike)."""
     out: dict[str, str] = {}
@@ -58,10 +128,11 @@ def options(args: list[str], keys: set[str]) -> dict[str, str]:
     return out
 
 
-def torchrun_count(args: list[str], env: Mapping[str, str], name: Count) -> TorchrunCount:
-    """torchrun's `name` count: its option among `args` (torchrun's own words), else PET_<NAME> in `env` (the
-    variables the script gives torchrun: exported, or set in front of the launch), else torchrun's default."""
-    given = options(args, {name}).get(name)
+def torchrun_count(args: list[str], env: Mapping[str, str], name: Count, *, launch: bool = False) -> TorchrunCount:
+    """torchrun's `name` count: its option among `args` (torchrun's own words, `torchrun_options`), else PET_<NAME>
+    in `env` (the variables the script gives torchrun: exported, or set in front of the launch), else torchrun's
+    default."""
+    given = torchrun_options(args, launch=launch).get(name)
     if given is not None:
         return TorchrunCount(given, f"--{name} {given}")
     variable = "PET_" + name.upper().replace("-", "_")
