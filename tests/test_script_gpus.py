@@ -584,3 +584,40 @@ def test_an_ambiguous_prefix_of_a_torchrun_option_is_refused_naming_the_candidat
     assert code == 2 and "Traceback" not in err, err
     assert f"error: --megatron-script: {script}:3: torchrun's option {prefix} is ambiguous" in err, err
     assert f"it starts {candidates}" in err, err
+
+
+@pytest.mark.parametrize("text", [
+    # --tres-per-task=gres/gpu=G binds G GPUs to each task as --gpus-per-task=G does (it was read as no GPUs per task:
+    # `gpu` refused as not stated, two tasks on a node refused as sharing the node's GPUs)
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+    "srun --tres-per-task=cpu=4,gres/gpu=8 torchrun --nnodes 2 --nproc-per-node gpu pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --tres-per-task=gres/gpu:h100=4\n"
+    "srun torchrun --nnodes 4 --nproc-per-node 4 pretrain_gpt.py FLAGS\n",
+    "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
+    "srun --tres-per-task gres:gpu=4 torchrun --nnodes 4 --nproc-per-node auto pretrain_gpt.py FLAGS\n",
+])
+def test_tres_per_task_gpus_bind_them_to_each_task_as_gpus_per_task(tmp_path, text):
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, "#!/bin/bash\n" + text))
+
+
+@pytest.mark.parametrize("text, named", [
+    # a torchrun of 4 ranks in a task --tres-per-task gives 8 GPUs: refused as with --gpus-per-task=8 (it was priced
+    # as 4 on each node)
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+     "srun --tres-per-task=gres/gpu=8 torchrun --nnodes 2 --nproc-per-node 4 pretrain_gpt.py FLAGS\n",
+     ["srun gives each task 8 GPUs (`srun --tres-per-task=gres/gpu=8`)", "4 ranks on 8 GPUs"]),
+    # the trainer itself in each task of 8 GPUs (it was priced as one rank on each of 2 nodes)
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --tres-per-task=gres/gpu=8\n"
+     "srun python pretrain_gpt.py FLAGS\n",
+     ["srun gives each task 8 GPUs (`#SBATCH --tres-per-task=gres/gpu=8` ({path}:4))"]),
+    # both spellings on one srun: Slurm refuses them together
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+     "srun --gpus-per-task=8 --tres-per-task=gres/gpu=8 torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py FLAGS\n",
+     ["both --gpus-per-task=8 and --tres-per-task=gres/gpu=8, which Slurm refuses together"]),
+])
+def test_tres_per_task_gpus_are_refused_where_gpus_per_task_is(tmp_path, text, named):
+    script = _job(tmp_path, "#!/bin/bash\n" + text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "error: --megatron-script: the script's launch (srun" in err and "Traceback" not in err, err
+    for text_ in named:
+        assert text_.format(path=script) in err, err

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.inputs.shell.builtins import gres_gpus, sbatch_options
+from planner.inputs.shell.builtins import gres_gpus, sbatch_options, tres_gpus
 from planner.inputs.slurm_options import (
     _SAME_OPTION, LONG_NAMES, VALUED, SlurmOptionError, long_option, options_end,
 )
@@ -75,3 +75,15 @@ def test_the_table_holds_every_valued_long_option_and_no_prefix_names_only_one_o
         for k in range(1, len(name)):
             starts = {n for n in names if n.startswith(name[:k])}
             assert len(starts) == 1 or len({_SAME_OPTION.get(n, n) for n in starts}) > 1, (name[:k], starts)
+
+
+@pytest.mark.parametrize("value, gpus", [
+    ("gres/gpu=2", "2"), ("gres/gpu:a100=2", "2"), ("cpu=4,gres/gpu=2", "2"), ("gres:gpu=2", "2"),
+    ("gres/gpu:a100=1,gres/gpu:h100=2", "3"),  # srun(1): the sum of the types is bound to each task
+    ("gres/gpu=1k", "1024"), ("gres/gpu", "1"), ("gres/gpu:a100:2", "2"), ("gres/gpu:a100", "1"),
+    ("cpu=4", None), ("cpu=8,license/ansys=1", None), ("gres/nvme=1", None),
+    ("gres/gpu=x", ""), ("gres/gpu=$N", ""),
+])
+def test_tres_per_task_gpus(value, gpus):
+    """--tres-per-task's GPUs for each task, as Slurm reads the list (slurm_opt.c `_validate_tres_per_task`)."""
+    assert tres_gpus(value) == gpus

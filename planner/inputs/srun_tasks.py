@@ -33,12 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from planner.inputs.shell.builtins import GPU_KEYS, SchedulerValue, gpu_value, gres_gpus, sbatch_options
+from planner.inputs.shell.builtins import GPU_KEYS, SchedulerValue, gpu_value, sbatch_options
 from planner.inputs.slurm_options import options_end
 
 # srun's own count options, as sbatch_options names them: plain numbers, or the launch states no count
 COUNT_KEYS = frozenset({"nodes", "ntasks", "ntasks-per-node", "ntasks-per-gpu", "gpus-per-task"})
 BIND_KEYS = frozenset({"gpu-bind", "tres-bind"})  # which GPUs each task sees (planner/inputs/srun_torchrun.py)
+# srun's other spelling of a GPU count: --gres=gpu:G is --gpus-per-node=G, --tres-per-task=gres/gpu=G is
+# --gpus-per-task=G (planner/inputs/shell/builtins.py `gres_gpus`, `tres_gpus`); each read where it has a GPU entry
+SPELT_AS = {"gpus-per-node": "gres", "gpus-per-task": "tres-per-task"}
 JOB_NAMES = {"nodes": "SLURM_NNODES", "ntasks": "SLURM_NTASKS", "ntasks-per-node": "SLURM_NTASKS_PER_NODE",
              "ntasks-per-gpu": "SLURM_NTASKS_PER_GPU", "gpus-per-task": "SLURM_GPUS_PER_TASK", "gpus": "SLURM_GPUS",
              "gpus-per-node": "SLURM_GPUS_PER_NODE", "gpu-bind": "SLURM_GPU_BIND",
@@ -68,14 +71,22 @@ class SrunCounts:
     taken: list[str] = field(default_factory=list)
 
     def gives(self, key: str) -> bool:
-        """srun gives `key` itself (--gres=gpu:G is its --gpus-per-node; --gres=nvme:1 gives no GPUs)."""
-        return key in self.own or (key == "gpus-per-node" and gres_gpus(self.own.get("gres", "")) is not None)
+        """srun gives `key` itself (--gres=gpu:G is its --gpus-per-node, --tres-per-task=gres/gpu=G its --gpus-per-task;
+        --gres=nvme:1 or --tres-per-task=cpu=4 gives no GPUs)."""
+        return self._own_name(key) is not None
+
+    def _own_name(self, key: str) -> str | None:
+        """The option of srun's own that gives `key` (`key`, or its SPELT_AS spelling with a GPU entry); None."""
+        if key in self.own:
+            return key
+        other = SPELT_AS.get(key)
+        return other if other is not None and gpu_value(other, self.own.get(other, "")) is not None else None
 
     def take(self, key: str, *, own: bool | None = None, record: bool = True) -> int | None:
         """The value srun runs with: its own where it gives `key` (`own`: True, srun's only; False, the job's only),
         else the job's, its place kept (`record`); None where that is not a plain number."""
         if own if own is not None else self.gives(key):
-            name = key if key in self.own or key != "gpus-per-node" else "gres"
+            name = self._own_name(key) or key
             value = gpu_value(name, self.own.get(name, "")) or ""
             return int(value) if value.isdigit() else None
         stated = self.job.get(JOB_NAMES[key])
@@ -95,8 +106,8 @@ class SrunCounts:
 
     def where(self, key: str) -> str:
         """Where the value of `key` srun runs with is given."""
-        if self.gives(key):
-            name = key if key in self.own else "gres"
+        name = self._own_name(key)
+        if name is not None:
             return f"`srun --{name}={self.own[name]}`"
         return self.job[JOB_NAMES[key]].source
 
@@ -115,7 +126,7 @@ def srun_words(words: list[str]) -> list[str]:
 def _own(words: list[str]) -> dict[str, str]:
     """srun's own count, GPU and GPU-binding options among `words` (`srun_words`), as sbatch_options names them."""
     return {key: value for key, value in sbatch_options(srun_words(words), "srun").items()
-            if key in COUNT_KEYS | GPU_KEYS | BIND_KEYS}
+            if key in COUNT_KEYS | GPU_KEYS | BIND_KEYS | {"tres-per-task"}}
 
 
 def srun_counts(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunCounts:
@@ -127,9 +138,12 @@ def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks
     """The tasks of `srun` with options `words` (`srun_words`: its own) in a job whose geometry the script states
     (`job`: the SLURM_* values of its #SBATCH lines and sbatch options, by name); see the module docstring."""
     own = _own(words)
-    if any(not (gpu_value(key, value) or "").isdigit() for key, value in own.items() if key in COUNT_KEYS):
+    if any(not (gpu_value(key, value) or "").isdigit() for key, value in own.items() if key in COUNT_KEYS) or \
+            gpu_value("tres-per-task", own.get("tres-per-task", "")) == "":
         return SrunTasks(None, None)  # a count that is not a plain number
     counts = SrunCounts(own, job)
+    if (both := both_gpus_per_task(counts)) is not None:
+        return counts.result(None, None, refused=both)
     if counts.take("ntasks-per-gpu") is not None:
         return _tasks_per_gpu(counts)
     per_task = counts.take("gpus-per-task")
@@ -171,6 +185,19 @@ def _one_gpu_each(counts: SrunCounts, tasks: SrunTasks) -> SrunTasks:
             f"srun starts {tasks.world} tasks ({tasks_where(counts)}) with {gpus} GPUs ({stated}): each task is a "
             "Megatron rank, so two would share a GPU, which NCCL refuses; give as many tasks as GPUs"))
     return tasks
+
+
+def both_gpus_per_task(counts: SrunCounts) -> str | None:
+    """srun given --gpus-per-task and a --tres-per-task with a gres/gpu entry, which Slurm refuses together
+    (SchedMD/slurm 284c3b95f08a2dc2478499837b03355e1b9c5c75, src/common/slurm_opt.c
+    `_set_tres_per_task_from_sibling_opt_internal`: "You can not have --tres-per-task=gres/gpu= and --gpus-per-task");
+    None where it is not."""
+    own = counts.own
+    if "gpus-per-task" not in own or gpu_value("tres-per-task", own.get("tres-per-task", "")) is None:
+        return None
+    return (f"srun is given both --gpus-per-task={own['gpus-per-task']} and --tres-per-task={own['tres-per-task']}, "
+            "which Slurm refuses together (\"You can not have --tres-per-task=gres/gpu= and --gpus-per-task\"); give "
+            "one of them")
 
 
 def tasks_per_node_where(counts: SrunCounts) -> str:

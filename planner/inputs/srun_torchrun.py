@@ -11,7 +11,9 @@ Slurm gives them (SchedMD/slurm 284c3b95f08a2dc2478499837b03355e1b9c5c75):
 
 * --gpus-per-task=G binds G GPUs to each task (srun(1): it "will implicitly set --tres-bind=gres/gpu:per_task:G";
   src/common/slurm_opt.c `_implicitly_bind_tres_per_task`), as --gpu-bind=per_task:G or --tres-bind=gres/gpu:per_task:G
-  do; another binding (closest, map, mask, single) is not a count the script states; `none` binds none.
+  do, and as --tres-per-task=gres/gpu=G (also `gres/gpu:TYPE=G`, or an entry of a list `cpu=4,gres/gpu=G`: the same
+  option in Slurm, planner/inputs/shell/builtins.py `tres_gpus`); another binding (closest, map, mask, single) is not
+  a count the script states; `none` binds none.
 * Otherwise Slurm binds no GPU to a task (srun(1) --tres-bind: "By default, most tres are not bound to individual
   tasks"; src/interfaces/gres.c `_get_usable_gres` narrows a task's GPUs only under a tres-bind): each task sees every
   GPU the step has on its node, --gres=gpu:N or --gpus-per-node=N (srun's, else the job's, all of which a step gets by
@@ -34,7 +36,7 @@ from typing import Mapping
 
 from planner.inputs.shell.builtins import SchedulerValue
 from planner.inputs.srun_tasks import (
-    SrunCounts, node_tasks, srun_counts, tasks_per_node_where, tasks_where,
+    SrunCounts, both_gpus_per_task, node_tasks, srun_counts, tasks_per_node_where, tasks_where,
 )
 from planner.inputs.torchrun_counts import PER_GPU, TorchrunCount
 
@@ -66,6 +68,8 @@ def torchrun_tasks(words: list[str], job: Mapping[str, SchedulerValue], nproc: T
     """The ranks a torchrun (counts `nproc`, `nnodes`; environment `env`) starts in each task of `srun` (options
     `words`, in a job of geometry `job`); see the module docstring."""
     counts = srun_counts(words, job)
+    if (both := both_gpus_per_task(counts)) is not None:
+        return TorchrunTasks(None, None, refused=both)
     seen = _task_gpus(counts, env)
     tasks, per_node = _agents(counts)
     if per_node is not None and per_node > 1 and not seen.bound:

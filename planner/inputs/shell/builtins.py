@@ -432,7 +432,8 @@ _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 _SBATCH_KEYS = {"-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks-per-node", "-n": "ntasks",
                 "--ntasks": "ntasks", "--gpus-per-node": "gpus-per-node", "--gres": "gres", "-G": "gpus",
                 "--gpus": "gpus", "--gpus-per-task": "gpus-per-task", "--ntasks-per-gpu": "ntasks-per-gpu",
-                "--tasks-per-node": "ntasks-per-node", "--gpu-bind": "gpu-bind", "--tres-bind": "tres-bind"}
+                "--tasks-per-node": "ntasks-per-node", "--gpu-bind": "gpu-bind", "--tres-bind": "tres-bind",
+                "--tres-per-task": "tres-per-task", "--export": "export"}
 # --tasks-per-node: --ntasks-per-node's second name (slurm_opt.c)
 GPU_KEYS = frozenset({"gpus-per-node", "gres", "gpus", "gpus-per-task"})  # `[type:]count`; gres: `gres_gpus`
 
@@ -529,11 +530,51 @@ def gres_gpus(value: str) -> str | None:
     return None if total is None else str(total)
 
 
+def tres_gpus(value: str) -> str | None:
+    """The GPUs each task gets from a --tres-per-task list (`gres/gpu=2`, `gres/gpu:a100=2`, `cpu=4,gres/gpu=2`): the
+    sum of its `gres/gpu` entries' counts, as digits; None where it has no such entry (`cpu=4`); '' where Slurm would
+    not read it or the reader left it unexpanded.
+
+    srun(1) --tres-per-task: "a comma-delimited list ... trestype[/tresname]=count", e.g. `gres/gpu:a100=2`; "with
+    gres/gpu ... will implicitly set --tres-bind=gres/gpu:per_task:<tres_per_task>, or if multiple gpu types are
+    specified --tres-bind=gres/gpu:per_task:<gpus_per_task_type_sum>".  Slurm (SchedMD/slurm
+    284c3b95f08a2dc2478499837b03355e1b9c5c75, src/common/slurm_opt.c `_validate_tres_per_task`) writes a `gres:` entry as
+    `gres/` (`slurm_format_tres_string`), sets --gpus-per-task from the gpu entries (`_set_tres_per_task_from_sibling_opt`)
+    and binds their sum to each task (`_implicitly_bind_tres_per_task`); each entry's count follows its last `=` (a
+    number with a suffix, else refused) or `:` (src/common/slurm_protocol_defs.c `slurm_get_next_tres`), else 1."""
+    if "$" in value or "`" in value:
+        return ""
+    total: int | None = None
+    for entry in value.split(","):
+        kind, slash, rest = entry.replace("gres:", "gres/", 1).partition("/")
+        if kind != "gres" or not slash:
+            continue  # cpu=4, license/ansys=1: not a GPU
+        name, count = _tres_entry(rest)
+        if count is None or not name:
+            return ""  # `gres/gpu=x`, `gres/=2`: refused by Slurm
+        if name.split(":", 1)[0] == "gpu":
+            total = (total or 0) + count
+    return None if total is None else str(total)
+
+
+def _tres_entry(text: str) -> tuple[str, int | None]:
+    """(name, count) of a tres entry after its `gres/` (`gpu:a100=2`, `gpu:a100:2`, `gpu`): the count after its last
+    `=` (None where not a number), else after its last `:` where that is one, else 1 (`slurm_get_next_tres`)."""
+    if "=" in text:
+        name, _, count = text.rpartition("=")
+        return name, _gres_number(count)
+    name, colon, last = text.rpartition(":")
+    count = _gres_number(last) if colon else None
+    return (name, count) if count is not None else (text, 1)
+
+
 def gpu_value(key: str, value: str) -> str | None:
-    """The count an sbatch_options key's value gives: the GPU count of a GPU option (`gpu_count`, `gres_gpus`;
-    None where a --gres asks for no GPU), else the value as given."""
+    """The count an sbatch_options key's value gives: the GPU count of a GPU option (`gpu_count`, `gres_gpus`,
+    `tres_gpus`; None where a --gres or --tres-per-task asks for no GPU), else the value as given."""
     if key == "gres":
         return gres_gpus(value)
+    if key == "tres-per-task":
+        return tres_gpus(value)
     return gpu_count(value) if key in GPU_KEYS else value
 
 
@@ -558,7 +599,7 @@ def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
     if gpus:
         out += [SchedulerValue(n, gpus[0], gpus[1]) for n in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")]
     for key in ("gpus", "gpus-per-task", "ntasks-per-gpu"):  # sbatch sets each where the job asks for it
-        given = num(key)
+        given = num(key) or (num("tres-per-task") if key == "gpus-per-task" else None)  # its gres/gpu: the same
         if given:
             out.append(SchedulerValue(f"SLURM_{key.upper().replace('-', '_')}", given[0], given[1]))
     for key in ("gpu-bind", "tres-bind"):  # the GPUs each task sees, as given (sbatch(1): SLURM_GPU_BIND; the
