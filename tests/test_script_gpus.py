@@ -621,3 +621,27 @@ def test_tres_per_task_gpus_are_refused_where_gpus_per_task_is(tmp_path, text, n
     assert code == 2 and "error: --megatron-script: the script's launch (srun" in err and "Traceback" not in err, err
     for text_ in named:
         assert text_.format(path=script) in err, err
+
+
+@pytest.mark.parametrize("text, named", [
+    # one task on each node, which sees the node's 8 GPUs (none bound to it), a torchrun of 4 ranks in it: refused as
+    # with --gpus-per-task=8 (it was priced as 4 GPUs on each node, the job's other 4 idle)
+    ("#SBATCH --nodes=2\n"
+     "srun --ntasks-per-node=1 --gpus-per-node=8 torchrun --nnodes 2 --nproc-per-node 4 pretrain_gpt.py FLAGS\n",
+     ["srun starts one task on each node (`srun --ntasks-per-node=1`), which sees all 8 GPUs of its node "
+      "(`srun --gpus-per-node=8`)", "--nproc-per-node 4: 4 ranks on 8 GPUs, 4 of each node's GPUs idle",
+      "give torchrun --nproc-per-node 8, or ask Slurm for 4 GPUs on each node (--gpus-per-node=4)"]),
+    # the job's GPUs and no task count (Slurm's one task per node); 16 ranks on 8 GPUs
+    ("#SBATCH --nodes=2\n#SBATCH --gres=gpu:8\nsrun torchrun --nnodes 2 --nproc_per_node 16 pretrain_gpt.py FLAGS\n",
+     ["(Slurm's one task on each node without a task count), which sees all 8 GPUs of its node "
+      "(`#SBATCH --gres=gpu:8` ({path}:3))", "16 ranks on 8 GPUs, more ranks than GPUs"]),
+])
+def test_one_task_on_each_node_with_other_ranks_than_the_nodes_gpus_is_refused(tmp_path, text, named):
+    """The same task as `--gpus-per-task=8` (the node's 8 GPUs, all seen by its one task), the same refusal (exit 2),
+    naming the flags and both numbers; a plain torchrun of 4 on a node of 8 is priced on its 4 (the node's other GPUs
+    are the cluster's, not held by the script: test_fewer_gpus_per_node_than_the_nodes_hold)."""
+    script = _job(tmp_path, "#!/bin/bash\n" + text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "error: --megatron-script: the script's launch (srun" in err and "Traceback" not in err, err
+    for text_ in named:
+        assert text_.format(path=script) in err, err

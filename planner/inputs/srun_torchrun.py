@@ -22,7 +22,10 @@ Slurm gives them (SchedMD/slurm 284c3b95f08a2dc2478499837b03355e1b9c5c75):
   NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553), so each task's first rank is on GPU 0.
 
 Refused, naming the options: ranks other than the GPUs Slurm binds to the task (more: two ranks on a GPU, which NCCL
-refuses; fewer: GPUs the job holds idle); `gpu` or `auto` where the script states no GPUs for the task; several
+refuses; fewer: GPUs the job holds idle), or than the GPUs of its node where srun runs one task on each node and binds
+none (`srun --ntasks-per-node=1 --gpus-per-node=8 torchrun --nproc-per-node 4`: the task sees the node's 8 GPUs, as
+with --gpus-per-task=8; a plain torchrun on a node of more GPUs is priced on its ranks, since a script without Slurm
+holds no GPUs of its own: the others are the cluster's, not the job's); `gpu` or `auto` where the script states no GPUs for the task; several
 tasks on a node with no GPU bound to each (unless the script sets CUDA_VISIBLE_DEVICES for torchrun itself, which then
 decides the GPUs a task sees); and
 srun tasks other than torchrun's --nnodes agents (its rendezvous waits for --nnodes agents, MIN:MAX at most MAX).
@@ -84,6 +87,8 @@ def torchrun_tasks(words: list[str], job: Mapping[str, SchedulerValue], nproc: T
         return TorchrunTasks(None, None)  # `cpu`, `$N`: not a GPU count the script states
     if seen.bound and seen.count is not None and seen.count != ranks:
         return TorchrunTasks(None, None, refused=_not_the_tasks_gpus(seen, ranks, nproc.given))
+    if not seen.bound and per_node == 1 and seen.count is not None and seen.count != ranks:
+        return TorchrunTasks(None, None, refused=_not_the_nodes_gpus(counts, seen, ranks, nproc.given))
     agents, least = nnodes.number, nnodes.least
     if agents is not None and least is not None and tasks is not None:
         if not least <= tasks <= agents:
@@ -173,6 +178,20 @@ def _not_the_tasks_gpus(seen: _TaskGpus, ranks: int, nproc_words: str) -> str:
     return (f"srun gives each task {gpus} GPUs ({seen.where}) and starts torchrun in each task with {nproc_words}: "
             f"{ranks} rank{'s' if ranks != 1 else ''} on {gpus} GPUs, {what}; give torchrun --nproc-per-node "
             f"{gpus}, or srun --gpus-per-task={ranks}")
+
+
+def _not_the_nodes_gpus(counts: SrunCounts, seen: _TaskGpus, ranks: int, nproc_words: str) -> str:
+    """One task on each node, which sees all the GPUs the step has there (no GPU bound to it), running a torchrun of
+    other ranks than those GPUs: as `_not_the_tasks_gpus`, the node's GPUs are the task's."""
+    gpus = seen.count or 0
+    tasks = ("Slurm's one task on each node without a task count" if _no_task_count(counts) else
+             tasks_per_node_where(counts))
+    what = ("more ranks than GPUs, so two would share a GPU, which NCCL refuses" if ranks > gpus else
+            f"{gpus - ranks} of each node's GPUs idle, held by the job but not priced")
+    return (f"srun starts one task on each node ({tasks}), which sees all {gpus} GPUs of its node ({seen.where}), and "
+            f"starts torchrun in it with {nproc_words}: {ranks} rank{'s' if ranks != 1 else ''} on {gpus} GPUs, "
+            f"{what}; give torchrun --nproc-per-node {gpus}, or ask Slurm for {ranks} GPUs on each node "
+            f"(--gpus-per-node={ranks})")
 
 
 def _not_the_agents(counts: SrunCounts, tasks: int, nnodes: TorchrunCount) -> str:
