@@ -645,3 +645,45 @@ def test_one_task_on_each_node_with_other_ranks_than_the_nodes_gpus_is_refused(t
     assert code == 2 and "error: --megatron-script: the script's launch (srun" in err and "Traceback" not in err, err
     for text_ in named:
         assert text_.format(path=script) in err, err
+
+
+JOB_2x1 = "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+
+
+@pytest.mark.parametrize("text", [
+    # srun's --export sets PET_* for the task (it was not read: torchrun's default, 1 rank in each task)
+    "srun --export=PET_NPROC_PER_NODE=8 torchrun --nnodes 2 pretrain_gpt.py FLAGS\n",
+    "export PET_NNODES=2\nsrun --export=ALL,PET_NPROC_PER_NODE=8 torchrun pretrain_gpt.py FLAGS\n",
+    # a name alone passes srun's value of it
+    "export PET_NPROC_PER_NODE=8\nsrun --export=PET_NPROC_PER_NODE torchrun --nnodes 2 pretrain_gpt.py FLAGS\n",
+    # the job's --export=NONE reaches srun through SLURM_EXPORT_ENV, which the script may set back to ALL
+    "#SBATCH --export=NONE\nexport PET_NPROC_PER_NODE=8\nexport SLURM_EXPORT_ENV=ALL\n"
+    "srun torchrun --nnodes 2 pretrain_gpt.py FLAGS\n",
+    # what the task sets itself is not srun's to filter
+    "srun --export=NONE bash -c 'PET_NPROC_PER_NODE=8 torchrun --nnodes 2 pretrain_gpt.py FLAGS'\n",
+])
+def test_srun_export_gives_the_task_its_pet_variables(tmp_path, text):
+    _same_as_two_nodes_of_eight(tmp_path, _job(tmp_path, JOB_2x1 + text))
+
+
+@pytest.mark.parametrize("text, where", [
+    # srun(1) --export=NONE: "None of the user environment will be defined" (it was read as the script's 8)
+    ("export PET_NPROC_PER_NODE=8\nsrun --export=NONE torchrun --nnodes 4 pretrain_gpt.py FLAGS\n",
+     "`srun --export=NONE`"),
+    ("PET_NPROC_PER_NODE=8 srun --export=NONE torchrun --nnodes 4 pretrain_gpt.py FLAGS\n", "`srun --export=NONE`"),
+    # a list without ALL passes only what it names
+    ("export PET_NPROC_PER_NODE=8\nsrun --export=PATH,HOME torchrun --nnodes 4 pretrain_gpt.py FLAGS\n",
+     "`srun --export=PATH,HOME`"),
+    # sbatch's --export=NONE is srun's too (SLURM_EXPORT_ENV)
+    ("#SBATCH --export=NONE\nexport PET_NPROC_PER_NODE=8\nsrun torchrun --nnodes 4 pretrain_gpt.py FLAGS\n",
+     "`#SBATCH --export=NONE` ({path}:4)"),
+])
+def test_srun_export_hides_the_scripts_pet_variables_from_torchrun(tmp_path, text, where):
+    """The script's PET_NPROC_PER_NODE=8 does not reach the torchrun srun starts: torchrun's default, 1 rank in each
+    of the 4 tasks, and the note says why."""
+    script = _job(tmp_path, JOB_2x1.replace("nodes=2", "nodes=4") + text)
+    code, payload, err = _estimate(script, "H100:64")
+    assert code == 0, err
+    assert payload["world_size"] == 4, err
+    assert (f"the script's PET_NPROC_PER_NODE=8 does not reach torchrun ({where.format(path=script)} does not pass "
+            "it): torchrun's default 1") in err, err

@@ -54,13 +54,14 @@ from typing import Any, Iterable
 from planner.errors import PlannerInputError, ReadingTimeLimitError
 from planner.inputs.files import read_text
 from planner.inputs.shell.arith import MAX_ARITH_CHARS, eval_arith
-from planner.inputs.shell.builtins import CLUSTER_GEOMETRY_VARS, SchedulerValue, sbatch_values
+from planner.inputs.shell.builtins import CLUSTER_GEOMETRY_VARS, SchedulerValue, sbatch_options, sbatch_values
 from planner.inputs.shell.interp import (
     MAX_DEPTH, MAX_SCRIPT_BYTES, MAX_STEPS, BranchDecision, LaunchSite, Break, Continue, ScriptExit, Interp, Return,
 )
 from planner.inputs.shell.lexer import MAX_NESTING
 from planner.inputs.shell.syntax import parse
 from planner.inputs.slurm_options import SlurmOptionError
+from planner.inputs.srun_export import Export, srun_export
 from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
 from planner.inputs.srun_torchrun import TorchrunTasks, torchrun_tasks
 from planner.inputs.torchrun_counts import TorchrunOptionError, options, torchrun_count, torchrun_options
@@ -90,6 +91,7 @@ class LauncherScript:
     arrays: dict[str, list[str]] = field(default_factory=dict)
     exported: list[str] = field(default_factory=list)
     launch_env: dict[str, str] = field(default_factory=dict)  # VAR=value before the launcher word
+    outer_env: dict[str, str] | None = None  # the environment of the srun around the `bash -c` the launch is in
     site: LaunchSite | None = None
     extra_flags: list[str] = field(default_factory=list)  # --megatron-args given on top of the script
     sourced: dict[str, str] = field(default_factory=dict)  # files it sources from its own directory: path -> text
@@ -146,8 +148,10 @@ class LauncherScript:
         """The ranks the launch's torchrun starts (its counts: planner/inputs/torchrun_counts.py), one torchrun in each
         task where srun runs it (planner/inputs/srun_torchrun.py)."""
         env, launch = self.torchrun_env, _legacy_launch(self.launcher)
-        nproc = torchrun_count(self.launcher_args, env, "nproc-per-node", launch=launch)
-        nnodes = torchrun_count(self.launcher_args, env, "nnodes", launch=launch)
+        export, srun_env = self.srun_export, self.srun_env
+        hidden = (srun_env, export.where) if export is not None and srun_env is not None else None
+        nproc = torchrun_count(self.launcher_args, env, "nproc-per-node", launch=launch, hidden=hidden)
+        nnodes = torchrun_count(self.launcher_args, env, "nnodes", launch=launch, hidden=hidden)
         if self.under_srun:
             return torchrun_tasks(self.wrapper, self.job, nproc, nnodes, env)
         if not (nproc.value.isdigit() and nnodes.number is not None):
@@ -156,8 +160,35 @@ class LauncherScript:
 
     @property
     def torchrun_env(self) -> dict[str, str]:
-        """The variables the script gives the launch: those it exports, and those set in front of the command."""
+        """The variables the script gives the launch: those it exports, and those set in front of the command; under
+        srun, those of them its --export passes to the task (planner/inputs/srun_export.py), and those the task sets
+        itself (in a `bash -c` string srun runs)."""
+        env = {name: self.env[name] for name in self.exported if name in self.env} | self.launch_env
+        srun_env = self.srun_env
+        export = self.srun_export
+        if srun_env is None or export is None:
+            return env
+        task = {} if self.outer_env is None else {k: v for k, v in env.items() if self.outer_env.get(k) != v}
+        return export.task_environment(srun_env) | task
+
+    @property
+    def srun_env(self) -> dict[str, str] | None:
+        """The environment the launch's srun runs with (None: no srun): what the script exports and sets in front
+        of srun, as it stands where srun runs."""
+        if not self.under_srun:
+            return None
+        if self.outer_env is not None:
+            return dict(self.outer_env)
         return {name: self.env[name] for name in self.exported if name in self.env} | self.launch_env
+
+    @property
+    def srun_export(self) -> Export | None:
+        """The launch's srun's --export (planner/inputs/srun_export.py); None: no srun, or ALL by default."""
+        srun_env = self.srun_env
+        if srun_env is None:
+            return None
+        own = sbatch_options(srun_words(self.wrapper), "srun").get("export")
+        return srun_export(own, srun_env, self.env, self.job)
 
     @property
     def under_srun(self) -> bool:
@@ -473,6 +504,7 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
         arrays={n: list(v.value) for n, v in interp.vars.items() if isinstance(v.value, list)},
         exported=list(interp.exported),
         launch_env=found.prefix_env,
+        outer_env=found.outer_env,
         site=found.site,
         decisions=list(interp.decisions),
         unresolved=list(interp.unresolved),

@@ -128,14 +128,25 @@ def options(args: list[str], keys: set[str]) -> dict[str, str]:
     return out
 
 
-def torchrun_count(args: list[str], env: Mapping[str, str], name: Count, *, launch: bool = False) -> TorchrunCount:
+def pet_variable(name: Count) -> str:
+    """The variable torchrun reads a count from where its option is not given: PET_NNODES, PET_NPROC_PER_NODE."""
+    return "PET_" + name.upper().replace("-", "_")
+
+
+def torchrun_count(args: list[str], env: Mapping[str, str], name: Count, *, launch: bool = False,
+                   hidden: tuple[Mapping[str, str], str] | None = None) -> TorchrunCount:
     """torchrun's `name` count: its option among `args` (torchrun's own words, `torchrun_options`), else PET_<NAME>
     in `env` (the variables the script gives torchrun: exported, or set in front of the launch), else torchrun's
-    default."""
+    default.  `hidden`: the variables the script sets for srun, and the --export that keeps those not in `env` from
+    torchrun (planner/inputs/srun_export.py), named where the count falls to the default."""
     given = torchrun_options(args, launch=launch).get(name)
     if given is not None:
         return TorchrunCount(given, f"--{name} {given}")
-    variable = "PET_" + name.upper().replace("-", "_")
+    variable = pet_variable(name)
     if variable in env:
         return TorchrunCount(env[variable], f"no --{name}, {variable}={env[variable]} in torchrun's environment")
-    return TorchrunCount(_DEFAULTS[name], f"no --{name} (torchrun's default: {_DEFAULTS[name]})")
+    default = _DEFAULTS[name]
+    if hidden is not None and variable in hidden[0]:
+        return TorchrunCount(default, f"no --{name}, and the script's {variable}={hidden[0][variable]} does not reach "
+                             f"torchrun ({hidden[1]} does not pass it): torchrun's default {default}")
+    return TorchrunCount(default, f"no --{name} (torchrun's default: {default})")

@@ -605,6 +605,8 @@ def slurm_values(options: dict[str, tuple[str, str]]) -> list[SchedulerValue]:
     for key in ("gpu-bind", "tres-bind"):  # the GPUs each task sees, as given (sbatch(1): SLURM_GPU_BIND; the
         if key in options:  # job's SLURM_TRES_BIND, src/common/env.c), which srun reads as its own (srun/opt.c)
             out.append(SchedulerValue(f"SLURM_{key.upper().replace('-', '_')}", *options[key]))
+    if "export" in options and options["export"][0].upper() != "ALL":  # src/sbatch/opt.c sets it for srun, which
+        out.append(SchedulerValue("SLURM_EXPORT_ENV", *options["export"]))  # reads it as --export (srun_export.py)
     return out
 
 

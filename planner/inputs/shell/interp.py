@@ -131,6 +131,7 @@ class Found:
     line: int
     job: dict[str, SchedulerValue] = field(default_factory=dict)  # the geometry the script states at the launch
     src: int = 0  # the source the launch's line is in (Interp.where): the script, or a file it sources or submits
+    outer_env: dict[str, str] | None = None  # the environment of the srun/mpirun around the `bash -c` it is in
 
 
 class _CannotCapture(Exception):
@@ -176,6 +177,7 @@ class Interp:
         self.steps_after_launch = steps_after_launch  # statements read past the first launch, for other launches
         self.skipped_launches: list[str] = []
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
+        self.outer_env: dict[str, str] | None = None  # the environment that wrapper runs with (None: no wrapper)
         self.self_relative = False  # the script locates files from its own directory ($0, BASH_SOURCE)
         self.sourced: list[Path] = []  # files it sourced
         # names the script assigns somewhere: unset at a given point, they are empty (as in bash);
@@ -1096,7 +1098,7 @@ class Interp:
                                 and any(r.heredoc for r in node.redirects)):
             return self.job_script(fields, node)
         if base in ("bash", "sh") or (base in _WRAPPERS and ("bash" in fields or "sh" in fields)):
-            return self.child_shell(fields, node)
+            return self.child_shell(fields, node, prefix_env)
         handler = _BUILTINS.get(name)
         if handler is not None:
             return handler(self, fields, node, prefix_env)
@@ -1134,21 +1136,29 @@ class Interp:
                       for name, var in self.vars.items()}
         return state
 
-    def child_shell(self, fields: list[str], node: Simple) -> int | None:
-        """`bash -c STRING` (also behind srun/mpirun) and `bash FILE ARGS`."""
+    def child_shell(self, fields: list[str], node: Simple, prefix_env: dict[str, str] | None = None) -> int | None:
+        """`bash -c STRING` (also behind srun/mpirun, whose environment is kept in `outer_env`: what srun's --export
+        filters, planner/inputs/srun_export.py) and `bash FILE ARGS`."""
         idx = next((i for i, f in enumerate(fields) if f.rsplit("/", 1)[-1] in ("bash", "sh")), None)
         if idx is not None and "-c" in fields[idx + 1 : idx + 3]:
             c = fields.index("-c", idx)
             if c + 1 < len(fields):
-                saved_outer = self.outer_wrapper
+                saved_outer, saved_env = self.outer_wrapper, self.outer_env
                 self.outer_wrapper = saved_outer + fields[:idx]
+                if saved_env is None and idx > 0:
+                    self.outer_env = self.environment() | (prefix_env or {})
                 try:
                     return self.run_string(fields[c + 1], node, "string", args=fields[c + 2 :])
                 finally:
-                    self.outer_wrapper = saved_outer
+                    self.outer_wrapper, self.outer_env = saved_outer, saved_env
         if idx is not None and idx + 1 < len(fields) and not fields[idx + 1].startswith("-"):
             return self.source(fields[idx + 1], fields[idx + 2 :], node, child=True)
         return None
+
+    def environment(self) -> dict[str, str]:
+        """The variables the script exports, as they stand: the environment of a command it runs."""
+        return {name: v.value for name in self.exported if (v := self.vars.get(name)) is not None
+                and isinstance(v.value, str)}
 
     def stdin_text(self, node: Simple) -> str | None:
         """The text a here-document or here-string feeds the command (expanded as bash does)."""
@@ -1359,7 +1369,7 @@ class Interp:
                 site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
         job = {name: value for name, value in self.scheduler.items() if value.stated}
         return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
-                      fields[entry + 1 :], prefix_env, site, node.line, job, node.src)
+                      fields[entry + 1 :], prefix_env, site, node.line, job, node.src, self.outer_env)
 
 
 def _read_sourced(path: Path) -> str:
