@@ -687,3 +687,30 @@ def test_srun_export_hides_the_scripts_pet_variables_from_torchrun(tmp_path, tex
     assert payload["world_size"] == 4, err
     assert (f"the script's PET_NPROC_PER_NODE=8 does not reach torchrun ({where.format(path=script)} does not pass "
             "it): torchrun's default 1") in err, err
+
+
+@pytest.mark.parametrize("text, noted", [
+    # the count is torchrun's default only because the script sets no PET_*: the submitting environment's would win
+    ("torchrun --nproc-per-node 8 pretrain_gpt.py FLAGS\n", ["PET_NNODES"]),
+    ("#SBATCH --nodes=1\nsrun torchrun pretrain_gpt.py FLAGS\n", ["PET_NNODES", "PET_NPROC_PER_NODE"]),
+    # the option or the script's own PET_* gives it: nothing to say
+    ("torchrun --nnodes 1 --nproc_per_node 8 pretrain_gpt.py FLAGS\n", []),
+    ("export PET_NNODES=1\ntorchrun --nproc-per-node 8 pretrain_gpt.py FLAGS\n", []),
+    # an --export that passes no PET_* of the submitting environment: it cannot change the count
+    ("#SBATCH --nodes=1\nsrun --export=NONE torchrun --nproc-per-node 8 pretrain_gpt.py FLAGS\n", []),
+    ("#SBATCH --nodes=1\n#SBATCH --export=PATH\nsrun torchrun --nproc-per-node 8 pretrain_gpt.py FLAGS\n", []),
+    ("#SBATCH --nodes=1\nsrun --export=PATH,PET_NNODES torchrun --nproc-per-node 8 pretrain_gpt.py FLAGS\n",
+     ["PET_NNODES"]),
+])
+def test_a_count_left_to_torchrun_s_default_notes_the_pet_variable_that_would_change_it(tmp_path, text, noted):
+    """torchrun reads PET_NNODES / PET_NPROC_PER_NODE from its environment where its option is not given; one the
+    job is submitted with (sbatch passes the submitting environment on by default) is not in the script: the count
+    is read as torchrun's default, with a note naming the variable (there was none), and none where the option, the
+    script or an --export decides it."""
+    script = _job(tmp_path, "#!/bin/bash\n" + text)
+    res = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", "H100:8", "--json"])
+    notes = [line for line in res.stderr.splitlines() if "in the environment the job is submitted or run from" in line]
+    for variable in ("PET_NNODES", "PET_NPROC_PER_NODE"):
+        said = [n for n in notes if f"the script sets no {variable}: read as torchrun's default" in n]
+        assert len(said) == (variable in noted), res.stderr
+    assert all(n.startswith(f"note: {script}:") for n in notes), res.stderr

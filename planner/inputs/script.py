@@ -58,13 +58,13 @@ from planner.inputs.shell.builtins import CLUSTER_GEOMETRY_VARS, SchedulerValue,
 from planner.inputs.shell.interp import (
     MAX_DEPTH, MAX_SCRIPT_BYTES, MAX_STEPS, BranchDecision, LaunchSite, Break, Continue, ScriptExit, Interp, Return,
 )
-from planner.inputs.shell.lexer import MAX_NESTING
+from planner.inputs.shell.lexer import MAX_NESTING, location
 from planner.inputs.shell.syntax import parse
 from planner.inputs.slurm_options import SlurmOptionError
 from planner.inputs.srun_export import Export, srun_export
 from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
 from planner.inputs.srun_torchrun import TorchrunTasks, torchrun_tasks
-from planner.inputs.torchrun_counts import TorchrunOptionError, options, torchrun_count, torchrun_options
+from planner.inputs.torchrun_counts import TorchrunOptionError, options, pet_variable, torchrun_count, torchrun_options
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -319,7 +319,31 @@ def parse_launcher_script(
     warnings += _other_launches(interp, stopped)
     script = _script_of(launch, found, text, path_text, given, warnings)
     script.cluster_reads = _cluster_reads(interp, geometry)
+    script.warnings += _unseen_pet_notes(script)
     return script
+
+
+def _unseen_pet_notes(script: LauncherScript) -> list[str]:
+    """torchrun's counts the script leaves to their PET_* variable, which it does not set: a PET_* of the
+    environment the script runs in (the shell it is started from; under sbatch, the submitting shell's, which sbatch
+    passes on by default, sbatch(1) --export=ALL) would set them, and the reader cannot see it.  Not where an
+    --export keeps it from torchrun (the job's #SBATCH --export, srun's: planner/inputs/srun_export.py)."""
+    if script.launched_by != "torchrun":
+        return []
+    given = torchrun_options(script.launcher_args, launch=_legacy_launch(script.launcher))
+    env = script.torchrun_env
+    job = script.job.get("SLURM_EXPORT_ENV")
+    exports = [e for e in (Export(job.value, job.source) if job else None, script.srun_export) if e is not None]
+    where = f"{location(script.path, script.site.line)}: " if script.site is not None else ""
+    out: list[str] = []
+    for name in ("nnodes", "nproc-per-node"):
+        variable = pet_variable(name)  # type: ignore[arg-type]
+        if name in given or variable in env or any(not e.passes(variable) for e in exports):
+            continue
+        out.append(f"{where}torchrun gets no --{name} and the script sets no {variable}: read as torchrun's default; "
+                   f"a {variable} in the environment the job is submitted or run from (sbatch passes it on by default) "
+                   f"would change it; give --{name} to make the count the script's")
+    return out
 
 
 def _cluster_reads(interp: Interp, geometry: dict[str, SchedulerValue]) -> list[str]:
