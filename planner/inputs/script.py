@@ -64,7 +64,9 @@ from planner.inputs.slurm_options import SlurmOptionError
 from planner.inputs.srun_export import Export, srun_export
 from planner.inputs.srun_tasks import SrunTasks, srun_tasks, srun_words
 from planner.inputs.srun_torchrun import TorchrunTasks, torchrun_tasks
-from planner.inputs.torchrun_counts import TorchrunOptionError, options, pet_variable, torchrun_count, torchrun_options
+from planner.inputs.torchrun_counts import (
+    Count, TorchrunOptionError, options, pet_variable, torchrun_count, torchrun_options,
+)
 from planner.schemas.cluster import ClusterSpec
 
 FIELD = "--megatron-script"
@@ -336,8 +338,9 @@ def _unseen_pet_notes(script: LauncherScript) -> list[str]:
     exports = [e for e in (Export(job.value, job.source) if job else None, script.srun_export) if e is not None]
     where = f"{location(script.path, script.site.line)}: " if script.site is not None else ""
     out: list[str] = []
-    for name in ("nnodes", "nproc-per-node"):
-        variable = pet_variable(name)  # type: ignore[arg-type]
+    names: tuple[Count, ...] = ("nnodes", "nproc-per-node")
+    for name in names:
+        variable = pet_variable(name)
         if name in given or variable in env or any(not e.passes(variable) for e in exports):
             continue
         out.append(f"{where}torchrun gets no --{name} and the script sets no {variable}: read as torchrun's default; "

@@ -25,10 +25,11 @@ Refused, naming the options: ranks other than the GPUs Slurm binds to the task (
 refuses; fewer: GPUs the job holds idle), or than the GPUs of its node where srun runs one task on each node and binds
 none (`srun --ntasks-per-node=1 --gpus-per-node=8 torchrun --nproc-per-node 4`: the task sees the node's 8 GPUs, as
 with --gpus-per-task=8; a plain torchrun on a node of more GPUs is priced on its ranks, since a script without Slurm
-holds no GPUs of its own: the others are the cluster's, not the job's); `gpu` or `auto` where the script states no GPUs for the task; several
-tasks on a node with no GPU bound to each (unless the script sets CUDA_VISIBLE_DEVICES for torchrun itself, which then
-decides the GPUs a task sees); and
-srun tasks other than torchrun's --nnodes agents (its rendezvous waits for --nnodes agents, MIN:MAX at most MAX).
+holds no GPUs of its own: the others are the cluster's, not the job's); `gpu` or `auto` where the script states no
+GPUs for the task; several tasks on a node with no GPU bound to each (unless the script sets CUDA_VISIBLE_DEVICES for
+torchrun itself, which then decides the GPUs a task sees); srun given both --gpus-per-task and --tres-per-task's GPUs
+(Slurm refuses the pair); and srun tasks other than torchrun's --nnodes agents (its rendezvous waits for --nnodes
+agents, MIN:MAX at most MAX).
 """
 
 from __future__ import annotations

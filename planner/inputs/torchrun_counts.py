@@ -59,8 +59,8 @@ class TorchrunCount:
 
 # torchrun's long options (run.py `get_args_parser`), each with its spellings, by whether it takes a value
 _VALUED = """nnodes nproc-per-node rdzv-backend rdzv-endpoint rdzv-id rdzv-conf max-restarts monitor-interval
-start-method event-log-handler role log-dir redirects tee local-ranks-filter node-rank master-addr master-port local-addr
-logs-specs numa-binding signals-to-handle""".split()
+start-method event-log-handler role log-dir redirects tee local-ranks-filter node-rank master-addr master-port
+local-addr logs-specs numa-binding signals-to-handle""".split()
 _FLAGS = "standalone module no-python run-path help".split()  # `action=check_env` (no value), and argparse's -h
 _ONE_SPELLING = {"nnodes", "role", "redirects", "tee", "standalone", "module", "help"}  # no `_` alias in run.py
 _LAUNCH_ONLY = ["use-env"]  # torch/distributed/launch.py: `--use-env`, `--use_env`, store_true

@@ -538,10 +538,11 @@ def tres_gpus(value: str) -> str | None:
     srun(1) --tres-per-task: "a comma-delimited list ... trestype[/tresname]=count", e.g. `gres/gpu:a100=2`; "with
     gres/gpu ... will implicitly set --tres-bind=gres/gpu:per_task:<tres_per_task>, or if multiple gpu types are
     specified --tres-bind=gres/gpu:per_task:<gpus_per_task_type_sum>".  Slurm (SchedMD/slurm
-    284c3b95f08a2dc2478499837b03355e1b9c5c75, src/common/slurm_opt.c `_validate_tres_per_task`) writes a `gres:` entry as
-    `gres/` (`slurm_format_tres_string`), sets --gpus-per-task from the gpu entries (`_set_tres_per_task_from_sibling_opt`)
-    and binds their sum to each task (`_implicitly_bind_tres_per_task`); each entry's count follows its last `=` (a
-    number with a suffix, else refused) or `:` (src/common/slurm_protocol_defs.c `slurm_get_next_tres`), else 1."""
+    284c3b95f08a2dc2478499837b03355e1b9c5c75, src/common/slurm_opt.c `_validate_tres_per_task`) writes a `gres:`
+    entry as `gres/` (`slurm_format_tres_string`), sets --gpus-per-task from the gpu entries
+    (`_set_tres_per_task_from_sibling_opt`) and binds their sum to each task (`_implicitly_bind_tres_per_task`);
+    each entry's count follows its last `=` (a number with a suffix, else refused) or `:`
+    (src/common/slurm_protocol_defs.c `slurm_get_next_tres`), else 1."""
     if "$" in value or "`" in value:
         return ""
     total: int | None = None
