@@ -193,3 +193,38 @@ def test_an_enumeration_cut_at_its_share_goes_on_while_no_plan_is_found(small, m
     assert cut.best and cut.costs[0].iteration_time_s == pytest.approx(whole.costs[0].iteration_time_s, rel=1e-9)
     assert cut.space_counted and cut.configs_total == whole.configs_total
     assert not any("enumeration stopped" in n for n in cut.notes), cut.notes
+
+
+def _seeded(cost, monkeypatch, **constants) -> tuple[float, int]:
+    """The seeding alone (no exact search after it) with seeds.py's constants set: its best plan (s) and the
+    configurations it priced."""
+    import time
+
+    import planner.search.seeds as seeds
+    from planner.search.certify import BendersSearch
+
+    for name, value in constants.items():
+        monkeypatch.setattr(seeds, name, value)
+    t0 = time.perf_counter()
+    bs = BendersSearch(cost, SPACE, SearchSettings(time_limit_s=120), t0, None)
+    assert bs.book.price_master(t0 + 120)
+    bs.screen_order = bs._screen_shapes()
+    priced = seeds.Seeds(bs).run(time.perf_counter() + 60)
+    return bs.cands[0].objective_s, priced
+
+
+def test_loose_screen_bounds_send_the_seeding_past_its_first_shapes(monkeypatch):
+    """Where more shapes lie below the best plan than the exact search can open (FURTHER_MIN_OPEN), the seeding
+    goes on past its first SEED_SHAPES shapes, in screen order: DeepSeek-V3 on 1024 H100 had its best family at
+    the 31st of 4,912 shapes, and `solve` at its default 60 s returned a plan 1.44x worse than HS-DP's (13.06 s
+    against 9.10 s, searched objective) because the first pass stopped after 8.  Here the first pass stops after one
+    shape (Mixtral-S cut to 4 layers on 8 H800 and 8 A100, 438 shapes): the third pass finds a better plan than
+    the first two (and than they find with two shapes); with the threshold out of reach (the presets that certify)
+    it adds nothing, and it ends after STALL_SHAPES shapes in a row found nothing better."""
+    mixed = reduced_cost_model("mixtral-s", 4, "H800:8,A100:8", 64)
+    first_only, n_first = _seeded(mixed, monkeypatch, SEED_SHAPES=1, FURTHER_MIN_OPEN=10**9)
+    two, _ = _seeded(mixed, monkeypatch, SEED_SHAPES=2, FURTHER_MIN_OPEN=10**9)
+    further, n_further = _seeded(mixed, monkeypatch, SEED_SHAPES=1, FURTHER_MIN_OPEN=0)
+    assert further < min(first_only, two) - 1e-9 and n_further > n_first
+    stalled, n_stalled = _seeded(mixed, monkeypatch, SEED_SHAPES=1, FURTHER_MIN_OPEN=0, STALL_SHAPES=0)
+    assert stalled == pytest.approx(first_only, rel=1e-12) and n_stalled == n_first
