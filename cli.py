@@ -25,38 +25,65 @@ if __name__ == "__main__":  # while no command runs (planner/cli_common.py), a s
 import importlib  # noqa: E402
 
 import click  # noqa: E402
+from click.utils import make_default_short_help  # noqa: E402
 
 from planner import time_budget  # noqa: E402
 from planner import cli_common  # noqa: E402
 from planner.cli_common import OneLineErrorsGroup  # noqa: E402
 
-# Each module defines a click command named `command`; the order here is the order in --help.
-COMMAND_MODULES = [
-    "planner.commands.solve",
-    "planner.commands.estimate",
-    "planner.commands.compare",
-    "planner.commands.profile",
-    "planner.commands.calibrate",
-    "planner.commands.emit",
-    "planner.commands.bench",
-]
+COMMANDS = {
+    "solve": ("planner.commands.solve", "Find the fastest plan that fits: degrees, layers and device type per stage, "
+                                        "recompute."),
+    "estimate": ("planner.commands.estimate", "Price one configuration: iteration time, TFLOP/s/GPU, MFU and memory "
+                                              "per stage."),
+    "compare": ("planner.commands.compare", "Run cpsat, hsdp (and brute force when small) on one request; print "
+                                            "objective, bound, gap, time."),
+    "profile": ("planner.commands.profile", "Measure kernels and collectives with torch; write a DeviceProfile "
+                                            "(provenance measured)."),
+    "calibrate": ("planner.commands.calibrate", "Compare a real run with the cost model and write corrections "
+                                                "(provenance calibrated)."),
+    "emit": ("planner.commands.emit", "Write megatron_args.txt, launch.sh and hostfile (plus FlagScale's YAML for the "
+                                      "flagscale runtime) for a plan, after checking it as `solve` does (layers, GPUs, "
+                                      "memory, Megatron's rules) for the model and cluster it was made for.  The "
+                                      "input script is never modified."),
+    "bench": ("planner.commands.bench", "Run every planner on the scenario suite and write the paper's comparisons."),
+}
+"""Each command: the module that defines it (a click command named `command`) and the first paragraph of its help,
+which `--help` lists without loading the module (tests/test_startup.py checks the two agree)."""
 
 
-@click.group(cls=OneLineErrorsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyCommands(OneLineErrorsGroup):
+    """The commands of COMMANDS, each module loaded only when its command is named: `--help` loads none, and a
+    command loads its own libraries only (`estimate` no search, no OR-Tools).  The one place the planner imports
+    a module by name (tests/test_architecture.py)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        try:
+            command = importlib.import_module(COMMANDS[cmd_name][0]).command
+        except ImportError as exc:  # too little memory to load the libraries: OneLineErrorsGroup says so
+            if cli_common.is_out_of_memory(exc):
+                raise MemoryError() from exc
+            raise
+        cli_common.LOADED_KIB = cli_common.status_kib("VmSize")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's list of the commands, each with its summary shortened to the line, from COMMANDS."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, make_default_short_help(COMMANDS[name][1], limit).strip()) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyCommands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option("0.1.0", prog_name="hapmoe")
 def main() -> None:
     """Heterogeneity-aware parallelism planner for MoE (and dense) training on Megatron-LM."""
-
-
-try:
-    for _name in COMMAND_MODULES:
-        main.add_command(importlib.import_module(_name).command)
-except (MemoryError, ImportError) as _exc:  # too little memory to load the libraries: say so, no traceback
-    if not cli_common.is_out_of_memory(_exc):
-        raise
-    sys.stderr.write(f"error: {cli_common.out_of_memory_message()}\n")
-    sys.exit(cli_common.OUT_OF_MEMORY_EXIT)
-cli_common.LOADED_KIB = cli_common.status_kib("VmSize")
 
 
 if __name__ == "__main__":

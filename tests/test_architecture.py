@@ -166,6 +166,7 @@ def test_solver_models_import_only_schemas():
 
 
 @pytest.mark.parametrize("forbidden", ["planner.search", "planner.output", "planner.commands", "planner.api",
+                                       "planner.api_search",
                                        "planner.launcher", "planner.inputs.resolve", "planner.inputs.shell",
                                        "solver_models"])
 def test_cost_model_imports_no_search_input_or_output(forbidden):
@@ -193,3 +194,55 @@ def test_no_function_longer_than_80_lines():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{m.path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert long == []
+
+
+def _imports_by_name(tree: ast.AST) -> list[int]:
+    """The lines that import a module named at run time: importlib.import_module(...), __import__(...)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in ("import_module", "__import__"):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "importlib" \
+                and any(a.name == "import_module" for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_imported_by_name_but_the_commands():
+    """The one lazy import is cli.py's: a command's module, loaded when the command is named (start-up time).
+    planner/ and solver_models/ import nothing by name, so the import graph the tests above read is the whole
+    graph."""
+    bad = [f"{m.path.relative_to(ROOT)}:{line}" for m in MODULES.values() for line in _imports_by_name(m.tree)]
+    assert bad == []
+
+
+def _lazy_commands() -> dict[str, str]:
+    """cli.py's COMMANDS, read from its syntax tree: command name -> the module cli.py loads for it."""
+    tree = ast.parse((ROOT / "cli.py").read_text())
+    table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "COMMANDS" for t in node.targets))
+    return {name: module for name, (module, _summary) in ast.literal_eval(table).items()}
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return names | {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                    if isinstance(t, ast.Name)}
+
+
+def test_cli_loads_only_command_modules_that_import_no_cli():
+    """What cli.py loads by name is a module of planner/commands/ defining `command`; the graph those modules
+    start is checked above like any other, and no project module imports cli.py (top level or inside a
+    function), so that loading a command can close no circle through it."""
+    lazy = _lazy_commands()
+    assert lazy and all(m.startswith("planner.commands.") and m in MODULES for m in lazy.values())
+    for module in lazy.values():
+        assert "command" in _top_level_names(MODULES[module].tree), module
+    cli_imports = [f"{m.path.relative_to(ROOT)}:{node.lineno}" for m in MODULES.values() for node in ast.walk(m.tree)
+                   if isinstance(node, (ast.Import, ast.ImportFrom))
+                   and any(name.split(".")[0] == "cli" for name in _imported(m, node))]
+    assert cli_imports == []
+    assert len(_imports_by_name(ast.parse((ROOT / "cli.py").read_text()))) == 1  # LazyCommands.get_command's
