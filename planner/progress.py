@@ -24,7 +24,7 @@ def _fmt_s(x: float) -> str:
 
 
 class ProgressDisplay:
-    """A callable progress sink for `planner.api.solve(progress=...)`; use as a context manager so
+    """A callable progress sink for `planner.api_search.solve(progress=...)`; use as a context manager so
     the live bar is closed even when the search raises.  `final_line()` is what stays on stderr."""
 
     def __init__(self, *, quiet: bool, time_limit_s: float | None = None, stream: TextIO | None = None,

@@ -8,7 +8,8 @@ import pytest
 
 from helpers.cases import reduced_cost_model
 from helpers.rule_cases import cluster_for, draw_cases, profiles
-from planner.api import load_inputs, solve
+from planner.api import load_inputs
+from planner.api_search import solve
 from planner.search import first_plan
 from planner.search.certify import BendersSearch
 from planner.search.driver import search

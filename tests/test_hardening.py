@@ -467,12 +467,13 @@ def test_running_out_of_memory_is_said_as_such(tmp_path, tiny, monkeypatch):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ulimit -v (RLIMIT_AS) as Linux applies it")
 def test_a_process_limited_below_the_libraries_says_out_of_memory(tmp_path):
-    """The address space limit below what loading the planner's libraries takes (about 280 MiB): the import
-    fails ("failed to map segment") and the command says it is out of memory, exit 4, no traceback."""
+    """The address space limit below what loading the planner's libraries takes (about 280 MiB with the search's
+    OR-Tools, which `solve` loads when it is named): the import fails ("failed to map segment") and the command says
+    it is out of memory, exit 4, no traceback."""
     import resource
 
     limit = 200 * 2**20
-    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "estimate", "--model", "mixtral-s", "--cluster",
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "solve", "--model", "mixtral-s", "--cluster",
                            "H800:8"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     assert proc.returncode == 4, proc.stderr

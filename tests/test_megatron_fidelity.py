@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import estimate, input_script, load_inputs, make_space, price_input_plan, solve
+from planner.api import estimate, input_script, load_inputs, make_space, price_input_plan
+from planner.api_search import solve
 from planner.errors import PlannerInputError
 from planner.inputs.cluster import parse_cluster
 from planner.launcher import render_launch_files

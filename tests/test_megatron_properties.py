@@ -24,7 +24,8 @@ from functools import lru_cache
 
 import pytest
 
-from planner.api import load_inputs, solve
+from planner.api import load_inputs
+from planner.api_search import solve
 from planner.launcher import render_launch_files
 from planner.search.settings import SearchSettings
 from planner.search.space import SearchSpace

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
-from planner.api import compare_rows, estimate, load_inputs
+from planner.api import estimate, load_inputs
+from planner.api_search import compare_rows
 from planner.calibration.memory import memory_rows
 from planner.calibration.runs import load_annotations, load_runs, priced_argv
 from planner.calibration.uncertainty import COVERAGE_TARGET, HeldOutRow, fit_mechanisms, memory_headroom

@@ -80,7 +80,7 @@ def test_idle_gpus_are_reported_with_a_reason(tmp_path):
 
 def test_checker_failure_exits_2(monkeypatch):
     """A plan the checker rejects is exit 2 with the problem named, never a printed PROBLEM."""
-    import planner.api as api
+    import planner.api_search as api
     from planner.schemas.plan import Plan, StagePlan
 
     real = api.search_with_pools
@@ -144,7 +144,7 @@ def test_compare_flags_a_false_certificate(monkeypatch):
     exits with status 1; the honest run of the same case exits 0 with no contradiction."""
     from dataclasses import replace
 
-    import planner.api as api
+    import planner.api_search as api
 
     args = ["compare", "--model", "llama2-7b", "--layers", "2", "--cluster", "H800:2", "--gbs", "4", "--no-brute",
             "--no-prune", "--time-limit", "30"]

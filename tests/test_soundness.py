@@ -66,7 +66,8 @@ def test_issue_32_repro_certifies_the_brute_force_optimum():
     """`compare --model mixtral-l --cluster H800:32 --layers 10 --memory-headroom 0.69 [--no-prune]`: cpsat
     certified 19.923 s where brute force finds 18.926 s (TP2 EP8 PP4, its middle stages holding 2 and 3
     layers).  Now cpsat's plan is brute force's optimum and its bound is at or below it."""
-    from planner.api import compare_rows, load_inputs, reduce_layers
+    from planner.api import load_inputs, reduce_layers
+    from planner.api_search import compare_rows
 
     inputs = load_inputs(cluster="H800:32", model="mixtral-l")
     run = reduce_layers(inputs.run, 10)

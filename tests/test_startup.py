@@ -43,6 +43,22 @@ def test_help_loads_no_command():
                          "pandas", "numpy")) == []
 
 
+@pytest.mark.parametrize("argv", [["estimate", "--help"], ESTIMATE, ESTIMATE + ["--json"], ["emit", "--help"],
+                                  ["calibrate", "--help"], ["profile", "--help"]], ids=" ".join)
+def test_commands_that_do_not_search_load_no_search(argv):
+    exit_code, output, modules = _loaded_after(argv)
+    assert exit_code == 0, output
+    assert _of(modules, SEARCH) == []
+    assert _of(modules, ("planner.commands",)) == sorted({"planner.commands", f"planner.commands.{argv[0]}",
+                                                          "planner.commands.options"} & modules)
+
+
+def test_solve_still_loads_the_search():
+    """The other side: the search is loaded where it is needed (the test above is not vacuous)."""
+    _, _, modules = _loaded_after(["solve", "--help"])
+    assert "planner.search.pools" in modules and "ortools" in modules
+
+
 def test_the_listing_is_each_commands_own_help():
     """`--help` lists the commands from cli.py's table without loading them: each name, in its module, is the
     command of that name, and the table's summary shortens as the command's own help does at every width."""

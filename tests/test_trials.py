@@ -329,7 +329,8 @@ def test_a_candidate_beyond_the_searched_space_says_so():
 
 
 def _outcome(profiles: ProfileSet):
-    from planner.api import load_inputs, make_space, solve
+    from planner.api import load_inputs, make_space
+    from planner.api_search import solve
     from planner.search.settings import SearchSettings
 
     inputs = load_inputs(megatron_args=FLAGS, cluster=CLUSTER, profiles=profiles)

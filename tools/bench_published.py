@@ -40,7 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from planner.api import OBJECTIVES, load_inputs, make_space, price_input_plan, solve
+from planner.api import OBJECTIVES, load_inputs, make_space, price_input_plan
+from planner.api_search import solve
 from planner.calibration.runs import load_annotations, load_runs, priced_argv
 from planner.inputs.megatron_flags import known_flags
 from planner.launcher import render_launch_files

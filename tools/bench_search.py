@@ -56,7 +56,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.api import compare_rows, load_inputs, make_space, reduce_layers, runtime_choice, solve
+from planner.api import load_inputs, make_space, reduce_layers, runtime_choice
+from planner.api_search import compare_rows, solve
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.inputs.cluster import parse_cluster
 from planner.profile_tables import ProfileSet

@@ -1,6 +1,6 @@
 """Alpa-style: a full automatic search that assumes homogeneous devices.
 
-It searches (planner.api.solve, megatron runtime) as if every GPU were the slowest device type of the
+It searches (planner.api_search.solve, megatron runtime) as if every GPU were the slowest device type of the
 cluster (by profiled per-layer time, planner.baselines.common.layer_time_s), so layer counts and memory
 use that type's speed and capacity, then maps the plan onto the real devices: stages take GPUs in the
 order the cluster lists them.  A stage that lands on two device types is priced as its slowest member.
@@ -10,7 +10,8 @@ longer fits).  The best few plans of the search are mapped and the fastest real 
 
 from __future__ import annotations
 
-from planner.api import make_space, solve
+from planner.api import make_space
+from planner.api_search import solve
 from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, homogeneous_cluster, ladder, least_recompute, stage_members,
     types_by_speed,

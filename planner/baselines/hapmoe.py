@@ -1,6 +1,6 @@
 """HAPMoE itself (the planner's own search) and its ablation with non-uniform PP/DP switched off.
 
-HAPMoE: planner.api.solve with the HS-DP backend on the megatron runtime (per-stage device type and
+HAPMoE: planner.api_search.solve with the HS-DP backend on the megatron runtime (per-stage device type and
 layer count) and on the flagscale runtime (per-stage DP and recompute too: the paper's non-uniform
 PP/DP); the faster plan wins.  Each search runs in a child process under a hard wall-clock limit, since
 a search's own time limit is only checked between configurations.  Given other planners' plans
@@ -25,7 +25,8 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 
-from planner.api import make_space, solve, uniform_space_for
+from planner.api import make_space, uniform_space_for
+from planner.api_search import solve
 from planner.baselines.common import (
     PricedPlan, better, build_plan, cost_model, even_split, least_recompute, rule_problems, types_by_speed,
 )
@@ -70,7 +71,7 @@ def _child(conn, run, cluster, profiles, runtime: str, backend: str, time_limit_
 
 def solve_with_limit(run: MegatronRun, cluster: ClusterSpec, profiles, *, runtime: str, backend: str = "hsdp",
                      hard_limit_s: float = 60.0, narrow: dict | None = None, seeded_from: str = "") -> SearchRun:
-    """planner.api.solve in a forked child, killed after `hard_limit_s` seconds of wall time (the
+    """planner.api_search.solve in a forked child, killed after `hard_limit_s` seconds of wall time (the
     search's own soft limit is set a little lower); `narrow`: SearchSpace menus (make_space)."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)

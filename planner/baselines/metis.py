@@ -3,14 +3,15 @@
 Following the paper's adaptation: EP and ETP come from homogeneous profiling, i.e. the best plan on a
 cluster of the same size made only of the fastest device type (the next fastest if the model does not
 fit there: "the best feasible configuration"); then the heterogeneous placement search
-(planner.api.solve, megatron runtime: per-stage device type and layer count, one DP) runs on the real
+(planner.api_search.solve, megatron runtime: per-stage device type and layer count, one DP) runs on the real
 cluster with SearchSpace(ep=(EP,), etp=(ETP,)).  Nothing else about MoE is taken into account beyond
 what the shared cost model prices.
 """
 
 from __future__ import annotations
 
-from planner.api import make_space, solve
+from planner.api import make_space
+from planner.api_search import solve
 from planner.baselines.common import PricedPlan, cost_model, homogeneous_cluster, types_by_speed
 from planner.errors import InfeasibleError, SearchTimeLimitError
 from planner.schemas.cluster import ClusterSpec

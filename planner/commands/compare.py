@@ -11,9 +11,10 @@ import time
 import click
 
 from planner.api import (
-    OBJECTIVES, compare_backends, compare_rows, contradictions, left_out_json, left_out_lines, load_inputs,
-    reduce_layers, runtime_choice,
+    OBJECTIVES, compare_backends, contradictions, left_out_json, left_out_lines, load_inputs, reduce_layers,
+    runtime_choice,
 )
+from planner.api_search import compare_rows
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.commands.options import (
     CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TRAINING_OVERRIDES, apply_options, note_printer,

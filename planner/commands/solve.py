@@ -8,8 +8,9 @@ import click
 
 from planner.api import (
     OBJECTIVES, check_predictions, hosts_notes, input_plan, input_script, load_inputs, make_space, price_input_plan,
-    runtime_choice, solve,
+    runtime_choice,
 )
+from planner.api_search import solve
 from planner.inputs.hosts import check_hosts_cover, read_hosts
 from planner.launcher import refuse_unlaunchable_inputs
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
