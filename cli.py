@@ -18,7 +18,7 @@ def _interrupted_outside_a_command(signum: int, _frame) -> None:
     os._exit(128 + signum)
 
 
-if __name__ == "__main__":  # while no command runs (planner/cli_common.py), a signal ends the program at once
+if __name__ == "__main__":  # while no command runs (planner/cli_group.py), a signal ends the program at once
     for _signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
         signal.signal(_signum, _interrupted_outside_a_command)
 
@@ -28,8 +28,8 @@ import click  # noqa: E402
 from click.utils import make_default_short_help  # noqa: E402
 
 from planner import time_budget  # noqa: E402
-from planner import cli_common  # noqa: E402
-from planner.cli_common import OneLineErrorsGroup  # noqa: E402
+from planner import cli_group  # noqa: E402
+from planner.cli_group import OneLineErrorsGroup  # noqa: E402
 
 COMMANDS = {
     "solve": ("planner.commands.solve", "Find the fastest plan that fits: degrees, layers and device type per stage, "
@@ -66,10 +66,10 @@ class LazyCommands(OneLineErrorsGroup):
         try:
             command = importlib.import_module(COMMANDS[cmd_name][0]).command
         except ImportError as exc:  # too little memory to load the libraries: OneLineErrorsGroup says so
-            if cli_common.is_out_of_memory(exc):
+            if cli_group.is_out_of_memory(exc):
                 raise MemoryError() from exc
             raise
-        cli_common.LOADED_KIB = cli_common.status_kib("VmSize")
+        cli_group.LOADED_KIB = cli_group.status_kib("VmSize")
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -84,6 +84,13 @@ class LazyCommands(OneLineErrorsGroup):
 @click.version_option("0.1.0", prog_name="hapmoe")
 def main() -> None:
     """Heterogeneity-aware parallelism planner for MoE (and dense) training on Megatron-LM."""
+
+
+def load_every_command() -> list[click.Command]:
+    """Every command, its module loaded now: for a process that runs many command lines and forks workers for them
+    (tools/fuzz), so that each worker starts with the libraries loaded once, before the fork."""
+    ctx = click.Context(main)
+    return [main.get_command(ctx, name) for name in main.list_commands(ctx)]
 
 
 if __name__ == "__main__":

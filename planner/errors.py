@@ -51,7 +51,7 @@ class PlanCheckError(ValueError):
 
 
 class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP arrived (raised by the CLI's signal handlers, planner/cli_common.py).
+    """SIGINT, SIGTERM or SIGHUP arrived (raised by the CLI's signal handlers, planner/cli_group.py).
     A BaseException, so that no `except Exception` swallows it; the staged writer removes its staging
     directory on the way out and the CLI exits with 128 + the signal's number (130, 143, 129).  `found`: a
     line on what the command had found and did not write (an interrupted solve's best plan so far), which the

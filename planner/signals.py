@@ -1,5 +1,5 @@
 """Interrupting the planner: SIGINT, SIGTERM and SIGHUP become `Interrupted` (planner/errors.py) while
-a command runs (planner/cli_common.py installs `deliver` as their handler), so that the staged writer
+a command runs (planner/cli_group.py installs `deliver` as their handler), so that the staged writer
 removes its staging directory on the way out and the CLI exits with 128 + the signal's number.
 
 `held()` defers them: a signal that arrives inside the block is remembered and raised when the block

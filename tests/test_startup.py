@@ -1,4 +1,4 @@
-"""Start-up: each command loads only what it needs.  `--help` loads no command; `estimate` (which never searches),
+"""Start-up: each command loads only what it needs.  `--help` loads no command (nor pydantic); `estimate` (which never searches),
 `emit` and their `--help` load neither OR-Tools (nor the pandas it brings) nor the search backends.  Before, cli.py
 imported every command, hence the whole search, for any command line: about 2 s of imports for `--help`."""
 
@@ -40,7 +40,7 @@ def test_help_loads_no_command():
     exit_code, output, modules = _loaded_after(["--help"])
     assert exit_code == 0 and "estimate" in output
     assert _of(modules, ("planner.commands", "planner.api", "planner.search", "solver_models", "ortools",
-                         "pandas", "numpy")) == []
+                         "pandas", "numpy", "pydantic", "planner.schemas", "planner.cli_common")) == []
 
 
 @pytest.mark.parametrize("argv", [["estimate", "--help"], ESTIMATE, ESTIMATE + ["--json"], ["emit", "--help"],

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cli import refused, run, tree
-from planner.cli_common import signals_raise_interrupted
+from planner.cli_group import signals_raise_interrupted
 from planner.errors import Interrupted, PlannerInputError
 from planner.output import run_dir
 from planner.output.manifest import MANIFEST_NAME, survey

@@ -251,7 +251,9 @@ def _worker(conn: Connection, executor: Executor) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     except (ImportError, ValueError, OSError):
         pass
-    import cli  # noqa: F401 - import once, before the first case
+    import cli
+
+    cli.load_every_command()  # once, before the first case (already loaded where the parent loaded them)
 
     while True:
         try:
