@@ -23,7 +23,7 @@ from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
 from planner.cost.ranges import RangeModel, TimeRange
 from planner.errors import ImplausiblePredictionError, MissingProfileError, PlannerInputError
-from planner.inputs.assumed import IMBALANCE_FLAG, imbalance_assumption, measured_imbalance_notes
+from planner.inputs.assumed import IMBALANCE_FLAG, as_planned, imbalance_assumption, measured_imbalance_notes
 from planner.inputs.cluster import describe_cluster, domain_notes, parse_cluster
 from planner.inputs.plan_file import check_plan_document, load_plan_file, resolve_plan_inputs, script_from_plan
 from planner.inputs.resolve import read_script, resolve_run_script, script_override_flags
@@ -665,21 +665,19 @@ def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatro
         run = run.model_copy(update={
             "training": run.training.model_copy(update={"moe_imbalance_factor": float(moe_imbalance)}),
             "assumed": tuple(a for a in run.assumed if a.name != "MoE imbalance")})
-    else:  # assumed for the plan priced (its EP, TP, CP and micro-batch), not for the flags solve started from
-        kept = tuple(a for a in run.assumed if a.name != "MoE imbalance")
-        assumed = imbalance_assumption(as_planned(run, plan).model_copy(update={"assumed": kept}), cluster_spec,
-                                       profiles, user_profiles=bool(profile_dirs)).assumed
-        run = run.model_copy(update={"assumed": assumed})
+    else:  # assumed for the plan priced, not for the flags solve started from
+        run = assumed_for_plan(run, plan, cluster_spec, profiles)
     return Inputs(run, cluster_spec, profiles), plan, data
 
 
-def as_planned(run: MegatronRun, plan: Plan) -> MegatronRun:
-    """The run with the degrees and micro-batch of `plan` (a saved plan priced by estimate --plan): what the notes
-    about the run's own plan (the MoE imbalance at its EP size and tokens per micro-batch) describe."""
-    parallel = run.parallel.model_copy(update={"tp": plan.tp, "cp": plan.cp, "ep": plan.ep,
-                                               "sequence_parallel": plan.sequence_parallel})
-    return run.model_copy(update={"parallel": parallel,
-                                  "training": run.training.model_copy(update={"micro_batch_size": plan.mbs})})
+def assumed_for_plan(run: MegatronRun, plan: Plan, cluster_spec: ClusterSpec, profiles: ProfileSet,
+                     whose: str = "the input's") -> MegatronRun:
+    """The run with the MoE imbalance it assumes given for `plan` (its EP, TP, CP and micro-batch: the value that
+    plan is priced with), not for the flags the input states: solve's pick ("the pick's"), estimate --plan's plan."""
+    kept = tuple(a for a in run.assumed if a.name != "MoE imbalance")
+    assumed = imbalance_assumption(as_planned(run, plan).model_copy(update={"assumed": kept}), cluster_spec,
+                                   profiles, user_profiles=bool(profiles.user_files), whose=whose).assumed
+    return run.model_copy(update={"assumed": assumed})
 
 
 def hosts_notes(outcome: SolveOutcome) -> list[str]:

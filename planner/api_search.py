@@ -7,8 +7,8 @@ import time
 from dataclasses import replace
 
 from planner.api import (
-    OBJECTIVES, SolveOutcome, compare_stages, idle_gpus, left_out_lines, make_space, relabel_result, runtime_choice,
-    uniform_space_for,
+    OBJECTIVES, SolveOutcome, assumed_for_plan, compare_stages, idle_gpus, left_out_lines, make_space, relabel_result,
+    runtime_choice, uniform_space_for,
 )
 from planner.checker import plan_problems
 from planner.cost.model import CostModel, PlanCost
@@ -88,6 +88,8 @@ def solve(run: MegatronRun, cluster: ClusterSpec, profiles, *, settings: SearchS
     if len(distinct) < len(plans):
         result = replace(result, best=[result.best[k] for k in distinct], costs=[result.costs[k] for k in distinct])
         plans, costs, problems = ([xs[k] for k in distinct] for xs in (plans, costs, problems))
+    if profiles is not None:  # the MoE imbalance assumed is the pick's (its EP and micro-batch), as it is priced
+        run = assumed_for_plan(run, plans[0], choice.cluster, profiles, "the pick's")
     return SolveOutcome(run=run, cluster=cluster, result=result, plans=plans, costs=costs, problems=problems,
                         idle=idle_gpus(plans[0], cluster, result, choice.left_out, space, objective), choice=choice,
                         profiles=profiles,

@@ -191,6 +191,24 @@ def test_the_assumed_moe_imbalance_is_the_priced_plans(tmp_path):
     assert value[8] > value[4] > value[2]  # more experts per rank: the busiest rank is nearer the mean
 
 
+def test_solve_states_the_moe_imbalance_of_its_pick(tmp_path):
+    """Solve printed the MoE imbalance of the input's EP (EP 8 where the input's is 1: 1.1337 for mixtral-l) while its
+    pick ran at EP 4 and was priced at 1.0688, so its table and `estimate --plan` of its own plan.json disagreed.
+    Now solve's assumption is the pick's (its EP size and micro-batch), the value estimate --plan gives that plan."""
+    moe = FLAGS + " --num-experts 8 --moe-router-topk 2"
+    code, stdout, out = _run(["solve", "--megatron-args", moe, "--cluster", "H100:8", "--backend", "hsdp", "--quiet",
+                              "--json", "--out", str(tmp_path / "p")])
+    assert code == 0, out
+    doc = json.loads(stdout)
+    ep = doc["plan"]["ep"]
+    (row,) = [a for a in doc["assumed"] if a["name"] == "MoE imbalance"]
+    assert (f"at the pick's EP {ep}," if ep > 1 else "(the pick's EP is 1)") in row["source"], (ep, row)
+    code, stdout, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--json"])
+    assert code == 0, out
+    (priced,) = [a for a in json.loads(stdout)["assumed"] if a["name"] == "MoE imbalance"]
+    assert priced["value"] == row["value"], (priced, row)
+
+
 def test_an_edit_that_leaves_derived_keys_behind_is_refused_once_naming_them_all(tmp_path, solved):
     """walk54: halving a stage's DP in plan.json took one round of errors per stale copy (plan.dp, plan.world_size,
     plan.num_microbatches, world_size, num_microbatches).  One refusal names them all with the values the stages

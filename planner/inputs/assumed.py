@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 from planner.cost.memory import EXPANDABLE_SEGMENTS_ASSUMED
 from planner.cost.model import CostModel
 from planner.schemas.parallel import Assumption, MegatronRun
+from planner.schemas.plan import Plan
 
 DISPATCHER_FLAG = "--moe-token-dispatcher-type"
 IMBALANCE_FLAG = "--moe-imbalance"
@@ -112,17 +113,18 @@ def _dropout_assumption(run: MegatronRun, source: str, where: str) -> Assumption
                              f"cost model prices (NVIDIA's recipes set 0.0; set {how})")
 
 
-def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False) -> MegatronRun:
+def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: bool = False,
+                         whose: str = "the input's") -> MegatronRun:
     """The run with the MoE router imbalance (the busiest EP rank's tokens over the mean) added to
     `assumed` unless something states it: --moe-imbalance, forced balancing or a capacity factor
     with padding (the cost model's routing regime), or router statistics from the user's own --profiles
     (`user_profiles`).  The value printed is the one the run's own plan gets (its EP size and tokens per micro-batch);
     other plans get their own (planner/cost/dispatch.py `Routing.imbalance`).  The shipped calibration (published
-    runs) is an assumption about your router."""
+    runs) is an assumption about your router.  `whose`: the plan the run's degrees are, in words ("the pick's")."""
     model = run.model
     if user_profiles and profiles.moe_imbalance_factor() is not None:
         return run  # the user's own router statistics state it (measured_imbalance_notes)
-    real = _real_routing(run, cluster, profiles)
+    real = _real_routing(run, cluster, profiles, whose)
     if real is None:
         return run
     routing, ep, value, at = real
@@ -138,7 +140,7 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
     return run.model_copy(update={"assumed": tuple(run.assumed) + (extra,)})
 
 
-def _real_routing(run: MegatronRun, cluster, profiles):
+def _real_routing(run: MegatronRun, cluster, profiles, whose: str = "the input's"):
     """(routing, EP size, the busiest rank's load over the mean, that EP in words) of the run's own plan under real
     routing (its EP size, else 8; its tokens per micro-batch), or None where nothing is left to assume: a dense
     model, --moe-imbalance, forced balancing or padding to capacity."""
@@ -151,7 +153,7 @@ def _real_routing(run: MegatronRun, cluster, profiles):
     par = run.parallel
     sp = par.tp if par.tp > 1 and par.sequence_parallel else 1
     ep = par.ep if par.ep > 1 else 8
-    at = f"at the input's EP {ep}" if par.ep > 1 else f"at EP {ep} (the input's EP is 1)"
+    at = f"at {whose} EP {ep}" if par.ep > 1 else f"at EP {ep} ({whose} EP is 1)"
     return routing, ep, routing.imbalance(ep, training.micro_batch_size * model.seq_length / par.cp / sp), at
 
 
@@ -160,16 +162,25 @@ def _clipped(model) -> str:
     return f", clipped at --moe-expert-capacity-factor {cf:g}" if cf is not None else ""
 
 
-def measured_imbalance_notes(run: MegatronRun, cluster, profiles) -> list[str]:
+def measured_imbalance_notes(run: MegatronRun, cluster, profiles, whose: str = "the input's") -> list[str]:
     """The MoE imbalance the user's own router statistics (--profiles, `calibrate --router-stats`) give the run:
     not an assumption, but a value the output names with where it came from, as --moe-imbalance promises (the
     shipped corrections hold none: a calibrated imbalance comes from a --profiles directory)."""
     if not profiles.user_files or profiles.moe_imbalance_factor() is None:
         return []
-    real = _real_routing(run, cluster, profiles)
+    real = _real_routing(run, cluster, profiles, whose)
     if real is None:
         return []
     routing, _, value, at = real
     return [f"MoE imbalance {value:.4g} (the busiest EP rank's tokens over the mean, {at}; every plan, the pick "
             f"included, gets its own at its EP size) from your router statistics in --profiles: {routing.source}"
             f"{_clipped(run.model)}"]
+
+
+def as_planned(run: MegatronRun, plan: Plan) -> MegatronRun:
+    """The run with the degrees and micro-batch of `plan` (solve's pick, a saved plan priced by estimate --plan):
+    what the notes about the run's own plan (the MoE imbalance at its EP size and tokens per micro-batch) describe."""
+    parallel = run.parallel.model_copy(update={"tp": plan.tp, "cp": plan.cp, "ep": plan.ep,
+                                               "sequence_parallel": plan.sequence_parallel})
+    return run.model_copy(update={"parallel": parallel,
+                                  "training": run.training.model_copy(update={"micro_batch_size": plan.mbs})})

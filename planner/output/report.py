@@ -19,7 +19,7 @@ from planner.cost.mechanisms import BY_NAME
 from planner.cost.model import PlanCost, ep_overlap_notes
 from planner.cost.dispatch import fabric_notes
 from planner.cost.layer import blackwell_eager_notes
-from planner.inputs.assumed import measured_imbalance_notes
+from planner.inputs.assumed import as_planned, measured_imbalance_notes
 from planner.inputs.cluster import describe_cluster, domain_notes
 from planner.launcher.quoting import sh_quote
 from planner.megatron.flags import unmodelled_notes
@@ -275,7 +275,8 @@ def solve_json(outcome, settings, runtime: str, user=None) -> dict[str, Any]:
         + blackwell_eager_notes(outcome.run.model, outcome.run.training, outcome.plans[0])
         + (ep_overlap_notes(outcome.range_model.nominal, outcome.plans[0], cost)
            if outcome.range_model is not None else [])
-        + (measured_imbalance_notes(outcome.run, outcome.cluster, outcome.profiles)
+        + (measured_imbalance_notes(as_planned(outcome.run, outcome.plans[0]), outcome.cluster, outcome.profiles,
+                                    "the pick's")
            + domain_notes(outcome.cluster, outcome.profiles) if outcome.profiles is not None else []),
     }
     if outcome.ranges:
