@@ -299,6 +299,38 @@ def test_an_srun_that_does_not_start_one_rank_on_each_gpu_is_refused_naming_the_
 
 
 @pytest.mark.parametrize("text, named", [
+    # 4 tasks on each node of 8 GPUs, each running the trainer: it was priced as 2 nodes x 4 GPUs, the job's other 4
+    # GPUs of each node idle (as `srun --gpus-per-node=8 torchrun --nproc-per-node 4`, which is refused)
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=8\n"
+     "srun python pretrain_gpt.py FLAGS\n",
+     ["srun starts 4 tasks on each node (`#SBATCH --ntasks-per-node=4` ({path}:3)) on nodes with 8 GPUs each "
+      "(`#SBATCH --gpus-per-node=8` ({path}:4)), each task a Megatron rank: 4 ranks on 8 GPUs, 4 of each node's "
+      "GPUs idle, held by the job but not priced", "(--ntasks-per-node=8) or GPUs as tasks (--gpus-per-node=4)"]),
+    # the job's --gres=gpu:8, srun's own tasks over its nodes
+    ("#!/bin/bash\n#SBATCH --gres=gpu:8\nsrun -N 2 -n 8 python pretrain_gpt.py FLAGS\n",
+     ["4 tasks on each node (`srun --ntasks=8` over `srun --nodes=2`)", "8 GPUs each (`#SBATCH --gres=gpu:8` "
+      "({path}:2))", "4 ranks on 8 GPUs, 4 of each node's GPUs idle"]),
+    # one GPU bound to each task (--gpus-per-task=1) does not free the node's other GPUs the job holds
+    ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=8\n"
+     "srun --gpus-per-task=1 python pretrain_gpt.py FLAGS\n", ["4 ranks on 8 GPUs, 4 of each node's GPUs idle"]),
+    # fewer tasks than srun's GPUs (-G 16): it was priced as 8 GPUs
+    ("#!/bin/bash\nsrun -G 16 -n 8 python pretrain_gpt.py FLAGS\n",
+     ["8 tasks (`srun --ntasks=8`) with 16 GPUs (`srun --gpus=16`), each task a Megatron rank: 8 ranks on 16 GPUs, "
+      "8 of its GPUs idle", "give as many tasks as GPUs"]),
+])
+def test_an_srun_of_fewer_tasks_than_the_gpus_the_job_holds_is_refused_naming_both(tmp_path, text, named):
+    """srun running the trainer itself (one rank in each task) with fewer tasks on a node than the GPUs the step has
+    there (srun(1) --gres: a step is given all the GPUs the job asked for), or fewer tasks than its GPUs: refused
+    (exit 2, nothing priced) as a torchrun of fewer ranks than its task's GPUs is, naming both numbers, where they are
+    given and the two ways to make them agree."""
+    script = _job(tmp_path, text)
+    code, _, err = _estimate(script, "H100:64")
+    assert code == 2 and "error: --megatron-script: the script's launch (srun" in err and "Traceback" not in err, err
+    for text_ in named:
+        assert text_.format(path=script) in err, err
+
+
+@pytest.mark.parametrize("text, named", [
     # srun's option given by a prefix of three options' names: srun refuses it (getopt_long: ambiguous); it was read
     # as an option without a value, its value 2 as srun's command (the whole cluster priced)
     ("#!/bin/bash\nsrun --nod 2 --ntasks-per-node 8 python pretrain_gpt.py FLAGS\n",

@@ -16,8 +16,8 @@ the job gets what its launcher exports), an srun whose nodes or tasks neither it
 state (the allocation's, set where the job is submitted; the SLURM_* counts the reader takes from --cluster are
 not the script's).  An srun that starts the trainer as other than one rank on each GPU (--ntasks-per-gpu=2,
 --gpus-per-task=8 (or --tres-per-task=gres/gpu=8) without a torchrun in each task, or with one whose --nproc-per-node
-is not 8, one task on each node of --gpus-per-node=8 with such a torchrun, more tasks on a node than the GPUs it
-states there, a torchrun in each of several tasks on a node with no GPU bound to each), or with
+is not 8, one task on each node of --gpus-per-node=8 with such a torchrun, more or fewer tasks on a node than the
+GPUs it states there, a torchrun in each of several tasks on a node with no GPU bound to each), or with
 options Slurm does not combine, is refused, naming the option.
 
 `calibrate --megatron-script` prices the logged run as `estimate` does (planner/api.py `load_estimate_inputs`):

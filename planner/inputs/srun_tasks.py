@@ -18,9 +18,10 @@ The GPU options, as Slurm's srun and sbatch man pages define them:
   (a torchrun in each task starts the ranks: its own counts are the launch's, planner/inputs/srun_torchrun.py; its
   --nproc-per-node other than G is refused there).
 
-More tasks on a node than its GPUs (--ntasks-per-node=8, or --ntasks over --nodes, with --gpus-per-node=4 or
---gres=gpu:4), or more tasks than the GPUs (-G/--gpus), srun's own or the job's, is refused too: two ranks would
-share a GPU.
+Other than one task on each GPU is refused too, srun's counts or the job's: more tasks on a node than its GPUs
+(--ntasks-per-node=8, or --ntasks over --nodes, with --gpus-per-node=4 or --gres=gpu:4), or more tasks than the GPUs
+(-G/--gpus), put two ranks on a GPU; fewer (--ntasks-per-node=4 with --gpus-per-node=8) leave GPUs the job holds
+idle, as a torchrun in each task of fewer ranks than the task's GPUs does (planner/inputs/srun_torchrun.py).
 
 No count, with the reason, where it is not the script's: srun's node count without -N where the job states none
 (the allocation's that runs the script: `sbatch -N 4 train.sh` sets it, not the script); no --ntasks or
@@ -162,29 +163,43 @@ def srun_tasks(words: list[str], job: Mapping[str, SchedulerValue]) -> SrunTasks
 
 
 def _one_gpu_each(counts: SrunCounts, tasks: SrunTasks) -> SrunTasks:
-    """`tasks`, refused where srun starts more tasks on a node than the GPUs its nodes have (--gpus-per-node, or
-    --gres=gpu:G), or more tasks than the GPUs it has (-G/--gpus, or GPUs per node x nodes), srun's own or the job's:
-    each task is a Megatron rank, and two ranks would share a GPU (NCCL refuses two on one GPU)."""
+    """`tasks`, refused where srun starts other than one task on each GPU of its nodes (--gpus-per-node, or
+    --gres=gpu:G), or of its GPUs (-G/--gpus, or GPUs per node x nodes), srun's own or the job's: each task is a
+    Megatron rank, so more tasks put two ranks on a GPU (NCCL refuses two on one GPU), and fewer leave GPUs the job
+    holds idle (the step gets all the job's GPUs on each node, srun(1) --gres: "By default, a job step is allocated
+    all of the generic resources that have been requested by the job"; SchedMD/slurm
+    284c3b95f08a2dc2478499837b03355e1b9c5c75, doc/man/man1/srun.1), as a torchrun of fewer ranks than its task's GPUs
+    is refused (planner/inputs/srun_torchrun.py)."""
     if tasks.world is None:
         return tasks
     per_node_gpus = counts.take("gpus-per-node", record=False)
     nodes = counts.take("nodes", record=False)
-    if tasks.per_node is not None and per_node_gpus is not None and tasks.per_node > per_node_gpus:
+    if tasks.per_node is not None and per_node_gpus is not None and tasks.per_node != per_node_gpus:
+        on = ranks_on_gpus(tasks.per_node, per_node_gpus, "each node's")
         return counts.result(None, None, refused=(
             f"srun starts {tasks.per_node} tasks on each node ({tasks_per_node_where(counts)}) on nodes with "
-            f"{per_node_gpus} GPUs each ({counts.where('gpus-per-node')}): each task is a Megatron rank, so two "
-            "would share a GPU, which NCCL refuses; give as many tasks on each node as GPUs (--ntasks-per-node="
-            f"{per_node_gpus}) or GPUs as tasks (--gpus-per-node={tasks.per_node})"))
+            f"{per_node_gpus} GPUs each ({counts.where('gpus-per-node')}), each task a Megatron rank: "
+            f"{on}; give as many tasks on each node as GPUs "
+            f"(--ntasks-per-node={per_node_gpus}) or GPUs as tasks (--gpus-per-node={tasks.per_node})"))
     gpus = counts.take("gpus", record=False)
     key = "gpus" if gpus is not None else "gpus-per-node"
     if gpus is None and per_node_gpus is not None and nodes is not None:
         gpus = per_node_gpus * nodes
-    if gpus is not None and tasks.world > gpus:
+    if gpus is not None and tasks.world != gpus:
         stated = counts.where(key) + (f" x {nodes} nodes ({counts.where('nodes')})" if key == "gpus-per-node" else "")
         return counts.result(None, None, refused=(
-            f"srun starts {tasks.world} tasks ({tasks_where(counts)}) with {gpus} GPUs ({stated}): each task is a "
-            "Megatron rank, so two would share a GPU, which NCCL refuses; give as many tasks as GPUs"))
+            f"srun starts {tasks.world} tasks ({tasks_where(counts)}) with {gpus} GPUs ({stated}), each task a "
+            f"Megatron rank: {ranks_on_gpus(tasks.world, gpus, 'its')}; give as many tasks as GPUs"))
     return tasks
+
+
+def ranks_on_gpus(ranks: int, gpus: int, whose: str) -> str:
+    """`ranks` Megatron ranks on `gpus` GPUs Slurm gives (`whose`: each task's, each node's): more put two ranks on a
+    GPU, which NCCL refuses; fewer leave GPUs the job holds idle, not priced.  The one wording of srun's refusals of
+    a launch that is not one rank on each GPU (here, and planner/inputs/srun_torchrun.py)."""
+    what = ("more ranks than GPUs, so two would share a GPU, which NCCL refuses" if ranks > gpus else
+            f"{gpus - ranks} of {whose} GPUs idle, held by the job but not priced")
+    return f"{ranks} rank{'s' if ranks != 1 else ''} on {gpus} GPUs, {what}"
 
 
 def both_gpus_per_task(counts: SrunCounts) -> str | None:

@@ -40,7 +40,7 @@ from typing import Mapping
 
 from planner.inputs.shell.builtins import SchedulerValue
 from planner.inputs.srun_tasks import (
-    SrunCounts, both_gpus_per_task, node_tasks, srun_counts, tasks_per_node_where, tasks_where,
+    SrunCounts, both_gpus_per_task, node_tasks, ranks_on_gpus, srun_counts, tasks_per_node_where, tasks_where,
 )
 from planner.inputs.torchrun_counts import PER_GPU, TorchrunCount
 
@@ -174,11 +174,10 @@ def _not_the_tasks_gpus(seen: _TaskGpus, ranks: int, nproc_words: str) -> str:
     """torchrun's ranks are not the GPUs Slurm binds to its task: more put two ranks on a GPU (NCCL refuses that, or
     a rank's device is not there); fewer leave GPUs the job holds idle, and the GPUs per node are not the job's."""
     gpus = seen.count or 0
-    what = ("more ranks than GPUs, so two would share a GPU, which NCCL refuses" if ranks > gpus else
-            f"{gpus - ranks} of each task's GPUs idle, held by the job but not priced")
+    on = ranks_on_gpus(ranks, gpus, "each task's")
     return (f"srun gives each task {gpus} GPUs ({seen.where}) and starts torchrun in each task with {nproc_words}: "
-            f"{ranks} rank{'s' if ranks != 1 else ''} on {gpus} GPUs, {what}; give torchrun --nproc-per-node "
-            f"{gpus}, or srun --gpus-per-task={ranks}")
+            f"{on}; give torchrun --nproc-per-node {gpus}, or srun "
+            f"--gpus-per-task={ranks}")
 
 
 def _not_the_nodes_gpus(counts: SrunCounts, seen: _TaskGpus, ranks: int, nproc_words: str) -> str:
@@ -187,12 +186,10 @@ def _not_the_nodes_gpus(counts: SrunCounts, seen: _TaskGpus, ranks: int, nproc_w
     gpus = seen.count or 0
     tasks = ("Slurm's one task on each node without a task count" if _no_task_count(counts) else
              tasks_per_node_where(counts))
-    what = ("more ranks than GPUs, so two would share a GPU, which NCCL refuses" if ranks > gpus else
-            f"{gpus - ranks} of each node's GPUs idle, held by the job but not priced")
+    on = ranks_on_gpus(ranks, gpus, "each node's")
     return (f"srun starts one task on each node ({tasks}), which sees all {gpus} GPUs of its node ({seen.where}), and "
-            f"starts torchrun in it with {nproc_words}: {ranks} rank{'s' if ranks != 1 else ''} on {gpus} GPUs, "
-            f"{what}; give torchrun --nproc-per-node {gpus}, or ask Slurm for {ranks} GPUs on each node "
-            f"(--gpus-per-node={ranks})")
+            f"starts torchrun in it with {nproc_words}: {on}; give torchrun --nproc-per-node {gpus}, or ask Slurm for "
+            f"{ranks} GPUs on each node (--gpus-per-node={ranks})")
 
 
 def _not_the_agents(counts: SrunCounts, tasks: int, nnodes: TorchrunCount) -> str:
