@@ -176,6 +176,61 @@ def test_megatron_script(tmp_path):
         resolve_run(megatron_script=str(tmp_path / "missing.sh"))
 
 
+def _srun_job(tmp_path, prelude: str, srun: str):
+    """A job of one node running a torchrun of 8 under `srun SRUN`, the script setting `prelude` above it."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n"
+                      f"{prelude}\nsrun {srun} torchrun --nnodes 1 --nproc_per_node 8 pretrain_gpt.py {SMALL_MOE} "
+                      "--global-batch-size 8\n")
+    notes: list[str] = []
+    return resolve_run(megatron_script=str(script), notes=notes), notes
+
+
+EXPORTED = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False NCCL_ALGO=Ring"
+
+
+@pytest.mark.parametrize("prelude, srun, where", [
+    (EXPORTED, "--export=NONE", "`srun --export=NONE`"),
+    (EXPORTED, "--export=HOME,PATH", "`srun --export=HOME,PATH`"),  # a list without ALL
+    (EXPORTED + "\nexport SLURM_EXPORT_ENV=NONE", "", "SLURM_EXPORT_ENV=NONE in srun's environment"),
+    (EXPORTED + "\nexport SRUN_EXPORT_ENV=HOME", "", "SRUN_EXPORT_ENV=HOME in srun's environment"),
+    ("#SBATCH --export=NONE\n" + EXPORTED, "", "`#SBATCH --export=NONE`"),  # the job's, srun's by SLURM_EXPORT_ENV
+])
+def test_settings_srun_export_keeps_from_the_trainer_are_read_as_not_set(tmp_path, prelude, srun, where):
+    """srun's --export (NONE, or a list without ALL; its own, SRUN_/SLURM_EXPORT_ENV, the job's #SBATCH --export)
+    keeps the script's exported variables from the task (srun(1) --export; planner/inputs/srun_export.py): the
+    allocator setting and NCCL_ALGO never reach the trainer, so they are not priced or recorded as set (they were:
+    expandable segments off, NCCL_ALGO unpriced), and a note says which --export hides them."""
+    pytest.importorskip("planner.inputs.script")
+    run, notes = _srun_job(tmp_path, prelude, srun)
+    assert run.training.expandable_segments is None and "NCCL_ALGO" not in run.training.unpriced_flags
+    assert any(a.name == "allocator" and a.value == "expandable_segments:True" for a in run.assumed)
+    hidden = [n for n in notes if "keeps from the trainer" in n]
+    assert len(hidden) == 1 and "PYTORCH_CUDA_ALLOC_CONF, NCCL_ALGO" in hidden[0], notes
+    assert where in hidden[0], hidden
+    assert not any(n.startswith("NCCL_ALGO=") for n in notes), notes
+
+
+@pytest.mark.parametrize("prelude, srun, expandable, recorded", [
+    # srun's own list sets them for the task (the script exports neither)
+    ("", "--export=ALL,PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False,NCCL_ALGO=Ring", False, True),
+    ("", "--export=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", True, False),
+    # with ALL, srun's environment takes precedence over the list's value (srun(1) --export)
+    (EXPORTED, "--export=ALL,PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", False, True),
+    # a variable the list names is passed from srun's environment
+    (EXPORTED, "--export=PYTORCH_CUDA_ALLOC_CONF,NCCL_ALGO", False, True),
+])
+def test_settings_srun_export_gives_the_trainer_are_read_as_set(tmp_path, prelude, srun, expandable, recorded):
+    """A variable srun's --export list sets (`NAME=value`) or names reaches the task: priced as set (the list's
+    values were not read: no allocator setting, no NCCL_ALGO), and no note says it is hidden."""
+    pytest.importorskip("planner.inputs.script")
+    run, notes = _srun_job(tmp_path, prelude, srun)
+    assert run.training.expandable_segments is expandable
+    assert ("NCCL_ALGO" in run.training.unpriced_flags) is recorded
+    assert not any(a.name == "allocator" for a in run.assumed)
+    assert not any("keeps from the trainer" in n for n in notes), notes
+
+
 @pytest.mark.parametrize("env, recorded", [
     ("export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0", ("NVTE_ALLOW_NONDETERMINISTIC_ALGO=0",)),
     ("export NVTE_ALLOW_NONDETERMINISTIC_ALGO=1", ()),

@@ -16,10 +16,10 @@ from planner.inputs.megatron_flags import RunDraft, build_run, drop_flags, is_fl
 from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
 from planner.inputs.shell.flag_string import split_flag_string
-from planner.cost.memory import expandable_segments_of
+from planner.cost.memory import ALLOCATOR_ENV, expandable_segments_of
 from planner.inputs.script import LauncherScript, cluster_geometry, read_launcher_script, scheduler_fix
 from planner.launcher.megatron import EP_OVERLAP_MAX_CONNECTIONS
-from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE, unpriced_env
+from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE, UNPRICED_ENV, unpriced_env
 from planner.schemas.cluster import ClusterSpec
 from planner.schemas.model import ModelSpec
 from planner.schemas.parallel import MegatronRun
@@ -196,10 +196,25 @@ _VALUE_OVERRIDES = {"gbs": "--global-batch-size", "mbs": "--micro-batch-size", "
 
 
 def script_environment(script) -> dict[str, str]:
-    """The environment the script gives its launch: the variables it exports, then those assigned before the
-    launcher word (`VAR=value torchrun ...`), which win."""
-    exported = {name: value for name, value in script.env.items() if name in script.exported}
-    return {**exported, **script.launch_env}
+    """The environment the script gives its trainer (`LauncherScript.task_env`): the variables it exports, then those
+    assigned before the launcher word (`VAR=value torchrun ...`), which win; under srun, those its --export passes
+    to the task (NONE, or a list without ALL, keeps the script's from it; `--export=ALL,NAME=value` sets one:
+    planner/inputs/srun_export.py), as torchrun's PET_* counts are read."""
+    return script.task_env
+
+
+def _hidden_env_notes(script) -> list[str]:
+    """The settings the estimate reads (the allocator, CUDA_DEVICE_MAX_CONNECTIONS, UNPRICED_ENV's) that the script
+    exports but srun's --export keeps from the trainer: read as not set, and a note says why."""
+    names, where = script.hidden_env
+    read = [name for name in names if name in ALLOCATOR_ENV or name in UNPRICED_ENV
+            or name == "CUDA_DEVICE_MAX_CONNECTIONS"]
+    if not read:
+        return []
+    them = ", ".join(read)
+    return [f"the script sets {them}, which srun's --export ({where}) keeps from the trainer: read as not set; "
+            f"add {'them' if len(read) > 1 else 'it'} to the --export list (or ALL) for the run to get "
+            f"{'them' if len(read) > 1 else 'it'}"]
 
 
 def _max_connections_notes(env: Mapping[str, str], training: Mapping[str, Any]) -> list[str]:
@@ -359,10 +374,11 @@ def _apply_script_environment(draft: RunDraft, script: LauncherScript) -> list[s
     """What the script's environment states about the run (the allocator, unpriced settings) set on the draft;
     the notes it calls for."""
     env = script_environment(script)
+    notes = _hidden_env_notes(script)
     expandable = expandable_segments_of(env)
     if expandable is not None:
         draft.training["expandable_segments"] = expandable
-    notes = _max_connections_notes(env, draft.training)
+    notes += _max_connections_notes(env, draft.training)
     env_unpriced = unpriced_env(env)
     if env_unpriced:
         draft.training["unpriced_flags"] = tuple(entry for entry, _ in env_unpriced)

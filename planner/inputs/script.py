@@ -149,7 +149,7 @@ class LauncherScript:
     def torchrun(self) -> TorchrunTasks:
         """The ranks the launch's torchrun starts (its counts: planner/inputs/torchrun_counts.py), one torchrun in each
         task where srun runs it (planner/inputs/srun_torchrun.py)."""
-        env, launch = self.torchrun_env, _legacy_launch(self.launcher)
+        env, launch = self.task_env, _legacy_launch(self.launcher)
         export, srun_env = self.srun_export, self.srun_env
         hidden = (srun_env, export.where) if export is not None and srun_env is not None else None
         nproc = torchrun_count(self.launcher_args, env, "nproc-per-node", launch=launch, hidden=hidden)
@@ -161,10 +161,12 @@ class LauncherScript:
         return TorchrunTasks(int(nproc.value) * nnodes.number, int(nproc.value))
 
     @property
-    def torchrun_env(self) -> dict[str, str]:
+    def task_env(self) -> dict[str, str]:
         """The variables the script gives the launch: those it exports, and those set in front of the command; under
         srun, those of them its --export passes to the task (planner/inputs/srun_export.py), and those the task sets
-        itself (in a `bash -c` string srun runs)."""
+        itself (in a `bash -c` string srun runs).  The one reading of the environment the trainer's launcher gets:
+        torchrun's PET_* counts, and the settings the estimate reads (planner/inputs/resolve.py
+        `script_environment`)."""
         env = {name: self.env[name] for name in self.exported if name in self.env} | self.launch_env
         srun_env = self.srun_env
         export = self.srun_export
@@ -172,6 +174,16 @@ class LauncherScript:
             return env
         task = {} if self.outer_env is None else {k: v for k, v in env.items() if self.outer_env.get(k) != v}
         return export.task_environment(srun_env) | task
+
+    @property
+    def hidden_env(self) -> tuple[list[str], str]:
+        """The variables of srun's environment (what the script exports or sets in front of srun) that its --export
+        keeps from the task, and where that --export is given; ([], "") where none."""
+        srun_env, export = self.srun_env, self.srun_export
+        if srun_env is None or export is None:
+            return [], ""
+        task = self.task_env
+        return [name for name in srun_env if name not in task], export.where
 
     @property
     def srun_env(self) -> dict[str, str] | None:
@@ -333,7 +345,7 @@ def _unseen_pet_notes(script: LauncherScript) -> list[str]:
     if script.launched_by != "torchrun":
         return []
     given = torchrun_options(script.launcher_args, launch=_legacy_launch(script.launcher))
-    env = script.torchrun_env
+    env = script.task_env
     job = script.job.get("SLURM_EXPORT_ENV")
     exports = [e for e in (Export(job.value, job.source) if job else None, script.srun_export) if e is not None]
     where = f"{location(script.path, script.site.line)}: " if script.site is not None else ""
