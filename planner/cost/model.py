@@ -472,6 +472,7 @@ class CostModel:
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
         self._memory_cache: dict = {}  # StageMemory by the core's key (stage_memory)
+        self._own_cache: dict = {}  # a stage's weights + grads + optimizer bytes (stage_own_bytes)
         self._context_cache: dict[str, float] = {}
         self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
         self._corr_cache: dict = {}
@@ -494,6 +495,11 @@ class CostModel:
         self.routing = routing(model, training.moe_imbalance_factor, profiles.moe_imbalance_factor())
 
     # ---- lookups ----
+
+    @property
+    def layer_kinds(self) -> tuple[bool, ...]:
+        """The model's decoder layers' kinds in order (True: MoE): ModelSpec.layer_is_moe, read once."""
+        return self._layer_is_moe
 
     def on_cluster(self, cluster: ClusterSpec) -> "CostModel":
         """This cost model on another cluster (a view of its cluster: pooled types, capped links), pricing as this
@@ -715,14 +721,13 @@ class CostModel:
         lay_act, lay_transient = self._layers_memory(by_kind, recompute)
         ends_act, ends_transient, loss_reserved = self._ends_memory(g, device_type, dp, self.stage_mbs(g, dp),
                                                                     is_first, is_last)
-        pb = self.param_bytes
         groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
                                 tied_embedding_stage=(is_first or is_last)
                                 and not self.model.untie_embeddings_and_output_weights)
+        weights, grads, optimizer = self._own_fields(g, kinds, dp, params)
         return dict(
-            weights_bytes=self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
-            grads_bytes=self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"),
-            optimizer_bytes=params.optimizer_bytes(pb), act_per_microbatch_bytes=lay_act + ends_act,
+            weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
+            act_per_microbatch_bytes=lay_act + ends_act,
             fixed_act_bytes=lay_transient + ends_transient, unitemised_bytes=UNITEMISED_ALLOCATED_GIB * GIB_BYTES,
             context_bytes=self._context_bytes(device_type),
             comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
@@ -730,6 +735,28 @@ class CostModel:
             allocator_cache=(allocator_cache_fraction(self.training.expandable_segments), loss_reserved),
             recorded_cache_share=recorded_cache_share(self.model),
         )
+
+    def _own_fields(self, g: GlobalShape, kinds: tuple[bool, ...], dp: int,
+                    params: "_Params") -> tuple[float, float, float]:
+        """A stage's (weights, gradients, optimizer state) bytes per GPU (StageMemory's fields of those names)."""
+        pb = self.param_bytes
+        return (self._fsdp_resident(params.weights_bytes(pb), kinds, g, dp, "weights"),
+                self._fsdp_resident(params.total * pb.grad, kinds, g, dp, "grads"), params.optimizer_bytes(pb))
+
+    def stage_own_bytes(self, g: GlobalShape, *, kinds: tuple[bool, ...], dp: int, is_first: bool,
+                        is_last: bool) -> float:
+        """weights_bytes + grads_bytes + optimizer_bytes of `stage_core_of_kinds` with these arguments (the same
+        function gives them), whatever the device type, micro-batch, VPP and recompute: they read only the degrees
+        below, the stage's layer kinds and its position.  Memoised by those (the search's memory bounds ask for
+        them once per shape and option)."""
+        kinds = tuple(kinds)
+        key = (g.tp, g.cp, g.ep, g.etp, g.pp > 1, dp, kinds, is_first, is_last)
+        hit = self._own_cache.get(key)
+        if hit is None:
+            weights, grads, optimizer = self._own_fields(g, kinds, dp,
+                                                         self._stage_params(g, kinds, dp, is_first, is_last))
+            hit = self._own_cache[key] = weights + grads + optimizer
+        return hit
 
     def _kind_layers(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, kinds: tuple[bool, ...],
                      recompute: Recompute) -> "list[_KindLayers]":

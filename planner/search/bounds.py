@@ -62,39 +62,45 @@ class OptionBound:
     act_saved_bytes: float = 0.0
 
 
-def option_bound(cost: CostModel, gs, o: StageOption) -> OptionBound:
+def option_bound(cost: CostModel, gs, o: StageOption, memory_only: bool = False) -> OptionBound:
     """Per-layer time and memory of option o from one-layer middle stages (no embedding/loss); the static
     bytes per layer are what each layer adds (`layer_static_split`), and the free bytes are less what any
     stage holds once beside them (Megatron-FSDP's unsharded layers in flight).
     Selective and full uniform recompute: every layer pays it and keeps the reduced activations.
     Full block recompute: layers are priced without recompute and with full activations, and the
-    recompute enters as a per-stage time and a bounded memory saving (OptionBound.block_layers)."""
+    recompute enters as a per-stage time and a bounded memory saving (OptionBound.block_layers).
+    `memory_only`: the memory figures alone, from the stages' memory (CostModel.stage_memory: the same numbers
+    without pricing their time); the times (layer_s, the kinds' times, stage_extra_s) are then NaN."""
 
     kinds: dict[bool, int] = {}
-    for j, k in enumerate(cost.model.layer_is_moe):
+    for j, k in enumerate(cost.layer_kinds):
         kinds.setdefault(k, j)
     block = o.recompute.granularity == "full" and o.recompute.method == "block"
     per_layer = Recompute.none() if block else o.recompute
+    stage = cost.stage_memory if memory_only else cost.stage_core
 
     def core(j: int, rec: Recompute):
-        return cost.stage_core(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=rec,
-                               is_first=False, is_last=False)
+        return stage(gs, device_type=o.device_type, start=j, end=j + 1, dp=o.dp, recompute=rec,
+                     is_first=False, is_last=False)
+
+    def time_s(c) -> float:
+        return math.nan if memory_only else c.time_s
 
     split = layer_static_split(cost, gs, o)
     held_once = min(once for _, once in split.values())
     per_kind, free, extra, saved = [], 0.0, [], []
     for kind, j in sorted(kinds.items()):
         c = core(j, per_layer)
-        per_kind.append((kind, c.time_s, split[kind][0], c.held_act_per_microbatch_bytes))
+        per_kind.append((kind, time_s(c), split[kind][0], c.held_act_per_microbatch_bytes))
         free = c.capacity_bytes - c.other_bytes - held_once
         if block:
             rec = core(j, Recompute.full("uniform", 1))
-            extra.append(rec.time_s - c.time_s)
+            extra.append(time_s(rec) - time_s(c))
             saved.append(c.held_act_per_microbatch_bytes - rec.held_act_per_microbatch_bytes)
     return OptionBound(layer_s=min(k[1] for k in per_kind), layer_static_bytes=min(k[2] for k in per_kind),
                        layer_act_bytes=min(k[3] for k in per_kind), free_bytes=free, kinds=tuple(per_kind),
                        block_layers=(o.recompute.num_layers or 0) if block else 0,
-                       stage_extra_s=max(0.0, min(extra)) if block else 0.0,
+                       stage_extra_s=(math.nan if memory_only else max(0.0, min(extra))) if block else 0.0,
                        act_saved_bytes=max(0.0, max(saved)) if block else 0.0)
 
 
@@ -128,8 +134,9 @@ def layer_static_split(cost: CostModel, gs, o: StageOption) -> dict[bool, tuple[
     Megatron-FSDP sharding gradients or parameters, whose unsharded layers in flight (the average of the
     stage's layers: at least the least of the kinds') a stage of n layers holds once, not n times."""
     out = {}
-    for kind in sorted(set(cost.model.layer_is_moe)):
-        one, two = (_own_bytes(_one_kind_core(cost, gs, o, kind, n, False, False)) for n in (1, 2))
+    for kind in sorted(set(cost.layer_kinds)):
+        one, two = (cost.stage_own_bytes(gs, kinds=(kind,) * n, dp=o.dp, is_first=False, is_last=False)
+                    for n in (1, 2))
         once = max(0.0, 2 * one - two)
         out[kind] = (one - once, once)
     return out
@@ -139,11 +146,6 @@ def _one_kind_core(cost: CostModel, gs, o: StageOption, kind: bool, n: int, firs
     """A stage of n layers of one kind on option o at a position (first, last)."""
     return cost.stage_core_of_kinds(gs, device_type=o.device_type, kinds=(kind,) * n, dp=o.dp,
                                     recompute=o.recompute, is_first=first, is_last=last)
-
-
-def _own_bytes(c) -> float:
-    """A stage's weights, gradients and optimizer state (StageCore)."""
-    return c.weights_bytes + c.grads_bytes + c.optimizer_bytes
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ class PriceBook:
                 taus = [_taus(option_bound(self.cost, gs, o), len(self.groups)) for o in fastest]
                 tau = tuple(min(to_us(t[k]) for t in taus) for k in range(len(self.groups)))
                 o = opts[0]
-                room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest))
+                room = option_bound(self.cost, gs, StageOption(o.device_type, o.dp, roomiest), memory_only=True)
                 row[c] = Price(
                     tau, 0, 0, 0, _max_layers(room, self.v_max, self.n_layers),
                     self._units(base, o.device_type, options),
