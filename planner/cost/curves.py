@@ -19,16 +19,38 @@ def interpolate_efficiency(curve: EfficiencyCurve, size: float) -> float:
     first/last point outside their range (and for size <= 0)."""
     if math.isnan(size):
         raise ValueError("interpolate_efficiency: size is NaN")
-    return interpolate_points([(p.size, p.efficiency) for p in curve.points], size)
+    points, sizes = _pairs(curve)
+    return _interpolate(points, sizes, size)
 
 
 def interpolate_points(points: list[tuple[float, float]], size: float) -> float:
     """`interpolate_efficiency` on bare (size, efficiency) pairs (sorted by size)."""
+    return _interpolate(points, [p[0] for p in points], size)
+
+
+def _interpolate(points, sizes: list[float], size: float) -> float:
+    """`interpolate_points` with the points' sizes given (`sizes`)."""
     if size <= points[0][0]:
         return points[0][1]
     if size >= points[-1][0]:
         return points[-1][1]
-    i = bisect_right([p[0] for p in points], size)
+    i = bisect_right(sizes, size)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
     t = (math.log(size) - math.log(x0)) / (math.log(x1) - math.log(x0))
     return y0 + t * (y1 - y0)
+
+
+_PAIRS: dict[int, tuple[EfficiencyCurve, list[tuple[float, float]], list[float]]] = {}
+_PAIRS_MAX = 4096  # curves remembered (the cost model reads a few dozen; the profiler's fits make more)
+
+
+def _pairs(curve: EfficiencyCurve) -> tuple[list[tuple[float, float]], list[float]]:
+    """A curve's (size, efficiency) pairs and sizes, read once per curve (EfficiencyCurve is frozen; the entry
+    keeps the curve, so its id names no other while it is remembered)."""
+    hit = _PAIRS.get(id(curve))
+    if hit is None or hit[0] is not curve:
+        if len(_PAIRS) >= _PAIRS_MAX:
+            _PAIRS.clear()
+        points = [(p.size, p.efficiency) for p in curve.points]
+        hit = _PAIRS[id(curve)] = (curve, points, [p[0] for p in points])
+    return hit[1], hit[2]
