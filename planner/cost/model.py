@@ -14,7 +14,7 @@ planner/simulate.py checks the formula by simulation (tests/test_simulate_vs_mod
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -591,8 +591,17 @@ class CostModel:
                 factors=self.corrections(device_type))
         return hit
 
+    def layer_links(self, device_type: str, *, tp: int, cp: int, ep: int, etp: int) -> GroupLinks:
+        """The links a decoder layer's price reads: the TP, CP, EP, ETP and expert-group links of a stage's groups,
+        which do not depend on its DP (communication.stage_group_links places them inside the TP x CP x ETP x EP
+        blocks); its DP and expert-DP links are left out (None: a layer that read them would fail, not be priced
+        for some other DP)."""
+        return replace(self.group_links(device_type, tp=tp, cp=cp, dp=1, ep=ep, etp=etp), dp=None, edp=None)
+
     def layer(self, g: GlobalShape, device_type: str, dp: int, stage_mbs: int, is_moe: bool) -> LayerCost:
-        key = (g.tp, g.cp, g.ep, g.etp, g.sequence_parallel, device_type, dp, stage_mbs, is_moe)
+        """One decoder layer of a stage of `device_type` (`dp`: the stage's DP, which the layer's price does not
+        read: `layer_links`), memoised by what it reads."""
+        key = (g.tp, g.cp, g.ep, g.etp, g.sequence_parallel, device_type, stage_mbs, is_moe)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -604,7 +613,7 @@ class CostModel:
         )
         kernels = self.kernels(device_type)
         cost = layer_cost(self.model, self.training, is_moe=is_moe, shape=shape, kernels=kernels,
-                          links=self.group_links(device_type, tp=g.tp, cp=g.cp, dp=dp, ep=g.ep, etp=g.etp),
+                          links=self.layer_links(device_type, tp=g.tp, cp=g.cp, ep=g.ep, etp=g.etp),
                           tp_comm_overlap=tp_overlap_runs(self.training, kernels.device))
         self._layer_cache[key] = cost
         return cost
