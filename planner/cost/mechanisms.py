@@ -250,7 +250,9 @@ def dispatcher_words(model) -> str:
 
 def stage_conditions(cost, g, device_type: str, dp: int, recompute: Recompute) -> dict[str, Conditions]:
     """The conditions of every mechanism but the pipeline sends in one stage (`cost` a CostModel, `g` its
-    GlobalShape)."""
+    GlobalShape).  They read of the stage its device type, DP, TP/CP/EP/ETP, sequence parallelism, samples per
+    micro-batch (stage_mbs) and recompute granularity: planner/cost/ranges.py `part_factors` is memoised by these
+    (a new reading here widens its key)."""
     model, tr = cost.model, cost.training
     fam = ("device", device_family(device_type))
     dev = ("device", device_type)

@@ -472,6 +472,7 @@ class CostModel:
         self._layer_cache: dict = {}
         self._core_cache: dict = {}
         self._memory_cache: dict = {}  # StageMemory by the core's key (stage_memory)
+        self._comm_cache: dict = {}  # communicator buffer bytes per stage groups (_comm_buffer_bytes)
         self._own_cache: dict = {}  # a stage's weights + grads + optimizer bytes (stage_own_bytes)
         self._context_cache: dict[str, float] = {}
         self._sync_cache: dict = {}  # raw DP-sync collective times per stage shape (see _dp_sync_s)
@@ -730,20 +731,29 @@ class CostModel:
         lay_act, lay_transient = self._layers_memory(by_kind, recompute)
         ends_act, ends_transient, loss_reserved = self._ends_memory(g, device_type, dp, self.stage_mbs(g, dp),
                                                                     is_first, is_last)
-        groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
-                                tied_embedding_stage=(is_first or is_last)
-                                and not self.model.untie_embeddings_and_output_weights)
         weights, grads, optimizer = self._own_fields(g, kinds, dp, params)
         return dict(
             weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
             act_per_microbatch_bytes=lay_act + ends_act,
             fixed_act_bytes=lay_transient + ends_transient, unitemised_bytes=UNITEMISED_ALLOCATED_GIB * GIB_BYTES,
             context_bytes=self._context_bytes(device_type),
-            comm_buffer_bytes=comm_buffer_bytes(dev.vendor, groups), device_memory_bytes=dev.memory_gib * GIB_BYTES,
+            comm_buffer_bytes=self._comm_buffer_bytes(g, dev, dp, is_first or is_last),
+            device_memory_bytes=dev.memory_gib * GIB_BYTES,
             capacity_bytes=dev.memory_gib * GIB_BYTES * (1.0 - self.memory_headroom),
             allocator_cache=(allocator_cache_fraction(self.training.expandable_segments), loss_reserved),
             recorded_cache_share=recorded_cache_share(self.model),
         )
+
+    def _comm_buffer_bytes(self, g: GlobalShape, dev: DeviceProfile, dp: int, an_end: bool) -> float:
+        """The communicator buffers one rank of a stage holds (memory.comm_buffer_bytes of its process groups;
+        `an_end`: the first or the last stage), memoised by what they read."""
+        key = (dev.vendor, g.tp, g.cp, dp, g.pp, g.ep, g.etp, an_end)
+        hit = self._comm_cache.get(key)
+        if hit is None:
+            groups = process_groups(tp=g.tp, cp=g.cp, dp=dp, pp=g.pp, ep=g.ep, etp=g.etp, moe=self.model.is_moe,
+                                    tied_embedding_stage=an_end and not self.model.untie_embeddings_and_output_weights)
+            hit = self._comm_cache[key] = comm_buffer_bytes(dev.vendor, groups)
+        return hit
 
     def _own_fields(self, g: GlobalShape, kinds: tuple[bool, ...], dp: int,
                     params: "_Params") -> tuple[float, float, float]:

@@ -73,8 +73,12 @@ class RangeEnd(CostModel):
         return RangeEnd(super().on_cluster(cluster), self._multiplier)
 
     def part_factors(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute) -> dict[str, float]:
-        """Per time part of a stage of `device_type` with `dp` and `recompute`, its mechanism's multiplier."""
-        key = (g, device_type, dp, recompute.label)
+        """Per time part of a stage of `device_type` with `dp` and `recompute`, its mechanism's multiplier.
+        Memoised by what the stage's conditions read (mechanisms.stage_conditions: the degrees below, the samples
+        per micro-batch of one DP rank, the recompute's granularity), not by the whole shape: the search asks for
+        the same stage under many PP, VPP and global-batch values."""
+        key = (g.tp, g.cp, g.ep, g.etp, g.sequence_parallel, self.stage_mbs(g, dp), device_type, dp,
+               recompute.granularity)
         hit = self._part_factors.get(key)
         if hit is None:
             conditions = stage_conditions(self, g, device_type, dp, recompute)
