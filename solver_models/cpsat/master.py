@@ -181,6 +181,15 @@ class Price:
             return cap
         return min(cap, self.room.holds(inflight, limit, group, first, last, vpp))
 
+    def holds_each(self, inflight: np.ndarray, limit: int, group: int = 0, first: bool = False, last: bool = False,
+                   vpp: int = 1) -> np.ndarray:
+        """`holds` for each of an array of micro-batches in flight (Room.holds_each: the same numbers)."""
+        cap = min(limit, self.max_layers)
+        a = np.asarray(inflight, dtype=float)
+        if self.room is None:
+            return np.full(a.shape, cap, dtype=np.int64)
+        return np.minimum(cap, self.room.holds_each(a, limit, group, first, last, vpp))
+
 
 def reduced_domains(rules: Sequence[RuleFamily], domains: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """The families' domains, each narrowed to the values some allowed tuple of every rule family

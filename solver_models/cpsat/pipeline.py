@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from solver_models.cpsat.master import MAX_RULE_TABLE, Price, RuleFamily, StageClass
@@ -233,16 +234,17 @@ class PipelineBlock:
         n = s.groups[0]
         cols = [self.x["recompute"], self.x["pp"]] + ([self.x[s.vpp]] if s.vpp else [])
         vpps = s.domains[s.vpp] if s.vpp else (1,)
+        pipelines = list(itertools.product(s.domains["pp"], vpps))
+        loads = [s.inflight.get(pv, (1.0, 1.0)) for pv in pipelines]
+        firsts, lasts = np.array([f for f, _ in loads], dtype=float), np.array([x for _, x in loads], dtype=float)
+        vs = np.array([v for _, v in pipelines])
+        only = np.array([pp == 1 for pp, _ in pipelines])
         for c, cls in enumerate(s.classes):
             for g in range(len(s.groups)):
                 rows = []
                 for r, row in enumerate(s.prices):
-                    p = row.get(c)
-                    for pp, v in itertools.product(s.domains["pp"], vpps):
-                        first, last = s.inflight.get((pp, v), (1.0, 1.0))
-                        held = (p.holds(last, n, g, vpp=v), p.holds(first, n, g, first=True, last=pp == 1, vpp=v),
-                                p.holds(last, n, g, last=True, vpp=v)) if p is not None else (0, 0, 0)
-                        rows.append((r, pp) + ((v,) if s.vpp else ()) + held)
+                    held = self._held(row.get(c), n, g, firsts, lasts, vs, only)
+                    rows.extend((r, pp) + ((v,) if s.vpp else ()) + h for (pp, v), h in zip(pipelines, held))
                 mid, first, last = (m.new_int_var(0, n, f"{w}_holds_{cls.name}_{g}")
                                     for w in ("middle", "first", "last"))
                 m.add_allowed_assignments(cols + [mid, first, last], rows)
@@ -250,6 +252,25 @@ class PipelineBlock:
                 m.add(self.nL[g] <= last).only_enforce_if(self.l[c])
                 m.add(self.nF[g] <= first).only_enforce_if(self.f[c])
                 m.add(self.Q[g][c] <= self._middle_room(c, g))
+
+    @staticmethod
+    def _held(p: Price | None, n: int, g: int, firsts: np.ndarray, lasts: np.ndarray, vs: np.ndarray,
+              only: np.ndarray) -> list[tuple[int, int, int]]:
+        """Per pipeline (PP, VPP), the layers of group g one stage of price p holds in the middle, at the first
+        position (the only stage where PP = 1) and at the last, with the pipeline's micro-batches in flight at the
+        first and the last position (Price.holds; (0, 0, 0) without a price)."""
+        if p is None:
+            return [(0, 0, 0)] * len(vs)
+        mid, first, last = (np.zeros(len(vs), dtype=np.int64) for _ in range(3))
+        for v in np.unique(vs).tolist():
+            at = vs == v
+            mid[at] = p.holds_each(lasts[at], n, g, vpp=v)
+            last[at] = p.holds_each(lasts[at], n, g, last=True, vpp=v)
+            for alone in (False, True):
+                sel = at & (only == alone)
+                if sel.any():
+                    first[sel] = p.holds_each(firsts[sel], n, g, first=True, last=alone, vpp=v)
+        return list(zip(mid.tolist(), first.tolist(), last.tolist()))
 
     def _middle_room(self, c: int, g: int) -> cp_model.IntVar:
         """Most layers of group g the S_c middle stages of class c hold together: each at its own
@@ -264,13 +285,15 @@ class PipelineBlock:
         for r, row in enumerate(s.prices):
             p = row.get(c)
             for v in vpps:
-                total = 0
-                for count in range(top + 1):
-                    rows.append((r,) + ((v,) if s.vpp else ()) + (count, min(total, n * top)))
-                    j = count + 1  # the next middle stage's position from the end
-                    load = min(j + 1, s.microbatches) if v == 1 else \
-                        min((2 * j + (v - 1) * (count + 3) + 1) / v, s.microbatches)
-                    total += p.holds(load, n, g, vpp=v) if p is not None else 0
+                # the next middle stage's position from the end: j = count + 1
+                loads = [min(count + 2, s.microbatches) if v == 1 else
+                         min((2 * (count + 1) + (v - 1) * (count + 3) + 1) / v, s.microbatches)
+                         for count in range(top + 1)]
+                held = p.holds_each(np.array(loads, dtype=float), n, g, vpp=v) if p is not None else \
+                    np.zeros(top + 1, dtype=np.int64)
+                totals = np.concatenate(([0], np.cumsum(held)[:-1]))  # before each count's next stage
+                rows.extend((r,) + ((v,) if s.vpp else ()) + (count, min(int(total), n * top))
+                            for count, total in enumerate(totals.tolist()))
         room = m.new_int_var(0, n * top, f"middle_room_{s.classes[c].name}_{g}")
         cols = [self.x["recompute"]] + ([self.x[s.vpp]] if s.vpp else [])
         m.add_allowed_assignments(cols + [self.S[c], room], rows)
