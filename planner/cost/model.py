@@ -174,7 +174,12 @@ class StageCore(StageMemory):
     @property
     def sync_s(self) -> float:
         """Per iteration, after the pipeline: exposed DP sync, optimizer step and the fixed host time."""
-        return self.dp_comm_s + self.optimizer_s + self.iteration_overhead_s
+        return sync_sum(self.dp_comm_s, self.optimizer_s, self.iteration_overhead_s)
+
+
+def sync_sum(dp_comm_s: float, optimizer_s: float, iteration_overhead_s: float) -> float:
+    """A stage's per-iteration time after the pipeline from its parts (StageCore.sync_s)."""
+    return dp_comm_s + optimizer_s + iteration_overhead_s
 
 
 _CORE_FIELDS = tuple(f.name for f in fields(StageCore))
@@ -700,17 +705,13 @@ class CostModel:
                     recompute: Recompute, is_first: bool, is_last: bool) -> "StageCore":
         """A stage = its decoder layers (with recompute) + its ends (embedding; logits, loss and MTP)
         + the parameters it holds (memory, gradient sync, optimizer step).  `key`: its memo key (_core_key)."""
-        stage_mbs = self.stage_mbs(g, dp)
-        by_kind = self._kind_layers(g, device_type, dp, stage_mbs, kinds, recompute)
-        params = self._stage_params(g, kinds, dp, is_first, is_last)
+        t = self._stage_times(g, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute, is_first=is_first,
+                              is_last=is_last)
+        stage_mbs, lay, ends, fwd, bwd, dp_s, optimizer_s = \
+            t.stage_mbs, t.lay, t.ends, t.fwd_s, t.bwd_s, t.dp_s, t.optimizer_s
         screened = self._memory_cache.pop(key, None)  # a stage_memory of it before: the core replaces it
         memory = screened.__dict__ if screened is not None else \
-            self._memory_fields(g, device_type, dp, kinds, recompute, is_first, is_last, by_kind, params)
-        lay = self._stage_layers(g, device_type, dp, by_kind, recompute)
-        ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
-        fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
-        dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
-        optimizer_s = self.kernels(device_type).memory_s(params.shard * self.param_bytes.optimizer_step_moved)
+            self._memory_fields(g, device_type, dp, kinds, recompute, is_first, is_last, t.by_kind, t.params)
         return StageCore(
             **memory,
             device_type=device_type, num_layers=len(kinds), dp=dp, recompute=recompute.label,
@@ -721,6 +722,40 @@ class CostModel:
             parts=_merge_parts(lay.parts, ends.parts),
             ep_hidden_s=(lay.ep_hidden_fwd_s + ends.ep_hidden_fwd_s, lay.ep_hidden_bwd_s + ends.ep_hidden_bwd_s),
         )
+
+    def _stage_times(self, g: GlobalShape, *, device_type: str, kinds: tuple[bool, ...], dp: int,
+                     recompute: Recompute, is_first: bool, is_last: bool) -> "_Times":
+        """A stage's times (`_stage_core` but its memory): its layers and ends per micro-batch, its exposed DP sync
+        and optimizer step per iteration."""
+        stage_mbs = self.stage_mbs(g, dp)
+        by_kind = self._kind_layers(g, device_type, dp, stage_mbs, kinds, recompute)
+        params = self._stage_params(g, kinds, dp, is_first, is_last)
+        lay = self._stage_layers(g, device_type, dp, by_kind, recompute)
+        ends = self._stage_ends(g, device_type, dp, stage_mbs, is_first, is_last)
+        fwd, bwd = lay.fwd_s + ends.fwd_s, lay.bwd_s + ends.bwd_s
+        dp_s = self._dp_sync_s(device_type, g, dp, params, kinds, is_first, is_last, fwd_s=fwd, bwd_s=bwd)
+        optimizer_s = self.kernels(device_type).memory_s(params.shard * self.param_bytes.optimizer_step_moved)
+        return _Times(stage_mbs, by_kind, params, lay, ends, fwd, bwd, dp_s, optimizer_s)
+
+    def stage_sync_s(self, g: GlobalShape, *, device_type: str, start: int, end: int, dp: int, recompute: Recompute,
+                     is_first: bool, is_last: bool) -> float:
+        """`stage_core(...).sync_s` (the same numbers: the same functions give them) without pricing the stage's
+        memory or keeping a core: the search's sync bound reads only this of many stages.  A core already priced
+        gives its own."""
+        kinds = self._layer_is_moe[start:end]
+        core = self._core_cache.get(_core_key(g, device_type, dp, recompute, kinds, is_first, is_last))
+        if core is not None:
+            return self._sync_total(g, device_type, dp, recompute, core.dp_comm_s, core.optimizer_s,
+                                    core.iteration_overhead_s)
+        t = self._stage_times(g, device_type=device_type, kinds=kinds, dp=dp, recompute=recompute, is_first=is_first,
+                              is_last=is_last)
+        return self._sync_total(g, device_type, dp, recompute, t.dp_s, t.optimizer_s,
+                                self.kernels(device_type).iteration_host_s)
+
+    def _sync_total(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute, dp_s: float,
+                    optimizer_s: float, overhead_s: float) -> float:
+        """StageCore.sync_s of a stage with these parts (a range end scales them as its stage_core does)."""
+        return sync_sum(dp_s, optimizer_s, overhead_s)
 
     def _memory_fields(self, g: GlobalShape, device_type: str, dp: int, kinds: tuple[bool, ...], recompute: Recompute,
                       is_first: bool, is_last: bool, by_kind: "list[_KindLayers]", params: "_Params") -> dict:
@@ -799,8 +834,11 @@ class CostModel:
             rest = cnt - nf
             out.fwd_s += cnt * c.fwd_s
             out.bwd_s += cnt * c.bwd_s
-            for name, sec in c.parts.items():
-                out.add(name, cnt * sec)
+            parts = out.parts
+            for name, sec in c.parts.items():  # _Part.add, inline (every stage the search prices runs this)
+                seconds = cnt * sec
+                if seconds:
+                    parts[name] = parts.get(name, 0.0) + seconds
             out.compute_s += (cnt * (c.fwd_compute_s + c.bwd_compute_s + c.host_fwd_s + c.host_bwd_s)
                               + nf * (c.fwd_compute_s + c.host_fwd_s))
             out.tp_s += cnt * (c.tp_fwd_s + c.tp_bwd_s) + nf * c.tp_fwd_s
@@ -1210,6 +1248,20 @@ class CostModel:
             num_microbatches=m, world_size=plan.world_size, model_flop_per_iteration=flop,
             peak_flop_per_s_total=peak_total, stages=tuple(stages), memory_headroom=self.memory_headroom,
         )
+
+
+class _Times(NamedTuple):
+    """A stage's times (CostModel._stage_times) and what they were priced from."""
+
+    stage_mbs: int
+    by_kind: "list[_KindLayers]"
+    params: "_Params"
+    lay: "_Part"
+    ends: "_Part"
+    fwd_s: float
+    bwd_s: float
+    dp_s: float
+    optimizer_s: float
 
 
 class _KindLayers(NamedTuple):

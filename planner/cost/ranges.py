@@ -30,7 +30,7 @@ from typing import Callable
 
 from planner.cost.mechanisms import MECHANISM_OF_PART, MECHANISMS, Conditions, chunk_pattern, schedule_conditions, \
     send_conditions, stage_conditions
-from planner.cost.model import END_PARTS, CostModel, GlobalShape, StageCore
+from planner.cost.model import END_PARTS, CostModel, GlobalShape, StageCore, sync_sum
 from planner.megatron.layout import plan_layout
 from planner.profile_tables import ProfileSet
 from planner.schemas.cluster import ClusterSpec
@@ -95,6 +95,13 @@ class RangeEnd(CostModel):
                                       is_first=is_first, is_last=is_last)
             hit = self._ends[key] = _scaled(core, self.part_factors(g, device_type, dp, recompute))
         return hit
+
+    def _sync_total(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute, dp_s: float,
+                    optimizer_s: float, overhead_s: float) -> float:
+        """The scaled sync parts (as `_scaled` scales a core's), summed as StageCore.sync_s sums them."""
+        f = self.part_factors(g, device_type, dp, recompute).get
+        return sync_sum(dp_s * f("dp_sync", 1.0), optimizer_s * f("optimizer", 1.0),
+                        overhead_s * f("iteration_overhead", 1.0))
 
     def chunk_stall_share(self, g: GlobalShape, num_layers: int) -> float:
         share = super().chunk_stall_share(g, num_layers)  # of this end's own (scaled) stage time

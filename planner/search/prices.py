@@ -294,9 +294,9 @@ class PriceBook:
                     continue
                 check_deadline(self.deadline)
                 for o, gs in itertools.product(opts, shapes):
-                    c = self.cost.stage_core(gs, device_type=o.device_type, start=start, end=end, dp=o.dp,
-                                             recompute=o.recompute, is_first=False, is_last=False)
-                    best[k] = min(best.get(k, math.inf), c.sync_s)
+                    sync_s = self.cost.stage_sync_s(gs, device_type=o.device_type, start=start, end=end, dp=o.dp,
+                                                    recompute=o.recompute, is_first=False, is_last=False)
+                    best[k] = min(best.get(k, math.inf), sync_s)
         top = self.groups[group]
         return tuple(to_us(best[k]) if k in best else 0 for k in range(top + 1))
 
