@@ -120,3 +120,17 @@ def test_part_factors_across_pipelines_are_fresh_ones(qwen):
     fresh = [_ranges("qwen3-30b-a3b", "H100:16")[0].high.part_factors(g, "H100", dp, rec) for g, dp, rec in stages]
     assert got == fresh
     assert len({tuple(sorted(f.items())) for f in got}) > 1  # the stages' factors differ
+
+
+def test_stage_sync_is_the_stage_core_s():
+    """stage_sync_s, which prices a stage's times without its memory, is its core's sync_s at both ends of the
+    range and at the nominal model, whether the core was priced before or not."""
+    ranges = _ranges("qwen3-30b-a3b", "H100:16")[0]
+    stages = [(_shape(ranges.high, mbs=mbs, vpp=vpp, pp=4), start, end, rec)
+              for mbs in (1, 2) for vpp in (1, 2) for start, end in ((0, 1), (3, 9), (0, 12))
+              for rec in (Recompute.none(), Recompute.full("block", 2), Recompute.full("uniform", 1))]
+    for cm in (ranges.high, ranges.low, ranges.nominal):
+        for g, start, end, rec in stages:
+            kw = dict(device_type="H100", start=start, end=end, dp=4, recompute=rec, is_first=False, is_last=False)
+            before = cm.stage_sync_s(g, **kw)  # no core yet (the first end asked) or the nominal's core
+            assert before == cm.stage_core(g, **kw).sync_s == cm.stage_sync_s(g, **kw)
