@@ -461,8 +461,9 @@ def tp_overlap_runs(training, device) -> bool:
 class CostModel:
     """Binds model, training, cluster and profiles; prices stages and plans.
 
-    Per-layer costs are memoised by (device, DP, micro-batch, layer kind, global shape): the search
-    tabulates them once and composes stages from them, exactly as `evaluate` does.
+    Per-layer costs are memoised by (device, micro-batch, layer kind, the TP/CP/EP/ETP degrees and sequence
+    parallelism: what a layer reads, not its stage's DP): the search tabulates them once and composes stages from
+    them, exactly as `evaluate` does.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, profiles: ProfileSet, *,
