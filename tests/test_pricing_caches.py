@@ -6,9 +6,7 @@ give the prices each gets in a process of its own."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
 import subprocess
 import sys
 from dataclasses import replace
