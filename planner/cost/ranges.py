@@ -99,9 +99,8 @@ class RangeEnd(CostModel):
     def _sync_total(self, g: GlobalShape, device_type: str, dp: int, recompute: Recompute, dp_s: float,
                     optimizer_s: float, overhead_s: float) -> float:
         """The scaled sync parts (as `_scaled` scales a core's), summed as StageCore.sync_s sums them."""
-        f = self.part_factors(g, device_type, dp, recompute).get
-        return sync_sum(dp_s * f("dp_sync", 1.0), optimizer_s * f("optimizer", 1.0),
-                        overhead_s * f("iteration_overhead", 1.0))
+        return sync_sum(*_scaled_sync(self.part_factors(g, device_type, dp, recompute), dp_s, optimizer_s,
+                                      overhead_s))
 
     def chunk_stall_share(self, g: GlobalShape, num_layers: int) -> float:
         share = super().chunk_stall_share(g, num_layers)  # of this end's own (scaled) stage time
@@ -121,14 +120,22 @@ def _scaled(core: StageCore, factor: dict[str, float]) -> StageCore:
     before = sum(sec for _, sec in core.parts)
     ratio = sum(sec for _, sec in parts) / before if before > 0 else 1.0
     f = factor.get
+    dp_s, optimizer_s, overhead_s = _scaled_sync(factor, core.dp_comm_s, core.optimizer_s, core.iteration_overhead_s)
     return StageCore(**{  # dataclasses.replace, without its per-field introspection (the search calls this a lot)
         **core.__dict__, "parts": parts, "forward_s": core.forward_s * ratio, "backward_s": core.backward_s * ratio,
         "compute_s": core.compute_s * ratio, "recompute_s": core.recompute_s * f("recompute", 1.0),
         "tp_comm_s": core.tp_comm_s * f("tp_comm", 1.0), "cp_comm_s": core.cp_comm_s * f("cp_comm", 1.0),
-        "ep_comm_s": core.ep_comm_s * f("ep_comm", 1.0), "dp_comm_s": core.dp_comm_s * f("dp_sync", 1.0),
+        "ep_comm_s": core.ep_comm_s * f("ep_comm", 1.0), "dp_comm_s": dp_s,
         "ep_hidden_s": (core.ep_hidden_s[0] * f("ep_comm", 1.0), core.ep_hidden_s[1] * f("ep_comm", 1.0)),
-        "optimizer_s": core.optimizer_s * f("optimizer", 1.0),
-        "iteration_overhead_s": core.iteration_overhead_s * f("iteration_overhead", 1.0)})
+        "optimizer_s": optimizer_s, "iteration_overhead_s": overhead_s})
+
+
+def _scaled_sync(factor: dict[str, float], dp_comm_s: float, optimizer_s: float,
+                 overhead_s: float) -> tuple[float, float, float]:
+    """A stage's per-iteration sync parts (exposed DP sync, optimizer step, fixed host time) each multiplied by its
+    mechanism's factor: the one scaling of them, for a scaled core (_scaled) and a sync alone (_sync_total)."""
+    f = factor.get
+    return dp_comm_s * f("dp_sync", 1.0), optimizer_s * f("optimizer", 1.0), overhead_s * f("iteration_overhead", 1.0)
 
 
 @dataclass(frozen=True)
