@@ -200,15 +200,30 @@ def test_settings_srun_export_keeps_from_the_trainer_are_read_as_not_set(tmp_pat
     """srun's --export (NONE, or a list without ALL; its own, SRUN_/SLURM_EXPORT_ENV, the job's #SBATCH --export)
     keeps the script's exported variables from the task (srun(1) --export; planner/inputs/srun_export.py): the
     allocator setting and NCCL_ALGO never reach the trainer, so they are not priced or recorded as set (they were:
-    expandable segments off, NCCL_ALGO unpriced), and a note says which --export hides them."""
+    expandable segments off, NCCL_ALGO unpriced), and a note says which --export hides them.  The trainer then runs
+    torch's default allocator (expandable segments off), which the launch.sh's export around srun cannot change
+    either: priced so, not as the unstated default (expandable segments on, which reserves less), with a note."""
     pytest.importorskip("planner.inputs.script")
     run, notes = _srun_job(tmp_path, prelude, srun)
-    assert run.training.expandable_segments is None and "NCCL_ALGO" not in run.training.unpriced_flags
-    assert any(a.name == "allocator" and a.value == "expandable_segments:True" for a in run.assumed)
+    assert run.training.expandable_segments is False and "NCCL_ALGO" not in run.training.unpriced_flags
+    assert not any(a.name == "allocator" for a in run.assumed)
+    allocator = [n for n in notes if "gives the trainer no allocator setting" in n]
+    assert len(allocator) == 1 and where in allocator[0] and "torch's default" in allocator[0], notes
     hidden = [n for n in notes if "keeps from the trainer" in n]
     assert len(hidden) == 1 and "PYTORCH_CUDA_ALLOC_CONF, NCCL_ALGO" in hidden[0], notes
     assert where in hidden[0], hidden
     assert not any(n.startswith("NCCL_ALGO=") for n in notes), notes
+
+
+@pytest.mark.parametrize("srun", ["", "--export=ALL", "--export=ALL,NCCL_DEBUG=INFO"])
+def test_srun_passing_the_environment_keeps_the_allocator_assumption(tmp_path, srun):
+    """srun passing its whole environment (no --export, ALL): the planner's launch.sh exports the allocator setting
+    the estimate assumes around srun and it reaches the trainer, so the unstated assumption stands, with no note."""
+    pytest.importorskip("planner.inputs.script")
+    run, notes = _srun_job(tmp_path, "", srun)
+    assert run.training.expandable_segments is None
+    assert any(a.name == "allocator" and a.value == "expandable_segments:True" for a in run.assumed)
+    assert not any("no allocator setting" in n for n in notes), notes
 
 
 @pytest.mark.parametrize("prelude, srun, expandable, recorded", [

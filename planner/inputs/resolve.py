@@ -217,6 +217,21 @@ def _hidden_env_notes(script) -> list[str]:
             f"{'them' if len(read) > 1 else 'it'}"]
 
 
+def _allocator_behind_export(script, notes: list[str]) -> bool | None:
+    """False where srun's --export (NONE, or a list without ALL) gives the trainer no allocator variable: the task
+    runs torch's default allocator (expandable segments off), whatever the script or the planner's launch.sh
+    exports around srun, so the memory is priced with it and a note says why.  None elsewhere (the unstated case:
+    planner/inputs/assumed.py)."""
+    export = script.srun_export
+    if export is None or export.all:
+        return None
+    notes.append(f"srun's --export ({export.where}) gives the trainer no allocator setting: the reserved memory is "
+                 "priced with torch's default allocator (expandable segments off, which reserves more); add "
+                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to the --export list to run with expandable "
+                 "segments and price them")
+    return False
+
+
 def _max_connections_notes(env: Mapping[str, str], training: Mapping[str, Any]) -> list[str]:
     """Where the script's own CUDA_DEVICE_MAX_CONNECTIONS keeps the EP all-to-all overlap from happening: it needs
     more than one hardware queue (Megatron's MoE README).  The estimate prices the overlap as the planner's launch.sh
@@ -376,6 +391,8 @@ def _apply_script_environment(draft: RunDraft, script: LauncherScript) -> list[s
     env = script_environment(script)
     notes = _hidden_env_notes(script)
     expandable = expandable_segments_of(env)
+    if expandable is None:  # no allocator variable reaches the trainer
+        expandable = _allocator_behind_export(script, notes)
     if expandable is not None:
         draft.training["expandable_segments"] = expandable
     notes += _max_connections_notes(env, draft.training)
