@@ -383,6 +383,40 @@ def test_launch_sh_keeps_the_input_scripts_settings(tmp_path):
     assert "--master-port" not in got and got[got.index("--node-rank") + 1] == "3"
 
 
+def _directives_read(text: str, prefix: str) -> list[str]:
+    """The scheduler directives a batch script gives, as sbatch reads them (sbatch(1): "sbatch will stop processing
+    further #SBATCH directives once the first non-comment non-whitespace line has been reached"; qsub and bsub read
+    #PBS and #BSUB the same way): the `prefix` lines above the first command."""
+    out = []
+    for line in text.split("\n")[1:]:
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        if line.startswith(prefix):
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("prefix", ["#SBATCH", "#PBS", "#BSUB"])
+def test_launch_sh_keeps_the_scheduler_directives_where_the_scheduler_reads_them(prefix):
+    """A job script's directives (`#SBATCH --nodes=4`) count only above its first command: launch.sh, which the
+    user submits as they submitted the script, keeps every one of them there (its block of functions came before
+    them, so `sbatch launch.sh` ran on the partition's default resources: one node, no GPU), the comments and blank
+    lines between them too, and the block still comes before the script's first command."""
+    run, plan, cluster, _ = case("moe_megatron")
+    directives = [f"{prefix} --nodes=4", f"{prefix} --gpus-per-node=8", f"{prefix} --job-name='moe; $(reboot)'"]
+    head = ["#!/bin/bash", directives[0], "", "# resources", directives[1], "  # indented comment", directives[2]]
+    text = "\n".join(head) + "\n" + SCRIPT.split("\n", 1)[1]
+    files = render_launch_files(run, plan, cluster, parse_launcher_script(text))
+    launch = files["launch.sh"]
+    assert _directives_read(text, prefix) == directives  # the rule, on the input
+    assert _directives_read(launch, prefix) == directives
+    lines = launch.split("\n")
+    assert lines.index("# ---- hapmoe: the plan, applied where the script launches training ----") \
+        < lines.index("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    assert "\n".join(head[1:]) + "\n# Mixtral-style launcher" in launch  # the input's comment lines, in order
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

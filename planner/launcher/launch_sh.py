@@ -2,7 +2,10 @@
 
 The emitted launch.sh is the input script, byte for byte, with three changes:
 
-1. a block after the shebang that defines `hapmoe_launch` (and reads `--dry-run`);
+1. a block after the shebang and the script's leading comments that defines `hapmoe_launch` (and reads
+   `--dry-run`): a scheduler reads its directives (`#SBATCH`, `#PBS`, `#BSUB`, `#flux:`) only up to the script's
+   first command (sbatch(1): "sbatch will stop processing further #SBATCH directives once the first non-comment
+   non-whitespace line has been reached"), so none may come before them;
 2. `hapmoe_launch ` inserted before the statement that starts training (`eval` becomes
    `hapmoe_eval`; a launch inside a `bash -c` string or a sourced file is reached through a
    shell function that shadows the launcher, exported to child shells);
@@ -685,6 +688,7 @@ def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
     lines = text.split("\n")
     shebang = lines[0] if lines and lines[0].startswith("#!") else "#!/bin/bash"
     body = lines[1:] if lines and lines[0].startswith("#!") else lines
+    leading = _leading_comments(body)
     out = [shebang]
     out += comment_lines(spec.header)
     src = script.path or "the input script"
@@ -693,10 +697,21 @@ def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
                           "command every node would run."])
     if spec.notes:
         out += comment_lines([""] + [f"note: {n}" for n in spec.notes])
+    out += body[:leading]  # the scheduler's directives, read only above the first command
     out += hapmoe_block(spec, entry_name, shadow)
-    out += body
+    out += body[leading:]
     result = "\n".join(out)
     return result if result.endswith("\n") else result + "\n"
+
+
+def _leading_comments(lines: Sequence[str]) -> int:
+    """How many of the script's lines (after the shebang) are comments or blank before its first command: where a
+    batch scheduler's directives (`#SBATCH ...`) must stay, above every command of launch.sh's block."""
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            return i
+    return len(lines)
 
 
 def generated_launch_sh(items: list[FlagItem], spec: LaunchSpec, launcher: Sequence[str] = ("torchrun",)) -> str:

@@ -15,6 +15,7 @@
 # note: kept as literal text (bash expands them when the launcher runs): $1, $2, $3
 # note: CUDA_DEVICE_MAX_CONNECTIONS=1 is exported: Megatron needs it with TP or CP > 1 (pre-Blackwell GPUs)
 # note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is exported where the environment sets neither PYTORCH_ALLOC_CONF nor PYTORCH_CUDA_ALLOC_CONF: the reserved memory was priced with expandable segments (torch's default is off, which reserves more); state the allocator setting in the input script to price and keep yours
+# Mixtral-style launcher, as Megatron's examples write them
 # ---- hapmoe: the plan, applied where the script launches training ----
 HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
@@ -387,7 +388,6 @@ srun() {
 }
 export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun hapmoe_priced_read hapmoe_check_priced
 # ---- end of hapmoe block ----
-# Mixtral-style launcher, as Megatron's examples write them
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 GPUS_PER_NODE=8
 MASTER_PORT=${MASTER_PORT:-"6001"}
