@@ -26,7 +26,7 @@ from planner.inputs.hosts import read_hosts
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.inputs.script import parse_launcher_script
 from planner.launcher import render_launch_files
-from planner.launcher.common import group_flag_items
+from planner.launcher.common import LaunchOverrides, group_flag_items
 from planner.megatron.layout import parse_layout, virtual_stage_layers
 from planner.output.run_dir import LAUNCHER_OUTPUT, write_files
 from planner.profile_tables import ProfileSet
@@ -415,6 +415,39 @@ def test_launch_sh_keeps_the_scheduler_directives_where_the_scheduler_reads_them
     assert lines.index("# ---- hapmoe: the plan, applied where the script launches training ----") \
         < lines.index("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     assert "\n".join(head[1:]) + "\n# Mixtral-style launcher" in launch  # the input's comment lines, in order
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("scontrol", [True, False])
+def test_launch_sh_run_by_sbatch_logs_beside_the_submitted_file(tmp_path, scontrol):
+    """sbatch runs a copy of the job script (slurmd's `<spool>/job<ID>/slurm_script`), deleted when the job ends:
+    a trial's log (and --hosts' SLURM_HOSTFILE) belongs beside the launch.sh the user submitted, which scontrol names
+    (`Command=`), or else in the directory sbatch was called from (SLURM_SUBMIT_DIR), with a warning.  Both went to
+    the spool directory."""
+    run, plan, cluster, _ = case("dense_megatron")
+    out = tmp_path / "my out" / "trials" / "pick"
+    write_files(out, render_launch_files(run, plan, cluster, overrides=LaunchOverrides(log_name="train")),
+                "--out", LAUNCHER_OUTPUT)
+    spool = tmp_path / "spool" / "job7"
+    spool.mkdir(parents=True)
+    shutil.copy(out / "launch.sh", spool / "slurm_script")
+    bindir = _fake_torchrun(tmp_path)
+    if scontrol:
+        (bindir / "scontrol").write_text(f"#!/bin/bash\nprintf '   JobId=7 JobName=x\\n   Command=%s\\n   WorkDir=/\\n' "
+                                         f"{shlex.quote(str(out / 'launch.sh'))}\n")
+        (bindir / "scontrol").chmod(0o755)
+    submit = tmp_path / "submitted from"
+    submit.mkdir()
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_NODE_RANK": "0", "HAPMOE_ARGS_OUT": str(tmp_path / "args"),
+           "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(submit)}
+    done = subprocess.run(["bash", str(spool / "slurm_script")], env=env, cwd=spool, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    where = out if scontrol else submit
+    logs = [p.name for p in where.iterdir() if p.suffix == ".log"]
+    assert len(logs) == 1 and logs[0].startswith("train-"), (logs, done.stderr)
+    assert not any(p.suffix == ".log" for p in spool.iterdir())
+    assert ("scontrol does not name the submitted file" in done.stderr) is not scontrol, done.stderr
 
 
 def test_cuda_device_max_connections_only_with_tp_or_cp():

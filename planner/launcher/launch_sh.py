@@ -334,12 +334,34 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
     ]
 
 
+def _submitted_dir() -> list[str]:
+    """bash lines that point HAPMOE_DIR at the submitted launch.sh's directory under sbatch, which runs a copy of the
+    job script in slurmd's spool (`<spool>/job<ID>/slurm_script`, src/slurmd/slurmstepd/mgr.c) that the job's end
+    deletes: the trial logs and SLURM_HOSTFILE belong beside the file the user submitted.  scontrol gives its path
+    (`Command=`, sbatch's full path of the script: src/sbatch/opt.c, src/scontrol/info_job.c); without it, the
+    directory sbatch was called from (SLURM_SUBMIT_DIR), with a warning."""
+    return [
+        'if [[ -n "${SLURM_JOB_ID:-}" && "${BASH_SOURCE[0]##*/}" == slurm_script ]]; then  # sbatch\'s copy',
+        '    hapmoe_submitted=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n \'s/^ *Command=//p\' | head -n 1)',
+        '    if [[ "$hapmoe_submitted" == /* && -d "${hapmoe_submitted%/*}" ]]; then',
+        '        HAPMOE_DIR=${hapmoe_submitted%/*}',
+        "    else",
+        '        HAPMOE_DIR=${SLURM_SUBMIT_DIR:-$PWD}',
+        '        echo "launch.sh: sbatch runs a copy of this script and scontrol does not name the submitted file: its'
+        ' files are looked for in $HAPMOE_DIR (where sbatch was called)" >&2',
+        "    fi",
+        "    unset hapmoe_submitted",
+        "fi",
+    ]
+
+
 def _dry_run_and_decided(spec: LaunchSpec) -> list[str]:
     """`--dry-run` read off the arguments, and `hapmoe_is_decided FLAG`: the flags the plan decides."""
     return [
         "HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}",
         'if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi',
         'HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie',
+        *_submitted_dir(),
         "export HAPMOE_DRY_RUN HAPMOE_DIR",
         "# --dry-run prints where launch.sh's own output goes, also from a launch whose output the script redirects",
         "# (file descriptors a variable names: bash 4.1 and later; an older bash prints where the script says)",

@@ -20,6 +20,16 @@
 HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
 HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
+if [[ -n "${SLURM_JOB_ID:-}" && "${BASH_SOURCE[0]##*/}" == slurm_script ]]; then  # sbatch's copy
+    hapmoe_submitted=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n 1)
+    if [[ "$hapmoe_submitted" == /* && -d "${hapmoe_submitted%/*}" ]]; then
+        HAPMOE_DIR=${hapmoe_submitted%/*}
+    else
+        HAPMOE_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+        echo "launch.sh: sbatch runs a copy of this script and scontrol does not name the submitted file: its files are looked for in $HAPMOE_DIR (where sbatch was called)" >&2
+    fi
+    unset hapmoe_submitted
+fi
 export HAPMOE_DRY_RUN HAPMOE_DIR
 # --dry-run prints where launch.sh's own output goes, also from a launch whose output the script redirects
 # (file descriptors a variable names: bash 4.1 and later; an older bash prints where the script says)
