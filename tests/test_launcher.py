@@ -450,6 +450,79 @@ def test_launch_sh_run_by_sbatch_logs_beside_the_submitted_file(tmp_path, scontr
     assert ("scontrol does not name the submitted file" in done.stderr) is not scontrol, done.stderr
 
 
+SRUN_TORCHRUN = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --container-image=img.sqsh LAUNCHER --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d ENDPOINT \
+    pretrain_gpt.py --num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 \
+    --max-position-embeddings 2048 --vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 \
+    --global-batch-size 64 --lr 3e-4 --bf16
+"""
+
+
+def _fake_slurm(tmp_path: Path, export_all: bool) -> Path:
+    """Stubs: srun runs its command once per node of a 2-node job (SLURM_PROCID/SLURM_NODEID; with `export_all`
+    false, as --export=NONE does, in an environment of the SLURM_* variables and PATH only); scontrol lists the
+    nodes; torchrun and python write their arguments to args<SLURM_PROCID>."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    env = "" if export_all else "env -i PATH=\"$PATH\" HAPMOE_SKIP_NODE_CHECK=1 HOME=/ "
+    (bindir / "srun").write_text(
+        "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do shift; done\n"
+        f"for i in 0 1; do {env}SLURM_PROCID=$i SLURM_NODEID=$i \"$@\" & done; wait\n")
+    (bindir / "scontrol").write_text("#!/bin/bash\necho node-a; echo node-b\n")
+    record = f'#!/bin/bash\nprintf "%s\\0" "$@" > {shlex.quote(str(tmp_path))}/args$SLURM_PROCID\n'
+    for tool in ("torchrun", "python"):
+        (bindir / tool).write_text(record)
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    return bindir
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("launcher, endpoint, export_all, master, hosts", [
+    ("torchrun", "--rdzv-endpoint $MASTER:29500", True, ("node-a", "29500"), None),
+    ("torchrun", "--rdzv_endpoint=$MASTER", False, ("node-a", "6000"), None),
+    ("python -m torch.distributed.run", "--rdzv-endpoint $MASTER:29400", True, ("node-a", "29400"), None),
+    ("torchrun", "--master-addr $MASTER --master-port 7000", False, ("node-a", "7000"), None),
+    # --hosts: srun places task k on the hostfile's k-th line, agent k; node 0's host is the master
+    ("torchrun", "--rdzv-endpoint $MASTER:29500", True, ("node-b", "6000"), "node-b H100\nnode-a H100\n"),
+    ("python -m torch.distributed.run", "--rdzv-endpoint $MASTER:29500", True, ("node-b", "6000"),
+     "node-b H100\nnode-a H100\n"),
+])
+def test_srun_torchrun_runs_one_node_rank_per_task(tmp_path, launcher, endpoint, export_all, master, hosts):
+    """`srun torchrun ...` (torchrun in every task srun starts, the usual Slurm launch): each task runs its own
+    node's agent, node ranks 0 and 1, with the script's master (its rendezvous endpoint, or --master-addr) as the
+    static rendezvous' master, also where srun's --export passes launch.sh's functions to no task.  It ran one
+    command for the submitting host, so every task got node rank 0, and the master was the hostfile's template
+    host name (h100-node0), which no cluster has."""
+    text = SRUN_TORCHRUN.replace("LAUNCHER", launcher).replace("ENDPOINT", endpoint)
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
+    out = tmp_path / "out"
+    cluster = cluster_of(("H100", 2))
+    listed = read_hosts(_hosts_file(tmp_path, hosts), cluster, ProfileSet.load()) if hosts else None
+    write_files(out, render_launch_files(run, plan, cluster, script, hosts=listed), "--out", LAUNCHER_OUTPUT)
+    bindir = _fake_slurm(tmp_path, export_all)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
+           "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "node-[a-b]"}
+    done = subprocess.run(["bash", str(out / "launch.sh")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    if hosts:  # one task per agent, placed in stage order
+        assert "SLURM_HOSTFILE=" in done.stderr and done.stderr.count("slurm_hostfile.nodes") == 1, done.stderr
+    for task in (0, 1):
+        got = (tmp_path / f"args{task}").read_bytes().decode().split("\0")[:-1]
+        assert got[got.index("--node-rank") + 1] == str(task), got
+        assert got[got.index("--nnodes") + 1] == "2" and got[got.index("--rdzv-backend") + 1] == "static"
+        assert (got[got.index("--master-addr") + 1], got[got.index("--master-port") + 1]) == master, got
+        assert got.count("--master-addr") == 1 and not any(w.startswith("--rdzv-endpoint") for w in got), got
+        assert got[got.index("pretrain_gpt.py") + 1:].count("--global-batch-size") == 1
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

@@ -23,7 +23,9 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
     (nproc-per-node, nnodes, node-rank, rdzv-*) with static rendezvous and an explicit node rank,
     picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
     stage on its device type) or, under srun, SLURM_NODEID; master address and port stay the
-    script's when it gives them;
+    script's when it gives them (--master-addr/--master-port, or the host and port of its
+    --rdzv-endpoint where the host names are a template); where srun runs torchrun itself
+    (`srun [OPTIONS] torchrun ...`), each task srun starts runs hapmoe_launch for its own node;
   * behind srun/mpirun (or plain python) the launcher's own options are kept: the scheduler
     places ranks, so its host order must follow the hostfile;
   * with `launch.sh --dry-run ARGS...` prints the command every node would run and exits; before
@@ -117,6 +119,13 @@ SHADOWED_LAUNCHERS = re.compile(r"torchrun|python[0-9.]*")
 input that names a function in launch.sh, and only when it is one of these."""
 
 
+def _launch_functions(spec: LaunchSpec) -> str:
+    """The block's functions hapmoe_launch calls where the training starts (in a task srun starts, too)."""
+    out = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry"
+    out += " hapmoe_need_refs" if spec.refs else ""
+    return out + (" hapmoe_priced_read hapmoe_check_priced" if spec.priced is not None else "")
+
+
 def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[str]:
     """The bash functions that apply the plan at the launch statement."""
     lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
@@ -134,9 +143,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     lines += srun_function(spec, entry_name)
-    exported = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun"
-    exported += " hapmoe_need_refs" if spec.refs else ""
-    exported += " hapmoe_priced_read hapmoe_check_priced" if spec.priced is not None else ""
+    exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -308,6 +315,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         place += [
             '    if ((hapmoe_train)) && [[ -z "${HAPMOE_NO_SLURM_PLACEMENT:-}" ]]; then',
             '        local per=nodes; for w in "$@"; do [[ "${w##*/}" == python* ]] && per=ranks; done',
+            '        for w in "$@"; do [[ "$w" == torch.distributed.run || "$w" == torch.distributed.launch ]] && per=nodes; done',
             '        export SLURM_HOSTFILE="$HAPMOE_DIR/slurm_hostfile.$per"',
             '        [[ "$per" == nodes ]] && per_agent=1  # task k runs agent k (SLURM_PROCID)',
             '        set -- --distribution=arbitrary "$@"',
@@ -489,7 +497,7 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
     entry_new = spec.entry_script
     lines = [
         "    local -a words=(\"$@\") launcher=() args=() plan=()",
-        "    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0",
+        "    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv=",
         "    for ((i = 0; i < n; i++)); do",
         f"        if [[ \"${{words[i]##*/}}\" == {sh_quote(entry_name)} ]]; then entry=$i; break; fi",
         "    done",
@@ -501,13 +509,18 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         "    plan=(" + plan_words + ")",
         "    for ((i = 0; i < entry; i++)); do",
         "        tok=${words[i]}",
-        "        if ((after == 0)) && [[ \"${tok##*/}\" == torchrun ]]; then torch=1; after=1; launcher+=(\"$tok\"); continue; fi",
+        "        if ((after == 0)) && [[ \"${tok##*/}\" == torchrun ]]; then torch=1; after=1; tpos=$i; launcher+=(\"$tok\"); continue; fi",
         "        if ((after == 0)) && [[ \"$tok\" == torch.distributed.run || \"$tok\" == torch.distributed.launch ]]; then",
-        "            torch=1; after=1; launcher+=(\"$tok\"); continue",
+        "            torch=1; after=1; tpos=$i; launcher+=(\"$tok\"); continue",
         "        fi",
         "        if ((torch)); then",
         "            case \"${tok%%=*}\" in",
         f"                {switches}) continue ;;",
+        "                # the script's rendezvous endpoint: its master (HOST:PORT), read before it is dropped",
+        "                --rdzv-endpoint|--rdzv_endpoint)",
+        "                    if [[ \"$tok\" == *=* ]]; then rdzv=${tok#*=}",
+        "                    elif [[ \"${words[i+1]:-}\" != --?* ]]; then rdzv=${words[i+1]:-}; ((i++)); fi",
+        "                    continue ;;",
         "                # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)",
         f"                {placement}) [[ \"$tok\" == *=* || \"${{words[i+1]:-}}\" == --?* ]] || ((i++)); continue ;;",
         "            esac",
@@ -586,9 +599,21 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     static rendezvous, its node rank and the script's master address and port when it gives them."""
     agents = spec.agents
     hosts = len({ag.host for ag in agents})
-    lines = [
+    loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
+    lines = _fan_out_srun(spec) + [
         f"    local master=() has_addr=0 has_port=0 i master_host={sh_quote(agents[0].host)}"
         f" master_port={sh_quote(spec.master_port)}  # the script's master address/port win",
+    ]
+    if not spec.real_hosts:  # template host names: the script's rendezvous endpoint names the real master
+        lines += [
+            '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',
+            '        local rhost=$rdzv rport=',
+            '        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi',
+            f'        if [[ -n "$rhost" ]] && {{ (({hosts} == 1)) || {loopback}; }}; then master_host=$rhost; fi',
+            '        [[ -n "$rport" ]] && master_port=$rport',
+            "    fi",
+        ]
+    lines += [
         '    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR',
         '    [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT',
         "    for ((i = 0; i < ${#launcher[@]}; i++)); do",
@@ -637,6 +662,25 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         "    [[ \"$HAPMOE_DRY_RUN\" == 1 ]] && exit 0",
         "    if ((${#agents[@]} > 1)); then wait || status=$?; fi",
         "    return $status",
+    ]
+
+
+def _fan_out_srun(spec: LaunchSpec) -> list[str]:
+    """hapmoe_launch where srun runs torchrun itself (`srun [OPTIONS] torchrun ...`): srun starts one torchrun per
+    task, so the plan's agent (its node rank, devices and node check) is each task's to pick, not the submitting
+    host's (which gave every task its own node rank, 0).  srun runs hapmoe_launch in each task on the words from
+    torchrun on, as where the script's srun runs a `bash -c` string; the functions and the two variables they read
+    travel in the string (`declare -f`/`declare -p`: bash writes them), whatever srun's --export passes."""
+    return [
+        '    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task',
+        "        local from=$tpos",
+        '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
+        '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
+        "        fi",
+        f'        srun "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
+        'declare -p HAPMOE_DIR HAPMOE_DRY_RUN)"\'; hapmoe_launch "$@"\' hapmoe-task "${words[@]:from}"',
+        "        return",
+        "    fi",
     ]
 
 

@@ -154,7 +154,7 @@ hapmoe_check_node() {
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
     local -a words=("$@") launcher=() args=() plan=()
-    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
+    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv=
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
     done
@@ -165,13 +165,18 @@ hapmoe_launch() {
     plan=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --context-parallel-size 1 --sequence-parallel --pipeline-model-parallel-layout 'Ettt|(ttt|)*5tt|ttL' --micro-batch-size 1 --global-batch-size 16 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
-        if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
+        if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; tpos=$i; launcher+=("$tok"); continue; fi
         if ((after == 0)) && [[ "$tok" == torch.distributed.run || "$tok" == torch.distributed.launch ]]; then
-            torch=1; after=1; launcher+=("$tok"); continue
+            torch=1; after=1; tpos=$i; launcher+=("$tok"); continue
         fi
         if ((torch)); then
             case "${tok%%=*}" in
                 --standalone|--standalone) continue ;;
+                # the script's rendezvous endpoint: its master (HOST:PORT), read before it is dropped
+                --rdzv-endpoint|--rdzv_endpoint)
+                    if [[ "$tok" == *=* ]]; then rdzv=${tok#*=}
+                    elif [[ "${words[i+1]:-}" != --?* ]]; then rdzv=${words[i+1]:-}; ((i++)); fi
+                    continue ;;
                 # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)
                 --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* || "${words[i+1]:-}" == --?* ]] || ((i++)); continue ;;
             esac
@@ -214,7 +219,21 @@ hapmoe_launch() {
         fi
         return
     fi
+    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task
+        local from=$tpos
+        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run
+            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done
+        fi
+        srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry; declare -p HAPMOE_DIR HAPMOE_DRY_RUN)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
+        return
+    fi
     local master=() has_addr=0 has_port=0 i master_host=h100-node0 master_port=6000  # the script's master address/port win
+    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0's host, as the script gives it
+        local rhost=$rdzv rport=
+        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi
+        if [[ -n "$rhost" ]] && { ((2 == 1)) || [[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]; }; then master_host=$rhost; fi
+        [[ -n "$rport" ]] && master_port=$rport
+    fi
     [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR
     [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT
     for ((i = 0; i < ${#launcher[@]}; i++)); do

@@ -220,7 +220,7 @@ hapmoe_check_node() {
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
     local -a words=("$@") launcher=() args=() plan=()
-    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0
+    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv=
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == pretrain_gpt.py ]]; then entry=$i; break; fi
     done
@@ -231,13 +231,18 @@ hapmoe_launch() {
     plan=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 3 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --sequence-parallel --distributed-backend flagcx --enable-hetero --hetero-process-meshes 2 1 4 4 2 2 1 4 4 1 --hetero-pipeline-layer-split 6 5 5 --hetero-device-types H800 MI300X --expert-tensor-parallel-size-per-process-mesh 1 1 --micro-batch-size 1 --global-batch-size 128 --recompute-granularity full --recompute-method block --recompute-num-layers 2 --recompute-granularity-per-stage-micro-batch '[1, 32, 1]' '[2, 32, 0]' --recompute-method-per-stage-micro-batch '[1, 32, 1]' '[2, 32, 0]' --recompute-num-layers-per-stage-micro-batch '[1, 32, 2]' '[2, 32, 0]')
     for ((i = 0; i < entry; i++)); do
         tok=${words[i]}
-        if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; launcher+=("$tok"); continue; fi
+        if ((after == 0)) && [[ "${tok##*/}" == torchrun ]]; then torch=1; after=1; tpos=$i; launcher+=("$tok"); continue; fi
         if ((after == 0)) && [[ "$tok" == torch.distributed.run || "$tok" == torch.distributed.launch ]]; then
-            torch=1; after=1; launcher+=("$tok"); continue
+            torch=1; after=1; tpos=$i; launcher+=("$tok"); continue
         fi
         if ((torch)); then
             case "${tok%%=*}" in
                 --standalone|--standalone) continue ;;
+                # the script's rendezvous endpoint: its master (HOST:PORT), read before it is dropped
+                --rdzv-endpoint|--rdzv_endpoint)
+                    if [[ "$tok" == *=* ]]; then rdzv=${tok#*=}
+                    elif [[ "${words[i+1]:-}" != --?* ]]; then rdzv=${words[i+1]:-}; ((i++)); fi
+                    continue ;;
                 # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)
                 --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* || "${words[i+1]:-}" == --?* ]] || ((i++)); continue ;;
             esac
@@ -276,7 +281,21 @@ hapmoe_launch() {
         fi
         return
     fi
+    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task
+        local from=$tpos
+        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run
+            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done
+        fi
+        srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_priced_read hapmoe_check_priced; declare -p HAPMOE_DIR HAPMOE_DRY_RUN)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
+        return
+    fi
     local master=() has_addr=0 has_port=0 i master_host=h800-node0 master_port=6001  # the script's master address/port win
+    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0's host, as the script gives it
+        local rhost=$rdzv rport=
+        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi
+        if [[ -n "$rhost" ]] && { ((3 == 1)) || [[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]; }; then master_host=$rhost; fi
+        [[ -n "$rport" ]] && master_port=$rport
+    fi
     [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR
     [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT
     for ((i = 0; i < ${#launcher[@]}; i++)); do
@@ -390,7 +409,7 @@ srun() {
     fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
-export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun hapmoe_priced_read hapmoe_check_priced
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_priced_read hapmoe_check_priced hapmoe_slurm_valued srun
 # ---- end of hapmoe block ----
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 GPUS_PER_NODE=8
