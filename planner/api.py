@@ -31,7 +31,7 @@ from planner.inputs.script import LauncherScript, reads_alike
 from planner.inputs.script_gpus import script_gpus
 from planner.inputs.hosts import Host, read_hosts
 from planner.launcher import render_launch_files
-from planner.launcher.common import unused_hosts_note
+from planner.launcher.common import place_agents, placement_notes
 from planner.profile_tables import ProfileSet
 from planner.runtime import (
     MEGATRON, Refusal, Runtime, RuntimeChoice, choose_runtime, plannable_runtimes, runtime_of, sub_cluster,
@@ -628,9 +628,9 @@ def emit(plan_path: str | Path, *, model: str | None = None, megatron_args: str 
     script = script_from_plan(data, found)  # the --megatron-script as read for the model check
     hosts = read_hosts(hosts_path, cluster_spec, profiles, saved_plan=True) if hosts_path else None
     files = render_launch_files(run, plan, cluster_spec, script, profiles=profiles, hosts=hosts)
-    unused = unused_hosts_note(plan, cluster_spec, hosts)
-    if unused and on_note is not None:
-        on_note(unused)
+    for note in placement_notes(plan, cluster_spec, hosts, script, place_agents(plan, cluster_spec, hosts)):
+        if on_note is not None:
+            on_note(note)
     return files, script
 
 
@@ -681,11 +681,12 @@ def assumed_for_plan(run: MegatronRun, plan: Plan, cluster_spec: ClusterSpec, pr
 
 
 def hosts_notes(outcome: SolveOutcome) -> list[str]:
-    """--hosts against the plan: the nodes it leaves unused (solve's notes: text, JSON, plan.json, summary.md)."""
-    if outcome.hosts is None:
+    """Where the pick runs against what the user gave (solve's notes: text, JSON, plan.json, summary.md): the nodes
+    of --hosts it leaves unused, the script's srun on another number of nodes (launcher/common.placement_notes)."""
+    plan, cluster, hosts = outcome.plans[0], outcome.cluster, outcome.hosts
+    if hosts is None and (outcome.script is None or not outcome.script.under_srun):
         return []
-    unused = unused_hosts_note(outcome.plans[0], outcome.cluster, outcome.hosts)
-    return [unused] if unused else []
+    return placement_notes(plan, cluster, hosts, outcome.script, place_agents(plan, cluster, hosts))
 
 
 def check_emitted_plan(found, profiles: ProfileSet, memory_headroom: float | None = None) -> None:

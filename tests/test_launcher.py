@@ -523,6 +523,41 @@ def test_srun_torchrun_runs_one_node_rank_per_task(tmp_path, launcher, endpoint,
         assert got[got.index("pretrain_gpt.py") + 1:].count("--global-batch-size") == 1
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("nodes, srun_n, note", [
+    (4, "", "the script's srun runs on 2 node(s) (`#SBATCH --nodes=2`"),
+    (4, "-N 2 ", "the script's srun runs on 2 node(s) (srun's own -N 2) and the plan on 4: give srun -N 4"),
+    (1, "", "and the plan on 1: submit launch.sh with `sbatch --nodes=1`"),
+    (2, "", None),
+])
+def test_a_job_of_other_nodes_than_the_plan_is_named_and_fewer_stop(tmp_path, nodes, srun_n, note):
+    """A plan on another number of nodes than the script's job (#SBATCH --nodes=2, or srun's own -N): launch.sh's
+    header says how to submit it; run in a job of fewer nodes than the plan, launch.sh stops with that fix before
+    torchrun starts (its static rendezvous would wait for the missing nodes forever).  Both were silent."""
+    text = SRUN_TORCHRUN.replace("LAUNCHER", "torchrun").replace("ENDPOINT", "--rdzv-endpoint $MASTER:29500")
+    text = text.replace("srun --container", f"srun {srun_n}--container")
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=8 * nodes),))
+    files = render_launch_files(run, plan, cluster_of(("H100", nodes)), script)
+    header = [line for line in files["launch.sh"].split("\n") if line.startswith("# note: the script's srun runs")]
+    assert (note is None and not header) or (len(header) == 1 and note in header[0]), header
+    out = tmp_path / "out"
+    write_files(out, files, "--out", LAUNCHER_OUTPUT)
+    bindir = _fake_slurm(tmp_path, True)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
+           "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2"}
+    done = subprocess.run(["bash", str(out / "launch.sh")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    started = (tmp_path / "args0").exists()
+    if nodes > 2:
+        assert done.returncode == 2 and not started, done.stderr
+        assert f"the plan runs on {nodes} nodes and this job holds 2" in done.stderr
+        assert f"sbatch --nodes={nodes}" in done.stderr
+    else:
+        assert started and "this job holds" not in done.stderr, done.stderr
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

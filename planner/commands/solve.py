@@ -142,7 +142,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, g
     trials, trials_why = propose_trials(outcome, user)
     payload = (solve_json(outcome, settings, choice.runtime.name, user=user) | trials_json(trials, trials_why)
                | plan_record(outcome))  # inputs and made_for, as plan.json: emit takes solve --json's output too
-    payload["notes"] += hosts_notes(outcome)  # --hosts' nodes the plan leaves unused
+    payload["notes"] += hosts_notes(outcome)  # --hosts' nodes the plan leaves unused, the script's srun nodes
     written: list[Path] = []
     where = out_dir or plot_dir
     protected = given + launcher_inputs(script)

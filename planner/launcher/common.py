@@ -21,6 +21,8 @@ from planner.errors import PlannerInputError
 from planner.inputs.hosts import Host
 from planner.inputs.megatron_flags import drop_flags, fork_flags_in, is_flag_token
 from planner.inputs.script import LauncherScript
+from planner.inputs.shell.builtins import sbatch_options
+from planner.inputs.srun_tasks import srun_words
 from planner.launcher.quoting import runtime_refs, sh_word
 from planner.megatron.flags import (
     CONCERN_ORDER, PLAN_DECIDED_FLAGS, PRECISION_FLAGS, READ_FLAGS, array_of, model_flags,
@@ -409,6 +411,37 @@ def unused_hosts_note(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | 
     shown = ", ".join(f"{h.name} ({h.device_type}, line {h.line})" for h in left[:8]) + (", ..." if len(left) > 8 else "")
     return (f"--hosts: {len(left)} of the {len(hosts)} node(s) listed are not used by this plan and get no agent "
             f"(the host file leaves them out): {shown}")
+
+
+def placement_notes(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | None, script: LauncherScript | None,
+                    agents: Sequence[Agent]) -> list[str]:
+    """The notes on where the plan runs against what the user gave: hosts a --hosts file lists that get no agent,
+    and a script's srun on another number of nodes (also in launch.sh's header)."""
+    return [n for n in (unused_hosts_note(plan, cluster, hosts), job_nodes_note(script, agents)) if n]
+
+
+def job_nodes_note(script: LauncherScript | None, agents: Sequence[Agent]) -> str | None:
+    """The note where the script's srun runs on another number of nodes than the plan's hosts: its own -N, else
+    the job's (`#SBATCH --nodes`, as the script states it).  On fewer, torchrun's static rendezvous would wait for
+    the missing nodes forever (launch.sh stops first: launch_sh.srun_function); on more, srun starts tasks on nodes
+    that are no host of the plan, which stop.  None where they agree or the script states no count."""
+    if script is None or not script.under_srun:
+        return None
+    hosts = len({a.host for a in agents})
+    own = sbatch_options(srun_words(script.wrapper), "srun").get("nodes")
+    job = script.job.get("SLURM_NNODES")
+    if own is not None:
+        nodes, where, fix = own, f"srun's own -N {own}", f"give srun -N {hosts}"
+    elif job is not None and job.stated:
+        nodes, where, fix = job.value, job.source, f"submit launch.sh with `sbatch --nodes={hosts}` (sbatch's " \
+                                                   "options win over the script's #SBATCH lines)"
+    else:
+        return None
+    if not nodes.isdigit() or int(nodes) == hosts:
+        return None
+    then = ("launch.sh stops before training starts, where torchrun would wait for the missing nodes"
+            if int(nodes) < hosts else "srun starts tasks on nodes the plan leaves out, which stop")
+    return f"the script's srun runs on {nodes} node(s) ({where}) and the plan on {hosts}: {fix}; as it is, {then}"
 
 
 def _type_runs(plan: Plan, ranges: list[tuple[int, int]]) -> list[tuple[str, int, int, list[int]]]:

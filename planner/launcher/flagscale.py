@@ -36,7 +36,7 @@ from planner.launcher.common import (
     plan_header,
     recompute_flag_items,
     runtime_notes,
-    unused_hosts_note,
+    placement_notes,
 )
 from planner.launcher.quoting import comment_lines
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
@@ -384,8 +384,7 @@ def flagscale_files(
                            for i in rule_items]
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script) + runtime_notes(runs)
-    unused = unused_hosts_note(plan, cluster, hosts)  # also in launch.sh: the file says which nodes sit idle
-    notes += [unused] if unused else []
+    notes += placement_notes(plan, cluster, hosts, script, agents)
     entry = FLAGSCALE_ENTRY  # the heterogeneous meshes live in FlagScale's entry, not in the script's
     if script is not None and script.entry_script.rsplit("/", 1)[-1] != FLAGSCALE_ENTRY.rsplit("/", 1)[-1]:
         notes.append(f"entry {script.entry_script} replaced by FlagScale's {FLAGSCALE_ENTRY}")

@@ -329,6 +329,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
             "placement): srun places the nodes in the allocation's order; each node checks its device type at "
             'start-up" >&2',
         ]
+    hosts = len({ag.host for ag in spec.agents})
     return ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
             "srun() {"] + place + [
         '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
@@ -336,6 +337,12 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         *_skip_options("srun", " " * 8),
         '        if [[ $# -gt 0 ]]; then "$@"; fi',
         "        return 0",
+        "    fi",
+        "    # a job of fewer nodes than the plan's: torchrun's static rendezvous would wait for the others forever",
+        f'    if ((hapmoe_train)) && [[ "${{SLURM_JOB_NUM_NODES:-}}" =~ ^[0-9]+$ ]] && ((SLURM_JOB_NUM_NODES < {hosts})); then',
+        f'        echo "launch.sh: the plan runs on {hosts} nodes and this job holds $SLURM_JOB_NUM_NODES '
+        f'(SLURM_JOB_NUM_NODES): submit it with sbatch --nodes={hosts}" >&2',
+        "        exit 2",
         "    fi",
         '    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
         "}",

@@ -32,7 +32,7 @@ from planner.launcher.common import (
     plan_header,
     recompute_flag_items,
     runtime_notes,
-    unused_hosts_note,
+    placement_notes,
 )
 from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.megatron.layout import split_flags
@@ -85,8 +85,7 @@ def megatron_files(
                            for i in rule_items]
     notes += script.warnings if script is not None else []
     notes += self_relative_notes(script) + runtime_notes(runs, plan, flags.final, profiles)
-    unused = unused_hosts_note(plan, cluster, hosts)  # also in launch.sh: the file says which nodes sit idle
-    notes += [unused] if unused else []
+    notes += placement_notes(plan, cluster, hosts, script, agents)
     connections = max_connections(plan, flags.final)
     exports = domain_exports(model, plan, cluster, profiles)
     notes += max_connections_notes(connections) + domain_notes(plan, cluster, exports)

@@ -413,6 +413,11 @@ srun() {
         if [[ $# -gt 0 ]]; then "$@"; fi
         return 0
     fi
+    # a job of fewer nodes than the plan's: torchrun's static rendezvous would wait for the others forever
+    if ((hapmoe_train)) && [[ "${SLURM_JOB_NUM_NODES:-}" =~ ^[0-9]+$ ]] && ((SLURM_JOB_NUM_NODES < 4)); then
+        echo "launch.sh: the plan runs on 4 nodes and this job holds $SLURM_JOB_NUM_NODES (SLURM_JOB_NUM_NODES): submit it with sbatch --nodes=4" >&2
+        exit 2
+    fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
 export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_priced_read hapmoe_check_priced hapmoe_slurm_valued srun
