@@ -24,7 +24,9 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
     picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
     stage on its device type) or, under srun, SLURM_NODEID; master address and port stay the
     script's when it gives them (--master-addr/--master-port, or the host and port of its
-    --rdzv-endpoint where the host names are a template); where srun runs torchrun itself
+    --rdzv-endpoint where the host names are a template), but where launch.sh's srun placed the tasks (--hosts)
+    node 0's host, the host file's first (the script's master is the allocation's first node, as a rule; ranks
+    srun starts get it as MASTER_ADDR); where srun runs torchrun itself
     (`srun [OPTIONS] torchrun ...`), each task srun starts runs hapmoe_launch for its own node;
   * behind srun/mpirun (or plain python) the launcher's own options are kept: the scheduler
     places ranks, so its host order must follow the hostfile;
@@ -308,7 +310,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
     """`srun` shadowed: under --dry-run it prints itself and runs its command under the stubs (a
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
     stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts)."""
-    place = ["    local hapmoe_train=0 w per_agent=",
+    place = ["    local hapmoe_train=0 w per_agent=" + (" master=" if spec.real_hosts else ""),
              '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
     if spec.real_hosts:
@@ -317,10 +319,14 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
             '        local per=nodes; for w in "$@"; do [[ "${w##*/}" == python* ]] && per=ranks; done',
             '        for w in "$@"; do [[ "$w" == torch.distributed.run || "$w" == torch.distributed.launch ]] && per=nodes; done',
             '        export SLURM_HOSTFILE="$HAPMOE_DIR/slurm_hostfile.$per"',
-            '        [[ "$per" == nodes ]] && per_agent=1  # task k runs agent k (SLURM_PROCID)',
-            '        set -- --distribution=arbitrary "$@"',
+            f'        local ntasks={len(spec.agents)}; [[ "$per" == nodes ]] && per_agent=1  # task k runs agent k (SLURM_PROCID)',
+            f'        [[ "$per" == ranks ]] && ntasks={sum(ag.nproc for ag in spec.agents)}',
+            "        # one task per line of the file (the job's SLURM_NTASKS would cut it short); rank 0, on the file's first",
+            "        # host, is the master, whatever the script took for it (the allocation's first node, as a rule)",
+            '        set -- --distribution=arbitrary --ntasks="$ntasks" "$@"',
+            f'        master=${{HAPMOE_MASTER_ADDR:-{sh_quote(spec.agents[0].host)}}}',
             '        echo "launch.sh: srun places the tasks in stage order (SLURM_HOSTFILE=$SLURM_HOSTFILE, '
-            '--distribution=arbitrary)" >&2',
+            '--distribution=arbitrary --ntasks=$ntasks; master $master)" >&2',
             "    fi",
         ]
     else:
@@ -344,9 +350,21 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         f'(SLURM_JOB_NUM_NODES): submit it with sbatch --nodes={hosts}" >&2',
         "        exit 2",
         "    fi",
-        '    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
+        *_run_srun(spec),
         "}",
     ]
+
+
+def _run_srun(spec: LaunchSpec) -> list[str]:
+    """srun() runs srun: each task told whether it is one agent (HAPMOE_SRUN_TASK_PER_AGENT) and, where srun() placed
+    the tasks, node 0's host, the master (HAPMOE_SRUN_MASTER for torchrun; MASTER_ADDR for ranks srun starts)."""
+    if not spec.real_hosts:
+        return ['    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"']
+    return ['    if [[ -n "$master" ]]; then',
+            '        HAPMOE_SRUN_TASK_PER_AGENT=$per_agent HAPMOE_SRUN_MASTER=$master MASTER_ADDR=$master command srun "$@"',
+            "    else",
+            '        HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
+            "    fi"]
 
 
 def _submitted_dir() -> list[str]:
@@ -622,11 +640,20 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         ]
     lines += [
         '    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR',
+        *(['    [[ -n "${HAPMOE_SRUN_MASTER:-}" ]] && master_host=$HAPMOE_SRUN_MASTER  # launch.sh\'s srun placed node 0']
+          if spec.real_hosts else []),
         '    [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT',
         "    for ((i = 0; i < ${#launcher[@]}; i++)); do",
         "        case \"${launcher[i]%%=*}\" in",
         "            --master-addr|--master_addr)",
         "                local addr=${launcher[i]#*=}; [[ \"${launcher[i]}\" == *=* ]] || addr=${launcher[i+1]:-}",
+        *([
+            "                if [[ -n \"${HAPMOE_SRUN_MASTER:-}\" ]]; then  # srun placed node 0, maybe not where the script's",
+            "                    # master is (the allocation's first node, as a rule): node 0's host, as srun said",
+            "                    if [[ \"${launcher[i]}\" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi",
+            "                    launcher=(\"${launcher[@]}\"); i=-1; continue",
+            "                fi",
+        ] if spec.real_hosts else []),
         f"                if (({hosts} > 1)) && [[ \"$addr\" == localhost || \"$addr\" == 127.0.0.1 || \"$addr\" == ::1 ]]; then",
         "                    # a one-node address in a multi-node plan: every node would wait for itself",
         f"                    echo \"launch.sh: the script's master address $addr is one node's; the plan runs {hosts} nodes, "
