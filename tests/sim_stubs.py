@@ -12,6 +12,7 @@ processes, each told its node by SIM_HOST (the `hostname` stub prints it).
   --distribution=arbitrary with SLURM_HOSTFILE puts task k on the file's line k; --export=NONE passes SLURM_* only.
 - mpirun: -np processes over --hostfile's slots (or SIM_NODES'), with OMPI_COMM_WORLD_RANK/LOCAL_RANK, the environment
   of a remote node (-x NAME[=VALUE] only) on every node but the first.
+- nvidia-smi: the GPUs of SIM_HOST's type (SIM_GPUS: `host=TYPE ...`), for launch.sh's node check.
 - torchrun / python -m torch.distributed.run / python ENTRY: write one JSON record {kind, argv, env} to $SIM_REC.
 """
 
@@ -241,8 +242,16 @@ HOSTNAME = r'''
 print(os.environ.get("SIM_HOST", "login0"))
 '''
 
+NVIDIA_SMI = r'''
+gpus = dict(pair.split("=") for pair in os.environ.get("SIM_GPUS", "").split())  # host=type
+name = gpus.get(os.environ.get("SIM_HOST", ""))
+if name is None:
+    sys.exit("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+print("\n".join([f"NVIDIA {name} 80GB HBM3"] * 8))
+'''
+
 STUBS = {"srun": SRUN, "sbatch": SBATCH, "scontrol": SCONTROL, "mpirun": MPIRUN, "torchrun": TORCHRUN,
-         "python": PYTHON, "python3": PYTHON, "hostname": HOSTNAME}
+         "python": PYTHON, "python3": PYTHON, "hostname": HOSTNAME, "nvidia-smi": NVIDIA_SMI}
 
 
 def write_stubs(bindir: Path) -> Path:

@@ -35,7 +35,10 @@ CORPUS = Path(__file__).parent / "launchers"
 class Sim:
     """One simulated cluster: stubs on PATH, a spool, a record directory; `run` runs a command as a user would."""
 
-    def __init__(self, root: Path, nodes: list[str]):
+    def __init__(self, root: Path, nodes: list[str], types: dict[str, str] | str):
+        """`nodes`: the allocation's, in its order; `types`: each node's device type (one for all), which its
+        nvidia-smi names for launch.sh's node check."""
+        self.gpus = " ".join(f"{n}={types if isinstance(types, str) else types[n]}" for n in nodes)
         self.root = root
         self.bin = write_stubs(root / "bin")
         self.rec = root / "rec"
@@ -46,7 +49,7 @@ class Sim:
     def run(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         environ = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": str(self.root), "SIM_REC": str(self.rec),
                    "SIM_SPOOL": str(self.root / "spool"), "SIM_NODES": " ".join(self.nodes), "SIM_HOST": "login0",
-                   "HAPMOE_SKIP_NODE_CHECK": "1", **(env or {})}
+                   "SIM_GPUS": self.gpus, **(env or {})}
         return subprocess.run(argv, cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
 
     def records(self) -> list[dict]:
@@ -153,7 +156,7 @@ def _corpus_case(tmp_path: Path, name: str, device: str, nodes: int, hosts: list
     hosts_text = "".join(f"{h} {device}\n" for h in hosts) if hosts else None
     agents = emit(out, text, plan, cluster_of((device, nodes)), hosts_text)
     # the job's allocation lists its nodes in Slurm's order (by name), which need not be the host file's
-    sim = Sim(tmp_path, sorted(hosts) if hosts else [f"n{i}" for i in range(nodes)])
+    sim = Sim(tmp_path, sorted(hosts) if hosts else [f"n{i}" for i in range(nodes)], device)
     return plan, out, agents, sim
 
 
@@ -198,9 +201,9 @@ def test_mpirun_hostfile_forms_the_plans_world(tmp_path):
     """mpirun_hostfile.sh: mpirun starts -np python ranks over its host file's slots (the remote ones without
     launch.sh's functions or variables but for -x); each rank once, with the plan's flags."""
     plan, out, agents, sim = _corpus_case(tmp_path, "mpirun_hostfile.sh", "H800", 2, None)
-    (tmp_path / "mpi_hosts").write_text("node0 slots=8\nnode1 slots=8\n")
+    (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
     done = sim.run(["bash", str(out / "launch.sh")], tmp_path,
-                   {"HOSTFILE": str(tmp_path / "mpi_hosts"), "SIM_HOST": "node0"})
+                   {"HOSTFILE": str(tmp_path / "mpi_hosts"), "SIM_HOST": "n0"})
     assert done.returncode == 0, done.stderr
     check_rank_world(sim.records(), plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
 
@@ -242,6 +245,14 @@ def _plan(kind: str):
     return Plan(tp=2, gbs=64, stages=stages), cluster_of(("H100", 1), ("A100", 1))
 
 
+def _sim(tmp_path: Path, kind: str, hosts: str | None) -> Sim:
+    """The job's two nodes, in the allocation's order (by name): the host file's, else n0 (H100) and n1."""
+    if hosts is None:
+        return Sim(tmp_path, ["n0", "n1"], {"n0": "H100", "n1": "H100" if kind == "one" else "A100"})
+    types = dict(line.split() for line in hosts.splitlines())
+    return Sim(tmp_path, sorted(types), types)
+
+
 def _hosts(kind: str) -> str:
     """Real host names whose allocation order (by name) is not the plan's."""
     return "hb H100\nha H100\n" if kind == "one" else "zh H100\naa A100\n"
@@ -260,7 +271,7 @@ def test_srun_torchrun_forms_make_the_plans_world(tmp_path, form, kind, real):
     out = tmp_path / "out"
     hosts = _hosts(kind) if real else None
     agents = emit(out, text, plan, cluster, hosts)
-    sim = Sim(tmp_path, sorted(h.split()[0] for h in hosts.splitlines()) if hosts else ["n0", "n1"])
+    sim = _sim(tmp_path, kind, hosts)
     done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
     assert done.returncode == 0, done.stderr
     check_torch_world(sim.records(), agents, plan_flags(out), real)
@@ -280,7 +291,7 @@ def test_srun_python_per_rank_makes_the_plans_world(tmp_path, kind, real):
     out = tmp_path / "out"
     hosts = _hosts(kind) if real else None
     agents = emit(out, text, plan, cluster, hosts)
-    sim = Sim(tmp_path, sorted(h.split()[0] for h in hosts.splitlines()) if hosts else ["n0", "n1"])
+    sim = _sim(tmp_path, kind, hosts)
     done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
     assert done.returncode == 0, done.stderr
     recs = sim.records()
@@ -290,3 +301,28 @@ def test_srun_python_per_rank_makes_the_plans_world(tmp_path, kind, real):
     if real:
         by_rank = {int(r["env"]["SLURM_PROCID"]): r["env"]["SIM_HOST"] for r in recs}
         assert all(by_rank[a.first_rank + i] == a.host for a in agents for i in range(a.nproc))
+
+
+@pytest.mark.parametrize("form", ["srun torchrun", "srun torchrun --master_addr", "srun bash -c torchrun"])
+@pytest.mark.parametrize("kind", ["one", "two"])
+@pytest.mark.parametrize("real", [False, True])
+def test_srun_export_none_makes_the_plans_world_or_stops(tmp_path, form, kind, real):
+    """srun --export=NONE: the tasks get Slurm's variables only, none of launch.sh's functions or variables.  `srun
+    torchrun`, whose tasks get the functions in their command, forms the plan's world: with real host names each
+    task's agent and the master (node 0's host) travel there too (each task on the A100 node started both of its
+    agents, and the script's --master_addr stayed the allocation's first node).  `srun bash -c "torchrun ..."`
+    reaches the plan through the exported functions only: launch.sh stops, saying so (its torchruns ran without the
+    plan)."""
+    plan, cluster = _plan(kind)
+    text = JOB.replace("TASKS", "1").replace("EXPORT", "--export=NONE").replace("LAUNCH", TORCHRUN_FORMS[form])
+    out = tmp_path / "out"
+    hosts = _hosts(kind) if real else None
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    if "bash -c" in form:
+        assert done.returncode == 2 and not sim.records(), done.stderr
+        assert "srun --export=NONE starts its tasks without launch.sh's functions" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real)

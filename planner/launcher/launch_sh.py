@@ -350,8 +350,31 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         f'(SLURM_JOB_NUM_NODES): submit it with sbatch --nodes={hosts}" >&2',
         "        exit 2",
         "    fi",
+        *_export_check(),
         *_run_srun(spec),
         "}",
+    ]
+
+
+def _export_check() -> list[str]:
+    """srun() stops (exit 2) where srun's --export (or SLURM_EXPORT_ENV, which srun reads) passes the tasks not all of
+    the environment and the tasks need launch.sh's exported functions: a command that reaches the plan through them (a
+    `bash -c` string whose torchrun or python is a function), where the plan would silently not apply.  The commands
+    hapmoe_launch gives srun carry the functions in their own string (`hapmoe-task`)."""
+    return [
+        "    # --export=NONE (or a list without ALL) gives the tasks none of launch.sh's functions: the plan would not apply",
+        '    local hapmoe_export=${SLURM_EXPORT_ENV:-ALL} hapmoe_prev= hapmoe_carried=0',
+        '    for w in "$@"; do',
+        '        [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w',
+        '        [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}',
+        '        [[ "$w" == hapmoe-task ]] && hapmoe_carried=1',
+        '        hapmoe_prev=$w',
+        "    done",
+        '    if ((hapmoe_train && !hapmoe_carried)) && [[ "$hapmoe_export" != ALL* ]]; then',
+        '        echo "launch.sh: srun --export=$hapmoe_export starts its tasks without launch.sh\'s functions, so the plan '
+        'would not apply to the command it runs; give srun --export=ALL (variables may follow: --export=ALL,NAME=VALUE)" >&2',
+        "        exit 2",
+        "    fi",
     ]
 
 
@@ -703,16 +726,26 @@ def _fan_out_srun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch where srun runs torchrun itself (`srun [OPTIONS] torchrun ...`): srun starts one torchrun per
     task, so the plan's agent (its node rank, devices and node check) is each task's to pick, not the submitting
     host's (which gave every task its own node rank, 0).  srun runs hapmoe_launch in each task on the words from
-    torchrun on, as where the script's srun runs a `bash -c` string; the functions and the two variables they read
-    travel in the string (`declare -f`/`declare -p`: bash writes them), whatever srun's --export passes."""
+    torchrun on, as where the script's srun runs a `bash -c` string; the functions and the variables they read
+    travel in the string (`declare -f`/`declare -p`: bash writes them), whatever srun's --export passes: with real
+    host names also what srun() tells its tasks (one task per agent, node 0's host the master; srun_function)."""
+    placed = [
+        "        # srun() places one task per agent, node 0's host the master (as in srun(): --export=NONE passes neither)",
+        "        local HAPMOE_SRUN_TASK_PER_AGENT= HAPMOE_SRUN_MASTER=",
+        '        if [[ -z "${HAPMOE_NO_SLURM_PLACEMENT:-}" ]]; then',
+        f"            HAPMOE_SRUN_TASK_PER_AGENT=1 HAPMOE_SRUN_MASTER=${{HAPMOE_MASTER_ADDR:-{sh_quote(spec.agents[0].host)}}}",
+        "        fi",
+    ] if spec.real_hosts else []
+    carried = "HAPMOE_DIR HAPMOE_DRY_RUN" + (" HAPMOE_SRUN_TASK_PER_AGENT HAPMOE_SRUN_MASTER" if spec.real_hosts else "")
     return [
         '    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task',
         "        local from=$tpos",
         '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
         '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
         "        fi",
+        *placed,
         f'        srun "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
-        'declare -p HAPMOE_DIR HAPMOE_DRY_RUN)"\'; hapmoe_launch "$@"\' hapmoe-task "${words[@]:from}"',
+        f'declare -p {carried})"\'; hapmoe_launch "$@"\' hapmoe-task "${{words[@]:from}}"',
         "        return",
         "    fi",
     ]

@@ -348,6 +348,18 @@ srun() {
         echo "launch.sh: the plan runs on 2 nodes and this job holds $SLURM_JOB_NUM_NODES (SLURM_JOB_NUM_NODES): submit it with sbatch --nodes=2" >&2
         exit 2
     fi
+    # --export=NONE (or a list without ALL) gives the tasks none of launch.sh's functions: the plan would not apply
+    local hapmoe_export=${SLURM_EXPORT_ENV:-ALL} hapmoe_prev= hapmoe_carried=0
+    for w in "$@"; do
+        [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w
+        [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}
+        [[ "$w" == hapmoe-task ]] && hapmoe_carried=1
+        hapmoe_prev=$w
+    done
+    if ((hapmoe_train && !hapmoe_carried)) && [[ "$hapmoe_export" != ALL* ]]; then
+        echo "launch.sh: srun --export=$hapmoe_export starts its tasks without launch.sh's functions, so the plan would not apply to the command it runs; give srun --export=ALL (variables may follow: --export=ALL,NAME=VALUE)" >&2
+        exit 2
+    fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
 export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun
