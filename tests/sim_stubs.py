@@ -213,7 +213,7 @@ for r in range(np_):
     if h == os.environ.get("SIM_HOST", first):
         tenv = dict(os.environ)
     else:  # a remote node: orted's environment (a login shell's), plus -x
-        tenv = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "SIM_REC")}
+        tenv = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME") or k.startswith("SIM_")}
     tenv.update(exported)
     tenv.update(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE=str(np_),
                 OMPI_COMM_WORLD_LOCAL_RANK=str(local.get(h, 0)), SIM_HOST=h)

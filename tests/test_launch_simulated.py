@@ -326,3 +326,40 @@ def test_srun_export_none_makes_the_plans_world_or_stops(tmp_path, form, kind, r
         return
     assert done.returncode == 0, done.stderr
     check_torch_world(sim.records(), agents, plan_flags(out), real)
+
+
+# --------------------------------------------------------------------------------------------
+# mpirun: the ranks its host file places, each checking its node's device type
+# --------------------------------------------------------------------------------------------
+MPI_JOB = """#!/bin/bash
+export MASTER_ADDR=${MASTER_ADDR:-aa} MASTER_PORT=29500
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+mpirun -np 12 --hostfile $HOSTFILE --bind-to none -x MASTER_ADDR -x MASTER_PORT python pretrain_gpt.py $FLAGS
+"""
+
+
+@pytest.mark.parametrize("order", ["plan", "reversed"])
+def test_mpirun_ranks_start_only_on_their_stages_device_type(tmp_path, order):
+    """mpirun, run from a login node, places ranks by its own host file (launch.sh keeps it); the plan puts ranks 0-3
+    on the H100 node and 4-11 on the A100 node.  In the plan's order every rank starts once with the plan's flags; in
+    another order no rank may start on a node of another type (each checks its node first, docs/running.md): the
+    remote ranks, which mpirun gives none of launch.sh's functions, skipped the check and trained on the wrong GPUs."""
+    plan, cluster = _plan("two")
+    out = tmp_path / "out"
+    emit(out, MPI_JOB, plan, cluster)
+    sim = Sim(tmp_path, ["zh", "aa"], {"zh": "H100", "aa": "A100"})
+    lines = ["zh slots=4", "aa slots=8"] if order == "plan" else ["aa slots=8", "zh slots=4"]
+    (tmp_path / "mpi_hosts").write_text("\n".join(lines) + "\n")
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts")})
+    recs = sim.records()
+    stage_type = {r: ("H100" if r < 4 else "A100") for r in range(12)}
+    node_type = {"zh": "H100", "aa": "A100"}
+    wrong = [r["env"]["OMPI_COMM_WORLD_RANK"] for r in recs
+             if node_type[r["env"]["SIM_HOST"]] != stage_type[int(r["env"]["OMPI_COMM_WORLD_RANK"])]]
+    assert not wrong, (wrong, done.stderr[-2000:])
+    if order == "plan":
+        assert done.returncode == 0, done.stderr
+        check_rank_world(recs, plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
+    else:
+        assert done.returncode == 3 and "should hold H100" in done.stderr, done.stderr

@@ -614,12 +614,13 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
 
 def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied;
-    every task first checks its node's device type (its rank's agent), where the scheduler passes the
-    shell functions on (srun does; mpirun only with -x)."""
+    every task first checks its node's device type (its rank's agent): the check's functions (and
+    HAPMOE_SKIP_NODE_CHECK) travel in the task's `bash -c` string, as mpirun passes a remote node none of
+    launch.sh's environment (but -x's) and srun --export=NONE none."""
     nproc = spec.agents[0].nproc
-    check = ('r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
-             'if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then '
-             f'k=$((r / {nproc})); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
+    check = ('; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
+             f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
+             'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
              'exec "$@"')
     return [
         "    local i",
@@ -631,7 +632,8 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         "        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)",
         "            local j=${#launcher[@]}",
         "            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
-        f"            \"${{launcher[@]:0:j}}\" bash -c {sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
+        "            \"${launcher[@]:0:j}\" bash -c \"$(declare -f hapmoe_agent hapmoe_check_node; "
+        f"declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)\"{sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
         "\"${args[@]}\" \"${plan[@]}\"",
         "        else",
         "            hapmoe_agent 0 && hapmoe_check_node 0 \"$(hostname -s)\" \"$HAPMOE_A_TYPE\"",

@@ -274,7 +274,7 @@ hapmoe_launch() {
         if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)
             local j=${#launcher[@]}
             for ((i = 1; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
-            "${launcher[@]:0:j}" bash -c 'r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
         else
             hapmoe_agent 0 && hapmoe_check_node 0 "$(hostname -s)" "$HAPMOE_A_TYPE"
             command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
