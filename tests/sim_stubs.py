@@ -170,8 +170,8 @@ sys.exit(subprocess.run([copy, *script_args], env=env, cwd=os.getcwd()).returnco
 
 SCONTROL = r'''
 a = sys.argv[1:]
-if a[:2] == ["show", "hostnames"]:
-    print("\n".join(job_nodes()))
+if a[:2] == ["show", "hostnames"]:  # the list given (these stubs write node lists with commas), else the job's
+    print("\n".join(a[2].split(",") if len(a) > 2 and "[" not in a[2] else job_nodes()))
 elif a[:2] == ["show", "job"]:
     print(f"JobId={os.environ.get('SLURM_JOB_ID')} JobName=x\n   Command={os.environ.get('SIM_SUBMITTED') or '(null)'}")
 '''

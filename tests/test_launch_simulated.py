@@ -363,3 +363,31 @@ def test_mpirun_ranks_start_only_on_their_stages_device_type(tmp_path, order):
         check_rank_world(recs, plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
     else:
         assert done.returncode == 3 and "should hold H100" in done.stderr, done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# launch.sh started on every node by the user's own srun (docs/running.md: one task per node)
+# --------------------------------------------------------------------------------------------
+PLAIN = """#!/bin/bash
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+torchrun --nnodes 2 --nproc_per_node 8 --master_addr ${MASTER_ADDR:-localhost} --master_port 29500 pretrain_gpt.py $FLAGS
+"""
+
+
+@pytest.mark.parametrize("kind", ["one", "two"])
+@pytest.mark.parametrize("real", [False, True])
+def test_srun_one_task_per_node_runs_every_agent_once(tmp_path, kind, real):
+    """`srun -N 2 --ntasks-per-node=1 bash launch.sh` of a torchrun script: each node starts its agents (SLURM_NODEID
+    with template names, the host name with real ones, in an allocation of another order than the plan's), every
+    node rank once, node 0's host the master where the script's is localhost: with template names the step's first
+    node, which SLURM_NODEID 0 is (it was the template's name, h100-node0, which no cluster has)."""
+    plan, cluster = _plan(kind)
+    out = tmp_path / "out"
+    hosts = _hosts(kind) if real else None
+    agents = emit(out, PLAIN, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["srun", "-N", "2", "--ntasks-per-node=1", "bash", str(out / "launch.sh")], tmp_path,
+                   {"SLURM_JOB_NODELIST_SIM": ",".join(sim.nodes)})
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real)

@@ -649,20 +649,11 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     static rendezvous, its node rank and the script's master address and port when it gives them."""
     agents = spec.agents
     hosts = len({ag.host for ag in agents})
-    loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
     lines = _fan_out_srun(spec) + [
         f"    local master=() has_addr=0 has_port=0 i master_host={sh_quote(agents[0].host)}"
         f" master_port={sh_quote(spec.master_port)}  # the script's master address/port win",
     ]
-    if not spec.real_hosts:  # template host names: the script's rendezvous endpoint names the real master
-        lines += [
-            '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',
-            '        local rhost=$rdzv rport=',
-            '        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi',
-            f'        if [[ -n "$rhost" ]] && {{ (({hosts} == 1)) || {loopback}; }}; then master_host=$rhost; fi',
-            '        [[ -n "$rport" ]] && master_port=$rport',
-            "    fi",
-        ]
+    lines += _template_master(spec)
     lines += [
         '    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR',
         *(['    [[ -n "${HAPMOE_SRUN_MASTER:-}" ]] && master_host=$HAPMOE_SRUN_MASTER  # launch.sh\'s srun placed node 0']
@@ -721,6 +712,27 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
         "    [[ \"$HAPMOE_DRY_RUN\" == 1 ]] && exit 0",
         "    if ((${#agents[@]} > 1)); then wait || status=$?; fi",
         "    return $status",
+    ]
+
+
+def _template_master(spec: LaunchSpec) -> list[str]:
+    """With template host names, node 0's real host: in an srun task the step's first node (SLURM_NODEID 0, as
+    _this_hosts_agents reads it), else the host of the script's rendezvous endpoint (when not a loopback name)."""
+    if spec.real_hosts:
+        return []
+    hosts = len({ag.host for ag in spec.agents})
+    loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
+    return [
+        "    if [[ -n \"${SLURM_NODEID:-}\" && -n \"${SLURM_STEP_NODELIST:-}\" ]]; then  # an srun task: node 0 is the step's first",
+        '        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1)',
+        '        [[ -n "$first" ]] && master_host=$first',
+        "    fi",
+        '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',
+        '        local rhost=$rdzv rport=',
+        '        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi',
+        f'        if [[ -n "$rhost" ]] && {{ (({hosts} == 1)) || {loopback}; }}; then master_host=$rhost; fi',
+        '        [[ -n "$rport" ]] && master_port=$rport',
+        "    fi",
     ]
 
 

@@ -290,6 +290,10 @@ hapmoe_launch() {
         return
     fi
     local master=() has_addr=0 has_port=0 i master_host=h800-node0 master_port=6001  # the script's master address/port win
+    if [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then  # an srun task: node 0 is the step's first
+        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1)
+        [[ -n "$first" ]] && master_host=$first
+    fi
     if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0's host, as the script gives it
         local rhost=$rdzv rport=
         if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi
