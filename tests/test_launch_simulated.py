@@ -1,5 +1,5 @@
-"""launch.sh run as the scheduler runs it: stub sbatch/srun/mpirun/torchrun/python (tests/sim_stubs.py) start every task
-a real job would, and each process that would join training is recorded.  The recorded processes must form exactly
+"""launch.sh run as the scheduler runs it: stub sbatch/srun/mpirun/torchrun/python (tests/helpers/slurm_sim.py) start
+every task a real job would, and each process that would join training is recorded.  The recorded processes must form exactly
 the plan's torch.distributed world: every torchrun with the plan's --nnodes and --nproc-per-node, each node rank once,
 one master address (node rank 0's host) and port, the agent's CUDA_VISIBLE_DEVICES where the plan splits a node, the
 plan's Megatron flags once (megatron_args.txt); or, where srun/mpirun start the ranks themselves, one process per
@@ -25,7 +25,7 @@ from planner.profile_tables import ProfileSet
 from planner.schemas import Plan, StagePlan
 
 from helpers.launch import cluster_of
-from sim_stubs import records, write_stubs
+from helpers.slurm_sim import records, write_stubs
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -87,8 +87,9 @@ def _entry_at(argv: list[str], entry: str) -> int:
 
 
 def check_torch_world(recs: list[dict], agents: list[Agent], plan_flags: list[str], real_hosts: bool,
-                      entry: str = "pretrain_gpt.py") -> None:
-    """The recorded torchruns are the plan's agents, each once (see the module docstring)."""
+                      entry: str = "pretrain_gpt.py", flagscale: bool = False) -> None:
+    """The recorded torchruns are the plan's agents, each once (see the module docstring); FlagScale's each with its
+    node's --hetero-current-device-type after the plan's flags."""
     runs = [r for r in recs if r["kind"] == "torchrun"]
     assert not [r for r in recs if r["kind"] != "torchrun"], recs
     ranks = sorted(int(_opt(r["argv"], "--node-rank")[0]) for r in runs)
@@ -110,7 +111,8 @@ def check_torch_world(recs: list[dict], agents: list[Agent], plan_flags: list[st
             assert r["env"]["SIM_HOST"] == agent.host, (k, r["env"], agent)
         cvd = ",".join(map(str, agent.gpu_ids)) if agent.nproc < agent.host_gpus else None
         assert r["env"].get("CUDA_VISIBLE_DEVICES") == cvd, (k, r["env"])
-        assert argv[_entry_at(argv, entry) + 1:] == plan_flags, (k, argv)
+        extra = ["--hetero-current-device-type", agent.device_type] if flagscale else []
+        assert argv[_entry_at(argv, entry) + 1:] == plan_flags + extra, (k, argv)
     assert len(masters) == 1, masters
     (addr, _), = masters
     assert addr == by_rank[0]["env"]["SIM_HOST"], (addr, by_rank[0]["env"])
@@ -129,6 +131,7 @@ def check_rank_world(recs: list[dict], world: int, plan_flags: list[str], rank_v
 
 
 def plan_flags(out: Path) -> list[str]:
+    """The plan's Megatron flags, as megatron_args.txt gives them."""
     return shlex.split((out / "megatron_args.txt").read_text())
 
 
@@ -275,6 +278,23 @@ def test_srun_torchrun_forms_make_the_plans_world(tmp_path, form, kind, real):
     done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
     assert done.returncode == 0, done.stderr
     check_torch_world(sim.records(), agents, plan_flags(out), real)
+
+
+@pytest.mark.parametrize("form", ["srun torchrun", "srun bash -c torchrun"])
+@pytest.mark.parametrize("real", [False, True])
+def test_flagscale_srun_torchrun_makes_the_plans_world(tmp_path, form, real):
+    """The FlagScale runtime's launch.sh (its entry in place of pretrain_gpt.py, each agent's device type flag) run
+    by sbatch, srun starting torchrun: the plan's agents, each once, with its own device type."""
+    plan, cluster = _plan("two")
+    plan = plan.model_copy(update={"runtime": "flagscale"})
+    text = JOB.replace("TASKS", "1").replace("EXPORT ", "").replace("LAUNCH", TORCHRUN_FORMS[form])
+    out = tmp_path / "out"
+    hosts = _hosts("two") if real else None
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, "two", hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real, entry="train_gpt.py", flagscale=True)
 
 
 @pytest.mark.parametrize("kind, real", [("one", False), ("one", True), ("two", True)])
