@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -50,7 +51,15 @@ class Sim:
         environ = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": str(self.root), "SIM_REC": str(self.rec),
                    "SIM_SPOOL": str(self.root / "spool"), "SIM_NODES": " ".join(self.nodes), "SIM_HOST": "login0",
                    "SIM_GPUS": self.gpus, **(env or {})}
-        return subprocess.run(argv, cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
+        proc = subprocess.Popen(argv, cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # a launch that hangs is stopped with every task it started
+        try:
+            stdout, stderr = proc.communicate(timeout=int(os.environ.get("SIM_TIMEOUT", "60")))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
     def records(self) -> list[dict]:
         return records(self.rec)
@@ -411,3 +420,42 @@ def test_srun_one_task_per_node_runs_every_agent_once(tmp_path, kind, real):
                    {"SLURM_JOB_NODELIST_SIM": ",".join(sim.nodes)})
     assert done.returncode == 0, done.stderr
     check_torch_world(sim.records(), agents, plan_flags(out), real)
+
+
+@pytest.mark.parametrize("launch", ["python -u pretrain_gpt.py $FLAGS", 'bash -c "python -u pretrain_gpt.py $FLAGS"',
+                                    'bash -c "python pretrain_gpt.py $FLAGS"'])
+@pytest.mark.parametrize("kind", ["one", "two"])
+def test_srun_ranks_of_two_device_types_each_check_their_own(tmp_path, launch, kind):
+    """srun starting one python rank a task, directly or in a `bash -c` string (sbatch_heredoc_fsdp.sh's form), with
+    real host names: every rank of the plan once, each on its stage's host after checking that host's type against
+    its own agent's (the `bash -c` form checked agent 0's type on every node, and the A100 ranks stopped; with
+    `python -u` it called launch.sh's python function from itself, forever)."""
+    plan, cluster = _plan(kind)
+    text = JOB.replace("TASKS", "8").replace("EXPORT ", "").replace("LAUNCH", launch)
+    out = tmp_path / "out"
+    hosts = _hosts(kind)
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recs = sim.records()
+    check_rank_world(recs, plan.world_size, plan_flags(out), "SLURM_PROCID")
+    by_rank = {int(r["env"]["SLURM_PROCID"]): r["env"]["SIM_HOST"] for r in recs}
+    assert all(by_rank[a.first_rank + i] == a.host for a in agents for i in range(a.nproc))
+
+
+@pytest.mark.parametrize("launch", ["python pretrain_gpt.py $FLAGS", "python -u pretrain_gpt.py $FLAGS"])
+def test_plain_python_launch_runs_once(tmp_path, launch):
+    """A script that runs `python [-u] pretrain_gpt.py` itself (a one-GPU plan): the rank runs once, with the plan's
+    flags, after its node's check.  With `-u` launch.sh ran `python -u bash -c ...`: python looked for a script named
+    bash (and, where python is launch.sh's function, in a `bash -c` string under srun, called itself forever)."""
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=1),))
+    text = JOB.replace("#SBATCH", "# ").replace("srun EXPORT LAUNCH", launch)
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster_of(("H100", 1)))
+    sim = Sim(tmp_path, ["n0"], "H100")
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"SIM_HOST": "n0"})
+    assert done.returncode == 0, done.stderr
+    recs = sim.records()
+    assert len(recs) == 1 and recs[0]["kind"] == "rank", recs
+    assert recs[0]["argv"][1:] == plan_flags(out)
