@@ -459,3 +459,26 @@ def test_plain_python_launch_runs_once(tmp_path, launch):
     recs = sim.records()
     assert len(recs) == 1 and recs[0]["kind"] == "rank", recs
     assert recs[0]["argv"][1:] == plan_flags(out)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_ranks_of_another_world_than_the_plans_stop(tmp_path, launcher):
+    """srun or mpirun starting the script's 16 python ranks for a plan of 12 (template host names, which launch.sh does
+    not place): Megatron would run with a world of 16, another plan than the one priced (here one that does not
+    divide, elsewhere silently another data-parallel size).  Every rank stops before python starts, rank 0 saying
+    how many ranks to start."""
+    plan, cluster = _plan("two")
+    if launcher == "srun":
+        text = JOB.replace("TASKS", "8").replace("EXPORT ", "--ntasks-per-node=8 ").replace(
+            "LAUNCH", "python -u pretrain_gpt.py $FLAGS")
+        argv, env = ["sbatch"], {}
+    else:
+        text = MPI_JOB.replace("-np 12", "-np 16")
+        argv, env = ["bash"], {"HOSTFILE": str(tmp_path / "mpi_hosts")}
+        (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "two", None)
+    done = sim.run([*argv, str(out / "launch.sh")], tmp_path, env)
+    assert done.returncode == 2 and not sim.records(), done.stderr
+    assert done.stderr.count("launch.sh: 16 ranks started, the plan has 12: give srun --ntasks=12") == 1, done.stderr

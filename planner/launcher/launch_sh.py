@@ -618,7 +618,11 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     HAPMOE_SKIP_NODE_CHECK) travel in the task's `bash -c` string, as mpirun passes a remote node none of
     launch.sh's environment (but -x's) and srun --export=NONE none."""
     nproc = spec.agents[0].nproc
+    world = sum(ag.nproc for ag in spec.agents)
     check = ('; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
+             'n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; '
+             f'if [[ -n "$n" && "$n" != {world} ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan '
+             f'has {world}: give srun --ntasks={world} (or mpirun -np {world})" >&2; exit 2; fi; '
              f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
              'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
              'exec "$@"')

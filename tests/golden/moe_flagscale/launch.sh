@@ -274,7 +274,7 @@ hapmoe_launch() {
         local j=${#launcher[@]} r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}}
         for ((i = 0; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
         if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)
-            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; if [[ -n "$n" && "$n" != 24 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 24: give srun --ntasks=24 (or mpirun -np 24)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
         else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them
             hapmoe_agent $((r / 8)) && hapmoe_check_node $((r / 8)) "$(hostname -s)" "$HAPMOE_A_TYPE"
             command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
