@@ -24,7 +24,9 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
     picking this host's agent(s) by HAPMOE_NODE_RANK, the host name (hostfile order puts each
     stage on its device type) or, under srun, SLURM_NODEID; master address and port stay the
     script's when it gives them (--master-addr/--master-port, or the host and port of its
-    --rdzv-endpoint where the host names are a template); where srun runs torchrun itself
+    --rdzv-endpoint where the host names are a template), but where launch.sh's srun placed the tasks (--hosts)
+    node 0's host, the host file's first (the script's master is the allocation's first node, as a rule; ranks
+    srun starts get it as MASTER_ADDR); where srun runs torchrun itself
     (`srun [OPTIONS] torchrun ...`), each task srun starts runs hapmoe_launch for its own node;
   * behind srun/mpirun (or plain python) the launcher's own options are kept: the scheduler
     places ranks, so its host order must follow the hostfile;
@@ -308,7 +310,7 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
     """`srun` shadowed: under --dry-run it prints itself and runs its command under the stubs (a
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
     stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts)."""
-    place = ["    local hapmoe_train=0 w per_agent=",
+    place = ["    local hapmoe_train=0 w per_agent=" + (" master=" if spec.real_hosts else ""),
              '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
     if spec.real_hosts:
@@ -317,10 +319,14 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
             '        local per=nodes; for w in "$@"; do [[ "${w##*/}" == python* ]] && per=ranks; done',
             '        for w in "$@"; do [[ "$w" == torch.distributed.run || "$w" == torch.distributed.launch ]] && per=nodes; done',
             '        export SLURM_HOSTFILE="$HAPMOE_DIR/slurm_hostfile.$per"',
-            '        [[ "$per" == nodes ]] && per_agent=1  # task k runs agent k (SLURM_PROCID)',
-            '        set -- --distribution=arbitrary "$@"',
+            f'        local ntasks={len(spec.agents)}; [[ "$per" == nodes ]] && per_agent=1  # task k runs agent k (SLURM_PROCID)',
+            f'        [[ "$per" == ranks ]] && ntasks={sum(ag.nproc for ag in spec.agents)}',
+            "        # one task per line of the file (the job's SLURM_NTASKS would cut it short); rank 0, on the file's first",
+            "        # host, is the master, whatever the script took for it (the allocation's first node, as a rule)",
+            '        set -- --distribution=arbitrary --ntasks="$ntasks" "$@"',
+            f'        master=${{HAPMOE_MASTER_ADDR:-{sh_quote(spec.agents[0].host)}}}',
             '        echo "launch.sh: srun places the tasks in stage order (SLURM_HOSTFILE=$SLURM_HOSTFILE, '
-            '--distribution=arbitrary)" >&2',
+            '--distribution=arbitrary --ntasks=$ntasks; master $master)" >&2',
             "    fi",
         ]
     else:
@@ -344,9 +350,44 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         f'(SLURM_JOB_NUM_NODES): submit it with sbatch --nodes={hosts}" >&2',
         "        exit 2",
         "    fi",
-        '    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
+        *_export_check(),
+        *_run_srun(spec),
         "}",
     ]
+
+
+def _export_check() -> list[str]:
+    """srun() stops (exit 2) where srun's --export (or SLURM_EXPORT_ENV, which srun reads) passes the tasks not all of
+    the environment and the tasks need launch.sh's exported functions: a command that reaches the plan through them (a
+    `bash -c` string whose torchrun or python is a function), where the plan would silently not apply.  The commands
+    hapmoe_launch gives srun carry the functions in their own string (`hapmoe-task`)."""
+    return [
+        "    # --export=NONE (or a list without ALL) gives the tasks none of launch.sh's functions: the plan would not apply",
+        '    local hapmoe_export=${SLURM_EXPORT_ENV:-ALL} hapmoe_prev= hapmoe_carried=0',
+        '    for w in "$@"; do',
+        '        [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w',
+        '        [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}',
+        '        [[ "$w" == hapmoe-task ]] && hapmoe_carried=1',
+        '        hapmoe_prev=$w',
+        "    done",
+        '    if ((hapmoe_train && !hapmoe_carried)) && [[ "$hapmoe_export" != ALL* ]]; then',
+        '        echo "launch.sh: srun --export=$hapmoe_export starts its tasks without launch.sh\'s functions, so the plan '
+        'would not apply to the command it runs; give srun --export=ALL (variables may follow: --export=ALL,NAME=VALUE)" >&2',
+        "        exit 2",
+        "    fi",
+    ]
+
+
+def _run_srun(spec: LaunchSpec) -> list[str]:
+    """srun() runs srun: each task told whether it is one agent (HAPMOE_SRUN_TASK_PER_AGENT) and, where srun() placed
+    the tasks, node 0's host, the master (HAPMOE_SRUN_MASTER for torchrun; MASTER_ADDR for ranks srun starts)."""
+    if not spec.real_hosts:
+        return ['    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"']
+    return ['    if [[ -n "$master" ]]; then',
+            '        HAPMOE_SRUN_TASK_PER_AGENT=$per_agent HAPMOE_SRUN_MASTER=$master MASTER_ADDR=$master command srun "$@"',
+            "    else",
+            '        HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
+            "    fi"]
 
 
 def _submitted_dir() -> list[str]:
@@ -573,12 +614,17 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
 
 def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied;
-    every task first checks its node's device type (its rank's agent), where the scheduler passes the
-    shell functions on (srun does; mpirun only with -x)."""
+    every task first checks its node's device type (its rank's agent): the check's functions (and
+    HAPMOE_SKIP_NODE_CHECK) travel in the task's `bash -c` string, as mpirun passes a remote node none of
+    launch.sh's environment (but -x's) and srun --export=NONE none."""
     nproc = spec.agents[0].nproc
-    check = ('r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
-             'if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then '
-             f'k=$((r / {nproc})); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
+    world = sum(ag.nproc for ag in spec.agents)
+    check = ('; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
+             'n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; '
+             f'if [[ -n "$n" && "$n" != {world} ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan '
+             f'has {world}: give srun --ntasks={world} (or mpirun -np {world})" >&2; exit 2; fi; '
+             f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
+             'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
              'exec "$@"')
     return [
         "    local i",
@@ -587,13 +633,14 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         "            { printf '%q ' \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"; echo; } >&\"${HAPMOE_DRY_OUT:-1}\"",
         "            exit 0",
         "        fi",
-        "        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)",
-        "            local j=${#launcher[@]}",
-        "            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
-        f"            \"${{launcher[@]:0:j}}\" bash -c {sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
+        "        local j=${#launcher[@]} r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}}",
+        "        for ((i = 0; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
+        "        if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)",
+        "            \"${launcher[@]:0:j}\" bash -c \"$(declare -f hapmoe_agent hapmoe_check_node; "
+        f"declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)\"{sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
         "\"${args[@]}\" \"${plan[@]}\"",
-        "        else",
-        "            hapmoe_agent 0 && hapmoe_check_node 0 \"$(hostname -s)\" \"$HAPMOE_A_TYPE\"",
+        "        else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them",
+        f"            hapmoe_agent $((r / {nproc})) && hapmoe_check_node $((r / {nproc})) \"$(hostname -s)\" \"$HAPMOE_A_TYPE\"",
         "            command \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"",
         "        fi",
         "        return",
@@ -606,27 +653,27 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     static rendezvous, its node rank and the script's master address and port when it gives them."""
     agents = spec.agents
     hosts = len({ag.host for ag in agents})
-    loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
     lines = _fan_out_srun(spec) + [
         f"    local master=() has_addr=0 has_port=0 i master_host={sh_quote(agents[0].host)}"
         f" master_port={sh_quote(spec.master_port)}  # the script's master address/port win",
     ]
-    if not spec.real_hosts:  # template host names: the script's rendezvous endpoint names the real master
-        lines += [
-            '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',
-            '        local rhost=$rdzv rport=',
-            '        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi',
-            f'        if [[ -n "$rhost" ]] && {{ (({hosts} == 1)) || {loopback}; }}; then master_host=$rhost; fi',
-            '        [[ -n "$rport" ]] && master_port=$rport',
-            "    fi",
-        ]
+    lines += _template_master(spec)
     lines += [
         '    [[ -n "${HAPMOE_MASTER_ADDR:-}" ]] && master_host=$HAPMOE_MASTER_ADDR',
+        *(['    [[ -n "${HAPMOE_SRUN_MASTER:-}" ]] && master_host=$HAPMOE_SRUN_MASTER  # launch.sh\'s srun placed node 0']
+          if spec.real_hosts else []),
         '    [[ -n "${HAPMOE_MASTER_PORT:-}" ]] && master_port=$HAPMOE_MASTER_PORT',
         "    for ((i = 0; i < ${#launcher[@]}; i++)); do",
         "        case \"${launcher[i]%%=*}\" in",
         "            --master-addr|--master_addr)",
         "                local addr=${launcher[i]#*=}; [[ \"${launcher[i]}\" == *=* ]] || addr=${launcher[i+1]:-}",
+        *([
+            "                if [[ -n \"${HAPMOE_SRUN_MASTER:-}\" ]]; then  # srun placed node 0, maybe not where the script's",
+            "                    # master is (the allocation's first node, as a rule): node 0's host, as srun said",
+            "                    if [[ \"${launcher[i]}\" == *=* ]]; then unset 'launcher[i]'; else unset 'launcher[i]' 'launcher[i+1]'; fi",
+            "                    launcher=(\"${launcher[@]}\"); i=-1; continue",
+            "                fi",
+        ] if spec.real_hosts else []),
         f"                if (({hosts} > 1)) && [[ \"$addr\" == localhost || \"$addr\" == 127.0.0.1 || \"$addr\" == ::1 ]]; then",
         "                    # a one-node address in a multi-node plan: every node would wait for itself",
         f"                    echo \"launch.sh: the script's master address $addr is one node's; the plan runs {hosts} nodes, "
@@ -672,20 +719,51 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     ]
 
 
+def _template_master(spec: LaunchSpec) -> list[str]:
+    """With template host names, node 0's real host: in an srun task the step's first node (SLURM_NODEID 0, as
+    _this_hosts_agents reads it), else the host of the script's rendezvous endpoint (when not a loopback name)."""
+    if spec.real_hosts:
+        return []
+    hosts = len({ag.host for ag in spec.agents})
+    loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
+    return [
+        "    if [[ -n \"${SLURM_NODEID:-}\" && -n \"${SLURM_STEP_NODELIST:-}\" ]]; then  # an srun task: node 0 is the step's first",
+        '        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1)',
+        '        [[ -n "$first" ]] && master_host=$first',
+        "    fi",
+        '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',
+        '        local rhost=$rdzv rport=',
+        '        if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi',
+        f'        if [[ -n "$rhost" ]] && {{ (({hosts} == 1)) || {loopback}; }}; then master_host=$rhost; fi',
+        '        [[ -n "$rport" ]] && master_port=$rport',
+        "    fi",
+    ]
+
+
 def _fan_out_srun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch where srun runs torchrun itself (`srun [OPTIONS] torchrun ...`): srun starts one torchrun per
     task, so the plan's agent (its node rank, devices and node check) is each task's to pick, not the submitting
     host's (which gave every task its own node rank, 0).  srun runs hapmoe_launch in each task on the words from
-    torchrun on, as where the script's srun runs a `bash -c` string; the functions and the two variables they read
-    travel in the string (`declare -f`/`declare -p`: bash writes them), whatever srun's --export passes."""
+    torchrun on, as where the script's srun runs a `bash -c` string; the functions and the variables they read
+    travel in the string (`declare -f`/`declare -p`: bash writes them), whatever srun's --export passes: with real
+    host names also what srun() tells its tasks (one task per agent, node 0's host the master; srun_function)."""
+    placed = [
+        "        # srun() places one task per agent, node 0's host the master (as in srun(): --export=NONE passes neither)",
+        "        local HAPMOE_SRUN_TASK_PER_AGENT= HAPMOE_SRUN_MASTER=",
+        '        if [[ -z "${HAPMOE_NO_SLURM_PLACEMENT:-}" ]]; then',
+        f"            HAPMOE_SRUN_TASK_PER_AGENT=1 HAPMOE_SRUN_MASTER=${{HAPMOE_MASTER_ADDR:-{sh_quote(spec.agents[0].host)}}}",
+        "        fi",
+    ] if spec.real_hosts else []
+    carried = "HAPMOE_DIR HAPMOE_DRY_RUN" + (" HAPMOE_SRUN_TASK_PER_AGENT HAPMOE_SRUN_MASTER" if spec.real_hosts else "")
     return [
         '    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task',
         "        local from=$tpos",
         '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
         '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
         "        fi",
+        *placed,
         f'        srun "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
-        'declare -p HAPMOE_DIR HAPMOE_DRY_RUN)"\'; hapmoe_launch "$@"\' hapmoe-task "${words[@]:from}"',
+        f'declare -p {carried})"\'; hapmoe_launch "$@"\' hapmoe-task "${{words[@]:from}}"',
         "        return",
         "    fi",
     ]

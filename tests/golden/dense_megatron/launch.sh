@@ -209,12 +209,12 @@ hapmoe_launch() {
             { printf '%q ' "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"; echo; } >&"${HAPMOE_DRY_OUT:-1}"
             exit 0
         fi
-        if ((${#launcher[@]} > 1)); then  # each task checks its node's device type first (srun: placed)
-            local j=${#launcher[@]}
-            for ((i = 1; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
-            "${launcher[@]:0:j}" bash -c 'r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; if [[ -n "$r" ]] && declare -F hapmoe_check_node >/dev/null; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
-        else
-            hapmoe_agent 0 && hapmoe_check_node 0 "$(hostname -s)" "$HAPMOE_A_TYPE"
+        local j=${#launcher[@]} r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}}
+        for ((i = 0; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
+        if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)
+            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+        else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them
+            hapmoe_agent $((r / 8)) && hapmoe_check_node $((r / 8)) "$(hostname -s)" "$HAPMOE_A_TYPE"
             command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
         fi
         return
@@ -228,6 +228,10 @@ hapmoe_launch() {
         return
     fi
     local master=() has_addr=0 has_port=0 i master_host=h100-node0 master_port=6000  # the script's master address/port win
+    if [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then  # an srun task: node 0 is the step's first
+        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1)
+        [[ -n "$first" ]] && master_host=$first
+    fi
     if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0's host, as the script gives it
         local rhost=$rdzv rport=
         if [[ "$rdzv" =~ ^(.*):([0-9]+)$ ]]; then rhost=${BASH_REMATCH[1]}; rport=${BASH_REMATCH[2]}; fi
@@ -346,6 +350,18 @@ srun() {
     # a job of fewer nodes than the plan's: torchrun's static rendezvous would wait for the others forever
     if ((hapmoe_train)) && [[ "${SLURM_JOB_NUM_NODES:-}" =~ ^[0-9]+$ ]] && ((SLURM_JOB_NUM_NODES < 2)); then
         echo "launch.sh: the plan runs on 2 nodes and this job holds $SLURM_JOB_NUM_NODES (SLURM_JOB_NUM_NODES): submit it with sbatch --nodes=2" >&2
+        exit 2
+    fi
+    # --export=NONE (or a list without ALL) gives the tasks none of launch.sh's functions: the plan would not apply
+    local hapmoe_export=${SLURM_EXPORT_ENV:-ALL} hapmoe_prev= hapmoe_carried=0
+    for w in "$@"; do
+        [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w
+        [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}
+        [[ "$w" == hapmoe-task ]] && hapmoe_carried=1
+        hapmoe_prev=$w
+    done
+    if ((hapmoe_train && !hapmoe_carried)) && [[ "$hapmoe_export" != ALL* ]]; then
+        echo "launch.sh: srun --export=$hapmoe_export starts its tasks without launch.sh's functions, so the plan would not apply to the command it runs; give srun --export=ALL (variables may follow: --export=ALL,NAME=VALUE)" >&2
         exit 2
     fi
     HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"

@@ -1,0 +1,484 @@
+"""launch.sh run as the scheduler runs it: stub sbatch/srun/mpirun/torchrun/python (tests/helpers/slurm_sim.py) start
+every task a real job would, and each process that would join training is recorded.  The recorded processes must form exactly
+the plan's torch.distributed world: every torchrun with the plan's --nnodes and --nproc-per-node, each node rank once,
+one master address (node rank 0's host) and port, the agent's CUDA_VISIBLE_DEVICES where the plan splits a node, the
+plan's Megatron flags once (megatron_args.txt); or, where srun/mpirun start the ranks themselves, one process per
+rank with the plan's flags.  Nothing may start twice, and launch.sh must neither fail nor hang."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from planner.inputs.hosts import read_hosts
+from planner.inputs.megatron_flags import parse_megatron_flags
+from planner.inputs.script import parse_launcher_script, read_launcher_script
+from planner.launcher import render_launch_files
+from planner.launcher.common import Agent, place_agents
+from planner.output.run_dir import LAUNCHER_OUTPUT, write_files
+from planner.profile_tables import ProfileSet
+from planner.schemas import Plan, StagePlan
+
+from helpers.launch import cluster_of
+from helpers.slurm_sim import records, write_stubs
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+CORPUS = Path(__file__).parent / "launchers"
+
+
+class Sim:
+    """One simulated cluster: stubs on PATH, a spool, a record directory; `run` runs a command as a user would."""
+
+    def __init__(self, root: Path, nodes: list[str], types: dict[str, str] | str):
+        """`nodes`: the allocation's, in its order; `types`: each node's device type (one for all), which its
+        nvidia-smi names for launch.sh's node check."""
+        self.gpus = " ".join(f"{n}={types if isinstance(types, str) else types[n]}" for n in nodes)
+        self.root = root
+        self.bin = write_stubs(root / "bin")
+        self.rec = root / "rec"
+        self.rec.mkdir()
+        (root / "spool").mkdir()
+        self.nodes = nodes
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        environ = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": str(self.root), "SIM_REC": str(self.rec),
+                   "SIM_SPOOL": str(self.root / "spool"), "SIM_NODES": " ".join(self.nodes), "SIM_HOST": "login0",
+                   "SIM_GPUS": self.gpus, **(env or {})}
+        proc = subprocess.Popen(argv, cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # a launch that hangs is stopped with every task it started
+        try:
+            stdout, stderr = proc.communicate(timeout=int(os.environ.get("SIM_TIMEOUT", "60")))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+    def records(self) -> list[dict]:
+        return records(self.rec)
+
+
+def emit(out: Path, text: str, plan: Plan, cluster, hosts_text: str | None = None, args=()) -> list[Agent]:
+    """launch.sh and its files for `plan` of the script `text`, in `out`; the plan's agents."""
+    path = out.parent / "input.sh"
+    path.write_text(text)
+    script = read_launcher_script(path, args=list(args))
+    run = parse_megatron_flags(script.megatron_flags)
+    hosts = None
+    if hosts_text is not None:
+        (out.parent / "hosts.txt").write_text(hosts_text)
+        hosts = read_hosts(out.parent / "hosts.txt", cluster, ProfileSet.load())
+    write_files(out, render_launch_files(run, plan, cluster, script, hosts=hosts), "--out", LAUNCHER_OUTPUT)
+    return place_agents(plan, cluster, hosts)
+
+
+def _opt(argv: list[str], *names: str) -> list[str]:
+    """Every value of the options `names` in argv (`--x V` or `--x=V`)."""
+    got = []
+    for i, w in enumerate(argv):
+        for n in names:
+            if w == n and i + 1 < len(argv):
+                got.append(argv[i + 1])
+            elif w.startswith(n + "="):
+                got.append(w.split("=", 1)[1])
+    return got
+
+
+def _entry_at(argv: list[str], entry: str) -> int:
+    return next(i for i, w in enumerate(argv) if w.rsplit("/", 1)[-1] == entry)
+
+
+def check_torch_world(recs: list[dict], agents: list[Agent], plan_flags: list[str], real_hosts: bool,
+                      entry: str = "pretrain_gpt.py", flagscale: bool = False) -> None:
+    """The recorded torchruns are the plan's agents, each once (see the module docstring); FlagScale's each with its
+    node's --hetero-current-device-type after the plan's flags."""
+    runs = [r for r in recs if r["kind"] == "torchrun"]
+    assert not [r for r in recs if r["kind"] != "torchrun"], recs
+    ranks = sorted(int(_opt(r["argv"], "--node-rank")[0]) for r in runs)
+    assert ranks == [a.node_rank for a in agents], [(r["env"], r["argv"][:12]) for r in runs]
+    by_rank = {int(_opt(r["argv"], "--node-rank")[0]): r for r in runs}
+    masters = set()
+    for k, r in by_rank.items():
+        argv, agent = r["argv"], agents[k]
+        head = argv[:_entry_at(argv, entry)]
+        assert _opt(head, "--nnodes") == [str(len(agents))], head
+        assert _opt(head, "--nproc-per-node", "--nproc_per_node") == [str(agent.nproc)], head
+        assert _opt(head, "--rdzv-backend", "--rdzv_backend") == ["static"], head
+        assert not _opt(head, "--rdzv-endpoint", "--rdzv_endpoint"), head
+        addr = _opt(head, "--master-addr", "--master_addr")
+        port = _opt(head, "--master-port", "--master_port")
+        assert len(addr) == 1 and len(port) == 1, head
+        masters.add((addr[0], port[0]))
+        if real_hosts:
+            assert r["env"]["SIM_HOST"] == agent.host, (k, r["env"], agent)
+        cvd = ",".join(map(str, agent.gpu_ids)) if agent.nproc < agent.host_gpus else None
+        assert r["env"].get("CUDA_VISIBLE_DEVICES") == cvd, (k, r["env"])
+        extra = ["--hetero-current-device-type", agent.device_type] if flagscale else []
+        assert argv[_entry_at(argv, entry) + 1:] == plan_flags + extra, (k, argv)
+    assert len(masters) == 1, masters
+    (addr, _), = masters
+    assert addr == by_rank[0]["env"]["SIM_HOST"], (addr, by_rank[0]["env"])
+
+
+def check_rank_world(recs: list[dict], world: int, plan_flags: list[str], rank_var: str,
+                     entry: str = "pretrain_gpt.py") -> None:
+    """srun/mpirun start the ranks themselves: one process per rank, each with the plan's flags once."""
+    assert all(r["kind"] == "rank" for r in recs), recs
+    ranks = sorted(int(r["env"][rank_var]) for r in recs)
+    assert ranks == list(range(world)), ranks
+    for r in recs:
+        argv = r["argv"]
+        assert argv[_entry_at(argv, entry) + 1:] == plan_flags, argv
+    assert len({r["env"].get("MASTER_ADDR") for r in recs}) == 1
+
+
+def plan_flags(out: Path) -> list[str]:
+    """The plan's Megatron flags, as megatron_args.txt gives them."""
+    return shlex.split((out / "megatron_args.txt").read_text())
+
+
+def one_stage(script_text: str, device: str, nodes: int, gbs: int, tp: int = 1, args=()) -> Plan:
+    """A plan of one stage over `nodes` 8-GPU nodes, for the script's model."""
+    return Plan(gbs=gbs, tp=tp, stages=(StagePlan(device_type=device, num_layers=_layers(script_text, args),
+                                                 dp=8 * nodes // tp),))
+
+
+def _layers(text: str, args=()) -> int:
+    script = parse_launcher_script(text, args=list(args))
+    return parse_megatron_flags(script.megatron_flags).model.num_layers
+
+
+# --------------------------------------------------------------------------------------------
+# The corpus' Slurm and MPI launchers, run as their scheduler runs them
+# --------------------------------------------------------------------------------------------
+def _corpus_case(tmp_path: Path, name: str, device: str, nodes: int, hosts: list[str] | None,
+                 subst: dict[str, str] | None = None):
+    text = (CORPUS / name).read_text()
+    for old, new in (subst or {}).items():
+        text = text.replace(old, new)
+    plan = one_stage(text, device, nodes, gbs=128)
+    out = tmp_path / "out"
+    hosts_text = "".join(f"{h} {device}\n" for h in hosts) if hosts else None
+    agents = emit(out, text, plan, cluster_of((device, nodes)), hosts_text)
+    # the job's allocation lists its nodes in Slurm's order (by name), which need not be the host file's
+    sim = Sim(tmp_path, sorted(hosts) if hosts else [f"n{i}" for i in range(nodes)], device)
+    return plan, out, agents, sim
+
+
+@pytest.mark.parametrize("hosts", [None, ["nb", "na"]])
+def test_sbatch_srun_bash_c_torchrun_forms_the_plans_world(tmp_path, hosts):
+    """slurm_srun_fsdp_string.sh submitted with `sbatch launch.sh`: srun runs `bash -c "... torchrun ..."` on each
+    node; the torchruns are the plan's agents (with --hosts: each on its host, in an allocation of another order)."""
+    plan, out, agents, sim = _corpus_case(tmp_path, "slurm_srun_fsdp_string.sh", "H100", 2, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path, {"MEGATRON_PATH": "/tmp"})
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), hosts is not None)
+
+
+@pytest.mark.parametrize("hosts", [None, ["nb", "na"]])
+def test_sbatch_srun_python_tasks_form_the_plans_world(tmp_path, hosts):
+    """slurm_srun_python_tasks.sh under sbatch: srun starts one python per rank; every rank once, with the plan's
+    flags, and MASTER_ADDR is the host of rank 0.  With --hosts, launch.sh's srun places rank 0 on the host file's
+    first node, while the script's MASTER_ADDR=$(hostname) names the batch host, the allocation's first node: the
+    ranks waited for a master that never listened (rank 0 serves the store on its own host)."""
+    plan, out, agents, sim = _corpus_case(tmp_path, "slurm_srun_python_tasks.sh", "A100", 2, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    recs = sim.records()
+    check_rank_world(recs, plan.world_size, plan_flags(out), "SLURM_PROCID", entry="pretrain_gpt.py")
+    rank0 = next(r for r in recs if r["env"]["SLURM_PROCID"] == "0")
+    assert rank0["env"]["MASTER_ADDR"] == rank0["env"]["SIM_HOST"], rank0
+    if hosts:
+        assert rank0["env"]["SIM_HOST"] == agents[0].host
+
+
+def test_sbatch_heredoc_job_forms_the_plans_world(tmp_path):
+    """sbatch_heredoc_fsdp.sh (its placeholders filled in): launch.sh submits a job script from a here-document whose
+    srun runs `bash -x -c "... python pretrain_gpt.py ..."` once per rank; each rank once, with the plan's flags."""
+    plan, out, agents, sim = _corpus_case(tmp_path, "sbatch_heredoc_fsdp.sh", "H100", 2, None,
+                                          {"your_num_nodes": "2", "your_tasks_per_node": "8"})
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"MEGATRON_PATH": "/tmp"})
+    assert done.returncode == 0, done.stderr
+    check_rank_world(sim.records(), plan.world_size, plan_flags(out), "SLURM_PROCID")
+
+
+def test_mpirun_hostfile_forms_the_plans_world(tmp_path):
+    """mpirun_hostfile.sh: mpirun starts -np python ranks over its host file's slots (the remote ones without
+    launch.sh's functions or variables but for -x); each rank once, with the plan's flags."""
+    plan, out, agents, sim = _corpus_case(tmp_path, "mpirun_hostfile.sh", "H800", 2, None)
+    (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path,
+                   {"HOSTFILE": str(tmp_path / "mpi_hosts"), "SIM_HOST": "n0"})
+    assert done.returncode == 0, done.stderr
+    check_rank_world(sim.records(), plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
+
+
+# --------------------------------------------------------------------------------------------
+# srun's forms, plans of one and of two device types, template and real host names
+# --------------------------------------------------------------------------------------------
+JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=TASKS
+#SBATCH --gpus-per-node=8
+MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR=$MASTER MASTER_PORT=29500
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+srun EXPORT LAUNCH
+"""
+TORCHRUN_FORMS = {
+    "srun torchrun": "torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
+                     "pretrain_gpt.py $FLAGS",
+    "srun torchrun --master_addr": "torchrun --nnodes 2 --nproc_per_node 8 --master_addr $MASTER --master_port 29500 "
+                                   "pretrain_gpt.py $FLAGS",
+    "srun python -m torch.distributed.run": "python -m torch.distributed.run --nnodes=2 --nproc-per-node=8 "
+                                            "--rdzv_endpoint=$MASTER:29500 pretrain_gpt.py $FLAGS",
+    "srun bash -c torchrun": 'bash -c "torchrun --nnodes 2 --nproc_per_node 8 --rdzv_endpoint $MASTER:29500 '
+                             'pretrain_gpt.py $FLAGS"',
+    "srun bash -c torchrun --master_addr": 'bash -c "torchrun --nnodes 2 --nproc_per_node 8 --master_addr $MASTER '
+                                          '--master_port 29500 pretrain_gpt.py $FLAGS"',
+}
+
+
+def _plan(kind: str):
+    """('one', one stage of H100 on 2 nodes) or ('two', H100 then A100 at TP 2: an agent of 4 GPUs on the H100 node,
+    two on the A100 node)."""
+    if kind == "one":
+        return Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),)), cluster_of(("H100", 2))
+    stages = (StagePlan(device_type="H100", num_layers=8, dp=2), StagePlan(device_type="A100", num_layers=7, dp=2),
+              StagePlan(device_type="A100", num_layers=7, dp=2))
+    return Plan(tp=2, gbs=64, stages=stages), cluster_of(("H100", 1), ("A100", 1))
+
+
+def _sim(tmp_path: Path, kind: str, hosts: str | None) -> Sim:
+    """The job's two nodes, in the allocation's order (by name): the host file's, else n0 (H100) and n1."""
+    if hosts is None:
+        return Sim(tmp_path, ["n0", "n1"], {"n0": "H100", "n1": "H100" if kind == "one" else "A100"})
+    types = dict(line.split() for line in hosts.splitlines())
+    return Sim(tmp_path, sorted(types), types)
+
+
+def _hosts(kind: str) -> str:
+    """Real host names whose allocation order (by name) is not the plan's."""
+    return "hb H100\nha H100\n" if kind == "one" else "zh H100\naa A100\n"
+
+
+@pytest.mark.parametrize("form", list(TORCHRUN_FORMS))
+@pytest.mark.parametrize("kind", ["one", "two"])
+@pytest.mark.parametrize("real", [False, True])
+def test_srun_torchrun_forms_make_the_plans_world(tmp_path, form, kind, real):
+    """`sbatch launch.sh` of a job whose srun starts torchrun on each node (itself, through `python -m`, or in a
+    `bash -c` string; the master from --rdzv-endpoint or --master_addr): the torchruns are exactly the plan's agents,
+    also where the plan puts several agents on one host (CUDA_VISIBLE_DEVICES each) and with real host names whose
+    allocation order is not the plan's."""
+    plan, cluster = _plan(kind)
+    text = JOB.replace("TASKS", "1").replace("EXPORT ", "").replace("LAUNCH", TORCHRUN_FORMS[form])
+    out = tmp_path / "out"
+    hosts = _hosts(kind) if real else None
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real)
+
+
+@pytest.mark.parametrize("form", ["srun torchrun", "srun bash -c torchrun"])
+@pytest.mark.parametrize("real", [False, True])
+def test_flagscale_srun_torchrun_makes_the_plans_world(tmp_path, form, real):
+    """The FlagScale runtime's launch.sh (its entry in place of pretrain_gpt.py, each agent's device type flag) run
+    by sbatch, srun starting torchrun: the plan's agents, each once, with its own device type."""
+    plan, cluster = _plan("two")
+    plan = plan.model_copy(update={"runtime": "flagscale"})
+    text = JOB.replace("TASKS", "1").replace("EXPORT ", "").replace("LAUNCH", TORCHRUN_FORMS[form])
+    out = tmp_path / "out"
+    hosts = _hosts("two") if real else None
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, "two", hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real, entry="train_gpt.py", flagscale=True)
+
+
+@pytest.mark.parametrize("kind, real", [("one", False), ("one", True), ("two", True)])
+def test_srun_python_per_rank_makes_the_plans_world(tmp_path, kind, real):
+    """`srun --ntasks-per-node=8 python pretrain_gpt.py` (one rank a task, the job's own --ntasks-per-node=8): every
+    rank once with the plan's flags, rank 0 on MASTER_ADDR; with real host names each rank on its stage's host.
+    With real names, launch.sh's srun placed rank 0 on the host file's first node while the script's MASTER_ADDR
+    named the allocation's first node, and the job's 16 tasks outnumbered a plan of 12 ranks (the host file's lines).
+    (Template names and a plan of fewer ranks than the script's tasks, ("two", False), is not covered: srun starts
+    the script's 16 tasks.)"""
+    plan, cluster = _plan(kind)
+    text = JOB.replace("TASKS", "8").replace("EXPORT ", "--ntasks-per-node=8 ").replace(
+        "LAUNCH", "python -u pretrain_gpt.py $FLAGS")
+    out = tmp_path / "out"
+    hosts = _hosts(kind) if real else None
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    recs = sim.records()
+    check_rank_world(recs, plan.world_size, plan_flags(out), "SLURM_PROCID")
+    rank0 = next(r for r in recs if r["env"]["SLURM_PROCID"] == "0")
+    assert rank0["env"]["MASTER_ADDR"] == rank0["env"]["SIM_HOST"], rank0["env"]
+    if real:
+        by_rank = {int(r["env"]["SLURM_PROCID"]): r["env"]["SIM_HOST"] for r in recs}
+        assert all(by_rank[a.first_rank + i] == a.host for a in agents for i in range(a.nproc))
+
+
+@pytest.mark.parametrize("form", ["srun torchrun", "srun torchrun --master_addr", "srun bash -c torchrun"])
+@pytest.mark.parametrize("kind", ["one", "two"])
+@pytest.mark.parametrize("real", [False, True])
+def test_srun_export_none_makes_the_plans_world_or_stops(tmp_path, form, kind, real):
+    """srun --export=NONE: the tasks get Slurm's variables only, none of launch.sh's functions or variables.  `srun
+    torchrun`, whose tasks get the functions in their command, forms the plan's world: with real host names each
+    task's agent and the master (node 0's host) travel there too (each task on the A100 node started both of its
+    agents, and the script's --master_addr stayed the allocation's first node).  `srun bash -c "torchrun ..."`
+    reaches the plan through the exported functions only: launch.sh stops, saying so (its torchruns ran without the
+    plan)."""
+    plan, cluster = _plan(kind)
+    text = JOB.replace("TASKS", "1").replace("EXPORT", "--export=NONE").replace("LAUNCH", TORCHRUN_FORMS[form])
+    out = tmp_path / "out"
+    hosts = _hosts(kind) if real else None
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    if "bash -c" in form:
+        assert done.returncode == 2 and not sim.records(), done.stderr
+        assert "srun --export=NONE starts its tasks without launch.sh's functions" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real)
+
+
+# --------------------------------------------------------------------------------------------
+# mpirun: the ranks its host file places, each checking its node's device type
+# --------------------------------------------------------------------------------------------
+MPI_JOB = """#!/bin/bash
+export MASTER_ADDR=${MASTER_ADDR:-aa} MASTER_PORT=29500
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+mpirun -np 12 --hostfile $HOSTFILE --bind-to none -x MASTER_ADDR -x MASTER_PORT python pretrain_gpt.py $FLAGS
+"""
+
+
+@pytest.mark.parametrize("order", ["plan", "reversed"])
+def test_mpirun_ranks_start_only_on_their_stages_device_type(tmp_path, order):
+    """mpirun, run from a login node, places ranks by its own host file (launch.sh keeps it); the plan puts ranks 0-3
+    on the H100 node and 4-11 on the A100 node.  In the plan's order every rank starts once with the plan's flags; in
+    another order no rank may start on a node of another type (each checks its node first, docs/running.md): the
+    remote ranks, which mpirun gives none of launch.sh's functions, skipped the check and trained on the wrong GPUs."""
+    plan, cluster = _plan("two")
+    out = tmp_path / "out"
+    emit(out, MPI_JOB, plan, cluster)
+    sim = Sim(tmp_path, ["zh", "aa"], {"zh": "H100", "aa": "A100"})
+    lines = ["zh slots=4", "aa slots=8"] if order == "plan" else ["aa slots=8", "zh slots=4"]
+    (tmp_path / "mpi_hosts").write_text("\n".join(lines) + "\n")
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts")})
+    recs = sim.records()
+    stage_type = {r: ("H100" if r < 4 else "A100") for r in range(12)}
+    node_type = {"zh": "H100", "aa": "A100"}
+    wrong = [r["env"]["OMPI_COMM_WORLD_RANK"] for r in recs
+             if node_type[r["env"]["SIM_HOST"]] != stage_type[int(r["env"]["OMPI_COMM_WORLD_RANK"])]]
+    assert not wrong, (wrong, done.stderr[-2000:])
+    if order == "plan":
+        assert done.returncode == 0, done.stderr
+        check_rank_world(recs, plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
+    else:
+        assert done.returncode == 3 and "should hold H100" in done.stderr, done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# launch.sh started on every node by the user's own srun (docs/running.md: one task per node)
+# --------------------------------------------------------------------------------------------
+PLAIN = """#!/bin/bash
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+torchrun --nnodes 2 --nproc_per_node 8 --master_addr ${MASTER_ADDR:-localhost} --master_port 29500 pretrain_gpt.py $FLAGS
+"""
+
+
+@pytest.mark.parametrize("kind", ["one", "two"])
+@pytest.mark.parametrize("real", [False, True])
+def test_srun_one_task_per_node_runs_every_agent_once(tmp_path, kind, real):
+    """`srun -N 2 --ntasks-per-node=1 bash launch.sh` of a torchrun script: each node starts its agents (SLURM_NODEID
+    with template names, the host name with real ones, in an allocation of another order than the plan's), every
+    node rank once, node 0's host the master where the script's is localhost: with template names the step's first
+    node, which SLURM_NODEID 0 is (it was the template's name, h100-node0, which no cluster has)."""
+    plan, cluster = _plan(kind)
+    out = tmp_path / "out"
+    hosts = _hosts(kind) if real else None
+    agents = emit(out, PLAIN, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["srun", "-N", "2", "--ntasks-per-node=1", "bash", str(out / "launch.sh")], tmp_path,
+                   {"SLURM_JOB_NODELIST_SIM": ",".join(sim.nodes)})
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), real)
+
+
+@pytest.mark.parametrize("launch", ["python -u pretrain_gpt.py $FLAGS", 'bash -c "python -u pretrain_gpt.py $FLAGS"',
+                                    'bash -c "python pretrain_gpt.py $FLAGS"'])
+@pytest.mark.parametrize("kind", ["one", "two"])
+def test_srun_ranks_of_two_device_types_each_check_their_own(tmp_path, launch, kind):
+    """srun starting one python rank a task, directly or in a `bash -c` string (sbatch_heredoc_fsdp.sh's form), with
+    real host names: every rank of the plan once, each on its stage's host after checking that host's type against
+    its own agent's (the `bash -c` form checked agent 0's type on every node, and the A100 ranks stopped; with
+    `python -u` it called launch.sh's python function from itself, forever)."""
+    plan, cluster = _plan(kind)
+    text = JOB.replace("TASKS", "8").replace("EXPORT ", "").replace("LAUNCH", launch)
+    out = tmp_path / "out"
+    hosts = _hosts(kind)
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, kind, hosts)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recs = sim.records()
+    check_rank_world(recs, plan.world_size, plan_flags(out), "SLURM_PROCID")
+    by_rank = {int(r["env"]["SLURM_PROCID"]): r["env"]["SIM_HOST"] for r in recs}
+    assert all(by_rank[a.first_rank + i] == a.host for a in agents for i in range(a.nproc))
+
+
+@pytest.mark.parametrize("launch", ["python pretrain_gpt.py $FLAGS", "python -u pretrain_gpt.py $FLAGS"])
+def test_plain_python_launch_runs_once(tmp_path, launch):
+    """A script that runs `python [-u] pretrain_gpt.py` itself (a one-GPU plan): the rank runs once, with the plan's
+    flags, after its node's check.  With `-u` launch.sh ran `python -u bash -c ...`: python looked for a script named
+    bash (and, where python is launch.sh's function, in a `bash -c` string under srun, called itself forever)."""
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=1),))
+    text = JOB.replace("#SBATCH", "# ").replace("srun EXPORT LAUNCH", launch)
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster_of(("H100", 1)))
+    sim = Sim(tmp_path, ["n0"], "H100")
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"SIM_HOST": "n0"})
+    assert done.returncode == 0, done.stderr
+    recs = sim.records()
+    assert len(recs) == 1 and recs[0]["kind"] == "rank", recs
+    assert recs[0]["argv"][1:] == plan_flags(out)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_ranks_of_another_world_than_the_plans_stop(tmp_path, launcher):
+    """srun or mpirun starting the script's 16 python ranks for a plan of 12 (template host names, which launch.sh does
+    not place): Megatron would run with a world of 16, another plan than the one priced (here one that does not
+    divide, elsewhere silently another data-parallel size).  Every rank stops before python starts, rank 0 saying
+    how many ranks to start."""
+    plan, cluster = _plan("two")
+    if launcher == "srun":
+        text = JOB.replace("TASKS", "8").replace("EXPORT ", "--ntasks-per-node=8 ").replace(
+            "LAUNCH", "python -u pretrain_gpt.py $FLAGS")
+        argv, env = ["sbatch"], {}
+    else:
+        text = MPI_JOB.replace("-np 12", "-np 16")
+        argv, env = ["bash"], {"HOSTFILE": str(tmp_path / "mpi_hosts")}
+        (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "two", None)
+    done = sim.run([*argv, str(out / "launch.sh")], tmp_path, env)
+    assert done.returncode == 2 and not sim.records(), done.stderr
+    assert done.stderr.count("launch.sh: 16 ranks started, the plan has 12: give srun --ntasks=12") == 1, done.stderr
