@@ -129,14 +129,20 @@ def check_torch_world(recs: list[dict], agents: list[Agent], plan_flags: list[st
 
 def check_rank_world(recs: list[dict], world: int, plan_flags: list[str], rank_var: str,
                      entry: str = "pretrain_gpt.py") -> None:
-    """srun/mpirun start the ranks themselves: one process per rank, each with the plan's flags once."""
+    """srun/mpirun start the ranks themselves: one process per rank, each with the plan's flags once, and what
+    Megatron reads to join the world (RANK, WORLD_SIZE, LOCAL_RANK: without them every rank is rank 0 of a world of
+    1 on its node's first GPU; MASTER_ADDR and MASTER_PORT for torch's env:// rendezvous), the same master for all."""
     assert all(r["kind"] == "rank" for r in recs), recs
     ranks = sorted(int(r["env"][rank_var]) for r in recs)
     assert ranks == list(range(world)), ranks
+    local_var = "SLURM_LOCALID" if rank_var == "SLURM_PROCID" else "OMPI_COMM_WORLD_LOCAL_RANK"
     for r in recs:
-        argv = r["argv"]
+        argv, env = r["argv"], r["env"]
         assert argv[_entry_at(argv, entry) + 1:] == plan_flags, argv
-    assert len({r["env"].get("MASTER_ADDR") for r in recs}) == 1
+        assert (env.get("RANK"), env.get("WORLD_SIZE")) == (env[rank_var], str(world)), env
+        assert env.get("LOCAL_RANK") == env[local_var], env
+    assert len({(r["env"].get("MASTER_ADDR"), r["env"].get("MASTER_PORT")) for r in recs}) == 1
+    assert all(r["env"].get("MASTER_ADDR") and r["env"].get("MASTER_PORT") for r in recs), recs[0]["env"]
 
 
 def plan_flags(out: Path) -> list[str]:

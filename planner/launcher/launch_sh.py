@@ -612,6 +612,21 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
     return lines
 
 
+def _rank_environment(spec: LaunchSpec) -> str:
+    """bash (in a rank's `bash -c` string, after `r` and `n`, its rank and the ranks started) that gives a rank srun or
+    mpirun starts what Megatron reads to join the world, where the environment has none of its own: RANK,
+    WORLD_SIZE, LOCAL_RANK (megatron/training/arguments.py and config/common_config.py read them with defaults 0, 1
+    and 0, so each rank of `srun python pretrain_gpt.py` trained alone on its node's first GPU) and the MASTER_PORT
+    and, under srun, MASTER_ADDR of torch's env:// rendezvous (the step's first node, where rank 0 runs)."""
+    return ('if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; '
+            'lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; '
+            '[[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; '
+            f'export MASTER_PORT=${{MASTER_PORT:-{sh_quote(spec.master_port)}}}; '
+            'if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then '
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1); '
+            '[[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; ')
+
+
 def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied;
     every task first checks its node's device type (its rank's agent): the check's functions (and
@@ -619,13 +634,13 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     launch.sh's environment (but -x's) and srun --export=NONE none."""
     nproc = spec.agents[0].nproc
     world = sum(ag.nproc for ag in spec.agents)
-    check = ('; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; '
-             'n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; '
-             f'if [[ -n "$n" && "$n" != {world} ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan '
-             f'has {world}: give srun --ntasks={world} (or mpirun -np {world})" >&2; exit 2; fi; '
+    started = 'n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; '
+    count = (f'if [[ -n "$n" && "$n" != {world} ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan '
+             f'has {world}: give srun --ntasks={world} (or mpirun -np {world})" >&2; exit 2; fi; ')
+    check = ('; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; ' + started + count +
              f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
              'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
-             'exec "$@"')
+             + _rank_environment(spec) + 'exec "$@"')
     return [
         "    local i",
         "    if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks",
@@ -640,7 +655,9 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         f"declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)\"{sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
         "\"${args[@]}\" \"${plan[@]}\"",
         "        else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them",
+        "            local n lr; " + started + count,
         f"            hapmoe_agent $((r / {nproc})) && hapmoe_check_node $((r / {nproc})) \"$(hostname -s)\" \"$HAPMOE_A_TYPE\"",
+        "            " + _rank_environment(spec).rstrip("; "),
         "            command \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"",
         "        fi",
         "        return",

@@ -34,7 +34,8 @@ def job_nodes():
 
 def record(kind, argv):
     keep = ("SIM_HOST", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",
-            "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "HAPMOE_SRUN_TASK_PER_AGENT")
+            "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "HAPMOE_SRUN_TASK_PER_AGENT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+            "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     path = os.path.join(os.environ["SIM_REC"], f"{kind}-{uuid.uuid4().hex}.json")
     with open(path, "w") as f:
