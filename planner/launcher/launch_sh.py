@@ -617,7 +617,9 @@ def _rank_environment(spec: LaunchSpec) -> str:
     mpirun starts what Megatron reads to join the world, where the environment has none of its own: RANK,
     WORLD_SIZE, LOCAL_RANK (megatron/training/arguments.py and config/common_config.py read them with defaults 0, 1
     and 0, so each rank of `srun python pretrain_gpt.py` trained alone on its node's first GPU) and the MASTER_PORT
-    and, under srun, MASTER_ADDR of torch's env:// rendezvous (the step's first node, where rank 0 runs)."""
+    and, under srun, MASTER_ADDR of torch's env:// rendezvous (the step's first node, where rank 0 runs): the values
+    NVIDIA's enroot hook gives a pyxis container's tasks (NVIDIA/enroot conf/hooks/extra/50-slurm-pytorch.sh), which
+    NVIDIA's `srun python` examples rely on."""
     return ('if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; '
             'lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; '
             '[[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; '
