@@ -558,6 +558,42 @@ def test_a_job_of_other_nodes_than_the_plan_is_named_and_fewer_stop(tmp_path, no
         assert started and "this job holds" not in done.stderr, done.stderr
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("launch", [
+    "srun torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint node-a:29500 pretrain_gpt.py",
+    "srun bash -c \"set -euo pipefail; torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint node-a:29500 pretrain_gpt.py",
+    "srun python pretrain_gpt.py",
+])
+def test_launch_sh_under_set_euo_pipefail_without_scontrol(tmp_path, launch):
+    """Scripts often run `set -euo pipefail` (gptoss_train.sh), also in the string srun runs, and a container may
+    have no scontrol: launch.sh's own reads of Slurm (scontrol show hostnames / show job) may fail there without
+    stopping the launch (a failed `x=$(scontrol ... | head -n 1)` under errexit and pipefail exited the shell)."""
+    flags = ("--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+             "--max-position-embeddings 2048 --vocab-size 32000 --micro-batch-size 1 --global-batch-size 64 --bf16")
+    tasks = "8" if "python" in launch else "1"
+    text = (f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node={tasks}\n#SBATCH --gpus-per-node=8\n"
+            f"set -euo pipefail\n{launch} {flags}" + ('"' if "bash -c" in launch else "") + "\n")
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
+    out = tmp_path / "out"
+    write_files(out, render_launch_files(run, plan, cluster_of(("H100", 2)), script), "--out", LAUNCHER_OUTPUT)
+    bindir = _fake_slurm(tmp_path, True)
+    (bindir / "scontrol").unlink()
+    srun = (bindir / "srun").read_text()
+    if "python" in launch:  # one task per rank
+        srun = srun.replace("for i in 0 1; do", "for i in $(seq 0 15); do").replace(
+            "SLURM_NODEID=$i", "SLURM_NODEID=$((i / 8)) SLURM_LOCALID=$((i % 8)) SLURM_STEP_NUM_TASKS=16")
+    (bindir / "srun").write_text(srun.replace("SLURM_PROCID=$i", "SLURM_PROCID=$i SLURM_STEP_NODELIST=node-[a-b]"))
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
+           "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NODELIST": "node-a"}
+    done = subprocess.run(["bash", str(out / "launch.sh")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    ranks = 16 if "python" in launch else 2
+    assert sorted(p.name for p in tmp_path.glob("args*")) == sorted(f"args{i}" for i in range(ranks)), done.stderr
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

@@ -398,7 +398,8 @@ def _submitted_dir() -> list[str]:
     directory sbatch was called from (SLURM_SUBMIT_DIR), with a warning."""
     return [
         'if [[ -n "${SLURM_JOB_ID:-}" && "${BASH_SOURCE[0]##*/}" == slurm_script ]]; then  # sbatch\'s copy',
-        '    hapmoe_submitted=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n \'s/^ *Command=//p\' | head -n 1)',
+        '    hapmoe_submitted=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n \'s/^ *Command=//p\' | head -n 1) ||'
+        ' hapmoe_submitted=',
         '    if [[ "$hapmoe_submitted" == /* && -d "${hapmoe_submitted%/*}" ]]; then',
         '        HAPMOE_DIR=${hapmoe_submitted%/*}',
         "    else",
@@ -625,7 +626,7 @@ def _rank_environment(spec: LaunchSpec) -> str:
             '[[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; '
             f'export MASTER_PORT=${{MASTER_PORT:-{sh_quote(spec.master_port)}}}; '
             'if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then '
-            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1); '
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || MASTER_ADDR=; '
             '[[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; ')
 
 
@@ -747,7 +748,7 @@ def _template_master(spec: LaunchSpec) -> list[str]:
     loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
     return [
         "    if [[ -n \"${SLURM_NODEID:-}\" && -n \"${SLURM_STEP_NODELIST:-}\" ]]; then  # an srun task: node 0 is the step's first",
-        '        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1)',
+        '        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || first=',
         '        [[ -n "$first" ]] && master_host=$first',
         "    fi",
         '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',

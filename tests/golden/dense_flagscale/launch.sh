@@ -20,7 +20,7 @@ HAPMOE_DRY_RUN=${HAPMOE_DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then HAPMOE_DRY_RUN=1; shift; fi
 HAPMOE_DIR="$(builtin cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # where launch.sh and its files lie
 if [[ -n "${SLURM_JOB_ID:-}" && "${BASH_SOURCE[0]##*/}" == slurm_script ]]; then  # sbatch's copy
-    hapmoe_submitted=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n 1)
+    hapmoe_submitted=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n 1) || hapmoe_submitted=
     if [[ "$hapmoe_submitted" == /* && -d "${hapmoe_submitted%/*}" ]]; then
         HAPMOE_DIR=${hapmoe_submitted%/*}
     else
@@ -208,11 +208,11 @@ hapmoe_launch() {
         local j=${#launcher[@]} r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}}
         for ((i = 0; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
         if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)
-            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1); [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || MASTER_ADDR=; [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
         else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them
             local n lr; n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; 
             hapmoe_agent $((r / 8)) && hapmoe_check_node $((r / 8)) "$(hostname -s)" "$HAPMOE_A_TYPE"
-            if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1); [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi
+            if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || MASTER_ADDR=; [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi
             command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
         fi
         return
@@ -227,7 +227,7 @@ hapmoe_launch() {
     fi
     local master=() has_addr=0 has_port=0 i master_host=a100-node0 master_port=6000  # the script's master address/port win
     if [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then  # an srun task: node 0 is the step's first
-        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1)
+        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || first=
         [[ -n "$first" ]] && master_host=$first
     fi
     if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0's host, as the script gives it
