@@ -594,6 +594,30 @@ def test_launch_sh_under_set_euo_pipefail_without_scontrol(tmp_path, launch):
     assert sorted(p.name for p in tmp_path.glob("args*")) == sorted(f"args{i}" for i in range(ranks)), done.stderr
 
 
+@pytest.mark.parametrize("srun, noted", [
+    ("srun --export=NONE bash -c \"torchrun ARGS\"", True),
+    ("srun --export=HOME,PATH bash -c \"torchrun ARGS\"", True),
+    ("srun bash -c \"torchrun ARGS\"", False),
+    ("srun --export=ALL,X=1 bash -c \"torchrun ARGS\"", False),
+    ("srun --export=NONE torchrun ARGS", False),  # the task's command carries what it needs
+])
+def test_a_launch_launch_sh_cannot_reach_under_srun_export_is_named(srun, noted):
+    """srun --export without ALL over a training command inside a string: launch.sh reaches it through exported
+    functions only and stops there at run time; the header (and solve/emit, which print the same notes) says so
+    when the launcher is written, with the fix."""
+    args = ("--nnodes 2 --nproc_per_node 8 --rdzv-endpoint h:29500 pretrain_gpt.py --num-layers 22 --hidden-size 2048 "
+            "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 32000 "
+            "--micro-batch-size 1 --global-batch-size 64 --bf16")
+    text = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n"
+            + srun.replace("ARGS", args) + "\n")
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
+    launch = render_launch_files(run, plan, cluster_of(("H100", 2)), script)["launch.sh"]
+    notes = [line for line in launch.split("\n") if "gives its tasks none of launch.sh's functions" in line]
+    assert len(notes) == noted and (not noted or "--export=ALL" in notes[0]), notes
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

@@ -417,7 +417,23 @@ def placement_notes(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | No
                     agents: Sequence[Agent]) -> list[str]:
     """The notes on where the plan runs against what the user gave: hosts a --hosts file lists that get no agent,
     and a script's srun on another number of nodes (also in launch.sh's header)."""
-    return [n for n in (unused_hosts_note(plan, cluster, hosts), job_nodes_note(script, agents)) if n]
+    return [n for n in (unused_hosts_note(plan, cluster, hosts), job_nodes_note(script, agents),
+                        hidden_launch_note(script)) if n]
+
+
+def hidden_launch_note(script: LauncherScript | None) -> str | None:
+    """The note where the script's srun runs the training inside a string (`srun bash -c "torchrun ..."`) under an
+    --export that passes the tasks no function: launch.sh reaches such a launch through exported shell functions
+    only, so it stops there rather than start the script's own command without the plan (launch_sh._export_check)."""
+    if script is None or script.site is None or script.site.via in ("direct", "eval"):
+        return None
+    export = script.srun_export
+    if export is None or export.all:
+        return None
+    return (f"srun's --export ({export.where}) gives its tasks none of launch.sh's functions, and the script's training "
+            "command runs inside a string srun starts, which the plan reaches only through them: launch.sh stops "
+            "there (exit status 2); give that srun --export=ALL (variables may follow: --export=ALL,NAME=VALUE), or "
+            "start torchrun by srun itself (`srun torchrun ...`)")
 
 
 def job_nodes_note(script: LauncherScript | None, agents: Sequence[Agent]) -> str | None:
