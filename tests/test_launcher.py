@@ -618,6 +618,41 @@ def test_a_launch_launch_sh_cannot_reach_under_srun_export_is_named(srun, noted)
     assert len(notes) == noted and (not noted or "--export=ALL" in notes[0]), notes
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("options, env, agent", [
+    ("--nnodes 2 --node_rank $NODE_RANK", {"NODE_RANK": "1"}, 1),  # a Kubernetes PyTorchJob pod's script
+    ("--nnodes=$NNODES --node-rank=$NODE_RANK", {"NODE_RANK": "0", "NNODES": "2"}, 0),
+    ("", {"PET_NODE_RANK": "1", "PET_NNODES": "2"}, 1),  # torchrun's own variables
+    ("--nnodes 1 --node_rank 0", {}, None),  # a one-node script's rank: not this plan's node order
+    ("--nnodes 2 --node_rank 2", {}, "the script's torchrun node rank 2 is not a node of the hostfile (0-1)"),
+])
+def test_a_node_off_the_hostfile_takes_the_scripts_node_rank(tmp_path, options, env, agent):
+    """A node whose host name the plan does not know (template names) outside Slurm, such as a Kubernetes pod, whose
+    script passes torchrun its node rank: launch.sh runs that node's agents when the script runs as many nodes as
+    the plan (it stopped: `host ... is not in hostfile`); a one-node script's literal rank 0 is not read so."""
+    flags = ("--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+             "--max-position-embeddings 2048 --vocab-size 32000 --micro-batch-size 1 --global-batch-size 64 --bf16")
+    text = (f"#!/bin/bash\nNODE_RANK=${{NODE_RANK:-0}}\nNNODES=${{NNODES:-2}}\n"
+            f"torchrun --nproc_per_node 8 {options} --master_addr pod-0 --master_port 23456 pretrain_gpt.py {flags}\n")
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
+    out = tmp_path / "out"
+    write_files(out, render_launch_files(run, plan, cluster_of(("H100", 2)), script), "--out", LAUNCHER_OUTPUT)
+    bindir = _fake_slurm(tmp_path, True)
+    environ = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "HAPMOE_HOST": "pod-7", **env}
+    done = subprocess.run(["bash", str(out / "launch.sh")], env=environ, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    if isinstance(agent, int):
+        assert done.returncode == 0, done.stderr
+        got = (tmp_path / "args").read_bytes().decode().split("\0")[:-1]
+        assert got[got.index("--node-rank") + 1] == str(agent) and got[got.index("--nnodes") + 1] == "2", got
+        assert got[got.index("--master_addr") + 1] == "pod-0", got
+    else:
+        assert done.returncode == 2 and not (tmp_path / "args").exists()
+        assert (agent or "host pod-7 is not in hostfile") in done.stderr, done.stderr
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

@@ -546,7 +546,7 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
     entry_new = spec.entry_script
     lines = [
         "    local -a words=(\"$@\") launcher=() args=() plan=()",
-        "    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv=",
+        "    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv= node_rank= nnodes=",
         "    for ((i = 0; i < n; i++)); do",
         f"        if [[ \"${{words[i]##*/}}\" == {sh_quote(entry_name)} ]]; then entry=$i; break; fi",
         "    done",
@@ -565,10 +565,13 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
         "        if ((torch)); then",
         "            case \"${tok%%=*}\" in",
         f"                {switches}) continue ;;",
-        "                # the script's rendezvous endpoint: its master (HOST:PORT), read before it is dropped",
-        "                --rdzv-endpoint|--rdzv_endpoint)",
-        "                    if [[ \"$tok\" == *=* ]]; then rdzv=${tok#*=}",
-        "                    elif [[ \"${words[i+1]:-}\" != --?* ]]; then rdzv=${words[i+1]:-}; ((i++)); fi",
+        "                # the script's rendezvous endpoint (its master, HOST:PORT), node rank and nodes, read before they",
+        "                # are dropped",
+        "                --rdzv-endpoint|--rdzv_endpoint|--node-rank|--node_rank|--nnodes)",
+        "                    local v=",
+        "                    if [[ \"$tok\" == *=* ]]; then v=${tok#*=}",
+        "                    elif [[ \"${words[i+1]:-}\" != --?* ]]; then v=${words[i+1]:-}; ((i++)); fi",
+        "                    case \"${tok%%=*}\" in --rdzv?endpoint) rdzv=$v ;; --node?rank) node_rank=$v ;; *) nnodes=$v ;; esac",
         "                    continue ;;",
         "                # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)",
         f"                {placement}) [[ \"$tok\" == *=* || \"${{words[i+1]:-}}\" == --?* ]] || ((i++)); continue ;;",
@@ -810,14 +813,23 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
         by_host.setdefault(ag.host, []).append(ag.node_rank)
     for host, ranks in by_host.items():
         lines.append(f"            {sh_quote(host)}) agents=({' '.join(map(str, ranks))}) ;;")
+    hosts = len(by_host)
     lines += [
-        "            *) case \"${SLURM_NODEID:-}\" in  # srun: the allocation's node order, the hostfile's lines",
+        "            *) local node_id=${SLURM_NODEID:-} node_from=SLURM_NODEID",
+        "               # else the node rank the script gives torchrun (Kubernetes' PyTorchJob, a per-node launcher), where",
+        "               # the script runs as many nodes as the plan: the node order, the hostfile's lines",
+        "               [[ -z \"$node_id\" ]] && node_rank=${node_rank:-${PET_NODE_RANK:-}} nnodes=${nnodes:-${PET_NNODES:-}}",
+        f"               if [[ -z \"$node_id\" && -n \"$node_rank\" && \"$nnodes\" == {hosts} ]]; then",
+        "                   node_id=$node_rank; node_from=\"the script's torchrun node rank\"",
+        "               fi",
+        "               case \"$node_id\" in  # srun: the allocation's node order, the hostfile's lines",
     ]
     for k, ranks in enumerate(by_host.values()):
         lines.append(f"                   {k}) agents=({' '.join(map(str, ranks))}) ;;")
     return lines + [
-        "                   '') echo \"launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST\" >&2; exit 2 ;;",
-        f"                   *) echo \"launch.sh: SLURM_NODEID $SLURM_NODEID is not a node of the hostfile (0-{len(by_host) - 1})\" >&2; exit 2 ;;",
+        "                   '') echo \"launch.sh: host ${HAPMOE_HOST:-$(hostname -s)} is not in hostfile; set HAPMOE_NODE_RANK or "
+        "HAPMOE_HOST\" >&2; exit 2 ;;",
+        f"                   *) echo \"launch.sh: $node_from $node_id is not a node of the hostfile (0-{hosts - 1})\" >&2; exit 2 ;;",
         "               esac ;;",
         "        esac",
         "    fi",

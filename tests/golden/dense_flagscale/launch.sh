@@ -155,7 +155,7 @@ hapmoe_check_node() {
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
     local -a words=("$@") launcher=() args=() plan=()
-    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv=
+    local n=${#words[@]} entry=-1 i tok name skip=0 torch=0 after=0 tpos=-1 rdzv= node_rank= nnodes=
     for ((i = 0; i < n; i++)); do
         if [[ "${words[i]##*/}" == train_gpt.py ]]; then entry=$i; break; fi
     done
@@ -173,10 +173,13 @@ hapmoe_launch() {
         if ((torch)); then
             case "${tok%%=*}" in
                 --standalone|--standalone) continue ;;
-                # the script's rendezvous endpoint: its master (HOST:PORT), read before it is dropped
-                --rdzv-endpoint|--rdzv_endpoint)
-                    if [[ "$tok" == *=* ]]; then rdzv=${tok#*=}
-                    elif [[ "${words[i+1]:-}" != --?* ]]; then rdzv=${words[i+1]:-}; ((i++)); fi
+                # the script's rendezvous endpoint (its master, HOST:PORT), node rank and nodes, read before they
+                # are dropped
+                --rdzv-endpoint|--rdzv_endpoint|--node-rank|--node_rank|--nnodes)
+                    local v=
+                    if [[ "$tok" == *=* ]]; then v=${tok#*=}
+                    elif [[ "${words[i+1]:-}" != --?* ]]; then v=${words[i+1]:-}; ((i++)); fi
+                    case "${tok%%=*}" in --rdzv?endpoint) rdzv=$v ;; --node?rank) node_rank=$v ;; *) nnodes=$v ;; esac
                     continue ;;
                 # the option's value, unless the script left it empty (`--nnodes $UNSET --node-rank 0`)
                 --nproc-per-node|--nproc_per_node|--nnodes|--nnodes|--node-rank|--node_rank|--rdzv-backend|--rdzv_backend|--rdzv-endpoint|--rdzv_endpoint|--rdzv-id|--rdzv_id|--rdzv-conf|--rdzv_conf|--max-restarts|--max_restarts) [[ "$tok" == *=* || "${words[i+1]:-}" == --?* ]] || ((i++)); continue ;;
@@ -265,11 +268,18 @@ hapmoe_launch() {
         case "${HAPMOE_HOST:-$(hostname -s)}" in
             a100-node0) agents=(0) ;;
             mi300x-node0) agents=(1) ;;
-            *) case "${SLURM_NODEID:-}" in  # srun: the allocation's node order, the hostfile's lines
+            *) local node_id=${SLURM_NODEID:-} node_from=SLURM_NODEID
+               # else the node rank the script gives torchrun (Kubernetes' PyTorchJob, a per-node launcher), where
+               # the script runs as many nodes as the plan: the node order, the hostfile's lines
+               [[ -z "$node_id" ]] && node_rank=${node_rank:-${PET_NODE_RANK:-}} nnodes=${nnodes:-${PET_NNODES:-}}
+               if [[ -z "$node_id" && -n "$node_rank" && "$nnodes" == 2 ]]; then
+                   node_id=$node_rank; node_from="the script's torchrun node rank"
+               fi
+               case "$node_id" in  # srun: the allocation's node order, the hostfile's lines
                    0) agents=(0) ;;
                    1) agents=(1) ;;
-                   '') echo "launch.sh: host $(hostname -s) is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
-                   *) echo "launch.sh: SLURM_NODEID $SLURM_NODEID is not a node of the hostfile (0-1)" >&2; exit 2 ;;
+                   '') echo "launch.sh: host ${HAPMOE_HOST:-$(hostname -s)} is not in hostfile; set HAPMOE_NODE_RANK or HAPMOE_HOST" >&2; exit 2 ;;
+                   *) echo "launch.sh: $node_from $node_id is not a node of the hostfile (0-1)" >&2; exit 2 ;;
                esac ;;
         esac
     fi
