@@ -20,13 +20,17 @@ from planner.inputs.hosts import read_hosts
 from planner.inputs.megatron_flags import parse_megatron_flags
 from planner.inputs.script import parse_launcher_script, read_launcher_script
 from planner.launcher import render_launch_files
+from planner.calibration.megatron_log import parse_megatron_log, parse_megatron_log_text
+from planner.cost.model import CostModel
 from planner.launcher.common import Agent, place_agents
 from planner.output.run_dir import LAUNCHER_OUTPUT, write_files
+from planner.trials import TRIAL_ITERATIONS, TRIAL_OVERRIDES
 from planner.profile_tables import ProfileSet
 from planner.schemas import Plan, StagePlan
 
 from helpers.launch import cluster_of
 from helpers.slurm_sim import records, write_stubs
+from helpers.synthetic_log import megatron_log
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -488,3 +492,28 @@ def test_ranks_of_another_world_than_the_plans_stop(tmp_path, launcher):
     done = sim.run([*argv, str(out / "launch.sh")], tmp_path, env)
     assert done.returncode == 2 and not sim.records(), done.stderr
     assert done.stderr.count("launch.sh: 16 ranks started, the plan has 12: give srun --ntasks=12") == 1, done.stderr
+
+
+def test_a_trial_run_by_sbatch_leaves_its_log_beside_the_submitted_launcher(tmp_path):
+    """The trial loop as a Slurm user runs it: `sbatch trials/pick/launch.sh` of a job whose srun starts torchrun on
+    each node; the training log node 0 prints reaches the batch host through srun and is kept beside the launch.sh
+    submitted (where `calibrate --trials` reads it), every iteration of it, not in sbatch's spool copy's directory."""
+    plan, cluster = _plan("one")
+    text = JOB.replace("TASKS", "1").replace("EXPORT ", "").replace("LAUNCH", TORCHRUN_FORMS["srun torchrun"])
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    out = tmp_path / "my plans" / "trials" / "pick"
+    write_files(out, render_launch_files(run, plan, cluster, script, overrides=TRIAL_OVERRIDES), "--out",
+                LAUNCHER_OUTPUT)
+    cost = CostModel(run.model, run.training, cluster, ProfileSet.load()).evaluate(plan)
+    log = megatron_log(cost, vpp=plan.vpp, global_batch_size=plan.gbs, iterations=TRIAL_ITERATIONS)
+    (tmp_path / "train.txt").write_text(log)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path, {"SIM_LOG": str(tmp_path / "train.txt")})
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), place_agents(plan, cluster), plan_flags(out), False)
+    kept = sorted(out.glob("*.log"))
+    assert [p.name for p in kept] == ["train-n0.log"], (kept, done.stderr)
+    assert not list((tmp_path / "spool").rglob("*.log"))
+    wrote, read = parse_megatron_log_text(log), parse_megatron_log(kept[0])
+    assert read.it_number == wrote.it_number and len(wrote.it_number) == TRIAL_ITERATIONS

@@ -13,7 +13,8 @@ processes, each told its node by SIM_HOST (the `hostname` stub prints it).
 - mpirun: -np processes over --hostfile's slots (or SIM_NODES'), with OMPI_COMM_WORLD_RANK/LOCAL_RANK, the environment
   of a remote node (-x NAME[=VALUE] only) on every node but the first.
 - nvidia-smi: the GPUs of SIM_HOST's type (SIM_GPUS: `host=TYPE ...`), for launch.sh's node check.
-- torchrun / python -m torch.distributed.run / python ENTRY: write one JSON record {kind, argv, env} to $SIM_REC.
+- torchrun / python -m torch.distributed.run / python ENTRY: write one JSON record {kind, argv, env} to $SIM_REC;
+  torchrun's node rank 0 prints the file SIM_LOG names (a training log), where set.
 """
 
 from __future__ import annotations
@@ -225,6 +226,9 @@ sys.exit(max(p.wait() for p in procs))
 
 TORCHRUN = r'''
 record("torchrun", sys.argv[1:])
+a = sys.argv[1:]
+if os.environ.get("SIM_LOG") and "--node-rank" in a and a[a.index("--node-rank") + 1] == "0":
+    print(open(os.environ["SIM_LOG"]).read(), end="")  # the training log, as node 0's ranks print it
 '''
 
 PYTHON = r'''
