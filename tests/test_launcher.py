@@ -462,6 +462,26 @@ srun --container-image=img.sqsh LAUNCHER --nnodes 2 --nproc_per_node 8 --rdzv-ba
 """
 
 
+FLAGS_22L = ("--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+             "--max-position-embeddings 2048 --vocab-size 32000 --micro-batch-size 1 --global-batch-size 64 --bf16")
+"""The model of SRUN_TORCHRUN, for the scripts the launch tests below write."""
+
+
+def _emit_one_stage(out: Path | None, text: str, nodes: int = 2, hosts: str | None = None,
+                    tmp_path: Path | None = None) -> dict[str, str]:
+    """The launcher files of `text` for a plan of one H100 stage over `nodes` 8-GPU nodes (DP = its GPUs), with real
+    host names `hosts` (a --hosts file's text) if given; written to `out` where given."""
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=8 * nodes),))
+    cluster = cluster_of(("H100", nodes))
+    listed = read_hosts(_hosts_file(tmp_path, hosts), cluster, ProfileSet.load()) if hosts else None
+    files = render_launch_files(run, plan, cluster, script, hosts=listed)
+    if out is not None:
+        write_files(out, files, "--out", LAUNCHER_OUTPUT)
+    return files
+
+
 def _fake_slurm(tmp_path: Path, export_all: bool) -> Path:
     """Stubs: srun runs its command once per node of a 2-node job (SLURM_PROCID/SLURM_NODEID; with `export_all`
     false, as --export=NONE does, in an environment of the SLURM_* variables and PATH only); scontrol lists the
@@ -499,13 +519,8 @@ def test_srun_torchrun_runs_one_node_rank_per_task(tmp_path, launcher, endpoint,
     command for the submitting host, so every task got node rank 0, and the master was the hostfile's template
     host name (h100-node0), which no cluster has."""
     text = SRUN_TORCHRUN.replace("LAUNCHER", launcher).replace("ENDPOINT", endpoint)
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
-    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
     out = tmp_path / "out"
-    cluster = cluster_of(("H100", 2))
-    listed = read_hosts(_hosts_file(tmp_path, hosts), cluster, ProfileSet.load()) if hosts else None
-    write_files(out, render_launch_files(run, plan, cluster, script, hosts=listed), "--out", LAUNCHER_OUTPUT)
+    _emit_one_stage(out, text, hosts=hosts, tmp_path=tmp_path)
     bindir = _fake_slurm(tmp_path, export_all)
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
            "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "node-[a-b]"}
@@ -536,14 +551,10 @@ def test_a_job_of_other_nodes_than_the_plan_is_named_and_fewer_stop(tmp_path, no
     torchrun starts (its static rendezvous would wait for the missing nodes forever).  Both were silent."""
     text = SRUN_TORCHRUN.replace("LAUNCHER", "torchrun").replace("ENDPOINT", "--rdzv-endpoint $MASTER:29500")
     text = text.replace("srun --container", f"srun {srun_n}--container")
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
-    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=8 * nodes),))
-    files = render_launch_files(run, plan, cluster_of(("H100", nodes)), script)
+    out = tmp_path / "out"
+    files = _emit_one_stage(out, text, nodes)
     header = [line for line in files["launch.sh"].split("\n") if line.startswith("# note: the script's srun runs")]
     assert (note is None and not header) or (len(header) == 1 and note in header[0]), header
-    out = tmp_path / "out"
-    write_files(out, files, "--out", LAUNCHER_OUTPUT)
     bindir = _fake_slurm(tmp_path, True)
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
            "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2"}
@@ -568,16 +579,11 @@ def test_launch_sh_under_set_euo_pipefail_without_scontrol(tmp_path, launch):
     """Scripts often run `set -euo pipefail` (gptoss_train.sh), also in the string srun runs, and a container may
     have no scontrol: launch.sh's own reads of Slurm (scontrol show hostnames / show job) may fail there without
     stopping the launch (a failed `x=$(scontrol ... | head -n 1)` under errexit and pipefail exited the shell)."""
-    flags = ("--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
-             "--max-position-embeddings 2048 --vocab-size 32000 --micro-batch-size 1 --global-batch-size 64 --bf16")
     tasks = "8" if "python" in launch else "1"
     text = (f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node={tasks}\n#SBATCH --gpus-per-node=8\n"
-            f"set -euo pipefail\n{launch} {flags}" + ('"' if "bash -c" in launch else "") + "\n")
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
-    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
+            f"set -euo pipefail\n{launch} {FLAGS_22L}" + ('"' if "bash -c" in launch else "") + "\n")
     out = tmp_path / "out"
-    write_files(out, render_launch_files(run, plan, cluster_of(("H100", 2)), script), "--out", LAUNCHER_OUTPUT)
+    _emit_one_stage(out, text)
     bindir = _fake_slurm(tmp_path, True)
     (bindir / "scontrol").unlink()
     srun = (bindir / "srun").read_text()
@@ -605,15 +611,10 @@ def test_a_launch_launch_sh_cannot_reach_under_srun_export_is_named(srun, noted)
     """srun --export without ALL over a training command inside a string: launch.sh reaches it through exported
     functions only and stops there at run time; the header (and solve/emit, which print the same notes) says so
     when the launcher is written, with the fix."""
-    args = ("--nnodes 2 --nproc_per_node 8 --rdzv-endpoint h:29500 pretrain_gpt.py --num-layers 22 --hidden-size 2048 "
-            "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 32000 "
-            "--micro-batch-size 1 --global-batch-size 64 --bf16")
+    args = "--nnodes 2 --nproc_per_node 8 --rdzv-endpoint h:29500 pretrain_gpt.py " + FLAGS_22L
     text = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n"
             + srun.replace("ARGS", args) + "\n")
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
-    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
-    launch = render_launch_files(run, plan, cluster_of(("H100", 2)), script)["launch.sh"]
+    launch = _emit_one_stage(None, text)["launch.sh"]
     notes = [line for line in launch.split("\n") if "gives its tasks none of launch.sh's functions" in line]
     assert len(notes) == noted and (not noted or "--export=ALL" in notes[0]), notes
 
@@ -630,15 +631,10 @@ def test_a_node_off_the_hostfile_takes_the_scripts_node_rank(tmp_path, options, 
     """A node whose host name the plan does not know (template names) outside Slurm, such as a Kubernetes pod, whose
     script passes torchrun its node rank: launch.sh runs that node's agents when the script runs as many nodes as
     the plan (it stopped: `host ... is not in hostfile`); a one-node script's literal rank 0 is not read so."""
-    flags = ("--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
-             "--max-position-embeddings 2048 --vocab-size 32000 --micro-batch-size 1 --global-batch-size 64 --bf16")
-    text = (f"#!/bin/bash\nNODE_RANK=${{NODE_RANK:-0}}\nNNODES=${{NNODES:-2}}\n"
-            f"torchrun --nproc_per_node 8 {options} --master_addr pod-0 --master_port 23456 pretrain_gpt.py {flags}\n")
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
-    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=16),))
+    text = (f"#!/bin/bash\nNODE_RANK=${{NODE_RANK:-0}}\nNNODES=${{NNODES:-2}}\ntorchrun --nproc_per_node 8 {options} "
+            f"--master_addr pod-0 --master_port 23456 pretrain_gpt.py {FLAGS_22L}\n")
     out = tmp_path / "out"
-    write_files(out, render_launch_files(run, plan, cluster_of(("H100", 2)), script), "--out", LAUNCHER_OUTPUT)
+    _emit_one_stage(out, text)
     bindir = _fake_slurm(tmp_path, True)
     environ = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "HAPMOE_HOST": "pod-7", **env}
     done = subprocess.run(["bash", str(out / "launch.sh")], env=environ, cwd=tmp_path, capture_output=True,
