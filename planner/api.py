@@ -682,7 +682,8 @@ def assumed_for_plan(run: MegatronRun, plan: Plan, cluster_spec: ClusterSpec, pr
 
 def hosts_notes(outcome: SolveOutcome) -> list[str]:
     """Where the pick runs against what the user gave (solve's notes: text, JSON, plan.json, summary.md): the nodes
-    of --hosts it leaves unused, the script's srun on another number of nodes (launcher/common.placement_notes)."""
+    of --hosts it leaves unused, the script's srun on another number of nodes or under an --export launch.sh cannot
+    reach through (launcher/common.placement_notes)."""
     plan, cluster, hosts = outcome.plans[0], outcome.cluster, outcome.hosts
     if hosts is None and (outcome.script is None or not outcome.script.under_srun):
         return []

@@ -415,8 +415,9 @@ def unused_hosts_note(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | 
 
 def placement_notes(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | None, script: LauncherScript | None,
                     agents: Sequence[Agent]) -> list[str]:
-    """The notes on where the plan runs against what the user gave: hosts a --hosts file lists that get no agent,
-    and a script's srun on another number of nodes (also in launch.sh's header)."""
+    """The notes on where the plan runs against what the user gave (also in launch.sh's header): hosts a --hosts
+    file lists that get no agent, a script's srun on another number of nodes, and a launch inside a string srun
+    starts that its --export keeps launch.sh's functions from."""
     return [n for n in (unused_hosts_note(plan, cluster, hosts), job_nodes_note(script, agents),
                         hidden_launch_note(script)) if n]
 
