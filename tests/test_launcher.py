@@ -490,8 +490,8 @@ def _fake_slurm(tmp_path: Path, export_all: bool) -> Path:
     bindir.mkdir()
     env = "" if export_all else "env -i PATH=\"$PATH\" HAPMOE_SKIP_NODE_CHECK=1 HOME=/ "
     (bindir / "srun").write_text(
-        "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do shift; done\n"
-        f"for i in 0 1; do {env}SLURM_PROCID=$i SLURM_NODEID=$i \"$@\" & done; wait\n")
+        "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do [[ \"$1\" == -[Nn] ]] && shift; shift; done\n"
+        f"for i in 0 1; do {env}SLURM_PROCID=$i SLURM_NODEID=$i SLURM_STEP_NUM_NODES=2 \"$@\" & done; wait\n")
     (bindir / "scontrol").write_text("#!/bin/bash\necho node-a; echo node-b\n")
     record = f'#!/bin/bash\nprintf "%s\\0" "$@" > {shlex.quote(str(tmp_path))}/args$SLURM_PROCID\n'
     for tool in ("torchrun", "python"):
@@ -539,16 +539,18 @@ def test_srun_torchrun_runs_one_node_rank_per_task(tmp_path, launcher, endpoint,
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("nodes, srun_n, note", [
-    (4, "", "the script's srun runs on 2 node(s) (`#SBATCH --nodes=2`"),
-    (4, "-N 2 ", "the script's srun runs on 2 node(s) (srun's own -N 2) and the plan on 4: give srun -N 4"),
-    (1, "", "and the plan on 1: submit launch.sh with `sbatch --nodes=1`"),
-    (2, "", None),
+@pytest.mark.parametrize("nodes, srun_n, note, job_nodes", [
+    (4, "", "the script's srun runs on 2 node(s) (`#SBATCH --nodes=2`", "2"),
+    (4, "-N 2 ", "the script's srun runs on 2 node(s) (srun's own -N 2) and the plan on 4: give srun -N 4", "2"),
+    (4, "-N 2 ", "(srun's own -N 2) and the plan on 4: give srun -N 4", "4"),  # the step's nodes, in a job of 4
+    (1, "", "and the plan on 1: submit launch.sh with `sbatch --nodes=1`", "2"),
+    (2, "", None, "2"),
 ])
-def test_a_job_of_other_nodes_than_the_plan_is_named_and_fewer_stop(tmp_path, nodes, srun_n, note):
+def test_a_job_of_other_nodes_than_the_plan_is_named_and_fewer_stop(tmp_path, nodes, srun_n, note, job_nodes):
     """A plan on another number of nodes than the script's job (#SBATCH --nodes=2, or srun's own -N): launch.sh's
-    header says how to submit it; run in a job of fewer nodes than the plan, launch.sh stops with that fix before
-    torchrun starts (its static rendezvous would wait for the missing nodes forever).  Both were silent."""
+    header says how to submit it; run in a job, or an srun step (srun -N 2 in a job of 4), of fewer nodes than the
+    plan, launch.sh stops with that fix before torchrun starts (its static rendezvous would wait for the missing
+    nodes forever).  Both were silent."""
     text = SRUN_TORCHRUN.replace("LAUNCHER", "torchrun").replace("ENDPOINT", "--rdzv-endpoint $MASTER:29500")
     text = text.replace("srun --container", f"srun {srun_n}--container")
     out = tmp_path / "out"
@@ -557,14 +559,17 @@ def test_a_job_of_other_nodes_than_the_plan_is_named_and_fewer_stop(tmp_path, no
     assert (note is None and not header) or (len(header) == 1 and note in header[0]), header
     bindir = _fake_slurm(tmp_path, True)
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
-           "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2"}
+           "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": job_nodes}
     done = subprocess.run(["bash", str(out / "launch.sh")], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=60)
     started = (tmp_path / "args0").exists()
-    if nodes > 2:
+    if nodes > 2 and job_nodes == "2":
         assert done.returncode == 2 and not started, done.stderr
         assert f"the plan runs on {nodes} nodes and this job holds 2" in done.stderr
         assert f"sbatch --nodes={nodes}" in done.stderr
+    elif nodes > 2:  # the fake srun's tasks exit 2; it reports its own status as srun does not
+        assert not started and f"the plan runs on {nodes} nodes and srun's step on 2" in done.stderr, done.stderr
+        assert f"give srun -N {nodes}" in done.stderr
     else:
         assert started and "this job holds" not in done.stderr, done.stderr
 

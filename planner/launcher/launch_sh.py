@@ -379,14 +379,16 @@ def _export_check() -> list[str]:
 
 
 def _run_srun(spec: LaunchSpec) -> list[str]:
-    """srun() runs srun: each task told whether it is one agent (HAPMOE_SRUN_TASK_PER_AGENT) and, where srun() placed
-    the tasks, node 0's host, the master (HAPMOE_SRUN_MASTER for torchrun; MASTER_ADDR for ranks srun starts)."""
+    """srun() runs srun: each task told that srun started it (HAPMOE_SRUN_STEP: the step's node count is then the
+    plan's to check), whether it is one agent (HAPMOE_SRUN_TASK_PER_AGENT) and, where srun() placed the tasks, node
+    0's host, the master (HAPMOE_SRUN_MASTER for torchrun; MASTER_ADDR for ranks srun starts)."""
     if not spec.real_hosts:
-        return ['    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"']
+        return ['    HAPMOE_SRUN_STEP=1 HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"']
     return ['    if [[ -n "$master" ]]; then',
-            '        HAPMOE_SRUN_TASK_PER_AGENT=$per_agent HAPMOE_SRUN_MASTER=$master MASTER_ADDR=$master command srun "$@"',
+            '        HAPMOE_SRUN_STEP=1 HAPMOE_SRUN_TASK_PER_AGENT=$per_agent HAPMOE_SRUN_MASTER=$master MASTER_ADDR=$master \\',
+            '            command srun "$@"',
             "    else",
-            '        HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
+            '        HAPMOE_SRUN_STEP=1 HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"',
             "    fi"]
 
 
@@ -677,6 +679,13 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     agents = spec.agents
     hosts = len({ag.host for ag in agents})
     lines = _fan_out_srun(spec) + [
+        "    # a task of an srun step on fewer nodes than the plan's (srun -N): static rendezvous would wait forever",
+        f'    if [[ -n "${{HAPMOE_SRUN_STEP:-}}" && "${{SLURM_STEP_NUM_NODES:-}}" =~ ^[0-9]+$ ]] && ((SLURM_STEP_NUM_NODES < {hosts})); then',
+        f'        [[ "${{SLURM_PROCID:-0}}" == 0 ]] && echo "launch.sh: the plan runs on {hosts} nodes and srun\'s step on '
+        f'$SLURM_STEP_NUM_NODES (SLURM_STEP_NUM_NODES): give srun -N {hosts}" >&2',
+        "        exit 2",
+        "    fi",
+    ] + [
         f"    local master=() has_addr=0 has_port=0 i master_host={sh_quote(agents[0].host)}"
         f" master_port={sh_quote(spec.master_port)}  # the script's master address/port win",
     ]
@@ -777,10 +786,11 @@ def _fan_out_srun(spec: LaunchSpec) -> list[str]:
         f"            HAPMOE_SRUN_TASK_PER_AGENT=1 HAPMOE_SRUN_MASTER=${{HAPMOE_MASTER_ADDR:-{sh_quote(spec.agents[0].host)}}}",
         "        fi",
     ] if spec.real_hosts else []
-    carried = "HAPMOE_DIR HAPMOE_DRY_RUN" + (" HAPMOE_SRUN_TASK_PER_AGENT HAPMOE_SRUN_MASTER" if spec.real_hosts else "")
+    carried = "HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_SRUN_STEP" + (" HAPMOE_SRUN_TASK_PER_AGENT HAPMOE_SRUN_MASTER"
+                                                              if spec.real_hosts else "")
     return [
         '    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task',
-        "        local from=$tpos",
+        "        local from=$tpos HAPMOE_SRUN_STEP=1",
         '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
         '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
         "        fi",

@@ -225,12 +225,17 @@ hapmoe_launch() {
         return
     fi
     if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task
-        local from=$tpos
+        local from=$tpos HAPMOE_SRUN_STEP=1
         if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run
             while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done
         fi
-        srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry; declare -p HAPMOE_DIR HAPMOE_DRY_RUN)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
+        srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry; declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_SRUN_STEP)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
         return
+    fi
+    # a task of an srun step on fewer nodes than the plan's (srun -N): static rendezvous would wait forever
+    if [[ -n "${HAPMOE_SRUN_STEP:-}" && "${SLURM_STEP_NUM_NODES:-}" =~ ^[0-9]+$ ]] && ((SLURM_STEP_NUM_NODES < 2)); then
+        [[ "${SLURM_PROCID:-0}" == 0 ]] && echo "launch.sh: the plan runs on 2 nodes and srun's step on $SLURM_STEP_NUM_NODES (SLURM_STEP_NUM_NODES): give srun -N 2" >&2
+        exit 2
     fi
     local master=() has_addr=0 has_port=0 i master_host=h100-node0 master_port=6000  # the script's master address/port win
     if [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then  # an srun task: node 0 is the step's first
@@ -376,7 +381,7 @@ srun() {
         echo "launch.sh: srun --export=$hapmoe_export starts its tasks without launch.sh's functions, so the plan would not apply to the command it runs; give srun --export=ALL (variables may follow: --export=ALL,NAME=VALUE)" >&2
         exit 2
     fi
-    HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
+    HAPMOE_SRUN_STEP=1 HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
 export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun
 # ---- end of hapmoe block ----
