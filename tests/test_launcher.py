@@ -654,6 +654,26 @@ def test_a_node_off_the_hostfile_takes_the_scripts_node_rank(tmp_path, options, 
         assert (agent or "host pod-7 is not in hostfile") in done.stderr, done.stderr
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("variable", ["SRUN_EXPORT_ENV", "SLURM_EXPORT_ENV"])
+def test_an_export_srun_reads_from_its_environment_stops_a_launch_it_would_hide(tmp_path, variable):
+    """srun takes its --export from SRUN_EXPORT_ENV, else SLURM_EXPORT_ENV (srun(1)): NONE there keeps launch.sh's
+    functions from a `bash -c` string's torchrun as `--export=NONE` does, so launch.sh stops, saying so, instead of
+    starting the script's own torchrun without the plan (SRUN_EXPORT_ENV was not read)."""
+    args = "--nnodes 2 --nproc_per_node 8 --rdzv-endpoint h:29500 pretrain_gpt.py " + FLAGS_22L
+    text = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n"
+            f"srun bash -c \"torchrun {args}\"\n")
+    out = tmp_path / "out"
+    _emit_one_stage(out, text)
+    bindir = _fake_slurm(tmp_path, False)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HAPMOE_SKIP_NODE_CHECK": "1", "SLURM_JOB_ID": "7",
+           "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2", variable: "NONE"}
+    done = subprocess.run(["bash", str(out / "launch.sh")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and not list(tmp_path.glob("args*")), done.stderr
+    assert "srun --export=NONE starts its tasks without launch.sh's functions" in done.stderr
+
+
 def test_cuda_device_max_connections_only_with_tp_or_cp():
     """CUDA_DEVICE_MAX_CONNECTIONS=1 is exported when TP or CP > 1, not otherwise."""
     run, plan, cluster = dense_plan([4, 4])

@@ -357,13 +357,14 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
 
 
 def _export_check() -> list[str]:
-    """srun() stops (exit 2) where srun's --export (or SLURM_EXPORT_ENV, which srun reads) passes the tasks not all of
+    """srun() stops (exit 2) where srun's --export (or SRUN_/SLURM_EXPORT_ENV, which srun reads) passes the tasks not all of
     the environment and the tasks need launch.sh's exported functions: a command that reaches the plan through them (a
     `bash -c` string whose torchrun or python is a function), where the plan would silently not apply.  The commands
     hapmoe_launch gives srun carry the functions in their own string (`hapmoe-task`)."""
     return [
         "    # --export=NONE (or a list without ALL) gives the tasks none of launch.sh's functions: the plan would not apply",
-        '    local hapmoe_export=${SLURM_EXPORT_ENV:-ALL} hapmoe_prev= hapmoe_carried=0',
+        '    # srun reads SRUN_EXPORT_ENV, then SLURM_EXPORT_ENV (sbatch sets it from the job\'s --export)',
+        '    local hapmoe_export=${SRUN_EXPORT_ENV:-${SLURM_EXPORT_ENV:-ALL}} hapmoe_prev= hapmoe_carried=0',
         '    for w in "$@"; do',
         '        [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w',
         '        [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}',

@@ -440,7 +440,8 @@ srun() {
         exit 2
     fi
     # --export=NONE (or a list without ALL) gives the tasks none of launch.sh's functions: the plan would not apply
-    local hapmoe_export=${SLURM_EXPORT_ENV:-ALL} hapmoe_prev= hapmoe_carried=0
+    # srun reads SRUN_EXPORT_ENV, then SLURM_EXPORT_ENV (sbatch sets it from the job's --export)
+    local hapmoe_export=${SRUN_EXPORT_ENV:-${SLURM_EXPORT_ENV:-ALL}} hapmoe_prev= hapmoe_carried=0
     for w in "$@"; do
         [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w
         [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}
