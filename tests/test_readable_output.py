@@ -173,6 +173,26 @@ def test_plan_difference_names_what_changes():
     assert plan_difference(pick, plan(types=("MI300X", "H800"))) == "stages 1 MI300X, 1 H800"
 
 
+def test_trial_lines_say_how_each_candidate_differs_from_the_pick():
+    """A candidate with the pick's degrees and another layer split read exactly as the pick in the trials list
+    ("TP1 PP2 ... mbs1 none" twice, two times): each line but the pick's now names what differs."""
+    from planner.output.report import trial_lines
+
+    def plan(layers, types=("MI300X", "H800")):
+        return {"tp": 1, "pp": 2, "cp": 1, "ep": 8, "etp": 1, "vpp": 1, "mbs": 1, "dp": [16, 16],
+                "sequence_parallel": False,
+                "stages": [{"device_type": t, "num_layers": n, "recompute_label": "none"} for t, n in zip(types, layers)]}
+
+    pick = plan((14, 18))
+    trials = [{"name": name, "plan": p, "iteration_time_s": t, "iteration_time_range_s": [t * 0.9, t * 1.1]}
+              for name, p, t in (("pick", pick, 7.0), ("candidate-1", plan((13, 19)), 7.4),
+                                 ("candidate-2", plan((14, 18), ("H800", "MI300X")), 7.5))]
+    lines = trial_lines({"plan": pick, "trials": trials, "trials_why": "why"}, None)
+    assert "[" not in lines[1] and "TP1 PP2 CP1 EP8 ETP1 DP16 VPP1 mbs1 none, predicted 7.000 s" in lines[1]
+    assert "[layers 14/18->13/19]" in lines[2]
+    assert "[stages 1 H800, 1 MI300X]" in lines[3]
+
+
 def test_solve_terminal_output_and_final_progress_line(solved_out):
     """Without a terminal, stderr holds exactly the final search line and the files line; stdout the
     plan, the status in the shared vocabulary, and the assumed values with their flags."""
@@ -384,6 +404,36 @@ def test_preset_assumptions_are_listed_with_their_flags():
     for bad in ("0.5", "nan", "inf"):
         r = invoke(base + ["--moe-imbalance", bad])
         assert r.exit_code == 2 and "--moe-imbalance" in r.output
+
+
+def test_assumptions_read_in_a_narrow_terminal():
+    """The reasons of the assumed values were a fourth column of a table: at 80 columns it was six characters wide,
+    each reason folded into hundreds of lines of word pieces.  Where the terminal leaves the reasons less than
+    ASSUMED_MIN_REASON_COLUMNS, each value is a line and its reason wraps beneath it, whole words, within the
+    width; a wide terminal keeps the table (value and reason on one line)."""
+    from planner.output.report import ASSUMED_MIN_REASON_COLUMNS
+
+    base = ["estimate", "--model", "mixtral-s", "--cluster", "H800:16", "--tp", "2", "--pp", "2", "--ep", "4"]
+    assumed = json.loads(invoke([*base, "--json"]).stdout)["assumed"]
+    for columns in (80, 100):
+        text = invoke(base, columns=columns).stdout
+        section = text.split("assumed (the input does not state these)\n")[1].splitlines()
+        assert max(len(line) for line in section) <= columns
+        for a in assumed:
+            head = f"  {a['name']}: {a['value']} (set with {a['flag']})"
+            start = section.index(head)
+            reason = []
+            for line in section[start + 1:]:
+                if not line.startswith("    "):
+                    break
+                reason.append(line.strip())
+            assert " ".join(reason) == " ".join(a["source"].split()), a["name"]
+    wide = invoke(base, columns=300).stdout
+    lead = max(len(a["name"]) for a in assumed) + max(len(str(a["value"])) for a in assumed) + \
+        max(len(a["flag"]) for a in assumed) + 6
+    assert 300 - lead >= ASSUMED_MIN_REASON_COLUMNS
+    for a in assumed:  # the table: the value's line carries the start of its reason
+        assert any(a["flag"] in line and a["source"][:20] in line for line in wide.splitlines()), a["name"]
 
 
 def test_flag_and_hf_assumptions(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import textwrap
 from typing import Any
 
 from planner.cost.flops import parameter_totals
@@ -38,6 +39,7 @@ DEFAULT_WIDTH = 100  # columns when stdout is not a terminal and $COLUMNS is uns
 # docs/schema/*.json: raised when a key is removed or changes meaning; new keys may appear without it
 SCHEMA_VERSION = 1
 WIDE_MIN_WIDTH = 200  # --wide never squeezes its table below this
+ASSUMED_MIN_REASON_COLUMNS = 50  # narrower, the assumptions' reasons print beneath each value, not in a column
 
 
 # ------------------------------------------------------------------------------------------------
@@ -697,13 +699,24 @@ def _render_stage_table(console, payload: dict, wide: bool) -> None:
 
 
 def _render_assumed(console, payload: dict) -> None:
+    """The assumptions as a table where the terminal leaves the reasons room (ASSUMED_MIN_REASON_COLUMNS), else
+    as a list: one line per value, its reason wrapped beneath it."""
     rows = _assumed_rows(payload)
     if not rows:
         return
     from rich import box
     from rich.table import Table
 
-    t = Table(title="assumed (the input does not state these)", title_justify="left", box=box.SIMPLE_HEAD,
+    title = "assumed (the input does not state these)"
+    lead = sum(max(len(row[i]) for row in rows) for i in (0, 1, 3)) + 6  # three columns and their gaps
+    if console.width - lead < ASSUMED_MIN_REASON_COLUMNS:
+        _say(console, title)
+        for name, value, source, flag in rows:
+            _say(console, f"  {name}: {value} (set with {flag})")
+            _say(console, textwrap.fill(source, width=max(console.width, 20), initial_indent="    ",
+                                        subsequent_indent="    ", break_on_hyphens=False), style="dim")
+        return
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
               collapse_padding=True, pad_edge=False, show_edge=False, show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value", no_wrap=True, justify="right")
@@ -824,7 +837,9 @@ def trial_lines(payload: dict, where: str | None) -> list[str]:
     for t in trials:
         rng = t["iteration_time_range_s"]
         at = f": {where}/{t['launch']}, log {where}/{t['log']}" if where else ""
-        lines.append(f"  {t['name']:12s} {degrees_short(t['plan'])}, predicted {t['iteration_time_s']:.3f} s "
+        pick = payload.get("plan")
+        differs = "" if pick is None or t["plan"] == pick else f" [{plan_difference(pick, t['plan'])}]"
+        lines.append(f"  {t['name']:12s} {degrees_short(t['plan'])}{differs}, predicted {t['iteration_time_s']:.3f} s "
                      f"({rng[0]:.3f}-{rng[1]:.3f}){at}")
     args = ((payload.get("inputs") or {}).get("script") or {}).get("args") or []
     if where and args:  # each trial's launch.sh is the user's script: it takes the script's own arguments
