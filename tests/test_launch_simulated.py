@@ -219,6 +219,87 @@ def test_sbatch_heredoc_job_forms_the_plans_world(tmp_path):
     check_rank_world(sim.records(), plan.world_size, plan_flags(out), "SLURM_PROCID")
 
 
+HEREDOC_JOB = """#!/bin/bash
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \\
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+sbatch OPTS<<EOF
+#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+EXPORT
+srun torchrun --nnodes 2 --nproc_per_node 8 --master_addr n0 --master_port 29500 pretrain_gpt.py $FLAGS
+EOF
+"""
+
+
+@pytest.mark.parametrize("directive, option, environment, runs", [
+    ("", "", None, True),
+    ("#SBATCH --export=NONE", "", None, False),
+    ("#SBATCH --export=NONE", "--export=ALL ", None, True),
+    ("", "", "NONE", False),
+    ("#SBATCH --export=ALL,NCCL_DEBUG=INFO", "", None, True),
+    ("", "--export=NCCL_DEBUG ", None, False),
+])
+def test_a_job_submitted_under_export_none_stops_instead_of_training_without_the_plan(
+        tmp_path, directive, option, environment, runs):
+    """A script that submits its job from a here-document reaches the plan through launch.sh's exported functions
+    (srun, torchrun); a job sbatch starts under --export=NONE (its #SBATCH line, its option, SBATCH_EXPORT; options
+    win over the environment, which wins over the directive) gets none of them, and its srun torchrun trained with
+    the script's own command, not the plan.  launch.sh now stops at that sbatch (exit 2, naming the fix) and
+    submits nothing; a job that gets the whole environment forms the plan's world.  The header says so where the
+    script states the --export."""
+    plan, cluster = _plan("one")
+    text = HEREDOC_JOB.replace("OPTS", option).replace("EXPORT", directive)
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"SBATCH_EXPORT": environment} if environment else None)
+    if runs:
+        assert done.returncode == 0, done.stderr
+        check_torch_world(sim.records(), agents, plan_flags(out), False)
+    else:
+        assert done.returncode == 2, (done.returncode, done.stderr)
+        assert "give sbatch --export=ALL" in done.stderr
+        assert "Submitted batch job" not in done.stdout and not sim.records()
+    header = (out / "launch.sh").read_text().split("# ---- hapmoe")[0]
+    assert ("launch.sh stops at that sbatch" in header) == (bool(directive or option) and not runs)
+
+
+@pytest.mark.parametrize("directive, runs", [("", True), ("#SBATCH --export=NONE", False)])
+def test_a_job_file_the_script_submits_gets_the_plan_or_stops(tmp_path, directive, runs):
+    """`sbatch job.sh` of a job file beside the script (its srun torchrun reaches the plan through launch.sh's exported
+    functions): the plan's world; with the file's own `#SBATCH --export=NONE`, launch.sh stops at the sbatch."""
+    plan, cluster = _plan("one")
+    job = HEREDOC_JOB.split("<<EOF\n", 1)[1].rsplit("EOF\n", 1)[0].replace("EXPORT", directive)
+    (tmp_path / "job.sh").write_text(job)
+    text = HEREDOC_JOB.split("sbatch", 1)[0] + "export FLAGS\nsbatch job.sh\n"
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path)
+    if runs:
+        assert done.returncode == 0, done.stderr
+        check_torch_world(sim.records(), agents, plan_flags(out), False)
+    else:
+        assert done.returncode == 2 and "give sbatch --export=ALL" in done.stderr, done.stderr
+        assert not sim.records()
+
+
+def test_srun_python_in_a_submitted_job_forms_the_plans_world(tmp_path):
+    """`sbatch <<EOF ... srun python pretrain_gpt.py $FLAGS`: srun starts each rank itself, inside a job script that
+    reaches the plan only through launch.sh's functions; the ranks ran the script's own flags.  Each rank once, with
+    the plan's flags, RANK and WORLD_SIZE."""
+    plan, cluster = _plan("one")
+    text = HEREDOC_JOB.replace("OPTS", "").replace("EXPORT", "").replace("--ntasks-per-node=1", "--ntasks-per-node=8")
+    text = text.replace("torchrun --nnodes 2 --nproc_per_node 8 --master_addr n0 --master_port 29500 ", "python ")
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_rank_world(sim.records(), plan.world_size, plan_flags(out), "SLURM_PROCID")
+
+
 def test_mpirun_hostfile_forms_the_plans_world(tmp_path):
     """mpirun_hostfile.sh: mpirun starts -np python ranks over its host file's slots (the remote ones without
     launch.sh's functions or variables but for -x); each rank once, with the plan's flags."""

@@ -94,6 +94,7 @@ class LauncherScript:
     exported: list[str] = field(default_factory=list)
     launch_env: dict[str, str] = field(default_factory=dict)  # VAR=value before the launcher word
     outer_env: dict[str, str] | None = None  # the environment of the srun around the `bash -c` the launch is in
+    in_sbatch_job: bool = False  # the launch is in a job script the script submits (`sbatch <<EOF`, `sbatch FILE`)
     site: LaunchSite | None = None
     extra_flags: list[str] = field(default_factory=list)  # --megatron-args given on top of the script
     sourced: dict[str, str] = field(default_factory=dict)  # files it sources from its own directory: path -> text
@@ -203,6 +204,16 @@ class LauncherScript:
             return None
         own = sbatch_options(srun_words(self.wrapper), "srun").get("export")
         return srun_export(own, srun_env, self.env, self.job)
+
+    @property
+    def sbatch_export(self) -> Export | None:
+        """The --export of the job the script submits with sbatch and launches in, where it passes the job not all of
+        the environment (`#SBATCH --export=NONE`, `sbatch --export=NONE <<EOF`): the job then gets none of launch.sh's
+        exported functions, through which the plan reaches its launch; None where the launch is in no such job, or
+        the job gets the whole environment."""
+        value = self.job.get("SLURM_EXPORT_ENV") if self.in_sbatch_job else None
+        export = None if value is None else Export(value.value, value.source)
+        return None if export is None or export.all else export
 
     @property
     def under_srun(self) -> bool:
@@ -544,6 +555,7 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
         exported=list(interp.exported),
         launch_env=found.prefix_env,
         outer_env=found.outer_env,
+        in_sbatch_job=found.in_sbatch_job,
         site=found.site,
         decisions=list(interp.decisions),
         unresolved=list(interp.unresolved),

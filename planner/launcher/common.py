@@ -425,8 +425,18 @@ def placement_notes(plan: Plan, cluster: ClusterSpec, hosts: Sequence[Host] | No
 def hidden_launch_note(script: LauncherScript | None) -> str | None:
     """The note where the script's srun runs the training inside a string (`srun bash -c "torchrun ..."`) under an
     --export that passes the tasks no function: launch.sh reaches such a launch through exported shell functions
-    only, so it stops there rather than start the script's own command without the plan (launch_sh._export_check)."""
-    if script is None or script.site is None or script.site.via in ("direct", "eval"):
+    only, so it stops there rather than start the script's own command without the plan (launch_sh._export_check);
+    or where the launch is in a job the script submits with sbatch under such an --export, whatever the launch's
+    form: launch.sh stops at the sbatch (launch_sh.sbatch_function)."""
+    if script is None:
+        return None
+    job = script.sbatch_export
+    if job is not None:
+        return (f"sbatch's --export ({job.where}) starts the job the script submits without launch.sh's functions, "
+                "through which the plan reaches the job's training command: launch.sh stops at that sbatch (exit "
+                "status 2) rather than submit a job that trains without the plan; give sbatch --export=ALL "
+                "(variables may follow: --export=ALL,NAME=VALUE)")
+    if script.site is None or script.site.via in ("direct", "eval"):
         return None
     export = script.srun_export
     if export is None or export.all:

@@ -128,8 +128,9 @@ def _launch_functions(spec: LaunchSpec) -> str:
     return out + (" hapmoe_priced_read hapmoe_check_priced" if spec.priced is not None else "")
 
 
-def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[str]:
-    """The bash functions that apply the plan at the launch statement."""
+def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_job: bool = False) -> list[str]:
+    """The bash functions that apply the plan at the launch statement; `sbatch_job`: the launch is in a job the
+    script submits with sbatch (sbatch_function)."""
     lines = ["# ---- hapmoe: the plan, applied where the script launches training ----"]
     lines += _dry_run_and_decided(spec)
     lines += _log_lines(spec)
@@ -144,8 +145,9 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None) -> list[
     lines += _run_without_torchrun(spec)
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
-    lines += srun_function(spec, entry_name)
-    exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
+    lines += srun_function(spec, entry_name, shadowed=shadow is not None)
+    lines += sbatch_function() if sbatch_job else []
+    exported = _launch_functions(spec) + " hapmoe_slurm_valued srun" + (" hapmoe_srun_program" if shadow else "")
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -306,13 +308,23 @@ def node_check_function(spec: LaunchSpec) -> list[str]:
     return lines
 
 
-def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
+def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> list[str]:
     """`srun` shadowed: under --dry-run it prints itself and runs its command under the stubs (a
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
-    stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts)."""
+    stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts).  `shadowed`:
+    the launch reaches the plan through shell functions (a job script, a string, a sourced file), where srun may run
+    the training program itself, which no function reaches: srun() hands such a launch to hapmoe_launch."""
     place = ["    local hapmoe_train=0 w per_agent=" + (" master=" if spec.real_hosts else ""),
              '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
+    if shadowed:
+        place += [
+            "    # srun starting the training program itself where only launch.sh's functions reach the launch (a job",
+            "    # script or string: `sbatch <<EOF ... srun torchrun ...`): srun runs the program, not a shell, so no",
+            "    # function applies the plan in its tasks; hapmoe_launch runs it as the script's own `srun torchrun ...`",
+            '    if ((hapmoe_train)) && [[ "$HAPMOE_DRY_RUN" != 1 ]] && hapmoe_srun_program "$@"; then',
+            '        hapmoe_launch srun "$@"; return',
+            "    fi"]
     if spec.real_hosts:
         place += [
             '    if ((hapmoe_train)) && [[ -z "${HAPMOE_NO_SLURM_PLACEMENT:-}" ]]; then',
@@ -336,8 +348,12 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
             'start-up" >&2',
         ]
     hosts = len({ag.host for ag in spec.agents})
-    return ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
-            "srun() {"] + place + [
+    program = ["", "# hapmoe_srun_program SRUN-WORDS...: whether srun runs the training program itself (no shell between)",
+               "hapmoe_srun_program() {", *_skip_options("srun", " " * 4),
+               '    [[ "${1##*/}" == torchrun || "${1##*/}" == python* || "${1##*/}" == ' + sh_quote(entry_name) + " ]]",
+               "}"] if shadowed else []
+    return program + ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
+                      "srun() {"] + place + [
         '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
         '        hapmoe_dry srun "$@"',
         *_skip_options("srun", " " * 8),
@@ -353,6 +369,57 @@ def srun_function(spec: LaunchSpec, entry_name: str) -> list[str]:
         *_export_check(),
         *_run_srun(spec),
         "}",
+    ]
+
+
+def sbatch_function() -> list[str]:
+    """`sbatch` shadowed (not under --dry-run) where the launch is in a job the script submits: that job reaches the
+    plan through launch.sh's exported functions, which a job started under --export=NONE (or a list without ALL) does
+    not get, so it would train with the script's own command.  sbatch() stops there (exit 2).  The job's --export is
+    sbatch's option, else SBATCH_EXPORT, else the job script's `#SBATCH --export` above its first command (sbatch(1):
+    options win over the environment, which wins over the script's directives); the job script is the file named, or
+    the text on standard input (a here-document), which sbatch() reads and hands on."""
+    return [
+        "",
+        "# sbatch: the job the script submits reaches the plan through launch.sh's exported functions, which a job",
+        "# started under --export=NONE (or a list without ALL) does not get: it would train without the plan",
+        'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
+        "sbatch() {",
+        '    local hapmoe_words=("$@") hapmoe_text= hapmoe_stdin=0 hapmoe_export= hapmoe_prev= hapmoe_wrap=0 w line i',
+        *_skip_options("sbatch", " " * 4),
+        '    for w in "${hapmoe_words[@]:0:${#hapmoe_words[@]}-$#}"; do',
+        '        [[ "$hapmoe_prev" == --export ]] && hapmoe_export=$w',
+        '        [[ "$w" == --export=* ]] && hapmoe_export=${w#--export=}',
+        '        [[ "$w" == --wrap || "$w" == --wrap=* ]] && hapmoe_wrap=1',
+        '        hapmoe_prev=$w',
+        "    done",
+        '    if [[ $# -gt 0 ]]; then hapmoe_text=$(cat -- "$1" 2>/dev/null) || hapmoe_text=',
+        "    elif ((!hapmoe_wrap)); then hapmoe_text=$(cat); hapmoe_stdin=1; fi",
+        '    if [[ -z "$hapmoe_export" && -z "${SBATCH_EXPORT:-}" ]]; then  # the job script\'s own #SBATCH lines',
+        '        while IFS= read -r line; do',
+        '            line=${line#"${line%%[![:space:]]*}"}',
+        '            case "$line" in',
+        "                '#SBATCH'*) read -ra w <<< \"${line#\\#SBATCH}\"",
+        '                    for ((i = 0; i < ${#w[@]}; i++)); do',
+        '                        [[ "${w[i]}" == --export=* ]] && hapmoe_export=${w[i]#--export=}',
+        '                        [[ "${w[i]}" == --export ]] && hapmoe_export=${w[i+1]:-}',
+        "                    done ;;",
+        "                '#'*|'') ;;",
+        "                *) break ;;",
+        "            esac",
+        '        done <<< "$hapmoe_text"',
+        "    fi",
+        '    hapmoe_export=${hapmoe_export:-${SBATCH_EXPORT:-ALL}}',
+        '    if [[ ",${hapmoe_export^^}," != *,ALL,* ]]; then',
+        '        echo "launch.sh: sbatch --export=$hapmoe_export starts the job without launch.sh\'s functions, so the plan '
+        'would not apply to its training command; give sbatch --export=ALL (variables may follow: '
+        '--export=ALL,NAME=VALUE)" >&2',
+        "        exit 2",
+        "    fi",
+        '    if ((hapmoe_stdin)); then command sbatch "${hapmoe_words[@]}" <<< "$hapmoe_text"',
+        '    else command sbatch "${hapmoe_words[@]}"; fi',
+        "}",
+        "fi",
     ]
 
 
@@ -892,7 +959,7 @@ def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
     if spec.notes:
         out += comment_lines([""] + [f"note: {n}" for n in spec.notes])
     out += body[:leading]  # the scheduler's directives, read only above the first command
-    out += hapmoe_block(spec, entry_name, shadow)
+    out += hapmoe_block(spec, entry_name, shadow, script.in_sbatch_job)
     out += body[leading:]
     result = "\n".join(out)
     return result if result.endswith("\n") else result + "\n"

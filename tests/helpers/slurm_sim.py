@@ -5,7 +5,8 @@ processes, each told its node by SIM_HOST (the `hostname` stub prints it).
 
 - sbatch: reads the job script's #SBATCH lines (above its first command) and its own options, copies the script to
   <spool>/job<ID>/slurm_script and runs that copy on the job's first node, with SLURM_JOB_* and SLURM_NTASKS* set as
-  sbatch sets them; scontrol answers `show hostnames` and `show job` (Command= the submitted file's full path).
+  sbatch sets them, and under an --export without ALL (its option, else SBATCH_EXPORT, else #SBATCH) only SLURM_*
+  (and the stubs' SIM_* and PATH) of the environment, with SLURM_EXPORT_ENV set; scontrol answers `show hostnames` and `show job` (Command= the submitted file's full path).
 - srun: one process per task (SLURM_HOSTFILE's first -n lines with --distribution=arbitrary, where
   srun ignores --ntasks-per-node), with SLURM_PROCID/SLURM_NODEID/SLURM_LOCALID/SLURM_STEP_NODELIST; -N/-n/
   --ntasks-per-node its own, else the job's (SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, as srun reads them);
@@ -155,7 +156,19 @@ copy = os.path.join(spool, "slurm_script")
 with open(copy, "w") as f:
     f.write(text)
 os.chmod(copy, 0o755)
-env = dict(os.environ)
+export = value("--export") if any(w.startswith("--export") for w in opts) else None
+export = export or os.environ.get("SBATCH_EXPORT") or value("--export") or "ALL"
+if "ALL" in export.upper().split(","):
+    env = dict(os.environ)
+else:  # sbatch --export=NONE: only SLURM_* (here also SIM_* and PATH, the stubs'), and what the list names
+    env = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SIM_")) or k == "PATH"}
+    for entry in export.split(",")[1:] if export.upper().startswith("NONE") else export.split(","):
+        name, eq, val = entry.partition("=")
+        if eq:
+            env[name] = val
+        elif name in os.environ:
+            env[name] = os.environ[name]
+    env["SLURM_EXPORT_ENV"] = export  # as sbatch sets it for the job's srun (src/sbatch/opt.c)
 env.update(SLURM_JOB_ID=jobid, SLURM_JOB_NUM_NODES=str(n_nodes), SLURM_NNODES=str(n_nodes),
            SLURM_JOB_NODELIST=",".join(job), SLURM_JOB_NODELIST_SIM=",".join(job), SLURM_SUBMIT_DIR=os.getcwd(),
            SLURM_NODEID="0", SLURM_PROCID="0", SIM_HOST=job[0], SIM_SUBMITTED=path or "")

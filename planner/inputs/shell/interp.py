@@ -132,6 +132,7 @@ class Found:
     job: dict[str, SchedulerValue] = field(default_factory=dict)  # the geometry the script states at the launch
     src: int = 0  # the source the launch's line is in (Interp.where): the script, or a file it sources or submits
     outer_env: dict[str, str] | None = None  # the environment of the srun/mpirun around the `bash -c` it is in
+    in_sbatch_job: bool = False  # the launch is in a job script the script submits (`sbatch <<EOF`, `sbatch FILE`)
 
 
 class _CannotCapture(Exception):
@@ -177,6 +178,7 @@ class Interp:
         self.steps_after_launch = steps_after_launch  # statements read past the first launch, for other launches
         self.skipped_launches: list[str] = []
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
+        self.sbatch_depth = 0  # job scripts the script submits with sbatch that the statement being run is in
         self.outer_env: dict[str, str] | None = None  # the environment that wrapper runs with (None: no wrapper)
         self.self_relative = False  # the script locates files from its own directory ($0, BASH_SOURCE)
         self.sourced: list[Path] = []  # files it sourced
@@ -1181,12 +1183,16 @@ class Interp:
         except SlurmOptionError as exc:  # an ambiguous prefix of an option: sbatch refuses the job
             raise PlannerInputError(self.where(node.line, node.src), str(exc)) from None
         options = words[:k] if sbatch else []
-        if text is None:
-            if sbatch and k < len(words):
-                return self.source(words[k], words[k + 1 :], node, child=True, sbatch=options)
-            return None
-        return self.run_string(text, node, "heredoc", args=[], sbatch=options if sbatch else None,
-                               line=next((r.heredoc.line for r in node.redirects if r.heredoc), node.line))
+        self.sbatch_depth += sbatch
+        try:
+            if text is None:
+                if sbatch and k < len(words):
+                    return self.source(words[k], words[k + 1 :], node, child=True, sbatch=options)
+                return None
+            return self.run_string(text, node, "heredoc", args=[], sbatch=options if sbatch else None,
+                                   line=next((r.heredoc.line for r in node.redirects if r.heredoc), node.line))
+        finally:
+            self.sbatch_depth -= sbatch
 
     def getopts(self, words: list[str]) -> int:
         """`getopts OPTSTRING NAME [ARG...]`, one option per word (`-n 4`, `-n4`), with OPTIND."""
@@ -1369,7 +1375,8 @@ class Interp:
                 site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
         job = {name: value for name, value in self.scheduler.items() if value.stated}
         return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
-                      fields[entry + 1 :], prefix_env, site, node.line, job, node.src, self.outer_env)
+                      fields[entry + 1 :], prefix_env, site, node.line, job, node.src, self.outer_env,
+                      self.sbatch_depth > 0)
 
 
 def _read_sourced(path: Path) -> str:
