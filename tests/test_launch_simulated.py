@@ -300,12 +300,36 @@ def test_srun_python_in_a_submitted_job_forms_the_plans_world(tmp_path):
     check_rank_world(sim.records(), plan.world_size, plan_flags(out), "SLURM_PROCID")
 
 
-def test_mpirun_hostfile_forms_the_plans_world(tmp_path):
+@pytest.mark.parametrize("wrap", ["heredoc", "string"])
+def test_mpirun_where_only_functions_reach_the_launch_forms_the_plans_world(tmp_path, wrap):
+    """`mpirun -np 16 --hostfile F python pretrain_gpt.py` in a job script the script submits, or in a `bash -c`
+    string: mpirun starts python itself, which no exported function reaches, so its ranks ran the script's own
+    flags without RANK or WORLD_SIZE.  mpirun() hands such a launch to hapmoe_launch: each rank once, with the
+    plan's flags and the rank variables."""
+    plan, cluster = _plan("one")
+    mpi = "mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 python pretrain_gpt.py $FLAGS"
+    text = HEREDOC_JOB.replace("OPTS", "").replace("EXPORT", "").replace(
+        "srun torchrun --nnodes 2 --nproc_per_node 8 --master_addr n0 --master_port 29500 pretrain_gpt.py $FLAGS", mpi)
+    if wrap == "string":
+        text = HEREDOC_JOB.split("sbatch", 1)[0] + f'bash -c "{mpi}"\n'
+    (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts"), "SIM_HOST": "n0"})
+    assert done.returncode == 0, done.stderr
+    check_rank_world(sim.records(), plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
+
+
+@pytest.mark.parametrize("run_by", ["bash", "sbatch"])
+def test_mpirun_hostfile_forms_the_plans_world(tmp_path, run_by):
     """mpirun_hostfile.sh: mpirun starts -np python ranks over its host file's slots (the remote ones without
-    launch.sh's functions or variables but for -x); each rank once, with the plan's flags."""
+    launch.sh's functions or variables but for -x); each rank once, with the plan's flags.  Submitted with sbatch,
+    the batch shell's SLURM_PROCID=0 reached every rank on the first node, which all became rank 0: the MPI
+    launcher's rank variables now come first."""
     plan, out, agents, sim = _corpus_case(tmp_path, "mpirun_hostfile.sh", "H800", 2, None)
     (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
-    done = sim.run(["bash", str(out / "launch.sh")], tmp_path,
+    done = sim.run([run_by, str(out / "launch.sh")], tmp_path,
                    {"HOSTFILE": str(tmp_path / "mpi_hosts"), "SIM_HOST": "n0"})
     assert done.returncode == 0, done.stderr
     check_rank_world(sim.records(), plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")

@@ -146,8 +146,10 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     lines += srun_function(spec, entry_name, shadowed=shadow is not None)
+    lines += mpirun_function(entry_name) if shadow else []
     lines += sbatch_function() if sbatch_job else []
-    exported = _launch_functions(spec) + " hapmoe_slurm_valued srun" + (" hapmoe_srun_program" if shadow else "")
+    exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
+    exported += " hapmoe_srun_program hapmoe_mpi mpirun mpiexec" if shadow else ""
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -369,6 +371,33 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> 
         *_export_check(),
         *_run_srun(spec),
         "}",
+    ]
+
+
+def mpirun_function(entry_name: str) -> list[str]:
+    """`mpirun` and `mpiexec` shadowed (not under --dry-run, whose stubs print them) where the launch reaches the plan
+    through shell functions (a job script, a string, a sourced file): mpirun starts the training program itself, not
+    a shell, so no function applies the plan in its ranks; such a launch (the entry script before any `bash`/`sh`
+    among mpirun's words) goes to hapmoe_launch, as the script's own `mpirun ... python pretrain_gpt.py` does, and
+    the ranks hapmoe_launch then starts (`mpirun ... bash -c ...`) reach mpirun itself."""
+    return [
+        "",
+        "# mpirun/mpiexec starting the training program itself where only launch.sh's functions reach the launch:",
+        "# mpirun runs the program, not a shell, so no function applies the plan in its ranks; hapmoe_launch runs it",
+        'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
+        "    hapmoe_mpi() {",
+        "        local w",
+        '        for w in "${@:2}"; do',
+        '            case "${w##*/}" in',
+        "                bash|sh) break ;;",
+        f'                {sh_quote(entry_name)}) hapmoe_launch "$@"; return ;;',
+        "            esac",
+        "        done",
+        '        command "$@"',
+        "    }",
+        '    mpirun() { hapmoe_mpi mpirun "$@"; }',
+        '    mpiexec() { hapmoe_mpi mpiexec "$@"; }',
+        "fi",
     ]
 
 
@@ -695,7 +724,7 @@ def _rank_environment(spec: LaunchSpec) -> str:
     NVIDIA's enroot hook gives a pyxis container's tasks (NVIDIA/enroot conf/hooks/extra/50-slurm-pytorch.sh), which
     NVIDIA's `srun python` examples rely on."""
     return ('if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; '
-            'lr=${LOCAL_RANK:-${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}}}; '
+            'lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; '
             '[[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; '
             f'export MASTER_PORT=${{MASTER_PORT:-{sh_quote(spec.master_port)}}}; '
             'if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then '
@@ -707,13 +736,15 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied;
     every task first checks its node's device type (its rank's agent): the check's functions (and
     HAPMOE_SKIP_NODE_CHECK) travel in the task's `bash -c` string, as mpirun passes a remote node none of
-    launch.sh's environment (but -x's) and srun --export=NONE none."""
+    launch.sh's environment (but -x's) and srun --export=NONE none.  A rank's number is the MPI launcher's
+    (OMPI_COMM_WORLD_*, PMI_*) before srun's (SLURM_*): an sbatch job's batch shell has SLURM_PROCID=0, which every
+    rank mpirun starts in the job inherits."""
     nproc = spec.agents[0].nproc
     world = sum(ag.nproc for ag in spec.agents)
-    started = 'n=${SLURM_STEP_NUM_TASKS:-${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}}; '
+    started = 'n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; '
     count = (f'if [[ -n "$n" && "$n" != {world} ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan '
              f'has {world}: give srun --ntasks={world} (or mpirun -np {world})" >&2; exit 2; fi; ')
-    check = ('; r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}}; ' + started + count +
+    check = ('; r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}; ' + started + count +
              f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
              'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
              + _rank_environment(spec) + 'exec "$@"')
@@ -724,7 +755,7 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         "            { printf '%q ' \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"; echo; } >&\"${HAPMOE_DRY_OUT:-1}\"",
         "            exit 0",
         "        fi",
-        "        local j=${#launcher[@]} r=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}}",
+        "        local j=${#launcher[@]} r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}",
         "        for ((i = 0; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
         "        if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)",
         "            \"${launcher[@]:0:j}\" bash -c \"$(declare -f hapmoe_agent hapmoe_check_node; "
