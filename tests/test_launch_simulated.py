@@ -234,6 +234,7 @@ EOF
 
 @pytest.mark.parametrize("directive, option, environment, runs", [
     ("", "", None, True),
+    ("", "", "env", True),
     ("#SBATCH --export=NONE", "", None, False),
     ("#SBATCH --export=NONE", "--export=ALL ", None, True),
     ("", "", "NONE", False),
@@ -250,6 +251,8 @@ def test_a_job_submitted_under_export_none_stops_instead_of_training_without_the
     script states the --export."""
     plan, cluster = _plan("one")
     text = HEREDOC_JOB.replace("OPTS", option).replace("EXPORT", directive)
+    if environment == "env":  # srun runs env, which runs torchrun
+        text, environment = text.replace("srun torchrun", "srun env NCCL_DEBUG=INFO torchrun"), None
     out = tmp_path / "out"
     agents = emit(out, text, plan, cluster)
     sim = _sim(tmp_path, "one", None)

@@ -352,6 +352,9 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> 
     hosts = len({ag.host for ag in spec.agents})
     program = ["", "# hapmoe_srun_program SRUN-WORDS...: whether srun runs the training program itself (no shell between)",
                "hapmoe_srun_program() {", *_skip_options("srun", " " * 4),
+               '    if [[ "${1:-}" == env || "${1:-}" == */env ]]; then  # env [-i] NAME=VALUE... PROGRAM',
+               '        shift; while [[ $# -gt 0 && ( "$1" == *=* || "$1" == -* ) ]]; do shift; done',
+               "    fi",
                '    [[ "${1##*/}" == torchrun || "${1##*/}" == python* || "${1##*/}" == ' + sh_quote(entry_name) + " ]]",
                "}"] if shadowed else []
     return program + ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
