@@ -379,6 +379,28 @@ def test_sbatch_values_are_read_from_a_heredoc_job_script():
     assert s.megatron_flags[-1] == "16" and s.site.via == "heredoc" and s.wrapper == ["srun"]
 
 
+def test_a_job_submitted_in_the_script_is_known_and_its_export_read():
+    """A launch in a job the script submits (here-document, job file) is marked so, and the job's --export (its
+    #SBATCH line, sbatch's option) is what launch.sh's note and its stop at sbatch rest on; a launch in the
+    script itself, even with its own #SBATCH --export=NONE, is in no such job (its srun's --export is srun's)."""
+    job = f"#!/bin/bash\n#SBATCH --export=NONE\nsrun python pretrain_gpt.py {MODEL}\nEOF\n"
+    s = parse_launcher_script("sbatch --nodes=2 <<EOF\n" + job)
+    assert s.in_sbatch_job and s.sbatch_export is not None and s.sbatch_export.value == "NONE"
+    assert "#SBATCH --export=NONE" in s.sbatch_export.where
+    s = parse_launcher_script("sbatch --export=ALL <<EOF\n" + job)
+    assert s.in_sbatch_job and s.sbatch_export is None
+    s = parse_launcher_script(f"#!/bin/bash\n#SBATCH --export=NONE\nsrun python pretrain_gpt.py {MODEL}\n")
+    assert not s.in_sbatch_job and s.sbatch_export is None and s.srun_export is not None
+
+
+def test_sbatch_wrap_is_named_where_no_launch_is_found():
+    """`sbatch --wrap="srun torchrun ..."` is not read (its command runs under /bin/sh): the error says so, where,
+    and what to write instead."""
+    with pytest.raises(PlannerInputError) as err:
+        parse_launcher_script(f'sbatch -N 2 --wrap="srun torchrun pretrain_gpt.py {MODEL}"\n', path="job.sh")
+    assert "`sbatch --wrap` (job.sh:1) is not read" in str(err.value) and "here-document" in str(err.value)
+
+
 def test_scheduler_values_given_to_the_reader_are_used():
     s = parse_launcher_script(f"torchrun --nnodes $SLURM_NNODES pretrain_gpt.py {MODEL}\n",
                               scheduler=[SchedulerValue("SLURM_NNODES", "3", "--cluster")])

@@ -332,6 +332,9 @@ def parse_launcher_script(
     launch = interp.at_launch  # the reader's state at the first launch: what the script gives it
     if launch is None or launch.found is None:
         extra = f" (not a training entry: {', '.join(interp.skipped_launches)})" if interp.skipped_launches else ""
+        if interp.sbatch_wraps:
+            extra += (f"; `sbatch --wrap` ({', '.join(interp.sbatch_wraps)}) is not read: put the job's command in a "
+                      "here-document (`sbatch <<EOF` ... `EOF`) or a job script file")
         raise PlannerInputError(
             FIELD,
             f"{path_text or 'the script'}: no command runs a Python training entry script (expected "

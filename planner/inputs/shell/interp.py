@@ -177,6 +177,7 @@ class Interp:
         self.launches: list[tuple[str, str]] = []  # (where, entry) of every launch, the first included
         self.steps_after_launch = steps_after_launch  # statements read past the first launch, for other launches
         self.skipped_launches: list[str] = []
+        self.sbatch_wraps: list[str] = []  # where the script submits `sbatch --wrap` jobs (their command is not read)
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
         self.sbatch_depth = 0  # job scripts the script submits with sbatch that the statement being run is in
         self.outer_env: dict[str, str] | None = None  # the environment that wrapper runs with (None: no wrapper)
@@ -1183,6 +1184,8 @@ class Interp:
         except SlurmOptionError as exc:  # an ambiguous prefix of an option: sbatch refuses the job
             raise PlannerInputError(self.where(node.line, node.src), str(exc)) from None
         options = words[:k] if sbatch else []
+        if any(w == "--wrap" or w.startswith("--wrap=") for w in options):
+            self.sbatch_wraps.append(self.where(node.line, node.src))
         self.sbatch_depth += sbatch
         try:
             if text is None:
