@@ -288,6 +288,22 @@ def test_a_job_file_the_script_submits_gets_the_plan_or_stops(tmp_path, directiv
         assert not sim.records()
 
 
+def test_srun_torchrun_in_a_sourced_file_forms_the_plans_world(tmp_path):
+    """`sbatch launch.sh` of a job that sources a file whose `srun torchrun ...` starts training: the launch reaches
+    the plan through launch.sh's functions only, and srun runs torchrun itself, so every task ran the file's own
+    torchrun (no node rank, no plan flags).  srun() hands it to hapmoe_launch: the plan's agents, each once."""
+    plan, cluster = _plan("one")
+    part = tmp_path / "launch_part.sh"
+    part.write_text("srun " + TORCHRUN_FORMS["srun torchrun"] + "\n")
+    text = JOB.replace("TASKS", "1").replace("EXPORT ", "").replace("srun LAUNCH", f"source {part}")
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), False)
+
+
 def test_srun_python_in_a_submitted_job_forms_the_plans_world(tmp_path):
     """`sbatch <<EOF ... srun python pretrain_gpt.py $FLAGS`: srun starts each rank itself, inside a job script that
     reaches the plan only through launch.sh's functions; the ranks ran the script's own flags.  Each rank once, with
