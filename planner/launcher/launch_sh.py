@@ -146,10 +146,10 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     lines += srun_function(spec, entry_name, shadowed=shadow is not None)
-    lines += mpirun_function(entry_name) if shadow else []
+    lines += program_functions(entry_name) if shadow else []
     lines += sbatch_function() if sbatch_job else []
     exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
-    exported += " hapmoe_srun_program hapmoe_mpi mpirun mpiexec" if shadow else ""
+    exported += " hapmoe_runs_program mpirun mpiexec" if shadow else ""
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -315,7 +315,8 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> 
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
     stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts).  `shadowed`:
     the launch reaches the plan through shell functions (a job script, a string, a sourced file), where srun may run
-    the training program itself, which no function reaches: srun() hands such a launch to hapmoe_launch."""
+    the training program itself, which no function reaches: srun() hands such a launch to hapmoe_launch
+    (program_functions)."""
     place = ["    local hapmoe_train=0 w per_agent=" + (" master=" if spec.real_hosts else ""),
              '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
@@ -324,7 +325,7 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> 
             "    # srun starting the training program itself where only launch.sh's functions reach the launch (a job",
             "    # script or string: `sbatch <<EOF ... srun torchrun ...`): srun runs the program, not a shell, so no",
             "    # function applies the plan in its tasks; hapmoe_launch runs it as the script's own `srun torchrun ...`",
-            '    if ((hapmoe_train)) && [[ "$HAPMOE_DRY_RUN" != 1 ]] && hapmoe_srun_program "$@"; then',
+            '    if ((hapmoe_train)) && [[ "$HAPMOE_DRY_RUN" != 1 ]] && hapmoe_runs_program "$@"; then',
             '        hapmoe_launch srun "$@"; return',
             "    fi"]
     if spec.real_hosts:
@@ -350,15 +351,9 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> 
             'start-up" >&2',
         ]
     hosts = len({ag.host for ag in spec.agents})
-    program = ["", "# hapmoe_srun_program SRUN-WORDS...: whether srun runs the training program itself (no shell between)",
-               "hapmoe_srun_program() {", *_skip_options("srun", " " * 4),
-               '    if [[ "${1:-}" == env || "${1:-}" == */env ]]; then  # env [-i] NAME=VALUE... PROGRAM',
-               '        shift; while [[ $# -gt 0 && ( "$1" == *=* || "$1" == -* ) ]]; do shift; done',
-               "    fi",
-               '    [[ "${1##*/}" == torchrun || "${1##*/}" == python* || "${1##*/}" == ' + sh_quote(entry_name) + " ]]",
-               "}"] if shadowed else []
-    return program + ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
-                      "srun() {"] + place + [
+
+    return ["", "# srun: the training launch placed in stage order; printed, not run, under --dry-run.",
+            "srun() {"] + place + [
         '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
         '        hapmoe_dry srun "$@"',
         *_skip_options("srun", " " * 8),
@@ -377,29 +372,30 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> 
     ]
 
 
-def mpirun_function(entry_name: str) -> list[str]:
-    """`mpirun` and `mpiexec` shadowed (not under --dry-run, whose stubs print them) where the launch reaches the plan
-    through shell functions (a job script, a string, a sourced file): mpirun starts the training program itself, not
-    a shell, so no function applies the plan in its ranks; such a launch (the entry script before any `bash`/`sh`
-    among mpirun's words) goes to hapmoe_launch, as the script's own `mpirun ... python pretrain_gpt.py` does, and
-    the ranks hapmoe_launch then starts (`mpirun ... bash -c ...`) reach mpirun itself."""
+def program_functions(entry_name: str) -> list[str]:
+    """Where the launch reaches the plan through shell functions (a job script, a string, a sourced file): srun and
+    mpirun start the training program themselves, not a shell, so no function applies the plan in their tasks.
+    hapmoe_runs_program tells such a launch (torchrun or the entry script before any `bash`/`sh` among the words:
+    `srun env X=1 torchrun ...`, not `srun bash -c "..."`); srun() (srun_function) and mpirun()/mpiexec() (not under
+    --dry-run, whose stubs print them) hand it to hapmoe_launch, as the script's own `srun torchrun ...` or `mpirun ...
+    python pretrain_gpt.py` would be; the tasks hapmoe_launch then starts (`... bash -c ...`) reach srun or mpirun
+    itself."""
     return [
         "",
-        "# mpirun/mpiexec starting the training program itself where only launch.sh's functions reach the launch:",
-        "# mpirun runs the program, not a shell, so no function applies the plan in its ranks; hapmoe_launch runs it",
+        "# hapmoe_runs_program WORDS...: whether srun/mpirun runs the training program itself (no shell between)",
+        "hapmoe_runs_program() {",
+        "    local w",
+        '    for w in "$@"; do',
+        '        case "${w##*/}" in',
+        "            bash|sh) return 1 ;;",
+        f"            torchrun|torch.distributed.run|torch.distributed.launch|{sh_quote(entry_name)}) return 0 ;;",
+        "        esac",
+        "    done",
+        "    return 1",
+        "}",
         'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
-        "    hapmoe_mpi() {",
-        "        local w",
-        '        for w in "${@:2}"; do',
-        '            case "${w##*/}" in',
-        "                bash|sh) break ;;",
-        f'                {sh_quote(entry_name)}) hapmoe_launch "$@"; return ;;',
-        "            esac",
-        "        done",
-        '        command "$@"',
-        "    }",
-        '    mpirun() { hapmoe_mpi mpirun "$@"; }',
-        '    mpiexec() { hapmoe_mpi mpiexec "$@"; }',
+        '    mpirun() { if hapmoe_runs_program "$@"; then hapmoe_launch mpirun "$@"; else command mpirun "$@"; fi; }',
+        '    mpiexec() { if hapmoe_runs_program "$@"; then hapmoe_launch mpiexec "$@"; else command mpiexec "$@"; fi; }',
         "fi",
     ]
 
