@@ -401,6 +401,18 @@ def test_sbatch_wrap_is_named_where_no_launch_is_found():
     assert "`sbatch --wrap` (job.sh:1) is not read" in str(err.value) and "here-document" in str(err.value)
 
 
+@pytest.mark.parametrize("launch", ['ssh "$h" "torchrun pretrain_gpt.py {m}" &', 'pdsh -w "$h" torchrun pretrain_gpt.py {m}'])
+def test_a_launch_through_a_remote_shell_is_named_where_no_launch_is_found(launch):
+    """A loop of `ssh HOST "torchrun ... pretrain_gpt.py ..."` (or pdsh) is not followed: the error names the remote
+    shell and its line once, and what to give instead."""
+    text = "for h in n0 n1; do\n  " + launch.format(m=MODEL) + "\ndone\n"
+    with pytest.raises(PlannerInputError) as err:
+        parse_launcher_script(text, path="run.sh")
+    msg = str(err.value)
+    assert f"a remote shell runs the training on other hosts (run.sh:2: {launch.split()[0]})" in msg
+    assert "run the launch.sh written for it on every node" in msg
+
+
 def test_scheduler_values_given_to_the_reader_are_used():
     s = parse_launcher_script(f"torchrun --nnodes $SLURM_NNODES pretrain_gpt.py {MODEL}\n",
                               scheduler=[SchedulerValue("SLURM_NNODES", "3", "--cluster")])

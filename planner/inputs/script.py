@@ -332,6 +332,11 @@ def parse_launcher_script(
     launch = interp.at_launch  # the reader's state at the first launch: what the script gives it
     if launch is None or launch.found is None:
         extra = f" (not a training entry: {', '.join(interp.skipped_launches)})" if interp.skipped_launches else ""
+        if interp.remote_launches:
+            extra += (f"; a remote shell runs the training on other hosts ({', '.join(dict.fromkeys(interp.remote_launches))}), "
+                      "which the reader does not follow: give a script of the command each node runs (its torchrun "
+                      "line) and run the launch.sh written for it on every node, as the remote shell did "
+                      "(docs/running.md, 'Starting it: torchrun on every node')")
         if interp.sbatch_wraps:
             extra += (f"; `sbatch --wrap` ({', '.join(interp.sbatch_wraps)}) is not read: put the job's command in a "
                       "here-document (`sbatch <<EOF` ... `EOF`) or a job script file")

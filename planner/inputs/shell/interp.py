@@ -34,6 +34,8 @@ MAX_DEPTH = 64  # nested eval / source / bash -c / function calls
 MAX_SCRIPT_BYTES = 64 << 20
 _DECLARE_WORDS = {"export", "declare", "typeset", "local", "readonly"}
 _TORCH_LAUNCH_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+_REMOTE_SHELLS = frozenset({"ssh", "pdsh", "pssh", "parallel-ssh", "clush", "mpssh"})
+"""Programs that run a command string on other hosts, which the reader does not follow and launch.sh cannot reach."""
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
              "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys"}
 _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set", "ulimit", "trap", "shopt", "umask",
@@ -178,6 +180,7 @@ class Interp:
         self.steps_after_launch = steps_after_launch  # statements read past the first launch, for other launches
         self.skipped_launches: list[str] = []
         self.sbatch_wraps: list[str] = []  # where the script submits `sbatch --wrap` jobs (their command is not read)
+        self.remote_launches: list[str] = []  # where a remote shell (ssh, pdsh) runs a training entry on other hosts
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
         self.sbatch_depth = 0  # job scripts the script submits with sbatch that the statement being run is in
         self.outer_env: dict[str, str] | None = None  # the environment that wrapper runs with (None: no wrapper)
@@ -1097,6 +1100,8 @@ class Interp:
             self.skipped_launches.append(f"{self.where(node.line, node.src)}: {fields[entry]}")
         if name in self.functions:
             return self.call(name, fields[1:], node)
+        if base in _REMOTE_SHELLS and any(_TRAIN_ENTRY.search(f) for f in fields[1:]):
+            self.remote_launches.append(f"{self.where(node.line, node.src)}: {base}")
         if base == "sbatch" or (base in ("bash", "sh") and all(f.startswith("-") and f != "-c" for f in fields[1:])
                                 and any(r.heredoc for r in node.redirects)):
             return self.job_script(fields, node)
