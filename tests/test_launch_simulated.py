@@ -304,6 +304,36 @@ def test_srun_torchrun_in_a_sourced_file_forms_the_plans_world(tmp_path):
     check_torch_world(sim.records(), agents, plan_flags(out), False)
 
 
+SELF_SUBMITTING = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+EXPORT
+if [ -z "$SLURM_JOB_ID" ]; then
+  sbatch "$0"
+  exit 0
+fi
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \\
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+srun torchrun --nnodes 2 --nproc_per_node 8 --master_addr n0 --master_port 29500 pretrain_gpt.py $FLAGS
+"""
+
+
+@pytest.mark.parametrize("directive", ["", "#SBATCH --export=NONE"])
+def test_a_script_that_submits_itself_forms_the_plans_world(tmp_path, directive):
+    """`[ -z "$SLURM_JOB_ID" ] && sbatch "$0"`: run on the login node, the script submits itself and trains in the
+    job.  The reader followed `sbatch "$0"` into itself forever (no job id in the job: "source nested more than 64
+    deep"); the job has an id now, and the job is launch.sh itself, whose functions are its own, so --export=NONE
+    does not stop it: the plan's agents, each once."""
+    plan, cluster = _plan("one")
+    out = tmp_path / "out"
+    agents = emit(out, SELF_SUBMITTING.replace("EXPORT", directive), plan, cluster)
+    assert "launch.sh stops" not in (out / "launch.sh").read_text().split("# ---- hapmoe")[0]
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), False)
+
+
 def test_srun_python_in_a_submitted_job_forms_the_plans_world(tmp_path):
     """`sbatch <<EOF ... srun python pretrain_gpt.py $FLAGS`: srun starts each rank itself, inside a job script that
     reaches the plan only through launch.sh's functions; the ranks ran the script's own flags.  Each rank once, with

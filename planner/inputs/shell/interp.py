@@ -34,6 +34,11 @@ MAX_DEPTH = 64  # nested eval / source / bash -c / function calls
 MAX_SCRIPT_BYTES = 64 << 20
 _DECLARE_WORDS = {"export", "declare", "typeset", "local", "readonly"}
 _TORCH_LAUNCH_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+_JOB_ID = SchedulerValue("SLURM_JOB_ID", "1", "sbatch (the job's id)", stated=False)
+"""A job sbatch starts has an id (a script that submits itself, `[ -z "$SLURM_JOB_ID" ] && sbatch "$0"`, runs its
+training part in the job); its value is no one's, and no count."""
+_IDENTITY_VARS = frozenset({"SLURM_JOB_ID", "SLURM_JOBID"})
+"""Scheduler variables that name the job, no count: reading them (set or unset) is not noted."""
 _REMOTE_SHELLS = frozenset({"ssh", "pdsh", "pssh", "parallel-ssh", "clush", "mpssh"})
 """Programs that run a command string on other hosts, which the reader does not follow and launch.sh cannot reach."""
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
@@ -262,7 +267,7 @@ class Interp:
         var = self.vars.get(name)
         if var is None:
             return None, True
-        if name in self.scheduler and name not in self.scheduler_used:
+        if name in self.scheduler and name not in self.scheduler_used and name not in _IDENTITY_VARS:
             self.scheduler_used[name] = self.where(*self.cur)
         if isinstance(var.value, list):
             return (var.value[0] if var.value else ""), var.resolved
@@ -271,7 +276,7 @@ class Interp:
     def note_unset(self, name: str) -> None:
         """A scheduler's variable read while unset (bash reads it as empty; arithmetic as 0)."""
         if (name not in self.assigned and name not in self.scheduler_unset and SCHEDULER_VAR.fullmatch(name)
-                and not self.capture):
+                and name not in _IDENTITY_VARS and not self.capture):
             self.scheduler_unset[name] = self.where(*self.cur)
 
     def set_scalar(self, name: str, value: str, resolved: bool = True) -> None:
@@ -1191,7 +1196,11 @@ class Interp:
         options = words[:k] if sbatch else []
         if any(w == "--wrap" or w.startswith("--wrap=") for w in options):
             self.sbatch_wraps.append(self.where(node.line, node.src))
-        self.sbatch_depth += sbatch
+        # a job's shell has its job's id (a script that submits itself, `[ -z "$SLURM_JOB_ID" ] && sbatch "$0"`,
+        # runs its training part there); a job of the script itself (`sbatch "$0"`) is no other job: launch.sh's own
+        # functions are defined in it
+        other = sbatch and not (text is None and k < len(words) and self._is_this_script(words[k]))
+        self.sbatch_depth += other
         try:
             if text is None:
                 if sbatch and k < len(words):
@@ -1200,7 +1209,17 @@ class Interp:
             return self.run_string(text, node, "heredoc", args=[], sbatch=options if sbatch else None,
                                    line=next((r.heredoc.line for r in node.redirects if r.heredoc), node.line))
         finally:
-            self.sbatch_depth -= sbatch
+            self.sbatch_depth -= other
+
+    def _is_this_script(self, target: str) -> bool:
+        """`target` (a path sbatch submits) is the script being read."""
+        if self.path is None:
+            return False
+        there = Path(self.script_dir) / target if self.script_dir and not Path(target).is_absolute() else Path(target)
+        try:
+            return there.resolve() == Path(self.path).resolve() or Path(target).resolve() == Path(self.path).resolve()
+        except OSError:
+            return False
 
     def getopts(self, words: list[str]) -> int:
         """`getopts OPTSTRING NAME [ARG...]`, one option per word (`-n 4`, `-n4`), with OPTIND."""
@@ -1272,7 +1291,7 @@ class Interp:
         if child and args is not None:
             self.positional = list(args[1:]) if args else []
         if sbatch is not None:
-            self._job_geometry(sbatch_values(text, sbatch, path=path, first_line=line or node.line))
+            self._job_geometry(sbatch_values(text, sbatch, path=path, first_line=line or node.line) + [_JOB_ID])
         self.via.append(via)
         try:
             return self.run_list(body)
@@ -1319,7 +1338,7 @@ class Interp:
             body = parse(text, str(path), src, stray=stray)
             self.stray_lines += [(src, k) for k in stray]
             return self._run_sourced(body, args, child,
-                                     sbatch_values(text, sbatch, path=str(path)) if sbatch is not None else None)
+                                     sbatch_values(text, sbatch, path=str(path)) + [_JOB_ID] if sbatch is not None else None)
         finally:
             self.depth -= 1
 
