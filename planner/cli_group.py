@@ -81,8 +81,14 @@ class OneLineErrorsGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             received(reset=True)
-            with signals_raise_interrupted():
-                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            try:
+                with signals_raise_interrupted():
+                    rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except Exception as exc:  # an Interrupted raised inside a library's C code (a module's initialization,
+                signum = received()  # mid-import: "ImportError: initialization failed") reaches here as its error
+                if signum is None or isinstance(exc, (Interrupted, click.ClickException)):
+                    raise
+                raise Interrupted(signum) from exc
             late = received(reset=True)
             if late is not None:  # its exception was swallowed (raised inside a finalizer): exit as signalled
                 raise Interrupted(late)

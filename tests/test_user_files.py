@@ -229,6 +229,33 @@ def test_solve_interrupted_exits_128_plus_the_signal_and_leaves_no_staging(tmp_p
 
 
 
+def test_a_signal_inside_a_librarys_import_exits_as_interrupted(capsys):
+    """Ctrl-C while a command still loads its libraries (a loaded machine, fuzz seed 20261208 case 847): the
+    Interrupted raised inside a C extension's initialization reached the CLI as "ImportError: initialization
+    failed", a traceback.  It now exits as the signal (130), one line on stderr."""
+    from planner.cli_group import OneLineErrorsGroup
+    from planner.signals import deliver
+
+    group = OneLineErrorsGroup()
+
+    @group.command("load")
+    def load() -> None:
+        try:
+            deliver(signal.SIGINT)  # what the handler does when the signal arrives mid-import
+        except Interrupted:
+            raise ImportError("initialization failed") from None
+
+    @group.command("broken")
+    def broken() -> None:
+        raise ImportError("a genuine import error")
+
+    with pytest.raises(SystemExit) as done:
+        group.main(["load"], prog_name="cli.py")
+    assert done.value.code == 130 and "interrupted by SIGINT" in capsys.readouterr().err
+    with pytest.raises(ImportError, match="genuine"):  # no signal: the error is the error
+        group.main(["broken"], prog_name="cli.py")
+
+
 def test_an_interrupted_solve_names_the_best_plan_it_had_found(tmp_path):
     """Ctrl-C during a search printed only "interrupted by SIGINT": what the search had found was lost.  Once
     the live progress shows a best plan (stderr a terminal), SIGINT still exits 130 with nothing written and the
