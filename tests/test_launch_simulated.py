@@ -370,6 +370,89 @@ def test_mpirun_where_only_functions_reach_the_launch_forms_the_plans_world(tmp_
     check_rank_world(sim.records(), plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
 
 
+# --------------------------------------------------------------------------------------------
+# where the launch sits in the script (outer) x what starts the ranks (inner)
+# --------------------------------------------------------------------------------------------
+_MODEL = ("--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+          "--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16")
+_TR = "torchrun --nnodes 2 --nproc_per_node 8 --master_addr n0 --master_port 29500 pretrain_gpt.py $FLAGS"
+INNER = {  # command, tasks per node, the rank variable of the world (None: torchrun agents)
+    "srun torchrun": (f"srun {_TR}", 1, None),
+    "srun bash -c torchrun": (f'srun bash -c "{_TR}"', 1, None),
+    "srun env torchrun": (f"srun env NCCL_DEBUG=INFO {_TR}", 1, None),
+    "srun python -m torch.distributed.run": ("srun python -m torch.distributed.run --nnodes=2 --nproc-per-node=8 "
+                                             "--master_addr=n0 --master_port=29500 pretrain_gpt.py $FLAGS", 1, None),
+    "srun python": ("srun python pretrain_gpt.py $FLAGS", 8, "SLURM_PROCID"),
+    "srun bash -c python": ('srun bash -c "python pretrain_gpt.py $FLAGS"', 8, "SLURM_PROCID"),
+    "mpirun python": ("mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 python pretrain_gpt.py $FLAGS", 8,
+                      "OMPI_COMM_WORLD_RANK"),
+}
+
+
+def _outer(outer: str, command: str, tasks: int, root: Path) -> tuple[str, str]:
+    """The script for `command` placed as `outer` says, and what runs launch.sh (sbatch or bash)."""
+    head = f"#SBATCH --nodes=2\n#SBATCH --ntasks-per-node={tasks}\n"
+    flags = f'FLAGS="{_MODEL}"\nexport FLAGS\n'
+    quoted = command.replace('"', '\\"')
+    if outer == "heredoc":
+        return f"#!/bin/bash\n{flags}sbatch <<EOF\n#!/bin/bash\n{head}{command}\nEOF\n", "bash"
+    if outer == "job file":
+        (root / "job.sh").write_text(f"#!/bin/bash\n{head}{command}\n")
+        return f"#!/bin/bash\n{flags}sbatch job.sh\n", "bash"
+    if outer == "source":
+        (root / "part.sh").write_text(command + "\n")
+        return f"#!/bin/bash\n{head}{flags}source {root / 'part.sh'}\n", "sbatch"
+    body = {"direct": command, "function": f"go() {{\n  {command}\n}}\ngo", "bash -c": f'bash -c "{quoted}"',
+            "eval": 'CMD="' + quoted.replace("$FLAGS", "\\$FLAGS") + '"\neval "$CMD"'}[outer]
+    return f"#!/bin/bash\n{head}{flags}{body}\n", "sbatch"
+
+
+@pytest.mark.parametrize("outer, inner", [
+    ("direct", "srun env torchrun"), ("direct", "srun python -m torch.distributed.run"),
+    ("heredoc", "srun python -m torch.distributed.run"), ("heredoc", "srun bash -c python"),
+    ("job file", "srun torchrun"), ("job file", "mpirun python"),
+    ("function", "srun bash -c torchrun"), ("function", "mpirun python"),
+    ("bash -c", "srun torchrun"), ("bash -c", "srun python"),
+    ("eval", "srun torchrun"), ("eval", "srun bash -c torchrun"), ("eval", "srun bash -c python"),
+    ("source", "srun env torchrun"), ("source", "srun bash -c python"),
+])
+def test_where_the_launch_sits_and_what_starts_it_form_the_plans_world(tmp_path, outer, inner):
+    """The launch in launch.sh itself, a job script the script submits (here-document, file), a function, a `bash
+    -c` string, an eval'd variable or a sourced file, started by srun (torchrun itself, through env, `python -m`, in a
+    `bash -c` string, or python ranks) or mpirun: each forms the plan's world (a sample of the 7 x 7 forms, all of
+    which pass).  `eval "$CMD"` of an srun whose `bash -c` string runs the training ran the string's own command:
+    hapmoe_eval sees a string, not the launch; such an eval now reaches the launch through the functions."""
+    plan, cluster = _plan("one")
+    command, tasks, rank_var = INNER[inner]
+    text, run_by = _outer(outer, command, tasks, tmp_path)
+    (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run([run_by, str(out / "launch.sh")], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts")})
+    assert done.returncode == 0, done.stderr
+    if rank_var is None:
+        check_torch_world(sim.records(), agents, plan_flags(out), False)
+    else:
+        check_rank_world(sim.records(), plan.world_size, plan_flags(out), rank_var)
+
+
+def test_an_eval_of_srun_export_none_with_a_string_stops_and_says_so(tmp_path):
+    """`eval "$CMD"` of `srun --export=NONE bash -c "torchrun ..."`: the string's torchrun reaches the plan only
+    through launch.sh's functions, which --export=NONE keeps from the tasks; the header says launch.sh stops there,
+    and it does (exit 2), naming srun --export=ALL."""
+    plan, cluster = _plan("one")
+    command = INNER["srun bash -c torchrun"][0].replace("srun ", "srun --export=NONE ", 1)
+    text, run_by = _outer("eval", command, 1, tmp_path)
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    assert "launch.sh stops there" in (out / "launch.sh").read_text().split("# ---- hapmoe")[0]
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run([run_by, str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 2 and "give srun --export=ALL" in done.stderr, done.stderr
+    assert not sim.records()
+
+
 @pytest.mark.parametrize("run_by", ["bash", "sbatch"])
 def test_mpirun_hostfile_forms_the_plans_world(tmp_path, run_by):
     """mpirun_hostfile.sh: mpirun starts -np python ranks over its host file's slots (the remote ones without

@@ -436,7 +436,8 @@ def hidden_launch_note(script: LauncherScript | None) -> str | None:
                 "through which the plan reaches the job's training command: launch.sh stops at that sbatch (exit "
                 "status 2) rather than submit a job that trains without the plan; give sbatch --export=ALL "
                 "(variables may follow: --export=ALL,NAME=VALUE)")
-    if script.site is None or script.site.via in ("direct", "eval") or script.outer_env is None:
+    site = script.site
+    if site is None or site.via == "direct" or (site.via == "eval" and not site.nested) or script.outer_env is None:
         return None  # the launch is launch.sh's own statement, or srun runs the program itself (no string between)
     export = script.srun_export
     if export is None or export.all:

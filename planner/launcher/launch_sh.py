@@ -970,7 +970,7 @@ def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:
     if site is not None and site.via == "direct":
         text = text[: site.offset] + "hapmoe_launch " + text[site.offset :]
         how = f"`hapmoe_launch` inserted before `{site.word}` on line {site.line}"
-    elif site is not None and site.via == "eval":
+    elif site is not None and site.via == "eval" and not site.nested:
         text = text[: site.offset] + "hapmoe_eval" + text[site.offset + len("eval") :]
         how = f"`eval` on line {site.line} became `hapmoe_eval`"
     else:

@@ -85,12 +85,14 @@ class LaunchSite:
 
     via: "direct" (the statement itself runs the launcher, possibly behind srun/mpirun), "eval"
     (`eval "$cmd"`), "string" (a `bash -c "..."` string, e.g. given to srun), "source" (a sourced
-    file) or "function" (a function defined elsewhere runs it)."""
+    file) or "function" (a function defined elsewhere runs it); `nested`: the launch is further in (a `bash -c`
+    string inside the eval'd text), not in the text `via` runs itself."""
 
     line: int
     offset: int  # character offset of the statement's command word in the script text
     word: str  # that word as written
     via: str
+    nested: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -1399,7 +1401,8 @@ class Interp:
             words = site_node.words
             w = words[0] if words else None
             if w is not None:
-                site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via)
+                site = LaunchSite(line=site_node.line, offset=w.pos, word=w.raw, via=via,
+                                  nested=len(self.via) > self.site_depth + 1)
         job = {name: value for name, value in self.scheduler.items() if value.stated}
         return Found(fields, self.outer_wrapper + fields[:start], fields[start:after], fields[after:entry], fields[entry],
                       fields[entry + 1 :], prefix_env, site, node.line, job, node.src, self.outer_env,
