@@ -288,6 +288,22 @@ def test_a_job_file_the_script_submits_gets_the_plan_or_stops(tmp_path, directiv
         assert not sim.records()
 
 
+def test_another_job_under_export_none_is_submitted_as_it_is(tmp_path):
+    """A data-preparation job the script submits under --export=NONE before the training job: sbatch() checks only
+    a job that names the entry script or torchrun, so the preparation job goes as it is and the training job forms
+    the plan's world."""
+    plan, cluster = _plan("one")
+    prep = "sbatch --export=NONE <<PREP\n#!/bin/bash\necho preparing the data\nPREP\n"
+    text = HEREDOC_JOB.replace("OPTS", "").replace("EXPORT", "").replace("sbatch <<EOF", prep + "sbatch <<EOF")
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "preparing the data" in done.stdout
+    check_torch_world(sim.records(), agents, plan_flags(out), False)
+
+
 def test_srun_torchrun_in_a_sourced_file_forms_the_plans_world(tmp_path):
     """`sbatch launch.sh` of a job that sources a file whose `srun torchrun ...` starts training: the launch reaches
     the plan through launch.sh's functions only, and srun runs torchrun itself, so every task ran the file's own

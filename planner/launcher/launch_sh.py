@@ -147,7 +147,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     lines += srun_function(spec, entry_name, shadowed=shadow is not None)
     lines += program_functions(entry_name) if shadow else []
-    lines += sbatch_function() if sbatch_job else []
+    lines += sbatch_function(entry_name) if sbatch_job else []
     exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
     exported += " hapmoe_runs_program mpirun mpiexec" if shadow else ""
     if shadow and shadow != "srun":
@@ -400,13 +400,15 @@ def program_functions(entry_name: str) -> list[str]:
     ]
 
 
-def sbatch_function() -> list[str]:
+def sbatch_function(entry_name: str) -> list[str]:
     """`sbatch` shadowed (not under --dry-run) where the launch is in a job the script submits: that job reaches the
     plan through launch.sh's exported functions, which a job started under --export=NONE (or a list without ALL) does
     not get, so it would train with the script's own command.  sbatch() stops there (exit 2).  The job's --export is
     sbatch's option, else SBATCH_EXPORT, else the job script's `#SBATCH --export` above its first command (sbatch(1):
     options win over the environment, which wins over the script's directives); the job script is the file named, or
-    the text on standard input (a here-document), which sbatch() reads and hands on."""
+    the text on standard input (a here-document), which sbatch() reads and hands on.  Only a job whose text (or
+    --wrap command) names the entry script or torchrun is checked: the script's other jobs (data preparation) keep
+    their --export."""
     return [
         "",
         "# sbatch: the job the script submits reaches the plan through launch.sh's exported functions, which a job",
@@ -423,6 +425,7 @@ def sbatch_function() -> list[str]:
         "    done",
         '    if [[ $# -gt 0 ]]; then hapmoe_text=$(cat -- "$1" 2>/dev/null) || hapmoe_text=',
         "    elif ((!hapmoe_wrap)); then hapmoe_text=$(cat); hapmoe_stdin=1; fi",
+        "    ((hapmoe_wrap)) && hapmoe_text+=\" ${hapmoe_words[*]}\"",
         '    if [[ -z "$hapmoe_export" && -z "${SBATCH_EXPORT:-}" ]]; then  # the job script\'s own #SBATCH lines',
         '        while IFS= read -r line; do',
         '            line=${line#"${line%%[![:space:]]*}"}',
@@ -438,7 +441,8 @@ def sbatch_function() -> list[str]:
         '        done <<< "$hapmoe_text"',
         "    fi",
         '    hapmoe_export=${hapmoe_export:-${SBATCH_EXPORT:-ALL}}',
-        '    if [[ ",${hapmoe_export^^}," != *,ALL,* ]]; then',
+        '    if [[ ",${hapmoe_export^^}," != *,ALL,* && ( "$hapmoe_text" == *' + sh_quote(entry_name)
+        + '* || "$hapmoe_text" == *torchrun* ) ]]; then',
         '        echo "launch.sh: sbatch --export=$hapmoe_export starts the job without launch.sh\'s functions, so the plan '
         'would not apply to its training command; give sbatch --export=ALL (variables may follow: '
         '--export=ALL,NAME=VALUE)" >&2',
