@@ -7,8 +7,11 @@ The emitted launch.sh is the input script, byte for byte, with three changes:
    first command (sbatch(1): "sbatch will stop processing further #SBATCH directives once the first non-comment
    non-whitespace line has been reached"), so none may come before them;
 2. `hapmoe_launch ` inserted before the statement that starts training (`eval` becomes
-   `hapmoe_eval`; a launch inside a `bash -c` string or a sourced file is reached through a
-   shell function that shadows the launcher, exported to child shells);
+   `hapmoe_eval`; a launch inside a `bash -c` string, a sourced file or a job the script submits
+   with sbatch is reached through a shell function that shadows the launcher, exported to child
+   shells, and where srun or mpirun there starts the program itself, which no function reaches,
+   through srun()/mpirun() handing it to hapmoe_launch; a job sbatch would start without those
+   functions, under --export=NONE, is stopped at the sbatch);
 3. nothing else: the script keeps its arguments, variables and conditionals, and bash expands
    them at run time as before.
 
