@@ -747,6 +747,32 @@ def test_ranks_of_another_world_than_the_plans_stop(tmp_path, launcher):
     assert done.stderr.count("launch.sh: 16 ranks started, the plan has 12: give srun --ntasks=12") == 1, done.stderr
 
 
+@pytest.mark.parametrize("inner", ["srun torchrun", "srun bash -c torchrun"])
+def test_a_trial_whose_script_submits_its_job_keeps_the_jobs_log(tmp_path, inner):
+    """A trial launcher of a script that submits its job from a here-document: sbatch writes the job's output to
+    slurm-<id>.out, so launch.sh's log on the login node held only "Submitted batch job" and `calibrate --trials`
+    found no iteration.  The job's shell, where srun gathers the ranks' output, now keeps the trial log beside
+    launch.sh, every iteration of it; the login node's log has none."""
+    plan, cluster = _plan("one")
+    text, _ = _outer("heredoc", INNER[inner][0], 1, tmp_path)
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    out = tmp_path / "trials" / "pick"
+    write_files(out, render_launch_files(run, plan, cluster, script, overrides=TRIAL_OVERRIDES), "--out",
+                LAUNCHER_OUTPUT)
+    cost = CostModel(run.model, run.training, cluster, ProfileSet.load()).evaluate(plan)
+    log = megatron_log(cost, vpp=plan.vpp, global_batch_size=plan.gbs, iterations=TRIAL_ITERATIONS)
+    (tmp_path / "train.txt").write_text(log)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path,
+                   {"SIM_LOG": str(tmp_path / "train.txt"), "SIM_SBATCH_OUTPUT": "1"})
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), place_agents(plan, cluster), plan_flags(out), False)
+    with_iterations = [p.name for p in sorted(out.glob("*.log")) if parse_megatron_log(p).it_number]
+    assert with_iterations == ["train-n0.log"], (sorted(out.glob("*.log")), (tmp_path / "slurm-7.out").read_text())
+    assert len(parse_megatron_log(out / "train-n0.log").it_number) == TRIAL_ITERATIONS
+
+
 def test_a_trial_run_by_sbatch_leaves_its_log_beside_the_submitted_launcher(tmp_path):
     """The trial loop as a Slurm user runs it: `sbatch trials/pick/launch.sh` of a job whose srun starts torchrun on
     each node; the training log node 0 prints reaches the batch host through srun and is kept beside the launch.sh

@@ -142,17 +142,19 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += _priced_function(spec)
     lines += _agent_function(spec)
     lines += node_check_function(spec)
+    job_log = sbatch_job and spec.log_name is not None
     lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
-              "hapmoe_launch() {"]
+              "hapmoe_launch() {"] + ([_JOB_LOG] if job_log else [])
     lines += _split_launch_words(spec, entry_name)
     lines += _run_without_torchrun(spec)
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
-    lines += srun_function(spec, entry_name, shadowed=shadow is not None)
+    lines += srun_function(spec, entry_name, shadowed=shadow is not None, job_log=job_log)
     lines += program_functions(entry_name) if shadow else []
     lines += sbatch_function(entry_name) if sbatch_job else []
     exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
     exported += " hapmoe_runs_program mpirun mpiexec" if shadow else ""
+    exported += " hapmoe_log" if job_log else ""
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -313,16 +315,18 @@ def node_check_function(spec: LaunchSpec) -> list[str]:
     return lines
 
 
-def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False) -> list[str]:
+def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False, job_log: bool = False) -> list[str]:
     """`srun` shadowed: under --dry-run it prints itself and runs its command under the stubs (a
     `bash -c` string then prints every node's launch); for the training launch it places the tasks in
     stage order (SLURM_HOSTFILE + --distribution=arbitrary) when the host names are real (--hosts).  `shadowed`:
     the launch reaches the plan through shell functions (a job script, a string, a sourced file), where srun may run
     the training program itself, which no function reaches: srun() hands such a launch to hapmoe_launch
-    (program_functions)."""
+    (program_functions).  `job_log`: a trial launcher's job keeps its log (_JOB_LOG)."""
     place = ["    local hapmoe_train=0 w per_agent=" + (" master=" if spec.real_hosts else ""),
              '    for w in "$@"; do [[ "$w" == *' + sh_quote(entry_name) + '* || "$w" == *torchrun* ]] '
              '&& hapmoe_train=1; done']
+    if job_log:
+        place += ["    if ((hapmoe_train)); then", "    " + _JOB_LOG, "    fi"]
     if shadowed:
         place += [
             "    # srun starting the training program itself where only launch.sh's functions reach the launch (a job",
@@ -953,19 +957,28 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
 
 def _log_lines(spec: LaunchSpec) -> list[str]:
     """With `log_name`: everything the launch prints on this host also goes to one log beside launch.sh (not
-    under --dry-run), whose path is printed first."""
+    under --dry-run), whose path is printed first.  hapmoe_log starts it; in a job the script submits with sbatch
+    (whose output sbatch writes elsewhere) the job's shell starts its own where it launches (_JOB_LOG)."""
     if spec.log_name is None:
         return []
     name = sh_quote(spec.log_name)
     return [
         "",
         "# One log per host beside launch.sh: what `cli.py calibrate --trials` reads.",
-        'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
+        "hapmoe_log() {",
         f'    HAPMOE_LOG="$HAPMOE_DIR/"{name}"-$(hostname -s).log"',
         '    echo "launch.sh: this host\'s output goes to $HAPMOE_LOG too" >&2',
         '    exec > >(tee "$HAPMOE_LOG") 2>&1',
-        "fi",
+        "}",
+        'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then hapmoe_log; fi',
     ]
+
+
+_JOB_LOG = ('    [[ -z "${HAPMOE_LOG:-}" && -z "${HAPMOE_SRUN_STEP:-}" && "$HAPMOE_DRY_RUN" != 1 ]] && hapmoe_log  '
+            "# a submitted job's shell: its own log")
+"""The line srun() and hapmoe_launch begin with in a trial launcher whose launch is in a job the script submits:
+the job's output goes where sbatch writes it (slurm-<id>.out), not through launch.sh's log, so the job's shell, where
+srun or mpirun gathers every rank's output, keeps the trial log beside launch.sh itself (not a task srun starts)."""
 
 
 def script_launch_sh(script: LauncherScript, spec: LaunchSpec) -> str:

@@ -6,7 +6,8 @@ processes, each told its node by SIM_HOST (the `hostname` stub prints it).
 - sbatch: reads the job script's #SBATCH lines (above its first command) and its own options, copies the script to
   <spool>/job<ID>/slurm_script and runs that copy on the job's first node, with SLURM_JOB_* and SLURM_NTASKS* set as
   sbatch sets them, and under an --export without ALL (its option, else SBATCH_EXPORT, else #SBATCH) only SLURM_*
-  (and the stubs' SIM_* and PATH) of the environment, with SLURM_EXPORT_ENV set; scontrol answers `show hostnames` and `show job` (Command= the submitted file's full path).
+  (and the stubs' SIM_* and PATH) of the environment, with SLURM_EXPORT_ENV set; with SIM_SBATCH_OUTPUT the job's
+  output goes to slurm-<id>.out, as sbatch writes it, not to sbatch's caller; scontrol answers `show hostnames` and `show job` (Command= the submitted file's full path).
 - srun: one process per task (SLURM_HOSTFILE's first -n lines with --distribution=arbitrary, where
   srun ignores --ntasks-per-node), with SLURM_PROCID/SLURM_NODEID/SLURM_LOCALID/SLURM_STEP_NODELIST; -N/-n/
   --ntasks-per-node its own, else the job's (SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, as srun reads them);
@@ -180,6 +181,10 @@ if ntasks:
     env["SLURM_NTASKS"] = ntasks
 print(f"Submitted batch job {jobid}")
 sys.stdout.flush()
+if os.environ.get("SIM_SBATCH_OUTPUT"):  # as sbatch does: the job's output to slurm-<id>.out, not the caller's
+    with open(os.path.join(os.getcwd(), f"slurm-{jobid}.out"), "w") as out:
+        sys.exit(subprocess.run([copy, *script_args], env=env, cwd=os.getcwd(), stdout=out,
+                                stderr=subprocess.STDOUT).returncode)
 sys.exit(subprocess.run([copy, *script_args], env=env, cwd=os.getcwd()).returncode)
 '''
 
