@@ -202,6 +202,7 @@ def test_prediction_above_peak_is_an_error():
     ({"swiglu": "no"}, "swiglu"),
     ({"mtp_num_layers": 100000}, "mtp_num_layers"),
     ({"moe_expert_capacity_factor": -1.0}, "moe_expert_capacity_factor"),
+    ({"moe_expert_capacity_factor": 1e308}, "moe_expert_capacity_factor"),  # fuzz seed 20261209 #2187
     ({"num_layers": 2.0}, "num_layers"),
 ])
 def test_model_fields_are_strict(tmp_path, changes, name):

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from planner.schemas.types import DisplayText, StrictModel
+from planner.schemas.types import MAX_EXPERTS, DisplayText, StrictModel
 
 DispatcherName = Literal["allgather", "alltoall", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
@@ -94,7 +94,10 @@ class ModelSpec(StrictModel):
     moe_layer_pattern: tuple[int, ...] | None = Field(
         None, description="1 = MoE layer, 0 = dense, one per layer; None: every layer is MoE"
     )
-    moe_expert_capacity_factor: float | None = Field(None, gt=0)
+    moe_expert_capacity_factor: float | None = Field(
+        None, gt=0, le=MAX_EXPERTS,
+        description="--moe-expert-capacity-factor; above the experts' count no expert can overflow (a typo such as "
+                    "1e308 overflows Megatron's capacity)")
     moe_token_dispatcher_type: DispatcherName = "allgather"
     moe_flex_dispatcher_backend: FlexBackend = Field("deepep", description="--moe-flex-dispatcher-backend")
     moe_pad_expert_input_to_capacity: bool = Field(
