@@ -413,6 +413,23 @@ def test_a_launch_through_a_remote_shell_is_named_where_no_launch_is_found(launc
     assert "run the launch.sh written for it on every node" in msg
 
 
+@pytest.mark.parametrize("form", ["qsub heredoc", "bsub file"])
+def test_a_job_of_another_scheduler_is_named_where_no_launch_is_found(tmp_path, form):
+    """`qsub <<EOF ... mpirun python pretrain_gpt.py ...` or `bsub < job.lsf` (sbatch's jobs are read, qsub's and
+    bsub's are not): the error names the submission and says to give the job script itself."""
+    job = f"#!/bin/bash\nmpirun -np 16 python pretrain_gpt.py {MODEL}\n"
+    if form == "qsub heredoc":
+        text = f"qsub <<EOF\n{job}EOF\n"
+    else:
+        (tmp_path / "job.lsf").write_text(job)
+        text = "bsub job.lsf\n"
+    (tmp_path / "run.sh").write_text(text)
+    with pytest.raises(PlannerInputError) as err:
+        read_launcher_script(tmp_path / "run.sh")
+    assert f"submitted with another scheduler ({tmp_path / 'run.sh'}:1: {form.split()[0]})" in str(err.value)
+    assert "give the job script itself" in str(err.value)
+
+
 def test_scheduler_values_given_to_the_reader_are_used():
     s = parse_launcher_script(f"torchrun --nnodes $SLURM_NNODES pretrain_gpt.py {MODEL}\n",
                               scheduler=[SchedulerValue("SLURM_NNODES", "3", "--cluster")])

@@ -337,6 +337,10 @@ def parse_launcher_script(
                       "which the reader does not follow: give a script of the command each node runs (its torchrun "
                       "line) and run the launch.sh written for it on every node, as the remote shell did "
                       "(docs/running.md, 'Starting it: torchrun on every node')")
+        if interp.other_jobs:
+            extra += (f"; the training runs in a job submitted with another scheduler ("
+                      f"{', '.join(dict.fromkeys(interp.other_jobs))}), which the reader does not follow: give the job "
+                      "script itself and submit the launch.sh written for it (its #PBS/#BSUB lines stay at its top)")
         if interp.sbatch_wraps:
             extra += (f"; `sbatch --wrap` ({', '.join(interp.sbatch_wraps)}) is not read: put the job's command in a "
                       "here-document (`sbatch <<EOF` ... `EOF`) or a job script file")

@@ -39,6 +39,9 @@ _JOB_ID = SchedulerValue("SLURM_JOB_ID", "1", "sbatch (the job's id)", stated=Fa
 training part in the job); its value is no one's, and no count."""
 _IDENTITY_VARS = frozenset({"SLURM_JOB_ID", "SLURM_JOBID"})
 """Scheduler variables that name the job, no count: reading them (set or unset) is not noted."""
+_OTHER_SCHEDULERS = frozenset({"qsub", "bsub"})
+"""Other schedulers' submissions, whose jobs the reader does not follow (PBS's qsub passes a job no environment
+without -V, so launch.sh's functions would not reach it either)."""
 _REMOTE_SHELLS = frozenset({"ssh", "pdsh", "pssh", "parallel-ssh", "clush", "mpssh"})
 """Programs that run a command string on other hosts, which the reader does not follow and launch.sh cannot reach."""
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
@@ -188,6 +191,7 @@ class Interp:
         self.skipped_launches: list[str] = []
         self.sbatch_wraps: list[str] = []  # where the script submits `sbatch --wrap` jobs (their command is not read)
         self.remote_launches: list[str] = []  # where a remote shell (ssh, pdsh) runs a training entry on other hosts
+        self.other_jobs: list[str] = []  # where another scheduler's submission (qsub, bsub) holds the training
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
         self.sbatch_depth = 0  # job scripts the script submits with sbatch that the statement being run is in
         self.outer_env: dict[str, str] | None = None  # the environment that wrapper runs with (None: no wrapper)
@@ -1109,6 +1113,8 @@ class Interp:
             return self.call(name, fields[1:], node)
         if base in _REMOTE_SHELLS and any(_TRAIN_ENTRY.search(f) for f in fields[1:]):
             self.remote_launches.append(f"{self.where(node.line, node.src)}: {base}")
+        if base in _OTHER_SCHEDULERS and self._submits_training(fields[1:], node):
+            self.other_jobs.append(f"{self.where(node.line, node.src)}: {base}")
         if base == "sbatch" or (base in ("bash", "sh") and all(f.startswith("-") and f != "-c" for f in fields[1:])
                                 and any(r.heredoc for r in node.redirects)):
             return self.job_script(fields, node)
@@ -1212,6 +1218,18 @@ class Interp:
                                    line=next((r.heredoc.line for r in node.redirects if r.heredoc), node.line))
         finally:
             self.sbatch_depth -= other
+
+    def _submits_training(self, words: list[str], node: Simple) -> bool:
+        """A qsub/bsub submission whose job (here-document, or a file among its words) runs a training entry."""
+        text = self.stdin_text(node) or ""
+        for w in words:
+            path = Path(self.script_dir) / w if self.script_dir and not Path(w).is_absolute() else Path(w)
+            try:
+                if path.is_file() and 0 < path.stat().st_size < 1 << 20:  # /proc files say 0
+                    text += "\n" + path.read_text(errors="replace")
+            except (OSError, ValueError):
+                continue
+        return bool(_TRAIN_ENTRY.search(text))
 
     def _is_this_script(self, target: str) -> bool:
         """`target` (a path sbatch submits) is the script being read."""
