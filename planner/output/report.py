@@ -834,10 +834,10 @@ def trial_lines(payload: dict, where: str | None) -> list[str]:
         return []
     lines = [f"trials: {payload['trials_why']}; measure these for {TRIAL_ITERATIONS} iterations each"
              + ("" if where else " (--out DIR writes their launchers)") + ":"]
+    pick = payload.get("plan")
     for t in trials:
         rng = t["iteration_time_range_s"]
         at = f": {where}/{t['launch']}, log {where}/{t['log']}" if where else ""
-        pick = payload.get("plan")
         differs = "" if pick is None or t["plan"] == pick else f" [{plan_difference(pick, t['plan'])}]"
         lines.append(f"  {t['name']:12s} {degrees_short(t['plan'])}{differs}, predicted {t['iteration_time_s']:.3f} s "
                      f"({rng[0]:.3f}-{rng[1]:.3f}){at}")

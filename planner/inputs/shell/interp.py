@@ -1232,13 +1232,13 @@ class Interp:
         return bool(_TRAIN_ENTRY.search(text))
 
     def _is_this_script(self, target: str) -> bool:
-        """`target` (a path sbatch submits) is the script being read."""
+        """`target` (a path sbatch submits; read as `source` reads one) is the script being read."""
         if self.path is None:
             return False
-        there = Path(self.script_dir) / target if self.script_dir and not Path(target).is_absolute() else Path(target)
+        candidates = [Path(target)] + ([Path(self.script_dir) / target] if self.script_dir else [])
         try:
-            return there.resolve() == Path(self.path).resolve() or Path(target).resolve() == Path(self.path).resolve()
-        except OSError:
+            return any(c.resolve() == Path(self.path).resolve() for c in candidates)
+        except (OSError, ValueError):
             return False
 
     def getopts(self, words: list[str]) -> int:
