@@ -747,6 +747,19 @@ def test_ranks_of_another_world_than_the_plans_stop(tmp_path, launcher):
     assert done.stderr.count("launch.sh: 16 ranks started, the plan has 12: give srun --ntasks=12") == 1, done.stderr
 
 
+def _trial_launcher(tmp_path: Path, out: Path, text: str, plan: Plan, cluster) -> str:
+    """The trial launcher of the script `text` for `plan` in `out`, and the training log its torchrun prints (the
+    cost model's timeline as Megatron logs it, in tmp_path/train.txt for the SIM_LOG stub)."""
+    script = parse_launcher_script(text)
+    run = parse_megatron_flags(script.megatron_flags)
+    write_files(out, render_launch_files(run, plan, cluster, script, overrides=TRIAL_OVERRIDES), "--out",
+                LAUNCHER_OUTPUT)
+    cost = CostModel(run.model, run.training, cluster, ProfileSet.load()).evaluate(plan)
+    log = megatron_log(cost, vpp=plan.vpp, global_batch_size=plan.gbs, iterations=TRIAL_ITERATIONS)
+    (tmp_path / "train.txt").write_text(log)
+    return log
+
+
 @pytest.mark.parametrize("inner", ["srun torchrun", "srun bash -c torchrun"])
 def test_a_trial_whose_script_submits_its_job_keeps_the_jobs_log(tmp_path, inner):
     """A trial launcher of a script that submits its job from a here-document: sbatch writes the job's output to
@@ -755,14 +768,8 @@ def test_a_trial_whose_script_submits_its_job_keeps_the_jobs_log(tmp_path, inner
     launch.sh, every iteration of it; the login node's log has none."""
     plan, cluster = _plan("one")
     text, _ = _outer("heredoc", INNER[inner][0], 1, tmp_path)
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
     out = tmp_path / "trials" / "pick"
-    write_files(out, render_launch_files(run, plan, cluster, script, overrides=TRIAL_OVERRIDES), "--out",
-                LAUNCHER_OUTPUT)
-    cost = CostModel(run.model, run.training, cluster, ProfileSet.load()).evaluate(plan)
-    log = megatron_log(cost, vpp=plan.vpp, global_batch_size=plan.gbs, iterations=TRIAL_ITERATIONS)
-    (tmp_path / "train.txt").write_text(log)
+    _trial_launcher(tmp_path, out, text, plan, cluster)
     sim = _sim(tmp_path, "one", None)
     done = sim.run(["bash", str(out / "launch.sh")], tmp_path,
                    {"SIM_LOG": str(tmp_path / "train.txt"), "SIM_SBATCH_OUTPUT": "1"})
@@ -779,14 +786,8 @@ def test_a_trial_run_by_sbatch_leaves_its_log_beside_the_submitted_launcher(tmp_
     submitted (where `calibrate --trials` reads it), every iteration of it, not in sbatch's spool copy's directory."""
     plan, cluster = _plan("one")
     text = JOB.replace("TASKS", "1").replace("EXPORT ", "").replace("LAUNCH", TORCHRUN_FORMS["srun torchrun"])
-    script = parse_launcher_script(text)
-    run = parse_megatron_flags(script.megatron_flags)
     out = tmp_path / "my plans" / "trials" / "pick"
-    write_files(out, render_launch_files(run, plan, cluster, script, overrides=TRIAL_OVERRIDES), "--out",
-                LAUNCHER_OUTPUT)
-    cost = CostModel(run.model, run.training, cluster, ProfileSet.load()).evaluate(plan)
-    log = megatron_log(cost, vpp=plan.vpp, global_batch_size=plan.gbs, iterations=TRIAL_ITERATIONS)
-    (tmp_path / "train.txt").write_text(log)
+    log = _trial_launcher(tmp_path, out, text, plan, cluster)
     sim = _sim(tmp_path, "one", None)
     done = sim.run(["sbatch", str(out / "launch.sh")], tmp_path, {"SIM_LOG": str(tmp_path / "train.txt")})
     assert done.returncode == 0, done.stderr
