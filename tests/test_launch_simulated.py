@@ -288,6 +288,30 @@ def test_a_job_file_the_script_submits_gets_the_plan_or_stops(tmp_path, directiv
         assert not sim.records()
 
 
+@pytest.mark.parametrize("export, runs", [("", True), ("#SBATCH --export=NONE", False)])
+def test_an_entry_name_of_shell_characters_is_matched_literally(tmp_path, export, runs):
+    """The entry script's name reaches the new functions' patterns (hapmoe_runs_program's case, sbatch()'s job-text
+    match) through sh_quote: a name with a blank, a quote, `*` and `[` matches itself only.  The job's srun
+    torchrun of that entry forms the plan's world; under --export=NONE the job is stopped at sbatch."""
+    entry = "my train*'[x].py"
+    plan, cluster = _plan("one")
+    command = ("srun torchrun --nnodes 2 --nproc_per_node 8 --master_addr n0 --master_port 29500 "
+               f"{shlex.quote(entry)} $FLAGS")
+    text, _ = _outer("heredoc", command, 1, tmp_path)
+    text = text.replace("#SBATCH --ntasks-per-node=1\n", f"#SBATCH --ntasks-per-node=1\n{export}\n")
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster)
+    assert subprocess.run(["bash", "-n", str(out / "launch.sh")]).returncode == 0
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh")], tmp_path)
+    if runs:
+        assert done.returncode == 0, done.stderr
+        check_torch_world(sim.records(), agents, plan_flags(out), False, entry=entry)
+    else:
+        assert done.returncode == 2 and "give sbatch --export=ALL" in done.stderr, done.stderr
+        assert not sim.records()
+
+
 def test_another_job_under_export_none_is_submitted_as_it_is(tmp_path):
     """A data-preparation job the script submits under --export=NONE before the training job: sbatch() checks only
     a job that names the entry script or torchrun, so the preparation job goes as it is and the training job forms
