@@ -742,19 +742,28 @@ def _rank_environment(spec: LaunchSpec) -> str:
             '[[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; ')
 
 
+def _rank_of(default: str = "") -> str:
+    """bash: a rank's number as its launcher gives it, the MPI launcher's (OMPI_COMM_WORLD_RANK, PMI_RANK) before
+    srun's (SLURM_PROCID: an sbatch job's batch shell has 0, which every rank mpirun starts in the job inherits)."""
+    return "${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-" + default + "}}}"
+
+
+def _ranks_started() -> str:
+    """bash: how many ranks the launcher started, in _rank_of's order."""
+    return "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}"
+
+
 def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch behind srun / mpirun / python: the command as the script gave it, the plan applied;
     every task first checks its node's device type (its rank's agent): the check's functions (and
     HAPMOE_SKIP_NODE_CHECK) travel in the task's `bash -c` string, as mpirun passes a remote node none of
-    launch.sh's environment (but -x's) and srun --export=NONE none.  A rank's number is the MPI launcher's
-    (OMPI_COMM_WORLD_*, PMI_*) before srun's (SLURM_*): an sbatch job's batch shell has SLURM_PROCID=0, which every
-    rank mpirun starts in the job inherits."""
+    launch.sh's environment (but -x's) and srun --export=NONE none.  A rank's number: _rank_of."""
     nproc = spec.agents[0].nproc
     world = sum(ag.nproc for ag in spec.agents)
-    started = 'n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; '
+    started = f'n={_ranks_started()}; '
     count = (f'if [[ -n "$n" && "$n" != {world} ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan '
              f'has {world}: give srun --ntasks={world} (or mpirun -np {world})" >&2; exit 2; fi; ')
-    check = ('; r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}; ' + started + count +
+    check = (f'; r={_rank_of()}; ' + started + count +
              f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
              'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
              + _rank_environment(spec) + 'exec "$@"')
@@ -765,7 +774,7 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         "            { printf '%q ' \"${launcher[@]}\" \"$entry_word\" \"${args[@]}\" \"${plan[@]}\"; echo; } >&\"${HAPMOE_DRY_OUT:-1}\"",
         "            exit 0",
         "        fi",
-        "        local j=${#launcher[@]} r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}",
+        f"        local j=${{#launcher[@]}} r={_rank_of('0')}",
         "        for ((i = 0; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
         "        if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)",
         "            \"${launcher[@]:0:j}\" bash -c \"$(declare -f hapmoe_agent hapmoe_check_node; "
