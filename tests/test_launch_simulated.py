@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -771,13 +772,14 @@ def test_ranks_of_another_world_than_the_plans_stop(tmp_path, launcher):
     assert done.stderr.count("launch.sh: 16 ranks started, the plan has 12: give srun --ntasks=12") == 1, done.stderr
 
 
-def _trial_launcher(tmp_path: Path, out: Path, text: str, plan: Plan, cluster) -> str:
-    """The trial launcher of the script `text` for `plan` in `out`, and the training log its torchrun prints (the
-    cost model's timeline as Megatron logs it, in tmp_path/train.txt for the SIM_LOG stub)."""
+def _trial_launcher(tmp_path: Path, out: Path, text: str, plan: Plan, cluster, written: str | None = None) -> str:
+    """The trial launcher of the script `text` for `plan` in `out` (written, as solve writes it, knowing the directory
+    `written`), and the training log its torchrun prints (the cost model's timeline as Megatron logs it, in
+    tmp_path/train.txt for the SIM_LOG stub)."""
     script = parse_launcher_script(text)
     run = parse_megatron_flags(script.megatron_flags)
-    write_files(out, render_launch_files(run, plan, cluster, script, overrides=TRIAL_OVERRIDES), "--out",
-                LAUNCHER_OUTPUT)
+    overrides = replace(TRIAL_OVERRIDES, log_dir=written)
+    write_files(out, render_launch_files(run, plan, cluster, script, overrides=overrides), "--out", LAUNCHER_OUTPUT)
     cost = CostModel(run.model, run.training, cluster, ProfileSet.load()).evaluate(plan)
     log = megatron_log(cost, vpp=plan.vpp, global_batch_size=plan.gbs, iterations=TRIAL_ITERATIONS)
     (tmp_path / "train.txt").write_text(log)
@@ -821,3 +823,52 @@ def test_a_trial_run_by_sbatch_leaves_its_log_beside_the_submitted_launcher(tmp_
     assert not list((tmp_path / "spool").rglob("*.log"))
     wrote, read = parse_megatron_log_text(log), parse_megatron_log(kept[0])
     assert read.it_number == wrote.it_number and len(wrote.it_number) == TRIAL_ITERATIONS
+
+
+PBS_JOB = """#!/bin/bash
+#PBS -l select=1:ngpus=8
+cd "$PBS_O_WORKDIR"
+FLAGS="--num-layers 22 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 \\
+--vocab-size 32000 --swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 64 --lr 3e-4 --bf16"
+torchrun --nproc_per_node 8 pretrain_gpt.py $FLAGS
+"""
+
+
+@pytest.mark.parametrize("written", ["solve", "emit", "gone"])
+def test_a_trial_run_from_a_schedulers_spool_copy_logs_where_solve_wrote_it(tmp_path, written):
+    """`qsub trials/pick/launch.sh` (PBS, Torque) and bsub (LSF) run a copy of the job script from their spool, which
+    the job's end deletes: launch.sh's own directory there does not hold its megatron_args.txt, so the trial log goes
+    to the directory solve wrote the launcher to, where `calibrate --trials` reads it, every iteration of it; a launcher
+    that does not know where it was written (emit's) keeps its log beside the copy, as does one whose written directory
+is gone, saying so."""
+    plan = Plan(gbs=64, stages=(StagePlan(device_type="H100", num_layers=22, dp=8),))
+    cluster = cluster_of(("H100", 1))
+    out = tmp_path / "plans" / "trials" / "pick"
+    _trial_launcher(tmp_path, out, PBS_JOB, plan, cluster, None if written == "emit" else str(out))
+    spool = tmp_path / "mom_priv" / "jobs"
+    spool.mkdir(parents=True)
+    shutil.copy(out / "launch.sh", spool / "7.pbs0.SC")
+    if written == "gone":
+        shutil.copy(out / "megatron_args.txt", tmp_path / "megatron_args.txt")
+        shutil.rmtree(out)
+    work = tmp_path / "work"
+    work.mkdir()
+    sim = Sim(tmp_path / "sim", ["h100-node0"], "H100")  # the template host file's name
+    done = sim.run(["bash", str(spool / "7.pbs0.SC")], work,
+                   {"SIM_LOG": str(tmp_path / "train.txt"), "SIM_HOST": "h100-node0", "PBS_JOBID": "7.pbs0",
+                    "PBS_O_WORKDIR": str(work)})
+    assert done.returncode == 0, done.stderr + done.stdout[-3000:]
+    check_torch_world(sim.records(), place_agents(plan, cluster), plan_flags(tmp_path if written == "gone" else out),
+                      False)
+    logs = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.log"))
+    where = out if written == "solve" else spool
+    assert logs == [(where / "train-h100-node0.log").relative_to(tmp_path).as_posix()], (logs, done.stderr)
+    assert len(parse_megatron_log(where / "train-h100-node0.log").it_number) == TRIAL_ITERATIONS
+    said = f"launch.sh: neither {spool} nor {out} holds this launcher's megatron_args.txt: this host's log goes to {spool}"
+    assert (said in done.stderr) == (written == "gone"), done.stderr
+    if written == "solve":
+        moved = tmp_path / "moved"
+        shutil.copytree(out, moved)
+        assert sim.run(["bash", str(moved / "launch.sh")], work, {"SIM_LOG": str(tmp_path / "train.txt"),
+                                                                  "SIM_HOST": "h100-node0"}).returncode == 0
+        assert (moved / "train-h100-node0.log").exists()  # a moved launcher's directory holds its files: its log stays there

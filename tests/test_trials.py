@@ -9,6 +9,7 @@ synthetic_log.py) with one known perturbation: expert dispatch twice as slow as 
 from __future__ import annotations
 
 import json
+import os
 import math
 import shlex
 import shutil
@@ -115,7 +116,9 @@ def test_solve_proposes_trials_and_writes_their_launchers(solved):
         args = (d / "megatron_args.txt").read_text().split()
         assert args[args.index("--train-iters") + 1] == str(TRIAL_ITERATIONS) and args.count("--train-iters") == 1
         assert not {"--save", "--load", "--save-interval"} & set(args), args
-        assert f'HAPMOE_LOG="$HAPMOE_DIR/"{sh_quote("train")}"-$(hostname -s).log"' in (d / "launch.sh").read_text()
+        text = (d / "launch.sh").read_text()
+        assert f'HAPMOE_LOG="$dir/"{sh_quote("train")}"-$(hostname -s).log"' in text and "local dir=$HAPMOE_DIR" in text
+        assert f"dir={sh_quote(os.path.abspath(d))}\n" in text  # where a scheduler's spool copy logs
         dry = subprocess.run(["bash", str(d / "launch.sh"), "--dry-run"], capture_output=True, text=True, timeout=60)
         assert dry.returncode == 0 and "--train-iters 30" in dry.stdout and "--save" not in dry.stdout, dry.stderr
         assert _trial_inputs(out, t["name"]).plan == Plan.from_json(t["plan"])

@@ -148,11 +148,13 @@ class LaunchOverrides:
     """What a launch changes beyond the plan (a short trial: `solve --out DIR` writes DIR/trials/): flags
     added on top of the plan's and the user's (`added`), flags of the user's dropped with their values
     (`removed`), and the file each host copies the launch's output to (`log_name`: launch.sh's directory,
-    `<log_name>-<host>.log`)."""
+    `<log_name>-<host>.log`; `log_dir`: the absolute directory the launcher is written to, where the log goes when
+    launch.sh runs as a copy elsewhere, as qsub and bsub run it from their spool)."""
 
     added: tuple[str, ...] = ()
     removed: frozenset[str] = frozenset()
     log_name: str | None = None
+    log_dir: str | None = None
 
 
 @dataclass

@@ -39,7 +39,7 @@ from planner.launcher.common import (
     placement_notes,
 )
 from planner.launcher.quoting import comment_lines
-from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
+from planner.launcher.launch_sh import COMPANION, LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.launcher.megatron import (
     _master_port, allocator_default, allocator_notes, domain_exports, domain_notes, max_connections,
     max_connections_notes, self_relative_notes, sourced_files,
@@ -414,6 +414,7 @@ def flagscale_files(
         refs=flags.refs,
         priced=flags.priced,
         log_name=overrides.log_name,
+        log_dir=overrides.log_dir,
     )
     items = group_flag_items(flags.final)
     refuse_what_flagscale_refuses(items)
@@ -425,7 +426,7 @@ def flagscale_files(
                    + (f" ({SCRIPT_ARG_ENV}N: the input script's N-th argument, which solve was not given)"
                       if any(n.startswith(SCRIPT_ARG_ENV) for n in needed) else ""))
     return {
-        "megatron_args.txt": args_file_text(items, flags.refs),
+        COMPANION: args_file_text(items, flags.refs),
         "launch.sh": script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec),
         "hostfile": hostfile_text(agents, template=hosts is None),
         **(slurm_hostfiles(agents) if hosts is not None else {}),

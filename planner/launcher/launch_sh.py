@@ -92,6 +92,7 @@ class LaunchSpec:
     real_hosts: bool = False  # host names from --hosts (else the template's): SLURM placement is emitted
     refs: list[str] = field(default_factory=list)  # variables the plan's flags refer to (${NAME}): checked set
     log_name: str | None = None  # copy this host's output to HAPMOE_DIR/<log_name>-<host>.log (LaunchOverrides)
+    log_dir: str | None = None  # where the launcher was written: the log's place when launch.sh runs as a copy
     exports: dict[str, str] = field(default_factory=dict)  # more environment the plan needs (name -> value)
     allocator_default: str | None = None  # PYTORCH_CUDA_ALLOC_CONF when the environment sets none (allocator_env)
     priced: PricedFlags | None = None  # the user's flags the price rests on, as read: checked when the launch runs
@@ -975,11 +976,37 @@ def _log_lines(spec: LaunchSpec) -> list[str]:
         "",
         "# One log per host beside launch.sh: what `cli.py calibrate --trials` reads.",
         "hapmoe_log() {",
-        f'    HAPMOE_LOG="$HAPMOE_DIR/"{name}"-$(hostname -s).log"',
+        "    local dir=$HAPMOE_DIR",
+        *_log_dir_lines(spec.log_dir),
+        f'    HAPMOE_LOG="$dir/"{name}"-$(hostname -s).log"',
         '    echo "launch.sh: this host\'s output goes to $HAPMOE_LOG too" >&2',
         '    exec > >(tee "$HAPMOE_LOG") 2>&1',
         "}",
         'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then hapmoe_log; fi',
+    ]
+
+
+COMPANION = "megatron_args.txt"
+"""A file every launcher directory holds beside launch.sh: where it is missing, launch.sh runs as a copy."""
+
+
+def _log_dir_lines(written: str | None) -> list[str]:
+    """bash lines that send the log to the directory the launcher was written to (`written`) when launch.sh's own
+    directory does not hold its COMPANION: qsub (PBS, Torque) and bsub (LSF) run a copy of the job script from
+    their spool, which the job's end deletes, and `calibrate --trials` reads the logs beside the written launch.sh.
+    (sbatch's copy is resolved through scontrol before: _submitted_dir.)"""
+    if written is None:
+        return []
+    where, companion = sh_quote(written), sh_quote(COMPANION)
+    return [
+        f'    if [[ ! -e "$dir/"{companion} ]]; then  # a copy of launch.sh (a scheduler\'s spool): where it was written',
+        f"        if [[ -e {where}/{companion} ]]; then",
+        f"            dir={where}",
+        "        else",
+        f'            echo "launch.sh: neither $dir nor "{where}" holds this launcher\'s "{companion}": this host\'s log'
+        ' goes to $dir" >&2',
+        "        fi",
+        "    fi",
     ]
 
 

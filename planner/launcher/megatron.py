@@ -34,7 +34,7 @@ from planner.launcher.common import (
     runtime_notes,
     placement_notes,
 )
-from planner.launcher.launch_sh import LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
+from planner.launcher.launch_sh import COMPANION, LaunchSpec, generated_launch_sh, node_checks, script_launch_sh
 from planner.megatron.layout import split_flags
 from planner.megatron.rules import assert_plan_ok, check_runtime_expressible, format_violations
 from planner.profile_tables import ProfileSet
@@ -108,10 +108,11 @@ def megatron_files(
         refs=flags.refs,
         priced=flags.priced,
         log_name=overrides.log_name,
+        log_dir=overrides.log_dir,
     )
     launch = script_launch_sh(script, spec) if script is not None else generated_launch_sh(flags.generated, spec)
     return {
-        "megatron_args.txt": args_file_text(group_flag_items(flags.final), flags.refs),
+        COMPANION: args_file_text(group_flag_items(flags.final), flags.refs),
         "launch.sh": launch,
         "hostfile": hostfile_text(agents, template=hosts is None),
         **(slurm_hostfiles(agents) if hosts is not None else {}),

@@ -3,6 +3,8 @@ directories of `--plot DIR`, each filled in a staging directory (planner/output/
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -57,9 +59,10 @@ def write_plan_dir(out_dir: Path, payload: dict, outcome, user=None, *, force: b
         fill(tmp / "launch", render_launch_files(outcome.run, outcome.plans[0], outcome.cluster, script,
                                                   profiles=outcome.profiles, hosts=outcome.hosts))
         for trial, entry in zip(trials, payload.get("trials", [])):
+            written = os.path.abspath(Path(out_dir) / "trials" / trial.name)  # the log's place for a spool copy
             fill(tmp / "trials" / trial.name, {
                 **render_launch_files(outcome.run, trial.plan, outcome.cluster, script, profiles=outcome.profiles,
-                                      hosts=outcome.hosts, overrides=TRIAL_OVERRIDES),
+                                      hosts=outcome.hosts, overrides=replace(TRIAL_OVERRIDES, log_dir=written)),
                 "plan.json": json_text({**entry, "model": payload["model"], "cluster": payload["cluster"],
                                         "inputs": plan_doc["inputs"], "made_for": plan_doc["made_for"]}),
             })
