@@ -173,6 +173,25 @@ def test_plan_difference_names_what_changes():
     assert plan_difference(pick, plan(types=("MI300X", "H800"))) == "stages 1 MI300X, 1 H800"
 
 
+def test_stage_lists_read_in_stage_order_with_runs_counted():
+    """An 8-stage pick (four stages without recompute, then four with) against a 4-stage candidate: its recompute
+    read as the sorted set "full-uniform:1/none" (a two-stage plan, by the look of it, and in the wrong order), and
+    the difference listed all twelve stages, wrapped mid-word at 100 columns; now each run of equal stages is counted,
+    in stage order."""
+    from planner.output.report import degrees_short, plan_difference
+
+    def plan(recs, pp):
+        return {"tp": 1, "pp": pp, "cp": 1, "ep": 4, "etp": 1, "vpp": 1, "mbs": 1, "dp": [4] * pp,
+                "stages": [{"device_type": "H800", "num_layers": 4, "recompute_label": r} for r in recs]}
+
+    pick = plan(["none"] * 4 + ["full:uniform:1"] * 4, 8)
+    other = plan(["full:uniform:1", "none", "none", "full:uniform:1"], 4)
+    assert degrees_short(pick).endswith("mbs1 none x4/full-uniform:1 x4")
+    assert degrees_short(other).endswith("mbs1 full-uniform:1/none x2/full-uniform:1")
+    assert "recompute none x4/full-uniform:1 x4->full-uniform:1/none x2/full-uniform:1" in plan_difference(pick, other)
+    assert degrees_short(plan(["none"] * 8, 8)).endswith("mbs1 none")
+
+
 def test_trial_lines_say_how_each_candidate_differs_from_the_pick():
     """A candidate with the pick's degrees and another layer split read exactly as the pick in the trials list
     ("TP1 PP2 ... mbs1 none" twice, two times): each line but the pick's now names what differs."""

@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import textwrap
-from typing import Any
+from typing import Any, Iterable
 
 from planner.cost.flops import parameter_totals
 from planner.cost.mechanisms import BY_NAME
@@ -389,29 +389,35 @@ def degrees_line(plan: dict) -> str:
 def degrees_short(plan: dict) -> str:
     dps = sorted(set(plan["dp"]))
     dp = str(dps[0]) if len(dps) == 1 else "/".join(str(d) for d in plan["dp"])
-    rec = sorted({recompute_short(s["recompute_label"]) for s in plan["stages"]})
     return (f"TP{plan['tp']} PP{plan['pp']} CP{plan['cp']} EP{plan['ep']} ETP{plan['etp']} DP{dp} "
-            f"VPP{plan['vpp']} mbs{mbs_text(plan)} " + "/".join(rec))
+            f"VPP{plan['vpp']} mbs{mbs_text(plan)} {_recompute_text(plan)}")
 
 
 def _dp_text(plan: dict) -> str:
     return str(plan["dp"][0]) if len(set(plan["dp"])) == 1 else "/".join(str(d) for d in plan["dp"])
 
 
+def _runs(values: Iterable[str]) -> list[tuple[int, str]]:
+    """Equal neighbours counted, in order: [(4, "none"), (4, "full-uniform:1")]."""
+    runs: list[list] = []
+    for v in values:
+        if runs and runs[-1][1] == v:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, v])
+    return [(n, v) for n, v in runs]
+
+
 def _recompute_text(plan: dict) -> str:
-    labels = [recompute_short(s["recompute_label"]) for s in plan["stages"]]
-    return labels[0] if len(set(labels)) == 1 else "/".join(labels)
+    """Each stage's recompute in stage order, a run of equal stages counted: "none", "none/full-uniform:1",
+    "none x4/full-uniform:1 x4"."""
+    runs = _runs(recompute_short(s["recompute_label"]) for s in plan["stages"])
+    return runs[0][1] if len(runs) == 1 else "/".join(v if n == 1 else f"{v} x{n}" for n, v in runs)
 
 
 def _devices_text(plan: dict) -> str:
     """The stages' device types in order, runs counted: "4 MI300X, 4 H800"."""
-    runs: list[list] = []
-    for s in plan["stages"]:
-        if runs and runs[-1][1] == s["device_type"]:
-            runs[-1][0] += 1
-        else:
-            runs.append([1, s["device_type"]])
-    return ", ".join(f"{n} {t}" for n, t in runs)
+    return ", ".join(f"{n} {t}" for n, t in _runs(s["device_type"] for s in plan["stages"]))
 
 
 def plan_difference(pick: dict, other: dict) -> str:
