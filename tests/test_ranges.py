@@ -679,3 +679,14 @@ def test_blackwell_eager_moe_note_quotes_nvidias_runs_against_this_model():
     assert len(ratios[True]) >= 9 and len(ratios[False]) >= 10
     for graphed, (lo, hi) in ((True, BLACKWELL_GRAPHED_MOE_RATIO), (False, BLACKWELL_EAGER_MOE_RATIO)):
         assert min(ratios[graphed]) < lo + 0.02 and max(ratios[graphed]) > hi - 0.02, (graphed, ratios[graphed])
+
+
+def test_one_local_expert_reads_in_the_singular():
+    """"expert GEMMs ... at 8192 tokens per expert and 1 local experts" (EP equal to the expert count) now reads
+    "1 local expert"; other counts keep the plural."""
+    def words(n: float) -> str:
+        return Conditions("expert_gemm", (("device", "MI300X"), ("precision", "bf16"), ("routing", "dropless")),
+                          (("tokens_per_expert", 8192.0), ("local_experts", n))).words()
+
+    assert "at 8192 tokens per expert and 1 local expert, dropless" in words(1.0)
+    assert "and 2 local experts, dropless" in words(2.0) and "and 16 local experts," in words(16.0)

@@ -155,7 +155,7 @@ def conditions_words(mechanism: str, key: dict[str, str], numbers: dict[str, str
     """A mechanism's conditions in words, numeric axes given as text (a value, or a range of values); those its
     format does not name follow it."""
     template = BY_NAME[mechanism].conditions
-    text = " ".join(template.format_map(_Blank({**key, **numbers})).split())
+    text = " ".join(template.format_map(_Blank({**key, **numbers})).split()).replace(" 1 local experts", " 1 local expert")
     extra = [f"{v} {n}" for n, v in numbers.items() if "{" + n + "}" not in template]
     if key.get(UNPRICED):
         extra.append(f"with {key[UNPRICED]} (not priced)")
