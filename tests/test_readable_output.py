@@ -415,6 +415,10 @@ def test_preset_assumptions_are_listed_with_their_flags():
     assert assumed["dropout"]["value"] == "0.1/0.1" and "training" in assumed["dropout"]["flag"]
     assert assumed["global batch size"]["flag"] == "--gbs" and assumed["global batch size"]["value"] == d["plan"]["gbs"]
     assert assumed["MoE imbalance"]["flag"] == "--moe-imbalance"
+    # estimate has no pick: the source speaks of the input's plan and of others (it read "the pick included")
+    assert "at the input's EP 4" in assumed["MoE imbalance"]["source"]
+    assert "a plan of other degrees gets its own" in assumed["MoE imbalance"]["source"]
+    assert "pick" not in assumed["MoE imbalance"]["source"]
     assert assumed["token dispatcher"]["value"] == "alltoall"
     d2 = json.loads(invoke(base + ["--gbs", "64", "--seq", "2048", "--moe-imbalance", "2.0"]).stdout)
     assert {a["name"] for a in d2["assumed"]} == {"token dispatcher", "dropout", "allocator"}

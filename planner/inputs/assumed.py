@@ -131,8 +131,9 @@ def imbalance_assumption(run: MegatronRun, cluster, profiles, *, user_profiles: 
     notes = [routing.assumed] if routing.assumed else []
     local = model.num_experts // ep
     experts = f"{local} expert{'s' if local != 1 else ''}"
-    source = (f"real routing {at}, {experts} per rank; every plan, the pick included, gets "
-              f"its own at its EP size and micro-batch: {routing.source}{_clipped(model)}")
+    others = "every plan, the pick included, gets" if whose == "the pick's" else "a plan of other degrees gets"
+    source = (f"real routing {at}, {experts} per rank; {others} its own at its EP size and micro-batch: "
+              f"{routing.source}{_clipped(model)}")
     if value < 1.0:
         notes.append("below 1: the capacity drops tokens, and the busiest rank computes less than the balanced load")
     source = "; ".join([source] + notes)
