@@ -872,3 +872,21 @@ is gone, saying so."""
         assert sim.run(["bash", str(moved / "launch.sh")], work, {"SIM_LOG": str(tmp_path / "train.txt"),
                                                                   "SIM_HOST": "h100-node0"}).returncode == 0
         assert (moved / "train-h100-node0.log").exists()  # a moved launcher's directory holds its files: its log stays there
+
+
+@pytest.mark.parametrize("outer", ["heredoc", "function"])
+def test_a_job_named_like_the_launcher_is_no_program_launch(tmp_path, outer):
+    """`srun -J torchrun bash -c "torchrun ..."` (a job step named torchrun): the option's value was taken for the
+    program srun runs, so the launch went to hapmoe_launch as `srun torchrun` would, without the string's --hosts
+    placement; srun's options are now skipped first, and the string's torchrun forms the plan's world on the real
+    hosts, in stage order."""
+    plan, cluster = _plan("two")
+    command = INNER["srun bash -c torchrun"][0].replace("srun ", "srun -J torchrun ", 1)
+    text, run_by = _outer(outer, command, 1, tmp_path)
+    out = tmp_path / "out"
+    hosts = _hosts("two")
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, "two", hosts)
+    done = sim.run([run_by, str(out / "launch.sh")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), True)

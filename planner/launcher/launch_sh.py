@@ -154,7 +154,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += program_functions(entry_name) if shadow else []
     lines += sbatch_function(entry_name) if sbatch_job else []
     exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
-    exported += " hapmoe_runs_program mpirun mpiexec" if shadow else ""
+    exported += " hapmoe_runs_program hapmoe_srun_runs_program mpirun mpiexec" if shadow else ""
     exported += " hapmoe_log" if job_log else ""
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
@@ -333,7 +333,7 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False, job
             "    # srun starting the training program itself where only launch.sh's functions reach the launch (a job",
             "    # script or string: `sbatch <<EOF ... srun torchrun ...`): srun runs the program, not a shell, so no",
             "    # function applies the plan in its tasks; hapmoe_launch runs it as the script's own `srun torchrun ...`",
-            '    if ((hapmoe_train)) && [[ "$HAPMOE_DRY_RUN" != 1 ]] && hapmoe_runs_program "$@"; then',
+            '    if ((hapmoe_train)) && [[ "$HAPMOE_DRY_RUN" != 1 ]] && hapmoe_srun_runs_program "$@"; then',
             '        hapmoe_launch srun "$@"; return',
             "    fi"]
     if spec.real_hosts:
@@ -384,7 +384,8 @@ def program_functions(entry_name: str) -> list[str]:
     """Where the launch reaches the plan through shell functions (a job script, a string, a sourced file): srun and
     mpirun start the training program themselves, not a shell, so no function applies the plan in their tasks.
     hapmoe_runs_program tells such a launch (torchrun or the entry script before any `bash`/`sh` among the words:
-    `srun env X=1 torchrun ...`, not `srun bash -c "..."`); srun() (srun_function) and mpirun()/mpiexec() (not under
+    `srun env X=1 torchrun ...`, not `srun bash -c "..."`; for srun, among the words after its options:
+    hapmoe_srun_runs_program); srun() (srun_function) and mpirun()/mpiexec() (not under
     --dry-run, whose stubs print them) hand it to hapmoe_launch, as the script's own `srun torchrun ...` or `mpirun ...
     python pretrain_gpt.py` would be; the tasks hapmoe_launch then starts (`... bash -c ...`) reach srun or mpirun
     itself."""
@@ -400,6 +401,12 @@ def program_functions(entry_name: str) -> list[str]:
         "        esac",
         "    done",
         "    return 1",
+        "}",
+        "# hapmoe_srun_runs_program SRUN-ARGS...: the same, of the command after srun's options (`srun -J torchrun bash",
+        "# -c ...` runs bash: the option's value is no program)",
+        "hapmoe_srun_runs_program() {",
+        *_skip_options("srun", "    "),
+        '    hapmoe_runs_program "$@"',
         "}",
         'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
         '    mpirun() { if hapmoe_runs_program "$@"; then hapmoe_launch mpirun "$@"; else command mpirun "$@"; fi; }',
