@@ -24,6 +24,7 @@ from planner.launcher import render_launch_files
 from planner.calibration.megatron_log import parse_megatron_log, parse_megatron_log_text
 from planner.cost.model import CostModel
 from planner.launcher.common import Agent, place_agents
+from planner.launcher.launch_sh import _first_host_function
 from planner.output.run_dir import LAUNCHER_OUTPUT, write_files
 from planner.trials import TRIAL_ITERATIONS, TRIAL_OVERRIDES
 from planner.profile_tables import ProfileSet
@@ -694,18 +695,23 @@ torchrun --nnodes 2 --nproc_per_node 8 --master_addr ${MASTER_ADDR:-localhost} -
 
 @pytest.mark.parametrize("kind", ["one", "two"])
 @pytest.mark.parametrize("real", [False, True])
-def test_srun_one_task_per_node_runs_every_agent_once(tmp_path, kind, real):
+@pytest.mark.parametrize("scontrol", [True, False])
+def test_srun_one_task_per_node_runs_every_agent_once(tmp_path, kind, real, scontrol):
     """`srun -N 2 --ntasks-per-node=1 bash launch.sh` of a torchrun script: each node starts its agents (SLURM_NODEID
     with template names, the host name with real ones, in an allocation of another order than the plan's), every
     node rank once, node 0's host the master where the script's is localhost: with template names the step's first
-    node, which SLURM_NODEID 0 is (it was the template's name, h100-node0, which no cluster has)."""
+    node, which SLURM_NODEID 0 is (it was the template's name, h100-node0, which no cluster has).  The step's node
+    list is compressed, as Slurm writes it (n[0-1]); in a container without scontrol launch.sh reads its first host
+    off the list itself (the master was the template's name again)."""
     plan, cluster = _plan(kind)
     out = tmp_path / "out"
     hosts = _hosts(kind) if real else None
     agents = emit(out, PLAIN, plan, cluster, hosts)
     sim = _sim(tmp_path, kind, hosts)
+    if not scontrol:
+        (sim.bin / "scontrol").unlink()
     done = sim.run(["srun", "-N", "2", "--ntasks-per-node=1", "bash", str(out / "launch.sh")], tmp_path,
-                   {"SLURM_JOB_NODELIST_SIM": ",".join(sim.nodes)})
+                   {"SLURM_JOB_NODELIST_SIM": ",".join(sim.nodes), "SIM_HOSTLIST": "compressed"})
     assert done.returncode == 0, done.stderr
     check_torch_world(sim.records(), agents, plan_flags(out), real)
 
@@ -890,3 +896,18 @@ def test_a_job_named_like_the_launcher_is_no_program_launch(tmp_path, outer):
     done = sim.run([run_by, str(out / "launch.sh")], tmp_path)
     assert done.returncode == 0, done.stderr
     check_torch_world(sim.records(), agents, plan_flags(out), True)
+
+
+@pytest.mark.parametrize("hostlist, first", [
+    ("node[01-04,07]", "node01"), ("gpu5,gpu6", "gpu5"), ("rack[1-2]-node[3-4],x9", "rack1-node3"),
+    ("a,b[1-2]", "a"), ("node[7]", "node7"), ("dgx-[003,001-002]", "dgx-003"), ("x[1-2]-ib,y[3]", "x1-ib"),
+    ("h100-node0", "h100-node0"),
+])
+def test_the_first_host_of_a_slurm_host_list_without_scontrol(tmp_path, hostlist, first):
+    """hapmoe_first_host reads rank 0's host off a compressed Slurm host list where no scontrol runs: each bracket's
+    first number, zero padding and what follows the bracket kept, up to the list's first comma outside brackets."""
+    script = tmp_path / "first.sh"
+    script.write_text("\n".join(_first_host_function()) + '\nhapmoe_first_host "$1"\n')
+    done = subprocess.run([shutil.which("bash"), str(script), hostlist], capture_output=True, text=True, timeout=30,
+                          env={"PATH": str(tmp_path / "nothing")})  # no scontrol, nor anything else
+    assert (done.returncode, done.stdout) == (0, first + "\n"), done.stderr

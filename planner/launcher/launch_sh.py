@@ -127,7 +127,7 @@ input that names a function in launch.sh, and only when it is one of these."""
 
 def _launch_functions(spec: LaunchSpec) -> str:
     """The block's functions hapmoe_launch calls where the training starts (in a task srun starts, too)."""
-    out = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry"
+    out = "hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_first_host hapmoe_dry"
     out += " hapmoe_need_refs" if spec.refs else ""
     return out + (" hapmoe_priced_read hapmoe_check_priced" if spec.priced is not None else "")
 
@@ -143,6 +143,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += _priced_function(spec)
     lines += _agent_function(spec)
     lines += node_check_function(spec)
+    lines += _first_host_function()
     job_log = sbatch_job and spec.log_name is not None
     lines += ["", "# hapmoe_launch WORDS...: run the script's launch command with the plan applied.",
               "hapmoe_launch() {"] + ([_JOB_LOG] if job_log else [])
@@ -746,7 +747,7 @@ def _rank_environment(spec: LaunchSpec) -> str:
             '[[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; '
             f'export MASTER_PORT=${{MASTER_PORT:-{sh_quote(spec.master_port)}}}; '
             'if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then '
-            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || MASTER_ADDR=; '
+            'MASTER_ADDR=$(hapmoe_first_host "$SLURM_STEP_NODELIST"); '
             '[[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; ')
 
 
@@ -785,7 +786,7 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
         f"        local j=${{#launcher[@]}} r={_rank_of('0')}",
         "        for ((i = 0; i < ${#launcher[@]}; i++)); do [[ \"${launcher[i]##*/}\" == python* ]] && { j=$i; break; }; done",
         "        if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)",
-        "            \"${launcher[@]:0:j}\" bash -c \"$(declare -f hapmoe_agent hapmoe_check_node; "
+        "            \"${launcher[@]:0:j}\" bash -c \"$(declare -f hapmoe_agent hapmoe_check_node hapmoe_first_host; "
         f"declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)\"{sh_quote(check)} hapmoe-task \"${{launcher[@]:j}}\" \"$entry_word\" "
         "\"${args[@]}\" \"${plan[@]}\"",
         "        else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them",
@@ -877,6 +878,28 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     ]
 
 
+def _first_host_function() -> list[str]:
+    """`hapmoe_first_host LIST`: the first host of a Slurm host list, where rank 0 runs: scontrol's (`show hostnames`),
+    else read off the list itself (`node[01-04,07],gpu9` -> node01: each bracket's first number, zero padding kept;
+    `rack[1-2]-n[3-4]` -> rack1-n3), as a container's task without scontrol has to (pyxis/enroot images seldom ship
+    Slurm's client): the master was then the template's name (h100-node0), which no cluster has."""
+    return [
+        "",
+        "# hapmoe_first_host LIST: the first host of a Slurm host list (scontrol's, else read off the list)",
+        "hapmoe_first_host() {",
+        '    local l=$1 h=',
+        '    h=$(scontrol show hostnames "$l" 2>/dev/null | head -n 1) || h=',
+        '    if [[ -z "$h" ]]; then',
+        '        while [[ "$l" =~ ^([^],[]*)\\[([^],-]*)[^]]*\\](.*)$ ]]; do',
+        "            h+=${BASH_REMATCH[1]}${BASH_REMATCH[2]}; l=${BASH_REMATCH[3]}",
+        "        done",
+        "        h+=${l%%,*}",
+        "    fi",
+        "    printf '%s\\n' \"$h\"",
+        "}",
+    ]
+
+
 def _template_master(spec: LaunchSpec) -> list[str]:
     """With template host names, node 0's real host: in an srun task the step's first node (SLURM_NODEID 0, as
     _this_hosts_agents reads it), else the host of the script's rendezvous endpoint (when not a loopback name)."""
@@ -886,7 +909,7 @@ def _template_master(spec: LaunchSpec) -> list[str]:
     loopback = '[[ "$rhost" != localhost && "$rhost" != 127.0.0.1 && "$rhost" != ::1 ]]'
     return [
         "    if [[ -n \"${SLURM_NODEID:-}\" && -n \"${SLURM_STEP_NODELIST:-}\" ]]; then  # an srun task: node 0 is the step's first",
-        '        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || first=',
+        '        local first; first=$(hapmoe_first_host "$SLURM_STEP_NODELIST")',
         '        [[ -n "$first" ]] && master_host=$first',
         "    fi",
         '    if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0\'s host, as the script gives it',

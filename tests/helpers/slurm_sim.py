@@ -7,9 +7,10 @@ processes, each told its node by SIM_HOST (the `hostname` stub prints it).
   <spool>/job<ID>/slurm_script and runs that copy on the job's first node, with SLURM_JOB_* and SLURM_NTASKS* set as
   sbatch sets them, and under an --export without ALL (its option, else SBATCH_EXPORT, else #SBATCH) only SLURM_*
   (and the stubs' SIM_* and PATH) of the environment, with SLURM_EXPORT_ENV set; with SIM_SBATCH_OUTPUT the job's
-  output goes to slurm-<id>.out, as sbatch writes it, not to sbatch's caller; scontrol answers `show hostnames` and `show job` (Command= the submitted file's full path).
+  output goes to slurm-<id>.out, as sbatch writes it, not to sbatch's caller; scontrol answers `show hostnames` (expanding a compressed list) and `show job` (Command= the submitted file's full path).
 - srun: one process per task (SLURM_HOSTFILE's first -n lines with --distribution=arbitrary, where
-  srun ignores --ntasks-per-node), with SLURM_PROCID/SLURM_NODEID/SLURM_LOCALID/SLURM_STEP_NODELIST; -N/-n/
+  srun ignores --ntasks-per-node), with SLURM_PROCID/SLURM_NODEID/SLURM_LOCALID/SLURM_STEP_NODELIST (compressed
+  as Slurm writes it, n[0-1], with SIM_HOSTLIST=compressed); -N/-n/
   --ntasks-per-node its own, else the job's (SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, as srun reads them);
   --distribution=arbitrary with SLURM_HOSTFILE puts task k on the file's line k; --export=NONE passes SLURM_* only.
 - mpirun: -np processes over --hostfile's slots (or SIM_NODES'), with OMPI_COMM_WORLD_RANK/LOCAL_RANK, the environment
@@ -30,6 +31,49 @@ import json, os, re, shutil, subprocess, sys, uuid
 
 def nodes():
     return os.environ.get("SIM_NODES", "n0 n1 n2 n3 n4 n5 n6 n7").split()
+
+def compress(names):
+    """Slurm's compressed host list of `names` in their order (n0,n1,n3,m7 -> n[0-1,3],m7), as SIM_HOSTLIST=compressed
+    asks; else the names with commas."""
+    if os.environ.get("SIM_HOSTLIST") != "compressed":
+        return ",".join(names)
+    groups = []  # [prefix, width, [numbers]] of neighbours
+    for n in names:
+        m = re.match(r"^(.*?)(\d+)$", n)
+        key = (m.group(1), len(m.group(2))) if m else (n, None)
+        if groups and m and groups[-1][:2] == list(key):
+            groups[-1][2].append(int(m.group(2)))
+        else:
+            groups.append([*key, [int(m.group(2))] if m else []])
+    out = []
+    for prefix, width, nums in groups:
+        if width is None or len(nums) == 1:
+            out.append(prefix if width is None else f"{prefix}{nums[0]:0{width}d}")
+            continue
+        spans = []
+        for x in nums:
+            if spans and x == spans[-1][1] + 1:
+                spans[-1][1] = x
+            else:
+                spans.append([x, x])
+        out.append(prefix + "[" + ",".join(f"{a:0{width}d}" + (f"-{b:0{width}d}" if b > a else "") for a, b in spans)
+                   + "]")
+    return ",".join(out)
+
+def expand(hostlist):
+    """The names of a host list (one bracket a name at most: what `compress` writes)."""
+    out = []
+    for item in re.findall(r"[^,\[]*(?:\[[^\]]*\][^,]*)?", hostlist):
+        m = re.match(r"^(.*)\[([^\]]*)\](.*)$", item)
+        if not item:
+            continue
+        if not m:
+            out.append(item)
+            continue
+        for span in m.group(2).split(","):
+            a, _, b = span.partition("-")
+            out += [f"{m.group(1)}{x:0{len(a)}d}{m.group(3)}" for x in range(int(a), int(b or a) + 1)]
+    return out
 
 def job_nodes():
     listed = os.environ.get("SLURM_JOB_NODELIST_SIM")
@@ -107,7 +151,7 @@ for k, h in enumerate(hosts):
     else:
         tenv = dict(env)
     tenv.update(SLURM_PROCID=str(k), SLURM_NODEID=str(step_nodes.index(h)), SLURM_LOCALID=str(local.get(h, 0)),
-                SLURM_STEP_NODELIST=",".join(step_nodes), SLURM_STEP_NUM_TASKS=str(len(hosts)),
+                SLURM_STEP_NODELIST=compress(step_nodes), SLURM_STEP_NUM_TASKS=str(len(hosts)),
                 SLURM_STEP_NUM_NODES=str(len(step_nodes)), SIM_HOST=h, SLURMD_NODENAME=h)
     local[h] = local.get(h, 0) + 1
     procs.append(subprocess.Popen(args, env=tenv))
@@ -190,8 +234,8 @@ sys.exit(subprocess.run([copy, *script_args], env=env, cwd=os.getcwd()).returnco
 
 SCONTROL = r'''
 a = sys.argv[1:]
-if a[:2] == ["show", "hostnames"]:  # the list given (these stubs write node lists with commas), else the job's
-    print("\n".join(a[2].split(",") if len(a) > 2 and "[" not in a[2] else job_nodes()))
+if a[:2] == ["show", "hostnames"]:  # the list given, else the job's
+    print("\n".join(expand(a[2]) if len(a) > 2 else job_nodes()))
 elif a[:2] == ["show", "job"]:
     print(f"JobId={os.environ.get('SLURM_JOB_ID')} JobName=x\n   Command={os.environ.get('SIM_SUBMITTED') or '(null)'}")
 '''

@@ -152,6 +152,19 @@ hapmoe_check_node() {
     fi
 }
 
+# hapmoe_first_host LIST: the first host of a Slurm host list (scontrol's, else read off the list)
+hapmoe_first_host() {
+    local l=$1 h=
+    h=$(scontrol show hostnames "$l" 2>/dev/null | head -n 1) || h=
+    if [[ -z "$h" ]]; then
+        while [[ "$l" =~ ^([^],[]*)\[([^],-]*)[^]]*\](.*)$ ]]; do
+            h+=${BASH_REMATCH[1]}${BASH_REMATCH[2]}; l=${BASH_REMATCH[3]}
+        done
+        h+=${l%%,*}
+    fi
+    printf '%s\n' "$h"
+}
+
 # hapmoe_launch WORDS...: run the script's launch command with the plan applied.
 hapmoe_launch() {
     local -a words=("$@") launcher=() args=() plan=()
@@ -211,11 +224,11 @@ hapmoe_launch() {
         local j=${#launcher[@]} r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}
         for ((i = 0; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
         if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)
-            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}; n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || MASTER_ADDR=; [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node hapmoe_first_host; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}; n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(hapmoe_first_host "$SLURM_STEP_NODELIST"); [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
         else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them
             local n lr; n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; if [[ -n "$n" && "$n" != 16 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 16: give srun --ntasks=16 (or mpirun -np 16)" >&2; exit 2; fi; 
             hapmoe_agent $((r / 8)) && hapmoe_check_node $((r / 8)) "$(hostname -s)" "$HAPMOE_A_TYPE"
-            if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || MASTER_ADDR=; [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi
+            if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6000}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(hapmoe_first_host "$SLURM_STEP_NODELIST"); [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi
             command "${launcher[@]}" "$entry_word" "${args[@]}" "${plan[@]}"
         fi
         return
@@ -225,7 +238,7 @@ hapmoe_launch() {
         if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run
             while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done
         fi
-        srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry; declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_SRUN_STEP)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
+        srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_first_host hapmoe_dry; declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_SRUN_STEP)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
         return
     fi
     # a task of an srun step on fewer nodes than the plan's (srun -N): static rendezvous would wait forever
@@ -235,7 +248,7 @@ hapmoe_launch() {
     fi
     local master=() has_addr=0 has_port=0 i master_host=a100-node0 master_port=6000  # the script's master address/port win
     if [[ -n "${SLURM_NODEID:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then  # an srun task: node 0 is the step's first
-        local first; first=$(scontrol show hostnames "$SLURM_STEP_NODELIST" 2>/dev/null | head -n 1) || first=
+        local first; first=$(hapmoe_first_host "$SLURM_STEP_NODELIST")
         [[ -n "$first" ]] && master_host=$first
     fi
     if [[ -n "$rdzv" ]]; then  # torchrun --rdzv-endpoint HOST[:PORT]: node 0's host, as the script gives it
@@ -380,7 +393,7 @@ srun() {
     fi
     HAPMOE_SRUN_STEP=1 HAPMOE_SRUN_TASK_PER_AGENT=$per_agent command srun "$@"
 }
-export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_dry hapmoe_slurm_valued srun
+export -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_first_host hapmoe_dry hapmoe_slurm_valued srun
 # ---- end of hapmoe block ----
 
 MODEL_ARGS=(
