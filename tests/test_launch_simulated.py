@@ -107,6 +107,7 @@ def check_torch_world(recs: list[dict], agents: list[Agent], plan_flags: list[st
     node's --hetero-current-device-type after the plan's flags."""
     runs = [r for r in recs if r["kind"] == "torchrun"]
     assert not [r for r in recs if r["kind"] != "torchrun"], recs
+    check_plan_environment(runs, None if flagscale else "expandable_segments:True")
     ranks = sorted(int(_opt(r["argv"], "--node-rank")[0]) for r in runs)
     assert ranks == [a.node_rank for a in agents], [(r["env"], r["argv"][:12]) for r in runs]
     by_rank = {int(_opt(r["argv"], "--node-rank")[0]): r for r in runs}
@@ -149,6 +150,16 @@ def check_rank_world(recs: list[dict], world: int, plan_flags: list[str], rank_v
         assert env.get("LOCAL_RANK") == env[local_var], env
     assert len({(r["env"].get("MASTER_ADDR"), r["env"].get("MASTER_PORT")) for r in recs}) == 1
     assert all(r["env"].get("MASTER_ADDR") and r["env"].get("MASTER_PORT") for r in recs), recs[0]["env"]
+    check_plan_environment(recs)
+
+
+def check_plan_environment(recs: list[dict], allocator: str | None = "expandable_segments:True") -> None:
+    """Every process that trains has the environment the plan was priced with, whatever started it (the scripts here
+    state no allocator setting, so the one the memory was priced with; mpirun gives a remote node -x's variables only,
+    srun --export=NONE Slurm's), and one CUDA_DEVICE_MAX_CONNECTIONS.  (FlagScale's runner sets the allocator from
+    its experiment YAML, which the stubs do not read: `allocator` None.)"""
+    assert {r["env"].get("PYTORCH_CUDA_ALLOC_CONF") for r in recs} == {allocator}, recs[0]["env"]
+    assert len({r["env"].get("CUDA_DEVICE_MAX_CONNECTIONS") for r in recs}) == 1, [r["env"] for r in recs]
 
 
 def plan_flags(out: Path) -> list[str]:
@@ -679,6 +690,10 @@ def test_mpirun_ranks_start_only_on_their_stages_device_type(tmp_path, order):
     if order == "plan":
         assert done.returncode == 0, done.stderr
         check_rank_world(recs, plan.world_size, plan_flags(out), "OMPI_COMM_WORLD_RANK")
+        # what launch.sh exports for the plan reaches the ranks mpirun starts on another node too (mpirun passes -x's
+        # variables only): TP 2 needs one hardware queue, the memory was priced with expandable segments
+        assert {(r["env"].get("CUDA_DEVICE_MAX_CONNECTIONS"), r["env"].get("PYTORCH_CUDA_ALLOC_CONF"))
+                for r in recs} == {("1", "expandable_segments:True")}, [r["env"] for r in recs if r["env"]["SIM_HOST"] == "aa"][:1]
     else:
         assert done.returncode == 3 and "should hold H100" in done.stderr, done.stderr
 

@@ -715,23 +715,30 @@ def _split_launch_words(spec: LaunchSpec, entry_name: str) -> list[str]:
          if entry_new.rsplit("/", 1)[-1] != entry_name else "    local entry_word=${words[entry]}"),
     ]
     if spec.max_connections == 1:
-        lines.append("    export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)")
+        lines.append("    # CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron needs it with TP or CP > 1 (pre-Blackwell)")
     elif spec.max_connections is not None:
-        lines.append(f"    export CUDA_DEVICE_MAX_CONNECTIONS={int(spec.max_connections)}"
-                     "  # --overlap-moe-expert-parallel-comm needs more than one hardware queue")
+        lines.append("    # CUDA_DEVICE_MAX_CONNECTIONS: --overlap-moe-expert-parallel-comm needs more than one hardware queue")
+    if spec.allocator_default is not None:
+        lines.append("    # the allocator setting the memory estimate assumed (the input states none): kept if the environment"
+                     " sets one")
+    return lines + ["    " + statement for statement in _plan_exports(spec)]
+
+
+def _plan_exports(spec: LaunchSpec) -> list[str]:
+    """bash statements that export the environment the plan needs: CUDA_DEVICE_MAX_CONNECTIONS, the plan's `exports`,
+    the allocator setting the memory was priced with where the environment sets none.  hapmoe_launch runs them, and so
+    does each rank srun or mpirun starts itself (_run_without_torchrun), whose environment need not be launch.sh's:
+    mpirun passes a remote node only -x's variables, srun --export=NONE only SLURM_*, and Megatron's validate_args
+    refuses TP or CP > 1 without CUDA_DEVICE_MAX_CONNECTIONS=1 on pre-Blackwell GPUs."""
+    out = [] if spec.max_connections is None else [f"export CUDA_DEVICE_MAX_CONNECTIONS={int(spec.max_connections)}"]
     for name, value in spec.exports.items():
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
             raise ValueError(f"launch.sh exports only environment names, got {name!r}")
-        lines.append(f"    export {name}={sh_quote(value)}")
+        out.append(f"export {name}={sh_quote(value)}")
     if spec.allocator_default is not None:
-        lines += [
-            "    # the allocator setting the memory estimate assumed (the input states none): kept if the environment",
-            "    # sets one",
-            '    if [[ -z "${PYTORCH_ALLOC_CONF:-}${PYTORCH_CUDA_ALLOC_CONF:-}" ]]; then',
-            f"        export PYTORCH_CUDA_ALLOC_CONF={sh_quote(spec.allocator_default)}",
-            "    fi",
-        ]
-    return lines
+        out.append('if [[ -z "${PYTORCH_ALLOC_CONF:-}${PYTORCH_CUDA_ALLOC_CONF:-}" ]]; then '
+                   f"export PYTORCH_CUDA_ALLOC_CONF={sh_quote(spec.allocator_default)}; fi")
+    return out
 
 
 def _rank_environment(spec: LaunchSpec) -> str:
@@ -775,7 +782,7 @@ def _run_without_torchrun(spec: LaunchSpec) -> list[str]:
     check = (f'; r={_rank_of()}; ' + started + count +
              f'if [[ -n "$r" ]]; then k=$((r / {nproc})); '
              'hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; '
-             + _rank_environment(spec) + 'exec "$@"')
+             + "".join(statement + "; " for statement in _plan_exports(spec)) + _rank_environment(spec) + 'exec "$@"')
     return [
         "    local i",
         "    if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks",

@@ -82,7 +82,7 @@ def job_nodes():
 def record(kind, argv):
     keep = ("SIM_HOST", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR",
             "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "HAPMOE_SRUN_TASK_PER_AGENT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-            "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+            "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     path = os.path.join(os.environ["SIM_REC"], f"{kind}-{uuid.uuid4().hex}.json")
     with open(path, "w") as f:

@@ -280,7 +280,8 @@ hapmoe_launch() {
     done
     hapmoe_check_priced "${words[@]:entry+1}"
     local entry_word=flagscale/train/train_gpt.py  # FlagScale's entry replaces pretrain_gpt.py
-    export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    # CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron needs it with TP or CP > 1 (pre-Blackwell)
+    export CUDA_DEVICE_MAX_CONNECTIONS=1
     local i
     if ((!torch)); then  # srun / mpirun / python: the scheduler places the ranks
         if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
@@ -290,7 +291,7 @@ hapmoe_launch() {
         local j=${#launcher[@]} r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}
         for ((i = 0; i < ${#launcher[@]}; i++)); do [[ "${launcher[i]##*/}" == python* ]] && { j=$i; break; }; done
         if ((j > 0)); then  # srun / mpirun start the ranks: each checks its node's device type first (srun: placed)
-            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node hapmoe_first_host; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}; n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; if [[ -n "$n" && "$n" != 24 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 24: give srun --ntasks=24 (or mpirun -np 24)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6001}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(hapmoe_first_host "$SLURM_STEP_NODELIST"); [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
+            "${launcher[@]:0:j}" bash -c "$(declare -f hapmoe_agent hapmoe_check_node hapmoe_first_host; declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"'; r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}; n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; if [[ -n "$n" && "$n" != 24 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 24: give srun --ntasks=24 (or mpirun -np 24)" >&2; exit 2; fi; if [[ -n "$r" ]]; then k=$((r / 8)); hapmoe_agent "$k" && hapmoe_check_node "$k" "$(hostname -s)" "$HAPMOE_A_TYPE"; fi; export CUDA_DEVICE_MAX_CONNECTIONS=1; if [[ -n "$r" ]]; then export RANK=${RANK:-$r}; [[ -n "$n" ]] && export WORLD_SIZE=${WORLD_SIZE:-$n}; lr=${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-}}}}; [[ -n "$lr" ]] && export LOCAL_RANK=$lr; fi; export MASTER_PORT=${MASTER_PORT:-6001}; if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_STEP_NODELIST:-}" ]]; then MASTER_ADDR=$(hapmoe_first_host "$SLURM_STEP_NODELIST"); [[ -n "$MASTER_ADDR" ]] && export MASTER_ADDR; fi; exec "$@"' hapmoe-task "${launcher[@]:j}" "$entry_word" "${args[@]}" "${plan[@]}"
         else  # python itself: one rank (an srun task's, in a `bash -c` string), or all of them
             local n lr; n=${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_STEP_NUM_TASKS:-}}}; if [[ -n "$n" && "$n" != 24 ]]; then [[ "$r" == 0 ]] && echo "launch.sh: $n ranks started, the plan has 24: give srun --ntasks=24 (or mpirun -np 24)" >&2; exit 2; fi; 
             hapmoe_agent $((r / 8)) && hapmoe_check_node $((r / 8)) "$(hostname -s)" "$HAPMOE_A_TYPE"
