@@ -335,6 +335,23 @@ def test_source_of_a_file_next_to_the_script(tmp_path):
     assert "NCCL_DEBUG" in s.exported
 
 
+@pytest.mark.parametrize("here", ['"$(dirname "$(readlink -f "$0")")"', '$(dirname $(realpath ${BASH_SOURCE[0]}))',
+                                  '$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)'])
+def test_the_scripts_directory_through_readlink_or_realpath(tmp_path, here):
+    """`SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"` (Megatron-LM examples/post_training/modelopt, NVIDIA's MoE
+    model zoo) is the script's directory, as `$(dirname "$0")` is: the file it sources from there is read, its launch
+    and flags with it (unread, the script launched nothing the reader could see)."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "arguments.sh").write_text('LAUNCH_SCRIPT="torchrun --nproc_per_node=8"\n'
+                                                    'MODEL_ARGS="--num-layers 4 --hidden-size 64"\n')
+    script = tmp_path / "finetune.sh"
+    script.write_text(f'#!/bin/bash\nSCRIPT_DIR={here}\nsource "${{SCRIPT_DIR}}/conf/arguments.sh"\n'
+                      '${LAUNCH_SCRIPT} ${SCRIPT_DIR}/finetune.py ${MODEL_ARGS} --save "${SCRIPT_DIR}/ckpt"\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4", "--hidden-size", "64", "--save", f"{tmp_path.resolve()}/ckpt"]
+    assert s.entry_script == f"{tmp_path.resolve()}/finetune.py" and s.world_size == 8 and not s.unresolved
+
+
 def test_the_files_copied_next_to_launch_sh_are_the_files_read(tmp_path):
     """The files the script sources or submits from its directory are copied next to launch.sh as they were read:
     the copy of a file with a command substitution or an eval in it was the last of these (`hostname`), so the job

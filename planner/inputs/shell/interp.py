@@ -44,6 +44,10 @@ _OTHER_SCHEDULERS = frozenset({"qsub", "bsub"})
 without -V, so launch.sh's functions would not reach it either)."""
 _REMOTE_SHELLS = frozenset({"ssh", "pdsh", "pssh", "parallel-ssh", "clush", "mpssh"})
 """Programs that run a command string on other hosts, which the reader does not follow and launch.sh cannot reach."""
+_SCRIPT_PATH = r"[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?"
+_SCRIPT_DIR = rf"dirname\s+({_SCRIPT_PATH}|[\"']?\$\(\s*(realpath|readlink\s+-[fem])\s+{_SCRIPT_PATH}\s*\)[\"']?)"
+"""The script's own directory as launchers write it: `dirname "$0"`, `dirname "$(readlink -f "$0")"`,
+`dirname "$(realpath "${BASH_SOURCE[0]}")"` (inside a `$(...)`, itself maybe inside `cd ... && pwd` or `realpath`)."""
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
              "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys"}
 _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set", "ulimit", "trap", "shopt", "umask",
@@ -428,18 +432,18 @@ class Interp:
             self.capture[-1].append(text)
 
     def _known_substitution(self, raw: str) -> str | None:
-        """$(dirname "$0"), $(cd "$(dirname ...)" && pwd), $(basename ...) and friends: the
-        script's own directory, which is known."""
+        """$(dirname "$0"), $(dirname "$(readlink -f "$0")"), $(cd "$(dirname ...)" && pwd), $(realpath
+        "$(dirname ...)") and friends: the script's own directory, which is known."""
         if self.script_dir is None:
             return None
         body = raw[2:-1] if raw.startswith("$(") else raw[1:-1]
         if re.search(r"\$\{?(0|BASH_SOURCE)\b", body):
             self.self_relative = True
-        if re.fullmatch(r"\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*", body):
+        if re.fullmatch(rf"\s*{_SCRIPT_DIR}\s*", body):
             return self.script_dir
-        if re.fullmatch(r"\s*cd\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*(&&|;)\s*pwd(\s+-P)?\s*", body):
+        if re.fullmatch(rf"\s*cd\s+[\"']?\$\(\s*{_SCRIPT_DIR}\s*\)[\"']?\s*(&&|;)\s*pwd(\s+-P)?\s*", body):
             return self.script_dir
-        if re.fullmatch(r"\s*realpath\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*", body):
+        if re.fullmatch(rf"\s*(realpath|readlink\s+-[fem])\s+[\"']?\$\(\s*{_SCRIPT_DIR}\s*\)[\"']?\s*", body):
             return self.script_dir
         return None
 
