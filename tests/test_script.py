@@ -352,6 +352,29 @@ def test_the_scripts_directory_through_readlink_or_realpath(tmp_path, here):
     assert s.entry_script == f"{tmp_path.resolve()}/finetune.py" and s.world_size == 8 and not s.unresolved
 
 
+def test_a_branch_read_in_a_sourced_file_names_that_file_and_its_line(tmp_path):
+    """A condition the reader cannot decide in a file the script sources (Megatron-LM's modelopt conf/arguments.sh:
+    `if [ -z ${LAUNCH_SCRIPT} ]`) is reported at that file's line, with its text, not at the same line number of the
+    script (which named a blank line of the wrong file); an `if`, a `case` and a `&&` guard alike."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "arguments.sh").write_text(
+        'if [ -z ${LAUNCH_SCRIPT} ]; then\n    LAUNCH_SCRIPT="torchrun --nproc_per_node=8"\nfi\n'
+        'case "$(cat /etc/size)" in\n    8B) MODEL="--num-layers 32" ;;\nesac\n'
+        '[ -f /data/extra ] && EXTRA="--use-flash-attn"\n')
+    script = tmp_path / "train.sh"
+    script.write_text('#!/bin/bash\n\n\nsource conf/arguments.sh\n'
+                      '${LAUNCH_SCRIPT} pretrain_gpt.py --num-layers 4 --hidden-size 64 $MODEL $EXTRA\n')
+    s = read_launcher_script(script)
+    conf = str((tmp_path / "conf" / "arguments.sh").resolve())
+    assert [d.message(s.path) for d in s.decisions] == [
+        f"{conf}:1: `if [ -z ${{LAUNCH_SCRIPT}} ]; then` depends on LAUNCH_SCRIPT, which the script does not set "
+        "(read as unset); read as true: its branch was taken (kept flags --nproc_per_node)",
+        f'{conf}:4: `case "$(cat /etc/size)" in` the word "$(cat /etc/size)" is not known; read as no pattern matched '
+        "(skipped flags --num-layers)",
+        f"{conf}:7: `[ -f /data/extra ] && EXTRA=\"--use-flash-attn\"` tests a file on the machine that runs the "
+        "script (-f /data/extra); read as skipping the command after && (skipped flags --use-flash-attn)"]
+
+
 def test_the_files_copied_next_to_launch_sh_are_the_files_read(tmp_path):
     """The files the script sources or submits from its directory are copied next to launch.sh as they were read:
     the copy of a file with a command substitution or an eval in it was the last of these (`hostname`), so the job

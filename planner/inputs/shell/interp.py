@@ -75,6 +75,7 @@ class BranchDecision:
     reason: str  # why it could not be decided
     flags_skipped: list[str] = field(default_factory=list)
     flags_taken: list[str] = field(default_factory=list)
+    path: str | None = None  # the file the line is in, where not the script itself (a file it sources or runs)
 
     def message(self, path: str | None) -> str:
         held = []
@@ -83,7 +84,7 @@ class BranchDecision:
         if self.flags_taken:
             held.append("kept flags " + " ".join(self.flags_taken))
         detail = f" ({'; '.join(held)})" if held else ""
-        return f"{location(path, self.line)}: `{self.condition}` {self.reason}; read as {self.reading}{detail}"
+        return f"{location(self.path or path, self.line)}: `{self.condition}` {self.reason}; read as {self.reading}{detail}"
 
 
 @dataclass
@@ -861,16 +862,25 @@ class Interp:
     def _record_guard(self, node: AndOr, op: str, rhs) -> None:
         flags = self._flags_in([rhs])
         if flags:
-            self.decisions.append(
-                BranchDecision(node.line, self._src_text(node.line), f"skipping the command after {op}",
-                               self._unknown_reason(), flags_skipped=flags)
-            )
+            self._decision(node.line, node.src, f"skipping the command after {op}", self._unknown_reason(),
+                           flags_skipped=flags)
 
     def _unknown_reason(self) -> str:
         return getattr(self, "last_unknown", "cannot be decided from the script")
 
-    def _src_text(self, line: int) -> str:
-        lines = self.text.splitlines()
+    def _decision(self, line: int, src: int, reading: str, reason: str, *, flags_skipped: list[str] | None = None,
+                  flags_taken: list[str] | None = None) -> None:
+        """Record how a condition that holds flags was read, with the file and line it is in."""
+        path = self.sources[src][0] if src < len(self.sources) else self.path
+        self.decisions.append(BranchDecision(
+            line, self._src_text(line, src), reading, reason, flags_skipped=flags_skipped or [],
+            flags_taken=flags_taken or [], path=path if path != self.path else None))
+
+    def _src_text(self, line: int, src: int) -> str:
+        """The text of a line of the file it is in (a string run by eval or bash -c counts its lines in its file)."""
+        path = self.sources[src][0] if src < len(self.sources) else self.path
+        text = next((t for p, t in self.sources if p == path), self.text)
+        lines = text.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else "?"
 
     def _flags_in(self, nodes: Iterable) -> list[str]:
@@ -924,23 +934,21 @@ class Interp:
         for k, (cond, body) in enumerate(node.arms):
             status, assumed = self._cond_status(cond)
             others = [b for j, (_, b) in enumerate(node.arms) if j != k] + ([node.orelse] if node.orelse else [])
-            cond_text = self._src_text(cond[0].line if cond and hasattr(cond[0], "line") else node.line)
+            cond_line = getattr(cond[0], "line", node.line) if cond else node.line
             if status is None:
                 skipped = self._flags_in([body])
                 if skipped or self._flags_in(others):
-                    self.decisions.append(BranchDecision(
-                        getattr(cond[0], "line", node.line) if cond else node.line, cond_text,
-                        "false: its branch was skipped", self._unknown_reason(), flags_skipped=skipped))
+                    self._decision(cond_line, node.src, "false: its branch was skipped", self._unknown_reason(),
+                                   flags_skipped=skipped)
                 continue
             if assumed and (self._flags_in([body]) or self._flags_in(others)):
                 names = ", ".join(sorted(assumed))
                 taken = status == 0
                 reading = "true: its branch was taken" if taken else "false: its branch was skipped"
-                self.decisions.append(BranchDecision(
-                    getattr(cond[0], "line", node.line) if cond else node.line, cond_text, reading,
-                    f"depends on {names}, which the script does not set (read as unset)",
-                    flags_skipped=[] if taken else self._flags_in([body]),
-                    flags_taken=self._flags_in([body]) if taken else []))
+                self._decision(cond_line, node.src, reading,
+                               f"depends on {names}, which the script does not set (read as unset)",
+                               flags_skipped=[] if taken else self._flags_in([body]),
+                               flags_taken=self._flags_in([body]) if taken else [])
             if status == 0:
                 return self.run_list(body)
         if node.orelse is not None:
@@ -994,9 +1002,8 @@ class Interp:
             cond_status, assumed = self._cond_status(node.cond or [])
             if cond_status is None:
                 if self._flags_in([node.body]):
-                    self.decisions.append(BranchDecision(node.line, self._src_text(node.line),
-                                                         "false: the loop stopped", self._unknown_reason(),
-                                                         flags_skipped=self._flags_in([node.body])))
+                    self._decision(node.line, node.src, "false: the loop stopped", self._unknown_reason(),
+                                   flags_skipped=self._flags_in([node.body]))
                 break
             if (cond_status == 0) != (node.kind == "while"):
                 break
@@ -1041,8 +1048,8 @@ class Interp:
         if not ok:
             flags = self._flags_in([b for _, b in node.arms])
             if flags:
-                self.decisions.append(BranchDecision(node.line, self._src_text(node.line), "no pattern matched",
-                                                     f"the word {node.word.raw} is not known", flags_skipped=flags))
+                self._decision(node.line, node.src, "no pattern matched", f"the word {node.word.raw} is not known",
+                               flags_skipped=flags)
         return 0
 
     # -- simple commands ------------------------------------------------------------------------
