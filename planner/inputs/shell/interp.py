@@ -49,7 +49,7 @@ _SCRIPT_DIR = rf"dirname\s+({_SCRIPT_PATH}|[\"']?\$\(\s*(realpath|readlink\s+-[f
 """The script's own directory as launchers write it: `dirname "$0"`, `dirname "$(readlink -f "$0")"`,
 `dirname "$(realpath "${BASH_SOURCE[0]}")"` (inside a `$(...)`, itself maybe inside `cd ... && pwd` or `realpath`)."""
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
-             "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys"}
+             "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys", "uv"}
 _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set", "ulimit", "trap", "shopt", "umask",
               "alias", "hash", "wait", "sleep", "touch", "cp", "mv", "rm", "ln", "chmod", "tee", "cat", "date",
               "module", "conda", "ml", "pip", "nvidia-smi", "hostname", "ls", "sync"}
