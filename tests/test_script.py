@@ -144,7 +144,8 @@ def test_unresolvable_parts_stay_literal():
     # the array element is one word; the launch line's unquoted ${LOGGING_ARGS[@]} splits it, as bash does
     assert "mixtral run $(date +%s)" in s.arrays["LOGGING_ARGS"]
     i = f.index("--wandb-exp-name")
-    assert f[i + 1 : i + 5] == ["mixtral", "run", "$(date", "+%s)"]  # unquoted: split as bash does
+    # unquoted: split as bash does, the date it prints one word (not "$(date" and "+%s)")
+    assert f[i + 1 : i + 4] == ["mixtral", "run", "$(date +%s)"] and f[i + 4].startswith("--")
     assert s.env["STAMP"] == "run $(date +%s)"
     assert s.env["CHECKPOINT_PATH"] == "$1"
     assert "$(date +%s)" in s.unresolved and "$3" in s.unresolved
@@ -373,6 +374,24 @@ def test_a_branch_read_in_a_sourced_file_names_that_file_and_its_line(tmp_path):
         "(skipped flags --num-layers)",
         f"{conf}:7: `[ -f /data/extra ] && EXTRA=\"--use-flash-attn\"` tests a file on the machine that runs the "
         "script (-f /data/extra); read as skipping the command after && (skipped flags --use-flash-attn)"]
+
+
+def test_text_left_for_bash_inside_a_split_string_stays_one_word(tmp_path):
+    """A command's output the reader leaves for bash (`$(date "+%Y.%m.%d-%H.%M.%S")`, which prints one word) inside a
+    flag string that is split later (Pai-Megatron-Patch examples/llama3: `mpirun ... bash entry.sh ENTRY "$options"`,
+    entry.sh runs `python $*`) stays in its flag's value, not split at its own blank into a stray word that Megatron
+    refuses (`unexpected value '"+%Y.%m.%d-%H.%M.%S")' after --tensorboard-dir`)."""
+    (tmp_path / "entry.sh").write_text('export RANK=$OMPI_COMM_WORLD_RANK\npython $*\n')
+    script = tmp_path / "run.sh"
+    script.write_text('#!/bin/bash\nOUT=/out\ncurrent_time=$(date "+%Y.%m.%d-%H.%M.%S")\n'
+                      'TB="${OUT}/tensorboard/run_${current_time}"\n'
+                      'options=" --num-layers 4 --tensorboard-dir ${TB} --hidden-size 64"\n'
+                      'ARR=(--save "$OUT/ckpt_$(hostname -s)")\n'
+                      'mpirun -np 8 bash entry.sh pretrain_llama.py "${options}" ${ARR[@]}\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4", "--tensorboard-dir",
+                                '/out/tensorboard/run_$(date "+%Y.%m.%d-%H.%M.%S")', "--hidden-size", "64",
+                                "--save", "/out/ckpt_$(hostname -s)"]
 
 
 def test_the_files_copied_next_to_launch_sh_are_the_files_read(tmp_path):

@@ -644,7 +644,7 @@ class Interp:
                 pieces_of(self._split_elements(part, value) if split else value)
                 continue
             if split and value:
-                chunks, lead, trail = ifs_split(value, self.ifs())
+                chunks, lead, trail = ifs_split(value, self.ifs(), self.unresolved)
                 if lead:
                     flush()
                 pieces_of(chunks)
@@ -662,7 +662,7 @@ class Interp:
         makes several words of one element: `${ARGS[@]}` without quotes)."""
         pieces: list[str] = []
         for v in values:
-            words = ifs_split(v, self.ifs())[0]
+            words = ifs_split(v, self.ifs(), self.unresolved)[0]
             if len(words) > 1 and part.kind == "arr" and part.text not in ("@", "*"):
                 self.split_elements.append((self.where(*self.cur), part.text, v, len(words)))
             pieces.extend(words)
