@@ -359,7 +359,7 @@ def test_a_branch_read_in_a_sourced_file_names_that_file_and_its_line(tmp_path):
     script (which named a blank line of the wrong file); an `if`, a `case` and a `&&` guard alike."""
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "arguments.sh").write_text(
-        'if [ -z ${LAUNCH_SCRIPT} ]; then\n    LAUNCH_SCRIPT="torchrun --nproc_per_node=8"\nfi\n'
+        'LAUNCH_SCRIPT="torchrun --nproc_per_node=8"\nif [ -n ${NPROC} ]; then\n    LAUNCH_SCRIPT="torchrun --nproc_per_node=$NPROC"\nfi\n'
         'case "$(cat /etc/size)" in\n    8B) MODEL="--num-layers 32" ;;\nesac\n'
         '[ -f /data/extra ] && EXTRA="--use-flash-attn"\n')
     script = tmp_path / "train.sh"
@@ -368,11 +368,11 @@ def test_a_branch_read_in_a_sourced_file_names_that_file_and_its_line(tmp_path):
     s = read_launcher_script(script)
     conf = str((tmp_path / "conf" / "arguments.sh").resolve())
     assert [d.message(s.path) for d in s.decisions] == [
-        f"{conf}:1: `if [ -z ${{LAUNCH_SCRIPT}} ]; then` depends on LAUNCH_SCRIPT, which the script does not set "
-        "(read as unset); read as true: its branch was taken (kept flags --nproc_per_node)",
-        f'{conf}:4: `case "$(cat /etc/size)" in` the word "$(cat /etc/size)" is not known; read as no pattern matched '
+        f"{conf}:2: `if [ -n ${{NPROC}} ]; then` depends on NPROC, which the script does not set (read as unset); "
+        "read as true: its branch was taken (kept flags --nproc_per_node)",
+        f'{conf}:5: `case "$(cat /etc/size)" in` the word "$(cat /etc/size)" is not known; read as no pattern matched '
         "(skipped flags --num-layers)",
-        f"{conf}:7: `[ -f /data/extra ] && EXTRA=\"--use-flash-attn\"` tests a file on the machine that runs the "
+        f"{conf}:8: `[ -f /data/extra ] && EXTRA=\"--use-flash-attn\"` tests a file on the machine that runs the "
         "script (-f /data/extra); read as skipping the command after && (skipped flags --use-flash-attn)"]
 
 
@@ -392,6 +392,20 @@ def test_text_left_for_bash_inside_a_split_string_stays_one_word(tmp_path):
     assert s.megatron_flags == ["--num-layers", "4", "--tensorboard-dir",
                                 '/out/tensorboard/run_$(date "+%Y.%m.%d-%H.%M.%S")', "--hidden-size", "64",
                                 "--save", "/out/ckpt_$(hostname -s)"]
+
+
+@pytest.mark.parametrize("runs", ["source job.sh", "bash job.sh"])
+def test_a_name_a_sourced_or_run_file_sets_is_not_the_environments(tmp_path, runs):
+    """A variable that a file the script sources or runs sets only in a branch not taken (Pai-Megatron-Patch:
+    `if [ $PRETRAIN_CHECKPOINT_PATH != none ]; then load_options="--load ..."; fi`, the file run by a wrapper that sets
+    its environment) is empty where it is used, as in bash, not left as text for the environment to fill (which
+    reported `${load_options}` as flags the reader could not see)."""
+    (tmp_path / "job.sh").write_text('if [ "$CKPT" != none ]; then\n    load_options="--load $CKPT"\nfi\n'
+                                     'torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 ${load_options}\n')
+    script = tmp_path / "wrap.sh"
+    script.write_text(f'#!/bin/bash\nexport CKPT=none\n{runs}\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4"] and not s.unresolved
 
 
 def test_the_files_copied_next_to_launch_sh_are_the_files_read(tmp_path):

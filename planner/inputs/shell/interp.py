@@ -1365,6 +1365,7 @@ class Interp:
             src = len(self.sources)
             self.sources.append((str(path), text))
             self.sourced.append(path)
+            self.assigned |= set(_ASSIGNED_NAME.findall(text))  # a name the file sets is its own, not the environment's
             stray: list[int] = []
             body = parse(text, str(path), src, stray=stray)
             self.stray_lines += [(src, k) for k in stray]
