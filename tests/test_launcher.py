@@ -1223,3 +1223,19 @@ def test_dry_run_skips_the_value_of_an_option_given_by_a_prefix_of_its_name(tmp_
     assert "[dry-run, not run] srun --label -N 2 --ntasks-per-n 1" in proc.stderr  # the job script ran
     nodes = [ln for ln in proc.stdout.splitlines() if ln.startswith("torchrun ")]
     assert len(nodes) == 2 and all("pretrain_gpt.py" in ln for ln in nodes), proc.stdout + proc.stderr
+
+
+def test_the_ascend_only_advice_names_no_flag_another_fork_takes():
+    """--qk-nope-head-dim and --qk-rope-head-dim are MindSpeed's and Pai-Megatron-Patch's alike (Pai's
+    megatron_patch/arguments.py adds both; its examples/deepseek_v3 and moonlight pass them on NVIDIA GPUs): on a job
+    without Ascend devices launch.sh's header no longer tells to remove them as MindSpeed's, which would drop the MLA
+    head dims Pai's DeepSeek models read; a flag only MindSpeed takes is still named."""
+    from types import SimpleNamespace
+
+    from planner.launcher.common import runtime_notes
+    from planner.runtime import RunCheck
+
+    plan = SimpleNamespace(stages=[SimpleNamespace(device_type="H100")])
+    flags = ["--qk-nope-head-dim", "128", "--qk-rope-head-dim", "64", "--use-fused-rmsnorm"]
+    notes = runtime_notes(RunCheck(True, "upstream Megatron-LM runs H100"), plan, flags, ProfileSet.load())
+    assert len(notes) == 1 and notes[0].startswith("--use-fused-rmsnorm: MindSpeed's flags (Ascend NPUs only)")

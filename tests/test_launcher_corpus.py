@@ -43,6 +43,8 @@ _STUBS = {
     "mpirun": "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do case \"$1\" in -np|-n|-H|-x|--hostfile|--bind-to|-map-by|--map-by) shift 2 ;;"
               " *) shift ;; esac; done\nexec \"$@\"\n",
     "scontrol": "#!/bin/bash\necho node0\n",
+    # `uv run CMD` runs CMD in the project's environment
+    "uv": "#!/bin/bash\nif [[ \"$1\" == run ]]; then shift; fi\nexec \"$@\"\n",
     # sbatch runs the job script (a file, or its standard input) here, in the submitting environment
     "sbatch": "#!/bin/bash\nwhile [[ \"$1\" == -* ]]; do shift; done\nif [[ $# -gt 0 ]]; then exec bash \"$@\"; fi\n"
               "exec bash -s\n",
@@ -258,7 +260,7 @@ def test_flagscale_yaml_keeps_the_users_flags(name, workdir):
 
 # Programs that touch the cluster, the files or the network: under `launch.sh --dry-run` none may run.
 _SIDE_EFFECTS = ("srun", "mpirun", "mpiexec", "sbatch", "mkdir", "python", "python3", "torchrun", "rm", "cp", "mv",
-                 "tee", "ssh", "curl", "wget", "pip")
+                 "tee", "ssh", "curl", "wget", "pip", "uv")
 
 
 @pytest.fixture(scope="module")

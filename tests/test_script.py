@@ -144,7 +144,8 @@ def test_unresolvable_parts_stay_literal():
     # the array element is one word; the launch line's unquoted ${LOGGING_ARGS[@]} splits it, as bash does
     assert "mixtral run $(date +%s)" in s.arrays["LOGGING_ARGS"]
     i = f.index("--wandb-exp-name")
-    assert f[i + 1 : i + 5] == ["mixtral", "run", "$(date", "+%s)"]  # unquoted: split as bash does
+    # unquoted: split as bash does, the date it prints one word (not "$(date" and "+%s)")
+    assert f[i + 1 : i + 4] == ["mixtral", "run", "$(date +%s)"] and f[i + 4].startswith("--")
     assert s.env["STAMP"] == "run $(date +%s)"
     assert s.env["CHECKPOINT_PATH"] == "$1"
     assert "$(date +%s)" in s.unresolved and "$3" in s.unresolved
@@ -333,6 +334,78 @@ def test_source_of_a_file_next_to_the_script(tmp_path):
     s = read_launcher_script(script)
     assert s.megatron_flags == ["--num-layers", "4", "--hidden-size", "64"]
     assert "NCCL_DEBUG" in s.exported
+
+
+@pytest.mark.parametrize("here", ['"$(dirname "$(readlink -f "$0")")"', '$(dirname $(realpath ${BASH_SOURCE[0]}))',
+                                  '$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)'])
+def test_the_scripts_directory_through_readlink_or_realpath(tmp_path, here):
+    """`SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"` (Megatron-LM examples/post_training/modelopt, NVIDIA's MoE
+    model zoo) is the script's directory, as `$(dirname "$0")` is: the file it sources from there is read, its launch
+    and flags with it (unread, the script launched nothing the reader could see)."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "arguments.sh").write_text('LAUNCH_SCRIPT="torchrun --nproc_per_node=8"\n'
+                                                    'MODEL_ARGS="--num-layers 4 --hidden-size 64"\n')
+    script = tmp_path / "finetune.sh"
+    script.write_text(f'#!/bin/bash\nSCRIPT_DIR={here}\nsource "${{SCRIPT_DIR}}/conf/arguments.sh"\n'
+                      '${LAUNCH_SCRIPT} ${SCRIPT_DIR}/finetune.py ${MODEL_ARGS} --save "${SCRIPT_DIR}/ckpt"\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4", "--hidden-size", "64", "--save", f"{tmp_path.resolve()}/ckpt"]
+    assert s.entry_script == f"{tmp_path.resolve()}/finetune.py" and s.world_size == 8 and not s.unresolved
+
+
+def test_a_branch_read_in_a_sourced_file_names_that_file_and_its_line(tmp_path):
+    """A condition the reader cannot decide in a file the script sources (Megatron-LM's modelopt conf/arguments.sh:
+    `if [ -z ${LAUNCH_SCRIPT} ]`) is reported at that file's line, with its text, not at the same line number of the
+    script (which named a blank line of the wrong file); an `if`, a `case` and a `&&` guard alike."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "arguments.sh").write_text(
+        'LAUNCH_SCRIPT="torchrun --nproc_per_node=8"\nif [ -n ${NPROC} ]; then\n    LAUNCH_SCRIPT="torchrun --nproc_per_node=$NPROC"\nfi\n'
+        'case "$(cat /etc/size)" in\n    8B) MODEL="--num-layers 32" ;;\nesac\n'
+        '[ -f /data/extra ] && EXTRA="--use-flash-attn"\n')
+    script = tmp_path / "train.sh"
+    script.write_text('#!/bin/bash\n\n\nsource conf/arguments.sh\n'
+                      '${LAUNCH_SCRIPT} pretrain_gpt.py --num-layers 4 --hidden-size 64 $MODEL $EXTRA\n')
+    s = read_launcher_script(script)
+    conf = str((tmp_path / "conf" / "arguments.sh").resolve())
+    assert [d.message(s.path) for d in s.decisions] == [
+        f"{conf}:2: `if [ -n ${{NPROC}} ]; then` depends on NPROC, which the script does not set (read as unset); "
+        "read as true: its branch was taken (kept flags --nproc_per_node)",
+        f'{conf}:5: `case "$(cat /etc/size)" in` the word "$(cat /etc/size)" is not known; read as no pattern matched '
+        "(skipped flags --num-layers)",
+        f"{conf}:8: `[ -f /data/extra ] && EXTRA=\"--use-flash-attn\"` tests a file on the machine that runs the "
+        "script (-f /data/extra); read as skipping the command after && (skipped flags --use-flash-attn)"]
+
+
+def test_text_left_for_bash_inside_a_split_string_stays_one_word(tmp_path):
+    """A command's output the reader leaves for bash (`$(date "+%Y.%m.%d-%H.%M.%S")`, which prints one word) inside a
+    flag string that is split later (Pai-Megatron-Patch examples/llama3: `mpirun ... bash entry.sh ENTRY "$options"`,
+    entry.sh runs `python $*`) stays in its flag's value, not split at its own blank into a stray word that Megatron
+    refuses (`unexpected value '"+%Y.%m.%d-%H.%M.%S")' after --tensorboard-dir`)."""
+    (tmp_path / "entry.sh").write_text('export RANK=$OMPI_COMM_WORLD_RANK\npython $*\n')
+    script = tmp_path / "run.sh"
+    script.write_text('#!/bin/bash\nOUT=/out\ncurrent_time=$(date "+%Y.%m.%d-%H.%M.%S")\n'
+                      'TB="${OUT}/tensorboard/run_${current_time}"\n'
+                      'options=" --num-layers 4 --tensorboard-dir ${TB} --hidden-size 64"\n'
+                      'ARR=(--save "$OUT/ckpt_$(hostname -s)")\n'
+                      'mpirun -np 8 bash entry.sh pretrain_llama.py "${options}" ${ARR[@]}\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4", "--tensorboard-dir",
+                                '/out/tensorboard/run_$(date "+%Y.%m.%d-%H.%M.%S")', "--hidden-size", "64",
+                                "--save", "/out/ckpt_$(hostname -s)"]
+
+
+@pytest.mark.parametrize("runs", ["source job.sh", "bash job.sh"])
+def test_a_name_a_sourced_or_run_file_sets_is_not_the_environments(tmp_path, runs):
+    """A variable that a file the script sources or runs sets only in a branch not taken (Pai-Megatron-Patch:
+    `if [ $PRETRAIN_CHECKPOINT_PATH != none ]; then load_options="--load ..."; fi`, the file run by a wrapper that sets
+    its environment) is empty where it is used, as in bash, not left as text for the environment to fill (which
+    reported `${load_options}` as flags the reader could not see)."""
+    (tmp_path / "job.sh").write_text('if [ "$CKPT" != none ]; then\n    load_options="--load $CKPT"\nfi\n'
+                                     'torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 ${load_options}\n')
+    script = tmp_path / "wrap.sh"
+    script.write_text(f'#!/bin/bash\nexport CKPT=none\n{runs}\n')
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "4"] and not s.unresolved
 
 
 def test_the_files_copied_next_to_launch_sh_are_the_files_read(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Sequence
 
 from planner.errors import PlannerInputError
 from planner.inputs.slurm_options import VALUED, Scheduler, SlurmOptionError, long_option
@@ -53,14 +54,35 @@ def ifs_spans(value: str, ifs: str | None) -> list[tuple[int, int]]:
     return spans
 
 
-def ifs_split(value: str, ifs: str | None) -> tuple[list[str], bool, bool]:
+def ifs_split(value: str, ifs: str | None, keep: Sequence[str] = ()) -> tuple[list[str], bool, bool]:
     """(fields, starts with a delimiter, ends with a delimiter): text before or after an expansion
-    that starts or ends with IFS whitespace, or ends with any IFS character, is not joined to it."""
-    spans = ifs_spans(value, ifs)
+    that starts or ends with IFS whitespace, or ends with any IFS character, is not joined to it.
+    `keep`: text the reader left for bash to expand (`$(date "+%F %T")`), not split where it stands inside the
+    value: bash splits what it prints, which the reader does not know; read as one word, as where it stands alone."""
+    masked, held = _mask(value, keep, IFS_DEFAULT if ifs is None else ifs)
+    spans = ifs_spans(masked, ifs)
     ifs = IFS_DEFAULT if ifs is None else ifs
-    lead = bool(value) and bool(ifs) and value[0] in ifs and value[0] in IFS_DEFAULT
-    trail = bool(value) and bool(ifs) and value[-1] in ifs
-    return [value[a:b] for a, b in spans], lead, trail
+    lead = bool(masked) and bool(ifs) and masked[0] in ifs and masked[0] in IFS_DEFAULT
+    trail = bool(masked) and bool(ifs) and masked[-1] in ifs
+    return [_unmask(masked[a:b], held) for a, b in spans], lead, trail
+
+
+def _mask(value: str, keep: Sequence[str], ifs: str) -> tuple[str, dict[str, str]]:
+    """`value` with each text of `keep` that holds an IFS character replaced by a token that holds none (a NUL,
+    which no bash value holds, around a private-use character); the tokens and the texts they stand for."""
+    held: dict[str, str] = {}
+    for text in sorted(keep, key=len, reverse=True):
+        if text and text in value and any(c in ifs for c in text):
+            token = f"\0{chr(0xE000 + len(held))}\0"
+            held[token] = text
+            value = value.replace(text, token)
+    return value, held
+
+
+def _unmask(field: str, held: dict[str, str]) -> str:
+    for token, text in held.items():
+        field = field.replace(token, text)
+    return field
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,8 +44,12 @@ _OTHER_SCHEDULERS = frozenset({"qsub", "bsub"})
 without -V, so launch.sh's functions would not reach it either)."""
 _REMOTE_SHELLS = frozenset({"ssh", "pdsh", "pssh", "parallel-ssh", "clush", "mpssh"})
 """Programs that run a command string on other hosts, which the reader does not follow and launch.sh cannot reach."""
+_SCRIPT_PATH = r"[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?"
+_SCRIPT_DIR = rf"dirname\s+({_SCRIPT_PATH}|[\"']?\$\(\s*(realpath|readlink\s+-[fem])\s+{_SCRIPT_PATH}\s*\)[\"']?)"
+"""The script's own directory as launchers write it: `dirname "$0"`, `dirname "$(readlink -f "$0")"`,
+`dirname "$(realpath "${BASH_SOURCE[0]}")"` (inside a `$(...)`, itself maybe inside `cd ... && pwd` or `realpath`)."""
 _WRAPPERS = {"srun", "mpirun", "mpiexec", "env", "nohup", "exec", "time", "numactl", "stdbuf", "taskset", "nice",
-             "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys"}
+             "ionice", "singularity", "apptainer", "docker", "enroot", "xargs", "timeout", "ddp", "nsys", "uv"}
 _ALWAYS_OK = {"echo", "printf", "mkdir", "cd", "pushd", "popd", "export", "set", "ulimit", "trap", "shopt", "umask",
               "alias", "hash", "wait", "sleep", "touch", "cp", "mv", "rm", "ln", "chmod", "tee", "cat", "date",
               "module", "conda", "ml", "pip", "nvidia-smi", "hostname", "ls", "sync"}
@@ -71,6 +75,7 @@ class BranchDecision:
     reason: str  # why it could not be decided
     flags_skipped: list[str] = field(default_factory=list)
     flags_taken: list[str] = field(default_factory=list)
+    path: str | None = None  # the file the line is in, where not the script itself (a file it sources or runs)
 
     def message(self, path: str | None) -> str:
         held = []
@@ -79,7 +84,7 @@ class BranchDecision:
         if self.flags_taken:
             held.append("kept flags " + " ".join(self.flags_taken))
         detail = f" ({'; '.join(held)})" if held else ""
-        return f"{location(path, self.line)}: `{self.condition}` {self.reason}; read as {self.reading}{detail}"
+        return f"{location(self.path or path, self.line)}: `{self.condition}` {self.reason}; read as {self.reading}{detail}"
 
 
 @dataclass
@@ -428,18 +433,18 @@ class Interp:
             self.capture[-1].append(text)
 
     def _known_substitution(self, raw: str) -> str | None:
-        """$(dirname "$0"), $(cd "$(dirname ...)" && pwd), $(basename ...) and friends: the
-        script's own directory, which is known."""
+        """$(dirname "$0"), $(dirname "$(readlink -f "$0")"), $(cd "$(dirname ...)" && pwd), $(realpath
+        "$(dirname ...)") and friends: the script's own directory, which is known."""
         if self.script_dir is None:
             return None
         body = raw[2:-1] if raw.startswith("$(") else raw[1:-1]
         if re.search(r"\$\{?(0|BASH_SOURCE)\b", body):
             self.self_relative = True
-        if re.fullmatch(r"\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*", body):
+        if re.fullmatch(rf"\s*{_SCRIPT_DIR}\s*", body):
             return self.script_dir
-        if re.fullmatch(r"\s*cd\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*(&&|;)\s*pwd(\s+-P)?\s*", body):
+        if re.fullmatch(rf"\s*cd\s+[\"']?\$\(\s*{_SCRIPT_DIR}\s*\)[\"']?\s*(&&|;)\s*pwd(\s+-P)?\s*", body):
             return self.script_dir
-        if re.fullmatch(r"\s*realpath\s+[\"']?\$\(\s*dirname\s+[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?\s*\)[\"']?\s*", body):
+        if re.fullmatch(rf"\s*(realpath|readlink\s+-[fem])\s+[\"']?\$\(\s*{_SCRIPT_DIR}\s*\)[\"']?\s*", body):
             return self.script_dir
         return None
 
@@ -639,7 +644,7 @@ class Interp:
                 pieces_of(self._split_elements(part, value) if split else value)
                 continue
             if split and value:
-                chunks, lead, trail = ifs_split(value, self.ifs())
+                chunks, lead, trail = ifs_split(value, self.ifs(), self.unresolved)
                 if lead:
                     flush()
                 pieces_of(chunks)
@@ -657,7 +662,7 @@ class Interp:
         makes several words of one element: `${ARGS[@]}` without quotes)."""
         pieces: list[str] = []
         for v in values:
-            words = ifs_split(v, self.ifs())[0]
+            words = ifs_split(v, self.ifs(), self.unresolved)[0]
             if len(words) > 1 and part.kind == "arr" and part.text not in ("@", "*"):
                 self.split_elements.append((self.where(*self.cur), part.text, v, len(words)))
             pieces.extend(words)
@@ -857,16 +862,25 @@ class Interp:
     def _record_guard(self, node: AndOr, op: str, rhs) -> None:
         flags = self._flags_in([rhs])
         if flags:
-            self.decisions.append(
-                BranchDecision(node.line, self._src_text(node.line), f"skipping the command after {op}",
-                               self._unknown_reason(), flags_skipped=flags)
-            )
+            self._decision(node.line, node.src, f"skipping the command after {op}", self._unknown_reason(),
+                           flags_skipped=flags)
 
     def _unknown_reason(self) -> str:
         return getattr(self, "last_unknown", "cannot be decided from the script")
 
-    def _src_text(self, line: int) -> str:
-        lines = self.text.splitlines()
+    def _decision(self, line: int, src: int, reading: str, reason: str, *, flags_skipped: list[str] | None = None,
+                  flags_taken: list[str] | None = None) -> None:
+        """Record how a condition that holds flags was read, with the file and line it is in."""
+        path = self.sources[src][0] if src < len(self.sources) else self.path
+        self.decisions.append(BranchDecision(
+            line, self._src_text(line, src), reading, reason, flags_skipped=flags_skipped or [],
+            flags_taken=flags_taken or [], path=path if path != self.path else None))
+
+    def _src_text(self, line: int, src: int) -> str:
+        """The text of a line of the file it is in (a string run by eval or bash -c counts its lines in its file)."""
+        path = self.sources[src][0] if src < len(self.sources) else self.path
+        text = next((t for p, t in self.sources if p == path), self.text)
+        lines = text.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else "?"
 
     def _flags_in(self, nodes: Iterable) -> list[str]:
@@ -920,23 +934,21 @@ class Interp:
         for k, (cond, body) in enumerate(node.arms):
             status, assumed = self._cond_status(cond)
             others = [b for j, (_, b) in enumerate(node.arms) if j != k] + ([node.orelse] if node.orelse else [])
-            cond_text = self._src_text(cond[0].line if cond and hasattr(cond[0], "line") else node.line)
+            cond_line = getattr(cond[0], "line", node.line) if cond else node.line
             if status is None:
                 skipped = self._flags_in([body])
                 if skipped or self._flags_in(others):
-                    self.decisions.append(BranchDecision(
-                        getattr(cond[0], "line", node.line) if cond else node.line, cond_text,
-                        "false: its branch was skipped", self._unknown_reason(), flags_skipped=skipped))
+                    self._decision(cond_line, node.src, "false: its branch was skipped", self._unknown_reason(),
+                                   flags_skipped=skipped)
                 continue
             if assumed and (self._flags_in([body]) or self._flags_in(others)):
                 names = ", ".join(sorted(assumed))
                 taken = status == 0
                 reading = "true: its branch was taken" if taken else "false: its branch was skipped"
-                self.decisions.append(BranchDecision(
-                    getattr(cond[0], "line", node.line) if cond else node.line, cond_text, reading,
-                    f"depends on {names}, which the script does not set (read as unset)",
-                    flags_skipped=[] if taken else self._flags_in([body]),
-                    flags_taken=self._flags_in([body]) if taken else []))
+                self._decision(cond_line, node.src, reading,
+                               f"depends on {names}, which the script does not set (read as unset)",
+                               flags_skipped=[] if taken else self._flags_in([body]),
+                               flags_taken=self._flags_in([body]) if taken else [])
             if status == 0:
                 return self.run_list(body)
         if node.orelse is not None:
@@ -990,9 +1002,8 @@ class Interp:
             cond_status, assumed = self._cond_status(node.cond or [])
             if cond_status is None:
                 if self._flags_in([node.body]):
-                    self.decisions.append(BranchDecision(node.line, self._src_text(node.line),
-                                                         "false: the loop stopped", self._unknown_reason(),
-                                                         flags_skipped=self._flags_in([node.body])))
+                    self._decision(node.line, node.src, "false: the loop stopped", self._unknown_reason(),
+                                   flags_skipped=self._flags_in([node.body]))
                 break
             if (cond_status == 0) != (node.kind == "while"):
                 break
@@ -1037,8 +1048,8 @@ class Interp:
         if not ok:
             flags = self._flags_in([b for _, b in node.arms])
             if flags:
-                self.decisions.append(BranchDecision(node.line, self._src_text(node.line), "no pattern matched",
-                                                     f"the word {node.word.raw} is not known", flags_skipped=flags))
+                self._decision(node.line, node.src, "no pattern matched", f"the word {node.word.raw} is not known",
+                               flags_skipped=flags)
         return 0
 
     # -- simple commands ------------------------------------------------------------------------
@@ -1354,6 +1365,7 @@ class Interp:
             src = len(self.sources)
             self.sources.append((str(path), text))
             self.sourced.append(path)
+            self.assigned |= set(_ASSIGNED_NAME.findall(text))  # a name the file sets is its own, not the environment's
             stray: list[int] = []
             body = parse(text, str(path), src, stray=stray)
             self.stray_lines += [(src, k) for k in stray]

@@ -66,6 +66,7 @@ class Loop:
     line: int
     end_line: int
     arith: tuple[str, str, str] | None = None
+    src: int = 0  # which text: 0 = the script itself
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Case:
     word: Word
     arms: list[tuple[list[Word], list]]
     line: int
+    src: int = 0
 
 
 @dataclass
@@ -94,6 +96,7 @@ class AndOr:
     first: object
     rest: list[tuple[str, object]]  # ("&&"|"||", pipeline)
     line: int
+    src: int = 0
 
 
 @dataclass
@@ -175,7 +178,7 @@ class Parser:
             while self._is_op(self.peek(), "\n"):
                 self.i += 1
             rest.append((op, self.pipeline()))
-        return AndOr(first, rest, getattr(first, "line", 0)) if rest else first
+        return AndOr(first, rest, getattr(first, "line", 0), self.src) if rest else first
 
     def pipeline(self):
         negate = False
@@ -242,7 +245,7 @@ class Parser:
                 body = self.compound_list(("done",))
                 end = self._expect_word("done", tok.line)
                 self._redirects()
-                return Loop(w, cond, None, None, body, tok.line, end.line)
+                return Loop(w, cond, None, None, body, tok.line, end.line, src=self.src)
             if w == "for":
                 return self._for()
             if w == "case":
@@ -359,7 +362,7 @@ class Parser:
             self._expect_word("do", start.line)
             body = self.compound_list(("done",))
             end = self._expect_word("done", start.line)
-            return Loop("cfor", None, None, None, body, start.line, end.line, arith=tuple(pieces))  # type: ignore[arg-type]
+            return Loop("cfor", None, None, None, body, start.line, end.line, arith=tuple(pieces), src=self.src)  # type: ignore[arg-type]
         if not isinstance(tok, Word) or not NAME_RE.fullmatch(tok.raw):
             raise self.fail(start.line, "syntax error: `for` needs a variable name")
         var = tok.raw
@@ -378,7 +381,7 @@ class Parser:
         body = self.compound_list(("done",))
         end = self._expect_word("done", start.line)
         self._redirects()
-        return Loop("for", None, var, items, body, start.line, end.line)
+        return Loop("for", None, var, items, body, start.line, end.line, src=self.src)
 
     def _case(self) -> Case:
         start = self.peek()
@@ -401,7 +404,7 @@ class Parser:
             if self._is_word(tok, "esac"):
                 self.i += 1
                 self._redirects()
-                return Case(word, arms, start.line)
+                return Case(word, arms, start.line, self.src)
             if self._is_op(tok, "("):
                 self.i += 1
             patterns: list[Word] = []
