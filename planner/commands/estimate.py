@@ -48,7 +48,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         inputs, whole = load_estimate_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
             profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
-            allow_invalid=allow_invalid, on_note=note_printer(),
+            allow_invalid=allow_invalid, on_note=note_printer(quiet),
         )
         priced = estimate(inputs, allow_invalid=allow_invalid, memory_headroom=memory_headroom)
     else:
@@ -59,7 +59,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
                                               "without --plan")
         inputs, plan, data = load_plan_inputs(
             plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-            script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer())
+            script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer(quiet))
         headroom = memory_headroom if memory_headroom is not None else data.get("memory_headroom")
         priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom, saved=True)
         whole = inputs.cluster
