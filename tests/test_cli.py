@@ -32,6 +32,24 @@ def test_every_command_has_help():
         assert "Usage" in r.output
 
 
+def test_option_help_names_only_the_commands_own_options():
+    """An option's help names options of its own command only: estimate's --plot said "with --out they always go to
+    OUT/plots", but estimate has no --out (solve's shared --plot help).  One after another command's name
+    (`solve --out`) is that command's, and so is one the output is passed "as" (`pass it as --profiles`)."""
+    import re
+
+    ctx = click.Context(main)
+    names = main.list_commands(ctx)
+    option = re.compile(r"(?:\b(\w+) )?(?<![\w-])(--[a-z][a-z-]*)")
+    for name in names:
+        command = main.get_command(ctx, name)
+        params = [p for p in command.params if isinstance(p, click.Option)]
+        own = {o for p in params for o in (*p.opts, *p.secondary_opts)}
+        for p in params:
+            named = {opt for before, opt in option.findall(p.help or "") if before not in (*names, "as")}
+            assert named <= own, (name, p.opts[0], sorted(named - own))
+
+
 def test_estimate_json_has_the_public_keys():
     """estimate --json prints one object with the documented keys, per-stage entries included."""
     res = run(["estimate", "--model", "mixtral-s", "--cluster", "H800:32", "--tp", "2", "--pp", "4", "--ep", "4",

@@ -242,6 +242,19 @@ def test_quiet_is_quiet(tmp_path):
     assert est.exit_code == 0 and est.stderr == ""
 
 
+def test_estimate_quiet_leaves_out_the_input_notes(tmp_path):
+    """docs/user-guide.md: `--quiet` (solve, estimate, bench) leaves only errors on stderr.  `estimate
+    --megatron-script` of a script that launches 8 of the cluster's 16 GPUs notes which GPUs it prices; under
+    --quiet that note went to stderr all the same (as it does not for solve)."""
+    script = write_script(tmp_path, "--tensor-model-parallel-size 2 --expert-model-parallel-size 4")
+    args = ["estimate", "--megatron-script", str(script), "--cluster", "H800:16"]
+    loud = invoke(args)
+    assert loud.exit_code == 0 and "note: " in loud.stderr, loud.output
+    quiet = invoke([*args, "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout == loud.stdout
+
+
 def test_statuses_read_the_same_for_both_backends():
     """Exact search on a tiny model: both backends print OPTIMAL (certified) by default and with
     --no-prune; with --prune (the pruned space only) both print FEASIBLE with the same reason,

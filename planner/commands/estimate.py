@@ -9,8 +9,8 @@ import click
 from planner.api import estimate, load_estimate_inputs, load_plan_inputs, price_plan
 from planner.cli_common import echo_json, handle_errors
 from planner.commands.options import (
-    ASSUMPTION_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, SCRIPT_ARGS,
-    TRAINING_OVERRIDES, apply_options, check_plot_dir, cluster_options, input_files, note_printer,
+    ASSUMPTION_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, PARALLEL_OVERRIDES, SCRIPT_ARGS, TRAINING_OVERRIDES,
+    apply_options, check_plot_dir, cluster_options, display_options, input_files, note_printer,
 )
 from planner.errors import PlannerInputError
 from planner.output.plan_dir import write_estimate_plots
@@ -19,7 +19,7 @@ from planner.output.report import estimate_json, render_estimate
 
 @click.command("estimate")
 @apply_options(MODEL_OPTIONS + cluster_options(required=False) + PARALLEL_OVERRIDES + TRAINING_OVERRIDES
-               + ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + DISPLAY_OPTIONS + SCRIPT_ARGS)
+               + ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + display_options(with_out=False) + SCRIPT_ARGS)
 @click.option("--plan", "plan_path", default=None, type=click.Path(dir_okay=False), metavar="PLAN.JSON",
               help="price a saved plan instead of the flags' (plan.json of solve --out, a solve --json output, or "
                    "a bare Plan with --model/--cluster); its model and cluster come from the file, --profiles "
@@ -48,7 +48,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         inputs, whole = load_estimate_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
             profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
-            allow_invalid=allow_invalid, on_note=note_printer(),
+            allow_invalid=allow_invalid, on_note=note_printer(quiet),
         )
         priced = estimate(inputs, allow_invalid=allow_invalid, memory_headroom=memory_headroom)
     else:
@@ -59,7 +59,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
                                               "without --plan")
         inputs, plan, data = load_plan_inputs(
             plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-            script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer())
+            script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer(quiet))
         headroom = memory_headroom if memory_headroom is not None else data.get("memory_headroom")
         priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom, saved=True)
         whole = inputs.cluster

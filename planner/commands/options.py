@@ -62,12 +62,19 @@ HEADROOM_OPTIONS = [
                       f"under-prediction, profiles/uncertainty.yaml)"),
 ]
 DEFAULT_PLOT_DIR = "plots"
-DISPLAY_OPTIONS = [
-    click.option("--plot", "plot_dir", is_flag=False, flag_value="", default=None, metavar="[DIR]",
-                 help=f"draw the placement, a pipeline timeline and memory per stage (PNG + JSON data + "
-                      f"summary.md) into DIR (default ./{DEFAULT_PLOT_DIR}); with --out they always go to OUT/plots"),
-    click.option("--wide", is_flag=True, help="a wider table: communication and memory broken down per stage"),
-]
+
+
+def display_options(with_out: bool) -> list:
+    """--plot [DIR] and --wide; `with_out`: the command also has --out, which then holds the plots."""
+    out = "; with --out they always go to OUT/plots" if with_out else ""
+    return [
+        click.option("--plot", "plot_dir", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+                     help=f"draw the placement, a pipeline timeline and memory per stage (PNG + JSON data + "
+                          f"summary.md) into DIR (default ./{DEFAULT_PLOT_DIR}){out}"),
+        click.option("--wide", is_flag=True, help="a wider table: communication and memory broken down per stage"),
+    ]
+
+
 PARALLEL_OVERRIDES = [
     click.option("--tp", type=click.IntRange(min=1), default=None),
     click.option("--pp", type=click.IntRange(min=1), default=None),

@@ -16,8 +16,8 @@ from planner.launcher import refuse_unlaunchable_inputs
 from planner.cli_common import FiniteFloat, echo_json, handle_errors
 from planner.inputs.script_gpus import check_launch, solve_note
 from planner.commands.options import (
-    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, DISPLAY_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS,
-    TIME_LIMIT_ENV, TRAINING_OVERRIDES, apply_options, check_plot_dir, input_files, launcher_inputs, note_printer,
+    ASSUMPTION_OPTIONS, CLUSTER_OPTIONS, HEADROOM_OPTIONS, MODEL_OPTIONS, SCRIPT_ARGS, TIME_LIMIT_ENV,
+    TRAINING_OVERRIDES, apply_options, check_plot_dir, display_options, input_files, launcher_inputs, note_printer,
     time_limit_option,
 )
 from planner.errors import Interrupted, PlannerInputError
@@ -77,7 +77,7 @@ SEARCH_OPTIONS = [
 @click.option("--hosts", "hosts_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="the real nodes, one line each: NAME TYPE [GPUS] (or NAME slots=N type=T); checked against "
                    "the plan, and the launcher (--out) places the stages on them (without it: a template)")
-@apply_options(ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + DISPLAY_OPTIONS)
+@apply_options(ASSUMPTION_OPTIONS + HEADROOM_OPTIONS + display_options(with_out=True))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--quiet", is_flag=True, help="nothing on stderr but errors (no progress, no 'wrote N files')")
 @handle_errors
