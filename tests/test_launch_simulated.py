@@ -439,13 +439,19 @@ INNER = {  # command, tasks per node, the rank variable of the world (None: torc
     "srun bash -c python": ('srun bash -c "python pretrain_gpt.py $FLAGS"', 8, "SLURM_PROCID"),
     "mpirun python": ("mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 python pretrain_gpt.py $FLAGS", 8,
                       "OMPI_COMM_WORLD_RANK"),
+    "mpirun bash -c python": ('mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 bash -c "python pretrain_gpt.py '
+                              '$FLAGS"', 8, "OMPI_COMM_WORLD_RANK"),
+    "mpirun bash file": ("mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 -x FLAGS bash $ENTRY_SH", 8,
+                         "OMPI_COMM_WORLD_RANK"),
 }
+ENTRY_SH = "#!/bin/bash\n# what each rank runs (Pai-Megatron-Patch's mpirun ... bash entry.sh style)\npython pretrain_gpt.py $FLAGS\n"
 
 
 def _outer(outer: str, command: str, tasks: int, root: Path) -> tuple[str, str]:
     """The script for `command` placed as `outer` says, and what runs launch.sh (sbatch or bash)."""
     head = f"#SBATCH --nodes=2\n#SBATCH --ntasks-per-node={tasks}\n"
-    flags = f'FLAGS="{_MODEL}"\nexport FLAGS\n'
+    (root / "entry.sh").write_text(ENTRY_SH)
+    flags = f'FLAGS="{_MODEL}"\nexport FLAGS ENTRY_SH={shlex.quote(str(root / "entry.sh"))}\n'
     quoted = command.replace('"', '\\"')
     if outer == "heredoc":
         return f"#!/bin/bash\n{flags}sbatch <<EOF\n#!/bin/bash\n{head}{command}\nEOF\n", "bash"
@@ -468,6 +474,8 @@ def _outer(outer: str, command: str, tasks: int, root: Path) -> tuple[str, str]:
     ("bash -c", "srun torchrun"), ("bash -c", "srun python"),
     ("eval", "srun torchrun"), ("eval", "srun bash -c torchrun"), ("eval", "srun bash -c python"),
     ("source", "srun env torchrun"), ("source", "srun bash -c python"),
+    ("direct", "mpirun bash -c python"), ("direct", "mpirun bash file"), ("heredoc", "mpirun bash file"),
+    ("function", "mpirun bash -c python"),
 ])
 def test_where_the_launch_sits_and_what_starts_it_form_the_plans_world(tmp_path, outer, inner):
     """The launch in launch.sh itself, a job script the script submits (here-document, file), a function, a `bash

@@ -151,12 +151,13 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += _run_without_torchrun(spec)
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
-    lines += srun_function(spec, entry_name, shadowed=shadow is not None, job_log=job_log)
-    lines += program_functions(entry_name) if shadow else []
-    lines += sbatch_function(entry_name) if sbatch_job else []
     exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
-    exported += " hapmoe_runs_program hapmoe_srun_runs_program mpirun mpiexec" if shadow else ""
+    exported += " hapmoe_runs_program hapmoe_srun_runs_program hapmoe_mpi_shell mpirun mpiexec" if shadow else ""
     exported += " hapmoe_log" if job_log else ""
+    exported += f" {shadow}" if shadow and shadow != "srun" else ""
+    lines += srun_function(spec, entry_name, shadowed=shadow is not None, job_log=job_log)
+    lines += program_functions(entry_name, exported) if shadow else []
+    lines += sbatch_function(entry_name) if sbatch_job else []
     if shadow and shadow != "srun":
         if not SHADOWED_LAUNCHERS.fullmatch(shadow):
             raise ValueError(f"launcher word {shadow!r} cannot name a shell function")
@@ -164,7 +165,6 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
             f"# The launch runs inside a string or a sourced file: {shadow} reaches the plan through this function.",
             f"{shadow}() {{ hapmoe_launch {shadow} \"$@\"; }}",
         ]
-        exported += f" {shadow}"
     lines += [f"export -f {exported}", "# ---- end of hapmoe block ----"]
     return lines
 
@@ -381,7 +381,7 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False, job
     ]
 
 
-def program_functions(entry_name: str) -> list[str]:
+def program_functions(entry_name: str, functions: str) -> list[str]:
     """Where the launch reaches the plan through shell functions (a job script, a string, a sourced file): srun and
     mpirun start the training program themselves, not a shell, so no function applies the plan in their tasks.
     hapmoe_runs_program tells such a launch (torchrun or the entry script before any `bash`/`sh` among the words:
@@ -389,7 +389,10 @@ def program_functions(entry_name: str) -> list[str]:
     hapmoe_srun_runs_program); srun() (srun_function) and mpirun()/mpiexec() (not under
     --dry-run, whose stubs print them) hand it to hapmoe_launch, as the script's own `srun torchrun ...` or `mpirun ...
     python pretrain_gpt.py` would be; the tasks hapmoe_launch then starts (`... bash -c ...`) reach srun or mpirun
-    itself."""
+    itself.  Where mpirun starts a shell on every rank instead (`mpirun ... bash entry.sh`, `mpirun ... bash -c
+    "python ..."`: Pai-Megatron-Patch's style), the launch inside reaches the plan through the exported `functions`,
+    which Open MPI does not pass a remote node (only -x's variables): hapmoe_mpi_shell writes them into the shell's
+    command (`bash -c "<functions>; . entry.sh"`), as srun's fan-out does (_fan_out_srun)."""
     return [
         "",
         "# hapmoe_runs_program WORDS...: whether srun/mpirun runs the training program itself (no shell between)",
@@ -409,9 +412,25 @@ def program_functions(entry_name: str) -> list[str]:
         *_skip_options("srun", "    "),
         '    hapmoe_runs_program "$@"',
         "}",
+        "# hapmoe_mpi_shell LAUNCHER WORDS...: a bash the MPI launcher starts on every rank, launch.sh's functions and",
+        "# variables written into its command (a remote node gets none of them)",
+        "hapmoe_mpi_shell() {",
+        '    local launcher=$1 i j defs; shift',
+        '    local -a w=("$@")',
+        '    for ((i = 0; i < ${#w[@]}; i++)); do [[ "${w[i]##*/}" == bash ]] && break; done',
+        '    for ((j = i + 1; j < ${#w[@]}; j++)); do [[ "${w[j]}" == -* && "${w[j]}" != -c ]] || break; done',
+        "    if ((j >= ${#w[@]})); then command \"$launcher\" \"$@\"; return; fi  # no shell, or one reading stdin",
+        f'    defs="$(declare -f {functions}; declare -p HAPMOE_DIR HAPMOE_DRY_RUN; '
+        'declare -p HAPMOE_SKIP_NODE_CHECK 2>/dev/null)"',
+        '    if [[ "${w[j]}" == -c ]]; then  # bash -c STRING [NAME ARGS...]',
+        '        command "$launcher" "${w[@]:0:j}" -c "$defs"$\'\\n\'"${w[j+1]:-}" "${w[@]:j+2}"',
+        "    else  # bash FILE ARGS...: the file sourced where the functions are, as $0 and its arguments",
+        '        command "$launcher" "${w[@]:0:j}" -c "$defs"$\'\\n. "$0" "$@"\' "${w[@]:j}"',
+        "    fi",
+        "}",
         'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
-        '    mpirun() { if hapmoe_runs_program "$@"; then hapmoe_launch mpirun "$@"; else command mpirun "$@"; fi; }',
-        '    mpiexec() { if hapmoe_runs_program "$@"; then hapmoe_launch mpiexec "$@"; else command mpiexec "$@"; fi; }',
+        '    mpirun() { if hapmoe_runs_program "$@"; then hapmoe_launch mpirun "$@"; else hapmoe_mpi_shell mpirun "$@"; fi; }',
+        '    mpiexec() { if hapmoe_runs_program "$@"; then hapmoe_launch mpiexec "$@"; else hapmoe_mpi_shell mpiexec "$@"; fi; }',
         "fi",
     ]
 
