@@ -439,6 +439,7 @@ INNER = {  # command, tasks per node, the rank variable of the world (None: torc
     "srun bash -c python": ('srun bash -c "python pretrain_gpt.py $FLAGS"', 8, "SLURM_PROCID"),
     "mpirun python": ("mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 python pretrain_gpt.py $FLAGS", 8,
                       "OMPI_COMM_WORLD_RANK"),
+    "mpirun torchrun": ("mpirun -np 2 --hostfile $HOSTFILE --map-by ppr:1:node -x MASTER_ADDR=n0 " + _TR, 1, None),
     "mpirun bash -c python": ('mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 bash -c "python pretrain_gpt.py '
                               '$FLAGS"', 8, "OMPI_COMM_WORLD_RANK"),
     "mpirun bash file": ("mpirun -np 16 --hostfile $HOSTFILE -x MASTER_ADDR=n0 -x FLAGS bash $ENTRY_SH", 8,
@@ -475,7 +476,8 @@ def _outer(outer: str, command: str, tasks: int, root: Path) -> tuple[str, str]:
     ("eval", "srun torchrun"), ("eval", "srun bash -c torchrun"), ("eval", "srun bash -c python"),
     ("source", "srun env torchrun"), ("source", "srun bash -c python"),
     ("direct", "mpirun bash -c python"), ("direct", "mpirun bash file"), ("heredoc", "mpirun bash file"),
-    ("function", "mpirun bash -c python"),
+    ("function", "mpirun bash -c python"), ("direct", "mpirun torchrun"), ("heredoc", "mpirun torchrun"),
+    ("bash -c", "mpirun torchrun"),
 ])
 def test_where_the_launch_sits_and_what_starts_it_form_the_plans_world(tmp_path, outer, inner):
     """The launch in launch.sh itself, a job script the script submits (here-document, file), a function, a `bash
@@ -934,3 +936,19 @@ def test_the_first_host_of_a_slurm_host_list_without_scontrol(tmp_path, hostlist
     done = subprocess.run([shutil.which("bash"), str(script), hostlist], capture_output=True, text=True, timeout=30,
                           env={"PATH": str(tmp_path / "nothing")})  # no scontrol, nor anything else
     assert (done.returncode, done.stdout) == (0, first + "\n"), done.stderr
+
+
+def test_mpirun_of_more_torchruns_than_nodes_stops(tmp_path):
+    """`mpirun -np 4 --map-by ppr:2:node torchrun ...` on a plan of two nodes: each torchrun is a node's agent, so two a
+    node would start the node's agents twice: launch.sh stops (exit 2) before any starts, naming what to give."""
+    plan, cluster = _plan("one")
+    command = INNER["mpirun torchrun"][0].replace("-np 2", "-np 4").replace("ppr:1:node", "ppr:2:node")
+    text, run_by = _outer("direct", command, 1, tmp_path)
+    (tmp_path / "mpi_hosts").write_text("n0 slots=8\nn1 slots=8\n")
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run([run_by, str(out / "launch.sh")], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts")})
+    assert done.returncode == 2 and not sim.records(), done.stderr
+    assert done.stderr.count("launch.sh: mpirun started 4 torchruns, the plan runs 2 nodes: give mpirun -np 2 "
+                             "--map-by ppr:1:node (one torchrun a node)") == 1, done.stderr

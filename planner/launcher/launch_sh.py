@@ -831,7 +831,7 @@ def _run_agents(spec: LaunchSpec) -> list[str]:
     static rendezvous, its node rank and the script's master address and port when it gives them."""
     agents = spec.agents
     hosts = len({ag.host for ag in agents})
-    lines = _fan_out_srun(spec) + [
+    lines = _fan_out_srun(spec) + _fan_out_mpirun(spec) + [
         "    # a task of an srun step on fewer nodes than the plan's (srun -N): static rendezvous would wait forever",
         f'    if [[ -n "${{HAPMOE_SRUN_STEP:-}}" && "${{SLURM_STEP_NUM_NODES:-}}" =~ ^[0-9]+$ ]] && ((SLURM_STEP_NUM_NODES < {hosts})); then',
         f'        [[ "${{SLURM_PROCID:-0}}" == 0 ]] && echo "launch.sh: the plan runs on {hosts} nodes and srun\'s step on '
@@ -977,6 +977,33 @@ def _fan_out_srun(spec: LaunchSpec) -> list[str]:
     ]
 
 
+def _fan_out_mpirun(spec: LaunchSpec) -> list[str]:
+    """hapmoe_launch where mpirun (or mpiexec) runs torchrun itself (`mpirun -np NODES --map-by ppr:1:node torchrun
+    ...`): as for srun (_fan_out_srun), each rank runs hapmoe_launch on the words from torchrun on and starts its own
+    node's agents (every torchrun was node rank 0 of the submitting host's choosing); the functions and variables travel
+    in the rank's `bash -c` string, as Open MPI passes a remote node none of them.  A rank finds its node by its host
+    name, else by its MPI rank (_this_hosts_agents), one rank a node."""
+    hosts = len({ag.host for ag in spec.agents})
+    size = "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
+    return [
+        '    if [[ ("${launcher[0]##*/}" == mpirun || "${launcher[0]##*/}" == mpiexec) && "$HAPMOE_DRY_RUN" != 1 ]]; then',
+        "        local from=$tpos HAPMOE_MPI_STEP=1  # mpirun: one torchrun per rank, one rank per node",
+        '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
+        '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
+        "        fi",
+        f'        command "${{words[0]}}" "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
+        'declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_MPI_STEP; declare -p HAPMOE_SKIP_NODE_CHECK HAPMOE_MASTER_ADDR '
+        'HAPMOE_MASTER_PORT 2>/dev/null)"\'; hapmoe_launch "$@"\' hapmoe-task "${words[@]:from}"',
+        "        return",
+        "    fi",
+        f'    if [[ -n "${{HAPMOE_MPI_STEP:-}}" && -n "{size}" && "{size}" != {hosts} ]]; then',
+        f'        [[ "{_rank_of("0")}" == 0 ]] && echo "launch.sh: mpirun started {size} torchruns, the plan runs {hosts} '
+        f'nodes: give mpirun -np {hosts} --map-by ppr:1:node (one torchrun a node)" >&2',
+        "        exit 2",
+        "    fi",
+    ]
+
+
 def _this_hosts_agents(agents: list[Agent]) -> list[str]:
     """The agents to start here: all under --dry-run, else HAPMOE_NODE_RANK's (one torchrun node rank), the
     srun task's own when launch.sh's srun placed one task per agent (slurm_hostfile.nodes: task k is agent k),
@@ -1001,6 +1028,9 @@ def _this_hosts_agents(agents: list[Agent]) -> list[str]:
     hosts = len(by_host)
     lines += [
         "            *) local node_id=${SLURM_NODEID:-} node_from=SLURM_NODEID",
+        "               if [[ -n \"${HAPMOE_MPI_STEP:-}\" ]]; then  # one torchrun a node, in mpirun's order (its host file's)",
+        f"                   node_id={_rank_of()} node_from='the MPI rank'",
+        "               fi",
         "               # else the node rank the script gives torchrun (Kubernetes' PyTorchJob, a per-node launcher), where",
         "               # the script runs as many nodes as the plan: the node order, the hostfile's lines",
         "               [[ -z \"$node_id\" ]] && node_rank=${node_rank:-${PET_NODE_RANK:-}} nnodes=${nnodes:-${PET_NNODES:-}}",

@@ -13,7 +13,7 @@ processes, each told its node by SIM_HOST (the `hostname` stub prints it).
   as Slurm writes it, n[0-1], with SIM_HOSTLIST=compressed); -N/-n/
   --ntasks-per-node its own, else the job's (SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, as srun reads them);
   --distribution=arbitrary with SLURM_HOSTFILE puts task k on the file's line k; --export=NONE passes SLURM_* only.
-- mpirun: -np processes over --hostfile's slots (or SIM_NODES'), with OMPI_COMM_WORLD_RANK/LOCAL_RANK, the environment
+- mpirun: -np processes over --hostfile's slots (or SIM_NODES'; --map-by ppr:N:node or -npernode N: N a host), with OMPI_COMM_WORLD_RANK/LOCAL_RANK, the environment
   of a remote node (-x NAME[=VALUE] only) on every node but the first.
 - nvidia-smi: the GPUs of SIM_HOST's type (SIM_GPUS: `host=TYPE ...`), for launch.sh's node check.
 - torchrun / python -m torch.distributed.run / python ENTRY: write one JSON record {kind, argv, env} to $SIM_REC;
@@ -243,10 +243,16 @@ elif a[:2] == ["show", "job"]:
 MPIRUN = r'''
 args = sys.argv[1:]
 np_ = None; hostfile = None; exported = {}
-VALUED = {"--bind-to", "-map-by", "--map-by", "-H", "--host", "-mca", "--mca"}
+VALUED = {"--bind-to", "-H", "--host", "-mca", "--mca"}
+per_node = None
 while args and args[0].startswith("-"):
     a = args.pop(0)
-    if a in ("-np", "-n", "--np"):
+    if a in ("-map-by", "--map-by"):
+        m = re.fullmatch(r"ppr:(\d+):node", args.pop(0))
+        per_node = int(m.group(1)) if m else per_node
+    elif a in ("-npernode", "--npernode"):
+        per_node = int(args.pop(0))
+    elif a in ("-np", "-n", "--np"):
         np_ = int(args.pop(0))
     elif a in ("--hostfile", "-hostfile", "--machinefile"):
         hostfile = args.pop(0)
@@ -264,7 +270,7 @@ if hostfile:
         if not w:
             continue
         n = next((int(x.split("=")[1]) for x in w[1:] if x.startswith("slots=")), 1)
-        slots += [w[0]] * n
+        slots += [w[0]] * (n if per_node is None else per_node)
 else:
     slots = [os.environ.get("SIM_HOST", "localhost")] * (np_ or 1)
 np_ = np_ or len(slots)

@@ -309,6 +309,18 @@ hapmoe_launch() {
         srun "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_first_host hapmoe_dry hapmoe_priced_read hapmoe_check_priced; declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_SRUN_STEP)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
         return
     fi
+    if [[ ("${launcher[0]##*/}" == mpirun || "${launcher[0]##*/}" == mpiexec) && "$HAPMOE_DRY_RUN" != 1 ]]; then
+        local from=$tpos HAPMOE_MPI_STEP=1  # mpirun: one torchrun per rank, one rank per node
+        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run
+            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done
+        fi
+        command "${words[0]}" "${words[@]:1:from-1}" bash -c "$(declare -f hapmoe_launch hapmoe_is_decided hapmoe_agent hapmoe_check_node hapmoe_first_host hapmoe_dry hapmoe_priced_read hapmoe_check_priced; declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_MPI_STEP; declare -p HAPMOE_SKIP_NODE_CHECK HAPMOE_MASTER_ADDR HAPMOE_MASTER_PORT 2>/dev/null)"'; hapmoe_launch "$@"' hapmoe-task "${words[@]:from}"
+        return
+    fi
+    if [[ -n "${HAPMOE_MPI_STEP:-}" && -n "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}" && "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}" != 4 ]]; then
+        [[ "${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}" == 0 ]] && echo "launch.sh: mpirun started ${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}} torchruns, the plan runs 4 nodes: give mpirun -np 4 --map-by ppr:1:node (one torchrun a node)" >&2
+        exit 2
+    fi
     # a task of an srun step on fewer nodes than the plan's (srun -N): static rendezvous would wait forever
     if [[ -n "${HAPMOE_SRUN_STEP:-}" && "${SLURM_STEP_NUM_NODES:-}" =~ ^[0-9]+$ ]] && ((SLURM_STEP_NUM_NODES < 4)); then
         [[ "${SLURM_PROCID:-0}" == 0 ]] && echo "launch.sh: the plan runs on 4 nodes and srun's step on $SLURM_STEP_NUM_NODES (SLURM_STEP_NUM_NODES): give srun -N 4" >&2
@@ -357,6 +369,9 @@ hapmoe_launch() {
             a100-node0) agents=(2) ;;
             a100-node1) agents=(3) ;;
             *) local node_id=${SLURM_NODEID:-} node_from=SLURM_NODEID
+               if [[ -n "${HAPMOE_MPI_STEP:-}" ]]; then  # one torchrun a node, in mpirun's order (its host file's)
+                   node_id=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}} node_from='the MPI rank'
+               fi
                # else the node rank the script gives torchrun (Kubernetes' PyTorchJob, a per-node launcher), where
                # the script runs as many nodes as the plan: the node order, the hostfile's lines
                [[ -z "$node_id" ]] && node_rank=${node_rank:-${PET_NODE_RANK:-}} nnodes=${nnodes:-${PET_NNODES:-}}
