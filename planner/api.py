@@ -107,29 +107,30 @@ def load_inputs(*, cluster: str | ClusterSpec, model=None, megatron_args=None, m
 
 def load_estimate_inputs(*, cluster: str | ClusterSpec, model=None, megatron_script=None,
                          script_args: Sequence[str] = (), profile_dirs: Sequence[str] = (),
-                         on_note: Callable[[str], None] | None = None, **options) -> tuple[Inputs, ClusterSpec]:
-    """load_inputs for `estimate`, and the whole cluster given: a --megatron-script's flags are priced on the GPUs
-    its own launch uses (its torchrun/srun/mpirun counts, on the first nodes of the cluster:
-    planner/inputs/script_gpus.py), the global batch Megatron defaults to included; a launch the cluster cannot
-    hold is refused.  Which GPUs are priced, where not the whole cluster or where the script states no count, goes
-    to `on_note`.  The script is read once, as a job on the whole cluster; again as a job on the GPUs priced only
-    where the SLURM_* values it reads differ there (planner.inputs.script `reads_alike`).  `options`: load_inputs'
-    other keywords."""
+                         on_note: Callable[[str], None] | None = None,
+                         **options) -> tuple[Inputs, ClusterSpec, list[str]]:
+    """load_inputs for `estimate`, the whole cluster given, and the notes on what is priced: a --megatron-script's
+    flags are priced on the GPUs its own launch uses (its torchrun/srun/mpirun counts, on the first nodes of the
+    cluster: planner/inputs/script_gpus.py), the global batch Megatron defaults to included; a launch the cluster
+    cannot hold is refused.  Which GPUs are priced, where not the whole cluster or where the script states no
+    count, is such a note: part of the result (estimate's `notes`, in its JSON too), not a note on reading the
+    input (`on_note`).  The script is read once, as a job on the whole cluster; again as a job on the GPUs priced
+    only where the SLURM_* values it reads differ there (planner.inputs.script `reads_alike`).  `options`:
+    load_inputs' other keywords."""
     profiles = ProfileSet.load(extra_dirs=list(profile_dirs or ()))
     whole = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster, profiles)
-    part, script = whole, None
+    part, script, priced = whole, None, []
     if megatron_script is not None and model is None:  # with --model too, load_inputs refuses the pair
         script = read_script(megatron_script, script_args, cluster=whole,
                              deadline=options.get("script_deadline"))
         gpus = script_gpus(script, whole, profiles)
         part = gpus.cluster
-        if gpus.note and on_note is not None:
-            on_note(gpus.note)
+        priced = [gpus.note] if gpus.note else []
     inputs = load_inputs(cluster=part, model=model, megatron_script=megatron_script, script_args=script_args,
                          profile_dirs=profile_dirs, profiles=profiles, on_note=on_note,
                          script=script if script is not None and reads_alike(script, whole, part) else None,
                          **options)
-    return inputs, whole
+    return inputs, whole, priced
 
 
 def _in_override_terms(exc, overrides: dict):
@@ -649,17 +650,18 @@ def _read_plan_file(plan_path: str | Path, *, model, megatron_args, megatron_scr
 def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatron_args: str | None = None,
                      megatron_script: str | None = None, cluster: str | None = None, script_args: Sequence[str] = (),
                      profile_dirs: Sequence[str] = (), moe_imbalance: float | None = None,
-                     on_note: Callable[[str], None] | None = None) -> tuple[Inputs, Plan, dict]:
+                     ) -> tuple[Inputs, Plan, dict, list[str]]:
     """A saved plan to price (`estimate --plan`): plan.json or a `solve --json` output (its run and cluster
     included), or a bare Plan with the model and cluster given, checked for consistency as `emit` checks it; its
-    inputs as load_inputs gives them (the imbalance assumed or given), the plan, and the file's data."""
+    inputs as load_inputs gives them (the imbalance assumed or given), the plan, the file's data, and the notes on
+    what is priced (the model or cluster edited since solve wrote the file: part of the result, as
+    load_estimate_inputs' are)."""
     data, profiles, found = _read_plan_file(plan_path, model=model, megatron_args=megatron_args,
                                             megatron_script=megatron_script, cluster=cluster,
                                             script_args=script_args, profile_dirs=profile_dirs)
     run, plan, cluster_spec = found.run, found.plan, found.cluster
-    if found.edited and on_note is not None:
-        on_note(f"{' and '.join(found.edited)} changed after solve wrote {Path(plan_path).name}: priced for them as "
-                "they are now")
+    priced = [f"{' and '.join(found.edited)} changed after solve wrote {Path(plan_path).name}: priced for them as "
+              "they are now"] if found.edited else []
     check_imbalance(run, profiles, moe_imbalance)
     if moe_imbalance is not None:  # stated now: no longer assumed
         run = run.model_copy(update={
@@ -667,7 +669,7 @@ def load_plan_inputs(plan_path: str | Path, *, model: str | None = None, megatro
             "assumed": tuple(a for a in run.assumed if a.name != "MoE imbalance")})
     else:  # assumed for the plan priced, not for the flags solve started from
         run = assumed_for_plan(run, plan, cluster_spec, profiles)
-    return Inputs(run, cluster_spec, profiles), plan, data
+    return Inputs(run, cluster_spec, profiles), plan, data, priced
 
 
 def assumed_for_plan(run: MegatronRun, plan: Plan, cluster_spec: ClusterSpec, profiles: ProfileSet,

@@ -577,6 +577,18 @@ def scaling_markdown(rows: list[ScalingRow], limit_s: float) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+RESULTS_CSV = "results.csv"
+SCALING_CSV = "scaling.csv"
+SUMMARY_JSON = "summary.json"
+TABLE2_MD = "table2.md"
+TABLE3_MD = "table3.md"
+SEARCH_TIME_MD = "search_time.md"
+TUNER_MD = "flagscale_tuner.md"
+BENCH_FILES = (RESULTS_CSV, SCALING_CSV, SUMMARY_JSON, TABLE2_MD, TABLE3_MD, SEARCH_TIME_MD, TUNER_MD)
+"""What `write_outputs` writes besides its PNG plots (`bench --out`'s help lists them; planner/output/run_dir.py
+BENCH_OUTPUT checks them before the bench starts)."""
+
+
 def write_csv(rows: list, path: Path) -> None:
     """Dataclass rows -> CSV with a header."""
     if not rows:
@@ -700,12 +712,11 @@ def plot_best_timeline(rows: list[Row], plans: dict, out_dir: Path) -> Path | No
 
 def write_outputs(out_dir: Path, rows: list[Row], scaling: list[ScalingRow], settings: BenchSettings,
                   profiles=None, wall_s: float = 0.0, tuners: dict | None = None) -> dict:
-    """results.csv, scaling.csv, summary.json, table2.md, table3.md, search_time.md, flagscale_tuner.md and
-    PNG plots."""
+    """BENCH_FILES and PNG plots."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out_dir / "results.csv")
-    write_csv(scaling, out_dir / "scaling.csv")
+    write_csv(rows, out_dir / RESULTS_CSV)
+    write_csv(scaling, out_dir / SCALING_CSV)
     summary = summarize(rows)
     summary["search_time_by_gpus"] = {str(r.gpus): {"status": r.status, "search_time_s": r.search_time_s}
                                       for r in scaling}
@@ -717,13 +728,13 @@ def write_outputs(out_dir: Path, rows: list[Row], scaling: list[ScalingRow], set
                                       "counts": o.counts, "validated": o.validated, "planned_on": part,
                                       "first_candidate": o.first}
                                   for s, (o, part) in (tuners or {}).items()}
-    (out_dir / "flagscale_tuner.md").write_text(tuner_markdown(rows, tuners or {}))
+    (out_dir / TUNER_MD).write_text(tuner_markdown(rows, tuners or {}))
     t2, t3 = table2_markdown(rows), table3_markdown(rows)
     ts = scaling_markdown(scaling, settings.scaling_time_limit_s)
-    (out_dir / "table2.md").write_text(t2)
-    (out_dir / "table3.md").write_text(t3)
-    (out_dir / "search_time.md").write_text(ts)
-    (out_dir / "summary.json").write_text(json.dumps(json_clean(summary), indent=2, default=str))
+    (out_dir / TABLE2_MD).write_text(t2)
+    (out_dir / TABLE3_MD).write_text(t3)
+    (out_dir / SEARCH_TIME_MD).write_text(ts)
+    (out_dir / SUMMARY_JSON).write_text(json.dumps(json_clean(summary), indent=2, default=str))
     plot_throughput(rows, out_dir / "throughput_vs_mi.png")
     plot_ablation(rows, out_dir / "ablation.png")
     if scaling:

@@ -158,6 +158,24 @@ def test_bench_rejects_bad_planner():
     assert "known: mi" in res.output
 
 
+def test_bench_help_lists_every_file_the_bench_writes(tmp_path):
+    """`bench --help` names each file `write_outputs` writes (scaling.csv, flagscale_tuner.md included), and
+    `--out`'s check before the bench knows them all: the three come from one list."""
+    from cli import main
+    from planner.bench import BENCH_FILES, BenchSettings, write_outputs
+    from planner.output.run_dir import BENCH_OUTPUT
+
+    write_outputs(tmp_path, SYNTH, [], BenchSettings.for_quick())
+    written = sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".png")
+    assert written == sorted(BENCH_FILES)
+    assert BENCH_OUTPUT.paths == BENCH_FILES
+    res = CliRunner().invoke(main, ["bench", "--help"], terminal_width=1000)
+    assert res.exit_code == 0, res.output
+    out_help = next(line for line in res.output.splitlines() if line.strip().startswith("--out"))
+    for name in BENCH_FILES:
+        assert name in out_help, name
+
+
 BENCH_LIMIT_S = 5.0
 """Each search's limit in the quick bench below (--quick's default: 15 s per search, 8 s for the scaling run).  HAPMoE
 is never behind a baseline because it also searches, to the end, the part of its space with each baseline's degrees

@@ -531,3 +531,25 @@ def test_rocm61_rows_carry_the_published_mi300x_gemm_ratio(report):
     bad = dict(next(r for r in rows if r["id"] in legacy), software="rocm61")
     with pytest.raises(ValueError, match="unfitted_runs.csv row .*software 'rocm61'"):
         case_from_row(bad, shipped, {})
+
+
+def test_check_published_runs_has_help_and_refuses_unknown_options(monkeypatch, capsys, tmp_path):
+    """`python -m tools.check_published_runs --help` prints its usage and exits 0 (it read `--help` as a CSV path,
+    skipped it and printed "0 rows priced, 0 refused"); an unknown option exits 2; the CSV paths given are still the
+    tables it prices (one that is not a file skipped), the default tables without any."""
+    from tools import check_published_runs as tool
+
+    priced: list = []
+    monkeypatch.setattr(tool, "check", lambda paths: (priced.append(list(paths)), (0, 0))[1])
+    with pytest.raises(SystemExit) as exc:
+        tool.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: python -m tools.check_published_runs") and "CSV" in out
+    assert "rows priced" not in out and priced == []
+    with pytest.raises(SystemExit) as exc:
+        tool.main(["--bogus"])
+    assert exc.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert tool.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 0
+    assert tool.main([]) == 0
+    assert priced == [[str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], list(tool.DEFAULT_TABLES)]
+    assert "0 rows priced, 0 refused" in capsys.readouterr().out

@@ -50,6 +50,16 @@ def test_option_help_names_only_the_commands_own_options():
             assert named <= own, (name, p.opts[0], sorted(named - own))
 
 
+def test_every_json_option_says_what_it_prints():
+    """Each command's --json says what it prints in `--help` (compare's said nothing)."""
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        for p in command.params:
+            if isinstance(p, click.Option) and "--json" in p.opts:
+                assert "JSON" in (p.help or ""), name
+
+
 def test_estimate_json_has_the_public_keys():
     """estimate --json prints one object with the documented keys, per-stage entries included."""
     res = run(["estimate", "--model", "mixtral-s", "--cluster", "H800:32", "--tp", "2", "--pp", "4", "--ep", "4",

@@ -66,6 +66,21 @@ def test_a_saved_plan_is_priced_as_solve_priced_it_and_an_edit_is_priced_anew(tm
         assert full["iteration_time_s"] > saved["iteration_time_s"]
 
 
+def test_inputs_edited_since_solve_are_said_in_the_result_json_included(tmp_path, solved):
+    """A plan.json whose inputs.run was edited after solve wrote it is priced for the run as it is now: the JSON's
+    `notes` say so (they went to stderr only, and nowhere under --quiet), once."""
+    doc = json.loads((solved / "plan.json").read_text())
+    doc["inputs"]["run"]["training"]["hidden_dropout"] = 0.0
+    (tmp_path / "edited.json").write_text(json.dumps(doc))
+    res = RUNNER.invoke(main, ["estimate", "--plan", str(tmp_path / "edited.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    said = [n for n in json.loads(res.stdout)["notes"] if "changed after solve wrote edited.json" in n]
+    assert len(said) == 1 and said[0].startswith("inputs.run") and "priced for them as they are now" in said[0]
+    assert "changed after solve" not in res.stderr
+    quiet = RUNNER.invoke(main, ["estimate", "--plan", str(tmp_path / "edited.json"), "--quiet"])
+    assert quiet.exit_code == 0 and "changed after solve wrote edited.json" in quiet.stdout, quiet.output
+
+
 def test_plan_refuses_changes_from_the_command_line_and_cluster_is_needed_without_it(tmp_path, solved):
     shutil.copytree(solved, tmp_path / "p")
     code, _, out = _run(["estimate", "--plan", str(tmp_path / "p" / "plan.json"), "--tp", "2"])

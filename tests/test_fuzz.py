@@ -7,9 +7,13 @@ checks that the harness itself can tell a hang, a traceback and a silent accept 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +118,17 @@ def test_the_harness_sees_data_loss_and_judges_signalled_exits(tmp_path):
     assert classify(signalled, 143, "error: interrupted by SIGTERM", "", True)[0] == "half_written"
     assert classify(signalled, 130, "", "", False)[0] == "traceback"  # not the signal it was sent
     assert classify(signalled, None, "", "hang: still running 54 s after SIGTERM", False)[0] == "hang"
+
+
+@pytest.mark.parametrize("module", ["planner.fuzz", "tools.fuzz"])
+def test_the_usage_names_the_module_run(module, tmp_path):
+    """`python -m planner.fuzz --help` (the documented command, forwarded to tools/fuzz) said `usage: python -m
+    tools.fuzz`; each names itself, and a usage error still exits 2 through the forwarding module."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    shown = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"usage: python -m {module} "), shown.stdout
+    wrong = subprocess.run([sys.executable, "-m", module, "--cases", "0"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and f"python -m {module}: error: --cases and --jobs must be >= 1" in wrong.stderr

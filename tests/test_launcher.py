@@ -843,6 +843,17 @@ def test_flagscale_yaml_says_what_megatron_args_says(name):
     assert norm == from_args
 
 
+def test_the_yaml_header_lists_the_script_arguments_to_export_by_n():
+    """The header's "export ..." names the script's arguments HAPMOE_SCRIPT_ARG_1, _2, _3 in that order (it listed
+    3, 2, 1: the order of the keys in the dumped YAML), each once, and every one the YAML reads."""
+    files = render("moe_flagscale")
+    yaml_text = files["flagscale/conf/train/hapmoe.yaml"]
+    line = next(x for x in yaml_text.splitlines() if "run.py resolves ${oc.env:...}: export" in x)
+    named = re.findall(r"HAPMOE_SCRIPT_ARG_(\d)\b", line.split(" first")[0])
+    read = set(re.findall(r"\$\{oc\.env:HAPMOE_SCRIPT_ARG_(\d)\}", yaml_text))
+    assert named == sorted(read, key=int) and len(named) >= 2, line
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------

@@ -425,7 +425,9 @@ def test_preset_assumptions_are_listed_with_their_flags():
     assert set(assumed) == {"global batch size", "sequence length", "dropout", "token dispatcher", "MoE imbalance",
                             "allocator"}
     assert assumed["allocator"]["flag"] == "PYTORCH_CUDA_ALLOC_CONF"
-    assert assumed["dropout"]["value"] == "0.1/0.1" and "training" in assumed["dropout"]["flag"]
+    # the two values (attention/hidden), each with its setting
+    assert assumed["dropout"]["value"] == "0.1/0.1"
+    assert assumed["dropout"]["flag"] == "training: attention_dropout, hidden_dropout"
     assert assumed["global batch size"]["flag"] == "--gbs" and assumed["global batch size"]["value"] == d["plan"]["gbs"]
     assert assumed["MoE imbalance"]["flag"] == "--moe-imbalance"
     # estimate has no pick: the source speaks of the input's plan and of others (it read "the pick included")
@@ -484,6 +486,7 @@ def test_flag_and_hf_assumptions(tmp_path):
     stated = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
                                 "--global-batch-size 64", "--cluster", "H800:16", "--json"]).stdout)
     assert {a["name"] for a in stated["assumed"]} == {"MoE imbalance", "dropout", "allocator"}
+    assert next(a for a in stated["assumed"] if a["name"] == "dropout")["flag"] == "--attention-dropout, --hidden-dropout"
     both = json.loads(invoke(["estimate", "--megatron-args", MIXTRAL_FLAGS + " --micro-batch-size 1 "
                               "--global-batch-size 64 --attention-dropout 0.0 --hidden-dropout 0.0",
                               "--cluster", "H800:16", "--json"]).stdout)

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
+from helpers.json_schema import check_json
 from planner.errors import PlannerInputError
 from planner.inputs.script_gpus import first_gpus
 from planner.schemas.cluster import ClusterSpec, CrossTypeLink, NodeGroup
@@ -28,9 +29,10 @@ def _script(tmp_path: Path, launch: str, *, gbs: int | None = 64, prelude: str =
 
 
 def _estimate(script: Path, cluster: str) -> tuple[int, dict | None, str]:
+    """(exit status, the JSON, what it says: its `notes`, where which GPUs are priced is said, then stderr)."""
     res = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", cluster, "--json"])
     payload = json.loads(res.stdout) if res.exit_code == 0 else None
-    return res.exit_code, payload, res.stderr
+    return res.exit_code, payload, "\n".join((payload or {}).get("notes", []) + [res.stderr])
 
 
 def test_prices_the_gpus_the_script_launches_not_the_whole_cluster(tmp_path):
@@ -49,6 +51,22 @@ def test_prices_the_gpus_the_script_launches_not_the_whole_cluster(tmp_path):
     assert big["max_memory_gib"] == exact["max_memory_gib"]
     text = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", "H100:64"])
     assert text.exit_code == 0 and "16 of 64 GPUs" in text.stdout, text.output
+
+
+def test_the_gpus_priced_are_said_in_the_result_json_and_quiet_included(tmp_path):
+    """Which GPUs are priced changes the result: it is one of the JSON's `notes` (it went to stderr only, so a
+    program reading the JSON never saw it), and the text output says it under --quiet too (nothing did); said once,
+    not again on stderr."""
+    script = _script(tmp_path, "torchrun --nnodes 2 --nproc-per-node 8")
+    res = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", "H100:64", "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    check_json("estimate", payload)
+    said = [n for n in payload["notes"] if "the script launches 16 GPUs" in n]
+    assert len(said) == 1 and "its other 48 GPUs are not priced" in said[0], payload["notes"]
+    assert "launches 16 GPUs" not in res.stderr, res.stderr
+    quiet = CliRunner().invoke(main, ["estimate", "--megatron-script", str(script), "--cluster", "H100:64", "--quiet"])
+    assert quiet.exit_code == 0 and "its other 48 GPUs are not priced" in quiet.stdout, quiet.output
 
 
 def test_megatrons_default_global_batch_is_over_the_scripts_gpus(tmp_path):

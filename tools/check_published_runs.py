@@ -11,6 +11,7 @@ iteration time, or the refusal) and a count; exit status 1 when a row is refused
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -44,12 +45,22 @@ def check(paths) -> tuple[int, int]:
     return ok, bad
 
 
-def main() -> None:
-    paths = sys.argv[1:] or DEFAULT_TABLES
-    ok, bad = check(paths)
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tools.check_published_runs", description=__doc__.split("\n\n")[0],
+                                 epilog="exit status 1 when a row is refused")
+    ap.add_argument("csv", nargs="*", metavar="CSV",
+                    help="tables of runs to price, in measured_runs.csv's columns (default: the shipped "
+                         "planner/calibration/published/measured_runs.csv and, when present, ../shared/calibration/"
+                         "measured_runs.csv and measured_runs_new.csv); a path that is not a file is skipped")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    ok, bad = check(args.csv or DEFAULT_TABLES)
     print(f"{ok} rows priced, {bad} refused")
-    sys.exit(1 if bad else 0)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

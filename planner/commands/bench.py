@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from planner.baselines import PLANNERS
-from planner.bench import QUICK_SUITE, SECTIONS, SUITE, BenchSettings, run_bench
+from planner.bench import (
+    BENCH_FILES, QUICK_SUITE, SEARCH_TIME_MD, SECTIONS, SUITE, TABLE2_MD, TABLE3_MD, TUNER_MD, BenchSettings, run_bench,
+)
 from planner.bench_flagscale import TUNER
 from planner.cli_common import FiniteFloat, handle_errors
 from planner.errors import PlannerInputError
@@ -18,8 +20,8 @@ from planner.profile_tables import ProfileSet
 
 @click.command("bench")
 @click.option("--out", "out_dir", default="bench-results", show_default=True, metavar="DIR",
-              help="directory for results.csv, summary.json, table2.md, table3.md, flagscale_tuner.md, search_time.md and PNG plots "
-                   "(earlier bench results there are overwritten; any other non-empty directory is refused)")
+              help=f"directory for {', '.join(BENCH_FILES)} and PNG plots (earlier bench results there are "
+                   "overwritten; any other non-empty directory is refused)")
 @click.option("--force", is_flag=True, help="write into a non-empty --out directory that holds no bench results")
 @click.option("--quick", is_flag=True, help="a reduced suite (3 scenarios, one planned for the hypothetical all-vendor "
               "runtime; 2 cluster sizes)")
@@ -107,7 +109,5 @@ def command(out_dir, force, quick, time_limit_s, flagscale_time_limit_s, tuner_t
     for loss in s.get("hapmoe_slower_than_a_baseline", []):
         click.echo(f"HAPMoE slower than {loss['baseline']} on {loss['scenario']} ({loss['ratio']:.3f}): {loss['why']}")
     click.echo("")
-    click.echo((Path(out_dir) / "table2.md").read_text())
-    click.echo((Path(out_dir) / "table3.md").read_text())
-    click.echo((Path(out_dir) / "flagscale_tuner.md").read_text())
-    click.echo((Path(out_dir) / "search_time.md").read_text())
+    for name in (TABLE2_MD, TABLE3_MD, TUNER_MD, SEARCH_TIME_MD):
+        click.echo((Path(out_dir) / name).read_text())

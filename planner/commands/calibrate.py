@@ -72,10 +72,13 @@ def command(megatron_log, trials_dir, instrument_dir, model, megatron_args, mega
         raise PlannerInputError("--cluster", "give the cluster the logged run ran on (TYPE:COUNT[,...], a preset or "
                                              "a YAML file)")
     # a --megatron-script's flags are priced on the GPUs its own launch uses, as `estimate` prices them
-    inputs, _ = load_estimate_inputs(
+    say = note_printer()
+    inputs, _, priced = load_estimate_inputs(
         model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-        profile_dirs=profile_dirs, overrides=overrides, script_args=script_args, on_note=note_printer(),
+        profile_dirs=profile_dirs, overrides=overrides, script_args=script_args, on_note=say,
     )
+    for note in priced:  # which GPUs of --cluster the logged run is priced on
+        say(note)
     run, cluster_spec, profiles = inputs.run, inputs.cluster, inputs.profiles
     measurement, parsed = read_measurement(megatron_log, instrument_dir, skip_iterations, log_run)
     if parsed is not None:

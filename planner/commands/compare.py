@@ -68,7 +68,8 @@ def stage_lines(rows: list[dict]) -> list[str]:
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="pessimistic", show_default=True,
               help="what the backends minimise: the top of each plan's range, or the nominal time")
 @apply_options(HEADROOM_OPTIONS + SCRIPT_ARGS)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object instead of tables (contradictions still go to stderr)")
 @handle_errors
 def command(model, megatron_args, megatron_script, cluster, profile_dirs, mbs, gbs, seq, runtime, time_limit_s,
             delta, no_prune, contiguous_types, layers, brute, objective, memory_headroom, as_json, script_args):

@@ -45,7 +45,7 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
         if cluster is None:
             raise PlannerInputError("--cluster", "required: the cluster to price on (or --plan with a saved plan "
                                                  "that holds its cluster)")
-        inputs, whole = load_estimate_inputs(
+        inputs, whole, priced_on = load_estimate_inputs(
             model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
             profile_dirs=profile_dirs, overrides=overrides, moe_imbalance=moe_imbalance, script_args=script_args,
             allow_invalid=allow_invalid, on_note=note_printer(quiet),
@@ -57,13 +57,14 @@ def command(model, megatron_args, megatron_script, cluster, profile_dirs, moe_im
             raise PlannerInputError("--plan", f"prices the plan and run the file holds; {', '.join(changed)} would "
                                               "change them: edit the file (its plan, or inputs.run), or give them "
                                               "without --plan")
-        inputs, plan, data = load_plan_inputs(
+        inputs, plan, data, priced_on = load_plan_inputs(
             plan_path, model=model, megatron_args=megatron_args, megatron_script=megatron_script, cluster=cluster,
-            script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance, on_note=note_printer(quiet))
+            script_args=script_args, profile_dirs=profile_dirs, moe_imbalance=moe_imbalance)
         headroom = memory_headroom if memory_headroom is not None else data.get("memory_headroom")
         priced = price_plan(inputs, plan, [], allow_invalid=allow_invalid, memory_headroom=headroom, saved=True)
         whole = inputs.cluster
-    payload = estimate_json(inputs.run, whole, priced.plan, priced.cost, notes=priced.notes,
+    # what is priced (a --megatron-script's GPUs, a saved plan's edited inputs) is part of the result: in `notes`
+    payload = estimate_json(inputs.run, whole, priced.plan, priced.cost, notes=priced_on + priced.notes,
                             time_range=priced.time_range, profiles=inputs.profiles)
     if plot_dir:
         written = write_estimate_plots(Path(plot_dir), payload, priced.plan, priced.cost, inputs.cluster,

@@ -105,7 +105,8 @@ def _dropout_assumption(run: MegatronRun, source: str, where: str) -> Assumption
     cost model prices its time (a fused attention core's dropout, the hidden-dropout masks), and NVIDIA's recipes for
     current models turn both off."""
     tr = run.training
-    flag = "--attention-dropout" if source == "flags" else "training: attention_dropout"
+    flag = ("--attention-dropout, --hidden-dropout" if source == "flags"
+            else "training: attention_dropout, hidden_dropout")  # the two values shown, attention/hidden
     how = ("--attention-dropout and --hidden-dropout" if source == "flags"
            else "attention_dropout and hidden_dropout in a model YAML's training block")
     return Assumption(name="dropout", value=f"{tr.attention_dropout:g}/{tr.hidden_dropout:g}", flag=flag,

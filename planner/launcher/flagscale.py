@@ -204,9 +204,12 @@ def _yaml_literal(value: Any) -> Any:
 
 
 def env_refs(cfg: Any) -> list[str]:
-    """The environment variables the YAML's ${oc.env:...} values need, in order."""
+    """The environment variables the YAML's ${oc.env:...} values need: the script's own in the order the YAML
+    names them, then the script's arguments by N (HAPMOE_SCRIPT_ARG_1, _2, ...)."""
     text = yaml.safe_dump(cfg)
-    return list(dict.fromkeys(re.findall(r"\$\{oc\.env:([A-Za-z_][A-Za-z_0-9]*)\}", text)))
+    names = list(dict.fromkeys(re.findall(r"\$\{oc\.env:([A-Za-z_][A-Za-z_0-9]*)\}", text)))
+    args = [n for n in names if n.startswith(SCRIPT_ARG_ENV) and n[len(SCRIPT_ARG_ENV):].isdigit()]
+    return [n for n in names if n not in args] + sorted(args, key=lambda n: int(n[len(SCRIPT_ARG_ENV):]))
 
 
 def _yaml_value(item: FlagItem) -> Any:

@@ -97,8 +97,9 @@ PROFILE_OUTPUT = OutputKind("profiles directory", "profile --out", "profiles", (
 CALIBRATE_OUTPUT = OutputKind("profiles directory", "calibrate --out", "profiles",
                               ("corrections.yaml", "calibration_report.json", "moe_imbalance.yaml", "evidence.yaml",
                                "measured_plans.json"))
-BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",
-                          ("results.csv", "summary.json", "table2.md", "table3.md", "search_time.md"))
+BENCH_OUTPUT = OutputKind("bench results", "bench --out", "bench",  # planner/bench.py BENCH_FILES (a test checks)
+                          ("results.csv", "scaling.csv", "summary.json", "table2.md", "table3.md", "search_time.md",
+                           "flagscale_tuner.md"))
 _KINDS = (PLAN_OUTPUT, PLOTS_OUTPUT, LAUNCHER_OUTPUT, PROFILE_OUTPUT, CALIBRATE_OUTPUT, BENCH_OUTPUT)
 
 

@@ -11,8 +11,9 @@ from tools.fuzz.cases import KINDS, make_case
 from tools.fuzz.runner import FAILURES, Outcome, run_cases
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__)
+def main(argv: list[str] | None = None, prog: str = "python -m tools.fuzz") -> int:
+    """The fuzzer's command line; `prog`: the command its usage names (`python -m planner.fuzz` forwards here)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--cases", type=int, default=1000, help="number of cases (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="case stream (default 0); case i of a seed never changes")
     parser.add_argument("--start", type=int, default=0, help="first case index (to rerun a range)")
