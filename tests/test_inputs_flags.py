@@ -160,6 +160,51 @@ def test_fork_flags_pass_through_and_are_listed_as_not_modelled():
     assert any(n.startswith("Pai-Megatron-Patch flags") and "--patch-tokenizer-type" in n for n in draft.notes)
 
 
+# Pai-Megatron-Patch's own flags, as its examples pass them (alibaba/Pai-Megatron-Patch@a098ca5a
+# megatron_patch/arguments.py): switches and valued flags alike
+_PAI_FLAGS = ["--cpu-offloading", "--optimizer-offload-policy", "auto", "--optimizer-offload-chunk-size", "0",
+              "--moe-topk", "2", "--num-shared-experts", "1", "--disable-bias-linear-fc", "--use-normhead",
+              "--special-tokens", "<image>", "<video>", "--top-k", "5", "--repetition_penalty", "1.1"]
+_PAI_MOE = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "512"]
+
+
+def test_pai_megatron_patch_flags_pass_through_with_their_nargs():
+    """Every flag of Pai's arguments.py that upstream lacks is accepted with its own nargs and named as Pai's; a
+    switch refuses a value as Pai's parser does."""
+    from planner.inputs.megatron_flags import fork_flags_in, known_flags, parse_megatron_draft
+
+    draft = parse_megatron_draft([*BASE, *_PAI_FLAGS])
+    assert draft.passthrough[-len(_PAI_FLAGS):] == _PAI_FLAGS
+    forks = fork_flags_in(_PAI_FLAGS)
+    assert forks["Pai-Megatron-Patch"] == ["--cpu-offloading", "--optimizer-offload-policy",
+                                           "--optimizer-offload-chunk-size", "--moe-topk", "--num-shared-experts",
+                                           "--disable-bias-linear-fc", "--use-normhead", "--special-tokens",
+                                           "--repetition_penalty"]
+    assert forks["MindSpeed-LLM, Pai-Megatron-Patch"] == ["--top-k"]
+    assert any(n.startswith("Pai-Megatron-Patch flags") and "--moe-topk" in n for n in draft.notes)
+    assert known_flags()["--valid-data"].nargs == "+"  # nargs="+" in Pai's parser
+    with pytest.raises(PlannerInputError, match="takes no value"):
+        run_of("--cpu-offloading=1")
+
+
+def test_pai_enable_shared_expert_is_read_as_upstreams_gated_shared_expert():
+    """Pai's --enable-shared-expert builds one shared expert of --shared-moe-ffn-hidden-size with a sigmoid gate:
+    read as --moe-shared-expert-intermediate-size with --moe-shared-expert-gate; without the switch Pai builds none;
+    upstream's own flag wins."""
+    from planner.inputs.megatron_flags import parse_megatron_draft
+
+    shared = ["--shared-moe-ffn-hidden-size", "2048"]
+    model = parse_megatron_draft([*BASE, *_PAI_MOE, *shared, "--enable-shared-expert"]).model
+    assert model["moe_shared_expert_intermediate_size"] == 2048 and model["moe_shared_expert_gate"] is True
+    model = parse_megatron_draft([*BASE, *_PAI_MOE, *shared]).model
+    assert model.get("moe_shared_expert_intermediate_size") is None and not model.get("moe_shared_expert_gate")
+    model = parse_megatron_draft([*BASE, *_PAI_MOE, *shared, "--enable-shared-expert",
+                                  "--moe-shared-expert-intermediate-size", "1024"]).model
+    assert model["moe_shared_expert_intermediate_size"] == 1024
+    with pytest.raises(PlannerInputError, match="needs --shared-moe-ffn-hidden-size"):
+        parse_megatron_draft([*BASE, *_PAI_MOE, "--enable-shared-expert"])
+
+
 def test_switches_take_no_values_and_valued_flags_need_one():
     """Megatron's nargs: a switch followed by a value is an error; a valued flag needs its value."""
     with pytest.raises(PlannerInputError, match="unexpected value"):

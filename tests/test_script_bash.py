@@ -300,6 +300,29 @@ def test_gbs_from_an_unset_slurm_variable_names_it_and_can_be_overridden(tmp_pat
     assert any("SLURM_NTASKS=16" in n and "#SBATCH --nodes=2" in n for n in notes)
 
 
+# Pai-Megatron-Patch's mpi_run_pretrain_*.sh style: the rank from Open MPI's environment, mpirun runs the trainer
+_MPI_RANKS = ("#!/bin/bash\nNODE_RANK=$OMPI_COMM_WORLD_RANK\nGPUS_PER_NODE=8\n"
+              "GBS=$((OMPI_COMM_WORLD_SIZE*2))\n")
+_MPI_RUN = f"mpirun -np 16 --allow-run-as-root -x PATH python pretrain_gpt.py {MODEL}"
+
+
+def test_a_flag_error_names_no_unset_scheduler_variable_it_does_not_come_from(tmp_path):
+    """An unknown flag under an mpirun rank setup: the error said OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE were
+    unset, though neither makes the flag; only the variable a failing value comes from is named."""
+    script = tmp_path / "mpi_run_pretrain.sh"
+    script.write_text(_MPI_RANKS + _MPI_RUN + " --global-batch-size 32 --no-such-flag 1\n")
+    with pytest.raises(PlannerInputError) as err:
+        resolve_run(megatron_script=str(script))
+    assert err.value.field == "--no-such-flag" and "unknown flag" in str(err.value)
+    assert "OMPI_COMM_WORLD" not in str(err.value), str(err.value)
+    script.write_text(_MPI_RANKS + _MPI_RUN + " --global-batch-size $GBS\n")
+    with pytest.raises(PlannerInputError) as err:
+        resolve_run(megatron_script=str(script))
+    text = str(err.value)
+    assert err.value.field == "--global-batch-size" and "got 0" in text
+    assert "the script reads OMPI_COMM_WORLD_SIZE (" in text and "OMPI_COMM_WORLD_RANK" not in text, text
+
+
 def test_the_issue_example_slurm_nnodes_times_8(tmp_path):
     """`$((SLURM_NNODES*8))` outside a job: named with the fix; then #SBATCH --nodes gives it."""
     body = f"torchrun pretrain_gpt.py {MODEL} --global-batch-size $((SLURM_NNODES*8))\n"

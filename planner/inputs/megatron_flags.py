@@ -637,7 +637,8 @@ def _window_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
 
 
 def _fork_model_flags(ns: dict[str, Any], model: dict[str, Any]) -> None:
-    """MindSpeed's spellings of MLA and shared experts, where the upstream flag is not given."""
+    """MindSpeed's and Pai-Megatron-Patch's spellings of MLA and shared experts, where the upstream flag is not
+    given."""
     if ns.get("multi_head_latent_attention"):
         model["multi_latent_attention"] = True
     for fork, upstream in (("qk_nope_head_dim", "qk_head_dim"), ("qk_rope_head_dim", "qk_pos_emb_head_dim"),
@@ -651,6 +652,23 @@ def _fork_model_flags(ns: dict[str, Any], model: dict[str, Any]) -> None:
         if expert is None:
             raise PlannerInputError("--n-shared-experts", "needs --moe-ffn-hidden-size (the size of one expert)")
         model["moe_shared_expert_intermediate_size"] = shared * expert  # MindSpeed-LLM: n x the expert's size
+    _pai_shared_expert(ns, model)
+
+
+def _pai_shared_expert(ns: dict[str, Any], model: dict[str, Any]) -> None:
+    """Pai-Megatron-Patch's --enable-shared-expert: one shared expert of --shared-moe-ffn-hidden-size with a sigmoid
+    gate (its qwen1_5 / qwen2 MoE layers, alibaba/Pai-Megatron-Patch@a098ca5a), upstream's
+    --moe-shared-expert-intermediate-size with --moe-shared-expert-gate, where those are not given.  Without
+    --enable-shared-expert Pai builds no shared expert, whatever its size says."""
+    if not ns.get("enable_shared_expert") or model["num_experts"] is None \
+            or model.get("moe_shared_expert_intermediate_size") is not None:
+        return
+    size = ns.get("shared_moe_ffn_hidden_size")
+    if size is None:
+        raise PlannerInputError("--enable-shared-expert", "needs --shared-moe-ffn-hidden-size (the shared expert's "
+                                "size: Pai-Megatron-Patch builds its shared expert from it)")
+    model["moe_shared_expert_intermediate_size"] = size
+    model["moe_shared_expert_gate"] = True
 
 
 def _unread_words_said(ns: dict[str, Any]) -> str:

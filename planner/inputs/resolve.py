@@ -17,7 +17,7 @@ from planner.inputs.assumed import input_assumptions
 from planner.inputs.presets import list_model_presets, load_model_preset, model_from_mapping
 from planner.inputs.shell.flag_string import split_flag_string
 from planner.cost.memory import ALLOCATOR_ENV, expandable_segments_of
-from planner.inputs.script import LauncherScript, cluster_geometry, read_launcher_script, scheduler_fix
+from planner.inputs.script import LauncherScript, cluster_geometry, flags_with, read_launcher_script, scheduler_fix
 from planner.launcher.megatron import EP_OVERLAP_MAX_CONNECTIONS
 from planner.megatron.flags import LAYOUT_FLAG, MAX_COUNT, MAX_SIZE, UNPRICED_ENV, unpriced_env
 from planner.schemas.cluster import ClusterSpec
@@ -253,6 +253,34 @@ def _script_flags(script, extra: list[str], overrides: Mapping[str, Any]) -> lis
     return drop_flags(script.megatron_flags, given) + extra
 
 
+PROBE_VALUE = "3"
+"""The value a scheduler variable read unset is given to see which flags it makes (`_error_depends_on`): a node count
+or a rank a job may have, other than the empty value (0 in arithmetic) it read as."""
+
+
+def _error_depends_on(exc: PlannerInputError, script, name: str) -> bool:
+    """Whether the flags an error names (its field; every flag, where it names none) come out otherwise when the
+    scheduler variable `name`, read unset, has a value: the script read again with it set.  A reading that fails
+    counts as depending on it."""
+    again = flags_with(script, name, PROBE_VALUE)
+    if again is None:
+        return True
+    named = {part.strip().partition("=")[0] for part in exc.field.split(",") if is_flag_token(part.strip())}
+    return _occurrences(script.megatron_flags, named) != _occurrences(again, named)
+
+
+def _occurrences(flags: Sequence[str], names: set[str]) -> list[list[str]]:
+    """Each occurrence of a flag of `names` in `flags` with the values that follow it (every flag's, for no names);
+    the values before the first flag as one occurrence of their own."""
+    out: list[list[str]] = []
+    for tok in flags:
+        if is_flag_token(tok) or not out:
+            out.append([tok])
+        else:
+            out[-1].append(tok)
+    return [o for o in out if not names or o[0].partition("=")[0] in names]
+
+
 def explain_script_error(exc: PlannerInputError, script) -> PlannerInputError:
     """A flag error, with what in the script made the value: an unquoted array element bash split,
     a scheduler variable unset here, a file `source`d that is not here, a command's output."""
@@ -265,6 +293,8 @@ def explain_script_error(exc: PlannerInputError, script) -> PlannerInputError:
                          f"expansion (\"${{{array}[@]}}\")")
             break
     for name, where in script.scheduler_unset.items():
+        if not _error_depends_on(exc, script, name):
+            continue
         hints.append(f"the script reads {name} ({where}), which the scheduler sets when the job runs and which is "
                      f"unset here (empty; 0 in arithmetic): {scheduler_fix(name)}")
     literal = [u for u in script.unresolved if u in text]

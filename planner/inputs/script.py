@@ -111,6 +111,7 @@ class LauncherScript:
     # lines (or sbatch options) state where it launches, by name: what an srun that states no count takes
     cluster_reads: list[str] = field(default_factory=list)  # the --cluster SLURM_* values the reading may have
     # seen (`reads_alike`)
+    read_with: tuple[SchedulerValue, ...] = ()  # the scheduler values it was read with (`flags_with`)
 
     @property
     def lines(self) -> list[str]:
@@ -318,6 +319,7 @@ def parse_launcher_script(
     statement runs a Python entry script, or when it runs one that builds another model."""
     path_text = str(path) if path is not None else None
     given = list(args) if args is not None else []
+    scheduler = tuple(scheduler)
     if len(text) > MAX_SCRIPT_BYTES:
         raise PlannerInputError(path_text or FIELD, f"larger than {MAX_SCRIPT_BYTES >> 20} MiB")
     try:
@@ -356,6 +358,7 @@ def parse_launcher_script(
     warnings += _other_launches(interp, stopped)
     script = _script_of(launch, found, text, path_text, given, warnings)
     script.cluster_reads = _cluster_reads(interp, geometry)
+    script.read_with = scheduler
     script.warnings += _unseen_pet_notes(script)
     return script
 
@@ -578,6 +581,18 @@ def _script_of(interp: Interp, found, text: str, path_text: str | None, given: l
         split_elements=list(interp.split_elements),
         job=dict(found.job),
     )
+
+
+def flags_with(script: LauncherScript, name: str, value: str) -> list[str] | None:
+    """The script's Megatron flags read again as a job that gives the variable `name` (read unset the first time)
+    `value`: which flags it makes; None where that reading fails."""
+    given = SchedulerValue(name, value, "a probe of what the script makes of it", stated=False)
+    try:
+        again = parse_launcher_script(script.text, args=script.args, path=script.path,
+                                      scheduler=[*script.read_with, given])
+    except PlannerInputError:
+        return None
+    return again.megatron_flags
 
 
 def cluster_geometry(cluster: ClusterSpec | None) -> list[SchedulerValue]:

@@ -287,6 +287,11 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
          array=MOE_ARGS),
     Flag("--routed-scaling-factor", Read("", "float", min_value=0.0, exclusive_min=True, observe=True),
          "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
+    # Pai-Megatron-Patch's spelling of a gated shared expert (its qwen1_5 / qwen2 MoE layers,
+    # alibaba/Pai-Megatron-Patch@a098ca5a megatron_patch/model/qwen2/moe/moe_layer.py and transformer/mlp.py)
+    Flag("--enable-shared-expert", _SEEN, "moe_shared_expert_gate", derived=True, array=MOE_ARGS),
+    Flag("--shared-moe-ffn-hidden-size", _int(observe=True), "moe_shared_expert_intermediate_size", derived=True,
+         array=MOE_ARGS),
     # not read: their arrays only
     *(Flag(name, array=MODEL_ARGS) for name in (
         "--use-mcore-models", "--no-position-embedding", "--init-method-std")),
@@ -644,6 +649,9 @@ PRICED_AS_IS: dict[str, frozenset[str]] = {
 FORK_VALUES: dict[str, dict[str, str]] = {
     **{f.name: {c.value: c.priced_as for c in f.read.fork_choices} for f in TABLE if f.read and f.read.fork_choices},
     "--tokenizer-type": {"PretrainedFromHF": "HuggingFaceTokenizer"},  # MindSpeed-LLM's name for it
+    # Pai-Megatron-Patch adds it to the choices (megatron_patch/arguments.py get_patch_args, @a098ca5a): Adam with
+    # its states offloaded, priced as Adam (--optimizer's note names it)
+    "--optimizer": {"hybridadam": "adam"},
 }
 """Flag -> {value only a fork accepts: upstream's equivalent} (upstream's parser refuses the fork's value)."""
 """Flag -> what it changes and the prediction does not include."""
