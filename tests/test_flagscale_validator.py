@@ -353,6 +353,7 @@ def _solve_out(name: str, args: list[str]) -> Path | str:
 # with --train-iters).
 PLANNER_REFUSES = {"corpus-pai_megatron_patch_eval.sh": "does not take another fork's flags",
                    "corpus-pai_megatron_patch_qwen3.sh": "does not take another fork's flags",
+                   "corpus-pai_megatron_patch_moe_offload.sh": "does not take another fork's flags",
                    "corpus-gpt3_175b_distributed.sh": "refuses --rampup-batch-size with --train-iters"}
 
 

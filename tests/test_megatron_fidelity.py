@@ -231,3 +231,16 @@ def test_tp_comm_overlap_keeps_the_search_off_tp_1():
         assert [v.rule for v in check_plan(inputs.run.model, plan, training)].count("tp_comm_overlap_sp") == 1
     assert "tp_comm_overlap_sp" not in [v.rule for v in check_plan(
         inputs.run.model, tp2_no_sp.model_copy(update={"sequence_parallel": True}), training)]
+
+
+def test_degree_rules_of_a_moe_run_hold_before_its_dp_is_known():
+    """FlagScale's search asks the degree rules before a stage's DP is chosen (dp None): with a flag that turns them
+    on (--cpu-offloading, Pai-Megatron-Patch's AC=offload) a MoE model's expert-DP term multiplied None, an internal
+    error; the rules that need no DP still answer (CPU offloading refuses PP > 1)."""
+    from planner.megatron.rules import degree_flags_check
+
+    inputs = load_inputs(model="mixtral-s", cluster="H100:8")
+    training = inputs.run.training.model_copy(update={"megatron": inputs.run.training.megatron.model_copy(
+        update={"cpu_offloading": True})})
+    ok = degree_flags_check(inputs.run.model, training)
+    assert ok is not None and ok(1, 1, 8, 1, None, 1, 1) and not ok(1, 1, 8, 1, None, 2, 1)

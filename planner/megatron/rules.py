@@ -949,7 +949,7 @@ def _group_flag_violations(model: ModelSpec, training: TrainingSpec, *, tp: int,
     if k > 1 and (dp * cp) % k:
         out.append(RuleViolation("dist_opt_instances", "Data parallel size should be divisible by partial DistOpt shard factor",
                                  f"--num-distributed-optimizer-instances {k} must divide DP x CP = {dp * cp}"))
-    edp = tp * cp * dp // (etp * ep) if model.is_moe and (tp * cp * dp) % (etp * ep) == 0 else None
+    edp = tp * cp * dp // (etp * ep) if model.is_moe and dp is not None and (tp * cp * dp) % (etp * ep) == 0 else None
     if k > 1 and edp is not None and edp % k:
         out.append(RuleViolation(
             "dist_opt_instances", "Expert data parallel size should be divisible by partial DistOpt shard factor",
