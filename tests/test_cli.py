@@ -60,6 +60,15 @@ def test_every_json_option_says_what_it_prints():
                 assert "JSON" in (p.help or ""), name
 
 
+def test_every_option_of_every_command_has_help():
+    """`--help` describes each option (estimate's and calibrate's --tp/--pp/--cp/--ep/--etp and compare's --delta
+    showed a bare name); --help itself is click's."""
+    ctx = click.Context(main)
+    bare = [f"{name} {p.opts[0]}" for name in main.list_commands(ctx) for p in main.get_command(ctx, name).params
+            if isinstance(p, click.Option) and not p.help and p.opts != ["--help"]]
+    assert bare == []
+
+
 def test_estimate_json_has_the_public_keys():
     """estimate --json prints one object with the documented keys, per-stage entries included."""
     res = run(["estimate", "--model", "mixtral-s", "--cluster", "H800:32", "--tp", "2", "--pp", "4", "--ep", "4",

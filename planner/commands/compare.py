@@ -59,7 +59,8 @@ def stage_lines(rows: list[dict]) -> list[str]:
 @click.option("--runtime", type=click.Choice(list(RUNTIME_CHOICES)), default=AUTO, show_default=True,
               help="as solve's --runtime (profiles/runtimes.yaml)")
 @time_limit_option("seconds for the whole comparison, shared between the backends")
-@click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True)
+@click.option("--delta", type=FiniteFloat(min=0.0, max=1.0), default=0.2, show_default=True,
+              help="load-balance tolerance of the paper's pruning, as solve's --delta (with pruning on)")
 @click.option("--no-prune", is_flag=True, help="compare the exact searches (pruning off)")
 @click.option("--contiguous-types", is_flag=True, help="megatron: each device type's stages in one block")
 @click.option("--layers", type=click.IntRange(min=1), default=None,

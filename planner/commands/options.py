@@ -76,11 +76,16 @@ def display_options(with_out: bool) -> list:
 
 
 PARALLEL_OVERRIDES = [
-    click.option("--tp", type=click.IntRange(min=1), default=None),
-    click.option("--pp", type=click.IntRange(min=1), default=None),
-    click.option("--cp", type=click.IntRange(min=1), default=None),
-    click.option("--ep", type=click.IntRange(min=1), default=None),
-    click.option("--etp", type=click.IntRange(min=1), default=None),
+    click.option("--tp", type=click.IntRange(min=1), default=None,
+                 help="tensor-parallel size (Megatron's --tensor-model-parallel-size)"),
+    click.option("--pp", type=click.IntRange(min=1), default=None,
+                 help="pipeline stages (Megatron's --pipeline-model-parallel-size)"),
+    click.option("--cp", type=click.IntRange(min=1), default=None,
+                 help="context-parallel size (Megatron's --context-parallel-size)"),
+    click.option("--ep", type=click.IntRange(min=1), default=None,
+                 help="expert-parallel size (Megatron's --expert-model-parallel-size)"),
+    click.option("--etp", type=click.IntRange(min=1), default=None,
+                 help="expert tensor-parallel size (Megatron's --expert-tensor-parallel-size)"),
     click.option("--vpp", type=click.IntRange(min=1), default=None, help="virtual stages per pipeline rank"),
     click.option("--layout", default=None, help="pipeline layout string, Megatron grammar (E|t*4|...|L)"),
     click.option("--recompute", default=None,
