@@ -952,3 +952,23 @@ def test_mpirun_of_more_torchruns_than_nodes_stops(tmp_path):
     assert done.returncode == 2 and not sim.records(), done.stderr
     assert done.stderr.count("launch.sh: mpirun started 4 torchruns, the plan runs 2 nodes: give mpirun -np 2 "
                              "--map-by ppr:1:node (one torchrun a node)") == 1, done.stderr
+
+
+@pytest.mark.parametrize("outer, inner", [("direct", "mpirun bash -c python"), ("direct", "mpirun bash file"),
+                                          ("function", "mpirun python"), ("bash -c", "mpirun torchrun")])
+def test_dry_run_of_an_mpirun_the_functions_reach_shows_the_plan(tmp_path, outer, inner):
+    """`--dry-run` where mpirun's launch reaches the plan through launch.sh's functions (a bash mpirun starts on every
+    rank, or mpirun in a function or string): it printed mpirun's line with the script's flags only; what mpirun would
+    start now prints as the plan makes it (its bash run once here, under the stubs), and nothing starts.  (An mpirun in
+    a function is launch.sh's own line, which showed the plan already.)"""
+    plan, cluster = _plan("one")
+    command, _, _ = INNER[inner]
+    text, _ = _outer(outer, command, 8, tmp_path)
+    out = tmp_path / "out"
+    emit(out, text, plan, cluster)
+    sim = _sim(tmp_path, "one", None)
+    done = sim.run(["bash", str(out / "launch.sh"), "--dry-run"], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts")})
+    assert done.returncode == 0, done.stderr
+    assert not sim.records()
+    planned = [line for line in done.stdout.splitlines() if "pretrain_gpt.py" in line]
+    assert planned and all(line.split()[-len(plan_flags(out)):] == plan_flags(out) for line in planned), done.stdout

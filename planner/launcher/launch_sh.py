@@ -152,7 +152,7 @@ def hapmoe_block(spec: LaunchSpec, entry_name: str, shadow: str | None, sbatch_j
     lines += _run_agents(spec)
     lines += ["}", "hapmoe_eval() { eval \"hapmoe_launch $*\"; }"]
     exported = _launch_functions(spec) + " hapmoe_slurm_valued srun"
-    exported += " hapmoe_runs_program hapmoe_srun_runs_program hapmoe_mpi_shell mpirun mpiexec" if shadow else ""
+    exported += " hapmoe_runs_program hapmoe_srun_runs_program hapmoe_mpi_shell hapmoe_mpi_dry mpirun mpiexec" if shadow else ""
     exported += " hapmoe_log" if job_log else ""
     exported += f" {shadow}" if shadow and shadow != "srun" else ""
     lines += srun_function(spec, entry_name, shadowed=shadow is not None, job_log=job_log)
@@ -428,9 +428,19 @@ def program_functions(entry_name: str, functions: str) -> list[str]:
         '        command "$launcher" "${w[@]:0:j}" -c "$defs"$\'\\n. "$0" "$@"\' "${w[@]:j}"',
         "    fi",
         "}",
+        "# hapmoe_mpi_dry LAUNCHER WORDS...: under --dry-run, what the MPI launcher would start, shown with the plan:",
+        "# its training program through hapmoe_launch, a bash it starts run once here, under the stubs",
+        "hapmoe_mpi_dry() {",
+        '    hapmoe_dry "$@"',
+        '    if hapmoe_runs_program "${@:2}"; then hapmoe_launch "$@"; return; fi',
+        "    local i",
+        '    for ((i = 2; i <= $#; i++)); do [[ "${!i##*/}" == bash ]] && { "${@:i}"; return; }; done',
+        "}",
         'if [[ "$HAPMOE_DRY_RUN" != 1 ]]; then',
         '    mpirun() { if hapmoe_runs_program "$@"; then hapmoe_launch mpirun "$@"; else hapmoe_mpi_shell mpirun "$@"; fi; }',
         '    mpiexec() { if hapmoe_runs_program "$@"; then hapmoe_launch mpiexec "$@"; else hapmoe_mpi_shell mpiexec "$@"; fi; }',
+        "else",
+        '    mpirun() { hapmoe_mpi_dry mpirun "$@"; }; mpiexec() { hapmoe_mpi_dry mpiexec "$@"; }',
         "fi",
     ]
 
