@@ -957,6 +957,15 @@ def _template_master(spec: LaunchSpec) -> list[str]:
     ]
 
 
+_TORCH_FROM = [
+    '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
+    '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
+    "        fi",
+]
+"""bash: `from`, torchrun's place among the words, moved back to the python that runs `-m torch.distributed.run`:
+where a launcher's fan-out (_fan_out_srun, _fan_out_mpirun) hands each task the words from there on."""
+
+
 def _fan_out_srun(spec: LaunchSpec) -> list[str]:
     """hapmoe_launch where srun runs torchrun itself (`srun [OPTIONS] torchrun ...`): srun starts one torchrun per
     task, so the plan's agent (its node rank, devices and node check) is each task's to pick, not the submitting
@@ -976,9 +985,7 @@ def _fan_out_srun(spec: LaunchSpec) -> list[str]:
     return [
         '    if [[ "${launcher[0]##*/}" == srun && "$HAPMOE_DRY_RUN" != 1 ]]; then  # srun: one torchrun per task',
         "        local from=$tpos HAPMOE_SRUN_STEP=1",
-        '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
-        '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
-        "        fi",
+        *_TORCH_FROM,
         *placed,
         f'        srun "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
         f'declare -p {carried})"\'; hapmoe_launch "$@"\' hapmoe-task "${{words[@]:from}}"',
@@ -998,9 +1005,7 @@ def _fan_out_mpirun(spec: LaunchSpec) -> list[str]:
     return [
         '    if [[ ("${launcher[0]##*/}" == mpirun || "${launcher[0]##*/}" == mpiexec) && "$HAPMOE_DRY_RUN" != 1 ]]; then',
         "        local from=$tpos HAPMOE_MPI_STEP=1  # mpirun: one torchrun per rank, one rank per node",
-        '        if [[ "${words[from]}" == torch.distributed.* ]]; then  # python -m torch.distributed.run',
-        '            while ((from > 1)) && [[ "${words[from]##*/}" != python* ]]; do ((from--)); done',
-        "        fi",
+        *_TORCH_FROM,
         f'        command "${{words[0]}}" "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
         'declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_MPI_STEP; declare -p HAPMOE_SKIP_NODE_CHECK HAPMOE_MASTER_ADDR '
         'HAPMOE_MASTER_PORT 2>/dev/null)"\'; hapmoe_launch "$@"\' hapmoe-task "${words[@]:from}"',
