@@ -353,6 +353,19 @@ def test_the_scripts_directory_through_readlink_or_realpath(tmp_path, here):
     assert s.entry_script == f"{tmp_path.resolve()}/finetune.py" and s.world_size == 8 and not s.unresolved
 
 
+@pytest.mark.parametrize("cwd", ["`pwd`", "$(pwd)", "$PWD", "${PWD}", '"$PWD"'])
+def test_a_file_sourced_from_the_directory_the_script_runs_in(tmp_path, cwd):
+    """`. $(pwd)/CONFIG.sh`, backquoted too (Megatron-LM's SC21 scripts, run from their own directory): the file next to
+    the script is read, with a note saying so; it was "a file that is not here; put it next to the script" while it
+    was there."""
+    (tmp_path / "CONFIG.sh").write_text("NUM_LAYERS=24\n")
+    script = tmp_path / "run.sh"
+    script.write_text(f"#!/bin/bash\n. {cwd}/CONFIG.sh\ntorchrun pretrain_gpt.py --num-layers $NUM_LAYERS\n")
+    s = read_launcher_script(script)
+    assert s.megatron_flags == ["--num-layers", "24"]
+    assert any("read as the script's directory" in w and "CONFIG.sh read" in w for w in s.warnings), s.warnings
+
+
 def test_a_branch_read_in_a_sourced_file_names_that_file_and_its_line(tmp_path):
     """A condition the reader cannot decide in a file the script sources (Megatron-LM's modelopt conf/arguments.sh:
     `if [ -z ${LAUNCH_SCRIPT} ]`) is reported at that file's line, with its text, not at the same line number of the

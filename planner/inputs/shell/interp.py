@@ -42,6 +42,9 @@ _IDENTITY_VARS = frozenset({"SLURM_JOB_ID", "SLURM_JOBID"})
 _OTHER_SCHEDULERS = frozenset({"qsub", "bsub"})
 """Other schedulers' submissions, whose jobs the reader does not follow (PBS's qsub passes a job no environment
 without -V, so launch.sh's functions would not reach it either)."""
+_CWD_PREFIX = re.compile(r"(`pwd`|\$\(pwd\)|\$\{?PWD\}?)/+")
+"""A sourced path given from the directory the script runs in (`. $(pwd)/CONFIG.sh`, backquoted in Megatron-LM's SC21
+scripts), which the reader does not know: the script's own directory is looked in first."""
 _REMOTE_SHELLS = frozenset({"ssh", "pdsh", "pssh", "parallel-ssh", "clush", "mpssh"})
 """Programs that run a command string on other hosts, which the reader does not follow and launch.sh cannot reach."""
 _SCRIPT_PATH = r"[\"']?\$\{?(0|BASH_SOURCE(\[0\])?)\}?[\"']?"
@@ -1349,7 +1352,13 @@ class Interp:
         candidates = [Path(target)]
         if self.script_dir and not Path(target).is_absolute():
             candidates.insert(0, Path(self.script_dir) / target)
+        cwd = _CWD_PREFIX.match(target)
+        if cwd and self.script_dir:  # the directory it runs in: the script's own, where such a script is run from
+            candidates.insert(0, Path(self.script_dir) / target[cwd.end():])
         path = next((p for p in candidates if p.is_file()), None)
+        if path is not None and cwd and not child:
+            self.warnings.append(f"{self.where(node.line, node.src)}: `source {target}`: {cwd.group(1)} read as the "
+                                 f"script's directory, {path} read (run the script from there)")
         if path is None:
             if not child:
                 where = self.where(node.line, node.src)
