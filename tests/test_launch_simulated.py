@@ -955,12 +955,14 @@ def test_mpirun_of_more_torchruns_than_nodes_stops(tmp_path):
 
 
 @pytest.mark.parametrize("outer, inner", [("direct", "mpirun bash -c python"), ("direct", "mpirun bash file"),
-                                          ("function", "mpirun python"), ("bash -c", "mpirun torchrun")])
-def test_dry_run_of_an_mpirun_the_functions_reach_shows_the_plan(tmp_path, outer, inner):
-    """`--dry-run` where mpirun's launch reaches the plan through launch.sh's functions (a bash mpirun starts on every
-    rank, or mpirun in a function or string): it printed mpirun's line with the script's flags only; what mpirun would
-    start now prints as the plan makes it (its bash run once here, under the stubs), and nothing starts.  (An mpirun in
-    a function is launch.sh's own line, which showed the plan already.)"""
+                                          ("function", "mpirun python"), ("bash -c", "mpirun torchrun"),
+                                          ("bash -c", "srun env torchrun"), ("heredoc", "srun env torchrun")])
+def test_dry_run_of_a_launch_the_functions_reach_shows_the_plan(tmp_path, outer, inner):
+    """`--dry-run` where mpirun's or srun's launch reaches the plan through launch.sh's functions (a bash mpirun starts
+    on every rank, mpirun in a string, `srun env X=1 torchrun` in a string or a submitted job): it printed the
+    launcher's line with the script's flags only; what it would start now prints as the plan makes it (a bash mpirun
+    starts run once here, under the stubs), and nothing starts.  (An mpirun in a function is launch.sh's own line,
+    which showed the plan already.)"""
     plan, cluster = _plan("one")
     command, _, _ = INNER[inner]
     text, _ = _outer(outer, command, 8, tmp_path)

@@ -365,6 +365,8 @@ def srun_function(spec: LaunchSpec, entry_name: str, shadowed: bool = False, job
             "srun() {"] + place + [
         '    if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then',
         '        hapmoe_dry srun "$@"',
+        *(['        if ((hapmoe_train)) && hapmoe_srun_runs_program "$@"; then hapmoe_launch srun "$@"; return; fi  '
+           "# as it runs"] if shadowed else []),
         *_skip_options("srun", " " * 8),
         '        if [[ $# -gt 0 ]]; then "$@"; fi',
         "        return 0",
