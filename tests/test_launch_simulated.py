@@ -974,3 +974,21 @@ def test_dry_run_of_a_launch_the_functions_reach_shows_the_plan(tmp_path, outer,
     assert not sim.records()
     planned = [line for line in done.stdout.splitlines() if "pretrain_gpt.py" in line]
     assert planned and all(line.split()[-len(plan_flags(out)):] == plan_flags(out) for line in planned), done.stdout
+
+
+@pytest.mark.parametrize("outer", ["direct", "heredoc"])
+def test_mpirun_torchrun_with_real_host_names_meets_at_node_0s_host(tmp_path, outer):
+    """`mpirun --map-by ppr:1:node torchrun --master_addr <the allocation's first host> ...` with --hosts whose node 0
+    is another host: each rank starts its own host's agents, and the master is node 0's host, where torchrun's static
+    rendezvous serves the store (the script's address, another node's, left every node waiting)."""
+    plan, cluster = _plan("two")
+    hosts = _hosts("two")
+    names = sorted(dict(line.split() for line in hosts.splitlines()))
+    text, run_by = _outer(outer, INNER["mpirun torchrun"][0].replace("n0", names[0]), 1, tmp_path)
+    (tmp_path / "mpi_hosts").write_text("".join(f"{n} slots=1\n" for n in names))
+    out = tmp_path / "out"
+    agents = emit(out, text, plan, cluster, hosts)
+    sim = _sim(tmp_path, "two", hosts)
+    done = sim.run([run_by, str(out / "launch.sh")], tmp_path, {"HOSTFILE": str(tmp_path / "mpi_hosts")})
+    assert done.returncode == 0, done.stderr
+    check_torch_world(sim.records(), agents, plan_flags(out), True)

@@ -1007,10 +1007,13 @@ def _fan_out_mpirun(spec: LaunchSpec) -> list[str]:
     return [
         '    if [[ ("${launcher[0]##*/}" == mpirun || "${launcher[0]##*/}" == mpiexec) && "$HAPMOE_DRY_RUN" != 1 ]]; then',
         "        local from=$tpos HAPMOE_MPI_STEP=1  # mpirun: one torchrun per rank, one rank per node",
+        *([f"        local HAPMOE_SRUN_MASTER=${{HAPMOE_MASTER_ADDR:-{sh_quote(spec.agents[0].host)}}}  # node 0's host, "
+           "the master, wherever mpirun's host file puts it"] if spec.real_hosts else []),
         *_TORCH_FROM,
         f'        command "${{words[0]}}" "${{words[@]:1:from-1}}" bash -c "$(declare -f {_launch_functions(spec)}; '
-        'declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_MPI_STEP; declare -p HAPMOE_SKIP_NODE_CHECK HAPMOE_MASTER_ADDR '
-        'HAPMOE_MASTER_PORT 2>/dev/null)"\'; hapmoe_launch "$@"\' hapmoe-task "${words[@]:from}"',
+        f'declare -p HAPMOE_DIR HAPMOE_DRY_RUN HAPMOE_MPI_STEP{" HAPMOE_SRUN_MASTER" if spec.real_hosts else ""}; '
+        'declare -p HAPMOE_SKIP_NODE_CHECK HAPMOE_MASTER_ADDR HAPMOE_MASTER_PORT 2>/dev/null)"\'; hapmoe_launch "$@"\' '
+        'hapmoe-task "${words[@]:from}"',
         "        return",
         "    fi",
         f'    if [[ -n "${{HAPMOE_MPI_STEP:-}}" && -n "{size}" && "{size}" != {hosts} ]]; then',
