@@ -608,6 +608,24 @@ def test_hostile_moe_layer_freq_is_refused_quickly(expr):
     assert exc.value.field == "--moe-layer-freq"
 
 
+@pytest.mark.parametrize("freq, first_dense, pattern", [
+    ("-1", None, None), ("-2", None, (1, 0, 1, 0)), ("-1", "-1", None), ("1", "-1", None), ("-1", "1", (0, 1, 1, 1)),
+])
+def test_negative_moe_layer_freq_and_first_dense_read_as_megatron_computes_them(freq, first_dense, pattern):
+    """Megatron makes layer i MoE when i % moe_layer_freq == 0 (Python's %: -N picks what N does) and MindSpeed-LLM
+    when also i >= first_k_dense_replace: its examples' `--moe-layer-freq -1 --first-k-dense-replace -1` is every
+    layer MoE (Ascend/MindSpeed-LLM@c77308a1 mindspeed_llm/core/transformer/transformer_block.py)."""
+    extra = ["--first-k-dense-replace", first_dense] if first_dense is not None else []
+    assert run_of("--num-experts", "4", "--moe-layer-freq", freq, *extra).model.moe_layer_pattern == pattern
+
+
+def test_zero_moe_layer_freq_is_refused():
+    """Megatron divides by --moe-layer-freq: 0 is refused, naming the flag."""
+    with pytest.raises(PlannerInputError, match="must not be 0") as exc:
+        run_of("--num-experts", "4", "--moe-layer-freq", "0")
+    assert exc.value.field == "--moe-layer-freq"
+
+
 def test_huge_counts_are_refused():
     """Layer and stage counts far beyond any model are refused before anything is allocated."""
     with pytest.raises(PlannerInputError, match="--pipeline-model-parallel-size"):

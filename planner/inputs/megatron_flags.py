@@ -333,7 +333,7 @@ def moe_pattern_from_flag(freq: int | str, num_layers: int) -> tuple[int, ...]:
     """Megatron's --moe-layer-freq (int N, or a list expression such as `([0]*3+[1]*58)`) as a
     per-layer 0/1 tuple.  Evaluated without `eval`, so huge or hostile expressions are refused."""
     text = str(freq)
-    if text.strip().isdigit() and len(text.strip()) <= 7:
+    if text.strip().lstrip("-").isdigit() and len(text.strip()) <= 7:  # an int, as Megatron's moe_freq_type reads it
         return moe_pattern_from_freq(int(text), num_layers)
     if not text or any(c not in _FREQ_CHARS for c in text):
         raise ValueError(f"Invalid pattern: {text} (expected an int or a list expression like ([0]+[1]*23) using "
@@ -586,8 +586,9 @@ def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
 
 
 def _moe_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
-    """--moe-layer-freq, and MindSpeed-LLM's --first-k-dense-replace K (layers below K are dense)."""
-    freq, first_dense = ns.get("moe_layer_freq"), ns.get("first_k_dense_replace") or 0
+    """--moe-layer-freq, and MindSpeed-LLM's --first-k-dense-replace K (layers below K are dense; its examples' -1,
+    like any K <= 0, makes none dense: MindSpeed-LLM's transformer_block builds layer i as MoE when i >= K)."""
+    freq, first_dense = ns.get("moe_layer_freq"), max(ns.get("first_k_dense_replace") or 0, 0)
     if model["num_experts"] is None or (freq is None and not first_dense):
         return
     flag = "--moe-layer-freq" if freq is not None else "--first-k-dense-replace"

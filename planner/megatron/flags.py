@@ -283,7 +283,7 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
     Flag("--moe-intermediate-size", _int(observe=True), "moe_ffn_hidden_size", derived=True, array=MOE_ARGS),
     Flag("--n-shared-experts", _int(0, observe=True), "moe_shared_expert_intermediate_size", derived=True,
          array=MOE_ARGS),
-    Flag("--first-k-dense-replace", _int(0, MAX_COUNT, observe=True), "moe_layer_pattern", derived=True,
+    Flag("--first-k-dense-replace", _int(-MAX_COUNT, MAX_COUNT, observe=True), "moe_layer_pattern", derived=True,
          array=MOE_ARGS),
     Flag("--routed-scaling-factor", Read("", "float", min_value=0.0, exclusive_min=True, observe=True),
          "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
