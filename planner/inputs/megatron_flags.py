@@ -155,13 +155,18 @@ def known_flags() -> dict[str, KnownFlag]:
     return out
 
 
-def unknown_flag_error(name: str) -> PlannerInputError:
+def unknown_flag_error(name: str, later: Sequence[str] = ()) -> PlannerInputError:
     """Megatron's parser refuses a flag it does not know (no abbreviations): say so, with the
-    closest known flag."""
+    closest known flag, and name the unknown flags among the `later` tokens too (a fork's script often
+    has several: one refusal for each would take as many runs)."""
     close = difflib.get_close_matches(name, list(known_flags()), n=1, cutoff=0.75)
     hint = f"; did you mean {close[0]}?" if close else ""
+    table = known_flags()
+    others = [f for f in dict.fromkeys(t.partition("=")[0] for t in later if isinstance(t, str) and t.startswith("--"))
+              if f != name and f not in table and f not in READ_FLAGS]
+    also = f"; also unknown: {', '.join(others)}" if others else ""
     return PlannerInputError(
-        name, f"unknown flag: Megatron-LM's parser (megatron-core 0.19.2) does not accept it, nor abbreviations{hint}"
+        name, f"unknown flag: Megatron-LM's parser (megatron-core 0.19.2) does not accept it, nor abbreviations{hint}{also}"
     )
 
 
@@ -209,7 +214,7 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
         if spec is None:
             known = table.get(name)
             if known is None:
-                raise unknown_flag_error(name)
+                raise unknown_flag_error(name, argv[i:])
             if name in REMOVED_FLAGS:
                 raise PlannerInputError(name, f"Megatron-LM refuses it (validate_args): {REMOVED_FLAGS[name]}")
             passthrough.append(tok)
