@@ -70,6 +70,8 @@ if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
             scontrol) [[ "${2:-}" == show ]] || { hapmoe_dry "$@"; return 0; } ;;
             sh) set -- bash "${@:2}" ;;
             basename|dirname|realpath|readlink|date|hostname|whoami|id|uname|nproc|seq|expr|cat|head|tail|cut|tr|wc|uniq|grep|egrep|fgrep|awk|gawk|mawk|shuf|printenv|getconf|ls|stat|du|df|free|bash) ;;
+            # `[$X = true]` (no blank after `[`) runs a command `[0`, which no node has: bash fails it (127)
+            \[*) printf 'bash: %s: command not found\n' "$1" >&2; return 127 ;;
             *) hapmoe_dry "$@"; return 0 ;;
         esac
         real=$(PATH=$HAPMOE_REAL_PATH type -P "$1") || { hapmoe_dry "$@"; return 0; }
