@@ -637,6 +637,19 @@ def test_zero_moe_layer_freq_is_refused():
     assert exc.value.field == "--moe-layer-freq"
 
 
+def test_mindspeed_num_layer_list_is_read_as_the_layout_it_stands_for():
+    """MindSpeed-LLM's --num-layer-list (one layer count per pipeline stage) is the run's split, MTP and loss after the
+    last stage's layers; it and an upstream split together, or text that is no count list, are refused by name."""
+    base = ["--num-layers", "5", *BASE[2:], "--pipeline-model-parallel-size", "2"]
+    run = run_of("--num-layer-list", "3,2", "--mtp-num-layers", "1", "--position-embedding-type", "rope", base=base)
+    assert run.parallel.layout == ("Ettt", "ttmL")
+    for extra, match in ((["--num-layer-list", "3,2", "--decoder-first-pipeline-num-layers", "3"], "not both"),
+                         (["--num-layer-list", "3;2"], "one layer count per pipeline stage")):
+        with pytest.raises(PlannerInputError, match=match) as exc:
+            run_of(*extra, base=base)
+        assert exc.value.field == "--num-layer-list"
+
+
 def test_huge_counts_are_refused():
     """Layer and stage counts far beyond any model are refused before anything is allocated."""
     with pytest.raises(PlannerInputError, match="--pipeline-model-parallel-size"):

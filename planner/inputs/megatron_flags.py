@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
 from planner.megatron.flags import (
+    LAYOUT_FLAG,
     MODEL_FIELD_FLAGS,
     MODEL_FLAGS,
     PARALLEL_FIELD_FLAGS,
@@ -43,7 +44,7 @@ from planner.megatron.flags import (
     rule_flag,
     unpriced_time_flags,
 )
-from planner.megatron.layout import check_pipeline
+from planner.megatron.layout import check_pipeline, format_layout
 from planner.megatron.rules import (
     cp_violations, ep_violations, etp_violations, input_violations, passthrough_violations, tp_violations,
 )
@@ -574,7 +575,27 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
 
     parallel: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(PARALLEL_FLAGS) if dest in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
+    _num_layer_list(ns, parallel)
     return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
+
+
+def _num_layer_list(ns: dict[str, Any], parallel: dict[str, Any]) -> None:
+    """MindSpeed-LLM's --num-layer-list a,b,...: the decoder layers of each pipeline stage, first to last, as the
+    layout string it stands for (the MTP layers and the loss after the last stage's)."""
+    text = ns.get("num_layer_list")
+    if text is None:
+        return
+    if any(parallel.get(f) is not None for f in ("layout", "first_stage_layers", "last_stage_layers")):
+        raise PlannerInputError("--num-layer-list", f"give it or {LAYOUT_FLAG} / --decoder-first/last-pipeline-num-"
+                                "layers, not both: each sets the layers of every pipeline stage")
+    try:
+        counts = [int(v) for v in str(text).split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise PlannerInputError("--num-layer-list", f"expected one layer count per pipeline stage, separated by "
+                                f"commas (e.g. 8,8,7,7), got {text!r}")
+    parallel["layout"] = format_layout(counts, mtp_num_layers=ns.get("mtp_num_layers") or 0)
 
 
 def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
