@@ -103,6 +103,17 @@ def test_unknown_flags_are_refused_like_megatrons_parser(flag, suggestion):
         assert f"did you mean {suggestion}?" in str(exc.value)
 
 
+def test_every_unknown_flag_is_named_at_once():
+    """A fork's launcher (ROCm/Megatron-LM's examples/deepseek_v3/train_deepseekv3.sh) passes several flags upstream
+    does not know: the refusal names the first, and the others after it, once each, so one run shows them all (it
+    named one per run: five runs to find five); known flags and their values are not named."""
+    with pytest.raises(PlannerInputError) as exc:
+        run_of("--no-async-tensor-model-parallel-allreduce", "--bf16", "--legacy-tokenizer", "--attention-sink-k", "0",
+               "--moe-router-topk=2", "--legacy-tokenizer", "--attention-sink-k=0")
+    assert exc.value.field == "--no-async-tensor-model-parallel-allreduce"
+    assert str(exc.value).endswith("; also unknown: --legacy-tokenizer, --attention-sink-k")
+
+
 @pytest.mark.parametrize("argv, flag, words", [
     (["--batch-size", "4"], "--batch-size", "use --micro-batch-size"),
     (["--warmup", "10"], "--warmup", "use --lr-warmup-fraction"),
@@ -606,6 +617,37 @@ def test_hostile_moe_layer_freq_is_refused_quickly(expr):
     with pytest.raises(PlannerInputError) as exc:
         run_of("--num-experts", "4", "--moe-layer-freq", expr)
     assert exc.value.field == "--moe-layer-freq"
+
+
+@pytest.mark.parametrize("freq, first_dense, pattern", [
+    ("-1", None, None), ("-2", None, (1, 0, 1, 0)), ("-1", "-1", None), ("1", "-1", None), ("-1", "1", (0, 1, 1, 1)),
+])
+def test_negative_moe_layer_freq_and_first_dense_read_as_megatron_computes_them(freq, first_dense, pattern):
+    """Megatron makes layer i MoE when i % moe_layer_freq == 0 (Python's %: -N picks what N does) and MindSpeed-LLM
+    when also i >= first_k_dense_replace: its examples' `--moe-layer-freq -1 --first-k-dense-replace -1` is every
+    layer MoE (Ascend/MindSpeed-LLM@c77308a1 mindspeed_llm/core/transformer/transformer_block.py)."""
+    extra = ["--first-k-dense-replace", first_dense] if first_dense is not None else []
+    assert run_of("--num-experts", "4", "--moe-layer-freq", freq, *extra).model.moe_layer_pattern == pattern
+
+
+def test_zero_moe_layer_freq_is_refused():
+    """Megatron divides by --moe-layer-freq: 0 is refused, naming the flag."""
+    with pytest.raises(PlannerInputError, match="must not be 0") as exc:
+        run_of("--num-experts", "4", "--moe-layer-freq", "0")
+    assert exc.value.field == "--moe-layer-freq"
+
+
+def test_mindspeed_num_layer_list_is_read_as_the_layout_it_stands_for():
+    """MindSpeed-LLM's --num-layer-list (one layer count per pipeline stage) is the run's split, MTP and loss after the
+    last stage's layers; it and an upstream split together, or text that is no count list, are refused by name."""
+    base = ["--num-layers", "5", *BASE[2:], "--pipeline-model-parallel-size", "2"]
+    run = run_of("--num-layer-list", "3,2", "--mtp-num-layers", "1", "--position-embedding-type", "rope", base=base)
+    assert run.parallel.layout == ("Ettt", "ttmL")
+    for extra, match in ((["--num-layer-list", "3,2", "--decoder-first-pipeline-num-layers", "3"], "not both"),
+                         (["--num-layer-list", "3;2"], "one layer count per pipeline stage")):
+        with pytest.raises(PlannerInputError, match=match) as exc:
+            run_of(*extra, base=base)
+        assert exc.value.field == "--num-layer-list"
 
 
 def test_huge_counts_are_refused():

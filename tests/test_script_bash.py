@@ -436,6 +436,22 @@ def test_a_launch_through_a_remote_shell_is_named_where_no_launch_is_found(launc
     assert "run the launch.sh written for it on every node" in msg
 
 
+@pytest.mark.parametrize("launch", ['deepspeed ${DIR}/../../pretrain_gpt.py {m} --deepspeed',
+                                    'ray job submit --address="http://127.0.0.1:8265" -- python3 train.py {m}'])
+def test_an_entry_started_by_a_launcher_the_reader_does_not_know_is_named(launch):
+    """Megatron-DeepSpeed's `deepspeed pretrain_gpt.py` and slime's `ray job submit -- python3 train.py` run an entry
+    script, through a program the reader does not read as a launcher: the error names the program, its line and the
+    entry (not only "no command runs a Python training entry script"), and says what to give; an echo of the command
+    line first is not such a launch."""
+    text = 'DIR=`pwd`\ncmd="' + launch.replace("{m}", MODEL).replace('"', "'") + '"\necho ${cmd}\n' + launch.replace("{m}", MODEL) + "\n"
+    with pytest.raises(PlannerInputError) as err:
+        parse_launcher_script(text, path="run.sh")
+    msg = str(err.value)
+    entry = "pretrain_gpt.py" if "pretrain" in launch else "train.py"
+    assert f"run.sh:4: `{launch.split()[0]}` starts {entry}, a launcher the reader does not read" in msg
+    assert "run.sh:3" not in msg and "give a script that starts the entry script with one of these" in msg
+
+
 @pytest.mark.parametrize("form", ["qsub heredoc", "bsub file"])
 def test_a_job_of_another_scheduler_is_named_where_no_launch_is_found(tmp_path, form):
     """`qsub <<EOF ... mpirun python pretrain_gpt.py ...` or `bsub < job.lsf` (sbatch's jobs are read, qsub's and

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from planner.errors import PlannerInputError
 from planner.megatron.flags import (
+    LAYOUT_FLAG,
     MODEL_FIELD_FLAGS,
     MODEL_FLAGS,
     PARALLEL_FIELD_FLAGS,
@@ -43,7 +44,7 @@ from planner.megatron.flags import (
     rule_flag,
     unpriced_time_flags,
 )
-from planner.megatron.layout import check_pipeline
+from planner.megatron.layout import check_pipeline, format_layout
 from planner.megatron.rules import (
     cp_violations, ep_violations, etp_violations, input_violations, passthrough_violations, tp_violations,
 )
@@ -155,13 +156,18 @@ def known_flags() -> dict[str, KnownFlag]:
     return out
 
 
-def unknown_flag_error(name: str) -> PlannerInputError:
+def unknown_flag_error(name: str, later: Sequence[str] = ()) -> PlannerInputError:
     """Megatron's parser refuses a flag it does not know (no abbreviations): say so, with the
-    closest known flag."""
+    closest known flag, and name the unknown flags among the `later` tokens too (a fork's script often
+    has several: one refusal for each would take as many runs)."""
     close = difflib.get_close_matches(name, list(known_flags()), n=1, cutoff=0.75)
     hint = f"; did you mean {close[0]}?" if close else ""
+    table = known_flags()
+    others = [f for f in dict.fromkeys(t.partition("=")[0] for t in later if isinstance(t, str) and t.startswith("--"))
+              if f != name and f not in table and f not in READ_FLAGS]
+    also = f"; also unknown: {', '.join(others)}" if others else ""
     return PlannerInputError(
-        name, f"unknown flag: Megatron-LM's parser (megatron-core 0.19.2) does not accept it, nor abbreviations{hint}"
+        name, f"unknown flag: Megatron-LM's parser (megatron-core 0.19.2) does not accept it, nor abbreviations{hint}{also}"
     )
 
 
@@ -209,7 +215,7 @@ def parse_flag_namespace(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]
         if spec is None:
             known = table.get(name)
             if known is None:
-                raise unknown_flag_error(name)
+                raise unknown_flag_error(name, argv[i:])
             if name in REMOVED_FLAGS:
                 raise PlannerInputError(name, f"Megatron-LM refuses it (validate_args): {REMOVED_FLAGS[name]}")
             passthrough.append(tok)
@@ -333,7 +339,7 @@ def moe_pattern_from_flag(freq: int | str, num_layers: int) -> tuple[int, ...]:
     """Megatron's --moe-layer-freq (int N, or a list expression such as `([0]*3+[1]*58)`) as a
     per-layer 0/1 tuple.  Evaluated without `eval`, so huge or hostile expressions are refused."""
     text = str(freq)
-    if text.strip().isdigit() and len(text.strip()) <= 7:
+    if text.strip().lstrip("-").isdigit() and len(text.strip()) <= 7:  # an int, as Megatron's moe_freq_type reads it
         return moe_pattern_from_freq(int(text), num_layers)
     if not text or any(c not in _FREQ_CHARS for c in text):
         raise ValueError(f"Invalid pattern: {text} (expected an int or a list expression like ([0]+[1]*23) using "
@@ -569,7 +575,27 @@ def draft_from_namespace(ns: dict[str, Any], passthrough: list[str], *, name: st
 
     parallel: dict[str, Any] = {f: ns[dest] for dest, f in copied_fields(PARALLEL_FLAGS) if dest in ns}
     parallel["recompute"] = _recompute_from_ns(ns)
+    _num_layer_list(ns, parallel)
     return RunDraft(model=model, training=training, parallel=parallel, passthrough=list(passthrough), notes=notes)
+
+
+def _num_layer_list(ns: dict[str, Any], parallel: dict[str, Any]) -> None:
+    """MindSpeed-LLM's --num-layer-list a,b,...: the decoder layers of each pipeline stage, first to last, as the
+    layout string it stands for (the MTP layers and the loss after the last stage's)."""
+    text = ns.get("num_layer_list")
+    if text is None:
+        return
+    if any(parallel.get(f) is not None for f in ("layout", "first_stage_layers", "last_stage_layers")):
+        raise PlannerInputError("--num-layer-list", f"give it or {LAYOUT_FLAG} / --decoder-first/last-pipeline-num-"
+                                "layers, not both: each sets the layers of every pipeline stage")
+    try:
+        counts = [int(v) for v in str(text).split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise PlannerInputError("--num-layer-list", f"expected one layer count per pipeline stage, separated by "
+                                f"commas (e.g. 8,8,7,7), got {text!r}")
+    parallel["layout"] = format_layout(counts, mtp_num_layers=ns.get("mtp_num_layers") or 0)
 
 
 def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
@@ -586,8 +612,9 @@ def _settings_from_ns(ns: dict[str, Any]) -> dict[str, Any]:
 
 
 def _moe_layers(ns: dict[str, Any], model: dict[str, Any]) -> None:
-    """--moe-layer-freq, and MindSpeed-LLM's --first-k-dense-replace K (layers below K are dense)."""
-    freq, first_dense = ns.get("moe_layer_freq"), ns.get("first_k_dense_replace") or 0
+    """--moe-layer-freq, and MindSpeed-LLM's --first-k-dense-replace K (layers below K are dense; its examples' -1,
+    like any K <= 0, makes none dense: MindSpeed-LLM's transformer_block builds layer i as MoE when i >= K)."""
+    freq, first_dense = ns.get("moe_layer_freq"), max(ns.get("first_k_dense_replace") or 0, 0)
     if model["num_experts"] is None or (freq is None and not first_dense):
         return
     flag = "--moe-layer-freq" if freq is not None else "--first-k-dense-replace"

@@ -343,6 +343,10 @@ def parse_launcher_script(
             extra += (f"; the training runs in a job submitted with another scheduler ("
                       f"{', '.join(dict.fromkeys(interp.other_jobs))}), which the reader does not follow: give the job "
                       "script itself and submit the launch.sh written for it (its #PBS/#BSUB lines stay at its top)")
+        if interp.foreign_launches:
+            extra += (f"; {', '.join(dict.fromkeys(interp.foreign_launches))}, a launcher the reader does not read "
+                      "(Megatron-LM jobs are started by torchrun, python -m torch.distributed.run/launch or python): "
+                      "give a script that starts the entry script with one of these")
         if interp.sbatch_wraps:
             extra += (f"; `sbatch --wrap` ({', '.join(interp.sbatch_wraps)}) is not read: put the job's command in a "
                       "here-document (`sbatch <<EOF` ... `EOF`) or a job script file")

@@ -233,9 +233,10 @@ _SLURM_VALUED = [
 
 def dry_run_stubs(spec: LaunchSpec) -> list[str]:
     """`--dry-run`: only DRY_RUN_TOOLS run; every other command prints itself on stderr and returns 0 (srun:
-    see srun_function).  `python -c "...device_count()..."` answers node 0's GPUs (the plan's), which the
-    script may compute --nproc-per-node or --nnodes from; `cd` into a directory that does not exist yet is
-    allowed."""
+    see srun_function), but a word `[...` in a command's place (`if [$X = true]`: the test run together with its
+    operand) fails as bash fails it on every node, command not found, as the script reader reads it.
+    `python -c "...device_count()..."` answers node 0's GPUs (the plan's), which the script may compute
+    --nproc-per-node or --nnodes from; `cd` into a directory that does not exist yet is allowed."""
     gpus = spec.agents[0].host_gpus if spec.agents else 0
     return [
         "",
@@ -261,6 +262,8 @@ def dry_run_stubs(spec: LaunchSpec) -> list[str]:
         '            scontrol) [[ "${2:-}" == show ]] || { hapmoe_dry "$@"; return 0; } ;;',
         '            sh) set -- bash "${@:2}" ;;',
         f"            {'|'.join(t for t in DRY_RUN_TOOLS if t not in ('find', 'sed', 'sort', 'scontrol', 'sh'))}) ;;",
+        "            # `[$X = true]` (no blank after `[`) runs a command `[0`, which no node has: bash fails it (127)",
+        "            \\[*) printf 'bash: %s: command not found\\n' \"$1\" >&2; return 127 ;;",
         '            *) hapmoe_dry "$@"; return 0 ;;',
         "        esac",
         '        real=$(PATH=$HAPMOE_REAL_PATH type -P "$1") || { hapmoe_dry "$@"; return 0; }',

@@ -283,7 +283,7 @@ MODEL_FLAGS = _rows(  # ModelSpec (reference/megatron.md 1.7): every field is wr
     Flag("--moe-intermediate-size", _int(observe=True), "moe_ffn_hidden_size", derived=True, array=MOE_ARGS),
     Flag("--n-shared-experts", _int(0, observe=True), "moe_shared_expert_intermediate_size", derived=True,
          array=MOE_ARGS),
-    Flag("--first-k-dense-replace", _int(0, MAX_COUNT, observe=True), "moe_layer_pattern", derived=True,
+    Flag("--first-k-dense-replace", _int(-MAX_COUNT, MAX_COUNT, observe=True), "moe_layer_pattern", derived=True,
          array=MOE_ARGS),
     Flag("--routed-scaling-factor", Read("", "float", min_value=0.0, exclusive_min=True, observe=True),
          "moe_router_topk_scaling_factor", derived=True, array=MOE_ARGS),
@@ -361,6 +361,10 @@ PARALLEL_FLAGS = _rows(  # ParallelConfig and the recompute setting (1.1-1.3); w
     Flag(LAYERS_PER_VIRTUAL_STAGE_FLAG, _int(), "num_layers_per_virtual_stage", decided=True, array=PARALLEL_ARGS),
     Flag(VPP_FLAG, _int(1, MAX_COUNT), "vpp", decided=True, array=PARALLEL_ARGS, override="vpp"),
     Flag(LAYOUT_FLAG, _str(), "layout", decided=True, array=PARALLEL_ARGS, override="layout"),
+    # MindSpeed-LLM's layers per pipeline stage (Ascend/MindSpeed-LLM@c77308a1 mindspeed_llm/features_manager/
+    # pipeline_parallel/num_layer_list.py, which refuses a list that is not one count per stage): read as the layout
+    # it stands for; the plan's own split replaces it
+    Flag("--num-layer-list", _str(), "layout", derived=True, decided=True, array=PARALLEL_ARGS),
     Flag("--decoder-first-pipeline-num-layers", _int(), "first_stage_layers", decided=True, array=PARALLEL_ARGS),
     Flag("--decoder-last-pipeline-num-layers", _int(), "last_stage_layers", decided=True, array=PARALLEL_ARGS),
     Flag("--account-for-embedding-in-pipeline-split", _TRUE, "account_for_embedding_in_pipeline_split",

@@ -261,14 +261,15 @@ def moe_pattern_from_freq(freq: int | str | list[int], num_layers: int) -> tuple
     """Megatron's --moe-layer-freq: int N (layer i is MoE when i % N == 0) or a list expression
     such as "([0]+[1]*23)" (only the characters ,digits[]()+* are allowed)."""
     if isinstance(freq, int):
-        if freq <= 0:
-            raise ValueError(f"moe-layer-freq must be positive, got {freq}")
+        if freq == 0:  # Megatron's `i % moe_layer_freq` divides by it
+            raise ValueError("moe-layer-freq must not be 0 (layer i is MoE when i % N == 0)")
+        # as Megatron computes it: a negative N picks the layers |N| does (MindSpeed-LLM's -1: every layer)
         return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
     if isinstance(freq, list):
         pattern = freq
     else:
         text = str(freq).strip()
-        if text.isdigit():
+        if text.lstrip("-").isdigit():
             return moe_pattern_from_freq(int(text), num_layers)
         if not text or "**" in text or any(c not in ",0123456789[]()+*" for c in text):
             raise ValueError(

@@ -200,6 +200,7 @@ class Interp:
         self.sbatch_wraps: list[str] = []  # where the script submits `sbatch --wrap` jobs (their command is not read)
         self.remote_launches: list[str] = []  # where a remote shell (ssh, pdsh) runs a training entry on other hosts
         self.other_jobs: list[str] = []  # where another scheduler's submission (qsub, bsub) holds the training
+        self.foreign_launches: list[str] = []  # where a program the reader does not know starts a training entry
         self.outer_wrapper: list[str] = []  # srun/mpirun words around a `bash -c` string
         self.sbatch_depth = 0  # job scripts the script submits with sbatch that the statement being run is in
         self.outer_env: dict[str, str] | None = None  # the environment that wrapper runs with (None: no wrapper)
@@ -1143,6 +1144,9 @@ class Interp:
             return 0
         if self.capture:
             raise _CannotCapture()
+        entry = next((f for f in fields[1:] if f.endswith(".py") and _TRAIN_ENTRY.search(f.rsplit("/", 1)[-1])), None)
+        if entry is not None:  # `deepspeed pretrain_gpt.py`, `ray job submit -- python3 train.py`, `accelerate launch`
+            self.foreign_launches.append(f"{self.where(node.line, node.src)}: `{base}` starts {entry.rsplit('/', 1)[-1]}")
         self.last_unknown = f"depends on the exit status of `{name}`"
         return None
 

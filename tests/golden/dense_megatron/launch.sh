@@ -37,7 +37,7 @@ fi
 
 # Flags the plan decides: removed (with their values) from what the script passes.
 hapmoe_is_decided() {
-    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
+    case "$1" in --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split|--context-parallel-size|--decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--enable-hetero|--expert-model-parallel-size|--expert-tensor-parallel-size|--expert-tensor-parallel-size-per-process-mesh|--global-batch-size|--hetero-current-device-type|--hetero-device-types|--hetero-pipeline-layer-split|--hetero-process-meshes|--micro-batch-size|--microbatch-group-size-per-virtual-pipeline-stage|--moe-layer-recompute|--num-layer-list|--num-layers-per-virtual-pipeline-stage|--num-virtual-stages-per-pipeline-rank|--pipeline-model-parallel-layout|--pipeline-model-parallel-size|--recompute-activations|--recompute-granularity|--recompute-granularity-per-stage-micro-batch|--recompute-method|--recompute-method-per-stage-micro-batch|--recompute-modules|--recompute-num-layers|--recompute-num-layers-per-stage-micro-batch|--sequence-parallel|--standalone-embedding-stage|--tensor-model-parallel-size|--use-partial-reduce-for-shared-embedding|--use-tp-pp-dp-mapping|--virtual-pipeline-model-parallel-size) return 0 ;; esac
     return 1
 }
 
@@ -70,6 +70,8 @@ if [[ "$HAPMOE_DRY_RUN" == 1 ]]; then
             scontrol) [[ "${2:-}" == show ]] || { hapmoe_dry "$@"; return 0; } ;;
             sh) set -- bash "${@:2}" ;;
             basename|dirname|realpath|readlink|date|hostname|whoami|id|uname|nproc|seq|expr|cat|head|tail|cut|tr|wc|uniq|grep|egrep|fgrep|awk|gawk|mawk|shuf|printenv|getconf|ls|stat|du|df|free|bash) ;;
+            # `[$X = true]` (no blank after `[`) runs a command `[0`, which no node has: bash fails it (127)
+            \[*) printf 'bash: %s: command not found\n' "$1" >&2; return 127 ;;
             *) hapmoe_dry "$@"; return 0 ;;
         esac
         real=$(PATH=$HAPMOE_REAL_PATH type -P "$1") || { hapmoe_dry "$@"; return 0; }
