@@ -291,7 +291,8 @@ def gen_model_file(rng: random.Random) -> CaseParts:
                             "abc", "9**9", 0, [0, 2, 1, 1], "([1]*4)*999999999"))
         doc["moe_layer_freq"] = value
         body = (to_json if fmt == "json" else to_yaml)(doc)
-        valid = None if value in (1, 2, "([0]+[1]*3)", "[0]*3+[1]") or value == [0, 1, 1, 1] else False
+        # -1: every layer MoE, as Megatron computes `i % N == 0` (MindSpeed-LLM's examples give it)
+        valid = None if value in (1, 2, -1, "([0]+[1]*3)", "[0]*3+[1]") or value == [0, 1, 1, 1] else False
         if value is True:
             valid = False
         what, names = f"moe_layer_freq = {value!r}", ("moe_layer_freq",)
