@@ -875,14 +875,18 @@ class Interp:
     def _decision(self, line: int, src: int, reading: str, reason: str, *, flags_skipped: list[str] | None = None,
                   flags_taken: list[str] | None = None) -> None:
         """Record how a condition that holds flags was read, with the file and line it is in."""
-        path = self.sources[src][0] if src < len(self.sources) else self.path
+        path = self._file_of(src)
         self.decisions.append(BranchDecision(
             line, self._src_text(line, src), reading, reason, flags_skipped=flags_skipped or [],
             flags_taken=flags_taken or [], path=path if path != self.path else None))
 
+    def _file_of(self, src: int) -> str | None:
+        """The file the text `src` belongs to (a string run by eval or bash -c belongs to the file it is in)."""
+        return self.sources[src][0] if src < len(self.sources) else self.path
+
     def _src_text(self, line: int, src: int) -> str:
         """The text of a line of the file it is in (a string run by eval or bash -c counts its lines in its file)."""
-        path = self.sources[src][0] if src < len(self.sources) else self.path
+        path = self._file_of(src)
         text = next((t for p, t in self.sources if p == path), self.text)
         lines = text.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else "?"
